@@ -1,0 +1,88 @@
+"""Typed errors raised by the state package.
+
+Every error carries a short human message that the gateway may show as-is; callers
+match on the class, never on the text.
+"""
+
+from __future__ import annotations
+
+
+class StateError(Exception):
+    """Base class for everything the store raises on purpose."""
+
+
+class DatabaseError(StateError):
+    """The database file cannot be used (not a database, corrupt, unreadable)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class SchemaTooNew(DatabaseError):
+    """The file was written by a newer switchboard than this one."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        super().__init__(
+            path,
+            f"schema version {found} was written by a newer switchboard; "
+            f"this version supports up to {supported}. Upgrade switchboard to open it.",
+        )
+        self.found = found
+        self.supported = supported
+
+
+class DatabaseBusy(StateError):
+    """Another process held the write lock for longer than the retry budget."""
+
+
+class WriterClosed(StateError):
+    """A write was submitted after the store was closed."""
+
+
+class SessionNotFound(StateError):
+    def __init__(self, ref: str) -> None:
+        super().__init__(f"session not found: {ref}")
+        self.ref = ref
+
+
+class AmbiguousSession(StateError):
+    def __init__(self, ref: str, candidates: list[str]) -> None:
+        shown = ", ".join(candidates[:5])
+        super().__init__(f"'{ref}' matches several sessions: {shown}")
+        self.ref = ref
+        self.candidates = candidates
+
+
+class SessionExists(StateError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session already exists: {session_id}")
+        self.session_id = session_id
+
+
+class TitleError(StateError):
+    """A title was refused; the message says why in words fit for a chat."""
+
+
+class TitleTooLong(TitleError):
+    def __init__(self, length: int, limit: int) -> None:
+        super().__init__(f"title is too long ({length} characters, at most {limit})")
+        self.length = length
+        self.limit = limit
+
+
+class TitleEmpty(TitleError):
+    def __init__(self) -> None:
+        super().__init__("title is empty after removing control and invisible characters")
+
+
+class TitleTaken(TitleError):
+    def __init__(self, title: str, owner: str) -> None:
+        super().__init__(f"title '{title}' is already in use by session {owner}")
+        self.title = title
+        self.owner = owner
+
+
+class QueryError(StateError):
+    """A search query that cannot be run; the message explains why."""

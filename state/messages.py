@@ -1,0 +1,180 @@
+"""Messages: append (single and batch), read in order, windows around a message, replay
+in OpenAI chat format, clear.
+
+Order within a session is the message id (AUTOINCREMENT), never the timestamp, so a clock
+that jumps backwards cannot reorder a conversation.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import SessionNotFound
+from .rows import JSON_MESSAGE_COLUMNS, Row, from_json_text, make_preview, row_dict, to_json_text
+from .schema import aux_row
+
+MESSAGE_FIELDS = (
+    "role",
+    "content",
+    "tool_call_id",
+    "tool_calls",
+    "tool_name",
+    "timestamp",
+    "token_count",
+    "finish_reason",
+    "reasoning",
+    "reasoning_details",
+    "codex_reasoning_items",
+    "platform_message_id",
+)
+ROLES = ("system", "user", "assistant", "tool")
+_INSERT = (
+    "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
+    "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
+    "codex_reasoning_items, platform_message_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+_UPDATE_SESSION = (
+    "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
+    "tool_call_count = COALESCE(tool_call_count, 0) + ?, "
+    "last_active = MAX(COALESCE(last_active, 0), ?), "
+    "preview = COALESCE(preview, ?) WHERE id = ?"
+)
+
+
+def _tool_call_count(tool_calls: object) -> int:
+    if tool_calls is None:
+        return 0
+    value = from_json_text(tool_calls) if isinstance(tool_calls, str) else tool_calls
+    return len(value) if isinstance(value, list) else 1
+
+
+def _row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[Any, ...]:
+    role = msg.get("role")
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    content = msg.get("content")
+    if content is not None and not isinstance(content, str):
+        content = to_json_text(content)  # multimodal parts: keep them as JSON text
+    return (
+        session_id,
+        role,
+        content,
+        msg.get("tool_call_id"),
+        to_json_text(msg.get("tool_calls")),
+        msg.get("tool_name"),
+        float(msg.get("timestamp") or now),
+        msg.get("token_count"),
+        msg.get("finish_reason"),
+        msg.get("reasoning"),
+        to_json_text(msg.get("reasoning_details")),
+        to_json_text(msg.get("codex_reasoning_items")),
+        msg.get("platform_message_id"),
+    )
+
+
+def append_messages(
+    conn: sqlite3.Connection, session_id: str, messages: Iterable[Mapping[str, Any]]
+) -> list[int]:
+    """Insert messages in order and keep the session's counters right. Returns the ids."""
+    now = time.time()
+    ids: list[int] = []
+    tool_calls = 0
+    preview: str | None = None
+    last_ts = 0.0
+    for msg in messages:
+        values = _row_values(session_id, msg, now)
+        cur = conn.execute(_INSERT, values)
+        mid = int(cur.lastrowid or 0)
+        ids.append(mid)
+        tool_calls += _tool_call_count(values[4])
+        last_ts = max(last_ts, values[6])
+        if preview is None and values[1] == "user":
+            preview = make_preview(values[2])
+        aux = aux_row(values[2], values[5], values[4])
+        if aux is not None:
+            conn.execute(
+                "INSERT INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)",
+                (mid, aux[0], aux[1]),
+            )
+    if not ids:
+        return ids
+    cur = conn.execute(_UPDATE_SESSION, (len(ids), tool_calls, last_ts, preview, session_id))
+    if cur.rowcount == 0:
+        raise SessionNotFound(session_id)  # the savepoint rolls the inserts back
+    return ids
+
+
+def decode_message(row: Row) -> Row:
+    for name in JSON_MESSAGE_COLUMNS:
+        if name in row:
+            row[name] = from_json_text(row[name])
+    return row
+
+
+def get_messages(
+    conn: sqlite3.Connection,
+    session_id: str,
+    *,
+    limit: int | None = None,
+    after_id: int | None = None,
+    last: int | None = None,
+) -> list[Row]:
+    """Messages in order. `last=N` gives the newest N (still in order)."""
+    if last is not None:
+        cur = conn.execute(
+            "SELECT * FROM (SELECT * FROM messages WHERE session_id = ? ORDER BY id DESC "
+            "LIMIT ?) ORDER BY id",
+            (session_id, last),
+        )
+    else:
+        cur = conn.execute(
+            "SELECT * FROM messages WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+            (session_id, after_id or 0, -1 if limit is None else limit),
+        )
+    return [decode_message(row_dict(cur, r)) for r in cur.fetchall()]
+
+
+def get_messages_around(
+    conn: sqlite3.Connection, session_id: str, message_id: int, window: int
+) -> list[Row]:
+    """Up to `window` messages before and after `message_id` (included), in order."""
+    cur = conn.execute(
+        "SELECT * FROM (SELECT * FROM messages WHERE session_id = ? AND id <= ? "
+        "ORDER BY id DESC LIMIT ?) "
+        "UNION ALL SELECT * FROM (SELECT * FROM messages WHERE session_id = ? AND id > ? "
+        "ORDER BY id LIMIT ?) ORDER BY id",
+        (session_id, message_id, window + 1, session_id, message_id, window),
+    )
+    return [decode_message(row_dict(cur, r)) for r in cur.fetchall()]
+
+
+def to_conversation(rows: Iterable[Row]) -> list[dict[str, Any]]:
+    """OpenAI chat-completions messages for replay."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        msg: dict[str, Any] = {"role": row["role"], "content": row.get("content")}
+        if row.get("tool_calls"):
+            msg["tool_calls"] = row["tool_calls"]
+        if row["role"] == "tool":
+            if row.get("tool_call_id"):
+                msg["tool_call_id"] = row["tool_call_id"]
+            if row.get("tool_name"):
+                msg["name"] = row["tool_name"]
+        if row.get("reasoning"):
+            msg["reasoning"] = row["reasoning"]
+        out.append(msg)
+    return out
+
+
+def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
+    cur = conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+    upd = conn.execute(
+        "UPDATE sessions SET message_count = 0, tool_call_count = 0, preview = NULL WHERE id = ?",
+        (session_id,),
+    )
+    if upd.rowcount == 0:
+        raise SessionNotFound(session_id)
+    return cur.rowcount

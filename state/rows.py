@@ -1,0 +1,44 @@
+"""Row helpers shared by the read and write paths: JSON columns, previews, escaping."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+Row = dict[str, Any]
+
+JSON_MESSAGE_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items")
+PREVIEW_LENGTH = 60
+
+
+def to_json_text(value: object) -> str | None:
+    """Store structured values as JSON text; strings are assumed to be JSON already."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def from_json_text(value: str | None) -> object:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def make_preview(content: str | None) -> str | None:
+    if not content:
+        return None
+    flat = " ".join(content.split())
+    return flat[:PREVIEW_LENGTH] if flat else None
+
+
+def like_escape(text: str) -> str:
+    """Escape LIKE wildcards; use with `ESCAPE '\\'`."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def row_dict(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
+    return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}

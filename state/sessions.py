@@ -1,0 +1,295 @@
+"""Write operations on sessions: create, end/reopen, titles, counters, routing fields.
+
+Each function takes the writer's sqlite3 connection and runs inside the writer's
+transaction, so checks and updates in one function are atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import SessionExists, SessionNotFound, TitleEmpty, TitleTaken, TitleTooLong
+from .rows import Row, like_escape, row_dict
+from .titles import MAX_TITLE_LENGTH, clean_title, lineage_title, split_lineage, title_key
+
+CHILD_KINDS = ("compression", "branch", "reset", "delegate")
+END_REASONS = (
+    "user_exit",
+    "compression",
+    "branched",
+    "session_switch",
+    "session_reset",
+    "idle",
+    "daily",
+)
+# Columns a caller may set at creation or later through update_fields.
+ROUTING_FIELDS = (
+    "session_key",
+    "chat_id",
+    "chat_type",
+    "thread_id",
+    "origin_json",
+    "handoff_state",
+    "handoff_platform",
+    "handoff_error",
+    "handoff_updated_at",
+    "archived",
+    "model",
+    "model_config",
+    "billing_provider",
+    "billing_base_url",
+    "billing_mode",
+    "cost_status",
+    "cost_source",
+    "pricing_version",
+)
+TOKEN_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+)
+
+
+def insert_session(
+    conn: sqlite3.Connection, fields: Mapping[str, Any], *, if_missing: bool = False
+) -> bool:
+    """Insert a session row; returns False when `if_missing` and it already existed."""
+    cols = dict(fields)
+    cols.setdefault("started_at", time.time())
+    cols.setdefault("last_active", cols["started_at"])
+    for name in ("message_count", "tool_call_count", *TOKEN_FIELDS):
+        cols.setdefault(name, 0)
+    if isinstance(cols.get("model_config"), (dict, list)):
+        cols["model_config"] = json.dumps(cols["model_config"], ensure_ascii=False)
+    if isinstance(cols.get("origin_json"), dict):
+        cols["origin_json"] = json.dumps(cols["origin_json"], ensure_ascii=False)
+    if cols.get("child_kind") is not None and cols["child_kind"] not in CHILD_KINDS:
+        raise ValueError(f"child_kind must be one of {', '.join(CHILD_KINDS)}")
+    title = cols.pop("title", None)
+    names = ", ".join(cols)
+    marks = ", ".join("?" for _ in cols)
+    verb = "INSERT OR IGNORE" if if_missing else "INSERT"
+    try:
+        cur = conn.execute(f"{verb} INTO sessions ({names}) VALUES ({marks})", tuple(cols.values()))
+    except sqlite3.IntegrityError as exc:
+        raise SessionExists(str(cols.get("id"))) from exc
+    if cur.rowcount == 0:
+        return False
+    if title is not None:
+        set_title(conn, cols["id"], title)
+    return True
+
+
+def require_session(conn: sqlite3.Connection, session_id: str) -> None:
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+        raise SessionNotFound(session_id)
+
+
+def get_session(conn: sqlite3.Connection, session_id: str) -> Row | None:
+    cur = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,))
+    row = cur.fetchone()
+    return row_dict(cur, row) if row else None
+
+
+def end_session(
+    conn: sqlite3.Connection, session_id: str, reason: str, now: float | None = None
+) -> bool:
+    """End a live session. The first end wins: returns False if it had already ended."""
+    if reason not in END_REASONS:
+        raise ValueError(f"end_reason must be one of {', '.join(END_REASONS)}")
+    cur = conn.execute(
+        "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
+        (time.time() if now is None else now, reason, session_id),
+    )
+    if cur.rowcount == 0:
+        require_session(conn, session_id)
+        return False
+    return True
+
+
+def reopen_session(conn: sqlite3.Connection, session_id: str) -> bool:
+    cur = conn.execute(
+        "UPDATE sessions SET ended_at = NULL, end_reason = NULL WHERE id = ? AND ended_at IS NOT NULL",
+        (session_id,),
+    )
+    if cur.rowcount == 0:
+        require_session(conn, session_id)
+        return False
+    return True
+
+
+def update_system_prompt(conn: sqlite3.Connection, session_id: str, prompt: str | None) -> None:
+    cur = conn.execute("UPDATE sessions SET system_prompt = ? WHERE id = ?", (prompt, session_id))
+    if cur.rowcount == 0:
+        raise SessionNotFound(session_id)
+
+
+def update_fields(conn: sqlite3.Connection, session_id: str, fields: Mapping[str, Any]) -> None:
+    bad = [k for k in fields if k not in ROUTING_FIELDS]
+    if bad:
+        raise ValueError(f"not updatable: {', '.join(bad)}")
+    if not fields:
+        return
+    values = [
+        json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
+        for v in fields.values()
+    ]
+    assignments = ", ".join(f"{k} = ?" for k in fields)
+    cur = conn.execute(f"UPDATE sessions SET {assignments} WHERE id = ?", (*values, session_id))
+    if cur.rowcount == 0:
+        raise SessionNotFound(session_id)
+
+
+def update_token_counts(
+    conn: sqlite3.Connection,
+    session_id: str,
+    counts: Mapping[str, int],
+    *,
+    estimated_cost_usd: float | None = None,
+    actual_cost_usd: float | None = None,
+    absolute: bool = False,
+) -> None:
+    """Add `counts` to the session's token columns, or set them when `absolute`."""
+    bad = [k for k in counts if k not in TOKEN_FIELDS]
+    if bad:
+        raise ValueError(f"unknown token field(s): {', '.join(bad)}")
+    parts: list[str] = []
+    values: list[Any] = []
+    for name, value in counts.items():
+        if absolute:
+            parts.append(f"{name} = ?")
+        else:
+            parts.append(f"{name} = COALESCE({name}, 0) + ?")
+        values.append(int(value))
+    for name, cost in (("estimated_cost_usd", estimated_cost_usd), ("actual_cost_usd", actual_cost_usd)):
+        if cost is not None:
+            parts.append(f"{name} = ?" if absolute else f"{name} = COALESCE({name}, 0) + ?")
+            values.append(float(cost))
+    if not parts:
+        require_session(conn, session_id)
+        return
+    cur = conn.execute(
+        f"UPDATE sessions SET {', '.join(parts)} WHERE id = ?", (*values, session_id)
+    )
+    if cur.rowcount == 0:
+        raise SessionNotFound(session_id)
+
+
+# --- titles ---------------------------------------------------------------------------
+
+
+def sanitize_title(raw: str) -> str:
+    """Clean a title and enforce the length rule; raises TitleEmpty / TitleTooLong."""
+    title = clean_title(raw)
+    if not title:
+        raise TitleEmpty()
+    if len(title) > MAX_TITLE_LENGTH:
+        raise TitleTooLong(len(title), MAX_TITLE_LENGTH)
+    return title
+
+
+def title_owner(conn: sqlite3.Connection, title: str) -> str | None:
+    row = conn.execute(
+        "SELECT id FROM sessions WHERE title_key = ? LIMIT 1", (title_key(title),)
+    ).fetchone()
+    return row[0] if row else None
+
+
+def set_title(conn: sqlite3.Connection, session_id: str, raw: str | None) -> str | None:
+    """Set (or with None/'' clear) a session title; returns the stored title."""
+    if raw is None or not clean_title(raw):
+        if raw is not None and raw.strip() and not clean_title(raw):
+            raise TitleEmpty()
+        cur = conn.execute(
+            "UPDATE sessions SET title = NULL, title_key = NULL WHERE id = ?", (session_id,)
+        )
+        if cur.rowcount == 0:
+            raise SessionNotFound(session_id)
+        return None
+    title = sanitize_title(raw)
+    owner = title_owner(conn, title)
+    if owner is not None and owner != session_id:
+        raise TitleTaken(title, owner)
+    try:
+        cur = conn.execute(
+            "UPDATE sessions SET title = ?, title_key = ? WHERE id = ?",
+            (title, title_key(title), session_id),
+        )
+    except sqlite3.IntegrityError as exc:  # exact duplicate written by another program
+        raise TitleTaken(title, "another session") from exc
+    if cur.rowcount == 0:
+        raise SessionNotFound(session_id)
+    return title
+
+
+def lineage_members(conn: sqlite3.Connection, base: str) -> list[tuple[int, str, str, float]]:
+    """Sessions titled `base` or `base #N`: (number, id, title, started_at)."""
+    key = title_key(base)
+    rows = conn.execute(
+        "SELECT id, title, started_at FROM sessions WHERE title_key = ? "
+        "OR title_key LIKE ? ESCAPE '\\'",
+        (key, like_escape(key) + " #%"),
+    ).fetchall()
+    found = []
+    for sid, title, started in rows:
+        b, n = split_lineage(title)
+        if title_key(b) == key:
+            found.append((n, sid, title, started))
+    return found
+
+
+def next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
+    base, _ = split_lineage(clean_title(title))
+    members = lineage_members(conn, base)
+    top = max((n for n, *_ in members), default=0)
+    candidate = lineage_title(base, top + 1)
+    if len(candidate) > MAX_TITLE_LENGTH:  # keep the number, shorten the base
+        suffix = f" #{top + 1}"
+        candidate = base[: MAX_TITLE_LENGTH - len(suffix)].rstrip() + suffix
+    return candidate
+
+
+def resolve_title(conn: sqlite3.Connection, raw: str) -> str | None:
+    """Title -> session id: an explicit ` #N` is exact; otherwise the newest of its lineage."""
+    title = clean_title(raw)
+    if not title:
+        return None
+    base, n = split_lineage(title)
+    if n > 1 or title != base:
+        exact = title_owner(conn, title)
+        if exact:
+            return exact
+    members = lineage_members(conn, base)
+    if not members:
+        return title_owner(conn, title)
+    members.sort(key=lambda m: (m[0], m[3]))
+    return members[-1][1]
+
+
+# --- lookups shared with the write path ------------------------------------------------
+
+
+def resolve_id(conn: sqlite3.Connection, ref: str) -> str:
+    """Exact id, else a unique id prefix. Raises SessionNotFound / AmbiguousSession."""
+    from .errors import AmbiguousSession
+
+    ref = ref.strip()
+    if not ref:
+        raise SessionNotFound(ref)
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (ref,)).fetchone():
+        return ref
+    rows = conn.execute(
+        "SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 6",
+        (like_escape(ref) + "%",),
+    ).fetchall()
+    if not rows:
+        raise SessionNotFound(ref)
+    if len(rows) > 1:
+        raise AmbiguousSession(ref, [r[0] for r in rows])
+    return str(rows[0][0])

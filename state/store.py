@@ -1,0 +1,612 @@
+"""`SessionDB`: the async interface to state.db that the rest of switchboard uses.
+
+It owns one Writer (all writes, group-committed) and a ReaderPool (all reads), and keeps
+the rules of DESIGN.md (lineage, titles, end reasons, pruning) in the operations it submits.
+The gateway never sees SQL; a different store (PostgreSQL) can implement the same methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import lineage, listing, maintenance, messages, schema, sessions, transfer
+from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError
+from .ids import new_session_id
+from .readers import ReaderPool
+from .rows import Row
+from .writer import Writer, WriterConfig, connect_writer
+
+log = logging.getLogger("state.store")
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+AUTO_PRUNE_KEY = "switchboard.auto_prune.last_run"
+
+
+def _check_file(path: Path) -> None:
+    if path.is_dir():
+        raise DatabaseError(str(path), "is a directory, not a database file")
+    if path.exists() and path.stat().st_size > 0:
+        try:
+            with path.open("rb") as fh:
+                header = fh.read(16)
+        except OSError as exc:
+            raise DatabaseError(str(path), f"cannot be read: {exc.strerror}") from exc
+        if header != SQLITE_HEADER:
+            raise DatabaseError(str(path), "is not an SQLite database (bad file header)")
+
+
+def _open_and_migrate(path: str, cfg: WriterConfig, target: int, lock_budget_s: float) -> sqlite3.Connection:
+    deadline = time.monotonic() + lock_budget_s
+    while True:
+        try:
+            conn = connect_writer(path, cfg.synchronous, cfg.busy_timeout_s)
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(path, f"cannot be opened: {exc}") from exc
+        try:
+            schema.migrate(conn, path, target=target)
+            return conn
+        except StateError:
+            conn.close()
+            raise
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "locked" in str(exc) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            if "locked" in str(exc):
+                raise DatabaseBusy(f"{path}: locked by another process during start-up") from exc
+            raise DatabaseError(path, f"cannot be prepared: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise DatabaseError(path, f"is damaged or not a database: {exc}") from exc
+
+
+class SessionDB:
+    """Async session store over one state.db. Create with `await SessionDB.open(path)`."""
+
+    def __init__(self, path: Path, writer: Writer, readers: ReaderPool) -> None:
+        self.path = path
+        self._writer = writer
+        self._readers = readers
+        self._closed = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        config: WriterConfig | None = None,
+        readers: int = 3,
+        schema_target: int = schema.LATEST,
+    ) -> SessionDB:
+        p = Path(path).expanduser().absolute()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        _check_file(p)
+        cfg = config or WriterConfig()
+        writer = Writer(str(p), cfg)
+        try:
+            conn = await asyncio.get_running_loop().run_in_executor(
+                writer._executor, _open_and_migrate, str(p), cfg, schema_target, cfg.lock_budget_s
+            )
+        except BaseException:
+            await writer.close()
+            raise
+        await writer.start(conn)
+        db = cls(p, writer, ReaderPool(str(p), readers))
+        try:  # prove the file answers a read before the caller relies on it
+            await db._read(lambda c: c.execute("SELECT COUNT(*) FROM sessions").fetchone())
+        except sqlite3.DatabaseError as exc:
+            await db.close()
+            raise DatabaseError(str(p), f"is damaged: {exc}") from exc
+        return db
+
+    async def close(self) -> None:
+        """Flush every queued write, then close all connections."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._writer.close()
+        await self._readers.close()
+
+    async def __aenter__(self) -> SessionDB:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def writer(self) -> Writer:
+        return self._writer
+
+    async def _read(self, fn: Any, *args: Any) -> Any:
+        return await self._readers.run(fn, *args)
+
+    async def _write(self, fn: Any, *args: Any) -> Any:
+        return await self._writer.submit(fn, *args)
+
+    # --- sessions -------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        source: str = "cli",
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None,
+        system_prompt: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        child_kind: str | None = None,
+        title: str | None = None,
+        started_at: float | None = None,
+        **routing: Any,
+    ) -> str:
+        """Create a session; raises SessionExists. Routing columns go in `routing`."""
+        sid = session_id or new_session_id(terminal=source == "cli")
+        fields = self._session_fields(
+            sid, source, model, model_config, system_prompt, user_id,
+            parent_session_id, child_kind, title, started_at, routing,
+        )  # fmt: skip
+        await self._write(sessions.insert_session, fields)
+        return sid
+
+    async def ensure_session(
+        self,
+        session_id: str,
+        source: str = "cli",
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None,
+        system_prompt: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        child_kind: str | None = None,
+        **routing: Any,
+    ) -> bool:
+        """Create the session unless it exists. Returns True when it was created."""
+        fields = self._session_fields(
+            session_id, source, model, model_config, system_prompt, user_id,
+            parent_session_id, child_kind, None, None, routing,
+        )  # fmt: skip
+        return bool(await self._write(lambda c: sessions.insert_session(c, fields, if_missing=True)))
+
+    @staticmethod
+    def _session_fields(
+        sid: str, source: str, model: str | None, model_config: Any, system_prompt: str | None,
+        user_id: str | None, parent: str | None, child_kind: str | None, title: str | None,
+        started_at: float | None, routing: Mapping[str, Any],
+    ) -> dict[str, Any]:  # fmt: skip
+        bad = [k for k in routing if k not in sessions.ROUTING_FIELDS]
+        if bad:
+            raise TypeError(f"unknown session field(s): {', '.join(bad)}")
+        fields: dict[str, Any] = {"id": sid, "source": source}
+        for key, value in (
+            ("model", model), ("model_config", model_config), ("system_prompt", system_prompt),
+            ("user_id", user_id), ("parent_session_id", parent), ("child_kind", child_kind),
+            ("title", title), ("started_at", started_at),
+        ):  # fmt: skip
+            if value is not None:
+                fields[key] = value
+        fields.update({k: v for k, v in routing.items() if v is not None})
+        return fields
+
+    async def get_session(self, session_id: str) -> Row | None:
+        return await self._read(sessions.get_session, session_id)
+
+    async def require_session(self, session_id: str) -> Row:
+        row = await self.get_session(session_id)
+        if row is None:
+            raise SessionNotFound(session_id)
+        return row
+
+    async def end_session(self, session_id: str, reason: str, *, now: float | None = None) -> bool:
+        return bool(await self._write(sessions.end_session, session_id, reason, now))
+
+    async def reopen_session(self, session_id: str) -> bool:
+        return bool(await self._write(sessions.reopen_session, session_id))
+
+    async def resolve_session_id(self, ref: str) -> str:
+        """Exact id or unique prefix (raises SessionNotFound / AmbiguousSession)."""
+        return str(await self._read(sessions.resolve_id, ref))
+
+    async def resolve_session_ref(self, ref: str) -> str:
+        """Id, unique id prefix, or title (newest of its lineage)."""
+
+        def _resolve(conn: sqlite3.Connection) -> str:
+            try:
+                return sessions.resolve_id(conn, ref)
+            except SessionNotFound:
+                by_title = sessions.resolve_title(conn, ref)
+                if by_title is None:
+                    raise
+                return by_title
+
+        return str(await self._read(_resolve))
+
+    async def update_system_prompt(self, session_id: str, prompt: str | None) -> None:
+        await self._write(sessions.update_system_prompt, session_id, prompt)
+
+    async def update_session(self, session_id: str, **fields: Any) -> None:
+        """Set routing/handoff/billing columns (see sessions.ROUTING_FIELDS)."""
+        await self._write(sessions.update_fields, session_id, fields)
+
+    async def update_token_counts(
+        self,
+        session_id: str,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        absolute: bool = False,
+    ) -> None:
+        """Add to the counters (default), or set them (`absolute=True`)."""
+        counts = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_read_tokens": cache_read_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "reasoning_tokens": reasoning_tokens,
+        }
+        if not absolute:
+            counts = {k: v for k, v in counts.items() if v}
+        await self._write(
+            lambda c: sessions.update_token_counts(
+                c, session_id, counts, estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd, absolute=absolute,
+            )
+        )  # fmt: skip
+
+    async def session_count(self, source: str | None = None) -> int:
+        def _count(conn: sqlite3.Connection) -> int:
+            if source:
+                return int(conn.execute("SELECT COUNT(*) FROM sessions WHERE source = ?", (source,)).fetchone()[0])
+            return int(conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
+
+        return int(await self._read(_count))
+
+    async def message_count(self, session_id: str | None = None) -> int:
+        def _count(conn: sqlite3.Connection) -> int:
+            if session_id:
+                return int(conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)).fetchone()[0])
+            return int(conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+
+        return int(await self._read(_count))
+
+    async def stats(self) -> Row:
+        return await self._read(maintenance.stats, str(self.path))
+
+    # --- messages -------------------------------------------------------------------
+
+    async def append_message(self, session_id: str, role: str, content: str | None = None, **fields: Any) -> int:
+        """Append one message; returns its id once it is committed."""
+        msg = {"role": role, "content": content, **fields}
+        bad = [k for k in fields if k not in messages.MESSAGE_FIELDS]
+        if bad:
+            raise TypeError(f"unknown message field(s): {', '.join(bad)}")
+        ids = await self._write(messages.append_messages, session_id, (msg,))
+        return int(ids[0])
+
+    async def append_messages(self, session_id: str, batch: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Append several messages atomically, in order."""
+        return list(await self._write(messages.append_messages, session_id, list(batch)))
+
+    async def get_messages(
+        self, session_id: str, *, limit: int | None = None, after_id: int | None = None, last: int | None = None
+    ) -> list[Row]:
+        return list(await self._read(lambda c: messages.get_messages(c, session_id, limit=limit, after_id=after_id, last=last)))
+
+    async def get_messages_around(self, session_id: str, message_id: int, window: int = 5) -> list[Row]:
+        return list(await self._read(messages.get_messages_around, session_id, message_id, window))
+
+    async def get_messages_as_conversation(
+        self, session_id: str, *, include_ancestors: bool = False, last: int | None = None
+    ) -> list[dict[str, Any]]:
+        def _conv(conn: sqlite3.Connection) -> list[Row]:
+            rows: list[Row] = []
+            if include_ancestors:
+                for anc in reversed(lineage.ancestors(conn, session_id)):
+                    rows.extend(messages.get_messages(conn, anc["id"]))
+            rows.extend(messages.get_messages(conn, session_id, last=last))
+            return rows
+
+        return messages.to_conversation(await self._read(_conv))
+
+    async def clear_messages(self, session_id: str) -> int:
+        return int(await self._write(messages.clear_messages, session_id))
+
+    # --- titles ---------------------------------------------------------------------
+
+    async def set_session_title(self, session_id: str, title: str | None) -> str | None:
+        """Set (or clear with None/'') the title; raises TitleTooLong/TitleTaken/TitleEmpty."""
+        return await self._write(sessions.set_title, session_id, title)
+
+    async def get_session_title(self, session_id: str) -> str | None:
+        row = await self.get_session(session_id)
+        return None if row is None else row.get("title")
+
+    async def get_session_by_title(self, title: str) -> Row | None:
+        def _get(conn: sqlite3.Connection) -> Row | None:
+            owner = sessions.title_owner(conn, sessions.clean_title(title))
+            return sessions.get_session(conn, owner) if owner else None
+
+        return await self._read(_get)
+
+    async def resolve_session_by_title(self, title: str) -> str | None:
+        return await self._read(sessions.resolve_title, title)
+
+    async def get_next_title_in_lineage(self, title: str) -> str:
+        return str(await self._read(sessions.next_title_in_lineage, title))
+
+    # --- lineage --------------------------------------------------------------------
+
+    async def get_ancestors(self, session_id: str) -> list[Row]:
+        return list(await self._read(lineage.ancestors, session_id))
+
+    async def get_descendants(self, session_id: str) -> list[Row]:
+        return list(await self._read(lineage.descendants, session_id))
+
+    async def get_children(self, session_id: str, kind: str | None = None) -> list[Row]:
+        return list(await self._read(lineage.children, session_id, kind))
+
+    async def get_compression_tip(self, session_id: str) -> str:
+        return str(await self._read(lineage.compression_tip, session_id))
+
+    async def resolve_resume_session_id(self, session_id: str) -> str:
+        return str(await self._read(lineage.resume_target, session_id))
+
+    async def fork_session(
+        self,
+        parent_id: str,
+        kind: str,
+        *,
+        new_id: str | None = None,
+        title: str | None = None,
+        copy_messages: bool = False,
+        seed_messages: Iterable[Mapping[str, Any]] = (),
+        end_reason: str | None = None,
+        **routing: Any,
+    ) -> str:
+        """Create a child of `parent_id` in one transaction: copy or seed its messages,
+        title it (an explicit title, else the next `#N` of the parent's title for
+        compression/branch), and end the parent with `end_reason`."""
+        seeds = list(seed_messages)
+
+        def _fork(conn: sqlite3.Connection) -> str:
+            parent = sessions.get_session(conn, parent_id)
+            if parent is None:
+                raise SessionNotFound(parent_id)
+            cid = new_id or new_session_id(terminal=parent["source"] == "cli")
+            fields: dict[str, Any] = {
+                "id": cid,
+                "source": parent["source"],
+                "parent_session_id": parent_id,
+                "child_kind": kind,
+            }
+            for col in ("user_id", "model", "model_config", "system_prompt", "session_key",
+                        "chat_id", "chat_type", "thread_id", "origin_json"):  # fmt: skip
+                if parent.get(col) is not None:
+                    fields[col] = parent[col]
+            fields.update({k: v for k, v in routing.items() if v is not None})
+            sessions.insert_session(conn, fields)
+            if title is not None:
+                sessions.set_title(conn, cid, title)
+            elif parent.get("title") and kind in ("compression", "branch"):
+                sessions.set_title(conn, cid, sessions.next_title_in_lineage(conn, parent["title"]))
+            if copy_messages:
+                history = messages.get_messages(conn, parent_id)
+                messages.append_messages(conn, cid, [
+                    {k: v for k, v in m.items() if k in messages.MESSAGE_FIELDS} for m in history
+                ])  # fmt: skip
+            if seeds:
+                messages.append_messages(conn, cid, seeds)
+            if end_reason is not None:
+                sessions.end_session(conn, parent_id, end_reason)
+            return cid
+
+        return str(await self._write(_fork))
+
+    # --- listing --------------------------------------------------------------------
+
+    async def list_sessions(
+        self,
+        source: str | None = None,
+        *,
+        exclude_sources: Iterable[str] = (),
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        include_children: bool = False,
+        include_archived: bool = False,
+        titled_only: bool = False,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[Row]:
+        """Newest activity first, each row with `last_active` and a 60-char `preview`."""
+        flt = listing.SessionFilter(
+            source=source, exclude_sources=tuple(exclude_sources), user_id=user_id,
+            chat_id=chat_id, include_children=include_children,
+            include_archived=include_archived, titled_only=titled_only,
+        )  # fmt: skip
+        return list(await self._read(listing.list_sessions, flt, limit, offset))
+
+    async def list_filtered(self, flt: listing.SessionFilter, limit: int = 20, offset: int = 0) -> list[Row]:
+        return list(await self._read(listing.list_sessions, flt, limit, offset))
+
+    async def count_filtered(self, flt: listing.SessionFilter) -> int:
+        return int(await self._read(listing.count_sessions, flt))
+
+    # --- delete, prune, vacuum, meta ------------------------------------------------
+
+    async def delete_session(self, session_id: str) -> None:
+        """Delete a session and its messages; its children become roots."""
+        await self._write(maintenance.delete_session, session_id)
+
+    async def prune_sessions(
+        self,
+        older_than_days: float = 90,
+        source: str | None = None,
+        *,
+        now: float | None = None,
+        protected: Iterable[str] = (),
+    ) -> int:
+        """Delete ended sessions idle for longer than `older_than_days`; returns the count.
+        Runs in small transactions so live traffic keeps flowing during a large prune."""
+        at = time.time() if now is None else now
+        keep = frozenset(protected)
+        total = 0
+        while True:
+            n = int(await self._write(maintenance.prune_chunk, older_than_days, source, at, keep))
+            total += n
+            if n < maintenance.PRUNE_CHUNK:
+                return total
+
+    async def prune_candidates(self, older_than_days: float, source: str | None = None, *, now: float | None = None, limit: int = 1000) -> list[str]:
+        at = time.time() if now is None else now
+        return list(await self._read(maintenance.prune_candidates, older_than_days, source, at, limit))
+
+    async def vacuum(self) -> tuple[int, int]:
+        """VACUUM; returns the file size in bytes before and after."""
+        before, after = await self._writer.exclusive(maintenance.vacuum)
+        return int(before), int(after)
+
+    async def maybe_auto_prune_and_vacuum(
+        self,
+        retention_days: float = 90,
+        min_interval_hours: float = 24,
+        vacuum: bool = True,
+        *,
+        now: float | None = None,
+        min_vacuum_bytes: int = 8 * 1024 * 1024,
+        min_vacuum_share: float = 0.2,
+    ) -> dict[str, Any]:
+        """Prune at most once per interval across every process sharing the file (the
+        stamp lives in state_meta); VACUUM only when that frees a worthwhile amount."""
+        at = time.time() if now is None else now
+        due = await self._write(maintenance.claim_meta_stamp, AUTO_PRUNE_KEY, min_interval_hours * 3600, at)
+        if not due:
+            return {"ran": False, "pruned": 0, "vacuumed": False}
+        pruned = await self.prune_sessions(retention_days, now=at)
+        vacuumed = False
+        if vacuum and pruned:
+            free, total = await self._read(maintenance.freeable_bytes)
+            if free >= min_vacuum_bytes or (total and free / total >= min_vacuum_share):
+                await self.vacuum()
+                vacuumed = True
+        return {"ran": True, "pruned": pruned, "vacuumed": vacuumed}
+
+    async def get_meta(self, key: str) -> str | None:
+        return await self._read(maintenance.get_meta, key)
+
+    async def set_meta(self, key: str, value: str | None) -> None:
+        await self._write(maintenance.set_meta, key, value)
+
+    async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
+            raise ValueError("checkpoint mode must be PASSIVE, FULL, RESTART or TRUNCATE")
+        row = await self._writer.exclusive(lambda c: c.execute(f"PRAGMA wal_checkpoint({mode})").fetchone())
+        return int(row[0]), int(row[1]), int(row[2])
+
+    # --- export / import ------------------------------------------------------------
+
+    async def export_session(self, session_id: str) -> Row:
+        page = await self._read(transfer.export_page, None, 1, None, [session_id])
+        if not page:
+            raise SessionNotFound(session_id)
+        return dict(page[0])
+
+    async def export_all(
+        self, source: str | None = None, *, session_ids: list[str] | None = None, page_size: int = 50
+    ) -> AsyncIterator[Row]:
+        """Stream sessions (each with its messages), oldest first, a page at a time."""
+        after: tuple[float, str] | None = None
+        while True:
+            page = await self._read(transfer.export_page, after, page_size, source, session_ids)
+            for rec in page:
+                yield rec
+            if len(page) < page_size:
+                return
+            last = page[-1]["session"]
+            after = (last["started_at"], last["id"])
+
+    async def write_jsonl(self, fh: Any, **kwargs: Any) -> int:
+        """Export to a text file object as JSONL; returns the number of sessions."""
+        n = 0
+        async for rec in self.export_all(**kwargs):
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            n += 1
+        return n
+
+    async def import_records(self, records: Iterable[Mapping[str, Any]], *, batch: int = 100) -> transfer.ImportReport:
+        """Import exported records; sessions that already exist are skipped."""
+        report = transfer.ImportReport()
+        pending: list[Mapping[str, Any]] = []
+        ids: list[str] = []
+
+        async def flush() -> None:
+            if pending:
+                chunk = list(pending)
+                pending.clear()
+                await self._write(transfer.import_records, chunk, report)
+
+        for rec in records:
+            pending.append(rec)
+            sess = rec.get("session") if isinstance(rec, Mapping) else None
+            if isinstance(sess, Mapping) and isinstance(sess.get("id"), str):
+                ids.append(sess["id"])
+            if len(pending) >= batch:
+                await flush()
+        await flush()
+        for i in range(0, len(ids), 500):
+            await self._write(transfer.orphan_dangling, ids[i : i + 500])
+        return report
+
+    # --- search index maintenance ----------------------------------------------------
+
+    async def rebuild_search_index(self) -> int:
+        """Rebuild both FTS indexes from the messages table; returns the aux row count."""
+
+        def _rebuild(conn: sqlite3.Connection) -> int:
+            conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+            return schema.rebuild_aux(conn)
+
+        return int(await self._write(_rebuild))
+
+    async def optimize_search_index(self) -> None:
+        def _optimize(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+            conn.execute("INSERT INTO messages_aux_fts(messages_aux_fts) VALUES ('optimize')")
+
+        await self._write(_optimize)
+
+    async def check_search_index(self) -> list[str]:
+        """FTS integrity checks; returns a list of problems (empty when healthy)."""
+
+        def _check(conn: sqlite3.Connection) -> list[str]:
+            problems = []
+            for table in ("messages_fts", "messages_aux_fts"):
+                try:
+                    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+                except sqlite3.DatabaseError as exc:
+                    problems.append(f"{table}: {exc}")
+            return problems
+
+        return list(await self._write(_check))
+
+    async def integrity_check(self, quick: bool = True) -> list[str]:
+        pragma = "quick_check" if quick else "integrity_check"
+        rows = await self._read(lambda c: c.execute(f"PRAGMA {pragma}").fetchall())
+        found = [r[0] for r in rows]
+        return [] if found == ["ok"] else found

@@ -1,0 +1,314 @@
+"""The single writer: one task, one write connection, a bounded queue, group commit.
+
+Callers submit synchronous operations `fn(conn, *args)`; the writer runs everything that is
+queued in one `BEGIN IMMEDIATE` transaction on its own thread, each operation inside a
+savepoint so one that raises fails only its own caller, commits once, then resolves every
+caller's future. Once queued, an operation runs even if its caller stops waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .errors import DatabaseBusy, DatabaseError, WriterClosed
+
+log = logging.getLogger("state.writer")
+T = TypeVar("T")
+
+SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    synchronous: str = "NORMAL"
+    queue_size: int = 10_000
+    max_batch: int = 1_000
+    busy_timeout_s: float = 2.0  # per attempt, inside SQLite
+    lock_budget_s: float = 60.0  # total time a batch may wait for another process
+    checkpoint_every_s: float = 30.0
+
+
+@dataclass
+class WriterStats:
+    batches: int = 0
+    operations: int = 0
+    failed_operations: int = 0
+    busy_retries: int = 0
+    last_batch_size: int = 0
+    last_commit_ms: float = 0.0
+    commit_ms_total: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)  # recent, for metrics
+
+    def record(self, size: int, commit_ms: float) -> None:
+        self.batches += 1
+        self.operations += size
+        self.last_batch_size = size
+        self.last_commit_ms = commit_ms
+        self.commit_ms_total += commit_ms
+        self.batch_sizes.append(size)
+        if len(self.batch_sizes) > 1024:
+            del self.batch_sizes[:512]
+
+
+class _Op:
+    __slots__ = ("fn", "args", "future", "exclusive")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        future: asyncio.Future[Any],
+        exclusive: bool,
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.future = future
+        self.exclusive = exclusive
+
+
+_STOP = object()
+
+
+def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+    )
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+    return conn
+
+
+def _is_busy(exc: BaseException) -> bool:
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return "locked" in str(exc)
+    return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+class Writer:
+    """Owns the write connection. Use `submit` for transactional work, `exclusive` for
+    statements that cannot run inside a transaction (VACUUM, checkpoints)."""
+
+    def __init__(self, path: str, config: WriterConfig | None = None) -> None:
+        self.path = path
+        self.config = config or WriterConfig()
+        if self.config.synchronous.upper() not in SYNCHRONOUS_MODES:
+            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
+        self.stats = WriterStats()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.config.queue_size)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-writer")
+        self._conn: sqlite3.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._last_checkpoint = time.monotonic()
+        self._thread_ident: int | None = None
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    async def start(self, conn: sqlite3.Connection | None = None) -> None:
+        """Adopt `conn` (already migrated) or open a new one, then start the task."""
+        loop = asyncio.get_running_loop()
+
+        def _open() -> sqlite3.Connection:
+            self._thread_ident = threading.get_ident()
+            return conn or connect_writer(
+                self.path, self.config.synchronous, self.config.busy_timeout_s
+            )
+
+        self._conn = await loop.run_in_executor(self._executor, _open)
+        self._task = asyncio.create_task(self._run(), name="state.writer")
+
+    async def submit(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._enqueue(fn, args, exclusive=False)
+
+    async def exclusive(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._enqueue(fn, args, exclusive=True)
+
+    async def _enqueue(self, fn: Callable[..., T], args: tuple[Any, ...], exclusive: bool) -> T:
+        if self._closing or self._task is None:
+            raise WriterClosed("the store is closed")
+        if self._task.done():
+            raise WriterClosed("the writer has stopped")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Op(fn, args, future, exclusive))  # backpressure
+        return await future
+
+    async def close(self) -> None:
+        """Run everything already queued, then close the connection."""
+        if self._task is None:
+            self._executor.shutdown(wait=False)
+            return
+        if not self._closing:
+            self._closing = True
+            await self._queue.put(_STOP)
+        try:
+            await self._task
+        finally:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._executor, _close_quietly, conn)
+            self._executor.shutdown(wait=True)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = False
+        while not stop:
+            first = await self._queue.get()
+            if first is _STOP:
+                break
+            batch: list[_Op] = [first]
+            # Group commit: take whatever else is already waiting, up to max_batch,
+            # stopping at an exclusive operation (it runs on its own).
+            while (
+                not batch[0].exclusive
+                and len(batch) < self.config.max_batch
+                and not self._queue.empty()
+            ):
+                nxt = self._queue.get_nowait()
+                if nxt is _STOP:
+                    stop = True
+                    break
+                if nxt.exclusive:
+                    await self._execute(loop, batch)
+                    batch = [nxt]
+                    break
+                batch.append(nxt)
+            await self._execute(loop, batch)
+
+    async def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Op]) -> None:
+        try:
+            if batch[0].exclusive:
+                results = await loop.run_in_executor(self._executor, self._run_exclusive, batch[0])
+            else:
+                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+        except BaseException as exc:  # the whole batch failed (disk full at commit, lock budget)
+            log.error("write batch of %d failed: %s", len(batch), exc)
+            err = _translate(exc, self.path)
+            for op in batch:
+                if not op.future.done():
+                    op.future.set_exception(err)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for op, (ok, value) in zip(batch, results, strict=True):
+            if op.future.done():  # the caller stopped waiting; the work is committed anyway
+                continue
+            if ok:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(value)
+
+    # --- on the writer thread -------------------------------------------------------
+
+    def _run_batch(self, batch: list[_Op]) -> list[tuple[bool, Any]]:
+        conn = self._conn
+        assert conn is not None
+        deadline = time.monotonic() + self.config.lock_budget_s
+        attempt = 0
+        while True:
+            try:
+                started = time.perf_counter()
+                results = self._attempt(conn, batch)
+                commit_ms = (time.perf_counter() - started) * 1000
+                self.stats.record(len(batch), commit_ms)
+                self.stats.failed_operations += sum(1 for ok, _ in results if not ok)
+                self._maybe_checkpoint(conn)
+                return results
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+                attempt += 1
+                self.stats.busy_retries += 1
+                if time.monotonic() >= deadline:
+                    raise DatabaseBusy(
+                        f"{self.path}: another process kept the database locked for "
+                        f"{self.config.lock_budget_s:.0f} s"
+                    ) from exc
+                # Jittered backoff so two writers in different processes do not collide again.
+                time.sleep(min(0.5, 0.01 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.5))
+
+    @staticmethod
+    def _attempt(conn: sqlite3.Connection, batch: list[_Op]) -> list[tuple[bool, Any]]:
+        conn.execute("BEGIN IMMEDIATE")
+        results: list[tuple[bool, Any]] = []
+        try:
+            for op in batch:
+                conn.execute("SAVEPOINT op")
+                try:
+                    value = op.fn(conn, *op.args)
+                except sqlite3.OperationalError as exc:
+                    if _is_busy(exc):
+                        raise  # retry the whole batch
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    results.append((False, _translate(exc, "state.db")))
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    results.append((False, exc))
+                else:
+                    conn.execute("RELEASE op")
+                    results.append((True, value))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return results
+
+    def _run_exclusive(self, op: _Op) -> list[tuple[bool, Any]]:
+        conn = self._conn
+        assert conn is not None
+        try:
+            return [(True, op.fn(conn, *op.args))]
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [(False, _translate(exc, self.path))]
+
+    def _maybe_checkpoint(self, conn: sqlite3.Connection) -> None:
+        now = time.monotonic()
+        if now - self._last_checkpoint >= self.config.checkpoint_every_s:
+            self._last_checkpoint = now
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as exc:
+                log.warning("passive checkpoint failed: %s", exc)
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error as exc:
+        log.warning("closing the write connection: %s", exc)
+
+
+def _translate(exc: BaseException, path: str) -> BaseException:
+    """Map raw sqlite3 errors to typed store errors; leave ours alone."""
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.IntegrityError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        code = code & 0xFF if code is not None else None
+        if code == sqlite3.SQLITE_FULL:
+            return DatabaseError(path, "the disk is full; nothing was written")
+        if code == sqlite3.SQLITE_READONLY:
+            return DatabaseError(path, "the database is read-only; nothing was written")
+        if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            return DatabaseError(path, f"the database is damaged: {exc}")
+        if code == sqlite3.SQLITE_IOERR:
+            return DatabaseError(path, f"disk I/O error: {exc}")
+    return exc
