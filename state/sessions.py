@@ -260,11 +260,9 @@ def resolve_title(conn: sqlite3.Connection, raw: str) -> str | None:
     title = clean_title(raw)
     if not title:
         return None
-    base, n = split_lineage(title)
-    if n > 1 or title != base:
-        exact = title_owner(conn, title)
-        if exact:
-            return exact
+    base, _ = split_lineage(title)
+    if title != base:  # an explicit " #N" names exactly that member
+        return title_owner(conn, title)
     members = lineage_members(conn, base)
     if not members:
         return title_owner(conn, title)

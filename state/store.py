@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import lineage, listing, maintenance, messages, schema, sessions, transfer
+from . import lineage, listing, maintenance, messages, schema, search, sessions, transfer
 from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError
 from .ids import new_session_id
 from .readers import ReaderPool
@@ -49,7 +49,7 @@ def _open_and_migrate(path: str, cfg: WriterConfig, target: int, lock_budget_s: 
         try:
             conn = connect_writer(path, cfg.synchronous, cfg.busy_timeout_s)
         except sqlite3.DatabaseError as exc:
-            raise DatabaseError(path, f"cannot be opened: {exc}") from exc
+            raise DatabaseError(path, f"is damaged or not an SQLite database ({exc})") from exc
         try:
             schema.migrate(conn, path, target=target)
             return conn
@@ -572,6 +572,29 @@ class SessionDB:
         for i in range(0, len(ids), 500):
             await self._write(transfer.orphan_dangling, ids[i : i + 500])
         return report
+
+    # --- search ------------------------------------------------------------------------
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        sources: Iterable[str] = (),
+        exclude_sources: Iterable[str] = (),
+        roles: Iterable[str] = (),
+        scope: listing.SessionFilter | None = None,
+        exclude_session_ids: Iterable[str] = (),
+        sort: str = "relevance",
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[Row]:
+        """Search every message (see state.search); raises QueryError for unusable queries."""
+        req = search.SearchRequest(
+            query=query, sources=tuple(sources), exclude_sources=tuple(exclude_sources),
+            roles=tuple(roles), scope=scope or listing.SessionFilter(include_children=True),
+            exclude_session_ids=tuple(exclude_session_ids), sort=sort, limit=limit, offset=offset,
+        )  # fmt: skip
+        return list(await self._read(search.search, req))
 
     # --- search index maintenance ----------------------------------------------------
 

@@ -1,0 +1,173 @@
+"""Full-text search over every message: query -> FTS5 on the right index -> ranked hits
+with snippets and their neighbouring messages.
+
+Each message's content is searched in exactly one index: the segmented side index when it
+holds CJK or emoji (`messages_aux.seg_text`), otherwise the main `messages_fts`. Tool names
+and call arguments are searched when the role filter asks for `tool`. Relevance is bm25
+damped by age, so a fresh session is not drowned by a pile of old, similar messages.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from . import query as q
+from .errors import QueryError
+from .listing import SessionFilter
+from .rows import Row
+
+SORTS = ("relevance", "newest", "oldest")
+CONTEXT_CHARS = 200
+SNIPPET_TOKENS = 16
+RECENCY_HALF_LIFE_DAYS = 30.0
+MARK_OPEN, MARK_CLOSE = ">>>", "<<<"
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    query: str
+    sources: Sequence[str] = ()
+    exclude_sources: Sequence[str] = ()
+    roles: Sequence[str] = ()
+    scope: SessionFilter = field(default_factory=lambda: SessionFilter(include_children=True))
+    exclude_session_ids: Sequence[str] = ()
+    sort: str = "relevance"
+    limit: int = 20
+    offset: int = 0
+
+
+def _filters(req: SearchRequest) -> tuple[str, list[object]]:
+    scope = SessionFilter(
+        source=req.scope.source,
+        sources=tuple(req.scope.sources) + tuple(req.sources),
+        exclude_sources=tuple(req.scope.exclude_sources) + tuple(req.exclude_sources),
+        user_id=req.scope.user_id,
+        chat_id=req.scope.chat_id,
+        thread_id=req.scope.thread_id,
+        include_children=True,
+        include_archived=True,
+    )
+    where, params = scope.where("s")
+    if req.roles:
+        where += f" AND m.role IN ({', '.join('?' for _ in req.roles)})"
+        params += list(req.roles)
+    if req.exclude_session_ids:
+        where += f" AND m.session_id NOT IN ({', '.join('?' for _ in req.exclude_session_ids)})"
+        params += list(req.exclude_session_ids)
+    return where, params
+
+
+def _order(sort: str, now: float) -> tuple[str, list[object]]:
+    if sort == "newest":
+        return "timestamp DESC, id DESC", []
+    if sort == "oldest":
+        return "timestamp ASC, id ASC", []
+    # bm25 is negative (lower is better); dividing by (1 + age/half-life) pulls old hits
+    # toward zero, so between two equally relevant hits the newer one wins.
+    return "score / (1.0 + MAX(0.0, ? - timestamp) / ?) ASC, id DESC", [
+        now,
+        RECENCY_HALF_LIFE_DAYS * 86400,
+    ]
+
+
+_HIT_COLUMNS = (
+    "m.id AS id, m.session_id AS session_id, m.role AS role, m.timestamp AS timestamp, "
+    "s.source AS source, s.model AS model, s.title AS title, s.started_at AS started_at"
+)
+
+
+def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = None) -> list[Row]:
+    if req.sort not in SORTS:
+        raise QueryError(f"sort must be one of {', '.join(SORTS)}")
+    tree = q.parse(req.query)
+    where, fparams = _filters(req)
+    branches: list[str] = []
+    params: list[object] = []
+    if not q.needs_aux(tree):
+        branches.append(
+            f"SELECT {_HIT_COLUMNS}, bm25(messages_fts) AS score, "
+            f"snippet(messages_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', {SNIPPET_TOKENS}) AS snippet "
+            "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
+            "JOIN sessions s ON s.id = m.session_id "
+            f"WHERE messages_fts MATCH ? AND {where} AND NOT EXISTS ("
+            "SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)"
+        )
+        params += [q.to_fts(tree, segmented=False), *fparams]
+    aux_expr = "{seg_text} : " + q.to_fts(tree, segmented=True)
+    if "tool" in req.roles:
+        aux_expr = f"({aux_expr}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
+    branches.append(
+        f"SELECT {_HIT_COLUMNS}, bm25(messages_aux_fts) AS score, NULL AS snippet "
+        "FROM messages_aux_fts JOIN messages m ON m.id = messages_aux_fts.rowid "
+        "JOIN sessions s ON s.id = m.session_id "
+        f"WHERE messages_aux_fts MATCH ? AND {where}"
+    )
+    params += [aux_expr, *fparams]
+    order, oparams = _order(req.sort, time.time() if now is None else now)
+    sql = (
+        f"SELECT * FROM ({' UNION ALL '.join(branches)}) ORDER BY {order} LIMIT ? OFFSET ?"
+    )
+    try:
+        cur = conn.execute(sql, (*params, *oparams, max(1, req.limit), max(0, req.offset)))
+    except sqlite3.OperationalError as exc:
+        # Every term is quoted, so this means FTS5 refused something we did not foresee;
+        # report it as a query problem, never as an SQL error.
+        if "fts5" in str(exc) or "syntax" in str(exc):
+            raise QueryError(f"the query could not be run: {exc}") from exc
+        raise
+    names = [d[0] for d in cur.description]
+    hits = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    _add_context(conn, hits, q.positive_terms(tree))
+    return hits
+
+
+def _add_context(conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term]) -> None:
+    """Fill content-derived fields for a page of hits with two queries in total."""
+    if not hits:
+        return
+    values = ", ".join("(?, ?)" for _ in hits)
+    params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
+    rows = conn.execute(
+        f"WITH hits(hid, sid) AS (VALUES {values}) "
+        "SELECT hid, 'before', p.id, p.role, substr(p.content, 1, ?) FROM hits "
+        "JOIN messages p ON p.id = (SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
+        "UNION ALL SELECT hid, 'after', p.id, p.role, substr(p.content, 1, ?) FROM hits "
+        "JOIN messages p ON p.id = (SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid) "
+        "UNION ALL SELECT hid, 'self', p.id, p.role, p.content FROM hits "
+        "JOIN messages p ON p.id = hid",
+        (*params, CONTEXT_CHARS, CONTEXT_CHARS),
+    ).fetchall()
+    by_hit: dict[int, dict[str, object]] = {}
+    for hid, which, mid, role, content in rows:
+        by_hit.setdefault(hid, {})[which] = (mid, role, content)
+    for h in hits:
+        ctx = by_hit.get(h["id"], {})
+        for which in ("before", "after"):
+            found = ctx.get(which)
+            h[f"context_{which}"] = (
+                {"id": found[0], "role": found[1], "content": found[2]} if found else None  # type: ignore[index]
+            )
+        if h.get("snippet") is None:
+            own = ctx.get("self")
+            h["snippet"] = make_snippet(own[2] if own else "", marks)  # type: ignore[index]
+
+
+def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> str:
+    """A window of `content` around the first match, matches wrapped in >>> <<<."""
+    text = " ".join((content or "").split())
+    if not text:
+        return ""
+    words = sorted({t.text.strip() for t in marks if t.text.strip()}, key=len, reverse=True)
+    if not words:
+        return text[:width]
+    pattern = re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE)
+    first = pattern.search(text)
+    start = 0 if first is None else max(0, first.start() - width // 3)
+    end = min(len(text), start + width)
+    window = text[start:end]
+    marked = pattern.sub(lambda m: f"{MARK_OPEN}{m.group(0)}{MARK_CLOSE}", window)
+    return ("…" if start > 0 else "") + marked + ("…" if end < len(text) else "")

@@ -1,0 +1,194 @@
+"""Lineage, end reasons, delete and prune rules."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from state import SessionDB, SessionNotFound, AmbiguousSession
+
+DAY = 86400.0
+
+
+async def test_first_end_wins_and_reopen_clears(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    assert await db.end_session(sid, "idle") is True
+    assert await db.end_session(sid, "daily") is False
+    row = await db.require_session(sid)
+    assert row["end_reason"] == "idle"
+    assert await db.reopen_session(sid) is True
+    row = await db.require_session(sid)
+    assert row["ended_at"] is None and row["end_reason"] is None
+    with pytest.raises(ValueError):
+        await db.end_session(sid, "bored")
+    with pytest.raises(SessionNotFound):
+        await db.end_session("missing", "idle")
+
+
+async def test_branch_copies_history_and_compression_tip_follows_compression_only(db: SessionDB) -> None:
+    root = await db.create_session(source="api", title="plan")
+    await db.append_messages(root, [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}])
+    branch = await db.fork_session(root, "branch", copy_messages=True, end_reason="branched")
+    assert [m["content"] for m in await db.get_messages(branch)] == ["one", "two"]
+    assert await db.get_session_title(branch) == "plan #2"
+    assert (await db.require_session(root))["end_reason"] == "branched"
+    # compression of the root: tip follows it, never the branch
+    await db.reopen_session(root)
+    comp = await db.fork_session(
+        root, "compression", seed_messages=[{"role": "system", "content": "summary"}], end_reason="compression"
+    )
+    comp2 = await db.fork_session(comp, "compression", end_reason="compression")
+    assert await db.get_compression_tip(root) == comp2
+    assert await db.resolve_resume_session_id(root) == comp2
+    assert await db.get_compression_tip(branch) == branch
+    assert [a["id"] for a in await db.get_ancestors(comp2)] == [comp, root]
+    desc = {d["id"]: d["depth"] for d in await db.get_descendants(root)}
+    assert desc == {branch: 1, comp: 1, comp2: 2}
+    # listing shows roots and branches, not compression children
+    listed = {r["id"] for r in await db.list_sessions()}
+    assert listed == {root, branch}
+    assert {r["id"] for r in await db.list_sessions(include_children=True)} == {root, branch, comp, comp2}
+    conv = await db.get_messages_as_conversation(comp, include_ancestors=True)
+    assert [m["content"] for m in conv] == ["one", "two", "summary"]
+
+
+async def test_deleting_a_parent_orphans_its_children(db: SessionDB) -> None:
+    root = await db.create_session(source="api")
+    await db.append_message(root, "user", "doomed text")
+    child = await db.fork_session(root, "compression", end_reason="compression")
+    await db.delete_session(root)
+    assert await db.get_session(root) is None
+    assert (await db.require_session(child))["parent_session_id"] is None
+    assert await db.search_messages("doomed") == []
+    with pytest.raises(SessionNotFound):
+        await db.delete_session(root)
+
+
+@pytest.mark.parametrize(
+    "ended, idle_days, source, older_than, prune_source, pruned",
+    [
+        (True, 100, "api", 90, None, True),       # ended and old
+        (False, 100, "api", 90, None, False),     # live: never pruned
+        (True, 10, "api", 90, None, False),       # ended but recent
+        (True, 100, "api", 90, "telegram", False),  # other source
+        (True, 100, "telegram", 90, "telegram", True),
+    ],
+)
+async def test_prune_rules(
+    db: SessionDB, ended: bool, idle_days: float, source: str, older_than: float,
+    prune_source: str | None, pruned: bool,
+) -> None:  # fmt: skip
+    now = time.time()
+    sid = await db.create_session(source=source, started_at=now - idle_days * DAY)
+    await db.append_message(sid, "user", "hi", timestamp=now - idle_days * DAY)
+    child = await db.fork_session(sid, "reset", started_at=None)
+    if ended:
+        await db.end_session(sid, "idle")
+    count = await db.prune_sessions(older_than, prune_source, now=now)
+    assert count == (1 if pruned else 0)
+    assert (await db.get_session(sid) is None) == pruned
+    child_row = await db.require_session(child)
+    assert (child_row["parent_session_id"] is None) == pruned
+
+
+async def test_prune_ages_by_last_activity_not_start(db: SessionDB) -> None:
+    now = time.time()
+    sid = await db.create_session(source="api", started_at=now - 200 * DAY)
+    await db.append_message(sid, "user", "recent", timestamp=now - DAY)
+    await db.end_session(sid, "idle")
+    assert await db.prune_sessions(90, now=now) == 0
+
+
+async def test_large_prune_runs_in_chunks_and_counts_everything(db: SessionDB) -> None:
+    now = time.time()
+    for _ in range(450):
+        sid = await db.create_session(source="api", started_at=now - 100 * DAY)
+        await db.end_session(sid, "idle")
+    assert await db.prune_sessions(90, now=now) == 450
+    assert await db.session_count() == 0
+
+
+async def test_auto_prune_runs_once_per_interval_and_vacuums_only_when_worth_it(db: SessionDB) -> None:
+    now = time.time()
+    for _ in range(30):
+        sid = await db.create_session(source="api", started_at=now - 100 * DAY)
+        await db.append_message(sid, "user", "x" * 5000, timestamp=now - 100 * DAY)
+        await db.end_session(sid, "idle")
+    first = await db.maybe_auto_prune_and_vacuum(90, 24, True, now=now, min_vacuum_bytes=1)
+    assert first == {"ran": True, "pruned": 30, "vacuumed": True}
+    second = await db.maybe_auto_prune_and_vacuum(90, 24, True, now=now + 3600)
+    assert second["ran"] is False
+    third = await db.maybe_auto_prune_and_vacuum(90, 24, True, now=now + 25 * 3600)
+    assert third == {"ran": True, "pruned": 0, "vacuumed": False}
+    assert await db.get_meta("switchboard.auto_prune.last_run") == repr(now + 25 * 3600)
+
+
+async def test_resolve_by_prefix(db: SessionDB) -> None:
+    a = await db.create_session("20250305_091523_a1b2c3d4", source="api")
+    await db.create_session("20250305_091523_a1b2ffff", source="api")
+    assert await db.resolve_session_id(a) == a
+    assert await db.resolve_session_id("20250305_091523_a1b2c") == a
+    with pytest.raises(AmbiguousSession):
+        await db.resolve_session_id("20250305_091523_a1b2")
+    with pytest.raises(SessionNotFound):
+        await db.resolve_session_id("2024")
+    with pytest.raises(SessionNotFound):
+        await db.resolve_session_id("%")  # wildcards are literal
+
+
+async def test_order_within_a_session_ignores_clock_jumps(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    await db.append_message(sid, "user", "first", timestamp=2_000_000_000)
+    await db.append_message(sid, "assistant", "second", timestamp=1_000_000_000)  # clock went back
+    assert [m["content"] for m in await db.get_messages(sid)] == ["first", "second"]
+
+
+async def test_messages_around_and_counters(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    ids = await db.append_messages(sid, [{"role": "user", "content": str(i)} for i in range(20)])
+    around = await db.get_messages_around(sid, ids[10], 3)
+    assert [m["id"] for m in around] == ids[7:14]
+    assert [m["id"] for m in await db.get_messages_around(sid, ids[0], 2)] == ids[0:3]
+    await db.append_message(sid, "assistant", None, tool_calls=[{"id": "a"}, {"id": "b"}])
+    await db.append_message(sid, "tool", "result", tool_call_id="a", tool_name="terminal")
+    row = await db.require_session(sid)
+    assert row["message_count"] == 22 and row["tool_call_count"] == 2
+    assert row["preview"] == "0"
+    conv = await db.get_messages_as_conversation(sid)
+    assert conv[-2]["tool_calls"] == [{"id": "a"}, {"id": "b"}]
+    assert conv[-1] == {"role": "tool", "content": "result", "tool_call_id": "a", "name": "terminal"}
+    assert await db.clear_messages(sid) == 22
+    row = await db.require_session(sid)
+    assert row["message_count"] == 0 and await db.message_count(sid) == 0
+
+
+async def test_token_counts_delta_and_absolute(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    await db.update_token_counts(sid, input_tokens=10, output_tokens=5, estimated_cost_usd=0.01)
+    await db.update_token_counts(sid, input_tokens=3, reasoning_tokens=2, estimated_cost_usd=0.02)
+    row = await db.require_session(sid)
+    assert (row["input_tokens"], row["output_tokens"], row["reasoning_tokens"]) == (13, 5, 2)
+    assert row["estimated_cost_usd"] == pytest.approx(0.03)
+    await db.update_token_counts(sid, input_tokens=100, output_tokens=50, absolute=True)
+    row = await db.require_session(sid)
+    assert (row["input_tokens"], row["output_tokens"], row["reasoning_tokens"]) == (100, 50, 0)
+    with pytest.raises(SessionNotFound):
+        await db.update_token_counts("missing", input_tokens=1)
+    stats = await db.stats()
+    assert stats["sessions"] == 1 and stats["input_tokens"] == 100 and stats["db_bytes"] > 0
+
+
+async def test_list_sessions_pages_by_last_activity_with_preview(db: SessionDB) -> None:
+    sids = []
+    for i in range(5):
+        sid = await db.create_session(source="telegram" if i % 2 else "discord", user_id=f"u{i}")
+        await db.append_message(sid, "user", f"  hello\nnumber {i} " + "x" * 100, timestamp=1000 + i)
+        sids.append(sid)
+    rows = await db.list_sessions(limit=2)
+    assert [r["id"] for r in rows] == [sids[4], sids[3]]
+    assert rows[0]["preview"] == ("hello number 4 " + "x" * 100)[:60]
+    assert [r["id"] for r in await db.list_sessions(limit=2, offset=2)] == [sids[2], sids[1]]
+    assert [r["id"] for r in await db.list_sessions("telegram")] == [sids[3], sids[1]]
+    assert [r["id"] for r in await db.list_sessions(exclude_sources=["telegram"])] == [sids[4], sids[2], sids[0]]
+    assert [r["id"] for r in await db.list_sessions(user_id="u2")] == [sids[2]]

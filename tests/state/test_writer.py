@@ -1,0 +1,174 @@
+"""The single writer: group commit, isolation of failures, cancellation, backpressure,
+and a second process writing to the same file."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from state import SessionDB, SessionNotFound, WriterClosed, WriterConfig
+
+
+async def test_many_concurrent_producers_all_commit_in_order_per_session(db: SessionDB) -> None:
+    """200 producers appending concurrently lose nothing and keep per-producer order."""
+    sids = [await db.create_session(source="api") for _ in range(20)]
+
+    async def producer(n: int) -> list[int]:
+        sid = sids[n % len(sids)]
+        return [await db.append_message(sid, "user", f"p{n} m{i}") for i in range(10)]
+
+    results = await asyncio.gather(*(producer(n) for n in range(200)))
+    assert sum(len(r) for r in results) == 2000
+    assert all(r == sorted(r) for r in results)
+    assert await db.message_count() == 2000
+    for sid in sids:
+        row = await db.get_session(sid)
+        assert row is not None and row["message_count"] == 100
+        assert len(await db.get_messages(sid)) == 100
+    assert db.writer.stats.batches < 2000  # commits were grouped
+
+
+async def test_a_failing_operation_fails_only_its_caller(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    ok1 = db.append_message(sid, "user", "before")
+    bad = db.append_message("no-such-session", "user", "lost?")
+    ok2 = db.append_message(sid, "user", "after")
+    results = await asyncio.gather(ok1, bad, ok2, return_exceptions=True)
+    assert isinstance(results[1], SessionNotFound)
+    assert isinstance(results[0], int) and isinstance(results[2], int)
+    assert [m["content"] for m in await db.get_messages(sid)] == ["before", "after"]
+    assert await db.message_count() == 2  # the failed op's insert was rolled back
+
+
+async def test_a_cancelled_caller_does_not_break_the_writer(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    tasks = [asyncio.create_task(db.append_message(sid, "user", f"m{i}")) for i in range(50)]
+    await asyncio.sleep(0)
+    for t in tasks[::2]:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # The writer still works, and every queued append was committed: a queued operation
+    # runs even when its caller stops waiting.
+    await db.append_message(sid, "user", "after")
+    contents = [m["content"] for m in await db.get_messages(sid)]
+    assert contents[-1] == "after"
+    assert set(contents[:-1]) == {f"m{i}" for i in range(50)}
+
+
+async def test_producers_wait_when_the_queue_is_full(tmp_path: Path) -> None:
+    """A tiny queue bounds memory: producers block in put() instead of piling up."""
+    db = await SessionDB.open(tmp_path / "s.db", config=WriterConfig(queue_size=4, max_batch=2))
+    try:
+        sid = await db.create_session(source="api")
+        tasks = [asyncio.create_task(db.append_message(sid, "user", str(i))) for i in range(100)]
+        await asyncio.sleep(0)
+        assert db.writer.queue_depth <= 4
+        await asyncio.gather(*tasks)
+        assert await db.message_count(sid) == 100
+        assert max(db.writer.stats.batch_sizes) <= 2
+    finally:
+        await db.close()
+
+
+async def test_close_drains_queued_writes_then_refuses_new_ones(tmp_path: Path) -> None:
+    db = await SessionDB.open(tmp_path / "s.db")
+    sid = await db.create_session(source="api")
+    pending = [asyncio.create_task(db.append_message(sid, "user", str(i))) for i in range(300)]
+    await asyncio.sleep(0)
+    await db.close()
+    assert all(t.done() and not t.exception() for t in pending)
+    with pytest.raises(WriterClosed):
+        await db.append_message(sid, "user", "late")
+    reopened = await SessionDB.open(tmp_path / "s.db")
+    try:
+        assert await reopened.message_count(sid) == 300
+    finally:
+        await reopened.close()
+
+
+async def test_reads_do_not_wait_behind_a_long_write(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    await db.append_message(sid, "user", "visible")
+    gate = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import threading
+
+    release = threading.Event()
+
+    def slow(conn: sqlite3.Connection) -> None:
+        loop.call_soon_threadsafe(gate.set)
+        release.wait(5)
+
+    slow_task = asyncio.create_task(db.writer.submit(slow))
+    await asyncio.wait_for(gate.wait(), 5)
+    # The writer is inside a transaction; a read still answers at once.
+    msgs = await asyncio.wait_for(db.get_messages(sid), 2)
+    assert [m["content"] for m in msgs] == ["visible"]
+    release.set()
+    await slow_task
+
+
+def _hold_lock_script(path: Path, seconds: float) -> str:
+    return textwrap.dedent(
+        f"""
+        import sqlite3, time, sys
+        c = sqlite3.connect({str(path)!r}, isolation_level=None)
+        c.execute("BEGIN IMMEDIATE")
+        c.execute("INSERT INTO state_meta(key, value) VALUES ('other-process', 'yes')")
+        print("locked", flush=True)
+        time.sleep({seconds})
+        c.execute("COMMIT")
+        """
+    )
+
+
+async def test_writes_wait_out_another_process_holding_the_lock(tmp_path: Path) -> None:
+    """'database is locked' never reaches the caller: the batch retries with backoff."""
+    path = tmp_path / "s.db"
+    db = await SessionDB.open(path, config=WriterConfig(busy_timeout_s=0.05, lock_budget_s=20))
+    try:
+        sid = await db.create_session(source="api")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _hold_lock_script(path, 1.0)], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "locked"
+        ids = await asyncio.gather(*(db.append_message(sid, "user", str(i)) for i in range(20)))
+        assert len(ids) == 20
+        assert proc.wait(10) == 0
+        assert db.writer.stats.busy_retries > 0
+        assert await db.get_meta("other-process") == "yes"
+    finally:
+        await db.close()
+
+
+async def test_two_processes_writing_the_same_file_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    db = await SessionDB.open(path)
+    try:
+        sid = await db.create_session(source="api")
+        other = textwrap.dedent(
+            f"""
+            from state.compat import SessionDB
+            db = SessionDB({str(path)!r})
+            for i in range(200):
+                db.append_message({sid!r}, "assistant", f"other {{i}}")
+            db.close()
+            """
+        )
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", other)
+        mine = [db.append_message(sid, "user", f"mine {i}") for i in range(200)]
+        await asyncio.gather(*mine)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+        msgs = await db.get_messages(sid)
+        assert len(msgs) == 400
+        row = await db.get_session(sid)
+        assert row is not None and row["message_count"] == 400
+    finally:
+        await db.close()
