@@ -9,6 +9,7 @@ searchable, or only negative terms, raises QueryError with a reason.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 from . import textindex
@@ -228,6 +229,8 @@ def parse(query: str) -> Node:
     """Parse a person's query. Raises QueryError when there is nothing to search for."""
     if len(query) > MAX_QUERY_CHARS:
         raise QueryError(f"the query is too long ({len(query)} characters, at most {MAX_QUERY_CHARS})")
+    # Control characters (NUL above all: FTS5 strings end there) are read as spaces.
+    query = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in query)
     tree = _prune(_Parser(tokenize(query)).parse())
     if tree is None:
         raise QueryError("nothing to search for: the query has no letters, digits or emoji")

@@ -1,0 +1,230 @@
+"""Search: the query language, literal punctuation, CJK and emoji, filters, ranking, scoping."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from state import QueryError, SessionDB, SessionFilter
+from state import messages as msgs
+from state import schema, search
+from state.sessions import insert_session
+
+CORPUS = {
+    "deploy": "we deploy the chat-send service to prod today",
+    "version": "bump P2.2 and edit my-app.config.ts in gateway/run.py",
+    "apostrophe": "it's broken, ping user@host about TODO: fix the 50% case in #42",
+    "cpp": "C++ templates and a/b testing",
+    "cjk_mixed": "修改youer服务端的配置",
+    "japanese": "東京タワーに行きました",
+    "korean": "서울에서 만나요 hello",
+    "emoji": "party time 🎉 with 🍕",
+    "phrase": "the quick brown fox jumps",
+    "scrambled": "fox brown quick the",
+    "operators": "AND NOT OR are words too",
+    "accents": "café crème brûlée",
+}
+
+
+@pytest.fixture
+async def corpus_db(db: SessionDB) -> tuple[SessionDB, dict[str, str]]:
+    ids = {}
+    for name, text in CORPUS.items():
+        sid = await db.create_session(source="telegram", title=name)
+        await db.append_message(sid, "user", text)
+        ids[name] = sid
+    return db, ids
+
+
+FINDS = [
+    ("deploy", {"deploy"}),
+    ("chat-send", {"deploy"}),
+    ("P2.2", {"version"}),
+    ("my-app.config.ts", {"version"}),
+    ("gateway/run.py", {"version"}),
+    ("it's", {"apostrophe"}),
+    ("user@host", {"apostrophe"}),
+    ("TODO: fix", {"apostrophe"}),
+    ("50%", {"apostrophe"}),
+    ("#42", {"apostrophe"}),
+    ("C++", {"cpp"}),
+    ("a/b", {"cpp"}),
+    ("youer", {"cjk_mixed"}),
+    ("服务端", {"cjk_mixed"}),
+    ("服", {"cjk_mixed"}),
+    ("修改youer服务端", {"cjk_mixed"}),
+    ("東京", {"japanese"}),
+    ("タワー", {"japanese"}),
+    ("서울", {"korean"}),
+    ("hello", {"korean"}),
+    ("🎉", {"emoji"}),
+    ("🍕 party", {"emoji"}),
+    ('"quick brown fox"', {"phrase"}),
+    ("quick brown fox", {"phrase", "scrambled"}),
+    ("fox NOT jumps", {"scrambled"}),
+    ("deploy OR templates", {"deploy", "cpp"}),
+    ("(deploy OR templates) prod", {"deploy"}),
+    ("temp*", {"cpp"}),
+    ("AND", {"operators", "cpp", "version"}),  # the word "and" is in those too
+    ("NOT", {"operators"}),
+    ("OR", {"operators"}),
+    ("words AND", {"operators"}),
+    ("-x", set()),
+    ("cafe", {"accents"}),
+    ("brûlée", {"accents"}),
+    ("Deploy", {"deploy"}),
+    ('"', None),
+    ("***", None),
+    ("NOT deploy", None),
+    ("%", None),
+    ("deploy)", {"deploy"}),
+    ("((deploy", {"deploy"}),
+    ('deploy "prod', {"deploy"}),  # a lone quote is punctuation
+    ("nosuchword", set()),
+]
+
+
+@pytest.mark.parametrize("query, expected", FINDS)
+async def test_query_finds_exactly(corpus_db: tuple[SessionDB, dict[str, str]], query: str, expected: set[str] | None) -> None:
+    db, ids = corpus_db
+    if expected is None:
+        with pytest.raises(QueryError):
+            await db.search_messages(query)
+        return
+    hits = await db.search_messages(query)
+    by_id = {v: k for k, v in ids.items()}
+    assert {by_id[h["session_id"]] for h in hits} == expected
+
+
+async def test_hits_carry_snippet_context_and_session_fields(db: SessionDB) -> None:
+    sid = await db.create_session(source="discord", model="gpt-x", title="ctx")
+    await db.append_messages(sid, [
+        {"role": "user", "content": "before words"},
+        {"role": "assistant", "content": "the needle is here"},
+        {"role": "user", "content": "after words " + "z" * 400},
+    ])  # fmt: skip
+    [hit] = await db.search_messages("needle")
+    assert hit["snippet"] == "the >>>needle<<< is here"
+    assert hit["context_before"]["content"] == "before words"
+    assert hit["context_after"]["content"].startswith("after words")
+    assert len(hit["context_after"]["content"]) == 200
+    assert (hit["source"], hit["model"], hit["title"], hit["role"]) == ("discord", "gpt-x", "ctx", "assistant")
+    assert hit["started_at"] > 0 and hit["timestamp"] > 0
+
+
+async def test_filters_by_source_role_and_scope(db: SessionDB) -> None:
+    a = await db.create_session(source="telegram", user_id="alice", chat_id="g1")
+    b = await db.create_session(source="telegram", user_id="bob", chat_id="g1")
+    c = await db.create_session(source="discord", user_id="alice", chat_id="d1")
+    for sid in (a, b, c):
+        await db.append_message(sid, "user", "shared secret word")
+        await db.append_message(sid, "assistant", "shared reply word")
+    found = lambda hits: {h["session_id"] for h in hits}  # noqa: E731
+    assert found(await db.search_messages("shared", sources=["telegram"])) == {a, b}
+    assert found(await db.search_messages("shared", exclude_sources=["telegram"])) == {c}
+    assert {h["role"] for h in await db.search_messages("shared", roles=["assistant"])} == {"assistant"}
+    scope = SessionFilter(source="telegram", chat_id="g1", user_id="alice", include_children=True)
+    assert found(await db.search_messages("shared", scope=scope)) == {a}
+    assert found(await db.search_messages("secret", exclude_session_ids=[a, b])) == {c}
+
+
+async def test_tool_names_and_arguments_are_found_only_when_tool_role_is_asked(db: SessionDB) -> None:
+    sid = await db.create_session(source="cli")
+    await db.append_message(sid, "assistant", None, tool_calls=[
+        {"id": "1", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "zanzibar weather"}'}}
+    ])  # fmt: skip
+    await db.append_message(sid, "tool", "sunny", tool_name="web_search", tool_call_id="1")
+    assert await db.search_messages("zanzibar") == []
+    hits = await db.search_messages("zanzibar", roles=["user", "assistant", "tool"])
+    assert [h["role"] for h in hits] == ["assistant"]
+    assert {h["role"] for h in await db.search_messages("web_search", roles=["tool"])} == {"tool"}
+
+
+async def test_sort_orders_and_recency_beats_equal_relevance(db: SessionDB) -> None:
+    now = time.time()
+    old = await db.create_session(source="api", started_at=now - 400 * 86400)
+    new = await db.create_session(source="api")
+    await db.append_message(old, "user", "status report alpha", timestamp=now - 400 * 86400)
+    await db.append_message(new, "user", "status report alpha", timestamp=now)
+    assert [h["session_id"] for h in await db.search_messages("status")] == [new, old]
+    assert [h["session_id"] for h in await db.search_messages("status", sort="oldest")] == [old, new]
+    assert [h["session_id"] for h in await db.search_messages("status", sort="newest")] == [new, old]
+    with pytest.raises(QueryError):
+        await db.search_messages("status", sort="sideways")
+    page2 = await db.search_messages("status", limit=1, offset=1)
+    assert [h["session_id"] for h in page2] == [old]
+
+
+async def test_index_stays_in_sync_through_clear_delete_prune_and_updates(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    await db.append_message(sid, "user", "ephemeral 临时 words")
+    await db.clear_messages(sid)
+    assert await db.search_messages("ephemeral") == [] and await db.search_messages("临时") == []
+    await db.append_message(sid, "user", "second life 第二")
+    await db.end_session(sid, "idle")
+    assert await db.prune_sessions(0, now=time.time() + 10) == 1
+    assert await db.search_messages("second") == [] and await db.search_messages("第二") == []
+    assert await db.check_search_index() == []
+    assert await db.rebuild_search_index() == 0
+    await db.optimize_search_index()
+
+
+async def test_a_ten_kilobyte_query_runs(db: SessionDB) -> None:
+    sid = await db.create_session(source="api")
+    text = " ".join(f"word{i}" for i in range(1500))
+    await db.append_message(sid, "user", text)
+    assert len(text) > 10_000
+    assert [h["session_id"] for h in await db.search_messages(text)] == [sid]
+
+
+# --- properties, on a plain connection so each example is cheap -----------------------
+
+
+@pytest.fixture(scope="module")
+def sync_conn(tmp_path_factory: pytest.TempPathFactory) -> sqlite3.Connection:
+    path = Path(tmp_path_factory.mktemp("prop")) / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.migrate(conn, str(path))
+    insert_session(conn, {"id": "prop", "source": "api"})
+    return conn
+
+
+_WORD_CHARS = st.characters(blacklist_categories=("Cs", "Zs", "Zl", "Zp", "Cc"))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(word=st.text(_WORD_CHARS, min_size=1, max_size=12))
+def test_a_present_word_is_found_or_the_query_is_refused_with_a_reason(sync_conn: sqlite3.Connection, word: str) -> None:
+    """Never an SQL error; never a silent empty result for a word that is in a message."""
+    sync_conn.execute("BEGIN")
+    try:
+        [mid] = msgs.append_messages(sync_conn, "prop", [{"role": "user", "content": f"start {word} end"}])
+        try:
+            hits = search.search(sync_conn, search.SearchRequest(query=word, limit=1000))
+        except QueryError:
+            assert not any(ch.isalnum() for ch in word) or word.strip('"()*') != word
+            return
+        assert mid in {h["id"] for h in hits}, word
+    finally:
+        sync_conn.execute("ROLLBACK")
+
+
+_QUERY_PARTS = st.one_of(
+    st.sampled_from(["OR", "AND", "NOT", "(", ")", '"', "*", "-", ":", "^", "NEAR", "{", "}", "+", "'", "\\"]),
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(_QUERY_PARTS, max_size=12), sep=st.sampled_from([" ", "", "  "]))
+def test_no_query_raises_anything_but_query_error(sync_conn: sqlite3.Connection, parts: list[str], sep: str) -> None:
+    query = sep.join(parts)
+    try:
+        search.search(sync_conn, search.SearchRequest(query=query, roles=("user", "tool")))
+    except QueryError as exc:
+        assert str(exc)
