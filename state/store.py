@@ -325,6 +325,17 @@ class SessionDB:
 
         return messages.to_conversation(await self._read(_conv))
 
+    async def count_messages_outside(self, session_id: str, first_id: int, last_id: int) -> tuple[int, int]:
+        """How many messages of the session come before `first_id` and after `last_id`."""
+        row = await self._read(
+            lambda c: c.execute(
+                "SELECT (SELECT COUNT(*) FROM messages WHERE session_id = ? AND id < ?), "
+                "(SELECT COUNT(*) FROM messages WHERE session_id = ? AND id > ?)",
+                (session_id, first_id, session_id, last_id),
+            ).fetchone()
+        )
+        return int(row[0]), int(row[1])
+
     async def clear_messages(self, session_id: str) -> int:
         return int(await self._write(messages.clear_messages, session_id))
 

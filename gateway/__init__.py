@@ -1,0 +1,1 @@
+"""switchboard's daemon: adapters, router, commands, agent backends, reset policies."""

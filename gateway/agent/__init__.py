@@ -1,0 +1,1 @@
+"""Agent backends and the tools they may call."""

@@ -1,0 +1,1 @@
+"""Tools the agent may call; each returns JSON text and never raises to the model."""
