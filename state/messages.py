@@ -15,6 +15,7 @@ from typing import Any
 from .errors import SessionNotFound
 from .rows import JSON_MESSAGE_COLUMNS, Row, from_json_text, make_preview, row_dict, to_json_text
 from .schema import aux_row
+from .writer import register_batched
 
 MESSAGE_FIELDS = (
     "role",
@@ -105,6 +106,63 @@ def append_messages(
     if cur.rowcount == 0:
         raise SessionNotFound(session_id)  # the savepoint rolls the inserts back
     return ids
+
+
+def append_many(
+    conn: sqlite3.Connection, calls: list[tuple[Any, ...]]
+) -> list[list[int]]:
+    """Many append_messages calls as one executemany; used by the writer for runs of appends.
+
+    Raises (so the writer falls back to one savepoint per call) if any session is missing.
+    """
+    now = time.time()
+    wanted = {call[0] for call in calls}
+    marks = ", ".join("?" for _ in wanted)
+    found = {r[0] for r in conn.execute(f"SELECT id FROM sessions WHERE id IN ({marks})", tuple(wanted))}
+    if found != wanted:
+        raise SessionNotFound(next(iter(wanted - found)))
+    rows: list[tuple[Any, ...]] = []
+    per_call: list[int] = []
+    for session_id, batch in calls:
+        before = len(rows)
+        rows.extend(_row_values(session_id, msg, now) for msg in batch)
+        per_call.append(len(rows) - before)
+    # Under the write lock AUTOINCREMENT hands out consecutive ids starting one past the
+    # larger of the sequence and the current maximum (executemany leaves lastrowid unset).
+    first = conn.execute(
+        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0), "
+        "COALESCE((SELECT MAX(id) FROM messages), 0)) + 1"
+    ).fetchone()[0]
+    conn.executemany(_INSERT, rows)
+    ids = list(range(first, first + len(rows)))
+    aux_rows = []
+    sessions: dict[str, list[Any]] = {}
+    for mid, values in zip(ids, rows, strict=True):
+        aux = aux_row(values[2], values[5], values[4])
+        if aux is not None:
+            aux_rows.append((mid, aux[0], aux[1]))
+        agg = sessions.setdefault(values[0], [0, 0, 0.0, None])
+        agg[0] += 1
+        agg[1] += _tool_call_count(values[4]) if values[4] is not None else 0
+        agg[2] = max(agg[2], values[6])
+        if agg[3] is None and values[1] == "user":
+            agg[3] = make_preview(values[2])
+    if aux_rows:
+        conn.executemany(
+            "INSERT INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)", aux_rows
+        )
+    conn.executemany(
+        _UPDATE_SESSION, [(c, t, ts, pv, sid) for sid, (c, t, ts, pv) in sessions.items()]
+    )
+    out: list[list[int]] = []
+    pos = 0
+    for n in per_call:
+        out.append(ids[pos : pos + n])
+        pos += n
+    return out
+
+
+register_batched(append_messages, append_many)
 
 
 def decode_message(row: Row) -> Row:

@@ -77,6 +77,16 @@ class _Op:
 
 _STOP = object()
 
+# fn -> a function that runs many calls of fn at once: batched(conn, [args, ...]) -> [result, ...].
+# The writer uses it for runs of consecutive operations in a batch (the append hot path).
+_BATCHED: dict[Callable[..., Any], Callable[[sqlite3.Connection, list[tuple[Any, ...]]], list[Any]]] = {}
+
+
+def register_batched(
+    fn: Callable[..., Any], batched: Callable[[sqlite3.Connection, list[tuple[Any, ...]]], list[Any]]
+) -> None:
+    _BATCHED[fn] = batched
+
 
 def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
     conn = sqlite3.connect(
@@ -171,6 +181,9 @@ class Writer:
             first = await self._queue.get()
             if first is _STOP:
                 break
+            # One loop iteration lets producers woken by the previous commit enqueue their
+            # next writes, so they join this batch instead of forcing a commit each.
+            await asyncio.sleep(0)
             batch: list[_Op] = [first]
             # Group commit: take whatever else is already waiting, up to max_batch,
             # stopping at an exclusive operation (it runs on its own).
@@ -244,6 +257,44 @@ class Writer:
 
     @staticmethod
     def _attempt(conn: sqlite3.Connection, batch: list[_Op]) -> list[tuple[bool, Any]]:
+        """Fast path first: the whole batch with no savepoints, runs of batchable operations
+        merged. If any operation raises, roll back and redo the batch one savepoint per
+        operation, so only the failing caller sees its error."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            results = Writer._run_fast(conn, batch)
+            conn.execute("COMMIT")
+            return results
+        except sqlite3.OperationalError as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if _is_busy(exc):
+                raise
+        except Exception:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        return Writer._run_isolated(conn, batch)
+
+    @staticmethod
+    def _run_fast(conn: sqlite3.Connection, batch: list[_Op]) -> list[tuple[bool, Any]]:
+        results: list[tuple[bool, Any]] = []
+        i = 0
+        while i < len(batch):
+            merged = _BATCHED.get(batch[i].fn)
+            j = i + 1
+            if merged is not None:
+                while j < len(batch) and batch[j].fn is batch[i].fn:
+                    j += 1
+            if merged is not None and j - i > 1:
+                values = merged(conn, [op.args for op in batch[i:j]])
+                results.extend((True, v) for v in values)
+            else:
+                results.append((True, batch[i].fn(conn, *batch[i].args)))
+            i = j
+        return results
+
+    @staticmethod
+    def _run_isolated(conn: sqlite3.Connection, batch: list[_Op]) -> list[tuple[bool, Any]]:
         conn.execute("BEGIN IMMEDIATE")
         results: list[tuple[bool, Any]] = []
         try:

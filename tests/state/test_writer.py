@@ -172,3 +172,21 @@ async def test_two_processes_writing_the_same_file_lose_nothing(tmp_path: Path) 
         assert row is not None and row["message_count"] == 400
     finally:
         await db.close()
+
+
+async def test_merged_appends_return_the_ids_the_rows_really_got(db: SessionDB) -> None:
+    """Concurrent appends are merged into one executemany; each caller still gets its own ids."""
+    sids = [await db.create_session(source="api") for _ in range(5)]
+    await db.append_message(sids[0], "user", "x")
+    # leave a gap at the top of the id sequence: AUTOINCREMENT must not reuse it
+    m = await db.append_message(sids[0], "user", "to delete")
+    await db.clear_messages(sids[0])
+    calls = [db.append_messages(sids[i % 5], [{"role": "user", "content": f"c{i} a"}, {"role": "assistant", "content": f"c{i} b"}]) for i in range(100)]
+    results = await asyncio.gather(*calls)
+    assert min(min(r) for r in results) > m
+    for i, ids in enumerate(results):
+        rows = await db.get_messages_around(sids[i % 5], ids[0], 0)
+        assert rows[0]["content"] == f"c{i} a"
+        rows = await db.get_messages_around(sids[i % 5], ids[1], 0)
+        assert rows[0]["content"] == f"c{i} b"
+    assert max(db.writer.stats.batch_sizes) > 1
