@@ -273,9 +273,21 @@ def rebuild_aux(conn: sqlite3.Connection) -> int:
     return count
 
 
+def _migration_3(conn: sqlite3.Connection) -> None:
+    """Indexes for owner-scoped listings (a chat's or a user's sessions, newest first)."""
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_sessions_user_active ON sessions(user_id, last_active DESC)"
+    )
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_sessions_chat_active "
+        "ON sessions(source, chat_id, last_active DESC)"
+    )
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
+    (3, _migration_3),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -459,6 +459,33 @@ class SessionDB:
     async def count_filtered(self, flt: listing.SessionFilter) -> int:
         return int(await self._read(listing.count_sessions, flt))
 
+    async def live_sessions_by_key(self) -> list[Row]:
+        """The newest live (not ended) session per session_key: the index's source of truth."""
+        return list(await self._read(lambda c: [
+            dict(zip(("session_key", "id", "started_at", "last_active", "origin_json", "source", "chat_type"), r, strict=True))
+            for r in c.execute(
+                "SELECT session_key, id, started_at, last_active, origin_json, source, chat_type "
+                "FROM sessions WHERE session_key IS NOT NULL AND ended_at IS NULL "
+                "ORDER BY started_at"
+            )
+        ]))  # fmt: skip
+
+    async def session_states(self, ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
+        """id -> (ended_at, end_reason) for the ids that exist."""
+
+        def _states(conn: sqlite3.Connection) -> dict[str, tuple[float | None, str | None]]:
+            out: dict[str, tuple[float | None, str | None]] = {}
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                marks = ", ".join("?" for _ in chunk)
+                for sid, ended, reason in conn.execute(
+                    f"SELECT id, ended_at, end_reason FROM sessions WHERE id IN ({marks})", chunk
+                ):
+                    out[sid] = (ended, reason)
+            return out
+
+        return dict(await self._read(_states))
+
     # --- delete, prune, vacuum, meta ------------------------------------------------
 
     async def delete_session(self, session_id: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import sqlite3
 import threading
@@ -34,7 +35,9 @@ class WriterConfig:
     max_batch: int = 1_000
     busy_timeout_s: float = 2.0  # per attempt, inside SQLite
     lock_budget_s: float = 60.0  # total time a batch may wait for another process
-    checkpoint_every_s: float = 30.0
+    checkpoint_every_s: float = 1.0  # how often the checkpointer looks at the WAL
+    checkpoint_wal_bytes: int = 4 * 1024 * 1024  # ... and checkpoints past this size
+    wal_hard_limit_bytes: int = 64 * 1024 * 1024  # the writer checkpoints itself past this
 
 
 @dataclass
@@ -95,6 +98,8 @@ def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+    # Checkpoints run on the checkpointer's own connection, so a commit never pays for one.
+    conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
 
 
@@ -122,8 +127,11 @@ class Writer:
         self._conn: sqlite3.Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._last_checkpoint = time.monotonic()
         self._thread_ident: int | None = None
+        self._ckpt_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-checkpoint")
+        self._ckpt_conn: sqlite3.Connection | None = None
+        self._ckpt_task: asyncio.Task[None] | None = None
+        self.checkpoints = 0
 
     @property
     def queue_depth(self) -> int:
@@ -140,7 +148,9 @@ class Writer:
             )
 
         self._conn = await loop.run_in_executor(self._executor, _open)
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")
         self._task = asyncio.create_task(self._run(), name="state.writer")
+        self._ckpt_task = asyncio.create_task(self._checkpoint_loop(), name="state.checkpoint")
 
     async def submit(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._enqueue(fn, args, exclusive=False)
@@ -165,6 +175,13 @@ class Writer:
         if not self._closing:
             self._closing = True
             await self._queue.put(_STOP)
+        if self._ckpt_task is not None:
+            self._ckpt_task.cancel()
+            await asyncio.gather(self._ckpt_task, return_exceptions=True)
+        ckpt, self._ckpt_conn = self._ckpt_conn, None
+        if ckpt is not None:
+            await asyncio.get_running_loop().run_in_executor(self._ckpt_executor, _close_quietly, ckpt)
+        self._ckpt_executor.shutdown(wait=True)
         try:
             await self._task
         finally:
@@ -173,6 +190,31 @@ class Writer:
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(self._executor, _close_quietly, conn)
             self._executor.shutdown(wait=True)
+
+    async def _checkpoint_loop(self) -> None:
+        """Passive checkpoints from a second connection once the WAL passes a size, so the
+        WAL stays small without stalling the writer (WAL lets both run at once)."""
+        loop = asyncio.get_running_loop()
+        wal = self.path + "-wal"
+        while True:
+            await asyncio.sleep(self.config.checkpoint_every_s)
+            try:
+                size = os.path.getsize(wal)
+            except OSError:
+                continue
+            if size < self.config.checkpoint_wal_bytes:
+                continue
+            try:
+                await loop.run_in_executor(self._ckpt_executor, self._checkpoint_passive)
+            except sqlite3.Error as exc:
+                log.warning("passive checkpoint failed: %s", exc)
+
+    def _checkpoint_passive(self) -> None:
+        if self._ckpt_conn is None:
+            self._ckpt_conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._ckpt_conn.execute("PRAGMA busy_timeout=1000")
+        self._ckpt_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        self.checkpoints += 1
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -333,9 +375,12 @@ class Writer:
             return [(False, _translate(exc, self.path))]
 
     def _maybe_checkpoint(self, conn: sqlite3.Connection) -> None:
-        now = time.monotonic()
-        if now - self._last_checkpoint >= self.config.checkpoint_every_s:
-            self._last_checkpoint = now
+        """Safety net: if the checkpointer falls behind, the writer checkpoints itself."""
+        try:
+            size = os.path.getsize(self.path + "-wal")
+        except OSError:
+            return
+        if size >= self.config.wal_hard_limit_bytes:
             try:
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
             except sqlite3.Error as exc:

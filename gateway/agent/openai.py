@@ -1,0 +1,132 @@
+"""An agent on any OpenAI-compatible `/v1/chat/completions` endpoint.
+
+Retries 429/5xx and network errors with exponential backoff (honouring Retry-After), runs
+tool calls (session_search) for a bounded number of rounds, and reports token usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from gateway.agent.base import AgentReply, ChatMessage, TurnContext
+from gateway.agent.tools import session_search as session_search_tool
+from gateway.errors import AgentError
+
+log = logging.getLogger("gateway.agent.openai")
+MAX_TOOL_ROUNDS = 4
+
+
+class OpenAIAgent:
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        *,
+        timeout_s: float = 120,
+        max_retries: int = 3,
+        tools: Sequence[str] = ("session_search",),
+        reply_tokens: int | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model: str | None = model
+        self._api_key = api_key
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._max_retries = max_retries
+        self._tools = [session_search_tool.SCHEMA] if "session_search" in tools else []
+        self._reply_tokens = reply_tokens
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            headers = {"Content-Type": "application/json"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
+            self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _complete(self, messages: list[ChatMessage], with_tools: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        if with_tools and self._tools:
+            body["tools"] = self._tools
+        if self._reply_tokens:
+            body["max_tokens"] = self._reply_tokens
+        http = await self._http()
+        delay = 0.5
+        for attempt in range(self._max_retries + 1):
+            retry_after: float | None = None
+            try:
+                async with http.post(f"{self.base_url}/chat/completions", json=body) as resp:
+                    if resp.status == 200:
+                        data = await resp.json(content_type=None)
+                        if not isinstance(data, dict) or not data.get("choices"):
+                            raise AgentError("the model endpoint returned no choices")
+                        return data
+                    text = (await resp.text())[:300]
+                    if resp.status in (401, 403):
+                        raise AgentError(f"the model endpoint refused the API key ({resp.status})")
+                    if resp.status != 429 and resp.status < 500:
+                        raise AgentError(f"the model endpoint answered {resp.status}: {text}")
+                    ra = resp.headers.get("Retry-After")
+                    retry_after = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
+                    problem = f"HTTP {resp.status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            if attempt == self._max_retries:
+                raise AgentError(f"the model endpoint failed after {attempt + 1} attempts ({problem})")
+            wait = retry_after if retry_after is not None else delay * random.uniform(0.8, 1.2)
+            log.warning("model call failed (%s); retrying in %.1fs", problem, wait)
+            await asyncio.sleep(min(wait, 30))
+            delay = min(delay * 2, 10)
+        raise AgentError("unreachable")
+
+    async def respond(self, history: Sequence[ChatMessage], ctx: TurnContext) -> AgentReply:
+        messages: list[ChatMessage] = []
+        if ctx.system_prompt:
+            messages.append({"role": "system", "content": ctx.system_prompt})
+        messages.extend(history)
+        tool_messages: list[ChatMessage] = []
+        tokens_in = tokens_out = 0
+        for _round in range(MAX_TOOL_ROUNDS + 1):
+            can_call = ctx.run_tool is not None and _round < MAX_TOOL_ROUNDS
+            data = await self._complete(messages, with_tools=can_call)
+            usage = data.get("usage") or {}
+            tokens_in += int(usage.get("prompt_tokens") or 0)
+            tokens_out += int(usage.get("completion_tokens") or 0)
+            msg = (data["choices"][0] or {}).get("message") or {}
+            calls = msg.get("tool_calls") or []
+            if not calls or not can_call:
+                return AgentReply(
+                    text=msg.get("content") or "", input_tokens=tokens_in, output_tokens=tokens_out,
+                    tool_messages=tuple(tool_messages), model=data.get("model") or self.model,
+                )  # fmt: skip
+            assistant = {"role": "assistant", "content": msg.get("content"), "tool_calls": calls}
+            messages.append(assistant)
+            tool_messages.append(assistant)
+            for call in calls:
+                fn = call.get("function") or {}
+                name = fn.get("name") or ""
+                try:
+                    args = json.loads(fn.get("arguments") or "{}")
+                    if not isinstance(args, dict):
+                        raise ValueError("arguments must be an object")
+                    result = await ctx.run_tool(name, args) if ctx.run_tool else "{}"  # type: ignore[misc]
+                except ValueError as exc:
+                    result = json.dumps({"success": False, "error": f"bad arguments: {exc}"})
+                reply = {"role": "tool", "tool_call_id": call.get("id"), "content": result, "name": name}
+                messages.append(reply)
+                tool_messages.append(reply)
+        raise AgentError("too many tool rounds")

@@ -1,0 +1,41 @@
+"""Typed gateway errors, mapped once at the boundary (CLI exit codes, chat phrases)."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_RESTART = 75
+EXIT_CONFIG = 78
+
+
+class GatewayError(Exception):
+    exit_code = EXIT_FAILURE
+
+
+class ConfigError(GatewayError):
+    """A configuration problem; the message names the key path and a hint."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key = key
+        self.problem = problem
+
+
+class AlreadyRunning(GatewayError):
+    def __init__(self, home: str, pid: str) -> None:
+        super().__init__(f"another switchboard daemon (pid {pid or '?'}) is already running on {home}")
+
+
+class AgentError(GatewayError):
+    """The agent backend failed; the chat gets a fixed apology, the log gets the cause."""
+
+
+class AdapterError(GatewayError):
+    """A platform call failed after retries."""
+
+
+class InvalidToken(AdapterError):
+    """The platform refused our credentials: retrying will not help."""

@@ -1,0 +1,224 @@
+"""The sessions.json index: session key -> the live session, held in memory.
+
+Lookups never touch the disk. Changes mark the index dirty and a debounced flush writes the
+whole file atomically (temp file, fsync, rename) at most once per interval, off the event
+loop, so a burst of messages costs one write and the cost never depends on message count.
+state.db is the source of truth: a missing or corrupt file is rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from state import SessionDB
+
+log = logging.getLogger("gateway.index")
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def from_iso(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    session_id: str
+    created_at: float
+    updated_at: float  # last user/agent activity: the reset policies' clock
+    origin: dict[str, Any]
+    display_name: str | None
+    platform: str
+    chat_type: str
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["created_at"] = iso(self.created_at)
+        d["updated_at"] = iso(self.updated_at)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> IndexEntry:
+        return cls(
+            session_id=str(d["session_id"]), created_at=from_iso(d["created_at"]),
+            updated_at=from_iso(d["updated_at"]), origin=dict(d.get("origin") or {}),
+            display_name=d.get("display_name"), platform=str(d.get("platform") or ""),
+            chat_type=str(d.get("chat_type") or "dm"),
+        )  # fmt: skip
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so a crash leaves the old file or the new one, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class SessionIndex:
+    def __init__(self, path: Path, db: SessionDB, flush_interval: float = 2.0) -> None:
+        self.path = path
+        self.db = db
+        self.flush_interval = flush_interval
+        self._entries: dict[str, IndexEntry] = {}
+        self._dirty = False
+        self._flush_task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self.writes = 0
+        self.bytes_written = 0
+
+    # --- loading ----------------------------------------------------------------------
+
+    async def load(self) -> str:
+        """Read the file (or rebuild from state.db), then heal entries. Returns how."""
+        how = "loaded"
+        try:
+            raw = await asyncio.to_thread(self.path.read_bytes)
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("top level is not an object")
+            self._entries = {k: IndexEntry.from_json(v) for k, v in data.items()}
+        except FileNotFoundError:
+            how = "rebuilt (sessions.json was missing)"
+            await self.rebuild()
+        except (ValueError, KeyError, TypeError) as exc:
+            how = f"rebuilt (sessions.json was unreadable: {exc})"
+            await self.rebuild()
+        if how != "loaded":
+            log.warning("session index %s from state.db: %d entries", how, len(self._entries))
+        await self._heal()
+        return how
+
+    async def rebuild(self) -> None:
+        entries: dict[str, IndexEntry] = {}
+        for row in await self.db.live_sessions_by_key():
+            origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
+            entries[row["session_key"]] = IndexEntry(
+                session_id=row["id"], created_at=row["started_at"],
+                updated_at=row["last_active"] or row["started_at"], origin=origin,
+                display_name=origin.get("chat_name") or origin.get("user_name"),
+                platform=row["source"], chat_type=row["chat_type"] or "dm",
+            )  # fmt: skip
+        self._entries = entries
+        self.mark_dirty()
+
+    async def _heal(self) -> None:
+        """Entries whose session ended: follow a compression to its tip, else drop."""
+        states = await self.db.session_states([e.session_id for e in self._entries.values()])
+        for key, entry in list(self._entries.items()):
+            state = states.get(entry.session_id)
+            if state is None:
+                log.warning("index entry %s points at a missing session %s; dropped", key, entry.session_id)
+                del self._entries[key]
+                self.mark_dirty()
+            elif state[0] is not None:
+                tip = await self.db.get_compression_tip(entry.session_id)
+                tip_state = (await self.db.session_states([tip])).get(tip)
+                if tip != entry.session_id and tip_state and tip_state[0] is None:
+                    self._entries[key] = replace(entry, session_id=tip)
+                    log.info("index entry %s healed to its compression tip %s", key, tip)
+                else:
+                    del self._entries[key]
+                    log.info("index entry %s pointed at ended session %s; dropped", key, entry.session_id)
+                self.mark_dirty()
+
+    # --- lookups and changes -------------------------------------------------------------
+
+    def get(self, key: str) -> IndexEntry | None:
+        return self._entries.get(key)
+
+    def items(self) -> list[tuple[str, IndexEntry]]:
+        return list(self._entries.items())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys_for_session(self, session_id: str) -> list[str]:
+        return [k for k, e in self._entries.items() if e.session_id == session_id]
+
+    def put(self, key: str, entry: IndexEntry) -> None:
+        self._entries[key] = entry
+        self.mark_dirty()
+
+    def touch(self, key: str, now: float | None = None) -> None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries[key] = replace(entry, updated_at=time.time() if now is None else now)
+            self.mark_dirty()
+
+    def remove(self, key: str) -> IndexEntry | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.mark_dirty()
+        return entry
+
+    # --- persistence -------------------------------------------------------------------
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+        if self._flush_task is None or self._flush_task.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._flush_task = loop.create_task(self._debounced_flush(), name="gateway.index.flush")
+
+    async def _debounced_flush(self) -> None:
+        await asyncio.sleep(self.flush_interval)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Write the file now if anything changed (one writer at a time)."""
+        async with self._write_lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            snapshot = dict(self._entries)  # entries are frozen: a shallow copy is a snapshot
+
+            def _encode_and_write() -> int:
+                payload = json.dumps(
+                    {k: e.to_json() for k, e in snapshot.items()}, ensure_ascii=False, separators=(",", ":")
+                ).encode()
+                write_atomic(self.path, payload)
+                return len(payload)
+
+            try:
+                size = await asyncio.to_thread(_encode_and_write)
+            except OSError as exc:
+                self._dirty = True
+                log.error("could not write %s: %s (will retry)", self.path, exc)
+                return
+            self.writes += 1
+            self.bytes_written += size
+
+    async def close(self) -> None:
+        if self._flush_task is not None and not self._flush_task.done():
+            self._flush_task.cancel()
+            await asyncio.gather(self._flush_task, return_exceptions=True)
+        await self.flush()

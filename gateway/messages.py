@@ -1,0 +1,43 @@
+"""The platform-neutral messages that flow between adapters and the router."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.session_keys import SessionSource
+
+
+@dataclass(frozen=True)
+class InboundMessage:
+    source: SessionSource
+    text: str
+    platform_message_id: str | None = None
+    received_at: float = 0.0
+    mentioned: bool = True  # adapters set False for group messages that do not address the bot
+    reply_to: str | None = None  # the platform id to reply to (threading, quoting)
+
+
+@dataclass(frozen=True)
+class OutboundMessage:
+    platform: str
+    chat_id: str
+    text: str
+    thread_id: str | None = None
+    reply_to: str | None = None  # for request/response adapters: the inbound it answers
+    session_id: str | None = None
+    session_key: str | None = None
+
+
+@dataclass(frozen=True)
+class SentRef:
+    platform: str
+    chat_id: str
+    message_ids: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class ThreadRef:
+    platform: str
+    chat_id: str
+    thread_id: str
+    name: str = ""
