@@ -78,51 +78,105 @@ _HIT_COLUMNS = (
     "m.id AS id, m.session_id AS session_id, m.role AS role, m.timestamp AS timestamp, "
     "s.source AS source, s.model AS model, s.title AS title, s.started_at AS started_at"
 )
+FIRST_WINDOW = 500
+WINDOW_GROWTH = 4
+
+
+@dataclass(frozen=True)
+class _Branch:
+    table: str  # messages_fts or messages_aux_fts
+    match: str
+    extra_where: str = ""
+
+
+def _branches(tree: q.Node, roles: Sequence[str]) -> list[_Branch]:
+    """Each message's content lives in exactly one index: the segmented side index when it
+    holds CJK/emoji, otherwise the main one; tool text is in the side index."""
+    out = []
+    if not q.needs_aux(tree):
+        out.append(_Branch(
+            "messages_fts", q.to_fts(tree, segmented=False),
+            " AND NOT EXISTS (SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)",
+        ))  # fmt: skip
+    aux = "{seg_text} : " + q.to_fts(tree, segmented=True)
+    if "tool" in roles:
+        aux = f"({aux}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
+    out.append(_Branch("messages_aux_fts", aux))
+    return out
 
 
 def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = None) -> list[Row]:
+    """Ranked hits for one page.
+
+    Ranking looks at the newest N matches of each index (rowid order is arrival order, and
+    FTS5 walks it without scoring everything), N starting at 500 and growing fourfold until
+    the page fills or the matches run out. So cost follows the page, not the number of
+    matches, and relevance is judged among recent matches first."""
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
     tree = q.parse(req.query)
     where, fparams = _filters(req)
-    branches: list[str] = []
-    params: list[object] = []
-    if not q.needs_aux(tree):
-        branches.append(
-            f"SELECT {_HIT_COLUMNS}, bm25(messages_fts) AS score, "
-            f"snippet(messages_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', {SNIPPET_TOKENS}) AS snippet "
-            "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
-            "JOIN sessions s ON s.id = m.session_id "
-            f"WHERE messages_fts MATCH ? AND {where} AND NOT EXISTS ("
-            "SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)"
-        )
-        params += [q.to_fts(tree, segmented=False), *fparams]
-    aux_expr = "{seg_text} : " + q.to_fts(tree, segmented=True)
-    if "tool" in req.roles:
-        aux_expr = f"({aux_expr}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
-    branches.append(
-        f"SELECT {_HIT_COLUMNS}, bm25(messages_aux_fts) AS score, NULL AS snippet "
-        "FROM messages_aux_fts JOIN messages m ON m.id = messages_aux_fts.rowid "
-        "JOIN sessions s ON s.id = m.session_id "
-        f"WHERE messages_aux_fts MATCH ? AND {where}"
-    )
-    params += [aux_expr, *fparams]
+    branches = _branches(tree, req.roles)
     order, oparams = _order(req.sort, time.time() if now is None else now)
-    sql = (
-        f"SELECT * FROM ({' UNION ALL '.join(branches)}) ORDER BY {order} LIMIT ? OFFSET ?"
-    )
-    try:
-        cur = conn.execute(sql, (*params, *oparams, max(1, req.limit), max(0, req.offset)))
-    except sqlite3.OperationalError as exc:
-        # Every term is quoted, so this means FTS5 refused something we did not foresee;
-        # report it as a query problem, never as an SQL error.
-        if "fts5" in str(exc) or "syntax" in str(exc):
-            raise QueryError(f"the query could not be run: {exc}") from exc
-        raise
-    names = [d[0] for d in cur.description]
-    hits = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    need = max(1, req.limit) + max(0, req.offset)
+    direction = "ASC" if req.sort == "oldest" else "DESC"
+    window = max(FIRST_WINDOW, need * 25)
+    while True:
+        parts, params = [], []
+        for br in branches:
+            parts.append(
+                f"SELECT {_HIT_COLUMNS}, f.score AS score, '{br.table}' AS fts FROM ("
+                f"SELECT rowid AS rid, bm25({br.table}) AS score FROM {br.table} "
+                f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT ?) f "
+                "JOIN messages m ON m.id = f.rid JOIN sessions s ON s.id = m.session_id "
+                f"WHERE {where}{br.extra_where}"
+            )
+            params += [br.match, window, *fparams]
+        sql = f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY {order} LIMIT ? OFFSET ?"
+        try:
+            cur = conn.execute(sql, (*params, *oparams, max(1, req.limit), max(0, req.offset)))
+            names = [d[0] for d in cur.description]
+            hits = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            if len(hits) >= min(req.limit, need) or all(
+                _matches_fewer_than(conn, br, window) for br in branches
+            ):
+                break
+        except sqlite3.OperationalError as exc:
+            # Every term is quoted, so this means FTS5 refused something we did not
+            # foresee; report it as a query problem, never as an SQL error.
+            if "fts5" in str(exc) or "syntax" in str(exc) or "malformed MATCH" in str(exc):
+                raise QueryError(f"the query could not be run: {exc}") from exc
+            raise
+        window *= WINDOW_GROWTH
+    _add_snippets(conn, hits, branches)
     _add_context(conn, hits, q.positive_terms(tree))
+    for h in hits:
+        h.pop("fts", None)
     return hits
+
+
+def _matches_fewer_than(conn: sqlite3.Connection, br: _Branch, window: int) -> bool:
+    n = conn.execute(
+        f"SELECT COUNT(*) FROM (SELECT rowid FROM {br.table} WHERE {br.table} MATCH ? "
+        "ORDER BY rowid DESC LIMIT ?)",
+        (br.match, window),
+    ).fetchone()[0]
+    return bool(n < window)
+
+
+def _add_snippets(conn: sqlite3.Connection, hits: list[Row], branches: list[_Branch]) -> None:
+    main = next((b for b in branches if b.table == "messages_fts"), None)
+    ids = [h["id"] for h in hits if h["fts"] == "messages_fts"]
+    snippets: dict[int, str] = {}
+    if main is not None and ids:
+        rows = conn.execute(
+            f"SELECT rowid, snippet(messages_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', {SNIPPET_TOKENS}) "
+            f"FROM messages_fts WHERE messages_fts MATCH ? AND rowid IN ({', '.join('?' for _ in ids)})",
+            (main.match, *ids),
+        )
+        snippets = dict(rows.fetchall())
+    for h in hits:
+        h["snippet"] = snippets.get(h["id"])
 
 
 def _add_context(conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term]) -> None:
@@ -151,7 +205,7 @@ def _add_context(conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term])
             h[f"context_{which}"] = (
                 {"id": found[0], "role": found[1], "content": found[2]} if found else None  # type: ignore[index]
             )
-        if h.get("snippet") is None:
+        if not h.get("snippet"):
             own = ctx.get("self")
             h["snippet"] = make_snippet(own[2] if own else "", marks)  # type: ignore[index]
 

@@ -459,6 +459,15 @@ class SessionDB:
     async def count_filtered(self, flt: listing.SessionFilter) -> int:
         return int(await self._read(listing.count_sessions, flt))
 
+    async def has_platform_message(self, source: str, chat_id: str, platform_message_id: str) -> bool:
+        """True if a message with this platform id was already stored for that chat."""
+        row = await self._read(lambda c: c.execute(
+            "SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
+            "WHERE m.platform_message_id = ? AND s.source = ? AND s.chat_id = ? LIMIT 1",
+            (platform_message_id, source, chat_id),
+        ).fetchone())  # fmt: skip
+        return row is not None
+
     async def live_sessions_by_key(self) -> list[Row]:
         """The newest live (not ended) session per session_key: the index's source of truth."""
         return list(await self._read(lambda c: [

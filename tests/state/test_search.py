@@ -228,3 +228,15 @@ def test_no_query_raises_anything_but_query_error(sync_conn: sqlite3.Connection,
         search.search(sync_conn, search.SearchRequest(query=query, roles=("user", "tool")))
     except QueryError as exc:
         assert str(exc)
+
+
+async def test_an_old_scoped_match_is_found_behind_many_newer_matches(db: SessionDB) -> None:
+    """The ranking window grows until the page fills: filters never hide a real match."""
+    old = await db.create_session(source="telegram", user_id="carol", chat_id="c9")
+    await db.append_message(old, "user", "remember the lighthouse")
+    noisy = await db.create_session(source="telegram", user_id="dave", chat_id="c8")
+    await db.append_messages(noisy, [{"role": "user", "content": f"lighthouse chatter {i}"} for i in range(700)])
+    scope = SessionFilter(source="telegram", chat_id="c9", user_id="carol", include_children=True)
+    hits = await db.search_messages("lighthouse", scope=scope)
+    assert [h["session_id"] for h in hits] == [old]
+    assert len(await db.search_messages("lighthouse", limit=50, offset=660)) == 41

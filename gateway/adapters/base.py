@@ -1,0 +1,144 @@
+"""The Adapter interface and what every adapter shares: splitting long replies to the
+platform's limit without breaking code fences, and sending with retry_after honoured."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, TypeVar
+
+from gateway.errors import InvalidToken
+from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+
+T = TypeVar("T")
+Emit = Callable[[InboundMessage], Awaitable[None]]
+
+
+class Adapter(Protocol):
+    """One chat platform: emits InboundMessage, delivers OutboundMessage."""
+
+    platform: ClassVar[str]
+
+    async def start(self, emit: Emit) -> None: ...
+
+    async def send(self, msg: OutboundMessage) -> SentRef: ...
+
+    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None: ...
+
+    async def stop(self) -> None: ...
+
+    def health(self) -> dict[str, object]: ...
+
+
+class RetryAfter(Exception):
+    """Raised by a platform call that was rate limited; carries the wait in seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"rate limited for {seconds:.1f}s")
+        self.seconds = seconds
+
+
+class TransientError(Exception):
+    """A network or server problem worth retrying."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial_s: float = 0.5
+    factor: float = 2.0
+    max_s: float = 30.0
+    jitter: float = 0.2
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_s, self.initial_s * self.factor**attempt)
+        return base * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+
+async def call_with_retry(
+    call: Callable[[], Awaitable[T]],
+    *,
+    backoff: Backoff = Backoff(),
+    attempts: int = 6,
+    max_retry_after_s: float = 300.0,
+    log: logging.Logger | None = None,
+) -> T:
+    """Run a platform call: wait out RetryAfter (never dropping the message), back off on
+    transient errors, and give up at once on an invalid token."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except InvalidToken:
+            raise
+        except RetryAfter as exc:
+            wait = min(exc.seconds, max_retry_after_s)
+            if log:
+                log.warning("rate limited; waiting %.1fs before retrying", wait)
+            await asyncio.sleep(wait)
+        except TransientError as exc:
+            if attempt == attempts - 1:
+                raise
+            wait = backoff.delay(attempt)
+            if log:
+                log.warning("transient error (%s); retrying in %.1fs", exc, wait)
+            await asyncio.sleep(wait)
+    return await call()
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def split_message(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
+    """Split `text` into parts of at most `limit` (as `measure` counts), preferring paragraph
+    then line then word boundaries; a code fence open at a cut is closed and reopened."""
+    if measure(text) <= limit:
+        return [text]
+    parts: list[str] = []
+    rest = text
+    fence: str | None = None  # the opening fence line carried into the next part
+    while rest:
+        prefix = f"{fence}\n" if fence else ""
+        budget = limit - measure(prefix) - (4 if fence or "```" in rest else 0)
+        if measure(prefix + rest) <= limit:
+            parts.append(prefix + rest)
+            break
+        cut = _best_cut(rest, max(1, budget), measure)
+        chunk, rest = rest[:cut], rest[cut:]
+        body = prefix + chunk.rstrip("\n")
+        fence = _open_fence(body, fence)
+        if fence:
+            body += "\n```"
+        parts.append(body)
+        rest = rest.lstrip("\n") if not fence else rest.lstrip("\n")
+    return [p for p in parts if p.strip()] or [text[:limit]]
+
+
+def _best_cut(text: str, budget: int, measure: Callable[[str], int]) -> int:
+    # largest prefix that fits
+    lo, hi = 1, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if measure(text[:mid]) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    fit = lo
+    window = text[:fit]
+    for sep in ("\n\n", "\n", " "):
+        pos = window.rfind(sep)
+        if pos > fit // 3:
+            return pos + len(sep)
+    return fit
+
+
+def _open_fence(body: str, carried: str | None) -> str | None:
+    """The fence line still open at the end of `body` (given one carried in), else None."""
+    open_line = carried
+    for line in body.split("\n")[1 if carried else 0 :]:
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            open_line = None if open_line else stripped
+    return open_line

@@ -1,0 +1,230 @@
+"""The daemon's lifecycle: start in order (home and lock, state, index, router, adapters),
+stop in reverse (stop intake, drain turns within a budget, stop adapters, flush the index,
+close the store)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.adapters.base import Adapter
+from gateway.agent.base import Agent
+from gateway.agent.echo import EchoAgent
+from gateway.config import PLATFORMS, Config
+from gateway.errors import AlreadyRunning, GatewayError
+from gateway.index import SessionIndex
+from gateway.messages import OutboundMessage, SentRef
+from gateway.metrics import Metrics
+from gateway.router import AccessRules, Router, RouterSettings
+from gateway.session_keys import KeySettings
+from state import SessionDB, WriterConfig
+
+log = logging.getLogger("gateway.app")
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("SWITCHBOARD_HOME") or "~/.switchboard").expanduser()
+
+
+class HomeLock:
+    """An exclusive flock on `<home>/switchboard.lock`, holding the daemon's pid."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "switchboard.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise AlreadyRunning(str(self.path.parent), pid) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def build_agent(config: Config) -> Agent:
+    if config.get("agent.backend") == "openai":
+        from gateway.agent.openai import OpenAIAgent
+
+        o = config.get("agent.openai")
+        return OpenAIAgent(
+            o["base_url"], o["model"], config.secret("agent.openai.api_key_env"),
+            timeout_s=o["timeout_seconds"], max_retries=o["max_retries"], tools=o["tools"],
+            reply_tokens=config.get("agent.reply_tokens"),
+        )  # fmt: skip
+    return EchoAgent()
+
+
+def router_settings(config: Config) -> RouterSettings:
+    access = {"api": AccessRules(allow_all=True)}
+    for name in PLATFORMS:
+        p = config.platform(name)
+        access[name] = AccessRules(
+            allow_all=p["allow_all_users"], allowed=frozenset(str(u) for u in p["allowed_users"]),
+            admins=frozenset(str(u) for u in p["admins"]),
+        )  # fmt: skip
+    return RouterSettings(
+        keys=KeySettings(
+            group_sessions_per_user=config.get("sessions.group_sessions_per_user"),
+            thread_sessions_per_user=config.get("sessions.thread_sessions_per_user"),
+        ),
+        access=access,
+        unknown_dm=config.get("access.unknown_dm"),
+        system_prompt=config.get("agent.system_prompt"),
+        history_messages=config.get("sessions.history_messages"),
+        context_tokens=config.get("agent.context_tokens"),
+        reply_tokens=config.get("agent.reply_tokens"),
+        turn_timeout_s=config.get("agent.turn_timeout_seconds"),
+    )
+
+
+@dataclass
+class Gateway:
+    config: Config
+    home: Path
+    agent: Agent | None = None
+    adapters: list[Adapter] = field(default_factory=list)
+    notify: Callable[[str], None] = lambda _state: None  # systemd notify hook
+    db: SessionDB | None = None
+    index: SessionIndex | None = None
+    router: Router | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    started_at: float = 0.0
+    _lock: HomeLock | None = None
+    _adapters_by_platform: dict[str, Adapter] = field(default_factory=dict)
+
+    async def start(self) -> None:
+        self.started_at = time.time()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._lock = HomeLock(self.home)
+        self._lock.acquire()
+        try:
+            await self._start_inner()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_inner(self) -> None:
+        self.notify("STATUS=opening state.db")
+        self.db = await SessionDB.open(
+            self.home / "state.db",
+            config=WriterConfig(synchronous=self.config.get("state.synchronous"), queue_size=self.config.get("state.queue_size")),
+        )
+        self.index = SessionIndex(self.home / "sessions" / "sessions.json", self.db, self.config.get("sessions.index_flush_seconds"))
+        how = await self.index.load()
+        log.info("session index %s: %d entries", how, len(self.index))
+        self.agent = self.agent or build_agent(self.config)
+        self.router = Router(self.db, self.index, self.agent, self._send, router_settings(self.config), self.metrics)
+        self._register_gauges()
+        if not self.adapters:
+            self.adapters = self._default_adapters()
+        self.notify("STATUS=starting adapters")
+        for adapter in self.adapters:
+            self._adapters_by_platform[adapter.platform] = adapter
+            await adapter.start(self.router.handle)
+        log.info("switchboard is running (home %s; adapters: %s)", self.home, ", ".join(a.platform for a in self.adapters) or "none")
+
+    def _default_adapters(self) -> list[Adapter]:
+        adapters: list[Adapter] = []
+        api = self.config.platform("api")
+        if api["enabled"]:
+            from gateway.adapters.api import ApiAdapter
+
+            adapters.append(ApiAdapter(
+                api["host"], api["port"], self.config.secret("platforms.api.key_env"),
+                reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
+                health=self.health, metrics=self.metrics.render,
+            ))  # fmt: skip
+        for name in PLATFORMS:
+            if self.config.platform(name)["enabled"]:
+                raise GatewayError(f"platforms.{name}: the {name} adapter is not available in this build")
+        return adapters
+
+    def _register_gauges(self) -> None:
+        assert self.db is not None and self.index is not None and self.router is not None
+        db, index, router = self.db, self.index, self.router
+        self.metrics.gauge("switchboard_writer_queue_depth", "Writes waiting for the writer", lambda: db.writer.queue_depth)
+        self.metrics.gauge("switchboard_writer_last_batch_size", "Operations in the last commit", lambda: db.writer.stats.last_batch_size)
+        self.metrics.gauge("switchboard_writer_last_commit_ms", "Duration of the last commit", lambda: db.writer.stats.last_commit_ms)
+        self.metrics.gauge("switchboard_writer_batches_total", "Commits so far", lambda: db.writer.stats.batches)
+        self.metrics.gauge("switchboard_sessions_live", "Entries in the session index", lambda: len(index))
+        self.metrics.gauge("switchboard_turns_in_flight", "Turns running or queued", lambda: router.inflight)
+
+    async def _send(self, msg: OutboundMessage) -> SentRef | None:
+        adapter = self._adapters_by_platform.get(msg.platform)
+        if adapter is None:
+            log.error("no adapter for platform %s; reply dropped (session_key=%s)", msg.platform, msg.session_key)
+            return None
+        return await adapter.send(msg)
+
+    def health(self) -> dict[str, Any]:
+        adapters = {a.platform: a.health() for a in self.adapters}
+        ok = self.db is not None and all(h.get("state") == "running" for h in adapters.values())
+        return {
+            "status": "ok" if ok else "degraded",
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+            "adapters": adapters,
+            "writer_queue_depth": self.db.writer.queue_depth if self.db else None,
+            "sessions": len(self.index) if self.index else 0,
+            "turns_in_flight": self.router.inflight if self.router else 0,
+            "last_error": self.router.last_error if self.router else None,
+        }
+
+    async def stop(self) -> None:
+        """Reverse order; safe to call on a partly started gateway."""
+        self.notify("STOPPING=1")
+        if self.router is not None:
+            self.router.stop_intake()
+            cancelled = await self.router.drain(self.config.get("shutdown.drain_seconds"))
+            if cancelled:
+                self.metrics.errors.inc(cancelled, kind="cancelled_on_shutdown")
+        for adapter in reversed(self.adapters):
+            try:
+                await adapter.stop()
+            except Exception:
+                log.exception("stopping the %s adapter failed", adapter.platform)
+        if self.index is not None:
+            await self.index.close()
+        if self.agent is not None:
+            await self.agent.close()
+        if self.db is not None:
+            await self.db.close()
+            self.db = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+async def run_until_signalled(gateway: Gateway) -> None:
+    """Start, wait for SIGTERM/SIGINT, drain, stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await gateway.start()
+        gateway.notify("READY=1\nSTATUS=running")
+        await stop.wait()
+        log.info("signal received; draining")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await gateway.stop()

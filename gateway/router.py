@@ -1,0 +1,326 @@
+"""The router: every inbound message goes authorize -> dedupe -> key -> index entry ->
+command or agent turn -> reply.
+
+Turns are serialised per session key (a second message arriving mid-turn waits its turn,
+in arrival order) and run concurrently across keys. The user's message is stored before
+the agent runs, so an agent failure loses nothing: the chat gets a short apology.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.agent.base import Agent, AgentReply, TurnContext, window
+from gateway.agent.tools.session_search import Caller, session_search
+from gateway.commands import CommandContext, CommandRegistry, builtin_commands, parse_command
+from gateway.index import IndexEntry, SessionIndex
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from gateway.metrics import Metrics
+from gateway.session_keys import KeySettings, SessionKey, build_key
+from state import SessionDB, SessionFilter, StateError
+
+log = logging.getLogger("gateway.router")
+
+APOLOGY = "Sorry, something went wrong while answering. Your message was saved; please try again."
+REFUSAL = "Sorry, you are not authorised to use this bot."
+BUSY = "Sorry, the gateway is shutting down; please send that again in a minute."
+DEDUPE_MEMORY = 50_000
+
+Sender = Callable[[OutboundMessage], Awaitable[SentRef | None]]
+
+
+@dataclass(frozen=True)
+class AccessRules:
+    """Who may talk to the agent on one platform."""
+
+    allow_all: bool = False
+    allowed: frozenset[str] = frozenset()
+    admins: frozenset[str] = frozenset()
+
+    def allows(self, user_id: str | None) -> bool:
+        if self.allow_all:
+            return True
+        return user_id is not None and (user_id in self.allowed or user_id in self.admins)
+
+
+@dataclass
+class RouterSettings:
+    keys: KeySettings = field(default_factory=KeySettings)
+    access: Mapping[str, AccessRules] = field(default_factory=dict)
+    unknown_dm: str = "refuse"
+    system_prompt: str | None = None
+    history_messages: int = 200
+    context_tokens: int = 128_000
+    reply_tokens: int = 4_096
+    turn_timeout_s: float = 300.0
+
+
+class Router:
+    def __init__(
+        self,
+        db: SessionDB,
+        index: SessionIndex,
+        agent: Agent,
+        send: Sender,
+        settings: RouterSettings | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.index = index
+        self.agent = agent
+        self.send = send
+        self.settings = settings or RouterSettings()
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.commands: CommandRegistry = builtin_commands()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._refused: set[tuple[str, str]] = set()
+        self._accepting = True
+        self._jobs: dict[str, set[str]] = {}  # session id -> live job names (turns, background)
+        self.last_error: str | None = None
+
+    # --- intake --------------------------------------------------------------------------
+
+    async def handle(self, msg: InboundMessage) -> None:
+        """Called by adapters. Decides quickly, then runs the turn as a tracked task."""
+        src = msg.source
+        self.metrics.messages_in.inc(platform=src.platform)
+        if not self._accepting:
+            self.metrics.dropped.inc(reason="shutting_down")
+            await self._reply(msg, None, BUSY)
+            return
+        if not self._authorised(msg):
+            return
+        if not msg.mentioned:
+            self.metrics.dropped.inc(reason="not_addressed")
+            return
+        if msg.platform_message_id is not None:
+            seen_key = (src.platform, src.chat_id, msg.platform_message_id)
+            if seen_key in self._seen:
+                self.metrics.dropped.inc(reason="duplicate")
+                return
+            self._remember(seen_key)
+        task = asyncio.create_task(self._process(msg), name=f"turn:{src.platform}:{src.chat_id}")
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    def _remember(self, seen_key: tuple[str, str, str]) -> None:
+        self._seen[seen_key] = None
+        if len(self._seen) > DEDUPE_MEMORY:
+            self._seen.popitem(last=False)
+
+    def _authorised(self, msg: InboundMessage) -> bool:
+        src = msg.source
+        rules = self.settings.access.get(src.platform)
+        if rules is None or rules.allows(src.user_id):
+            return True
+        self.metrics.dropped.inc(reason="unauthorised")
+        log.info("unauthorised user %s on %s (%s)", src.user_id, src.platform, src.chat_type)
+        if src.chat_type == "dm" and self.settings.unknown_dm == "refuse":
+            marker = (src.platform, src.user_id or src.chat_id)
+            if marker not in self._refused:  # one refusal per user, not one per message
+                self._refused.add(marker)
+                task = asyncio.create_task(self._reply(msg, None, REFUSAL), name="refusal")
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
+        return False
+
+    # --- per-session work ----------------------------------------------------------------
+
+    def key_for(self, msg: InboundMessage) -> SessionKey:
+        return build_key(msg.source, self.settings.keys)
+
+    async def _process(self, msg: InboundMessage) -> None:
+        started = self.clock()
+        key = self.key_for(msg)
+        k = key.format()
+        lock = self._locks.setdefault(k, asyncio.Lock())
+        self._waiting[k] = self._waiting.get(k, 0) + 1
+        try:
+            async with lock:
+                await self._process_locked(msg, key, started)
+        except Exception as exc:  # nothing may escape into the event loop
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.metrics.errors.inc(kind="turn")
+            log.exception("turn failed for session_key=%s platform=%s", k, msg.source.platform)
+            await self._reply(msg, None, APOLOGY)
+        finally:
+            self._waiting[k] -= 1
+            if self._waiting[k] == 0:
+                del self._waiting[k]
+                self._locks.pop(k, None)
+
+    async def _process_locked(self, msg: InboundMessage, key: SessionKey, started: float) -> None:
+        src = msg.source
+        if msg.platform_message_id is not None and await self.db.has_platform_message(
+            src.platform, src.chat_id, msg.platform_message_id
+        ):
+            self.metrics.dropped.inc(reason="duplicate")
+            log.debug("duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id)
+            return
+        entry = await self.entry_for(key, msg)
+        parsed = parse_command(msg.text)
+        if parsed is not None:
+            name, args = parsed
+            command = self.commands.get(name)
+            if command is None:
+                text = f"Unknown command /{name}. Send /help for the list."
+            else:
+                text = await command.handler(CommandContext(self, msg, key, entry.session_id, args))
+            await self._reply(msg, entry.session_id, text, key)
+            return
+        await self._agent_turn(msg, key, entry, started)
+
+    async def entry_for(self, key: SessionKey, msg: InboundMessage) -> IndexEntry:
+        """The index entry for this key, creating the session on first contact."""
+        k = key.format()
+        entry = self.index.get(k)
+        if entry is not None:
+            return entry
+        return await self.create_session_for(key, msg)
+
+    async def create_session_for(
+        self, key: SessionKey, msg: InboundMessage, *, parent: str | None = None, child_kind: str | None = None
+    ) -> IndexEntry:
+        src = msg.source
+        now = self.clock()
+        sid = await self.db.create_session(
+            source=src.platform, user_id=src.user_id, model=self.agent.model,
+            system_prompt=self.settings.system_prompt, parent_session_id=parent, child_kind=child_kind,
+            started_at=now, session_key=key.format(), chat_id=src.chat_id, chat_type=src.chat_type,
+            thread_id=src.thread_id, origin_json=json.dumps(src.as_dict(), ensure_ascii=False),
+        )  # fmt: skip
+        entry = IndexEntry(
+            session_id=sid, created_at=now, updated_at=now, origin=src.as_dict(),
+            display_name=src.chat_name or src.user_name, platform=src.platform, chat_type=src.chat_type,
+        )  # fmt: skip
+        self.index.put(key.format(), entry)
+        return entry
+
+    async def _agent_turn(self, msg: InboundMessage, key: SessionKey, entry: IndexEntry, started: float) -> None:
+        src = msg.source
+        k = key.format()
+        sid = entry.session_id
+        text = msg.text
+        if key.shared:
+            text = f"[{src.user_name or src.user_id or 'someone'}] {text}"
+        await self.db.append_message(sid, "user", text, platform_message_id=msg.platform_message_id)
+        self.index.touch(k, self.clock())
+        self._jobs.setdefault(sid, set()).add("turn")
+        try:
+            history = await self.db.get_messages_as_conversation(sid, last=self.settings.history_messages)
+            budget = self.settings.context_tokens - self.settings.reply_tokens - len(self.settings.system_prompt or "") // 4
+            ctx = TurnContext(
+                session_id=sid, session_key=k, platform=src.platform,
+                system_prompt=self.settings.system_prompt, run_tool=self._tool_runner(key, msg, sid),
+            )  # fmt: skip
+            try:
+                reply: AgentReply = await asyncio.wait_for(
+                    self.agent.respond(window(history, max(256, budget)), ctx), self.settings.turn_timeout_s
+                )
+            except Exception as exc:
+                self.last_error = f"agent: {type(exc).__name__}: {exc}"
+                self.metrics.turns.inc(outcome="agent_error")
+                log.error("agent failed for session_key=%s platform=%s: %s", k, src.platform, exc, exc_info=not isinstance(exc, (StateError, asyncio.TimeoutError)))
+                await self._reply(msg, sid, APOLOGY, key)
+                return
+            stored = [
+                {k2: v for k2, v in m.items() if k2 in ("role", "content", "tool_calls", "tool_call_id")}
+                | ({"tool_name": m["name"]} if m.get("role") == "tool" and m.get("name") else {})
+                for m in reply.tool_messages
+            ]
+            stored.append({"role": "assistant", "content": reply.text})
+            await self.db.append_messages(sid, stored)
+            if reply.input_tokens or reply.output_tokens:
+                await self.db.update_token_counts(sid, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens)
+            self.index.touch(k, self.clock())
+            self.metrics.turns.inc(outcome="ok")
+            await self._reply(msg, sid, reply.text, key)
+            self.metrics.turn_latency.observe(self.clock() - started)
+            log.debug("turn session_key=%s platform=%s latency=%.3fs", k, src.platform, self.clock() - started)
+        finally:
+            jobs = self._jobs.get(sid)
+            if jobs is not None:
+                jobs.discard("turn")
+                if not jobs:
+                    del self._jobs[sid]
+
+    def _tool_runner(self, key: SessionKey, msg: InboundMessage, sid: str) -> Callable[[str, dict[str, Any]], Awaitable[str]]:
+        scope = self.scope_for(key, msg)
+
+        async def run(name: str, args: dict[str, Any]) -> str:
+            if name != "session_search":
+                return json.dumps({"success": False, "error": f"unknown tool {name!r}"})
+            return await session_search(self.db, Caller(scope, sid), args)
+
+        return run
+
+    def scope_for(self, key: SessionKey, msg: InboundMessage) -> SessionFilter:
+        """The sessions this chat may see: same platform and chat; same user where the
+        sessions are per user; a shared thread's members share its sessions."""
+        src = msg.source
+        return SessionFilter(
+            source=src.platform, chat_id=src.chat_id,
+            user_id=key.user_id if key.scope != "dm" else None,
+            thread_id=key.thread_id, include_children=True,
+        )  # fmt: skip
+
+    async def _reply(self, msg: InboundMessage, session_id: str | None, text: str, key: SessionKey | None = None) -> None:
+        src = msg.source
+        out = OutboundMessage(
+            platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
+            reply_to=msg.platform_message_id, session_id=session_id,
+            session_key=key.format() if key else None,
+        )  # fmt: skip
+        try:
+            await self.send(out)
+            self.metrics.messages_out.inc(platform=src.platform)
+        except Exception as exc:
+            self.last_error = f"send: {type(exc).__name__}: {exc}"
+            self.metrics.errors.inc(kind="send")
+            log.error("sending to %s chat %s failed: %s", src.platform, src.chat_id, exc)
+
+    # --- state for other parts -----------------------------------------------------------
+
+    def live_jobs(self, session_id: str) -> list[str]:
+        return sorted(self._jobs.get(session_id, ()))
+
+    def busy_session_ids(self) -> set[str]:
+        return set(self._jobs)
+
+    def describe_reset(self, key: SessionKey) -> str:
+        return "none (sessions are never reset automatically)"
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # --- shutdown ------------------------------------------------------------------------
+
+    def stop_intake(self) -> None:
+        self._accepting = False
+
+    async def drain(self, budget_s: float) -> int:
+        """Let in-flight turns finish within the budget, then cancel the rest.
+        Returns how many were cancelled."""
+        pending = set(self._inflight)
+        if not pending:
+            return 0
+        done, still = await asyncio.wait(pending, timeout=budget_s)
+        for task in still:
+            task.cancel()
+        if still:
+            await asyncio.gather(*still, return_exceptions=True)
+            log.warning("cancelled %d turn(s) still running after %.1fs", len(still), budget_s)
+        return len(still)
