@@ -129,8 +129,7 @@ class Gateway:
             config=WriterConfig(synchronous=self.config.get("state.synchronous"), queue_size=self.config.get("state.queue_size")),
         )
         self.index = SessionIndex(self.home / "sessions" / "sessions.json", self.db, self.config.get("sessions.index_flush_seconds"))
-        how = await self.index.load()
-        log.info("session index %s: %d entries", how, len(self.index))
+        await self.index.load()
         self.agent = self.agent or build_agent(self.config)
         self.router = Router(self.db, self.index, self.agent, self._send, router_settings(self.config), self.metrics)
         self._register_gauges()

@@ -115,8 +115,10 @@ class SessionDB:
         if self._closed:
             return
         self._closed = True
-        await self._writer.close()
+        # Readers first: the last connection to close checkpoints and removes the WAL,
+        # and only the (read-write) writer connection can do that.
         await self._readers.close()
+        await self._writer.close()
 
     async def __aenter__(self) -> SessionDB:
         return self

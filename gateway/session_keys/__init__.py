@@ -123,7 +123,10 @@ def parse_key(text: str) -> SessionKey:
     if rest and rest[0].startswith("t="):
         thread = _dec(rest.pop(0)[2:])
     if rest:
-        user = _dec(rest.pop(0))
-    if rest or (user is not None and "=" in user and user.startswith("t=")):
+        raw_user = rest.pop(0)
+        if "=" in raw_user or not raw_user:  # encoded ids never hold a bare "="
+            raise ValueError(f"not a session key: {text!r}")
+        user = _dec(raw_user)
+    if rest:
         raise ValueError(f"not a session key: {text!r}")
     return SessionKey(platform, scope, chat, thread, user)
