@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,7 +23,6 @@ from .rows import Row
 
 SORTS = ("relevance", "newest", "oldest")
 CONTEXT_CHARS = 200
-SNIPPET_TOKENS = 16
 RECENCY_HALF_LIFE_DAYS = 30.0
 MARK_OPEN, MARK_CLOSE = ">>>", "<<<"
 
@@ -148,7 +148,6 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
         window *= WINDOW_GROWTH
-    _add_snippets(conn, hits, branches)
     _add_context(conn, hits, q.positive_terms(tree))
     for h in hits:
         h.pop("fts", None)
@@ -162,21 +161,6 @@ def _matches_fewer_than(conn: sqlite3.Connection, br: _Branch, window: int) -> b
         (br.match, window),
     ).fetchone()[0]
     return bool(n < window)
-
-
-def _add_snippets(conn: sqlite3.Connection, hits: list[Row], branches: list[_Branch]) -> None:
-    main = next((b for b in branches if b.table == "messages_fts"), None)
-    ids = [h["id"] for h in hits if h["fts"] == "messages_fts"]
-    snippets: dict[int, str] = {}
-    if main is not None and ids:
-        rows = conn.execute(
-            f"SELECT rowid, snippet(messages_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', {SNIPPET_TOKENS}) "
-            f"FROM messages_fts WHERE messages_fts MATCH ? AND rowid IN ({', '.join('?' for _ in ids)})",
-            (main.match, *ids),
-        )
-        snippets = dict(rows.fetchall())
-    for h in hits:
-        h["snippet"] = snippets.get(h["id"])
 
 
 def _add_context(conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term]) -> None:
@@ -205,23 +189,45 @@ def _add_context(conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term])
             h[f"context_{which}"] = (
                 {"id": found[0], "role": found[1], "content": found[2]} if found else None  # type: ignore[index]
             )
-        if not h.get("snippet"):
-            own = ctx.get("self")
-            h["snippet"] = make_snippet(own[2] if own else "", marks)  # type: ignore[index]
+        own = ctx.get("self")
+        h["snippet"] = make_snippet(own[2] if own else "", marks)  # type: ignore[index]
+
+
+def _fold(text: str) -> tuple[str, list[int]]:
+    """Lower-case, accent-free text plus, for each folded char, its index in `text`."""
+    if text.isascii():
+        return text.lower(), list(range(len(text)))
+    out: list[str] = []
+    pos: list[int] = []
+    for i, ch in enumerate(text):
+        for f in unicodedata.normalize("NFKD", ch.casefold()):
+            if not unicodedata.combining(f):
+                out.append(f)
+                pos.append(i)
+    return "".join(out), pos
 
 
 def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> str:
-    """A window of `content` around the first match, matches wrapped in >>> <<<."""
+    """A window of `content` around the first match, matches wrapped in >>> <<<.
+    Matching ignores case and accents, as the index does."""
     text = " ".join((content or "").split())
     if not text:
         return ""
-    words = sorted({t.text.strip() for t in marks if t.text.strip()}, key=len, reverse=True)
-    if not words:
-        return text[:width]
-    pattern = re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE)
-    first = pattern.search(text)
-    start = 0 if first is None else max(0, first.start() - width // 3)
+    folded, pos = _fold(text)
+    words = sorted({_fold(t.text.strip())[0] for t in marks if t.text.strip()}, key=len, reverse=True)
+    spans: list[tuple[int, int]] = []
+    if words:
+        pattern = re.compile("|".join(re.escape(w) for w in words if w))
+        for m in pattern.finditer(folded):
+            if m.end() > m.start():
+                spans.append((pos[m.start()], pos[m.end() - 1] + 1))
+    start = 0 if not spans else max(0, spans[0][0] - width // 3)
     end = min(len(text), start + width)
-    window = text[start:end]
-    marked = pattern.sub(lambda m: f"{MARK_OPEN}{m.group(0)}{MARK_CLOSE}", window)
-    return ("…" if start > 0 else "") + marked + ("…" if end < len(text) else "")
+    out, cursor = [], start
+    for a, b in spans:
+        if a < cursor or b > end:
+            continue
+        out.append(text[cursor:a] + MARK_OPEN + text[a:b] + MARK_CLOSE)
+        cursor = b
+    out.append(text[cursor:end])
+    return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
