@@ -168,7 +168,7 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         )
         conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
     if not _fts_triggers_present(conn, "messages_fts", "messages"):
-        _exec_script(conn, 
+        _exec_script(conn,
             """
             CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
                 INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
@@ -208,7 +208,7 @@ def _migration_1(conn: sqlite3.Connection) -> None:
 
 def _migration_2(conn: sqlite3.Connection) -> None:
     """The segmented side index for CJK/emoji text and tool names/arguments."""
-    _exec_script(conn, 
+    _exec_script(conn,
         """
         CREATE TABLE IF NOT EXISTS messages_aux (
             message_id INTEGER PRIMARY KEY,

@@ -89,9 +89,13 @@ class SessionDB:
         readers: int = 3,
         schema_target: int = schema.LATEST,
     ) -> SessionDB:
-        p = Path(path).expanduser().absolute()
-        p.parent.mkdir(parents=True, exist_ok=True)
-        _check_file(p)
+        def _prepare() -> Path:
+            p = Path(path).expanduser().absolute()
+            p.parent.mkdir(parents=True, exist_ok=True)
+            _check_file(p)
+            return p
+
+        p = await asyncio.to_thread(_prepare)
         cfg = config or WriterConfig()
         writer = Writer(str(p), cfg)
         try:

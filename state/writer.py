@@ -195,21 +195,19 @@ class Writer:
         """Passive checkpoints from a second connection once the WAL passes a size, so the
         WAL stays small without stalling the writer (WAL lets both run at once)."""
         loop = asyncio.get_running_loop()
-        wal = self.path + "-wal"
         while True:
             await asyncio.sleep(self.config.checkpoint_every_s)
             try:
-                size = os.path.getsize(wal)
-            except OSError:
-                continue
-            if size < self.config.checkpoint_wal_bytes:
-                continue
-            try:
-                await loop.run_in_executor(self._ckpt_executor, self._checkpoint_passive)
+                await loop.run_in_executor(self._ckpt_executor, self._checkpoint_if_large)
             except sqlite3.Error as exc:
                 log.warning("passive checkpoint failed: %s", exc)
 
-    def _checkpoint_passive(self) -> None:
+    def _checkpoint_if_large(self) -> None:
+        try:
+            if os.path.getsize(self.path + "-wal") < self.config.checkpoint_wal_bytes:
+                return
+        except OSError:
+            return
         if self._ckpt_conn is None:
             self._ckpt_conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._ckpt_conn.execute("PRAGMA busy_timeout=1000")

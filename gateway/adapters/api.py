@@ -141,7 +141,7 @@ class ApiAdapter:
         try:
             await self._emit(InboundMessage(source=source, text=text, platform_message_id=rid, received_at=time.time()))
             return await asyncio.wait_for(fut, self._reply_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return _bad(504, "no reply in time; the message was stored")
         except asyncio.CancelledError:
             if fut.cancelled():

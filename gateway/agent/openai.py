@@ -83,7 +83,7 @@ class OpenAIAgent:
                     ra = resp.headers.get("Retry-After")
                     retry_after = float(ra) if ra and ra.replace(".", "", 1).isdigit() else None
                     problem = f"HTTP {resp.status}"
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             if attempt == self._max_retries:
                 raise AgentError(f"the model endpoint failed after {attempt + 1} attempts ({problem})")

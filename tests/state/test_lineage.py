@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from state import SessionDB, SessionNotFound, AmbiguousSession
+from state import AmbiguousSession, SessionDB, SessionNotFound
 
 DAY = 86400.0
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from state import DatabaseError, SchemaTooNew, SessionDB
-from state import schema
+from state import DatabaseError, SchemaTooNew, SessionDB, schema
 
 HERMES_SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state import QueryError, SessionDB, SessionFilter
+from state import QueryError, SessionDB, SessionFilter, schema, search
 from state import messages as msgs
-from state import schema, search
 from state.sessions import insert_session
 
 CORPUS = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -134,14 +133,14 @@ async def test_writes_wait_out_another_process_holding_the_lock(tmp_path: Path) 
     db = await SessionDB.open(path, config=WriterConfig(busy_timeout_s=0.05, lock_budget_s=20))
     try:
         sid = await db.create_session(source="api")
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _hold_lock_script(path, 1.0)], stdout=subprocess.PIPE, text=True
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _hold_lock_script(path, 1.0), stdout=asyncio.subprocess.PIPE
         )
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "locked"
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"locked"
         ids = await asyncio.gather(*(db.append_message(sid, "user", str(i)) for i in range(20)))
         assert len(ids) == 20
-        assert proc.wait(10) == 0
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
         assert db.writer.stats.busy_retries > 0
         assert await db.get_meta("other-process") == "yes"
     finally:

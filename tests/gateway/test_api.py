@@ -1,0 +1,133 @@
+"""The local HTTP API through the whole gateway (router, state.db, echo agent)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.app import Gateway
+from gateway.config import load_config
+
+
+async def _gateway(tmp_path: Path, extra: str = "", env: dict[str, str] | None = None) -> Gateway:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("platforms:\n  api:\n    port: 0\n" + extra)
+    gw = Gateway(config=load_config(cfg, env or {}), home=tmp_path / "home")
+    await gw.start()
+    return gw
+
+
+@pytest.fixture
+async def gw(tmp_path: Path) -> AsyncIterator[tuple[Gateway, str]]:
+    gateway = await _gateway(tmp_path)
+    port = gateway.adapters[0].bound_port  # type: ignore[attr-defined]
+    try:
+        yield gateway, f"http://127.0.0.1:{port}"
+    finally:
+        await gateway.stop()
+
+
+async def test_chat_completions_keeps_history_in_state_db(gw: tuple[Gateway, str]) -> None:
+    gateway, url = gw
+    async with aiohttp.ClientSession() as http:
+        for text in ("one", "two"):
+            async with http.post(f"{url}/v1/chat/completions", json={"model": "m", "user": "alice",
+                                 "messages": [{"role": "user", "content": text}]}) as resp:  # fmt: skip
+                assert resp.status == 200
+                body = await resp.json()
+        assert body["choices"][0]["message"] == {"role": "assistant", "content": "echo: two"}
+        sid = body["switchboard"]["session_id"]
+        assert body["switchboard"]["session_key"] == "agent:main:api:dm:alice"
+        async with http.post(f"{url}/v1/chat/completions", headers={"X-Switchboard-Session": "bob"},
+                             json={"messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}]}) as resp:  # fmt: skip
+            other = await resp.json()
+    assert other["switchboard"]["session_key"] == "agent:main:api:dm:bob"
+    assert gateway.db is not None
+    assert [m["content"] for m in await gateway.db.get_messages(sid)] == ["one", "echo: one", "two", "echo: two"]
+
+
+async def test_messages_endpoint_group_thread(gw: tuple[Gateway, str]) -> None:
+    _, url = gw
+    async with aiohttp.ClientSession() as http:
+        payload = {"chat_id": "room", "chat_type": "group", "thread_id": "t1", "user_id": "u1", "user_name": "Ann", "text": "hi all"}
+        async with http.post(f"{url}/v1/messages", json=payload) as resp:
+            body = await resp.json()
+    assert body["reply"] == "echo: [Ann] hi all"
+    assert body["session_key"] == "agent:main:api:group:room:t=t1"
+
+
+@pytest.mark.parametrize(
+    "path, payload, status",
+    [
+        ("/v1/messages", b"not json", 400),
+        ("/v1/messages", b"[1]", 400),
+        ("/v1/messages", b'{"chat_id": "1"}', 400),
+        ("/v1/messages", b'{"chat_id": "1", "text": "x", "chat_type": "galaxy"}', 400),
+        ("/v1/messages", b'{"chat_id": {"a": 1}, "text": "x"}', 400),
+        ("/v1/chat/completions", b'{"messages": []}', 400),
+        ("/v1/chat/completions", b'{"messages": [{"role": "assistant", "content": "x"}]}', 400),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "user": 5}', 400),
+        ("/v1/nothing", b"{}", 404),
+    ],
+)
+async def test_bad_requests_get_clear_errors(gw: tuple[Gateway, str], path: str, payload: bytes, status: int) -> None:
+    gateway, url = gw
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + path, data=payload) as resp:
+            assert resp.status == status
+            if status == 400:
+                assert (await resp.json())["error"]["message"]
+    assert gateway.db is not None and await gateway.db.message_count() == 0
+
+
+async def test_health_and_metrics(gw: tuple[Gateway, str]) -> None:
+    _, url = gw
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/messages", json={"chat_id": "1", "text": "x"}) as resp:
+            assert resp.status == 200
+        async with http.get(f"{url}/health") as resp:
+            health = await resp.json()
+        async with http.get(f"{url}/metrics") as resp:
+            metrics = await resp.text()
+    assert health["status"] == "ok" and health["adapters"]["api"]["state"] == "running"
+    assert health["writer_queue_depth"] == 0 and health["sessions"] == 1
+    assert 'switchboard_messages_in_total{platform="api"} 1' in metrics
+    assert "switchboard_turn_seconds_count 1" in metrics
+    assert "switchboard_writer_queue_depth 0" in metrics
+
+
+async def test_a_bearer_key_is_enforced_when_configured(tmp_path: Path) -> None:
+    gateway = await _gateway(tmp_path, "    key_env: API_KEY\n", {"API_KEY": "k-123456789"})
+    url = f"http://127.0.0.1:{gateway.adapters[0].bound_port}"  # type: ignore[attr-defined]
+    try:
+        async with aiohttp.ClientSession() as http:
+            for headers, status in (({}, 401), ({"Authorization": "Bearer wrong"}, 401),
+                                    ({"Authorization": "Bearer k-123456789"}, 200)):  # fmt: skip
+                async with http.post(f"{url}/v1/messages", json={"chat_id": "1", "text": "x"}, headers=headers) as resp:
+                    assert resp.status == status
+            async with http.get(f"{url}/health") as resp:  # health stays open for probes
+                assert resp.status == 200
+    finally:
+        await gateway.stop()
+
+
+async def test_a_second_gateway_on_the_same_home_is_refused(gw: tuple[Gateway, str], tmp_path: Path) -> None:
+    from gateway.errors import AlreadyRunning
+
+    with pytest.raises(AlreadyRunning, match="already running"):
+        await _gateway(tmp_path)
+
+
+async def test_concurrent_clients_each_get_their_own_reply(gw: tuple[Gateway, str]) -> None:
+    _, url = gw
+    async with aiohttp.ClientSession() as http:
+        async def one(i: int) -> str:
+            async with http.post(f"{url}/v1/messages", json={"chat_id": str(i % 7), "text": f"m{i}"}) as resp:
+                return (await resp.json())["reply"]
+
+        replies = await asyncio.gather(*(one(i) for i in range(60)))
+    assert replies == [f"echo: m{i}" for i in range(60)]

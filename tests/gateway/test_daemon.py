@@ -1,0 +1,123 @@
+"""`switchboard run` as a real subprocess: talk over HTTP, SIGTERM under load, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(home: Path, port: int, extra: str = "") -> subprocess.Popen[str]:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n{extra}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
+    return subprocess.Popen([sys.executable, "-m", "gateway", "--home", str(home), "run"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+
+
+async def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                async with http.get(f"{url}/health") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError("daemon did not become healthy")
+
+
+async def test_sigterm_under_load_drains_exits_zero_and_loses_nothing(tmp_path: Path) -> None:
+    home, port = tmp_path / "home", _free_port()
+    proc = _start(home, port)
+    url = f"http://127.0.0.1:{port}"
+    acknowledged: list[str] = []
+    try:
+        await _wait_healthy(url, proc)
+        async with aiohttp.ClientSession() as http:
+            async def client(c: int) -> None:
+                for i in range(1000):
+                    text = f"c{c} m{i}"
+                    try:
+                        async with http.post(f"{url}/v1/messages", json={"chat_id": f"chat{c}", "text": text}) as resp:
+                            if resp.status == 200 and (await resp.json())["reply"] == f"echo: {text}":
+                                acknowledged.append(text)
+                            else:
+                                return
+                    except aiohttp.ClientError:
+                        return
+
+            tasks = [asyncio.create_task(client(c)) for c in range(8)]
+            await asyncio.sleep(0.7)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.gather(*tasks)
+        rc = await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, proc.stderr.read() if proc.stderr else ""
+    assert len(acknowledged) > 20
+    conn = sqlite3.connect(home / "state.db")
+    stored = {r[0] for r in conn.execute("SELECT content FROM messages WHERE role = 'user'")}
+    replies = {r[0] for r in conn.execute("SELECT content FROM messages WHERE role = 'assistant'")}
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    missing = [t for t in acknowledged if t not in stored or f"echo: {t}" not in replies]
+    assert missing == []
+    assert (home / "sessions" / "sessions.json").exists()
+    assert not (home / "state.db-wal").exists() or (home / "state.db-wal").stat().st_size == 0
+
+
+async def test_a_second_daemon_on_the_same_home_exits_1(tmp_path: Path) -> None:
+    home, port = tmp_path / "home", _free_port()
+    first = _start(home, port)
+    try:
+        await _wait_healthy(f"http://127.0.0.1:{port}", first)
+        second = _start(home, _free_port())
+        out, err = second.communicate(timeout=20)
+        assert second.returncode == 1
+        assert "already running" in err and str(first.pid) in err
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(20) == 0
+
+
+def test_a_bad_config_exits_78_naming_the_key(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("agent:\n  backend: telepathy\n")
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "run"],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 78
+    assert "agent.backend" in proc.stderr and "Traceback" not in proc.stderr
+    check = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert check.returncode == 78 and "agent.backend" in check.stderr
+
+
+def test_a_corrupt_state_db_exits_1_with_a_clear_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "state.db").write_bytes(b"garbage" * 100)
+    (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {_free_port()}\n")
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "run"],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 1
+    assert "state.db" in proc.stderr and "not an SQLite database" in proc.stderr and "Traceback" not in proc.stderr

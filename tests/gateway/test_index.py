@@ -1,0 +1,103 @@
+"""sessions.json: debounced atomic writes, rebuild from state.db, healing on start-up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from gateway.index import IndexEntry, SessionIndex
+from state import SessionDB
+
+
+def _entry(sid: str) -> IndexEntry:
+    now = time.time()
+    return IndexEntry(sid, now, now, {"platform": "api", "chat_id": "1"}, None, "api", "dm")
+
+
+async def test_a_burst_of_changes_costs_one_write(db: SessionDB, tmp_path: Path) -> None:
+    index = SessionIndex(tmp_path / "sessions.json", db, flush_interval=0.2)
+    await index.load()
+    await index.flush()
+    writes = index.writes
+    for i in range(500):
+        index.put(f"k{i}", _entry(f"s{i}"))
+        index.touch(f"k{i}")
+    await asyncio.sleep(0.5)
+    assert index.writes == writes + 1
+    data = json.loads((tmp_path / "sessions.json").read_text())
+    assert len(data) == 500 and data["k7"]["session_id"] == "s7"
+    assert data["k7"]["created_at"].endswith("Z")
+    await index.close()
+
+
+async def test_missing_or_corrupt_file_is_rebuilt_from_state_db(db: SessionDB, tmp_path: Path) -> None:
+    live = await db.create_session(source="telegram", session_key="agent:main:telegram:dm:1", chat_id="1",
+                                   chat_type="dm", origin_json={"platform": "telegram", "chat_id": "1", "chat_name": "Ann"})  # fmt: skip
+    ended = await db.create_session(source="telegram", session_key="agent:main:telegram:dm:2", chat_id="2")
+    await db.end_session(ended, "session_reset")
+    path = tmp_path / "sessions" / "sessions.json"
+    for content in (None, b"{not json", b"[1, 2]"):
+        if content is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(content)
+        index = SessionIndex(path, db, 0.05)
+        how = await index.load()
+        assert how.startswith("rebuilt")
+        assert [(k, e.session_id, e.display_name) for k, e in index.items()] == [("agent:main:telegram:dm:1", live, "Ann")]
+        await index.close()
+        assert json.loads(path.read_text())["agent:main:telegram:dm:1"]["session_id"] == live
+
+
+async def test_entries_for_ended_sessions_are_healed_or_dropped(db: SessionDB, tmp_path: Path) -> None:
+    compressed = await db.create_session(source="api", session_key="k1")
+    tip = await db.fork_session(compressed, "compression", end_reason="compression")
+    reset = await db.create_session(source="api", session_key="k2")
+    await db.end_session(reset, "idle")
+    path = tmp_path / "sessions.json"
+    path.write_text(json.dumps({
+        "k1": _entry(compressed).to_json(), "k2": _entry(reset).to_json(), "k3": _entry("gone").to_json(),
+    }))  # fmt: skip
+    index = SessionIndex(path, db, 0.05)
+    assert await index.load() == "loaded"
+    assert {k: e.session_id for k, e in index.items()} == {"k1": tip}
+    await index.close()
+
+
+def test_a_kill_during_writes_leaves_the_old_or_the_new_file(tmp_path: Path) -> None:
+    """SIGKILL at random moments while the index rewrites a large file: never a torn file."""
+    path = tmp_path / "sessions.json"
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from pathlib import Path
+        from gateway.index import write_atomic
+        path = Path({str(path)!r})
+        n = 0
+        while True:
+            n += 1
+            payload = json.dumps({{"generation": n, "pad": "x" * 400_000}}).encode()
+            write_atomic(path, payload)
+            print(n, flush=True)
+        """
+    )
+    seen = []
+    for round_ in range(20):
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        for _ in range(1 + round_ % 5):
+            proc.stdout.readline()
+        time.sleep(0.001 * (round_ % 7))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        data = json.loads(path.read_text())  # must parse: old or new, never a mix
+        assert data["pad"] == "x" * 400_000
+        seen.append(data["generation"])
+    assert all(g >= 1 for g in seen)

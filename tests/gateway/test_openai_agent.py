@@ -1,0 +1,104 @@
+"""The openai backend against a fake OpenAI-compatible server on loopback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.agent.base import TurnContext
+from gateway.agent.openai import OpenAIAgent
+from gateway.errors import AgentError
+from tests.fakes.openai import FakeOpenAI
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def _agent(fake: FakeOpenAI, **kw: object) -> OpenAIAgent:
+    return OpenAIAgent(f"http://127.0.0.1:{fake.port}/v1", "m1", "sk-test", timeout_s=5, **kw)  # type: ignore[arg-type]
+
+
+CTX = TurnContext(session_id="s", session_key="k", platform="api", system_prompt="be brief")
+
+
+async def test_a_reply_with_usage_and_the_request_shape(fake: FakeOpenAI) -> None:
+    fake.reply("hello back")
+    agent = _agent(fake)
+    try:
+        reply = await agent.respond([{"role": "user", "content": "hi"}], CTX)
+    finally:
+        await agent.close()
+    assert (reply.text, reply.input_tokens, reply.output_tokens, reply.model) == ("hello back", 11, 5, "fake-model")
+    body = fake.requests[0]
+    assert body["model"] == "m1"
+    assert body["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert fake.headers[0]["Authorization"] == "Bearer sk-test"
+    assert "tools" not in body  # no tool runner in this context
+
+
+async def test_rate_limits_and_server_errors_are_retried(fake: FakeOpenAI) -> None:
+    fake.reply(status=429, headers={"Retry-After": "0.05"})
+    fake.reply(status=502)
+    fake.reply("third time lucky")
+    agent = _agent(fake, max_retries=3)
+    try:
+        reply = await agent.respond([{"role": "user", "content": "hi"}], CTX)
+    finally:
+        await agent.close()
+    assert reply.text == "third time lucky" and len(fake.requests) == 3
+
+
+@pytest.mark.parametrize("status, phrase", [(401, "refused the API key"), (400, "answered 400")])
+async def test_client_errors_fail_at_once(fake: FakeOpenAI, status: int, phrase: str) -> None:
+    fake.reply(status=status)
+    agent = _agent(fake)
+    try:
+        with pytest.raises(AgentError, match=phrase):
+            await agent.respond([{"role": "user", "content": "hi"}], CTX)
+    finally:
+        await agent.close()
+    assert len(fake.requests) == 1
+
+
+async def test_retries_run_out_with_a_clear_error(fake: FakeOpenAI) -> None:
+    for _ in range(3):
+        fake.reply(status=503)
+    agent = _agent(fake, max_retries=2)
+    try:
+        with pytest.raises(AgentError, match="after 3 attempts"):
+            await agent.respond([{"role": "user", "content": "hi"}], CTX)
+    finally:
+        await agent.close()
+
+
+async def test_tool_calls_run_session_search_and_feed_the_result_back(fake: FakeOpenAI) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "session_search", "arguments": json.dumps({"query": "kraken"})}}
+    fake.reply(None, tool_calls=[call])
+    fake.reply("found it")
+    seen: list[tuple[str, dict]] = []
+
+    async def run_tool(name: str, args: dict) -> str:
+        seen.append((name, args))
+        return json.dumps({"success": True, "results": []})
+
+    agent = _agent(fake)
+    try:
+        reply = await agent.respond([{"role": "user", "content": "what about the kraken?"}],
+                                    TurnContext("s", "k", "api", None, run_tool))  # fmt: skip
+    finally:
+        await agent.close()
+    assert reply.text == "found it" and seen == [("session_search", {"query": "kraken"})]
+    assert fake.requests[0]["tools"][0]["function"]["name"] == "session_search"
+    second = fake.requests[1]["messages"]
+    assert second[-2]["tool_calls"] == [call]
+    assert second[-1] == {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"success": True, "results": []}), "name": "session_search"}
+    assert [m["role"] for m in reply.tool_messages] == ["assistant", "tool"]

@@ -1,0 +1,159 @@
+"""The router: ordering, concurrency, dedupe, authorisation, agent failures, commands."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from gateway.index import SessionIndex
+from gateway.router import APOLOGY, REFUSAL, AccessRules, Router, RouterSettings
+from gateway.session_keys import KeySettings
+from state import SessionDB
+
+from .conftest import Outbox, RouterRig, ScriptedAgent, dm, group
+
+
+async def test_a_dm_round_trip_stores_both_messages_under_the_dm_key(rig: RouterRig) -> None:
+    await rig.router.handle(dm("hello", mid="1"))
+    [out] = await rig.outbox.wait(1)
+    assert out.text == "echo: hello" and out.chat_id == "42" and out.session_key == "agent:main:telegram:dm:42"
+    entry = rig.index.get("agent:main:telegram:dm:42")
+    assert entry is not None and entry.session_id == out.session_id
+    msgs = await rig.db.get_messages(out.session_id)
+    assert [(m["role"], m["content"]) for m in msgs] == [("user", "hello"), ("assistant", "echo: hello")]
+    assert msgs[0]["platform_message_id"] == "1"
+    row = await rig.db.require_session(out.session_id)
+    assert (row["session_key"], row["chat_id"], row["chat_type"], row["source"]) == ("agent:main:telegram:dm:42", "42", "dm", "telegram")
+
+
+async def test_messages_in_one_session_are_answered_in_order_one_at_a_time(rig: RouterRig) -> None:
+    rig.agent.delay_on = {"first": 0.2}
+    await rig.router.handle(dm("first"))
+    await rig.router.handle(dm("second"))
+    await rig.router.handle(dm("third"))
+    sent = await rig.outbox.wait(3)
+    assert [m.text for m in sent] == ["echo: first", "echo: second", "echo: third"]
+    # the second turn saw the first exchange complete (not run concurrently on the history)
+    assert [m["content"] for m in rig.agent.seen[1]] == ["first", "echo: first", "second"]
+
+
+async def test_different_sessions_run_concurrently(rig: RouterRig) -> None:
+    rig.agent.delay_on = {"slow": 0.5}
+    await rig.router.handle(dm("slow", chat="1"))
+    await rig.router.handle(dm("fast", chat="2"))
+    sent = await rig.outbox.wait(2)
+    assert [m.text for m in sent] == ["echo: fast", "echo: slow"]
+
+
+async def test_a_redelivered_update_is_answered_once(rig: RouterRig) -> None:
+    await rig.router.handle(dm("hi", mid="77"))
+    await rig.router.handle(dm("hi", mid="77"))
+    await rig.outbox.wait(1)
+    await rig.router.drain(5)
+    assert len(rig.outbox.sent) == 1
+
+
+async def test_a_redelivery_after_a_restart_is_caught_by_state_db(tmp_path: Path) -> None:
+    db = await SessionDB.open(tmp_path / "state.db")
+    try:
+        for attempt in range(2):  # a fresh router each time: its memory is empty
+            index = SessionIndex(tmp_path / "s.json", db, 0.05)
+            await index.load()
+            outbox = Outbox()
+            router = Router(db, index, ScriptedAgent(), outbox.send)
+            await router.handle(dm("once", mid="900"))
+            await router.drain(5)
+            await index.close()
+            assert len(outbox.sent) == (1 if attempt == 0 else 0)
+        assert await db.message_count() == 2
+    finally:
+        await db.close()
+
+
+async def test_an_agent_failure_apologises_and_keeps_the_users_message(rig: RouterRig) -> None:
+    rig.agent.fail_on = {"boom"}
+    await rig.router.handle(dm("boom please"))
+    [out] = await rig.outbox.wait(1)
+    assert out.text == APOLOGY
+    assert "exploded" not in out.text
+    msgs = await rig.db.get_messages(out.session_id)
+    assert [m["content"] for m in msgs] == ["boom please"]
+    assert rig.router.last_error and "exploded" in rig.router.last_error
+    await rig.router.handle(dm("again"))
+    await rig.outbox.wait(2)
+    assert rig.outbox.sent[1].text == "echo: again"
+
+
+async def test_authorisation(tmp_path: Path) -> None:
+    db = await SessionDB.open(tmp_path / "state.db")
+    index = SessionIndex(tmp_path / "s.json", db, 0.05)
+    await index.load()
+    outbox = Outbox()
+    settings = RouterSettings(access={"telegram": AccessRules(allowed=frozenset({"7"}), admins=frozenset({"9"}))})
+    router = Router(db, index, ScriptedAgent(), outbox.send, settings)
+    try:
+        await router.handle(dm("let me in", chat="5"))  # unknown user in a DM: one refusal
+        await router.handle(dm("please", chat="5"))
+        await router.handle(group("hello", user="6"))  # unknown user in a group: silence
+        await router.handle(dm("allowed", chat="7"))
+        await router.handle(dm("admin", chat="9"))
+        await outbox.wait(3)
+        await router.drain(5)
+        texts = sorted(m.text for m in outbox.sent)
+        assert texts == sorted([REFUSAL, "echo: allowed", "echo: admin"])
+        assert await db.session_count() == 2  # nothing stored for the strangers
+    finally:
+        await router.drain(5)
+        await index.close()
+        await db.close()
+
+
+async def test_group_sessions_are_per_user_and_shared_rooms_prefix_names(tmp_path: Path) -> None:
+    db = await SessionDB.open(tmp_path / "state.db")
+    index = SessionIndex(tmp_path / "s.json", db, 0.05)
+    await index.load()
+    outbox = Outbox()
+    try:
+        router = Router(db, index, ScriptedAgent(), outbox.send)
+        await router.handle(group("hi from 1", user="1"))
+        await router.handle(group("hi from 2", user="2"))
+        sent = await outbox.wait(2)
+        assert len({m.session_id for m in sent}) == 2
+        shared = Router(db, index, ScriptedAgent(), outbox.send, RouterSettings(keys=KeySettings(group_sessions_per_user=False)))
+        await shared.handle(group("room one", user="1", chat="-200", name="Ann"))
+        await outbox.wait(3)
+        await shared.handle(group("room two", user="2", chat="-200", name="Bob"))
+        sent = await outbox.wait(4)
+        assert sent[2].session_id == sent[3].session_id
+        msgs = await db.get_messages(sent[3].session_id)
+        assert [m["content"] for m in msgs if m["role"] == "user"] == ["[Ann] room one", "[Bob] room two"]
+        await shared.drain(5)
+    finally:
+        await index.close()
+        await db.close()
+
+
+async def test_commands(rig: RouterRig) -> None:
+    await rig.router.handle(dm("hello"))
+    await rig.outbox.wait(1)
+    await rig.router.handle(dm("/status@my_bot"))
+    await rig.router.handle(dm("/HELP"))
+    await rig.router.handle(dm("/frobnicate now"))
+    sent = await rig.outbox.wait(4)
+    status, help_, unknown = sent[1].text, sent[2].text, sent[3].text
+    assert f"Session: {sent[0].session_id}" in status and "Messages: 2" in status and "Live jobs: none" in status
+    assert "/status" in help_ and "/help" in help_
+    assert unknown == "Unknown command /frobnicate. Send /help for the list."
+    assert await rig.db.message_count(sent[0].session_id) == 2  # commands are not agent turns
+
+
+async def test_drain_lets_turns_finish_and_refuses_new_ones(rig: RouterRig) -> None:
+    rig.agent.delay_on = {"slow": 0.3}
+    await rig.router.handle(dm("slow"))
+    await asyncio.sleep(0.05)
+    rig.router.stop_intake()
+    await rig.router.handle(dm("late", chat="99"))
+    cancelled = await rig.router.drain(5)
+    assert cancelled == 0
+    texts = [m.text for m in rig.outbox.sent]
+    assert "echo: slow" in texts and any("shutting down" in t for t in texts)
