@@ -36,7 +36,9 @@ COMMON = (
 ).split()
 SYLLABLES = "ka lo mi ne ra tu sh ver on al ex in de com pro ter ment ing ly ist ab qu zor fen gal tri ble".split()
 CJK_COMMON = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 3000))
-KANA = "".join(chr(c) for c in range(0x3041, 0x3094)) + "".join(chr(c) for c in range(0x30A1, 0x30F4))
+KANA = "".join(chr(c) for c in range(0x3041, 0x3094)) + "".join(
+    chr(c) for c in range(0x30A1, 0x30F4)
+)
 
 
 def synthetic_vocab(rng: random.Random, size: int = 20_000) -> list[str]:
@@ -77,7 +79,9 @@ class TextGen:
         return "".join(chars)
 
 
-def build_corpus_db(path: Path, sessions: int, messages: int, cjk_share: float, seed: int = 11) -> float:
+def build_corpus_db(
+    path: Path, sessions: int, messages: int, cjk_share: float, seed: int = 11
+) -> float:
     """Create a state.db with the switchboard schema; returns seconds taken."""
     started = time.perf_counter()
     if path.exists():
@@ -103,8 +107,18 @@ def build_corpus_db(path: Path, sessions: int, messages: int, cjk_share: float, 
         conn.execute(
             "INSERT INTO sessions(id, source, user_id, chat_id, started_at, last_active, "
             "message_count, preview, ended_at, end_reason) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (sid, sources[s % 5], f"u{s % 5000}", f"c{s % 5000}", start, rows[-1][3], per,
-             make_preview(rows[0][2]), rows[-1][3] + 60, "idle"),
+            (
+                sid,
+                sources[s % 5],
+                f"u{s % 5000}",
+                f"c{s % 5000}",
+                start,
+                rows[-1][3],
+                per,
+                make_preview(rows[0][2]),
+                rows[-1][3] + 60,
+                "idle",
+            ),
         )
         for sid_, role, text, ts in rows:
             cur = conn.execute(

@@ -41,9 +41,22 @@ def sample_queries(path: Path, n: int, seed: int = 1) -> dict[str, list[str]]:
     conn = sqlite3.connect(path)
     top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0]
     common = set(TextGen().vocab[:100])
-    out: dict[str, list[str]] = {k: [] for k in ("word", "common word", "two words", "phrase", "prefix", "cjk 2-char", "cjk 4-char")}
+    out: dict[str, list[str]] = {
+        k: []
+        for k in (
+            "word",
+            "common word",
+            "two words",
+            "phrase",
+            "prefix",
+            "cjk 2-char",
+            "cjk 4-char",
+        )
+    }
     while any(len(v) < n for v in out.values()):
-        (content,) = conn.execute("SELECT content FROM messages WHERE id = ?", (rng.randint(1, top),)).fetchone()
+        (content,) = conn.execute(
+            "SELECT content FROM messages WHERE id = ?", (rng.randint(1, top),)
+        ).fetchone()
         cjk = "".join(ch for ch in content if is_cjk(ch))
         if len(cjk) >= 8:
             i = rng.randrange(0, len(cjk) - 4)
@@ -82,8 +95,10 @@ async def query_latency(path: Path, queries: dict[str, list[str]]) -> None:
                 times.append((time.perf_counter() - t) * 1000)
                 empty += not hits
             target = "CJK p50 <= 25 ms" if kind.startswith("cjk") else "p50 <= 10, p99 <= 50 ms"
-            print(f"  {kind:<12} p50 {pct(times, 0.5):7.2f} ms   p99 {pct(times, 0.99):7.2f} ms   "
-                  f"({len(qs)} queries, {empty} empty)  target {target}")
+            print(
+                f"  {kind:<12} p50 {pct(times, 0.5):7.2f} ms   p99 {pct(times, 0.99):7.2f} ms   "
+                f"({len(qs)} queries, {empty} empty)  target {target}"
+            )
     finally:
         await db.close()
 
@@ -110,7 +125,13 @@ def append_rate(path: Path, texts: list[str], fts: bool, aux: bool) -> float:
         t = time.perf_counter()
         for i in range(0, len(texts), 200):
             conn.execute("BEGIN IMMEDIATE")
-            messages.append_many(conn, [(f"s{j % 200}", ({"role": "user", "content": texts[j]},)) for j in range(i, min(i + 200, len(texts)))])
+            messages.append_many(
+                conn,
+                [
+                    (f"s{j % 200}", ({"role": "user", "content": texts[j]},))
+                    for j in range(i, min(i + 200, len(texts)))
+                ],
+            )
             conn.execute("COMMIT")
         return len(texts) / (time.perf_counter() - t)
     finally:
@@ -128,8 +149,10 @@ def index_size(path: Path) -> None:
     text = conn.execute("SELECT SUM(LENGTH(CAST(content AS BLOB))) FROM messages").fetchone()[0]
     conn.close()
     fts = sizes.get("main FTS", 0) + sizes.get("CJK/emoji side index", 0)
-    print(f"  message text {text / 1e6:.1f} MB; main FTS {sizes.get('main FTS', 0) / 1e6:.1f} MB; "
-          f"side index (table + FTS) {sizes.get('CJK/emoji side index', 0) / 1e6:.1f} MB")
+    print(
+        f"  message text {text / 1e6:.1f} MB; main FTS {sizes.get('main FTS', 0) / 1e6:.1f} MB; "
+        f"side index (table + FTS) {sizes.get('CJK/emoji side index', 0) / 1e6:.1f} MB"
+    )
     print(f"  indexes / text = {fts / text:.2f}  (target <= 1.5)")
 
 
@@ -139,7 +162,9 @@ async def main() -> None:
     args = ap.parse_args()
     sessions, n_messages = (10_000, 100_000) if args.quick else (100_000, 1_000_000)
     path = corpus_db(OUT, sessions, n_messages, 0.05)
-    print(f"switchboard search bench — {n_messages:,} messages in {sessions:,} sessions (5% CJK), SQLite {sqlite3.sqlite_version}")
+    print(
+        f"switchboard search bench — {n_messages:,} messages in {sessions:,} sessions (5% CJK), SQLite {sqlite3.sqlite_version}"
+    )
     print("\n1. query latency (limit 20, relevance with recency)")
     await query_latency(path, sample_queries(path, 100))
 
@@ -157,7 +182,9 @@ async def main() -> None:
     print(f"  5% CJK corpus, search indexes on : {on:,.0f} rows/s")
     print(f"  same rows, no FTS at all         : {off:,.0f} rows/s   ratio {on / off:.2f}")
     print(f"  English-only, CJK support on     : {en_cjk:,.0f} rows/s")
-    print(f"  English-only, CJK support off    : {en_plain:,.0f} rows/s   ratio {en_cjk / en_plain:.2f}")
+    print(
+        f"  English-only, CJK support off    : {en_plain:,.0f} rows/s   ratio {en_cjk / en_plain:.2f}"
+    )
     print("\n3. index size")
     index_size(path)
 

@@ -37,7 +37,14 @@ def pct(values: list[float], p: float) -> float:
 
 def make_rows(n: int, sessions: int) -> list[tuple[int, str, str]]:
     gen = TextGen(3)
-    return [(i % sessions, "user" if i % 2 == 0 else "assistant", gen.english("user" if i % 2 == 0 else "assistant")) for i in range(n)]
+    return [
+        (
+            i % sessions,
+            "user" if i % 2 == 0 else "assistant",
+            gen.english("user" if i % 2 == 0 else "assistant"),
+        )
+        for i in range(n)
+    ]
 
 
 def plain_sqlite_rate(path: Path, rows: list[tuple[int, str, str]], sids: list[str]) -> float:
@@ -45,19 +52,25 @@ def plain_sqlite_rate(path: Path, rows: list[tuple[int, str, str]], sids: list[s
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     schema.migrate(conn, str(path))
-    conn.executemany("INSERT INTO sessions(id, source, started_at) VALUES (?, 'api', 0)", [(s,) for s in sids])
+    conn.executemany(
+        "INSERT INTO sessions(id, source, started_at) VALUES (?, 'api', 0)", [(s,) for s in sids]
+    )
     now = time.time()
     data = [(sids[s], role, text, now) for s, role, text in rows]
     t = time.perf_counter()
     conn.execute("BEGIN")
-    conn.executemany("INSERT INTO messages(session_id, role, content, timestamp) VALUES (?,?,?,?)", data)
+    conn.executemany(
+        "INSERT INTO messages(session_id, role, content, timestamp) VALUES (?,?,?,?)", data
+    )
     conn.execute("COMMIT")
     elapsed = time.perf_counter() - t
     conn.close()
     return len(rows) / elapsed
 
 
-async def producers_rate(path: Path, rows: list[tuple[int, str, str]], n_sessions: int, producers: int) -> tuple[float, SessionDB, list[str]]:
+async def producers_rate(
+    path: Path, rows: list[tuple[int, str, str]], n_sessions: int, producers: int
+) -> tuple[float, SessionDB, list[str]]:
     db = await SessionDB.open(path)
     sids = [await db.create_session(source="api") for _ in range(n_sessions)]
     chunks = [rows[i::producers] for i in range(producers)]
@@ -124,7 +137,9 @@ async def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     n_rows = 20_000 if args.quick else 100_000
-    print(f"switchboard state bench — SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    print(
+        f"switchboard state bench — SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}, {os.cpu_count()} cores"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
         rows = make_rows(n_rows, 200)
@@ -140,7 +155,9 @@ async def main() -> None:
 
         print("\n2. append latency at 2,000 appends/s offered")
         lat = await latency_at(db, real_sids, 2000, 3 if args.quick else 10)
-        print(f"  p50 {pct(lat, 0.5):.2f} ms   p99 {pct(lat, 0.99):.2f} ms   max {max(lat):.2f} ms  (target p99 <= 25 ms)")
+        print(
+            f"  p50 {pct(lat, 0.5):.2f} ms   p99 {pct(lat, 0.99):.2f} ms   max {max(lat):.2f} ms  (target p99 <= 25 ms)"
+        )
 
         await db.checkpoint("TRUNCATE")
         n_msgs = await db.message_count()
@@ -148,8 +165,10 @@ async def main() -> None:
         size = os.path.getsize(tmpd / "ours.db")
         text_bytes = sum(len(t.encode()) for _, _, t in rows)
         print("\n4. bytes on disk per message (English corpus, after checkpoint)")
-        print(f"  {size / n_msgs:.0f} bytes/message  ({n_msgs:,} messages, {size / 1e6:.1f} MB; "
-              f"mean text {text_bytes / len(rows):.0f} bytes)")
+        print(
+            f"  {size / n_msgs:.0f} bytes/message  ({n_msgs:,} messages, {size / 1e6:.1f} MB; "
+            f"mean text {text_bytes / len(rows):.0f} bytes)"
+        )
 
     sessions, messages = (10_000, 100_000) if args.quick else (100_000, 1_000_000)
     path = corpus_db(OUT, sessions, messages, 0.05)

@@ -126,12 +126,21 @@ class Gateway:
         self.notify("STATUS=opening state.db")
         self.db = await SessionDB.open(
             self.home / "state.db",
-            config=WriterConfig(synchronous=self.config.get("state.synchronous"), queue_size=self.config.get("state.queue_size")),
+            config=WriterConfig(
+                synchronous=self.config.get("state.synchronous"),
+                queue_size=self.config.get("state.queue_size"),
+            ),
         )
-        self.index = SessionIndex(self.home / "sessions" / "sessions.json", self.db, self.config.get("sessions.index_flush_seconds"))
+        self.index = SessionIndex(
+            self.home / "sessions" / "sessions.json",
+            self.db,
+            self.config.get("sessions.index_flush_seconds"),
+        )
         await self.index.load()
         self.agent = self.agent or build_agent(self.config)
-        self.router = Router(self.db, self.index, self.agent, self._send, router_settings(self.config), self.metrics)
+        self.router = Router(
+            self.db, self.index, self.agent, self._send, router_settings(self.config), self.metrics
+        )
         self._register_gauges()
         if not self.adapters:
             self.adapters = self._default_adapters()
@@ -139,7 +148,11 @@ class Gateway:
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
             await adapter.start(self.router.handle)
-        log.info("switchboard is running (home %s; adapters: %s)", self.home, ", ".join(a.platform for a in self.adapters) or "none")
+        log.info(
+            "switchboard is running (home %s; adapters: %s)",
+            self.home,
+            ", ".join(a.platform for a in self.adapters) or "none",
+        )
 
     def _default_adapters(self) -> list[Adapter]:
         adapters: list[Adapter] = []
@@ -154,23 +167,47 @@ class Gateway:
             ))  # fmt: skip
         for name in PLATFORMS:
             if self.config.platform(name)["enabled"]:
-                raise GatewayError(f"platforms.{name}: the {name} adapter is not available in this build")
+                raise GatewayError(
+                    f"platforms.{name}: the {name} adapter is not available in this build"
+                )
         return adapters
 
     def _register_gauges(self) -> None:
         assert self.db is not None and self.index is not None and self.router is not None
         db, index, router = self.db, self.index, self.router
-        self.metrics.gauge("switchboard_writer_queue_depth", "Writes waiting for the writer", lambda: db.writer.queue_depth)
-        self.metrics.gauge("switchboard_writer_last_batch_size", "Operations in the last commit", lambda: db.writer.stats.last_batch_size)
-        self.metrics.gauge("switchboard_writer_last_commit_ms", "Duration of the last commit", lambda: db.writer.stats.last_commit_ms)
-        self.metrics.gauge("switchboard_writer_batches_total", "Commits so far", lambda: db.writer.stats.batches)
-        self.metrics.gauge("switchboard_sessions_live", "Entries in the session index", lambda: len(index))
-        self.metrics.gauge("switchboard_turns_in_flight", "Turns running or queued", lambda: router.inflight)
+        self.metrics.gauge(
+            "switchboard_writer_queue_depth",
+            "Writes waiting for the writer",
+            lambda: db.writer.queue_depth,
+        )
+        self.metrics.gauge(
+            "switchboard_writer_last_batch_size",
+            "Operations in the last commit",
+            lambda: db.writer.stats.last_batch_size,
+        )
+        self.metrics.gauge(
+            "switchboard_writer_last_commit_ms",
+            "Duration of the last commit",
+            lambda: db.writer.stats.last_commit_ms,
+        )
+        self.metrics.gauge(
+            "switchboard_writer_batches_total", "Commits so far", lambda: db.writer.stats.batches
+        )
+        self.metrics.gauge(
+            "switchboard_sessions_live", "Entries in the session index", lambda: len(index)
+        )
+        self.metrics.gauge(
+            "switchboard_turns_in_flight", "Turns running or queued", lambda: router.inflight
+        )
 
     async def _send(self, msg: OutboundMessage) -> SentRef | None:
         adapter = self._adapters_by_platform.get(msg.platform)
         if adapter is None:
-            log.error("no adapter for platform %s; reply dropped (session_key=%s)", msg.platform, msg.session_key)
+            log.error(
+                "no adapter for platform %s; reply dropped (session_key=%s)",
+                msg.platform,
+                msg.session_key,
+            )
             return None
         return await adapter.send(msg)
 

@@ -60,8 +60,12 @@ def cmd_later(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="switchboard", description="A gateway daemon for AI agents on chat platforms.")
-    parser.add_argument("--home", help="home directory (default $SWITCHBOARD_HOME or ~/.switchboard)")
+    parser = argparse.ArgumentParser(
+        prog="switchboard", description="A gateway daemon for AI agents on chat platforms."
+    )
+    parser.add_argument(
+        "--home", help="home directory (default $SWITCHBOARD_HOME or ~/.switchboard)"
+    )
     parser.add_argument("--config", help="config file (default <home>/config.yaml if present)")
     parser.add_argument("--debug", action="store_true", help="debug logging and full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)

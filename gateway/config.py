@@ -22,7 +22,8 @@ from gateway.errors import ConfigError
 
 PLATFORMS = ("telegram", "discord", "slack")
 _PLACEHOLDER = re.compile(
-    r"^(<.*>|changeme|change[-_ ]?me|your[-_ ].*|xxx+|todo|replace[-_ ]?me|placeholder|\.\.\.)$", re.I
+    r"^(<.*>|changeme|change[-_ ]?me|your[-_ ].*|xxx+|todo|replace[-_ ]?me|placeholder|\.\.\.)$",
+    re.I,
 )
 
 
@@ -45,7 +46,11 @@ def _range(lo: float, hi: float) -> Callable[[Any], str | None]:
 def _env_name(v: Any) -> str | None:
     if v is None:
         return None
-    return None if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v) else f"must be an environment variable name (got {v!r})"
+    return (
+        None
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)
+        else f"must be an environment variable name (got {v!r})"
+    )
 
 
 def _str_list(v: Any) -> str | None:
@@ -57,9 +62,13 @@ def _str_list(v: Any) -> str | None:
 PLATFORM_SCHEMA: dict[str, Field] = {
     "enabled": Field(bool, False),
     "token_env": Field((str, type(None)), None, _env_name, "env var holding the bot token"),
-    "app_token_env": Field((str, type(None)), None, _env_name, "Slack Socket Mode app token env var"),
+    "app_token_env": Field(
+        (str, type(None)), None, _env_name, "Slack Socket Mode app token env var"
+    ),
     "signing_secret_env": Field((str, type(None)), None, _env_name, "Slack signing secret env var"),
-    "webhook_secret_env": Field((str, type(None)), None, _env_name, "Telegram webhook secret env var"),
+    "webhook_secret_env": Field(
+        (str, type(None)), None, _env_name, "Telegram webhook secret env var"
+    ),
     "allowed_users": Field(list, [], _str_list),
     "allow_all_users": Field(bool, False),
     "admins": Field(list, [], _str_list),
@@ -118,7 +127,9 @@ SCHEMA: dict[str, Any] = {
             "enabled": Field(bool, True),
             "host": Field(str, "127.0.0.1"),
             "port": Field(int, 8642, _range(0, 65535)),
-            "key_env": Field((str, type(None)), None, _env_name, "bearer key env var (required off loopback)"),
+            "key_env": Field(
+                (str, type(None)), None, _env_name, "bearer key env var (required off loopback)"
+            ),
         },
         **{name: dict(PLATFORM_SCHEMA) for name in PLATFORMS},
     },
@@ -172,12 +183,22 @@ def _validate(raw: Any, schema: Mapping[str, Any], prefix: str) -> dict[str, Any
         kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
         if isinstance(value, bool) and bool not in kinds:
             raise ConfigError(path, f"must be {_type_name(spec.kind)}, not true/false")
-        if isinstance(value, int) and not isinstance(value, bool) and float in kinds and int not in kinds:
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and float in kinds
+            and int not in kinds
+        ):
             value = float(value)
         if not isinstance(value, kinds):
-            raise ConfigError(path, f"must be {_type_name(spec.kind)} (got {type(value).__name__} {value!r})")
+            raise ConfigError(
+                path, f"must be {_type_name(spec.kind)} (got {type(value).__name__} {value!r})"
+            )
         if isinstance(value, str) and _PLACEHOLDER.match(value.strip()):
-            raise ConfigError(path, f"{value!r} looks like a placeholder from config.example.yaml; set a real value")
+            raise ConfigError(
+                path,
+                f"{value!r} looks like a placeholder from config.example.yaml; set a real value",
+            )
         if spec.check is not None and value is not None:
             problem = spec.check(value)
             if problem:
@@ -213,7 +234,10 @@ def _resolve_secrets(data: Mapping[str, Any], env: Mapping[str, str]) -> dict[st
         if api["key_env"]:
             need("platforms.api.key_env", api["key_env"], "the api bearer key")
         elif not _is_loopback(api["host"]):
-            raise ConfigError("platforms.api.key_env", f"a bearer key is required when listening on {api['host']} (not loopback)")
+            raise ConfigError(
+                "platforms.api.key_env",
+                f"a bearer key is required when listening on {api['host']} (not loopback)",
+            )
     for name in PLATFORMS:
         p = data["platforms"][name]
         if not p["enabled"]:
@@ -223,26 +247,46 @@ def _resolve_secrets(data: Mapping[str, Any], env: Mapping[str, str]) -> dict[st
             raise ConfigError(f"{base}.mode", "must be http or socket for slack")
         if name == "telegram" and p["mode"] not in ("polling", "webhook"):
             raise ConfigError(f"{base}.mode", "must be polling or webhook for telegram")
-        default_env = {"telegram": "TELEGRAM_BOT_TOKEN", "discord": "DISCORD_BOT_TOKEN", "slack": "SLACK_BOT_TOKEN"}[name]
+        default_env = {
+            "telegram": "TELEGRAM_BOT_TOKEN",
+            "discord": "DISCORD_BOT_TOKEN",
+            "slack": "SLACK_BOT_TOKEN",
+        }[name]
         need(f"{base}.token_env", p["token_env"] or default_env, f"the {name} bot token")
         if name == "slack":
             if p["mode"] == "socket":
-                need(f"{base}.app_token_env", p["app_token_env"] or "SLACK_APP_TOKEN", "Socket Mode app token")
+                need(
+                    f"{base}.app_token_env",
+                    p["app_token_env"] or "SLACK_APP_TOKEN",
+                    "Socket Mode app token",
+                )
             else:
-                need(f"{base}.signing_secret_env", p["signing_secret_env"] or "SLACK_SIGNING_SECRET", "request signing")
+                need(
+                    f"{base}.signing_secret_env",
+                    p["signing_secret_env"] or "SLACK_SIGNING_SECRET",
+                    "request signing",
+                )
         if name == "telegram" and p["mode"] == "webhook":
-            need(f"{base}.webhook_secret_env", p["webhook_secret_env"] or "TELEGRAM_WEBHOOK_SECRET", "webhook secret")
+            need(
+                f"{base}.webhook_secret_env",
+                p["webhook_secret_env"] or "TELEGRAM_WEBHOOK_SECRET",
+                "webhook secret",
+            )
             if not p["webhook_url"]:
                 raise ConfigError(f"{base}.webhook_url", "is required in webhook mode")
         if not p["allow_all_users"] and not p["allowed_users"]:
-            raise ConfigError(f"{base}.allowed_users", "is empty: list user ids, or set allow_all_users: true")
+            raise ConfigError(
+                f"{base}.allowed_users", "is empty: list user ids, or set allow_all_users: true"
+            )
     if data["agent"]["backend"] == "openai":
         o = data["agent"]["openai"]
         if o["api_key_env"]:
             need("agent.openai.api_key_env", o["api_key_env"], "the model provider's API key")
         unknown = [t for t in o["tools"] if t != "session_search"]
         if unknown:
-            raise ConfigError("agent.openai.tools", f"unknown tool {unknown[0]!r} (available: session_search)")
+            raise ConfigError(
+                "agent.openai.tools", f"unknown tool {unknown[0]!r} (available: session_search)"
+            )
     return secrets
 
 

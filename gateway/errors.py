@@ -26,7 +26,9 @@ class ConfigError(GatewayError):
 
 class AlreadyRunning(GatewayError):
     def __init__(self, home: str, pid: str) -> None:
-        super().__init__(f"another switchboard daemon (pid {pid or '?'}) is already running on {home}")
+        super().__init__(
+            f"another switchboard daemon (pid {pid or '?'}) is already running on {home}"
+        )
 
 
 class AgentError(GatewayError):

@@ -134,7 +134,9 @@ class SessionIndex:
         for key, entry in list(self._entries.items()):
             state = states.get(entry.session_id)
             if state is None:
-                log.warning("index entry %s points at a missing session %s; dropped", key, entry.session_id)
+                log.warning(
+                    "index entry %s points at a missing session %s; dropped", key, entry.session_id
+                )
                 del self._entries[key]
                 self.mark_dirty()
             elif state[0] is not None:
@@ -145,7 +147,9 @@ class SessionIndex:
                     log.info("index entry %s healed to its compression tip %s", key, tip)
                 else:
                     del self._entries[key]
-                    log.info("index entry %s pointed at ended session %s; dropped", key, entry.session_id)
+                    log.info(
+                        "index entry %s pointed at ended session %s; dropped", key, entry.session_id
+                    )
                 self.mark_dirty()
 
     # --- lookups and changes -------------------------------------------------------------
@@ -203,7 +207,9 @@ class SessionIndex:
 
             def _encode_and_write() -> int:
                 payload = json.dumps(
-                    {k: e.to_json() for k, e in snapshot.items()}, ensure_ascii=False, separators=(",", ":")
+                    {k: e.to_json() for k, e in snapshot.items()},
+                    ensure_ascii=False,
+                    separators=(",", ":"),
                 ).encode()
                 write_atomic(self.path, payload)
                 return len(payload)

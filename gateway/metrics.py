@@ -9,7 +9,10 @@ from collections.abc import Callable
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:
     if not labels:
         return ""
-    inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in labels)
+    inner = ",".join(
+        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+        for k, v in labels
+    )
     return "{" + inner + "}"
 
 
@@ -27,7 +30,9 @@ class Counter:
 
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        lines += [f"{self.name}{_labels(k)} {v:g}" for k, v in sorted(self.values.items())] or [f"{self.name} 0"]
+        lines += [f"{self.name}{_labels(k)} {v:g}" for k, v in sorted(self.values.items())] or [
+            f"{self.name} 0"
+        ]
         return lines
 
 
@@ -36,7 +41,11 @@ class Gauge:
         self.name, self.help, self.read = name, help_, read
 
     def render(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge", f"{self.name} {self.read():g}"]
+        return [
+            f"# HELP {self.name} {self.help}",
+            f"# TYPE {self.name} gauge",
+            f"{self.name} {self.read():g}",
+        ]
 
 
 class Histogram:
@@ -65,10 +74,14 @@ class Histogram:
 class Metrics:
     def __init__(self) -> None:
         self.messages_in = Counter("switchboard_messages_in_total", "Inbound messages by platform")
-        self.messages_out = Counter("switchboard_messages_out_total", "Outbound messages by platform")
+        self.messages_out = Counter(
+            "switchboard_messages_out_total", "Outbound messages by platform"
+        )
         self.turns = Counter("switchboard_turns_total", "Agent turns by outcome")
         self.errors = Counter("switchboard_errors_total", "Errors by kind")
-        self.dropped = Counter("switchboard_inbound_dropped_total", "Inbound messages not answered, by reason")
+        self.dropped = Counter(
+            "switchboard_inbound_dropped_total", "Inbound messages not answered, by reason"
+        )
         self.resets = Counter("switchboard_resets_total", "Session resets by reason")
         self.handoffs = Counter("switchboard_handoffs_total", "Handoffs by outcome")
         self.turn_latency = Histogram(

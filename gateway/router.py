@@ -167,7 +167,9 @@ class Router:
             src.platform, src.chat_id, msg.platform_message_id
         ):
             self.metrics.dropped.inc(reason="duplicate")
-            log.debug("duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id)
+            log.debug(
+                "duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id
+            )
             return
         entry = await self.entry_for(key, msg)
         parsed = parse_command(msg.text)
@@ -191,7 +193,12 @@ class Router:
         return await self.create_session_for(key, msg)
 
     async def create_session_for(
-        self, key: SessionKey, msg: InboundMessage, *, parent: str | None = None, child_kind: str | None = None
+        self,
+        key: SessionKey,
+        msg: InboundMessage,
+        *,
+        parent: str | None = None,
+        child_kind: str | None = None,
     ) -> IndexEntry:
         src = msg.source
         now = self.clock()
@@ -208,7 +215,9 @@ class Router:
         self.index.put(key.format(), entry)
         return entry
 
-    async def _agent_turn(self, msg: InboundMessage, key: SessionKey, entry: IndexEntry, started: float) -> None:
+    async def _agent_turn(
+        self, msg: InboundMessage, key: SessionKey, entry: IndexEntry, started: float
+    ) -> None:
         src = msg.source
         k = key.format()
         sid = entry.session_id
@@ -219,36 +228,60 @@ class Router:
         self.index.touch(k, self.clock())
         self._jobs.setdefault(sid, set()).add("turn")
         try:
-            history = await self.db.get_messages_as_conversation(sid, last=self.settings.history_messages)
-            budget = self.settings.context_tokens - self.settings.reply_tokens - len(self.settings.system_prompt or "") // 4
+            history = await self.db.get_messages_as_conversation(
+                sid, last=self.settings.history_messages
+            )
+            budget = (
+                self.settings.context_tokens
+                - self.settings.reply_tokens
+                - len(self.settings.system_prompt or "") // 4
+            )
             ctx = TurnContext(
                 session_id=sid, session_key=k, platform=src.platform,
                 system_prompt=self.settings.system_prompt, run_tool=self._tool_runner(key, msg, sid),
             )  # fmt: skip
             try:
                 reply: AgentReply = await asyncio.wait_for(
-                    self.agent.respond(window(history, max(256, budget)), ctx), self.settings.turn_timeout_s
+                    self.agent.respond(window(history, max(256, budget)), ctx),
+                    self.settings.turn_timeout_s,
                 )
             except Exception as exc:
                 self.last_error = f"agent: {type(exc).__name__}: {exc}"
                 self.metrics.turns.inc(outcome="agent_error")
-                log.error("agent failed for session_key=%s platform=%s: %s", k, src.platform, exc, exc_info=not isinstance(exc, (StateError, asyncio.TimeoutError)))
+                log.error(
+                    "agent failed for session_key=%s platform=%s: %s",
+                    k,
+                    src.platform,
+                    exc,
+                    exc_info=not isinstance(exc, (StateError, asyncio.TimeoutError)),
+                )
                 await self._reply(msg, sid, APOLOGY, key)
                 return
             stored = [
-                {k2: v for k2, v in m.items() if k2 in ("role", "content", "tool_calls", "tool_call_id")}
+                {
+                    k2: v
+                    for k2, v in m.items()
+                    if k2 in ("role", "content", "tool_calls", "tool_call_id")
+                }
                 | ({"tool_name": m["name"]} if m.get("role") == "tool" and m.get("name") else {})
                 for m in reply.tool_messages
             ]
             stored.append({"role": "assistant", "content": reply.text})
             await self.db.append_messages(sid, stored)
             if reply.input_tokens or reply.output_tokens:
-                await self.db.update_token_counts(sid, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens)
+                await self.db.update_token_counts(
+                    sid, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens
+                )
             self.index.touch(k, self.clock())
             self.metrics.turns.inc(outcome="ok")
             await self._reply(msg, sid, reply.text, key)
             self.metrics.turn_latency.observe(self.clock() - started)
-            log.debug("turn session_key=%s platform=%s latency=%.3fs", k, src.platform, self.clock() - started)
+            log.debug(
+                "turn session_key=%s platform=%s latency=%.3fs",
+                k,
+                src.platform,
+                self.clock() - started,
+            )
         finally:
             jobs = self._jobs.get(sid)
             if jobs is not None:
@@ -256,7 +289,9 @@ class Router:
                 if not jobs:
                     del self._jobs[sid]
 
-    def _tool_runner(self, key: SessionKey, msg: InboundMessage, sid: str) -> Callable[[str, dict[str, Any]], Awaitable[str]]:
+    def _tool_runner(
+        self, key: SessionKey, msg: InboundMessage, sid: str
+    ) -> Callable[[str, dict[str, Any]], Awaitable[str]]:
         scope = self.scope_for(key, msg)
 
         async def run(name: str, args: dict[str, Any]) -> str:
@@ -276,7 +311,9 @@ class Router:
             thread_id=key.thread_id, include_children=True,
         )  # fmt: skip
 
-    async def _reply(self, msg: InboundMessage, session_id: str | None, text: str, key: SessionKey | None = None) -> None:
+    async def _reply(
+        self, msg: InboundMessage, session_id: str | None, text: str, key: SessionKey | None = None
+    ) -> None:
         src = msg.source
         out = OutboundMessage(
             platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,

@@ -21,14 +21,18 @@ from .rows import Row
 from .titles import MAX_TITLE_LENGTH, clean_title
 
 T = TypeVar("T")
-DEFAULT_DB_PATH = Path(os.environ.get("SWITCHBOARD_HOME", "~/.switchboard")).expanduser() / "state.db"
+DEFAULT_DB_PATH = (
+    Path(os.environ.get("SWITCHBOARD_HOME", "~/.switchboard")).expanduser() / "state.db"
+)
 
 
 class SessionDB:
     def __init__(self, db_path: str | os.PathLike[str] | None = None) -> None:
         self.db_path = Path(db_path) if db_path is not None else DEFAULT_DB_PATH
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="state-compat", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="state-compat", daemon=True
+        )
         self._thread.start()
         try:
             self._db = self._run(store.SessionDB.open(self.db_path))
@@ -65,7 +69,9 @@ class SessionDB:
             session_id, source, model=model, model_config=model_config, system_prompt=system_prompt,
             user_id=user_id, parent_session_id=parent_session_id, **routing))  # fmt: skip
 
-    def ensure_session(self, session_id: str, source: str = "cli", model: str | None = None, **kw: Any) -> str:
+    def ensure_session(
+        self, session_id: str, source: str = "cli", model: str | None = None, **kw: Any
+    ) -> str:
         self._run(self._db.ensure_session(session_id, source, model=model, **kw))
         return session_id
 
@@ -157,14 +163,20 @@ class SessionDB:
             roles=role_filter or (), limit=limit, offset=offset))  # fmt: skip
 
     # --- messages ---
-    def append_message(self, session_id: str, role: str, content: str | None = None, **fields: Any) -> int:
+    def append_message(
+        self, session_id: str, role: str, content: str | None = None, **fields: Any
+    ) -> int:
         return self._run(self._db.append_message(session_id, role, content, **fields))
 
     def get_messages(self, session_id: str) -> list[Row]:
         return self._run(self._db.get_messages(session_id))
 
-    def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False) -> list[dict[str, Any]]:
-        return self._run(self._db.get_messages_as_conversation(session_id, include_ancestors=include_ancestors))
+    def get_messages_as_conversation(
+        self, session_id: str, include_ancestors: bool = False
+    ) -> list[dict[str, Any]]:
+        return self._run(
+            self._db.get_messages_as_conversation(session_id, include_ancestors=include_ancestors)
+        )
 
     def clear_messages(self, session_id: str) -> None:
         self._run(self._db.clear_messages(session_id))
@@ -185,7 +197,10 @@ class SessionDB:
 
     def export_all(self, source: str | None = None) -> list[Row]:
         async def collect() -> list[Row]:
-            return [{**r["session"], "messages": r["messages"]} async for r in self._db.export_all(source)]
+            return [
+                {**r["session"], "messages": r["messages"]}
+                async for r in self._db.export_all(source)
+            ]
 
         return self._run(collect())
 
@@ -210,4 +225,6 @@ class SessionDB:
 
     def maybe_auto_prune_and_vacuum(self, retention_days: int = 90, min_interval_hours: int = 24,
                                     vacuum: bool = True) -> dict[str, Any]:  # fmt: skip
-        return self._run(self._db.maybe_auto_prune_and_vacuum(retention_days, min_interval_hours, vacuum))
+        return self._run(
+            self._db.maybe_auto_prune_and_vacuum(retention_days, min_interval_hours, vacuum)
+        )

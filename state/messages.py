@@ -108,9 +108,7 @@ def append_messages(
     return ids
 
 
-def append_many(
-    conn: sqlite3.Connection, calls: list[tuple[Any, ...]]
-) -> list[list[int]]:
+def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[list[int]]:
     """Many append_messages calls as one executemany; used by the writer for runs of appends.
 
     Raises (so the writer falls back to one savepoint per call) if any session is missing.
@@ -118,7 +116,9 @@ def append_many(
     now = time.time()
     wanted = {call[0] for call in calls}
     marks = ", ".join("?" for _ in wanted)
-    found = {r[0] for r in conn.execute(f"SELECT id FROM sessions WHERE id IN ({marks})", tuple(wanted))}
+    found = {
+        r[0] for r in conn.execute(f"SELECT id FROM sessions WHERE id IN ({marks})", tuple(wanted))
+    }
     if found != wanted:
         raise SessionNotFound(next(iter(wanted - found)))
     rows: list[tuple[Any, ...]] = []

@@ -147,11 +147,19 @@ class _Parser:
                 continue
             if tok.kind == "OP" and tok.text == "OR" and items:
                 nxt = self.peek(1)
-                if nxt is not None and nxt.kind != "RP" and not (nxt.kind == "OP" and nxt.text == "OR"):
+                if (
+                    nxt is not None
+                    and nxt.kind != "RP"
+                    and not (nxt.kind == "OP" and nxt.text == "OR")
+                ):
                     break  # a real OR: let or_expr take it
             if tok.kind == "OP" and tok.text == "AND" and items:
                 nxt = self.peek(1)
-                if nxt is not None and nxt.kind != "RP" and not (nxt.kind == "OP" and nxt.text != "NOT"):
+                if (
+                    nxt is not None
+                    and nxt.kind != "RP"
+                    and not (nxt.kind == "OP" and nxt.text != "NOT")
+                ):
                     self.pos += 1  # explicit AND is the implicit one
                     continue
             node = self.unary()
@@ -228,7 +236,9 @@ def positive_terms(node: Node | None) -> list[Term]:
 def parse(query: str) -> Node:
     """Parse a person's query. Raises QueryError when there is nothing to search for."""
     if len(query) > MAX_QUERY_CHARS:
-        raise QueryError(f"the query is too long ({len(query)} characters, at most {MAX_QUERY_CHARS})")
+        raise QueryError(
+            f"the query is too long ({len(query)} characters, at most {MAX_QUERY_CHARS})"
+        )
     # Control characters (NUL above all: FTS5 strings end there) are read as spaces.
     query = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in query)
     tree = _prune(_Parser(tokenize(query)).parse())

@@ -19,7 +19,9 @@ T = TypeVar("T")
 
 class _Slot:
     def __init__(self, index: int) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"state-reader-{index}")
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"state-reader-{index}"
+        )
         self.conn: sqlite3.Connection | None = None
 
 

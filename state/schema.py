@@ -107,9 +107,7 @@ def _ensure_table(conn: sqlite3.Connection, table: str, columns: dict[str, str])
     missing = [c for c in columns if c not in have]
     bad = [c for c in missing if c in _NOT_ADDABLE]
     if bad:
-        raise DatabaseError(
-            "state.db", f"table {table} lacks required column(s) {', '.join(bad)}"
-        )
+        raise DatabaseError("state.db", f"table {table} lacks required column(s) {', '.join(bad)}")
     for name in missing:
         decl = columns[name].replace(" REFERENCES sessions(id)", "")
         conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
@@ -168,7 +166,8 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         )
         conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
     if not _fts_triggers_present(conn, "messages_fts", "messages"):
-        _exec_script(conn,
+        _exec_script(
+            conn,
             """
             CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
                 INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
@@ -182,7 +181,7 @@ def _migration_1(conn: sqlite3.Connection) -> None:
                 VALUES ('delete', old.id, old.content);
                 INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
             END;
-            """
+            """,
         )
     # Fill the denormalised columns for rows written by other programs.
     conn.execute(
@@ -208,7 +207,8 @@ def _migration_1(conn: sqlite3.Connection) -> None:
 
 def _migration_2(conn: sqlite3.Connection) -> None:
     """The segmented side index for CJK/emoji text and tool names/arguments."""
-    _exec_script(conn,
+    _exec_script(
+        conn,
         """
         CREATE TABLE IF NOT EXISTS messages_aux (
             message_id INTEGER PRIMARY KEY,
@@ -235,7 +235,7 @@ def _migration_2(conn: sqlite3.Connection) -> None:
         CREATE TRIGGER IF NOT EXISTS messages_aux_cascade AFTER DELETE ON messages BEGIN
             DELETE FROM messages_aux WHERE message_id = old.id;
         END;
-        """
+        """,
     )
     rebuild_aux(conn)
 

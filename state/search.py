@@ -214,7 +214,9 @@ def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> 
     if not text:
         return ""
     folded, pos = _fold(text)
-    words = sorted({_fold(t.text.strip())[0] for t in marks if t.text.strip()}, key=len, reverse=True)
+    words = sorted(
+        {_fold(t.text.strip())[0] for t in marks if t.text.strip()}, key=len, reverse=True
+    )
     spans: list[tuple[int, int]] = []
     if words:
         pattern = re.compile("|".join(re.escape(w) for w in words if w))

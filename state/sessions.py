@@ -167,7 +167,10 @@ def update_token_counts(
         else:
             parts.append(f"{name} = COALESCE({name}, 0) + ?")
         values.append(int(value))
-    for name, cost in (("estimated_cost_usd", estimated_cost_usd), ("actual_cost_usd", actual_cost_usd)):
+    for name, cost in (
+        ("estimated_cost_usd", estimated_cost_usd),
+        ("actual_cost_usd", actual_cost_usd),
+    ):
         if cost is not None:
             parts.append(f"{name} = ?" if absolute else f"{name} = COALESCE({name}, 0) + ?")
             values.append(float(cost))

@@ -43,7 +43,9 @@ def _check_file(path: Path) -> None:
             raise DatabaseError(str(path), "is not an SQLite database (bad file header)")
 
 
-def _open_and_migrate(path: str, cfg: WriterConfig, target: int, lock_budget_s: float) -> sqlite3.Connection:
+def _open_and_migrate(
+    path: str, cfg: WriterConfig, target: int, lock_budget_s: float
+) -> sqlite3.Connection:
     deadline = time.monotonic() + lock_budget_s
     while True:
         try:
@@ -184,7 +186,9 @@ class SessionDB:
             session_id, source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, None, None, routing,
         )  # fmt: skip
-        return bool(await self._write(lambda c: sessions.insert_session(c, fields, if_missing=True)))
+        return bool(
+            await self._write(lambda c: sessions.insert_session(c, fields, if_missing=True))
+        )
 
     @staticmethod
     def _session_fields(
@@ -279,7 +283,11 @@ class SessionDB:
     async def session_count(self, source: str | None = None) -> int:
         def _count(conn: sqlite3.Connection) -> int:
             if source:
-                return int(conn.execute("SELECT COUNT(*) FROM sessions WHERE source = ?", (source,)).fetchone()[0])
+                return int(
+                    conn.execute(
+                        "SELECT COUNT(*) FROM sessions WHERE source = ?", (source,)
+                    ).fetchone()[0]
+                )
             return int(conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
 
         return int(await self._read(_count))
@@ -287,7 +295,11 @@ class SessionDB:
     async def message_count(self, session_id: str | None = None) -> int:
         def _count(conn: sqlite3.Connection) -> int:
             if session_id:
-                return int(conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)).fetchone()[0])
+                return int(
+                    conn.execute(
+                        "SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)
+                    ).fetchone()[0]
+                )
             return int(conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
 
         return int(await self._read(_count))
@@ -297,7 +309,9 @@ class SessionDB:
 
     # --- messages -------------------------------------------------------------------
 
-    async def append_message(self, session_id: str, role: str, content: str | None = None, **fields: Any) -> int:
+    async def append_message(
+        self, session_id: str, role: str, content: str | None = None, **fields: Any
+    ) -> int:
         """Append one message; returns its id once it is committed."""
         msg = {"role": role, "content": content, **fields}
         bad = [k for k in fields if k not in messages.MESSAGE_FIELDS]
@@ -306,16 +320,31 @@ class SessionDB:
         ids = await self._write(messages.append_messages, session_id, (msg,))
         return int(ids[0])
 
-    async def append_messages(self, session_id: str, batch: Iterable[Mapping[str, Any]]) -> list[int]:
+    async def append_messages(
+        self, session_id: str, batch: Iterable[Mapping[str, Any]]
+    ) -> list[int]:
         """Append several messages atomically, in order."""
         return list(await self._write(messages.append_messages, session_id, list(batch)))
 
     async def get_messages(
-        self, session_id: str, *, limit: int | None = None, after_id: int | None = None, last: int | None = None
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after_id: int | None = None,
+        last: int | None = None,
     ) -> list[Row]:
-        return list(await self._read(lambda c: messages.get_messages(c, session_id, limit=limit, after_id=after_id, last=last)))
+        return list(
+            await self._read(
+                lambda c: messages.get_messages(
+                    c, session_id, limit=limit, after_id=after_id, last=last
+                )
+            )
+        )
 
-    async def get_messages_around(self, session_id: str, message_id: int, window: int = 5) -> list[Row]:
+    async def get_messages_around(
+        self, session_id: str, message_id: int, window: int = 5
+    ) -> list[Row]:
         return list(await self._read(messages.get_messages_around, session_id, message_id, window))
 
     async def get_messages_as_conversation(
@@ -331,7 +360,9 @@ class SessionDB:
 
         return messages.to_conversation(await self._read(_conv))
 
-    async def count_messages_outside(self, session_id: str, first_id: int, last_id: int) -> tuple[int, int]:
+    async def count_messages_outside(
+        self, session_id: str, first_id: int, last_id: int
+    ) -> tuple[int, int]:
         """How many messages of the session come before `first_id` and after `last_id`."""
         row = await self._read(
             lambda c: c.execute(
@@ -459,13 +490,17 @@ class SessionDB:
         )  # fmt: skip
         return list(await self._read(listing.list_sessions, flt, limit, offset))
 
-    async def list_filtered(self, flt: listing.SessionFilter, limit: int = 20, offset: int = 0) -> list[Row]:
+    async def list_filtered(
+        self, flt: listing.SessionFilter, limit: int = 20, offset: int = 0
+    ) -> list[Row]:
         return list(await self._read(listing.list_sessions, flt, limit, offset))
 
     async def count_filtered(self, flt: listing.SessionFilter) -> int:
         return int(await self._read(listing.count_sessions, flt))
 
-    async def has_platform_message(self, source: str, chat_id: str, platform_message_id: str) -> bool:
+    async def has_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> bool:
         """True if a message with this platform id was already stored for that chat."""
         row = await self._read(lambda c: c.execute(
             "SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
@@ -526,9 +561,18 @@ class SessionDB:
             if n < maintenance.PRUNE_CHUNK:
                 return total
 
-    async def prune_candidates(self, older_than_days: float, source: str | None = None, *, now: float | None = None, limit: int = 1000) -> list[str]:
+    async def prune_candidates(
+        self,
+        older_than_days: float,
+        source: str | None = None,
+        *,
+        now: float | None = None,
+        limit: int = 1000,
+    ) -> list[str]:
         at = time.time() if now is None else now
-        return list(await self._read(maintenance.prune_candidates, older_than_days, source, at, limit))
+        return list(
+            await self._read(maintenance.prune_candidates, older_than_days, source, at, limit)
+        )
 
     async def vacuum(self) -> tuple[int, int]:
         """VACUUM; returns the file size in bytes before and after."""
@@ -548,7 +592,9 @@ class SessionDB:
         """Prune at most once per interval across every process sharing the file (the
         stamp lives in state_meta); VACUUM only when that frees a worthwhile amount."""
         at = time.time() if now is None else now
-        due = await self._write(maintenance.claim_meta_stamp, AUTO_PRUNE_KEY, min_interval_hours * 3600, at)
+        due = await self._write(
+            maintenance.claim_meta_stamp, AUTO_PRUNE_KEY, min_interval_hours * 3600, at
+        )
         if not due:
             return {"ran": False, "pruned": 0, "vacuumed": False}
         pruned = await self.prune_sessions(retention_days, now=at)
@@ -569,7 +615,9 @@ class SessionDB:
     async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
             raise ValueError("checkpoint mode must be PASSIVE, FULL, RESTART or TRUNCATE")
-        row = await self._writer.exclusive(lambda c: c.execute(f"PRAGMA wal_checkpoint({mode})").fetchone())
+        row = await self._writer.exclusive(
+            lambda c: c.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+        )
         return int(row[0]), int(row[1]), int(row[2])
 
     # --- export / import ------------------------------------------------------------
@@ -581,7 +629,11 @@ class SessionDB:
         return dict(page[0])
 
     async def export_all(
-        self, source: str | None = None, *, session_ids: list[str] | None = None, page_size: int = 50
+        self,
+        source: str | None = None,
+        *,
+        session_ids: list[str] | None = None,
+        page_size: int = 50,
     ) -> AsyncIterator[Row]:
         """Stream sessions (each with its messages), oldest first, a page at a time."""
         after: tuple[float, str] | None = None
@@ -602,7 +654,9 @@ class SessionDB:
             n += 1
         return n
 
-    async def import_records(self, records: Iterable[Mapping[str, Any]], *, batch: int = 100) -> transfer.ImportReport:
+    async def import_records(
+        self, records: Iterable[Mapping[str, Any]], *, batch: int = 100
+    ) -> transfer.ImportReport:
         """Import exported records; sessions that already exist are skipped."""
         report = transfer.ImportReport()
         pending: list[Mapping[str, Any]] = []
@@ -674,7 +728,9 @@ class SessionDB:
             problems = []
             for table in ("messages_fts", "messages_aux_fts"):
                 try:
-                    conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+                    conn.execute(
+                        f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)"
+                    )
                 except sqlite3.DatabaseError as exc:
                     problems.append(f"{table}: {exc}")
             return problems

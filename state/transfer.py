@@ -86,7 +86,10 @@ def import_records(
     conn: sqlite3.Connection, records: list[Mapping[str, Any]], report: ImportReport
 ) -> None:
     session_cols = {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
-    message_cols = {r[1] for r in conn.execute("PRAGMA table_info(messages)")} - {"id", "session_id"}
+    message_cols = {r[1] for r in conn.execute("PRAGMA table_info(messages)")} - {
+        "id",
+        "session_id",
+    }
     for rec in records:
         sess = rec.get("session")
         if not isinstance(sess, Mapping) or not isinstance(sess.get("id"), str):
@@ -124,7 +127,11 @@ def import_records(
             if not isinstance(msg, Mapping) or "role" not in msg:
                 continue
             row = {
-                k: (to_json_text(v) if k in ("tool_calls", "reasoning_details", "codex_reasoning_items") else v)
+                k: (
+                    to_json_text(v)
+                    if k in ("tool_calls", "reasoning_details", "codex_reasoning_items")
+                    else v
+                )
                 for k, v in msg.items()
                 if k in message_cols
             }
@@ -141,7 +148,9 @@ def import_records(
                     (cur.lastrowid, aux[0], aux[1]),
                 )
             if row.get("tool_calls"):
-                parsed = json.loads(row["tool_calls"]) if isinstance(row["tool_calls"], str) else None
+                parsed = (
+                    json.loads(row["tool_calls"]) if isinstance(row["tool_calls"], str) else None
+                )
                 tool_calls += len(parsed) if isinstance(parsed, list) else 1
             report.messages += 1
         conn.execute(

@@ -82,11 +82,14 @@ _STOP = object()
 
 # fn -> a function that runs many calls of fn at once: batched(conn, [args, ...]) -> [result, ...].
 # The writer uses it for runs of consecutive operations in a batch (the append hot path).
-_BATCHED: dict[Callable[..., Any], Callable[[sqlite3.Connection, list[tuple[Any, ...]]], list[Any]]] = {}
+_BATCHED: dict[
+    Callable[..., Any], Callable[[sqlite3.Connection, list[tuple[Any, ...]]], list[Any]]
+] = {}
 
 
 def register_batched(
-    fn: Callable[..., Any], batched: Callable[[sqlite3.Connection, list[tuple[Any, ...]]], list[Any]]
+    fn: Callable[..., Any],
+    batched: Callable[[sqlite3.Connection, list[tuple[Any, ...]]], list[Any]],
 ) -> None:
     _BATCHED[fn] = batched
 
@@ -128,7 +131,9 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._thread_ident: int | None = None
-        self._ckpt_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-checkpoint")
+        self._ckpt_executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="state-checkpoint"
+        )
         self._ckpt_conn: sqlite3.Connection | None = None
         self._ckpt_task: asyncio.Task[None] | None = None
         self.checkpoints = 0
@@ -180,7 +185,9 @@ class Writer:
             await asyncio.gather(self._ckpt_task, return_exceptions=True)
         ckpt, self._ckpt_conn = self._ckpt_conn, None
         if ckpt is not None:
-            await asyncio.get_running_loop().run_in_executor(self._ckpt_executor, _close_quietly, ckpt)
+            await asyncio.get_running_loop().run_in_executor(
+                self._ckpt_executor, _close_quietly, ckpt
+            )
         self._ckpt_executor.shutdown(wait=True)
         try:
             await self._task
@@ -209,7 +216,9 @@ class Writer:
         except OSError:
             return
         if self._ckpt_conn is None:
-            self._ckpt_conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._ckpt_conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False
+            )
             self._ckpt_conn.execute("PRAGMA busy_timeout=1000")
         self._ckpt_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         self.checkpoints += 1

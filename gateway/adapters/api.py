@@ -30,7 +30,9 @@ MAX_BODY = 2 * 1024 * 1024
 
 
 def _bad(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
+    return web.json_response(
+        {"error": {"message": message, "type": "invalid_request_error"}}, status=status
+    )
 
 
 class ApiAdapter:
@@ -91,7 +93,11 @@ class ApiAdapter:
             self._runner = None
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "port": self.bound_port, "waiting_requests": len(self._pending)}
+        return {
+            "state": self.state,
+            "port": self.bound_port,
+            "waiting_requests": len(self._pending),
+        }
 
     # --- Adapter interface -------------------------------------------------------------
 
@@ -132,14 +138,20 @@ class ApiAdapter:
             return _bad(400, "the body must be a JSON object")
         return body
 
-    async def _turn(self, source: SessionSource, text: str, message_id: str | None) -> OutboundMessage | web.Response:
+    async def _turn(
+        self, source: SessionSource, text: str, message_id: str | None
+    ) -> OutboundMessage | web.Response:
         if self._emit is None or self.state != "running":
             return _bad(503, "the gateway is not accepting messages")
         rid = message_id or f"req-{uuid.uuid4().hex}"
         fut: asyncio.Future[OutboundMessage] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            await self._emit(InboundMessage(source=source, text=text, platform_message_id=rid, received_at=time.time()))
+            await self._emit(
+                InboundMessage(
+                    source=source, text=text, platform_message_id=rid, received_at=time.time()
+                )
+            )
             return await asyncio.wait_for(fut, self._reply_timeout)
         except TimeoutError:
             return _bad(504, "no reply in time; the message was stored")
@@ -162,13 +174,22 @@ class ApiAdapter:
             return _bad(400, "the last message must have role 'user'")
         content = last.get("content")
         if isinstance(content, list):  # content parts: keep the text ones
-            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            content = "\n".join(
+                p.get("text", "")
+                for p in content
+                if isinstance(p, dict) and p.get("type") == "text"
+            )
         if not isinstance(content, str) or not content.strip():
             return _bad(400, "the last user message has no text")
         who = request.headers.get("X-Switchboard-Session") or body.get("user") or "default"
         if not isinstance(who, str) or not who.strip() or len(who) > 200:
-            return _bad(400, "user / X-Switchboard-Session must be a non-empty string of at most 200 characters")
-        source = SessionSource(platform="api", chat_id=who, chat_type="dm", user_id=who, user_name=who)
+            return _bad(
+                400,
+                "user / X-Switchboard-Session must be a non-empty string of at most 200 characters",
+            )
+        source = SessionSource(
+            platform="api", chat_id=who, chat_type="dm", user_id=who, user_name=who
+        )
         out = await self._turn(source, content, request.headers.get("X-Request-Id"))
         if isinstance(out, web.Response):
             return out
@@ -190,7 +211,11 @@ class ApiAdapter:
         chat_id = body.get("chat_id")
         if not isinstance(text, str) or not text.strip():
             return _bad(400, "text must be a non-empty string")
-        if not isinstance(chat_id, (str, int)) or isinstance(chat_id, bool) or not str(chat_id).strip():
+        if (
+            not isinstance(chat_id, (str, int))
+            or isinstance(chat_id, bool)
+            or not str(chat_id).strip()
+        ):
             return _bad(400, "chat_id is required")
         chat_type = body.get("chat_type", "dm")
         if chat_type not in CHAT_TYPES:
@@ -209,4 +234,6 @@ class ApiAdapter:
         out = await self._turn(source, text, opt["message_id"])
         if isinstance(out, web.Response):
             return out
-        return web.json_response({"reply": out.text, "session_id": out.session_id, "session_key": out.session_key})
+        return web.json_response(
+            {"reply": out.text, "session_id": out.session_id, "session_key": out.session_key}
+        )

@@ -86,7 +86,9 @@ class OpenAIAgent:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             if attempt == self._max_retries:
-                raise AgentError(f"the model endpoint failed after {attempt + 1} attempts ({problem})")
+                raise AgentError(
+                    f"the model endpoint failed after {attempt + 1} attempts ({problem})"
+                )
             wait = retry_after if retry_after is not None else delay * random.uniform(0.8, 1.2)
             log.warning("model call failed (%s); retrying in %.1fs", problem, wait)
             await asyncio.sleep(min(wait, 30))
@@ -126,7 +128,12 @@ class OpenAIAgent:
                     result = await ctx.run_tool(name, args) if ctx.run_tool else "{}"  # type: ignore[misc]
                 except ValueError as exc:
                     result = json.dumps({"success": False, "error": f"bad arguments: {exc}"})
-                reply = {"role": "tool", "tool_call_id": call.get("id"), "content": result, "name": name}
+                reply = {
+                    "role": "tool",
+                    "tool_call_id": call.get("id"),
+                    "content": result,
+                    "name": name,
+                }
                 messages.append(reply)
                 tool_messages.append(reply)
         raise AgentError("too many tool rounds")

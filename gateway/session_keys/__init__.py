@@ -102,7 +102,9 @@ def build_key(source: SessionSource, settings: KeySettings | None = None) -> Ses
     if source.thread_id is not None:
         # a thread/topic is shared by everyone in it unless configured per user
         per_user = cfg.thread_sessions_per_user and user is not None
-        return SessionKey(source.platform, scope, source.chat_id, source.thread_id, user if per_user else None)
+        return SessionKey(
+            source.platform, scope, source.chat_id, source.thread_id, user if per_user else None
+        )
     per_user = user is not None and (scope == "channel" or cfg.group_sessions_per_user)
     return SessionKey(source.platform, scope, source.chat_id, None, user if per_user else None)
 

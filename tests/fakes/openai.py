@@ -22,7 +22,9 @@ class FakeOpenAI:
     def reply(self, content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
               status: int = 200, headers: dict[str, str] | None = None, raw: Any = None) -> None:  # fmt: skip
         if raw is not None or status != 200:
-            self.script.append((status, raw if raw is not None else {"error": {"message": "nope"}}, headers or {}))
+            self.script.append(
+                (status, raw if raw is not None else {"error": {"message": "nope"}}, headers or {})
+            )
             return
         msg: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
@@ -34,8 +36,15 @@ class FakeOpenAI:
     async def _handle(self, request: web.Request) -> web.Response:
         self.requests.append(await request.json())
         self.headers.append(dict(request.headers))
-        status, body, headers = self.script.pop(0) if self.script else (500, {"error": "no script"}, {})
-        return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json", headers=headers)
+        status, body, headers = (
+            self.script.pop(0) if self.script else (500, {"error": "no script"}, {})
+        )
+        return web.Response(
+            status=status,
+            body=json.dumps(body).encode(),
+            content_type="application/json",
+            headers=headers,
+        )
 
     async def start(self) -> str:
         app = web.Application()

@@ -80,9 +80,22 @@ async def rig(tmp_path: Path) -> AsyncIterator[RouterRig]:
         await db.close()
 
 
-def dm(text: str, chat: str = "42", mid: str | None = None, platform: str = "telegram") -> InboundMessage:
+def dm(
+    text: str, chat: str = "42", mid: str | None = None, platform: str = "telegram"
+) -> InboundMessage:
     return InboundMessage(SessionSource(platform, chat, "dm", chat, "Ann"), text, mid)
 
 
-def group(text: str, user: str, chat: str = "-100", mid: str | None = None, thread: str | None = None, name: str = "") -> InboundMessage:
-    return InboundMessage(SessionSource("telegram", chat, "group", user, name or f"user{user}", "Group", thread), text, mid)
+def group(
+    text: str,
+    user: str,
+    chat: str = "-100",
+    mid: str | None = None,
+    thread: str | None = None,
+    name: str = "",
+) -> InboundMessage:
+    return InboundMessage(
+        SessionSource("telegram", chat, "group", user, name or f"user{user}", "Group", thread),
+        text,
+        mid,
+    )

@@ -47,13 +47,25 @@ async def test_chat_completions_keeps_history_in_state_db(gw: tuple[Gateway, str
             other = await resp.json()
     assert other["switchboard"]["session_key"] == "agent:main:api:dm:bob"
     assert gateway.db is not None
-    assert [m["content"] for m in await gateway.db.get_messages(sid)] == ["one", "echo: one", "two", "echo: two"]
+    assert [m["content"] for m in await gateway.db.get_messages(sid)] == [
+        "one",
+        "echo: one",
+        "two",
+        "echo: two",
+    ]
 
 
 async def test_messages_endpoint_group_thread(gw: tuple[Gateway, str]) -> None:
     _, url = gw
     async with aiohttp.ClientSession() as http:
-        payload = {"chat_id": "room", "chat_type": "group", "thread_id": "t1", "user_id": "u1", "user_name": "Ann", "text": "hi all"}
+        payload = {
+            "chat_id": "room",
+            "chat_type": "group",
+            "thread_id": "t1",
+            "user_id": "u1",
+            "user_name": "Ann",
+            "text": "hi all",
+        }
         async with http.post(f"{url}/v1/messages", json=payload) as resp:
             body = await resp.json()
     assert body["reply"] == "echo: [Ann] hi all"
@@ -70,11 +82,17 @@ async def test_messages_endpoint_group_thread(gw: tuple[Gateway, str]) -> None:
         ("/v1/messages", b'{"chat_id": {"a": 1}, "text": "x"}', 400),
         ("/v1/chat/completions", b'{"messages": []}', 400),
         ("/v1/chat/completions", b'{"messages": [{"role": "assistant", "content": "x"}]}', 400),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "user": 5}', 400),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "x"}], "user": 5}',
+            400,
+        ),
         ("/v1/nothing", b"{}", 404),
     ],
 )
-async def test_bad_requests_get_clear_errors(gw: tuple[Gateway, str], path: str, payload: bytes, status: int) -> None:
+async def test_bad_requests_get_clear_errors(
+    gw: tuple[Gateway, str], path: str, payload: bytes, status: int
+) -> None:
     gateway, url = gw
     async with aiohttp.ClientSession() as http:
         async with http.post(url + path, data=payload) as resp:
@@ -107,7 +125,9 @@ async def test_a_bearer_key_is_enforced_when_configured(tmp_path: Path) -> None:
         async with aiohttp.ClientSession() as http:
             for headers, status in (({}, 401), ({"Authorization": "Bearer wrong"}, 401),
                                     ({"Authorization": "Bearer k-123456789"}, 200)):  # fmt: skip
-                async with http.post(f"{url}/v1/messages", json={"chat_id": "1", "text": "x"}, headers=headers) as resp:
+                async with http.post(
+                    f"{url}/v1/messages", json={"chat_id": "1", "text": "x"}, headers=headers
+                ) as resp:
                     assert resp.status == status
             async with http.get(f"{url}/health") as resp:  # health stays open for probes
                 assert resp.status == 200
@@ -115,7 +135,9 @@ async def test_a_bearer_key_is_enforced_when_configured(tmp_path: Path) -> None:
         await gateway.stop()
 
 
-async def test_a_second_gateway_on_the_same_home_is_refused(gw: tuple[Gateway, str], tmp_path: Path) -> None:
+async def test_a_second_gateway_on_the_same_home_is_refused(
+    gw: tuple[Gateway, str], tmp_path: Path
+) -> None:
     from gateway.errors import AlreadyRunning
 
     with pytest.raises(AlreadyRunning, match="already running"):
@@ -125,8 +147,11 @@ async def test_a_second_gateway_on_the_same_home_is_refused(gw: tuple[Gateway, s
 async def test_concurrent_clients_each_get_their_own_reply(gw: tuple[Gateway, str]) -> None:
     _, url = gw
     async with aiohttp.ClientSession() as http:
+
         async def one(i: int) -> str:
-            async with http.post(f"{url}/v1/messages", json={"chat_id": str(i % 7), "text": f"m{i}"}) as resp:
+            async with http.post(
+                f"{url}/v1/messages", json={"chat_id": str(i % 7), "text": f"m{i}"}
+            ) as resp:
                 return (await resp.json())["reply"]
 
         replies = await asyncio.gather(*(one(i) for i in range(60)))

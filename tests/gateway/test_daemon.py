@@ -52,12 +52,18 @@ async def test_sigterm_under_load_drains_exits_zero_and_loses_nothing(tmp_path: 
     try:
         await _wait_healthy(url, proc)
         async with aiohttp.ClientSession() as http:
+
             async def client(c: int) -> None:
                 for i in range(1000):
                     text = f"c{c} m{i}"
                     try:
-                        async with http.post(f"{url}/v1/messages", json={"chat_id": f"chat{c}", "text": text}) as resp:
-                            if resp.status == 200 and (await resp.json())["reply"] == f"echo: {text}":
+                        async with http.post(
+                            f"{url}/v1/messages", json={"chat_id": f"chat{c}", "text": text}
+                        ) as resp:
+                            if (
+                                resp.status == 200
+                                and (await resp.json())["reply"] == f"echo: {text}"
+                            ):
                                 acknowledged.append(text)
                             else:
                                 return
@@ -120,4 +126,8 @@ def test_a_corrupt_state_db_exits_1_with_a_clear_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "run"],
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     assert proc.returncode == 1
-    assert "state.db" in proc.stderr and "not an SQLite database" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        "state.db" in proc.stderr
+        and "not an SQLite database" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )

@@ -36,10 +36,14 @@ async def test_a_burst_of_changes_costs_one_write(db: SessionDB, tmp_path: Path)
     await index.close()
 
 
-async def test_missing_or_corrupt_file_is_rebuilt_from_state_db(db: SessionDB, tmp_path: Path) -> None:
+async def test_missing_or_corrupt_file_is_rebuilt_from_state_db(
+    db: SessionDB, tmp_path: Path
+) -> None:
     live = await db.create_session(source="telegram", session_key="agent:main:telegram:dm:1", chat_id="1",
                                    chat_type="dm", origin_json={"platform": "telegram", "chat_id": "1", "chat_name": "Ann"})  # fmt: skip
-    ended = await db.create_session(source="telegram", session_key="agent:main:telegram:dm:2", chat_id="2")
+    ended = await db.create_session(
+        source="telegram", session_key="agent:main:telegram:dm:2", chat_id="2"
+    )
     await db.end_session(ended, "session_reset")
     path = tmp_path / "sessions" / "sessions.json"
     for content in (None, b"{not json", b"[1, 2]"):
@@ -51,12 +55,16 @@ async def test_missing_or_corrupt_file_is_rebuilt_from_state_db(db: SessionDB, t
         index = SessionIndex(path, db, 0.05)
         how = await index.load()
         assert how.startswith("rebuilt")
-        assert [(k, e.session_id, e.display_name) for k, e in index.items()] == [("agent:main:telegram:dm:1", live, "Ann")]
+        assert [(k, e.session_id, e.display_name) for k, e in index.items()] == [
+            ("agent:main:telegram:dm:1", live, "Ann")
+        ]
         await index.close()
         assert json.loads(path.read_text())["agent:main:telegram:dm:1"]["session_id"] == live
 
 
-async def test_entries_for_ended_sessions_are_healed_or_dropped(db: SessionDB, tmp_path: Path) -> None:
+async def test_entries_for_ended_sessions_are_healed_or_dropped(
+    db: SessionDB, tmp_path: Path
+) -> None:
     compressed = await db.create_session(source="api", session_key="k1")
     tip = await db.fork_session(compressed, "compression", end_reason="compression")
     reset = await db.create_session(source="api", session_key="k2")

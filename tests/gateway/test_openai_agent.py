@@ -37,10 +37,18 @@ async def test_a_reply_with_usage_and_the_request_shape(fake: FakeOpenAI) -> Non
         reply = await agent.respond([{"role": "user", "content": "hi"}], CTX)
     finally:
         await agent.close()
-    assert (reply.text, reply.input_tokens, reply.output_tokens, reply.model) == ("hello back", 11, 5, "fake-model")
+    assert (reply.text, reply.input_tokens, reply.output_tokens, reply.model) == (
+        "hello back",
+        11,
+        5,
+        "fake-model",
+    )
     body = fake.requests[0]
     assert body["model"] == "m1"
-    assert body["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert body["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
     assert fake.headers[0]["Authorization"] == "Bearer sk-test"
     assert "tools" not in body  # no tool runner in this context
 
@@ -81,7 +89,11 @@ async def test_retries_run_out_with_a_clear_error(fake: FakeOpenAI) -> None:
 
 
 async def test_tool_calls_run_session_search_and_feed_the_result_back(fake: FakeOpenAI) -> None:
-    call = {"id": "call_1", "type": "function", "function": {"name": "session_search", "arguments": json.dumps({"query": "kraken"})}}
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "session_search", "arguments": json.dumps({"query": "kraken"})},
+    }
     fake.reply(None, tool_calls=[call])
     fake.reply("found it")
     seen: list[tuple[str, dict]] = []
@@ -100,5 +112,10 @@ async def test_tool_calls_run_session_search_and_feed_the_result_back(fake: Fake
     assert fake.requests[0]["tools"][0]["function"]["name"] == "session_search"
     second = fake.requests[1]["messages"]
     assert second[-2]["tool_calls"] == [call]
-    assert second[-1] == {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"success": True, "results": []}), "name": "session_search"}
+    assert second[-1] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": json.dumps({"success": True, "results": []}),
+        "name": "session_search",
+    }
     assert [m["role"] for m in reply.tool_messages] == ["assistant", "tool"]

@@ -16,14 +16,26 @@ from .conftest import Outbox, RouterRig, ScriptedAgent, dm, group
 async def test_a_dm_round_trip_stores_both_messages_under_the_dm_key(rig: RouterRig) -> None:
     await rig.router.handle(dm("hello", mid="1"))
     [out] = await rig.outbox.wait(1)
-    assert out.text == "echo: hello" and out.chat_id == "42" and out.session_key == "agent:main:telegram:dm:42"
+    assert (
+        out.text == "echo: hello"
+        and out.chat_id == "42"
+        and out.session_key == "agent:main:telegram:dm:42"
+    )
     entry = rig.index.get("agent:main:telegram:dm:42")
     assert entry is not None and entry.session_id == out.session_id
     msgs = await rig.db.get_messages(out.session_id)
-    assert [(m["role"], m["content"]) for m in msgs] == [("user", "hello"), ("assistant", "echo: hello")]
+    assert [(m["role"], m["content"]) for m in msgs] == [
+        ("user", "hello"),
+        ("assistant", "echo: hello"),
+    ]
     assert msgs[0]["platform_message_id"] == "1"
     row = await rig.db.require_session(out.session_id)
-    assert (row["session_key"], row["chat_id"], row["chat_type"], row["source"]) == ("agent:main:telegram:dm:42", "42", "dm", "telegram")
+    assert (row["session_key"], row["chat_id"], row["chat_type"], row["source"]) == (
+        "agent:main:telegram:dm:42",
+        "42",
+        "dm",
+        "telegram",
+    )
 
 
 async def test_messages_in_one_session_are_answered_in_order_one_at_a_time(rig: RouterRig) -> None:
@@ -89,7 +101,9 @@ async def test_authorisation(tmp_path: Path) -> None:
     index = SessionIndex(tmp_path / "s.json", db, 0.05)
     await index.load()
     outbox = Outbox()
-    settings = RouterSettings(access={"telegram": AccessRules(allowed=frozenset({"7"}), admins=frozenset({"9"}))})
+    settings = RouterSettings(
+        access={"telegram": AccessRules(allowed=frozenset({"7"}), admins=frozenset({"9"}))}
+    )
     router = Router(db, index, ScriptedAgent(), outbox.send, settings)
     try:
         await router.handle(dm("let me in", chat="5"))  # unknown user in a DM: one refusal
@@ -119,14 +133,23 @@ async def test_group_sessions_are_per_user_and_shared_rooms_prefix_names(tmp_pat
         await router.handle(group("hi from 2", user="2"))
         sent = await outbox.wait(2)
         assert len({m.session_id for m in sent}) == 2
-        shared = Router(db, index, ScriptedAgent(), outbox.send, RouterSettings(keys=KeySettings(group_sessions_per_user=False)))
+        shared = Router(
+            db,
+            index,
+            ScriptedAgent(),
+            outbox.send,
+            RouterSettings(keys=KeySettings(group_sessions_per_user=False)),
+        )
         await shared.handle(group("room one", user="1", chat="-200", name="Ann"))
         await outbox.wait(3)
         await shared.handle(group("room two", user="2", chat="-200", name="Bob"))
         sent = await outbox.wait(4)
         assert sent[2].session_id == sent[3].session_id
         msgs = await db.get_messages(sent[3].session_id)
-        assert [m["content"] for m in msgs if m["role"] == "user"] == ["[Ann] room one", "[Bob] room two"]
+        assert [m["content"] for m in msgs if m["role"] == "user"] == [
+            "[Ann] room one",
+            "[Bob] room two",
+        ]
         await shared.drain(5)
     finally:
         await index.close()
@@ -141,7 +164,11 @@ async def test_commands(rig: RouterRig) -> None:
     await rig.router.handle(dm("/frobnicate now"))
     sent = await rig.outbox.wait(4)
     status, help_, unknown = sent[1].text, sent[2].text, sent[3].text
-    assert f"Session: {sent[0].session_id}" in status and "Messages: 2" in status and "Live jobs: none" in status
+    assert (
+        f"Session: {sent[0].session_id}" in status
+        and "Messages: 2" in status
+        and "Live jobs: none" in status
+    )
     assert "/status" in help_ and "/help" in help_
     assert unknown == "Unknown command /frobnicate. Send /help for the list."
     assert await rig.db.message_count(sent[0].session_id) == 2  # commands are not agent turns

@@ -10,7 +10,9 @@ from gateway.agent.tools.session_search import Caller, session_search
 from state import SessionDB, SessionFilter
 
 
-async def _chat(db: SessionDB, user: str, title: str, lines: list[str], source: str = "telegram") -> str:
+async def _chat(
+    db: SessionDB, user: str, title: str, lines: list[str], source: str = "telegram"
+) -> str:
     sid = await db.create_session(source=source, user_id=user, chat_id="c1", title=title)
     await db.append_messages(sid, [
         {"role": "user" if i % 2 == 0 else "assistant", "content": text} for i, text in enumerate(lines)
@@ -30,7 +32,9 @@ async def test_discover_dedupes_by_lineage_and_excludes_the_current_lineage(db: 
         {"role": "user", "content": "kraken migration continued"}], end_reason="compression")  # fmt: skip
     other = await _chat(db, "alice", "other", ["kraken again", "yes"])
     current = await _chat(db, "alice", "now", ["kraken in the current chat", "ok"])
-    out = json.loads(await session_search(db, Caller(_alice(), current), {"query": "kraken", "limit": 10}))
+    out = json.loads(
+        await session_search(db, Caller(_alice(), current), {"query": "kraken", "limit": 10})
+    )
     assert out["success"] is True
     ids = [r["session_id"] for r in out["results"]]
     assert current not in ids
@@ -39,7 +43,9 @@ async def test_discover_dedupes_by_lineage_and_excludes_the_current_lineage(db: 
         res = next(r for r in out["results"] if r["session_id"] == old)
         assert [m["content"] for m in res["bookend_start"]] == ["line 0", "line 1", "line 2"]
         assert [m["content"] for m in res["bookend_end"]] == ["line 27", "line 28", "line 29"]
-        assert len(res["messages"]) == 11 and [m for m in res["messages"] if m.get("hit")][0]["content"].startswith("we talked")
+        assert len(res["messages"]) == 11 and [m for m in res["messages"] if m.get("hit")][0][
+            "content"
+        ].startswith("we talked")
         assert res["messages_before"] == 10 and res["messages_after"] == 9
         assert ">>>kraken<<<" in res["snippet"]
 
@@ -56,7 +62,9 @@ async def test_no_leak_across_users(db: SessionDB) -> None:
     bob_sid = (await db.list_sessions(user_id="bob"))[0]["id"]
     out = json.loads(await session_search(db, Caller(_alice()), {"query": "confidential"}))
     assert out == {"success": True, "query": "confidential", "count": 0, "results": []}
-    scroll = json.loads(await session_search(db, Caller(_alice()), {"session_id": bob_sid, "around_message_id": 1}))
+    scroll = json.loads(
+        await session_search(db, Caller(_alice()), {"session_id": bob_sid, "around_message_id": 1})
+    )
     assert scroll == {"success": False, "error": "session not found"}
     browse = json.loads(await session_search(db, Caller(_alice())))
     assert all(s["session_id"] != bob_sid for s in browse["sessions"])
@@ -65,9 +73,21 @@ async def test_no_leak_across_users(db: SessionDB) -> None:
 async def test_scroll_repeats_the_edge_message(db: SessionDB) -> None:
     sid = await _chat(db, "alice", "scroll", [f"m{i}" for i in range(40)])
     msgs = await db.get_messages(sid)
-    first = json.loads(await session_search(db, Caller(_alice()), {"session_id": sid, "around_message_id": msgs[10]["id"], "window": 5}))
+    first = json.loads(
+        await session_search(
+            db,
+            Caller(_alice()),
+            {"session_id": sid, "around_message_id": msgs[10]["id"], "window": 5},
+        )
+    )
     assert [m["content"] for m in first["messages"]] == [f"m{i}" for i in range(5, 16)]
-    nxt = json.loads(await session_search(db, Caller(_alice()), {"session_id": sid, "around_message_id": first["last_message_id"], "window": 5}))
+    nxt = json.loads(
+        await session_search(
+            db,
+            Caller(_alice()),
+            {"session_id": sid, "around_message_id": first["last_message_id"], "window": 5},
+        )
+    )
     assert nxt["messages"][5]["content"] == "m15" and nxt["messages"][5]["hit"] is True
 
 

@@ -26,9 +26,13 @@ async def test_first_end_wins_and_reopen_clears(db: SessionDB) -> None:
         await db.end_session("missing", "idle")
 
 
-async def test_branch_copies_history_and_compression_tip_follows_compression_only(db: SessionDB) -> None:
+async def test_branch_copies_history_and_compression_tip_follows_compression_only(
+    db: SessionDB,
+) -> None:
     root = await db.create_session(source="api", title="plan")
-    await db.append_messages(root, [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}])
+    await db.append_messages(
+        root, [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
+    )
     branch = await db.fork_session(root, "branch", copy_messages=True, end_reason="branched")
     assert [m["content"] for m in await db.get_messages(branch)] == ["one", "two"]
     assert await db.get_session_title(branch) == "plan #2"
@@ -36,7 +40,10 @@ async def test_branch_copies_history_and_compression_tip_follows_compression_onl
     # compression of the root: tip follows it, never the branch
     await db.reopen_session(root)
     comp = await db.fork_session(
-        root, "compression", seed_messages=[{"role": "system", "content": "summary"}], end_reason="compression"
+        root,
+        "compression",
+        seed_messages=[{"role": "system", "content": "summary"}],
+        end_reason="compression",
     )
     comp2 = await db.fork_session(comp, "compression", end_reason="compression")
     assert await db.get_compression_tip(root) == comp2
@@ -48,7 +55,12 @@ async def test_branch_copies_history_and_compression_tip_follows_compression_onl
     # listing shows roots and branches, not compression children
     listed = {r["id"] for r in await db.list_sessions()}
     assert listed == {root, branch}
-    assert {r["id"] for r in await db.list_sessions(include_children=True)} == {root, branch, comp, comp2}
+    assert {r["id"] for r in await db.list_sessions(include_children=True)} == {
+        root,
+        branch,
+        comp,
+        comp2,
+    }
     conv = await db.get_messages_as_conversation(comp, include_ancestors=True)
     assert [m["content"] for m in conv] == ["one", "two", "summary"]
 
@@ -68,9 +80,9 @@ async def test_deleting_a_parent_orphans_its_children(db: SessionDB) -> None:
 @pytest.mark.parametrize(
     "ended, idle_days, source, older_than, prune_source, pruned",
     [
-        (True, 100, "api", 90, None, True),       # ended and old
-        (False, 100, "api", 90, None, False),     # live: never pruned
-        (True, 10, "api", 90, None, False),       # ended but recent
+        (True, 100, "api", 90, None, True),  # ended and old
+        (False, 100, "api", 90, None, False),  # live: never pruned
+        (True, 10, "api", 90, None, False),  # ended but recent
         (True, 100, "api", 90, "telegram", False),  # other source
         (True, 100, "telegram", 90, "telegram", True),
     ],
@@ -109,7 +121,9 @@ async def test_large_prune_runs_in_chunks_and_counts_everything(db: SessionDB) -
     assert await db.session_count() == 0
 
 
-async def test_auto_prune_runs_once_per_interval_and_vacuums_only_when_worth_it(db: SessionDB) -> None:
+async def test_auto_prune_runs_once_per_interval_and_vacuums_only_when_worth_it(
+    db: SessionDB,
+) -> None:
     now = time.time()
     for _ in range(30):
         sid = await db.create_session(source="api", started_at=now - 100 * DAY)
@@ -157,7 +171,12 @@ async def test_messages_around_and_counters(db: SessionDB) -> None:
     assert row["preview"] == "0"
     conv = await db.get_messages_as_conversation(sid)
     assert conv[-2]["tool_calls"] == [{"id": "a"}, {"id": "b"}]
-    assert conv[-1] == {"role": "tool", "content": "result", "tool_call_id": "a", "name": "terminal"}
+    assert conv[-1] == {
+        "role": "tool",
+        "content": "result",
+        "tool_call_id": "a",
+        "name": "terminal",
+    }
     assert await db.clear_messages(sid) == 22
     row = await db.require_session(sid)
     assert row["message_count"] == 0 and await db.message_count(sid) == 0
@@ -183,12 +202,18 @@ async def test_list_sessions_pages_by_last_activity_with_preview(db: SessionDB) 
     sids = []
     for i in range(5):
         sid = await db.create_session(source="telegram" if i % 2 else "discord", user_id=f"u{i}")
-        await db.append_message(sid, "user", f"  hello\nnumber {i} " + "x" * 100, timestamp=1000 + i)
+        await db.append_message(
+            sid, "user", f"  hello\nnumber {i} " + "x" * 100, timestamp=1000 + i
+        )
         sids.append(sid)
     rows = await db.list_sessions(limit=2)
     assert [r["id"] for r in rows] == [sids[4], sids[3]]
     assert rows[0]["preview"] == ("hello number 4 " + "x" * 100)[:60]
     assert [r["id"] for r in await db.list_sessions(limit=2, offset=2)] == [sids[2], sids[1]]
     assert [r["id"] for r in await db.list_sessions("telegram")] == [sids[3], sids[1]]
-    assert [r["id"] for r in await db.list_sessions(exclude_sources=["telegram"])] == [sids[4], sids[2], sids[0]]
+    assert [r["id"] for r in await db.list_sessions(exclude_sources=["telegram"])] == [
+        sids[4],
+        sids[2],
+        sids[0],
+    ]
     assert [r["id"] for r in await db.list_sessions(user_id="u2")] == [sids[2]]

@@ -123,13 +123,19 @@ async def test_hermes_state_db_opens_works_and_keeps_all_its_data(tmp_path: Path
     try:
         # reads
         s = await db.get_session("20250101_090000_aaaaaaaa")
-        assert s is not None and s["hermes_only_column"] == "keep me" and s["title"] == "Hermes Title"
+        assert (
+            s is not None and s["hermes_only_column"] == "keep me" and s["title"] == "Hermes Title"
+        )
         assert await db.resolve_session_by_title("hermes title") == "20250101_100000_bbbbbbbb"
-        assert await db.get_compression_tip("20250101_090000_aaaaaaaa") == "20250101_100000_bbbbbbbb"
+        assert (
+            await db.get_compression_tip("20250101_090000_aaaaaaaa") == "20250101_100000_bbbbbbbb"
+        )
         assert [h["id"] for h in await db.search_messages("flux")] == [2, 1] or [
             h["id"] for h in await db.search_messages("flux")
         ] == [1, 2]
-        assert [h["session_id"] for h in await db.search_messages("服务端")] == ["20250101_100000_bbbbbbbb"]
+        assert [h["session_id"] for h in await db.search_messages("服务端")] == [
+            "20250101_100000_bbbbbbbb"
+        ]
         listed = await db.list_sessions()
         assert {r["id"] for r in listed} == {"20250101_090000_aaaaaaaa", "20250102_090000_cccccc"}
         assert all(r["last_active"] for r in listed)
@@ -163,7 +169,9 @@ async def test_hermes_state_db_opens_works_and_keeps_all_its_data(tmp_path: Path
         await db.close()
 
 
-async def test_file_from_a_newer_switchboard_is_refused_naming_both_versions(tmp_path: Path) -> None:
+async def test_file_from_a_newer_switchboard_is_refused_naming_both_versions(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "state.db"
     db = await SessionDB.open(path)
     await db.set_meta(schema.META_VERSION_KEY, str(schema.LATEST + 5))

@@ -89,7 +89,9 @@ FINDS = [
 
 
 @pytest.mark.parametrize("query, expected", FINDS)
-async def test_query_finds_exactly(corpus_db: tuple[SessionDB, dict[str, str]], query: str, expected: set[str] | None) -> None:
+async def test_query_finds_exactly(
+    corpus_db: tuple[SessionDB, dict[str, str]], query: str, expected: set[str] | None
+) -> None:
     db, ids = corpus_db
     if expected is None:
         with pytest.raises(QueryError):
@@ -112,7 +114,12 @@ async def test_hits_carry_snippet_context_and_session_fields(db: SessionDB) -> N
     assert hit["context_before"]["content"] == "before words"
     assert hit["context_after"]["content"].startswith("after words")
     assert len(hit["context_after"]["content"]) == 200
-    assert (hit["source"], hit["model"], hit["title"], hit["role"]) == ("discord", "gpt-x", "ctx", "assistant")
+    assert (hit["source"], hit["model"], hit["title"], hit["role"]) == (
+        "discord",
+        "gpt-x",
+        "ctx",
+        "assistant",
+    )
     assert hit["started_at"] > 0 and hit["timestamp"] > 0
 
 
@@ -126,13 +133,17 @@ async def test_filters_by_source_role_and_scope(db: SessionDB) -> None:
     found = lambda hits: {h["session_id"] for h in hits}  # noqa: E731
     assert found(await db.search_messages("shared", sources=["telegram"])) == {a, b}
     assert found(await db.search_messages("shared", exclude_sources=["telegram"])) == {c}
-    assert {h["role"] for h in await db.search_messages("shared", roles=["assistant"])} == {"assistant"}
+    assert {h["role"] for h in await db.search_messages("shared", roles=["assistant"])} == {
+        "assistant"
+    }
     scope = SessionFilter(source="telegram", chat_id="g1", user_id="alice", include_children=True)
     assert found(await db.search_messages("shared", scope=scope)) == {a}
     assert found(await db.search_messages("secret", exclude_session_ids=[a, b])) == {c}
 
 
-async def test_tool_names_and_arguments_are_found_only_when_tool_role_is_asked(db: SessionDB) -> None:
+async def test_tool_names_and_arguments_are_found_only_when_tool_role_is_asked(
+    db: SessionDB,
+) -> None:
     sid = await db.create_session(source="cli")
     await db.append_message(sid, "assistant", None, tool_calls=[
         {"id": "1", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "zanzibar weather"}'}}
@@ -151,8 +162,14 @@ async def test_sort_orders_and_recency_beats_equal_relevance(db: SessionDB) -> N
     await db.append_message(old, "user", "status report alpha", timestamp=now - 400 * 86400)
     await db.append_message(new, "user", "status report alpha", timestamp=now)
     assert [h["session_id"] for h in await db.search_messages("status")] == [new, old]
-    assert [h["session_id"] for h in await db.search_messages("status", sort="oldest")] == [old, new]
-    assert [h["session_id"] for h in await db.search_messages("status", sort="newest")] == [new, old]
+    assert [h["session_id"] for h in await db.search_messages("status", sort="oldest")] == [
+        old,
+        new,
+    ]
+    assert [h["session_id"] for h in await db.search_messages("status", sort="newest")] == [
+        new,
+        old,
+    ]
     with pytest.raises(QueryError):
         await db.search_messages("status", sort="sideways")
     page2 = await db.search_messages("status", limit=1, offset=1)
@@ -196,13 +213,19 @@ def sync_conn(tmp_path_factory: pytest.TempPathFactory) -> sqlite3.Connection:
 _WORD_CHARS = st.characters(blacklist_categories=("Cs", "Zs", "Zl", "Zp", "Cc"))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(word=st.text(_WORD_CHARS, min_size=1, max_size=12))
-def test_a_present_word_is_found_or_the_query_is_refused_with_a_reason(sync_conn: sqlite3.Connection, word: str) -> None:
+def test_a_present_word_is_found_or_the_query_is_refused_with_a_reason(
+    sync_conn: sqlite3.Connection, word: str
+) -> None:
     """Never an SQL error; never a silent empty result for a word that is in a message."""
     sync_conn.execute("BEGIN")
     try:
-        [mid] = msgs.append_messages(sync_conn, "prop", [{"role": "user", "content": f"start {word} end"}])
+        [mid] = msgs.append_messages(
+            sync_conn, "prop", [{"role": "user", "content": f"start {word} end"}]
+        )
         try:
             hits = search.search(sync_conn, search.SearchRequest(query=word, limit=1000))
         except QueryError:
@@ -214,14 +237,20 @@ def test_a_present_word_is_found_or_the_query_is_refused_with_a_reason(sync_conn
 
 
 _QUERY_PARTS = st.one_of(
-    st.sampled_from(["OR", "AND", "NOT", "(", ")", '"', "*", "-", ":", "^", "NEAR", "{", "}", "+", "'", "\\"]),
+    st.sampled_from(
+        ["OR", "AND", "NOT", "(", ")", '"', "*", "-", ":", "^", "NEAR", "{", "}", "+", "'", "\\"]
+    ),
     st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(parts=st.lists(_QUERY_PARTS, max_size=12), sep=st.sampled_from([" ", "", "  "]))
-def test_no_query_raises_anything_but_query_error(sync_conn: sqlite3.Connection, parts: list[str], sep: str) -> None:
+def test_no_query_raises_anything_but_query_error(
+    sync_conn: sqlite3.Connection, parts: list[str], sep: str
+) -> None:
     query = sep.join(parts)
     try:
         search.search(sync_conn, search.SearchRequest(query=query, roles=("user", "tool")))
@@ -234,7 +263,9 @@ async def test_an_old_scoped_match_is_found_behind_many_newer_matches(db: Sessio
     old = await db.create_session(source="telegram", user_id="carol", chat_id="c9")
     await db.append_message(old, "user", "remember the lighthouse")
     noisy = await db.create_session(source="telegram", user_id="dave", chat_id="c8")
-    await db.append_messages(noisy, [{"role": "user", "content": f"lighthouse chatter {i}"} for i in range(700)])
+    await db.append_messages(
+        noisy, [{"role": "user", "content": f"lighthouse chatter {i}"} for i in range(700)]
+    )
     scope = SessionFilter(source="telegram", chat_id="c9", user_id="carol", include_children=True)
     hits = await db.search_messages("lighthouse", scope=scope)
     assert [h["session_id"] for h in hits] == [old]

@@ -180,7 +180,13 @@ async def test_merged_appends_return_the_ids_the_rows_really_got(db: SessionDB) 
     # leave a gap at the top of the id sequence: AUTOINCREMENT must not reuse it
     m = await db.append_message(sids[0], "user", "to delete")
     await db.clear_messages(sids[0])
-    calls = [db.append_messages(sids[i % 5], [{"role": "user", "content": f"c{i} a"}, {"role": "assistant", "content": f"c{i} b"}]) for i in range(100)]
+    calls = [
+        db.append_messages(
+            sids[i % 5],
+            [{"role": "user", "content": f"c{i} a"}, {"role": "assistant", "content": f"c{i} b"}],
+        )
+        for i in range(100)
+    ]
     results = await asyncio.gather(*calls)
     assert min(min(r) for r in results) > m
     for i, ids in enumerate(results):

@@ -34,8 +34,11 @@ SCHEMA: dict[str, Any] = {
         "parameters": {
             "type": "object",
             "properties": {
-                "query": {"type": "string", "description": "words, \"phrases\", OR, NOT, prefix*"},
-                "roles": {"type": "array", "items": {"type": "string", "enum": ["user", "assistant", "tool", "system"]}},
+                "query": {"type": "string", "description": 'words, "phrases", OR, NOT, prefix*'},
+                "roles": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": ["user", "assistant", "tool", "system"]},
+                },
                 "sort": {"type": "string", "enum": ["relevance", "newest", "oldest"]},
                 "limit": {"type": "integer", "minimum": 1, "maximum": 10},
                 "session_id": {"type": "string"},
@@ -62,7 +65,11 @@ def _cut(text: str | None, limit: int = MAX_CONTENT) -> str | None:
 
 
 def _msg(row: dict[str, Any], hit_id: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": row["id"], "role": row["role"], "content": _cut(row.get("content"))}
+    out: dict[str, Any] = {
+        "id": row["id"],
+        "role": row["role"],
+        "content": _cut(row.get("content")),
+    }
     if hit_id is not None and row["id"] == hit_id:
         out["hit"] = True
     return out
@@ -133,7 +140,9 @@ async def _discover(db: SessionDB, caller: Caller, args: dict[str, Any]) -> str:
         raise ValueError("query must be a string")
     limit = _int_arg(args, "limit", 3, 1, 10)
     roles = args.get("roles") or list(DEFAULT_ROLES)
-    if not isinstance(roles, list) or not all(r in ("user", "assistant", "tool", "system") for r in roles):
+    if not isinstance(roles, list) or not all(
+        r in ("user", "assistant", "tool", "system") for r in roles
+    ):
         raise ValueError("roles must be a list of user, assistant, tool, system")
     sort = args.get("sort", "relevance")
     roots: dict[str, str] = {}
@@ -145,7 +154,9 @@ async def _discover(db: SessionDB, caller: Caller, args: dict[str, Any]) -> str:
     offset = 0
     page = max(20, limit * 5)
     while len(results) < limit:
-        hits = await db.search_messages(query, roles=roles, scope=caller.scope, sort=sort, limit=page, offset=offset)
+        hits = await db.search_messages(
+            query, roles=roles, scope=caller.scope, sort=sort, limit=page, offset=offset
+        )
         for hit in hits:
             root = await _lineage_root(db, hit["session_id"], roots)
             if root == excluded_root or root in seen_roots:
@@ -157,14 +168,21 @@ async def _discover(db: SessionDB, caller: Caller, args: dict[str, Any]) -> str:
         if len(hits) < page or offset >= 10 * page:
             break
         offset += page
-    return json.dumps({"success": True, "query": query, "count": len(results), "results": results}, ensure_ascii=False)
+    return json.dumps(
+        {"success": True, "query": query, "count": len(results), "results": results},
+        ensure_ascii=False,
+    )
 
 
 async def _describe_hit(db: SessionDB, hit: dict[str, Any]) -> dict[str, Any]:
     sid, mid = hit["session_id"], hit["id"]
     window = await db.get_messages_around(sid, mid, HIT_WINDOW)
-    convo = [m for m in await db.get_messages(sid, limit=BOOKEND * 4) if m["role"] in DEFAULT_ROLES][:BOOKEND]
-    tail = [m for m in await db.get_messages(sid, last=BOOKEND * 4) if m["role"] in DEFAULT_ROLES][-BOOKEND:]
+    convo = [
+        m for m in await db.get_messages(sid, limit=BOOKEND * 4) if m["role"] in DEFAULT_ROLES
+    ][:BOOKEND]
+    tail = [m for m in await db.get_messages(sid, last=BOOKEND * 4) if m["role"] in DEFAULT_ROLES][
+        -BOOKEND:
+    ]
     first_id = window[0]["id"] if window else mid
     last_id = window[-1]["id"] if window else mid
     before, after = await db.count_messages_outside(sid, first_id, last_id)
