@@ -162,15 +162,6 @@ class Router:
                 self._locks.pop(k, None)
 
     async def _process_locked(self, msg: InboundMessage, key: SessionKey, started: float) -> None:
-        src = msg.source
-        if msg.platform_message_id is not None and await self.db.has_platform_message(
-            src.platform, src.chat_id, msg.platform_message_id
-        ):
-            self.metrics.dropped.inc(reason="duplicate")
-            log.debug(
-                "duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id
-            )
-            return
         entry = await self.entry_for(key, msg)
         parsed = parse_command(msg.text)
         if parsed is not None:
@@ -224,7 +215,16 @@ class Router:
         text = msg.text
         if key.shared:
             text = f"[{src.user_name or src.user_id or 'someone'}] {text}"
-        await self.db.append_message(sid, "user", text, platform_message_id=msg.platform_message_id)
+        # Storing the message is also the restart-proof dedupe: a platform id already
+        # stored for this chat stores nothing and the turn ends here.
+        stored_ids = await self.db.append_messages(
+            sid, [{"role": "user", "content": text, "platform_message_id": msg.platform_message_id}],
+            dedupe=(src.platform, src.chat_id) if msg.platform_message_id is not None else None,
+        )  # fmt: skip
+        if not stored_ids:
+            self.metrics.dropped.inc(reason="duplicate")
+            log.debug("duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id)
+            return
         self.index.touch(k, self.clock())
         self._jobs.setdefault(sid, set()).add("turn")
         try:
@@ -241,10 +241,8 @@ class Router:
                 system_prompt=self.settings.system_prompt, run_tool=self._tool_runner(key, msg, sid),
             )  # fmt: skip
             try:
-                reply: AgentReply = await asyncio.wait_for(
-                    self.agent.respond(window(history, max(256, budget)), ctx),
-                    self.settings.turn_timeout_s,
-                )
+                async with asyncio.timeout(self.settings.turn_timeout_s):
+                    reply: AgentReply = await self.agent.respond(window(history, max(256, budget)), ctx)
             except Exception as exc:
                 self.last_error = f"agent: {type(exc).__name__}: {exc}"
                 self.metrics.turns.inc(outcome="agent_error")
@@ -267,11 +265,9 @@ class Router:
                 for m in reply.tool_messages
             ]
             stored.append({"role": "assistant", "content": reply.text})
-            await self.db.append_messages(sid, stored)
-            if reply.input_tokens or reply.output_tokens:
-                await self.db.update_token_counts(
-                    sid, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens
-                )
+            await self.db.append_messages(
+                sid, stored, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens
+            )
             self.index.touch(k, self.clock())
             self.metrics.turns.inc(outcome="ok")
             await self._reply(msg, sid, reply.text, key)

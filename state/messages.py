@@ -76,16 +76,54 @@ def _row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[An
     )
 
 
+Dedupe = tuple[str, str]  # (source, chat_id): where a platform message id must be unique
+
+
+def _is_duplicate(conn: sqlite3.Connection, dedupe: Dedupe | None, msgs: list[Mapping[str, Any]]) -> bool:
+    if dedupe is None:
+        return False
+    for msg in msgs:
+        pmid = msg.get("platform_message_id")
+        if pmid is not None and conn.execute(
+            "SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
+            "WHERE m.platform_message_id = ? AND s.source = ? AND s.chat_id = ? LIMIT 1",
+            (pmid, dedupe[0], dedupe[1]),
+        ).fetchone():
+            return True
+    return False
+
+
+def _add_tokens(conn: sqlite3.Connection, session_id: str, tokens: Mapping[str, int] | None) -> None:
+    if tokens:
+        conn.execute(
+            "UPDATE sessions SET input_tokens = COALESCE(input_tokens, 0) + ?, "
+            "output_tokens = COALESCE(output_tokens, 0) + ? WHERE id = ?",
+            (int(tokens.get("input_tokens", 0)), int(tokens.get("output_tokens", 0)), session_id),
+        )
+
+
 def append_messages(
-    conn: sqlite3.Connection, session_id: str, messages: Iterable[Mapping[str, Any]]
+    conn: sqlite3.Connection,
+    session_id: str,
+    messages: Iterable[Mapping[str, Any]],
+    dedupe: Dedupe | None = None,
+    tokens: Mapping[str, int] | None = None,
 ) -> list[int]:
-    """Insert messages in order and keep the session's counters right. Returns the ids."""
+    """Insert messages in order and keep the session's counters right. Returns the ids.
+
+    With `dedupe`, nothing is stored (and [] returned) if a message's platform id was
+    already stored for that chat: the check and the insert are one transaction. `tokens`
+    adds input/output token counts in the same transaction.
+    """
+    batch = list(messages)
+    if _is_duplicate(conn, dedupe, batch):
+        return []
     now = time.time()
     ids: list[int] = []
     tool_calls = 0
     preview: str | None = None
     last_ts = 0.0
-    for msg in messages:
+    for msg in batch:
         values = _row_values(session_id, msg, now)
         cur = conn.execute(_INSERT, values)
         mid = int(cur.lastrowid or 0)
@@ -101,10 +139,13 @@ def append_messages(
                 (mid, aux[0], aux[1]),
             )
     if not ids:
+        if tokens:
+            _add_tokens(conn, session_id, tokens)
         return ids
     cur = conn.execute(_UPDATE_SESSION, (len(ids), tool_calls, last_ts, preview, session_id))
     if cur.rowcount == 0:
         raise SessionNotFound(session_id)  # the savepoint rolls the inserts back
+    _add_tokens(conn, session_id, tokens)
     return ids
 
 
@@ -154,9 +195,14 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
     conn.executemany(
         _UPDATE_SESSION, [(c, t, ts, pv, sid) for sid, (c, t, ts, pv) in sessions.items()]
     )
+    for session_id, tokens in token_updates:
+        _add_tokens(conn, session_id, tokens)
     out: list[list[int]] = []
     pos = 0
     for n in per_call:
+        if n < 0:
+            out.append([])
+            continue
         out.append(ids[pos : pos + n])
         pos += n
     return out

@@ -321,10 +321,27 @@ class SessionDB:
         return int(ids[0])
 
     async def append_messages(
-        self, session_id: str, batch: Iterable[Mapping[str, Any]]
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
     ) -> list[int]:
-        """Append several messages atomically, in order."""
-        return list(await self._write(messages.append_messages, session_id, list(batch)))
+        """Append several messages atomically, in order.
+
+        `dedupe=(source, chat_id)`: store nothing and return [] if a message's
+        platform_message_id was already stored for that chat (checked in the same
+        transaction). Token counts, if given, are added in the same transaction."""
+        tokens = None
+        if input_tokens or output_tokens:
+            tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        if dedupe is None and tokens is None:
+            return list(await self._write(messages.append_messages, session_id, list(batch)))
+        return list(
+            await self._write(messages.append_messages, session_id, list(batch), dedupe, tokens)
+        )
 
     async def get_messages(
         self,

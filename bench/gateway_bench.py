@@ -1,0 +1,151 @@
+"""Gateway benchmark (issue 4): the real router, index and store with the echo agent,
+in-process. Prints figures; asserts nothing.
+
+  python bench/gateway_bench.py           # 10,000 chats, 100,000 messages
+  python bench/gateway_bench.py --quick   # 1,000 chats, 10,000 messages
+
+1. Throughput: messages/s, inbound to reply, with up to 500 in flight.
+2. Latency p50/p99 at 1,000 messages/s offered (open loop).
+3. sessions.json writes and bytes over the whole run.
+4. RSS at the end; start-up (index load + heal) with a 100,000-entry index, and RSS then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.agent.echo import EchoAgent  # noqa: E402
+from gateway.index import IndexEntry, SessionIndex  # noqa: E402
+from gateway.messages import InboundMessage, OutboundMessage, SentRef  # noqa: E402
+from gateway.router import Router  # noqa: E402
+from gateway.session_keys import SessionSource  # noqa: E402
+from state import SessionDB  # noqa: E402
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p))]
+
+
+class Clock:
+    """Records when each reply left, keyed by the inbound id it answers."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, float] = {}
+        self.event = asyncio.Event()
+
+    async def send(self, msg: OutboundMessage) -> SentRef:
+        self.done[msg.reply_to or ""] = time.perf_counter()
+        self.event.set()
+        return SentRef(msg.platform, msg.chat_id)
+
+
+def inbound(i: int, chats: int) -> InboundMessage:
+    chat = str(i % chats)
+    return InboundMessage(SessionSource("telegram", chat, "dm", chat, f"user{chat}"), f"message number {i} hello there", f"m{i}")
+
+
+async def wait_for(clock: Clock, n: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while len(clock.done) < n:
+        clock.event.clear()
+        await asyncio.wait_for(clock.event.wait(), max(0.1, deadline - time.monotonic()))
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    chats, total = (1_000, 10_000) if args.quick else (10_000, 100_000)
+    print(f"switchboard gateway bench — {chats:,} chats, {total:,} messages, echo agent, in-process")
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        db = await SessionDB.open(home / "state.db")
+        index = SessionIndex(home / "sessions" / "sessions.json", db, flush_interval=2.0)
+        await index.load()
+        clock = Clock()
+        router = Router(db, index, EchoAgent(), clock.send)
+
+        # 1. throughput
+        started: dict[str, float] = {}
+        t0 = time.perf_counter()
+        for i in range(total):
+            while i - len(clock.done) >= 500:
+                clock.event.clear()
+                await clock.event.wait()
+            started[f"m{i}"] = time.perf_counter()
+            await router.handle(inbound(i, chats))
+        await wait_for(clock, total)
+        elapsed = time.perf_counter() - t0
+        print("\n1. throughput")
+        print(f"  {total / elapsed:,.0f} messages/s  ({total:,} in {elapsed:.1f} s; target >= 3,000)")
+
+        # 2. latency at 1,000 msg/s offered
+        n2 = 5_000 if args.quick else 10_000
+        clock2 = Clock()
+        router.send = clock2.send
+        start_at: dict[str, float] = {}
+        t0 = time.perf_counter()
+        for j in range(n2):
+            target = t0 + j / 1000
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            msg = inbound(total + j, chats)
+            start_at[msg.platform_message_id or ""] = time.perf_counter()
+            await router.handle(msg)
+        await wait_for(clock2, n2)
+        lat = [(clock2.done[k] - start_at[k]) * 1000 for k in start_at]
+        print(f"\n2. latency at 1,000 msg/s offered ({n2:,} messages)")
+        print(f"  p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms   max {max(lat):.1f} ms  (target p99 <= 50 ms)")
+
+        await router.drain(30)
+        await index.close()
+        print("\n3. sessions.json")
+        print(f"  {index.writes} writes, {index.bytes_written / 1e6:.1f} MB in total, "
+              f"{len(index):,} entries, file {(home / 'sessions' / 'sessions.json').stat().st_size / 1e6:.2f} MB")
+        print(f"\n4. RSS at the end: {rss_mb():.0f} MB ({len(index):,} index entries)")
+
+        # start-up with a 100,000-entry index: the sessions exist in state.db
+        n_entries = 100_000
+        now = time.time()
+        big: dict[str, dict[str, object]] = {}
+        existing = [e.session_id for _, e in index.items()]
+        for i in range(n_entries):
+            sid = existing[i % len(existing)]
+            key = f"agent:main:telegram:dm:{i}"
+            big[key] = IndexEntry(sid, now, now, {"platform": "telegram", "chat_id": str(i), "chat_type": "dm",
+                                                  "user_id": str(i), "user_name": f"user{i}"},
+                                  f"user{i}", "telegram", "dm").to_json()  # fmt: skip
+        (home / "sessions" / "sessions.json").write_text(json.dumps(big))
+        del big
+        rss_before = rss_mb()
+        t0 = time.perf_counter()
+        index2 = SessionIndex(home / "sessions" / "sessions.json", db, flush_interval=2.0)
+        await index2.load()
+        startup = time.perf_counter() - t0
+        print(f"  start-up with a {len(index2):,}-entry index: {startup:.2f} s  (target <= 1 s)")
+        print(f"  RSS with it loaded: {rss_mb():.0f} MB (+{rss_mb() - rss_before:.0f} MB for the index; target <= 250 MB)")
+        await index2.close()
+        await db.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
