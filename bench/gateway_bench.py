@@ -59,11 +59,15 @@ class Clock:
 
 def inbound(i: int, chats: int) -> InboundMessage:
     chat = str(i % chats)
-    return InboundMessage(SessionSource("telegram", chat, "dm", chat, f"user{chat}"), f"message number {i} hello there", f"m{i}")
+    return InboundMessage(
+        SessionSource("telegram", chat, "dm", chat, f"user{chat}"),
+        f"message number {i} hello there",
+        f"m{i}",
+    )
 
 
-async def wait_for(clock: Clock, n: int, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for(clock: Clock, n: int, limit_s: float = 600) -> None:
+    deadline = time.monotonic() + limit_s
     while len(clock.done) < n:
         clock.event.clear()
         await asyncio.wait_for(clock.event.wait(), max(0.1, deadline - time.monotonic()))
@@ -74,7 +78,9 @@ async def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     chats, total = (1_000, 10_000) if args.quick else (10_000, 100_000)
-    print(f"switchboard gateway bench — {chats:,} chats, {total:,} messages, echo agent, in-process")
+    print(
+        f"switchboard gateway bench — {chats:,} chats, {total:,} messages, echo agent, in-process"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         db = await SessionDB.open(home / "state.db")
@@ -95,7 +101,9 @@ async def main() -> None:
         await wait_for(clock, total)
         elapsed = time.perf_counter() - t0
         print("\n1. throughput")
-        print(f"  {total / elapsed:,.0f} messages/s  ({total:,} in {elapsed:.1f} s; target >= 3,000)")
+        print(
+            f"  {total / elapsed:,.0f} messages/s  ({total:,} in {elapsed:.1f} s; target >= 3,000)"
+        )
 
         # 2. latency at 1,000 msg/s offered
         n2 = 5_000 if args.quick else 10_000
@@ -114,13 +122,17 @@ async def main() -> None:
         await wait_for(clock2, n2)
         lat = [(clock2.done[k] - start_at[k]) * 1000 for k in start_at]
         print(f"\n2. latency at 1,000 msg/s offered ({n2:,} messages)")
-        print(f"  p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms   max {max(lat):.1f} ms  (target p99 <= 50 ms)")
+        print(
+            f"  p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms   max {max(lat):.1f} ms  (target p99 <= 50 ms)"
+        )
 
         await router.drain(30)
         await index.close()
         print("\n3. sessions.json")
-        print(f"  {index.writes} writes, {index.bytes_written / 1e6:.1f} MB in total, "
-              f"{len(index):,} entries, file {(home / 'sessions' / 'sessions.json').stat().st_size / 1e6:.2f} MB")
+        print(
+            f"  {index.writes} writes, {index.bytes_written / 1e6:.1f} MB in total, "
+            f"{len(index):,} entries, file {(home / 'sessions' / 'sessions.json').stat().st_size / 1e6:.2f} MB"
+        )
         print(f"\n4. RSS at the end: {rss_mb():.0f} MB ({len(index):,} index entries)")
 
         # start-up with a 100,000-entry index: the sessions exist in state.db
@@ -142,7 +154,9 @@ async def main() -> None:
         await index2.load()
         startup = time.perf_counter() - t0
         print(f"  start-up with a {len(index2):,}-entry index: {startup:.2f} s  (target <= 1 s)")
-        print(f"  RSS with it loaded: {rss_mb():.0f} MB (+{rss_mb() - rss_before:.0f} MB for the index; target <= 250 MB)")
+        print(
+            f"  RSS with it loaded: {rss_mb():.0f} MB (+{rss_mb() - rss_before:.0f} MB for the index; target <= 250 MB)"
+        )
         await index2.close()
         await db.close()
 

@@ -223,7 +223,9 @@ class Router:
         )  # fmt: skip
         if not stored_ids:
             self.metrics.dropped.inc(reason="duplicate")
-            log.debug("duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id)
+            log.debug(
+                "duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id
+            )
             return
         self.index.touch(k, self.clock())
         self._jobs.setdefault(sid, set()).add("turn")
@@ -242,7 +244,9 @@ class Router:
             )  # fmt: skip
             try:
                 async with asyncio.timeout(self.settings.turn_timeout_s):
-                    reply: AgentReply = await self.agent.respond(window(history, max(256, budget)), ctx)
+                    reply: AgentReply = await self.agent.respond(
+                        window(history, max(256, budget)), ctx
+                    )
             except Exception as exc:
                 self.last_error = f"agent: {type(exc).__name__}: {exc}"
                 self.metrics.turns.inc(outcome="agent_error")

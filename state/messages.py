@@ -79,21 +79,28 @@ def _row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[An
 Dedupe = tuple[str, str]  # (source, chat_id): where a platform message id must be unique
 
 
-def _is_duplicate(conn: sqlite3.Connection, dedupe: Dedupe | None, msgs: list[Mapping[str, Any]]) -> bool:
+def _is_duplicate(
+    conn: sqlite3.Connection, dedupe: Dedupe | None, msgs: list[Mapping[str, Any]]
+) -> bool:
     if dedupe is None:
         return False
     for msg in msgs:
         pmid = msg.get("platform_message_id")
-        if pmid is not None and conn.execute(
-            "SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
-            "WHERE m.platform_message_id = ? AND s.source = ? AND s.chat_id = ? LIMIT 1",
-            (pmid, dedupe[0], dedupe[1]),
-        ).fetchone():
+        if (
+            pmid is not None
+            and conn.execute(
+                "SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
+                "WHERE m.platform_message_id = ? AND s.source = ? AND s.chat_id = ? LIMIT 1",
+                (pmid, dedupe[0], dedupe[1]),
+            ).fetchone()
+        ):
             return True
     return False
 
 
-def _add_tokens(conn: sqlite3.Connection, session_id: str, tokens: Mapping[str, int] | None) -> None:
+def _add_tokens(
+    conn: sqlite3.Connection, session_id: str, tokens: Mapping[str, int] | None
+) -> None:
     if tokens:
         conn.execute(
             "UPDATE sessions SET input_tokens = COALESCE(input_tokens, 0) + ?, "
@@ -164,10 +171,31 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
         raise SessionNotFound(next(iter(wanted - found)))
     rows: list[tuple[Any, ...]] = []
     per_call: list[int] = []
-    for session_id, batch in calls:
+    token_updates: list[tuple[str, Mapping[str, int]]] = []
+    seen_pmids: set[tuple[str, str, str]] = set()
+    for call in calls:
+        session_id, batch = call[0], list(call[1])
+        dedupe: Dedupe | None = call[2] if len(call) > 2 else None
+        tokens: Mapping[str, int] | None = call[3] if len(call) > 3 else None
+        if dedupe is not None:
+            pmids = {
+                (dedupe[0], dedupe[1], str(m["platform_message_id"]))
+                for m in batch
+                if m.get("platform_message_id") is not None
+            }
+            if pmids & seen_pmids or _is_duplicate(conn, dedupe, batch):
+                per_call.append(-1)  # a duplicate: nothing stored
+                continue
+            seen_pmids |= pmids
         before = len(rows)
         rows.extend(_row_values(session_id, msg, now) for msg in batch)
         per_call.append(len(rows) - before)
+        if tokens:
+            token_updates.append((session_id, tokens))
+    if not rows:
+        for session_id, tokens in token_updates:
+            _add_tokens(conn, session_id, tokens)
+        return [[] for _ in per_call]
     # Under the write lock AUTOINCREMENT hands out consecutive ids starting one past the
     # larger of the sequence and the current maximum (executemany leaves lastrowid unset).
     first = conn.execute(

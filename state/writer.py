@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .errors import DatabaseBusy, DatabaseError, WriterClosed
+from .errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
 
 log = logging.getLogger("state.writer")
 T = TypeVar("T")
@@ -48,6 +48,7 @@ class WriterStats:
     busy_retries: int = 0
     last_batch_size: int = 0
     last_commit_ms: float = 0.0
+    fallbacks: int = 0  # batches redone one savepoint per operation
     commit_ms_total: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)  # recent, for metrics
 
@@ -285,7 +286,7 @@ class Writer:
         while True:
             try:
                 started = time.perf_counter()
-                results = self._attempt(conn, batch)
+                results = self._attempt(conn, batch, self.stats)
                 commit_ms = (time.perf_counter() - started) * 1000
                 self.stats.record(len(batch), commit_ms)
                 self.stats.failed_operations += sum(1 for ok, _ in results if not ok)
@@ -305,7 +306,9 @@ class Writer:
                 time.sleep(min(0.5, 0.01 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.5))
 
     @staticmethod
-    def _attempt(conn: sqlite3.Connection, batch: list[_Op]) -> list[tuple[bool, Any]]:
+    def _attempt(
+        conn: sqlite3.Connection, batch: list[_Op], stats: WriterStats
+    ) -> list[tuple[bool, Any]]:
         """Fast path first: the whole batch with no savepoints, runs of batchable operations
         merged. If any operation raises, roll back and redo the batch one savepoint per
         operation, so only the failing caller sees its error."""
@@ -314,14 +317,18 @@ class Writer:
             results = Writer._run_fast(conn, batch)
             conn.execute("COMMIT")
             return results
-        except sqlite3.OperationalError as exc:
+        except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if _is_busy(exc):
                 raise
-        except Exception:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            stats.fallbacks += 1
+            # An operation's own error (a missing session, a taken title) is routine; anything
+            # else means the merged path is wrong and must not hide behind the slow path.
+            routine = isinstance(exc, (StateError, ValueError, sqlite3.IntegrityError))
+            log.log(logging.DEBUG if routine else logging.WARNING,
+                    "batch of %d redone one operation at a time: %r", len(batch), exc,
+                    exc_info=not routine)  # fmt: skip
         return Writer._run_isolated(conn, batch)
 
     @staticmethod

@@ -195,3 +195,24 @@ async def test_merged_appends_return_the_ids_the_rows_really_got(db: SessionDB) 
         rows = await db.get_messages_around(sids[i % 5], ids[1], 0)
         assert rows[0]["content"] == f"c{i} b"
     assert max(db.writer.stats.batch_sizes) > 1
+    assert db.writer.stats.fallbacks == 0  # the merged path handled every batch
+
+
+async def test_merged_appends_dedupe_and_count_tokens(db: SessionDB) -> None:
+    """Within one merged batch: the second copy of a platform id stores nothing, tokens add up."""
+    sid = await db.create_session(source="telegram", chat_id="c1")
+    msg = {"role": "user", "content": "hi", "platform_message_id": "p1"}
+    calls = [db.append_messages(sid, [msg], dedupe=("telegram", "c1")) for _ in range(3)]
+    calls += [
+        db.append_messages(
+            sid, [{"role": "assistant", "content": "r"}], input_tokens=2, output_tokens=3
+        )
+        for _ in range(4)
+    ]
+    results = await asyncio.gather(*calls)
+    assert sum(1 for r in results[:3] if r) == 1
+    assert all(len(r) == 1 for r in results[3:])
+    row = await db.require_session(sid)
+    assert (row["message_count"], row["input_tokens"], row["output_tokens"]) == (5, 8, 12)
+    assert await db.append_messages(sid, [msg], dedupe=("telegram", "c1")) == []
+    assert db.writer.stats.fallbacks == 0
