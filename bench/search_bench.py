@@ -57,9 +57,10 @@ def sample_queries(path: Path, n: int, seed: int = 1) -> dict[str, list[str]]:
         (content,) = conn.execute(
             "SELECT content FROM messages WHERE id = ?", (rng.randint(1, top),)
         ).fetchone()
-        cjk = "".join(ch for ch in content if is_cjk(ch))
-        if len(cjk) >= 8:
-            i = rng.randrange(0, len(cjk) - 4)
+        runs = [r for r in "".join(ch if is_cjk(ch) else " " for ch in content).split() if len(r) >= 4]
+        if runs:
+            cjk = max(runs, key=len)  # a contiguous run, as it appears in the message
+            i = rng.randrange(0, len(cjk) - 3)
             if len(out["cjk 2-char"]) < n:
                 out["cjk 2-char"].append(cjk[i : i + 2])
             if len(out["cjk 4-char"]) < n:
@@ -159,6 +160,7 @@ def index_size(path: Path) -> None:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--queries-only", action="store_true", help="only the latency figures")
     args = ap.parse_args()
     sessions, n_messages = (10_000, 100_000) if args.quick else (100_000, 1_000_000)
     path = corpus_db(OUT, sessions, n_messages, 0.05)
@@ -167,6 +169,8 @@ async def main() -> None:
     )
     print("\n1. query latency (limit 20, relevance with recency)")
     await query_latency(path, sample_queries(path, 100))
+    if args.queries_only:
+        return
 
     gen = TextGen(21)
     n = 20_000 if args.quick else 100_000

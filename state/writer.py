@@ -196,7 +196,7 @@ class Writer:
             conn, self._conn = self._conn, None
             if conn is not None:
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self._executor, _close_quietly, conn)
+                await loop.run_in_executor(self._executor, _close_quietly, conn, True)
             self._executor.shutdown(wait=True)
 
     async def _checkpoint_loop(self) -> None:
@@ -401,8 +401,10 @@ class Writer:
                 log.warning("passive checkpoint failed: %s", exc)
 
 
-def _close_quietly(conn: sqlite3.Connection) -> None:
+def _close_quietly(conn: sqlite3.Connection, optimize: bool = False) -> None:
     try:
+        if optimize:
+            conn.execute("PRAGMA optimize")  # refresh planner statistics where they drifted
         conn.close()
     except sqlite3.Error as exc:
         log.warning("closing the write connection: %s", exc)

@@ -216,3 +216,24 @@ async def test_merged_appends_dedupe_and_count_tokens(db: SessionDB) -> None:
     assert (row["message_count"], row["input_tokens"], row["output_tokens"]) == (5, 8, 12)
     assert await db.append_messages(sid, [msg], dedupe=("telegram", "c1")) == []
     assert db.writer.stats.fallbacks == 0
+
+
+async def test_a_cancelled_read_frees_its_connection_for_the_next_caller(db: SessionDB) -> None:
+    """Cancelling a slow read interrupts it; the pool keeps working with every connection."""
+    import sqlite3 as _sqlite3
+
+    def slow(conn: _sqlite3.Connection) -> int:
+        # a recursive query that runs until interrupted
+        return conn.execute(
+            "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT COUNT(*) FROM n"
+        ).fetchone()[0]
+
+    task = asyncio.create_task(db._read(slow))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    sid = await db.create_session(source="api")
+    # more reads than connections, all answered: the interrupted slot came back
+    rows = await asyncio.wait_for(asyncio.gather(*(db.get_session(sid) for _ in range(10))), 5)
+    assert all(r is not None for r in rows)
