@@ -57,7 +57,9 @@ def sample_queries(path: Path, n: int, seed: int = 1) -> dict[str, list[str]]:
         (content,) = conn.execute(
             "SELECT content FROM messages WHERE id = ?", (rng.randint(1, top),)
         ).fetchone()
-        runs = [r for r in "".join(ch if is_cjk(ch) else " " for ch in content).split() if len(r) >= 4]
+        runs = [
+            r for r in "".join(ch if is_cjk(ch) else " " for ch in content).split() if len(r) >= 4
+        ]
         if runs:
             cjk = max(runs, key=len)  # a contiguous run, as it appears in the message
             i = rng.randrange(0, len(cjk) - 3)

@@ -217,9 +217,10 @@ class Router:
             text = f"[{src.user_name or src.user_id or 'someone'}] {text}"
         # Storing the message is also the restart-proof dedupe: a platform id already
         # stored for this chat stores nothing and the turn ends here.
-        stored_ids = await self.db.append_messages(
+        stored_ids, history = await self.db.append_and_read(
             sid, [{"role": "user", "content": text, "platform_message_id": msg.platform_message_id}],
             dedupe=(src.platform, src.chat_id) if msg.platform_message_id is not None else None,
+            last=self.settings.history_messages,
         )  # fmt: skip
         if not stored_ids:
             self.metrics.dropped.inc(reason="duplicate")
@@ -230,9 +231,6 @@ class Router:
         self.index.touch(k, self.clock())
         self._jobs.setdefault(sid, set()).add("turn")
         try:
-            history = await self.db.get_messages_as_conversation(
-                sid, last=self.settings.history_messages
-            )
             budget = (
                 self.settings.context_tokens
                 - self.settings.reply_tokens

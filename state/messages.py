@@ -7,6 +7,7 @@ that jumps backwards cannot reorder a conversation.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
@@ -156,75 +157,116 @@ def append_messages(
     return ids
 
 
-def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[list[int]]:
-    """Many append_messages calls as one executemany; used by the writer for runs of appends.
+# Batch statements take the whole batch as one JSON parameter. CPython's sqlite3 releases
+# the GIL around every sqlite3_step, so executemany (a step per row) hands the GIL back and
+# forth with the event loop hundreds of times per batch; one statement is one step.
+_INSERT_JSON = (
+    "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
+    "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
+    "codex_reasoning_items, platform_message_id) "
+    "SELECT "
+    + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(13))
+    + " FROM json_each(?) ORDER BY key"
+)
+_UPDATE_SESSIONS_JSON = (
+    "UPDATE sessions SET "
+    "message_count = COALESCE(message_count, 0) + j.n, "
+    "tool_call_count = COALESCE(tool_call_count, 0) + j.t, "
+    "last_active = MAX(COALESCE(last_active, 0), j.ts), "
+    "preview = COALESCE(preview, j.pv), "
+    "input_tokens = COALESCE(input_tokens, 0) + j.ti, "
+    "output_tokens = COALESCE(output_tokens, 0) + j.tout "
+    "FROM (SELECT json_extract(value, '$[0]') AS sid, json_extract(value, '$[1]') AS n, "
+    "json_extract(value, '$[2]') AS t, json_extract(value, '$[3]') AS ts, "
+    "json_extract(value, '$[4]') AS pv, json_extract(value, '$[5]') AS ti, "
+    "json_extract(value, '$[6]') AS tout FROM json_each(?)) AS j "
+    "WHERE sessions.id = j.sid"
+)
+_DUPLICATES_JSON = (
+    "SELECT DISTINCT json_extract(j.value, '$[3]') FROM json_each(?) j "
+    "WHERE EXISTS (SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
+    "WHERE m.platform_message_id = json_extract(j.value, '$[2]') "
+    "AND s.source = json_extract(j.value, '$[0]') AND s.chat_id = json_extract(j.value, '$[1]'))"
+)
 
-    Raises (so the writer falls back to one savepoint per call) if any session is missing.
-    """
+
+def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[list[int]]:
+    """Many append_messages calls in a few statements; the writer uses it for runs of
+    appends. Raises (so the writer falls back to one savepoint per call) if any session is
+    missing."""
     now = time.time()
-    wanted = {call[0] for call in calls}
-    marks = ", ".join("?" for _ in wanted)
-    found = {
-        r[0] for r in conn.execute(f"SELECT id FROM sessions WHERE id IN ({marks})", tuple(wanted))
-    }
-    if found != wanted:
-        raise SessionNotFound(next(iter(wanted - found)))
+    wanted = sorted({call[0] for call in calls})
+    (found,) = conn.execute(
+        "SELECT COUNT(*) FROM sessions WHERE id IN (SELECT value FROM json_each(?))",
+        (json.dumps(wanted),),
+    ).fetchone()
+    if found != len(wanted):
+        for sid in wanted:
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is None:
+                raise SessionNotFound(sid)
+    # Duplicates (a platform id already stored for that chat), found in one query.
+    probes = [
+        (call[2][0], call[2][1], str(m["platform_message_id"]), i)
+        for i, call in enumerate(calls)
+        if len(call) > 2 and call[2] is not None
+        for m in call[1]
+        if m.get("platform_message_id") is not None
+    ]
+    dup_calls: set[int] = set()
+    if probes:
+        dup_calls = {int(r[0]) for r in conn.execute(_DUPLICATES_JSON, (json.dumps(probes),))}
+        first_seen: dict[tuple[str, str, str], int] = {}
+        for source, chat, pmid, i in probes:  # the same id twice within this batch
+            if first_seen.setdefault((source, chat, pmid), i) != i:
+                dup_calls.add(i)
     rows: list[tuple[Any, ...]] = []
     per_call: list[int] = []
-    token_updates: list[tuple[str, Mapping[str, int]]] = []
-    seen_pmids: set[tuple[str, str, str]] = set()
-    for call in calls:
-        session_id, batch = call[0], list(call[1])
-        dedupe: Dedupe | None = call[2] if len(call) > 2 else None
+    agg: dict[str, list[Any]] = {}  # sid -> [count, tool calls, last ts, preview, in, out]
+    for i, call in enumerate(calls):
+        session_id, batch = call[0], call[1]
         tokens: Mapping[str, int] | None = call[3] if len(call) > 3 else None
-        if dedupe is not None:
-            pmids = {
-                (dedupe[0], dedupe[1], str(m["platform_message_id"]))
-                for m in batch
-                if m.get("platform_message_id") is not None
-            }
-            if pmids & seen_pmids or _is_duplicate(conn, dedupe, batch):
-                per_call.append(-1)  # a duplicate: nothing stored
-                continue
-            seen_pmids |= pmids
-        before = len(rows)
-        rows.extend(_row_values(session_id, msg, now) for msg in batch)
-        per_call.append(len(rows) - before)
+        if i in dup_calls:
+            per_call.append(-1)  # a duplicate: nothing stored
+            continue
+        a = agg.setdefault(session_id, [0, 0, 0.0, None, 0, 0])
+        n = 0
+        for msg in batch:
+            values = _row_values(session_id, msg, now)
+            rows.append(values)
+            n += 1
+            a[0] += 1
+            if values[4] is not None:
+                a[1] += _tool_call_count(values[4])
+            a[2] = max(a[2], values[6])
+            if a[3] is None and values[1] == "user":
+                a[3] = make_preview(values[2])
+        per_call.append(n)
         if tokens:
-            token_updates.append((session_id, tokens))
-    if not rows:
-        for session_id, tokens in token_updates:
-            _add_tokens(conn, session_id, tokens)
-        return [[] for _ in per_call]
-    # Under the write lock AUTOINCREMENT hands out consecutive ids starting one past the
-    # larger of the sequence and the current maximum (executemany leaves lastrowid unset).
-    first = conn.execute(
-        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0), "
-        "COALESCE((SELECT MAX(id) FROM messages), 0)) + 1"
-    ).fetchone()[0]
-    conn.executemany(_INSERT, rows)
-    ids = list(range(first, first + len(rows)))
-    aux_rows = []
-    sessions: dict[str, list[Any]] = {}
-    for mid, values in zip(ids, rows, strict=True):
-        aux = aux_row(values[2], values[5], values[4])
-        if aux is not None:
-            aux_rows.append((mid, aux[0], aux[1]))
-        agg = sessions.setdefault(values[0], [0, 0, 0.0, None])
-        agg[0] += 1
-        agg[1] += _tool_call_count(values[4]) if values[4] is not None else 0
-        agg[2] = max(agg[2], values[6])
-        if agg[3] is None and values[1] == "user":
-            agg[3] = make_preview(values[2])
-    if aux_rows:
-        conn.executemany(
-            "INSERT INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)", aux_rows
-        )
-    conn.executemany(
-        _UPDATE_SESSION, [(c, t, ts, pv, sid) for sid, (c, t, ts, pv) in sessions.items()]
-    )
-    for session_id, tokens in token_updates:
-        _add_tokens(conn, session_id, tokens)
+            a[4] += int(tokens.get("input_tokens", 0))
+            a[5] += int(tokens.get("output_tokens", 0))
+    ids: list[int] = []
+    if rows:
+        # Under the write lock AUTOINCREMENT hands out consecutive ids, starting one past
+        # the larger of the sequence and the current maximum.
+        first = conn.execute(
+            "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0), "
+            "COALESCE((SELECT MAX(id) FROM messages), 0)) + 1"
+        ).fetchone()[0]
+        conn.execute(_INSERT_JSON, (json.dumps(rows, ensure_ascii=False),))
+        ids = list(range(first, first + len(rows)))
+        aux_rows = []
+        for mid, values in zip(ids, rows, strict=True):
+            aux = aux_row(values[2], values[5], values[4])
+            if aux is not None:
+                aux_rows.append((mid, aux[0], aux[1]))
+        if aux_rows:
+            conn.executemany(
+                "INSERT INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)",
+                aux_rows,
+            )
+    updates = [[sid, *vals] for sid, vals in agg.items() if vals[0] or vals[4] or vals[5]]
+    if updates:
+        conn.execute(_UPDATE_SESSIONS_JSON, (json.dumps(updates, ensure_ascii=False),))
     out: list[list[int]] = []
     pos = 0
     for n in per_call:
@@ -237,6 +279,32 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
 
 
 register_batched(append_messages, append_many)
+
+
+def append_and_read(
+    conn: sqlite3.Connection,
+    session_id: str,
+    messages: Iterable[Mapping[str, Any]],
+    dedupe: Dedupe | None,
+    last: int | None,
+) -> tuple[list[int], list[Row]]:
+    """Append, then read the newest `last` messages in the same transaction: the turn's
+    history arrives with the write (no separate read). A duplicate returns ([], [])."""
+    ids = append_messages(conn, session_id, messages, dedupe)
+    return (ids, conversation_rows(conn, session_id, last)) if ids else ([], [])
+
+
+def append_and_read_many(
+    conn: sqlite3.Connection, calls: list[tuple[Any, ...]]
+) -> list[tuple[list[int], list[Row]]]:
+    ids = append_many(conn, [(sid, batch, dedupe) for sid, batch, dedupe, _last in calls])
+    return [
+        (got, conversation_rows(conn, call[0], call[3])) if got else ([], [])
+        for got, call in zip(ids, calls, strict=True)
+    ]
+
+
+register_batched(append_and_read, append_and_read_many)
 
 
 def decode_message(row: Row) -> Row:
@@ -281,6 +349,29 @@ def get_messages_around(
         (session_id, message_id, window + 1, session_id, message_id, window),
     )
     return [decode_message(row_dict(cur, r)) for r in cur.fetchall()]
+
+
+_CONVERSATION_JSON = (
+    "SELECT json_group_array(json_array(role, content, tool_calls, tool_call_id, tool_name, "
+    "reasoning)) FROM (SELECT * FROM (SELECT role, content, tool_calls, tool_call_id, "
+    "tool_name, reasoning, id FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT ?) "
+    "ORDER BY id)"
+)
+
+
+def conversation_rows(
+    conn: sqlite3.Connection, session_id: str, last: int | None = None
+) -> list[Row]:
+    """The newest `last` messages (all when None) as rows for to_conversation, fetched as
+    one JSON value: one sqlite3 step instead of one per message (see append_many)."""
+    (raw,) = conn.execute(_CONVERSATION_JSON, (session_id, -1 if last is None else last)).fetchone()
+    out: list[Row] = []
+    for role, content, tool_calls, tool_call_id, tool_name, reasoning in json.loads(raw or "[]"):
+        out.append({
+            "role": role, "content": content, "tool_calls": from_json_text(tool_calls),
+            "tool_call_id": tool_call_id, "tool_name": tool_name, "reasoning": reasoning,
+        })  # fmt: skip
+    return out
 
 
 def to_conversation(rows: Iterable[Row]) -> list[dict[str, Any]]:

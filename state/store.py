@@ -343,6 +343,21 @@ class SessionDB:
             await self._write(messages.append_messages, session_id, list(batch), dedupe, tokens)
         )
 
+    async def append_and_read(
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        last: int | None = None,
+    ) -> tuple[list[int], list[dict[str, Any]]]:
+        """Append messages and return (their ids, the newest `last` messages in OpenAI chat
+        format) from the same transaction. With `dedupe`, a duplicate returns ([], [])."""
+        ids, rows = await self._write(
+            messages.append_and_read, session_id, list(batch), dedupe, last
+        )
+        return list(ids), messages.to_conversation(rows)
+
     async def get_messages(
         self,
         session_id: str,
@@ -371,8 +386,8 @@ class SessionDB:
             rows: list[Row] = []
             if include_ancestors:
                 for anc in reversed(lineage.ancestors(conn, session_id)):
-                    rows.extend(messages.get_messages(conn, anc["id"]))
-            rows.extend(messages.get_messages(conn, session_id, last=last))
+                    rows.extend(messages.conversation_rows(conn, anc["id"]))
+            rows.extend(messages.conversation_rows(conn, session_id, last))
             return rows
 
         return messages.to_conversation(await self._read(_conv))

@@ -237,3 +237,44 @@ async def test_a_cancelled_read_frees_its_connection_for_the_next_caller(db: Ses
     # more reads than connections, all answered: the interrupted slot came back
     rows = await asyncio.wait_for(asyncio.gather(*(db.get_session(sid) for _ in range(10))), 5)
     assert all(r is not None for r in rows)
+
+
+async def test_append_and_read_returns_the_history_of_its_own_transaction(db: SessionDB) -> None:
+    """Merged or not, each caller gets its ids and the window ending with its own message;
+    a duplicate stores nothing and gets no history."""
+    a = await db.create_session(source="telegram", chat_id="ca")
+    b = await db.create_session(source="telegram", chat_id="cb")
+    await db.append_messages(
+        a, [{"role": "user", "content": "old"}, {"role": "assistant", "content": "reply"}]
+    )
+    calls = [
+        db.append_and_read(
+            a,
+            [{"role": "user", "content": "new a", "platform_message_id": "1"}],
+            dedupe=("telegram", "ca"),
+            last=2,
+        ),
+        db.append_and_read(
+            b,
+            [{"role": "user", "content": "new b", "platform_message_id": "1"}],
+            dedupe=("telegram", "cb"),
+            last=10,
+        ),
+        db.append_and_read(
+            a,
+            [{"role": "user", "content": "again", "platform_message_id": "1"}],
+            dedupe=("telegram", "ca"),
+            last=2,
+        ),
+    ]
+    (ids_a, hist_a), (ids_b, hist_b), (ids_dup, hist_dup) = await asyncio.gather(*calls)
+    assert len(ids_a) == 1 and [m["content"] for m in hist_a] == ["reply", "new a"]
+    assert len(ids_b) == 1 and hist_b == [{"role": "user", "content": "new b"}]
+    assert (ids_dup, hist_dup) == ([], [])
+    alone = await db.append_and_read(
+        b, [{"role": "assistant", "content": "r", "tool_calls": [{"id": "x"}]}], last=None
+    )
+    assert [m["content"] for m in alone[1]] == ["new b", "r"] and alone[1][-1]["tool_calls"] == [
+        {"id": "x"}
+    ]
+    assert db.writer.stats.fallbacks == 0
