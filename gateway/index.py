@@ -67,6 +67,10 @@ class IndexEntry:
         )  # fmt: skip
 
 
+def _sid(entry: IndexEntry | dict[str, Any]) -> str:
+    return entry.session_id if isinstance(entry, IndexEntry) else str(entry["session_id"])
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so a crash leaves the old file or the new one, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +99,9 @@ class SessionIndex:
         self.path = path
         self.db = db
         self.flush_interval = flush_interval
-        self._entries: dict[str, IndexEntry] = {}
+        # Entries read from disk stay as their decoded JSON dicts until first used, so a
+        # 100,000-entry index starts in the time it takes to decode the file.
+        self._entries: dict[str, IndexEntry | dict[str, Any]] = {}
         self._dirty = False
         self._flush_task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -117,8 +123,10 @@ class SessionIndex:
                 data = json.loads(raw)
                 if not isinstance(data, dict):
                     raise ValueError("top level is not an object")
-                self._entries = {k: IndexEntry.from_json(v) for k, v in data.items()}
-                del data
+                for value in data.values():
+                    if not isinstance(value, dict) or not isinstance(value.get("session_id"), str):
+                        raise ValueError("an entry has no session_id")
+                self._entries = data
             finally:
                 if gc_was_enabled:
                     gc.enable()
@@ -147,55 +155,75 @@ class SessionIndex:
         self.mark_dirty()
 
     async def _heal(self) -> None:
-        """Entries whose session ended: follow a compression to its tip, else drop."""
-        states = await self.db.session_states([e.session_id for e in self._entries.values()])
-        for key, entry in list(self._entries.items()):
-            state = states.get(entry.session_id)
+        """Entries whose session is missing are dropped; entries whose session ended follow
+        a compression to its live tip, or are dropped."""
+        states = await self.db.session_states([_sid(e) for e in self._entries.values()])
+        for key, value in list(self._entries.items()):
+            sid = _sid(value)
+            state = states.get(sid)
+            if state is not None and state[0] is None:
+                continue  # live: the common case, left undecoded
+            self.mark_dirty()
             if state is None:
-                log.warning(
-                    "index entry %s points at a missing session %s; dropped", key, entry.session_id
-                )
+                log.warning("index entry %s points at a missing session %s; dropped", key, sid)
                 del self._entries[key]
-                self.mark_dirty()
-            elif state[0] is not None:
-                tip = await self.db.get_compression_tip(entry.session_id)
-                tip_state = (await self.db.session_states([tip])).get(tip)
-                if tip != entry.session_id and tip_state and tip_state[0] is None:
-                    self._entries[key] = replace(entry, session_id=tip)
-                    log.info("index entry %s healed to its compression tip %s", key, tip)
-                else:
-                    del self._entries[key]
-                    log.info(
-                        "index entry %s pointed at ended session %s; dropped", key, entry.session_id
-                    )
-                self.mark_dirty()
+                continue
+            tip = await self.db.get_compression_tip(sid)
+            tip_state = (await self.db.session_states([tip])).get(tip)
+            entry = self._materialise(key)
+            if entry is not None and tip != sid and tip_state and tip_state[0] is None:
+                self._entries[key] = replace(entry, session_id=tip)
+                log.info("index entry %s healed to its compression tip %s", key, tip)
+            else:
+                self._entries.pop(key, None)
+                log.info("index entry %s pointed at ended session %s; dropped", key, sid)
 
     # --- lookups and changes -------------------------------------------------------------
 
+    def _materialise(self, key: str) -> IndexEntry | None:
+        value = self._entries.get(key)
+        if value is None or isinstance(value, IndexEntry):
+            return value
+        try:
+            entry = IndexEntry.from_json(value)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("index entry %s is malformed (%s); dropped", key, exc)
+            del self._entries[key]
+            self.mark_dirty()
+            return None
+        self._entries[key] = entry
+        return entry
+
     def get(self, key: str) -> IndexEntry | None:
-        return self._entries.get(key)
+        return self._materialise(key)
 
     def items(self) -> list[tuple[str, IndexEntry]]:
-        return list(self._entries.items())
+        out = []
+        for key in list(self._entries):
+            entry = self._materialise(key)
+            if entry is not None:
+                out.append((key, entry))
+        return out
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def keys_for_session(self, session_id: str) -> list[str]:
-        return [k for k, e in self._entries.items() if e.session_id == session_id]
+        return [k for k, e in self._entries.items() if _sid(e) == session_id]
 
     def put(self, key: str, entry: IndexEntry) -> None:
         self._entries[key] = entry
         self.mark_dirty()
 
     def touch(self, key: str, now: float | None = None) -> None:
-        entry = self._entries.get(key)
+        entry = self._materialise(key)
         if entry is not None:
             self._entries[key] = replace(entry, updated_at=time.time() if now is None else now)
             self.mark_dirty()
 
     def remove(self, key: str) -> IndexEntry | None:
-        entry = self._entries.pop(key, None)
+        entry = self._materialise(key)
+        self._entries.pop(key, None)
         if entry is not None:
             self.mark_dirty()
         return entry
@@ -225,7 +253,10 @@ class SessionIndex:
 
             def _encode_and_write() -> int:
                 payload = json.dumps(
-                    {k: e.to_json() for k, e in snapshot.items()},
+                    {
+                        k: e.to_json() if isinstance(e, IndexEntry) else e
+                        for k, e in snapshot.items()
+                    },
                     ensure_ascii=False,
                     separators=(",", ":"),
                 ).encode()

@@ -109,3 +109,19 @@ def test_a_kill_during_writes_leaves_the_old_or_the_new_file(tmp_path: Path) -> 
         assert data["pad"] == "x" * 400_000
         seen.append(data["generation"])
     assert all(g >= 1 for g in seen)
+
+
+async def test_a_malformed_entry_is_dropped_on_use_and_the_rest_kept(
+    db: SessionDB, tmp_path: Path
+) -> None:
+    sid = await db.create_session(source="api", session_key="good")
+    path = tmp_path / "sessions.json"
+    bad = {"session_id": sid, "created_at": "not a date", "updated_at": "x"}
+    path.write_text(json.dumps({"good": _entry(sid).to_json(), "bad": bad}))
+    index = SessionIndex(path, db, 0.05)
+    assert await index.load() == "loaded"
+    assert index.get("good") is not None and index.get("good").session_id == sid
+    assert index.get("bad") is None
+    assert [k for k, _ in index.items()] == ["good"]
+    await index.close()
+    assert set(json.loads(path.read_text())) == {"good"}
