@@ -17,13 +17,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway import access, session_commands
 from gateway.agent.base import Agent, AgentReply, TurnContext, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.commands import CommandContext, CommandRegistry, builtin_commands, parse_command
 from gateway.index import IndexEntry, SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.metrics import Metrics
-from gateway.session_keys import KeySettings, SessionKey, build_key
+from gateway.session_keys import KeySettings, SessionKey, SessionSource, build_key
+from gateway.sessions import SessionManager
 from state import SessionDB, SessionFilter, StateError
 
 log = logging.getLogger("gateway.router")
@@ -81,6 +83,13 @@ class Router:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.commands: CommandRegistry = builtin_commands()
+        session_commands.register(self.commands)
+        self.sessions = SessionManager(
+            db, index, agent, model=agent.model, system_prompt=self.settings.system_prompt,
+            context_tokens=self.settings.context_tokens, clock=clock,
+        )  # fmt: skip
+        self._listings: OrderedDict[str, list[str]] = OrderedDict()
+        self._job_seq = 0
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
         self._inflight: set[asyncio.Task[None]] = set()
@@ -181,30 +190,7 @@ class Router:
         entry = self.index.get(k)
         if entry is not None:
             return entry
-        return await self.create_session_for(key, msg)
-
-    async def create_session_for(
-        self,
-        key: SessionKey,
-        msg: InboundMessage,
-        *,
-        parent: str | None = None,
-        child_kind: str | None = None,
-    ) -> IndexEntry:
-        src = msg.source
-        now = self.clock()
-        sid = await self.db.create_session(
-            source=src.platform, user_id=src.user_id, model=self.agent.model,
-            system_prompt=self.settings.system_prompt, parent_session_id=parent, child_kind=child_kind,
-            started_at=now, session_key=key.format(), chat_id=src.chat_id, chat_type=src.chat_type,
-            thread_id=src.thread_id, origin_json=json.dumps(src.as_dict(), ensure_ascii=False),
-        )  # fmt: skip
-        entry = IndexEntry(
-            session_id=sid, created_at=now, updated_at=now, origin=src.as_dict(),
-            display_name=src.chat_name or src.user_name, platform=src.platform, chat_type=src.chat_type,
-        )  # fmt: skip
-        self.index.put(key.format(), entry)
-        return entry
+        return await self.sessions.create(key, msg.source)
 
     async def _agent_turn(
         self, msg: InboundMessage, key: SessionKey, entry: IndexEntry, started: float
@@ -273,6 +259,15 @@ class Router:
             self.index.touch(k, self.clock())
             self.metrics.turns.inc(outcome="ok")
             await self._reply(msg, sid, reply.text, key)
+            after = [*history, {"role": "assistant", "content": reply.text}]
+            if sum(1 for m in after if m.get("role") in ("user", "assistant")) == 2:
+                self._track(self._auto_title(sid, after), f"title:{sid}")
+            if self.sessions.needs_compression(after):
+                try:
+                    await self.sessions.compress(key, src)
+                    log.info("session_key=%s compressed automatically", k)
+                except Exception as exc:  # the session is untouched; the next turn retries
+                    log.warning("automatic compression failed for session_key=%s: %s", k, exc)
             self.metrics.turn_latency.observe(self.clock() - started)
             log.debug(
                 "turn session_key=%s platform=%s latency=%.3fs",
@@ -287,6 +282,78 @@ class Router:
                 if not jobs:
                     del self._jobs[sid]
 
+    def _track(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return task
+
+    async def _auto_title(self, sid: str, history: list[dict[str, Any]]) -> None:
+        """After the first exchange, in the background: never blocks the reply, never
+        overwrites a title the user set."""
+        try:
+            title = await self.agent.suggest_title(history)
+            if await self.db.set_title_if_unset(sid, title):
+                log.debug("session %s titled automatically", sid)
+        except Exception as exc:
+            log.warning("automatic title for session %s failed: %s", sid, exc)
+
+    def start_background(self, key: SessionKey, msg: InboundMessage, sid: str, prompt: str) -> str:
+        self._job_seq += 1
+        job = f"bg{self._job_seq}"
+        self._jobs.setdefault(sid, set()).add(job)
+        self._track(self._background(key, msg, sid, prompt, job), f"background:{job}")
+        return job
+
+    async def _background(
+        self, key: SessionKey, msg: InboundMessage, sid: str, prompt: str, job: str
+    ) -> None:
+        try:
+            history = await self.db.get_messages_as_conversation(
+                sid, last=self.settings.history_messages
+            )
+            history.append({"role": "user", "content": prompt})
+            ctx = TurnContext(sid, key.format(), msg.source.platform, self.settings.system_prompt,
+                              self._tool_runner(key, msg, sid))  # fmt: skip
+            async with asyncio.timeout(self.settings.turn_timeout_s):
+                reply = await self.agent.respond(
+                    window(history, self.settings.context_tokens // 2), ctx
+                )
+            await self.db.append_messages(
+                sid, [{"role": "user", "content": f"[background {job}] {prompt}"},
+                      {"role": "assistant", "content": reply.text}],
+                input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
+            )  # fmt: skip
+            text = f"Background job {job} finished:\n{reply.text}"
+        except Exception as exc:
+            log.error("background job %s failed for session %s: %s", job, sid, exc)
+            text = f"Background job {job} failed; nothing was changed."
+        finally:
+            jobs = self._jobs.get(sid)
+            if jobs is not None:
+                jobs.discard(job)
+                if not jobs:
+                    del self._jobs[sid]
+        await self._reply(msg, sid, text, key)
+
+    # --- per-chat listings (/resume N after /resume, /sessions or /search) ---------------
+
+    def remember_listing(self, key: SessionKey, ids: list[str]) -> None:
+        self._listings[key.format()] = ids
+        self._listings.move_to_end(key.format())
+        while len(self._listings) > 10_000:
+            self._listings.popitem(last=False)
+
+    def listing(self, key: SessionKey) -> list[str] | None:
+        return self._listings.get(key.format())
+
+    def forget_listing(self, key: SessionKey) -> None:
+        self._listings.pop(key.format(), None)
+
+    def is_admin(self, source: SessionSource) -> bool:
+        rules = self.settings.access.get(source.platform)
+        return bool(rules and source.user_id is not None and source.user_id in rules.admins)
+
     def _tool_runner(
         self, key: SessionKey, msg: InboundMessage, sid: str
     ) -> Callable[[str, dict[str, Any]], Awaitable[str]]:
@@ -300,14 +367,8 @@ class Router:
         return run
 
     def scope_for(self, key: SessionKey, msg: InboundMessage) -> SessionFilter:
-        """The sessions this chat may see: same platform and chat; same user where the
-        sessions are per user; a shared thread's members share its sessions."""
-        src = msg.source
-        return SessionFilter(
-            source=src.platform, chat_id=src.chat_id,
-            user_id=key.user_id if key.scope != "dm" else None,
-            thread_id=key.thread_id, include_children=True,
-        )  # fmt: skip
+        """The sessions this chat may see (gateway.access)."""
+        return access.scope(key)
 
     async def _reply(
         self, msg: InboundMessage, session_id: str | None, text: str, key: SessionKey | None = None

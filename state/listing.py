@@ -32,6 +32,9 @@ class SessionFilter:
     include_children: bool = False
     include_archived: bool = False
     titled_only: bool = False
+    thread_exact: bool = False  # thread_id None then means "not in a thread"
+    child_kinds: tuple[str, ...] = ("branch",)  # children shown beside roots by default
+    routed_only: bool = False  # only sessions that came from a chat (have a session key)
 
     def where(self, alias: str = "") -> tuple[str, list[object]]:
         p = f"{alias}." if alias else ""
@@ -49,9 +52,17 @@ class SessionFilter:
             if value is not None:
                 clauses.append(f"{p}{col} = ?")
                 params.append(value)
+        if self.thread_exact and self.thread_id is None:
+            clauses.append(f"{p}thread_id IS NULL")
+        if self.routed_only:
+            clauses.append(f"{p}session_key IS NOT NULL")
         if not self.include_children:
-            # Roots and branches; compression/reset children are reached through lineage.
-            clauses.append(f"({p}parent_session_id IS NULL OR {p}child_kind = 'branch')")
+            # Roots and (by default) branches; compression and reset children are reached
+            # through their lineage.
+            kinds = ", ".join(f"'{k}'" for k in self.child_kinds if k.isalpha())
+            clauses.append(
+                f"({p}parent_session_id IS NULL OR {p}child_kind IN ({kinds or 'NULL'}))"
+            )
         if not self.include_archived:
             clauses.append(f"COALESCE({p}archived, 0) = 0")
         if self.titled_only:
@@ -69,6 +80,54 @@ def list_sessions(
         (*params, max(0, limit), max(0, offset)),
     )
     return [row_dict(cur, r) for r in cur.fetchall()]
+
+
+def resolve_in_scope(conn: sqlite3.Connection, ref: str, flt: SessionFilter) -> str | None:
+    """Id, unique id prefix or title (newest of its lineage) among the sessions `flt`
+    allows. Sessions outside the scope are invisible: they never match, never make a
+    prefix ambiguous, never show up in an error."""
+    from .errors import AmbiguousSession
+    from .rows import like_escape
+    from .sessions import clean_title, split_lineage
+    from .titles import title_key
+
+    ref = ref.strip()
+    if not ref:
+        return None
+    where, params = flt.where()
+    row = conn.execute(
+        f"SELECT id FROM sessions WHERE id = ? AND {where}", (ref, *params)
+    ).fetchone()
+    if row:
+        return str(row[0])
+    rows = conn.execute(
+        f"SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' AND {where} ORDER BY id LIMIT 6",
+        (like_escape(ref) + "%", *params),
+    ).fetchall()
+    if len(rows) > 1:
+        raise AmbiguousSession(ref, [r[0] for r in rows])
+    if rows:
+        return str(rows[0][0])
+    title = clean_title(ref)
+    if not title:
+        return None
+    base, _ = split_lineage(title)
+    if title != base:  # an explicit " #N": exactly that member
+        row = conn.execute(
+            f"SELECT id FROM sessions WHERE title_key = ? AND {where}", (title_key(title), *params)
+        ).fetchone()
+        return str(row[0]) if row else None
+    key = title_key(base)
+    best: tuple[int, float, str] | None = None
+    for sid, t, started in conn.execute(
+        f"SELECT id, title, started_at FROM sessions WHERE (title_key = ? OR title_key LIKE ? "
+        f"ESCAPE '\\') AND {where}",
+        (key, like_escape(key) + " #%", *params),
+    ):
+        b, n = split_lineage(t)
+        if title_key(b) == key and (best is None or (n, started) > best[:2]):
+            best = (n, started, sid)
+    return best[2] if best else None
 
 
 def count_sessions(conn: sqlite3.Connection, flt: SessionFilter) -> int:

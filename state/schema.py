@@ -300,6 +300,22 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
 LATEST = MIGRATIONS[-1][0]
 
 
+def _refresh_stale_statistics(conn: sqlite3.Connection) -> None:
+    """If planner statistics exist but miss an index (one added after the last ANALYZE),
+    the planner can prefer that index blindly; re-analyse the tables concerned."""
+    if not _table_exists(conn, "sqlite_stat1"):
+        return
+    stale = conn.execute(
+        "SELECT DISTINCT m.tbl_name FROM sqlite_master m WHERE m.type = 'index' "
+        "AND m.tbl_name IN ('sessions', 'messages') "
+        "AND m.tbl_name IN (SELECT tbl FROM sqlite_stat1) "
+        "AND m.name NOT IN (SELECT idx FROM sqlite_stat1 WHERE idx IS NOT NULL)"
+    ).fetchall()
+    for (table,) in stale:
+        log.info("refreshing planner statistics for %s", table)
+        conn.execute(f"ANALYZE {table}")
+
+
 def current_version(conn: sqlite3.Connection) -> int:
     if not _table_exists(conn, "state_meta"):
         return 0
@@ -327,6 +343,7 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     (META_VERSION_KEY, str(version)),
                 )
+        _refresh_stale_statistics(conn)
         if fresh:
             # A file we created: its schema_version is ours to keep.
             conn.execute("DELETE FROM schema_version")

@@ -50,6 +50,8 @@ def _filters(req: SearchRequest) -> tuple[str, list[object]]:
         thread_id=req.scope.thread_id,
         include_children=True,
         include_archived=True,
+        thread_exact=req.scope.thread_exact,
+        routed_only=req.scope.routed_only,
     )
     where, params = scope.where("s")
     if req.roles:

@@ -231,6 +231,23 @@ def set_title(conn: sqlite3.Connection, session_id: str, raw: str | None) -> str
     return title
 
 
+def set_title_if_unset(conn: sqlite3.Connection, session_id: str, raw: str) -> str | None:
+    """An automatic title: only if the session has none (a user's title always wins), and
+    numbered (`x #2`) when the name is taken. Returns the title set, or None."""
+    row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFound(session_id)
+    if row[0] is not None:
+        return None
+    try:
+        title = sanitize_title(raw[:MAX_TITLE_LENGTH])
+    except (TitleEmpty, TitleTooLong):
+        return None
+    if title_owner(conn, title) is not None:
+        title = next_title_in_lineage(conn, title)
+    return set_title(conn, session_id, title)
+
+
 def lineage_members(conn: sqlite3.Connection, base: str) -> list[tuple[int, str, str, float]]:
     """Sessions titled `base` or `base #N`: (number, id, title, started_at)."""
     key = title_key(base)

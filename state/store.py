@@ -414,6 +414,10 @@ class SessionDB:
         """Set (or clear with None/'') the title; raises TitleTooLong/TitleTaken/TitleEmpty."""
         return await self._write(sessions.set_title, session_id, title)
 
+    async def set_title_if_unset(self, session_id: str, title: str) -> str | None:
+        """Set an automatic title unless one is set; numbered when taken."""
+        return await self._write(sessions.set_title_if_unset, session_id, title)
+
     async def get_session_title(self, session_id: str) -> str | None:
         row = await self.get_session(session_id)
         return None if row is None else row.get("title")
@@ -521,6 +525,10 @@ class SessionDB:
             include_archived=include_archived, titled_only=titled_only,
         )  # fmt: skip
         return list(await self._read(listing.list_sessions, flt, limit, offset))
+
+    async def resolve_in_scope(self, ref: str, flt: listing.SessionFilter) -> str | None:
+        """Id, unique prefix or title, among the sessions `flt` allows (None if none)."""
+        return await self._read(listing.resolve_in_scope, ref, flt)
 
     async def list_filtered(
         self, flt: listing.SessionFilter, limit: int = 20, offset: int = 0

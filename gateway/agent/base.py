@@ -34,6 +34,14 @@ class Agent(Protocol):
 
     async def respond(self, history: Sequence[ChatMessage], ctx: TurnContext) -> AgentReply: ...
 
+    async def summarize(self, history: Sequence[ChatMessage], focus: str | None) -> str:
+        """A summary of `history` to continue from (compression)."""
+        ...
+
+    async def suggest_title(self, history: Sequence[ChatMessage]) -> str:
+        """A 3-7 word title for the conversation so far."""
+        ...
+
     async def close(self) -> None: ...
 
 

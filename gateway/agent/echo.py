@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from gateway.agent.base import AgentReply, ChatMessage, TurnContext
+
+_WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")
+SUMMARY_HEADER = "Summary of the earlier conversation:"
 
 
 class EchoAgent:
@@ -21,6 +25,34 @@ class EchoAgent:
             output_tokens=len(reply.split()),
             model="echo",
         )
+
+    async def summarize(self, history: Sequence[ChatMessage], focus: str | None) -> str:
+        """Extractive: the opening of each user message (those mentioning the focus first)."""
+        said = [
+            " ".join((m.get("content") or "").split())[:100]
+            for m in history
+            if m.get("role") == "user" and (m.get("content") or "").strip()
+        ]
+        if focus:
+            words = {w.lower() for w in _WORD.findall(focus)}
+            said.sort(key=lambda s: not (words & {w.lower() for w in _WORD.findall(s)}))
+        lines = [f"- {s}" for s in said[:20]] or ["- (nothing was said)"]
+        head = SUMMARY_HEADER + (f" (focus: {focus})" if focus else "")
+        return "\n".join([head, *lines])
+
+    async def suggest_title(self, history: Sequence[ChatMessage]) -> str:
+        """The first words of the conversation, 3 to 7 of them."""
+        words: list[str] = []
+        for m in history:
+            if m.get("role") in ("user", "assistant"):
+                text = (m.get("content") or "").removeprefix("echo: ")
+                words += [w for w in _WORD.findall(text) if not w.isdigit()]
+            if len(words) >= 7:
+                break
+        words = words[:7] or ["untitled"]
+        while len(words) < 3:
+            words.append("chat")
+        return " ".join(words).capitalize()
 
     async def close(self) -> None:
         return None

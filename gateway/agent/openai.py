@@ -95,6 +95,36 @@ class OpenAIAgent:
             delay = min(delay * 2, 10)
         raise AgentError("unreachable")
 
+    async def _ask(self, instruction: str, history: Sequence[ChatMessage]) -> str:
+        transcript = "\n".join(
+            f"{m.get('role')}: {m.get('content') or ''}"
+            for m in history
+            if m.get("role") in ("user", "assistant")
+        )
+        data = await self._complete(
+            [{"role": "system", "content": instruction}, {"role": "user", "content": transcript}],
+            with_tools=False,
+        )
+        text = ((data["choices"][0] or {}).get("message") or {}).get("content") or ""
+        if not text.strip():
+            raise AgentError("the model returned an empty answer")
+        return text.strip()
+
+    async def summarize(self, history: Sequence[ChatMessage], focus: str | None) -> str:
+        instruction = (
+            "Summarise the conversation below so it can be continued without it: decisions, "
+            "facts, open questions, names and numbers. Be concise."
+        )
+        if focus:
+            instruction += f" Pay most attention to: {focus}."
+        return await self._ask(instruction, history)
+
+    async def suggest_title(self, history: Sequence[ChatMessage]) -> str:
+        text = await self._ask(
+            "Reply with only a 3 to 7 word title for this conversation, no quotes.", history[:6]
+        )
+        return text.strip().strip('"').splitlines()[0][:100]
+
     async def respond(self, history: Sequence[ChatMessage], ctx: TurnContext) -> AgentReply:
         messages: list[ChatMessage] = []
         if ctx.system_prompt:

@@ -1,0 +1,250 @@
+"""The session commands: /new /title /resume /sessions /search /branch /compress
+/background /sethome. Each resolves only within the chat's own sessions (gateway.access),
+so another user's session answers exactly like one that does not exist."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import UTC, datetime
+
+from gateway import access
+from gateway.commands import CommandContext, CommandRegistry
+from gateway.sessions import NothingToCompress
+from state import AmbiguousSession, QueryError, SessionFilter, StateError, TitleError
+
+log = logging.getLogger("gateway.commands")
+LIST_LIMIT = 10
+NOT_FOUND = "No session found for that. Send /resume to see the ones you can resume."
+
+
+def _ago(ts: float | None, now: float) -> str:
+    if not ts:
+        return "never"
+    d = max(0.0, now - ts)
+    if d < 60:
+        return "just now"
+    if d < 3600:
+        return f"{int(d // 60)}m ago"
+    if d < 86400:
+        return f"{int(d // 3600)}h ago"
+    if d < 2 * 86400:
+        return "yesterday"
+    if d < 30 * 86400:
+        return f"{int(d // 86400)}d ago"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
+
+
+def _cut(text: str | None, n: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= n else flat[: n - 1] + "…"
+
+
+def _label(row: dict[str, object]) -> str:
+    return str(row.get("title") or _cut(str(row.get("preview") or "(empty)"), 40))
+
+
+async def cmd_new(ctx: CommandContext) -> str:
+    entry, problem = await ctx.router.sessions.reset(
+        ctx.key, ctx.msg.source, "session_reset", ctx.args or None
+    )
+    ctx.router.forget_listing(ctx.key)
+    if problem:
+        return f"Started a new session, but the title was not set: {problem}."
+    return f"Started a new session{f' titled {ctx.args.strip()!r}' if ctx.args else ''}."
+
+
+async def cmd_title(ctx: CommandContext) -> str:
+    db = ctx.router.db
+    if not ctx.args:
+        title = await db.get_session_title(ctx.session_id)
+        return (
+            f"Title: {title}"
+            if title
+            else "This session has no title yet. Set one with /title <name>."
+        )
+    try:
+        title = await db.set_session_title(ctx.session_id, ctx.args)
+    except TitleError as exc:
+        return f"Title not set: {exc}."
+    return f"Title set: {title}"
+
+
+async def _same_conversation(ctx: CommandContext) -> set[str]:
+    """The current session and the sessions it continues through compression."""
+    ids = {ctx.session_id}
+    child = await ctx.router.db.require_session(ctx.session_id)
+    for anc in await ctx.router.db.get_ancestors(ctx.session_id):
+        if child.get("child_kind") != "compression" and anc.get("end_reason") != "compression":
+            break
+        ids.add(anc["id"])
+        child = anc
+    return ids
+
+
+async def _resumable(ctx: CommandContext, flt: SessionFilter) -> list[dict[str, object]]:
+    """Titled sessions this chat may resume, newest first, the current conversation excluded."""
+    db = ctx.router.db
+    current = await _same_conversation(ctx)
+    rows = await db.list_filtered(
+        SessionFilter(**{**flt.__dict__, "include_children": False, "titled_only": True}),
+        limit=LIST_LIMIT + len(current),
+    )
+    return [r for r in rows if r["id"] not in current][:LIST_LIMIT]
+
+
+async def cmd_resume(ctx: CommandContext) -> str:
+    router, db = ctx.router, ctx.router.db
+    args = ctx.args.strip()
+    flt = access.scope(ctx.key)
+    if args.startswith("--any"):
+        if not router.is_admin(ctx.msg.source):
+            return "Only admins may resume sessions of other chats."
+        flt, args = access.admin_scope(), args[len("--any") :].strip()
+    if not args:
+        rows = await _resumable(ctx, flt)
+        if not rows:
+            return "No titled sessions to resume here yet. Name one with /title."
+        router.remember_listing(ctx.key, [str(r["id"]) for r in rows])
+        now = time.time()
+        lines = [f"{i}. {_label(r)} ({r.get('message_count') or 0} messages, {_ago(r.get('last_active'), now)})"  # type: ignore[arg-type]
+                 for i, r in enumerate(rows, 1)]  # fmt: skip
+        return (
+            "Sessions you can resume:\n"
+            + "\n".join(lines)
+            + "\nSend /resume <number, title or id>."
+        )
+    target: str | None = None
+    if args.isdigit() and len(args) <= 3:
+        listing = router.listing(ctx.key) or [str(r["id"]) for r in await _resumable(ctx, flt)]
+        n = int(args)
+        if not 1 <= n <= len(listing):
+            return f"There is no number {n} in the list. Send /resume to see it."
+        target = listing[n - 1]
+    else:
+        try:
+            target = await db.resolve_in_scope(args, flt)
+        except AmbiguousSession:
+            return "That matches several of your sessions; use more of the id or the title."
+    if target is None:
+        return NOT_FOUND
+    target = await db.resolve_resume_session_id(target)
+    if target == ctx.session_id:
+        return "You are already in that session."
+    await router.sessions.switch(ctx.key, ctx.msg.source, target)
+    row = await db.require_session(target)
+    recap = [
+        m for m in await db.get_messages(target, last=12) if m["role"] in ("user", "assistant")
+    ][-4:]
+    lines = [f"Resumed {_label(row)} ({row.get('message_count') or 0} messages)."]
+    for m in recap:
+        who = "You" if m["role"] == "user" else "Agent"
+        lines.append(f"{who}: {_cut(m.get('content'), 120)}")
+    return "\n".join(lines)
+
+
+async def cmd_sessions(ctx: CommandContext) -> str:
+    rows = await ctx.router.db.list_filtered(
+        access.scope(ctx.key, include_children=False), limit=LIST_LIMIT
+    )
+    current = await _same_conversation(ctx)
+    if not rows:
+        return "No sessions in this chat yet."
+    now = time.time()
+    lines = []
+    for i, r in enumerate(rows, 1):
+        mark = "  ← current" if r["id"] in current else ""
+        title = r.get("title") or "(untitled)"
+        lines.append(
+            f"{i}. {title} — {_cut(r.get('preview'), 40) or '(empty)'} — {_ago(r.get('last_active'), now)}{mark}"
+        )
+    ctx.router.remember_listing(ctx.key, [str(r["id"]) for r in rows])
+    return "Your sessions:\n" + "\n".join(lines)
+
+
+async def cmd_search(ctx: CommandContext) -> str:
+    if not ctx.args.strip():
+        return 'Usage: /search <words>  ("exact phrase", OR, NOT, prefix* work too)'
+    try:
+        hits = await ctx.router.db.search_messages(
+            ctx.args, scope=access.scope(ctx.key), roles=("user", "assistant"), limit=30
+        )
+    except QueryError as exc:
+        return f"Search not run: {exc}."
+    seen: list[str] = []
+    lines = []
+    for h in hits:
+        if h["session_id"] in seen:
+            continue
+        seen.append(h["session_id"])
+        when = datetime.fromtimestamp(h["timestamp"], UTC).strftime("%Y-%m-%d")
+        lines.append(
+            f"{len(seen)}. {h.get('title') or '(untitled)'} — {when} — {_cut(h['snippet'], 140)}"
+        )
+        if len(seen) >= LIST_LIMIT:
+            break
+    if not lines:
+        return "Nothing found."
+    ctx.router.remember_listing(ctx.key, seen)
+    return "\n".join(lines) + "\nSend /resume <number> to continue one."
+
+
+async def cmd_branch(ctx: CommandContext) -> str:
+    try:
+        entry = await ctx.router.sessions.branch(ctx.key, ctx.msg.source, ctx.args.strip() or None)
+    except TitleError as exc:
+        return f"Not branched: {exc}."
+    title = await ctx.router.db.get_session_title(entry.session_id)
+    return f"Branched into a new session{f' ({title})' if title else ''}. /resume goes back to the original."
+
+
+async def cmd_compress(ctx: CommandContext) -> str:
+    try:
+        entry, n = await ctx.router.sessions.compress(
+            ctx.key, ctx.msg.source, ctx.args.strip() or None
+        )
+    except NothingToCompress:
+        return "Nothing to compress yet."
+    except (StateError, Exception) as exc:  # noqa: BLE001 - the session is untouched; say so
+        log.error("compression failed for session_key=%s: %s", ctx.key.format(), exc)
+        return "Compression failed; the session was left unchanged."
+    title = await ctx.router.db.get_session_title(entry.session_id)
+    return f"Compressed {n} earlier messages into a summary{f'; continuing as {title}' if title else ''}."
+
+
+async def cmd_background(ctx: CommandContext) -> str:
+    if not ctx.args.strip():
+        return "Usage: /background <prompt>"
+    job = ctx.router.start_background(ctx.key, ctx.msg, ctx.session_id, ctx.args.strip())
+    return f"Started background job {job}; the result will be posted here."
+
+
+async def cmd_sethome(ctx: CommandContext) -> str:
+    src = ctx.msg.source
+    value = {"chat_id": src.chat_id, "thread_id": src.thread_id, "chat_type": src.chat_type,
+             "set_by": src.user_id, "at": time.time()}  # fmt: skip
+    await ctx.router.db.set_meta(f"home_channel.{src.platform}", json.dumps(value))
+    where = f"thread {src.thread_id} of this chat" if src.thread_id else "this chat"
+    return f"Home channel for {src.platform} set to {where}."
+
+
+def register(reg: CommandRegistry) -> None:
+    reg.add("new", "/new [title]", "start a fresh session", cmd_new)
+    reg.add("title", "/title [name]", "show or set this session's title", cmd_title)
+    reg.add(
+        "resume",
+        "/resume [title|id|N]",
+        "go back to an earlier session (no argument: list)",
+        cmd_resume,
+    )
+    reg.add("sessions", "/sessions", "this chat's sessions", cmd_sessions)
+    reg.add("search", "/search <query>", "search this chat's past sessions", cmd_search)
+    reg.add("branch", "/branch [title]", "fork this session and continue in the copy", cmd_branch)
+    reg.add(
+        "compress", "/compress [focus]", "summarise the older part of this session", cmd_compress
+    )
+    reg.add(
+        "background", "/background <prompt>", "run a prompt as a background job", cmd_background
+    )
+    reg.add("sethome", "/sethome", "make this chat the platform's home channel", cmd_sethome)

@@ -1,0 +1,168 @@
+"""Moving a chat between sessions: reset (/new, automatic resets), switch (/resume),
+branch, compress, and bind (handoff). Each keeps state.db and the index in step:
+the old session gets its end reason, the chat's key points at the new one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.agent.base import Agent, ChatMessage, estimate_tokens
+from gateway.index import IndexEntry, SessionIndex
+from gateway.session_keys import SessionKey, SessionSource
+from state import SessionDB, SessionNotFound, TitleError
+
+log = logging.getLogger("gateway.sessions")
+
+
+class NothingToCompress(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class CompressionSettings:
+    keep_last: int = 6  # messages kept verbatim after the summary
+    auto_share: float = 0.8  # compress automatically past this share of the context
+
+
+class SessionManager:
+    def __init__(
+        self,
+        db: SessionDB,
+        index: SessionIndex,
+        agent: Agent,
+        *,
+        model: str | None = None,
+        system_prompt: str | None = None,
+        compression: CompressionSettings | None = None,
+        context_tokens: int = 128_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.index = index
+        self.agent = agent
+        self.model = model
+        self.system_prompt = system_prompt
+        self.compression = compression or CompressionSettings()
+        self.context_tokens = context_tokens
+        self.clock = clock
+
+    def _entry(self, session_id: str, source: SessionSource) -> IndexEntry:
+        now = self.clock()
+        return IndexEntry(
+            session_id=session_id, created_at=now, updated_at=now, origin=source.as_dict(),
+            display_name=source.chat_name or source.user_name, platform=source.platform,
+            chat_type=source.chat_type,
+        )  # fmt: skip
+
+    async def create(
+        self,
+        key: SessionKey,
+        source: SessionSource,
+        *,
+        parent: str | None = None,
+        child_kind: str | None = None,
+    ) -> IndexEntry:
+        sid = await self.db.create_session(
+            source=source.platform, user_id=source.user_id, model=self.model,
+            system_prompt=self.system_prompt, parent_session_id=parent, child_kind=child_kind,
+            started_at=self.clock(), session_key=key.format(), chat_id=source.chat_id,
+            chat_type=source.chat_type, thread_id=source.thread_id,
+            origin_json=json.dumps(source.as_dict(), ensure_ascii=False),
+        )  # fmt: skip
+        entry = self._entry(sid, source)
+        self.index.put(key.format(), entry)
+        return entry
+
+    async def reset(
+        self, key: SessionKey, source: SessionSource, reason: str, title: str | None = None
+    ) -> tuple[IndexEntry, str | None]:
+        """A fresh child session (kind `reset`); the old one ends with `reason`.
+        Returns the new entry and, if the title was refused, why (the reset still happened)."""
+        current = self.index.get(key.format())
+        if current is None:
+            entry = await self.create(key, source)
+        else:
+            sid = await self.db.fork_session(current.session_id, "reset", end_reason=reason)
+            entry = self._entry(sid, source)
+            self.index.put(key.format(), entry)
+        problem = None
+        if title:
+            try:
+                await self.db.set_session_title(entry.session_id, title)
+            except TitleError as exc:
+                problem = str(exc)
+        return entry, problem
+
+    async def switch(self, key: SessionKey, source: SessionSource, target: str) -> IndexEntry:
+        """Point the chat at an existing session: the old one ends `session_switch`, the
+        target is reopened. No new session is created."""
+        current = self.index.get(key.format())
+        if current is not None and current.session_id != target:
+            await self.db.end_session(current.session_id, "session_switch")
+        await self.db.reopen_session(target)
+        entry = self._entry(target, source)
+        self.index.put(key.format(), entry)
+        return entry
+
+    async def bind(self, key: SessionKey, source: SessionSource, session_id: str) -> IndexEntry:
+        """Handoff: this key now continues `session_id` (the session keeps its id)."""
+        return await self.switch(key, source, session_id)
+
+    async def branch(self, key: SessionKey, source: SessionSource, title: str | None) -> IndexEntry:
+        current = self.index.get(key.format())
+        if current is None:
+            raise SessionNotFound(key.format())
+        sid = await self.db.fork_session(
+            current.session_id,
+            "branch",
+            copy_messages=True,
+            end_reason="branched",
+            title=title or None,
+        )
+        entry = self._entry(sid, source)
+        self.index.put(key.format(), entry)
+        return entry
+
+    async def compress(
+        self, key: SessionKey, source: SessionSource, focus: str | None = None
+    ) -> tuple[IndexEntry, int]:
+        """Summarise the older part into a continuation child that starts with the summary
+        and keeps the last messages verbatim. If anything fails before the fork commits,
+        the session is left exactly as it was. Returns the new entry and how many messages
+        were summarised."""
+        current = self.index.get(key.format())
+        if current is None:
+            raise SessionNotFound(key.format())
+        rows = await self.db.get_messages(current.session_id)
+        keep = self.compression.keep_last
+        if len(rows) <= keep + 1:
+            raise NothingToCompress()
+        cut = len(rows) - keep
+        while cut < len(rows) and rows[cut]["role"] == "tool":  # never orphan a tool result
+            cut += 1
+        older, recent = rows[:cut], rows[cut:]
+        summary = await self.agent.summarize(_as_chat(older), focus)
+        seed: list[dict[str, object]] = [
+            {"role": "system", "content": f"[Summary of {len(older)} earlier messages]\n{summary}"}
+        ]
+        for m in recent:
+            seed.append({k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id", "tool_name",
+                                           "timestamp", "reasoning", "platform_message_id") if m.get(k) is not None})  # fmt: skip
+        sid = await self.db.fork_session(
+            current.session_id, "compression", seed_messages=seed, end_reason="compression"
+        )
+        entry = self._entry(sid, source)
+        self.index.put(key.format(), entry)
+        return entry, len(older)
+
+    def needs_compression(self, history: list[ChatMessage]) -> bool:
+        used = sum(estimate_tokens(m) for m in history)
+        return used > self.compression.auto_share * self.context_tokens
+
+
+def _as_chat(rows: list[dict[str, object]]) -> list[ChatMessage]:
+    return [{"role": r["role"], "content": r.get("content")} for r in rows]
