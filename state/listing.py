@@ -117,17 +117,17 @@ def resolve_in_scope(conn: sqlite3.Connection, ref: str, flt: SessionFilter) -> 
             f"SELECT id FROM sessions WHERE title_key = ? AND {where}", (title_key(title), *params)
         ).fetchone()
         return str(row[0]) if row else None
-    key = title_key(base)
-    best: tuple[int, float, str] | None = None
-    for sid, t, started in conn.execute(
-        f"SELECT id, title, started_at FROM sessions WHERE (title_key = ? OR title_key LIKE ? "
-        f"ESCAPE '\\') AND {where}",
-        (key, like_escape(key) + " #%", *params),
-    ):
-        b, n = split_lineage(t)
-        if title_key(b) == key and (best is None or (n, started) > best[:2]):
-            best = (n, started, sid)
-    return best[2] if best else None
+    row = conn.execute(
+        f"SELECT id FROM sessions WHERE title_base = ? AND {where} "
+        "ORDER BY title_number DESC, started_at DESC LIMIT 1",
+        (title_key(base), *params),
+    ).fetchone()
+    if row:
+        return str(row[0])
+    row = conn.execute(
+        f"SELECT id FROM sessions WHERE title_key = ? AND {where}", (title_key(title), *params)
+    ).fetchone()
+    return str(row[0]) if row else None
 
 
 def count_sessions(conn: sqlite3.Connection, flt: SessionFilter) -> int:

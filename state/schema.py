@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from . import textindex
 from .errors import DatabaseError, SchemaTooNew
-from .titles import title_key
+from .titles import lineage_key, title_key
 
 log = logging.getLogger("state.schema")
 
@@ -292,10 +292,28 @@ def _migration_3(conn: sqlite3.Connection) -> None:
         conn.execute("ANALYZE sessions")
 
 
+def _migration_4(conn: sqlite3.Connection) -> None:
+    """Lineage columns for titles, so numbering and "newest of a lineage" are index lookups."""
+    have = _columns(conn, "sessions")
+    for name, decl in (("title_base", "TEXT"), ("title_number", "INTEGER")):
+        if name not in have:
+            conn.execute(f"ALTER TABLE sessions ADD COLUMN {name} {decl}")
+    rows = conn.execute("SELECT id, title FROM sessions WHERE title IS NOT NULL").fetchall()
+    conn.executemany(
+        "UPDATE sessions SET title_base = ?, title_number = ? WHERE id = ?",
+        [(*lineage_key(t), i) for i, t in rows],
+    )
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_sessions_title_lineage ON sessions(title_base, title_number) "
+        "WHERE title_base IS NOT NULL"
+    )
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
     (3, _migration_3),
+    (4, _migration_4),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -14,7 +14,14 @@ from typing import Any
 
 from .errors import SessionExists, SessionNotFound, TitleEmpty, TitleTaken, TitleTooLong
 from .rows import Row, like_escape, row_dict
-from .titles import MAX_TITLE_LENGTH, clean_title, lineage_title, split_lineage, title_key
+from .titles import (
+    MAX_TITLE_LENGTH,
+    clean_title,
+    lineage_key,
+    lineage_title,
+    split_lineage,
+    title_key,
+)
 
 CHILD_KINDS = ("compression", "branch", "reset", "delegate")
 END_REASONS = (
@@ -210,7 +217,9 @@ def set_title(conn: sqlite3.Connection, session_id: str, raw: str | None) -> str
         if raw is not None and raw.strip() and not clean_title(raw):
             raise TitleEmpty()
         cur = conn.execute(
-            "UPDATE sessions SET title = NULL, title_key = NULL WHERE id = ?", (session_id,)
+            "UPDATE sessions SET title = NULL, title_key = NULL, title_base = NULL, "
+            "title_number = NULL WHERE id = ?",
+            (session_id,),
         )
         if cur.rowcount == 0:
             raise SessionNotFound(session_id)
@@ -220,9 +229,11 @@ def set_title(conn: sqlite3.Connection, session_id: str, raw: str | None) -> str
     if owner is not None and owner != session_id:
         raise TitleTaken(title, owner)
     try:
+        base_key, number = lineage_key(title)
         cur = conn.execute(
-            "UPDATE sessions SET title = ?, title_key = ? WHERE id = ?",
-            (title, title_key(title), session_id),
+            "UPDATE sessions SET title = ?, title_key = ?, title_base = ?, title_number = ? "
+            "WHERE id = ?",
+            (title, title_key(title), base_key, number, session_id),
         )
     except sqlite3.IntegrityError as exc:  # exact duplicate written by another program
         raise TitleTaken(title, "another session") from exc
@@ -248,31 +259,25 @@ def set_title_if_unset(conn: sqlite3.Connection, session_id: str, raw: str) -> s
     return set_title(conn, session_id, title)
 
 
-def lineage_members(conn: sqlite3.Connection, base: str) -> list[tuple[int, str, str, float]]:
-    """Sessions titled `base` or `base #N`: (number, id, title, started_at)."""
-    key = title_key(base)
-    rows = conn.execute(
-        "SELECT id, title, started_at FROM sessions WHERE title_key = ? "
-        "OR title_key LIKE ? ESCAPE '\\'",
-        (key, like_escape(key) + " #%"),
-    ).fetchall()
-    found = []
-    for sid, title, started in rows:
-        b, n = split_lineage(title)
-        if title_key(b) == key:
-            found.append((n, sid, title, started))
-    return found
-
-
 def next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
+    """`x` -> `x #2` -> `x #3`: one past the highest number in the lineage (an index
+    lookup on title_base, so naming the ten-thousandth "hello #N" costs what the second did)."""
     base, _ = split_lineage(clean_title(title))
-    members = lineage_members(conn, base)
-    top = max((n for n, *_ in members), default=0)
-    candidate = lineage_title(base, top + 1)
-    if len(candidate) > MAX_TITLE_LENGTH:  # keep the number, shorten the base
-        suffix = f" #{top + 1}"
-        candidate = base[: MAX_TITLE_LENGTH - len(suffix)].rstrip() + suffix
-    return candidate
+    top = (
+        conn.execute(
+            "SELECT MAX(title_number) FROM sessions WHERE title_base = ?", (title_key(base),)
+        ).fetchone()[0]
+        or 0
+    )
+    while True:
+        top += 1
+        candidate = lineage_title(base, top)
+        if len(candidate) > MAX_TITLE_LENGTH:  # keep the number, shorten the base
+            suffix = f" #{top}"
+            candidate = base[: MAX_TITLE_LENGTH - len(suffix)].rstrip() + suffix
+        # titles written by other programs may not carry title_base: skip any taken one
+        if title_owner(conn, candidate) is None:
+            return candidate
 
 
 def resolve_title(conn: sqlite3.Connection, raw: str) -> str | None:
@@ -283,11 +288,11 @@ def resolve_title(conn: sqlite3.Connection, raw: str) -> str | None:
     base, _ = split_lineage(title)
     if title != base:  # an explicit " #N" names exactly that member
         return title_owner(conn, title)
-    members = lineage_members(conn, base)
-    if not members:
-        return title_owner(conn, title)
-    members.sort(key=lambda m: (m[0], m[3]))
-    return members[-1][1]
+    row = conn.execute(
+        "SELECT id FROM sessions WHERE title_base = ? ORDER BY title_number DESC, started_at DESC LIMIT 1",
+        (title_key(base),),
+    ).fetchone()
+    return str(row[0]) if row else title_owner(conn, title)
 
 
 # --- lookups shared with the write path ------------------------------------------------

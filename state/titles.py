@@ -53,5 +53,11 @@ def split_lineage(title: str) -> tuple[str, int]:
     return title, 1
 
 
+def lineage_key(title: str) -> tuple[str, int]:
+    """(comparison key of the lineage base, number): what title_base/title_number store."""
+    base, number = split_lineage(title)
+    return title_key(base), number
+
+
 def lineage_title(base: str, number: int) -> str:
     return base if number <= 1 else f"{base} #{number}"

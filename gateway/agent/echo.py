@@ -46,7 +46,7 @@ class EchoAgent:
         for m in history:
             if m.get("role") in ("user", "assistant"):
                 text = (m.get("content") or "").removeprefix("echo: ")
-                words += [w for w in _WORD.findall(text) if not w.isdigit()]
+                words += _WORD.findall(text)
             if len(words) >= 7:
                 break
         words = words[:7] or ["untitled"]

@@ -103,3 +103,19 @@ async def test_lineage_titles_number_and_resolve_to_the_newest(db: SessionDB) ->
 def test_title_key_folds_case_across_scripts() -> None:
     assert title_key("STRASSE") == title_key("straße")
     assert title_key("ΣΊΣΥΦΟΣ") == title_key("σίσυφος")
+
+
+async def test_automatic_titles_number_a_long_lineage_and_skip_foreign_titles(
+    db: SessionDB,
+) -> None:
+    """Sixty sessions wanting the same title get "hello", "hello #2" ... in order; a
+    "hello #61" written by another program (no lineage columns) is skipped, not reused."""
+    sids = [await db.create_session(source="api") for _ in range(61)]
+    titles = [await db.set_title_if_unset(s, "hello") for s in sids[:60]]
+    assert titles == ["hello"] + [f"hello #{n}" for n in range(2, 61)]
+    foreign = await db.create_session(source="api")
+    await db.writer.submit(lambda c: c.execute(
+        "UPDATE sessions SET title = 'hello #61', title_key = 'hello #61' WHERE id = ?", (foreign,)))  # fmt: skip
+    assert await db.set_title_if_unset(sids[60], "hello") == "hello #62"
+    assert await db.resolve_session_by_title("hello") == sids[60]
+    assert await db.set_title_if_unset(sids[0], "other") is None  # never overwrites
