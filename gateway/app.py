@@ -135,6 +135,7 @@ class Gateway:
             self.home / "sessions" / "sessions.json",
             self.db,
             self.config.get("sessions.index_flush_seconds"),
+            self.config.get("sessions.index_activity_seconds"),
         )
         await self.index.load()
         self.agent = self.agent or build_agent(self.config)

@@ -93,6 +93,7 @@ SCHEMA: dict[str, Any] = {
         "group_sessions_per_user": Field(bool, True),
         "thread_sessions_per_user": Field(bool, False),
         "index_flush_seconds": Field((int, float), 2.0, _range(0.05, 300)),
+        "index_activity_seconds": Field((int, float), 30.0, _range(0.05, 3600)),
         "history_messages": Field(int, 200, _range(1, 100_000)),
         "auto_prune": {
             "enabled": Field(bool, False),

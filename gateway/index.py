@@ -27,7 +27,13 @@ log = logging.getLogger("gateway.index")
 
 
 def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return _iso_second(int(ts))
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_second(second: int) -> str:
+    # memoised: flushes format thousands of timestamps that fall in the same few seconds
+    return datetime.fromtimestamp(second, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -95,14 +101,27 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 class SessionIndex:
-    def __init__(self, path: Path, db: SessionDB, flush_interval: float = 2.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        db: SessionDB,
+        flush_interval: float = 2.0,
+        activity_interval: float = 30.0,
+    ) -> None:
         self.path = path
         self.db = db
         self.flush_interval = flush_interval
+        # Activity (updated_at) alone is persisted at most this often: state.db already has
+        # each session's last_active, committed with every message.
+        self.activity_interval = max(activity_interval, flush_interval)
+        self._touched: set[str] = set()
+        self._activity_task: asyncio.Task[None] | None = None
         # Entries read from disk stay as their decoded JSON dicts until first used, so a
         # 100,000-entry index starts in the time it takes to decode the file.
         self._entries: dict[str, IndexEntry | dict[str, Any]] = {}
-        self._dirty = False
+        self._dirty_keys: set[str] | None = set()
+        self._fragments: dict[str, bytes] = {}  # key -> its encoded `"key":{...}` piece
+        self._unencoded = False  # fragments must be rebuilt from all entries at the next flush
         self._flush_task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self.writes = 0
@@ -127,6 +146,8 @@ class SessionIndex:
                     if not isinstance(value, dict) or not isinstance(value.get("session_id"), str):
                         raise ValueError("an entry has no session_id")
                 self._entries = data
+                self._fragments.clear()
+                self._unencoded = True  # the file is current; the cache is not
             finally:
                 if gc_was_enabled:
                     gc.enable()
@@ -152,7 +173,8 @@ class SessionIndex:
                 platform=row["source"], chat_type=row["chat_type"] or "dm",
             )  # fmt: skip
         self._entries = entries
-        self.mark_dirty()
+        self._fragments.clear()
+        self._changed_all()
 
     async def _heal(self) -> None:
         """Entries whose session is missing are dropped; entries whose session ended follow
@@ -163,7 +185,7 @@ class SessionIndex:
             state = states.get(sid)
             if state is not None and state[0] is None:
                 continue  # live: the common case, left undecoded
-            self.mark_dirty()
+            self._changed(key)
             if state is None:
                 log.warning("index entry %s points at a missing session %s; dropped", key, sid)
                 del self._entries[key]
@@ -189,7 +211,7 @@ class SessionIndex:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("index entry %s is malformed (%s); dropped", key, exc)
             del self._entries[key]
-            self.mark_dirty()
+            self._changed(key)
             return None
         self._entries[key] = entry
         return entry
@@ -213,25 +235,40 @@ class SessionIndex:
 
     def put(self, key: str, entry: IndexEntry) -> None:
         self._entries[key] = entry
-        self.mark_dirty()
+        self._changed(key)
 
     def touch(self, key: str, now: float | None = None) -> None:
         entry = self._materialise(key)
         if entry is not None:
             self._entries[key] = replace(entry, updated_at=time.time() if now is None else now)
-            self.mark_dirty()
+            self._touched.add(key)
+            if self._activity_task is None or self._activity_task.done():
+                try:
+                    self._activity_task = asyncio.get_running_loop().create_task(
+                        self._activity_flush(), name="gateway.index.activity"
+                    )
+                except RuntimeError:
+                    pass
 
     def remove(self, key: str) -> IndexEntry | None:
         entry = self._materialise(key)
         self._entries.pop(key, None)
         if entry is not None:
-            self.mark_dirty()
+            self._changed(key)
         return entry
 
     # --- persistence -------------------------------------------------------------------
 
-    def mark_dirty(self) -> None:
-        self._dirty = True
+    def _changed(self, key: str) -> None:
+        if self._dirty_keys is not None:
+            self._dirty_keys.add(key)
+        self._schedule_flush()
+
+    def _changed_all(self) -> None:
+        self._dirty_keys = None  # re-encode everything at the next flush
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if self._flush_task is None or self._flush_task.done():
             try:
                 loop = asyncio.get_running_loop()
@@ -239,40 +276,76 @@ class SessionIndex:
                 return
             self._flush_task = loop.create_task(self._debounced_flush(), name="gateway.index.flush")
 
+    async def _activity_flush(self) -> None:
+        await asyncio.sleep(self.activity_interval)
+        self._promote_touched()
+        await self.flush()
+
+    def _promote_touched(self) -> None:
+        if self._touched and self._dirty_keys is not None:
+            self._dirty_keys |= self._touched
+        self._touched = set()
+
     async def _debounced_flush(self) -> None:
         await asyncio.sleep(self.flush_interval)
         await self.flush()
 
+    @property
+    def dirty(self) -> bool:
+        return self._dirty_keys is None or bool(self._dirty_keys)
+
     async def flush(self) -> None:
-        """Write the file now if anything changed (one writer at a time)."""
+        """Write the file now if anything changed (one flush at a time).
+
+        Each entry's JSON is cached; only entries that changed since the last flush are
+        encoded again, then the cached pieces are joined and written atomically. A burst of
+        changes to a 100,000-entry index encodes the changed entries, not all of them."""
         async with self._write_lock:
-            if not self._dirty:
+            if not self.dirty:
                 return
-            self._dirty = False
-            snapshot = dict(self._entries)  # entries are frozen: a shallow copy is a snapshot
+            if self._dirty_keys is None or self._unencoded:
+                changed: dict[str, IndexEntry | dict[str, Any] | None] = dict(self._entries)
+                full = True
+                self._unencoded = False
+            else:
+                changed = {k: self._entries.get(k) for k in self._dirty_keys}
+                full = False
+            self._dirty_keys = set()
+            fragments = self._fragments
 
             def _encode_and_write() -> int:
-                payload = json.dumps(
-                    {
-                        k: e.to_json() if isinstance(e, IndexEntry) else e
-                        for k, e in snapshot.items()
-                    },
-                    ensure_ascii=False,
-                    separators=(",", ":"),
-                ).encode()
+                if full:
+                    fragments.clear()
+                for n, (key, value) in enumerate(changed.items(), 1):
+                    if n % 500 == 0:
+                        time.sleep(0)  # a full re-encode lets the event loop run in between
+                    if value is None:
+                        fragments.pop(key, None)
+                        continue
+                    body = value.to_json() if isinstance(value, IndexEntry) else value
+                    fragments[key] = (
+                        json.dumps(key, ensure_ascii=False) + ":"
+                        + json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+                    ).encode()  # fmt: skip
+                payload = b"{" + b",".join(fragments.values()) + b"}"
                 write_atomic(self.path, payload)
                 return len(payload)
 
             try:
                 size = await asyncio.to_thread(_encode_and_write)
             except OSError as exc:
-                self._dirty = True
+                self._dirty_keys = None  # the cache may be ahead of the file: redo it all
                 log.error("could not write %s: %s (will retry)", self.path, exc)
+                self._schedule_flush()
                 return
             self.writes += 1
             self.bytes_written += size
 
     async def close(self) -> None:
+        if self._activity_task is not None and not self._activity_task.done():
+            self._activity_task.cancel()
+            await asyncio.gather(self._activity_task, return_exceptions=True)
+        self._promote_touched()
         if self._flush_task is not None and not self._flush_task.done():
             self._flush_task.cancel()
             await asyncio.gather(self._flush_task, return_exceptions=True)

@@ -51,6 +51,7 @@ class WriterStats:
     fallbacks: int = 0  # batches redone one savepoint per operation
     commit_ms_total: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)  # recent, for metrics
+    commit_ms: list[float] = field(default_factory=list)  # recent, for metrics
 
     def record(self, size: int, commit_ms: float) -> None:
         self.batches += 1
@@ -59,8 +60,10 @@ class WriterStats:
         self.last_commit_ms = commit_ms
         self.commit_ms_total += commit_ms
         self.batch_sizes.append(size)
+        self.commit_ms.append(commit_ms)
         if len(self.batch_sizes) > 1024:
             del self.batch_sizes[:512]
+            del self.commit_ms[:512]
 
 
 class _Op:

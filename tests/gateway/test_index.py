@@ -125,3 +125,47 @@ async def test_a_malformed_entry_is_dropped_on_use_and_the_rest_kept(
     assert [k for k, _ in index.items()] == ["good"]
     await index.close()
     assert set(json.loads(path.read_text())) == {"good"}
+
+
+async def test_incremental_flushes_write_the_same_file_as_a_full_one(
+    db: SessionDB, tmp_path: Path
+) -> None:
+    """After load, changes, removals and touches, the file holds exactly the entries."""
+    sids = [await db.create_session(source="api") for _ in range(30)]
+    path = tmp_path / "sessions.json"
+    path.write_text(json.dumps({f"k{i}": _entry(sids[i]).to_json() for i in range(20)}))
+    index = SessionIndex(path, db, 0.05)
+    await index.load()
+    index.touch("k3", 1_000_000.0)
+    index.remove("k4")
+    index.put("k25", _entry(sids[25]))
+    await index.flush()
+    on_disk = json.loads(path.read_text())
+    assert set(on_disk) == ({f"k{i}" for i in range(20)} - {"k4"}) | {"k25"}
+    assert on_disk["k3"]["updated_at"] == "1970-01-12T13:46:40Z"
+    index.put("k26", _entry(sids[26]))
+    await index.flush()
+    assert set(json.loads(path.read_text())) == set(on_disk) | {"k26"}
+    assert {k: e.session_id for k, e in index.items()} == {
+        k: v["session_id"] for k, v in json.loads(path.read_text()).items()
+    }
+    await index.close()
+
+
+async def test_activity_is_written_lazily_but_never_lost_on_close(
+    db: SessionDB, tmp_path: Path
+) -> None:
+    sid = await db.create_session(source="api")
+    path = tmp_path / "sessions.json"
+    index = SessionIndex(path, db, flush_interval=0.05, activity_interval=0.3)
+    await index.load()
+    index.put("k", _entry(sid))
+    await index.flush()
+    index.touch("k", 2_000_000.0)
+    await index.flush()  # a structural flush does not wait for, or write, activity
+    assert json.loads(path.read_text())["k"]["updated_at"] != "1970-01-24T03:33:20Z"
+    await asyncio.sleep(0.5)  # the activity interval passes
+    assert json.loads(path.read_text())["k"]["updated_at"] == "1970-01-24T03:33:20Z"
+    index.touch("k", 3_000_000.0)
+    await index.close()
+    assert json.loads(path.read_text())["k"]["updated_at"] == "1970-02-04T17:20:00Z"
