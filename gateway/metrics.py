@@ -22,7 +22,7 @@ class Counter:
         self.values: dict[tuple[tuple[str, str], ...], float] = {}
 
     def inc(self, amount: float = 1, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        key = tuple(labels.items()) if len(labels) < 2 else tuple(sorted(labels.items()))
         self.values[key] = self.values.get(key, 0) + amount
 
     def total(self) -> float:

@@ -357,12 +357,10 @@ class Router:
     def _tool_runner(
         self, key: SessionKey, msg: InboundMessage, sid: str
     ) -> Callable[[str, dict[str, Any]], Awaitable[str]]:
-        scope = self.scope_for(key, msg)
-
         async def run(name: str, args: dict[str, Any]) -> str:
             if name != "session_search":
                 return json.dumps({"success": False, "error": f"unknown tool {name!r}"})
-            return await session_search(self.db, Caller(scope, sid), args)
+            return await session_search(self.db, Caller(self.scope_for(key, msg), sid), args)
 
         return run
 

@@ -36,6 +36,8 @@ def _keep(ch: str) -> bool:
 
 def clean_title(raw: str) -> str:
     """Remove control/invisible characters, collapse whitespace, trim. May return ''."""
+    if raw.isascii() and raw.isprintable():  # nothing to remove: just the whitespace rule
+        return " ".join(raw.split())
     kept = "".join(ch for ch in raw if _keep(ch))
     return _WS_RUN.sub(" ", kept).strip()
 

@@ -9,7 +9,7 @@ or `=`, so any id round-trips and no user id can look like a thread slot.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 ChatType = Literal["dm", "group", "channel", "thread"]
@@ -34,7 +34,11 @@ class SessionSource:
             raise ValueError("platform and chat_id are required")
 
     def as_dict(self) -> dict[str, str | None]:
-        return asdict(self)
+        return {
+            "platform": self.platform, "chat_id": self.chat_id, "chat_type": self.chat_type,
+            "user_id": self.user_id, "user_name": self.user_name, "chat_name": self.chat_name,
+            "thread_id": self.thread_id,
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> SessionSource:
