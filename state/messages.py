@@ -80,23 +80,24 @@ def _row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[An
 Dedupe = tuple[str, str]  # (source, chat_id): where a platform message id must be unique
 
 
+def is_stored(
+    conn: sqlite3.Connection, source: str, chat_id: str, platform_message_id: str
+) -> bool:
+    """True if a message with this platform id was already stored for that chat."""
+    sql = "SELECT " + _DUPLICATE_IN_CHAT.format(src="?", chat="?", pmid="?")
+    return bool(conn.execute(sql, (source, chat_id, platform_message_id)).fetchone()[0])
+
+
 def _is_duplicate(
     conn: sqlite3.Connection, dedupe: Dedupe | None, msgs: list[Mapping[str, Any]]
 ) -> bool:
     if dedupe is None:
         return False
-    for msg in msgs:
-        pmid = msg.get("platform_message_id")
-        if (
-            pmid is not None
-            and conn.execute(
-                "SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
-                "WHERE m.platform_message_id = ? AND s.source = ? AND s.chat_id = ? LIMIT 1",
-                (pmid, dedupe[0], dedupe[1]),
-            ).fetchone()
-        ):
-            return True
-    return False
+    return any(
+        m.get("platform_message_id") is not None
+        and is_stored(conn, dedupe[0], dedupe[1], str(m["platform_message_id"]))
+        for m in msgs
+    )
 
 
 def _add_tokens(
@@ -182,12 +183,20 @@ _UPDATE_SESSIONS_JSON = (
     "json_extract(value, '$[6]') AS tout FROM json_each(?)) AS j "
     "WHERE sessions.id = j.sid"
 )
-_DUPLICATES_JSON = (
-    "SELECT DISTINCT json_extract(j.value, '$[3]') FROM json_each(?) j "
-    "WHERE EXISTS (SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
-    "WHERE m.platform_message_id = json_extract(j.value, '$[2]') "
-    "AND s.source = json_extract(j.value, '$[0]') AND s.chat_id = json_extract(j.value, '$[1]'))"
+# Duplicate checks walk the chat's sessions, then (session_id, platform_message_id): platform
+# ids repeat across chats, so starting from the id would visit every chat that used it.
+_DUPLICATE_IN_CHAT = (
+    "EXISTS (SELECT 1 FROM sessions s CROSS JOIN messages m "
+    "WHERE s.source = {src} AND s.chat_id = {chat} "
+    "AND m.session_id = s.id AND m.platform_message_id = {pmid})"
 )
+_DUPLICATES_JSON = (
+    "SELECT DISTINCT json_extract(j.value, '$[3]') FROM json_each(?) j WHERE "
+    + _DUPLICATE_IN_CHAT.format(
+        src="json_extract(j.value, '$[0]')", chat="json_extract(j.value, '$[1]')",
+        pmid="json_extract(j.value, '$[2]')",
+    )
+)  # fmt: skip
 
 
 def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[list[int]]:
@@ -287,19 +296,19 @@ def append_and_read(
     messages: Iterable[Mapping[str, Any]],
     dedupe: Dedupe | None,
     last: int | None,
-) -> tuple[list[int], list[Row]]:
+) -> tuple[list[int], list[dict[str, Any]]]:
     """Append, then read the newest `last` messages in the same transaction: the turn's
     history arrives with the write (no separate read). A duplicate returns ([], [])."""
     ids = append_messages(conn, session_id, messages, dedupe)
-    return (ids, conversation_rows(conn, session_id, last)) if ids else ([], [])
+    return (ids, conversation(conn, session_id, last)) if ids else ([], [])
 
 
 def append_and_read_many(
     conn: sqlite3.Connection, calls: list[tuple[Any, ...]]
-) -> list[tuple[list[int], list[Row]]]:
+) -> list[tuple[list[int], list[dict[str, Any]]]]:
     ids = append_many(conn, [(sid, batch, dedupe) for sid, batch, dedupe, _last in calls])
     return [
-        (got, conversation_rows(conn, call[0], call[3])) if got else ([], [])
+        (got, conversation(conn, call[0], call[3])) if got else ([], [])
         for got, call in zip(ids, calls, strict=True)
     ]
 
@@ -352,43 +361,26 @@ def get_messages_around(
 
 
 _CONVERSATION_JSON = (
-    "SELECT json_group_array(json_array(role, content, tool_calls, tool_call_id, tool_name, "
-    "reasoning)) FROM (SELECT * FROM (SELECT role, content, tool_calls, tool_call_id, "
-    "tool_name, reasoning, id FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT ?) "
-    "ORDER BY id)"
+    # SQLite builds the chat messages themselves: json_patch drops the optional keys whose
+    # value is NULL (content stays, null or not), so json.loads returns the final dicts.
+    "SELECT json_group_array(json_patch(json_object('role', role, 'content', content), "
+    "json_object('tool_calls', CASE WHEN json_valid(tool_calls) THEN json(tool_calls) "
+    "ELSE tool_calls END, "
+    "'tool_call_id', CASE WHEN role = 'tool' THEN tool_call_id END, "
+    "'name', CASE WHEN role = 'tool' THEN tool_name END, "
+    "'reasoning', reasoning))) "
+    "FROM (SELECT * FROM (SELECT role, content, tool_calls, tool_call_id, tool_name, reasoning, id "
+    "FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id)"
 )
 
 
-def conversation_rows(
+def conversation(
     conn: sqlite3.Connection, session_id: str, last: int | None = None
-) -> list[Row]:
-    """The newest `last` messages (all when None) as rows for to_conversation, fetched as
-    one JSON value: one sqlite3 step instead of one per message (see append_many)."""
+) -> list[dict[str, Any]]:
+    """The newest `last` messages (all when None) in OpenAI chat format, for replay: one
+    sqlite3 step and one json.loads (see append_many for why steps matter)."""
     (raw,) = conn.execute(_CONVERSATION_JSON, (session_id, -1 if last is None else last)).fetchone()
-    out: list[Row] = []
-    for role, content, tool_calls, tool_call_id, tool_name, reasoning in json.loads(raw or "[]"):
-        out.append({
-            "role": role, "content": content, "tool_calls": from_json_text(tool_calls),
-            "tool_call_id": tool_call_id, "tool_name": tool_name, "reasoning": reasoning,
-        })  # fmt: skip
-    return out
-
-
-def to_conversation(rows: Iterable[Row]) -> list[dict[str, Any]]:
-    """OpenAI chat-completions messages for replay."""
-    out: list[dict[str, Any]] = []
-    for row in rows:
-        msg: dict[str, Any] = {"role": row["role"], "content": row.get("content")}
-        if row.get("tool_calls"):
-            msg["tool_calls"] = row["tool_calls"]
-        if row["role"] == "tool":
-            if row.get("tool_call_id"):
-                msg["tool_call_id"] = row["tool_call_id"]
-            if row.get("tool_name"):
-                msg["name"] = row["tool_name"]
-        if row.get("reasoning"):
-            msg["reasoning"] = row["reasoning"]
-        out.append(msg)
+    out: list[dict[str, Any]] = json.loads(raw or "[]")
     return out
 
 

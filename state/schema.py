@@ -309,11 +309,22 @@ def _migration_4(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migration_5(conn: sqlite3.Connection) -> None:
+    """Platform message ids repeat across chats (Telegram numbers them per chat), so the
+    duplicate check starts from the chat's sessions, then looks up (session, id)."""
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_messages_session_pmid ON messages(session_id, platform_message_id) "
+        "WHERE platform_message_id IS NOT NULL"
+    )
+    conn.execute("DROP INDEX IF EXISTS idx_messages_platform_id")
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
     (3, _migration_3),
     (4, _migration_4),
+    (5, _migration_5),
 ]
 LATEST = MIGRATIONS[-1][0]
 

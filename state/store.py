@@ -356,7 +356,7 @@ class SessionDB:
         ids, rows = await self._write(
             messages.append_and_read, session_id, list(batch), dedupe, last
         )
-        return list(ids), messages.to_conversation(rows)
+        return list(ids), list(rows)
 
     async def get_messages(
         self,
@@ -382,15 +382,15 @@ class SessionDB:
     async def get_messages_as_conversation(
         self, session_id: str, *, include_ancestors: bool = False, last: int | None = None
     ) -> list[dict[str, Any]]:
-        def _conv(conn: sqlite3.Connection) -> list[Row]:
-            rows: list[Row] = []
+        def _conv(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows: list[dict[str, Any]] = []
             if include_ancestors:
                 for anc in reversed(lineage.ancestors(conn, session_id)):
-                    rows.extend(messages.conversation_rows(conn, anc["id"]))
-            rows.extend(messages.conversation_rows(conn, session_id, last))
+                    rows.extend(messages.conversation(conn, anc["id"]))
+            rows.extend(messages.conversation(conn, session_id, last))
             return rows
 
-        return messages.to_conversation(await self._read(_conv))
+        return list(await self._read(_conv))
 
     async def count_messages_outside(
         self, session_id: str, first_id: int, last_id: int
@@ -542,12 +542,7 @@ class SessionDB:
         self, source: str, chat_id: str, platform_message_id: str
     ) -> bool:
         """True if a message with this platform id was already stored for that chat."""
-        row = await self._read(lambda c: c.execute(
-            "SELECT 1 FROM messages m JOIN sessions s ON s.id = m.session_id "
-            "WHERE m.platform_message_id = ? AND s.source = ? AND s.chat_id = ? LIMIT 1",
-            (platform_message_id, source, chat_id),
-        ).fetchone())  # fmt: skip
-        return row is not None
+        return bool(await self._read(messages.is_stored, source, chat_id, platform_message_id))
 
     async def live_sessions_by_key(self) -> list[Row]:
         """The newest live (not ended) session per session_key: the index's source of truth."""

@@ -35,9 +35,9 @@ class WriterConfig:
     max_batch: int = 1_000
     busy_timeout_s: float = 2.0  # per attempt, inside SQLite
     lock_budget_s: float = 60.0  # total time a batch may wait for another process
-    checkpoint_every_s: float = 1.0  # how often the checkpointer looks at the WAL
-    checkpoint_wal_bytes: int = 4 * 1024 * 1024  # ... and checkpoints past this size
-    wal_hard_limit_bytes: int = 64 * 1024 * 1024  # the writer checkpoints itself past this
+    checkpoint_every_s: float = 1.0  # how often the background checkpointer looks at the WAL
+    checkpoint_wal_bytes: int = 4 * 1024 * 1024  # ... and copies frames back past this size
+    writer_checkpoint_pages: int = 4000  # the writer completes a checkpoint past this (16 MB)
 
 
 @dataclass
@@ -105,8 +105,8 @@ def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-    # Checkpoints run on the checkpointer's own connection, so a commit never pays for one.
-    conn.execute("PRAGMA wal_autocheckpoint=0")
+    # The WAL file keeps its largest size unless told otherwise; cap what stays after a reset.
+    conn.execute("PRAGMA journal_size_limit=16777216")
     return conn
 
 
@@ -157,7 +157,10 @@ class Writer:
             )
 
         self._conn = await loop.run_in_executor(self._executor, _open)
-        self._conn.execute("PRAGMA wal_autocheckpoint=0")
+        # A WAL can only start over when a checkpoint completes between two write
+        # transactions, which only the writer can arrange under continuous writes. The
+        # background checkpointer copies most frames first, so this one finds little left.
+        self._conn.execute(f"PRAGMA wal_autocheckpoint={self.config.writer_checkpoint_pages}")
         self._task = asyncio.create_task(self._run(), name="state.writer")
         self._ckpt_task = asyncio.create_task(self._checkpoint_loop(), name="state.checkpoint")
 
@@ -293,7 +296,6 @@ class Writer:
                 commit_ms = (time.perf_counter() - started) * 1000
                 self.stats.record(len(batch), commit_ms)
                 self.stats.failed_operations += sum(1 for ok, _ in results if not ok)
-                self._maybe_checkpoint(conn)
                 return results
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
@@ -390,18 +392,6 @@ class Writer:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return [(False, _translate(exc, self.path))]
-
-    def _maybe_checkpoint(self, conn: sqlite3.Connection) -> None:
-        """Safety net: if the checkpointer falls behind, the writer checkpoints itself."""
-        try:
-            size = os.path.getsize(self.path + "-wal")
-        except OSError:
-            return
-        if size >= self.config.wal_hard_limit_bytes:
-            try:
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except sqlite3.Error as exc:
-                log.warning("passive checkpoint failed: %s", exc)
 
 
 def _close_quietly(conn: sqlite3.Connection, optimize: bool = False) -> None:

@@ -184,3 +184,17 @@ async def test_drain_lets_turns_finish_and_refuses_new_ones(rig: RouterRig) -> N
     assert cancelled == 0
     texts = [m.text for m in rig.outbox.sent]
     assert "echo: slow" in texts and any("shutting down" in t for t in texts)
+
+
+async def test_the_same_platform_id_in_two_chats_is_two_messages(rig: RouterRig) -> None:
+    """Telegram numbers messages per chat: id 5 in chat 1 and id 5 in chat 2 both count;
+    a redelivery of id 5 in chat 1 does not, even after the router forgets it."""
+    await rig.router.handle(dm("in chat one", chat="1", mid="5"))
+    await rig.router.handle(dm("in chat two", chat="2", mid="5"))
+    await rig.outbox.wait(2)
+    rig.router._seen.clear()  # as after a restart: only state.db remembers
+    await rig.router.handle(dm("in chat one", chat="1", mid="5"))
+    await rig.router.drain(5)
+    assert sorted(m.text for m in rig.outbox.sent) == ["echo: in chat one", "echo: in chat two"]
+    assert await rig.db.has_platform_message("telegram", "1", "5")
+    assert not await rig.db.has_platform_message("telegram", "3", "5")
