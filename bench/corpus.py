@@ -41,6 +41,12 @@ KANA = "".join(chr(c) for c in range(0x3041, 0x3094)) + "".join(
 )
 
 
+def pct(values: list[float], p: float) -> float:
+    """The p-quantile (0..1) of `values`, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+
+
 def synthetic_vocab(rng: random.Random, size: int = 20_000) -> list[str]:
     words: list[str] = []
     seen = set(COMMON)

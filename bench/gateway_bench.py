@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.corpus import pct  # noqa: E402
 from gateway.agent.echo import EchoAgent  # noqa: E402
 from gateway.index import IndexEntry, SessionIndex  # noqa: E402
 from gateway.messages import InboundMessage, OutboundMessage, SentRef  # noqa: E402
@@ -37,11 +38,6 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * p))]
 
 
 class Clock:

@@ -23,17 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.corpus import TextGen, corpus_db  # noqa: E402
+from bench.corpus import TextGen, corpus_db, pct  # noqa: E402
 from state import SessionDB, messages, schema  # noqa: E402
 from state.sessions import insert_session  # noqa: E402
 from state.textindex import is_cjk  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * p))]
 
 
 def sample_queries(path: Path, n: int, seed: int = 1) -> dict[str, list[str]]:

@@ -24,15 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.corpus import TextGen, corpus_db  # noqa: E402
+from bench.corpus import TextGen, corpus_db, pct  # noqa: E402
 from state import SessionDB, schema  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * p))]
 
 
 def make_rows(n: int, sessions: int) -> list[tuple[int, str, str]]:

@@ -280,29 +280,16 @@ class SessionDB:
             )
         )  # fmt: skip
 
-    async def session_count(self, source: str | None = None) -> int:
-        def _count(conn: sqlite3.Connection) -> int:
-            if source:
-                return int(
-                    conn.execute(
-                        "SELECT COUNT(*) FROM sessions WHERE source = ?", (source,)
-                    ).fetchone()[0]
-                )
-            return int(conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
+    async def _count(self, table: str, column: str, value: str | None) -> int:
+        sql = f"SELECT COUNT(*) FROM {table}" + (f" WHERE {column} = ?" if value else "")
+        row = await self._read(lambda c: c.execute(sql, (value,) if value else ()).fetchone())
+        return int(row[0])
 
-        return int(await self._read(_count))
+    async def session_count(self, source: str | None = None) -> int:
+        return await self._count("sessions", "source", source)
 
     async def message_count(self, session_id: str | None = None) -> int:
-        def _count(conn: sqlite3.Connection) -> int:
-            if session_id:
-                return int(
-                    conn.execute(
-                        "SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)
-                    ).fetchone()[0]
-                )
-            return int(conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
-
-        return int(await self._read(_count))
+        return await self._count("messages", "session_id", session_id)
 
     async def stats(self) -> Row:
         return await self._read(maintenance.stats, str(self.path))
