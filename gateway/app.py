@@ -23,6 +23,9 @@ from gateway.errors import AlreadyRunning, GatewayError
 from gateway.index import SessionIndex
 from gateway.messages import OutboundMessage, SentRef
 from gateway.metrics import Metrics
+from gateway.reset import Resetter
+from gateway.reset.policy import PolicySet, ResetPolicy, merge
+from gateway.reset.scheduler import ResetScheduler
 from gateway.router import AccessRules, Router, RouterSettings
 from gateway.session_keys import KeySettings
 from state import SessionDB, WriterConfig
@@ -73,6 +76,18 @@ def build_agent(config: Config) -> Agent:
     return EchoAgent()
 
 
+def reset_policies(config: Config) -> PolicySet:
+    section = config.get("session_reset")
+    base = ResetPolicy(
+        **{k: section[k] for k in ("mode", "idle_minutes", "at_hour", "timezone", "notify")}
+    )
+    return PolicySet(
+        default=base,
+        by_platform={k: merge(base, v) for k, v in section["by_platform"].items()},
+        by_chat_type={k: merge(base, v) for k, v in section["by_chat_type"].items()},
+    )
+
+
 def router_settings(config: Config) -> RouterSettings:
     access = {"api": AccessRules(allow_all=True)}
     for name in PLATFORMS:
@@ -108,6 +123,7 @@ class Gateway:
     router: Router | None = None
     metrics: Metrics = field(default_factory=Metrics)
     started_at: float = 0.0
+    scheduler: ResetScheduler | None = None
     _lock: HomeLock | None = None
     _adapters_by_platform: dict[str, Adapter] = field(default_factory=dict)
 
@@ -143,6 +159,27 @@ class Gateway:
             self.db, self.index, self.agent, self._send, router_settings(self.config), self.metrics
         )
         self._register_gauges()
+        policies = reset_policies(self.config)
+        self.router.resetter = Resetter(
+            self.router, policies, hook=self.agent.before_reset,
+            hook_timeout_s=self.config.get("session_reset.pre_reset_timeout_seconds"),
+        )  # fmt: skip
+        prune = self.config.get("sessions.auto_prune")
+        db = self.db
+
+        async def auto_prune() -> object:
+            return await db.maybe_auto_prune_and_vacuum(
+                prune["retention_days"], prune["min_interval_hours"], prune["vacuum_after_prune"]
+            )
+
+        self.scheduler = ResetScheduler(
+            self.router.resetter.apply,
+            sweep_seconds=self.config.get("session_reset.sweep_seconds"),
+            daily=[(p.at_hour, p.timezone) for p in policies.all() if p.mode in ("daily", "both")],
+            prune=auto_prune if prune["enabled"] else None,
+        )
+        self.notify("STATUS=starting the scheduler")
+        self.scheduler.start()
         if not self.adapters:
             self.adapters = self._default_adapters()
         self.notify("STATUS=starting adapters")
@@ -228,6 +265,9 @@ class Gateway:
     async def stop(self) -> None:
         """Reverse order; safe to call on a partly started gateway."""
         self.notify("STOPPING=1")
+        if self.scheduler is not None:
+            await self.scheduler.stop(self.config.get("shutdown.drain_seconds"))
+            self.scheduler = None
         if self.router is not None:
             self.router.stop_intake()
             cancelled = await self.router.drain(self.config.get("shutdown.drain_seconds"))

@@ -59,6 +59,24 @@ def _str_list(v: Any) -> str | None:
     return None
 
 
+def _timezone(v: Any) -> str | None:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(v)
+    except (ZoneInfoNotFoundError, ValueError):
+        return f"unknown time zone {v!r} (use an IANA name such as Europe/Berlin)"
+    return None
+
+
+RESET_FIELDS: dict[str, Field] = {
+    "mode": Field(str, "none", _one_of("none", "idle", "daily", "both")),
+    "idle_minutes": Field(int, 1440, _range(1, 525_600)),
+    "at_hour": Field(int, 4, _range(0, 23)),
+    "timezone": Field(str, "UTC", _timezone),
+    "notify": Field(bool, True),
+}
+
 PLATFORM_SCHEMA: dict[str, Field] = {
     "enabled": Field(bool, False),
     "token_env": Field((str, type(None)), None, _env_name, "env var holding the bot token"),
@@ -119,6 +137,13 @@ SCHEMA: dict[str, Any] = {
     },
     "access": {
         "unknown_dm": Field(str, "refuse", _one_of("refuse", "ignore")),
+    },
+    "session_reset": {
+        **{name: spec for name, spec in RESET_FIELDS.items()},
+        "sweep_seconds": Field((int, float), 60, _range(1, 3600)),
+        "pre_reset_timeout_seconds": Field((int, float), 10, _range(0, 600)),
+        "by_platform": Field(dict, {}),
+        "by_chat_type": Field(dict, {}),
     },
     "shutdown": {
         "drain_seconds": Field((int, float), 10, _range(0, 600)),
@@ -309,4 +334,24 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Conf
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError("", f"{path}: not valid YAML{where}") from None
     data = _validate(raw, SCHEMA, "")
+    _validate_reset_overrides(data["session_reset"])
     return Config(data=data, secrets=_resolve_secrets(data, env), path=path)
+
+
+def _validate_reset_overrides(section: dict[str, Any]) -> None:
+    """by_platform / by_chat_type: known names, each a partial policy checked like the default."""
+    from gateway.session_keys import CHAT_TYPES
+
+    known = {"by_platform": ("api", *PLATFORMS), "by_chat_type": CHAT_TYPES}
+    for table, names in known.items():
+        checked: dict[str, dict[str, Any]] = {}
+        for name, override in section[table].items():
+            key = f"session_reset.{table}.{name}"
+            if name not in names:
+                raise ConfigError(
+                    key, f"unknown {table[3:].replace('_', ' ')} (known: {', '.join(names)})"
+                )
+            full = _validate(override, RESET_FIELDS, key)
+            given = override or {}
+            checked[str(name)] = {k: v for k, v in full.items() if k in given}
+        section[table] = checked

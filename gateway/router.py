@@ -9,13 +9,14 @@ the agent runs, so an agent failure loses nothing: the chat gets a short apology
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway import access, session_commands
 from gateway.agent.base import Agent, AgentReply, TurnContext, window
@@ -26,6 +27,9 @@ from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.metrics import Metrics
 from gateway.session_keys import KeySettings, SessionKey, SessionSource, build_key
 from gateway.sessions import SessionManager
+
+if TYPE_CHECKING:
+    from gateway.reset import Resetter
 from state import SessionDB, SessionFilter, StateError
 
 log = logging.getLogger("gateway.router")
@@ -89,6 +93,7 @@ class Router:
             context_tokens=self.settings.context_tokens, clock=clock,
         )  # fmt: skip
         self._listings: OrderedDict[str, list[str]] = OrderedDict()
+        self.resetter: Resetter | None = None
         self._job_seq = 0
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
@@ -150,28 +155,40 @@ class Router:
     def key_for(self, msg: InboundMessage) -> SessionKey:
         return build_key(msg.source, self.settings.keys)
 
-    async def _process(self, msg: InboundMessage) -> None:
-        started = self.clock()
-        key = self.key_for(msg)
-        k = key.format()
+    @contextlib.asynccontextmanager
+    async def session_lock(self, k: str) -> AsyncIterator[None]:
+        """Serialise everything that touches one session key (turns, commands, resets)."""
         lock = self._locks.setdefault(k, asyncio.Lock())
         self._waiting[k] = self._waiting.get(k, 0) + 1
         try:
             async with lock:
-                await self._process_locked(msg, key, started)
-        except Exception as exc:  # nothing may escape into the event loop
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            self.metrics.errors.inc(kind="turn")
-            log.exception("turn failed for session_key=%s platform=%s", k, msg.source.platform)
-            await self._reply(msg, None, APOLOGY)
+                yield
         finally:
             self._waiting[k] -= 1
             if self._waiting[k] == 0:
                 del self._waiting[k]
                 self._locks.pop(k, None)
 
+    async def _process(self, msg: InboundMessage) -> None:
+        started = self.clock()
+        key = self.key_for(msg)
+        k = key.format()
+        try:
+            async with self.session_lock(k):
+                await self._process_locked(msg, key, started)
+        except Exception as exc:  # nothing may escape into the event loop
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.metrics.errors.inc(kind="turn")
+            log.exception("turn failed for session_key=%s platform=%s", k, msg.source.platform)
+            await self._reply(msg, None, APOLOGY)
+
     async def _process_locked(self, msg: InboundMessage, key: SessionKey, started: float) -> None:
         entry = await self.entry_for(key, msg)
+        if self.resetter is not None:
+            entry = await self.resetter.check(key.format(), entry)
+            notice = self.resetter.take_notice(key.format())
+            if notice:
+                await self._reply(msg, entry.session_id, notice, key)
         parsed = parse_command(msg.text)
         if parsed is not None:
             name, args = parsed
@@ -394,7 +411,9 @@ class Router:
         return set(self._jobs)
 
     def describe_reset(self, key: SessionKey) -> str:
-        return "none (sessions are never reset automatically)"
+        if self.resetter is None:
+            return "none (sessions are never reset automatically)"
+        return self.resetter.describe(key.format())
 
     @property
     def inflight(self) -> int:

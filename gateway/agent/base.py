@@ -42,6 +42,10 @@ class Agent(Protocol):
         """A 3-7 word title for the conversation so far."""
         ...
 
+    async def before_reset(self, session_id: str, reason: str) -> None:
+        """One chance to save what matters before an automatic reset (bounded in time)."""
+        ...
+
     async def close(self) -> None: ...
 
 

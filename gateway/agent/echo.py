@@ -54,5 +54,8 @@ class EchoAgent:
             words.append("chat")
         return " ".join(words).capitalize()
 
+    async def before_reset(self, session_id: str, reason: str) -> None:
+        return None  # nothing kept outside the transcript
+
     async def close(self) -> None:
         return None

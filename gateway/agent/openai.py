@@ -54,6 +54,9 @@ class OpenAIAgent:
             self._session = aiohttp.ClientSession(headers=headers, timeout=self._timeout)
         return self._session
 
+    async def before_reset(self, session_id: str, reason: str) -> None:
+        return None  # nothing kept outside the transcript
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -1,0 +1,121 @@
+"""Applying reset policies: one idempotent `apply(now)` used by the scheduler's sweep, and a
+lazy `check` the router runs on each message, so a reset is exact even if a sweep is late.
+
+A reset runs the pre-reset hook first (bounded in time; a failure is logged, never
+blocking), then ends the old session with `idle`/`daily` and starts a `reset` child. With
+`notify`, the chat's next message gets one line saying why and how to go back (only if the
+old session had any messages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from gateway.index import IndexEntry
+from gateway.reset.policy import PolicySet, ResetDecision, ResetPolicy, decide
+from gateway.session_keys import SessionSource, parse_key
+
+if TYPE_CHECKING:
+    from gateway.router import Router
+
+log = logging.getLogger("gateway.reset")
+PreResetHook = Callable[[str, str], Awaitable[None]]
+
+
+async def no_hook(session_id: str, reason: str) -> None:
+    return None
+
+
+class Resetter:
+    def __init__(
+        self,
+        router: Router,
+        policies: PolicySet,
+        *,
+        hook: PreResetHook = no_hook,
+        hook_timeout_s: float = 10.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.router = router
+        self.policies = policies
+        self.hook = hook
+        self.hook_timeout_s = hook_timeout_s
+        self.clock = clock or router.clock
+        self._notices: dict[str, str] = {}
+        self.resets = 0
+
+    def policy_for(self, entry: IndexEntry) -> ResetPolicy:
+        return self.policies.for_chat(entry.platform, entry.chat_type)
+
+    def decide(self, entry: IndexEntry, now: float) -> ResetDecision:
+        live = bool(self.router.live_jobs(entry.session_id))
+        return decide(entry.updated_at, now, live, self.policy_for(entry))
+
+    async def apply(self, now: float | None = None) -> int:
+        """Reset every index entry whose policy says so. Idempotent: a reset session has
+        fresh activity, so running twice (or a late, doubled fire) resets nothing more."""
+        at = self.clock() if now is None else now
+        done = 0
+        for key, entry in self.router.index.items():
+            if self.decide(entry, at).reason is None:
+                continue
+            async with self.router.session_lock(key):
+                current = self.router.index.get(key)  # a message may have moved it meanwhile
+                if current is None:
+                    continue
+                decision = self.decide(current, at)
+                if decision.reason is not None:
+                    await self._reset(key, current, decision.reason)
+                    done += 1
+        return done
+
+    async def check(self, key: str, entry: IndexEntry) -> IndexEntry:
+        """The lazy path, for the router (which holds the session lock already)."""
+        decision = self.decide(entry, self.clock())
+        if decision.reason is None:
+            return entry
+        return await self._reset(key, entry, decision.reason)
+
+    async def _reset(self, key: str, entry: IndexEntry, reason: str) -> IndexEntry:
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.hook_timeout_s):
+                await self.hook(entry.session_id, reason)
+        except Exception as exc:  # the reset goes ahead; the hook had its chance
+            log.warning("pre-reset hook failed for session_key=%s: %s", key, exc)
+        old = await self.router.db.get_session(entry.session_id)
+        new, _ = await self.router.sessions.reset(
+            parse_key(key), SessionSource.from_dict(entry.origin), reason
+        )
+        self.resets += 1
+        self.router.metrics.resets.inc(reason=reason)
+        log.info("session_key=%s reset (%s) in %.3fs", key, reason, time.monotonic() - started)
+        if self.policy_for(entry).notify and old and (old.get("message_count") or 0) > 0:
+            handle = old.get("title") or old["id"]
+            why = "after a period of inactivity" if reason == "idle" else "for the daily reset"
+            self._notices[key] = (
+                f"A new session was started {why}. Send /resume {handle} to go back."
+            )
+        return new
+
+    def take_notice(self, key: str) -> str | None:
+        return self._notices.pop(key, None)
+
+    def describe(self, key: str) -> str:
+        entry = self.router.index.get(key)
+        if entry is None:
+            return self.policies.default.describe()
+        policy = self.policy_for(entry)
+        text = policy.describe()
+        decision = self.decide(entry, self.clock())
+        if decision.due_at is not None:
+            when = datetime.fromtimestamp(decision.due_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+            text += (
+                f"; next reset {'held by a live job' if decision.blocked_by_jobs else 'at ' + when}"
+            )
+        return text
