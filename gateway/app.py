@@ -203,10 +203,18 @@ class Gateway:
                 reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
                 health=self.health, metrics=self.metrics.render,
             ))  # fmt: skip
-        for name in PLATFORMS:
+        tg = self.config.platform("telegram")
+        if tg["enabled"]:
+            from gateway.adapters.telegram import TelegramAdapter
+
+            adapters.append(TelegramAdapter(
+                self.config.secret("platforms.telegram.token_env") or "", base_url=tg["base_url"],
+                require_mention=tg["require_mention"],
+            ))  # fmt: skip
+        for name in ("discord", "slack"):
             if self.config.platform(name)["enabled"]:
                 raise GatewayError(
-                    f"platforms.{name}: the {name} adapter is not available in this build"
+                    f"platforms.{name}: the {name} adapter is not available in this build yet"
                 )
         return adapters
 

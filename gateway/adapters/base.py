@@ -57,10 +57,13 @@ class Backoff:
         return base * random.uniform(1 - self.jitter, 1 + self.jitter)
 
 
+DEFAULT_BACKOFF = Backoff()
+
+
 async def call_with_retry(
     call: Callable[[], Awaitable[T]],
     *,
-    backoff: Backoff = Backoff(),
+    backoff: Backoff = DEFAULT_BACKOFF,
     attempts: int = 6,
     max_retry_after_s: float = 300.0,
     log: logging.Logger | None = None,

@@ -1,0 +1,276 @@
+"""Telegram, on python-telegram-bot 22 (polling by default; webhook optional).
+
+`to_inbound` is a pure function over the raw update dict, so recorded payloads (and
+malformed ones) can be tested without a network. The adapter only translates: it knows no
+session keys, no SQL, no policies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gateway.adapters.base import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    Emit,
+    RetryAfter,
+    TransientError,
+    call_with_retry,
+    split_message,
+    utf16_len,
+)
+from gateway.errors import AdapterError, InvalidToken
+from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.session_keys import SessionSource
+
+log = logging.getLogger("gateway.adapters.telegram")
+LIMIT = 4096  # UTF-16 code units per message
+TYPING_EVERY_S = 4.0
+TYPING_FOR_AT_MOST_S = 120.0
+
+
+def to_inbound(
+    update: Mapping[str, Any], bot_username: str | None, require_mention: bool = True
+) -> InboundMessage | None:
+    """An update as an InboundMessage, or None for anything that is not a new text message
+    from a person (edits, joins, bots, malformed payloads)."""
+    try:
+        kind = (
+            "message"
+            if "message" in update
+            else "channel_post"
+            if "channel_post" in update
+            else None
+        )
+        if kind is None:
+            return None
+        msg = update[kind]
+        chat = msg["chat"]
+        text = msg.get("text") or msg.get("caption")
+        if not isinstance(text, str) or not text.strip():
+            return None
+        sender = msg.get("from") or {}
+        if sender.get("is_bot"):
+            return None
+        ctype = {
+            "private": "dm",
+            "group": "group",
+            "supergroup": "group",
+            "channel": "channel",
+        }.get(chat.get("type"))
+        if ctype is None:
+            return None
+        # A forum topic is a thread; the General topic and ordinary reply chains are not.
+        thread = msg.get("message_thread_id") if msg.get("is_topic_message") else None
+        user_id = sender.get("id")
+        name = " ".join(
+            p for p in (sender.get("first_name"), sender.get("last_name")) if p
+        ) or sender.get("username")
+        source = SessionSource(
+            platform="telegram", chat_id=str(chat["id"]), chat_type=ctype,
+            user_id=None if user_id is None else str(user_id), user_name=name or None,
+            chat_name=chat.get("title") or None, thread_id=None if thread is None else str(thread),
+        )  # fmt: skip
+        mentioned = True
+        if ctype != "dm" and require_mention:
+            mentioned = _addressed(msg, text, bot_username)
+        return InboundMessage(
+            source=source, text=_strip_mention(text, bot_username), platform_message_id=str(msg["message_id"]),
+            received_at=float(msg.get("date") or time.time()), mentioned=mentioned,
+            reply_to=str(msg["message_id"]),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError):
+        log.info("ignored a malformed Telegram update: %.200r", update)
+        return None
+
+
+def _addressed(msg: Mapping[str, Any], text: str, bot_username: str | None) -> bool:
+    if text.startswith("/"):
+        return True  # commands are for bots
+    if bot_username and f"@{bot_username}".lower() in text.lower():
+        return True
+    replied = (msg.get("reply_to_message") or {}).get("from") or {}
+    return bool(bot_username and replied.get("username") == bot_username)
+
+
+def _strip_mention(text: str, bot_username: str | None) -> str:
+    if not bot_username:
+        return text
+    tag = f"@{bot_username}"
+    first, _, rest = text.partition(" ")
+    if first.lower() == tag.lower():
+        return rest.strip() or text
+    if first.startswith("/") and first.lower().endswith(tag.lower()):
+        return first[: -len(tag)] + (" " + rest if rest else "")
+    return text
+
+
+class TelegramAdapter:
+    platform: ClassVar[str] = "telegram"
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        base_url: str | None = None,
+        require_mention: bool = True,
+        poll_timeout_s: float = 30.0,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        self._token = token
+        self._base_url = base_url
+        self._require_mention = require_mention
+        self._poll_timeout = poll_timeout_s
+        self._backoff = backoff
+        self._app: Any = None
+        self._emit: Emit | None = None
+        self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self.bot_username: str | None = None
+        self.state = "stopped"
+        self.last_error: str | None = None
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self, emit: Emit) -> None:
+        from telegram import Update
+        from telegram import error as tg_error
+        from telegram.ext import Application, MessageHandler, filters
+        from telegram.request import HTTPXRequest
+
+        self._emit = emit
+        builder = Application.builder().token(self._token).concurrent_updates(True)
+        if self._base_url:
+            base = self._base_url.rstrip("/")
+            builder = builder.base_url(base).base_file_url(base.replace("/bot", "/file/bot"))
+        builder = builder.request(
+            HTTPXRequest(connect_timeout=5, read_timeout=20)
+        ).get_updates_request(HTTPXRequest(connect_timeout=5, read_timeout=10))
+        self._app = builder.build()
+        self._app.add_handler(MessageHandler(filters.ALL, self._on_update))
+        try:
+            await self._app.initialize()
+        except tg_error.InvalidToken as exc:
+            self.state = "failed: invalid token"
+            log.error("telegram refused the bot token; the adapter is stopped (%s)", exc)
+            raise InvalidToken("telegram rejected the bot token") from exc
+        self.bot_username = self._app.bot.username
+        await self._app.updater.start_polling(
+            poll_interval=0.0, timeout=int(self._poll_timeout), allowed_updates=Update.ALL_TYPES,
+            drop_pending_updates=False, error_callback=self._on_poll_error,
+        )  # fmt: skip
+        await self._app.start()
+        self.state = "running"
+        log.info("telegram polling as @%s", self.bot_username)
+
+    def _on_poll_error(self, exc: Exception) -> None:
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.warning("telegram polling error (retrying): %s", exc)
+
+    async def stop(self) -> None:
+        for task in self._typing.values():
+            task.cancel()
+        self._typing.clear()
+        if self._app is None:
+            return
+        with contextlib.suppress(Exception):
+            if self._app.updater and self._app.updater.running:
+                await self._app.updater.stop()
+            if self._app.running:
+                await self._app.stop()
+            await self._app.shutdown()
+        self.state = "stopped"
+
+    def health(self) -> dict[str, object]:
+        return {"state": self.state, "bot": self.bot_username, "last_error": self.last_error}
+
+    # --- inbound ------------------------------------------------------------------------
+
+    async def _on_update(self, update: Any, context: Any) -> None:
+        msg = to_inbound(update.to_dict(), self.bot_username, self._require_mention)
+        if msg is None or self._emit is None:
+            return
+        if msg.mentioned:
+            self._start_typing(msg.source.chat_id, msg.source.thread_id)
+        await self._emit(msg)
+
+    def _start_typing(self, chat_id: str, thread_id: str | None) -> None:
+        key = (chat_id, thread_id)
+        if key in self._typing:
+            return
+        self._typing[key] = asyncio.create_task(
+            self._typing_loop(chat_id, thread_id), name=f"telegram.typing:{chat_id}"
+        )
+
+    async def _typing_loop(self, chat_id: str, thread_id: str | None) -> None:
+        deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
+        try:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(Exception):
+                    await self._app.bot.send_chat_action(
+                        chat_id=int(chat_id), action="typing",
+                        message_thread_id=int(thread_id) if thread_id else None,
+                    )  # fmt: skip
+                await asyncio.sleep(TYPING_EVERY_S)
+        finally:
+            self._typing.pop((chat_id, thread_id), None)
+
+    # --- outbound -----------------------------------------------------------------------
+
+    async def _call(self, fn: Any) -> Any:
+        from telegram import error as tg_error
+
+        async def attempt() -> Any:
+            try:
+                return await fn()
+            except tg_error.RetryAfter as exc:
+                with warnings.catch_warnings():  # int today, timedelta later: both handled
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    wait = exc.retry_after
+                raise RetryAfter(
+                    wait if isinstance(wait, (int, float)) else wait.total_seconds()
+                ) from exc
+            except tg_error.InvalidToken as exc:
+                raise InvalidToken(str(exc)) from exc
+            except (tg_error.TimedOut, tg_error.NetworkError) as exc:
+                if isinstance(exc, tg_error.BadRequest):
+                    raise
+                raise TransientError(str(exc)) from exc
+
+        return await call_with_retry(attempt, backoff=self._backoff, log=log)
+
+    async def send(self, msg: OutboundMessage) -> SentRef:
+        from telegram import error as tg_error
+
+        task = self._typing.pop((msg.chat_id, msg.thread_id), None)
+        if task is not None:
+            task.cancel()
+        ids: list[str] = []
+        thread = int(msg.thread_id) if msg.thread_id else None
+        for part in split_message(msg.text, LIMIT, utf16_len):
+            try:
+                sent = await self._call(lambda part=part: self._app.bot.send_message(
+                    chat_id=int(msg.chat_id), text=part, message_thread_id=thread))  # fmt: skip
+            except tg_error.TelegramError as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                raise AdapterError(f"telegram refused the message: {exc}") from exc
+            ids.append(str(sent.message_id))
+        return SentRef(self.platform, msg.chat_id, tuple(ids))
+
+    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
+        """A forum topic; None when the chat is not a forum."""
+        from telegram import error as tg_error
+
+        try:
+            topic = await self._call(
+                lambda: self._app.bot.create_forum_topic(chat_id=int(chat_id), name=name[:128])
+            )
+        except tg_error.BadRequest as exc:
+            log.info("no forum topic in chat %s: %s", chat_id, exc)
+            return None
+        return ThreadRef(self.platform, chat_id, str(topic.message_thread_id), name)

@@ -1,0 +1,186 @@
+"""A loopback fake of the Telegram Bot API, driven by the real python-telegram-bot.
+
+Every call is recorded; tests push updates (builders below) and script failures
+(429 with retry_after, 5xx, dropped long polls)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+BOT = {"id": 4242, "is_bot": True, "first_name": "Switchboard", "username": "switchboard_bot"}
+
+
+@dataclass
+class FakeTelegram:
+    token: str = "123:ABC"
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    failures: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
+    forum_chats: set[int] = field(default_factory=set)
+    port: int = 0
+    _runner: web.AppRunner | None = None
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    _closing: bool = False
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+    _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    # --- driving -----------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/bot"
+
+    def fail_next(self, method: str, status: int, **parameters: Any) -> None:
+        """The next call of `method` answers `status` (with Bot API `parameters`)."""
+        self.failures.setdefault(method, []).append((status, parameters))
+
+    def push(
+        self, message: dict[str, Any], update_id: int | None = None, kind: str = "message"
+    ) -> int:
+        uid = next(self._update_ids) if update_id is None else update_id
+        self.updates.append({"update_id": uid, kind: message})
+        self._wakeup.set()
+        self._wakeup = asyncio.Event()
+        return uid
+
+    def sent(self, method: str = "sendMessage") -> list[dict[str, Any]]:
+        return [params for name, params in self.calls if name == method]
+
+    async def wait_sent(
+        self, n: int, method: str = "sendMessage", timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while len(self.sent(method)) < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {n} {method} calls, saw {self.sent(method)}")
+            await asyncio.sleep(0.01)
+        return self.sent(method)
+
+    # --- payload builders ---------------------------------------------------------------
+
+    def message(self, text: str, chat: dict[str, Any], user_id: int = 7, name: str = "Ann",
+                thread: int | None = None, **extra: Any) -> dict[str, Any]:  # fmt: skip
+        msg: dict[str, Any] = {
+            "message_id": next(self._ids), "date": int(time.time()), "text": text, "chat": chat,
+            "from": {"id": user_id, "is_bot": False, "first_name": name},
+        }  # fmt: skip
+        if thread is not None:
+            msg["message_thread_id"] = thread
+            msg["is_topic_message"] = True
+        msg.update(extra)
+        return msg
+
+    @staticmethod
+    def dm_chat(user_id: int = 7) -> dict[str, Any]:
+        return {"id": user_id, "type": "private", "first_name": "Ann"}
+
+    @staticmethod
+    def group_chat(chat_id: int = -100111, forum: bool = False) -> dict[str, Any]:
+        return {"id": chat_id, "type": "supergroup", "title": "Team", "is_forum": forum}
+
+    # --- server ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/bot{token}/{method}", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        self._closing = True
+        self._wakeup.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @staticmethod
+    def _reply(status: int, body: dict[str, Any]) -> web.Response:
+        return web.Response(
+            status=status, body=json.dumps(body).encode(), content_type="application/json"
+        )
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        if request.match_info["token"] != self.token:
+            return self._reply(401, {"ok": False, "error_code": 401, "description": "Unauthorized"})
+        params: dict[str, Any] = {}
+        if request.can_read_body:
+            form = await request.post()
+            for key, value in form.items():
+                try:
+                    params[key] = json.loads(value)  # type: ignore[arg-type]
+                except (TypeError, ValueError):
+                    params[key] = value
+        self.calls.append((method, params))
+        queued = self.failures.get(method)
+        if queued:
+            status, parameters = queued.pop(0)
+            body: dict[str, Any] = {
+                "ok": False,
+                "error_code": status,
+                "description": f"scripted {status}",
+            }
+            if parameters:
+                body["parameters"] = parameters
+            return self._reply(status, body)
+        if method == "createForumTopic" and int(params.get("chat_id", 0)) not in self.forum_chats:
+            return self._reply(
+                400,
+                {
+                    "ok": False,
+                    "error_code": 400,
+                    "description": "Bad Request: the chat is not a forum",
+                },
+            )
+        handler = getattr(self, f"_m_{method}", None)
+        if handler is None:
+            print(f"FakeTelegram: unimplemented method {method}", flush=True)
+            return self._reply(404, {"ok": False, "error_code": 404, "description": "Not Found"})
+        return self._reply(200, {"ok": True, "result": await handler(params)})
+
+    async def _m_getMe(self, params: dict[str, Any]) -> Any:
+        return BOT
+
+    async def _m_deleteWebhook(self, params: dict[str, Any]) -> Any:
+        if params.get("drop_pending_updates"):
+            self.updates.clear()
+        return True
+
+    async def _m_getUpdates(self, params: dict[str, Any]) -> Any:
+        offset = int(params.get("offset") or 0)
+        self.updates = [u for u in self.updates if u["update_id"] >= offset]  # confirmed ones go
+        if not self.updates and not self._closing:
+            try:
+                await asyncio.wait_for(
+                    self._wakeup.wait(), float(params.get("timeout") or 0) or 0.01
+                )
+            except TimeoutError:
+                pass
+        return [u for u in self.updates if u["update_id"] >= offset]
+
+    async def _m_sendMessage(self, params: dict[str, Any]) -> Any:
+        msg = {"message_id": next(self._ids), "date": int(time.time()), "text": params.get("text", ""),
+               "chat": {"id": int(params["chat_id"]), "type": "private"}, "from": BOT}  # fmt: skip
+        if params.get("message_thread_id"):
+            msg["message_thread_id"] = params["message_thread_id"]
+            msg["is_topic_message"] = True
+        return msg
+
+    async def _m_sendChatAction(self, params: dict[str, Any]) -> Any:
+        return True
+
+    async def _m_createForumTopic(self, params: dict[str, Any]) -> Any:
+        return {
+            "message_thread_id": next(self._ids),
+            "name": params.get("name"),
+            "icon_color": 7322096,
+        }

@@ -1,0 +1,215 @@
+"""Telegram through the whole daemon (router, state.db, echo agent), driven by the real
+python-telegram-bot against a loopback fake of the Bot API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.adapters.telegram import TelegramAdapter, to_inbound
+from gateway.app import Gateway
+from gateway.config import load_config
+from gateway.errors import InvalidToken
+from tests.fakes.telegram import FakeTelegram
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    server = FakeTelegram()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def _gateway(tmp_path: Path, fake: FakeTelegram, token: str = "123:ABC") -> Gateway:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    port: 0\n  telegram:\n    enabled: true\n    allow_all_users: true\n"
+        f"    base_url: {fake.base_url}\n"
+    )
+    gw = Gateway(config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": token}), home=tmp_path / "home")
+    await gw.start()
+    return gw
+
+
+@pytest.fixture
+async def gw(tmp_path: Path, fake: FakeTelegram) -> AsyncIterator[Gateway]:
+    gateway = await _gateway(tmp_path, fake)
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def _stored(gw: Gateway, key: str) -> list[str]:
+    assert gw.index is not None and gw.db is not None
+    entry = gw.index.get(key)
+    assert entry is not None, key
+    return [m["content"] for m in await gw.db.get_messages(entry.session_id)]
+
+
+async def test_dm_round_trip(gw: Gateway, fake: FakeTelegram) -> None:
+    fake.push(fake.message("hello bot", fake.dm_chat(7)))
+    [sent] = await fake.wait_sent(1)
+    assert (sent["chat_id"], sent["text"]) == (7, "echo: hello bot")
+    assert "message_thread_id" not in sent
+    assert await _stored(gw, "agent:main:telegram:dm:7") == ["hello bot", "echo: hello bot"]
+    assert gw.health()["adapters"]["telegram"]["state"] == "running"
+
+
+async def test_group_messages_need_a_mention_and_are_per_user(
+    gw: Gateway, fake: FakeTelegram
+) -> None:
+    chat = fake.group_chat(-100111)
+    fake.push(fake.message("chatter between humans", chat, user_id=1))
+    fake.push(fake.message("@switchboard_bot what time is it", chat, user_id=1))
+    fake.push(fake.message("/status@switchboard_bot", chat, user_id=2, name="Bob"))
+    sent = await fake.wait_sent(2)
+    await asyncio.sleep(0.2)
+    assert len(fake.sent()) == 2
+    texts = [s["text"] for s in sent]
+    assert "echo: what time is it" in texts and any(t.startswith("Session: ") for t in texts)
+    assert await _stored(gw, "agent:main:telegram:group:-100111:1") == [
+        "what time is it",
+        "echo: what time is it",
+    ]
+
+
+async def test_a_forum_topic_is_a_shared_thread_and_replies_stay_in_it(
+    gw: Gateway, fake: FakeTelegram
+) -> None:
+    chat = fake.group_chat(-100222, forum=True)
+    fake.push(fake.message("/title topic talk", chat, user_id=1, thread=77))
+    fake.push(
+        fake.message("@switchboard_bot hi from the topic", chat, user_id=2, name="Bob", thread=77)
+    )
+    sent = await fake.wait_sent(2)
+    assert all(s["message_thread_id"] == 77 for s in sent)
+    assert await _stored(gw, "agent:main:telegram:group:-100222:t=77") == [
+        "[Bob] hi from the topic",
+        "echo: [Bob] hi from the topic",
+    ]
+
+
+async def test_long_replies_are_split_below_the_limit(gw: Gateway, fake: FakeTelegram) -> None:
+    text = ("word " * 1000).strip()  # the echo reply is ~5,000 characters
+    fake.push(fake.message(text, fake.dm_chat(8)))
+    sent = await fake.wait_sent(2)
+    assert all(len(s["text"]) <= 4096 for s in sent)
+    assert " ".join(s["text"] for s in sent).split() == ("echo: " + text).split()
+
+
+async def test_flood_control_is_waited_out_not_dropped(gw: Gateway, fake: FakeTelegram) -> None:
+    fake.fail_next("sendMessage", 429, retry_after=1)
+    fake.push(fake.message("are you there", fake.dm_chat(9)))
+    sent = await fake.wait_sent(2)  # the refused attempt, then the real one
+    assert sent[-1]["text"] == "echo: are you there"
+
+
+async def test_a_redelivered_message_is_answered_once(gw: Gateway, fake: FakeTelegram) -> None:
+    msg = fake.message("only once", fake.dm_chat(10))
+    fake.push(msg)
+    await fake.wait_sent(1)
+    fake.push(dict(msg))  # the same message in a new update
+    await asyncio.sleep(0.5)
+    assert len(fake.sent()) == 1
+
+
+async def test_polling_recovers_after_the_server_fails(gw: Gateway, fake: FakeTelegram) -> None:
+    fake.fail_next("getUpdates", 502)
+    fake.fail_next("getUpdates", 502)
+    await asyncio.sleep(0.1)
+    fake.push(fake.message("after the outage", fake.dm_chat(11)))
+    [sent] = await fake.wait_sent(1, timeout=15)
+    assert sent["text"] == "echo: after the outage"
+
+
+async def test_create_thread_makes_a_forum_topic_or_says_none(
+    gw: Gateway, fake: FakeTelegram
+) -> None:
+    fake.forum_chats.add(-100222)
+    adapter = next(a for a in gw.adapters if isinstance(a, TelegramAdapter))
+    ref = await adapter.create_thread("-100222", "handoff")
+    assert ref is not None and ref.chat_id == "-100222" and ref.thread_id.isdigit()
+    assert fake.sent("createForumTopic")[0]["name"] == "handoff"
+    assert await adapter.create_thread("-100111", "nope") is None
+
+
+async def test_an_invalid_token_stops_the_adapter_with_a_clear_error(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    with pytest.raises(InvalidToken, match="rejected the bot token"):
+        await _gateway(tmp_path, fake, token="999:WRONG")
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {},
+        {"update_id": 1},
+        {"update_id": 1, "message": None},
+        {"update_id": 1, "message": {"message_id": 1}},
+        {
+            "update_id": 1,
+            "message": {"message_id": 1, "chat": {"id": 5, "type": "private"}},
+        },  # no text
+        {
+            "update_id": 1,
+            "message": {"message_id": 1, "text": "x", "chat": {"id": 5, "type": "weird"}},
+        },
+        {"update_id": 1, "message": {"message_id": 1, "text": "x", "chat": "not a dict"}},
+        {
+            "update_id": 1,
+            "message": {
+                "message_id": 1,
+                "text": "x",
+                "chat": {"id": 5, "type": "private"},
+                "from": {"id": 9, "is_bot": True},
+            },
+        },  # fmt: skip
+        {
+            "update_id": 1,
+            "edited_message": {"message_id": 1, "text": "x", "chat": {"id": 5, "type": "private"}},
+        },
+        {
+            "update_id": 1,
+            "message": {"message_id": 1, "text": 42, "chat": {"id": 5, "type": "private"}},
+        },
+    ],
+)
+def test_malformed_or_irrelevant_updates_are_ignored(update: dict) -> None:
+    assert to_inbound(update, "switchboard_bot") is None
+
+
+def test_general_topic_and_reply_chains_are_not_threads() -> None:
+    base = {"message_id": 5, "text": "@switchboard_bot hi", "chat": {"id": -1, "type": "supergroup", "is_forum": True},
+            "from": {"id": 3, "is_bot": False, "first_name": "A"}}  # fmt: skip
+    general = to_inbound({"update_id": 1, "message": base}, "switchboard_bot")
+    chain = to_inbound(
+        {"update_id": 2, "message": {**base, "message_thread_id": 4}}, "switchboard_bot"
+    )
+    topic = to_inbound(
+        {"update_id": 3, "message": {**base, "message_thread_id": 4, "is_topic_message": True}},
+        "switchboard_bot",
+    )
+    assert general is not None and general.source.thread_id is None and general.text == "hi"
+    assert chain is not None and chain.source.thread_id is None
+    assert topic is not None and topic.source.thread_id == "4"
+    channel = to_inbound(
+        {
+            "update_id": 4,
+            "channel_post": {
+                "message_id": 9,
+                "text": "news",
+                "chat": {"id": -5, "type": "channel", "title": "C"},
+            },
+        },
+        None,
+        False,
+    )
+    assert channel is not None and channel.source.chat_type == "channel"
