@@ -194,6 +194,18 @@ class Gateway:
 
     def _default_adapters(self) -> list[Adapter]:
         adapters: list[Adapter] = []
+        routes: dict[str, Any] = {}
+        sl = self.config.platform("slack")
+        if sl["enabled"]:
+            from gateway.adapters.slack import SlackAdapter
+
+            slack = SlackAdapter(
+                self.config.secret("platforms.slack.token_env") or "",
+                self.config.secret("platforms.slack.signing_secret_env") or "",
+                base_url=sl["base_url"], require_mention=sl["require_mention"],
+            )  # fmt: skip
+            adapters.append(slack)
+            routes["/slack/events"] = slack.handle_events
         api = self.config.platform("api")
         if api["enabled"]:
             from gateway.adapters.api import ApiAdapter
@@ -201,7 +213,7 @@ class Gateway:
             adapters.append(ApiAdapter(
                 api["host"], api["port"], self.config.secret("platforms.api.key_env"),
                 reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
-                health=self.health, metrics=self.metrics.render,
+                health=self.health, metrics=self.metrics.render, routes=routes,
             ))  # fmt: skip
         tg = self.config.platform("telegram")
         if tg["enabled"]:
@@ -211,7 +223,7 @@ class Gateway:
                 self.config.secret("platforms.telegram.token_env") or "", base_url=tg["base_url"],
                 require_mention=tg["require_mention"],
             ))  # fmt: skip
-        for name in ("discord", "slack"):
+        for name in ("discord",):
             if self.config.platform(name)["enabled"]:
                 raise GatewayError(
                     f"platforms.{name}: the {name} adapter is not available in this build yet"

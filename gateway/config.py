@@ -94,7 +94,7 @@ PLATFORM_SCHEMA: dict[str, Field] = {
     "require_mention": Field(bool, True),
     "free_response_channels": Field(list, [], _str_list),
     "base_url": Field((str, type(None)), None),
-    "mode": Field(str, "polling", _one_of("polling", "webhook", "http", "socket")),
+    "mode": Field((str, type(None)), None, _one_of("polling", "webhook", "http", "socket")),
     "webhook_url": Field((str, type(None)), None),
 }
 
@@ -266,11 +266,22 @@ def _resolve_secrets(data: Mapping[str, Any], env: Mapping[str, str]) -> dict[st
             )
     for name in PLATFORMS:
         p = data["platforms"][name]
+        if p["mode"] is None:
+            p["mode"] = {"telegram": "polling", "slack": "http"}.get(name)
         if not p["enabled"]:
             continue
         base = f"platforms.{name}"
         if name == "slack" and p["mode"] not in ("http", "socket"):
             raise ConfigError(f"{base}.mode", "must be http or socket for slack")
+        if name == "slack" and p["mode"] == "socket":
+            raise ConfigError(
+                f"{base}.mode", "Socket Mode is not available in this version; use http"
+            )
+        if name == "slack" and not data["platforms"]["api"]["enabled"]:
+            raise ConfigError(
+                f"{base}.enabled",
+                "Slack's Events API is served by the api server: enable platforms.api",
+            )
         if name == "telegram" and p["mode"] not in ("polling", "webhook"):
             raise ConfigError(f"{base}.mode", "must be polling or webhook for telegram")
         default_env = {

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -47,7 +47,11 @@ class ApiAdapter:
         reply_timeout_s: float = 330.0,
         health: Callable[[], dict[str, Any]] | None = None,
         metrics: Callable[[], str] | None = None,
+        routes: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] | None = None,
     ) -> None:
+        # extra POST endpoints other adapters serve here (Slack's Events API); they
+        # authenticate their own callers (Slack signs), so the bearer key does not apply
+        self._routes = dict(routes or {})
         self.host = host
         self.port = port
         self._key = key
@@ -69,6 +73,8 @@ class ApiAdapter:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/health", self._health_view)
         app.router.add_get("/metrics", self._metrics_view)
+        for path, handler in self._routes.items():
+            app.router.add_post(path, handler)
         return app
 
     async def start(self, emit: Emit) -> None:
@@ -114,7 +120,7 @@ class ApiAdapter:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self._key is not None and request.path != "/health":
+        if self._key is not None and request.path != "/health" and request.path not in self._routes:
             header = request.headers.get("Authorization", "")
             token = header[7:] if header.startswith("Bearer ") else ""
             if not hmac.compare_digest(token.encode(), self._key.encode()):

@@ -1,0 +1,222 @@
+"""Slack, on slack-bolt (HTTP Events API mode, mounted on the daemon's HTTP server).
+
+Requests are signature-checked by Bolt; Slack's retries are deduplicated by event_id here
+(Bolt does not); bot messages, edits and deletes are ignored. `to_inbound` is a pure
+function of the event. A top-level mention in a channel starts a thread; threads the bot
+has answered in continue without a mention.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gateway.adapters.base import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    Emit,
+    RetryAfter,
+    TransientError,
+    call_with_retry,
+    split_message,
+)
+from gateway.errors import AdapterError, InvalidToken
+from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.session_keys import SessionSource
+
+log = logging.getLogger("gateway.adapters.slack")
+LIMIT = 39_000
+SEEN_EVENTS = 10_000
+IGNORED_SUBTYPES = {
+    "bot_message",
+    "message_changed",
+    "message_deleted",
+    "channel_join",
+    "channel_leave",
+}
+
+
+def to_inbound(
+    event: Mapping[str, Any], bot_user_id: str | None, active_threads: set[tuple[str, str]] | None = None,
+    require_mention: bool = True,
+) -> InboundMessage | None:  # fmt: skip
+    """A Slack message event as an InboundMessage, or None when it is not for us."""
+    try:
+        if event.get("type") not in ("message", "app_mention"):
+            return None
+        if event.get("subtype") in IGNORED_SUBTYPES or event.get("bot_id") or event.get("subtype"):
+            return None
+        user, channel, ts = event.get("user"), event["channel"], event["ts"]
+        text = event.get("text")
+        if not isinstance(text, str) or not text.strip() or not user or user == bot_user_id:
+            return None
+        channel_type = event.get("channel_type") or (
+            "im" if str(channel).startswith("D") else "channel"
+        )
+        mention = f"<@{bot_user_id}>" if bot_user_id else None
+        mentioned_here = bool(mention and mention in text) or event.get("type") == "app_mention"
+        if channel_type in ("im", "mpim"):
+            source = SessionSource("slack", str(channel), "dm", str(user), None)
+            addressed = True
+        else:
+            thread = event.get("thread_ts")
+            in_known_thread = thread is not None and (str(channel), str(thread)) in (
+                active_threads or set()
+            )
+            addressed = mentioned_here or in_known_thread or not require_mention
+            # a top-level mention starts a thread at this message
+            thread_id = str(thread) if thread is not None else (str(ts) if addressed else None)
+            source = SessionSource("slack", str(channel), "group", str(user), None, None, thread_id)
+        clean = text.replace(mention, "").strip() if mention else text
+        return InboundMessage(source=source, text=clean or text, platform_message_id=str(ts),
+                              received_at=float(ts), mentioned=addressed, reply_to=str(ts))  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        log.info("ignored a malformed Slack event: %.200r", event)
+        return None
+
+
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_LINK = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)")
+
+
+def to_mrkdwn(text: str) -> str:
+    """Markdown bold and links in Slack's mrkdwn; code spans and fences are the same."""
+    out = []
+    for i, chunk in enumerate(text.split("```")):
+        if i % 2 == 0:
+            chunk = _LINK.sub(r"<\2|\1>", _BOLD.sub(r"*\1*", chunk))
+        out.append(chunk)
+    return "```".join(out)
+
+
+class SlackAdapter:
+    platform: ClassVar[str] = "slack"
+
+    def __init__(
+        self,
+        token: str,
+        signing_secret: str,
+        *,
+        base_url: str | None = None,
+        require_mention: bool = True,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        from slack_bolt.async_app import AsyncApp
+        from slack_sdk.web.async_client import AsyncWebClient
+
+        kwargs = {"base_url": base_url} if base_url else {}
+        self.client = AsyncWebClient(token=token, **kwargs)
+        self.bolt = AsyncApp(
+            client=self.client, signing_secret=signing_secret, process_before_response=False
+        )
+        self.bolt.event("message")(self._on_event)
+        self.bolt.event("app_mention")(self._on_event)  # same message; whichever comes first
+        self._require_mention = require_mention
+        self._backoff = backoff
+        self._emit: Emit | None = None
+        self._seen_events: OrderedDict[str, None] = OrderedDict()
+        self._active_threads: set[tuple[str, str]] = set()
+        self._dispatched: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.bot_user_id: str | None = None
+        self.state = "stopped"
+        self.last_error: str | None = None
+
+    async def handle_events(self, request: Any) -> Any:
+        """POST /slack/events on the daemon's HTTP server: Bolt checks the signature and
+        the timestamp, acks, and dispatches to the listeners."""
+        from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+
+        response = await self.bolt.async_dispatch(await to_bolt_request(request))
+        return await to_aiohttp_response(response)
+
+    async def start(self, emit: Emit) -> None:
+        from slack_sdk.errors import SlackApiError
+
+        self._emit = emit
+        try:
+            auth = await self.client.auth_test()
+        except SlackApiError as exc:
+            self.state = "failed: invalid token"
+            log.error(
+                "slack refused the bot token; the adapter is stopped (%s)",
+                exc.response.get("error"),
+            )
+            raise InvalidToken("slack rejected the bot token") from exc
+        self.bot_user_id = auth.get("user_id")
+        self.state = "running"
+
+    async def stop(self) -> None:
+        self.state = "stopped"
+
+    def health(self) -> dict[str, object]:
+        return {"state": self.state, "bot_user": self.bot_user_id, "last_error": self.last_error}
+
+    def _first_time(self, table: OrderedDict[Any, None], key: Any) -> bool:
+        if key in table:
+            return False
+        table[key] = None
+        if len(table) > SEEN_EVENTS:
+            table.popitem(last=False)
+        return True
+
+    async def _on_event(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        event_id = str(body.get("event_id") or "")
+        if event_id and not self._first_time(self._seen_events, event_id):
+            return  # Slack retried an event we already took
+        msg = to_inbound(event, self.bot_user_id or (body.get("authorizations") or [{}])[0].get("user_id"),
+                         self._active_threads, self._require_mention)  # fmt: skip
+        if msg is None or self._emit is None or not msg.mentioned:
+            return
+        if not self._first_time(self._dispatched, (msg.source.chat_id, msg.platform_message_id)):
+            return  # the same message as `message` and as `app_mention`
+        if msg.source.thread_id:
+            self._active_threads.add((msg.source.chat_id, msg.source.thread_id))
+        await self._emit(msg)
+
+    async def _post(self, **kwargs: Any) -> Any:
+        from slack_sdk.errors import SlackApiError
+
+        async def attempt() -> Any:
+            try:
+                return await self.client.chat_postMessage(**kwargs)
+            except SlackApiError as exc:
+                status = exc.response.status_code
+                if status == 429:
+                    raise RetryAfter(float(exc.response.headers.get("Retry-After", "1"))) from exc
+                if status >= 500:
+                    raise TransientError(f"slack answered {status}") from exc
+                if exc.response.get("error") in ("invalid_auth", "not_authed", "token_revoked"):
+                    raise InvalidToken(str(exc.response.get("error"))) from exc
+                raise
+            except OSError as exc:
+                raise TransientError(str(exc)) from exc
+
+        return await call_with_retry(attempt, backoff=self._backoff, log=log)
+
+    async def send(self, msg: OutboundMessage) -> SentRef:
+        from slack_sdk.errors import SlackApiError
+
+        ids = []
+        for part in split_message(to_mrkdwn(msg.text), LIMIT):
+            kwargs: dict[str, Any] = {"channel": msg.chat_id, "text": part}
+            if msg.thread_id:
+                kwargs["thread_ts"] = msg.thread_id
+            try:
+                resp = await self._post(**kwargs)
+            except SlackApiError as exc:
+                self.last_error = str(exc.response.get("error"))
+                raise AdapterError(f"slack refused the message: {self.last_error}") from exc
+            ids.append(str(resp.get("ts")))
+        if msg.thread_id:
+            self._active_threads.add((msg.chat_id, msg.thread_id))
+        return SentRef(self.platform, msg.chat_id, tuple(ids))
+
+    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
+        """A seed message; its ts is the thread."""
+        resp = await self._post(channel=chat_id, text=name)
+        ts = str(resp.get("ts"))
+        self._active_threads.add((chat_id, ts))
+        return ThreadRef(self.platform, chat_id, ts, name)
