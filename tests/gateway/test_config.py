@@ -71,10 +71,22 @@ def test_the_example_config_is_valid_with_its_env_vars(tmp_path: Path) -> None:
             "environment variable name",
         ),
         (
-            "platforms:\n  slack:\n    enabled: true\n    allow_all_users: true\n    token_env: S\n",
+            "platforms:\n  slack:\n    enabled: true\n    allow_all_users: true\n    token_env: S\n    mode: polling\n",
             {"S": "xoxb-1"},
             "platforms.slack.mode",
             "http or socket",
+        ),
+        (
+            "platforms:\n  slack:\n    enabled: true\n    allow_all_users: true\n    token_env: S\n",
+            {"S": "xoxb-1"},
+            "platforms.slack.signing_secret_env",
+            "SLACK_SIGNING_SECRET is not set",
+        ),
+        (
+            "platforms:\n  slack:\n    enabled: true\n    mode: socket\n",
+            {},
+            "platforms.slack.mode",
+            "Socket Mode is not available",
         ),
         ("platforms:\n  api:\n    host: 0.0.0.0\n", {}, "platforms.api.key_env", "not loopback"),
         ("agent:\n  system_prompt: CHANGE_ME\n", {}, "agent.system_prompt", "placeholder"),
