@@ -19,7 +19,7 @@ from gateway.adapters.base import Adapter
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import PLATFORMS, Config
-from gateway.errors import AlreadyRunning, GatewayError
+from gateway.errors import AlreadyRunning
 from gateway.index import SessionIndex
 from gateway.messages import OutboundMessage, SentRef
 from gateway.metrics import Metrics
@@ -223,11 +223,16 @@ class Gateway:
                 self.config.secret("platforms.telegram.token_env") or "", base_url=tg["base_url"],
                 require_mention=tg["require_mention"],
             ))  # fmt: skip
-        for name in ("discord",):
-            if self.config.platform(name)["enabled"]:
-                raise GatewayError(
-                    f"platforms.{name}: the {name} adapter is not available in this build yet"
-                )
+        dc = self.config.platform("discord")
+        if dc["enabled"]:
+            from gateway.adapters.discord import DiscordAdapter
+
+            adapters.append(DiscordAdapter(
+                self.config.secret("platforms.discord.token_env") or "",
+                require_mention=dc["require_mention"],
+                free_channels=frozenset(str(c) for c in dc["free_response_channels"]),
+                api_base=dc["base_url"], gateway_url=dc["gateway_url"],
+            ))  # fmt: skip
         return adapters
 
     def _register_gauges(self) -> None:

@@ -96,6 +96,7 @@ PLATFORM_SCHEMA: dict[str, Field] = {
     "base_url": Field((str, type(None)), None),
     "mode": Field((str, type(None)), None, _one_of("polling", "webhook", "http", "socket")),
     "webhook_url": Field((str, type(None)), None),
+    "gateway_url": Field((str, type(None)), None, doc="Discord gateway websocket (a proxy)"),
 }
 
 SCHEMA: dict[str, Any] = {

@@ -1,0 +1,282 @@
+"""Discord, on discord.py 2 (gateway connection with the message_content intent).
+
+DMs are `dm`; guild text channels are `group` (chat name "<guild> / #<channel>"); a message
+in a thread is `thread` with chat_id = thread_id = the thread. In guild channels the bot
+answers when mentioned (or everywhere with require_mention off, or in free-response
+channels); in threads it takes part in (it created them or answered there), always.
+`to_inbound` is a pure function over the message's fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gateway.adapters.base import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    Emit,
+    TransientError,
+    call_with_retry,
+    split_message,
+)
+from gateway.errors import AdapterError, InvalidToken
+from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.session_keys import SessionSource
+
+log = logging.getLogger("gateway.adapters.discord")
+LIMIT = 2000
+TYPING_EVERY_S = 8.0
+
+
+def to_inbound(
+    fields: Mapping[str, Any],
+    *,
+    require_mention: bool = True,
+    free_channels: frozenset[str] = frozenset(),
+    active_threads: set[str] | None = None,
+) -> InboundMessage | None:
+    """fields: id, content, author_id, author_name, author_bot, kind ('dm' | 'text' |
+    'thread'), channel_id, channel_name, guild_name, parent_id, mentions_bot."""
+    try:
+        if fields.get("author_bot"):
+            return None
+        text = fields.get("content")
+        if not isinstance(text, str) or not text.strip():
+            return None
+        kind, channel = fields["kind"], str(fields["channel_id"])
+        user = str(fields["author_id"])
+        name = fields.get("author_name")
+        if kind == "dm":
+            source = SessionSource("discord", channel, "dm", user, name)
+            addressed = True
+        elif kind == "thread":
+            source = SessionSource("discord", channel, "thread", user, name,
+                                   f"{fields.get('guild_name')} / #{fields.get('channel_name')}", channel)  # fmt: skip
+            addressed = (
+                bool(fields.get("mentions_bot")) or channel in (active_threads or set())
+                or not require_mention or str(fields.get("parent_id")) in free_channels
+            )  # fmt: skip
+        elif kind == "text":
+            source = SessionSource("discord", channel, "group", user, name,
+                                   f"{fields.get('guild_name')} / #{fields.get('channel_name')}")  # fmt: skip
+            addressed = (
+                bool(fields.get("mentions_bot")) or not require_mention or channel in free_channels
+            )
+        else:
+            return None
+        return InboundMessage(source=source, text=text, platform_message_id=str(fields["id"]),
+                              received_at=time.time(), mentioned=addressed, reply_to=str(fields["id"]))  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        log.info("ignored a malformed Discord message: %.200r", dict(fields))
+        return None
+
+
+class DiscordAdapter:
+    platform: ClassVar[str] = "discord"
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        require_mention: bool = True,
+        free_channels: frozenset[str] = frozenset(),
+        api_base: str | None = None,
+        gateway_url: str | None = None,
+        guild_ready_timeout_s: float = 2.0,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        self._token = token
+        self._require_mention = require_mention
+        self._free = free_channels
+        self._api_base = api_base
+        self._gateway_url = gateway_url
+        self._ready_timeout = guild_ready_timeout_s
+        self._backoff = backoff
+        self._client: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._emit: Emit | None = None
+        self._threads: set[str] = set()
+        self._typing: dict[str, asyncio.Task[None]] = {}
+        self.state = "stopped"
+        self.last_error: str | None = None
+
+    async def start(self, emit: Emit) -> None:
+        import discord
+        import yarl
+
+        self._emit = emit
+        if self._api_base:  # a proxy (or a test server): discord.py reads these class attributes
+            discord.http.Route.BASE = self._api_base.rstrip("/")
+        if self._gateway_url:
+            discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self._gateway_url)
+        intents = discord.Intents.default()
+        intents.message_content = True
+        client = discord.Client(
+            intents=intents, guild_ready_timeout=self._ready_timeout,
+            allowed_mentions=discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=False),
+        )  # fmt: skip
+        client.event(self.on_message)
+        self._client = client
+        try:
+            await client.login(self._token)
+        except discord.LoginFailure as exc:
+            self.state = "failed: invalid token"
+            log.error("discord refused the bot token; the adapter is stopped (%s)", exc)
+            await client.close()
+            raise InvalidToken("discord rejected the bot token") from exc
+        self._task = asyncio.create_task(self._connect(), name="discord.gateway")
+        async with asyncio.timeout(30):
+            await client.wait_until_ready()
+        self.state = "running"
+        log.info("discord connected as %s", client.user)
+
+    async def _connect(self) -> None:
+        """discord.py reconnects by itself (reconnect=True) on dropped connections."""
+        try:
+            await self._client.connect(reconnect=True)
+        except Exception as exc:
+            self.state = f"failed: {type(exc).__name__}"
+            self.last_error = str(exc)
+            log.error("discord gateway connection ended: %s", exc)
+
+    async def stop(self) -> None:
+        for task in self._typing.values():
+            task.cancel()
+        self._typing.clear()
+        if self._client is not None and not self._client.is_closed():
+            await self._client.close()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 5)
+        self.state = "stopped"
+
+    def health(self) -> dict[str, object]:
+        return {"state": self.state, "last_error": self.last_error,
+                "latency_ms": round(self._client.latency * 1000, 1) if self._client and self._client.is_ready() else None}  # fmt: skip
+
+    # --- inbound ------------------------------------------------------------------------
+
+    @staticmethod
+    def fields(message: Any, bot_id: int | None) -> dict[str, Any]:
+        import discord
+
+        channel = message.channel
+        kind = (
+            "dm"
+            if isinstance(channel, discord.DMChannel)
+            else "thread"
+            if isinstance(channel, discord.Thread)
+            else "text"
+        )
+        if kind == "text" and not isinstance(channel, discord.TextChannel):
+            kind = "other"
+        return {
+            "id": message.id, "content": message.content, "author_id": message.author.id,
+            "author_name": getattr(message.author, "display_name", None), "author_bot": message.author.bot,
+            "kind": kind, "channel_id": channel.id, "channel_name": getattr(getattr(channel, "parent", None) or channel, "name", None),
+            "guild_name": getattr(message.guild, "name", None),
+            "parent_id": getattr(channel, "parent_id", None),
+            "mentions_bot": bot_id is not None and any(u.id == bot_id for u in message.mentions),
+            "thread_owner_is_bot": kind == "thread" and getattr(channel, "owner_id", None) == bot_id,
+        }  # fmt: skip
+
+    async def on_message(self, message: Any) -> None:
+        bot_id = self._client.user.id if self._client and self._client.user else None
+        fields = self.fields(message, bot_id)
+        if fields.get("thread_owner_is_bot"):
+            self._threads.add(str(fields["channel_id"]))
+        msg = to_inbound(
+            fields,
+            require_mention=self._require_mention,
+            free_channels=self._free,
+            active_threads=self._threads,
+        )
+        if msg is None or self._emit is None or not msg.mentioned:
+            return
+        if msg.source.chat_type == "thread":
+            self._threads.add(msg.source.chat_id)
+        if bot_id is not None:
+            clean = msg.text.replace(f"<@{bot_id}>", "").replace(f"<@!{bot_id}>", "").strip()
+            msg = InboundMessage(
+                msg.source,
+                clean or msg.text,
+                msg.platform_message_id,
+                msg.received_at,
+                True,
+                msg.reply_to,
+            )
+        self._start_typing(msg.source.chat_id)
+        await self._emit(msg)
+
+    def _start_typing(self, chat_id: str) -> None:
+        if chat_id not in self._typing:
+            self._typing[chat_id] = asyncio.create_task(
+                self._typing_loop(chat_id), name=f"discord.typing:{chat_id}"
+            )
+
+    async def _typing_loop(self, chat_id: str) -> None:
+        try:
+            channel = self._client.get_partial_messageable(int(chat_id))
+            for _ in range(15):
+                with contextlib.suppress(Exception):
+                    await channel.typing()
+                await asyncio.sleep(TYPING_EVERY_S)
+        finally:
+            self._typing.pop(chat_id, None)
+
+    # --- outbound -----------------------------------------------------------------------
+
+    async def send(self, msg: OutboundMessage) -> SentRef:
+        import discord
+
+        task = self._typing.pop(msg.chat_id, None)
+        if task is not None:
+            task.cancel()
+        channel = self._client.get_partial_messageable(int(msg.thread_id or msg.chat_id))
+        ids = []
+        for part in split_message(msg.text, LIMIT):
+
+            async def attempt(part: str = part) -> Any:
+                try:
+                    return await channel.send(part)
+                except discord.HTTPException as exc:
+                    if exc.status >= 500:
+                        raise TransientError(f"discord answered {exc.status}") from exc
+                    raise
+                except OSError as exc:
+                    raise TransientError(str(exc)) from exc
+
+            try:
+                sent = await call_with_retry(attempt, backoff=self._backoff, log=log)
+            except discord.HTTPException as exc:
+                self.last_error = f"{exc.status}: {exc.text}"
+                raise AdapterError(f"discord refused the message ({exc.status})") from exc
+            ids.append(str(sent.id))
+        if msg.thread_id:
+            self._threads.add(msg.thread_id)
+        return SentRef(self.platform, msg.chat_id, tuple(ids))
+
+    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
+        """A public thread under the channel, archived after a day of quiet. A refusal is
+        raised (and logged), never silently replaced by a reply in the parent channel."""
+        import discord
+
+        channel = self._client.get_channel(int(chat_id))
+        if not isinstance(channel, discord.TextChannel):
+            return None  # DMs and threads cannot hold threads
+        try:
+            thread = await channel.create_thread(
+                name=name[:100], auto_archive_duration=1440, type=discord.ChannelType.public_thread
+            )
+        except discord.HTTPException as exc:
+            log.error(
+                "discord refused to create a thread in %s: %s %s", chat_id, exc.status, exc.text
+            )
+            raise AdapterError(f"discord refused to create the thread ({exc.status})") from exc
+        self._threads.add(str(thread.id))
+        return ThreadRef(self.platform, str(thread.id), str(thread.id), name)

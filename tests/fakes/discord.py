@@ -1,0 +1,214 @@
+"""A loopback fake of Discord's REST API and gateway websocket, driven by the real
+discord.py (pointed here through its two class attributes; see recipes.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+GUILD = "100000000000000001"
+GENERAL = "200000000000000010"
+THREAD = "200000000000000020"
+BOT_ID = "300000000000000001"
+BOT = {
+    "id": BOT_ID,
+    "username": "switchboard",
+    "discriminator": "0",
+    "avatar": None,
+    "bot": True,
+    "global_name": None,
+}
+
+
+def _user(uid: str, name: str) -> dict[str, Any]:
+    return {"id": uid, "username": name, "discriminator": "0", "avatar": None, "global_name": name}
+
+
+@dataclass
+class FakeDiscord:
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    port: int = 0
+    refuse_threads: bool = False
+    token: str = "fake-token"
+    _runner: web.AppRunner | None = None
+    _sockets: list[web.WebSocketResponse] = field(default_factory=list)
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(400000000000000001))
+    identifies: int = 0
+    resumes: int = 0
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v10"
+
+    @property
+    def gateway(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/gateway"
+
+    def posted(self, channel: str | None = None) -> list[dict[str, Any]]:
+        return [b for verb, path, b in self.calls
+                if verb == "POST" and path.endswith("/messages") and (channel is None or f"/{channel}/" in path)]  # fmt: skip
+
+    async def wait_posted(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while len(self.posted()) < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {n} messages, saw {self.posted()}")
+            await asyncio.sleep(0.01)
+        return self.posted()
+
+    async def wait_connected(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._sockets:
+            if time.monotonic() > deadline:
+                raise AssertionError("no gateway connection")
+            await asyncio.sleep(0.01)
+
+    # --- events ------------------------------------------------------------------------
+
+    def message(self, content: str, channel: str, *, user: str = "500000000000000001", name: str = "ann",
+                guild: bool = True, mention: bool = False) -> dict[str, Any]:  # fmt: skip
+        data: dict[str, Any] = {
+            "id": str(next(self._ids)), "type": 0, "content": content, "channel_id": channel,
+            "author": _user(user, name), "timestamp": "2026-11-29T12:00:00.000000+00:00",
+            "mentions": [BOT] if mention else [], "mention_roles": [], "attachments": [], "embeds": [],
+            "pinned": False, "mention_everyone": False, "tts": False,
+        }  # fmt: skip
+        if guild:
+            data["guild_id"] = GUILD
+            data["member"] = {
+                "roles": [],
+                "flags": 0,
+                "joined_at": "2026-01-01T00:00:00+00:00",
+                "deaf": False,
+                "mute": False,
+            }
+        return data
+
+    async def dispatch(self, event: str, data: dict[str, Any]) -> None:
+        payload = json.dumps({"op": 0, "s": next(self._seq), "t": event, "d": data})
+        for ws in list(self._sockets):
+            if not ws.closed:
+                await ws.send_str(payload)
+
+    async def drop_connections(self, code: int = 4000) -> None:
+        for ws in list(self._sockets):
+            await ws.close(code=code)
+        self._sockets.clear()
+
+    # --- server ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/gateway", self._ws)
+        app.router.add_route("*", "/api/v10/{tail:.*}", self._rest)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        await self.drop_connections(1000)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @staticmethod
+    def _json(body: Any, status: int = 200) -> web.Response:
+        # discord.py parses JSON only for exactly "application/json" (no charset)
+        return web.Response(
+            status=status, body=json.dumps(body).encode(), content_type="application/json"
+        )
+
+    def _guild(self) -> dict[str, Any]:
+        return {
+            "id": GUILD, "name": "Fake Guild", "owner_id": BOT_ID, "unavailable": False, "member_count": 2,
+            "roles": [{"id": GUILD, "name": "@everyone", "permissions": "0", "position": 0, "color": 0,
+                       "hoist": False, "managed": False, "mentionable": False, "flags": 0}],
+            "channels": [{"id": GENERAL, "type": 0, "name": "general", "position": 0, "permission_overwrites": []}],
+            "threads": [{"id": THREAD, "type": 11, "parent_id": GENERAL, "owner_id": BOT_ID, "name": "ticket",
+                         "message_count": 0, "member_count": 1, "guild_id": GUILD,
+                         "thread_metadata": {"archived": False, "auto_archive_duration": 1440,
+                                             "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}],
+            "members": [{"user": BOT, "roles": [], "flags": 0, "joined_at": "2026-01-01T00:00:00+00:00", "deaf": False, "mute": False}],
+            "emojis": [], "stickers": [], "features": [], "voice_states": [], "presences": [],
+        }  # fmt: skip
+
+    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        self._sockets.append(ws)
+        await ws.send_str(json.dumps({"op": 10, "d": {"heartbeat_interval": 41250}}))
+        async for frame in ws:
+            if frame.type != WSMsgType.TEXT:
+                continue
+            msg = json.loads(frame.data)
+            op = msg.get("op")
+            if op == 1:
+                await ws.send_str(json.dumps({"op": 11}))
+            elif op == 2:
+                self.identifies += 1
+                ready = {"v": 10, "user": BOT, "session_id": "fake-session", "resume_gateway_url": self.gateway,
+                         "application": {"id": BOT_ID, "flags": 0}, "guilds": [{"id": GUILD, "unavailable": True}],
+                         "shard": [0, 1]}  # fmt: skip
+                await ws.send_str(
+                    json.dumps({"op": 0, "s": next(self._seq), "t": "READY", "d": ready})
+                )
+                await ws.send_str(
+                    json.dumps(
+                        {"op": 0, "s": next(self._seq), "t": "GUILD_CREATE", "d": self._guild()}
+                    )
+                )
+            elif op == 6:
+                self.resumes += 1
+                await ws.send_str(
+                    json.dumps({"op": 0, "s": next(self._seq), "t": "RESUMED", "d": {}})
+                )
+        if ws in self._sockets:
+            self._sockets.remove(ws)
+        return ws
+
+    async def _rest(self, request: web.Request) -> web.Response:
+        path = "/" + request.match_info["tail"]
+        body: Any = None
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except (ValueError, json.JSONDecodeError):
+                body = await request.text()
+        self.calls.append((request.method, path, body))
+        if request.headers.get("Authorization") != f"Bot {self.token}":
+            return self._json({"message": "401: Unauthorized", "code": 0}, status=401)
+        if path == "/users/@me":
+            return self._json(BOT)
+        if path == "/oauth2/applications/@me":
+            return self._json({"id": BOT_ID, "name": "switchboard", "description": "", "icon": None, "bot_public": True,
+                               "bot_require_code_grant": False, "verify_key": "k", "owner": BOT, "flags": 0})  # fmt: skip
+        if path == "/gateway/bot":
+            return self._json({"url": self.gateway, "shards": 1,
+                               "session_start_limit": {"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 1}})  # fmt: skip
+        if path.endswith("/typing"):
+            return web.Response(status=204)
+        if path.endswith("/threads") and request.method == "POST":
+            if self.refuse_threads:
+                return self._json({"message": "Missing Permissions", "code": 50013}, status=403)
+            parent = path.split("/")[2]
+            tid = str(next(self._ids))
+            return self._json({"id": tid, "type": 11, "parent_id": parent, "owner_id": BOT_ID, "guild_id": GUILD,
+                               "name": (body or {}).get("name", ""), "message_count": 0, "member_count": 1,
+                               "thread_metadata": {"archived": False, "auto_archive_duration": (body or {}).get("auto_archive_duration", 1440),
+                                                   "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}, status=201)  # fmt: skip
+        if path.endswith("/messages") and request.method == "POST":
+            channel = path.split("/")[2]
+            return self._json({"id": str(next(self._ids)), "type": 0, "content": (body or {}).get("content", ""),
+                               "channel_id": channel, "author": BOT, "timestamp": "2026-11-29T12:00:00+00:00",
+                               "mentions": [], "mention_roles": [], "attachments": [], "embeds": [], "pinned": False,
+                               "mention_everyone": False, "tts": False})  # fmt: skip
+        print(f"FakeDiscord: unimplemented {request.method} {path}", flush=True)
+        return self._json({"message": "Unknown", "code": 0}, status=404)
