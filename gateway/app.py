@@ -193,45 +193,51 @@ class Gateway:
         )
 
     def _default_adapters(self) -> list[Adapter]:
+        """Platform adapters first; the api server last, serving their webhook routes
+        (Slack's Events API, Telegram's webhook) beside its own endpoints."""
         adapters: list[Adapter] = []
         routes: dict[str, Any] = {}
+        secret = self.config.secret
         sl = self.config.platform("slack")
         if sl["enabled"]:
             from gateway.adapters.slack import SlackAdapter
 
             slack = SlackAdapter(
-                self.config.secret("platforms.slack.token_env") or "",
-                self.config.secret("platforms.slack.signing_secret_env") or "",
+                secret("platforms.slack.token_env") or "", secret("platforms.slack.signing_secret_env") or "",
                 base_url=sl["base_url"], require_mention=sl["require_mention"],
             )  # fmt: skip
             adapters.append(slack)
             routes["/slack/events"] = slack.handle_events
-        api = self.config.platform("api")
-        if api["enabled"]:
-            from gateway.adapters.api import ApiAdapter
-
-            adapters.append(ApiAdapter(
-                api["host"], api["port"], self.config.secret("platforms.api.key_env"),
-                reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
-                health=self.health, metrics=self.metrics.render, routes=routes,
-            ))  # fmt: skip
         tg = self.config.platform("telegram")
         if tg["enabled"]:
             from gateway.adapters.telegram import TelegramAdapter
 
-            adapters.append(TelegramAdapter(
-                self.config.secret("platforms.telegram.token_env") or "", base_url=tg["base_url"],
-                require_mention=tg["require_mention"],
-            ))  # fmt: skip
+            webhook = tg["mode"] == "webhook"
+            telegram = TelegramAdapter(
+                secret("platforms.telegram.token_env") or "", base_url=tg["base_url"],
+                require_mention=tg["require_mention"], webhook_url=tg["webhook_url"] if webhook else None,
+                webhook_secret=secret("platforms.telegram.webhook_secret_env") if webhook else None,
+            )  # fmt: skip
+            adapters.append(telegram)
+            if webhook:
+                routes["/telegram/webhook"] = telegram.handle_webhook
         dc = self.config.platform("discord")
         if dc["enabled"]:
             from gateway.adapters.discord import DiscordAdapter
 
             adapters.append(DiscordAdapter(
-                self.config.secret("platforms.discord.token_env") or "",
-                require_mention=dc["require_mention"],
+                secret("platforms.discord.token_env") or "", require_mention=dc["require_mention"],
                 free_channels=frozenset(str(c) for c in dc["free_response_channels"]),
                 api_base=dc["base_url"], gateway_url=dc["gateway_url"],
+            ))  # fmt: skip
+        api = self.config.platform("api")
+        if api["enabled"]:
+            from gateway.adapters.api import ApiAdapter
+
+            adapters.insert(0, ApiAdapter(
+                api["host"], api["port"], secret("platforms.api.key_env"),
+                reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
+                health=self.health, metrics=self.metrics.render, routes=routes,
             ))  # fmt: skip
         return adapters
 

@@ -283,6 +283,14 @@ def _resolve_secrets(data: Mapping[str, Any], env: Mapping[str, str]) -> dict[st
                 f"{base}.enabled",
                 "Slack's Events API is served by the api server: enable platforms.api",
             )
+        if (
+            name == "telegram"
+            and p["mode"] == "webhook"
+            and not data["platforms"]["api"]["enabled"]
+        ):
+            raise ConfigError(
+                f"{base}.mode", "the webhook is served by the api server: enable platforms.api"
+            )
         if name == "telegram" and p["mode"] not in ("polling", "webhook"):
             raise ConfigError(f"{base}.mode", "must be polling or webhook for telegram")
         default_env = {

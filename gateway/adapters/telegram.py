@@ -122,7 +122,12 @@ class TelegramAdapter:
         require_mention: bool = True,
         poll_timeout_s: float = 30.0,
         backoff: Backoff = DEFAULT_BACKOFF,
+        webhook_url: str | None = None,
+        webhook_secret: str | None = None,
     ) -> None:
+        # webhook mode: Telegram POSTs updates to the daemon's HTTP server (handle_webhook)
+        self._webhook_url = webhook_url
+        self._webhook_secret = webhook_secret
         self._token = token
         self._base_url = base_url
         self._require_mention = require_mention
@@ -145,6 +150,8 @@ class TelegramAdapter:
 
         self._emit = emit
         builder = Application.builder().token(self._token).concurrent_updates(True)
+        if self._webhook_url:
+            builder = builder.updater(None)  # updates arrive through handle_webhook
         if self._base_url:
             base = self._base_url.rstrip("/")
             builder = builder.base_url(base).base_file_url(base.replace("/bot", "/file/bot"))
@@ -160,13 +167,44 @@ class TelegramAdapter:
             log.error("telegram refused the bot token; the adapter is stopped (%s)", exc)
             raise InvalidToken("telegram rejected the bot token") from exc
         self.bot_username = self._app.bot.username
-        await self._app.updater.start_polling(
-            poll_interval=0.0, timeout=int(self._poll_timeout), allowed_updates=Update.ALL_TYPES,
-            drop_pending_updates=False, error_callback=self._on_poll_error,
-        )  # fmt: skip
+        if self._webhook_url:
+            await self._call(lambda: self._app.bot.set_webhook(
+                url=self._webhook_url, secret_token=self._webhook_secret, allowed_updates=Update.ALL_TYPES))  # fmt: skip
+        else:
+            await self._app.updater.start_polling(
+                poll_interval=0.0, timeout=int(self._poll_timeout), allowed_updates=Update.ALL_TYPES,
+                drop_pending_updates=False, error_callback=self._on_poll_error,
+            )  # fmt: skip
         await self._app.start()
         self.state = "running"
-        log.info("telegram polling as @%s", self.bot_username)
+        log.info(
+            "telegram %s as @%s", "webhook" if self._webhook_url else "polling", self.bot_username
+        )
+
+    async def handle_webhook(self, request: Any) -> Any:
+        """POST /telegram/webhook on the daemon's HTTP server. Telegram sends the secret
+        set with setWebhook in a header; anything else is refused with 403."""
+        import hmac
+
+        from aiohttp import web
+        from telegram import Update
+
+        given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "")
+        if not self._webhook_secret or not hmac.compare_digest(
+            given.encode(), self._webhook_secret.encode()
+        ):
+            return web.Response(status=403, text="forbidden")
+        if self._app is None or self.state != "running":
+            return web.Response(status=503, text="not running")
+        try:
+            data = await request.json()
+            update = Update.de_json(data, self._app.bot)
+        except (ValueError, TypeError, KeyError):
+            return web.Response(status=400, text="not a Telegram update")
+        if update is None:
+            return web.Response(status=400, text="not a Telegram update")
+        await self._app.update_queue.put(update)
+        return web.Response(status=200, text="ok")
 
     def _on_poll_error(self, exc: Exception) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -179,6 +217,7 @@ class TelegramAdapter:
         if self._app is None:
             return
         with contextlib.suppress(Exception):
+            # a webhook stays set while we are down: Telegram keeps the updates for us
             if self._app.updater and self._app.updater.running:
                 await self._app.updater.stop()
             if self._app.running:

@@ -175,6 +175,9 @@ class FakeTelegram:
             msg["is_topic_message"] = True
         return msg
 
+    async def _m_setWebhook(self, params: dict[str, Any]) -> Any:
+        return True
+
     async def _m_sendChatAction(self, params: dict[str, Any]) -> Any:
         return True
 

@@ -213,3 +213,35 @@ def test_general_topic_and_reply_chains_are_not_threads() -> None:
         False,
     )
     assert channel is not None and channel.source.chat_type == "channel"
+
+
+async def test_webhook_mode_checks_the_secret_and_delivers_updates(tmp_path: Path, fake: FakeTelegram) -> None:
+    import aiohttp
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    port: 0\n  telegram:\n    enabled: true\n    allow_all_users: true\n"
+        f"    base_url: {fake.base_url}\n    mode: webhook\n    webhook_url: https://bot.example/telegram/webhook\n"
+    )
+    env = {"TELEGRAM_BOT_TOKEN": "123:ABC", "TELEGRAM_WEBHOOK_SECRET": "s3cr3t-token"}
+    gw = Gateway(config=load_config(cfg, env), home=tmp_path / "home")
+    await gw.start()
+    try:
+        [hook] = fake.sent("setWebhook")
+        assert (hook["url"], hook["secret_token"]) == ("https://bot.example/telegram/webhook", "s3cr3t-token")
+        assert fake.sent("getUpdates") == []  # no polling in webhook mode
+        url = f"http://127.0.0.1:{gw.adapters[0].bound_port}/telegram/webhook"  # type: ignore[attr-defined]
+        update = {"update_id": 1, "message": fake.message("via webhook", fake.dm_chat(21))}
+        async with aiohttp.ClientSession() as http:
+            for headers, status in (({}, 403), ({"X-Telegram-Bot-Api-Secret-Token": "wrong"}, 403)):
+                async with http.post(url, json=update, headers=headers) as resp:
+                    assert resp.status == status
+            good = {"X-Telegram-Bot-Api-Secret-Token": "s3cr3t-token"}
+            async with http.post(url, data=b"{not json", headers=good) as resp:
+                assert resp.status == 400
+            async with http.post(url, json=update, headers=good) as resp:
+                assert resp.status == 200
+        [sent] = await fake.wait_sent(1)
+        assert sent["text"] == "echo: via webhook"
+    finally:
+        await gw.stop()
