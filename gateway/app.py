@@ -202,12 +202,15 @@ class Gateway:
         if sl["enabled"]:
             from gateway.adapters.slack import SlackAdapter
 
+            socket_mode = sl["mode"] == "socket"
             slack = SlackAdapter(
                 secret("platforms.slack.token_env") or "", secret("platforms.slack.signing_secret_env") or "",
                 base_url=sl["base_url"], require_mention=sl["require_mention"],
+                app_token=secret("platforms.slack.app_token_env") if socket_mode else None,
             )  # fmt: skip
             adapters.append(slack)
-            routes["/slack/events"] = slack.handle_events
+            if not socket_mode:
+                routes["/slack/events"] = slack.handle_events
         tg = self.config.platform("telegram")
         if tg["enabled"]:
             from gateway.adapters.telegram import TelegramAdapter

@@ -274,11 +274,7 @@ def _resolve_secrets(data: Mapping[str, Any], env: Mapping[str, str]) -> dict[st
         base = f"platforms.{name}"
         if name == "slack" and p["mode"] not in ("http", "socket"):
             raise ConfigError(f"{base}.mode", "must be http or socket for slack")
-        if name == "slack" and p["mode"] == "socket":
-            raise ConfigError(
-                f"{base}.mode", "Socket Mode is not available in this version; use http"
-            )
-        if name == "slack" and not data["platforms"]["api"]["enabled"]:
+        if name == "slack" and p["mode"] == "http" and not data["platforms"]["api"]["enabled"]:
             raise ConfigError(
                 f"{base}.enabled",
                 "Slack's Events API is served by the api server: enable platforms.api",

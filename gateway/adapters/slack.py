@@ -103,14 +103,21 @@ class SlackAdapter:
         base_url: str | None = None,
         require_mention: bool = True,
         backoff: Backoff = DEFAULT_BACKOFF,
+        app_token: str | None = None,
     ) -> None:
+        # Socket Mode when an app token is given: Slack pushes events over a websocket the
+        # adapter opens (no public endpoint); otherwise the Events API (handle_events).
+        self._app_token = app_token
+        self._socket: Any = None
         from slack_bolt.async_app import AsyncApp
         from slack_sdk.web.async_client import AsyncWebClient
 
         kwargs = {"base_url": base_url} if base_url else {}
         self.client = AsyncWebClient(token=token, **kwargs)
+        # Socket Mode requests are not signed; Bolt still wants a secret to hold
+        secret = signing_secret or ("socket-mode" if app_token else "")
         self.bolt = AsyncApp(
-            client=self.client, signing_secret=signing_secret, process_before_response=False
+            client=self.client, signing_secret=secret, process_before_response=False
         )
         self.bolt.event("message")(self._on_event)
         self.bolt.event("app_mention")(self._on_event)  # same message; whichever comes first
@@ -146,9 +153,19 @@ class SlackAdapter:
             )
             raise InvalidToken("slack rejected the bot token") from exc
         self.bot_user_id = auth.get("user_id")
+        if self._app_token:
+            from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
+            # reuses self.client (and its base_url) for apps.connections.open; reconnects
+            # on its own when Slack asks for a refresh or the link dies
+            self._socket = AsyncSocketModeHandler(self.bolt, self._app_token)
+            await self._socket.connect_async()
         self.state = "running"
 
     async def stop(self) -> None:
+        if self._socket is not None:
+            await self._socket.close_async()
+            self._socket = None
         self.state = "stopped"
 
     def health(self) -> dict[str, object]:

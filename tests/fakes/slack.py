@@ -24,6 +24,43 @@ class FakeSlack:
     port: int = 0
     _runner: web.AppRunner | None = None
     _ts: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    sockets: list[web.WebSocketResponse] = field(default_factory=list)
+    acks: list[str] = field(default_factory=list)
+    connections_opened: int = 0
+
+    # --- Socket Mode -----------------------------------------------------------------------
+
+    async def wait_socket(self, count: int = 1, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len([s for s in self.sockets if not s.closed]) < 1 or self.connections_opened < count:
+            if time.monotonic() > deadline:
+                raise AssertionError("no Socket Mode connection")
+            await asyncio.sleep(0.01)
+
+    async def socket_event(self, payload: dict[str, Any], envelope_id: str) -> None:
+        envelope = {"envelope_id": envelope_id, "type": "events_api", "accepts_response_payload": False,
+                    "retry_attempt": 0, "retry_reason": "", "payload": payload}  # fmt: skip
+        for ws in [s for s in self.sockets if not s.closed]:
+            await ws.send_str(json.dumps(envelope))
+
+    async def socket_disconnect(self) -> None:
+        for ws in [s for s in self.sockets if not s.closed]:
+            await ws.send_str(json.dumps({"type": "disconnect", "reason": "refresh_requested"}))
+
+    async def _link(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        self.sockets.append(ws)
+        await ws.send_str(json.dumps({"type": "hello", "num_connections": 1,
+                                      "connection_info": {"app_id": "A1"}, "debug_info": {"host": "fake"}}))  # fmt: skip
+        async for frame in ws:
+            try:
+                data = json.loads(frame.data)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("envelope_id"):
+                self.acks.append(data["envelope_id"])
+        return ws
 
     @property
     def base_url(self) -> str:
@@ -46,6 +83,7 @@ class FakeSlack:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle)
+        app.router.add_get("/link", self._link)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -53,6 +91,8 @@ class FakeSlack:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        for ws in self.sockets:
+            await ws.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -81,6 +121,9 @@ class FakeSlack:
                 "user": "bot",
                 "url": "https://t.slack.com/",
             }
+        elif method == "apps.connections.open":
+            self.connections_opened += 1
+            body = {"ok": True, "url": f"ws://127.0.0.1:{self.port}/link"}
         elif method == "chat.postMessage":
             ts = f"1700000000.{next(self._ts):06d}"
             body = {

@@ -1,59 +1,94 @@
-"""The Adapter contract, checked on every adapter: start with an emit callback, deliver an
-OutboundMessage, answer create_thread with a ThreadRef or None, report health, stop cleanly
-(twice is harmless)."""
+"""The Adapter contract, checked on every adapter against its loopback fake: start with an
+emit callback, deliver an OutboundMessage, answer create_thread with a ThreadRef or None,
+report health, stop cleanly (twice is harmless)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
 
 from gateway.adapters.api import ApiAdapter
+from gateway.adapters.discord import DiscordAdapter
+from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from tests.fakes.discord import GENERAL, FakeDiscord
+from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 
-@pytest.fixture(params=["api", "telegram"])
-async def adapter_under_test(
-    request: pytest.FixtureRequest,
-) -> AsyncIterator[tuple[object, str, object]]:
+@pytest.fixture(params=["api", "telegram", "discord", "slack"])
+async def case(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Any, str, Any]]:
     if request.param == "api":
         yield ApiAdapter(port=0), "chat-1", None
         return
-    fake = FakeTelegram()
+    fake: Any
+    if request.param == "telegram":
+        fake = FakeTelegram()
+    elif request.param == "discord":
+        import discord
+
+        monkeypatch.setattr(discord.http.Route, "BASE", discord.http.Route.BASE)
+        monkeypatch.setattr(
+            discord.gateway.DiscordWebSocket,
+            "DEFAULT_GATEWAY",
+            discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY,
+        )
+        fake = FakeDiscord()
+    else:
+        fake = FakeSlack()
     await fake.start()
     try:
-        yield TelegramAdapter(fake.token, base_url=fake.base_url, poll_timeout_s=1), "42", fake
+        if isinstance(fake, FakeTelegram):
+            yield TelegramAdapter(fake.token, base_url=fake.base_url, poll_timeout_s=1), "42", fake
+        elif isinstance(fake, FakeDiscord):
+            adapter = DiscordAdapter(
+                fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
+            )
+            yield adapter, GENERAL, fake
+        else:
+            yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
         await fake.stop()
 
 
-async def test_adapter_contract(adapter_under_test: tuple[object, str, object]) -> None:
-    adapter, chat_id, fake = adapter_under_test
+def _delivered(fake: Any) -> str:
+    if isinstance(fake, FakeTelegram):
+        return str(fake.sent()[0]["text"])
+    if isinstance(fake, FakeDiscord):
+        return str(fake.posted(GENERAL)[0]["content"])
+    return str(fake.posted()[0]["text"])
+
+
+async def test_adapter_contract(case: tuple[Any, str, Any]) -> None:
+    adapter, chat_id, fake = case
     seen: list[InboundMessage] = []
 
     async def emit(msg: InboundMessage) -> None:
         seen.append(msg)
 
-    assert isinstance(adapter.platform, str) and adapter.platform  # type: ignore[attr-defined]
-    await adapter.start(emit)  # type: ignore[attr-defined]
+    assert isinstance(adapter.platform, str) and adapter.platform
+    await adapter.start(emit)
     try:
-        assert adapter.health()["state"] == "running"  # type: ignore[attr-defined]
-        ref = await adapter.send(OutboundMessage(adapter.platform, chat_id, "hello"))  # type: ignore[attr-defined]
+        assert adapter.health()["state"] == "running"
+        ref = await adapter.send(OutboundMessage(adapter.platform, chat_id, "hello"))
         assert (
             isinstance(ref, SentRef) and ref.platform == adapter.platform and ref.chat_id == chat_id
         )
-        thread = await adapter.create_thread(chat_id, "a thread")  # type: ignore[attr-defined]
+        if fake is not None:
+            assert _delivered(fake) == "hello" and ref.message_ids
+        thread = await adapter.create_thread(chat_id, "a thread")
         assert thread is None or (thread.platform == adapter.platform and thread.thread_id)
         if isinstance(adapter, ApiAdapter):
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"http://127.0.0.1:{adapter.bound_port}/health") as resp:
                     assert resp.status == 200
-        if isinstance(fake, FakeTelegram):
-            assert fake.sent()[0]["text"] == "hello"
     finally:
-        await adapter.stop()  # type: ignore[attr-defined]
-        await adapter.stop()  # type: ignore[attr-defined]
-    assert adapter.health()["state"] == "stopped"  # type: ignore[attr-defined]
+        await adapter.stop()
+        await adapter.stop()
+    assert adapter.health()["state"] == "stopped"

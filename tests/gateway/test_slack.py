@@ -185,3 +185,33 @@ def test_ignored_events(ev: dict) -> None:
 def test_markdown_becomes_mrkdwn_outside_code() -> None:
     assert to_mrkdwn("**bold** and [docs](https://x.io/a)") == "*bold* and <https://x.io/a|docs>"
     assert to_mrkdwn("```\n**not bold**\n```") == "```\n**not bold**\n```"
+
+
+async def test_socket_mode_acks_answers_and_reconnects_on_refresh(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  slack:\n    enabled: true\n    allow_all_users: true\n"
+        f"    mode: socket\n    base_url: {fake.base_url}\n"
+    )
+    env = {"SLACK_BOT_TOKEN": "xoxb-fake-token", "SLACK_APP_TOKEN": "xapp-fake-token"}
+    gw = Gateway(config=load_config(cfg, env), home=tmp_path / "home")
+    await gw.start()
+    try:
+        await fake.wait_socket(1)
+        await fake.socket_event(
+            event(msg("over the socket", ts="11.1"), "E31"), envelope_id="env-1"
+        )
+        [post] = await fake.wait_posted(1)
+        assert post["text"] == "echo: over the socket"
+        assert "env-1" in fake.acks
+        await fake.socket_disconnect()  # Slack asks for a fresh connection
+        await fake.wait_socket(2, timeout=20)
+        await fake.socket_event(
+            event(msg("after the refresh", ts="12.1"), "E32"), envelope_id="env-2"
+        )
+        posts = await fake.wait_posted(2, timeout=15)
+        assert posts[1]["text"] == "echo: after the refresh"
+    finally:
+        await gw.stop()

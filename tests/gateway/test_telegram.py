@@ -215,7 +215,9 @@ def test_general_topic_and_reply_chains_are_not_threads() -> None:
     assert channel is not None and channel.source.chat_type == "channel"
 
 
-async def test_webhook_mode_checks_the_secret_and_delivers_updates(tmp_path: Path, fake: FakeTelegram) -> None:
+async def test_webhook_mode_checks_the_secret_and_delivers_updates(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
     import aiohttp
 
     cfg = tmp_path / "config.yaml"
@@ -228,7 +230,10 @@ async def test_webhook_mode_checks_the_secret_and_delivers_updates(tmp_path: Pat
     await gw.start()
     try:
         [hook] = fake.sent("setWebhook")
-        assert (hook["url"], hook["secret_token"]) == ("https://bot.example/telegram/webhook", "s3cr3t-token")
+        assert (hook["url"], hook["secret_token"]) == (
+            "https://bot.example/telegram/webhook",
+            "s3cr3t-token",
+        )
         assert fake.sent("getUpdates") == []  # no polling in webhook mode
         url = f"http://127.0.0.1:{gw.adapters[0].bound_port}/telegram/webhook"  # type: ignore[attr-defined]
         update = {"update_id": 1, "message": fake.message("via webhook", fake.dm_chat(21))}
