@@ -20,6 +20,7 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    RetryAfter,
     TransientError,
     call_with_retry,
     split_message,
@@ -245,6 +246,8 @@ class DiscordAdapter:
                 try:
                     return await channel.send(part)
                 except discord.HTTPException as exc:
+                    if exc.status == 429:  # one discord.py gave up on (e.g. an edge ban): wait
+                        raise RetryAfter(5.0) from exc
                     if exc.status >= 500:
                         raise TransientError(f"discord answered {exc.status}") from exc
                     raise

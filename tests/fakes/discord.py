@@ -35,6 +35,7 @@ class FakeDiscord:
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     port: int = 0
     refuse_threads: bool = False
+    rate_limit_next_post: bool = False
     token: str = "fake-token"
     _runner: web.AppRunner | None = None
     _sockets: list[web.WebSocketResponse] = field(default_factory=list)
@@ -204,6 +205,15 @@ class FakeDiscord:
                                "name": (body or {}).get("name", ""), "message_count": 0, "member_count": 1,
                                "thread_metadata": {"archived": False, "auto_archive_duration": (body or {}).get("auto_archive_duration", 1440),
                                                    "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}, status=201)  # fmt: skip
+        if path.endswith("/messages") and request.method == "POST" and self.rate_limit_next_post:
+            self.rate_limit_next_post = False
+            self.calls[-1] = ("POST-429", path, body)  # a refused attempt, not a delivered message
+            return web.Response(
+                status=429, body=json.dumps({"message": "You are being rate limited.", "retry_after": 0.3, "global": False}).encode(),
+                content_type="application/json",
+                # discord.py reads a 429 without Via as a Cloudflare ban; Discord's own carry it
+                headers={"Retry-After": "0.3", "X-RateLimit-Scope": "user", "Via": "1.1 google"},
+            )  # fmt: skip
         if path.endswith("/messages") and request.method == "POST":
             channel = path.split("/")[2]
             return self._json({"id": str(next(self._ids)), "type": 0, "content": (body or {}).get("content", ""),

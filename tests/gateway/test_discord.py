@@ -193,3 +193,17 @@ def test_addressing_rules(fields: dict, addressed: bool) -> None:
                                     {"id": 1, "content": "x", "author_id": 2, "kind": "voice", "channel_id": 3}])  # fmt: skip
 def test_ignored_messages(fields: dict) -> None:
     assert to_inbound(fields) is None
+
+
+async def test_a_redelivered_message_is_answered_once_and_rate_limits_are_waited_out(
+    gw: Gateway, fake: FakeDiscord
+) -> None:
+    fake.rate_limit_next_post = True
+    data = fake.message("just once", "600000000000000004", guild=False)
+    await fake.dispatch("MESSAGE_CREATE", data)
+    await fake.dispatch("MESSAGE_CREATE", dict(data))  # the gateway replays the same message
+    [post] = await fake.wait_posted(1)
+    await asyncio.sleep(0.5)
+    assert post["content"] == "echo: just once" and len(fake.posted()) == 1
+    assert any(verb == "POST-429" for verb, _p, _b in fake.calls)  # the first attempt was refused
+    assert any(path.endswith("/typing") for _v, path, _b in fake.calls)  # typing shown meanwhile

@@ -60,6 +60,7 @@ async def test_dm_round_trip(gw: Gateway, fake: FakeTelegram) -> None:
     assert "message_thread_id" not in sent
     assert await _stored(gw, "agent:main:telegram:dm:7") == ["hello bot", "echo: hello bot"]
     assert gw.health()["adapters"]["telegram"]["state"] == "running"
+    assert fake.sent("sendChatAction")[0]["action"] == "typing"  # shown while the agent works
 
 
 async def test_group_messages_need_a_mention_and_are_per_user(
