@@ -19,7 +19,7 @@ log = logging.getLogger("gateway.sessions")
 
 
 class NothingToCompress(Exception):
-    pass
+    """The session is too short to summarise anything."""
 
 
 @dataclass(frozen=True)

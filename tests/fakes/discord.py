@@ -12,6 +12,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes import wait_for_count
+
 GUILD = "100000000000000001"
 GENERAL = "200000000000000010"
 THREAD = "200000000000000020"
@@ -57,12 +59,7 @@ class FakeDiscord:
                 if verb == "POST" and path.endswith("/messages") and (channel is None or f"/{channel}/" in path)]  # fmt: skip
 
     async def wait_posted(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while len(self.posted()) < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"expected {n} messages, saw {self.posted()}")
-            await asyncio.sleep(0.01)
-        return self.posted()
+        return await wait_for_count(self.posted, n, timeout, "messages")
 
     async def wait_connected(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout

@@ -13,6 +13,8 @@ from typing import Any
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
+from tests.fakes import wait_for_count
+
 BOT_USER = "U0BOT"
 SECRET = "fake-signing-secret"
 
@@ -73,12 +75,7 @@ class FakeSlack:
         return [p for m, p in self.calls if m == "chat.postMessage"]
 
     async def wait_posted(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while len(self.posted()) < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"expected {n} posts, saw {self.posted()}")
-            await asyncio.sleep(0.01)
-        return self.posted()
+        return await wait_for_count(self.posted, n, timeout, "posts")
 
     async def start(self) -> None:
         app = web.Application()

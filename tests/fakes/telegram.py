@@ -14,6 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes import wait_for_count
+
 BOT = {"id": 4242, "is_bot": True, "first_name": "Switchboard", "username": "switchboard_bot"}
 
 
@@ -56,12 +58,7 @@ class FakeTelegram:
     async def wait_sent(
         self, n: int, method: str = "sendMessage", timeout: float = 10.0
     ) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while len(self.sent(method)) < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"expected {n} {method} calls, saw {self.sent(method)}")
-            await asyncio.sleep(0.01)
-        return self.sent(method)
+        return await wait_for_count(lambda: self.sent(method), n, timeout, f"{method} calls")
 
     # --- payload builders ---------------------------------------------------------------
 
