@@ -81,6 +81,7 @@ _HIT_COLUMNS = (
     "s.source AS source, s.model AS model, s.title AS title, s.started_at AS started_at"
 )
 FIRST_WINDOW = 500
+WINDOW_PER_RESULT = 25
 WINDOW_GROWTH = 4
 
 
@@ -122,7 +123,7 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
     order, oparams = _order(req.sort, time.time() if now is None else now)
     need = max(1, req.limit) + max(0, req.offset)
     direction = "ASC" if req.sort == "oldest" else "DESC"
-    window = max(FIRST_WINDOW, need * 25)
+    window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
     while True:
         parts, params = [], []
         for br in branches:
