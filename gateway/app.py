@@ -325,17 +325,29 @@ class Gateway:
 
 
 async def run_until_signalled(gateway: Gateway) -> None:
-    """Start, wait for SIGTERM/SIGINT, drain, stop."""
+    """Start, tell systemd we are ready, ping its watchdog from the loop, wait for
+    SIGTERM/SIGINT, drain, stop."""
+    from gateway.notify import watchdog, watchdog_interval
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    dog: asyncio.Task[None] | None = None
     try:
         await gateway.start()
-        gateway.notify("READY=1\nSTATUS=running")
+        gateway.notify(
+            f"READY=1\nSTATUS=running ({', '.join(a.platform for a in gateway.adapters)})"
+        )
+        interval = watchdog_interval()
+        if interval is not None:
+            dog = asyncio.create_task(watchdog(interval), name="systemd.watchdog")
         await stop.wait()
         log.info("signal received; draining")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if dog is not None:
+            dog.cancel()
+            await asyncio.gather(dog, return_exceptions=True)
         await gateway.stop()

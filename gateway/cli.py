@@ -40,7 +40,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(_config_path(args, home))
     setup_logging("debug" if args.debug else config.get("logging.level"), config.get("logging.format"),
                   config.secrets.values())  # fmt: skip
-    asyncio.run(run_until_signalled(Gateway(config=config, home=home)))
+    from gateway.notify import sd_notify
+
+    asyncio.run(run_until_signalled(Gateway(config=config, home=home, notify=sd_notify)))
     return EXIT_OK
 
 
@@ -51,6 +53,20 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     path = _config_path(args, home)
     load_config(path)
     print(f"config ok: {path or '(embedded defaults)'}")
+    return EXIT_OK
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from gateway.config import load_config
+    from gateway.service import install
+
+    home = _home(args)
+    config_path = _config_path(args, home)
+    config = load_config(config_path)  # refuse to install a unit for a config that cannot start
+    path, hints = install(home=home, config=config_path, user=not args.system,
+                          drain_s=config.get("shutdown.drain_seconds"),
+                          target=Path(args.output) if args.output else None)  # fmt: skip
+    print(f"wrote {path}\nnext:\n{hints}")
     return EXIT_OK
 
 
@@ -73,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("check-config", help="validate the configuration and exit")
     p.set_defaults(func=cmd_check_config)
+    p = sub.add_parser("service", help="install a systemd unit for this installation")
+    sp = p.add_subparsers(dest="service_command", required=True)
+    inst = sp.add_parser("install", help="write the unit and print the systemctl commands")
+    scope = inst.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--user", action="store_true", help="for the user manager (default; no root needed)"
+    )
+    scope.add_argument(
+        "--system", action="store_true", help="for the system manager (/etc/systemd/system)"
+    )
+    inst.add_argument("--output", help="write the unit here instead")
+    inst.set_defaults(func=cmd_service)
     for name, help_ in (("chat", "talk to the agent from the terminal"), ("sessions", "list, search and manage sessions"),
                         ("doctor", "check the installation")):  # fmt: skip
         p = sub.add_parser(name, help=help_)

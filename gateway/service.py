@@ -1,0 +1,81 @@
+"""`switchboard service install`: a systemd unit for this installation (this interpreter,
+this home, this config), written for the user manager or the system, with the commands to
+enable it. The unit's exit-code policy matches the CLI: 78 (bad config) stops restarts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+UNIT_NAME = "switchboard.service"
+
+
+def render_unit(*, python: str, home: Path, config: Path | None, user: bool, drain_s: float = 10.0,
+                env_file: Path | None = None) -> str:  # fmt: skip
+    config_arg = f" --config {config}" if config else ""
+    env_file = env_file or home / "switchboard.env"
+    sandbox = [
+        "NoNewPrivileges=true",
+        "PrivateTmp=true",
+        "ProtectSystem=strict",
+        "ProtectHome=read-only",
+        f"ReadWritePaths={home}",
+        "ProtectKernelTunables=true",
+        "ProtectControlGroups=true",
+        "RestrictSUIDSGID=true",
+        "LockPersonality=true",
+    ]
+    if user:  # a user manager cannot set up most namespaces; keep what works unprivileged
+        sandbox = ["NoNewPrivileges=true"]
+    lines = [
+        "[Unit]",
+        "Description=switchboard: a gateway daemon for AI agents on chat platforms",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        f"ExecStart={python} -m gateway --home {home}{config_arg} run",
+        f"Environment=SWITCHBOARD_HOME={home}",
+        f"EnvironmentFile=-{env_file}",
+        "Restart=on-failure",
+        "RestartSec=5",
+        "RestartPreventExitStatus=78",
+        "WatchdogSec=30",
+        "TimeoutStartSec=60",
+        "KillSignal=SIGTERM",
+        f"TimeoutStopSec={int(drain_s) + 20}",
+        *sandbox,
+        "",
+        "[Install]",
+        f"WantedBy={'default.target' if user else 'multi-user.target'}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def unit_path(user: bool) -> Path:
+    if user:
+        base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+        return base / "systemd" / "user" / UNIT_NAME
+    return Path("/etc/systemd/system") / UNIT_NAME
+
+
+def install(
+    *, home: Path, config: Path | None, user: bool, drain_s: float, target: Path | None = None
+) -> tuple[Path, str]:
+    """Write the unit; returns its path and the commands to run next."""
+    path = target or unit_path(user)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_unit(python=sys.executable, home=home.absolute(), config=config.absolute() if config else None,
+                                user=user, drain_s=drain_s))  # fmt: skip
+    ctl = "systemctl --user" if user else "sudo systemctl"
+    hints = "\n".join([
+        f"{ctl} daemon-reload",
+        f"{ctl} enable --now {UNIT_NAME}",
+        f"journalctl {'--user ' if user else ''}-u {UNIT_NAME} -f",
+        f"(tokens go in {home.absolute() / 'switchboard.env'}, one NAME=value per line, mode 600)",
+    ])  # fmt: skip
+    return path, hints

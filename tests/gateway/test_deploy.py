@@ -1,0 +1,98 @@
+"""Deployment files: the systemd unit `switchboard service install` writes (and systemd's
+own verifier, where the tool exists), and the Dockerfile/compose file's required parts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_service_install_writes_a_unit_for_this_installation(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    target = tmp_path / "unit" / "switchboard.service"
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install", "--user",
+                           "--output", str(target)], capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "systemctl --user daemon-reload" in proc.stdout
+        and "enable --now switchboard.service" in proc.stdout
+    )
+    unit = target.read_text()
+    for line in (
+        "Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure",
+        "RestartPreventExitStatus=78", "KillSignal=SIGTERM", "TimeoutStopSec=30",
+        f"ExecStart={sys.executable} -m gateway --home {home} run", "WantedBy=default.target",
+    ):  # fmt: skip
+        assert line in unit.splitlines(), line
+
+
+def test_a_bad_config_refuses_to_install(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("agent:\n  backend: nope\n")
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install",
+                           "--output", str(tmp_path / "u.service")], capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 78 and "agent.backend" in proc.stderr
+    assert not (tmp_path / "u.service").exists()
+
+
+def test_the_system_unit_is_sandboxed_but_can_write_its_home() -> None:
+    unit = (ROOT / "deploy" / "systemd" / "switchboard.service").read_text().splitlines()
+    for line in ("ProtectSystem=strict", "ReadWritePaths=/var/lib/switchboard", "NoNewPrivileges=true",
+                 "PrivateTmp=true", "RestartPreventExitStatus=78", "WantedBy=multi-user.target"):  # fmt: skip
+        assert line in unit, line
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here"
+)
+def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
+    from gateway.service import render_unit
+
+    home = tmp_path / "home"
+    home.mkdir()
+    unit = tmp_path / "switchboard.service"
+    unit.write_text(render_unit(python=sys.executable, home=home, config=None, user=False))
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_dockerfile_has_what_a_long_running_service_needs() -> None:
+    lines = [
+        ln.strip() for ln in (ROOT / "deploy" / "docker" / "Dockerfile").read_text().splitlines()
+    ]
+    instructions = [
+        ln.split()[0]
+        for ln in lines
+        if ln and not ln.startswith("#") and not ln.startswith(("&&", "CMD python"))
+    ]
+    assert lines[[i for i, ln in enumerate(lines) if ln.startswith("FROM")][0]].startswith(
+        "FROM python:3.11-slim"
+    )
+    assert any(ln.startswith("USER ") and "root" not in ln for ln in lines)
+    assert 'VOLUME ["/data"]' in lines and "ENV PYTHONDONTWRITEBYTECODE=1 \\" in lines
+    assert any(ln.startswith("HEALTHCHECK") for ln in lines) and any(
+        "/health" in ln for ln in lines
+    )
+    assert "STOPSIGNAL SIGTERM" in lines and 'CMD ["run"]' in lines
+    assert instructions.index("USER") > instructions.index(
+        "RUN"
+    )  # installs as root, runs as the user
+
+
+def test_compose_file_keeps_state_on_a_volume_and_restarts() -> None:
+    doc = yaml.safe_load((ROOT / "deploy" / "docker" / "compose.yaml").read_text())
+    svc = doc["services"]["switchboard"]
+    assert svc["restart"] == "unless-stopped" and svc["env_file"] == "switchboard.env"
+    assert "switchboard-data:/data" in svc["volumes"] and "switchboard-data" in doc["volumes"]
+    assert svc["stop_grace_period"] == "30s"
