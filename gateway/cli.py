@@ -70,6 +70,22 @@ def cmd_service(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from gateway.config import load_config
+    from gateway.doctor import as_json, exit_code, run_doctor
+
+    home = _home(args)
+    config, problem = None, None
+    try:
+        config = load_config(_config_path(args, home))
+    except ConfigError as exc:
+        problem = str(exc)
+    checks = asyncio.run(run_doctor(home, config, problem, fix=args.fix, full=args.full,
+                                    check_platforms=not args.offline))  # fmt: skip
+    print(as_json(checks) if args.json else "\n".join(c.line() for c in checks))
+    return exit_code(checks)
+
+
 def cmd_later(args: argparse.Namespace) -> int:
     print(f"switchboard {args.command}: not available in this version yet", file=sys.stderr)
     return EXIT_USAGE
@@ -101,8 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inst.add_argument("--output", help="write the unit here instead")
     inst.set_defaults(func=cmd_service)
-    for name, help_ in (("chat", "talk to the agent from the terminal"), ("sessions", "list, search and manage sessions"),
-                        ("doctor", "check the installation")):  # fmt: skip
+    p = sub.add_parser("doctor", help="check the installation; exit 0 only when all is well")
+    p.add_argument(
+        "--fix", action="store_true", help="rebuild sessions.json, clear dangling lineage"
+    )
+    p.add_argument(
+        "--full", action="store_true", help="full integrity_check instead of quick_check"
+    )
+    p.add_argument("--offline", action="store_true", help="do not contact the platforms")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+    for name, help_ in (("chat", "talk to the agent from the terminal"), ("sessions", "list, search and manage sessions")):  # fmt: skip
         p = sub.add_parser(name, help=help_)
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=cmd_later)

@@ -1,0 +1,242 @@
+"""`switchboard doctor`: is this installation healthy? Each check returns a line; the
+command exits 0 only when every check passes. `--fix` rebuilds sessions.json from state.db
+(only while no daemon holds the home) and clears parent links to sessions that are gone."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gateway.config import Config
+from gateway.errors import AlreadyRunning
+from state import SessionDB, schema
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    warn: bool = False  # noted, but does not fail the run
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("warn" if self.warn else "FAIL")
+        return f"[{mark}] {self.name}: {self.detail}"
+
+
+async def _index_check(home: Path, db: SessionDB) -> tuple[Check, list[str]]:
+    path = home / "sessions" / "sessions.json"
+    live = {r["session_key"]: r["id"] for r in await db.live_sessions_by_key()}
+    try:
+        data = json.loads(path.read_bytes())
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except FileNotFoundError:
+        return Check(
+            "session index", not live, f"{path} is missing ({len(live)} live sessions in state.db)"
+        ), ["missing"]
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Check("session index", False, f"{path} is unreadable ({exc})"), ["unreadable"]
+    problems = []
+    states = await db.session_states(
+        [str(v.get("session_id")) for v in data.values() if isinstance(v, dict)]
+    )
+    for key, value in data.items():
+        sid = value.get("session_id") if isinstance(value, dict) else None
+        if sid not in states:
+            problems.append(f"{key} -> missing session {sid}")
+        elif states[sid][0] is not None:
+            problems.append(f"{key} -> ended session {sid}")
+    unindexed = [k for k in live if k not in data]
+    problems += [f"{k} has a live session but no entry" for k in unindexed]
+    detail = (
+        f"{len(data)} entries agree with state.db"
+        if not problems
+        else f"{len(problems)} problem(s): " + "; ".join(problems[:3])
+    )
+    return Check("session index", not problems, detail), problems
+
+
+async def _orphans(db: SessionDB) -> int:
+    def count(conn: Any) -> int:
+        return int(conn.execute(
+            "SELECT COUNT(*) FROM sessions c WHERE c.parent_session_id IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = c.parent_session_id)"
+        ).fetchone()[0])  # fmt: skip
+
+    return int(await db._read(count))
+
+
+async def _fix_orphans(db: SessionDB) -> int:
+    def fix(conn: Any) -> int:
+        return int(conn.execute(
+            "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IS NOT NULL "
+            "AND parent_session_id NOT IN (SELECT id FROM sessions)"
+        ).rowcount)  # fmt: skip
+
+    return int(await db.writer.submit(fix))
+
+
+async def _reach(config: Config) -> list[Check]:
+    checks = []
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for name in ("telegram", "discord", "slack"):
+            p = config.platform(name)
+            if not p["enabled"]:
+                continue
+            token = config.secret(f"platforms.{name}.token_env") or ""
+            try:
+                if name == "telegram":
+                    base = (p["base_url"] or "https://api.telegram.org/bot").rstrip("/")
+                    async with http.post(f"{base}{token}/getMe") as r:
+                        body = await r.json(content_type=None)
+                        ok, detail = (
+                            bool(body.get("ok")),
+                            f"@{body.get('result', {}).get('username')}"
+                            if body.get("ok")
+                            else body.get("description", r.status),
+                        )
+                elif name == "discord":
+                    base = (p["base_url"] or "https://discord.com/api/v10").rstrip("/")
+                    async with http.get(
+                        f"{base}/users/@me", headers={"Authorization": f"Bot {token}"}
+                    ) as r:
+                        body = await r.json(content_type=None)
+                        ok, detail = (
+                            r.status == 200,
+                            body.get("username") if r.status == 200 else f"HTTP {r.status}",
+                        )
+                else:
+                    base = p["base_url"] or "https://slack.com/api/"
+                    async with http.post(
+                        f"{base.rstrip('/')}/auth.test",
+                        headers={"Authorization": f"Bearer {token}"},
+                    ) as r:
+                        body = await r.json(content_type=None)
+                        ok, detail = (
+                            bool(body.get("ok")),
+                            body.get("user") if body.get("ok") else body.get("error"),
+                        )
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                ok, detail = False, f"unreachable ({type(exc).__name__})"
+            checks.append(Check(f"{name} reachable", ok, str(detail)))
+    return checks
+
+
+async def run_doctor(home: Path, config: Config | None, config_error: str | None, *, fix: bool, full: bool,
+                     check_platforms: bool = True) -> list[Check]:  # fmt: skip
+    checks = await _state_checks(home, config, config_error, fix=fix, full=full)
+    if config is not None and check_platforms:
+        checks += await _reach(config)
+    return checks
+
+
+async def _state_checks(
+    home: Path, config: Config | None, config_error: str | None, *, fix: bool, full: bool
+) -> list[Check]:
+    checks: list[Check] = []
+    checks.append(
+        Check(
+            "config",
+            config is not None,
+            config_error or (str(config.path) if config and config.path else "embedded defaults"),
+        )
+    )
+    path = home / "state.db"
+    if not path.exists():
+        checks.append(
+            Check("state.db", True, f"{path} does not exist yet (created on first run)", warn=True)
+        )
+        return checks
+    try:
+        db = await SessionDB.open(path)
+    except Exception as exc:  # the one place a damaged file is reported rather than raised
+        checks.append(Check("state.db", False, str(exc)))
+        return checks
+    try:
+        problems = await db.integrity_check(quick=not full)
+        checks.append(
+            Check(
+                "state.db integrity",
+                not problems,
+                "ok" if not problems else "; ".join(problems[:3]),
+            )
+        )
+        fts = await db.check_search_index()
+        checks.append(Check("search index", not fts, "ok" if not fts else "; ".join(fts)))
+        version = await db.get_meta(schema.META_VERSION_KEY)
+        checks.append(
+            Check(
+                "schema",
+                version == str(schema.LATEST),
+                f"version {version} (this switchboard: {schema.LATEST})",
+            )
+        )
+        wal = (home / "state.db-wal").stat().st_size if (home / "state.db-wal").exists() else 0
+        checks.append(
+            Check(
+                "WAL size",
+                wal < 256 * 1024 * 1024,
+                f"{wal / 1e6:.1f} MB",
+                warn=wal >= 256 * 1024 * 1024,
+            )
+        )
+        index_check, index_problems = await _index_check(home, db)
+        if index_problems and fix:
+            from gateway.app import HomeLock
+            from gateway.index import SessionIndex
+
+            lock = HomeLock(home)
+            try:
+                lock.acquire()
+            except AlreadyRunning as exc:
+                index_check = Check(
+                    "session index",
+                    False,
+                    f"{index_check.detail} (not fixed: {exc}; stop it first)",
+                )
+            else:
+                try:
+                    index = SessionIndex(home / "sessions" / "sessions.json", db)
+                    await index.rebuild()
+                    await index.close()
+                    index_check = Check(
+                        "session index", True, f"rebuilt from state.db ({len(index)} entries)"
+                    )
+                finally:
+                    lock.release()
+        checks.append(index_check)
+        orphans = await _orphans(db)
+        if orphans and fix:
+            fixed = await _fix_orphans(db)
+            checks.append(
+                Check("lineage", True, f"cleared {fixed} parent link(s) to deleted sessions")
+            )
+        else:
+            checks.append(
+                Check(
+                    "lineage",
+                    orphans == 0,
+                    "no dangling parent links"
+                    if not orphans
+                    else f"{orphans} session(s) point at a deleted parent (--fix clears them)",
+                )
+            )
+    finally:
+        await db.close()
+    return checks
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 0 if all(c.ok or c.warn for c in checks) else 1
+
+
+def as_json(checks: list[Check]) -> str:
+    return json.dumps(
+        {"ok": exit_code(checks) == 0, "checks": [c.__dict__ for c in checks]}, ensure_ascii=False
+    )

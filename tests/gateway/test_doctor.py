@@ -1,0 +1,122 @@
+"""`switchboard doctor` on a healthy home, a damaged one (unreadable index, dangling
+lineage), with --fix, while a daemon holds the home, and against a platform fake."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.app import HomeLock
+from gateway.config import load_config
+from gateway.doctor import exit_code, run_doctor
+from state import SessionDB
+from tests.fakes.telegram import FakeTelegram
+
+
+def _doctor(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "doctor", "--offline", *args],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+async def _home_with_sessions(home: Path) -> tuple[str, str]:
+    db = await SessionDB.open(home / "state.db")
+    parent = await db.create_session(source="api", session_key="agent:main:api:dm:1", chat_id="1")
+    child = await db.fork_session(parent, "compression", end_reason="compression")
+    await db.close()
+    (home / "sessions").mkdir(parents=True, exist_ok=True)
+    return parent, child
+
+
+async def test_a_healthy_home_passes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    await _home_with_sessions(home)
+    assert _doctor(home, "--fix").returncode == 0  # writes the index once
+    proc = _doctor(home, "--json")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["ok"] is True
+    assert {c["name"] for c in report["checks"]} >= {
+        "config",
+        "state.db integrity",
+        "search index",
+        "schema",
+        "session index",
+        "lineage",
+        "WAL size",
+    }
+
+
+async def test_a_damaged_home_fails_and_fix_repairs_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    parent, child = await _home_with_sessions(home)
+    (home / "sessions" / "sessions.json").write_text("{torn")
+    conn = sqlite3.connect(home / "state.db")
+    conn.execute(
+        "DELETE FROM sessions WHERE id = ?", (parent,)
+    )  # behind the store's back: child now dangles
+    conn.commit()
+    conn.close()
+    proc = _doctor(home)
+    assert proc.returncode == 1
+    assert "[FAIL] session index" in proc.stdout and "unreadable" in proc.stdout
+    assert "[FAIL] lineage: 1 session(s) point at a deleted parent" in proc.stdout
+    fixed = _doctor(home, "--fix")
+    assert fixed.returncode == 0, fixed.stdout
+    assert (
+        "rebuilt from state.db (1 entries)" in fixed.stdout
+        and "cleared 1 parent link" in fixed.stdout
+    )
+    assert _doctor(home).returncode == 0
+    assert (
+        json.loads((home / "sessions" / "sessions.json").read_text())["agent:main:api:dm:1"][
+            "session_id"
+        ]
+        == child
+    )
+
+
+async def test_fix_leaves_the_index_alone_while_a_daemon_holds_the_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    await _home_with_sessions(home)
+    lock = HomeLock(home)
+    lock.acquire()
+    try:
+        proc = _doctor(home, "--fix")
+    finally:
+        lock.release()
+    assert proc.returncode == 1 and "not fixed" in proc.stdout and "stop it first" in proc.stdout
+    assert not (home / "sessions" / "sessions.json").exists()
+
+
+def test_a_bad_config_and_a_corrupt_database_are_reported(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("agent:\n  backend: nope\n")
+    (home / "state.db").write_bytes(b"not a database at all" * 50)
+    proc = _doctor(home)
+    assert proc.returncode == 1
+    assert "[FAIL] config: agent.backend" in proc.stdout and "[FAIL] state.db:" in proc.stdout
+
+
+@pytest.mark.parametrize("token, ok", [("123:ABC", True), ("999:NOPE", False)])
+async def test_platform_reachability(tmp_path: Path, token: str, ok: bool) -> None:
+    fake = FakeTelegram()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            f"platforms:\n  telegram:\n    enabled: true\n    allow_all_users: true\n    base_url: {fake.base_url}\n"
+        )
+        config = load_config(cfg, {"TELEGRAM_BOT_TOKEN": token})
+        checks = await run_doctor(tmp_path / "home", config, None, fix=False, full=False)
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "telegram reachable"]
+    assert reach.ok is ok and (
+        reach.detail == "@switchboard_bot" if ok else "Unauthorized" in reach.detail
+    )
+    assert exit_code(checks) == (0 if ok else 1)
