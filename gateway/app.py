@@ -76,6 +76,23 @@ def build_agent(config: Config) -> Agent:
     return EchoAgent()
 
 
+def _changed_keys(
+    old: Any, new: Any, prefix: str = "", ignore: set[str] | None = None
+) -> list[str]:
+    """Dotted keys whose values differ, skipping `ignore` (and everything under them)."""
+    skip = ignore or set()
+    if prefix in skip:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new)):
+            out += _changed_keys(
+                old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key), skip
+            )
+        return out
+    return [] if old == new else [prefix]
+
+
 def reset_policies(config: Config) -> PolicySet:
     section = config.get("session_reset")
     base = ResetPolicy(
@@ -265,6 +282,24 @@ class Gateway:
         self.metrics.gauge(
             "switchboard_writer_batches_total", "Commits so far", lambda: db.writer.stats.batches
         )
+        recent = db.writer.stats
+
+        def quantile(values: list[float], q: float) -> float:
+            ordered = sorted(values[-512:])
+            return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
+
+        self.metrics.gauge(
+            "switchboard_writer_commit_ms_p50",
+            "Median commit time, recent batches",
+            lambda: quantile(recent.commit_ms, 0.5),
+        )
+        self.metrics.gauge(
+            "switchboard_writer_commit_ms_p99",
+            "99th percentile commit time, recent batches",
+            lambda: quantile(recent.commit_ms, 0.99),
+        )
+        self.metrics.gauge("switchboard_writer_batch_size_p50", "Median operations per commit, recent batches",
+                           lambda: quantile([float(b) for b in recent.batch_sizes], 0.5))  # fmt: skip
         self.metrics.gauge(
             "switchboard_sessions_live", "Entries in the session index", lambda: len(index)
         )
@@ -282,6 +317,38 @@ class Gateway:
             )
             return None
         return await adapter.send(msg)
+
+    RELOADABLE = (
+        "logging.level",
+        "access",
+        "session_reset",
+    )  # plus platforms.*.{allowed_users,...}
+    _RELOADABLE_PLATFORM_KEYS = ("allowed_users", "allow_all_users", "admins")
+
+    def reload(self, new: Config) -> list[str]:
+        """Apply what can change without a restart (allowlists, admins, the reset policy,
+        the log level); return the keys that changed but need a restart."""
+        old = self.config
+        needs_restart = _changed_keys(old.data, new.data, ignore=self._reload_ignores())
+        if self.router is not None:
+            self.router.settings = router_settings(new)
+            if self.router.resetter is not None:
+                self.router.resetter.policies = reset_policies(new)
+            self.router.sessions.system_prompt = self.router.settings.system_prompt
+        logging.getLogger().setLevel(new.get("logging.level").upper())
+        self.config = Config(data=new.data, secrets=old.secrets, path=new.path)
+        return needs_restart
+
+    def _reload_ignores(self) -> set[str]:
+        from gateway.config import PLATFORMS
+
+        keys = set(self.RELOADABLE)
+        keys |= {
+            f"platforms.{p}.{k}"
+            for p in (*PLATFORMS, "api")
+            for k in self._RELOADABLE_PLATFORM_KEYS
+        }
+        return keys
 
     def health(self) -> dict[str, Any]:
         adapters = {a.platform: a.health() for a in self.adapters}
@@ -324,6 +391,24 @@ class Gateway:
             self._lock = None
 
 
+def _reload_from_disk(gateway: Gateway) -> None:
+    """SIGHUP: re-read the config file; a broken file is reported and ignored."""
+    from gateway.config import load_config
+    from gateway.errors import ConfigError
+
+    gateway.notify("RELOADING=1")
+    try:
+        new = load_config(gateway.config.path)
+    except ConfigError as exc:
+        log.error("reload refused, keeping the running configuration: %s", exc)
+    else:
+        restart = gateway.reload(new)
+        log.info("configuration reloaded (allowlists, admins, reset policy, log level)")
+        if restart:
+            log.warning("these changes need a restart to take effect: %s", ", ".join(restart))
+    gateway.notify("READY=1")
+
+
 async def run_until_signalled(gateway: Gateway) -> None:
     """Start, tell systemd we are ready, ping its watchdog from the loop, wait for
     SIGTERM/SIGINT, drain, stop."""
@@ -333,6 +418,7 @@ async def run_until_signalled(gateway: Gateway) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, _reload_from_disk, gateway)
     dog: asyncio.Task[None] | None = None
     try:
         await gateway.start()
@@ -345,7 +431,7 @@ async def run_until_signalled(gateway: Gateway) -> None:
         await stop.wait()
         log.info("signal received; draining")
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         if dog is not None:
             dog.cancel()

@@ -116,6 +116,10 @@ async def test_health_and_metrics(gw: tuple[Gateway, str]) -> None:
     assert 'switchboard_messages_in_total{platform="api"} 1' in metrics
     assert "switchboard_turn_seconds_count 1" in metrics
     assert "switchboard_writer_queue_depth 0" in metrics
+    assert (
+        "switchboard_writer_commit_ms_p99 " in metrics
+        and "switchboard_writer_batch_size_p50 " in metrics
+    )
 
 
 async def test_a_bearer_key_is_enforced_when_configured(tmp_path: Path) -> None:

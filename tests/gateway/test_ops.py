@@ -1,0 +1,120 @@
+"""Operating the daemon: SIGHUP reloads what can change live; secrets never reach logs or
+/health. Both against a real `switchboard run` subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from tests.fakes.telegram import FakeTelegram
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _start(home: Path, env_extra: dict[str, str]) -> asyncio.subprocess.Process:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SWITCHBOARD", "NOTIFY", "WATCHDOG"))
+    }
+    env.update(env_extra)
+    return await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--home", str(home), "run",
+                                                env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)  # fmt: skip
+
+
+async def _ask(
+    url: str, text: str, headers: dict[str, str] | None = None, timeout: float = 20
+) -> str:
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.post(
+                    f"{url}/v1/messages", json={"chat_id": "1", "text": text}, headers=headers
+                ) as r:
+                    if r.status == 200:
+                        return str((await r.json())["reply"])
+            except aiohttp.ClientError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError("the daemon did not answer")
+            await asyncio.sleep(0.1)
+
+
+async def test_sighup_reloads_the_reset_policy_and_names_what_needs_a_restart(
+    tmp_path: Path,
+) -> None:
+    home, port = tmp_path / "home", _port()
+    home.mkdir()
+    cfg = home / "config.yaml"
+    cfg.write_text(f"platforms:\n  api:\n    port: {port}\n")
+    proc = await _start(home, {})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert "Reset policy: none" in await _ask(url, "/status")
+        cfg.write_text(
+            f"platforms:\n  api:\n    port: {port + 1}\nsession_reset:\n  mode: idle\n  idle_minutes: 45\nlogging:\n  level: debug\n"
+        )
+        proc.send_signal(signal.SIGHUP)
+        for _ in range(100):
+            if "after 45 minutes idle" in (status := await _ask(url, "/status")):
+                break
+            await asyncio.sleep(0.05)
+        assert "Reset policy: after 45 minutes idle" in status
+        cfg.write_text("agent: [broken\n")
+        proc.send_signal(signal.SIGHUP)
+        await asyncio.sleep(0.3)
+        assert (await _ask(url, "still alive?")) == "echo: still alive?"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    log = err.decode()
+    assert proc.returncode == 0
+    assert "these changes need a restart to take effect: platforms.api.port" in log
+    assert "reload refused, keeping the running configuration" in log
+
+
+async def test_secrets_never_reach_the_logs_or_health(tmp_path: Path) -> None:
+    fake = FakeTelegram(token="4242:very-secret-bot-token")
+    await fake.start()
+    home, port = tmp_path / "home", _port()
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"logging:\n  level: debug\n  format: json\nplatforms:\n  api:\n    port: {port}\n    key_env: API_KEY\n"
+        f"  telegram:\n    enabled: true\n    allow_all_users: true\n    base_url: {fake.base_url}\n"
+    )
+    secrets = {"API_KEY": "api-key-that-must-not-leak", "TELEGRAM_BOT_TOKEN": fake.token}
+    proc = await _start(home, secrets)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        auth = {"Authorization": f"Bearer {secrets['API_KEY']}"}
+        assert await _ask(url, "hello", auth) == "echo: hello"
+        fake.push(fake.message("hi over telegram", fake.dm_chat(5)))
+        await fake.wait_sent(1, timeout=20)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/health") as r:
+                health = await r.text()
+            async with http.get(f"{url}/metrics", headers=auth) as r:
+                metrics = await r.text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        await fake.stop()
+    log = err.decode()
+    assert proc.returncode == 0
+    assert log and all(json.loads(line) for line in log.splitlines() if line.strip())  # JSON lines
+    for secret in secrets.values():
+        for where, text in (("logs", log), ("health", health), ("metrics", metrics)):
+            assert secret not in text, f"{where} leaked a secret"
+    assert "telegram" in json.loads(health)["adapters"]
