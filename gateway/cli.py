@@ -86,6 +86,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return exit_code(checks)
 
 
+def cmd_sessions(args: argparse.Namespace) -> int:
+    from gateway.cli_sessions import run
+
+    return asyncio.run(run(args, _home(args) / "state.db"))
+
+
 def cmd_later(args: argparse.Namespace) -> int:
     print(f"switchboard {args.command}: not available in this version yet", file=sys.stderr)
     return EXIT_USAGE
@@ -127,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offline", action="store_true", help="do not contact the platforms")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_doctor)
-    for name, help_ in (("chat", "talk to the agent from the terminal"), ("sessions", "list, search and manage sessions")):  # fmt: skip
+    from gateway.cli_sessions import add_parser as add_sessions
+
+    add_sessions(sub).set_defaults(func=cmd_sessions)
+    for name, help_ in (("chat", "talk to the agent from the terminal"),):  # fmt: skip
         p = sub.add_parser(name, help=help_)
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=cmd_later)

@@ -12,28 +12,12 @@ from datetime import UTC, datetime
 from gateway import access
 from gateway.commands import CommandContext, CommandRegistry
 from gateway.sessions import NothingToCompress
+from gateway.timefmt import ago
 from state import AmbiguousSession, QueryError, SessionFilter, StateError, TitleError
 
 log = logging.getLogger("gateway.commands")
 LIST_LIMIT = 10
 NOT_FOUND = "No session found for that. Send /resume to see the ones you can resume."
-
-
-def _ago(ts: float | None, now: float) -> str:
-    if not ts:
-        return "never"
-    d = max(0.0, now - ts)
-    if d < 60:
-        return "just now"
-    if d < 3600:
-        return f"{int(d // 60)}m ago"
-    if d < 86400:
-        return f"{int(d // 3600)}h ago"
-    if d < 2 * 86400:
-        return "yesterday"
-    if d < 30 * 86400:
-        return f"{int(d // 86400)}d ago"
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
 
 
 def _cut(text: str | None, n: int) -> str:
@@ -108,7 +92,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
             return "No titled sessions to resume here yet. Name one with /title."
         router.remember_listing(ctx.key, [str(r["id"]) for r in rows])
         now = time.time()
-        lines = [f"{i}. {_label(r)} ({r.get('message_count') or 0} messages, {_ago(r.get('last_active'), now)})"  # type: ignore[arg-type]
+        lines = [f"{i}. {_label(r)} ({r.get('message_count') or 0} messages, {ago(r.get('last_active'), now)})"  # type: ignore[arg-type]
                  for i, r in enumerate(rows, 1)]  # fmt: skip
         return (
             "Sessions you can resume:\n"
@@ -157,7 +141,7 @@ async def cmd_sessions(ctx: CommandContext) -> str:
         mark = "  ← current" if r["id"] in current else ""
         title = r.get("title") or "(untitled)"
         lines.append(
-            f"{i}. {title} — {_cut(r.get('preview'), 40) or '(empty)'} — {_ago(r.get('last_active'), now)}{mark}"
+            f"{i}. {title} — {_cut(r.get('preview'), 40) or '(empty)'} — {ago(r.get('last_active'), now)}{mark}"
         )
     ctx.router.remember_listing(ctx.key, [str(r["id"]) for r in rows])
     return "Your sessions:\n" + "\n".join(lines)
