@@ -20,6 +20,7 @@ from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import PLATFORMS, Config
 from gateway.errors import AlreadyRunning
+from gateway.handoff import HandoffWatcher
 from gateway.index import SessionIndex
 from gateway.messages import OutboundMessage, SentRef
 from gateway.metrics import Metrics
@@ -141,6 +142,7 @@ class Gateway:
     metrics: Metrics = field(default_factory=Metrics)
     started_at: float = 0.0
     scheduler: ResetScheduler | None = None
+    handoffs: HandoffWatcher | None = None
     _lock: HomeLock | None = None
     _adapters_by_platform: dict[str, Adapter] = field(default_factory=dict)
 
@@ -203,6 +205,8 @@ class Gateway:
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
             await adapter.start(self.router.handle)
+        self.handoffs = HandoffWatcher(self.db, self.router, self._adapters_by_platform)
+        self.handoffs.start()
         log.info(
             "switchboard is running (home %s; adapters: %s)",
             self.home,
@@ -366,6 +370,9 @@ class Gateway:
     async def stop(self) -> None:
         """Reverse order; safe to call on a partly started gateway."""
         self.notify("STOPPING=1")
+        if self.handoffs is not None:
+            await self.handoffs.stop()
+            self.handoffs = None
         if self.scheduler is not None:
             await self.scheduler.stop(self.config.get("shutdown.drain_seconds"))
             self.scheduler = None

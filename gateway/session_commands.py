@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from gateway import access
 from gateway.commands import CommandContext, CommandRegistry
+from gateway.handoff import HOME_KEY
 from gateway.sessions import NothingToCompress
 from gateway.timefmt import ago
 from state import AmbiguousSession, QueryError, SessionFilter, StateError, TitleError
@@ -208,7 +209,7 @@ async def cmd_sethome(ctx: CommandContext) -> str:
     src = ctx.msg.source
     value = {"chat_id": src.chat_id, "thread_id": src.thread_id, "chat_type": src.chat_type,
              "set_by": src.user_id, "at": time.time()}  # fmt: skip
-    await ctx.router.db.set_meta(f"home_channel.{src.platform}", json.dumps(value))
+    await ctx.router.db.set_meta(HOME_KEY.format(src.platform), json.dumps(value))
     where = f"thread {src.thread_id} of this chat" if src.thread_id else "this chat"
     return f"Home channel for {src.platform} set to {where}."
 

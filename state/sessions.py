@@ -35,6 +35,7 @@ END_REASONS = (
 )
 # Columns a caller may set at creation or later through update_fields.
 ROUTING_FIELDS = (
+    "source",
     "session_key",
     "chat_id",
     "chat_type",

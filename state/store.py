@@ -531,6 +531,80 @@ class SessionDB:
         """True if a message with this platform id was already stored for that chat."""
         return bool(await self._read(messages.is_stored, source, chat_id, platform_message_id))
 
+    # --- handoff (terminal -> chat) ----------------------------------------------------
+
+    async def request_handoff(
+        self, session_id: str, platform: str, *, now: float | None = None
+    ) -> bool:
+        """Mark a session `pending` for `platform`; False if a handoff is already in flight."""
+        at = time.time() if now is None else now
+
+        def _request(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE sessions SET handoff_state = 'pending', handoff_platform = ?, handoff_error = NULL, "
+                "handoff_updated_at = ? WHERE id = ? AND COALESCE(handoff_state, '') NOT IN ('pending', 'running')",
+                (platform, at, session_id),
+            )
+            if cur.rowcount == 0:
+                sessions.require_session(conn, session_id)
+            return cur.rowcount == 1
+
+        return bool(await self._write(_request))
+
+    async def claim_handoff(
+        self, platforms: Iterable[str], *, now: float | None = None
+    ) -> Row | None:
+        """Atomically take the oldest pending handoff for one of `platforms` (pending ->
+        running). One statement in one IMMEDIATE transaction: of two daemons, one wins."""
+        wanted = list(platforms)
+        if not wanted:
+            return None
+        at = time.time() if now is None else now
+
+        def _claim(conn: sqlite3.Connection) -> Row | None:
+            marks = ", ".join("?" for _ in wanted)
+            row = conn.execute(
+                "UPDATE sessions SET handoff_state = 'running', handoff_updated_at = ? WHERE id = ("
+                f"SELECT id FROM sessions WHERE handoff_state = 'pending' AND handoff_platform IN ({marks}) "
+                "ORDER BY handoff_updated_at LIMIT 1) RETURNING id, handoff_platform",
+                (at, *wanted),
+            ).fetchone()
+            return {"id": row[0], "platform": row[1]} if row else None
+
+        return await self._write(_claim)
+
+    async def finish_handoff(
+        self, session_id: str, state: str | None, error: str | None = None, *, expect: str | None = None
+    ) -> bool:
+        """Set the handoff's final (or reset) state; with `expect`, only from that state."""
+
+        def _finish(conn: sqlite3.Connection) -> bool:
+            sql = "UPDATE sessions SET handoff_state = ?, handoff_error = ?, handoff_updated_at = ? WHERE id = ?"
+            params: list[object] = [state, error, time.time(), session_id]
+            if expect is not None:
+                sql += " AND handoff_state = ?"
+                params.append(expect)
+            return conn.execute(sql, params).rowcount == 1
+
+        return bool(await self._write(_finish))
+
+    async def fail_stale_handoffs(
+        self, older_than_s: float, *, now: float | None = None
+    ) -> list[str]:
+        """`running` handoffs whose daemon went away: failed, never stuck."""
+        at = time.time() if now is None else now
+
+        def _fail(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "UPDATE sessions SET handoff_state = 'failed', handoff_error = "
+                "'the gateway stopped during the handoff', handoff_updated_at = ? "
+                "WHERE handoff_state = 'running' AND handoff_updated_at < ? RETURNING id",
+                (at, at - older_than_s),
+            ).fetchall()
+            return [r[0] for r in rows]
+
+        return list(await self._write(_fail))
+
     async def live_sessions_by_key(self) -> list[Row]:
         """The newest live (not ended) session per session_key: the index's source of truth."""
         return list(await self._read(lambda c: [

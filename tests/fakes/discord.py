@@ -197,11 +197,14 @@ class FakeDiscord:
             if self.refuse_threads:
                 return self._json({"message": "Missing Permissions", "code": 50013}, status=403)
             parent = path.split("/")[2]
-            tid = str(next(self._ids))
-            return self._json({"id": tid, "type": 11, "parent_id": parent, "owner_id": BOT_ID, "guild_id": GUILD,
-                               "name": (body or {}).get("name", ""), "message_count": 0, "member_count": 1,
-                               "thread_metadata": {"archived": False, "auto_archive_duration": (body or {}).get("auto_archive_duration", 1440),
-                                                   "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}, status=201)  # fmt: skip
+            thread = {"id": str(next(self._ids)), "type": 11, "parent_id": parent, "owner_id": BOT_ID, "guild_id": GUILD,
+                      "name": (body or {}).get("name", ""), "message_count": 0, "member_count": 1,
+                      "thread_metadata": {"archived": False, "auto_archive_duration": (body or {}).get("auto_archive_duration", 1440),
+                                          "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}  # fmt: skip
+            await self.dispatch(
+                "THREAD_CREATE", {**thread, "newly_created": True}
+            )  # as Discord tells the bot
+            return self._json(thread, status=201)
         if path.endswith("/messages") and request.method == "POST" and self.rate_limit_next_post:
             self.rate_limit_next_post = False
             self.calls[-1] = ("POST-429", path, body)  # a refused attempt, not a delivered message

@@ -1,0 +1,186 @@
+"""Handoff: a terminal session continues in a chat thread.
+
+The terminal marks its session `pending` for a platform (state.db is the only channel
+between the two processes). The daemon's watcher claims it atomically, opens a thread on
+that platform's home channel (set with /sethome), sends a confirmation with a summary,
+then binds the thread's session key (built by the same builder as organic messages) to the
+terminal's session id and marks it `completed`. Any failure before the bind leaves the
+terminal session untouched and marks the handoff `failed` with the reason. A `running`
+handoff left by a crashed daemon is failed after a timeout, never stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from gateway.messages import OutboundMessage, ThreadRef
+from gateway.session_keys import SessionSource, build_key
+from state import SessionDB
+
+if TYPE_CHECKING:
+    from gateway.adapters.base import Adapter
+    from gateway.router import Router
+
+log = logging.getLogger("gateway.handoff")
+HOME_KEY = "home_channel.{}"
+
+
+async def home_channel(db: SessionDB, platform: str) -> dict[str, Any] | None:
+    raw = await db.get_meta(HOME_KEY.format(platform))
+    try:
+        home = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return home if isinstance(home, dict) and home.get("chat_id") else None
+
+
+def thread_source(
+    platform: str, home: Mapping[str, Any], thread: ThreadRef | None
+) -> SessionSource:
+    """Where the handed-off session now lives, as an inbound message there will look."""
+    if thread is None:  # threads not possible there: the home channel itself
+        return SessionSource(platform, str(home["chat_id"]), str(home.get("chat_type") or "group"),
+                             thread_id=home.get("thread_id"))  # fmt: skip
+    if platform == "discord":  # a Discord thread is its own channel
+        return SessionSource(platform, thread.thread_id, "thread", thread_id=thread.thread_id)
+    return SessionSource(platform, thread.chat_id, "group", thread_id=thread.thread_id)
+
+
+class HandoffWatcher:
+    def __init__(
+        self,
+        db: SessionDB,
+        router: Router,
+        adapters: Mapping[str, Adapter],
+        *,
+        poll_s: float = 1.0,
+        stale_after_s: float = 180.0,
+    ) -> None:
+        self.db = db
+        self.router = router
+        self.adapters = {p: a for p, a in adapters.items() if p != "api"}
+        self.poll_s = poll_s
+        self.stale_after_s = stale_after_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.adapters:
+            self._task = asyncio.create_task(self._loop(), name="gateway.handoff")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("handoff watcher pass failed")
+            await asyncio.sleep(self.poll_s)
+
+    async def run_once(self) -> bool:
+        """One pass: fail stale handoffs, claim and run at most one. True if one ran."""
+        for sid in await self.db.fail_stale_handoffs(self.stale_after_s):
+            log.warning(
+                "handoff of session %s was left running by a stopped gateway; marked failed", sid
+            )
+        claim = await self.db.claim_handoff(self.adapters)
+        if claim is None:
+            return False
+        await self._run(claim["id"], claim["platform"])
+        return True
+
+    async def _run(self, sid: str, platform: str) -> None:
+        try:
+            home = await home_channel(self.db, platform)
+            if home is None:
+                raise RuntimeError(
+                    f"{platform} has no home channel; send /sethome in the chat that should receive handoffs"
+                )
+            row = await self.db.require_session(sid)
+            title = row.get("title")
+            adapter = self.adapters[platform]
+            thread = await adapter.create_thread(
+                str(home["chat_id"]), title or "Continued from the terminal"
+            )
+            source = thread_source(platform, home, thread)
+            key = build_key(source, self.router.settings.keys)
+            history = await self.db.get_messages_as_conversation(
+                sid, last=self.router.settings.history_messages
+            )
+            summary = await self.router.agent.summarize(history, None)
+            text = f"Continuing here from the terminal{f' ({title})' if title else ''}.\n{summary}"
+            await adapter.send(OutboundMessage(platform, source.chat_id, text, thread_id=source.thread_id,
+                                               session_id=sid, session_key=key.format()))  # fmt: skip
+            async with self.router.session_lock(key.format()):
+                await self.router.sessions.bind(key, source, sid)
+                await self.db.update_session(
+                    sid, source=platform, session_key=key.format(), chat_id=source.chat_id,
+                    chat_type=source.chat_type, thread_id=source.thread_id, origin_json=source.as_dict(),
+                )  # fmt: skip
+                await self.db.append_messages(sid, [{"role": "assistant", "content": text}])
+            await self.db.finish_handoff(sid, "completed", expect="running")
+            self.router.metrics.handoffs.inc(outcome="completed")
+            log.info("session %s handed off to %s (session_key=%s)", sid, platform, key.format())
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            log.error("handoff of session %s to %s failed: %s", sid, platform, reason)
+            self.router.metrics.handoffs.inc(outcome="failed")
+            await self.db.finish_handoff(sid, "failed", reason[:300], expect="running")
+
+
+async def handoff_from_terminal(
+    db: SessionDB,
+    session_id: str,
+    platform: str,
+    *,
+    enabled: bool,
+    claim_timeout_s: float = 60.0,
+    finish_timeout_s: float = 180.0,
+    heartbeat: Callable[[str], None] = lambda _line: None,
+    poll_s: float = 0.25,
+) -> tuple[bool, str]:
+    """The terminal's side: request, wait for a claim, wait for the result."""
+    if not enabled:
+        return False, f"{platform} is not enabled in the config (platforms.{platform}.enabled)"
+    if await home_channel(db, platform) is None:
+        return (
+            False,
+            f"{platform} has no home channel yet: send /sethome in the {platform} chat (or thread) that should receive handoffs",
+        )
+    if not await db.request_handoff(session_id, platform):
+        return False, "a handoff of this session is already in flight"
+    deadline = time.monotonic() + claim_timeout_s
+    while (state := (await db.require_session(session_id)).get("handoff_state")) == "pending":
+        if time.monotonic() > deadline:
+            if await db.finish_handoff(session_id, None, None, expect="pending"):
+                return (
+                    False,
+                    f"the gateway is not running (nobody took the handoff in {claim_timeout_s:g} s); the session stays here",
+                )
+            break  # claimed at the last moment
+        await asyncio.sleep(poll_s)
+    deadline = time.monotonic() + finish_timeout_s
+    last_beat = time.monotonic()
+    while True:
+        row = await db.require_session(session_id)
+        state = row.get("handoff_state")
+        if state == "completed":
+            return True, f"continued on {platform}"
+        if state == "failed":
+            return False, f"the handoff failed: {row.get('handoff_error')}"
+        if time.monotonic() > deadline:
+            return False, "the gateway took the handoff but did not finish it in time"
+        if time.monotonic() - last_beat >= 2:
+            heartbeat("… waiting for the gateway")
+            last_beat = time.monotonic()
+        await asyncio.sleep(poll_s)
