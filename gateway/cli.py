@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, GatewayError
+from gateway.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, GatewayError
 from state import StateError
 
 log = logging.getLogger("gateway.cli")
@@ -92,9 +92,13 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     return asyncio.run(run(args, _home(args) / "state.db"))
 
 
-def cmd_later(args: argparse.Namespace) -> int:
-    print(f"switchboard {args.command}: not available in this version yet", file=sys.stderr)
-    return EXIT_USAGE
+def cmd_chat(args: argparse.Namespace) -> int:
+    from gateway.cli_chat import run_chat
+    from gateway.config import load_config
+
+    home = _home(args)
+    config = load_config(_config_path(args, home))
+    return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,10 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli_sessions import add_parser as add_sessions
 
     add_sessions(sub).set_defaults(func=cmd_sessions)
-    for name, help_ in (("chat", "talk to the agent from the terminal"),):  # fmt: skip
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=cmd_later)
+    p = sub.add_parser("chat", help="talk to the agent from the terminal")
+    p.add_argument("-c", "--continue", dest="cont", nargs="?", const=True, default=None, metavar="TITLE",
+                   help="continue the most recent terminal session (or that title's newest)")  # fmt: skip
+    p.add_argument("-r", "--resume", metavar="ID|PREFIX|TITLE", help="resume a session")
+    p.set_defaults(func=cmd_chat)
     return parser
 
 

@@ -139,6 +139,9 @@ SCHEMA: dict[str, Any] = {
     "access": {
         "unknown_dm": Field(str, "refuse", _one_of("refuse", "ignore")),
     },
+    "display": {
+        "resume_display": Field(str, "full", _one_of("full", "minimal")),
+    },
     "session_reset": {
         **{name: spec for name, spec in RESET_FIELDS.items()},
         "sweep_seconds": Field((int, float), 60, _range(1, 3600)),
