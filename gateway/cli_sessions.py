@@ -265,6 +265,29 @@ async def cmd_import(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_browse(db: SessionDB, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.browse import pick_curses, pick_numbered, resume_in_chat
+
+    rows = await db.list_sessions(args.source, limit=args.limit)
+    if not rows:
+        out.print("No sessions.")
+        return EXIT_OK
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        doomed: list[str] = []
+        chosen = pick_curses(rows, lambda row: doomed.append(row["id"]))
+        for sid in doomed:
+            await db.delete_session(sid)
+    else:
+        chosen = pick_numbered(rows, sys.stdin.readline, print)
+    if chosen is None:
+        return EXIT_OK
+    await db.close()  # the chat process opens the store itself
+    await asyncio.to_thread(resume_in_chat, str(db.path.parent), chosen["id"])
+    return EXIT_OK
+
+
 async def cmd_optimize(db: SessionDB, args: argparse.Namespace) -> int:
     before = db.path.stat().st_size
     await db.optimize_search_index()
@@ -278,6 +301,7 @@ async def cmd_optimize(db: SessionDB, args: argparse.Namespace) -> int:
 COMMANDS = {
     "list": cmd_list, "show": cmd_show, "search": cmd_search, "rename": cmd_rename, "delete": cmd_delete,
     "prune": cmd_prune, "stats": cmd_stats, "export": cmd_export, "import": cmd_import, "optimize": cmd_optimize,
+    "browse": cmd_browse,
 }  # fmt: skip
 
 
@@ -319,4 +343,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     c = sp.add_parser("import", help="import JSONL written by export (idempotent)")
     c.add_argument("file")
     sp.add_parser("optimize", help="optimize the search index and VACUUM")
+    c = sp.add_parser(
+        "browse", help="pick a session (type to filter) and resume it in `switchboard chat`"
+    )
+    c.add_argument("--source")
+    c.add_argument("--limit", type=int, default=200)
     return p

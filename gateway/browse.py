@@ -1,0 +1,106 @@
+"""`switchboard sessions browse`: pick a session and continue it in `switchboard chat`.
+
+In a terminal: a curses list (type to filter over title, preview, id and source; arrows to
+move; Enter resumes; `d` deletes after a y/n confirmation; Esc quits). Without a terminal:
+a numbered list and a number read from standard input.
+"""
+
+from __future__ import annotations
+
+import curses
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway.timefmt import ago
+
+Row = dict[str, Any]
+
+
+def matches(row: Row, needle: str) -> bool:
+    hay = " ".join(str(row.get(k) or "") for k in ("title", "preview", "id", "source")).lower()
+    return all(part in hay for part in needle.lower().split())
+
+
+def label(row: Row, now: float) -> str:
+    title = row.get("title") or (row.get("preview") or "(empty)")[:50]
+    return f"{title:<50.50} {ago(row.get('last_active'), now):>10}  {row['source']:<9} {row['id']}"
+
+
+def pick_numbered(
+    rows: Sequence[Row], read: Callable[[], str], write: Callable[[str], None]
+) -> Row | None:
+    now = time.time()
+    for i, row in enumerate(rows, 1):
+        write(f"{i:>3}. {label(row, now)}")
+    write("Resume which? (number, empty to cancel)")
+    answer = read().strip()
+    if answer.isdigit() and 1 <= int(answer) <= len(rows):
+        return rows[int(answer) - 1]
+    return None
+
+
+def pick_curses(rows: list[Row], delete: Callable[[Row], None]) -> Row | None:
+    """The interactive picker; returns the chosen row (None when cancelled)."""
+
+    def ui(screen: Any) -> Row | None:
+        curses.curs_set(0)
+        needle, pos, message = "", 0, ""
+        while True:
+            shown = [r for r in rows if matches(r, needle)]
+            pos = max(0, min(pos, len(shown) - 1))
+            height, width = screen.getmaxyx()
+            screen.erase()
+            screen.addnstr(0, 0, f"filter: {needle}", width - 1, curses.A_BOLD)
+            screen.addnstr(
+                1,
+                0,
+                message or "type to filter · ↑↓ move · Enter resume · d delete · Esc quit",
+                width - 1,
+                curses.A_DIM,
+            )
+            now = time.time()
+            for i, row in enumerate(shown[: max(0, height - 3)]):
+                screen.addnstr(
+                    i + 3,
+                    0,
+                    label(row, now),
+                    width - 1,
+                    curses.A_REVERSE if i == pos else curses.A_NORMAL,
+                )
+            screen.refresh()
+            key = screen.get_wch()
+            message = ""
+            if key in ("\n", "\r", curses.KEY_ENTER) and shown:
+                return shown[pos]
+            if key == "\x1b":
+                return None
+            if key == curses.KEY_UP:
+                pos -= 1
+            elif key == curses.KEY_DOWN:
+                pos += 1
+            elif key in (curses.KEY_BACKSPACE, "\x7f", "\b"):
+                needle = needle[:-1]
+            elif key == "d" and shown and not needle:
+                target = shown[pos]
+                screen.addnstr(
+                    1, 0, f"delete {target['id']}? y/n".ljust(width - 1), width - 1, curses.A_BOLD
+                )
+                if screen.get_wch() in ("y", "Y"):
+                    delete(target)
+                    rows.remove(target)
+                    message = f"deleted {target['id']}"
+            elif isinstance(key, str) and key.isprintable():
+                needle += key
+                pos = 0
+
+    return curses.wrapper(ui)
+
+
+def resume_in_chat(home: str, session_id: str) -> None:
+    """Replace this process with `switchboard chat --resume <id>`."""
+    args = [sys.executable, "-m", "gateway", "--home", home, "chat", "--resume", session_id]
+    sys.stdout.flush()
+    os.execv(sys.executable, args)

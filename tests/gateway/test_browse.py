@@ -1,0 +1,113 @@
+"""`switchboard sessions browse`: the numbered fallback without a terminal, and the curses
+picker in a real terminal (tmux): filter, Enter resumes in `switchboard chat`, d deletes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gateway.browse import matches
+from state import SessionDB
+
+
+async def _home(path: Path) -> dict[str, str]:
+    db = await SessionDB.open(path / "state.db")
+    ids = {}
+    for title, text in (("kyoto trip", "plan a trip to kyoto"), ("tax return", "file the taxes")):
+        sid = await db.create_session(source="cli", title=title)
+        await db.append_messages(
+            sid,
+            [{"role": "user", "content": text}, {"role": "assistant", "content": f"echo: {text}"}],
+        )
+        ids[title] = sid
+    await db.close()
+    return ids
+
+
+def test_filter_matches_title_preview_id_and_source() -> None:
+    row = {
+        "title": "Kyoto trip",
+        "preview": "plan a trip",
+        "id": "20261129_1_abc",
+        "source": "telegram",
+    }
+    assert (
+        matches(row, "kyoto")
+        and matches(row, "TRIP plan")
+        and matches(row, "abc")
+        and matches(row, "telegram")
+    )
+    assert not matches(row, "kyoto tax")
+
+
+def test_without_a_terminal_a_numbered_list_resumes_the_choice(tmp_path: Path) -> None:
+    ids = asyncio.run(_home(tmp_path / "home"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(tmp_path / "home"), "sessions", "browse"],
+                          input="2\n/quit\n", capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "  1. tax return" in proc.stdout and "  2. kyoto trip" in proc.stdout
+    assert "● plan a trip to kyoto" in proc.stdout  # `switchboard chat --resume` took over
+    assert f"Session {ids['kyoto trip']} (kyoto trip)" in proc.stdout
+
+
+def _screen(name: str) -> str:
+    return subprocess.run(
+        ["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True
+    ).stdout
+
+
+def _wait_for(name: str, text: str, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        screen = _screen(name)
+        if text in screen:
+            return screen
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} never appeared:\n{_screen(name)}")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed here")
+def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    ids = asyncio.run(_home(home))
+    name = f"sb-{uuid.uuid4().hex[:8]}"
+    cmd = f"{shlex.quote(sys.executable)} -m gateway --home {shlex.quote(str(home))} sessions browse; sleep 30"
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", name, "-x", "140", "-y", "30", cmd], check=True
+    )
+    try:
+        _wait_for(name, "filter:")
+        subprocess.run(
+            ["tmux", "send-keys", "-t", name, "d"], check=True
+        )  # delete the top one (tax return)
+        _wait_for(name, "? y/n")
+        subprocess.run(["tmux", "send-keys", "-t", name, "y"], check=True)
+        _wait_for(name, f"deleted {ids['tax return']}")
+        subprocess.run(["tmux", "send-keys", "-t", name, "-l", "kyoto"], check=True)
+        _wait_for(name, "filter: kyoto")
+        subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
+        _wait_for(name, "plan a trip to kyoto")  # the recap of `switchboard chat --resume`
+        subprocess.run(["tmux", "send-keys", "-t", name, "-l", "/quit"], check=True)
+        subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
+        _wait_for(name, "Resume with: switchboard chat --resume kyoto trip")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+    async def remaining() -> set[str]:
+        db = await SessionDB.open(home / "state.db")
+        try:
+            return {r["id"] for r in await db.list_sessions()}
+        finally:
+            await db.close()
+
+    assert asyncio.run(remaining()) == {ids["kyoto trip"]}
