@@ -160,6 +160,8 @@ class SessionIndex:
         if how != "loaded":
             log.warning("session index %s from state.db: %d entries", how, len(self._entries))
         await self._heal()
+        if how == "loaded":
+            await self._reconcile()
         return how
 
     async def rebuild(self) -> None:
@@ -175,6 +177,32 @@ class SessionIndex:
         self._entries = entries
         self._fragments.clear()
         self._changed_all()
+
+    async def _reconcile(self) -> None:
+        """The file is written at most every few seconds, so after a crash it can miss a
+        session created just before: adopt, per key, the newest live session state.db has.
+        (Terminal sessions are not routed by the daemon and are left out.)"""
+        newest: dict[str, Any] = {}
+        for row in await self.db.live_sessions_by_key():  # ordered by started_at: last wins
+            if not row["session_key"].startswith("agent:main:cli:"):
+                newest[row["session_key"]] = row
+        adopted = 0
+        for key, row in newest.items():
+            current = self._entries.get(key)
+            if current is not None and _sid(current) == row["id"]:
+                continue
+            origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
+            self._entries[key] = IndexEntry(
+                session_id=row["id"], created_at=row["started_at"],
+                updated_at=row["last_active"] or row["started_at"], origin=origin,
+                display_name=origin.get("chat_name") or origin.get("user_name"),
+                platform=row["source"], chat_type=row["chat_type"] or "dm",
+            )  # fmt: skip
+            self._changed(key)
+            adopted += 1
+        if adopted:
+            log.warning("session index was behind state.db (an unclean stop?): %d entr%s updated",
+                        adopted, "y" if adopted == 1 else "ies")  # fmt: skip
 
     async def _heal(self) -> None:
         """Entries whose session is missing are dropped; entries whose session ended follow

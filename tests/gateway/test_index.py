@@ -169,3 +169,23 @@ async def test_activity_is_written_lazily_but_never_lost_on_close(
     index.touch("k", 3_000_000.0)
     await index.close()
     assert json.loads(path.read_text())["k"]["updated_at"] == "1970-02-04T17:20:00Z"
+
+
+async def test_a_stale_file_after_a_crash_adopts_the_sessions_state_db_has(
+    db: SessionDB, tmp_path: Path
+) -> None:
+    """A session created after the last flush (then SIGKILL) is adopted, not duplicated."""
+    old = await db.create_session(source="api", session_key="k1", chat_id="1")
+    path = tmp_path / "sessions.json"
+    path.write_text(json.dumps({"k1": _entry(old).to_json()}))
+    newer = await db.fork_session(
+        old, "reset", end_reason="session_reset"
+    )  # the file never saw this
+    unseen = await db.create_session(source="api", session_key="k2", chat_id="2")
+    await db.create_session(
+        source="cli", session_key="agent:main:cli:dm:me"
+    )  # terminal: not routed
+    index = SessionIndex(path, db, 0.05)
+    assert await index.load() == "loaded"
+    assert {k: e.session_id for k, e in index.items()} == {"k1": newer, "k2": unseen}
+    await index.close()
