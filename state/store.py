@@ -574,7 +574,12 @@ class SessionDB:
         return await self._write(_claim)
 
     async def finish_handoff(
-        self, session_id: str, state: str | None, error: str | None = None, *, expect: str | None = None
+        self,
+        session_id: str,
+        state: str | None,
+        error: str | None = None,
+        *,
+        expect: str | None = None,
     ) -> bool:
         """Set the handoff's final (or reset) state; with `expect`, only from that state."""
 

@@ -395,9 +395,15 @@ class Writer:
 
 
 def _close_quietly(conn: sqlite3.Connection, optimize: bool = False) -> None:
+    if optimize:
+        try:
+            # best effort: refresh planner statistics where they drifted; another process
+            # holding the write lock just means "next time"
+            conn.execute("PRAGMA busy_timeout=200")
+            conn.execute("PRAGMA optimize")
+        except sqlite3.Error as exc:
+            log.debug("PRAGMA optimize skipped at close: %s", exc)
     try:
-        if optimize:
-            conn.execute("PRAGMA optimize")  # refresh planner statistics where they drifted
         conn.close()
     except sqlite3.Error as exc:
         log.warning("closing the write connection: %s", exc)
