@@ -26,6 +26,7 @@ class OutboundMessage:
     reply_to: str | None = None  # for request/response adapters: the inbound it answers
     session_id: str | None = None
     session_key: str | None = None
+    error: str | None = None  # set on apologies: "agent" (message stored) or "storage" (not stored)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ from state import SessionDB, SessionFilter, StateError
 log = logging.getLogger("gateway.router")
 
 APOLOGY = "Sorry, something went wrong while answering. Your message was saved; please try again."
+STORAGE_APOLOGY = (
+    "Sorry, I could not store your message just now; please send it again in a moment."
+)
 REFUSAL = "Sorry, you are not authorised to use this bot."
 BUSY = "Sorry, the gateway is shutting down; please send that again in a minute."
 DEDUPE_MEMORY = 50_000
@@ -180,7 +183,13 @@ class Router:
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.metrics.errors.inc(kind="turn")
             log.exception("turn failed for session_key=%s platform=%s", k, msg.source.platform)
-            await self._reply(msg, None, APOLOGY)
+            storage = isinstance(exc, StateError)
+            await self._reply(
+                msg,
+                None,
+                STORAGE_APOLOGY if storage else APOLOGY,
+                error="storage" if storage else "agent",
+            )
 
     async def _process_locked(self, msg: InboundMessage, key: SessionKey, started: float) -> None:
         entry = await self.entry_for(key, msg)
@@ -258,7 +267,7 @@ class Router:
                     exc,
                     exc_info=not isinstance(exc, (StateError, asyncio.TimeoutError)),
                 )
-                await self._reply(msg, sid, APOLOGY, key)
+                await self._reply(msg, sid, APOLOGY, key, error="agent")
                 return
             stored = [
                 {
@@ -386,13 +395,18 @@ class Router:
         return access.scope(key)
 
     async def _reply(
-        self, msg: InboundMessage, session_id: str | None, text: str, key: SessionKey | None = None
+        self,
+        msg: InboundMessage,
+        session_id: str | None,
+        text: str,
+        key: SessionKey | None = None,
+        error: str | None = None,
     ) -> None:
         src = msg.source
         out = OutboundMessage(
             platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
             reply_to=msg.platform_message_id, session_id=session_id,
-            session_key=key.format() if key else None,
+            session_key=key.format() if key else None, error=error,
         )  # fmt: skip
         try:
             await self.send(out)

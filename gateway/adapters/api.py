@@ -199,6 +199,8 @@ class ApiAdapter:
         out = await self._turn(source, content, request.headers.get("X-Request-Id"))
         if isinstance(out, web.Response):
             return out
+        if out.error == "storage":  # not stored: never answer 200 for it
+            return _bad(503, out.text)
         return web.json_response({
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
@@ -240,6 +242,8 @@ class ApiAdapter:
         out = await self._turn(source, text, opt["message_id"])
         if isinstance(out, web.Response):
             return out
+        if out.error == "storage":  # not stored: never answer 200 for it
+            return _bad(503, out.text)
         return web.json_response(
             {"reply": out.text, "session_id": out.session_id, "session_key": out.session_key}
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import warnings
@@ -111,6 +112,48 @@ def _strip_mention(text: str, bot_username: str | None) -> str:
     return text
 
 
+def sanitize_updates(payload: bytes) -> bytes:
+    """python-telegram-bot parses a getUpdates batch as a whole: one malformed update fails
+    the batch, the offset never advances and the bot is stuck on it forever. Each update is
+    checked on its own here; a poison one is replaced by its bare update_id, so the offset
+    still moves on and the handler sees nothing."""
+    from telegram import Update
+
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return payload
+    if not isinstance(data, dict) or not data.get("ok") or not isinstance(data.get("result"), list):
+        return payload
+    clean: list[Any] = []
+    for update in data["result"]:
+        try:
+            Update.de_json(update, None)
+            clean.append(update)
+        except Exception as exc:  # any parse failure: this update alone is dropped
+            uid = update.get("update_id") if isinstance(update, dict) else None
+            log.warning("dropped a malformed Telegram update %s: %s", uid, type(exc).__name__)
+            if isinstance(uid, int):
+                clean.append({"update_id": uid})
+    data["result"] = clean
+    return json.dumps(data).encode()
+
+
+def _sanitizing_request(**kwargs: Any) -> Any:
+    from telegram.request import HTTPXRequest
+
+    class SanitizingRequest(HTTPXRequest):
+        async def do_request(
+            self, url: str, method: str, *args: Any, **kw: Any
+        ) -> tuple[int, bytes]:
+            status, payload = await super().do_request(url, method, *args, **kw)
+            if status == 200 and url.endswith("/getUpdates"):
+                payload = sanitize_updates(payload)
+            return status, payload
+
+    return SanitizingRequest(**kwargs)
+
+
 class TelegramAdapter:
     platform: ClassVar[str] = "telegram"
 
@@ -157,7 +200,7 @@ class TelegramAdapter:
             builder = builder.base_url(base).base_file_url(base.replace("/bot", "/file/bot"))
         builder = builder.request(
             HTTPXRequest(connect_timeout=5, read_timeout=20)
-        ).get_updates_request(HTTPXRequest(connect_timeout=5, read_timeout=10))
+        ).get_updates_request(_sanitizing_request(connect_timeout=5, read_timeout=10))
         self._app = builder.build()
         self._app.add_handler(MessageHandler(filters.ALL, self._on_update))
         try:

@@ -1,0 +1,226 @@
+"""Disk trouble and hostile input, through the running gateway.
+
+A full disk is real SQLite SQLITE_FULL (PRAGMA max_page_count on the writer): the client
+gets a 503 (never a 200 for something not stored), nothing is half-written, and service
+resumes when space returns. Random and malformed payloads through the HTTP API and the
+Telegram fake never take the daemon down."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.adapters import discord as dc
+from gateway.adapters import slack as sl
+from gateway.adapters import telegram as tg
+from gateway.app import Gateway
+from gateway.config import load_config
+from tests.fakes.telegram import FakeTelegram
+
+
+@pytest.fixture
+async def gw(tmp_path: Path) -> AsyncIterator[tuple[Gateway, str, FakeTelegram]]:
+    fake = FakeTelegram()
+    await fake.start()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"platforms:\n  api:\n    port: 0\n  telegram:\n    enabled: true\n    allow_all_users: true\n    base_url: {fake.base_url}\n"
+    )
+    gateway = Gateway(
+        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": fake.token}), home=tmp_path / "home"
+    )
+    await gateway.start()
+    try:
+        yield gateway, f"http://127.0.0.1:{gateway.adapters[0].bound_port}", fake  # type: ignore[attr-defined]
+    finally:
+        await gateway.stop()
+        await fake.stop()
+
+
+async def _post(url: str, body: Any, path: str = "/v1/messages") -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with http.post(
+            url + path, data=data, headers={"Content-Type": "application/json"}
+        ) as r:
+            try:
+                return r.status, await r.json(content_type=None)
+            except ValueError:
+                return r.status, await r.text()
+
+
+async def test_a_full_disk_is_a_503_loses_nothing_and_recovers(
+    gw: tuple[Gateway, str, FakeTelegram],
+) -> None:
+    gateway, url, _ = gw
+    assert gateway.db is not None
+    assert (await _post(url, {"chat_id": "1", "text": "before"}))[0] == 200
+    pages = await gateway.db.writer.exclusive(
+        lambda c: c.execute("PRAGMA page_count").fetchone()[0]
+    )
+    await gateway.db.writer.exclusive(
+        lambda c: c.execute(f"PRAGMA max_page_count = {pages}").fetchone()
+    )
+    big = "x" * 200_000  # needs new pages: SQLITE_FULL
+    status, body = await _post(url, {"chat_id": "1", "text": big})
+    assert status == 503 and "could not store your message" in body["error"]["message"]
+    assert gateway.health()["last_error"]
+    await gateway.db.writer.exclusive(
+        lambda c: c.execute("PRAGMA max_page_count = 1073741823").fetchone()
+    )
+    status, body = await _post(url, {"chat_id": "1", "text": "after"})
+    assert status == 200 and body["reply"] == "echo: after"
+    contents = [m["content"] for m in await gateway.db.get_messages(body["session_id"])]
+    assert contents == ["before", "echo: before", "after", "echo: after"]  # nothing half-written
+    assert (
+        await gateway.db.integrity_check(quick=False) == []
+        and await gateway.db.check_search_index() == []
+    )
+
+
+async def test_a_one_megabyte_message_is_stored_and_answered(
+    gw: tuple[Gateway, str, FakeTelegram],
+) -> None:
+    gateway, url, _ = gw
+    text = ("lorem ipsum " * 90_000)[:1_000_000]
+    status, body = await _post(url, {"chat_id": "big", "text": text})
+    assert status == 200 and len(body["reply"]) == len(text) + len("echo: ")
+    assert gateway.db is not None and [
+        h["session_id"] for h in await gateway.db.search_messages("lorem", limit=1)
+    ] == [body["session_id"]]
+
+
+def _junk(rng: random.Random, depth: int = 0) -> Any:
+    kinds = (
+        ["str", "int", "float", "none", "bool", "list", "dict"]
+        if depth < 3
+        else ["str", "int", "none"]
+    )
+    kind = rng.choice(kinds)
+    if kind == "str":
+        return "".join(
+            chr(rng.choice([rng.randint(0, 0x7F), rng.randint(0x80, 0x10FFF)]))
+            for _ in range(rng.randint(0, 40))
+        )
+    if kind == "int":
+        return rng.choice([0, -1, 2**63, rng.randint(-(10**6), 10**6)])
+    if kind == "float":
+        return rng.random() * 1e9
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "list":
+        return [_junk(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    if kind == "dict":
+        keys = [
+            "chat_id",
+            "text",
+            "user_id",
+            "chat_type",
+            "thread_id",
+            "messages",
+            "role",
+            "content",
+            "user",
+            "x",
+        ]
+        return {rng.choice(keys): _junk(rng, depth + 1) for _ in range(rng.randint(0, 6))}
+    return None
+
+
+async def test_random_payloads_never_take_the_gateway_down(
+    gw: tuple[Gateway, str, FakeTelegram],
+) -> None:
+    gateway, url, fake = gw
+    rng = random.Random(42)
+    statuses: dict[int, int] = {}
+    for i in range(150):
+        body = _junk(rng)
+        for path in ("/v1/messages", "/v1/chat/completions"):
+            status, _ = await _post(url, body if i % 10 else b"\xff\xfe{not json", path)
+            statuses[status] = statuses.get(status, 0) + 1
+            assert status in (200, 400), (path, body, status)
+    for i in range(60):  # random Telegram updates through the real python-telegram-bot
+        fake.updates.append({"update_id": 10_000 + i, "message": _junk(rng)})
+    fake.updates.append({"update_id": 20_000, "edited_message": {"text": "x"}})
+    fake.updates.append({"update_id": 20_001, "callback_query": {"id": "1"}})
+    fake.push(fake.message("still answering?", fake.dm_chat(77)))
+    [sent] = await fake.wait_sent(1, timeout=20)
+    assert sent["text"] == "echo: still answering?"
+    status, body = await _post(url, {"chat_id": "ok", "text": "and here?"})
+    assert status == 200 and body["reply"] == "echo: and here?"
+    assert gateway.health()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "chat_id", ["\x00\x01", "🎉" * 50, "a" * 200, " spaces ", "a:b%c=d", "x\ny"]
+)
+async def test_odd_ids_are_handled(gw: tuple[Gateway, str, FakeTelegram], chat_id: str) -> None:
+    _, url, _ = gw
+    status, body = await _post(url, {"chat_id": chat_id, "text": "hello", "user_id": chat_id})
+    assert status == 200 and body["reply"] == "echo: hello"
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                           lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=6),
+                           max_leaves=20)  # fmt: skip
+payload_keys = st.sampled_from(["message", "channel_post", "text", "chat", "from", "type", "channel", "user", "ts",
+                                "thread_ts", "subtype", "id", "content", "author_id", "kind", "channel_id"])  # fmt: skip
+payloads = st.dictionaries(payload_keys, json_values, max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads, payloads)
+def test_platform_translation_never_raises(top: dict, inner: dict) -> None:
+    for update in (
+        top,
+        {"update_id": 1, "message": inner},
+        {"update_id": 1, "channel_post": inner},
+    ):
+        assert (
+            tg.to_inbound(update, "bot") is None
+            or tg.to_inbound(update, "bot").source.platform == "telegram"
+        )  # type: ignore[union-attr]
+    for ev in (top, {**inner, "type": "message"}):
+        result = sl.to_inbound(ev, "U0BOT")
+        assert result is None or result.source.platform == "slack"
+    result = dc.to_inbound(inner)
+    assert result is None or result.source.platform == "discord"
+
+
+def test_the_store_survives_a_deleted_wal_file_between_runs(tmp_path: Path) -> None:
+    """Losing the WAL file while nothing runs loses only what was not checkpointed; the file
+    stays a valid database and opens again."""
+    import asyncio
+
+    from state import SessionDB
+
+    async def scenario() -> None:
+        db = await SessionDB.open(tmp_path / "state.db")
+        sid = await db.create_session(source="api")
+        await db.append_message(sid, "user", "checkpointed")
+        await db.checkpoint("TRUNCATE")
+        await db.close()
+        wal = tmp_path / "state.db-wal"
+        if wal.exists():
+            wal.unlink()
+        again = await SessionDB.open(tmp_path / "state.db")
+        try:
+            assert [m["content"] for m in await again.get_messages(sid)] == ["checkpointed"]
+            assert await again.integrity_check(quick=False) == []
+        finally:
+            await again.close()
+
+    asyncio.run(scenario())
+    assert (
+        sqlite3.connect(tmp_path / "state.db").execute("PRAGMA integrity_check").fetchone()[0]
+        == "ok"
+    )

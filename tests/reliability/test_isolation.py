@@ -1,0 +1,83 @@
+"""Isolation through a real platform library: in a Telegram group with per-user sessions, no
+member reaches another's session by title, id, prefix or search; strangers get nothing from
+the agent and nothing is stored for them. (The full access matrix is tests/gateway/test_access.py.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.adapters.telegram import sanitize_updates
+from gateway.app import Gateway
+from gateway.config import load_config
+from gateway.router import REFUSAL
+from tests.fakes.telegram import FakeTelegram
+
+
+@pytest.fixture
+async def gw(tmp_path: Path) -> AsyncIterator[tuple[Gateway, FakeTelegram]]:
+    fake = FakeTelegram()
+    await fake.start()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"platforms:\n  api:\n    enabled: false\n  telegram:\n    enabled: true\n    allowed_users: [1, 2]\n    base_url: {fake.base_url}\n"
+    )
+    gateway = Gateway(
+        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": fake.token}), home=tmp_path / "home"
+    )
+    await gateway.start()
+    try:
+        yield gateway, fake
+    finally:
+        await gateway.stop()
+        await fake.stop()
+
+
+async def _say(fake: FakeTelegram, text: str, user: int, chat: dict) -> str:
+    n = len(fake.sent())
+    fake.push(fake.message(text, chat, user_id=user, name=f"u{user}"))
+    return str((await fake.wait_sent(n + 1))[n]["text"])
+
+
+async def test_members_of_a_group_cannot_reach_each_others_sessions(
+    gw: tuple[Gateway, FakeTelegram],
+) -> None:
+    gateway, fake = gw
+    group = fake.group_chat(-100500)
+    assert await _say(fake, "/title alpha secrets", 1, group) == "Title set: alpha secrets"
+    await _say(fake, "@switchboard_bot the vault code is 4711", 1, group)
+    assert gateway.index is not None
+    sid = gateway.index.get("agent:main:telegram:group:-100500:1").session_id  # type: ignore[union-attr]
+    for ref in ("alpha secrets", sid, sid[:-2]):
+        assert (await _say(fake, f"/resume {ref}", 2, group)).startswith("No session found"), ref
+    assert await _say(fake, "/search vault", 2, group) == "Nothing found."
+    assert "alpha" not in await _say(fake, "/sessions", 2, group)
+    assert (await _say(fake, "/search vault", 1, group)).startswith("1. alpha secrets")
+
+
+async def test_strangers_get_one_refusal_and_nothing_is_stored(
+    gw: tuple[Gateway, FakeTelegram],
+) -> None:
+    gateway, fake = gw
+    assert await _say(fake, "let me in", 9, fake.dm_chat(9)) == REFUSAL
+    fake.push(fake.message("please", fake.dm_chat(9), user_id=9))
+    fake.push(fake.message("@switchboard_bot hello", fake.group_chat(-100600), user_id=9))
+    await _say(fake, "hi", 1, fake.dm_chat(1))  # a member's message still comes through after them
+    assert [s["text"] for s in fake.sent()].count(REFUSAL) == 1
+    assert gateway.db is not None
+    assert {r["user_id"] for r in await gateway.db.list_sessions(include_children=True)} == {"1"}
+
+
+def test_a_poison_update_is_reduced_to_its_id() -> None:
+    good = {
+        "update_id": 2,
+        "message": {"message_id": 1, "date": 0, "chat": {"id": 1, "type": "private"}, "text": "x"},
+    }
+    payload = json.dumps(
+        {"ok": True, "result": [{"update_id": 1, "message": 42}, good, "junk"]}
+    ).encode()
+    assert json.loads(sanitize_updates(payload))["result"] == [{"update_id": 1}, good]
+    assert sanitize_updates(b"not json") == b"not json"
