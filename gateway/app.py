@@ -19,7 +19,7 @@ from gateway.adapters.base import Adapter
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import PLATFORMS, Config
-from gateway.errors import AlreadyRunning
+from gateway.errors import AlreadyRunning, GatewayError
 from gateway.handoff import HandoffWatcher
 from gateway.index import SessionIndex
 from gateway.messages import OutboundMessage, SentRef
@@ -46,8 +46,14 @@ class HomeLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise GatewayError(
+                f"home {self.path.parent} is not writable ({exc.strerror}: {exc.filename}); "
+                "the daemon keeps switchboard.lock, state.db and sessions.json there"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

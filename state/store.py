@@ -43,6 +43,18 @@ def _check_file(path: Path) -> None:
             raise DatabaseError(str(path), "is not an SQLite database (bad file header)")
 
 
+def _database_error(path: str, exc: sqlite3.DatabaseError, what: str) -> DatabaseError:
+    """Name the cause a person can act on: permissions read as such, not as damage."""
+    text = str(exc).lower()
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
+        return DatabaseError(
+            path,
+            f"cannot be written ({exc}): switchboard needs write access to state.db, "
+            "its -wal and -shm files and the directory holding them",
+        )
+    return DatabaseError(path, f"{what} ({exc})")
+
+
 def _open_and_migrate(
     path: str, cfg: WriterConfig, target: int, lock_budget_s: float
 ) -> sqlite3.Connection:
@@ -51,7 +63,7 @@ def _open_and_migrate(
         try:
             conn = connect_writer(path, cfg.synchronous, cfg.busy_timeout_s)
         except sqlite3.DatabaseError as exc:
-            raise DatabaseError(path, f"is damaged or not an SQLite database ({exc})") from exc
+            raise _database_error(path, exc, "is damaged or not an SQLite database") from exc
         try:
             schema.migrate(conn, path, target=target)
             return conn
@@ -65,10 +77,10 @@ def _open_and_migrate(
                 continue
             if "locked" in str(exc):
                 raise DatabaseBusy(f"{path}: locked by another process during start-up") from exc
-            raise DatabaseError(path, f"cannot be prepared: {exc}") from exc
+            raise _database_error(path, exc, "cannot be prepared") from exc
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise DatabaseError(path, f"is damaged or not a database: {exc}") from exc
+            raise _database_error(path, exc, "is damaged or not a database") from exc
 
 
 class SessionDB:

@@ -8,8 +8,13 @@ Telegram fake never take the daemon down."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import sqlite3
+import subprocess
+import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -224,3 +229,74 @@ def test_the_store_survives_a_deleted_wal_file_between_runs(tmp_path: Path) -> N
         sqlite3.connect(tmp_path / "state.db").execute("PRAGMA integrity_check").fetchone()[0]
         == "ok"
     )
+
+
+def _as_unprivileged() -> list[str]:
+    """A prefix that runs a command as a user the home's permissions apply to (root ignores
+    file modes, so under root the command runs as `nobody` through setpriv)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file modes cannot be enforced")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_a_read_only_home_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
+    """A home the daemon cannot write is refused at start-up with a message naming the home
+    (not a traceback, not 'damaged database'); the CLI says state.db cannot be written; once
+    the home is writable again the daemon starts and the stored session is intact."""
+    import asyncio
+
+    from state import SessionDB
+
+    prefix = _as_unprivileged()
+    base = Path(tempfile.mkdtemp(prefix="switchboard-ro-", dir="/tmp"))
+    home = base / "home"
+    try:
+        base.chmod(0o755)
+        home.mkdir()
+
+        async def seed() -> str:
+            db = await SessionDB.open(home / "state.db")
+            sid = await db.create_session(source="api")
+            await db.append_message(sid, "user", "kept through a read-only spell")
+            await db.close()
+            return sid
+
+        sid = asyncio.run(seed())
+        for path in [home, *home.iterdir()]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        cli = [*prefix, sys.executable, "-m", "gateway.cli", "--home", str(home)]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+        run = subprocess.run([*cli, "run"], capture_output=True, text=True, timeout=60, env=env)
+        assert run.returncode == 1, run.stderr
+        assert f"home {home} is not writable" in run.stderr
+        assert "Traceback" not in run.stderr
+
+        listing = subprocess.run(
+            [*cli, "sessions", "list"], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert listing.returncode == 1, listing.stderr
+        assert "cannot be written" in listing.stderr and "damaged" not in listing.stderr
+
+        # The condition clears: the home becomes writable for that user again.
+        for path in [home, *home.iterdir()]:
+            path.chmod(0o777 if path.is_dir() else 0o666)
+        listing = subprocess.run(
+            [*cli, "sessions", "list", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert listing.returncode == 0, listing.stderr
+        assert sid in listing.stdout
+        conn = sqlite3.connect(home / "state.db")
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute(
+            "SELECT content FROM messages WHERE session_id = ?", (sid,)
+        ).fetchall() == [("kept through a read-only spell",)]
+        conn.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
