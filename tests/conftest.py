@@ -25,3 +25,16 @@ async def db(tmp_path: Path) -> AsyncIterator[SessionDB]:
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        help="the long reliability variant: 100 SIGKILL points instead of 20",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--long"):
+        os.environ.setdefault("SWITCHBOARD_KILL_POINTS", "100")

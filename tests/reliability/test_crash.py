@@ -1,7 +1,7 @@
 """Crash safety: SIGKILL the daemon at random moments under load, restart, and check that
 nothing acknowledged was lost and nothing is damaged.
 
-SWITCHBOARD_KILL_POINTS sets how many kills (20 by default; the long mode uses more),
+SWITCHBOARD_KILL_POINTS sets how many kills (20 by default; `pytest --long` makes it 100),
 SWITCHBOARD_CRASH_SEED the random moments."""
 
 from __future__ import annotations
