@@ -15,7 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -300,3 +300,63 @@ def test_a_read_only_home_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
         conn.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def small_filesystem() -> Iterator[Path]:
+    """A real 4 MB tmpfs, so ENOSPC comes from the kernel (needs root and mount(2))."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small filesystem needs root")
+    mnt = Path(tempfile.mkdtemp(prefix="switchboard-full-", dir="/tmp"))
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        mnt.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        mnt.rmdir()
+
+
+async def test_a_really_full_filesystem_is_a_503_and_recovers(small_filesystem: Path) -> None:
+    """The home on a real 4 MB filesystem filled to the brim: turns get 503 (never a 200 for
+    something not stored), the daemon stays up, and once space is freed it answers again with
+    everything acknowledged still there."""
+    cfg = small_filesystem / "c.yaml"
+    cfg.write_text("platforms:\n  api:\n    port: 0\n")
+    gateway = Gateway(config=load_config(cfg, {}), home=small_filesystem / "home")
+    await gateway.start()
+    try:
+        url = f"http://127.0.0.1:{gateway.adapters[0].bound_port}"  # type: ignore[attr-defined]
+        status, first = await _post(url, {"chat_id": "1", "text": "before"})
+        assert status == 200
+        filler = small_filesystem / "filler"
+        with filler.open("wb") as fh:  # take every free block
+            try:
+                while True:
+                    fh.write(b"\0" * 65536)
+                    fh.flush()
+            except OSError:
+                pass
+        statuses = [
+            (await _post(url, {"chat_id": "1", "text": f"{i} " + "y" * 50_000}))[0]
+            for i in range(5)
+        ]
+        assert 503 in statuses and set(statuses) <= {200, 503}, statuses
+        assert gateway.health()["status"] == "ok"
+        filler.unlink()
+        status, body = await _post(url, {"chat_id": "1", "text": "after"})
+        assert status == 200 and body["reply"] == "echo: after"
+        assert gateway.db is not None
+        contents = [m["content"] for m in await gateway.db.get_messages(first["session_id"])]
+        assert contents[:2] == ["before", "echo: before"] and contents[-2:] == [
+            "after",
+            "echo: after",
+        ]
+        stored = [c for c in contents if c.endswith("y" * 50_000) and not c.startswith("echo")]
+        assert len(stored) == statuses.count(200)  # exactly the acknowledged ones
+        assert await gateway.db.integrity_check(quick=False) == []
+    finally:
+        await gateway.stop()
