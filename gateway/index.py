@@ -158,7 +158,9 @@ class SessionIndex:
             how = f"rebuilt (sessions.json was unreadable: {exc})"
             await self.rebuild()
         if how != "loaded":
-            log.warning("session index %s from state.db: %d entries", how, len(self._entries))
+            # a fresh home has neither file nor sessions: nothing to warn about
+            level = logging.WARNING if self._entries or "unreadable" in how else logging.INFO
+            log.log(level, "session index %s from state.db: %d entries", how, len(self._entries))
         await self._heal()
         if how == "loaded":
             await self._reconcile()
