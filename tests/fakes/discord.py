@@ -14,6 +14,20 @@ from aiohttp import WSMsgType, web
 
 from tests.fakes import wait_for_count
 
+
+def restore_discord_globals(monkeypatch: Any) -> None:
+    """The adapter points discord.py at the fake through two class attributes
+    (`Route.BASE`, `DiscordWebSocket.DEFAULT_GATEWAY`); have pytest put them back afterwards."""
+    import discord
+
+    monkeypatch.setattr(discord.http.Route, "BASE", discord.http.Route.BASE)
+    monkeypatch.setattr(
+        discord.gateway.DiscordWebSocket,
+        "DEFAULT_GATEWAY",
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY,
+    )
+
+
 GUILD = "100000000000000001"
 GENERAL = "200000000000000010"
 THREAD = "200000000000000020"

@@ -15,7 +15,7 @@ from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from tests.fakes.discord import GENERAL, FakeDiscord
+from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
@@ -31,14 +31,7 @@ async def case(
     if request.param == "telegram":
         fake = FakeTelegram()
     elif request.param == "discord":
-        import discord
-
-        monkeypatch.setattr(discord.http.Route, "BASE", discord.http.Route.BASE)
-        monkeypatch.setattr(
-            discord.gateway.DiscordWebSocket,
-            "DEFAULT_GATEWAY",
-            discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY,
-        )
+        restore_discord_globals(monkeypatch)
         fake = FakeDiscord()
     else:
         fake = FakeSlack()

@@ -4,7 +4,6 @@ picker in a real terminal (tmux): filter, Enter resumes in `switchboard chat`, d
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 
 from gateway.browse import matches
 from state import SessionDB
+from tests.daemon import clean_env, switchboard
 
 
 async def _home(path: Path) -> dict[str, str]:
@@ -51,9 +51,8 @@ def test_filter_matches_title_preview_id_and_source() -> None:
 
 def test_without_a_terminal_a_numbered_list_resumes_the_choice(tmp_path: Path) -> None:
     ids = asyncio.run(_home(tmp_path / "home"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(tmp_path / "home"), "sessions", "browse"],
-                          input="2\n/quit\n", capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    proc = subprocess.run(switchboard(tmp_path / "home", "sessions", "browse"),
+                          input="2\n/quit\n", capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "  1. tax return" in proc.stdout and "  2. kyoto trip" in proc.stdout
     assert "● plan a trip to kyoto" in proc.stdout  # `switchboard chat --resume` took over

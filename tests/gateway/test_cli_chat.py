@@ -3,22 +3,19 @@ recap panel, /handoff refusals, and the exit hint."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 from rich.console import Console
 
 from gateway.cli_chat import render_recap
+from tests.daemon import clean_env, switchboard
 
 
 def chat(home: Path, lines: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
-    env["COLUMNS"] = "120"
-    return subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "chat", *args],
-                          input=lines, capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    return subprocess.run(switchboard(home, "chat", *args), input=lines, capture_output=True,
+                          text=True, timeout=60, env=clean_env(COLUMNS="120"))  # fmt: skip
 
 
 def test_a_terminal_session_with_commands_then_continue_and_resume(tmp_path: Path) -> None:

@@ -4,26 +4,23 @@ exit codes, including while a daemon serves the same state.db."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from state import SessionDB
+from tests.daemon import clean_env, free_port, switchboard
 
 DAY = 86400
 
 
 def sb(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
-    env["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "sessions", *args],
-                          capture_output=True, text=True, timeout=60, input=stdin, env=env)  # fmt: skip
+    return subprocess.run(switchboard(home, "sessions", *args), capture_output=True, text=True,
+                          timeout=60, input=stdin, env=clean_env(COLUMNS="200"))  # fmt: skip
 
 
 @pytest.fixture
@@ -142,13 +139,10 @@ def test_export_import_round_trip_and_stats(home: Path, tmp_path: Path) -> None:
 
 
 def test_commands_work_while_the_daemon_runs(home: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
-    daemon = subprocess.Popen([sys.executable, "-m", "gateway", "--home", str(home), "run"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    daemon = subprocess.Popen(switchboard(home, "run"), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=clean_env())  # fmt: skip
     try:
         deadline = time.time() + 20
         while time.time() < deadline:

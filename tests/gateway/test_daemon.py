@@ -3,54 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 
 def _start(home: Path, port: int, extra: str = "") -> subprocess.Popen[str]:
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n{extra}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
-    return subprocess.Popen([sys.executable, "-m", "gateway", "--home", str(home), "run"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
-
-
-async def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            try:
-                async with http.get(f"{url}/health") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError("daemon did not become healthy")
+    return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=clean_env())  # fmt: skip
 
 
 async def test_sigterm_under_load_drains_exits_zero_and_loses_nothing(tmp_path: Path) -> None:
-    home, port = tmp_path / "home", _free_port()
+    home, port = tmp_path / "home", free_port()
     proc = _start(home, port)
     url = f"http://127.0.0.1:{port}"
     acknowledged: list[str] = []
     try:
-        await _wait_healthy(url, proc)
+        await wait_healthy(url, proc)
         async with aiohttp.ClientSession() as http:
 
             async def client(c: int) -> None:
@@ -92,11 +69,11 @@ async def test_sigterm_under_load_drains_exits_zero_and_loses_nothing(tmp_path: 
 
 
 async def test_a_second_daemon_on_the_same_home_exits_1(tmp_path: Path) -> None:
-    home, port = tmp_path / "home", _free_port()
+    home, port = tmp_path / "home", free_port()
     first = _start(home, port)
     try:
-        await _wait_healthy(f"http://127.0.0.1:{port}", first)
-        second = _start(home, _free_port())
+        await wait_healthy(f"http://127.0.0.1:{port}", first)
+        second = _start(home, free_port())
         out, err = second.communicate(timeout=20)
         assert second.returncode == 1
         assert "already running" in err and str(first.pid) in err
@@ -122,7 +99,7 @@ def test_a_corrupt_state_db_exits_1_with_a_clear_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "state.db").write_bytes(b"garbage" * 100)
-    (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {_free_port()}\n")
+    (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {free_port()}\n")
     proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "run"],
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     assert proc.returncode == 1

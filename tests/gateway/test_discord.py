@@ -13,20 +13,12 @@ from gateway.adapters.discord import DiscordAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import AdapterError, InvalidToken
-from tests.fakes.discord import GENERAL, THREAD, FakeDiscord
+from tests.fakes.discord import GENERAL, THREAD, FakeDiscord, restore_discord_globals
 
 
 @pytest.fixture
 async def fake(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
-    import discord
-
-    # the adapter points discord.py at the fake through two class attributes; put them back
-    monkeypatch.setattr(discord.http.Route, "BASE", discord.http.Route.BASE)
-    monkeypatch.setattr(
-        discord.gateway.DiscordWebSocket,
-        "DEFAULT_GATEWAY",
-        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY,
-    )
+    restore_discord_globals(monkeypatch)
     server = FakeDiscord()
     await server.start()
     try:

@@ -17,7 +17,7 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from state import SessionDB
-from tests.fakes.discord import GENERAL, FakeDiscord
+from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import BOT_USER, SECRET, FakeSlack, event, signed
 from tests.fakes.telegram import FakeTelegram
 
@@ -114,14 +114,7 @@ async def test_no_home_channel_and_no_daemon_leave_the_session_as_it_was(
 async def test_a_refused_thread_fails_the_handoff_and_keeps_the_terminal_session(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import discord
-
-    monkeypatch.setattr(discord.http.Route, "BASE", discord.http.Route.BASE)
-    monkeypatch.setattr(
-        discord.gateway.DiscordWebSocket,
-        "DEFAULT_GATEWAY",
-        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY,
-    )
+    restore_discord_globals(monkeypatch)
     fake = FakeDiscord()
     await fake.start()
     cfg = tmp_path / "c.yaml"

@@ -4,17 +4,16 @@ STOPPING on SIGTERM, then exit 0. Reads are time-boxed: watchdog pings never go 
 
 from __future__ import annotations
 
-import os
 import select
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from gateway.notify import sd_notify, watchdog_interval
+from tests.daemon import clean_env, switchboard
 
 
 def _read_for(sock: socket.socket, seconds: float) -> list[tuple[str, int | None]]:
@@ -42,13 +41,8 @@ def test_readiness_watchdog_and_stopping(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("platforms:\n  api:\n    port: 0\n")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SWITCHBOARD", "NOTIFY", "WATCHDOG"))
-    }
-    env.update(NOTIFY_SOCKET=str(sock_path), WATCHDOG_USEC="200000")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "--home", str(home), "run"], env=env,
+    env = clean_env(NOTIFY_SOCKET=str(sock_path), WATCHDOG_USEC="200000")
+    proc = subprocess.Popen(switchboard(home, "run"), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         seen: list[tuple[str, int | None]] = []

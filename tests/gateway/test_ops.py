@@ -5,32 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
-import sys
 from pathlib import Path
 
 import aiohttp
 
+from tests.daemon import clean_env, free_port, switchboard
 from tests.fakes.telegram import FakeTelegram
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _start(home: Path, env_extra: dict[str, str]) -> asyncio.subprocess.Process:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SWITCHBOARD", "NOTIFY", "WATCHDOG"))
-    }
-    env.update(env_extra)
-    return await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--home", str(home), "run",
-                                                env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)  # fmt: skip
+    return await asyncio.create_subprocess_exec(*switchboard(home, "run"), env=clean_env(**env_extra),
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)  # fmt: skip
 
 
 async def _ask(
@@ -55,7 +41,7 @@ async def _ask(
 async def test_sighup_reloads_the_reset_policy_and_names_what_needs_a_restart(
     tmp_path: Path,
 ) -> None:
-    home, port = tmp_path / "home", _port()
+    home, port = tmp_path / "home", free_port()
     home.mkdir()
     cfg = home / "config.yaml"
     cfg.write_text(f"platforms:\n  api:\n    port: {port}\n")
@@ -88,7 +74,7 @@ async def test_sighup_reloads_the_reset_policy_and_names_what_needs_a_restart(
 async def test_secrets_never_reach_the_logs_or_health(tmp_path: Path) -> None:
     fake = FakeTelegram(token="4242:very-secret-bot-token")
     await fake.start()
-    home, port = tmp_path / "home", _port()
+    home, port = tmp_path / "home", free_port()
     home.mkdir()
     (home / "config.yaml").write_text(
         f"logging:\n  level: debug\n  format: json\nplatforms:\n  api:\n    port: {port}\n    key_env: API_KEY\n"

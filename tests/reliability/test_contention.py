@@ -8,29 +8,28 @@ import asyncio
 import os
 import signal
 import sqlite3
-import sys
 import time
 from pathlib import Path
 
 import aiohttp
 
 from state import SessionDB
-from tests.reliability.test_crash import _healthy, _port, _start
+from tests.daemon import clean_env, free_port, switchboard, wait_healthy
+from tests.reliability.test_crash import start_daemon
 
 DURATION_S = float(os.environ.get("SWITCHBOARD_CONTENTION_SECONDS", "6"))
 
 
 async def _cli(home: Path, *args: str, stdin: str = "") -> tuple[int, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD")}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--home", str(home), *args,
-                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE, env=env)  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(*switchboard(home, *args), stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                env=clean_env())  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), 120)
     return int(proc.returncode or 0), out.decode() + err.decode()
 
 
 async def test_cli_processes_and_the_daemon_share_the_file_without_errors(tmp_path: Path) -> None:
-    home, port = tmp_path / "home", _port()
+    home, port = tmp_path / "home", free_port()
     db = await SessionDB.open(home / "state.db")
     doomed, renamed = [], []
     for i in range(60):
@@ -42,9 +41,9 @@ async def test_cli_processes_and_the_daemon_share_the_file_without_errors(tmp_pa
             (doomed if i % 3 == 1 else renamed).append(sid)  # live: prune never takes these
     await db.close()
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n")
-    daemon = await _start(home)
+    daemon = await start_daemon(home)
     url = f"http://127.0.0.1:{port}"
-    await _healthy(url, daemon)
+    await wait_healthy(url, daemon)
     acknowledged: list[str] = []
     ops: list[tuple[str, int, str]] = []
     stop_at = time.monotonic() + DURATION_S

@@ -11,46 +11,21 @@ import json
 import os
 import random
 import signal
-import socket
 import sqlite3
-import sys
 from pathlib import Path
 
 import aiohttp
+
+from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 KILL_POINTS = int(os.environ.get("SWITCHBOARD_KILL_POINTS", "20"))
 SEED = int(os.environ.get("SWITCHBOARD_CRASH_SEED", "20261129"))
 FIGURES: dict[str, int] = {}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _start(home: Path) -> asyncio.subprocess.Process:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SWITCHBOARD", "NOTIFY", "WATCHDOG"))
-    }
-    return await asyncio.create_subprocess_exec(sys.executable, "-m", "gateway", "--home", str(home), "run",
-                                                env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
-
-
-async def _healthy(url: str, proc: asyncio.subprocess.Process) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(400):
-            assert proc.returncode is None, "the daemon exited while starting"
-            try:
-                async with http.get(f"{url}/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError("the daemon did not come up")
+async def start_daemon(home: Path) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(*switchboard(home, "run"), env=clean_env(),
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
 
 
 def check_home(home: Path, acknowledged: list[str]) -> int:
@@ -85,7 +60,7 @@ def check_home(home: Path, acknowledged: list[str]) -> int:
 
 async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
     rng = random.Random(SEED)
-    home, port = tmp_path / "home", _port()
+    home, port = tmp_path / "home", free_port()
     home.mkdir()
     (home / "config.yaml").write_text(
         f"platforms:\n  api:\n    port: {port}\nsessions:\n  index_flush_seconds: 0.3\n"
@@ -94,8 +69,8 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> 
     acknowledged: list[str] = []
     checked = 0
     for point in range(KILL_POINTS):
-        proc = await _start(home)
-        await _healthy(url, proc)
+        proc = await start_daemon(home)
+        await wait_healthy(url, proc)
 
         async def client(c: int, point: int = point) -> None:
             async with aiohttp.ClientSession() as http:
@@ -119,9 +94,9 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> 
         await asyncio.gather(*clients, return_exceptions=True)
         checked = check_home(home, acknowledged)
     # the last restart: it answers, and its index agrees with state.db
-    proc = await _start(home)
+    proc = await start_daemon(home)
     try:
-        await _healthy(url, proc)
+        await wait_healthy(url, proc)
         async with aiohttp.ClientSession() as http:
             async with http.post(
                 f"{url}/v1/messages", json={"chat_id": "chat0", "text": "after the crashes"}
