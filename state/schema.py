@@ -144,7 +144,6 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         "CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC)",
         "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) "
         "WHERE title IS NOT NULL",
-        "CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp)",
         "CREATE INDEX IF NOT EXISTS idx_messages_session_order ON messages(session_id, id)",
         "CREATE INDEX IF NOT EXISTS idx_messages_platform_id ON messages(platform_message_id) "
         "WHERE platform_message_id IS NOT NULL",
@@ -319,12 +318,19 @@ def _migration_5(conn: sqlite3.Connection) -> None:
     conn.execute("DROP INDEX IF EXISTS idx_messages_platform_id")
 
 
+def _migration_6(conn: sqlite3.Connection) -> None:
+    """Every per-session message read orders by id, so (session_id, timestamp) only cost a
+    random index page per append; (session_id, id) serves them all."""
+    conn.execute("DROP INDEX IF EXISTS idx_messages_session")
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
     (3, _migration_3),
     (4, _migration_4),
     (5, _migration_5),
+    (6, _migration_6),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -35,9 +35,10 @@ class WriterConfig:
     max_batch: int = 1_000
     busy_timeout_s: float = 2.0  # per attempt, inside SQLite
     lock_budget_s: float = 60.0  # total time a batch may wait for another process
-    checkpoint_every_s: float = 1.0  # how often the background checkpointer looks at the WAL
-    checkpoint_wal_bytes: int = 4 * 1024 * 1024  # ... and copies frames back past this size
-    writer_checkpoint_pages: int = 4000  # the writer completes a checkpoint past this (16 MB)
+    checkpoint_every_s: float = 0.1  # how often the background checkpointer copies frames back
+    checkpoint_wal_bytes: int = 1024 * 1024  # ... once the WAL file has grown past this size
+    restart_wal_frames: int = 1000  # past this many frames (4 MB) the writer restarts the WAL
+    writer_checkpoint_pages: int = 16000  # safety net: SQLite's own checkpoint in the writer
 
 
 @dataclass
@@ -140,7 +141,9 @@ class Writer:
         )
         self._ckpt_conn: sqlite3.Connection | None = None
         self._ckpt_task: asyncio.Task[None] | None = None
+        self._restart_wanted = False
         self.checkpoints = 0
+        self.wal_restarts = 0
 
     @property
     def queue_depth(self) -> int:
@@ -206,29 +209,57 @@ class Writer:
             self._executor.shutdown(wait=True)
 
     async def _checkpoint_loop(self) -> None:
-        """Passive checkpoints from a second connection once the WAL passes a size, so the
-        WAL stays small without stalling the writer (WAL lets both run at once)."""
+        """Passive checkpoints from a second connection, so copying WAL frames back into the
+        database (and its fsync) happens beside the writer instead of inside a commit.
+
+        The WAL can only start over when a write transaction begins with every frame
+        copied back, and under continuous writes only the writer can see that moment. So once
+        the WAL is long and this checkpoint has caught up, the writer is asked to finish the
+        job between two batches: it copies the few frames committed meanwhile, and its next
+        transaction starts the WAL from the beginning."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.config.checkpoint_every_s)
             try:
-                await loop.run_in_executor(self._ckpt_executor, self._checkpoint_if_large)
+                frames = await loop.run_in_executor(self._ckpt_executor, self._checkpoint_step)
             except sqlite3.Error as exc:
                 log.warning("passive checkpoint failed: %s", exc)
+                continue
+            if frames is not None:
+                log_frames, copied = frames
+                # (An idle writer needs no help: its next transaction finds every frame
+                # copied and restarts the WAL by itself.)
+                if log_frames >= self.config.restart_wal_frames and copied >= log_frames:
+                    self._restart_wanted = True
 
-    def _checkpoint_if_large(self) -> None:
+    def _checkpoint_step(self) -> tuple[int, int] | None:
+        """(frames in the WAL, frames copied back), or None when the WAL is still small."""
         try:
             if os.path.getsize(self.path + "-wal") < self.config.checkpoint_wal_bytes:
-                return
+                return None
         except OSError:
-            return
+            return None
         if self._ckpt_conn is None:
             self._ckpt_conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False
             )
             self._ckpt_conn.execute("PRAGMA busy_timeout=1000")
-        self._ckpt_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        _busy, log_frames, copied = self._ckpt_conn.execute(
+            "PRAGMA wal_checkpoint(PASSIVE)"
+        ).fetchone()
         self.checkpoints += 1
+        return log_frames, copied
+
+    def _finish_checkpoint(self) -> None:
+        """On the writer thread, between transactions: copy what the background checkpoint
+        left, so the next write transaction restarts the WAL."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.wal_restarts += 1
+        except sqlite3.Error as exc:
+            log.warning("checkpoint before restarting the WAL failed: %s", exc)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -258,6 +289,9 @@ class Writer:
                     break
                 batch.append(nxt)
             await self._execute(loop, batch)
+            if self._restart_wanted:
+                self._restart_wanted = False
+                await loop.run_in_executor(self._executor, self._finish_checkpoint)
 
     async def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Op]) -> None:
         try:

@@ -278,3 +278,50 @@ async def test_append_and_read_returns_the_history_of_its_own_transaction(db: Se
         {"id": "x"}
     ]
     assert db.writer.stats.fallbacks == 0
+
+
+async def _write_until_checkpointed(path: Path, config: WriterConfig) -> tuple[int, int]:
+    """Append continuously (no idle moment for the WAL to restart by itself) until the
+    background checkpointer has run a number of times; return (largest WAL size, restarts)."""
+    db = await SessionDB.open(path, config=config)
+    try:
+        sids = [await db.create_session(source="api") for _ in range(50)]
+        largest = 0
+        stop = asyncio.Event()
+
+        async def producer(n: int) -> None:
+            i = 0
+            while not stop.is_set():
+                await db.append_message(sids[(n + i) % 50], "user", f"producer {n} line {i} " * 8)
+                i += 1
+
+        tasks = [asyncio.create_task(producer(n)) for n in range(20)]
+        while db.writer.checkpoints < 30:
+            await asyncio.sleep(0.01)
+            largest = max(largest, (path.parent / (path.name + "-wal")).stat().st_size)
+        stop.set()
+        await asyncio.gather(*tasks)
+        return largest, db.writer.wal_restarts
+    finally:
+        await db.close()
+
+
+async def test_the_wal_restarts_under_continuous_writes_without_sqlites_own_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The background checkpointer copies frames back; the writer finishes between batches,
+    so the WAL starts over long before SQLite's in-commit checkpoint (the safety net, here
+    out of reach) would act. Without the hand-off the WAL grows with every write."""
+    common = {"checkpoint_every_s": 0.02, "checkpoint_wal_bytes": 0,
+              "writer_checkpoint_pages": 1_000_000}  # fmt: skip
+    bounded, restarts = await _write_until_checkpointed(
+        tmp_path / "a.db", WriterConfig(restart_wal_frames=100, **common)
+    )
+    unbounded, no_restarts = await _write_until_checkpointed(
+        tmp_path / "b.db", WriterConfig(restart_wal_frames=10**9, **common)
+    )
+    assert restarts > 0 and no_restarts == 0
+    assert bounded < unbounded / 3, (bounded, unbounded)
+    conn = sqlite3.connect(tmp_path / "a.db")
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
