@@ -41,8 +41,17 @@ _INSERT = (
 _UPDATE_SESSION = (
     "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
     "tool_call_count = COALESCE(tool_call_count, 0) + ?, "
-    "last_active = MAX(COALESCE(last_active, 0), ?), "
     "preview = COALESCE(preview, ?) WHERE id = ?"
+)
+# `last_active` has a resolution of one second: an append moves it only when the message is
+# at least that much newer. Four listing indexes end in last_active, and SQLite rewrites an
+# index whenever an UPDATE sets one of its columns, even to the same value; so counters and
+# last_active are separate statements, and the second matches (and costs) once a second per
+# busy session instead of on every message. Listings show minutes; prune works in days.
+LAST_ACTIVE_RESOLUTION_S = 1.0
+_MOVE_LAST_ACTIVE = (
+    "UPDATE sessions SET last_active = ?1 WHERE id = ?2 "
+    f"AND COALESCE(last_active, 0) <= ?1 - {LAST_ACTIVE_RESOLUTION_S}"
 )
 
 
@@ -151,9 +160,10 @@ def append_messages(
         if tokens:
             _add_tokens(conn, session_id, tokens)
         return ids
-    cur = conn.execute(_UPDATE_SESSION, (len(ids), tool_calls, last_ts, preview, session_id))
+    cur = conn.execute(_UPDATE_SESSION, (len(ids), tool_calls, preview, session_id))
     if cur.rowcount == 0:
         raise SessionNotFound(session_id)  # the savepoint rolls the inserts back
+    conn.execute(_MOVE_LAST_ACTIVE, (last_ts, session_id))
     _add_tokens(conn, session_id, tokens)
     return ids
 
@@ -173,7 +183,6 @@ _UPDATE_SESSIONS_JSON = (
     "UPDATE sessions SET "
     "message_count = COALESCE(message_count, 0) + j.n, "
     "tool_call_count = COALESCE(tool_call_count, 0) + j.t, "
-    "last_active = MAX(COALESCE(last_active, 0), j.ts), "
     "preview = COALESCE(preview, j.pv), "
     "input_tokens = COALESCE(input_tokens, 0) + j.ti, "
     "output_tokens = COALESCE(output_tokens, 0) + j.tout "
@@ -182,6 +191,12 @@ _UPDATE_SESSIONS_JSON = (
     "json_extract(value, '$[4]') AS pv, json_extract(value, '$[5]') AS ti, "
     "json_extract(value, '$[6]') AS tout FROM json_each(?)) AS j "
     "WHERE sessions.id = j.sid"
+)
+_MOVE_LAST_ACTIVE_JSON = (
+    "UPDATE sessions SET last_active = j.ts "
+    "FROM (SELECT json_extract(value, '$[0]') AS sid, json_extract(value, '$[3]') AS ts "
+    "FROM json_each(?1)) AS j "
+    f"WHERE sessions.id = j.sid AND COALESCE(sessions.last_active, 0) <= j.ts - {LAST_ACTIVE_RESOLUTION_S}"
 )
 # Duplicate checks walk the chat's sessions, then (session_id, platform_message_id): platform
 # ids repeat across chats, so starting from the id would visit every chat that used it.
@@ -275,7 +290,9 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
             )
     updates = [[sid, *vals] for sid, vals in agg.items() if vals[0] or vals[4] or vals[5]]
     if updates:
-        conn.execute(_UPDATE_SESSIONS_JSON, (json.dumps(updates, ensure_ascii=False),))
+        encoded = json.dumps(updates, ensure_ascii=False)
+        conn.execute(_UPDATE_SESSIONS_JSON, (encoded,))
+        conn.execute(_MOVE_LAST_ACTIVE_JSON, (encoded,))
     out: list[list[int]] = []
     pos = 0
     for n in per_call:

@@ -1,9 +1,13 @@
-"""The single writer: one task, one write connection, a bounded queue, group commit.
+"""The single writer: one thread, one write connection, a bounded queue, group commit.
 
-Callers submit synchronous operations `fn(conn, *args)`; the writer runs everything that is
-queued in one `BEGIN IMMEDIATE` transaction on its own thread, each operation inside a
-savepoint so one that raises fails only its own caller, commits once, then resolves every
-caller's future. Once queued, an operation runs even if its caller stops waiting.
+Callers submit synchronous operations `fn(conn, *args)`; the writer thread runs everything
+that is queued in one `BEGIN IMMEDIATE` transaction, commits once, then hands the results
+back to the event loop, which resolves every caller's future. An operation that raises fails
+only its own caller (the batch is redone one savepoint per operation). Once queued, an
+operation runs even if its caller stops waiting.
+
+The thread takes its next batch as soon as a commit ends, while the loop is still resolving
+the previous one: the write connection never waits for the event loop.
 """
 
 from __future__ import annotations
@@ -11,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import random
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -130,12 +134,15 @@ class Writer:
         if self.config.synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
         self.stats = WriterStats()
-        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.config.queue_size)
+        # The executor's one thread opens and migrates the file, then runs `_serve` for the
+        # writer's whole life.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-writer")
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._slots = asyncio.Semaphore(self.config.queue_size)  # backpressure
         self._conn: sqlite3.Connection | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped: asyncio.Future[None] | None = None
         self._closing = False
-        self._thread_ident: int | None = None
         self._ckpt_executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="state-checkpoint"
         )
@@ -147,24 +154,26 @@ class Writer:
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        """Operations waiting for the writer (not counting the batch it is running)."""
+        return self._inbox.qsize()
 
     async def start(self, conn: sqlite3.Connection | None = None) -> None:
         """Adopt `conn` (already migrated) or open a new one, then start the task."""
         loop = asyncio.get_running_loop()
 
         def _open() -> sqlite3.Connection:
-            self._thread_ident = threading.get_ident()
             return conn or connect_writer(
                 self.path, self.config.synchronous, self.config.busy_timeout_s
             )
 
         self._conn = await loop.run_in_executor(self._executor, _open)
+        self._loop = loop
         # A WAL can only start over when a checkpoint completes between two write
         # transactions, which only the writer can arrange under continuous writes. The
         # background checkpointer copies most frames first, so this one finds little left.
         self._conn.execute(f"PRAGMA wal_autocheckpoint={self.config.writer_checkpoint_pages}")
-        self._task = asyncio.create_task(self._run(), name="state.writer")
+        self._stopped = loop.create_future()
+        self._executor.submit(self._serve)
         self._ckpt_task = asyncio.create_task(self._checkpoint_loop(), name="state.checkpoint")
 
     async def submit(self, fn: Callable[..., T], *args: Any) -> T:
@@ -174,22 +183,26 @@ class Writer:
         return await self._enqueue(fn, args, exclusive=True)
 
     async def _enqueue(self, fn: Callable[..., T], args: tuple[Any, ...], exclusive: bool) -> T:
-        if self._closing or self._task is None:
+        if self._closing or self._stopped is None:
             raise WriterClosed("the store is closed")
-        if self._task.done():
+        if self._stopped.done():
             raise WriterClosed("the writer has stopped")
+        await self._slots.acquire()  # backpressure: wait for room in the queue
+        if self._closing or self._stopped.done():  # closed while this caller waited
+            self._slots.release()
+            raise WriterClosed("the store is closed")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Op(fn, args, future, exclusive))  # backpressure
+        self._inbox.put(_Op(fn, args, future, exclusive))
         return await future
 
     async def close(self) -> None:
         """Run everything already queued, then close the connection."""
-        if self._task is None:
+        if self._stopped is None:
             self._executor.shutdown(wait=False)
             return
         if not self._closing:
             self._closing = True
-            await self._queue.put(_STOP)
+            self._inbox.put(_STOP)
         if self._ckpt_task is not None:
             self._ckpt_task.cancel()
             await asyncio.gather(self._ckpt_task, return_exceptions=True)
@@ -200,7 +213,7 @@ class Writer:
             )
         self._ckpt_executor.shutdown(wait=True)
         try:
-            await self._task
+            await self._stopped
         finally:
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -261,54 +274,10 @@ class Writer:
         except sqlite3.Error as exc:
             log.warning("checkpoint before restarting the WAL failed: %s", exc)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        stop = False
-        while not stop:
-            first = await self._queue.get()
-            if first is _STOP:
-                break
-            # One loop iteration lets producers woken by the previous commit enqueue their
-            # next writes, so they join this batch instead of forcing a commit each.
-            await asyncio.sleep(0)
-            batch: list[_Op] = [first]
-            # Group commit: take whatever else is already waiting, up to max_batch,
-            # stopping at an exclusive operation (it runs on its own).
-            while (
-                not batch[0].exclusive
-                and len(batch) < self.config.max_batch
-                and not self._queue.empty()
-            ):
-                nxt = self._queue.get_nowait()
-                if nxt is _STOP:
-                    stop = True
-                    break
-                if nxt.exclusive:
-                    await self._execute(loop, batch)
-                    batch = [nxt]
-                    break
-                batch.append(nxt)
-            await self._execute(loop, batch)
-            if self._restart_wanted:
-                self._restart_wanted = False
-                await loop.run_in_executor(self._executor, self._finish_checkpoint)
-
-    async def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Op]) -> None:
-        try:
-            if batch[0].exclusive:
-                results = await loop.run_in_executor(self._executor, self._run_exclusive, batch[0])
-            else:
-                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
-        except BaseException as exc:  # the whole batch failed (disk full at commit, lock budget)
-            log.error("write batch of %d failed: %s", len(batch), exc)
-            err = _translate(exc, self.path)
-            for op in batch:
-                if not op.future.done():
-                    op.future.set_exception(err)
-            if not isinstance(exc, Exception):
-                raise
-            return
+    def _resolve(self, batch: list[_Op], results: list[tuple[bool, Any]]) -> None:
+        """On the loop: hand each caller its result."""
         for op, (ok, value) in zip(batch, results, strict=True):
+            self._slots.release()
             if op.future.done():  # the caller stopped waiting; the work is committed anyway
                 continue
             if ok:
@@ -316,7 +285,71 @@ class Writer:
             else:
                 op.future.set_exception(value)
 
+    def _post(self, batch: list[_Op], results: list[tuple[bool, Any]]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._resolve, batch, results)
+
     # --- on the writer thread -------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Take whatever is queued (up to max_batch, an exclusive operation on its own), run
+        it, post the results, repeat until told to stop."""
+        held: Any = None  # an exclusive operation met while gathering a batch
+        stop = False
+        try:
+            while not stop:
+                first, held = (held if held is not None else self._inbox.get()), None
+                if first is _STOP:
+                    break
+                batch: list[_Op] = [first]
+                while not first.exclusive and len(batch) < self.config.max_batch:
+                    try:
+                        nxt = self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is _STOP:
+                        stop = True
+                        break
+                    if nxt.exclusive:
+                        held = nxt
+                        break
+                    batch.append(nxt)
+                self._post(batch, self._execute(batch))
+                if self._restart_wanted:
+                    self._restart_wanted = False
+                    self._finish_checkpoint()
+        finally:
+            self._drain_after_stop(held)
+
+    def _drain_after_stop(self, held: Any) -> None:
+        """Refuse whatever is still queued (only a crash of the loop above leaves any), then
+        tell the loop the writer has stopped."""
+        left = [held] if isinstance(held, _Op) else []
+        while True:
+            try:
+                op = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(op, _Op):
+                left.append(op)
+        assert self._loop is not None and self._stopped is not None
+        try:
+            if left:
+                self._post(left, [(False, WriterClosed("the writer has stopped"))] * len(left))
+            stopped = self._stopped
+            self._loop.call_soon_threadsafe(lambda: stopped.done() or stopped.set_result(None))
+        except RuntimeError:  # the event loop is gone; nobody is waiting
+            pass
+
+    def _execute(self, batch: list[_Op]) -> list[tuple[bool, Any]]:
+        try:
+            if batch[0].exclusive:
+                return self._run_exclusive(batch[0])
+            return self._run_batch(batch)
+        except BaseException as exc:  # the whole batch failed (disk full at commit, lock budget)
+            log.error("write batch of %d failed: %s", len(batch), exc)
+            err = _translate(exc, self.path)
+            return [(False, err)] * len(batch)
 
     def _run_batch(self, batch: list[_Op]) -> list[tuple[bool, Any]]:
         conn = self._conn

@@ -325,3 +325,36 @@ async def test_the_wal_restarts_under_continuous_writes_without_sqlites_own_chec
     conn = sqlite3.connect(tmp_path / "a.db")
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     conn.close()
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["one append", "merged appends"])
+async def test_last_active_moves_with_one_second_resolution(db: SessionDB, merged: bool) -> None:
+    """Counters follow every append; last_active moves only for a message at least a second
+    newer than the stored value, and never backwards."""
+    sid, other = [await db.create_session(source="api") for _ in range(2)]
+
+    async def append(*timestamps: float) -> None:
+        if not merged:
+            for t in timestamps:
+                await db.append_message(sid, "user", f"at {t}", timestamp=t)
+            return
+        # queued together (with another session's append alongside): one merged batch
+        calls = [db.append_message(sid, "user", f"at {t}", timestamp=t) for t in timestamps]
+        calls.append(db.append_message(other, "user", "x", timestamp=timestamps[0]))
+        await asyncio.gather(*calls)
+
+    async def state() -> tuple[float, int]:
+        row = await db.require_session(sid)
+        return row["last_active"], row["message_count"]
+
+    t = (await db.require_session(sid))["started_at"] + 100  # well after creation
+    await append(t)
+    assert await state() == (t, 1)
+    await append(t + 0.4, t + 0.9)
+    assert await state() == (t, 3)
+    await append(t + 1.2)
+    assert await state() == (t + 1.2, 4)
+    await append(t - 3600)  # an older message (an import) never moves it back
+    assert await state() == (t + 1.2, 5)
+    if merged:
+        assert max(db.writer.stats.batch_sizes) > 1
