@@ -324,10 +324,15 @@ def append_and_read_many(
     conn: sqlite3.Connection, calls: list[tuple[Any, ...]]
 ) -> list[tuple[list[int], list[dict[str, Any]]]]:
     ids = append_many(conn, [(sid, batch, dedupe) for sid, batch, dedupe, _last in calls])
-    return [
-        (got, conversation(conn, call[0], call[3])) if got else ([], [])
-        for got, call in zip(ids, calls, strict=True)
-    ]
+    stored = [i for i, got in enumerate(ids) if got]
+    histories: dict[int, list[dict[str, Any]]] = {}
+    by_length: dict[int | None, list[int]] = {}
+    for i in stored:
+        by_length.setdefault(calls[i][3], []).append(i)
+    for last, which in by_length.items():
+        got = conversations(conn, [calls[i][0] for i in which], last)
+        histories.update(zip(which, got, strict=True))
+    return [(got, histories[i]) if got else ([], []) for i, got in enumerate(ids)]
 
 
 register_batched(append_and_read, append_and_read_many)
@@ -377,9 +382,9 @@ def get_messages_around(
     return [decode_message(row_dict(cur, r)) for r in cur.fetchall()]
 
 
-_CONVERSATION_JSON = (
-    # SQLite builds the chat messages themselves: json_patch drops the optional keys whose
-    # value is NULL (content stays, null or not), so json.loads returns the final dicts.
+# SQLite builds the chat messages themselves: json_patch drops the optional keys whose value
+# is NULL (content stays, null or not), so json.loads returns the final dicts.
+_HISTORY_ARRAY = (
     "SELECT json_group_array(json_patch(json_object('role', role, 'content', content), "
     "json_object('tool_calls', CASE WHEN json_valid(tool_calls) THEN json(tool_calls) "
     "ELSE tool_calls END, "
@@ -387,7 +392,14 @@ _CONVERSATION_JSON = (
     "'name', CASE WHEN role = 'tool' THEN tool_name END, "
     "'reasoning', reasoning))) "
     "FROM (SELECT * FROM (SELECT role, content, tool_calls, tool_call_id, tool_name, reasoning, id "
-    "FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id)"
+    "FROM messages WHERE session_id = {sid} ORDER BY id DESC LIMIT {last}) ORDER BY id)"
+)
+_CONVERSATION_JSON = _HISTORY_ARRAY.format(sid="?1", last="?2")
+# Many sessions' histories (same length) in one step: {"0": [...], "1": [...], ...}.
+_CONVERSATIONS_JSON = (
+    "SELECT json_group_object(j.key, json(("
+    + _HISTORY_ARRAY.format(sid="j.value", last="?2")
+    + "))) FROM json_each(?1) AS j"
 )
 
 
@@ -399,6 +411,17 @@ def conversation(
     (raw,) = conn.execute(_CONVERSATION_JSON, (session_id, -1 if last is None else last)).fetchone()
     out: list[dict[str, Any]] = json.loads(raw or "[]")
     return out
+
+
+def conversations(
+    conn: sqlite3.Connection, session_ids: list[str], last: int | None = None
+) -> list[list[dict[str, Any]]]:
+    """`conversation` for many sessions in one statement and one step."""
+    (raw,) = conn.execute(
+        _CONVERSATIONS_JSON, (json.dumps(session_ids), -1 if last is None else last)
+    ).fetchone()
+    by_key: dict[str, list[dict[str, Any]]] = json.loads(raw or "{}")
+    return [by_key[str(i)] for i in range(len(session_ids))]
 
 
 def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
