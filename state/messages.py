@@ -330,7 +330,7 @@ def append_and_read_many(
     for i in stored:
         by_length.setdefault(calls[i][3], []).append(i)
     for last, which in by_length.items():
-        got = conversations(conn, [calls[i][0] for i in which], last)
+        got = conversations(conn, [(calls[i][0], ids[i][-1]) for i in which], last)
         histories.update(zip(which, got, strict=True))
     return [(got, histories[i]) if got else ([], []) for i, got in enumerate(ids)]
 
@@ -392,13 +392,17 @@ _HISTORY_ARRAY = (
     "'name', CASE WHEN role = 'tool' THEN tool_name END, "
     "'reasoning', reasoning))) "
     "FROM (SELECT * FROM (SELECT role, content, tool_calls, tool_call_id, tool_name, reasoning, id "
-    "FROM messages WHERE session_id = {sid} ORDER BY id DESC LIMIT {last}) ORDER BY id)"
+    "FROM messages WHERE session_id = {sid} AND id <= {upto} ORDER BY id DESC LIMIT {last}) "
+    "ORDER BY id)"
 )
-_CONVERSATION_JSON = _HISTORY_ARRAY.format(sid="?1", last="?2")
-# Many sessions' histories (same length) in one step: {"0": [...], "1": [...], ...}.
+_CONVERSATION_JSON = _HISTORY_ARRAY.format(sid="?1", last="?2", upto="9223372036854775807")
+# Many histories of the same length in one step, each ending at a given message id (a
+# session can appear twice in a batch): [[session, last id], ...] -> {"0": [...], ...}.
 _CONVERSATIONS_JSON = (
     "SELECT json_group_object(j.key, json(("
-    + _HISTORY_ARRAY.format(sid="j.value", last="?2")
+    + _HISTORY_ARRAY.format(
+        sid="json_extract(j.value, '$[0]')", upto="json_extract(j.value, '$[1]')", last="?2"
+    )
     + "))) FROM json_each(?1) AS j"
 )
 
@@ -414,14 +418,15 @@ def conversation(
 
 
 def conversations(
-    conn: sqlite3.Connection, session_ids: list[str], last: int | None = None
+    conn: sqlite3.Connection, ends: list[tuple[str, int]], last: int | None = None
 ) -> list[list[dict[str, Any]]]:
-    """`conversation` for many sessions in one statement and one step."""
+    """`conversation` for many (session, last message id) pairs in one statement and one
+    step: each history ends at its message, whatever was appended after it."""
     (raw,) = conn.execute(
-        _CONVERSATIONS_JSON, (json.dumps(session_ids), -1 if last is None else last)
+        _CONVERSATIONS_JSON, (json.dumps(ends), -1 if last is None else last)
     ).fetchone()
     by_key: dict[str, list[dict[str, Any]]] = json.loads(raw or "{}")
-    return [by_key[str(i)] for i in range(len(session_ids))]
+    return [by_key[str(i)] for i in range(len(ends))]
 
 
 def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:

@@ -267,8 +267,14 @@ async def test_append_and_read_returns_the_history_of_its_own_transaction(db: Se
             last=2,
         ),
     ]
-    (ids_a, hist_a), (ids_b, hist_b), (ids_dup, hist_dup) = await asyncio.gather(*calls)
+    calls.append(db.append_and_read(a, [{"role": "user", "content": "later a"}], last=3))
+    (ids_a, hist_a), (ids_b, hist_b), (ids_dup, hist_dup), (_, hist_later) = await asyncio.gather(
+        *calls
+    )
+    assert max(db.writer.stats.batch_sizes) == 4  # all four merged into one batch
+    # each history ends at its caller's own message, even with a later one in the batch
     assert len(ids_a) == 1 and [m["content"] for m in hist_a] == ["reply", "new a"]
+    assert [m["content"] for m in hist_later] == ["reply", "new a", "later a"]
     assert len(ids_b) == 1 and hist_b == [{"role": "user", "content": "new b"}]
     assert (ids_dup, hist_dup) == ([], [])
     alone = await db.append_and_read(
