@@ -3,8 +3,9 @@ with snippets and their neighbouring messages.
 
 Each message's content is searched in exactly one index: the segmented side index when it
 holds CJK or emoji (`messages_aux.seg_text`), otherwise the main `messages_fts`. Tool names
-and call arguments are searched when the role filter asks for `tool`. Relevance is bm25
-damped by age, so a fresh session is not drowned by a pile of old, similar messages.
+and call arguments are searched when the role filter asks for `tool`. Relevance is BM25
+(state/ranking.py) damped by age, so a fresh session is not drowned by a pile of old,
+similar messages.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import query as q
+from . import ranking
 from .errors import QueryError
 from .listing import SessionFilter
 from .rows import Row
+from .textindex import segment
 
 SORTS = ("relevance", "newest", "oldest")
 CONTEXT_CHARS = 200
@@ -63,17 +66,14 @@ def _filters(req: SearchRequest) -> tuple[str, list[object]]:
     return where, params
 
 
-def _order(sort: str, now: float) -> tuple[str, list[object]]:
-    if sort == "newest":
-        return "timestamp DESC, id DESC", []
-    if sort == "oldest":
-        return "timestamp ASC, id ASC", []
-    # bm25 is negative (lower is better); dividing by (1 + age/half-life) pulls old hits
-    # toward zero, so between two equally relevant hits the newer one wins.
-    return "score / (1.0 + MAX(0.0, ? - timestamp) / ?) ASC, id DESC", [
-        now,
-        RECENCY_HALF_LIFE_DAYS * 86400,
-    ]
+def _order(sort: str) -> str:
+    return "timestamp DESC, id DESC" if sort == "newest" else "timestamp ASC, id ASC"
+
+
+def _blend(score: float, timestamp: float, now: float) -> float:
+    """Dividing by (1 + age/half-life) pulls old hits down, so between two equally relevant
+    hits the newer one wins."""
+    return score / (1.0 + max(0.0, now - timestamp) / (RECENCY_HALF_LIFE_DAYS * 86400))
 
 
 _HIT_COLUMNS = (
@@ -90,6 +90,32 @@ class _Branch:
     table: str  # messages_fts or messages_aux_fts
     match: str
     extra_where: str = ""
+
+    @property
+    def aux(self) -> bool:
+        return self.table == "messages_aux_fts"
+
+    @property
+    def body(self) -> str:
+        """The text this branch's index holds for a hit and its docsize record, for scoring."""
+        size = f"(SELECT sz FROM {self.table}_docsize WHERE id = m.id)"
+        if self.aux:
+            return (
+                "(SELECT COALESCE(a.seg_text, '') || ' ' || COALESCE(a.tool_text, '') "
+                f"FROM messages_aux a WHERE a.message_id = m.id) AS body, {size} AS size"
+            )
+        return f"m.content AS body, {size} AS size"
+
+    def phrases(self, tree: q.Node) -> list[ranking.Phrase]:
+        out = []
+        for term in q.positive_terms(tree):
+            text = segment(term.text) if self.aux else term.text
+            tokens = tuple(ranking.fts_tokens(text))
+            if tokens:
+                match = q.to_fts(term, segmented=self.aux)
+                out.append(ranking.Phrase(tokens, term.prefix,
+                                          "{seg_text} : " + match if self.aux else match))  # fmt: skip
+        return out
 
 
 def _branches(tree: q.Node, roles: Sequence[str]) -> list[_Branch]:
@@ -120,27 +146,35 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
     tree = q.parse(req.query)
     where, fparams = _filters(req)
     branches = _branches(tree, req.roles)
-    order, oparams = _order(req.sort, time.time() if now is None else now)
+    relevance = req.sort == "relevance"
     need = max(1, req.limit) + max(0, req.offset)
     direction = "ASC" if req.sort == "oldest" else "DESC"
     window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
     while True:
         parts, params = [], []
         for br in branches:
+            body = br.body if relevance else "NULL AS body, NULL AS size"
             parts.append(
-                f"SELECT {_HIT_COLUMNS}, f.score AS score, '{br.table}' AS fts FROM ("
-                f"SELECT rowid AS rid, bm25({br.table}) AS score FROM {br.table} "
+                f"SELECT {_HIT_COLUMNS}, {body}, '{br.table}' AS fts FROM ("
+                f"SELECT rowid AS rid FROM {br.table} "
                 f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT ?) f "
                 "JOIN messages m ON m.id = f.rid JOIN sessions s ON s.id = m.session_id "
                 f"WHERE {where}{br.extra_where}"
             )
             params += [br.match, window, *fparams]
-        sql = f"SELECT * FROM ({' UNION ALL '.join(parts)}) ORDER BY {order} LIMIT ? OFFSET ?"
+        union = " UNION ALL ".join(parts)
         try:
-            cur = conn.execute(sql, (*params, *oparams, max(1, req.limit), max(0, req.offset)))
+            if relevance:  # every candidate in the window; ranked below
+                cur = conn.execute(union, params)
+            else:
+                cur = conn.execute(
+                    f"SELECT * FROM ({union}) ORDER BY {_order(req.sort)} LIMIT ? OFFSET ?",
+                    (*params, max(1, req.limit), max(0, req.offset)),
+                )
             names = [d[0] for d in cur.description]
             hits = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-            if len(hits) >= min(req.limit, need) or all(
+            # relevance: enough candidates for the page; otherwise the page itself is full
+            if len(hits) >= (need if relevance else max(1, req.limit)) or all(
                 _matches_fewer_than(conn, br, window) for br in branches
             ):
                 break
@@ -151,9 +185,46 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
         window *= WINDOW_GROWTH
+    if relevance:
+        hits = _rank(conn, hits, tree, branches, time.time() if now is None else now)
+        hits = hits[max(0, req.offset) : max(0, req.offset) + max(1, req.limit)]
     _add_context(conn, hits, q.positive_terms(tree))
     for h in hits:
-        h.pop("fts", None)
+        for key in ("fts", "body", "size"):
+            h.pop(key, None)
+    return hits
+
+
+def _rank(
+    conn: sqlite3.Connection, hits: list[Row], tree: q.Node, branches: list[_Branch], now: float
+) -> list[Row]:
+    """BM25 (ranking.py) of each candidate against its own index, blended with recency;
+    best first, newer first among equals."""
+    for br in branches:
+        mine = [h for h in hits if h["fts"] == br.table]
+        if not mine:
+            continue
+        phrases = br.phrases(tree)
+        rows, avgdl = ranking.index_totals(conn, br.table)
+        weights = [1.0] * len(phrases)
+        if len(phrases) > 1:  # a single term's IDF scales every score alike
+            # (two subqueries: SQLite answers MIN or MAX alone from the index, both at once
+            # by a full scan)
+            table, col = ("messages_aux", "message_id") if br.aux else ("messages", "id")
+            id_range = conn.execute(
+                f"SELECT (SELECT MIN({col}) FROM {table}), (SELECT MAX({col}) FROM {table})"
+            ).fetchone()
+            weights = [
+                ranking.idf(rows, ranking.estimate_df(conn, br.table, p.match, rows, id_range))
+                for p in phrases
+            ]
+        for h in mine:
+            score = ranking.bm25(ranking.fold(h["body"]), ranking.doc_length(h["size"]),
+                                 phrases, weights, avgdl)  # fmt: skip
+            h["score"] = _blend(score, h["timestamp"], now)
+    hits.sort(key=lambda h: (h.get("score", 0.0), h["id"]), reverse=True)
+    for h in hits:
+        h.pop("score", None)
     return hits
 
 
