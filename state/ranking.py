@@ -39,8 +39,10 @@ def fold(text: str | None) -> str:
         return ""
     if text.isascii():
         return text.lower()
+    # canonical decomposition only (unicode61 does not expand ligatures such as "ǅ") and
+    # lower(), not casefold() (it keeps "ß")
     return "".join(
-        ch for ch in unicodedata.normalize("NFKD", text.casefold()) if not unicodedata.combining(ch)
+        ch for ch in unicodedata.normalize("NFD", text.lower()) if not unicodedata.combining(ch)
     )
 
 

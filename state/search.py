@@ -16,6 +16,7 @@ import time
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import query as q
 from . import ranking
@@ -172,9 +173,9 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
                     (*params, max(1, req.limit), max(0, req.offset)),
                 )
             names = [d[0] for d in cur.description]
-            hits = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            rows = cur.fetchall()
             # relevance: enough candidates for the page; otherwise the page itself is full
-            if len(hits) >= (need if relevance else max(1, req.limit)) or all(
+            if len(rows) >= (need if relevance else max(1, req.limit)) or all(
                 _matches_fewer_than(conn, br, window) for br in branches
             ):
                 break
@@ -186,8 +187,9 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
             raise
         window *= WINDOW_GROWTH
     if relevance:
-        hits = _rank(conn, hits, tree, branches, time.time() if now is None else now)
-        hits = hits[max(0, req.offset) : max(0, req.offset) + max(1, req.limit)]
+        rows = _rank(conn, rows, names, tree, branches, time.time() if now is None else now)
+        rows = rows[max(0, req.offset) : max(0, req.offset) + max(1, req.limit)]
+    hits = [dict(zip(names, row, strict=True)) for row in rows]
     _add_context(conn, hits, q.positive_terms(tree))
     for h in hits:
         for key in ("fts", "body", "size"):
@@ -196,36 +198,45 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
 
 
 def _rank(
-    conn: sqlite3.Connection, hits: list[Row], tree: q.Node, branches: list[_Branch], now: float
-) -> list[Row]:
+    conn: sqlite3.Connection,
+    rows: list[tuple[Any, ...]],
+    names: list[str],
+    tree: q.Node,
+    branches: list[_Branch],
+    now: float,
+) -> list[tuple[Any, ...]]:
     """BM25 (ranking.py) of each candidate against its own index, blended with recency;
-    best first, newer first among equals."""
+    best first, newer first among equals. (Tuples: only the page becomes dicts.)"""
+    col = {name: i for i, name in enumerate(names)}
+    i_fts, i_body, i_size, i_ts, i_id = (
+        col["fts"], col["body"], col["size"], col["timestamp"], col["id"]
+    )  # fmt: skip
+    scores: dict[int, float] = {}
     for br in branches:
-        mine = [h for h in hits if h["fts"] == br.table]
+        mine = [r for r in rows if r[i_fts] == br.table]
         if not mine:
             continue
         phrases = br.phrases(tree)
-        rows, avgdl = ranking.index_totals(conn, br.table)
+        indexed, avgdl = ranking.index_totals(conn, br.table)
         weights = [1.0] * len(phrases)
         if len(phrases) > 1:  # a single term's IDF scales every score alike
             # (two subqueries: SQLite answers MIN or MAX alone from the index, both at once
             # by a full scan)
-            table, col = ("messages_aux", "message_id") if br.aux else ("messages", "id")
+            table, key = ("messages_aux", "message_id") if br.aux else ("messages", "id")
             id_range = conn.execute(
-                f"SELECT (SELECT MIN({col}) FROM {table}), (SELECT MAX({col}) FROM {table})"
+                f"SELECT (SELECT MIN({key}) FROM {table}), (SELECT MAX({key}) FROM {table})"
             ).fetchone()
             weights = [
-                ranking.idf(rows, ranking.estimate_df(conn, br.table, p.match, rows, id_range))
+                ranking.idf(
+                    indexed, ranking.estimate_df(conn, br.table, p.match, indexed, id_range)
+                )
                 for p in phrases
             ]
-        for h in mine:
-            score = ranking.bm25(ranking.fold(h["body"]), ranking.doc_length(h["size"]),
+        for r in mine:
+            score = ranking.bm25(ranking.fold(r[i_body]), ranking.doc_length(r[i_size]),
                                  phrases, weights, avgdl)  # fmt: skip
-            h["score"] = _blend(score, h["timestamp"], now)
-    hits.sort(key=lambda h: (h.get("score", 0.0), h["id"]), reverse=True)
-    for h in hits:
-        h.pop("score", None)
-    return hits
+            scores[r[i_id]] = _blend(score, r[i_ts], now)
+    return sorted(rows, key=lambda r: (scores.get(r[i_id], 0.0), r[i_id]), reverse=True)
 
 
 def _matches_fewer_than(conn: sqlite3.Connection, br: _Branch, window: int) -> bool:

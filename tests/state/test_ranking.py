@@ -1,0 +1,134 @@
+"""Relevance: the BM25 that search computes over its ranking window (state/ranking.py)
+agrees with the index it scores against, and ranks the way BM25 should."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from state import SessionDB, ranking
+
+# Letters with and without accents, digits, punctuation, underscores, several kinds of space.
+TEXT = st.text(
+    alphabet=st.sampled_from(list("abcXYZ019éÉèüÜñçßø_-.,:;'\"/@#()[]*+ \t\n\u00a0") + ["ǅ", "Å"]),
+    max_size=60,
+)
+
+
+@pytest.fixture(scope="module")
+def fts() -> sqlite3.Connection:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(body)")  # unicode61, as state.db uses
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
+    return conn
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=TEXT)
+def test_tokens_are_the_ones_the_index_makes(fts: sqlite3.Connection, text: str) -> None:
+    fts.execute("DELETE FROM t")
+    fts.execute("INSERT INTO t(rowid, body) VALUES (1, ?)", (text,))
+    indexed = [r[0] for r in fts.execute("SELECT term FROM v ORDER BY offset")]
+    assert ranking.fts_tokens(text) == indexed
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXT, start=st.integers(0, 5), length=st.integers(1, 3), prefix=st.booleans())
+def test_phrase_counts_agree_with_fts5(
+    fts: sqlite3.Connection, text: str, start: int, length: int, prefix: bool
+) -> None:
+    """Whether a phrase (or prefix phrase) taken from the text occurs agrees with FTS5's
+    MATCH, and the count equals the token-wise count."""
+    tokens = ranking.fts_tokens(text)
+    want = tuple(tokens[start : start + length])
+    if not want:
+        return
+    if prefix:
+        want = (*want[:-1], want[-1][: max(1, len(want[-1]) // 2)])
+    fts.execute("DELETE FROM t")
+    fts.execute("INSERT INTO t(rowid, body) VALUES (1, ?)", (text,))
+    match = '"' + " ".join(want) + '"' + (" *" if prefix else "")
+    matched = fts.execute("SELECT COUNT(*) FROM t WHERE t MATCH ?", (match,)).fetchone()[0]
+    phrase = ranking.Phrase(want, prefix, match)
+    count = phrase.count_in(ranking.fold(text))
+    assert (count > 0) == bool(matched)
+    by_tokens = sum(
+        1
+        for i in range(len(tokens) - len(want) + 1)
+        if tokens[i : i + len(want) - 1] == list(want[:-1])
+        and (tokens[i + len(want) - 1].startswith(want[-1]) if prefix
+             else tokens[i + len(want) - 1] == want[-1])
+    )  # fmt: skip
+    # non-overlapping occurrences: a phrase whose ends overlap ("a a" in "a a a") counts once
+    assert count <= by_tokens and (count == 0) == (by_tokens == 0)
+
+
+def test_document_length_and_totals_come_from_the_index(fts: sqlite3.Connection) -> None:
+    fts.execute("DELETE FROM t")
+    fts.executemany(
+        "INSERT INTO t(rowid, body) VALUES (?, ?)", [(1, "one two three"), (2, "four, five!")]
+    )
+    fts.commit()  # FTS5 writes its averages record when the transaction ends
+    sizes = dict(fts.execute("SELECT id, sz FROM t_docsize"))
+    assert ranking.doc_length(sizes[1]) == 3 and ranking.doc_length(sizes[2]) == 2
+    assert ranking.index_totals(fts, "t") == (2, 2.5)
+
+
+async def test_more_occurrences_in_a_shorter_message_rank_first(db: SessionDB) -> None:
+    now = time.time()
+    sid = await db.create_session(source="api")
+    texts = {
+        "once": "the deploy went fine and then we talked about lunch plans for the week",
+        "twice": "deploy failed, deploy again",
+        "long once": "deploy " + " ".join(f"filler{i}" for i in range(60)),
+    }
+    ids = {}
+    for name, text in texts.items():  # same timestamp: only relevance decides
+        ids[await db.append_message(sid, "user", text, timestamp=now)] = name
+    hits = await db.search_messages("deploy")
+    assert [ids[h["id"]] for h in hits] == ["twice", "once", "long once"]
+
+
+async def test_a_rare_term_outweighs_a_common_one(db: SessionDB) -> None:
+    """With two terms, the one in fewer messages weighs more: two zebras (a rare word) beat
+    three statuses (a word in every message); without IDF the statuses would win."""
+    now = time.time()
+    sid = await db.create_session(source="api")
+    for i in range(300):
+        await db.append_message(sid, "user", f"status update number {i}", timestamp=now - 10)
+    common = await db.append_message(sid, "user", "status status status zebra", timestamp=now)
+    rare = await db.append_message(sid, "user", "status zebra zebra quokka", timestamp=now)
+    hits = await db.search_messages("status OR zebra", limit=2)
+    assert [h["id"] for h in hits] == [rare, common]
+
+
+async def test_document_frequency_is_exact_when_small_and_close_when_large(
+    db: SessionDB,
+) -> None:
+    sid = await db.create_session(source="api")
+    rows = [
+        {"role": "user", "content": f"row {i}" + (" needle" if i % 4 == 0 else "")}
+        for i in range(3000)
+    ]
+    for i in range(0, len(rows), 500):
+        await db.append_messages(sid, rows[i : i + 500])
+    for i in range(7):
+        await db.append_message(sid, "user", f"rare marker {i}")
+
+    def estimate(conn: sqlite3.Connection, match: str) -> int:
+        n, _avg = ranking.index_totals(conn, "messages_fts")
+        low, high = conn.execute(
+            "SELECT (SELECT MIN(id) FROM messages), (SELECT MAX(id) FROM messages)"
+        ).fetchone()
+        return ranking.estimate_df(conn, "messages_fts", match, n, (low, high))
+
+    assert await db._read(estimate, "marker") == 7
+    got = await db._read(estimate, "needle")
+    assert abs(got - 750) / 750 < 0.1, got  # every 4th of 3,000 rows
+    assert ranking.idf(3007, 7) > ranking.idf(3007, got) > 0
+    assert math.isclose(ranking.idf(10, 10), 1e-6)
