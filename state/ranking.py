@@ -71,11 +71,12 @@ class Phrase:
 
     def count_in(self, folded: str) -> int:
         """Occurrences in a text already passed through `fold`."""
-        return sum(
-            1
-            for m in self._pattern.finditer(folded)
-            if m.start() == 0 or not folded[m.start() - 1].isalnum()
-        )
+        n = 0
+        for m in self._pattern.finditer(folded):
+            start = m.start()
+            if start == 0 or not folded[start - 1].isalnum():
+                n += 1
+        return n
 
 
 def index_totals(conn: sqlite3.Connection, table: str) -> tuple[int, float]:
@@ -132,17 +133,29 @@ def idf(rows: int, df: int) -> float:
 
 def doc_length(docsize: bytes | None) -> int:
     """Tokens in a row, all columns, from its FTS5 docsize record (one varint per column)."""
+    if not docsize:
+        return 0
+    if len(docsize) == 1:  # one column under 128 tokens: the common case
+        return docsize[0]
     total, i = 0, 0
-    while docsize and i < len(docsize):
+    while i < len(docsize):
         value, i = _varint(docsize, i)
         total += value
     return total
 
 
 def bm25(
-    folded: str, length: int, phrases: Sequence[Phrase], weights: Sequence[float], avgdl: float
+    text: str | None,
+    docsize: bytes | None,
+    phrases: Sequence[Phrase],
+    weights: Sequence[float],
+    avgdl: float,
 ) -> float:
-    norm = K1 * (1 - B + B * length / avgdl)
+    """The score of one row: its text as stored, its docsize record."""
+    if not text:
+        return 0.0
+    folded = text.lower() if text.isascii() else fold(text)
+    norm = K1 * (1 - B + B * doc_length(docsize) / avgdl)
     score = 0.0
     for phrase, weight in zip(phrases, weights, strict=True):
         tf = phrase.count_in(folded)

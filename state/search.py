@@ -77,10 +77,8 @@ def _blend(score: float, timestamp: float, now: float) -> float:
     return score / (1.0 + max(0.0, now - timestamp) / (RECENCY_HALF_LIFE_DAYS * 86400))
 
 
-_HIT_COLUMNS = (
-    "m.id AS id, m.session_id AS session_id, m.role AS role, m.timestamp AS timestamp, "
-    "s.source AS source, s.model AS model, s.title AS title, s.started_at AS started_at"
-)
+_HIT_COLUMNS = "m.id AS id, m.session_id AS session_id, m.role AS role, m.timestamp AS timestamp"
+_SESSION_COLUMNS = ("source", "model", "title", "started_at")  # added for the page only
 FIRST_WINDOW = 500
 WINDOW_PER_RESULT = 25
 WINDOW_GROWTH = 4
@@ -146,6 +144,8 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
     tree = q.parse(req.query)
     where, fparams = _filters(req)
+    # Candidates meet sessions only when the scope filters on them.
+    join = " JOIN sessions s ON s.id = m.session_id" if "s." in where else ""
     branches = _branches(tree, req.roles)
     relevance = req.sort == "relevance"
     need = max(1, req.limit) + max(0, req.offset)
@@ -159,8 +159,7 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
                 f"SELECT {_HIT_COLUMNS}, {body}, '{br.table}' AS fts FROM ("
                 f"SELECT rowid AS rid FROM {br.table} "
                 f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT ?) f "
-                "JOIN messages m ON m.id = f.rid JOIN sessions s ON s.id = m.session_id "
-                f"WHERE {where}{br.extra_where}"
+                f"JOIN messages m ON m.id = f.rid{join} WHERE {where}{br.extra_where}"
             )
             params += [br.match, window, *fparams]
         union = " UNION ALL ".join(parts)
@@ -190,6 +189,7 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
         rows = _rank(conn, rows, names, tree, branches, time.time() if now is None else now)
         rows = rows[max(0, req.offset) : max(0, req.offset) + max(1, req.limit)]
     hits = [dict(zip(names, row, strict=True)) for row in rows]
+    _add_sessions(conn, hits)
     _add_context(conn, hits, q.positive_terms(tree))
     for h in hits:
         for key in ("fts", "body", "size"):
@@ -233,10 +233,24 @@ def _rank(
                 for p in phrases
             ]
         for r in mine:
-            score = ranking.bm25(ranking.fold(r[i_body]), ranking.doc_length(r[i_size]),
-                                 phrases, weights, avgdl)  # fmt: skip
+            score = ranking.bm25(r[i_body], r[i_size], phrases, weights, avgdl)
             scores[r[i_id]] = _blend(score, r[i_ts], now)
     return sorted(rows, key=lambda r: (scores.get(r[i_id], 0.0), r[i_id]), reverse=True)
+
+
+def _add_sessions(conn: sqlite3.Connection, hits: list[Row]) -> None:
+    """Each hit's session columns, in one query for the page."""
+    wanted = sorted({h["session_id"] for h in hits})
+    if not wanted:
+        return
+    rows = conn.execute(
+        f"SELECT id, {', '.join(_SESSION_COLUMNS)} FROM sessions "
+        f"WHERE id IN ({', '.join('?' for _ in wanted)})",
+        wanted,
+    ).fetchall()
+    by_id = {r[0]: r[1:] for r in rows}
+    for h in hits:
+        h.update(zip(_SESSION_COLUMNS, by_id.get(h["session_id"], (None,) * 4), strict=True))
 
 
 def _matches_fewer_than(conn: sqlite3.Connection, br: _Branch, window: int) -> bool:
