@@ -10,6 +10,7 @@ state.db used by the listing and search benchmarks.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import sqlite3
 import sys
@@ -42,9 +43,10 @@ KANA = "".join(chr(c) for c in range(0x3041, 0x3094)) + "".join(
 
 
 def pct(values: list[float], p: float) -> float:
-    """The p-quantile (0..1) of `values`, nearest rank."""
+    """The p-quantile (0..1) of `values` by nearest rank: the smallest value with at least
+    p of the values at or below it (the ceil(p*n)-th smallest)."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+    return ordered[max(0, min(len(ordered), math.ceil(len(ordered) * p)) - 1)]
 
 
 def synthetic_vocab(rng: random.Random, size: int = 20_000) -> list[str]:
