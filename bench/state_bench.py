@@ -82,19 +82,25 @@ async def producers_rate(
     return len(rows) / elapsed, db, sids
 
 
-async def latency_at(db: SessionDB, sids: list[str], rate: float, seconds: float) -> list[float]:
+async def latency_at(
+    db: SessionDB, sids: list[str], rate: float, seconds: float, warmup_s: float = 2.0
+) -> list[float]:
+    """Open loop at `rate`; the first `warmup_s` are not measured (the store is still
+    merging and checkpointing what the saturation run before left behind)."""
     gen = TextGen(5)
     latencies: list[float] = []
     tasks = []
     interval = 1.0 / rate
     start = time.perf_counter()
+    skip = int(rate * warmup_s)
 
     async def one(i: int) -> None:
         t = time.perf_counter()
         await db.append_message(sids[i % len(sids)], "user", gen.english("user"))
-        latencies.append((time.perf_counter() - t) * 1000)
+        if i >= skip:
+            latencies.append((time.perf_counter() - t) * 1000)
 
-    total = int(rate * seconds)
+    total = int(rate * (seconds + warmup_s))
     for i in range(total):
         target = start + i * interval
         delay = target - time.perf_counter()
@@ -103,7 +109,10 @@ async def latency_at(db: SessionDB, sids: list[str], rate: float, seconds: float
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
     achieved = total / (time.perf_counter() - start)
-    print(f"  offered {rate:.0f}/s, achieved {achieved:.0f}/s over {total} appends")
+    print(
+        f"  offered {rate:.0f}/s, achieved {achieved:.0f}/s over {total} appends "
+        f"(the first {warmup_s:.0f} s not measured)"
+    )
     return latencies
 
 
