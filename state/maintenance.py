@@ -155,24 +155,3 @@ def stats(conn: sqlite3.Connection, path: str) -> Row:
         "wal_bytes": sizes["file-wal"],
         "computed_at": time.time(),
     }
-
-
-# One idle step merges at most this many pages per index (about a millisecond of work), so a
-# write that arrives meanwhile waits little. FTS5's own automerge does the same work in
-# quanta of 64 pages per level inside whichever commit crosses its write counter: 20 ms
-# commits every ~80 ms at 2,000 appends/s while a large merge is under way.
-MERGE_STEP_PAGES = 32
-FTS_TABLES = ("messages_fts", "messages_aux_fts")
-
-
-def fts_merge_step(conn: sqlite3.Connection) -> bool:
-    """A bounded FTS5 'merge' on each index; True while there is more to merge (FTS5 changes
-    fewer than two rows when nothing was left)."""
-    more = False
-    for table in FTS_TABLES:
-        before = conn.total_changes
-        conn.execute(
-            f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (MERGE_STEP_PAGES,)
-        )
-        more = more or conn.total_changes - before >= 2
-    return more

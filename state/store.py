@@ -112,7 +112,6 @@ class SessionDB:
         p = await asyncio.to_thread(_prepare)
         cfg = config or WriterConfig()
         writer = Writer(str(p), cfg)
-        writer.set_idle_work(maintenance.fts_merge_step)
         try:
             conn = await asyncio.get_running_loop().run_in_executor(
                 writer._executor, _open_and_migrate, str(p), cfg, schema_target, cfg.lock_budget_s

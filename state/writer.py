@@ -43,13 +43,6 @@ class WriterConfig:
     checkpoint_wal_bytes: int = 1024 * 1024  # ... once the WAL file has grown past this size
     restart_wal_frames: int = 1000  # past this many frames (4 MB) the writer restarts the WAL
     writer_checkpoint_pages: int = 16000  # safety net: SQLite's own checkpoint in the writer
-    # Idle work (see Writer.set_idle_work): after this many operations, the first batch end
-    # with fewer than idle_work_max_waiting writes queued runs one bounded step of it in its
-    # own short transaction. (A producer that writes again as soon as it is answered never
-    # leaves the queue empty; a saturated writer, with a long queue, leaves the work to
-    # FTS5's automerge.)
-    idle_work_after_ops: int = 50
-    idle_work_max_waiting: int = 8
 
 
 @dataclass
@@ -158,9 +151,6 @@ class Writer:
         self._restart_wanted = False
         self.checkpoints = 0
         self.wal_restarts = 0
-        self._idle_work: Callable[[sqlite3.Connection], bool] | None = None
-        self._ops_since_idle_work = 0
-        self.idle_steps = 0
 
     @property
     def queue_depth(self) -> int:
@@ -185,13 +175,6 @@ class Writer:
         self._stopped = loop.create_future()
         self._executor.submit(self._serve)
         self._ckpt_task = asyncio.create_task(self._checkpoint_loop(), name="state.checkpoint")
-
-    def set_idle_work(self, step: Callable[[sqlite3.Connection], bool] | None) -> None:
-        """`step(conn)` does a bounded piece of deferrable work (FTS5 segment merges) inside
-        the writer's transaction and returns True while more remains. It runs between
-        batches while the queue is short, so that work stays out of the commits callers
-        wait for; a write arriving meanwhile waits one small step at most."""
-        self._idle_work = step
 
     async def submit(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._enqueue(fn, args, exclusive=False)
@@ -291,30 +274,6 @@ class Writer:
         except sqlite3.Error as exc:
             log.warning("checkpoint before restarting the WAL failed: %s", exc)
 
-    def _run_idle_step(self) -> None:
-        """One step of idle work, never waiting for a lock: another process writing, a full
-        disk or a read-only file just mean "later"."""
-        conn = self._conn
-        assert conn is not None and self._idle_work is not None
-        try:
-            conn.execute("PRAGMA busy_timeout=0")
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                more = self._idle_work(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            self.idle_steps += 1
-            if not more:
-                self._ops_since_idle_work = 0
-        except sqlite3.Error as exc:
-            self._ops_since_idle_work = 0
-            log.debug("idle work skipped: %s", exc)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout={int(self.config.busy_timeout_s * 1000)}")
-
     def _resolve(self, batch: list[_Op], results: list[tuple[bool, Any]]) -> None:
         """On the loop: hand each caller its result."""
         for op, (ok, value) in zip(batch, results, strict=True):
@@ -359,13 +318,6 @@ class Writer:
                 if self._restart_wanted:
                     self._restart_wanted = False
                     self._finish_checkpoint()
-                self._ops_since_idle_work += len(batch)
-                if (
-                    self._idle_work is not None
-                    and self._ops_since_idle_work >= self.config.idle_work_after_ops
-                    and self._inbox.qsize() < self.config.idle_work_max_waiting
-                ):
-                    self._run_idle_step()
         finally:
             self._drain_after_stop(held)
 

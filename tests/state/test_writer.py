@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from state import SessionDB, SessionNotFound, WriterClosed, WriterConfig, maintenance
+from state import SessionDB, SessionNotFound, WriterClosed, WriterConfig
 
 
 async def test_many_concurrent_producers_all_commit_in_order_per_session(db: SessionDB) -> None:
@@ -364,57 +364,3 @@ async def test_last_active_moves_with_one_second_resolution(db: SessionDB, merge
     assert await state() == (t + 1.2, 5)
     if merged:
         assert max(db.writer.stats.batch_sizes) > 1
-
-
-async def test_idle_steps_merge_the_search_index_and_keep_it_whole(tmp_path: Path) -> None:
-    """Between small commits the writer runs bounded FTS5 merge steps of its own (switched
-    off, none run); stepping until nothing is left terminates, and the index stays whole."""
-    for name, idle in (("idle", True), ("off", False)):
-        path = tmp_path / f"{name}.db"
-        db = await SessionDB.open(path, config=WriterConfig(idle_work_after_ops=5))
-        if not idle:
-            db.writer.set_idle_work(None)
-        try:
-            sid = await db.create_session(source="api")
-            for i in range(120):  # one small commit each: one new FTS segment each
-                await db.append_message(sid, "user", f"message {i} about topic{i % 7} and more")
-            assert (db.writer.idle_steps > 0) == idle
-            assert len(await db.search_messages("topic3", limit=50)) == 17
-        finally:
-            await db.close()
-        conn = sqlite3.connect(path, isolation_level=None)
-        try:
-            steps = 0
-            while maintenance.fts_merge_step(conn):
-                steps += 1
-                assert steps < 100
-            assert maintenance.fts_merge_step(conn) is False
-            conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
-            hits = conn.execute(
-                "SELECT COUNT(*) FROM messages_fts WHERE messages_fts MATCH 'topic3'"
-            ).fetchone()[0]
-            assert hits == 17
-        finally:
-            conn.close()
-
-
-async def test_failing_idle_work_is_skipped_and_the_writer_carries_on(db: SessionDB) -> None:
-    """Idle work that cannot run (another process holds the lock, a full disk) is dropped
-    for now; it never fails a caller, never leaves a transaction open, and the writer's busy
-    timeout is back to normal afterwards."""
-    calls = []
-
-    def locked(conn: sqlite3.Connection) -> bool:
-        calls.append(conn.in_transaction)
-        raise sqlite3.OperationalError("database is locked")
-
-    db.writer.set_idle_work(locked)
-    sid = await db.create_session(source="api")
-    for i in range(120):
-        await db.append_message(sid, "user", f"m{i}")
-    assert calls and all(calls)  # it ran, inside its own transaction
-    assert db.writer.idle_steps == 0
-    assert await db.message_count(sid) == 120
-    timeout = await db.writer.submit(lambda c: c.execute("PRAGMA busy_timeout").fetchone()[0])
-    in_tx = await db.writer.submit(lambda c: c.in_transaction)
-    assert timeout == int(db.writer.config.busy_timeout_s * 1000) and in_tx is True
