@@ -18,6 +18,7 @@ import os
 import queue
 import random
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -134,8 +135,8 @@ class Writer:
         if self.config.synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
         self.stats = WriterStats()
-        # The executor's one thread opens and migrates the file, then runs `_serve` for the
-        # writer's whole life.
+        # The executor's one thread opens, migrates and closes the file; `_serve` runs on a
+        # thread of its own for the writer's life.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-writer")
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._slots = asyncio.Semaphore(self.config.queue_size)  # backpressure
@@ -173,7 +174,10 @@ class Writer:
         # background checkpointer copies most frames first, so this one finds little left.
         self._conn.execute(f"PRAGMA wal_autocheckpoint={self.config.writer_checkpoint_pages}")
         self._stopped = loop.create_future()
-        self._executor.submit(self._serve)
+        # A daemon thread, not the executor's worker: a program that exits (or crashes)
+        # without closing the store must not hang at exit joining a thread that waits for
+        # work forever. Nothing is lost that a crash would not lose: committed is committed.
+        threading.Thread(target=self._serve, name="state-writer-serve", daemon=True).start()
         self._ckpt_task = asyncio.create_task(self._checkpoint_loop(), name="state.checkpoint")
 
     async def submit(self, fn: Callable[..., T], *args: Any) -> T:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from state import SessionDB, SessionNotFound, WriterClosed, WriterConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_many_concurrent_producers_all_commit_in_order_per_session(db: SessionDB) -> None:
@@ -364,3 +367,31 @@ async def test_last_active_moves_with_one_second_resolution(db: SessionDB, merge
     assert await state() == (t + 1.2, 5)
     if merged:
         assert max(db.writer.stats.batch_sizes) > 1
+
+
+def test_a_program_that_never_closes_the_store_still_exits(tmp_path: Path) -> None:
+    """A script that crashes with the store open exits (with its error) instead of hanging
+    at exit on the writer's thread; what it committed is in the file."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio
+        from state import SessionDB
+
+        async def main():
+            db = await SessionDB.open({str(tmp_path / "s.db")!r})
+            sid = await db.create_session(source="api", session_id="s1")
+            await db.append_message(sid, "user", "kept")
+            raise SystemExit(3)  # no close()
+
+        asyncio.run(main())
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 3, proc.stderr
+    conn = sqlite3.connect(tmp_path / "s.db")
+    try:
+        assert conn.execute("SELECT content FROM messages").fetchall() == [("kept",)]
+    finally:
+        conn.close()
