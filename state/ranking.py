@@ -84,15 +84,18 @@ def index_totals(conn: sqlite3.Connection, table: str) -> tuple[int, float]:
     row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
     if row is None or not row[0]:
         return 0, 1.0
-    blob: bytes = row[0]
-    values: list[int] = []
-    i = 0
-    while i < len(blob):
-        value, i = _varint(blob, i)
-        values.append(value)
+    values = _varints(row[0])
     rows = values[0] if values else 0
     tokens = sum(values[1:])
     return rows, (tokens / rows if rows else 1.0) or 1.0
+
+
+def _varints(buf: bytes) -> list[int]:
+    values, i = [], 0
+    while i < len(buf):
+        value, i = _varint(buf, i)
+        values.append(value)
+    return values
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:
@@ -137,11 +140,7 @@ def doc_length(docsize: bytes | None) -> int:
         return 0
     if len(docsize) == 1:  # one column under 128 tokens: the common case
         return docsize[0]
-    total, i = 0, 0
-    while i < len(docsize):
-        value, i = _varint(docsize, i)
-        total += value
-    return total
+    return sum(_varints(docsize))
 
 
 def bm25(
@@ -154,7 +153,7 @@ def bm25(
     """The score of one row: its text as stored, its docsize record."""
     if not text:
         return 0.0
-    folded = text.lower() if text.isascii() else fold(text)
+    folded = fold(text)
     norm = K1 * (1 - B + B * doc_length(docsize) / avgdl)
     score = 0.0
     for phrase, weight in zip(phrases, weights, strict=True):

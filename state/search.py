@@ -44,7 +44,8 @@ class SearchRequest:
     offset: int = 0
 
 
-def _filters(req: SearchRequest) -> tuple[str, list[object]]:
+def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
+    """(WHERE text over `m` and `s`, its parameters, whether it filters on sessions)."""
     scope = SessionFilter(
         source=req.scope.source,
         sources=tuple(req.scope.sources) + tuple(req.sources),
@@ -58,13 +59,14 @@ def _filters(req: SearchRequest) -> tuple[str, list[object]]:
         routed_only=req.scope.routed_only,
     )
     where, params = scope.where("s")
+    scoped = where != "1"  # SessionFilter.where says "1" when it has no clause
     if req.roles:
         where += f" AND m.role IN ({', '.join('?' for _ in req.roles)})"
         params += list(req.roles)
     if req.exclude_session_ids:
         where += f" AND m.session_id NOT IN ({', '.join('?' for _ in req.exclude_session_ids)})"
         params += list(req.exclude_session_ids)
-    return where, params
+    return where, params, scoped
 
 
 def _order(sort: str) -> str:
@@ -143,9 +145,9 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
     tree = q.parse(req.query)
-    where, fparams = _filters(req)
+    where, fparams, scoped = _filters(req)
     # Candidates meet sessions only when the scope filters on them.
-    join = " JOIN sessions s ON s.id = m.session_id" if "s." in where else ""
+    join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
     branches = _branches(tree, req.roles)
     relevance = req.sort == "relevance"
     need = max(1, req.limit) + max(0, req.offset)
