@@ -116,6 +116,49 @@ async def test_older_switchboard_file_migrates_in_place(tmp_path: Path) -> None:
     conn.close()
 
 
+async def test_search_index_leaves_shrink_in_place_and_old_and_new_segments_stay_searchable(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    old = await SessionDB.open(path, schema_target=7)
+    sid = await old.create_session(source="api")
+    words = " ".join(f"filler{i}" for i in range(40))
+    await old.append_messages(sid, [{"role": "user", "content": f"oldword {words}"}] * 400)
+    await old.close()
+
+    def leaves(conn: sqlite3.Connection) -> int:
+        # id > 10 skips the structure and averages records; what is left are segment leaves
+        return conn.execute(
+            "SELECT MAX(length(block)) FROM messages_fts_data WHERE id > 10"
+        ).fetchone()[0]
+
+    conn = sqlite3.connect(path)
+    assert leaves(conn) > 2 * schema.FTS_PAGE_SIZE  # written with FTS5's default 4,050-byte leaves
+    conn.close()
+
+    db = await SessionDB.open(path)
+    try:
+        await db.append_messages(sid, [{"role": "user", "content": f"newword {words}"}] * 400)
+        assert len(await db.search_messages("oldword", limit=1000)) == 400
+        assert len(await db.search_messages("newword", limit=1000)) == 400
+    finally:
+        await db.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT v FROM messages_fts_config WHERE k = 'pgsz'").fetchone() == (
+        schema.FTS_PAGE_SIZE,
+    )
+    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    # a full merge rewrites the old segment with the new leaf size, and still checks out
+    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    conn.commit()
+    assert leaves(conn) < 2 * schema.FTS_PAGE_SIZE
+    assert conn.execute(
+        "SELECT COUNT(*) FROM messages_fts WHERE messages_fts MATCH 'oldword OR newword'"
+    ).fetchone() == (800,)
+    conn.close()
+
+
 async def test_hermes_state_db_opens_works_and_keeps_all_its_data(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     before = _make_hermes_db(path)
