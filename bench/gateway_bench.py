@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import pct  # noqa: E402
 from gateway.agent.echo import EchoAgent  # noqa: E402
+from gateway.app import tune_interpreter  # noqa: E402
 from gateway.index import IndexEntry, SessionIndex  # noqa: E402
 from gateway.messages import InboundMessage, OutboundMessage, SentRef  # noqa: E402
 from gateway.router import Router  # noqa: E402
@@ -74,6 +75,7 @@ async def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     chats, total = (1_000, 10_000) if args.quick else (10_000, 100_000)
+    tune_interpreter()  # as `switchboard run` does
     print(
         f"switchboard gateway bench — {chats:,} chats, {total:,} messages, echo agent, in-process"
     )

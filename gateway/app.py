@@ -9,6 +9,7 @@ import fcntl
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -422,10 +423,24 @@ def _reload_from_disk(gateway: Gateway) -> None:
     gateway.notify("READY=1")
 
 
+# The event loop and the store's writer thread share the GIL. The writer gives it up around
+# every SQLite statement and needs it back after; at CPython's default switch interval (5 ms)
+# it then waits up to 5 ms for a busy loop to let go, once per statement. At 0.2 ms the
+# gateway bench measured 3,159-3,495 msg/s against 2,751-2,756 at the default, with the same
+# p99 at 1,000 msg/s (bench/gateway_bench.py runs with it too).
+SWITCH_INTERVAL_S = 0.0002
+
+
+def tune_interpreter() -> None:
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
 async def run_until_signalled(gateway: Gateway) -> None:
     """Start, tell systemd we are ready, ping its watchdog from the loop, wait for
     SIGTERM/SIGINT, drain, stop."""
     from gateway.notify import watchdog, watchdog_interval
+
+    tune_interpreter()
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -142,9 +142,12 @@ class SessionIndex:
                 data = json.loads(raw)
                 if not isinstance(data, dict):
                     raise ValueError("top level is not an object")
-                for value in data.values():
-                    if not isinstance(value, dict) or not isinstance(value.get("session_id"), str):
-                        raise ValueError("an entry has no session_id")
+                try:
+                    sids = [value["session_id"] for value in data.values()]
+                except (TypeError, KeyError):
+                    raise ValueError("an entry has no session_id") from None
+                if not all(type(sid) is str for sid in sids):
+                    raise ValueError("an entry's session_id is not a string")
                 self._entries = data
                 self._fragments.clear()
                 self._unencoded = True  # the file is current; the cache is not
@@ -161,9 +164,10 @@ class SessionIndex:
             # a fresh home has neither file nor sessions: nothing to warn about
             level = logging.WARNING if self._entries or "unreadable" in how else logging.INFO
             log.log(level, "session index %s from state.db: %d entries", how, len(self._entries))
-        await self._heal()
+        live = await self.db.live_session_ids_by_key()
+        await self._heal({sid for _, sid in live})
         if how == "loaded":
-            await self._reconcile()
+            await self._reconcile(live)
         return how
 
     async def rebuild(self) -> None:
@@ -180,18 +184,25 @@ class SessionIndex:
         self._fragments.clear()
         self._changed_all()
 
-    async def _reconcile(self) -> None:
+    async def _reconcile(self, live: list[tuple[str, str]]) -> None:
         """The file is written at most every few seconds, so after a crash it can miss a
         session created just before: adopt, per key, the newest live session state.db has.
         (Terminal sessions are not routed by the daemon and are left out.)"""
-        newest: dict[str, Any] = {}
-        for row in await self.db.live_sessions_by_key():  # ordered by started_at: last wins
-            if not row["session_key"].startswith("agent:main:cli:"):
-                newest[row["session_key"]] = row
+        newest: dict[str, str] = {}
+        for key, sid in live:  # ordered by started_at: last wins
+            if not key.startswith("agent:main:cli:"):
+                newest[key] = sid
+        behind = {
+            key
+            for key, sid in newest.items()
+            if (current := self._entries.get(key)) is None or _sid(current) != sid
+        }
+        if not behind:
+            return  # the common case: a clean stop left the file current
         adopted = 0
-        for key, row in newest.items():
-            current = self._entries.get(key)
-            if current is not None and _sid(current) == row["id"]:
+        for row in await self.db.live_sessions_by_key():
+            key = row["session_key"]
+            if key not in behind or row["id"] != newest[key]:
                 continue
             origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
             self._entries[key] = IndexEntry(
@@ -206,15 +217,22 @@ class SessionIndex:
             log.warning("session index was behind state.db (an unclean stop?): %d entr%s updated",
                         adopted, "y" if adopted == 1 else "ies")  # fmt: skip
 
-    async def _heal(self) -> None:
+    async def _heal(self, live: set[str]) -> None:
         """Entries whose session is missing are dropped; entries whose session ended follow
-        a compression to its live tip, or are dropped."""
-        states = await self.db.session_states([_sid(e) for e in self._entries.values()])
-        for key, value in list(self._entries.items()):
-            sid = _sid(value)
+        a compression to its live tip, or are dropped. `live` holds the ids of the live
+        sessions that have a key: entries pointing there (nearly all) need no lookup."""
+        suspects = [
+            (k, sid)
+            for k, v in self._entries.items()
+            if (sid := v["session_id"] if type(v) is dict else _sid(v)) not in live
+        ]
+        if not suspects:
+            return
+        states = await self.db.session_states(list({sid for _, sid in suspects}))
+        for key, sid in suspects:
             state = states.get(sid)
             if state is not None and state[0] is None:
-                continue  # live: the common case, left undecoded
+                continue  # live, but without a key of its own: kept as it is
             self._changed(key)
             if state is None:
                 log.warning("index entry %s points at a missing session %s; dropped", key, sid)

@@ -633,6 +633,14 @@ class SessionDB:
             )
         ]))  # fmt: skip
 
+    async def live_session_ids_by_key(self) -> list[tuple[str, str]]:
+        """(session_key, id) of every live session that has a key, oldest first: what the
+        index checks itself against at start-up, without building a row per session."""
+        return list(await self._read(lambda c: c.execute(
+            "SELECT session_key, id FROM sessions WHERE session_key IS NOT NULL AND ended_at IS NULL "
+            "ORDER BY started_at"
+        ).fetchall()))  # fmt: skip
+
     async def session_states(self, ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
         """id -> (ended_at, end_reason) for the ids that exist."""
 

@@ -79,6 +79,30 @@ async def test_entries_for_ended_sessions_are_healed_or_dropped(
     await index.close()
 
 
+async def test_a_file_behind_state_db_adopts_the_newest_live_session_per_key(
+    db: SessionDB, tmp_path: Path
+) -> None:
+    """After an unclean stop the file can miss sessions created since its last write."""
+    old = await db.create_session(source="api", session_key="k1")
+    keyless = await db.create_session(source="api")  # live, but no key: kept, not healed away
+    path = tmp_path / "sessions.json"
+    path.write_text(json.dumps({"k1": _entry(old).to_json(), "k4": _entry(keyless).to_json()}))
+    await db.end_session(old, "session_reset")
+    await db.create_session(source="api", session_key="k1")  # superseded by the next one
+    newer = await db.create_session(source="api", session_key="k1")
+    fresh = await db.create_session(
+        source="telegram", session_key="k2", origin_json={"user_name": "Bo"}
+    )
+    await db.create_session(source="cli", session_key="agent:main:cli:dm:local")
+    index = SessionIndex(path, db, 0.05)
+    assert await index.load() == "loaded"
+    assert {k: e.session_id for k, e in index.items()} == {"k1": newer, "k2": fresh, "k4": keyless}
+    got = index.get("k2")
+    assert got is not None and got.display_name == "Bo" and got.platform == "telegram"
+    await index.close()
+    assert set(json.loads(path.read_text())) == {"k1", "k2", "k4"}
+
+
 def test_a_kill_during_writes_leaves_the_old_or_the_new_file(tmp_path: Path) -> None:
     """SIGKILL at random moments while the index rewrites a large file: never a torn file."""
     path = tmp_path / "sessions.json"
