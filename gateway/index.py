@@ -63,6 +63,26 @@ class IndexEntry:
             "chat_type": self.chat_type,
         }
 
+    def static_part(self) -> tuple[Any, ...]:
+        """Everything but updated_at (the one field a turn changes). `origin` is never
+        changed in place: a different origin is a different entry."""
+        return (self.session_id, self.created_at, self.origin, self.display_name,
+                self.platform, self.chat_type)  # fmt: skip
+
+    def encode_around_updated_at(self) -> tuple[bytes, bytes]:
+        """This entry's JSON object, compact, split where the updated_at string goes."""
+        head = (
+            f'{{"session_id":{json.dumps(self.session_id, ensure_ascii=False)},'
+            f'"created_at":"{iso(self.created_at)}","updated_at":"'
+        )
+        rest = json.dumps(
+            {"origin": {k: v for k, v in self.origin.items() if v is not None},
+             "display_name": self.display_name, "platform": self.platform,
+             "chat_type": self.chat_type},
+            ensure_ascii=False, separators=(",", ":"),
+        )  # fmt: skip
+        return head.encode(), ('",' + rest[1:]).encode()
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> IndexEntry:
         return cls(
@@ -121,6 +141,9 @@ class SessionIndex:
         self._entries: dict[str, IndexEntry | dict[str, Any]] = {}
         self._dirty_keys: set[str] | None = set()
         self._fragments: dict[str, bytes] = {}  # key -> its encoded `"key":{...}` piece
+        # key -> (static part, the piece's bytes before and after updated_at): a turn only
+        # moves updated_at, so re-encoding a touched entry is a join, not a json.dumps
+        self._templates: dict[str, tuple[tuple[Any, ...], bytes, bytes]] = {}
         self._unencoded = False  # fragments must be rebuilt from all entries at the next flush
         self._flush_task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -288,7 +311,11 @@ class SessionIndex:
     def touch(self, key: str, now: float | None = None) -> None:
         entry = self._materialise(key)
         if entry is not None:
-            self._entries[key] = replace(entry, updated_at=time.time() if now is None else now)
+            # the constructor, not dataclasses.replace: this runs twice per turn
+            self._entries[key] = IndexEntry(
+                entry.session_id, entry.created_at, time.time() if now is None else now,
+                entry.origin, entry.display_name, entry.platform, entry.chat_type,
+            )  # fmt: skip
             self._touched.add(key)
             if self._activity_task is None or self._activity_task.done():
                 try:
@@ -359,22 +386,32 @@ class SessionIndex:
                 changed = {k: self._entries.get(k) for k in self._dirty_keys}
                 full = False
             self._dirty_keys = set()
-            fragments = self._fragments
+            fragments, templates = self._fragments, self._templates
 
             def _encode_and_write() -> int:
                 if full:
                     fragments.clear()
+                    templates.clear()
                 for n, (key, value) in enumerate(changed.items(), 1):
                     if n % 500 == 0:
                         time.sleep(0)  # a full re-encode lets the event loop run in between
                     if value is None:
                         fragments.pop(key, None)
+                        templates.pop(key, None)
                         continue
-                    body = value.to_json() if isinstance(value, IndexEntry) else value
-                    fragments[key] = (
-                        json.dumps(key, ensure_ascii=False) + ":"
-                        + json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-                    ).encode()  # fmt: skip
+                    if not isinstance(value, IndexEntry):  # as read from the file
+                        fragments[key] = (
+                            json.dumps(key, ensure_ascii=False) + ":"
+                            + json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+                        ).encode()  # fmt: skip
+                        continue
+                    static = value.static_part()
+                    template = templates.get(key)
+                    if template is None or template[0] != static:
+                        head, tail = value.encode_around_updated_at()
+                        head = json.dumps(key, ensure_ascii=False).encode() + b":" + head
+                        template = templates[key] = (static, head, tail)
+                    fragments[key] = template[1] + iso(value.updated_at).encode() + template[2]
                 payload = b"{" + b",".join(fragments.values()) + b"}"
                 write_atomic(self.path, payload)
                 return len(payload)

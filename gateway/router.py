@@ -22,6 +22,7 @@ from gateway import access, session_commands
 from gateway.agent.base import Agent, AgentReply, TurnContext, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.commands import CommandContext, CommandRegistry, builtin_commands, parse_command
+from gateway.deadlines import Deadlines
 from gateway.index import IndexEntry, SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.metrics import Metrics
@@ -101,6 +102,7 @@ class Router:
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
         self._inflight: set[asyncio.Task[None]] = set()
+        self._deadlines = Deadlines()  # the agent's time limit, on every turn
         self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._refused: set[tuple[str, str]] = set()
         self._accepting = True
@@ -253,10 +255,10 @@ class Router:
                 system_prompt=self.settings.system_prompt, run_tool=self._tool_runner(key, msg, sid),
             )  # fmt: skip
             try:
-                async with asyncio.timeout(self.settings.turn_timeout_s):
-                    reply: AgentReply = await self.agent.respond(
-                        window(history, max(256, budget)), ctx
-                    )
+                reply: AgentReply = await self._deadlines.run(
+                    self.agent.respond(window(history, max(256, budget)), ctx),
+                    self.settings.turn_timeout_s,
+                )
             except Exception as exc:
                 self.last_error = f"agent: {type(exc).__name__}: {exc}"
                 self.metrics.turns.inc(outcome="agent_error")
@@ -341,10 +343,10 @@ class Router:
             history.append({"role": "user", "content": prompt})
             ctx = TurnContext(sid, key.format(), msg.source.platform, self.settings.system_prompt,
                               self._tool_runner(key, msg, sid))  # fmt: skip
-            async with asyncio.timeout(self.settings.turn_timeout_s):
-                reply = await self.agent.respond(
-                    window(history, self.settings.context_tokens // 2), ctx
-                )
+            reply = await self._deadlines.run(
+                self.agent.respond(window(history, self.settings.context_tokens // 2), ctx),
+                self.settings.turn_timeout_s,
+            )
             await self.db.append_messages(
                 sid, [{"role": "user", "content": f"[background {job}] {prompt}"},
                       {"role": "assistant", "content": reply.text}],

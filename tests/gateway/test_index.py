@@ -36,6 +36,31 @@ async def test_a_burst_of_changes_costs_one_write(db: SessionDB, tmp_path: Path)
     await index.close()
 
 
+async def test_the_file_always_says_what_the_entries_say(db: SessionDB, tmp_path: Path) -> None:
+    """Touched entries are re-encoded from cached pieces; any other change re-encodes them
+    in full. Either way the file must equal the entries' own JSON."""
+    path = tmp_path / "sessions.json"
+    index = SessionIndex(path, db, flush_interval=60)
+    await index.load()
+    for i in range(6):
+        index.put(f"k{i}", _entry(f"s{i}"))
+    await index.flush()
+    index.touch("k1", 2_000_000_000)
+    index.touch("k2", 2_000_000_100)
+    old = index.get("k3")
+    assert old is not None
+    index.put("k3", IndexEntry("switched", old.created_at, old.updated_at, {"platform": "api",
+                               "chat_id": "1", "chat_name": 'Ann "the" 🦊'}, "Ann", "api", "group"))  # fmt: skip
+    index.touch("k3", 2_000_000_200)
+    index.remove("k4")
+    await index.close()
+    on_disk = json.loads(path.read_text())
+    assert on_disk == {k: e.to_json() for k, e in index.items()}
+    assert on_disk["k1"]["updated_at"] == "2033-05-18T03:33:20Z"
+    assert on_disk["k3"]["session_id"] == "switched" and on_disk["k3"]["chat_type"] == "group"
+    assert "k4" not in on_disk and len(on_disk) == 5
+
+
 async def test_missing_or_corrupt_file_is_rebuilt_from_state_db(
     db: SessionDB, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from state import SessionDB, SessionNotFound, WriterClosed, WriterConfig
+from state.writer import _Room
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,6 +77,31 @@ async def test_producers_wait_when_the_queue_is_full(tmp_path: Path) -> None:
         assert max(db.writer.stats.batch_sizes) <= 2
     finally:
         await db.close()
+
+
+async def test_queue_places_go_to_waiters_in_order_and_a_cancelled_one_is_passed_on() -> None:
+    room = _Room(1)
+    await room.take()
+    order: list[int] = []
+
+    async def taker(n: int) -> None:
+        await room.take()
+        order.append(n)
+
+    tasks = [asyncio.create_task(taker(n)) for n in range(3)]
+    await asyncio.sleep(0)
+    assert room.free == 0 and order == []
+    room.give_back()  # the place goes to taker 0 ...
+    tasks[0].cancel()  # ... which is cancelled before it runs: taker 1 gets it
+    await asyncio.wait_for(asyncio.gather(*tasks[:2], return_exceptions=True), 5)
+    assert order == [1] and tasks[0].cancelled() and not tasks[2].done()
+    room.give_back()  # taker 1 done
+    await asyncio.wait_for(tasks[2], 5)
+    assert order == [1, 2]
+    room.give_back()  # taker 2 done: the one place is free again, none lost or made
+    assert room.free == 1
+    await room.take()  # a newcomer with nobody waiting goes straight through
+    assert room.free == 0
 
 
 async def test_close_drains_queued_writes_then_refuses_new_ones(tmp_path: Path) -> None:
