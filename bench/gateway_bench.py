@@ -8,6 +8,8 @@ in-process. Prints figures; asserts nothing.
 2. Latency p50/p99 at 1,000 messages/s offered (open loop).
 3. sessions.json writes and bytes over the whole run.
 4. RSS at the end; start-up (index load + heal) with a 100,000-entry index, and RSS then.
+
+It runs with the thread switch interval `switchboard run` sets (gateway.app.tune_interpreter).
 """
 
 from __future__ import annotations
