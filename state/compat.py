@@ -154,6 +154,13 @@ class SessionDB:
             source, exclude_sources=exclude_sources or (), limit=limit, offset=offset,
             include_children=include_children))  # fmt: skip
 
+    def search_sessions(
+        self, source: str | None = None, limit: int = 20, offset: int = 0
+    ) -> list[Row]:
+        """Hermes Agent's name for listing sessions by start time (all of them, children
+        included), optionally of one source."""
+        return self._run(self._db.sessions_by_start(source, limit, offset))
+
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None,
                         role_filter: list[str] | None = None, limit: int = 20,

@@ -82,6 +82,19 @@ def list_sessions(
     return [row_dict(cur, r) for r in cur.fetchall()]
 
 
+def sessions_by_start(
+    conn: sqlite3.Connection, source: str | None, limit: int, offset: int
+) -> list[Row]:
+    """Every session (children too), newest start first, whole rows: Hermes Agent's
+    `search_sessions` listing."""
+    where, params = ("WHERE source = ? ", [source]) if source else ("", [])
+    cur = conn.execute(
+        f"SELECT * FROM sessions {where}ORDER BY started_at DESC, id DESC LIMIT ? OFFSET ?",
+        [*params, max(0, limit), max(0, offset)],
+    )
+    return [row_dict(cur, r) for r in cur.fetchall()]
+
+
 def resolve_in_scope(conn: sqlite3.Connection, ref: str, flt: SessionFilter) -> str | None:
     """Id, unique id prefix or title (newest of its lineage) among the sessions `flt`
     allows. Sessions outside the scope are invisible: they never match, never make a

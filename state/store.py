@@ -525,6 +525,12 @@ class SessionDB:
         )  # fmt: skip
         return list(await self._read(listing.list_sessions, flt, limit, offset))
 
+    async def sessions_by_start(
+        self, source: str | None = None, limit: int = 20, offset: int = 0
+    ) -> list[Row]:
+        """Every session, children included, newest start first, with all its columns."""
+        return list(await self._read(listing.sessions_by_start, source, limit, offset))
+
     async def resolve_in_scope(self, ref: str, flt: listing.SessionFilter) -> str | None:
         """Id, unique prefix or title, among the sessions `flt` allows (None if none)."""
         return await self._read(listing.resolve_in_scope, ref, flt)

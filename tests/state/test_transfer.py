@@ -100,6 +100,12 @@ def test_compat_sync_api_matches_the_documented_names(tmp_path: Path) -> None:
         assert db.sanitize_title("  a\u200b b ") == "a b"
         assert [h["id"] for h in db.search_messages("compat")] == [mid]
         assert db.list_sessions_rich()[0]["id"] == sid
+        later = db.create_session("20250101_000001_abcdef13", "cli", parent_session_id=sid)
+        assert [s["id"] for s in db.search_sessions()] == [later, sid]  # children too
+        assert [s["id"] for s in db.search_sessions("telegram")] == [sid]
+        assert [s["id"] for s in db.search_sessions(limit=1, offset=1)] == [sid]
+        assert db.search_sessions()[1]["model"] == "m"  # whole rows
+        db.delete_session(later)
         assert db.session_count() == 1 and db.message_count() == 1
         assert db.export_session(sid)["messages"][0]["content"] == "hello compat world"
         assert len(db.export_all()) == 1
