@@ -154,6 +154,21 @@ class SessionIndex:
 
     async def load(self) -> str:
         """Read the file (or rebuild from state.db), then heal entries. Returns how."""
+        # The live sessions are read on a reader thread while the file is read and decoded.
+        live_query = asyncio.ensure_future(self.db.live_session_ids_by_key())
+        try:
+            how = await self._read_file()
+        except BaseException:
+            live_query.cancel()
+            await asyncio.gather(live_query, return_exceptions=True)
+            raise
+        live = await live_query
+        await self._heal({sid for _, sid in live})
+        if how == "loaded":
+            await self._reconcile(live)
+        return how
+
+    async def _read_file(self) -> str:
         how = "loaded"
         try:
             raw = await asyncio.to_thread(self.path.read_bytes)
@@ -187,10 +202,6 @@ class SessionIndex:
             # a fresh home has neither file nor sessions: nothing to warn about
             level = logging.WARNING if self._entries or "unreadable" in how else logging.INFO
             log.log(level, "session index %s from state.db: %d entries", how, len(self._entries))
-        live = await self.db.live_session_ids_by_key()
-        await self._heal({sid for _, sid in live})
-        if how == "loaded":
-            await self._reconcile(live)
         return how
 
     async def rebuild(self) -> None:
@@ -211,14 +222,16 @@ class SessionIndex:
         """The file is written at most every few seconds, so after a crash it can miss a
         session created just before: adopt, per key, the newest live session state.db has.
         (Terminal sessions are not routed by the daemon and are left out.)"""
-        newest: dict[str, str] = {}
-        for key, sid in live:  # ordered by started_at: last wins
-            if not key.startswith("agent:main:cli:"):
-                newest[key] = sid
+        newest = dict(live)  # ordered by started_at: the last one per key wins
+        entries = self._entries
         behind = {
             key
             for key, sid in newest.items()
-            if (current := self._entries.get(key)) is None or _sid(current) != sid
+            if (
+                (v := entries.get(key)) is None
+                or (v["session_id"] if type(v) is dict else _sid(v)) != sid
+            )
+            and not key.startswith("agent:main:cli:")
         }
         if not behind:
             return  # the common case: a clean stop left the file current
