@@ -135,31 +135,66 @@ async def main() -> None:
         )
         print(f"\n4. RSS at the end: {rss_mb():.0f} MB ({len(index):,} index entries)")
 
-        # start-up with a 100,000-entry index: the sessions exist in state.db
+        # start-up with a 100,000-entry index, each entry its own live session in state.db
+        # (the chats above plus new ones, as 100,000 chats would leave it)
         n_entries = 100_000
         now = time.time()
         big: dict[str, dict[str, object]] = {}
-        existing = [e.session_id for _, e in index.items()]
+        own = dict(index.items())
+        missing = [f"agent:main:telegram:dm:{i}" for i in range(n_entries)]
+        missing = [k for k in missing if k not in own]
+        for start in range(0, len(missing), 5_000):
+            chunk = missing[start : start + 5_000]
+            sids = await asyncio.gather(*(
+                db.create_session(source="telegram", session_key=k, chat_id=k.rsplit(":", 1)[1],
+                                  chat_type="dm") for k in chunk
+            ))  # fmt: skip
+            own.update(
+                (k, IndexEntry(s, now, now, {}, None, "telegram", "dm"))
+                for k, s in zip(chunk, sids, strict=True)
+            )
         for i in range(n_entries):
-            sid = existing[i % len(existing)]
             key = f"agent:main:telegram:dm:{i}"
-            big[key] = IndexEntry(sid, now, now, {"platform": "telegram", "chat_id": str(i), "chat_type": "dm",
-                                                  "user_id": str(i), "user_name": f"user{i}"},
+            big[key] = IndexEntry(own[key].session_id, now, now, {"platform": "telegram", "chat_id": str(i),
+                                  "chat_type": "dm", "user_id": str(i), "user_name": f"user{i}"},
                                   f"user{i}", "telegram", "dm").to_json()  # fmt: skip
+        del own
         (home / "sessions" / "sessions.json").write_text(json.dumps(big))
         del big
-        rss_before = rss_mb()
-        t0 = time.perf_counter()
-        index2 = SessionIndex(home / "sessions" / "sessions.json", db, flush_interval=2.0)
-        await index2.load()
-        startup = time.perf_counter() - t0
-        print(f"  start-up with a {len(index2):,}-entry index: {startup:.2f} s  (target <= 1 s)")
-        print(
-            f"  RSS with it loaded: {rss_mb():.0f} MB (+{rss_mb() - rss_before:.0f} MB for the index; target <= 250 MB)"
-        )
-        await index2.close()
         await db.close()
+        # A daemon starting on that home is a fresh process: measure one.
+        probe = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--startup-probe", str(home), stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await probe.communicate()
+        assert probe.returncode == 0, f"the start-up probe failed ({probe.returncode})"
+        got = json.loads(out.decode().splitlines()[-1])
+        print(f"  start-up with a {got['entries']:,}-entry index, in a fresh process:")
+        print(f"    index load + heal {got['load_s']:.2f} s  (target <= 1 s); "
+              f"state.db open before it {got['open_s']:.2f} s")  # fmt: skip
+        print(f"    RSS with it loaded: {got['rss_mb']:.0f} MB (+{got['rss_mb'] - got['rss_before_mb']:.0f} MB "
+              "for the index; target <= 250 MB)")  # fmt: skip
+
+
+async def startup_probe(home: Path) -> None:
+    """What `switchboard run` does first: open state.db, load and heal the index."""
+    tune_interpreter()
+    t0 = time.perf_counter()
+    db = await SessionDB.open(home / "state.db")
+    t1 = time.perf_counter()
+    before = rss_mb()
+    index = SessionIndex(home / "sessions" / "sessions.json", db, flush_interval=2.0)
+    how = await index.load()
+    t2 = time.perf_counter()
+    assert how == "loaded", how
+    print(json.dumps({"open_s": t1 - t0, "load_s": t2 - t1, "entries": len(index),
+                      "rss_before_mb": before, "rss_mb": rss_mb()}))  # fmt: skip
+    await index.close()
+    await db.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if len(sys.argv) == 3 and sys.argv[1] == "--startup-probe":
+        asyncio.run(startup_probe(Path(sys.argv[2])))
+    else:
+        asyncio.run(main())

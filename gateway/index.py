@@ -155,17 +155,28 @@ class SessionIndex:
     async def load(self) -> str:
         """Read the file (or rebuild from state.db), then heal entries. Returns how."""
         # The live sessions are read on a reader thread while the file is read and decoded.
-        live_query = asyncio.ensure_future(self.db.live_session_ids_by_key())
+        live_query = asyncio.ensure_future(self.db.newest_live_session_by_key())
         try:
             how = await self._read_file()
         except BaseException:
             live_query.cancel()
             await asyncio.gather(live_query, return_exceptions=True)
             raise
-        live = await live_query
-        await self._heal({sid for _, sid in live})
+        newest = await live_query
+        # One pass: nearly every entry points at its key's newest live session. The rest
+        # are healed (their session ended or vanished) or superseded (the file is behind).
+        entries = self._entries
+        mismatched = [
+            (k, sid)
+            for k, v in entries.items()
+            if newest.get(k) != (sid := v["session_id"] if type(v) is dict else _sid(v))
+        ]
+        if mismatched:
+            live = set(newest.values())
+            await self._heal([(k, sid) for k, sid in mismatched if sid not in live])
         if how == "loaded":
-            await self._reconcile(live)
+            unseen = newest.keys() - entries.keys()
+            await self._reconcile(newest, [k for k, _ in mismatched if k in newest] + list(unseen))
         return how
 
     async def _read_file(self) -> str:
@@ -218,19 +229,16 @@ class SessionIndex:
         self._fragments.clear()
         self._changed_all()
 
-    async def _reconcile(self, live: list[tuple[str, str]]) -> None:
+    async def _reconcile(self, newest: dict[str, str], candidates: list[str]) -> None:
         """The file is written at most every few seconds, so after a crash it can miss a
         session created just before: adopt, per key, the newest live session state.db has.
-        (Terminal sessions are not routed by the daemon and are left out.)"""
-        newest = dict(live)  # ordered by started_at: the last one per key wins
+        (Terminal sessions are not routed by the daemon and are left out.) `candidates`
+        are the keys whose entry differed from `newest` before healing."""
         entries = self._entries
         behind = {
             key
-            for key, sid in newest.items()
-            if (
-                (v := entries.get(key)) is None
-                or (v["session_id"] if type(v) is dict else _sid(v)) != sid
-            )
+            for key in candidates
+            if ((v := entries.get(key)) is None or _sid(v) != newest[key])
             and not key.startswith("agent:main:cli:")
         }
         if not behind:
@@ -253,15 +261,10 @@ class SessionIndex:
             log.warning("session index was behind state.db (an unclean stop?): %d entr%s updated",
                         adopted, "y" if adopted == 1 else "ies")  # fmt: skip
 
-    async def _heal(self, live: set[str]) -> None:
+    async def _heal(self, suspects: list[tuple[str, str]]) -> None:
         """Entries whose session is missing are dropped; entries whose session ended follow
-        a compression to its live tip, or are dropped. `live` holds the ids of the live
-        sessions that have a key: entries pointing there (nearly all) need no lookup."""
-        suspects = [
-            (k, sid)
-            for k, v in self._entries.items()
-            if (sid := v["session_id"] if type(v) is dict else _sid(v)) not in live
-        ]
+        a compression to its live tip, or are dropped. `suspects` are the (key, session)
+        entries whose session is not the live session of any key; the rest need no lookup."""
         if not suspects:
             return
         states = await self.db.session_states(list({sid for _, sid in suspects}))

@@ -639,13 +639,20 @@ class SessionDB:
             )
         ]))  # fmt: skip
 
-    async def live_session_ids_by_key(self) -> list[tuple[str, str]]:
-        """(session_key, id) of every live session that has a key, oldest first: what the
-        index checks itself against at start-up, without building a row per session."""
-        return list(await self._read(lambda c: c.execute(
-            "SELECT session_key, id FROM sessions WHERE session_key IS NOT NULL AND ended_at IS NULL "
-            "ORDER BY started_at"
-        ).fetchall()))  # fmt: skip
+    async def newest_live_session_by_key(self) -> dict[str, str]:
+        """session_key -> id of its newest live session: what the index checks itself
+        against at start-up. SQLite groups along the key index and hands back one JSON
+        object, so most of the work runs without the GIL and no row is built per session."""
+
+        def _newest(conn: sqlite3.Connection) -> dict[str, str]:
+            (text,) = conn.execute(
+                # the bare `id` beside MAX() comes from the row holding the maximum
+                "SELECT json_group_object(k, id) FROM (SELECT session_key AS k, id, MAX(started_at) "
+                "FROM sessions WHERE session_key IS NOT NULL AND ended_at IS NULL GROUP BY session_key)"
+            ).fetchone()
+            return dict(json.loads(text)) if text else {}
+
+        return await self._read(_newest)
 
     async def session_states(self, ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
         """id -> (ended_at, end_reason) for the ids that exist."""

@@ -110,8 +110,11 @@ async def test_a_file_behind_state_db_adopts_the_newest_live_session_per_key(
     """After an unclean stop the file can miss sessions created since its last write."""
     old = await db.create_session(source="api", session_key="k1")
     keyless = await db.create_session(source="api")  # live, but no key: kept, not healed away
+    still_live = await db.create_session(source="api", session_key="k5")
     path = tmp_path / "sessions.json"
-    path.write_text(json.dumps({"k1": _entry(old).to_json(), "k4": _entry(keyless).to_json()}))
+    path.write_text(json.dumps({"k1": _entry(old).to_json(), "k4": _entry(keyless).to_json(),
+                                "k5": _entry(still_live).to_json()}))  # fmt: skip
+    newest_k5 = await db.create_session(source="api", session_key="k5")  # both live: newest wins
     await db.end_session(old, "session_reset")
     await db.create_session(source="api", session_key="k1")  # superseded by the next one
     newer = await db.create_session(source="api", session_key="k1")
@@ -121,11 +124,16 @@ async def test_a_file_behind_state_db_adopts_the_newest_live_session_per_key(
     await db.create_session(source="cli", session_key="agent:main:cli:dm:local")
     index = SessionIndex(path, db, 0.05)
     assert await index.load() == "loaded"
-    assert {k: e.session_id for k, e in index.items()} == {"k1": newer, "k2": fresh, "k4": keyless}
+    assert {k: e.session_id for k, e in index.items()} == {
+        "k1": newer,
+        "k2": fresh,
+        "k4": keyless,
+        "k5": newest_k5,
+    }
     got = index.get("k2")
     assert got is not None and got.display_name == "Bo" and got.platform == "telegram"
     await index.close()
-    assert set(json.loads(path.read_text())) == {"k1", "k2", "k4"}
+    assert set(json.loads(path.read_text())) == {"k1", "k2", "k4", "k5"}
 
 
 def test_a_kill_during_writes_leaves_the_old_or_the_new_file(tmp_path: Path) -> None:
