@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import SessionExists, SessionNotFound, TitleEmpty, TitleTaken, TitleTooLong
+from .ids import new_session_id
 from .rows import Row, like_escape, row_dict
 from .titles import (
     MAX_TITLE_LENGTH,
@@ -92,6 +93,23 @@ def insert_session(
     if title is not None:
         set_title(conn, cols["id"], title)
     return True
+
+
+def fresh_session_id(conn: sqlite3.Connection, *, terminal: bool) -> str:
+    """A generated id that no session has yet. The random tail is 32 bits per second (24
+    for terminal ids), so a burst of thousands of new sessions in one second can repeat
+    one; inside the write transaction the check cannot race."""
+    while True:
+        sid = new_session_id(terminal=terminal)
+        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is None:
+            return sid
+
+
+def insert_new_session(conn: sqlite3.Connection, fields: Mapping[str, Any], terminal: bool) -> str:
+    """Insert a session under a fresh generated id; returns the id."""
+    sid = fresh_session_id(conn, terminal=terminal)
+    insert_session(conn, {**fields, "id": sid})
+    return sid
 
 
 def require_session(conn: sqlite3.Connection, session_id: str) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 
 from . import lineage, listing, maintenance, messages, schema, search, sessions, transfer
 from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError
-from .ids import new_session_id
 from .readers import ReaderPool
 from .rows import Row
 from .writer import Writer, WriterConfig, connect_writer
@@ -171,14 +170,16 @@ class SessionDB:
         started_at: float | None = None,
         **routing: Any,
     ) -> str:
-        """Create a session; raises SessionExists. Routing columns go in `routing`."""
-        sid = session_id or new_session_id(terminal=source == "cli")
+        """Create a session (under a generated id unless one is given; a given id that
+        exists raises SessionExists). Routing columns go in `routing`."""
         fields = self._session_fields(
-            sid, source, model, model_config, system_prompt, user_id,
+            session_id or "", source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, title, started_at, routing,
         )  # fmt: skip
+        if not session_id:
+            return str(await self._write(sessions.insert_new_session, fields, source == "cli"))
         await self._write(sessions.insert_session, fields)
-        return sid
+        return session_id
 
     async def ensure_session(
         self,
@@ -472,7 +473,7 @@ class SessionDB:
             parent = sessions.get_session(conn, parent_id)
             if parent is None:
                 raise SessionNotFound(parent_id)
-            cid = new_id or new_session_id(terminal=parent["source"] == "cli")
+            cid = new_id or sessions.fresh_session_id(conn, terminal=parent["source"] == "cli")
             fields: dict[str, Any] = {
                 "id": cid,
                 "source": parent["source"],

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 
 import pytest
 
-from state import AmbiguousSession, SessionDB, SessionNotFound
+from state import AmbiguousSession, SessionDB, SessionNotFound, ids
 
 DAY = 86400.0
 
@@ -217,3 +218,33 @@ async def test_list_sessions_pages_by_last_activity_with_preview(db: SessionDB) 
         sids[0],
     ]
     assert [r["id"] for r in await db.list_sessions(user_id="u2")] == [sids[2]]
+
+
+async def test_a_generated_id_that_repeats_is_drawn_again(
+    db: SessionDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids are a second's timestamp and 32 random bits: thousands of sessions created in
+    one second can draw the same id twice. The store draws again instead of failing."""
+    now = time.time()
+    taken = [
+        await db.create_session(
+            time.strftime("%Y%m%d_%H%M%S", time.gmtime(now + s)) + "_deadbeef", "telegram"
+        )
+        for s in range(-1, 6)  # every id the next few seconds could draw first
+    ]
+    draws = iter(["deadbeef" * 4, "deadbeef" * 4])
+    real_token_hex = secrets.token_hex
+
+    def token_hex(n: int) -> str:
+        return next(draws, None) or real_token_hex(n)
+
+    monkeypatch.setattr(ids.secrets, "token_hex", token_hex)
+    created = await db.create_session(source="telegram")
+    assert created not in taken and not created.endswith("deadbeef")
+    draws = iter(["deadbeef" * 4, "deadbeef" * 4])
+    child = await db.fork_session(created, "branch")
+    assert child not in taken and not child.endswith("deadbeef")
+    assert {s["id"] for s in await db.list_sessions(limit=50, include_children=True)} >= {
+        created,
+        child,
+    }
