@@ -272,3 +272,46 @@ async def test_corrupted_pages_are_reported_not_silently_empty(tmp_path: Path) -
         assert problems, "a wrecked file must not look healthy"
     finally:
         await db.close()
+
+
+def _stat(path: Path, index: str) -> str | None:
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute("SELECT stat FROM sqlite_stat1 WHERE idx = ?", (index,)).fetchone()
+        return row[0] if row else None
+    finally:
+        conn.close()
+
+
+async def test_planner_statistics_are_refreshed_after_a_migration_not_on_every_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    old = await SessionDB.open(path, schema_target=4)  # before idx_messages_session_pmid
+    sid = await old.create_session(source="telegram", chat_id="1")
+    for i in range(30):
+        await old.append_message(sid, "user", f"m{i}", platform_message_id=str(i))
+    for _ in range(199):
+        await old.create_session(source="telegram")
+    await old.close()
+    conn = sqlite3.connect(path)
+    conn.execute("ANALYZE")
+    conn.commit()
+    conn.close()
+    assert _stat(path, "idx_messages_session_pmid") is None
+
+    db = await SessionDB.open(path)  # migrates: the new index gets its statistics
+    await db.close()
+    assert _stat(path, "idx_messages_session_pmid") is not None
+    before = _stat(path, "idx_sessions_started")
+    assert before is not None and before.startswith("200 ")
+
+    # Plain opens leave the statistics alone, although the empty partial index
+    # idx_sessions_handoff never has a row of its own.
+    assert _stat(path, "idx_sessions_handoff") is None
+    for _ in range(2):
+        db = await SessionDB.open(path)
+        for _ in range(25):
+            await db.create_session(source="telegram")
+        await db.close()
+    assert _stat(path, "idx_sessions_started") == before
