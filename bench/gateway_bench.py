@@ -169,9 +169,11 @@ async def main() -> None:
         out, _ = await probe.communicate()
         assert probe.returncode == 0, f"the start-up probe failed ({probe.returncode})"
         got = json.loads(out.decode().splitlines()[-1])
-        print(f"  start-up with a {got['entries']:,}-entry index, in a fresh process:")
-        print(f"    index load + heal {got['load_s']:.2f} s  (target <= 1 s); "
-              f"state.db open before it {got['open_s']:.2f} s")  # fmt: skip
+        print(f"  start-up with a {got['entries']:,}-entry index, in a fresh process: "
+              f"{got['open_s'] + got['load_s']:.2f} s  (target <= 1 s)")  # fmt: skip
+        print(
+            f"    state.db open {got['open_s']:.2f} s, then index load + heal {got['load_s']:.2f} s"
+        )
         print(f"    RSS with it loaded: {got['rss_mb']:.0f} MB (+{got['rss_mb'] - got['rss_before_mb']:.0f} MB "
               "for the index; target <= 250 MB)")  # fmt: skip
 
