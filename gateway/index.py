@@ -338,7 +338,7 @@ class SessionIndex:
                     self._activity_task = asyncio.get_running_loop().create_task(
                         self._activity_flush(), name="gateway.index.activity"
                     )
-                except RuntimeError:
+                except RuntimeError:  # no running loop: the next flush or close() writes it
                     pass
 
     def remove(self, key: str) -> IndexEntry | None:
