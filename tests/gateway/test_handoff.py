@@ -20,6 +20,7 @@ from state import SessionDB
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import BOT_USER, SECRET, FakeSlack, event, signed
 from tests.fakes.telegram import FakeTelegram
+from tests.inprocess import gateway_with_telegram
 
 
 async def _terminal_session(db: SessionDB) -> str:
@@ -38,24 +39,11 @@ async def _run(gw: Gateway, sid: str, platform: str, **kw: object) -> tuple[bool
 
 @pytest.fixture
 async def telegram(tmp_path: Path) -> AsyncIterator[tuple[Gateway, FakeTelegram]]:
-    fake = FakeTelegram()
-    await fake.start()
-    fake.forum_chats.add(-100222)
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        f"platforms:\n  api:\n    enabled: false\n  telegram:\n    enabled: true\n    allow_all_users: true\n    base_url: {fake.base_url}\n"
-    )
-    gw = Gateway(
-        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": fake.token}), home=tmp_path / "home"
-    )
-    await gw.start()
-    assert gw.handoffs is not None
-    gw.handoffs.poll_s = 0.05
-    try:
+    async with gateway_with_telegram(tmp_path, "allow_all_users: true") as (gw, fake):
+        fake.forum_chats.add(-100222)
+        assert gw.handoffs is not None
+        gw.handoffs.poll_s = 0.05
         yield gw, fake
-    finally:
-        await gw.stop()
-        await fake.stop()
 
 
 async def test_telegram_handoff_opens_a_topic_and_the_topic_continues_the_session(

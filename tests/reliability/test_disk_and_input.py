@@ -30,25 +30,16 @@ from gateway.adapters import telegram as tg
 from gateway.app import Gateway
 from gateway.config import load_config
 from tests.fakes.telegram import FakeTelegram
+from tests.inprocess import gateway_with_telegram
 
 
 @pytest.fixture
 async def gw(tmp_path: Path) -> AsyncIterator[tuple[Gateway, str, FakeTelegram]]:
-    fake = FakeTelegram()
-    await fake.start()
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        f"platforms:\n  api:\n    port: 0\n  telegram:\n    enabled: true\n    allow_all_users: true\n    base_url: {fake.base_url}\n"
-    )
-    gateway = Gateway(
-        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": fake.token}), home=tmp_path / "home"
-    )
-    await gateway.start()
-    try:
+    async with gateway_with_telegram(tmp_path, "allow_all_users: true", api="port: 0") as (
+        gateway,
+        fake,
+    ):
         yield gateway, f"http://127.0.0.1:{gateway.adapters[0].bound_port}", fake  # type: ignore[attr-defined]
-    finally:
-        await gateway.stop()
-        await fake.stop()
 
 
 async def _post(url: str, body: Any, path: str = "/v1/messages") -> tuple[int, Any]:

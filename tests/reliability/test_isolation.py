@@ -12,28 +12,15 @@ import pytest
 
 from gateway.adapters.telegram import sanitize_updates
 from gateway.app import Gateway
-from gateway.config import load_config
 from gateway.router import REFUSAL
 from tests.fakes.telegram import FakeTelegram
+from tests.inprocess import gateway_with_telegram
 
 
 @pytest.fixture
 async def gw(tmp_path: Path) -> AsyncIterator[tuple[Gateway, FakeTelegram]]:
-    fake = FakeTelegram()
-    await fake.start()
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        f"platforms:\n  api:\n    enabled: false\n  telegram:\n    enabled: true\n    allowed_users: [1, 2]\n    base_url: {fake.base_url}\n"
-    )
-    gateway = Gateway(
-        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": fake.token}), home=tmp_path / "home"
-    )
-    await gateway.start()
-    try:
-        yield gateway, fake
-    finally:
-        await gateway.stop()
-        await fake.stop()
+    async with gateway_with_telegram(tmp_path, "allowed_users: [1, 2]") as running:
+        yield running
 
 
 async def _say(fake: FakeTelegram, text: str, user: int, chat: dict) -> str:
