@@ -70,18 +70,13 @@ class IndexEntry:
                 self.platform, self.chat_type)  # fmt: skip
 
     def encode_around_updated_at(self) -> tuple[bytes, bytes]:
-        """This entry's JSON object, compact, split where the updated_at string goes."""
-        head = (
-            f'{{"session_id":{json.dumps(self.session_id, ensure_ascii=False)},'
-            f'"created_at":"{iso(self.created_at)}","updated_at":"'
-        )
-        rest = json.dumps(
-            {"origin": {k: v for k, v in self.origin.items() if v is not None},
-             "display_name": self.display_name, "platform": self.platform,
-             "chat_type": self.chat_type},
-            ensure_ascii=False, separators=(",", ":"),
-        )  # fmt: skip
-        return head.encode(), ('",' + rest[1:]).encode()
+        """This entry's JSON object (to_json, compact), split around the updated_at string.
+        A quote inside a value is escaped, so the first `"updated_at":"` is the key."""
+        text = json.dumps(self.to_json(), ensure_ascii=False, separators=(",", ":"))
+        marker = '"updated_at":"'
+        start = text.index(marker) + len(marker)
+        end = text.index('"', start)
+        return text[:start].encode(), text[end:].encode()
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> IndexEntry:
