@@ -103,10 +103,19 @@ async def test_bad_requests_get_clear_errors(
 
 
 async def test_health_and_metrics(gw: tuple[Gateway, str]) -> None:
-    _, url = gw
+    gateway, url = gw
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/messages", json={"chat_id": "1", "text": "x"}) as resp:
             assert resp.status == 200
+            sid = (await resp.json())["session_id"]
+        # The first exchange starts an automatic title in the background: a write that may
+        # still be queued when the reply arrives. Let it land before reading the queue depth.
+        assert gateway.db is not None
+        for _ in range(500):
+            session = await gateway.db.get_session(sid)
+            if session is not None and session["title"]:
+                break
+            await asyncio.sleep(0.01)
         async with http.get(f"{url}/health") as resp:
             health = await resp.json()
         async with http.get(f"{url}/metrics") as resp:
