@@ -5,6 +5,7 @@ close the store)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import logging
 import os
@@ -20,7 +21,7 @@ from gateway.adapters.base import Adapter
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import PLATFORMS, Config
-from gateway.errors import AlreadyRunning, GatewayError
+from gateway.errors import AlreadyRunning, GatewayError, PortInUse
 from gateway.handoff import HandoffWatcher
 from gateway.index import SessionIndex
 from gateway.messages import OutboundMessage, SentRef
@@ -155,9 +156,12 @@ class Gateway:
 
     async def start(self) -> None:
         self.started_at = time.time()
+        fresh = not (self.home / "state.db").exists()
         self.home.mkdir(parents=True, exist_ok=True)
         self._lock = HomeLock(self.home)
         self._lock.acquire()
+        if fresh:
+            log.info("created a new home at %s", self.home)
         try:
             await self._start_inner()
         except BaseException:
@@ -211,7 +215,13 @@ class Gateway:
         self.notify("STATUS=starting adapters")
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
-            await adapter.start(self.router.handle)
+            try:
+                await adapter.start(self.router.handle)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or adapter.platform != "api":
+                    raise
+                port = getattr(adapter, "port", "?")
+                raise PortInUse(port, getattr(adapter, "host", "?")) from None
         self.handoffs = HandoffWatcher(self.db, self.router, self._adapters_by_platform)
         self.handoffs.start()
         log.info(

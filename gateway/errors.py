@@ -31,6 +31,15 @@ class AlreadyRunning(GatewayError):
         )
 
 
+class PortInUse(ConfigError):
+    """The HTTP API's port is taken; a restart would only fail again, so it exits 78 like a
+    config error and names the key that changes it."""
+
+    def __init__(self, port: object, host: object) -> None:
+        super().__init__("platforms.api.port", f"port {port} on {host} is already in use by "
+                         "another program; stop it or choose another port")  # fmt: skip
+
+
 class AgentError(GatewayError):
     """The agent backend failed; the chat gets a fixed apology, the log gets the cause."""
 

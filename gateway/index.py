@@ -206,7 +206,7 @@ class SessionIndex:
             await self.rebuild()
         if how != "loaded":
             # a fresh home has neither file nor sessions: nothing to warn about
-            level = logging.WARNING if self._entries or "unreadable" in how else logging.INFO
+            level = logging.WARNING if self._entries or "unreadable" in how else logging.DEBUG
             log.log(level, "session index %s from state.db: %d entries", how, len(self._entries))
         return how
 

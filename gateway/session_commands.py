@@ -14,6 +14,7 @@ from gateway.commands import CommandContext, CommandRegistry
 from gateway.handoff import HOME_KEY
 from gateway.sessions import NothingToCompress
 from gateway.timefmt import ago
+from gateway.wording import plural
 from state import AmbiguousSession, QueryError, SessionFilter, StateError, TitleError
 
 log = logging.getLogger("gateway.commands")
@@ -122,7 +123,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
     recap = [
         m for m in await db.get_messages(target, last=12) if m["role"] in ("user", "assistant")
     ][-4:]
-    lines = [f"Resumed {_label(row)} ({row.get('message_count') or 0} messages)."]
+    lines = [f"Resumed {_label(row)} ({plural(row.get('message_count') or 0, 'message')})."]
     for m in recap:
         who = "You" if m["role"] == "user" else "Agent"
         lines.append(f"{who}: {_cut(m.get('content'), 120)}")
@@ -195,7 +196,7 @@ async def cmd_compress(ctx: CommandContext) -> str:
         log.error("compression failed for session_key=%s: %s", ctx.key.format(), exc)
         return "Compression failed; the session was left unchanged."
     title = await ctx.router.db.get_session_title(entry.session_id)
-    return f"Compressed {n} earlier messages into a summary{f'; continuing as {title}' if title else ''}."
+    return f"Compressed {plural(n, 'earlier message')} into a summary{f'; continuing as {title}' if title else ''}."
 
 
 async def cmd_background(ctx: CommandContext) -> str:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from gateway.wording import plural
+
 MODES = ("none", "idle", "daily", "both")
 
 
@@ -30,7 +32,7 @@ class ResetPolicy:
             return "none (sessions are never reset automatically)"
         parts = []
         if self.mode in ("idle", "both"):
-            parts.append(f"after {self.idle_minutes} minutes idle")
+            parts.append(f"after {plural(self.idle_minutes, 'minute')} idle")
         if self.mode in ("daily", "both"):
             parts.append(f"daily at {self.at_hour:02d}:00 {self.timezone}")
         return " or ".join(parts)
