@@ -180,6 +180,8 @@ class Interrupts:
             self.busy = False
             stop.cancel()
         if task.done():
+            if self.pressed.is_set():  # pressed as the step ended: it was meant for the prompt
+                self.reader.queue.put_nowait(INTERRUPT)
             return True, task.result()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -311,7 +313,8 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 if ok:
                     row = await db.require_session(sid)
                     con.print(f"Handed off: {message}. Come back with: "
-                              f"{resume_command(given, row.get('title') or sid)}")  # fmt: skip
+                              f"{resume_command(given, row.get('title') or sid)}",
+                              markup=False, soft_wrap=True)  # fmt: skip
                     return EXIT_OK
                 con.print(f"Not handed off: {message}", style="yellow")
                 continue
@@ -333,10 +336,10 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             title = row.get("title")
             label = f"{entry.session_id} ({title})" if title else entry.session_id
             active = ago(row.get("last_active"), time.time())
-            con.print(
-                f"Session {label}: {plural(row.get('message_count') or 0, 'message')}, last active {active}."
-            )
-            con.print(f"Resume with: {resume_command(given, name)}")
+            # a title is the user's text (no markup) and the command must stay one line
+            con.print(f"Session {label}: {plural(row.get('message_count') or 0, 'message')}, "
+                      f"last active {active}.", markup=False, soft_wrap=True)  # fmt: skip
+            con.print(f"Resume with: {resume_command(given, name)}", markup=False, soft_wrap=True)
         return EXIT_OK
     finally:
         interrupts.close()
