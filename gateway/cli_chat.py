@@ -282,6 +282,8 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 con.print("\n(Ctrl-C again or Ctrl-D to leave)", style="dim")
                 continue
             if line is None:
+                if interactive:
+                    con.print()  # Ctrl-D leaves the cursor after the prompt
                 break
             armed = False
             text = str(line).strip()
