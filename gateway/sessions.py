@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gateway.agent.base import Agent, ChatMessage, estimate_tokens
 from gateway.index import IndexEntry, SessionIndex
 from gateway.session_keys import SessionKey, SessionSource
-from state import SessionDB, SessionNotFound, TitleError
+from state import SessionNotFound, Store, TitleError
 
 log = logging.getLogger("gateway.sessions")
 
@@ -31,7 +31,7 @@ class CompressionSettings:
 class SessionManager:
     def __init__(
         self,
-        db: SessionDB,
+        db: Store,
         index: SessionIndex,
         agent: Agent,
         *,
