@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from state import SessionFilter, StateError, Store
+from state import SessionFilter, SessionRow, StateError, Store
 
 log = logging.getLogger("gateway.agent.tools.session_search")
 
@@ -64,7 +65,7 @@ def _cut(text: str | None, limit: int = MAX_CONTENT) -> str | None:
     return text[:limit] + f"… [truncated {len(text) - limit} chars]"
 
 
-def _msg(row: dict[str, Any], hit_id: int | None = None) -> dict[str, Any]:
+def _msg(row: Mapping[str, Any], hit_id: int | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": row["id"],
         "role": row["role"],
@@ -79,7 +80,7 @@ def _error(message: str) -> str:
     return json.dumps({"success": False, "error": message}, ensure_ascii=False)
 
 
-async def _visible(db: Store, caller: Caller, session_id: str) -> dict[str, Any] | None:
+async def _visible(db: Store, caller: Caller, session_id: str) -> SessionRow | None:
     """The session row if the caller's scope covers it."""
     row = await db.get_session(session_id)
     if row is None:
@@ -174,7 +175,7 @@ async def _discover(db: Store, caller: Caller, args: dict[str, Any]) -> str:
     )
 
 
-async def _describe_hit(db: Store, hit: dict[str, Any]) -> dict[str, Any]:
+async def _describe_hit(db: Store, hit: Mapping[str, Any]) -> dict[str, Any]:
     sid, mid = hit["session_id"], hit["id"]
     window = await db.get_messages_around(sid, mid, HIT_WINDOW)
     convo = [
