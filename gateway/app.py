@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.reset.scheduler import ResetScheduler
 from gateway.router import AccessRules, Router, RouterSettings
 from gateway.session_keys import KeySettings
-from state import SessionDB, WriterConfig
+from state import Store, open_store
 
 log = logging.getLogger("gateway.app")
 
@@ -144,7 +144,7 @@ class Gateway:
     agent: Agent | None = None
     adapters: list[Adapter] = field(default_factory=list)
     notify: Callable[[str], None] = lambda _state: None  # systemd notify hook
-    db: SessionDB | None = None
+    db: Store | None = None
     index: SessionIndex | None = None
     router: Router | None = None
     metrics: Metrics = field(default_factory=Metrics)
@@ -170,13 +170,7 @@ class Gateway:
 
     async def _start_inner(self) -> None:
         self.notify("STATUS=opening state.db")
-        self.db = await SessionDB.open(
-            self.home / "state.db",
-            config=WriterConfig(
-                synchronous=self.config.get("state.synchronous"),
-                queue_size=self.config.get("state.queue_size"),
-            ),
-        )
+        self.db = await open_store(self.config.get("state"), self.home)
         self.index = SessionIndex(
             self.home / "sessions" / "sessions.json",
             self.db,
@@ -288,39 +282,38 @@ class Gateway:
         self.metrics.gauge(
             "switchboard_writer_queue_depth",
             "Writes waiting for the writer",
-            lambda: db.writer.queue_depth,
+            lambda: db.write_stats().queue_depth,
         )
         self.metrics.gauge(
             "switchboard_writer_last_batch_size",
             "Operations in the last commit",
-            lambda: db.writer.stats.last_batch_size,
+            lambda: db.write_stats().last_batch_size,
         )
         self.metrics.gauge(
             "switchboard_writer_last_commit_ms",
             "Duration of the last commit",
-            lambda: db.writer.stats.last_commit_ms,
+            lambda: db.write_stats().last_commit_ms,
         )
         self.metrics.gauge(
-            "switchboard_writer_batches_total", "Commits so far", lambda: db.writer.stats.batches
+            "switchboard_writer_batches_total", "Commits so far", lambda: db.write_stats().batches
         )
-        recent = db.writer.stats
 
-        def quantile(values: list[float], q: float) -> float:
+        def quantile(values: Sequence[float], q: float) -> float:
             ordered = sorted(values[-512:])
             return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
 
         self.metrics.gauge(
             "switchboard_writer_commit_ms_p50",
             "Median commit time, recent batches",
-            lambda: quantile(recent.commit_ms, 0.5),
+            lambda: quantile(db.write_stats().recent_commit_ms, 0.5),
         )
         self.metrics.gauge(
             "switchboard_writer_commit_ms_p99",
             "99th percentile commit time, recent batches",
-            lambda: quantile(recent.commit_ms, 0.99),
+            lambda: quantile(db.write_stats().recent_commit_ms, 0.99),
         )
         self.metrics.gauge("switchboard_writer_batch_size_p50", "Median operations per commit, recent batches",
-                           lambda: quantile([float(b) for b in recent.batch_sizes], 0.5))  # fmt: skip
+                           lambda: quantile([float(b) for b in db.write_stats().recent_batch_sizes], 0.5))  # fmt: skip
         self.metrics.gauge(
             "switchboard_sessions_live", "Entries in the session index", lambda: len(index)
         )
@@ -378,7 +371,7 @@ class Gateway:
             "status": "ok" if ok else "degraded",
             "uptime_seconds": round(time.time() - self.started_at, 1),
             "adapters": adapters,
-            "writer_queue_depth": self.db.writer.queue_depth if self.db else None,
+            "writer_queue_depth": self.db.write_stats().queue_depth if self.db else None,
             "sessions": len(self.index) if self.index else 0,
             "turns_in_flight": self.router.inflight if self.router else 0,
             "last_error": self.router.last_error if self.router else None,

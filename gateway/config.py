@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from gateway.errors import ConfigError
+from state.api import BACKENDS as STORE_BACKENDS
 
 PLATFORMS = ("telegram", "discord", "slack")
 _PLACEHOLDER = re.compile(
@@ -105,6 +106,7 @@ SCHEMA: dict[str, Any] = {
         "format": Field(str, "text", _one_of("text", "json")),
     },
     "state": {
+        "backend": Field(str, "sqlite", _one_of(*STORE_BACKENDS), "which store holds sessions"),
         "synchronous": Field(str, "NORMAL", _one_of("OFF", "NORMAL", "FULL", "EXTRA")),
         "queue_size": Field(int, 10_000, _range(10, 1_000_000)),
     },

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from gateway.config import Config
 from gateway.errors import AlreadyRunning
-from state import SessionDB, schema
+from state import SessionDB
 
 
 @dataclass(frozen=True)
@@ -59,26 +58,6 @@ async def _index_check(home: Path, db: SessionDB) -> tuple[Check, list[str]]:
         else f"{len(problems)} problem(s): " + "; ".join(problems[:3])
     )
     return Check("session index", not problems, detail), problems
-
-
-async def _orphans(db: SessionDB) -> int:
-    def count(conn: Any) -> int:
-        return int(conn.execute(
-            "SELECT COUNT(*) FROM sessions c WHERE c.parent_session_id IS NOT NULL "
-            "AND NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = c.parent_session_id)"
-        ).fetchone()[0])  # fmt: skip
-
-    return int(await db._read(count))
-
-
-async def _fix_orphans(db: SessionDB) -> int:
-    def fix(conn: Any) -> int:
-        return int(conn.execute(
-            "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IS NOT NULL "
-            "AND parent_session_id NOT IN (SELECT id FROM sessions)"
-        ).rowcount)  # fmt: skip
-
-    return int(await db.writer.submit(fix))
 
 
 async def _reach(config: Config) -> list[Check]:
@@ -169,13 +148,9 @@ async def _state_checks(
         )
         fts = await db.check_search_index()
         checks.append(Check("search index", not fts, "ok" if not fts else "; ".join(fts)))
-        version = await db.get_meta(schema.META_VERSION_KEY)
+        version, latest = await db.schema_version(), db.latest_schema_version()
         checks.append(
-            Check(
-                "schema",
-                version == str(schema.LATEST),
-                f"version {version} (this switchboard: {schema.LATEST})",
-            )
+            Check("schema", version == latest, f"version {version} (this switchboard: {latest})")
         )
         wal = (home / "state.db-wal").stat().st_size if (home / "state.db-wal").exists() else 0
         checks.append(
@@ -211,9 +186,9 @@ async def _state_checks(
                 finally:
                     lock.release()
         checks.append(index_check)
-        orphans = await _orphans(db)
+        orphans = await db.count_dangling_parents()
         if orphans and fix:
-            fixed = await _fix_orphans(db)
+            fixed = await db.clear_dangling_parents()
             checks.append(
                 Check("lineage", True, f"cleared {fixed} parent link(s) to deleted sessions")
             )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.messages import OutboundMessage, ThreadRef
 from gateway.session_keys import SessionSource, build_key
-from state import SessionDB
+from state import Store
 
 if TYPE_CHECKING:
     from gateway.adapters.base import Adapter
@@ -31,7 +31,7 @@ log = logging.getLogger("gateway.handoff")
 HOME_KEY = "home_channel.{}"
 
 
-async def home_channel(db: SessionDB, platform: str) -> dict[str, Any] | None:
+async def home_channel(db: Store, platform: str) -> dict[str, Any] | None:
     raw = await db.get_meta(HOME_KEY.format(platform))
     try:
         home = json.loads(raw) if raw else None
@@ -55,7 +55,7 @@ def thread_source(
 class HandoffWatcher:
     def __init__(
         self,
-        db: SessionDB,
+        db: Store,
         router: Router,
         adapters: Mapping[str, Adapter],
         *,
@@ -139,7 +139,7 @@ class HandoffWatcher:
 
 
 async def handoff_from_terminal(
-    db: SessionDB,
+    db: Store,
     session_id: str,
     platform: str,
     *,

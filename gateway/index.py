@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from state import SessionDB
+from state import Store
 
 log = logging.getLogger("gateway.index")
 
@@ -119,7 +119,7 @@ class SessionIndex:
     def __init__(
         self,
         path: Path,
-        db: SessionDB,
+        db: Store,
         flush_interval: float = 2.0,
         activity_interval: float = 30.0,
     ) -> None:

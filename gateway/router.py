@@ -31,7 +31,7 @@ from gateway.sessions import SessionManager
 
 if TYPE_CHECKING:
     from gateway.reset import Resetter
-from state import SessionDB, SessionFilter, StateError
+from state import SessionFilter, StateError, Store
 
 log = logging.getLogger("gateway.router")
 
@@ -75,7 +75,7 @@ class RouterSettings:
 class Router:
     def __init__(
         self,
-        db: SessionDB,
+        db: Store,
         index: SessionIndex,
         agent: Agent,
         send: Sender,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from gateway import access
@@ -15,7 +16,14 @@ from gateway.handoff import HOME_KEY
 from gateway.sessions import NothingToCompress
 from gateway.timefmt import ago
 from gateway.wording import plural
-from state import AmbiguousSession, QueryError, SessionFilter, StateError, TitleError
+from state import (
+    AmbiguousSession,
+    QueryError,
+    SessionFilter,
+    SessionRow,
+    StateError,
+    TitleError,
+)
 
 log = logging.getLogger("gateway.commands")
 LIST_LIMIT = 10
@@ -27,7 +35,7 @@ def _cut(text: str | None, n: int) -> str:
     return flat if len(flat) <= n else flat[: n - 1] + "…"
 
 
-def _label(row: dict[str, object]) -> str:
+def _label(row: Mapping[str, object]) -> str:
     return str(row.get("title") or _cut(str(row.get("preview") or "(empty)"), 40))
 
 
@@ -69,7 +77,7 @@ async def _same_conversation(ctx: CommandContext) -> set[str]:
     return ids
 
 
-async def _resumable(ctx: CommandContext, flt: SessionFilter) -> list[dict[str, object]]:
+async def _resumable(ctx: CommandContext, flt: SessionFilter) -> list[SessionRow]:
     """Titled sessions this chat may resume, newest first, the current conversation excluded."""
     db = ctx.router.db
     current = await _same_conversation(ctx)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.agent.base import Agent, ChatMessage, estimate_tokens
 from gateway.index import IndexEntry, SessionIndex
 from gateway.session_keys import SessionKey, SessionSource
-from state import SessionDB, SessionNotFound, TitleError
+from state import SessionNotFound, Store, TitleError
 
 log = logging.getLogger("gateway.sessions")
 
@@ -31,7 +31,7 @@ class CompressionSettings:
 class SessionManager:
     def __init__(
         self,
-        db: SessionDB,
+        db: Store,
         index: SessionIndex,
         agent: Agent,
         *,
@@ -164,5 +164,5 @@ class SessionManager:
         return used > self.compression.auto_share * self.context_tokens
 
 
-def _as_chat(rows: list[dict[str, object]]) -> list[ChatMessage]:
+def _as_chat(rows: Sequence[Mapping[str, object]]) -> list[ChatMessage]:
     return [{"role": r["role"], "content": r.get("content")} for r in rows]

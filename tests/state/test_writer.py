@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from state import SessionDB, SessionNotFound, WriterClosed, WriterConfig
+from state import DatabaseBusy, SessionDB, SessionNotFound, WriterClosed, WriterConfig
 from state.writer import _Room
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,6 +174,36 @@ async def test_writes_wait_out_another_process_holding_the_lock(tmp_path: Path) 
         assert await db.get_meta("other-process") == "yes"
     finally:
         await db.close()
+
+
+@pytest.mark.parametrize("hold_s, budget_s, opens", [(1.0, 30.0, True), (60.0, 0.5, False)])
+async def test_opening_waits_out_a_lock_held_elsewhere_then_says_busy(
+    tmp_path: Path, hold_s: float, budget_s: float, opens: bool
+) -> None:
+    """Start-up migrates under a write lock: a lock held by another process is waited out
+    (recognised by SQLite's BUSY code), and past the budget the error says what happened."""
+    path = tmp_path / "s.db"
+    await (await SessionDB.open(path)).close()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _hold_lock_script(path, hold_s), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"locked"
+        config = WriterConfig(busy_timeout_s=0.05, lock_budget_s=budget_s)
+        if opens:
+            db = await SessionDB.open(path, config=config)
+            try:
+                assert await db.get_meta("other-process") == "yes"
+            finally:
+                await db.close()
+        else:
+            with pytest.raises(DatabaseBusy, match="locked by another process during start-up"):
+                await SessionDB.open(path, config=config)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 async def test_two_processes_writing_the_same_file_lose_nothing(tmp_path: Path) -> None:
