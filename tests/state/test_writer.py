@@ -131,12 +131,13 @@ async def test_reads_do_not_wait_behind_a_long_write(db: SessionDB) -> None:
 
     def slow(conn: sqlite3.Connection) -> None:
         loop.call_soon_threadsafe(gate.set)
-        release.wait(5)
+        release.wait(120)  # held until the read below has answered
 
     slow_task = asyncio.create_task(db.writer.submit(slow))
     await asyncio.wait_for(gate.wait(), 5)
-    # The writer is inside a transaction; a read still answers at once.
-    msgs = await asyncio.wait_for(db.get_messages(sid), 2)
+    # The writer is inside a transaction until the read answers: a read that waited behind
+    # it would never answer (the deadline only turns that hang into a failure).
+    msgs = await asyncio.wait_for(db.get_messages(sid), 60)
     assert [m["content"] for m in msgs] == ["visible"]
     release.set()
     await slow_task
