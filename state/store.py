@@ -1,7 +1,7 @@
 """`SessionDB`: the async interface to state.db that the rest of switchboard uses.
 
 It owns one Writer (all writes, group-committed) and a ReaderPool (all reads), and keeps
-the rules of DESIGN.md (lineage, titles, end reasons, pruning) in the operations it submits.
+the rules in docs/architecture.md (lineage, titles, end reasons, pruning) in what it submits.
 The gateway never sees SQL; a different store (PostgreSQL) can implement the same methods.
 """
 
