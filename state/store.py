@@ -2,7 +2,8 @@
 
 It owns one Writer (all writes, group-committed) and a ReaderPool (all reads) and only
 dispatches: every statement lives in an operation module (sessions, messages, lineage,
-listing, handoffs, routing, maintenance, transfer, search) that keeps the rules of DESIGN.md.
+listing, handoffs, routing, maintenance, transfer, search) that keeps the rules in
+docs/architecture.md (lineage, titles, end reasons, pruning).
 """
 
 from __future__ import annotations

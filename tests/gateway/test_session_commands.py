@@ -26,10 +26,10 @@ def current(rig: RouterRig, key: str = "agent:main:telegram:dm:42") -> str:
 
 
 async def settle(rig: RouterRig) -> None:
-    """Let background work (automatic titles) finish."""
-    for _ in range(50):
-        if rig.router.inflight == 0:
-            return
+    """Let background work (automatic titles) finish; the deadline only catches a hang."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while rig.router.inflight != 0:
+        assert asyncio.get_running_loop().time() < deadline, "background work never finished"
         await asyncio.sleep(0.02)
 
 

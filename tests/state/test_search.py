@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from state import QueryError, SessionFilter, Store, schema, search
 from state import messages as msgs
+from state import query as query_language
 from state.sessions import insert_session
 
 CORPUS = {
@@ -73,6 +74,29 @@ FINDS = [
     ("NOT", {"operators"}),
     ("OR", {"operators"}),
     ("words AND", {"operators"}),
+    # a dangling operator is dropped when other terms are left (issue 15, item 24)
+    ("deploy AND", {"deploy"}),
+    ("AND deploy", {"deploy"}),
+    ("deploy OR", {"deploy"}),
+    ("OR deploy", {"deploy"}),
+    ("deploy NOT", {"deploy"}),
+    ("deploy AND AND prod", {"deploy"}),
+    ("deploy OR OR templates", {"deploy", "cpp"}),
+    ("deploy AND OR templates", {"deploy", "cpp"}),  # a run of operators keeps its last
+    ("deploy NOT AND prod", {"deploy"}),
+    ("fox NOT NOT jumps", {"scrambled"}),
+    ("(deploy OR) prod", {"deploy"}),
+    ("(OR deploy) prod", {"deploy"}),
+    ("templates (AND) C++", {"cpp"}),
+    ("deploy OR )", {"deploy"}),
+    ("deploy OR ) templates", {"deploy", "cpp"}),
+    ("NOT AND OR deploy", {"deploy"}),
+    # only operators: the words they spell
+    ("OR OR", {"operators"}),
+    ("AND AND", {"operators", "cpp", "version"}),
+    ("NOT NOT", {"operators"}),
+    ("AND OR NOT", {"operators"}),
+    ("( OR )", {"operators"}),
     ("-x", set()),
     ("cafe", {"accents"}),
     ("brûlée", {"accents"}),
@@ -243,6 +267,7 @@ def test_a_present_word_is_found_or_the_query_is_refused_with_a_reason(
 _QUERY_PARTS = st.one_of(
     st.sampled_from(
         ["OR", "AND", "NOT", "(", ")", '"', "*", "-", ":", "^", "NEAR", "{", "}", "+", "'", "\\"]
+        + ["AND AND", "OR )", "( NOT", "NOT NOT", "OR OR"]
     ),
     st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
 )
@@ -260,6 +285,60 @@ def test_no_query_raises_anything_but_query_error(
         search.search(sync_conn, search.SearchRequest(query=query, roles=("user", "tool")))
     except QueryError as exc:
         assert str(exc)
+
+
+async def test_a_dangling_operator_does_not_become_a_required_word(store: Store) -> None:
+    """`outage AND` in a store full of outages finds them all (the chat /search command
+    and `switchboard sessions search` parse with the same function)."""
+    sid = await store.create_session(source="api")
+    await store.append_messages(
+        sid, [{"role": "user", "content": f"outage number {i}"} for i in range(30)]
+    )
+    everything = {h["id"] for h in await store.search_messages("outage", limit=100)}
+    assert len(everything) == 30
+    for query in ["outage AND", "AND outage", "outage OR", "outage NOT", "(outage OR)",
+                  "outage AND AND", "OR OR outage AND NOT"]:  # fmt: skip
+        assert {h["id"] for h in await store.search_messages(query, limit=100)} == everything, query
+
+
+_VOCABULARY = st.sampled_from(
+    ["outage", "db", "deploy", "dep*", '"red alert"', "AND", "OR", "NOT", "(", ")", "***"]
+)
+_OPS = st.sampled_from(["AND", "OR", "NOT"])
+
+
+def _parsed(query: str) -> object:
+    try:
+        return query_language.parse(query)
+    except QueryError as exc:
+        return f"QueryError: {exc}"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    base=st.lists(_VOCABULARY, min_size=1, max_size=10).filter(
+        lambda parts: any(p in ("outage", "db", "deploy", "dep*", '"red alert"') for p in parts)
+    ),
+    lead=st.lists(_OPS, max_size=3),
+    lead_binary=st.sampled_from(["AND", "OR"]),
+    tail=st.lists(_OPS, max_size=3),
+)
+def test_dangling_operators_around_a_query_change_nothing(
+    base: list[str], lead: list[str], lead_binary: str, tail: list[str]
+) -> None:
+    """Operators with nothing on one side are dropped: wrapping a query that has a word in
+    them parses to exactly what the query alone does (the same tree, or the same refusal),
+    and never raises anything but QueryError."""
+    query = " ".join(base)
+    prefix = [*lead, lead_binary] if lead else []  # a final NOT would be a real negation
+    wrapped = " ".join([*prefix, query, *tail])
+    assert _parsed(wrapped) == _parsed(query), wrapped
+
+
+def test_parentheses_nested_too_deeply_are_a_query_error() -> None:
+    with pytest.raises(QueryError, match="too deeply"):
+        query_language.parse("(" * 5000 + "deploy")
+    assert query_language.parse("(" * 50 + "deploy") == query_language.Term("deploy")
 
 
 async def test_an_old_scoped_match_is_found_behind_many_newer_matches(store: Store) -> None:
