@@ -212,7 +212,10 @@ class Gateway:
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
             await adapter.start(self.router.handle)
-        self.handoffs = HandoffWatcher(self.db, self.router, self._adapters_by_platform)
+        self.handoffs = HandoffWatcher(
+            self.db, self.router, self._adapters_by_platform,
+            configured_homes={p: self.config.platform(p)["home_channel"] for p in PLATFORMS},
+        )  # fmt: skip
         self.handoffs.start()
         log.info(
             "switchboard is running (home %s; adapters: %s)",

@@ -69,6 +69,13 @@ def _timezone(v: Any) -> str | None:
     return None
 
 
+def _home_channel(v: Any) -> str | None:
+    parts = str(v).split(":")
+    if len(parts) > 2 or not all(part.strip() for part in parts):
+        return f"must be a chat id or chat_id:thread_id (got {v!r})"
+    return None
+
+
 RESET_FIELDS: dict[str, Field] = {
     "mode": Field(str, "none", _one_of("none", "idle", "daily", "both")),
     "idle_minutes": Field(int, 1440, _range(1, 525_600)),
@@ -90,7 +97,9 @@ PLATFORM_SCHEMA: dict[str, Field] = {
     "allowed_users": Field(list, [], _str_list),
     "allow_all_users": Field(bool, False),
     "admins": Field(list, [], _str_list),
-    "home_channel": Field((str, int, type(None)), None),
+    "home_channel": Field(
+        (str, int, type(None)), None, _home_channel, "handoff target unless /sethome names one"
+    ),
     "require_mention": Field(bool, True),
     "free_response_channels": Field(list, [], _str_list),
     "base_url": Field((str, type(None)), None),
