@@ -53,17 +53,21 @@ class Resetter:
     def policy_for(self, entry: IndexEntry) -> ResetPolicy:
         return self.policies.for_chat(entry.platform, entry.chat_type)
 
-    def decide(self, entry: IndexEntry, now: float) -> ResetDecision:
+    def decide(self, entry: IndexEntry, now: float, *, known_empty: bool = True) -> ResetDecision:
         live = bool(self.router.live_jobs(entry.session_id))
-        # known-empty until activity: every touch replaces the entry object
-        empty = self._empty.get(entry.session_id) is entry
+        # known-empty until a turn touches the entry, which replaces the entry object
+        empty = known_empty and self._empty.get(entry.session_id) is entry
         return decide(entry.updated_at, now, live, self.policy_for(entry), empty=empty)
 
-    async def _due(self, entry: IndexEntry, now: float) -> tuple[str, dict[str, Any]] | None:
+    async def _due(
+        self, entry: IndexEntry, now: float, *, known_empty: bool = True
+    ) -> tuple[str, dict[str, Any]] | None:
         """The reason to reset `entry` now and its session row, or None. state.db is asked
         only once the policy says a reset is due: an empty session (or one that no longer
-        exists) is never reset, else every idle chat would grow a chain of empty sessions."""
-        if self.decide(entry, now).reason is None:
+        exists) is never reset, else every idle chat would grow a chain of empty sessions.
+        `known_empty=False` asks again about a session remembered as empty (a background
+        job stores messages without touching the entry)."""
+        if self.decide(entry, now, known_empty=known_empty).reason is None:
             return None
         row = await self.router.db.get_session(entry.session_id)
         if row is None:  # deleted under the daemon: the chat's next message starts afresh
@@ -71,6 +75,7 @@ class Resetter:
         if not row.get("message_count"):
             self._empty[entry.session_id] = entry
             return None
+        self._empty.pop(entry.session_id, None)
         reason = self.decide(entry, now).reason
         return None if reason is None else (reason, row)
 
@@ -98,7 +103,7 @@ class Resetter:
 
     async def check(self, key: str, entry: IndexEntry) -> IndexEntry:
         """The lazy path, for the router (which holds the session lock already)."""
-        due = await self._due(entry, self.clock())
+        due = await self._due(entry, self.clock(), known_empty=False)
         if due is None:
             return entry
         return await self._reset(key, entry, *due)

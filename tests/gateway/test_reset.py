@@ -292,6 +292,26 @@ async def test_an_idle_chat_is_reset_once_not_every_sweep(
     assert len(await _lineage_of(rig, "agent:main:telegram:dm:42")) == 3
 
 
+async def test_a_session_remembered_as_empty_is_asked_again_on_the_next_message(
+    rig: RouterRig,
+) -> None:
+    # a background job stores messages without a turn touching the index entry
+    clock = Clock(ts(2026, 5, 1, 12))
+    resetter = _arm(rig, IDLE, clock)
+    await _say(rig, dm("/status"))
+    sid = rig.index.get("agent:main:telegram:dm:42").session_id  # type: ignore[union-attr]
+    clock.now += 2 * 3600
+    assert await resetter.apply() == 0  # empty: remembered, not reset
+    await _say(rig, dm("/background think"))
+    await rig.router.drain(5)  # the job itself
+    assert rig.outbox.sent[-1].text.startswith("Background job bg1 finished")
+    clock.now += 2 * 3600
+    assert await resetter.apply() == 0  # the sweep trusts what it remembered ...
+    replies = await _say(rig, dm("hello"))  # ... the message's own check asks state.db
+    assert replies[0].startswith("A new session was started") and replies[-1] == "echo: hello"
+    assert (await rig.db.require_session(sid))["end_reason"] == "idle"
+
+
 async def test_the_real_scheduler_sweeps_on_its_interval() -> None:
     runs: list[float] = []
 
