@@ -216,7 +216,10 @@ class Gateway:
                     raise
                 port = getattr(adapter, "port", "?")
                 raise PortInUse(port, getattr(adapter, "host", "?")) from None
-        self.handoffs = HandoffWatcher(self.db, self.router, self._adapters_by_platform)
+        self.handoffs = HandoffWatcher(
+            self.db, self.router, self._adapters_by_platform,
+            configured_homes={p: self.config.platform(p)["home_channel"] for p in PLATFORMS},
+        )  # fmt: skip
         self.handoffs.start()
         log.info(
             "switchboard is running (home %s; adapters: %s)",

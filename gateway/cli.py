@@ -204,7 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ConfigError as exc:
-        print(f"switchboard: config error: {exc}", file=sys.stderr)
+        for problem in exc.all():
+            print(f"switchboard: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     except (GatewayError, StateError) as exc:
         if args.debug:

@@ -306,6 +306,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 sid = current.session_id
                 finished, result = await interrupts.run(handoff_from_terminal(
                     db, sid, platform, enabled=config.platform(platform)["enabled"],
+                    configured_home=config.platform(platform)["home_channel"],
                     heartbeat=lambda beat: con.print(beat, style="dim"),
                 ))  # fmt: skip
                 if not finished:

@@ -23,6 +23,22 @@ class ConfigError(GatewayError):
         self.key = key
         self.problem = problem
 
+    def all(self) -> list[ConfigError]:
+        """Every problem this error stands for (one, unless it is a ConfigErrors)."""
+        return [self]
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration problems found in one pass; the first names `key`."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__(errors[0].key, errors[0].problem)
+        self.args = ("\n".join(str(e) for e in errors),)
+        self.errors = list(errors)
+
+    def all(self) -> list[ConfigError]:
+        return list(self.errors)
+
 
 class AlreadyRunning(GatewayError):
     def __init__(self, home: str, pid: str) -> None:

@@ -31,7 +31,7 @@ from gateway.sessions import SessionManager
 
 if TYPE_CHECKING:
     from gateway.reset import Resetter
-from state import SessionFilter, StateError, Store
+from state import SessionFilter, SessionNotFound, StateError, Store
 
 log = logging.getLogger("gateway.router")
 
@@ -180,7 +180,12 @@ class Router:
         k = key.format()
         try:
             async with self.session_lock(k):
-                await self._process_locked(msg, key, started)
+                try:
+                    await self._process_locked(msg, key, started)
+                except SessionNotFound as exc:
+                    if not self._forget_deleted(k, exc.ref):
+                        raise
+                    await self._process_locked(msg, key, started)  # in a fresh session
         except Exception as exc:  # nothing may escape into the event loop
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.metrics.errors.inc(kind="turn")
@@ -211,6 +216,17 @@ class Router:
             await self._reply(msg, entry.session_id, text, key)
             return
         await self._agent_turn(msg, key, entry, started)
+
+    def _forget_deleted(self, k: str, session_id: str) -> bool:
+        """The key's session was deleted under the daemon (`sessions delete` from another
+        process): drop the entry so the retried message starts a fresh session (never the
+        deleted id again). False when the missing session is not this key's."""
+        entry = self.index.get(k)
+        if entry is None or entry.session_id != session_id:
+            return False
+        log.warning("session %s of session_key=%s was deleted; starting a fresh one", session_id, k)
+        self.index.remove(k)
+        return True
 
     async def entry_for(self, key: SessionKey, msg: InboundMessage) -> IndexEntry:
         """The index entry for this key, creating the session on first contact."""

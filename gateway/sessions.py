@@ -83,12 +83,18 @@ class SessionManager:
         """A fresh child session (kind `reset`); the old one ends with `reason`.
         Returns the new entry and, if the title was refused, why (the reset still happened)."""
         current = self.index.get(key.format())
-        if current is None:
+        entry = None
+        if current is not None:
+            try:
+                sid = await self.db.fork_session(current.session_id, "reset", end_reason=reason)
+                entry = self._entry(sid, source)
+                self.index.put(key.format(), entry)
+            except SessionNotFound as exc:
+                if exc.ref != current.session_id:
+                    raise
+                log.warning("session %s was deleted; the reset starts a fresh one", exc.ref)
+        if entry is None:  # no session yet, or it was deleted under the daemon
             entry = await self.create(key, source)
-        else:
-            sid = await self.db.fork_session(current.session_id, "reset", end_reason=reason)
-            entry = self._entry(sid, source)
-            self.index.put(key.format(), entry)
         problem = None
         if title:
             try:

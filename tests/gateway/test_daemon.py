@@ -114,3 +114,26 @@ def test_a_corrupt_state_db_exits_1_with_a_clear_line(tmp_path: Path) -> None:
         and "not an SQLite database" in proc.stderr
         and "Traceback" not in proc.stderr
     )
+
+
+def test_check_config_lists_every_problem_and_run_refuses_duplicate_keys(tmp_path: Path) -> None:
+    # issue 15 item 12
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("agent:\n  backend: telepathy\nlogging:\n  level: loud\n")
+    check = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert check.returncode == 78
+    lines = check.stderr.splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["config error"] * 2
+    assert sorted(line.split(":")[2].strip() for line in lines) == [
+        "agent.backend",
+        "logging.level",
+    ]
+    (home / "config.yaml").write_text("platforms:\n  api:\n    port: 0\n    port: 8642\n")
+    for command in ("run", "check-config"):
+        proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), command],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert proc.returncode == 78, proc.stderr
+        assert "platforms.api.port: duplicate key at line 4 (first at line 3)" in proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -61,6 +61,15 @@ def test_decide(
         assert decision.blocked_by_jobs
 
 
+@pytest.mark.parametrize("policy", [IDLE, DAILY_UTC, BERLIN, BOTH])
+def test_an_empty_session_is_never_due(policy: ResetPolicy) -> None:
+    # issue 15 item 2: long past every threshold, an empty session is still not reset
+    last, now = ts(2026, 1, 1, 12), ts(2026, 3, 1, 12)
+    assert decide(last, now, False, policy).reason is not None
+    decision = decide(last, now, False, policy, empty=True)
+    assert decision.reason is None and decision.due_at is None and not decision.blocked_by_jobs
+
+
 def test_boundaries_across_dst() -> None:
     assert last_boundary(datetime(2026, 3, 29, 12, tzinfo=UTC), 2, "Europe/Berlin") == datetime(
         2026, 3, 29, 1, tzinfo=UTC
@@ -172,8 +181,10 @@ async def test_no_notice_when_the_old_session_was_empty_and_none_when_not_wanted
     await _say(rig, group("/status", user="5"))  # a session with no messages
     empty = rig.index.get("agent:main:telegram:group:-100:5").session_id  # type: ignore[union-attr]
     clock.now += 2 * 3600
-    assert await _say(rig, group("hi", user="5")) == ["echo: hi"]  # reset, silently
-    assert (await rig.db.require_session(empty))["end_reason"] == "idle"
+    assert await _say(rig, group("hi", user="5")) == ["echo: hi"]  # no reset, no notice
+    row = await rig.db.require_session(empty)  # an empty session is kept, not reset
+    assert row["end_reason"] is None and row["message_count"] == 2
+    assert rig.index.get("agent:main:telegram:group:-100:5").session_id == empty  # type: ignore[union-attr]
 
 
 async def test_a_session_with_a_live_background_job_is_not_reset(rig: RouterRig) -> None:
@@ -229,6 +240,76 @@ async def test_status_describes_the_policy_and_next_reset(rig: RouterRig) -> Non
         "Reset policy: after 600 minutes idle or daily at 04:00 UTC; next reset at 2026-05-01 22:00 UTC"
         in status
     )
+
+
+async def _lineage_of(rig: RouterRig, key: str) -> list[str]:
+    sid = rig.index.get(key).session_id  # type: ignore[union-attr]
+    return [r["id"] for r in await rig.db.get_ancestors(sid)] + [sid]
+
+
+@pytest.mark.parametrize(
+    "policy, step", [(ResetPolicy("idle", idle_minutes=1), 61), (DAILY_UTC, 86_400)]
+)
+async def test_an_idle_chat_is_reset_once_not_every_sweep(
+    rig: RouterRig, policy: ResetPolicy, step: float
+) -> None:
+    # issue 15 item 2: the real scheduler sweeps, the clock moves a period per sweep;
+    # one reset (to an empty child), then that empty child is never reset again
+    clock = Clock(ts(2026, 5, 1, 12))
+    resetter = _arm(rig, policy, clock)
+    await _say(rig, dm("hello"))
+    await _say(rig, group("/status", user="5"))  # a session that never had a message
+    quiet = rig.index.get("agent:main:telegram:group:-100:5").session_id  # type: ignore[union-attr]
+    sweeps = asyncio.Event()
+    done = 0
+
+    async def sweep() -> None:
+        nonlocal done
+        clock.now += step
+        await resetter.apply()
+        done += 1
+        if done >= 11:
+            sweeps.set()
+
+    sched = ResetScheduler(sweep, sweep_seconds=0.05)
+    sched.start()
+    try:
+        await asyncio.wait_for(sweeps.wait(), 30)
+    finally:
+        await sched.stop(5)
+    assert resetter.resets == 1
+    lineage = await _lineage_of(rig, "agent:main:telegram:dm:42")
+    assert len(lineage) == 2
+    assert (await rig.db.require_session(lineage[1]))["end_reason"] is None
+    assert rig.index.get("agent:main:telegram:group:-100:5").session_id == quiet  # type: ignore[union-attr]
+    assert await rig.db.session_count() == 3
+    # the empty child is used by the next message, which then makes it resettable again
+    replies = await _say(rig, dm("back"))
+    assert replies[0].startswith("A new session was started") and replies[1] == "echo: back"
+    assert await _lineage_of(rig, "agent:main:telegram:dm:42") == lineage
+    clock.now += step + 1
+    assert await resetter.apply() == 1
+    assert len(await _lineage_of(rig, "agent:main:telegram:dm:42")) == 3
+
+
+async def test_a_session_remembered_as_empty_is_asked_again_on_the_next_message(
+    rig: RouterRig,
+) -> None:
+    # a background job stores messages without a turn touching the index entry
+    clock = Clock(ts(2026, 5, 1, 12))
+    resetter = _arm(rig, IDLE, clock)
+    await _say(rig, dm("/status"))
+    sid = rig.index.get("agent:main:telegram:dm:42").session_id  # type: ignore[union-attr]
+    clock.now += 2 * 3600
+    assert await resetter.apply() == 0  # empty: remembered, not reset
+    await _say(rig, dm("/background think"))
+    await rig.router.drain(5)  # the job itself
+    assert rig.outbox.sent[-1].text.startswith("Background job bg1 finished")
+    clock.now += 2 * 3600
+    assert await resetter.apply() == 0  # the sweep trusts what it remembered ...
+    replies = await _say(rig, dm("hello"))  # ... the message's own check asks state.db
+    assert replies[0].startswith("A new session was started") and replies[-1] == "echo: hello"
+    assert (await rig.db.require_session(sid))["end_reason"] == "idle"
 
 
 async def test_the_real_scheduler_sweeps_on_its_interval() -> None:
