@@ -157,7 +157,7 @@ class DiscordAdapter:
         self.state = "stopped"
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "last_error": self.last_error,
+        return {"state": self.state, "last_error": self.last_error, "typing_in": sorted(self._typing),
                 "latency_ms": round(self._client.latency * 1000, 1) if self._client and self._client.is_ready() else None}  # fmt: skip
 
     # --- inbound ------------------------------------------------------------------------
