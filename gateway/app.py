@@ -270,7 +270,7 @@ class Gateway:
                 api["host"], api["port"], secret("platforms.api.key_env"),
                 reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
                 health=self.health, metrics=self.metrics.render, routes=routes,
-                models=(self.agent.model,) if self.agent else (),
+                models=(self.agent.model,) if self.agent and self.agent.model else (),
             ))  # fmt: skip
         return adapters
 
