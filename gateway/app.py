@@ -293,7 +293,9 @@ class Gateway:
             lambda: db.writer.stats.last_commit_ms,
         )
         self.metrics.gauge(
-            "switchboard_writer_batches_total", "Commits so far", lambda: db.writer.stats.batches,
+            "switchboard_writer_batches_total",
+            "Commits so far",
+            lambda: db.writer.stats.batches,
             kind="counter",
         )
         recent = db.writer.stats
