@@ -24,7 +24,7 @@ from gateway.config import PLATFORMS, Config
 from gateway.errors import AlreadyRunning, GatewayError, PortInUse
 from gateway.handoff import HandoffWatcher
 from gateway.index import SessionIndex
-from gateway.messages import OutboundMessage, SentRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
@@ -180,8 +180,9 @@ class Gateway:
         await self.index.load()
         self.agent = self.agent or build_agent(self.config)
         self.router = Router(
-            self.db, self.index, self.agent, self._send, router_settings(self.config), self.metrics
-        )
+            self.db, self.index, self.agent, self._send, router_settings(self.config),
+            self.metrics, events=self,
+        )  # fmt: skip
         self._register_gauges()
         policies = reset_policies(self.config)
         self.router.resetter = Resetter(
@@ -276,6 +277,7 @@ class Gateway:
                 api["host"], api["port"], secret("platforms.api.key_env"),
                 reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
                 health=self.health, metrics=self.metrics.render, routes=routes,
+                models=(self.agent.model,) if self.agent and self.agent.model else (),
             ))  # fmt: skip
         return adapters
 
@@ -298,7 +300,10 @@ class Gateway:
             lambda: db.write_stats().last_commit_ms,
         )
         self.metrics.gauge(
-            "switchboard_writer_batches_total", "Commits so far", lambda: db.write_stats().batches
+            "switchboard_writer_batches_total",
+            "Commits so far",
+            lambda: db.write_stats().batches,
+            kind="counter",
         )
 
         def quantile(values: Sequence[float], q: float) -> float:
@@ -334,6 +339,18 @@ class Gateway:
             )
             return None
         return await adapter.send(msg)
+
+    # TurnEvents for the router: passed on to the message's adapter when it has the method
+    # (Discord shows typing for a running turn; the api answers a dropped request at once)
+    def turn_started(self, msg: InboundMessage) -> None:
+        hook = getattr(self._adapters_by_platform.get(msg.source.platform), "turn_started", None)
+        if hook is not None:
+            hook(msg)
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        hook = getattr(self._adapters_by_platform.get(msg.source.platform), "turn_ended", None)
+        if hook is not None:
+            hook(msg, dropped)
 
     RELOADABLE = (
         "logging.level",

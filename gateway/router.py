@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway import access, session_commands
 from gateway.agent.base import Agent, AgentReply, TurnContext, window
@@ -46,6 +46,16 @@ DEDUPE_MEMORY = 50_000
 Sender = Callable[[OutboundMessage], Awaitable[SentRef | None]]
 
 
+class TurnEvents(Protocol):
+    """What the router tells the platform side about one inbound message, besides replies:
+    that an agent turn for it is starting (show typing), and that the work on it is over,
+    with the reason when it was dropped unanswered ("duplicate", "unauthorised", ...)."""
+
+    def turn_started(self, msg: InboundMessage) -> None: ...
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None: ...
+
+
 @dataclass(frozen=True)
 class AccessRules:
     """Who may talk to the agent on one platform."""
@@ -58,6 +68,15 @@ class AccessRules:
         if self.allow_all:
             return True
         return user_id is not None and (user_id in self.allowed or user_id in self.admins)
+
+
+@dataclass
+class _Turn:
+    """How far one message got: whether it was stored (and where), or why it was dropped."""
+
+    stored: bool = False
+    session_id: str | None = None
+    dropped: str | None = None
 
 
 @dataclass
@@ -82,6 +101,7 @@ class Router:
         settings: RouterSettings | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        events: TurnEvents | None = None,
     ) -> None:
         self.db = db
         self.index = index
@@ -90,6 +110,7 @@ class Router:
         self.settings = settings or RouterSettings()
         self.metrics = metrics or Metrics()
         self.clock = clock
+        self.events = events
         self.commands: CommandRegistry = builtin_commands()
         session_commands.register(self.commands)
         self.sessions = SessionManager(
@@ -118,21 +139,39 @@ class Router:
         if not self._accepting:
             self.metrics.dropped.inc(reason="shutting_down")
             await self._reply(msg, None, BUSY)
+            self._ended(msg, "shutting_down")
             return
         if not self._authorised(msg):
+            self._ended(msg, "unauthorised")
             return
         if not msg.mentioned:
             self.metrics.dropped.inc(reason="not_addressed")
+            self._ended(msg, "not_addressed")
             return
         if msg.platform_message_id is not None:
             seen_key = (src.platform, src.chat_id, msg.platform_message_id)
             if seen_key in self._seen:
                 self.metrics.dropped.inc(reason="duplicate")
+                self._ended(msg, "duplicate")
                 return
             self._remember(seen_key)
         task = asyncio.create_task(self._process(msg), name=f"turn:{src.platform}:{src.chat_id}")
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+
+    def _started(self, msg: InboundMessage) -> None:
+        if self.events is not None:
+            try:
+                self.events.turn_started(msg)
+            except Exception:  # a platform nicety must never break a turn
+                log.exception("turn_started failed on %s", msg.source.platform)
+
+    def _ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        if self.events is not None:
+            try:
+                self.events.turn_ended(msg, dropped)
+            except Exception:
+                log.exception("turn_ended failed on %s", msg.source.platform)
 
     def _remember(self, seen_key: tuple[str, str, str]) -> None:
         self._seen[seen_key] = None
@@ -178,33 +217,37 @@ class Router:
         started = self.clock()
         key = self.key_for(msg)
         k = key.format()
+        turn = _Turn()
         try:
             async with self.session_lock(k):
                 try:
-                    await self._process_locked(msg, key, started)
+                    await self._process_locked(msg, key, started, turn)
                 except SessionNotFound as exc:
                     if not self._forget_deleted(k, exc.ref):
                         raise
-                    await self._process_locked(msg, key, started)  # in a fresh session
+                    await self._process_locked(msg, key, started, turn)  # in a fresh session
         except Exception as exc:  # nothing may escape into the event loop
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.metrics.errors.inc(kind="turn")
             log.exception("turn failed for session_key=%s platform=%s", k, msg.source.platform)
-            storage = isinstance(exc, StateError)
-            await self._reply(
-                msg,
-                None,
-                STORAGE_APOLOGY if storage else APOLOGY,
-                error="storage" if storage else "agent",
-            )
+            # "Your message was saved" only when it was: anything failing before the store
+            # (a message the database refuses, a command) is reported as not stored
+            if turn.stored:
+                await self._reply(msg, turn.session_id, APOLOGY, key, error="agent")
+            else:
+                await self._reply(msg, None, STORAGE_APOLOGY, error="storage")
+        finally:
+            self._ended(msg, turn.dropped)
 
-    async def _process_locked(self, msg: InboundMessage, key: SessionKey, started: float) -> None:
+    async def _process_locked(
+        self, msg: InboundMessage, key: SessionKey, started: float, turn: _Turn
+    ) -> None:
         entry = await self.entry_for(key, msg)
         if self.resetter is not None:
             entry = await self.resetter.check(key.format(), entry)
             notice = self.resetter.take_notice(key.format())
             if notice:
-                await self._reply(msg, entry.session_id, notice, key)
+                await self._reply(msg, entry.session_id, notice, key, notice=True)
         parsed = parse_command(msg.text)
         if parsed is not None:
             name, args = parsed
@@ -213,9 +256,11 @@ class Router:
                 text = f"Unknown command /{name}. Send /help for the list."
             else:
                 text = await command.handler(CommandContext(self, msg, key, entry.session_id, args))
-            await self._reply(msg, entry.session_id, text, key)
+            # /new, /branch, /resume ... change the key's session: answer with the live one
+            live = self.index.get(key.format())
+            await self._reply(msg, live.session_id if live else entry.session_id, text, key)
             return
-        await self._agent_turn(msg, key, entry, started)
+        await self._agent_turn(msg, key, entry, started, turn)
 
     def _forget_deleted(self, k: str, session_id: str) -> bool:
         """The key's session was deleted under the daemon (`sessions delete` from another
@@ -237,7 +282,7 @@ class Router:
         return await self.sessions.create(key, msg.source)
 
     async def _agent_turn(
-        self, msg: InboundMessage, key: SessionKey, entry: IndexEntry, started: float
+        self, msg: InboundMessage, key: SessionKey, entry: IndexEntry, started: float, turn: _Turn
     ) -> None:
         src = msg.source
         k = key.format()
@@ -254,10 +299,13 @@ class Router:
         )  # fmt: skip
         if not stored_ids:
             self.metrics.dropped.inc(reason="duplicate")
+            turn.dropped = "duplicate"
             log.debug(
                 "duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id
             )
             return
+        turn.stored, turn.session_id = True, sid
+        self._started(msg)
         self.index.touch(k, self.clock())
         self._jobs.setdefault(sid, set()).add("turn")
         try:
@@ -419,12 +467,13 @@ class Router:
         text: str,
         key: SessionKey | None = None,
         error: str | None = None,
+        notice: bool = False,
     ) -> None:
         src = msg.source
         out = OutboundMessage(
             platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
             reply_to=msg.platform_message_id, session_id=session_id,
-            session_key=key.format() if key else None, error=error,
+            session_key=key.format() if key else None, error=error, notice=notice,
         )  # fmt: skip
         try:
             await self.send(out)
