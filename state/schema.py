@@ -11,13 +11,20 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
-from . import textindex
+from . import foreign, textindex
 from .errors import DatabaseError, SchemaTooNew
 from .titles import lineage_key, title_key
 
 log = logging.getLogger("state.schema")
 
 META_VERSION_KEY = "switchboard.schema_version"
+OWNS_SCHEMA_VERSION_KEY = "switchboard.owns_schema_version"  # set by schema <= 8 only
+
+# switchboard's main search index. Hermes Agent names its own (differently defined) index
+# `messages_fts` with triggers `messages_fts_insert/_delete/_update` and repairs them at every
+# start, so switchboard's objects use names Hermes never touches.
+FTS_TABLE = "sb_messages_fts"
+_LEGACY_FTS_TRIGGERS = ("messages_fts_insert", "messages_fts_delete", "messages_fts_update")
 
 SESSION_COLUMNS: dict[str, str] = {
     # Baseline (Hermes Agent's documented sessions table).
@@ -80,6 +87,8 @@ MESSAGE_COLUMNS: dict[str, str] = {
     "reasoning_details": "TEXT",
     "codex_reasoning_items": "TEXT",
     "platform_message_id": "TEXT",
+    # switchboard addition: 1 on rows switchboard wrote (state.foreign); NULL from others.
+    "sb_written": "INTEGER",
 }
 
 # Columns that ALTER TABLE ADD COLUMN cannot add as declared (PRIMARY KEY, NOT NULL
@@ -125,13 +134,6 @@ def _exec_script(conn: sqlite3.Connection, script: str) -> None:
         raise ValueError(f"incomplete SQL statement: {pending.strip()[:60]}")
 
 
-def _fts_triggers_present(conn: sqlite3.Connection, fts: str, table: str) -> bool:
-    rows = conn.execute(
-        "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?", (table,)
-    ).fetchall()
-    return any(fts in (r[0] or "") for r in rows)
-
-
 def _migration_1(conn: sqlite3.Connection) -> None:
     """Baseline tables, routing columns, indexes and the main FTS index."""
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -157,26 +159,8 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         "WHERE handoff_state IS NOT NULL",
     ):
         conn.execute(sql)
-    if not _table_exists(conn, "messages_fts"):
-        _create_messages_fts(conn, prefixes="")
-    if not _fts_triggers_present(conn, "messages_fts", "messages"):
-        _exec_script(
-            conn,
-            """
-            CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-                INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-            END;
-            CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-                INSERT INTO messages_fts(messages_fts, rowid, content)
-                VALUES ('delete', old.id, old.content);
-            END;
-            CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-                INSERT INTO messages_fts(messages_fts, rowid, content)
-                VALUES ('delete', old.id, old.content);
-                INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-            END;
-            """,
-        )
+    # The main search index and its triggers are migration 9's (sb_messages_fts): the
+    # names Hermes Agent uses for its own index are left to it.
     # Fill the denormalised columns for rows written by other programs.
     conn.execute(
         """UPDATE sessions SET last_active = COALESCE(
@@ -319,16 +303,16 @@ def _migration_5(conn: sqlite3.Connection) -> None:
 FTS_PREFIXES = "4"
 
 
-def _create_messages_fts(conn: sqlite3.Connection, prefixes: str) -> None:
+def _create_messages_fts(conn: sqlite3.Connection, prefixes: str, name: str = FTS_TABLE) -> None:
     option = f", prefix='{prefixes}'" if prefixes else ""
     conn.execute(
-        "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content=messages, "
+        f"CREATE VIRTUAL TABLE {name} USING fts5(content, content=messages, "
         f"content_rowid=id{option})"
     )
     # Merge segments in larger steps: group commits write many small segments, and
     # automerge=8 measured 10-15% faster appends than the default 4 (bench/).
-    conn.execute("INSERT INTO messages_fts(messages_fts, rank) VALUES ('automerge', 8)")
-    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+    conn.execute(f"INSERT INTO {name}({name}, rank) VALUES ('automerge', 8)")
+    conn.execute(f"INSERT INTO {name}({name}) VALUES ('rebuild')")
 
 
 def _migration_6(conn: sqlite3.Connection) -> None:
@@ -338,13 +322,8 @@ def _migration_6(conn: sqlite3.Connection) -> None:
 
 
 def _migration_7(conn: sqlite3.Connection) -> None:
-    """The main index again, with prefix indexes (FTS_PREFIXES). The triggers name the table,
-    so they keep working; the rebuild reads every message once (about 20 s per million)."""
-    (count,) = conn.execute("SELECT COUNT(*) FROM messages").fetchone()
-    if count > 50_000:
-        log.info("rebuilding the search index with prefix indexes (%d messages)", count)
-    conn.execute("DROP TABLE IF EXISTS messages_fts")
-    _create_messages_fts(conn, FTS_PREFIXES)
+    """Was: rebuild `messages_fts` with prefix indexes. Migration 9 builds switchboard's
+    index under its own name with them, so there is nothing to do here any more."""
 
 
 # FTS5 merges segments in quanta of 64 leaf pages per level, inside whichever commit crosses
@@ -356,11 +335,99 @@ FTS_PAGE_SIZE = 1000
 
 
 def _migration_8(conn: sqlite3.Connection) -> None:
-    """Smaller index leaves (FTS_PAGE_SIZE). Existing segments keep their leaves until a
-    merge rewrites them; FTS5 reads leaves of either size."""
-    conn.execute(
-        "INSERT INTO messages_fts(messages_fts, rank) VALUES ('pgsz', ?)", (FTS_PAGE_SIZE,)
+    """Was: smaller leaves for `messages_fts`; migration 9 creates sb_messages_fts with them."""
+
+
+def _own_legacy_fts(conn: sqlite3.Connection) -> str | None:
+    """The SQL of a `messages_fts` that switchboard (schema <= 8) made, else None.
+
+    Schema 7 rebuilt the table with a prefix index, which no Hermes version declares; on a
+    file switchboard created, the table is its own whatever its shape."""
+    row = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'messages_fts' AND type = 'table'"
+    ).fetchone()
+    if row is None:
+        return None
+    sql = row[0] or ""
+    owns = conn.execute(
+        "SELECT 1 FROM state_meta WHERE key = ?", (OWNS_SCHEMA_VERSION_KEY,)
+    ).fetchone()
+    return sql if ("prefix=" in sql or owns is not None) else None
+
+
+_FTS_TRIGGERS_SQL = """
+CREATE TRIGGER IF NOT EXISTS sb_messages_fts_ai AFTER INSERT ON messages BEGIN
+    INSERT INTO sb_messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER IF NOT EXISTS sb_messages_fts_ad AFTER DELETE ON messages BEGIN
+    INSERT INTO sb_messages_fts(sb_messages_fts, rowid, content)
+    VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER IF NOT EXISTS sb_messages_fts_au AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO sb_messages_fts(sb_messages_fts, rowid, content)
+    VALUES ('delete', old.id, old.content);
+    INSERT INTO sb_messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+"""
+
+
+def _legacy_triggers_are_ours(conn: sqlite3.Connection) -> bool:
+    """All three legacy triggers exist with switchboard's external-content bodies (a file
+    Hermes <= v10 wrote has only an insert trigger; Hermes >= v11 deletes by rowid)."""
+    rows = dict(
+        conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN (?, ?, ?)",
+            _LEGACY_FTS_TRIGGERS,
+        ).fetchall()
     )
+    if set(rows) != set(_LEGACY_FTS_TRIGGERS):
+        return False
+    deletes = "VALUES ('delete', old.id, old.content)"
+    return all(
+        deletes in (rows[name] or "") for name in ("messages_fts_delete", "messages_fts_update")
+    ) and "new.content" in (rows["messages_fts_insert"] or "")
+
+
+def _migration_9(conn: sqlite3.Connection) -> None:
+    """Share a file with Hermes Agent without harming either side.
+
+    * switchboard's index becomes `sb_messages_fts` with `sb_` triggers; a `messages_fts`
+      switchboard made is moved (kept, when all three of its triggers are intact) or dropped
+      together with every trigger of that name, so Hermes recreates its own at its next
+      start. A `messages_fts` of Hermes's is left exactly as it is.
+    * the number switchboard <= 8 wrote into Hermes's `schema_version` is removed: Hermes
+      then records its own version once instead of replaying its migrations at every start.
+    * `messages.sb_written` marks rows switchboard wrote; triggers queue other programs' rows
+      for the derived columns (state.foreign).
+    """
+    legacy = _own_legacy_fts(conn)
+    have_new = _table_exists(conn, FTS_TABLE)
+    if legacy is not None:
+        intact = "prefix=" in legacy and _legacy_triggers_are_ours(conn)
+        for name in _LEGACY_FTS_TRIGGERS:
+            conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+        if intact and not have_new:
+            conn.execute(f"ALTER TABLE messages_fts RENAME TO {FTS_TABLE}")
+            have_new = True
+        else:
+            conn.execute("DROP TABLE messages_fts")
+    if not have_new:
+        (count,) = conn.execute("SELECT COUNT(*) FROM messages").fetchone()
+        if count > 50_000:
+            log.info("building the search index (%d messages)", count)
+        _create_messages_fts(conn, FTS_PREFIXES)
+    conn.execute(
+        f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rank) VALUES ('pgsz', ?)", (FTS_PAGE_SIZE,)
+    )
+    _exec_script(conn, _FTS_TRIGGERS_SQL)
+    if "sb_written" not in _columns(conn, "messages"):
+        conn.execute("ALTER TABLE messages ADD COLUMN sb_written INTEGER")
+    if conn.execute(
+        "SELECT 1 FROM state_meta WHERE key = ?", (OWNS_SCHEMA_VERSION_KEY,)
+    ).fetchone():
+        conn.execute("DELETE FROM schema_version")
+        conn.execute("DELETE FROM state_meta WHERE key = ?", (OWNS_SCHEMA_VERSION_KEY,))
+    foreign.install(conn)
 
 
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
@@ -372,6 +439,7 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (6, _migration_6),
     (7, _migration_7),
     (8, _migration_8),
+    (9, _migration_9),
 ]
 LATEST = MIGRATIONS[-1][0]
 
@@ -409,7 +477,6 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
         found = current_version(conn)
         if found > LATEST:
             raise SchemaTooNew(path, found, LATEST)
-        fresh = not _table_exists(conn, "sessions")
         for version, step in MIGRATIONS:
             if found < version <= target:
                 log.info("migrating %s to schema %d", path, version)
@@ -424,17 +491,10 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
             # each time: an empty partial index, such as idx_sessions_handoff, never gets
             # a statistics row; 83 ms per start-up at 100k sessions.)
             _refresh_stale_statistics(conn)
-        if fresh:
-            # A file we created: its schema_version is ours to keep.
-            conn.execute("DELETE FROM schema_version")
-            conn.execute("INSERT INTO schema_version(version) VALUES (?)", (target,))
-            conn.execute(
-                "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('switchboard.owns_schema_version', '1')"
-            )
-        elif conn.execute(
-            "SELECT 1 FROM state_meta WHERE key = 'switchboard.owns_schema_version'"
-        ).fetchone():
-            conn.execute("UPDATE schema_version SET version = ?", (target,))
+        # Hermes Agent's `schema_version` is never written: an empty table makes Hermes
+        # record its own number once, a number of ours made it replay its migrations.
+        if target >= 9:
+            foreign.absorb(conn, limit=None)
         conn.execute("COMMIT")
         return max(found, target)
     except BaseException:

@@ -2,7 +2,7 @@
 with snippets and their neighbouring messages.
 
 Each message's content is searched in exactly one index: the segmented side index when it
-holds CJK or emoji (`messages_aux.seg_text`), otherwise the main `messages_fts`. Tool names
+holds CJK or emoji (`messages_aux.seg_text`), otherwise the main `sb_messages_fts`. Tool names
 and call arguments are searched when the role filter asks for `tool`. Relevance is BM25
 (state/ranking.py) damped by age, so a fresh session is not drowned by a pile of old,
 similar messages.
@@ -23,6 +23,7 @@ from . import ranking
 from .errors import QueryError
 from .listing import SessionFilter
 from .rows import Row
+from .schema import FTS_TABLE
 from .textindex import segment
 
 SORTS = ("relevance", "newest", "oldest")
@@ -88,7 +89,7 @@ WINDOW_GROWTH = 4
 
 @dataclass(frozen=True)
 class _Branch:
-    table: str  # messages_fts or messages_aux_fts
+    table: str  # sb_messages_fts or messages_aux_fts
     match: str
     extra_where: str = ""
 
@@ -125,7 +126,7 @@ def _branches(tree: q.Node, roles: Sequence[str]) -> list[_Branch]:
     out = []
     if not q.needs_aux(tree):
         out.append(_Branch(
-            "messages_fts", q.to_fts(tree, segmented=False),
+            FTS_TABLE, q.to_fts(tree, segmented=False),
             " AND NOT EXISTS (SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)",
         ))  # fmt: skip
     aux = "{seg_text} : " + q.to_fts(tree, segmented=True)

@@ -844,14 +844,14 @@ class SessionDB:
         """Rebuild both FTS indexes from the messages table; returns the aux row count."""
 
         def _rebuild(conn: sqlite3.Connection) -> int:
-            conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+            conn.execute(f"INSERT INTO {schema.FTS_TABLE}({schema.FTS_TABLE}) VALUES ('rebuild')")
             return schema.rebuild_aux(conn)
 
         return int(await self._write(_rebuild))
 
     async def optimize_search_index(self) -> None:
         def _optimize(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
+            conn.execute(f"INSERT INTO {schema.FTS_TABLE}({schema.FTS_TABLE}) VALUES ('optimize')")
             conn.execute("INSERT INTO messages_aux_fts(messages_aux_fts) VALUES ('optimize')")
 
         await self._write(_optimize)
@@ -861,7 +861,7 @@ class SessionDB:
 
         def _check(conn: sqlite3.Connection) -> list[str]:
             problems = []
-            for table in ("messages_fts", "messages_aux_fts"):
+            for table in (schema.FTS_TABLE, "messages_aux_fts"):
                 try:
                     conn.execute(
                         f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)"
