@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 from . import store
 from .errors import AmbiguousSession, SessionNotFound, TitleError
+from .errors import DatabaseError as StateDatabaseError
 from .rows import Row
 from .titles import MAX_TITLE_LENGTH, clean_title
 
@@ -24,6 +26,10 @@ T = TypeVar("T")
 DEFAULT_DB_PATH = (
     Path(os.environ.get("SWITCHBOARD_HOME", "~/.switchboard")).expanduser() / "state.db"
 )
+
+
+class OpenError(sqlite3.DatabaseError):
+    """The file cannot be opened as a state.db (a sqlite3.Error, as Hermes callers expect)."""
 
 
 class SessionDB:
@@ -36,6 +42,10 @@ class SessionDB:
         self._thread.start()
         try:
             self._db = self._run(store.SessionDB.open(self.db_path))
+        except StateDatabaseError as exc:
+            self._stop_loop()
+            # Hermes's callers catch sqlite3.Error around SessionDB() and degrade.
+            raise OpenError(str(exc)) from exc
         except BaseException:
             self._stop_loop()
             raise

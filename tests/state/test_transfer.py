@@ -6,6 +6,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from state import SessionDB
 from state.compat import SessionDB as SyncSessionDB
 
@@ -131,3 +133,13 @@ def test_compat_sync_api_matches_the_documented_names(tmp_path: Path) -> None:
         db.vacuum()
     finally:
         db.close()
+
+
+def test_compat_open_errors_are_sqlite3_errors(tmp_path: Path) -> None:
+    import sqlite3
+
+    bad = tmp_path / "state.db"
+    bad.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(sqlite3.Error, match="state.db"):
+        SyncSessionDB(bad)
+    assert bad.read_bytes() == b"this is not a database at all" * 100
