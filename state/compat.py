@@ -1,22 +1,27 @@
 """`state.compat.SessionDB`: a synchronous class with the method names and semantics of
-Hermes Agent's documented SessionDB, as a thin wrapper over the async core.
+Hermes Agent's SessionDB, over switchboard's store and schema.
 
-It runs the async store on a private event loop in a background thread, so a program
-written against the synchronous API (scripts, notebooks, tools) can use switchboard's
-state.db directly. Title problems raise ValueError, as in that API.
+The store's operations run on the calling thread over the facade's own connection (see
+_DirectStore): no event loop and no thread hand-off per call, so sequential calls cost what
+the SQL costs. Title problems raise ValueError and open errors sqlite3.DatabaseError, as
+Hermes's callers expect.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sqlite3
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import store
+from . import (
+    foreign,  # noqa: F401 - registers the catch-up before every write
+    schema,
+    store,
+)
+from . import writer as writer_mod
 from .errors import AmbiguousSession, SessionNotFound, TitleError
 from .errors import DatabaseError as StateDatabaseError
 from .rows import Row
@@ -28,41 +33,160 @@ DEFAULT_DB_PATH = (
 )
 
 
+# The Hermes Agent schema number a file this facade creates corresponds to: Hermes 0.19
+# reads it and skips its own (historic) data migrations.
+SCHEMA_VERSION = 22
+
+
+def _schema_sql() -> str:
+    """DDL of the tables, columns as the store declares them (Hermes callers build legacy
+    files from it and check that every declared column exists)."""
+
+    def table(name: str, columns: dict[str, str]) -> str:
+        body = ",\n    ".join(f"{col} {decl}" for col, decl in columns.items())
+        return f"CREATE TABLE IF NOT EXISTS {name} (\n    {body}\n);"
+
+    return "\n".join(
+        [
+            "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);",
+            "CREATE TABLE IF NOT EXISTS state_meta (key TEXT PRIMARY KEY, value TEXT);",
+            table("sessions", schema.SESSION_COLUMNS),
+            table("messages", schema.MESSAGE_COLUMNS),
+        ]
+    )
+
+
+SCHEMA_SQL = _schema_sql()
+
+
 class OpenError(sqlite3.DatabaseError):
     """The file cannot be opened as a state.db (a sqlite3.Error, as Hermes callers expect)."""
 
 
-class SessionDB:
-    def __init__(self, db_path: str | os.PathLike[str] | None = None) -> None:
-        self.db_path = Path(db_path) if db_path is not None else DEFAULT_DB_PATH
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="state-compat", daemon=True
+class _Suspended(RuntimeError):
+    """A store coroutine waited on something; the direct mode cannot run it."""
+
+
+def _drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a store coroutine to completion on this thread. Under _DirectStore nothing it
+    awaits ever suspends, so one send() finishes it: no event loop, no thread hand-off."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise _Suspended("a store operation waited on an event loop")
+
+
+class _DirectExclusive:
+    """The writer's `exclusive` for _DirectStore: outside any transaction, on its conn."""
+
+    def __init__(self, direct: _DirectStore) -> None:
+        self._direct = direct
+
+    async def exclusive(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._direct.lock:
+            return fn(self._direct.conn, *args)
+
+
+class _DirectStore(store.SessionDB):
+    """The async store's operations run on the calling thread over one connection.
+
+    The store's methods hand SQL functions to `_read`/`_write`; here those run at once (a
+    write in its own IMMEDIATE transaction) under a lock, so a sequential caller pays no
+    thread hand-offs. Other processes and the daemon share the file through SQLite's locks.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:  # noqa: D107
+        self.path = path
+        self.conn = conn
+        self.lock = threading.RLock()
+        self._closed = False
+        self._writer = _DirectExclusive(self)  # type: ignore[assignment]
+        self._readers = None  # type: ignore[assignment]
+
+    async def _read(self, fn: Any, *args: Any) -> Any:
+        with self.lock:
+            return fn(self.conn, *args)
+
+    async def _write(self, fn: Any, *args: Any) -> Any:
+        with self.lock:
+            conn = self.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                writer_mod._before_batch(conn)
+                result = fn(conn, *args)
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                translated = writer_mod._translate(exc, str(self.path))
+                if translated is exc:
+                    raise
+                raise translated from exc
+            conn.execute("COMMIT")
+            return result
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self.lock:
+            self.conn.close()
+
+
+def _open_direct(path: Path, read_only: bool) -> _DirectStore:
+    if read_only:
+        conn = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
         )
-        self._thread.start()
+        return _DirectStore(path, conn)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store._check_file(path)
+    cfg = writer_mod.WriterConfig()
+    conn = store._open_and_migrate(str(path), cfg, schema.LATEST, cfg.lock_budget_s)
+    return _DirectStore(path, conn)
+
+
+class SessionDB:
+    def __init__(
+        self, db_path: str | os.PathLike[str] | None = None, read_only: bool = False
+    ) -> None:
+        self.db_path = Path(db_path) if db_path is not None else DEFAULT_DB_PATH
+        self.read_only = read_only
+        path = self.db_path.expanduser().absolute()
+        fresh = not path.exists()
         try:
-            self._db = self._run(store.SessionDB.open(self.db_path))
-        except StateDatabaseError as exc:
-            self._stop_loop()
+            self._db = _open_direct(path, read_only)
+        except (StateDatabaseError, sqlite3.DatabaseError) as exc:
             # Hermes's callers catch sqlite3.Error around SessionDB() and degrade.
             raise OpenError(str(exc)) from exc
-        except BaseException:
-            self._stop_loop()
-            raise
+        self._lock = self._db.lock
+        # Raw access for callers that run their own SQL (Hermes's `_conn`): autocommit, rows
+        # addressable by name.
+        self._conn = sqlite3.connect(
+            f"file:{path}?mode={'ro' if read_only else 'rw'}",
+            uri=True,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA busy_timeout=5000")
+        if fresh and not read_only:
+            # A file created here needs none of Hermes's historic data migrations.
+            self._conn.execute(
+                "INSERT INTO schema_version(version) SELECT ? "
+                "WHERE NOT EXISTS (SELECT 1 FROM schema_version)",
+                (SCHEMA_VERSION,),
+            )
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
+        return _drive(coro)
 
     def close(self) -> None:
-        if self._loop.is_closed():
+        if self._db._closed:
             return
-        self._run(self._db.close())
-        self._stop_loop()
+        self._conn.close()
+        _drive(self._db.close())
 
     def __enter__(self) -> SessionDB:
         return self
