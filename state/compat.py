@@ -12,17 +12,19 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time  # noqa: F401 - Hermes's tests patch hermes_state.time.time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 from . import (
     foreign,  # noqa: F401 - registers the catch-up before every write
+    locks,
     schema,
     store,
 )
 from . import writer as writer_mod
-from .errors import AmbiguousSession, SessionNotFound, TitleError
+from .errors import AmbiguousSession, SessionNotFound, StateError, TitleError
 from .errors import DatabaseError as StateDatabaseError
 from .rows import Row
 from .titles import MAX_TITLE_LENGTH, clean_title
@@ -181,6 +183,36 @@ class SessionDB:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return _drive(coro)
+
+    def _w(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run fn(conn, *args) in one write transaction."""
+        return _drive(self._db._write(fn, *args))  # type: ignore[no-any-return]
+
+    def _r(self, fn: Callable[..., T], *args: Any) -> T:
+        return _drive(self._db._read(fn, *args))  # type: ignore[no-any-return]
+
+    # --- compression leases ---
+    def try_acquire_compression_lock(
+        self, session_id: str, holder: str, ttl_seconds: float = 300.0
+    ) -> bool:
+        try:
+            return self._w(locks.try_acquire, session_id, holder, ttl_seconds)
+        except (sqlite3.Error, StateError):
+            return False
+
+    def refresh_compression_lock(
+        self, session_id: str, holder: str, ttl_seconds: float = 300.0
+    ) -> bool:
+        try:
+            return self._w(locks.refresh, session_id, holder, ttl_seconds)
+        except (sqlite3.Error, StateError):
+            return False
+
+    def release_compression_lock(self, session_id: str, holder: str) -> None:
+        self._w(locks.release, session_id, holder)
+
+    def get_compression_lock_holder(self, session_id: str) -> str | None:
+        return self._r(locks.holder, session_id)
 
     def close(self) -> None:
         if self._db._closed:

@@ -70,6 +70,19 @@ SESSION_COLUMNS: dict[str, str] = {
     "preview": "TEXT",
     "title_key": "TEXT",
     "handoff_updated_at": "REAL",
+    # Hermes Agent 0.19 columns (schema 10): workspace, gateway peer, usage, compression,
+    # rewind state. switchboard fills those it has a use for; the rest keep Hermes's data.
+    "display_name": "TEXT",
+    "expiry_finalized": "INTEGER DEFAULT 0",
+    "cwd": "TEXT",
+    "git_branch": "TEXT",
+    "git_repo_root": "TEXT",
+    "api_call_count": "INTEGER DEFAULT 0",
+    "compression_failure_cooldown_until": "REAL",
+    "compression_failure_error": "TEXT",
+    "compression_fallback_streak": "INTEGER NOT NULL DEFAULT 0",
+    "profile_name": "TEXT",
+    "rewind_count": "INTEGER NOT NULL DEFAULT 0",
 }
 
 MESSAGE_COLUMNS: dict[str, str] = {
@@ -89,7 +102,79 @@ MESSAGE_COLUMNS: dict[str, str] = {
     "platform_message_id": "TEXT",
     # switchboard addition: 1 on rows switchboard wrote (state.foreign); NULL from others.
     "sb_written": "INTEGER",
+    # Hermes Agent 0.19 columns (schema 10).
+    "effect_disposition": "TEXT",
+    "reasoning_content": "TEXT",
+    "codex_message_items": "TEXT",
+    "observed": "INTEGER DEFAULT 0",
+    "active": "INTEGER NOT NULL DEFAULT 1",
+    "compacted": "INTEGER NOT NULL DEFAULT 0",
+    "api_content": "TEXT",
 }
+
+# Hermes Agent 0.19 tables (schema 10): per-model usage, compression leases, the gateway's
+# routing entries and delegations. Same definitions as Hermes, so either program can use them.
+HERMES_TABLES_SQL = """
+CREATE TABLE IF NOT EXISTS session_model_usage (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    model TEXT NOT NULL,
+    billing_provider TEXT NOT NULL DEFAULT '',
+    billing_base_url TEXT NOT NULL DEFAULT '',
+    billing_mode TEXT NOT NULL DEFAULT '',
+    task TEXT NOT NULL DEFAULT '',
+    api_call_count INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+    estimated_cost_usd REAL NOT NULL DEFAULT 0,
+    actual_cost_usd REAL NOT NULL DEFAULT 0,
+    cost_status TEXT,
+    cost_source TEXT,
+    first_seen REAL,
+    last_seen REAL,
+    PRIMARY KEY (session_id, model, billing_provider, billing_base_url, billing_mode, task)
+);
+CREATE INDEX IF NOT EXISTS idx_session_model_usage_session ON session_model_usage(session_id);
+CREATE INDEX IF NOT EXISTS idx_session_model_usage_model ON session_model_usage(model);
+CREATE TABLE IF NOT EXISTS gateway_routing (
+    scope TEXT NOT NULL DEFAULT '',
+    session_key TEXT NOT NULL,
+    entry_json TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (scope, session_key)
+);
+CREATE TABLE IF NOT EXISTS compression_locks (
+    session_id TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    acquired_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_compression_locks_expires ON compression_locks(expires_at);
+CREATE TABLE IF NOT EXISTS async_delegations (
+    delegation_id TEXT PRIMARY KEY,
+    origin_session TEXT NOT NULL,
+    origin_ui_session_id TEXT NOT NULL DEFAULT '',
+    parent_session_id TEXT,
+    state TEXT NOT NULL,
+    dispatched_at REAL NOT NULL,
+    completed_at REAL,
+    updated_at REAL NOT NULL,
+    event_json TEXT,
+    result_json TEXT,
+    delivery_state TEXT NOT NULL DEFAULT 'pending',
+    delivery_attempts INTEGER NOT NULL DEFAULT 0,
+    delivered_at REAL,
+    owner_pid INTEGER,
+    owner_started_at INTEGER,
+    task_json TEXT,
+    delivery_claim TEXT,
+    delivery_claimed_at REAL
+);
+CREATE INDEX IF NOT EXISTS idx_async_delegations_delivery
+    ON async_delegations(delivery_state, completed_at);
+"""
 
 # Columns that ALTER TABLE ADD COLUMN cannot add as declared (PRIMARY KEY, NOT NULL
 # without default); they exist in any table that has the baseline shape.
@@ -430,6 +515,19 @@ def _migration_9(conn: sqlite3.Connection) -> None:
     foreign.install(conn)
 
 
+def _migration_10(conn: sqlite3.Connection) -> None:
+    """Every column and table of Hermes Agent 0.19's store (rows Hermes left NULL in
+    `active` count as active, as Hermes heals them)."""
+    _ensure_table(conn, "sessions", SESSION_COLUMNS)
+    _ensure_table(conn, "messages", MESSAGE_COLUMNS)
+    _exec_script(conn, HERMES_TABLES_SQL)
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_messages_active_null ON messages(active) "
+        "WHERE active IS NULL"
+    )
+    conn.execute("UPDATE messages SET active = 1 WHERE active IS NULL")
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
@@ -440,6 +538,7 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (7, _migration_7),
     (8, _migration_8),
     (9, _migration_9),
+    (10, _migration_10),
 ]
 LATEST = MIGRATIONS[-1][0]
 
@@ -493,6 +592,9 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
             _refresh_stale_statistics(conn)
         # Hermes Agent's `schema_version` is never written: an empty table makes Hermes
         # record its own number once, a number of ours made it replay its migrations.
+        if found >= 10:
+            # Hermes's inserts may leave `active` NULL on legacy columns without a default.
+            conn.execute("UPDATE messages SET active = 1 WHERE active IS NULL")
         if target >= 9:
             foreign.absorb(conn, limit=None)
         conn.execute("COMMIT")
