@@ -9,6 +9,7 @@ Hermes's callers expect.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -20,10 +21,13 @@ from typing import Any, TypeVar
 from . import (
     foreign,  # noqa: F401 - registers the catch-up before every write
     hermes_messages,
+    hermes_sessions,
     locks,
     schema,
     store,
+    usage,
 )
+from . import sessions as sessions_mod
 from . import writer as writer_mod
 from .errors import AmbiguousSession, SessionNotFound, StateError, TitleError
 from .errors import DatabaseError as StateDatabaseError
@@ -228,28 +232,77 @@ class SessionDB:
         self.close()
 
     # --- sessions ---
-    def create_session(self, session_id: str, source: str, model: str | None = None,
-                       model_config: dict[str, Any] | None = None, system_prompt: str | None = None,
-                       user_id: str | None = None, parent_session_id: str | None = None,
-                       **routing: Any) -> str:  # fmt: skip
-        return self._run(self._db.create_session(
-            session_id, source, model=model, model_config=model_config, system_prompt=system_prompt,
-            user_id=user_id, parent_session_id=parent_session_id, **routing))  # fmt: skip
+    def create_session(self, session_id: str, source: str, **kwargs: Any) -> str:
+        """Create, or fill the still-empty metadata of an existing session (an upsert)."""
+        fields = {k: v for k, v in kwargs.items() if v is not None}
+        fields.update(id=session_id, source=source)
+        return self._w(hermes_sessions.upsert, fields)
 
-    def ensure_session(
-        self, session_id: str, source: str = "cli", model: str | None = None, **kw: Any
-    ) -> str:
-        self._run(self._db.ensure_session(session_id, source, model=model, **kw))
-        return session_id
+    def ensure_session(self, session_id: str, source: str = "unknown", **kwargs: Any) -> str:
+        return self.create_session(session_id, source, **kwargs)
 
     def end_session(self, session_id: str, end_reason: str) -> None:
-        self._run(self._db.end_session(session_id, end_reason))
+        with contextlib.suppress(SessionNotFound):
+            self._w(sessions_mod.end_session, session_id, end_reason, None)
 
     def reopen_session(self, session_id: str) -> None:
-        self._run(self._db.reopen_session(session_id))
+        with contextlib.suppress(SessionNotFound):
+            self._w(sessions_mod.reopen_session, session_id)
 
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
-        self._run(self._db.update_system_prompt(session_id, system_prompt))
+        with contextlib.suppress(SessionNotFound):
+            self._w(sessions_mod.update_system_prompt, session_id, system_prompt)
+
+    def update_session_cwd(self, session_id: str, cwd: str, git_branch: str | None = None,
+                           git_repo_root: str | None = None) -> None:  # fmt: skip
+        self._w(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
+
+    def distinct_session_cwds(self, include_archived: bool = False) -> list[Row]:
+        return self._r(hermes_sessions.distinct_cwds, include_archived)
+
+    def backfill_repo_roots(self, cwd_to_root: dict[str, str]) -> int:
+        return self._w(hermes_sessions.backfill_repo_roots, cwd_to_root)
+
+    def _set(self, session_id: str, sql: str, params: tuple[Any, ...]) -> None:
+        self._w(lambda c: c.execute(sql, (*params, session_id)))
+
+    def update_session_model(self, session_id: str, model: str) -> None:
+        self._set(session_id, "UPDATE sessions SET model = ? WHERE id = ?", (model,))
+
+    def update_session_billing_route(self, session_id: str, *, provider: str | None,
+                                     base_url: str | None,
+                                     billing_mode: str | None = None) -> None:  # fmt: skip
+        """A provider switch: the route changes and the cached system prompt is dropped so
+        the next turn rebuilds its header."""
+        if billing_mode is None:
+            self._set(session_id, "UPDATE sessions SET billing_provider = ?, billing_base_url = ?, "
+                      "system_prompt = NULL WHERE id = ?", (provider, base_url))  # fmt: skip
+        else:
+            self._set(session_id, "UPDATE sessions SET billing_provider = ?, billing_base_url = ?, "
+                      "billing_mode = ?, system_prompt = NULL WHERE id = ?",
+                      (provider, base_url, billing_mode))  # fmt: skip
+
+    def update_session_meta(self, session_id: str, model_config_json: str,
+                            model: str | None = None) -> None:  # fmt: skip
+        if model is None:
+            self._set(session_id, "UPDATE sessions SET model_config = ? WHERE id = ?",
+                      (model_config_json,))  # fmt: skip
+        else:
+            self._set(session_id, "UPDATE sessions SET model_config = ?, model = ? WHERE id = ?",
+                      (model_config_json, model))  # fmt: skip
+
+    def record_auxiliary_usage(self, session_id: str, task: str, *, model: str | None = None,
+                               billing_provider: str | None = None,
+                               billing_base_url: str | None = None, input_tokens: int = 0,
+                               output_tokens: int = 0, cache_read_tokens: int = 0,
+                               cache_write_tokens: int = 0, reasoning_tokens: int = 0,
+                               estimated_cost_usd: float | None = None) -> None:  # fmt: skip
+        counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                  "cache_read_tokens": cache_read_tokens,
+                  "cache_write_tokens": cache_write_tokens, "reasoning_tokens": reasoning_tokens}  # fmt: skip
+        route = {"model": model, "billing_provider": billing_provider,
+                 "billing_base_url": billing_base_url}  # fmt: skip
+        self._w(usage.add_usage, session_id, task, route, counts, 1, estimated_cost_usd, None)
 
     def get_session(self, session_id: str) -> Row | None:
         return self._run(self._db.get_session(session_id))
@@ -260,18 +313,33 @@ class SessionDB:
         except (SessionNotFound, AmbiguousSession):
             return None
 
-    def update_token_counts(self, session_id: str, input_tokens: int = 0, output_tokens: int = 0,
-                            model: str | None = None, cache_read_tokens: int = 0,
-                            cache_write_tokens: int = 0, reasoning_tokens: int = 0,
-                            estimated_cost_usd: float | None = None,
-                            actual_cost_usd: float | None = None, absolute: bool = False) -> None:  # fmt: skip
-        self._run(self._db.update_token_counts(
-            session_id, input_tokens=input_tokens, output_tokens=output_tokens,
-            cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
-            reasoning_tokens=reasoning_tokens, estimated_cost_usd=estimated_cost_usd,
-            actual_cost_usd=actual_cost_usd, absolute=absolute))  # fmt: skip
-        if model:
-            self._run(self._db.update_session(session_id, model=model))
+    def update_token_counts(self, session_id: str, input_tokens: int = 0,
+                            output_tokens: int = 0, model: str | None = None,
+                            cache_read_tokens: int = 0, cache_write_tokens: int = 0,
+                            reasoning_tokens: int = 0, estimated_cost_usd: float | None = None,
+                            actual_cost_usd: float | None = None, cost_status: str | None = None,
+                            cost_source: str | None = None, pricing_version: str | None = None,
+                            billing_provider: str | None = None,
+                            billing_base_url: str | None = None,
+                            billing_mode: str | None = None, api_call_count: int = 0,
+                            absolute: bool = False) -> None:  # fmt: skip
+        counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                  "cache_read_tokens": cache_read_tokens,
+                  "cache_write_tokens": cache_write_tokens, "reasoning_tokens": reasoning_tokens}  # fmt: skip
+        route = {"billing_provider": billing_provider, "billing_base_url": billing_base_url,
+                 "billing_mode": billing_mode}  # fmt: skip
+        cost = {"cost_status": cost_status, "cost_source": cost_source,
+                "pricing_version": pricing_version}  # fmt: skip
+
+        def write(conn: sqlite3.Connection) -> None:
+            hermes_sessions.upsert(conn, {"id": session_id, "source": "unknown"})
+            usage.update_token_counts(
+                conn, session_id, counts, model=model, estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd, api_call_count=api_call_count,
+                absolute=absolute, route=route, cost=cost,
+            )  # fmt: skip
+
+        self._w(write)
 
     # --- titles ---
     @staticmethod
@@ -286,6 +354,7 @@ class SessionDB:
         return cleaned
 
     def set_session_title(self, session_id: str, title: str | None) -> bool:
+        title = hermes_messages.scrub(title)
         try:
             self._run(self._db.set_session_title(session_id, title))
         except SessionNotFound:

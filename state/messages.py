@@ -37,7 +37,8 @@ ROLES = ("system", "user", "assistant", "tool")
 _INSERT = (
     "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
     "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
-    "codex_reasoning_items, platform_message_id, sb_written) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,1)"
+    "codex_reasoning_items, platform_message_id, sb_written, active) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,1,1)"
 )
 _UPDATE_SESSION = (
     "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
@@ -181,7 +182,7 @@ def append_messages(
 _INSERT_JSON = (
     "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
     "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
-    "codex_reasoning_items, platform_message_id, sb_written) "
+    "codex_reasoning_items, platform_message_id, sb_written, active) "
     "SELECT "
     + ", ".join(
         f"json_extract(value, '$[{i}]')"
@@ -192,7 +193,7 @@ _INSERT_JSON = (
         "ELSE json_extract(value, '$[2]') END"
         for i in range(13)
     )
-    + ", 1 FROM json_each(?) ORDER BY key"
+    + ", 1, 1 FROM json_each(?) ORDER BY key"
 )
 _UPDATE_SESSIONS_JSON = (
     "UPDATE sessions SET "

@@ -16,7 +16,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tests.hermes_pkg import sdist_tests
+from tests.hermes_pkg import installed, sdist_tests
 from tests.state.hermes_suite_lists import FILES, SKIP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,9 @@ import sys
 import state.compat
 
 sys.modules["hermes_state"] = state.compat
+# A few tests build messages with Hermes's own agent helpers: its package goes last on the
+# path, so switchboard's modules keep their names.
+sys.path.append({hermes!r})
 '''
 
 
@@ -36,7 +39,8 @@ def materialise(workdir: Path) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     for name in FILES:
         (workdir / name).write_text((src / name).read_text(encoding="utf-8"), encoding="utf-8")
-    (workdir / "conftest.py").write_text(_CONFTEST, encoding="utf-8")
+    conftest = _CONFTEST.format(hermes=str(installed()))
+    (workdir / "conftest.py").write_text(conftest, encoding="utf-8")
     (workdir / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
     return workdir
 
