@@ -13,16 +13,18 @@ import contextlib
 import os
 import sqlite3
 import threading
-import time  # noqa: F401 - Hermes's tests patch hermes_state.time.time
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 from . import (
+    archive,
     foreign,  # noqa: F401 - registers the catch-up before every write
     hermes_messages,
     hermes_sessions,
     locks,
+    maintenance,
     schema,
     store,
     usage,
@@ -68,6 +70,9 @@ SCHEMA_SQL = _schema_sql()
 
 class OpenError(sqlite3.DatabaseError):
     """The file cannot be opened as a state.db (a sqlite3.Error, as Hermes callers expect)."""
+
+
+AUTO_PRUNE_META_KEY = "last_auto_prune"
 
 
 class _Suspended(RuntimeError):
@@ -492,8 +497,30 @@ class SessionDB:
     def clear_messages(self, session_id: str) -> None:
         self._run(self._db.clear_messages(session_id))
 
-    def session_count(self, source: str | None = None) -> int:
-        return self._run(self._db.session_count(source))
+    def session_count(self, source: str | None = None, cwd_prefix: str | None = None,
+                      min_message_count: int | None = None, include_archived: bool = False,
+                      archived_only: bool = False, exclude_children: bool = False,
+                      exclude_sources: list[str] | None = None) -> int:  # fmt: skip
+        sql, params = "SELECT COUNT(*) FROM sessions WHERE 1", []  # type: list[Any]
+        if source:
+            sql += " AND source = ?"
+            params.append(source)
+        if exclude_sources:
+            sql += f" AND source NOT IN ({', '.join('?' for _ in exclude_sources)})"
+            params += list(exclude_sources)
+        clause, values = hermes_sessions.cwd_prefix_clause(cwd_prefix)
+        sql += clause
+        params += values
+        if min_message_count is not None:
+            sql += " AND COALESCE(message_count, 0) >= ?"
+            params.append(min_message_count)
+        if archived_only:
+            sql += " AND COALESCE(archived, 0) = 1"
+        elif not include_archived:
+            sql += " AND COALESCE(archived, 0) = 0"
+        if exclude_children:
+            sql += " AND parent_session_id IS NULL"
+        return int(self._r(lambda c: c.execute(sql, params).fetchone()[0]))
 
     def message_count(self, session_id: str | None = None) -> int:
         return self._run(self._db.message_count(session_id))
@@ -515,15 +542,64 @@ class SessionDB:
 
         return self._run(collect())
 
-    def delete_session(self, session_id: str) -> bool:
-        try:
-            self._run(self._db.delete_session(session_id))
-        except SessionNotFound:
-            return False
-        return True
+    def delete_session(self, session_id: str, sessions_dir: Any = None) -> bool:
+        return bool(self._w(archive.delete_many, [session_id]))
 
-    def prune_sessions(self, older_than_days: int = 90, source: str | None = None) -> int:
-        return self._run(self._db.prune_sessions(older_than_days, source))
+    def delete_sessions(self, session_ids: list[Any], sessions_dir: Any = None) -> int:
+        """Delete the listed sessions (any state) in one transaction; the real count."""
+        wanted = {i for i in session_ids if isinstance(i, str)}
+        return sum(1 for sid in self._w(archive.delete_many, session_ids) if sid in wanted)
+
+    def count_empty_sessions(self) -> int:
+        return len(self._r(archive.empty_ids))
+
+    def delete_empty_sessions(self, sessions_dir: Any = None) -> int:
+        return len(self._w(lambda c: archive.delete_many(c, archive.empty_ids(c))))
+
+    def delete_session_if_empty(self, session_id: str, sessions_dir: Any = None) -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT title IS NULL AND COALESCE(message_count, 0) = 0 "
+                "AND NOT EXISTS (SELECT 1 FROM messages WHERE session_id = ?1) "
+                "AND NOT EXISTS (SELECT 1 FROM sessions c WHERE c.parent_session_id = ?1) "
+                "FROM sessions WHERE id = ?1",
+                (session_id,),
+            ).fetchone()
+            return bool(row and row[0]) and bool(archive.delete_many(conn, [session_id]))
+
+        return self._w(write)
+
+    def list_prune_candidates(self, older_than_days: float | None = None,
+                              source: str | None = None, **filters: Any) -> list[Row]:  # fmt: skip
+        return self._r(archive.select, older_than_days, source, filters, time.time())
+
+    def prune_sessions(self, older_than_days: float | None = 90, source: str | None = None,
+                       sessions_dir: Any = None, **filters: Any) -> int:  # fmt: skip
+        """Delete ended sessions started before the cut-off (and matching the filters);
+        their children are orphaned."""
+        def write(conn: sqlite3.Connection) -> int:
+            rows = archive.select(conn, older_than_days, source, filters, time.time())
+            ids = [r["id"] for r in rows]
+            conn.execute(
+                f"DELETE FROM session_model_usage WHERE session_id IN ({', '.join('?' for _ in ids)})",
+                ids,
+            )
+            return maintenance.delete_sessions(conn, ids)
+
+        return self._w(write)
+
+    def archive_sessions(self, older_than_days: float | None = None, source: str | None = None,
+                         **filters: Any) -> int:  # fmt: skip
+        filters.setdefault("archived", False)
+
+        def write(conn: sqlite3.Connection) -> int:
+            rows = archive.select(conn, older_than_days, source, filters, time.time())
+            return archive.archive_many(conn, [r["id"] for r in rows])
+
+        return self._w(write)
+
+    def set_session_archived(self, session_id: str, archived: bool) -> bool:
+        return self._w(hermes_sessions.set_archived, session_id, archived)
 
     def get_meta(self, key: str) -> str | None:
         return self._run(self._db.get_meta(key))
@@ -531,11 +607,47 @@ class SessionDB:
     def set_meta(self, key: str, value: str) -> None:
         self._run(self._db.set_meta(key, value))
 
-    def vacuum(self) -> None:
+    def optimize_fts(self) -> int:
+        """FTS5 'optimize' on each search index of the file; how many there were."""
+        def write(conn: sqlite3.Connection) -> int:
+            names = [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%USING fts5%' "
+                "AND name IN (?, 'messages_aux_fts')", (schema.FTS_TABLE,))]  # fmt: skip
+            for name in names:
+                conn.execute(f"INSERT INTO {name}({name}) VALUES ('optimize')")
+            return len(names)
+
+        return self._w(write)
+
+    def rebuild_fts(self) -> int:
+        self._run(self._db.rebuild_search_index())
+        return 2
+
+    def vacuum(self) -> int:
+        count = self.optimize_fts()
         self._run(self._db.vacuum())
+        return count
 
     def maybe_auto_prune_and_vacuum(self, retention_days: int = 90, min_interval_hours: int = 24,
-                                    vacuum: bool = True) -> dict[str, Any]:  # fmt: skip
-        return self._run(
-            self._db.maybe_auto_prune_and_vacuum(retention_days, min_interval_hours, vacuum)
-        )
+                                    vacuum: bool = True, sessions_dir: Any = None) -> dict[str, Any]:  # fmt: skip
+        """Prune (by start time) at most once per interval, VACUUM after a prune that
+        removed something; never raises."""
+        result: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}
+        try:
+            last = self.get_meta(AUTO_PRUNE_META_KEY)
+            try:
+                last_ts = float(last) if last is not None else None
+            except ValueError:
+                last_ts = None
+            now = time.time()
+            if last_ts is not None and now - last_ts < min_interval_hours * 3600:
+                result["skipped"] = True
+                return result
+            result["pruned"] = self.prune_sessions(older_than_days=retention_days)
+            if result["pruned"] and vacuum:
+                self.vacuum()
+                result["vacuumed"] = True
+            self.set_meta(AUTO_PRUNE_META_KEY, str(now))
+        except Exception as exc:  # noqa: BLE001 - maintenance must never break a start-up
+            result["error"] = str(exc)
+        return result
