@@ -22,6 +22,7 @@ from . import (
     archive,
     foreign,  # noqa: F401 - registers the catch-up before every write
     hermes_messages,
+    hermes_search,
     hermes_sessions,
     locks,
     maintenance,
@@ -404,11 +405,14 @@ class SessionDB:
 
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None,
-                        role_filter: list[str] | None = None, limit: int = 20,
-                        offset: int = 0) -> list[Row]:  # fmt: skip
-        return self._run(self._db.search_messages(
-            query, sources=source_filter or (), exclude_sources=exclude_sources or (),
-            roles=role_filter or (), limit=limit, offset=offset))  # fmt: skip
+                        role_filter: list[str] | None = None, limit: int = 20, offset: int = 0,
+                        sort: str | None = None, include_inactive: bool = False) -> list[Row]:  # fmt: skip
+        """Hits with `context` (previous, hit, next message); a query that cannot be run
+        finds nothing."""
+        if self._r(lambda c: c.execute("SELECT 1 FROM sb_pending LIMIT 1").fetchone()):
+            self._w(lambda c: None)  # every write first indexes rows other programs wrote
+        return self._r(hermes_search.search_messages, query, source_filter or (),
+                       exclude_sources or (), role_filter or (), limit, offset, sort)  # fmt: skip
 
     # --- messages ---
     def append_message(self, session_id: str, role: str, content: Any = None,

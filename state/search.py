@@ -43,6 +43,8 @@ class SearchRequest:
     sort: str = "relevance"
     limit: int = 20
     offset: int = 0
+    # Match tool names and arguments whatever the role filter (Hermes's default).
+    include_tools: bool = False
 
 
 def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
@@ -120,7 +122,7 @@ class _Branch:
         return out
 
 
-def _branches(tree: q.Node, roles: Sequence[str]) -> list[_Branch]:
+def _branches(tree: q.Node, roles: Sequence[str], include_tools: bool = False) -> list[_Branch]:
     """Each message's content lives in exactly one index: the segmented side index when it
     holds CJK/emoji, otherwise the main one; tool text is in the side index."""
     out = []
@@ -130,7 +132,7 @@ def _branches(tree: q.Node, roles: Sequence[str]) -> list[_Branch]:
             " AND NOT EXISTS (SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)",
         ))  # fmt: skip
     aux = "{seg_text} : " + q.to_fts(tree, segmented=True)
-    if "tool" in roles:
+    if "tool" in roles or include_tools:
         aux = f"({aux}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
     out.append(_Branch("messages_aux_fts", aux))
     return out
@@ -149,7 +151,7 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
     where, fparams, scoped = _filters(req)
     # Candidates meet sessions only when the scope filters on them.
     join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
-    branches = _branches(tree, req.roles)
+    branches = _branches(tree, req.roles, req.include_tools)
     relevance = req.sort == "relevance"
     need = max(1, req.limit) + max(0, req.offset)
     direction = "ASC" if req.sort == "oldest" else "DESC"

@@ -124,9 +124,9 @@ def test_compat_sync_api_matches_the_documented_names(tmp_path: Path) -> None:
             raise AssertionError("a duplicate title must raise")
         except ValueError as exc:
             assert "already in use" in str(exc)
-        assert db.get_messages_as_conversation(sid) == [
-            {"role": "user", "content": "hello compat world"}
-        ]
+        (turn,) = db.get_messages_as_conversation(sid)
+        assert turn == {"role": "user", "content": "hello compat world", "timestamp": turn["timestamp"]}
+        assert isinstance(turn["timestamp"], float)
         db.clear_messages(sid)
         assert db.delete_session(sid) is True and db.delete_session(sid) is False
         assert db.prune_sessions(1) == 0
