@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from . import (
     archive,
     foreign,  # noqa: F401 - registers the catch-up before every write
+    hermes_listing,
     hermes_messages,
     hermes_search,
     hermes_sessions,
@@ -389,12 +390,41 @@ class SessionDB:
         return self._run(self._db.resolve_resume_session_id(session_id))
 
     # --- listing and search ---
-    def list_sessions_rich(self, source: str | None = None, exclude_sources: list[str] | None = None,
-                           limit: int = 20, offset: int = 0,
-                           include_children: bool = False) -> list[Row]:  # fmt: skip
-        return self._run(self._db.list_sessions(
-            source, exclude_sources=exclude_sources or (), limit=limit, offset=offset,
-            include_children=include_children))  # fmt: skip
+    def list_sessions_rich(self, source: str | None = None,
+                           exclude_sources: list[str] | None = None,
+                           cwd_prefix: str | None = None, limit: int = 20, offset: int = 0,
+                           include_children: bool = False, min_message_count: int | None = None,
+                           project_compression_tips: bool = True,
+                           order_by_last_active: bool = False, include_archived: bool = False,
+                           archived_only: bool = False, id_query: str | None = None,
+                           search_query: str | None = None,
+                           compact_rows: bool = False) -> list[Row]:  # fmt: skip
+        q = hermes_listing.RichQuery(
+            source=source, exclude_sources=tuple(exclude_sources or ()), cwd_prefix=cwd_prefix,
+            limit=limit, offset=offset, include_children=include_children,
+            min_message_count=min_message_count,
+            project_compression_tips=project_compression_tips,
+            order_by_last_active=order_by_last_active, include_archived=include_archived,
+            archived_only=archived_only, id_query=id_query, search_query=search_query,
+            compact_rows=compact_rows,
+        )  # fmt: skip
+        return self._r(hermes_listing.list_rich, q)
+
+    def search_sessions_by_id(self, query: str, limit: int = 20,
+                              include_archived: bool = True) -> list[Row]:  # fmt: skip
+        """Sessions whose id (or lineage root id) contains `query`: exact, then prefix,
+        then substring matches."""
+        rows = self.list_sessions_rich(limit=max(limit, 1) * 4, order_by_last_active=True,
+                                       include_archived=include_archived, id_query=query)  # fmt: skip
+        needle = query.lower()
+
+        def rank(row: Row) -> int:
+            ids = [str(row["id"]).lower(), str(row.get("_lineage_root_id") or "").lower()]
+            if needle in ids:
+                return 0
+            return 1 if any(i.startswith(needle) for i in ids if i) else 2
+
+        return sorted(rows, key=rank)[:limit]
 
     def search_sessions(
         self, source: str | None = None, limit: int = 20, offset: int = 0
