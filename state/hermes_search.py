@@ -25,21 +25,18 @@ def _context_text(stored: Any) -> str:
 
 
 def _neighbours(conn: sqlite3.Connection, hit: Row) -> list[dict[str, Any]]:
-    sid, ts, mid = hit["session_id"], hit["timestamp"], hit["id"]
-    before = conn.execute(
-        "SELECT role, content FROM messages WHERE session_id = ?1 "
-        "AND (timestamp < ?2 OR (timestamp = ?2 AND id < ?3)) "
-        "ORDER BY timestamp DESC, id DESC LIMIT 1",
-        (sid, ts, mid),
+    """The previous message, the hit and the next one of the same session. Neighbours are
+    by id, switchboard's conversation order (an index lookup each)."""
+    sid, mid = hit["session_id"], hit["id"]
+    rows = conn.execute(
+        "SELECT role, content FROM (SELECT id, role, content FROM messages "
+        "WHERE session_id = ?1 AND id < ?2 ORDER BY id DESC LIMIT 1) "
+        "UNION ALL SELECT role, content FROM messages WHERE id = ?2 "
+        "UNION ALL SELECT role, content FROM (SELECT id, role, content FROM messages "
+        "WHERE session_id = ?1 AND id > ?2 ORDER BY id LIMIT 1)",
+        (sid, mid),
     ).fetchall()
-    this = conn.execute("SELECT role, content FROM messages WHERE id = ?", (mid,)).fetchall()
-    after = conn.execute(
-        "SELECT role, content FROM messages WHERE session_id = ?1 "
-        "AND (timestamp > ?2 OR (timestamp = ?2 AND id > ?3)) "
-        "ORDER BY timestamp, id LIMIT 1",
-        (sid, ts, mid),
-    ).fetchall()
-    return [{"role": r, "content": _context_text(c)} for r, c in (*before, *this, *after)]
+    return [{"role": r, "content": _context_text(c)} for r, c in rows]
 
 
 def search_messages(
