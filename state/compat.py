@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from . import (
     archive,
     foreign,  # noqa: F401 - registers the catch-up before every write
+    hermes_gateway,
     hermes_listing,
     hermes_messages,
     hermes_search,
@@ -202,6 +203,45 @@ class SessionDB:
 
     def _r(self, fn: Callable[..., T], *args: Any) -> T:
         return _drive(self._db._read(fn, *args))  # type: ignore[no-any-return]
+
+    # --- gateway sessions ---
+    def record_gateway_session_peer(self, session_id: str, *, source: str,
+                                    user_id: str | None = None, session_key: str | None = None,
+                                    chat_id: str | None = None, chat_type: str | None = None,
+                                    thread_id: str | None = None, display_name: str | None = None,
+                                    origin_json: str | None = None) -> None:  # fmt: skip
+        peer = {"source": source, "user_id": user_id, "session_key": session_key,
+                "chat_id": chat_id, "chat_type": chat_type, "thread_id": thread_id}  # fmt: skip
+        self._w(hermes_gateway.record_peer, session_id, peer, display_name, origin_json)
+
+    def set_expiry_finalized(self, session_id: str, finalized: bool = True) -> None:
+        self._set(session_id, "UPDATE sessions SET expiry_finalized = ? WHERE id = ?",
+                  (int(bool(finalized)),))  # fmt: skip
+
+    def find_latest_gateway_session_for_peer(self, *, source: str, user_id: str | None = None,
+                                             session_key: str | None = None,
+                                             chat_id: str | None = None,
+                                             chat_type: str | None = None,
+                                             thread_id: str | None = None) -> Row | None:  # fmt: skip
+        return self._r(hermes_gateway.latest_for_peer, source, user_id, session_key, chat_id,
+                       chat_type, thread_id)  # fmt: skip
+
+    def list_gateway_sessions(self, *, platform: str | None = None,
+                              active_only: bool = True) -> list[Row]:  # fmt: skip
+        return self._r(hermes_gateway.list_gateway, platform, active_only)
+
+    def find_session_by_origin(self, *, platform: str, chat_id: str, thread_id: str | None = None,
+                               user_id: str | None = None) -> str | None:  # fmt: skip
+        return self._r(hermes_gateway.by_origin, platform, chat_id, thread_id, user_id)
+
+    def set_auto_title_if_empty(self, session_id: str, title: str) -> bool:
+        cleaned = self.sanitize_title(hermes_messages.scrub(title))
+        if not cleaned:
+            return False
+        try:
+            return self._w(hermes_sessions.set_auto_title_if_empty, session_id, cleaned)
+        except TitleError as exc:
+            raise ValueError(str(exc)) from exc
 
     # --- compression leases ---
     def try_acquire_compression_lock(

@@ -76,8 +76,6 @@ def _rows(conn: sqlite3.Connection, where: str, params: Sequence[Any], tail: str
         row = row_dict(cur, raw)
         row["last_active"] = row.pop("_la")
         row["preview"] = preview(row.pop("_fu"))
-        for hidden in ("title_key", "title_base", "title_number"):
-            row.pop(hidden, None)
         out.append(row)
     return out
 
