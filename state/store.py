@@ -17,7 +17,19 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import lineage, listing, maintenance, messages, schema, search, sessions, transfer
+from . import (
+    archive,
+    hermes_sessions,
+    lineage,
+    listing,
+    maintenance,
+    messages,
+    schema,
+    search,
+    sessions,
+    transfer,
+    usage,
+)
 from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError
 from .readers import ReaderPool
 from .rows import Row
@@ -877,3 +889,27 @@ class SessionDB:
         rows = await self._read(lambda c: c.execute(f"PRAGMA {pragma}").fetchall())
         found = [r[0] for r in rows]
         return [] if found == ["ok"] else found
+
+    # --- archive, bulk delete, per-model usage, workspace (state/archive.py, usage.py) ---
+
+    async def set_session_archived(self, session_id: str, archived: bool = True) -> bool:
+        """Archive (or restore) a session with its compression ancestors and continuations."""
+        return bool(await self._write(hermes_sessions.set_archived, session_id, archived))
+
+    async def delete_sessions(self, session_ids: list[str]) -> list[str]:
+        """Delete many sessions in one transaction (with their delegate subagents)."""
+        return list(await self._write(archive.delete_many, session_ids))
+
+    async def delete_empty_sessions(self) -> int:
+        """Delete ended, unarchived sessions that have no message."""
+        return len(await self._write(lambda c: archive.delete_many(c, archive.empty_ids(c))))
+
+    async def model_usage(self, session_id: str) -> list[Row]:
+        """What the session spent per model, billing route and task."""
+        return list(await self._read(usage.model_usage, session_id))
+
+    async def update_session_cwd(
+        self, session_id: str, cwd: str, git_branch: str | None = None,
+        git_repo_root: str | None = None,
+    ) -> None:  # fmt: skip
+        await self._write(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
