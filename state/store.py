@@ -19,6 +19,7 @@ from typing import Any
 
 from . import (
     archive,
+    hermes_import,
     hermes_sessions,
     lineage,
     listing,
@@ -913,3 +914,7 @@ class SessionDB:
         git_repo_root: str | None = None,
     ) -> None:  # fmt: skip
         await self._write(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
+
+    async def import_hermes(self, source: str | os.PathLike[str], *, dry_run: bool = False) -> Any:
+        """Copy a Hermes Agent state.db's sessions, messages, titles and usage in (once)."""
+        return await self._writer.exclusive(hermes_import.import_db, Path(source), dry_run)
