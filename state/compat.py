@@ -186,6 +186,8 @@ class SessionDB:
         )
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA busy_timeout=5000")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._fts_enabled = True  # switchboard's index is maintained by SQL triggers
         if fresh and not read_only:
             # A file created here needs none of Hermes's historic data migrations.
             self._conn.execute(
@@ -242,6 +244,27 @@ class SessionDB:
             return self._w(hermes_sessions.set_auto_title_if_empty, session_id, cleaned)
         except TitleError as exc:
             raise ValueError(str(exc)) from exc
+
+    def get_compression_lineage(self, session_id: str) -> list[str]:
+        return self._r(hermes_sessions.compression_lineage, session_id)
+
+    def export_session_lineage(self, session_id: str) -> Row | None:
+        """The tip's export plus every segment of its compression chain, in order."""
+        ids = self.get_compression_lineage(session_id)
+        if not ids:
+            return None
+        segments = [s for s in (self.export_session(i) for i in ids) if s is not None]
+        tip = dict(segments[-1])
+        tip["segments"] = segments
+        tip["lineage_session_ids"] = ids
+        tip["messages"] = [m for seg in segments for m in seg["messages"]]
+        tip["message_count"] = len(tip["messages"])
+        return tip
+
+    def _execute_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run fn(conn) in one write transaction (Hermes's private helper, used by callers
+        that need raw SQL)."""
+        return self._w(fn)
 
     # --- compression leases ---
     def try_acquire_compression_lock(
@@ -403,7 +426,11 @@ class SessionDB:
     def set_session_title(self, session_id: str, title: str | None) -> bool:
         title = hermes_messages.scrub(title)
         try:
-            self._run(self._db.set_session_title(session_id, title))
+            cleaned = self.sanitize_title(title)
+            if cleaned is None:
+                self._run(self._db.set_session_title(session_id, None))
+            else:
+                self._w(hermes_sessions.set_title_taking_from_ancestor, session_id, cleaned)
         except SessionNotFound:
             return False
         except TitleError as exc:

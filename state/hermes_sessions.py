@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -145,5 +144,50 @@ def compression_family(conn: sqlite3.Connection, session_id: str) -> list[str]:
     return out
 
 
-def now() -> float:
-    return time.time()
+def compression_ancestors(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """Parents this session continues after a compression, nearest first (cycles cut)."""
+    out: list[str] = []
+    seen = {session_id}
+    current = session_id
+    while True:
+        row = conn.execute(
+            "SELECT p.id FROM sessions c JOIN sessions p ON p.id = c.parent_session_id "
+            "WHERE c.id = ? AND p.end_reason = 'compression'",
+            (current,),
+        ).fetchone()
+        if row is None or row[0] in seen:
+            return out
+        current = row[0]
+        seen.add(current)
+        out.append(current)
+
+
+def set_title_taking_from_ancestor(conn: sqlite3.Connection, session_id: str, title: str) -> None:
+    """Set the title; when a compression ancestor holds it, it moves to this session (the
+    visible tip of that conversation) instead of conflicting."""
+    owner = sessions.title_owner(conn, title)
+    if owner and owner != session_id and owner in compression_ancestors(conn, session_id):
+        sessions.set_title(conn, owner, None)
+    sessions.set_title(conn, session_id, title)
+
+
+def compression_lineage(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """Ids from the root to the tip through compression edges ([id] outside a chain, []
+    for an unknown id); terminates on cycles."""
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+        return []
+    chain = [*reversed(compression_ancestors(conn, session_id)), session_id]
+    seen = set(chain)
+    current = session_id
+    while True:
+        row = conn.execute(
+            "SELECT c.id FROM sessions c JOIN sessions p ON p.id = c.parent_session_id "
+            "WHERE p.id = ? AND p.end_reason = 'compression' "
+            "ORDER BY c.started_at DESC, c.id DESC LIMIT 1",
+            (current,),
+        ).fetchone()
+        if row is None or row[0] in seen:
+            return chain
+        current = row[0]
+        seen.add(current)
+        chain.append(current)

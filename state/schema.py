@@ -219,6 +219,30 @@ def _exec_script(conn: sqlite3.Connection, script: str) -> None:
         raise ValueError(f"incomplete SQL statement: {pending.strip()[:60]}")
 
 
+def ensure_title_index(conn: sqlite3.Connection) -> int:
+    """The unique index on titles, created if missing. Files written without it (old Hermes
+    Agent versions) may hold duplicates: the newest row keeps the title, older rows lose it,
+    no session is deleted. Returns how many titles were cleared."""
+    sql = (
+        "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) "
+        "WHERE title IS NOT NULL"
+    )
+    try:
+        conn.execute(sql)
+        return 0
+    except sqlite3.IntegrityError:
+        have = _columns(conn, "sessions")
+        derived = [c for c in ("title_key", "title_base", "title_number") if c in have]
+        sets = ", ".join(["title = NULL", *(f"{c} = NULL" for c in derived)])
+        cleared = conn.execute(
+            f"UPDATE sessions SET {sets} WHERE title IS NOT NULL AND EXISTS (SELECT 1 FROM "
+            "sessions n WHERE n.title = sessions.title AND n.rowid > sessions.rowid)"
+        ).rowcount
+        log.warning("cleared %d duplicate session titles to restore their unique index", cleared)
+        conn.execute(sql)
+        return cleared
+
+
 def _migration_1(conn: sqlite3.Connection) -> None:
     """Baseline tables, routing columns, indexes and the main FTS index."""
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -229,8 +253,6 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         "CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source)",
         "CREATE INDEX IF NOT EXISTS idx_sessions_parent ON sessions(parent_session_id)",
         "CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC)",
-        "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) "
-        "WHERE title IS NOT NULL",
         "CREATE INDEX IF NOT EXISTS idx_messages_session_order ON messages(session_id, id)",
         "CREATE INDEX IF NOT EXISTS idx_messages_platform_id ON messages(platform_message_id) "
         "WHERE platform_message_id IS NOT NULL",
@@ -244,6 +266,7 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         "WHERE handoff_state IS NOT NULL",
     ):
         conn.execute(sql)
+    ensure_title_index(conn)
     # The main search index and its triggers are migration 9's (sb_messages_fts): the
     # names Hermes Agent uses for its own index are left to it.
     # Fill the denormalised columns for rows written by other programs.
@@ -592,6 +615,8 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
             _refresh_stale_statistics(conn)
         # Hermes Agent's `schema_version` is never written: an empty table makes Hermes
         # record its own number once, a number of ours made it replay its migrations.
+        if found >= 1:
+            ensure_title_index(conn)  # another program may have dropped it
         if found >= 10:
             # Hermes's inserts may leave `active` NULL on legacy columns without a default.
             conn.execute("UPDATE messages SET active = 1 WHERE active IS NULL")

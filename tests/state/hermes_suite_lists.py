@@ -132,7 +132,6 @@ SKIP: dict[str, str] = {
 # of these starts passing (take it off the list) or when any other test fails.
 KNOWN_FAILING: frozenset[str] = frozenset({
     'test_hermes_state.py::TestCJKSearchFallback::test_cjk_like_escapes_wildcards',
-    'test_hermes_state.py::TestDeleteAndExport::test_compression_lineage_terminates_for_preexisting_cycle',
     'test_hermes_state.py::TestDeleteAndExport::test_import_exported_session_round_trips',
     'test_hermes_state.py::TestDeleteAndExport::test_import_sessions_detaches_cycle_and_lineage_still_terminates',
     'test_hermes_state.py::TestDeleteAndExport::test_import_sessions_detaches_self_parent',
@@ -143,14 +142,9 @@ KNOWN_FAILING: frozenset[str] = frozenset({
     'test_hermes_state.py::TestDeleteAndExport::test_import_sessions_rejects_invalid_metadata[payload3-messages[0].role must be a non-empty string]',
     'test_hermes_state.py::TestDeleteAndExport::test_import_sessions_rejects_oversized_payloads_atomically',
     'test_hermes_state.py::TestDeleteAndExport::test_import_sessions_restores_valid_parents_and_detaches_missing',
-    'test_hermes_state.py::TestFTS5ToolCallIndexing::test_delete_message_row_does_not_crash',
     'test_hermes_state.py::TestFTS5ToolCallIndexing::test_update_message_reindexes_tool_fields',
     'test_hermes_state.py::TestFTS5ToolCallMigration::test_v10_to_v11_upgrade_backfills_tool_fields',
-    'test_hermes_state.py::TestSchemaInit::test_foreign_keys_enabled',
     'test_hermes_state.py::TestSchemaInit::test_migration_from_v2',
     'test_hermes_state.py::TestSchemaInit::test_schema_sql_is_source_of_truth',
     'test_hermes_state.py::TestSessionLifecycle::test_base_fts_rebuilds_after_trigger_repair_without_trigram',
-    'test_hermes_state.py::TestSessionTitleIndexRepair::test_duplicate_titles_are_repaired_without_deleting_sessions',
-    'test_hermes_state.py::TestSessionTitleLineage::test_rename_continuation_back_to_base_transfers_title',
-    'test_hermes_state.py::TestSessionTitleLineage::test_transfer_walks_multi_level_chain',
 })
