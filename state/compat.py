@@ -26,6 +26,7 @@ from . import (
     hermes_messages,
     hermes_search,
     hermes_sessions,
+    hermes_transfer,
     locks,
     maintenance,
     schema,
@@ -260,6 +261,16 @@ class SessionDB:
         tip["messages"] = [m for seg in segments for m in seg["messages"]]
         tip["message_count"] = len(tip["messages"])
         return tip
+
+    _IMPORT_MAX_SESSION_BYTES = hermes_transfer.MAX_SESSION_BYTES
+    _IMPORT_MAX_MESSAGES_PER_SESSION = hermes_transfer.MAX_MESSAGES_PER_SESSION
+
+    def import_sessions(self, sessions: list[dict[str, Any]]) -> dict[str, Any]:
+        """Import exported sessions; a batch with any invalid entry imports nothing."""
+        errors = hermes_transfer.validate(sessions)
+        if errors:
+            return {"ok": False, "imported": 0, "skipped": 0, "detached": 0, "errors": errors}
+        return self._w(hermes_transfer.import_batch, sessions)
 
     def _execute_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run fn(conn) in one write transaction (Hermes's private helper, used by callers
