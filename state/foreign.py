@@ -77,11 +77,12 @@ def _absorb_message(conn: sqlite3.Connection, message_id: int) -> None:
     session_id, role, content, tool_name, tool_calls = row
     text = content_text(content)
     aux = aux_row(text, tool_name, tool_calls)
-    if aux is None:
-        conn.execute("DELETE FROM messages_aux WHERE message_id = ?", (message_id,))
-    else:
+    # DELETE then INSERT, never INSERT OR REPLACE: REPLACE removes the old row without
+    # firing the delete trigger, which would leave its terms in messages_aux_fts.
+    conn.execute("DELETE FROM messages_aux WHERE message_id = ?", (message_id,))
+    if aux is not None:
         conn.execute(
-            "INSERT OR REPLACE INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)",
+            "INSERT INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)",
             (message_id, aux[0], aux[1]),
         )
     if role == "user":

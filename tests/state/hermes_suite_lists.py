@@ -132,7 +132,6 @@ SKIP: dict[str, str] = {
 # of these starts passing (take it off the list) or when any other test fails.
 KNOWN_FAILING: frozenset[str] = frozenset({
     'test_hermes_state.py::TestCJKSearchFallback::test_cjk_like_escapes_wildcards',
-    'test_hermes_state.py::TestFTS5ToolCallIndexing::test_update_message_reindexes_tool_fields',
     'test_hermes_state.py::TestFTS5ToolCallMigration::test_v10_to_v11_upgrade_backfills_tool_fields',
     'test_hermes_state.py::TestSchemaInit::test_migration_from_v2',
     'test_hermes_state.py::TestSchemaInit::test_schema_sql_is_source_of_truth',

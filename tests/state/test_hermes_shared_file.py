@@ -170,3 +170,22 @@ async def test_hermes_v10_file_keeps_a_sound_index_through_clear_messages(
         ).fetchall() == [("messages_fts_insert",)]
     assert conn.execute("SELECT version FROM schema_version").fetchall() == [(10,)]
     conn.close()
+
+
+async def test_another_programs_update_reindexes_the_side_index_soundly(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    db = await SessionDB.open(path)
+    await db.create_session("s", "cli")
+    mid = await db.append_message("s", "tool", "result", tool_name="originaltool")
+    await db.close()
+    conn = sqlite3.connect(path)  # another program, knowing nothing of switchboard
+    conn.execute("UPDATE messages SET tool_name = 'renamedtool' WHERE id = ?", (mid,))
+    conn.commit()
+    conn.close()
+    db = await SessionDB.open(path)
+    try:
+        assert await db.search_messages("originaltool", roles=["tool"]) == []
+        assert [h["id"] for h in await db.search_messages("renamedtool", roles=["tool"])] == [mid]
+        assert await db.check_search_index() == []
+    finally:
+        await db.close()
