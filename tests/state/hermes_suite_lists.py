@@ -23,7 +23,7 @@ _R1 = (
 
 _R2 = (
     'Hermes private helper (SessionDB._contains_cjk, _is_fts5_unavailable_error, '
-    '_is_trigram_unavailable_error, _get_session_rich_row)'
+    '_is_trigram_unavailable_error, _get_session_rich_row, _parse_schema_columns)'
 )
 
 _R3 = (
@@ -94,12 +94,14 @@ SKIP: dict[str, str] = {
     "test_hermes_state.py::TestSessionLifecycle::test_is_trigram_unavailable_error": _R2,
     "test_hermes_state.py::TestCompactRows::test_get_session_rich_row_compact_omits_system_prompt": _R2,
     "test_hermes_state.py::TestCompactRows::test_get_session_rich_row_full_includes_system_prompt": _R2,
+    "test_hermes_state.py::TestSchemaInit::test_schema_sql_is_source_of_truth": _R2,
     "test_hermes_state.py::TestSessionLifecycle::test_db_initializes_without_fts5_module": _R3,
     "test_hermes_state.py::TestSessionLifecycle::test_db_initializes_without_trigram_tokenizer": _R3,
     "test_hermes_state.py::TestSessionLifecycle::test_existing_fts_tables_do_not_break_without_fts5": _R3,
     "test_hermes_state.py::TestSessionLifecycle::test_fts_runtime_restores_triggers_after_no_fts_open": _R3,
     "test_hermes_state.py::TestSessionLifecycle::test_old_schema_without_fts5_does_not_crash": _R3,
     "test_hermes_state.py::TestSessionLifecycle::test_v11_migration_backfills_base_fts_when_trigram_unavailable": _R3,
+    "test_hermes_state.py::TestSessionLifecycle::test_base_fts_rebuilds_after_trigger_repair_without_trigram": _R3,
     "test_hermes_state.py::TestConcurrentWriteSafety::test_sqlite_timeout_is_at_least_30s": _R4,
     "test_hermes_state.py::TestOptimizeFts::test_write_path_optimize_failure_never_breaks_write": _R5,
     "test_hermes_state.py::TestOptimizeFts::test_write_path_optimizes_fts_on_cadence": _R5,
@@ -128,12 +130,17 @@ SKIP: dict[str, str] = {
     "test_hermes_state.py::TestMessageStorage::test_get_messages_as_conversation_strips_leaked_memory_context": _R11,
 }
 
-# Not yet implemented in state.compat (in scope, so not skipped): the CI test fails when one
-# of these starts passing (take it off the list) or when any other test fails.
+# In scope but not passing (so not skipped); the CI test fails when one of these starts
+# passing (take it off the list) or when any other test fails.
+# - test_cjk_like_escapes_wildcards: a literal `%` in a short CJK query; switchboard's
+#   segmented CJK index drops punctuation (not yet implemented).
+# - test_migration_from_v2, test_v10_to_v11_upgrade_backfills_tool_fields: expect
+#   schema_version = 22 after the facade opens an old Hermes file. Deliberately not done:
+#   Hermes's own migrations for that file have not run, and writing 22 would make Hermes
+#   skip them (its index rebuild among them). switchboard never writes Hermes's counter
+#   except on a file it creates.
 KNOWN_FAILING: frozenset[str] = frozenset({
     'test_hermes_state.py::TestCJKSearchFallback::test_cjk_like_escapes_wildcards',
     'test_hermes_state.py::TestFTS5ToolCallMigration::test_v10_to_v11_upgrade_backfills_tool_fields',
     'test_hermes_state.py::TestSchemaInit::test_migration_from_v2',
-    'test_hermes_state.py::TestSchemaInit::test_schema_sql_is_source_of_truth',
-    'test_hermes_state.py::TestSessionLifecycle::test_base_fts_rebuilds_after_trigger_repair_without_trigram',
 })
