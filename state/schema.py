@@ -430,8 +430,8 @@ def _migration_6(conn: sqlite3.Connection) -> None:
 
 
 def _migration_7(conn: sqlite3.Connection) -> None:
-    """Was: rebuild `messages_fts` with prefix indexes. Migration 9 builds switchboard's
-    index under its own name with them, so there is nothing to do here any more."""
+    """Nothing: switchboard's index with prefix indexes is migration 9's, under a name of
+    its own (the number stays so files keep counting the same way)."""
 
 
 # FTS5 merges segments in quanta of 64 leaf pages per level, inside whichever commit crosses
@@ -443,7 +443,7 @@ FTS_PAGE_SIZE = 1000
 
 
 def _migration_8(conn: sqlite3.Connection) -> None:
-    """Was: smaller leaves for `messages_fts`; migration 9 creates sb_messages_fts with them."""
+    """Nothing: migration 9 creates sb_messages_fts with the smaller leaves."""
 
 
 def _own_legacy_fts(conn: sqlite3.Connection) -> str | None:
