@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import IO, Any, TypeVar, TypeVarTuple, Unpack
 
 from . import (
+    archive,
     handoffs,
+    hermes_import,
+    hermes_sessions,
     lineage,
     listing,
     maintenance,
@@ -29,6 +32,7 @@ from . import (
     search,
     sessions,
     transfer,
+    usage,
 )
 from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError
 from .readers import ReaderPool
@@ -760,3 +764,31 @@ class SessionDB:
     async def clear_dangling_parents(self) -> int:
         """Make those sessions roots; returns how many were changed."""
         return await self._write(maintenance.clear_dangling_parents)
+
+    # --- archive, bulk delete, per-model usage, workspace (state/archive.py, usage.py) ---
+
+    async def set_session_archived(self, session_id: str, archived: bool = True) -> bool:
+        """Archive (or restore) a session with its compression ancestors and continuations."""
+        return bool(await self._write(hermes_sessions.set_archived, session_id, archived))
+
+    async def delete_sessions(self, session_ids: list[str]) -> list[str]:
+        """Delete many sessions in one transaction (with their delegate subagents)."""
+        return list(await self._write(archive.delete_many, session_ids))
+
+    async def delete_empty_sessions(self) -> int:
+        """Delete ended, unarchived sessions that have no message."""
+        return len(await self._write(lambda c: archive.delete_many(c, archive.empty_ids(c))))
+
+    async def model_usage(self, session_id: str) -> list[dict[str, Any]]:
+        """What the session spent per model, billing route and task."""
+        return list(await self._read(usage.model_usage, session_id))
+
+    async def update_session_cwd(
+        self, session_id: str, cwd: str, git_branch: str | None = None,
+        git_repo_root: str | None = None,
+    ) -> None:  # fmt: skip
+        await self._write(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
+
+    async def import_hermes(self, source: str | os.PathLike[str], *, dry_run: bool = False) -> Any:
+        """Copy a Hermes Agent state.db's sessions, messages, titles and usage in (once)."""
+        return await self._writer.exclusive(hermes_import.import_db, Path(source), dry_run)
