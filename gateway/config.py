@@ -69,6 +69,17 @@ def _timezone(v: Any) -> str | None:
     return None
 
 
+def _prices(v: Any) -> str | None:
+    for model, price in v.items():
+        if not isinstance(price, Mapping) or set(price) - {"input", "output"}:
+            return f"{model}: must be {{input: <USD per 1M tokens>, output: <USD per 1M tokens>}}"
+        for side in ("input", "output"):
+            n = price.get(side, 0)
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+                return f"{model}.{side}: must be a number of USD per million tokens, 0 or more"
+    return None
+
+
 RESET_FIELDS: dict[str, Field] = {
     "mode": Field(str, "none", _one_of("none", "idle", "daily", "both")),
     "idle_minutes": Field(int, 1440, _range(1, 525_600)),
@@ -151,6 +162,13 @@ SCHEMA: dict[str, Any] = {
     },
     "shutdown": {
         "drain_seconds": Field((int, float), 10, _range(0, 600)),
+    },
+    "dashboard": {
+        "enabled": Field(bool, True),
+        "key_env": Field((str, type(None)), None, _env_name, "sign-in key env var"),
+        "session_hours": Field((int, float), 12, _range(0.1, 8760)),
+        "secure_cookie": Field(bool, False),
+        "prices": Field(dict, {}, _prices, "USD per million tokens by model"),
     },
     "platforms": {
         "api": {
@@ -268,6 +286,9 @@ def _resolve_secrets(data: Mapping[str, Any], env: Mapping[str, str]) -> dict[st
                 "platforms.api.key_env",
                 f"a bearer key is required when listening on {api['host']} (not loopback)",
             )
+    dash = data["dashboard"]
+    if api["enabled"] and dash["enabled"] and dash["key_env"]:
+        need("dashboard.key_env", dash["key_env"], "the dashboard sign-in key")
     for name in PLATFORMS:
         p = data["platforms"][name]
         if p["mode"] is None:

@@ -877,3 +877,39 @@ class SessionDB:
         rows = await self._read(lambda c: c.execute(f"PRAGMA {pragma}").fetchall())
         found = [r[0] for r in rows]
         return [] if found == ["ok"] else found
+
+    # --- dashboard queries (state/keyset.py, family.py, cleanup.py, insights.py) ----------
+
+    async def session_page(self, q: Any) -> tuple[list[Row], tuple[float, str] | None]:
+        """One keyset page of sessions (a `state.keyset.PageQuery`) and the next cursor."""
+        from . import keyset
+
+        rows, cursor = await self._read(keyset.page, q)
+        return list(rows), cursor
+
+    async def lineage_tree(self, session_id: str) -> Row | None:
+        from . import family
+
+        return await self._read(family.lineage_tree, session_id)
+
+    async def count_empty_sessions(self) -> int:
+        from . import cleanup
+
+        return int(await self._read(cleanup.count_empty))
+
+    async def delete_empty_sessions(self, protected: Iterable[str] = ()) -> int:
+        """Delete ended sessions that have no messages, a chunk per transaction."""
+        from . import cleanup
+
+        keep, total = frozenset(protected), 0
+        while True:
+            n = int(await self._write(cleanup.delete_empty_chunk, keep))
+            total += n
+            if n < maintenance.PRUNE_CHUNK:
+                return total
+
+    async def insights(self, since: float, until: float, source: str | None = None) -> Row:
+        """Activity figures for [since, until) (see state/insights.py)."""
+        from . import insights
+
+        return dict(await self._read(insights.insights, insights.Period(since, until, source)))

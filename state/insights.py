@@ -1,0 +1,97 @@
+"""Activity figures over a period: messages per day per platform, busiest hours, top
+tools, sessions active and live, tokens per model, and how sessions ended.
+
+Messages are reached through the sessions active in the period (`idx_sessions_last_active`,
+then each session's messages by `idx_messages_session_order`), so the cost follows the
+period's traffic, not the whole table. Days and hours are UTC. Prices and cost are the
+caller's business (gateway/web): this module returns raw token counts per model.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .messages import LAST_ACTIVE_RESOLUTION_S
+
+
+@dataclass(frozen=True)
+class Period:
+    since: float
+    until: float
+    source: str | None = None
+
+
+def _day(hour: int) -> str:
+    return datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%d")
+
+
+def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
+    src_sql, src_params = (" AND s.source = ?", [p.source]) if p.source else ("", [])
+    # last_active trails the newest message by less than LAST_ACTIVE_RESOLUTION_S, so
+    # sessions idle since before (the period's start minus that) hold no message inside it
+    idle_before = p.since - LAST_ACTIVE_RESOLUTION_S
+    rows = conn.execute(
+        "SELECT s.source, CAST(m.timestamp / 3600 AS INTEGER) AS hr, "
+        "CASE WHEN m.role = 'tool' THEN COALESCE(m.tool_name, '?') END AS tool, COUNT(*) "
+        "FROM sessions s JOIN messages m ON m.session_id = s.id "
+        f"WHERE s.last_active >= ? AND s.started_at < ?{src_sql} "
+        "AND m.timestamp >= ? AND m.timestamp < ? GROUP BY 1, 2, 3",
+        (idle_before, p.until, *src_params, p.since, p.until),
+    ).fetchall()
+    per_day: dict[str, dict[str, int]] = {}
+    heat = [[0] * 24 for _ in range(7)]  # [weekday Monday=0][hour]
+    tools: dict[str, int] = {}
+    total = 0
+    for source, hr, tool, n in rows:
+        day = _day(hr)
+        per_day.setdefault(day, {})
+        per_day[day][source] = per_day[day].get(source, 0) + n
+        when = datetime.fromtimestamp(hr * 3600, UTC)
+        heat[when.weekday()][when.hour] += n
+        if tool is not None:
+            tools[tool] = tools.get(tool, 0) + n
+        total += n
+    src_plain = " AND source = ?" if p.source else ""
+    active = conn.execute(
+        "SELECT COUNT(*), SUM(started_at >= ?) FROM sessions "
+        f"WHERE last_active >= ? AND started_at < ?{src_plain}",
+        (p.since, p.since, p.until, *src_params),
+    ).fetchone()
+    live = conn.execute(
+        f"SELECT COUNT(*) FROM sessions WHERE ended_at IS NULL{src_plain}", src_params
+    ).fetchone()[0]
+    models = conn.execute(
+        "SELECT COALESCE(model, ''), SUM(COALESCE(input_tokens, 0)), "
+        "SUM(COALESCE(output_tokens, 0)), COUNT(*) FROM sessions "
+        f"WHERE last_active >= ? AND started_at < ?{src_plain} GROUP BY 1 ORDER BY 2 DESC",
+        (p.since, p.until, *src_params),
+    ).fetchall()
+    ends = conn.execute(
+        "SELECT COALESCE(end_reason, ''), COUNT(*) FROM sessions "
+        f"WHERE ended_at >= ? AND ended_at < ?{src_plain} GROUP BY 1 ORDER BY 2 DESC",
+        (p.since, p.until, *src_params),
+    ).fetchall()
+    return {
+        "since": p.since,
+        "until": p.until,
+        "source": p.source,
+        "messages": total,
+        "per_day": [
+            {"day": day, "sources": dict(sorted(v.items()))} for day, v in sorted(per_day.items())
+        ],
+        "heatmap": heat,
+        "top_tools": [
+            {"tool": t, "calls": n} for t, n in sorted(tools.items(), key=lambda x: (-x[1], x[0]))
+        ][:20],
+        "sessions_active": int(active[0] or 0),
+        "sessions_started": int(active[1] or 0),
+        "sessions_live": int(live or 0),
+        "models": [
+            {"model": m, "input_tokens": int(i), "output_tokens": int(o), "sessions": int(n)}
+            for m, i, o, n in models
+        ],
+        "end_reasons": [{"reason": r, "sessions": int(n)} for r, n in ends],
+    }
