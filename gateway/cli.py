@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli_sessions import add_parser as add_sessions
 
     add_sessions(sub).set_defaults(func=cmd_sessions)
+    from gateway.cli_insights import add_parser as add_insights
+
+    add_insights(sub)
     p = sub.add_parser("chat", help="talk to the agent from the terminal")
     p.add_argument("-c", "--continue", dest="cont", nargs="?", const=True, default=None, metavar="TITLE",
                    help="continue the most recent terminal session (or that title's newest)")  # fmt: skip

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 
 from gateway.session_keys import CHAT_TYPES
 from gateway.web.app import Dashboard
+from state import SessionDB
 from state.keyset import SORTS, PageQuery
 from state.search import SORTS as SEARCH_SORTS
 
@@ -144,8 +145,19 @@ def cost(models: list[dict[str, Any]], prices: Mapping[str, tuple[float, float]]
 async def insights(d: Dashboard, params: Mapping[str, str], now: float | None = None) -> dict[str, Any]:
     since, until, days = period(params, now)
     source = _choice(params, "platform", PLATFORMS)
-    out = await d.db.insights(since, until, source)
-    # every day of the period, empty ones too, so the chart's x axis is the calendar
+    return await insights_for(d.db, d.settings.prices, since, until, source)
+
+
+async def insights_for(
+    db: SessionDB,
+    prices: Mapping[str, tuple[float, float]],
+    since: float,
+    until: float,
+    source: str | None,
+) -> dict[str, Any]:
+    """The insights figures (the dashboard's and `switchboard insights`): the store's,
+    with every calendar day filled in, token totals and the estimated cost."""
+    out = await db.insights(since, until, source)
     have = {row["day"]: row["sources"] for row in out["per_day"]}
     first = datetime.fromtimestamp(since, UTC).date()
     last = datetime.fromtimestamp(until, UTC).date()
@@ -153,10 +165,10 @@ async def insights(d: Dashboard, params: Mapping[str, str], now: float | None = 
         {"day": day.isoformat(), "sources": have.get(day.isoformat(), {})}
         for day in (first + timedelta(days=i) for i in range((last - first).days + 1))
     ]
-    out["days"] = days
+    out["days"] = round((until - since) / 86400)
     out["input_tokens"] = sum(m["input_tokens"] for m in out["models"])
     out["output_tokens"] = sum(m["output_tokens"] for m in out["models"])
-    out["cost"] = cost(out["models"], d.settings.prices)
+    out["cost"] = cost(out["models"], prices)
     return out
 
 
