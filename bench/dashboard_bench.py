@@ -51,7 +51,9 @@ def _line(label: str, times: list[float], target: float | None = None) -> None:
           f"p95 {pct(times, 0.95):7.1f} ms  max {max(times):7.1f} ms{goal}")  # fmt: skip
 
 
-async def sessions_figures(http: aiohttp.ClientSession, base: str, span: tuple[float, float]) -> list[float]:
+async def sessions_figures(
+    http: aiohttp.ClientSession, base: str, span: tuple[float, float]
+) -> list[float]:
     from datetime import UTC, datetime
 
     day = lambda ts: datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")  # noqa: E731
@@ -75,7 +77,9 @@ async def sessions_figures(http: aiohttp.ClientSession, base: str, span: tuple[f
     deep: list[float] = []
     cursor = None
     for i in range(200):
-        ms, body = await _timed(http, f"{base}/api/sessions?limit=50" + (f"&after={cursor}" if cursor else ""))
+        ms, body = await _timed(
+            http, f"{base}/api/sessions?limit=50" + (f"&after={cursor}" if cursor else "")
+        )
         cursor = body["next"]
         if i >= 100:
             deep.append(ms)
@@ -89,7 +93,9 @@ async def search_figures(http: aiohttp.ClientSession, base: str, path: Path) -> 
     every: list[float] = []
     for kind, qs in sample_queries(path, 40).items():
         for _ in range(2):
-            times = [(await _timed(http, f"{base}/api/search?q={quote(q)}&limit=20"))[0] for q in qs]
+            times = [
+                (await _timed(http, f"{base}/api/search?q={quote(q)}&limit=20"))[0] for q in qs
+            ]
         _line(kind, times, 150)
         every += times
     return every
@@ -103,7 +109,9 @@ async def insights_figures(http: aiohttp.ClientSession, base: str) -> None:
             ms, body = await _timed(http, f"{base}/api/insights?days={days}")
             times.append(ms)
         times = times[1:]
-        _line(f"insights, {days} days ({body['messages']:,} msgs)", times, 500 if days == 90 else None)
+        _line(
+            f"insights, {days} days ({body['messages']:,} msgs)", times, 500 if days == 90 else None
+        )
 
 
 async def main() -> None:

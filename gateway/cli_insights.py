@@ -95,7 +95,9 @@ def render(data: dict[str, Any], out: Console) -> None:
         summary.add_row(label, value)
     out.print(summary)
     if cost["unpriced_models"]:
-        out.print(f"[dim]no price configured (dashboard.prices) for: {', '.join(cost['unpriced_models'])}[/]")
+        out.print(
+            f"[dim]no price configured (dashboard.prices) for: {', '.join(cost['unpriced_models'])}[/]"
+        )
     days = data["per_day"]
     platforms = sorted({p for d in days for p in d["sources"]})
     per_day = Table(title="messages per day", title_justify="left", box=None, pad_edge=False)
@@ -104,7 +106,9 @@ def render(data: dict[str, Any], out: Console) -> None:
     per_day.add_column("total", justify="right")
     per_day.add_column("peak", justify="right")
     for p in [*platforms, "all"]:
-        values = [sum(d["sources"].values()) if p == "all" else d["sources"].get(p, 0) for d in days]
+        values = [
+            sum(d["sources"].values()) if p == "all" else d["sources"].get(p, 0) for d in days
+        ]
         per_day.add_row(p, sparkline(values), f"{sum(values):,}", f"{max(values, default=0):,}")
     out.print(per_day)
     for title, rows, heads in (

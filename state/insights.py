@@ -1,9 +1,9 @@
 """Activity figures over a period: messages per day per platform, busiest hours, top
 tools, sessions active and live, tokens per model, and how sessions ended.
 
-Messages are reached through the sessions active in the period (`idx_sessions_last_active`,
-then each session's messages by `idx_messages_session_order`), so the cost follows the
-period's traffic, not the whole table. Days and hours are UTC. Prices and cost are the
+Messages are read by one rowid range scan starting at the period's first message (found
+through the sessions active in the period), so the cost follows the period's traffic, not
+the whole table. Days and hours are UTC. Prices and cost are the
 caller's business (gateway/web): this module returns raw token counts per model.
 """
 
@@ -29,23 +29,42 @@ def _day(hour: int) -> str:
 
 
 def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
-    src_sql, src_params = (" AND s.source = ?", [p.source]) if p.source else ("", [])
+    src_sql, src_params = (" AND source = ?", [p.source]) if p.source else ("", [])
     # last_active trails the newest message by less than LAST_ACTIVE_RESOLUTION_S, so
     # sessions idle since before (the period's start minus that) hold no message inside it
     idle_before = p.since - LAST_ACTIVE_RESOLUTION_S
-    rows = conn.execute(
-        "SELECT s.source, CAST(m.timestamp / 3600 AS INTEGER) AS hr, "
-        "CASE WHEN m.role = 'tool' THEN COALESCE(m.tool_name, '?') END AS tool, COUNT(*) "
-        "FROM sessions s JOIN messages m ON m.session_id = s.id "
-        f"WHERE s.last_active >= ? AND s.started_at < ?{src_sql} "
-        "AND m.timestamp >= ? AND m.timestamp < ? GROUP BY 1, 2, 3",
-        (idle_before, p.until, *src_params, p.since, p.until),
-    ).fetchall()
+    source_of = dict(
+        conn.execute(
+            f"SELECT id, source FROM sessions WHERE last_active >= ? AND started_at < ?{src_sql}",
+            (idle_before, p.until, *src_params),
+        ).fetchall()
+    )
+    # The period's first message: each active session's first message inside the period
+    # (found by walking that session's messages in id order), the smallest of those. Every
+    # message of the period has an id at or above it, and ids are arrival order, so one
+    # sequential rowid range scan reads the period instead of a lookup per message.
+    first = conn.execute(
+        "SELECT MIN((SELECT m.id FROM messages m WHERE m.session_id = s.id AND m.timestamp >= ?3 "
+        "AND m.timestamp < ?4 ORDER BY m.id LIMIT 1)) FROM sessions s "
+        f"WHERE s.last_active >= ?1 AND s.started_at < ?2{src_sql.replace('?', '?5')}",
+        (idle_before, p.until, p.since, p.until, *src_params),
+    ).fetchone()[0]
+    rows = []
+    if first is not None:
+        rows = conn.execute(
+            "SELECT session_id, CAST(timestamp / 3600 AS INTEGER), "
+            "CASE WHEN role = 'tool' THEN COALESCE(tool_name, '?') END, COUNT(*) FROM messages "
+            "WHERE id >= ? AND timestamp >= ? AND timestamp < ? GROUP BY 1, 2, 3",
+            (first, p.since, p.until),
+        ).fetchall()
     per_day: dict[str, dict[str, int]] = {}
     heat = [[0] * 24 for _ in range(7)]  # [weekday Monday=0][hour]
     tools: dict[str, int] = {}
     total = 0
-    for source, hr, tool, n in rows:
+    for session_id, hr, tool, n in rows:
+        source = source_of.get(session_id)
+        if source is None:  # another platform's (with a platform filter)
+            continue
         day = _day(hr)
         per_day.setdefault(day, {})
         per_day[day][source] = per_day[day].get(source, 0) + n

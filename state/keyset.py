@@ -75,4 +75,3 @@ def page(conn: sqlite3.Connection, q: PageQuery) -> tuple[list[Row], tuple[float
     rows = rows[:limit]
     cursor = (float(rows[-1][col]), str(rows[-1]["id"])) if more and rows else None
     return rows, cursor
-

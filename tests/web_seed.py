@@ -50,7 +50,9 @@ async def seed(db: SessionDB, now: float) -> Seeded:
     tool_msg = await db.append_message(
         reset, "tool", '{"hits": 3}', tool_name="session_search", tool_call_id="c1", timestamp=now - DAY + 1
     )  # fmt: skip
-    await db.append_message(reset, "assistant", "long answer " + "word " * 800, timestamp=now - DAY + 2)
+    await db.append_message(
+        reset, "assistant", "long answer " + "word " * 800, timestamp=now - DAY + 2
+    )
     hostile = await db.create_session(
         "20250102_000000_bbbb0002", "telegram", title=HOSTILE_TITLE, started_at=now - 2 * DAY,
         chat_id="200", chat_type="group", user_id="u2",
@@ -73,4 +75,16 @@ async def seed(db: SessionDB, now: float) -> Seeded:
         "20250105_000000_eeee0005", "telegram", started_at=now - 5 * DAY, chat_id="500", chat_type="dm"
     )  # fmt: skip
     await db.end_session(empty, "session_reset", now=now - 5 * DAY + 60)
-    return Seeded(root, compressed, compressed2, branch, reset, hostile, discord, slack, empty, tool_msg, rtl_msg)
+    return Seeded(
+        root,
+        compressed,
+        compressed2,
+        branch,
+        reset,
+        hostile,
+        discord,
+        slack,
+        empty,
+        tool_msg,
+        rtl_msg,
+    )

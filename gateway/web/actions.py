@@ -53,7 +53,9 @@ async def delete(d: Dashboard, session_id: str) -> None:
     await d.db.delete_session(session_id)
 
 
-async def prune(d: Dashboard, older_than_days: float, source: str | None, dry_run: bool) -> dict[str, Any]:
+async def prune(
+    d: Dashboard, older_than_days: float, source: str | None, dry_run: bool
+) -> dict[str, Any]:
     if dry_run:
         found = await d.db.prune_candidates(older_than_days, source, limit=100_000)
         return {"would_prune": len(found)}

@@ -135,7 +135,9 @@ async def prune(request: web.Request) -> web.Response:
     if platform is not None and platform not in queries.PLATFORMS:
         raise queries.BadParam(f"platform must be one of {', '.join(queries.PLATFORMS)}")
     return web.json_response(
-        await actions.prune(dashboard_of(request), float(days), platform, body.get("dry_run") is True)
+        await actions.prune(
+            dashboard_of(request), float(days), platform, body.get("dry_run") is True
+        )
     )
 
 

@@ -142,7 +142,8 @@ def settings_from(config: Config) -> DashboardSettings | None:
     if key is None and not is_loopback(api["host"]):
         log.warning(
             "the dashboard is off: %s is not loopback and no key is configured "
-            "(dashboard.key_env or platforms.api.key_env)", api["host"]
+            "(dashboard.key_env or platforms.api.key_env)",
+            api["host"],
         )
         return None
     prices = {

@@ -51,14 +51,15 @@ def per_day_chart(per_day: list[dict[str, Any]], platforms: list[str]) -> Safe:
     for i in range(0, n, step):
         parts.append(t('<text class="axis" x="{:.1f}" y="{}" text-anchor="middle">{}</text>',
                        PAD_L + (i + 0.5) * bar, HEIGHT - 6, per_day[i]["day"][5:]))  # fmt: skip
-    legend = join(
-        t('<li><span class="swatch p-{}"></span>{}</li>', p, p) for p in platforms
-    )
+    legend = join(t('<li><span class="swatch p-{}"></span>{}</li>', p, p) for p in platforms)
     return t(
         '<figure class="chart"><svg id="per-day" viewBox="0 0 {} {}" role="img" '
         'aria-label="messages per day per platform">{}</svg>'
         '<figcaption><ul class="legend">{}</ul></figcaption></figure>',
-        WIDTH, HEIGHT, join(parts), legend,
+        WIDTH,
+        HEIGHT,
+        join(parts),
+        legend,
     )
 
 
@@ -76,5 +77,6 @@ def heatmap(grid: list[list[int]]) -> Safe:
         rows.append(t("<tr><th scope=row>{}</th>{}</tr>", day, cells))
     return t(
         '<table class="heat" id="heatmap"><thead><tr><th></th>{}</tr></thead><tbody>{}</tbody></table>',
-        head, join(rows),
+        head,
+        join(rows),
     )

@@ -34,7 +34,9 @@ def esc(value: object) -> Safe:
 
 def t(template: str, *args: object, **kwargs: object) -> Safe:
     """`template.format` with every argument escaped (the template itself is trusted)."""
-    return Safe(template.format(*(_arg(a) for a in args), **{k: _arg(v) for k, v in kwargs.items()}))
+    return Safe(
+        template.format(*(_arg(a) for a in args), **{k: _arg(v) for k, v in kwargs.items()})
+    )
 
 
 def _arg(value: object) -> object:

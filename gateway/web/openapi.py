@@ -8,14 +8,28 @@ from typing import Any
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}  # fmt: skip
 
 
-def _q(name: str, description: str, kind: str = "string", enum: list[str] | None = None) -> dict[str, Any]:
+def _q(
+    name: str, description: str, kind: str = "string", enum: list[str] | None = None
+) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": kind}
     if enum:
         schema["enum"] = enum
-    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
 
 
-_ID = {"name": "id", "in": "path", "required": True, "description": "session id", "schema": {"type": "string"}}
+_ID = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "description": "session id",
+    "schema": {"type": "string"},
+}
 _PLATFORMS = ["api", "cli", "discord", "slack", "telegram"]
 
 
@@ -59,51 +73,87 @@ def document() -> dict[str, Any]:
     paths: dict[str, Any] = {
         "/api/sessions": {"get": _op("One keyset page of sessions", params=listing)},
         "/api/sessions/{id}": {
-            "get": _op("Metadata, a page of the transcript and the lineage tree", params=[
-                _ID, _q("after", "messages after this id", "integer"),
-                _q("at", "start a little before this message id", "integer")]),
-            "delete": _op("Delete a session (its children are kept as roots); 409 if live",
-                          params=[_ID], mutating=True),
+            "get": _op(
+                "Metadata, a page of the transcript and the lineage tree",
+                params=[
+                    _ID,
+                    _q("after", "messages after this id", "integer"),
+                    _q("at", "start a little before this message id", "integer"),
+                ],
+            ),
+            "delete": _op(
+                "Delete a session (its children are kept as roots); 409 if live",
+                params=[_ID],
+                mutating=True,
+            ),
         },  # fmt: skip
         "/api/sessions/{id}/title": {
-            "post": _op("Rename (an empty title clears it)", params=[_ID],
-                        body=_json({"title": {"type": "string"}}, ["title"]), mutating=True),
+            "post": _op(
+                "Rename (an empty title clears it)",
+                params=[_ID],
+                body=_json({"title": {"type": "string"}}, ["title"]),
+                mutating=True,
+            ),
         },  # fmt: skip
         "/api/sessions/{id}/export": {
             "get": _op("One session as JSONL", params=[_ID], content="application/x-ndjson")
         },
         "/api/export": {
-            "get": _op("Every session as JSONL, oldest first",
-                       params=[_q("platform", "only this platform", enum=_PLATFORMS)],
-                       content="application/x-ndjson"),
+            "get": _op(
+                "Every session as JSONL, oldest first",
+                params=[_q("platform", "only this platform", enum=_PLATFORMS)],
+                content="application/x-ndjson",
+            ),
         },  # fmt: skip
         "/api/import": {
-            "post": _op("Import a JSONL export; existing sessions are skipped",
-                        body={"application/x-ndjson": {"schema": {"type": "string"}}}, mutating=True),
+            "post": _op(
+                "Import a JSONL export; existing sessions are skipped",
+                body={"application/x-ndjson": {"schema": {"type": "string"}}},
+                mutating=True,
+            ),
         },  # fmt: skip
         "/api/prune": {
-            "post": _op("Delete ended sessions idle for longer than older_than_days",
-                        body=_json({"older_than_days": {"type": "number", "minimum": 1},
-                                    "platform": {"type": "string", "enum": _PLATFORMS},
-                                    "dry_run": {"type": "boolean"}}, ["older_than_days"]),
-                        mutating=True),
+            "post": _op(
+                "Delete ended sessions idle for longer than older_than_days",
+                body=_json(
+                    {
+                        "older_than_days": {"type": "number", "minimum": 1},
+                        "platform": {"type": "string", "enum": _PLATFORMS},
+                        "dry_run": {"type": "boolean"},
+                    },
+                    ["older_than_days"],
+                ),
+                mutating=True,
+            ),
         },  # fmt: skip
         "/api/empty-sessions": {
-            "post": _op("Delete ended sessions without messages (dry_run: count them)",
-                        body=_json({"dry_run": {"type": "boolean"}}), mutating=True),
+            "post": _op(
+                "Delete ended sessions without messages (dry_run: count them)",
+                body=_json({"dry_run": {"type": "boolean"}}),
+                mutating=True,
+            ),
         },  # fmt: skip
         "/api/search": {
-            "get": _op("Search messages (the /search query language)", params=[
-                {**_q("q", 'words, "exact phrase", OR, NOT, prefix*'), "required": True},
-                _q("platform", "only this platform", enum=_PLATFORMS),
-                _q("role", "only this role", enum=["user", "assistant", "tool", "system"]),
-                _q("sort", "ranking", enum=["relevance", "newest", "oldest"]),
-                _q("limit", "1-100 (default 20)", "integer"), _q("offset", "skip this many", "integer")]),
+            "get": _op(
+                "Search messages (the /search query language)",
+                params=[
+                    {**_q("q", 'words, "exact phrase", OR, NOT, prefix*'), "required": True},
+                    _q("platform", "only this platform", enum=_PLATFORMS),
+                    _q("role", "only this role", enum=["user", "assistant", "tool", "system"]),
+                    _q("sort", "ranking", enum=["relevance", "newest", "oldest"]),
+                    _q("limit", "1-100 (default 20)", "integer"),
+                    _q("offset", "skip this many", "integer"),
+                ],
+            ),
         },  # fmt: skip
         "/api/insights": {
-            "get": _op("Activity figures for the last `days` days", params=[
-                _q("days", "1-3660 (default 30)", "integer"),
-                _q("platform", "only this platform", enum=_PLATFORMS)]),
+            "get": _op(
+                "Activity figures for the last `days` days",
+                params=[
+                    _q("days", "1-3660 (default 30)", "integer"),
+                    _q("platform", "only this platform", enum=_PLATFORMS),
+                ],
+            ),
         },  # fmt: skip
         "/api/health": {"get": _op("The daemon's health (adapters, writer queue, last error)")},
         "/api/openapi.json": {"get": _op("This document")},
@@ -117,7 +167,12 @@ def document() -> dict[str, Any]:
                 "cookie": {"type": "apiKey", "in": "cookie", "name": "switchboard_session"},
             },
             "schemas": {
-                "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {"message": {"type": "string"}}}}}
+                "Error": {
+                    "type": "object",
+                    "properties": {
+                        "error": {"type": "object", "properties": {"message": {"type": "string"}}}
+                    },
+                }
             },  # fmt: skip
         },
         "security": [{"bearer": []}, {"cookie": []}],

@@ -21,7 +21,12 @@ from state import QueryError, SessionNotFound, StateError, TitleError
 PageHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 LONG_MESSAGE = 1500  # characters; longer messages start collapsed
 STATIC_TYPES = {".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml"}
-NAV = (("sessions", "Sessions"), ("search", "Search"), ("insights", "Insights"), ("ops", "Operations"))
+NAV = (
+    ("sessions", "Sessions"),
+    ("search", "Search"),
+    ("insights", "Insights"),
+    ("ops", "Operations"),
+)
 
 
 def when(ts: float | None) -> str:
@@ -33,7 +38,9 @@ def csrf_input(request: web.Request) -> Safe:
     return t('<input type="hidden" name="csrf" value="{}">', ws.csrf if ws else "")
 
 
-def page(request: web.Request, title: str, body: Safe, active: str = "", status: int = 200) -> web.Response:
+def page(
+    request: web.Request, title: str, body: Safe, active: str = "", status: int = 200
+) -> web.Response:
     nav = join(
         t('<a href="/ui/{}"{}>{}</a>', slug, Safe(' aria-current="page"') if slug == active else "", label)
         for slug, label in NAV
@@ -57,7 +64,9 @@ def page(request: web.Request, title: str, body: Safe, active: str = "", status:
 
 
 def _problem(request: web.Request, status: int, message: str) -> web.Response:
-    return page(request, "Not done", t('<p class="error" role="alert">{}</p>', message), status=status)
+    return page(
+        request, "Not done", t('<p class="error" role="alert">{}</p>', message), status=status
+    )
 
 
 def _errors(fn: PageHandler) -> PageHandler:
@@ -76,7 +85,9 @@ def _errors(fn: PageHandler) -> PageHandler:
     return wrapped
 
 
-def _select(name: str, label: str, options: tuple[str, ...] | list[tuple[str, str]], current: str | None) -> Safe:
+def _select(
+    name: str, label: str, options: tuple[str, ...] | list[tuple[str, str]], current: str | None
+) -> Safe:
     opts = [("", "any")] + [(o, o) if isinstance(o, str) else o for o in options]
     inner = join(
         t('<option value="{}"{}>{}</option>', v, Safe(" selected") if v == (current or "") else "", text)
@@ -90,7 +101,11 @@ def _select(name: str, label: str, options: tuple[str, ...] | list[tuple[str, st
 
 def _next(raw: str | None) -> str:
     # only our own pages: never an absolute or scheme-relative URL
-    return raw if raw and raw.startswith("/ui/") and not raw.startswith("//") and "\\" not in raw else "/ui/sessions"
+    return (
+        raw
+        if raw and raw.startswith("/ui/") and not raw.startswith("//") and "\\" not in raw
+        else "/ui/sessions"
+    )
 
 
 async def login_form(request: web.Request) -> web.StreamResponse:
@@ -138,14 +153,16 @@ async def logout(request: web.Request) -> web.StreamResponse:
 
 async def static(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
-    suffix = name[name.rfind("."):] if "." in name else ""
+    suffix = name[name.rfind(".") :] if "." in name else ""
     if "/" in name or name.startswith(".") or suffix not in STATIC_TYPES:
         raise web.HTTPNotFound()
     try:
         data = resources.files("gateway.web").joinpath("static", name).read_bytes()
     except (FileNotFoundError, IsADirectoryError):
         raise web.HTTPNotFound() from None
-    return web.Response(body=data, content_type=STATIC_TYPES[suffix], headers={"Cache-Control": "max-age=300"})
+    return web.Response(
+        body=data, content_type=STATIC_TYPES[suffix], headers={"Cache-Control": "max-age=300"}
+    )
 
 
 # --- sessions -----------------------------------------------------------------------------
@@ -154,7 +171,9 @@ async def static(request: web.Request) -> web.StreamResponse:
 def _status(row: Mapping[str, Any]) -> Safe:
     if row.get("ended_at") is None:
         return Safe('<span class="badge live">live</span>')
-    return t('<span class="badge ended">ended</span> <small>{}</small>', row.get("end_reason") or "")
+    return t(
+        '<span class="badge ended">ended</span> <small>{}</small>', row.get("end_reason") or ""
+    )
 
 
 async def sessions_list(request: web.Request) -> web.StreamResponse:
@@ -189,7 +208,11 @@ async def sessions_list(request: web.Request) -> web.StreamResponse:
         t('<a class="next" rel="next" href="{}">Next page →</a>', url("/ui/sessions", **keep, after=result["next"]))
         if result["next"] else ""
     )  # fmt: skip
-    first = t('<a href="{}">← First page</a>', url("/ui/sessions", **keep)) if params.get("after") else ""
+    first = (
+        t('<a href="{}">← First page</a>', url("/ui/sessions", **keep))
+        if params.get("after")
+        else ""
+    )
     notice = (
         t('<p class="notice" role="status">Deleted session {}.</p>', params["deleted"]) if params.get("deleted") else ""
     )  # fmt: skip
@@ -289,7 +312,8 @@ async def session_view(request: web.Request) -> web.StreamResponse:
         ("Chat type", s.get("chat_type") or ""), ("Chat", s.get("chat_id") or ""), ("User", s.get("user_id") or ""),
         ("Model", s.get("model") or ""), ("Started", when(s.get("started_at"))),
         ("Last active", when(s.get("last_active"))),
-        ("Status", "live (bound to a chat)" if s["live"] else ("ended: " + (s.get("end_reason") or "")) if s.get("ended_at") else "open"),
+        ("Status", ("ended: " + (s.get("end_reason") or "")) if s.get("ended_at") else
+                   "live, bound to a chat" if s["live"] else "live (not bound to a chat now)"),
         ("Messages", s.get("message_count") or 0),
         ("Tokens in / out", f"{s.get('input_tokens') or 0} / {s.get('output_tokens') or 0}"),
     ]  # fmt: skip
@@ -302,7 +326,12 @@ async def session_view(request: web.Request) -> web.StreamResponse:
     if not detail["from_start"]:
         nav.append(t('<a href="{}">← From the start</a>', url("/ui/sessions", sid)))
     if detail["next_after"]:
-        nav.append(t('<a rel="next" href="{}">More messages →</a>', url("/ui/sessions", sid, after=detail["next_after"])))
+        nav.append(
+            t(
+                '<a rel="next" href="{}">More messages →</a>',
+                url("/ui/sessions", sid, after=detail["next_after"]),
+            )
+        )
     ops = t(
         '<p class="actions"><a href="{}">Rename</a> <a href="{}">Export (JSONL)</a> <a class="danger" href="{}">Delete…</a></p>',
         url("/ui/sessions", sid, "rename"), url("/api/sessions", sid, "export"), url("/ui/sessions", sid, "delete"),
@@ -340,7 +369,9 @@ async def rename_form(request: web.Request) -> web.StreamResponse:
         t('<p class="error" role="alert">{}</p>', error) if error else "", csrf_input(request), value,
         url("/ui/sessions", sid),
     )  # fmt: skip
-    return page(request, "Rename " + str(row.get("title") or sid), body, "sessions", 400 if error else 200)
+    return page(
+        request, "Rename " + str(row.get("title") or sid), body, "sessions", 400 if error else 200
+    )
 
 
 async def delete_form(request: web.Request) -> web.StreamResponse:
@@ -439,8 +470,14 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
           "—" if m["cost_usd"] is None else f"${m['cost_usd']:,.4f}")
         for m in data["models"]
     )  # fmt: skip
-    tools = join(t('<tr><td>{}</td><td class="num">{}</td></tr>', x["tool"], x["calls"]) for x in data["top_tools"])
-    ends = join(t('<tr><td>{}</td><td class="num">{}</td></tr>', x["reason"] or "(none)", x["sessions"]) for x in data["end_reasons"])
+    tools = join(
+        t('<tr><td>{}</td><td class="num">{}</td></tr>', x["tool"], x["calls"])
+        for x in data["top_tools"]
+    )
+    ends = join(
+        t('<tr><td>{}</td><td class="num">{}</td></tr>', x["reason"] or "(none)", x["sessions"])
+        for x in data["end_reasons"]
+    )
     daily = join(
         t("<tr><td>{}</td>{}<td class=num>{}</td></tr>", day["day"],
           join(t('<td class="num">{}</td>', day["sources"].get(pl, 0)) for pl in platforms), sum(day["sources"].values()))
@@ -530,9 +567,14 @@ async def prune_view(request: web.Request) -> web.StreamResponse:
         form = await request.post()
         if form.get("confirm") != "yes":
             raise queries.BadParam("not confirmed")
-        done = await actions.prune(d, _days(form.get("days")), _platform(form.get("platform")), False)
+        done = await actions.prune(
+            d, _days(form.get("days")), _platform(form.get("platform")), False
+        )
         return page(request, "Pruned", t('<p class="notice" role="status">Pruned {} session(s).</p><p><a href="/ui/ops">Back</a></p>', done["pruned"]), "ops")  # fmt: skip
-    days, platform = _days(request.query.get("days", "90")), _platform(request.query.get("platform"))
+    days, platform = (
+        _days(request.query.get("days", "90")),
+        _platform(request.query.get("platform")),
+    )
     found = await actions.prune(d, days, platform, True)
     body = t(
         '<p><strong id="prune-count">{}</strong> ended session(s){} idle for more than {} days would be deleted '
@@ -582,7 +624,9 @@ async def import_view(request: web.Request) -> web.StreamResponse:
             fields[part.name or ""] = (await part.read(decode=True))[:4096].decode(errors="replace")
             continue
         if ws is None or not auth.key_matches(fields.get("csrf", ""), ws.csrf):
-            return web.Response(text="403: CSRF token missing or wrong; reload the page\n", status=403)
+            return web.Response(
+                text="403: CSRF token missing or wrong; reload the page\n", status=403
+            )
         if fields.get("confirm") != "yes":
             raise queries.BadParam("tick the box to confirm the import")
         report = await queries.import_stream(d, _file_chunks(part))

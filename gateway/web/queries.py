@@ -137,12 +137,16 @@ def cost(models: list[dict[str, Any]], prices: Mapping[str, tuple[float, float]]
             if m["input_tokens"] or m["output_tokens"]:
                 unpriced.append(m["model"] or "(unknown model)")
             continue
-        m["cost_usd"] = round((m["input_tokens"] * price[0] + m["output_tokens"] * price[1]) / 1e6, 6)
+        m["cost_usd"] = round(
+            (m["input_tokens"] * price[0] + m["output_tokens"] * price[1]) / 1e6, 6
+        )
         total += m["cost_usd"]
     return {"estimated_usd": round(total, 6), "unpriced_models": unpriced}
 
 
-async def insights(d: Dashboard, params: Mapping[str, str], now: float | None = None) -> dict[str, Any]:
+async def insights(
+    d: Dashboard, params: Mapping[str, str], now: float | None = None
+) -> dict[str, Any]:
     since, until, days = period(params, now)
     source = _choice(params, "platform", PLATFORMS)
     return await insights_for(d.db, d.settings.prices, since, until, source)

@@ -28,11 +28,15 @@ async def test_keyset_pages_visit_tied_rows_once(db: SessionDB) -> None:
             assert seen == sorted(seen, reverse=descending)
 
 
-async def test_lineage_tree_reads_foreign_children_by_their_parents_end_reason(db: SessionDB) -> None:
+async def test_lineage_tree_reads_foreign_children_by_their_parents_end_reason(
+    db: SessionDB,
+) -> None:
     root = await db.create_session("r", "cli", started_at=1.0)
     await db.end_session(root, "compression", now=2.0)
     await db.create_session("c", "cli", parent_session_id=root, started_at=3.0)  # no child_kind
-    await db.create_session("x", "cli", parent_session_id="c", child_kind="delegate", started_at=4.0)
+    await db.create_session(
+        "x", "cli", parent_session_id="c", child_kind="delegate", started_at=4.0
+    )
     tree = await db.lineage_tree("x")
     assert tree is not None and tree["id"] == "r"
     child = tree["children"][0]
@@ -41,7 +45,9 @@ async def test_lineage_tree_reads_foreign_children_by_their_parents_end_reason(d
     assert await db.lineage_tree("missing") is None
 
 
-async def test_empty_sessions_are_ended_ones_without_messages_and_spare_protected(db: SessionDB) -> None:
+async def test_empty_sessions_are_ended_ones_without_messages_and_spare_protected(
+    db: SessionDB,
+) -> None:
     for sid in ("a", "b", "live"):
         await db.create_session(sid, "cli", started_at=1.0)
     await db.append_message("b", "user", "hi")
@@ -51,7 +57,12 @@ async def test_empty_sessions_are_ended_ones_without_messages_and_spare_protecte
     await db.end_session("kept", "idle")
     assert await db.count_empty_sessions() == 2
     assert await db.delete_empty_sessions(protected={"kept"}) == 1
-    assert [await db.get_session(s) is None for s in ("a", "b", "live", "kept")] == [True, False, False, False]
+    assert [await db.get_session(s) is None for s in ("a", "b", "live", "kept")] == [
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 async def test_insights_period_edges(db: SessionDB, tmp_path) -> None:  # type: ignore[no-untyped-def]

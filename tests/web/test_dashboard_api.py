@@ -61,7 +61,9 @@ async def test_api_needs_the_key_or_a_signed_in_cookie(site: Site) -> None:
     async with _http() as http:
         status, body = await _get(http, f"{site.base}/api/sessions")
         assert status == 401 and "sign in" in body["error"]["message"]
-        status, _ = await _get(http, f"{site.base}/api/sessions", headers={"Authorization": "Bearer nope"})
+        status, _ = await _get(
+            http, f"{site.base}/api/sessions", headers={"Authorization": "Bearer nope"}
+        )
         assert status == 401
         status, body = await _get(http, f"{site.base}/api/sessions", headers=BEARER)
         assert status == 200 and body["sessions"]
@@ -74,9 +76,13 @@ async def test_api_needs_the_key_or_a_signed_in_cookie(site: Site) -> None:
 
 async def test_sign_in_sets_an_httponly_samesite_strict_cookie(site: Site) -> None:
     async with _http() as http:
-        async with http.post(f"{site.base}/ui/login", data={"key": "wrong"}, headers={"Origin": site.base}) as resp:
+        async with http.post(
+            f"{site.base}/ui/login", data={"key": "wrong"}, headers={"Origin": site.base}
+        ) as resp:
             assert resp.status == 401 and "not right" in await resp.text()
-        async with http.post(f"{site.base}/ui/login", data={"key": KEY}, allow_redirects=False) as resp:
+        async with http.post(
+            f"{site.base}/ui/login", data={"key": KEY}, allow_redirects=False
+        ) as resp:
             assert resp.status == 403  # no Origin: a login from nowhere is refused
         async with http.post(f"{site.base}/ui/login", data={"key": KEY, "next": "//evil.example/x"},
                              headers={"Origin": site.base}, allow_redirects=False) as resp:  # fmt: skip
@@ -116,9 +122,13 @@ async def test_csrf_token_and_origin_are_required_for_cookie_mutations(site: Sit
         url = f"{site.base}/api/sessions/{sid}"
         async with http.delete(url, headers={"Origin": site.base}) as resp:
             assert resp.status == 403 and "CSRF" in (await resp.json())["error"]["message"]
-        async with http.delete(url, headers={"Origin": site.base, "X-CSRF-Token": "forged"}) as resp:
+        async with http.delete(
+            url, headers={"Origin": site.base, "X-CSRF-Token": "forged"}
+        ) as resp:
             assert resp.status == 403
-        async with http.delete(url, headers={"Origin": "http://evil.example", "X-CSRF-Token": csrf}) as resp:
+        async with http.delete(
+            url, headers={"Origin": "http://evil.example", "X-CSRF-Token": csrf}
+        ) as resp:
             assert resp.status == 403
         async with http.delete(url, headers={"X-CSRF-Token": csrf}) as resp:
             assert resp.status == 403  # neither Origin nor Referer
@@ -167,6 +177,7 @@ async def test_hostile_titles_and_messages_reach_pages_only_as_text(site: Site) 
 async def test_listing_filters_sort_and_keyset_paging(site: Site) -> None:
     s = site.seeded
     async with _http() as http:
+
         async def ids(query: str) -> list[str]:
             status, body = await _get(http, f"{site.base}/api/sessions?{query}", headers=BEARER)
             assert status == 200, body
@@ -178,7 +189,11 @@ async def test_listing_filters_sort_and_keyset_paging(site: Site) -> None:
         assert set(await ids("titled=no")) == {s.discord, s.empty}
         assert set(await ids("status=ended")) == {s.slack, s.empty, s.root}
         assert s.slack not in await ids("status=live")
-        day = lambda d: __import__("datetime").datetime.fromtimestamp(d, __import__("datetime").UTC).strftime("%Y-%m-%d")  # noqa: E731
+        day = lambda d: (
+            __import__("datetime")
+            .datetime.fromtimestamp(d, __import__("datetime").UTC)
+            .strftime("%Y-%m-%d")
+        )  # noqa: E731
         started = (await site.db.get_session(s.slack))["started_at"]
         assert set(await ids(f"sort=started&from={day(started)}&to={day(started)}")) == {s.slack}
         everything = await ids("limit=500&children=1")
@@ -216,10 +231,15 @@ async def test_search_uses_the_query_language_and_links_to_the_message(site: Sit
         await sign_in(http, site.base)
         status, page = await _get(http, f"{site.base}/ui/search?q=needle+rtl")
     assert "<mark>needle</mark>" in page
-    assert f'/ui/sessions/{site.seeded.hostile}?at={site.seeded.rtl_msg}#m{site.seeded.rtl_msg}' in page
+    assert (
+        f"/ui/sessions/{site.seeded.hostile}?at={site.seeded.rtl_msg}#m{site.seeded.rtl_msg}"
+        in page
+    )
 
 
-async def test_session_page_shows_lineage_tree_folded_tools_and_collapsed_long_text(site: Site) -> None:
+async def test_session_page_shows_lineage_tree_folded_tools_and_collapsed_long_text(
+    site: Site,
+) -> None:
     s = site.seeded
     async with _http() as http:
         status, body = await _get(http, f"{site.base}/api/sessions/{s.compressed2}", headers=BEARER)
@@ -227,10 +247,17 @@ async def test_session_page_shows_lineage_tree_folded_tools_and_collapsed_long_t
         assert tree["id"] == s.root
         kinds = {c["id"]: c["child_kind"] for c in tree["children"]}
         assert kinds == {s.compressed: "compression", s.branch: "branch"}
-        chain = tree["children"][0] if tree["children"][0]["id"] == s.compressed else tree["children"][1]
+        chain = (
+            tree["children"][0]
+            if tree["children"][0]["id"] == s.compressed
+            else tree["children"][1]
+        )
         assert chain["children"][0]["id"] == s.compressed2
         assert chain["children"][0]["children"][0] == chain["children"][0]["children"][0] | {
-            "id": s.reset, "child_kind": "reset", "handoff_state": "completed"}
+            "id": s.reset,
+            "child_kind": "reset",
+            "handoff_state": "completed",
+        }
         await sign_in(http, site.base)
         status, page = await _get(http, f"{site.base}/ui/sessions/{s.compressed2}")
         assert status == 200
@@ -259,7 +286,9 @@ async def test_insights_figures_and_cost(site: Site) -> None:
         assert body["cost"] == {"estimated_usd": 0.45, "unpriced_models": ["claude-x"]}
         reasons = {r["reason"]: r["sessions"] for r in body["end_reasons"]}
         assert reasons == {"compression": 2, "idle": 1, "session_reset": 2}
-        status, body = await _get(http, f"{site.base}/api/insights?days=30&platform=discord", headers=BEARER)
+        status, body = await _get(
+            http, f"{site.base}/api/insights?days=30&platform=discord", headers=BEARER
+        )
         assert body["messages"] == 1 and body["sessions_active"] == 1
         status, body = await _get(http, f"{site.base}/api/insights?days=5", headers=BEARER)
         assert body["messages"] == 11  # the slack session is 10 days old
@@ -276,18 +305,31 @@ async def test_rename_delete_live_refusal_prune_and_empty_sessions(tmp_path: Pat
                 assert resp.status == 200 and (await resp.json())["title"] == "renamed <b>"
             async with http.post(f"{s.base}/api/sessions/{s.seeded.discord}/title", json={"title": "slack standup"},
                                  headers=BEARER) as resp:  # fmt: skip
-                assert resp.status == 400 and "slack standup" in (await resp.json())["error"]["message"]
-            async with http.delete(f"{s.base}/api/sessions/{s.seeded.discord}", headers=BEARER) as resp:
+                assert (
+                    resp.status == 400
+                    and "slack standup" in (await resp.json())["error"]["message"]
+                )
+            async with http.delete(
+                f"{s.base}/api/sessions/{s.seeded.discord}", headers=BEARER
+            ) as resp:
                 assert resp.status == 409
-            async with http.post(f"{s.base}/api/empty-sessions", json={"dry_run": True}, headers=BEARER) as resp:
+            async with http.post(
+                f"{s.base}/api/empty-sessions", json={"dry_run": True}, headers=BEARER
+            ) as resp:
                 assert await resp.json() == {"empty": 1}
             async with http.post(f"{s.base}/api/empty-sessions", json={}, headers=BEARER) as resp:
                 assert await resp.json() == {"deleted": 1}
-            async with http.post(f"{s.base}/api/prune", json={"older_than_days": 7, "dry_run": True}, headers=BEARER) as resp:
+            async with http.post(
+                f"{s.base}/api/prune", json={"older_than_days": 7, "dry_run": True}, headers=BEARER
+            ) as resp:
                 assert await resp.json() == {"would_prune": 1}
-            async with http.post(f"{s.base}/api/prune", json={"older_than_days": 7}, headers=BEARER) as resp:
+            async with http.post(
+                f"{s.base}/api/prune", json={"older_than_days": 7}, headers=BEARER
+            ) as resp:
                 assert await resp.json() == {"pruned": 1}
-            async with http.post(f"{s.base}/api/prune", json={"older_than_days": "x"}, headers=BEARER) as resp:
+            async with http.post(
+                f"{s.base}/api/prune", json={"older_than_days": "x"}, headers=BEARER
+            ) as resp:
                 assert resp.status == 400
         assert await s.db.get_session(s.seeded.empty) is None
         assert await s.db.get_session(s.seeded.slack) is None
@@ -305,9 +347,13 @@ async def test_page_actions_confirm_first(site: Site) -> None:
         origin = {"Origin": site.base}
         status, page = await _get(http, f"{site.base}/ui/ops/empty")
         assert 'id="empty-count">1<' in page and await site.db.get_session(s.empty) is not None
-        async with http.post(f"{site.base}/ui/ops/empty", data={"csrf": csrf}, headers=origin) as resp:
+        async with http.post(
+            f"{site.base}/ui/ops/empty", data={"csrf": csrf}, headers=origin
+        ) as resp:
             assert resp.status == 400  # no confirmation
-        async with http.post(f"{site.base}/ui/ops/empty", data={"csrf": csrf, "confirm": "yes"}, headers=origin) as resp:
+        async with http.post(
+            f"{site.base}/ui/ops/empty", data={"csrf": csrf, "confirm": "yes"}, headers=origin
+        ) as resp:
             assert "Deleted 1 empty session" in await resp.text()
         status, page = await _get(http, f"{site.base}/ui/ops/prune?days=7")
         assert 'id="prune-count">1<' in page
@@ -332,7 +378,9 @@ async def test_export_then_import_through_the_api(site: Site, tmp_path: Path) ->
             assert resp.status == 200 and "attachment" in resp.headers["Content-Disposition"]
             assert resp.headers["X-Content-Type-Options"] == "nosniff"
             dump = await resp.read()
-        async with http.get(f"{site.base}/api/sessions/{site.seeded.hostile}/export", headers=BEARER) as resp:
+        async with http.get(
+            f"{site.base}/api/sessions/{site.seeded.hostile}/export", headers=BEARER
+        ) as resp:
             one = [json.loads(line) for line in (await resp.text()).splitlines()]
         assert [r["session"]["id"] for r in one] == [site.seeded.hostile]
     lines = dump.decode().splitlines()
@@ -372,7 +420,9 @@ async def test_without_a_key_only_loopback_host_names_are_answered(tmp_path: Pat
 
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/metrics"])
-async def test_the_api_servers_own_endpoints_still_need_the_bearer_key(site: Site, path: str) -> None:
+async def test_the_api_servers_own_endpoints_still_need_the_bearer_key(
+    site: Site, path: str
+) -> None:
     async with _http() as http:
         await sign_in(http, site.base)
         async with http.get(site.base + path) as resp:

@@ -21,7 +21,9 @@ from aiohttp.test_utils import TestServer
 from tests.web.conftest import KEY, Site, start_site
 from tests.web_seed import HOSTILE_TITLE, RTL_TEXT, SCRIPT_TEXT
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+CHROMIUM = shutil.which("chromium") or (
+    "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
+)
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
@@ -63,7 +65,9 @@ async def _sign_in(page: Any, site: Site, shots: Path | None = None) -> None:
     await page.wait_for_url(f"{site.base}/ui/sessions")
 
 
-async def test_sign_in_filter_search_open_a_hit_and_hostile_strings_stay_text(browser_site: tuple[Site, Any, Path]) -> None:
+async def test_sign_in_filter_search_open_a_hit_and_hostile_strings_stay_text(
+    browser_site: tuple[Site, Any, Path],
+) -> None:
     site, page, shots = browser_site
     await page.goto(f"{site.base}/ui/login")
     await page.fill("input[name=key]", "wrong")
@@ -95,7 +99,9 @@ async def test_sign_in_filter_search_open_a_hit_and_hostile_strings_stay_text(br
     assert await hits.first.locator("mark").all_inner_texts() == ["needle rtl"]
     await page.screenshot(path=shots / "search.png", full_page=True)
     await hits.first.locator("a").click()
-    await page.wait_for_url(f"**/ui/sessions/{site.seeded.hostile}?at={site.seeded.rtl_msg}#m{site.seeded.rtl_msg}")
+    await page.wait_for_url(
+        f"**/ui/sessions/{site.seeded.hostile}?at={site.seeded.rtl_msg}#m{site.seeded.rtl_msg}"
+    )
     target = page.locator(".msg.target")
     assert await target.get_attribute("id") == f"m{site.seeded.rtl_msg}"
     assert await target.is_visible()
@@ -106,28 +112,40 @@ async def test_sign_in_filter_search_open_a_hit_and_hostile_strings_stay_text(br
     assert await page.title() == f"{HOSTILE_TITLE} · switchboard"
 
 
-async def test_lineage_tree_expands_and_marks_the_current_session(browser_site: tuple[Site, Any, Path]) -> None:
+async def test_lineage_tree_expands_and_marks_the_current_session(
+    browser_site: tuple[Site, Any, Path],
+) -> None:
     site, page, shots = browser_site
     s = site.seeded
     await _sign_in(page, site)
     await page.goto(f"{site.base}/ui/sessions/{s.branch}")
     tree = page.locator("#lineage")
     current = tree.locator("a.current")
-    assert await current.count() == 1 and await current.get_attribute("href") == f"/ui/sessions/{s.branch}"
+    assert (
+        await current.count() == 1
+        and await current.get_attribute("href") == f"/ui/sessions/{s.branch}"
+    )
     reset_link = tree.locator(f"a[href='/ui/sessions/{s.reset}']")
     assert not await reset_link.is_visible()  # the compression chain starts folded
-    await tree.locator(f"li[data-id='{s.compressed}'] > details > summary").click(position={"x": 2, "y": 5})
+    await tree.locator(f"li[data-id='{s.compressed}'] > details > summary").click(
+        position={"x": 2, "y": 5}
+    )
     chained = tree.locator(f"a[href='/ui/sessions/{s.compressed2}']")
     assert await chained.is_visible() and not await reset_link.is_visible()
     await page.click("#expand-tree")  # app.js: open every node
     assert await reset_link.is_visible()
     node = tree.locator(f"li[data-id='{s.reset}']")
-    assert "reset" in (await node.inner_text()).lower() and "handoff to discord (completed)" in await node.inner_text()
+    assert (
+        "reset" in (await node.inner_text()).lower()
+        and "handoff to discord (completed)" in await node.inner_text()
+    )
     assert "ended: compression" in await tree.locator(f"li[data-id='{s.root}']").first.inner_text()
     await page.screenshot(path=shots / "session.png", full_page=True)
     await reset_link.click()
     await page.wait_for_url(f"**/ui/sessions/{s.reset}")
-    assert await page.locator("#lineage a.current").get_attribute("href") == f"/ui/sessions/{s.reset}"
+    assert (
+        await page.locator("#lineage a.current").get_attribute("href") == f"/ui/sessions/{s.reset}"
+    )
     # tool calls folded, the long answer collapsed until asked for
     assert not await page.locator("details.tool pre").first.is_visible()
     await page.locator("details.tool summary").first.click()
@@ -143,7 +161,8 @@ async def test_insights_chart_values_match_the_api(browser_site: tuple[Site, Any
     await _sign_in(page, site)
     await page.goto(f"{site.base}/ui/insights?days=30")
     bars = await page.eval_on_selector_all(
-        "#per-day rect.bar", "els => els.map(e => [e.dataset.day, e.dataset.platform, +e.dataset.value])"
+        "#per-day rect.bar",
+        "els => els.map(e => [e.dataset.day, e.dataset.platform, +e.dataset.value])",
     )
     data = await site.dashboard.db.insights(0, 1e12)
     by_platform: dict[str, int] = {}
@@ -154,7 +173,9 @@ async def test_insights_chart_values_match_the_api(browser_site: tuple[Site, Any
         for platform, n in day["sources"].items():
             expected[platform] = expected.get(platform, 0) + n
     assert by_platform == expected == {"discord": 1, "slack": 1, "telegram": 10}
-    heat = await page.eval_on_selector_all("#heatmap td", "els => els.reduce((a, e) => a + +e.dataset.value, 0)")
+    heat = await page.eval_on_selector_all(
+        "#heatmap td", "els => els.reduce((a, e) => a + +e.dataset.value, 0)"
+    )
     assert heat == 12
     assert await page.inner_text("#fig-messages strong") == "12"
     assert await page.inner_text("#fig-cost strong") == "$0.45"

@@ -33,13 +33,22 @@ def test_settings_follow_the_config(tmp_path: Path) -> None:
                "  prices: {m1: {input: 1.5, output: 3}}\n", {"DASH_KEY": "k-123456"})  # fmt: skip
     s = settings_from(cfg)
     assert s is not None
-    assert (s.key, s.session_hours, s.secure_cookie, dict(s.prices)) == ("k-123456", 2.0, True, {"m1": (1.5, 3.0)})
+    assert (s.key, s.session_hours, s.secure_cookie, dict(s.prices)) == (
+        "k-123456",
+        2.0,
+        True,
+        {"m1": (1.5, 3.0)},
+    )
     # without its own key, the api server's key signs in
-    s = settings_from(_cfg(tmp_path, "platforms:\n  api:\n    key_env: API_KEY\n", {"API_KEY": "a-123456"}))
+    s = settings_from(
+        _cfg(tmp_path, "platforms:\n  api:\n    key_env: API_KEY\n", {"API_KEY": "a-123456"})
+    )
     assert s is not None and s.key == "a-123456"
     assert settings_from(_cfg(tmp_path, "dashboard:\n  enabled: false\n")) is None
     assert settings_from(_cfg(tmp_path, "platforms:\n  api:\n    enabled: false\n")) is None
-    assert settings_from(load_config(None, {})) == settings_from(load_config(None, {}))  # loopback, no key
+    assert settings_from(load_config(None, {})) == settings_from(
+        load_config(None, {})
+    )  # loopback, no key
     assert settings_from(load_config(None, {})).key is None  # type: ignore[union-attr]
 
 
@@ -63,7 +72,9 @@ def test_dashboard_config_errors_name_the_key(
 
 
 async def test_the_daemon_serves_the_dashboard_beside_its_api(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, "platforms:\n  api:\n    port: 0\n    key_env: API_KEY\n", {"API_KEY": "a-123456"})
+    cfg = _cfg(
+        tmp_path, "platforms:\n  api:\n    port: 0\n    key_env: API_KEY\n", {"API_KEY": "a-123456"}
+    )
     gw = Gateway(config=cfg, home=tmp_path / "home")
     await gw.start()
     try:
@@ -74,7 +85,9 @@ async def test_the_daemon_serves_the_dashboard_beside_its_api(tmp_path: Path) ->
                 sid = (await resp.json())["session_id"]
             async with http.get(f"{base}/api/sessions") as resp:
                 assert resp.status == 401
-            async with http.post(f"{base}/ui/login", data={"key": "a-123456"}, headers={"Origin": base}) as resp:
+            async with http.post(
+                f"{base}/ui/login", data={"key": "a-123456"}, headers={"Origin": base}
+            ) as resp:
                 assert resp.status == 200
             async with http.get(f"{base}/api/sessions") as resp:
                 assert [r["id"] for r in (await resp.json())["sessions"]] == [sid]
