@@ -511,7 +511,7 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
 
 async def ops_view(request: web.Request) -> web.StreamResponse:
     d = dashboard_of(request)
-    h = d.health() if d.health else {"status": "ok"}
+    h: dict[str, Any] = d.health() if d.health else {"status": "ok"}
     adapters = join(
         t("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", name, a.get("state"),
           ", ".join(f"{k}={v}" for k, v in a.items() if k != "state"))
