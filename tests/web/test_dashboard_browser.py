@@ -249,3 +249,25 @@ async def test_forged_forms_are_refused(browser_site: tuple[Site, Any, Path]) ->
     finally:
         await server.close()
     assert await site.db.get_session(victim) is not None
+
+
+async def test_listing_and_transcripts_work_without_javascript(
+    browser_site: tuple[Site, Any, Path],
+) -> None:
+    site, page, _ = browser_site
+    context = await page.context.browser.new_context(java_script_enabled=False)
+    try:
+        nojs = await context.new_page()
+        await _sign_in(nojs, site)
+        assert await nojs.locator("#sessions tbody tr").count() == 6
+        await nojs.select_option("select[name=platform]", "slack")
+        async with nojs.expect_navigation():
+            await nojs.click("#filters button")  # no script: the Apply button submits
+        assert await nojs.locator("#sessions tbody tr").count() == 1
+        await nojs.goto(f"{site.base}/ui/sessions/{site.seeded.reset}")
+        assert not await nojs.locator("#expand-tree").is_visible()  # a script-only control
+        assert "long answer" in await nojs.inner_text("#transcript")
+        await nojs.locator("details.long > summary").click()  # <details> needs no script
+        assert await nojs.locator("details.long > div.text").is_visible()
+    finally:
+        await context.close()
