@@ -429,3 +429,42 @@ async def test_the_api_servers_own_endpoints_still_need_the_bearer_key(
             assert resp.status in (401, 405)
         async with http.post(site.base + path, json={}) as resp:
             assert resp.status == 401
+
+
+async def test_import_page_checks_the_token_and_confirmation_before_reading_the_file(
+    site: Site,
+) -> None:
+    async with _http() as http:
+        async with http.get(
+            f"{site.base}/api/sessions/{site.seeded.hostile}/export", headers=BEARER
+        ) as resp:
+            dump = await resp.read()
+    await site.db.delete_session(site.seeded.hostile)
+
+    def form(csrf: str, confirm: bool) -> aiohttp.FormData:
+        data = aiohttp.FormData()
+        data.add_field("csrf", csrf)
+        if confirm:
+            data.add_field("confirm", "yes")
+        data.add_field("file", dump, filename="x.jsonl", content_type="application/x-ndjson")
+        return data
+
+    async with _http() as http:
+        csrf = await sign_in(http, site.base)
+        origin = {"Origin": site.base}
+        async with http.post(
+            f"{site.base}/ui/ops/import", data=form("forged", True), headers=origin
+        ) as resp:
+            assert resp.status == 403
+        async with http.post(
+            f"{site.base}/ui/ops/import", data=form(csrf, False), headers=origin
+        ) as resp:
+            assert resp.status == 400 and "confirm" in await resp.text()
+        assert await site.db.get_session(site.seeded.hostile) is None
+        async with http.post(
+            f"{site.base}/ui/ops/import", data=form(csrf, True), headers=origin
+        ) as resp:
+            assert (
+                resp.status == 200 and "Imported 1 session(s) and 2 message(s)" in await resp.text()
+            )
+    assert (await site.db.get_session(site.seeded.hostile))["title"] == HOSTILE_TITLE
