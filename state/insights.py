@@ -39,13 +39,17 @@ def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
             (idle_before, p.until, *src_params),
         ).fetchall()
     )
-    # The period's first message: each active session's first message inside the period
-    # (found by walking that session's messages in id order), the smallest of those. Every
-    # message of the period has an id at or above it, and ids are arrival order, so one
-    # sequential rowid range scan reads the period instead of a lookup per message.
+    # Where the scan starts: at or below the id of every message in the period (ids are
+    # arrival order, so one sequential rowid range scan then reads the period instead of
+    # a lookup per message; rows outside the period are dropped by their timestamp). A
+    # lower start only costs rows, never correctness: sessions that started inside the
+    # period give their first message at all (an index-only probe); older ones walk their
+    # messages to the first one inside the period.
     first = conn.execute(
-        "SELECT MIN((SELECT m.id FROM messages m WHERE m.session_id = s.id AND m.timestamp >= ?3 "
-        "AND m.timestamp < ?4 ORDER BY m.id LIMIT 1)) FROM sessions s "
+        "SELECT MIN(CASE WHEN s.started_at >= ?3 "
+        "THEN (SELECT MIN(m.id) FROM messages m WHERE m.session_id = s.id) "
+        "ELSE (SELECT m.id FROM messages m WHERE m.session_id = s.id AND m.timestamp >= ?3 "
+        "AND m.timestamp < ?4 ORDER BY m.id LIMIT 1) END) FROM sessions s "
         f"WHERE s.last_active >= ?1 AND s.started_at < ?2{src_sql.replace('?', '?5')}",
         (idle_before, p.until, p.since, p.until, *src_params),
     ).fetchone()[0]

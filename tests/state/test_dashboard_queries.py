@@ -84,3 +84,18 @@ async def test_insights_period_edges(db: SessionDB, tmp_path) -> None:  # type: 
         assert (await again.insights(0.0, 300.0, "telegram"))["messages"] == 0
     finally:
         await again.close()
+
+
+async def test_insights_count_only_the_periods_messages_whatever_their_order(db: SessionDB) -> None:
+    old = await db.create_session("old", "cli", started_at=50.0)
+    await db.append_message(old, "user", "a", timestamp=60.0)
+    new = await db.create_session("new", "api", started_at=120.0)
+    await db.append_message(new, "user", "b", timestamp=90.0)  # stamped before its session
+    await db.append_message(old, "user", "c", timestamp=150.0)
+    await db.append_message(new, "tool", "d", tool_name="t", timestamp=130.0)
+    await db.append_message(new, "user", "e", timestamp=250.0)
+    out = await db.insights(100.0, 200.0)
+    assert out["messages"] == 2
+    assert out["top_tools"] == [{"tool": "t", "calls": 1}]
+    assert (await db.insights(100.0, 200.0, "cli"))["messages"] == 1
+    assert (await db.insights(0.0, 100.0, "cli"))["messages"] == 1
