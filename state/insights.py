@@ -58,7 +58,8 @@ def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
         rows = conn.execute(
             "SELECT session_id, CAST(timestamp / 3600 AS INTEGER), "
             "CASE WHEN role = 'tool' THEN COALESCE(tool_name, '?') END, COUNT(*) FROM messages "
-            "WHERE id >= ? AND timestamp >= ? AND timestamp < ? GROUP BY 1, 2, 3",
+            # hour first: rows arrive nearly in time order, which the sorter handles fastest
+            "WHERE id >= ? AND timestamp >= ? AND timestamp < ? GROUP BY 2, 1, 3",
             (first, p.since, p.until),
         ).fetchall()
     per_day: dict[str, dict[str, int]] = {}
