@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.hermes_import import add_parser as add_import
 
     add_import(sub, add_command).set_defaults(func=cmd_import)
+    from gateway.cli_insights import add_parser as add_insights
+
+    add_insights(sub, add_command)
     p = add_command(sub, "chat", "talk to the agent from the terminal")
     p.add_argument("-c", "--continue", dest="cont", nargs="?", const=True, default=None, metavar="TITLE",
                    help="continue the most recent terminal session (or that title's newest)")  # fmt: skip
