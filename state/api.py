@@ -96,6 +96,14 @@ class Store(Protocol):
         estimated_cost_usd: float | None = None,
         actual_cost_usd: float | None = None,
         absolute: bool = False,
+        model: str | None = None,
+        api_call_count: int = 0,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
     ) -> None: ...
     async def session_count(self, source: str | None = None) -> int: ...
     async def message_count(self, session_id: str | None = None) -> int: ...

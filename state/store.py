@@ -304,8 +304,17 @@ class SessionDB:
         estimated_cost_usd: float | None = None,
         actual_cost_usd: float | None = None,
         absolute: bool = False,
+        model: str | None = None,
+        api_call_count: int = 0,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
     ) -> None:
-        """Add to the counters (default), or set them (`absolute=True`)."""
+        """Add to the counters (default), or set them (`absolute=True`), with the billing
+        route and per-model usage rules of state/usage.py (the facade's one code path)."""
         counts = {
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
@@ -313,14 +322,20 @@ class SessionDB:
             "cache_write_tokens": cache_write_tokens,
             "reasoning_tokens": reasoning_tokens,
         }
-        if not absolute:
-            counts = {k: v for k, v in counts.items() if v}
-        await self._write(
-            lambda c: sessions.update_token_counts(
-                c, session_id, counts, estimated_cost_usd=estimated_cost_usd,
-                actual_cost_usd=actual_cost_usd, absolute=absolute,
-            )
-        )  # fmt: skip
+        route = {"billing_provider": billing_provider, "billing_base_url": billing_base_url,
+                 "billing_mode": billing_mode}  # fmt: skip
+        cost = {"cost_status": cost_status, "cost_source": cost_source,
+                "pricing_version": pricing_version}  # fmt: skip
+
+        def write(conn: sqlite3.Connection) -> None:
+            sessions.require_session(conn, session_id)
+            usage.update_token_counts(
+                conn, session_id, counts, model=model, estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd, api_call_count=api_call_count,
+                absolute=absolute, route=route, cost=cost,
+            )  # fmt: skip
+
+        await self._write(write)
 
     async def session_count(self, source: str | None = None) -> int:
         return await self._read(sessions.count_sessions, source)
