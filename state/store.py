@@ -577,6 +577,10 @@ class SessionDB:
         """The newest live (not ended) session per session_key: the index's source of truth."""
         return await self._read(routing.live_sessions_by_key)
 
+    async def live_session_for_key(self, key: str) -> LiveSession | None:
+        """The newest live session with this session_key, or None."""
+        return await self._read(routing.live_session_for_key, key)
+
     async def newest_live_session_by_key(self) -> dict[str, str]:
         """session_key -> id of its newest live session: what the index checks itself
         against at start-up."""
@@ -804,6 +808,13 @@ class SessionDB:
     ) -> None:  # fmt: skip
         await self._write(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
 
-    async def import_hermes(self, source: str | os.PathLike[str], *, dry_run: bool = False) -> Any:
-        """Copy a Hermes Agent state.db's sessions, messages, titles and usage in (once)."""
-        return await self._writer.exclusive(hermes_import.import_db, Path(source), dry_run)
+    async def import_hermes(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        dry_run: bool = False,
+        routing: hermes_import.Routing | None = None,
+    ) -> Any:
+        """Copy a Hermes Agent state.db's sessions, messages, titles and usage in (once);
+        `routing` gives the imported rows switchboard's session keys (state/hermes_import.py)."""
+        return await self._writer.exclusive(hermes_import.import_db, Path(source), dry_run, routing)
