@@ -196,7 +196,8 @@ def hermes_homes(hermes_home: Path, rows: list[dict[str, Any]]) -> dict[str, dic
             continue
         thread = (env.get(f"{name}_THREAD_ID") or "").strip()
         home = configured_home(platform, f"{chat_id}:{thread}" if thread else chat_id)
-        assert home is not None
+        if home is None:
+            continue
         for row in rows:
             if row.get("source") == platform and str(row.get("chat_id")) == chat_id:
                 home["chat_type"] = _CHAT_TYPES.get(str(row.get("chat_type")), home["chat_type"])
