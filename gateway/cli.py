@@ -95,9 +95,12 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from gateway.config import load_config
     from gateway.hermes_import import hermes_db_file, run
 
-    return asyncio.run(run(args, _home(args), hermes_db_file(args.from_hermes)))
+    home = _home(args)
+    config = load_config(_config_path(args, home))  # its key settings shape the new keys
+    return asyncio.run(run(args, home, hermes_db_file(args.from_hermes), config))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

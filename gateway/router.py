@@ -276,7 +276,7 @@ class Router:
     async def entry_for(self, key: SessionKey, msg: InboundMessage) -> IndexEntry:
         """The index entry for this key, creating the session on first contact."""
         k = key.format()
-        entry = self.index.get(k)
+        entry = self.index.get(k) or await self.sessions.adopt(key)
         if entry is not None:
             return entry
         return await self.sessions.create(key, msg.source)

@@ -58,6 +58,24 @@ class SessionManager:
             chat_type=source.chat_type,
         )  # fmt: skip
 
+    async def adopt(self, key: SessionKey) -> IndexEntry | None:
+        """The live session state.db holds for a key the index lacks (another process wrote
+        it: `import --from-hermes`, `sessions import`), indexed as start-up would adopt it;
+        None when there is none."""
+        row = await self.db.live_session_for_key(key.format())
+        if row is None:
+            return None
+        origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
+        entry = IndexEntry(
+            session_id=row["id"], created_at=row["started_at"],
+            updated_at=row["last_active"] or row["started_at"], origin=origin,
+            display_name=origin.get("chat_name") or origin.get("user_name"),
+            platform=row["source"], chat_type=row["chat_type"] or "dm",
+        )  # fmt: skip
+        self.index.put(key.format(), entry)
+        log.info("session_key=%s adopted its live session %s from state.db", key, row["id"])
+        return entry
+
     async def create(
         self,
         key: SessionKey,

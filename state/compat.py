@@ -520,7 +520,8 @@ class SessionDB:
         if self._r(lambda c: c.execute("SELECT 1 FROM sb_pending LIMIT 1").fetchone()):
             self._w(lambda c: None)  # every write first indexes rows other programs wrote
         return self._r(hermes_search.search_messages, query, source_filter or (),
-                       exclude_sources or (), role_filter or (), limit, offset, sort)  # fmt: skip
+                       exclude_sources or (), role_filter or (), limit, offset, sort,
+                       include_inactive)  # fmt: skip
 
     # --- messages ---
     def append_message(self, session_id: str, role: str, content: Any = None,

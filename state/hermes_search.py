@@ -48,14 +48,17 @@ def search_messages(
     limit: int,
     offset: int,
     sort: str | None,
+    include_inactive: bool = False,
 ) -> list[Row]:
+    """Hermes's search: rewound rows (active=0, not compacted) only with include_inactive;
+    rows compacted away stay findable."""
     text = (query or "")[:MAX_QUERY_CHARS]
     if not text.strip():
         return []
     req = search.SearchRequest(
         query=text, sources=tuple(sources), exclude_sources=tuple(exclude_sources),
         roles=tuple(roles), sort=sort or "relevance", limit=limit, offset=offset,
-        include_tools=True,
+        include_tools=True, include_inactive=include_inactive,
     )  # fmt: skip
     try:
         hits = search.search(conn, req)

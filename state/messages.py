@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
+from . import usage
 from .content import SQL_DECODED_CONTENT, content_text, decode_content, encode_content
 from .errors import SessionNotFound
 from .records import MessageRow
@@ -121,12 +122,10 @@ def _is_duplicate(
 def _add_tokens(
     conn: sqlite3.Connection, session_id: str, tokens: Mapping[str, int] | None
 ) -> None:
-    if tokens:
-        conn.execute(
-            "UPDATE sessions SET input_tokens = COALESCE(input_tokens, 0) + ?, "
-            "output_tokens = COALESCE(output_tokens, 0) + ? WHERE id = ?",
-            (int(tokens.get("input_tokens", 0)), int(tokens.get("output_tokens", 0)), session_id),
-        )
+    """A turn's token counts: the session totals and its model's usage row (state/usage.py,
+    the one accounting path)."""
+    if tokens and (tokens.get("input_tokens") or tokens.get("output_tokens")):
+        usage.update_token_counts(conn, session_id, tokens)
 
 
 def append_messages(
@@ -200,13 +199,10 @@ _UPDATE_SESSIONS_JSON = (
     "UPDATE sessions SET "
     "message_count = COALESCE(message_count, 0) + j.n, "
     "tool_call_count = COALESCE(tool_call_count, 0) + j.t, "
-    "preview = COALESCE(preview, j.pv), "
-    "input_tokens = COALESCE(input_tokens, 0) + j.ti, "
-    "output_tokens = COALESCE(output_tokens, 0) + j.tout "
+    "preview = COALESCE(preview, j.pv) "
     "FROM (SELECT json_extract(value, '$[0]') AS sid, json_extract(value, '$[1]') AS n, "
     "json_extract(value, '$[2]') AS t, json_extract(value, '$[3]') AS ts, "
-    "json_extract(value, '$[4]') AS pv, json_extract(value, '$[5]') AS ti, "
-    "json_extract(value, '$[6]') AS tout FROM json_each(?)) AS j "
+    "json_extract(value, '$[4]') AS pv FROM json_each(?)) AS j "
     "WHERE sessions.id = j.sid"
 )
 _MOVE_LAST_ACTIVE_JSON = (
@@ -310,6 +306,8 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
         encoded = json.dumps(updates, ensure_ascii=False)
         conn.execute(_UPDATE_SESSIONS_JSON, (encoded,))
         conn.execute(_MOVE_LAST_ACTIVE_JSON, (encoded,))
+    for sid, vals in agg.items():
+        _add_tokens(conn, sid, {"input_tokens": vals[4], "output_tokens": vals[5]})
     out: list[list[int]] = []
     pos = 0
     for n in per_call:

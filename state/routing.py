@@ -37,6 +37,20 @@ def live_sessions_by_key(conn: sqlite3.Connection) -> list[LiveSession]:
     ]  # fmt: skip
 
 
+def live_session_for_key(conn: sqlite3.Connection, key: str) -> LiveSession | None:
+    """The newest live session with this key, if any: what the daemon adopts for a key its
+    index lacks (written by another process, e.g. `import --from-hermes`)."""
+    r = conn.execute(
+        f"SELECT {', '.join(_LIVE_COLUMNS)} FROM sessions WHERE session_key = ? "
+        "AND ended_at IS NULL ORDER BY started_at DESC, id DESC LIMIT 1",
+        (key,),
+    ).fetchone()
+    if r is None:
+        return None
+    return {"session_key": r[0], "id": r[1], "started_at": r[2], "last_active": r[3],
+            "origin_json": r[4], "source": r[5], "chat_type": r[6]}  # fmt: skip
+
+
 def newest_live_session_by_key(conn: sqlite3.Connection) -> dict[str, str]:
     """session_key -> id of its newest live session. SQLite groups along the key index and
     hands back one JSON object, so most of the work runs without the GIL and no row is

@@ -25,7 +25,7 @@ from .listing import SessionFilter
 from .records import SearchHit
 from .rows import Row
 from .schema import FTS_TABLE
-from .textindex import segment
+from .textindex import is_cjk, is_symbol, segment
 
 SORTS = ("relevance", "newest", "oldest")
 CONTEXT_CHARS = 200
@@ -46,6 +46,8 @@ class SearchRequest:
     offset: int = 0
     # Match tool names and arguments whatever the role filter (Hermes's default).
     include_tools: bool = False
+    # Rewound rows (active=0, not compacted) were taken back by the user: hidden unless asked.
+    include_inactive: bool = False
 
 
 def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
@@ -67,6 +69,8 @@ def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
     if req.roles:
         where += f" AND m.role IN ({', '.join('?' for _ in req.roles)})"
         params += list(req.roles)
+    if not req.include_inactive:
+        where += " AND NOT (COALESCE(m.active, 1) = 0 AND COALESCE(m.compacted, 0) = 0)"
     if req.exclude_session_ids:
         where += f" AND m.session_id NOT IN ({', '.join('?' for _ in req.exclude_session_ids)})"
         params += list(req.exclude_session_ids)
@@ -95,6 +99,7 @@ class _Branch:
     table: str  # sb_messages_fts or messages_aux_fts
     match: str
     extra_where: str = ""
+    extra_params: tuple[str, ...] = ()
 
     @property
     def aux(self) -> bool:
@@ -133,10 +138,36 @@ def _branches(tree: q.Node, roles: Sequence[str], include_tools: bool = False) -
             " AND NOT EXISTS (SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)",
         ))  # fmt: skip
     aux = "{seg_text} : " + q.to_fts(tree, segmented=True)
-    if "tool" in roles or include_tools:
+    tools = "tool" in roles or include_tools
+    if tools:
         aux = f"({aux}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
-    out.append(_Branch("messages_aux_fts", aux))
+    literal, params = _literal_where(tree, tools)
+    out.append(_Branch("messages_aux_fts", aux, literal, params))
     return out
+
+
+def _like(piece: str) -> str:
+    return "%" + piece.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _literal_where(tree: q.Node, tools: bool) -> tuple[str, tuple[str, ...]]:
+    """The segmented index drops punctuation (`100%完成` finds `100完成`), so a CJK/emoji
+    term that holds any must also appear literally: a LIKE with `%`, `_` escaped. Only
+    terms every hit must contain (the query's top-level AND) are checked."""
+    items = tree.items if isinstance(tree, q.And) else (tree,)
+    clauses: list[str] = []
+    params: list[str] = []
+    cols = ("m.content", "m.tool_name", "m.tool_calls") if tools else ("m.content",)
+    for term in items:
+        if not isinstance(term, q.Term) or not term.needs_aux:
+            continue
+        for piece in term.text.split():
+            if all(ch.isalnum() or is_cjk(ch) or is_symbol(ch) for ch in piece):
+                continue
+            ors = " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in cols)
+            clauses.append(f" AND ({ors})")
+            params += [_like(piece)] * len(cols)
+    return "".join(clauses), tuple(params)
 
 
 def search(
@@ -169,7 +200,7 @@ def search(
                 f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT ?) f "
                 f"JOIN messages m ON m.id = f.rid{join} WHERE {where}{br.extra_where}"
             )
-            params += [br.match, window, *fparams]
+            params += [br.match, window, *fparams, *br.extra_params]
         union = " UNION ALL ".join(parts)
         try:
             if relevance:  # every candidate in the window; ranked below

@@ -175,44 +175,6 @@ def update_fields(conn: sqlite3.Connection, session_id: str, fields: Mapping[str
         raise SessionNotFound(session_id)
 
 
-def update_token_counts(
-    conn: sqlite3.Connection,
-    session_id: str,
-    counts: Mapping[str, int],
-    *,
-    estimated_cost_usd: float | None = None,
-    actual_cost_usd: float | None = None,
-    absolute: bool = False,
-) -> None:
-    """Add `counts` to the session's token columns, or set them when `absolute`."""
-    bad = [k for k in counts if k not in TOKEN_FIELDS]
-    if bad:
-        raise ValueError(f"unknown token field(s): {', '.join(bad)}")
-    parts: list[str] = []
-    values: list[Any] = []
-    for name, value in counts.items():
-        if absolute:
-            parts.append(f"{name} = ?")
-        else:
-            parts.append(f"{name} = COALESCE({name}, 0) + ?")
-        values.append(int(value))
-    for name, cost in (
-        ("estimated_cost_usd", estimated_cost_usd),
-        ("actual_cost_usd", actual_cost_usd),
-    ):
-        if cost is not None:
-            parts.append(f"{name} = ?" if absolute else f"{name} = COALESCE({name}, 0) + ?")
-            values.append(float(cost))
-    if not parts:
-        require_session(conn, session_id)
-        return
-    cur = conn.execute(
-        f"UPDATE sessions SET {', '.join(parts)} WHERE id = ?", (*values, session_id)
-    )
-    if cur.rowcount == 0:
-        raise SessionNotFound(session_id)
-
-
 # --- titles ---------------------------------------------------------------------------
 
 

@@ -305,8 +305,17 @@ class SessionDB:
         estimated_cost_usd: float | None = None,
         actual_cost_usd: float | None = None,
         absolute: bool = False,
+        model: str | None = None,
+        api_call_count: int = 0,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
     ) -> None:
-        """Add to the counters (default), or set them (`absolute=True`)."""
+        """Add to the counters (default), or set them (`absolute=True`), with the billing
+        route and per-model usage rules of state/usage.py (the facade's one code path)."""
         counts = {
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
@@ -314,14 +323,20 @@ class SessionDB:
             "cache_write_tokens": cache_write_tokens,
             "reasoning_tokens": reasoning_tokens,
         }
-        if not absolute:
-            counts = {k: v for k, v in counts.items() if v}
-        await self._write(
-            lambda c: sessions.update_token_counts(
-                c, session_id, counts, estimated_cost_usd=estimated_cost_usd,
-                actual_cost_usd=actual_cost_usd, absolute=absolute,
-            )
-        )  # fmt: skip
+        route = {"billing_provider": billing_provider, "billing_base_url": billing_base_url,
+                 "billing_mode": billing_mode}  # fmt: skip
+        cost = {"cost_status": cost_status, "cost_source": cost_source,
+                "pricing_version": pricing_version}  # fmt: skip
+
+        def write(conn: sqlite3.Connection) -> None:
+            sessions.require_session(conn, session_id)
+            usage.update_token_counts(
+                conn, session_id, counts, model=model, estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd, api_call_count=api_call_count,
+                absolute=absolute, route=route, cost=cost,
+            )  # fmt: skip
+
+        await self._write(write)
 
     async def session_count(self, source: str | None = None) -> int:
         return await self._read(sessions.count_sessions, source)
@@ -563,6 +578,10 @@ class SessionDB:
         """The newest live (not ended) session per session_key: the index's source of truth."""
         return await self._read(routing.live_sessions_by_key)
 
+    async def live_session_for_key(self, key: str) -> LiveSession | None:
+        """The newest live session with this session_key, or None."""
+        return await self._read(routing.live_session_for_key, key)
+
     async def newest_live_session_by_key(self) -> dict[str, str]:
         """session_key -> id of its newest live session: what the index checks itself
         against at start-up."""
@@ -786,9 +805,16 @@ class SessionDB:
     ) -> None:  # fmt: skip
         await self._write(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
 
-    async def import_hermes(self, source: str | os.PathLike[str], *, dry_run: bool = False) -> Any:
-        """Copy a Hermes Agent state.db's sessions, messages, titles and usage in (once)."""
-        return await self._writer.exclusive(hermes_import.import_db, Path(source), dry_run)
+    async def import_hermes(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        dry_run: bool = False,
+        routing: hermes_import.Routing | None = None,
+    ) -> Any:
+        """Copy a Hermes Agent state.db's sessions, messages, titles and usage in (once);
+        `routing` gives the imported rows switchboard's session keys (state/hermes_import.py)."""
+        return await self._writer.exclusive(hermes_import.import_db, Path(source), dry_run, routing)
 
     # --- dashboard queries (state/keyset.py, family.py, cleanup.py, insights.py) ----------
 

@@ -3,7 +3,9 @@ committed): its wheel for running Hermes's own SessionDB, its sdist for Hermes's
 
 Both go to a cache directory shared between runs (`$XDG_CACHE_HOME/switchboard-tests` or
 `~/.cache/switchboard-tests`), filled once under a file lock. Hermes's dependencies are not
-installed: its store module needs only the standard library and a few of its own modules.
+installed: its store module needs only the standard library and a few of its own modules;
+its gateway's session store (sessions.json, `/sethome`'s .env) needs the three packages of
+`GATEWAY_DEPS`, installed beside it when a test asks for them.
 Hermes code runs in a subprocess with the install on PYTHONPATH, because the package has
 top-level modules (`gateway`, `agent`, `tools`) whose names clash with switchboard's.
 """
@@ -55,6 +57,20 @@ def installed() -> Path:
     return target
 
 
+GATEWAY_DEPS = ("requests", "pyyaml", "python-dotenv")
+
+
+def gateway_deps() -> Path:
+    """A directory holding what Hermes's gateway.session imports beyond the stdlib."""
+    target = cache_root() / f"hermes-agent-{HERMES_VERSION}-gateway-deps"
+    with _locked("gateway-deps"):
+        if not (target / "requests").is_dir():
+            partial = target.with_name(target.name + ".partial")
+            _pip("install", "--target", str(partial), *GATEWAY_DEPS)
+            partial.rename(target)
+    return target
+
+
 def sdist_tests() -> Path:
     """The `tests` directory of the hermes-agent sdist, unpacked."""
     root = cache_root() / f"hermes-agent-{HERMES_VERSION}-sdist"
@@ -99,11 +115,12 @@ out = None
 """
 
 
-def run_hermes(db_path: Path, code: str, home: Path | None = None) -> Any:
+def run_hermes(db_path: Path, code: str, home: Path | None = None, gateway: bool = False) -> Any:
     """Run `code` against Hermes's own SessionDB `db` on db_path, in a subprocess; returns
     {out: the JSON value of `out`, rebuilds: Hermes's trigger-repair index rebuilds,
     version_before/after: its schema_version rows (a number below its own means Hermes
-    replays its migrations, the v11 one dropping and refilling its whole index)}."""
+    replays its migrations, the v11 one dropping and refilling its whole index)}.
+    `gateway`: Hermes's gateway modules are importable too (GATEWAY_DEPS on the path)."""
     script = (
         _PRELUDE
         + textwrap.dedent(code)
@@ -112,7 +129,9 @@ def run_hermes(db_path: Path, code: str, home: Path | None = None) -> Any:
     )
     env = {
         **os.environ,
-        "PYTHONPATH": str(installed()),
+        "PYTHONPATH": os.pathsep.join(
+            [str(installed())] + ([str(gateway_deps())] if gateway else [])
+        ),
         "HERMES_HOME": str(home or db_path.parent / "hermes-home"),
     }
     proc = subprocess.run(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from state import SessionDB
+from state import SessionDB, SessionNotFound
 from state.compat import SessionDB as SyncSessionDB
 
 
@@ -66,5 +66,38 @@ async def test_per_model_usage_and_workspace(tmp_path: Path) -> None:
         row = await db.require_session("s")
         assert (row["cwd"], row["git_branch"], row["git_repo_root"]) == ("/work/repo/sub", "main", None)
         assert json.loads(json.dumps(rows))  # plain values
+    finally:
+        await db.close()
+
+
+async def test_the_async_store_records_per_model_usage_like_the_facade(tmp_path: Path) -> None:
+    """update_token_counts and a turn's token counts (append_messages) on the async store
+    fill session_model_usage by the same rules as the facade: route, first accounted
+    fallback, absolute updates adding no row, unknown sessions refused."""
+    db = await SessionDB.open(tmp_path / "state.db")
+    try:
+        sid = await db.create_session("telegram", model="small")
+        await db.update_token_counts(sid, input_tokens=10, output_tokens=5,
+                                     billing_provider="p1", api_call_count=1)  # fmt: skip
+        await db.update_token_counts(sid, input_tokens=100, model="big", billing_provider="p2",
+                                     api_call_count=2, estimated_cost_usd=0.25)  # fmt: skip
+        await db.update_token_counts(sid, input_tokens=7, absolute=True)  # totals only
+        await db.append_messages(sid, [{"role": "assistant", "content": "hi"}],
+                                 input_tokens=3, output_tokens=4)  # fmt: skip
+        rows = {(r["model"], r["billing_provider"]): r for r in await db.model_usage(sid)}
+        assert set(rows) == {("small", "p1"), ("big", "p2")}
+        assert (rows["small", "p1"]["input_tokens"], rows["small", "p1"]["output_tokens"]) == (13, 9)
+        assert rows["big", "p2"]["api_call_count"] == 2
+        assert rows["big", "p2"]["estimated_cost_usd"] == 0.25
+        session = await db.require_session(sid)
+        assert (session["input_tokens"], session["output_tokens"]) == (10, 4)
+        assert (session["model"], session["billing_provider"]) == ("small", "p1")
+        try:
+            await db.update_token_counts("no-such-session", input_tokens=1)
+        except SessionNotFound:
+            pass
+        else:
+            raise AssertionError("an unknown session must be refused")
+        assert await db.model_usage("no-such-session") == []
     finally:
         await db.close()

@@ -1,14 +1,19 @@
 """`switchboard import --from-hermes` on a Hermes home written by the real hermes-agent
-0.19.0 package: everything arrives, a second run changes nothing, a dry run writes nothing."""
+0.19.0 package (its store, its gateway's session index and /sethome): everything arrives,
+gateway keys are rebuilt as switchboard's and land in sessions.json (or, with the daemon
+running, are adopted by it), a second run changes nothing, a dry run writes nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 from state import SessionDB
 from tests.hermes_pkg import run_hermes
+from tests.inprocess import gateway_with_telegram
 
 _HERMES_HOME = """
 db.create_session("root", "telegram", user_id="u1", model="m1")
@@ -70,3 +75,128 @@ async def test_a_hermes_home_comes_over_once(tmp_path: Path) -> None:
         assert await db.message_count() == 4
     finally:
         await db.close()
+
+
+# Hermes's own gateway session store and /sethome writer: DM, per-user group, forum topic
+# (shared by everyone in it) and Discord thread sessions, and a Telegram home in a topic.
+_HERMES_GATEWAY = """
+import os
+from gateway.session import SessionStore, SessionSource
+from gateway.config import Platform, GatewayConfig
+from hermes_cli.config import save_env_value
+store = SessionStore(Path(os.environ["HERMES_HOME"]) / "sessions", GatewayConfig())
+sources = {
+    "dm": SessionSource(platform=Platform.TELEGRAM, chat_id="555", chat_type="dm",
+                        user_id="555", user_name="Ann"),
+    "group": SessionSource(platform=Platform.TELEGRAM, chat_id="-100777", chat_type="group",
+                           user_id="555", user_name="Ann", chat_name="Team"),
+    "topic": SessionSource(platform=Platform.TELEGRAM, chat_id="-100777", chat_type="forum",
+                           user_id="556", user_name="Bob", chat_name="Team", thread_id="42"),
+    "thread": SessionSource(platform=Platform.DISCORD, chat_id="9001", chat_type="thread",
+                            user_id="77", user_name="Cy", thread_id="9001"),
+}
+out = {}
+for name, src in sources.items():
+    entry = store.get_or_create_session(src)
+    store._db.append_message(entry.session_id, "user", "hello from " + name)
+    out[name] = [entry.session_key, entry.session_id]
+save_env_value("TELEGRAM_HOME_CHANNEL", "-100777")
+save_env_value("TELEGRAM_HOME_CHANNEL_THREAD_ID", "42")
+"""
+
+# switchboard's keys for the same four chats (its builder, default key settings)
+_EXPECTED_KEYS = {
+    "dm": "agent:main:telegram:dm:555",
+    "group": "agent:main:telegram:group:-100777:555",
+    "topic": "agent:main:telegram:group:-100777:t=42",
+    "thread": "agent:main:discord:group:9001:t=9001",
+}
+
+
+def _hermes_gateway_home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    hermes_home = tmp_path / "hermes"
+    hermes_home.mkdir()
+    got = run_hermes(hermes_home / "state.db", _HERMES_GATEWAY, home=hermes_home, gateway=True)
+    sessions = {name: sid for name, (_key, sid) in got["out"].items()}
+    assert got["out"]["topic"][0] == "agent:main:telegram:forum:-100777:42"  # Hermes's shape
+    return hermes_home, sessions
+
+
+def _index(home: Path) -> dict[str, str]:
+    data = json.loads((home / "sessions" / "sessions.json").read_text("utf-8"))
+    return {key: entry["session_id"] for key, entry in data.items()}
+
+
+async def test_hermes_gateway_keys_and_home_channel_come_over_into_the_index(
+    tmp_path: Path,
+) -> None:
+    hermes_home, hermes = _hermes_gateway_home(tmp_path)
+    home = tmp_path / "switchboard"
+
+    dry = _cli(home, "--from-hermes", str(hermes_home), "--dry-run")
+    assert "session keys: 4 mapped, 4 live sessions bound" in dry
+    assert "home channels: 1 set" in dry and "telegram: -100777 thread 42" in dry
+    assert not (home / "sessions" / "sessions.json").exists()
+    db = await SessionDB.open(home / "state.db")
+    assert await db.get_meta("home_channel.telegram") is None
+    await db.close()
+
+    out = _cli(home, "--from-hermes", str(hermes_home))
+    assert "session keys: 4 mapped, 4 live sessions bound" in out and "sessions.json: updated" in out
+    want = {_EXPECTED_KEYS[name]: hermes[name] for name in _EXPECTED_KEYS}
+    assert _index(home) == want
+    db = await SessionDB.open(home / "state.db")
+    try:
+        home_channel = json.loads(await db.get_meta("home_channel.telegram") or "{}")
+        assert (home_channel["chat_id"], home_channel["thread_id"], home_channel["chat_type"]) == (
+            "-100777", "42", "group",
+        )  # fmt: skip
+        topic = await db.require_session(hermes["topic"])
+        assert (topic["session_key"], topic["chat_type"], topic["thread_id"]) == (
+            _EXPECTED_KEYS["topic"], "group", "42",
+        )  # fmt: skip
+    finally:
+        await db.close()
+
+    again = _cli(home, "--from-hermes", str(hermes_home))
+    assert "session keys: 0 mapped, 0 live sessions bound" in again
+    assert "home channels: 0 set, 1 already set here" in again
+    assert _index(home) == want
+
+
+async def test_a_key_already_live_in_switchboard_keeps_its_session(tmp_path: Path) -> None:
+    hermes_home, hermes = _hermes_gateway_home(tmp_path)
+    home = tmp_path / "switchboard"
+    db = await SessionDB.open(home / "state.db")
+    mine = await db.create_session("telegram", session_key=_EXPECTED_KEYS["dm"], chat_id="555",
+                                   chat_type="dm")  # fmt: skip
+    await db.close()
+
+    out = _cli(home, "--from-hermes", str(hermes_home))
+    assert "3 live sessions bound, 1 kept by a live switchboard session, 1 superseded" in out
+    assert _index(home)[_EXPECTED_KEYS["dm"]] == mine
+    db = await SessionDB.open(home / "state.db")
+    try:
+        theirs = await db.require_session(hermes["dm"])
+        assert theirs["end_reason"] == "session_switch"
+        assert [m["content"] for m in await db.get_messages(hermes["dm"])] == ["hello from dm"]
+    finally:
+        await db.close()
+
+
+async def test_with_the_daemon_running_the_import_leaves_the_index_to_it_and_it_adopts(
+    tmp_path: Path,
+) -> None:
+    hermes_home, hermes = _hermes_gateway_home(tmp_path)
+    async with gateway_with_telegram(tmp_path, "allow_all_users: true") as (gw, fake):
+        home = tmp_path / "home"
+        out = await asyncio.to_thread(_cli, home, "--from-hermes", str(hermes_home))
+        assert "the running daemon adopts these sessions on their next message" in out
+        assert gw.index is not None and gw.db is not None
+        assert gw.index.get(_EXPECTED_KEYS["dm"]) is None  # not written behind its back
+        fake.push(fake.message("are you still there?", fake.dm_chat(555), user_id=555))
+        await fake.wait_sent(1)
+        entry = gw.index.get(_EXPECTED_KEYS["dm"])
+        assert entry is not None and entry.session_id == hermes["dm"]
+        texts = [m["content"] for m in await gw.db.get_messages(hermes["dm"])]
+        assert texts[:2] == ["hello from dm", "are you still there?"]
