@@ -13,8 +13,7 @@ import contextlib
 import json
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from gateway import access, session_commands
 from gateway.agent.base import Agent, AgentReply, TurnContext, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.commands import CommandContext, CommandRegistry, builtin_commands, parse_command
+from gateway.coordinator import Coordinator, LocalCoordinator
 from gateway.deadlines import Deadlines
 from gateway.index import IndexEntry, SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
@@ -41,7 +41,6 @@ STORAGE_APOLOGY = (
 )
 REFUSAL = "Sorry, you are not authorised to use this bot."
 BUSY = "Sorry, the gateway is shutting down; please send that again in a minute."
-DEDUPE_MEMORY = 50_000
 
 Sender = Callable[[OutboundMessage], Awaitable[SentRef | None]]
 
@@ -82,6 +81,8 @@ class Router:
         settings: RouterSettings | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.db = db
         self.index = index
@@ -96,17 +97,12 @@ class Router:
             db, index, agent, model=agent.model, system_prompt=self.settings.system_prompt,
             context_tokens=self.settings.context_tokens, clock=clock,
         )  # fmt: skip
-        self._listings: OrderedDict[str, list[str]] = OrderedDict()
+        self.coordinator = coordinator or LocalCoordinator()
         self.resetter: Resetter | None = None
-        self._job_seq = 0
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._waiting: dict[str, int] = {}
         self._inflight: set[asyncio.Task[None]] = set()
         self._deadlines = Deadlines()  # the agent's time limit, on every turn
-        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._refused: set[tuple[str, str]] = set()
         self._accepting = True
-        self._jobs: dict[str, set[str]] = {}  # session id -> live job names (turns, background)
         self.last_error: str | None = None
 
     # --- intake --------------------------------------------------------------------------
@@ -126,18 +122,13 @@ class Router:
             return
         if msg.platform_message_id is not None:
             seen_key = (src.platform, src.chat_id, msg.platform_message_id)
-            if seen_key in self._seen:
+            if self.coordinator.seen(seen_key):
                 self.metrics.dropped.inc(reason="duplicate")
                 return
-            self._remember(seen_key)
+            self.coordinator.remember(seen_key)
         task = asyncio.create_task(self._process(msg), name=f"turn:{src.platform}:{src.chat_id}")
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
-
-    def _remember(self, seen_key: tuple[str, str, str]) -> None:
-        self._seen[seen_key] = None
-        if len(self._seen) > DEDUPE_MEMORY:
-            self._seen.popitem(last=False)
 
     def _authorised(self, msg: InboundMessage) -> bool:
         src = msg.source
@@ -160,26 +151,15 @@ class Router:
     def key_for(self, msg: InboundMessage) -> SessionKey:
         return build_key(msg.source, self.settings.keys)
 
-    @contextlib.asynccontextmanager
-    async def session_lock(self, k: str) -> AsyncIterator[None]:
-        """Serialise everything that touches one session key (turns, commands, resets)."""
-        lock = self._locks.setdefault(k, asyncio.Lock())
-        self._waiting[k] = self._waiting.get(k, 0) + 1
-        try:
-            async with lock:
-                yield
-        finally:
-            self._waiting[k] -= 1
-            if self._waiting[k] == 0:
-                del self._waiting[k]
-                self._locks.pop(k, None)
+    def session_lock(self, k: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.coordinator.session_lock(k)
 
     async def _process(self, msg: InboundMessage) -> None:
         started = self.clock()
         key = self.key_for(msg)
         k = key.format()
         try:
-            async with self.session_lock(k):
+            async with self.coordinator.session_lock(k):
                 await self._process_locked(msg, key, started)
         except Exception as exc:  # nothing may escape into the event loop
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -243,7 +223,7 @@ class Router:
             )
             return
         self.index.touch(k, self.clock())
-        self._jobs.setdefault(sid, set()).add("turn")
+        self.coordinator.job_started(sid, "turn")
         try:
             budget = (
                 self.settings.context_tokens
@@ -304,11 +284,7 @@ class Router:
                 self.clock() - started,
             )
         finally:
-            jobs = self._jobs.get(sid)
-            if jobs is not None:
-                jobs.discard("turn")
-                if not jobs:
-                    del self._jobs[sid]
+            self.coordinator.job_finished(sid, "turn")
 
     def _track(self, coro: Any, name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
@@ -327,9 +303,8 @@ class Router:
             log.warning("automatic title for session %s failed: %s", sid, exc)
 
     def start_background(self, key: SessionKey, msg: InboundMessage, sid: str, prompt: str) -> str:
-        self._job_seq += 1
-        job = f"bg{self._job_seq}"
-        self._jobs.setdefault(sid, set()).add(job)
+        job = self.coordinator.new_job_id()
+        self.coordinator.job_started(sid, job)
         self._track(self._background(key, msg, sid, prompt, job), f"background:{job}")
         return job
 
@@ -357,26 +332,19 @@ class Router:
             log.error("background job %s failed for session %s: %s", job, sid, exc)
             text = f"Background job {job} failed; nothing was changed."
         finally:
-            jobs = self._jobs.get(sid)
-            if jobs is not None:
-                jobs.discard(job)
-                if not jobs:
-                    del self._jobs[sid]
+            self.coordinator.job_finished(sid, job)
         await self._reply(msg, sid, text, key)
 
     # --- per-chat listings (/resume N after /resume, /sessions or /search) ---------------
 
     def remember_listing(self, key: SessionKey, ids: list[str]) -> None:
-        self._listings[key.format()] = ids
-        self._listings.move_to_end(key.format())
-        while len(self._listings) > 10_000:
-            self._listings.popitem(last=False)
+        self.coordinator.remember_listing(key.format(), ids)
 
     def listing(self, key: SessionKey) -> list[str] | None:
-        return self._listings.get(key.format())
+        return self.coordinator.listing(key.format())
 
     def forget_listing(self, key: SessionKey) -> None:
-        self._listings.pop(key.format(), None)
+        self.coordinator.forget_listing(key.format())
 
     def is_admin(self, source: SessionSource) -> bool:
         rules = self.settings.access.get(source.platform)
@@ -421,10 +389,10 @@ class Router:
     # --- state for other parts -----------------------------------------------------------
 
     def live_jobs(self, session_id: str) -> list[str]:
-        return sorted(self._jobs.get(session_id, ()))
+        return self.coordinator.live_jobs(session_id)
 
     def busy_session_ids(self) -> set[str]:
-        return set(self._jobs)
+        return self.coordinator.busy_session_ids()
 
     def describe_reset(self, key: SessionKey) -> str:
         if self.resetter is None:

@@ -46,7 +46,6 @@ class Resetter:
         self.hook = hook
         self.hook_timeout_s = hook_timeout_s
         self.clock = clock or router.clock
-        self._notices: dict[str, str] = {}
         self.resets = 0
 
     def policy_for(self, entry: IndexEntry) -> ResetPolicy:
@@ -64,7 +63,7 @@ class Resetter:
         for key, entry in self.router.index.items():
             if self.decide(entry, at).reason is None:
                 continue
-            async with self.router.session_lock(key):
+            async with self.router.coordinator.session_lock(key):
                 current = self.router.index.get(key)  # a message may have moved it meanwhile
                 if current is None:
                     continue
@@ -98,13 +97,13 @@ class Resetter:
         if self.policy_for(entry).notify and old and (old.get("message_count") or 0) > 0:
             handle = old.get("title") or old["id"]
             why = "after a period of inactivity" if reason == "idle" else "for the daily reset"
-            self._notices[key] = (
-                f"A new session was started {why}. Send /resume {handle} to go back."
+            self.router.coordinator.set_notice(
+                key, f"A new session was started {why}. Send /resume {handle} to go back."
             )
         return new
 
     def take_notice(self, key: str) -> str | None:
-        return self._notices.pop(key, None)
+        return self.router.coordinator.take_notice(key)
 
     def describe(self, key: str) -> str:
         entry = self.router.index.get(key)
