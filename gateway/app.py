@@ -28,7 +28,8 @@ from gateway.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.reset.scheduler import ResetScheduler
-from gateway.router import AccessRules, Router, RouterSettings
+from gateway.router import Router
+from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
 from state import SessionDB, WriterConfig
 
@@ -180,16 +181,21 @@ class Gateway:
             self.config.get("sessions.index_activity_seconds"),
         )
         await self.index.load()
-        self.agent = self.agent or build_agent(self.config)
-        self.router = Router(
-            self.db, self.index, self.agent, self._send, router_settings(self.config), self.metrics
-        )
-        self._register_gauges()
+        agent = self.agent = self.agent or build_agent(self.config)
         policies = reset_policies(self.config)
-        self.router.resetter = Resetter(
-            self.router, policies, hook=self.agent.before_reset,
-            hook_timeout_s=self.config.get("session_reset.pre_reset_timeout_seconds"),
+        hook_timeout_s = self.config.get("session_reset.pre_reset_timeout_seconds")
+
+        def resetter(services: Services) -> Resetter:
+            return Resetter(
+                services, policies, hook=agent.before_reset, hook_timeout_s=hook_timeout_s
+            )
+
+        self.router = Router(
+            self.db, self.index, agent, self._send, router_settings(self.config), self.metrics,
+            resetter=resetter,
         )  # fmt: skip
+        assert self.router.resetter is not None
+        self._register_gauges()
         prune = self.config.get("sessions.auto_prune")
         db = self.db
 
@@ -212,7 +218,7 @@ class Gateway:
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
             await adapter.start(self.router.handle)
-        self.handoffs = HandoffWatcher(self.db, self.router, self._adapters_by_platform)
+        self.handoffs = HandoffWatcher(self.router.services, self._adapters_by_platform)
         self.handoffs.start()
         log.info(
             "switchboard is running (home %s; adapters: %s)",

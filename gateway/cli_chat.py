@@ -138,12 +138,12 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             con.print(f"switchboard: not found: {getattr(exc, 'ref', exc)}", style="red")
             return EXIT_FAILURE
         if target is not None:
-            await router.sessions.switch(key, source, target)
+            await router.services.sessions.switch(key, source, target)
             row = await db.require_session(target)
             history = await db.get_messages(target, last=200)
             con.print(render_recap(history, row.get("title"), config.get("display.resume_display")))
         else:
-            await router.sessions.create(key, source)
+            await router.services.sessions.create(key, source)
         interactive = sys.stdin.isatty()
         while True:
             if interactive:

@@ -17,15 +17,13 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gateway.adapters.base import Adapter
 from gateway.messages import OutboundMessage, ThreadRef
+from gateway.services import Services
 from gateway.session_keys import SessionSource, build_key
 from state import SessionDB
-
-if TYPE_CHECKING:
-    from gateway.adapters.base import Adapter
-    from gateway.router import Router
 
 log = logging.getLogger("gateway.handoff")
 HOME_KEY = "home_channel.{}"
@@ -55,15 +53,14 @@ def thread_source(
 class HandoffWatcher:
     def __init__(
         self,
-        db: SessionDB,
-        router: Router,
+        services: Services,
         adapters: Mapping[str, Adapter],
         *,
         poll_s: float = 1.0,
         stale_after_s: float = 180.0,
     ) -> None:
-        self.db = db
-        self.router = router
+        self.services = services
+        self.db = services.db
         self.adapters = {p: a for p, a in adapters.items() if p != "api"}
         self.poll_s = poll_s
         self.stale_after_s = stale_after_s
@@ -113,28 +110,29 @@ class HandoffWatcher:
                 str(home["chat_id"]), title or "Continued from the terminal"
             )
             source = thread_source(platform, home, thread)
-            key = build_key(source, self.router.settings.keys)
+            settings = self.services.settings
+            key = build_key(source, settings.keys)
             history = await self.db.get_messages_as_conversation(
-                sid, last=self.router.settings.history_messages
+                sid, last=settings.history_messages
             )
-            summary = await self.router.agent.summarize(history, None)
+            summary = await self.services.agent.summarize(history, None)
             text = f"Continuing here from the terminal{f' ({title})' if title else ''}.\n{summary}"
             await adapter.send(OutboundMessage(platform, source.chat_id, text, thread_id=source.thread_id,
                                                session_id=sid, session_key=key.format()))  # fmt: skip
-            async with self.router.session_lock(key.format()):
-                await self.router.sessions.bind(key, source, sid)
+            async with self.services.coordinator.session_lock(key.format()):
+                await self.services.sessions.bind(key, source, sid)
                 await self.db.update_session(
                     sid, source=platform, session_key=key.format(), chat_id=source.chat_id,
                     chat_type=source.chat_type, thread_id=source.thread_id, origin_json=source.as_dict(),
                 )  # fmt: skip
                 await self.db.append_messages(sid, [{"role": "assistant", "content": text}])
             await self.db.finish_handoff(sid, "completed", expect="running")
-            self.router.metrics.handoffs.inc(outcome="completed")
+            self.services.metrics.handoffs.inc(outcome="completed")
             log.info("session %s handed off to %s (session_key=%s)", sid, platform, key.format())
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             log.error("handoff of session %s to %s failed: %s", sid, platform, reason)
-            self.router.metrics.handoffs.inc(outcome="failed")
+            self.services.metrics.handoffs.inc(outcome="failed")
             await self.db.finish_handoff(sid, "failed", reason[:300], expect="running")
 
 

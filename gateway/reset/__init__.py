@@ -14,14 +14,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from gateway.index import IndexEntry
 from gateway.reset.policy import PolicySet, ResetDecision, ResetPolicy, decide
+from gateway.services import Services
 from gateway.session_keys import SessionSource, parse_key
-
-if TYPE_CHECKING:
-    from gateway.router import Router
 
 log = logging.getLogger("gateway.reset")
 PreResetHook = Callable[[str, str], Awaitable[None]]
@@ -34,25 +31,25 @@ async def no_hook(session_id: str, reason: str) -> None:
 class Resetter:
     def __init__(
         self,
-        router: Router,
+        services: Services,
         policies: PolicySet,
         *,
         hook: PreResetHook = no_hook,
         hook_timeout_s: float = 10.0,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.router = router
+        self.services = services
         self.policies = policies
         self.hook = hook
         self.hook_timeout_s = hook_timeout_s
-        self.clock = clock or router.clock
+        self.clock = clock or services.clock
         self.resets = 0
 
     def policy_for(self, entry: IndexEntry) -> ResetPolicy:
         return self.policies.for_chat(entry.platform, entry.chat_type)
 
     def decide(self, entry: IndexEntry, now: float) -> ResetDecision:
-        live = bool(self.router.live_jobs(entry.session_id))
+        live = bool(self.services.coordinator.live_jobs(entry.session_id))
         return decide(entry.updated_at, now, live, self.policy_for(entry))
 
     async def apply(self, now: float | None = None) -> int:
@@ -60,11 +57,12 @@ class Resetter:
         fresh activity, so running twice (or a late, doubled fire) resets nothing more."""
         at = self.clock() if now is None else now
         done = 0
-        for key, entry in self.router.index.items():
+        index, coordinator = self.services.index, self.services.coordinator
+        for key, entry in index.items():
             if self.decide(entry, at).reason is None:
                 continue
-            async with self.router.coordinator.session_lock(key):
-                current = self.router.index.get(key)  # a message may have moved it meanwhile
+            async with coordinator.session_lock(key):
+                current = index.get(key)  # a message may have moved it meanwhile
                 if current is None:
                     continue
                 decision = self.decide(current, at)
@@ -87,26 +85,26 @@ class Resetter:
                 await self.hook(entry.session_id, reason)
         except Exception as exc:  # the reset goes ahead; the hook had its chance
             log.warning("pre-reset hook failed for session_key=%s: %s", key, exc)
-        old = await self.router.db.get_session(entry.session_id)
-        new, _ = await self.router.sessions.reset(
+        old = await self.services.db.get_session(entry.session_id)
+        new, _ = await self.services.sessions.reset(
             parse_key(key), SessionSource.from_dict(entry.origin), reason
         )
         self.resets += 1
-        self.router.metrics.resets.inc(reason=reason)
+        self.services.metrics.resets.inc(reason=reason)
         log.info("session_key=%s reset (%s) in %.3fs", key, reason, time.monotonic() - started)
         if self.policy_for(entry).notify and old and (old.get("message_count") or 0) > 0:
             handle = old.get("title") or old["id"]
             why = "after a period of inactivity" if reason == "idle" else "for the daily reset"
-            self.router.coordinator.set_notice(
+            self.services.coordinator.set_notice(
                 key, f"A new session was started {why}. Send /resume {handle} to go back."
             )
         return new
 
     def take_notice(self, key: str) -> str | None:
-        return self.router.coordinator.take_notice(key)
+        return self.services.coordinator.take_notice(key)
 
     def describe(self, key: str) -> str:
-        entry = self.router.index.get(key)
+        entry = self.services.index.get(key)
         if entry is None:
             return self.policies.default.describe()
         policy = self.policy_for(entry)
