@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.adapters.base import Adapter
+from gateway.adapters.base import Adapter, AdapterState
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import PLATFORMS, Config
@@ -207,7 +207,7 @@ class Gateway:
         self.scheduler = ResetScheduler(
             self.router.resetter.apply,
             sweep_seconds=self.config.get("session_reset.sweep_seconds"),
-            daily=[(p.at_hour, p.timezone) for p in policies.all() if p.mode in ("daily", "both")],
+            daily=[(p.at_hour, p.timezone) for p in policies.all() if p.mode.daily],
             prune=auto_prune if prune["enabled"] else None,
         )
         self.notify("STATUS=starting the scheduler")
@@ -369,7 +369,9 @@ class Gateway:
 
     def health(self) -> dict[str, Any]:
         adapters = {a.platform: a.health() for a in self.adapters}
-        ok = self.db is not None and all(h.get("state") == "running" for h in adapters.values())
+        ok = self.db is not None and all(
+            h.get("state") == AdapterState.RUNNING for h in adapters.values()
+        )
         return {
             "status": "ok" if ok else "degraded",
             "uptime_seconds": round(time.time() - self.started_at, 1),

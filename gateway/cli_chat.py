@@ -20,6 +20,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
+from gateway.adapters.base import AdapterState
 from gateway.app import build_agent, router_settings
 from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK
@@ -27,9 +28,9 @@ from gateway.handoff import handoff_from_terminal
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.router import Router
-from gateway.session_keys import SessionSource, build_key
+from gateway.session_keys import ChatType, SessionSource, build_key
 from gateway.timefmt import ago
-from state import AmbiguousSession, SessionDB, SessionNotFound
+from state import AmbiguousSession, EndReason, SessionDB, SessionNotFound
 
 RECAP_EXCHANGES = 10
 
@@ -99,7 +100,7 @@ class TerminalAdapter:
         return None
 
     def health(self) -> dict[str, object]:
-        return {"state": "running"}
+        return {"state": AdapterState.RUNNING}
 
 
 async def _pick(db: SessionDB, cont: str | bool | None, resume: str | None) -> str | None:
@@ -129,7 +130,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
     terminal = TerminalAdapter(con)
     router = Router(db, index, agent, terminal.send, router_settings(config))
     user = getpass.getuser()
-    source = SessionSource("cli", user, "dm", user, user)
+    source = SessionSource("cli", user, ChatType.DM, user, user)
     key = build_key(source, router.settings.keys)
     try:
         try:
@@ -182,7 +183,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
         entry = index.get(key.format())
         if entry is not None:
             await router.drain(config.get("shutdown.drain_seconds"))
-            await db.end_session(entry.session_id, "user_exit")
+            await db.end_session(entry.session_id, EndReason.USER_EXIT)
             row = await db.require_session(entry.session_id)
             name = row.get("title") or entry.session_id
             title = row.get("title")

@@ -22,7 +22,7 @@ from typing import Any
 from gateway.adapters.base import Adapter
 from gateway.messages import OutboundMessage, ThreadRef
 from gateway.services import Services
-from gateway.session_keys import SessionSource, build_key
+from gateway.session_keys import ChatType, SessionSource, as_chat_type, build_key
 from state import SessionDB
 
 log = logging.getLogger("gateway.handoff")
@@ -43,11 +43,13 @@ def thread_source(
 ) -> SessionSource:
     """Where the handed-off session now lives, as an inbound message there will look."""
     if thread is None:  # threads not possible there: the home channel itself
-        return SessionSource(platform, str(home["chat_id"]), str(home.get("chat_type") or "group"),
+        return SessionSource(platform, str(home["chat_id"]), as_chat_type(home.get("chat_type") or ChatType.GROUP),
                              thread_id=home.get("thread_id"))  # fmt: skip
     if platform == "discord":  # a Discord thread is its own channel
-        return SessionSource(platform, thread.thread_id, "thread", thread_id=thread.thread_id)
-    return SessionSource(platform, thread.chat_id, "group", thread_id=thread.thread_id)
+        return SessionSource(
+            platform, thread.thread_id, ChatType.THREAD, thread_id=thread.thread_id
+        )
+    return SessionSource(platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id)
 
 
 class HandoffWatcher:

@@ -22,7 +22,7 @@ from gateway.messages import InboundMessage
 from gateway.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.services import AccessRules, RouterSettings, Sender, Services
-from gateway.session_keys import SessionKey, build_key
+from gateway.session_keys import ChatType, SessionKey, build_key
 from gateway.sessions import SessionManager
 from gateway.turns import APOLOGY, agent_turn
 from state import SessionDB, StateError
@@ -129,7 +129,7 @@ class Router:
             return True
         s.metrics.dropped.inc(reason="unauthorised")
         log.info("unauthorised user %s on %s (%s)", src.user_id, src.platform, src.chat_type)
-        if src.chat_type == "dm" and s.settings.unknown_dm == "refuse":
+        if src.chat_type == ChatType.DM and s.settings.unknown_dm == "refuse":
             marker = (src.platform, src.user_id or src.chat_id)
             if marker not in self._refused:  # one refusal per user, not one per message
                 self._refused.add(marker)

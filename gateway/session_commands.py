@@ -14,7 +14,15 @@ from gateway.commands import CommandContext, CommandRegistry
 from gateway.handoff import HOME_KEY
 from gateway.sessions import NothingToCompress
 from gateway.timefmt import ago
-from state import AmbiguousSession, QueryError, SessionFilter, StateError, TitleError
+from state import (
+    AmbiguousSession,
+    ChildKind,
+    EndReason,
+    QueryError,
+    SessionFilter,
+    StateError,
+    TitleError,
+)
 
 log = logging.getLogger("gateway.commands")
 LIST_LIMIT = 10
@@ -32,7 +40,7 @@ def _label(row: dict[str, object]) -> str:
 
 async def cmd_new(ctx: CommandContext) -> str:
     entry, problem = await ctx.services.sessions.reset(
-        ctx.key, ctx.msg.source, "session_reset", ctx.args or None
+        ctx.key, ctx.msg.source, EndReason.SESSION_RESET, ctx.args or None
     )
     ctx.services.coordinator.forget_listing(ctx.key.format())
     if problem:
@@ -61,7 +69,11 @@ async def _same_conversation(ctx: CommandContext) -> set[str]:
     ids = {ctx.session_id}
     child = await ctx.services.db.require_session(ctx.session_id)
     for anc in await ctx.services.db.get_ancestors(ctx.session_id):
-        if child.get("child_kind") != "compression" and anc.get("end_reason") != "compression":
+        compressed = (
+            child.get("child_kind") == ChildKind.COMPRESSION
+            or anc.get("end_reason") == EndReason.COMPRESSION
+        )
+        if not compressed:
             break
         ids.add(anc["id"])
         child = anc

@@ -19,13 +19,16 @@ from .errors import (
 )
 from .ids import new_session_id
 from .listing import SessionFilter
+from .sessions import ChildKind, EndReason
 from .store import SessionDB
 from .writer import WriterConfig
 
 __all__ = [
     "AmbiguousSession",
+    "ChildKind",
     "DatabaseBusy",
     "DatabaseError",
+    "EndReason",
     "QueryError",
     "SchemaTooNew",
     "SessionDB",

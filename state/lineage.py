@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from .rows import Row, row_dict
+from .sessions import ChildKind, EndReason
 
 _MAX_DEPTH = 10_000  # guards against a parent cycle written by another program
 
@@ -60,7 +61,7 @@ def descendants(conn: sqlite3.Connection, session_id: str) -> list[Row]:
 def _is_compression_child(kind: str | None, end_reason: str | None) -> bool:
     # Rows written by other programs carry no child_kind; their parent's end_reason
     # ('compression') says what the child is.
-    return kind == "compression" or (kind is None and end_reason == "compression")
+    return kind == ChildKind.COMPRESSION or (kind is None and end_reason == EndReason.COMPRESSION)
 
 
 def compression_tip(conn: sqlite3.Connection, session_id: str) -> str:

@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 
-from gateway.adapters.base import Emit
+from gateway.adapters.base import AdapterState, Emit
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
-from gateway.session_keys import CHAT_TYPES, SessionSource
+from gateway.session_keys import CHAT_TYPES, ChatType, SessionSource
 
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024
@@ -62,7 +62,7 @@ class ApiAdapter:
         self._pending: dict[str, asyncio.Future[OutboundMessage]] = {}
         self._runner: web.AppRunner | None = None
         self._counter = itertools.count(1)
-        self.state = "stopped"
+        self.state: str = AdapterState.STOPPED
         self.bound_port: int | None = None
 
     # --- lifecycle -------------------------------------------------------------------
@@ -86,11 +86,11 @@ class ApiAdapter:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
-        self.state = "running"
+        self.state = AdapterState.RUNNING
         log.info("api listening on http://%s:%s", self.host, self.bound_port)
 
     async def stop(self) -> None:
-        self.state = "stopped"
+        self.state = AdapterState.STOPPED
         for fut in self._pending.values():
             if not fut.done():
                 fut.cancel()
@@ -147,7 +147,7 @@ class ApiAdapter:
     async def _turn(
         self, source: SessionSource, text: str, message_id: str | None
     ) -> OutboundMessage | web.Response:
-        if self._emit is None or self.state != "running":
+        if self._emit is None or self.state != AdapterState.RUNNING:
             return _bad(503, "the gateway is not accepting messages")
         rid = message_id or f"req-{uuid.uuid4().hex}"
         fut: asyncio.Future[OutboundMessage] = asyncio.get_running_loop().create_future()
@@ -194,7 +194,7 @@ class ApiAdapter:
                 "user / X-Switchboard-Session must be a non-empty string of at most 200 characters",
             )
         source = SessionSource(
-            platform="api", chat_id=who, chat_type="dm", user_id=who, user_name=who
+            platform="api", chat_id=who, chat_type=ChatType.DM, user_id=who, user_name=who
         )
         out = await self._turn(source, content, request.headers.get("X-Request-Id"))
         if isinstance(out, web.Response):
@@ -225,7 +225,7 @@ class ApiAdapter:
             or not str(chat_id).strip()
         ):
             return _bad(400, "chat_id is required")
-        chat_type = body.get("chat_type", "dm")
+        chat_type = body.get("chat_type", ChatType.DM)
         if chat_type not in CHAT_TYPES:
             return _bad(400, f"chat_type must be one of {', '.join(CHAT_TYPES)}")
         opt = {}
@@ -236,7 +236,7 @@ class ApiAdapter:
             opt[name] = None if v is None else str(v)
         source = SessionSource(
             platform="api", chat_id=str(chat_id), chat_type=chat_type,
-            user_id=opt["user_id"] or (str(chat_id) if chat_type == "dm" else None),
+            user_id=opt["user_id"] or (str(chat_id) if chat_type == ChatType.DM else None),
             user_name=opt["user_name"], chat_name=opt["chat_name"], thread_id=opt["thread_id"],
         )  # fmt: skip
         out = await self._turn(source, text, opt["message_id"])

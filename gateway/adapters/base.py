@@ -8,6 +8,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import ClassVar, Protocol, TypeVar
 
 from gateway.errors import InvalidToken
@@ -15,6 +16,19 @@ from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 
 T = TypeVar("T")
 Emit = Callable[[InboundMessage], Awaitable[None]]
+
+
+class AdapterState(StrEnum):
+    """An adapter's `state` in /health; a failure reads `failed: <why>` (`failed`)."""
+
+    STOPPED = "stopped"
+    RUNNING = "running"
+    FAILED = "failed"
+
+
+def failed(why: str) -> str:
+    """The state text of an adapter that could not start."""
+    return f"{AdapterState.FAILED}: {why}"
 
 
 class Adapter(Protocol):

@@ -19,6 +19,7 @@ from gateway.index import IndexEntry
 from gateway.reset.policy import PolicySet, ResetDecision, ResetPolicy, decide
 from gateway.services import Services
 from gateway.session_keys import SessionSource, parse_key
+from state import EndReason
 
 log = logging.getLogger("gateway.reset")
 PreResetHook = Callable[[str, str], Awaitable[None]]
@@ -78,7 +79,7 @@ class Resetter:
             return entry
         return await self._reset(key, entry, decision.reason)
 
-    async def _reset(self, key: str, entry: IndexEntry, reason: str) -> IndexEntry:
+    async def _reset(self, key: str, entry: IndexEntry, reason: EndReason) -> IndexEntry:
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.hook_timeout_s):
@@ -94,7 +95,11 @@ class Resetter:
         log.info("session_key=%s reset (%s) in %.3fs", key, reason, time.monotonic() - started)
         if self.policy_for(entry).notify and old and (old.get("message_count") or 0) > 0:
             handle = old.get("title") or old["id"]
-            why = "after a period of inactivity" if reason == "idle" else "for the daily reset"
+            why = (
+                "after a period of inactivity"
+                if reason == EndReason.IDLE
+                else "for the daily reset"
+            )
             self.services.coordinator.set_notice(
                 key, f"A new session was started {why}. Send /resume {handle} to go back."
             )
