@@ -25,7 +25,7 @@ from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
 from state import SessionDB
 
-log = logging.getLogger("gateway.router")
+log = logging.getLogger("gateway.router")  # replies and drains log as the router did
 
 Sender = Callable[[OutboundMessage], Awaitable[SentRef | None]]
 

@@ -23,7 +23,7 @@ from gateway.services import Services
 from gateway.session_keys import SessionKey
 from state import StateError
 
-log = logging.getLogger("gateway.router")
+log = logging.getLogger("gateway.router")  # the name operators already filter turn logs by
 
 APOLOGY = "Sorry, something went wrong while answering. Your message was saved; please try again."
 TURN_JOB = "turn"  # the live-job name of a running turn
