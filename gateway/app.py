@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.adapters.base import Adapter, AdapterState
+from gateway.adapters.base import Adapter
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import PLATFORMS, Config
@@ -31,6 +31,7 @@ from gateway.reset.scheduler import ResetScheduler
 from gateway.router import Router
 from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
+from gateway.vocab import AdapterState
 from state import SessionDB, WriterConfig
 
 log = logging.getLogger("gateway.app")

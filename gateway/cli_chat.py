@@ -20,7 +20,6 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-from gateway.adapters.base import AdapterState
 from gateway.app import build_agent, router_settings
 from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK
@@ -28,8 +27,9 @@ from gateway.handoff import handoff_from_terminal
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.router import Router
-from gateway.session_keys import ChatType, SessionSource, build_key
+from gateway.session_keys import SessionSource, build_key
 from gateway.timefmt import ago
+from gateway.vocab import AdapterState, ChatType
 from state import AmbiguousSession, EndReason, SessionDB, SessionNotFound
 
 RECAP_EXCHANGES = 10

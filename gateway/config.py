@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from gateway.errors import ConfigError
-from gateway.reset.policy import ResetMode
+from gateway.vocab import ResetMode
 
 PLATFORMS = ("telegram", "discord", "slack")
 _PLACEHOLDER = re.compile(

@@ -22,7 +22,8 @@ from typing import Any
 from gateway.adapters.base import Adapter
 from gateway.messages import OutboundMessage, ThreadRef
 from gateway.services import Services
-from gateway.session_keys import ChatType, SessionSource, as_chat_type, build_key
+from gateway.session_keys import SessionSource, as_chat_type, build_key
+from gateway.vocab import ChatType
 from state import SessionDB
 
 log = logging.getLogger("gateway.handoff")

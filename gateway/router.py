@@ -22,9 +22,10 @@ from gateway.messages import InboundMessage
 from gateway.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.services import AccessRules, RouterSettings, Sender, Services
-from gateway.session_keys import ChatType, SessionKey, build_key
+from gateway.session_keys import SessionKey, build_key
 from gateway.sessions import SessionManager
 from gateway.turns import APOLOGY, agent_turn
+from gateway.vocab import ChatType
 from state import SessionDB, StateError
 
 __all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender"]

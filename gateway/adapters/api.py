@@ -21,9 +21,10 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 
-from gateway.adapters.base import AdapterState, Emit
+from gateway.adapters.base import Emit
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
-from gateway.session_keys import CHAT_TYPES, ChatType, SessionSource
+from gateway.session_keys import CHAT_TYPES, SessionSource
+from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024

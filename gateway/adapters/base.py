@@ -8,22 +8,14 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import ClassVar, Protocol, TypeVar
 
 from gateway.errors import InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.vocab import AdapterState
 
 T = TypeVar("T")
 Emit = Callable[[InboundMessage], Awaitable[None]]
-
-
-class AdapterState(StrEnum):
-    """An adapter's `state` in /health; a failure reads `failed: <why>` (`failed`)."""
-
-    STOPPED = "stopped"
-    RUNNING = "running"
-    FAILED = "failed"
 
 
 def failed(why: str) -> str:

@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 
 from gateway.adapters.base import (
     DEFAULT_BACKOFF,
-    AdapterState,
     Backoff,
     Emit,
     RetryAfter,
@@ -27,7 +26,8 @@ from gateway.adapters.base import (
 )
 from gateway.errors import AdapterError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
-from gateway.session_keys import ChatType, SessionSource
+from gateway.session_keys import SessionSource
+from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.slack")
 LIMIT = 39_000

@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 
 from gateway.adapters.base import (
     DEFAULT_BACKOFF,
-    AdapterState,
     Backoff,
     Emit,
     RetryAfter,
@@ -30,7 +29,8 @@ from gateway.adapters.base import (
 )
 from gateway.errors import AdapterError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
-from gateway.session_keys import ChatType, SessionSource
+from gateway.session_keys import SessionSource
+from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.telegram")
 LIMIT = 4096  # UTF-16 code units per message

@@ -12,27 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from zoneinfo import ZoneInfo
 
+from gateway.vocab import ResetMode
 from state import EndReason
-
-
-class ResetMode(StrEnum):
-    """`session_reset.mode`: which thresholds reset a session."""
-
-    NONE = "none"
-    IDLE = "idle"
-    DAILY = "daily"
-    BOTH = "both"  # whichever passes first
-
-    @property
-    def idle(self) -> bool:
-        return self in (ResetMode.IDLE, ResetMode.BOTH)
-
-    @property
-    def daily(self) -> bool:
-        return self in (ResetMode.DAILY, ResetMode.BOTH)
 
 
 @dataclass(frozen=True)

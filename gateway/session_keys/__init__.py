@@ -10,17 +10,8 @@ or `=`, so any id round-trips and no user id can look like a thread slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
-
-class ChatType(StrEnum):
-    """What kind of conversation a message came from."""
-
-    DM = "dm"
-    GROUP = "group"
-    CHANNEL = "channel"
-    THREAD = "thread"
-
+from gateway.vocab import ChatType
 
 CHAT_TYPES: tuple[str, ...] = tuple(ChatType)
 

@@ -121,3 +121,10 @@ def test_a_cycle_is_found_even_under_type_checking(tmp_path: Path) -> None:
 def test_no_import_cycles() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_coordinator_and_the_vocabulary_are_leaves() -> None:
+    """Anything may import them (a replicated coordinator swaps in without new edges)."""
+    graph = import_graph()
+    assert graph["gateway.coordinator"] == set()
+    assert graph["gateway.vocab"] == set()

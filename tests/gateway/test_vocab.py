@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.adapters.base import AdapterState
 from gateway.index import SessionIndex
-from gateway.reset.policy import ResetMode, ResetPolicy
-from gateway.session_keys import CHAT_TYPES, ChatType, SessionSource
+from gateway.reset.policy import ResetPolicy
+from gateway.session_keys import CHAT_TYPES, SessionSource
+from gateway.vocab import AdapterState, ChatType, ResetMode
 from state import ChildKind, EndReason, SessionDB
 
 from .conftest import RouterRig, group
