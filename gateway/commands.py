@@ -15,6 +15,7 @@ from gateway.session_keys import SessionKey
 
 
 def no_reset_policy(key: SessionKey) -> str:
+    """/status without a Resetter (the terminal's router)."""
     return "none (sessions are never reset automatically)"
 
 

@@ -15,7 +15,13 @@ from collections.abc import Callable
 
 from gateway import session_commands
 from gateway.agent.base import Agent
-from gateway.commands import CommandContext, CommandRegistry, builtin_commands, parse_command
+from gateway.commands import (
+    CommandContext,
+    CommandRegistry,
+    builtin_commands,
+    no_reset_policy,
+    parse_command,
+)
 from gateway.coordinator import Coordinator
 from gateway.index import IndexEntry, SessionIndex
 from gateway.messages import InboundMessage
@@ -95,7 +101,7 @@ class Router:
 
     def describe_reset(self, key: SessionKey) -> str:
         if self.resetter is None:
-            return "none (sessions are never reset automatically)"
+            return no_reset_policy(key)
         return self.resetter.describe(key.format())
 
     # --- intake --------------------------------------------------------------------------
