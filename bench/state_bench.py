@@ -171,7 +171,7 @@ async def main() -> None:
         print(f"  plain sqlite3, one transaction : {plain:,.0f} rows/s (median)")
         print(f"  SessionDB, 200 producers       : {ours:,.0f} rows/s (median)")
         print(f"  ratio                          : {ours / plain:.2f}  (target >= 0.7)")
-        st = db.writer.stats
+        st = db.write_stats()
         print(f"  batches {st.batches}, mean batch {st.operations / max(1, st.batches):.1f} ops")
 
         print("\n2. append latency at 2,000 appends/s offered")

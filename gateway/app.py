@@ -5,13 +5,14 @@ close the store)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,10 @@ from gateway.adapters.base import Adapter
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import PLATFORMS, Config
-from gateway.errors import AlreadyRunning, GatewayError
+from gateway.errors import AlreadyRunning, GatewayError, PortInUse
 from gateway.handoff import HandoffWatcher
 from gateway.index import SessionIndex
-from gateway.messages import OutboundMessage, SentRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
@@ -32,7 +33,7 @@ from gateway.router import Router
 from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
 from gateway.vocab import AdapterState
-from state import SessionDB, WriterConfig
+from state import Store, open_store
 
 log = logging.getLogger("gateway.app")
 
@@ -145,7 +146,7 @@ class Gateway:
     agent: Agent | None = None
     adapters: list[Adapter] = field(default_factory=list)
     notify: Callable[[str], None] = lambda _state: None  # systemd notify hook
-    db: SessionDB | None = None
+    db: Store | None = None
     index: SessionIndex | None = None
     router: Router | None = None
     metrics: Metrics = field(default_factory=Metrics)
@@ -157,9 +158,12 @@ class Gateway:
 
     async def start(self) -> None:
         self.started_at = time.time()
+        fresh = not (self.home / "state.db").exists()
         self.home.mkdir(parents=True, exist_ok=True)
         self._lock = HomeLock(self.home)
         self._lock.acquire()
+        if fresh:
+            log.info("created a new home at %s", self.home)
         try:
             await self._start_inner()
         except BaseException:
@@ -168,13 +172,7 @@ class Gateway:
 
     async def _start_inner(self) -> None:
         self.notify("STATUS=opening state.db")
-        self.db = await SessionDB.open(
-            self.home / "state.db",
-            config=WriterConfig(
-                synchronous=self.config.get("state.synchronous"),
-                queue_size=self.config.get("state.queue_size"),
-            ),
-        )
+        self.db = await open_store(self.config.get("state"), self.home)
         self.index = SessionIndex(
             self.home / "sessions" / "sessions.json",
             self.db,
@@ -193,7 +191,7 @@ class Gateway:
 
         self.router = Router(
             self.db, self.index, agent, self._send, router_settings(self.config), self.metrics,
-            resetter=resetter,
+            events=self, resetter=resetter,
         )  # fmt: skip
         assert self.router.resetter is not None
         self._register_gauges()
@@ -218,8 +216,17 @@ class Gateway:
         self.notify("STATUS=starting adapters")
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
-            await adapter.start(self.router.handle)
-        self.handoffs = HandoffWatcher(self.router.services, self._adapters_by_platform)
+            try:
+                await adapter.start(self.router.handle)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or adapter.platform != "api":
+                    raise
+                port = getattr(adapter, "port", "?")
+                raise PortInUse(port, getattr(adapter, "host", "?")) from None
+        self.handoffs = HandoffWatcher(
+            self.router.services, self._adapters_by_platform,
+            configured_homes={p: self.config.platform(p)["home_channel"] for p in PLATFORMS},
+        )  # fmt: skip
         self.handoffs.start()
         log.info(
             "switchboard is running (home %s; adapters: %s)",
@@ -276,6 +283,7 @@ class Gateway:
                 api["host"], api["port"], secret("platforms.api.key_env"),
                 reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
                 health=self.health, metrics=self.metrics.render, routes=routes,
+                models=(self.agent.model,) if self.agent and self.agent.model else (),
             ))  # fmt: skip
         return adapters
 
@@ -285,39 +293,41 @@ class Gateway:
         self.metrics.gauge(
             "switchboard_writer_queue_depth",
             "Writes waiting for the writer",
-            lambda: db.writer.queue_depth,
+            lambda: db.write_stats().queue_depth,
         )
         self.metrics.gauge(
             "switchboard_writer_last_batch_size",
             "Operations in the last commit",
-            lambda: db.writer.stats.last_batch_size,
+            lambda: db.write_stats().last_batch_size,
         )
         self.metrics.gauge(
             "switchboard_writer_last_commit_ms",
             "Duration of the last commit",
-            lambda: db.writer.stats.last_commit_ms,
+            lambda: db.write_stats().last_commit_ms,
         )
         self.metrics.gauge(
-            "switchboard_writer_batches_total", "Commits so far", lambda: db.writer.stats.batches
+            "switchboard_writer_batches_total",
+            "Commits so far",
+            lambda: db.write_stats().batches,
+            kind="counter",
         )
-        recent = db.writer.stats
 
-        def quantile(values: list[float], q: float) -> float:
+        def quantile(values: Sequence[float], q: float) -> float:
             ordered = sorted(values[-512:])
             return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
 
         self.metrics.gauge(
             "switchboard_writer_commit_ms_p50",
             "Median commit time, recent batches",
-            lambda: quantile(recent.commit_ms, 0.5),
+            lambda: quantile(db.write_stats().recent_commit_ms, 0.5),
         )
         self.metrics.gauge(
             "switchboard_writer_commit_ms_p99",
             "99th percentile commit time, recent batches",
-            lambda: quantile(recent.commit_ms, 0.99),
+            lambda: quantile(db.write_stats().recent_commit_ms, 0.99),
         )
         self.metrics.gauge("switchboard_writer_batch_size_p50", "Median operations per commit, recent batches",
-                           lambda: quantile([float(b) for b in recent.batch_sizes], 0.5))  # fmt: skip
+                           lambda: quantile([float(b) for b in db.write_stats().recent_batch_sizes], 0.5))  # fmt: skip
         self.metrics.gauge(
             "switchboard_sessions_live", "Entries in the session index", lambda: len(index)
         )
@@ -335,6 +345,18 @@ class Gateway:
             )
             return None
         return await adapter.send(msg)
+
+    # TurnEvents for the router: passed on to the message's adapter when it has the method
+    # (Discord shows typing for a running turn; the api answers a dropped request at once)
+    def turn_started(self, msg: InboundMessage) -> None:
+        hook = getattr(self._adapters_by_platform.get(msg.source.platform), "turn_started", None)
+        if hook is not None:
+            hook(msg)
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        hook = getattr(self._adapters_by_platform.get(msg.source.platform), "turn_ended", None)
+        if hook is not None:
+            hook(msg, dropped)
 
     RELOADABLE = (
         "logging.level",
@@ -377,7 +399,7 @@ class Gateway:
             "status": "ok" if ok else "degraded",
             "uptime_seconds": round(time.time() - self.started_at, 1),
             "adapters": adapters,
-            "writer_queue_depth": self.db.writer.queue_depth if self.db else None,
+            "writer_queue_depth": self.db.write_stats().queue_depth if self.db else None,
             "sessions": len(self.index) if self.index else 0,
             "turns_in_flight": self.router.inflight if self.router else 0,
             "last_error": self.router.last_error if self.router else None,

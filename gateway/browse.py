@@ -1,8 +1,10 @@
 """`switchboard sessions browse`: pick a session and continue it in `switchboard chat`.
 
 In a terminal: a curses list (type to filter over title, preview, id and source; arrows to
-move; Enter resumes; `d` deletes after a y/n confirmation; Esc quits). Without a terminal:
-a numbered list and a number read from standard input.
+move; Enter resumes; Esc quits). Every printable key filters, so deletion lives on keys no
+word contains: Delete (or ctrl-d) asks, and only the same key pressed again deletes; any
+other key cancels the question and then does what it always does. Without a terminal: a
+numbered list and a number read from standard input.
 """
 
 from __future__ import annotations
@@ -42,25 +44,28 @@ def pick_numbered(
     return None
 
 
+DELETE_KEYS = (curses.KEY_DC, "\x04")  # Delete, ctrl-d: never part of a typed word
+HINT = "type to filter · ↑↓ move · Enter resume · Del/ctrl-d delete · Esc quit"
+
+
 def pick_curses(rows: list[Row], delete: Callable[[Row], None]) -> Row | None:
     """The interactive picker; returns the chosen row (None when cancelled)."""
 
     def ui(screen: Any) -> Row | None:
         curses.curs_set(0)
         needle, pos, message = "", 0, ""
+        asking: Row | None = None  # the row whose deletion awaits a second Delete
         while True:
             shown = [r for r in rows if matches(r, needle)]
             pos = max(0, min(pos, len(shown) - 1))
             height, width = screen.getmaxyx()
             screen.erase()
             screen.addnstr(0, 0, f"filter: {needle}", width - 1, curses.A_BOLD)
-            screen.addnstr(
-                1,
-                0,
-                message or "type to filter · ↑↓ move · Enter resume · d delete · Esc quit",
-                width - 1,
-                curses.A_DIM,
-            )
+            if asking is not None:
+                screen.addnstr(1, 0, f"delete {asking['id']}? press Del (or ctrl-d) again to "
+                               "delete; any other key keeps it", width - 1, curses.A_BOLD)  # fmt: skip
+            else:
+                screen.addnstr(1, 0, message or HINT, width - 1, curses.A_DIM)
             now = time.time()
             for i, row in enumerate(shown[: max(0, height - 3)]):
                 screen.addnstr(
@@ -73,25 +78,29 @@ def pick_curses(rows: list[Row], delete: Callable[[Row], None]) -> Row | None:
             screen.refresh()
             key = screen.get_wch()
             message = ""
+            if asking is not None:
+                target, asking = asking, None
+                if key in DELETE_KEYS:
+                    delete(target)
+                    rows.remove(target)
+                    message = f"deleted {target['id']}"
+                    continue
+                message = "kept"
+                if key == "\x1b":
+                    continue  # Esc answers the question; it does not also quit
             if key in ("\n", "\r", curses.KEY_ENTER) and shown:
                 return shown[pos]
             if key == "\x1b":
                 return None
-            if key == curses.KEY_UP:
+            if key in DELETE_KEYS:
+                if shown:
+                    asking = shown[pos]
+            elif key == curses.KEY_UP:
                 pos -= 1
             elif key == curses.KEY_DOWN:
                 pos += 1
             elif key in (curses.KEY_BACKSPACE, "\x7f", "\b"):
                 needle = needle[:-1]
-            elif key == "d" and shown and not needle:
-                target = shown[pos]
-                screen.addnstr(
-                    1, 0, f"delete {target['id']}? y/n".ljust(width - 1), width - 1, curses.A_BOLD
-                )
-                if screen.get_wch() in ("y", "Y"):
-                    delete(target)
-                    rows.remove(target)
-                    message = f"deleted {target['id']}"
             elif isinstance(key, str) and key.isprintable():
                 needle += key
                 pos = 0

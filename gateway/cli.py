@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, GatewayError
 from state import StateError
@@ -98,26 +100,61 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     home = _home(args)
     config = load_config(_config_path(args, home))
-    return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume))
+    # the options the resume hint must repeat so that it reaches this same store
+    given = ["--home", str(home.absolute())] if args.home else []
+    if args.config:
+        given += ["--config", str(Path(args.config).expanduser().absolute())]
+    return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume, given=given))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("switchboard")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def global_options(*, suppress: bool) -> argparse.ArgumentParser:
+    """--home, --config and --debug, accepted before the subcommand and after it. On a
+    subcommand they default to SUPPRESS so an absent one keeps the value given before."""
+    common = argparse.ArgumentParser(add_help=False)
+    unset = {"default": argparse.SUPPRESS} if suppress else {}
+    common.add_argument("--home", help="home directory (default $SWITCHBOARD_HOME or ~/.switchboard)",
+                        **unset)  # fmt: skip
+    common.add_argument("--config", help="config file (default <home>/config.yaml if present)",
+                        **unset)  # fmt: skip
+    common.add_argument("--debug", action="store_true",
+                        help="debug logging and full tracebacks", **unset)  # fmt: skip
+    return common
+
+
+def add_command(sub: Any, name: str, summary: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand that takes the global options too; its summary is also its description."""
+    return sub.add_parser(name, help=summary, description=kwargs.pop("description", summary),
+                          parents=[global_options(suppress=True)], **kwargs)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="switchboard", description="A gateway daemon for AI agents on chat platforms."
-    )
-    parser.add_argument(
-        "--home", help="home directory (default $SWITCHBOARD_HOME or ~/.switchboard)"
-    )
-    parser.add_argument("--config", help="config file (default <home>/config.yaml if present)")
-    parser.add_argument("--debug", action="store_true", help="debug logging and full tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="run the daemon")
+        prog="switchboard", description="A gateway daemon for AI agents on chat platforms.",
+        parents=[global_options(suppress=False)],
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"switchboard {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = add_command(sub, "run", "run the daemon",
+                    description="Run the gateway daemon in the foreground until SIGTERM or "
+                    "SIGINT, then drain in-flight turns and stop. Exit 78 on a config error.")  # fmt: skip
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("check-config", help="validate the configuration and exit")
+    p = add_command(sub, "check-config", "validate the configuration and exit",
+                    description="Load and validate the configuration (and the environment "
+                    "variables it names) without starting anything; exit 0 if it is valid, "
+                    "78 naming the key if not.")  # fmt: skip
     p.set_defaults(func=cmd_check_config)
-    p = sub.add_parser("service", help="install a systemd unit for this installation")
-    sp = p.add_subparsers(dest="service_command", required=True)
-    inst = sp.add_parser("install", help="write the unit and print the systemctl commands")
+    p = add_command(sub, "service", "install a systemd unit for this installation")
+    sp = p.add_subparsers(dest="service_command", required=True, metavar="COMMAND")
+    inst = add_command(sp, "install", "write the unit and print the systemctl commands")
     scope = inst.add_mutually_exclusive_group()
     scope.add_argument(
         "--user", action="store_true", help="for the user manager (default; no root needed)"
@@ -125,9 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument(
         "--system", action="store_true", help="for the system manager (/etc/systemd/system)"
     )
-    inst.add_argument("--output", help="write the unit here instead")
+    inst.add_argument("--output", metavar="FILE",
+                      help="write the unit to this file instead (its folder must exist)")  # fmt: skip
     inst.set_defaults(func=cmd_service)
-    p = sub.add_parser("doctor", help="check the installation; exit 0 only when all is well")
+    p = add_command(sub, "doctor", "check the installation; exit 0 only when all is well")
     p.add_argument(
         "--fix", action="store_true", help="rebuild sessions.json, clear dangling lineage"
     )
@@ -135,17 +173,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--full", action="store_true", help="full integrity_check instead of quick_check"
     )
     p.add_argument("--offline", action="store_true", help="do not contact the platforms")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
     from gateway.cli_sessions import add_parser as add_sessions
 
-    add_sessions(sub).set_defaults(func=cmd_sessions)
-    p = sub.add_parser("chat", help="talk to the agent from the terminal")
+    add_sessions(sub, add_command).set_defaults(func=cmd_sessions)
+    p = add_command(sub, "chat", "talk to the agent from the terminal")
     p.add_argument("-c", "--continue", dest="cont", nargs="?", const=True, default=None, metavar="TITLE",
                    help="continue the most recent terminal session (or that title's newest)")  # fmt: skip
     p.add_argument("-r", "--resume", metavar="ID|PREFIX|TITLE", help="resume a session")
     p.set_defaults(func=cmd_chat)
     return parser
+
+
+def _quiet_stdout() -> None:
+    """The reader of stdout went away (`| head`): point stdout at /dev/null so the flush
+    at exit does not raise a second time."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout has no descriptor (captured in-process): nothing will flush to it
+    finally:
+        os.close(devnull)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,13 +204,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ConfigError as exc:
-        print(f"switchboard: config error: {exc}", file=sys.stderr)
+        for problem in exc.all():
+            print(f"switchboard: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     except (GatewayError, StateError) as exc:
         if args.debug:
             raise
         print(f"switchboard: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", EXIT_FAILURE)
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_OK
 

@@ -3,16 +3,22 @@
 The terminal is one more adapter of an in-process router, so every chat command works here
 too (/title /new /branch /compress /resume /search /status ...), plus /handoff and /quit.
 The router's index lives in a temporary file: sessions.json belongs to the daemon.
+Ctrl-C cancels the turn that is running; at the prompt, a second Ctrl-C (or Ctrl-D) leaves
+with the summary. Standard input is read through the event loop, never from a thread, so an
+interrupted read cannot linger and swallow the next line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import getpass
+import os
+import shlex
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,6 +36,7 @@ from gateway.router import Router
 from gateway.session_keys import SessionSource, build_key
 from gateway.timefmt import ago
 from gateway.vocab import AdapterState, ChatType
+from gateway.wording import plural
 from state import AmbiguousSession, EndReason, SessionDB, SessionNotFound
 
 RECAP_EXCHANGES = 10
@@ -48,12 +55,12 @@ def render_recap(messages: Sequence[dict[str, Any]], title: str | None, mode: st
     """What was said, before the prompt: the last exchanges, dimmed."""
     shown = [m for m in messages if m.get("role") in ("user", "assistant")]
     if mode == "minimal":
-        return Text(f"Resumed {title or 'session'}: {len(shown)} messages.", style="dim")
+        return Text(f"Resumed {title or 'session'}: {plural(len(shown), 'message')}.", style="dim")
     starts = [i for i, m in enumerate(shown) if m["role"] == "user"]
     first = starts[-RECAP_EXCHANGES] if len(starts) > RECAP_EXCHANGES else 0
     lines: list[Text] = []
     if first:
-        lines.append(Text(f"... {first} earlier messages ...", style="dim italic"))
+        lines.append(Text(f"... {plural(first, 'earlier message')} ...", style="dim italic"))
     for m in shown[first:]:
         if m["role"] == "user":
             lines.append(Text.assemble(("● ", "gold1"), _clip(m.get("content") or "", 300)))
@@ -76,6 +83,113 @@ def render_recap(messages: Sequence[dict[str, Any]], title: str | None, mode: st
         title=title or "resumed session",
         style="dim",
     )
+
+
+INTERRUPT = object()  # Ctrl-C pressed at the prompt
+# Chat-platform commands that mean nothing in a terminal (there is no home channel here).
+NOT_IN_TERMINAL = frozenset({"sethome"})
+TERMINAL_COMMANDS = (
+    ("/handoff telegram|discord|slack", "continue this session in a thread on that platform"),
+    ("/quit", "leave (also Ctrl-D, or Ctrl-C twice at the prompt); prints how to come back"),
+)
+
+
+def terminal_help(router: Router) -> str:
+    """/help for the terminal: the router's commands that work here, plus the terminal's."""
+    lines = ["Commands:"]
+    lines += [f"{c.usage} — {c.summary}" for c in router.commands.all() if c.name not in NOT_IN_TERMINAL]
+    lines += [f"{usage} — {summary}" for usage, summary in TERMINAL_COMMANDS]
+    lines.append("Ctrl-C cancels a reply that is still being written.")
+    return "\n".join(lines)
+
+
+def resume_command(given: Sequence[str], ref: str) -> str:
+    """`switchboard [--home H] [--config C] chat --resume REF`, quoted for a POSIX shell."""
+    return shlex.join(["switchboard", *given, "chat", "--resume", ref])
+
+
+class LineReader:
+    """Lines of standard input through the event loop (a queue of str; None at end of input;
+    INTERRUPT when Ctrl-C is pressed at the prompt)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self._buf = b""
+        self._fd = sys.stdin.fileno()
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._loop.add_reader(self._fd, self._readable)
+            self._watching = True
+        except (PermissionError, OSError):  # a regular file cannot be polled: never blocks
+            self._watching = False
+
+    def _readable(self) -> None:
+        try:
+            chunk = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return
+        self._feed(chunk)
+
+    def _feed(self, chunk: bytes) -> None:
+        if not chunk:
+            if self._buf:
+                self.queue.put_nowait(self._buf.decode(errors="replace"))
+                self._buf = b""
+            self.queue.put_nowait(None)
+            self.close()
+            return
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            self.queue.put_nowait(line.decode(errors="replace") + "\n")
+
+    async def get(self) -> object:
+        if not self._watching and self.queue.empty():
+            self._feed(os.read(self._fd, 65536))
+        return await self.queue.get()
+
+    def close(self) -> None:
+        if self._watching:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
+
+
+class Interrupts:
+    """SIGINT while this chat runs: cancels the running step, or reaches the prompt."""
+
+    def __init__(self, reader: LineReader) -> None:
+        self.reader = reader
+        self.pressed = asyncio.Event()
+        self.busy = False
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self) -> None:
+        if self.busy:
+            self.pressed.set()
+        else:
+            self.reader.queue.put_nowait(INTERRUPT)
+
+    async def run(self, step: Awaitable[Any]) -> tuple[bool, Any]:
+        """Run `step` until it finishes or Ctrl-C; returns (finished, its result)."""
+        self.busy, task = True, asyncio.ensure_future(step)
+        self.pressed.clear()
+        stop = asyncio.create_task(self.pressed.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.busy = False
+            stop.cancel()
+        if task.done():
+            if self.pressed.is_set():  # pressed as the step ended: it was meant for the prompt
+                self.reader.queue.put_nowait(INTERRUPT)
+            return True, task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False, None
+
+    def close(self) -> None:
+        self._loop.remove_signal_handler(signal.SIGINT)
 
 
 class TerminalAdapter:
@@ -121,7 +235,9 @@ async def _pick(db: SessionDB, cont: str | bool | None, resume: str | None) -> s
 
 
 async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resume: str | None,
-                   console: Console | None = None) -> int:  # fmt: skip
+                   console: Console | None = None, given: Sequence[str] = ()) -> int:  # fmt: skip
+    """The chat loop. `given` are the --home/--config options the user passed, repeated in
+    the printed resume command so that it reaches the same store."""
     con = console or Console(highlight=False)
     db = await SessionDB.open(home / "state.db")
     tmp = tempfile.TemporaryDirectory(prefix="switchboard-chat-")
@@ -132,6 +248,15 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
     user = getpass.getuser()
     source = SessionSource("cli", user, ChatType.DM, user, user)
     key = build_key(source, router.settings.keys)
+    reader = LineReader()
+    interrupts = Interrupts(reader)
+    reply_budget = config.get("agent.turn_timeout_seconds") + 30
+
+    async def turn(text: str) -> None:
+        terminal.replied.clear()
+        await router.handle(InboundMessage(source, text, received_at=time.time()))
+        await asyncio.wait_for(terminal.replied.wait(), reply_budget)
+
     try:
         try:
             target = await _pick(db, cont, resume)
@@ -143,58 +268,86 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             row = await db.require_session(target)
             history = await db.get_messages(target, last=200)
             con.print(render_recap(history, row.get("title"), config.get("display.resume_display")))
-        else:
-            await router.services.sessions.create(key, source)
+        # A new session is created by the first message or command: leaving at once keeps none.
         interactive = sys.stdin.isatty()
+        armed = False  # Ctrl-C was pressed at the prompt; a second one leaves
         while True:
             if interactive:
                 con.print("[bold gold1]●[/] ", end="")
-            line = await asyncio.to_thread(sys.stdin.readline)
-            if not line:
+            line = await reader.get()
+            if line is INTERRUPT:
+                if armed:
+                    con.print()
+                    break
+                armed = True
+                con.print("\n(Ctrl-C again or Ctrl-D to leave)", style="dim")
+                continue
+            if line is None:
+                if interactive:
+                    con.print()  # Ctrl-D leaves the cursor after the prompt
                 break
-            text = line.strip()
+            armed = False
+            text = str(line).strip()
             if not text:
                 continue
             if text in ("/quit", "/exit"):
                 break
-            sid = index.get(key.format()).session_id  # type: ignore[union-attr]
+            if text == "/help" or text.startswith("/help "):
+                con.print(terminal_help(router))
+                continue
             if text.startswith("/handoff"):
                 platform = text.partition(" ")[2].strip()
                 if platform not in ("telegram", "discord", "slack"):
                     con.print("Usage: /handoff telegram|discord|slack")
                     continue
-                ok, message = await handoff_from_terminal(
+                current = index.get(key.format())
+                if current is None:
+                    con.print("Nothing to hand off yet: say something first.")
+                    continue
+                sid = current.session_id
+                finished, result = await interrupts.run(handoff_from_terminal(
                     db, sid, platform, enabled=config.platform(platform)["enabled"],
+                    configured_home=config.platform(platform)["home_channel"],
                     heartbeat=lambda beat: con.print(beat, style="dim"),
-                )  # fmt: skip
+                ))  # fmt: skip
+                if not finished:
+                    con.print("Handoff cancelled; still here.", style="yellow")
+                    continue
+                ok, message = result
                 if ok:
                     row = await db.require_session(sid)
-                    con.print(
-                        f"Handed off: {message}. Come back with: switchboard chat --resume {row.get('title') or sid}"
-                    )
+                    con.print(f"Handed off: {message}. Come back with: "
+                              f"{resume_command(given, row.get('title') or sid)}",
+                              markup=False, soft_wrap=True)  # fmt: skip
                     return EXIT_OK
                 con.print(f"Not handed off: {message}", style="yellow")
                 continue
-            terminal.replied.clear()
-            await router.handle(InboundMessage(source, text, received_at=time.time()))
-            await asyncio.wait_for(
-                terminal.replied.wait(), config.get("agent.turn_timeout_seconds") + 30
-            )
+            finished, _ = await interrupts.run(turn(text))
+            if not finished:
+                await router.drain(0)  # cancel the turn itself, not only our wait for it
+                con.print("(cancelled)", style="yellow")
         entry = index.get(key.format())
         if entry is not None:
             await router.drain(config.get("shutdown.drain_seconds"))
+            row = await db.require_session(entry.session_id)
+            if not row.get("message_count") and entry.session_id != target:
+                await db.delete_session(entry.session_id)  # begun here and never used
+                con.print("Nothing was said; no session kept.")
+                return EXIT_OK
             await db.end_session(entry.session_id, EndReason.USER_EXIT)
             row = await db.require_session(entry.session_id)
             name = row.get("title") or entry.session_id
             title = row.get("title")
             label = f"{entry.session_id} ({title})" if title else entry.session_id
             active = ago(row.get("last_active"), time.time())
-            con.print(
-                f"Session {label}: {row.get('message_count') or 0} messages, last active {active}."
-            )
-            con.print(f"Resume with: switchboard chat --resume {name!s}")
+            # a title is the user's text (no markup) and the command must stay one line
+            con.print(f"Session {label}: {plural(row.get('message_count') or 0, 'message')}, "
+                      f"last active {active}.", markup=False, soft_wrap=True)  # fmt: skip
+            con.print(f"Resume with: {resume_command(given, name)}", markup=False, soft_wrap=True)
         return EXIT_OK
     finally:
+        interrupts.close()
+        reader.close()
         await router.drain(5)
         await index.close()
         await agent.close()

@@ -20,10 +20,13 @@ from rich.tree import Tree
 
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from gateway.timefmt import ago
+from gateway.wording import plural
 from state import AmbiguousSession, SessionDB, SessionNotFound, TitleError
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+# Piped output is for reading whole lines (grep, a file, a pager): no width to wrap at, so
+# a table row stays one line however long its title.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _when(ts: float | None) -> str:
@@ -110,7 +113,7 @@ async def cmd_show(db: SessionDB, args: argparse.Namespace) -> int:
         node.add(f"{child['id']} {child.get('title') or ''} ({child.get('child_kind') or 'child'})")
     out.print("lineage:")
     out.print(tree)
-    out.print(f"last {len(msgs)} messages:")
+    out.print(f"last {plural(len(msgs), 'message')}:")
     for m in msgs:
         content = " ".join((m.get("content") or "").split())
         out.print(
@@ -148,7 +151,10 @@ async def cmd_rename(db: SessionDB, args: argparse.Namespace) -> int:
     except TitleError as exc:
         err.print(f"switchboard: {exc}")
         return EXIT_FAILURE
-    out.print(f"{sid} is now titled {title!r}")
+    if title is None:
+        out.print(f"{sid}: title cleared")
+    else:
+        out.print(f"{sid} is now titled {title!r}")
     return EXIT_OK
 
 
@@ -164,7 +170,7 @@ async def cmd_delete(db: SessionDB, args: argparse.Namespace) -> int:
     sid = await _resolve(db, args.ref)
     row = await db.require_session(sid)
     answer = _confirm(
-        f"Delete {sid} ({row.get('title') or 'untitled'}, {row.get('message_count') or 0} messages)?",
+        f"Delete {sid} ({row.get('title') or 'untitled'}, {plural(row.get('message_count') or 0, 'message')})?",
         args.yes,
     )
     if answer is None:
@@ -181,18 +187,18 @@ async def cmd_prune(db: SessionDB, args: argparse.Namespace) -> int:
     candidates = await db.prune_candidates(args.older_than, args.source, limit=1_000_000)
     if args.dry_run or not candidates:
         out.print(
-            f"{len(candidates)} ended session(s) idle for more than {args.older_than:g} days"
+            f"{plural(len(candidates), 'ended session')} idle for more than {args.older_than:g} days"
             + (" would be pruned" if candidates else "")
         )
         return EXIT_OK
-    answer = _confirm(f"Prune {len(candidates)} session(s)?", args.yes)
+    answer = _confirm(f"Prune {plural(len(candidates), 'session')}?", args.yes)
     if answer is None:
         err.print("switchboard: refusing to prune without confirmation; add --yes (or --dry-run)")
         return EXIT_USAGE
     if not answer:
         return EXIT_OK
     n = await db.prune_sessions(args.older_than, args.source)
-    out.print(f"pruned {n} session(s)")
+    out.print(f"pruned {plural(n, 'session')}")
     return EXIT_OK
 
 
@@ -201,7 +207,7 @@ async def cmd_stats(db: SessionDB, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(s, ensure_ascii=False))
         return EXIT_OK
-    out.print(f"{s['sessions']} sessions ({s['live_sessions']} live), {s['messages']} messages")
+    out.print(f"{plural(s['sessions'], 'session')} ({s['live_sessions']} live), {plural(s['messages'], 'message')}")
     out.print(
         f"tokens {s['input_tokens']} in / {s['output_tokens']} out; cost ${s['estimated_cost_usd']:.4f} estimated"
     )
@@ -221,47 +227,87 @@ async def cmd_stats(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _export(db: SessionDB, fh: Any, args: argparse.Namespace, ids: list[str] | None) -> int:
+    total = len(ids) if ids else await db.session_count(args.source)
+    n = 0
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("exporting", total=total)
+        async for rec in db.export_all(source=args.source, session_ids=ids):
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            n += 1
+            progress.update(task, advance=1)
+    return n
+
+
 async def cmd_export(db: SessionDB, args: argparse.Namespace) -> int:
     ids = [await _resolve(db, args.session_id)] if args.session_id else None
     if args.file == "-":
-        n = await db.write_jsonl(sys.stdout, source=args.source, session_ids=ids)
-    else:
-        with open(args.file, "w", encoding="utf-8") as fh:
-            n = await db.write_jsonl(fh, source=args.source, session_ids=ids)
-        err.print(f"exported {n} session(s) to {args.file}")
+        n = await _export(db, sys.stdout, args, ids)
+        sys.stdout.flush()
+        err.print(f"exported {plural(n, 'session')}")
+        return EXIT_OK
+    try:
+        fh = open(args.file, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        err.print(f"switchboard: cannot write {args.file}: {exc.strerror}")
+        return EXIT_FAILURE
+    with fh:
+        n = await _export(db, fh, args, ids)
+    err.print(f"exported {plural(n, 'session')} to {args.file}")
     return EXIT_OK
 
 
-def _records(path: Path, progress: Progress) -> Iterator[dict[str, Any]]:
-    size = path.stat().st_size
-    task = progress.add_task(f"importing {path.name}", total=size)
-    with path.open("rb") as fh:
-        for n, line in enumerate(fh, 1):
-            progress.update(task, advance=len(line))
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                err.print(f"line {n}: not JSON; skipped")
-                continue
-            if isinstance(rec, dict):
-                yield rec
+class _LineCounter:
+    """Lines of an import that could not be used, for the final count."""
+
+    def __init__(self) -> None:
+        self.bad = 0
+
+
+def _records(fh: Any, name: str, size: int | None, progress: Progress,
+             bad: _LineCounter) -> Iterator[dict[str, Any]]:  # fmt: skip
+    task = progress.add_task(f"importing {name}", total=size)
+    for n, line in enumerate(fh, 1):
+        progress.update(task, advance=len(line))
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            err.print(f"line {n}: not JSON; skipped")
+            bad.bad += 1
+            continue
+        if isinstance(rec, dict):
+            yield rec
+        else:
+            err.print(f"line {n}: not a JSON object; skipped")
+            bad.bad += 1
 
 
 async def cmd_import(db: SessionDB, args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    if not path.is_file():
-        err.print(f"switchboard: not found: {path}")
-        return EXIT_FAILURE
+    bad = _LineCounter()
     with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
-        report = await db.import_records(_records(path, progress))
-    out.print(f"imported {report.imported} session(s), {report.messages} message(s); "
-              f"{report.skipped_existing} already present")  # fmt: skip
+        if args.file == "-":
+            records = _records(sys.stdin.buffer, "stdin", None, progress, bad)
+            report = await db.import_records(records)
+        else:
+            path = Path(args.file)
+            if not path.is_file():
+                err.print(f"switchboard: not found: {path}")
+                return EXIT_FAILURE
+            with path.open("rb") as fh:
+                records = _records(fh, path.name, path.stat().st_size, progress, bad)
+                report = await db.import_records(records)
     for old, new in report.renamed_titles:
-        out.print(f"  title {old!r} was taken; kept as {new!r}")
+        err.print(f"  title {old!r} was taken; kept as {new!r}")
     for problem in report.errors:
         err.print(f"  {problem}")
+    err.print(f"imported {plural(report.imported, 'session')}, {plural(report.messages, 'message')}; "
+              f"{report.skipped_existing} already present")  # fmt: skip
+    rejected = bad.bad + len(report.errors)
+    if rejected:
+        err.print(f"switchboard: {plural(rejected, 'record')} could not be imported (see above)")
+        return EXIT_FAILURE
     return EXIT_OK
 
 
@@ -305,47 +351,75 @@ COMMANDS = {
 }  # fmt: skip
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("sessions", help="list, search and manage sessions")
-    sp = p.add_subparsers(dest="sessions_command", required=True)
-    c = sp.add_parser("list", help="newest activity first")
-    c.add_argument("--source")
-    c.add_argument("--limit", type=int, default=20)
+def positive_int(text: str) -> int:
+    """argparse type for --limit: a count of at least 1 (0 or less is a usage error)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
+    return n
+
+
+JSON_HELP = "print JSON instead of a table (for scripts)"
+SOURCE_HELP = "only sessions from this source (telegram, discord, slack, api, cli)"
+
+
+def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
+    """`sessions` and its subcommands; `add_command(sub, name, summary)` makes each one
+    (it adds the global options and the description)."""
+    p = add_command(sub, "sessions", "list, search and manage sessions")
+    sp = p.add_subparsers(dest="sessions_command", required=True, metavar="COMMAND")
+    c = add_command(sp, "list", "list sessions, newest activity first")
+    c.add_argument("--source", help=SOURCE_HELP)
+    c.add_argument("--limit", type=positive_int, default=20, help="show at most N sessions (default 20)")
     c.add_argument("--all", action="store_true", help="include compression and reset children")
-    c.add_argument("--json", action="store_true")
-    c = sp.add_parser("show", help="metadata, lineage and the last messages")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c = add_command(sp, "show", "metadata, lineage and the last messages")
     c.add_argument("ref", help="id, id prefix or title")
-    c.add_argument("--messages", type=int, default=20)
-    c.add_argument("--json", action="store_true")
-    c = sp.add_parser("search", help="search every message")
-    c.add_argument("query")
-    c.add_argument("--source", action="append")
-    c.add_argument("--role", action="append", choices=["user", "assistant", "tool", "system"])
-    c.add_argument("--limit", type=int, default=20)
-    c.add_argument("--json", action="store_true")
-    c = sp.add_parser("rename", help="set a session's title")
-    c.add_argument("ref")
-    c.add_argument("title", nargs="+")
-    c = sp.add_parser("delete", help="delete a session (children become roots)")
-    c.add_argument("ref")
-    c.add_argument("--yes", action="store_true")
-    c = sp.add_parser("prune", help="delete ended sessions idle for long")
-    c.add_argument("--older-than", type=float, default=90, metavar="DAYS")
-    c.add_argument("--source")
-    c.add_argument("--dry-run", action="store_true")
-    c.add_argument("--yes", action="store_true")
-    c = sp.add_parser("stats", help="totals, per source, tokens, cost, file size")
-    c.add_argument("--json", action="store_true")
-    c = sp.add_parser("export", help="JSONL, one session (with messages and lineage) per line")
+    c.add_argument("--messages", type=non_negative_int, default=20, metavar="N",
+                   help="how many of the last messages to show (default 20)")  # fmt: skip
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c = add_command(sp, "search", "search every message")
+    c.add_argument("query", help='words, "exact phrase", OR, NOT, prefix*')
+    c.add_argument("--source", action="append", help="only this source (repeat for several)")
+    c.add_argument("--role", action="append", choices=["user", "assistant", "tool", "system"],
+                   help="only messages with this role (repeat for several)")  # fmt: skip
+    c.add_argument("--limit", type=positive_int, default=20, help="at most N hits (default 20)")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c = add_command(sp, "rename", "set a session's title (an empty title clears it)")
+    c.add_argument("ref", help="id, id prefix or title")
+    c.add_argument("title", nargs="+", help="the new title (several words are joined)")
+    c = add_command(sp, "delete", "delete a session (children become roots)")
+    c.add_argument("ref", help="id, id prefix or title")
+    c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    c = add_command(sp, "prune", "delete ended sessions idle for long")
+    c.add_argument("--older-than", type=float, default=90, metavar="DAYS",
+                   help="idle for more than DAYS days (default %(default)g)")  # fmt: skip
+    c.add_argument("--source", help=SOURCE_HELP)
+    c.add_argument("--dry-run", action="store_true", help="only say how many would be pruned")
+    c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    c = add_command(sp, "stats", "totals, per source, tokens, cost, file size")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c = add_command(sp, "export", "JSONL, one session (with messages and lineage) per line")
     c.add_argument("file", help="a path, or - for stdout")
-    c.add_argument("--source")
-    c.add_argument("--session-id")
-    c = sp.add_parser("import", help="import JSONL written by export (idempotent)")
-    c.add_argument("file")
-    sp.add_parser("optimize", help="optimize the search index and VACUUM")
-    c = sp.add_parser(
-        "browse", help="pick a session (type to filter) and resume it in `switchboard chat`"
-    )
-    c.add_argument("--source")
-    c.add_argument("--limit", type=int, default=200)
+    c.add_argument("--source", help=SOURCE_HELP)
+    c.add_argument("--session-id", help="only this session (id, id prefix or title)")
+    c = add_command(sp, "import", "import JSONL written by export (idempotent)")
+    c.add_argument("file", help="a path, or - for stdin")
+    add_command(sp, "optimize", "optimize the search index and VACUUM")
+    c = add_command(sp, "browse", "pick a session (type to filter) and resume it in `switchboard chat`")
+    c.add_argument("--source", help=SOURCE_HELP)
+    c.add_argument("--limit", type=positive_int, default=200, help="offer at most N sessions (default 200)")
     return p

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, ConfigErrors
 from gateway.vocab import ResetMode
+from state.api import BACKENDS as STORE_BACKENDS
 
 PLATFORMS = ("telegram", "discord", "slack")
 _PLACEHOLDER = re.compile(
@@ -70,6 +71,13 @@ def _timezone(v: Any) -> str | None:
     return None
 
 
+def _home_channel(v: Any) -> str | None:
+    parts = str(v).split(":")
+    if len(parts) > 2 or not all(part.strip() for part in parts):
+        return f"must be a chat id or chat_id:thread_id (got {v!r})"
+    return None
+
+
 RESET_FIELDS: dict[str, Field] = {
     "mode": Field(str, "none", _one_of(*ResetMode)),
     "idle_minutes": Field(int, 1440, _range(1, 525_600)),
@@ -78,26 +86,54 @@ RESET_FIELDS: dict[str, Field] = {
     "notify": Field(bool, True),
 }
 
-PLATFORM_SCHEMA: dict[str, Field] = {
+_PLATFORM_COMMON: dict[str, Field] = {
     "enabled": Field(bool, False),
     "token_env": Field((str, type(None)), None, _env_name, "env var holding the bot token"),
-    "app_token_env": Field(
-        (str, type(None)), None, _env_name, "Slack Socket Mode app token env var"
-    ),
-    "signing_secret_env": Field((str, type(None)), None, _env_name, "Slack signing secret env var"),
-    "webhook_secret_env": Field(
-        (str, type(None)), None, _env_name, "Telegram webhook secret env var"
-    ),
     "allowed_users": Field(list, [], _str_list),
     "allow_all_users": Field(bool, False),
     "admins": Field(list, [], _str_list),
-    "home_channel": Field((str, int, type(None)), None),
+    "home_channel": Field(
+        (str, int, type(None)), None, _home_channel, "handoff target unless /sethome names one"
+    ),
     "require_mention": Field(bool, True),
-    "free_response_channels": Field(list, [], _str_list),
     "base_url": Field((str, type(None)), None),
-    "mode": Field((str, type(None)), None, _one_of("polling", "webhook", "http", "socket")),
-    "webhook_url": Field((str, type(None)), None),
-    "gateway_url": Field((str, type(None)), None, doc="Discord gateway websocket (a proxy)"),
+}
+
+
+def _mode(platform: str, *modes: str) -> Field:
+    choices = " or ".join(modes)
+    return Field(
+        (str, type(None)),
+        None,
+        lambda v: None if v in modes else f"must be {choices} for {platform} (got {v!r})",
+    )
+
+
+# Each platform accepts only the keys its adapter reads.
+PLATFORM_SCHEMAS: dict[str, dict[str, Field]] = {
+    "telegram": {
+        **_PLATFORM_COMMON,
+        "mode": _mode("telegram", "polling", "webhook"),
+        "webhook_url": Field((str, type(None)), None),
+        "webhook_secret_env": Field(
+            (str, type(None)), None, _env_name, "Telegram webhook secret env var"
+        ),
+    },
+    "discord": {
+        **_PLATFORM_COMMON,
+        "free_response_channels": Field(list, [], _str_list),
+        "gateway_url": Field((str, type(None)), None, doc="Discord gateway websocket (a proxy)"),
+    },
+    "slack": {
+        **_PLATFORM_COMMON,
+        "mode": _mode("slack", "http", "socket"),
+        "signing_secret_env": Field(
+            (str, type(None)), None, _env_name, "Slack signing secret env var"
+        ),
+        "app_token_env": Field(
+            (str, type(None)), None, _env_name, "Slack Socket Mode app token env var"
+        ),
+    },
 }
 
 SCHEMA: dict[str, Any] = {
@@ -106,6 +142,7 @@ SCHEMA: dict[str, Any] = {
         "format": Field(str, "text", _one_of("text", "json")),
     },
     "state": {
+        "backend": Field(str, "sqlite", _one_of(*STORE_BACKENDS), "which store holds sessions"),
         "synchronous": Field(str, "NORMAL", _one_of("OFF", "NORMAL", "FULL", "EXTRA")),
         "queue_size": Field(int, 10_000, _range(10, 1_000_000)),
     },
@@ -162,7 +199,7 @@ SCHEMA: dict[str, Any] = {
                 (str, type(None)), None, _env_name, "bearer key env var (required off loopback)"
             ),
         },
-        **{name: dict(PLATFORM_SCHEMA) for name in PLATFORMS},
+        **{name: dict(PLATFORM_SCHEMAS[name]) for name in PLATFORMS},
     },
 }
 
@@ -195,47 +232,50 @@ def _type_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def _validate(raw: Any, schema: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+def _validate(
+    raw: Any, schema: Mapping[str, Any], prefix: str, errors: list[ConfigError]
+) -> dict[str, Any]:
+    """The section with defaults filled in. Each problem is appended to `errors` and the
+    key keeps its default, so one pass finds every problem."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise ConfigError(prefix or "config", "must be a mapping of keys to values")
-    unknown = [k for k in raw if k not in schema]
-    if unknown:
-        key = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
-        raise ConfigError(key, f"unknown key (known here: {', '.join(schema)})")
+        errors.append(ConfigError(prefix or "config", "must be a mapping of keys to values"))
+        raw = {}
+    for unknown in (k for k in raw if k not in schema):
+        key = f"{prefix}.{unknown}" if prefix else str(unknown)
+        errors.append(ConfigError(key, f"unknown key (known here: {', '.join(schema)})"))
     out: dict[str, Any] = {}
     for name, spec in schema.items():
         path = f"{prefix}.{name}" if prefix else name
         if isinstance(spec, dict):
-            out[name] = _validate(raw.get(name), spec, path)
+            out[name] = _validate(raw.get(name), spec, path, errors)
             continue
         value = raw.get(name, spec.default)
-        kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
-        if isinstance(value, bool) and bool not in kinds:
-            raise ConfigError(path, f"must be {_type_name(spec.kind)}, not true/false")
-        if (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            and float in kinds
-            and int not in kinds
-        ):
-            value = float(value)
-        if not isinstance(value, kinds):
-            raise ConfigError(
-                path, f"must be {_type_name(spec.kind)} (got {type(value).__name__} {value!r})"
-            )
-        if isinstance(value, str) and _PLACEHOLDER.match(value.strip()):
-            raise ConfigError(
-                path,
-                f"{value!r} looks like a placeholder from config.example.yaml; set a real value",
-            )
-        if spec.check is not None and value is not None:
-            problem = spec.check(value)
-            if problem:
-                raise ConfigError(path, problem)
+        problem = _check_value(value, spec)
+        if problem:
+            errors.append(ConfigError(path, problem))
+            value = spec.default
+        elif isinstance(value, int) and not isinstance(value, bool):
+            kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
+            if float in kinds and int not in kinds:
+                value = float(value)
         out[name] = list(value) if isinstance(value, list) else value
     return out
+
+
+def _check_value(value: Any, spec: Field) -> str | None:
+    kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        return f"must be {_type_name(spec.kind)}, not true/false"
+    numeric = isinstance(value, int) and not isinstance(value, bool) and float in kinds
+    if not isinstance(value, kinds) and not numeric:
+        return f"must be {_type_name(spec.kind)} (got {type(value).__name__} {value!r})"
+    if isinstance(value, str) and _PLACEHOLDER.match(value.strip()):
+        return f"{value!r} looks like a placeholder from config.example.yaml; set a real value"
+    if spec.check is not None and value is not None:
+        return spec.check(value)
+    return None
 
 
 def _is_loopback(host: str) -> bool:
@@ -247,97 +287,133 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _resolve_secrets(data: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+def _resolve_secrets(
+    data: Mapping[str, Any], env: Mapping[str, str], errors: list[ConfigError]
+) -> dict[str, str]:
+    """The secrets the enabled parts need, read from the environment; every problem with
+    them (or with how the platforms are combined) is appended to `errors`."""
     secrets: dict[str, str] = {}
 
     def need(key: str, var: str | None, why: str) -> None:
         if not var:
-            raise ConfigError(key, f"is required ({why})")
+            errors.append(ConfigError(key, f"is required ({why})"))
+            return
         value = env.get(var, "")
         if not value.strip():
-            raise ConfigError(key, f"{var} is not set ({why})")
-        if _PLACEHOLDER.match(value.strip()):
-            raise ConfigError(key, f"{var} holds a placeholder value; set the real secret")
-        secrets[key] = value
+            errors.append(ConfigError(key, f"{var} is not set ({why})"))
+        elif _PLACEHOLDER.match(value.strip()):
+            errors.append(ConfigError(key, f"{var} holds a placeholder value; set the real secret"))
+        else:
+            secrets[key] = value
 
     api = data["platforms"]["api"]
     if api["enabled"]:
         if api["key_env"]:
             need("platforms.api.key_env", api["key_env"], "the api bearer key")
         elif not _is_loopback(api["host"]):
-            raise ConfigError(
+            errors.append(ConfigError(
                 "platforms.api.key_env",
                 f"a bearer key is required when listening on {api['host']} (not loopback)",
-            )
+            ))  # fmt: skip
     for name in PLATFORMS:
         p = data["platforms"][name]
-        if p["mode"] is None:
-            p["mode"] = {"telegram": "polling", "slack": "http"}.get(name)
-        if not p["enabled"]:
-            continue
-        base = f"platforms.{name}"
-        if name == "slack" and p["mode"] not in ("http", "socket"):
-            raise ConfigError(f"{base}.mode", "must be http or socket for slack")
-        if name == "slack" and p["mode"] == "http" and not data["platforms"]["api"]["enabled"]:
-            raise ConfigError(
-                f"{base}.enabled",
-                "Slack's Events API is served by the api server: enable platforms.api",
-            )
-        if (
-            name == "telegram"
-            and p["mode"] == "webhook"
-            and not data["platforms"]["api"]["enabled"]
-        ):
-            raise ConfigError(
-                f"{base}.mode", "the webhook is served by the api server: enable platforms.api"
-            )
-        if name == "telegram" and p["mode"] not in ("polling", "webhook"):
-            raise ConfigError(f"{base}.mode", "must be polling or webhook for telegram")
-        default_env = {
-            "telegram": "TELEGRAM_BOT_TOKEN",
-            "discord": "DISCORD_BOT_TOKEN",
-            "slack": "SLACK_BOT_TOKEN",
-        }[name]
-        need(f"{base}.token_env", p["token_env"] or default_env, f"the {name} bot token")
-        if name == "slack":
-            if p["mode"] == "socket":
-                need(
-                    f"{base}.app_token_env",
-                    p["app_token_env"] or "SLACK_APP_TOKEN",
-                    "Socket Mode app token",
-                )
-            else:
-                need(
-                    f"{base}.signing_secret_env",
-                    p["signing_secret_env"] or "SLACK_SIGNING_SECRET",
-                    "request signing",
-                )
-        if name == "telegram" and p["mode"] == "webhook":
-            need(
-                f"{base}.webhook_secret_env",
-                p["webhook_secret_env"] or "TELEGRAM_WEBHOOK_SECRET",
-                "webhook secret",
-            )
-            if not p["webhook_url"]:
-                raise ConfigError(f"{base}.webhook_url", "is required in webhook mode")
-        if not p["allow_all_users"] and not p["allowed_users"]:
-            raise ConfigError(
-                f"{base}.allowed_users", "is empty: list user ids, or set allow_all_users: true"
-            )
+        if "mode" in p and p["mode"] is None:
+            p["mode"] = {"telegram": "polling", "slack": "http"}[name]
+        if p["enabled"]:
+            errors.extend(_platform_problems(name, p, data["platforms"]["api"]["enabled"]))
+            default_env = {"telegram": "TELEGRAM_BOT_TOKEN", "discord": "DISCORD_BOT_TOKEN",
+                           "slack": "SLACK_BOT_TOKEN"}[name]  # fmt: skip
+            base = f"platforms.{name}"
+            need(f"{base}.token_env", p["token_env"] or default_env, f"the {name} bot token")
+            if name == "slack" and p["mode"] == "socket":
+                need(f"{base}.app_token_env", p["app_token_env"] or "SLACK_APP_TOKEN",
+                     "Socket Mode app token")  # fmt: skip
+            elif name == "slack":
+                need(f"{base}.signing_secret_env",
+                     p["signing_secret_env"] or "SLACK_SIGNING_SECRET", "request signing")  # fmt: skip
+            if name == "telegram" and p["mode"] == "webhook":
+                need(f"{base}.webhook_secret_env",
+                     p["webhook_secret_env"] or "TELEGRAM_WEBHOOK_SECRET", "webhook secret")  # fmt: skip
     if data["agent"]["backend"] == "openai":
         o = data["agent"]["openai"]
         if o["api_key_env"]:
             need("agent.openai.api_key_env", o["api_key_env"], "the model provider's API key")
         unknown = [t for t in o["tools"] if t != "session_search"]
         if unknown:
-            raise ConfigError(
+            errors.append(ConfigError(
                 "agent.openai.tools", f"unknown tool {unknown[0]!r} (available: session_search)"
-            )
+            ))  # fmt: skip
     return secrets
 
 
+def _platform_problems(name: str, p: Mapping[str, Any], api_enabled: bool) -> list[ConfigError]:
+    """How an enabled platform's settings fit together (its secrets are checked apart)."""
+    base = f"platforms.{name}"
+    out = []
+    if name == "slack" and p["mode"] == "http" and not api_enabled:
+        out.append(ConfigError(
+            f"{base}.enabled", "Slack's Events API is served by the api server: enable platforms.api"
+        ))  # fmt: skip
+    if name == "telegram" and p["mode"] == "webhook":
+        if not api_enabled:
+            out.append(ConfigError(
+                f"{base}.mode", "the webhook is served by the api server: enable platforms.api"
+            ))  # fmt: skip
+        if not p["webhook_url"]:
+            out.append(ConfigError(f"{base}.webhook_url", "is required in webhook mode"))
+    if not p["allow_all_users"] and not p["allowed_users"]:
+        out.append(ConfigError(
+            f"{base}.allowed_users", "is empty: list user ids, or set allow_all_users: true"
+        ))  # fmt: skip
+    return out
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, which keeps the last of two equal keys without a word; the
+    composed node tree is checked for duplicates before anything is constructed."""
+
+
+def _duplicate_keys(node: yaml.Node | None, prefix: str) -> list[ConfigError]:
+    found: list[ConfigError] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[object, int] = {}
+        for key_node, value_node in node.value:
+            name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            path = f"{prefix}.{name}" if prefix else str(name)
+            line = key_node.start_mark.line + 1
+            if name is not None and name != "<<":
+                if name in first:
+                    found.append(ConfigError(
+                        path, f"duplicate key at line {line} (first at line {first[name]})"
+                    ))  # fmt: skip
+                else:
+                    first[name] = line
+            found.extend(_duplicate_keys(value_node, path))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found.extend(_duplicate_keys(item, f"{prefix}[{i}]"))
+    return found
+
+
+def _parse(text: str, path: Path) -> Any:
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        duplicates = _duplicate_keys(node, "")
+        if duplicates:
+            raise duplicates[0] if len(duplicates) == 1 else ConfigErrors(duplicates)
+        return None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError("", f"{path}: not valid YAML{where}") from None
+    finally:
+        loader.dispose()
+
+
 def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Config:
-    """Read and validate; a missing file means the embedded defaults."""
+    """Read and validate; a missing file means the embedded defaults. Every problem found
+    is reported at once (a ConfigErrors when there are several)."""
     env = os.environ if env is None else env
     raw: Any = {}
     if path is not None:
@@ -347,18 +423,17 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Conf
             raise ConfigError("", f"{path}: config file not found") from None
         except OSError as exc:
             raise ConfigError("", f"{path}: cannot be read ({exc.strerror})") from None
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError("", f"{path}: not valid YAML{where}") from None
-    data = _validate(raw, SCHEMA, "")
-    _validate_reset_overrides(data["session_reset"])
-    return Config(data=data, secrets=_resolve_secrets(data, env), path=path)
+        raw = _parse(text, path)
+    errors: list[ConfigError] = []
+    data = _validate(raw, SCHEMA, "", errors)
+    _validate_reset_overrides(data["session_reset"], errors)
+    secrets = _resolve_secrets(data, env, errors)
+    if errors:
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
+    return Config(data=data, secrets=secrets, path=path)
 
 
-def _validate_reset_overrides(section: dict[str, Any]) -> None:
+def _validate_reset_overrides(section: dict[str, Any], errors: list[ConfigError]) -> None:
     """by_platform / by_chat_type: known names, each a partial policy checked like the default."""
     from gateway.session_keys import CHAT_TYPES
 
@@ -368,10 +443,11 @@ def _validate_reset_overrides(section: dict[str, Any]) -> None:
         for name, override in section[table].items():
             key = f"session_reset.{table}.{name}"
             if name not in names:
-                raise ConfigError(
+                errors.append(ConfigError(
                     key, f"unknown {table[3:].replace('_', ' ')} (known: {', '.join(names)})"
-                )
-            full = _validate(override, RESET_FIELDS, key)
+                ))  # fmt: skip
+                continue
+            full = _validate(override, RESET_FIELDS, key, errors)
             given = override or {}
             checked[str(name)] = {k: v for k, v in full.items() if k in given}
         section[table] = checked

@@ -23,12 +23,37 @@ class ConfigError(GatewayError):
         self.key = key
         self.problem = problem
 
+    def all(self) -> list[ConfigError]:
+        """Every problem this error stands for (one, unless it is a ConfigErrors)."""
+        return [self]
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration problems found in one pass; the first names `key`."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__(errors[0].key, errors[0].problem)
+        self.args = ("\n".join(str(e) for e in errors),)
+        self.errors = list(errors)
+
+    def all(self) -> list[ConfigError]:
+        return list(self.errors)
+
 
 class AlreadyRunning(GatewayError):
     def __init__(self, home: str, pid: str) -> None:
         super().__init__(
             f"another switchboard daemon (pid {pid or '?'}) is already running on {home}"
         )
+
+
+class PortInUse(ConfigError):
+    """The HTTP API's port is taken; a restart would only fail again, so it exits 78 like a
+    config error and names the key that changes it."""
+
+    def __init__(self, port: object, host: object) -> None:
+        super().__init__("platforms.api.port", f"port {port} on {host} is already in use by "
+                         "another program; stop it or choose another port")  # fmt: skip
 
 
 class AgentError(GatewayError):

@@ -2,7 +2,8 @@
 
 The terminal marks its session `pending` for a platform (state.db is the only channel
 between the two processes). The daemon's watcher claims it atomically, opens a thread on
-that platform's home channel (set with /sethome), sends a confirmation with a summary,
+that platform's home channel (`/sethome` in a chat, else `platforms.<p>.home_channel`
+from the config), sends a confirmation with a summary,
 then binds the thread's session key (built by the same builder as organic messages) to the
 terminal's session id and marks it `completed`. Any failure before the bind leaves the
 terminal session untouched and marks the handoff `failed` with the reason. A `running`
@@ -24,19 +25,41 @@ from gateway.messages import OutboundMessage, ThreadRef
 from gateway.services import Services
 from gateway.session_keys import SessionSource, as_chat_type, build_key
 from gateway.vocab import ChatType
-from state import SessionDB
+from state import Store
 
 log = logging.getLogger("gateway.handoff")
 HOME_KEY = "home_channel.{}"
 
 
-async def home_channel(db: SessionDB, platform: str) -> dict[str, Any] | None:
+def configured_home(platform: str, value: str | int | None) -> dict[str, Any] | None:
+    """`platforms.<p>.home_channel` ("chat_id" or "chat_id:thread_id") in /sethome's shape.
+    A Telegram user id (positive) or a Slack D... channel is a DM; anything else a group."""
+    if value is None or str(value).strip() == "":
+        return None
+    chat_id, _, thread_id = str(value).strip().partition(":")
+    dm = (platform == "telegram" and chat_id.isdigit()) or (
+        platform == "slack" and chat_id.startswith("D")
+    )
+    return {
+        "chat_id": chat_id,
+        "thread_id": thread_id or None,
+        "chat_type": ChatType.DM if dm else ChatType.GROUP,
+    }
+
+
+async def home_channel(
+    db: Store, platform: str, configured: str | int | None = None
+) -> dict[str, Any] | None:
+    """Where handoffs to `platform` go: the chat that sent /sethome, else the config's
+    home_channel, else None."""
     raw = await db.get_meta(HOME_KEY.format(platform))
     try:
         home = json.loads(raw) if raw else None
     except ValueError:
-        return None
-    return home if isinstance(home, dict) and home.get("chat_id") else None
+        home = None
+    if isinstance(home, dict) and home.get("chat_id"):
+        return home
+    return configured_home(platform, configured)
 
 
 def thread_source(
@@ -61,9 +84,11 @@ class HandoffWatcher:
         *,
         poll_s: float = 1.0,
         stale_after_s: float = 180.0,
+        configured_homes: Mapping[str, str | int | None] | None = None,
     ) -> None:
         self.services = services
         self.db = services.db
+        self.configured_homes = dict(configured_homes or {})
         self.adapters = {p: a for p, a in adapters.items() if p != "api"}
         self.poll_s = poll_s
         self.stale_after_s = stale_after_s
@@ -101,10 +126,11 @@ class HandoffWatcher:
 
     async def _run(self, sid: str, platform: str) -> None:
         try:
-            home = await home_channel(self.db, platform)
+            home = await home_channel(self.db, platform, self.configured_homes.get(platform))
             if home is None:
                 raise RuntimeError(
                     f"{platform} has no home channel; send /sethome in the chat that should receive handoffs"
+                    f" (or set platforms.{platform}.home_channel)"
                 )
             row = await self.db.require_session(sid)
             title = row.get("title")
@@ -140,11 +166,12 @@ class HandoffWatcher:
 
 
 async def handoff_from_terminal(
-    db: SessionDB,
+    db: Store,
     session_id: str,
     platform: str,
     *,
     enabled: bool,
+    configured_home: str | int | None = None,
     claim_timeout_s: float = 60.0,
     finish_timeout_s: float = 180.0,
     heartbeat: Callable[[str], None] = lambda _line: None,
@@ -153,10 +180,11 @@ async def handoff_from_terminal(
     """The terminal's side: request, wait for a claim, wait for the result."""
     if not enabled:
         return False, f"{platform} is not enabled in the config (platforms.{platform}.enabled)"
-    if await home_channel(db, platform) is None:
+    if await home_channel(db, platform, configured_home) is None:
         return (
             False,
-            f"{platform} has no home channel yet: send /sethome in the {platform} chat (or thread) that should receive handoffs",
+            f"{platform} has no home channel yet: send /sethome in the {platform} chat (or thread) that should receive handoffs,"
+            f" or set platforms.{platform}.home_channel in the config",
         )
     if not await db.request_handoff(session_id, platform):
         return False, "a handoff of this session is already in flight"

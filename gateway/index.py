@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from state import SessionDB
+from state import Store
 
 log = logging.getLogger("gateway.index")
 
@@ -119,7 +119,7 @@ class SessionIndex:
     def __init__(
         self,
         path: Path,
-        db: SessionDB,
+        db: Store,
         flush_interval: float = 2.0,
         activity_interval: float = 30.0,
     ) -> None:
@@ -206,7 +206,7 @@ class SessionIndex:
             await self.rebuild()
         if how != "loaded":
             # a fresh home has neither file nor sessions: nothing to warn about
-            level = logging.WARNING if self._entries or "unreadable" in how else logging.INFO
+            level = logging.WARNING if self._entries or "unreadable" in how else logging.DEBUG
             log.log(level, "session index %s from state.db: %d entries", how, len(self._entries))
         return how
 

@@ -27,6 +27,7 @@ class OutboundMessage:
     session_id: str | None = None
     session_key: str | None = None
     error: str | None = None  # set on apologies: "agent" (message stored) or "storage" (not stored)
+    notice: bool = False  # a notice sent ahead of the answer (e.g. "a new session was started")
 
 
 @dataclass(frozen=True)

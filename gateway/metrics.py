@@ -37,13 +37,18 @@ class Counter:
 
 
 class Gauge:
-    def __init__(self, name: str, help_: str, read: Callable[[], float]) -> None:
-        self.name, self.help, self.read = name, help_, read
+    """A value read when rendered; kind "counter" for one that only grows (a total kept
+    elsewhere, such as the writer's commit count)."""
+
+    def __init__(
+        self, name: str, help_: str, read: Callable[[], float], kind: str = "gauge"
+    ) -> None:
+        self.name, self.help, self.read, self.kind = name, help_, read, kind
 
     def render(self) -> list[str]:
         return [
             f"# HELP {self.name} {self.help}",
-            f"# TYPE {self.name} gauge",
+            f"# TYPE {self.name} {self.kind}",
             f"{self.name} {self.read():g}",
         ]
 
@@ -91,8 +96,8 @@ class Metrics:
         self.gauges: list[Gauge] = []
         self.last_error: str | None = None  # the latest failure handling a message (/health)
 
-    def gauge(self, name: str, help_: str, read: Callable[[], float]) -> None:
-        self.gauges.append(Gauge(name, help_, read))
+    def gauge(self, name: str, help_: str, read: Callable[[], float], kind: str = "gauge") -> None:
+        self.gauges.append(Gauge(name, help_, read, kind))
 
     def render(self) -> str:
         lines: list[str] = []

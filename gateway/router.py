@@ -27,14 +27,14 @@ from gateway.index import IndexEntry, SessionIndex
 from gateway.messages import InboundMessage
 from gateway.metrics import Metrics
 from gateway.reset import Resetter
-from gateway.services import AccessRules, RouterSettings, Sender, Services
+from gateway.services import AccessRules, RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey, build_key
 from gateway.sessions import SessionManager
-from gateway.turns import APOLOGY, agent_turn
+from gateway.turns import APOLOGY, TurnProgress, agent_turn
 from gateway.vocab import ChatType
-from state import SessionDB, StateError
+from state import SessionNotFound, Store
 
-__all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender"]
+__all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender", "TurnEvents"]
 
 log = logging.getLogger("gateway.router")
 
@@ -50,19 +50,20 @@ class Router:
 
     def __init__(
         self,
-        db: SessionDB,
+        db: Store,
         index: SessionIndex,
         agent: Agent,
         send: Sender,
         settings: RouterSettings | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        events: TurnEvents | None = None,
         *,
         coordinator: Coordinator | None = None,
         resetter: Callable[[Services], Resetter] | None = None,
     ) -> None:
         self.services = Services.create(
-            db, index, agent, send, settings, metrics, clock, coordinator
+            db, index, agent, send, settings, metrics, clock, coordinator, events
         )
         self.commands: CommandRegistry = builtin_commands()
         session_commands.register(self.commands)
@@ -114,16 +115,20 @@ class Router:
         if not self._accepting:
             s.metrics.dropped.inc(reason="shutting_down")
             await s.replies.reply(msg, None, BUSY)
+            s.signals.ended(msg, "shutting_down")
             return
         if not self._authorised(msg):
+            s.signals.ended(msg, "unauthorised")
             return
         if not msg.mentioned:
             s.metrics.dropped.inc(reason="not_addressed")
+            s.signals.ended(msg, "not_addressed")
             return
         if msg.platform_message_id is not None:
             seen_key = (src.platform, src.chat_id, msg.platform_message_id)
             if s.coordinator.seen(seen_key):
                 s.metrics.dropped.inc(reason="duplicate")
+                s.signals.ended(msg, "duplicate")
                 return
             s.coordinator.remember(seen_key)
         s.tasks.start(self._process(msg), f"turn:{src.platform}:{src.chat_id}")
@@ -153,29 +158,38 @@ class Router:
         started = s.clock()
         key = self.key_for(msg)
         k = key.format()
+        turn = TurnProgress()
         try:
             async with s.coordinator.session_lock(k):
-                await self._process_locked(msg, key, started)
+                try:
+                    await self._process_locked(msg, key, started, turn)
+                except SessionNotFound as exc:
+                    if not self._forget_deleted(k, exc.ref):
+                        raise
+                    await self._process_locked(msg, key, started, turn)  # in a fresh session
         except Exception as exc:  # nothing may escape into the event loop
             s.metrics.last_error = f"{type(exc).__name__}: {exc}"
             s.metrics.errors.inc(kind="turn")
             log.exception("turn failed for session_key=%s platform=%s", k, msg.source.platform)
-            storage = isinstance(exc, StateError)
-            await s.replies.reply(
-                msg,
-                None,
-                STORAGE_APOLOGY if storage else APOLOGY,
-                error="storage" if storage else "agent",
-            )
+            # "Your message was saved" only when it was: anything failing before the store
+            # (a message the database refuses, a command) is reported as not stored
+            if turn.stored:
+                await s.replies.reply(msg, turn.session_id, APOLOGY, key, error="agent")
+            else:
+                await s.replies.reply(msg, None, STORAGE_APOLOGY, error="storage")
+        finally:
+            s.signals.ended(msg, turn.dropped)
 
-    async def _process_locked(self, msg: InboundMessage, key: SessionKey, started: float) -> None:
+    async def _process_locked(
+        self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
+    ) -> None:
         s = self.services
         entry = await self.entry_for(key, msg)
         if self.resetter is not None:
             entry = await self.resetter.check(key.format(), entry)
             notice = self.resetter.take_notice(key.format())
             if notice:
-                await s.replies.reply(msg, entry.session_id, notice, key)
+                await s.replies.reply(msg, entry.session_id, notice, key, notice=True)
         parsed = parse_command(msg.text)
         if parsed is not None:
             name, args = parsed
@@ -185,9 +199,23 @@ class Router:
             else:
                 ctx = CommandContext(s, msg, key, entry.session_id, args, self.describe_reset)
                 text = await command.handler(ctx)
-            await s.replies.reply(msg, entry.session_id, text, key)
+            # /new, /branch, /resume ... change the key's session: answer with the live one
+            live = s.index.get(key.format())
+            await s.replies.reply(msg, live.session_id if live else entry.session_id, text, key)
             return
-        await agent_turn(s, msg, key, entry, started)
+        await agent_turn(s, msg, key, entry, started, turn)
+
+    def _forget_deleted(self, k: str, session_id: str) -> bool:
+        """The key's session was deleted under the daemon (`sessions delete` from another
+        process): drop the entry so the retried message starts a fresh session (never the
+        deleted id again). False when the missing session is not this key's."""
+        index = self.services.index
+        entry = index.get(k)
+        if entry is None or entry.session_id != session_id:
+            return False
+        log.warning("session %s of session_key=%s was deleted; starting a fresh one", session_id, k)
+        index.remove(k)
+        return True
 
     async def entry_for(self, key: SessionKey, msg: InboundMessage) -> IndexEntry:
         """The index entry for this key, creating the session on first contact."""

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from gateway.errors import GatewayError
+
 UNIT_NAME = "switchboard.service"
 
 
@@ -63,19 +65,35 @@ def unit_path(user: bool) -> Path:
     return Path("/etc/systemd/system") / UNIT_NAME
 
 
-def install(
-    *, home: Path, config: Path | None, user: bool, drain_s: float, target: Path | None = None
-) -> tuple[Path, str]:
-    """Write the unit; returns its path and the commands to run next."""
-    path = target or unit_path(user)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_unit(python=sys.executable, home=home.absolute(), config=config.absolute() if config else None,
-                                user=user, drain_s=drain_s))  # fmt: skip
+def next_steps(path: Path, *, user: bool, custom: bool, home: Path) -> str:
+    """The commands that take the unit written at `path` into service. A unit outside the
+    manager's search path is enabled by its full path (systemctl links it in)."""
     ctl = "systemctl --user" if user else "sudo systemctl"
-    hints = "\n".join([
+    unit = str(path.absolute()) if custom else UNIT_NAME
+    return "\n".join([
         f"{ctl} daemon-reload",
-        f"{ctl} enable --now {UNIT_NAME}",
+        f"{ctl} enable --now {unit}",
         f"journalctl {'--user ' if user else ''}-u {UNIT_NAME} -f",
         f"(tokens go in {home.absolute() / 'switchboard.env'}, one NAME=value per line, mode 600)",
     ])  # fmt: skip
-    return path, hints
+
+
+def install(
+    *, home: Path, config: Path | None, user: bool, drain_s: float, target: Path | None = None
+) -> tuple[Path, str]:
+    """Write the unit; returns its path and the commands to run next.
+
+    The manager's own folder is created when missing (a fresh account has none); a folder
+    named with --output must exist, so that a typo does not quietly make a new tree.
+    """
+    if target is not None and not target.parent.is_dir():
+        raise GatewayError(f"--output: the folder {target.parent} does not exist; create it first")
+    path = target or unit_path(user)
+    unit = render_unit(python=sys.executable, home=home.absolute(), config=config.absolute() if config else None,
+                       user=user, drain_s=drain_s)  # fmt: skip
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(unit)
+    except OSError as exc:
+        raise GatewayError(f"cannot write {path}: {exc.strerror}") from None
+    return path, next_steps(path, user=user, custom=target is not None, home=home)

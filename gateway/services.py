@@ -2,7 +2,8 @@
 share, handed to each explicitly as one `Services` object.
 
 It owns the router's settings (live: a reload updates them in place), how a reply reaches
-the chat (`Replier`) and the registry of tasks the daemon drains on shutdown (`TaskSet`).
+the chat (`Replier`), what the platform side hears about a message besides replies
+(`TurnSignals`) and the registry of tasks the daemon drains on shutdown (`TaskSet`).
 It knows nothing of routing, commands or resets.
 """
 
@@ -13,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.agent.base import Agent
 from gateway.coordinator import Coordinator, LocalCoordinator
@@ -23,7 +24,7 @@ from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.metrics import Metrics
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
-from state import SessionDB
+from state import Store
 
 log = logging.getLogger("gateway.router")  # replies and drains log as the router did
 
@@ -65,6 +66,38 @@ class RouterSettings:
         return bool(rules and source.user_id is not None and source.user_id in rules.admins)
 
 
+class TurnEvents(Protocol):
+    """What the router tells the platform side about one inbound message, besides replies:
+    that an agent turn for it is starting (show typing), and that the work on it is over,
+    with the reason when it was dropped unanswered ("duplicate", "unauthorised", ...)."""
+
+    def turn_started(self, msg: InboundMessage) -> None: ...
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None: ...
+
+
+class TurnSignals:
+    """Passes turn events on, if anyone listens; a failing listener is logged, never raised
+    (a platform nicety must never break a turn)."""
+
+    def __init__(self, events: TurnEvents | None = None) -> None:
+        self.events = events
+
+    def started(self, msg: InboundMessage) -> None:
+        if self.events is not None:
+            try:
+                self.events.turn_started(msg)
+            except Exception:
+                log.exception("turn_started failed on %s", msg.source.platform)
+
+    def ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        if self.events is not None:
+            try:
+                self.events.turn_ended(msg, dropped)
+            except Exception:
+                log.exception("turn_ended failed on %s", msg.source.platform)
+
+
 class Replier:
     """Sends a reply to the chat a message came from and counts it; a failed send is
     logged and counted, never raised (the turn is stored either way)."""
@@ -80,12 +113,13 @@ class Replier:
         text: str,
         key: SessionKey | None = None,
         error: str | None = None,
+        notice: bool = False,
     ) -> None:
         src = msg.source
         out = OutboundMessage(
             platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
             reply_to=msg.platform_message_id, session_id=session_id,
-            session_key=key.format() if key else None, error=error,
+            session_key=key.format() if key else None, error=error, notice=notice,
         )  # fmt: skip
         try:
             await self.send(out)
@@ -129,7 +163,7 @@ class TaskSet:
 
 @dataclass(frozen=True)
 class Services:
-    db: SessionDB
+    db: Store
     index: SessionIndex
     sessions: SessionManager
     coordinator: Coordinator
@@ -137,6 +171,7 @@ class Services:
     settings: RouterSettings
     metrics: Metrics
     replies: Replier
+    signals: TurnSignals
     tasks: TaskSet
     deadlines: Deadlines  # the agent's time limit, on every turn
     clock: Callable[[], float]
@@ -144,7 +179,7 @@ class Services:
     @classmethod
     def create(
         cls,
-        db: SessionDB,
+        db: Store,
         index: SessionIndex,
         agent: Agent,
         send: Sender,
@@ -152,6 +187,7 @@ class Services:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         coordinator: Coordinator | None = None,
+        events: TurnEvents | None = None,
     ) -> Services:
         settings = settings or RouterSettings()
         metrics = metrics or Metrics()
@@ -162,5 +198,5 @@ class Services:
         return cls(
             db=db, index=index, sessions=sessions, coordinator=coordinator or LocalCoordinator(),
             agent=agent, settings=settings, metrics=metrics, replies=Replier(send, metrics),
-            tasks=TaskSet(), deadlines=Deadlines(), clock=clock,
+            signals=TurnSignals(events), tasks=TaskSet(), deadlines=Deadlines(), clock=clock,
         )  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from gateway import access, turns
@@ -14,12 +15,14 @@ from gateway.commands import CommandContext, CommandRegistry
 from gateway.handoff import HOME_KEY
 from gateway.sessions import NothingToCompress
 from gateway.timefmt import ago
+from gateway.wording import plural
 from state import (
     AmbiguousSession,
     ChildKind,
     EndReason,
     QueryError,
     SessionFilter,
+    SessionRow,
     StateError,
     TitleError,
 )
@@ -34,7 +37,7 @@ def _cut(text: str | None, n: int) -> str:
     return flat if len(flat) <= n else flat[: n - 1] + "…"
 
 
-def _label(row: dict[str, object]) -> str:
+def _label(row: Mapping[str, object]) -> str:
     return str(row.get("title") or _cut(str(row.get("preview") or "(empty)"), 40))
 
 
@@ -80,7 +83,7 @@ async def _same_conversation(ctx: CommandContext) -> set[str]:
     return ids
 
 
-async def _resumable(ctx: CommandContext, flt: SessionFilter) -> list[dict[str, object]]:
+async def _resumable(ctx: CommandContext, flt: SessionFilter) -> list[SessionRow]:
     """Titled sessions this chat may resume, newest first, the current conversation excluded."""
     db = ctx.services.db
     current = await _same_conversation(ctx)
@@ -136,7 +139,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
     recap = [
         m for m in await db.get_messages(target, last=12) if m["role"] in ("user", "assistant")
     ][-4:]
-    lines = [f"Resumed {_label(row)} ({row.get('message_count') or 0} messages)."]
+    lines = [f"Resumed {_label(row)} ({plural(row.get('message_count') or 0, 'message')})."]
     for m in recap:
         who = "You" if m["role"] == "user" else "Agent"
         lines.append(f"{who}: {_cut(m.get('content'), 120)}")
@@ -211,7 +214,7 @@ async def cmd_compress(ctx: CommandContext) -> str:
         log.error("compression failed for session_key=%s: %s", ctx.key.format(), exc)
         return "Compression failed; the session was left unchanged."
     title = await ctx.services.db.get_session_title(entry.session_id)
-    return f"Compressed {n} earlier messages into a summary{f'; continuing as {title}' if title else ''}."
+    return f"Compressed {plural(n, 'earlier message')} into a summary{f'; continuing as {title}' if title else ''}."
 
 
 async def cmd_background(ctx: CommandContext) -> str:

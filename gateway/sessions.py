@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.agent.base import Agent, ChatMessage, estimate_tokens
 from gateway.index import IndexEntry, SessionIndex
 from gateway.session_keys import SessionKey, SessionSource
-from state import ChildKind, EndReason, SessionDB, SessionNotFound, TitleError
+from state import ChildKind, EndReason, SessionNotFound, Store, TitleError
 
 log = logging.getLogger("gateway.sessions")
 
@@ -31,7 +31,7 @@ class CompressionSettings:
 class SessionManager:
     def __init__(
         self,
-        db: SessionDB,
+        db: Store,
         index: SessionIndex,
         agent: Agent,
         *,
@@ -83,12 +83,20 @@ class SessionManager:
         """A fresh child session (kind `reset`); the old one ends with `reason`.
         Returns the new entry and, if the title was refused, why (the reset still happened)."""
         current = self.index.get(key.format())
-        if current is None:
+        entry = None
+        if current is not None:
+            try:
+                sid = await self.db.fork_session(
+                    current.session_id, ChildKind.RESET, end_reason=reason
+                )
+                entry = self._entry(sid, source)
+                self.index.put(key.format(), entry)
+            except SessionNotFound as exc:
+                if exc.ref != current.session_id:
+                    raise
+                log.warning("session %s was deleted; the reset starts a fresh one", exc.ref)
+        if entry is None:  # no session yet, or it was deleted under the daemon
             entry = await self.create(key, source)
-        else:
-            sid = await self.db.fork_session(current.session_id, ChildKind.RESET, end_reason=reason)
-            entry = self._entry(sid, source)
-            self.index.put(key.format(), entry)
         problem = None
         if title:
             try:
@@ -167,5 +175,5 @@ class SessionManager:
         return used > self.compression.auto_share * self.context_tokens
 
 
-def _as_chat(rows: list[dict[str, object]]) -> list[ChatMessage]:
+def _as_chat(rows: Sequence[Mapping[str, object]]) -> list[ChatMessage]:
     return [{"role": r["role"], "content": r.get("content")} for r in rows]

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway import access
@@ -29,8 +30,22 @@ APOLOGY = "Sorry, something went wrong while answering. Your message was saved; 
 TURN_JOB = "turn"  # the live-job name of a running turn
 
 
+@dataclass
+class TurnProgress:
+    """How far one message got: whether it was stored (and where), or why it was dropped."""
+
+    stored: bool = False
+    session_id: str | None = None
+    dropped: str | None = None
+
+
 async def agent_turn(
-    services: Services, msg: InboundMessage, key: SessionKey, entry: IndexEntry, started: float
+    services: Services,
+    msg: InboundMessage,
+    key: SessionKey,
+    entry: IndexEntry,
+    started: float,
+    turn: TurnProgress,
 ) -> None:
     """One agent turn; the caller holds the session lock."""
     s = services
@@ -50,8 +65,11 @@ async def agent_turn(
     )  # fmt: skip
     if not stored_ids:
         s.metrics.dropped.inc(reason="duplicate")
+        turn.dropped = "duplicate"
         log.debug("duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id)
         return
+    turn.stored, turn.session_id = True, sid
+    s.signals.started(msg)
     s.index.touch(k, s.clock())
     s.coordinator.job_started(sid, TURN_JOB)
     try:

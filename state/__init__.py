@@ -1,7 +1,30 @@
-"""switchboard's store: everything that touches state.db lives in this package."""
+"""switchboard's store: everything that touches state.db lives in this package.
+
+The gateway programs against `Store` (state/api.py) and gets one from `open_store`; rows
+come back as the typed dicts of state/records.py. Everything the package raises on purpose
+is a `StateError`; callers match on the class, never on the text:
+
+    StateError
+    ├── DatabaseError          the file cannot be used (not a database, damaged, read-only, full)
+    │   └── SchemaTooNew       written by a newer switchboard
+    ├── DatabaseBusy           another process held the write lock past the retry budget
+    ├── WriterClosed           a write after close
+    ├── UnknownBackend         `state.backend` names no store (a config error, exit 78)
+    ├── SessionNotFound
+    ├── AmbiguousSession       an id prefix or title that matches several sessions
+    ├── SessionExists
+    ├── TitleError             a refused title; the message is fit for a chat
+    │   ├── TitleTooLong
+    │   ├── TitleEmpty
+    │   └── TitleTaken
+    └── QueryError             a search query that cannot be run
+
+Raw sqlite3 errors are mapped by SQLite's result code (state/writer.py), never by text.
+"""
 
 from __future__ import annotations
 
+from .api import BACKENDS, Maintenance, Store, open_store
 from .errors import (
     AmbiguousSession,
     DatabaseBusy,
@@ -15,32 +38,58 @@ from .errors import (
     TitleError,
     TitleTaken,
     TitleTooLong,
+    UnknownBackend,
     WriterClosed,
 )
 from .ids import new_session_id
 from .listing import SessionFilter
+from .records import (
+    AutoPruneResult,
+    ExportRecord,
+    HandoffClaim,
+    LiveSession,
+    MessageRow,
+    SearchHit,
+    SessionRow,
+    UsageStats,
+    WriteStats,
+)
 from .sessions import ChildKind, EndReason
 from .store import SessionDB
 from .writer import WriterConfig
 
 __all__ = [
+    "BACKENDS",
     "AmbiguousSession",
+    "AutoPruneResult",
     "ChildKind",
     "DatabaseBusy",
     "DatabaseError",
     "EndReason",
+    "ExportRecord",
+    "HandoffClaim",
+    "LiveSession",
+    "Maintenance",
+    "MessageRow",
     "QueryError",
     "SchemaTooNew",
     "SessionDB",
     "SessionExists",
     "SessionFilter",
     "SessionNotFound",
+    "SessionRow",
+    "SearchHit",
+    "Store",
     "StateError",
     "TitleEmpty",
     "TitleError",
     "TitleTaken",
     "TitleTooLong",
+    "UnknownBackend",
+    "UsageStats",
+    "WriteStats",
     "WriterClosed",
     "WriterConfig",
     "new_session_id",
+    "open_store",
 ]

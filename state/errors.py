@@ -86,3 +86,16 @@ class TitleTaken(TitleError):
 
 class QueryError(StateError):
     """A search query that cannot be run; the message explains why."""
+
+
+class UnknownBackend(StateError):
+    """`state.backend` names a store this switchboard does not have (a config error)."""
+
+    exit_code = 78  # the CLI's EXIT_CONFIG: systemd must not restart into the same error
+
+    def __init__(self, backend: object, known: tuple[str, ...]) -> None:
+        super().__init__(
+            f"state.backend: unknown store backend {backend!r} (known: {', '.join(known)})"
+        )
+        self.key = "state.backend"
+        self.backend = backend

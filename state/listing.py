@@ -9,8 +9,10 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from .rows import Row, row_dict
+from .records import SessionRow
+from .rows import row_dict
 from .sessions import ChildKind
 
 LIST_COLUMNS = (
@@ -73,19 +75,19 @@ class SessionFilter:
 
 def list_sessions(
     conn: sqlite3.Connection, flt: SessionFilter, limit: int = 20, offset: int = 0
-) -> list[Row]:
+) -> list[SessionRow]:
     where, params = flt.where()
     cur = conn.execute(
         f"SELECT {LIST_COLUMNS} FROM sessions WHERE {where} "
         "ORDER BY last_active DESC, id DESC LIMIT ? OFFSET ?",
         (*params, max(0, limit), max(0, offset)),
     )
-    return [row_dict(cur, r) for r in cur.fetchall()]
+    return [cast(SessionRow, row_dict(cur, r)) for r in cur.fetchall()]
 
 
 def sessions_by_start(
     conn: sqlite3.Connection, source: str | None, limit: int, offset: int
-) -> list[Row]:
+) -> list[SessionRow]:
     """Every session (children too), newest start first, whole rows: Hermes Agent's
     `search_sessions` listing."""
     where, params = ("WHERE source = ? ", [source]) if source else ("", [])
@@ -93,7 +95,7 @@ def sessions_by_start(
         f"SELECT * FROM sessions {where}ORDER BY started_at DESC, id DESC LIMIT ? OFFSET ?",
         [*params, max(0, limit), max(0, offset)],
     )
-    return [row_dict(cur, r) for r in cur.fetchall()]
+    return [cast(SessionRow, row_dict(cur, r)) for r in cur.fetchall()]
 
 
 def resolve_in_scope(conn: sqlite3.Connection, ref: str, flt: SessionFilter) -> str | None:

@@ -1,4 +1,5 @@
-"""Delete, prune, vacuum, statistics and the shared state_meta key/value table."""
+"""Delete, prune, vacuum, checkpoints, search-index and integrity checks, lineage repair,
+statistics and the shared state_meta key/value table."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import os
 import sqlite3
 import time
 
+from . import schema
 from .errors import SessionNotFound
-from .rows import Row
+from .records import SourceUsage, UsageStats
 
 PRUNE_CHUNK = 200  # sessions per transaction, so a large prune never stalls other writers
 
@@ -110,8 +112,75 @@ def vacuum(conn: sqlite3.Connection) -> tuple[int, int]:
     return before, after
 
 
-def stats(conn: sqlite3.Connection, path: str) -> Row:
-    per_source = [
+CHECKPOINT_MODES = ("PASSIVE", "FULL", "RESTART", "TRUNCATE")
+
+
+def checkpoint(conn: sqlite3.Connection, mode: str) -> tuple[int, int, int]:
+    """PRAGMA wal_checkpoint (outside any transaction): (busy, WAL frames, frames copied)."""
+    if mode not in CHECKPOINT_MODES:  # the mode is spliced into the PRAGMA: whitelist it
+        raise ValueError("checkpoint mode must be PASSIVE, FULL, RESTART or TRUNCATE")
+    busy, frames, copied = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+    return int(busy), int(frames), int(copied)
+
+
+def integrity_check(conn: sqlite3.Connection, quick: bool) -> list[str]:
+    """SQLite's own page-level check; an empty list when the file is healthy."""
+    pragma = "quick_check" if quick else "integrity_check"
+    found = [r[0] for r in conn.execute(f"PRAGMA {pragma}").fetchall()]
+    return [] if found == ["ok"] else found
+
+
+# --- the two FTS5 indexes (messages_fts, and messages_aux_fts for CJK/emoji and tools) ---
+
+_FTS_TABLES = ("messages_fts", "messages_aux_fts")
+
+
+def rebuild_search_index(conn: sqlite3.Connection) -> int:
+    """Rebuild both FTS indexes from the messages table; returns the aux row count."""
+    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+    return schema.rebuild_aux(conn)
+
+
+def optimize_search_index(conn: sqlite3.Connection) -> None:
+    """Merge every index's segments into one (fewer pages to read per query)."""
+    for table in _FTS_TABLES:
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+
+
+def check_search_index(conn: sqlite3.Connection) -> list[str]:
+    """FTS5 integrity checks; the problems found (empty when healthy)."""
+    problems = []
+    for table in _FTS_TABLES:
+        try:
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+        except sqlite3.DatabaseError as exc:
+            problems.append(f"{table}: {exc}")
+    return problems
+
+
+# --- lineage repair (for `doctor --fix`) -------------------------------------------------
+
+
+def count_dangling_parents(conn: sqlite3.Connection) -> int:
+    """Sessions whose parent_session_id names a session that no longer exists."""
+    (n,) = conn.execute(
+        "SELECT COUNT(*) FROM sessions c WHERE c.parent_session_id IS NOT NULL "
+        "AND NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = c.parent_session_id)"
+    ).fetchone()
+    return int(n)
+
+
+def clear_dangling_parents(conn: sqlite3.Connection) -> int:
+    """Make those sessions roots (deleting a parent orphans its children, never deletes
+    them); returns how many were changed."""
+    return conn.execute(
+        "UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IS NOT NULL "
+        "AND parent_session_id NOT IN (SELECT id FROM sessions)"
+    ).rowcount
+
+
+def stats(conn: sqlite3.Connection, path: str) -> UsageStats:
+    per_source: list[SourceUsage] = [
         {
             "source": r[0],
             "sessions": r[1],

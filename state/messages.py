@@ -11,9 +11,10 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from .errors import SessionNotFound
+from .records import MessageRow
 from .rows import JSON_MESSAGE_COLUMNS, Row, from_json_text, make_preview, row_dict, to_json_text
 from .schema import aux_row
 from .writer import register_batched
@@ -338,11 +339,11 @@ def append_and_read_many(
 register_batched(append_and_read, append_and_read_many)
 
 
-def decode_message(row: Row) -> Row:
+def decode_message(row: Row) -> MessageRow:
     for name in JSON_MESSAGE_COLUMNS:
         if name in row:
             row[name] = from_json_text(row[name])
-    return row
+    return cast(MessageRow, row)
 
 
 def get_messages(
@@ -352,7 +353,7 @@ def get_messages(
     limit: int | None = None,
     after_id: int | None = None,
     last: int | None = None,
-) -> list[Row]:
+) -> list[MessageRow]:
     """Messages in order. `last=N` gives the newest N (still in order)."""
     if last is not None:
         cur = conn.execute(
@@ -370,7 +371,7 @@ def get_messages(
 
 def get_messages_around(
     conn: sqlite3.Connection, session_id: str, message_id: int, window: int
-) -> list[Row]:
+) -> list[MessageRow]:
     """Up to `window` messages before and after `message_id` (included), in order."""
     cur = conn.execute(
         "SELECT * FROM (SELECT * FROM messages WHERE session_id = ? AND id <= ? "
@@ -427,6 +428,29 @@ def conversations(
     ).fetchone()
     by_key: dict[str, list[dict[str, Any]]] = json.loads(raw or "{}")
     return [by_key[str(i)] for i in range(len(ends))]
+
+
+def count_messages(conn: sqlite3.Connection, session_id: str | None = None) -> int:
+    """Every message, or those of one session."""
+    if session_id:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)
+        ).fetchone()
+    else:
+        row = conn.execute("SELECT COUNT(*) FROM messages").fetchone()
+    return int(row[0])
+
+
+def count_outside(
+    conn: sqlite3.Connection, session_id: str, first_id: int, last_id: int
+) -> tuple[int, int]:
+    """How many messages of the session come before `first_id` and after `last_id`."""
+    before, after = conn.execute(
+        "SELECT (SELECT COUNT(*) FROM messages WHERE session_id = ? AND id < ?), "
+        "(SELECT COUNT(*) FROM messages WHERE session_id = ? AND id > ?)",
+        (session_id, first_id, session_id, last_id),
+    ).fetchone()
+    return int(before), int(after)
 
 
 def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:

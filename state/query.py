@@ -2,8 +2,9 @@
 
 Words (implicit AND), `"exact phrase"`, `OR`, `NOT`, `AND`, `prefix*` and parentheses are
 syntax; everything else a person types is literal text. Every term reaches FTS5 as a quoted
-string, so punctuation can never become FTS5 syntax. An operator that cannot act (a
-dangling `OR`, a lone `NOT`) is read as the word it spells. A query with nothing
+string, so punctuation can never become FTS5 syntax. An operator that cannot act (at
+either end of the query or of a group, or doubled) is dropped, as web search boxes do;
+a query of nothing but operators searches for the words they spell. A query with nothing
 searchable, or only negative terms, raises QueryError with a reason.
 """
 
@@ -17,6 +18,7 @@ from .errors import QueryError
 
 MAX_QUERY_CHARS = 20_000
 MAX_TERMS = 2_000
+MAX_NESTING = 100  # parentheses; the parser and compiler recurse once per level
 _OPERATORS = {"OR", "AND", "NOT"}
 
 
@@ -102,34 +104,81 @@ def tokenize(query: str) -> list[_Tok]:
     return toks
 
 
+def _drop_dangling(toks: list[_Tok]) -> list[_Tok]:
+    """Drop the operators that cannot act, as web search boxes do.
+
+    A `)` with no `(` before it is punctuation. `AND`/`OR` need an operand on both sides
+    (a word, a phrase or a group; on the right also a `NOT`); `NOT` needs one after it. So
+    an operator at either end of the query or of a group goes, and a run of operators keeps
+    only its last (`a AND OR b` is `a OR b`, `NOT NOT b` is `NOT b`). Linear: one pass from
+    the right settles every right side, one from the left every left side.
+    """
+    depth = 0
+    balanced: list[_Tok] = []
+    for tok in toks:
+        if tok.kind == "RP":
+            if depth == 0:
+                continue
+            depth -= 1
+        elif tok.kind == "LP":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise QueryError(f"the query nests parentheses too deeply (at most {MAX_NESTING})")
+        balanced.append(tok)
+    keep = [True] * len(balanced)
+    nxt: _Tok | None = None  # the nearest kept token to the right
+    for i in range(len(balanced) - 1, -1, -1):
+        tok = balanced[i]
+        if tok.kind == "OP":
+            operand = nxt is not None and nxt.kind in ("WORD", "PHRASE", "LP")
+            if tok.text != "NOT" and nxt is not None and nxt.kind == "OP" and nxt.text == "NOT":
+                operand = True  # `a AND NOT b`
+            if not operand:
+                keep[i] = False
+                continue
+        nxt = tok
+    out: list[_Tok] = []
+    for tok, kept in zip(balanced, keep, strict=True):
+        if not kept:
+            continue
+        if tok.kind == "OP" and tok.text != "NOT":
+            if not out or out[-1].kind not in ("WORD", "PHRASE", "RP"):
+                continue  # nothing on its left
+        out.append(tok)
+    return out
+
+
 class _Parser:
+    """Recursive descent over tokens in which every operator has its operands:
+    `or := and (OR and)*`, `and := unary ([AND] unary)*`, `unary := NOT unary | primary`."""
+
     def __init__(self, toks: list[_Tok]) -> None:
         self.toks = toks
         self.pos = 0
-        self.depth = 0
 
-    def peek(self, k: int = 0) -> _Tok | None:
-        i = self.pos + k
-        return self.toks[i] if i < len(self.toks) else None
+    def peek(self) -> _Tok | None:
+        return self.toks[self.pos] if self.pos < len(self.toks) else None
+
+    def _is_op(self, name: str) -> bool:
+        tok = self.peek()
+        return tok is not None and tok.kind == "OP" and tok.text == name
 
     def parse(self) -> Node | None:
         items = []
-        while self.peek() is not None:
+        while (tok := self.peek()) is not None:
+            if tok.kind == "RP":  # unmatched ones are gone already; never loop on one
+                self.pos += 1
+                continue
             node = self.or_expr()
             if node is not None:
                 items.append(node)
-            elif self.peek() is not None and self.peek().kind == "RP":  # type: ignore[union-attr]
-                self.pos += 1  # an unmatched ')' is punctuation
         if not items:
             return None
         return items[0] if len(items) == 1 else And(tuple(items))
 
     def or_expr(self) -> Node | None:
         branches = [self.and_expr()]
-        while (tok := self.peek()) is not None and tok.kind == "OP" and tok.text == "OR":
-            nxt = self.peek(1)
-            if nxt is None or nxt.kind == "RP" or (nxt.kind == "OP" and nxt.text == "OR"):
-                break  # dangling OR: and_expr will read it as a word
+        while self._is_op("OR"):
             self.pos += 1
             branches.append(self.and_expr())
         real = [b for b in branches if b is not None]
@@ -139,29 +188,10 @@ class _Parser:
 
     def and_expr(self) -> Node | None:
         items: list[Node] = []
-        while (tok := self.peek()) is not None:
-            if tok.kind == "RP":
-                if self.depth > 0:
-                    break
-                self.pos += 1  # unmatched ')': punctuation
+        while (tok := self.peek()) is not None and tok.kind != "RP" and not self._is_op("OR"):
+            if self._is_op("AND"):
+                self.pos += 1  # the explicit AND is the implicit one
                 continue
-            if tok.kind == "OP" and tok.text == "OR" and items:
-                nxt = self.peek(1)
-                if (
-                    nxt is not None
-                    and nxt.kind != "RP"
-                    and not (nxt.kind == "OP" and nxt.text == "OR")
-                ):
-                    break  # a real OR: let or_expr take it
-            if tok.kind == "OP" and tok.text == "AND" and items:
-                nxt = self.peek(1)
-                if (
-                    nxt is not None
-                    and nxt.kind != "RP"
-                    and not (nxt.kind == "OP" and nxt.text != "NOT")
-                ):
-                    self.pos += 1  # explicit AND is the implicit one
-                    continue
             node = self.unary()
             if node is not None:
                 items.append(node)
@@ -170,14 +200,10 @@ class _Parser:
         return items[0] if len(items) == 1 else And(tuple(items))
 
     def unary(self) -> Node | None:
-        tok = self.peek()
-        assert tok is not None
-        if tok.kind == "OP" and tok.text == "NOT":
-            nxt = self.peek(1)
-            if nxt is not None and nxt.kind in ("WORD", "PHRASE", "LP"):
-                self.pos += 1
-                inner = self.unary()
-                return Not(inner) if inner is not None else None
+        if self._is_op("NOT"):
+            self.pos += 1
+            inner = self.unary()
+            return Not(inner) if inner is not None else None
         return self.primary()
 
     def primary(self) -> Node | None:
@@ -185,16 +211,11 @@ class _Parser:
         assert tok is not None
         self.pos += 1
         if tok.kind == "LP":
-            self.depth += 1
             inner = self.or_expr()
-            self.depth -= 1
             if (close := self.peek()) is not None and close.kind == "RP":
                 self.pos += 1
             return inner  # a missing ')' closes at the end of the query
-        if tok.kind == "PHRASE":
-            return Term(tok.text, phrase=True, prefix=tok.prefix)
-        # WORD, or an operator that cannot act here: the word it spells
-        return Term(tok.text, prefix=tok.prefix)
+        return Term(tok.text, phrase=tok.kind == "PHRASE", prefix=tok.prefix)
 
 
 def _prune(node: Node | None) -> Node | None:
@@ -241,7 +262,11 @@ def parse(query: str) -> Node:
         )
     # Control characters (NUL above all: FTS5 strings end there) are read as spaces.
     query = "".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in query)
-    tree = _prune(_Parser(tokenize(query)).parse())
+    toks = tokenize(query)
+    tree = _prune(_Parser(_drop_dangling(toks)).parse())
+    if tree is None:  # only operators (and punctuation): search for the words they spell
+        words = [_Tok("WORD", t.text) if t.kind == "OP" else t for t in toks]
+        tree = _prune(_Parser(_drop_dangling(words)).parse())
     if tree is None:
         raise QueryError("nothing to search for: the query has no letters, digits or emoji")
     found = terms(tree)

@@ -12,10 +12,11 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 from urllib.parse import quote
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 _STOP = object()
 
 
@@ -86,7 +87,7 @@ class ReaderPool:
             self._free.put_nowait(slot)
         self._closed = False
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         if self._closed:
             raise RuntimeError("the reader pool is closed")
         slot = await self._free.get()

@@ -412,7 +412,9 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
         fresh = not _table_exists(conn, "sessions")
         for version, step in MIGRATIONS:
             if found < version <= target:
-                log.info("migrating %s to schema %d", path, version)
+                # a new file's steps are one creation, not news; an older file's are
+                log.log(logging.DEBUG if fresh else logging.INFO,
+                        "migrating %s to schema %d", path, version)  # fmt: skip
                 step(conn)
                 conn.execute(
                     "INSERT INTO state_meta(key, value) VALUES (?, ?) "

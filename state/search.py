@@ -16,12 +16,13 @@ import time
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from . import query as q
 from . import ranking
 from .errors import QueryError
 from .listing import SessionFilter
+from .records import SearchHit
 from .rows import Row
 from .textindex import segment
 
@@ -135,7 +136,9 @@ def _branches(tree: q.Node, roles: Sequence[str]) -> list[_Branch]:
     return out
 
 
-def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = None) -> list[Row]:
+def search(
+    conn: sqlite3.Connection, req: SearchRequest, now: float | None = None
+) -> list[SearchHit]:
     """Ranked hits for one page.
 
     Ranking looks at the newest N matches of each index (rowid order is arrival order, and
@@ -196,7 +199,7 @@ def search(conn: sqlite3.Connection, req: SearchRequest, now: float | None = Non
     for h in hits:
         for key in ("fts", "body", "size"):
             h.pop(key, None)
-    return hits
+    return cast(list[SearchHit], hits)
 
 
 def _rank(

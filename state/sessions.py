@@ -11,11 +11,12 @@ import sqlite3
 import time
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from .errors import SessionExists, SessionNotFound, TitleEmpty, TitleTaken, TitleTooLong
 from .ids import new_session_id
-from .rows import Row, like_escape, row_dict
+from .records import SessionRow
+from .rows import like_escape, row_dict
 from .titles import (
     MAX_TITLE_LENGTH,
     clean_title,
@@ -132,10 +133,10 @@ def require_session(conn: sqlite3.Connection, session_id: str) -> None:
         raise SessionNotFound(session_id)
 
 
-def get_session(conn: sqlite3.Connection, session_id: str) -> Row | None:
+def get_session(conn: sqlite3.Connection, session_id: str) -> SessionRow | None:
     cur = conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,))
     row = cur.fetchone()
-    return row_dict(cur, row) if row else None
+    return cast(SessionRow, row_dict(cur, row)) if row else None
 
 
 def end_session(
@@ -350,3 +351,28 @@ def resolve_id(conn: sqlite3.Connection, ref: str) -> str:
     if len(rows) > 1:
         raise AmbiguousSession(ref, [r[0] for r in rows])
     return str(rows[0][0])
+
+
+def resolve_ref(conn: sqlite3.Connection, ref: str) -> str:
+    """Id, unique id prefix, or title (the newest of its lineage)."""
+    try:
+        return resolve_id(conn, ref)
+    except SessionNotFound:
+        by_title = resolve_title(conn, ref)
+        if by_title is None:
+            raise
+        return by_title
+
+
+def get_by_title(conn: sqlite3.Connection, title: str) -> SessionRow | None:
+    owner = title_owner(conn, clean_title(title))
+    return get_session(conn, owner) if owner else None
+
+
+def count_sessions(conn: sqlite3.Connection, source: str | None = None) -> int:
+    """Every session, or those of one source."""
+    if source:
+        (n,) = conn.execute("SELECT COUNT(*) FROM sessions WHERE source = ?", (source,)).fetchone()
+    else:
+        (n,) = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
+    return int(n)

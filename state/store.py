@@ -1,8 +1,9 @@
-"""`SessionDB`: the async interface to state.db that the rest of switchboard uses.
+"""`SessionDB`: the SQLite implementation of `state.api.Store` (and of `Maintenance`).
 
-It owns one Writer (all writes, group-committed) and a ReaderPool (all reads), and keeps
-the rules of DESIGN.md (lineage, titles, end reasons, pruning) in the operations it submits.
-The gateway never sees SQL; a different store (PostgreSQL) can implement the same methods.
+It owns one Writer (all writes, group-committed) and a ReaderPool (all reads) and only
+dispatches: every statement lives in an operation module (sessions, messages, lineage,
+listing, handoffs, routing, maintenance, transfer, search) that keeps the rules in
+docs/architecture.md (lineage, titles, end reasons, pruning).
 """
 
 from __future__ import annotations
@@ -13,17 +14,40 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeVar, TypeVarTuple, Unpack
 
-from . import lineage, listing, maintenance, messages, schema, search, sessions, transfer
+from . import (
+    handoffs,
+    lineage,
+    listing,
+    maintenance,
+    messages,
+    routing,
+    schema,
+    search,
+    sessions,
+    transfer,
+)
 from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError
 from .readers import ReaderPool
-from .rows import Row
-from .writer import Writer, WriterConfig, connect_writer
+from .records import (
+    AutoPruneResult,
+    ExportRecord,
+    HandoffClaim,
+    LiveSession,
+    MessageRow,
+    SearchHit,
+    SessionRow,
+    UsageStats,
+    WriteStats,
+)
+from .writer import Writer, WriterConfig, connect_writer, error_code, is_busy
 
 log = logging.getLogger("state.store")
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 AUTO_PRUNE_KEY = "switchboard.auto_prune.last_run"
@@ -44,8 +68,7 @@ def _check_file(path: Path) -> None:
 
 def _database_error(path: str, exc: sqlite3.DatabaseError, what: str) -> DatabaseError:
     """Name the cause a person can act on: permissions read as such, not as damage."""
-    text = str(exc).lower()
-    if "readonly" in text or "read-only" in text or "unable to open" in text:
+    if error_code(exc) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
         return DatabaseError(
             path,
             f"cannot be written ({exc}): switchboard needs write access to state.db, "
@@ -71,10 +94,10 @@ def _open_and_migrate(
             raise
         except sqlite3.OperationalError as exc:
             conn.close()
-            if "locked" in str(exc) and time.monotonic() < deadline:
+            if is_busy(exc) and time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
-            if "locked" in str(exc):
+            if is_busy(exc):
                 raise DatabaseBusy(f"{path}: locked by another process during start-up") from exc
             raise _database_error(path, exc, "cannot be prepared") from exc
         except sqlite3.DatabaseError as exc:
@@ -83,7 +106,10 @@ def _open_and_migrate(
 
 
 class SessionDB:
-    """Async session store over one state.db. Create with `await SessionDB.open(path)`."""
+    """Async session store over one state.db. Create with `await SessionDB.open(path)`
+    (or `state.open_store`)."""
+
+    backend = "sqlite"
 
     def __init__(self, path: Path, writer: Writer, readers: ReaderPool) -> None:
         self.path = path
@@ -121,7 +147,7 @@ class SessionDB:
         await writer.start(conn)
         db = cls(p, writer, ReaderPool(str(p), readers))
         try:  # prove the file answers a read before the caller relies on it
-            await db._read(lambda c: c.execute("SELECT COUNT(*) FROM sessions").fetchone())
+            await db._read(sessions.count_sessions)
         except sqlite3.DatabaseError as exc:
             await db.close()
             raise DatabaseError(str(p), f"is damaged: {exc}") from exc
@@ -145,12 +171,23 @@ class SessionDB:
 
     @property
     def writer(self) -> Writer:
+        """The SQLite writer itself: for tests and benchmarks of its internals only."""
         return self._writer
 
-    async def _read(self, fn: Any, *args: Any) -> Any:
+    def write_stats(self) -> WriteStats:
+        """A snapshot of the write queue and recent commits (no I/O)."""
+        st = self._writer.stats
+        return WriteStats(
+            queue_depth=self._writer.queue_depth, batches=st.batches, operations=st.operations,
+            failed_operations=st.failed_operations, busy_retries=st.busy_retries,
+            last_batch_size=st.last_batch_size, last_commit_ms=st.last_commit_ms,
+            recent_commit_ms=tuple(st.commit_ms), recent_batch_sizes=tuple(st.batch_sizes),
+        )  # fmt: skip
+
+    async def _read(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._readers.run(fn, *args)
 
-    async def _write(self, fn: Any, *args: Any) -> Any:
+    async def _write(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._writer.submit(fn, *args)
 
     # --- sessions -------------------------------------------------------------------
@@ -177,7 +214,7 @@ class SessionDB:
             parent_session_id, child_kind, title, started_at, routing,
         )  # fmt: skip
         if not session_id:
-            return str(await self._write(sessions.insert_new_session, fields, source == "cli"))
+            return await self._write(sessions.insert_new_session, fields, source == "cli")
         await self._write(sessions.insert_session, fields)
         return session_id
 
@@ -199,9 +236,7 @@ class SessionDB:
             session_id, source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, None, None, routing,
         )  # fmt: skip
-        return bool(
-            await self._write(lambda c: sessions.insert_session(c, fields, if_missing=True))
-        )
+        return await self._write(lambda c: sessions.insert_session(c, fields, if_missing=True))
 
     @staticmethod
     def _session_fields(
@@ -223,38 +258,28 @@ class SessionDB:
         fields.update({k: v for k, v in routing.items() if v is not None})
         return fields
 
-    async def get_session(self, session_id: str) -> Row | None:
+    async def get_session(self, session_id: str) -> SessionRow | None:
         return await self._read(sessions.get_session, session_id)
 
-    async def require_session(self, session_id: str) -> Row:
+    async def require_session(self, session_id: str) -> SessionRow:
         row = await self.get_session(session_id)
         if row is None:
             raise SessionNotFound(session_id)
         return row
 
     async def end_session(self, session_id: str, reason: str, *, now: float | None = None) -> bool:
-        return bool(await self._write(sessions.end_session, session_id, reason, now))
+        return await self._write(sessions.end_session, session_id, reason, now)
 
     async def reopen_session(self, session_id: str) -> bool:
-        return bool(await self._write(sessions.reopen_session, session_id))
+        return await self._write(sessions.reopen_session, session_id)
 
     async def resolve_session_id(self, ref: str) -> str:
         """Exact id or unique prefix (raises SessionNotFound / AmbiguousSession)."""
-        return str(await self._read(sessions.resolve_id, ref))
+        return await self._read(sessions.resolve_id, ref)
 
     async def resolve_session_ref(self, ref: str) -> str:
         """Id, unique id prefix, or title (newest of its lineage)."""
-
-        def _resolve(conn: sqlite3.Connection) -> str:
-            try:
-                return sessions.resolve_id(conn, ref)
-            except SessionNotFound:
-                by_title = sessions.resolve_title(conn, ref)
-                if by_title is None:
-                    raise
-                return by_title
-
-        return str(await self._read(_resolve))
+        return await self._read(sessions.resolve_ref, ref)
 
     async def update_system_prompt(self, session_id: str, prompt: str | None) -> None:
         await self._write(sessions.update_system_prompt, session_id, prompt)
@@ -293,18 +318,14 @@ class SessionDB:
             )
         )  # fmt: skip
 
-    async def _count(self, table: str, column: str, value: str | None) -> int:
-        sql = f"SELECT COUNT(*) FROM {table}" + (f" WHERE {column} = ?" if value else "")
-        row = await self._read(lambda c: c.execute(sql, (value,) if value else ()).fetchone())
-        return int(row[0])
-
     async def session_count(self, source: str | None = None) -> int:
-        return await self._count("sessions", "source", source)
+        return await self._read(sessions.count_sessions, source)
 
     async def message_count(self, session_id: str | None = None) -> int:
-        return await self._count("messages", "session_id", session_id)
+        return await self._read(messages.count_messages, session_id)
 
-    async def stats(self) -> Row:
+    async def stats(self) -> UsageStats:
+        """Totals over the store (sessions, messages, tokens, cost, file sizes)."""
         return await self._read(maintenance.stats, str(self.path))
 
     # --- messages -------------------------------------------------------------------
@@ -318,7 +339,7 @@ class SessionDB:
         if bad:
             raise TypeError(f"unknown message field(s): {', '.join(bad)}")
         ids = await self._write(messages.append_messages, session_id, (msg,))
-        return int(ids[0])
+        return ids[0]
 
     async def append_messages(
         self,
@@ -338,10 +359,8 @@ class SessionDB:
         if input_tokens or output_tokens:
             tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
         if dedupe is None and tokens is None:
-            return list(await self._write(messages.append_messages, session_id, list(batch)))
-        return list(
-            await self._write(messages.append_messages, session_id, list(batch), dedupe, tokens)
-        )
+            return await self._write(messages.append_messages, session_id, list(batch))
+        return await self._write(messages.append_messages, session_id, list(batch), dedupe, tokens)
 
     async def append_and_read(
         self,
@@ -353,10 +372,7 @@ class SessionDB:
     ) -> tuple[list[int], list[dict[str, Any]]]:
         """Append messages and return (their ids, the newest `last` messages in OpenAI chat
         format) from the same transaction. With `dedupe`, a duplicate returns ([], [])."""
-        ids, rows = await self._write(
-            messages.append_and_read, session_id, list(batch), dedupe, last
-        )
-        return list(ids), list(rows)
+        return await self._write(messages.append_and_read, session_id, list(batch), dedupe, last)
 
     async def get_messages(
         self,
@@ -365,48 +381,31 @@ class SessionDB:
         limit: int | None = None,
         after_id: int | None = None,
         last: int | None = None,
-    ) -> list[Row]:
-        return list(
-            await self._read(
-                lambda c: messages.get_messages(
-                    c, session_id, limit=limit, after_id=after_id, last=last
-                )
+    ) -> list[MessageRow]:
+        return await self._read(
+            lambda c: messages.get_messages(
+                c, session_id, limit=limit, after_id=after_id, last=last
             )
         )
 
     async def get_messages_around(
         self, session_id: str, message_id: int, window: int = 5
-    ) -> list[Row]:
-        return list(await self._read(messages.get_messages_around, session_id, message_id, window))
+    ) -> list[MessageRow]:
+        return await self._read(messages.get_messages_around, session_id, message_id, window)
 
     async def get_messages_as_conversation(
         self, session_id: str, *, include_ancestors: bool = False, last: int | None = None
     ) -> list[dict[str, Any]]:
-        def _conv(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            rows: list[dict[str, Any]] = []
-            if include_ancestors:
-                for anc in reversed(lineage.ancestors(conn, session_id)):
-                    rows.extend(messages.conversation(conn, anc["id"]))
-            rows.extend(messages.conversation(conn, session_id, last))
-            return rows
-
-        return list(await self._read(_conv))
+        return await self._read(lineage.conversation, session_id, include_ancestors, last)
 
     async def count_messages_outside(
         self, session_id: str, first_id: int, last_id: int
     ) -> tuple[int, int]:
         """How many messages of the session come before `first_id` and after `last_id`."""
-        row = await self._read(
-            lambda c: c.execute(
-                "SELECT (SELECT COUNT(*) FROM messages WHERE session_id = ? AND id < ?), "
-                "(SELECT COUNT(*) FROM messages WHERE session_id = ? AND id > ?)",
-                (session_id, first_id, session_id, last_id),
-            ).fetchone()
-        )
-        return int(row[0]), int(row[1])
+        return await self._read(messages.count_outside, session_id, first_id, last_id)
 
     async def clear_messages(self, session_id: str) -> int:
-        return int(await self._write(messages.clear_messages, session_id))
+        return await self._write(messages.clear_messages, session_id)
 
     # --- titles ---------------------------------------------------------------------
 
@@ -422,35 +421,31 @@ class SessionDB:
         row = await self.get_session(session_id)
         return None if row is None else row.get("title")
 
-    async def get_session_by_title(self, title: str) -> Row | None:
-        def _get(conn: sqlite3.Connection) -> Row | None:
-            owner = sessions.title_owner(conn, sessions.clean_title(title))
-            return sessions.get_session(conn, owner) if owner else None
-
-        return await self._read(_get)
+    async def get_session_by_title(self, title: str) -> SessionRow | None:
+        return await self._read(sessions.get_by_title, title)
 
     async def resolve_session_by_title(self, title: str) -> str | None:
         return await self._read(sessions.resolve_title, title)
 
     async def get_next_title_in_lineage(self, title: str) -> str:
-        return str(await self._read(sessions.next_title_in_lineage, title))
+        return await self._read(sessions.next_title_in_lineage, title)
 
     # --- lineage --------------------------------------------------------------------
 
-    async def get_ancestors(self, session_id: str) -> list[Row]:
-        return list(await self._read(lineage.ancestors, session_id))
+    async def get_ancestors(self, session_id: str) -> list[SessionRow]:
+        return await self._read(lineage.ancestors, session_id)
 
-    async def get_descendants(self, session_id: str) -> list[Row]:
-        return list(await self._read(lineage.descendants, session_id))
+    async def get_descendants(self, session_id: str) -> list[SessionRow]:
+        return await self._read(lineage.descendants, session_id)
 
-    async def get_children(self, session_id: str, kind: str | None = None) -> list[Row]:
-        return list(await self._read(lineage.children, session_id, kind))
+    async def get_children(self, session_id: str, kind: str | None = None) -> list[SessionRow]:
+        return await self._read(lineage.children, session_id, kind)
 
     async def get_compression_tip(self, session_id: str) -> str:
-        return str(await self._read(lineage.compression_tip, session_id))
+        return await self._read(lineage.compression_tip, session_id)
 
     async def resolve_resume_session_id(self, session_id: str) -> str:
-        return str(await self._read(lineage.resume_target, session_id))
+        return await self._read(lineage.resume_target, session_id)
 
     async def fork_session(
         self,
@@ -467,41 +462,10 @@ class SessionDB:
         """Create a child of `parent_id` in one transaction: copy or seed its messages,
         title it (an explicit title, else the next `#N` of the parent's title for
         compression/branch), and end the parent with `end_reason`."""
-        seeds = list(seed_messages)
-
-        def _fork(conn: sqlite3.Connection) -> str:
-            parent = sessions.get_session(conn, parent_id)
-            if parent is None:
-                raise SessionNotFound(parent_id)
-            cid = new_id or sessions.fresh_session_id(conn, terminal=parent["source"] == "cli")
-            fields: dict[str, Any] = {
-                "id": cid,
-                "source": parent["source"],
-                "parent_session_id": parent_id,
-                "child_kind": kind,
-            }
-            for col in ("user_id", "model", "model_config", "system_prompt", "session_key",
-                        "chat_id", "chat_type", "thread_id", "origin_json"):  # fmt: skip
-                if parent.get(col) is not None:
-                    fields[col] = parent[col]
-            fields.update({k: v for k, v in routing.items() if v is not None})
-            sessions.insert_session(conn, fields)
-            if title is not None:
-                sessions.set_title(conn, cid, title)
-            elif parent.get("title") and kind in ("compression", "branch"):
-                sessions.set_title(conn, cid, sessions.next_title_in_lineage(conn, parent["title"]))
-            if copy_messages:
-                history = messages.get_messages(conn, parent_id)
-                messages.append_messages(conn, cid, [
-                    {k: v for k, v in m.items() if k in messages.MESSAGE_FIELDS} for m in history
-                ])  # fmt: skip
-            if seeds:
-                messages.append_messages(conn, cid, seeds)
-            if end_reason is not None:
-                sessions.end_session(conn, parent_id, end_reason)
-            return cid
-
-        return str(await self._write(_fork))
+        return await self._write(
+            lineage.fork, parent_id, kind, new_id, title, copy_messages, list(seed_messages),
+            end_reason, routing,
+        )  # fmt: skip
 
     # --- listing --------------------------------------------------------------------
 
@@ -517,20 +481,20 @@ class SessionDB:
         titled_only: bool = False,
         limit: int = 20,
         offset: int = 0,
-    ) -> list[Row]:
+    ) -> list[SessionRow]:
         """Newest activity first, each row with `last_active` and a 60-char `preview`."""
         flt = listing.SessionFilter(
             source=source, exclude_sources=tuple(exclude_sources), user_id=user_id,
             chat_id=chat_id, include_children=include_children,
             include_archived=include_archived, titled_only=titled_only,
         )  # fmt: skip
-        return list(await self._read(listing.list_sessions, flt, limit, offset))
+        return await self._read(listing.list_sessions, flt, limit, offset)
 
     async def sessions_by_start(
         self, source: str | None = None, limit: int = 20, offset: int = 0
-    ) -> list[Row]:
+    ) -> list[SessionRow]:
         """Every session, children included, newest start first, with all its columns."""
-        return list(await self._read(listing.sessions_by_start, source, limit, offset))
+        return await self._read(listing.sessions_by_start, source, limit, offset)
 
     async def resolve_in_scope(self, ref: str, flt: listing.SessionFilter) -> str | None:
         """Id, unique prefix or title, among the sessions `flt` allows (None if none)."""
@@ -538,17 +502,17 @@ class SessionDB:
 
     async def list_filtered(
         self, flt: listing.SessionFilter, limit: int = 20, offset: int = 0
-    ) -> list[Row]:
-        return list(await self._read(listing.list_sessions, flt, limit, offset))
+    ) -> list[SessionRow]:
+        return await self._read(listing.list_sessions, flt, limit, offset)
 
     async def count_filtered(self, flt: listing.SessionFilter) -> int:
-        return int(await self._read(listing.count_sessions, flt))
+        return await self._read(listing.count_sessions, flt)
 
     async def has_platform_message(
         self, source: str, chat_id: str, platform_message_id: str
     ) -> bool:
         """True if a message with this platform id was already stored for that chat."""
-        return bool(await self._read(messages.is_stored, source, chat_id, platform_message_id))
+        return await self._read(messages.is_stored, source, chat_id, platform_message_id)
 
     # --- handoff (terminal -> chat) ----------------------------------------------------
 
@@ -557,40 +521,18 @@ class SessionDB:
     ) -> bool:
         """Mark a session `pending` for `platform`; False if a handoff is already in flight."""
         at = time.time() if now is None else now
-
-        def _request(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE sessions SET handoff_state = 'pending', handoff_platform = ?, handoff_error = NULL, "
-                "handoff_updated_at = ? WHERE id = ? AND COALESCE(handoff_state, '') NOT IN ('pending', 'running')",
-                (platform, at, session_id),
-            )
-            if cur.rowcount == 0:
-                sessions.require_session(conn, session_id)
-            return cur.rowcount == 1
-
-        return bool(await self._write(_request))
+        return await self._write(handoffs.request, session_id, platform, at)
 
     async def claim_handoff(
         self, platforms: Iterable[str], *, now: float | None = None
-    ) -> Row | None:
+    ) -> HandoffClaim | None:
         """Atomically take the oldest pending handoff for one of `platforms` (pending ->
-        running). One statement in one IMMEDIATE transaction: of two daemons, one wins."""
+        running). Of two daemons sharing the file, one wins."""
         wanted = list(platforms)
         if not wanted:
             return None
         at = time.time() if now is None else now
-
-        def _claim(conn: sqlite3.Connection) -> Row | None:
-            marks = ", ".join("?" for _ in wanted)
-            row = conn.execute(
-                "UPDATE sessions SET handoff_state = 'running', handoff_updated_at = ? WHERE id = ("
-                f"SELECT id FROM sessions WHERE handoff_state = 'pending' AND handoff_platform IN ({marks}) "
-                "ORDER BY handoff_updated_at LIMIT 1) RETURNING id, handoff_platform",
-                (at, *wanted),
-            ).fetchone()
-            return {"id": row[0], "platform": row[1]} if row else None
-
-        return await self._write(_claim)
+        return await self._write(handoffs.claim, wanted, at)
 
     async def finish_handoff(
         self,
@@ -601,75 +543,29 @@ class SessionDB:
         expect: str | None = None,
     ) -> bool:
         """Set the handoff's final (or reset) state; with `expect`, only from that state."""
-
-        def _finish(conn: sqlite3.Connection) -> bool:
-            sql = "UPDATE sessions SET handoff_state = ?, handoff_error = ?, handoff_updated_at = ? WHERE id = ?"
-            params: list[object] = [state, error, time.time(), session_id]
-            if expect is not None:
-                sql += " AND handoff_state = ?"
-                params.append(expect)
-            return conn.execute(sql, params).rowcount == 1
-
-        return bool(await self._write(_finish))
+        return await self._write(handoffs.finish, session_id, state, error, expect)
 
     async def fail_stale_handoffs(
         self, older_than_s: float, *, now: float | None = None
     ) -> list[str]:
         """`running` handoffs whose daemon went away: failed, never stuck."""
         at = time.time() if now is None else now
+        return await self._write(handoffs.fail_stale, older_than_s, at)
 
-        def _fail(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute(
-                "UPDATE sessions SET handoff_state = 'failed', handoff_error = "
-                "'the gateway stopped during the handoff', handoff_updated_at = ? "
-                "WHERE handoff_state = 'running' AND handoff_updated_at < ? RETURNING id",
-                (at, at - older_than_s),
-            ).fetchall()
-            return [r[0] for r in rows]
+    # --- what the gateway's session index is built from ----------------------------
 
-        return list(await self._write(_fail))
-
-    async def live_sessions_by_key(self) -> list[Row]:
+    async def live_sessions_by_key(self) -> list[LiveSession]:
         """The newest live (not ended) session per session_key: the index's source of truth."""
-        return list(await self._read(lambda c: [
-            dict(zip(("session_key", "id", "started_at", "last_active", "origin_json", "source", "chat_type"), r, strict=True))
-            for r in c.execute(
-                "SELECT session_key, id, started_at, last_active, origin_json, source, chat_type "
-                "FROM sessions WHERE session_key IS NOT NULL AND ended_at IS NULL "
-                "ORDER BY started_at"
-            )
-        ]))  # fmt: skip
+        return await self._read(routing.live_sessions_by_key)
 
     async def newest_live_session_by_key(self) -> dict[str, str]:
         """session_key -> id of its newest live session: what the index checks itself
-        against at start-up. SQLite groups along the key index and hands back one JSON
-        object, so most of the work runs without the GIL and no row is built per session."""
-
-        def _newest(conn: sqlite3.Connection) -> dict[str, str]:
-            (text,) = conn.execute(
-                # the bare `id` beside MAX() comes from the row holding the maximum
-                "SELECT json_group_object(k, id) FROM (SELECT session_key AS k, id, MAX(started_at) "
-                "FROM sessions WHERE session_key IS NOT NULL AND ended_at IS NULL GROUP BY session_key)"
-            ).fetchone()
-            return dict(json.loads(text)) if text else {}
-
-        return await self._read(_newest)
+        against at start-up."""
+        return await self._read(routing.newest_live_session_by_key)
 
     async def session_states(self, ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
         """id -> (ended_at, end_reason) for the ids that exist."""
-
-        def _states(conn: sqlite3.Connection) -> dict[str, tuple[float | None, str | None]]:
-            out: dict[str, tuple[float | None, str | None]] = {}
-            for i in range(0, len(ids), 500):
-                chunk = ids[i : i + 500]
-                marks = ", ".join("?" for _ in chunk)
-                for sid, ended, reason in conn.execute(
-                    f"SELECT id, ended_at, end_reason FROM sessions WHERE id IN ({marks})", chunk
-                ):
-                    out[sid] = (ended, reason)
-            return out
-
-        return dict(await self._read(_states))
+        return await self._read(routing.session_states, ids)
 
     # --- delete, prune, vacuum, meta ------------------------------------------------
 
@@ -691,7 +587,7 @@ class SessionDB:
         keep = frozenset(protected)
         total = 0
         while True:
-            n = int(await self._write(maintenance.prune_chunk, older_than_days, source, at, keep))
+            n = await self._write(maintenance.prune_chunk, older_than_days, source, at, keep)
             total += n
             if n < maintenance.PRUNE_CHUNK:
                 return total
@@ -705,14 +601,11 @@ class SessionDB:
         limit: int = 1000,
     ) -> list[str]:
         at = time.time() if now is None else now
-        return list(
-            await self._read(maintenance.prune_candidates, older_than_days, source, at, limit)
-        )
+        return await self._read(maintenance.prune_candidates, older_than_days, source, at, limit)
 
     async def vacuum(self) -> tuple[int, int]:
         """VACUUM; returns the file size in bytes before and after."""
-        before, after = await self._writer.exclusive(maintenance.vacuum)
-        return int(before), int(after)
+        return await self._writer.exclusive(maintenance.vacuum)
 
     async def maybe_auto_prune_and_vacuum(
         self,
@@ -723,7 +616,7 @@ class SessionDB:
         now: float | None = None,
         min_vacuum_bytes: int = 8 * 1024 * 1024,
         min_vacuum_share: float = 0.2,
-    ) -> dict[str, Any]:
+    ) -> AutoPruneResult:
         """Prune at most once per interval across every process sharing the file (the
         stamp lives in state_meta); VACUUM only when that frees a worthwhile amount."""
         at = time.time() if now is None else now
@@ -748,20 +641,18 @@ class SessionDB:
         await self._write(maintenance.set_meta, key, value)
 
     async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
-        if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
+        """Copy WAL frames back into the file: (busy, frames in the WAL, frames copied)."""
+        if mode not in maintenance.CHECKPOINT_MODES:
             raise ValueError("checkpoint mode must be PASSIVE, FULL, RESTART or TRUNCATE")
-        row = await self._writer.exclusive(
-            lambda c: c.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
-        )
-        return int(row[0]), int(row[1]), int(row[2])
+        return await self._writer.exclusive(maintenance.checkpoint, mode)
 
     # --- export / import ------------------------------------------------------------
 
-    async def export_session(self, session_id: str) -> Row:
+    async def export_session(self, session_id: str) -> ExportRecord:
         page = await self._read(transfer.export_page, None, 1, None, [session_id])
         if not page:
             raise SessionNotFound(session_id)
-        return dict(page[0])
+        return page[0]
 
     async def export_all(
         self,
@@ -769,7 +660,7 @@ class SessionDB:
         *,
         session_ids: list[str] | None = None,
         page_size: int = 50,
-    ) -> AsyncIterator[Row]:
+    ) -> AsyncIterator[ExportRecord]:
         """Stream sessions (each with its messages), oldest first, a page at a time."""
         after: tuple[float, str] | None = None
         while True:
@@ -781,7 +672,7 @@ class SessionDB:
             last = page[-1]["session"]
             after = (last["started_at"], last["id"])
 
-    async def write_jsonl(self, fh: Any, **kwargs: Any) -> int:
+    async def write_jsonl(self, fh: IO[str], **kwargs: Any) -> int:
         """Export to a text file object as JSONL; returns the number of sessions."""
         n = 0
         async for rec in self.export_all(**kwargs):
@@ -829,51 +720,43 @@ class SessionDB:
         sort: str = "relevance",
         limit: int = 20,
         offset: int = 0,
-    ) -> list[Row]:
+    ) -> list[SearchHit]:
         """Search every message (see state.search); raises QueryError for unusable queries."""
         req = search.SearchRequest(
             query=query, sources=tuple(sources), exclude_sources=tuple(exclude_sources),
             roles=tuple(roles), scope=scope or listing.SessionFilter(include_children=True),
             exclude_session_ids=tuple(exclude_session_ids), sort=sort, limit=limit, offset=offset,
         )  # fmt: skip
-        return list(await self._read(search.search, req))
+        return await self._read(search.search, req)
 
-    # --- search index maintenance ----------------------------------------------------
+    # --- search index, integrity, schema, lineage repair -----------------------------
 
     async def rebuild_search_index(self) -> int:
         """Rebuild both FTS indexes from the messages table; returns the aux row count."""
-
-        def _rebuild(conn: sqlite3.Connection) -> int:
-            conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
-            return schema.rebuild_aux(conn)
-
-        return int(await self._write(_rebuild))
+        return await self._write(maintenance.rebuild_search_index)
 
     async def optimize_search_index(self) -> None:
-        def _optimize(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
-            conn.execute("INSERT INTO messages_aux_fts(messages_aux_fts) VALUES ('optimize')")
-
-        await self._write(_optimize)
+        await self._write(maintenance.optimize_search_index)
 
     async def check_search_index(self) -> list[str]:
         """FTS integrity checks; returns a list of problems (empty when healthy)."""
-
-        def _check(conn: sqlite3.Connection) -> list[str]:
-            problems = []
-            for table in ("messages_fts", "messages_aux_fts"):
-                try:
-                    conn.execute(
-                        f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)"
-                    )
-                except sqlite3.DatabaseError as exc:
-                    problems.append(f"{table}: {exc}")
-            return problems
-
-        return list(await self._write(_check))
+        return await self._write(maintenance.check_search_index)
 
     async def integrity_check(self, quick: bool = True) -> list[str]:
-        pragma = "quick_check" if quick else "integrity_check"
-        rows = await self._read(lambda c: c.execute(f"PRAGMA {pragma}").fetchall())
-        found = [r[0] for r in rows]
-        return [] if found == ["ok"] else found
+        return await self._read(maintenance.integrity_check, quick)
+
+    async def schema_version(self) -> int:
+        """The schema version the file is at (0 for a file switchboard never migrated)."""
+        return await self._read(schema.current_version)
+
+    def latest_schema_version(self) -> int:
+        """The newest schema version this switchboard knows (and migrates files to)."""
+        return schema.LATEST
+
+    async def count_dangling_parents(self) -> int:
+        """Sessions whose parent no longer exists (written by another program)."""
+        return await self._read(maintenance.count_dangling_parents)
+
+    async def clear_dangling_parents(self) -> int:
+        """Make those sessions roots; returns how many were changed."""
+        return await self._write(maintenance.clear_dangling_parents)

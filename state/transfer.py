@@ -11,11 +11,12 @@ import json
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .errors import TitleTaken
 from .messages import decode_message
-from .rows import Row, row_dict, to_json_text
+from .records import ExportRecord, SessionRow
+from .rows import row_dict, to_json_text
 from .schema import aux_row
 from .sessions import set_title, title_owner
 
@@ -29,7 +30,7 @@ def export_page(
     limit: int,
     source: str | None,
     session_ids: list[str] | None,
-) -> list[Row]:
+) -> list[ExportRecord]:
     """The next page of sessions (keyset-paginated by started_at, id) with their messages."""
     sql = "SELECT * FROM sessions WHERE 1"
     params: list[object] = []
@@ -44,7 +45,7 @@ def export_page(
         params += session_ids
     cur = conn.execute(sql + " ORDER BY started_at, id LIMIT ?", (*params, limit))
     sessions = [row_dict(cur, r) for r in cur.fetchall()]
-    out = []
+    out: list[ExportRecord] = []
     for s in sessions:
         mcur = conn.execute("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (s["id"],))
         msgs = [decode_message(row_dict(mcur, r)) for r in mcur.fetchall()]
@@ -53,7 +54,9 @@ def export_page(
         out.append(
             {
                 "format": FORMAT_VERSION,
-                "session": {k: v for k, v in s.items() if k not in _SKIP_SESSION_COLUMNS},
+                "session": cast(
+                    SessionRow, {k: v for k, v in s.items() if k not in _SKIP_SESSION_COLUMNS}
+                ),
                 "messages": msgs,
             }
         )

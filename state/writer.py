@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from .errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
 
 log = logging.getLogger("state.writer")
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -153,13 +154,20 @@ def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite
     return conn
 
 
-def _is_busy(exc: BaseException) -> bool:
+def error_code(exc: BaseException) -> int | None:
+    """SQLite's primary result code of an sqlite3 error (extended codes folded), or None."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Another connection holds the lock (SQLITE_BUSY / SQLITE_LOCKED): worth retrying."""
     if not isinstance(exc, sqlite3.OperationalError):
         return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:
+    code = error_code(exc)
+    if code is None:  # raised by hand, not by SQLite: only its text can tell
         return "locked" in str(exc)
-    return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 class Writer:
@@ -217,10 +225,10 @@ class Writer:
         threading.Thread(target=self._serve, name="state-writer-serve", daemon=True).start()
         self._ckpt_task = asyncio.create_task(self._checkpoint_loop(), name="state.checkpoint")
 
-    async def submit(self, fn: Callable[..., T], *args: Any) -> T:
+    async def submit(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._enqueue(fn, args, exclusive=False)
 
-    async def exclusive(self, fn: Callable[..., T], *args: Any) -> T:
+    async def exclusive(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._enqueue(fn, args, exclusive=True)
 
     async def _enqueue(self, fn: Callable[..., T], args: tuple[Any, ...], exclusive: bool) -> T:
@@ -406,7 +414,7 @@ class Writer:
                 self.stats.failed_operations += sum(1 for ok, _ in results if not ok)
                 return results
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
+                if not is_busy(exc):
                     raise
                 attempt += 1
                 self.stats.busy_retries += 1
@@ -433,7 +441,7 @@ class Writer:
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if _is_busy(exc):
+            if is_busy(exc):
                 raise
             stats.fallbacks += 1
             # An operation's own error (a missing session, a taken title) is routine; anything
@@ -472,7 +480,7 @@ class Writer:
                 try:
                     value = op.fn(conn, *op.args)
                 except sqlite3.OperationalError as exc:
-                    if _is_busy(exc):
+                    if is_busy(exc):
                         raise  # retry the whole batch
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
@@ -520,8 +528,7 @@ def _close_quietly(conn: sqlite3.Connection, optimize: bool = False) -> None:
 def _translate(exc: BaseException, path: str) -> BaseException:
     """Map raw sqlite3 errors to typed store errors; leave ours alone."""
     if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.IntegrityError):
-        code = getattr(exc, "sqlite_errorcode", None)
-        code = code & 0xFF if code is not None else None
+        code = error_code(exc)
         if code == sqlite3.SQLITE_FULL:
             return DatabaseError(path, "the disk is full; nothing was written")
         if code == sqlite3.SQLITE_READONLY:

@@ -1,22 +1,25 @@
-"""The local HTTP API: an OpenAI-compatible `POST /v1/chat/completions`, a simple
-`POST /v1/messages` webhook, and `GET /health` / `GET /metrics`.
+"""The local HTTP API: an OpenAI-compatible `POST /v1/chat/completions` (plain JSON or
+server-sent events) and `GET /v1/models`, a simple `POST /v1/messages` webhook, and
+`GET /health` / `GET /metrics`.
 
 A request is answered when its turn's reply is ready (the reply has been stored by then), so
 a 200 OK means the exchange is in state.db. The session is chosen by the
 `X-Switchboard-Session` header or the `user` field; history comes from state.db, never from
-the request. Off loopback a bearer key is required.
+the request. Off loopback a bearer key is required. Every error is JSON in OpenAI's shape,
+`{"error": {"message", "type", "code"}}`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import itertools
 import json
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -28,12 +31,55 @@ from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024
+ANSWERED_MEMORY = 10_000  # recent answers kept to reply to a redelivered message_id at once
+
+# the kinds of answer a request can end with, besides a reply: (status, type, code, message)
+_DROPPED = {
+    "duplicate": (409, "duplicate_message", "this message_id was already received for this "
+                  "chat; its reply is in the session's history"),
+    "unauthorised": (403, "not_allowed", "this user may not use the gateway"),
+    "shutting_down": (503, "shutting_down", "the gateway is shutting down"),
+}  # fmt: skip
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 409: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+
+
+def _error(status: int, message: str, code: str | None = None) -> web.Response:
+    """An error in OpenAI's shape; the type follows from the status (5xx: server_error)."""
+    kind = "server_error" if status >= 500 else _ERROR_TYPES.get(status, "invalid_request_error")
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "code": code}}, status=status
+    )
 
 
 def _bad(status: int, message: str) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message, "type": "invalid_request_error"}}, status=status
-    )
+    return _error(status, message, "invalid_request" if status == 400 else None)
+
+
+def _unencodable(value: str) -> bool:
+    """True for text SQLite cannot store as UTF-8: lone surrogates (JSON allows "\\ud800")."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+@dataclass
+class _Exchange:
+    """One request's answer as the router sends it: notices first, then the reply (or the
+    reason it was dropped unanswered)."""
+
+    done: asyncio.Future[OutboundMessage | None]
+    notices: list[str] = field(default_factory=list)
+    dropped: str | None = None
+
+
+@dataclass(frozen=True)
+class _Answer:
+    reply: OutboundMessage
+    notices: tuple[str, ...]
+    duplicate: bool = False
 
 
 class ApiAdapter:
@@ -49,6 +95,7 @@ class ApiAdapter:
         health: Callable[[], dict[str, Any]] | None = None,
         metrics: Callable[[], str] | None = None,
         routes: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] | None = None,
+        models: tuple[str, ...] = (),
     ) -> None:
         # extra POST endpoints other adapters serve here (Slack's Events API); they
         # authenticate their own callers (Slack signs), so the bearer key does not apply
@@ -59,18 +106,22 @@ class ApiAdapter:
         self._reply_timeout = reply_timeout_s
         self._health = health
         self._metrics = metrics
+        self._models = models
         self._emit: Emit | None = None
-        self._pending: dict[str, asyncio.Future[OutboundMessage]] = {}
+        # keyed by (chat_id, message id): message ids are only unique within a chat
+        self._pending: dict[tuple[str, str], _Exchange] = {}
+        self._answered: OrderedDict[tuple[str, str], _Answer] = OrderedDict()
         self._runner: web.AppRunner | None = None
-        self._counter = itertools.count(1)
+        self._started_at = int(time.time())
         self.state: str = AdapterState.STOPPED
         self.bound_port: int | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._auth])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._json_errors, self._auth])
         app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._models_view)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/health", self._health_view)
         app.router.add_get("/metrics", self._metrics_view)
@@ -92,9 +143,9 @@ class ApiAdapter:
 
     async def stop(self) -> None:
         self.state = AdapterState.STOPPED
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.cancel()
+        for ex in self._pending.values():
+            if not ex.done.done():
+                ex.done.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -109,10 +160,21 @@ class ApiAdapter:
     # --- Adapter interface -------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> SentRef:
-        fut = self._pending.get(msg.reply_to or "")
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
+        ex = self._pending.get((msg.chat_id, msg.reply_to or ""))
+        if ex is not None and not ex.done.done():
+            if msg.notice:
+                ex.notices.append(msg.text)
+            else:
+                ex.done.set_result(msg)
         return SentRef(self.platform, msg.chat_id, (msg.reply_to or "",))
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        """The router is done with a message: a request still waiting was dropped (or, should
+        a turn ever end without a reply, gets an error instead of hanging)."""
+        ex = self._pending.get((msg.source.chat_id, msg.platform_message_id or ""))
+        if ex is not None and not ex.done.done():
+            ex.dropped = dropped or "no_reply"
+            ex.done.set_result(None)
 
     async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
         return None  # HTTP clients have no threads
@@ -120,12 +182,24 @@ class ApiAdapter:
     # --- HTTP ----------------------------------------------------------------------------
 
     @web.middleware
+    async def _json_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """aiohttp's own refusals (404, 405, 413 ...) are plain text: answer them as JSON too."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            if exc.status == 413:
+                return _error(413, f"the body is larger than {MAX_BODY} bytes", "body_too_large")
+            return _error(exc.status, exc.reason, None)
+
+    @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if self._key is not None and request.path != "/health" and request.path not in self._routes:
             header = request.headers.get("Authorization", "")
             token = header[7:] if header.startswith("Bearer ") else ""
             if not hmac.compare_digest(token.encode(), self._key.encode()):
-                return _bad(401, "a valid bearer key is required")
+                return _error(401, "a valid bearer key is required", "invalid_api_key")
         return await handler(request)
 
     async def _health_view(self, request: web.Request) -> web.Response:
@@ -135,6 +209,12 @@ class ApiAdapter:
     async def _metrics_view(self, request: web.Request) -> web.Response:
         text = self._metrics() if self._metrics else ""
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    async def _models_view(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": m, "object": "model", "created": self._started_at, "owned_by": "switchboard"}
+            for m in self._models
+        ]})  # fmt: skip
 
     async def _read_json(self, request: web.Request) -> dict[str, Any] | web.Response:
         try:
@@ -147,29 +227,50 @@ class ApiAdapter:
 
     async def _turn(
         self, source: SessionSource, text: str, message_id: str | None
-    ) -> OutboundMessage | web.Response:
+    ) -> _Answer | web.Response:
+        """Emit the message and wait for its answer. A message id already in flight waits for
+        that first turn; one answered recently gets the same answer again at once."""
         if self._emit is None or self.state != AdapterState.RUNNING:
-            return _bad(503, "the gateway is not accepting messages")
-        rid = message_id or f"req-{uuid.uuid4().hex}"
-        fut: asyncio.Future[OutboundMessage] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
+            return _error(503, "the gateway is not accepting messages", "shutting_down")
+        slot = (source.chat_id, message_id or f"req-{uuid.uuid4().hex}")
+        known = self._answered.get(slot)
+        if known is not None:
+            return _Answer(known.reply, known.notices, duplicate=True)
+        ex = self._pending.get(slot)
+        first = ex is None
+        if ex is None:
+            ex = _Exchange(asyncio.get_running_loop().create_future())
+            self._pending[slot] = ex
         try:
-            await self._emit(
-                InboundMessage(
-                    source=source, text=text, platform_message_id=rid, received_at=time.time()
-                )
-            )
-            return await asyncio.wait_for(fut, self._reply_timeout)
+            if first:
+                await self._emit(
+                    InboundMessage(source=source, text=text, platform_message_id=slot[1],
+                                   received_at=time.time())
+                )  # fmt: skip
+            # shielded: a duplicate request that gives up must not cancel the first one's wait
+            out = await asyncio.wait_for(asyncio.shield(ex.done), self._reply_timeout)
         except TimeoutError:
-            return _bad(504, "no reply in time; the message was stored")
+            return _error(504, "no reply in time; the message was stored", "timeout")
         except asyncio.CancelledError:
-            if fut.cancelled():
-                return _bad(503, "the gateway is shutting down")
+            if ex.done.cancelled():
+                return _error(503, "the gateway is shutting down", "shutting_down")
             raise
         finally:
-            self._pending.pop(rid, None)
+            if first:
+                self._pending.pop(slot, None)
+        if out is None:
+            status, code, message = _DROPPED.get(
+                ex.dropped or "", (500, "no_reply", "the message was not answered")
+            )
+            return _error(status, message, code)
+        answer = _Answer(out, tuple(ex.notices), duplicate=not first)
+        if first and out.error != "storage":  # not stored: a retry must run again
+            self._answered[slot] = answer
+            while len(self._answered) > ANSWERED_MEMORY:
+                self._answered.popitem(last=False)
+        return answer
 
-    async def _chat_completions(self, request: web.Request) -> web.Response:
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._read_json(request)
         if isinstance(body, web.Response):
             return body
@@ -184,33 +285,75 @@ class ApiAdapter:
             content = "\n".join(
                 p.get("text", "")
                 for p in content
-                if isinstance(p, dict) and p.get("type") == "text"
+                if isinstance(p, dict)
+                and p.get("type") == "text"
+                and isinstance(p.get("text"), str)
             )
         if not isinstance(content, str) or not content.strip():
             return _bad(400, "the last user message has no text")
+        if _unencodable(content):
+            return _bad(400, "messages[-1].content contains a lone surrogate (invalid Unicode)")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            return _bad(400, "stream must be true or false")
         who = request.headers.get("X-Switchboard-Session") or body.get("user") or "default"
-        if not isinstance(who, str) or not who.strip() or len(who) > 200:
+        if not isinstance(who, str) or not who.strip() or len(who) > 200 or _unencodable(who):
             return _bad(
                 400,
                 "user / X-Switchboard-Session must be a non-empty string of at most 200 characters",
             )
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        model = model or (self._models[0] if self._models else "switchboard")
         source = SessionSource(
             platform="api", chat_id=who, chat_type=ChatType.DM, user_id=who, user_name=who
         )
-        out = await self._turn(source, content, request.headers.get("X-Request-Id"))
-        if isinstance(out, web.Response):
-            return out
+        answer = await self._turn(source, content, request.headers.get("X-Request-Id"))
+        if isinstance(answer, web.Response):
+            return answer
+        out = answer.reply
         if out.error == "storage":  # not stored: never answer 200 for it
-            return _bad(503, out.text)
+            return _error(503, out.text, "storage_unavailable")
+        if out.error == "agent":  # the chat platforms get an apology; an API client an error
+            return _error(502, "the agent failed to answer; the message was stored",
+                          "agent_error")  # fmt: skip
+        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        extra = {"session_id": out.session_id, "session_key": out.session_key,
+                 "notices": list(answer.notices), "duplicate": answer.duplicate}  # fmt: skip
+        if stream:
+            return await self._stream(request, ident, created, model, out.text, extra)
         return web.json_response({
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "id": ident,
             "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or "switchboard",
+            "created": created,
+            "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            "switchboard": {"session_id": out.session_id, "session_key": out.session_key},
+            "switchboard": extra,
         })  # fmt: skip
+
+    async def _stream(
+        self, request: web.Request, ident: str, created: int, model: str, text: str,
+        extra: dict[str, Any],
+    ) -> web.StreamResponse:  # fmt: skip
+        """The finished reply as OpenAI chat.completion.chunk events: the role, the content
+        (in pieces of a few hundred characters), the stop, then [DONE]."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})  # fmt: skip
+        await resp.prepare(request)
+
+        async def event(delta: dict[str, str], finish: str | None, **more: Any) -> None:
+            chunk = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                     "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                     **more}  # fmt: skip
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        await event({"role": "assistant", "content": ""}, None)
+        for i in range(0, len(text), 400):
+            await event({"content": text[i : i + 400]}, None)
+        await event({}, "stop", switchboard=extra)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     async def _messages(self, request: web.Request) -> web.Response:
         body = await self._read_json(request)
@@ -235,16 +378,22 @@ class ApiAdapter:
             if v is not None and not isinstance(v, (str, int)):
                 return _bad(400, f"{name} must be a string")
             opt[name] = None if v is None else str(v)
+        strings = {"text": text, "chat_id": str(chat_id)} | {k: v for k, v in opt.items() if v}
+        for name, value in strings.items():
+            if _unencodable(value):
+                return _bad(400, f"{name} contains a lone surrogate (invalid Unicode)")
         source = SessionSource(
             platform="api", chat_id=str(chat_id), chat_type=chat_type,
             user_id=opt["user_id"] or (str(chat_id) if chat_type == ChatType.DM else None),
             user_name=opt["user_name"], chat_name=opt["chat_name"], thread_id=opt["thread_id"],
         )  # fmt: skip
-        out = await self._turn(source, text, opt["message_id"])
-        if isinstance(out, web.Response):
-            return out
+        answer = await self._turn(source, text, opt["message_id"])
+        if isinstance(answer, web.Response):
+            return answer
+        out = answer.reply
         if out.error == "storage":  # not stored: never answer 200 for it
-            return _bad(503, out.text)
-        return web.json_response(
-            {"reply": out.text, "session_id": out.session_id, "session_key": out.session_key}
-        )
+            return _error(503, out.text, "storage_unavailable")
+        return web.json_response({
+            "reply": out.text, "notices": list(answer.notices), "session_id": out.session_id,
+            "session_key": out.session_key, "error": out.error, "duplicate": answer.duplicate,
+        })  # fmt: skip

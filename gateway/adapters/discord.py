@@ -159,7 +159,7 @@ class DiscordAdapter:
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "last_error": self.last_error,
+        return {"state": self.state, "last_error": self.last_error, "typing_in": sorted(self._typing),
                 "latency_ms": round(self._client.latency * 1000, 1) if self._client and self._client.is_ready() else None}  # fmt: skip
 
     # --- inbound ------------------------------------------------------------------------
@@ -213,14 +213,24 @@ class DiscordAdapter:
                 True,
                 msg.reply_to,
             )
-        self._start_typing(msg.source.chat_id)
         await self._emit(msg)
 
-    def _start_typing(self, chat_id: str) -> None:
+    # Typing shows only for a turn the router runs (not for a duplicate or a refused user),
+    # and stops with the reply or when the router is done with the message, whatever the end.
+    def turn_started(self, msg: InboundMessage) -> None:
+        chat_id = msg.source.chat_id
         if chat_id not in self._typing:
             self._typing[chat_id] = asyncio.create_task(
                 self._typing_loop(chat_id), name=f"discord.typing:{chat_id}"
             )
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        self._stop_typing(msg.source.chat_id)
+
+    def _stop_typing(self, chat_id: str) -> None:
+        task = self._typing.pop(chat_id, None)
+        if task is not None:
+            task.cancel()
 
     async def _typing_loop(self, chat_id: str) -> None:
         try:
@@ -237,9 +247,7 @@ class DiscordAdapter:
     async def send(self, msg: OutboundMessage) -> SentRef:
         import discord
 
-        task = self._typing.pop(msg.chat_id, None)
-        if task is not None:
-            task.cancel()
+        self._stop_typing(msg.chat_id)
         channel = self._client.get_partial_messageable(int(msg.thread_id or msg.chat_id))
         ids = []
         for part in split_message(msg.text, LIMIT):

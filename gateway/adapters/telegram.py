@@ -279,17 +279,25 @@ class TelegramAdapter:
         msg = to_inbound(update.to_dict(), self.bot_username, self._require_mention)
         if msg is None or self._emit is None:
             return
-        if msg.mentioned:
-            self._start_typing(msg.source.chat_id, msg.source.thread_id)
         await self._emit(msg)
 
-    def _start_typing(self, chat_id: str, thread_id: str | None) -> None:
-        key = (chat_id, thread_id)
-        if key in self._typing:
+    # Typing shows only for a turn the router runs (not for a duplicate or a refused user),
+    # and stops with the reply or when the router is done with the message, whatever the end.
+    def turn_started(self, msg: InboundMessage) -> None:
+        chat_id, thread_id = msg.source.chat_id, msg.source.thread_id
+        if (chat_id, thread_id) in self._typing:
             return
-        self._typing[key] = asyncio.create_task(
+        self._typing[(chat_id, thread_id)] = asyncio.create_task(
             self._typing_loop(chat_id, thread_id), name=f"telegram.typing:{chat_id}"
         )
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        self._stop_typing(msg.source.chat_id, msg.source.thread_id)
+
+    def _stop_typing(self, chat_id: str, thread_id: str | None) -> None:
+        task = self._typing.pop((chat_id, thread_id), None)
+        if task is not None:
+            task.cancel()
 
     async def _typing_loop(self, chat_id: str, thread_id: str | None) -> None:
         deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
@@ -331,9 +339,7 @@ class TelegramAdapter:
     async def send(self, msg: OutboundMessage) -> SentRef:
         from telegram import error as tg_error
 
-        task = self._typing.pop((msg.chat_id, msg.thread_id), None)
-        if task is not None:
-            task.cancel()
+        self._stop_typing(msg.chat_id, msg.thread_id)
         ids: list[str] = []
         thread = int(msg.thread_id) if msg.thread_id else None
         for part in split_message(msg.text, LIMIT, utf16_len):

@@ -41,12 +41,17 @@ class EchoAgent:
         return "\n".join([head, *lines])
 
     async def suggest_title(self, history: Sequence[ChatMessage]) -> str:
-        """The first words of the conversation, 3 to 7 of them."""
+        """The first distinct words of the conversation (case-insensitive, in order), 3 to 7
+        of them: the echoed reply repeats the question, which must not repeat in the title."""
         words: list[str] = []
+        seen: set[str] = set()
         for m in history:
             if m.get("role") in ("user", "assistant"):
                 text = (m.get("content") or "").removeprefix("echo: ")
-                words += _WORD.findall(text)
+                for word in _WORD.findall(text):
+                    if word.casefold() not in seen:
+                        seen.add(word.casefold())
+                        words.append(word)
             if len(words) >= 7:
                 break
         words = words[:7] or ["untitled"]

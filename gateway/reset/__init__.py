@@ -4,7 +4,7 @@ lazy `check` the router runs on each message, so a reset is exact even if a swee
 A reset runs the pre-reset hook first (bounded in time; a failure is logged, never
 blocking), then ends the old session with `idle`/`daily` and starts a `reset` child. With
 `notify`, the chat's next message gets one line saying why and how to go back (only if the
-old session had any messages).
+old session had any messages). A session with no messages is never reset.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from gateway.index import IndexEntry
 from gateway.reset.policy import PolicySet, ResetDecision, ResetPolicy, decide
@@ -44,56 +45,86 @@ class Resetter:
         self.hook = hook
         self.hook_timeout_s = hook_timeout_s
         self.clock = clock or services.clock
+        self._empty: dict[str, IndexEntry] = {}  # session id -> its entry when seen empty
         self.resets = 0
 
     def policy_for(self, entry: IndexEntry) -> ResetPolicy:
         return self.policies.for_chat(entry.platform, entry.chat_type)
 
-    def decide(self, entry: IndexEntry, now: float) -> ResetDecision:
+    def decide(self, entry: IndexEntry, now: float, *, known_empty: bool = True) -> ResetDecision:
         live = bool(self.services.coordinator.live_jobs(entry.session_id))
-        return decide(entry.updated_at, now, live, self.policy_for(entry))
+        # known-empty until a turn touches the entry, which replaces the entry object
+        empty = known_empty and self._empty.get(entry.session_id) is entry
+        return decide(entry.updated_at, now, live, self.policy_for(entry), empty=empty)
+
+    async def _due(
+        self, entry: IndexEntry, now: float, *, known_empty: bool = True
+    ) -> tuple[EndReason, dict[str, Any]] | None:
+        """The reason to reset `entry` now and its session row, or None. state.db is asked
+        only once the policy says a reset is due: an empty session (or one that no longer
+        exists) is never reset, else every idle chat would grow a chain of empty sessions.
+        `known_empty=False` asks again about a session remembered as empty (a background
+        job stores messages without touching the entry)."""
+        if self.decide(entry, now, known_empty=known_empty).reason is None:
+            return None
+        row = await self.services.db.get_session(entry.session_id)
+        if row is None:  # deleted under the daemon: the chat's next message starts afresh
+            return None
+        if not row.get("message_count"):
+            self._empty[entry.session_id] = entry
+            return None
+        self._empty.pop(entry.session_id, None)
+        reason = self.decide(entry, now).reason
+        return None if reason is None else (reason, row)
 
     async def apply(self, now: float | None = None) -> int:
         """Reset every index entry whose policy says so. Idempotent: a reset session has
-        fresh activity, so running twice (or a late, doubled fire) resets nothing more."""
+        fresh activity and no messages, so running twice (or a late, doubled fire) resets
+        nothing more."""
         at = self.clock() if now is None else now
+        items = self.services.index.items()
+        current_ids = {entry.session_id for _, entry in items}
+        self._empty = {sid: e for sid, e in self._empty.items() if sid in current_ids}
         done = 0
         index, coordinator = self.services.index, self.services.coordinator
-        for key, entry in index.items():
+        for key, entry in items:
             if self.decide(entry, at).reason is None:
                 continue
             async with coordinator.session_lock(key):
                 current = index.get(key)  # a message may have moved it meanwhile
                 if current is None:
                     continue
-                decision = self.decide(current, at)
-                if decision.reason is not None:
-                    await self._reset(key, current, decision.reason)
+                due = await self._due(current, at)
+                if due is not None:
+                    await self._reset(key, current, *due)
                     done += 1
         return done
 
     async def check(self, key: str, entry: IndexEntry) -> IndexEntry:
         """The lazy path, for the router (which holds the session lock already)."""
-        decision = self.decide(entry, self.clock())
-        if decision.reason is None:
+        due = await self._due(entry, self.clock(), known_empty=False)
+        if due is None:
             return entry
-        return await self._reset(key, entry, decision.reason)
+        return await self._reset(key, entry, *due)
 
-    async def _reset(self, key: str, entry: IndexEntry, reason: EndReason) -> IndexEntry:
+    async def _reset(
+        self, key: str, entry: IndexEntry, reason: EndReason, old: dict[str, Any]
+    ) -> IndexEntry:
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.hook_timeout_s):
                 await self.hook(entry.session_id, reason)
         except Exception as exc:  # the reset goes ahead; the hook had its chance
             log.warning("pre-reset hook failed for session_key=%s: %s", key, exc)
-        old = await self.services.db.get_session(entry.session_id)
+        old = await self.services.db.get_session(entry.session_id) or old  # the hook may title it
         new, _ = await self.services.sessions.reset(
             parse_key(key), SessionSource.from_dict(entry.origin), reason
         )
+        self._empty[new.session_id] = new  # a reset child starts with no messages
         self.resets += 1
         self.services.metrics.resets.inc(reason=reason)
         log.info("session_key=%s reset (%s) in %.3fs", key, reason, time.monotonic() - started)
-        if self.policy_for(entry).notify and old and (old.get("message_count") or 0) > 0:
+        if self.policy_for(entry).notify and (old.get("message_count") or 0) > 0:
             handle = old.get("title") or old["id"]
             why = (
                 "after a period of inactivity"

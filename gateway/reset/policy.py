@@ -4,7 +4,8 @@
 last activity is before the most recent at_hour boundary in the policy's timezone (DST
 aware: a boundary at a local time that does not exist that day falls an hour later in
 wall-clock terms, as APScheduler's cron does). `both`: whichever threshold passed first.
-A session with a live job (a turn or a background job) is never reset.
+A session with a live job (a turn or a background job) is never reset, and neither is an
+empty one (no messages since it began): resetting it would only chain empty sessions.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from gateway.vocab import ResetMode
+from gateway.wording import plural
 from state import EndReason
 
 
@@ -34,7 +36,7 @@ class ResetPolicy:
             return "none (sessions are never reset automatically)"
         parts = []
         if self.mode.idle:
-            parts.append(f"after {self.idle_minutes} minutes idle")
+            parts.append(f"after {plural(self.idle_minutes, 'minute')} idle")
         if self.mode.daily:
             parts.append(f"daily at {self.at_hour:02d}:00 {self.timezone}")
         return " or ".join(parts)
@@ -92,10 +94,18 @@ def next_boundary(after: datetime, at_hour: int, tz: str) -> datetime:
     raise AssertionError("unreachable: a boundary exists within three days")
 
 
-def decide(last_activity: float, now: float, live_jobs: bool, policy: ResetPolicy) -> ResetDecision:
+def decide(
+    last_activity: float,
+    now: float,
+    live_jobs: bool,
+    policy: ResetPolicy,
+    *,
+    empty: bool = False,
+) -> ResetDecision:
     """Should the session whose last user/agent activity was at `last_activity` be reset at
-    `now`? Times are Unix epochs; the decision names the reason that passed first."""
-    if policy.mode == ResetMode.NONE:
+    `now`? Times are Unix epochs; the decision names the reason that passed first. `empty`:
+    the session has no messages, so it is never reset (and has no next reset)."""
+    if policy.mode == ResetMode.NONE or empty:
         return ResetDecision(None)
     due: list[tuple[float, EndReason]] = []
     if policy.mode.idle:

@@ -1,6 +1,6 @@
 """SessionSource -> session key. This module is the only place keys are built or parsed.
 
-Keys follow DESIGN.md: `agent:main:<platform>:dm:<chat_id>`,
+Keys (docs/architecture.md): `agent:main:<platform>:dm:<chat_id>`,
 `agent:main:<platform>:group:<chat_id>[:<user_id>]`, `...:channel:<chat_id>[:<user_id>]`.
 A thread slot is written `t=<thread_id>` (`...:group:<chat_id>:t=<thread_id>[:<user_id>]`) so a
 thread can never be mistaken for a user; ids are percent-encoded where they contain `%`, `:`

@@ -1,5 +1,5 @@
 """A loopback fake of Discord's REST API and gateway websocket, driven by the real
-discord.py (pointed here through its two class attributes; see recipes.md)."""
+discord.py (pointed here through `Route.BASE` and `DiscordWebSocket.DEFAULT_GATEWAY`)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,11 @@ class FakeSlack:
 
     async def wait_socket(self, count: int = 1, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
-        while len([s for s in self.sockets if not s.closed]) < 1 or self.connections_opened < count:
+        # the count-th websocket itself, not only its apps.connections.open call: an event
+        # sent in between would reach only the old socket, which the client is leaving
+        while (
+            len(self.sockets) < count or self.sockets[-1].closed or self.connections_opened < count
+        ):
             if time.monotonic() > deadline:
                 raise AssertionError("no Socket Mode connection")
             await asyncio.sleep(0.01)

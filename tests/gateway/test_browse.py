@@ -61,7 +61,7 @@ def test_without_a_terminal_a_numbered_list_resumes_the_choice(tmp_path: Path) -
 
 def _screen(name: str) -> str:
     return subprocess.run(
-        ["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True
+        ["tmux", "capture-pane", "-p", "-J", "-t", name], capture_output=True, text=True
     ).stdout
 
 
@@ -75,8 +75,14 @@ def _wait_for(name: str, text: str, timeout: float = 20) -> str:
     raise AssertionError(f"{text!r} never appeared:\n{_screen(name)}")
 
 
+def _keys(name: str, *keys: str, literal: bool = False) -> None:
+    subprocess.run(["tmux", "send-keys", "-t", name, *(["-l"] if literal else []), *keys], check=True)
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed here")
 def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> None:
+    """Issue 15 item 1: letters always filter (typing `dynamo` deletes nothing); Delete or
+    ctrl-d asks, only the same key again deletes, and any other key keeps the session."""
     home = tmp_path / "home"
     ids = asyncio.run(_home(home))
     name = f"sb-{uuid.uuid4().hex[:8]}"
@@ -86,19 +92,28 @@ def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> N
     )
     try:
         _wait_for(name, "filter:")
-        subprocess.run(
-            ["tmux", "send-keys", "-t", name, "d"], check=True
-        )  # delete the top one (tax return)
-        _wait_for(name, "? y/n")
-        subprocess.run(["tmux", "send-keys", "-t", name, "y"], check=True)
+        _keys(name, "dynamo", literal=True)
+        _wait_for(name, "filter: dynamo")
+        for _ in "dynamo":
+            _keys(name, "BSpace")
+        _wait_for(name, "Del/ctrl-d delete")
+        _keys(name, "DC")  # Delete asks about the top one (tax return)
+        _wait_for(name, f"delete {ids['tax return']}? press Del")
+        _keys(name, "y", literal=True)  # a letter answers nothing: kept, and it filters
+        _wait_for(name, "filter: y")
+        assert "kept" in _screen(name)
+        _keys(name, "BSpace")
+        _keys(name, "C-d")
+        _wait_for(name, f"delete {ids['tax return']}? press Del")
+        _keys(name, "C-d")
         _wait_for(name, f"deleted {ids['tax return']}")
-        subprocess.run(["tmux", "send-keys", "-t", name, "-l", "kyoto"], check=True)
+        _keys(name, "kyoto", literal=True)
         _wait_for(name, "filter: kyoto")
-        subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
+        _keys(name, "Enter")
         _wait_for(name, "plan a trip to kyoto")  # the recap of `switchboard chat --resume`
-        subprocess.run(["tmux", "send-keys", "-t", name, "-l", "/quit"], check=True)
-        subprocess.run(["tmux", "send-keys", "-t", name, "Enter"], check=True)
-        _wait_for(name, "Resume with: switchboard chat --resume kyoto trip")
+        _keys(name, "/quit", literal=True)
+        _keys(name, "Enter")
+        _wait_for(name, "chat --resume 'kyoto trip'")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
 

@@ -3,13 +3,22 @@ recap panel, /handoff refusals, and the exit hint."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import shlex
+import signal
 import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from rich.console import Console
 
 from gateway.cli_chat import render_recap
+from state import SessionDB
 from tests.daemon import clean_env, switchboard
 
 
@@ -23,7 +32,7 @@ def test_a_terminal_session_with_commands_then_continue_and_resume(tmp_path: Pat
     first = chat(home, "hello there\n/title terminal work\n/quit\n")
     assert first.returncode == 0, first.stderr
     assert "◆ echo: hello there" in first.stdout and "Title set: terminal work" in first.stdout
-    assert "Resume with: switchboard chat --resume terminal work" in first.stdout
+    assert f"Resume with: switchboard --home {home} chat --resume 'terminal work'" in first.stdout
     sid = re.search(r"Session (\d{8}_\d{6}_[0-9a-f]{6}) ", first.stdout)
     assert sid, first.stdout  # a terminal id: 6 hex characters
     again = chat(home, "one more\n/quit\n", "-c")
@@ -81,3 +90,149 @@ def test_recap_folds_tool_calls_clips_and_hides_tool_results() -> None:
         _render(render_recap(msgs, "long chat", "minimal")).strip()
         == "Resumed long chat: 36 messages."
     )
+
+
+def _sessions(home: Path) -> list[dict[str, object]]:
+    async def read() -> list[dict[str, object]]:
+        db = await SessionDB.open(home / "state.db")
+        try:
+            return await db.list_sessions(include_children=True, limit=100)
+        finally:
+            await db.close()
+
+    return asyncio.run(read())
+
+
+def test_the_resume_hint_is_quoted_and_works_as_printed(tmp_path: Path) -> None:
+    """Issue 15 item 14: the hint carries --home and quotes the title, so pasting it into a
+    shell resumes that very session."""
+    home = tmp_path / "my home"
+    first = chat(home, "hello\n/title it's piped chat\n/quit\n")
+    hint = next(ln for ln in first.stdout.splitlines() if ln.startswith("Resume with: "))
+    command = hint.removeprefix("Resume with: ")
+    assert command == shlex.join(
+        ["switchboard", "--home", str(home), "chat", "--resume", "it's piped chat"]
+    )
+    env = clean_env(COLUMNS="120", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    pasted = subprocess.run(["sh", "-c", command], input="/status\n/quit\n", capture_output=True,
+                            text=True, timeout=60, env=env, cwd=tmp_path)  # fmt: skip
+    assert pasted.returncode == 0, pasted.stderr
+    assert "Title: it's piped chat" in pasted.stdout and "Messages: 2" in pasted.stdout
+
+
+def test_leaving_without_a_word_keeps_no_session_and_help_fits_the_terminal(tmp_path: Path) -> None:
+    """Issue 15 item 15: /help lists /handoff and /quit, not /sethome; a chat that said
+    nothing (commands only, or straight to end of input) leaves no session behind."""
+    home = tmp_path / "home"
+    helped = chat(home, "/help\n/status\n/quit\n")
+    assert helped.returncode == 0, helped.stderr
+    assert "/handoff telegram|discord|slack" in helped.stdout and "/quit" in helped.stdout
+    assert "/sethome" not in helped.stdout and "/resume" in helped.stdout
+    assert "Nothing was said; no session kept." in helped.stdout
+    assert chat(home, "").returncode == 0
+    assert _sessions(home) == []
+    kept = chat(home, "a real question\n")  # end of input (Ctrl-D) leaves with the summary
+    assert "Session " in kept.stdout and ": 2 messages" in kept.stdout
+    assert len(_sessions(home)) == 1
+
+
+class HangingModel:
+    """An OpenAI-compatible endpoint that holds every request until released, so a turn
+    is reliably in progress when the test presses Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.arrived = threading.Event()
+        self.release = threading.Event()
+        model = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                model.arrived.set()
+                model.release.wait(60)
+                self.send_response(500)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Output:
+    """A child's stdout, collected by a thread so the test can wait for a line."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.text = ""
+        self._lock = threading.Lock()
+        assert proc.stdout is not None
+        self._thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            with self._lock:
+                self.text += line
+
+    def wait_for(self, needle: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if needle in self.text:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"{needle!r} never appeared in:\n{self.text}")
+
+
+def test_ctrl_c_cancels_the_turn_then_twice_at_the_prompt_leaves_with_the_summary(
+    tmp_path: Path,
+) -> None:
+    """Issue 15 item 15: Ctrl-C during a reply cancels that turn and the next line is still
+    read (not swallowed); Ctrl-C at the prompt asks, a second one leaves with the summary."""
+    home = tmp_path / "home"
+    home.mkdir()
+    model = HangingModel()
+    (home / "config.yaml").write_text(
+        "agent:\n  backend: openai\n  openai:\n"
+        f"    base_url: {model.url}\n    model: m\n    api_key_env: FAKE_MODEL_KEY\n"
+        "    max_retries: 0\n    timeout_seconds: 60\n"
+    )
+    proc = subprocess.Popen(switchboard(home, "chat"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=clean_env(COLUMNS="120", FAKE_MODEL_KEY="k-123456"))  # fmt: skip
+    assert proc.stdin is not None
+    out = Output(proc)
+    try:
+        proc.stdin.write("a question that will hang\n")
+        proc.stdin.flush()
+        assert model.arrived.wait(30), "the turn never reached the model"
+        proc.send_signal(signal.SIGINT)
+        out.wait_for("(cancelled)")
+        proc.stdin.write("/status\n")
+        proc.stdin.flush()
+        out.wait_for("Messages: 1")  # the line after Ctrl-C was read; the question was kept
+        proc.send_signal(signal.SIGINT)
+        out.wait_for("(Ctrl-C again or Ctrl-D to leave)")
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        model.close()
+    out._thread.join(10)
+    assert re.search(r"Session \d{8}_\d{6}_[0-9a-f]{6}: 1 message, last active", out.text), out.text
+    assert f"Resume with: switchboard --home {home} chat --resume " in out.text

@@ -103,8 +103,8 @@ def test_search_rename_delete_prune(home: Path) -> None:
     assert taken.returncode == 1 and "already in use" in taken.stderr
     assert sb(home, "delete", "20250101").returncode == 2  # no tty, no --yes: refuse
     dry = sb(home, "prune", "--older-than", "90", "--dry-run")
-    assert "1 ended session(s) idle for more than 90 days would be pruned" in dry.stdout
-    assert "pruned 1 session(s)" in sb(home, "prune", "--older-than", "90", "--yes").stdout
+    assert "1 ended session idle for more than 90 days would be pruned" in dry.stdout
+    assert "pruned 1 session\n" in sb(home, "prune", "--older-than", "90", "--yes").stdout
     assert sb(home, "show", "20250101").returncode == 1
     assert "deleted 20261101_110000_bbbbbbbb" in sb(home, "delete", "20261101_11", "--yes").stdout
 
@@ -115,12 +115,13 @@ def test_export_import_round_trip_and_stats(home: Path, tmp_path: Path) -> None:
     (tmp_path / "dump.jsonl").write_text(dump + "\nnot json\n")
     other = tmp_path / "other"
     first = sb(other, "import", str(tmp_path / "dump.jsonl"))
-    assert (
-        first.returncode == 0
-        and "imported 3 session(s), 3 message(s); 0 already present" in first.stdout
-    )
-    assert "line 5: not JSON" in first.stderr
-    assert "imported 0 session(s)" in sb(other, "import", str(tmp_path / "dump.jsonl")).stdout
+    # the good lines are imported; the bad one is named, counted and fails the command
+    assert "imported 3 sessions, 3 messages; 0 already present" in first.stderr
+    assert "line 5: not JSON" in first.stderr and first.returncode == 1
+    assert "1 record could not be imported" in first.stderr
+    (tmp_path / "dump.jsonl").write_text(dump)
+    again = sb(other, "import", str(tmp_path / "dump.jsonl"))
+    assert again.returncode == 0 and "imported 0 sessions" in again.stderr
 
     def without_message_ids(
         text: str,

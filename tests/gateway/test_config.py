@@ -140,3 +140,87 @@ def test_any_yaml_value_gives_a_config_or_a_config_error(
         load_config(path, {})
     except ConfigError as exc:
         assert str(exc)
+
+
+def _schema_keys(schema: dict, prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for name, spec in schema.items():
+        path = f"{prefix}{name}"
+        keys |= _schema_keys(spec, path + ".") if isinstance(spec, dict) else {path}
+    return keys
+
+
+def _documented_keys(node: object, schema: object, prefix: str = "") -> set[str]:
+    if not isinstance(node, dict) or not isinstance(schema, dict):
+        return {prefix.rstrip(".")}  # a value, or a key whose value is one mapping (by_platform)
+    keys: set[str] = set()
+    for name, value in node.items():
+        keys |= _documented_keys(value, schema.get(name), f"{prefix}{name}.")
+    return keys
+
+
+def test_the_example_documents_exactly_the_schema() -> None:
+    # issue 15 item 11: every schema key is in config.example.yaml, every key there works
+    import yaml
+
+    from gateway.config import SCHEMA
+
+    example = yaml.safe_load((ROOT / "config.example.yaml").read_text())
+    documented, schema = _documented_keys(example, SCHEMA), _schema_keys(SCHEMA)
+    assert sorted(schema - documented) == [], "in the schema but not in config.example.yaml"
+    assert sorted(documented - schema) == [], "in config.example.yaml but not in the schema"
+    assert "not yet" not in (ROOT / "config.example.yaml").read_text()
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    # issue 15 item 12: check-config used to stop at the first error
+    text = (
+        "agent:\n  backend: magic\n  context_tokens: lots\n"
+        "sessions:\n  histroy_messages: 5\n"
+        "session_reset:\n  by_platform:\n    irc: {mode: idle}\n"
+        "platforms:\n  telegram:\n    enabled: true\n    home_channel: 'a:b:c'\n"
+        "  discord:\n    mode: webhook\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        _cfg(tmp_path, text)
+    keys = [e.key for e in err.value.all()]
+    assert sorted(keys) == sorted([
+        "agent.backend", "agent.context_tokens", "sessions.histroy_messages",
+        "session_reset.by_platform.irc", "platforms.telegram.home_channel",
+        "platforms.discord.mode", "platforms.telegram.token_env",
+        "platforms.telegram.allowed_users",
+    ])  # fmt: skip
+    assert err.value.exit_code == 78 and err.value.key == keys[0]
+    assert all(f"{e.key}: " in str(err.value) for e in err.value.all())
+
+
+@pytest.mark.parametrize(
+    "text, keys",
+    [
+        (
+            "agent:\n  backend: echo\n  backend: openai\n",
+            ["agent.backend: duplicate key at line 3 (first at line 2)"],
+        ),
+        (
+            "agent:\n  backend: echo\nsessions:\n  history_messages: 5\nagent:\n  reply_tokens: 9\n",
+            ["agent: duplicate key at line 5 (first at line 1)"],
+        ),
+        (
+            "platforms:\n  api:\n    port: 1\n    port: 2\n  telegram:\n    admins: [1]\n    admins: [2]\n",
+            [
+                "platforms.api.port: duplicate key at line 4",
+                "platforms.telegram.admins: duplicate key at line 7",
+            ],
+        ),
+    ],
+)
+def test_duplicate_keys_are_refused_naming_the_line(
+    tmp_path: Path, text: str, keys: list[str]
+) -> None:
+    # issue 15 item 12: YAML keeps the last of two equal keys without a word
+    with pytest.raises(ConfigError) as err:
+        _cfg(tmp_path, text)
+    found = [str(e) for e in err.value.all()]
+    assert len(found) == len(keys)
+    assert all(line.startswith(want) for line, want in zip(found, keys, strict=True))
+    assert err.value.exit_code == 78

@@ -3,6 +3,7 @@ own verifier, where the tool exists), and the Dockerfile/compose file's required
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,14 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_service_install_writes_a_unit_for_this_installation(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
+    (tmp_path / "unit").mkdir()
     target = tmp_path / "unit" / "switchboard.service"
     proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install", "--user",
                            "--output", str(target)], capture_output=True, text=True, timeout=30)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert (
-        "systemctl --user daemon-reload" in proc.stdout
-        and "enable --now switchboard.service" in proc.stdout
-    )
+    # a unit outside the manager's search path is enabled by its path
+    assert "systemctl --user daemon-reload" in proc.stdout
+    assert f"systemctl --user enable --now {target}\n" in proc.stdout
     unit = target.read_text()
     for line in (
         "Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure",
@@ -32,6 +33,42 @@ def test_service_install_writes_a_unit_for_this_installation(tmp_path: Path) -> 
         f"ExecStart={sys.executable} -m gateway --home {home} run", "WantedBy=default.target",
     ):  # fmt: skip
         assert line in unit.splitlines(), line
+
+
+def install(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install", *args],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+
+
+def test_the_printed_commands_fit_the_scope_and_the_place(tmp_path: Path) -> None:
+    """Issue 15 item 16: --system prints root's systemctl, never `systemctl --user`; a
+    custom --output is enabled by its path; a missing --output folder is refused, not made."""
+    home = tmp_path / "home"
+    home.mkdir()
+    system = install(home, "--system", "--output", str(tmp_path / "s.service"))
+    assert system.returncode == 0, system.stderr
+    assert "--user" not in system.stdout
+    assert f"sudo systemctl enable --now {tmp_path / 's.service'}\n" in system.stdout
+    assert "journalctl -u switchboard.service -f" in system.stdout
+    missing = install(home, "--output", str(tmp_path / "no" / "such" / "u.service"))
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert missing.stderr.strip() == (
+        f"switchboard: --output: the folder {tmp_path / 'no' / 'such'} does not exist; create it first"
+    )
+    assert not (tmp_path / "no").exists()
+    home_after = install(home, "--user", "--output", str(tmp_path / "u.service"), "--home", str(home))
+    assert home_after.returncode == 0, home_after.stderr  # global options after the subcommand
+
+
+def test_the_user_manager_folder_is_created_and_enabled_by_name(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install"],
+                          capture_output=True, text=True, timeout=30, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "xdg" / "systemd" / "user" / "switchboard.service").is_file()
+    assert "systemctl --user enable --now switchboard.service\n" in proc.stdout
 
 
 def test_a_bad_config_refuses_to_install(tmp_path: Path) -> None:

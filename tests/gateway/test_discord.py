@@ -4,7 +4,7 @@ of the REST API and the gateway websocket."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,10 @@ from gateway.adapters.discord import DiscordAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import AdapterError, InvalidToken
+from gateway.router import APOLOGY, REFUSAL
+from tests.fakes import wait_for_count
 from tests.fakes.discord import GENERAL, THREAD, FakeDiscord, restore_discord_globals
+from tests.gateway.conftest import ScriptedAgent
 
 
 @pytest.fixture
@@ -198,4 +201,57 @@ async def test_a_redelivered_message_is_answered_once_and_rate_limits_are_waited
     await asyncio.sleep(0.5)
     assert post["content"] == "echo: just once" and len(fake.posted()) == 1
     assert any(verb == "POST-429" for verb, _p, _b in fake.calls)  # the first attempt was refused
-    assert any(path.endswith("/typing") for _v, path, _b in fake.calls)  # typing shown meanwhile
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    await wait_for_count(lambda: [True] if check() else [], 1, 10.0, what)
+
+
+async def test_typing_shows_only_for_a_running_turn_and_stops_on_every_outcome(
+    tmp_path: Path, fake: FakeDiscord
+) -> None:
+    """Issue 15: typing starts when the router runs a turn, never for a duplicate or a user
+    who is not allowed, and stops after a reply, a drop or a failure."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("platforms:\n  api:\n    enabled: false\n  discord:\n"
+                   "    allowed_users: ['500000000000000001']\n")  # fmt: skip
+    agent = ScriptedAgent()
+    agent.delay_on["slow"] = 0.5
+    agent.fail_on.add("boom")
+    adapter = _adapter(fake)
+    gateway = Gateway(
+        config=load_config(cfg, {}), home=tmp_path / "home", adapters=[adapter], agent=agent
+    )
+    await gateway.start()
+
+    def typed(channel: str) -> int:
+        return sum(1 for _v, path, _b in fake.calls if path == f"/channels/{channel}/typing")
+
+    try:
+        a, b, c = "600000000000000011", "600000000000000012", "600000000000000013"
+        first = fake.message("slow question", a, guild=False)
+        await fake.dispatch("MESSAGE_CREATE", first)
+        await _until(lambda: typed(a) > 0, "typing while the slow turn runs")
+        [reply] = await fake.wait_posted(1)
+        assert reply["content"] == "echo: slow question"
+        await _until(lambda: adapter.health()["typing_in"] == [], "typing stopped after the reply")
+        shown = typed(a)
+        # a redelivered message and a user who is not allowed: no turn runs, no typing
+        await fake.dispatch("MESSAGE_CREATE", dict(first))
+        await fake.dispatch(
+            "MESSAGE_CREATE", fake.message("let me in", c, user="500000000000000009", guild=False)
+        )
+        await fake.dispatch("MESSAGE_CREATE", fake.message("quick", b, guild=False))
+        posted = await fake.wait_posted(3)  # the refusal and the quick reply, in either order
+        assert sorted(p["content"] for p in posted[1:]) == [REFUSAL, "echo: quick"]
+        assert typed(a) == shown and typed(c) == 0
+        assert adapter.health()["typing_in"] == []
+        # a failing turn: typing stops with the apology
+        await fake.dispatch("MESSAGE_CREATE", fake.message("slow boom", b, guild=False))
+        await _until(lambda: b in adapter.health()["typing_in"], "typing for the failing turn")
+        apology = (await fake.wait_posted(4))[3]
+        assert apology["content"] == APOLOGY
+        await _until(lambda: adapter.health()["typing_in"] == [], "typing stopped after failure")
+        assert len(fake.posted()) == 4  # the duplicate was answered by nobody
+    finally:
+        await gateway.stop()

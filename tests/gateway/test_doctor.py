@@ -3,6 +3,7 @@ lineage), with --fix, while a daemon holds the home, and against a platform fake
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import subprocess
@@ -120,3 +121,81 @@ async def test_platform_reachability(tmp_path: Path, token: str, ok: bool) -> No
         reach.detail == "@switchboard_bot" if ok else "Unauthorized" in reach.detail
     )
     assert exit_code(checks) == (0 if ok else 1)
+
+
+async def test_a_chat_the_daemon_has_not_written_yet_is_not_a_fault(tmp_path: Path) -> None:
+    # issue 15 item 18: doctor right after a new chat, daemon running, reported FAIL
+    from gateway.app import Gateway
+    from gateway.messages import InboundMessage
+    from gateway.session_keys import SessionSource
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        "sessions:\n  index_flush_seconds: 5\nplatforms:\n  api:\n    port: 0\n"
+    )
+    gw = Gateway(config=load_config(home / "config.yaml", {}), home=home)
+    await gw.start()
+    try:
+        assert gw.router is not None and gw.index is not None
+        for chat in ("1", "2"):
+            await gw.router.handle(InboundMessage(SessionSource("api", chat, "dm", chat), "hi"))
+            await gw.router.drain(5)
+            if chat == "1":
+                await gw.index.flush()
+        written = json.loads((home / "sessions" / "sessions.json").read_text())
+        assert list(written) == ["agent:main:api:dm:1"]  # chat 2 is not written yet
+        # the doctor looks at once (in this process, beside the running daemon)
+        checks = await run_doctor(home, gw.config, None, fix=False, full=False,
+                                  check_platforms=False)  # fmt: skip
+        assert exit_code(checks) == 0, [c.line() for c in checks]
+        lines = [c.line() for c in checks]
+        assert "[ok  ] session index: 2 entries agree with state.db" in lines
+    finally:
+        await gw.stop()
+
+
+async def test_imported_live_sessions_are_a_warning_and_adopted_at_start(tmp_path: Path) -> None:
+    # issue 15 item 18: a home that only had `sessions import` reported FAIL
+    source = tmp_path / "source"
+    db = await SessionDB.open(source / "state.db")
+    sid = await db.create_session(
+        source="telegram", session_key="agent:main:telegram:dm:9", chat_id="9", chat_type="dm"
+    )
+    await db.append_messages(sid, [{"role": "user", "content": "carried over"}])
+    await db.close()
+    dump = tmp_path / "dump.jsonl"
+    cli = [sys.executable, "-m", "gateway"]
+    export = await asyncio.to_thread(subprocess.run, [*cli, "--home", str(source), "sessions", "export", str(dump)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert export.returncode == 0, export.stderr
+    home = tmp_path / "home"
+    imported = await asyncio.to_thread(subprocess.run, [*cli, "--home", str(home), "sessions", "import", str(dump)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    proc = await asyncio.to_thread(_doctor, home)
+    assert proc.returncode == 0 and "FAIL" not in proc.stdout, proc.stdout
+    assert (
+        "sessions.json is missing (1 live sessions in state.db); the daemon builds it"
+        in proc.stdout
+    )
+    # a home whose daemon has run before has the file, without the imported chat
+    (home / "sessions").mkdir()
+    (home / "sessions" / "sessions.json").write_text("{}")
+    proc = await asyncio.to_thread(_doctor, home)
+    assert proc.returncode == 0 and "FAIL" not in proc.stdout, proc.stdout
+    assert "[warn] session index: 1 live session(s) with no entry yet" in proc.stdout
+    assert "adopts them when it next starts" in proc.stdout
+    # ... and the daemon does adopt it
+    from gateway.app import Gateway
+
+    (home / "config.yaml").write_text("platforms:\n  api:\n    enabled: false\n")
+    gw = Gateway(config=load_config(home / "config.yaml", {}), home=home)
+    await gw.start()
+    try:
+        assert gw.index is not None
+        assert gw.index.get("agent:main:telegram:dm:9").session_id == sid  # type: ignore[union-attr]
+    finally:
+        await gw.stop()
+    after = await asyncio.to_thread(_doctor, home)
+    assert after.returncode == 0 and "[ok  ] session index: 1 entries agree" in after.stdout

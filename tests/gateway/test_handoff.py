@@ -15,7 +15,8 @@ import pytest
 from gateway.adapters.discord import DiscordAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.handoff import HOME_KEY, handoff_from_terminal
+from gateway.errors import ConfigError
+from gateway.handoff import HOME_KEY, configured_home, handoff_from_terminal
 from state import SessionDB
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import BOT_USER, SECRET, FakeSlack, event, signed
@@ -205,3 +206,42 @@ async def test_only_one_of_two_claimers_wins(tmp_path: Path) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+async def test_the_configured_home_channel_is_the_default_and_sethome_overrides_it(
+    tmp_path: Path,
+) -> None:
+    # issue 15 item 10: platforms.<p>.home_channel was accepted but never read
+    line = "allow_all_users: true\n    require_mention: false\n    home_channel: '-100222'"
+    async with gateway_with_telegram(tmp_path, line) as (gw, fake):
+        assert gw.db is not None and gw.handoffs is not None
+        gw.handoffs.poll_s = 0.05
+        fake.forum_chats.update({-100222, -100333})
+        configured = gw.config.platform("telegram")["home_channel"]
+        sid = await _terminal_session(gw.db)
+        ok, message = await _run(gw, sid, "telegram", configured_home=configured)
+        assert ok, message
+        [topic] = fake.sent("createForumTopic")
+        assert topic["chat_id"] == -100222
+        # /sethome in another chat wins over the config from then on
+        fake.push(fake.message("/sethome", fake.group_chat(-100333, forum=True)))
+        ack = (await fake.wait_sent(2))[-1]
+        assert ack["text"] == "Home channel for telegram set to this chat."
+        await gw.db.set_session_title(sid, None)
+        second = await _terminal_session(gw.db)
+        ok, message = await _run(gw, second, "telegram", configured_home=configured)
+        assert ok, message
+        assert [t["chat_id"] for t in fake.sent("createForumTopic")] == [-100222, -100333]
+
+
+def test_a_configured_home_channel_may_name_a_thread_and_is_checked(tmp_path: Path) -> None:
+    home = configured_home("telegram", "-100222:77")
+    assert home == {"chat_id": "-100222", "thread_id": "77", "chat_type": "group"}
+    assert configured_home("telegram", 12345)["chat_type"] == "dm"  # type: ignore[index]
+    assert configured_home("discord", None) is None
+    for bad in ("-100222:", ":77", "a:b:c"):
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"platforms:\n  telegram:\n    home_channel: '{bad}'\n")
+        with pytest.raises(ConfigError) as err:
+            load_config(cfg, {})
+        assert err.value.key == "platforms.telegram.home_channel"

@@ -9,10 +9,19 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.index import IndexEntry, SessionIndex
 from state import SessionDB
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Wait for a background flush; the deadline only catches one that never comes."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
 
 
 def _entry(sid: str) -> IndexEntry:
@@ -28,7 +37,8 @@ async def test_a_burst_of_changes_costs_one_write(db: SessionDB, tmp_path: Path)
     for i in range(500):
         index.put(f"k{i}", _entry(f"s{i}"))
         index.touch(f"k{i}")
-    await asyncio.sleep(0.5)
+    await _until(lambda: index.writes > writes)
+    await asyncio.sleep(0.5)  # more than two flush intervals: a second write would show
     assert index.writes == writes + 1
     data = json.loads((tmp_path / "sessions.json").read_text())
     assert len(data) == 500 and data["k7"]["session_id"] == "s7"
@@ -221,8 +231,9 @@ async def test_activity_is_written_lazily_but_never_lost_on_close(
     index.touch("k", 2_000_000.0)
     await index.flush()  # a structural flush does not wait for, or write, activity
     assert json.loads(path.read_text())["k"]["updated_at"] != "1970-01-24T03:33:20Z"
-    await asyncio.sleep(0.5)  # the activity interval passes
-    assert json.loads(path.read_text())["k"]["updated_at"] == "1970-01-24T03:33:20Z"
+    await _until(  # once the activity interval has passed
+        lambda: json.loads(path.read_text())["k"]["updated_at"] == "1970-01-24T03:33:20Z"
+    )
     index.touch("k", 3_000_000.0)
     await index.close()
     assert json.loads(path.read_text())["k"]["updated_at"] == "1970-02-04T17:20:00Z"

@@ -54,8 +54,11 @@ def test_readiness_watchdog_and_stopping(tmp_path: Path) -> None:
         statuses = [m for m, _ in seen if m.startswith("STATUS=")]
         assert statuses[0] == "STATUS=opening state.db" and "STATUS=starting adapters" in statuses
         assert statuses[-1] == "STATUS=running (api)"
-        pings = [m for m, _ in _read_for(sock, 0.5) if m == "WATCHDOG=1"]
-        assert len(pings) >= 3  # every 0.1 s, from the loop
+        pings: list[str] = []
+        deadline = time.monotonic() + 60  # counted, not timed: only silence fails
+        while len(pings) < 3 and time.monotonic() < deadline:
+            pings += [m for m, _ in _read_for(sock, 0.5) if m == "WATCHDOG=1"]
+        assert len(pings) >= 3  # the loop keeps pinging the watchdog
         proc.send_signal(signal.SIGTERM)
         after = _read_for(sock, 3)
         assert ("STOPPING=1", proc.pid) in after

@@ -198,3 +198,53 @@ async def test_the_same_platform_id_in_two_chats_is_two_messages(rig: RouterRig)
     assert sorted(m.text for m in rig.outbox.sent) == ["echo: in chat one", "echo: in chat two"]
     assert await rig.db.has_platform_message("telegram", "1", "5")
     assert not await rig.db.has_platform_message("telegram", "3", "5")
+
+
+async def test_a_session_deleted_by_another_process_starts_afresh_on_the_next_message(
+    rig: RouterRig,
+) -> None:
+    # issue 15 item 3: `sessions delete <live id>` (its own connection) while the daemon runs
+    async def say(msg) -> list[str]:  # noqa: ANN001
+        n = len(rig.outbox.sent)
+        await rig.router.handle(msg)
+        await rig.router.drain(5)
+        return [m.text for m in rig.outbox.sent[n:]]
+
+    async def delete_elsewhere(sid: str) -> None:
+        other = await SessionDB.open(rig.db.path)
+        try:
+            await other.delete_session(sid)
+        finally:
+            await other.close()
+
+    for chat, first in (("1", "hello again"), ("2", "/new fresh start")):
+        assert await say(dm("hello", chat=chat)) == ["echo: hello"]
+        key = f"agent:main:telegram:dm:{chat}"
+        old = rig.index.get(key).session_id  # type: ignore[union-attr]
+        await delete_elsewhere(old)
+        replies = await say(dm(first, chat=chat))
+        assert not any(o.error for o in rig.outbox.sent), replies
+        new = rig.index.get(key).session_id  # type: ignore[union-attr]
+        assert new != old and await rig.db.get_session(old) is None  # never resurrected
+        assert (await rig.db.require_session(new))["end_reason"] is None
+        assert await say(dm("and then", chat=chat)) == ["echo: and then"]
+        contents = [m["content"] for m in await rig.db.get_messages(new)]
+        assert contents[-2:] == ["and then", "echo: and then"]
+        if chat == "1":
+            assert contents == ["hello again", "echo: hello again", "and then", "echo: and then"]
+
+    # deleted mid-turn: the agent's reply cannot be stored, so the turn runs again afresh
+    rig.agent.delay_on = {"slow": 0.5}
+    assert await say(dm("hi", chat="3")) == ["echo: hi"]
+    old = rig.index.get("agent:main:telegram:dm:3").session_id  # type: ignore[union-attr]
+    await rig.router.handle(dm("slow one", chat="3"))
+    for _ in range(200):
+        if await rig.db.message_count(old) == 3:
+            break
+        await asyncio.sleep(0.01)
+    await delete_elsewhere(old)
+    await rig.router.drain(5)
+    assert rig.outbox.sent[-1].text == "echo: slow one" and not rig.outbox.sent[-1].error
+    new = rig.index.get("agent:main:telegram:dm:3").session_id  # type: ignore[union-attr]
+    assert new != old
+    assert [m["content"] for m in await rig.db.get_messages(new)] == ["slow one", "echo: slow one"]

@@ -1,4 +1,4 @@
-"""Session keys: the DESIGN.md table as cases, round trips and no accidental sharing."""
+"""Session keys: the table in docs/architecture.md as cases, round trips and no accidental sharing."""
 
 from __future__ import annotations
 

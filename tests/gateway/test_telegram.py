@@ -13,7 +13,10 @@ from gateway.adapters.telegram import TelegramAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import InvalidToken
+from gateway.router import REFUSAL
+from tests.fakes import wait_for_count
 from tests.fakes.telegram import FakeTelegram
+from tests.gateway.conftest import ScriptedAgent
 
 
 @pytest.fixture
@@ -60,7 +63,6 @@ async def test_dm_round_trip(gw: Gateway, fake: FakeTelegram) -> None:
     assert "message_thread_id" not in sent
     assert await _stored(gw, "agent:main:telegram:dm:7") == ["hello bot", "echo: hello bot"]
     assert gw.health()["adapters"]["telegram"]["state"] == "running"
-    assert fake.sent("sendChatAction")[0]["action"] == "typing"  # shown while the agent works
 
 
 async def test_group_messages_need_a_mention_and_are_per_user(
@@ -251,3 +253,37 @@ async def test_webhook_mode_checks_the_secret_and_delivers_updates(
         assert sent["text"] == "echo: via webhook"
     finally:
         await gw.stop()
+
+
+async def test_typing_shows_only_for_a_running_turn(tmp_path: Path, fake: FakeTelegram) -> None:
+    """Issue 15: typing starts when the router runs a turn, not for a redelivered message or
+    a user who is not allowed, and ends with the reply."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  telegram:\n    enabled: true\n"
+        f"    allowed_users: ['7', '8']\n    base_url: {fake.base_url}\n"
+    )
+    agent = ScriptedAgent()
+    agent.delay_on["slow"] = 0.5
+    gateway = Gateway(config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": "123:ABC"}),
+                      home=tmp_path / "home", agent=agent)  # fmt: skip
+    await gateway.start()
+
+    def typed(chat: int) -> list[dict[str, object]]:
+        return [a for a in fake.sent("sendChatAction") if a["chat_id"] == chat]
+
+    try:
+        first = fake.message("slow question", fake.dm_chat(7))
+        fake.push(first)
+        await wait_for_count(lambda: typed(7), 1, 10.0, "typing while the turn runs")
+        [reply] = await fake.wait_sent(1)
+        assert reply["text"] == "echo: slow question" and typed(7)[0]["action"] == "typing"
+        shown = len(typed(7))
+        fake.push(dict(first))  # redelivered under a new update id
+        fake.push(fake.message("let me in", fake.dm_chat(9), user_id=9))
+        fake.push(fake.message("quick", fake.dm_chat(8), user_id=8))
+        sent = await fake.wait_sent(3)
+        assert sorted(m["text"] for m in sent[1:]) == [REFUSAL, "echo: quick"]
+        assert len(typed(7)) == shown and typed(9) == []
+    finally:
+        await gateway.stop()

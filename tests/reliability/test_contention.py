@@ -17,7 +17,12 @@ from state import SessionDB
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.reliability.test_crash import start_daemon
 
-DURATION_S = float(os.environ.get("SWITCHBOARD_CONTENTION_SECONDS", "6"))
+# Bounded by count, never by time: each CLI process runs this many commands while three
+# HTTP clients keep the daemon busy (each sends at least TURNS_PER_CLIENT, and goes on
+# until the CLI work is done). The deadline only catches a hang.
+OPS_PER_WORKER = int(os.environ.get("SWITCHBOARD_CONTENTION_OPS", "4"))
+TURNS_PER_CLIENT = 20
+HANG_S = 300
 
 
 async def _cli(home: Path, *args: str, stdin: str = "") -> tuple[int, str]:
@@ -46,12 +51,12 @@ async def test_cli_processes_and_the_daemon_share_the_file_without_errors(tmp_pa
     await wait_healthy(url, daemon)
     acknowledged: list[str] = []
     ops: list[tuple[str, int, str]] = []
-    stop_at = time.monotonic() + DURATION_S
+    cli_done = asyncio.Event()
 
     async def load(c: int) -> None:
         async with aiohttp.ClientSession() as http:
             i = 0
-            while time.monotonic() < stop_at:
+            while i < TURNS_PER_CLIENT or not cli_done.is_set():
                 text = f"c{c} m{i}"
                 async with http.post(
                     f"{url}/v1/messages", json={"chat_id": f"chat{c}", "text": text}
@@ -61,9 +66,7 @@ async def test_cli_processes_and_the_daemon_share_the_file_without_errors(tmp_pa
                 i += 1
 
     async def worker(w: int) -> None:
-        n = 0
-        while time.monotonic() < stop_at:
-            n += 1
+        for n in range(1, OPS_PER_WORKER + 1):
             if w == 0 and renamed:
                 args: tuple[str, ...] = (
                     "sessions",
@@ -86,21 +89,39 @@ async def test_cli_processes_and_the_daemon_share_the_file_without_errors(tmp_pa
             )
             ops.append((" ".join(args[:2]), code, text))
 
-    await asyncio.gather(*(load(c) for c in range(3)), *(worker(w) for w in range(4)))
-    daemon.send_signal(signal.SIGTERM)
-    assert await asyncio.wait_for(daemon.wait(), 30) == 0
+    async def workers() -> None:
+        try:
+            await asyncio.gather(*(worker(w) for w in range(4)))
+        finally:
+            cli_done.set()
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(load(c) for c in range(3)), workers()), HANG_S)
+        daemon.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(daemon.wait(), 30) == 0
+    finally:
+        if daemon.returncode is None:
+            daemon.kill()
+            await daemon.wait()
     failures = [
         (what, code, text[-300:])
         for what, code, text in ops
         if code != 0 or "locked" in text.lower() or "Traceback" in text
     ]
     assert failures == []
-    assert len(ops) >= 8 and len(acknowledged) > 50
+    assert len(ops) == 4 * OPS_PER_WORKER and len(acknowledged) >= 3 * TURNS_PER_CLIENT
     conn = sqlite3.connect(home / "state.db")
     users = {r[0] for r in conn.execute("SELECT content FROM messages WHERE role = 'user'")}
     conn.close()
     assert [t for t in acknowledged if t not in users] == []
-    assert sum(1 for what, *_ in ops if what == "chat") >= 1
+    kinds = {what for what, *_ in ops}
+    assert kinds == {
+        "sessions rename",
+        "sessions delete",
+        "sessions prune",
+        "sessions export",
+        "chat",
+    }
     print(
         f"\ncontention: {len(ops)} CLI operations beside {len(acknowledged)} daemon turns, no errors"
     )

@@ -223,13 +223,17 @@ def test_the_store_survives_a_deleted_wal_file_between_runs(tmp_path: Path) -> N
 
 
 def _as_unprivileged() -> list[str]:
-    """A prefix that runs a command as a user the home's permissions apply to (root ignores
-    file modes, so under root the command runs as `nobody` through setpriv)."""
+    """A prefix under which file modes bind the command. Under root that is root without
+    CAP_DAC_OVERRIDE (dropped from the bounding set, so the exec'd command never has it):
+    it gets EACCES from a 0555 directory or a 0444 file exactly as an ordinary owner does,
+    yet stays the owner of the checkout and the venv, wherever those live (a `mktemp -d`
+    clone is 0700, which a switch to `nobody` could not even enter)."""
     if os.geteuid() != 0:
         return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root without setpriv: file modes cannot be enforced")
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    prefix = ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"]).returncode != 0:
+        pytest.skip("running as root and cannot drop CAP_DAC_OVERRIDE: modes would not bind")
+    return prefix
 
 
 def test_a_read_only_home_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
@@ -241,11 +245,9 @@ def test_a_read_only_home_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
     from state import SessionDB
 
     prefix = _as_unprivileged()
-    base = Path(tempfile.mkdtemp(prefix="switchboard-ro-", dir="/tmp"))
-    home = base / "home"
+    home = tmp_path / "home"
+    home.mkdir()
     try:
-        base.chmod(0o755)
-        home.mkdir()
 
         async def seed() -> str:
             db = await SessionDB.open(home / "state.db")
@@ -271,9 +273,9 @@ def test_a_read_only_home_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
         assert listing.returncode == 1, listing.stderr
         assert "cannot be written" in listing.stderr and "damaged" not in listing.stderr
 
-        # The condition clears: the home becomes writable for that user again.
+        # The condition clears: the home becomes writable for its owner again.
         for path in [home, *home.iterdir()]:
-            path.chmod(0o777 if path.is_dir() else 0o666)
+            path.chmod(0o755 if path.is_dir() else 0o644)
         listing = subprocess.run(
             [*cli, "sessions", "list", "--json"],
             capture_output=True,
@@ -290,7 +292,8 @@ def test_a_read_only_home_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
         ).fetchall() == [("kept through a read-only spell",)]
         conn.close()
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        for path in [home, *home.iterdir()]:  # let pytest remove tmp_path even if we failed
+            path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 @pytest.fixture

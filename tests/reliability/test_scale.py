@@ -53,11 +53,8 @@ async def test_a_hundred_thousand_messages_in_one_session_and_sessions_in_the_st
         assert len(agent.seen[-1]) <= 200  # a window, not 100,002 messages
         assert agent.seen[-1][-1]["content"] == "still there?"
         assert await db.message_count(sid) == N + 4
-        started = time.perf_counter()
         rows = await db.list_sessions(limit=20)
-        assert (
-            len(rows) == 20 and time.perf_counter() - started < 5
-        )  # a page, not a scan (generous bound)
+        assert len(rows) == 20  # speed is bench/state_bench.py's business, not a test's
         assert (await db.search_messages("still", limit=5))[0]["session_id"] == sid
         around = await db.get_messages_around(sid, (await db.get_messages(sid, last=1))[0]["id"], 3)
         assert len(around) == 4

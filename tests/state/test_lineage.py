@@ -7,75 +7,75 @@ import time
 
 import pytest
 
-from state import AmbiguousSession, SessionDB, SessionNotFound, ids
+from state import AmbiguousSession, SessionNotFound, Store, ids
 
 DAY = 86400.0
 
 
-async def test_first_end_wins_and_reopen_clears(db: SessionDB) -> None:
-    sid = await db.create_session(source="api")
-    assert await db.end_session(sid, "idle") is True
-    assert await db.end_session(sid, "daily") is False
-    row = await db.require_session(sid)
+async def test_first_end_wins_and_reopen_clears(store: Store) -> None:
+    sid = await store.create_session(source="api")
+    assert await store.end_session(sid, "idle") is True
+    assert await store.end_session(sid, "daily") is False
+    row = await store.require_session(sid)
     assert row["end_reason"] == "idle"
-    assert await db.reopen_session(sid) is True
-    row = await db.require_session(sid)
+    assert await store.reopen_session(sid) is True
+    row = await store.require_session(sid)
     assert row["ended_at"] is None and row["end_reason"] is None
     with pytest.raises(ValueError):
-        await db.end_session(sid, "bored")
+        await store.end_session(sid, "bored")
     with pytest.raises(SessionNotFound):
-        await db.end_session("missing", "idle")
+        await store.end_session("missing", "idle")
 
 
 async def test_branch_copies_history_and_compression_tip_follows_compression_only(
-    db: SessionDB,
+    store: Store,
 ) -> None:
-    root = await db.create_session(source="api", title="plan")
-    await db.append_messages(
+    root = await store.create_session(source="api", title="plan")
+    await store.append_messages(
         root, [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
     )
-    branch = await db.fork_session(root, "branch", copy_messages=True, end_reason="branched")
-    assert [m["content"] for m in await db.get_messages(branch)] == ["one", "two"]
-    assert await db.get_session_title(branch) == "plan #2"
-    assert (await db.require_session(root))["end_reason"] == "branched"
+    branch = await store.fork_session(root, "branch", copy_messages=True, end_reason="branched")
+    assert [m["content"] for m in await store.get_messages(branch)] == ["one", "two"]
+    assert await store.get_session_title(branch) == "plan #2"
+    assert (await store.require_session(root))["end_reason"] == "branched"
     # compression of the root: tip follows it, never the branch
-    await db.reopen_session(root)
-    comp = await db.fork_session(
+    await store.reopen_session(root)
+    comp = await store.fork_session(
         root,
         "compression",
         seed_messages=[{"role": "system", "content": "summary"}],
         end_reason="compression",
     )
-    comp2 = await db.fork_session(comp, "compression", end_reason="compression")
-    assert await db.get_compression_tip(root) == comp2
-    assert await db.resolve_resume_session_id(root) == comp2
-    assert await db.get_compression_tip(branch) == branch
-    assert [a["id"] for a in await db.get_ancestors(comp2)] == [comp, root]
-    desc = {d["id"]: d["depth"] for d in await db.get_descendants(root)}
+    comp2 = await store.fork_session(comp, "compression", end_reason="compression")
+    assert await store.get_compression_tip(root) == comp2
+    assert await store.resolve_resume_session_id(root) == comp2
+    assert await store.get_compression_tip(branch) == branch
+    assert [a["id"] for a in await store.get_ancestors(comp2)] == [comp, root]
+    desc = {d["id"]: d["depth"] for d in await store.get_descendants(root)}
     assert desc == {branch: 1, comp: 1, comp2: 2}
     # listing shows roots and branches, not compression children
-    listed = {r["id"] for r in await db.list_sessions()}
+    listed = {r["id"] for r in await store.list_sessions()}
     assert listed == {root, branch}
-    assert {r["id"] for r in await db.list_sessions(include_children=True)} == {
+    assert {r["id"] for r in await store.list_sessions(include_children=True)} == {
         root,
         branch,
         comp,
         comp2,
     }
-    conv = await db.get_messages_as_conversation(comp, include_ancestors=True)
+    conv = await store.get_messages_as_conversation(comp, include_ancestors=True)
     assert [m["content"] for m in conv] == ["one", "two", "summary"]
 
 
-async def test_deleting_a_parent_orphans_its_children(db: SessionDB) -> None:
-    root = await db.create_session(source="api")
-    await db.append_message(root, "user", "doomed text")
-    child = await db.fork_session(root, "compression", end_reason="compression")
-    await db.delete_session(root)
-    assert await db.get_session(root) is None
-    assert (await db.require_session(child))["parent_session_id"] is None
-    assert await db.search_messages("doomed") == []
+async def test_deleting_a_parent_orphans_its_children(store: Store) -> None:
+    root = await store.create_session(source="api")
+    await store.append_message(root, "user", "doomed text")
+    child = await store.fork_session(root, "compression", end_reason="compression")
+    await store.delete_session(root)
+    assert await store.get_session(root) is None
+    assert (await store.require_session(child))["parent_session_id"] is None
+    assert await store.search_messages("doomed") == []
     with pytest.raises(SessionNotFound):
-        await db.delete_session(root)
+        await store.delete_session(root)
 
 
 @pytest.mark.parametrize(
@@ -89,88 +89,90 @@ async def test_deleting_a_parent_orphans_its_children(db: SessionDB) -> None:
     ],
 )
 async def test_prune_rules(
-    db: SessionDB, ended: bool, idle_days: float, source: str, older_than: float,
+    store: Store, ended: bool, idle_days: float, source: str, older_than: float,
     prune_source: str | None, pruned: bool,
 ) -> None:  # fmt: skip
     now = time.time()
-    sid = await db.create_session(source=source, started_at=now - idle_days * DAY)
-    await db.append_message(sid, "user", "hi", timestamp=now - idle_days * DAY)
-    child = await db.fork_session(sid, "reset", started_at=None)
+    sid = await store.create_session(source=source, started_at=now - idle_days * DAY)
+    await store.append_message(sid, "user", "hi", timestamp=now - idle_days * DAY)
+    child = await store.fork_session(sid, "reset", started_at=None)
     if ended:
-        await db.end_session(sid, "idle")
-    count = await db.prune_sessions(older_than, prune_source, now=now)
+        await store.end_session(sid, "idle")
+    count = await store.prune_sessions(older_than, prune_source, now=now)
     assert count == (1 if pruned else 0)
-    assert (await db.get_session(sid) is None) == pruned
-    child_row = await db.require_session(child)
+    assert (await store.get_session(sid) is None) == pruned
+    child_row = await store.require_session(child)
     assert (child_row["parent_session_id"] is None) == pruned
 
 
-async def test_prune_ages_by_last_activity_not_start(db: SessionDB) -> None:
+async def test_prune_ages_by_last_activity_not_start(store: Store) -> None:
     now = time.time()
-    sid = await db.create_session(source="api", started_at=now - 200 * DAY)
-    await db.append_message(sid, "user", "recent", timestamp=now - DAY)
-    await db.end_session(sid, "idle")
-    assert await db.prune_sessions(90, now=now) == 0
+    sid = await store.create_session(source="api", started_at=now - 200 * DAY)
+    await store.append_message(sid, "user", "recent", timestamp=now - DAY)
+    await store.end_session(sid, "idle")
+    assert await store.prune_sessions(90, now=now) == 0
 
 
-async def test_large_prune_runs_in_chunks_and_counts_everything(db: SessionDB) -> None:
+async def test_large_prune_runs_in_chunks_and_counts_everything(store: Store) -> None:
     now = time.time()
     for _ in range(450):
-        sid = await db.create_session(source="api", started_at=now - 100 * DAY)
-        await db.end_session(sid, "idle")
-    assert await db.prune_sessions(90, now=now) == 450
-    assert await db.session_count() == 0
+        sid = await store.create_session(source="api", started_at=now - 100 * DAY)
+        await store.end_session(sid, "idle")
+    assert await store.prune_sessions(90, now=now) == 450
+    assert await store.session_count() == 0
 
 
 async def test_auto_prune_runs_once_per_interval_and_vacuums_only_when_worth_it(
-    db: SessionDB,
+    store: Store,
 ) -> None:
     now = time.time()
     for _ in range(30):
-        sid = await db.create_session(source="api", started_at=now - 100 * DAY)
-        await db.append_message(sid, "user", "x" * 5000, timestamp=now - 100 * DAY)
-        await db.end_session(sid, "idle")
-    first = await db.maybe_auto_prune_and_vacuum(90, 24, True, now=now, min_vacuum_bytes=1)
+        sid = await store.create_session(source="api", started_at=now - 100 * DAY)
+        await store.append_message(sid, "user", "x" * 5000, timestamp=now - 100 * DAY)
+        await store.end_session(sid, "idle")
+    first = await store.maybe_auto_prune_and_vacuum(90, 24, True, now=now, min_vacuum_bytes=1)
     assert first == {"ran": True, "pruned": 30, "vacuumed": True}
-    second = await db.maybe_auto_prune_and_vacuum(90, 24, True, now=now + 3600)
+    second = await store.maybe_auto_prune_and_vacuum(90, 24, True, now=now + 3600)
     assert second["ran"] is False
-    third = await db.maybe_auto_prune_and_vacuum(90, 24, True, now=now + 25 * 3600)
+    third = await store.maybe_auto_prune_and_vacuum(90, 24, True, now=now + 25 * 3600)
     assert third == {"ran": True, "pruned": 0, "vacuumed": False}
-    assert await db.get_meta("switchboard.auto_prune.last_run") == repr(now + 25 * 3600)
+    assert await store.get_meta("switchboard.auto_prune.last_run") == repr(now + 25 * 3600)
 
 
-async def test_resolve_by_prefix(db: SessionDB) -> None:
-    a = await db.create_session("20250305_091523_a1b2c3d4", source="api")
-    await db.create_session("20250305_091523_a1b2ffff", source="api")
-    assert await db.resolve_session_id(a) == a
-    assert await db.resolve_session_id("20250305_091523_a1b2c") == a
+async def test_resolve_by_prefix(store: Store) -> None:
+    a = await store.create_session("20250305_091523_a1b2c3d4", source="api")
+    await store.create_session("20250305_091523_a1b2ffff", source="api")
+    assert await store.resolve_session_id(a) == a
+    assert await store.resolve_session_id("20250305_091523_a1b2c") == a
     with pytest.raises(AmbiguousSession):
-        await db.resolve_session_id("20250305_091523_a1b2")
+        await store.resolve_session_id("20250305_091523_a1b2")
     with pytest.raises(SessionNotFound):
-        await db.resolve_session_id("2024")
+        await store.resolve_session_id("2024")
     with pytest.raises(SessionNotFound):
-        await db.resolve_session_id("%")  # wildcards are literal
+        await store.resolve_session_id("%")  # wildcards are literal
 
 
-async def test_order_within_a_session_ignores_clock_jumps(db: SessionDB) -> None:
-    sid = await db.create_session(source="api")
-    await db.append_message(sid, "user", "first", timestamp=2_000_000_000)
-    await db.append_message(sid, "assistant", "second", timestamp=1_000_000_000)  # clock went back
-    assert [m["content"] for m in await db.get_messages(sid)] == ["first", "second"]
+async def test_order_within_a_session_ignores_clock_jumps(store: Store) -> None:
+    sid = await store.create_session(source="api")
+    await store.append_message(sid, "user", "first", timestamp=2_000_000_000)
+    await store.append_message(
+        sid, "assistant", "second", timestamp=1_000_000_000
+    )  # clock went back
+    assert [m["content"] for m in await store.get_messages(sid)] == ["first", "second"]
 
 
-async def test_messages_around_and_counters(db: SessionDB) -> None:
-    sid = await db.create_session(source="api")
-    ids = await db.append_messages(sid, [{"role": "user", "content": str(i)} for i in range(20)])
-    around = await db.get_messages_around(sid, ids[10], 3)
+async def test_messages_around_and_counters(store: Store) -> None:
+    sid = await store.create_session(source="api")
+    ids = await store.append_messages(sid, [{"role": "user", "content": str(i)} for i in range(20)])
+    around = await store.get_messages_around(sid, ids[10], 3)
     assert [m["id"] for m in around] == ids[7:14]
-    assert [m["id"] for m in await db.get_messages_around(sid, ids[0], 2)] == ids[0:3]
-    await db.append_message(sid, "assistant", None, tool_calls=[{"id": "a"}, {"id": "b"}])
-    await db.append_message(sid, "tool", "result", tool_call_id="a", tool_name="terminal")
-    row = await db.require_session(sid)
+    assert [m["id"] for m in await store.get_messages_around(sid, ids[0], 2)] == ids[0:3]
+    await store.append_message(sid, "assistant", None, tool_calls=[{"id": "a"}, {"id": "b"}])
+    await store.append_message(sid, "tool", "result", tool_call_id="a", tool_name="terminal")
+    row = await store.require_session(sid)
     assert row["message_count"] == 22 and row["tool_call_count"] == 2
     assert row["preview"] == "0"
-    conv = await db.get_messages_as_conversation(sid)
+    conv = await store.get_messages_as_conversation(sid)
     assert conv[-2]["tool_calls"] == [{"id": "a"}, {"id": "b"}]
     assert conv[-1] == {
         "role": "tool",
@@ -178,56 +180,58 @@ async def test_messages_around_and_counters(db: SessionDB) -> None:
         "tool_call_id": "a",
         "name": "terminal",
     }
-    assert await db.clear_messages(sid) == 22
-    row = await db.require_session(sid)
-    assert row["message_count"] == 0 and await db.message_count(sid) == 0
+    assert await store.clear_messages(sid) == 22
+    row = await store.require_session(sid)
+    assert row["message_count"] == 0 and await store.message_count(sid) == 0
 
 
-async def test_token_counts_delta_and_absolute(db: SessionDB) -> None:
-    sid = await db.create_session(source="api")
-    await db.update_token_counts(sid, input_tokens=10, output_tokens=5, estimated_cost_usd=0.01)
-    await db.update_token_counts(sid, input_tokens=3, reasoning_tokens=2, estimated_cost_usd=0.02)
-    row = await db.require_session(sid)
+async def test_token_counts_delta_and_absolute(store: Store) -> None:
+    sid = await store.create_session(source="api")
+    await store.update_token_counts(sid, input_tokens=10, output_tokens=5, estimated_cost_usd=0.01)
+    await store.update_token_counts(
+        sid, input_tokens=3, reasoning_tokens=2, estimated_cost_usd=0.02
+    )
+    row = await store.require_session(sid)
     assert (row["input_tokens"], row["output_tokens"], row["reasoning_tokens"]) == (13, 5, 2)
     assert row["estimated_cost_usd"] == pytest.approx(0.03)
-    await db.update_token_counts(sid, input_tokens=100, output_tokens=50, absolute=True)
-    row = await db.require_session(sid)
+    await store.update_token_counts(sid, input_tokens=100, output_tokens=50, absolute=True)
+    row = await store.require_session(sid)
     assert (row["input_tokens"], row["output_tokens"], row["reasoning_tokens"]) == (100, 50, 0)
     with pytest.raises(SessionNotFound):
-        await db.update_token_counts("missing", input_tokens=1)
-    stats = await db.stats()
+        await store.update_token_counts("missing", input_tokens=1)
+    stats = await store.stats()
     assert stats["sessions"] == 1 and stats["input_tokens"] == 100 and stats["db_bytes"] > 0
 
 
-async def test_list_sessions_pages_by_last_activity_with_preview(db: SessionDB) -> None:
+async def test_list_sessions_pages_by_last_activity_with_preview(store: Store) -> None:
     sids = []
     for i in range(5):
-        sid = await db.create_session(source="telegram" if i % 2 else "discord", user_id=f"u{i}")
-        await db.append_message(
+        sid = await store.create_session(source="telegram" if i % 2 else "discord", user_id=f"u{i}")
+        await store.append_message(
             sid, "user", f"  hello\nnumber {i} " + "x" * 100, timestamp=1000 + i
         )
         sids.append(sid)
-    rows = await db.list_sessions(limit=2)
+    rows = await store.list_sessions(limit=2)
     assert [r["id"] for r in rows] == [sids[4], sids[3]]
     assert rows[0]["preview"] == ("hello number 4 " + "x" * 100)[:60]
-    assert [r["id"] for r in await db.list_sessions(limit=2, offset=2)] == [sids[2], sids[1]]
-    assert [r["id"] for r in await db.list_sessions("telegram")] == [sids[3], sids[1]]
-    assert [r["id"] for r in await db.list_sessions(exclude_sources=["telegram"])] == [
+    assert [r["id"] for r in await store.list_sessions(limit=2, offset=2)] == [sids[2], sids[1]]
+    assert [r["id"] for r in await store.list_sessions("telegram")] == [sids[3], sids[1]]
+    assert [r["id"] for r in await store.list_sessions(exclude_sources=["telegram"])] == [
         sids[4],
         sids[2],
         sids[0],
     ]
-    assert [r["id"] for r in await db.list_sessions(user_id="u2")] == [sids[2]]
+    assert [r["id"] for r in await store.list_sessions(user_id="u2")] == [sids[2]]
 
 
 async def test_a_generated_id_that_repeats_is_drawn_again(
-    db: SessionDB, monkeypatch: pytest.MonkeyPatch
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ids are a second's timestamp and 32 random bits: thousands of sessions created in
     one second can draw the same id twice. The store draws again instead of failing."""
     now = time.time()
     taken = [
-        await db.create_session(
+        await store.create_session(
             time.strftime("%Y%m%d_%H%M%S", time.gmtime(now + s)) + "_deadbeef", "telegram"
         )
         for s in range(-1, 6)  # every id the next few seconds could draw first
@@ -239,12 +243,12 @@ async def test_a_generated_id_that_repeats_is_drawn_again(
         return next(draws, None) or real_token_hex(n)
 
     monkeypatch.setattr(ids.secrets, "token_hex", token_hex)
-    created = await db.create_session(source="telegram")
+    created = await store.create_session(source="telegram")
     assert created not in taken and not created.endswith("deadbeef")
     draws = iter(["deadbeef" * 4, "deadbeef" * 4])
-    child = await db.fork_session(created, "branch")
+    child = await store.fork_session(created, "branch")
     assert child not in taken and not child.endswith("deadbeef")
-    assert {s["id"] for s in await db.list_sessions(limit=50, include_children=True)} >= {
+    assert {s["id"] for s in await store.list_sessions(limit=50, include_children=True)} >= {
         created,
         child,
     }

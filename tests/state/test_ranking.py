@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state import SessionDB, ranking
+from state import SessionDB, Store, ranking
 
 # Letters with and without accents, digits, punctuation, underscores, several kinds of space.
 TEXT = st.text(
@@ -79,9 +79,9 @@ def test_document_length_and_totals_come_from_the_index(fts: sqlite3.Connection)
     assert ranking.index_totals(fts, "t") == (2, 2.5)
 
 
-async def test_more_occurrences_in_a_shorter_message_rank_first(db: SessionDB) -> None:
+async def test_more_occurrences_in_a_shorter_message_rank_first(store: Store) -> None:
     now = time.time()
-    sid = await db.create_session(source="api")
+    sid = await store.create_session(source="api")
     texts = {
         "once": "the deploy went fine and then we talked about lunch plans for the week",
         "twice": "deploy failed, deploy again",
@@ -89,21 +89,21 @@ async def test_more_occurrences_in_a_shorter_message_rank_first(db: SessionDB) -
     }
     ids = {}
     for name, text in texts.items():  # same timestamp: only relevance decides
-        ids[await db.append_message(sid, "user", text, timestamp=now)] = name
-    hits = await db.search_messages("deploy")
+        ids[await store.append_message(sid, "user", text, timestamp=now)] = name
+    hits = await store.search_messages("deploy")
     assert [ids[h["id"]] for h in hits] == ["twice", "once", "long once"]
 
 
-async def test_a_rare_term_outweighs_a_common_one(db: SessionDB) -> None:
+async def test_a_rare_term_outweighs_a_common_one(store: Store) -> None:
     """With two terms, the one in fewer messages weighs more: two zebras (a rare word) beat
     three statuses (a word in every message); without IDF the statuses would win."""
     now = time.time()
-    sid = await db.create_session(source="api")
+    sid = await store.create_session(source="api")
     for i in range(300):
-        await db.append_message(sid, "user", f"status update number {i}", timestamp=now - 10)
-    common = await db.append_message(sid, "user", "status status status zebra", timestamp=now)
-    rare = await db.append_message(sid, "user", "status zebra zebra quokka", timestamp=now)
-    hits = await db.search_messages("status OR zebra", limit=2)
+        await store.append_message(sid, "user", f"status update number {i}", timestamp=now - 10)
+    common = await store.append_message(sid, "user", "status status status zebra", timestamp=now)
+    rare = await store.append_message(sid, "user", "status zebra zebra quokka", timestamp=now)
+    hits = await store.search_messages("status OR zebra", limit=2)
     assert [h["id"] for h in hits] == [rare, common]
 
 

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state import QueryError, SessionDB, SessionFilter, schema, search
+from state import QueryError, SessionFilter, Store, schema, search
 from state import messages as msgs
+from state import query as query_language
 from state.sessions import insert_session
 
 CORPUS = {
@@ -31,13 +32,13 @@ CORPUS = {
 
 
 @pytest.fixture
-async def corpus_db(db: SessionDB) -> tuple[SessionDB, dict[str, str]]:
+async def corpus_db(store: Store) -> tuple[Store, dict[str, str]]:
     ids = {}
     for name, text in CORPUS.items():
-        sid = await db.create_session(source="telegram", title=name)
-        await db.append_message(sid, "user", text)
+        sid = await store.create_session(source="telegram", title=name)
+        await store.append_message(sid, "user", text)
         ids[name] = sid
-    return db, ids
+    return store, ids
 
 
 FINDS = [
@@ -73,6 +74,29 @@ FINDS = [
     ("NOT", {"operators"}),
     ("OR", {"operators"}),
     ("words AND", {"operators"}),
+    # a dangling operator is dropped when other terms are left (issue 15, item 24)
+    ("deploy AND", {"deploy"}),
+    ("AND deploy", {"deploy"}),
+    ("deploy OR", {"deploy"}),
+    ("OR deploy", {"deploy"}),
+    ("deploy NOT", {"deploy"}),
+    ("deploy AND AND prod", {"deploy"}),
+    ("deploy OR OR templates", {"deploy", "cpp"}),
+    ("deploy AND OR templates", {"deploy", "cpp"}),  # a run of operators keeps its last
+    ("deploy NOT AND prod", {"deploy"}),
+    ("fox NOT NOT jumps", {"scrambled"}),
+    ("(deploy OR) prod", {"deploy"}),
+    ("(OR deploy) prod", {"deploy"}),
+    ("templates (AND) C++", {"cpp"}),
+    ("deploy OR )", {"deploy"}),
+    ("deploy OR ) templates", {"deploy", "cpp"}),
+    ("NOT AND OR deploy", {"deploy"}),
+    # only operators: the words they spell
+    ("OR OR", {"operators"}),
+    ("AND AND", {"operators", "cpp", "version"}),
+    ("NOT NOT", {"operators"}),
+    ("AND OR NOT", {"operators"}),
+    ("( OR )", {"operators"}),
     ("-x", set()),
     ("cafe", {"accents"}),
     ("brûlée", {"accents"}),
@@ -90,26 +114,26 @@ FINDS = [
 
 @pytest.mark.parametrize("query, expected", FINDS)
 async def test_query_finds_exactly(
-    corpus_db: tuple[SessionDB, dict[str, str]], query: str, expected: set[str] | None
+    corpus_db: tuple[Store, dict[str, str]], query: str, expected: set[str] | None
 ) -> None:
-    db, ids = corpus_db
+    store, ids = corpus_db
     if expected is None:
         with pytest.raises(QueryError):
-            await db.search_messages(query)
+            await store.search_messages(query)
         return
-    hits = await db.search_messages(query)
+    hits = await store.search_messages(query)
     by_id = {v: k for k, v in ids.items()}
     assert {by_id[h["session_id"]] for h in hits} == expected
 
 
-async def test_hits_carry_snippet_context_and_session_fields(db: SessionDB) -> None:
-    sid = await db.create_session(source="discord", model="gpt-x", title="ctx")
-    await db.append_messages(sid, [
+async def test_hits_carry_snippet_context_and_session_fields(store: Store) -> None:
+    sid = await store.create_session(source="discord", model="gpt-x", title="ctx")
+    await store.append_messages(sid, [
         {"role": "user", "content": "before words"},
         {"role": "assistant", "content": "the needle is here"},
         {"role": "user", "content": "after words " + "z" * 400},
     ])  # fmt: skip
-    [hit] = await db.search_messages("needle")
+    [hit] = await store.search_messages("needle")
     assert hit["snippet"] == "the >>>needle<<< is here"
     assert hit["context_before"]["content"] == "before words"
     assert hit["context_after"]["content"].startswith("after words")
@@ -123,79 +147,83 @@ async def test_hits_carry_snippet_context_and_session_fields(db: SessionDB) -> N
     assert hit["started_at"] > 0 and hit["timestamp"] > 0
 
 
-async def test_filters_by_source_role_and_scope(db: SessionDB) -> None:
-    a = await db.create_session(source="telegram", user_id="alice", chat_id="g1")
-    b = await db.create_session(source="telegram", user_id="bob", chat_id="g1")
-    c = await db.create_session(source="discord", user_id="alice", chat_id="d1")
+async def test_filters_by_source_role_and_scope(store: Store) -> None:
+    a = await store.create_session(source="telegram", user_id="alice", chat_id="g1")
+    b = await store.create_session(source="telegram", user_id="bob", chat_id="g1")
+    c = await store.create_session(source="discord", user_id="alice", chat_id="d1")
     for sid in (a, b, c):
-        await db.append_message(sid, "user", "shared secret word")
-        await db.append_message(sid, "assistant", "shared reply word")
+        await store.append_message(sid, "user", "shared secret word")
+        await store.append_message(sid, "assistant", "shared reply word")
     found = lambda hits: {h["session_id"] for h in hits}  # noqa: E731
-    assert found(await db.search_messages("shared", sources=["telegram"])) == {a, b}
-    assert found(await db.search_messages("shared", exclude_sources=["telegram"])) == {c}
-    assert {h["role"] for h in await db.search_messages("shared", roles=["assistant"])} == {
+    assert found(await store.search_messages("shared", sources=["telegram"])) == {a, b}
+    assert found(await store.search_messages("shared", exclude_sources=["telegram"])) == {c}
+    assert {h["role"] for h in await store.search_messages("shared", roles=["assistant"])} == {
         "assistant"
     }
     scope = SessionFilter(source="telegram", chat_id="g1", user_id="alice", include_children=True)
-    assert found(await db.search_messages("shared", scope=scope)) == {a}
-    assert found(await db.search_messages("secret", exclude_session_ids=[a, b])) == {c}
+    assert found(await store.search_messages("shared", scope=scope)) == {a}
+    assert found(await store.search_messages("secret", exclude_session_ids=[a, b])) == {c}
 
 
 async def test_tool_names_and_arguments_are_found_only_when_tool_role_is_asked(
-    db: SessionDB,
+    store: Store,
 ) -> None:
-    sid = await db.create_session(source="cli")
-    await db.append_message(sid, "assistant", None, tool_calls=[
+    sid = await store.create_session(source="cli")
+    await store.append_message(sid, "assistant", None, tool_calls=[
         {"id": "1", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "zanzibar weather"}'}}
     ])  # fmt: skip
-    await db.append_message(sid, "tool", "sunny", tool_name="web_search", tool_call_id="1")
-    assert await db.search_messages("zanzibar") == []
-    hits = await db.search_messages("zanzibar", roles=["user", "assistant", "tool"])
+    await store.append_message(sid, "tool", "sunny", tool_name="web_search", tool_call_id="1")
+    assert await store.search_messages("zanzibar") == []
+    hits = await store.search_messages("zanzibar", roles=["user", "assistant", "tool"])
     assert [h["role"] for h in hits] == ["assistant"]
-    assert {h["role"] for h in await db.search_messages("web_search", roles=["tool"])} == {"tool"}
+    assert {h["role"] for h in await store.search_messages("web_search", roles=["tool"])} == {
+        "tool"
+    }
 
 
-async def test_sort_orders_and_recency_beats_equal_relevance(db: SessionDB) -> None:
+async def test_sort_orders_and_recency_beats_equal_relevance(store: Store) -> None:
     now = time.time()
-    old = await db.create_session(source="api", started_at=now - 400 * 86400)
-    new = await db.create_session(source="api")
-    await db.append_message(old, "user", "status report alpha", timestamp=now - 400 * 86400)
-    await db.append_message(new, "user", "status report alpha", timestamp=now)
-    assert [h["session_id"] for h in await db.search_messages("status")] == [new, old]
-    assert [h["session_id"] for h in await db.search_messages("status", sort="oldest")] == [
+    old = await store.create_session(source="api", started_at=now - 400 * 86400)
+    new = await store.create_session(source="api")
+    await store.append_message(old, "user", "status report alpha", timestamp=now - 400 * 86400)
+    await store.append_message(new, "user", "status report alpha", timestamp=now)
+    assert [h["session_id"] for h in await store.search_messages("status")] == [new, old]
+    assert [h["session_id"] for h in await store.search_messages("status", sort="oldest")] == [
         old,
         new,
     ]
-    assert [h["session_id"] for h in await db.search_messages("status", sort="newest")] == [
+    assert [h["session_id"] for h in await store.search_messages("status", sort="newest")] == [
         new,
         old,
     ]
     with pytest.raises(QueryError):
-        await db.search_messages("status", sort="sideways")
-    page2 = await db.search_messages("status", limit=1, offset=1)
+        await store.search_messages("status", sort="sideways")
+    page2 = await store.search_messages("status", limit=1, offset=1)
     assert [h["session_id"] for h in page2] == [old]
 
 
-async def test_index_stays_in_sync_through_clear_delete_prune_and_updates(db: SessionDB) -> None:
-    sid = await db.create_session(source="api")
-    await db.append_message(sid, "user", "ephemeral 临时 words")
-    await db.clear_messages(sid)
-    assert await db.search_messages("ephemeral") == [] and await db.search_messages("临时") == []
-    await db.append_message(sid, "user", "second life 第二")
-    await db.end_session(sid, "idle")
-    assert await db.prune_sessions(0, now=time.time() + 10) == 1
-    assert await db.search_messages("second") == [] and await db.search_messages("第二") == []
-    assert await db.check_search_index() == []
-    assert await db.rebuild_search_index() == 0
-    await db.optimize_search_index()
+async def test_index_stays_in_sync_through_clear_delete_prune_and_updates(store: Store) -> None:
+    sid = await store.create_session(source="api")
+    await store.append_message(sid, "user", "ephemeral 临时 words")
+    await store.clear_messages(sid)
+    assert (
+        await store.search_messages("ephemeral") == [] and await store.search_messages("临时") == []
+    )
+    await store.append_message(sid, "user", "second life 第二")
+    await store.end_session(sid, "idle")
+    assert await store.prune_sessions(0, now=time.time() + 10) == 1
+    assert await store.search_messages("second") == [] and await store.search_messages("第二") == []
+    assert await store.check_search_index() == []
+    assert await store.rebuild_search_index() == 0
+    await store.optimize_search_index()
 
 
-async def test_a_ten_kilobyte_query_runs(db: SessionDB) -> None:
-    sid = await db.create_session(source="api")
+async def test_a_ten_kilobyte_query_runs(store: Store) -> None:
+    sid = await store.create_session(source="api")
     text = " ".join(f"word{i}" for i in range(1500))
-    await db.append_message(sid, "user", text)
+    await store.append_message(sid, "user", text)
     assert len(text) > 10_000
-    assert [h["session_id"] for h in await db.search_messages(text)] == [sid]
+    assert [h["session_id"] for h in await store.search_messages(text)] == [sid]
 
 
 # --- properties, on a plain connection so each example is cheap -----------------------
@@ -239,6 +267,7 @@ def test_a_present_word_is_found_or_the_query_is_refused_with_a_reason(
 _QUERY_PARTS = st.one_of(
     st.sampled_from(
         ["OR", "AND", "NOT", "(", ")", '"', "*", "-", ":", "^", "NEAR", "{", "}", "+", "'", "\\"]
+        + ["AND AND", "OR )", "( NOT", "NOT NOT", "OR OR"]
     ),
     st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
 )
@@ -258,15 +287,69 @@ def test_no_query_raises_anything_but_query_error(
         assert str(exc)
 
 
-async def test_an_old_scoped_match_is_found_behind_many_newer_matches(db: SessionDB) -> None:
+async def test_a_dangling_operator_does_not_become_a_required_word(store: Store) -> None:
+    """`outage AND` in a store full of outages finds them all (the chat /search command
+    and `switchboard sessions search` parse with the same function)."""
+    sid = await store.create_session(source="api")
+    await store.append_messages(
+        sid, [{"role": "user", "content": f"outage number {i}"} for i in range(30)]
+    )
+    everything = {h["id"] for h in await store.search_messages("outage", limit=100)}
+    assert len(everything) == 30
+    for query in ["outage AND", "AND outage", "outage OR", "outage NOT", "(outage OR)",
+                  "outage AND AND", "OR OR outage AND NOT"]:  # fmt: skip
+        assert {h["id"] for h in await store.search_messages(query, limit=100)} == everything, query
+
+
+_VOCABULARY = st.sampled_from(
+    ["outage", "db", "deploy", "dep*", '"red alert"', "AND", "OR", "NOT", "(", ")", "***"]
+)
+_OPS = st.sampled_from(["AND", "OR", "NOT"])
+
+
+def _parsed(query: str) -> object:
+    try:
+        return query_language.parse(query)
+    except QueryError as exc:
+        return f"QueryError: {exc}"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    base=st.lists(_VOCABULARY, min_size=1, max_size=10).filter(
+        lambda parts: any(p in ("outage", "db", "deploy", "dep*", '"red alert"') for p in parts)
+    ),
+    lead=st.lists(_OPS, max_size=3),
+    lead_binary=st.sampled_from(["AND", "OR"]),
+    tail=st.lists(_OPS, max_size=3),
+)
+def test_dangling_operators_around_a_query_change_nothing(
+    base: list[str], lead: list[str], lead_binary: str, tail: list[str]
+) -> None:
+    """Operators with nothing on one side are dropped: wrapping a query that has a word in
+    them parses to exactly what the query alone does (the same tree, or the same refusal),
+    and never raises anything but QueryError."""
+    query = " ".join(base)
+    prefix = [*lead, lead_binary] if lead else []  # a final NOT would be a real negation
+    wrapped = " ".join([*prefix, query, *tail])
+    assert _parsed(wrapped) == _parsed(query), wrapped
+
+
+def test_parentheses_nested_too_deeply_are_a_query_error() -> None:
+    with pytest.raises(QueryError, match="too deeply"):
+        query_language.parse("(" * 5000 + "deploy")
+    assert query_language.parse("(" * 50 + "deploy") == query_language.Term("deploy")
+
+
+async def test_an_old_scoped_match_is_found_behind_many_newer_matches(store: Store) -> None:
     """The ranking window grows until the page fills: filters never hide a real match."""
-    old = await db.create_session(source="telegram", user_id="carol", chat_id="c9")
-    await db.append_message(old, "user", "remember the lighthouse")
-    noisy = await db.create_session(source="telegram", user_id="dave", chat_id="c8")
-    await db.append_messages(
+    old = await store.create_session(source="telegram", user_id="carol", chat_id="c9")
+    await store.append_message(old, "user", "remember the lighthouse")
+    noisy = await store.create_session(source="telegram", user_id="dave", chat_id="c8")
+    await store.append_messages(
         noisy, [{"role": "user", "content": f"lighthouse chatter {i}"} for i in range(700)]
     )
     scope = SessionFilter(source="telegram", chat_id="c9", user_id="carol", include_children=True)
-    hits = await db.search_messages("lighthouse", scope=scope)
+    hits = await store.search_messages("lighthouse", scope=scope)
     assert [h["session_id"] for h in hits] == [old]
-    assert len(await db.search_messages("lighthouse", limit=50, offset=660)) == 41
+    assert len(await store.search_messages("lighthouse", limit=50, offset=660)) == 41

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state import SessionDB, TitleEmpty, TitleTaken, TitleTooLong
+from state import SessionDB, Store, TitleEmpty, TitleTaken, TitleTooLong
 from state.titles import MAX_TITLE_LENGTH, clean_title, split_lineage, title_key
 
 
@@ -54,50 +54,50 @@ def test_cleaned_titles_have_no_invisible_or_control_characters(raw: str) -> Non
     assert not any(ch in out for ch in "\u200b\u200d\u202e\u2066\x00\x07\n\t")
 
 
-async def test_set_title_rules(db: SessionDB) -> None:
-    a = await db.create_session(source="telegram")
-    b = await db.create_session(source="telegram")
-    assert await db.set_session_title(a, "  Launch   Plan ") == "Launch Plan"
+async def test_set_title_rules(store: Store) -> None:
+    a = await store.create_session(source="telegram")
+    b = await store.create_session(source="telegram")
+    assert await store.set_session_title(a, "  Launch   Plan ") == "Launch Plan"
     with pytest.raises(TitleTaken):
-        await db.set_session_title(b, "launch plan")  # case-insensitive
+        await store.set_session_title(b, "launch plan")  # case-insensitive
     with pytest.raises(TitleTaken):
-        await db.set_session_title(b, "LAUNCH\u200b PLAN")  # invisible chars do not help
-    assert await db.set_session_title(a, "launch plan") == "launch plan"  # own title, new case
+        await store.set_session_title(b, "LAUNCH\u200b PLAN")  # invisible chars do not help
+    assert await store.set_session_title(a, "launch plan") == "launch plan"  # own title, new case
     with pytest.raises(TitleTooLong) as too_long:
-        await db.set_session_title(b, "x" * (MAX_TITLE_LENGTH + 1))
+        await store.set_session_title(b, "x" * (MAX_TITLE_LENGTH + 1))
     assert "101" in str(too_long.value)
-    assert await db.set_session_title(b, "y" * MAX_TITLE_LENGTH) == "y" * MAX_TITLE_LENGTH
+    assert await store.set_session_title(b, "y" * MAX_TITLE_LENGTH) == "y" * MAX_TITLE_LENGTH
     with pytest.raises(TitleEmpty):
-        await db.set_session_title(b, "\u200b\u202e")
-    assert await db.set_session_title(b, None) is None
-    assert await db.get_session_title(b) is None
-    assert await db.set_session_title(b, "Ünïcödé 标题 🎉") == "Ünïcödé 标题 🎉"
+        await store.set_session_title(b, "\u200b\u202e")
+    assert await store.set_session_title(b, None) is None
+    assert await store.get_session_title(b) is None
+    assert await store.set_session_title(b, "Ünïcödé 标题 🎉") == "Ünïcödé 标题 🎉"
     with pytest.raises(TitleTaken):
-        await db.set_session_title(a, "ÜNÏCÖDÉ 标题 🎉")
-    assert (await db.get_session_by_title("ünïcödé 标题 🎉") or {}).get("id") == b
+        await store.set_session_title(a, "ÜNÏCÖDÉ 标题 🎉")
+    assert (await store.get_session_by_title("ünïcödé 标题 🎉") or {}).get("id") == b
 
 
-async def test_lineage_titles_number_and_resolve_to_the_newest(db: SessionDB) -> None:
-    root = await db.create_session(source="telegram", title="my project")
-    assert await db.get_next_title_in_lineage("my project") == "my project #2"
-    c2 = await db.fork_session(root, "compression", end_reason="compression")
-    c3 = await db.fork_session(c2, "compression", end_reason="compression")
-    assert await db.get_session_title(c2) == "my project #2"
-    assert await db.get_session_title(c3) == "my project #3"
-    assert await db.get_next_title_in_lineage("my project #2") == "my project #4"
-    assert await db.resolve_session_by_title("my project") == c3
-    assert await db.resolve_session_by_title("MY PROJECT") == c3
-    assert await db.resolve_session_by_title("my project #2") == c2
-    assert await db.resolve_session_by_title("my project #9") is None
-    assert await db.resolve_session_by_title("nothing") is None
+async def test_lineage_titles_number_and_resolve_to_the_newest(store: Store) -> None:
+    root = await store.create_session(source="telegram", title="my project")
+    assert await store.get_next_title_in_lineage("my project") == "my project #2"
+    c2 = await store.fork_session(root, "compression", end_reason="compression")
+    c3 = await store.fork_session(c2, "compression", end_reason="compression")
+    assert await store.get_session_title(c2) == "my project #2"
+    assert await store.get_session_title(c3) == "my project #3"
+    assert await store.get_next_title_in_lineage("my project #2") == "my project #4"
+    assert await store.resolve_session_by_title("my project") == c3
+    assert await store.resolve_session_by_title("MY PROJECT") == c3
+    assert await store.resolve_session_by_title("my project #2") == c2
+    assert await store.resolve_session_by_title("my project #9") is None
+    assert await store.resolve_session_by_title("nothing") is None
     # an unrelated title that merely starts the same way is not in the lineage
-    other = await db.create_session(source="telegram", title="my project notes")
-    assert await db.resolve_session_by_title("my project") == c3
-    assert await db.resolve_session_by_title("my project notes") == other
+    other = await store.create_session(source="telegram", title="my project notes")
+    assert await store.resolve_session_by_title("my project") == c3
+    assert await store.resolve_session_by_title("my project notes") == other
     # a title with LIKE wildcards is matched literally
-    pct = await db.create_session(source="telegram", title="100% done")
-    await db.create_session(source="telegram", title="100X done #2")
-    assert await db.resolve_session_by_title("100% done") == pct
+    pct = await store.create_session(source="telegram", title="100% done")
+    await store.create_session(source="telegram", title="100X done #2")
+    assert await store.resolve_session_by_title("100% done") == pct
 
 
 def test_title_key_folds_case_across_scripts() -> None:

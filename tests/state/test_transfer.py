@@ -6,11 +6,12 @@ import io
 import json
 from pathlib import Path
 
-from state import SessionDB
+from state import Store
 from state.compat import SessionDB as SyncSessionDB
+from tests.state.conftest import OpenStore
 
 
-async def _populate(db: SessionDB) -> tuple[str, str, str]:
+async def _populate(db: Store) -> tuple[str, str, str]:
     root = await db.create_session(source="telegram", title="trip", user_id="u1", chat_id="c1")
     await db.append_messages(root, [
         {"role": "user", "content": "plan a trip to 京都 🎌"},
@@ -27,8 +28,10 @@ async def _populate(db: SessionDB) -> tuple[str, str, str]:
     return root, child, other
 
 
-async def test_export_import_round_trip_is_lossless_and_idempotent(tmp_path: Path) -> None:
-    src = await SessionDB.open(tmp_path / "a.db")
+async def test_export_import_round_trip_is_lossless_and_idempotent(
+    open_test_store: OpenStore,
+) -> None:
+    src = await open_test_store("a")
     root, child, other = await _populate(src)
     buf = io.StringIO()
     assert await src.write_jsonl(buf) == 3
@@ -36,7 +39,7 @@ async def test_export_import_round_trip_is_lossless_and_idempotent(tmp_path: Pat
     await src.close()
 
     lines = [json.loads(line) for line in buf.getvalue().splitlines()]
-    dst = await SessionDB.open(tmp_path / "b.db")
+    dst = await open_test_store("b")
     try:
         # children first: lineage must still be restored
         report = await dst.import_records(list(reversed(lines)))
@@ -55,12 +58,14 @@ async def test_export_import_round_trip_is_lossless_and_idempotent(tmp_path: Pat
         await dst.close()
 
 
-async def test_import_renames_a_title_already_used_by_another_session(tmp_path: Path) -> None:
-    src = await SessionDB.open(tmp_path / "a.db")
+async def test_import_renames_a_title_already_used_by_another_session(
+    open_test_store: OpenStore,
+) -> None:
+    src = await open_test_store("a")
     sid = await src.create_session(source="api", title="shared name")
     rec = await src.export_session(sid)
     await src.close()
-    dst = await SessionDB.open(tmp_path / "b.db")
+    dst = await open_test_store("b")
     try:
         await dst.create_session(source="api", title="Shared Name")
         report = await dst.import_records([rec])
@@ -70,13 +75,13 @@ async def test_import_renames_a_title_already_used_by_another_session(tmp_path: 
         await dst.close()
 
 
-async def test_import_of_a_child_without_its_parent_orphans_it(tmp_path: Path) -> None:
-    src = await SessionDB.open(tmp_path / "a.db")
+async def test_import_of_a_child_without_its_parent_orphans_it(open_test_store: OpenStore) -> None:
+    src = await open_test_store("a")
     root = await src.create_session(source="api")
     child = await src.fork_session(root, "branch")
     rec = await src.export_session(child)
     await src.close()
-    dst = await SessionDB.open(tmp_path / "b.db")
+    dst = await open_test_store("b")
     try:
         await dst.import_records([rec, {"nonsense": True}])
         assert (await dst.require_session(child))["parent_session_id"] is None

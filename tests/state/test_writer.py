@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from state import SessionDB, SessionNotFound, WriterClosed, WriterConfig
+from state import DatabaseBusy, SessionDB, SessionNotFound, WriterClosed, WriterConfig
 from state.writer import _Room
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,12 +131,13 @@ async def test_reads_do_not_wait_behind_a_long_write(db: SessionDB) -> None:
 
     def slow(conn: sqlite3.Connection) -> None:
         loop.call_soon_threadsafe(gate.set)
-        release.wait(5)
+        release.wait(120)  # held until the read below has answered
 
     slow_task = asyncio.create_task(db.writer.submit(slow))
     await asyncio.wait_for(gate.wait(), 5)
-    # The writer is inside a transaction; a read still answers at once.
-    msgs = await asyncio.wait_for(db.get_messages(sid), 2)
+    # The writer is inside a transaction until the read answers: a read that waited behind
+    # it would never answer (the deadline only turns that hang into a failure).
+    msgs = await asyncio.wait_for(db.get_messages(sid), 60)
     assert [m["content"] for m in msgs] == ["visible"]
     release.set()
     await slow_task
@@ -174,6 +175,36 @@ async def test_writes_wait_out_another_process_holding_the_lock(tmp_path: Path) 
         assert await db.get_meta("other-process") == "yes"
     finally:
         await db.close()
+
+
+@pytest.mark.parametrize("hold_s, budget_s, opens", [(1.0, 30.0, True), (60.0, 0.5, False)])
+async def test_opening_waits_out_a_lock_held_elsewhere_then_says_busy(
+    tmp_path: Path, hold_s: float, budget_s: float, opens: bool
+) -> None:
+    """Start-up migrates under a write lock: a lock held by another process is waited out
+    (recognised by SQLite's BUSY code), and past the budget the error says what happened."""
+    path = tmp_path / "s.db"
+    await (await SessionDB.open(path)).close()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _hold_lock_script(path, hold_s), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"locked"
+        config = WriterConfig(busy_timeout_s=0.05, lock_budget_s=budget_s)
+        if opens:
+            db = await SessionDB.open(path, config=config)
+            try:
+                assert await db.get_meta("other-process") == "yes"
+            finally:
+                await db.close()
+        else:
+            with pytest.raises(DatabaseBusy, match="locked by another process during start-up"):
+                await SessionDB.open(path, config=config)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 async def test_two_processes_writing_the_same_file_lose_nothing(tmp_path: Path) -> None:
@@ -316,22 +347,28 @@ async def test_append_and_read_returns_the_history_of_its_own_transaction(db: Se
 
 
 async def _write_until_checkpointed(path: Path, config: WriterConfig) -> tuple[int, int]:
-    """Append continuously (no idle moment for the WAL to restart by itself) until the
-    background checkpointer has run a number of times; return (largest WAL size, restarts)."""
+    """Append continuously (no idle moment for the WAL to restart by itself) until 6,000
+    messages are in and the background checkpointer has run 30 times (counted, not timed:
+    a slow host writes the same amount); return (largest WAL size, restarts)."""
     db = await SessionDB.open(path, config=config)
     try:
         sids = [await db.create_session(source="api") for _ in range(50)]
         largest = 0
         stop = asyncio.Event()
+        appended = 0
 
         async def producer(n: int) -> None:
+            nonlocal appended
             i = 0
             while not stop.is_set():
                 await db.append_message(sids[(n + i) % 50], "user", f"producer {n} line {i} " * 8)
                 i += 1
+                appended += 1
 
         tasks = [asyncio.create_task(producer(n)) for n in range(20)]
-        while db.writer.checkpoints < 30:
+        deadline = asyncio.get_running_loop().time() + 120  # only a stalled writer fails
+        while appended < 6_000 or db.writer.checkpoints < 30:
+            assert asyncio.get_running_loop().time() < deadline, (appended, db.writer.checkpoints)
             await asyncio.sleep(0.01)
             largest = max(largest, (path.parent / (path.name + "-wal")).stat().st_size)
         stop.set()
@@ -357,6 +394,7 @@ async def test_the_wal_restarts_under_continuous_writes_without_sqlites_own_chec
     )
     assert restarts > 0 and no_restarts == 0
     assert bounded < unbounded / 3, (bounded, unbounded)
+    print(f"WAL at most {bounded} bytes with restarts, {unbounded} without")
     conn = sqlite3.connect(tmp_path / "a.db")
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     conn.close()

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from state import SessionDB, SessionFilter, StateError
+from state import SessionFilter, SessionRow, StateError, Store
 
 log = logging.getLogger("gateway.agent.tools.session_search")
 
@@ -64,7 +65,7 @@ def _cut(text: str | None, limit: int = MAX_CONTENT) -> str | None:
     return text[:limit] + f"… [truncated {len(text) - limit} chars]"
 
 
-def _msg(row: dict[str, Any], hit_id: int | None = None) -> dict[str, Any]:
+def _msg(row: Mapping[str, Any], hit_id: int | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": row["id"],
         "role": row["role"],
@@ -79,7 +80,7 @@ def _error(message: str) -> str:
     return json.dumps({"success": False, "error": message}, ensure_ascii=False)
 
 
-async def _visible(db: SessionDB, caller: Caller, session_id: str) -> dict[str, Any] | None:
+async def _visible(db: Store, caller: Caller, session_id: str) -> SessionRow | None:
     """The session row if the caller's scope covers it."""
     row = await db.get_session(session_id)
     if row is None:
@@ -97,14 +98,14 @@ async def _visible(db: SessionDB, caller: Caller, session_id: str) -> dict[str, 
     return row
 
 
-async def _lineage_root(db: SessionDB, session_id: str, cache: dict[str, str]) -> str:
+async def _lineage_root(db: Store, session_id: str, cache: dict[str, str]) -> str:
     if session_id not in cache:
         ancestors = await db.get_ancestors(session_id)
         cache[session_id] = ancestors[-1]["id"] if ancestors else session_id
     return cache[session_id]
 
 
-async def session_search(db: SessionDB, caller: Caller, args: dict[str, Any] | None = None) -> str:
+async def session_search(db: Store, caller: Caller, args: dict[str, Any] | None = None) -> str:
     """Dispatch on the arguments' shape; always returns a JSON string."""
     args = dict(args or {})
     try:
@@ -134,7 +135,7 @@ def _int_arg(args: dict[str, Any], name: str, default: int, lo: int, hi: int) ->
     return value
 
 
-async def _discover(db: SessionDB, caller: Caller, args: dict[str, Any]) -> str:
+async def _discover(db: Store, caller: Caller, args: dict[str, Any]) -> str:
     query = args["query"]
     if not isinstance(query, str):
         raise ValueError("query must be a string")
@@ -174,7 +175,7 @@ async def _discover(db: SessionDB, caller: Caller, args: dict[str, Any]) -> str:
     )
 
 
-async def _describe_hit(db: SessionDB, hit: dict[str, Any]) -> dict[str, Any]:
+async def _describe_hit(db: Store, hit: Mapping[str, Any]) -> dict[str, Any]:
     sid, mid = hit["session_id"], hit["id"]
     window = await db.get_messages_around(sid, mid, HIT_WINDOW)
     convo = [
@@ -201,7 +202,7 @@ async def _describe_hit(db: SessionDB, hit: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _scroll(db: SessionDB, caller: Caller, args: dict[str, Any]) -> str:
+async def _scroll(db: Store, caller: Caller, args: dict[str, Any]) -> str:
     sid = args.get("session_id")
     mid = args.get("around_message_id")
     if not isinstance(sid, str) or not sid:
@@ -226,7 +227,7 @@ async def _scroll(db: SessionDB, caller: Caller, args: dict[str, Any]) -> str:
     }, ensure_ascii=False)  # fmt: skip
 
 
-async def _browse(db: SessionDB, caller: Caller, args: dict[str, Any]) -> str:
+async def _browse(db: Store, caller: Caller, args: dict[str, Any]) -> str:
     limit = _int_arg(args, "limit", 10, 1, 50)
     scope = caller.scope
     listing = SessionFilter(

@@ -1,0 +1,310 @@
+"""`Store`: the interface the gateway and the CLI program against, and `open_store`.
+
+`Store` names every operation on sessions, messages, titles, lineage, listings, search,
+handoffs, export/import, pruning and the key/value meta table; `SessionDB` (SQLite) is its
+one implementation yet, and a PostgreSQL store implements the same methods. What only a
+file-backed SQLite store can do (WAL checkpoints, VACUUM, FTS5 optimize and integrity
+checks) is the separate `Maintenance` protocol: callers ask `isinstance(store, Maintenance)`
+before they offer it. `tests/state` holds the contract suite every backend must pass.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any, Protocol, runtime_checkable
+
+from .errors import UnknownBackend
+from .listing import SessionFilter
+from .records import (
+    AutoPruneResult,
+    ExportRecord,
+    HandoffClaim,
+    LiveSession,
+    MessageRow,
+    SearchHit,
+    SessionRow,
+    UsageStats,
+    WriteStats,
+)
+from .transfer import ImportReport
+
+BACKENDS = ("sqlite",)  # the values `state.backend` accepts
+DB_FILE = "state.db"  # the SQLite backend's file, inside the home directory
+
+
+class Store(Protocol):
+    """Every session operation switchboard uses. Raises the `state.errors` tree only."""
+
+    backend: str  # the `state.backend` name of the implementation
+
+    async def close(self) -> None: ...
+
+    def write_stats(self) -> WriteStats:
+        """A snapshot of the write path for metrics and /health (no I/O)."""
+        ...
+
+    # --- sessions
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        source: str = "cli",
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None,
+        system_prompt: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        child_kind: str | None = None,
+        title: str | None = None,
+        started_at: float | None = None,
+        **routing: Any,
+    ) -> str: ...
+    async def ensure_session(
+        self,
+        session_id: str,
+        source: str = "cli",
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None,
+        system_prompt: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        child_kind: str | None = None,
+        **routing: Any,
+    ) -> bool: ...
+    async def get_session(self, session_id: str) -> SessionRow | None: ...
+    async def require_session(self, session_id: str) -> SessionRow: ...
+    async def end_session(
+        self, session_id: str, reason: str, *, now: float | None = None
+    ) -> bool: ...
+    async def reopen_session(self, session_id: str) -> bool: ...
+    async def resolve_session_id(self, ref: str) -> str: ...
+    async def resolve_session_ref(self, ref: str) -> str: ...
+    async def update_system_prompt(self, session_id: str, prompt: str | None) -> None: ...
+    async def update_session(self, session_id: str, **fields: Any) -> None: ...
+    async def update_token_counts(
+        self,
+        session_id: str,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        absolute: bool = False,
+    ) -> None: ...
+    async def session_count(self, source: str | None = None) -> int: ...
+    async def message_count(self, session_id: str | None = None) -> int: ...
+    async def stats(self) -> UsageStats: ...
+
+    # --- messages
+    async def append_message(
+        self, session_id: str, role: str, content: str | None = None, **fields: Any
+    ) -> int: ...
+    async def append_messages(
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+    ) -> list[int]: ...
+    async def append_and_read(
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        last: int | None = None,
+    ) -> tuple[list[int], list[dict[str, Any]]]: ...
+    async def get_messages(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after_id: int | None = None,
+        last: int | None = None,
+    ) -> list[MessageRow]: ...
+    async def get_messages_around(
+        self, session_id: str, message_id: int, window: int = 5
+    ) -> list[MessageRow]: ...
+    async def get_messages_as_conversation(
+        self, session_id: str, *, include_ancestors: bool = False, last: int | None = None
+    ) -> list[dict[str, Any]]: ...
+    async def count_messages_outside(
+        self, session_id: str, first_id: int, last_id: int
+    ) -> tuple[int, int]: ...
+    async def clear_messages(self, session_id: str) -> int: ...
+    async def has_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> bool: ...
+
+    # --- titles
+    async def set_session_title(self, session_id: str, title: str | None) -> str | None: ...
+    async def set_title_if_unset(self, session_id: str, title: str) -> str | None: ...
+    async def get_session_title(self, session_id: str) -> str | None: ...
+    async def get_session_by_title(self, title: str) -> SessionRow | None: ...
+    async def resolve_session_by_title(self, title: str) -> str | None: ...
+    async def get_next_title_in_lineage(self, title: str) -> str: ...
+
+    # --- lineage
+    async def get_ancestors(self, session_id: str) -> list[SessionRow]: ...
+    async def get_descendants(self, session_id: str) -> list[SessionRow]: ...
+    async def get_children(self, session_id: str, kind: str | None = None) -> list[SessionRow]: ...
+    async def get_compression_tip(self, session_id: str) -> str: ...
+    async def resolve_resume_session_id(self, session_id: str) -> str: ...
+    async def fork_session(
+        self,
+        parent_id: str,
+        kind: str,
+        *,
+        new_id: str | None = None,
+        title: str | None = None,
+        copy_messages: bool = False,
+        seed_messages: Iterable[Mapping[str, Any]] = (),
+        end_reason: str | None = None,
+        **routing: Any,
+    ) -> str: ...
+    async def count_dangling_parents(self) -> int: ...
+    async def clear_dangling_parents(self) -> int: ...
+
+    # --- listings
+    async def list_sessions(
+        self,
+        source: str | None = None,
+        *,
+        exclude_sources: Iterable[str] = (),
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        include_children: bool = False,
+        include_archived: bool = False,
+        titled_only: bool = False,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[SessionRow]: ...
+    async def sessions_by_start(
+        self, source: str | None = None, limit: int = 20, offset: int = 0
+    ) -> list[SessionRow]: ...
+    async def resolve_in_scope(self, ref: str, flt: SessionFilter) -> str | None: ...
+    async def list_filtered(
+        self, flt: SessionFilter, limit: int = 20, offset: int = 0
+    ) -> list[SessionRow]: ...
+    async def count_filtered(self, flt: SessionFilter) -> int: ...
+
+    # --- handoff (terminal -> chat) and the gateway's session index
+    async def request_handoff(
+        self, session_id: str, platform: str, *, now: float | None = None
+    ) -> bool: ...
+    async def claim_handoff(
+        self, platforms: Iterable[str], *, now: float | None = None
+    ) -> HandoffClaim | None: ...
+    async def finish_handoff(
+        self,
+        session_id: str,
+        state: str | None,
+        error: str | None = None,
+        *,
+        expect: str | None = None,
+    ) -> bool: ...
+    async def fail_stale_handoffs(
+        self, older_than_s: float, *, now: float | None = None
+    ) -> list[str]: ...
+    async def live_sessions_by_key(self) -> list[LiveSession]: ...
+    async def newest_live_session_by_key(self) -> dict[str, str]: ...
+    async def session_states(
+        self, ids: list[str]
+    ) -> dict[str, tuple[float | None, str | None]]: ...
+
+    # --- delete, prune, meta, schema
+    async def delete_session(self, session_id: str) -> None: ...
+    async def prune_sessions(
+        self,
+        older_than_days: float = 90,
+        source: str | None = None,
+        *,
+        now: float | None = None,
+        protected: Iterable[str] = (),
+    ) -> int: ...
+    async def prune_candidates(
+        self,
+        older_than_days: float,
+        source: str | None = None,
+        *,
+        now: float | None = None,
+        limit: int = 1000,
+    ) -> list[str]: ...
+    async def maybe_auto_prune_and_vacuum(
+        self,
+        retention_days: float = 90,
+        min_interval_hours: float = 24,
+        vacuum: bool = True,
+        *,
+        now: float | None = None,
+        min_vacuum_bytes: int = 8 * 1024 * 1024,
+        min_vacuum_share: float = 0.2,
+    ) -> AutoPruneResult: ...
+    async def get_meta(self, key: str) -> str | None: ...
+    async def set_meta(self, key: str, value: str | None) -> None: ...
+    async def schema_version(self) -> int: ...
+    def latest_schema_version(self) -> int: ...
+
+    # --- export / import, search
+    async def export_session(self, session_id: str) -> ExportRecord: ...
+    def export_all(
+        self,
+        source: str | None = None,
+        *,
+        session_ids: list[str] | None = None,
+        page_size: int = 50,
+    ) -> AsyncIterator[ExportRecord]: ...
+    async def write_jsonl(self, fh: IO[str], **kwargs: Any) -> int: ...
+    async def import_records(
+        self, records: Iterable[Mapping[str, Any]], *, batch: int = 100
+    ) -> ImportReport: ...
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        sources: Iterable[str] = (),
+        exclude_sources: Iterable[str] = (),
+        roles: Iterable[str] = (),
+        scope: SessionFilter | None = None,
+        exclude_session_ids: Iterable[str] = (),
+        sort: str = "relevance",
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[SearchHit]: ...
+
+
+@runtime_checkable
+class Maintenance(Protocol):
+    """What a single-file SQLite store offers beyond `Store`: a backend without these
+    (PostgreSQL runs its own VACUUM and has no WAL file to checkpoint) simply does not
+    implement them, and `isinstance(store, Maintenance)` says so."""
+
+    async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]: ...
+    async def vacuum(self) -> tuple[int, int]: ...
+    async def optimize_search_index(self) -> None: ...
+    async def rebuild_search_index(self) -> int: ...
+    async def check_search_index(self) -> list[str]: ...
+    async def integrity_check(self, quick: bool = True) -> list[str]: ...
+
+
+async def open_store(settings: Mapping[str, Any], home: str | os.PathLike[str]) -> Store:
+    """Open the store that `settings` (the validated `state` config section) names.
+    `home` is the switchboard home; the SQLite backend keeps state.db there."""
+    backend = settings.get("backend", "sqlite")
+    if backend == "sqlite":
+        from .store import SessionDB
+        from .writer import WriterConfig
+
+        writer = WriterConfig(
+            **{k: settings[k] for k in ("synchronous", "queue_size") if k in settings}
+        )
+        return await SessionDB.open(Path(home) / DB_FILE, config=writer)
+    raise UnknownBackend(backend, BACKENDS)

@@ -1,0 +1,91 @@
+"""Contract: the handoff state machine, the index's source queries, lineage repair, the
+schema version and write statistics, as every `Store` backend must provide them."""
+
+from __future__ import annotations
+
+import pytest
+
+from state import SessionNotFound, Store
+
+
+async def test_handoff_moves_pending_running_completed_and_one_claim_wins(store: Store) -> None:
+    sid = await store.create_session(source="cli")
+    assert await store.request_handoff(sid, "telegram", now=100.0) is True
+    assert await store.request_handoff(sid, "slack", now=101.0) is False  # already in flight
+    assert await store.claim_handoff(["discord"], now=102.0) is None  # not for this platform
+    assert await store.claim_handoff([]) is None
+    assert await store.claim_handoff(["telegram", "slack"], now=103.0) == {
+        "id": sid,
+        "platform": "telegram",
+    }
+    assert await store.claim_handoff(["telegram"], now=104.0) is None  # taken once only
+    assert await store.finish_handoff(sid, "completed", expect="pending") is False
+    assert await store.finish_handoff(sid, "completed", expect="running") is True
+    row = await store.require_session(sid)
+    assert (row["handoff_state"], row["handoff_platform"], row["handoff_error"]) == (
+        "completed", "telegram", None,
+    )  # fmt: skip
+    assert await store.request_handoff(sid, "slack") is True  # a finished one may go again
+    with pytest.raises(SessionNotFound):
+        await store.request_handoff("missing", "telegram")
+
+
+async def test_a_running_handoff_whose_daemon_went_away_fails_with_a_reason(store: Store) -> None:
+    stale = await store.create_session(source="cli")
+    fresh = await store.create_session(source="cli")
+    for sid, at in ((stale, 1_000.0), (fresh, 1_900.0)):
+        await store.request_handoff(sid, "telegram", now=at)
+        assert (await store.claim_handoff(["telegram"], now=at))["id"] == sid  # type: ignore[index]
+    assert await store.fail_stale_handoffs(300, now=2_000.0) == [stale]
+    row = await store.require_session(stale)
+    assert row["handoff_state"] == "failed" and row["handoff_error"]
+    assert (await store.require_session(fresh))["handoff_state"] == "running"
+
+
+async def test_live_sessions_by_key_name_the_newest_live_session_of_each_key(
+    store: Store,
+) -> None:
+    old = await store.create_session(source="telegram", session_key="k1", started_at=10.0)
+    new = await store.create_session(source="telegram", session_key="k1", started_at=20.0)
+    other = await store.create_session(
+        source="slack", session_key="k2", chat_type="dm", started_at=15.0
+    )
+    ended = await store.create_session(source="slack", session_key="k3", started_at=5.0)
+    await store.end_session(ended, "idle")
+    await store.create_session(source="cli")  # no key: not routed
+    assert await store.newest_live_session_by_key() == {"k1": new, "k2": other}
+    live = await store.live_sessions_by_key()
+    assert [(r["session_key"], r["id"]) for r in live] == [("k1", old), ("k2", other), ("k1", new)]
+    assert live[1]["source"] == "slack" and live[1]["chat_type"] == "dm"
+    states = await store.session_states([old, ended, "missing"])
+    assert set(states) == {old, ended}
+    assert states[old] == (None, None) and states[ended][1] == "idle"
+
+
+async def test_dangling_parent_links_are_counted_and_cleared(store: Store) -> None:
+    root = await store.create_session(source="api")
+    child = await store.fork_session(root, "branch")
+    assert await store.count_dangling_parents() == 0
+    # written by another program: a parent id that names no session
+    stray = await store.create_session(source="api", parent_session_id="20200101_000000_deadbeef")
+    assert await store.count_dangling_parents() == 1
+    assert await store.clear_dangling_parents() == 1
+    assert (await store.require_session(stray))["parent_session_id"] is None
+    assert (await store.require_session(child))["parent_session_id"] == root
+    assert await store.count_dangling_parents() == 0
+
+
+async def test_a_fresh_store_is_at_the_latest_schema_version(store: Store) -> None:
+    assert await store.schema_version() == store.latest_schema_version() > 0
+
+
+async def test_write_stats_count_committed_operations(store: Store) -> None:
+    before = store.write_stats()
+    sid = await store.create_session(source="api")
+    for i in range(5):
+        await store.append_message(sid, "user", f"message {i}")
+    after = store.write_stats()
+    assert after.operations >= before.operations + 6
+    assert after.batches > before.batches
+    assert after.queue_depth == 0  # every write above has been awaited
+    assert len(after.recent_commit_ms) == len(after.recent_batch_sizes) > 0

@@ -1,0 +1,66 @@
+"""The project's own files stand alone: nothing points outside the repository (a user's
+clone has no sibling folders), and the README's links lead to files that exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKED = (".md", ".py", ".yaml", ".yml", ".toml")
+# Built from pieces so this file does not match itself.
+OUTSIDE = ["../" + "shared", "shared/" + "DESIGN", "shared/" + "recipes", "shared/" + "STYLE"]
+NOT_SHIPPED = ["DESIGN" + ".md", "recipes" + ".md", "STYLE" + ".md"]
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def project_files() -> list[Path]:
+    """The tracked files (git), or every file outside hidden and virtualenv folders when
+    the tree is not a git checkout (an unpacked source archive)."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+        ).stdout
+        names = [n for n in out.decode().split("\0") if n]
+    except (OSError, subprocess.CalledProcessError):
+        names = [
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+        ]
+    return [ROOT / n for n in names if n.endswith(CHECKED) and (ROOT / n).is_file()]
+
+
+def test_no_project_file_refers_to_documents_outside_the_repository() -> None:
+    files = project_files()
+    assert any(f.name == "README.md" for f in files)  # the listing found the project
+    found = [
+        f"{f.relative_to(ROOT)}:{n}: {line.strip()}"
+        for f in files
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+        if any(ref in line for ref in OUTSIDE + NOT_SHIPPED)
+    ]
+    assert found == []
+
+
+def test_every_relative_link_in_the_documentation_leads_to_a_file() -> None:
+    broken = []
+    for doc in (f for f in project_files() if f.suffix == ".md"):
+        for target in _LINK.findall(doc.read_text(encoding="utf-8")):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue  # a URL or an anchor on the same page
+            path = (doc.parent / target.split("#", 1)[0]).resolve()
+            if not path.exists() or not path.is_relative_to(ROOT):
+                broken.append(f"{doc.relative_to(ROOT)} -> {target}")
+    assert broken == []
+
+
+def test_the_readme_links_the_architecture_document() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "](docs/architecture.md)" in readme
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    for topic in ("Session keys", "sessions.json", "state.db", "Lineage", "Titles", "Search",
+                  "Chat commands", "Reset policies", "writer", "Exit codes", "HTTP API"):  # fmt: skip
+        assert any(topic in h for h in headings), topic
