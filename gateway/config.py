@@ -75,6 +75,16 @@ def _home_channel(v: Any) -> str | None:
     parts = str(v).split(":")
     if len(parts) > 2 or not all(part.strip() for part in parts):
         return f"must be a chat id or chat_id:thread_id (got {v!r})"
+
+
+def _prices(v: Any) -> str | None:
+    for model, price in v.items():
+        if not isinstance(price, Mapping) or set(price) - {"input", "output"}:
+            return f"{model}: must be {{input: <USD per 1M tokens>, output: <USD per 1M tokens>}}"
+        for side in ("input", "output"):
+            n = price.get(side, 0)
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+                return f"{model}.{side}: must be a number of USD per million tokens, 0 or more"
     return None
 
 
@@ -189,6 +199,13 @@ SCHEMA: dict[str, Any] = {
     },
     "shutdown": {
         "drain_seconds": Field((int, float), 10, _range(0, 600)),
+    },
+    "dashboard": {
+        "enabled": Field(bool, True),
+        "key_env": Field((str, type(None)), None, _env_name, "sign-in key env var"),
+        "session_hours": Field((int, float), 12, _range(0.1, 8760)),
+        "secure_cookie": Field(bool, False),
+        "prices": Field(dict, {}, _prices, "USD per million tokens by model"),
     },
     "platforms": {
         "api": {
@@ -315,6 +332,9 @@ def _resolve_secrets(
                 "platforms.api.key_env",
                 f"a bearer key is required when listening on {api['host']} (not loopback)",
             ))  # fmt: skip
+    dash = data["dashboard"]
+    if api["enabled"] and dash["enabled"] and dash["key_env"]:
+        need("dashboard.key_env", dash["key_env"], "the dashboard sign-in key")
     for name in PLATFORMS:
         p = data["platforms"][name]
         if "mode" in p and p["mode"] is None:
