@@ -13,9 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.session_keys import SessionKey
-from state import SessionFilter
+from state import ChildKind, SessionFilter
 
-CHAT_LISTED_KINDS = ("branch", "reset")  # a chat lists sessions it started with /new too
+CHAT_LISTED_KINDS: tuple[str, ...] = (
+    ChildKind.BRANCH,
+    ChildKind.RESET,
+)  # a chat lists sessions it started with /new too
 
 
 def scope(key: SessionKey, *, include_children: bool = True) -> SessionFilter:

@@ -29,8 +29,10 @@ from gateway.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.reset.scheduler import ResetScheduler
-from gateway.router import AccessRules, Router, RouterSettings
+from gateway.router import Router
+from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
+from gateway.vocab import AdapterState
 from state import Store, open_store
 
 log = logging.getLogger("gateway.app")
@@ -178,17 +180,21 @@ class Gateway:
             self.config.get("sessions.index_activity_seconds"),
         )
         await self.index.load()
-        self.agent = self.agent or build_agent(self.config)
-        self.router = Router(
-            self.db, self.index, self.agent, self._send, router_settings(self.config),
-            self.metrics, events=self,
-        )  # fmt: skip
-        self._register_gauges()
+        agent = self.agent = self.agent or build_agent(self.config)
         policies = reset_policies(self.config)
-        self.router.resetter = Resetter(
-            self.router, policies, hook=self.agent.before_reset,
-            hook_timeout_s=self.config.get("session_reset.pre_reset_timeout_seconds"),
+        hook_timeout_s = self.config.get("session_reset.pre_reset_timeout_seconds")
+
+        def resetter(services: Services) -> Resetter:
+            return Resetter(
+                services, policies, hook=agent.before_reset, hook_timeout_s=hook_timeout_s
+            )
+
+        self.router = Router(
+            self.db, self.index, agent, self._send, router_settings(self.config), self.metrics,
+            events=self, resetter=resetter,
         )  # fmt: skip
+        assert self.router.resetter is not None
+        self._register_gauges()
         prune = self.config.get("sessions.auto_prune")
         db = self.db
 
@@ -200,7 +206,7 @@ class Gateway:
         self.scheduler = ResetScheduler(
             self.router.resetter.apply,
             sweep_seconds=self.config.get("session_reset.sweep_seconds"),
-            daily=[(p.at_hour, p.timezone) for p in policies.all() if p.mode in ("daily", "both")],
+            daily=[(p.at_hour, p.timezone) for p in policies.all() if p.mode.daily],
             prune=auto_prune if prune["enabled"] else None,
         )
         self.notify("STATUS=starting the scheduler")
@@ -218,7 +224,7 @@ class Gateway:
                 port = getattr(adapter, "port", "?")
                 raise PortInUse(port, getattr(adapter, "host", "?")) from None
         self.handoffs = HandoffWatcher(
-            self.db, self.router, self._adapters_by_platform,
+            self.router.services, self._adapters_by_platform,
             configured_homes={p: self.config.platform(p)["home_channel"] for p in PLATFORMS},
         )  # fmt: skip
         self.handoffs.start()
@@ -401,7 +407,9 @@ class Gateway:
 
     def health(self) -> dict[str, Any]:
         adapters = {a.platform: a.health() for a in self.adapters}
-        ok = self.db is not None and all(h.get("state") == "running" for h in adapters.values())
+        ok = self.db is not None and all(
+            h.get("state") == AdapterState.RUNNING for h in adapters.values()
+        )
         return {
             "status": "ok" if ok else "degraded",
             "uptime_seconds": round(time.time() - self.started_at, 1),

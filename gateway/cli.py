@@ -12,25 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.cli_paths import config_path_of as _config_path
+from gateway.cli_paths import home_of as _home
 from gateway.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, GatewayError
 from state import StateError
 
 log = logging.getLogger("gateway.cli")
-
-
-def _home(args: argparse.Namespace) -> Path:
-    if args.home:
-        return Path(args.home).expanduser()
-    from gateway.app import default_home
-
-    return default_home()
-
-
-def _config_path(args: argparse.Namespace, home: Path) -> Path | None:
-    if args.config:
-        return Path(args.config).expanduser()
-    candidate = home / "config.yaml"
-    return candidate if candidate.exists() else None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

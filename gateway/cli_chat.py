@@ -35,8 +35,9 @@ from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.router import Router
 from gateway.session_keys import SessionSource, build_key
 from gateway.timefmt import ago
+from gateway.vocab import AdapterState, ChatType
 from gateway.wording import plural
-from state import AmbiguousSession, SessionDB, SessionNotFound
+from state import AmbiguousSession, EndReason, SessionDB, SessionNotFound
 
 RECAP_EXCHANGES = 10
 
@@ -213,7 +214,7 @@ class TerminalAdapter:
         return None
 
     def health(self) -> dict[str, object]:
-        return {"state": "running"}
+        return {"state": AdapterState.RUNNING}
 
 
 async def _pick(db: SessionDB, cont: str | bool | None, resume: str | None) -> str | None:
@@ -245,7 +246,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
     terminal = TerminalAdapter(con)
     router = Router(db, index, agent, terminal.send, router_settings(config))
     user = getpass.getuser()
-    source = SessionSource("cli", user, "dm", user, user)
+    source = SessionSource("cli", user, ChatType.DM, user, user)
     key = build_key(source, router.settings.keys)
     reader = LineReader()
     interrupts = Interrupts(reader)
@@ -263,7 +264,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             con.print(f"switchboard: not found: {getattr(exc, 'ref', exc)}", style="red")
             return EXIT_FAILURE
         if target is not None:
-            await router.sessions.switch(key, source, target)
+            await router.services.sessions.switch(key, source, target)
             row = await db.require_session(target)
             history = await db.get_messages(target, last=200)
             con.print(render_recap(history, row.get("title"), config.get("display.resume_display")))
@@ -333,7 +334,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 await db.delete_session(entry.session_id)  # begun here and never used
                 con.print("Nothing was said; no session kept.")
                 return EXIT_OK
-            await db.end_session(entry.session_id, "user_exit")
+            await db.end_session(entry.session_id, EndReason.USER_EXIT)
             row = await db.require_session(entry.session_id)
             name = row.get("title") or entry.session_id
             title = row.get("title")

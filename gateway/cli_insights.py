@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gateway.cli_paths import config_path_of, home_of
 from gateway.errors import EXIT_OK, EXIT_USAGE
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -45,14 +46,13 @@ def add_parser(
 
 
 def cmd_insights(args: argparse.Namespace) -> int:
-    from gateway.cli import _config_path, _home
     from gateway.config import load_config
 
     if not 1 <= args.days <= 3660:
         print("switchboard: --days must be between 1 and 3660", file=sys.stderr)
         return EXIT_USAGE
-    home = _home(args)
-    config = load_config(_config_path(args, home))
+    home = home_of(args)
+    config = load_config(config_path_of(args, home))
     prices = {
         str(m): (float(p.get("input", 0)), float(p.get("output", 0)))
         for m, p in config.get("dashboard.prices").items()

@@ -8,22 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gateway.messages import InboundMessage
+from gateway.services import Services
 from gateway.session_keys import SessionKey
 
-if TYPE_CHECKING:
-    from gateway.router import Router
+
+def no_reset_policy(key: SessionKey) -> str:
+    """/status without a Resetter (the terminal's router)."""
+    return "none (sessions are never reset automatically)"
 
 
 @dataclass(frozen=True)
 class CommandContext:
-    router: Router
+    """What a command handler gets: the shared services and the message it answers."""
+
+    services: Services
     msg: InboundMessage
     key: SessionKey
     session_id: str
     args: str
+    describe_reset: Callable[[SessionKey], str] = no_reset_policy  # the chat's reset policy
 
 
 Handler = Callable[[CommandContext], Awaitable[str]]
@@ -63,18 +68,12 @@ class CommandRegistry:
         return list(self._commands.values())
 
 
-async def _help(ctx: CommandContext) -> str:
-    lines = ["Commands:"]
-    lines += [f"{c.usage} — {c.summary}" for c in ctx.router.commands.all()]
-    return "\n".join(lines)
-
-
 def _fmt_tokens(n: int | None) -> str:
     return f"{n or 0:,}"
 
 
 async def _status(ctx: CommandContext) -> str:
-    db = ctx.router.db
+    db = ctx.services.db
     row = await db.require_session(ctx.session_id)
     lines = [
         f"Session: {row['id']}",
@@ -84,14 +83,20 @@ async def _status(ctx: CommandContext) -> str:
     ]
     if row.get("parent_session_id"):
         lines.append(f"Parent: {row['parent_session_id']} ({row.get('child_kind') or 'child'})")
-    jobs = ctx.router.live_jobs(ctx.session_id)
+    jobs = ctx.services.coordinator.live_jobs(ctx.session_id)
     lines.append(f"Live jobs: {', '.join(jobs) if jobs else 'none'}")
-    lines.append(f"Reset policy: {ctx.router.describe_reset(ctx.key)}")
+    lines.append(f"Reset policy: {ctx.describe_reset(ctx.key)}")
     return "\n".join(lines)
 
 
 def builtin_commands() -> CommandRegistry:
     reg = CommandRegistry()
+
+    async def _help(ctx: CommandContext) -> str:  # lists this registry, whatever joins it
+        lines = ["Commands:"]
+        lines += [f"{c.usage} — {c.summary}" for c in reg.all()]
+        return "\n".join(lines)
+
     reg.add("help", "/help", "this list", _help)
     reg.add("status", "/status", "the current session, its size and lineage", _status)
     return reg

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from gateway.errors import ConfigError, ConfigErrors
+from gateway.vocab import ResetMode
 from state.api import BACKENDS as STORE_BACKENDS
 
 PLATFORMS = ("telegram", "discord", "slack")
@@ -88,7 +89,7 @@ def _prices(v: Any) -> str | None:
 
 
 RESET_FIELDS: dict[str, Field] = {
-    "mode": Field(str, "none", _one_of("none", "idle", "daily", "both")),
+    "mode": Field(str, "none", _one_of(*ResetMode)),
     "idle_minutes": Field(int, 1440, _range(1, 525_600)),
     "at_hour": Field(int, 4, _range(0, 23)),
     "timezone": Field(str, "UTC", _timezone),

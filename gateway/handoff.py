@@ -18,15 +18,14 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gateway.adapters.base import Adapter
 from gateway.messages import OutboundMessage, ThreadRef
-from gateway.session_keys import SessionSource, build_key
+from gateway.services import Services
+from gateway.session_keys import SessionSource, as_chat_type, build_key
+from gateway.vocab import ChatType
 from state import Store
-
-if TYPE_CHECKING:
-    from gateway.adapters.base import Adapter
-    from gateway.router import Router
 
 log = logging.getLogger("gateway.handoff")
 HOME_KEY = "home_channel.{}"
@@ -44,7 +43,7 @@ def configured_home(platform: str, value: str | int | None) -> dict[str, Any] | 
     return {
         "chat_id": chat_id,
         "thread_id": thread_id or None,
-        "chat_type": "dm" if dm else "group",
+        "chat_type": ChatType.DM if dm else ChatType.GROUP,
     }
 
 
@@ -68,27 +67,28 @@ def thread_source(
 ) -> SessionSource:
     """Where the handed-off session now lives, as an inbound message there will look."""
     if thread is None:  # threads not possible there: the home channel itself
-        return SessionSource(platform, str(home["chat_id"]), str(home.get("chat_type") or "group"),
+        return SessionSource(platform, str(home["chat_id"]), as_chat_type(home.get("chat_type") or ChatType.GROUP),
                              thread_id=home.get("thread_id"))  # fmt: skip
     if platform == "discord":  # a Discord thread is its own channel
-        return SessionSource(platform, thread.thread_id, "thread", thread_id=thread.thread_id)
-    return SessionSource(platform, thread.chat_id, "group", thread_id=thread.thread_id)
+        return SessionSource(
+            platform, thread.thread_id, ChatType.THREAD, thread_id=thread.thread_id
+        )
+    return SessionSource(platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id)
 
 
 class HandoffWatcher:
     def __init__(
         self,
-        db: Store,
-        router: Router,
+        services: Services,
         adapters: Mapping[str, Adapter],
         *,
         poll_s: float = 1.0,
         stale_after_s: float = 180.0,
         configured_homes: Mapping[str, str | int | None] | None = None,
     ) -> None:
-        self.db = db
+        self.services = services
+        self.db = services.db
         self.configured_homes = dict(configured_homes or {})
-        self.router = router
         self.adapters = {p: a for p, a in adapters.items() if p != "api"}
         self.poll_s = poll_s
         self.stale_after_s = stale_after_s
@@ -139,28 +139,29 @@ class HandoffWatcher:
                 str(home["chat_id"]), title or "Continued from the terminal"
             )
             source = thread_source(platform, home, thread)
-            key = build_key(source, self.router.settings.keys)
+            settings = self.services.settings
+            key = build_key(source, settings.keys)
             history = await self.db.get_messages_as_conversation(
-                sid, last=self.router.settings.history_messages
+                sid, last=settings.history_messages
             )
-            summary = await self.router.agent.summarize(history, None)
+            summary = await self.services.agent.summarize(history, None)
             text = f"Continuing here from the terminal{f' ({title})' if title else ''}.\n{summary}"
             await adapter.send(OutboundMessage(platform, source.chat_id, text, thread_id=source.thread_id,
                                                session_id=sid, session_key=key.format()))  # fmt: skip
-            async with self.router.session_lock(key.format()):
-                await self.router.sessions.bind(key, source, sid)
+            async with self.services.coordinator.session_lock(key.format()):
+                await self.services.sessions.bind(key, source, sid)
                 await self.db.update_session(
                     sid, source=platform, session_key=key.format(), chat_id=source.chat_id,
                     chat_type=source.chat_type, thread_id=source.thread_id, origin_json=source.as_dict(),
                 )  # fmt: skip
                 await self.db.append_messages(sid, [{"role": "assistant", "content": text}])
             await self.db.finish_handoff(sid, "completed", expect="running")
-            self.router.metrics.handoffs.inc(outcome="completed")
+            self.services.metrics.handoffs.inc(outcome="completed")
             log.info("session %s handed off to %s (session_key=%s)", sid, platform, key.format())
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             log.error("handoff of session %s to %s failed: %s", sid, platform, reason)
-            self.router.metrics.handoffs.inc(outcome="failed")
+            self.services.metrics.handoffs.inc(outcome="failed")
             await self.db.finish_handoff(sid, "failed", reason[:300], expect="running")
 
 

@@ -94,6 +94,7 @@ class Metrics:
             (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )  # fmt: skip
         self.gauges: list[Gauge] = []
+        self.last_error: str | None = None  # the latest failure handling a message (/health)
 
     def gauge(self, name: str, help_: str, read: Callable[[], float], kind: str = "gauge") -> None:
         self.gauges.append(Gauge(name, help_, read, kind))

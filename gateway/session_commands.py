@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from gateway import access
+from gateway import access, turns
 from gateway.commands import CommandContext, CommandRegistry
 from gateway.handoff import HOME_KEY
 from gateway.sessions import NothingToCompress
@@ -18,6 +18,8 @@ from gateway.timefmt import ago
 from gateway.wording import plural
 from state import (
     AmbiguousSession,
+    ChildKind,
+    EndReason,
     QueryError,
     SessionFilter,
     SessionRow,
@@ -40,17 +42,17 @@ def _label(row: Mapping[str, object]) -> str:
 
 
 async def cmd_new(ctx: CommandContext) -> str:
-    entry, problem = await ctx.router.sessions.reset(
-        ctx.key, ctx.msg.source, "session_reset", ctx.args or None
+    entry, problem = await ctx.services.sessions.reset(
+        ctx.key, ctx.msg.source, EndReason.SESSION_RESET, ctx.args or None
     )
-    ctx.router.forget_listing(ctx.key)
+    ctx.services.coordinator.forget_listing(ctx.key.format())
     if problem:
         return f"Started a new session, but the title was not set: {problem}."
     return f"Started a new session{f' titled {ctx.args.strip()!r}' if ctx.args else ''}."
 
 
 async def cmd_title(ctx: CommandContext) -> str:
-    db = ctx.router.db
+    db = ctx.services.db
     if not ctx.args:
         title = await db.get_session_title(ctx.session_id)
         return (
@@ -68,9 +70,13 @@ async def cmd_title(ctx: CommandContext) -> str:
 async def _same_conversation(ctx: CommandContext) -> set[str]:
     """The current session and the sessions it continues through compression."""
     ids = {ctx.session_id}
-    child = await ctx.router.db.require_session(ctx.session_id)
-    for anc in await ctx.router.db.get_ancestors(ctx.session_id):
-        if child.get("child_kind") != "compression" and anc.get("end_reason") != "compression":
+    child = await ctx.services.db.require_session(ctx.session_id)
+    for anc in await ctx.services.db.get_ancestors(ctx.session_id):
+        compressed = (
+            child.get("child_kind") == ChildKind.COMPRESSION
+            or anc.get("end_reason") == EndReason.COMPRESSION
+        )
+        if not compressed:
             break
         ids.add(anc["id"])
         child = anc
@@ -79,7 +85,7 @@ async def _same_conversation(ctx: CommandContext) -> set[str]:
 
 async def _resumable(ctx: CommandContext, flt: SessionFilter) -> list[SessionRow]:
     """Titled sessions this chat may resume, newest first, the current conversation excluded."""
-    db = ctx.router.db
+    db = ctx.services.db
     current = await _same_conversation(ctx)
     rows = await db.list_filtered(
         SessionFilter(**{**flt.__dict__, "include_children": False, "titled_only": True}),
@@ -89,18 +95,18 @@ async def _resumable(ctx: CommandContext, flt: SessionFilter) -> list[SessionRow
 
 
 async def cmd_resume(ctx: CommandContext) -> str:
-    router, db = ctx.router, ctx.router.db
+    services, db = ctx.services, ctx.services.db
     args = ctx.args.strip()
     flt = access.scope(ctx.key)
     if args.startswith("--any"):
-        if not router.is_admin(ctx.msg.source):
+        if not services.settings.is_admin(ctx.msg.source):
             return "Only admins may resume sessions of other chats."
         flt, args = access.admin_scope(), args[len("--any") :].strip()
     if not args:
         rows = await _resumable(ctx, flt)
         if not rows:
             return "No titled sessions to resume here yet. Name one with /title."
-        router.remember_listing(ctx.key, [str(r["id"]) for r in rows])
+        services.coordinator.remember_listing(ctx.key.format(), [str(r["id"]) for r in rows])
         now = time.time()
         lines = [f"{i}. {_label(r)} ({r.get('message_count') or 0} messages, {ago(r.get('last_active'), now)})"  # type: ignore[arg-type]
                  for i, r in enumerate(rows, 1)]  # fmt: skip
@@ -111,7 +117,9 @@ async def cmd_resume(ctx: CommandContext) -> str:
         )
     target: str | None = None
     if args.isdigit() and len(args) <= 3:
-        listing = router.listing(ctx.key) or [str(r["id"]) for r in await _resumable(ctx, flt)]
+        listing = services.coordinator.listing(ctx.key.format()) or [
+            str(r["id"]) for r in await _resumable(ctx, flt)
+        ]
         n = int(args)
         if not 1 <= n <= len(listing):
             return f"There is no number {n} in the list. Send /resume to see it."
@@ -126,7 +134,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
     target = await db.resolve_resume_session_id(target)
     if target == ctx.session_id:
         return "You are already in that session."
-    await router.sessions.switch(ctx.key, ctx.msg.source, target)
+    await services.sessions.switch(ctx.key, ctx.msg.source, target)
     row = await db.require_session(target)
     recap = [
         m for m in await db.get_messages(target, last=12) if m["role"] in ("user", "assistant")
@@ -139,7 +147,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
 
 
 async def cmd_sessions(ctx: CommandContext) -> str:
-    rows = await ctx.router.db.list_filtered(
+    rows = await ctx.services.db.list_filtered(
         access.scope(ctx.key, include_children=False), limit=LIST_LIMIT
     )
     current = await _same_conversation(ctx)
@@ -153,7 +161,7 @@ async def cmd_sessions(ctx: CommandContext) -> str:
         lines.append(
             f"{i}. {title} — {_cut(r.get('preview'), 40) or '(empty)'} — {ago(r.get('last_active'), now)}{mark}"
         )
-    ctx.router.remember_listing(ctx.key, [str(r["id"]) for r in rows])
+    ctx.services.coordinator.remember_listing(ctx.key.format(), [str(r["id"]) for r in rows])
     return "Your sessions:\n" + "\n".join(lines)
 
 
@@ -161,7 +169,7 @@ async def cmd_search(ctx: CommandContext) -> str:
     if not ctx.args.strip():
         return 'Usage: /search <words>  ("exact phrase", OR, NOT, prefix* work too)'
     try:
-        hits = await ctx.router.db.search_messages(
+        hits = await ctx.services.db.search_messages(
             ctx.args, scope=access.scope(ctx.key), roles=("user", "assistant"), limit=30
         )
     except QueryError as exc:
@@ -180,22 +188,24 @@ async def cmd_search(ctx: CommandContext) -> str:
             break
     if not lines:
         return "Nothing found."
-    ctx.router.remember_listing(ctx.key, seen)
+    ctx.services.coordinator.remember_listing(ctx.key.format(), seen)
     return "\n".join(lines) + "\nSend /resume <number> to continue one."
 
 
 async def cmd_branch(ctx: CommandContext) -> str:
     try:
-        entry = await ctx.router.sessions.branch(ctx.key, ctx.msg.source, ctx.args.strip() or None)
+        entry = await ctx.services.sessions.branch(
+            ctx.key, ctx.msg.source, ctx.args.strip() or None
+        )
     except TitleError as exc:
         return f"Not branched: {exc}."
-    title = await ctx.router.db.get_session_title(entry.session_id)
+    title = await ctx.services.db.get_session_title(entry.session_id)
     return f"Branched into a new session{f' ({title})' if title else ''}. /resume goes back to the original."
 
 
 async def cmd_compress(ctx: CommandContext) -> str:
     try:
-        entry, n = await ctx.router.sessions.compress(
+        entry, n = await ctx.services.sessions.compress(
             ctx.key, ctx.msg.source, ctx.args.strip() or None
         )
     except NothingToCompress:
@@ -203,14 +213,14 @@ async def cmd_compress(ctx: CommandContext) -> str:
     except (StateError, Exception) as exc:  # noqa: BLE001 - the session is untouched; say so
         log.error("compression failed for session_key=%s: %s", ctx.key.format(), exc)
         return "Compression failed; the session was left unchanged."
-    title = await ctx.router.db.get_session_title(entry.session_id)
+    title = await ctx.services.db.get_session_title(entry.session_id)
     return f"Compressed {plural(n, 'earlier message')} into a summary{f'; continuing as {title}' if title else ''}."
 
 
 async def cmd_background(ctx: CommandContext) -> str:
     if not ctx.args.strip():
         return "Usage: /background <prompt>"
-    job = ctx.router.start_background(ctx.key, ctx.msg, ctx.session_id, ctx.args.strip())
+    job = turns.start_background(ctx.services, ctx.key, ctx.msg, ctx.session_id, ctx.args.strip())
     return f"Started background job {job}; the result will be posted here."
 
 
@@ -218,7 +228,7 @@ async def cmd_sethome(ctx: CommandContext) -> str:
     src = ctx.msg.source
     value = {"chat_id": src.chat_id, "thread_id": src.thread_id, "chat_type": src.chat_type,
              "set_by": src.user_id, "at": time.time()}  # fmt: skip
-    await ctx.router.db.set_meta(HOME_KEY.format(src.platform), json.dumps(value))
+    await ctx.services.db.set_meta(HOME_KEY.format(src.platform), json.dumps(value))
     where = f"thread {src.thread_id} of this chat" if src.thread_id else "this chat"
     return f"Home channel for {src.platform} set to {where}."
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gateway.agent.base import Agent, ChatMessage, estimate_tokens
 from gateway.index import IndexEntry, SessionIndex
 from gateway.session_keys import SessionKey, SessionSource
-from state import SessionNotFound, Store, TitleError
+from state import ChildKind, EndReason, SessionNotFound, Store, TitleError
 
 log = logging.getLogger("gateway.sessions")
 
@@ -96,7 +96,7 @@ class SessionManager:
         return entry
 
     async def reset(
-        self, key: SessionKey, source: SessionSource, reason: str, title: str | None = None
+        self, key: SessionKey, source: SessionSource, reason: EndReason, title: str | None = None
     ) -> tuple[IndexEntry, str | None]:
         """A fresh child session (kind `reset`); the old one ends with `reason`.
         Returns the new entry and, if the title was refused, why (the reset still happened)."""
@@ -104,7 +104,9 @@ class SessionManager:
         entry = None
         if current is not None:
             try:
-                sid = await self.db.fork_session(current.session_id, "reset", end_reason=reason)
+                sid = await self.db.fork_session(
+                    current.session_id, ChildKind.RESET, end_reason=reason
+                )
                 entry = self._entry(sid, source)
                 self.index.put(key.format(), entry)
             except SessionNotFound as exc:
@@ -126,7 +128,7 @@ class SessionManager:
         target is reopened. No new session is created."""
         current = self.index.get(key.format())
         if current is not None and current.session_id != target:
-            await self.db.end_session(current.session_id, "session_switch")
+            await self.db.end_session(current.session_id, EndReason.SESSION_SWITCH)
         await self.db.reopen_session(target)
         entry = self._entry(target, source)
         self.index.put(key.format(), entry)
@@ -142,9 +144,9 @@ class SessionManager:
             raise SessionNotFound(key.format())
         sid = await self.db.fork_session(
             current.session_id,
-            "branch",
+            ChildKind.BRANCH,
             copy_messages=True,
-            end_reason="branched",
+            end_reason=EndReason.BRANCHED,
             title=title or None,
         )
         entry = self._entry(sid, source)
@@ -177,7 +179,10 @@ class SessionManager:
             seed.append({k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id", "tool_name",
                                            "timestamp", "reasoning", "platform_message_id") if m.get(k) is not None})  # fmt: skip
         sid = await self.db.fork_session(
-            current.session_id, "compression", seed_messages=seed, end_reason="compression"
+            current.session_id,
+            ChildKind.COMPRESSION,
+            seed_messages=seed,
+            end_reason=EndReason.COMPRESSION,
         )
         entry = self._entry(sid, source)
         self.index.put(key.format(), entry)

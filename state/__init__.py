@@ -54,6 +54,7 @@ from .records import (
     UsageStats,
     WriteStats,
 )
+from .sessions import ChildKind, EndReason
 from .store import SessionDB
 from .writer import WriterConfig
 
@@ -61,8 +62,10 @@ __all__ = [
     "BACKENDS",
     "AmbiguousSession",
     "AutoPruneResult",
+    "ChildKind",
     "DatabaseBusy",
     "DatabaseError",
+    "EndReason",
     "ExportRecord",
     "HandoffClaim",
     "LiveSession",

@@ -19,7 +19,8 @@ import logging
 import sqlite3
 
 from .content import content_text
-from .rows import make_preview
+from .rows import exec_script, make_preview
+from .textindex import aux_row
 from .titles import lineage_key, title_key
 from .writer import register_before_batch
 
@@ -60,14 +61,10 @@ END;
 
 def install(conn: sqlite3.Connection) -> None:
     """Create the queue and the triggers (idempotent; runs inside the migration)."""
-    from .schema import _exec_script
-
-    _exec_script(conn, TRIGGERS_SQL)
+    exec_script(conn, TRIGGERS_SQL)
 
 
 def _absorb_message(conn: sqlite3.Connection, message_id: int) -> None:
-    from .schema import aux_row
-
     row = conn.execute(
         "SELECT session_id, role, content, tool_name, tool_calls FROM messages WHERE id = ?",
         (message_id,),

@@ -11,6 +11,7 @@ from . import messages, sessions
 from .errors import SessionNotFound
 from .records import SessionRow
 from .rows import row_dict
+from .sessions import ChildKind, EndReason
 
 _MAX_DEPTH = 10_000  # guards against a parent cycle written by another program
 
@@ -68,7 +69,7 @@ def descendants(conn: sqlite3.Connection, session_id: str) -> list[SessionRow]:
 def _is_compression_child(kind: str | None, end_reason: str | None) -> bool:
     # Rows written by other programs carry no child_kind; their parent's end_reason
     # ('compression') says what the child is.
-    return kind == "compression" or (kind is None and end_reason == "compression")
+    return kind == ChildKind.COMPRESSION or (kind is None and end_reason == EndReason.COMPRESSION)
 
 
 def compression_tip(conn: sqlite3.Connection, session_id: str) -> str:
@@ -134,7 +135,7 @@ def fork(
     parent_title = parent.get("title")
     if title is not None:
         sessions.set_title(conn, cid, title)
-    elif parent_title and kind in ("compression", "branch"):
+    elif parent_title and kind in (ChildKind.COMPRESSION, ChildKind.BRANCH):
         sessions.set_title(conn, cid, sessions.next_title_in_lineage(conn, parent_title))
     if copy_messages:
         history = messages.get_messages(conn, parent_id)

@@ -13,6 +13,7 @@ from typing import cast
 
 from .records import SessionRow
 from .rows import row_dict
+from .sessions import ChildKind
 
 LIST_COLUMNS = (
     "id, source, user_id, model, title, started_at, ended_at, end_reason, message_count, "
@@ -35,7 +36,7 @@ class SessionFilter:
     include_archived: bool = False
     titled_only: bool = False
     thread_exact: bool = False  # thread_id None then means "not in a thread"
-    child_kinds: tuple[str, ...] = ("branch",)  # children shown beside roots by default
+    child_kinds: tuple[str, ...] = (ChildKind.BRANCH,)  # children shown beside roots by default
     routed_only: bool = False  # only sessions that came from a chat (have a session key)
 
     def where(self, alias: str = "") -> tuple[str, list[object]]:

@@ -18,7 +18,7 @@ from .content import SQL_DECODED_CONTENT, content_text, decode_content, encode_c
 from .errors import SessionNotFound
 from .records import MessageRow
 from .rows import JSON_MESSAGE_COLUMNS, Row, from_json_text, make_preview, row_dict, to_json_text
-from .schema import aux_row
+from .textindex import aux_row
 from .writer import register_batched
 
 MESSAGE_FIELDS = (

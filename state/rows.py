@@ -1,4 +1,5 @@
-"""Row helpers shared by the read and write paths: JSON columns, previews, escaping."""
+"""Row helpers shared by the read and write paths: JSON columns, previews, escaping, and
+running a script inside an open transaction."""
 
 from __future__ import annotations
 
@@ -42,3 +43,15 @@ def like_escape(text: str) -> str:
 
 def row_dict(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> Row:
     return {d[0]: v for d, v in zip(cursor.description, row, strict=True)}
+
+
+def exec_script(conn: sqlite3.Connection, script: str) -> None:
+    """Run statements one by one: executescript() would commit the open transaction."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            conn.execute(pending)
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"incomplete SQL statement: {pending.strip()[:60]}")

@@ -11,8 +11,10 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
-from . import foreign, textindex
+from . import foreign
 from .errors import DatabaseError, SchemaTooNew
+from .rows import exec_script
+from .textindex import aux_row
 from .titles import lineage_key, title_key
 
 log = logging.getLogger("state.schema")
@@ -207,18 +209,6 @@ def _ensure_table(conn: sqlite3.Connection, table: str, columns: dict[str, str])
         conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
 
-def _exec_script(conn: sqlite3.Connection, script: str) -> None:
-    """Run statements one by one: executescript() would commit the open transaction."""
-    pending = ""
-    for line in script.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            conn.execute(pending)
-            pending = ""
-    if pending.strip():
-        raise ValueError(f"incomplete SQL statement: {pending.strip()[:60]}")
-
-
 def ensure_title_index(conn: sqlite3.Connection) -> int:
     """The unique index on titles, created if missing. Files written without it (old Hermes
     Agent versions) may hold duplicates: the newest row keeps the title, older rows lose it,
@@ -293,7 +283,7 @@ def _migration_1(conn: sqlite3.Connection) -> None:
 
 def _migration_2(conn: sqlite3.Connection) -> None:
     """The segmented side index for CJK/emoji text and tool names/arguments."""
-    _exec_script(
+    exec_script(
         conn,
         """
         CREATE TABLE IF NOT EXISTS messages_aux (
@@ -325,17 +315,6 @@ def _migration_2(conn: sqlite3.Connection) -> None:
     )
     conn.execute("INSERT INTO messages_aux_fts(messages_aux_fts, rank) VALUES ('automerge', 8)")
     rebuild_aux(conn)
-
-
-def aux_row(
-    content: str | None, tool_name: str | None, tool_calls: str | None
-) -> tuple[str | None, str | None] | None:
-    """The (seg_text, tool_text) a message needs in messages_aux, or None for no row."""
-    seg = textindex.segment(content) if content and textindex.needs_aux(content) else None
-    tools = textindex.tool_text(tool_name, tool_calls)
-    if seg is None and tools is None:
-        return None
-    return seg, tools
 
 
 def rebuild_aux(conn: sqlite3.Connection) -> int:
@@ -524,10 +503,8 @@ def _migration_9(conn: sqlite3.Connection) -> None:
         if count > 50_000:
             log.info("building the search index (%d messages)", count)
         _create_messages_fts(conn, FTS_PREFIXES)
-    conn.execute(
-        f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rank) VALUES ('pgsz', ?)", (FTS_PAGE_SIZE,)
-    )
-    _exec_script(conn, _FTS_TRIGGERS_SQL)
+    conn.execute(f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rank) VALUES ('pgsz', ?)", (FTS_PAGE_SIZE,))
+    exec_script(conn, _FTS_TRIGGERS_SQL)
     if "sb_written" not in _columns(conn, "messages"):
         conn.execute("ALTER TABLE messages ADD COLUMN sb_written INTEGER")
     if conn.execute(
@@ -543,7 +520,7 @@ def _migration_10(conn: sqlite3.Connection) -> None:
     `active` count as active, as Hermes heals them)."""
     _ensure_table(conn, "sessions", SESSION_COLUMNS)
     _ensure_table(conn, "messages", MESSAGE_COLUMNS)
-    _exec_script(conn, HERMES_TABLES_SQL)
+    exec_script(conn, HERMES_TABLES_SQL)
     conn.execute(
         "CREATE INDEX IF NOT EXISTS idx_messages_active_null ON messages(active) "
         "WHERE active IS NULL"

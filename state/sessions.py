@@ -10,6 +10,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any, cast
 
 from .errors import SessionExists, SessionNotFound, TitleEmpty, TitleTaken, TitleTooLong
@@ -25,16 +26,30 @@ from .titles import (
     title_key,
 )
 
-CHILD_KINDS = ("compression", "branch", "reset", "delegate")
-END_REASONS = (
-    "user_exit",
-    "compression",
-    "branched",
-    "session_switch",
-    "session_reset",
-    "idle",
-    "daily",
-)
+
+class ChildKind(StrEnum):
+    """How a child session came from its parent (`sessions.child_kind`)."""
+
+    COMPRESSION = "compression"
+    BRANCH = "branch"
+    RESET = "reset"
+    DELEGATE = "delegate"
+
+
+class EndReason(StrEnum):
+    """Why a session ended (`sessions.end_reason`)."""
+
+    USER_EXIT = "user_exit"
+    COMPRESSION = "compression"
+    BRANCHED = "branched"
+    SESSION_SWITCH = "session_switch"
+    SESSION_RESET = "session_reset"
+    IDLE = "idle"  # reset by the idle policy
+    DAILY = "daily"  # reset at the daily boundary
+
+
+CHILD_KINDS: tuple[str, ...] = tuple(ChildKind)
+END_REASONS: tuple[str, ...] = tuple(EndReason)
 # Columns a caller may set at creation or later through update_fields.
 ROUTING_FIELDS = (
     "source",

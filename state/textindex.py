@@ -71,3 +71,14 @@ def tool_text(tool_name: str | None, tool_calls_json: str | None) -> str | None:
     """What a `tool` role search looks at: the tool's name and its call arguments."""
     parts = [p for p in (tool_name, tool_calls_json) if p]
     return " ".join(parts) if parts else None
+
+
+def aux_row(
+    content: str | None, tool_name: str | None, tool_calls: str | None
+) -> tuple[str | None, str | None] | None:
+    """The (seg_text, tool_text) a message needs in messages_aux, or None for no row."""
+    seg = segment(content) if content and needs_aux(content) else None
+    tools = tool_text(tool_name, tool_calls)
+    if seg is None and tools is None:
+        return None
+    return seg, tools

@@ -18,8 +18,8 @@ from .errors import TitleTaken
 from .messages import decode_message
 from .records import ExportRecord, SessionRow
 from .rows import row_dict, to_json_text
-from .schema import aux_row
 from .sessions import set_title, title_owner
+from .textindex import aux_row
 
 FORMAT_VERSION = 1
 _SKIP_SESSION_COLUMNS = {"title_key"}  # derived; recomputed on import

@@ -27,6 +27,7 @@ from aiohttp import web
 from gateway.adapters.base import Emit
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import CHAT_TYPES, SessionSource
+from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024
@@ -116,7 +117,7 @@ class ApiAdapter:
         self._answered: OrderedDict[tuple[str, str], _Answer] = OrderedDict()
         self._runner: web.AppRunner | None = None
         self._started_at = int(time.time())
-        self.state = "stopped"
+        self.state: str = AdapterState.STOPPED
         self.bound_port: int | None = None
 
     # --- lifecycle -------------------------------------------------------------------
@@ -143,11 +144,11 @@ class ApiAdapter:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
-        self.state = "running"
+        self.state = AdapterState.RUNNING
         log.info("api listening on http://%s:%s", self.host, self.bound_port)
 
     async def stop(self) -> None:
-        self.state = "stopped"
+        self.state = AdapterState.STOPPED
         for ex in self._pending.values():
             if not ex.done.done():
                 ex.done.cancel()
@@ -240,7 +241,7 @@ class ApiAdapter:
     ) -> _Answer | web.Response:
         """Emit the message and wait for its answer. A message id already in flight waits for
         that first turn; one answered recently gets the same answer again at once."""
-        if self._emit is None or self.state != "running":
+        if self._emit is None or self.state != AdapterState.RUNNING:
             return _error(503, "the gateway is not accepting messages", "shutting_down")
         slot = (source.chat_id, message_id or f"req-{uuid.uuid4().hex}")
         known = self._answered.get(slot)
@@ -315,7 +316,7 @@ class ApiAdapter:
         model = body.get("model") if isinstance(body.get("model"), str) else None
         model = model or (self._models[0] if self._models else "switchboard")
         source = SessionSource(
-            platform="api", chat_id=who, chat_type="dm", user_id=who, user_name=who
+            platform="api", chat_id=who, chat_type=ChatType.DM, user_id=who, user_name=who
         )
         answer = await self._turn(source, content, request.headers.get("X-Request-Id"))
         if isinstance(answer, web.Response):
@@ -379,7 +380,7 @@ class ApiAdapter:
             or not str(chat_id).strip()
         ):
             return _bad(400, "chat_id is required")
-        chat_type = body.get("chat_type", "dm")
+        chat_type = body.get("chat_type", ChatType.DM)
         if chat_type not in CHAT_TYPES:
             return _bad(400, f"chat_type must be one of {', '.join(CHAT_TYPES)}")
         opt = {}
@@ -394,7 +395,7 @@ class ApiAdapter:
                 return _bad(400, f"{name} contains a lone surrogate (invalid Unicode)")
         source = SessionSource(
             platform="api", chat_id=str(chat_id), chat_type=chat_type,
-            user_id=opt["user_id"] or (str(chat_id) if chat_type == "dm" else None),
+            user_id=opt["user_id"] or (str(chat_id) if chat_type == ChatType.DM else None),
             user_name=opt["user_name"], chat_name=opt["chat_name"], thread_id=opt["thread_id"],
         )  # fmt: skip
         answer = await self._turn(source, text, opt["message_id"])

@@ -12,9 +12,15 @@ from typing import ClassVar, Protocol, TypeVar
 
 from gateway.errors import InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.vocab import AdapterState
 
 T = TypeVar("T")
 Emit = Callable[[InboundMessage], Awaitable[None]]
+
+
+def failed(why: str) -> str:
+    """The state text of an adapter that could not start."""
+    return f"{AdapterState.FAILED}: {why}"
 
 
 class Adapter(Protocol):

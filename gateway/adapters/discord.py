@@ -23,11 +23,13 @@ from gateway.adapters.base import (
     RetryAfter,
     TransientError,
     call_with_retry,
+    failed,
     split_message,
 )
 from gateway.errors import AdapterError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import SessionSource
+from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.discord")
 LIMIT = 2000
@@ -53,17 +55,17 @@ def to_inbound(
         user = str(fields["author_id"])
         name = fields.get("author_name")
         if kind == "dm":
-            source = SessionSource("discord", channel, "dm", user, name)
+            source = SessionSource("discord", channel, ChatType.DM, user, name)
             addressed = True
         elif kind == "thread":
-            source = SessionSource("discord", channel, "thread", user, name,
+            source = SessionSource("discord", channel, ChatType.THREAD, user, name,
                                    f"{fields.get('guild_name')} / #{fields.get('channel_name')}", channel)  # fmt: skip
             addressed = (
                 bool(fields.get("mentions_bot")) or channel in (active_threads or set())
                 or not require_mention or str(fields.get("parent_id")) in free_channels
             )  # fmt: skip
         elif kind == "text":
-            source = SessionSource("discord", channel, "group", user, name,
+            source = SessionSource("discord", channel, ChatType.GROUP, user, name,
                                    f"{fields.get('guild_name')} / #{fields.get('channel_name')}")  # fmt: skip
             addressed = (
                 bool(fields.get("mentions_bot")) or not require_mention or channel in free_channels
@@ -103,7 +105,7 @@ class DiscordAdapter:
         self._emit: Emit | None = None
         self._threads: set[str] = set()
         self._typing: dict[str, asyncio.Task[None]] = {}
-        self.state = "stopped"
+        self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
     async def start(self, emit: Emit) -> None:
@@ -126,14 +128,14 @@ class DiscordAdapter:
         try:
             await client.login(self._token)
         except discord.LoginFailure as exc:
-            self.state = "failed: invalid token"
+            self.state = failed("invalid token")
             log.error("discord refused the bot token; the adapter is stopped (%s)", exc)
             await client.close()
             raise InvalidToken("discord rejected the bot token") from exc
         self._task = asyncio.create_task(self._connect(), name="discord.gateway")
         async with asyncio.timeout(30):
             await client.wait_until_ready()
-        self.state = "running"
+        self.state = AdapterState.RUNNING
         log.info("discord connected as %s", client.user)
 
     async def _connect(self) -> None:
@@ -141,7 +143,7 @@ class DiscordAdapter:
         try:
             await self._client.connect(reconnect=True)
         except Exception as exc:
-            self.state = f"failed: {type(exc).__name__}"
+            self.state = failed(type(exc).__name__)
             self.last_error = str(exc)
             log.error("discord gateway connection ended: %s", exc)
 
@@ -154,7 +156,7 @@ class DiscordAdapter:
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._task, 5)
-        self.state = "stopped"
+        self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "last_error": self.last_error, "typing_in": sorted(self._typing),
@@ -199,7 +201,7 @@ class DiscordAdapter:
         )
         if msg is None or self._emit is None or not msg.mentioned:
             return
-        if msg.source.chat_type == "thread":
+        if msg.source.chat_type == ChatType.THREAD:
             self._threads.add(msg.source.chat_id)
         if bot_id is not None:
             clean = msg.text.replace(f"<@{bot_id}>", "").replace(f"<@!{bot_id}>", "").strip()

@@ -21,11 +21,13 @@ from gateway.adapters.base import (
     RetryAfter,
     TransientError,
     call_with_retry,
+    failed,
     split_message,
 )
 from gateway.errors import AdapterError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import SessionSource
+from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.slack")
 LIMIT = 39_000
@@ -59,7 +61,7 @@ def to_inbound(
         mention = f"<@{bot_user_id}>" if bot_user_id else None
         mentioned_here = bool(mention and mention in text) or event.get("type") == "app_mention"
         if channel_type in ("im", "mpim"):
-            source = SessionSource("slack", str(channel), "dm", str(user), None)
+            source = SessionSource("slack", str(channel), ChatType.DM, str(user), None)
             addressed = True
         else:
             thread = event.get("thread_ts")
@@ -69,7 +71,9 @@ def to_inbound(
             addressed = mentioned_here or in_known_thread or not require_mention
             # a top-level mention starts a thread at this message
             thread_id = str(thread) if thread is not None else (str(ts) if addressed else None)
-            source = SessionSource("slack", str(channel), "group", str(user), None, None, thread_id)
+            source = SessionSource(
+                "slack", str(channel), ChatType.GROUP, str(user), None, None, thread_id
+            )
         clean = text.replace(mention, "").strip() if mention else text
         return InboundMessage(source=source, text=clean or text, platform_message_id=str(ts),
                               received_at=float(ts), mentioned=addressed, reply_to=str(ts))  # fmt: skip
@@ -128,7 +132,7 @@ class SlackAdapter:
         self._active_threads: set[tuple[str, str]] = set()
         self._dispatched: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.bot_user_id: str | None = None
-        self.state = "stopped"
+        self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
     async def handle_events(self, request: Any) -> Any:
@@ -146,7 +150,7 @@ class SlackAdapter:
         try:
             auth = await self.client.auth_test()
         except SlackApiError as exc:
-            self.state = "failed: invalid token"
+            self.state = failed("invalid token")
             log.error(
                 "slack refused the bot token; the adapter is stopped (%s)",
                 exc.response.get("error"),
@@ -160,13 +164,13 @@ class SlackAdapter:
             # on its own when Slack asks for a refresh or the link dies
             self._socket = AsyncSocketModeHandler(self.bolt, self._app_token)
             await self._socket.connect_async()
-        self.state = "running"
+        self.state = AdapterState.RUNNING
 
     async def stop(self) -> None:
         if self._socket is not None:
             await self._socket.close_async()
             self._socket = None
-        self.state = "stopped"
+        self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "bot_user": self.bot_user_id, "last_error": self.last_error}

@@ -23,12 +23,14 @@ from gateway.adapters.base import (
     RetryAfter,
     TransientError,
     call_with_retry,
+    failed,
     split_message,
     utf16_len,
 )
 from gateway.errors import AdapterError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import SessionSource
+from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.telegram")
 LIMIT = 4096  # UTF-16 code units per message
@@ -60,10 +62,10 @@ def to_inbound(
         if sender.get("is_bot"):
             return None
         ctype = {
-            "private": "dm",
-            "group": "group",
-            "supergroup": "group",
-            "channel": "channel",
+            "private": ChatType.DM,
+            "group": ChatType.GROUP,
+            "supergroup": ChatType.GROUP,
+            "channel": ChatType.CHANNEL,
         }.get(chat.get("type"))
         if ctype is None:
             return None
@@ -79,7 +81,7 @@ def to_inbound(
             chat_name=chat.get("title") or None, thread_id=None if thread is None else str(thread),
         )  # fmt: skip
         mentioned = True
-        if ctype != "dm" and require_mention:
+        if ctype != ChatType.DM and require_mention:
             mentioned = _addressed(msg, text, bot_username)
         return InboundMessage(
             source=source, text=_strip_mention(text, bot_username), platform_message_id=str(msg["message_id"]),
@@ -180,7 +182,7 @@ class TelegramAdapter:
         self._emit: Emit | None = None
         self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
         self.bot_username: str | None = None
-        self.state = "stopped"
+        self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
     # --- lifecycle --------------------------------------------------------------------
@@ -206,7 +208,7 @@ class TelegramAdapter:
         try:
             await self._app.initialize()
         except tg_error.InvalidToken as exc:
-            self.state = "failed: invalid token"
+            self.state = failed("invalid token")
             log.error("telegram refused the bot token; the adapter is stopped (%s)", exc)
             raise InvalidToken("telegram rejected the bot token") from exc
         self.bot_username = self._app.bot.username
@@ -219,7 +221,7 @@ class TelegramAdapter:
                 drop_pending_updates=False, error_callback=self._on_poll_error,
             )  # fmt: skip
         await self._app.start()
-        self.state = "running"
+        self.state = AdapterState.RUNNING
         log.info(
             "telegram %s as @%s", "webhook" if self._webhook_url else "polling", self.bot_username
         )
@@ -237,7 +239,7 @@ class TelegramAdapter:
             given.encode(), self._webhook_secret.encode()
         ):
             return web.Response(status=403, text="forbidden")
-        if self._app is None or self.state != "running":
+        if self._app is None or self.state != AdapterState.RUNNING:
             return web.Response(status=503, text="not running")
         try:
             data = await request.json()
@@ -266,7 +268,7 @@ class TelegramAdapter:
             if self._app.running:
                 await self._app.stop()
             await self._app.shutdown()
-        self.state = "stopped"
+        self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "bot": self.bot_username, "last_error": self.last_error}

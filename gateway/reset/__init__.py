@@ -14,14 +14,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.index import IndexEntry
 from gateway.reset.policy import PolicySet, ResetDecision, ResetPolicy, decide
+from gateway.services import Services
 from gateway.session_keys import SessionSource, parse_key
-
-if TYPE_CHECKING:
-    from gateway.router import Router
+from state import EndReason
 
 log = logging.getLogger("gateway.reset")
 PreResetHook = Callable[[str, str], Awaitable[None]]
@@ -34,19 +33,18 @@ async def no_hook(session_id: str, reason: str) -> None:
 class Resetter:
     def __init__(
         self,
-        router: Router,
+        services: Services,
         policies: PolicySet,
         *,
         hook: PreResetHook = no_hook,
         hook_timeout_s: float = 10.0,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.router = router
+        self.services = services
         self.policies = policies
         self.hook = hook
         self.hook_timeout_s = hook_timeout_s
-        self.clock = clock or router.clock
-        self._notices: dict[str, str] = {}
+        self.clock = clock or services.clock
         self._empty: dict[str, IndexEntry] = {}  # session id -> its entry when seen empty
         self.resets = 0
 
@@ -54,14 +52,14 @@ class Resetter:
         return self.policies.for_chat(entry.platform, entry.chat_type)
 
     def decide(self, entry: IndexEntry, now: float, *, known_empty: bool = True) -> ResetDecision:
-        live = bool(self.router.live_jobs(entry.session_id))
+        live = bool(self.services.coordinator.live_jobs(entry.session_id))
         # known-empty until a turn touches the entry, which replaces the entry object
         empty = known_empty and self._empty.get(entry.session_id) is entry
         return decide(entry.updated_at, now, live, self.policy_for(entry), empty=empty)
 
     async def _due(
         self, entry: IndexEntry, now: float, *, known_empty: bool = True
-    ) -> tuple[str, dict[str, Any]] | None:
+    ) -> tuple[EndReason, dict[str, Any]] | None:
         """The reason to reset `entry` now and its session row, or None. state.db is asked
         only once the policy says a reset is due: an empty session (or one that no longer
         exists) is never reset, else every idle chat would grow a chain of empty sessions.
@@ -69,7 +67,7 @@ class Resetter:
         job stores messages without touching the entry)."""
         if self.decide(entry, now, known_empty=known_empty).reason is None:
             return None
-        row = await self.router.db.get_session(entry.session_id)
+        row = await self.services.db.get_session(entry.session_id)
         if row is None:  # deleted under the daemon: the chat's next message starts afresh
             return None
         if not row.get("message_count"):
@@ -84,15 +82,16 @@ class Resetter:
         fresh activity and no messages, so running twice (or a late, doubled fire) resets
         nothing more."""
         at = self.clock() if now is None else now
-        items = self.router.index.items()
+        items = self.services.index.items()
         current_ids = {entry.session_id for _, entry in items}
         self._empty = {sid: e for sid, e in self._empty.items() if sid in current_ids}
         done = 0
+        index, coordinator = self.services.index, self.services.coordinator
         for key, entry in items:
             if self.decide(entry, at).reason is None:
                 continue
-            async with self.router.session_lock(key):
-                current = self.router.index.get(key)  # a message may have moved it meanwhile
+            async with coordinator.session_lock(key):
+                current = index.get(key)  # a message may have moved it meanwhile
                 if current is None:
                     continue
                 due = await self._due(current, at)
@@ -109,7 +108,7 @@ class Resetter:
         return await self._reset(key, entry, *due)
 
     async def _reset(
-        self, key: str, entry: IndexEntry, reason: str, old: dict[str, Any]
+        self, key: str, entry: IndexEntry, reason: EndReason, old: dict[str, Any]
     ) -> IndexEntry:
         started = time.monotonic()
         try:
@@ -117,27 +116,31 @@ class Resetter:
                 await self.hook(entry.session_id, reason)
         except Exception as exc:  # the reset goes ahead; the hook had its chance
             log.warning("pre-reset hook failed for session_key=%s: %s", key, exc)
-        old = await self.router.db.get_session(entry.session_id) or old  # the hook may title it
-        new, _ = await self.router.sessions.reset(
+        old = await self.services.db.get_session(entry.session_id) or old  # the hook may title it
+        new, _ = await self.services.sessions.reset(
             parse_key(key), SessionSource.from_dict(entry.origin), reason
         )
         self._empty[new.session_id] = new  # a reset child starts with no messages
         self.resets += 1
-        self.router.metrics.resets.inc(reason=reason)
+        self.services.metrics.resets.inc(reason=reason)
         log.info("session_key=%s reset (%s) in %.3fs", key, reason, time.monotonic() - started)
         if self.policy_for(entry).notify and (old.get("message_count") or 0) > 0:
             handle = old.get("title") or old["id"]
-            why = "after a period of inactivity" if reason == "idle" else "for the daily reset"
-            self._notices[key] = (
-                f"A new session was started {why}. Send /resume {handle} to go back."
+            why = (
+                "after a period of inactivity"
+                if reason == EndReason.IDLE
+                else "for the daily reset"
+            )
+            self.services.coordinator.set_notice(
+                key, f"A new session was started {why}. Send /resume {handle} to go back."
             )
         return new
 
     def take_notice(self, key: str) -> str | None:
-        return self._notices.pop(key, None)
+        return self.services.coordinator.take_notice(key)
 
     def describe(self, key: str) -> str:
-        entry = self.router.index.get(key)
+        entry = self.services.index.get(key)
         if entry is None:
             return self.policies.default.describe()
         policy = self.policy_for(entry)

@@ -15,26 +15,29 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from gateway.vocab import ResetMode
 from gateway.wording import plural
-
-MODES = ("none", "idle", "daily", "both")
+from state import EndReason
 
 
 @dataclass(frozen=True)
 class ResetPolicy:
-    mode: str = "none"
+    mode: ResetMode = ResetMode.NONE
     idle_minutes: int = 1440
     at_hour: int = 4
     timezone: str = "UTC"
     notify: bool = True
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", ResetMode(self.mode))  # config gives a plain str
+
     def describe(self) -> str:
-        if self.mode == "none":
+        if self.mode == ResetMode.NONE:
             return "none (sessions are never reset automatically)"
         parts = []
-        if self.mode in ("idle", "both"):
+        if self.mode.idle:
             parts.append(f"after {plural(self.idle_minutes, 'minute')} idle")
-        if self.mode in ("daily", "both"):
+        if self.mode.daily:
             parts.append(f"daily at {self.at_hour:02d}:00 {self.timezone}")
         return " or ".join(parts)
 
@@ -60,7 +63,7 @@ class PolicySet:
 
 @dataclass(frozen=True)
 class ResetDecision:
-    reason: str | None  # "idle" | "daily" | None
+    reason: EndReason | None  # IDLE, DAILY or None
     blocked_by_jobs: bool = False
     due_at: float | None = None  # when the policy would (or did) fire for this activity
 
@@ -102,17 +105,18 @@ def decide(
     """Should the session whose last user/agent activity was at `last_activity` be reset at
     `now`? Times are Unix epochs; the decision names the reason that passed first. `empty`:
     the session has no messages, so it is never reset (and has no next reset)."""
-    if policy.mode == "none" or empty:
+    if policy.mode == ResetMode.NONE or empty:
         return ResetDecision(None)
-    due: list[tuple[float, str]] = []
-    if policy.mode in ("idle", "both"):
-        due.append((last_activity + policy.idle_minutes * 60, "idle"))
-    if policy.mode in ("daily", "both"):
+    due: list[tuple[float, EndReason]] = []
+    if policy.mode.idle:
+        due.append((last_activity + policy.idle_minutes * 60, EndReason.IDLE))
+    if policy.mode.daily:
         activity = datetime.fromtimestamp(last_activity, UTC)
-        due.append((next_boundary(activity, policy.at_hour, policy.timezone).timestamp(), "daily"))
+        boundary = next_boundary(activity, policy.at_hour, policy.timezone)
+        due.append((boundary.timestamp(), EndReason.DAILY))
     when, reason = min(due)
     # idle: strictly more than idle_minutes; daily: once the boundary is reached
-    fired = now > when if reason == "idle" else now >= when
+    fired = now > when if reason == EndReason.IDLE else now >= when
     if not fired:
         return ResetDecision(None, due_at=when)
     if live_jobs:

@@ -10,10 +10,19 @@ or `=`, so any id round-trips and no user id can look like a thread slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-ChatType = Literal["dm", "group", "channel", "thread"]
-CHAT_TYPES: tuple[str, ...] = ("dm", "group", "channel", "thread")
+from gateway.vocab import ChatType
+
+CHAT_TYPES: tuple[str, ...] = tuple(ChatType)
+
+
+def as_chat_type(value: object) -> ChatType:
+    """`value` as a ChatType; a ValueError naming the choices if it is none of them."""
+    if value not in CHAT_TYPES:
+        raise ValueError(f"chat_type must be one of {', '.join(CHAT_TYPES)}")
+    return ChatType(value)
+
+
 PREFIX = "agent:main"
 
 
@@ -21,15 +30,15 @@ PREFIX = "agent:main"
 class SessionSource:
     platform: str
     chat_id: str
-    chat_type: str = "dm"
+    chat_type: ChatType = ChatType.DM
     user_id: str | None = None
     user_name: str | None = None
     chat_name: str | None = None
     thread_id: str | None = None
 
     def __post_init__(self) -> None:
-        if self.chat_type not in CHAT_TYPES:
-            raise ValueError(f"chat_type must be one of {', '.join(CHAT_TYPES)}")
+        if type(self.chat_type) is not ChatType:  # stored sources carry the plain string
+            object.__setattr__(self, "chat_type", as_chat_type(self.chat_type))
         if not self.platform or not self.chat_id:
             raise ValueError("platform and chat_id are required")
 
@@ -48,7 +57,7 @@ class SessionSource:
 
         return cls(
             platform=str(data["platform"]), chat_id=str(data["chat_id"]),
-            chat_type=str(data.get("chat_type") or "dm"), user_id=s("user_id"),
+            chat_type=as_chat_type(str(data.get("chat_type") or ChatType.DM)), user_id=s("user_id"),
             user_name=s("user_name"), chat_name=s("chat_name"), thread_id=s("thread_id"),
         )  # fmt: skip
 
@@ -99,9 +108,9 @@ def _dec(part: str) -> str:
 def build_key(source: SessionSource, settings: KeySettings | None = None) -> SessionKey:
     """The one function that decides which session a message belongs to."""
     cfg = settings or KeySettings()
-    if source.chat_type == "dm":
+    if source.chat_type == ChatType.DM:
         return SessionKey(source.platform, "dm", source.chat_id)
-    scope = "channel" if source.chat_type == "channel" else "group"
+    scope = "channel" if source.chat_type == ChatType.CHANNEL else "group"
     user = source.user_id or None
     if source.thread_id is not None:
         # a thread/topic is shared by everyone in it unless configured per user

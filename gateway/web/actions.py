@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.web.app import Dashboard
+from gateway.web.context import DashboardState as Dashboard
 from state import SessionNotFound, StateError
 
 TRANSCRIPT_PAGE = 200

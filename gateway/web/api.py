@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.web import actions, queries
-from gateway.web.app import dashboard_of
+from gateway.web.context import dashboard_of
 from gateway.web.openapi import document
 from state import QueryError, SessionNotFound, StateError, TitleError
 

@@ -1,20 +1,19 @@
 """The dashboard as two aiohttp sub-applications (`/ui` pages, `/api` JSON) sharing one
-`Dashboard` object, and the guard middleware every request of both passes through:
+`Dashboard` object (its state, gateway.web.context, is what the handlers see), and the
+guard middleware every request of both passes through:
 security headers, loopback-host check, sign-in, origin and CSRF checks."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 from aiohttp import web
 
 from gateway.config import Config
 from gateway.config import _is_loopback as is_loopback
-from gateway.web import auth
-from state import SessionDB
+from gateway.web import api, auth, pages
+from gateway.web.context import DASHBOARD, DashboardSettings, DashboardState
 
 log = logging.getLogger("gateway.web")
 
@@ -24,51 +23,20 @@ PUBLIC_PATHS = frozenset({"/ui/login", "/api/openapi.json"})
 MULTIPART_PATHS = frozenset({"/ui/ops/import"})
 
 
-@dataclass(frozen=True)
-class DashboardSettings:
-    """`key` None: no sign-in (allowed on loopback only). Prices: USD per million tokens
-    (input, output) by model name."""
-
-    key: str | None = None
-    session_hours: float = 12.0
-    secure_cookie: bool = False
-    prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-
-
-class Dashboard:
-    """Shared state of the dashboard's sub-apps: the store, settings, browser sessions."""
-
-    def __init__(
-        self,
-        db: SessionDB,
-        settings: DashboardSettings,
-        *,
-        health: Callable[[], dict[str, Any]] | None = None,
-        live_ids: Callable[[], set[str]] = set,
-        is_live: Callable[[str], bool] | None = None,
-    ) -> None:
-        self.db = db
-        self.settings = settings
-        self.health = health
-        self.live_ids = live_ids  # sessions bound to a chat in the index: never deleted
-        self.is_live = is_live or (lambda sid: sid in live_ids())
-        self.sessions = auth.Sessions(settings.session_hours * 3600)
+class Dashboard(DashboardState):
+    """The dashboard's state with the two sub-applications built on it and their guard."""
 
     def subapps(self) -> dict[str, Callable[[], web.Application]]:
         """Prefix -> factory, for the api adapter to mount."""
         return {"/ui": self.ui_app, "/api": self.api_app}
 
     def ui_app(self) -> web.Application:
-        from gateway.web import pages
-
         app = web.Application(middlewares=[self.guard])
         app[DASHBOARD] = self
         pages.register(app.router)
         return app
 
     def api_app(self) -> web.Application:
-        from gateway.web import api
-
         app = web.Application(middlewares=[self.guard])
         app[DASHBOARD] = self
         api.register(app.router)
@@ -128,9 +96,6 @@ class Dashboard:
         return await handler(request)
 
 
-DASHBOARD = web.AppKey("dashboard", Dashboard)
-
-
 def settings_from(config: Config) -> DashboardSettings | None:
     """The dashboard's settings, or None when it is off: disabled, or listening off
     loopback with no key to sign in with."""
@@ -154,10 +119,6 @@ def settings_from(config: Config) -> DashboardSettings | None:
         key=key, session_hours=float(dash["session_hours"]),
         secure_cookie=dash["secure_cookie"], prices=prices,
     )  # fmt: skip
-
-
-def dashboard_of(request: web.Request) -> Dashboard:
-    return request.app[DASHBOARD]
 
 
 def _refuse(api: bool, status: int, message: str) -> web.Response:

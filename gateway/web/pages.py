@@ -14,7 +14,8 @@ from aiohttp import BodyPartReader, web
 
 from gateway.session_keys import CHAT_TYPES
 from gateway.web import actions, auth, charts, queries
-from gateway.web.app import Dashboard, dashboard_of
+from gateway.web.context import DashboardState as Dashboard
+from gateway.web.context import dashboard_of
 from gateway.web.html import Safe, highlight, join, t, url
 from state import QueryError, SessionNotFound, StateError, TitleError
 

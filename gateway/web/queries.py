@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
 from gateway.session_keys import CHAT_TYPES
-from gateway.web.app import Dashboard
+from gateway.web.context import DashboardState as Dashboard
 from state import SessionDB
 from state.keyset import SORTS, PageQuery
 from state.search import SORTS as SEARCH_SORTS

@@ -11,6 +11,7 @@ import pytest
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, decide, last_boundary, next_boundary
 from gateway.reset.scheduler import ResetScheduler
+from gateway.router import Router
 
 from .conftest import RouterRig, dm, group
 
@@ -113,13 +114,14 @@ async def _say(rig: RouterRig, msg) -> list[str]:  # noqa: ANN001
 
 
 def _arm(rig: RouterRig, policy: ResetPolicy, clock: Clock, hook=None) -> Resetter:  # noqa: ANN001
-    rig.router.clock = clock
-    rig.router.sessions.clock = clock
-    resetter = Resetter(
-        rig.router, PolicySet(default=policy), clock=clock, **({"hook": hook} if hook else {})
-    )
-    rig.router.resetter = resetter
-    return resetter
+    rig.router = Router(
+        rig.db, rig.index, rig.agent, rig.outbox.send, clock=clock,
+        resetter=lambda services: Resetter(
+            services, PolicySet(default=policy), **({"hook": hook} if hook else {})
+        ),
+    )  # fmt: skip
+    assert rig.router.resetter is not None
+    return rig.router.resetter
 
 
 async def test_apply_resets_idle_sessions_once(rig: RouterRig) -> None:

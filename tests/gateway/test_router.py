@@ -192,7 +192,7 @@ async def test_the_same_platform_id_in_two_chats_is_two_messages(rig: RouterRig)
     await rig.router.handle(dm("in chat one", chat="1", mid="5"))
     await rig.router.handle(dm("in chat two", chat="2", mid="5"))
     await rig.outbox.wait(2)
-    rig.router._seen.clear()  # as after a restart: only state.db remembers
+    rig.router.services.coordinator._seen.clear()  # type: ignore[attr-defined]  # as after a restart: only state.db remembers
     await rig.router.handle(dm("in chat one", chat="1", mid="5"))
     await rig.router.drain(5)
     assert sorted(m.text for m in rig.outbox.sent) == ["echo: in chat one", "echo: in chat two"]

@@ -1,0 +1,136 @@
+"""Who may work on what, right now: per-key session locks, live jobs, the redelivery
+memory, the `/resume N` listings and pending reset notices.
+
+`Coordinator` is the interface; `LocalCoordinator` keeps it all in this process's memory,
+which is exact for one daemon. A coordinator for several replicas implements the same
+methods with leases and shared tables. This module imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+DEDUPE_MEMORY = 50_000  # redelivered platform message ids remembered
+LISTING_MEMORY = 10_000  # chats whose last listing `/resume N` can still refer to
+
+MessageKey = tuple[str, str, str]  # (platform, chat id, platform message id)
+
+
+class Coordinator(Protocol):
+    """The shared state the router, commands and the Resetter agree through."""
+
+    def session_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Serialise everything that touches one session key (turns, commands, resets),
+        in arrival order."""
+        ...
+
+    def seen(self, msg: MessageKey) -> bool:
+        """Was this platform message accepted before (a redelivery)?"""
+        ...
+
+    def remember(self, msg: MessageKey) -> None: ...
+
+    def new_job_id(self) -> str:
+        """A fresh name for a background job (`bg1`, `bg2`, ...)."""
+        ...
+
+    def job_started(self, session_id: str, job: str) -> None: ...
+
+    def job_finished(self, session_id: str, job: str) -> None: ...
+
+    def live_jobs(self, session_id: str) -> list[str]:
+        """The session's running jobs (its turn, background jobs), sorted."""
+        ...
+
+    def busy_session_ids(self) -> set[str]: ...
+
+    def remember_listing(self, key: str, session_ids: list[str]) -> None:
+        """The sessions a chat was last shown, so `/resume N` means the N-th of them."""
+        ...
+
+    def listing(self, key: str) -> list[str] | None: ...
+
+    def forget_listing(self, key: str) -> None: ...
+
+    def set_notice(self, key: str, text: str) -> None:
+        """A line the chat gets with its next message (why its session was reset)."""
+        ...
+
+    def take_notice(self, key: str) -> str | None: ...
+
+
+class LocalCoordinator:
+    """The in-process coordinator: plain dicts, lost on restart (state.db remembers what
+    must survive one: stored messages dedupe redeliveries there too)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
+        self._seen: OrderedDict[MessageKey, None] = OrderedDict()
+        self._job_seq = 0
+        self._jobs: dict[str, set[str]] = {}  # session id -> live job names
+        self._listings: OrderedDict[str, list[str]] = OrderedDict()
+        self._notices: dict[str, str] = {}
+
+    @contextlib.asynccontextmanager
+    async def session_lock(self, key: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._waiting[key] -= 1
+            if self._waiting[key] == 0:  # nobody holds or awaits it: drop it
+                del self._waiting[key]
+                self._locks.pop(key, None)
+
+    def seen(self, msg: MessageKey) -> bool:
+        return msg in self._seen
+
+    def remember(self, msg: MessageKey) -> None:
+        self._seen[msg] = None
+        if len(self._seen) > DEDUPE_MEMORY:
+            self._seen.popitem(last=False)
+
+    def new_job_id(self) -> str:
+        self._job_seq += 1
+        return f"bg{self._job_seq}"
+
+    def job_started(self, session_id: str, job: str) -> None:
+        self._jobs.setdefault(session_id, set()).add(job)
+
+    def job_finished(self, session_id: str, job: str) -> None:
+        jobs = self._jobs.get(session_id)
+        if jobs is not None:
+            jobs.discard(job)
+            if not jobs:
+                del self._jobs[session_id]
+
+    def live_jobs(self, session_id: str) -> list[str]:
+        return sorted(self._jobs.get(session_id, ()))
+
+    def busy_session_ids(self) -> set[str]:
+        return set(self._jobs)
+
+    def remember_listing(self, key: str, session_ids: list[str]) -> None:
+        self._listings[key] = session_ids
+        self._listings.move_to_end(key)
+        while len(self._listings) > LISTING_MEMORY:
+            self._listings.popitem(last=False)
+
+    def listing(self, key: str) -> list[str] | None:
+        return self._listings.get(key)
+
+    def forget_listing(self, key: str) -> None:
+        self._listings.pop(key, None)
+
+    def set_notice(self, key: str, text: str) -> None:
+        self._notices[key] = text
+
+    def take_notice(self, key: str) -> str | None:
+        return self._notices.pop(key, None)

@@ -1,0 +1,202 @@
+"""The services the router, the turn runner, commands, the Resetter and the handoff watcher
+share, handed to each explicitly as one `Services` object.
+
+It owns the router's settings (live: a reload updates them in place), how a reply reaches
+the chat (`Replier`), what the platform side hears about a message besides replies
+(`TurnSignals`) and the registry of tasks the daemon drains on shutdown (`TaskSet`).
+It knows nothing of routing, commands or resets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
+
+from gateway.agent.base import Agent
+from gateway.coordinator import Coordinator, LocalCoordinator
+from gateway.deadlines import Deadlines
+from gateway.index import SessionIndex
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from gateway.metrics import Metrics
+from gateway.session_keys import KeySettings, SessionKey, SessionSource
+from gateway.sessions import SessionManager
+from state import Store
+
+log = logging.getLogger("gateway.router")  # replies and drains log as the router did
+
+Sender = Callable[[OutboundMessage], Awaitable[SentRef | None]]
+
+
+@dataclass(frozen=True)
+class AccessRules:
+    """Who may talk to the agent on one platform."""
+
+    allow_all: bool = False
+    allowed: frozenset[str] = frozenset()
+    admins: frozenset[str] = frozenset()
+
+    def allows(self, user_id: str | None) -> bool:
+        if self.allow_all:
+            return True
+        return user_id is not None and (user_id in self.allowed or user_id in self.admins)
+
+
+@dataclass
+class RouterSettings:
+    keys: KeySettings = field(default_factory=KeySettings)
+    access: Mapping[str, AccessRules] = field(default_factory=dict)
+    unknown_dm: str = "refuse"
+    system_prompt: str | None = None
+    history_messages: int = 200
+    context_tokens: int = 128_000
+    reply_tokens: int = 4_096
+    turn_timeout_s: float = 300.0
+
+    def update(self, new: RouterSettings) -> None:
+        """Take every value of `new`, in place, so every holder of this object sees them."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(new, f.name))
+
+    def is_admin(self, source: SessionSource) -> bool:
+        rules = self.access.get(source.platform)
+        return bool(rules and source.user_id is not None and source.user_id in rules.admins)
+
+
+class TurnEvents(Protocol):
+    """What the router tells the platform side about one inbound message, besides replies:
+    that an agent turn for it is starting (show typing), and that the work on it is over,
+    with the reason when it was dropped unanswered ("duplicate", "unauthorised", ...)."""
+
+    def turn_started(self, msg: InboundMessage) -> None: ...
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None: ...
+
+
+class TurnSignals:
+    """Passes turn events on, if anyone listens; a failing listener is logged, never raised
+    (a platform nicety must never break a turn)."""
+
+    def __init__(self, events: TurnEvents | None = None) -> None:
+        self.events = events
+
+    def started(self, msg: InboundMessage) -> None:
+        if self.events is not None:
+            try:
+                self.events.turn_started(msg)
+            except Exception:
+                log.exception("turn_started failed on %s", msg.source.platform)
+
+    def ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        if self.events is not None:
+            try:
+                self.events.turn_ended(msg, dropped)
+            except Exception:
+                log.exception("turn_ended failed on %s", msg.source.platform)
+
+
+class Replier:
+    """Sends a reply to the chat a message came from and counts it; a failed send is
+    logged and counted, never raised (the turn is stored either way)."""
+
+    def __init__(self, send: Sender, metrics: Metrics) -> None:
+        self.send = send
+        self.metrics = metrics
+
+    async def reply(
+        self,
+        msg: InboundMessage,
+        session_id: str | None,
+        text: str,
+        key: SessionKey | None = None,
+        error: str | None = None,
+        notice: bool = False,
+    ) -> None:
+        src = msg.source
+        out = OutboundMessage(
+            platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
+            reply_to=msg.platform_message_id, session_id=session_id,
+            session_key=key.format() if key else None, error=error, notice=notice,
+        )  # fmt: skip
+        try:
+            await self.send(out)
+            self.metrics.messages_out.inc(platform=src.platform)
+        except Exception as exc:
+            self.metrics.last_error = f"send: {type(exc).__name__}: {exc}"
+            self.metrics.errors.inc(kind="send")
+            log.error("sending to %s chat %s failed: %s", src.platform, src.chat_id, exc)
+
+
+class TaskSet:
+    """The tasks message handling started (turns, refusals, titles, background jobs), so
+    shutdown can let them finish within a budget."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def drain(self, budget_s: float) -> int:
+        """Let the tasks finish within the budget, then cancel the rest; how many were
+        cancelled."""
+        pending = set(self._tasks)
+        if not pending:
+            return 0
+        done, still = await asyncio.wait(pending, timeout=budget_s)
+        for task in still:
+            task.cancel()
+        if still:
+            await asyncio.gather(*still, return_exceptions=True)
+            log.warning("cancelled %d turn(s) still running after %.1fs", len(still), budget_s)
+        return len(still)
+
+
+@dataclass(frozen=True)
+class Services:
+    db: Store
+    index: SessionIndex
+    sessions: SessionManager
+    coordinator: Coordinator
+    agent: Agent
+    settings: RouterSettings
+    metrics: Metrics
+    replies: Replier
+    signals: TurnSignals
+    tasks: TaskSet
+    deadlines: Deadlines  # the agent's time limit, on every turn
+    clock: Callable[[], float]
+
+    @classmethod
+    def create(
+        cls,
+        db: Store,
+        index: SessionIndex,
+        agent: Agent,
+        send: Sender,
+        settings: RouterSettings | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        coordinator: Coordinator | None = None,
+        events: TurnEvents | None = None,
+    ) -> Services:
+        settings = settings or RouterSettings()
+        metrics = metrics or Metrics()
+        sessions = SessionManager(
+            db, index, agent, model=agent.model, system_prompt=settings.system_prompt,
+            context_tokens=settings.context_tokens, clock=clock,
+        )  # fmt: skip
+        return cls(
+            db=db, index=index, sessions=sessions, coordinator=coordinator or LocalCoordinator(),
+            agent=agent, settings=settings, metrics=metrics, replies=Replier(send, metrics),
+            signals=TurnSignals(events), tasks=TaskSet(), deadlines=Deadlines(), clock=clock,
+        )  # fmt: skip

@@ -1,0 +1,191 @@
+"""Running the agent: a turn for a chat message, background jobs (/background) and the
+automatic title after a session's first exchange.
+
+A turn stores the user's message before the agent runs (also the restart-proof dedupe),
+stores the reply, answers the chat, then titles or compresses the session if due. Locking
+and deciding what a message is are the router's job; this module only runs the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import access
+from gateway.agent.base import AgentReply, TurnContext, window
+from gateway.agent.tools.session_search import Caller, session_search
+from gateway.index import IndexEntry
+from gateway.messages import InboundMessage
+from gateway.services import Services
+from gateway.session_keys import SessionKey
+from state import StateError
+
+log = logging.getLogger("gateway.router")  # the name operators already filter turn logs by
+
+APOLOGY = "Sorry, something went wrong while answering. Your message was saved; please try again."
+TURN_JOB = "turn"  # the live-job name of a running turn
+
+
+@dataclass
+class TurnProgress:
+    """How far one message got: whether it was stored (and where), or why it was dropped."""
+
+    stored: bool = False
+    session_id: str | None = None
+    dropped: str | None = None
+
+
+async def agent_turn(
+    services: Services,
+    msg: InboundMessage,
+    key: SessionKey,
+    entry: IndexEntry,
+    started: float,
+    turn: TurnProgress,
+) -> None:
+    """One agent turn; the caller holds the session lock."""
+    s = services
+    settings = s.settings
+    src = msg.source
+    k = key.format()
+    sid = entry.session_id
+    text = msg.text
+    if key.shared:
+        text = f"[{src.user_name or src.user_id or 'someone'}] {text}"
+    # Storing the message is also the restart-proof dedupe: a platform id already
+    # stored for this chat stores nothing and the turn ends here.
+    stored_ids, history = await s.db.append_and_read(
+        sid, [{"role": "user", "content": text, "platform_message_id": msg.platform_message_id}],
+        dedupe=(src.platform, src.chat_id) if msg.platform_message_id is not None else None,
+        last=settings.history_messages,
+    )  # fmt: skip
+    if not stored_ids:
+        s.metrics.dropped.inc(reason="duplicate")
+        turn.dropped = "duplicate"
+        log.debug("duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id)
+        return
+    turn.stored, turn.session_id = True, sid
+    s.signals.started(msg)
+    s.index.touch(k, s.clock())
+    s.coordinator.job_started(sid, TURN_JOB)
+    try:
+        budget = (
+            settings.context_tokens - settings.reply_tokens - len(settings.system_prompt or "") // 4
+        )
+        ctx = TurnContext(
+            session_id=sid, session_key=k, platform=src.platform,
+            system_prompt=settings.system_prompt, run_tool=_tool_runner(s, key, sid),
+        )  # fmt: skip
+        try:
+            reply: AgentReply = await s.deadlines.run(
+                s.agent.respond(window(history, max(256, budget)), ctx),
+                settings.turn_timeout_s,
+            )
+        except Exception as exc:
+            s.metrics.last_error = f"agent: {type(exc).__name__}: {exc}"
+            s.metrics.turns.inc(outcome="agent_error")
+            log.error(
+                "agent failed for session_key=%s platform=%s: %s",
+                k,
+                src.platform,
+                exc,
+                exc_info=not isinstance(exc, (StateError, asyncio.TimeoutError)),
+            )
+            await s.replies.reply(msg, sid, APOLOGY, key, error="agent")
+            return
+        stored = [
+            {
+                k2: v
+                for k2, v in m.items()
+                if k2 in ("role", "content", "tool_calls", "tool_call_id")
+            }
+            | ({"tool_name": m["name"]} if m.get("role") == "tool" and m.get("name") else {})
+            for m in reply.tool_messages
+        ]
+        stored.append({"role": "assistant", "content": reply.text})
+        await s.db.append_messages(
+            sid, stored, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens
+        )
+        s.index.touch(k, s.clock())
+        s.metrics.turns.inc(outcome="ok")
+        await s.replies.reply(msg, sid, reply.text, key)
+        after = [*history, {"role": "assistant", "content": reply.text}]
+        if sum(1 for m in after if m.get("role") in ("user", "assistant")) == 2:
+            s.tasks.start(auto_title(s, sid, after), f"title:{sid}")
+        if s.sessions.needs_compression(after):
+            try:
+                await s.sessions.compress(key, src)
+                log.info("session_key=%s compressed automatically", k)
+            except Exception as exc:  # the session is untouched; the next turn retries
+                log.warning("automatic compression failed for session_key=%s: %s", k, exc)
+        s.metrics.turn_latency.observe(s.clock() - started)
+        log.debug(
+            "turn session_key=%s platform=%s latency=%.3fs", k, src.platform, s.clock() - started
+        )
+    finally:
+        s.coordinator.job_finished(sid, TURN_JOB)
+
+
+async def auto_title(services: Services, sid: str, history: list[dict[str, Any]]) -> None:
+    """After the first exchange, in the background: never blocks the reply, never
+    overwrites a title the user set."""
+    try:
+        title = await services.agent.suggest_title(history)
+        if await services.db.set_title_if_unset(sid, title):
+            log.debug("session %s titled automatically", sid)
+    except Exception as exc:
+        log.warning("automatic title for session %s failed: %s", sid, exc)
+
+
+def start_background(
+    services: Services, key: SessionKey, msg: InboundMessage, sid: str, prompt: str
+) -> str:
+    """Run `prompt` against the session's history as a live job; the result is stored and
+    posted to the chat when done. Returns the job's name."""
+    job = services.coordinator.new_job_id()
+    services.coordinator.job_started(sid, job)
+    services.tasks.start(_background(services, key, msg, sid, prompt, job), f"background:{job}")
+    return job
+
+
+async def _background(
+    services: Services, key: SessionKey, msg: InboundMessage, sid: str, prompt: str, job: str
+) -> None:
+    s = services
+    try:
+        history = await s.db.get_messages_as_conversation(sid, last=s.settings.history_messages)
+        history.append({"role": "user", "content": prompt})
+        ctx = TurnContext(sid, key.format(), msg.source.platform, s.settings.system_prompt,
+                          _tool_runner(s, key, sid))  # fmt: skip
+        reply = await s.deadlines.run(
+            s.agent.respond(window(history, s.settings.context_tokens // 2), ctx),
+            s.settings.turn_timeout_s,
+        )
+        await s.db.append_messages(
+            sid, [{"role": "user", "content": f"[background {job}] {prompt}"},
+                  {"role": "assistant", "content": reply.text}],
+            input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
+        )  # fmt: skip
+        text = f"Background job {job} finished:\n{reply.text}"
+    except Exception as exc:
+        log.error("background job %s failed for session %s: %s", job, sid, exc)
+        text = f"Background job {job} failed; nothing was changed."
+    finally:
+        s.coordinator.job_finished(sid, job)
+    await s.replies.reply(msg, sid, text, key)
+
+
+def _tool_runner(
+    services: Services, key: SessionKey, sid: str
+) -> Callable[[str, dict[str, Any]], Awaitable[str]]:
+    async def run(name: str, args: dict[str, Any]) -> str:
+        if name != "session_search":
+            return json.dumps({"success": False, "error": f"unknown tool {name!r}"})
+        # the sessions this chat may see (gateway.access)
+        return await session_search(services.db, Caller(access.scope(key), sid), args)
+
+    return run
