@@ -32,7 +32,9 @@ class Field:
 Schema = dict[str, "Field | Schema"]
 
 
-def setting(default: Any, check: Check | None = None, doc: str = "", *, env: str | None = None) -> Any:
+def setting(
+    default: Any, check: Check | None = None, doc: str = "", *, env: str | None = None
+) -> Any:
     """A section field: its default (a tuple stands for a YAML list), check and doc."""
     meta = {"check": check, "doc": doc, "env": env}
     if isinstance(default, dict):

@@ -73,7 +73,7 @@ class PlatformAdapter(Adapter, Protocol):
 
     @classmethod
     def home_chat_type(cls, chat_id: str) -> str:
-        """"dm" or "group" for a configured home channel id."""
+        """ "dm" or "group" for a configured home channel id."""
         ...
 
     @classmethod

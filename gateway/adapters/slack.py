@@ -116,7 +116,9 @@ class SlackAdapter:
         if settings.mode == "socket":
             needs.append(SecretNeed("app_token_env", "SLACK_APP_TOKEN", "Socket Mode app token"))
         else:
-            needs.append(SecretNeed("signing_secret_env", "SLACK_SIGNING_SECRET", "request signing"))
+            needs.append(
+                SecretNeed("signing_secret_env", "SLACK_SIGNING_SECRET", "request signing")
+            )
         return needs
 
     @classmethod

@@ -177,7 +177,9 @@ class TelegramAdapter:
     def secrets_needed(cls, settings: TelegramSettings) -> list[SecretNeed]:
         needs = [SecretNeed("token_env", "TELEGRAM_BOT_TOKEN", "the telegram bot token")]
         if settings.mode == "webhook":
-            needs.append(SecretNeed("webhook_secret_env", "TELEGRAM_WEBHOOK_SECRET", "webhook secret"))
+            needs.append(
+                SecretNeed("webhook_secret_env", "TELEGRAM_WEBHOOK_SECRET", "webhook secret")
+            )
         return needs
 
     @classmethod
@@ -188,7 +190,9 @@ class TelegramAdapter:
                 out.append(ConfigError("platforms.telegram.mode",
                                        "the webhook is served by the api server: enable platforms.api"))  # fmt: skip
             if not settings.webhook_url:
-                out.append(ConfigError("platforms.telegram.webhook_url", "is required in webhook mode"))
+                out.append(
+                    ConfigError("platforms.telegram.webhook_url", "is required in webhook mode")
+                )
         return out
 
     @classmethod
