@@ -365,6 +365,11 @@ async def test_doctor_asks_an_installed_adapter(plugin: Path, tmp_path: Path) ->
         assert (reach.ok, reach.detail) == (ok, detail)
 
 
+def _run_daemon(home: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+
+
 async def test_the_daemon_starts_an_installed_adapter_and_routes_through_it(tmp_path: Path) -> None:
     site = install_plugin(tmp_path / "site")
     home, port = tmp_path / "home", free_port()
@@ -375,8 +380,7 @@ async def test_the_daemon_starts_an_installed_adapter_and_routes_through_it(tmp_
         f"    allow_all_users: true\n    outbox: {outbox}\n    greetings: 2\n"
     )
     env = clean_env(PYTHONPATH=f"{site}:{ROOT}", LOOPCHAT_TOKEN="loop-good")
-    proc = subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)  # fmt: skip
+    proc = _run_daemon(home, env)
     try:
         url = f"http://127.0.0.1:{port}"
         await wait_healthy(url, proc)
