@@ -137,7 +137,7 @@ def schema_of(cls: type) -> Schema:
         if f.default is not dataclasses.MISSING:
             default = f.default
         else:
-            default = f.default_factory()  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc,operator]
         if isinstance(default, tuple):
             default = list(default)
         out[f.name] = Field(

@@ -148,8 +148,11 @@ class SlackAdapter:
         from slack_sdk.errors import SlackApiError
         from slack_sdk.web.async_client import AsyncWebClient
 
-        kwargs = {"base_url": settings.base_url.rstrip("/") + "/"} if settings.base_url else {}
-        client = AsyncWebClient(token=secrets.get("token_env", ""), timeout=10, **kwargs)
+        base_url = settings.base_url.rstrip("/") + "/" if settings.base_url else None
+        client = AsyncWebClient(
+            token=secrets.get("token_env", ""), base_url=base_url or AsyncWebClient.BASE_URL,
+            timeout=10,
+        )  # fmt: skip
         try:
             auth = await client.auth_test()
         except SlackApiError as exc:
