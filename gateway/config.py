@@ -16,6 +16,7 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,7 @@ class Config:
         return {k[len(prefix) :]: v for k, v in self.secrets.items() if k.startswith(prefix)}
 
 
+@cache
 def _sections() -> list[tuple[str, type, str]]:
     """(attribute, section class, dotted path) for Config's typed core sections."""
     hints = typing.get_type_hints(Config)

@@ -12,6 +12,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, TypeVar
 
 Check = Callable[[Any], "str | None"]
@@ -125,9 +126,16 @@ def _kind(hint: Any) -> type | tuple[type, ...]:
     return kinds[0] if len(kinds) == 1 else kinds
 
 
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+@cache
 def schema_of(cls: type) -> Schema:
-    """The validation schema a section class declares (nested sections nest)."""
-    hints = typing.get_type_hints(cls)
+    """The validation schema a section class declares (nested sections nest). Cached per
+    class: callers only read it."""
+    hints = _hints(cls)
     out: Schema = {}
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
@@ -149,7 +157,7 @@ def schema_of(cls: type) -> Schema:
 
 def build(cls: type[S], data: Mapping[str, Any]) -> S:
     """The frozen section from its validated mapping (lists become tuples)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         value = data[f.name]
