@@ -403,3 +403,19 @@ async def test_the_daemon_starts_an_installed_adapter_and_routes_through_it(tmp_
         _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "adapters: api, loopchat" in err
+
+
+@pytest.mark.parametrize("name", PLATFORM_NAMES)
+def test_every_built_in_adapter_declares_its_platform(name: str) -> None:
+    """What the core asks of a registered class, present on each built-in adapter."""
+    from gateway.adapters.base import PlatformAdapter
+    from gateway.sections import PlatformSettings, build, schema_of
+
+    cls = adapters.adapter_class(name)
+    assert cls.platform == name and issubclass(cls.settings, PlatformSettings)
+    wanted = {m for m in dir(PlatformAdapter) if not m.startswith("_")}
+    assert wanted <= set(dir(cls)), wanted - set(dir(cls))
+    defaults = build(cls.settings, {k: v.default for k, v in schema_of(cls.settings).items()})  # type: ignore[union-attr]
+    assert defaults == cls.settings() and not defaults.enabled
+    assert [n.key for n in cls.secrets_needed(defaults)][0] == "token_env"
+    assert cls.home_chat_type("100") in ("dm", "group")
