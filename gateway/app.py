@@ -250,8 +250,23 @@ class Gateway:
                 reply_timeout_s=self.config.agent.turn_timeout_seconds + 30,
                 health=self.health, metrics=self.metrics.render, routes=routes,
                 models=(self.agent.model,) if self.agent and self.agent.model else (),
+                subapps=self._dashboard(),
             ))  # fmt: skip
         return adapters
+
+    def _dashboard(self) -> dict[str, Any]:
+        """The web dashboard's sub-apps (gateway/web), or none when it is off."""
+        from gateway.web.app import Dashboard, settings_from
+
+        settings = settings_from(self.config)
+        if settings is None or self.db is None or self.index is None:
+            return {}
+        index = self.index
+        return Dashboard(
+            self.db, settings, health=self.health,
+            live_ids=lambda: {e.session_id for _, e in index.items()},
+            is_live=lambda sid: bool(index.keys_for_session(sid)),
+        ).subapps()  # fmt: skip
 
     def _register_gauges(self) -> None:
         assert self.db is not None and self.index is not None and self.router is not None

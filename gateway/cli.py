@@ -94,6 +94,12 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     return asyncio.run(run(args, _home(args) / "state.db"))
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from gateway.hermes_import import hermes_db_file, run
+
+    return asyncio.run(run(args, _home(args), hermes_db_file(args.from_hermes)))
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from gateway.cli_chat import run_chat
     from gateway.config import load_config
@@ -178,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli_sessions import add_parser as add_sessions
 
     add_sessions(sub, add_command).set_defaults(func=cmd_sessions)
+    from gateway.hermes_import import add_parser as add_import
+
+    add_import(sub, add_command).set_defaults(func=cmd_import)
+    from gateway.cli_insights import add_parser as add_insights
+
+    add_insights(sub, add_command)
     p = add_command(sub, "chat", "talk to the agent from the terminal")
     p.add_argument("-c", "--continue", dest="cont", nargs="?", const=True, default=None, metavar="TITLE",
                    help="continue the most recent terminal session (or that title's newest)")  # fmt: skip

@@ -54,6 +54,17 @@ def _timezone(v: Any) -> str | None:
     return None
 
 
+def _prices(v: Any) -> str | None:
+    for model, price in v.items():
+        if not isinstance(price, Mapping) or set(price) - {"input", "output"}:
+            return f"{model}: must be {{input: <USD per 1M tokens>, output: <USD per 1M tokens>}}"
+        for side in ("input", "output"):
+            n = price.get(side, 0)
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+                return f"{model}.{side}: must be a number of USD per million tokens, 0 or more"
+    return None
+
+
 @dataclass(frozen=True)
 class LoggingSettings:
     level: str = setting("info", one_of("debug", "info", "warning", "error"))
@@ -141,6 +152,18 @@ class ShutdownSettings:
 
 
 @dataclass(frozen=True)
+class DashboardSettings:
+    enabled: bool = setting(True)
+    key_env: str | None = setting(None, env_name, "sign-in key env var")
+    session_hours: int | float = setting(12, in_range(0.1, 8760))
+    secure_cookie: bool = setting(False)
+    # model -> {input, output}: USD per million tokens
+    prices: Mapping[str, Mapping[str, float]] = setting(
+        {}, _prices, "USD per million tokens by model"
+    )
+
+
+@dataclass(frozen=True)
 class ApiSettings:
     enabled: bool = setting(True)
     host: str = setting("127.0.0.1")
@@ -173,6 +196,7 @@ class Config:
     display: DisplaySettings = _at("display")
     session_reset: ResetSettings = _at("session_reset")
     shutdown: ShutdownSettings = _at("shutdown")
+    dashboard: DashboardSettings = _at("dashboard")
     api: ApiSettings = _at("platforms.api")
     platforms: Mapping[str, PlatformSettings] = field(init=False, repr=False, compare=False)
 
@@ -328,6 +352,9 @@ def _resolve_secrets(
                 "platforms.api.key_env",
                 f"a bearer key is required when listening on {api['host']} (not loopback)",
             ))  # fmt: skip
+    dash = data["dashboard"]
+    if api["enabled"] and dash["enabled"] and dash["key_env"]:
+        need("dashboard.key_env", dash["key_env"], "the dashboard sign-in key")
     for name in adapters.names():
         cls = adapters.adapter_class(name)
         settings = build(cls.settings, data["platforms"][name])

@@ -130,14 +130,14 @@ def integrity_check(conn: sqlite3.Connection, quick: bool) -> list[str]:
     return [] if found == ["ok"] else found
 
 
-# --- the two FTS5 indexes (messages_fts, and messages_aux_fts for CJK/emoji and tools) ---
+# --- the two FTS5 indexes (sb_messages_fts, and messages_aux_fts for CJK/emoji and tools) ---
 
-_FTS_TABLES = ("messages_fts", "messages_aux_fts")
+_FTS_TABLES = (schema.FTS_TABLE, "messages_aux_fts")
 
 
 def rebuild_search_index(conn: sqlite3.Connection) -> int:
     """Rebuild both FTS indexes from the messages table; returns the aux row count."""
-    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+    conn.execute(f"INSERT INTO {schema.FTS_TABLE}({schema.FTS_TABLE}) VALUES ('rebuild')")
     return schema.rebuild_aux(conn)
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
+from .content import SQL_DECODED_CONTENT, content_text, decode_content, encode_content
 from .errors import SessionNotFound
 from .records import MessageRow
 from .rows import JSON_MESSAGE_COLUMNS, Row, from_json_text, make_preview, row_dict, to_json_text
@@ -37,7 +38,8 @@ ROLES = ("system", "user", "assistant", "tool")
 _INSERT = (
     "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
     "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
-    "codex_reasoning_items, platform_message_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    "codex_reasoning_items, platform_message_id, sb_written, active) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,1,1)"
 )
 _UPDATE_SESSION = (
     "UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
@@ -67,9 +69,7 @@ def _row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[An
     role = msg.get("role")
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-    content = msg.get("content")
-    if content is not None and not isinstance(content, str):
-        content = to_json_text(content)  # multimodal parts: keep them as JSON text
+    content = encode_content(msg.get("content"))  # multimodal parts: Hermes's encoding
     return (
         session_id,
         role,
@@ -85,6 +85,14 @@ def _row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[An
         to_json_text(msg.get("codex_reasoning_items")),
         msg.get("platform_message_id"),
     )
+
+
+def _json_row(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row for _INSERT_JSON: structured content loses its leading NUL and gets the flag."""
+    content = values[2]
+    if isinstance(content, str) and content.startswith("\x00"):
+        return (*values[:2], content[1:], *values[3:], 1)
+    return (*values, 0)
 
 
 Dedupe = tuple[str, str]  # (source, chat_id): where a platform message id must be unique
@@ -150,8 +158,8 @@ def append_messages(
         tool_calls += _tool_call_count(values[4])
         last_ts = max(last_ts, values[6])
         if preview is None and values[1] == "user":
-            preview = make_preview(values[2])
-        aux = aux_row(values[2], values[5], values[4])
+            preview = make_preview(content_text(values[2]))
+        aux = aux_row(content_text(values[2]), values[5], values[4])
         if aux is not None:
             conn.execute(
                 "INSERT INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)",
@@ -175,10 +183,18 @@ def append_messages(
 _INSERT_JSON = (
     "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
     "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
-    "codex_reasoning_items, platform_message_id) "
+    "codex_reasoning_items, platform_message_id, sb_written, active) "
     "SELECT "
-    + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(13))
-    + " FROM json_each(?) ORDER BY key"
+    + ", ".join(
+        f"json_extract(value, '$[{i}]')"
+        if i != 2
+        # JSON text cannot carry the NUL that starts structured content (SQLite's json
+        # functions stop at it): element 13 says to put it back.
+        else "CASE WHEN json_extract(value, '$[13]') THEN char(0) || json_extract(value, '$[2]') "
+        "ELSE json_extract(value, '$[2]') END"
+        for i in range(13)
+    )
+    + ", 1, 1 FROM json_each(?) ORDER BY key"
 )
 _UPDATE_SESSIONS_JSON = (
     "UPDATE sessions SET "
@@ -264,7 +280,7 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
                 a[1] += _tool_call_count(values[4])
             a[2] = max(a[2], values[6])
             if a[3] is None and values[1] == "user":
-                a[3] = make_preview(values[2])
+                a[3] = make_preview(content_text(values[2]))
         per_call.append(n)
         if tokens:
             a[4] += int(tokens.get("input_tokens", 0))
@@ -277,11 +293,11 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
             "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0), "
             "COALESCE((SELECT MAX(id) FROM messages), 0)) + 1"
         ).fetchone()[0]
-        conn.execute(_INSERT_JSON, (json.dumps(rows, ensure_ascii=False),))
+        conn.execute(_INSERT_JSON, (json.dumps([_json_row(r) for r in rows], ensure_ascii=False),))
         ids = list(range(first, first + len(rows)))
         aux_rows = []
         for mid, values in zip(ids, rows, strict=True):
-            aux = aux_row(values[2], values[5], values[4])
+            aux = aux_row(content_text(values[2]), values[5], values[4])
             if aux is not None:
                 aux_rows.append((mid, aux[0], aux[1]))
         if aux_rows:
@@ -343,6 +359,9 @@ def decode_message(row: Row) -> MessageRow:
     for name in JSON_MESSAGE_COLUMNS:
         if name in row:
             row[name] = from_json_text(row[name])
+    if "content" in row:
+        row["content"] = decode_content(row["content"])
+    row.pop("sb_written", None)
     return cast(MessageRow, row)
 
 
@@ -386,7 +405,9 @@ def get_messages_around(
 # SQLite builds the chat messages themselves: json_patch drops the optional keys whose value
 # is NULL (content stays, null or not), so json.loads returns the final dicts.
 _HISTORY_ARRAY = (
-    "SELECT json_group_array(json_patch(json_object('role', role, 'content', content), "
+    "SELECT json_group_array(json_patch(json_object('role', role, 'content', "
+    + SQL_DECODED_CONTENT
+    + "), "
     "json_object('tool_calls', CASE WHEN json_valid(tool_calls) THEN json(tool_calls) "
     "ELSE tool_calls END, "
     "'tool_call_id', CASE WHEN role = 'tool' THEN tool_call_id END, "

@@ -11,13 +11,20 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
-from . import textindex
+from . import foreign, textindex
 from .errors import DatabaseError, SchemaTooNew
 from .titles import lineage_key, title_key
 
 log = logging.getLogger("state.schema")
 
 META_VERSION_KEY = "switchboard.schema_version"
+OWNS_SCHEMA_VERSION_KEY = "switchboard.owns_schema_version"  # set by schema <= 8 only
+
+# switchboard's main search index. Hermes Agent names its own (differently defined) index
+# `messages_fts` with triggers `messages_fts_insert/_delete/_update` and repairs them at every
+# start, so switchboard's objects use names Hermes never touches.
+FTS_TABLE = "sb_messages_fts"
+_LEGACY_FTS_TRIGGERS = ("messages_fts_insert", "messages_fts_delete", "messages_fts_update")
 
 SESSION_COLUMNS: dict[str, str] = {
     # Baseline (Hermes Agent's documented sessions table).
@@ -63,6 +70,19 @@ SESSION_COLUMNS: dict[str, str] = {
     "preview": "TEXT",
     "title_key": "TEXT",
     "handoff_updated_at": "REAL",
+    # Hermes Agent 0.19 columns (schema 10): workspace, gateway peer, usage, compression,
+    # rewind state. switchboard fills those it has a use for; the rest keep Hermes's data.
+    "display_name": "TEXT",
+    "expiry_finalized": "INTEGER DEFAULT 0",
+    "cwd": "TEXT",
+    "git_branch": "TEXT",
+    "git_repo_root": "TEXT",
+    "api_call_count": "INTEGER DEFAULT 0",
+    "compression_failure_cooldown_until": "REAL",
+    "compression_failure_error": "TEXT",
+    "compression_fallback_streak": "INTEGER NOT NULL DEFAULT 0",
+    "profile_name": "TEXT",
+    "rewind_count": "INTEGER NOT NULL DEFAULT 0",
 }
 
 MESSAGE_COLUMNS: dict[str, str] = {
@@ -80,7 +100,81 @@ MESSAGE_COLUMNS: dict[str, str] = {
     "reasoning_details": "TEXT",
     "codex_reasoning_items": "TEXT",
     "platform_message_id": "TEXT",
+    # switchboard addition: 1 on rows switchboard wrote (state.foreign); NULL from others.
+    "sb_written": "INTEGER",
+    # Hermes Agent 0.19 columns (schema 10).
+    "effect_disposition": "TEXT",
+    "reasoning_content": "TEXT",
+    "codex_message_items": "TEXT",
+    "observed": "INTEGER DEFAULT 0",
+    "active": "INTEGER NOT NULL DEFAULT 1",
+    "compacted": "INTEGER NOT NULL DEFAULT 0",
+    "api_content": "TEXT",
 }
+
+# Hermes Agent 0.19 tables (schema 10): per-model usage, compression leases, the gateway's
+# routing entries and delegations. Same definitions as Hermes, so either program can use them.
+HERMES_TABLES_SQL = """
+CREATE TABLE IF NOT EXISTS session_model_usage (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    model TEXT NOT NULL,
+    billing_provider TEXT NOT NULL DEFAULT '',
+    billing_base_url TEXT NOT NULL DEFAULT '',
+    billing_mode TEXT NOT NULL DEFAULT '',
+    task TEXT NOT NULL DEFAULT '',
+    api_call_count INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+    estimated_cost_usd REAL NOT NULL DEFAULT 0,
+    actual_cost_usd REAL NOT NULL DEFAULT 0,
+    cost_status TEXT,
+    cost_source TEXT,
+    first_seen REAL,
+    last_seen REAL,
+    PRIMARY KEY (session_id, model, billing_provider, billing_base_url, billing_mode, task)
+);
+CREATE INDEX IF NOT EXISTS idx_session_model_usage_session ON session_model_usage(session_id);
+CREATE INDEX IF NOT EXISTS idx_session_model_usage_model ON session_model_usage(model);
+CREATE TABLE IF NOT EXISTS gateway_routing (
+    scope TEXT NOT NULL DEFAULT '',
+    session_key TEXT NOT NULL,
+    entry_json TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (scope, session_key)
+);
+CREATE TABLE IF NOT EXISTS compression_locks (
+    session_id TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    acquired_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_compression_locks_expires ON compression_locks(expires_at);
+CREATE TABLE IF NOT EXISTS async_delegations (
+    delegation_id TEXT PRIMARY KEY,
+    origin_session TEXT NOT NULL,
+    origin_ui_session_id TEXT NOT NULL DEFAULT '',
+    parent_session_id TEXT,
+    state TEXT NOT NULL,
+    dispatched_at REAL NOT NULL,
+    completed_at REAL,
+    updated_at REAL NOT NULL,
+    event_json TEXT,
+    result_json TEXT,
+    delivery_state TEXT NOT NULL DEFAULT 'pending',
+    delivery_attempts INTEGER NOT NULL DEFAULT 0,
+    delivered_at REAL,
+    owner_pid INTEGER,
+    owner_started_at INTEGER,
+    task_json TEXT,
+    delivery_claim TEXT,
+    delivery_claimed_at REAL
+);
+CREATE INDEX IF NOT EXISTS idx_async_delegations_delivery
+    ON async_delegations(delivery_state, completed_at);
+"""
 
 # Columns that ALTER TABLE ADD COLUMN cannot add as declared (PRIMARY KEY, NOT NULL
 # without default); they exist in any table that has the baseline shape.
@@ -125,11 +219,28 @@ def _exec_script(conn: sqlite3.Connection, script: str) -> None:
         raise ValueError(f"incomplete SQL statement: {pending.strip()[:60]}")
 
 
-def _fts_triggers_present(conn: sqlite3.Connection, fts: str, table: str) -> bool:
-    rows = conn.execute(
-        "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?", (table,)
-    ).fetchall()
-    return any(fts in (r[0] or "") for r in rows)
+def ensure_title_index(conn: sqlite3.Connection) -> int:
+    """The unique index on titles, created if missing. Files written without it (old Hermes
+    Agent versions) may hold duplicates: the newest row keeps the title, older rows lose it,
+    no session is deleted. Returns how many titles were cleared."""
+    sql = (
+        "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) "
+        "WHERE title IS NOT NULL"
+    )
+    try:
+        conn.execute(sql)
+        return 0
+    except sqlite3.IntegrityError:
+        have = _columns(conn, "sessions")
+        derived = [c for c in ("title_key", "title_base", "title_number") if c in have]
+        sets = ", ".join(["title = NULL", *(f"{c} = NULL" for c in derived)])
+        cleared = conn.execute(
+            f"UPDATE sessions SET {sets} WHERE title IS NOT NULL AND EXISTS (SELECT 1 FROM "
+            "sessions n WHERE n.title = sessions.title AND n.rowid > sessions.rowid)"
+        ).rowcount
+        log.warning("cleared %d duplicate session titles to restore their unique index", cleared)
+        conn.execute(sql)
+        return cleared
 
 
 def _migration_1(conn: sqlite3.Connection) -> None:
@@ -142,8 +253,6 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         "CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source)",
         "CREATE INDEX IF NOT EXISTS idx_sessions_parent ON sessions(parent_session_id)",
         "CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC)",
-        "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) "
-        "WHERE title IS NOT NULL",
         "CREATE INDEX IF NOT EXISTS idx_messages_session_order ON messages(session_id, id)",
         "CREATE INDEX IF NOT EXISTS idx_messages_platform_id ON messages(platform_message_id) "
         "WHERE platform_message_id IS NOT NULL",
@@ -157,26 +266,9 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         "WHERE handoff_state IS NOT NULL",
     ):
         conn.execute(sql)
-    if not _table_exists(conn, "messages_fts"):
-        _create_messages_fts(conn, prefixes="")
-    if not _fts_triggers_present(conn, "messages_fts", "messages"):
-        _exec_script(
-            conn,
-            """
-            CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-                INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-            END;
-            CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-                INSERT INTO messages_fts(messages_fts, rowid, content)
-                VALUES ('delete', old.id, old.content);
-            END;
-            CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-                INSERT INTO messages_fts(messages_fts, rowid, content)
-                VALUES ('delete', old.id, old.content);
-                INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-            END;
-            """,
-        )
+    ensure_title_index(conn)
+    # The main search index and its triggers are migration 9's (sb_messages_fts): the
+    # names Hermes Agent uses for its own index are left to it.
     # Fill the denormalised columns for rows written by other programs.
     conn.execute(
         """UPDATE sessions SET last_active = COALESCE(
@@ -319,16 +411,16 @@ def _migration_5(conn: sqlite3.Connection) -> None:
 FTS_PREFIXES = "4"
 
 
-def _create_messages_fts(conn: sqlite3.Connection, prefixes: str) -> None:
+def _create_messages_fts(conn: sqlite3.Connection, prefixes: str, name: str = FTS_TABLE) -> None:
     option = f", prefix='{prefixes}'" if prefixes else ""
     conn.execute(
-        "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content=messages, "
+        f"CREATE VIRTUAL TABLE {name} USING fts5(content, content=messages, "
         f"content_rowid=id{option})"
     )
     # Merge segments in larger steps: group commits write many small segments, and
     # automerge=8 measured 10-15% faster appends than the default 4 (bench/).
-    conn.execute("INSERT INTO messages_fts(messages_fts, rank) VALUES ('automerge', 8)")
-    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+    conn.execute(f"INSERT INTO {name}({name}, rank) VALUES ('automerge', 8)")
+    conn.execute(f"INSERT INTO {name}({name}) VALUES ('rebuild')")
 
 
 def _migration_6(conn: sqlite3.Connection) -> None:
@@ -338,13 +430,8 @@ def _migration_6(conn: sqlite3.Connection) -> None:
 
 
 def _migration_7(conn: sqlite3.Connection) -> None:
-    """The main index again, with prefix indexes (FTS_PREFIXES). The triggers name the table,
-    so they keep working; the rebuild reads every message once (about 20 s per million)."""
-    (count,) = conn.execute("SELECT COUNT(*) FROM messages").fetchone()
-    if count > 50_000:
-        log.info("rebuilding the search index with prefix indexes (%d messages)", count)
-    conn.execute("DROP TABLE IF EXISTS messages_fts")
-    _create_messages_fts(conn, FTS_PREFIXES)
+    """Nothing: switchboard's index with prefix indexes is migration 9's, under a name of
+    its own (the number stays so files keep counting the same way)."""
 
 
 # FTS5 merges segments in quanta of 64 leaf pages per level, inside whichever commit crosses
@@ -356,11 +443,112 @@ FTS_PAGE_SIZE = 1000
 
 
 def _migration_8(conn: sqlite3.Connection) -> None:
-    """Smaller index leaves (FTS_PAGE_SIZE). Existing segments keep their leaves until a
-    merge rewrites them; FTS5 reads leaves of either size."""
-    conn.execute(
-        "INSERT INTO messages_fts(messages_fts, rank) VALUES ('pgsz', ?)", (FTS_PAGE_SIZE,)
+    """Nothing: migration 9 creates sb_messages_fts with the smaller leaves."""
+
+
+def _own_legacy_fts(conn: sqlite3.Connection) -> str | None:
+    """The SQL of a `messages_fts` that switchboard (schema <= 8) made, else None.
+
+    Schema 7 rebuilt the table with a prefix index, which no Hermes version declares; on a
+    file switchboard created, the table is its own whatever its shape."""
+    row = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'messages_fts' AND type = 'table'"
+    ).fetchone()
+    if row is None:
+        return None
+    sql = row[0] or ""
+    owns = conn.execute(
+        "SELECT 1 FROM state_meta WHERE key = ?", (OWNS_SCHEMA_VERSION_KEY,)
+    ).fetchone()
+    return sql if ("prefix=" in sql or owns is not None) else None
+
+
+_FTS_TRIGGERS_SQL = """
+CREATE TRIGGER IF NOT EXISTS sb_messages_fts_ai AFTER INSERT ON messages BEGIN
+    INSERT INTO sb_messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER IF NOT EXISTS sb_messages_fts_ad AFTER DELETE ON messages BEGIN
+    INSERT INTO sb_messages_fts(sb_messages_fts, rowid, content)
+    VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER IF NOT EXISTS sb_messages_fts_au AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO sb_messages_fts(sb_messages_fts, rowid, content)
+    VALUES ('delete', old.id, old.content);
+    INSERT INTO sb_messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+"""
+
+
+def _legacy_triggers_are_ours(conn: sqlite3.Connection) -> bool:
+    """All three legacy triggers exist with switchboard's external-content bodies (a file
+    Hermes <= v10 wrote has only an insert trigger; Hermes >= v11 deletes by rowid)."""
+    rows = dict(
+        conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN (?, ?, ?)",
+            _LEGACY_FTS_TRIGGERS,
+        ).fetchall()
     )
+    if set(rows) != set(_LEGACY_FTS_TRIGGERS):
+        return False
+    deletes = "VALUES ('delete', old.id, old.content)"
+    return all(
+        deletes in (rows[name] or "") for name in ("messages_fts_delete", "messages_fts_update")
+    ) and "new.content" in (rows["messages_fts_insert"] or "")
+
+
+def _migration_9(conn: sqlite3.Connection) -> None:
+    """Share a file with Hermes Agent without harming either side.
+
+    * switchboard's index becomes `sb_messages_fts` with `sb_` triggers; a `messages_fts`
+      switchboard made is moved (kept, when all three of its triggers are intact) or dropped
+      together with every trigger of that name, so Hermes recreates its own at its next
+      start. A `messages_fts` of Hermes's is left exactly as it is.
+    * the number switchboard <= 8 wrote into Hermes's `schema_version` is removed: Hermes
+      then records its own version once instead of replaying its migrations at every start.
+    * `messages.sb_written` marks rows switchboard wrote; triggers queue other programs' rows
+      for the derived columns (state.foreign).
+    """
+    legacy = _own_legacy_fts(conn)
+    have_new = _table_exists(conn, FTS_TABLE)
+    if legacy is not None:
+        intact = "prefix=" in legacy and _legacy_triggers_are_ours(conn)
+        for name in _LEGACY_FTS_TRIGGERS:
+            conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+        if intact and not have_new:
+            conn.execute(f"ALTER TABLE messages_fts RENAME TO {FTS_TABLE}")
+            have_new = True
+        else:
+            conn.execute("DROP TABLE messages_fts")
+    if not have_new:
+        (count,) = conn.execute("SELECT COUNT(*) FROM messages").fetchone()
+        if count > 50_000:
+            log.info("building the search index (%d messages)", count)
+        _create_messages_fts(conn, FTS_PREFIXES)
+    conn.execute(
+        f"INSERT INTO {FTS_TABLE}({FTS_TABLE}, rank) VALUES ('pgsz', ?)", (FTS_PAGE_SIZE,)
+    )
+    _exec_script(conn, _FTS_TRIGGERS_SQL)
+    if "sb_written" not in _columns(conn, "messages"):
+        conn.execute("ALTER TABLE messages ADD COLUMN sb_written INTEGER")
+    if conn.execute(
+        "SELECT 1 FROM state_meta WHERE key = ?", (OWNS_SCHEMA_VERSION_KEY,)
+    ).fetchone():
+        conn.execute("DELETE FROM schema_version")
+        conn.execute("DELETE FROM state_meta WHERE key = ?", (OWNS_SCHEMA_VERSION_KEY,))
+    foreign.install(conn)
+
+
+def _migration_10(conn: sqlite3.Connection) -> None:
+    """Every column and table of Hermes Agent 0.19's store (rows Hermes left NULL in
+    `active` count as active, as Hermes heals them)."""
+    _ensure_table(conn, "sessions", SESSION_COLUMNS)
+    _ensure_table(conn, "messages", MESSAGE_COLUMNS)
+    _exec_script(conn, HERMES_TABLES_SQL)
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_messages_active_null ON messages(active) "
+        "WHERE active IS NULL"
+    )
+    conn.execute("UPDATE messages SET active = 1 WHERE active IS NULL")
 
 
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
@@ -372,6 +560,8 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (6, _migration_6),
     (7, _migration_7),
     (8, _migration_8),
+    (9, _migration_9),
+    (10, _migration_10),
 ]
 LATEST = MIGRATIONS[-1][0]
 
@@ -426,17 +616,15 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
             # each time: an empty partial index, such as idx_sessions_handoff, never gets
             # a statistics row; 83 ms per start-up at 100k sessions.)
             _refresh_stale_statistics(conn)
-        if fresh:
-            # A file we created: its schema_version is ours to keep.
-            conn.execute("DELETE FROM schema_version")
-            conn.execute("INSERT INTO schema_version(version) VALUES (?)", (target,))
-            conn.execute(
-                "INSERT OR REPLACE INTO state_meta(key, value) VALUES ('switchboard.owns_schema_version', '1')"
-            )
-        elif conn.execute(
-            "SELECT 1 FROM state_meta WHERE key = 'switchboard.owns_schema_version'"
-        ).fetchone():
-            conn.execute("UPDATE schema_version SET version = ?", (target,))
+        # Hermes Agent's `schema_version` is never written: an empty table makes Hermes
+        # record its own number once, a number of ours made it replay its migrations.
+        if found >= 1:
+            ensure_title_index(conn)  # another program may have dropped it
+        if found >= 10:
+            # Hermes's inserts may leave `active` NULL on legacy columns without a default.
+            conn.execute("UPDATE messages SET active = 1 WHERE active IS NULL")
+        if target >= 9:
+            foreign.absorb(conn, limit=None)
         conn.execute("COMMIT")
         return max(found, target)
     except BaseException:

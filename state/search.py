@@ -2,7 +2,7 @@
 with snippets and their neighbouring messages.
 
 Each message's content is searched in exactly one index: the segmented side index when it
-holds CJK or emoji (`messages_aux.seg_text`), otherwise the main `messages_fts`. Tool names
+holds CJK or emoji (`messages_aux.seg_text`), otherwise the main `sb_messages_fts`. Tool names
 and call arguments are searched when the role filter asks for `tool`. Relevance is BM25
 (state/ranking.py) damped by age, so a fresh session is not drowned by a pile of old,
 similar messages.
@@ -24,6 +24,7 @@ from .errors import QueryError
 from .listing import SessionFilter
 from .records import SearchHit
 from .rows import Row
+from .schema import FTS_TABLE
 from .textindex import segment
 
 SORTS = ("relevance", "newest", "oldest")
@@ -43,6 +44,8 @@ class SearchRequest:
     sort: str = "relevance"
     limit: int = 20
     offset: int = 0
+    # Match tool names and arguments whatever the role filter (Hermes's default).
+    include_tools: bool = False
 
 
 def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
@@ -89,7 +92,7 @@ WINDOW_GROWTH = 4
 
 @dataclass(frozen=True)
 class _Branch:
-    table: str  # messages_fts or messages_aux_fts
+    table: str  # sb_messages_fts or messages_aux_fts
     match: str
     extra_where: str = ""
 
@@ -120,17 +123,17 @@ class _Branch:
         return out
 
 
-def _branches(tree: q.Node, roles: Sequence[str]) -> list[_Branch]:
+def _branches(tree: q.Node, roles: Sequence[str], include_tools: bool = False) -> list[_Branch]:
     """Each message's content lives in exactly one index: the segmented side index when it
     holds CJK/emoji, otherwise the main one; tool text is in the side index."""
     out = []
     if not q.needs_aux(tree):
         out.append(_Branch(
-            "messages_fts", q.to_fts(tree, segmented=False),
+            FTS_TABLE, q.to_fts(tree, segmented=False),
             " AND NOT EXISTS (SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)",
         ))  # fmt: skip
     aux = "{seg_text} : " + q.to_fts(tree, segmented=True)
-    if "tool" in roles:
+    if "tool" in roles or include_tools:
         aux = f"({aux}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
     out.append(_Branch("messages_aux_fts", aux))
     return out
@@ -151,7 +154,7 @@ def search(
     where, fparams, scoped = _filters(req)
     # Candidates meet sessions only when the scope filters on them.
     join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
-    branches = _branches(tree, req.roles)
+    branches = _branches(tree, req.roles, req.include_tools)
     relevance = req.sort == "relevance"
     need = max(1, req.limit) + max(0, req.offset)
     direction = "ASC" if req.sort == "oldest" else "DESC"

@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import IO, Any, TypeVar, TypeVarTuple, Unpack
 
 from . import (
+    archive,
     handoffs,
+    hermes_import,
+    hermes_sessions,
     lineage,
     listing,
     maintenance,
@@ -29,6 +32,7 @@ from . import (
     search,
     sessions,
     transfer,
+    usage,
 )
 from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError
 from .readers import ReaderPool
@@ -43,6 +47,7 @@ from .records import (
     UsageStats,
     WriteStats,
 )
+from .rows import Row
 from .writer import Writer, WriterConfig, connect_writer, error_code, is_busy
 
 log = logging.getLogger("state.store")
@@ -760,3 +765,63 @@ class SessionDB:
     async def clear_dangling_parents(self) -> int:
         """Make those sessions roots; returns how many were changed."""
         return await self._write(maintenance.clear_dangling_parents)
+
+    # --- archive, bulk delete, per-model usage, workspace (state/archive.py, usage.py) ---
+
+    async def set_session_archived(self, session_id: str, archived: bool = True) -> bool:
+        """Archive (or restore) a session with its compression ancestors and continuations."""
+        return bool(await self._write(hermes_sessions.set_archived, session_id, archived))
+
+    async def delete_sessions(self, session_ids: list[str]) -> list[str]:
+        """Delete many sessions in one transaction (with their delegate subagents)."""
+        return list(await self._write(archive.delete_many, session_ids))
+
+    async def model_usage(self, session_id: str) -> list[dict[str, Any]]:
+        """What the session spent per model, billing route and task."""
+        return list(await self._read(usage.model_usage, session_id))
+
+    async def update_session_cwd(
+        self, session_id: str, cwd: str, git_branch: str | None = None,
+        git_repo_root: str | None = None,
+    ) -> None:  # fmt: skip
+        await self._write(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
+
+    async def import_hermes(self, source: str | os.PathLike[str], *, dry_run: bool = False) -> Any:
+        """Copy a Hermes Agent state.db's sessions, messages, titles and usage in (once)."""
+        return await self._writer.exclusive(hermes_import.import_db, Path(source), dry_run)
+
+    # --- dashboard queries (state/keyset.py, family.py, cleanup.py, insights.py) ----------
+
+    async def session_page(self, q: Any) -> tuple[list[Row], tuple[float, str] | None]:
+        """One keyset page of sessions (a `state.keyset.PageQuery`) and the next cursor."""
+        from . import keyset
+
+        rows, cursor = await self._read(keyset.page, q)
+        return list(rows), cursor
+
+    async def lineage_tree(self, session_id: str) -> Row | None:
+        from . import family
+
+        return await self._read(family.lineage_tree, session_id)
+
+    async def count_empty_sessions(self) -> int:
+        from . import cleanup
+
+        return int(await self._read(cleanup.count_empty))
+
+    async def delete_empty_sessions(self, protected: Iterable[str] = ()) -> int:
+        """Delete ended sessions that have no messages, a chunk per transaction."""
+        from . import cleanup
+
+        keep, total = frozenset(protected), 0
+        while True:
+            n = int(await self._write(cleanup.delete_empty_chunk, keep))
+            total += n
+            if n < maintenance.PRUNE_CHUNK:
+                return total
+
+    async def insights(self, since: float, until: float, source: str | None = None) -> Row:
+        """Activity figures for [since, until) (see state/insights.py)."""
+        from . import insights
+
+        return dict(await self._read(insights.insights, insights.Period(since, until, source)))

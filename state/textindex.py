@@ -1,6 +1,6 @@
 """How text is prepared for the search indexes.
 
-The main index (`messages_fts`, unicode61) sees message content as it is. unicode61 keeps a
+The main index (`sb_messages_fts`, unicode61) sees message content as it is. unicode61 keeps a
 run of CJK characters glued to Latin letters as one token and drops emoji entirely, so
 messages that contain such characters get a second, segmented copy in `messages_aux`:
 every CJK character becomes its own token and every symbol (emoji) a stable word, so a

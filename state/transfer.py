@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from .content import content_text, encode_content
 from .errors import TitleTaken
 from .messages import decode_message
 from .records import ExportRecord, SessionRow
@@ -139,12 +140,17 @@ def import_records(
                 if k in message_cols
             }
             row.setdefault("timestamp", sess["started_at"])
+            if "content" in row:
+                row["content"] = encode_content(row["content"])
+            row["sb_written"] = 1
             cur = conn.execute(
                 f"INSERT INTO messages (session_id, {', '.join(row)}) "
                 f"VALUES (?, {', '.join('?' for _ in row)})",
                 (sid, *row.values()),
             )
-            aux = aux_row(row.get("content"), row.get("tool_name"), row.get("tool_calls"))
+            aux = aux_row(
+                content_text(row.get("content")), row.get("tool_name"), row.get("tool_calls")
+            )
             if aux is not None:
                 conn.execute(
                     "INSERT INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)",

@@ -142,6 +142,21 @@ def register_batched(
     _BATCHED[fn] = batched
 
 
+# Run at the start of every batch's transaction, before its operations: catching up on rows
+# another program wrote into the file (state.foreign). Must be cheap when there is nothing.
+_BEFORE_BATCH: list[Callable[[sqlite3.Connection], object]] = []
+
+
+def register_before_batch(fn: Callable[[sqlite3.Connection], object]) -> None:
+    if fn not in _BEFORE_BATCH:
+        _BEFORE_BATCH.append(fn)
+
+
+def _before_batch(conn: sqlite3.Connection) -> None:
+    for fn in _BEFORE_BATCH:
+        fn(conn)
+
+
 def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
     conn = sqlite3.connect(
         path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
@@ -435,6 +450,7 @@ class Writer:
         operation, so only the failing caller sees its error."""
         conn.execute("BEGIN IMMEDIATE")
         try:
+            _before_batch(conn)
             results = Writer._run_fast(conn, batch)
             conn.execute("COMMIT")
             return results
@@ -475,6 +491,7 @@ class Writer:
         conn.execute("BEGIN IMMEDIATE")
         results: list[tuple[bool, Any]] = []
         try:
+            _before_batch(conn)
             for op in batch:
                 conn.execute("SAVEPOINT op")
                 try:

@@ -48,6 +48,11 @@ def names() -> tuple[str, ...]:
     return tuple(_targets())
 
 
+def sources() -> tuple[str, ...]:
+    """Every value a session's source can take (the core's and each platform's), sorted."""
+    return tuple(sorted({*RESERVED, *names()}))
+
+
 def adapter_class(name: str) -> type[PlatformAdapter]:
     try:
         target = _targets()[name]

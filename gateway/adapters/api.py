@@ -95,7 +95,11 @@ class ApiAdapter:
         metrics: Callable[[], str] | None = None,
         routes: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] | None = None,
         models: tuple[str, ...] = (),
+        subapps: dict[str, Callable[[], web.Application]] | None = None,
     ) -> None:
+        # prefix -> app factory (the dashboard's /ui and /api); they authenticate their own
+        # callers (sign-in cookie or the key), so the bearer check here skips them
+        self._subapps = dict(subapps or {})
         # extra POST endpoints other adapters serve here (Slack's Events API); they
         # authenticate their own callers (Slack signs), so the bearer key does not apply
         self._routes = dict(routes or {})
@@ -126,6 +130,8 @@ class ApiAdapter:
         app.router.add_get("/metrics", self._metrics_view)
         for path, handler in self._routes.items():
             app.router.add_post(path, handler)
+        for prefix, factory in self._subapps.items():
+            app.add_subapp(prefix, factory())
         return app
 
     async def start(self, emit: Emit) -> None:
@@ -194,7 +200,12 @@ class ApiAdapter:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self._key is not None and request.path != "/health" and request.path not in self._routes:
+        if (
+            self._key is not None
+            and request.path != "/health"
+            and request.path not in self._routes
+            and not any(request.path.startswith(p + "/") for p in self._subapps)
+        ):
             header = request.headers.get("Authorization", "")
             token = header[7:] if header.startswith("Bearer ") else ""
             if not hmac.compare_digest(token.encode(), self._key.encode()):

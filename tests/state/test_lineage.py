@@ -22,7 +22,10 @@ async def test_first_end_wins_and_reopen_clears(store: Store) -> None:
     row = await store.require_session(sid)
     assert row["ended_at"] is None and row["end_reason"] is None
     with pytest.raises(ValueError):
-        await store.end_session(sid, "bored")
+        await store.end_session(sid, "  ")
+    # any other reason is kept as written (Hermes Agent records its own, e.g. agent_close)
+    assert await store.end_session(sid, "ws_orphan_reap") is True
+    assert (await store.require_session(sid))["end_reason"] == "ws_orphan_reap"
     with pytest.raises(SessionNotFound):
         await store.end_session("missing", "idle")
 

@@ -121,11 +121,11 @@ async def test_document_frequency_is_exact_when_small_and_close_when_large(
         await db.append_message(sid, "user", f"rare marker {i}")
 
     def estimate(conn: sqlite3.Connection, match: str) -> int:
-        n, _avg = ranking.index_totals(conn, "messages_fts")
+        n, _avg = ranking.index_totals(conn, "sb_messages_fts")
         low, high = conn.execute(
             "SELECT (SELECT MIN(id) FROM messages), (SELECT MAX(id) FROM messages)"
         ).fetchone()
-        return ranking.estimate_df(conn, "messages_fts", match, n, (low, high))
+        return ranking.estimate_df(conn, "sb_messages_fts", match, n, (low, high))
 
     assert await db._read(estimate, "marker") == 7
     got = await db._read(estimate, "needle")

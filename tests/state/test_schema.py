@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from state import DatabaseError, SchemaTooNew, SessionDB, schema
+from tests.state.legacy_files import make_switchboard_8_file
 
 HERMES_SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -68,6 +69,9 @@ def _snapshot(conn: sqlite3.Connection) -> dict[str, list[tuple[object, ...]]]:
         "messages": conn.execute(f"SELECT {cols_m} FROM messages ORDER BY id").fetchall(),
         "cron_jobs": conn.execute("SELECT * FROM cron_jobs").fetchall(),
         "schema_version": conn.execute("SELECT version FROM schema_version").fetchall(),
+        "fts": conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE name LIKE 'messages_fts%' ORDER BY name"
+        ).fetchall(),
     }
 
 
@@ -76,7 +80,8 @@ async def test_fresh_file_gets_the_latest_schema(tmp_path: Path) -> None:
     await db.close()
     conn = sqlite3.connect(tmp_path / "home" / "state.db")
     assert schema.current_version(conn) == schema.LATEST
-    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(schema.LATEST,)]
+    # Hermes Agent's counter stays empty: Hermes records its own number at its first open
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == []
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     cols = {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
     assert {"session_key", "chat_id", "handoff_state", "child_kind", "last_active", "title"} <= cols
@@ -120,20 +125,20 @@ async def test_search_index_leaves_shrink_in_place_and_old_and_new_segments_stay
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "state.db"
-    old = await SessionDB.open(path, schema_target=7)
-    sid = await old.create_session(source="api")
+    sid = "20250301_080000_0a0b0c0d"
     words = " ".join(f"filler{i}" for i in range(40))
-    await old.append_messages(sid, [{"role": "user", "content": f"oldword {words}"}] * 400)
-    await old.close()
+    await make_switchboard_8_file(path, sid, [f"oldword {words}"] * 400)
 
     def leaves(conn: sqlite3.Connection) -> int:
         # id > 10 skips the structure and averages records; what is left are segment leaves
         return conn.execute(
-            "SELECT MAX(length(block)) FROM messages_fts_data WHERE id > 10"
+            "SELECT MAX(length(block)) FROM sb_messages_fts_data WHERE id > 10"
         ).fetchone()[0]
 
     conn = sqlite3.connect(path)
-    assert leaves(conn) > 2 * schema.FTS_PAGE_SIZE  # written with FTS5's default 4,050-byte leaves
+    assert conn.execute(
+        "SELECT MAX(length(block)) FROM messages_fts_data WHERE id > 10"
+    ).fetchone()[0] > 2 * schema.FTS_PAGE_SIZE  # written with FTS5's default 4,050-byte leaves
     conn.close()
 
     db = await SessionDB.open(path)
@@ -144,17 +149,19 @@ async def test_search_index_leaves_shrink_in_place_and_old_and_new_segments_stay
     finally:
         await db.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT v FROM messages_fts_config WHERE k = 'pgsz'").fetchone() == (
+    # the old index was moved under switchboard's own name, not rebuilt
+    assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'messages_fts'").fetchall() == []
+    assert conn.execute("SELECT v FROM sb_messages_fts_config WHERE k = 'pgsz'").fetchone() == (
         schema.FTS_PAGE_SIZE,
     )
-    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    conn.execute("INSERT INTO sb_messages_fts(sb_messages_fts) VALUES ('integrity-check')")
     # a full merge rewrites the old segment with the new leaf size, and still checks out
-    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')")
-    conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    conn.execute("INSERT INTO sb_messages_fts(sb_messages_fts) VALUES ('optimize')")
+    conn.execute("INSERT INTO sb_messages_fts(sb_messages_fts) VALUES ('integrity-check')")
     conn.commit()
     assert leaves(conn) < 2 * schema.FTS_PAGE_SIZE
     assert conn.execute(
-        "SELECT COUNT(*) FROM messages_fts WHERE messages_fts MATCH 'oldword OR newword'"
+        "SELECT COUNT(*) FROM sb_messages_fts WHERE sb_messages_fts MATCH 'oldword OR newword'"
     ).fetchone() == (800,)
     conn.close()
 
@@ -195,9 +202,12 @@ async def test_hermes_state_db_opens_works_and_keeps_all_its_data(tmp_path: Path
     assert after["cron_jobs"] == before["cron_jobs"]
     assert after["sessions"] == before["sessions"]
     assert after["messages"][: len(before["messages"])] == before["messages"]
+    # Hermes' index and triggers are left as they were; switchboard's have names of their own
     assert sorted(t[0] for t in triggers) == [
         "messages_fts_delete", "messages_fts_insert", "messages_fts_update",
+        "sb_messages_fts_ad", "sb_messages_fts_ai", "sb_messages_fts_au",
     ]  # fmt: skip
+    assert after["fts"] == before["fts"]
     # Writes go through Hermes' existing FTS triggers exactly once.
     db = await SessionDB.open(path)
     try:

@@ -6,6 +6,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from state import Store
 from state.compat import SessionDB as SyncSessionDB
 from tests.state.conftest import OpenStore
@@ -127,12 +129,22 @@ def test_compat_sync_api_matches_the_documented_names(tmp_path: Path) -> None:
             raise AssertionError("a duplicate title must raise")
         except ValueError as exc:
             assert "already in use" in str(exc)
-        assert db.get_messages_as_conversation(sid) == [
-            {"role": "user", "content": "hello compat world"}
-        ]
+        (turn,) = db.get_messages_as_conversation(sid)
+        assert turn == {"role": "user", "content": "hello compat world", "timestamp": turn["timestamp"]}
+        assert isinstance(turn["timestamp"], float)
         db.clear_messages(sid)
         assert db.delete_session(sid) is True and db.delete_session(sid) is False
         assert db.prune_sessions(1) == 0
         db.vacuum()
     finally:
         db.close()
+
+
+def test_compat_open_errors_are_sqlite3_errors(tmp_path: Path) -> None:
+    import sqlite3
+
+    bad = tmp_path / "state.db"
+    bad.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(sqlite3.Error, match="state.db"):
+        SyncSessionDB(bad)
+    assert bad.read_bytes() == b"this is not a database at all" * 100

@@ -1,0 +1,165 @@
+"""The dashboard as two aiohttp sub-applications (`/ui` pages, `/api` JSON) sharing one
+`Dashboard` object, and the guard middleware every request of both passes through:
+security headers, loopback-host check, sign-in, origin and CSRF checks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import Config
+from gateway.config import _is_loopback as is_loopback
+from gateway.web import auth
+from state import SessionDB
+
+log = logging.getLogger("gateway.web")
+
+PUBLIC_PATHS = frozenset({"/ui/login", "/api/openapi.json"})
+# Their handlers check the CSRF token themselves, reading it from the multipart stream
+# ahead of the upload (the middleware cannot read the body without buffering the file).
+MULTIPART_PATHS = frozenset({"/ui/ops/import"})
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """`key` None: no sign-in (allowed on loopback only). Prices: USD per million tokens
+    (input, output) by model name."""
+
+    key: str | None = None
+    session_hours: float = 12.0
+    secure_cookie: bool = False
+    prices: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+
+class Dashboard:
+    """Shared state of the dashboard's sub-apps: the store, settings, browser sessions."""
+
+    def __init__(
+        self,
+        db: SessionDB,
+        settings: DashboardSettings,
+        *,
+        health: Callable[[], dict[str, Any]] | None = None,
+        live_ids: Callable[[], set[str]] = set,
+        is_live: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self.health = health
+        self.live_ids = live_ids  # sessions bound to a chat in the index: never deleted
+        self.is_live = is_live or (lambda sid: sid in live_ids())
+        self.sessions = auth.Sessions(settings.session_hours * 3600)
+
+    def subapps(self) -> dict[str, Callable[[], web.Application]]:
+        """Prefix -> factory, for the api adapter to mount."""
+        return {"/ui": self.ui_app, "/api": self.api_app}
+
+    def ui_app(self) -> web.Application:
+        from gateway.web import pages
+
+        app = web.Application(middlewares=[self.guard])
+        app[DASHBOARD] = self
+        pages.register(app.router)
+        return app
+
+    def api_app(self) -> web.Application:
+        from gateway.web import api
+
+        app = web.Application(middlewares=[self.guard])
+        app[DASHBOARD] = self
+        api.register(app.router)
+        return app
+
+    # --- the guard -------------------------------------------------------------------
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: auth.Handler) -> web.StreamResponse:
+        try:
+            response = await self._guard(request, handler)
+        except web.HTTPException as exc:
+            for name, value in auth.SECURITY_HEADERS.items():
+                exc.headers.setdefault(name, value)
+            raise
+        auth.add_security_headers(response)
+        return response
+
+    async def _guard(self, request: web.Request, handler: auth.Handler) -> web.StreamResponse:
+        api = request.path.startswith("/api/")
+        key = self.settings.key
+        if key is None and not auth.host_is_loopback(request):
+            return _refuse(api, 403, "without a key the dashboard answers loopback names only")
+        mutating = request.method in auth.MUTATING
+        if mutating and "Origin" in request.headers and not auth.same_origin(request):
+            return _refuse(api, 403, "cross-origin request refused")
+        if request.path in PUBLIC_PATHS or request.path.startswith("/ui/static/"):
+            if mutating and not auth.same_origin(request):
+                return _refuse(api, 403, "cross-origin request refused")
+            return await handler(request)
+        ws = self.sessions.get(request.cookies.get(auth.COOKIE))
+        # API clients: the bearer key, or (no key, loopback) nothing at all; a browser's
+        # cross-origin attempts are stopped by the Origin check above
+        direct = api and ws is None and (key is None or auth.key_matches(auth.bearer(request), key))
+        if ws is None and not direct:
+            if api:
+                return _refuse(True, 401, "sign in at /ui/login or send the bearer key")
+            from gateway.web.html import url
+
+            raise web.HTTPFound(url("/ui/login", next=request.path_qs))
+        if mutating and ws is not None:
+            if not auth.same_origin(request):
+                return _refuse(api, 403, "cross-origin request refused")
+            token = request.headers.get(auth.CSRF_HEADER)
+            deferred = False
+            if token is None and request.content_type == "multipart/form-data":
+                if request.path not in MULTIPART_PATHS:
+                    return _refuse(api, 403, "CSRF token missing")
+                deferred = True
+            elif token is None and request.content_type == "application/x-www-form-urlencoded":
+                form = await request.post()
+                value = form.get(auth.CSRF_FIELD)
+                token = value if isinstance(value, str) else ""
+            if not deferred and not auth.key_matches(token or "", ws.csrf):
+                return _refuse(api, 403, "CSRF token missing or wrong; reload the page")
+        request[auth.WEB_SESSION] = ws
+        return await handler(request)
+
+
+DASHBOARD = web.AppKey("dashboard", Dashboard)
+
+
+def settings_from(config: Config) -> DashboardSettings | None:
+    """The dashboard's settings, or None when it is off: disabled, or listening off
+    loopback with no key to sign in with."""
+    dash, api = config.dashboard, config.api
+    if not dash.enabled or not api.enabled:
+        return None
+    key = config.secret("dashboard.key_env") or config.secret("platforms.api.key_env")
+    if key is None and not is_loopback(api.host):
+        log.warning(
+            "the dashboard is off: %s is not loopback and no key is configured "
+            "(dashboard.key_env or platforms.api.key_env)",
+            api.host,
+        )
+        return None
+    prices = {
+        str(model): (float(p.get("input", 0)), float(p.get("output", 0)))
+        for model, p in dash.prices.items()
+    }
+    return DashboardSettings(
+        key=key, session_hours=float(dash.session_hours),
+        secure_cookie=dash.secure_cookie, prices=prices,
+    )  # fmt: skip
+
+
+def dashboard_of(request: web.Request) -> Dashboard:
+    return request.app[DASHBOARD]
+
+
+def _refuse(api: bool, status: int, message: str) -> web.Response:
+    if api:
+        return web.json_response({"error": {"message": message}}, status=status)
+    return web.Response(text=f"{status}: {message}\n", status=status, content_type="text/plain")

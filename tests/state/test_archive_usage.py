@@ -1,0 +1,70 @@
+"""Archive, bulk delete, per-model usage and workspace in the async store (shared with the
+Hermes facade)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from state import SessionDB
+from state.compat import SessionDB as SyncSessionDB
+
+
+async def test_archive_covers_the_compression_chain_and_hides_it_from_listings(
+    db: SessionDB,
+) -> None:
+    root = await db.create_session("root", "telegram")
+    await db.end_session(root, "compression")
+    tip = await db.create_session("tip", "telegram", parent_session_id=root)
+    other = await db.create_session("other", "telegram")
+    assert await db.set_session_archived(tip) is True
+    for sid in (root, tip):
+        assert (await db.require_session(sid))["archived"] == 1
+    assert (await db.require_session(other))["archived"] == 0
+    assert {r["id"] for r in await db.list_sessions()} == {other}
+    assert await db.set_session_archived(tip, False) is True
+    assert await db.set_session_archived("missing") is False
+
+
+async def test_bulk_delete_takes_delegates_along_and_orphans_other_children(
+    db: SessionDB,
+) -> None:
+    parent = await db.create_session("p", "cli")
+    await db.create_session("sub", "cli", model_config={"_delegate_from": parent})
+    await db.create_session("kid", "cli", parent_session_id=parent)
+    await db.append_message(parent, "user", "hello")
+    deleted = await db.delete_sessions([parent, parent, "", "missing"])
+    assert sorted(deleted) == ["p", "sub"]
+    kid = await db.require_session("kid")
+    assert kid["parent_session_id"] is None
+    ended = await db.create_session("empty", "cli")
+    await db.end_session(ended, "idle")
+    assert await db.delete_empty_sessions() == 1
+    assert await db.get_session("kid") is not None  # live, so not "empty"
+
+
+async def test_per_model_usage_and_workspace(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    sync = SyncSessionDB(path)
+    sync.create_session("s", "cli", model="small")
+    sync.update_token_counts("s", input_tokens=10, output_tokens=5, billing_provider="p1",
+                             api_call_count=1)  # fmt: skip
+    sync.update_session_model("s", "big")
+    sync.update_token_counts("s", input_tokens=100, output_tokens=50, model="big",
+                             billing_provider="p1", api_call_count=1)  # fmt: skip
+    sync.close()
+    db = await SessionDB.open(path)
+    try:
+        rows = await db.model_usage("s")
+        assert [(r["model"], r["input_tokens"], r["api_call_count"]) for r in rows] == [
+            ("big", 100, 1), ("small", 10, 1),
+        ]  # fmt: skip
+        session = await db.require_session("s")
+        assert (session["input_tokens"], session["api_call_count"]) == (110, 2)
+        await db.update_session_cwd("s", "/work/repo", git_branch="main", git_repo_root=" ")
+        await db.update_session_cwd("s", "/work/repo/sub", git_branch="")
+        row = await db.require_session("s")
+        assert (row["cwd"], row["git_branch"], row["git_repo_root"]) == ("/work/repo/sub", "main", None)
+        assert json.loads(json.dumps(rows))  # plain values
+    finally:
+        await db.close()

@@ -1,0 +1,101 @@
+"""The store queries behind the dashboard (issue 21): keyset paging with ties, the lineage
+tree of rows written by other programs, empty sessions, insights period edges."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from state import SessionDB
+from state.keyset import PageQuery
+
+
+async def test_keyset_pages_visit_tied_rows_once(db: SessionDB) -> None:
+    for i in range(7):
+        await db.create_session(f"20250101_000000_0000000{i}", "telegram", started_at=1000.0)
+    for sort in ("active", "started"):
+        for descending in (True, False):
+            seen: list[str] = []
+            cursor = None
+            while True:
+                rows, cursor = await db.session_page(
+                    PageQuery(sort=sort, descending=descending, limit=2, after=cursor)
+                )
+                seen += [r["id"] for r in rows]
+                if cursor is None:
+                    break
+            assert sorted(seen) == [f"20250101_000000_0000000{i}" for i in range(7)]
+            assert len(set(seen)) == 7
+            assert seen == sorted(seen, reverse=descending)
+
+
+async def test_lineage_tree_reads_foreign_children_by_their_parents_end_reason(
+    db: SessionDB,
+) -> None:
+    root = await db.create_session("r", "cli", started_at=1.0)
+    await db.end_session(root, "compression", now=2.0)
+    await db.create_session("c", "cli", parent_session_id=root, started_at=3.0)  # no child_kind
+    await db.create_session(
+        "x", "cli", parent_session_id="c", child_kind="delegate", started_at=4.0
+    )
+    tree = await db.lineage_tree("x")
+    assert tree is not None and tree["id"] == "r"
+    child = tree["children"][0]
+    assert (child["id"], child["child_kind"]) == ("c", "compression")
+    assert [(n["id"], n["child_kind"]) for n in child["children"]] == [("x", "delegate")]
+    assert await db.lineage_tree("missing") is None
+
+
+async def test_empty_sessions_are_ended_ones_without_messages_and_spare_protected(
+    db: SessionDB,
+) -> None:
+    for sid in ("a", "b", "live"):
+        await db.create_session(sid, "cli", started_at=1.0)
+    await db.append_message("b", "user", "hi")
+    for sid in ("a", "b"):
+        await db.end_session(sid, "idle")
+    await db.create_session("kept", "cli", started_at=1.0)
+    await db.end_session("kept", "idle")
+    assert await db.count_empty_sessions() == 2
+    assert await db.delete_empty_sessions(protected={"kept"}) == 1
+    assert [await db.get_session(s) is None for s in ("a", "b", "live", "kept")] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+
+
+async def test_insights_period_edges(db: SessionDB, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sid = await db.create_session("s", "slack", started_at=50.0)
+    await db.append_message(sid, "user", "before", timestamp=99.0)
+    await db.append_message(sid, "user", "inside", timestamp=100.0)
+    await db.append_message(sid, "user", "at the end", timestamp=200.0)
+    out = await db.insights(100.0, 200.0)
+    assert out["messages"] == 1
+    # last_active trails the newest message by up to a second: still found
+    await db.close()
+    conn = sqlite3.connect(tmp_path / "state.db")
+    conn.execute("UPDATE sessions SET last_active = 199.5")
+    conn.commit()
+    conn.close()
+    again = await SessionDB.open(tmp_path / "state.db")
+    try:
+        assert (await again.insights(200.0, 300.0))["messages"] == 1
+        assert (await again.insights(0.0, 300.0, "telegram"))["messages"] == 0
+    finally:
+        await again.close()
+
+
+async def test_insights_count_only_the_periods_messages_whatever_their_order(db: SessionDB) -> None:
+    old = await db.create_session("old", "cli", started_at=50.0)
+    await db.append_message(old, "user", "a", timestamp=60.0)
+    new = await db.create_session("new", "api", started_at=120.0)
+    await db.append_message(new, "user", "b", timestamp=90.0)  # stamped before its session
+    await db.append_message(old, "user", "c", timestamp=150.0)
+    await db.append_message(new, "tool", "d", tool_name="t", timestamp=130.0)
+    await db.append_message(new, "user", "e", timestamp=250.0)
+    out = await db.insights(100.0, 200.0)
+    assert out["messages"] == 2
+    assert out["top_tools"] == [{"tool": "t", "calls": 1}]
+    assert (await db.insights(100.0, 200.0, "cli"))["messages"] == 1
+    assert (await db.insights(0.0, 100.0, "cli"))["messages"] == 1
