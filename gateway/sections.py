@@ -127,14 +127,18 @@ def _kind(hint: Any) -> type | tuple[type, ...]:
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-@cache
 def schema_of(cls: type) -> Schema:
     """The validation schema a section class declares (nested sections nest). Cached per
     class: callers only read it."""
+    return _schema_of(cls)
+
+
+@cache
+def _schema_of(cls: Any) -> Schema:
     hints = _hints(cls)
     out: Schema = {}
     for f in dataclasses.fields(cls):
@@ -157,7 +161,7 @@ def schema_of(cls: type) -> Schema:
 
 def build(cls: type[S], data: Mapping[str, Any]) -> S:
     """The frozen section from its validated mapping (lists become tuples)."""
-    hints = _hints(cls)
+    hints = _hints(typing.cast(Any, cls))
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         value = data[f.name]
