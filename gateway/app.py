@@ -13,14 +13,15 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.adapters.base import Adapter
+from gateway import adapters as registry
+from gateway.adapters.base import Adapter, Route
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
-from gateway.config import PLATFORMS, Config
+from gateway.config import Config
 from gateway.errors import AlreadyRunning, GatewayError, PortInUse
 from gateway.handoff import HandoffWatcher
 from gateway.index import SessionIndex
@@ -75,14 +76,14 @@ class HomeLock:
 
 
 def build_agent(config: Config) -> Agent:
-    if config.get("agent.backend") == "openai":
+    if config.agent.backend == "openai":
         from gateway.agent.openai import OpenAIAgent
 
-        o = config.get("agent.openai")
+        o = config.agent.openai
         return OpenAIAgent(
-            o["base_url"], o["model"], config.secret("agent.openai.api_key_env"),
-            timeout_s=o["timeout_seconds"], max_retries=o["max_retries"], tools=o["tools"],
-            reply_tokens=config.get("agent.reply_tokens"),
+            o.base_url, o.model, config.secret("agent.openai.api_key_env"),
+            timeout_s=o.timeout_seconds, max_retries=o.max_retries, tools=list(o.tools),
+            reply_tokens=config.agent.reply_tokens,
         )  # fmt: skip
     return EchoAgent()
 
@@ -105,37 +106,37 @@ def _changed_keys(
 
 
 def reset_policies(config: Config) -> PolicySet:
-    section = config.get("session_reset")
+    r = config.session_reset
     base = ResetPolicy(
-        **{k: section[k] for k in ("mode", "idle_minutes", "at_hour", "timezone", "notify")}
-    )
+        mode=r.mode, idle_minutes=r.idle_minutes, at_hour=r.at_hour, timezone=r.timezone,
+        notify=r.notify,
+    )  # fmt: skip
     return PolicySet(
         default=base,
-        by_platform={k: merge(base, v) for k, v in section["by_platform"].items()},
-        by_chat_type={k: merge(base, v) for k, v in section["by_chat_type"].items()},
+        by_platform={k: merge(base, dict(v)) for k, v in r.by_platform.items()},
+        by_chat_type={k: merge(base, dict(v)) for k, v in r.by_chat_type.items()},
     )
 
 
 def router_settings(config: Config) -> RouterSettings:
     access = {"api": AccessRules(allow_all=True)}
-    for name in PLATFORMS:
-        p = config.platform(name)
+    for name, p in config.platforms.items():
         access[name] = AccessRules(
-            allow_all=p["allow_all_users"], allowed=frozenset(str(u) for u in p["allowed_users"]),
-            admins=frozenset(str(u) for u in p["admins"]),
+            allow_all=p.allow_all_users, allowed=frozenset(str(u) for u in p.allowed_users),
+            admins=frozenset(str(u) for u in p.admins),
         )  # fmt: skip
     return RouterSettings(
         keys=KeySettings(
-            group_sessions_per_user=config.get("sessions.group_sessions_per_user"),
-            thread_sessions_per_user=config.get("sessions.thread_sessions_per_user"),
+            group_sessions_per_user=config.sessions.group_sessions_per_user,
+            thread_sessions_per_user=config.sessions.thread_sessions_per_user,
         ),
         access=access,
-        unknown_dm=config.get("access.unknown_dm"),
-        system_prompt=config.get("agent.system_prompt"),
-        history_messages=config.get("sessions.history_messages"),
-        context_tokens=config.get("agent.context_tokens"),
-        reply_tokens=config.get("agent.reply_tokens"),
-        turn_timeout_s=config.get("agent.turn_timeout_seconds"),
+        unknown_dm=config.access.unknown_dm,
+        system_prompt=config.agent.system_prompt,
+        history_messages=config.sessions.history_messages,
+        context_tokens=config.agent.context_tokens,
+        reply_tokens=config.agent.reply_tokens,
+        turn_timeout_s=config.agent.turn_timeout_seconds,
     )
 
 
@@ -172,17 +173,17 @@ class Gateway:
 
     async def _start_inner(self) -> None:
         self.notify("STATUS=opening state.db")
-        self.db = await open_store(self.config.get("state"), self.home)
+        self.db = await open_store(asdict(self.config.state), self.home)
         self.index = SessionIndex(
             self.home / "sessions" / "sessions.json",
             self.db,
-            self.config.get("sessions.index_flush_seconds"),
-            self.config.get("sessions.index_activity_seconds"),
+            self.config.sessions.index_flush_seconds,
+            self.config.sessions.index_activity_seconds,
         )
         await self.index.load()
         agent = self.agent = self.agent or build_agent(self.config)
         policies = reset_policies(self.config)
-        hook_timeout_s = self.config.get("session_reset.pre_reset_timeout_seconds")
+        hook_timeout_s = self.config.session_reset.pre_reset_timeout_seconds
 
         def resetter(services: Services) -> Resetter:
             return Resetter(
@@ -195,19 +196,19 @@ class Gateway:
         )  # fmt: skip
         assert self.router.resetter is not None
         self._register_gauges()
-        prune = self.config.get("sessions.auto_prune")
+        prune = self.config.sessions.auto_prune
         db = self.db
 
         async def auto_prune() -> object:
             return await db.maybe_auto_prune_and_vacuum(
-                prune["retention_days"], prune["min_interval_hours"], prune["vacuum_after_prune"]
+                prune.retention_days, prune.min_interval_hours, prune.vacuum_after_prune
             )
 
         self.scheduler = ResetScheduler(
             self.router.resetter.apply,
-            sweep_seconds=self.config.get("session_reset.sweep_seconds"),
+            sweep_seconds=self.config.session_reset.sweep_seconds,
             daily=[(p.at_hour, p.timezone) for p in policies.all() if p.mode.daily],
-            prune=auto_prune if prune["enabled"] else None,
+            prune=auto_prune if prune.enabled else None,
         )
         self.notify("STATUS=starting the scheduler")
         self.scheduler.start()
@@ -225,7 +226,7 @@ class Gateway:
                 raise PortInUse(port, getattr(adapter, "host", "?")) from None
         self.handoffs = HandoffWatcher(
             self.router.services, self._adapters_by_platform,
-            configured_homes={p: self.config.platform(p)["home_channel"] for p in PLATFORMS},
+            configured_homes={p: s.home_channel for p, s in self.config.platforms.items()},
         )  # fmt: skip
         self.handoffs.start()
         log.info(
@@ -235,53 +236,24 @@ class Gateway:
         )
 
     def _default_adapters(self) -> list[Adapter]:
-        """Platform adapters first; the api server last, serving their webhook routes
-        (Slack's Events API, Telegram's webhook) beside its own endpoints."""
+        """Platform adapters first, each built by its registered class from its section;
+        the api server last, serving their webhook routes beside its own endpoints."""
         adapters: list[Adapter] = []
-        routes: dict[str, Any] = {}
-        secret = self.config.secret
-        sl = self.config.platform("slack")
-        if sl["enabled"]:
-            from gateway.adapters.slack import SlackAdapter
-
-            socket_mode = sl["mode"] == "socket"
-            slack = SlackAdapter(
-                secret("platforms.slack.token_env") or "", secret("platforms.slack.signing_secret_env") or "",
-                base_url=sl["base_url"], require_mention=sl["require_mention"],
-                app_token=secret("platforms.slack.app_token_env") if socket_mode else None,
-            )  # fmt: skip
-            adapters.append(slack)
-            if not socket_mode:
-                routes["/slack/events"] = slack.handle_events
-        tg = self.config.platform("telegram")
-        if tg["enabled"]:
-            from gateway.adapters.telegram import TelegramAdapter
-
-            webhook = tg["mode"] == "webhook"
-            telegram = TelegramAdapter(
-                secret("platforms.telegram.token_env") or "", base_url=tg["base_url"],
-                require_mention=tg["require_mention"], webhook_url=tg["webhook_url"] if webhook else None,
-                webhook_secret=secret("platforms.telegram.webhook_secret_env") if webhook else None,
-            )  # fmt: skip
-            adapters.append(telegram)
-            if webhook:
-                routes["/telegram/webhook"] = telegram.handle_webhook
-        dc = self.config.platform("discord")
-        if dc["enabled"]:
-            from gateway.adapters.discord import DiscordAdapter
-
-            adapters.append(DiscordAdapter(
-                secret("platforms.discord.token_env") or "", require_mention=dc["require_mention"],
-                free_channels=frozenset(str(c) for c in dc["free_response_channels"]),
-                api_base=dc["base_url"], gateway_url=dc["gateway_url"],
-            ))  # fmt: skip
-        api = self.config.platform("api")
-        if api["enabled"]:
+        routes: dict[str, Route] = {}
+        for name, settings in self.config.platforms.items():
+            if settings.enabled:
+                adapter = registry.adapter_class(name).from_config(
+                    settings, self.config.platform_secrets(name)
+                )
+                adapters.append(adapter)
+                routes.update(adapter.routes())
+        api = self.config.api
+        if api.enabled:
             from gateway.adapters.api import ApiAdapter
 
             adapters.insert(0, ApiAdapter(
-                api["host"], api["port"], secret("platforms.api.key_env"),
-                reply_timeout_s=self.config.get("agent.turn_timeout_seconds") + 30,
+                api.host, api.port, self.config.secret("platforms.api.key_env"),
+                reply_timeout_s=self.config.agent.turn_timeout_seconds + 30,
                 health=self.health, metrics=self.metrics.render, routes=routes,
                 models=(self.agent.model,) if self.agent and self.agent.model else (),
                 subapps=self._dashboard(),
@@ -390,17 +362,15 @@ class Gateway:
             if self.router.resetter is not None:
                 self.router.resetter.policies = reset_policies(new)
             self.router.sessions.system_prompt = self.router.settings.system_prompt
-        logging.getLogger().setLevel(new.get("logging.level").upper())
-        self.config = Config(data=new.data, secrets=old.secrets, path=new.path)
+        logging.getLogger().setLevel(new.logging.level.upper())
+        self.config = replace(new, secrets=old.secrets)
         return needs_restart
 
     def _reload_ignores(self) -> set[str]:
-        from gateway.config import PLATFORMS
-
         keys = set(self.RELOADABLE)
         keys |= {
             f"platforms.{p}.{k}"
-            for p in (*PLATFORMS, "api")
+            for p in (*registry.names(), "api")
             for k in self._RELOADABLE_PLATFORM_KEYS
         }
         return keys
@@ -427,11 +397,11 @@ class Gateway:
             await self.handoffs.stop()
             self.handoffs = None
         if self.scheduler is not None:
-            await self.scheduler.stop(self.config.get("shutdown.drain_seconds"))
+            await self.scheduler.stop(self.config.shutdown.drain_seconds)
             self.scheduler = None
         if self.router is not None:
             self.router.stop_intake()
-            cancelled = await self.router.drain(self.config.get("shutdown.drain_seconds"))
+            cancelled = await self.router.drain(self.config.shutdown.drain_seconds)
             if cancelled:
                 self.metrics.errors.inc(cancelled, kind="cancelled_on_shutdown")
         for adapter in reversed(self.adapters):

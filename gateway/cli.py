@@ -27,7 +27,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     home = _home(args)
     config = load_config(_config_path(args, home))
-    setup_logging("debug" if args.debug else config.get("logging.level"), config.get("logging.format"),
+    setup_logging("debug" if args.debug else config.logging.level, config.logging.format,
                   config.secrets.values())  # fmt: skip
     from gateway.notify import sd_notify
 
@@ -53,7 +53,7 @@ def cmd_service(args: argparse.Namespace) -> int:
     config_path = _config_path(args, home)
     config = load_config(config_path)  # refuse to install a unit for a config that cannot start
     path, hints = install(home=home, config=config_path, user=not args.system,
-                          drain_s=config.get("shutdown.drain_seconds"),
+                          drain_s=config.shutdown.drain_seconds,
                           target=Path(args.output) if args.output else None)  # fmt: skip
     print(f"wrote {path}\nnext:\n{hints}")
     return EXIT_OK

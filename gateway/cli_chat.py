@@ -26,6 +26,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
+from gateway import adapters
 from gateway.app import build_agent, router_settings
 from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK
@@ -88,17 +89,24 @@ def render_recap(messages: Sequence[dict[str, Any]], title: str | None, mode: st
 INTERRUPT = object()  # Ctrl-C pressed at the prompt
 # Chat-platform commands that mean nothing in a terminal (there is no home channel here).
 NOT_IN_TERMINAL = frozenset({"sethome"})
-TERMINAL_COMMANDS = (
-    ("/handoff telegram|discord|slack", "continue this session in a thread on that platform"),
-    ("/quit", "leave (also Ctrl-D, or Ctrl-C twice at the prompt); prints how to come back"),
-)
+
+
+def handoff_usage() -> str:
+    return f"/handoff {'|'.join(adapters.names())}"
+
+
+def terminal_commands() -> tuple[tuple[str, str], ...]:
+    return (
+        (handoff_usage(), "continue this session in a thread on that platform"),
+        ("/quit", "leave (also Ctrl-D, or Ctrl-C twice at the prompt); prints how to come back"),
+    )
 
 
 def terminal_help(router: Router) -> str:
     """/help for the terminal: the router's commands that work here, plus the terminal's."""
     lines = ["Commands:"]
     lines += [f"{c.usage} — {c.summary}" for c in router.commands.all() if c.name not in NOT_IN_TERMINAL]
-    lines += [f"{usage} — {summary}" for usage, summary in TERMINAL_COMMANDS]
+    lines += [f"{usage} — {summary}" for usage, summary in terminal_commands()]
     lines.append("Ctrl-C cancels a reply that is still being written.")
     return "\n".join(lines)
 
@@ -250,7 +258,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
     key = build_key(source, router.settings.keys)
     reader = LineReader()
     interrupts = Interrupts(reader)
-    reply_budget = config.get("agent.turn_timeout_seconds") + 30
+    reply_budget = config.agent.turn_timeout_seconds + 30
 
     async def turn(text: str) -> None:
         terminal.replied.clear()
@@ -267,7 +275,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             await router.services.sessions.switch(key, source, target)
             row = await db.require_session(target)
             history = await db.get_messages(target, last=200)
-            con.print(render_recap(history, row.get("title"), config.get("display.resume_display")))
+            con.print(render_recap(history, row.get("title"), config.display.resume_display))
         # A new session is created by the first message or command: leaving at once keeps none.
         interactive = sys.stdin.isatty()
         armed = False  # Ctrl-C was pressed at the prompt; a second one leaves
@@ -297,8 +305,8 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 continue
             if text.startswith("/handoff"):
                 platform = text.partition(" ")[2].strip()
-                if platform not in ("telegram", "discord", "slack"):
-                    con.print("Usage: /handoff telegram|discord|slack")
+                if platform not in adapters.names():
+                    con.print(f"Usage: {handoff_usage()}")
                     continue
                 current = index.get(key.format())
                 if current is None:
@@ -306,8 +314,8 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                     continue
                 sid = current.session_id
                 finished, result = await interrupts.run(handoff_from_terminal(
-                    db, sid, platform, enabled=config.platform(platform)["enabled"],
-                    configured_home=config.platform(platform)["home_channel"],
+                    db, sid, platform, enabled=config.platforms[platform].enabled,
+                    configured_home=config.platforms[platform].home_channel,
                     heartbeat=lambda beat: con.print(beat, style="dim"),
                 ))  # fmt: skip
                 if not finished:
@@ -328,7 +336,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 con.print("(cancelled)", style="yellow")
         entry = index.get(key.format())
         if entry is not None:
-            await router.drain(config.get("shutdown.drain_seconds"))
+            await router.drain(config.shutdown.drain_seconds)
             row = await db.require_session(entry.session_id)
             if not row.get("message_count") and entry.session_id != target:
                 await db.delete_session(entry.session_id)  # begun here and never used

@@ -16,12 +16,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gateway import adapters
 from gateway.cli_paths import config_path_of, home_of
 from gateway.errors import EXIT_OK, EXIT_USAGE
 
 SPARKS = "▁▂▃▄▅▆▇█"
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-PLATFORMS = ("api", "cli", "discord", "slack", "telegram")
 
 
 def sparkline(values: list[int]) -> str:
@@ -39,7 +39,7 @@ def add_parser(
         sub, "insights", "activity: messages per day, tokens and cost, tools, busiest hours"
     )
     p.add_argument("--days", type=int, default=30, help="the period: the last N days (default 30)")
-    p.add_argument("--source", choices=PLATFORMS, help="only this platform")
+    p.add_argument("--source", choices=adapters.sources(), help="only this platform")
     p.add_argument("--json", action="store_true", help="the figures as JSON")
     p.set_defaults(func=cmd_insights)
     return p
@@ -55,7 +55,7 @@ def cmd_insights(args: argparse.Namespace) -> int:
     config = load_config(config_path_of(args, home))
     prices = {
         str(m): (float(p.get("input", 0)), float(p.get("output", 0)))
-        for m, p in config.get("dashboard.prices").items()
+        for m, p in config.dashboard.prices.items()
     }
     data = asyncio.run(_figures(home / "state.db", prices, args.days, args.source))
     if args.json:

@@ -18,6 +18,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.tree import Tree
 
+from gateway import adapters
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from gateway.timefmt import ago
 from gateway.wording import plural
@@ -373,7 +374,10 @@ def non_negative_int(text: str) -> int:
 
 
 JSON_HELP = "print JSON instead of a table (for scripts)"
-SOURCE_HELP = "only sessions from this source (telegram, discord, slack, api, cli)"
+
+
+def source_help() -> str:
+    return f"only sessions from this source ({', '.join((*adapters.names(), 'api', 'cli'))})"
 
 
 def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
@@ -382,7 +386,7 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     p = add_command(sub, "sessions", "list, search and manage sessions")
     sp = p.add_subparsers(dest="sessions_command", required=True, metavar="COMMAND")
     c = add_command(sp, "list", "list sessions, newest activity first")
-    c.add_argument("--source", help=SOURCE_HELP)
+    c.add_argument("--source", help=source_help())
     c.add_argument("--limit", type=positive_int, default=20, help="show at most N sessions (default 20)")
     c.add_argument("--all", action="store_true", help="include compression and reset children")
     c.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -407,19 +411,19 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     c = add_command(sp, "prune", "delete ended sessions idle for long")
     c.add_argument("--older-than", type=float, default=90, metavar="DAYS",
                    help="idle for more than DAYS days (default %(default)g)")  # fmt: skip
-    c.add_argument("--source", help=SOURCE_HELP)
+    c.add_argument("--source", help=source_help())
     c.add_argument("--dry-run", action="store_true", help="only say how many would be pruned")
     c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     c = add_command(sp, "stats", "totals, per source, tokens, cost, file size")
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     c = add_command(sp, "export", "JSONL, one session (with messages and lineage) per line")
     c.add_argument("file", help="a path, or - for stdout")
-    c.add_argument("--source", help=SOURCE_HELP)
+    c.add_argument("--source", help=source_help())
     c.add_argument("--session-id", help="only this session (id, id prefix or title)")
     c = add_command(sp, "import", "import JSONL written by export (idempotent)")
     c.add_argument("file", help="a path, or - for stdin")
     add_command(sp, "optimize", "optimize the search index and VACUUM")
     c = add_command(sp, "browse", "pick a session (type to filter) and resume it in `switchboard chat`")
-    c.add_argument("--source", help=SOURCE_HELP)
+    c.add_argument("--source", help=source_help())
     c.add_argument("--limit", type=positive_int, default=200, help="offer at most N sessions (default 200)")
     return p

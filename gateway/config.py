@@ -1,64 +1,48 @@
 """Configuration: YAML in, a validated frozen `Config` out.
 
-Every key is declared once in SCHEMA with its type, default and check, so errors name the
-key path (`platforms.telegram.token_env: TELEGRAM_BOT_TOKEN is not set`), unknown keys are
-refused, and placeholder values copied from config.example.yaml are caught. Secrets are
+Every key is declared once, on a field of a section dataclass (the core ones here, each
+platform's by its adapter), with its type, default and check, so errors name the key path
+(`platforms.telegram.token_env: TELEGRAM_BOT_TOKEN is not set`), unknown keys are refused,
+and placeholder values copied from config.example.yaml are caught. Secrets are
 never in the file: it names environment variables that hold them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
-from collections.abc import Callable, Mapping
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gateway import adapters
 from gateway.errors import ConfigError, ConfigErrors
+from gateway.sections import (
+    Field,
+    PlatformSettings,
+    Schema,
+    build,
+    env_name,
+    in_range,
+    one_of,
+    schema_of,
+    section,
+    setting,
+)
 from gateway.vocab import ResetMode
 from state.api import BACKENDS as STORE_BACKENDS
 
-PLATFORMS = ("telegram", "discord", "slack")
 _PLACEHOLDER = re.compile(
     r"^(<.*>|changeme|change[-_ ]?me|your[-_ ].*|xxx+|todo|replace[-_ ]?me|placeholder|\.\.\.)$",
     re.I,
 )
-
-
-@dataclass(frozen=True)
-class Field:
-    kind: type | tuple[type, ...]
-    default: Any
-    check: Callable[[Any], str | None] | None = None
-    doc: str = ""
-
-
-def _one_of(*choices: str) -> Callable[[Any], str | None]:
-    return lambda v: None if v in choices else f"must be one of {', '.join(choices)} (got {v!r})"
-
-
-def _range(lo: float, hi: float) -> Callable[[Any], str | None]:
-    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi} (got {v})"
-
-
-def _env_name(v: Any) -> str | None:
-    if v is None:
-        return None
-    return (
-        None
-        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)
-        else f"must be an environment variable name (got {v!r})"
-    )
-
-
-def _str_list(v: Any) -> str | None:
-    if not all(isinstance(x, (str, int)) for x in v):
-        return "must be a list of ids (strings or numbers)"
-    return None
 
 
 def _timezone(v: Any) -> str | None:
@@ -69,12 +53,6 @@ def _timezone(v: Any) -> str | None:
     except (ZoneInfoNotFoundError, ValueError):
         return f"unknown time zone {v!r} (use an IANA name such as Europe/Berlin)"
     return None
-
-
-def _home_channel(v: Any) -> str | None:
-    parts = str(v).split(":")
-    if len(parts) > 2 or not all(part.strip() for part in parts):
-        return f"must be a chat id or chat_id:thread_id (got {v!r})"
 
 
 def _prices(v: Any) -> str | None:
@@ -88,148 +66,156 @@ def _prices(v: Any) -> str | None:
     return None
 
 
-RESET_FIELDS: dict[str, Field] = {
-    "mode": Field(str, "none", _one_of(*ResetMode)),
-    "idle_minutes": Field(int, 1440, _range(1, 525_600)),
-    "at_hour": Field(int, 4, _range(0, 23)),
-    "timezone": Field(str, "UTC", _timezone),
-    "notify": Field(bool, True),
-}
-
-_PLATFORM_COMMON: dict[str, Field] = {
-    "enabled": Field(bool, False),
-    "token_env": Field((str, type(None)), None, _env_name, "env var holding the bot token"),
-    "allowed_users": Field(list, [], _str_list),
-    "allow_all_users": Field(bool, False),
-    "admins": Field(list, [], _str_list),
-    "home_channel": Field(
-        (str, int, type(None)), None, _home_channel, "handoff target unless /sethome names one"
-    ),
-    "require_mention": Field(bool, True),
-    "base_url": Field((str, type(None)), None),
-}
+@dataclass(frozen=True)
+class LoggingSettings:
+    level: str = setting("info", one_of("debug", "info", "warning", "error"))
+    format: str = setting("text", one_of("text", "json"))
 
 
-def _mode(platform: str, *modes: str) -> Field:
-    choices = " or ".join(modes)
-    return Field(
-        (str, type(None)),
-        None,
-        lambda v: None if v in modes else f"must be {choices} for {platform} (got {v!r})",
+@dataclass(frozen=True)
+class StateSettings:
+    backend: str = setting("sqlite", one_of(*STORE_BACKENDS), "which store holds sessions")
+    synchronous: str = setting("NORMAL", one_of("OFF", "NORMAL", "FULL", "EXTRA"))
+    queue_size: int = setting(10_000, in_range(10, 1_000_000))
+
+
+@dataclass(frozen=True)
+class AutoPruneSettings:
+    enabled: bool = setting(False)
+    retention_days: int | float = setting(90, in_range(1, 36500))
+    min_interval_hours: int | float = setting(24, in_range(1, 8760))
+    vacuum_after_prune: bool = setting(True)
+
+
+@dataclass(frozen=True)
+class SessionsSettings:
+    group_sessions_per_user: bool = setting(True)
+    thread_sessions_per_user: bool = setting(False)
+    index_flush_seconds: int | float = setting(2.0, in_range(0.05, 300))
+    index_activity_seconds: int | float = setting(30.0, in_range(0.05, 3600))
+    history_messages: int = setting(200, in_range(1, 100_000))
+    auto_prune: AutoPruneSettings = section(AutoPruneSettings)
+
+
+@dataclass(frozen=True)
+class OpenAISettings:
+    base_url: str = setting("https://api.openai.com/v1")
+    model: str = setting("gpt-4o-mini")
+    api_key_env: str | None = setting("OPENAI_API_KEY", env_name)
+    timeout_seconds: int | float = setting(120, in_range(1, 3600))
+    max_retries: int = setting(3, in_range(0, 20))
+    tools: tuple[str, ...] = setting(("session_search",))
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    backend: str = setting("echo", one_of("echo", "openai"))
+    system_prompt: str = setting("You are a helpful assistant.")
+    context_tokens: int = setting(128_000, in_range(256, 10_000_000))
+    reply_tokens: int = setting(4_096, in_range(16, 1_000_000))
+    turn_timeout_seconds: int | float = setting(300, in_range(1, 3600))
+    openai: OpenAISettings = section(OpenAISettings)
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    unknown_dm: str = setting("refuse", one_of("refuse", "ignore"))
+
+
+@dataclass(frozen=True)
+class DisplaySettings:
+    resume_display: str = setting("full", one_of("full", "minimal"))
+
+
+@dataclass(frozen=True)
+class ResetFields:
+    """One reset policy; also the shape of each by_platform / by_chat_type override."""
+
+    mode: str = setting(ResetMode.NONE.value, one_of(*ResetMode))
+    idle_minutes: int = setting(1440, in_range(1, 525_600))
+    at_hour: int = setting(4, in_range(0, 23))
+    timezone: str = setting("UTC", _timezone)
+    notify: bool = setting(True)
+
+
+@dataclass(frozen=True)
+class ResetSettings(ResetFields):
+    sweep_seconds: int | float = setting(60, in_range(1, 3600))
+    pre_reset_timeout_seconds: int | float = setting(10, in_range(0, 600))
+    # platform or chat type -> the keys of ResetFields it overrides
+    by_platform: Mapping[str, Mapping[str, Any]] = setting({})
+    by_chat_type: Mapping[str, Mapping[str, Any]] = setting({})
+
+
+@dataclass(frozen=True)
+class ShutdownSettings:
+    drain_seconds: int | float = setting(10, in_range(0, 600))
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    enabled: bool = setting(True)
+    key_env: str | None = setting(None, env_name, "sign-in key env var")
+    session_hours: int | float = setting(12, in_range(0.1, 8760))
+    secure_cookie: bool = setting(False)
+    # model -> {input, output}: USD per million tokens
+    prices: Mapping[str, Mapping[str, float]] = setting(
+        {}, _prices, "USD per million tokens by model"
     )
 
 
-# Each platform accepts only the keys its adapter reads.
-PLATFORM_SCHEMAS: dict[str, dict[str, Field]] = {
-    "telegram": {
-        **_PLATFORM_COMMON,
-        "mode": _mode("telegram", "polling", "webhook"),
-        "webhook_url": Field((str, type(None)), None),
-        "webhook_secret_env": Field(
-            (str, type(None)), None, _env_name, "Telegram webhook secret env var"
-        ),
-    },
-    "discord": {
-        **_PLATFORM_COMMON,
-        "free_response_channels": Field(list, [], _str_list),
-        "gateway_url": Field((str, type(None)), None, doc="Discord gateway websocket (a proxy)"),
-    },
-    "slack": {
-        **_PLATFORM_COMMON,
-        "mode": _mode("slack", "http", "socket"),
-        "signing_secret_env": Field(
-            (str, type(None)), None, _env_name, "Slack signing secret env var"
-        ),
-        "app_token_env": Field(
-            (str, type(None)), None, _env_name, "Slack Socket Mode app token env var"
-        ),
-    },
-}
+@dataclass(frozen=True)
+class ApiSettings:
+    enabled: bool = setting(True)
+    host: str = setting("127.0.0.1")
+    port: int = setting(8642, in_range(0, 65535))
+    key_env: str | None = setting(None, env_name, "bearer key env var (required off loopback)")
 
-SCHEMA: dict[str, Any] = {
-    "logging": {
-        "level": Field(str, "info", _one_of("debug", "info", "warning", "error")),
-        "format": Field(str, "text", _one_of("text", "json")),
-    },
-    "state": {
-        "backend": Field(str, "sqlite", _one_of(*STORE_BACKENDS), "which store holds sessions"),
-        "synchronous": Field(str, "NORMAL", _one_of("OFF", "NORMAL", "FULL", "EXTRA")),
-        "queue_size": Field(int, 10_000, _range(10, 1_000_000)),
-    },
-    "sessions": {
-        "group_sessions_per_user": Field(bool, True),
-        "thread_sessions_per_user": Field(bool, False),
-        "index_flush_seconds": Field((int, float), 2.0, _range(0.05, 300)),
-        "index_activity_seconds": Field((int, float), 30.0, _range(0.05, 3600)),
-        "history_messages": Field(int, 200, _range(1, 100_000)),
-        "auto_prune": {
-            "enabled": Field(bool, False),
-            "retention_days": Field((int, float), 90, _range(1, 36500)),
-            "min_interval_hours": Field((int, float), 24, _range(1, 8760)),
-            "vacuum_after_prune": Field(bool, True),
-        },
-    },
-    "agent": {
-        "backend": Field(str, "echo", _one_of("echo", "openai")),
-        "system_prompt": Field(str, "You are a helpful assistant."),
-        "context_tokens": Field(int, 128_000, _range(256, 10_000_000)),
-        "reply_tokens": Field(int, 4_096, _range(16, 1_000_000)),
-        "turn_timeout_seconds": Field((int, float), 300, _range(1, 3600)),
-        "openai": {
-            "base_url": Field(str, "https://api.openai.com/v1"),
-            "model": Field(str, "gpt-4o-mini"),
-            "api_key_env": Field((str, type(None)), "OPENAI_API_KEY", _env_name),
-            "timeout_seconds": Field((int, float), 120, _range(1, 3600)),
-            "max_retries": Field(int, 3, _range(0, 20)),
-            "tools": Field(list, ["session_search"]),
-        },
-    },
-    "access": {
-        "unknown_dm": Field(str, "refuse", _one_of("refuse", "ignore")),
-    },
-    "display": {
-        "resume_display": Field(str, "full", _one_of("full", "minimal")),
-    },
-    "session_reset": {
-        **{name: spec for name, spec in RESET_FIELDS.items()},
-        "sweep_seconds": Field((int, float), 60, _range(1, 3600)),
-        "pre_reset_timeout_seconds": Field((int, float), 10, _range(0, 600)),
-        "by_platform": Field(dict, {}),
-        "by_chat_type": Field(dict, {}),
-    },
-    "shutdown": {
-        "drain_seconds": Field((int, float), 10, _range(0, 600)),
-    },
-    "dashboard": {
-        "enabled": Field(bool, True),
-        "key_env": Field((str, type(None)), None, _env_name, "sign-in key env var"),
-        "session_hours": Field((int, float), 12, _range(0.1, 8760)),
-        "secure_cookie": Field(bool, False),
-        "prices": Field(dict, {}, _prices, "USD per million tokens by model"),
-    },
-    "platforms": {
-        "api": {
-            "enabled": Field(bool, True),
-            "host": Field(str, "127.0.0.1"),
-            "port": Field(int, 8642, _range(0, 65535)),
-            "key_env": Field(
-                (str, type(None)), None, _env_name, "bearer key env var (required off loopback)"
-            ),
-        },
-        **{name: dict(PLATFORM_SCHEMAS[name]) for name in PLATFORMS},
-    },
-}
+
+RESET_FIELDS = schema_of(ResetFields)
+
+
+def _at(path: str) -> Any:
+    """A typed section of Config, read from the validated mapping at `path`."""
+    return field(init=False, repr=False, compare=False, metadata={"path": path})
 
 
 @dataclass(frozen=True)
 class Config:
-    """The validated configuration as nested dicts plus resolved secrets."""
+    """The validated configuration: typed frozen sections (`config.agent.model`...,
+    `config.platforms[name]` from each adapter's declaration), the same values as nested
+    mappings in `data` (what reload compares), and the resolved secrets."""
 
     data: Mapping[str, Any]
     secrets: Mapping[str, str] = field(default_factory=dict)
     path: Path | None = None
+    logging: LoggingSettings = _at("logging")
+    state: StateSettings = _at("state")
+    sessions: SessionsSettings = _at("sessions")
+    agent: AgentSettings = _at("agent")
+    access: AccessSettings = _at("access")
+    display: DisplaySettings = _at("display")
+    session_reset: ResetSettings = _at("session_reset")
+    shutdown: ShutdownSettings = _at("shutdown")
+    dashboard: DashboardSettings = _at("dashboard")
+    api: ApiSettings = _at("platforms.api")
+    platforms: Mapping[str, PlatformSettings] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, kind, path in _sections():
+            node: Any = self.data
+            for part in path.split("."):
+                node = node[part]
+            object.__setattr__(self, name, build(kind, node))
+        chats = {
+            name: build(adapters.adapter_class(name).settings, self.data["platforms"][name])
+            for name in adapters.names()
+            if name in self.data["platforms"]
+        }
+        object.__setattr__(self, "platforms", chats)
 
     def get(self, dotted: str) -> Any:
+        """A value of `data` by dotted path (for tools and tests; code reads the sections)."""
         node: Any = self.data
         for part in dotted.split("."):
             node = node[part]
@@ -240,6 +226,41 @@ class Config:
 
     def secret(self, key: str) -> str | None:
         return self.secrets.get(key)
+
+    def platform_secrets(self, name: str) -> dict[str, str]:
+        """A platform's resolved secrets by their `*_env` key."""
+        prefix = f"platforms.{name}."
+        return {k[len(prefix) :]: v for k, v in self.secrets.items() if k.startswith(prefix)}
+
+
+@cache
+def _sections() -> list[tuple[str, type, str]]:
+    """(attribute, section class, dotted path) for Config's typed core sections."""
+    hints = typing.get_type_hints(Config)
+    return [
+        (f.name, hints[f.name], f.metadata["path"])
+        for f in dataclasses.fields(Config)
+        if "path" in f.metadata
+    ]
+
+
+def schema() -> Schema:
+    """The whole schema: the core sections, then `platforms` (the api server and every
+    registered adapter's section)."""
+    out: Schema = {}
+    for _name, kind, path in _sections():
+        node = out
+        *parents, leaf = path.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            assert isinstance(child, dict)
+            node = child
+        node[leaf] = schema_of(kind)
+    platforms = out.setdefault("platforms", {})
+    assert isinstance(platforms, dict)
+    for name in adapters.names():
+        platforms[name] = schema_of(adapters.adapter_class(name).settings)
+    return out
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -335,25 +356,15 @@ def _resolve_secrets(
     dash = data["dashboard"]
     if api["enabled"] and dash["enabled"] and dash["key_env"]:
         need("dashboard.key_env", dash["key_env"], "the dashboard sign-in key")
-    for name in PLATFORMS:
-        p = data["platforms"][name]
-        if "mode" in p and p["mode"] is None:
-            p["mode"] = {"telegram": "polling", "slack": "http"}[name]
-        if p["enabled"]:
-            errors.extend(_platform_problems(name, p, data["platforms"]["api"]["enabled"]))
-            default_env = {"telegram": "TELEGRAM_BOT_TOKEN", "discord": "DISCORD_BOT_TOKEN",
-                           "slack": "SLACK_BOT_TOKEN"}[name]  # fmt: skip
-            base = f"platforms.{name}"
-            need(f"{base}.token_env", p["token_env"] or default_env, f"the {name} bot token")
-            if name == "slack" and p["mode"] == "socket":
-                need(f"{base}.app_token_env", p["app_token_env"] or "SLACK_APP_TOKEN",
-                     "Socket Mode app token")  # fmt: skip
-            elif name == "slack":
-                need(f"{base}.signing_secret_env",
-                     p["signing_secret_env"] or "SLACK_SIGNING_SECRET", "request signing")  # fmt: skip
-            if name == "telegram" and p["mode"] == "webhook":
-                need(f"{base}.webhook_secret_env",
-                     p["webhook_secret_env"] or "TELEGRAM_WEBHOOK_SECRET", "webhook secret")  # fmt: skip
+    for name in adapters.names():
+        cls = adapters.adapter_class(name)
+        settings = build(cls.settings, data["platforms"][name])
+        if settings.enabled:
+            errors.extend(cls.problems(settings, data["platforms"]["api"]["enabled"]))
+            errors.extend(_allowlist_problems(name, settings))
+            for want in cls.secrets_needed(settings):
+                need(f"platforms.{name}.{want.key}",
+                     getattr(settings, want.key) or want.default_env, want.why)  # fmt: skip
     if data["agent"]["backend"] == "openai":
         o = data["agent"]["openai"]
         if o["api_key_env"]:
@@ -366,26 +377,13 @@ def _resolve_secrets(
     return secrets
 
 
-def _platform_problems(name: str, p: Mapping[str, Any], api_enabled: bool) -> list[ConfigError]:
-    """How an enabled platform's settings fit together (its secrets are checked apart)."""
-    base = f"platforms.{name}"
-    out = []
-    if name == "slack" and p["mode"] == "http" and not api_enabled:
-        out.append(ConfigError(
-            f"{base}.enabled", "Slack's Events API is served by the api server: enable platforms.api"
-        ))  # fmt: skip
-    if name == "telegram" and p["mode"] == "webhook":
-        if not api_enabled:
-            out.append(ConfigError(
-                f"{base}.mode", "the webhook is served by the api server: enable platforms.api"
-            ))  # fmt: skip
-        if not p["webhook_url"]:
-            out.append(ConfigError(f"{base}.webhook_url", "is required in webhook mode"))
-    if not p["allow_all_users"] and not p["allowed_users"]:
-        out.append(ConfigError(
-            f"{base}.allowed_users", "is empty: list user ids, or set allow_all_users: true"
-        ))  # fmt: skip
-    return out
+def _allowlist_problems(name: str, settings: PlatformSettings) -> list[ConfigError]:
+    if not settings.allow_all_users and not settings.allowed_users:
+        return [ConfigError(
+            f"platforms.{name}.allowed_users",
+            "is empty: list user ids, or set allow_all_users: true",
+        )]  # fmt: skip
+    return []
 
 
 class _Loader(yaml.SafeLoader):
@@ -445,7 +443,7 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Conf
             raise ConfigError("", f"{path}: cannot be read ({exc.strerror})") from None
         raw = _parse(text, path)
     errors: list[ConfigError] = []
-    data = _validate(raw, SCHEMA, "", errors)
+    data = _validate(raw, schema(), "", errors)
     _validate_reset_overrides(data["session_reset"], errors)
     secrets = _resolve_secrets(data, env, errors)
     if errors:
@@ -457,7 +455,7 @@ def _validate_reset_overrides(section: dict[str, Any], errors: list[ConfigError]
     """by_platform / by_chat_type: known names, each a partial policy checked like the default."""
     from gateway.session_keys import CHAT_TYPES
 
-    known = {"by_platform": ("api", *PLATFORMS), "by_chat_type": CHAT_TYPES}
+    known = {"by_platform": ("api", *adapters.names()), "by_chat_type": CHAT_TYPES}
     for table, names in known.items():
         checked: dict[str, dict[str, Any]] = {}
         for name, override in section[table].items():

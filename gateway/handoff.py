@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gateway.adapters import adapter_class
 from gateway.adapters.base import Adapter
 from gateway.messages import OutboundMessage, ThreadRef
 from gateway.services import Services
@@ -32,18 +33,15 @@ HOME_KEY = "home_channel.{}"
 
 
 def configured_home(platform: str, value: str | int | None) -> dict[str, Any] | None:
-    """`platforms.<p>.home_channel` ("chat_id" or "chat_id:thread_id") in /sethome's shape.
-    A Telegram user id (positive) or a Slack D... channel is a DM; anything else a group."""
+    """`platforms.<p>.home_channel` ("chat_id" or "chat_id:thread_id") in /sethome's shape;
+    the platform's adapter says whether the id is a DM or a group."""
     if value is None or str(value).strip() == "":
         return None
     chat_id, _, thread_id = str(value).strip().partition(":")
-    dm = (platform == "telegram" and chat_id.isdigit()) or (
-        platform == "slack" and chat_id.startswith("D")
-    )
     return {
         "chat_id": chat_id,
         "thread_id": thread_id or None,
-        "chat_type": ChatType.DM if dm else ChatType.GROUP,
+        "chat_type": adapter_class(platform).home_chat_type(chat_id),
     }
 
 
@@ -65,15 +63,12 @@ async def home_channel(
 def thread_source(
     platform: str, home: Mapping[str, Any], thread: ThreadRef | None
 ) -> SessionSource:
-    """Where the handed-off session now lives, as an inbound message there will look."""
+    """Where the handed-off session now lives, as an inbound message there will look (in a
+    new thread, the platform's adapter says how its threads are addressed)."""
     if thread is None:  # threads not possible there: the home channel itself
         return SessionSource(platform, str(home["chat_id"]), as_chat_type(home.get("chat_type") or ChatType.GROUP),
                              thread_id=home.get("thread_id"))  # fmt: skip
-    if platform == "discord":  # a Discord thread is its own channel
-        return SessionSource(
-            platform, thread.thread_id, ChatType.THREAD, thread_id=thread.thread_id
-        )
-    return SessionSource(platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id)
+    return adapter_class(platform).thread_source(thread)
 
 
 class HandoffWatcher:

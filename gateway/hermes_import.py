@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.config import PLATFORMS, Config
+from gateway import adapters
+from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning
 from gateway.handoff import HOME_KEY, configured_home
 from gateway.session_keys import KeySettings, SessionSource, build_key
@@ -189,7 +190,7 @@ def hermes_homes(hermes_home: Path, rows: list[dict[str, Any]]) -> dict[str, dic
     a Hermes session in that chat when there is one."""
     env = _env_file(hermes_home / ".env")
     out: dict[str, dict[str, Any]] = {}
-    for platform in PLATFORMS:
+    for platform in adapters.names():
         name = f"{platform.upper()}_HOME_CHANNEL"
         chat_id = (env.get(name) or "").strip()
         if not chat_id:
@@ -215,8 +216,8 @@ async def run(args: argparse.Namespace, home: Path, db_file: Path | None, config
         return EXIT_FAILURE
     hermes_home = db_file.parent
     settings = KeySettings(
-        group_sessions_per_user=config.get("sessions.group_sessions_per_user"),
-        thread_sessions_per_user=config.get("sessions.thread_sessions_per_user"),
+        group_sessions_per_user=config.sessions.group_sessions_per_user,
+        thread_sessions_per_user=config.sessions.thread_sessions_per_user,
     )
     rows, table = read_routing(db_file)
     routing, unmapped = plan_routing(rows, routing_entries(hermes_home, table), settings)

@@ -8,6 +8,8 @@ import sys
 import time
 from collections.abc import Iterable
 
+from gateway import adapters
+
 
 class _Redact(logging.Filter):
     def __init__(self, secrets: Iterable[str]) -> None:
@@ -47,5 +49,8 @@ def setup_logging(level: str = "info", fmt: str = "text", secrets: Iterable[str]
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("aiohttp.access", "httpx", "telegram", "discord", "slack_bolt", "apscheduler"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    noisy = ["aiohttp.access", "httpx", "apscheduler"]
+    for name in adapters.names():
+        noisy += adapters.adapter_class(name).library_loggers
+    for library in noisy:
+        logging.getLogger(library).setLevel(max(logging.WARNING, root.level))

@@ -1,2 +1,79 @@
 """Platform adapters: each turns platform events into InboundMessage and OutboundMessage
-into API calls, and nothing else."""
+into API calls, and nothing else.
+
+This module is the registry: platform name -> adapter class. The built-in adapters and
+those other packages register under the `switchboard.adapters` entry-point group are
+imported only when asked for, and an adapter module imports its client library only when
+it starts, so neither the registry nor the config ever loads a chat library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import cast
+
+from gateway.adapters.base import PlatformAdapter
+from gateway.errors import GatewayError
+
+ENTRY_POINT_GROUP = "switchboard.adapters"
+BUILTIN = {
+    "telegram": "gateway.adapters.telegram:TelegramAdapter",
+    "discord": "gateway.adapters.discord:DiscordAdapter",
+    "slack": "gateway.adapters.slack:SlackAdapter",
+}
+RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
+
+
+class AdapterNotFound(GatewayError):
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        super().__init__(f"no adapter for platform {name!r} (known: {', '.join(known)})")
+        self.name = name
+
+
+@cache
+def _targets() -> dict[str, str]:
+    """Name -> "module:Class"; a built-in name wins over an entry point of the same name."""
+    from importlib.metadata import entry_points  # ~30 ms to import: only when asked
+
+    found = dict(BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in RESERVED:
+            found.setdefault(ep.name, ep.value)
+    return found
+
+
+def names() -> tuple[str, ...]:
+    """Every registered chat platform: the built-ins first, then entry points."""
+    return tuple(_targets())
+
+
+def sources() -> tuple[str, ...]:
+    """Every value a session's source can take (the core's and each platform's), sorted."""
+    return tuple(sorted({*RESERVED, *names()}))
+
+
+def adapter_class(name: str) -> type[PlatformAdapter]:
+    try:
+        target = _targets()[name]
+    except KeyError:
+        raise AdapterNotFound(name, names()) from None
+    return _load(target)
+
+
+@cache
+def _load(target: str) -> type[PlatformAdapter]:
+    module, _, attr = target.partition(":")
+    try:
+        obj: object = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise GatewayError(f"adapter {target} cannot be loaded ({exc})") from exc
+    return cast("type[PlatformAdapter]", obj)
+
+
+def rescan() -> None:
+    """Look for entry points again (after a package was installed into this process)."""
+    _targets.cache_clear()
+    _load.cache_clear()

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from gateway.errors import InvalidToken
+from gateway.errors import ConfigError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.sections import PlatformSettings, SecretNeed
+from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState
 
 T = TypeVar("T")
@@ -37,6 +39,53 @@ class Adapter(Protocol):
     async def stop(self) -> None: ...
 
     def health(self) -> dict[str, object]: ...
+
+
+Route = Callable[[Any], Awaitable[Any]]  # an aiohttp handler served by the api adapter
+
+
+class PlatformAdapter(Adapter, Protocol):
+    """A chat platform's adapter with everything the core needs to know about the
+    platform: its config section, its secrets, how it is built and checked, and how a
+    handoff addresses its chats. The registry (gateway.adapters) hands these out by name."""
+
+    settings: ClassVar[type[PlatformSettings]]
+    library_loggers: ClassVar[tuple[str, ...]]  # quieted to WARNING with the daemon's own
+
+    @classmethod
+    def secrets_needed(cls, settings: Any) -> list[SecretNeed]:
+        """The secrets an enabled section needs (read from the environment at load)."""
+        ...
+
+    @classmethod
+    def problems(cls, settings: Any, api_enabled: bool) -> list[ConfigError]:
+        """How an enabled section's keys fit together (secrets are checked apart)."""
+        ...
+
+    @classmethod
+    def from_config(cls, settings: Any, secrets: Mapping[str, str]) -> PlatformAdapter:
+        """The adapter for an enabled section; `secrets` maps its `*_env` keys to values."""
+        ...
+
+    def routes(self) -> Mapping[str, Route]:
+        """Paths the api adapter's HTTP server serves for this platform (webhooks)."""
+        ...
+
+    @classmethod
+    async def check_credentials(cls, settings: Any, secrets: Mapping[str, str]) -> tuple[bool, str]:
+        """Ask the platform, through its client library, who the token belongs to:
+        (accepted, the bot's name or why not)."""
+        ...
+
+    @classmethod
+    def home_chat_type(cls, chat_id: str) -> str:
+        """ "dm" or "group" for a configured home channel id."""
+        ...
+
+    @classmethod
+    def thread_source(cls, thread: ThreadRef) -> SessionSource:
+        """Where a session handed off into `thread` lives, as a message there will say."""
+        ...
 
 
 class RetryAfter(Exception):

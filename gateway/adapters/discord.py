@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway.adapters.base import (
@@ -21,19 +22,38 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     RetryAfter,
+    Route,
     TransientError,
     call_with_retry,
     failed,
     split_message,
 )
-from gateway.errors import AdapterError, InvalidToken
+from gateway.errors import AdapterError, ConfigError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.sections import PlatformSettings, SecretNeed, id_list, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.discord")
 LIMIT = 2000
 TYPING_EVERY_S = 8.0
+
+
+@dataclass(frozen=True)
+class DiscordSettings(PlatformSettings):
+    free_response_channels: tuple[str | int, ...] = setting((), id_list)
+    gateway_url: str | None = setting(None, doc="Discord gateway websocket (a proxy)")
+
+
+def _point_at(api_base: str | None, gateway_url: str | None) -> None:
+    """A proxy (or a test server): discord.py reads these class attributes."""
+    import discord
+    import yarl
+
+    if api_base:
+        discord.http.Route.BASE = api_base.rstrip("/")
+    if gateway_url:
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(gateway_url)
 
 
 def to_inbound(
@@ -81,6 +101,62 @@ def to_inbound(
 
 class DiscordAdapter:
     platform: ClassVar[str] = "discord"
+    settings: ClassVar[type[DiscordSettings]] = DiscordSettings
+    library_loggers: ClassVar[tuple[str, ...]] = ("discord",)
+
+    # --- the platform, as the core sees it -------------------------------------------
+
+    @classmethod
+    def secrets_needed(cls, settings: DiscordSettings) -> list[SecretNeed]:
+        return [SecretNeed("token_env", "DISCORD_BOT_TOKEN", "the discord bot token")]
+
+    @classmethod
+    def problems(cls, settings: DiscordSettings, api_enabled: bool) -> list[ConfigError]:
+        return []  # the token (checked as a secret) is all it needs
+
+    @classmethod
+    def from_config(cls, settings: DiscordSettings, secrets: Mapping[str, str]) -> DiscordAdapter:
+        return cls(
+            secrets.get("token_env", ""), require_mention=settings.require_mention,
+            free_channels=frozenset(str(c) for c in settings.free_response_channels),
+            api_base=settings.base_url, gateway_url=settings.gateway_url,
+        )  # fmt: skip
+
+    def routes(self) -> Mapping[str, Route]:
+        return {}  # events arrive over the gateway websocket
+
+    @classmethod
+    async def check_credentials(
+        cls, settings: DiscordSettings, secrets: Mapping[str, str]
+    ) -> tuple[bool, str]:
+        import aiohttp
+        import discord
+
+        _point_at(settings.base_url, settings.gateway_url)
+        http = discord.http.HTTPClient(asyncio.get_running_loop())
+        try:
+            async with asyncio.timeout(10):
+                me = await http.static_login(secrets.get("token_env", ""))  # GET /users/@me
+        except discord.LoginFailure:
+            return False, "HTTP 401"
+        except discord.HTTPException as exc:
+            return False, f"HTTP {exc.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return False, f"unreachable ({type(exc).__name__})"
+        finally:
+            await http.close()
+        return True, str(me["username"])
+
+    @classmethod
+    def home_chat_type(cls, chat_id: str) -> str:
+        return "group"  # a channel id; a DM channel cannot hold the bot's threads
+
+    @classmethod
+    def thread_source(cls, thread: ThreadRef) -> SessionSource:
+        """A Discord thread is its own channel."""
+        return SessionSource(cls.platform, thread.thread_id, "thread", thread_id=thread.thread_id)
+
+    # --- one running bot --------------------------------------------------------------
 
     def __init__(
         self,
@@ -110,13 +186,9 @@ class DiscordAdapter:
 
     async def start(self, emit: Emit) -> None:
         import discord
-        import yarl
 
         self._emit = emit
-        if self._api_base:  # a proxy (or a test server): discord.py reads these class attributes
-            discord.http.Route.BASE = self._api_base.rstrip("/")
-        if self._gateway_url:
-            discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self._gateway_url)
+        _point_at(self._api_base, self._gateway_url)
         intents = discord.Intents.default()
         intents.message_content = True
         client = discord.Client(

@@ -12,6 +12,7 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway.adapters.base import (
@@ -19,13 +20,15 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     RetryAfter,
+    Route,
     TransientError,
     call_with_retry,
     failed,
     split_message,
 )
-from gateway.errors import AdapterError, InvalidToken
+from gateway.errors import AdapterError, ConfigError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
@@ -39,6 +42,14 @@ IGNORED_SUBTYPES = {
     "channel_join",
     "channel_leave",
 }
+EVENTS_PATH = "/slack/events"
+
+
+@dataclass(frozen=True)
+class SlackSettings(PlatformSettings):
+    mode: str | None = setting("http", platform_mode("slack", "http", "socket"))
+    signing_secret_env: str | None = setting(None, env_name, "Slack signing secret env var")
+    app_token_env: str | None = setting(None, env_name, "Slack Socket Mode app token env var")
 
 
 def to_inbound(
@@ -98,6 +109,73 @@ def to_mrkdwn(text: str) -> str:
 
 class SlackAdapter:
     platform: ClassVar[str] = "slack"
+    settings: ClassVar[type[SlackSettings]] = SlackSettings
+    library_loggers: ClassVar[tuple[str, ...]] = ("slack_bolt",)
+
+    # --- the platform, as the core sees it -------------------------------------------
+
+    @classmethod
+    def secrets_needed(cls, settings: SlackSettings) -> list[SecretNeed]:
+        needs = [SecretNeed("token_env", "SLACK_BOT_TOKEN", "the slack bot token")]
+        if settings.mode == "socket":
+            needs.append(SecretNeed("app_token_env", "SLACK_APP_TOKEN", "Socket Mode app token"))
+        else:
+            needs.append(
+                SecretNeed("signing_secret_env", "SLACK_SIGNING_SECRET", "request signing")
+            )
+        return needs
+
+    @classmethod
+    def problems(cls, settings: SlackSettings, api_enabled: bool) -> list[ConfigError]:
+        if settings.mode != "socket" and not api_enabled:
+            return [ConfigError("platforms.slack.enabled",
+                                "Slack's Events API is served by the api server: enable platforms.api")]  # fmt: skip
+        return []
+
+    @classmethod
+    def from_config(cls, settings: SlackSettings, secrets: Mapping[str, str]) -> SlackAdapter:
+        socket_mode = settings.mode == "socket"
+        return cls(
+            secrets.get("token_env", ""), secrets.get("signing_secret_env", ""),
+            base_url=settings.base_url, require_mention=settings.require_mention,
+            app_token=secrets.get("app_token_env") if socket_mode else None,
+        )  # fmt: skip
+
+    def routes(self) -> Mapping[str, Route]:
+        return {} if self._app_token else {EVENTS_PATH: self.handle_events}
+
+    @classmethod
+    async def check_credentials(
+        cls, settings: SlackSettings, secrets: Mapping[str, str]
+    ) -> tuple[bool, str]:
+        import aiohttp
+        from slack_sdk.errors import SlackApiError
+        from slack_sdk.web.async_client import AsyncWebClient
+
+        base_url = settings.base_url.rstrip("/") + "/" if settings.base_url else None
+        client = AsyncWebClient(
+            token=secrets.get("token_env", ""), base_url=base_url or AsyncWebClient.BASE_URL,
+            timeout=10,
+        )  # fmt: skip
+        try:
+            auth = await client.auth_test()
+        except SlackApiError as exc:
+            return False, str(exc.response.get("error"))
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            return False, f"unreachable ({type(exc).__name__})"
+        return True, str(auth.get("user"))
+
+    @classmethod
+    def home_chat_type(cls, chat_id: str) -> str:
+        """Slack's DM channel ids start with D."""
+        return "dm" if chat_id.startswith("D") else "group"
+
+    @classmethod
+    def thread_source(cls, thread: ThreadRef) -> SessionSource:
+        """A thread is a seed message's ts in its channel."""
+        return SessionSource(cls.platform, thread.chat_id, "group", thread_id=thread.thread_id)
+
+    # --- one running bot --------------------------------------------------------------
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ import logging
 import time
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway.adapters.base import (
@@ -21,14 +22,16 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     RetryAfter,
+    Route,
     TransientError,
     call_with_retry,
     failed,
     split_message,
     utf16_len,
 )
-from gateway.errors import AdapterError, InvalidToken
+from gateway.errors import AdapterError, ConfigError, InvalidToken
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
@@ -36,6 +39,15 @@ log = logging.getLogger("gateway.adapters.telegram")
 LIMIT = 4096  # UTF-16 code units per message
 TYPING_EVERY_S = 4.0
 TYPING_FOR_AT_MOST_S = 120.0
+DEFAULT_API = "https://api.telegram.org/bot"
+WEBHOOK_PATH = "/telegram/webhook"
+
+
+@dataclass(frozen=True)
+class TelegramSettings(PlatformSettings):
+    mode: str | None = setting("polling", platform_mode("telegram", "polling", "webhook"))
+    webhook_url: str | None = setting(None)
+    webhook_secret_env: str | None = setting(None, env_name, "Telegram webhook secret env var")
 
 
 def to_inbound(
@@ -158,6 +170,80 @@ def _sanitizing_request(**kwargs: Any) -> Any:
 
 class TelegramAdapter:
     platform: ClassVar[str] = "telegram"
+    settings: ClassVar[type[TelegramSettings]] = TelegramSettings
+    library_loggers: ClassVar[tuple[str, ...]] = ("telegram",)
+
+    # --- the platform, as the core sees it -------------------------------------------
+
+    @classmethod
+    def secrets_needed(cls, settings: TelegramSettings) -> list[SecretNeed]:
+        needs = [SecretNeed("token_env", "TELEGRAM_BOT_TOKEN", "the telegram bot token")]
+        if settings.mode == "webhook":
+            needs.append(
+                SecretNeed("webhook_secret_env", "TELEGRAM_WEBHOOK_SECRET", "webhook secret")
+            )
+        return needs
+
+    @classmethod
+    def problems(cls, settings: TelegramSettings, api_enabled: bool) -> list[ConfigError]:
+        out = []
+        if settings.mode == "webhook":
+            if not api_enabled:
+                out.append(ConfigError("platforms.telegram.mode",
+                                       "the webhook is served by the api server: enable platforms.api"))  # fmt: skip
+            if not settings.webhook_url:
+                out.append(
+                    ConfigError("platforms.telegram.webhook_url", "is required in webhook mode")
+                )
+        return out
+
+    @classmethod
+    def from_config(cls, settings: TelegramSettings, secrets: Mapping[str, str]) -> TelegramAdapter:
+        webhook = settings.mode == "webhook"
+        return cls(
+            secrets.get("token_env", ""), base_url=settings.base_url,
+            require_mention=settings.require_mention,
+            webhook_url=settings.webhook_url if webhook else None,
+            webhook_secret=secrets.get("webhook_secret_env") if webhook else None,
+        )  # fmt: skip
+
+    def routes(self) -> Mapping[str, Route]:
+        return {WEBHOOK_PATH: self.handle_webhook} if self._webhook_url else {}
+
+    @classmethod
+    async def check_credentials(
+        cls, settings: TelegramSettings, secrets: Mapping[str, str]
+    ) -> tuple[bool, str]:
+        from telegram import Bot
+        from telegram import error as tg_error
+        from telegram.request import HTTPXRequest
+
+        # one request object, closed here: Bot.shutdown() skips a bot never initialize()d
+        request = HTTPXRequest(connect_timeout=5, read_timeout=10)
+        base_url = (settings.base_url or DEFAULT_API).rstrip("/")
+        bot = Bot(secrets.get("token_env", ""), base_url=base_url, request=request,
+                  get_updates_request=request)  # fmt: skip
+        try:
+            me = await bot.get_me()
+        except tg_error.InvalidToken as exc:  # PTB's name for a 401 from getMe
+            return False, exc.message
+        except tg_error.TelegramError as exc:
+            return False, f"unreachable ({type(exc).__name__})"
+        finally:
+            await request.shutdown()
+        return True, f"@{me.username}"
+
+    @classmethod
+    def home_chat_type(cls, chat_id: str) -> str:
+        """A user id (positive) is the bot's DM with that user; groups are negative."""
+        return "dm" if chat_id.isdigit() else "group"
+
+    @classmethod
+    def thread_source(cls, thread: ThreadRef) -> SessionSource:
+        """A forum topic is a thread of its group."""
+        return SessionSource(cls.platform, thread.chat_id, "group", thread_id=thread.thread_id)
+
+    # --- one running bot --------------------------------------------------------------
 
     def __init__(
         self,

@@ -99,25 +99,24 @@ class Dashboard(DashboardState):
 def settings_from(config: Config) -> DashboardSettings | None:
     """The dashboard's settings, or None when it is off: disabled, or listening off
     loopback with no key to sign in with."""
-    dash = config.get("dashboard")
-    api = config.platform("api")
-    if not dash["enabled"] or not api["enabled"]:
+    dash, api = config.dashboard, config.api
+    if not dash.enabled or not api.enabled:
         return None
     key = config.secret("dashboard.key_env") or config.secret("platforms.api.key_env")
-    if key is None and not is_loopback(api["host"]):
+    if key is None and not is_loopback(api.host):
         log.warning(
             "the dashboard is off: %s is not loopback and no key is configured "
             "(dashboard.key_env or platforms.api.key_env)",
-            api["host"],
+            api.host,
         )
         return None
     prices = {
         str(model): (float(p.get("input", 0)), float(p.get("output", 0)))
-        for model, p in dash["prices"].items()
+        for model, p in dash.prices.items()
     }
     return DashboardSettings(
-        key=key, session_hours=float(dash["session_hours"]),
-        secure_cookie=dash["secure_cookie"], prices=prices,
+        key=key, session_hours=float(dash.session_hours),
+        secure_cookie=dash.secure_cookie, prices=prices,
     )  # fmt: skip
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway import adapters
+
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}  # fmt: skip
 
 
@@ -30,7 +32,7 @@ _ID = {
     "description": "session id",
     "schema": {"type": "string"},
 }
-_PLATFORMS = ["api", "cli", "discord", "slack", "telegram"]
+_PLATFORMS = list(adapters.sources())
 
 
 def _op(summary: str, *, params: list[dict[str, Any]] | None = None, body: dict[str, Any] | None = None,

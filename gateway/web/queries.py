@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
+from gateway import adapters
 from gateway.session_keys import CHAT_TYPES
 from gateway.web.context import DashboardState as Dashboard
 from state import SessionDB
 from state.keyset import SORTS, PageQuery
 from state.search import SORTS as SEARCH_SORTS
 
-PLATFORMS = ("api", "cli", "discord", "slack", "telegram")
+PLATFORMS = adapters.sources()
 MAX_DAYS = 3660
 MAX_IMPORT_BYTES = 512 * 1024 * 1024
 

@@ -29,6 +29,7 @@ class FakeSlack:
     sockets: list[web.WebSocketResponse] = field(default_factory=list)
     acks: list[str] = field(default_factory=list)
     connections_opened: int = 0
+    token: str | None = None  # when set, auth.test refuses any other bearer token
 
     # --- Socket Mode -----------------------------------------------------------------------
 
@@ -112,8 +113,11 @@ class FakeSlack:
             return web.json_response(
                 {"ok": False, "error": "ratelimited"}, status=status, headers=headers
             )
-        if method == "auth.test":
-            body: dict[str, Any] = {
+        bearer = request.headers.get("Authorization", "")
+        if method == "auth.test" and self.token is not None and bearer != f"Bearer {self.token}":
+            body: dict[str, Any] = {"ok": False, "error": "invalid_auth"}
+        elif method == "auth.test":
+            body = {
                 "ok": True,
                 "team_id": "T1",
                 "user_id": BOT_USER,

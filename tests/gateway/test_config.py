@@ -163,8 +163,9 @@ def test_the_example_documents_exactly_the_schema() -> None:
     # issue 15 item 11: every schema key is in config.example.yaml, every key there works
     import yaml
 
-    from gateway.config import SCHEMA
+    from gateway.config import schema as full_schema
 
+    SCHEMA = full_schema()  # the core sections and each registered adapter's
     example = yaml.safe_load((ROOT / "config.example.yaml").read_text())
     documented, schema = _documented_keys(example, SCHEMA), _schema_keys(SCHEMA)
     assert sorted(schema - documented) == [], "in the schema but not in config.example.yaml"
@@ -224,3 +225,69 @@ def test_duplicate_keys_are_refused_naming_the_line(
     assert len(found) == len(keys)
     assert all(line.startswith(want) for line, want in zip(found, keys, strict=True))
     assert err.value.exit_code == 78
+
+
+def _typed_values(node: object, path: str = "") -> list[tuple[str, object, object]]:
+    """(dotted key, value, declared kind) for every leaf of a typed section."""
+    import dataclasses
+    import typing
+
+    from gateway.sections import _kind
+
+    out: list[tuple[str, object, object]] = []
+    hints = typing.get_type_hints(type(node))
+    for f in dataclasses.fields(node):  # type: ignore[arg-type]
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _typed_values(value, f"{path}{f.name}.")
+        else:
+            out.append((f"{path}{f.name}", value, _kind(hints[f.name])))
+    return out
+
+
+def test_sections_are_frozen_typed_and_agree_with_data(tmp_path: Path) -> None:
+    # issue 16 item 5: typed frozen sections instead of config.get("a.b") -> Any
+    import dataclasses
+
+    cfg = _cfg(tmp_path, (
+        "agent:\n  reply_tokens: 99\n  openai:\n    tools: [session_search]\n"
+        "sessions:\n  auto_prune:\n    retention_days: 7\n"
+        "session_reset:\n  by_platform:\n    api: {mode: idle}\n"
+        "platforms:\n  api:\n    port: 0\n  discord:\n    admins: [5, '6']\n"
+    ))  # fmt: skip
+    assert cfg.agent.reply_tokens == 99 and cfg.agent.openai.tools == ("session_search",)
+    assert cfg.sessions.auto_prune.retention_days == 7 and cfg.api.port == 0
+    assert cfg.session_reset.by_platform == {"api": {"mode": "idle"}}
+    assert cfg.platforms["discord"].admins == (5, "6")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.agent.reply_tokens = 1  # type: ignore[misc]
+    sections = [("", getattr(cfg, n)) for n in ("logging", "state", "sessions", "agent", "access",
+                                                "display", "session_reset", "shutdown")]  # fmt: skip
+    sections += [(f"platforms.{n}.", s) for n, s in (("api", cfg.api), *cfg.platforms.items())]
+    for prefix, section in sections:
+        for key, value, kind in _typed_values(section):
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            expect = tuple if list in kinds else kinds
+            assert isinstance(value, expect), (prefix + key, value, kind)
+    for name in ("reply_tokens", "openai"):
+        data = cfg.get(f"agent.{name}")
+        value = getattr(cfg.agent, name)
+        assert (dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value) == (
+            {**data, "tools": tuple(data["tools"])} if name == "openai" else data
+        )
+
+
+def test_the_gateway_reads_typed_sections_not_dotted_gets() -> None:
+    """No `config.get("a.b")` (or `.platform(name)[...]`) left in gateway code."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "gateway").rglob("*.py")):
+        if path.name == "config.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("get", "platform")
+                    and ast.unparse(node.func.value).split(".")[-1] == "config"):  # fmt: skip
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []

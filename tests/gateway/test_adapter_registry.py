@@ -1,0 +1,421 @@
+"""Adapters own their platform (issue 16 item 3): the core names no platform, the registry
+loads adapters lazily and finds third-party ones through the `switchboard.adapters` entry
+point group, and each adapter checks its token through its own client library."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import adapters
+from gateway.config import load_config
+from gateway.doctor import run_doctor
+from gateway.errors import ConfigError
+from gateway.handoff import configured_home
+from tests.daemon import clean_env, free_port, switchboard, wait_healthy
+from tests.fakes.discord import FakeDiscord, restore_discord_globals
+from tests.fakes.slack import FakeSlack
+from tests.fakes.telegram import FakeTelegram
+
+ROOT = Path(__file__).resolve().parents[2]
+PLATFORM_NAMES = ("telegram", "discord", "slack")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the Constant nodes that are module, class or function docstrings."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def platform_mentions(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string constant (docstrings aside; f-string parts included),
+    identifier, attribute, argument, import or definition name that contains a platform name,
+    case-insensitively. Comments are not code and docstrings may mention platforms."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    hits: list[tuple[int, str]] = []
+
+    def check(node: ast.AST, text: str) -> None:
+        if any(name in text.lower() for name in PLATFORM_NAMES):
+            hits.append((getattr(node, "lineno", 0), text))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            check(node, node.value)
+        elif isinstance(node, ast.Name):
+            check(node, node.id)
+        elif isinstance(node, ast.Attribute):
+            check(node, node.attr)
+        elif isinstance(node, ast.arg):
+            check(node, node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            check(node, node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            check(node, node.name)
+        elif isinstance(node, ast.alias):
+            check(node, node.name + " " + (node.asname or ""))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            check(node, node.module)
+    return hits
+
+
+def test_the_rule_finds_platform_names_in_code_but_not_in_prose() -> None:
+    code = textwrap.dedent('''
+        """The slack module docstring may say Telegram."""
+        # a comment about discord
+        def f(x):
+            """Discord here is fine too."""
+            if x == "telegram":
+                return f"{x} on Slack"
+            return tg.discord_id
+        import slack_sdk
+        from telegram import Bot
+        g(platform_mode="discord")
+    ''')
+    found = sorted(text for _line, text in platform_mentions(code))
+    assert found == sorted(
+        ["telegram", " on Slack", "discord_id", "slack_sdk ", "telegram", "discord"]
+    )
+
+
+def test_the_core_names_no_platform() -> None:
+    """Outside gateway/adapters/, no code (strings, names, imports) names a chat platform."""
+    offenders = []
+    for path in sorted((ROOT / "gateway").rglob("*.py")):
+        if (ROOT / "gateway" / "adapters") in path.parents:
+            continue
+        for line, text in platform_mentions(path.read_text(encoding="utf-8")):
+            offenders.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
+    assert offenders == []
+
+
+def test_config_and_registry_load_no_chat_library() -> None:
+    """Validating a config with every platform enabled imports no platform library."""
+    code = textwrap.dedent("""
+        import sys
+        from gateway import adapters
+        from gateway.config import load_config
+        from gateway.handoff import configured_home
+        for name in adapters.names():
+            adapters.adapter_class(name)
+        env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
+               "SLACK_SIGNING_SECRET": "x"}
+        import pathlib, tempfile
+        path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
+        path.write_text("platforms:\\n" + "".join(
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" for n in adapters.names()))
+        config = load_config(path, env)
+        assert all(s.enabled for s in config.platforms.values())
+        configured_home(adapters.names()[0], "42")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt")
+        print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=clean_env(), timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# --- credentials, through each adapter's client library ------------------------------
+
+
+async def _reach(tmp_path: Path, platform: str, fake_url: str, env: dict[str, str]) -> Any:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"platforms:\n  {platform}:\n    enabled: true\n    allow_all_users: true\n"
+        f"    base_url: {fake_url}\n"
+    )
+    checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)
+    [reach] = [c for c in checks if c.name == f"{platform} reachable"]
+    return reach
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_discord_token_with_discord_py(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, good: bool
+) -> None:
+    restore_discord_globals(monkeypatch)
+    fake = FakeDiscord()
+    await fake.start()
+    try:
+        token = fake.token if good else "wrong"
+        reach = await _reach(tmp_path, "discord", fake.api, {"DISCORD_BOT_TOKEN": token})
+    finally:
+        await fake.stop()
+    assert (reach.ok, reach.detail) == ((True, "switchboard") if good else (False, "HTTP 401"))
+    assert any(path == "/users/@me" for _m, path, _b in fake.calls)
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: bool) -> None:
+    fake = FakeSlack(token="xoxb-good")
+    await fake.start()
+    try:
+        env = {
+            "SLACK_BOT_TOKEN": "xoxb-good" if good else "xoxb-bad",
+            "SLACK_SIGNING_SECRET": "s3cr3t-x",
+        }
+        reach = await _reach(tmp_path, "slack", fake.base_url, env)
+    finally:
+        await fake.stop()
+    assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
+
+
+async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    reach = await _reach(
+        tmp_path, "telegram", f"http://127.0.0.1:{port}/bot", {"TELEGRAM_BOT_TOKEN": "1:x"}
+    )
+    assert not reach.ok and reach.detail.startswith("unreachable")
+
+
+async def test_telegram_check_uses_get_me(tmp_path: Path) -> None:
+    fake = FakeTelegram()
+    await fake.start()
+    try:
+        reach = await _reach(
+            tmp_path, "telegram", fake.base_url, {"TELEGRAM_BOT_TOKEN": fake.token}
+        )
+    finally:
+        await fake.stop()
+    assert reach.ok and reach.detail == "@switchboard_bot"
+
+
+# --- a third-party adapter, installed as a package with an entry point ---------------
+
+PLUGIN = '''
+"""A tiny third-party adapter: says hello once it starts, and writes what it is sent
+into a file named by its config section."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.errors import ConfigError
+from gateway.messages import InboundMessage, SentRef, ThreadRef
+from gateway.sections import PlatformSettings, SecretNeed, in_range, setting
+from gateway.session_keys import SessionSource
+
+
+@dataclass(frozen=True)
+class LoopSettings(PlatformSettings):
+    outbox: str | None = setting(None)
+    greetings: int = setting(1, in_range(1, 10))
+
+
+class LoopAdapter:
+    platform = "loopchat"
+    settings = LoopSettings
+    library_loggers = ("loopchat_lib",)
+
+    def __init__(self, outbox, greetings, token):
+        self.outbox, self.greetings, self.token = Path(outbox), greetings, token
+        self.state = "stopped"
+        self._hello = None
+
+    @classmethod
+    def secrets_needed(cls, settings):
+        return [SecretNeed("token_env", "LOOPCHAT_TOKEN", "the loopchat token")]
+
+    @classmethod
+    def problems(cls, settings, api_enabled):
+        if not settings.outbox:
+            return [ConfigError("platforms.loopchat.outbox", "is required")]
+        return []
+
+    @classmethod
+    def from_config(cls, settings, secrets):
+        return cls(settings.outbox, settings.greetings, secrets["token_env"])
+
+    def routes(self):
+        return {}
+
+    @classmethod
+    async def check_credentials(cls, settings, secrets):
+        ok = secrets.get("token_env") == "loop-good"
+        return ok, "loopbot" if ok else "bad token"
+
+    @classmethod
+    def home_chat_type(cls, chat_id):
+        return "dm" if chat_id.startswith("@") else "group"
+
+    @classmethod
+    def thread_source(cls, thread):
+        return SessionSource(cls.platform, thread.thread_id, "thread", thread_id=thread.thread_id)
+
+    async def start(self, emit):
+        self.state = "running"
+        self._hello = asyncio.create_task(self._greet(emit), name="loopchat.hello")
+
+    async def _greet(self, emit):
+        for i in range(self.greetings):
+            source = SessionSource(self.platform, "room1", "dm", user_id="u1", user_name="ann")
+            await emit(InboundMessage(source, f"hello {i}", platform_message_id=f"m{i}"))
+
+    async def send(self, msg):
+        with self.outbox.open("a") as f:
+            f.write(json.dumps({"chat_id": msg.chat_id, "text": msg.text}) + "\\n")
+        return SentRef(self.platform, msg.chat_id, ("1",))
+
+    async def create_thread(self, chat_id, name):
+        return ThreadRef(self.platform, chat_id, "t1", name)
+
+    async def stop(self):
+        if self._hello is not None:
+            await asyncio.gather(self._hello, return_exceptions=True)
+        self.state = "stopped"
+
+    def health(self):
+        return {"state": self.state}
+'''
+
+
+def install_plugin(site: Path) -> Path:
+    """What `pip install` leaves behind: the module and a .dist-info whose
+    entry_points.txt registers it in the `switchboard.adapters` group."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "switchboard_loopchat.py").write_text(PLUGIN)
+    info = site / "switchboard_loopchat-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: switchboard-loopchat\nVersion: 0.1\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[switchboard.adapters]\nloopchat = switchboard_loopchat:LoopAdapter\n"
+    )
+    return site
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    site = install_plugin(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(site))
+    adapters.rescan()
+    yield site
+    monkeypatch.undo()
+    sys.modules.pop("switchboard_loopchat", None)
+    adapters.rescan()
+
+
+def test_an_installed_adapter_is_registered_after_the_built_ins(plugin: Path) -> None:
+    assert adapters.names() == (*PLATFORM_NAMES, "loopchat")
+    assert adapters.adapter_class("loopchat").__name__ == "LoopAdapter"
+    with pytest.raises(adapters.AdapterNotFound, match="irc"):
+        adapters.adapter_class("irc")
+
+
+def test_an_installed_adapter_declares_and_validates_its_section(
+    plugin: Path, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  loopchat:\n    enabled: true\n    greetings: 99\n    colour: red\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {})
+    found = {e.key: e.problem for e in err.value.all()}
+    assert set(found) == {
+        "platforms.loopchat.greetings", "platforms.loopchat.colour", "platforms.loopchat.outbox",
+        "platforms.loopchat.allowed_users", "platforms.loopchat.token_env",
+    }  # fmt: skip
+    assert found["platforms.loopchat.token_env"].startswith("LOOPCHAT_TOKEN is not set")
+    assert found["platforms.loopchat.greetings"] == "must be between 1 and 10 (got 99)"
+    cfg.write_text(
+        "platforms:\n  loopchat:\n    enabled: true\n    outbox: /tmp/x\n    allow_all_users: true\n"
+        "session_reset:\n  by_platform:\n    loopchat: {mode: idle}\n"
+    )
+    config = load_config(cfg, {"LOOPCHAT_TOKEN": "loop-good"})
+    section = config.platforms["loopchat"]
+    assert (section.enabled, section.greetings, section.require_mention) == (True, 1, True)
+    assert config.platform_secrets("loopchat") == {"token_env": "loop-good"}
+    assert configured_home("loopchat", "@ann") == {
+        "chat_id": "@ann",
+        "thread_id": None,
+        "chat_type": "dm",
+    }
+
+
+async def test_doctor_asks_an_installed_adapter(plugin: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  loopchat:\n    enabled: true\n    outbox: /tmp/x\n    allow_all_users: true\n"
+    )
+    for token, ok, detail in (("loop-good", True, "loopbot"), ("nope", False, "bad token")):
+        checks = await run_doctor(tmp_path / "home", load_config(cfg, {"LOOPCHAT_TOKEN": token}), None,
+                                  fix=False, full=False)  # fmt: skip
+        [reach] = [c for c in checks if c.name == "loopchat reachable"]
+        assert (reach.ok, reach.detail) == (ok, detail)
+
+
+def _run_daemon(home: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+
+
+async def test_the_daemon_starts_an_installed_adapter_and_routes_through_it(tmp_path: Path) -> None:
+    site = install_plugin(tmp_path / "site")
+    home, port = tmp_path / "home", free_port()
+    home.mkdir()
+    outbox = tmp_path / "outbox.jsonl"
+    (home / "config.yaml").write_text(
+        f"platforms:\n  api:\n    port: {port}\n  loopchat:\n    enabled: true\n"
+        f"    allow_all_users: true\n    outbox: {outbox}\n    greetings: 2\n"
+    )
+    env = clean_env(PYTHONPATH=f"{site}:{ROOT}", LOOPCHAT_TOKEN="loop-good")
+    proc = _run_daemon(home, env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_healthy(url, proc)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            lines = outbox.read_text().splitlines() if outbox.exists() else []
+            if len(lines) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        replies = [json.loads(line) for line in lines]
+        assert [r["chat_id"] for r in replies] == ["room1", "room1"]
+        assert all("hello" in r["text"] for r in replies)
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/health") as resp:
+            health = await resp.json()
+        assert health["adapters"]["loopchat"] == {"state": "running"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "adapters: api, loopchat" in err
+
+
+@pytest.mark.parametrize("name", PLATFORM_NAMES)
+def test_every_built_in_adapter_declares_its_platform(name: str) -> None:
+    """What the core asks of a registered class, present on each built-in adapter."""
+    from gateway.adapters.base import PlatformAdapter
+    from gateway.sections import PlatformSettings, build, schema_of
+
+    cls = adapters.adapter_class(name)
+    assert cls.platform == name and issubclass(cls.settings, PlatformSettings)
+    wanted = {m for m in dir(PlatformAdapter) if not m.startswith("_")}
+    assert wanted <= set(dir(cls)), wanted - set(dir(cls))
+    defaults = build(cls.settings, {k: v.default for k, v in schema_of(cls.settings).items()})  # type: ignore[union-attr]
+    assert defaults == cls.settings() and not defaults.enabled
+    assert [n.key for n in cls.secrets_needed(defaults)][0] == "token_env"
+    assert cls.home_chat_type("100") in ("dm", "group")
