@@ -26,7 +26,7 @@ from gateway.errors import AlreadyRunning, GatewayError, PortInUse
 from gateway.handoff import HandoffWatcher
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.reset.scheduler import ResetScheduler
@@ -454,7 +454,7 @@ def tune_interpreter() -> None:
 async def run_until_signalled(gateway: Gateway) -> None:
     """Start, tell systemd we are ready, ping its watchdog from the loop, wait for
     SIGTERM/SIGINT, drain, stop."""
-    from gateway.notify import watchdog, watchdog_interval
+    from gateway.ops.notify import watchdog, watchdog_interval
 
     tune_interpreter()
 

@@ -1,4 +1,20 @@
-"""Typed gateway errors, mapped once at the boundary (CLI exit codes, chat phrases)."""
+"""Typed gateway errors, mapped once at the boundary (CLI exit codes, chat phrases).
+
+    GatewayError (exit 1)
+    ├── ConfigError (exit 78: names the key path)
+    │   ├── ConfigErrors   several problems found in one pass
+    │   └── PortInUse      the HTTP API's port is taken (platforms.api.port)
+    ├── AlreadyRunning     a second daemon on the same home
+    ├── AgentError         the agent backend failed
+    ├── AdapterError       a platform call failed after retries
+    │   ├── InvalidToken   the platform refused our credentials
+    │   ├── RetryAfter     rate limited: wait `seconds`, then retry (never drop)
+    │   └── TransientError a network or server problem worth retrying
+    ├── NothingToCompress  /compress on a session too short to summarise
+    └── NoHomeChannel      /handoff to a platform with no home channel
+
+The store's errors (`state.StateError` and below) are drawn in `state/__init__.py`.
+"""
 
 from __future__ import annotations
 
@@ -66,3 +82,30 @@ class AdapterError(GatewayError):
 
 class InvalidToken(AdapterError):
     """The platform refused our credentials: retrying will not help."""
+
+
+class RetryAfter(AdapterError):
+    """Raised by a platform call that was rate limited; carries the wait in seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"rate limited for {seconds:.1f}s")
+        self.seconds = seconds
+
+
+class TransientError(AdapterError):
+    """A network or server problem worth retrying."""
+
+
+class NothingToCompress(GatewayError):
+    """The session is too short to summarise anything."""
+
+
+class NoHomeChannel(GatewayError):
+    """A handoff to a platform that has no home channel (neither /sethome nor config)."""
+
+    def __init__(self, platform: str) -> None:
+        super().__init__(
+            f"{platform} has no home channel; send /sethome in the chat that should receive "
+            f"handoffs (or set platforms.{platform}.home_channel)"
+        )
+        self.platform = platform

@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.adapters import adapter_class
 from gateway.adapters.base import Adapter
+from gateway.errors import NoHomeChannel
 from gateway.messages import OutboundMessage, ThreadRef
 from gateway.services import Services
 from gateway.session_keys import SessionSource, as_chat_type, build_key
@@ -123,10 +124,7 @@ class HandoffWatcher:
         try:
             home = await home_channel(self.db, platform, self.configured_homes.get(platform))
             if home is None:
-                raise RuntimeError(
-                    f"{platform} has no home channel; send /sethome in the chat that should receive handoffs"
-                    f" (or set platforms.{platform}.home_channel)"
-                )
+                raise NoHomeChannel(platform)
             row = await self.db.require_session(sid)
             title = row.get("title")
             adapter = self.adapters[platform]

@@ -25,7 +25,7 @@ from gateway.commands import (
 from gateway.coordinator import Coordinator
 from gateway.index import IndexEntry, SessionIndex
 from gateway.messages import InboundMessage
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.services import AccessRules, RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey, build_key

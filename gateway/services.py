@@ -21,7 +21,7 @@ from gateway.coordinator import Coordinator, LocalCoordinator
 from gateway.deadlines import Deadlines
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
 from state import Store

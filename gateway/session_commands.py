@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 
 from gateway import access, turns
 from gateway.commands import CommandContext, CommandRegistry
+from gateway.errors import NothingToCompress
 from gateway.handoff import HOME_KEY
-from gateway.sessions import NothingToCompress
 from gateway.timefmt import ago
 from gateway.wording import plural
 from state import (

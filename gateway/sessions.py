@@ -11,15 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.agent.base import Agent, ChatMessage, estimate_tokens
+from gateway.errors import NothingToCompress
 from gateway.index import IndexEntry, SessionIndex
 from gateway.session_keys import SessionKey, SessionSource
 from state import ChildKind, EndReason, SessionNotFound, Store, TitleError
 
 log = logging.getLogger("gateway.sessions")
-
-
-class NothingToCompress(Exception):
-    """The session is too short to summarise anything."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from gateway.errors import ConfigError, InvalidToken
+from gateway.errors import ConfigError, InvalidToken, RetryAfter, TransientError
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed
 from gateway.session_keys import SessionSource
@@ -86,18 +86,6 @@ class PlatformAdapter(Adapter, Protocol):
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """Where a session handed off into `thread` lives, as a message there will say."""
         ...
-
-
-class RetryAfter(Exception):
-    """Raised by a platform call that was rate limited; carries the wait in seconds."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"rate limited for {seconds:.1f}s")
-        self.seconds = seconds
-
-
-class TransientError(Exception):
-    """A network or server problem worth retrying."""
 
 
 @dataclass(frozen=True)

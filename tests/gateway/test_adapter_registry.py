@@ -19,9 +19,9 @@ import pytest
 
 from gateway import adapters
 from gateway.config import load_config
-from gateway.doctor import run_doctor
 from gateway.errors import ConfigError
 from gateway.handoff import configured_home
+from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
 from tests.fakes.slack import FakeSlack

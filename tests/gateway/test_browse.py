@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.browse import matches
+from gateway.cli.browse import matches
 from state import SessionDB
 from tests.daemon import clean_env, switchboard
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gateway.cli_chat import render_recap
+from gateway.cli.chat import render_recap
 from state import SessionDB
 from tests.daemon import clean_env, switchboard
 

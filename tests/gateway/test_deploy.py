@@ -92,7 +92,7 @@ def test_the_system_unit_is_sandboxed_but_can_write_its_home() -> None:
     shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here"
 )
 def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
-    from gateway.service import render_unit
+    from gateway.ops.service import render_unit
 
     home = tmp_path / "home"
     home.mkdir()

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.app import HomeLock
 from gateway.config import load_config
-from gateway.doctor import exit_code, run_doctor
+from gateway.ops.doctor import exit_code, run_doctor
 from state import SessionDB
 from tests.fakes.telegram import FakeTelegram
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from gateway.notify import sd_notify, watchdog_interval
+from gateway.ops.notify import sd_notify, watchdog_interval
 from tests.daemon import clean_env, switchboard
 
 

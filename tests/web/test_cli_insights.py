@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli_insights import sparkline
+from gateway.cli.insights import sparkline
 from state import SessionDB
 from tests.web_seed import seed
 

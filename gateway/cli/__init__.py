@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.cli_paths import config_path_of as _config_path
-from gateway.cli_paths import home_of as _home
+from gateway.cli.paths import config_path_of as _config_path
+from gateway.cli.paths import home_of as _home
 from gateway.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, ConfigError, GatewayError
 from state import StateError
 
@@ -23,13 +23,13 @@ log = logging.getLogger("gateway.cli")
 def cmd_run(args: argparse.Namespace) -> int:
     from gateway.app import Gateway, run_until_signalled
     from gateway.config import load_config
-    from gateway.logs import setup_logging
+    from gateway.ops.logs import setup_logging
 
     home = _home(args)
     config = load_config(_config_path(args, home))
     setup_logging("debug" if args.debug else config.logging.level, config.logging.format,
                   config.secrets.values())  # fmt: skip
-    from gateway.notify import sd_notify
+    from gateway.ops.notify import sd_notify
 
     asyncio.run(run_until_signalled(Gateway(config=config, home=home, notify=sd_notify)))
     return EXIT_OK
@@ -47,7 +47,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_service(args: argparse.Namespace) -> int:
     from gateway.config import load_config
-    from gateway.service import install
+    from gateway.ops.service import install
 
     home = _home(args)
     config_path = _config_path(args, home)
@@ -61,7 +61,7 @@ def cmd_service(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from gateway.config import load_config
-    from gateway.doctor import as_json, exit_code, run_doctor
+    from gateway.ops.doctor import as_json, exit_code, run_doctor
 
     home = _home(args)
     config, problem = None, None
@@ -76,14 +76,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    from gateway.cli_sessions import run
+    from gateway.cli.sessions import run
 
     return asyncio.run(run(args, _home(args) / "state.db"))
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from gateway.cli.hermes_import import hermes_db_file, run
     from gateway.config import load_config
-    from gateway.hermes_import import hermes_db_file, run
 
     home = _home(args)
     config = load_config(_config_path(args, home))  # its key settings shape the new keys
@@ -91,7 +91,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from gateway.cli_chat import run_chat
+    from gateway.cli.chat import run_chat
     from gateway.config import load_config
 
     home = _home(args)
@@ -171,13 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offline", action="store_true", help="do not contact the platforms")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
-    from gateway.cli_sessions import add_parser as add_sessions
+    from gateway.cli.sessions import add_parser as add_sessions
 
     add_sessions(sub, add_command).set_defaults(func=cmd_sessions)
-    from gateway.hermes_import import add_parser as add_import
+    from gateway.cli.hermes_import import add_parser as add_import
 
     add_import(sub, add_command).set_defaults(func=cmd_import)
-    from gateway.cli_insights import add_parser as add_insights
+    from gateway.cli.insights import add_parser as add_insights
 
     add_insights(sub, add_command)
     p = add_command(sub, "chat", "talk to the agent from the terminal")

@@ -315,7 +315,7 @@ async def cmd_import(db: SessionDB, args: argparse.Namespace) -> int:
 async def cmd_browse(db: SessionDB, args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.browse import pick_curses, pick_numbered, resume_in_chat
+    from gateway.cli.browse import pick_curses, pick_numbered, resume_in_chat
 
     rows = await db.list_sessions(args.source, limit=args.limit)
     if not rows:

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway import adapters
-from gateway.cli_paths import config_path_of, home_of
+from gateway.cli.paths import config_path_of, home_of
 from gateway.errors import EXIT_OK, EXIT_USAGE
 
 SPARKS = "▁▂▃▄▅▆▇█"

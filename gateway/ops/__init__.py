@@ -1,0 +1,1 @@
+"""Operations around the daemon: metrics, logging, systemd notify, `doctor`, `service install`."""
