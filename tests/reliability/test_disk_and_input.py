@@ -259,7 +259,7 @@ def test_a_read_only_home_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
         sid = asyncio.run(seed())
         for path in [home, *home.iterdir()]:
             path.chmod(0o555 if path.is_dir() else 0o444)
-        cli = [*prefix, sys.executable, "-m", "gateway.cli", "--home", str(home)]
+        cli = [*prefix, sys.executable, "-m", "gateway", "--home", str(home)]
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
         run = subprocess.run([*cli, "run"], capture_output=True, text=True, timeout=60, env=env)
