@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway.config import Config
 from gateway.config import _is_loopback as is_loopback
 from gateway.web import auth
+from gateway.web.ratelimit import FailureLimiter
 from state import SessionDB
 
 log = logging.getLogger("gateway.web")
@@ -53,6 +54,7 @@ class Dashboard:
         self.live_ids = live_ids  # sessions bound to a chat in the index: never deleted
         self.is_live = is_live or (lambda sid: sid in live_ids())
         self.sessions = auth.Sessions(settings.session_hours * 3600)
+        self.sign_in_limiter = FailureLimiter()  # 10 wrong keys per 5 minutes per address
 
     def subapps(self) -> dict[str, Callable[[], web.Application]]:
         """Prefix -> factory, for the api adapter to mount."""
