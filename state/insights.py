@@ -81,25 +81,23 @@ def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
             tools[tool] = tools.get(tool, 0) + n
         total += n
     src_plain = " AND source = ?" if p.source else ""
-    active = conn.execute(
-        "SELECT COUNT(*), SUM(started_at >= ?) FROM sessions "
-        f"WHERE last_active >= ? AND started_at < ?{src_plain}",
-        (p.since, p.since, p.until, *src_params),
-    ).fetchone()
-    live = conn.execute(
-        f"SELECT COUNT(*) FROM sessions WHERE ended_at IS NULL{src_plain}", src_params
-    ).fetchone()[0]
+    # two passes over sessions instead of four: the models' rows give the active and
+    # started counts; one scan gives the live sessions and the period's end reasons
     models = conn.execute(
         "SELECT COALESCE(model, ''), SUM(COALESCE(input_tokens, 0)), "
-        "SUM(COALESCE(output_tokens, 0)), COUNT(*) FROM sessions "
+        "SUM(COALESCE(output_tokens, 0)), COUNT(*), SUM(started_at >= ?) FROM sessions "
         f"WHERE last_active >= ? AND started_at < ?{src_plain} GROUP BY 1 ORDER BY 2 DESC",
-        (p.since, p.until, *src_params),
+        (p.since, p.since, p.until, *src_params),
     ).fetchall()
-    ends = conn.execute(
-        "SELECT COALESCE(end_reason, ''), COUNT(*) FROM sessions "
-        f"WHERE ended_at >= ? AND ended_at < ?{src_plain} GROUP BY 1 ORDER BY 2 DESC",
-        (p.since, p.until, *src_params),
+    active = (sum(m[3] for m in models), sum(m[4] or 0 for m in models))
+    by_end = conn.execute(
+        "SELECT COALESCE(end_reason, ''), SUM(ended_at >= ? AND ended_at < ?), "
+        "SUM(ended_at IS NULL) FROM sessions "
+        f"WHERE (ended_at IS NULL OR (ended_at >= ? AND ended_at < ?)){src_plain} GROUP BY 1",
+        (p.since, p.until, p.since, p.until, *src_params),
     ).fetchall()
+    live = sum(n or 0 for _, _, n in by_end)
+    ends = sorted(((r, n) for r, n, _ in by_end if n), key=lambda x: (-x[1], x[0]))
     return {
         "since": p.since,
         "until": p.until,
@@ -117,7 +115,7 @@ def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
         "sessions_live": int(live or 0),
         "models": [
             {"model": m, "input_tokens": int(i), "output_tokens": int(o), "sessions": int(n)}
-            for m, i, o, n in models
+            for m, i, o, n, _ in models
         ],
         "end_reasons": [{"reason": r, "sessions": int(n)} for r, n in ends],
     }
