@@ -67,16 +67,17 @@ def _message_rows(conn: sqlite3.Connection, p: Period) -> list[tuple[int, str, s
 
 def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
     src_params = [p.source] if p.source else []
-    per_day: dict[str, dict[str, int]] = {}
+    per_day: dict[int, dict[str, int]] = {}  # days since the epoch (UTC)
     heat = [[0] * 24 for _ in range(7)]  # [weekday Monday=0][hour]
     tools: dict[str, int] = {}
     total = 0
     for hr, source, tool, n in _message_rows(conn, p):
-        day = _day(hr)
-        per_day.setdefault(day, {})
-        per_day[day][source] = per_day[day].get(source, 0) + n
-        when = datetime.fromtimestamp(hr * 3600, UTC)
-        heat[when.weekday()][when.hour] += n
+        days_since_epoch = hr // 24
+        day = per_day.get(days_since_epoch)
+        if day is None:
+            day = per_day[days_since_epoch] = {}
+        day[source] = day.get(source, 0) + n
+        heat[(days_since_epoch + 3) % 7][hr % 24] += n  # 1970-01-01 was a Thursday
         if tool:
             tools[tool] = tools.get(tool, 0) + n
         total += n
@@ -104,7 +105,8 @@ def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
         "source": p.source,
         "messages": total,
         "per_day": [
-            {"day": day, "sources": dict(sorted(v.items()))} for day, v in sorted(per_day.items())
+            {"day": _day(day * 24), "sources": dict(sorted(v.items()))}
+            for day, v in sorted(per_day.items())
         ],
         "heatmap": heat,
         "top_tools": [
