@@ -142,3 +142,16 @@ async def test_an_existing_file_is_tallied_by_the_migration(tmp_path: Path) -> N
         assert (await db.insights(10 * H + 1, 10 * H + 2, "slack"))["messages"] == 1
     finally:
         await db.close()
+
+
+async def test_imported_sessions_are_tallied(db: SessionDB, tmp_path: Path) -> None:
+    await _fill(db)
+    records = [r async for r in db.export_all()]
+    other = await SessionDB.open(tmp_path / "other" / "state.db")
+    try:
+        report = await other.import_records(records)
+        assert report.messages == 45
+        kept, recount = tallies(tmp_path / "other" / "state.db")
+        assert kept == recount and sum(recount.values()) == 45
+    finally:
+        await other.close()
