@@ -1,20 +1,21 @@
 """Activity figures over a period: messages per day per platform, busiest hours, top
 tools, sessions active and live, tokens per model, and how sessions ended.
 
-Messages are read by one rowid range scan starting at the period's first message (found
-through the sessions active in the period), so the cost follows the period's traffic, not
-the whole table. Days and hours are UTC. Prices and cost are the
+Message figures come from the hourly tallies the writer keeps (state/activity.py): the
+cost follows the period's hours, not its messages. A message counts for the platform of
+its session and the hour of its timestamp. Days and hours are UTC. Prices and cost are the
 caller's business (gateway/web): this module returns raw token counts per model.
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .messages import LAST_ACTIVE_RESOLUTION_S
+from . import activity
 
 
 @dataclass(frozen=True)
@@ -28,83 +29,84 @@ def _day(hour: int) -> str:
     return datetime.fromtimestamp(hour * 3600, UTC).strftime("%Y-%m-%d")
 
 
-def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
+def _message_rows(conn: sqlite3.Connection, p: Period) -> list[tuple[int, str, str, int]]:
+    """(hour, source, tool, messages) for the period: the whole hours inside it from the
+    tallies, the partial first and last hours from their messages (a rowid range that the
+    tallies bound, so a few hundred rows however big the table)."""
+    first_full = math.ceil(p.since / 3600)
+    end_full = math.floor(p.until / 3600)
     src_sql, src_params = (" AND source = ?", [p.source]) if p.source else ("", [])
-    # last_active trails the newest message by less than LAST_ACTIVE_RESOLUTION_S, so
-    # sessions idle since before (the period's start minus that) hold no message inside it
-    idle_before = p.since - LAST_ACTIVE_RESOLUTION_S
-    source_of = dict(
-        conn.execute(
-            f"SELECT id, source FROM sessions WHERE last_active >= ? AND started_at < ?{src_sql}",
-            (idle_before, p.until, *src_params),
+    out: list[tuple[int, str, str, int]] = []
+    if first_full < end_full:
+        out += conn.execute(
+            "SELECT hour, source, tool, messages FROM activity_hourly "
+            f"WHERE hour >= ? AND hour < ? AND messages > 0{src_sql}",
+            (first_full, end_full, *src_params),
         ).fetchall()
-    )
-    # Where the scan starts: at or below the id of every message in the period (ids are
-    # arrival order, so one sequential rowid range scan then reads the period instead of
-    # a lookup per message; rows outside the period are dropped by their timestamp). A
-    # lower start only costs rows, never correctness: sessions that started inside the
-    # period give their first message at all (an index-only probe); older ones walk their
-    # messages to the first one inside the period.
-    first = conn.execute(
-        "SELECT MIN(CASE WHEN s.started_at >= ?3 "
-        "THEN (SELECT MIN(m.id) FROM messages m WHERE m.session_id = s.id) "
-        "ELSE (SELECT m.id FROM messages m WHERE m.session_id = s.id AND m.timestamp >= ?3 "
-        "AND m.timestamp < ?4 ORDER BY m.id LIMIT 1) END) FROM sessions s "
-        f"WHERE s.last_active >= ?1 AND s.started_at < ?2{src_sql.replace('?', '?5')}",
-        (idle_before, p.until, p.since, p.until, *src_params),
-    ).fetchone()[0]
-    rows = []
-    if first is not None:
-        rows = conn.execute(
-            "SELECT session_id, CAST(timestamp / 3600 AS INTEGER), "
-            "CASE WHEN role = 'tool' THEN COALESCE(tool_name, '?') END, COUNT(*) FROM messages "
-            # hour first: rows arrive nearly in time order, which the sorter handles fastest
-            "WHERE id >= ? AND timestamp >= ? AND timestamp < ? GROUP BY 2, 1, 3",
-            (first, p.since, p.until),
+        edges = [(p.since, first_full * 3600.0), (end_full * 3600.0, p.until)]
+    else:  # inside one hour
+        edges = [(p.since, p.until)]
+    for lo, hi in edges:
+        if lo >= hi:
+            continue
+        bounds = conn.execute(
+            "SELECT MIN(first_id), MAX(last_id) FROM activity_hourly WHERE hour = ?",
+            (activity.hour_of(lo),),
+        ).fetchone()
+        if bounds[0] is None:
+            continue
+        out += conn.execute(
+            f"SELECT CAST(m.timestamp / 3600 AS INTEGER), s.source, {activity.tool_sql('m')}, "
+            "COUNT(*) FROM messages m CROSS JOIN sessions s ON s.id = m.session_id "
+            "WHERE m.id >= ? AND m.id <= ? AND m.timestamp >= ? AND m.timestamp < ?"
+            f"{src_sql.replace('source', 's.source')} GROUP BY 1, 2, 3",
+            (bounds[0], bounds[1], lo, hi, *src_params),
         ).fetchall()
-    per_day: dict[str, dict[str, int]] = {}
+    return out
+
+
+def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
+    src_params = [p.source] if p.source else []
+    per_day: dict[int, dict[str, int]] = {}  # days since the epoch (UTC)
     heat = [[0] * 24 for _ in range(7)]  # [weekday Monday=0][hour]
     tools: dict[str, int] = {}
     total = 0
-    for session_id, hr, tool, n in rows:
-        source = source_of.get(session_id)
-        if source is None:  # another platform's (with a platform filter)
-            continue
-        day = _day(hr)
-        per_day.setdefault(day, {})
-        per_day[day][source] = per_day[day].get(source, 0) + n
-        when = datetime.fromtimestamp(hr * 3600, UTC)
-        heat[when.weekday()][when.hour] += n
-        if tool is not None:
+    for hr, source, tool, n in _message_rows(conn, p):
+        days_since_epoch = hr // 24
+        day = per_day.get(days_since_epoch)
+        if day is None:
+            day = per_day[days_since_epoch] = {}
+        day[source] = day.get(source, 0) + n
+        heat[(days_since_epoch + 3) % 7][hr % 24] += n  # 1970-01-01 was a Thursday
+        if tool:
             tools[tool] = tools.get(tool, 0) + n
         total += n
     src_plain = " AND source = ?" if p.source else ""
-    active = conn.execute(
-        "SELECT COUNT(*), SUM(started_at >= ?) FROM sessions "
-        f"WHERE last_active >= ? AND started_at < ?{src_plain}",
-        (p.since, p.since, p.until, *src_params),
-    ).fetchone()
-    live = conn.execute(
-        f"SELECT COUNT(*) FROM sessions WHERE ended_at IS NULL{src_plain}", src_params
-    ).fetchone()[0]
+    # two passes over sessions instead of four: the models' rows give the active and
+    # started counts; one scan gives the live sessions and the period's end reasons
     models = conn.execute(
         "SELECT COALESCE(model, ''), SUM(COALESCE(input_tokens, 0)), "
-        "SUM(COALESCE(output_tokens, 0)), COUNT(*) FROM sessions "
+        "SUM(COALESCE(output_tokens, 0)), COUNT(*), SUM(started_at >= ?) FROM sessions "
         f"WHERE last_active >= ? AND started_at < ?{src_plain} GROUP BY 1 ORDER BY 2 DESC",
-        (p.since, p.until, *src_params),
+        (p.since, p.since, p.until, *src_params),
     ).fetchall()
-    ends = conn.execute(
-        "SELECT COALESCE(end_reason, ''), COUNT(*) FROM sessions "
-        f"WHERE ended_at >= ? AND ended_at < ?{src_plain} GROUP BY 1 ORDER BY 2 DESC",
-        (p.since, p.until, *src_params),
+    active = (sum(m[3] for m in models), sum(m[4] or 0 for m in models))
+    by_end = conn.execute(
+        "SELECT COALESCE(end_reason, ''), SUM(ended_at >= ? AND ended_at < ?), "
+        "SUM(ended_at IS NULL) FROM sessions "
+        f"WHERE (ended_at IS NULL OR (ended_at >= ? AND ended_at < ?)){src_plain} GROUP BY 1",
+        (p.since, p.until, p.since, p.until, *src_params),
     ).fetchall()
+    live = sum(n or 0 for _, _, n in by_end)
+    ends = sorted(((r, n) for r, n, _ in by_end if n), key=lambda x: (-x[1], x[0]))
     return {
         "since": p.since,
         "until": p.until,
         "source": p.source,
         "messages": total,
         "per_day": [
-            {"day": day, "sources": dict(sorted(v.items()))} for day, v in sorted(per_day.items())
+            {"day": _day(day * 24), "sources": dict(sorted(v.items()))}
+            for day, v in sorted(per_day.items())
         ],
         "heatmap": heat,
         "top_tools": [
@@ -115,7 +117,7 @@ def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
         "sessions_live": int(live or 0),
         "models": [
             {"model": m, "input_tokens": int(i), "output_tokens": int(o), "sessions": int(n)}
-            for m, i, o, n in models
+            for m, i, o, n, _ in models
         ],
         "end_reasons": [{"reason": r, "sessions": int(n)} for r, n in ends],
     }

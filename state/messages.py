@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from . import usage
+from . import activity, usage
 from .content import SQL_DECODED_CONTENT, content_text, decode_content, encode_content
 from .errors import SessionNotFound
 from .records import MessageRow
@@ -149,8 +149,10 @@ def append_messages(
     tool_calls = 0
     preview: str | None = None
     last_ts = 0.0
+    rows: list[tuple[Any, ...]] = []
     for msg in batch:
         values = _row_values(session_id, msg, now)
+        rows.append(values)
         cur = conn.execute(_INSERT, values)
         mid = int(cur.lastrowid or 0)
         ids.append(mid)
@@ -171,6 +173,10 @@ def append_messages(
     cur = conn.execute(_UPDATE_SESSION, (len(ids), tool_calls, preview, session_id))
     if cur.rowcount == 0:
         raise SessionNotFound(session_id)  # the savepoint rolls the inserts back
+    (source,) = conn.execute("SELECT source FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    activity.add(
+        conn, activity.tally((source, mid, v[6], v[1], v[5]) for mid, v in zip(ids, rows, strict=True))
+    )
     conn.execute(_MOVE_LAST_ACTIVE, (last_ts, session_id))
     _add_tokens(conn, session_id, tokens)
     return ids
@@ -233,11 +239,13 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
     missing."""
     now = time.time()
     wanted = sorted({call[0] for call in calls})
-    (found,) = conn.execute(
-        "SELECT COUNT(*) FROM sessions WHERE id IN (SELECT value FROM json_each(?))",
-        (json.dumps(wanted),),
-    ).fetchone()
-    if found != len(wanted):
+    source_of: dict[str, str] = dict(
+        conn.execute(
+            "SELECT id, source FROM sessions WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(wanted),),
+        ).fetchall()
+    )
+    if len(source_of) != len(wanted):
         for sid in wanted:
             if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is None:
                 raise SessionNotFound(sid)
@@ -301,6 +309,12 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
                 "INSERT INTO messages_aux(message_id, seg_text, tool_text) VALUES (?, ?, ?)",
                 aux_rows,
             )
+        activity.add(
+            conn,
+            activity.tally(
+                (source_of[v[0]], mid, v[6], v[1], v[5]) for mid, v in zip(ids, rows, strict=True)
+            ),
+        )
     updates = [[sid, *vals] for sid, vals in agg.items() if vals[0] or vals[4] or vals[5]]
     if updates:
         encoded = json.dumps(updates, ensure_ascii=False)

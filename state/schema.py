@@ -11,7 +11,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
-from . import foreign
+from . import activity, foreign
 from .errors import DatabaseError, SchemaTooNew
 from .rows import exec_script
 from .textindex import aux_row
@@ -528,6 +528,24 @@ def _migration_10(conn: sqlite3.Connection) -> None:
     conn.execute("UPDATE messages SET active = 1 WHERE active IS NULL")
 
 
+def _migration_11(conn: sqlite3.Connection) -> None:
+    """Hourly message tallies for insights (state.activity), and the dashboard's chat-type
+    filter as an index walk in either sort order: a rare or absent chat type otherwise
+    scans every session."""
+    (count,) = conn.execute("SELECT COUNT(*) FROM messages").fetchone()
+    if count > 50_000:
+        log.info("tallying activity per hour (%d messages)", count)
+    activity.install(conn)
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_sessions_chat_type_active "
+        "ON sessions(chat_type, last_active DESC) WHERE chat_type IS NOT NULL"
+    )
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_sessions_chat_type_started "
+        "ON sessions(chat_type, started_at DESC) WHERE chat_type IS NOT NULL"
+    )
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
@@ -539,6 +557,7 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (8, _migration_8),
     (9, _migration_9),
     (10, _migration_10),
+    (11, _migration_11),
 ]
 LATEST = MIGRATIONS[-1][0]
 

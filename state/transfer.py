@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from . import activity
 from .content import content_text, encode_content
 from .errors import TitleTaken
 from .messages import decode_message
@@ -127,6 +128,7 @@ def import_records(
                 report.renamed_titles.append((title, free))
         messages = rec.get("messages") or []
         tool_calls = 0
+        counted: list[tuple[str, int, float, str, str | None]] = []
         for msg in messages:
             if not isinstance(msg, Mapping) or "role" not in msg:
                 continue
@@ -148,6 +150,10 @@ def import_records(
                 f"VALUES (?, {', '.join('?' for _ in row)})",
                 (sid, *row.values()),
             )
+            counted.append(
+                (sess["source"], int(cur.lastrowid or 0), float(row["timestamp"]),
+                 str(row["role"]), row.get("tool_name"))
+            )  # fmt: skip
             aux = aux_row(
                 content_text(row.get("content")), row.get("tool_name"), row.get("tool_calls")
             )
@@ -162,6 +168,7 @@ def import_records(
                 )
                 tool_calls += len(parsed) if isinstance(parsed, list) else 1
             report.messages += 1
+        activity.add(conn, activity.tally(counted))
         conn.execute(
             "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages WHERE session_id = ?), "
             "tool_call_count = ? WHERE id = ?",

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.web import auth
+from gateway.web.ratelimit import FailureLimiter
 from state import SessionDB
 
 
@@ -44,6 +45,7 @@ class DashboardState:
         self.live_ids = live_ids  # sessions bound to a chat in the index: never deleted
         self.is_live = is_live or (lambda sid: sid in live_ids())
         self.sessions = auth.Sessions(settings.session_hours * 3600)
+        self.sign_in_limiter = FailureLimiter()  # 10 wrong keys per 5 minutes per address
 
 
 DASHBOARD = web.AppKey("dashboard", DashboardState)

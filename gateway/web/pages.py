@@ -17,6 +17,7 @@ from gateway.web import actions, auth, charts, queries
 from gateway.web.context import DashboardState as Dashboard
 from gateway.web.context import dashboard_of
 from gateway.web.html import Safe, highlight, join, t, url
+from gateway.web.ratelimit import client_key
 from state import QueryError, SessionNotFound, StateError, TitleError
 
 PageHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -140,8 +141,22 @@ async def login(request: web.Request) -> web.StreamResponse:
     d = dashboard_of(request)
     form = await request.post()
     target = _next(str(form.get("next") or ""))
-    if d.settings.key is None or auth.key_matches(str(form.get("key") or ""), d.settings.key):
+    if d.settings.key is None:
         return _signed_in(d, target)
+    client = client_key(request.remote)
+    wait = d.sign_in_limiter.retry_after(client)
+    if wait is not None:
+        response = page(
+            request, "Sign in",
+            _login_body(target, f"Too many wrong keys from your address: try again in {wait} s."),
+            status=429,
+        )  # fmt: skip
+        response.headers["Retry-After"] = str(wait)
+        return response
+    if auth.key_matches(str(form.get("key") or ""), d.settings.key):
+        d.sign_in_limiter.succeeded(client)
+        return _signed_in(d, target)
+    d.sign_in_limiter.failed(client)
     return page(request, "Sign in", _login_body(target, "That key is not right."), status=401)
 
 

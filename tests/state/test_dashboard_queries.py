@@ -99,3 +99,24 @@ async def test_insights_count_only_the_periods_messages_whatever_their_order(db:
     assert out["top_tools"] == [{"tool": "t", "calls": 1}]
     assert (await db.insights(100.0, 200.0, "cli"))["messages"] == 1
     assert (await db.insights(0.0, 100.0, "cli"))["messages"] == 1
+
+
+async def test_chat_type_filter_walks_an_index_in_either_sort(db: SessionDB, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from state import keyset
+
+    await db.create_session("g", "telegram", chat_id="1", chat_type="group", started_at=5.0)
+    for i in range(20):
+        await db.create_session(f"d{i}", "telegram", chat_id="2", chat_type="dm", started_at=i)
+    conn = sqlite3.connect(tmp_path / "state.db")
+    try:
+        for sort in ("active", "started"):
+            seen: list[str] = []
+            conn.set_trace_callback(seen.append)
+            rows, _ = keyset.page(conn, PageQuery(chat_type="group", sort=sort))
+            conn.set_trace_callback(None)
+            assert [r["id"] for r in rows] == ["g"]
+            sql = next(q for q in seen if "FROM sessions" in q)
+            plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql))
+            assert f"idx_sessions_chat_type_{sort}" in plan, plan
+    finally:
+        conn.close()

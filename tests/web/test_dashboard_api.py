@@ -15,6 +15,7 @@ import pytest
 from gateway.web import api as web_api
 from gateway.web.auth import Sessions
 from gateway.web.openapi import document
+from gateway.web.ratelimit import FailureLimiter, client_key
 from tests.web.conftest import KEY, Site, sign_in, start_site
 from tests.web_seed import HOSTILE_TITLE, SCRIPT_TEXT
 
@@ -468,3 +469,45 @@ async def test_import_page_checks_the_token_and_confirmation_before_reading_the_
                 resp.status == 200 and "Imported 1 session(s) and 2 message(s)" in await resp.text()
             )
     assert (await site.db.get_session(site.seeded.hostile))["title"] == HOSTILE_TITLE
+
+
+async def test_sign_in_is_refused_with_retry_after_after_ten_wrong_keys(site: Site) -> None:
+    async with _http() as http:
+        for _ in range(10):
+            async with http.post(f"{site.base}/ui/login", data={"key": "guess"},
+                                 headers={"Origin": site.base}) as resp:  # fmt: skip
+                assert resp.status == 401
+        # now even the right key is refused, so a lucky guess cannot be told apart
+        async with http.post(f"{site.base}/ui/login", data={"key": KEY},
+                             headers={"Origin": site.base}, allow_redirects=False) as resp:  # fmt: skip
+            assert resp.status == 429
+            assert 1 <= int(resp.headers["Retry-After"]) <= 300
+            assert "Too many wrong keys" in await resp.text()
+        # the bearer key on the API is not the sign-in form's business
+        status, _ = await _get(http, f"{site.base}/api/sessions", headers=BEARER)
+        assert status == 200
+
+
+def test_failure_limiter_window_success_and_memory_bound() -> None:
+    now = [0.0]
+    lim = FailureLimiter(max_failures=3, window_s=60, max_clients=100, clock=lambda: now[0])
+    for i in range(3):
+        assert lim.retry_after("a") is None
+        now[0] = i * 10.0
+        lim.failed("a")
+    assert lim.retry_after("a") == 40  # at t=20; the first failure (t=0) leaves at t=60
+    now[0] = 59.5
+    assert lim.retry_after("a") == 1
+    now[0] = 60.0
+    assert lim.retry_after("a") is None  # one failure left the window: one more try
+    lim.failed("a")
+    assert lim.retry_after("a") == 10
+    lim.succeeded("a")
+    assert lim.retry_after("a") is None
+    for i in range(1000):
+        lim.failed(f"10.0.{i // 256}.{i % 256}")
+    assert len(lim) == 100
+    assert lim.retry_after("10.0.0.0") is None  # the oldest were forgotten
+    assert client_key("2001:db8::1") == client_key("2001:db8::ffff") == "2001:db8::/64"
+    assert client_key("::ffff:192.0.2.1") == "192.0.2.1"
+    assert client_key("192.0.2.7") == "192.0.2.7"
