@@ -22,6 +22,8 @@ import json
 import sqlite3
 from collections.abc import Iterable
 
+from .rows import exec_script
+
 
 # the tool key of a message row, in SQL (a table alias prefix may be given)
 def tool_sql(alias: str = "") -> str:
@@ -92,9 +94,7 @@ def recount(conn: sqlite3.Connection) -> None:
 
 
 def install(conn: sqlite3.Connection) -> None:
-    from .schema import _exec_script
-
-    _exec_script(conn, CREATE_SQL)
+    exec_script(conn, CREATE_SQL)
     recount(conn)
 
 
