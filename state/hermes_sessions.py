@@ -113,20 +113,8 @@ def set_archived(conn: sqlite3.Connection, session_id: str, archived: bool) -> b
 def compression_family(conn: sqlite3.Connection, session_id: str) -> list[str]:
     """The session, the ancestors it continues and the sessions continuing it (edges are
     parents that ended with `compression`)."""
-    out = [session_id]
-    seen = {session_id}
-    current = session_id
-    while True:
-        row = conn.execute(
-            "SELECT p.id FROM sessions c JOIN sessions p ON p.id = c.parent_session_id "
-            "WHERE c.id = ? AND p.end_reason = 'compression'",
-            (current,),
-        ).fetchone()
-        if row is None or row[0] in seen:
-            break
-        current = row[0]
-        seen.add(current)
-        out.append(current)
+    out = [session_id, *compression_ancestors(conn, session_id)]
+    seen = set(out)
     frontier = [session_id]
     while frontier:
         nxt = []

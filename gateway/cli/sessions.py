@@ -352,25 +352,23 @@ COMMANDS = {
 }  # fmt: skip
 
 
-def positive_int(text: str) -> int:
-    """argparse type for --limit: a count of at least 1 (0 or less is a usage error)."""
+def _int_at_least(lowest: int, text: str) -> int:
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    if n < lowest:
+        raise argparse.ArgumentTypeError(f"must be {lowest} or more, not {n}")
     return n
+
+
+def positive_int(text: str) -> int:
+    """argparse type for --limit: a count of at least 1 (0 or less is a usage error)."""
+    return _int_at_least(1, text)
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
-    return n
+    return _int_at_least(0, text)
 
 
 JSON_HELP = "print JSON instead of a table (for scripts)"
