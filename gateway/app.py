@@ -140,6 +140,21 @@ def router_settings(config: Config) -> RouterSettings:
     )
 
 
+@dataclass(frozen=True)
+class StoreCursors:
+    """An adapter's stream positions, kept in the store's meta table under
+    `cursor:<platform>:<name>` (gateway.adapters.base.Cursors)."""
+
+    db: Store
+    platform: str
+
+    async def get(self, name: str) -> str | None:
+        return await self.db.get_meta(f"cursor:{self.platform}:{name}")
+
+    async def set(self, name: str, value: str) -> None:
+        await self.db.set_meta(f"cursor:{self.platform}:{name}", value)
+
+
 @dataclass
 class Gateway:
     config: Config
@@ -217,6 +232,9 @@ class Gateway:
         self.notify("STATUS=starting adapters")
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
+            use_cursors = getattr(adapter, "use_cursors", None)
+            if use_cursors is not None:
+                use_cursors(StoreCursors(self.db, adapter.platform))
             try:
                 await adapter.start(self.router.handle)
             except OSError as exc:

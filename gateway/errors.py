@@ -10,6 +10,7 @@
     │   ├── InvalidToken   the platform refused our credentials
     │   ├── RetryAfter     rate limited: wait `seconds`, then retry (never drop)
     │   └── TransientError a network or server problem worth retrying
+    │       └── NotAccepted  an inbound message could not be committed: do not ack it
     ├── NothingToCompress  /compress on a session too short to summarise
     └── NoHomeChannel      /handoff to a platform with no home channel
 
@@ -94,6 +95,13 @@ class RetryAfter(AdapterError):
 
 class TransientError(AdapterError):
     """A network or server problem worth retrying."""
+
+
+class NotAccepted(TransientError):
+    """The gateway could not commit an inbound message (the store refused or is shutting
+    down). An adapter that sees this must not acknowledge the message to its platform, so
+    the platform delivers it again: a webhook answers 503, a stream does not advance its
+    cursor."""
 
 
 class NothingToCompress(GatewayError):

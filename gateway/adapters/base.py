@@ -26,7 +26,13 @@ def failed(why: str) -> str:
 
 
 class Adapter(Protocol):
-    """One chat platform: emits InboundMessage, delivers OutboundMessage."""
+    """One chat platform: emits InboundMessage, delivers OutboundMessage.
+
+    Inbox before ack: `await emit(msg)` returns once the message is committed (or decided:
+    a duplicate, not allowed, not addressed), and raises `NotAccepted` when it could not be
+    stored. An adapter acknowledges a message to its platform (a webhook's 2xx, a stream's
+    cursor, an IMAP flag) only after `emit` returned, and on `NotAccepted` answers so the
+    platform delivers it again (503, cursor left where it was)."""
 
     platform: ClassVar[str]
 
@@ -42,6 +48,17 @@ class Adapter(Protocol):
 
 
 Route = Callable[[Any], Awaitable[Any]]  # an aiohttp handler served by the api adapter
+
+
+class Cursors(Protocol):
+    """Where an adapter keeps its place in a platform's stream across restarts (a Matrix
+    `since` token, the last IMAP UID, a Telegram offset), stored in the gateway's store.
+    An adapter that wants one defines `use_cursors(cursors)`; the daemon calls it before
+    `start`. Names are the adapter's own; values are short strings."""
+
+    async def get(self, name: str) -> str | None: ...
+
+    async def set(self, name: str, value: str) -> None: ...
 
 
 class PlatformAdapter(Adapter, Protocol):
