@@ -170,6 +170,7 @@ class SignalAdapter:
         self._emit: Emit | None = None
         self._listener: asyncio.Task[None] | None = None
         self._typing: dict[str, asyncio.Task[None]] = {}
+        self._stops: set[asyncio.Task[None]] = set()  # "stopped typing" calls in flight
         self._noted: OrderedDict[str, None] = OrderedDict()
         self.connections = 0
         self.connected = False
@@ -207,6 +208,8 @@ class SignalAdapter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._typing.clear()
+        if self._stops:
+            await asyncio.wait(self._stops, timeout=5)
         self._listener = None
         await self.rpc.close()
         self.connected = False
@@ -326,9 +329,11 @@ class SignalAdapter:
         task = self._typing.pop(chat, None)
         if task is not None:
             task.cancel()
-            asyncio.create_task(
+            stop = asyncio.create_task(
                 self._typing_call(chat, stop=True), name=f"signal.typing-stop:{chat}"
             )
+            self._stops.add(stop)
+            stop.add_done_callback(self._stops.discard)
 
     async def _typing_loop(self, chat: str) -> None:
         deadline = time.monotonic() + TYPING_FOR_AT_MOST_S

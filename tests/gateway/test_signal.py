@@ -484,3 +484,65 @@ async def test_an_unregistered_account_stops_the_adapter(tmp_path: Path, fake: F
             await gw.start()
     finally:
         await gw.stop()
+
+
+async def test_sethome_and_a_handoff_land_in_the_home_chat_itself(
+    tmp_path: Path, fake: FakeSignal
+) -> None:
+    from gateway.handoff import handoff_from_terminal
+
+    async with _gateway(tmp_path, fake) as gw:
+        assert gw.db is not None and gw.handoffs is not None
+        gw.handoffs.poll_s = 0.05
+        await fake.push(envelope("/sethome"))
+        [done] = await fake.wait_sent(1)
+        assert done["message"] == "Home channel for signal set to this chat."
+        sid = await gw.db.create_session(source="cli", title="deploy plan")
+        await gw.db.append_messages(
+            sid, [{"role": "user", "content": "we must migrate the database"}]
+        )
+        ok, why = await asyncio.wait_for(
+            handoff_from_terminal(gw.db, sid, "signal", enabled=True), 30
+        )
+        assert ok, why
+        confirm = (await fake.wait_sent(2))[1]
+        assert (
+            confirm["recipient"] == [ALICE]
+            and "Continuing here from the terminal" in confirm["message"]
+        )
+        await fake.push(envelope("carry on"))
+        await fake.wait_sent(3)
+        assert [m["content"] for m in await gw.db.get_messages(sid)][-2:] == [
+            "carry on",
+            "echo: carry on",
+        ]
+
+
+async def test_a_silent_stream_is_reopened_and_a_restarted_daemon_found_again(
+    fake: FakeSignal,
+) -> None:
+    fake.keepalive_s = 30.0  # silent for longer than the adapter waits
+    adapter = SignalAdapter(fake.url, BOT, backoff=FAST, keepalive_timeout_s=0.3)
+    seen: list[InboundMessage] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        seen.append(msg)
+
+    await adapter.start(emit)
+    try:
+        await fake.wait_connected(2)  # the first stream said nothing for 0.3 s: reopened
+        assert "TimeoutError" in str(adapter.last_error)
+        fake.keepalive_s = 0.05  # keep-alives now come in time: the stream stays
+        await fake.drop_streams()
+        await fake.wait_connected(3)
+        await asyncio.sleep(0.5)
+        assert len(fake.last_event_ids) == 3
+        await fake.stop()  # the daemon goes away, then comes back on the same port
+        await asyncio.sleep(0.3)
+        assert not adapter.health()["connected"]
+        await fake.start()
+        await fake.wait_connected(4)
+        await fake.push(envelope("back again"))
+        await wait_for_count(lambda: seen, 1, 5, "a message after the restart")
+    finally:
+        await adapter.stop()
