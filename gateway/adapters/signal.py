@@ -55,15 +55,21 @@ def _url(v: Any) -> str | None:
 
 
 def _number(v: Any) -> str | None:
+    if isinstance(v, int):
+        return _unquoted(v)
     if v is None or (isinstance(v, str) and _NUMBER.match(v)):
         return None
     return f"must be a phone number in international form, e.g. +15551234567 (got {v!r})"
 
 
+def _unquoted(v: int) -> str:
+    return f"YAML read {v} as a number (dropping any +): quote phone numbers, e.g. '+{v}'"
+
+
 @dataclass(frozen=True)
 class SignalSettings(PlatformSettings):
     url: str = setting("http://127.0.0.1:8080", _url, "signal-cli's HTTP daemon")
-    account: str | None = setting(None, _number, "the bot's phone number")
+    account: str | int | None = setting(None, _number, "the bot's phone number")
     bot_name: str | None = setting(None, None, "a name that addresses the bot as @name")
 
 
@@ -101,6 +107,10 @@ class SignalAdapter:
         if not settings.account:
             out.append(ConfigError("platforms.signal.account",
                                    "is required: the bot's number, as registered with signal-cli"))  # fmt: skip
+        for key in ("allowed_users", "admins"):
+            unquoted = [u for u in getattr(settings, key) if isinstance(u, int)]
+            if unquoted:
+                out.append(ConfigError(f"platforms.signal.{key}", _unquoted(unquoted[0])))
         if settings.base_url:
             out.append(ConfigError("platforms.signal.base_url",
                                    "is not used by signal: set platforms.signal.url"))  # fmt: skip

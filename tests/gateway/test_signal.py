@@ -204,6 +204,15 @@ def test_the_config_section_names_its_problems(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="international form"):
         load_config(cfg, {})
+    cfg.write_text("platforms:\n  signal:\n    enabled: true\n    account: +15551234567\n"
+                   "    allowed_users: [+15557654321, '+15550000002']\n")  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {})
+    unquoted = [(e.key, e.problem) for e in err.value.all()]
+    assert unquoted[0] == ("platforms.signal.account", "YAML read 15551234567 as a number "
+                           "(dropping any +): quote phone numbers, e.g. '+15551234567'")  # fmt: skip
+    assert ("platforms.signal.allowed_users", "YAML read 15557654321 as a number "
+            "(dropping any +): quote phone numbers, e.g. '+15557654321'") in unquoted  # fmt: skip
     cfg.write_text(f"platforms:\n  signal:\n    enabled: true\n    allowed_users: ['{ALICE}']\n"
                    f"    account: '{BOT}'\n    token_env: PROXY_TOKEN\n")  # fmt: skip
     with pytest.raises(ConfigError, match="PROXY_TOKEN is not set"):
