@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn
 
@@ -180,7 +180,7 @@ class SignalAdapter:
         self._emit: Emit | None = None
         self._listener: asyncio.Task[None] | None = None
         self._typing: dict[str, asyncio.Task[None]] = {}
-        self._stops: set[asyncio.Task[None]] = set()  # "stopped typing" calls in flight
+        self._chores: set[asyncio.Task[None]] = set()  # typing stops, attachment notes
         self._noted: OrderedDict[str, None] = OrderedDict()
         self.connections = 0
         self.connected = False
@@ -218,8 +218,8 @@ class SignalAdapter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._typing.clear()
-        if self._stops:
-            await asyncio.wait(self._stops, timeout=5)
+        if self._chores:
+            await asyncio.wait(self._chores, timeout=5)
         self._listener = None
         await self.rpc.close()
         self.connected = False
@@ -262,6 +262,9 @@ class SignalAdapter:
             except (aiohttp.ClientError, OSError, TimeoutError, TransientError) as exc:
                 self.last_error = f"event stream: {type(exc).__name__}: {exc}"
                 log.warning("signal event stream lost (%s); reconnecting", self.last_error)
+            except Exception as exc:  # e.g. the store refused the cursor: keep listening
+                self.last_error = f"event stream: {type(exc).__name__}: {exc}"
+                log.exception("signal event stream failed; reconnecting")
             self.connected = False
             await asyncio.sleep(self._backoff.delay(attempt))
             attempt += 1
@@ -308,8 +311,16 @@ class SignalAdapter:
                          got.source.user_id)  # fmt: skip
             await self._emit(_inbound(got))
         elif got.mentioned and self._may_talk(got.source.user_id) and self._first(got):
-            await self.send(OutboundMessage(self.platform, got.source.chat_id, ATTACHMENTS_NOTE,
-                                            reply_to=got.message_id))  # fmt: skip
+            note = OutboundMessage(self.platform, got.source.chat_id, ATTACHMENTS_NOTE,
+                                   reply_to=got.message_id)  # fmt: skip
+            self._chore(self._note(note), f"signal.note:{got.source.chat_id}")
+
+    async def _note(self, note: OutboundMessage) -> None:
+        """Sent beside the stream, which must not wait for it (a rate limit can be long)."""
+        try:
+            await self.send(note)
+        except AdapterError as exc:
+            log.warning("the attachments note to %s was not sent: %s", note.chat_id, exc)
 
     def _may_talk(self, user_id: str | None) -> bool:
         return self._allow_all or (user_id is not None and user_id in self._listed)
@@ -339,11 +350,12 @@ class SignalAdapter:
         task = self._typing.pop(chat, None)
         if task is not None:
             task.cancel()
-            stop = asyncio.create_task(
-                self._typing_call(chat, stop=True), name=f"signal.typing-stop:{chat}"
-            )
-            self._stops.add(stop)
-            stop.add_done_callback(self._stops.discard)
+            self._chore(self._typing_call(chat, stop=True), f"signal.typing-stop:{chat}")
+
+    def _chore(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
 
     async def _typing_loop(self, chat: str) -> None:
         deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
