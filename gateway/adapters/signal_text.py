@@ -160,6 +160,7 @@ def to_plain(text: str) -> str:
     """Markdown as plain readable text: markers dropped, links as `text (address)`,
     bullets as •. Code (fenced or inline) keeps its content exactly, markers and all."""
     kept: list[str] = []
+    text = text.replace("\0", "")  # NUL marks kept code below (and means nothing in a chat)
 
     def keep(content: str) -> str:
         kept.append(content)

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.adapters.base import Backoff
 from gateway.adapters.signal import ATTACHMENTS_NOTE, LIMIT, SignalAdapter, to_inbound
@@ -552,3 +554,39 @@ async def test_a_silent_stream_is_reopened_and_a_restarted_daemon_found_again(
         await wait_for_count(lambda: seen, 1, 5, "a message after the restart")
     finally:
         await adapter.stop()
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+_data_keys = st.sampled_from(["message", "timestamp", "groupInfo", "mentions", "quote", "attachments",
+                              "reaction", "remoteDelete"])  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    env=st.dictionaries(
+        st.sampled_from(
+            ["source", "sourceNumber", "sourceUuid", "timestamp", "dataMessage", "syncMessage"]
+        ),
+        _json,
+    ),  # fmt: skip
+    data=st.dictionaries(_data_keys, _json),
+)
+def test_any_payload_is_read_or_refused_never_raised(env: dict, data: dict) -> None:
+    for payload in ({"envelope": env}, {"envelope": {**env, "dataMessage": data}}):
+        got = parse_envelope(payload, ME)
+        assert got is None or (got.source.platform == "signal" and (got.text or got.attachments))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=200))
+def test_plain_text_keeps_code_exactly_and_takes_any_text(text: str) -> None:
+    clean = text.replace("\0", "")
+    assert clean in to_plain(f"```\n{text}\n```") or "```" in text
+    assert isinstance(to_plain(text), str)
+    assert to_plain("\x000\x00 and `x`") == "0 and x"
