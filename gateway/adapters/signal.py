@@ -238,6 +238,7 @@ class SignalAdapter:
         import aiohttp
 
         attempt = 0
+        refused = False  # the last stream ended on a message the gateway could not take
         timeout = aiohttp.ClientTimeout(total=None, sock_read=self._keepalive_timeout)
         while True:
             headers = {"Accept": "text/event-stream"}
@@ -250,13 +251,16 @@ class SignalAdapter:
                     if resp.status != 200:
                         raise TransientError(f"the event stream answered HTTP {resp.status}")
                     self.connections += 1
-                    self.connected, attempt = True, 0
+                    self.connected = True
+                    attempt = attempt if refused else 0  # a store that keeps refusing: back off
                     parser = SseParser()
                     async for chunk in resp.content.iter_any():
-                        for event in parser.feed(chunk.decode("utf-8", errors="replace")):
+                        for event in parser.feed(chunk):
                             await self._on_event(event.id, event.event, event.data)
+                            refused = False
                 self.last_error = "the event stream ended"
             except NotAccepted as exc:
+                refused = True
                 self.last_error = f"a message was not accepted: {exc}"
                 log.warning("the gateway could not take a message; reopening the stream from it")
             except (aiohttp.ClientError, OSError, TimeoutError, TransientError) as exc:

@@ -6,6 +6,7 @@ It knows nothing of messages or sessions; the Signal adapter builds on it.
 
 from __future__ import annotations
 
+import codecs
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,18 +59,21 @@ class SseEvent:
 
 @dataclass
 class SseParser:
-    """Server-sent events from text pieces as they arrive (lines may be split anywhere):
-    `id:`, `event:` and `data:` fields, `:` keep-alive comments, a blank line ends an
-    event. signal-cli names its events `receive`, one JSON object per `data:` line."""
+    """Server-sent events from the bytes as they arrive (split anywhere, even inside a
+    UTF-8 character): `id:`, `event:` and `data:` fields, `:` keep-alive comments, a blank
+    line ends an event. signal-cli names its events `receive`, one JSON object per `data:`."""
 
     _buf: str = ""
     _id: str | None = None
     _event: str = ""
     _data: list[str] = field(default_factory=list)
+    _utf8: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
     last_id: str | None = None
 
-    def feed(self, chunk: str) -> list[SseEvent]:
-        self._buf += chunk
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        self._buf += self._utf8.decode(chunk)
         out: list[SseEvent] = []
         while True:
             cut = self._buf.find("\n")

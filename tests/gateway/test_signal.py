@@ -164,11 +164,16 @@ def test_markdown_becomes_plain_text_and_code_is_kept_exactly() -> None:
 
 def test_server_sent_events_are_parsed_across_chunks() -> None:
     parser = SseParser()
-    assert parser.feed(":\n\nid:1-1\nevent:rec") == []
-    [first] = parser.feed('eive\ndata:{"a": 1}\n\n:\n')
+    assert parser.feed(b":\n\nid:1-1\nevent:rec") == []
+    [first] = parser.feed(b'eive\ndata:{"a": 1}\n\n:\n')
     assert (first.id, first.event, first.data) == ("1-1", "receive", '{"a": 1}')
-    [second] = parser.feed("data: x\r\ndata:y\r\n\r\n")
+    [second] = parser.feed(b"data: x\r\ndata:y\r\n\r\n")
     assert (second.id, second.event, second.data) == ("1-1", "message", "x\ny")
+    raw = 'data:{"message": "héllo 🎉"}\n\n'.encode()
+    cut = raw.index("🎉".encode()) + 2  # inside the emoji's four bytes
+    assert parser.feed(raw[:cut]) == []
+    [third] = parser.feed(raw[cut:])
+    assert third.data == '{"message": "héllo 🎉"}'
 
 
 def test_signal_cli_errors_map_to_the_gateways() -> None:
