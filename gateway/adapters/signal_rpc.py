@@ -70,7 +70,6 @@ class SseParser:
     _utf8: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
     )
-    last_id: str | None = None
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         self._buf += self._utf8.decode(chunk)
@@ -101,7 +100,7 @@ class SseParser:
         elif name == "event":
             self._event = value
         elif name == "id" and "\0" not in value:
-            self._id = self.last_id = value
+            self._id = value  # kept for the events after it, as the spec says
         return None
 
 
