@@ -24,11 +24,30 @@ from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
+from tests.fakes.signal import BOT as SIGNAL_BOT
+from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
+from tests.fakes.signal import FakeSignal
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "signal")
+# "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
+# core's turn signals), so for it the rule looks for the platform itself: the bare name as a
+# string value, or names only the platform has
+OWN_NAMES = {"signal": ("signal-cli", "signal_cli", "signalcli", "signal_rpc", "signal_text",
+                        "signaladapter", "adapters.signal")}  # fmt: skip
+
+
+def _names_platform(text: str, value: bool) -> bool:
+    low = text.lower()
+    for name in PLATFORM_NAMES:
+        if name in OWN_NAMES:
+            if (value and low.strip() == name) or any(own in low for own in OWN_NAMES[name]):
+                return True
+        elif name in low:
+            return True
+    return False
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -51,7 +70,7 @@ def platform_mentions(source: str) -> list[tuple[int, str]]:
     hits: list[tuple[int, str]] = []
 
     def check(node: ast.AST, text: str) -> None:
-        if any(name in text.lower() for name in PLATFORM_NAMES):
+        if _names_platform(text, isinstance(node, ast.Constant)):
             hits.append((getattr(node, "lineno", 0), text))
 
     for node in ast.walk(tree):
@@ -86,11 +105,17 @@ def test_the_rule_finds_platform_names_in_code_but_not_in_prose() -> None:
         import slack_sdk
         from telegram import Bot
         g(platform_mode="discord")
+        import signal
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        log.info("signal received")
+        if platform == "signal":
+            from gateway.adapters.signal import SignalAdapter
     ''')
     found = sorted(text for _line, text in platform_mentions(code))
     assert found == sorted(
-        ["telegram", " on Slack", "discord_id", "slack_sdk ", "telegram", "discord"]
-    )
+        ["telegram", " on Slack", "discord_id", "slack_sdk ", "telegram", "discord",
+         "signal", "gateway.adapters.signal", "SignalAdapter "]
+    )  # fmt: skip
 
 
 def test_the_core_names_no_platform() -> None:
@@ -117,8 +142,10 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "SLACK_SIGNING_SECRET": "x"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
+        required = {"signal": "    account: '+15550000001'\\n"}  # keys a section cannot do without
         path.write_text("platforms:\\n" + "".join(
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" for n in adapters.names()))
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n{required.get(n, '')}"
+            for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
@@ -174,6 +201,41 @@ async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: 
     finally:
         await fake.stop()
     assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
+
+
+@pytest.mark.parametrize("case", ["good", "single-account", "unregistered", "unreachable"])
+async def test_doctor_asks_signal_cli_about_the_account(tmp_path: Path, case: str) -> None:
+    fake = FakeSignal(multi_account=case != "single-account")
+    if case == "unregistered":
+        fake.accounts = ["+15559999999"]
+    await fake.start()
+    url = fake.url
+    if case == "unreachable":
+        await fake.stop()
+        url = f"http://127.0.0.1:{free_port()}"
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text("platforms:\n  signal:\n    enabled: true\n    allow_all_users: true\n"
+                       f"    url: {url}\n    account: '{SIGNAL_BOT}'\n")  # fmt: skip
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, {}), None, fix=False, full=False
+        )
+        [reach] = [c for c in checks if c.name == "signal reachable"]
+    finally:
+        await fake.stop()
+    expected = {
+        "good": (True, f"{SIGNAL_BOT} (signal-cli {SIGNAL_CLI_VERSION})"),
+        "single-account": (True, f"{SIGNAL_BOT} (signal-cli {SIGNAL_CLI_VERSION}, single-account daemon)"),
+        "unregistered": (False, f"{SIGNAL_BOT} is not registered with signal-cli at {url} (it has: +15559999999)"),
+    }  # fmt: skip
+    if case == "unreachable":
+        assert not reach.ok and reach.detail.startswith(
+            f"unreachable (signal-cli is not reachable at {url}"
+        )
+    else:
+        assert (reach.ok, reach.detail) == expected[case]
+    if case != "unreachable":
+        assert [m for m, _p in fake.calls][:1] == ["version"]
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
@@ -417,5 +479,6 @@ def test_every_built_in_adapter_declares_its_platform(name: str) -> None:
     assert wanted <= set(dir(cls)), wanted - set(dir(cls))
     defaults = build(cls.settings, {k: v.default for k, v in schema_of(cls.settings).items()})  # type: ignore[union-attr]
     assert defaults == cls.settings() and not defaults.enabled
-    assert [n.key for n in cls.secrets_needed(defaults)][0] == "token_env"
+    needs = [n.key for n in cls.secrets_needed(defaults)]
+    assert needs[:1] == ([] if name == "signal" else ["token_env"])  # signal-cli has no token
     assert cls.home_chat_type("100") in ("dm", "group")
