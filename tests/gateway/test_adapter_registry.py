@@ -24,11 +24,12 @@ from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
+from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "mattermost")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -114,15 +115,17 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x"}
+               "SLACK_SIGNING_SECRET": "x", "MATTERMOST_TOKEN": "m"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         path.write_text("platforms:\\n" + "".join(
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" for n in adapters.names()))
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n"
+            + ("    url: https://chat.example.com\\n" if n == "mattermost" else "")
+            for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -174,6 +177,22 @@ async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: 
     finally:
         await fake.stop()
     assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_mattermost_token_with_mattermostautodriver(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeMattermost()
+    await fake.start()
+    try:
+        token = fake.token if good else "revoked-token"
+        reach = await _reach(tmp_path, "mattermost", fake.url, {"MATTERMOST_TOKEN": token})
+    finally:
+        await fake.stop()
+    expected = (True, "@switchboard") if good else (False, "HTTP 401 (invalid or expired token)")
+    assert (reach.ok, reach.detail) == expected
+    assert [path for _verb, path, _body in fake.calls] == ["/users/me"]
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
