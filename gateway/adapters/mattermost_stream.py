@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.adapters.base import Backoff, Cursors
+from gateway.adapters.mattermost_posts import decode_posted
 from gateway.errors import NotAccepted
 
 log = logging.getLogger("gateway.adapters.mattermost")
@@ -31,22 +32,6 @@ CATCH_UP = "catch-up"  # a queue marker: fetch what was missed before the next l
 CATCH_UP_CHANNELS = 50
 SEEN_POSTS = 10_000
 HEARTBEAT_S = 30.0
-
-
-def decode_posted(event: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(post, data) of a websocket `posted` event, whose `data.post` is a JSON string and
-    `data.mentions` (when present) a JSON list of user ids."""
-    try:
-        if event.get("event") != "posted":
-            return None
-        data = dict(event["data"])
-        post = json.loads(data["post"])
-        mentions = data.get("mentions")
-        data["mentions"] = json.loads(mentions) if isinstance(mentions, str) else (mentions or [])
-        return (post, data) if isinstance(post, dict) else None
-    except (KeyError, TypeError, ValueError):
-        log.info("ignored a malformed Mattermost event: %.200r", event)
-        return None
 
 
 def parse_position(value: str | None) -> Position | None:
@@ -302,23 +287,22 @@ class EventStream:
         if not self._watermark:  # a first start: history is not answered
             await self._set_watermark(latest or int(time.time() * 1000))
             return True
-        if self._horizon_ms <= 0:
-            return True
-        horizon = int(time.time() * 1000) - self._horizon_ms
-        recent = [
-            c
-            for c in channels
-            if int(c.get("last_post_at") or 0) > horizon or c["id"] in self._stalled
-        ]
-        recent.sort(key=lambda c: int(c.get("last_post_at") or 0), reverse=True)
+        # stalled channels first (their posts were refused), then the most recently active
+        floor = int(time.time() * 1000) - self._horizon_ms if self._horizon_ms > 0 else None
+
+        def last(c: dict[str, Any]) -> int:
+            return int(c.get("last_post_at") or 0)
+
+        wanted = [c for c in channels if c["id"] in self._stalled or (floor and last(c) > floor)]
+        wanted.sort(key=lambda c: (c["id"] in self._stalled, last(c)), reverse=True)
         missed: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for ch in recent[:CATCH_UP_CHANNELS]:
+        for ch in wanted[:CATCH_UP_CHANNELS]:
             cid = str(ch["id"])
             pos = await self._position(cid) or (self._watermark, ())
-            if int(ch.get("last_post_at") or 0) <= pos[0] and cid not in self._stalled:
+            if last(ch) <= pos[0] and cid not in self._stalled:
                 continue
             try:
-                posts = await self._server.posts_since(cid, max(pos[0], horizon) - 1)
+                posts = await self._server.posts_since(cid, max(pos[0], floor or 0) - 1)
             except Exception as exc:
                 log.warning("mattermost catch-up could not read channel %s: %s", cid, exc)
                 return False
@@ -326,7 +310,7 @@ class EventStream:
             for p in posts:
                 ms = int(p.get("create_at") or 0)
                 fresh = ms > pos[0] or (ms == pos[0] and str(p.get("id")) not in pos[1])
-                if fresh and ms >= horizon and str(p.get("channel_id")) == cid:
+                if fresh and ms >= (floor or 0) and str(p.get("channel_id")) == cid:
                     missed.append((p, data))
         missed.sort(key=lambda pd: (int(pd[0].get("create_at") or 0), str(pd[0].get("id"))))
         blocked: set[str] = set()
@@ -336,6 +320,6 @@ class EventStream:
                 blocked.add(channel)
         self.catch_ups += 1
         if missed:
-            log.info("mattermost caught up on %d missed posts", len(missed) - len(blocked))
+            log.info("mattermost caught up on %d missed posts", len(missed))
         self._stalled &= blocked
         return not blocked

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from gateway.adapters.base import Backoff
-from gateway.adapters.mattermost import MattermostAdapter, from_event, to_inbound
+from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.mattermost_posts import from_event, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import ConfigError, InvalidToken, NotAccepted
@@ -243,8 +244,9 @@ async def test_typing_goes_over_the_websocket_while_a_turn_runs(fake: FakeMatter
         await adapter.stop()
 
 
+@pytest.mark.parametrize("catch_up_hours", [24.0, 0.0])
 async def test_a_post_the_gateway_could_not_take_is_caught_up_later_in_order(
-    fake: FakeMattermost,
+    fake: FakeMattermost, catch_up_hours: float
 ) -> None:
     """Inbox before ack: after NotAccepted the channel's position stays, later posts there
     wait, and a catch-up delivers both in order."""
@@ -257,7 +259,7 @@ async def test_a_post_the_gateway_could_not_take_is_caught_up_later_in_order(
             raise NotAccepted("store is busy")
         seen.append(msg.text)
 
-    adapter = MattermostAdapter(fake.token, fake.url, backoff=FAST)
+    adapter = MattermostAdapter(fake.token, fake.url, backoff=FAST, catch_up_hours=catch_up_hours)
     await adapter.start(emit)
     try:
         await fake.say("first")
@@ -275,6 +277,22 @@ async def test_a_refused_token_fails_start_with_invalid_token(fake: FakeMattermo
         await adapter.start(lambda m: asyncio.sleep(0))
     assert adapter.health()["state"] == "failed: invalid token"
     assert [c[1] for c in fake.calls] == ["/users/me"]  # no retry, no websocket
+
+
+async def test_a_token_revoked_while_running_stops_the_websocket(fake: FakeMattermost) -> None:
+    adapter = await _adapter(fake, [])
+    try:
+        fake.token = "rotated"  # the old token no longer passes the authentication challenge
+        await fake.drop_sockets()
+        await wait_for_count(
+            lambda: [1] if adapter.health()["state"] != "running" else [], 1, 10, "a failed state"
+        )
+        assert adapter.health()["state"] == "failed: invalid token"
+        attempts = sum(1 for verb, _path, _b in fake.calls if verb == "WS")
+        await asyncio.sleep(0.5)  # FAST backoff would have retried several times by now
+        assert sum(1 for verb, _path, _b in fake.calls if verb == "WS") == attempts == 2
+    finally:
+        await adapter.stop()
 
 
 def test_config_needs_the_server_url(tmp_path: Path) -> None:
