@@ -35,7 +35,7 @@ from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, 
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, in_range, setting
 from gateway.session_keys import SessionSource
-from gateway.vocab import AdapterState
+from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.mattermost")
 DEFAULT_LIMIT = 16_383  # characters (runes) per post unless the server says otherwise
@@ -138,7 +138,9 @@ class MattermostAdapter:
     @classmethod
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """A thread is its root post's id in its channel."""
-        return SessionSource(cls.platform, thread.chat_id, "group", thread_id=thread.thread_id)
+        return SessionSource(
+            cls.platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id
+        )
 
     # --- one running bot --------------------------------------------------------------
 
@@ -408,6 +410,11 @@ class MattermostAdapter:
 
 def _driver(url: str, token: str, timeout_s: float) -> Any:
     from mattermostautodriver import AsyncTypedDriver
+
+    # the library logs every refused request at ERROR itself (and sets its loggers' levels
+    # on import); the adapter reports each failure once, with its meaning
+    for name in ("mattermostautodriver.api", "mattermostautodriver.websocket"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
     scheme, host, port = split_url(url)
     # retries are ours (call_with_retry): the library's own would hide a 429's wait

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -271,10 +272,16 @@ async def test_a_post_the_gateway_could_not_take_is_caught_up_later_in_order(
         await adapter.stop()
 
 
-async def test_a_refused_token_fails_start_with_invalid_token(fake: FakeMattermost) -> None:
+async def test_a_refused_token_fails_start_with_invalid_token(
+    fake: FakeMattermost, caplog: pytest.LogCaptureFixture
+) -> None:
     adapter = MattermostAdapter("wrong", fake.url, backoff=FAST)
-    with pytest.raises(InvalidToken, match="rejected the token"):
+    with caplog.at_level(logging.INFO), pytest.raises(InvalidToken, match="rejected the token"):
         await adapter.start(lambda m: asyncio.sleep(0))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        "mattermost refused the token (401 from /api/v4/users/me); the adapter is stopped"
+    ]
     assert adapter.health()["state"] == "failed: invalid token"
     assert [c[1] for c in fake.calls] == ["/users/me"]  # no retry, no websocket
 
