@@ -90,6 +90,8 @@ class MattermostAdapter:
         if not (settings.url or settings.base_url):
             out.append(ConfigError("platforms.mattermost.url",
                                    "is required: the server's address, e.g. https://chat.example.com"))  # fmt: skip
+        elif not settings.url and (bad := server_url(settings.base_url)):
+            out.append(ConfigError("platforms.mattermost.base_url", bad))
         if importlib.util.find_spec("mattermostautodriver") is None:
             out.append(ConfigError("platforms.mattermost", "needs the mattermostautodriver package: "
                                    "pip install 'switchboard[mattermost]'"))  # fmt: skip
@@ -213,18 +215,16 @@ class MattermostAdapter:
             )
             size = int(client_config.get("MaxPostSize") or DEFAULT_LIMIT)
             return size if size > 0 else DEFAULT_LIMIT
-        except (AdapterError, AttributeError, ValueError, TypeError) as exc:
-            log.info("no MaxPostSize from the server (%s); using %d", exc, DEFAULT_LIMIT)
-            return DEFAULT_LIMIT
-        except Exception as exc:  # a refusal (403, 404 from an old server): the default holds
+        except Exception as exc:  # refused, unreachable, not a number: the default holds
             log.info(
-                "no client config from the server (%s); using %d", type(exc).__name__, DEFAULT_LIMIT
+                "no MaxPostSize from the server (%s); using %d", type(exc).__name__, DEFAULT_LIMIT
             )
             return DEFAULT_LIMIT
 
-    def _token_refused(self) -> None:
+    def _token_refused(self, where: str = "on the websocket") -> None:
+        if self.state != failed("invalid token"):
+            log.error("mattermost refused the token %s; the adapter is stopped", where)
         self.state = failed("invalid token")
-        log.error("mattermost refused the token on the websocket; the adapter is stopped")
 
     async def stop(self) -> None:
         for task in list(self._typing.values()):
@@ -254,11 +254,10 @@ class MattermostAdapter:
         ctype = str(data.get("channel_type") or self._channel_types.get(channel) or "")
         if channel and ctype:
             self._channel_types[channel] = ctype
-        root = str(post.get("root_id") or "")
-        if root and ctype != "D" and (channel, root) not in self._threads:
+        root, user = str(post.get("root_id") or ""), str(post.get("user_id") or "")
+        if root and ctype != "D" and user != self.bot_id and (channel, root) not in self._threads:
             await self._learn_thread(channel, root)
-        active = {k for k, v in self._threads.items() if v}
-        user = str(post.get("user_id") or "")
+        active = {(channel, root)} if self._threads.get((channel, root)) else set()
         sender = data.get("sender_name") or await self._username(user)
         if data.get("sender_name") and user:
             self._usernames[user] = str(data["sender_name"]).lstrip("@")
@@ -374,7 +373,7 @@ class MattermostAdapter:
                 lambda: self._driver.client.post("/api/v4/posts", options=body)
             )
         except InvalidToken:
-            self._token_refused()
+            self._token_refused("when posting (401)")
             raise
         except (MattermostError, InvalidMattermostError) as exc:
             self.last_error = f"HTTP {getattr(exc, 'status_code', '?')}: {exc}"

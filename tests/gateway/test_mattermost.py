@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -312,6 +313,25 @@ def test_config_needs_the_server_url(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="no path"):
         load_config(cfg, {"MATTERMOST_TOKEN": "tok"})
+    cfg.write_text("platforms:\n  mattermost:\n    enabled: true\n    base_url: chat.example.com\n")
+    with pytest.raises(ConfigError, match=r"platforms\.mattermost\.base_url: must be the server"):
+        load_config(cfg, {"MATTERMOST_TOKEN": "tok"})
+
+
+def test_without_the_client_library_the_config_check_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "mattermostautodriver", None)  # as if not installed
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("platforms:\n  mattermost:\n    enabled: true\n    url: https://chat.example.com\n"
+                   "    allow_all_users: true\n")  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {"MATTERMOST_TOKEN": "tok"})
+    assert str(err.value) == (
+        "platforms.mattermost: needs the mattermostautodriver package: "
+        "pip install 'switchboard[mattermost]'"
+    )
+    assert err.value.exit_code == 78
 
 
 # --- the whole daemon -------------------------------------------------------------------
