@@ -94,6 +94,9 @@ class EventStream:
         self._watermark: int | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._stalled: set[str] = set()
+        self._pending: int | None = None  # a failed catch-up's starting point, until one succeeds
+        self._marks_loaded = False
+        self._retry_attempt = 0
         self.connected = False
         self.refused = False
         self.reconnects = 0
@@ -202,10 +205,10 @@ class EventStream:
         while True:
             item = await self._queue.get()
             if item == CATCH_UP:
-                attempt = 0
-                while not await self._catch_up():
-                    await asyncio.sleep(self._backoff.delay(attempt))
-                    attempt += 1
+                if await self._catch_up():
+                    self._retry_attempt = 0
+                else:  # live posts are not held back meanwhile; the next try covers them too
+                    self._retry_later()
                 continue
             decoded = decode_posted(item)
             if decoded is not None:
@@ -243,7 +246,8 @@ class EventStream:
             self._retry = asyncio.create_task(self._retry_catch_up(), name="mattermost.retry")
 
     async def _retry_catch_up(self) -> None:
-        await asyncio.sleep(self._backoff.delay(1))
+        self._retry_attempt += 1
+        await asyncio.sleep(self._backoff.delay(self._retry_attempt))
         await self._queue.put(CATCH_UP)
 
     # --- positions ------------------------------------------------------------------------
@@ -273,44 +277,74 @@ class EventStream:
         if self._cursors is not None:
             await self._cursors.set("watermark", str(ms))
 
+    async def _load_marks(self) -> None:
+        if self._marks_loaded or self._cursors is None:
+            return
+        self._marks_loaded = True
+        watermark, pending = (
+            await self._cursors.get("watermark"),
+            await self._cursors.get("pending"),
+        )
+        if self._watermark is None and watermark and watermark.isdigit():
+            self._watermark = int(watermark)
+        if self._pending is None and pending and pending.isdigit():
+            self._pending = int(pending)
+
+    async def _set_pending(self, ms: int | None) -> None:
+        if ms != self._pending:
+            self._pending = ms
+            if self._cursors is not None:
+                await self._cursors.set("pending", "" if ms is None else str(ms))
+
     async def _catch_up(self) -> bool:
-        """Fetch and hand over what was missed; False to be tried again later."""
+        """Fetch and hand over what was missed; False to be tried again later. Until a
+        catch-up succeeds its starting point is kept (`pending`), so the live posts that
+        flow meanwhile do not move the next try past what is still missing."""
+        await self._load_marks()
+        base = self._pending if self._pending is not None else self._watermark
         try:
             channels = await self._server.channels()
-        except Exception as exc:  # AdapterError, or the library's own
+        except Exception as exc:  # AdapterError, or the library's own refusal
             log.warning("mattermost catch-up could not list channels: %s", exc)
+            await self._set_pending(base)
             return False
-        if self._watermark is None and self._cursors is not None:
-            raw = await self._cursors.get("watermark")
-            self._watermark = int(raw) if raw and raw.isdigit() else None
-        latest = max((int(c.get("last_post_at") or 0) for c in channels), default=0)
-        if not self._watermark:  # a first start: history is not answered
+        if not base:  # a first start: history is not answered
+            latest = max((int(c.get("last_post_at") or 0) for c in channels), default=0)
             await self._set_watermark(latest or int(time.time() * 1000))
             return True
-        # stalled channels first (their posts were refused), then the most recently active
-        floor = int(time.time() * 1000) - self._horizon_ms if self._horizon_ms > 0 else None
+        now = int(time.time() * 1000)
+        oldest = now - self._horizon_ms if self._horizon_ms > 0 else None
 
         def last(c: dict[str, Any]) -> int:
             return int(c.get("last_post_at") or 0)
 
-        wanted = [c for c in channels if c["id"] in self._stalled or (floor and last(c) > floor)]
+        # stalled channels first (a post there was refused), then the most recently active
+        wanted = [c for c in channels if c["id"] in self._stalled or (oldest and last(c) > oldest)]
         wanted.sort(key=lambda c: (c["id"] in self._stalled, last(c)), reverse=True)
         missed: list[tuple[dict[str, Any], dict[str, Any]]] = []
         for ch in wanted[:CATCH_UP_CHANNELS]:
             cid = str(ch["id"])
-            pos = await self._position(cid) or (self._watermark, ())
+            pos = await self._position(cid) or (base, ())
+            if self._pending is not None and pos[0] > self._pending:
+                pos = (self._pending, ())
             if last(ch) <= pos[0] and cid not in self._stalled:
                 continue
             try:
-                posts = await self._server.posts_since(cid, max(pos[0], floor or 0) - 1)
+                posts = await self._server.posts_since(cid, max(pos[0], oldest or 0) - 1)
             except Exception as exc:
                 log.warning("mattermost catch-up could not read channel %s: %s", cid, exc)
+                await self._set_pending(base)
                 return False
             data = {"channel_type": ch.get("type"), "channel_display_name": ch.get("display_name")}
             for p in posts:
-                ms = int(p.get("create_at") or 0)
-                fresh = ms > pos[0] or (ms == pos[0] and str(p.get("id")) not in pos[1])
-                if fresh and ms >= (floor or 0) and str(p.get("channel_id")) == cid:
+                ms, pid = int(p.get("create_at") or 0), str(p.get("id"))
+                fresh = ms > pos[0] or (ms == pos[0] and pid not in pos[1])
+                if (
+                    fresh
+                    and pid not in self._seen
+                    and ms >= (oldest or 0)
+                    and p.get("channel_id") == cid
+                ):
                     missed.append((p, data))
         missed.sort(key=lambda pd: (int(pd[0].get("create_at") or 0), str(pd[0].get("id"))))
         blocked: set[str] = set()
@@ -322,4 +356,6 @@ class EventStream:
         if missed:
             log.info("mattermost caught up on %d missed posts", len(missed))
         self._stalled &= blocked
+        if not blocked:
+            await self._set_pending(None)
         return not blocked

@@ -273,6 +273,37 @@ async def test_a_post_the_gateway_could_not_take_is_caught_up_later_in_order(
         await adapter.stop()
 
 
+async def test_a_failing_catch_up_holds_back_no_live_post_and_is_tried_again(
+    fake: FakeMattermost,
+) -> None:
+    seen: list[str] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        seen.append(msg.text)
+
+    adapter = MattermostAdapter(fake.token, fake.url, backoff=FAST)
+    await adapter.start(emit)
+    try:
+        await fake.say("before")
+        await wait_for_count(lambda: seen, 1, 10, "messages")
+        await fake.drop_sockets(refuse=True)
+        await fake.say("missed")
+        refusals = fake.failures.setdefault("GET /users/{id}/channels", [])
+        refusals += [(403, {})] * 4  # the server refuses the channel list 4 times (~1 s)
+        fake.accept_sockets = True
+        await fake.wait_connected(hellos=2)
+        await fake.say("live")
+        await wait_for_count(lambda: seen, 2, 10, "messages")
+        assert seen == ["before", "live"] and refusals  # not held back by the catch-up
+        await wait_for_count(lambda: seen, 3, 10, "messages")
+        await asyncio.sleep(0.3)
+        assert seen == ["before", "live", "missed"]  # each once
+        reads = [path for verb, path, _b in fake.calls if path.endswith("/channels")]
+        assert len(reads) == 6  # the first start's, four refused, the one that worked
+    finally:
+        await adapter.stop()
+
+
 async def test_a_refused_token_fails_start_with_invalid_token(
     fake: FakeMattermost, caplog: pytest.LogCaptureFixture
 ) -> None:
