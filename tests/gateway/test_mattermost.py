@@ -425,8 +425,13 @@ async def test_allowlists_are_by_user_id(tmp_path: Path, fake: FakeMattermost) -
         await gw.stop()
 
 
-async def test_rate_limits_are_waited_out(gw: Gateway, fake: FakeMattermost) -> None:
-    fake.fail_next("POST /posts", 429, {"X-Ratelimit-Reset": "1", "X-Ratelimit-Limit": "10"})
+@pytest.mark.parametrize(
+    "headers", [{"X-Ratelimit-Reset": "1", "X-Ratelimit-Limit": "10"}, {"Retry-After": "1"}]
+)
+async def test_rate_limits_are_waited_out(
+    gw: Gateway, fake: FakeMattermost, headers: dict[str, str]
+) -> None:
+    fake.fail_next("POST /posts", 429, headers)
     await fake.say("patience")
     [reply] = await fake.wait_bot_posts(1)
     assert reply["message"] == "echo: patience"
