@@ -92,6 +92,10 @@ class FakeMattermost:
         await self._broadcast(post, mentions)
         return post
 
+    async def redeliver(self, post: dict[str, Any]) -> None:
+        """The server sends a `posted` event for the same post again."""
+        await self._broadcast(post, None)
+
     def bot_posts(self) -> list[dict[str, Any]]:
         return [p for p in self.posts.values() if p["user_id"] == BOT_ID]
 

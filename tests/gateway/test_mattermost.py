@@ -407,7 +407,7 @@ async def test_a_chat_command_and_a_redelivered_post_answered_once(
     post = await fake.say(" /status")  # a leading space: Mattermost clients keep / for their own
     [reply] = await fake.wait_bot_posts(1)
     assert reply["message"].startswith("Session: ")
-    await fake._broadcast(post, None)  # the server sends the same post again
+    await fake.redeliver(post)
     await asyncio.sleep(0.3)
     assert len(fake.bot_posts()) == 1
 
