@@ -22,6 +22,7 @@ BUILTIN = {
     "discord": "gateway.adapters.discord:DiscordAdapter",
     "slack": "gateway.adapters.slack:SlackAdapter",
     "signal": "gateway.adapters.signal:SignalAdapter",
+    "mattermost": "gateway.adapters.mattermost:MattermostAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

@@ -13,16 +13,19 @@ import pytest
 from gateway.adapters.api import ApiAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.signal import SignalAdapter
+from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.signal import ALICE, BOT, FakeSignal
+from tests.fakes.mattermost import TOWN, FakeMattermost
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "signal"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "mattermost"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -37,12 +40,16 @@ async def case(
         fake = FakeDiscord()
     elif request.param == "signal":
         fake = FakeSignal()
+    elif request.param == "mattermost":
+        fake = FakeMattermost()
     else:
         fake = FakeSlack()
     await fake.start()
     try:
         if isinstance(fake, FakeTelegram):
             yield TelegramAdapter(fake.token, base_url=fake.base_url, poll_timeout_s=1), "42", fake
+        elif isinstance(fake, FakeMattermost):
+            yield MattermostAdapter(fake.token, fake.url), TOWN, fake
         elif isinstance(fake, FakeDiscord):
             adapter = DiscordAdapter(
                 fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
@@ -63,6 +70,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.posted(GENERAL)[0]["content"])
     if isinstance(fake, FakeSignal):
         return str(fake.delivered()[0]["message"])
+    if isinstance(fake, FakeMattermost):
+        return str(fake.bot_posts()[0]["message"])
     return str(fake.posted()[0]["text"])
 
 

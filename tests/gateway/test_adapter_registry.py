@@ -27,6 +27,7 @@ from tests.fakes.discord import FakeDiscord, restore_discord_globals
 from tests.fakes.signal import BOT as SIGNAL_BOT
 from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
 from tests.fakes.signal import FakeSignal
+from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
@@ -48,6 +49,7 @@ def _names_platform(text: str, value: bool) -> bool:
         elif name in low:
             return True
     return False
+PLATFORM_NAMES = ("telegram", "discord", "slack", "mattermost")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -139,17 +141,19 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x"}
+               "SLACK_SIGNING_SECRET": "x", "MATTERMOST_TOKEN": "m"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         required = {"signal": "    account: '+15550000001'\\n"}  # keys a section cannot do without
         path.write_text("platforms:\\n" + "".join(
             f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n{required.get(n, '')}"
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n"
+            + ("    url: https://chat.example.com\\n" if n == "mattermost" else "")
             for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -236,6 +240,20 @@ async def test_doctor_asks_signal_cli_about_the_account(tmp_path: Path, case: st
         assert (reach.ok, reach.detail) == expected[case]
     if case != "unreachable":
         assert [m for m, _p in fake.calls][:1] == ["version"]
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_mattermost_token_with_mattermostautodriver(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeMattermost()
+    await fake.start()
+    try:
+        token = fake.token if good else "revoked-token"
+        reach = await _reach(tmp_path, "mattermost", fake.url, {"MATTERMOST_TOKEN": token})
+    finally:
+        await fake.stop()
+    expected = (True, "@switchboard") if good else (False, "HTTP 401 (invalid or expired token)")
+    assert (reach.ok, reach.detail) == expected
+    assert [path for _verb, path, _body in fake.calls] == ["/users/me"]
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
