@@ -13,14 +13,16 @@ import pytest
 from gateway.adapters.api import ApiAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.slack import SlackAdapter
+from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
+from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "teams"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -33,6 +35,8 @@ async def case(
     elif request.param == "discord":
         restore_discord_globals(monkeypatch)
         fake = FakeDiscord()
+    elif request.param == "teams":
+        fake = FakeTeams()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -44,6 +48,9 @@ async def case(
                 fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
             )
             yield adapter, GENERAL, fake
+        elif isinstance(fake, FakeTeams):
+            yield TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url, token_url=fake.token_url,
+                               service_url=fake.service_url), "19:general@thread.tacv2", fake  # fmt: skip
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -55,6 +62,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):
         return str(fake.posted(GENERAL)[0]["content"])
+    if isinstance(fake, FakeTeams):
+        return str(fake.posted()[0]["text"])
     return str(fake.posted()[0]["text"])
 
 

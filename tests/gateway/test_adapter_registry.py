@@ -25,10 +25,11 @@ from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
 from tests.fakes.slack import FakeSlack
+from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "teams")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -114,7 +115,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x"}
+               "SLACK_SIGNING_SECRET": "x", "TEAMS_APP_ID": "a", "TEAMS_APP_PASSWORD": "p"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         path.write_text("platforms:\\n" + "".join(
@@ -122,7 +123,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "jwt", "cryptography")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -174,6 +175,32 @@ async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: 
     finally:
         await fake.stop()
     assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_teams_app_password_by_obtaining_a_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeTeams()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  teams:\n    enabled: true\n    allow_all_users: true\n"
+            f"    token_url: {fake.token_url}\n"
+        )
+        env = {"TEAMS_APP_ID": APP_ID, "TEAMS_APP_PASSWORD": PASSWORD if good else "wrong"}
+        checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)  # fmt: skip
+        [reach] = [c for c in checks if c.name == "teams reachable"]
+    finally:
+        await fake.stop()
+    expected = (
+        f"app {APP_ID}"
+        if good
+        else "the token endpoint refused the app id or password (invalid_client)"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [r["client_id"] for r in fake.token_requests()] == [APP_ID]
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
