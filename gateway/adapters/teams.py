@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
@@ -33,7 +32,14 @@ from gateway.adapters.base import (
     split_message,
 )
 from gateway.adapters.teams_auth import DEFAULT_METADATA_URL, BotFrameworkAuth, TokenRefused
-from gateway.adapters.teams_connector import DEFAULT_TOKEN_URL, BotToken, Connector
+from gateway.adapters.teams_connector import (
+    DEFAULT_TOKEN_URL,
+    BotToken,
+    Connector,
+    ConversationRef,
+    conversation_of,
+    split_conversation,
+)
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted, TransientError
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, setting
@@ -49,7 +55,6 @@ DEFAULT_SERVICE_URL = "https://smba.trafficmanager.net/teams/"
 TYPING_EVERY_S = 3.0
 TYPING_FOR_AT_MOST_S = 120.0
 SEEN = 10_000
-THREAD_MARK = ";messageid="
 
 
 def _home_channel(v: Any) -> str | None:
@@ -69,16 +74,6 @@ class TeamsSettings(PlatformSettings):
     token_url: str | None = setting(
         DEFAULT_TOKEN_URL, doc="OAuth token endpoint for the bot's token"
     )
-
-
-def split_conversation(conversation_id: str) -> tuple[str, str | None]:
-    """`19:x@thread.tacv2;messageid=17` -> ("19:x@thread.tacv2", "17"); others unchanged."""
-    base, mark, root = conversation_id.partition(THREAD_MARK)
-    return base, (root or None) if mark else None
-
-
-def conversation_of(chat_id: str, thread_id: str | None) -> str:
-    return f"{chat_id}{THREAD_MARK}{thread_id}" if thread_id else chat_id
 
 
 def _timestamp(value: Any) -> float:
@@ -152,53 +147,6 @@ def to_inbound(
     except (KeyError, TypeError, AttributeError, ValueError):
         log.info("ignored a malformed Teams activity: %.200r", activity)
         return None
-
-
-@dataclass(frozen=True)
-class ConversationRef:
-    """What a proactive message to a conversation needs, kept across restarts."""
-
-    service_url: str
-    kind: str  # personal | groupChat | channel
-    tenant_id: str | None = None
-    bot_id: str | None = None
-
-    @classmethod
-    def of(cls, activity: Mapping[str, Any]) -> tuple[str, ConversationRef] | None:
-        """(chat_id, reference) for any activity that names its conversation."""
-        conversation = activity.get("conversation") or {}
-        service_url = activity.get("serviceUrl")
-        if (
-            not isinstance(conversation, dict)
-            or not conversation.get("id")
-            or not isinstance(service_url, str)
-        ):
-            return None
-        data = activity.get("channelData") or {}
-        kind = str(conversation.get("conversationType") or "personal")
-        chat = str(conversation["id"])
-        if kind == "channel":
-            chat = str((data.get("channel") or {}).get("id") or split_conversation(chat)[0])
-        tenant = conversation.get("tenantId") or (data.get("tenant") or {}).get("id")
-        bot = (activity.get("recipient") or {}).get("id")
-        return chat, cls(service_url, kind, tenant, bot)
-
-    def dumps(self) -> str:
-        return json.dumps({"service_url": self.service_url, "kind": self.kind,
-                           "tenant_id": self.tenant_id, "bot_id": self.bot_id})  # fmt: skip
-
-    @classmethod
-    def loads(cls, text: str) -> ConversationRef | None:
-        try:
-            data = json.loads(text)
-            return cls(
-                str(data["service_url"]),
-                str(data["kind"]),
-                data.get("tenant_id"),
-                data.get("bot_id"),
-            )
-        except (ValueError, KeyError, TypeError):
-            return None
 
 
 def _utf8_len(text: str) -> int:
@@ -378,6 +326,11 @@ class TeamsAdapter:
         bot_ids = {f"28:{self.app_id}"} | (
             {found[1].bot_id} if found and found[1].bot_id else set()
         )
+        if found is not None and found[1].kind == "channel":
+            conv = (activity.get("conversation") or {}).get("id")
+            root = split_conversation(str(conv))[1]
+            if root:
+                await self._recall_thread(found[0], root)
         msg = to_inbound(activity, bot_ids, self._threads, self._require_mention)
         if msg is None or not msg.mentioned or self._emit is None:
             return web.Response(status=200)
@@ -392,7 +345,7 @@ class TeamsAdapter:
         if len(self._seen) > SEEN:
             self._seen.popitem(last=False)
         if msg.source.thread_id:
-            self._threads.add((msg.source.chat_id, msg.source.thread_id))
+            await self._take_part(msg.source.chat_id, msg.source.thread_id)
         return web.Response(status=200)
 
     async def _remember(self, chat_id: str, ref: ConversationRef) -> None:
@@ -410,6 +363,19 @@ class TeamsAdapter:
             if ref is not None:
                 self._refs[chat_id] = ref
         return ref
+
+    async def _take_part(self, chat_id: str, thread_id: str) -> None:
+        """A channel thread the bot started or answered in: later messages there need no
+        mention (remembered across restarts)."""
+        if (chat_id, thread_id) not in self._threads:
+            self._threads.add((chat_id, thread_id))
+            if self._cursors is not None:
+                await self._cursors.set(f"thread:{chat_id}:{thread_id}", "1")
+
+    async def _recall_thread(self, chat_id: str, thread_id: str) -> None:
+        if (chat_id, thread_id) not in self._threads and self._cursors is not None:
+            if await self._cursors.get(f"thread:{chat_id}:{thread_id}"):
+                self._threads.add((chat_id, thread_id))
 
     # --- typing -------------------------------------------------------------------------
 
@@ -470,7 +436,7 @@ class TeamsAdapter:
                 raise
             ids.append(str(sent.get("id") or ""))
         if msg.thread_id:
-            self._threads.add((msg.chat_id, msg.thread_id))
+            await self._take_part(msg.chat_id, msg.thread_id)
         return SentRef(self.platform, msg.chat_id, tuple(ids))
 
     async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
@@ -503,5 +469,5 @@ class TeamsAdapter:
         root = split_conversation(str(created.get("id") or ""))[1] or created.get("activityId")
         if not root:
             raise AdapterError(f"teams created a conversation with no thread id: {created!r:.200}")
-        self._threads.add((chat_id, str(root)))
+        await self._take_part(chat_id, str(root))
         return ThreadRef(self.platform, chat_id, str(root), name)

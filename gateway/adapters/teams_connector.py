@@ -2,17 +2,19 @@
 
 `BotToken` gets a token with the OAuth client-credentials flow (app id + app password) and
 keeps it until shortly before it expires. `Connector` posts activities and creates
-conversations at an activity's `serviceUrl`, mapping HTTP answers onto the gateway's
-errors (429 -> RetryAfter, 5xx and network -> TransientError, a refused app password ->
-InvalidToken) and retrying through `call_with_retry`.
+conversations at the `serviceUrl` a `ConversationRef` keeps for each conversation, mapping
+HTTP answers onto the gateway's errors (429 -> RetryAfter, 5xx and network ->
+TransientError, a refused app password -> InvalidToken), retried through `call_with_retry`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -24,6 +26,64 @@ DEFAULT_TOKEN_URL = "https://login.microsoftonline.com/botframework.com/oauth2/v
 SCOPE = "https://api.botframework.com/.default"
 EARLY_S = 300.0  # renew this long before the token's stated expiry
 REFUSALS = ("invalid_client", "unauthorized_client", "invalid_grant")
+THREAD_MARK = ";messageid="
+
+
+def split_conversation(conversation_id: str) -> tuple[str, str | None]:
+    """`19:x@thread.tacv2;messageid=17` -> ("19:x@thread.tacv2", "17"); others unchanged."""
+    base, mark, root = conversation_id.partition(THREAD_MARK)
+    return base, (root or None) if mark else None
+
+
+def conversation_of(chat_id: str, thread_id: str | None) -> str:
+    return f"{chat_id}{THREAD_MARK}{thread_id}" if thread_id else chat_id
+
+
+@dataclass(frozen=True)
+class ConversationRef:
+    """What a proactive message to a conversation needs, kept across restarts."""
+
+    service_url: str
+    kind: str  # personal | groupChat | channel
+    tenant_id: str | None = None
+    bot_id: str | None = None
+
+    @classmethod
+    def of(cls, activity: Mapping[str, Any]) -> tuple[str, ConversationRef] | None:
+        """(chat_id, reference) for any activity that names its conversation."""
+        conversation = activity.get("conversation") or {}
+        service_url = activity.get("serviceUrl")
+        if (
+            not isinstance(conversation, dict)
+            or not conversation.get("id")
+            or not isinstance(service_url, str)
+        ):
+            return None
+        data = activity.get("channelData") or {}
+        kind = str(conversation.get("conversationType") or "personal")
+        chat = str(conversation["id"])
+        if kind == "channel":
+            chat = str((data.get("channel") or {}).get("id") or split_conversation(chat)[0])
+        tenant = conversation.get("tenantId") or (data.get("tenant") or {}).get("id")
+        bot = (activity.get("recipient") or {}).get("id")
+        return chat, cls(service_url, kind, tenant, bot)
+
+    def dumps(self) -> str:
+        return json.dumps({"service_url": self.service_url, "kind": self.kind,
+                           "tenant_id": self.tenant_id, "bot_id": self.bot_id})  # fmt: skip
+
+    @classmethod
+    def loads(cls, text: str) -> ConversationRef | None:
+        try:
+            data = json.loads(text)
+            return cls(
+                str(data["service_url"]),
+                str(data["kind"]),
+                data.get("tenant_id"),
+                data.get("bot_id"),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 class BotToken:
@@ -156,8 +216,6 @@ class ConnectorRefused(AdapterError):
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    import json
-
     try:
         value = json.loads(text) if text.strip() else {}
     except ValueError:

@@ -247,15 +247,18 @@ async def test_replies_reach_a_conversation_after_a_restart(
     second = Gateway(config=_config(tmp_path, fake, base_url=dead), home=tmp_path / "home")
     await second.start()
     try:
-        adapter = Daemon(second).adapter
-        await adapter.send(OutboundMessage("teams", "a:1personal", "still here"))
-        await adapter.send(OutboundMessage("teams", CHANNEL, "a thread update", thread_id="42"))
+        d = Daemon(second)
+        await d.adapter.send(OutboundMessage("teams", "a:1personal", "still here"))
+        [_, _, proactive] = await fake.wait_posted(3)
+        assert (proactive["_conversation"], proactive["_reply_to"], proactive["text"]) == (
+            "a:1personal", None, "still here")  # fmt: skip
+        assert proactive["from"] == {"id": BOT_ID}
+        later = fake.activity("no mention needed", kind="channel", conversation=CHANNEL + ";messageid=42",
+                              activity_id="43", user="29:1bob", name="Bob", aad="aad-bob")  # fmt: skip
+        assert await fake.deliver(d.url, later) == 200  # a thread it answered in before the restart
         posts = await fake.wait_posted(4)
-        assert [(p["_conversation"], p["_reply_to"], p["text"]) for p in posts[2:]] == [
-            ("a:1personal", None, "still here"),
-            (CHANNEL + ";messageid=42", None, "a thread update"),
-        ]
-        assert posts[2]["from"] == {"id": BOT_ID}
+        assert (posts[3]["_conversation"], posts[3]["text"]) == (
+            CHANNEL + ";messageid=42", "echo: [Bob] no mention needed")  # fmt: skip
     finally:
         await second.stop()
 
@@ -334,6 +337,40 @@ async def test_a_long_answer_is_split_under_the_activity_size_limit(
     assert "".join(p["text"] for p in posts).replace("\n", "") == text.replace("\n", "")
 
 
+async def test_an_activity_the_gateway_could_not_store_is_answered_503_and_taken_again(
+    fake: FakeTeams,
+) -> None:
+    """Inbox before ack: NotAccepted from emit is a 503 (the Bot Framework sends it again),
+    and the redelivery is not mistaken for a duplicate."""
+    from gateway.adapters.api import ApiAdapter
+    from gateway.errors import NotAccepted
+    from gateway.messages import InboundMessage
+
+    taken: list[InboundMessage] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        if not taken and not getattr(emit, "refused", False):
+            emit.refused = True  # type: ignore[attr-defined]
+            raise NotAccepted("the store is full")
+        taken.append(msg)
+
+    adapter = TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url,
+                           token_url=fake.token_url, service_url=fake.service_url)  # fmt: skip
+    api = ApiAdapter(port=0, routes=dict(adapter.routes()))
+    await adapter.start(emit)
+    await api.start(emit)
+    try:
+        url = f"http://127.0.0.1:{api.bound_port}/teams/messages"
+        act = fake.activity("keep me", activity_id="77")
+        assert await fake.deliver(url, act) == 503
+        assert await fake.deliver(url, act) == 200
+        assert await fake.deliver(url, act) == 200  # now a duplicate: not emitted again
+        assert [m.text for m in taken] == ["keep me"]
+    finally:
+        await api.stop()
+        await adapter.stop()
+
+
 # --- pure translation, on recorded activities -----------------------------------------------
 
 RECORDED_CHANNEL_REPLY = {
@@ -397,7 +434,7 @@ def test_a_group_chat_mention_of_someone_else_does_not_address_the_bot() -> None
 
 
 def test_stored_references_are_json_per_conversation(tmp_path: Path) -> None:
-    from gateway.adapters.teams import ConversationRef
+    from gateway.adapters.teams_connector import ConversationRef
 
     chat, ref = ConversationRef.of(RECORDED_CHANNEL_REPLY)  # type: ignore[misc]
     assert (chat, ref.kind, ref.tenant_id, ref.bot_id) == (

@@ -135,3 +135,27 @@ def test_the_section_needs_the_api_server_and_both_secrets(tmp_path: Path) -> No
     assert "enable platforms.api" in found["platforms.teams.enabled"]
     assert "placeholder" in found["platforms.teams.token_env"]
     assert found["platforms.teams.app_id_env"].startswith("TEAMS_APP_ID is not set")
+
+
+async def test_a_password_revoked_while_running_stops_the_adapter(
+    fake: FakeTeams, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gateway.errors import AdapterError
+
+    adapter = TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url,
+                           token_url=fake.token_url, service_url=fake.service_url)  # fmt: skip
+
+    async def emit(msg: object) -> None:
+        return None
+
+    await adapter.start(emit)
+    try:
+        fake.password, fake.tokens = "rotated-by-an-admin", set()  # the old secret is revoked
+        with pytest.raises(AdapterError, match="refused the app id or password"):
+            await adapter.send(OutboundMessage("teams", "a:1personal", "hello?"))
+        assert adapter.health()["state"] == "failed: invalid app password"
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert errors == ["teams: the token endpoint refused the app id or password "
+                          "(invalid_client); the adapter is stopped"]  # fmt: skip
+    finally:
+        await adapter.stop()
