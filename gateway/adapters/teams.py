@@ -30,6 +30,7 @@ from gateway.adapters.base import (
     Route,
     failed,
     split_message,
+    utf16_len,
 )
 from gateway.adapters.teams_auth import DEFAULT_METADATA_URL, BotFrameworkAuth, TokenRefused
 from gateway.adapters.teams_connector import (
@@ -48,9 +49,10 @@ from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.teams")
 MESSAGES_PATH = "/teams/messages"
-# Teams refuses an activity over about 28 KB; text is cut at 24,000 UTF-8 bytes so the JSON
-# envelope and the markdown-to-HTML rendering fit in what is left
-LIMIT = 24_000
+# Teams counts a bot message's whole payload in UTF-16 and refuses it (413) past a limit:
+# 28 KB in older documentation, 40 KB now. Text is cut at 12,000 UTF-16 code units (24,000
+# bytes), so the JSON envelope fits under the stricter figure too.
+LIMIT = 12_000
 DEFAULT_SERVICE_URL = "https://smba.trafficmanager.net/teams/"
 TYPING_EVERY_S = 3.0
 TYPING_FOR_AT_MOST_S = 120.0
@@ -147,10 +149,6 @@ def to_inbound(
     except (KeyError, TypeError, AttributeError, ValueError):
         log.info("ignored a malformed Teams activity: %.200r", activity)
         return None
-
-
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8"))
 
 
 class TeamsAdapter:
@@ -423,7 +421,7 @@ class TeamsAdapter:
         ref = await self._ref(msg.chat_id)
         url = ref.service_url if ref else self._service_url
         ids = []
-        for part in split_message(msg.text, LIMIT, _utf8_len):
+        for part in split_message(msg.text, LIMIT, utf16_len):
             activity: dict[str, Any] = {"type": "message", "text": part, "textFormat": "markdown"}
             if ref is not None and ref.bot_id:
                 activity["from"] = {"id": ref.bot_id}

@@ -220,7 +220,7 @@ class FakeTeams:
         body = await request.json()
         body["_conversation"] = request.match_info["conv"]
         body["_reply_to"] = request.match_info.get("reply")
-        self.calls.append(("activity", request.path, body))
+        self.calls.append(("activity", request.raw_path, body))
         if not self._authorised(request):
             return web.json_response({"message": "Authorization has been denied"}, status=401)
         failure = self._failure(str(body.get("type")))

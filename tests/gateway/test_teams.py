@@ -85,6 +85,8 @@ async def test_a_personal_chat_is_a_dm_answered_as_a_reply_with_typing_first(
         assert (reply["text"], reply["textFormat"]) == ("echo: a slow hello", "markdown")
         [typing, *_] = fake.posted("typing")
         assert typing["_conversation"] == "a:1personal"
+        paths = [p for k, p, b in fake.calls if k == "activity" and b["type"] == "message"]
+        assert paths == [f"/amer/v3/conversations/a%3A1personal/activities/{act['id']}"]
         order = [b["type"] for k, _p, b in fake.calls if k == "activity"]
         assert order.index("typing") < order.index("message")
         entry = d.key("agent:main:teams:dm:a%3A1personal")
@@ -330,10 +332,10 @@ async def test_the_bot_token_is_fetched_once_and_reused(gw: Daemon, fake: FakeTe
 async def test_a_long_answer_is_split_under_the_activity_size_limit(
     gw: Daemon, fake: FakeTeams
 ) -> None:
-    text = "\n\n".join("é" * 900 + f" paragraph {i}" for i in range(40))  # ~72 KB of UTF-8
+    text = "\n\n".join("é" * 900 + f" paragraph {i}" for i in range(40))  # ~73 KB of UTF-16
     await gw.adapter.send(OutboundMessage("teams", "a:1personal", text))
     posts = fake.posted()
-    assert len(posts) >= 3 and all(len(p["text"].encode()) <= 24_000 for p in posts)
+    assert len(posts) >= 3 and all(len(p["text"].encode("utf-16-le")) <= 24_000 for p in posts)
     assert "".join(p["text"] for p in posts).replace("\n", "") == text.replace("\n", "")
 
 
