@@ -23,6 +23,7 @@ BUILTIN = {
     "slack": "gateway.adapters.slack:SlackAdapter",
     "signal": "gateway.adapters.signal:SignalAdapter",
     "mattermost": "gateway.adapters.mattermost:MattermostAdapter",
+    "teams": "gateway.adapters.teams:TeamsAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

@@ -15,17 +15,20 @@ from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.slack import SlackAdapter
+from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.mattermost import TOWN, FakeMattermost
 from tests.fakes.slack import SECRET, FakeSlack
+from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
 
 
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "signal"])
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "mattermost"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "teams"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -42,6 +45,8 @@ async def case(
         fake = FakeSignal()
     elif request.param == "mattermost":
         fake = FakeMattermost()
+    elif request.param == "teams":
+        fake = FakeTeams()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -57,6 +62,9 @@ async def case(
             yield adapter, GENERAL, fake
         elif isinstance(fake, FakeSignal):
             yield SignalAdapter(fake.url, BOT), ALICE, fake
+        elif isinstance(fake, FakeTeams):
+            yield TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url, token_url=fake.token_url,
+                               service_url=fake.service_url), "19:general@thread.tacv2", fake  # fmt: skip
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -72,6 +80,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.delivered()[0]["message"])
     if isinstance(fake, FakeMattermost):
         return str(fake.bot_posts()[0]["message"])
+    if isinstance(fake, FakeTeams):
+        return str(fake.posted()[0]["text"])
     return str(fake.posted()[0]["text"])
 
 

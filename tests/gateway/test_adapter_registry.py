@@ -29,6 +29,7 @@ from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
 from tests.fakes.signal import FakeSignal
 from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.slack import FakeSlack
+from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +51,7 @@ def _names_platform(text: str, value: bool) -> bool:
             return True
     return False
 PLATFORM_NAMES = ("telegram", "discord", "slack", "mattermost")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "teams")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -142,6 +144,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
                "SLACK_SIGNING_SECRET": "x", "MATTERMOST_TOKEN": "m"}
+               "SLACK_SIGNING_SECRET": "x", "TEAMS_APP_ID": "a", "TEAMS_APP_PASSWORD": "p"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         required = {"signal": "    account: '+15550000001'\\n"}  # keys a section cannot do without
@@ -154,6 +157,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "jwt", "cryptography")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -254,6 +258,30 @@ async def test_doctor_checks_a_mattermost_token_with_mattermostautodriver(
     expected = (True, "@switchboard") if good else (False, "HTTP 401 (invalid or expired token)")
     assert (reach.ok, reach.detail) == expected
     assert [path for _verb, path, _body in fake.calls] == ["/users/me"]
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_teams_app_password_by_obtaining_a_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeTeams()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  teams:\n    enabled: true\n    allow_all_users: true\n"
+            f"    token_url: {fake.token_url}\n"
+        )
+        env = {"TEAMS_APP_ID": APP_ID, "TEAMS_APP_PASSWORD": PASSWORD if good else "wrong"}
+        checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)  # fmt: skip
+        [reach] = [c for c in checks if c.name == "teams reachable"]
+    finally:
+        await fake.stop()
+    expected = (
+        f"app {APP_ID}"
+        if good
+        else "the token endpoint refused the app id or password (invalid_client)"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [r["client_id"] for r in fake.token_requests()] == [APP_ID]
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
