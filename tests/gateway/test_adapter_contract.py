@@ -14,13 +14,15 @@ from gateway.adapters.api import ApiAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
+from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.whatsapp import APP_SECRET, PHONE_ID, TOKEN, VERIFY, FakeGraph
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "whatsapp"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -33,6 +35,8 @@ async def case(
     elif request.param == "discord":
         restore_discord_globals(monkeypatch)
         fake = FakeDiscord()
+    elif request.param == "whatsapp":
+        fake = FakeGraph()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -44,6 +48,12 @@ async def case(
                 fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
             )
             yield adapter, GENERAL, fake
+        elif isinstance(fake, FakeGraph):
+            yield (
+                WhatsAppAdapter(PHONE_ID, TOKEN, APP_SECRET, VERIFY, base_url=fake.base_url),
+                "15551234567",
+                fake,
+            )
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -55,6 +65,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):
         return str(fake.posted(GENERAL)[0]["content"])
+    if isinstance(fake, FakeGraph):
+        return str(fake.sent()[0]["text"]["body"])
     return str(fake.posted()[0]["text"])
 
 

@@ -26,9 +26,10 @@ from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "whatsapp")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -114,11 +115,14 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x"}
+               "SLACK_SIGNING_SECRET": "x", "WHATSAPP_TOKEN": "w", "WHATSAPP_APP_SECRET": "w",
+               "WHATSAPP_VERIFY_TOKEN": "w"}
+        extra = {"whatsapp": "    phone_number_id: '1'\\n"}  # keys a platform requires
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         path.write_text("platforms:\\n" + "".join(
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" for n in adapters.names()))
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" + extra.get(n, "")
+            for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
@@ -174,6 +178,31 @@ async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: 
     finally:
         await fake.stop()
     assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_whatsapp_token_against_the_graph_api(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeGraph()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  whatsapp:\n    enabled: true\n    allow_all_users: true\n"
+            f"    phone_number_id: '{PHONE_ID}'\n    base_url: {fake.base_url}\n"
+        )
+        env = {"WHATSAPP_TOKEN": TOKEN if good else "EAAG-bad", "WHATSAPP_APP_SECRET": "s-1",
+               "WHATSAPP_VERIFY_TOKEN": "v-1"}  # fmt: skip
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "whatsapp reachable"]
+    assert reach.ok == good
+    assert reach.detail == "Switchboard Test" if good else "access token (190)" in reach.detail
+    assert fake.calls[0][:2] == ("GET", f"/v23.0/{PHONE_ID}")
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
