@@ -22,6 +22,7 @@ BUILTIN = {
     "discord": "gateway.adapters.discord:DiscordAdapter",
     "slack": "gateway.adapters.slack:SlackAdapter",
     "whatsapp": "gateway.adapters.whatsapp:WhatsAppAdapter",
+    "sms": "gateway.adapters.sms:SmsAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

@@ -13,16 +13,18 @@ import pytest
 from gateway.adapters.api import ApiAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.slack import SlackAdapter
+from gateway.adapters.sms import SmsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
 from tests.fakes.whatsapp import APP_SECRET, PHONE_ID, TOKEN, VERIFY, FakeGraph
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack", "whatsapp"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "whatsapp", "sms"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -37,6 +39,8 @@ async def case(
         fake = FakeDiscord()
     elif request.param == "whatsapp":
         fake = FakeGraph()
+    elif request.param == "sms":
+        fake = FakeTwilio()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -48,6 +52,9 @@ async def case(
                 fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
             )
             yield adapter, GENERAL, fake
+        elif isinstance(fake, FakeTwilio):
+            adapter = SmsAdapter(ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, base_url=fake.base_url)
+            yield adapter, "+15551234567", fake
         elif isinstance(fake, FakeGraph):
             yield (
                 WhatsAppAdapter(PHONE_ID, TOKEN, APP_SECRET, VERIFY, base_url=fake.base_url),
@@ -65,6 +72,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):
         return str(fake.posted(GENERAL)[0]["content"])
+    if isinstance(fake, FakeTwilio):
+        return fake.sent()[0]["Body"]
     if isinstance(fake, FakeGraph):
         return str(fake.sent()[0]["text"]["body"])
     return str(fake.posted()[0]["text"])
