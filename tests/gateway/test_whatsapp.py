@@ -14,8 +14,8 @@ import pytest
 
 from gateway.adapters.api import ApiAdapter
 from gateway.adapters.base import split_message
-from gateway.adapters.whatsapp import (
-    WhatsAppAdapter,
+from gateway.adapters.whatsapp import WhatsAppAdapter
+from gateway.adapters.whatsapp_wire import (
     WindowClosed,
     graph_error,
     messages_of,
