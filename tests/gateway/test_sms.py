@@ -5,6 +5,7 @@ of the Messages REST API; plus the pure translation of recorded forms."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +22,14 @@ from gateway.adapters.sms import (
 )
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import AdapterError, InvalidToken, NotAccepted, RetryAfter, TransientError
+from gateway.errors import (
+    AdapterError,
+    ConfigError,
+    InvalidToken,
+    NotAccepted,
+    RetryAfter,
+    TransientError,
+)
 from gateway.messages import InboundMessage, OutboundMessage
 from tests.fakes.twilio import (
     ACCOUNT,
@@ -273,3 +281,42 @@ def test_markdown_becomes_plain_text() -> None:
         "Plan\n\nBold and italic and under and code, snake_case_name kept.\n"
         "- one\n- two\nquoted\n\nprint(1)\n\nSee the docs (https://x.io/a) or https://x.io/i.png."
     )
+
+
+# --- config ---------------------------------------------------------------------------------
+
+
+def _problems(tmp_path: Path, section: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("platforms:\n" + section)
+    try:
+        load_config(cfg, {"TWILIO_AUTH_TOKEN": AUTH_TOKEN} if env is None else env)
+    except ConfigError as exc:
+        found: dict[str, str] = {}
+        for e in exc.all():  # a refused value also counts as missing: keep both problems
+            found[e.key] = f"{found[e.key]}; {e.problem}" if e.key in found else e.problem
+        return found
+    return {}
+
+
+def test_the_section_needs_its_keys_and_refuses_placeholders(tmp_path: Path) -> None:
+    found = _problems(tmp_path, "  sms:\n    enabled: true\n    allow_all_users: true\n", env={})
+    assert set(found) == {"platforms.sms.account_sid", "platforms.sms.from_number",
+                          "platforms.sms.webhook_url", "platforms.sms.token_env"}  # fmt: skip
+    assert found["platforms.sms.token_env"].startswith("TWILIO_AUTH_TOKEN is not set")
+    found = _problems(tmp_path, "  api:\n    enabled: false\n  sms:\n    enabled: true\n"
+                      "    allow_all_users: true\n    account_sid: ACxxxxxxxxxxxxxxxx\n"
+                      "    from_number: '5551234'\n    webhook_url: <your-url>\n")  # fmt: skip
+    assert "must be an AC" in found["platforms.sms.account_sid"]
+    assert "E.164" in found["platforms.sms.from_number"]
+    assert "placeholder" in found["platforms.sms.webhook_url"]
+    assert "enable platforms.api" in found["platforms.sms.enabled"]
+
+
+def test_a_missing_twilio_package_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "twilio", None)  # what an uninstalled package looks like
+    found = _problems(tmp_path, f"  sms:\n    enabled: true\n    allow_all_users: true\n"
+                      f"    account_sid: {ACCOUNT}\n    from_number: '{FROM}'\n    webhook_url: {PUBLIC_URL}\n")  # fmt: skip
+    assert found == {"platforms.sms": "needs the twilio package: pip install 'switchboard[sms]'"}

@@ -25,7 +25,14 @@ from gateway.adapters.whatsapp_wire import (
 )
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import AdapterError, InvalidToken, NotAccepted, RetryAfter, TransientError
+from gateway.errors import (
+    AdapterError,
+    ConfigError,
+    InvalidToken,
+    NotAccepted,
+    RetryAfter,
+    TransientError,
+)
 from gateway.messages import InboundMessage, OutboundMessage
 from tests.fakes import wait_for_count
 from tests.fakes.whatsapp import (
@@ -393,3 +400,22 @@ def test_graph_errors(
 def test_markdown_becomes_whatsapp_formatting_outside_code() -> None:
     assert to_whatsapp("**bold** and [docs](https://x.io/a)") == "*bold* and docs (https://x.io/a)"
     assert to_whatsapp("```\n**kept**\n```") == "```\n**kept**\n```"
+
+
+def test_the_section_needs_its_keys_and_the_api_server(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  whatsapp:\n    enabled: true\n"
+        "    allow_all_users: true\n    api_version: '23'\n    max_age_seconds: 5\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {"WHATSAPP_TOKEN": "changeme"})
+    found = {e.key: e.problem for e in err.value.all()}
+    assert set(found) == {
+        "platforms.whatsapp.enabled", "platforms.whatsapp.phone_number_id",
+        "platforms.whatsapp.api_version", "platforms.whatsapp.max_age_seconds",
+        "platforms.whatsapp.token_env", "platforms.whatsapp.app_secret_env",
+        "platforms.whatsapp.verify_token_env",
+    }  # fmt: skip
+    assert "placeholder" in found["platforms.whatsapp.token_env"]
+    assert found["platforms.whatsapp.app_secret_env"].startswith("WHATSAPP_APP_SECRET is not set")
