@@ -24,6 +24,8 @@ BUILTIN = {
     "signal": "gateway.adapters.signal:SignalAdapter",
     "mattermost": "gateway.adapters.mattermost:MattermostAdapter",
     "teams": "gateway.adapters.teams:TeamsAdapter",
+    "whatsapp": "gateway.adapters.whatsapp:WhatsAppAdapter",
+    "sms": "gateway.adapters.sms:SmsAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

@@ -101,9 +101,11 @@ class ApiAdapter:
         # prefix -> app factory (the dashboard's /ui and /api); they authenticate their own
         # callers (sign-in cookie or the key), so the bearer check here skips them
         self._subapps = dict(subapps or {})
-        # extra POST endpoints other adapters serve here (Slack's Events API); they
-        # authenticate their own callers (Slack signs), so the bearer key does not apply
+        # extra endpoints other adapters serve here (Slack's Events API), keyed by path
+        # (POST) or "METHOD path"; they authenticate their own callers (Slack signs), so
+        # the bearer key does not apply
         self._routes = dict(routes or {})
+        self._route_paths = {key.rpartition(" ")[2] for key in self._routes}
         self.host = host
         self.port = port
         self._key = key
@@ -129,8 +131,9 @@ class ApiAdapter:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/health", self._health_view)
         app.router.add_get("/metrics", self._metrics_view)
-        for path, handler in self._routes.items():
-            app.router.add_post(path, handler)
+        for key, handler in self._routes.items():
+            method, _, path = key.rpartition(" ")
+            app.router.add_route(method or "POST", path, handler)
         for prefix, factory in self._subapps.items():
             app.add_subapp(prefix, factory())
         return app
@@ -204,7 +207,7 @@ class ApiAdapter:
         if (
             self._key is not None
             and request.path != "/health"
-            and request.path not in self._routes
+            and request.path not in self._route_paths
             and not any(request.path.startswith(p + "/") for p in self._subapps)
         ):
             header = request.headers.get("Authorization", "")

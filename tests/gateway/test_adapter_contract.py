@@ -16,7 +16,9 @@ from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.teams import TeamsAdapter
+from gateway.adapters.sms import SmsAdapter
 from gateway.adapters.telegram import TelegramAdapter
+from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.signal import ALICE, BOT, FakeSignal
@@ -24,11 +26,14 @@ from tests.fakes.mattermost import TOWN, FakeMattermost
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
+from tests.fakes.whatsapp import APP_SECRET, PHONE_ID, TOKEN, VERIFY, FakeGraph
 
 
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "signal"])
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "mattermost"])
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "teams"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "whatsapp", "sms"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -47,6 +52,10 @@ async def case(
         fake = FakeMattermost()
     elif request.param == "teams":
         fake = FakeTeams()
+    elif request.param == "whatsapp":
+        fake = FakeGraph()
+    elif request.param == "sms":
+        fake = FakeTwilio()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -65,6 +74,15 @@ async def case(
         elif isinstance(fake, FakeTeams):
             yield TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url, token_url=fake.token_url,
                                service_url=fake.service_url), "19:general@thread.tacv2", fake  # fmt: skip
+        elif isinstance(fake, FakeTwilio):
+            adapter = SmsAdapter(ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, base_url=fake.base_url)
+            yield adapter, "+15551234567", fake
+        elif isinstance(fake, FakeGraph):
+            yield (
+                WhatsAppAdapter(PHONE_ID, TOKEN, APP_SECRET, VERIFY, base_url=fake.base_url),
+                "15551234567",
+                fake,
+            )
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -82,6 +100,10 @@ def _delivered(fake: Any) -> str:
         return str(fake.bot_posts()[0]["message"])
     if isinstance(fake, FakeTeams):
         return str(fake.posted()[0]["text"])
+    if isinstance(fake, FakeTwilio):
+        return fake.sent()[0]["Body"]
+    if isinstance(fake, FakeGraph):
+        return str(fake.sent()[0]["text"]["body"])
     return str(fake.posted()[0]["text"])
 
 

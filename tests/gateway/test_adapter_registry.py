@@ -31,6 +31,8 @@ from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.slack import FakeSlack
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
+from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM_NAMES = ("telegram", "discord", "slack", "signal")
@@ -52,6 +54,7 @@ def _names_platform(text: str, value: bool) -> bool:
     return False
 PLATFORM_NAMES = ("telegram", "discord", "slack", "mattermost")
 PLATFORM_NAMES = ("telegram", "discord", "slack", "teams")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "whatsapp", "sms")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -145,6 +148,11 @@ def test_config_and_registry_load_no_chat_library() -> None:
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
                "SLACK_SIGNING_SECRET": "x", "MATTERMOST_TOKEN": "m"}
                "SLACK_SIGNING_SECRET": "x", "TEAMS_APP_ID": "a", "TEAMS_APP_PASSWORD": "p"}
+               "SLACK_SIGNING_SECRET": "x", "WHATSAPP_TOKEN": "w", "WHATSAPP_APP_SECRET": "w",
+               "WHATSAPP_VERIFY_TOKEN": "w", "TWILIO_AUTH_TOKEN": "t"}
+        extra = {"whatsapp": "    phone_number_id: '1'\\n",  # keys a platform requires
+                 "sms": "    account_sid: AC0123456789abcdef0123456789abcdef\\n"
+                        "    from_number: '+15550100000'\\n    webhook_url: https://h.example/sms\\n"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         required = {"signal": "    account: '+15550000001'\\n"}  # keys a section cannot do without
@@ -152,12 +160,14 @@ def test_config_and_registry_load_no_chat_library() -> None:
             f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n{required.get(n, '')}"
             f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n"
             + ("    url: https://chat.example.com\\n" if n == "mattermost" else "")
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" + extra.get(n, "")
             for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "jwt", "cryptography")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "twilio")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -263,6 +273,11 @@ async def test_doctor_checks_a_teams_app_password_by_obtaining_a_token(
     tmp_path: Path, good: bool
 ) -> None:
     fake = FakeTeams()
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_whatsapp_token_against_the_graph_api(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeGraph()
     await fake.start()
     try:
         cfg = tmp_path / "c.yaml"
@@ -282,6 +297,45 @@ async def test_doctor_checks_a_teams_app_password_by_obtaining_a_token(
     )
     assert (reach.ok, reach.detail) == (good, expected)
     assert [r["client_id"] for r in fake.token_requests()] == [APP_ID]
+            "platforms:\n  whatsapp:\n    enabled: true\n    allow_all_users: true\n"
+            f"    phone_number_id: '{PHONE_ID}'\n    base_url: {fake.base_url}\n"
+        )
+        env = {"WHATSAPP_TOKEN": TOKEN if good else "EAAG-bad", "WHATSAPP_APP_SECRET": "s-1",
+               "WHATSAPP_VERIFY_TOKEN": "v-1"}  # fmt: skip
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "whatsapp reachable"]
+    assert reach.ok == good
+    assert reach.detail == "Switchboard Test" if good else "access token (190)" in reach.detail
+    assert fake.calls[0][:2] == ("GET", f"/v23.0/{PHONE_ID}")
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_twilio_credentials_with_the_twilio_library(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeTwilio()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  sms:\n    enabled: true\n    allow_all_users: true\n"
+            f"    account_sid: {ACCOUNT}\n    from_number: '{FROM}'\n    webhook_url: {PUBLIC_URL}\n"
+            f"    base_url: {fake.base_url}\n"
+        )
+        env = {"TWILIO_AUTH_TOKEN": AUTH_TOKEN if good else "wrong-token"}
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "sms reachable"]
+    assert reach.ok == good
+    assert reach.detail == "Switchboard Test" if good else "credentials (20003)" in reach.detail
+    assert fake.calls[0][:2] == ("GET", f"/2010-04-01/Accounts/{ACCOUNT}.json")
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
