@@ -28,7 +28,7 @@ from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "email")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -114,15 +114,18 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x"}
+               "SLACK_SIGNING_SECRET": "x", "EMAIL_PASSWORD": "p"}
+        extra = {"email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
+                          "    smtp_host: smtp.example.com\\n"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         path.write_text("platforms:\\n" + "".join(
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" for n in adapters.names()))
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" + extra.get(n, "")
+            for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "aioimaplib", "aiosmtplib")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
