@@ -289,6 +289,8 @@ class EmailAdapter:
     async def send(self, msg: OutboundMessage) -> SentRef:
         if msg.notice and msg.reply_to:  # said in the answer's mail, not a mail of its own
             self._notices.setdefault(msg.reply_to, []).append(msg.text)
+            while len(self._notices) > REMEMBERED:  # a notice whose answer never came
+                self._notices.pop(next(iter(self._notices)))
             return SentRef(self.platform, msg.chat_id, ())
         text = "\n\n".join([*self._notices.pop(msg.reply_to or "", []), msg.text])
         original = self._originals.get(msg.reply_to or "") or self._originals.get(

@@ -71,7 +71,11 @@ class Connection:
         if login.result != "OK":
             await self.close()
             raise InvalidToken(f"IMAP login refused for {a.user}: {_text(login.lines)}")
-        selected = await self._ok(self.client.select(_quote(a.folder)), "SELECT")
+        try:
+            selected = await self._ok(self.client.select(_quote(a.folder)), "SELECT")
+        except TransientError:
+            await self.close()
+            raise
         for line in selected.lines:
             found = re.search(rb"\[(UIDVALIDITY|UIDNEXT) (\d+)\]", bytes(line))
             if found and found.group(1) == b"UIDVALIDITY":
@@ -229,12 +233,17 @@ class Watcher:
                 log.error("email adapter stopped: %s", exc)
                 await self._drop()
                 return
-            except TransientError as exc:
-                self.last_error = str(exc)
+            except (
+                Exception
+            ) as exc:  # a network failure, NotAccepted, or a surprise: our place is kept
+                self.last_error = f"{type(exc).__name__}: {exc}"
                 await self._drop()
                 delay = self.backoff.delay(attempt)
                 attempt += 1
-                log.warning("email: %s; retrying in %.1fs", exc, delay)
+                if isinstance(exc, TransientError):
+                    log.warning("email: %s; retrying in %.1fs", exc, delay)
+                else:
+                    log.exception("email: unexpected failure; retrying in %.1fs", delay)
                 await asyncio.sleep(delay)
 
     async def catch_up(self, conn: Connection) -> None:

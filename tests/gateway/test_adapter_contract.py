@@ -12,20 +12,37 @@ import pytest
 
 from gateway.adapters.api import ApiAdapter
 from gateway.adapters.discord import DiscordAdapter
+from gateway.adapters.email import EmailAdapter, SmtpAccount
+from gateway.adapters.email_imap import ImapAccount
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
+from tests.fakes.imap import FakeImap
 from tests.fakes.slack import SECRET, FakeSlack
+from tests.fakes.smtp import FakeSmtp
 from tests.fakes.telegram import FakeTelegram
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "email"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
     if request.param == "api":
         yield ApiAdapter(port=0), "chat-1", None
+        return
+    if request.param == "email":
+        imap, smtp = FakeImap(), FakeSmtp()
+        await imap.start()
+        await smtp.start()
+        try:
+            yield EmailAdapter(
+                imap.user, ImapAccount("127.0.0.1", imap.port, "plain", imap.user, imap.password),
+                SmtpAccount("127.0.0.1", smtp.port, "plain", smtp.user, smtp.password),
+            ), "alice@example.com", smtp  # fmt: skip
+        finally:
+            await imap.stop()
+            await smtp.stop()
         return
     fake: Any
     if request.param == "telegram":
@@ -51,6 +68,8 @@ async def case(
 
 
 def _delivered(fake: Any) -> str:
+    if isinstance(fake, FakeSmtp):
+        return str(fake.accepted[0].message.get_body(("plain",)).get_content()).strip()
     if isinstance(fake, FakeTelegram):
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):

@@ -24,7 +24,9 @@ from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
+from tests.fakes.imap import FakeImap
 from tests.fakes.slack import FakeSlack
+from tests.fakes.smtp import FakeSmtp
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,6 +179,41 @@ async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: 
     finally:
         await fake.stop()
     assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
+
+
+@pytest.mark.parametrize("bad", [None, "imap", "smtp"])
+async def test_doctor_logs_in_to_imap_and_smtp_with_aioimaplib_and_aiosmtplib(
+    tmp_path: Path, bad: str | None
+) -> None:
+    imap, smtp = FakeImap(), FakeSmtp()
+    if bad == "imap":
+        imap.password = "other"
+    elif bad == "smtp":
+        smtp.password = "other"
+    await imap.start()
+    await smtp.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            f"platforms:\n  email:\n    enabled: true\n    allow_all_users: true\n"
+            f"    address: {imap.user}\n    imap_host: 127.0.0.1\n    imap_port: {imap.port}\n"
+            f"    imap_tls: plain\n    smtp_host: 127.0.0.1\n    smtp_port: {smtp.port}\n"
+            "    smtp_tls: plain\n"
+        )
+        config = load_config(cfg, {"EMAIL_PASSWORD": "s3cret-pw"})
+        checks = await run_doctor(tmp_path / "home", config, None, fix=False, full=False)
+    finally:
+        await imap.stop()
+        await smtp.stop()
+    [reach] = [c for c in checks if c.name == "email reachable"]
+    if bad is None:
+        assert (reach.ok, reach.detail) == (True, f"{imap.user} (IMAP 127.0.0.1, SMTP 127.0.0.1)")
+    else:
+        assert not reach.ok and reach.detail.startswith(
+            f"{bad.upper()} login refused for {imap.user}"
+        )
+    assert imap.logins  # asked through aioimaplib
+    assert bool(smtp.auth_attempts) is (bad != "imap")  # SMTP is tried once IMAP said yes
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
@@ -665,3 +666,55 @@ async def test_sethome_then_handoff_opens_a_mail_thread_that_continues_the_sessi
     await smtp.wait(4)
     contents = [m["content"] for m in await gw.db.get_messages(sid)]
     assert contents[-2:] == ["[Alice] carry on", "echo: [Alice] carry on"]  # the same session id
+
+
+# --- config ---------------------------------------------------------------------------
+
+
+def test_the_section_refuses_what_cannot_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.errors import ConfigError
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  email:\n    enabled: true\n    allowed_users: ['*@example.com', bob]\n"
+        "    imap_host: imap.example.com\n    imap_tls: plain\n    smtp_host: 127.0.0.1\n"
+        "    smtp_tls: plain\n    base_url: http://x\n    poll_seconds: 0\n"
+    )
+    monkeypatch.setitem(sys.modules, "aiosmtplib", None)  # as if it were not installed
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {})
+    found = {e.key: e.problem for e in err.value.all()}
+    assert found["platforms.email.address"] == "is required when email is enabled"
+    assert found["platforms.email.imap_tls"].startswith(
+        "plain (no TLS) is allowed only for a loopback"
+    )
+    assert "platforms.email.smtp_tls" not in found  # 127.0.0.1 may be plain
+    assert found["platforms.email.base_url"].startswith("is not used by email")
+    users = [e.problem for e in err.value.all() if e.key == "platforms.email.allowed_users"]
+    assert users == [
+        "must list whole email addresses (got '*@example.com')",
+        "must list whole email addresses (got 'bob')",
+    ]
+    assert found["platforms.email.poll_seconds"].startswith("must be between 1 and 3600")
+    assert found["platforms.email.token_env"].startswith("EMAIL_PASSWORD is not set")
+    assert (
+        found["platforms.email"] == "needs the aiosmtplib package: pip install 'switchboard[email]'"
+    )
+
+
+async def test_a_notice_rides_at_the_top_of_the_answer(servers: tuple[FakeImap, FakeSmtp]) -> None:
+    imap, smtp = servers
+    adapter = make_adapter(imap, smtp)
+    await adapter.start(Inbox().emit)
+    try:
+        notice = OutboundMessage(
+            "email", ALICE, "A new session was started.", reply_to="<m@x>", notice=True
+        )
+        assert (await adapter.send(notice)).message_ids == ()
+        await adapter.send(OutboundMessage("email", ALICE, "echo: hi", reply_to="<m@x>"))
+        [sent] = await smtp.wait(1)
+        assert plain(sent.message) == "A new session was started.\n\necho: hi\n"
+    finally:
+        await adapter.stop()
