@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.utils import formataddr
 from typing import Any, ClassVar
 
@@ -108,7 +108,9 @@ def to_inbound(
 def is_our_thread(message_id: str, our_address: str) -> bool:
     """A Message-ID create_thread made: `<switchboard-thread.<hex>@<our domain>>`."""
     local, _, domain = message_id.strip("<>").partition("@")
-    return local.startswith(THREAD_MARK) and domain.lower() == our_address.rpartition("@")[2]
+    return (
+        local.startswith(THREAD_MARK) and domain.lower() == our_address.rpartition("@")[2].lower()
+    )
 
 
 class EmailAdapter:
@@ -162,6 +164,7 @@ class EmailAdapter:
         from gateway.adapters.email_imap import Connection
 
         imap, smtp = _accounts(settings, secrets)
+        imap, smtp = replace(imap, timeout_s=10.0), replace(smtp, timeout_s=10.0)
         conn = Connection(imap)
         try:
             await conn.open()
