@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import ssl
+import subprocess
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 from tests.fakes import wait_for_count
 
@@ -45,12 +48,13 @@ class FakeImap:
     logins: list[tuple[str, bool]] = field(default_factory=list)
     uidnext: int = 1
     port: int = 0
+    tls: ssl.SSLContext | None = None  # implicit TLS (as on port 993)
     _server: asyncio.Server | None = None
     _conns: set[_Conn] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -223,3 +227,18 @@ def _unquote(word: str) -> str:
 def _imap_date(text: str) -> date:
     day, month, year = text.split("-")
     return date(int(year), MONTHS.index(month.capitalize()) + 1, int(day))
+
+
+def self_signed(folder: Path) -> tuple[Path, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 made with the openssl command (its file, to trust with
+    SSL_CERT_FILE) and a server context holding it."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return cert, context

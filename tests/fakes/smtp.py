@@ -1,10 +1,12 @@
 """A loopback SMTP server on aiosmtpd (a real SMTP implementation), in the test's own
-event loop: AUTH PLAIN/LOGIN without TLS (loopback), every accepted message kept as a
-parsed EmailMessage with its envelope, and a temporary failure on demand."""
+event loop: AUTH PLAIN/LOGIN (in the clear, after a required STARTTLS, or under implicit
+TLS), every accepted message kept as a parsed EmailMessage with its envelope, and a
+temporary failure on demand."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
 from email.message import EmailMessage
@@ -28,16 +30,20 @@ class FakeSmtp:
     auth_attempts: list[tuple[str, bool]] = field(default_factory=list)
     fail_next: int = 0  # answer this many DATA commands with 451
     port: int = 0
+    tls: ssl.SSLContext | None = None
+    tls_mode: str = "starttls"  # with `tls`: "starttls" (required) or "tls" (implicit)
     _server: asyncio.Server | None = None
 
     async def start(self) -> None:
         from aiosmtpd.smtp import SMTP
 
         loop = asyncio.get_running_loop()
+        starttls = self.tls if self.tls_mode == "starttls" else None
         self._server = await loop.create_server(
-            lambda: SMTP(self, hostname="fake-smtp.local", auth_require_tls=False,
+            lambda: SMTP(self, hostname="fake-smtp.local", auth_require_tls=starttls is not None,
+                         tls_context=starttls, require_starttls=starttls is not None,
                          authenticator=self._authenticate, loop=loop),
-            "127.0.0.1", 0,
+            "127.0.0.1", 0, ssl=self.tls if self.tls_mode == "tls" else None,
         )  # fmt: skip
         self.port = self._server.sockets[0].getsockname()[1]
 

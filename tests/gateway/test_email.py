@@ -8,6 +8,7 @@ import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.adapters.email import EmailAdapter, SmtpAccount, is_our_thread, to_inbound
-from gateway.adapters.email_imap import ImapAccount
+from gateway.adapters.email import EmailAdapter, SmtpAccount, _smtp_login, is_our_thread, to_inbound
+from gateway.adapters.email_imap import Connection, ImapAccount
 from gateway.adapters.email_inbound import clean_text, html_to_text, parse_mail
 from gateway.adapters.email_outbound import (
     MAX_REFERENCES,
@@ -28,12 +29,12 @@ from gateway.adapters.email_outbound import (
 )
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import InvalidToken, NotAccepted
+from gateway.errors import AdapterError, InvalidToken, NotAccepted
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.vocab import ChatType
 from tests.fakes import wait_for_count
-from tests.fakes.imap import FakeImap
+from tests.fakes.imap import FakeImap, self_signed
 from tests.fakes.smtp import FakeSmtp
 
 US = "agent@example.com"
@@ -718,3 +719,34 @@ async def test_a_notice_rides_at_the_top_of_the_answer(servers: tuple[FakeImap, 
         assert plain(sent.message) == "A new session was started.\n\necho: hi\n"
     finally:
         await adapter.stop()
+
+
+@pytest.mark.parametrize("smtp_tls", ["starttls", "tls"])
+async def test_tls_on_both_sides_verifies_the_servers_certificate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smtp_tls: str
+) -> None:
+    cert, context = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted by ssl.create_default_context()
+    imap, smtp = FakeImap(user=US, tls=context), FakeSmtp(user=US, tls=context, tls_mode=smtp_tls)
+    await imap.start()
+    await smtp.start()
+    adapter, inbox = make_adapter(imap, smtp), Inbox()
+    adapter.watcher.account = replace(adapter.watcher.account, tls="tls")
+    adapter.smtp = replace(adapter.smtp, tls=smtp_tls)
+    try:
+        await adapter.start(inbox.emit)
+        imap.deliver(mail("over TLS"))
+        [msg] = await inbox.wait(1)
+        await adapter.send(OutboundMessage("email", ALICE, "echo: over TLS", reply_to=msg.reply_to))
+        [sent] = await smtp.wait(1)
+        assert plain(sent.message).startswith("echo: over TLS")
+        assert smtp.auth_attempts == [(US, True), (US, True)]  # the check at start, the send
+        monkeypatch.delenv("SSL_CERT_FILE")  # a certificate nobody vouches for is refused
+        with pytest.raises(AdapterError):
+            await _smtp_login(adapter.smtp)
+        with pytest.raises(AdapterError, match="SSLCertVerificationError"):
+            await Connection(adapter.watcher.account).open()
+    finally:
+        await adapter.stop()
+        await imap.stop()
+        await smtp.stop()

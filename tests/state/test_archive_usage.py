@@ -64,7 +64,11 @@ async def test_per_model_usage_and_workspace(tmp_path: Path) -> None:
         await db.update_session_cwd("s", "/work/repo", git_branch="main", git_repo_root=" ")
         await db.update_session_cwd("s", "/work/repo/sub", git_branch="")
         row = await db.require_session("s")
-        assert (row["cwd"], row["git_branch"], row["git_repo_root"]) == ("/work/repo/sub", "main", None)
+        assert (row["cwd"], row["git_branch"], row["git_repo_root"]) == (
+            "/work/repo/sub",
+            "main",
+            None,
+        )
         assert json.loads(json.dumps(rows))  # plain values
     finally:
         await db.close()
@@ -86,7 +90,10 @@ async def test_the_async_store_records_per_model_usage_like_the_facade(tmp_path:
                                  input_tokens=3, output_tokens=4)  # fmt: skip
         rows = {(r["model"], r["billing_provider"]): r for r in await db.model_usage(sid)}
         assert set(rows) == {("small", "p1"), ("big", "p2")}
-        assert (rows["small", "p1"]["input_tokens"], rows["small", "p1"]["output_tokens"]) == (13, 9)
+        assert (rows["small", "p1"]["input_tokens"], rows["small", "p1"]["output_tokens"]) == (
+            13,
+            9,
+        )
         assert rows["big", "p2"]["api_call_count"] == 2
         assert rows["big", "p2"]["estimated_cost_usd"] == 0.25
         session = await db.require_session(sid)
