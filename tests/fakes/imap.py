@@ -53,8 +53,9 @@ class FakeImap:
     _conns: set[_Conn] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
+    async def start(self, port: int = 0) -> None:
+        """Listen on `port` (0: any free one; a stopped fake may start again on its old one)."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

@@ -750,3 +750,23 @@ async def test_tls_on_both_sides_verifies_the_servers_certificate(
         await adapter.stop()
         await imap.stop()
         await smtp.stop()
+
+
+async def test_an_imap_server_down_at_start_up_is_waited_for(
+    servers: tuple[FakeImap, FakeSmtp],
+) -> None:
+    imap, smtp = servers
+    await imap.stop()
+    adapter, inbox = make_adapter(imap, smtp), Inbox()
+    await adapter.start(inbox.emit)  # not fatal: only a refused login is
+    try:
+        assert adapter.health()["imap"] == "connecting" and "unreachable" in str(
+            adapter.health()["last_error"]
+        )
+        await imap.start(imap.port)
+        await imap.wait_command("SELECT")
+        imap.deliver(mail("you are back"))
+        [msg] = await inbox.wait(1)
+        assert msg.text == "you are back"
+    finally:
+        await adapter.stop()
