@@ -233,9 +233,8 @@ class Watcher:
                 log.error("email adapter stopped: %s", exc)
                 await self._drop()
                 return
-            except (
-                Exception
-            ) as exc:  # a network failure, NotAccepted, or a surprise: our place is kept
+            # a network failure, NotAccepted, or a surprise: our place is kept, and retried
+            except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 await self._drop()
                 delay = self.backoff.delay(attempt)
