@@ -157,8 +157,9 @@ class _TextOf(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         if self.hidden:
-            if tag == self.hidden[-1]:
-                self.hidden.pop()
+            if tag in self.hidden:  # closes it and whatever was left open inside (<p>, <li>)
+                while self.hidden.pop() != tag:
+                    pass
             return
         if tag in self.BLOCK and tag != "li":
             self.out.append("\n")

@@ -15,6 +15,8 @@ from email.utils import formatdate, make_msgid
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.adapters.email import EmailAdapter, SmtpAccount, _smtp_login, is_our_thread, to_inbound
 from gateway.adapters.email_imap import Connection, ImapAccount
@@ -142,7 +144,8 @@ def test_an_html_only_mail_is_read_as_text_without_its_quote() -> None:
     )
     m = parse_mail(mail("", html=markup), US)
     assert m.text == "Please summarise this & that.\n\n- one\n- two"
-    assert "old stuff" not in html_to_text("<p>new</p><blockquote>old stuff</blockquote>")
+    assert html_to_text("<p>new</p><blockquote>old stuff</blockquote>") == "new"
+    assert html_to_text("<blockquote><p>old<li>unclosed</blockquote><p>after</p>") == "after"
 
 
 def test_text_plain_is_preferred_over_html() -> None:
@@ -771,5 +774,44 @@ async def test_an_imap_server_down_at_start_up_is_waited_for(
         imap.deliver(mail("you are back"))
         [msg] = await inbox.wait(1)
         assert msg.text == "you are back"
+    finally:
+        await adapter.stop()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.binary(max_size=2000)
+    | st.text(max_size=2000).map(lambda t: t.encode("utf-8", "surrogatepass"))
+)
+def test_any_bytes_parse_without_an_exception(raw: bytes) -> None:
+    m = parse_mail(b"From: alice@example.com\r\nContent-Type: text/html\r\n\r\n" + raw, US)
+    assert isinstance(m.text, str)
+    parse_mail(raw, US)
+
+
+async def test_a_password_refused_on_reconnect_stops_the_adapter(
+    servers: tuple[FakeImap, FakeSmtp], caplog: pytest.LogCaptureFixture
+) -> None:
+    imap, smtp = servers
+    adapter = make_adapter(imap, smtp)
+    await adapter.start(Inbox().emit)
+    try:
+        await imap.wait_command("IDLE")
+        imap.password = "rotated"
+        imap.drop_connections()
+        await wait_for_count(
+            lambda: [1] if str(adapter.health()["state"]).startswith("failed") else [],
+            1,
+            10,
+            "failure",
+        )
+        assert "IMAP login refused" in str(adapter.health()["state"])
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and errors[0].startswith(
+            "email adapter stopped: IMAP login refused"
+        )
+        logins = len(imap.logins)
+        await asyncio.sleep(0.5)
+        assert len(imap.logins) == logins  # it does not keep knocking
     finally:
         await adapter.stop()
