@@ -24,6 +24,7 @@ from gateway.adapters.base import DEFAULT_BACKOFF, Backoff, Cursors
 from gateway.errors import InvalidToken, TransientError
 
 log = logging.getLogger("gateway.adapters.email")
+MAX_FETCH_BYTES = 4 * 1024 * 1024  # what is read of one mail (its attachments are not used)
 IDLE_REFRESH_S = 25 * 60.0  # RFC 2177: re-issue IDLE before 29 minutes
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _FETCH_UID = re.compile(rb"FETCH \(.*UID (\d+)")
@@ -106,10 +107,10 @@ class Connection:
         return sorted(set(uids))
 
     async def fetch(self, uid: int) -> bytes | None:
-        """The whole message (BODY.PEEK[]: the \\Seen flag is left as it was)."""
-        response = await self._ok(
-            self.client.uid("fetch", str(uid), "(UID BODY.PEEK[])"), "UID FETCH"
-        )
+        """The message's first MAX_FETCH_BYTES (BODY.PEEK[]: its \\Seen flag is left as it
+        was). The text comes first in a mail; a huge attachment is cut, never a timeout."""
+        items = f"(UID BODY.PEEK[]<0.{MAX_FETCH_BYTES}>)"
+        response = await self._ok(self.client.uid("fetch", str(uid), items), "UID FETCH")
         lines = response.lines
         for i, line in enumerate(lines[:-1]):
             head = bytes(line)

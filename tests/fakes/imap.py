@@ -1,6 +1,6 @@
 """A loopback IMAP4rev1 server speaking the subset aioimaplib uses: CAPABILITY, LOGIN,
-SELECT (UIDVALIDITY, UIDNEXT), UID SEARCH (UID ranges, ALL, SINCE), UID FETCH (BODY.PEEK[]
-and RFC822, as literals), IDLE/DONE with `* N EXISTS` pushes, NOOP and LOGOUT.
+SELECT (UIDVALIDITY, UIDNEXT), UID SEARCH (UID ranges, ALL, SINCE), UID FETCH (BODY.PEEK[], a
+partial BODY.PEEK[]<start.length>, RFC822; as literals), IDLE/DONE with `* N EXISTS` pushes, NOOP and LOGOUT.
 
 One mailbox, held in memory; tests deliver mail with `deliver()`, can switch IDLE off,
 change UIDVALIDITY, drop every connection, and read the commands each client sent."""
@@ -157,13 +157,16 @@ class FakeImap:
             found = self._search(args)
             w.write(f"* SEARCH {' '.join(map(str, found))}\r\n{tag} OK SEARCH done\r\n".encode())
         elif verb == "UID FETCH":
-            uid_set, _, _parts = args.partition(" ")
+            uid_set, _, parts = args.partition(" ")
+            partial = re.search(r"BODY(?:\.PEEK)?\[\]<(\d+)\.(\d+)>", parts)
             for stored in self._in_set(uid_set):
                 seq = self.mail.index(stored) + 1
-                w.write(
-                    f"* {seq} FETCH (UID {stored.uid} BODY[] {{{len(stored.raw)}}}\r\n".encode()
-                )
-                w.write(stored.raw + b")\r\n")
+                data, item = stored.raw, "RFC822" if "RFC822" in parts else "BODY[]"
+                if partial:  # RFC 3501: BODY[]<start.length> answers BODY[]<start>
+                    start, length = int(partial.group(1)), int(partial.group(2))
+                    data, item = data[start : start + length], f"BODY[]<{start}>"
+                w.write(f"* {seq} FETCH (UID {stored.uid} {item} {{{len(data)}}}\r\n".encode())
+                w.write(data + b")\r\n")
             w.write(f"{tag} OK FETCH completed\r\n".encode())
         elif verb == "IDLE" and self.idle:
             conn.idle_tag = tag

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.adapters.email import EmailAdapter, SmtpAccount, _smtp_login, is_our_thread, to_inbound
-from gateway.adapters.email_imap import Connection, ImapAccount
+from gateway.adapters.email_imap import MAX_FETCH_BYTES, Connection, ImapAccount
 from gateway.adapters.email_inbound import clean_text, html_to_text, parse_mail
 from gateway.adapters.email_outbound import (
     MAX_REFERENCES,
@@ -346,7 +346,8 @@ async def test_idle_delivers_a_new_mail_at_once(servers: tuple[FakeImap, FakeSmt
         imap.deliver(mail("pushed"))
         [msg] = await inbox.wait(1)  # poll_s is an hour: only the IDLE push can bring it
         assert msg.text == "pushed" and adapter.health()["imap"] == "idle"
-        assert imap.sent("UID_FETCH") == ["UID_FETCH 2 (UID BODY.PEEK[])"]  # never the old one
+        [fetch] = imap.sent("UID_FETCH")  # never the old one
+        assert fetch == f"UID_FETCH 2 (UID BODY.PEEK[]<0.{MAX_FETCH_BYTES}>)"
     finally:
         await adapter.stop()
         await adapter.stop()
@@ -813,5 +814,30 @@ async def test_a_password_refused_on_reconnect_stops_the_adapter(
         logins = len(imap.logins)
         await asyncio.sleep(0.5)
         assert len(imap.logins) == logins  # it does not keep knocking
+    finally:
+        await adapter.stop()
+
+
+async def test_a_huge_attachment_is_cut_and_the_text_still_read(
+    servers: tuple[FakeImap, FakeSmtp],
+) -> None:
+    imap, smtp = servers
+    m = EmailMessage()
+    m["From"], m["To"], m["Subject"], m["Message-ID"] = f"Alice <{ALICE}>", US, "big", "<big@x>"
+    m.set_content("see the attached logs")
+    m.add_attachment(
+        bytes(range(256)) * (6 * 4096),
+        maintype="application",
+        subtype="octet-stream",
+        filename="logs.bin",
+    )
+    raw = bytes(m)
+    assert len(raw) > MAX_FETCH_BYTES
+    adapter, inbox = make_adapter(imap, smtp), Inbox()
+    await adapter.start(inbox.emit)
+    try:
+        imap.deliver(raw)
+        [msg] = await inbox.wait(1)
+        assert (msg.text, msg.platform_message_id) == ("see the attached logs", "<big@x>")
     finally:
         await adapter.stop()
