@@ -227,7 +227,7 @@ class EmailAdapter:
         try:
             await _smtp_login(self.smtp)
         except InvalidToken as exc:
-            await self.watcher._drop()
+            await self.watcher.close()
             self._refused(str(exc))
             raise
         except (TransientError, AdapterError) as exc:
@@ -251,7 +251,7 @@ class EmailAdapter:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await self.watcher._drop()
+        await self.watcher.close()
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:

@@ -232,12 +232,12 @@ class Watcher:
             except InvalidToken as exc:
                 self.failed = str(exc)
                 log.error("email adapter stopped: %s", exc)
-                await self._drop()
+                await self.close()
                 return
             # a network failure, NotAccepted, or a surprise: our place is kept, and retried
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                await self._drop()
+                await self.close()
                 delay = self.backoff.delay(attempt)
                 attempt += 1
                 if isinstance(exc, TransientError):
@@ -283,7 +283,7 @@ class Watcher:
         if self.cursors is not None and self.place is not None:
             await self.cursors.set(self.cursor_name, self.place.dumps())
 
-    async def _drop(self) -> None:
+    async def close(self) -> None:
         conn, self.conn = self.conn, None
         self.mode = "connecting"
         if conn is not None:
