@@ -26,6 +26,7 @@ BUILTIN = {
     "teams": "gateway.adapters.teams:TeamsAdapter",
     "whatsapp": "gateway.adapters.whatsapp:WhatsAppAdapter",
     "sms": "gateway.adapters.sms:SmsAdapter",
+    "email": "gateway.adapters.email:EmailAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

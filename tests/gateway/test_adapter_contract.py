@@ -14,6 +14,8 @@ from gateway.adapters.api import ApiAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.email import EmailAdapter, SmtpAccount
+from gateway.adapters.email_imap import ImapAccount
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.sms import SmsAdapter
@@ -25,6 +27,9 @@ from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.mattermost import TOWN, FakeMattermost
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
+from tests.fakes.imap import FakeImap
+from tests.fakes.slack import SECRET, FakeSlack
+from tests.fakes.smtp import FakeSmtp
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
 from tests.fakes.whatsapp import APP_SECRET, PHONE_ID, TOKEN, VERIFY, FakeGraph
@@ -34,11 +39,25 @@ from tests.fakes.whatsapp import APP_SECRET, PHONE_ID, TOKEN, VERIFY, FakeGraph
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "mattermost"])
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "teams"])
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "whatsapp", "sms"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "email"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
     if request.param == "api":
         yield ApiAdapter(port=0), "chat-1", None
+        return
+    if request.param == "email":
+        imap, smtp = FakeImap(), FakeSmtp()
+        await imap.start()
+        await smtp.start()
+        try:
+            yield EmailAdapter(
+                imap.user, ImapAccount("127.0.0.1", imap.port, "plain", imap.user, imap.password),
+                SmtpAccount("127.0.0.1", smtp.port, "plain", smtp.user, smtp.password),
+            ), "alice@example.com", smtp  # fmt: skip
+        finally:
+            await imap.stop()
+            await smtp.stop()
         return
     fake: Any
     if request.param == "telegram":
@@ -90,6 +109,8 @@ async def case(
 
 
 def _delivered(fake: Any) -> str:
+    if isinstance(fake, FakeSmtp):
+        return str(fake.accepted[0].message.get_body(("plain",)).get_content()).strip()
     if isinstance(fake, FakeTelegram):
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):

@@ -30,6 +30,9 @@ from tests.fakes.signal import FakeSignal
 from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.slack import FakeSlack
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
+from tests.fakes.imap import FakeImap
+from tests.fakes.slack import FakeSlack
+from tests.fakes.smtp import FakeSmtp
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
 from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
@@ -55,6 +58,7 @@ def _names_platform(text: str, value: bool) -> bool:
 PLATFORM_NAMES = ("telegram", "discord", "slack", "mattermost")
 PLATFORM_NAMES = ("telegram", "discord", "slack", "teams")
 PLATFORM_NAMES = ("telegram", "discord", "slack", "whatsapp", "sms")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "email")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -153,6 +157,9 @@ def test_config_and_registry_load_no_chat_library() -> None:
         extra = {"whatsapp": "    phone_number_id: '1'\\n",  # keys a platform requires
                  "sms": "    account_sid: AC0123456789abcdef0123456789abcdef\\n"
                         "    from_number: '+15550100000'\\n    webhook_url: https://h.example/sms\\n"}
+               "SLACK_SIGNING_SECRET": "x", "EMAIL_PASSWORD": "p"}
+        extra = {"email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
+                          "    smtp_host: smtp.example.com\\n"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         required = {"signal": "    account: '+15550000001'\\n"}  # keys a section cannot do without
@@ -168,6 +175,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "jwt", "cryptography")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "twilio")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "aioimaplib", "aiosmtplib")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -336,6 +344,39 @@ async def test_doctor_checks_twilio_credentials_with_the_twilio_library(
     assert reach.ok == good
     assert reach.detail == "Switchboard Test" if good else "credentials (20003)" in reach.detail
     assert fake.calls[0][:2] == ("GET", f"/2010-04-01/Accounts/{ACCOUNT}.json")
+@pytest.mark.parametrize("bad", [None, "imap", "smtp"])
+async def test_doctor_logs_in_to_imap_and_smtp_with_aioimaplib_and_aiosmtplib(
+    tmp_path: Path, bad: str | None
+) -> None:
+    imap, smtp = FakeImap(), FakeSmtp()
+    if bad == "imap":
+        imap.password = "other"
+    elif bad == "smtp":
+        smtp.password = "other"
+    await imap.start()
+    await smtp.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            f"platforms:\n  email:\n    enabled: true\n    allow_all_users: true\n"
+            f"    address: {imap.user}\n    imap_host: 127.0.0.1\n    imap_port: {imap.port}\n"
+            f"    imap_tls: plain\n    smtp_host: 127.0.0.1\n    smtp_port: {smtp.port}\n"
+            "    smtp_tls: plain\n"
+        )
+        config = load_config(cfg, {"EMAIL_PASSWORD": "s3cret-pw"})
+        checks = await run_doctor(tmp_path / "home", config, None, fix=False, full=False)
+    finally:
+        await imap.stop()
+        await smtp.stop()
+    [reach] = [c for c in checks if c.name == "email reachable"]
+    if bad is None:
+        assert (reach.ok, reach.detail) == (True, f"{imap.user} (IMAP 127.0.0.1, SMTP 127.0.0.1)")
+    else:
+        assert not reach.ok and reach.detail.startswith(
+            f"{bad.upper()} login refused for {imap.user}"
+        )
+    assert imap.logins  # asked through aioimaplib
+    assert bool(smtp.auth_attempts) is (bad != "imap")  # SMTP is tried once IMAP said yes
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
