@@ -12,15 +12,17 @@ import pytest
 
 from gateway.adapters.api import ApiAdapter
 from gateway.adapters.discord import DiscordAdapter
+from gateway.adapters.feishu import FeishuAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
+from tests.fakes.feishu import APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN, FakeFeishu
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "feishu"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -33,6 +35,8 @@ async def case(
     elif request.param == "discord":
         restore_discord_globals(monkeypatch)
         fake = FakeDiscord()
+    elif request.param == "feishu":
+        fake = FakeFeishu()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -44,6 +48,9 @@ async def case(
                 fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
             )
             yield adapter, GENERAL, fake
+        elif isinstance(fake, FakeFeishu):
+            yield FeishuAdapter(APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN,
+                                domain=fake.base_url), "oc_grp", fake  # fmt: skip
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -55,6 +62,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):
         return str(fake.posted(GENERAL)[0]["content"])
+    if isinstance(fake, FakeFeishu):
+        return str(fake.sent()[0]["markdown"])
     return str(fake.posted()[0]["text"])
 
 

@@ -24,11 +24,13 @@ from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
+from tests.fakes.feishu import ENV as FEISHU_ENV
+from tests.fakes.feishu import FakeFeishu
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "feishu")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -114,7 +116,8 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x"}
+               "SLACK_SIGNING_SECRET": "x", "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f",
+               "FEISHU_ENCRYPT_KEY": "k", "FEISHU_VERIFICATION_TOKEN": "v"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         path.write_text("platforms:\\n" + "".join(
@@ -122,7 +125,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "lark_oapi")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -174,6 +177,27 @@ async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: 
     finally:
         await fake.stop()
     assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_feishu_credentials_by_getting_a_tenant_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeFeishu()
+    await fake.start()
+    try:
+        env = {
+            **FEISHU_ENV,
+            "FEISHU_APP_SECRET": FEISHU_ENV["FEISHU_APP_SECRET"] if good else "wrong",
+        }
+        reach = await _reach(tmp_path, "feishu", fake.base_url, env)
+    finally:
+        await fake.stop()
+    expected = (
+        "switchboard" if good else "feishu refused the app credentials: app secret invalid (10014)"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [m for m, _ in fake.calls] == (["token", "bot"] if good else ["token"])
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
