@@ -22,6 +22,7 @@ BUILTIN = {
     "discord": "gateway.adapters.discord:DiscordAdapter",
     "slack": "gateway.adapters.slack:SlackAdapter",
     "feishu": "gateway.adapters.feishu:FeishuAdapter",
+    "dingtalk": "gateway.adapters.dingtalk:DingTalkAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

@@ -11,18 +11,20 @@ import aiohttp
 import pytest
 
 from gateway.adapters.api import ApiAdapter
+from gateway.adapters.dingtalk import DingTalkAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.feishu import FeishuAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from tests.fakes.dingtalk import CLIENT_ID, CLIENT_SECRET, FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.feishu import APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN, FakeFeishu
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack", "feishu"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "feishu", "dingtalk"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -37,6 +39,8 @@ async def case(
         fake = FakeDiscord()
     elif request.param == "feishu":
         fake = FakeFeishu()
+    elif request.param == "dingtalk":
+        fake = FakeDingTalk()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -51,6 +55,12 @@ async def case(
         elif isinstance(fake, FakeFeishu):
             yield FeishuAdapter(APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN,
                                 domain=fake.base_url), "oc_grp", fake  # fmt: skip
+        elif isinstance(fake, FakeDingTalk):
+            yield (
+                DingTalkAdapter(CLIENT_ID, CLIENT_SECRET, base_url=fake.base_url),
+                "cidGROUP",
+                fake,
+            )
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -64,6 +74,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.posted(GENERAL)[0]["content"])
     if isinstance(fake, FakeFeishu):
         return str(fake.sent()[0]["markdown"])
+    if isinstance(fake, FakeDingTalk):
+        return str(fake.sent()[0][1]["text"])
     return str(fake.posted()[0]["text"])
 
 

@@ -23,6 +23,8 @@ from gateway.errors import ConfigError
 from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
+from tests.fakes.dingtalk import ENV as DINGTALK_ENV
+from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
 from tests.fakes.feishu import ENV as FEISHU_ENV
 from tests.fakes.feishu import FakeFeishu
@@ -30,7 +32,7 @@ from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack", "feishu")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "feishu", "dingtalk")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -117,7 +119,8 @@ def test_config_and_registry_load_no_chat_library() -> None:
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
                "SLACK_SIGNING_SECRET": "x", "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f",
-               "FEISHU_ENCRYPT_KEY": "k", "FEISHU_VERIFICATION_TOKEN": "v"}
+               "FEISHU_ENCRYPT_KEY": "k", "FEISHU_VERIFICATION_TOKEN": "v",
+               "DINGTALK_CLIENT_ID": "dingid", "DINGTALK_CLIENT_SECRET": "ds"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         path.write_text("platforms:\\n" + "".join(
@@ -125,7 +128,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "lark_oapi")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "lark_oapi", "dingtalk_stream")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -198,6 +201,26 @@ async def test_doctor_checks_feishu_credentials_by_getting_a_tenant_token(
     )
     assert (reach.ok, reach.detail) == (good, expected)
     assert [m for m, _ in fake.calls] == (["token", "bot"] if good else ["token"])
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_dingtalk_credentials_by_getting_an_access_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeDingTalk()
+    await fake.start()
+    try:
+        env = {**DINGTALK_ENV, **({} if good else {"DINGTALK_CLIENT_SECRET": "wrong"})}
+        reach = await _reach(tmp_path, "dingtalk", fake.base_url, env)
+    finally:
+        await fake.stop()
+    expected = (
+        "dingfakeclientid"
+        if good
+        else "dingtalk refused the client credentials: invalidClientSecret"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [m for m, _ in fake.calls] == ["token"]
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
