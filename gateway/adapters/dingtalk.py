@@ -100,6 +100,18 @@ def title_of(text: str) -> str:
     return "switchboard"
 
 
+class _QuietPings(logging.Filter):
+    """dingtalk-stream answers SYSTEM pings correctly but warns "unknown message topic"
+    for each one; that warning is dropped, every other one kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (str(record.msg).startswith("unknown message topic") and args[:1] == ("ping",))
+
+
+QUIET_PINGS = _QuietPings()
+
+
 class DingTalkAdapter:
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[DingTalkSettings]] = DingTalkSettings
@@ -142,7 +154,7 @@ class DingTalkAdapter:
         except InvalidToken as exc:
             return False, str(exc)
         except AdapterError as exc:
-            return False, f"unreachable ({exc})"
+            return False, f"unreachable ({type(exc.__cause__ or exc).__name__})"
         finally:
             await api.close()
         return True, settings.robot_code or api.client_id
@@ -203,6 +215,8 @@ class DingTalkAdapter:
                 return await adapter._on_message(message.data)
 
         client.register_callback_handler(TOPIC, RobotMessages())
+        if QUIET_PINGS not in client.logger.filters:
+            client.logger.addFilter(QUIET_PINGS)
         client.pre_start()
         logging.getLogger("dingtalk_stream.handler").setLevel(logging.NOTSET)  # it forces INFO
         return client

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from gateway.adapters.base import (
     DEFAULT_BACKOFF,
@@ -47,6 +48,7 @@ from gateway.vocab import AdapterState, ChatType
 log = logging.getLogger("gateway.adapters.feishu")
 EVENTS_PATH = "/feishu/events"
 DEFAULT_DOMAIN = "https://open.feishu.cn"
+LARK_DOMAIN = "https://open.larksuite.com"
 LIMIT = 28_000  # bytes of escaped markdown per card: Feishu takes card bodies up to 30 KB
 RATE_LIMITED = 99991400
 TOKEN_INVALID = {99991661, 99991663, 99991664, 99991668}  # the tenant token expired or is bad
@@ -58,6 +60,14 @@ class FeishuSettings(PlatformSettings):
     app_id_env: str | None = setting(None, env_name, "Feishu App ID env var")
     encrypt_key_env: str | None = setting(None, env_name, "Feishu Encrypt Key env var")
     verification_token_env: str | None = setting(None, env_name, "Feishu Verification Token env var")  # fmt: skip
+
+
+def _is_origin(url: str) -> bool:
+    """What lark-oapi accepts as a domain: https://host[:port], or http on loopback."""
+    parts = urlsplit(url.rstrip("/"))
+    loopback = parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1")
+    plain = not (parts.path or parts.query or parts.fragment or "@" in parts.netloc)
+    return bool(parts.netloc) and plain and (parts.scheme == "https" or loopback)
 
 
 def receive_id_type(chat_id: str) -> str:
@@ -87,6 +97,9 @@ class FeishuAdapter:
         if find_spec("lark_oapi") is None:
             found.append(ConfigError("platforms.feishu",
                                      "needs the lark-oapi package: pip install 'switchboard[feishu]'"))  # fmt: skip
+        if settings.base_url and not _is_origin(settings.base_url):
+            found.append(ConfigError("platforms.feishu.base_url",
+                                     f"must be an https origin such as {LARK_DOMAIN} (got {settings.base_url!r})"))  # fmt: skip
         if not api_enabled:
             found.append(ConfigError("platforms.feishu.enabled",
                                      "Feishu events are served by the api server: enable platforms.api"))  # fmt: skip

@@ -5,6 +5,8 @@ the ack order (inbox before ack) with the adapter alone; translation as pure fun
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,10 @@ from gateway.adapters.base import Backoff
 from gateway.adapters.dingtalk import LIMIT, DingTalkAdapter, title_of, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import InvalidToken, NotAccepted
+from gateway.errors import ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage
+from gateway.ops.doctor import run_doctor
+from tests.daemon import free_port
 from tests.fakes.dingtalk import BOT_ID, CLIENT_ID, ENV, TOPIC, FakeDingTalk, robot_message
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
@@ -154,11 +158,13 @@ async def test_rate_limits_are_waited_out(gw: Gateway, fake: FakeDingTalk) -> No
 
 
 async def test_the_stream_reconnects_when_dingtalk_asks_and_answers_pings(
-    gw: Gateway, fake: FakeDingTalk
+    gw: Gateway, fake: FakeDingTalk, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ping = await fake.system("ping", {"opaque": "abc"})
-    ack = await fake.wait_ack(ping)
+    with caplog.at_level(logging.INFO, logger="dingtalk_stream"):
+        ping = await fake.system("ping", {"opaque": "abc"})
+        ack = await fake.wait_ack(ping)
     assert ack["code"] == 200 and '"opaque": "abc"' in ack["data"]
+    assert not [r for r in caplog.records if r.name.startswith("dingtalk_stream")]
     await fake.system("disconnect")
     await fake.wait_connected(2, timeout=15)
     frame = await fake.push(robot_message("after the reconnect", fake=fake, msg_id="rc1"))
@@ -286,3 +292,28 @@ def test_titles_and_the_home_chat_type() -> None:
     assert DingTalkAdapter.home_chat_type("cidABC") == "group"
     assert DingTalkAdapter.home_chat_type("manager123") == "dm"
     assert LIMIT == 5_000
+
+
+# --- configuration and doctor --------------------------------------------------------------
+
+
+def test_config_names_the_missing_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("platforms:\n  dingtalk:\n    enabled: true\n    allow_all_users: true\n")
+    monkeypatch.setitem(sys.modules, "dingtalk_stream", None)  # as if it were not installed
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, ENV)
+    assert str(err.value) == (
+        "platforms.dingtalk: needs the dingtalk-stream package: pip install 'switchboard[dingtalk]'"
+    )
+
+
+async def test_doctor_reports_an_unreachable_dingtalk_in_one_word(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  dingtalk:\n    enabled: true\n    allow_all_users: true\n"
+        f"    base_url: http://127.0.0.1:{free_port()}\n"
+    )
+    checks = await run_doctor(tmp_path / "home", load_config(cfg, ENV), None, fix=False, full=False)
+    [reach] = [c for c in checks if c.name == "dingtalk reachable"]
+    assert (reach.ok, reach.detail) == (False, "unreachable (ClientConnectorError)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,8 +21,10 @@ from gateway.adapters.feishu import LIMIT, FeishuAdapter
 from gateway.adapters.feishu_events import Refused, card_size, open_request, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import InvalidToken, NotAccepted
+from gateway.errors import ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage
+from gateway.ops.doctor import run_doctor
+from tests.daemon import free_port
 from tests.fakes.feishu import (
     APP_ID,
     BOT_OPEN_ID,
@@ -395,3 +398,36 @@ def test_long_answers_split_into_cards_under_the_documented_limit() -> None:
     parts = split_message(text, LIMIT, card_size)
     assert len(parts) > 1 and all(card_size(p) <= LIMIT for p in parts)
     assert "".join(p.replace("\n", "") for p in parts) == text.replace("\n", "")
+
+
+# --- configuration and doctor --------------------------------------------------------------
+
+
+def test_config_names_the_missing_library_and_a_base_url_lark_oapi_would_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  feishu:\n    enabled: true\n    allow_all_users: true\n"
+        "    base_url: http://open.larksuite.com/api\n"
+    )
+    monkeypatch.setitem(sys.modules, "lark_oapi", None)  # as if it were not installed
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, ENV)
+    found = {e.key: e.problem for e in err.value.all()}
+    assert (
+        found["platforms.feishu"]
+        == "needs the lark-oapi package: pip install 'switchboard[feishu]'"
+    )
+    assert found["platforms.feishu.base_url"].startswith("must be an https origin")
+
+
+async def test_doctor_reports_an_unreachable_feishu_in_one_word(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  feishu:\n    enabled: true\n    allow_all_users: true\n"
+        f"    base_url: http://127.0.0.1:{free_port()}\n"
+    )
+    checks = await run_doctor(tmp_path / "home", load_config(cfg, ENV), None, fix=False, full=False)
+    [reach] = [c for c in checks if c.name == "feishu reachable"]
+    assert (reach.ok, reach.detail) == (False, "unreachable (ConnectError)")
