@@ -5,6 +5,7 @@ the ack order (inbox before ack) with the adapter alone; translation as pure fun
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from gateway.adapters.dingtalk import LIMIT, DingTalkAdapter, title_of, to_inbou
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import ConfigError, InvalidToken, NotAccepted
+from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.ops.doctor import run_doctor
 from tests.daemon import free_port
@@ -317,3 +319,23 @@ async def test_doctor_reports_an_unreachable_dingtalk_in_one_word(tmp_path: Path
     checks = await run_doctor(tmp_path / "home", load_config(cfg, ENV), None, fix=False, full=False)
     [reach] = [c for c in checks if c.name == "dingtalk reachable"]
     assert (reach.ok, reach.detail) == (False, "unreachable (ClientConnectorError)")
+
+
+async def test_a_handoff_lands_in_the_home_group_through_the_robot_api(
+    gw: Gateway, fake: FakeDingTalk
+) -> None:
+    assert gw.db is not None and gw.handoffs is not None
+    gw.handoffs.poll_s = 0.05
+    await gw.db.set_meta(
+        HOME_KEY.format("dingtalk"), json.dumps({"chat_id": "cidHOME", "chat_type": "group"})
+    )
+    sid = await gw.db.create_session(source="cli", title="deploy plan")
+    await gw.db.append_messages(sid, [{"role": "user", "content": "we must migrate"}])
+    ok, why = await asyncio.wait_for(
+        handoff_from_terminal(gw.db, sid, "dingtalk", enabled=True, poll_s=0.05), 30
+    )
+    assert ok, why
+    [(kind, sent)] = await fake.wait_sent(1)
+    assert (kind, sent["chat"]) == ("group", "cidHOME")
+    assert sent["text"].startswith("Continuing here from the terminal (deploy plan).")
+    assert (await gw.db.get_session(sid))["chat_id"] == "cidHOME"  # type: ignore[index]

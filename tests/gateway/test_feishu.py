@@ -22,6 +22,7 @@ from gateway.adapters.feishu_events import Refused, card_size, open_request, to_
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import ConfigError, InvalidToken, NotAccepted
+from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.ops.doctor import run_doctor
 from tests.daemon import free_port
@@ -431,3 +432,26 @@ async def test_doctor_reports_an_unreachable_feishu_in_one_word(tmp_path: Path) 
     checks = await run_doctor(tmp_path / "home", load_config(cfg, ENV), None, fix=False, full=False)
     [reach] = [c for c in checks if c.name == "feishu reachable"]
     assert (reach.ok, reach.detail) == (False, "unreachable (ConnectError)")
+
+
+async def test_a_handoff_opens_a_thread_in_the_home_group_that_continues_the_session(
+    gw: tuple[Gateway, str], fake: FakeFeishu
+) -> None:
+    gateway, url = gw
+    assert gateway.db is not None and gateway.handoffs is not None
+    gateway.handoffs.poll_s = 0.05
+    await gateway.db.set_meta(HOME_KEY.format("feishu"), json.dumps({"chat_id": "oc_home"}))
+    sid = await gateway.db.create_session(source="cli", title="deploy plan")
+    await gateway.db.append_messages(sid, [{"role": "user", "content": "we must migrate"}])
+    ok, why = await asyncio.wait_for(
+        handoff_from_terminal(gateway.db, sid, "feishu", enabled=True, poll_s=0.05), 30
+    )
+    assert ok, why
+    root, confirm = await fake.wait_sent(2)
+    assert (root["chat_id"], root["markdown"]) == ("oc_home", "deploy plan")
+    assert (confirm["parent_id"], confirm["reply_in_thread"]) == (root["message_id"], True)
+    follow = message_event("follow-up", chat_id="oc_home", chat_type="group", root_id=root["message_id"],
+                           thread_id=confirm["thread_id"], message_id="om_f", event_id="e_f")  # fmt: skip
+    assert (await _post(url, follow))[0] == 200
+    await fake.wait_sent(3)
+    assert [m["content"] for m in await gateway.db.get_messages(sid)][-2] == "[ou_alice] follow-up"
