@@ -127,10 +127,10 @@ class FeishuAdapter:
                       domain=settings.base_url, attempts=1)  # fmt: skip
         try:
             bot = await adapter._bot_info()
-        except InvalidToken as exc:
-            return False, str(exc)
-        except (AdapterError, OSError) as exc:
+        except TransientError as exc:
             return False, f"unreachable ({type(exc.__cause__ or exc).__name__})"
+        except AdapterError as exc:  # the credentials, or the bot's own settings, refused
+            return False, str(exc)
         return True, str(bot.get("app_name") or bot.get("open_id"))
 
     @classmethod
