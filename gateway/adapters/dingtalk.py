@@ -167,7 +167,8 @@ class DingTalkAdapter:
     @classmethod
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """DingTalk has no threads; a handoff lands in the home chat itself."""
-        return SessionSource(cls.platform, thread.chat_id, cls.home_chat_type(thread.chat_id))
+        kind = ChatType.GROUP if thread.chat_id.startswith("cid") else ChatType.DM
+        return SessionSource(cls.platform, thread.chat_id, kind)
 
     # --- one running bot --------------------------------------------------------------
 

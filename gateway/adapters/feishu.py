@@ -306,7 +306,8 @@ class FeishuAdapter:
         def info(client: Any, option: Any) -> Awaitable[Any]:
             req = BaseRequest.builder().http_method(HttpMethod.GET).uri("/open-apis/bot/v3/info") \
                 .token_types({AccessTokenType.TENANT}).build()  # fmt: skip
-            return client.arequest(req, option)
+            reply: Awaitable[Any] = client.arequest(req, option)
+            return reply
 
         resp = await self._api(info)
         return dict(json.loads(resp.raw.content).get("bot") or {})

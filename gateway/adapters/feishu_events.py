@@ -84,7 +84,8 @@ def open_request(
             raise ValueError("not an object")
     except (ValueError, TypeError, UnicodeDecodeError) as exc:
         raise Refused(400 if sent is not None else 401, f"unreadable body ({exc})") from None
-    header = inner.get("header") if isinstance(inner.get("header"), dict) else {}
+    header = inner.get("header")
+    header = header if isinstance(header, dict) else {}
     token = inner.get("token") if "token" in inner else header.get("token")
     if not isinstance(token, str) or not hmac.compare_digest(token, verification_token):
         raise Refused(403, "wrong verification token")

@@ -20,7 +20,7 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import ConfigError, InvalidToken, NotAccepted
 from gateway.handoff import HOME_KEY, handoff_from_terminal
-from gateway.messages import InboundMessage, OutboundMessage
+from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
 from tests.daemon import free_port
 from tests.fakes.dingtalk import BOT_ID, CLIENT_ID, ENV, TOPIC, FakeDingTalk, robot_message
@@ -298,6 +298,8 @@ def test_titles_and_the_home_chat_type() -> None:
     assert len(title_of("word " * 40)) <= 30
     assert DingTalkAdapter.home_chat_type("cidABC") == "group"
     assert DingTalkAdapter.home_chat_type("manager123") == "dm"
+    home = DingTalkAdapter.thread_source(ThreadRef("dingtalk", "cidABC", "cidABC"))
+    assert (home.chat_id, home.chat_type, home.thread_id) == ("cidABC", "group", None)
 
 
 # --- configuration and doctor --------------------------------------------------------------
