@@ -27,6 +27,8 @@ BUILTIN = {
     "whatsapp": "gateway.adapters.whatsapp:WhatsAppAdapter",
     "sms": "gateway.adapters.sms:SmsAdapter",
     "email": "gateway.adapters.email:EmailAdapter",
+    "feishu": "gateway.adapters.feishu:FeishuAdapter",
+    "dingtalk": "gateway.adapters.dingtalk:DingTalkAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

@@ -11,20 +11,24 @@ import aiohttp
 import pytest
 
 from gateway.adapters.api import ApiAdapter
+from gateway.adapters.dingtalk import DingTalkAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.email import EmailAdapter, SmtpAccount
 from gateway.adapters.email_imap import ImapAccount
+from gateway.adapters.feishu import FeishuAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.sms import SmsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from tests.fakes.dingtalk import CLIENT_ID, CLIENT_SECRET, FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.mattermost import TOWN, FakeMattermost
+from tests.fakes.feishu import APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN, FakeFeishu
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.imap import FakeImap
@@ -40,6 +44,7 @@ from tests.fakes.whatsapp import APP_SECRET, PHONE_ID, TOKEN, VERIFY, FakeGraph
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "teams"])
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "whatsapp", "sms"])
 @pytest.fixture(params=["api", "telegram", "discord", "slack", "email"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "feishu", "dingtalk"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -75,6 +80,10 @@ async def case(
         fake = FakeGraph()
     elif request.param == "sms":
         fake = FakeTwilio()
+    elif request.param == "feishu":
+        fake = FakeFeishu()
+    elif request.param == "dingtalk":
+        fake = FakeDingTalk()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -100,6 +109,13 @@ async def case(
             yield (
                 WhatsAppAdapter(PHONE_ID, TOKEN, APP_SECRET, VERIFY, base_url=fake.base_url),
                 "15551234567",
+        elif isinstance(fake, FakeFeishu):
+            yield FeishuAdapter(APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN,
+                                domain=fake.base_url), "oc_grp", fake  # fmt: skip
+        elif isinstance(fake, FakeDingTalk):
+            yield (
+                DingTalkAdapter(CLIENT_ID, CLIENT_SECRET, base_url=fake.base_url),
+                "cidGROUP",
                 fake,
             )
         else:
@@ -125,6 +141,10 @@ def _delivered(fake: Any) -> str:
         return fake.sent()[0]["Body"]
     if isinstance(fake, FakeGraph):
         return str(fake.sent()[0]["text"]["body"])
+    if isinstance(fake, FakeFeishu):
+        return str(fake.sent()[0]["markdown"])
+    if isinstance(fake, FakeDingTalk):
+        return str(fake.sent()[0][1]["text"])
     return str(fake.posted()[0]["text"])
 
 

@@ -23,11 +23,15 @@ from gateway.errors import ConfigError
 from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
+from tests.fakes.dingtalk import ENV as DINGTALK_ENV
+from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
 from tests.fakes.signal import BOT as SIGNAL_BOT
 from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
 from tests.fakes.signal import FakeSignal
 from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.feishu import ENV as FEISHU_ENV
+from tests.fakes.feishu import FakeFeishu
 from tests.fakes.slack import FakeSlack
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.imap import FakeImap
@@ -59,6 +63,7 @@ PLATFORM_NAMES = ("telegram", "discord", "slack", "mattermost")
 PLATFORM_NAMES = ("telegram", "discord", "slack", "teams")
 PLATFORM_NAMES = ("telegram", "discord", "slack", "whatsapp", "sms")
 PLATFORM_NAMES = ("telegram", "discord", "slack", "email")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "feishu", "dingtalk")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -160,6 +165,9 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "SLACK_SIGNING_SECRET": "x", "EMAIL_PASSWORD": "p"}
         extra = {"email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
                           "    smtp_host: smtp.example.com\\n"}
+               "SLACK_SIGNING_SECRET": "x", "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f",
+               "FEISHU_ENCRYPT_KEY": "k", "FEISHU_VERIFICATION_TOKEN": "v",
+               "DINGTALK_CLIENT_ID": "dingid", "DINGTALK_CLIENT_SECRET": "ds"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         required = {"signal": "    account: '+15550000001'\\n"}  # keys a section cannot do without
@@ -176,6 +184,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "jwt", "cryptography")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "twilio")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "aioimaplib", "aiosmtplib")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "lark_oapi", "dingtalk_stream")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -377,6 +386,45 @@ async def test_doctor_logs_in_to_imap_and_smtp_with_aioimaplib_and_aiosmtplib(
         )
     assert imap.logins  # asked through aioimaplib
     assert bool(smtp.auth_attempts) is (bad != "imap")  # SMTP is tried once IMAP said yes
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_feishu_credentials_by_getting_a_tenant_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeFeishu()
+    await fake.start()
+    try:
+        env = {
+            **FEISHU_ENV,
+            "FEISHU_APP_SECRET": FEISHU_ENV["FEISHU_APP_SECRET"] if good else "wrong",
+        }
+        reach = await _reach(tmp_path, "feishu", fake.base_url, env)
+    finally:
+        await fake.stop()
+    expected = (
+        "switchboard" if good else "feishu refused the app credentials: app secret invalid (10014)"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [m for m, _ in fake.calls] == (["token", "bot"] if good else ["token"])
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_dingtalk_credentials_by_getting_an_access_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeDingTalk()
+    await fake.start()
+    try:
+        env = {**DINGTALK_ENV, **({} if good else {"DINGTALK_CLIENT_SECRET": "wrong"})}
+        reach = await _reach(tmp_path, "dingtalk", fake.base_url, env)
+    finally:
+        await fake.stop()
+    expected = (
+        "dingfakeclientid"
+        if good
+        else "dingtalk refused the client credentials: invalidClientSecret"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [m for m, _ in fake.calls] == ["token"]
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
