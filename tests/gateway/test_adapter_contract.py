@@ -13,38 +13,41 @@ import pytest
 from gateway.adapters.api import ApiAdapter
 from gateway.adapters.dingtalk import DingTalkAdapter
 from gateway.adapters.discord import DiscordAdapter
-from gateway.adapters.signal import SignalAdapter
-from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.email import EmailAdapter, SmtpAccount
 from gateway.adapters.email_imap import ImapAccount
 from gateway.adapters.feishu import FeishuAdapter
+from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
-from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.sms import SmsAdapter
+from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from tests.fakes.dingtalk import CLIENT_ID, CLIENT_SECRET, FakeDingTalk
+from tests.fakes import dingtalk, feishu, teams, twilio, whatsapp
+from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
-from tests.fakes.signal import ALICE, BOT, FakeSignal
-from tests.fakes.mattermost import TOWN, FakeMattermost
-from tests.fakes.feishu import APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN, FakeFeishu
-from tests.fakes.slack import SECRET, FakeSlack
-from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
+from tests.fakes.feishu import FakeFeishu
 from tests.fakes.imap import FakeImap
+from tests.fakes.mattermost import TOWN, FakeMattermost
+from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.smtp import FakeSmtp
+from tests.fakes.teams import FakeTeams
 from tests.fakes.telegram import FakeTelegram
-from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
-from tests.fakes.whatsapp import APP_SECRET, PHONE_ID, TOKEN, VERIFY, FakeGraph
+from tests.fakes.twilio import FakeTwilio
+from tests.fakes.whatsapp import FakeGraph
+
+PLATFORMS = ["api", "telegram", "discord", "slack", "signal", "mattermost", "teams", "whatsapp",
+             "sms", "email", "feishu", "dingtalk"]  # fmt: skip
+FAKES: dict[str, type[Any]] = {
+    "telegram": FakeTelegram, "discord": FakeDiscord, "slack": FakeSlack, "signal": FakeSignal,
+    "mattermost": FakeMattermost, "teams": FakeTeams, "whatsapp": FakeGraph, "sms": FakeTwilio,
+    "feishu": FakeFeishu, "dingtalk": FakeDingTalk,
+}  # fmt: skip
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack", "signal"])
-@pytest.fixture(params=["api", "telegram", "discord", "slack", "mattermost"])
-@pytest.fixture(params=["api", "telegram", "discord", "slack", "teams"])
-@pytest.fixture(params=["api", "telegram", "discord", "slack", "whatsapp", "sms"])
-@pytest.fixture(params=["api", "telegram", "discord", "slack", "email"])
-@pytest.fixture(params=["api", "telegram", "discord", "slack", "feishu", "dingtalk"])
+@pytest.fixture(params=PLATFORMS)
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -64,34 +67,13 @@ async def case(
             await imap.stop()
             await smtp.stop()
         return
-    fake: Any
-    if request.param == "telegram":
-        fake = FakeTelegram()
-    elif request.param == "discord":
+    if request.param == "discord":
         restore_discord_globals(monkeypatch)
-        fake = FakeDiscord()
-    elif request.param == "signal":
-        fake = FakeSignal()
-    elif request.param == "mattermost":
-        fake = FakeMattermost()
-    elif request.param == "teams":
-        fake = FakeTeams()
-    elif request.param == "whatsapp":
-        fake = FakeGraph()
-    elif request.param == "sms":
-        fake = FakeTwilio()
-    elif request.param == "feishu":
-        fake = FakeFeishu()
-    elif request.param == "dingtalk":
-        fake = FakeDingTalk()
-    else:
-        fake = FakeSlack()
+    fake: Any = FAKES[request.param]()
     await fake.start()
     try:
         if isinstance(fake, FakeTelegram):
             yield TelegramAdapter(fake.token, base_url=fake.base_url, poll_timeout_s=1), "42", fake
-        elif isinstance(fake, FakeMattermost):
-            yield MattermostAdapter(fake.token, fake.url), TOWN, fake
         elif isinstance(fake, FakeDiscord):
             adapter = DiscordAdapter(
                 fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
@@ -99,25 +81,24 @@ async def case(
             yield adapter, GENERAL, fake
         elif isinstance(fake, FakeSignal):
             yield SignalAdapter(fake.url, BOT), ALICE, fake
+        elif isinstance(fake, FakeMattermost):
+            yield MattermostAdapter(fake.token, fake.url), TOWN, fake
         elif isinstance(fake, FakeTeams):
-            yield TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url, token_url=fake.token_url,
-                               service_url=fake.service_url), "19:general@thread.tacv2", fake  # fmt: skip
+            yield TeamsAdapter(teams.APP_ID, teams.PASSWORD, metadata_url=fake.metadata_url,
+                               token_url=fake.token_url, service_url=fake.service_url
+                               ), "19:general@thread.tacv2", fake  # fmt: skip
         elif isinstance(fake, FakeTwilio):
-            adapter = SmsAdapter(ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, base_url=fake.base_url)
-            yield adapter, "+15551234567", fake
+            yield SmsAdapter(twilio.ACCOUNT, twilio.AUTH_TOKEN, twilio.FROM, twilio.PUBLIC_URL,
+                             base_url=fake.base_url), "+15551234567", fake  # fmt: skip
         elif isinstance(fake, FakeGraph):
-            yield (
-                WhatsAppAdapter(PHONE_ID, TOKEN, APP_SECRET, VERIFY, base_url=fake.base_url),
-                "15551234567",
+            yield WhatsAppAdapter(whatsapp.PHONE_ID, whatsapp.TOKEN, whatsapp.APP_SECRET,
+                                  whatsapp.VERIFY, base_url=fake.base_url), "15551234567", fake  # fmt: skip
         elif isinstance(fake, FakeFeishu):
-            yield FeishuAdapter(APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN,
-                                domain=fake.base_url), "oc_grp", fake  # fmt: skip
+            yield FeishuAdapter(feishu.APP_ID, feishu.APP_SECRET, feishu.ENCRYPT_KEY,
+                                feishu.VERIFICATION_TOKEN, domain=fake.base_url), "oc_grp", fake  # fmt: skip
         elif isinstance(fake, FakeDingTalk):
-            yield (
-                DingTalkAdapter(CLIENT_ID, CLIENT_SECRET, base_url=fake.base_url),
-                "cidGROUP",
-                fake,
-            )
+            yield DingTalkAdapter(dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET,
+                                  base_url=fake.base_url), "cidGROUP", fake  # fmt: skip
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -127,10 +108,6 @@ async def case(
 def _delivered(fake: Any) -> str:
     if isinstance(fake, FakeSmtp):
         return str(fake.accepted[0].message.get_body(("plain",)).get_content()).strip()
-    if isinstance(fake, FakeTelegram):
-        return str(fake.sent()[0]["text"])
-    if isinstance(fake, FakeDiscord):
-        return str(fake.posted(GENERAL)[0]["content"])
     if isinstance(fake, FakeSignal):
         return str(fake.delivered()[0]["message"])
     if isinstance(fake, FakeMattermost):
@@ -138,13 +115,17 @@ def _delivered(fake: Any) -> str:
     if isinstance(fake, FakeTeams):
         return str(fake.posted()[0]["text"])
     if isinstance(fake, FakeTwilio):
-        return fake.sent()[0]["Body"]
+        return str(fake.sent()[0]["Body"])
     if isinstance(fake, FakeGraph):
         return str(fake.sent()[0]["text"]["body"])
     if isinstance(fake, FakeFeishu):
         return str(fake.sent()[0]["markdown"])
     if isinstance(fake, FakeDingTalk):
         return str(fake.sent()[0][1]["text"])
+    if isinstance(fake, FakeTelegram):
+        return str(fake.sent()[0]["text"])
+    if isinstance(fake, FakeDiscord):
+        return str(fake.posted(GENERAL)[0]["content"])
     return str(fake.posted()[0]["text"])
 
 

@@ -26,23 +26,23 @@ from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.dingtalk import ENV as DINGTALK_ENV
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
-from tests.fakes.signal import BOT as SIGNAL_BOT
-from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
-from tests.fakes.signal import FakeSignal
-from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.feishu import ENV as FEISHU_ENV
 from tests.fakes.feishu import FakeFeishu
-from tests.fakes.slack import FakeSlack
-from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.imap import FakeImap
+from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.signal import BOT as SIGNAL_BOT
+from tests.fakes.signal import FakeSignal
+from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
 from tests.fakes.slack import FakeSlack
 from tests.fakes.smtp import FakeSmtp
+from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
 from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack", "signal")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "mattermost", "teams", "whatsapp",
+                  "sms", "email", "feishu", "dingtalk")  # fmt: skip
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
 # string value, or names only the platform has
@@ -59,11 +59,6 @@ def _names_platform(text: str, value: bool) -> bool:
         elif name in low:
             return True
     return False
-PLATFORM_NAMES = ("telegram", "discord", "slack", "mattermost")
-PLATFORM_NAMES = ("telegram", "discord", "slack", "teams")
-PLATFORM_NAMES = ("telegram", "discord", "slack", "whatsapp", "sms")
-PLATFORM_NAMES = ("telegram", "discord", "slack", "email")
-PLATFORM_NAMES = ("telegram", "discord", "slack", "feishu", "dingtalk")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -155,36 +150,32 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x", "MATTERMOST_TOKEN": "m"}
-               "SLACK_SIGNING_SECRET": "x", "TEAMS_APP_ID": "a", "TEAMS_APP_PASSWORD": "p"}
-               "SLACK_SIGNING_SECRET": "x", "WHATSAPP_TOKEN": "w", "WHATSAPP_APP_SECRET": "w",
-               "WHATSAPP_VERIFY_TOKEN": "w", "TWILIO_AUTH_TOKEN": "t"}
-        extra = {"whatsapp": "    phone_number_id: '1'\\n",  # keys a platform requires
-                 "sms": "    account_sid: AC0123456789abcdef0123456789abcdef\\n"
-                        "    from_number: '+15550100000'\\n    webhook_url: https://h.example/sms\\n"}
-               "SLACK_SIGNING_SECRET": "x", "EMAIL_PASSWORD": "p"}
-        extra = {"email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
-                          "    smtp_host: smtp.example.com\\n"}
-               "SLACK_SIGNING_SECRET": "x", "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f",
-               "FEISHU_ENCRYPT_KEY": "k", "FEISHU_VERIFICATION_TOKEN": "v",
-               "DINGTALK_CLIENT_ID": "dingid", "DINGTALK_CLIENT_SECRET": "ds"}
+               "SLACK_SIGNING_SECRET": "x", "MATTERMOST_TOKEN": "m", "TEAMS_APP_ID": "a",
+               "TEAMS_APP_PASSWORD": "p", "WHATSAPP_TOKEN": "w", "WHATSAPP_APP_SECRET": "w",
+               "WHATSAPP_VERIFY_TOKEN": "w", "TWILIO_AUTH_TOKEN": "t", "EMAIL_PASSWORD": "p",
+               "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f", "FEISHU_ENCRYPT_KEY": "k",
+               "FEISHU_VERIFICATION_TOKEN": "v", "DINGTALK_CLIENT_ID": "dingid",
+               "DINGTALK_CLIENT_SECRET": "ds"}
+        required = {  # keys a section cannot do without
+            "signal": "    account: '+15550000001'\n",
+            "mattermost": "    url: https://chat.example.com\n",
+            "whatsapp": "    phone_number_id: '1'\n",
+            "sms": "    account_sid: AC0123456789abcdef0123456789abcdef\n"
+                   "    from_number: '+15550100000'\n    webhook_url: https://h.example/sms\n",
+            "email": "    address: a@example.com\n    imap_host: imap.example.com\n"
+                     "    smtp_host: smtp.example.com\n",
+        }
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
-        required = {"signal": "    account: '+15550000001'\\n"}  # keys a section cannot do without
-        path.write_text("platforms:\\n" + "".join(
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n{required.get(n, '')}"
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n"
-            + ("    url: https://chat.example.com\\n" if n == "mattermost" else "")
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" + extra.get(n, "")
+        path.write_text("platforms:\n" + "".join(
+            f"  {n}:\n    enabled: true\n    allow_all_users: true\n{required.get(n, '')}"
             for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "jwt", "cryptography")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "twilio")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "aioimaplib", "aiosmtplib")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "lark_oapi", "dingtalk_stream")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver", "jwt",
+                "cryptography", "twilio", "aioimaplib", "aiosmtplib", "lark_oapi",
+                "dingtalk_stream")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -271,6 +262,28 @@ async def test_doctor_asks_signal_cli_about_the_account(tmp_path: Path, case: st
         assert (reach.ok, reach.detail) == expected[case]
     if case != "unreachable":
         assert [m for m, _p in fake.calls][:1] == ["version"]
+
+
+async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    reach = await _reach(
+        tmp_path, "telegram", f"http://127.0.0.1:{port}/bot", {"TELEGRAM_BOT_TOKEN": "1:x"}
+    )
+    assert not reach.ok and reach.detail.startswith("unreachable")
+
+
+async def test_telegram_check_uses_get_me(tmp_path: Path) -> None:
+    fake = FakeTelegram()
+    await fake.start()
+    try:
+        reach = await _reach(
+            tmp_path, "telegram", fake.base_url, {"TELEGRAM_BOT_TOKEN": fake.token}
+        )
+    finally:
+        await fake.stop()
+    assert reach.ok and reach.detail == "@switchboard_bot"
+
+
 @pytest.mark.parametrize("good", [True, False])
 async def test_doctor_checks_a_mattermost_token_with_mattermostautodriver(
     tmp_path: Path, good: bool
@@ -285,16 +298,13 @@ async def test_doctor_checks_a_mattermost_token_with_mattermostautodriver(
     expected = (True, "@switchboard") if good else (False, "HTTP 401 (invalid or expired token)")
     assert (reach.ok, reach.detail) == expected
     assert [path for _verb, path, _body in fake.calls] == ["/users/me"]
+
+
 @pytest.mark.parametrize("good", [True, False])
 async def test_doctor_checks_a_teams_app_password_by_obtaining_a_token(
     tmp_path: Path, good: bool
 ) -> None:
     fake = FakeTeams()
-@pytest.mark.parametrize("good", [True, False])
-async def test_doctor_checks_a_whatsapp_token_against_the_graph_api(
-    tmp_path: Path, good: bool
-) -> None:
-    fake = FakeGraph()
     await fake.start()
     try:
         cfg = tmp_path / "c.yaml"
@@ -314,6 +324,17 @@ async def test_doctor_checks_a_whatsapp_token_against_the_graph_api(
     )
     assert (reach.ok, reach.detail) == (good, expected)
     assert [r["client_id"] for r in fake.token_requests()] == [APP_ID]
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_whatsapp_token_against_the_graph_api(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeGraph()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
             "platforms:\n  whatsapp:\n    enabled: true\n    allow_all_users: true\n"
             f"    phone_number_id: '{PHONE_ID}'\n    base_url: {fake.base_url}\n"
         )
@@ -353,6 +374,8 @@ async def test_doctor_checks_twilio_credentials_with_the_twilio_library(
     assert reach.ok == good
     assert reach.detail == "Switchboard Test" if good else "credentials (20003)" in reach.detail
     assert fake.calls[0][:2] == ("GET", f"/2010-04-01/Accounts/{ACCOUNT}.json")
+
+
 @pytest.mark.parametrize("bad", [None, "imap", "smtp"])
 async def test_doctor_logs_in_to_imap_and_smtp_with_aioimaplib_and_aiosmtplib(
     tmp_path: Path, bad: str | None
@@ -386,6 +409,8 @@ async def test_doctor_logs_in_to_imap_and_smtp_with_aioimaplib_and_aiosmtplib(
         )
     assert imap.logins  # asked through aioimaplib
     assert bool(smtp.auth_attempts) is (bad != "imap")  # SMTP is tried once IMAP said yes
+
+
 @pytest.mark.parametrize("good", [True, False])
 async def test_doctor_checks_feishu_credentials_by_getting_a_tenant_token(
     tmp_path: Path, good: bool
@@ -425,27 +450,6 @@ async def test_doctor_checks_dingtalk_credentials_by_getting_an_access_token(
     )
     assert (reach.ok, reach.detail) == (good, expected)
     assert [m for m, _ in fake.calls] == ["token"]
-
-
-async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
-    port = free_port()  # nothing listens there
-    reach = await _reach(
-        tmp_path, "telegram", f"http://127.0.0.1:{port}/bot", {"TELEGRAM_BOT_TOKEN": "1:x"}
-    )
-    assert not reach.ok and reach.detail.startswith("unreachable")
-
-
-async def test_telegram_check_uses_get_me(tmp_path: Path) -> None:
-    fake = FakeTelegram()
-    await fake.start()
-    try:
-        reach = await _reach(
-            tmp_path, "telegram", fake.base_url, {"TELEGRAM_BOT_TOKEN": fake.token}
-        )
-    finally:
-        await fake.stop()
-    assert reach.ok and reach.detail == "@switchboard_bot"
-
 
 # --- a third-party adapter, installed as a package with an entry point ---------------
 
