@@ -38,12 +38,14 @@ def configured_home(platform: str, value: str | int | None) -> dict[str, Any] | 
     the platform's adapter says whether the id is a DM or a group."""
     if value is None or str(value).strip() == "":
         return None
-    chat_id, _, thread_id = str(value).strip().partition(":")
-    return {
-        "chat_id": chat_id,
-        "thread_id": thread_id or None,
-        "chat_type": adapter_class(platform).home_chat_type(chat_id),
-    }
+    cls = adapter_class(platform)
+    split = getattr(cls, "split_home_channel", None)  # ids that hold a colon themselves
+    if split is not None:
+        chat_id, thread = split(str(value))
+    else:
+        chat_id, _, thread = str(value).strip().partition(":")
+    return {"chat_id": chat_id, "thread_id": thread or None,
+            "chat_type": cls.home_chat_type(chat_id)}  # fmt: skip
 
 
 async def home_channel(

@@ -21,6 +21,7 @@ BUILTIN = {
     "telegram": "gateway.adapters.telegram:TelegramAdapter",
     "discord": "gateway.adapters.discord:DiscordAdapter",
     "slack": "gateway.adapters.slack:SlackAdapter",
+    "matrix": "gateway.adapters.matrix:MatrixAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

@@ -12,15 +12,17 @@ import pytest
 
 from gateway.adapters.api import ApiAdapter
 from gateway.adapters.discord import DiscordAdapter
+from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
+from tests.fakes.matrix import BOT, FakeMatrix
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack"])
+@pytest.fixture(params=["api", "telegram", "discord", "slack", "matrix"])
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
@@ -33,6 +35,8 @@ async def case(
     elif request.param == "discord":
         restore_discord_globals(monkeypatch)
         fake = FakeDiscord()
+    elif request.param == "matrix":
+        fake = FakeMatrix()
     else:
         fake = FakeSlack()
     await fake.start()
@@ -44,6 +48,15 @@ async def case(
                 fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
             )
             yield adapter, GENERAL, fake
+        elif isinstance(fake, FakeMatrix):
+            fake.add_room(
+                "!general:fake.test", {"@alice:fake.test": "Alice", "@bob:fake.test": "Bob"}
+            )
+            yield (
+                MatrixAdapter(fake.base_url, BOT, fake.token, poll_timeout_s=1),
+                "!general:fake.test",
+                fake,
+            )
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -55,6 +68,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):
         return str(fake.posted(GENERAL)[0]["content"])
+    if isinstance(fake, FakeMatrix):
+        return str(fake.sends()[0]["body"])
     return str(fake.posted()[0]["text"])
 
 

@@ -28,7 +28,7 @@ from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "matrix")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -114,15 +114,17 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x"}
+               "SLACK_SIGNING_SECRET": "x", "MATRIX_ACCESS_TOKEN": "m"}
+        extra = {"matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n"}
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         path.write_text("platforms:\\n" + "".join(
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" for n in adapters.names()))
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" + extra.get(n, "")
+            for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mautrix")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -174,6 +176,30 @@ async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: 
     finally:
         await fake.stop()
     assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_matrix_token_with_mautrix(tmp_path: Path, good: bool) -> None:
+    from tests.fakes.matrix import BOT, FakeMatrix
+
+    fake = FakeMatrix()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
+            f"    homeserver: {fake.base_url}\n    user_id: '{BOT}'\n"
+        )
+        env = {"MATRIX_ACCESS_TOKEN": fake.token if good else "syt_revoked"}
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
+        [reach] = [c for c in checks if c.name == "matrix reachable"]
+    finally:
+        await fake.stop()
+    expected = (True, f"{BOT} (end-to-end encrypted rooms are not supported)")
+    assert (reach.ok, reach.detail) == (expected if good else (False, "M_UNKNOWN_TOKEN"))
+    assert fake.requests("whoami")  # asked through mautrix's whoami
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
