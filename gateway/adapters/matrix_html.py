@@ -41,7 +41,7 @@ def to_html(markdown: str) -> str:
 
 def has_markup(markdown: str, rendered: str) -> bool:
     """True when the HTML says more than the escaped text would."""
-    return rendered != html.escape(markdown.replace("\x00", ""), quote=False)
+    return rendered != html.escape(markdown.replace("\x00", "").strip(), quote=False)
 
 
 def _blocks(lines: list[str]) -> list[tuple[str, str]]:
