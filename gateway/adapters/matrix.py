@@ -14,7 +14,6 @@ import importlib.util
 import logging
 import re
 import uuid
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -30,14 +29,16 @@ from gateway.adapters.base import (
     split_message,
 )
 from gateway.adapters.matrix_events import (
+    PART_BYTES,
     Me,
-    RoomView,
-    direct_rooms,
     inviter,
     message_content,
+    part_size,
     relations,
     to_inbound,
 )
+from gateway.adapters.matrix_rooms import Rooms
+from gateway.adapters.matrix_typing import Typing
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -52,12 +53,6 @@ from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.matrix")
-# An event is at most 65,536 bytes as the server stores it; body + formatted_body of one
-# part stay within this many bytes of JSON, leaving the rest for relations and envelope.
-PART_BYTES = 60_000
-TYPING_TIMEOUT_MS = 30_000
-TYPING_EVERY_S = 20.0
-REMEMBERED = 10_000  # bot event ids and senders kept for replies and threads
 NOTE = "end-to-end encrypted rooms are not supported"
 
 
@@ -84,18 +79,6 @@ class MatrixSettings(PlatformSettings):
     home_channel: str | int | None = setting(None, _room_id, "handoff target room id")
     homeserver: str | None = setting(None, _url, "the homeserver's client-server API URL")
     user_id: str | None = setting(None, _user_id, "the bot's Matrix user id")
-
-
-def _json_bytes(text: str) -> int:
-    import json
-
-    return len(json.dumps(text, ensure_ascii=False).encode())
-
-
-def part_size(text: str) -> int:
-    """Bytes of one part's `body` and `formatted_body` as JSON."""
-    content = message_content(text)
-    return _json_bytes(content["body"]) + _json_bytes(content.get("formatted_body", ""))
 
 
 class MatrixAdapter:
@@ -201,14 +184,9 @@ class MatrixAdapter:
         self._since: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._me = Me(user_id, None, require_mention)
-        self._direct: set[str] = set()
-        self._members: dict[str, dict[str, str]] = {}  # room -> joined user -> display name
-        self._names: dict[str, str] = {}
-        self._senders: OrderedDict[str, str] = OrderedDict()  # event id -> sender (known)
-        self._bot_threads: OrderedDict[str, None] = OrderedDict()  # roots the bot posted in
+        self._rooms = Rooms(user_id, self._fetch_members, self._fetch_sender)
         self._encrypted_noted: set[str] = set()
-        self._typing: dict[str, tuple[int, asyncio.Task[None]]] = {}
-        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._typing = Typing(self._set_typing)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
@@ -232,27 +210,54 @@ class MatrixAdapter:
             log.error("matrix refused the access token; the adapter is stopped (%s)", exc)
             await self._close()
             raise InvalidToken(f"matrix rejected the access token ({exc})") from exc
+        except BaseException as exc:
+            self.state = failed(f"homeserver unreachable ({exc})")
+            await self._close()
+            raise
         with contextlib.suppress(Exception):  # a name only sharpens mention detection
             name = await mapped(lambda: self._client.get_displayname(self.user_id))
             self._me = Me(self.user_id, name or None, self._require_mention)
-        self._direct = await self._direct_rooms()
+        self._rooms.set_direct(await self._direct_content())
         self._since = await self._cursors.get("since") if self._cursors else None
         self._task = asyncio.create_task(self._sync_loop(), name="matrix.sync")
         self.state = AdapterState.RUNNING
         log.info("matrix syncing as %s on %s", self.user_id, self.homeserver)
 
-    async def _direct_rooms(self) -> set[str]:
+    async def _direct_content(self) -> Mapping[str, Any]:
         from mautrix.errors import MatrixRequestError
 
         from gateway.adapters.matrix_http import mapped
 
         try:
-            return direct_rooms(await mapped(lambda: self._client.get_account_data("m.direct")))
+            content = await mapped(lambda: self._client.get_account_data("m.direct"))
         except MatrixRequestError:  # M_NOT_FOUND: the account has none
-            return set()
+            return {}
         except TransientError as exc:
             log.warning("could not read m.direct (%s); DMs are rooms of two until it syncs", exc)
-            return set()
+            return {}
+        return content if isinstance(content, Mapping) else {}
+
+    async def _fetch_members(self, room_id: str) -> Mapping[str, Any]:
+        from mautrix.api import Method, Path
+
+        from gateway.adapters.matrix_http import mapped
+
+        return await mapped(lambda: self._client.api.request(
+            Method.GET, Path.v3.rooms[room_id].joined_members))  # fmt: skip
+
+    async def _fetch_sender(self, room_id: str, event_id: str) -> str | None:
+        from mautrix.api import Method, Path
+        from mautrix.errors import MatrixRequestError
+
+        from gateway.adapters.matrix_http import mapped
+
+        try:
+            ev = await mapped(lambda: self._client.api.request(
+                Method.GET, Path.v3.rooms[room_id].event[event_id]))  # fmt: skip
+        except MatrixRequestError:  # not found, not allowed: not ours as far as we know
+            return None
+        sender = ev.get("sender") if isinstance(ev, Mapping) else None
+        return sender if isinstance(sender, str) else None
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -260,15 +265,9 @@ class MatrixAdapter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
-        for _count, task in self._typing.values():
-            task.cancel()
-        self._typing.clear()
-        for task in list(self._side_tasks):
-            task.cancel()
+        self._typing.close()
         await self._close()
-        if self.state == AdapterState.RUNNING:
-            self.state = AdapterState.STOPPED
-        elif not str(self.state).startswith(AdapterState.FAILED):
+        if not str(self.state).startswith(AdapterState.FAILED):  # a failure stays visible
             self.state = AdapterState.STOPPED
 
     async def _close(self) -> None:
@@ -330,43 +329,30 @@ class MatrixAdapter:
     async def _apply(self, data: Mapping[str, Any], *, deliver: bool) -> None:
         for ev in _events(data.get("account_data")):
             if ev.get("type") == "m.direct" and isinstance(ev.get("content"), Mapping):
-                self._direct = direct_rooms(ev["content"])
+                self._rooms.set_direct(ev["content"])
         rooms = data.get("rooms") if isinstance(data.get("rooms"), Mapping) else {}
         for room_id, room in _items(rooms.get("invite")):
             await self._on_invite(room_id, room.get("invite_state") or {})
         for room_id, _room in _items(rooms.get("leave")):
-            self._members.pop(room_id, None)
+            self._rooms.forget(room_id)
         for room_id, room in _items(rooms.get("join")):
             for ev in _events(room.get("state")):
-                self._on_state(room_id, ev)
+                self._rooms.on_state(room_id, ev)
             for ev in _events(room.get("timeline")):
                 if "state_key" in ev:
-                    self._on_state(room_id, ev)
+                    self._rooms.on_state(room_id, ev)
                 elif deliver:
                     await self._on_event(room_id, ev)
-
-    def _on_state(self, room_id: str, ev: Mapping[str, Any]) -> None:
-        content = ev.get("content") if isinstance(ev.get("content"), Mapping) else {}
-        if ev.get("type") == "m.room.name" and isinstance(content.get("name"), str):
-            self._names[room_id] = content["name"]
-        elif ev.get("type") == "m.room.member" and room_id in self._members:
-            user = ev.get("state_key")
-            if not isinstance(user, str):
-                return
-            if content.get("membership") == "join":
-                self._members[room_id][user] = str(content.get("displayname") or "")
-            else:
-                self._members[room_id].pop(user, None)
 
     async def _on_event(self, room_id: str, ev: Mapping[str, Any]) -> None:
         sender, event_id = ev.get("sender"), ev.get("event_id")
         if not isinstance(event_id, str) or not isinstance(sender, str):
             return
         if sender == self.user_id:  # our own sends, echoed back by the homeserver
-            self._remember(self._senders, event_id, sender)
+            self._rooms.sent(event_id, sender)
             root = relations(ev.get("content") or {}).thread_root
             if root:
-                self._remember(self._bot_threads, root, None)
+                self._rooms.bot_in_thread(root)
             return
         if ev.get("type") == "m.room.encrypted":
             if room_id not in self._encrypted_noted:
@@ -376,57 +362,18 @@ class MatrixAdapter:
             return
         if ev.get("type") != "m.room.message":
             return
-        view = await self._room_view(room_id)
-        msg = to_inbound(ev, view, self._me, self._bot_threads)
-        if msg is not None and not msg.mentioned:
+        view = await self._rooms.view(room_id)
+        msg = to_inbound(ev, view, self._me, self._rooms.bot_threads)
+        if msg is not None and not msg.mentioned:  # a reply to the bot, or in its thread?
             rel = relations(ev.get("content") or {})
-            known = {
-                t
-                for t in (rel.thread_root, rel.reply_to)
-                if t and await self._is_bot_event(room_id, t)
-            }
+            targets = [t for t in (rel.thread_root, rel.reply_to) if t]
+            known = {t for t in targets if await self._rooms.is_bot_event(room_id, t)}
             if known:
                 msg = to_inbound(ev, view, self._me, known)
         if msg is None or self._emit is None:
             return
-        self._remember(self._senders, event_id, sender)
+        self._rooms.sent(event_id, sender)
         await self._emit(msg)  # NotAccepted: the batch is synced again, since unchanged
-
-    async def _is_bot_event(self, room_id: str, event_id: str) -> bool:
-        """Whether the bot sent `event_id` (a thread root, a replied-to message); asked of
-        the homeserver once when the adapter has not seen it."""
-        from mautrix.api import Method, Path
-        from mautrix.errors import MatrixRequestError
-
-        from gateway.adapters.matrix_http import mapped
-
-        if event_id in self._bot_threads:
-            return True
-        if event_id not in self._senders:
-            try:
-                ev = await mapped(lambda: self._client.api.request(
-                    Method.GET, Path.v3.rooms[room_id].event[event_id]))  # fmt: skip
-                self._remember(self._senders, event_id, str(ev.get("sender")))
-            except MatrixRequestError:  # not found, not allowed: not ours as far as we know
-                self._remember(self._senders, event_id, "")
-        return self._senders.get(event_id) == self.user_id
-
-    async def _room_view(self, room_id: str) -> RoomView:
-        from mautrix.api import Method, Path
-
-        from gateway.adapters.matrix_http import mapped
-
-        if room_id not in self._members:
-            joined = await mapped(lambda: self._client.api.request(
-                Method.GET, Path.v3.rooms[room_id].joined_members))  # fmt: skip
-            members = joined.get("joined") if isinstance(joined, Mapping) else None
-            self._members[room_id] = {
-                str(uid): str((info or {}).get("display_name") or "")
-                for uid, info in (members or {}).items()
-            }  # fmt: skip
-        members = self._members[room_id]
-        is_dm = room_id in self._direct or len(members) == 2
-        return RoomView(room_id, is_dm, self._names.get(room_id), members)
 
     async def _on_invite(self, room_id: str, invite_state: Mapping[str, Any]) -> None:
         from gateway.adapters.matrix_http import mapped
@@ -443,50 +390,19 @@ class MatrixAdapter:
         except Exception as exc:  # the invite stays pending; nothing else depends on it
             log.warning("could not join %s on the invite of %s: %s", room_id, who, exc)
 
-    def _remember(self, table: OrderedDict[str, Any], key: str, value: Any) -> None:
-        table[key] = value
-        table.move_to_end(key)
-        if len(table) > REMEMBERED:
-            table.popitem(last=False)
-
     # --- typing: shown while a turn runs -------------------------------------------------
 
     def turn_started(self, msg: InboundMessage) -> None:
-        room = msg.source.chat_id
-        count, task = self._typing.get(room, (0, None))  # type: ignore[assignment]
-        if task is None or task.done():
-            task = asyncio.create_task(self._typing_loop(room), name=f"matrix.typing:{room}")
-        self._typing[room] = (count + 1, task)
+        self._typing.started(msg.source.chat_id)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        room = msg.source.chat_id
-        if room not in self._typing:
-            return
-        count, task = self._typing[room]
-        if count > 1:
-            self._typing[room] = (count - 1, task)
-            return
-        del self._typing[room]
-        task.cancel()
-        self._side(self._set_typing(room, 0))
-
-    async def _typing_loop(self, room: str) -> None:
-        while True:
-            await self._set_typing(room, TYPING_TIMEOUT_MS)
-            await asyncio.sleep(TYPING_EVERY_S)
+        self._typing.ended(msg.source.chat_id)
 
     async def _set_typing(self, room: str, timeout_ms: int) -> None:
         from gateway.adapters.matrix_http import mapped
 
-        if self._client is None:
-            return
-        with contextlib.suppress(Exception):  # typing is a courtesy, never an error
+        if self._client is not None:
             await mapped(lambda: self._client.set_typing(room, timeout=timeout_ms))
-
-    def _side(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
 
     # --- outbound ----------------------------------------------------------------------
 
@@ -511,29 +427,29 @@ class MatrixAdapter:
         except (TransientError, InvalidToken) as exc:
             self.last_error = str(exc)
             raise
-        self._remember(self._senders, str(event_id), self.user_id)
+        self._rooms.sent(str(event_id), self.user_id)
         return str(event_id)
 
     async def send(self, msg: OutboundMessage) -> SentRef:
         room = msg.chat_id
-        in_dm = room in self._direct or len(self._members.get(room, {})) == 2
+        in_dm = self._rooms.is_dm(room)
         ids: list[str] = []
         for i, part in enumerate(split_message(msg.text, PART_BYTES, part_size)):
             # in a thread every part answers there; in a group room the first is a reply
             reply_to = msg.reply_to if msg.thread_id or (i == 0 and not in_dm) else None
             content = message_content(
                 part, thread_id=msg.thread_id, reply_to=reply_to, notice=msg.notice,
-                reply_sender=self._senders.get(reply_to) if reply_to else None,
+                reply_sender=self._rooms.sender(reply_to),
             )  # fmt: skip
             ids.append(await self._post(room, content))
         if msg.thread_id:
-            self._remember(self._bot_threads, msg.thread_id, None)
+            self._rooms.bot_in_thread(msg.thread_id)
         return SentRef(self.platform, room, tuple(ids))
 
     async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
         """A root message in the room; its event id is the thread."""
         event_id = await self._post(chat_id, message_content(name))
-        self._remember(self._bot_threads, event_id, None)
+        self._rooms.bot_in_thread(event_id)
         return ThreadRef(self.platform, chat_id, event_id, name)
 
 

@@ -9,6 +9,7 @@ the room is a DM, its members' names, and which events are the bot's own.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Container, Mapping
@@ -21,6 +22,9 @@ from gateway.session_keys import SessionSource
 from gateway.vocab import ChatType
 
 log = logging.getLogger("gateway.adapters.matrix")
+# An event is at most 65,536 bytes as the server stores it; body + formatted_body of one
+# part stay within this many bytes of JSON, leaving the rest for relations and envelope.
+PART_BYTES = 60_000
 TEXT_MSGTYPES = frozenset({"m.text"})  # m.notice (bots), m.emote and media are not read
 HTML_FORMAT = "org.matrix.custom.html"
 
@@ -185,6 +189,16 @@ def message_content(
     # intentional mentions: ping only the person answered, never the room
     content["m.mentions"] = {"user_ids": [reply_sender]} if reply_sender else {}
     return content
+
+
+def part_size(text: str) -> int:
+    """Bytes of one part's `body` and `formatted_body` as JSON (PART_BYTES at most)."""
+    content = message_content(text)
+    return _json_bytes(content["body"]) + _json_bytes(content.get("formatted_body", ""))
+
+
+def _json_bytes(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode())
 
 
 def direct_rooms(content: Mapping[str, Any]) -> set[str]:

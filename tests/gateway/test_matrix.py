@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 
 from gateway.adapters.base import Backoff
-from gateway.adapters.matrix import PART_BYTES, MatrixAdapter, part_size
+from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.matrix_events import (
+    PART_BYTES,
     Me,
     RoomView,
     inviter,
     message_content,
+    part_size,
     relations,
     to_inbound,
 )
@@ -376,6 +378,55 @@ async def test_encrypted_rooms_are_logged_once_and_not_read(
         assert got == ["in the clear"] and len(notes) == 1
     finally:
         await adapter.stop()
+
+
+async def test_a_thread_the_bot_started_is_recognised_after_a_restart(
+    fake: FakeMatrix, cursors: StoreCursors
+) -> None:
+    first = _adapter(fake)
+    first.use_cursors(cursors)
+    await first.start(_nothing)
+    try:
+        await _until(lambda: first._since is not None)  # past the first sync
+        ref = await first.create_thread(GROUP, "Continued from the terminal")
+        assert ref is not None and ref.thread_id == fake.sends()[0]["event_id"]
+        assert MatrixAdapter.thread_source(ref) == SessionSource(
+            "matrix", GROUP, ChatType.THREAD, thread_id=ref.thread_id)  # fmt: skip
+        await _until(lambda: first._since == f"s{len(fake.log)}")  # its own echo synced too
+    finally:
+        await first.stop()
+    got: list[InboundMessage] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        got.append(msg)
+
+    second = _adapter(fake)  # remembers nothing of the first: asks who sent the root
+    second.use_cursors(cursors)
+    await second.start(emit)
+    try:
+        rel = {"rel_type": "m.thread", "event_id": ref.thread_id, "is_falling_back": True,
+               "m.in_reply_to": {"event_id": ref.thread_id}}  # fmt: skip
+        fake.message(GROUP, BOB, "no mention needed here", **{"m.relates_to": rel})
+        fake.message(GROUP, BOB, "nor a reply to anyone")
+        await wait_for_count(lambda: got, 2, 10, "two messages")
+        assert [(m.text, m.mentioned) for m in got] == [
+            ("no mention needed here", True), ("nor a reply to anyone", False)]  # fmt: skip
+        assert got[0].source.thread_id == ref.thread_id
+        assert [p for k, p, _ in fake.calls if k == "event"]  # GET .../event/{root}
+    finally:
+        await second.stop()
+
+
+def test_base_url_overrides_the_homeserver_for_requests(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
+                   f"    homeserver: https://matrix.example.org\n    user_id: '{BOT}'\n"
+                   "    base_url: http://127.0.0.1:8008\n")  # fmt: skip
+    config = load_config(cfg, {"MATRIX_ACCESS_TOKEN": "syt_x"})
+    adapter = MatrixAdapter.from_config(
+        config.platforms["matrix"], config.platform_secrets("matrix")
+    )
+    assert (adapter.homeserver, adapter.user_id) == ("http://127.0.0.1:8008", BOT)
 
 
 # --- the whole daemon ----------------------------------------------------------------------
