@@ -54,6 +54,7 @@ from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.matrix")
 NOTE = "end-to-end encrypted rooms are not supported"
+MAX_RETRY_AFTER_S = 300.0
 
 
 def _room_id(v: Any) -> str | None:
@@ -294,8 +295,9 @@ class MatrixAdapter:
                 log.error("matrix refused the access token; the adapter is stopped (%s)", exc)
                 return
             except RetryAfter as exc:
-                log.warning("matrix sync rate limited; waiting %.1fs", exc.seconds)
-                await asyncio.sleep(exc.seconds)
+                wait = min(exc.seconds, MAX_RETRY_AFTER_S)
+                log.warning("matrix sync rate limited; waiting %.1fs", wait)
+                await asyncio.sleep(wait)
             except (TransientError, NotAccepted) as exc:
                 self.last_error = str(exc)
                 wait = self._backoff.delay(attempt)
@@ -317,12 +319,13 @@ class MatrixAdapter:
         first = self._since is None
         timeout_ms = 0 if first else int(self._poll_timeout_s * 1000)
         data = await mapped(lambda: self._client.sync(since=self._since, timeout=timeout_ms))
+        next_batch = data.get("next_batch") if isinstance(data, Mapping) else None
+        if not isinstance(next_batch, str) or not next_batch:
+            raise TransientError("the homeserver's sync answer has no next_batch")
         await self._apply(data, deliver=not first)  # raises NotAccepted: since stays
-        next_batch = data.get("next_batch")
-        if isinstance(next_batch, str) and next_batch:
-            if self._cursors is not None:
-                await self._cursors.set("since", next_batch)
-            self._since = next_batch
+        if self._cursors is not None:
+            await self._cursors.set("since", next_batch)
+        self._since = next_batch
         if first:
             log.info("matrix: first sync; earlier history is skipped")
 

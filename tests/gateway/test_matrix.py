@@ -198,6 +198,37 @@ def test_config_needs_the_homeserver_and_user_id_and_checks_ids(tmp_path: Path) 
         "chat_id": "!abc:example.org:8448", "thread_id": None, "chat_type": "group"}  # fmt: skip
 
 
+def test_library_errors_become_the_gateways() -> None:
+    import aiohttp
+    from mautrix.errors import MatrixConnectionError, make_request_error
+
+    from gateway.adapters.matrix_http import as_gateway_error
+    from gateway.errors import RetryAfter, TransientError
+
+    limited = make_request_error(429, "{}", "M_LIMIT_EXCEEDED", "slow down")
+    assert isinstance(as_gateway_error(limited), RetryAfter)  # no retry_after_ms: a default wait
+    assert isinstance(
+        as_gateway_error(make_request_error(401, "", "M_UNKNOWN_TOKEN", "no")), InvalidToken
+    )
+    assert isinstance(as_gateway_error(make_request_error(401, "", None, None)), InvalidToken)
+    for exc in (make_request_error(504, "", None, None), MatrixConnectionError("refused"),
+                aiohttp.ClientConnectionError("reset"), TimeoutError()):  # fmt: skip
+        assert isinstance(as_gateway_error(exc), TransientError)
+    forbidden = make_request_error(403, "", "M_FORBIDDEN", "not in room")
+    assert as_gateway_error(forbidden) is forbidden  # retrying cannot help: the caller decides
+
+
+async def test_doctor_says_unreachable_when_nothing_listens(tmp_path: Path) -> None:
+    from gateway.adapters.matrix import MatrixSettings
+    from tests.daemon import free_port
+
+    settings = MatrixSettings(
+        enabled=True, homeserver=f"http://127.0.0.1:{free_port()}", user_id=BOT
+    )
+    ok, detail = await MatrixAdapter.check_credentials(settings, {"token_env": "syt_x"})
+    assert not ok and detail.startswith("unreachable (")
+
+
 # --- the adapter against the fake homeserver ----------------------------------------------
 
 
