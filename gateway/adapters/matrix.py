@@ -442,7 +442,7 @@ class MatrixAdapter:
             reply_to = msg.reply_to if msg.thread_id or (i == 0 and not in_dm) else None
             content = message_content(
                 part, thread_id=msg.thread_id, reply_to=reply_to, notice=msg.notice,
-                reply_sender=self._rooms.sender(reply_to),
+                reply_sender=self._rooms.sender(reply_to) if i == 0 else None,
             )  # fmt: skip
             ids.append(await self._post(room, content))
         if msg.thread_id:

@@ -198,6 +198,22 @@ def test_config_needs_the_homeserver_and_user_id_and_checks_ids(tmp_path: Path) 
         "chat_id": "!abc:example.org:8448", "thread_id": None, "chat_type": "group"}  # fmt: skip
 
 
+def test_without_mautrix_installed_the_config_check_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mautrix", None)  # what importlib sees when it is absent
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
+                   f"    homeserver: https://matrix.example.org\n    user_id: '{BOT}'\n")  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {"MATRIX_ACCESS_TOKEN": "syt_x"})
+    assert [(e.key, e.problem) for e in err.value.all()] == [
+        ("platforms.matrix", "needs the mautrix package: pip install 'switchboard[matrix]'")]  # fmt: skip
+    assert err.value.exit_code == 78
+
+
 def test_library_errors_become_the_gateways() -> None:
     import aiohttp
     from mautrix.errors import MatrixConnectionError, make_request_error
