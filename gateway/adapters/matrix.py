@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import logging
 import re
 import uuid
@@ -55,6 +56,11 @@ from gateway.vocab import AdapterState, ChatType
 log = logging.getLogger("gateway.adapters.matrix")
 NOTE = "end-to-end encrypted rooms are not supported"
 MAX_RETRY_AFTER_S = 300.0
+# inline sync filters: enough timeline per room that a gap is rare (a gap is paged back
+# with /messages, at most GAP_PAGES pages), and no history on the very first sync
+FILTER = json.dumps({"room": {"timeline": {"limit": 100}}, "presence": {"types": []}})
+FIRST_FILTER = json.dumps({"room": {"timeline": {"limit": 1}}, "presence": {"types": []}})
+GAP_PAGES, GAP_PAGE_SIZE = 50, 100
 
 
 def _room_id(v: Any) -> str | None:
@@ -318,7 +324,8 @@ class MatrixAdapter:
 
         first = self._since is None
         timeout_ms = 0 if first else int(self._poll_timeout_s * 1000)
-        data = await mapped(lambda: self._client.sync(since=self._since, timeout=timeout_ms))
+        data = await mapped(lambda: self._client.sync(
+            since=self._since, timeout=timeout_ms, filter_id=FIRST_FILTER if first else FILTER))  # fmt: skip
         next_batch = data.get("next_batch") if isinstance(data, Mapping) else None
         if not isinstance(next_batch, str) or not next_batch:
             raise TransientError("the homeserver's sync answer has no next_batch")
@@ -341,11 +348,41 @@ class MatrixAdapter:
         for room_id, room in _items(rooms.get("join")):
             for ev in _events(room.get("state")):
                 self._rooms.on_state(room_id, ev)
-            for ev in _events(room.get("timeline")):
+            timeline = room.get("timeline") if isinstance(room.get("timeline"), Mapping) else {}
+            events = _events(timeline)
+            if deliver and timeline.get("limited") and self._since:
+                events = await self._gap(room_id, timeline.get("prev_batch"), self._since) + events
+            for ev in events:
                 if "state_key" in ev:
                     self._rooms.on_state(room_id, ev)
                 elif deliver:
                     await self._on_event(room_id, ev)
+
+    async def _gap(self, room_id: str, prev_batch: Any, since: str) -> list[Mapping[str, Any]]:
+        """The events a limited timeline left out (more arrived than a sync returns), paged
+        back from `prev_batch` to `since`, oldest first."""
+        from mautrix.api import Method, Path
+
+        from gateway.adapters.matrix_http import mapped
+
+        if not isinstance(prev_batch, str) or not prev_batch:
+            log.warning("room %s: a gap in the timeline without a token to fill it", room_id)
+            return []
+        found: list[Mapping[str, Any]] = []
+        token = prev_batch
+        for _page in range(GAP_PAGES):
+            query = {"dir": "b", "from": token, "to": since, "limit": str(GAP_PAGE_SIZE)}
+            page = await mapped(lambda q=query: self._client.api.request(
+                Method.GET, Path.v3.rooms[room_id].messages, query_params=q))  # fmt: skip
+            chunk = _events({"events": page.get("chunk")}) if isinstance(page, Mapping) else []
+            found.extend(chunk)
+            end = page.get("end") if isinstance(page, Mapping) else None
+            if not chunk or not isinstance(end, str) or end == token:
+                return found[::-1]
+            token = end
+        log.warning("room %s: more than %d missed events; the oldest are skipped", room_id,
+                    GAP_PAGES * GAP_PAGE_SIZE)  # fmt: skip
+        return found[::-1]
 
     async def _on_event(self, room_id: str, ev: Mapping[str, Any]) -> None:
         sender, event_id = ev.get("sender"), ev.get("event_id")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,7 @@ class FakeMatrix:
         r.add_post(f"{PREFIX}/rooms/{{room}}/join", self._join)
         r.add_get(f"{PREFIX}/rooms/{{room}}/joined_members", self._joined_members)
         r.add_get(f"{PREFIX}/rooms/{{room}}/event/{{event}}", self._get_event)
+        r.add_get(f"{PREFIX}/rooms/{{room}}/messages", self._messages)
         r.add_get(f"{PREFIX}/profile/{{user}}/displayname", self._displayname)
         r.add_get(f"{PREFIX}/user/{{user}}/account_data/{{type}}", self._account_data)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
@@ -179,7 +181,7 @@ class FakeMatrix:
                     await asyncio.wait_for(
                         self._grew.wait_for(lambda: len(self.log) > start), timeout_s
                     )
-        return web.json_response(self._since(start))
+        return web.json_response(self._since(start, _timeline_limit(request.query.get("filter"))))
 
     def _initial(self) -> dict[str, Any]:
         join = {}
@@ -203,24 +205,44 @@ class FakeMatrix:
             },
         }
 
-    def _since(self, start: int) -> dict[str, Any]:
+    def _since(self, start: int, limit: int) -> dict[str, Any]:
+        """Everything after `start`; a room with more than `limit` new events gets only the
+        last ones, `limited`, with a `prev_batch` token to page back with /messages."""
         join: dict[str, Any] = {}
         invite: dict[str, Any] = {}
         account: list[dict[str, Any]] = []
-        for kind, key, value in self.log[start:]:
+        for pos, (kind, key, value) in enumerate(self.log[start:], start):
             if kind == "timeline":
-                room = join.setdefault(
-                    key, {"timeline": {"events": [], "limited": False}, "state": {"events": []}}
-                )
-                room["timeline"]["events"].append(
-                    {k: v for k, v in value.items() if not k.startswith("_")}
-                )
+                room = join.setdefault(key, {"timeline": {"events": [], "limited": False},
+                                             "state": {"events": []}, "_pos": []})  # fmt: skip
+                room["timeline"]["events"].append(value)
+                room["_pos"].append(pos)
             elif kind == "invite" and key in self.invites:
                 invite[key] = {"invite_state": value}
             elif kind == "account":
                 account.append({"type": key, "content": value})
+        for room in join.values():
+            positions = room.pop("_pos")
+            if len(positions) > limit:
+                room["timeline"]["events"] = room["timeline"]["events"][-limit:]
+                room["timeline"]["limited"] = True
+                room["timeline"]["prev_batch"] = f"s{positions[-limit]}"
         return {"next_batch": f"s{len(self.log)}", "rooms": {"join": join, "invite": invite},
                 "account_data": {"events": account}}  # fmt: skip
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        """Backwards pagination: the room's events before `from` and from `to` on."""
+        room_id, q = request.match_info["room"], request.query
+        assert q.get("dir") == "b", "the adapter only pages backwards"
+        start, stop = int(q["from"].removeprefix("s")), int(q.get("to", "s0").removeprefix("s"))
+        limit = int(q.get("limit", "10"))
+        found = [(pos, ev) for pos, (kind, key, ev) in enumerate(self.log)
+                 if kind == "timeline" and key == room_id and stop <= pos < start]  # fmt: skip
+        page = list(reversed(found))[:limit]
+        body: dict[str, Any] = {"chunk": [ev for _pos, ev in page], "start": q["from"]}
+        if len(found) > len(page):
+            body["end"] = f"s{page[-1][0]}"
+        return web.json_response(body)
 
     async def _send(self, request: web.Request) -> web.Response:
         room_id, txn = request.match_info["room"], request.match_info["txn"]
@@ -287,6 +309,15 @@ class FakeMatrix:
         return web.json_response(data)
 
 
+def _timeline_limit(filter_param: str | None) -> int:
+    """A filter given inline as JSON may raise the timeline limit (Synapse's default: 10)."""
+    if filter_param and filter_param.startswith("{"):
+        limit = json.loads(filter_param).get("room", {}).get("timeline", {}).get("limit")
+        if isinstance(limit, int) and limit > 0:
+            return limit
+    return 10
+
+
 def _member(user_id: str, name: str) -> dict[str, Any]:
     return {"type": "m.room.member", "state_key": user_id, "sender": user_id,
             "content": {"membership": "join", "displayname": name}, "event_id": f"$m{user_id}"}  # fmt: skip
@@ -294,7 +325,7 @@ def _member(user_id: str, name: str) -> dict[str, Any]:
 
 def _kind(path: str) -> str:
     rest = path.removeprefix(PREFIX)
-    for kind in ("whoami", "sync", "send", "typing", "joined_members", "join", "event",
+    for kind in ("whoami", "sync", "send", "typing", "joined_members", "join", "messages", "event",
                  "displayname", "account_data"):  # fmt: skip
         if f"/{kind}" in rest:
             return kind

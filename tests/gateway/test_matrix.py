@@ -274,8 +274,12 @@ def _adapter(fake: FakeMatrix, **kw: Any) -> MatrixAdapter:
                          backoff=FAST, **kw)  # fmt: skip
 
 
-def _syncs(fake: FakeMatrix) -> list[str]:
-    return [path for kind, path, _ in fake.calls if kind == "sync"]
+def _syncs(fake: FakeMatrix) -> list[dict[str, str]]:
+    """The query of every /sync request, first to last (its filter aside)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    queries = [dict(parse_qsl(urlsplit(p).query)) for kind, p, _ in fake.calls if kind == "sync"]
+    return [{k: v for k, v in q.items() if k != "filter"} for q in queries]
 
 
 async def test_since_is_saved_only_after_every_event_of_the_batch_was_emitted(
@@ -292,10 +296,10 @@ async def test_since_is_saved_only_after_every_event_of_the_batch_was_emitted(
     await adapter.start(emit)
     try:
         await wait_for_count(
-            lambda: [p for p in _syncs(fake) if "since=" in p], 1, 10, "an incremental sync"
+            lambda: [q for q in _syncs(fake) if "since" in q], 1, 10, "an incremental sync"
         )
         first = await cursors.get("since")
-        assert first == "s1" and _syncs(fake)[0] == "/_matrix/client/v3/sync?timeout=0"
+        assert first == "s1" and _syncs(fake)[0] == {"timeout": "0"}
         fake.message(DM, ALICE, "one")
         fake.message(DM, ALICE, "two")
         await wait_for_count(lambda: seen, 2, 10, "emitted messages")
@@ -328,10 +332,31 @@ async def test_a_message_the_gateway_could_not_store_is_synced_again(
     try:
         await wait_for_count(lambda: attempts, 2, 10, "a second delivery")
         assert attempts[:2] == ["keep me", "keep me"]
-        assert [p for p in _syncs(fake)][:2] == [
-            "/_matrix/client/v3/sync?timeout=2000&since=s0"
-        ] * 2
+        assert _syncs(fake)[:2] == [{"timeout": "2000", "since": "s0"}] * 2
         await _until(lambda: adapter._since == "s1")
+    finally:
+        await adapter.stop()
+
+
+async def test_a_gap_in_a_limited_timeline_is_paged_back_so_nothing_is_lost(
+    fake: FakeMatrix, cursors: StoreCursors
+) -> None:
+    await cursors.set("since", f"s{len(fake.log)}")
+    for i in range(250):  # while the daemon was down: more than one sync returns per room
+        fake.message(DM, ALICE, f"missed {i}")
+    got: list[str] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        got.append(msg.text)
+
+    adapter = _adapter(fake)
+    adapter.use_cursors(cursors)
+    await adapter.start(emit)
+    try:
+        await wait_for_count(lambda: got, 250, 20, "every missed message")
+        assert got == [f"missed {i}" for i in range(250)]  # in order, none twice
+        assert len(fake.requests("messages")) == 2  # two pages of /messages filled the gap
+        await _until(lambda: adapter._since == f"s{len(fake.log)}")
     finally:
         await adapter.stop()
 
@@ -600,7 +625,7 @@ async def test_a_restart_resumes_from_the_saved_since_token(
             "echo: while the daemon was down",
         ]
         resumed = _syncs(fake)[syncs_before]
-        assert resumed == f"/_matrix/client/v3/sync?timeout=30000&since={saved}"  # no initial sync
+        assert resumed == {"timeout": "30000", "since": saved}  # no initial sync
         assert await _stored(second, _key(DM)) == [
             "before the restart", "echo: before the restart",
             "while the daemon was down", "echo: while the daemon was down",
