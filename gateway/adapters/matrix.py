@@ -57,10 +57,9 @@ log = logging.getLogger("gateway.adapters.matrix")
 NOTE = "end-to-end encrypted rooms are not supported"
 MAX_RETRY_AFTER_S = 300.0
 # inline sync filters: enough timeline per room that a gap is rare (a gap is paged back
-# with /messages, at most GAP_PAGES pages), and no history on the very first sync
+# with /messages), and no history on the very first sync
 FILTER = json.dumps({"room": {"timeline": {"limit": 100}}, "presence": {"types": []}})
 FIRST_FILTER = json.dumps({"room": {"timeline": {"limit": 1}}, "presence": {"types": []}})
-GAP_PAGES, GAP_PAGE_SIZE = 50, 100
 
 
 def _room_id(v: Any) -> str | None:
@@ -245,26 +244,18 @@ class MatrixAdapter:
         return content if isinstance(content, Mapping) else {}
 
     async def _fetch_members(self, room_id: str) -> Mapping[str, Any]:
-        from mautrix.api import Method, Path
-
-        from gateway.adapters.matrix_http import mapped
-
-        return await mapped(lambda: self._client.api.request(
-            Method.GET, Path.v3.rooms[room_id].joined_members))  # fmt: skip
-
-    async def _fetch_sender(self, room_id: str, event_id: str) -> str | None:
-        from mautrix.api import Method, Path
-        from mautrix.errors import MatrixRequestError
-
-        from gateway.adapters.matrix_http import mapped
+        from gateway.adapters.matrix_http import joined_members
 
         try:
-            ev = await mapped(lambda: self._client.api.request(
-                Method.GET, Path.v3.rooms[room_id].event[event_id]))  # fmt: skip
-        except MatrixRequestError:  # not found, not allowed: not ours as far as we know
-            return None
-        sender = ev.get("sender") if isinstance(ev, Mapping) else None
-        return sender if isinstance(sender, str) else None
+            return await joined_members(self._client, room_id)
+        except AdapterError as exc:  # not in the room (any more): nobody known, not a DM
+            log.warning("could not list the members of %s: %s", room_id, exc)
+            return {}
+
+    async def _fetch_sender(self, room_id: str, event_id: str) -> str | None:
+        from gateway.adapters.matrix_http import event_sender
+
+        return await event_sender(self._client, room_id, event_id)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -359,30 +350,16 @@ class MatrixAdapter:
                     await self._on_event(room_id, ev)
 
     async def _gap(self, room_id: str, prev_batch: Any, since: str) -> list[Mapping[str, Any]]:
-        """The events a limited timeline left out (more arrived than a sync returns), paged
-        back from `prev_batch` to `since`, oldest first."""
-        from mautrix.api import Method, Path
-
-        from gateway.adapters.matrix_http import mapped
+        """The events a limited timeline left out (more arrived than a sync returns)."""
+        from gateway.adapters.matrix_http import events_between
 
         if not isinstance(prev_batch, str) or not prev_batch:
             log.warning("room %s: a gap in the timeline without a token to fill it", room_id)
             return []
-        found: list[Mapping[str, Any]] = []
-        token = prev_batch
-        for _page in range(GAP_PAGES):
-            query = {"dir": "b", "from": token, "to": since, "limit": str(GAP_PAGE_SIZE)}
-            page = await mapped(lambda q=query: self._client.api.request(
-                Method.GET, Path.v3.rooms[room_id].messages, query_params=q))  # fmt: skip
-            chunk = _events({"events": page.get("chunk")}) if isinstance(page, Mapping) else []
-            found.extend(chunk)
-            end = page.get("end") if isinstance(page, Mapping) else None
-            if not chunk or not isinstance(end, str) or end == token:
-                return found[::-1]
-            token = end
-        log.warning("room %s: more than %d missed events; the oldest are skipped", room_id,
-                    GAP_PAGES * GAP_PAGE_SIZE)  # fmt: skip
-        return found[::-1]
+        found, complete = await events_between(self._client, room_id, prev_batch, since)
+        if not complete:
+            log.warning("room %s: too many missed events; the oldest are skipped", room_id)
+        return [e for e in found if isinstance(e, Mapping)]
 
     async def _on_event(self, room_id: str, ev: Mapping[str, Any]) -> None:
         sender, event_id = ev.get("sender"), ev.get("event_id")

@@ -1,21 +1,22 @@
 """The mautrix HTTP client the Matrix adapter uses, and the one place its errors become the
 gateway's: M_LIMIT_EXCEEDED -> RetryAfter (with the server's `retry_after_ms`, which mautrix
 itself drops), M_UNKNOWN_TOKEN / 401 -> InvalidToken, network trouble and 5xx ->
-TransientError. Imported only when the adapter starts or checks a token.
+TransientError. Also the raw JSON requests the adapter makes beside ClientAPI's typed ones.
+Imported only when the adapter starts or checks a token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
-from mautrix.api import HTTPAPI
+from mautrix.api import HTTPAPI, Method, Path
 from mautrix.errors import MatrixConnectionError, MatrixRequestError, make_request_error
 
-from gateway.errors import InvalidToken, RetryAfter, TransientError
+from gateway.errors import AdapterError, InvalidToken, RetryAfter, TransientError
 
 T = TypeVar("T")
 DEFAULT_RETRY_AFTER_S = 5.0  # a 429 that names no wait
@@ -102,3 +103,48 @@ async def mapped(call: Callable[[], Awaitable[T]]) -> T:
         if converted is exc:
             raise
         raise converted from exc
+
+
+GAP_PAGES, GAP_PAGE_SIZE = 50, 100  # at most 5,000 missed events a room are paged back
+
+
+async def joined_members(client: Any, room_id: str) -> Mapping[str, Any]:
+    """GET /rooms/{id}/joined_members as JSON; M_FORBIDDEN and such as AdapterError."""
+    try:
+        body = await mapped(lambda: client.api.request(
+            Method.GET, Path.v3.rooms[room_id].joined_members))  # fmt: skip
+    except MatrixRequestError as exc:
+        raise AdapterError(errcode(exc) or f"HTTP {getattr(exc, 'http_status', '?')}") from exc
+    return body if isinstance(body, Mapping) else {}
+
+
+async def event_sender(client: Any, room_id: str, event_id: str) -> str | None:
+    """Who sent an event; None when it cannot be seen (not found, not allowed)."""
+    try:
+        ev = await mapped(lambda: client.api.request(
+            Method.GET, Path.v3.rooms[room_id].event[event_id]))  # fmt: skip
+    except MatrixRequestError:
+        return None
+    sender = ev.get("sender") if isinstance(ev, Mapping) else None
+    return sender if isinstance(sender, str) else None
+
+
+async def events_between(
+    client: Any, room_id: str, start: str, stop: str
+) -> tuple[list[Any], bool]:
+    """The room's events from `stop` up to `start` (backwards pagination with /messages),
+    oldest first, and whether all of them fit in GAP_PAGES pages."""
+    found: list[Any] = []
+    token = start
+    for _page in range(GAP_PAGES):
+        query = {"dir": "b", "from": token, "to": stop, "limit": str(GAP_PAGE_SIZE)}
+        page = await mapped(lambda q=query: client.api.request(
+            Method.GET, Path.v3.rooms[room_id].messages, query_params=q))  # fmt: skip
+        chunk = page.get("chunk") if isinstance(page, Mapping) else None
+        chunk = chunk if isinstance(chunk, list) else []
+        found.extend(chunk)
+        end = page.get("end") if isinstance(page, Mapping) else None
+        if not chunk or not isinstance(end, str) or end == token:
+            return found[::-1], True
+        token = end
+    return found[::-1], False
