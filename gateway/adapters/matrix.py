@@ -275,8 +275,8 @@ class MatrixAdapter:
             self._client = None
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "user_id": self.user_id, "last_error": self.last_error,
-                "note": NOTE}  # fmt: skip
+        return {"state": self.state, "user_id": self.user_id, "since": self._since,
+                "last_error": self.last_error, "note": NOTE}  # fmt: skip
 
     # --- inbound: the /sync loop -------------------------------------------------------
 

@@ -304,10 +304,14 @@ async def test_since_is_saved_only_after_every_event_of_the_batch_was_emitted(
         fake.message(DM, ALICE, "two")
         await wait_for_count(lambda: seen, 2, 10, "emitted messages")
         assert seen == [("one", "s1"), ("two", "s1")]  # history skipped; since still the old one
-        await _until(lambda: adapter._since == "s3")
+        await _until(lambda: _since(adapter) == "s3")
         assert await cursors.get("since") == "s3"
     finally:
         await adapter.stop()
+
+
+def _since(adapter: Any) -> str | None:
+    return adapter.health()["since"]
 
 
 async def _until(cond: Any, timeout: float = 10.0) -> None:
@@ -333,7 +337,7 @@ async def test_a_message_the_gateway_could_not_store_is_synced_again(
         await wait_for_count(lambda: attempts, 2, 10, "a second delivery")
         assert attempts[:2] == ["keep me", "keep me"]
         assert _syncs(fake)[:2] == [{"timeout": "2000", "since": "s0"}] * 2
-        await _until(lambda: adapter._since == "s1")
+        await _until(lambda: _since(adapter) == "s1")
     finally:
         await adapter.stop()
 
@@ -356,7 +360,7 @@ async def test_a_gap_in_a_limited_timeline_is_paged_back_so_nothing_is_lost(
         await wait_for_count(lambda: got, 250, 20, "every missed message")
         assert got == [f"missed {i}" for i in range(250)]  # in order, none twice
         assert len(fake.requests("messages")) == 2  # two pages of /messages filled the gap
-        await _until(lambda: adapter._since == f"s{len(fake.log)}")
+        await _until(lambda: _since(adapter) == f"s{len(fake.log)}")
     finally:
         await adapter.stop()
 
@@ -459,12 +463,12 @@ async def test_a_thread_the_bot_started_is_recognised_after_a_restart(
     first.use_cursors(cursors)
     await first.start(_nothing)
     try:
-        await _until(lambda: first._since is not None)  # past the first sync
+        await _until(lambda: _since(first) is not None)  # past the first sync
         ref = await first.create_thread(GROUP, "Continued from the terminal")
         assert ref is not None and ref.thread_id == fake.sends()[0]["event_id"]
         assert MatrixAdapter.thread_source(ref) == SessionSource(
             "matrix", GROUP, ChatType.THREAD, thread_id=ref.thread_id)  # fmt: skip
-        await _until(lambda: first._since == f"s{len(fake.log)}")  # its own echo synced too
+        await _until(lambda: _since(first) == f"s{len(fake.log)}")  # its own echo synced too
     finally:
         await first.stop()
     got: list[InboundMessage] = []
@@ -515,7 +519,7 @@ async def _gateway(tmp_path: Path, fake: FakeMatrix, *, token: str | None = None
     gw = Gateway(config=load_config(cfg, env), home=tmp_path / "home", agent=agent)
     await gw.start()
     adapter = next(a for a in gw.adapters if isinstance(a, MatrixAdapter))
-    await _until(lambda: adapter._since is not None)  # past the first sync: history skipped
+    await _until(lambda: _since(adapter) is not None)  # past the first sync: history skipped
     return gw
 
 
@@ -611,7 +615,7 @@ async def test_a_restart_resumes_from_the_saved_since_token(
     try:
         fake.message(DM, ALICE, "before the restart")
         await fake.wait_sends(1)
-        await _until(lambda: first.adapters[0]._since == f"s{len(fake.log)}")  # type: ignore[attr-defined]
+        await _until(lambda: _since(first.adapters[0]) == f"s{len(fake.log)}")
     finally:
         await first.stop()
     saved = f"s{len(fake.log)}"
