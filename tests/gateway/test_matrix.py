@@ -428,6 +428,30 @@ async def test_an_invalid_token_stops_the_adapter_with_one_clear_line(
     assert "M_UNKNOWN_TOKEN" in lines[1]
 
 
+async def test_m_direct_makes_a_bigger_room_a_dm_at_start_and_when_it_changes(
+    fake: FakeMatrix,
+) -> None:
+    fake.add_room("!trio:fake.test", {ALICE: "Alice", BOB: "Bob"})
+    fake.set_direct({ALICE: [GROUP]})  # read with the account data at start
+    got: list[InboundMessage] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        got.append(msg)
+
+    adapter = _adapter(fake)
+    await adapter.start(emit)
+    try:
+        await _until(lambda: _since(adapter) is not None)
+        fake.message(GROUP, ALICE, "no mention, but a DM")
+        await wait_for_count(lambda: got, 1, 10, "the DM message")
+        fake.set_direct({ALICE: [GROUP], BOB: ["!trio:fake.test"]})  # arrives through /sync
+        fake.message("!trio:fake.test", BOB, "now this one too")
+        await wait_for_count(lambda: got, 2, 10, "the second DM message")
+        assert [(m.source.chat_type, m.mentioned) for m in got] == [(ChatType.DM, True)] * 2
+    finally:
+        await adapter.stop()
+
+
 async def test_encrypted_rooms_are_logged_once_and_not_read(
     fake: FakeMatrix, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -572,9 +596,17 @@ async def test_group_rooms_need_a_mention_and_sessions_are_per_user(
         "echo: what time is it",
     ]
     assert await _stored(gw, _key(GROUP, ChatType.GROUP, BOB)) == ["hi", "echo: hi"]
+    quoted = f"> <{BOT}> echo: what time is it\n\nand the date?"  # a reply with its fallback
+    fake.message(
+        GROUP, ALICE, quoted, **{"m.relates_to": {"m.in_reply_to": {"event_id": first["event_id"]}}}
+    )
     fake.message(GROUP, ALICE, "last one, switchboard")
-    await fake.wait_sends(3)
-    assert len(fake.sends()) == 3  # "just people talking" was never answered
+    replies = await fake.wait_sends(4)
+    assert [r["body"] for r in replies[2:]] == [
+        "echo: and the date?",
+        "echo: last one, switchboard",
+    ]
+    assert len(fake.sends()) == 4  # "just people talking" was never answered
 
 
 async def test_a_thread_is_shared_and_continues_without_mentions(
