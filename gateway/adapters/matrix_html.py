@@ -21,6 +21,7 @@ _ITEM = re.compile(r"^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 _LINK = re.compile(r"\[([^\]\n]+)\]\(\s*([^\s)]+)\s*\)")
 _AUTOLINK = re.compile(r"&lt;((?:https?://|mailto:)[^\s&]+)&gt;")
+_BARE_URL = re.compile(r"(?<![\w/])(https?://[^\s<>\x00]*[^\s<>\x00.,:;!?'\")\]])")
 _STRONG = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
 _EM = re.compile(
     r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])|(?<!\w)_(?=\S)(.+?)(?<=\S)_(?!\w)"
@@ -203,6 +204,7 @@ def inline(text: str) -> str:
 
     out = _LINK.sub(link, out)
     out = _AUTOLINK.sub(autolink, out)
+    out = _BARE_URL.sub(autolink, out)  # before emphasis: a URL's _ and * are not markup
     out = _emphasis(out)
     while _HOLE.search(out):
         out = _HOLE.sub(lambda m: holes[int(m.group(1))], out)

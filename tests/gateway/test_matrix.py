@@ -164,6 +164,8 @@ def test_markdown_becomes_safe_html() -> None:
         "<p>&lt;script&gt;alert(1)&lt;/script&gt; [x](javascript:alert(1))</p>"
     )
     assert to_html("snake_case and 2*3*4") == "snake_case and 2*3*4"
+    assert to_html("at https://x.io/_a_/b. and _this_") == (
+        'at <a href="https://x.io/_a_/b">https://x.io/_a_/b</a>. and <em>this</em>')  # fmt: skip
     assert "formatted_body" not in message_content("nothing to format")
 
 
