@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.adapters.base import Backoff
 from gateway.adapters.matrix import MatrixAdapter
@@ -167,6 +170,38 @@ def test_markdown_becomes_safe_html() -> None:
     assert to_html("at https://x.io/_a_/b. and _this_") == (
         'at <a href="https://x.io/_a_/b">https://x.io/_a_/b</a>. and <em>this</em>')  # fmt: skip
     assert "formatted_body" not in message_content("nothing to format")
+
+
+_TAG = re.compile(r"</?(p|br|strong|em|del|code|pre|a|ul|ol|li|blockquote|h[1-6]|hr)( [^<>]*)?>")
+_MARKDOWNISH = st.text(alphabet=st.sampled_from(list("ab *_~`#>-1.[]()<>&\"'/:\n ")) | st.characters(),
+                       max_size=200)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(_MARKDOWNISH)
+def test_any_text_renders_to_known_tags_and_safe_links(text: str) -> None:
+    rendered = to_html(text)
+    assert "<" not in _TAG.sub("", rendered) and ">" not in _TAG.sub("", rendered)
+    for href in re.findall(r'href="([^"]*)"', rendered):
+        assert href.startswith(("http://", "https://", "mailto:", "matrix:"))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["type", "sender", "event_id", "content", "origin_server_ts",
+                                        "state_key"]), _JSON), _JSON)  # fmt: skip
+def test_no_event_makes_translation_raise(event: dict[str, Any], content: Any) -> None:
+    for candidate in (event, {**event, "type": "m.room.message", "content": content}):
+        msg = to_inbound(candidate, GROUP_ROOM, ME)
+        assert msg is None or isinstance(msg.text, str) and msg.text.strip()
 
 
 def test_long_replies_split_below_the_event_limit_even_when_html_grows() -> None:
