@@ -22,6 +22,7 @@ BUILTIN = {
     "discord": "gateway.adapters.discord:DiscordAdapter",
     "slack": "gateway.adapters.slack:SlackAdapter",
     "signal": "gateway.adapters.signal:SignalAdapter",
+    "matrix": "gateway.adapters.matrix:MatrixAdapter",
     "mattermost": "gateway.adapters.mattermost:MattermostAdapter",
     "teams": "gateway.adapters.teams:TeamsAdapter",
     "whatsapp": "gateway.adapters.whatsapp:WhatsAppAdapter",

@@ -17,6 +17,7 @@ from gateway.adapters.email import EmailAdapter, SmtpAccount
 from gateway.adapters.email_imap import ImapAccount
 from gateway.adapters.feishu import FeishuAdapter
 from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.sms import SmsAdapter
@@ -24,12 +25,13 @@ from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from tests.fakes import dingtalk, feishu, teams, twilio, whatsapp
+from tests.fakes import dingtalk, feishu, matrix, teams, twilio, whatsapp
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.imap import FakeImap
 from tests.fakes.mattermost import TOWN, FakeMattermost
+from tests.fakes.matrix import FakeMatrix
 from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.smtp import FakeSmtp
@@ -39,11 +41,11 @@ from tests.fakes.twilio import FakeTwilio
 from tests.fakes.whatsapp import FakeGraph
 
 PLATFORMS = ["api", "telegram", "discord", "slack", "signal", "mattermost", "teams", "whatsapp",
-             "sms", "email", "feishu", "dingtalk"]  # fmt: skip
+             "sms", "email", "feishu", "dingtalk", "matrix"]  # fmt: skip
 FAKES: dict[str, type[Any]] = {
     "telegram": FakeTelegram, "discord": FakeDiscord, "slack": FakeSlack, "signal": FakeSignal,
     "mattermost": FakeMattermost, "teams": FakeTeams, "whatsapp": FakeGraph, "sms": FakeTwilio,
-    "feishu": FakeFeishu, "dingtalk": FakeDingTalk,
+    "feishu": FakeFeishu, "dingtalk": FakeDingTalk, "matrix": FakeMatrix,
 }  # fmt: skip
 
 
@@ -99,6 +101,15 @@ async def case(
         elif isinstance(fake, FakeDingTalk):
             yield DingTalkAdapter(dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET,
                                   base_url=fake.base_url), "cidGROUP", fake  # fmt: skip
+        elif isinstance(fake, FakeMatrix):
+            fake.add_room(
+                "!general:fake.test", {"@alice:fake.test": "Alice", "@bob:fake.test": "Bob"}
+            )
+            yield (
+                MatrixAdapter(fake.base_url, matrix.BOT, fake.token, poll_timeout_s=1),
+                "!general:fake.test",
+                fake,
+            )
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -126,6 +137,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):
         return str(fake.posted(GENERAL)[0]["content"])
+    if isinstance(fake, FakeMatrix):
+        return str(fake.sends()[0]["body"])
     return str(fake.posted()[0]["text"])
 
 

@@ -42,7 +42,7 @@ from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "mattermost", "teams", "whatsapp",
-                  "sms", "email", "feishu", "dingtalk")  # fmt: skip
+                  "sms", "email", "feishu", "dingtalk", "matrix")  # fmt: skip
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
 # string value, or names only the platform has
@@ -155,27 +155,28 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "WHATSAPP_VERIFY_TOKEN": "w", "TWILIO_AUTH_TOKEN": "t", "EMAIL_PASSWORD": "p",
                "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f", "FEISHU_ENCRYPT_KEY": "k",
                "FEISHU_VERIFICATION_TOKEN": "v", "DINGTALK_CLIENT_ID": "dingid",
-               "DINGTALK_CLIENT_SECRET": "ds"}
+               "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m"}
         required = {  # keys a section cannot do without
-            "signal": "    account: '+15550000001'\n",
-            "mattermost": "    url: https://chat.example.com\n",
-            "whatsapp": "    phone_number_id: '1'\n",
-            "sms": "    account_sid: AC0123456789abcdef0123456789abcdef\n"
-                   "    from_number: '+15550100000'\n    webhook_url: https://h.example/sms\n",
-            "email": "    address: a@example.com\n    imap_host: imap.example.com\n"
-                     "    smtp_host: smtp.example.com\n",
+            "signal": "    account: '+15550000001'\\n",
+            "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
+            "mattermost": "    url: https://chat.example.com\\n",
+            "whatsapp": "    phone_number_id: '1'\\n",
+            "sms": "    account_sid: AC0123456789abcdef0123456789abcdef\\n"
+                   "    from_number: '+15550100000'\\n    webhook_url: https://h.example/sms\\n",
+            "email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
+                     "    smtp_host: smtp.example.com\\n",
         }
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
-        path.write_text("platforms:\n" + "".join(
-            f"  {n}:\n    enabled: true\n    allow_all_users: true\n{required.get(n, '')}"
+        path.write_text("platforms:\\n" + "".join(
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n{required.get(n, '')}"
             for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver", "jwt",
                 "cryptography", "twilio", "aioimaplib", "aiosmtplib", "lark_oapi",
-                "dingtalk_stream")
+                "dingtalk_stream", "mautrix")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -262,6 +263,30 @@ async def test_doctor_asks_signal_cli_about_the_account(tmp_path: Path, case: st
         assert (reach.ok, reach.detail) == expected[case]
     if case != "unreachable":
         assert [m for m, _p in fake.calls][:1] == ["version"]
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_matrix_token_with_mautrix(tmp_path: Path, good: bool) -> None:
+    from tests.fakes.matrix import BOT, FakeMatrix
+
+    fake = FakeMatrix()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
+            f"    homeserver: {fake.base_url}\n    user_id: '{BOT}'\n"
+        )
+        env = {"MATRIX_ACCESS_TOKEN": fake.token if good else "syt_revoked"}
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
+        [reach] = [c for c in checks if c.name == "matrix reachable"]
+    finally:
+        await fake.stop()
+    expected = (True, f"{BOT} (end-to-end encrypted rooms are not supported)")
+    assert (reach.ok, reach.detail) == (expected if good else (False, "M_UNKNOWN_TOKEN"))
+    assert fake.requests("whoami")  # asked through mautrix's whoami
 
 
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
