@@ -16,8 +16,8 @@ from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.email import EmailAdapter, SmtpAccount
 from gateway.adapters.email_imap import ImapAccount
 from gateway.adapters.feishu import FeishuAdapter
-from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.matrix import MatrixAdapter
+from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.sms import SmsAdapter
@@ -30,8 +30,8 @@ from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.imap import FakeImap
-from tests.fakes.mattermost import TOWN, FakeMattermost
 from tests.fakes.matrix import FakeMatrix
+from tests.fakes.mattermost import TOWN, FakeMattermost
 from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.smtp import FakeSmtp

@@ -31,8 +31,8 @@ from tests.fakes.feishu import FakeFeishu
 from tests.fakes.imap import FakeImap
 from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.signal import BOT as SIGNAL_BOT
-from tests.fakes.signal import FakeSignal
 from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
+from tests.fakes.signal import FakeSignal
 from tests.fakes.slack import FakeSlack
 from tests.fakes.smtp import FakeSmtp
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
@@ -41,8 +41,8 @@ from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
 from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "mattermost", "teams", "whatsapp",
-                  "sms", "email", "feishu", "dingtalk", "matrix")  # fmt: skip
+PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "matrix", "mattermost", "teams",
+                  "whatsapp", "sms", "email", "feishu", "dingtalk")  # fmt: skip
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
 # string value, or names only the platform has
