@@ -25,12 +25,14 @@ from typing import Any, ClassVar
 from aiohttp import web
 
 from gateway.adapters.base import Emit
+from gateway.errors import NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import CHAT_TYPES, SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024
+NOT_STORED = "Sorry, I could not store your message just now; please send it again in a moment."
 ANSWERED_MEMORY = 10_000  # recent answers kept to reply to a redelivered message_id at once
 
 # the kinds of answer a request can end with, besides a reply: (status, type, code, message)
@@ -257,10 +259,16 @@ class ApiAdapter:
             self._pending[slot] = ex
         try:
             if first:
-                await self._emit(
-                    InboundMessage(source=source, text=text, platform_message_id=slot[1],
-                                   received_at=time.time())
-                )  # fmt: skip
+                try:
+                    await self._emit(
+                        InboundMessage(source=source, text=text, platform_message_id=slot[1],
+                                       received_at=time.time())
+                    )  # fmt: skip
+                except NotAccepted as exc:  # not stored: nothing to wait for; send it again
+                    if exc.reason == "shutting_down":
+                        return _error(503, "the gateway is shutting down", "shutting_down")
+                    log.warning("a message for chat %s was not accepted: %s", source.chat_id, exc)
+                    return _error(503, NOT_STORED, "storage_unavailable")
             # shielded: a duplicate request that gives up must not cancel the first one's wait
             out = await asyncio.wait_for(asyncio.shield(ex.done), self._reply_timeout)
         except TimeoutError:
