@@ -41,8 +41,8 @@ CREATE TABLE IF NOT EXISTS inbox (
 CREATE UNIQUE INDEX IF NOT EXISTS idx_inbox_platform_message
     ON inbox(platform, chat_id, platform_message_id);
 CREATE INDEX IF NOT EXISTS idx_inbox_open ON inbox(id) WHERE state IN ('received', 'started');
-CREATE INDEX IF NOT EXISTS idx_inbox_updated ON inbox(updated_at);
 """
+# No index on updated_at: every state change would rewrite it; the daily prune scans.
 
 # One call: (platform, chat_id, platform_message_id or None, payload JSON text, now).
 Accept = tuple[str, str, "str | None", str, float]
@@ -67,40 +67,44 @@ _INSERT_JSON = (
     "INSERT INTO inbox(platform, chat_id, platform_message_id, payload, state, received_at, "
     "updated_at) SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
     "json_extract(value, '$[2]'), json_extract(value, '$[3]'), 'received', "
-    "json_extract(value, '$[4]'), json_extract(value, '$[4]') FROM json_each(?) ORDER BY key"
+    "json_extract(value, '$[4]'), json_extract(value, '$[4]') FROM json_each(?) WHERE true "
+    "ORDER BY key ON CONFLICT(platform, chat_id, platform_message_id) DO NOTHING"
 )
 
 
 def accept_many(conn: sqlite3.Connection, calls: list[Accept]) -> list[tuple[int, str, bool]]:
-    """Many `accept` calls in three statements: find the ids seen before, insert the rest in
-    order (AUTOINCREMENT hands out consecutive ids under the write lock)."""
-    probes = [(c[0], c[1], c[2], i) for i, c in enumerate(calls) if c[2] is not None]
+    """Many `accept` calls, in one statement when none was seen before (the steady state):
+    insert in order, ignoring platform ids taken before; when every row went in, their ids
+    are consecutive (AUTOINCREMENT under the write lock), else the taken ones are looked up."""
     out: list[tuple[int, str, bool] | None] = [None] * len(calls)
-    if probes:
-        for i, rid, state in conn.execute(_FIND_JSON, (json.dumps(probes),)):
-            out[int(i)] = (int(rid), str(state), False)
     fresh: list[int] = []
     first_of: dict[tuple[str, str, str], int] = {}
     for i, c in enumerate(calls):
-        if out[i] is not None:
-            continue
-        if c[2] is not None:  # the same platform id twice in this batch: the first wins
-            first = first_of.setdefault((c[0], c[1], c[2]), i)
-            if first != i:
-                continue
-        fresh.append(i)
-    if fresh:
-        (first_id,) = conn.execute(
-            "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'inbox'), 0), "
-            "COALESCE((SELECT MAX(id) FROM inbox), 0)) + 1"
-        ).fetchone()
-        conn.execute(_INSERT_JSON, (json.dumps([calls[i] for i in fresh], ensure_ascii=False),))
+        if c[2] is None or first_of.setdefault((c[0], c[1], c[2]), i) == i:
+            fresh.append(i)  # a platform id twice in one batch: the first wins
+    (first_id,) = conn.execute(
+        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'inbox'), 0), "
+        "COALESCE((SELECT MAX(id) FROM inbox), 0)) + 1"
+    ).fetchone()
+    before = conn.total_changes
+    conn.execute(_INSERT_JSON, (json.dumps([calls[i] for i in fresh], ensure_ascii=False),))
+    if conn.total_changes - before == len(fresh):
         for n, i in enumerate(fresh):
             out[i] = (first_id + n, RECEIVED, True)
+    else:  # some were seen before: ask which rows are whose
+        probes = [(calls[i][0], calls[i][1], calls[i][2], i) for i in fresh if calls[i][2]]
+        for i, rid, state in conn.execute(_FIND_JSON, (json.dumps(probes),)):
+            out[int(i)] = (int(rid), str(state), int(rid) >= first_id)
+        unnamed = [i for i in fresh if calls[i][2] is None]
+        newest = conn.execute(
+            "SELECT id FROM inbox WHERE id >= ? AND platform_message_id IS NULL ORDER BY id",
+            (first_id,),
+        ).fetchall()
+        for i, (rid,) in zip(unnamed, newest, strict=True):
+            out[i] = (int(rid), RECEIVED, True)
     for i, c in enumerate(calls):  # batch-internal repeats point at their first
         if out[i] is None:
-            j = first_of[(c[0], c[1], str(c[2]))]
-            first = out[j]
+            first = out[first_of[(c[0], c[1], str(c[2]))]]
             assert first is not None
             out[i] = (first[0], first[1], False)
     return [o for o in out if o is not None]
@@ -121,12 +125,13 @@ def begin_turn(
 def begin_turns_many(
     conn: sqlite3.Connection, calls: list[tuple[int, str, Mapping[str, Any], int | None]]
 ) -> list[tuple[int, list[dict[str, Any]]]]:
-    now = time.time()
+    # Only a row a crash left `started` can hold its message already; a fresh batch (the
+    # steady state) holds none, and one indexed probe per batch says so.
     known: dict[int, tuple[str | None, int | None]] = {
         int(r[0]): (r[1], r[2])
         for r in conn.execute(
             "SELECT id, session_id, message_id FROM inbox WHERE id IN "
-            "(SELECT value FROM json_each(?))",
+            "(SELECT value FROM json_each(?)) AND message_id IS NOT NULL",
             (json.dumps([c[0] for c in calls]),),
         )
     }
@@ -144,9 +149,9 @@ def begin_turns_many(
             message_ids[i] = got[0]
     conn.execute(
         "UPDATE inbox SET state = 'started', session_id = json_extract(j.value, '$[1]'), "
-        "message_id = json_extract(j.value, '$[2]'), updated_at = ?2 "
+        "message_id = json_extract(j.value, '$[2]') "
         "FROM json_each(?1) j WHERE inbox.id = json_extract(j.value, '$[0]')",
-        (json.dumps([[c[0], c[1], message_ids[i]] for i, c in enumerate(calls)]), now),
+        (json.dumps([[c[0], c[1], message_ids[i]] for i, c in enumerate(calls)]),),
     )
     histories: list[list[dict[str, Any]]] = [[] for _ in calls]
     by_length: dict[int | None, list[int]] = {}
