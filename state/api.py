@@ -264,7 +264,7 @@ class Store(Protocol):
     ) -> tuple[int, str, bool]: ...
     async def begin_turn(
         self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
-        last: int | None = None,
+        last: int | None = None, resumed: bool = False,
     ) -> tuple[int, list[dict[str, Any]]]: ...
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,

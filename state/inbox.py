@@ -3,8 +3,8 @@ platform is acknowledged, and how far its turn got.
 
 A row is `received` when the gateway took the message (the platform may now be told),
 `started` once the user's message is in its session (the turn's first write, which also
-reads the history), `answered` with the turn's last write (the reply), or `dropped` with a
-reason. The unique (platform, chat_id, platform_message_id) key makes every redelivery of
+reads the history: derived from that message, so it costs no write of its own),
+`answered` with the turn's last write (the reply), or `dropped` with a reason. The unique (platform, chat_id, platform_message_id) key makes every redelivery of
 an answered message a duplicate across restarts; rows left `received`/`started` by a crash
 are run again at start-up. Sessions, locks and replies are the gateway's; this module only
 keeps the rows.
@@ -115,44 +115,38 @@ register_batched(accept, accept_many)
 
 def begin_turn(
     conn: sqlite3.Connection, inbox_id: int, session_id: str, message: Mapping[str, Any],
-    last: int | None,
+    last: int | None, resumed: bool = False,
 ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
-    """The turn's first write: the user's message into its session (once: a turn run again
-    after a crash finds it there), the row `started`, and the history up to that message."""
-    return begin_turns_many(conn, [(inbox_id, session_id, message, last)])[0]
+    """The turn's first write: the user's message into its session, and the history up to
+    it. `resumed` (a turn a crash interrupted): a message already stored there under the
+    same platform id is used, not stored again. The row is `started` from here on without
+    a write of its own: its message is in a session (`started_rows` finds them)."""
+    return begin_turns_many(conn, [(inbox_id, session_id, message, last, resumed)])[0]
 
 
 def begin_turns_many(
-    conn: sqlite3.Connection, calls: list[tuple[int, str, Mapping[str, Any], int | None]]
+    conn: sqlite3.Connection,
+    calls: list[tuple[int, str, Mapping[str, Any], int | None, bool]],
 ) -> list[tuple[int, list[dict[str, Any]]]]:
-    # Only a row a crash left `started` can hold its message already; a fresh batch (the
-    # steady state) holds none, and one indexed probe per batch says so.
-    known: dict[int, tuple[str | None, int | None]] = {
-        int(r[0]): (r[1], r[2])
-        for r in conn.execute(
-            "SELECT id, session_id, message_id FROM inbox WHERE id IN "
-            "(SELECT value FROM json_each(?)) AND message_id IS NOT NULL",
-            (json.dumps([c[0] for c in calls]),),
-        )
-    }
     message_ids: list[int] = [0] * len(calls)
     to_append: list[int] = []
-    for i, (inbox_id, session_id, _msg, _last) in enumerate(calls):
-        sid, mid = known.get(inbox_id, (None, None))
-        if mid is not None and sid == session_id:
-            message_ids[i] = int(mid)  # stored before a crash: run the turn on it again
+    for i, (_inbox_id, session_id, msg, _last, resumed) in enumerate(calls):
+        pmid = msg.get("platform_message_id")
+        found = None
+        if resumed and pmid is not None:
+            found = conn.execute(
+                "SELECT id FROM messages WHERE session_id = ? AND platform_message_id = ? "
+                "ORDER BY id LIMIT 1",
+                (session_id, str(pmid)),
+            ).fetchone()
+        if found is not None:
+            message_ids[i] = int(found[0])  # stored before the crash: run the turn on it
         else:
             to_append.append(i)
     if to_append:
         ids = append_many(conn, [(calls[i][1], [calls[i][2]]) for i in to_append])
         for i, got in zip(to_append, ids, strict=True):
             message_ids[i] = got[0]
-    conn.execute(
-        "UPDATE inbox SET state = 'started', session_id = json_extract(j.value, '$[1]'), "
-        "message_id = json_extract(j.value, '$[2]') "
-        "FROM json_each(?1) j WHERE inbox.id = json_extract(j.value, '$[0]')",
-        (json.dumps([[c[0], c[1], message_ids[i]] for i, c in enumerate(calls)]),),
-    )
     histories: list[list[dict[str, Any]]] = [[] for _ in calls]
     by_length: dict[int | None, list[int]] = {}
     for i, call in enumerate(calls):
@@ -181,7 +175,11 @@ def end_turns_many(
     calls: list[tuple[int, str, list[Mapping[str, Any]], Mapping[str, int] | None]],
 ) -> list[list[int]]:
     ids = append_many(conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens in calls])
-    finish_many(conn, [(c[0], ANSWERED, None) for c in calls])
+    conn.execute(
+        "UPDATE inbox SET state = 'answered', updated_at = ? "
+        "WHERE id IN (SELECT value FROM json_each(?))",
+        (time.time(), json.dumps([c[0] for c in calls])),
+    )
     return ids
 
 
@@ -213,6 +211,17 @@ def open_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     )
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def started_rows(conn: sqlite3.Connection) -> int:
+    """Open rows whose message is already in a session: turns a crash stopped mid-way."""
+    (n,) = conn.execute(
+        "SELECT COUNT(*) FROM inbox i WHERE i.state IN ('received', 'started') "
+        "AND i.platform_message_id IS NOT NULL AND EXISTS (SELECT 1 FROM messages m "
+        "JOIN sessions s ON s.id = m.session_id WHERE m.platform_message_id = "
+        "i.platform_message_id AND s.source = i.platform AND s.chat_id = i.chat_id)"
+    ).fetchone()
+    return int(n)
 
 
 def counts(conn: sqlite3.Connection) -> dict[str, int]:

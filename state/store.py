@@ -674,11 +674,14 @@ class SessionDB:
 
     async def begin_turn(
         self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
-        last: int | None = None,
+        last: int | None = None, resumed: bool = False,
     ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
-        """The user's message into its session (once), the row `started`, and the newest
-        `last` messages up to it in OpenAI chat format: (the message's id, the history)."""
-        return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
+        """The user's message into its session (`resumed`: once, a turn a crash interrupted
+        finds it there) and the newest `last` messages up to it in OpenAI chat format:
+        (the message's id, the history). The inbox row counts as `started` from here."""
+        return await self._write(
+            inbox.begin_turn, inbox_id, session_id, dict(message), last, resumed
+        )
 
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
@@ -701,7 +704,13 @@ class SessionDB:
         return await self._read(inbox.open_rows)
 
     async def inbox_counts(self) -> dict[str, int]:
-        return await self._read(inbox.counts)
+        """Rows per state, with `started` (open rows whose message is in a session) apart."""
+        found = await self._read(inbox.counts)
+        started = await self._read(inbox.started_rows)
+        if started:
+            found["received"] = found.get("received", 0) - started
+            found["started"] = started
+        return {k: v for k, v in found.items() if v}
 
     async def prune_inbox(self, older_than: float) -> int:
         """Forget closed inbox rows last touched before `older_than` (never a message)."""

@@ -38,11 +38,12 @@ async def test_a_turn_begun_twice_stores_its_message_once(tmp_path: Path) -> Non
     """A crash after the turn's first write: running it again finds the message there."""
     db = await SessionDB.open(tmp_path / "state.db")
     try:
-        sid = await db.create_session("s1", "telegram")
+        sid = await db.create_session("s1", "telegram", chat_id="1")
         inbox_id, _state, _new = await db.accept_inbound("telegram", "1", "m1", {"text": "hi"})
         user = {"role": "user", "content": "hi", "platform_message_id": "m1"}
         mid, history = await db.begin_turn(inbox_id, sid, user, last=10)
-        mid2, history2 = await db.begin_turn(inbox_id, sid, user, last=10)
+        assert await db.inbox_counts() == {"started": 1}  # derived: its message is stored
+        mid2, history2 = await db.begin_turn(inbox_id, sid, user, last=10, resumed=True)
         assert mid2 == mid and history2 == history == [{"role": "user", "content": "hi"}]
         await db.end_turn(inbox_id, sid, [{"role": "assistant", "content": "yo"}], input_tokens=3)
         assert [m["content"] for m in await db.get_messages(sid)] == ["hi", "yo"]
