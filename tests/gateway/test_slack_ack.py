@@ -122,7 +122,9 @@ async def test_socket_mode_acks_only_after_emit_and_not_when_refused(fake: FakeS
         await wait_for_count(lambda: fake.acks, 1, 5, "the ack")
         assert fake.acks == ["env-slow"]  # the refused envelope was never acked
         # Slack sends an unacknowledged envelope again
-        await fake.socket_event(event(dm("refused once", "9.2"), "E4"), envelope_id="env-no-2")
+        await fake.socket_event(
+            event(dm("refused once", "9.2"), "E4"), envelope_id="env-no-2", retry_attempt=1
+        )
         await wait_for_count(lambda: fake.acks, 2, 5, "the ack of the retry")
         assert fake.acks == ["env-slow", "env-no-2"]
         assert attempts == ["slow", "refused once", "refused once"]
