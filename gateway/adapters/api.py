@@ -305,9 +305,11 @@ class ApiAdapter:
         replayed = False
         try:
             if first:
-                found = (
-                    None if message_id is None else await self._stored_answer(source, message_id)
-                )
+                try:
+                    found = await self._stored_answer(source, message_id) if message_id else None
+                except Exception:  # the store cannot be read: nothing is run or stored
+                    log.exception("api: the stored answer to %s could not be read", message_id)
+                    found = "not_accepted"
                 if isinstance(found, OutboundMessage):
                     replayed = True
                     ex.done.set_result(found)

@@ -194,3 +194,29 @@ async def test_a_message_the_gateway_could_not_take_is_a_503_and_the_retry_runs(
         assert attempts == ["key-n", "key-n"]
     finally:
         await api.stop()
+
+
+async def test_a_store_that_cannot_be_read_runs_no_turn_and_answers_503(tmp_path: Path) -> None:
+    """The stored-answer lookup fails (here: a closed store): the request is not run blind,
+    which could answer a key twice; it gets 503 and may be sent again."""
+    from gateway.adapters.api import ApiAdapter
+    from gateway.messages import InboundMessage
+
+    db = await open_store({"backend": "sqlite"}, tmp_path)
+    await db.close()
+    emitted: list[InboundMessage] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        emitted.append(msg)
+
+    api = ApiAdapter(
+        port=0, stored_replies=lambda chat, key: db.reply_to_platform_message("api", chat, key)
+    )
+    await api.start(emit)
+    try:
+        url = f"http://127.0.0.1:{api.bound_port}/v1/messages"
+        status, _, answer = await _post(url, {"chat_id": "d7", "text": "x"}, "key-z")
+        assert status == 503 and answer["error"]["code"] == "storage_unavailable"
+        assert emitted == []
+    finally:
+        await api.stop()
