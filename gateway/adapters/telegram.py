@@ -269,7 +269,12 @@ class TelegramAdapter:
 
     async def _poll(self) -> None:
         assert self._poller is not None
-        await self._poller.run()
+        try:
+            await self._poller.run()
+        except Exception as exc:  # a bug, not the network (that is retried inside)
+            log.exception("telegram polling stopped")
+            self.state = failed(type(exc).__name__)
+            return
         if self._poller.stopped_by:  # the loop gives up only on a token Telegram refused
             self.state = failed(self._poller.stopped_by)
 
