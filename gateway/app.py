@@ -35,6 +35,7 @@ from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
 from gateway.vocab import AdapterState
 from state import Store, open_store
+from state.replies import StoredReply
 
 log = logging.getLogger("gateway.app")
 
@@ -285,9 +286,17 @@ class Gateway:
                 reply_timeout_s=self.config.agent.turn_timeout_seconds + 30,
                 health=self.health, metrics=self.metrics.render, routes=routes,
                 models=(self.agent.model,) if self.agent and self.agent.model else (),
-                subapps=self._dashboard(),
+                subapps=self._dashboard(), stored_replies=self._stored_api_reply,
             ))  # fmt: skip
         return adapters
+
+    async def _stored_api_reply(self, chat_id: str, key: str) -> StoredReply | None:
+        """The HTTP API's idempotent repeats: the stored answer to a message id."""
+        return (
+            None
+            if self.db is None
+            else await self.db.reply_to_platform_message("api", chat_id, key)
+        )
 
     def _dashboard(self) -> dict[str, Any]:
         """The web dashboard's sub-apps (gateway/web), or none when it is off."""

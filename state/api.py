@@ -28,6 +28,7 @@ from .records import (
     UsageStats,
     WriteStats,
 )
+from .replies import StoredReply
 from .transfer import ImportReport
 
 BACKENDS = ("sqlite",)  # the values `state.backend` accepts
@@ -151,6 +152,12 @@ class Store(Protocol):
     async def has_platform_message(
         self, source: str, chat_id: str, platform_message_id: str
     ) -> bool: ...
+    async def reply_to_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> StoredReply | None:
+        """The stored user message with this platform id in this chat and its turn's
+        reply (state/replies.py); None when no such message was stored."""
+        ...
 
     # --- titles
     async def set_session_title(self, session_id: str, title: str | None) -> str | None: ...

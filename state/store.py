@@ -28,6 +28,7 @@ from . import (
     listing,
     maintenance,
     messages,
+    replies,
     routing,
     schema,
     search,
@@ -534,6 +535,11 @@ class SessionDB:
     ) -> bool:
         """True if a message with this platform id was already stored for that chat."""
         return await self._read(messages.is_stored, source, chat_id, platform_message_id)
+
+    async def reply_to_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> replies.StoredReply | None:
+        return await self._read(replies.reply_to, source, chat_id, platform_message_id)
 
     # --- handoff (terminal -> chat) ----------------------------------------------------
 

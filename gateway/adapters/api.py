@@ -6,7 +6,9 @@ A request is answered when its turn's reply is ready (the reply has been stored 
 a 200 OK means the exchange is in state.db. The session is chosen by the
 `X-Switchboard-Session` header or the `user` field; history comes from state.db, never from
 the request. Off loopback a bearer key is required. Every error is JSON in OpenAI's shape,
-`{"error": {"message", "type", "code"}}`.
+`{"error": {"message", "type", "code"}}`. An `Idempotency-Key` header makes a request safe to
+repeat, across restarts too: a repeat gets the first answer (`Idempotent-Replayed: true`)
+from memory or from the store, never a second turn.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from aiohttp import web
 
@@ -30,10 +32,17 @@ from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import CHAT_TYPES, SessionSource
 from gateway.vocab import AdapterState, ChatType
 
+if TYPE_CHECKING:
+    from state.replies import StoredReply
+
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024
-NOT_STORED = "Sorry, I could not store your message just now; please send it again in a moment."
 ANSWERED_MEMORY = 10_000  # recent answers kept to reply to a redelivered message_id at once
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"  # "true" on an answer given again, not a new turn
+MAX_KEY = 255
+# (chat_id, key) -> the stored user message and its reply, read from the store
+StoredReplies = Callable[[str, str], Awaitable["StoredReply | None"]]
 
 # the kinds of answer a request can end with, besides a reply: (status, type, code, message)
 _DROPPED = {
@@ -41,6 +50,10 @@ _DROPPED = {
                   "chat; its reply is in the session's history"),
     "unauthorised": (403, "not_allowed", "this user may not use the gateway"),
     "shutting_down": (503, "shutting_down", "the gateway is shutting down"),
+    "not_accepted": (503, "storage_unavailable", "the gateway could not store your message; "
+                     "send it again (with the same Idempotency-Key)"),
+    "in_flight": (409, "in_flight", "this message id is stored and its turn has not answered "
+                  "yet (it runs, or runs again after a restart); ask again later for its reply"),
 }  # fmt: skip
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 409: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
@@ -81,7 +94,7 @@ class _Exchange:
 class _Answer:
     reply: OutboundMessage
     notices: tuple[str, ...]
-    duplicate: bool = False
+    duplicate: bool = False  # given again: this request ran no turn of its own
 
 
 class ApiAdapter:
@@ -99,7 +112,10 @@ class ApiAdapter:
         routes: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] | None = None,
         models: tuple[str, ...] = (),
         subapps: dict[str, Callable[[], web.Application]] | None = None,
+        stored_replies: StoredReplies | None = None,
     ) -> None:
+        # where an idempotent repeat finds its first answer once memory has lost it
+        self._stored_replies = stored_replies
         # prefix -> app factory (the dashboard's /ui and /api); they authenticate their own
         # callers (sign-in cookie or the key), so the bearer check here skips them
         self._subapps = dict(subapps or {})
@@ -232,6 +248,17 @@ class ApiAdapter:
             for m in self._models
         ]})  # fmt: skip
 
+    @staticmethod
+    def _idempotency_key(request: web.Request, fallback: str | None) -> str | None | web.Response:
+        """The request's Idempotency-Key (else `fallback`, the body's or X-Request-Id's id);
+        a 400 when it is malformed or disagrees with the body's message_id."""
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            return fallback
+        if not key.strip() or len(key) > MAX_KEY or not key.isprintable():
+            return _bad(400, f"{IDEMPOTENCY_HEADER} must be 1 to {MAX_KEY} printable characters")
+        return key
+
     async def _read_json(self, request: web.Request) -> dict[str, Any] | web.Response:
         try:
             body = await request.json()
@@ -241,11 +268,29 @@ class ApiAdapter:
             return _bad(400, "the body must be a JSON object")
         return body
 
+    async def _stored_answer(
+        self, source: SessionSource, message_id: str
+    ) -> OutboundMessage | str | None:
+        """The stored reply to an earlier request with this id (after a restart, or past the
+        memory); "in_flight" when it is stored but not answered; None when never stored."""
+        if self._stored_replies is None:
+            return None
+        stored = await self._stored_replies(source.chat_id, message_id)
+        if stored is None:
+            return None
+        if stored.reply is None:
+            return "in_flight"
+        return OutboundMessage(
+            self.platform, source.chat_id, stored.reply, reply_to=message_id,
+            session_id=stored.session_id, session_key=stored.session_key,
+        )  # fmt: skip
+
     async def _turn(
         self, source: SessionSource, text: str, message_id: str | None
     ) -> _Answer | web.Response:
         """Emit the message and wait for its answer. A message id already in flight waits for
-        that first turn; one answered recently gets the same answer again at once."""
+        that first turn; one answered before gets the same answer again at once (from memory,
+        else from the store) and runs no turn."""
         if self._emit is None or self.state != AdapterState.RUNNING:
             return _error(503, "the gateway is not accepting messages", "shutting_down")
         slot = (source.chat_id, message_id or f"req-{uuid.uuid4().hex}")
@@ -254,21 +299,36 @@ class ApiAdapter:
             return _Answer(known.reply, known.notices, duplicate=True)
         ex = self._pending.get(slot)
         first = ex is None
-        if ex is None:
+        if ex is None:  # registered before the store is read: a repeat meanwhile waits on it
             ex = _Exchange(asyncio.get_running_loop().create_future())
             self._pending[slot] = ex
+        replayed = False
         try:
             if first:
                 try:
-                    await self._emit(
-                        InboundMessage(source=source, text=text, platform_message_id=slot[1],
-                                       received_at=time.time())
-                    )  # fmt: skip
-                except NotAccepted as exc:  # not stored: nothing to wait for; send it again
-                    if exc.reason == "shutting_down":
-                        return _error(503, "the gateway is shutting down", "shutting_down")
-                    log.warning("a message for chat %s was not accepted: %s", source.chat_id, exc)
-                    return _error(503, NOT_STORED, "storage_unavailable")
+                    found = await self._stored_answer(source, message_id) if message_id else None
+                except Exception:  # the store cannot be read: nothing is run or stored
+                    log.exception("api: the stored answer to %s could not be read", message_id)
+                    found = "not_accepted"
+                if isinstance(found, OutboundMessage):
+                    replayed = True
+                    ex.done.set_result(found)
+                elif found is not None:
+                    ex.dropped = found
+                    ex.done.set_result(None)
+                else:
+                    try:
+                        await self._emit(
+                            InboundMessage(source=source, text=text, platform_message_id=slot[1],
+                                           received_at=time.time())
+                        )  # fmt: skip
+                    except NotAccepted as exc:
+                        log.warning("api message %s not accepted: %s", slot[1], exc)
+                        if not ex.done.done():
+                            ex.dropped = (
+                                "shutting_down" if exc.reason == "shutting_down" else "not_accepted"
+                            )
+                            ex.done.set_result(None)
             # shielded: a duplicate request that gives up must not cancel the first one's wait
             out = await asyncio.wait_for(asyncio.shield(ex.done), self._reply_timeout)
         except TimeoutError:
@@ -280,12 +340,19 @@ class ApiAdapter:
         finally:
             if first:
                 self._pending.pop(slot, None)
+        if out is None and ex.dropped == "duplicate" and first and message_id is not None:
+            # stored meanwhile by another request path: its first answer, if there is one yet
+            found = await self._stored_answer(source, message_id)
+            if isinstance(found, OutboundMessage):
+                out, replayed = found, True
+            elif found is not None:
+                ex.dropped = found
         if out is None:
             status, code, message = _DROPPED.get(
                 ex.dropped or "", (500, "no_reply", "the message was not answered")
             )
             return _error(status, message, code)
-        answer = _Answer(out, tuple(ex.notices), duplicate=not first)
+        answer = _Answer(out, tuple(ex.notices), duplicate=replayed or not first)
         if first and out.error != "storage":  # not stored: a retry must run again
             self._answered[slot] = answer
             while len(self._answered) > ANSWERED_MEMORY:
@@ -329,7 +396,10 @@ class ApiAdapter:
         source = SessionSource(
             platform="api", chat_id=who, chat_type=ChatType.DM, user_id=who, user_name=who
         )
-        answer = await self._turn(source, content, request.headers.get("X-Request-Id"))
+        key = self._idempotency_key(request, request.headers.get("X-Request-Id"))
+        if isinstance(key, web.Response):
+            return key
+        answer = await self._turn(source, content, key)
         if isinstance(answer, web.Response):
             return answer
         out = answer.reply
@@ -341,9 +411,10 @@ class ApiAdapter:
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         extra = {"session_id": out.session_id, "session_key": out.session_key,
                  "notices": list(answer.notices), "duplicate": answer.duplicate}  # fmt: skip
+        replayed = {REPLAYED_HEADER: "true"} if answer.duplicate else {}
         if stream:
-            return await self._stream(request, ident, created, model, out.text, extra)
-        return web.json_response({
+            return await self._stream(request, ident, created, model, out.text, extra, replayed)
+        return web.json_response(headers=replayed, data={
             "id": ident,
             "object": "chat.completion",
             "created": created,
@@ -355,12 +426,12 @@ class ApiAdapter:
 
     async def _stream(
         self, request: web.Request, ident: str, created: int, model: str, text: str,
-        extra: dict[str, Any],
+        extra: dict[str, Any], headers: dict[str, str],
     ) -> web.StreamResponse:  # fmt: skip
         """The finished reply as OpenAI chat.completion.chunk events: the role, the content
         (in pieces of a few hundred characters), the stop, then [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})  # fmt: skip
+                                           "Cache-Control": "no-cache", **headers})  # fmt: skip
         await resp.prepare(request)
 
         async def event(delta: dict[str, str], finish: str | None, **more: Any) -> None:
@@ -409,13 +480,19 @@ class ApiAdapter:
             user_id=opt["user_id"] or (str(chat_id) if chat_type == ChatType.DM else None),
             user_name=opt["user_name"], chat_name=opt["chat_name"], thread_id=opt["thread_id"],
         )  # fmt: skip
-        answer = await self._turn(source, text, opt["message_id"])
+        key = self._idempotency_key(request, opt["message_id"])
+        if isinstance(key, web.Response):
+            return key
+        if opt["message_id"] is not None and key != opt["message_id"]:
+            return _bad(400, f"message_id and the {IDEMPOTENCY_HEADER} header differ")
+        answer = await self._turn(source, text, key)
         if isinstance(answer, web.Response):
             return answer
         out = answer.reply
         if out.error == "storage":  # not stored: never answer 200 for it
             return _error(503, out.text, "storage_unavailable")
-        return web.json_response({
+        replayed = {REPLAYED_HEADER: "true"} if answer.duplicate else {}
+        return web.json_response(headers=replayed, data={
             "reply": out.text, "notices": list(answer.notices), "session_id": out.session_id,
             "session_key": out.session_key, "error": out.error, "duplicate": answer.duplicate,
         })  # fmt: skip

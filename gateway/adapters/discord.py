@@ -4,7 +4,8 @@ DMs are `dm`; guild text channels are `group` (chat name "<guild> / #<channel>")
 in a thread is `thread` with chat_id = thread_id = the thread. In guild channels the bot
 answers when mentioned (or everywhere with require_mention off, or in free-response
 channels); in threads it takes part in (it created them or answered there), always.
-`to_inbound` is a pure function over the message's fields.
+`to_inbound` is a pure function over the message's fields. Discord has no ack, so after a
+(re)start the channels the bot answered in are caught up (gateway.adapters.discord_catchup).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, ClassVar
 from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
+    Cursors,
     Emit,
     RetryAfter,
     Route,
@@ -28,9 +30,10 @@ from gateway.adapters.base import (
     failed,
     split_message,
 )
-from gateway.errors import AdapterError, ConfigError, InvalidToken
+from gateway.adapters.discord_catchup import Positions, missed
+from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
-from gateway.sections import PlatformSettings, SecretNeed, id_list, setting
+from gateway.sections import PlatformSettings, SecretNeed, id_list, in_range, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
@@ -43,6 +46,12 @@ TYPING_EVERY_S = 8.0
 class DiscordSettings(PlatformSettings):
     free_response_channels: tuple[str | int, ...] = setting((), id_list)
     gateway_url: str | None = setting(None, doc="Discord gateway websocket (a proxy)")
+    catch_up_messages: int = setting(
+        50, in_range(0, 1000), "after a restart, at most this many missed messages per channel"
+    )
+    catch_up_hours: float = setting(
+        24.0, in_range(0, 720), "after a restart, missed messages older than this are skipped"
+    )
 
 
 def _point_at(api_base: str | None, gateway_url: str | None) -> None:
@@ -120,6 +129,7 @@ class DiscordAdapter:
             secrets.get("token_env", ""), require_mention=settings.require_mention,
             free_channels=frozenset(str(c) for c in settings.free_response_channels),
             api_base=settings.base_url, gateway_url=settings.gateway_url,
+            catch_up_messages=settings.catch_up_messages, catch_up_hours=settings.catch_up_hours,
         )  # fmt: skip
 
     def routes(self) -> Mapping[str, Route]:
@@ -168,8 +178,19 @@ class DiscordAdapter:
         gateway_url: str | None = None,
         guild_ready_timeout_s: float = 2.0,
         backoff: Backoff = DEFAULT_BACKOFF,
+        catch_up_messages: int = 50,
+        catch_up_hours: float = 24.0,
     ) -> None:
         self._token = token
+        self._catch_up_messages = catch_up_messages
+        self._catch_up_s = catch_up_hours * 3600
+        self._positions = Positions(None)
+        self._catch_up_task: asyncio.Task[None] | None = None
+        # live messages wait until the positions are read, and in a channel still being
+        # caught up, until it is done: a channel's messages reach emit in order
+        self._caught_up = asyncio.Event()
+        self._pending: dict[str, asyncio.Event] = {}
+        self._stopping = False
         self._require_mention = require_mention
         self._free = free_channels
         self._api_base = api_base
@@ -183,6 +204,11 @@ class DiscordAdapter:
         self._typing: dict[str, asyncio.Task[None]] = {}
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
+        self.caught_up = 0  # messages handed over by catch-ups, for /health
+
+    def use_cursors(self, cursors: Cursors) -> None:
+        """Where the last handled message of each channel is kept across restarts."""
+        self._positions = Positions(cursors)
 
     async def start(self, emit: Emit) -> None:
         import discord
@@ -196,6 +222,8 @@ class DiscordAdapter:
             allowed_mentions=discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=False),
         )  # fmt: skip
         client.event(self.on_message)
+        client.event(self.on_ready)
+        self._stopping = False
         self._client = client
         try:
             await client.login(self._token)
@@ -219,7 +247,52 @@ class DiscordAdapter:
             self.last_error = str(exc)
             log.error("discord gateway connection ended: %s", exc)
 
+    async def on_ready(self) -> None:
+        """A fresh session (start-up, or a reconnect that could not RESUME): what arrived
+        meanwhile is not replayed by Discord, so fetch it."""
+        if self._catch_up_task is not None and not self._catch_up_task.done():
+            return
+        if self._catch_up_messages <= 0 or self._catch_up_s <= 0:
+            self._caught_up.set()
+            return
+        self._caught_up.clear()
+        self._catch_up_task = asyncio.create_task(self._catch_up(), name="discord.catch_up")
+
+    async def _catch_up(self) -> None:
+        import discord
+
+        try:
+            positions = await self._positions.load()
+            self._pending = {channel: asyncio.Event() for channel in positions}
+            self._caught_up.set()
+            # the most recently active channels first
+            for channel, last in sorted(positions.items(), key=lambda p: -p[1]):
+                try:
+                    async for message in missed(self._client, channel, last,
+                                                limit=self._catch_up_messages, horizon_s=self._catch_up_s):  # fmt: skip
+                        if await self._take(message):
+                            self.caught_up += 1
+                except discord.HTTPException as exc:
+                    self.last_error = f"catch-up {channel}: {exc.status}"
+                    log.warning("discord catch-up of channel %s failed: %s", channel, exc)
+                finally:
+                    self._pending.pop(channel).set()
+            if positions:
+                log.info("discord caught up %d channel(s)", len(positions))
+        finally:
+            self._caught_up.set()
+            for event in self._pending.values():
+                event.set()
+            self._pending = {}
+
     async def stop(self) -> None:
+        self._stopping = True
+        self._caught_up.set()
+        if self._catch_up_task is not None:
+            self._catch_up_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._catch_up_task
+            self._catch_up_task = None
         for task in self._typing.values():
             task.cancel()
         self._typing.clear()
@@ -232,6 +305,7 @@ class DiscordAdapter:
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "last_error": self.last_error, "typing_in": sorted(self._typing),
+                "caught_up": self.caught_up,
                 "latency_ms": round(self._client.latency * 1000, 1) if self._client and self._client.is_ready() else None}  # fmt: skip
 
     # --- inbound ------------------------------------------------------------------------
@@ -261,6 +335,15 @@ class DiscordAdapter:
         }  # fmt: skip
 
     async def on_message(self, message: Any) -> None:
+        await self._caught_up.wait()
+        waiting = self._pending.get(str(message.channel.id))
+        if waiting is not None:
+            await waiting.wait()
+        await self._take(message)
+
+    async def _take(self, message: Any) -> bool:
+        """Hand one message to the gateway; True when emit took it. Its channel's position
+        moves only after that, so a restart fetches whatever was not taken."""
         bot_id = self._client.user.id if self._client and self._client.user else None
         fields = self.fields(message, bot_id)
         if fields.get("thread_owner_is_bot"):
@@ -272,7 +355,7 @@ class DiscordAdapter:
             active_threads=self._threads,
         )
         if msg is None or self._emit is None or not msg.mentioned:
-            return
+            return False
         if msg.source.chat_type == ChatType.THREAD:
             self._threads.add(msg.source.chat_id)
         if bot_id is not None:
@@ -285,7 +368,30 @@ class DiscordAdapter:
                 True,
                 msg.reply_to,
             )
-        await self._emit(msg)
+        if not await self._emit_taken(msg):
+            return False
+        await self._positions.advance(msg.source.chat_id, int(message.id))
+        return True
+
+    async def _emit_taken(self, msg: InboundMessage) -> bool:
+        """Discord will not deliver a message again, so one the gateway could not take is
+        offered again (backing off) until it is taken or the adapter stops."""
+        assert self._emit is not None
+        attempt = 0
+        while True:
+            try:
+                await self._emit(msg)
+                return True
+            except NotAccepted as exc:
+                if self._stopping:
+                    log.warning("discord message %s not taken before stop (%s); a restart "
+                                "catches it up", msg.platform_message_id, exc)  # fmt: skip
+                    return False
+                attempt += 1
+                self.last_error = f"NotAccepted: {exc}"
+                log.warning("discord message %s not accepted, offering it again: %s",
+                            msg.platform_message_id, exc)  # fmt: skip
+                await asyncio.sleep(self._backoff.delay(attempt))
 
     # Typing shows only for a turn the router runs (not for a duplicate or a refused user),
     # and stops with the reply or when the router is done with the message, whatever the end.

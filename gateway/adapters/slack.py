@@ -1,9 +1,11 @@
 """Slack, on slack-bolt (HTTP Events API mode, mounted on the daemon's HTTP server).
 
-Requests are signature-checked by Bolt; Slack's retries are deduplicated by event_id here
-(Bolt does not); bot messages, edits and deletes are ignored. `to_inbound` is a pure
-function of the event. A top-level mention in a channel starts a thread; threads the bot
-has answered in continue without a mention.
+Requests are signature-checked by Bolt; bot messages, edits and deletes are ignored.
+`to_inbound` is a pure function of the event. A top-level mention in a channel starts a
+thread; threads the bot has answered in continue without a mention. Bolt runs with
+`process_before_response`, so the Events API response and the Socket Mode ack go out only
+after `emit` returned; a message the gateway could not take is answered 503 (no ack), and
+Slack sends it again. Slack's retries of a taken message end at the core's dedupe.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gateway.adapters.base import (
     failed,
     split_message,
 )
-from gateway.errors import AdapterError, ConfigError, InvalidToken
+from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
 from gateway.session_keys import SessionSource
@@ -198,11 +200,13 @@ class SlackAdapter:
         self.client = AsyncWebClient(token=token, **kwargs)
         # Socket Mode requests are not signed; Bolt still wants a secret to hold
         secret = signing_secret or ("socket-mode" if app_token else "")
+        # the listener (which awaits emit) runs before Bolt answers: inbox before ack
         self.bolt = AsyncApp(
-            client=self.client, signing_secret=secret, process_before_response=False
+            client=self.client, signing_secret=secret, process_before_response=True
         )
         self.bolt.event("message")(self._on_event)
         self.bolt.event("app_mention")(self._on_event)  # same message; whichever comes first
+        self.bolt.error(self._on_error)
         self._require_mention = require_mention
         self._backoff = backoff
         self._emit: Emit | None = None
@@ -262,18 +266,37 @@ class SlackAdapter:
         return True
 
     async def _on_event(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        # The two tables are only a shortcut for retries of what emit already took; they
+        # are filled after emit returned, so a retry racing the first delivery still goes
+        # to emit (the core dedupes on (channel, ts)) and a refused one is never skipped.
         event_id = str(body.get("event_id") or "")
-        if event_id and not self._first_time(self._seen_events, event_id):
+        if event_id and event_id in self._seen_events:
             return  # Slack retried an event we already took
         msg = to_inbound(event, self.bot_user_id or (body.get("authorizations") or [{}])[0].get("user_id"),
                          self._active_threads, self._require_mention)  # fmt: skip
         if msg is None or self._emit is None or not msg.mentioned:
             return
-        if not self._first_time(self._dispatched, (msg.source.chat_id, msg.platform_message_id)):
+        taken = (msg.source.chat_id, msg.platform_message_id)
+        if taken in self._dispatched:
             return  # the same message as `message` and as `app_mention`
         if msg.source.thread_id:
             self._active_threads.add((msg.source.chat_id, msg.source.thread_id))
         await self._emit(msg)
+        self._first_time(self._dispatched, taken)
+        if event_id:
+            self._first_time(self._seen_events, event_id)
+
+    async def _on_error(self, error: Exception, body: dict[str, Any]) -> Any:
+        """A listener failed, so the event was not taken: answer 503 (over Socket Mode, no
+        ack), and Slack delivers it again."""
+        from slack_bolt.response import BoltResponse
+
+        event_id = body.get("event_id") if isinstance(body, dict) else None
+        if isinstance(error, NotAccepted):
+            log.warning("slack event %s not accepted (Slack will retry): %s", event_id, error)
+        else:
+            log.error("slack event %s failed (Slack will retry)", event_id, exc_info=error)
+        return BoltResponse(status=503, body="not accepted, retry")
 
     async def _post(self, **kwargs: Any) -> Any:
         from slack_sdk.errors import SlackApiError

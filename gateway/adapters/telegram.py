@@ -2,17 +2,16 @@
 
 `to_inbound` is a pure function over the raw update dict, so recorded payloads (and
 malformed ones) can be tested without a network. The adapter only translates: it knows no
-session keys, no SQL, no policies.
+session keys, no SQL, no policies. An update is acknowledged to Telegram (the webhook's 200,
+the next getUpdates offset) only after `emit` returned for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -29,7 +28,8 @@ from gateway.adapters.base import (
     split_message,
     utf16_len,
 )
-from gateway.errors import AdapterError, ConfigError, InvalidToken
+from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
+from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
 from gateway.session_keys import SessionSource
@@ -124,48 +124,6 @@ def _strip_mention(text: str, bot_username: str | None) -> str:
     if first.startswith("/") and first.lower().endswith(tag.lower()):
         return first[: -len(tag)] + (" " + rest if rest else "")
     return text
-
-
-def sanitize_updates(payload: bytes) -> bytes:
-    """python-telegram-bot parses a getUpdates batch as a whole: one malformed update fails
-    the batch, the offset never advances and the bot is stuck on it forever. Each update is
-    checked on its own here; a poison one is replaced by its bare update_id, so the offset
-    still moves on and the handler sees nothing."""
-    from telegram import Update
-
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        return payload
-    if not isinstance(data, dict) or not data.get("ok") or not isinstance(data.get("result"), list):
-        return payload
-    clean: list[Any] = []
-    for update in data["result"]:
-        try:
-            Update.de_json(update, None)
-            clean.append(update)
-        except Exception as exc:  # any parse failure: this update alone is dropped
-            uid = update.get("update_id") if isinstance(update, dict) else None
-            log.warning("dropped a malformed Telegram update %s: %s", uid, type(exc).__name__)
-            if isinstance(uid, int):
-                clean.append({"update_id": uid})
-    data["result"] = clean
-    return json.dumps(data).encode()
-
-
-def _sanitizing_request(**kwargs: Any) -> Any:
-    from telegram.request import HTTPXRequest
-
-    class SanitizingRequest(HTTPXRequest):
-        async def do_request(
-            self, url: str, method: str, *args: Any, **kw: Any
-        ) -> tuple[int, bytes]:
-            status, payload = await super().do_request(url, method, *args, **kw)
-            if status == 200 and url.endswith("/getUpdates"):
-                payload = sanitize_updates(payload)
-            return status, payload
-
-    return SanitizingRequest(**kwargs)
 
 
 class TelegramAdapter:
@@ -264,7 +222,9 @@ class TelegramAdapter:
         self._require_mention = require_mention
         self._poll_timeout = poll_timeout_s
         self._backoff = backoff
-        self._app: Any = None
+        self._bot: Any = None
+        self._poller: Poller | None = None
+        self._poll_task: asyncio.Task[None] | None = None
         self._emit: Emit | None = None
         self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
         self.bot_username: str | None = None
@@ -274,47 +234,55 @@ class TelegramAdapter:
     # --- lifecycle --------------------------------------------------------------------
 
     async def start(self, emit: Emit) -> None:
-        from telegram import Update
+        from telegram import Bot, Update
         from telegram import error as tg_error
-        from telegram.ext import Application, MessageHandler, filters
         from telegram.request import HTTPXRequest
 
         self._emit = emit
-        builder = Application.builder().token(self._token).concurrent_updates(True)
-        if self._webhook_url:
-            builder = builder.updater(None)  # updates arrive through handle_webhook
-        if self._base_url:
-            base = self._base_url.rstrip("/")
-            builder = builder.base_url(base).base_file_url(base.replace("/bot", "/file/bot"))
-        builder = builder.request(
-            HTTPXRequest(connect_timeout=5, read_timeout=20)
-        ).get_updates_request(_sanitizing_request(connect_timeout=5, read_timeout=10))
-        self._app = builder.build()
-        self._app.add_handler(MessageHandler(filters.ALL, self._on_update))
+        base = (self._base_url or DEFAULT_API).rstrip("/")
+        self._bot = Bot(
+            self._token, base_url=base, base_file_url=base.replace("/bot", "/file/bot"),
+            request=HTTPXRequest(connect_timeout=5, read_timeout=20),
+            get_updates_request=sanitizing_request(connect_timeout=5, read_timeout=10),
+        )  # fmt: skip
         try:
-            await self._app.initialize()
+            await self._bot.initialize()  # getMe
         except tg_error.InvalidToken as exc:
             self.state = failed("invalid token")
             log.error("telegram refused the bot token; the adapter is stopped (%s)", exc)
+            await self._close_bot()
             raise InvalidToken("telegram rejected the bot token") from exc
-        self.bot_username = self._app.bot.username
+        self.bot_username = self._bot.username
         if self._webhook_url:
-            await self._call(lambda: self._app.bot.set_webhook(
+            await self._call(lambda: self._bot.set_webhook(
                 url=self._webhook_url, secret_token=self._webhook_secret, allowed_updates=Update.ALL_TYPES))  # fmt: skip
         else:
-            await self._app.updater.start_polling(
-                poll_interval=0.0, timeout=int(self._poll_timeout), allowed_updates=Update.ALL_TYPES,
-                drop_pending_updates=False, error_callback=self._on_poll_error,
-            )  # fmt: skip
-        await self._app.start()
+            # polling and a webhook exclude each other; pending updates are kept
+            await self._call(lambda: self._bot.delete_webhook(drop_pending_updates=False))
+            self._poller = Poller(self._bot, self._take, timeout_s=self._poll_timeout,
+                                  backoff=self._backoff)  # fmt: skip
+            self._poll_task = asyncio.create_task(self._poll(), name="telegram.poll")
         self.state = AdapterState.RUNNING
         log.info(
             "telegram %s as @%s", "webhook" if self._webhook_url else "polling", self.bot_username
         )
 
+    async def _poll(self) -> None:
+        assert self._poller is not None
+        try:
+            await self._poller.run()
+        except Exception as exc:  # a bug, not the network (that is retried inside)
+            log.exception("telegram polling stopped")
+            self.state = failed(type(exc).__name__)
+            return
+        if self._poller.stopped_by:  # the loop gives up only on a token Telegram refused
+            self.state = failed(self._poller.stopped_by)
+
     async def handle_webhook(self, request: Any) -> Any:
         """POST /telegram/webhook on the daemon's HTTP server. Telegram sends the secret
-        set with setWebhook in a header; anything else is refused with 403."""
+        set with setWebhook in a header; anything else is refused with 403. The 200 goes
+        out only after `emit` returned; a message the gateway could not take is a 503, so
+        Telegram delivers it again."""
         import hmac
 
         from aiohttp import web
@@ -325,44 +293,60 @@ class TelegramAdapter:
             given.encode(), self._webhook_secret.encode()
         ):
             return web.Response(status=403, text="forbidden")
-        if self._app is None or self.state != AdapterState.RUNNING:
+        if self._bot is None or self.state != AdapterState.RUNNING:
             return web.Response(status=503, text="not running")
         try:
             data = await request.json()
-            update = Update.de_json(data, self._app.bot)
+            update = Update.de_json(data, self._bot)
         except (ValueError, TypeError, KeyError):
             return web.Response(status=400, text="not a Telegram update")
         if update is None:
             return web.Response(status=400, text="not a Telegram update")
-        await self._app.update_queue.put(update)
+        try:
+            await self._take(update.to_dict())
+        except NotAccepted as exc:
+            log.warning("telegram update %s not accepted (Telegram will retry): %s",
+                        update.update_id, exc)  # fmt: skip
+            return web.Response(status=503, text="not accepted, retry")
+        except Exception:
+            log.exception("telegram update %s failed (Telegram will retry)", update.update_id)
+            return web.Response(status=503, text="not accepted, retry")
         return web.Response(status=200, text="ok")
-
-    def _on_poll_error(self, exc: Exception) -> None:
-        self.last_error = f"{type(exc).__name__}: {exc}"
-        log.warning("telegram polling error (retrying): %s", exc)
 
     async def stop(self) -> None:
         for task in self._typing.values():
             task.cancel()
         self._typing.clear()
-        if self._app is None:
-            return
-        with contextlib.suppress(Exception):
-            # a webhook stays set while we are down: Telegram keeps the updates for us
-            if self._app.updater and self._app.updater.running:
-                await self._app.updater.stop()
-            if self._app.running:
-                await self._app.stop()
-            await self._app.shutdown()
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._poll_task
+            self._poll_task = None
+            if self._poller is not None:
+                await self._poller.confirm()
+        # a webhook stays set while we are down: Telegram keeps the updates for us
+        await self._close_bot()
         self.state = AdapterState.STOPPED
 
+    async def _close_bot(self) -> None:
+        if self._bot is not None:
+            with contextlib.suppress(Exception):
+                await self._bot.shutdown()
+            self._bot = None
+
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "bot": self.bot_username, "last_error": self.last_error}
+        out: dict[str, object] = {"state": self.state, "bot": self.bot_username,
+                                  "last_error": self.last_error}  # fmt: skip
+        if self._poller is not None:
+            out["offset"] = self._poller.offset
+            out["last_error"] = self._poller.last_error or self.last_error
+        return out
 
     # --- inbound ------------------------------------------------------------------------
 
-    async def _on_update(self, update: Any, context: Any) -> None:
-        msg = to_inbound(update.to_dict(), self.bot_username, self._require_mention)
+    async def _take(self, update: dict[str, Any]) -> None:
+        """Hand one update to the gateway; returns once it is committed (or not for us)."""
+        msg = to_inbound(update, self.bot_username, self._require_mention)
         if msg is None or self._emit is None:
             return
         await self._emit(msg)
@@ -390,7 +374,7 @@ class TelegramAdapter:
         try:
             while time.monotonic() < deadline:
                 with contextlib.suppress(Exception):
-                    await self._app.bot.send_chat_action(
+                    await self._bot.send_chat_action(
                         chat_id=int(chat_id), action="typing",
                         message_thread_id=int(thread_id) if thread_id else None,
                     )  # fmt: skip
@@ -407,12 +391,7 @@ class TelegramAdapter:
             try:
                 return await fn()
             except tg_error.RetryAfter as exc:
-                with warnings.catch_warnings():  # int today, timedelta later: both handled
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    wait = exc.retry_after
-                raise RetryAfter(
-                    wait if isinstance(wait, (int, float)) else wait.total_seconds()
-                ) from exc
+                raise RetryAfter(retry_after_s(exc)) from exc
             except tg_error.InvalidToken as exc:
                 raise InvalidToken(str(exc)) from exc
             except (tg_error.TimedOut, tg_error.NetworkError) as exc:
@@ -430,7 +409,7 @@ class TelegramAdapter:
         thread = int(msg.thread_id) if msg.thread_id else None
         for part in split_message(msg.text, LIMIT, utf16_len):
             try:
-                sent = await self._call(lambda part=part: self._app.bot.send_message(
+                sent = await self._call(lambda part=part: self._bot.send_message(
                     chat_id=int(msg.chat_id), text=part, message_thread_id=thread))  # fmt: skip
             except tg_error.TelegramError as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -444,7 +423,7 @@ class TelegramAdapter:
 
         try:
             topic = await self._call(
-                lambda: self._app.bot.create_forum_topic(chat_id=int(chat_id), name=name[:128])
+                lambda: self._bot.create_forum_topic(chat_id=int(chat_id), name=name[:128])
             )
         except tg_error.BadRequest as exc:
             log.info("no forum topic in chat %s: %s", chat_id, exc)

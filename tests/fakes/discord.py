@@ -1,5 +1,7 @@
 """A loopback fake of Discord's REST API and gateway websocket, driven by the real
-discord.py (pointed here through `Route.BASE` and `DiscordWebSocket.DEFAULT_GATEWAY`)."""
+discord.py (pointed here through `Route.BASE` and `DiscordWebSocket.DEFAULT_GATEWAY`).
+Ids are real snowflakes (they carry their creation time), and every message is kept per
+channel so REST history (`GET /channels/{id}/messages`) can be read back after a restart."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import itertools
 import json
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -56,7 +59,9 @@ class FakeDiscord:
     _runner: web.AppRunner | None = None
     _sockets: list[web.WebSocketResponse] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(400000000000000001))
+    _last_id: int = 0
+    history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # channel -> messages
+    dm_users: dict[str, dict[str, Any]] = field(default_factory=dict)  # DM channel -> recipient
     identifies: int = 0
     resumes: int = 0
 
@@ -82,13 +87,41 @@ class FakeDiscord:
                 raise AssertionError("no gateway connection")
             await asyncio.sleep(0.01)
 
+    def next_id(self, at: float | None = None) -> int:
+        """A snowflake made at `at` (Unix seconds, now by default), larger than any before."""
+        ms = int((time.time() if at is None else at) * 1000) - 1_420_070_400_000
+        self._last_id = max(self._last_id + 1, ms << 22)
+        return self._last_id
+
+    @property
+    def _ids(self) -> Any:  # the id source the payload builders below draw from
+        return iter(self.next_id, None)
+
+    def post_while_away(self, data: dict[str, Any]) -> None:
+        """A message that reached Discord while no bot was connected: history only."""
+        self._remember(data)
+
+    def _remember(self, data: dict[str, Any]) -> None:
+        channel = str(data["channel_id"])
+        if "guild_id" not in data and not data["author"].get("bot"):
+            self.dm_users.setdefault(channel, data["author"])
+        self.history.setdefault(channel, []).append(data)
+
+    def history_requests(self, channel: str) -> list[dict[str, Any]]:
+        return [
+            b
+            for verb, path, b in self.calls
+            if verb == "GET" and path == f"/channels/{channel}/messages"
+        ]
+
     # --- events ------------------------------------------------------------------------
 
     def message(self, content: str, channel: str, *, user: str = "500000000000000001", name: str = "ann",
-                guild: bool = True, mention: bool = False) -> dict[str, Any]:  # fmt: skip
+                guild: bool = True, mention: bool = False, at: float | None = None) -> dict[str, Any]:  # fmt: skip
+        sent = time.time() if at is None else at
         data: dict[str, Any] = {
-            "id": str(next(self._ids)), "type": 0, "content": content, "channel_id": channel,
-            "author": _user(user, name), "timestamp": "2026-11-29T12:00:00.000000+00:00",
+            "id": str(self.next_id(sent)), "type": 0, "content": content, "channel_id": channel,
+            "author": _user(user, name), "timestamp": datetime.fromtimestamp(sent, UTC).isoformat(),
             "mentions": [BOT] if mention else [], "mention_roles": [], "attachments": [], "embeds": [],
             "pinned": False, "mention_everyone": False, "tts": False,
         }  # fmt: skip
@@ -104,6 +137,10 @@ class FakeDiscord:
         return data
 
     async def dispatch(self, event: str, data: dict[str, Any]) -> None:
+        if event == "MESSAGE_CREATE" and not any(
+            m["id"] == data["id"] for m in self.history.get(str(data["channel_id"]), [])
+        ):
+            self._remember(data)
         payload = json.dumps({"op": 0, "s": next(self._seq), "t": event, "d": data})
         for ws in list(self._sockets):
             if not ws.closed:
@@ -205,6 +242,8 @@ class FakeDiscord:
         if path == "/gateway/bot":
             return self._json({"url": self.gateway, "shards": 1,
                                "session_start_limit": {"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 1}})  # fmt: skip
+        if request.method == "GET" and path.startswith("/channels/"):
+            return self._channel_get(path, request.query)
         if path.endswith("/typing"):
             return web.Response(status=204)
         if path.endswith("/threads") and request.method == "POST":
@@ -230,9 +269,37 @@ class FakeDiscord:
             )  # fmt: skip
         if path.endswith("/messages") and request.method == "POST":
             channel = path.split("/")[2]
-            return self._json({"id": str(next(self._ids)), "type": 0, "content": (body or {}).get("content", ""),
-                               "channel_id": channel, "author": BOT, "timestamp": "2026-11-29T12:00:00+00:00",
-                               "mentions": [], "mention_roles": [], "attachments": [], "embeds": [], "pinned": False,
-                               "mention_everyone": False, "tts": False})  # fmt: skip
+            sent = {"id": str(next(self._ids)), "type": 0, "content": (body or {}).get("content", ""),
+                    "channel_id": channel, "author": BOT, "timestamp": datetime.now(UTC).isoformat(),
+                    "mentions": [], "mention_roles": [], "attachments": [], "embeds": [], "pinned": False,
+                    "mention_everyone": False, "tts": False}  # fmt: skip
+            self._remember(sent)
+            return self._json(sent)
         print(f"FakeDiscord: unimplemented {request.method} {path}", flush=True)
         return self._json({"message": "Unknown", "code": 0}, status=404)
+
+    def _channel_get(self, path: str, query: Any) -> web.Response:
+        """GET /channels/{id} and GET /channels/{id}/messages (before/after/limit, newest
+        first as Discord answers a `before` or plain page, oldest first for `after`)."""
+        parts = path.strip("/").split("/")
+        channel = parts[1]
+        if len(parts) == 2:
+            if channel == THREAD:
+                return self._json(self._guild()["threads"][0])
+            if channel == GENERAL:
+                return self._json({**self._guild()["channels"][0], "guild_id": GUILD})
+            if channel in self.dm_users:
+                return self._json({"id": channel, "type": 1, "recipients": [self.dm_users[channel]],
+                                   "last_message_id": None})  # fmt: skip
+            return self._json({"message": "Unknown Channel", "code": 10003}, status=404)
+        if parts[2:] != ["messages"]:
+            return self._json({"message": "Unknown", "code": 0}, status=404)
+        self.calls[-1] = ("GET", path, dict(query))
+        found = sorted(self.history.get(channel, []), key=lambda m: int(m["id"]))
+        limit = int(query.get("limit", 50))
+        if "before" in query:
+            found = [m for m in found if int(m["id"]) < int(query["before"])]
+        if "after" in query:
+            found = [m for m in found if int(m["id"]) > int(query["after"])]
+            return self._json(list(reversed(found[:limit])))
+        return self._json(list(reversed(found))[:limit])

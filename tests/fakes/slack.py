@@ -44,9 +44,14 @@ class FakeSlack:
                 raise AssertionError("no Socket Mode connection")
             await asyncio.sleep(0.01)
 
-    async def socket_event(self, payload: dict[str, Any], envelope_id: str) -> None:
+    async def socket_event(
+        self, payload: dict[str, Any], envelope_id: str, retry_attempt: int = 0
+    ) -> None:
+        """An Events API envelope; Slack sends an unacknowledged one again (a new envelope
+        id, `retry_attempt` counting up, `retry_reason: timeout`)."""
         envelope = {"envelope_id": envelope_id, "type": "events_api", "accepts_response_payload": False,
-                    "retry_attempt": 0, "retry_reason": "", "payload": payload}  # fmt: skip
+                    "retry_attempt": retry_attempt, "retry_reason": "timeout" if retry_attempt else "",
+                    "payload": payload}  # fmt: skip
         for ws in [s for s in self.sockets if not s.closed]:
             await ws.send_str(json.dumps(envelope))
 

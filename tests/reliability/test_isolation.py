@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.adapters.telegram import sanitize_updates
+from gateway.adapters.telegram_polling import sanitize_updates
 from gateway.app import Gateway
 from gateway.router import REFUSAL
 from tests.fakes.telegram import FakeTelegram

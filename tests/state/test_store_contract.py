@@ -89,3 +89,40 @@ async def test_write_stats_count_committed_operations(store: Store) -> None:
     assert after.batches > before.batches
     assert after.queue_depth == 0  # every write above has been awaited
     assert len(after.recent_commit_ms) == len(after.recent_batch_sizes) > 0
+
+
+async def test_the_reply_to_a_platform_message_is_its_turns_final_answer(store: Store) -> None:
+    """Issue 17: an idempotent repeat finds the first answer. The reply is the turn's last
+    assistant text (not a tool call) before the chat's next user message; a message that
+    was stored but not answered has none; ids are per chat and per source."""
+    sid = await store.create_session(source="api", session_key="k:api:c1", chat_id="c1")
+    await store.append_messages(
+        sid, [{"role": "user", "content": "one", "platform_message_id": "key-1"}]
+    )
+    await store.append_messages(sid, [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "t", "type": "function",
+         "function": {"name": "session_search", "arguments": "{}"}}]},
+        {"role": "tool", "content": "found nothing", "tool_call_id": "t"},
+        {"role": "assistant", "content": "the answer to one"},
+    ])  # fmt: skip
+    await store.append_messages(
+        sid, [{"role": "user", "content": "two", "platform_message_id": "key-2"}]
+    )
+    got = await store.reply_to_platform_message("api", "c1", "key-1")
+    assert got is not None
+    assert (got.session_id, got.session_key, got.reply) == (sid, "k:api:c1", "the answer to one")
+    waiting = await store.reply_to_platform_message("api", "c1", "key-2")
+    assert waiting is not None and waiting.reply is None  # stored, no reply yet
+    await store.append_messages(sid, [{"role": "assistant", "content": "the answer to two"}])
+    assert (
+        await store.reply_to_platform_message("api", "c1", "key-2")
+    ).reply == "the answer to two"  # type: ignore[union-attr]
+    assert await store.reply_to_platform_message("api", "c2", "key-1") is None  # another chat
+    assert await store.reply_to_platform_message("telegram", "c1", "key-1") is None
+    assert await store.reply_to_platform_message("api", "c1", "never") is None
+    # the chat's later session (after a reset) still answers for its own ids
+    new = await store.create_session(source="api", session_key="k:api:c1", chat_id="c1")
+    await store.append_messages(new, [{"role": "user", "content": "three", "platform_message_id": "key-3"},
+                                      {"role": "assistant", "content": "the answer to three"}])  # fmt: skip
+    assert (await store.reply_to_platform_message("api", "c1", "key-3")).session_id == new  # type: ignore[union-attr]
+    assert (await store.reply_to_platform_message("api", "c1", "key-1")).session_id == sid  # type: ignore[union-attr]
