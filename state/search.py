@@ -50,8 +50,9 @@ class SearchRequest:
     include_inactive: bool = False
 
 
-def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
-    """(WHERE text over `m` and `s`, its parameters, whether it filters on sessions)."""
+def _filters(req: SearchRequest, mark: str = "?") -> tuple[str, list[object], bool]:
+    """(WHERE text over `m` and `s`, its parameters, whether it filters on sessions);
+    `mark` is the placeholder (`%s` for PostgreSQL)."""
     scope = SessionFilter(
         source=req.scope.source,
         sources=tuple(req.scope.sources) + tuple(req.sources),
@@ -64,15 +65,15 @@ def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
         thread_exact=req.scope.thread_exact,
         routed_only=req.scope.routed_only,
     )
-    where, params = scope.where("s")
-    scoped = where != "1"  # SessionFilter.where says "1" when it has no clause
+    where, params = scope.where("s", mark)
+    scoped = where not in ("1", "TRUE")  # what SessionFilter.where says for no clause
     if req.roles:
-        where += f" AND m.role IN ({', '.join('?' for _ in req.roles)})"
+        where += f" AND m.role IN ({', '.join(mark for _ in req.roles)})"
         params += list(req.roles)
     if not req.include_inactive:
         where += " AND NOT (COALESCE(m.active, 1) = 0 AND COALESCE(m.compacted, 0) = 0)"
     if req.exclude_session_ids:
-        where += f" AND m.session_id NOT IN ({', '.join('?' for _ in req.exclude_session_ids)})"
+        where += f" AND m.session_id NOT IN ({', '.join(mark for _ in req.exclude_session_ids)})"
         params += list(req.exclude_session_ids)
     return where, params, scoped
 
@@ -150,7 +151,9 @@ def _like(piece: str) -> str:
     return "%" + piece.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _literal_where(tree: q.Node, tools: bool) -> tuple[str, tuple[str, ...]]:
+def _literal_where(
+    tree: q.Node, tools: bool, mark: str = "?", like: str = "LIKE"
+) -> tuple[str, tuple[str, ...]]:
     """The segmented index drops punctuation (`100%完成` finds `100完成`), so a CJK/emoji
     term that holds any must also appear literally: a LIKE with `%`, `_` escaped. Only
     terms every hit must contain (the query's top-level AND) are checked."""
@@ -164,7 +167,7 @@ def _literal_where(tree: q.Node, tools: bool) -> tuple[str, tuple[str, ...]]:
         for piece in term.text.split():
             if all(ch.isalnum() or is_cjk(ch) or is_symbol(ch) for ch in piece):
                 continue
-            ors = " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in cols)
+            ors = " OR ".join(f"{c} {like} {mark} ESCAPE '\\'" for c in cols)
             clauses.append(f" AND ({ors})")
             params += [_like(piece)] * len(cols)
     return "".join(clauses), tuple(params)

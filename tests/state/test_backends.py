@@ -29,16 +29,16 @@ async def test_open_store_opens_state_db_in_the_home_with_the_writer_settings(
 
 async def test_an_unknown_backend_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(UnknownBackend) as err:
-        await open_store({"backend": "postgres"}, tmp_path)
+        await open_store({"backend": "mongodb"}, tmp_path)
     assert err.value.key == "state.backend" and err.value.exit_code == 78
-    assert "state.backend" in str(err.value) and "sqlite" in str(err.value)
+    assert "state.backend" in str(err.value) and "sqlite, postgres" in str(err.value)
     assert not (tmp_path / "state.db").exists()
 
 
 def test_the_config_refuses_an_unknown_backend_and_defaults_to_sqlite(tmp_path: Path) -> None:
     assert load_config(None, {}).get("state.backend") == "sqlite"
     path = tmp_path / "config.yaml"
-    path.write_text("state:\n  backend: postgres\n")
+    path.write_text("state:\n  backend: mongodb\n")
     with pytest.raises(ConfigError) as err:
         load_config(path, {})
     assert err.value.key == "state.backend" and err.value.exit_code == 78

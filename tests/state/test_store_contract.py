@@ -46,7 +46,8 @@ async def test_live_sessions_by_key_name_the_newest_live_session_of_each_key(
     store: Store,
 ) -> None:
     old = await store.create_session(source="telegram", session_key="k1", started_at=10.0)
-    new = await store.create_session(source="telegram", session_key="k1", started_at=20.0)
+    await store.end_session(old, "idle")
+    new = await store.fork_session(old, "reset", end_reason="idle")  # the key's next session
     other = await store.create_session(
         source="slack", session_key="k2", chat_type="dm", started_at=15.0
     )
@@ -55,11 +56,14 @@ async def test_live_sessions_by_key_name_the_newest_live_session_of_each_key(
     await store.create_session(source="cli")  # no key: not routed
     assert await store.newest_live_session_by_key() == {"k1": new, "k2": other}
     live = await store.live_sessions_by_key()
-    assert [(r["session_key"], r["id"]) for r in live] == [("k1", old), ("k2", other), ("k1", new)]
-    assert live[1]["source"] == "slack" and live[1]["chat_type"] == "dm"
+    assert [(r["session_key"], r["id"]) for r in live] == [("k2", other), ("k1", new)]
+    assert live[0]["source"] == "slack" and live[0]["chat_type"] == "dm"
+    assert (await store.live_session_for_key("k1"))["id"] == new  # type: ignore[index]
+    assert await store.live_session_for_key("k3") is None
     states = await store.session_states([old, ended, "missing"])
     assert set(states) == {old, ended}
-    assert states[old] == (None, None) and states[ended][1] == "idle"
+    assert states[old][1] == "idle" and states[ended][1] == "idle"
+    assert (await store.require_session(new))["session_key"] == "k1"
 
 
 async def test_dangling_parent_links_are_counted_and_cleared(store: Store) -> None:
