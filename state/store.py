@@ -55,7 +55,7 @@ T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-AUTO_PRUNE_KEY = "switchboard.auto_prune.last_run"
+AUTO_PRUNE_KEY = maintenance.AUTO_PRUNE_KEY
 
 
 def _check_file(path: Path) -> None:
@@ -214,7 +214,7 @@ class SessionDB:
     ) -> str:
         """Create a session (under a generated id unless one is given; a given id that
         exists raises SessionExists). Routing columns go in `routing`."""
-        fields = self._session_fields(
+        fields = sessions.session_fields(
             session_id or "", source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, title, started_at, routing,
         )  # fmt: skip
@@ -237,31 +237,11 @@ class SessionDB:
         **routing: Any,
     ) -> bool:
         """Create the session unless it exists. Returns True when it was created."""
-        fields = self._session_fields(
+        fields = sessions.session_fields(
             session_id, source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, None, None, routing,
         )  # fmt: skip
         return await self._write(lambda c: sessions.insert_session(c, fields, if_missing=True))
-
-    @staticmethod
-    def _session_fields(
-        sid: str, source: str, model: str | None, model_config: Any, system_prompt: str | None,
-        user_id: str | None, parent: str | None, child_kind: str | None, title: str | None,
-        started_at: float | None, routing: Mapping[str, Any],
-    ) -> dict[str, Any]:  # fmt: skip
-        bad = [k for k in routing if k not in sessions.ROUTING_FIELDS]
-        if bad:
-            raise TypeError(f"unknown session field(s): {', '.join(bad)}")
-        fields: dict[str, Any] = {"id": sid, "source": source}
-        for key, value in (
-            ("model", model), ("model_config", model_config), ("system_prompt", system_prompt),
-            ("user_id", user_id), ("parent_session_id", parent), ("child_kind", child_kind),
-            ("title", title), ("started_at", started_at),
-        ):  # fmt: skip
-            if value is not None:
-                fields[key] = value
-        fields.update({k: v for k, v in routing.items() if v is not None})
-        return fields
 
     async def get_session(self, session_id: str) -> SessionRow | None:
         return await self._read(sessions.get_session, session_id)

@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from .. import search as sqlite_search
 from ..errors import DatabaseError, SessionNotFound
 from ..listing import SessionFilter
-from ..maintenance import PRUNE_CHUNK
+from ..maintenance import AUTO_PRUNE_KEY, PRUNE_CHUNK
 from ..records import (
     AutoPruneResult,
     ExportRecord,
@@ -32,7 +32,7 @@ from ..records import (
     UsageStats,
     WriteStats,
 )  # fmt: skip
-from ..store import AUTO_PRUNE_KEY, SessionDB
+from ..sessions import session_fields
 from ..transfer import ImportReport
 from . import admin, lineage, messages, schema, search, sessions, usage
 from .writer import PgWriter, PgWriterConfig
@@ -136,7 +136,7 @@ class PgStore:
         child_kind: str | None = None, title: str | None = None, started_at: float | None = None,
         **routing: Any,
     ) -> str:  # fmt: skip
-        fields = SessionDB._session_fields(
+        fields = session_fields(
             session_id or "", source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, title, started_at, routing,
         )  # fmt: skip
@@ -151,7 +151,7 @@ class PgStore:
         user_id: str | None = None, parent_session_id: str | None = None,
         child_kind: str | None = None, **routing: Any,
     ) -> bool:  # fmt: skip
-        fields = SessionDB._session_fields(
+        fields = session_fields(
             session_id, source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, None, None, routing,
         )  # fmt: skip
