@@ -367,7 +367,16 @@ def _resolve_secrets(
                 need(f"platforms.{name}.{want.key}",
                      getattr(settings, want.key) or want.default_env, want.why)  # fmt: skip
     if data["state"]["backend"] == "postgres":
-        errors.extend(_postgres_problems(data["state"]["dsn_env"], env))
+        found = _postgres_problems(data["state"]["dsn_env"], env)
+        errors.extend(found)
+        if not found:
+            secrets["state.dsn_env"] = env[data["state"]["dsn_env"]]
+        if api["enabled"] and dash["enabled"]:
+            errors.append(ConfigError(
+                "dashboard.enabled",
+                "the dashboard's listing and insights queries need state.backend: sqlite for "
+                "now; set dashboard.enabled: false to run on postgres",
+            ))  # fmt: skip
     if data["agent"]["backend"] == "openai":
         o = data["agent"]["openai"]
         if o["api_key_env"]:

@@ -57,6 +57,11 @@ def test_postgres_needs_its_dsn_variable_set_and_valid(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(path, {"SB_TEST_DSN": "host=127.0.0.1 port"})
     assert err.value.key == "state.dsn_env" and "not hold a valid PostgreSQL DSN" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # the dashboard's queries are SQLite's for now
+        load_config(path, {"SB_TEST_DSN": "postgresql://sb@127.0.0.1/sb"})
+    assert err.value.key == "dashboard.enabled"
+    path.write_text("state:\n  backend: postgres\n  dsn_env: SB_TEST_DSN\n"
+                    "dashboard:\n  enabled: false\n")  # fmt: skip
     cfg = load_config(path, {"SB_TEST_DSN": "postgresql://sb@127.0.0.1/sb"})
     assert (cfg.state.backend, cfg.state.dsn_env) == ("postgres", "SB_TEST_DSN")
     assert load_config(None, {}).state.dsn_env == "SWITCHBOARD_PG_DSN"
@@ -265,3 +270,52 @@ async def test_a_private_cluster_starts_when_no_server_answers(tmp_path: Path) -
         await asyncio.to_thread(cluster.stop)
     assert not pgserver.answers(dsn)
     assert not cluster.dir.exists()
+
+
+# --- the daemon on PostgreSQL -----------------------------------------------------------------
+
+
+async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path) -> None:
+    """`state.backend: postgres` end to end: the HTTP API, the router, resets, a title and
+    a search, with the DSN coming from the variable `state.dsn_env` names."""
+    import aiohttp
+
+    from gateway.app import Gateway
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("state:\n  backend: postgres\n  dsn_env: SB_E2E_DSN\n"
+                   "dashboard:\n  enabled: false\nplatforms:\n  api:\n    port: 0\n")  # fmt: skip
+    gateway = Gateway(config=load_config(cfg, {"SB_E2E_DSN": schema_dsn}), home=tmp_path / "home")
+    await gateway.start()
+    try:
+        assert gateway.db is not None and gateway.db.backend == "postgres"
+        url = f"http://127.0.0.1:{gateway.adapters[0].bound_port}"  # type: ignore[attr-defined]
+        async with aiohttp.ClientSession() as http:
+            replies = []
+            for text in (
+                "hello postgres",
+                "/title Deploy notes",
+                "/new",
+                "second 会话",
+                "hello postgres",
+            ):
+                payload = {"chat_id": "42", "text": text, "message_id": f"m-{len(replies)}"}
+                async with http.post(f"{url}/v1/messages", json=payload) as resp:
+                    assert resp.status == 200
+                    replies.append(await resp.json())
+            async with http.post(f"{url}/v1/messages", json={"chat_id": "42", "text": "again",
+                                                             "message_id": "m-0"}) as resp:  # fmt: skip
+                duplicate = await resp.json()
+        assert replies[0]["reply"] == "echo: hello postgres"
+        assert duplicate["duplicate"] is True
+        first, second = replies[0]["session_id"], replies[3]["session_id"]
+        assert first != second and replies[3]["reply"] == "echo: second 会话"
+        db = gateway.db
+        assert (await db.require_session(first))["title"] == "Deploy notes"
+        assert (await db.require_session(first))["end_reason"] is not None
+        assert await db.newest_live_session_by_key() == {replies[3]["session_key"]: second}
+        hits = await db.search_messages("会话")
+        assert {h["session_id"] for h in hits} == {second}
+        assert await db.has_platform_message("api", "42", "m-0") is True
+    finally:
+        await gateway.stop()
