@@ -1,7 +1,7 @@
 """Messages on PostgreSQL: append (with the platform-message dedupe a unique key
 enforces), read in order, windows, replay in OpenAI chat format, clear.
 
-Rows are prepared by state/messages.py's `_row_values` (validation, JSON columns,
+Rows are prepared by state/message_rows.py's `row_values` (validation, JSON columns,
 structured content) and indexed by state/pg/tsearch.py. PostgreSQL text cannot hold NUL,
 so content that does (structured content starts with one) is stored re-encoded and
 `content_enc` says how; readers get back exactly what the SQLite store returns.
@@ -18,12 +18,12 @@ from psycopg import AsyncConnection
 
 from ..content import SENTINEL, content_text, decode_content
 from ..errors import SessionNotFound
-from ..messages import (
+from ..message_rows import (
     LAST_ACTIVE_RESOLUTION_S,
     MESSAGE_FIELDS,
-    _row_values,
-    _tool_call_count,
     decode_message,
+    row_values,
+    tool_call_count,
 )
 from ..records import MessageRow
 from ..rows import from_json_text, make_preview
@@ -127,12 +127,12 @@ async def _insert(
     now = time.time()
     rows, tool_calls, preview, last_ts = [], 0, None, 0.0
     for msg in batch:
-        v = _row_values(session_id, msg, now)
+        v = row_values(session_id, msg, now)
         content, enc = to_pg(v[2])
         idx = index_text(v[2], v[5], v[4])
         rows.append((v[0], v[1], content, enc, *v[3:], idx.tsv, idx.seg_tsv, idx.tool_tsv,
                      idx.ntok, idx.aux_ntok))  # fmt: skip
-        tool_calls += _tool_call_count(v[4])
+        tool_calls += tool_call_count(v[4])
         last_ts = max(last_ts, v[6])
         if preview is None and v[1] == "user":
             preview = make_preview(content_text(v[2]))

@@ -69,3 +69,16 @@ async def test_the_sqlite_store_offers_maintenance(db: SessionDB) -> None:
     with pytest.raises(ValueError):
         await db.checkpoint("PASSIVE); DROP TABLE sessions; --")
     assert [h["session_id"] for h in await db.search_messages("maintenance")] == [sid]
+
+
+async def test_sqlite_tolerates_two_live_sessions_of_one_key_and_names_the_newest(
+    db: SessionDB,
+) -> None:
+    """Another program sharing state.db (Hermes Agent, an import) may leave two live
+    sessions under one key; SQLite keeps them and the index takes the newest. (PostgreSQL
+    refuses the second by a constraint: tests/state/test_pg_store.py.)"""
+    old = await db.create_session(source="telegram", session_key="k1", started_at=10.0)
+    new = await db.create_session(source="telegram", session_key="k1", started_at=20.0)
+    assert await db.newest_live_session_by_key() == {"k1": new}
+    assert [r["id"] for r in await db.live_sessions_by_key()] == [old, new]
+    assert (await db.live_session_for_key("k1"))["id"] == new  # type: ignore[index]
