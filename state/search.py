@@ -50,7 +50,7 @@ class SearchRequest:
     include_inactive: bool = False
 
 
-def _filters(req: SearchRequest, mark: str = "?") -> tuple[str, list[object], bool]:
+def filters(req: SearchRequest, mark: str = "?") -> tuple[str, list[object], bool]:
     """(WHERE text over `m` and `s`, its parameters, whether it filters on sessions);
     `mark` is the placeholder (`%s` for PostgreSQL)."""
     scope = SessionFilter(
@@ -82,7 +82,7 @@ def _order(sort: str) -> str:
     return "timestamp DESC, id DESC" if sort == "newest" else "timestamp ASC, id ASC"
 
 
-def _blend(score: float, timestamp: float, now: float) -> float:
+def blend(score: float, timestamp: float, now: float) -> float:
     """Dividing by (1 + age/half-life) pulls old hits down, so between two equally relevant
     hits the newer one wins."""
     return score / (1.0 + max(0.0, now - timestamp) / (RECENCY_HALF_LIFE_DAYS * 86400))
@@ -142,7 +142,7 @@ def _branches(tree: q.Node, roles: Sequence[str], include_tools: bool = False) -
     tools = "tool" in roles or include_tools
     if tools:
         aux = f"({aux}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
-    literal, params = _literal_where(tree, tools)
+    literal, params = literal_where(tree, tools)
     out.append(_Branch("messages_aux_fts", aux, literal, params))
     return out
 
@@ -151,7 +151,7 @@ def _like(piece: str) -> str:
     return "%" + piece.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _literal_where(
+def literal_where(
     tree: q.Node, tools: bool, mark: str = "?", like: str = "LIKE"
 ) -> tuple[str, tuple[str, ...]]:
     """The segmented index drops punctuation (`100%完成` finds `100完成`), so a CJK/emoji
@@ -185,7 +185,7 @@ def search(
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
     tree = q.parse(req.query)
-    where, fparams, scoped = _filters(req)
+    where, fparams, scoped = filters(req)
     # Candidates meet sessions only when the scope filters on them.
     join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
     branches = _branches(tree, req.roles, req.include_tools)
@@ -276,7 +276,7 @@ def _rank(
             ]
         for r in mine:
             score = ranking.bm25(r[i_body], r[i_size], phrases, weights, avgdl)
-            scores[r[i_id]] = _blend(score, r[i_ts], now)
+            scores[r[i_id]] = blend(score, r[i_ts], now)
     return sorted(rows, key=lambda r: (scores.get(r[i_id], 0.0), r[i_id]), reverse=True)
 
 

@@ -28,9 +28,9 @@ from ..search import (
     WINDOW_GROWTH,
     WINDOW_PER_RESULT,
     SearchRequest,
-    _blend,
-    _filters,
-    _literal_where,
+    blend,
+    filters,
+    literal_where,
     make_snippet,
 )  # fmt: skip
 from ..textindex import segment
@@ -80,7 +80,9 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
             conds.append(f"{col} @@ %s::tsquery")
             params.append(tsq)
     if conds:
-        literal, lparams = _literal_where(tree, tools, mark="%s", like="LIKE")
+        literal, lparams = literal_where(
+            tree, tools, mark="%s", like="ILIKE"
+        )  # SQLite: LIKE ignores ASCII case
         out.append(_Branch(True, "(" + " OR ".join(conds) + ")", tuple(params), literal, lparams))
     return out
 
@@ -136,7 +138,7 @@ async def search(
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
     tree = q.parse(req.query)
-    where, fparams, scoped = _filters(req, mark="%s")
+    where, fparams, scoped = filters(req, mark="%s")
     join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
     branches = _branches(tree, req)
     bounds = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
@@ -204,7 +206,7 @@ async def _rank(
             else:
                 text, length = stored, r["ntok"] or 0
             score = ranking.bm25_of_length(text, length, phrases, weights, avgdl)
-            scores[r["id"]] = _blend(score, r["timestamp"], now)
+            scores[r["id"]] = blend(score, r["timestamp"], now)
     return sorted(rows, key=lambda r: (scores.get(r["id"], 0.0), r["id"]), reverse=True)
 
 
