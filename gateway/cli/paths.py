@@ -20,3 +20,25 @@ def config_path_of(args: argparse.Namespace, home: Path) -> Path | None:
         return Path(args.config).expanduser()
     candidate = home / "config.yaml"
     return candidate if candidate.exists() else None
+
+
+def refuse_postgres(args: argparse.Namespace, home: Path, command: str) -> None:
+    """The terminal commands read the home's state.db; on a config that puts the store on
+    PostgreSQL they would silently show (and create) an empty file instead. Only the
+    `state.backend` value is read here, so a config with other problems changes nothing."""
+    import yaml
+
+    from gateway.errors import ConfigError
+
+    path = config_path_of(args, home)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path else None
+    except (OSError, yaml.YAMLError):
+        return
+    state = data.get("state") if isinstance(data, dict) else None
+    if isinstance(state, dict) and state.get("backend") == "postgres":
+        raise ConfigError(
+            "state.backend",
+            f"`switchboard {command}` works on the SQLite state.db only for now; "
+            "this home's store is on PostgreSQL",
+        )

@@ -319,3 +319,18 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
         assert await db.has_platform_message("api", "42", "m-0") is True
     finally:
         await gateway.stop()
+
+
+@pytest.mark.parametrize("command", [["sessions", "list"], ["chat"], ["insights"],
+                                     ["import", "--from-hermes", "nowhere"]])  # fmt: skip
+def test_terminal_commands_refuse_a_postgres_home_instead_of_an_empty_state_db(
+    tmp_path: Path, command: list[str]
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("state:\n  backend: postgres\n")
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), *command],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert proc.returncode == 78, proc.stderr
+    assert "state.backend" in proc.stderr and "PostgreSQL" in proc.stderr
+    assert not (home / "state.db").exists()
