@@ -36,6 +36,10 @@ class PgWriterConfig:
     retries: int = 5  # whole-batch redos after a deadlock or serialization failure
 
 
+class _Uncommitted(Exception):
+    """The connection failed before COMMIT: nothing of the batch was applied."""
+
+
 class _Item:
     __slots__ = ("fn", "args", "future")
 
@@ -117,7 +121,10 @@ class PgWriter:
                 return
 
     async def _execute(self, batch: list[_Item]) -> list[tuple[bool, Any]]:
+        """Run a batch; redo it (nothing of it committed) after a deadlock, a serialization
+        failure or a connection lost before COMMIT; fail it when the outcome is unknown."""
         for attempt in range(self.config.retries + 1):
+            last = attempt == self.config.retries
             try:
                 conn = await self._connection()
                 started = time.perf_counter()
@@ -127,32 +134,54 @@ class PgWriter:
                 return results
             except _RETRY as exc:
                 self.stats.busy_retries += 1
-                if attempt == self.config.retries:
+                await self._rollback()
+                if last:
                     err: BaseException = DatabaseBusy(f"{self.where}: {exc.sqlstate}: {exc}")
                     return [(False, err)] * len(batch)
                 await asyncio.sleep(0.005 * 2**attempt)
-            except psycopg.Error as exc:
-                log.error("write batch of %d failed: %s", len(batch), exc)
+            except _Uncommitted as exc:  # the connection broke before COMMIT: safe to redo
+                log.warning("write connection lost (%s); reconnecting", exc.__cause__)
                 await self._drop_broken()
-                return [(False, DatabaseError(self.where, f"write failed: {exc}"))] * len(batch)
+                if last:
+                    return [
+                        (False, DatabaseError(self.where, f"write failed: {exc.__cause__}"))
+                    ] * len(batch)
+                await asyncio.sleep(0.05 * 2**attempt)
+            except psycopg.Error as exc:  # at COMMIT: it may or may not have been applied
+                log.error("commit of a batch of %d failed: %s", len(batch), exc)
+                await self._drop_broken()
+                reason = f"the commit failed and may not have been applied: {exc}"
+                return [(False, DatabaseError(self.where, reason))] * len(batch)
         raise AssertionError("unreachable")
 
     async def _attempt(self, conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
         results: list[tuple[bool, Any]] = []
-        async with conn.transaction():
+        try:
+            await conn.execute(b"BEGIN")
             for item in batch:
                 try:
                     async with conn.transaction():  # a savepoint per operation
                         value = await item.fn(conn, *item.args)
-                except _RETRY:
+                except (*_RETRY, psycopg.OperationalError):
                     raise  # the whole batch, from the start
-                except psycopg.OperationalError:
-                    raise
                 except Exception as exc:
                     results.append((False, exc))
                 else:
                     results.append((True, value))
+        except _RETRY:
+            raise
+        except psycopg.OperationalError as exc:
+            raise _Uncommitted() from exc
+        await conn.execute(b"COMMIT")
         return results
+
+    async def _rollback(self) -> None:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                await conn.execute(b"ROLLBACK")
+            except psycopg.Error:
+                await self._drop_broken()
 
     async def _connection(self) -> AsyncConnection:
         if self._conn is None or self._conn.closed:
