@@ -234,14 +234,15 @@ def chat_message(r: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def conversation(
-    conn: AsyncConnection, session_id: str, last: int | None = None
+    conn: AsyncConnection, session_id: str, last: int | None = None, upto: int | None = None
 ) -> list[dict[str, Any]]:
+    """The newest `last` messages (all when None) up to message `upto`, in chat format."""
     found = await db.rows(
         conn,
         "SELECT * FROM (SELECT id, role, content, content_enc, tool_calls, tool_call_id, "
-        "tool_name, reasoning FROM messages WHERE session_id = %s ORDER BY id DESC LIMIT %s) t "
-        "ORDER BY id",
-        (session_id, last),
+        "tool_name, reasoning FROM messages WHERE session_id = %s AND id <= %s "
+        "ORDER BY id DESC LIMIT %s) t ORDER BY id",
+        (session_id, upto if upto is not None else 2**63 - 1, last),
     )
     return [chat_message(r) for r in found]
 

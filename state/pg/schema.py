@@ -83,13 +83,15 @@ CREATE TABLE session_model_usage (
     last_seen double precision,
     PRIMARY KEY (session_id, model, billing_provider, billing_base_url, billing_mode, task)
 );
+-- listings order by (last_active DESC, id DESC) with NULLs last, as SQLite sorts them
 CREATE INDEX idx_sessions_source ON sessions(source);
 CREATE INDEX idx_sessions_parent ON sessions(parent_session_id);
 CREATE INDEX idx_sessions_started ON sessions(started_at DESC);
-CREATE INDEX idx_sessions_last_active ON sessions(last_active DESC);
-CREATE INDEX idx_sessions_source_active ON sessions(source, last_active DESC);
-CREATE INDEX idx_sessions_user_active ON sessions(user_id, last_active DESC);
-CREATE INDEX idx_sessions_chat_active ON sessions(source, chat_id, last_active DESC);
+CREATE INDEX idx_sessions_last_active ON sessions(last_active DESC NULLS LAST, id DESC);
+CREATE INDEX idx_sessions_source_active ON sessions(source, last_active DESC NULLS LAST, id DESC);
+CREATE INDEX idx_sessions_user_active ON sessions(user_id, last_active DESC NULLS LAST, id DESC);
+CREATE INDEX idx_sessions_chat_active
+    ON sessions(source, chat_id, last_active DESC NULLS LAST, id DESC);
 CREATE UNIQUE INDEX idx_sessions_title_key ON sessions(title_key) WHERE title_key IS NOT NULL;
 CREATE INDEX idx_sessions_title_lineage ON sessions(title_base, title_number)
     WHERE title_base IS NOT NULL;

@@ -40,7 +40,7 @@ from .tsearch import side_text, term_query, to_tsquery
 
 SPAN_GROWTH = 4
 TOTALS_TTL_S = 30.0  # how long index totals (rows, average length) are reused on a big store
-EXACT_TOTALS_BELOW = 100_000  # rows under which totals are recounted for every search
+EXACT_TOTALS_BELOW = 10_000  # rows under which totals are recounted for every search
 
 
 @dataclass(frozen=True)

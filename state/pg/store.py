@@ -35,6 +35,7 @@ from ..records import (
 from ..sessions import session_fields
 from ..transfer import ImportReport
 from . import admin, lineage, messages, schema, search, sessions, usage
+from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
 from .writer import PgWriter, PgWriterConfig
 
 T = TypeVar("T")
@@ -86,7 +87,7 @@ class PgStore:
         await writer.start(conn)
         pool = AsyncConnectionPool(
             dsn, min_size=1, max_size=readers, kwargs={"autocommit": True}, open=False,
-            check=AsyncConnectionPool.check_connection, name="state.pg.readers",
+            name="state.pg.readers", max_idle=300, max_lifetime=3600,
         )  # fmt: skip
         try:
             await pool.open(wait=True, timeout=30)
@@ -118,11 +119,16 @@ class PgStore:
         )  # fmt: skip
 
     async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        try:
-            async with self._pool.connection() as conn:
-                return await fn(conn, *args)
-        except psycopg.OperationalError as exc:
-            raise DatabaseError(self.where, f"read failed: {exc}") from exc
+        """Run a read on a pooled connection. Connections are not pinged before use (a round
+        trip per read); a read that meets one the server dropped runs again on another."""
+        for attempt in (1, 2):
+            try:
+                async with self._pool.connection() as conn:
+                    return await fn(conn, *args)
+            except psycopg.OperationalError as exc:
+                if attempt == 2:
+                    raise DatabaseError(self.where, f"read failed: {exc}") from exc
+        raise AssertionError("unreachable")
 
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await self._writer.submit(fn, *args)

@@ -20,13 +20,24 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import AsyncConnection, errors
 
-from ..errors import DatabaseBusy, DatabaseError, WriterClosed
+from ..errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
 from ..writer import WriterStats
 
 log = logging.getLogger("state.pg.writer")
 T = TypeVar("T")
 Op = Callable[..., Awaitable[Any]]
 _RETRY = (errors.DeadlockDetected, errors.SerializationFailure)
+# fn -> a function running many calls of fn at once: batched(conn, [args, ...]) -> [result, ...]
+_BATCHED: dict[
+    Callable[..., Any], Callable[[AsyncConnection, list[tuple[Any, ...]]], Awaitable[list[Any]]]
+] = {}
+
+
+def register_batched(
+    fn: Callable[..., Any],
+    batched: Callable[[AsyncConnection, list[tuple[Any, ...]]], Awaitable[list[Any]]],
+) -> None:
+    _BATCHED[fn] = batched
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,51 @@ class PgWriter:
         raise AssertionError("unreachable")
 
     async def _attempt(self, conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
+        """Fast path first: the whole batch without savepoints, runs of batchable operations
+        merged. If any operation raises, roll back and redo the batch one savepoint per
+        operation, so only the failing caller sees its error."""
+        try:
+            await conn.execute(b"BEGIN")
+            results = await self._run_fast(conn, batch)
+        except _RETRY:
+            raise
+        except psycopg.OperationalError as exc:
+            raise _Uncommitted() from exc
+        except Exception as exc:
+            try:
+                await conn.execute(b"ROLLBACK")
+            except psycopg.OperationalError as lost:
+                raise _Uncommitted() from lost
+            self.stats.fallbacks += 1
+            routine = isinstance(exc, (StateError, ValueError, psycopg.errors.IntegrityError))
+            log.log(logging.DEBUG if routine else logging.WARNING,
+                    "batch of %d redone one operation at a time: %r", len(batch), exc,
+                    exc_info=not routine)  # fmt: skip
+            return await self._run_isolated(conn, batch)
+        await conn.execute(b"COMMIT")
+        return results
+
+    @staticmethod
+    async def _run_fast(conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
+        results: list[tuple[bool, Any]] = []
+        i = 0
+        while i < len(batch):
+            merged = _BATCHED.get(batch[i].fn)
+            j = i + 1
+            if merged is not None:
+                while j < len(batch) and batch[j].fn is batch[i].fn:
+                    j += 1
+            if merged is not None and j - i > 1:
+                values = await merged(conn, [item.args for item in batch[i:j]])
+                results.extend((True, v) for v in values)
+            else:
+                results.append((True, await batch[i].fn(conn, *batch[i].args)))
+            i = j
+        return results
+
+    async def _run_isolated(
+        self, conn: AsyncConnection, batch: list[_Item]
+    ) -> list[tuple[bool, Any]]:
         results: list[tuple[bool, Any]] = []
         try:
             await conn.execute(b"BEGIN")
