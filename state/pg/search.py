@@ -5,8 +5,9 @@ evaluation and BM25 (state/ranking.py) blended with recency, the same snippets.
 
 The window is the newest N matches of each index. Asking PostgreSQL for `ORDER BY id DESC
 LIMIT N` of a GIN match lets the planner walk the primary key backwards through every
-row; bounding the ids (`id > max - span`, the span growing fourfold until N matches are
-in it) keeps each probe a GIN bitmap over a known slice of the table.
+row; bounding the ids (`id > max - span`, the span growing at least fourfold, and by the
+matches' density when they are sparse, until N matches are in it) keeps each probe to a
+known slice of the table.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ async def _window(
         )
         if len(found) >= window or (limit > high if ascending else limit < low):
             return [int(r[0]) for r in found]
-        span *= SPAN_GROWTH
+        # grow at least fourfold, more when the matches are sparse (k in the span suggests
+        # about span * window / k for the whole window)
+        span *= max(SPAN_GROWTH, -(-window // max(1, len(found))))
 
 
 async def search(
