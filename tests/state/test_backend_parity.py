@@ -137,3 +137,38 @@ def test_the_corpus_is_searchable_at_all(both: Any) -> None:
         found = _outcome(loop, pg, query)
         assert isinstance(found, list) and found, query
         assert found == _outcome(loop, lite, query)
+
+
+async def test_ranking_windows_agree_when_matches_outnumber_the_window(
+    pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """1,300 matches: the ranking looks at the newest 500 first and widens as the page
+    needs; both stores must pick the same window and rank it the same way."""
+    schema = pgserver.fresh_schema(pg_dsn)
+    lite = await open_store({"backend": "sqlite"}, tmp_path_factory.mktemp("window"))
+    pg = await open_store({"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, schema)}, ".")
+    try:
+        rnd = random.Random(5)
+        for store in (lite, pg):
+            sids = [await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
+                    for i in range(10)]  # fmt: skip
+            for chunk in range(26):
+                batch = [{"role": "user", "timestamp": T0 + chunk * 50 + k,
+                          "content": " ".join(rnd.choices(["alpha"] * 6 + ["beta"] * 3 + ["gamma", "the"] + WORDS,
+                                                          k=rnd.randint(3, 30)))}
+                         for k in range(50)]  # fmt: skip
+                await store.append_messages(sids[chunk % 10], batch)
+            rnd = random.Random(5)  # the same corpus for the second store
+        for query, kw in (("alpha", {}), ("alpha beta", {}), ("gamma", {"offset": 200}),
+                          ("alpha", {"sources": ["slack"], "offset": 100}),
+                          ("beta", {"sort": "oldest", "offset": 250})):  # fmt: skip
+            want = [(h["id"], h["snippet"]) for h in await lite.search_messages(query, **kw)]
+            got = [(h["id"], h["snippet"]) for h in await pg.search_messages(query, **kw)]
+            assert got == want and len(want) == 20, (query, kw)
+        tail = [h["id"] for h in await pg.search_messages("alpha", limit=100, offset=1000)]
+        assert tail and tail == [h["id"] for h in await lite.search_messages("alpha", limit=100,
+                                                                               offset=1000)]  # fmt: skip
+    finally:
+        await lite.close()
+        await pg.close()
+        pgserver.drop_schema(pg_dsn, schema)
