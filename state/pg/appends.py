@@ -153,11 +153,12 @@ async def _claim_platform_ids(
         if n < 0:
             continue
         dedupe = call[2] if len(call) > 2 else None
-        chat = dedupe or chats[call[0]]
+        chat = chats[call[0]]  # keyed by the session's chat, as in messages._insert
+        settles = dedupe is not None and tuple(dedupe) == chat
         for mid, m in zip(ids[pos : pos + n], call[1], strict=True):
             pmid = m.get("platform_message_id")
             if pmid is not None and chat[0] is not None and chat[1] is not None:
-                keys.append((chat[0], chat[1], str(pmid), mid, dedupe is not None))
+                keys.append((chat[0], chat[1], str(pmid), mid, settles))
         pos += n
     if not keys:
         return

@@ -151,7 +151,9 @@ async def _insert(
             ids.append(int(got[0]))
             if not cur.nextset():
                 break
-    chat = dedupe or (found[0][0], found[0][1])
+    # stored ids are keyed by the session's chat (what has_platform_message asks); the key
+    # settles a race only when the caller dedupes in that same chat, as it always does
+    chat = (found[0][0], found[0][1])
     if pmids and chat[0] is not None and chat[1] is not None:
         first: dict[str, int] = {}
         for mid, msg in zip(ids, batch, strict=True):
@@ -163,7 +165,7 @@ async def _insert(
             "AS u(p, m) ON CONFLICT DO NOTHING RETURNING 1",
             (chat[0], chat[1], list(first), list(first.values())),
         )
-        if dedupe is not None and len(claimed) < len(first):
+        if dedupe is not None and tuple(dedupe) == chat and len(claimed) < len(first):
             raise _Duplicate()
     return ids
 

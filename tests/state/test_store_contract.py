@@ -93,3 +93,24 @@ async def test_write_stats_count_committed_operations(store: Store) -> None:
     assert after.batches > before.batches
     assert after.queue_depth == 0  # every write above has been awaited
     assert len(after.recent_commit_ms) == len(after.recent_batch_sizes) > 0
+
+
+async def test_platform_message_ids_belong_to_the_sessions_chat_as_it_is_now(
+    store: Store,
+) -> None:
+    """has_platform_message asks by (platform, chat): a session moved to another chat (a
+    handoff binds a terminal session to a thread) takes its stored ids along."""
+    sid = await store.create_session(source="telegram", chat_id="1")
+    await store.append_messages(
+        sid,
+        [{"role": "user", "content": "hi", "platform_message_id": "5"}],
+        dedupe=("telegram", "1"),
+    )
+    assert await store.has_platform_message("telegram", "1", "5") is True
+    await store.update_session(sid, chat_id="2")
+    assert await store.has_platform_message("telegram", "2", "5") is True
+    assert await store.has_platform_message("telegram", "1", "5") is False
+    again = [{"role": "user", "content": "hi", "platform_message_id": "5"}]
+    assert await store.append_messages(sid, again, dedupe=("telegram", "2")) == []
+    assert len(await store.append_messages(sid, again, dedupe=("telegram", "1"))) == 1
+    assert await store.has_platform_message("telegram", "1", "5") is False  # it is in chat 2
