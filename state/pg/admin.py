@@ -122,7 +122,7 @@ async def prune_candidates(
         sql += " AND source = %s"
         params.append(source)
     found = await db.tuples(
-        conn, sql + " ORDER BY last_active LIMIT %s", (*params, limit + len(protected))
+        conn, sql + " ORDER BY last_active NULLS FIRST LIMIT %s", (*params, limit + len(protected))
     )
     return [r[0] for r in found if r[0] not in protected][:limit]
 
