@@ -334,3 +334,32 @@ def test_terminal_commands_refuse_a_postgres_home_instead_of_an_empty_state_db(
     assert proc.returncode == 78, proc.stderr
     assert "state.backend" in proc.stderr and "PostgreSQL" in proc.stderr
     assert not (home / "state.db").exists()
+
+
+async def test_doctor_checks_a_postgres_home(schema_dsn: str, tmp_path: Path) -> None:
+    from gateway.ops.doctor import run_doctor
+
+    home = tmp_path / "home"
+    home.mkdir()
+    cfg = home / "config.yaml"
+    cfg.write_text(
+        "state:\n  backend: postgres\n  dsn_env: SB_DOC_DSN\ndashboard:\n  enabled: false\n"
+    )
+    store = await open_store({"backend": "postgres", "dsn": schema_dsn}, home)
+    stray = await store.create_session(source="api", parent_session_id="20200101_000000_deadbeef")
+    await store.close()
+    checks = await run_doctor(home, load_config(cfg, {"SB_DOC_DSN": schema_dsn}), None,
+                              fix=True, full=False, check_platforms=False)  # fmt: skip
+    by_name = {c.name: c for c in checks}
+    assert by_name["PostgreSQL"].ok and by_name["schema"].ok
+    assert by_name["lineage"].ok and "cleared 1" in by_name["lineage"].detail
+    assert "state.db integrity" not in by_name and "WAL size" not in by_name
+    assert not (home / "state.db").exists()
+    store = await open_store({"backend": "postgres", "dsn": schema_dsn}, home)
+    assert (await store.require_session(stray))["parent_session_id"] is None
+    await store.close()
+    dead = f"host=127.0.0.1 port={pgserver.free_port()} user=u password=hunter2 connect_timeout=2"
+    checks = await run_doctor(home, load_config(cfg, {"SB_DOC_DSN": dead}), None,
+                              fix=False, full=False, check_platforms=False)  # fmt: skip
+    failed = [c for c in checks if not c.ok]
+    assert [c.name for c in failed] == ["PostgreSQL"] and "hunter2" not in failed[0].detail
