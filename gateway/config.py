@@ -371,12 +371,6 @@ def _resolve_secrets(
         errors.extend(found)
         if not found:
             secrets["state.dsn_env"] = env[data["state"]["dsn_env"]]
-        if api["enabled"] and dash["enabled"]:
-            errors.append(ConfigError(
-                "dashboard.enabled",
-                "the dashboard's listing and insights queries need state.backend: sqlite for "
-                "now; set dashboard.enabled: false to run on postgres",
-            ))  # fmt: skip
     if data["agent"]["backend"] == "openai":
         o = data["agent"]["openai"]
         if o["api_key_env"]:

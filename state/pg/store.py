@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .. import search as sqlite_search
 from ..errors import DatabaseError, SessionNotFound
+from ..insights import Period
 from ..listing import SessionFilter
 from ..maintenance import AUTO_PRUNE_KEY, PRUNE_CHUNK
 from ..records import (
@@ -32,9 +33,10 @@ from ..records import (
     UsageStats,
     WriteStats,
 )  # fmt: skip
+from ..rows import Row
 from ..sessions import session_fields
 from ..transfer import ImportReport
-from . import admin, lineage, messages, schema, search, sessions, usage
+from . import admin, dashboard, lineage, messages, schema, search, sessions, usage
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
 from .writer import PgWriter, PgWriterConfig
 
@@ -545,3 +547,28 @@ class PgStore:
             exclude_session_ids=tuple(exclude_session_ids), sort=sort, limit=limit, offset=offset,
         )  # fmt: skip
         return await self._read(search.search, req, self._totals)
+
+    # --- the dashboard's queries (state/pg/dashboard.py) ----------------------------------
+
+    async def session_page(self, q: Any) -> tuple[list[Row], tuple[float, str] | None]:
+        """One keyset page of sessions (a `state.keyset.PageQuery`) and the next cursor."""
+        return await self._read(dashboard.session_page, q)
+
+    async def lineage_tree(self, session_id: str) -> Row | None:
+        return await self._read(dashboard.lineage_tree, session_id)
+
+    async def count_empty_sessions(self) -> int:
+        return await self._read(dashboard.count_empty)
+
+    async def delete_empty_sessions(self, protected: Iterable[str] = ()) -> int:
+        """Delete ended sessions that have no messages, a chunk per transaction."""
+        keep, total = frozenset(protected), 0
+        while True:
+            n = await self._write(dashboard.delete_empty_chunk, keep)
+            total += n
+            if n < PRUNE_CHUNK:
+                return total
+
+    async def insights(self, since: float, until: float, source: str | None = None) -> Row:
+        """Activity figures for [since, until) (see state/insights.py)."""
+        return await self._read(dashboard.insights, Period(since, until, source))

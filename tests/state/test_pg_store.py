@@ -57,11 +57,6 @@ def test_postgres_needs_its_dsn_variable_set_and_valid(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(path, {"SB_TEST_DSN": "host=127.0.0.1 port"})
     assert err.value.key == "state.dsn_env" and "not hold a valid PostgreSQL DSN" in str(err.value)
-    with pytest.raises(ConfigError) as err:  # the dashboard's queries are SQLite's for now
-        load_config(path, {"SB_TEST_DSN": "postgresql://sb@127.0.0.1/sb"})
-    assert err.value.key == "dashboard.enabled"
-    path.write_text("state:\n  backend: postgres\n  dsn_env: SB_TEST_DSN\n"
-                    "dashboard:\n  enabled: false\n")  # fmt: skip
     cfg = load_config(path, {"SB_TEST_DSN": "postgresql://sb@127.0.0.1/sb"})
     assert (cfg.state.backend, cfg.state.dsn_env) == ("postgres", "SB_TEST_DSN")
     assert load_config(None, {}).state.dsn_env == "SWITCHBOARD_PG_DSN"
@@ -284,7 +279,7 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
 
     cfg = tmp_path / "config.yaml"
     cfg.write_text("state:\n  backend: postgres\n  dsn_env: SB_E2E_DSN\n"
-                   "dashboard:\n  enabled: false\nplatforms:\n  api:\n    port: 0\n")  # fmt: skip
+                   "platforms:\n  api:\n    port: 0\n")  # fmt: skip
     gateway = Gateway(config=load_config(cfg, {"SB_E2E_DSN": schema_dsn}), home=tmp_path / "home")
     await gateway.start()
     try:
@@ -317,6 +312,13 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
         hits = await db.search_messages("会话")
         assert {h["session_id"] for h in hits} == {second}
         assert await db.has_platform_message("api", "42", "m-0") is True
+        async with aiohttp.ClientSession() as http:  # the dashboard's API on the same store
+            async with http.get(f"{url}/api/sessions?children=1") as resp:
+                listed = {r["id"] for r in (await resp.json())["sessions"]}
+            async with http.get(f"{url}/api/insights?days=1") as resp:
+                figures = await resp.json()
+        assert {first, second} <= listed
+        assert figures["messages"] >= 6  # three turns: three messages and three replies
     finally:
         await gateway.stop()
 
