@@ -76,11 +76,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    from gateway.cli.paths import refuse_postgres
+    from gateway.cli.paths import store_settings
     from gateway.cli.sessions import run
 
-    refuse_postgres(args, _home(args), "sessions")
-    return asyncio.run(run(args, _home(args) / "state.db"))
+    home = _home(args)
+    return asyncio.run(run(args, home / "state.db", store_settings(args, home)))
 
 
 def cmd_import(args: argparse.Namespace) -> int:

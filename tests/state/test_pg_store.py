@@ -6,6 +6,8 @@ private cluster the tests start when no server answers."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -323,7 +325,7 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
         await gateway.stop()
 
 
-@pytest.mark.parametrize("command", [["sessions", "list"], ["chat"], ["insights"],
+@pytest.mark.parametrize("command", [["chat"], ["insights"],
                                      ["import", "--from-hermes", "nowhere"]])  # fmt: skip
 def test_terminal_commands_refuse_a_postgres_home_instead_of_an_empty_state_db(
     tmp_path: Path, command: list[str]
@@ -365,3 +367,35 @@ async def test_doctor_checks_a_postgres_home(schema_dsn: str, tmp_path: Path) ->
                               fix=False, full=False, check_platforms=False)  # fmt: skip
     failed = [c for c in checks if not c.ok]
     assert [c.name for c in failed] == ["PostgreSQL"] and "hunter2" not in failed[0].detail
+
+
+async def test_switchboard_sessions_works_on_a_postgres_home(
+    schema_dsn: str, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("state:\n  backend: postgres\n  dsn_env: SB_CLI_DSN\n")
+    store = await open_store({"backend": "postgres", "dsn": schema_dsn}, home)
+    sid = await store.create_session(source="telegram", title="Deploy notes")
+    await store.append_message(sid, "user", "the blue-green deploy went fine")
+    await store.close()
+    env = {**os.environ, "SB_CLI_DSN": schema_dsn}
+
+    def cli(*args: str, env: dict[str, str] = env) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "sessions", *args],
+                              capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+
+    listed = cli("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["id"] for r in json.loads(listed.stdout)] == [sid]
+    found = cli("search", "blue-green")
+    assert found.returncode == 0 and sid in found.stdout
+    stats = cli("stats")
+    assert stats.returncode == 0 and "postgres database" in stats.stdout
+    renamed = cli("rename", sid, "Rollout notes")
+    assert renamed.returncode == 0, renamed.stderr
+    optimize = cli("optimize")
+    assert optimize.returncode == 2 and "SQLite's" in optimize.stderr
+    assert not (home / "state.db").exists()
+    unset = cli("list", env={k: v for k, v in env.items() if k != "SB_CLI_DSN"})
+    assert unset.returncode == 78 and "state.dsn_env" in unset.stderr
