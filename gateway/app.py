@@ -217,7 +217,16 @@ class Gateway:
         prune = self.config.sessions.auto_prune
         db = self.db
 
+        inbox_days = self.config.inbox.retention_days
+
         async def auto_prune() -> object:
+            # the inbox's bookkeeping always; sessions only when sessions.auto_prune is on
+            forgotten = await db.prune_inbox(time.time() - inbox_days * 86400)
+            if forgotten:
+                log.info("forgot %d answered inbox row(s) older than %g days", forgotten,
+                         inbox_days)  # fmt: skip
+            if not prune.enabled:
+                return forgotten
             return await db.maybe_auto_prune_and_vacuum(
                 prune.retention_days, prune.min_interval_hours, prune.vacuum_after_prune
             )
@@ -226,7 +235,7 @@ class Gateway:
             self.router.resetter.apply,
             sweep_seconds=self.config.session_reset.sweep_seconds,
             daily=[(p.at_hour, p.timezone) for p in policies.all() if p.mode.daily],
-            prune=auto_prune if prune.enabled else None,
+            prune=auto_prune,
         )
         self.notify("STATUS=starting the scheduler")
         self.scheduler.start()
@@ -250,6 +259,8 @@ class Gateway:
             configured_homes={p: s.home_channel for p, s in self.config.platforms.items()},
         )  # fmt: skip
         self.handoffs.start()
+        self.notify("STATUS=recovering interrupted turns")
+        await self.router.recover(self.config.inbox.recovery_max_age_seconds)
         log.info(
             "switchboard is running (home %s; adapters: %s)",
             self.home,
@@ -408,6 +419,10 @@ class Gateway:
             "writer_queue_depth": self.db.write_stats().queue_depth if self.db else None,
             "sessions": len(self.index) if self.index else 0,
             "turns_in_flight": self.router.inflight if self.router else 0,
+            "recovered_turns": {
+                outcome: int(n) for (((_label, outcome),), n) in self.metrics.recovered.values.items()
+            },
+            "unsent_replies": int(self.metrics.errors.values.get((("kind", "send"),), 0)),
             "last_error": self.router.last_error if self.router else None,
         }
 

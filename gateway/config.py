@@ -154,6 +154,12 @@ class ShutdownSettings:
 
 
 @dataclass(frozen=True)
+class InboxSettings:
+    recovery_max_age_seconds: int | float = setting(3600, in_range(0, 30 * 86400))
+    retention_days: int | float = setting(7, in_range(1, 3650))
+
+
+@dataclass(frozen=True)
 class DashboardSettings:
     enabled: bool = setting(True)
     key_env: str | None = setting(None, env_name, "sign-in key env var")
@@ -198,6 +204,7 @@ class Config:
     display: DisplaySettings = _at("display")
     session_reset: ResetSettings = _at("session_reset")
     shutdown: ShutdownSettings = _at("shutdown")
+    inbox: InboxSettings = _at("inbox")
     dashboard: DashboardSettings = _at("dashboard")
     api: ApiSettings = _at("platforms.api")
     platforms: Mapping[str, PlatformSettings] = field(init=False, repr=False, compare=False)

@@ -101,7 +101,11 @@ class NotAccepted(TransientError):
     """The gateway could not commit an inbound message (the store refused or is shutting
     down). An adapter that sees this must not acknowledge the message to its platform, so
     the platform delivers it again: a webhook answers 503, a stream does not advance its
-    cursor."""
+    cursor. `reason` is "storage" (the store refused) or "shutting_down"."""
+
+    def __init__(self, message: str, reason: str = "storage") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class NothingToCompress(GatewayError):

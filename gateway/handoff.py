@@ -34,15 +34,21 @@ HOME_KEY = "home_channel.{}"
 
 
 def configured_home(platform: str, value: str | int | None) -> dict[str, Any] | None:
-    """`platforms.<p>.home_channel` ("chat_id" or "chat_id:thread_id") in /sethome's shape;
-    the platform's adapter says whether the id is a DM or a group."""
+    """`platforms.<p>.home_channel` ("chat_id" or "chat_id:thread_id", or as the adapter's
+    optional `split_home` reads it) in /sethome's shape; the platform's adapter says
+    whether the id is a DM or a group."""
     if value is None or str(value).strip() == "":
         return None
-    chat_id, _, thread_id = str(value).strip().partition(":")
+    cls = adapter_class(platform)
+    split = getattr(cls, "split_home", None)  # an adapter whose ids hold ":" says how to split
+    if split is not None:
+        chat_id, thread_id = split(str(value).strip())
+    else:
+        chat_id, _, thread_id = str(value).strip().partition(":")
     return {
         "chat_id": chat_id,
         "thread_id": thread_id or None,
-        "chat_type": adapter_class(platform).home_chat_type(chat_id),
+        "chat_type": cls.home_chat_type(chat_id),
     }
 
 

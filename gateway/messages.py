@@ -16,6 +16,28 @@ class InboundMessage:
     mentioned: bool = True  # adapters set False for group messages that do not address the bot
     reply_to: str | None = None  # the platform id to reply to (threading, quoting)
 
+    def as_payload(self) -> dict[str, object]:
+        """What the inbox keeps of the message, to run its turn again after a crash."""
+        return {
+            "source": self.source.as_dict(), "text": self.text,
+            "platform_message_id": self.platform_message_id, "received_at": self.received_at,
+            "mentioned": self.mentioned, "reply_to": self.reply_to,
+        }  # fmt: skip
+
+    @classmethod
+    def from_payload(cls, data: dict[str, object]) -> InboundMessage:
+        source = data.get("source")
+        if not isinstance(source, dict):
+            raise ValueError("an inbox payload without a source")
+        pmid, reply_to = data.get("platform_message_id"), data.get("reply_to")
+        received = data.get("received_at")
+        return cls(
+            SessionSource.from_dict(source), str(data.get("text") or ""),
+            None if pmid is None else str(pmid),
+            float(received) if isinstance(received, (int, float)) else 0.0,
+            bool(data.get("mentioned", True)), None if reply_to is None else str(reply_to),
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class OutboundMessage:

@@ -9,11 +9,12 @@ gateway.commands' and gateway.session_commands'.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 
-from gateway import session_commands
+from gateway import faults, session_commands
 from gateway.agent.base import Agent
 from gateway.commands import (
     CommandContext,
@@ -23,6 +24,7 @@ from gateway.commands import (
     parse_command,
 )
 from gateway.coordinator import Coordinator
+from gateway.errors import NotAccepted
 from gateway.index import IndexEntry, SessionIndex
 from gateway.messages import InboundMessage
 from gateway.ops.metrics import Metrics
@@ -32,7 +34,8 @@ from gateway.session_keys import SessionKey, build_key
 from gateway.sessions import SessionManager
 from gateway.turns import APOLOGY, TurnProgress, agent_turn
 from gateway.vocab import ChatType
-from state import SessionNotFound, Store
+from state import SessionNotFound, StateError, Store
+from state.inbox import ANSWERED, DROPPED, OPEN_STATES
 
 __all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender", "TurnEvents"]
 
@@ -43,6 +46,15 @@ STORAGE_APOLOGY = (
 )
 REFUSAL = "Sorry, you are not authorised to use this bot."
 BUSY = "Sorry, the gateway is shutting down; please send that again in a minute."
+
+
+def too_old_apology(text: str) -> str:
+    """For a message a crash left unanswered longer than recovery.max_age_seconds."""
+    quoted = " ".join(text.split())
+    if len(quoted) > 60:
+        quoted = quoted[:57] + "..."
+    return (f'Sorry, your message "{quoted}" arrived while the gateway was restarting and '
+            "is too old to answer now; please send it again if it still matters.")  # fmt: skip
 
 
 class Router:
@@ -70,6 +82,7 @@ class Router:
         self.resetter = resetter(self.services) if resetter is not None else None
         self._refused: set[tuple[str, str]] = set()
         self._accepting = True
+        self._inflight: set[int] = set()  # inbox ids whose turn runs in this process
 
     # --- what other parts read --------------------------------------------------------
 
@@ -108,15 +121,17 @@ class Router:
     # --- intake --------------------------------------------------------------------------
 
     async def handle(self, msg: InboundMessage) -> None:
-        """Called by adapters. Decides quickly, then runs the turn as a tracked task."""
+        """Called by adapters (their `emit`). Returns once the message is committed to the
+        inbox (or decided: not for us, a duplicate), then runs the turn as a tracked task;
+        raises NotAccepted when it could not be stored, so the adapter does not acknowledge
+        it and the platform delivers it again."""
         s = self.services
         src = msg.source
         s.metrics.messages_in.inc(platform=src.platform)
         if not self._accepting:
             s.metrics.dropped.inc(reason="shutting_down")
-            await s.replies.reply(msg, None, BUSY)
             s.signals.ended(msg, "shutting_down")
-            return
+            raise NotAccepted("the gateway is shutting down", "shutting_down")
         if not self._authorised(msg):
             s.signals.ended(msg, "unauthorised")
             return
@@ -124,14 +139,69 @@ class Router:
             s.metrics.dropped.inc(reason="not_addressed")
             s.signals.ended(msg, "not_addressed")
             return
+        seen_key = None
         if msg.platform_message_id is not None:
             seen_key = (src.platform, src.chat_id, msg.platform_message_id)
             if s.coordinator.seen(seen_key):
                 s.metrics.dropped.inc(reason="duplicate")
                 s.signals.ended(msg, "duplicate")
                 return
+        try:
+            inbox_id, state, new = await s.db.accept_inbound(
+                src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
+            )
+        except StateError as exc:
+            s.metrics.errors.inc(kind="inbox")
+            s.metrics.last_error = f"inbox: {type(exc).__name__}: {exc}"
+            log.error("could not commit a %s message to the inbox: %s", src.platform, exc)
+            s.signals.ended(msg, "not_accepted")
+            raise NotAccepted(f"the message could not be stored: {exc}") from exc
+        if seen_key is not None:
             s.coordinator.remember(seen_key)
-        s.tasks.start(self._process(msg), f"turn:{src.platform}:{src.chat_id}")
+        if not new and (state not in OPEN_STATES or inbox_id in self._inflight):
+            s.metrics.dropped.inc(reason="duplicate")
+            s.signals.ended(msg, "duplicate")
+            return
+        faults.point("after_inbox_commit")
+        # new, or a redelivery of a turn a crash left unfinished (and not running): run it
+        self._run(msg, inbox_id)
+
+    def _run(self, msg: InboundMessage, inbox_id: int) -> None:
+        self._inflight.add(inbox_id)
+        src = msg.source
+        self.services.tasks.start(self._process(msg, inbox_id), f"turn:{src.platform}:{src.chat_id}")
+
+    async def recover(self, max_age_s: float) -> tuple[int, int]:
+        """Run again, in order, the turns a crash left unfinished (once each); one older than
+        `max_age_s` gets a short apology naming it instead. Returns (re-run, apologised)."""
+        s = self.services
+        rerun = apologised = 0
+        for row in await s.db.open_inbound():
+            inbox_id = int(row["id"])
+            if inbox_id in self._inflight:
+                continue
+            try:
+                msg = InboundMessage.from_payload(json.loads(row["payload"]))
+            except (ValueError, TypeError) as exc:
+                log.error("inbox row %d cannot be read (%s); dropped", inbox_id, exc)
+                await s.db.finish_inbound(inbox_id, DROPPED, "unreadable")
+                continue
+            if s.clock() - float(row["received_at"]) > max_age_s:
+                await s.replies.reply(msg, row["session_id"], too_old_apology(msg.text))
+                await s.db.finish_inbound(inbox_id, DROPPED, "too_old")
+                s.metrics.recovered.inc(outcome="apologised")
+                apologised += 1
+                continue
+            if msg.platform_message_id is not None:
+                s.coordinator.remember((msg.source.platform, msg.source.chat_id,
+                                        msg.platform_message_id))  # fmt: skip
+            s.metrics.recovered.inc(outcome="rerun")
+            self._run(msg, inbox_id)
+            rerun += 1
+        if rerun or apologised:
+            log.warning("recovered %d interrupted turn(s); %d too old, apologised for",
+                        rerun, apologised)  # fmt: skip
+        return rerun, apologised
 
     def _authorised(self, msg: InboundMessage) -> bool:
         s = self.services
@@ -153,12 +223,12 @@ class Router:
     def key_for(self, msg: InboundMessage) -> SessionKey:
         return build_key(msg.source, self.services.settings.keys)
 
-    async def _process(self, msg: InboundMessage) -> None:
+    async def _process(self, msg: InboundMessage, inbox_id: int) -> None:
         s = self.services
         started = s.clock()
         key = self.key_for(msg)
         k = key.format()
-        turn = TurnProgress()
+        turn = TurnProgress(inbox_id=inbox_id)
         try:
             async with s.coordinator.session_lock(k):
                 try:
@@ -175,9 +245,13 @@ class Router:
             # (a message the database refuses, a command) is reported as not stored
             if turn.stored:
                 await s.replies.reply(msg, turn.session_id, APOLOGY, key, error="agent")
+                await self._close(inbox_id, ANSWERED, "agent_error")
             else:
                 await s.replies.reply(msg, None, STORAGE_APOLOGY, error="storage")
+                # the chat was told to send it again: no second apology after a restart
+                await self._close(inbox_id, DROPPED, "not_stored")
         finally:
+            self._inflight.discard(inbox_id)
             s.signals.ended(msg, turn.dropped)
 
     async def _process_locked(
@@ -202,8 +276,15 @@ class Router:
             # /new, /branch, /resume ... change the key's session: answer with the live one
             live = s.index.get(key.format())
             await s.replies.reply(msg, live.session_id if live else entry.session_id, text, key)
+            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command")
             return
         await agent_turn(s, msg, key, entry, started, turn)
+
+    async def _close(self, inbox_id: int, state: str, reason: str) -> None:
+        try:
+            await self.services.db.finish_inbound(inbox_id, state, reason)
+        except Exception as exc:  # the store is failing: recovery will see the row
+            log.warning("inbox row %d could not be closed (%s)", inbox_id, exc)
 
     def _forget_deleted(self, k: str, session_id: str) -> bool:
         """The key's session was deleted under the daemon (`sessions delete` from another

@@ -1,8 +1,8 @@
 """Running the agent: a turn for a chat message, background jobs (/background) and the
 automatic title after a session's first exchange.
 
-A turn stores the user's message before the agent runs (also the restart-proof dedupe),
-stores the reply, answers the chat, then titles or compresses the session if due. Locking
+A turn puts the user's message (already committed to the inbox by the router) into its
+session before the agent runs, stores the reply with the inbox row `answered`, answers the chat, then titles or compresses the session if due. Locking
 and deciding what a message is are the router's job; this module only runs the agent.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import access
+from gateway import access, faults
 from gateway.agent.base import AgentReply, TurnContext, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
@@ -23,6 +23,7 @@ from gateway.messages import InboundMessage
 from gateway.services import Services
 from gateway.session_keys import SessionKey
 from state import StateError
+from state.inbox import ANSWERED
 
 log = logging.getLogger("gateway.router")  # the name operators already filter turn logs by
 
@@ -34,6 +35,7 @@ TURN_JOB = "turn"  # the live-job name of a running turn
 class TurnProgress:
     """How far one message got: whether it was stored (and where), or why it was dropped."""
 
+    inbox_id: int = 0
     stored: bool = False
     session_id: str | None = None
     dropped: str | None = None
@@ -56,19 +58,15 @@ async def agent_turn(
     text = msg.text
     if key.shared:
         text = f"[{src.user_name or src.user_id or 'someone'}] {text}"
-    # Storing the message is also the restart-proof dedupe: a platform id already
-    # stored for this chat stores nothing and the turn ends here.
-    stored_ids, history = await s.db.append_and_read(
-        sid, [{"role": "user", "content": text, "platform_message_id": msg.platform_message_id}],
-        dedupe=(src.platform, src.chat_id) if msg.platform_message_id is not None else None,
+    # The inbox row (committed before the platform was acknowledged) is the restart-proof
+    # dedupe; this write puts the message in its session, once, and reads the history.
+    _mid, history = await s.db.begin_turn(
+        turn.inbox_id, sid,
+        {"role": "user", "content": text, "platform_message_id": msg.platform_message_id},
         last=settings.history_messages,
     )  # fmt: skip
-    if not stored_ids:
-        s.metrics.dropped.inc(reason="duplicate")
-        turn.dropped = "duplicate"
-        log.debug("duplicate %s/%s ignored (already stored)", src.platform, msg.platform_message_id)
-        return
     turn.stored, turn.session_id = True, sid
+    faults.point("mid_agent")
     s.signals.started(msg)
     s.index.touch(k, s.clock())
     s.coordinator.job_started(sid, TURN_JOB)
@@ -96,6 +94,7 @@ async def agent_turn(
                 exc_info=not isinstance(exc, (StateError, asyncio.TimeoutError)),
             )
             await s.replies.reply(msg, sid, APOLOGY, key, error="agent")
+            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "agent_error")
             return
         stored = [
             {
@@ -107,10 +106,12 @@ async def agent_turn(
             for m in reply.tool_messages
         ]
         stored.append({"role": "assistant", "content": reply.text})
-        await s.db.append_messages(
-            sid, stored, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens
-        )
+        await s.db.end_turn(
+            turn.inbox_id, sid, stored,
+            input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
+        )  # fmt: skip
         s.index.touch(k, s.clock())
+        faults.point("after_reply_commit")
         s.metrics.turns.inc(outcome="ok")
         await s.replies.reply(msg, sid, reply.text, key)
         after = [*history, {"role": "assistant", "content": reply.text}]

@@ -78,8 +78,7 @@ _BACKFILL = (
     f"SELECT CAST(m.timestamp / 3600 AS INTEGER) AS h, s.source, {tool_sql('m')} AS t, "
     "COUNT(*), MIN(m.id), MAX(m.id) FROM messages m JOIN sessions s ON s.id = m.session_id "
     "WHERE m.id >= ? AND m.id < ? GROUP BY h, s.source, t "
-    "ORDER BY h, s.source, t "  # upserts in key order
-    + _UPSERT_TAIL
+    "ORDER BY h, s.source, t " + _UPSERT_TAIL  # upserts in key order
 )
 
 
@@ -102,17 +101,21 @@ Tallies = dict[tuple[int, str, str], list[int]]  # key -> [count, first id, last
 
 
 def tally(rows: Iterable[tuple[str, int, float, str, str | None]]) -> Tallies:
-    """Tallies of (session source, id, timestamp, role, tool_name) rows."""
+    """Tallies of (session source, id, timestamp, role, tool_name) rows. On every append's
+    path, so hour_of and tool_key are inlined."""
     out: Tallies = {}
+    get = out.get
     for source, mid, ts, role, tool_name in rows:
-        key = (hour_of(ts), source, tool_key(role, tool_name))
-        t = out.get(key)
+        key = (int(ts // 3600), source, (tool_name or "?") if role == "tool" else "")
+        t = get(key)
         if t is None:
             out[key] = [1, mid, mid]
-        else:
-            t[0] += 1
-            t[1] = min(t[1], mid)
-            t[2] = max(t[2], mid)
+            continue
+        t[0] += 1
+        if mid < t[1]:
+            t[1] = mid
+        elif mid > t[2]:
+            t[2] = mid
     return out
 
 

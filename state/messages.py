@@ -144,30 +144,43 @@ def append_messages(
 # Batch statements take the whole batch as one JSON parameter. CPython's sqlite3 releases
 # the GIL around every sqlite3_step, so executemany (a step per row) hands the GIL back and
 # forth with the event loop hundreds of times per batch; one statement is one step.
-_INSERT_JSON = (
-    "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
-    "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
-    "codex_reasoning_items, platform_message_id, sb_written, active) "
-    "SELECT "
-    + ", ".join(
-        f"json_extract(value, '$[{i}]')"
-        if i != 2
-        # JSON text cannot carry the NUL that starts structured content (SQLite's json
-        # functions stop at it): element 13 says to put it back.
-        else "CASE WHEN json_extract(value, '$[13]') THEN char(0) || json_extract(value, '$[2]') "
+def _insert_json(structured: bool) -> str:
+    # JSON text cannot carry the NUL that starts structured content (SQLite's json
+    # functions stop at it): in a batch holding any, element 13 says to put it back. Most
+    # batches hold none and take the statement without the CASE.
+    content = (
+        "CASE WHEN json_extract(value, '$[13]') THEN char(0) || json_extract(value, '$[2]') "
         "ELSE json_extract(value, '$[2]') END"
-        for i in range(13)
     )
-    + ", 1, 1 FROM json_each(?) ORDER BY key"
-)
+    return (
+        "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
+        "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
+        "codex_reasoning_items, platform_message_id, sb_written, active) "
+        "SELECT "
+        + ", ".join(
+            content if i == 2 and structured else f"json_extract(value, '$[{i}]')"
+            for i in range(13)
+        )
+        + ", 1, 1 FROM json_each(?) ORDER BY key"
+    )
+
+
+_INSERT_JSON = {True: _insert_json(True), False: _insert_json(False)}
 _UPDATE_SESSIONS_JSON = (
     "UPDATE sessions SET "
     "message_count = COALESCE(message_count, 0) + j.n, "
     "tool_call_count = COALESCE(tool_call_count, 0) + j.t, "
-    "preview = COALESCE(preview, j.pv) "
+    "preview = COALESCE(preview, j.pv), "
+    "input_tokens = COALESCE(input_tokens, 0) + j.i, "
+    "output_tokens = COALESCE(output_tokens, 0) + j.o, "
+    # as usage.update_token_counts leaves an accounted session (the token counts' other
+    # columns default to 0; this one to NULL)
+    "estimated_cost_usd = CASE WHEN j.i OR j.o THEN COALESCE(estimated_cost_usd, 0) "
+    "ELSE estimated_cost_usd END "
     "FROM (SELECT json_extract(value, '$[0]') AS sid, json_extract(value, '$[1]') AS n, "
     "json_extract(value, '$[2]') AS t, json_extract(value, '$[3]') AS ts, "
-    "json_extract(value, '$[4]') AS pv FROM json_each(?)) AS j "
+    "json_extract(value, '$[4]') AS pv, json_extract(value, '$[5]') AS i, "
+    "json_extract(value, '$[6]') AS o FROM json_each(?)) AS j "
     "WHERE sessions.id = j.sid"
 )
 _MOVE_LAST_ACTIVE_JSON = (
@@ -256,7 +269,9 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
             "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0), "
             "COALESCE((SELECT MAX(id) FROM messages), 0)) + 1"
         ).fetchone()[0]
-        conn.execute(_INSERT_JSON, (json.dumps([_json_row(r) for r in rows], ensure_ascii=False),))
+        encoded_rows = [_json_row(r) for r in rows]
+        structured = any(r[13] for r in encoded_rows)
+        conn.execute(_INSERT_JSON[structured], (json.dumps(encoded_rows, ensure_ascii=False),))
         ids = list(range(first, first + len(rows)))
         aux_rows = []
         for mid, values in zip(ids, rows, strict=True):
@@ -279,8 +294,7 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
         encoded = json.dumps(updates, ensure_ascii=False)
         conn.execute(_UPDATE_SESSIONS_JSON, (encoded,))
         conn.execute(_MOVE_LAST_ACTIVE_JSON, (encoded,))
-    for sid, vals in agg.items():
-        _add_tokens(conn, sid, {"input_tokens": vals[4], "output_tokens": vals[5]})
+    usage.add_turn_usage(conn, [(sid, vals[4], vals[5]) for sid, vals in agg.items()])
     out: list[list[int]] = []
     pos = 0
     for n in per_call:

@@ -11,7 +11,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
-from . import activity, foreign
+from . import activity, foreign, inbox
 from .errors import DatabaseError, SchemaTooNew
 from .rows import exec_script
 from .textindex import aux_row
@@ -546,6 +546,12 @@ def _migration_11(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migration_12(conn: sqlite3.Connection) -> None:
+    """The inbox (state.inbox): inbound messages committed before the platform is
+    acknowledged, with how far each turn got."""
+    exec_script(conn, inbox.CREATE_SQL)
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
@@ -558,6 +564,7 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (9, _migration_9),
     (10, _migration_10),
     (11, _migration_11),
+    (12, _migration_12),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -13,6 +13,7 @@ Rules (the same a Hermes caller relies on):
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -157,6 +158,35 @@ def add_usage(
         (*key, int(api_calls or 0), *deltas, float(estimated or 0.0), float(actual or 0.0),
          cost.get("cost_status"), cost.get("cost_source"), now, now),
     )  # fmt: skip
+
+
+# A group commit's turn tokens: the same effect as `update_token_counts` with input/output
+# counts only (no model, route, cost or API calls), once per session. The session totals
+# are added by the appends' own sessions UPDATE (one rewrite of each session row, not
+# two); the usage rows here, in one upsert.
+_ADD_USAGE_JSON = (
+    "INSERT INTO session_model_usage(session_id, model, billing_provider, billing_base_url, "
+    "billing_mode, task, api_call_count, input_tokens, output_tokens, cache_read_tokens, "
+    "cache_write_tokens, reasoning_tokens, estimated_cost_usd, actual_cost_usd, "
+    "cost_status, cost_source, first_seen, last_seen) "
+    "SELECT s.id, COALESCE(NULLIF(s.model, ''), 'unknown'), COALESCE(s.billing_provider, ''), "
+    "COALESCE(s.billing_base_url, ''), COALESCE(s.billing_mode, ''), '', 0, "
+    "json_extract(j.value, '$[1]'), json_extract(j.value, '$[2]'), 0, 0, 0, 0.0, 0.0, "
+    "NULL, NULL, ?2, ?2 "
+    "FROM json_each(?1) AS j JOIN sessions s ON s.id = json_extract(j.value, '$[0]') WHERE 1 "
+    "ON CONFLICT(session_id, model, billing_provider, billing_base_url, billing_mode, task) "
+    "DO UPDATE SET input_tokens = input_tokens + excluded.input_tokens, "
+    "output_tokens = output_tokens + excluded.output_tokens, last_seen = excluded.last_seen"
+)
+
+
+def add_turn_usage(conn: sqlite3.Connection, counts: list[tuple[str, int, int]]) -> None:
+    """The usage rows for (session id, input tokens, output tokens) of many sessions at once
+    (each session at most once; zero counts are skipped). The session totals are the
+    caller's (the appends' sessions UPDATE)."""
+    accounted = [c for c in counts if c[1] or c[2]]
+    if accounted:
+        conn.execute(_ADD_USAGE_JSON, (json.dumps(accounted), time.time()))
 
 
 def model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:

@@ -21,6 +21,15 @@ BUILTIN = {
     "telegram": "gateway.adapters.telegram:TelegramAdapter",
     "discord": "gateway.adapters.discord:DiscordAdapter",
     "slack": "gateway.adapters.slack:SlackAdapter",
+    "signal": "gateway.adapters.signal:SignalAdapter",
+    "matrix": "gateway.adapters.matrix:MatrixAdapter",
+    "mattermost": "gateway.adapters.mattermost:MattermostAdapter",
+    "teams": "gateway.adapters.teams:TeamsAdapter",
+    "whatsapp": "gateway.adapters.whatsapp:WhatsAppAdapter",
+    "sms": "gateway.adapters.sms:SmsAdapter",
+    "email": "gateway.adapters.email:EmailAdapter",
+    "feishu": "gateway.adapters.feishu:FeishuAdapter",
+    "dingtalk": "gateway.adapters.dingtalk:DingTalkAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

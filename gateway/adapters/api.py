@@ -25,12 +25,14 @@ from typing import Any, ClassVar
 from aiohttp import web
 
 from gateway.adapters.base import Emit
+from gateway.errors import NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import CHAT_TYPES, SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024
+NOT_STORED = "Sorry, I could not store your message just now; please send it again in a moment."
 ANSWERED_MEMORY = 10_000  # recent answers kept to reply to a redelivered message_id at once
 
 # the kinds of answer a request can end with, besides a reply: (status, type, code, message)
@@ -101,9 +103,11 @@ class ApiAdapter:
         # prefix -> app factory (the dashboard's /ui and /api); they authenticate their own
         # callers (sign-in cookie or the key), so the bearer check here skips them
         self._subapps = dict(subapps or {})
-        # extra POST endpoints other adapters serve here (Slack's Events API); they
-        # authenticate their own callers (Slack signs), so the bearer key does not apply
+        # extra endpoints other adapters serve here (Slack's Events API), keyed by path
+        # (POST) or "METHOD path"; they authenticate their own callers (Slack signs), so
+        # the bearer key does not apply
         self._routes = dict(routes or {})
+        self._route_paths = {key.rpartition(" ")[2] for key in self._routes}
         self.host = host
         self.port = port
         self._key = key
@@ -129,8 +133,9 @@ class ApiAdapter:
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/health", self._health_view)
         app.router.add_get("/metrics", self._metrics_view)
-        for path, handler in self._routes.items():
-            app.router.add_post(path, handler)
+        for key, handler in self._routes.items():
+            method, _, path = key.rpartition(" ")
+            app.router.add_route(method or "POST", path, handler)
         for prefix, factory in self._subapps.items():
             app.add_subapp(prefix, factory())
         return app
@@ -204,7 +209,7 @@ class ApiAdapter:
         if (
             self._key is not None
             and request.path != "/health"
-            and request.path not in self._routes
+            and request.path not in self._route_paths
             and not any(request.path.startswith(p + "/") for p in self._subapps)
         ):
             header = request.headers.get("Authorization", "")
@@ -254,10 +259,16 @@ class ApiAdapter:
             self._pending[slot] = ex
         try:
             if first:
-                await self._emit(
-                    InboundMessage(source=source, text=text, platform_message_id=slot[1],
-                                   received_at=time.time())
-                )  # fmt: skip
+                try:
+                    await self._emit(
+                        InboundMessage(source=source, text=text, platform_message_id=slot[1],
+                                       received_at=time.time())
+                    )  # fmt: skip
+                except NotAccepted as exc:  # not stored: nothing to wait for; send it again
+                    if exc.reason == "shutting_down":
+                        return _error(503, "the gateway is shutting down", "shutting_down")
+                    log.warning("a message for chat %s was not accepted: %s", source.chat_id, exc)
+                    return _error(503, NOT_STORED, "storage_unavailable")
             # shielded: a duplicate request that gives up must not cancel the first one's wait
             out = await asyncio.wait_for(asyncio.shield(ex.done), self._reply_timeout)
         except TimeoutError:

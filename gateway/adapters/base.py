@@ -85,7 +85,8 @@ class PlatformAdapter(Adapter, Protocol):
         ...
 
     def routes(self) -> Mapping[str, Route]:
-        """Paths the api adapter's HTTP server serves for this platform (webhooks)."""
+        """Paths the api adapter's HTTP server serves for this platform (webhooks): a key
+        is a path (served for POST) or "METHOD path" (e.g. "GET /x/webhook")."""
         ...
 
     @classmethod

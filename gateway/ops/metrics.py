@@ -89,6 +89,10 @@ class Metrics:
         )
         self.resets = Counter("switchboard_resets_total", "Session resets by reason")
         self.handoffs = Counter("switchboard_handoffs_total", "Handoffs by outcome")
+        self.recovered = Counter(
+            "switchboard_recovered_turns_total",
+            "Turns a crash left unfinished, at start-up: rerun or apologised",
+        )
         self.turn_latency = Histogram(
             "switchboard_turn_seconds", "Inbound to reply latency",
             (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
@@ -102,6 +106,7 @@ class Metrics:
     def render(self) -> str:
         lines: list[str] = []
         for metric in (self.messages_in, self.messages_out, self.turns, self.errors, self.dropped,
-                       self.resets, self.handoffs, self.turn_latency, *self.gauges):  # fmt: skip
+                       self.resets, self.handoffs, self.recovered, self.turn_latency,
+                       *self.gauges):  # fmt: skip
             lines += metric.render()
         return "\n".join(lines) + "\n"

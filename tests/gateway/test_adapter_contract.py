@@ -11,30 +11,67 @@ import aiohttp
 import pytest
 
 from gateway.adapters.api import ApiAdapter
+from gateway.adapters.dingtalk import DingTalkAdapter
 from gateway.adapters.discord import DiscordAdapter
+from gateway.adapters.email import EmailAdapter, SmtpAccount
+from gateway.adapters.email_imap import ImapAccount
+from gateway.adapters.feishu import FeishuAdapter
+from gateway.adapters.matrix import MatrixAdapter
+from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
+from gateway.adapters.sms import SmsAdapter
+from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
+from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from tests.fakes import dingtalk, feishu, matrix, teams, twilio, whatsapp
+from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
+from tests.fakes.feishu import FakeFeishu
+from tests.fakes.imap import FakeImap
+from tests.fakes.matrix import FakeMatrix
+from tests.fakes.mattermost import TOWN, FakeMattermost
+from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.slack import SECRET, FakeSlack
+from tests.fakes.smtp import FakeSmtp
+from tests.fakes.teams import FakeTeams
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.twilio import FakeTwilio
+from tests.fakes.whatsapp import FakeGraph
+
+PLATFORMS = ["api", "telegram", "discord", "slack", "signal", "mattermost", "teams", "whatsapp",
+             "sms", "email", "feishu", "dingtalk", "matrix"]  # fmt: skip
+FAKES: dict[str, type[Any]] = {
+    "telegram": FakeTelegram, "discord": FakeDiscord, "slack": FakeSlack, "signal": FakeSignal,
+    "mattermost": FakeMattermost, "teams": FakeTeams, "whatsapp": FakeGraph, "sms": FakeTwilio,
+    "feishu": FakeFeishu, "dingtalk": FakeDingTalk, "matrix": FakeMatrix,
+}  # fmt: skip
 
 
-@pytest.fixture(params=["api", "telegram", "discord", "slack"])
+@pytest.fixture(params=PLATFORMS)
 async def case(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Any, str, Any]]:
     if request.param == "api":
         yield ApiAdapter(port=0), "chat-1", None
         return
-    fake: Any
-    if request.param == "telegram":
-        fake = FakeTelegram()
-    elif request.param == "discord":
+    if request.param == "email":
+        imap, smtp = FakeImap(), FakeSmtp()
+        await imap.start()
+        await smtp.start()
+        try:
+            yield EmailAdapter(
+                imap.user, ImapAccount("127.0.0.1", imap.port, "plain", imap.user, imap.password),
+                SmtpAccount("127.0.0.1", smtp.port, "plain", smtp.user, smtp.password),
+            ), "alice@example.com", smtp  # fmt: skip
+        finally:
+            await imap.stop()
+            await smtp.stop()
+        return
+    if request.param == "discord":
         restore_discord_globals(monkeypatch)
-        fake = FakeDiscord()
-    else:
-        fake = FakeSlack()
+    fake: Any = FAKES[request.param]()
     await fake.start()
     try:
         if isinstance(fake, FakeTelegram):
@@ -44,6 +81,35 @@ async def case(
                 fake.token, api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05
             )
             yield adapter, GENERAL, fake
+        elif isinstance(fake, FakeSignal):
+            yield SignalAdapter(fake.url, BOT), ALICE, fake
+        elif isinstance(fake, FakeMattermost):
+            yield MattermostAdapter(fake.token, fake.url), TOWN, fake
+        elif isinstance(fake, FakeTeams):
+            yield TeamsAdapter(teams.APP_ID, teams.PASSWORD, metadata_url=fake.metadata_url,
+                               token_url=fake.token_url, service_url=fake.service_url
+                               ), "19:general@thread.tacv2", fake  # fmt: skip
+        elif isinstance(fake, FakeTwilio):
+            yield SmsAdapter(twilio.ACCOUNT, twilio.AUTH_TOKEN, twilio.FROM, twilio.PUBLIC_URL,
+                             base_url=fake.base_url), "+15551234567", fake  # fmt: skip
+        elif isinstance(fake, FakeGraph):
+            yield WhatsAppAdapter(whatsapp.PHONE_ID, whatsapp.TOKEN, whatsapp.APP_SECRET,
+                                  whatsapp.VERIFY, base_url=fake.base_url), "15551234567", fake  # fmt: skip
+        elif isinstance(fake, FakeFeishu):
+            yield FeishuAdapter(feishu.APP_ID, feishu.APP_SECRET, feishu.ENCRYPT_KEY,
+                                feishu.VERIFICATION_TOKEN, domain=fake.base_url), "oc_grp", fake  # fmt: skip
+        elif isinstance(fake, FakeDingTalk):
+            yield DingTalkAdapter(dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET,
+                                  base_url=fake.base_url), "cidGROUP", fake  # fmt: skip
+        elif isinstance(fake, FakeMatrix):
+            fake.add_room(
+                "!general:fake.test", {"@alice:fake.test": "Alice", "@bob:fake.test": "Bob"}
+            )
+            yield (
+                MatrixAdapter(fake.base_url, matrix.BOT, fake.token, poll_timeout_s=1),
+                "!general:fake.test",
+                fake,
+            )
         else:
             yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), "C0GEN", fake
     finally:
@@ -51,10 +117,28 @@ async def case(
 
 
 def _delivered(fake: Any) -> str:
+    if isinstance(fake, FakeSmtp):
+        return str(fake.accepted[0].message.get_body(("plain",)).get_content()).strip()
+    if isinstance(fake, FakeSignal):
+        return str(fake.delivered()[0]["message"])
+    if isinstance(fake, FakeMattermost):
+        return str(fake.bot_posts()[0]["message"])
+    if isinstance(fake, FakeTeams):
+        return str(fake.posted()[0]["text"])
+    if isinstance(fake, FakeTwilio):
+        return str(fake.sent()[0]["Body"])
+    if isinstance(fake, FakeGraph):
+        return str(fake.sent()[0]["text"]["body"])
+    if isinstance(fake, FakeFeishu):
+        return str(fake.sent()[0]["markdown"])
+    if isinstance(fake, FakeDingTalk):
+        return str(fake.sent()[0][1]["text"])
     if isinstance(fake, FakeTelegram):
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):
         return str(fake.posted(GENERAL)[0]["content"])
+    if isinstance(fake, FakeMatrix):
+        return str(fake.sends()[0]["body"])
     return str(fake.posted()[0]["text"])
 
 

@@ -23,12 +23,42 @@ from gateway.errors import ConfigError
 from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
+from tests.fakes.dingtalk import ENV as DINGTALK_ENV
+from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
+from tests.fakes.feishu import ENV as FEISHU_ENV
+from tests.fakes.feishu import FakeFeishu
+from tests.fakes.imap import FakeImap
+from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.signal import BOT as SIGNAL_BOT
+from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
+from tests.fakes.signal import FakeSignal
 from tests.fakes.slack import FakeSlack
+from tests.fakes.smtp import FakeSmtp
+from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
+from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack")
+PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "matrix", "mattermost", "teams",
+                  "whatsapp", "sms", "email", "feishu", "dingtalk")  # fmt: skip
+# "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
+# core's turn signals), so for it the rule looks for the platform itself: the bare name as a
+# string value, or names only the platform has
+OWN_NAMES = {"signal": ("signal-cli", "signal_cli", "signalcli", "signal_rpc", "signal_text",
+                        "signaladapter", "adapters.signal")}  # fmt: skip
+
+
+def _names_platform(text: str, value: bool) -> bool:
+    low = text.lower()
+    for name in PLATFORM_NAMES:
+        if name in OWN_NAMES:
+            if (value and low.strip() == name) or any(own in low for own in OWN_NAMES[name]):
+                return True
+        elif name in low:
+            return True
+    return False
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -51,7 +81,7 @@ def platform_mentions(source: str) -> list[tuple[int, str]]:
     hits: list[tuple[int, str]] = []
 
     def check(node: ast.AST, text: str) -> None:
-        if any(name in text.lower() for name in PLATFORM_NAMES):
+        if _names_platform(text, isinstance(node, ast.Constant)):
             hits.append((getattr(node, "lineno", 0), text))
 
     for node in ast.walk(tree):
@@ -86,11 +116,17 @@ def test_the_rule_finds_platform_names_in_code_but_not_in_prose() -> None:
         import slack_sdk
         from telegram import Bot
         g(platform_mode="discord")
+        import signal
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        log.info("signal received")
+        if platform == "signal":
+            from gateway.adapters.signal import SignalAdapter
     ''')
     found = sorted(text for _line, text in platform_mentions(code))
     assert found == sorted(
-        ["telegram", " on Slack", "discord_id", "slack_sdk ", "telegram", "discord"]
-    )
+        ["telegram", " on Slack", "discord_id", "slack_sdk ", "telegram", "discord",
+         "signal", "gateway.adapters.signal", "SignalAdapter "]
+    )  # fmt: skip
 
 
 def test_the_core_names_no_platform() -> None:
@@ -114,15 +150,33 @@ def test_config_and_registry_load_no_chat_library() -> None:
         for name in adapters.names():
             adapters.adapter_class(name)
         env = {"TELEGRAM_BOT_TOKEN": "t", "DISCORD_BOT_TOKEN": "d", "SLACK_BOT_TOKEN": "s",
-               "SLACK_SIGNING_SECRET": "x"}
+               "SLACK_SIGNING_SECRET": "x", "MATTERMOST_TOKEN": "m", "TEAMS_APP_ID": "a",
+               "TEAMS_APP_PASSWORD": "p", "WHATSAPP_TOKEN": "w", "WHATSAPP_APP_SECRET": "w",
+               "WHATSAPP_VERIFY_TOKEN": "w", "TWILIO_AUTH_TOKEN": "t", "EMAIL_PASSWORD": "p",
+               "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f", "FEISHU_ENCRYPT_KEY": "k",
+               "FEISHU_VERIFICATION_TOKEN": "v", "DINGTALK_CLIENT_ID": "dingid",
+               "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m"}
+        required = {  # keys a section cannot do without
+            "signal": "    account: '+15550000001'\\n",
+            "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
+            "mattermost": "    url: https://chat.example.com\\n",
+            "whatsapp": "    phone_number_id: '1'\\n",
+            "sms": "    account_sid: AC0123456789abcdef0123456789abcdef\\n"
+                   "    from_number: '+15550100000'\\n    webhook_url: https://h.example/sms\\n",
+            "email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
+                     "    smtp_host: smtp.example.com\\n",
+        }
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
         path.write_text("platforms:\\n" + "".join(
-            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n" for n in adapters.names()))
+            f"  {n}:\\n    enabled: true\\n    allow_all_users: true\\n{required.get(n, '')}"
+            for n in adapters.names()))
         config = load_config(path, env)
         assert all(s.enabled for s in config.platforms.values())
         configured_home(adapters.names()[0], "42")
-        libs = ("telegram", "discord", "slack_sdk", "slack_bolt")
+        libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver", "jwt",
+                "cryptography", "twilio", "aioimaplib", "aiosmtplib", "lark_oapi",
+                "dingtalk_stream", "mautrix")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -176,6 +230,65 @@ async def test_doctor_checks_a_slack_token_with_slack_sdk(tmp_path: Path, good: 
     assert (reach.ok, reach.detail) == ((True, "bot") if good else (False, "invalid_auth"))
 
 
+@pytest.mark.parametrize("case", ["good", "single-account", "unregistered", "unreachable"])
+async def test_doctor_asks_signal_cli_about_the_account(tmp_path: Path, case: str) -> None:
+    fake = FakeSignal(multi_account=case != "single-account")
+    if case == "unregistered":
+        fake.accounts = ["+15559999999"]
+    await fake.start()
+    url = fake.url
+    if case == "unreachable":
+        await fake.stop()
+        url = f"http://127.0.0.1:{free_port()}"
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text("platforms:\n  signal:\n    enabled: true\n    allow_all_users: true\n"
+                       f"    url: {url}\n    account: '{SIGNAL_BOT}'\n")  # fmt: skip
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, {}), None, fix=False, full=False
+        )
+        [reach] = [c for c in checks if c.name == "signal reachable"]
+    finally:
+        await fake.stop()
+    expected = {
+        "good": (True, f"{SIGNAL_BOT} (signal-cli {SIGNAL_CLI_VERSION})"),
+        "single-account": (True, f"{SIGNAL_BOT} (signal-cli {SIGNAL_CLI_VERSION}, single-account daemon)"),
+        "unregistered": (False, f"{SIGNAL_BOT} is not registered with signal-cli at {url} (it has: +15559999999)"),
+    }  # fmt: skip
+    if case == "unreachable":
+        assert not reach.ok and reach.detail.startswith(
+            f"unreachable (signal-cli is not reachable at {url}"
+        )
+    else:
+        assert (reach.ok, reach.detail) == expected[case]
+    if case != "unreachable":
+        assert [m for m, _p in fake.calls][:1] == ["version"]
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_matrix_token_with_mautrix(tmp_path: Path, good: bool) -> None:
+    from tests.fakes.matrix import BOT, FakeMatrix
+
+    fake = FakeMatrix()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
+            f"    homeserver: {fake.base_url}\n    user_id: '{BOT}'\n"
+        )
+        env = {"MATRIX_ACCESS_TOKEN": fake.token if good else "syt_revoked"}
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
+        [reach] = [c for c in checks if c.name == "matrix reachable"]
+    finally:
+        await fake.stop()
+    expected = (True, f"{BOT} (end-to-end encrypted rooms are not supported)")
+    assert (reach.ok, reach.detail) == (expected if good else (False, "M_UNKNOWN_TOKEN"))
+    assert fake.requests("whoami")  # asked through mautrix's whoami
+
+
 async def test_an_unreachable_platform_is_a_failed_check(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     reach = await _reach(
@@ -195,6 +308,173 @@ async def test_telegram_check_uses_get_me(tmp_path: Path) -> None:
         await fake.stop()
     assert reach.ok and reach.detail == "@switchboard_bot"
 
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_mattermost_token_with_mattermostautodriver(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeMattermost()
+    await fake.start()
+    try:
+        token = fake.token if good else "revoked-token"
+        reach = await _reach(tmp_path, "mattermost", fake.url, {"MATTERMOST_TOKEN": token})
+    finally:
+        await fake.stop()
+    expected = (True, "@switchboard") if good else (False, "HTTP 401 (invalid or expired token)")
+    assert (reach.ok, reach.detail) == expected
+    assert [path for _verb, path, _body in fake.calls] == ["/users/me"]
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_teams_app_password_by_obtaining_a_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeTeams()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  teams:\n    enabled: true\n    allow_all_users: true\n"
+            f"    token_url: {fake.token_url}\n"
+        )
+        env = {"TEAMS_APP_ID": APP_ID, "TEAMS_APP_PASSWORD": PASSWORD if good else "wrong"}
+        checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)  # fmt: skip
+        [reach] = [c for c in checks if c.name == "teams reachable"]
+    finally:
+        await fake.stop()
+    expected = (
+        f"app {APP_ID}"
+        if good
+        else "the token endpoint refused the app id or password (invalid_client)"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [r["client_id"] for r in fake.token_requests()] == [APP_ID]
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_whatsapp_token_against_the_graph_api(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeGraph()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  whatsapp:\n    enabled: true\n    allow_all_users: true\n"
+            f"    phone_number_id: '{PHONE_ID}'\n    base_url: {fake.base_url}\n"
+        )
+        env = {"WHATSAPP_TOKEN": TOKEN if good else "EAAG-bad", "WHATSAPP_APP_SECRET": "s-1",
+               "WHATSAPP_VERIFY_TOKEN": "v-1"}  # fmt: skip
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "whatsapp reachable"]
+    assert reach.ok == good
+    assert reach.detail == "Switchboard Test" if good else "access token (190)" in reach.detail
+    assert fake.calls[0][:2] == ("GET", f"/v23.0/{PHONE_ID}")
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_twilio_credentials_with_the_twilio_library(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeTwilio()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  sms:\n    enabled: true\n    allow_all_users: true\n"
+            f"    account_sid: {ACCOUNT}\n    from_number: '{FROM}'\n    webhook_url: {PUBLIC_URL}\n"
+            f"    base_url: {fake.base_url}\n"
+        )
+        env = {"TWILIO_AUTH_TOKEN": AUTH_TOKEN if good else "wrong-token"}
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "sms reachable"]
+    assert reach.ok == good
+    assert reach.detail == "Switchboard Test" if good else "credentials (20003)" in reach.detail
+    assert fake.calls[0][:2] == ("GET", f"/2010-04-01/Accounts/{ACCOUNT}.json")
+
+
+@pytest.mark.parametrize("bad", [None, "imap", "smtp"])
+async def test_doctor_logs_in_to_imap_and_smtp_with_aioimaplib_and_aiosmtplib(
+    tmp_path: Path, bad: str | None
+) -> None:
+    imap, smtp = FakeImap(), FakeSmtp()
+    if bad == "imap":
+        imap.password = "other"
+    elif bad == "smtp":
+        smtp.password = "other"
+    await imap.start()
+    await smtp.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            f"platforms:\n  email:\n    enabled: true\n    allow_all_users: true\n"
+            f"    address: {imap.user}\n    imap_host: 127.0.0.1\n    imap_port: {imap.port}\n"
+            f"    imap_tls: plain\n    smtp_host: 127.0.0.1\n    smtp_port: {smtp.port}\n"
+            "    smtp_tls: plain\n"
+        )
+        config = load_config(cfg, {"EMAIL_PASSWORD": "s3cret-pw"})
+        checks = await run_doctor(tmp_path / "home", config, None, fix=False, full=False)
+    finally:
+        await imap.stop()
+        await smtp.stop()
+    [reach] = [c for c in checks if c.name == "email reachable"]
+    if bad is None:
+        assert (reach.ok, reach.detail) == (True, f"{imap.user} (IMAP 127.0.0.1, SMTP 127.0.0.1)")
+    else:
+        assert not reach.ok and reach.detail.startswith(
+            f"{bad.upper()} login refused for {imap.user}"
+        )
+    assert imap.logins  # asked through aioimaplib
+    assert bool(smtp.auth_attempts) is (bad != "imap")  # SMTP is tried once IMAP said yes
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_feishu_credentials_by_getting_a_tenant_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeFeishu()
+    await fake.start()
+    try:
+        env = {
+            **FEISHU_ENV,
+            "FEISHU_APP_SECRET": FEISHU_ENV["FEISHU_APP_SECRET"] if good else "wrong",
+        }
+        reach = await _reach(tmp_path, "feishu", fake.base_url, env)
+    finally:
+        await fake.stop()
+    expected = (
+        "switchboard" if good else "feishu refused the app credentials: app secret invalid (10014)"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [m for m, _ in fake.calls] == (["token", "bot"] if good else ["token"])
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_dingtalk_credentials_by_getting_an_access_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeDingTalk()
+    await fake.start()
+    try:
+        env = {**DINGTALK_ENV, **({} if good else {"DINGTALK_CLIENT_SECRET": "wrong"})}
+        reach = await _reach(tmp_path, "dingtalk", fake.base_url, env)
+    finally:
+        await fake.stop()
+    expected = (
+        "dingfakeclientid"
+        if good
+        else "dingtalk refused the client credentials: invalidClientSecret"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [m for m, _ in fake.calls] == ["token"]
 
 # --- a third-party adapter, installed as a package with an entry point ---------------
 
@@ -417,5 +697,6 @@ def test_every_built_in_adapter_declares_its_platform(name: str) -> None:
     assert wanted <= set(dir(cls)), wanted - set(dir(cls))
     defaults = build(cls.settings, {k: v.default for k, v in schema_of(cls.settings).items()})  # type: ignore[union-attr]
     assert defaults == cls.settings() and not defaults.enabled
-    assert [n.key for n in cls.secrets_needed(defaults)][0] == "token_env"
+    needs = [n.key for n in cls.secrets_needed(defaults)]
+    assert needs[:1] == ([] if name == "signal" else ["token_env"])  # signal-cli has no token
     assert cls.home_chat_type("100") in ("dm", "group")

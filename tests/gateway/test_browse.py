@@ -76,7 +76,9 @@ def _wait_for(name: str, text: str, timeout: float = 20) -> str:
 
 
 def _keys(name: str, *keys: str, literal: bool = False) -> None:
-    subprocess.run(["tmux", "send-keys", "-t", name, *(["-l"] if literal else []), *keys], check=True)
+    subprocess.run(
+        ["tmux", "send-keys", "-t", name, *(["-l"] if literal else []), *keys], check=True
+    )
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed here")

@@ -56,7 +56,9 @@ def test_the_printed_commands_fit_the_scope_and_the_place(tmp_path: Path) -> Non
         f"switchboard: --output: the folder {tmp_path / 'no' / 'such'} does not exist; create it first"
     )
     assert not (tmp_path / "no").exists()
-    home_after = install(home, "--user", "--output", str(tmp_path / "u.service"), "--home", str(home))
+    home_after = install(
+        home, "--user", "--output", str(tmp_path / "u.service"), "--home", str(home)
+    )
     assert home_after.returncode == 0, home_after.stderr  # global options after the subcommand
 
 

@@ -33,7 +33,9 @@ def check_home(home: Path, acknowledged: list[str]) -> int:
     conn = sqlite3.connect(home / "state.db")  # opening recovers the WAL, as a restart would
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        conn.execute("INSERT INTO sb_messages_fts(sb_messages_fts, rank) VALUES ('integrity-check', 1)")
+        conn.execute(
+            "INSERT INTO sb_messages_fts(sb_messages_fts, rank) VALUES ('integrity-check', 1)"
+        )
         conn.execute(
             "INSERT INTO messages_aux_fts(messages_aux_fts, rank) VALUES ('integrity-check', 1)"
         )

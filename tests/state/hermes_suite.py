@@ -53,9 +53,22 @@ def run(workdir: Path, timeout_s: float = 1800) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HERMES_HOME": str(workdir / "hermes-home")}
     proc = subprocess.run(
         [
-            sys.executable, "-m", "pytest", *FILES, "-q", "-p", "no:cacheprovider",
-            "--tb=no", "-o", "console_output_style=classic", f"--junitxml={report}",
-            "--rootdir", str(workdir), "-c", str(workdir / "pytest.ini"), *deselect,
+            sys.executable,
+            "-m",
+            "pytest",
+            *FILES,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--tb=no",
+            "-o",
+            "console_output_style=classic",
+            f"--junitxml={report}",
+            "--rootdir",
+            str(workdir),
+            "-c",
+            str(workdir / "pytest.ini"),
+            *deselect,
         ],  # fmt: skip
         cwd=workdir,
         env=env,

@@ -12,55 +12,52 @@ FILES = ("test_hermes_state.py", "test_hermes_state_compression_locks.py")
 
 _R0 = (
     "Hermes's WAL-mode helper apply_wal_with_fallback (NFS/SMB fallback, macOS fsync "
-    'barriers): a Hermes-specific helper, not store behaviour'
+    "barriers): a Hermes-specific helper, not store behaviour"
 )
 
 _R1 = (
     "exact output of Hermes's private FTS5 query sanitiser (_sanitize_fts5_query); the "
-    'public behaviour (bad queries give [], long ones are cut) is tested through '
-    'search_messages'
+    "public behaviour (bad queries give [], long ones are cut) is tested through "
+    "search_messages"
 )
 
 _R2 = (
-    'Hermes private helper (SessionDB._contains_cjk, _is_fts5_unavailable_error, '
-    '_is_trigram_unavailable_error, _get_session_rich_row, _parse_schema_columns)'
+    "Hermes private helper (SessionDB._contains_cjk, _is_fts5_unavailable_error, "
+    "_is_trigram_unavailable_error, _get_session_rich_row, _parse_schema_columns)"
 )
 
 _R3 = (
-    'simulates an SQLite build without FTS5/trigram by patching '
-    'hermes_state.sqlite3.connect with a private cursor factory and reads private flags '
-    '(_fts_enabled): Hermes internals'
+    "simulates an SQLite build without FTS5/trigram by patching "
+    "hermes_state.sqlite3.connect with a private cursor factory and reads private flags "
+    "(_fts_enabled): Hermes internals"
 )
 
 _R4 = (
     "reads the source of Hermes's SessionDB.__init__ for its sqlite3.connect timeout: an "
-    'internal detail'
+    "internal detail"
 )
 
 _R5 = (
     "Hermes's write-path FTS optimize cadence and its trigram table (internal counters "
-    'and object names)'
+    "and object names)"
 )
 
 _R6 = (
-    'cron-run listing: a Hermes application feature (its cron job session naming), not a '
+    "cron-run listing: a Hermes application feature (its cron job session naming), not a "
     "session store's"
 )
 
 _R7 = (
-    'Telegram DM topic mode: a Hermes application feature (switchboard keys forum topics '
-    'through its session keys)'
+    "Telegram DM topic mode: a Hermes application feature (switchboard keys forum topics "
+    "through its session keys)"
 )
 
 _R8 = (
     "cleanup of Hermes's legacy transcript files ({id}.json/.jsonl, request dumps) in a "
-    'sessions_dir: a Hermes application feature'
+    "sessions_dir: a Hermes application feature"
 )
 
-_R9 = (
-    "Hermes's own version-gated data migrations (v9-v20 steps replayed for old Hermes "
-    'files)'
-)
+_R9 = "Hermes's own version-gated data migrations (v9-v20 steps replayed for old Hermes files)"
 
 _R12 = (
     "asserts that Hermes's schema_version counter reads its own SCHEMA_VERSION (22) after an "
@@ -72,13 +69,9 @@ _R12 = (
     "tests/state/test_compat_legacy_files.py"
 )
 
-_R10 = (
-    'compression failure cooldown / fallback streak: Hermes compression state'
-)
+_R10 = "compression failure cooldown / fallback streak: Hermes compression state"
 
-_R11 = (
-    "memory-context stripping: Hermes's agent memory feature"
-)
+_R11 = "memory-context stripping: Hermes's agent memory feature"
 
 SKIP: dict[str, str] = {
     "test_hermes_state.py::TestApplyWalProbe::test_apply_wal_concurrent_connects_no_eio": _R0,

@@ -49,4 +49,3 @@ async def make_switchboard_8_file(path: Path, session_id: str, contents: list[st
     )
     conn.commit()
     conn.close()
-

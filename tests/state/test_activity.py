@@ -49,8 +49,13 @@ async def _fill(db: SessionDB) -> None:
     # concurrent appends reach the writer together: the batched path (append_many)
     await asyncio.gather(
         *(
-            db.append_message(f"s{i % 3}", "tool" if i % 2 else "user", f"m{i}",
-                              tool_name="shell", timestamp=13 * H + i * 600)  # fmt: skip
+            db.append_message(
+                f"s{i % 3}",
+                "tool" if i % 2 else "user",
+                f"m{i}",
+                tool_name="shell",
+                timestamp=13 * H + i * 600,
+            )  # fmt: skip
             for i in range(30)
         )
     )
@@ -126,9 +131,10 @@ async def test_an_existing_file_is_tallied_by_the_migration(tmp_path: Path) -> N
              (f"s{i}", "tool", None, 12 * H), (f"s{i}", "user", None, 13 * H + 1500)],
         )  # fmt: skip
     conn.commit()
-    assert conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE name = 'activity_hourly'"
-    ).fetchone() is None
+    assert (
+        conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'activity_hourly'").fetchone()
+        is None
+    )
     conn.close()
     db = await SessionDB.open(path)
     try:

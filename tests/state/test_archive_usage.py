@@ -3,6 +3,7 @@ Hermes facade)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -64,7 +65,11 @@ async def test_per_model_usage_and_workspace(tmp_path: Path) -> None:
         await db.update_session_cwd("s", "/work/repo", git_branch="main", git_repo_root=" ")
         await db.update_session_cwd("s", "/work/repo/sub", git_branch="")
         row = await db.require_session("s")
-        assert (row["cwd"], row["git_branch"], row["git_repo_root"]) == ("/work/repo/sub", "main", None)
+        assert (row["cwd"], row["git_branch"], row["git_repo_root"]) == (
+            "/work/repo/sub",
+            "main",
+            None,
+        )
         assert json.loads(json.dumps(rows))  # plain values
     finally:
         await db.close()
@@ -86,7 +91,10 @@ async def test_the_async_store_records_per_model_usage_like_the_facade(tmp_path:
                                  input_tokens=3, output_tokens=4)  # fmt: skip
         rows = {(r["model"], r["billing_provider"]): r for r in await db.model_usage(sid)}
         assert set(rows) == {("small", "p1"), ("big", "p2")}
-        assert (rows["small", "p1"]["input_tokens"], rows["small", "p1"]["output_tokens"]) == (13, 9)
+        assert (rows["small", "p1"]["input_tokens"], rows["small", "p1"]["output_tokens"]) == (
+            13,
+            9,
+        )
         assert rows["big", "p2"]["api_call_count"] == 2
         assert rows["big", "p2"]["estimated_cost_usd"] == 0.25
         session = await db.require_session(sid)
@@ -101,3 +109,44 @@ async def test_the_async_store_records_per_model_usage_like_the_facade(tmp_path:
         assert await db.model_usage("no-such-session") == []
     finally:
         await db.close()
+
+
+async def test_batched_turn_tokens_account_like_one_call_at_a_time(tmp_path: Path) -> None:
+    """Appends that reach the writer together (the batched path) leave the same session
+    totals and usage rows as the same appends made one at a time."""
+    results = []
+    for mode in ("one", "batched"):
+        db = await SessionDB.open(tmp_path / f"{mode}.db")
+        try:
+            plain = await db.create_session("plain", "telegram")
+            routed = await db.create_session("routed", "telegram", model="m1")
+            await db.update_token_counts(routed, input_tokens=1, billing_provider="p",
+                                         api_call_count=1)  # fmt: skip
+            calls = [
+                (sid, [{"role": "assistant", "content": f"r{i}"}], i + 1, 2 * i)
+                for i, sid in enumerate([plain, routed, plain, routed, plain])
+            ]
+            if mode == "one":
+                for sid, batch, tin, tout in calls:
+                    await db.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
+            else:
+                await asyncio.gather(*(
+                    db.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
+                    for sid, batch, tin, tout in calls
+                ))  # fmt: skip
+                assert db.write_stats().batches < len(calls) + 3  # they did share commits
+            state = []
+            for sid in (plain, routed):
+                row = await db.require_session(sid)
+                usage = sorted(
+                    (r["model"], r["billing_provider"], r["input_tokens"], r["output_tokens"])
+                    for r in await db.model_usage(sid)
+                )
+                state.append((row["input_tokens"], row["output_tokens"], row["api_call_count"],
+                              row["estimated_cost_usd"], usage))  # fmt: skip
+            results.append(state)
+        finally:
+            await db.close()
+    assert results[0] == results[1]
+    assert results[0][0][4] == [("unknown", "", 9, 12)]  # 1+3+5 in, 0+4+8 out
+    assert results[0][1][4] == [("m1", "p", 1 + 2 + 4, 2 + 6)]

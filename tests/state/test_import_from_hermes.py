@@ -53,7 +53,9 @@ async def test_a_hermes_home_comes_over_once(tmp_path: Path) -> None:
     assert await db.session_count() == 0
     await db.close()
 
-    assert "imported 2 sessions, 4 messages, 2 titles" in _cli(home, "--from-hermes", str(hermes_home))
+    assert "imported 2 sessions, 4 messages, 2 titles" in _cli(
+        home, "--from-hermes", str(hermes_home)
+    )
     again = _cli(home, "--from-hermes", str(hermes_home))
     assert "imported 0 sessions, 0 messages" in again and "2 already present" in again
 
@@ -61,7 +63,11 @@ async def test_a_hermes_home_comes_over_once(tmp_path: Path) -> None:
     try:
         root = await db.require_session("root")
         assert (root["input_tokens"], root["output_tokens"], root["api_call_count"]) == (120, 30, 2)
-        assert (root["title"], root["end_reason"], root["model"]) == ("Deploy Plan", "compression", "m1")
+        assert (root["title"], root["end_reason"], root["model"]) == (
+            "Deploy Plan",
+            "compression",
+            "m1",
+        )
         assert await db.get_compression_tip("root") == "tip"
         msgs = await db.get_messages("root")
         assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
@@ -142,7 +148,9 @@ async def test_hermes_gateway_keys_and_home_channel_come_over_into_the_index(
     await db.close()
 
     out = _cli(home, "--from-hermes", str(hermes_home))
-    assert "session keys: 4 mapped, 4 live sessions bound" in out and "sessions.json: updated" in out
+    assert (
+        "session keys: 4 mapped, 4 live sessions bound" in out and "sessions.json: updated" in out
+    )
     want = {_EXPECTED_KEYS[name]: hermes[name] for name in _EXPECTED_KEYS}
     assert _index(home) == want
     db = await SessionDB.open(home / "state.db")

@@ -136,9 +136,10 @@ async def test_search_index_leaves_shrink_in_place_and_old_and_new_segments_stay
         ).fetchone()[0]
 
     conn = sqlite3.connect(path)
-    assert conn.execute(
-        "SELECT MAX(length(block)) FROM messages_fts_data WHERE id > 10"
-    ).fetchone()[0] > 2 * schema.FTS_PAGE_SIZE  # written with FTS5's default 4,050-byte leaves
+    assert (
+        conn.execute("SELECT MAX(length(block)) FROM messages_fts_data WHERE id > 10").fetchone()[0]
+        > 2 * schema.FTS_PAGE_SIZE
+    )  # written with FTS5's default 4,050-byte leaves
     conn.close()
 
     db = await SessionDB.open(path)
@@ -150,7 +151,9 @@ async def test_search_index_leaves_shrink_in_place_and_old_and_new_segments_stay
         await db.close()
     conn = sqlite3.connect(path)
     # the old index was moved under switchboard's own name, not rebuilt
-    assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'messages_fts'").fetchall() == []
+    assert (
+        conn.execute("SELECT name FROM sqlite_master WHERE name = 'messages_fts'").fetchall() == []
+    )
     assert conn.execute("SELECT v FROM sb_messages_fts_config WHERE k = 'pgsz'").fetchone() == (
         schema.FTS_PAGE_SIZE,
     )

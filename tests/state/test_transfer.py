@@ -130,7 +130,11 @@ def test_compat_sync_api_matches_the_documented_names(tmp_path: Path) -> None:
         except ValueError as exc:
             assert "already in use" in str(exc)
         (turn,) = db.get_messages_as_conversation(sid)
-        assert turn == {"role": "user", "content": "hello compat world", "timestamp": turn["timestamp"]}
+        assert turn == {
+            "role": "user",
+            "content": "hello compat world",
+            "timestamp": turn["timestamp"],
+        }
         assert isinstance(turn["timestamp"], float)
         db.clear_messages(sid)
         assert db.delete_session(sid) is True and db.delete_session(sid) is False

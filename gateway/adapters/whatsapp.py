@@ -1,0 +1,334 @@
+"""WhatsApp Business Cloud API: webhooks in (served on the daemon's HTTP server), Graph API
+calls out (aiohttp); the wire format's pure functions live in whatsapp_wire.py.
+
+Every POST is checked against `X-Hub-Signature-256` (HMAC-SHA256 of the raw body with the
+app secret) before anything else is read. Meta signs no timestamp, so a replayed delivery
+is caught by the core's dedupe on the message id (`wamid...`) and by the age check on the
+message's own timestamp. The chat is always 1:1, one session per phone number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gateway.adapters.base import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    Emit,
+    Route,
+    call_with_retry,
+    failed,
+    split_message,
+)
+from gateway.adapters.whatsapp_wire import (
+    WINDOW_CLOSED,
+    WindowClosed,
+    graph_error,
+    messages_of,
+    signature_ok,
+    statuses_of,
+    to_inbound,
+    to_whatsapp,
+)
+from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted, TransientError
+from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.sections import PlatformSettings, SecretNeed, env_name, in_range, setting
+from gateway.session_keys import SessionSource
+from gateway.vocab import AdapterState, ChatType
+
+log = logging.getLogger("gateway.adapters.whatsapp")
+WEBHOOK_PATH = "/whatsapp/webhook"
+GRAPH = "https://graph.facebook.com"
+LIMIT = 4_096
+
+
+def _version(v: Any) -> str | None:
+    return None if re.fullmatch(r"v\d+\.\d+", str(v)) else f"must look like v23.0 (got {v!r})"
+
+
+@dataclass(frozen=True)
+class WhatsAppSettings(PlatformSettings):
+    phone_number_id: str | int | None = setting(
+        None, doc="the business number's id in Meta's console"
+    )
+    api_version: str = setting("v23.0", _version, "the Graph API version")
+    app_secret_env: str | None = setting(None, env_name, "env var holding the Meta app secret")
+    verify_token_env: str | None = setting(None, env_name, "env var holding the verify token")
+    max_age_seconds: int = setting(86_400, in_range(60, 7 * 86_400), "older messages are dropped")
+
+
+# --- the adapter ------------------------------------------------------------------------
+
+
+class WhatsAppAdapter:
+    platform: ClassVar[str] = "whatsapp"
+    settings: ClassVar[type[WhatsAppSettings]] = WhatsAppSettings
+    library_loggers: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def secrets_needed(cls, settings: WhatsAppSettings) -> list[SecretNeed]:
+        return [
+            SecretNeed("token_env", "WHATSAPP_TOKEN", "the Cloud API access token"),
+            SecretNeed("app_secret_env", "WHATSAPP_APP_SECRET", "webhook signatures"),
+            SecretNeed("verify_token_env", "WHATSAPP_VERIFY_TOKEN", "the webhook handshake"),
+        ]
+
+    @classmethod
+    def problems(cls, settings: WhatsAppSettings, api_enabled: bool) -> list[ConfigError]:
+        out = []
+        if not api_enabled:
+            out.append(ConfigError("platforms.whatsapp.enabled",
+                                   "the webhook is served by the api server: enable platforms.api"))  # fmt: skip
+        if not settings.phone_number_id:
+            out.append(ConfigError("platforms.whatsapp.phone_number_id",
+                                   "is required (Meta's console: WhatsApp > API Setup)"))  # fmt: skip
+        return out
+
+    @classmethod
+    def from_config(cls, settings: WhatsAppSettings, secrets: Mapping[str, str]) -> WhatsAppAdapter:
+        return cls(
+            str(settings.phone_number_id), secrets.get("token_env", ""),
+            secrets.get("app_secret_env", ""), secrets.get("verify_token_env", ""),
+            api_version=settings.api_version, base_url=settings.base_url,
+            max_age_s=settings.max_age_seconds,
+        )  # fmt: skip
+
+    def routes(self) -> Mapping[str, Route]:
+        return {WEBHOOK_PATH: self.handle_webhook, f"GET {WEBHOOK_PATH}": self.handle_handshake}
+
+    @classmethod
+    async def check_credentials(
+        cls, settings: WhatsAppSettings, secrets: Mapping[str, str]
+    ) -> tuple[bool, str]:
+        adapter = cls.from_config(settings, secrets)
+        try:
+            return True, await adapter._whoami()
+        except (InvalidToken, AdapterError) as exc:
+            return False, str(exc)
+        finally:
+            await adapter.stop()
+
+    @classmethod
+    def home_chat_type(cls, chat_id: str) -> str:
+        """Cloud API chats are 1:1 with a phone number."""
+        return "dm"
+
+    @classmethod
+    def thread_source(cls, thread: ThreadRef) -> SessionSource:
+        """There are no threads; a handoff lands in the home number's own chat."""
+        return SessionSource(cls.platform, thread.chat_id, ChatType.DM, thread.chat_id)
+
+    def __init__(
+        self,
+        phone_number_id: str,
+        token: str,
+        app_secret: str,
+        verify_token: str,
+        *,
+        api_version: str = "v23.0",
+        base_url: str | None = None,
+        max_age_s: float = 86_400,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        self._number = phone_number_id
+        self._token = token
+        self._secret = app_secret
+        self._verify = verify_token
+        self._base = f"{(base_url or GRAPH).rstrip('/')}/{api_version}"
+        self._max_age = max_age_s
+        self._backoff = backoff
+        self._http: Any = None  # aiohttp.ClientSession, made on first use
+        self._emit: Emit | None = None
+        self._typing: dict[str, asyncio.Task[None]] = {}
+        self.number_name: str | None = None
+        self.state: str = AdapterState.STOPPED
+        self.last_error: str | None = None
+        self.window_closed = 0  # replies refused: over 24 h since the user wrote
+        self.stale_dropped = 0
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self, emit: Emit) -> None:
+        self._emit = emit
+        try:
+            self.number_name = await self._whoami()
+        except InvalidToken as exc:
+            self.state = failed("invalid token")
+            log.error("whatsapp refused the access token; the adapter is stopped (%s)", exc)
+            raise InvalidToken("whatsapp rejected the access token") from exc
+        except AdapterError as exc:  # webhooks still arrive; sends will retry
+            self.last_error = str(exc)
+            log.warning("whatsapp: could not look up the business number: %s", exc)
+        self.state = AdapterState.RUNNING
+        log.info("whatsapp webhook at %s for %s", WEBHOOK_PATH, self.number_name or self._number)
+
+    async def stop(self) -> None:
+        for task in self._typing.values():
+            task.cancel()
+        self._typing.clear()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        self.state = AdapterState.STOPPED
+
+    def health(self) -> dict[str, object]:
+        return {"state": self.state, "number": self.number_name, "last_error": self.last_error,
+                "window_closed": self.window_closed, "stale_dropped": self.stale_dropped}  # fmt: skip
+
+    # --- webhooks ---------------------------------------------------------------------
+
+    async def handle_handshake(self, request: Any) -> Any:
+        """GET: Meta's subscription check; the challenge is echoed for our verify token."""
+        from aiohttp import web
+
+        q = request.query
+        token = q.get("hub.verify_token", "")
+        if (
+            q.get("hub.mode") == "subscribe" and self._verify
+            and hmac.compare_digest(token.encode(), self._verify.encode())
+        ):  # fmt: skip
+            return web.Response(text=q.get("hub.challenge", ""))
+        return web.Response(status=403, text="forbidden")
+
+    async def handle_webhook(self, request: Any) -> Any:
+        """POST: the signature first; then each message is handed to the core, and the
+        delivery is acknowledged only once every one was accepted (503 lets Meta retry)."""
+        from aiohttp import web
+
+        body = await request.read()
+        header = request.headers.get("X-Hub-Signature-256")
+        if not signature_ok(self._secret, body, header):
+            log.warning(
+                "refused a webhook POST with a %s signature", "bad" if header else "missing"
+            )
+            return web.Response(status=401 if not header else 403, text="bad signature")
+        if self._emit is None or self.state != AdapterState.RUNNING:
+            return web.Response(status=503, text="not running")
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return web.Response(status=400, text="not JSON")
+        for status in statuses_of(payload):
+            self._note_status(status)
+        now = time.time()
+        for message, names in messages_of(payload):
+            msg = to_inbound(message, names)
+            if msg is None:
+                continue
+            age = now - msg.received_at
+            if age > self._max_age:
+                self.stale_dropped += 1
+                log.info("dropped stale message %s (%.0fs old, limit %.0fs)",
+                         msg.platform_message_id, age, self._max_age)  # fmt: skip
+                continue
+            try:
+                await self._emit(msg)
+            except NotAccepted:
+                return web.Response(status=503, text="not stored; deliver again")
+        return web.Response(text="ok")
+
+    def _note_status(self, status: Mapping[str, Any]) -> None:
+        """Statuses never start a turn; a failed delivery is worth a log line, and Meta
+        often reports a closed 24-hour window this way rather than on the send call."""
+        if status.get("status") != "failed":
+            return
+        errors = status.get("errors") or [{}]
+        code = errors[0].get("code") if isinstance(errors[0], dict) else None
+        if code == WINDOW_CLOSED:
+            self.window_closed += 1
+        self.last_error = f"delivery failed ({code})"
+        log.warning("whatsapp could not deliver %s to %s (error %s%s)", status.get("id"),
+                    status.get("recipient_id"), code,
+                    ": the 24-hour window is closed" if code == WINDOW_CLOSED else "")  # fmt: skip
+
+    # --- Graph API ----------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        import aiohttp
+
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                headers={"Authorization": f"Bearer {self._token}"},
+                timeout=aiohttp.ClientTimeout(total=30),
+            )
+        try:
+            async with self._http.request(method, f"{self._base}/{path}", json=body) as resp:
+                try:
+                    data = await resp.json(content_type=None)
+                except ValueError:
+                    data = None
+                if resp.status >= 400 or (isinstance(data, dict) and "error" in data):
+                    raise graph_error(resp.status, data, resp.headers.get("Retry-After"))
+                return data
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise TransientError(f"whatsapp unreachable ({type(exc).__name__})") from exc
+
+    async def _whoami(self) -> str:
+        data = await self._call("GET", f"{self._number}?fields=verified_name,display_phone_number")
+        data = data if isinstance(data, dict) else {}
+        return str(data.get("verified_name") or data.get("display_phone_number") or self._number)
+
+    async def send(self, msg: OutboundMessage) -> SentRef:
+        self._stop_typing(msg.chat_id)
+        ids: list[str] = []
+        for i, part in enumerate(split_message(to_whatsapp(msg.text), LIMIT)):
+            body: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual",
+                                    "to": msg.chat_id, "type": "text", "text": {"body": part}}  # fmt: skip
+            if i == 0 and msg.reply_to:
+                body["context"] = {"message_id": msg.reply_to}
+            try:
+                data = await call_with_retry(
+                    lambda body=body: self._call("POST", f"{self._number}/messages", body),
+                    backoff=self._backoff, log=log,
+                )  # fmt: skip
+            except WindowClosed as exc:
+                self.window_closed += 1
+                self.last_error = "24-hour window closed"
+                log.warning("not sent to %s and not retried: %s", msg.chat_id, exc)
+                raise
+            except InvalidToken as exc:
+                self.last_error = "invalid token"
+                log.error(
+                    "whatsapp refused the access token; replies fail until it is fixed (%s)", exc
+                )
+                raise
+            except AdapterError as exc:
+                self.last_error = str(exc)
+                raise
+            ids += [str(m.get("id")) for m in (data or {}).get("messages") or []]
+        return SentRef(self.platform, msg.chat_id, tuple(ids))
+
+    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
+        """WhatsApp has no threads: a handoff goes to the home number's chat."""
+        return None
+
+    # The typing indicator marks the user's message read and shows "typing..." until the
+    # reply arrives or 25 s pass (Meta's limit); one call per turn is enough.
+    def turn_started(self, msg: InboundMessage) -> None:
+        if msg.platform_message_id and msg.source.chat_id not in self._typing:
+            body = {"messaging_product": "whatsapp", "status": "read",
+                    "message_id": msg.platform_message_id, "typing_indicator": {"type": "text"}}  # fmt: skip
+            self._typing[msg.source.chat_id] = asyncio.create_task(
+                self._typing_once(msg.source.chat_id, body), name=f"whatsapp.typing:{msg.source.chat_id}"
+            )  # fmt: skip
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        self._stop_typing(msg.source.chat_id)
+
+    def _stop_typing(self, chat_id: str) -> None:
+        task = self._typing.pop(chat_id, None)
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _typing_once(self, chat_id: str, body: dict[str, Any]) -> None:
+        with contextlib.suppress(AdapterError):
+            await self._call("POST", f"{self._number}/messages", body)
