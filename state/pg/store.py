@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .. import search as sqlite_search
 from ..errors import DatabaseError, SessionNotFound
+from ..inbox import payload_of
 from ..insights import Period
 from ..listing import SessionFilter
 from ..maintenance import AUTO_PRUNE_KEY, PRUNE_CHUNK
@@ -36,7 +37,7 @@ from ..records import (
 from ..rows import Row
 from ..sessions import session_fields
 from ..transfer import ImportReport
-from . import admin, dashboard, lineage, messages, schema, search, sessions, usage
+from . import admin, dashboard, inbox, lineage, messages, schema, search, sessions, usage
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
 from .writer import PgWriter, PgWriterConfig
 
@@ -465,6 +466,56 @@ class PgStore:
         if vacuum and pruned:
             await self._read(admin.vacuum_pruned)
         return {"ran": True, "pruned": pruned, "vacuumed": bool(vacuum and pruned)}
+
+    # --- the inbox (state/pg/inbox.py) ---------------------------------------------------
+
+    async def accept_inbound(
+        self, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: Mapping[str, Any],
+    ) -> tuple[int, str, bool]:  # fmt: skip
+        """Commit an inbound message before its platform is acknowledged: (inbox id, state,
+        whether it is new). A platform id taken before returns that row, storing nothing.
+        Any failure is a DatabaseError, so the gateway can refuse the message cleanly."""
+        try:
+            return await self._write(
+                inbox.accept, platform, chat_id, platform_message_id, payload_of(payload),
+                time.time(),
+            )  # fmt: skip
+        except psycopg.Error as exc:  # e.g. a NUL in an id, which PostgreSQL text refuses
+            raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
+
+    async def begin_turn(
+        self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
+        last: int | None = None,
+    ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+        """The user's message into its session (once), the row `started`, and the newest
+        `last` messages up to it in OpenAI chat format: (the message's id, the history)."""
+        return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
+
+    async def end_turn(
+        self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
+        input_tokens: int = 0, output_tokens: int = 0,
+    ) -> list[int]:  # fmt: skip
+        """The reply into the session and the row `answered`, in one transaction."""
+        tokens = None
+        if input_tokens or output_tokens:
+            tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        return await self._write(inbox.end_turn, inbox_id, session_id, list(batch), tokens)
+
+    async def finish_inbound(self, inbox_id: int, state: str, reason: str | None = None) -> None:
+        """Close an inbox row without an agent reply (a command answered, or dropped)."""
+        await self._write(inbox.finish, inbox_id, state, reason)
+
+    async def open_inbound(self) -> list[dict[str, Any]]:
+        """Rows a crash left `received`/`started`, oldest first."""
+        return await self._read(inbox.open_rows)
+
+    async def inbox_counts(self) -> dict[str, int]:
+        return await self._read(inbox.counts)
+
+    async def prune_inbox(self, older_than: float) -> int:
+        """Forget closed inbox rows last touched before `older_than` (never a message)."""
+        return await self._write(inbox.prune, older_than)
 
     async def get_meta(self, key: str) -> str | None:
         return await self._read(admin.get_meta, key)
