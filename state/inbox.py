@@ -132,16 +132,23 @@ def begin_turns_many(
     }
     message_ids: list[int] = [0] * len(calls)
     to_append: list[int] = []
+    repeats: list[tuple[int, int]] = []  # (call, the earlier call of this batch it repeats)
+    first_of: dict[tuple[int, str], int] = {}
     for i, (inbox_id, session_id, _msg, _last) in enumerate(calls):
         sid, mid = known.get(inbox_id, (None, None))
         if mid is not None and sid == session_id:
             message_ids[i] = int(mid)  # stored before a crash: run the turn on it again
+        elif (inbox_id, session_id) in first_of:
+            repeats.append((i, first_of[(inbox_id, session_id)]))
         else:
+            first_of[(inbox_id, session_id)] = i
             to_append.append(i)
     if to_append:
         ids = append_many(conn, [(calls[i][1], [calls[i][2]]) for i in to_append])
         for i, got in zip(to_append, ids, strict=True):
             message_ids[i] = got[0]
+    for i, j in repeats:
+        message_ids[i] = message_ids[j]
     conn.execute(
         "UPDATE inbox SET state = 'started', session_id = json_extract(j.value, '$[1]'), "
         "message_id = json_extract(j.value, '$[2]'), updated_at = ?2 "
