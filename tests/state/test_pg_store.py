@@ -20,6 +20,7 @@ from gateway.config import load_config
 from gateway.errors import ConfigError
 from state import Maintenance, StateError, Store, TitleTaken, open_store
 from state.errors import LiveSessionExists, StoreConfigError
+from state.pg import inbox as pg_inbox
 from state.pg import sessions as pg_sessions
 from state.pg.store import PgStore
 from tests import pgserver
@@ -242,6 +243,67 @@ async def test_many_claimers_on_two_daemons_take_each_handoff_once(
     assert sorted(taken) == sorted(ids)  # each once, and none left behind
 
 
+# --- the inbox across daemons ---------------------------------------------------------------
+
+
+async def test_a_redelivery_racing_the_first_delivery_gets_the_first_row(schema_dsn: str) -> None:
+    """The second accept waits on the first's uncommitted row; once that commits, it reads
+    the row back (a statement of its own, so it sees the commit) instead of finding none."""
+    store = await open_store({"backend": "postgres", "dsn": schema_dsn}, ".")
+    try:
+
+        async def accept(conn: psycopg.AsyncConnection) -> object:
+            return await pg_inbox.accept(conn, "telegram", "c1", "m1", "{}", 1.0)
+
+        first, second = await _race(schema_dsn, accept)
+        assert isinstance(first, tuple) and first[1:] == ("received", True)
+        assert second == (first[0], "received", False)
+        assert await store.inbox_counts() == {"received": 1}
+
+        # two daemons re-running the same turn: the second waits on the row, then finds
+        # the message the first stored
+        sid = await store.create_session(source="telegram", chat_id="c1")
+        msg = {"role": "user", "content": "hi", "platform_message_id": "m1"}
+
+        async def begin(conn: psycopg.AsyncConnection) -> object:
+            return await pg_inbox.begin_turn(conn, first[0], sid, msg, None)
+
+        a, b = await _race(schema_dsn, begin)
+        assert a == b and isinstance(a, tuple) and a[1] == [{"role": "user", "content": "hi"}]
+        assert await store.message_count(sid) == 1
+    finally:
+        await store.close()
+
+
+async def test_two_daemons_take_a_redelivered_message_once(two: tuple[Store, Store]) -> None:
+    a, b = two
+    got = await asyncio.gather(
+        *(s.accept_inbound("slack", "C1", "1700.01", {"n": i}) for i, s in enumerate([a, b] * 4))
+    )
+    assert len({rid for rid, _, _ in got}) == 1 and sum(new for _, _, new in got) == 1
+    rid = got[0][0]
+    sid = await a.create_session(source="slack", chat_id="C1")
+    msg = {"role": "user", "content": "once", "platform_message_id": "1700.01"}
+    begun = await asyncio.gather(*(s.begin_turn(rid, sid, msg) for s in (a, b, a, b)))
+    assert len({mid for mid, _ in begun}) == 1 and await b.message_count(sid) == 1
+    await b.end_turn(rid, sid, [{"role": "assistant", "content": "done"}])
+    assert await a.accept_inbound("slack", "C1", "1700.01", {}) == (rid, "answered", False)
+
+
+async def test_a_schema_1_database_gains_the_inbox_keeping_its_sessions(schema_dsn: str) -> None:
+    old = await PgStore.open(schema_dsn, schema_target=1)
+    sid = await old.create_session(source="cli", title="kept")
+    assert await old.schema_version() == 1
+    await old.close()
+    store = await open_store({"backend": "postgres", "dsn": schema_dsn}, ".")
+    try:
+        assert await store.schema_version() == store.latest_schema_version() == 2
+        assert (await store.require_session(sid))["title"] == "kept"
+        assert (await store.accept_inbound("api", "1", "m", {}))[2] is True
+    finally:
+        await store.close()
+
+
 # --- the private cluster ---------------------------------------------------------------------
 
 
@@ -321,6 +383,9 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
                 figures = await resp.json()
         assert {first, second} <= listed
         assert figures["messages"] >= 6  # three turns: three messages and three replies
+        # every delivery has its inbox row, closed: three turns and two commands answered
+        assert await db.inbox_counts() == {"answered": 5}
+        assert await db.open_inbound() == []
     finally:
         await gateway.stop()
 
