@@ -195,13 +195,14 @@ def finish(conn: sqlite3.Connection, inbox_id: int, state: str, reason: str | No
     finish_many(conn, [(inbox_id, state, reason)])
 
 
-def finish_many(conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]) -> None:
+def finish_many(conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]) -> list[None]:
     conn.execute(
         "UPDATE inbox SET state = json_extract(j.value, '$[1]'), "
         "reason = json_extract(j.value, '$[2]'), updated_at = ?2 "
         "FROM json_each(?1) j WHERE inbox.id = json_extract(j.value, '$[0]')",
         (json.dumps([list(c) for c in calls]), time.time()),
     )
+    return [None] * len(calls)  # one result per call, as the writer's merged path expects
 
 
 register_batched(finish, finish_many)

@@ -132,8 +132,10 @@ async def test_open_inbound_lists_received_and_started_rows_oldest_first(store: 
     c, _, _ = await store.accept_inbound("telegram", "c1", "c", {"text": "c"})
     d, _, _ = await store.accept_inbound("telegram", "c1", "d", {"text": "d"})
     mid, _ = await store.begin_turn(b, sid, {"role": "user", "content": "b"})
-    await store.finish_inbound(c, "dropped", "not_stored")
-    await store.finish_inbound(d, "answered", "command")
+    await asyncio.gather(  # closed together: one writer batch
+        store.finish_inbound(c, "dropped", "not_stored"),
+        store.finish_inbound(d, "answered", "command"),
+    )
     rows = await store.open_inbound()
     assert [(r["id"], r["state"], r["session_id"], r["message_id"]) for r in rows] == [
         (a, "received", None, None),
