@@ -189,7 +189,10 @@ class Gateway:
 
     async def _start_inner(self) -> None:
         self.notify("STATUS=opening state.db")
-        self.db = await open_store(asdict(self.config.state), self.home)
+        state = asdict(self.config.state)
+        if self.config.secret("state.dsn_env"):  # postgres: the DSN the config resolved
+            state["dsn"] = self.config.secret("state.dsn_env")
+        self.db = await open_store(state, self.home)
         self.index = SessionIndex(
             self.home / "sessions" / "sessions.json",
             self.db,

@@ -77,6 +77,7 @@ class StateSettings:
     backend: str = setting("sqlite", one_of(*STORE_BACKENDS), "which store holds sessions")
     synchronous: str = setting("NORMAL", one_of("OFF", "NORMAL", "FULL", "EXTRA"))
     queue_size: int = setting(10_000, in_range(10, 1_000_000))
+    dsn_env: str = setting("SWITCHBOARD_PG_DSN", env_name, "env var holding the PostgreSQL DSN")
 
 
 @dataclass(frozen=True)
@@ -372,6 +373,11 @@ def _resolve_secrets(
             for want in cls.secrets_needed(settings):
                 need(f"platforms.{name}.{want.key}",
                      getattr(settings, want.key) or want.default_env, want.why)  # fmt: skip
+    if data["state"]["backend"] == "postgres":
+        found = _postgres_problems(data["state"]["dsn_env"], env)
+        errors.extend(found)
+        if not found:
+            secrets["state.dsn_env"] = env[data["state"]["dsn_env"]]
     if data["agent"]["backend"] == "openai":
         o = data["agent"]["openai"]
         if o["api_key_env"]:
@@ -382,6 +388,15 @@ def _resolve_secrets(
                 "agent.openai.tools", f"unknown tool {unknown[0]!r} (available: session_search)"
             ))  # fmt: skip
     return secrets
+
+
+def _postgres_problems(var: str, env: Mapping[str, str]) -> list[ConfigError]:
+    """`state.backend: postgres` needs psycopg and a DSN that parses (not a connection:
+    `switchboard doctor` and start-up report an unreachable server)."""
+    from state.api import check_postgres
+
+    problem = check_postgres(env.get(var, ""), var)
+    return [ConfigError(problem.key, problem.problem)] if problem else []
 
 
 def _allowlist_problems(name: str, settings: PlatformSettings) -> list[ConfigError]:

@@ -164,14 +164,12 @@ class Router:
             return
         faults.point("after_inbox_commit")
         # new, or a redelivery of a turn a crash left unfinished (and not running): run it
-        self._run(msg, inbox_id, resumed=not new)
+        self._run(msg, inbox_id)
 
-    def _run(self, msg: InboundMessage, inbox_id: int, resumed: bool = False) -> None:
+    def _run(self, msg: InboundMessage, inbox_id: int) -> None:
         self._inflight.add(inbox_id)
         src = msg.source
-        self.services.tasks.start(
-            self._process(msg, inbox_id, resumed), f"turn:{src.platform}:{src.chat_id}"
-        )
+        self.services.tasks.start(self._process(msg, inbox_id), f"turn:{src.platform}:{src.chat_id}")
 
     async def recover(self, max_age_s: float) -> tuple[int, int]:
         """Run again, in order, the turns a crash left unfinished (once each); one older than
@@ -198,7 +196,7 @@ class Router:
                 s.coordinator.remember((msg.source.platform, msg.source.chat_id,
                                         msg.platform_message_id))  # fmt: skip
             s.metrics.recovered.inc(outcome="rerun")
-            self._run(msg, inbox_id, resumed=True)
+            self._run(msg, inbox_id)
             rerun += 1
         if rerun or apologised:
             log.warning("recovered %d interrupted turn(s); %d too old, apologised for",
@@ -225,12 +223,12 @@ class Router:
     def key_for(self, msg: InboundMessage) -> SessionKey:
         return build_key(msg.source, self.services.settings.keys)
 
-    async def _process(self, msg: InboundMessage, inbox_id: int, resumed: bool) -> None:
+    async def _process(self, msg: InboundMessage, inbox_id: int) -> None:
         s = self.services
         started = s.clock()
         key = self.key_for(msg)
         k = key.format()
-        turn = TurnProgress(inbox_id=inbox_id, resumed=resumed)
+        turn = TurnProgress(inbox_id=inbox_id)
         try:
             async with s.coordinator.session_lock(k):
                 try:

@@ -36,7 +36,6 @@ class TurnProgress:
     """How far one message got: whether it was stored (and where), or why it was dropped."""
 
     inbox_id: int = 0
-    resumed: bool = False  # a turn a crash interrupted, run again
     stored: bool = False
     session_id: str | None = None
     dropped: str | None = None
@@ -64,7 +63,7 @@ async def agent_turn(
     _mid, history = await s.db.begin_turn(
         turn.inbox_id, sid,
         {"role": "user", "content": text, "platform_message_id": msg.platform_message_id},
-        last=settings.history_messages, resumed=turn.resumed,
+        last=settings.history_messages,
     )  # fmt: skip
     turn.stored, turn.session_id = True, sid
     faults.point("mid_agent")

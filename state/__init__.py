@@ -10,16 +10,19 @@ is a `StateError`; callers match on the class, never on the text:
     ├── DatabaseBusy           another process held the write lock past the retry budget
     ├── WriterClosed           a write after close
     ├── UnknownBackend         `state.backend` names no store (a config error, exit 78)
+    ├── StoreConfigError       the store cannot open as configured (`state.dsn_env`, exit 78)
     ├── SessionNotFound
     ├── AmbiguousSession       an id prefix or title that matches several sessions
     ├── SessionExists
+    ├── LiveSessionExists      a session key's second live session (PostgreSQL refuses it)
     ├── TitleError             a refused title; the message is fit for a chat
     │   ├── TitleTooLong
     │   ├── TitleEmpty
     │   └── TitleTaken
     └── QueryError             a search query that cannot be run
 
-Raw sqlite3 errors are mapped by SQLite's result code (state/writer.py), never by text.
+Raw sqlite3 errors are mapped by SQLite's result code (state/writer.py), never by text;
+PostgreSQL's unique violations by the constraint's name (state/pg/).
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from .errors import (
     AmbiguousSession,
     DatabaseBusy,
     DatabaseError,
+    LiveSessionExists,
     QueryError,
     SchemaTooNew,
     SessionExists,
     SessionNotFound,
     StateError,
+    StoreConfigError,
     TitleEmpty,
     TitleError,
     TitleTaken,
@@ -69,6 +74,7 @@ __all__ = [
     "ExportRecord",
     "HandoffClaim",
     "LiveSession",
+    "LiveSessionExists",
     "Maintenance",
     "MessageRow",
     "QueryError",
@@ -81,6 +87,7 @@ __all__ = [
     "SearchHit",
     "Store",
     "StateError",
+    "StoreConfigError",
     "TitleEmpty",
     "TitleError",
     "TitleTaken",

@@ -1,8 +1,8 @@
 """`Store`: the interface the gateway and the CLI program against, and `open_store`.
 
 `Store` names every operation on sessions, messages, titles, lineage, listings, search,
-handoffs, export/import, pruning and the key/value meta table; `SessionDB` (SQLite) is its
-one implementation yet, and a PostgreSQL store implements the same methods. What only a
+handoffs, export/import, pruning and the key/value meta table; `SessionDB` (state/store.py)
+is the SQLite implementation and `PgStore` (state/pg/) the PostgreSQL one. What only a
 file-backed SQLite store can do (WAL checkpoints, VACUUM, FTS5 optimize and integrity
 checks) is the separate `Maintenance` protocol: callers ask `isinstance(store, Maintenance)`
 before they offer it. `tests/state` holds the contract suite every backend must pass.
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from .errors import UnknownBackend
+from .errors import StoreConfigError, UnknownBackend
 from .listing import SessionFilter
 from .records import (
     AutoPruneResult,
@@ -31,7 +31,8 @@ from .records import (
 from .replies import StoredReply
 from .transfer import ImportReport
 
-BACKENDS = ("sqlite",)  # the values `state.backend` accepts
+BACKENDS = ("sqlite", "postgres")  # the values `state.backend` accepts
+DSN_ENV = "SWITCHBOARD_PG_DSN"  # where `state.dsn_env` points by default
 DB_FILE = "state.db"  # the SQLite backend's file, inside the home directory
 
 
@@ -271,7 +272,7 @@ class Store(Protocol):
     ) -> tuple[int, str, bool]: ...
     async def begin_turn(
         self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
-        last: int | None = None, resumed: bool = False,
+        last: int | None = None,
     ) -> tuple[int, list[dict[str, Any]]]: ...
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
@@ -288,6 +289,17 @@ class Store(Protocol):
     async def set_meta(self, key: str, value: str | None) -> None: ...
     async def schema_version(self) -> int: ...
     def latest_schema_version(self) -> int: ...
+
+    # --- the dashboard's queries (state/keyset.py, family.py, cleanup.py, insights.py)
+    async def session_page(
+        self, q: Any
+    ) -> tuple[list[dict[str, Any]], tuple[float, str] | None]: ...
+    async def lineage_tree(self, session_id: str) -> dict[str, Any] | None: ...
+    async def count_empty_sessions(self) -> int: ...
+    async def delete_empty_sessions(self, protected: Iterable[str] = ()) -> int: ...
+    async def insights(
+        self, since: float, until: float, source: str | None = None
+    ) -> dict[str, Any]: ...
 
     # --- export / import, search
     async def export_session(self, session_id: str) -> ExportRecord: ...
@@ -331,9 +343,33 @@ class Maintenance(Protocol):
     async def integrity_check(self, quick: bool = True) -> list[str]: ...
 
 
+def check_postgres(dsn: str, var: str) -> StoreConfigError | None:
+    """What stops the PostgreSQL backend from starting before it connects: psycopg
+    missing, the DSN variable unset, or a DSN that does not parse. None when fine."""
+    try:
+        from psycopg import ProgrammingError, conninfo
+    except ImportError:
+        return StoreConfigError(
+            "state.backend",
+            "postgres needs the psycopg package: pip install 'switchboard[postgres]'",
+        )
+    if not dsn.strip():
+        return StoreConfigError("state.dsn_env", f"{var} is not set (the PostgreSQL DSN)")
+    try:
+        conninfo.conninfo_to_dict(dsn)
+    except ProgrammingError:
+        return StoreConfigError(
+            "state.dsn_env",
+            f"{var} does not hold a valid PostgreSQL DSN (key=value or postgresql://...)",
+        )
+    return None
+
+
 async def open_store(settings: Mapping[str, Any], home: str | os.PathLike[str]) -> Store:
     """Open the store that `settings` (the validated `state` config section) names.
-    `home` is the switchboard home; the SQLite backend keeps state.db there."""
+    `home` is the switchboard home; the SQLite backend keeps state.db there. The
+    PostgreSQL backend reads its DSN from the variable `dsn_env` names (or, for tests and
+    tools, from a `dsn` entry) and raises StoreConfigError (exit 78) when it cannot."""
     backend = settings.get("backend", "sqlite")
     if backend == "sqlite":
         from .store import SessionDB
@@ -343,4 +379,16 @@ async def open_store(settings: Mapping[str, Any], home: str | os.PathLike[str]) 
             **{k: settings[k] for k in ("synchronous", "queue_size") if k in settings}
         )
         return await SessionDB.open(Path(home) / DB_FILE, config=writer)
+    if backend == "postgres":
+        var = settings.get("dsn_env") or DSN_ENV
+        dsn = settings.get("dsn") or os.environ.get(var, "")
+        problem = check_postgres(dsn, var)
+        if problem is not None:
+            raise problem
+        from .pg.store import PgStore
+        from .pg.writer import PgWriterConfig
+
+        return await PgStore.open(
+            dsn, config=PgWriterConfig(queue_size=settings.get("queue_size", 10_000))
+        )
     raise UnknownBackend(backend, BACKENDS)

@@ -61,6 +61,14 @@ class SessionExists(StateError):
         self.session_id = session_id
 
 
+class LiveSessionExists(StateError):
+    """A session key already has a live session (a store that enforces one per key)."""
+
+    def __init__(self, session_key: str) -> None:
+        super().__init__(f"session key {session_key} already has a live session")
+        self.session_key = session_key
+
+
 class TitleError(StateError):
     """A title was refused; the message says why in words fit for a chat."""
 
@@ -99,3 +107,15 @@ class UnknownBackend(StateError):
         )
         self.key = "state.backend"
         self.backend = backend
+
+
+class StoreConfigError(StateError):
+    """The `state` section cannot open its store (a config error, exit 78): `key` names
+    the setting to fix."""
+
+    exit_code = 78
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem

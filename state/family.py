@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .lineage import ancestors, descendants
 from .rows import Row
@@ -14,7 +16,7 @@ TREE_COLUMNS = (
 )  # fmt: skip
 
 
-def _node(row: Row) -> Row:
+def _node(row: Mapping[str, Any]) -> Row:
     return {k: row.get(k) for k in TREE_COLUMNS} | {"children": []}
 
 
@@ -28,9 +30,14 @@ def lineage_tree(conn: sqlite3.Connection, session_id: str, limit: int = 2000) -
         return None
     up = ancestors(conn, session_id)
     root_row = up[-1] if up else {d[0]: v for d, v in zip(cur.description, found, strict=True)}
+    return build_tree(root_row, descendants(conn, root_row["id"])[:limit])
+
+
+def build_tree(root_row: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> Row:
+    """The nested tree from its root row and every descendant row (pure: both stores)."""
     root = _node(root_row)
     nodes = {root["id"]: root}
-    for row in descendants(conn, root["id"])[:limit]:
+    for row in rows:
         node = _node(row)
         nodes[node["id"]] = node
     for node in list(nodes.values()):

@@ -115,38 +115,51 @@ register_batched(accept, accept_many)
 
 def begin_turn(
     conn: sqlite3.Connection, inbox_id: int, session_id: str, message: Mapping[str, Any],
-    last: int | None, resumed: bool = False,
+    last: int | None,
 ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
-    """The turn's first write: the user's message into its session, and the history up to
-    it. `resumed` (a turn a crash interrupted): a message already stored there under the
-    same platform id is used, not stored again. The row is `started` from here on without
-    a write of its own: its message is in a session (`started_rows` finds them)."""
-    return begin_turns_many(conn, [(inbox_id, session_id, message, last, resumed)])[0]
+    """The turn's first write: the user's message into its session, once (a turn run again
+    after a crash finds it there by its platform id), and the history up to it. The row is
+    `started` from here on without a write of its own: its message is in a session."""
+    return begin_turns_many(conn, [(inbox_id, session_id, message, last)])[0]
+
+
+_STORED_JSON = (
+    "SELECT json_extract(j.value, '$[2]'), m.id FROM json_each(?) j "
+    "JOIN messages m ON m.session_id = json_extract(j.value, '$[0]') "
+    "AND m.platform_message_id = json_extract(j.value, '$[1]') AND m.role = 'user'"
+)
 
 
 def begin_turns_many(
-    conn: sqlite3.Connection,
-    calls: list[tuple[int, str, Mapping[str, Any], int | None, bool]],
+    conn: sqlite3.Connection, calls: list[tuple[int, str, Mapping[str, Any], int | None]]
 ) -> list[tuple[int, list[dict[str, Any]]]]:
     message_ids: list[int] = [0] * len(calls)
+    probes = [
+        (c[1], str(c[2]["platform_message_id"]), i)
+        for i, c in enumerate(calls)
+        if c[2].get("platform_message_id") is not None
+    ]
+    if probes:  # one indexed probe for the batch: (session, platform id) stored already?
+        for i, mid in conn.execute(_STORED_JSON, (json.dumps(probes),)):
+            if not message_ids[int(i)]:
+                message_ids[int(i)] = int(mid)
     to_append: list[int] = []
-    for i, (_inbox_id, session_id, msg, _last, resumed) in enumerate(calls):
-        pmid = msg.get("platform_message_id")
-        found = None
-        if resumed and pmid is not None:
-            found = conn.execute(
-                "SELECT id FROM messages WHERE session_id = ? AND platform_message_id = ? "
-                "ORDER BY id LIMIT 1",
-                (session_id, str(pmid)),
-            ).fetchone()
-        if found is not None:
-            message_ids[i] = int(found[0])  # stored before the crash: run the turn on it
+    repeats: list[tuple[int, int]] = []  # (call, the earlier call of this batch it repeats)
+    first_of: dict[tuple[int, str], int] = {}
+    for i, (inbox_id, session_id, _msg, _last) in enumerate(calls):
+        if message_ids[i]:
+            continue  # stored before a crash: run the turn on it again
+        if (inbox_id, session_id) in first_of:
+            repeats.append((i, first_of[(inbox_id, session_id)]))
         else:
+            first_of[(inbox_id, session_id)] = i
             to_append.append(i)
     if to_append:
         ids = append_many(conn, [(calls[i][1], [calls[i][2]]) for i in to_append])
         for i, got in zip(to_append, ids, strict=True):
             message_ids[i] = got[0]
+    for i, j in repeats:
+        message_ids[i] = message_ids[j]
     histories: list[list[dict[str, Any]]] = [[] for _ in calls]
     by_length: dict[int | None, list[int]] = {}
     for i, call in enumerate(calls):
@@ -191,9 +204,7 @@ def finish(conn: sqlite3.Connection, inbox_id: int, state: str, reason: str | No
     finish_many(conn, [(inbox_id, state, reason)])
 
 
-def finish_many(
-    conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]
-) -> list[None]:
+def finish_many(conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]) -> list[None]:
     conn.execute(
         "UPDATE inbox SET state = json_extract(j.value, '$[1]'), "
         "reason = json_extract(j.value, '$[2]'), updated_at = ?2 "
@@ -206,14 +217,29 @@ def finish_many(
 register_batched(finish, finish_many)
 
 
+_OPEN_ROWS = (
+    "SELECT i.id, i.platform, i.chat_id, i.platform_message_id, i.payload, i.received_at, "
+    "(SELECT m.id FROM sessions s JOIN messages m ON m.session_id = s.id "
+    " WHERE s.source = i.platform AND s.chat_id = i.chat_id AND m.role = 'user' "
+    " AND m.platform_message_id = i.platform_message_id ORDER BY m.id LIMIT 1) AS mid "
+    "FROM inbox i WHERE i.state IN ('received', 'started') ORDER BY i.id"
+)
+
+
 def open_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    """Rows a crash left `received`/`started`, oldest first."""
-    cur = conn.execute(
-        "SELECT id, platform, chat_id, platform_message_id, payload, state, session_id, "
-        "message_id, received_at FROM inbox WHERE state IN ('received', 'started') ORDER BY id"
-    )
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    """Rows a crash left open, oldest first; `started` (with its session and message) when
+    the turn's message is stored, else `received`."""
+    out = []
+    for rid, platform, chat, pmid, payload, received, mid in conn.execute(_OPEN_ROWS).fetchall():
+        sid = None
+        if mid is not None:
+            (sid,) = conn.execute("SELECT session_id FROM messages WHERE id = ?", (mid,)).fetchone()
+        out.append({
+            "id": rid, "platform": platform, "chat_id": chat, "platform_message_id": pmid,
+            "payload": payload, "state": STARTED if mid is not None else RECEIVED,
+            "session_id": sid, "message_id": mid, "received_at": received,
+        })  # fmt: skip
+    return out
 
 
 def started_rows(conn: sqlite3.Connection) -> int:

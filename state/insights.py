@@ -67,20 +67,6 @@ def _message_rows(conn: sqlite3.Connection, p: Period) -> list[tuple[int, str, s
 
 def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
     src_params = [p.source] if p.source else []
-    per_day: dict[int, dict[str, int]] = {}  # days since the epoch (UTC)
-    heat = [[0] * 24 for _ in range(7)]  # [weekday Monday=0][hour]
-    tools: dict[str, int] = {}
-    total = 0
-    for hr, source, tool, n in _message_rows(conn, p):
-        days_since_epoch = hr // 24
-        day = per_day.get(days_since_epoch)
-        if day is None:
-            day = per_day[days_since_epoch] = {}
-        day[source] = day.get(source, 0) + n
-        heat[(days_since_epoch + 3) % 7][hr % 24] += n  # 1970-01-01 was a Thursday
-        if tool:
-            tools[tool] = tools.get(tool, 0) + n
-        total += n
     src_plain = " AND source = ?" if p.source else ""
     # two passes over sessions instead of four: the models' rows give the active and
     # started counts; one scan gives the live sessions and the period's end reasons
@@ -90,13 +76,39 @@ def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
         f"WHERE last_active >= ? AND started_at < ?{src_plain} GROUP BY 1 ORDER BY 2 DESC",
         (p.since, p.since, p.until, *src_params),
     ).fetchall()
-    active = (sum(m[3] for m in models), sum(m[4] or 0 for m in models))
     by_end = conn.execute(
         "SELECT COALESCE(end_reason, ''), SUM(ended_at >= ? AND ended_at < ?), "
         "SUM(ended_at IS NULL) FROM sessions "
         f"WHERE (ended_at IS NULL OR (ended_at >= ? AND ended_at < ?)){src_plain} GROUP BY 1",
         (p.since, p.until, p.since, p.until, *src_params),
     ).fetchall()
+    return assemble(p, _message_rows(conn, p), models, by_end)
+
+
+def assemble(
+    p: Period,
+    message_rows: list[tuple[int, str, str, int]],
+    models: list[tuple[Any, ...]],
+    by_end: list[tuple[Any, ...]],
+) -> dict[str, Any]:
+    """The figures from (hour, source, tool, messages) rows, the per-model session rows
+    (model, input, output, sessions, started) and the end-reason rows (reason, ended in
+    the period, live): pure, so every store shapes them the same way."""
+    per_day: dict[int, dict[str, int]] = {}  # days since the epoch (UTC)
+    heat = [[0] * 24 for _ in range(7)]  # [weekday Monday=0][hour]
+    tools: dict[str, int] = {}
+    total = 0
+    for hr, source, tool, n in message_rows:
+        days_since_epoch = hr // 24
+        day = per_day.get(days_since_epoch)
+        if day is None:
+            day = per_day[days_since_epoch] = {}
+        day[source] = day.get(source, 0) + n
+        heat[(days_since_epoch + 3) % 7][hr % 24] += n  # 1970-01-01 was a Thursday
+        if tool:
+            tools[tool] = tools.get(tool, 0) + n
+        total += n
+    active = (sum(m[3] for m in models), sum(m[4] or 0 for m in models))
     live = sum(n or 0 for _, _, n in by_end)
     ends = sorted(((r, n) for r, n, _ in by_end if n), key=lambda x: (-x[1], x[0]))
     return {

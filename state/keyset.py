@@ -35,6 +35,14 @@ class PageQuery:
 
 def page(conn: sqlite3.Connection, q: PageQuery) -> tuple[list[Row], tuple[float, str] | None]:
     """Rows of the page and the cursor for the next one (None on the last page)."""
+    sql, params, col, limit = page_sql(q)
+    cur = conn.execute(sql, params)
+    return cut_page([row_dict(cur, r) for r in cur.fetchall()], col, limit)
+
+
+def page_sql(q: PageQuery, mark: str = "?") -> tuple[str, list[object], str, int]:
+    """(the page's SELECT, its parameters, the sort column, the page size) with `mark` as
+    the placeholder: both stores run it."""
     col = SORTS.get(q.sort)
     if col is None:
         raise ValueError(f"sort must be one of {', '.join(SORTS)}")
@@ -63,12 +71,15 @@ def page(conn: sqlite3.Connection, q: PageQuery) -> tuple[list[Row], tuple[float
         clauses.append(f"({col}, id) {op} (?, ?)")
         params.extend(q.after)
     limit = max(1, min(q.limit, 500))
-    cur = conn.execute(
+    sql = (
         f"SELECT {LIST_COLUMNS}, started_at AS started FROM sessions "
-        f"WHERE {' AND '.join(clauses)} ORDER BY {col} {direction}, id {direction} LIMIT ?",
-        (*params, limit + 1),
+        f"WHERE {' AND '.join(clauses)} ORDER BY {col} {direction}, id {direction} LIMIT {mark}"
     )
-    rows = [row_dict(cur, r) for r in cur.fetchall()]
+    return sql.replace("?", mark), [*params, limit + 1], col, limit
+
+
+def cut_page(rows: list[Row], col: str, limit: int) -> tuple[list[Row], tuple[float, str] | None]:
+    """The page's rows (one more was asked for) and the next cursor."""
     for r in rows:
         r.pop("started", None)
     more = len(rows) > limit

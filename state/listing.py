@@ -39,21 +39,23 @@ class SessionFilter:
     child_kinds: tuple[str, ...] = (ChildKind.BRANCH,)  # children shown beside roots by default
     routed_only: bool = False  # only sessions that came from a chat (have a session key)
 
-    def where(self, alias: str = "") -> tuple[str, list[object]]:
+    def where(self, alias: str = "", mark: str = "?") -> tuple[str, list[object]]:
+        """(SQL condition, parameters) with `mark` as the placeholder (`%s` for
+        PostgreSQL); "1" (SQLite) or "TRUE" when nothing is filtered."""
         p = f"{alias}." if alias else ""
         clauses: list[str] = []
         params: list[object] = []
         wanted = [*self.sources, *([self.source] if self.source else [])]
         if wanted:
-            clauses.append(f"{p}source IN ({', '.join('?' for _ in wanted)})")
+            clauses.append(f"{p}source IN ({', '.join(mark for _ in wanted)})")
             params.extend(wanted)
         if self.exclude_sources:
-            clauses.append(f"{p}source NOT IN ({', '.join('?' for _ in self.exclude_sources)})")
+            clauses.append(f"{p}source NOT IN ({', '.join(mark for _ in self.exclude_sources)})")
             params.extend(self.exclude_sources)
         for col, value in (("user_id", self.user_id), ("chat_id", self.chat_id),
                            ("thread_id", self.thread_id)):  # fmt: skip
             if value is not None:
-                clauses.append(f"{p}{col} = ?")
+                clauses.append(f"{p}{col} = {mark}")
                 params.append(value)
         if self.thread_exact and self.thread_id is None:
             clauses.append(f"{p}thread_id IS NULL")
@@ -70,7 +72,7 @@ class SessionFilter:
             clauses.append(f"COALESCE({p}archived, 0) = 0")
         if self.titled_only:
             clauses.append(f"{p}title IS NOT NULL")
-        return (" AND ".join(clauses) or "1"), params
+        return (" AND ".join(clauses) or ("1" if mark == "?" else "TRUE")), params
 
 
 def list_sessions(

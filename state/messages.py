@@ -11,31 +11,24 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from . import activity, usage
-from .content import SQL_DECODED_CONTENT, content_text, decode_content, encode_content
+from .content import SQL_DECODED_CONTENT, content_text
 from .errors import SessionNotFound
+from .message_rows import (  # MESSAGE_FIELDS and ROLES stay importable from here
+    LAST_ACTIVE_RESOLUTION_S,
+    MESSAGE_FIELDS,  # noqa: F401
+    ROLES,  # noqa: F401
+    decode_message,
+    row_values,
+    tool_call_count,
+)
 from .records import MessageRow
-from .rows import JSON_MESSAGE_COLUMNS, Row, from_json_text, make_preview, row_dict, to_json_text
+from .rows import make_preview, row_dict
 from .textindex import aux_row
 from .writer import register_batched
 
-MESSAGE_FIELDS = (
-    "role",
-    "content",
-    "tool_call_id",
-    "tool_calls",
-    "tool_name",
-    "timestamp",
-    "token_count",
-    "finish_reason",
-    "reasoning",
-    "reasoning_details",
-    "codex_reasoning_items",
-    "platform_message_id",
-)
-ROLES = ("system", "user", "assistant", "tool")
 _INSERT = (
     "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
     "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
@@ -47,45 +40,10 @@ _UPDATE_SESSION = (
     "tool_call_count = COALESCE(tool_call_count, 0) + ?, "
     "preview = COALESCE(preview, ?) WHERE id = ?"
 )
-# `last_active` has a resolution of one second: an append moves it only when the message is
-# at least that much newer. Four listing indexes end in last_active, and SQLite rewrites an
-# index whenever an UPDATE sets one of its columns, even to the same value; so counters and
-# last_active are separate statements, and the second matches (and costs) once a second per
-# busy session instead of on every message. Listings show minutes; prune works in days.
-LAST_ACTIVE_RESOLUTION_S = 1.0
 _MOVE_LAST_ACTIVE = (
     "UPDATE sessions SET last_active = ?1 WHERE id = ?2 "
     f"AND COALESCE(last_active, 0) <= ?1 - {LAST_ACTIVE_RESOLUTION_S}"
 )
-
-
-def _tool_call_count(tool_calls: object) -> int:
-    if tool_calls is None:
-        return 0
-    value = from_json_text(tool_calls) if isinstance(tool_calls, str) else tool_calls
-    return len(value) if isinstance(value, list) else 1
-
-
-def _row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[Any, ...]:
-    role = msg.get("role")
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-    content = encode_content(msg.get("content"))  # multimodal parts: Hermes's encoding
-    return (
-        session_id,
-        role,
-        content,
-        msg.get("tool_call_id"),
-        to_json_text(msg.get("tool_calls")),
-        msg.get("tool_name"),
-        float(msg.get("timestamp") or now),
-        msg.get("token_count"),
-        msg.get("finish_reason"),
-        msg.get("reasoning"),
-        to_json_text(msg.get("reasoning_details")),
-        to_json_text(msg.get("codex_reasoning_items")),
-        msg.get("platform_message_id"),
-    )
 
 
 def _json_row(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -151,12 +109,12 @@ def append_messages(
     last_ts = 0.0
     rows: list[tuple[Any, ...]] = []
     for msg in batch:
-        values = _row_values(session_id, msg, now)
+        values = row_values(session_id, msg, now)
         rows.append(values)
         cur = conn.execute(_INSERT, values)
         mid = int(cur.lastrowid or 0)
         ids.append(mid)
-        tool_calls += _tool_call_count(values[4])
+        tool_calls += tool_call_count(values[4])
         last_ts = max(last_ts, values[6])
         if preview is None and values[1] == "user":
             preview = make_preview(content_text(values[2]))
@@ -290,12 +248,12 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
         a = agg.setdefault(session_id, [0, 0, 0.0, None, 0, 0])
         n = 0
         for msg in batch:
-            values = _row_values(session_id, msg, now)
+            values = row_values(session_id, msg, now)
             rows.append(values)
             n += 1
             a[0] += 1
             if values[4] is not None:
-                a[1] += _tool_call_count(values[4])
+                a[1] += tool_call_count(values[4])
             a[2] = max(a[2], values[6])
             if a[3] is None and values[1] == "user":
                 a[3] = make_preview(content_text(values[2]))
@@ -380,16 +338,6 @@ def append_and_read_many(
 
 
 register_batched(append_and_read, append_and_read_many)
-
-
-def decode_message(row: Row) -> MessageRow:
-    for name in JSON_MESSAGE_COLUMNS:
-        if name in row:
-            row[name] = from_json_text(row[name])
-    if "content" in row:
-        row["content"] = decode_content(row["content"])
-    row.pop("sb_written", None)
-    return cast(MessageRow, row)
 
 
 def get_messages(

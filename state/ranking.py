@@ -124,8 +124,14 @@ def estimate_df(
             (match, DF_SAMPLE),
         ).fetchone()
         return int(n)
+    return extrapolate_df(rows, found[0], id_range)
+
+
+def extrapolate_df(rows: int, found: int, id_range: tuple[int, int]) -> int:
+    """Document frequency from the id of the DF_SAMPLE-th newest match: the share of the
+    id range walked back to reach it says how common the term is."""
     low, high = id_range
-    reach = (high - found[0] + 1) / max(1, high - low + 1)  # the fraction of rows walked
+    reach = (high - found + 1) / max(1, high - low + 1)  # the fraction of rows walked
     return max(DF_SAMPLE, min(rows, round(DF_SAMPLE / max(reach, 1e-9))))
 
 
@@ -151,10 +157,21 @@ def bm25(
     avgdl: float,
 ) -> float:
     """The score of one row: its text as stored, its docsize record."""
+    return bm25_of_length(text, doc_length(docsize), phrases, weights, avgdl)
+
+
+def bm25_of_length(
+    text: str | None,
+    length: int,
+    phrases: Sequence[Phrase],
+    weights: Sequence[float],
+    avgdl: float,
+) -> float:
+    """The score of one row of `length` tokens (a store that counts tokens itself)."""
     if not text:
         return 0.0
     folded = fold(text)
-    norm = K1 * (1 - B + B * doc_length(docsize) / avgdl)
+    norm = K1 * (1 - B + B * length / avgdl)
     score = 0.0
     for phrase, weight in zip(phrases, weights, strict=True):
         tf = phrase.count_in(folded)

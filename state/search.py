@@ -50,8 +50,9 @@ class SearchRequest:
     include_inactive: bool = False
 
 
-def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
-    """(WHERE text over `m` and `s`, its parameters, whether it filters on sessions)."""
+def filters(req: SearchRequest, mark: str = "?") -> tuple[str, list[object], bool]:
+    """(WHERE text over `m` and `s`, its parameters, whether it filters on sessions);
+    `mark` is the placeholder (`%s` for PostgreSQL)."""
     scope = SessionFilter(
         source=req.scope.source,
         sources=tuple(req.scope.sources) + tuple(req.sources),
@@ -64,15 +65,15 @@ def _filters(req: SearchRequest) -> tuple[str, list[object], bool]:
         thread_exact=req.scope.thread_exact,
         routed_only=req.scope.routed_only,
     )
-    where, params = scope.where("s")
-    scoped = where != "1"  # SessionFilter.where says "1" when it has no clause
+    where, params = scope.where("s", mark)
+    scoped = where not in ("1", "TRUE")  # what SessionFilter.where says for no clause
     if req.roles:
-        where += f" AND m.role IN ({', '.join('?' for _ in req.roles)})"
+        where += f" AND m.role IN ({', '.join(mark for _ in req.roles)})"
         params += list(req.roles)
     if not req.include_inactive:
         where += " AND NOT (COALESCE(m.active, 1) = 0 AND COALESCE(m.compacted, 0) = 0)"
     if req.exclude_session_ids:
-        where += f" AND m.session_id NOT IN ({', '.join('?' for _ in req.exclude_session_ids)})"
+        where += f" AND m.session_id NOT IN ({', '.join(mark for _ in req.exclude_session_ids)})"
         params += list(req.exclude_session_ids)
     return where, params, scoped
 
@@ -81,7 +82,7 @@ def _order(sort: str) -> str:
     return "timestamp DESC, id DESC" if sort == "newest" else "timestamp ASC, id ASC"
 
 
-def _blend(score: float, timestamp: float, now: float) -> float:
+def blend(score: float, timestamp: float, now: float) -> float:
     """Dividing by (1 + age/half-life) pulls old hits down, so between two equally relevant
     hits the newer one wins."""
     return score / (1.0 + max(0.0, now - timestamp) / (RECENCY_HALF_LIFE_DAYS * 86400))
@@ -141,7 +142,7 @@ def _branches(tree: q.Node, roles: Sequence[str], include_tools: bool = False) -
     tools = "tool" in roles or include_tools
     if tools:
         aux = f"({aux}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
-    literal, params = _literal_where(tree, tools)
+    literal, params = literal_where(tree, tools)
     out.append(_Branch("messages_aux_fts", aux, literal, params))
     return out
 
@@ -150,7 +151,9 @@ def _like(piece: str) -> str:
     return "%" + piece.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-def _literal_where(tree: q.Node, tools: bool) -> tuple[str, tuple[str, ...]]:
+def literal_where(
+    tree: q.Node, tools: bool, mark: str = "?", like: str = "LIKE"
+) -> tuple[str, tuple[str, ...]]:
     """The segmented index drops punctuation (`100%完成` finds `100完成`), so a CJK/emoji
     term that holds any must also appear literally: a LIKE with `%`, `_` escaped. Only
     terms every hit must contain (the query's top-level AND) are checked."""
@@ -164,7 +167,7 @@ def _literal_where(tree: q.Node, tools: bool) -> tuple[str, tuple[str, ...]]:
         for piece in term.text.split():
             if all(ch.isalnum() or is_cjk(ch) or is_symbol(ch) for ch in piece):
                 continue
-            ors = " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in cols)
+            ors = " OR ".join(f"{c} {like} {mark} ESCAPE '\\'" for c in cols)
             clauses.append(f" AND ({ors})")
             params += [_like(piece)] * len(cols)
     return "".join(clauses), tuple(params)
@@ -182,7 +185,7 @@ def search(
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
     tree = q.parse(req.query)
-    where, fparams, scoped = _filters(req)
+    where, fparams, scoped = filters(req)
     # Candidates meet sessions only when the scope filters on them.
     join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
     branches = _branches(tree, req.roles, req.include_tools)
@@ -273,7 +276,7 @@ def _rank(
             ]
         for r in mine:
             score = ranking.bm25(r[i_body], r[i_size], phrases, weights, avgdl)
-            scores[r[i_id]] = _blend(score, r[i_ts], now)
+            scores[r[i_id]] = blend(score, r[i_ts], now)
     return sorted(rows, key=lambda r: (scores.get(r[i_id], 0.0), r[i_id]), reverse=True)
 
 

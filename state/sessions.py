@@ -81,6 +81,28 @@ TOKEN_FIELDS = (
 )
 
 
+def session_fields(
+    sid: str, source: str, model: str | None, model_config: Any, system_prompt: str | None,
+    user_id: str | None, parent: str | None, child_kind: str | None, title: str | None,
+    started_at: float | None, routing: Mapping[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """The columns of a new session from create_session's arguments (a pure function both
+    stores use); unknown routing fields are a TypeError."""
+    bad = [k for k in routing if k not in ROUTING_FIELDS]
+    if bad:
+        raise TypeError(f"unknown session field(s): {', '.join(bad)}")
+    fields: dict[str, Any] = {"id": sid, "source": source}
+    for key, value in (
+        ("model", model), ("model_config", model_config), ("system_prompt", system_prompt),
+        ("user_id", user_id), ("parent_session_id", parent), ("child_kind", child_kind),
+        ("title", title), ("started_at", started_at),
+    ):  # fmt: skip
+        if value is not None:
+            fields[key] = value
+    fields.update({k: v for k, v in routing.items() if v is not None})
+    return fields
+
+
 def insert_session(
     conn: sqlite3.Connection, fields: Mapping[str, Any], *, if_missing: bool = False
 ) -> bool:

@@ -57,7 +57,7 @@ T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-AUTO_PRUNE_KEY = "switchboard.auto_prune.last_run"
+AUTO_PRUNE_KEY = maintenance.AUTO_PRUNE_KEY
 
 
 def _check_file(path: Path) -> None:
@@ -216,7 +216,7 @@ class SessionDB:
     ) -> str:
         """Create a session (under a generated id unless one is given; a given id that
         exists raises SessionExists). Routing columns go in `routing`."""
-        fields = self._session_fields(
+        fields = sessions.session_fields(
             session_id or "", source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, title, started_at, routing,
         )  # fmt: skip
@@ -239,31 +239,11 @@ class SessionDB:
         **routing: Any,
     ) -> bool:
         """Create the session unless it exists. Returns True when it was created."""
-        fields = self._session_fields(
+        fields = sessions.session_fields(
             session_id, source, model, model_config, system_prompt, user_id,
             parent_session_id, child_kind, None, None, routing,
         )  # fmt: skip
         return await self._write(lambda c: sessions.insert_session(c, fields, if_missing=True))
-
-    @staticmethod
-    def _session_fields(
-        sid: str, source: str, model: str | None, model_config: Any, system_prompt: str | None,
-        user_id: str | None, parent: str | None, child_kind: str | None, title: str | None,
-        started_at: float | None, routing: Mapping[str, Any],
-    ) -> dict[str, Any]:  # fmt: skip
-        bad = [k for k in routing if k not in sessions.ROUTING_FIELDS]
-        if bad:
-            raise TypeError(f"unknown session field(s): {', '.join(bad)}")
-        fields: dict[str, Any] = {"id": sid, "source": source}
-        for key, value in (
-            ("model", model), ("model_config", model_config), ("system_prompt", system_prompt),
-            ("user_id", user_id), ("parent_session_id", parent), ("child_kind", child_kind),
-            ("title", title), ("started_at", started_at),
-        ):  # fmt: skip
-            if value is not None:
-                fields[key] = value
-        fields.update({k: v for k, v in routing.items() if v is not None})
-        return fields
 
     async def get_session(self, session_id: str) -> SessionRow | None:
         return await self._read(sessions.get_session, session_id)
@@ -680,14 +660,12 @@ class SessionDB:
 
     async def begin_turn(
         self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
-        last: int | None = None, resumed: bool = False,
+        last: int | None = None,
     ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
-        """The user's message into its session (`resumed`: once, a turn a crash interrupted
-        finds it there) and the newest `last` messages up to it in OpenAI chat format:
-        (the message's id, the history). The inbox row counts as `started` from here."""
-        return await self._write(
-            inbox.begin_turn, inbox_id, session_id, dict(message), last, resumed
-        )
+        """The user's message into its session, once (a turn a crash interrupted finds it
+        there), and the newest `last` messages up to it in OpenAI chat format: (the
+        message's id, the history). The inbox row counts as `started` from here."""
+        return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
 
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,

@@ -16,7 +16,7 @@ from typing import Any, cast
 from . import activity
 from .content import content_text, encode_content
 from .errors import TitleTaken
-from .messages import decode_message
+from .message_rows import decode_message
 from .records import ExportRecord, SessionRow
 from .rows import row_dict, to_json_text
 from .sessions import set_title, title_owner

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from state import SessionDB
+from state import Store
 
 DAY = 86400.0
 HOSTILE_TITLE = '"><img src=x onerror=alert(1)>'
@@ -28,7 +28,7 @@ class Seeded:
     rtl_msg: int
 
 
-async def seed(db: SessionDB, now: float) -> Seeded:
+async def seed(db: Store, now: float) -> Seeded:
     t0 = now - 3 * DAY
     root = await db.create_session(
         "20250101_000000_aaaa0001", "telegram", model="gpt-4o-mini", title="project alpha",
@@ -41,7 +41,9 @@ async def seed(db: SessionDB, now: float) -> Seeded:
     await db.append_message(compressed, "user", "summary please", timestamp=t0 + 3600)
     compressed2 = await db.fork_session(compressed, "compression", end_reason="compression")
     await db.append_message(compressed2, "user", "still compressing", timestamp=t0 + 7200)
-    branch = await db.fork_session(root, "branch", title="alpha experiment")
+    # a branch of the ended root answers a chat of its own: one live session per key
+    branch = await db.fork_session(root, "branch", title="alpha experiment", chat_id="101",
+                                   session_key="agent:main:telegram:dm:101")  # fmt: skip
     await db.append_message(branch, "user", "try another way", timestamp=t0 + 9000)
     reset = await db.fork_session(compressed2, "reset", end_reason="session_reset")
     await db.update_session(reset, handoff_state="completed", handoff_platform="discord")

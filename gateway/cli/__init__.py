@@ -76,25 +76,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
+    from gateway.cli.paths import store_settings
     from gateway.cli.sessions import run
 
-    return asyncio.run(run(args, _home(args) / "state.db"))
+    home = _home(args)
+    return asyncio.run(run(args, home / "state.db", store_settings(args, home)))
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from gateway.cli.hermes_import import hermes_db_file, run
+    from gateway.cli.paths import refuse_postgres
     from gateway.config import load_config
 
     home = _home(args)
+    refuse_postgres(args, home, "import")
     config = load_config(_config_path(args, home))  # its key settings shape the new keys
     return asyncio.run(run(args, home, hermes_db_file(args.from_hermes), config))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from gateway.cli.chat import run_chat
+    from gateway.cli.paths import refuse_postgres
     from gateway.config import load_config
 
     home = _home(args)
+    refuse_postgres(args, home, "chat")
     config = load_config(_config_path(args, home))
     # the options the resume hint must repeat so that it reaches this same store
     given = ["--home", str(home.absolute())] if args.home else []

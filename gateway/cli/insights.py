@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway import adapters
-from gateway.cli.paths import config_path_of, home_of
+from gateway.cli.paths import config_path_of, home_of, refuse_postgres
 from gateway.errors import EXIT_OK, EXIT_USAGE
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -52,6 +52,7 @@ def cmd_insights(args: argparse.Namespace) -> int:
         print("switchboard: --days must be between 1 and 3660", file=sys.stderr)
         return EXIT_USAGE
     home = home_of(args)
+    refuse_postgres(args, home, "insights")
     config = load_config(config_path_of(args, home))
     prices = {
         str(m): (float(p.get("input", 0)), float(p.get("output", 0)))

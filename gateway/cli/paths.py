@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def home_of(args: argparse.Namespace) -> Path:
@@ -20,3 +21,44 @@ def config_path_of(args: argparse.Namespace, home: Path) -> Path | None:
         return Path(args.config).expanduser()
     candidate = home / "config.yaml"
     return candidate if candidate.exists() else None
+
+
+def store_settings(args: argparse.Namespace, home: Path) -> dict[str, Any] | None:
+    """open_store's settings when the home's config puts the store on PostgreSQL (the
+    config is then validated in full: its DSN must be set), else None (state.db)."""
+    if _backend(args, home) != "postgres":
+        return None
+    from dataclasses import asdict
+
+    from gateway.config import load_config
+
+    config = load_config(config_path_of(args, home))
+    return {**asdict(config.state), "dsn": config.secret("state.dsn_env")}
+
+
+def _backend(args: argparse.Namespace, home: Path) -> str | None:
+    """`state.backend` as the config file says it, without validating the rest."""
+    import yaml
+
+    path = config_path_of(args, home)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path else None
+    except (OSError, yaml.YAMLError):
+        return None
+    state = data.get("state") if isinstance(data, dict) else None
+    backend = state.get("backend") if isinstance(state, dict) else None
+    return backend if isinstance(backend, str) else None
+
+
+def refuse_postgres(args: argparse.Namespace, home: Path, command: str) -> None:
+    """The terminal commands read the home's state.db; on a config that puts the store on
+    PostgreSQL they would silently show (and create) an empty file instead. Only the
+    `state.backend` value is read here, so a config with other problems changes nothing."""
+    from gateway.errors import ConfigError
+
+    if _backend(args, home) == "postgres":
+        raise ConfigError(
+            "state.backend",
+            f"`switchboard {command}` works on the SQLite state.db only for now; "
+            "this home's store is on PostgreSQL",
+        )

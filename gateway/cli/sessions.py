@@ -1,6 +1,7 @@
 """`switchboard sessions ...`: list, show, search, rename, delete, prune, stats, export,
-import, optimize. Thin shells over `state.SessionDB`; every one works while the daemon runs
-on the same state.db (the store waits out the daemon's write lock)."""
+import, optimize. Thin shells over the `state.Store` the home's config names (state.db, or
+PostgreSQL); every one works while the daemon runs on the same store (SQLite's waits out
+the daemon's write lock). `optimize` is SQLite's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,15 @@ from gateway import adapters
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from gateway.timefmt import ago
 from gateway.wording import plural
-from state import AmbiguousSession, SessionDB, SessionNotFound, TitleError
+from state import (
+    AmbiguousSession,
+    Maintenance,
+    SessionDB,
+    SessionNotFound,
+    Store,
+    TitleError,
+    open_store,
+)
 
 # Piped output is for reading whole lines (grep, a file, a pager): no width to wrap at, so
 # a table row stays one line however long its title.
@@ -34,12 +43,16 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC") if ts else "-"
 
 
-async def _resolve(db: SessionDB, ref: str) -> str:
+async def _resolve(db: Store, ref: str) -> str:
     return await db.resolve_session_ref(ref)
 
 
-async def run(args: argparse.Namespace, db_path: Path) -> int:
-    db = await SessionDB.open(db_path)
+async def run(
+    args: argparse.Namespace, db_path: Path, state: Mapping[str, Any] | None = None
+) -> int:
+    """Run the subcommand on state.db at `db_path`, or on the store `state` (open_store's
+    settings, for a home whose config puts the store elsewhere) names."""
+    db: Store = await open_store(state, db_path.parent) if state else await SessionDB.open(db_path)
     try:
         return int(await COMMANDS[args.sessions_command](db, args))
     except SessionNotFound as exc:
@@ -52,7 +65,7 @@ async def run(args: argparse.Namespace, db_path: Path) -> int:
         await db.close()
 
 
-async def cmd_list(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_list(db: Store, args: argparse.Namespace) -> int:
     rows = await db.list_sessions(args.source, include_children=args.all, limit=args.limit + 1)
     more = len(rows) > args.limit
     rows = rows[: args.limit]
@@ -82,7 +95,7 @@ async def cmd_list(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def cmd_show(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_show(db: Store, args: argparse.Namespace) -> int:
     sid = await _resolve(db, args.ref)
     row = await db.require_session(sid)
     msgs = await db.get_messages(sid, last=args.messages)
@@ -123,7 +136,7 @@ async def cmd_show(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def cmd_search(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_search(db: Store, args: argparse.Namespace) -> int:
     from state import QueryError
 
     try:
@@ -145,7 +158,7 @@ async def cmd_search(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def cmd_rename(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_rename(db: Store, args: argparse.Namespace) -> int:
     sid = await _resolve(db, args.ref)
     try:
         title = await db.set_session_title(sid, " ".join(args.title))
@@ -167,7 +180,7 @@ def _confirm(question: str, yes: bool) -> bool | None:
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
-async def cmd_delete(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_delete(db: Store, args: argparse.Namespace) -> int:
     sid = await _resolve(db, args.ref)
     row = await db.require_session(sid)
     answer = _confirm(
@@ -184,7 +197,7 @@ async def cmd_delete(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def cmd_prune(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_prune(db: Store, args: argparse.Namespace) -> int:
     candidates = await db.prune_candidates(args.older_than, args.source, limit=1_000_000)
     if args.dry_run or not candidates:
         out.print(
@@ -203,7 +216,7 @@ async def cmd_prune(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def cmd_stats(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
     s = await db.stats()
     if args.json:
         print(json.dumps(s, ensure_ascii=False))
@@ -212,7 +225,10 @@ async def cmd_stats(db: SessionDB, args: argparse.Namespace) -> int:
     out.print(
         f"tokens {s['input_tokens']} in / {s['output_tokens']} out; cost ${s['estimated_cost_usd']:.4f} estimated"
     )
-    out.print(f"state.db {s['db_bytes'] / 1e6:.1f} MB (+ WAL {s['wal_bytes'] / 1e6:.1f} MB)")
+    if db.backend == "sqlite":
+        out.print(f"state.db {s['db_bytes'] / 1e6:.1f} MB (+ WAL {s['wal_bytes'] / 1e6:.1f} MB)")
+    else:
+        out.print(f"{db.backend} database {s['db_bytes'] / 1e6:.1f} MB")
     table = Table(
         "Source", "Sessions", "Messages", "Tokens in", "Tokens out", box=None, pad_edge=False
     )
@@ -228,7 +244,7 @@ async def cmd_stats(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _export(db: SessionDB, fh: Any, args: argparse.Namespace, ids: list[str] | None) -> int:
+async def _export(db: Store, fh: Any, args: argparse.Namespace, ids: list[str] | None) -> int:
     total = len(ids) if ids else await db.session_count(args.source)
     n = 0
     with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
@@ -240,7 +256,7 @@ async def _export(db: SessionDB, fh: Any, args: argparse.Namespace, ids: list[st
     return n
 
 
-async def cmd_export(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_export(db: Store, args: argparse.Namespace) -> int:
     ids = [await _resolve(db, args.session_id)] if args.session_id else None
     if args.file == "-":
         n = await _export(db, sys.stdout, args, ids)
@@ -285,7 +301,7 @@ def _records(fh: Any, name: str, size: int | None, progress: Progress,
             bad.bad += 1
 
 
-async def cmd_import(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_import(db: Store, args: argparse.Namespace) -> int:
     bad = _LineCounter()
     with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
         if args.file == "-":
@@ -312,7 +328,7 @@ async def cmd_import(db: SessionDB, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def cmd_browse(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_browse(db: Store, args: argparse.Namespace) -> int:
     import asyncio
 
     from gateway.cli.browse import pick_curses, pick_numbered, resume_in_chat
@@ -331,11 +347,21 @@ async def cmd_browse(db: SessionDB, args: argparse.Namespace) -> int:
     if chosen is None:
         return EXIT_OK
     await db.close()  # the chat process opens the store itself
+    if not isinstance(db, SessionDB):
+        err.print(
+            f"switchboard: chosen {chosen['id']}; `switchboard chat` works on state.db only for now"
+        )
+        return EXIT_FAILURE
     await asyncio.to_thread(resume_in_chat, str(db.path.parent), chosen["id"])
     return EXIT_OK
 
 
-async def cmd_optimize(db: SessionDB, args: argparse.Namespace) -> int:
+async def cmd_optimize(db: Store, args: argparse.Namespace) -> int:
+    if not isinstance(db, SessionDB) or not isinstance(db, Maintenance):
+        err.print(
+            f"switchboard: optimize is SQLite's; {db.backend} keeps its own indexes and space"
+        )
+        return EXIT_USAGE
     before = db.path.stat().st_size
     await db.optimize_search_index()
     _, after = await db.vacuum()

@@ -8,13 +8,13 @@ import asyncio
 import fcntl
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gateway.adapters import adapter_class
 from gateway.config import Config
 from gateway.errors import AlreadyRunning
-from state import SessionDB
+from state import Maintenance, SessionDB, Store, open_store
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def _daemon_running(home: Path) -> bool:
     return False
 
 
-async def _index_check(home: Path, db: SessionDB, flush_s: float = 2.0) -> tuple[Check, list[str]]:
+async def _index_check(home: Path, db: Store, flush_s: float = 2.0) -> tuple[Check, list[str]]:
     """sessions.json against state.db. A running daemon writes the file at most every
     `flush_s`, so what looks wrong while it runs is looked at again after one flush: only
     what is still wrong then counts. A live session with no entry (from `sessions import`, or
@@ -79,7 +79,7 @@ def _entries(path: Path) -> int:
         return 0
 
 
-async def _compare_index(path: Path, db: SessionDB) -> tuple[Check | None, list[str], list[str]]:
+async def _compare_index(path: Path, db: Store) -> tuple[Check | None, list[str], list[str]]:
     """(a verdict when the file cannot be compared at all, entries that point at a missing
     or ended session, keys whose live session has no entry). Terminal sessions are never
     in the daemon's index and are left out."""
@@ -148,40 +148,52 @@ async def _state_checks(
         )
     )
     path = home / "state.db"
-    if not path.exists():
+    db: Store
+    if config is not None and config.state.backend == "postgres":
+        try:
+            settings = {**asdict(config.state), "dsn": config.secret("state.dsn_env")}
+            db = await open_store(settings, home)
+        except Exception as exc:  # an unreachable server is a failed check, not a crash
+            checks.append(Check("PostgreSQL", False, str(exc)))
+            return checks
+        checks.append(Check("PostgreSQL", True, f"connected ({getattr(db, 'where', 'ok')})"))
+    elif not path.exists():
         checks.append(
             Check("state.db", True, f"{path} does not exist yet (created on first run)", warn=True)
         )
         return checks
+    else:
+        try:
+            db = await SessionDB.open(path)
+        except Exception as exc:  # the one place a damaged file is reported rather than raised
+            checks.append(Check("state.db", False, str(exc)))
+            return checks
     try:
-        db = await SessionDB.open(path)
-    except Exception as exc:  # the one place a damaged file is reported rather than raised
-        checks.append(Check("state.db", False, str(exc)))
-        return checks
-    try:
-        problems = await db.integrity_check(quick=not full)
-        checks.append(
-            Check(
-                "state.db integrity",
-                not problems,
-                "ok" if not problems else "; ".join(problems[:3]),
+        if isinstance(db, Maintenance):  # SQLite's file-level checks
+            problems = await db.integrity_check(quick=not full)
+            checks.append(
+                Check(
+                    "state.db integrity",
+                    not problems,
+                    "ok" if not problems else "; ".join(problems[:3]),
+                )
             )
-        )
-        fts = await db.check_search_index()
-        checks.append(Check("search index", not fts, "ok" if not fts else "; ".join(fts)))
+            fts = await db.check_search_index()
+            checks.append(Check("search index", not fts, "ok" if not fts else "; ".join(fts)))
         version, latest = await db.schema_version(), db.latest_schema_version()
         checks.append(
             Check("schema", version == latest, f"version {version} (this switchboard: {latest})")
         )
-        wal = (home / "state.db-wal").stat().st_size if (home / "state.db-wal").exists() else 0
-        checks.append(
-            Check(
-                "WAL size",
-                wal < 256 * 1024 * 1024,
-                f"{wal / 1e6:.1f} MB",
-                warn=wal >= 256 * 1024 * 1024,
+        if isinstance(db, SessionDB):
+            wal = (home / "state.db-wal").stat().st_size if (home / "state.db-wal").exists() else 0
+            checks.append(
+                Check(
+                    "WAL size",
+                    wal < 256 * 1024 * 1024,
+                    f"{wal / 1e6:.1f} MB",
+                    warn=wal >= 256 * 1024 * 1024,
+                )
             )
-        )
         flush_s = config.sessions.index_flush_seconds if config is not None else 2.0
         index_check, index_problems = await _index_check(home, db, flush_s)
         if index_problems and fix:

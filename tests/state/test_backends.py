@@ -29,16 +29,16 @@ async def test_open_store_opens_state_db_in_the_home_with_the_writer_settings(
 
 async def test_an_unknown_backend_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(UnknownBackend) as err:
-        await open_store({"backend": "postgres"}, tmp_path)
+        await open_store({"backend": "mongodb"}, tmp_path)
     assert err.value.key == "state.backend" and err.value.exit_code == 78
-    assert "state.backend" in str(err.value) and "sqlite" in str(err.value)
+    assert "state.backend" in str(err.value) and "sqlite, postgres" in str(err.value)
     assert not (tmp_path / "state.db").exists()
 
 
 def test_the_config_refuses_an_unknown_backend_and_defaults_to_sqlite(tmp_path: Path) -> None:
     assert load_config(None, {}).get("state.backend") == "sqlite"
     path = tmp_path / "config.yaml"
-    path.write_text("state:\n  backend: postgres\n")
+    path.write_text("state:\n  backend: mongodb\n")
     with pytest.raises(ConfigError) as err:
         load_config(path, {})
     assert err.value.key == "state.backend" and err.value.exit_code == 78
@@ -69,3 +69,16 @@ async def test_the_sqlite_store_offers_maintenance(db: SessionDB) -> None:
     with pytest.raises(ValueError):
         await db.checkpoint("PASSIVE); DROP TABLE sessions; --")
     assert [h["session_id"] for h in await db.search_messages("maintenance")] == [sid]
+
+
+async def test_sqlite_tolerates_two_live_sessions_of_one_key_and_names_the_newest(
+    db: SessionDB,
+) -> None:
+    """Another program sharing state.db (Hermes Agent, an import) may leave two live
+    sessions under one key; SQLite keeps them and the index takes the newest. (PostgreSQL
+    refuses the second by a constraint: tests/state/test_pg_store.py.)"""
+    old = await db.create_session(source="telegram", session_key="k1", started_at=10.0)
+    new = await db.create_session(source="telegram", session_key="k1", started_at=20.0)
+    assert await db.newest_live_session_by_key() == {"k1": new}
+    assert [r["id"] for r in await db.live_sessions_by_key()] == [old, new]
+    assert (await db.live_session_for_key("k1"))["id"] == new  # type: ignore[index]

@@ -1,15 +1,17 @@
 """The store queries behind the dashboard (issue 21): keyset paging with ties, the lineage
-tree of rows written by other programs, empty sessions, insights period edges."""
+tree of rows written by other programs, empty sessions, insights period edges. The tests
+taking `store` run on both backends; those taking `db` check SQLite's tallies and plans."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from state import SessionDB
+from state import SessionDB, Store
 from state.keyset import PageQuery
 
 
-async def test_keyset_pages_visit_tied_rows_once(db: SessionDB) -> None:
+async def test_keyset_pages_visit_tied_rows_once(store: Store) -> None:
+    db = store
     for i in range(7):
         await db.create_session(f"20250101_000000_0000000{i}", "telegram", started_at=1000.0)
     for sort in ("active", "started"):
@@ -29,8 +31,9 @@ async def test_keyset_pages_visit_tied_rows_once(db: SessionDB) -> None:
 
 
 async def test_lineage_tree_reads_foreign_children_by_their_parents_end_reason(
-    db: SessionDB,
+    store: Store,
 ) -> None:
+    db = store
     root = await db.create_session("r", "cli", started_at=1.0)
     await db.end_session(root, "compression", now=2.0)
     await db.create_session("c", "cli", parent_session_id=root, started_at=3.0)  # no child_kind
@@ -46,8 +49,9 @@ async def test_lineage_tree_reads_foreign_children_by_their_parents_end_reason(
 
 
 async def test_empty_sessions_are_ended_ones_without_messages_and_spare_protected(
-    db: SessionDB,
+    store: Store,
 ) -> None:
+    db = store
     for sid in ("a", "b", "live"):
         await db.create_session(sid, "cli", started_at=1.0)
     await db.append_message("b", "user", "hi")
@@ -86,7 +90,10 @@ async def test_insights_period_edges(db: SessionDB, tmp_path) -> None:  # type: 
         await again.close()
 
 
-async def test_insights_count_only_the_periods_messages_whatever_their_order(db: SessionDB) -> None:
+async def test_insights_count_only_the_periods_messages_whatever_their_order(
+    store: Store,
+) -> None:
+    db = store
     old = await db.create_session("old", "cli", started_at=50.0)
     await db.append_message(old, "user", "a", timestamp=60.0)
     new = await db.create_session("new", "api", started_at=120.0)

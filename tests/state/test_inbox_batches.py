@@ -43,7 +43,7 @@ async def test_a_turn_begun_twice_stores_its_message_once(tmp_path: Path) -> Non
         user = {"role": "user", "content": "hi", "platform_message_id": "m1"}
         mid, history = await db.begin_turn(inbox_id, sid, user, last=10)
         assert await db.inbox_counts() == {"started": 1}  # derived: its message is stored
-        mid2, history2 = await db.begin_turn(inbox_id, sid, user, last=10, resumed=True)
+        mid2, history2 = await db.begin_turn(inbox_id, sid, user, last=10)
         assert mid2 == mid and history2 == history == [{"role": "user", "content": "hi"}]
         await db.end_turn(inbox_id, sid, [{"role": "assistant", "content": "yo"}], input_tokens=3)
         assert [m["content"] for m in await db.get_messages(sid)] == ["hi", "yo"]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state import QueryError, SessionFilter, Store, schema, search
+from state import Maintenance, QueryError, SessionFilter, Store, schema, search
 from state import messages as msgs
 from state import query as query_language
 from state.sessions import insert_session
@@ -213,9 +213,10 @@ async def test_index_stays_in_sync_through_clear_delete_prune_and_updates(store:
     await store.end_session(sid, "idle")
     assert await store.prune_sessions(0, now=time.time() + 10) == 1
     assert await store.search_messages("second") == [] and await store.search_messages("第二") == []
-    assert await store.check_search_index() == []
-    assert await store.rebuild_search_index() == 0
-    await store.optimize_search_index()
+    if isinstance(store, Maintenance):  # SQLite's FTS5 tables (PostgreSQL has none to check)
+        assert await store.check_search_index() == []
+        assert await store.rebuild_search_index() == 0
+        await store.optimize_search_index()
 
 
 async def test_a_ten_kilobyte_query_runs(store: Store) -> None:

@@ -46,7 +46,8 @@ async def test_live_sessions_by_key_name_the_newest_live_session_of_each_key(
     store: Store,
 ) -> None:
     old = await store.create_session(source="telegram", session_key="k1", started_at=10.0)
-    new = await store.create_session(source="telegram", session_key="k1", started_at=20.0)
+    await store.end_session(old, "idle")
+    new = await store.fork_session(old, "reset", end_reason="idle")  # the key's next session
     other = await store.create_session(
         source="slack", session_key="k2", chat_type="dm", started_at=15.0
     )
@@ -55,11 +56,14 @@ async def test_live_sessions_by_key_name_the_newest_live_session_of_each_key(
     await store.create_session(source="cli")  # no key: not routed
     assert await store.newest_live_session_by_key() == {"k1": new, "k2": other}
     live = await store.live_sessions_by_key()
-    assert [(r["session_key"], r["id"]) for r in live] == [("k1", old), ("k2", other), ("k1", new)]
-    assert live[1]["source"] == "slack" and live[1]["chat_type"] == "dm"
+    assert [(r["session_key"], r["id"]) for r in live] == [("k2", other), ("k1", new)]
+    assert live[0]["source"] == "slack" and live[0]["chat_type"] == "dm"
+    assert (await store.live_session_for_key("k1"))["id"] == new  # type: ignore[index]
+    assert await store.live_session_for_key("k3") is None
     states = await store.session_states([old, ended, "missing"])
     assert set(states) == {old, ended}
-    assert states[old] == (None, None) and states[ended][1] == "idle"
+    assert states[old][1] == "idle" and states[ended][1] == "idle"
+    assert (await store.require_session(new))["session_key"] == "k1"
 
 
 async def test_dangling_parent_links_are_counted_and_cleared(store: Store) -> None:
@@ -121,8 +125,30 @@ async def test_the_reply_to_a_platform_message_is_its_turns_final_answer(store: 
     assert await store.reply_to_platform_message("telegram", "c1", "key-1") is None
     assert await store.reply_to_platform_message("api", "c1", "never") is None
     # the chat's later session (after a reset) still answers for its own ids
+    await store.end_session(sid, "new")
     new = await store.create_session(source="api", session_key="k:api:c1", chat_id="c1")
     await store.append_messages(new, [{"role": "user", "content": "three", "platform_message_id": "key-3"},
                                       {"role": "assistant", "content": "the answer to three"}])  # fmt: skip
     assert (await store.reply_to_platform_message("api", "c1", "key-3")).session_id == new  # type: ignore[union-attr]
     assert (await store.reply_to_platform_message("api", "c1", "key-1")).session_id == sid  # type: ignore[union-attr]
+
+
+async def test_platform_message_ids_belong_to_the_sessions_chat_as_it_is_now(
+    store: Store,
+) -> None:
+    """has_platform_message asks by (platform, chat): a session moved to another chat (a
+    handoff binds a terminal session to a thread) takes its stored ids along."""
+    sid = await store.create_session(source="telegram", chat_id="1")
+    await store.append_messages(
+        sid,
+        [{"role": "user", "content": "hi", "platform_message_id": "5"}],
+        dedupe=("telegram", "1"),
+    )
+    assert await store.has_platform_message("telegram", "1", "5") is True
+    await store.update_session(sid, chat_id="2")
+    assert await store.has_platform_message("telegram", "2", "5") is True
+    assert await store.has_platform_message("telegram", "1", "5") is False
+    again = [{"role": "user", "content": "hi", "platform_message_id": "5"}]
+    assert await store.append_messages(sid, again, dedupe=("telegram", "2")) == []
+    assert len(await store.append_messages(sid, again, dedupe=("telegram", "1"))) == 1
+    assert await store.has_platform_message("telegram", "1", "5") is False  # it is in chat 2

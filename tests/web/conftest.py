@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.adapters.api import ApiAdapter
 from gateway.web import Dashboard, DashboardSettings
-from state import SessionDB
+from state import SessionDB, Store
 from tests.web_seed import Seeded, seed
 
 KEY = "s3cret-dashboard-key"
@@ -19,7 +19,7 @@ KEY = "s3cret-dashboard-key"
 
 @dataclass
 class Site:
-    db: SessionDB
+    db: Store
     seeded: Seeded
     base: str
     dashboard: Dashboard
@@ -27,9 +27,12 @@ class Site:
 
 
 async def start_site(
-    tmp_path: Path, key: str | None = KEY, live: set[str] | None = None, **settings: object
-) -> tuple[Site, TestServer]:
-    db = await SessionDB.open(tmp_path / "state.db")
+    tmp_path: Path, key: str | None = KEY, live: set[str] | None = None, *,
+    store: Store | None = None, **settings: object,
+) -> tuple[Site, TestServer]:  # fmt: skip
+    """The dashboard on the real api adapter over a seeded store (a SQLite file under
+    `tmp_path` unless `store` is given)."""
+    db = store or await SessionDB.open(tmp_path / "state.db")
     seeded = await seed(db, time.time())
     live_ids = live if live is not None else set()
     dash = Dashboard(

@@ -1,0 +1,155 @@
+"""The store on SQLite and on PostgreSQL, side by side through `state.Store` only (the
+same code measures both). Prints figures; asserts nothing.
+
+  python bench/pg_bench.py --quick                # 20k appends, 5k sessions
+  python bench/pg_bench.py --dsn "host=... dbname=..."  # default: $SWITCHBOARD_PG_DSN,
+                                                  # else 127.0.0.1:5432 user postgres db test
+
+1. Append rate: 200 producers, each awaiting its own appends (group commit on both).
+2. Append latency p50/p99 at an offered 800 appends/s (open loop, SCALEOUT's figure).
+3. list_sessions(limit=20) median over the sessions written.
+4. search p50/p95 per query kind (word, two words, phrase, prefix, OR, CJK), relevance sort.
+
+PostgreSQL runs in a schema of its own that is dropped at the end. Client and server share
+the machine's cores, so the PostgreSQL figures include the server's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.corpus import TextGen, pct  # noqa: E402
+from state import Store, open_store  # noqa: E402
+
+DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
+QUERIES = {
+    "word": ["deploy", "server", "error", "python", "meeting"],
+    "two words": ["deploy server", "error log", "python code", "team meeting", "fix bug"],
+    "phrase": ['"of the"', '"the server"', '"fix the"', '"in the"', '"to be"'],
+    "prefix": ["dep*", "ser*", "pyth*", "mee*", "comm*"],
+    "OR": ["deploy OR release", "error OR bug", "docker OR linux", "email OR call", "plan OR idea"],
+    "CJK": ["一丁", "丂七", "丈三", "上下", "不与"],
+}
+
+
+async def append_rate(store: Store, sids: list[str], rows: list[tuple[int, str, str]]) -> float:
+    chunks = [rows[i::200] for i in range(200)]
+
+    async def produce(chunk: list[tuple[int, str, str]]) -> None:
+        for s, role, text in chunk:
+            await store.append_message(sids[s], role, text)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(produce(c) for c in chunks))
+    return len(rows) / (time.perf_counter() - t)
+
+
+async def latency_at(store: Store, sids: list[str], rate: float, seconds: float) -> list[float]:
+    gen = TextGen(5)
+    out: list[float] = []
+    tasks: set[asyncio.Task[None]] = set()
+    start = time.perf_counter()
+
+    async def one(i: int) -> None:
+        t = time.perf_counter()
+        await store.append_message(sids[i % len(sids)], "user", gen.english("user"))
+        out.append((time.perf_counter() - t) * 1000)
+
+    for i in range(int(rate * seconds)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    await asyncio.gather(*tasks)
+    return out
+
+
+async def run(store: Store, label: str, quick: bool) -> None:
+    gen = TextGen(3)
+    n_rows = 20_000 if quick else 100_000
+    n_sessions = 5_000 if quick else 20_000
+    print(f"\n== {label}")
+    sids = [await store.create_session(source=("telegram", "slack", "api")[i % 3],
+                                       user_id=f"u{i % 97}") for i in range(200)]  # fmt: skip
+    rows = [(i % 200, ("user", "assistant")[i % 2],
+             gen.cjk() if i % 20 == 0 else gen.english(("user", "assistant")[i % 2]))
+            for i in range(n_rows)]  # fmt: skip
+    rate = await append_rate(store, sids, rows)
+    st = store.write_stats()
+    print(f"1. append rate, 200 producers : {rate:,.0f} appends/s "
+          f"(mean batch {st.operations / max(1, st.batches):.1f} ops)")  # fmt: skip
+    lat = await latency_at(store, sids, 800, 3 if quick else 10)
+    print(f"2. append at 800/s offered    : p50 {pct(lat, 0.5):.2f} ms  p99 {pct(lat, 0.99):.2f} ms  "
+          f"max {max(lat):.1f} ms")  # fmt: skip
+    for i in range(n_sessions - 200):
+        sid = await store.create_session(source=("telegram", "slack")[i % 2], user_id=f"u{i % 97}")
+        await store.append_message(sid, "user", gen.english("user"))
+    times = []
+    for _ in range(100):
+        t = time.perf_counter()
+        await store.list_sessions(limit=20)
+        times.append((time.perf_counter() - t) * 1000)
+    print(f"3. list_sessions(limit=20)    : median {statistics.median(times):.2f} ms "
+          f"over {await store.session_count():,} sessions")  # fmt: skip
+    print(f"4. search over {await store.message_count():,} messages (2 passes, the 2nd timed)")
+    for kind, queries in QUERIES.items():
+        for q in queries:
+            await store.search_messages(q)
+        times = []
+        for _ in range(4):
+            for q in queries:
+                t = time.perf_counter()
+                await store.search_messages(q)
+                times.append((time.perf_counter() - t) * 1000)
+        print(f"   {kind:<10} p50 {pct(times, 0.5):7.2f} ms   p95 {pct(times, 0.95):7.2f} ms")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
+    ap.add_argument("--only", choices=("sqlite", "postgres"))
+    args = ap.parse_args()
+    print(f"switchboard store bench, {os.cpu_count()} cores (client and server share them)")
+    schema = f"sb_bench_{os.getpid()}"
+    if args.only != "postgres":
+        with tempfile.TemporaryDirectory() as tmp:
+            store = await open_store({"backend": "sqlite"}, tmp)
+            try:
+                await run(store, "SQLite (state.db, WAL, synchronous=NORMAL)", args.quick)
+            finally:
+                await store.close()
+    if args.only == "sqlite":
+        return
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        version = conn.execute("SHOW server_version").fetchone()
+        sync = conn.execute("SHOW synchronous_commit").fetchone()
+    dsn = psycopg.conninfo.make_conninfo(args.dsn, options=f"-c search_path={schema}")
+    try:
+        store = await open_store({"backend": "postgres", "dsn": dsn}, ".")
+        try:
+            label = f"PostgreSQL {version[0] if version else '?'} (synchronous_commit={sync[0] if sync else '?'})"
+            await run(store, label, args.quick)
+        finally:
+            await store.close()
+    finally:
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

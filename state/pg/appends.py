@@ -1,0 +1,188 @@
+"""Many appends in a few statements: the writer's fast path for runs of appends in one
+batch (the hot path of every turn), the PostgreSQL counterpart of state/messages.py's
+`append_many`.
+
+The sessions are locked in id order (two daemons appending to the same sessions cannot
+deadlock), the message ids drawn from the sequence up front so each caller gets its own,
+and the rows inserted by one `unnest` statement. Anything unusual (a missing session, a
+platform id another writer claimed meanwhile) raises, and the writer redoes the batch one
+operation at a time, where each caller gets its own answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from ..content import content_text
+from ..errors import SessionNotFound, StateError
+from ..message_rows import LAST_ACTIVE_RESOLUTION_S, row_values, tool_call_count
+from ..rows import make_preview
+from . import db, usage
+from .messages import append_and_read, append_messages, conversation, to_pg
+from .tsearch import index_text
+from .writer import register_batched
+
+_COLUMNS = (
+    ("id", "bigint"), ("session_id", "text"), ("role", "text"), ("content", "text"),
+    ("content_enc", "smallint"), ("tool_call_id", "text"), ("tool_calls", "text"),
+    ("tool_name", "text"), ("timestamp", "double precision"), ("token_count", "bigint"),
+    ("finish_reason", "text"), ("reasoning", "text"), ("reasoning_details", "text"),
+    ("codex_reasoning_items", "text"), ("platform_message_id", "text"), ("tsv", "text"),
+    ("seg_tsv", "text"), ("tool_tsv", "text"), ("ntok", "integer"), ("aux_ntok", "integer"),
+)  # fmt: skip
+_CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
+_INSERT = (
+    f"INSERT INTO messages ({', '.join(c for c, _ in _COLUMNS)}, active) "
+    f"SELECT {', '.join(c + _CAST.get(c, '') for c, _ in _COLUMNS)}, 1 FROM unnest("
+    + ", ".join(f"%s::{t}[]" for _, t in _COLUMNS)
+    + f") AS u({', '.join(c for c, _ in _COLUMNS)})"
+)
+_UPDATE_SESSIONS = (
+    "UPDATE sessions s SET message_count = COALESCE(s.message_count, 0) + u.n, "
+    "tool_call_count = COALESCE(s.tool_call_count, 0) + u.t, preview = COALESCE(s.preview, u.pv), "
+    f"last_active = CASE WHEN COALESCE(s.last_active, 0) <= u.ts - {LAST_ACTIVE_RESOLUTION_S} "
+    "THEN u.ts ELSE s.last_active END "
+    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::double precision[]) "
+    "AS u(sid, n, t, pv, ts) WHERE s.id = u.sid"
+)
+
+
+class _Redo(StateError):
+    """The merged path cannot answer this batch; the writer redoes it one by one."""
+
+
+async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -> list[list[int]]:
+    """Several `append_messages(session_id, batch, dedupe=None, tokens=None)` calls at once."""
+    now = time.time()
+    wanted = sorted({c[0] for c in calls})
+    found = await db.tuples(
+        conn,
+        "SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+        (wanted,),
+    )
+    chats = {r[0]: (r[1], r[2]) for r in found}
+    if len(chats) != len(wanted):
+        raise SessionNotFound(next(s for s in wanted if s not in chats))
+    # Duplicates (calls with `dedupe` only, as on SQLite): a platform id already stored for
+    # that chat, or one an earlier call of this batch brings.
+    probes: list[tuple[str, str, str, int]] = [
+        (call[2][0], call[2][1], str(m["platform_message_id"]), i)
+        for i, call in enumerate(calls)
+        if len(call) > 2 and call[2] is not None
+        for m in call[1]
+        if m.get("platform_message_id") is not None
+    ]
+    dup: set[int] = set()
+    if probes:
+        stored = await db.tuples(
+            conn,
+            "SELECT u.i FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[]) AS u(s, c, p, i) "
+            "JOIN platform_messages pm ON pm.source = u.s AND pm.chat_id = u.c "
+            "AND pm.platform_message_id = u.p",
+            ([p[0] for p in probes], [p[1] for p in probes], [p[2] for p in probes],
+             [p[3] for p in probes]),
+        )  # fmt: skip
+        dup = {int(r[0]) for r in stored}
+        first: dict[tuple[str, str, str], int] = {}
+        for source, chat, pmid, i in probes:
+            if first.setdefault((source, chat, pmid), i) != i:
+                dup.add(i)
+    rows: list[tuple[Any, ...]] = []
+    per_call: list[int] = []
+    agg: dict[str, list[Any]] = {}  # sid -> [count, tool calls, preview, last ts, in, out]
+    for i, call in enumerate(calls):
+        if i in dup:
+            per_call.append(-1)
+            continue
+        a = agg.setdefault(call[0], [0, 0, None, 0.0, 0, 0])
+        for msg in call[1]:
+            v = row_values(call[0], msg, now)
+            content, enc = to_pg(v[2])
+            idx = index_text(v[2], v[5], v[4])
+            rows.append((v[0], v[1], content, enc, *v[3:], idx.tsv, idx.seg_tsv, idx.tool_tsv,
+                         idx.ntok, idx.aux_ntok))  # fmt: skip
+            a[0] += 1
+            a[1] += tool_call_count(v[4])
+            if a[2] is None and v[1] == "user":
+                a[2] = make_preview(content_text(v[2]))
+            a[3] = max(a[3], v[6])
+        per_call.append(len(call[1]))
+        tokens: Mapping[str, int] | None = call[3] if len(call) > 3 else None
+        if tokens:
+            a[4] += int(tokens.get("input_tokens", 0))
+            a[5] += int(tokens.get("output_tokens", 0))
+    ids: list[int] = []
+    if rows:
+        ids = [int(r[0]) for r in await db.tuples(
+            conn, "SELECT nextval(pg_get_serial_sequence('messages', 'id')) "
+            "FROM generate_series(1, %s)", (len(rows),),
+        )]  # fmt: skip
+        columns = [ids, *([r[k] for r in rows] for k in range(len(_COLUMNS) - 1))]
+        await db.run(conn, _INSERT, columns)
+        await _claim_platform_ids(conn, calls, per_call, ids, chats)
+    live = [(sid, a) for sid, a in agg.items() if a[0]]
+    if live:
+        await db.run(conn, _UPDATE_SESSIONS, (
+            [s for s, _ in live], [a[0] for _, a in live], [a[1] for _, a in live],
+            [a[2] for _, a in live], [a[3] for _, a in live],
+        ))  # fmt: skip
+    for sid, a in agg.items():
+        if a[4] or a[5]:
+            await usage.update_token_counts(
+                conn, sid, {"input_tokens": a[4], "output_tokens": a[5]}
+            )
+    out: list[list[int]] = []
+    pos = 0
+    for n in per_call:
+        out.append([] if n < 0 else ids[pos : pos + n])
+        pos += max(n, 0)
+    return out
+
+
+async def _claim_platform_ids(
+    conn: AsyncConnection, calls: Sequence[tuple[Any, ...]], per_call: list[int], ids: list[int],
+    chats: Mapping[str, tuple[str | None, str | None]],
+) -> None:  # fmt: skip
+    keys: list[tuple[str, str, str, int, bool]] = []
+    pos = 0
+    for call, n in zip(calls, per_call, strict=True):
+        if n < 0:
+            continue
+        dedupe = call[2] if len(call) > 2 else None
+        chat = chats[call[0]]  # keyed by the session's chat, as in messages._insert
+        settles = dedupe is not None and tuple(dedupe) == chat
+        for mid, m in zip(ids[pos : pos + n], call[1], strict=True):
+            pmid = m.get("platform_message_id")
+            if pmid is not None and chat[0] is not None and chat[1] is not None:
+                keys.append((chat[0], chat[1], str(pmid), mid, settles))
+        pos += n
+    if not keys:
+        return
+    claimed = await db.tuples(
+        conn,
+        "INSERT INTO platform_messages SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], "
+        "%s::bigint[]) ON CONFLICT DO NOTHING RETURNING message_id",
+        ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys], [k[3] for k in keys]),
+    )
+    got = {int(r[0]) for r in claimed}
+    if any(k[4] and k[3] not in got for k in keys):
+        raise _Redo()  # another writer stored one of these ids since the check
+
+
+async def append_and_read_many(
+    conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]
+) -> list[tuple[list[int], list[dict[str, Any]]]]:
+    ids = await append_many(conn, [(sid, batch, dedupe) for sid, batch, dedupe, _ in calls])
+    out = []
+    for (sid, _, _, last), got in zip(calls, ids, strict=True):
+        # each history ends at its own caller's last message
+        out.append((got, await conversation(conn, sid, last, upto=got[-1])) if got else ([], []))
+    return out
+
+
+register_batched(append_messages, append_many)
+register_batched(append_and_read, append_and_read_many)

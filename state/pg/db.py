@@ -1,0 +1,52 @@
+"""Small query helpers over psycopg's async connection (rows as dicts or tuples), and the
+mapping of PostgreSQL's unique violations to the store's errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncConnection, errors
+from psycopg.rows import dict_row
+
+from ..rows import Row
+
+Params = Sequence[Any] | None
+
+
+async def rows(conn: AsyncConnection, sql: str, params: Params = None) -> list[Row]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql.encode(), params)
+        return list(await cur.fetchall())
+
+
+async def row(conn: AsyncConnection, sql: str, params: Params = None) -> Row | None:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql.encode(), params)
+        return await cur.fetchone()
+
+
+async def tuples(conn: AsyncConnection, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
+    cur = await conn.execute(sql.encode(), params)
+    return list(await cur.fetchall())
+
+
+async def value(conn: AsyncConnection, sql: str, params: Params = None) -> Any:
+    cur = await conn.execute(sql.encode(), params)
+    found = await cur.fetchone()
+    return None if found is None else found[0]
+
+
+async def run(conn: AsyncConnection, sql: str, params: Params = None) -> int:
+    """Execute; returns the row count."""
+    cur = await conn.execute(sql.encode(), params)
+    return cur.rowcount
+
+
+def violated(exc: errors.UniqueViolation) -> str:
+    """The name of the unique index or constraint a violation hit."""
+    return exc.diag.constraint_name or ""
+
+
+def marks(n: int) -> str:
+    return ", ".join("%s" for _ in range(n))

@@ -1,0 +1,216 @@
+"""The inbox on PostgreSQL: the same rows and states as state/inbox.py (received, started,
+answered, dropped), kept with SQL of its own.
+
+The unique (platform, chat_id, platform_message_id) key decides what is a redelivery,
+across processes too: an insert that meets it does nothing and the earlier row is read
+back. `begin_turn` locks its rows, so two daemons re-running the same turn append the user's
+message once. Every write here also has a many-calls form for the writer's fast path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from ..inbox import ANSWERED, RECEIVED, STARTED, Accept
+from . import db
+from .appends import append_many
+from .messages import conversations
+from .writer import register_batched
+
+_INSERT = (
+    "INSERT INTO inbox (id, platform, chat_id, platform_message_id, payload, state, "
+    "received_at, updated_at) SELECT i, p, c, m, pl, %s, t, t FROM unnest(%s::bigint[], "
+    "%s::text[], %s::text[], %s::text[], %s::text[], %s::double precision[]) "
+    "WITH ORDINALITY AS u(i, p, c, m, pl, t, n) ORDER BY n "
+    "ON CONFLICT (platform, chat_id, platform_message_id) DO NOTHING RETURNING id"
+)
+# A separate statement, so it sees a conflicting row another transaction committed while
+# the insert waited for it (one statement's snapshot would not).
+_FIND = (
+    "SELECT u.n, i.id, i.state FROM unnest(%s::text[], %s::text[], %s::text[]) "
+    "WITH ORDINALITY AS u(p, c, m, n) JOIN inbox i ON i.platform = u.p AND i.chat_id = u.c "
+    "AND i.platform_message_id = u.m"
+)
+
+
+async def accept(
+    conn: AsyncConnection, platform: str, chat_id: str, pmid: str | None, payload: str,
+    now: float,
+) -> tuple[int, str, bool]:  # fmt: skip
+    """Take one message: (its inbox id, its state, whether it is new). A platform id seen
+    before returns the earlier row and stores nothing."""
+    return (await accept_many(conn, [(platform, chat_id, pmid, payload, now)]))[0]
+
+
+async def accept_many(
+    conn: AsyncConnection, calls: Sequence[Accept]
+) -> list[tuple[int, str, bool]]:
+    """Many `accept` calls: ids drawn up front (the RETURNING ids say which rows went in),
+    one insert in call order (a platform id twice in the batch: the first wins), one read
+    of the rows that were there before. A row pruned between the two is inserted anew."""
+    out: list[tuple[int, str, bool] | None] = [None] * len(calls)
+    pending = list(range(len(calls)))
+    while pending:
+        ids = [int(r[0]) for r in await db.tuples(
+            conn, "SELECT nextval(pg_get_serial_sequence('inbox', 'id')) "
+            "FROM generate_series(1, %s)", (len(pending),),
+        )]  # fmt: skip
+        chosen = [calls[i] for i in pending]
+        inserted = {int(r[0]) for r in await db.tuples(conn, _INSERT, (
+            RECEIVED, ids, [c[0] for c in chosen], [c[1] for c in chosen],
+            [c[2] for c in chosen], [c[3] for c in chosen], [c[4] for c in chosen],
+        ))}  # fmt: skip
+        for i, rid in zip(pending, ids, strict=True):
+            if rid in inserted:
+                out[i] = (rid, RECEIVED, True)
+        pending = [i for i in pending if out[i] is None]  # each has a platform id
+        if not pending:
+            break
+        seen = [calls[i] for i in pending]
+        for n, rid, state in await db.tuples(
+            conn, _FIND, ([c[0] for c in seen], [c[1] for c in seen], [c[2] for c in seen])
+        ):
+            out[pending[int(n) - 1]] = (int(rid), str(state), False)
+        pending = [i for i in pending if out[i] is None]
+    return [o for o in out if o is not None]
+
+
+register_batched(accept, accept_many)
+
+
+async def begin_turn(
+    conn: AsyncConnection, inbox_id: int, session_id: str, message: Mapping[str, Any],
+    last: int | None,
+) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+    """The turn's first write: the user's message into its session (once: a turn run again
+    after a crash finds it there), the row `started`, and the history up to that message."""
+    return (await begin_turns_many(conn, [(inbox_id, session_id, message, last)]))[0]
+
+
+async def begin_turns_many(
+    conn: AsyncConnection, calls: Sequence[tuple[int, str, Mapping[str, Any], int | None]]
+) -> list[tuple[int, list[dict[str, Any]]]]:
+    now = time.time()
+    # Locked in id order: a second daemon beginning the same row waits, then reads the
+    # message id this one stored.
+    known: dict[int, tuple[str | None, int | None]] = {
+        int(r[0]): (r[1], r[2])
+        for r in await db.tuples(
+            conn,
+            "SELECT id, session_id, message_id FROM inbox WHERE id = ANY(%s) ORDER BY id "
+            "FOR UPDATE",
+            (sorted({c[0] for c in calls}),),
+        )
+    }
+    message_ids: list[int] = [0] * len(calls)
+    to_append: list[int] = []
+    repeats: list[tuple[int, int]] = []  # (call, the earlier call of this batch it repeats)
+    first_of: dict[tuple[int, str], int] = {}
+    for i, (inbox_id, session_id, _msg, _last) in enumerate(calls):
+        sid, mid = known.get(inbox_id, (None, None))
+        if mid is not None and sid == session_id:
+            message_ids[i] = int(mid)  # stored before a crash: run the turn on it again
+        elif (inbox_id, session_id) in first_of:
+            repeats.append((i, first_of[(inbox_id, session_id)]))
+        else:
+            first_of[(inbox_id, session_id)] = i
+            to_append.append(i)
+    if to_append:
+        got = await append_many(conn, [(calls[i][1], [calls[i][2]]) for i in to_append])
+        for i, ids in zip(to_append, got, strict=True):
+            message_ids[i] = ids[0]
+    for i, j in repeats:
+        message_ids[i] = message_ids[j]
+    last_call: dict[int, int] = {c[0]: i for i, c in enumerate(calls)}  # the last one wins
+    await db.run(
+        conn,
+        "UPDATE inbox SET state = %s, session_id = u.sid, message_id = u.mid, updated_at = %s "
+        "FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS u(id, sid, mid) "
+        "WHERE inbox.id = u.id",
+        (STARTED, now, list(last_call), [calls[i][1] for i in last_call.values()],
+         [message_ids[i] for i in last_call.values()]),
+    )  # fmt: skip
+    histories: list[list[dict[str, Any]]] = [[] for _ in calls]
+    by_length: dict[int | None, list[int]] = {}
+    for i, call in enumerate(calls):
+        by_length.setdefault(call[3], []).append(i)
+    for last, which in by_length.items():
+        got_h = await conversations(conn, [(calls[i][1], message_ids[i]) for i in which], last)
+        for i, history in zip(which, got_h, strict=True):
+            histories[i] = history
+    return list(zip(message_ids, histories, strict=True))
+
+
+register_batched(begin_turn, begin_turns_many)
+
+
+async def end_turn(
+    conn: AsyncConnection, inbox_id: int, session_id: str,
+    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None,
+) -> list[int]:  # fmt: skip
+    """The turn's last write: the reply (and tool messages) into the session with the
+    turn's tokens, the row `answered`, in one transaction."""
+    return (await end_turns_many(conn, [(inbox_id, session_id, batch, tokens)]))[0]
+
+
+async def end_turns_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[int, str, list[Mapping[str, Any]], Mapping[str, int] | None]],
+) -> list[list[int]]:
+    ids = await append_many(conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens in calls])
+    await finish_many(conn, [(c[0], ANSWERED, None) for c in calls])
+    return ids
+
+
+register_batched(end_turn, end_turns_many)
+
+
+async def finish(conn: AsyncConnection, inbox_id: int, state: str, reason: str | None) -> None:
+    """Close a row without a reply of the agent's: a command answered, or dropped."""
+    await finish_many(conn, [(inbox_id, state, reason)])
+
+
+async def finish_many(
+    conn: AsyncConnection, calls: Sequence[tuple[int, str, str | None]]
+) -> list[None]:
+    final = {c[0]: c for c in calls}  # a row closed twice in one batch: the last call wins
+    await db.run(
+        conn,
+        "UPDATE inbox SET state = u.state, reason = u.reason, updated_at = %s "
+        "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, state, reason) "
+        "WHERE inbox.id = u.id",
+        (time.time(), list(final), [c[1] for c in final.values()],
+         [c[2] for c in final.values()]),
+    )  # fmt: skip
+    return [None] * len(calls)
+
+
+register_batched(finish, finish_many)
+
+
+async def open_rows(conn: AsyncConnection) -> list[dict[str, Any]]:
+    """Rows a crash left `received`/`started`, oldest first."""
+    return await db.rows(
+        conn,
+        "SELECT id, platform, chat_id, platform_message_id, payload, state, session_id, "
+        "message_id, received_at FROM inbox WHERE state IN ('received', 'started') ORDER BY id",
+    )
+
+
+async def counts(conn: AsyncConnection) -> dict[str, int]:
+    """Rows per state."""
+    found = await db.tuples(conn, "SELECT state, COUNT(*) FROM inbox GROUP BY 1")
+    return {str(s): int(n) for s, n in found}
+
+
+async def prune(conn: AsyncConnection, older_than: float) -> int:
+    """Forget closed rows last touched before `older_than` (never a message)."""
+    return await db.run(
+        conn,
+        "DELETE FROM inbox WHERE state IN ('answered', 'dropped') AND updated_at < %s",
+        (older_than,),
+    )

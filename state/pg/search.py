@@ -1,0 +1,276 @@
+"""Full-text search on PostgreSQL with the SQLite store's semantics: the same query
+language (state/query.py compiled to tsquery by state/pg/tsearch.py), the same split
+between the main index and the segmented CJK/emoji side index, the same newest-window
+evaluation and BM25 (state/ranking.py) blended with recency, the same snippets.
+
+The window is the newest N matches of each index. Asking PostgreSQL for `ORDER BY id DESC
+LIMIT N` of a GIN match lets the planner walk the primary key backwards through every
+row; bounding the ids (`id > max - span`, the span growing at least fourfold, and by the
+matches' density when they are sparse, until N matches are in it) keeps each probe to a
+known slice of the table.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from psycopg import AsyncConnection
+
+from .. import query as q
+from .. import ranking
+from ..errors import QueryError
+from ..records import SearchHit
+from ..search import (
+    CONTEXT_CHARS,
+    FIRST_WINDOW,
+    SORTS,
+    WINDOW_GROWTH,
+    WINDOW_PER_RESULT,
+    SearchRequest,
+    blend,
+    filters,
+    literal_where,
+    make_snippet,
+)  # fmt: skip
+from ..textindex import segment
+from . import db
+from .messages import from_pg
+from .tsearch import side_text, term_query, to_tsquery
+
+SPAN_GROWTH = 4
+TOTALS_TTL_S = 30.0  # how long index totals (rows, average length) are reused on a big store
+EXACT_TOTALS_BELOW = 10_000  # rows under which totals are recounted for every search
+
+
+@dataclass(frozen=True)
+class _Branch:
+    side: bool  # the segmented side index (seg_tsv/tool_tsv) rather than the main tsv
+    cond: str  # over messages, unqualified
+    params: tuple[Any, ...]
+    extra_where: str = ""
+    extra_params: tuple[Any, ...] = ()
+
+    def phrases(self, tree: q.Node) -> list[ranking.Phrase]:
+        out = []
+        for term in q.positive_terms(tree):
+            tokens = tuple(ranking.fts_tokens(segment(term.text) if self.side else term.text))
+            match = term_query(term, segmented=self.side)
+            if tokens and match is not None:
+                out.append(ranking.Phrase(tokens, term.prefix, match))
+        return out
+
+    @property
+    def df_column(self) -> str:
+        return "seg_tsv" if self.side else "tsv"
+
+
+def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
+    out = []
+    if not q.needs_aux(tree):
+        main = to_tsquery(tree, segmented=False)
+        if main is not None:
+            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL"))
+    tools = "tool" in req.roles or req.include_tools
+    seg = to_tsquery(tree, segmented=True)
+    tool = to_tsquery(tree, segmented=False) if tools else None
+    conds, params = [], []
+    for col, tsq in (("seg_tsv", seg), ("tool_tsv", tool)):
+        if tsq is not None:
+            conds.append(f"{col} @@ %s::tsquery")
+            params.append(tsq)
+    if conds:
+        literal, lparams = literal_where(
+            tree, tools, mark="%s", like="ILIKE"
+        )  # SQLite: LIKE ignores ASCII case
+        out.append(_Branch(True, "(" + " OR ".join(conds) + ")", tuple(params), literal, lparams))
+    return out
+
+
+class Totals:
+    """Rows and average length of each index, for BM25: recounted per search on a small
+    store, reused for TOTALS_TTL_S on a big one (a count is a scan)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[bool, tuple[float, int, float]] = {}
+
+    async def get(self, conn: AsyncConnection, side: bool) -> tuple[int, float]:
+        hit = self._cache.get(side)
+        if (
+            hit is not None
+            and hit[1] >= EXACT_TOTALS_BELOW
+            and time.monotonic() - hit[0] < TOTALS_TTL_S
+        ):
+            return hit[1], hit[2]
+        col = "aux_ntok" if side else "ntok"
+        found = (await db.tuples(
+            conn, f"SELECT COUNT(*), COALESCE(SUM({col}), 0) FROM messages WHERE {col} IS NOT NULL"
+        ))[0]  # fmt: skip
+        rows = int(found[0])
+        avg = (int(found[1]) / rows if rows else 1.0) or 1.0
+        self._cache[side] = (time.monotonic(), rows, avg)
+        return rows, avg
+
+
+async def _window(
+    conn: AsyncConnection, br: _Branch, window: int, ascending: bool, bounds: tuple[int, int]
+) -> list[int]:
+    """The ids of the newest (oldest) `window` matches of a branch."""
+    low, high = bounds
+    span = window * SPAN_GROWTH
+    order = "ASC" if ascending else "DESC"
+    while True:
+        edge = "id < %s" if ascending else "id > %s"
+        limit = low + span if ascending else high - span
+        found = await db.tuples(
+            conn,
+            f"SELECT id FROM messages WHERE {br.cond} AND {edge} ORDER BY id {order} LIMIT %s",
+            (*br.params, limit, window),
+        )
+        if len(found) >= window or (limit > high if ascending else limit < low):
+            return [int(r[0]) for r in found]
+        # grow at least fourfold, more when the matches are sparse (k in the span suggests
+        # about span * window / k for the whole window)
+        span *= max(SPAN_GROWTH, -(-window // max(1, len(found))))
+
+
+async def search(
+    conn: AsyncConnection, req: SearchRequest, totals: Totals, now: float | None = None
+) -> list[SearchHit]:
+    if req.sort not in SORTS:
+        raise QueryError(f"sort must be one of {', '.join(SORTS)}")
+    tree = q.parse(req.query)
+    where, fparams, scoped = filters(req, mark="%s")
+    join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
+    branches = _branches(tree, req)
+    bounds = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
+    if not branches or bounds[0] is None:
+        return []
+    relevance = req.sort == "relevance"
+    limit, offset = max(1, req.limit), max(0, req.offset)
+    need = limit + offset
+    window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
+    body = "m.content, m.content_enc, m.tool_name, m.tool_calls, m.ntok, m.aux_ntok"
+    while True:
+        rows: list[dict[str, Any]] = []
+        exhausted = True
+        for br in branches:
+            ids = await _window(
+                conn, br, window, req.sort == "oldest", (int(bounds[0]), int(bounds[1]))
+            )
+            exhausted &= len(ids) < window
+            found = await db.rows(
+                conn,
+                f"SELECT m.id, m.session_id, m.role, m.timestamp, {body} FROM messages m{join} "
+                f"WHERE m.id = ANY(%s) AND {where}{br.extra_where}",
+                (ids, *fparams, *br.extra_params),
+            )
+            for r in found:
+                r["_side"] = br.side
+            rows.extend(found)
+        if len(rows) >= (need if relevance else limit) or exhausted:
+            break
+        window *= WINDOW_GROWTH
+    if relevance:
+        rows = await _rank(conn, rows, tree, branches, totals, time.time() if now is None else now)
+    else:
+        rows.sort(key=lambda r: (r["timestamp"], r["id"]), reverse=req.sort == "newest")
+    page = rows[offset : offset + limit]
+    hits = [{k: r[k] for k in ("id", "session_id", "role", "timestamp")} for r in page]
+    await _add_sessions(conn, hits)
+    await _add_context(conn, hits, q.positive_terms(tree))
+    return cast(list[SearchHit], hits)
+
+
+async def _rank(
+    conn: AsyncConnection, rows: list[dict[str, Any]], tree: q.Node, branches: list[_Branch],
+    totals: Totals, now: float,
+) -> list[dict[str, Any]]:  # fmt: skip
+    scores: dict[int, float] = {}
+    for br in branches:
+        mine = [r for r in rows if r["_side"] == br.side]
+        if not mine:
+            continue
+        phrases = br.phrases(tree)
+        indexed, avgdl = await totals.get(conn, br.side)
+        weights = [1.0] * len(phrases)
+        if len(phrases) > 1:
+            id_range = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
+            weights = [ranking.idf(indexed, await _estimate_df(conn, br.df_column, p.match, indexed, id_range))
+                       for p in phrases]  # fmt: skip
+        for r in mine:
+            stored = from_pg(r["content"], r["content_enc"])
+            if br.side:
+                text, length = (
+                    side_text(stored, r["tool_name"], r["tool_calls"]),
+                    r["aux_ntok"] or 0,
+                )
+            else:
+                text, length = stored, r["ntok"] or 0
+            score = ranking.bm25_of_length(text, length, phrases, weights, avgdl)
+            scores[r["id"]] = blend(score, r["timestamp"], now)
+    return sorted(rows, key=lambda r: (scores.get(r["id"], 0.0), r["id"]), reverse=True)
+
+
+async def _estimate_df(
+    conn: AsyncConnection, column: str, match: str, rows: int, id_range: tuple[int, int]
+) -> int:
+    found = await db.value(
+        conn,
+        f"SELECT id FROM messages WHERE {column} @@ %s::tsquery ORDER BY id DESC LIMIT 1 OFFSET %s",
+        (match, ranking.DF_SAMPLE - 1),
+    )
+    if found is None:
+        return int(await db.value(
+            conn,
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM messages WHERE {column} @@ %s::tsquery LIMIT %s) t",
+            (match, ranking.DF_SAMPLE),
+        ))  # fmt: skip
+    return ranking.extrapolate_df(rows, int(found), id_range)
+
+
+async def _add_sessions(conn: AsyncConnection, hits: list[dict[str, Any]]) -> None:
+    wanted = sorted({h["session_id"] for h in hits})
+    if not wanted:
+        return
+    found = await db.rows(
+        conn,
+        "SELECT id, source, model, title, started_at FROM sessions WHERE id = ANY(%s)",
+        (wanted,),
+    )
+    by_id = {r.pop("id"): r for r in found}
+    for h in hits:
+        h.update(
+            by_id.get(h["session_id"], dict.fromkeys(("source", "model", "title", "started_at")))
+        )
+
+
+async def _add_context(
+    conn: AsyncConnection, hits: list[dict[str, Any]], marks: list[q.Term]
+) -> None:
+    if not hits:
+        return
+    found = await db.tuples(
+        conn,
+        "SELECT h.hid, b.id, b.role, b.content, b.content_enc, a.id, a.role, a.content, "
+        "a.content_enc, o.content, o.content_enc "
+        "FROM unnest(%s::bigint[], %s::text[]) AS h(hid, sid) "
+        "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
+        "WHERE session_id = h.sid AND id < h.hid ORDER BY id DESC LIMIT 1) b ON TRUE "
+        "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
+        "WHERE session_id = h.sid AND id > h.hid ORDER BY id LIMIT 1) a ON TRUE "
+        "LEFT JOIN messages o ON o.id = h.hid",
+        ([h["id"] for h in hits], [h["session_id"] for h in hits]),
+    )
+    by_hit = {r[0]: r for r in found}
+    for h in hits:
+        r = by_hit[h["id"]]
+        for which, at in (("before", 1), ("after", 5)):
+            if r[at] is None:
+                h[f"context_{which}"] = None
+                continue
+            text = from_pg(r[at + 2], r[at + 3])
+            h[f"context_{which}"] = {"id": r[at], "role": r[at + 1],
+                                     "content": None if text is None else text[:CONTEXT_CHARS]}  # fmt: skip
+        h["snippet"] = make_snippet(from_pg(r[9], r[10]) or "", marks)

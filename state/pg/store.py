@@ -1,0 +1,631 @@
+"""`PgStore`: the PostgreSQL implementation of `state.api.Store`.
+
+It owns one group-commit writer (state/pg/writer.py, one connection) and a read pool, and
+only dispatches to the operation modules beside it. It does not implement `Maintenance`:
+PostgreSQL runs its own VACUUM and has no WAL file for the store to checkpoint, so callers
+see the capability as absent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import IO, Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from .. import search as sqlite_search
+from ..errors import DatabaseError, SessionNotFound
+from ..inbox import payload_of
+from ..insights import Period
+from ..listing import SessionFilter
+from ..maintenance import AUTO_PRUNE_KEY, PRUNE_CHUNK
+from ..records import (
+    AutoPruneResult,
+    ExportRecord,
+    HandoffClaim,
+    LiveSession,
+    MessageRow,
+    SearchHit,
+    SessionRow,
+    UsageStats,
+    WriteStats,
+)  # fmt: skip
+from ..replies import StoredReply
+from ..rows import Row
+from ..sessions import session_fields
+from ..transfer import ImportReport
+from . import admin, dashboard, inbox, lineage, messages, replies, schema, search, sessions, usage
+from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
+from .writer import PgWriter, PgWriterConfig
+
+T = TypeVar("T")
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for error messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "the PostgreSQL DSN"
+    info.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in info.items())
+
+
+class PgStore:
+    """Async session store on one PostgreSQL database. Create with `await PgStore.open(dsn)`
+    (or `state.open_store` with `state.backend: postgres`)."""
+
+    backend = "postgres"
+
+    def __init__(self, where: str, writer: PgWriter, pool: AsyncConnectionPool) -> None:
+        self.where = where
+        self._writer = writer
+        self._pool = pool
+        self._totals = search.Totals()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, dsn: str, *, config: PgWriterConfig | None = None, readers: int = 4,
+        schema_target: int = schema.LATEST,
+    ) -> PgStore:  # fmt: skip
+        where = redact(dsn)
+
+        async def connect() -> AsyncConnection:
+            return await AsyncConnection.connect(dsn, autocommit=True)
+
+        try:
+            conn = await connect()
+        except psycopg.Error as exc:
+            raise DatabaseError(where, f"cannot connect: {exc}") from exc
+        try:
+            await schema.migrate(conn, where, target=schema_target)
+        except BaseException:
+            await conn.close()
+            raise
+        writer = PgWriter(connect, where, config)
+        await writer.start(conn)
+        pool = AsyncConnectionPool(
+            dsn, min_size=1, max_size=readers, kwargs={"autocommit": True}, open=False,
+            name="state.pg.readers", max_idle=300, max_lifetime=3600,
+        )  # fmt: skip
+        try:
+            await pool.open(wait=True, timeout=30)
+        except BaseException:
+            await writer.close()
+            raise
+        return cls(where, writer, pool)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._writer.close()
+        await self._pool.close()
+
+    async def __aenter__(self) -> PgStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def write_stats(self) -> WriteStats:
+        st = self._writer.stats
+        return WriteStats(
+            queue_depth=self._writer.queue_depth, batches=st.batches, operations=st.operations,
+            failed_operations=st.failed_operations, busy_retries=st.busy_retries,
+            last_batch_size=st.last_batch_size, last_commit_ms=st.last_commit_ms,
+            recent_commit_ms=tuple(st.commit_ms), recent_batch_sizes=tuple(st.batch_sizes),
+        )  # fmt: skip
+
+    async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run a read on a pooled connection. Connections are not pinged before use (a round
+        trip per read); a read that meets one the server dropped runs again on another."""
+        for attempt in (1, 2):
+            try:
+                async with self._pool.connection() as conn:
+                    return await fn(conn, *args)
+            except psycopg.OperationalError as exc:
+                if attempt == 2:
+                    raise DatabaseError(self.where, f"read failed: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return await self._writer.submit(fn, *args)
+
+    # --- sessions -------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str | None = None, source: str = "cli", *, model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None, system_prompt: str | None = None,
+        user_id: str | None = None, parent_session_id: str | None = None,
+        child_kind: str | None = None, title: str | None = None, started_at: float | None = None,
+        **routing: Any,
+    ) -> str:  # fmt: skip
+        fields = session_fields(
+            session_id or "", source, model, model_config, system_prompt, user_id,
+            parent_session_id, child_kind, title, started_at, routing,
+        )  # fmt: skip
+        if not session_id:
+            return await self._write(sessions.insert_new_session, fields, source == "cli")
+        await self._write(sessions.insert_session, fields)
+        return session_id
+
+    async def ensure_session(
+        self, session_id: str, source: str = "cli", *, model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None, system_prompt: str | None = None,
+        user_id: str | None = None, parent_session_id: str | None = None,
+        child_kind: str | None = None, **routing: Any,
+    ) -> bool:  # fmt: skip
+        fields = session_fields(
+            session_id, source, model, model_config, system_prompt, user_id,
+            parent_session_id, child_kind, None, None, routing,
+        )  # fmt: skip
+
+        async def write(conn: AsyncConnection) -> bool:
+            return await sessions.insert_session(conn, fields, if_missing=True)
+
+        return await self._write(write)
+
+    async def get_session(self, session_id: str) -> SessionRow | None:
+        return await self._read(sessions.get_session, session_id)
+
+    async def require_session(self, session_id: str) -> SessionRow:
+        row = await self.get_session(session_id)
+        if row is None:
+            raise SessionNotFound(session_id)
+        return row
+
+    async def end_session(self, session_id: str, reason: str, *, now: float | None = None) -> bool:
+        return await self._write(sessions.end_session, session_id, reason, now)
+
+    async def reopen_session(self, session_id: str) -> bool:
+        return await self._write(sessions.reopen_session, session_id)
+
+    async def resolve_session_id(self, ref: str) -> str:
+        return await self._read(sessions.resolve_id, ref)
+
+    async def resolve_session_ref(self, ref: str) -> str:
+        return await self._read(sessions.resolve_ref, ref)
+
+    async def update_system_prompt(self, session_id: str, prompt: str | None) -> None:
+        await self._write(sessions.update_system_prompt, session_id, prompt)
+
+    async def update_session(self, session_id: str, **fields: Any) -> None:
+        await self._write(sessions.update_fields, session_id, fields)
+
+    async def update_token_counts(
+        self, session_id: str, *, input_tokens: int = 0, output_tokens: int = 0,
+        cache_read_tokens: int = 0, cache_write_tokens: int = 0, reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None, actual_cost_usd: float | None = None,
+        absolute: bool = False, model: str | None = None, api_call_count: int = 0,
+        billing_provider: str | None = None, billing_base_url: str | None = None,
+        billing_mode: str | None = None, cost_status: str | None = None,
+        cost_source: str | None = None, pricing_version: str | None = None,
+    ) -> None:  # fmt: skip
+        counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                  "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
+                  "reasoning_tokens": reasoning_tokens}  # fmt: skip
+        route = {"billing_provider": billing_provider, "billing_base_url": billing_base_url,
+                 "billing_mode": billing_mode}  # fmt: skip
+        cost = {"cost_status": cost_status, "cost_source": cost_source,
+                "pricing_version": pricing_version}  # fmt: skip
+
+        async def write(conn: AsyncConnection) -> None:
+            await sessions.require_session(conn, session_id)
+            await usage.update_token_counts(
+                conn, session_id, counts, model=model, estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd, api_call_count=api_call_count,
+                absolute=absolute, route=route, cost=cost,
+            )  # fmt: skip
+
+        await self._write(write)
+
+    async def session_count(self, source: str | None = None) -> int:
+        return await self._read(sessions.count_sessions, source)
+
+    async def message_count(self, session_id: str | None = None) -> int:
+        return await self._read(messages.count_messages, session_id)
+
+    async def stats(self) -> UsageStats:
+        return await self._read(admin.stats)
+
+    # --- messages -------------------------------------------------------------------
+
+    async def append_message(
+        self, session_id: str, role: str, content: str | None = None, **fields: Any
+    ) -> int:
+        bad = [k for k in fields if k not in messages.MESSAGE_FIELDS]
+        if bad:
+            raise TypeError(f"unknown message field(s): {', '.join(bad)}")
+        msg = {"role": role, "content": content, **fields}
+        ids = await self._write(messages.append_messages, session_id, (msg,))
+        return ids[0]
+
+    async def append_messages(
+        self, session_id: str, batch: Iterable[Mapping[str, Any]], *,
+        dedupe: tuple[str, str] | None = None, input_tokens: int = 0, output_tokens: int = 0,
+    ) -> list[int]:  # fmt: skip
+        tokens = None
+        if input_tokens or output_tokens:
+            tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        return await self._write(messages.append_messages, session_id, list(batch), dedupe, tokens)
+
+    async def append_and_read(
+        self, session_id: str, batch: Iterable[Mapping[str, Any]], *,
+        dedupe: tuple[str, str] | None = None, last: int | None = None,
+    ) -> tuple[list[int], list[dict[str, Any]]]:  # fmt: skip
+        return await self._write(messages.append_and_read, session_id, list(batch), dedupe, last)
+
+    async def get_messages(
+        self, session_id: str, *, limit: int | None = None, after_id: int | None = None,
+        last: int | None = None,
+    ) -> list[MessageRow]:  # fmt: skip
+        async def read(conn: AsyncConnection) -> list[MessageRow]:
+            return await messages.get_messages(
+                conn, session_id, limit=limit, after_id=after_id, last=last
+            )
+
+        return await self._read(read)
+
+    async def get_messages_around(
+        self, session_id: str, message_id: int, window: int = 5
+    ) -> list[MessageRow]:
+        return await self._read(messages.get_messages_around, session_id, message_id, window)
+
+    async def get_messages_as_conversation(
+        self, session_id: str, *, include_ancestors: bool = False, last: int | None = None
+    ) -> list[dict[str, Any]]:
+        return await self._read(lineage.conversation, session_id, include_ancestors, last)
+
+    async def count_messages_outside(
+        self, session_id: str, first_id: int, last_id: int
+    ) -> tuple[int, int]:
+        return await self._read(messages.count_outside, session_id, first_id, last_id)
+
+    async def clear_messages(self, session_id: str) -> int:
+        return await self._write(messages.clear_messages, session_id)
+
+    async def has_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> bool:
+        return await self._read(messages.is_stored, source, chat_id, platform_message_id)
+
+    async def reply_to_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> StoredReply | None:
+        return await self._read(replies.reply_to, source, chat_id, platform_message_id)
+
+    # --- titles ---------------------------------------------------------------------
+
+    async def set_session_title(self, session_id: str, title: str | None) -> str | None:
+        return await self._write(sessions.set_title, session_id, title)
+
+    async def set_title_if_unset(self, session_id: str, title: str) -> str | None:
+        return await self._write(sessions.set_title_if_unset, session_id, title)
+
+    async def get_session_title(self, session_id: str) -> str | None:
+        row = await self.get_session(session_id)
+        return None if row is None else row.get("title")
+
+    async def get_session_by_title(self, title: str) -> SessionRow | None:
+        return await self._read(sessions.get_by_title, title)
+
+    async def resolve_session_by_title(self, title: str) -> str | None:
+        return await self._read(sessions.resolve_title, title)
+
+    async def get_next_title_in_lineage(self, title: str) -> str:
+        return await self._read(sessions.next_title_in_lineage, title)
+
+    # --- lineage --------------------------------------------------------------------
+
+    async def get_ancestors(self, session_id: str) -> list[SessionRow]:
+        return await self._read(lineage.ancestors, session_id)
+
+    async def get_descendants(self, session_id: str) -> list[SessionRow]:
+        return await self._read(lineage.descendants, session_id)
+
+    async def get_children(self, session_id: str, kind: str | None = None) -> list[SessionRow]:
+        return await self._read(lineage.children, session_id, kind)
+
+    async def get_compression_tip(self, session_id: str) -> str:
+        return await self._read(lineage.compression_tip, session_id)
+
+    async def resolve_resume_session_id(self, session_id: str) -> str:
+        return await self._read(lineage.compression_tip, session_id)
+
+    async def fork_session(
+        self, parent_id: str, kind: str, *, new_id: str | None = None, title: str | None = None,
+        copy_messages: bool = False, seed_messages: Iterable[Mapping[str, Any]] = (),
+        end_reason: str | None = None, **routing: Any,
+    ) -> str:  # fmt: skip
+        return await self._write(
+            lineage.fork, parent_id, kind, new_id, title, copy_messages, list(seed_messages),
+            end_reason, routing,
+        )  # fmt: skip
+
+    async def count_dangling_parents(self) -> int:
+        return await self._read(admin.count_dangling_parents)
+
+    async def clear_dangling_parents(self) -> int:
+        return await self._write(admin.clear_dangling_parents)
+
+    # --- listings -------------------------------------------------------------------
+
+    async def list_sessions(
+        self, source: str | None = None, *, exclude_sources: Iterable[str] = (),
+        user_id: str | None = None, chat_id: str | None = None, include_children: bool = False,
+        include_archived: bool = False, titled_only: bool = False, limit: int = 20, offset: int = 0,
+    ) -> list[SessionRow]:  # fmt: skip
+        flt = SessionFilter(
+            source=source, exclude_sources=tuple(exclude_sources), user_id=user_id,
+            chat_id=chat_id, include_children=include_children,
+            include_archived=include_archived, titled_only=titled_only,
+        )  # fmt: skip
+        return await self._read(admin.list_sessions, flt, limit, offset)
+
+    async def sessions_by_start(
+        self, source: str | None = None, limit: int = 20, offset: int = 0
+    ) -> list[SessionRow]:
+        return await self._read(admin.sessions_by_start, source, limit, offset)
+
+    async def resolve_in_scope(self, ref: str, flt: SessionFilter) -> str | None:
+        return await self._read(admin.resolve_in_scope, ref, flt)
+
+    async def list_filtered(
+        self, flt: SessionFilter, limit: int = 20, offset: int = 0
+    ) -> list[SessionRow]:
+        return await self._read(admin.list_sessions, flt, limit, offset)
+
+    async def count_filtered(self, flt: SessionFilter) -> int:
+        return await self._read(admin.count_filtered, flt)
+
+    # --- handoff and the gateway's session index --------------------------------------
+
+    async def request_handoff(
+        self, session_id: str, platform: str, *, now: float | None = None
+    ) -> bool:
+        return await self._write(sessions.request_handoff, session_id, platform,
+                                 time.time() if now is None else now)  # fmt: skip
+
+    async def claim_handoff(
+        self, platforms: Iterable[str], *, now: float | None = None
+    ) -> HandoffClaim | None:
+        """Atomically take the oldest pending handoff for one of `platforms`: of any number
+        of daemons sharing the database, one wins (state/pg/sessions.py, `_CLAIM`)."""
+        wanted = list(platforms)
+        if not wanted:
+            return None
+        return await self._write(
+            sessions.claim_handoff, wanted, time.time() if now is None else now
+        )
+
+    async def finish_handoff(
+        self, session_id: str, state: str | None, error: str | None = None, *,
+        expect: str | None = None,
+    ) -> bool:  # fmt: skip
+        return await self._write(sessions.finish_handoff, session_id, state, error, expect)
+
+    async def fail_stale_handoffs(
+        self, older_than_s: float, *, now: float | None = None
+    ) -> list[str]:
+        return await self._write(sessions.fail_stale_handoffs, older_than_s,
+                                 time.time() if now is None else now)  # fmt: skip
+
+    async def live_sessions_by_key(self) -> list[LiveSession]:
+        return await self._read(sessions.live_sessions_by_key)
+
+    async def live_session_for_key(self, key: str) -> LiveSession | None:
+        return await self._read(sessions.live_session_for_key, key)
+
+    async def newest_live_session_by_key(self) -> dict[str, str]:
+        return await self._read(sessions.newest_live_session_by_key)
+
+    async def session_states(self, ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
+        return await self._read(sessions.session_states, ids)
+
+    # --- delete, prune, meta, schema ------------------------------------------------
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._write(admin.delete_session, session_id)
+
+    async def prune_sessions(
+        self, older_than_days: float = 90, source: str | None = None, *,
+        now: float | None = None, protected: Iterable[str] = (),
+    ) -> int:  # fmt: skip
+        at = time.time() if now is None else now
+        keep = frozenset(protected)
+        total = 0
+        while True:
+            n = await self._write(admin.prune_chunk, older_than_days, source, at, keep)
+            total += n
+            if n < PRUNE_CHUNK:
+                return total
+
+    async def prune_candidates(
+        self, older_than_days: float, source: str | None = None, *,
+        now: float | None = None, limit: int = 1000,
+    ) -> list[str]:  # fmt: skip
+        at = time.time() if now is None else now
+        return await self._read(admin.prune_candidates, older_than_days, source, at, limit)
+
+    async def maybe_auto_prune_and_vacuum(
+        self, retention_days: float = 90, min_interval_hours: float = 24, vacuum: bool = True,
+        *, now: float | None = None, min_vacuum_bytes: int = 8 * 1024 * 1024,
+        min_vacuum_share: float = 0.2,
+    ) -> AutoPruneResult:  # fmt: skip
+        """Prune at most once per interval across every process, then (if it pruned and
+        `vacuum`) a plain VACUUM of the pruned tables. Unlike SQLite's, it rewrites nothing
+        and blocks no writer, so it needs no size threshold: the `min_vacuum_*` arguments
+        are SQLite's and ignored here."""
+        at = time.time() if now is None else now
+        due = await self._write(
+            admin.claim_meta_stamp, AUTO_PRUNE_KEY, min_interval_hours * 3600, at
+        )
+        if not due:
+            return {"ran": False, "pruned": 0, "vacuumed": False}
+        pruned = await self.prune_sessions(retention_days, now=at)
+        if vacuum and pruned:
+            await self._read(admin.vacuum_pruned)
+        return {"ran": True, "pruned": pruned, "vacuumed": bool(vacuum and pruned)}
+
+    # --- the inbox (state/pg/inbox.py) ---------------------------------------------------
+
+    async def accept_inbound(
+        self, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: Mapping[str, Any],
+    ) -> tuple[int, str, bool]:  # fmt: skip
+        """Commit an inbound message before its platform is acknowledged: (inbox id, state,
+        whether it is new). A platform id taken before returns that row, storing nothing.
+        Any failure is a DatabaseError, so the gateway can refuse the message cleanly."""
+        try:
+            return await self._write(
+                inbox.accept, platform, chat_id, platform_message_id, payload_of(payload),
+                time.time(),
+            )  # fmt: skip
+        except psycopg.Error as exc:  # e.g. a NUL in an id, which PostgreSQL text refuses
+            raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
+
+    async def begin_turn(
+        self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
+        last: int | None = None,
+    ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+        """The user's message into its session (once), the row `started`, and the newest
+        `last` messages up to it in OpenAI chat format: (the message's id, the history)."""
+        return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
+
+    async def end_turn(
+        self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
+        input_tokens: int = 0, output_tokens: int = 0,
+    ) -> list[int]:  # fmt: skip
+        """The reply into the session and the row `answered`, in one transaction."""
+        tokens = None
+        if input_tokens or output_tokens:
+            tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        return await self._write(inbox.end_turn, inbox_id, session_id, list(batch), tokens)
+
+    async def finish_inbound(self, inbox_id: int, state: str, reason: str | None = None) -> None:
+        """Close an inbox row without an agent reply (a command answered, or dropped)."""
+        await self._write(inbox.finish, inbox_id, state, reason)
+
+    async def open_inbound(self) -> list[dict[str, Any]]:
+        """Rows a crash left `received`/`started`, oldest first."""
+        return await self._read(inbox.open_rows)
+
+    async def inbox_counts(self) -> dict[str, int]:
+        return await self._read(inbox.counts)
+
+    async def prune_inbox(self, older_than: float) -> int:
+        """Forget closed inbox rows last touched before `older_than` (never a message)."""
+        return await self._write(inbox.prune, older_than)
+
+    async def get_meta(self, key: str) -> str | None:
+        return await self._read(admin.get_meta, key)
+
+    async def set_meta(self, key: str, value: str | None) -> None:
+        await self._write(admin.set_meta, key, value)
+
+    async def schema_version(self) -> int:
+        return await self._read(schema.current_version)
+
+    def latest_schema_version(self) -> int:
+        return schema.LATEST
+
+    # --- export / import, search -----------------------------------------------------
+
+    async def export_session(self, session_id: str) -> ExportRecord:
+        page = await self._read(admin.export_page, None, 1, None, [session_id])
+        if not page:
+            raise SessionNotFound(session_id)
+        return page[0]
+
+    async def export_all(
+        self,
+        source: str | None = None,
+        *,
+        session_ids: list[str] | None = None,
+        page_size: int = 50,
+    ) -> AsyncIterator[ExportRecord]:
+        after: tuple[float, str] | None = None
+        while True:
+            page = await self._read(admin.export_page, after, page_size, source, session_ids)
+            for rec in page:
+                yield rec
+            if len(page) < page_size:
+                return
+            last = page[-1]["session"]
+            after = (last["started_at"], last["id"])
+
+    async def write_jsonl(self, fh: IO[str], **kwargs: Any) -> int:
+        n = 0
+        async for rec in self.export_all(**kwargs):
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            n += 1
+        return n
+
+    async def import_records(
+        self, records: Iterable[Mapping[str, Any]], *, batch: int = 100
+    ) -> ImportReport:
+        report = ImportReport()
+        pending: list[Mapping[str, Any]] = []
+        ids: list[str] = []
+
+        async def flush() -> None:
+            if pending:
+                chunk = list(pending)
+                pending.clear()
+                await self._write(admin.import_records, chunk, report)
+
+        for rec in records:
+            pending.append(rec)
+            sess = rec.get("session") if isinstance(rec, Mapping) else None
+            if isinstance(sess, Mapping) and isinstance(sess.get("id"), str):
+                ids.append(sess["id"])
+            if len(pending) >= batch:
+                await flush()
+        await flush()
+        for i in range(0, len(ids), 500):
+            await self._write(admin.orphan_dangling, ids[i : i + 500])
+        return report
+
+    async def search_messages(
+        self, query: str, *, sources: Iterable[str] = (), exclude_sources: Iterable[str] = (),
+        roles: Iterable[str] = (), scope: SessionFilter | None = None,
+        exclude_session_ids: Iterable[str] = (), sort: str = "relevance", limit: int = 20,
+        offset: int = 0,
+    ) -> list[SearchHit]:  # fmt: skip
+        req = sqlite_search.SearchRequest(
+            query=query, sources=tuple(sources), exclude_sources=tuple(exclude_sources),
+            roles=tuple(roles), scope=scope or SessionFilter(include_children=True),
+            exclude_session_ids=tuple(exclude_session_ids), sort=sort, limit=limit, offset=offset,
+        )  # fmt: skip
+        return await self._read(search.search, req, self._totals)
+
+    # --- the dashboard's queries (state/pg/dashboard.py) ----------------------------------
+
+    async def session_page(self, q: Any) -> tuple[list[Row], tuple[float, str] | None]:
+        """One keyset page of sessions (a `state.keyset.PageQuery`) and the next cursor."""
+        return await self._read(dashboard.session_page, q)
+
+    async def lineage_tree(self, session_id: str) -> Row | None:
+        return await self._read(dashboard.lineage_tree, session_id)
+
+    async def count_empty_sessions(self) -> int:
+        return await self._read(dashboard.count_empty)
+
+    async def delete_empty_sessions(self, protected: Iterable[str] = ()) -> int:
+        """Delete ended sessions that have no messages, a chunk per transaction."""
+        keep, total = frozenset(protected), 0
+        while True:
+            n = await self._write(dashboard.delete_empty_chunk, keep)
+            total += n
+            if n < PRUNE_CHUNK:
+                return total
+
+    async def insights(self, since: float, until: float, source: str | None = None) -> Row:
+        """Activity figures for [since, until) (see state/insights.py)."""
+        return await self._read(dashboard.insights, Period(since, until, source))

@@ -1,0 +1,133 @@
+"""Token and cost accounting on PostgreSQL, with state/usage.py's rules (billing route
+fill, incremental or absolute totals, per-model usage rows)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from ..usage import TOKEN_KINDS
+from . import db
+
+
+async def _route_fill(
+    conn: AsyncConnection, session_id: str, model: str | None, route: Mapping[str, Any],
+    accounted: bool,
+) -> None:  # fmt: skip
+    found = await db.tuples(
+        conn,
+        "SELECT model, billing_provider, COALESCE(api_call_count, 0) FROM sessions "
+        "WHERE id = %s FOR UPDATE",
+        (session_id,),
+    )
+    if not found:
+        return
+    cur_model, cur_provider, calls = found[0]
+    provider = route.get("billing_provider")
+    if (
+        accounted and calls == 0 and model and provider
+        and (model, provider) != (cur_model, cur_provider)
+    ):  # fmt: skip
+        await db.run(
+            conn,
+            "UPDATE sessions SET model = %s, billing_provider = %s, billing_base_url = %s, "
+            "billing_mode = %s WHERE id = %s",
+            (model, provider, route.get("billing_base_url"), route.get("billing_mode"), session_id),
+        )
+        return
+    if model:
+        await db.run(conn, "UPDATE sessions SET model = %s WHERE id = %s AND model IS NULL",
+                     (model, session_id))  # fmt: skip
+    if accounted:
+        for col in ("billing_provider", "billing_base_url", "billing_mode"):
+            if route.get(col):
+                await db.run(conn, f"UPDATE sessions SET {col} = %s WHERE id = %s AND {col} IS NULL",
+                             (route[col], session_id))  # fmt: skip
+
+
+async def update_token_counts(
+    conn: AsyncConnection,
+    session_id: str,
+    counts: Mapping[str, int],
+    *,
+    model: str | None = None,
+    estimated_cost_usd: float | None = None,
+    actual_cost_usd: float | None = None,
+    api_call_count: int = 0,
+    absolute: bool = False,
+    route: Mapping[str, Any] | None = None,
+    cost: Mapping[str, Any] | None = None,
+) -> None:
+    route = route or {}
+    cost = cost or {}
+    accounted = bool(
+        any(counts.get(k) for k in TOKEN_KINDS) or api_call_count
+        or estimated_cost_usd or actual_cost_usd
+    )  # fmt: skip
+    await _route_fill(conn, session_id, model, route, accounted)
+    sets: list[str] = []
+    params: list[Any] = []
+    for k in TOKEN_KINDS:
+        sets.append(f"{k} = %s" if absolute else f"{k} = COALESCE({k}, 0) + %s")
+        params.append(int(counts.get(k) or 0))
+    if absolute:
+        sets += ["api_call_count = %s", "estimated_cost_usd = %s"]
+        params += [int(api_call_count or 0), float(estimated_cost_usd or 0.0)]
+        if actual_cost_usd is not None:
+            sets.append("actual_cost_usd = %s")
+            params.append(float(actual_cost_usd))
+    else:
+        sets += ["api_call_count = COALESCE(api_call_count, 0) + %s",
+                 "estimated_cost_usd = COALESCE(estimated_cost_usd, 0) + %s"]  # fmt: skip
+        params += [int(api_call_count or 0), float(estimated_cost_usd or 0.0)]
+        if actual_cost_usd is not None:
+            sets.append("actual_cost_usd = COALESCE(actual_cost_usd, 0) + %s")
+            params.append(float(actual_cost_usd))
+    for col in ("cost_status", "cost_source", "pricing_version"):
+        if cost.get(col) is not None:
+            sets.append(f"{col} = %s")
+            params.append(cost[col])
+    found = await db.tuples(
+        conn,
+        f"UPDATE sessions SET {', '.join(sets)} WHERE id = %s "
+        "RETURNING model, billing_provider, billing_base_url, billing_mode",
+        (*params, session_id),
+    )
+    if accounted and not absolute:
+        srow = found[0] if found else (None, None, None, None)
+        use = {
+            "model": model or srow[0] or "unknown",
+            "billing_provider": route.get("billing_provider") or srow[1],
+            "billing_base_url": route.get("billing_base_url") or srow[2],
+            "billing_mode": route.get("billing_mode") or srow[3],
+        }
+        await _add_usage(conn, session_id, use, counts, api_call_count, estimated_cost_usd,
+                         actual_cost_usd, cost)  # fmt: skip
+
+
+async def _add_usage(
+    conn: AsyncConnection, session_id: str, route: Mapping[str, Any], counts: Mapping[str, int],
+    api_calls: int, estimated: float | None, actual: float | None, cost: Mapping[str, Any],
+) -> None:  # fmt: skip
+    now = time.time()
+    key = (session_id, route.get("model") or "unknown", route.get("billing_provider") or "",
+           route.get("billing_base_url") or "", route.get("billing_mode") or "", "")  # fmt: skip
+    deltas = [int(counts.get(k) or 0) for k in TOKEN_KINDS]
+    added = ", ".join(f"{c} = u.{c} + excluded.{c}" for c in (
+        "api_call_count", *TOKEN_KINDS, "estimated_cost_usd", "actual_cost_usd"))  # fmt: skip
+    await db.run(
+        conn,
+        "INSERT INTO session_model_usage AS u (session_id, model, billing_provider, "
+        "billing_base_url, billing_mode, task, api_call_count, input_tokens, output_tokens, "
+        "cache_read_tokens, cache_write_tokens, reasoning_tokens, estimated_cost_usd, "
+        "actual_cost_usd, cost_status, cost_source, first_seen, last_seen) "
+        f"VALUES ({db.marks(18)}) ON CONFLICT (session_id, model, billing_provider, "
+        f"billing_base_url, billing_mode, task) DO UPDATE SET {added}, "
+        "cost_status = COALESCE(excluded.cost_status, u.cost_status), "
+        "cost_source = COALESCE(excluded.cost_source, u.cost_source), last_seen = excluded.last_seen",
+        (*key, int(api_calls or 0), *deltas, float(estimated or 0.0), float(actual or 0.0),
+         cost.get("cost_status"), cost.get("cost_source"), now, now),
+    )  # fmt: skip

@@ -1,0 +1,253 @@
+"""The PostgreSQL group-commit writer: one asyncio task, one connection, a bounded queue.
+
+Callers submit `async fn(conn, *args)` operations; the task takes everything queued (up to
+`max_batch`), runs it in one transaction with a savepoint per operation, commits once and
+resolves each caller's future, so an operation that raises fails only its own caller. A
+deadlock or serialization failure redoes the whole (uncommitted) batch; a lost connection
+fails the batch and the next one reconnects. Once queued, an operation runs even if its
+caller stops waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection, errors
+
+from ..errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
+from ..writer import WriterStats
+
+log = logging.getLogger("state.pg.writer")
+T = TypeVar("T")
+Op = Callable[..., Awaitable[Any]]
+_RETRY = (errors.DeadlockDetected, errors.SerializationFailure)
+# fn -> a function running many calls of fn at once: batched(conn, [args, ...]) -> [result, ...]
+_BATCHED: dict[
+    Callable[..., Any], Callable[[AsyncConnection, list[tuple[Any, ...]]], Awaitable[list[Any]]]
+] = {}
+
+
+def register_batched(
+    fn: Callable[..., Any],
+    batched: Callable[[AsyncConnection, list[tuple[Any, ...]]], Awaitable[list[Any]]],
+) -> None:
+    _BATCHED[fn] = batched
+
+
+@dataclass(frozen=True)
+class PgWriterConfig:
+    queue_size: int = 10_000
+    max_batch: int = 500
+    retries: int = 5  # whole-batch redos after a deadlock or serialization failure
+
+
+class _Uncommitted(Exception):
+    """The connection failed before COMMIT: nothing of the batch was applied."""
+
+
+class _Item:
+    __slots__ = ("fn", "args", "future")
+
+    def __init__(self, fn: Op, args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
+        self.fn, self.args, self.future = fn, args, future
+
+
+_STOP = object()
+
+
+class PgWriter:
+    """Owns the write connection; `submit` queues an operation and waits for its commit."""
+
+    def __init__(
+        self, connect: Callable[[], Awaitable[AsyncConnection]], where: str,
+        config: PgWriterConfig | None = None,
+    ) -> None:  # fmt: skip
+        self.config = config or PgWriterConfig()
+        self.stats = WriterStats()
+        self.where = where
+        self._connect = connect
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(self.config.queue_size)
+        self._conn: AsyncConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    async def start(self, conn: AsyncConnection) -> None:
+        self._conn = conn
+        self._task = asyncio.create_task(self._serve(), name="state.pg.writer")
+
+    async def submit(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self._closing or self._task is None or self._task.done():
+            raise WriterClosed("the store is closed")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Item(fn, args, future))  # backpressure when full
+        return await future
+
+    async def close(self) -> None:
+        """Run everything already queued, then close the connection."""
+        if self._task is None:
+            return
+        if not self._closing:
+            self._closing = True
+            await self._queue.put(_STOP)
+        await asyncio.gather(self._task, return_exceptions=True)
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+    async def _serve(self) -> None:
+        while True:
+            first = await self._queue.get()
+            if first is _STOP:
+                return
+            batch: list[_Item] = [first]
+            stop = False
+            while len(batch) < self.config.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                batch.append(nxt)
+            results = await self._execute(batch)
+            for item, (ok, value) in zip(batch, results, strict=True):
+                if item.future.done():  # the caller stopped waiting; committed anyway
+                    continue
+                if ok:
+                    item.future.set_result(value)
+                else:
+                    item.future.set_exception(value)
+            if stop:
+                return
+
+    async def _execute(self, batch: list[_Item]) -> list[tuple[bool, Any]]:
+        """Run a batch; redo it (nothing of it committed) after a deadlock, a serialization
+        failure or a connection lost before COMMIT; fail it when the outcome is unknown."""
+        for attempt in range(self.config.retries + 1):
+            last = attempt == self.config.retries
+            try:
+                conn = await self._connection()
+                started = time.perf_counter()
+                results = await self._attempt(conn, batch)
+                self.stats.record(len(batch), (time.perf_counter() - started) * 1000)
+                self.stats.failed_operations += sum(1 for ok, _ in results if not ok)
+                return results
+            except _RETRY as exc:
+                self.stats.busy_retries += 1
+                await self._rollback()
+                if last:
+                    err: BaseException = DatabaseBusy(f"{self.where}: {exc.sqlstate}: {exc}")
+                    return [(False, err)] * len(batch)
+                await asyncio.sleep(0.005 * 2**attempt)
+            except _Uncommitted as exc:  # the connection broke before COMMIT: safe to redo
+                log.warning("write connection lost (%s); reconnecting", exc.__cause__)
+                await self._drop_broken()
+                if last:
+                    return [
+                        (False, DatabaseError(self.where, f"write failed: {exc.__cause__}"))
+                    ] * len(batch)
+                await asyncio.sleep(0.05 * 2**attempt)
+            except psycopg.Error as exc:  # at COMMIT: it may or may not have been applied
+                log.error("commit of a batch of %d failed: %s", len(batch), exc)
+                await self._drop_broken()
+                reason = f"the commit failed and may not have been applied: {exc}"
+                return [(False, DatabaseError(self.where, reason))] * len(batch)
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
+        """Fast path first: the whole batch without savepoints, runs of batchable operations
+        merged. If any operation raises, roll back and redo the batch one savepoint per
+        operation, so only the failing caller sees its error."""
+        try:
+            await conn.execute(b"BEGIN")
+            results = await self._run_fast(conn, batch)
+        except _RETRY:
+            raise
+        except psycopg.OperationalError as exc:
+            raise _Uncommitted() from exc
+        except Exception as exc:
+            try:
+                await conn.execute(b"ROLLBACK")
+            except psycopg.OperationalError as lost:
+                raise _Uncommitted() from lost
+            self.stats.fallbacks += 1
+            routine = isinstance(exc, (StateError, ValueError, psycopg.errors.IntegrityError))
+            log.log(logging.DEBUG if routine else logging.WARNING,
+                    "batch of %d redone one operation at a time: %r", len(batch), exc,
+                    exc_info=not routine)  # fmt: skip
+            return await self._run_isolated(conn, batch)
+        await conn.execute(b"COMMIT")
+        return results
+
+    @staticmethod
+    async def _run_fast(conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
+        results: list[tuple[bool, Any]] = []
+        i = 0
+        while i < len(batch):
+            merged = _BATCHED.get(batch[i].fn)
+            j = i + 1
+            if merged is not None:
+                while j < len(batch) and batch[j].fn is batch[i].fn:
+                    j += 1
+            if merged is not None and j - i > 1:
+                values = await merged(conn, [item.args for item in batch[i:j]])
+                results.extend((True, v) for v in values)
+            else:
+                results.append((True, await batch[i].fn(conn, *batch[i].args)))
+            i = j
+        return results
+
+    async def _run_isolated(
+        self, conn: AsyncConnection, batch: list[_Item]
+    ) -> list[tuple[bool, Any]]:
+        results: list[tuple[bool, Any]] = []
+        try:
+            await conn.execute(b"BEGIN")
+            for item in batch:
+                try:
+                    async with conn.transaction():  # a savepoint per operation
+                        value = await item.fn(conn, *item.args)
+                except (*_RETRY, psycopg.OperationalError):
+                    raise  # the whole batch, from the start
+                except Exception as exc:
+                    results.append((False, exc))
+                else:
+                    results.append((True, value))
+        except _RETRY:
+            raise
+        except psycopg.OperationalError as exc:
+            raise _Uncommitted() from exc
+        await conn.execute(b"COMMIT")
+        return results
+
+    async def _rollback(self) -> None:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                await conn.execute(b"ROLLBACK")
+            except psycopg.Error:
+                await self._drop_broken()
+
+    async def _connection(self) -> AsyncConnection:
+        if self._conn is None or self._conn.closed:
+            self._conn = await self._connect()
+        return self._conn
+
+    async def _drop_broken(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            try:
+                await conn.close()
+            except psycopg.Error:
+                pass

@@ -1,0 +1,115 @@
+"""A PostgreSQL server for the tests: the one `SWITCHBOARD_TEST_PG_DSN` names, else one
+answering on 127.0.0.1:5432, else a private cluster started here (initdb + pg_ctl from
+PG_BIN in a temporary directory, fsync on, a free port; as `nobody` when running as root,
+since PostgreSQL refuses to run as root). Each test gets a schema of its own
+(`fresh_schema`), dropped afterwards."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+PG_BIN = Path(os.environ.get("SWITCHBOARD_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
+
+
+def answers(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    """A private cluster this process started (and must stop)."""
+
+    dir: Path
+    port: int
+    user: str | None
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [str(a) for a in args]
+        if self.user:
+            cmd = ["runuser", "-u", self.user, "--", *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+
+    def start(self) -> None:
+        data = self.dir / "data"
+        self._run(PG_BIN / "initdb", "-D", str(data), "-U", "postgres", "-A", "trust",
+                  "--no-instructions", "-E", "UTF8", "--locale=C")  # fmt: skip
+        opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c fsync=on "
+                f"-c unix_socket_directories={self.dir}")  # fmt: skip
+        self._run(PG_BIN / "pg_ctl", "-D", str(data), "-o", opts, "-l", str(self.dir / "log"),
+                  "-w", "-t", "60", "start")  # fmt: skip
+
+    def stop(self) -> None:
+        try:
+            self._run(PG_BIN / "pg_ctl", "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_cluster() -> Cluster:
+    user = "nobody" if os.geteuid() == 0 else None
+    base = Path(tempfile.mkdtemp(prefix="sb-pg-"))
+    if user:
+        shutil.chown(base, user)
+    cluster = Cluster(base, free_port(), user)
+    try:
+        cluster.start()
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    return cluster
+
+
+def find_server(candidates: list[str]) -> tuple[str, Cluster | None]:
+    """The first DSN that answers, else a private cluster's (returned to be stopped)."""
+    for dsn in candidates:
+        if answers(dsn):
+            return dsn, None
+    cluster = start_cluster()
+    return cluster.dsn, cluster
+
+
+def server_candidates() -> list[str]:
+    given = os.environ.get("SWITCHBOARD_TEST_PG_DSN")
+    return [given] if given else [DEFAULT_DSN]
+
+
+def with_schema(dsn: str, schema: str) -> str:
+    """The DSN with `schema` first on the search path."""
+    return psycopg.conninfo.make_conninfo(dsn, options=f"-c search_path={schema}")
+
+
+def fresh_schema(dsn: str) -> str:
+    name = f"sbt_{os.getpid()}_{secrets.token_hex(4)}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    return name
+
+
+def drop_schema(dsn: str, name: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")

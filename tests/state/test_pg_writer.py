@@ -1,0 +1,158 @@
+"""The PostgreSQL group-commit writer: one transaction per batch with a savepoint per
+operation, errors that stay with their caller, cancellation, close, and a connection the
+server drops (the batch is redone on a new one: nothing of it was committed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from state import SessionNotFound, WriterClosed, open_store
+from state.pg.store import PgStore
+from tests import pgserver
+
+
+@pytest.fixture
+async def pg(pg_dsn: str) -> AsyncIterator[PgStore]:
+    name = pgserver.fresh_schema(pg_dsn)
+    store = await open_store(
+        {"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, name)}, "."
+    )
+    assert isinstance(store, PgStore)
+    try:
+        yield store
+    finally:
+        await store.close()
+        pgserver.drop_schema(pg_dsn, name)
+
+
+async def test_concurrent_writes_share_commits_and_a_failure_stays_with_its_caller(
+    pg: PgStore,
+) -> None:
+    sid = await pg.create_session(source="api")
+    before = pg.write_stats()
+    results = await asyncio.gather(
+        *(pg.append_message(sid, "user", f"m{i}") for i in range(50)),
+        pg.append_message("no-such-session", "user", "lost"),
+        pg.append_message(sid, "robot", "bad role"),
+        return_exceptions=True,
+    )
+    ids = results[:50]
+    assert all(isinstance(i, int) for i in ids) and ids == sorted(ids)  # queue order
+    assert isinstance(results[50], SessionNotFound) and isinstance(results[51], ValueError)
+    after = pg.write_stats()
+    assert after.operations - before.operations == 52
+    assert after.batches - before.batches < 52  # group commit: several writes per commit
+    assert after.failed_operations - before.failed_operations == 2
+    assert [m["content"] for m in await pg.get_messages(sid)] == [f"m{i}" for i in range(50)]
+    assert (await pg.require_session(sid))["message_count"] == 50
+
+
+async def test_a_cancelled_caller_does_not_break_the_writer(pg: PgStore) -> None:
+    sid = await pg.create_session(source="api")
+    task = asyncio.create_task(pg.append_message(sid, "user", "maybe"))
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert await pg.append_message(sid, "user", "after") > 0
+    assert (await pg.get_messages(sid))[-1]["content"] == "after"
+
+
+async def test_close_runs_queued_writes_then_refuses_new_ones(pg: PgStore) -> None:
+    sid = await pg.create_session(source="api")
+    pending = [asyncio.create_task(pg.append_message(sid, "user", f"q{i}")) for i in range(20)]
+    await asyncio.sleep(0)
+    await pg.close()
+    assert all(isinstance(i, int) for i in await asyncio.gather(*pending))
+    with pytest.raises(WriterClosed):
+        await pg.append_message(sid, "user", "late")
+
+
+async def test_a_connection_the_server_drops_costs_no_write(pg: PgStore, pg_dsn: str) -> None:
+    sid = await pg.create_session(source="api")
+    writer_pid = pg._writer._conn.info.backend_pid  # type: ignore[union-attr]
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (writer_pid,))
+    got = await asyncio.gather(*(pg.append_message(sid, "user", f"r{i}") for i in range(10)))
+    assert all(isinstance(i, int) for i in got)
+    assert pg._writer._conn.info.backend_pid != writer_pid  # type: ignore[union-attr]
+    assert [m["content"] for m in await pg.get_messages(sid)] == [f"r{i}" for i in range(10)]
+
+
+async def test_merged_appends_return_the_ids_the_rows_really_got(pg: PgStore) -> None:
+    sids = [await pg.create_session(source="api") for _ in range(5)]
+    results = await asyncio.gather(*(
+        pg.append_messages(sids[i % 5], [{"role": "user", "content": f"c{i} a"},
+                                         {"role": "assistant", "content": f"c{i} b"}])
+        for i in range(100)
+    ))  # fmt: skip
+    for i, ids in enumerate(results):
+        rows = await pg.get_messages_around(sids[i % 5], ids[0], 0)
+        assert [r["content"] for r in rows] == [f"c{i} a"]
+        rows = await pg.get_messages_around(sids[i % 5], ids[1], 0)
+        assert [r["content"] for r in rows] == [f"c{i} b"]
+    assert {(await pg.require_session(s))["message_count"] for s in sids} == {40}
+    assert max(pg._writer.stats.batch_sizes) > 1
+    assert pg._writer.stats.fallbacks == 0  # the merged path handled every batch
+
+
+async def test_merged_appends_dedupe_and_count_tokens(pg: PgStore) -> None:
+    sid = await pg.create_session(source="telegram", chat_id="c1")
+    msg = {"role": "user", "content": "hi", "platform_message_id": "p1"}
+    calls = [pg.append_messages(sid, [msg], dedupe=("telegram", "c1")) for _ in range(3)]
+    calls += [pg.append_messages(sid, [{"role": "assistant", "content": "r"}], input_tokens=2,
+                                 output_tokens=3) for _ in range(4)]  # fmt: skip
+    results = await asyncio.gather(*calls)
+    assert sum(1 for r in results[:3] if r) == 1
+    assert all(len(r) == 1 for r in results[3:])
+    row = await pg.require_session(sid)
+    assert (row["message_count"], row["input_tokens"], row["output_tokens"]) == (5, 8, 12)
+    assert await pg.append_messages(sid, [msg], dedupe=("telegram", "c1")) == []
+    assert await pg.has_platform_message("telegram", "c1", "p1")
+    assert pg._writer.stats.fallbacks == 0
+
+
+async def test_append_and_read_returns_the_history_of_its_own_transaction(pg: PgStore) -> None:
+    a = await pg.create_session(source="telegram", chat_id="ca")
+    b = await pg.create_session(source="telegram", chat_id="cb")
+    await pg.append_messages(
+        a, [{"role": "user", "content": "old"}, {"role": "assistant", "content": "reply"}]
+    )
+
+    def turn(sid: str, text: str, chat: str | None, last: int | None) -> object:
+        msg = {"role": "user", "content": text, **({"platform_message_id": "1"} if chat else {})}
+        return pg.append_and_read(
+            sid, [msg], dedupe=("telegram", chat) if chat else None, last=last
+        )
+
+    (ids_a, hist_a), (ids_b, hist_b), (ids_dup, hist_dup), (_, hist_later) = await asyncio.gather(
+        turn(a, "new a", "ca", 2), turn(b, "new b", "cb", 10), turn(a, "again", "ca", 2),
+        turn(a, "later a", None, 3),
+    )  # fmt: skip
+    assert max(pg._writer.stats.batch_sizes) == 4  # all four merged into one batch
+    assert len(ids_a) == 1 and [m["content"] for m in hist_a] == ["reply", "new a"]
+    assert [m["content"] for m in hist_later] == ["reply", "new a", "later a"]
+    assert len(ids_b) == 1 and hist_b == [{"role": "user", "content": "new b"}]
+    assert (ids_dup, hist_dup) == ([], [])
+    assert pg._writer.stats.fallbacks == 0
+
+
+async def test_reads_survive_the_server_dropping_pooled_connections(
+    pg: PgStore, pg_dsn: str
+) -> None:
+    sid = await pg.create_session(source="api", title="still here")
+
+    async def pid(conn: psycopg.AsyncConnection) -> int:
+        await asyncio.sleep(0.05)  # hold the connection so the others take their own
+        return conn.info.backend_pid
+
+    pids = set(await asyncio.gather(*(pg._read(pid) for _ in range(8))))
+    assert len(pids) > 1
+    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+        for p in pids:  # only this store's pooled connections
+            admin.execute("SELECT pg_terminate_backend(%s)", (p,))
+    rows = await asyncio.gather(*(pg.get_session(sid) for _ in range(8)))
+    assert all(r is not None and r["title"] == "still here" for r in rows)
