@@ -23,6 +23,8 @@ from gateway.errors import ConfigError
 from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
+from tests.fakes.bluebubbles import PASSWORD as BB_PASSWORD
+from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import ENV as DINGTALK_ENV
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
@@ -42,7 +44,7 @@ from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "matrix", "mattermost", "teams",
-                  "whatsapp", "sms", "email", "feishu", "dingtalk")  # fmt: skip
+                  "whatsapp", "sms", "email", "feishu", "dingtalk", "bluebubbles")  # fmt: skip
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
 # string value, or names only the platform has
@@ -155,7 +157,8 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "WHATSAPP_VERIFY_TOKEN": "w", "TWILIO_AUTH_TOKEN": "t", "EMAIL_PASSWORD": "p",
                "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f", "FEISHU_ENCRYPT_KEY": "k",
                "FEISHU_VERIFICATION_TOKEN": "v", "DINGTALK_CLIENT_ID": "dingid",
-               "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m"}
+               "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m",
+               "BLUEBUBBLES_PASSWORD": "b", "BLUEBUBBLES_WEBHOOK_SECRET": "b"}
         required = {  # keys a section cannot do without
             "signal": "    account: '+15550000001'\\n",
             "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
@@ -165,6 +168,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
                    "    from_number: '+15550100000'\\n    webhook_url: https://h.example/sms\\n",
             "email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
                      "    smtp_host: smtp.example.com\\n",
+            "bluebubbles": "    url: http://mac.example:1234\\n    bot_name: sb\\n",
         }
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
@@ -475,6 +479,30 @@ async def test_doctor_checks_dingtalk_credentials_by_getting_an_access_token(
     )
     assert (reach.ok, reach.detail) == (good, expected)
     assert [m for m, _ in fake.calls] == ["token"]
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_the_bluebubbles_password_with_server_info(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeBlueBubbles()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  bluebubbles:\n    enabled: true\n    allow_all_users: true\n"
+            f"    url: {fake.base_url}\n    bot_name: sb\n"
+        )
+        env = {"BLUEBUBBLES_PASSWORD": BB_PASSWORD if good else "wrong",
+               "BLUEBUBBLES_WEBHOOK_SECRET": "s-1"}  # fmt: skip
+        checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)  # fmt: skip
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "bluebubbles reachable"]
+    expected = "bot@icloud.example (BlueBubbles 1.9.9)" if good else "bluebubbles refused the server password (401)"  # fmt: skip
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [(m, p) for m, p, _b in fake.calls] == [("GET", "/api/v1/server/info")]
+
 
 # --- a third-party adapter, installed as a package with an entry point ---------------
 
