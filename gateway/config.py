@@ -364,7 +364,7 @@ def _resolve_secrets(
             errors.extend(_allowlist_problems(name, settings))
             for want in cls.secrets_needed(settings):
                 need(f"platforms.{name}.{want.key}",
-                     getattr(settings, want.key) or want.default_env, want.why)  # fmt: skip
+                     getattr(settings, want.key, None) or want.default_env, want.why)  # fmt: skip
     if data["agent"]["backend"] == "openai":
         o = data["agent"]["openai"]
         if o["api_key_env"]:

@@ -31,6 +31,7 @@ BUILTIN = {
     "feishu": "gateway.adapters.feishu:FeishuAdapter",
     "dingtalk": "gateway.adapters.dingtalk:DingTalkAdapter",
     "bluebubbles": "gateway.adapters.bluebubbles:BlueBubblesAdapter",
+    "webhook": "gateway.adapters.webhook:WebhookAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

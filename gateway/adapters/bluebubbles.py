@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 from urllib.parse import quote
 
@@ -110,7 +111,8 @@ def to_inbound(payload: Mapping[str, Any], bot_name: str | None = None) -> Inbou
         str(handle.get("service") or "iMessage") if isinstance(handle, Mapping) else "iMessage"
     )
     chat_guid = str(chat.get("guid") or f"{service};-;{address}")
-    text = data.get("text") if isinstance(data.get("text"), str) else ""
+    raw = data.get("text")
+    text = raw if isinstance(raw, str) else ""
     text = text.replace("\ufffc", "").strip()  # the object-replacement mark of an attachment
     if data.get("attachments"):
         text = f"{ATTACHMENT_NOTE} {text}".strip()
@@ -360,7 +362,7 @@ class BlueBubblesAdapter:
                     "tempGuid": f"switchboard-{uuid.uuid4()}"}  # fmt: skip
             try:
                 data = await call_with_retry(
-                    lambda body=body: self._call("POST", "message/text", body),
+                    partial(self._call, "POST", "message/text", body),
                     backoff=self._backoff, log=log,
                 )  # fmt: skip
             except InvalidToken as exc:

@@ -40,11 +40,13 @@ from tests.fakes.smtp import FakeSmtp
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
+from tests.fakes.webhook_receiver import SECRET as WEBHOOK_SECRET
+from tests.fakes.webhook_receiver import CallbackReceiver
 from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "matrix", "mattermost", "teams",
-                  "whatsapp", "sms", "email", "feishu", "dingtalk", "bluebubbles")  # fmt: skip
+                  "whatsapp", "sms", "email", "feishu", "dingtalk", "bluebubbles", "webhook")  # fmt: skip
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
 # string value, or names only the platform has
@@ -158,7 +160,8 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f", "FEISHU_ENCRYPT_KEY": "k",
                "FEISHU_VERIFICATION_TOKEN": "v", "DINGTALK_CLIENT_ID": "dingid",
                "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m",
-               "BLUEBUBBLES_PASSWORD": "b", "BLUEBUBBLES_WEBHOOK_SECRET": "b"}
+               "BLUEBUBBLES_PASSWORD": "b", "BLUEBUBBLES_WEBHOOK_SECRET": "b",
+               "WEBHOOK_CI_SECRET": "w"}
         required = {  # keys a section cannot do without
             "signal": "    account: '+15550000001'\\n",
             "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
@@ -169,6 +172,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
             "email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
                      "    smtp_host: smtp.example.com\\n",
             "bluebubbles": "    url: http://mac.example:1234\\n    bot_name: sb\\n",
+            "webhook": "    endpoints:\\n      ci: {secret_env: WEBHOOK_CI_SECRET}\\n",
         }
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
@@ -504,6 +508,40 @@ async def test_doctor_checks_the_bluebubbles_password_with_server_info(
     assert [(m, p) for m, p, _b in fake.calls] == [("GET", "/api/v1/server/info")]
 
 
+@pytest.mark.parametrize("case", ["good", "refused", "unreachable"])
+async def test_doctor_lists_webhook_endpoints_and_pings_their_callbacks(
+    tmp_path: Path, case: str
+) -> None:
+    receiver = CallbackReceiver(secret=WEBHOOK_SECRET if case == "good" else "another-secret")
+    await receiver.start()
+    url = receiver.url
+    if case == "unreachable":
+        await receiver.stop()
+        url = f"http://127.0.0.1:{free_port()}/hook"
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  webhook:\n    enabled: true\n    allow_all_users: true\n"
+            "    endpoints:\n      ci:\n        secret_env: HOOK_SECRET\n"
+            f"        mode: async\n        callback_url: {url}\n"
+            "      form:\n        secret_env: HOOK_SECRET\n"
+        )
+        config = load_config(cfg, {"HOOK_SECRET": WEBHOOK_SECRET})
+        checks = await run_doctor(tmp_path / "home", config, None, fix=False, full=False)
+    finally:
+        await receiver.stop()
+    [reach] = [c for c in checks if c.name == "webhook reachable"]
+    callback = {"good": "answers", "refused": ": the callback refused the POST (401)",
+                "unreachable": ": the callback is unreachable (ClientConnectorError)"}[case]  # fmt: skip
+    sep = " " if case == "good" else ""
+    assert (reach.ok, reach.detail) == (
+        case == "good",
+        f"ci: async, callback {url}{sep}{callback}; form: sync, no callback",
+    )
+    if case == "good":
+        assert [r["type"] for r in receiver.received] == ["ping"]
+
+
 # --- a third-party adapter, installed as a package with an entry point ---------------
 
 PLUGIN = '''
@@ -726,5 +764,6 @@ def test_every_built_in_adapter_declares_its_platform(name: str) -> None:
     defaults = build(cls.settings, {k: v.default for k, v in schema_of(cls.settings).items()})  # type: ignore[union-attr]
     assert defaults == cls.settings() and not defaults.enabled
     needs = [n.key for n in cls.secrets_needed(defaults)]
-    assert needs[:1] == ([] if name == "signal" else ["token_env"])  # signal-cli has no token
+    # signal-cli has no token; the webhook's secrets are its endpoints' (none by default)
+    assert needs[:1] == ([] if name in ("signal", "webhook") else ["token_env"])
     assert cls.home_chat_type("100") in ("dm", "group")
