@@ -311,13 +311,18 @@ class WebhookAdapter:
     async def send(self, msg: OutboundMessage) -> SentRef:
         """A waiting request gets the reply in its response; anything else (async mode, a
         request that timed out, a handoff) is POSTed to the endpoint's callback_url."""
-        ex = self._pending.get((msg.chat_id, msg.reply_to or ""))
-        if ex is not None and not ex.late and not ex.done.done():
+        slot = (msg.chat_id, msg.reply_to or "")
+        ex = self._pending.get(slot)
+        if ex is not None and not ex.done.done():
             if msg.notice:
                 ex.notices.append(msg.text)
             else:
                 ex.done.set_result(msg)
-            return SentRef(self.platform, msg.chat_id, (msg.reply_to or "",))
+            if not ex.late:
+                return SentRef(self.platform, msg.chat_id, (msg.reply_to or "",))
+            if not msg.notice and msg.error != "storage":  # a replay now gets it at once
+                self._remember(slot, {"id": slot[1], "reply": msg.text, "notices": ex.notices,
+                                      "session_id": msg.session_id, "error": msg.error})  # fmt: skip
         name, chat = split_chat(msg.chat_id)
         ep = self._endpoints.get(name)
         if ep is None or not ep.callback_url:

@@ -195,6 +195,11 @@ async def test_a_slow_turn_answers_202_then_posts_the_reply_to_the_callback(
             "echo: slow one",
         )
         assert receiver.refused == []
+        # a replay of it now gets the reply at once, from the same single turn
+        url = f"{_base(gateway)}/webhooks/ci"
+        status, again = await post_signed(url, _msg("slow one", mid="s-1"))
+        assert (status, again["reply"], again["duplicate"]) == (200, "echo: slow one", True)
+        assert len(await _messages(gateway, KEY)) == 2 and len(receiver.replies()) == 1
     finally:
         await gateway.stop()
 
