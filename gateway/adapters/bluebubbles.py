@@ -91,7 +91,9 @@ def addressed(text: str, bot_name: str | None) -> tuple[bool, str]:
     return bool(re.search(rf"(?<!\w)@{name}\b", text, re.I)), text
 
 
-def to_inbound(payload: Mapping[str, Any], bot_name: str | None = None) -> InboundMessage | None:
+def to_inbound(
+    payload: Mapping[str, Any], bot_name: str | None = None, require_mention: bool = True
+) -> InboundMessage | None:
     """A BlueBubbles webhook (`{"type": "new-message", "data": message}`) as an
     InboundMessage; None for other events, our own messages, tapbacks and system items."""
     if not isinstance(payload, Mapping) or payload.get("type") != "new-message":
@@ -122,6 +124,7 @@ def to_inbound(payload: Mapping[str, Any], bot_name: str | None = None) -> Inbou
     mentioned = True
     if group:
         mentioned, text = addressed(text, bot_name)
+        mentioned = mentioned or not require_mention
     try:
         sent_at = float(data.get("dateCreated") or 0) / 1000.0
     except (TypeError, ValueError):
@@ -197,7 +200,7 @@ class BlueBubblesAdapter:
         return cls(
             str(settings.base_url or settings.url), secrets.get("token_env", ""),
             secrets.get("webhook_secret_env", ""),
-            bot_name=settings.bot_name if settings.require_mention else None,
+            bot_name=settings.bot_name, require_mention=settings.require_mention,
             method=settings.method, private_api=settings.private_api,
             max_age_s=settings.max_age_seconds,
         )  # fmt: skip
@@ -235,6 +238,7 @@ class BlueBubblesAdapter:
         webhook_secret: str,
         *,
         bot_name: str | None = None,
+        require_mention: bool = True,
         method: str = "apple-script",
         private_api: bool = False,
         max_age_s: float = 3_600,
@@ -245,6 +249,7 @@ class BlueBubblesAdapter:
         self._password = password
         self._secret = webhook_secret
         self._bot_name = bot_name
+        self._require_mention = require_mention
         self._method = method
         self._private_api = private_api
         self._max_age = max_age_s
@@ -307,7 +312,7 @@ class BlueBubblesAdapter:
             payload = json.loads(await request.read())
         except ValueError:
             return web.Response(status=400, text="not JSON")
-        msg = to_inbound(payload, self._bot_name)
+        msg = to_inbound(payload, self._bot_name, self._require_mention)
         if msg is None:
             return web.Response(text="ignored")
         age = time.time() - msg.received_at

@@ -355,6 +355,13 @@ def test_what_is_not_a_message_to_answer(payload: Any) -> None:
     assert to_inbound(payload, "Switchboard") is None
 
 
+def test_without_require_mention_every_group_message_is_addressed() -> None:
+    msg = to_inbound(new_message("hi all", chat=GROUP), "Switchboard", require_mention=False)
+    assert msg is not None and msg.mentioned and msg.text == "hi all"
+    msg = to_inbound(new_message("hi all", chat=GROUP), None, require_mention=False)
+    assert msg is not None and msg.mentioned
+
+
 def test_a_message_without_its_chat_falls_back_to_the_sender_dm() -> None:
     payload = new_message("hi")
     payload["data"]["chats"] = []
