@@ -372,7 +372,7 @@ def _resolve_secrets(
             errors.extend(_allowlist_problems(name, settings))
             for want in cls.secrets_needed(settings):
                 need(f"platforms.{name}.{want.key}",
-                     getattr(settings, want.key) or want.default_env, want.why)  # fmt: skip
+                     getattr(settings, want.key, None) or want.default_env, want.why)  # fmt: skip
     if data["state"]["backend"] == "postgres":
         found = _postgres_problems(data["state"]["dsn_env"], env)
         errors.extend(found)

@@ -30,6 +30,8 @@ BUILTIN = {
     "email": "gateway.adapters.email:EmailAdapter",
     "feishu": "gateway.adapters.feishu:FeishuAdapter",
     "dingtalk": "gateway.adapters.dingtalk:DingTalkAdapter",
+    "bluebubbles": "gateway.adapters.bluebubbles:BlueBubblesAdapter",
+    "webhook": "gateway.adapters.webhook:WebhookAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 

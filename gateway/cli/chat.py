@@ -306,7 +306,8 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             if text.startswith("/handoff"):
                 platform = text.partition(" ")[2].strip()
                 if platform not in adapters.names():
-                    con.print(f"Usage: {handoff_usage()}")
+                    # one line, however many platforms are registered
+                    con.print(f"Usage: {handoff_usage()}", soft_wrap=True)
                     continue
                 current = index.get(key.format())
                 if current is None:

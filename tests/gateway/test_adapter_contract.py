@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from gateway.adapters.api import ApiAdapter
+from gateway.adapters.bluebubbles import BlueBubblesAdapter
 from gateway.adapters.dingtalk import DingTalkAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.email import EmailAdapter, SmtpAccount
@@ -23,9 +24,11 @@ from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.sms import SmsAdapter
 from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
+from gateway.adapters.webhook import Endpoint, WebhookAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from tests.fakes import dingtalk, feishu, matrix, teams, twilio, whatsapp
+from tests.fakes import bluebubbles, dingtalk, feishu, matrix, teams, twilio, whatsapp
+from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.feishu import FakeFeishu
@@ -38,14 +41,17 @@ from tests.fakes.smtp import FakeSmtp
 from tests.fakes.teams import FakeTeams
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
+from tests.fakes.webhook_receiver import CallbackReceiver
 from tests.fakes.whatsapp import FakeGraph
 
 PLATFORMS = ["api", "telegram", "discord", "slack", "signal", "mattermost", "teams", "whatsapp",
-             "sms", "email", "feishu", "dingtalk", "matrix"]  # fmt: skip
+             "sms", "email", "feishu", "dingtalk", "matrix", "bluebubbles",
+             "webhook"]  # fmt: skip
 FAKES: dict[str, type[Any]] = {
     "telegram": FakeTelegram, "discord": FakeDiscord, "slack": FakeSlack, "signal": FakeSignal,
     "mattermost": FakeMattermost, "teams": FakeTeams, "whatsapp": FakeGraph, "sms": FakeTwilio,
     "feishu": FakeFeishu, "dingtalk": FakeDingTalk, "matrix": FakeMatrix,
+    "bluebubbles": FakeBlueBubbles, "webhook": CallbackReceiver,
 }  # fmt: skip
 
 
@@ -101,6 +107,11 @@ async def case(
         elif isinstance(fake, FakeDingTalk):
             yield DingTalkAdapter(dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET,
                                   base_url=fake.base_url), "cidGROUP", fake  # fmt: skip
+        elif isinstance(fake, FakeBlueBubbles):
+            yield BlueBubblesAdapter(fake.base_url, bluebubbles.PASSWORD, bluebubbles.SECRET
+                                     ), bluebubbles.GROUP, fake  # fmt: skip
+        elif isinstance(fake, CallbackReceiver):
+            yield WebhookAdapter([Endpoint("ci", fake.secret, "async", fake.url)]), "ci:ann", fake
         elif isinstance(fake, FakeMatrix):
             fake.add_room(
                 "!general:fake.test", {"@alice:fake.test": "Alice", "@bob:fake.test": "Bob"}
@@ -139,6 +150,10 @@ def _delivered(fake: Any) -> str:
         return str(fake.posted(GENERAL)[0]["content"])
     if isinstance(fake, FakeMatrix):
         return str(fake.sends()[0]["body"])
+    if isinstance(fake, FakeBlueBubbles):
+        return str(fake.sent()[0]["message"])
+    if isinstance(fake, CallbackReceiver):
+        return str(fake.replies()[0]["text"])
     return str(fake.posted()[0]["text"])
 
 

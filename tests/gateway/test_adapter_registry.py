@@ -23,6 +23,8 @@ from gateway.errors import ConfigError
 from gateway.handoff import configured_home
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
+from tests.fakes.bluebubbles import PASSWORD as BB_PASSWORD
+from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import ENV as DINGTALK_ENV
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
@@ -38,11 +40,13 @@ from tests.fakes.smtp import FakeSmtp
 from tests.fakes.teams import APP_ID, PASSWORD, FakeTeams
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
+from tests.fakes.webhook_receiver import SECRET as WEBHOOK_SECRET
+from tests.fakes.webhook_receiver import CallbackReceiver
 from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "matrix", "mattermost", "teams",
-                  "whatsapp", "sms", "email", "feishu", "dingtalk")  # fmt: skip
+                  "whatsapp", "sms", "email", "feishu", "dingtalk", "bluebubbles", "webhook")  # fmt: skip
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
 # string value, or names only the platform has
@@ -155,7 +159,9 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "WHATSAPP_VERIFY_TOKEN": "w", "TWILIO_AUTH_TOKEN": "t", "EMAIL_PASSWORD": "p",
                "FEISHU_APP_SECRET": "f", "FEISHU_APP_ID": "cli_f", "FEISHU_ENCRYPT_KEY": "k",
                "FEISHU_VERIFICATION_TOKEN": "v", "DINGTALK_CLIENT_ID": "dingid",
-               "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m"}
+               "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m",
+               "BLUEBUBBLES_PASSWORD": "b", "BLUEBUBBLES_WEBHOOK_SECRET": "b",
+               "WEBHOOK_CI_SECRET": "w"}
         required = {  # keys a section cannot do without
             "signal": "    account: '+15550000001'\\n",
             "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
@@ -165,6 +171,8 @@ def test_config_and_registry_load_no_chat_library() -> None:
                    "    from_number: '+15550100000'\\n    webhook_url: https://h.example/sms\\n",
             "email": "    address: a@example.com\\n    imap_host: imap.example.com\\n"
                      "    smtp_host: smtp.example.com\\n",
+            "bluebubbles": "    url: http://mac.example:1234\\n    bot_name: sb\\n",
+            "webhook": "    endpoints:\\n      ci: {secret_env: WEBHOOK_CI_SECRET}\\n",
         }
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
@@ -476,6 +484,64 @@ async def test_doctor_checks_dingtalk_credentials_by_getting_an_access_token(
     assert (reach.ok, reach.detail) == (good, expected)
     assert [m for m, _ in fake.calls] == ["token"]
 
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_the_bluebubbles_password_with_server_info(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeBlueBubbles()
+    await fake.start()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  bluebubbles:\n    enabled: true\n    allow_all_users: true\n"
+            f"    url: {fake.base_url}\n    bot_name: sb\n"
+        )
+        env = {"BLUEBUBBLES_PASSWORD": BB_PASSWORD if good else "wrong",
+               "BLUEBUBBLES_WEBHOOK_SECRET": "s-1"}  # fmt: skip
+        checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)  # fmt: skip
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "bluebubbles reachable"]
+    expected = "bot@icloud.example (BlueBubbles 1.9.9)" if good else "bluebubbles refused the server password (401)"  # fmt: skip
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [(m, p) for m, p, _b in fake.calls] == [("GET", "/api/v1/server/info")]
+
+
+@pytest.mark.parametrize("case", ["good", "refused", "unreachable"])
+async def test_doctor_lists_webhook_endpoints_and_pings_their_callbacks(
+    tmp_path: Path, case: str
+) -> None:
+    receiver = CallbackReceiver(secret=WEBHOOK_SECRET if case == "good" else "another-secret")
+    await receiver.start()
+    url = receiver.url
+    if case == "unreachable":
+        await receiver.stop()
+        url = f"http://127.0.0.1:{free_port()}/hook"
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  webhook:\n    enabled: true\n    allow_all_users: true\n"
+            "    endpoints:\n      ci:\n        secret_env: HOOK_SECRET\n"
+            f"        mode: async\n        callback_url: {url}\n"
+            "      form:\n        secret_env: HOOK_SECRET\n"
+        )
+        config = load_config(cfg, {"HOOK_SECRET": WEBHOOK_SECRET})
+        checks = await run_doctor(tmp_path / "home", config, None, fix=False, full=False)
+    finally:
+        await receiver.stop()
+    [reach] = [c for c in checks if c.name == "webhook reachable"]
+    callback = {"good": "answers", "refused": ": the callback refused the POST (401)",
+                "unreachable": ": the callback is unreachable (ClientConnectorError)"}[case]  # fmt: skip
+    sep = " " if case == "good" else ""
+    assert (reach.ok, reach.detail) == (
+        case == "good",
+        f"ci: async, callback {url}{sep}{callback}; form: sync, no callback",
+    )
+    if case == "good":
+        assert [r["type"] for r in receiver.received] == ["ping"]
+
+
 # --- a third-party adapter, installed as a package with an entry point ---------------
 
 PLUGIN = '''
@@ -698,5 +764,6 @@ def test_every_built_in_adapter_declares_its_platform(name: str) -> None:
     defaults = build(cls.settings, {k: v.default for k, v in schema_of(cls.settings).items()})  # type: ignore[union-attr]
     assert defaults == cls.settings() and not defaults.enabled
     needs = [n.key for n in cls.secrets_needed(defaults)]
-    assert needs[:1] == ([] if name == "signal" else ["token_env"])  # signal-cli has no token
+    # signal-cli has no token; the webhook's secrets are its endpoints' (none by default)
+    assert needs[:1] == ([] if name in ("signal", "webhook") else ["token_env"])
     assert cls.home_chat_type("100") in ("dm", "group")
