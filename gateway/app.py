@@ -138,6 +138,7 @@ def router_settings(config: Config) -> RouterSettings:
         context_tokens=config.agent.context_tokens,
         reply_tokens=config.agent.reply_tokens,
         turn_timeout_s=config.agent.turn_timeout_seconds,
+        resend_unconfirmed=config.inbox.resend_unconfirmed_replies,
     )
 
 
@@ -431,7 +432,8 @@ class Gateway:
             "recovered_turns": {
                 outcome: int(n) for (((_label, outcome),), n) in self.metrics.recovered.values.items()
             },
-            "unsent_replies": int(self.metrics.errors.values.get((("kind", "send"),), 0)),
+            "unsent_replies": int(self.metrics.unsent.total()),
+            "failed_sends": int(self.metrics.errors.values.get((("kind", "send"),), 0)),
             "last_error": self.router.last_error if self.router else None,
         }
 

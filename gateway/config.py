@@ -157,6 +157,7 @@ class ShutdownSettings:
 class InboxSettings:
     recovery_max_age_seconds: int | float = setting(3600, in_range(0, 30 * 86400))
     retention_days: int | float = setting(7, in_range(1, 3650))
+    resend_unconfirmed_replies: bool = setting(False)
 
 
 @dataclass(frozen=True)

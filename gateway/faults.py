@@ -2,14 +2,15 @@
 the first time it reaches that point (`SWITCHBOARD_FAULT_AT=N`: the Nth time). Unset, a
 point costs one comparison. The points: `after_inbox_commit` (a message is taken, its turn
 has not begun), `mid_agent` (the user's message is in its session, the agent is running),
-`after_reply_commit` (the reply is stored, not yet sent)."""
+`after_reply_commit` (the reply is stored, not yet sent), `after_send_before_mark` (the
+platform took the reply; the outbox does not know yet)."""
 
 from __future__ import annotations
 
 import os
 import signal
 
-POINTS = ("after_inbox_commit", "mid_agent", "after_reply_commit")
+POINTS = ("after_inbox_commit", "mid_agent", "after_reply_commit", "after_send_before_mark")
 _armed = os.environ.get("SWITCHBOARD_FAULT") or None
 _left = int(os.environ.get("SWITCHBOARD_FAULT_AT", "1") or 1)
 if _armed is not None and _armed not in POINTS:

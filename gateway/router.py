@@ -32,9 +32,10 @@ from gateway.reset import Resetter
 from gateway.services import AccessRules, RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey, build_key
 from gateway.sessions import SessionManager
-from gateway.turns import APOLOGY, TurnProgress, agent_turn
+from gateway.turns import APOLOGY, TurnProgress, agent_turn, mark_reply
 from gateway.vocab import ChatType
 from state import SessionNotFound, StateError, Store
+from state.content import content_text
 from state.inbox import ANSWERED, DROPPED, OPEN_STATES
 
 __all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender", "TurnEvents"]
@@ -201,7 +202,33 @@ class Router:
         if rerun or apologised:
             log.warning("recovered %d interrupted turn(s); %d too old, apologised for",
                         rerun, apologised)  # fmt: skip
+        await self._resend_unconfirmed()
         return rerun, apologised
+
+    async def _resend_unconfirmed(self) -> None:
+        """Replies a crash left unconfirmed: 'ready' ones are sent now (at least once);
+        'sending' ones may have reached the chat, so they are counted, logged and left
+        (at most once), unless inbox.resend_unconfirmed_replies asks for at least once."""
+        s = self.services
+        for row in await s.db.unsent_replies():
+            inbox_id = int(row["id"])
+            if inbox_id in self._inflight:
+                continue
+            if row["reply_state"] == "sending" and not s.settings.resend_unconfirmed:
+                s.metrics.unsent.inc()
+                log.warning("inbox row %d: its reply may not have reached the chat (the daemon "
+                            "stopped while sending it); not sent again", inbox_id)  # fmt: skip
+                await s.db.mark_reply(inbox_id, "unconfirmed")
+                continue
+            try:
+                msg = InboundMessage.from_payload(json.loads(row["payload"]))
+            except (ValueError, TypeError):
+                await s.db.mark_reply(inbox_id, "failed")
+                continue
+            text = content_text(row["content"]) or APOLOGY
+            ref = await s.replies.reply(msg, row["session_id"], text)
+            s.metrics.recovered.inc(outcome="reply_resent")
+            await mark_reply(s, inbox_id, ref)
 
     def _authorised(self, msg: InboundMessage) -> bool:
         s = self.services

@@ -55,6 +55,7 @@ class RouterSettings:
     context_tokens: int = 128_000
     reply_tokens: int = 4_096
     turn_timeout_s: float = 300.0
+    resend_unconfirmed: bool = False  # inbox.resend_unconfirmed_replies: at least once
 
     def update(self, new: RouterSettings) -> None:
         """Take every value of `new`, in place, so every holder of this object sees them."""
@@ -114,7 +115,8 @@ class Replier:
         key: SessionKey | None = None,
         error: str | None = None,
         notice: bool = False,
-    ) -> None:
+    ) -> SentRef | None:
+        """Send; the platform's reference, or None when the send failed (logged, counted)."""
         src = msg.source
         out = OutboundMessage(
             platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
@@ -122,12 +124,14 @@ class Replier:
             session_key=key.format() if key else None, error=error, notice=notice,
         )  # fmt: skip
         try:
-            await self.send(out)
+            ref = await self.send(out)
             self.metrics.messages_out.inc(platform=src.platform)
+            return ref
         except Exception as exc:
             self.metrics.last_error = f"send: {type(exc).__name__}: {exc}"
             self.metrics.errors.inc(kind="send")
             log.error("sending to %s chat %s failed: %s", src.platform, src.chat_id, exc)
+            return None
 
 
 class TaskSet:

@@ -19,7 +19,7 @@ from gateway import access, faults
 from gateway.agent.base import AgentReply, TurnContext, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
-from gateway.messages import InboundMessage
+from gateway.messages import InboundMessage, SentRef
 from gateway.services import Services
 from gateway.session_keys import SessionKey
 from state import StateError
@@ -106,14 +106,19 @@ async def agent_turn(
             for m in reply.tool_messages
         ]
         stored.append({"role": "assistant", "content": reply.text})
+        # the reply goes to the outbox with the turn's end: 'ready' is sent again after a
+        # crash (at least once), 'sending' never (at most once: the send may have happened)
         await s.db.end_turn(
             turn.inbox_id, sid, stored,
             input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
+            reply_state="ready" if settings.resend_unconfirmed else "sending",
         )  # fmt: skip
         s.index.touch(k, s.clock())
         faults.point("after_reply_commit")
         s.metrics.turns.inc(outcome="ok")
-        await s.replies.reply(msg, sid, reply.text, key)
+        ref = await s.replies.reply(msg, sid, reply.text, key)
+        faults.point("after_send_before_mark")
+        s.tasks.start(mark_reply(s, turn.inbox_id, ref), f"sent:{turn.inbox_id}")
         after = [*history, {"role": "assistant", "content": reply.text}]
         if sum(1 for m in after if m.get("role") in ("user", "assistant")) == 2:
             s.tasks.start(auto_title(s, sid, after), f"title:{sid}")
@@ -129,6 +134,18 @@ async def agent_turn(
         )
     finally:
         s.coordinator.job_finished(sid, TURN_JOB)
+
+
+async def mark_reply(services: Services, inbox_id: int, ref: SentRef | None) -> None:
+    """The outbox row's end: 'sent' with the platform's ids, or 'failed' (not sent again).
+    Off the turn's path: the next message of the chat does not wait for it."""
+    try:
+        await services.db.mark_reply(
+            inbox_id, "sent" if ref is not None else "failed",
+            json.dumps(list(ref.message_ids)) if ref is not None else None,
+        )  # fmt: skip
+    except Exception as exc:  # the row stays unconfirmed: counted at the next start
+        log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)
 
 
 async def auto_title(services: Services, sid: str, history: list[dict[str, Any]]) -> None:

@@ -36,11 +36,15 @@ CREATE TABLE IF NOT EXISTS inbox (
     session_id TEXT,
     message_id INTEGER,
     received_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    reply_state TEXT,
+    reply_message_id INTEGER,
+    reply_ref TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS idx_inbox_platform_message
     ON inbox(platform, chat_id, platform_message_id);
 CREATE INDEX IF NOT EXISTS idx_inbox_open ON inbox(id) WHERE state IN ('received', 'started');
+CREATE INDEX IF NOT EXISTS idx_inbox_unsent ON inbox(id) WHERE reply_state IN ('ready', 'sending');
 """
 # No index on updated_at: every state change would rewrite it; the daily prune scans.
 
@@ -176,23 +180,27 @@ register_batched(begin_turn, begin_turns_many)
 
 def end_turn(
     conn: sqlite3.Connection, inbox_id: int, session_id: str,
-    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None,
+    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
 ) -> list[int]:  # fmt: skip
     """The turn's last write: the reply (and tool messages) into the session, the row
-    `answered`, in one transaction."""
-    return end_turns_many(conn, [(inbox_id, session_id, batch, tokens)])[0]
+    `answered` and its reply in the outbox as `reply_state` ('ready': resent at start-up
+    until marked sent; 'sending': never resent, at most once), in one transaction."""
+    return end_turns_many(conn, [(inbox_id, session_id, batch, tokens, reply_state)])[0]
 
 
 def end_turns_many(
     conn: sqlite3.Connection,
-    calls: list[tuple[int, str, list[Mapping[str, Any]], Mapping[str, int] | None]],
+    calls: list[tuple[int, str, list[Mapping[str, Any]], Mapping[str, int] | None, str]],
 ) -> list[list[int]]:
-    ids = append_many(conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens in calls])
+    ids = append_many(conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens, _r in calls])
     conn.execute(
-        "UPDATE inbox SET state = 'answered', updated_at = ? "
-        "WHERE id IN (SELECT value FROM json_each(?))",
-        (time.time(), json.dumps([c[0] for c in calls])),
-    )
+        "UPDATE inbox SET state = 'answered', updated_at = ?2, "
+        "reply_state = json_extract(j.value, '$[1]'), "
+        "reply_message_id = json_extract(j.value, '$[2]') "
+        "FROM json_each(?1) j WHERE inbox.id = json_extract(j.value, '$[0]')",
+        (json.dumps([[c[0], c[4], got[-1] if got else None] for c, got in zip(calls, ids, strict=True)]),
+         time.time()),
+    )  # fmt: skip
     return ids
 
 
@@ -224,6 +232,40 @@ _OPEN_ROWS = (
     " AND m.platform_message_id = i.platform_message_id ORDER BY m.id LIMIT 1) AS mid "
     "FROM inbox i WHERE i.state IN ('received', 'started') ORDER BY i.id"
 )
+
+
+def mark_reply(
+    conn: sqlite3.Connection, inbox_id: int, reply_state: str, ref: str | None
+) -> None:
+    """The reply's fate after the send: 'sent' (with the platform's ids) or 'failed'."""
+    mark_replies_many(conn, [(inbox_id, reply_state, ref)])
+
+
+def mark_replies_many(
+    conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]
+) -> list[None]:
+    conn.execute(
+        "UPDATE inbox SET reply_state = json_extract(j.value, '$[1]'), "
+        "reply_ref = json_extract(j.value, '$[2]') "
+        "FROM json_each(?) j WHERE inbox.id = json_extract(j.value, '$[0]')",
+        (json.dumps([list(c) for c in calls]),),
+    )
+    return [None] * len(calls)
+
+
+register_batched(mark_reply, mark_replies_many)
+
+
+def unsent_replies(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Replies committed but not confirmed sent, oldest first, with their text: 'ready'
+    ones are sent at start-up, 'sending' ones (the send may have happened) only counted."""
+    cur = conn.execute(
+        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
+        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
+        "WHERE i.reply_state IN ('ready', 'sending') ORDER BY i.id"
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def open_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:

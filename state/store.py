@@ -669,15 +669,26 @@ class SessionDB:
 
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
-        input_tokens: int = 0, output_tokens: int = 0,
+        input_tokens: int = 0, output_tokens: int = 0, reply_state: str = "ready",
     ) -> list[int]:  # fmt: skip
-        """The reply into the session and the row `answered`, in one transaction."""
+        """The reply into the session, the row `answered` and the reply in the outbox as
+        `reply_state` ('ready' or 'sending'), in one transaction."""
         tokens = (
             {"input_tokens": input_tokens, "output_tokens": output_tokens}
             if input_tokens or output_tokens
             else None
         )
-        return await self._write(inbox.end_turn, inbox_id, session_id, list(batch), tokens)
+        return await self._write(
+            inbox.end_turn, inbox_id, session_id, list(batch), tokens, reply_state
+        )
+
+    async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
+        """After the send: 'sent' (with the platform's message ids) or 'failed'."""
+        await self._write(inbox.mark_reply, inbox_id, reply_state, ref)
+
+    async def unsent_replies(self) -> list[dict[str, Any]]:
+        """Replies committed but not confirmed sent ('ready' and 'sending'), oldest first."""
+        return await self._read(inbox.unsent_replies)
 
     async def finish_inbound(self, inbox_id: int, state: str, reason: str | None = None) -> None:
         """Close an inbox row without an agent reply (a command answered, or dropped)."""

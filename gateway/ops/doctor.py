@@ -128,6 +128,25 @@ async def _reach(config: Config) -> list[Check]:
     return checks
 
 
+async def _inbox_check(db: Store) -> Check:
+    """Turns and replies a crash left open: the next start runs the turns again and sends
+    the 'ready' replies; a 'sending' reply is never sent again (at most once)."""
+    counts = await db.inbox_counts()
+    unsent = await db.unsent_replies()
+    sending = sum(1 for r in unsent if r["reply_state"] == "sending")
+    ready = len(unsent) - sending
+    stuck = counts.get("received", 0) + counts.get("started", 0)
+    parts = [f"{stuck} turn(s) open ({counts.get('started', 0)} started)"] if stuck else []
+    if ready:
+        parts.append(f"{ready} reply(ies) waiting to be sent")
+    if sending:
+        parts.append(f"{sending} reply(ies) stopped while sending (not sent again)")
+    if not parts:
+        return Check("inbox", True, f"nothing open ({sum(counts.values())} rows kept)")
+    return Check("inbox", True, "; ".join(parts) + " (the daemon resolves these when it "
+                 "starts; open rows while it runs are turns in flight)", warn=True)  # fmt: skip
+
+
 async def run_doctor(home: Path, config: Config | None, config_error: str | None, *, fix: bool, full: bool,
                      check_platforms: bool = True) -> list[Check]:  # fmt: skip
     checks = await _state_checks(home, config, config_error, fix=fix, full=full)
@@ -194,6 +213,8 @@ async def _state_checks(
                     warn=wal >= 256 * 1024 * 1024,
                 )
             )
+        if version >= 12 or not isinstance(db, SessionDB):
+            checks.append(await _inbox_check(db))
         flush_s = config.sessions.index_flush_seconds if config is not None else 2.0
         index_check, index_problems = await _index_check(home, db, flush_s)
         if index_problems and fix:

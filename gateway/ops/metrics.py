@@ -89,6 +89,10 @@ class Metrics:
         )
         self.resets = Counter("switchboard_resets_total", "Session resets by reason")
         self.handoffs = Counter("switchboard_handoffs_total", "Handoffs by outcome")
+        self.unsent = Counter(
+            "switchboard_unsent_replies_total",
+            "Replies a crash left unconfirmed and not sent again (at most once)",
+        )
         self.recovered = Counter(
             "switchboard_recovered_turns_total",
             "Turns a crash left unfinished, at start-up: rerun or apologised",
@@ -106,7 +110,7 @@ class Metrics:
     def render(self) -> str:
         lines: list[str] = []
         for metric in (self.messages_in, self.messages_out, self.turns, self.errors, self.dropped,
-                       self.resets, self.handoffs, self.recovered, self.turn_latency,
+                       self.resets, self.handoffs, self.recovered, self.unsent, self.turn_latency,
                        *self.gauges):  # fmt: skip
             lines += metric.render()
         return "\n".join(lines) + "\n"

@@ -150,19 +150,30 @@ register_batched(begin_turn, begin_turns_many)
 
 async def end_turn(
     conn: AsyncConnection, inbox_id: int, session_id: str,
-    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None,
+    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
 ) -> list[int]:  # fmt: skip
     """The turn's last write: the reply (and tool messages) into the session with the
-    turn's tokens, the row `answered`, in one transaction."""
-    return (await end_turns_many(conn, [(inbox_id, session_id, batch, tokens)]))[0]
+    turn's tokens, the row `answered` and its reply in the outbox as `reply_state`, in one
+    transaction."""
+    return (await end_turns_many(conn, [(inbox_id, session_id, batch, tokens, reply_state)]))[0]
 
 
 async def end_turns_many(
     conn: AsyncConnection,
-    calls: Sequence[tuple[int, str, list[Mapping[str, Any]], Mapping[str, int] | None]],
+    calls: Sequence[tuple[int, str, list[Mapping[str, Any]], Mapping[str, int] | None, str]],
 ) -> list[list[int]]:
-    ids = await append_many(conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens in calls])
+    ids = await append_many(
+        conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens, _r in calls]
+    )
     await finish_many(conn, [(c[0], ANSWERED, None) for c in calls])
+    await db.run(
+        conn,
+        "UPDATE inbox SET reply_state = u.rs, reply_message_id = u.mid "
+        "FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS u(id, rs, mid) "
+        "WHERE inbox.id = u.id",
+        ([c[0] for c in calls], [c[4] for c in calls],
+         [got[-1] if got else None for got in ids]),
+    )  # fmt: skip
     return ids
 
 
@@ -190,6 +201,26 @@ async def finish_many(
 
 
 register_batched(finish, finish_many)
+
+
+async def mark_reply(
+    conn: AsyncConnection, inbox_id: int, reply_state: str, ref: str | None
+) -> None:
+    """The reply's fate after the send: 'sent' (with the platform's ids) or 'failed'."""
+    await db.run(
+        conn, "UPDATE inbox SET reply_state = %s, reply_ref = %s WHERE id = %s",
+        (reply_state, ref, inbox_id),
+    )  # fmt: skip
+
+
+async def unsent_replies(conn: AsyncConnection) -> list[dict[str, Any]]:
+    """Replies committed but not confirmed sent, oldest first, with their text."""
+    return await db.rows(
+        conn,
+        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
+        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
+        "WHERE i.reply_state IN ('ready', 'sending') ORDER BY i.id",
+    )
 
 
 async def open_rows(conn: AsyncConnection) -> list[dict[str, Any]]:

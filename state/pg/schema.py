@@ -123,9 +123,13 @@ CREATE TABLE inbox (
     message_id bigint,
     received_at double precision NOT NULL,
     updated_at double precision NOT NULL,
+    reply_state text,
+    reply_message_id bigint,
+    reply_ref text,
     CONSTRAINT inbox_platform_message_key UNIQUE (platform, chat_id, platform_message_id)
 );
 CREATE INDEX idx_inbox_open ON inbox(id) WHERE state IN ('received', 'started');
+CREATE INDEX idx_inbox_unsent ON inbox(id) WHERE reply_state IN ('ready', 'sending');
 CREATE INDEX idx_inbox_updated ON inbox(updated_at);
 """
 

@@ -102,3 +102,18 @@ async def test_an_interrupted_message_too_old_to_answer_gets_an_apology(tmp_path
     assert inbox == [("m1", "dropped")]
     assert messages == []  # no turn ran: nothing stored for it
     assert health["recovered_turns"] == {"apologised": 1}
+
+
+async def test_doctor_reports_a_turn_a_crash_left_open(tmp_path: Path) -> None:
+    from gateway.config import load_config
+    from gateway.ops.doctor import run_doctor
+
+    home, url = _home(tmp_path)
+    proc = await _run(home, SWITCHBOARD_FAULT="mid_agent")
+    await wait_healthy(url, proc)
+    assert await _post(url, "hello", "m1") is None
+    await proc.wait()
+    checks = await run_doctor(home, load_config(home / "config.yaml", {}), None,
+                              fix=False, full=False, check_platforms=False)  # fmt: skip
+    [inbox] = [c for c in checks if c.name == "inbox"]
+    assert inbox.warn and inbox.detail.startswith("1 turn(s) open (1 started)")

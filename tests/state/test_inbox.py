@@ -172,3 +172,27 @@ async def test_prune_forgets_only_closed_rows_older_than_the_cut(store: Store) -
         still_open, "received", False,
     )  # fmt: skip
     assert await store.accept_inbound("telegram", "c1", "m4", {}) == (recent, "answered", False)
+
+
+async def test_the_outbox_keeps_a_reply_until_it_is_marked(store: Store) -> None:
+    """end_turn puts the reply in the outbox as 'ready' (sent again after a crash) or
+    'sending' (never sent again); mark_reply closes it; unsent_replies lists the rest with
+    their text, oldest first."""
+    sid = await _chat_session(store)
+    rows = []
+    for pmid, state in (("a", "ready"), ("b", "sending"), ("c", "ready")):
+        rid, _, _ = await store.accept_inbound("telegram", "c1", pmid, {"text": pmid})
+        await store.begin_turn(rid, sid, {"role": "user", "content": pmid,
+                                          "platform_message_id": pmid})  # fmt: skip
+        await store.end_turn(rid, sid, [{"role": "assistant", "content": f"re {pmid}"}],
+                             reply_state=state)  # fmt: skip
+        rows.append(rid)
+    await store.mark_reply(rows[2], "sent", '["99"]')
+    unsent = await store.unsent_replies()
+    assert [(r["id"], r["reply_state"], r["content"]) for r in unsent] == [
+        (rows[0], "ready", "re a"), (rows[1], "sending", "re b"),
+    ]  # fmt: skip
+    assert all(r["session_id"] == sid for r in unsent)
+    await store.mark_reply(rows[0], "failed")
+    await store.mark_reply(rows[1], "unconfirmed")
+    assert await store.unsent_replies() == []
