@@ -38,3 +38,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--long"):
         os.environ.setdefault("SWITCHBOARD_KILL_POINTS", "100")
+
+
+STUCK_AFTER_S = 120.0  # no test here needs this long; past it, say where every task waits
+
+
+@pytest.fixture(autouse=True)
+async def _report_a_stuck_test(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """A test still running after STUCK_AFTER_S prints the stack of every asyncio task, so
+    a hang in CI names the await it hangs on instead of only timing out (pytest-timeout
+    then fails it)."""
+    import asyncio
+    import io
+
+    def report() -> None:
+        out = io.StringIO()
+        print(f"\n--- {request.node.nodeid} still running after {STUCK_AFTER_S:.0f}s; tasks:",
+              file=out)  # fmt: skip
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=12, file=out)
+        sys.stderr.write(out.getvalue())
+
+    handle = asyncio.get_running_loop().call_later(STUCK_AFTER_S, report)
+    try:
+        yield
+    finally:
+        handle.cancel()
