@@ -5,7 +5,9 @@ through the real client libraries against the loopback fakes."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,10 @@ from gateway.adapters.discord import LIMIT as DISCORD_LIMIT
 from gateway.adapters.discord import DiscordAdapter, reply_nonce
 from gateway.adapters.slack import LIMIT as SLACK_LIMIT
 from gateway.adapters.slack import SlackAdapter, posted_part, reply_metadata
+from gateway.app import Gateway
+from gateway.config import load_config
 from gateway.messages import InboundMessage, OutboundMessage
+from tests.fakes import wait_for_count
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
 
@@ -180,3 +185,57 @@ async def test_a_slack_resend_that_cannot_read_the_conversation_still_sends(
     ref = await adapter.send(_sl("hello again", "sb-8", resend=True))
     assert len(ref.message_ids) == 1 and fake.shown("D0DM") == ["hello again"]
     assert adapter.last_error is not None and "before a resend" in adapter.last_error
+
+
+async def test_a_sending_reply_of_a_deduping_platform_is_resent_at_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outbox entry left 'sending' (committed before its platform deduped, or by an
+    older version) is safe to send again on such a platform: sent under its key, shown
+    once, marked 'sent', not counted as unsent."""
+    restore_discord_globals(monkeypatch)
+    fake = FakeDiscord()
+    await fake.start()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  discord:\n    allow_all_users: true\n"
+    )
+
+    def gateway() -> Gateway:
+        adapter = DiscordAdapter("fake-token", api_base=fake.api, gateway_url=fake.gateway,
+                                 guild_ready_timeout_s=0.05, catch_up_messages=0)  # fmt: skip
+        return Gateway(config=load_config(cfg, {}), home=tmp_path / "home", adapters=[adapter])
+
+    try:
+        first = gateway()
+        await first.start()
+        try:
+            await fake.dispatch("MESSAGE_CREATE", fake.message("hi", DM, guild=False))
+            await fake.wait_posted(1)
+            await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
+        finally:
+            await first.stop()
+        _outbox(tmp_path, "sending", set_to=True)  # as if the mark never happened
+        second = gateway()
+        await second.start()
+        try:
+            await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
+            assert second.metrics.unsent.total() == 0
+        finally:
+            await second.stop()
+    finally:
+        await fake.stop()
+    assert fake.shown(DM) == ["echo: hi"]
+    assert len(fake.deduped()) == 1
+
+
+def _outbox(tmp_path: Path, state: str, set_to: bool = False) -> list[int]:
+    """The inbox rows whose reply is in `state`; with set_to, every row is put there."""
+    conn = sqlite3.connect(tmp_path / "home" / "state.db")
+    try:
+        if set_to:
+            with conn:
+                conn.execute("UPDATE inbox SET reply_state = ?", (state,))
+        return [r[0] for r in conn.execute("SELECT id FROM inbox WHERE reply_state = ?", (state,))]
+    finally:
+        conn.close()
