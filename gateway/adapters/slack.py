@@ -322,11 +322,15 @@ class SlackAdapter:
         return BoltResponse(status=503, body="not accepted, retry")
 
     async def _post(self, **kwargs: Any) -> Any:
+        return await self._call(self.client.chat_postMessage, **kwargs)
+
+    async def _call(self, method: Any, **kwargs: Any) -> Any:
+        """A Web API call, waiting out rate limits and backing off on 5xx."""
         from slack_sdk.errors import SlackApiError
 
         async def attempt() -> Any:
             try:
-                return await self.client.chat_postMessage(**kwargs)
+                return await method(**kwargs)
             except SlackApiError as exc:
                 status = exc.response.status_code
                 if status == 429:
@@ -372,27 +376,26 @@ class SlackAdapter:
         most HISTORY_PAGES pages). Unreadable: none, so every part is sent (at least once)."""
         from slack_sdk.errors import SlackApiError
 
-        kwargs: dict[str, Any] = {"channel": msg.chat_id, "include_all_metadata": True,
+        kw: dict[str, Any] = {"channel": msg.chat_id, "include_all_metadata": True,
                                   "limit": HISTORY_PAGE}  # fmt: skip
         if msg.reply_to:
-            kwargs["oldest"] = msg.reply_to
+            kw["oldest"] = msg.reply_to
         if msg.thread_id:
-            read, kwargs["ts"] = self.client.conversations_replies, msg.thread_id
+            read, kw["ts"] = self.client.conversations_replies, msg.thread_id
         else:
             read = self.client.conversations_history
         found: dict[int, str] = {}
         try:
             for _ in range(HISTORY_PAGES):
-                resp = await read(**kwargs)
+                resp = await self._call(read, **kw)
                 for m in resp.get("messages") or []:
                     part = posted_part(m, msg.dedupe_key)
                     if part is not None:
                         found.setdefault(part, str(m.get("ts")))
-                cursor = (resp.get("response_metadata") or {}).get("next_cursor")
-                if not cursor:
+                kw["cursor"] = (resp.get("response_metadata") or {}).get("next_cursor")
+                if not kw["cursor"]:
                     break
-                kwargs["cursor"] = cursor
-        except (SlackApiError, OSError) as exc:
+        except (SlackApiError, TransientError) as exc:
             self.last_error = f"reading {msg.chat_id} before a resend: {exc}"
             log.warning("slack: could not read %s before resending a reply (%s); sending it",
                         msg.chat_id, exc)  # fmt: skip

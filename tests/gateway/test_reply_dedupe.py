@@ -177,6 +177,17 @@ async def test_a_first_send_does_not_read_and_a_keyless_one_carries_no_marker(
     assert all("metadata" not in p for p in fake.posted())
 
 
+async def test_a_rate_limited_read_before_a_slack_resend_is_waited_out(
+    slack_bot: tuple[SlackAdapter, FakeSlack],
+) -> None:
+    adapter, fake = slack_bot
+    await adapter.send(_sl("once", "sb-10"))
+    fake.fail_next("conversations.history", 429, {"Retry-After": "0"})
+    await adapter.send(_sl("once", "sb-10", resend=True))
+    assert [m for m, _p in fake.calls].count("conversations.history") == 2
+    assert fake.shown("D0DM") == ["once"]
+
+
 async def test_a_slack_resend_that_cannot_read_the_conversation_still_sends(
     slack_bot: tuple[SlackAdapter, FakeSlack],
 ) -> None:
