@@ -50,6 +50,10 @@ class OutboundMessage:
     session_key: str | None = None
     error: str | None = None  # set on apologies: "agent" (message stored) or "storage" (not stored)
     notice: bool = False  # a notice sent ahead of the answer (e.g. "a new session was started")
+    # the same key on every send of one reply (the turn's, a start-up resend): an adapter
+    # whose class sets `idempotent_replies` shows a reply sent twice under one key once
+    dedupe_key: str | None = None
+    resend: bool = False  # a start-up resend: the reply may already be in the chat
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from gateway import faults, session_commands
+from gateway.adapters import idempotent_replies
 from gateway.agent.base import Agent
 from gateway.commands import (
     CommandContext,
@@ -32,7 +33,7 @@ from gateway.reset import Resetter
 from gateway.services import AccessRules, RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey, build_key
 from gateway.sessions import SessionManager
-from gateway.turns import APOLOGY, TurnProgress, agent_turn, mark_reply
+from gateway.turns import APOLOGY, TurnProgress, agent_turn, mark_reply, reply_key
 from gateway.vocab import ChatType
 from state import SessionNotFound, StateError, Store
 from state.content import content_text
@@ -208,25 +209,28 @@ class Router:
     async def _resend_unconfirmed(self) -> None:
         """Replies a crash left unconfirmed: 'ready' ones are sent now (at least once);
         'sending' ones may have reached the chat, so they are counted, logged and left
-        (at most once), unless inbox.resend_unconfirmed_replies asks for at least once."""
+        (at most once), unless inbox.resend_unconfirmed_replies asks for at least once or
+        the platform's adapter shows a reply sent again under its key once (exactly once)."""
         s = self.services
         for row in await s.db.unsent_replies():
             inbox_id = int(row["id"])
             if inbox_id in self._inflight:
-                continue
-            if row["reply_state"] == "sending" and not s.settings.resend_unconfirmed:
-                s.metrics.unsent.inc()
-                log.warning("inbox row %d: its reply may not have reached the chat (the daemon "
-                            "stopped while sending it); not sent again", inbox_id)  # fmt: skip
-                await s.db.mark_reply(inbox_id, "unconfirmed")
                 continue
             try:
                 msg = InboundMessage.from_payload(json.loads(row["payload"]))
             except (ValueError, TypeError):
                 await s.db.mark_reply(inbox_id, "failed")
                 continue
+            safe = s.settings.resend_unconfirmed or idempotent_replies(msg.source.platform)
+            if row["reply_state"] == "sending" and not safe:
+                s.metrics.unsent.inc()
+                log.warning("inbox row %d: its reply may not have reached the chat (the daemon "
+                            "stopped while sending it); not sent again", inbox_id)  # fmt: skip
+                await s.db.mark_reply(inbox_id, "unconfirmed")
+                continue
             text = content_text(row["content"]) or APOLOGY
-            ref = await s.replies.reply(msg, row["session_id"], text)
+            ref = await s.replies.reply(msg, row["session_id"], text,
+                                        dedupe_key=reply_key(inbox_id), resend=True)  # fmt: skip
             s.metrics.recovered.inc(outcome="reply_resent")
             await mark_reply(s, inbox_id, ref)
 

@@ -115,13 +115,17 @@ class Replier:
         key: SessionKey | None = None,
         error: str | None = None,
         notice: bool = False,
+        dedupe_key: str | None = None,
+        resend: bool = False,
     ) -> SentRef | None:
-        """Send; the platform's reference, or None when the send failed (logged, counted)."""
+        """Send; the platform's reference, or None when the send failed (logged, counted).
+        `dedupe_key` names the reply across sends; `resend` marks a start-up resend."""
         src = msg.source
         out = OutboundMessage(
             platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
             reply_to=msg.platform_message_id, session_id=session_id,
             session_key=key.format() if key else None, error=error, notice=notice,
+            dedupe_key=dedupe_key, resend=resend,
         )  # fmt: skip
         try:
             ref = await self.send(out)

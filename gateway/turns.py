@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import access, faults
+from gateway.adapters import idempotent_replies
 from gateway.agent.base import AgentReply, TurnContext, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
@@ -107,16 +108,18 @@ async def agent_turn(
         ]
         stored.append({"role": "assistant", "content": reply.text})
         # the reply goes to the outbox with the turn's end: 'ready' is sent again after a
-        # crash (at least once), 'sending' never (at most once: the send may have happened)
+        # crash (at least once; exactly once where the platform dedupes on the reply's
+        # key), 'sending' never (at most once: the send may have happened)
+        resend = settings.resend_unconfirmed or idempotent_replies(src.platform)
         await s.db.end_turn(
             turn.inbox_id, sid, stored,
             input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-            reply_state="ready" if settings.resend_unconfirmed else "sending",
+            reply_state="ready" if resend else "sending",
         )  # fmt: skip
         s.index.touch(k, s.clock())
         faults.point("after_reply_commit")
         s.metrics.turns.inc(outcome="ok")
-        ref = await s.replies.reply(msg, sid, reply.text, key)
+        ref = await s.replies.reply(msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id))
         faults.point("after_send_before_mark")
         s.tasks.start(mark_reply(s, turn.inbox_id, ref), f"sent:{turn.inbox_id}")
         after = [*history, {"role": "assistant", "content": reply.text}]
@@ -134,6 +137,11 @@ async def agent_turn(
         )
     finally:
         s.coordinator.job_finished(sid, TURN_JOB)
+
+
+def reply_key(inbox_id: int) -> str:
+    """The dedupe key every send of one inbox row's reply carries."""
+    return f"sb-{inbox_id}"
 
 
 async def mark_reply(services: Services, inbox_id: int, ref: SentRef | None) -> None:

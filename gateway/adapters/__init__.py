@@ -72,6 +72,17 @@ def adapter_class(name: str) -> type[PlatformAdapter]:
     return _load(target)
 
 
+@cache  # asked on every turn
+def idempotent_replies(name: str) -> bool:
+    """Whether the platform's adapter class declares `idempotent_replies`: a reply sent
+    again under the same `OutboundMessage.dedupe_key` is never shown twice. False for the
+    core's own sources and for a platform whose adapter cannot be loaded."""
+    try:
+        return bool(getattr(adapter_class(name), "idempotent_replies", False))
+    except GatewayError:
+        return False
+
+
 @cache
 def _load(target: str) -> type[PlatformAdapter]:
     module, _, attr = target.partition(":")
@@ -88,3 +99,4 @@ def rescan() -> None:
     """Look for entry points again (after a package was installed into this process)."""
     _targets.cache_clear()
     _load.cache_clear()
+    idempotent_replies.cache_clear()

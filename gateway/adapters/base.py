@@ -64,7 +64,11 @@ class Cursors(Protocol):
 class PlatformAdapter(Adapter, Protocol):
     """A chat platform's adapter with everything the core needs to know about the
     platform: its config section, its secrets, how it is built and checked, and how a
-    handoff addresses its chats. The registry (gateway.adapters) hands these out by name."""
+    handoff addresses its chats. The registry (gateway.adapters) hands these out by name.
+
+    Optional: `idempotent_replies: ClassVar[bool] = True` declares that a send carrying an
+    `OutboundMessage.dedupe_key` already sent is never shown twice in the chat; the outbox
+    then sends such replies again after a crash (exactly once instead of at most once)."""
 
     settings: ClassVar[type[PlatformSettings]]
     library_loggers: ClassVar[tuple[str, ...]]  # quieted to WARNING with the daemon's own

@@ -6,12 +6,15 @@ answers when mentioned (or everywhere with require_mention off, or in free-respo
 channels); in threads it takes part in (it created them or answered there), always.
 `to_inbound` is a pure function over the message's fields. Discord has no ack, so after a
 (re)start the channels the bot answered in are caught up (gateway.adapters.discord_catchup).
+Each part of a reply carries a nonce derived from its dedupe key, so a resend after a crash
+is answered with the message already posted (exactly once within Discord's nonce window).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -108,8 +111,16 @@ def to_inbound(
         return None
 
 
+def reply_nonce(dedupe_key: str, channel_id: str, part: int) -> str:
+    """The nonce of one part of a reply: the same for every send of that part, distinct
+    across keys, channels and parts, and within Discord's 25 characters (24 hex digits)."""
+    seed = f"{dedupe_key}\x00{channel_id}\x00{part}".encode()
+    return hashlib.blake2b(seed, digest_size=12).hexdigest()
+
+
 class DiscordAdapter:
     platform: ClassVar[str] = "discord"
+    idempotent_replies: ClassVar[bool] = True  # nonce + enforce_nonce on every part
     settings: ClassVar[type[DiscordSettings]] = DiscordSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("discord",)
 
@@ -428,11 +439,14 @@ class DiscordAdapter:
         self._stop_typing(msg.chat_id)
         channel = self._client.get_partial_messageable(int(msg.thread_id or msg.chat_id))
         ids = []
-        for part in split_message(msg.text, LIMIT):
+        for i, part in enumerate(split_message(msg.text, LIMIT)):
+            nonce = reply_nonce(msg.dedupe_key, str(channel.id), i) if msg.dedupe_key else None
 
-            async def attempt(part: str = part) -> Any:
+            async def attempt(part: str = part, nonce: str | None = nonce) -> Any:
                 try:
-                    return await channel.send(part)
+                    # discord.py sends a nonce with enforce_nonce: a repeat within Discord's
+                    # window answers with the message already made instead of a second one
+                    return await channel.send(part, nonce=nonce)
                 except discord.HTTPException as exc:
                     if exc.status == 429:  # one discord.py gave up on (e.g. an edge ban): wait
                         raise RetryAfter(5.0) from exc

@@ -6,6 +6,8 @@ thread; threads the bot has answered in continue without a mention. Bolt runs wi
 `process_before_response`, so the Events API response and the Socket Mode ack go out only
 after `emit` returned; a message the gateway could not take is answered 503 (no ack), and
 Slack sends it again. Slack's retries of a taken message end at the core's dedupe.
+Each part of a reply carries its dedupe key in message metadata; a start-up resend reads the
+conversation first and posts only the parts it does not hold (exactly once).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ IGNORED_SUBTYPES = {
     "channel_leave",
 }
 EVENTS_PATH = "/slack/events"
+REPLY_EVENT = "switchboard_reply"  # the metadata event type marking a reply's parts
+HISTORY_PAGE = 100  # messages per page read before a resend
+HISTORY_PAGES = 3
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,23 @@ def to_inbound(
         return None
 
 
+def reply_metadata(key: str, part: int) -> dict[str, Any]:
+    """The message metadata marking part `part` of the reply under `key`."""
+    return {"event_type": REPLY_EVENT, "event_payload": {"key": key, "part": part}}
+
+
+def posted_part(message: Mapping[str, Any], key: str | None) -> int | None:
+    """Which part of the reply under `key` a conversation message is, or None."""
+    meta = message.get("metadata")
+    if not isinstance(meta, Mapping) or meta.get("event_type") != REPLY_EVENT:
+        return None
+    payload = meta.get("event_payload")
+    if not isinstance(payload, Mapping) or payload.get("key") != key:
+        return None
+    part = payload.get("part")
+    return part if isinstance(part, int) and not isinstance(part, bool) else None
+
+
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
 _LINK = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)")
 
@@ -111,6 +133,7 @@ def to_mrkdwn(text: str) -> str:
 
 class SlackAdapter:
     platform: ClassVar[str] = "slack"
+    idempotent_replies: ClassVar[bool] = True  # a resend skips parts marked in metadata
     settings: ClassVar[type[SlackSettings]] = SlackSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("slack_bolt",)
 
@@ -299,11 +322,15 @@ class SlackAdapter:
         return BoltResponse(status=503, body="not accepted, retry")
 
     async def _post(self, **kwargs: Any) -> Any:
+        return await self._call(self.client.chat_postMessage, **kwargs)
+
+    async def _call(self, method: Any, **kwargs: Any) -> Any:
+        """A Web API call, waiting out rate limits and backing off on 5xx."""
         from slack_sdk.errors import SlackApiError
 
         async def attempt() -> Any:
             try:
-                return await self.client.chat_postMessage(**kwargs)
+                return await method(**kwargs)
             except SlackApiError as exc:
                 status = exc.response.status_code
                 if status == 429:
@@ -321,11 +348,18 @@ class SlackAdapter:
     async def send(self, msg: OutboundMessage) -> SentRef:
         from slack_sdk.errors import SlackApiError
 
+        key = msg.dedupe_key
+        shown = await self._already_posted(msg) if key and msg.resend else {}
         ids = []
-        for part in split_message(to_mrkdwn(msg.text), LIMIT):
+        for i, part in enumerate(split_message(to_mrkdwn(msg.text), LIMIT)):
+            if i in shown:  # posted before the crash: the conversation has it
+                ids.append(shown[i])
+                continue
             kwargs: dict[str, Any] = {"channel": msg.chat_id, "text": part}
             if msg.thread_id:
                 kwargs["thread_ts"] = msg.thread_id
+            if key:
+                kwargs["metadata"] = reply_metadata(key, i)
             try:
                 resp = await self._post(**kwargs)
             except SlackApiError as exc:
@@ -335,6 +369,37 @@ class SlackAdapter:
         if msg.thread_id:
             self._active_threads.add((msg.chat_id, msg.thread_id))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
+
+    async def _already_posted(self, msg: OutboundMessage) -> dict[int, str]:
+        """The parts of the reply under `msg.dedupe_key` the conversation already holds
+        (part -> ts), read from its newest messages after the one the reply answers (at
+        most HISTORY_PAGES pages). Unreadable: none, so every part is sent (at least once)."""
+        from slack_sdk.errors import SlackApiError
+
+        kw: dict[str, Any] = {"channel": msg.chat_id, "include_all_metadata": True,
+                                  "limit": HISTORY_PAGE}  # fmt: skip
+        if msg.reply_to:
+            kw["oldest"] = msg.reply_to
+        if msg.thread_id:
+            read, kw["ts"] = self.client.conversations_replies, msg.thread_id
+        else:
+            read = self.client.conversations_history
+        found: dict[int, str] = {}
+        try:
+            for _ in range(HISTORY_PAGES):
+                resp = await self._call(read, **kw)
+                for m in resp.get("messages") or []:
+                    part = posted_part(m, msg.dedupe_key)
+                    if part is not None:
+                        found.setdefault(part, str(m.get("ts")))
+                kw["cursor"] = (resp.get("response_metadata") or {}).get("next_cursor")
+                if not kw["cursor"]:
+                    break
+        except (SlackApiError, TransientError) as exc:
+            self.last_error = f"reading {msg.chat_id} before a resend: {exc}"
+            log.warning("slack: could not read %s before resending a reply (%s); sending it",
+                        msg.chat_id, exc)  # fmt: skip
+        return found
 
     async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
         """A seed message; its ts is the thread."""

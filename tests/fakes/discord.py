@@ -1,7 +1,9 @@
 """A loopback fake of Discord's REST API and gateway websocket, driven by the real
 discord.py (pointed here through `Route.BASE` and `DiscordWebSocket.DEFAULT_GATEWAY`).
 Ids are real snowflakes (they carry their creation time), and every message is kept per
-channel so REST history (`GET /channels/{id}/messages`) can be read back after a restart."""
+channel so REST history (`GET /channels/{id}/messages`) can be read back after a restart.
+A send with `enforce_nonce` repeating a nonce seen within `nonce_window_s` is answered with
+the first message, as Discord does, and recorded as "POST-DEDUPED" (not in `posted`)."""
 
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ class FakeDiscord:
     dm_users: dict[str, dict[str, Any]] = field(default_factory=dict)  # DM channel -> recipient
     identifies: int = 0
     resumes: int = 0
+    nonce_window_s: float = 300.0  # how long an enforced nonce answers with its message
+    _nonces: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def api(self) -> str:
@@ -72,6 +76,15 @@ class FakeDiscord:
     @property
     def gateway(self) -> str:
         return f"ws://127.0.0.1:{self.port}/gateway"
+
+    def deduped(self) -> list[dict[str, Any]]:
+        """Sends answered with an earlier message because their nonce was enforced."""
+        return [b for verb, _path, b in self.calls if verb == "POST-DEDUPED"]
+
+    def shown(self, channel: str) -> list[str]:
+        """What the bot's messages in a channel say, as a user scrolling it sees them."""
+        return [m["content"] for m in sorted(self.history.get(channel, []), key=lambda m: int(m["id"]))
+                if m["author"]["id"] == BOT_ID]  # fmt: skip
 
     def posted(self, channel: str | None = None) -> list[dict[str, Any]]:
         return [b for verb, path, b in self.calls
@@ -269,10 +282,24 @@ class FakeDiscord:
             )  # fmt: skip
         if path.endswith("/messages") and request.method == "POST":
             channel = path.split("/")[2]
+            nonce = (body or {}).get("nonce")
+            if nonce is not None and len(str(nonce)) > 25:
+                return self._json({"message": "Invalid Form Body", "code": 50035,
+                                   "errors": {"nonce": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH"}]}}},
+                                  status=400)  # fmt: skip
+            earlier = self._nonces.get(str(nonce)) if (body or {}).get("enforce_nonce") else None
+            if earlier is not None and time.monotonic() - earlier[0] < self.nonce_window_s:
+                # Discord: the same author and nonce within a few minutes answers with the
+                # message made the first time, and makes no new one
+                self.calls[-1] = ("POST-DEDUPED", path, body)
+                return self._json(earlier[1])
             sent = {"id": str(next(self._ids)), "type": 0, "content": (body or {}).get("content", ""),
                     "channel_id": channel, "author": BOT, "timestamp": datetime.now(UTC).isoformat(),
                     "mentions": [], "mention_roles": [], "attachments": [], "embeds": [], "pinned": False,
                     "mention_everyone": False, "tts": False}  # fmt: skip
+            if nonce is not None:
+                sent["nonce"] = nonce
+                self._nonces[str(nonce)] = (time.monotonic(), sent)
             self._remember(sent)
             return self._json(sent)
         print(f"FakeDiscord: unimplemented {request.method} {path}", flush=True)

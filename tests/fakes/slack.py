@@ -1,5 +1,6 @@
 """A loopback fake of the Slack Web API (for slack_sdk / slack-bolt), plus a helper that
-signs Events API requests the way Slack does."""
+signs Events API requests the way Slack does. Posted messages are kept per channel with
+their metadata, and read back through conversations.history and conversations.replies."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class FakeSlack:
     acks: list[str] = field(default_factory=list)
     connections_opened: int = 0
     token: str | None = None  # when set, auth.test refuses any other bearer token
+    ts_base: int = 1700000000  # the seconds of every posted message's ts
+    history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # channel -> posts
 
     # --- Socket Mode -----------------------------------------------------------------------
 
@@ -135,17 +138,55 @@ class FakeSlack:
             self.connections_opened += 1
             body = {"ok": True, "url": f"ws://127.0.0.1:{self.port}/link"}
         elif method == "chat.postMessage":
-            ts = f"1700000000.{next(self._ts):06d}"
-            body = {
-                "ok": True,
-                "channel": params.get("channel"),
-                "ts": ts,
-                "message": {"text": params.get("text"), "ts": ts},
-            }
+            body = self._post_message(params)
+        elif method in ("conversations.history", "conversations.replies"):
+            body = self._read(method, params)
         else:
             print(f"FakeSlack: unimplemented method {method}", flush=True)
             body = {"ok": False, "error": "unknown_method"}
         return web.json_response(body)
+
+    def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
+        meta = params.get("metadata")
+        if meta is not None and not (
+            isinstance(meta, dict) and isinstance(meta.get("event_type"), str)
+            and isinstance(meta.get("event_payload"), dict)
+        ):  # fmt: skip
+            return {"ok": False, "error": "invalid_metadata_format"}
+        ts = f"{self.ts_base}.{next(self._ts):06d}"
+        message: dict[str, Any] = {"type": "message", "user": BOT_USER, "bot_id": "B1",
+                                   "text": params.get("text"), "ts": ts}  # fmt: skip
+        if params.get("thread_ts"):
+            message["thread_ts"] = str(params["thread_ts"])
+        if meta is not None:
+            message["metadata"] = meta
+        self.history.setdefault(str(params.get("channel")), []).append(message)
+        return {"ok": True, "channel": params.get("channel"), "ts": ts,
+                "message": {k: v for k, v in message.items() if k != "metadata"}}  # fmt: skip
+
+    def _read(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """conversations.history (top-level messages, newest first) or .replies (one
+        thread, oldest first): `oldest` exclusive, `limit`, an offset as the cursor, and
+        metadata only with include_all_metadata, as Slack answers."""
+        found = self.history.get(str(params.get("channel")), [])
+        if method == "conversations.replies":
+            thread = str(params.get("ts"))
+            found = [m for m in found if m.get("thread_ts") == thread or m["ts"] == thread]
+        else:
+            found = list(reversed([m for m in found if "thread_ts" not in m]))
+        if params.get("oldest"):
+            found = [m for m in found if float(m["ts"]) > float(params["oldest"])]
+        start, limit = int(params.get("cursor") or 0), int(params.get("limit") or 100)
+        page = found[start : start + limit]
+        if str(params.get("include_all_metadata")).lower() not in ("1", "true"):
+            page = [{k: v for k, v in m.items() if k != "metadata"} for m in page]
+        more = start + limit < len(found)
+        return {"ok": True, "messages": page, "has_more": more,
+                "response_metadata": {"next_cursor": str(start + limit) if more else ""}}  # fmt: skip
+
+    def shown(self, channel: str) -> list[str]:
+        """What the bot's messages in a channel (threads included) say, oldest first."""
+        return [str(m["text"]) for m in self.history.get(channel, [])]
 
 
 def signed(

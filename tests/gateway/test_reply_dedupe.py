@@ -1,0 +1,252 @@
+"""Exactly once across a crash (issue 17, item 4), at the adapter: a reply sent again under
+the same dedupe key is shown once. Discord through nonce + enforce_nonce (one nonce per
+part), Slack through a marker in message metadata that a resend reads back first; both
+through the real client libraries against the loopback fakes."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.adapters import idempotent_replies
+from gateway.adapters.discord import LIMIT as DISCORD_LIMIT
+from gateway.adapters.discord import DiscordAdapter, reply_nonce
+from gateway.adapters.slack import LIMIT as SLACK_LIMIT
+from gateway.adapters.slack import SlackAdapter, posted_part, reply_metadata
+from gateway.app import Gateway
+from gateway.config import load_config
+from gateway.messages import InboundMessage, OutboundMessage
+from tests.fakes import wait_for_count
+from tests.fakes.discord import FakeDiscord, restore_discord_globals
+from tests.fakes.slack import SECRET, FakeSlack
+
+DM = "600000000000000001"
+
+
+def test_the_registry_knows_which_platforms_dedupe_replies() -> None:
+    assert idempotent_replies("discord") and idempotent_replies("slack")
+    assert not idempotent_replies("telegram")
+    assert not idempotent_replies("api")  # the core's own source: no adapter class
+    assert not idempotent_replies("no-such-platform")
+
+
+def test_a_nonce_is_stable_short_and_distinct() -> None:
+    n = reply_nonce("sb-7", DM, 0)
+    assert n == reply_nonce("sb-7", DM, 0) and len(n) <= 25
+    others = {reply_nonce("sb-8", DM, 0), reply_nonce("sb-7", DM, 1),
+              reply_nonce("sb-7", "600000000000000002", 0)}  # fmt: skip
+    assert n not in others and len(others) == 3
+
+
+@pytest.mark.parametrize(
+    ("message", "key", "part"),
+    [
+        ({"metadata": reply_metadata("sb-3", 2)}, "sb-3", 2),
+        ({"metadata": reply_metadata("sb-3", 2)}, "sb-4", None),  # another reply
+        ({"metadata": {"event_type": "other", "event_payload": {"key": "sb-3", "part": 0}}}, "sb-3", None),
+        ({"metadata": {"event_type": "switchboard_reply", "event_payload": {"key": "sb-3", "part": "0"}}}, "sb-3", None),
+        ({"metadata": {"event_type": "switchboard_reply", "event_payload": {"key": "sb-3", "part": True}}}, "sb-3", None),
+        ({"metadata": {"event_type": "switchboard_reply"}}, "sb-3", None),
+        ({"text": "no metadata"}, "sb-3", None),
+    ],
+)  # fmt: skip
+def test_which_part_a_slack_message_is(message: dict, key: str, part: int | None) -> None:
+    assert posted_part(message, key) == part
+
+
+# --- Discord -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def discord_bot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[DiscordAdapter, FakeDiscord]]:
+    restore_discord_globals(monkeypatch)
+    fake = FakeDiscord()
+    await fake.start()
+    adapter = DiscordAdapter("fake-token", api_base=fake.api, gateway_url=fake.gateway,
+                             guild_ready_timeout_s=0.05, catch_up_messages=0)  # fmt: skip
+
+    async def emit(_msg: InboundMessage) -> None:
+        raise AssertionError("no inbound message in these tests")
+
+    await adapter.start(emit)
+    try:
+        yield adapter, fake
+    finally:
+        await adapter.stop()
+        await fake.stop()
+
+
+def _dc(text: str, key: str | None, resend: bool = False) -> OutboundMessage:
+    return OutboundMessage("discord", DM, text, dedupe_key=key, resend=resend)
+
+
+async def test_discord_sends_each_part_with_its_own_enforced_nonce(
+    discord_bot: tuple[DiscordAdapter, FakeDiscord],
+) -> None:
+    adapter, fake = discord_bot
+    text = "a" * (DISCORD_LIMIT - 10) + "\n" + "b" * 50
+    ref = await adapter.send(_dc(text, "sb-41"))
+    posts = fake.posted(DM)
+    assert len(posts) == len(ref.message_ids) == 2
+    assert [p["nonce"] for p in posts] == [reply_nonce("sb-41", DM, i) for i in (0, 1)]
+    assert all(p["enforce_nonce"] is True for p in posts)
+    # the resend after a crash: the same nonces, answered with the messages already made
+    again = await adapter.send(_dc(text, "sb-41", resend=True))
+    assert again.message_ids == ref.message_ids
+    assert len(fake.deduped()) == 2 and len(fake.posted(DM)) == 2
+    assert len(fake.shown(DM)) == 2
+
+
+async def test_discord_dedupes_only_within_its_window_and_only_under_a_key(
+    discord_bot: tuple[DiscordAdapter, FakeDiscord],
+) -> None:
+    adapter, fake = discord_bot
+    await adapter.send(_dc("no key", None))
+    await adapter.send(_dc("no key", None))  # notices, apologies: a random nonce each
+    assert fake.shown(DM) == ["no key", "no key"]
+    fake.nonce_window_s = 0.0  # Discord forgets a nonce after a few minutes
+    await adapter.send(_dc("late", "sb-9"))
+    await adapter.send(_dc("late", "sb-9", resend=True))
+    assert fake.shown(DM)[2:] == ["late", "late"]
+
+
+# --- Slack -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def slack_bot() -> AsyncIterator[tuple[SlackAdapter, FakeSlack]]:
+    fake = FakeSlack()
+    await fake.start()
+    try:
+        yield SlackAdapter("xoxb-fake", SECRET, base_url=fake.base_url), fake
+    finally:
+        await fake.stop()
+
+
+def _sl(text: str, key: str | None, resend: bool = False, thread: str | None = None,
+        channel: str = "D0DM") -> OutboundMessage:  # fmt: skip
+    return OutboundMessage("slack", channel, text, thread_id=thread, reply_to="1600000000.000100",
+                           dedupe_key=key, resend=resend)  # fmt: skip
+
+
+async def test_slack_marks_each_part_and_a_resend_posts_none_twice(
+    slack_bot: tuple[SlackAdapter, FakeSlack],
+) -> None:
+    adapter, fake = slack_bot
+    text = "a" * (SLACK_LIMIT - 10) + "\n" + "b" * 50
+    ref = await adapter.send(_sl(text, "sb-5"))
+    assert [p["metadata"] for p in fake.posted()] == [reply_metadata("sb-5", i) for i in (0, 1)]
+    again = await adapter.send(_sl(text, "sb-5", resend=True))
+    assert again.message_ids == ref.message_ids
+    assert len(fake.shown("D0DM")) == 2
+    [(_m, read)] = [(m, p) for m, p in fake.calls if m == "conversations.history"]
+    assert read["channel"] == "D0DM" and read["oldest"] == "1600000000.000100"
+    assert read["include_all_metadata"] in ("1", "true")
+
+
+async def test_a_slack_resend_posts_only_the_parts_missing_from_a_thread(
+    slack_bot: tuple[SlackAdapter, FakeSlack],
+) -> None:
+    adapter, fake = slack_bot
+    text = "a" * (SLACK_LIMIT - 10) + "\n" + "b" * 50
+    await adapter.send(_sl(text, "sb-6", thread="1600000000.000100", channel="C0GEN"))
+    fake.history["C0GEN"].pop()  # the daemon died between the two parts
+    await adapter.send(_sl("unrelated", "sb-7", thread="1600000000.000100", channel="C0GEN"))
+    await adapter.send(_sl(text, "sb-6", resend=True, thread="1600000000.000100", channel="C0GEN"))
+    reads = [p for m, p in fake.calls if m == "conversations.replies"]
+    assert [r["ts"] for r in reads] == ["1600000000.000100"]
+    shown = fake.shown("C0GEN")
+    assert len(shown) == 3 and shown[2].startswith("b") and shown[1] == "unrelated"
+    assert [m["metadata"]["event_payload"] for m in fake.history["C0GEN"]] == [
+        {"key": "sb-6", "part": 0}, {"key": "sb-7", "part": 0}, {"key": "sb-6", "part": 1},
+    ]  # fmt: skip
+
+
+async def test_a_first_send_does_not_read_and_a_keyless_one_carries_no_marker(
+    slack_bot: tuple[SlackAdapter, FakeSlack],
+) -> None:
+    adapter, fake = slack_bot
+    await adapter.send(_sl("hi", None))
+    await adapter.send(_sl("hi", None, resend=True))  # no key: nothing to look for
+    assert [m for m, _p in fake.calls] == ["chat.postMessage", "chat.postMessage"]
+    assert all("metadata" not in p for p in fake.posted())
+
+
+async def test_a_rate_limited_read_before_a_slack_resend_is_waited_out(
+    slack_bot: tuple[SlackAdapter, FakeSlack],
+) -> None:
+    adapter, fake = slack_bot
+    await adapter.send(_sl("once", "sb-10"))
+    fake.fail_next("conversations.history", 429, {"Retry-After": "0"})
+    await adapter.send(_sl("once", "sb-10", resend=True))
+    assert [m for m, _p in fake.calls].count("conversations.history") == 2
+    assert fake.shown("D0DM") == ["once"]
+
+
+async def test_a_slack_resend_that_cannot_read_the_conversation_still_sends(
+    slack_bot: tuple[SlackAdapter, FakeSlack],
+) -> None:
+    adapter, fake = slack_bot
+    fake.fail_next("conversations.history", 403)
+    ref = await adapter.send(_sl("hello again", "sb-8", resend=True))
+    assert len(ref.message_ids) == 1 and fake.shown("D0DM") == ["hello again"]
+    assert adapter.last_error is not None and "before a resend" in adapter.last_error
+
+
+async def test_a_sending_reply_of_a_deduping_platform_is_resent_at_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outbox entry left 'sending' (committed before its platform deduped, or by an
+    older version) is safe to send again on such a platform: sent under its key, shown
+    once, marked 'sent', not counted as unsent."""
+    restore_discord_globals(monkeypatch)
+    fake = FakeDiscord()
+    await fake.start()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  discord:\n    allow_all_users: true\n"
+    )
+
+    def gateway() -> Gateway:
+        adapter = DiscordAdapter("fake-token", api_base=fake.api, gateway_url=fake.gateway,
+                                 guild_ready_timeout_s=0.05, catch_up_messages=0)  # fmt: skip
+        return Gateway(config=load_config(cfg, {}), home=tmp_path / "home", adapters=[adapter])
+
+    try:
+        first = gateway()
+        await first.start()
+        try:
+            await fake.dispatch("MESSAGE_CREATE", fake.message("hi", DM, guild=False))
+            await fake.wait_posted(1)
+            await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
+        finally:
+            await first.stop()
+        _outbox(tmp_path, "sending", set_to=True)  # as if the mark never happened
+        second = gateway()
+        await second.start()
+        try:
+            await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
+            assert second.metrics.unsent.total() == 0
+        finally:
+            await second.stop()
+    finally:
+        await fake.stop()
+    assert fake.shown(DM) == ["echo: hi"]
+    assert len(fake.deduped()) == 1
+
+
+def _outbox(tmp_path: Path, state: str, set_to: bool = False) -> list[int]:
+    """The inbox rows whose reply is in `state`; with set_to, every row is put there."""
+    conn = sqlite3.connect(tmp_path / "home" / "state.db")
+    try:
+        if set_to:
+            with conn:
+                conn.execute("UPDATE inbox SET reply_state = ?", (state,))
+        return [r[0] for r in conn.execute("SELECT id FROM inbox WHERE reply_state = ?", (state,))]
+    finally:
+        conn.close()
