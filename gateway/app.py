@@ -430,7 +430,8 @@ class Gateway:
             "sessions": len(self.index) if self.index else 0,
             "turns_in_flight": self.router.inflight if self.router else 0,
             "recovered_turns": {
-                outcome: int(n) for (((_label, outcome),), n) in self.metrics.recovered.values.items()
+                outcome: int(n)
+                for (((_label, outcome),), n) in self.metrics.recovered.values.items()
             },
             "unsent_replies": int(self.metrics.unsent.total()),
             "failed_sends": int(self.metrics.errors.values.get((("kind", "send"),), 0)),

@@ -171,7 +171,9 @@ class Router:
     def _run(self, msg: InboundMessage, inbox_id: int) -> None:
         self._inflight.add(inbox_id)
         src = msg.source
-        self.services.tasks.start(self._process(msg, inbox_id), f"turn:{src.platform}:{src.chat_id}")
+        self.services.tasks.start(
+            self._process(msg, inbox_id), f"turn:{src.platform}:{src.chat_id}"
+        )
 
     async def recover(self, max_age_s: float) -> tuple[int, int]:
         """Run again, in order, the turns a crash left unfinished (once each); one older than

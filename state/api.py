@@ -267,20 +267,31 @@ class Store(Protocol):
     ) -> AutoPruneResult: ...
     # the inbox: inbound messages committed before the platform is acknowledged
     async def accept_inbound(
-        self, platform: str, chat_id: str, platform_message_id: str | None,
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
         payload: Mapping[str, Any],
     ) -> tuple[int, str, bool]: ...
     async def begin_turn(
-        self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
+        self,
+        inbox_id: int,
+        session_id: str,
+        message: Mapping[str, Any],
+        *,
         last: int | None = None,
     ) -> tuple[int, list[dict[str, Any]]]: ...
     async def end_turn(
-        self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
-        input_tokens: int = 0, output_tokens: int = 0, reply_state: str = "ready",
+        self,
+        inbox_id: int,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        reply_state: str = "ready",
     ) -> list[int]: ...
-    async def mark_reply(
-        self, inbox_id: int, reply_state: str, ref: str | None = None
-    ) -> None: ...
+    async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None: ...
     async def unsent_replies(self) -> list[dict[str, Any]]: ...
     async def finish_inbound(
         self, inbox_id: int, state: str, reason: str | None = None

@@ -234,9 +234,7 @@ _OPEN_ROWS = (
 )
 
 
-def mark_reply(
-    conn: sqlite3.Connection, inbox_id: int, reply_state: str, ref: str | None
-) -> None:
+def mark_reply(conn: sqlite3.Connection, inbox_id: int, reply_state: str, ref: str | None) -> None:
     """The reply's fate after the send: 'sent' (with the platform's ids) or 'failed'."""
     mark_replies_many(conn, [(inbox_id, reply_state, ref)])
 
