@@ -54,7 +54,7 @@ WEBHOOK_CONNECTIONS = 40  # Telegram's default setWebhook max_connections
 API_CONNECTIONS = 256
 COLUMNS = ("min", "offered/s", "sent/s", "answered/s", "RSS MB", "fds", "WAL MB", "db MB",
            "writer q now/max", "turn p99", "api p99 ms", "inbox open now/max", "outbox",
-           "outstanding tg/api", "refused", "gen lag ms")  # fmt: skip
+           "outstanding tg/api", "refused", "gen lag ms", "daemon CPU %", "load 1m")  # fmt: skip
 
 
 @dataclass
@@ -170,6 +170,18 @@ def proc_figures(pid: int) -> tuple[float, int]:
     return rss / 1024, len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> str:
+    with open("/proc/loadavg") as fh:
+        return fh.read().split()[0]
+
+
 def store_backlog(db: Path) -> tuple[int | None, int | None]:
     """(open inbox rows, outbox rows not yet sent; None where the table is absent), read
     through a read-only connection."""
@@ -228,6 +240,7 @@ class Monitor:
     inbox_now: int | None = None
     inbox_max: int = 0
     outbox_now: int | None = None
+    cpu: float = 0.0  # the daemon's CPU seconds at the last row
 
     async def sample(self, http: aiohttp.ClientSession) -> None:
         try:
@@ -249,6 +262,7 @@ class Monitor:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             hist = turn_histogram(await self._metrics(http))
             mark, sent, answered = started, 0, 0
+            self.cpu = cpu_seconds(self.proc.pid)
             print("| " + " | ".join(COLUMNS) + " |")
             print("|" + "---|" * len(COLUMNS), flush=True)
             while not stop.is_set():
@@ -277,6 +291,7 @@ class Monitor:
         sent = sum(load.sent.values())
         answered = load.fake.answered + load.api_answered
         rss, fds = proc_figures(self.proc.pid)
+        cpu = cpu_seconds(self.proc.pid)
         wal, db = mb(self.home / "state.db-wal"), mb(self.home / "state.db")
         p99, _turns = p99_between(hist, new_hist) if hist else ("-", 0.0)
         api_p99 = f"{pct(load.api_seconds, 0.99) * 1000:.0f}" if load.api_seconds else "-"
@@ -288,7 +303,9 @@ class Monitor:
                  f"{self.inbox_now}/{self.inbox_max}",
                  "-" if self.outbox_now is None else str(self.outbox_now),
                  f"{tg_out}/{api_out}", str(sum(load.refused.values())),
-                 f"{load.lag_max * 1000:.0f}"]  # fmt: skip
+                 f"{load.lag_max * 1000:.0f}", f"{(cpu - self.cpu) / span * 100:.0f}",
+                 load_average()]  # fmt: skip
+        self.cpu = cpu
         print("| " + " | ".join(cells) + " |", flush=True)
         self.rows.append(
             {"rss": rss, "fds": fds, "wal": wal, "db": db, "minute": (now - started) / 60}
