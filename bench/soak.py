@@ -211,16 +211,14 @@ def turn_histogram(text: str) -> dict[str, float]:
     return out
 
 
-def p99_between(before: dict[str, float], after: dict[str, float]) -> tuple[str, float]:
-    """(the bucket bound holding the p99 of the turns between two readings, their count)."""
+def p99_between(before: dict[str, float], after: dict[str, float]) -> str:
+    """The bucket bound holding the p99 of the turns between two readings ("-": none)."""
     deltas = [(le, after[le] - before.get(le, 0.0)) for le in after]
     count = deltas[-1][1] if deltas else 0.0
-    if count <= 0:
-        return "-", 0.0
-    for le, cumulative in deltas:
+    for le, cumulative in deltas if count > 0 else []:
         if cumulative >= 0.99 * count:
-            return ("> 60 s" if le == "+Inf" else f"<= {float(le):g} s"), count
-    return "-", count
+            return "> 60 s" if le == "+Inf" else f"<= {float(le):g} s"
+    return "-"
 
 
 def mb(path: Path) -> float:
@@ -239,7 +237,7 @@ class Monitor:
     rows: list[dict[str, float]] = field(default_factory=list)
     queue_now: int = 0
     queue_max: int = 0
-    inbox_now: int | None = None
+    inbox_now: int | None = 0
     inbox_max: int = 0
     outbox_now: int | None = None
     cpu: float = 0.0  # the daemon's CPU seconds at the last row
@@ -295,7 +293,7 @@ class Monitor:
         rss, fds = proc_figures(self.proc.pid)
         cpu = cpu_seconds(self.proc.pid)
         wal, db = mb(self.home / "state.db-wal"), mb(self.home / "state.db")
-        p99, _turns = p99_between(hist, new_hist) if hist else ("-", 0.0)
+        p99 = p99_between(hist, new_hist) if hist else "-"
         api_p99 = f"{pct(load.api_seconds, 0.99) * 1000:.0f}" if load.api_seconds else "-"
         tg_out, api_out = load.outstanding()
         offered = 0.0 if load.done_sending.is_set() else load.rate
