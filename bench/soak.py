@@ -54,8 +54,8 @@ from tests.fakes.telegram import FakeTelegram  # noqa: E402
 SECRET = "soak-webhook-secret"
 WEBHOOK_CONNECTIONS = 40  # Telegram's default setWebhook max_connections
 API_CONNECTIONS = 256
-COLUMNS = ("min", "offered/s", "sent/s", "answered/s", "RSS MB", "fds", "WAL MB", "db MB",
-           "writer q now/max", "turn p99", "api p99 ms", "inbox open now/max", "outbox",
+COLUMNS = ("min", "offered/s", "sent/s", "answered/s", "RSS MB", "fds (api in/bot out/other)",
+           "WAL MB", "db MB", "writer q now/max", "turn p99", "api p99 ms", "inbox open now/max", "outbox",
            "outstanding tg/api", "refused", "gen lag ms", "daemon CPU %", "load 1m")  # fmt: skip
 
 
@@ -172,6 +172,30 @@ def proc_figures(pid: int) -> tuple[float, int]:
     return rss / 1024, len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def fd_split(pid: int, api_port: int, bot_port: int) -> tuple[int, int, int]:
+    """A process's open fds as (connections to its API port, connections to the Bot API
+    fake, everything else: files, pipes, listening sockets), read from /proc."""
+    peers: dict[str, tuple[int, int]] = {}  # socket inode -> (local port, remote port)
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as fh:
+            for line in list(fh)[1:]:
+                cols = line.split()
+                local, remote = cols[1].rpartition(":")[2], cols[2].rpartition(":")[2]
+                peers[cols[9]] = (int(local, 16), int(remote, 16))
+    inbound = outbound = other = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            local, remote = peers.get(target[len("socket:[") : -1], (0, 0))
+            if target.startswith("socket:[") and local == api_port and remote:
+                inbound += 1
+            elif target.startswith("socket:[") and remote == bot_port:
+                outbound += 1
+            else:
+                other += 1
+    return inbound, outbound, other
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (/proc/<pid>/stat fields 14 and 15)."""
     with open(f"/proc/{pid}/stat") as fh:
@@ -241,6 +265,7 @@ class Monitor:
     inbox_max: int = 0
     outbox_now: int | None = None
     cpu: float = 0.0  # the daemon's CPU seconds at the last row
+    api_port: int = 0
 
     async def sample(self, http: aiohttp.ClientSession) -> None:
         try:
@@ -291,6 +316,7 @@ class Monitor:
         sent = sum(load.sent.values())
         answered = load.fake.answered + load.api_answered
         rss, fds = proc_figures(self.proc.pid)
+        split = "/".join(map(str, fd_split(self.proc.pid, self.api_port, self.load.fake.port)))
         cpu = cpu_seconds(self.proc.pid)
         wal, db = mb(self.home / "state.db-wal"), mb(self.home / "state.db")
         p99 = p99_between(hist, new_hist) if hist else "-"
@@ -298,7 +324,8 @@ class Monitor:
         tg_out, api_out = load.outstanding()
         offered = 0.0 if load.done_sending.is_set() else load.rate
         cells = [f"{(now - started) / 60:.1f}", f"{offered:g}", f"{(sent - sent0) / span:.0f}",
-                 f"{(answered - answered0) / span:.0f}", f"{rss:.0f}", str(fds), f"{wal:.1f}",
+                 f"{(answered - answered0) / span:.0f}", f"{rss:.0f}", f"{fds} ({split})",
+                 f"{wal:.1f}",
                  f"{db:.0f}", f"{self.queue_now}/{self.queue_max}", p99, api_p99,
                  f"{self.inbox_now}/{self.inbox_max}",
                  "-" if self.outbox_now is None else str(self.outbox_now),
@@ -367,7 +394,7 @@ async def soak(minutes: float, rate: float, chats: int, every: float, drain: flo
             await wait_healthy(base, proc, timeout=60)
             seconds = minutes * 60
             load = Load(rate, chats, fake, base, seconds=seconds)
-            mon = Monitor(proc, home, base, load, every)
+            mon = Monitor(proc, home, base, load, every, api_port=port)
             print(f"soak: pid {proc.pid}, {rate:g} messages/s for {minutes:g} min, half Telegram "
                   f"webhook, half HTTP API, {chats} chats each, a row every {every:g} s", flush=True)  # fmt: skip
             stop = asyncio.Event()
