@@ -19,7 +19,7 @@ file descriptors of the daemon (/proc), state.db-wal and state.db sizes, the wri
 (`/health`, now and the interval's maximum, sampled each second), the turn p99 of the
 interval (the daemon's `switchboard_turn_seconds` histogram, so a bucket bound) and the
 HTTP API's exact round-trip p99, open inbox rows (received/started, read-only sqlite3) and
-outbox rows not yet sent, replies outstanding (sent - answered - refused) and the rates.
+replies not yet confirmed sent (the outbox), replies outstanding (sent - answered - refused) and the rates.
 After the run it waits `--drain` seconds for the outstanding replies, stops the daemon with
 SIGTERM and prints a summary: growth of RSS, fds and WAL after the first row (warm-up).
 """
@@ -209,13 +209,13 @@ def load_average() -> str:
 
 
 def store_backlog(db: Path) -> tuple[int | None, int | None]:
-    """(open inbox rows, outbox rows not yet sent; None where the table is absent), read
-    through a read-only connection."""
+    """(open inbox rows, replies not yet confirmed sent: the outbox lives on the inbox row
+    as `reply_state`; None where the table is absent), read through a read-only connection."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
         counts: list[int | None] = []
         for sql in ("SELECT count(*) FROM inbox WHERE state IN ('received', 'started')",
-                    "SELECT count(*) FROM outbox WHERE state IN ('ready', 'sending')"):  # fmt: skip
+                    "SELECT count(*) FROM inbox WHERE reply_state IN ('ready', 'sending')"):  # fmt: skip
             try:
                 counts.append(int(conn.execute(sql).fetchone()[0]))
             except sqlite3.OperationalError:
