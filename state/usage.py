@@ -60,6 +60,47 @@ def _route_fill(
                 )
 
 
+def totals_set(
+    counts: Mapping[str, int], estimated_cost_usd: float | None,
+    actual_cost_usd: float | None, api_call_count: int, absolute: bool,
+    cost: Mapping[str, Any], mark: str,
+) -> tuple[list[str], list[Any]]:  # fmt: skip
+    """The SET clauses and parameters of a totals update (`mark`: the driver's placeholder,
+    "?" or "%s"): incremental calls add (NULL counts as 0), absolute ones set."""
+    sets: list[str] = []
+    params: list[Any] = []
+    for k in TOKEN_KINDS:
+        sets.append(f"{k} = {mark}" if absolute else f"{k} = COALESCE({k}, 0) + {mark}")
+        params.append(int(counts.get(k) or 0))
+    money = ["api_call_count", "estimated_cost_usd"]
+    if actual_cost_usd is not None:
+        money.append("actual_cost_usd")
+    for col in money:
+        sets.append(f"{col} = {mark}" if absolute else f"{col} = COALESCE({col}, 0) + {mark}")
+    params += [int(api_call_count or 0), float(estimated_cost_usd or 0.0)]
+    if actual_cost_usd is not None:
+        params.append(float(actual_cost_usd))
+    for col in ("cost_status", "cost_source", "pricing_version"):
+        if cost.get(col) is not None:
+            sets.append(f"{col} = {mark}")
+            params.append(cost[col])
+    return sets, params
+
+
+def usage_route(
+    model: str | None, route: Mapping[str, Any], session: tuple[Any, ...] | None
+) -> dict[str, Any]:
+    """The route an incremental call's usage row is counted on: the call's own, else the
+    session's (`session`: its model, billing provider, base URL, mode)."""
+    srow = session or (None, None, None, None)
+    return {
+        "model": model or srow[0] or "unknown",
+        "billing_provider": route.get("billing_provider") or srow[1],
+        "billing_base_url": route.get("billing_base_url") or srow[2],
+        "billing_mode": route.get("billing_mode") or srow[3],
+    }
+
+
 def update_token_counts(
     conn: sqlite3.Connection,
     session_id: str,
@@ -81,32 +122,8 @@ def update_token_counts(
         or estimated_cost_usd or actual_cost_usd
     )  # fmt: skip
     _route_fill(conn, session_id, model, route, accounted)
-    sets: list[str] = []
-    params: list[Any] = []
-    for k in TOKEN_KINDS:
-        value = int(counts.get(k) or 0)
-        if absolute:
-            sets.append(f"{k} = ?")
-        else:
-            sets.append(f"{k} = COALESCE({k}, 0) + ?")
-        params.append(value)
-    if absolute:
-        sets += ["api_call_count = ?", "estimated_cost_usd = ?"]
-        params += [int(api_call_count or 0), float(estimated_cost_usd or 0.0)]
-        if actual_cost_usd is not None:
-            sets.append("actual_cost_usd = ?")
-            params.append(float(actual_cost_usd))
-    else:
-        sets += ["api_call_count = COALESCE(api_call_count, 0) + ?",
-                 "estimated_cost_usd = COALESCE(estimated_cost_usd, 0) + ?"]  # fmt: skip
-        params += [int(api_call_count or 0), float(estimated_cost_usd or 0.0)]
-        if actual_cost_usd is not None:
-            sets.append("actual_cost_usd = COALESCE(actual_cost_usd, 0) + ?")
-            params.append(float(actual_cost_usd))
-    for col in ("cost_status", "cost_source", "pricing_version"):
-        if cost.get(col) is not None:
-            sets.append(f"{col} = ?")
-            params.append(cost[col])
+    sets, params = totals_set(counts, estimated_cost_usd, actual_cost_usd, api_call_count,
+                              absolute, cost, "?")  # fmt: skip
     conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*params, session_id))
     if accounted and not absolute:
         srow = conn.execute(
@@ -114,13 +131,7 @@ def update_token_counts(
             "WHERE id = ?",
             (session_id,),
         ).fetchone()
-        use = {
-            "model": model or (srow[0] if srow else None) or "unknown",
-            "billing_provider": route.get("billing_provider") or (srow[1] if srow else None),
-            "billing_base_url": route.get("billing_base_url") or (srow[2] if srow else None),
-            "billing_mode": route.get("billing_mode") or (srow[3] if srow else None),
-        }
-        add_usage(conn, session_id, "", use, counts, api_call_count, estimated_cost_usd,
+        add_usage(conn, session_id, "", usage_route(model, route, srow), counts, api_call_count, estimated_cost_usd,
                   actual_cost_usd, cost)  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..usage import TOKEN_KINDS
+from ..usage import TOKEN_KINDS, totals_set, usage_route
 from . import db
 
 
@@ -68,28 +68,8 @@ async def update_token_counts(
         or estimated_cost_usd or actual_cost_usd
     )  # fmt: skip
     await _route_fill(conn, session_id, model, route, accounted)
-    sets: list[str] = []
-    params: list[Any] = []
-    for k in TOKEN_KINDS:
-        sets.append(f"{k} = %s" if absolute else f"{k} = COALESCE({k}, 0) + %s")
-        params.append(int(counts.get(k) or 0))
-    if absolute:
-        sets += ["api_call_count = %s", "estimated_cost_usd = %s"]
-        params += [int(api_call_count or 0), float(estimated_cost_usd or 0.0)]
-        if actual_cost_usd is not None:
-            sets.append("actual_cost_usd = %s")
-            params.append(float(actual_cost_usd))
-    else:
-        sets += ["api_call_count = COALESCE(api_call_count, 0) + %s",
-                 "estimated_cost_usd = COALESCE(estimated_cost_usd, 0) + %s"]  # fmt: skip
-        params += [int(api_call_count or 0), float(estimated_cost_usd or 0.0)]
-        if actual_cost_usd is not None:
-            sets.append("actual_cost_usd = COALESCE(actual_cost_usd, 0) + %s")
-            params.append(float(actual_cost_usd))
-    for col in ("cost_status", "cost_source", "pricing_version"):
-        if cost.get(col) is not None:
-            sets.append(f"{col} = %s")
-            params.append(cost[col])
+    sets, params = totals_set(counts, estimated_cost_usd, actual_cost_usd, api_call_count,
+                              absolute, cost, "%s")  # fmt: skip
     found = await db.tuples(
         conn,
         f"UPDATE sessions SET {', '.join(sets)} WHERE id = %s "
@@ -97,13 +77,7 @@ async def update_token_counts(
         (*params, session_id),
     )
     if accounted and not absolute:
-        srow = found[0] if found else (None, None, None, None)
-        use = {
-            "model": model or srow[0] or "unknown",
-            "billing_provider": route.get("billing_provider") or srow[1],
-            "billing_base_url": route.get("billing_base_url") or srow[2],
-            "billing_mode": route.get("billing_mode") or srow[3],
-        }
+        use = usage_route(model, route, found[0] if found else None)
         await _add_usage(conn, session_id, use, counts, api_call_count, estimated_cost_usd,
                          actual_cost_usd, cost)  # fmt: skip
 
