@@ -28,6 +28,7 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     Route,
+    ask_whoami,
     call_with_retry,
     failed,
     split_message,
@@ -212,13 +213,7 @@ class BlueBubblesAdapter:
     async def check_credentials(
         cls, settings: BlueBubblesSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:
-        adapter = cls.from_config(settings, secrets)
-        try:
-            return True, await adapter._whoami()
-        except AdapterError as exc:
-            return False, str(exc)
-        finally:
-            await adapter.stop()
+        return await ask_whoami(cls.from_config(settings, secrets))
 
     @classmethod
     def home_chat_type(cls, chat_id: str) -> str:

@@ -22,6 +22,7 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     Route,
+    ask_whoami,
     call_with_retry,
     failed,
     split_message,
@@ -177,13 +178,7 @@ class SmsAdapter:
     async def check_credentials(
         cls, settings: SmsSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:
-        adapter = cls.from_config(settings, secrets)
-        try:
-            return True, await adapter._whoami()
-        except AdapterError as exc:
-            return False, str(exc)
-        finally:
-            await adapter.stop()
+        return await ask_whoami(cls.from_config(settings, secrets))
 
     @classmethod
     def home_chat_type(cls, chat_id: str) -> str:
