@@ -47,7 +47,6 @@ STORAGE_APOLOGY = (
     "Sorry, I could not store your message just now; please send it again in a moment."
 )
 REFUSAL = "Sorry, you are not authorised to use this bot."
-BUSY = "Sorry, the gateway is shutting down; please send that again in a minute."
 
 
 def too_old_apology(text: str) -> str:

@@ -226,11 +226,13 @@ register_batched(finish, finish_many)
 
 
 _OPEN_ROWS = (
-    "SELECT i.id, i.platform, i.chat_id, i.platform_message_id, i.payload, i.received_at, "
+    "SELECT o.*, m.session_id FROM (SELECT i.id, i.platform, i.chat_id, "
+    "i.platform_message_id, i.payload, i.received_at, "
     "(SELECT m.id FROM sessions s JOIN messages m ON m.session_id = s.id "
     " WHERE s.source = i.platform AND s.chat_id = i.chat_id AND m.role = 'user' "
     " AND m.platform_message_id = i.platform_message_id ORDER BY m.id LIMIT 1) AS mid "
-    "FROM inbox i WHERE i.state IN ('received', 'started') ORDER BY i.id"
+    "FROM inbox i WHERE i.state IN ('received', 'started')) o "
+    "LEFT JOIN messages m ON m.id = o.mid ORDER BY o.id"
 )
 
 
@@ -269,17 +271,20 @@ def unsent_replies(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 def open_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Rows a crash left open, oldest first; `started` (with its session and message) when
     the turn's message is stored, else `received`."""
-    out = []
-    for rid, platform, chat, pmid, payload, received, mid in conn.execute(_OPEN_ROWS).fetchall():
-        sid = None
-        if mid is not None:
-            (sid,) = conn.execute("SELECT session_id FROM messages WHERE id = ?", (mid,)).fetchone()
-        out.append({
-            "id": rid, "platform": platform, "chat_id": chat, "platform_message_id": pmid,
-            "payload": payload, "state": STARTED if mid is not None else RECEIVED,
-            "session_id": sid, "message_id": mid, "received_at": received,
-        })  # fmt: skip
-    return out
+    return [
+        {
+            "id": rid,
+            "platform": platform,
+            "chat_id": chat,
+            "platform_message_id": pmid,
+            "payload": payload,
+            "state": STARTED if mid is not None else RECEIVED,
+            "session_id": sid,
+            "message_id": mid,
+            "received_at": received,
+        }  # fmt: skip
+        for rid, platform, chat, pmid, payload, received, mid, sid in conn.execute(_OPEN_ROWS)
+    ]
 
 
 def started_rows(conn: sqlite3.Connection) -> int:
@@ -296,13 +301,6 @@ def started_rows(conn: sqlite3.Connection) -> int:
 def counts(conn: sqlite3.Connection) -> dict[str, int]:
     """Rows per state (the open ones by index; all of them by a scan: for doctor)."""
     return {str(s): int(n) for s, n in conn.execute("SELECT state, COUNT(*) FROM inbox GROUP BY 1")}
-
-
-def open_count(conn: sqlite3.Connection) -> int:
-    (n,) = conn.execute(
-        "SELECT COUNT(*) FROM inbox WHERE state IN ('received', 'started')"
-    ).fetchone()
-    return int(n)
 
 
 def prune(conn: sqlite3.Connection, older_than: float) -> int:
