@@ -242,9 +242,14 @@ class SlackAdapter:
 
     async def handle_events(self, request: Any) -> Any:
         """POST /slack/events on the daemon's HTTP server: Bolt checks the signature and
-        the timestamp, acks, and dispatches to the listeners."""
+        the timestamp, acks, and dispatches to the listeners. The api server serves this
+        route before the adapter has started (and after it stopped): until then an event
+        is answered 503, so Slack delivers it again instead of it being acked untaken."""
+        from aiohttp import web
         from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 
+        if self._emit is None or self.state != AdapterState.RUNNING:
+            return web.Response(status=503, text="not running")
         response = await self.bolt.async_dispatch(await to_bolt_request(request))
         return await to_aiohttp_response(response)
 

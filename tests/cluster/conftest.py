@@ -1,0 +1,77 @@
+"""Fixtures for the cluster tests: the PostgreSQL server, the platform fakes, and a
+factory that starts N replicas behind the balancer (and always stops both)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.balancer import Balancer
+from tests.cluster.harness import Cluster, Platforms, server_dsn
+from tests.fakes.slack import FakeSlack
+from tests.fakes.telegram import FakeTelegram
+
+StartCluster = Callable[..., Awaitable[tuple[Cluster, Balancer]]]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    dsn, private = server_dsn()
+    try:
+        yield dsn
+    finally:
+        if private is not None:
+            private.stop()
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    fake = FakeTelegram()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture
+async def start_cluster(
+    tmp_path: Path, pg_server: str, telegram: FakeTelegram, slack: FakeSlack
+) -> AsyncIterator[StartCluster]:
+    """`await start_cluster(n, **extra_config)`: n replicas on a fresh database, started,
+    behind a started balancer. Both are stopped after the test; a replica that does not
+    exit 0 on SIGTERM fails it."""
+    made: list[tuple[Cluster, Balancer]] = []
+
+    async def _start(n: int, start: bool = True, **extra: Any) -> tuple[Cluster, Balancer]:
+        balancer = Balancer(lambda: [r.url for r in cluster.live()], timeout_s=15.0)
+        await balancer.start()
+        platforms = Platforms(telegram.base_url, slack.base_url, balancer.url)
+        cluster = Cluster(tmp_path / f"cluster{len(made)}", pg_server, n, platforms, extra)
+        made.append((cluster, balancer))
+        if start:
+            await cluster.start()
+        return cluster, balancer
+
+    try:
+        yield _start
+    finally:
+        failed = []
+        for cluster, balancer in made:
+            await balancer.stop()
+            codes = await cluster.close()
+            failed += [f"{name} exited {code}" for name, code in codes.items() if code not in (0, None)]
+        assert failed == [], f"replicas did not drain cleanly on SIGTERM: {failed}"

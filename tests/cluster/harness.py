@@ -1,0 +1,281 @@
+"""N `switchboard run` replicas on one PostgreSQL database, as real subprocesses.
+
+Each replica has its own home (config, log, home lock) and a free API port; all share one
+database created fresh for the test (advisory locks are per database, so a schema of its
+own would not keep two tests' replicas apart). The tests reach them through the
+round-robin balancer (tests/cluster/balancer.py) and kill, pause and restart them here.
+Every replica's output goes to a log file per start, so a run can end by looking for
+tracebacks in all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+from tests import pgserver
+from tests.daemon import clean_env, free_port, switchboard, wait_healthy
+
+DSN_ENV = "SWITCHBOARD_PG_DSN"
+TELEGRAM_TOKEN = "123:ABC"  # FakeTelegram's default token
+TELEGRAM_SECRET = "cluster-webhook-secret"
+SLACK_TOKEN = "xoxb-cluster-token"
+SLACK_SECRET = "fake-signing-secret"  # tests/fakes/slack.py signs events with it
+
+
+# --- what the replica core adds (issue 18: leases, routes, the leader lock) ------------------
+
+
+def replica_core_missing() -> str | None:
+    """Why several replicas cannot share one database in this build (None: they can).
+
+    The replica core adds the `session_routes` table (leases with fencing epochs) to the
+    PostgreSQL schema; without it every replica keeps per-key order, redelivery memory and
+    its sweep to itself, so two replicas would double turns and resets."""
+    from state.pg.schema import MIGRATIONS
+
+    if not any("session_routes" in script for _, script in MIGRATIONS):
+        return ("the replica core (session_routes leases, issue 18) is not in this build: "
+                "two replicas on one database are not safe yet")  # fmt: skip
+    return None
+
+
+def cluster_config_keys() -> set[str]:
+    """The keys the config schema's `cluster` section knows (empty: no such section)."""
+    from gateway.config import schema
+
+    section = schema().get("cluster")
+    return set(section) if isinstance(section, Mapping) else set()
+
+
+# --- the database ---------------------------------------------------------------------------
+
+
+def fresh_database(server_dsn: str) -> tuple[str, str]:
+    """CREATE DATABASE on the server: (its name, a DSN for it)."""
+    name = f"sbc_{os.getpid()}_{secrets.token_hex(4)}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return name, psycopg.conninfo.make_conninfo(server_dsn, dbname=name)
+
+
+def drop_database(server_dsn: str, name: str) -> None:
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# --- one replica ------------------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    """One `switchboard run` with its own home and port; started again after each kill."""
+
+    name: str
+    home: Path
+    port: int
+    env: dict[str, str]
+    proc: asyncio.subprocess.Process | None = None
+    starts: int = 0
+    kills: int = 0
+    paused: bool = False
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self, *, wait: bool = True, extra_env: Mapping[str, str] | None = None) -> None:
+        assert not self.running, f"{self.name} is already running"
+        self.starts += 1
+        log = self.home / f"run-{self.starts}.log"
+        self.logs.append(log)
+        with log.open("wb") as out:  # the child keeps its own descriptor
+            self.proc = await asyncio.create_subprocess_exec(
+                *switchboard(self.home, "run"), env={**self.env, **(extra_env or {})},
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+        if wait:
+            await self.healthy()
+
+    async def healthy(self, timeout: float = 30.0) -> None:
+        assert self.proc is not None
+        await wait_healthy(self.url, self.proc, timeout)
+
+    async def kill(self) -> None:
+        """SIGKILL: no clean-up at all (its leases are freed by the database, not by it)."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        if self.paused:
+            self.proc.send_signal(signal.SIGCONT)
+            self.paused = False
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+        self.kills += 1
+
+    async def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM and wait: the drain. Returns the exit code (None if it was not running)."""
+        if self.proc is None or self.proc.returncode is not None:
+            return None
+        if self.paused:
+            self.resume()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+            raise AssertionError(f"{self.name} did not stop within {timeout} s of SIGTERM") from None
+
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its connections but does nothing, as a stalled VM."""
+        assert self.proc is not None and self.proc.returncode is None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def log_text(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+
+# --- the cluster ------------------------------------------------------------------------------
+
+
+@dataclass
+class Platforms:
+    """Where the replicas' platform clients point: the fakes' base URLs and the balancer
+    (Telegram's webhook URL names it, as setWebhook would name a load balancer)."""
+
+    telegram_base: str | None = None
+    slack_base: str | None = None
+    balancer_url: str | None = None
+
+
+def replica_config(port: int, platforms: Platforms, replica_id: str,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One replica's config.yaml as data: PostgreSQL through `state.dsn_env`, the API on
+    its own loopback port, Telegram webhooks and the Slack Events API when their fakes run."""
+    cfg: dict[str, Any] = {
+        "logging": {"level": "info"},
+        "state": {"backend": "postgres", "dsn_env": DSN_ENV},
+        "platforms": {"api": {"port": port}},
+        "inbox": {"recovery_max_age_seconds": 3600},
+    }
+    if "replica_id" in cluster_config_keys():
+        cfg["cluster"] = {"replica_id": replica_id}
+    if platforms.telegram_base:
+        cfg["platforms"]["telegram"] = {
+            "enabled": True, "allow_all_users": True, "base_url": platforms.telegram_base,
+            "mode": "webhook", "webhook_url": f"{platforms.balancer_url}/telegram/webhook",
+            "home_channel": "-1009000",
+        }  # fmt: skip
+    if platforms.slack_base:
+        cfg["platforms"]["slack"] = {
+            "enabled": True, "allow_all_users": True, "base_url": platforms.slack_base,
+            "mode": "http",
+        }  # fmt: skip
+    for section, values in (extra or {}).items():
+        if isinstance(values, Mapping) and isinstance(cfg.get(section), dict):
+            cfg[section] = _merged(cfg[section], values)
+        else:
+            cfg[section] = values
+    return cfg
+
+
+def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class Cluster:
+    """N replicas sharing one database. `start()` starts them one after another (the first
+    migrates the schema); `close()` stops them (SIGTERM, each must exit 0) and drops the
+    database."""
+
+    def __init__(self, root: Path, server_dsn: str, n: int, platforms: Platforms,
+                 extra_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        self.root = root
+        self.server_dsn = server_dsn
+        self.db_name, self.dsn = fresh_database(server_dsn)
+        env = clean_env(**{DSN_ENV: self.dsn, "TELEGRAM_BOT_TOKEN": TELEGRAM_TOKEN,
+                           "TELEGRAM_WEBHOOK_SECRET": TELEGRAM_SECRET, "SLACK_BOT_TOKEN": SLACK_TOKEN,
+                           "SLACK_SIGNING_SECRET": SLACK_SECRET})  # fmt: skip
+        self.replicas: list[Replica] = []
+        for i in range(n):
+            home = root / f"r{i}"
+            home.mkdir(parents=True)
+            port = free_port()
+            cfg = replica_config(port, platforms, f"r{i}", extra_config)
+            (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+            self.replicas.append(Replica(f"r{i}", home, port, dict(env)))
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(self.replicas)
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.url for r in self.replicas]
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.running and not r.paused]
+
+    async def start(self) -> None:
+        for r in self.replicas:
+            await r.start()
+
+    async def close(self) -> dict[str, int | None]:
+        """Stop every replica (SIGTERM) and drop the database; the exit codes by name."""
+        codes: dict[str, int | None] = {}
+        try:
+            for r in self.replicas:
+                with contextlib.suppress(AssertionError):
+                    codes[r.name] = await r.stop()
+        finally:
+            for r in self.replicas:
+                await r.kill()
+            drop_database(self.server_dsn, self.db_name)
+        return codes
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A synchronous connection to the cluster's database, for checks."""
+        return psycopg.connect(self.dsn, autocommit=True)
+
+    def tracebacks(self) -> list[str]:
+        """Every traceback any replica printed, with the replica's name and the log's
+        line before it (the log record that carried it)."""
+        found = []
+        for r in self.replicas:
+            for log in r.logs:
+                if not log.exists():
+                    continue
+                lines = log.read_text(errors="replace").splitlines()
+                for n, line in enumerate(lines):
+                    if line.startswith("Traceback (most recent call last)"):
+                        context = lines[max(0, n - 1): n + 12]
+                        found.append(f"{r.name} {log.name}:{n + 1}:\n" + "\n".join(context))
+        return found
+
+
+def server_dsn() -> tuple[str, pgserver.Cluster | None]:
+    """The PostgreSQL server tests/pgserver.py finds (or starts: returned to be stopped)."""
+    return pgserver.find_server(pgserver.server_candidates())

@@ -1,0 +1,87 @@
+"""The cluster harness on one replica, which PostgreSQL supports today: the balancer, the
+redelivering senders, the workload and every check, through SIGKILLs of the only replica
+(the balancer answers 502 while it is down; the senders deliver again). It is also the
+baseline the multi-replica runs are compared with."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import aiohttp
+import pytest
+from tests.cluster.balancer import Balancer
+from tests.cluster.chaos import Chaos, under_chaos
+from tests.cluster.checks import check_run, drained, explain, leftover_leases
+from tests.cluster.conftest import StartCluster
+from tests.cluster.workload import Workload
+from tests.daemon import free_port
+from tests.fakes.slack import FakeSlack
+from tests.fakes.telegram import FakeTelegram
+
+REPLY_ORDER = "replies out of order"
+SEED = int(os.environ.get("SWITCHBOARD_CRASH_SEED", "20261201"))
+
+
+async def test_the_balancer_skips_a_refusing_backend_and_reports_a_cut_request() -> None:
+    from aiohttp import web
+
+    hits: list[str] = []
+
+    async def ok(request: web.Request) -> web.Response:
+        hits.append(request.path_qs)
+        return web.json_response({"got": (await request.read()).decode()}, headers={"X-Mine": "1"})
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    live = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused
+    backends = [dead, live]
+    balancer = Balancer(lambda: backends)
+    await balancer.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for n in range(4):
+                async with http.post(f"{balancer.url}/x?n={n}", data=b"body") as resp:
+                    assert resp.status == 200 and resp.headers["X-Mine"] == "1"
+                    assert await resp.json() == {"got": "body"}
+            backends.clear()
+            async with http.post(f"{balancer.url}/x") as resp:
+                assert resp.status == 502
+    finally:
+        await balancer.stop()
+        await runner.cleanup()
+    assert hits == [f"/x?n={n}" for n in range(4)]  # each forwarded once, none lost
+    assert balancer.sent == {live: 4} and balancer.failed == 1
+
+
+async def test_one_replica_on_postgres_loses_nothing_through_kills(
+    start_cluster: StartCluster, telegram: FakeTelegram, slack: FakeSlack
+) -> None:
+    cluster, balancer = await start_cluster(1)
+    work = Workload(balancer.url, keys=6, messages=200, telegram=telegram, slack=slack,
+                    deadline_s=90, seed=SEED)  # fmt: skip
+    chaos = Chaos(cluster, kills=4, seed=SEED, interval_s=(0.8, 2.0))
+    await under_chaos(work, chaos)
+    with cluster.connect() as conn:
+        left = await drained(conn, work)
+        assert left is None, (left, explain(conn, [s.text for s in work.acked if not work.replies.count[s.text] and s.platform != "api"]))
+        problems = check_run(conn, work) + leftover_leases(conn)
+    late = [p for p in problems if p.startswith(REPLY_ORDER)]
+    problems = [p for p in problems if not p.startswith(REPLY_ORDER)]
+    assert problems == [], "\n".join(problems)
+    assert cluster.tracebacks() == []
+    figures = work.figures()
+    assert chaos.done == 4 and figures["acknowledged"] == figures["messages"] > 100
+    assert figures["not_2xx"] > 0  # the kills really cut deliveries, which came again
+    print(f"\ncluster harness, 1 replica: {chaos.done} kills, {figures}")
+    if late:
+        # Router.recover re-runs a crash's open turns before it resends the replies the
+        # crash left unsent, so a chat can get reply i after reply i+1 (the replica core
+        # reworks recovery; the multi-replica chaos test asserts the order strictly)
+        pytest.xfail("a reply resent after a restart arrived after newer ones: " + "; ".join(late))
+
