@@ -9,7 +9,6 @@ stickiness: any replica may receive any chat's message.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -79,7 +78,7 @@ class Balancer:
                     return web.Response(status=resp.status, body=payload, headers=out)
             except aiohttp.ClientConnectorError:
                 continue  # refused: nothing reached that backend, so the next one may try
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 break  # it may have acted on it: only the sender may decide to send again
             backends = self._backends()
         self.failed += 1

@@ -48,7 +48,9 @@ def unconfirmed(conn: psycopg.Connection[Any], platform: str) -> set[str]:
         "WHERE i.platform = %s AND i.reply_state IN ('sending', 'unconfirmed')", (platform,))}  # fmt: skip
 
 
-async def drained(conn: psycopg.Connection[Any], work: Workload, timeout: float = 60.0) -> str | None:
+async def drained(
+    conn: psycopg.Connection[Any], work: Workload, timeout: float = 60.0
+) -> str | None:
     """Wait until no turn is open, no reply waits to be sent and every acknowledged
     webhook message's reply reached its fake or was left unconfirmed. None when it did,
     else what was still waiting."""
@@ -57,7 +59,9 @@ async def drained(conn: psycopg.Connection[Any], work: Workload, timeout: float 
     while time.monotonic() < deadline:
         work.replies.update()
         pending = open_work(conn)
-        gaps = {s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]}
+        gaps = {
+            s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]
+        }
         gaps -= unconfirmed(conn, "telegram")
         if not any(pending.values()) and not gaps:
             return None
@@ -91,7 +95,9 @@ def check_run(conn: psycopg.Connection[Any], work: Workload) -> list[str]:
             if wrong:
                 problems.append(f"API {s.text}: answered {wrong[:2]}")
     sent = work.replies.count
-    slack_wrong = [(s.text, sent[s.text]) for s in acked if s.platform == "slack" and sent[s.text] != 1]
+    slack_wrong = [
+        (s.text, sent[s.text]) for s in acked if s.platform == "slack" and sent[s.text] != 1
+    ]
     if slack_wrong:
         problems.append(f"Slack replies not exactly once (text, times): {slack_wrong[:8]}")
     tg = [s for s in acked if s.platform == "telegram"]
@@ -101,7 +107,9 @@ def check_run(conn: psycopg.Connection[Any], work: Workload) -> list[str]:
     gaps = {s.text for s in tg if sent[s.text] == 0}
     left = unconfirmed(conn, "telegram")
     if not gaps <= left:
-        problems.append(f"Telegram replies missing but not left unconfirmed: {sorted(gaps - left)[:8]}")
+        problems.append(
+            f"Telegram replies missing but not left unconfirmed: {sorted(gaps - left)[:8]}"
+        )
     problems += check_order(conn, work)
     problems += check_live_sessions(conn)
     return problems

@@ -73,5 +73,7 @@ async def start_cluster(
         for cluster, balancer in made:
             await balancer.stop()
             codes = await cluster.close()
-            failed += [f"{name} exited {code}" for name, code in codes.items() if code not in (0, None)]
+            failed += [
+                f"{name} exited {code}" for name, code in codes.items() if code not in (0, None)
+            ]
         assert failed == [], f"replicas did not drain cleanly on SIGTERM: {failed}"

@@ -139,7 +139,9 @@ class Replica:
         except TimeoutError:
             self.proc.send_signal(signal.SIGKILL)
             await self.proc.wait()
-            raise AssertionError(f"{self.name} did not stop within {timeout} s of SIGTERM") from None
+            raise AssertionError(
+                f"{self.name} did not stop within {timeout} s of SIGTERM"
+            ) from None
 
     def pause(self) -> None:
         """SIGSTOP: the process holds its connections but does nothing, as a stalled VM."""
@@ -203,7 +205,9 @@ def replica_config(port: int, platforms: Platforms, replica_id: str,
 def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merged(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+        out[k] = (
+            _merged(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
@@ -271,7 +275,7 @@ class Cluster:
                 lines = log.read_text(errors="replace").splitlines()
                 for n, line in enumerate(lines):
                     if line.startswith("Traceback (most recent call last)"):
-                        context = lines[max(0, n - 1): n + 12]
+                        context = lines[max(0, n - 1) : n + 12]
                         found.append(f"{r.name} {log.name}:{n + 1}:\n" + "\n".join(context))
         return found
 

@@ -5,11 +5,11 @@ baseline the multi-replica runs are compared with."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import aiohttp
 import pytest
+
 from tests.cluster.balancer import Balancer
 from tests.cluster.chaos import Chaos, under_chaos
 from tests.cluster.checks import check_run, drained, explain, leftover_leases
@@ -69,7 +69,17 @@ async def test_one_replica_on_postgres_loses_nothing_through_kills(
     await under_chaos(work, chaos)
     with cluster.connect() as conn:
         left = await drained(conn, work)
-        assert left is None, (left, explain(conn, [s.text for s in work.acked if not work.replies.count[s.text] and s.platform != "api"]))
+        assert left is None, (
+            left,
+            explain(
+                conn,
+                [
+                    s.text
+                    for s in work.acked
+                    if not work.replies.count[s.text] and s.platform != "api"
+                ],
+            ),
+        )
         problems = check_run(conn, work) + leftover_leases(conn)
     late = [p for p in problems if p.startswith(REPLY_ORDER)]
     problems = [p for p in problems if not p.startswith(REPLY_ORDER)]
@@ -84,4 +94,3 @@ async def test_one_replica_on_postgres_loses_nothing_through_kills(
         # crash left unsent, so a chat can get reply i after reply i+1 (the replica core
         # reworks recovery; the multi-replica chaos test asserts the order strictly)
         pytest.xfail("a reply resent after a restart arrived after newer ones: " + "; ".join(late))
-

@@ -80,13 +80,13 @@ class Replies:
     def update(self) -> None:
         if self.telegram is not None:
             calls = self.telegram.calls
-            for name, params in calls[self._read["telegram"]:]:
+            for name, params in calls[self._read["telegram"] :]:
                 if name == "sendMessage":
                     self._note("telegram", str(params.get("chat_id")), str(params.get("text", "")))
             self._read["telegram"] = len(calls)
         if self.slack is not None:
             calls = self.slack.calls
-            for name, params in calls[self._read["slack"]:]:
+            for name, params in calls[self._read["slack"] :]:
                 if name == "chat.postMessage":
                     self._note("slack", str(params.get("channel")), str(params.get("text", "")))
             self._read["slack"] = len(calls)
@@ -163,7 +163,9 @@ class Workload:
         """Wait (bounded) for the reply before the next message: a conversation's pace.
         Telegram may never answer one (at most once), so this never fails."""
         until = min(self._stop_at, time.monotonic() + limit_s)
-        while not self.replies.seen(item.text) and time.monotonic() < until:
+        while time.monotonic() < until:
+            if self.replies.seen(item.text):
+                return
             await asyncio.sleep(0.05)
 
     async def _again(self, http: aiohttp.ClientSession, item: Sent) -> None:
