@@ -296,7 +296,7 @@ class Gateway:
 
         db = self.db
         assert isinstance(db, PgStore)
-        link = db.control_link(self.config.cluster.replica_name or default_name())
+        link = db.control_link(self.config.cluster.replica_id or default_name())
 
         async def all_routes() -> list[dict[str, Any]]:
             return await db.routes(link.space)

@@ -80,7 +80,7 @@ class StateSettings:
     dsn_env: str = setting("SWITCHBOARD_PG_DSN", env_name, "env var holding the PostgreSQL DSN")
 
 
-def _replica_name(v: Any) -> str | None:
+def _replica_id(v: Any) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str) or not v.strip() or len(v) > 100 or not v.isprintable():
@@ -93,7 +93,7 @@ class ClusterSettings:
     replicas: int = setting(
         1, in_range(1, 1000), "how many replicas share the store (more than one: postgres)"
     )
-    replica_name: str | None = setting(None, _replica_name, "this replica's name (host-pid)")
+    replica_id: str | None = setting(None, _replica_id, "this replica's name (host-pid)")
 
 
 @dataclass(frozen=True)

@@ -370,7 +370,7 @@ class Router:
             except LeaseLost:
                 log.warning("session_key=%s: the lease was taken over during inbox row %d; "
                             "its reply is withheld (the new holder answers it)", key, rid)  # fmt: skip
-                turn.dropped = "lease_lost"
+                turn.dropped = "answered_elsewhere"  # the new holder answers it
                 return
             finally:
                 if other_task:

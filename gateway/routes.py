@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -178,8 +179,9 @@ class PgRouteIndex:
 
     def touch(self, key: str, now: float | None = None) -> None:
         route = self._routes.get(key)
-        if route is not None and route.entry is not None and now is not None:
-            route.entry, route.dirty = replace(route.entry, updated_at=now), True
+        if route is not None and route.entry is not None:
+            at = time.time() if now is None else now
+            route.entry, route.dirty = replace(route.entry, updated_at=at), True
 
     def remove(self, key: str) -> IndexEntry | None:
         route = self._routes.get(key)

@@ -33,6 +33,12 @@ KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
               "keepalives_count": 3, "tcp_user_timeout": 11000}  # fmt: skip
 
 
+def application_name(replica: str) -> str:
+    """The control connection's name in pg_stat_activity (operators and tests find a
+    replica's lock holder by it)."""
+    return f"switchboard-control:{replica}"[:63]
+
+
 def default_name() -> str:
     """A replica's name when the config gives none: host and process id."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -64,7 +70,10 @@ class ControlLink:
     async def open(self) -> None:
         """Connect, register this replica as a new incarnation and take its lock."""
         try:
-            conn = await AsyncConnection.connect(self.dsn, autocommit=True, **KEEPALIVES)
+            conn = await AsyncConnection.connect(
+                self.dsn, autocommit=True, application_name=application_name(self.name),
+                **KEEPALIVES,
+            )  # fmt: skip
         except psycopg.Error as exc:
             raise DatabaseError(self.where, f"cannot open the control connection: {exc}") from exc
         try:
@@ -76,7 +85,7 @@ class ControlLink:
             )
             if taken:
                 raise ReplicaNameTaken(
-                    "cluster.replica_name",
+                    "cluster.replica_id",
                     f"a live replica already runs as {self.name!r}; give each its own name",
                 )
             incarnation = int(await db.value(conn, "SELECT nextval('replica_incarnations')"))
