@@ -60,9 +60,7 @@ _JOBS = (
 )
 
 
-async def take_lease(
-    conn: AsyncConnection, key: str, me: int, space: int
-) -> dict[str, Any] | None:
+async def take_lease(conn: AsyncConnection, key: str, me: int, space: int) -> dict[str, Any] | None:
     """Take `key`'s lease for incarnation `me` (creating its route row on first contact):
     the route with the live session state (`live_*`, the route's own session's `route_*`),
     the key's open inbox rows (`open`, id order) and the session's live jobs (`jobs`); None
@@ -161,7 +159,9 @@ async def live_jobs(conn: AsyncConnection, space: int) -> list[tuple[str, str]]:
                                                                          "sid": None})]  # fmt: skip
 
 
-async def add_job(conn: AsyncConnection, session_id: str, name: str, owner: int, now: float) -> None:
+async def add_job(
+    conn: AsyncConnection, session_id: str, name: str, owner: int, now: float
+) -> None:
     await db.run(
         conn,
         "INSERT INTO live_jobs (session_id, name, owner, started_at) VALUES (%s, %s, %s, %s) "

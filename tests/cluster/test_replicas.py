@@ -63,9 +63,7 @@ async def db(server: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def replicas(
-    tmp_path: Path, db: str, telegram: FakeTelegram
-) -> AsyncIterator[MakeReplicas]:
+async def replicas(tmp_path: Path, db: str, telegram: FakeTelegram) -> AsyncIterator[MakeReplicas]:
     """`await replicas(n, env={name: {...}})`: n started replicas r1..rn on the test's
     database (Telegram in webhook mode on the fake). All are stopped after the test."""
     made: list[Replica] = []
@@ -221,7 +219,7 @@ async def test_the_leader_moves_when_it_dies(replicas: MakeReplicas, db: str) ->
             return [h["replica"]["name"] for h in found if h["replica"]["leader"]]
 
         async with asyncio.timeout(30):
-            while len(now := await leaders(group)) != 1:
+            while len(now := await leaders(group)) != 1:  # noqa: ASYNC110 (asks /health)
                 await asyncio.sleep(0.1)
         old = next(r for r in group if r.name == now[0])
         old.kill()
@@ -230,6 +228,6 @@ async def test_the_leader_moves_when_it_dies(replicas: MakeReplicas, db: str) ->
         rest = [r for r in group if r is not old]
         started = time.monotonic()
         async with asyncio.timeout(30):
-            while len(await leaders(rest)) != 1:
+            while len(await leaders(rest)) != 1:  # noqa: ASYNC110 (asks /health)
                 await asyncio.sleep(0.1)
         print(f"\nleadership moved {time.monotonic() - started:.2f}s after the leader died")
