@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from gateway import faults, session_commands
 from gateway.adapters import idempotent_replies
@@ -26,7 +27,8 @@ from gateway.commands import (
 )
 from gateway.coordinator import Coordinator
 from gateway.errors import NotAccepted
-from gateway.index import IndexEntry, SessionIndex
+from gateway.index import IndexEntry, RouteIndex
+from gateway.leases import Lease, SharedCoordinator
 from gateway.messages import InboundMessage
 from gateway.ops.metrics import Metrics
 from gateway.reset import Resetter
@@ -35,7 +37,7 @@ from gateway.session_keys import SessionKey, build_key
 from gateway.sessions import SessionManager
 from gateway.turns import APOLOGY, TurnProgress, agent_turn, mark_reply, reply_key
 from gateway.vocab import ChatType
-from state import SessionNotFound, StateError, Store
+from state import LeaseLost, SessionNotFound, StateError, Store
 from state.content import content_text
 from state.inbox import ANSWERED, DROPPED, OPEN_STATES
 
@@ -64,7 +66,7 @@ class Router:
     def __init__(
         self,
         db: Store,
-        index: SessionIndex,
+        index: RouteIndex,
         agent: Agent,
         send: Sender,
         settings: RouterSettings | None = None,
@@ -84,6 +86,13 @@ class Router:
         self._refused: set[tuple[str, str]] = set()
         self._accepting = True
         self._inflight: set[int] = set()  # inbox ids whose turn runs in this process
+        coordinator = self.services.coordinator
+        # several replicas: turns run under key leases, see _process_shared
+        self._shared: SharedCoordinator | None = (
+            coordinator if coordinator.shared else None  # type: ignore[assignment]
+        )
+        self._done_here: set[int] = set()  # rows another local task's lease ran for it
+        self._max_age_s: float | None = None  # recovery.max_age_seconds, once recover ran
 
     # --- what other parts read --------------------------------------------------------
 
@@ -148,9 +157,15 @@ class Router:
                 s.signals.ended(msg, "duplicate")
                 return
         try:
-            inbox_id, state, new = await s.db.accept_inbound(
-                src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
-            )
+            if self._shared is None:
+                inbox_id, state, new = await s.db.accept_inbound(
+                    src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
+                )
+            else:  # the row names its key and this replica: leases and takeover read them
+                inbox_id, state, new = await s.db.accept_inbound(
+                    src.platform, src.chat_id, msg.platform_message_id, msg.as_payload(),
+                    session_key=self.key_for(msg).format(), replica=self._shared.me,
+                )  # fmt: skip
         except StateError as exc:
             s.metrics.errors.inc(kind="inbox")
             s.metrics.last_error = f"inbox: {type(exc).__name__}: {exc}"
@@ -178,8 +193,11 @@ class Router:
         """Run again, in order, the turns a crash left unfinished (once each); one older than
         `max_age_s` gets a short apology naming it instead. Returns (re-run, apologised)."""
         s = self.services
+        self._max_age_s = max_age_s
         rerun = apologised = 0
-        for row in await s.db.open_inbound():
+        shared = self._shared
+        rows = await (s.db.open_inbound() if shared is None else shared.orphaned_inbound())
+        for row in rows:
             inbox_id = int(row["id"])
             if inbox_id in self._inflight:
                 continue
@@ -189,7 +207,8 @@ class Router:
                 log.error("inbox row %d cannot be read (%s); dropped", inbox_id, exc)
                 await s.db.finish_inbound(inbox_id, DROPPED, "unreadable")
                 continue
-            if s.clock() - float(row["received_at"]) > max_age_s:
+            if shared is None and s.clock() - float(row["received_at"]) > max_age_s:
+                # (replicas decide this under the key's lease, in _run_row)
                 await s.replies.reply(msg, row["session_id"], too_old_apology(msg.text))
                 await s.db.finish_inbound(inbox_id, DROPPED, "too_old")
                 s.metrics.recovered.inc(outcome="apologised")
@@ -213,7 +232,8 @@ class Router:
         (at most once), unless inbox.resend_unconfirmed_replies asks for at least once or
         the platform's adapter shows a reply sent again under its key once (exactly once)."""
         s = self.services
-        for row in await s.db.unsent_replies():
+        shared = self._shared
+        for row in await (s.db.unsent_replies() if shared is None else shared.orphaned_replies()):
             inbox_id = int(row["id"])
             if inbox_id in self._inflight:
                 continue
@@ -256,19 +276,36 @@ class Router:
         return build_key(msg.source, self.services.settings.keys)
 
     async def _process(self, msg: InboundMessage, inbox_id: int) -> None:
+        if self._shared is not None:
+            await self._process_shared(self._shared, msg, inbox_id)
+            return
         s = self.services
         started = s.clock()
         key = self.key_for(msg)
-        k = key.format()
         turn = TurnProgress(inbox_id=inbox_id)
         try:
-            async with s.coordinator.session_lock(k):
-                try:
-                    await self._process_locked(msg, key, started, turn)
-                except SessionNotFound as exc:
-                    if not self._forget_deleted(k, exc.ref):
-                        raise
-                    await self._process_locked(msg, key, started, turn)  # in a fresh session
+            async with s.coordinator.session_lock(key.format()):
+                await self._guarded(msg, key, started, turn)
+        finally:
+            self._inflight.discard(inbox_id)
+            s.signals.ended(msg, turn.dropped)
+
+    async def _guarded(
+        self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
+    ) -> None:
+        """One message under its key's lock; a failure is answered with an apology and
+        closes the row. LeaseLost passes through: this replica may no longer answer."""
+        s = self.services
+        k = key.format()
+        try:
+            try:
+                await self._process_locked(msg, key, started, turn)
+            except SessionNotFound as exc:
+                if not self._forget_deleted(k, exc.ref):
+                    raise
+                await self._process_locked(msg, key, started, turn)  # in a fresh session
+        except LeaseLost:
+            raise
         except Exception as exc:  # nothing may escape into the event loop
             s.metrics.last_error = f"{type(exc).__name__}: {exc}"
             s.metrics.errors.inc(kind="turn")
@@ -277,14 +314,85 @@ class Router:
             # (a message the database refuses, a command) is reported as not stored
             if turn.stored:
                 await s.replies.reply(msg, turn.session_id, APOLOGY, key, error="agent")
-                await self._close(inbox_id, ANSWERED, "agent_error")
+                await self._close(turn, ANSWERED, "agent_error")
             else:
                 await s.replies.reply(msg, None, STORAGE_APOLOGY, error="storage")
                 # the chat was told to send it again: no second apology after a restart
-                await self._close(inbox_id, DROPPED, "not_stored")
+                await self._close(turn, DROPPED, "not_stored")
+
+    async def _process_shared(
+        self, coordinator: SharedCoordinator, msg: InboundMessage, inbox_id: int
+    ) -> None:
+        """Replicas: take the key's lease, then run the key's open inbox rows in id order
+        (this message's, and any another replica took meanwhile, so neither overtakes the
+        other). A row answered elsewhere while waiting only tells the platform side."""
+        s = self.services
+        key = self.key_for(msg)
+        k = key.format()
+        try:
+            async with coordinator.lease(k, inbox_id) as lease:
+                if lease is None or not any(int(r["id"]) == inbox_id for r in lease.open):
+                    if inbox_id in self._done_here:
+                        self._done_here.discard(inbox_id)  # run and signalled by the drain
+                    else:
+                        s.signals.ended(msg, "answered_elsewhere")
+                if lease is not None:
+                    await self._drain(lease, key, msg, inbox_id)
+        except Exception as exc:  # nothing may escape into the event loop
+            s.metrics.last_error = f"{type(exc).__name__}: {exc}"
+            s.metrics.errors.inc(kind="turn")
+            log.exception("lease work failed for session_key=%s", k)
         finally:
             self._inflight.discard(inbox_id)
-            s.signals.ended(msg, turn.dropped)
+
+    async def _drain(
+        self, lease: Lease, key: SessionKey, mine: InboundMessage, inbox_id: int
+    ) -> None:
+        s = self.services
+        assert self._shared is not None
+        me = self._shared.me
+        for row in lease.open:
+            rid = int(row["id"])
+            if rid == inbox_id:
+                msg = mine
+            else:
+                try:
+                    msg = InboundMessage.from_payload(json.loads(row["payload"]))
+                except (ValueError, TypeError) as exc:
+                    log.error("inbox row %d cannot be read (%s); dropped", rid, exc)
+                    await s.db.finish_inbound(rid, DROPPED, "unreadable", fence=lease.fence)
+                    continue
+            other_task = rid != inbox_id and rid in self._inflight
+            self._inflight.add(rid)
+            turn = TurnProgress(inbox_id=rid, fence=lease.fence)
+            try:
+                await self._run_row(msg, key, row, turn)
+            except LeaseLost:
+                log.warning("session_key=%s: the lease was taken over during inbox row %d; "
+                            "its reply is withheld (the new holder answers it)", key, rid)  # fmt: skip
+                turn.dropped = "answered_elsewhere"  # the new holder answers it
+                return
+            finally:
+                if other_task:
+                    self._done_here.add(rid)
+                elif rid != inbox_id:
+                    self._inflight.discard(rid)
+                s.signals.ended(msg, turn.dropped)
+            origin = row.get("replica")
+            if origin is not None and int(origin) != me:
+                lease.answered.append((int(origin), rid))
+
+    async def _run_row(
+        self, msg: InboundMessage, key: SessionKey, row: dict[str, Any], turn: TurnProgress
+    ) -> None:
+        s = self.services
+        if (self._max_age_s is not None and row.get("received_at") is not None
+                and s.clock() - float(row["received_at"]) > self._max_age_s):  # fmt: skip
+            await s.replies.reply(msg, row.get("session_id"), too_old_apology(msg.text))
+            await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.fence)
+            s.metrics.recovered.inc(outcome="apologised")
+            return
+        await self._guarded(msg, key, s.clock(), turn)
 
     async def _process_locked(
         self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
@@ -308,15 +416,15 @@ class Router:
             # /new, /branch, /resume ... change the key's session: answer with the live one
             live = s.index.get(key.format())
             await s.replies.reply(msg, live.session_id if live else entry.session_id, text, key)
-            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command")
+            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command", fence=turn.fence)
             return
         await agent_turn(s, msg, key, entry, started, turn)
 
-    async def _close(self, inbox_id: int, state: str, reason: str) -> None:
+    async def _close(self, turn: TurnProgress, state: str, reason: str) -> None:
         try:
-            await self.services.db.finish_inbound(inbox_id, state, reason)
+            await self.services.db.finish_inbound(turn.inbox_id, state, reason, fence=turn.fence)
         except Exception as exc:  # the store is failing: recovery will see the row
-            log.warning("inbox row %d could not be closed (%s)", inbox_id, exc)
+            log.warning("inbox row %d could not be closed (%s)", turn.inbox_id, exc)
 
     def _forget_deleted(self, k: str, session_id: str) -> bool:
         """The key's session was deleted under the daemon (`sessions delete` from another

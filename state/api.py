@@ -20,6 +20,7 @@ from .listing import SessionFilter
 from .records import (
     AutoPruneResult,
     ExportRecord,
+    Fence,
     HandoffClaim,
     LiveSession,
     MessageRow,
@@ -272,7 +273,13 @@ class Store(Protocol):
         chat_id: str,
         platform_message_id: str | None,
         payload: Mapping[str, Any],
-    ) -> tuple[int, str, bool]: ...
+        *,
+        session_key: str | None = None,
+        replica: int | None = None,
+    ) -> tuple[int, str, bool]:
+        """`session_key`/`replica`: recorded by a store several replicas share (the row's
+        key and the incarnation that took it); a one-process store has no use for them."""
+        ...
     async def begin_turn(
         self,
         inbox_id: int,
@@ -280,7 +287,11 @@ class Store(Protocol):
         message: Mapping[str, Any],
         *,
         last: int | None = None,
-    ) -> tuple[int, list[dict[str, Any]]]: ...
+        fence: Fence | None = None,
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """`fence`: apply only while that session-key lease holds, else raise LeaseLost
+        (a store several replicas share; one process holds no leases and passes None)."""
+        ...
     async def end_turn(
         self,
         inbox_id: int,
@@ -290,11 +301,12 @@ class Store(Protocol):
         input_tokens: int = 0,
         output_tokens: int = 0,
         reply_state: str = "ready",
+        fence: Fence | None = None,
     ) -> list[int]: ...
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None: ...
     async def unsent_replies(self) -> list[dict[str, Any]]: ...
     async def finish_inbound(
-        self, inbox_id: int, state: str, reason: str | None = None
+        self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None
     ) -> None: ...
     async def open_inbound(self) -> list[dict[str, Any]]: ...
     async def inbox_counts(self) -> dict[str, int]: ...

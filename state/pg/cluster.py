@@ -1,0 +1,257 @@
+"""Several replicas on one PostgreSQL database: session-key leases with fencing, routes
+(the shared sessions.json), live background jobs, orphaned inbox rows and replica wake-ups.
+
+A replica *incarnation* is a number drawn from `replica_incarnations` at each start; it is
+live while its session-level advisory lock `(space, incarnation)` shows in `pg_locks` (held
+on the replica's control connection, state/pg/control.py), so a killed replica's leases are
+free the moment its connection closes, with no TTL. `space` keeps schemas apart (one lock
+space per schema). A lease is taken with one statement that only succeeds when the route is
+unowned, owned by this incarnation or owned by a dead one; every take bumps the epoch, and
+fenced writes check owner and epoch under a row lock in their own transaction. The gateway
+side (which key to lease when, what runs under it) is gateway/cluster.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from ..errors import LeaseLost
+from ..inbox import OPEN_STATES
+from ..records import Fence
+from . import db, inbox
+
+# Incarnations whose control connection holds its lock, i.e. the live replicas.
+LIVE = (
+    "SELECT l.objid::bigint FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+    "AND l.objsubid = 2 AND l.classid::bigint = %(space)s "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+LEADER = 0  # the leader lock's second key; incarnations start at 1
+
+_TAKE = f"""
+WITH taken AS (
+    INSERT INTO session_routes AS r (session_key, lease_owner, lease_epoch)
+    VALUES (%(key)s, %(me)s, 1)
+    ON CONFLICT (session_key) DO UPDATE
+        SET lease_owner = excluded.lease_owner, lease_epoch = r.lease_epoch + 1
+        WHERE r.lease_owner IS NULL OR r.lease_owner = %(me)s
+           OR r.lease_owner NOT IN ({LIVE})
+    RETURNING r.*
+)
+SELECT t.*, rs.ended_at AS route_ended, rs.id AS route_found,
+       ls.id AS live_id, ls.origin_json AS live_origin, ls.started_at AS live_started,
+       ls.last_active AS live_active, ls.source AS live_source, ls.chat_type AS live_chat_type,
+       COALESCE(rs.last_active, 0) AS route_active
+FROM taken t
+LEFT JOIN sessions rs ON rs.id = t.session_id
+LEFT JOIN sessions ls ON ls.session_key = t.session_key AND ls.ended_at IS NULL
+"""
+_OPEN_FOR_KEY = (
+    "SELECT id, payload, replica, state, session_id, received_at FROM inbox "
+    "WHERE session_key = %s AND state IN ('received', 'started') ORDER BY id"
+)
+_JOBS = (
+    f"SELECT session_id, name FROM live_jobs WHERE owner IN ({LIVE}) "
+    "AND (%(sid)s::text IS NULL OR session_id = %(sid)s)"
+)
+
+
+async def take_lease(conn: AsyncConnection, key: str, me: int, space: int) -> dict[str, Any] | None:
+    """Take `key`'s lease for incarnation `me` (creating its route row on first contact):
+    the route with the live session state (`live_*`, the route's own session's `route_*`),
+    the key's open inbox rows (`open`, id order) and the session's live jobs (`jobs`); None
+    while a live replica holds it."""
+    found = await db.row(conn, _TAKE, {"key": key, "me": me, "space": space})
+    if found is None:
+        return None
+    route = dict(found)
+    route["open"] = await db.rows(conn, _OPEN_FOR_KEY, (key,))
+    sid = route.get("session_id") or route.get("live_id")
+    route["jobs"] = (
+        [] if sid is None else
+        [str(r[1]) for r in await db.tuples(conn, _JOBS, {"space": space, "sid": sid})]
+    )  # fmt: skip
+    return route
+
+
+async def open_for_key(conn: AsyncConnection, key: str) -> list[dict[str, Any]]:
+    """The key's open inbox rows, oldest first (what the lease holder runs next)."""
+    return await db.rows(conn, _OPEN_FOR_KEY, (key,))
+
+
+async def check_fence(conn: AsyncConnection, fence: Fence) -> None:
+    """Raise LeaseLost unless the key's lease still has this owner and epoch; the row stays
+    share-locked until the caller's transaction ends, so no takeover commits in between."""
+    held = await db.value(
+        conn,
+        "SELECT 1 FROM session_routes WHERE session_key = %s AND lease_owner = %s "
+        "AND lease_epoch = %s FOR SHARE",
+        (fence.session_key, fence.owner, fence.epoch),
+    )
+    if held is None:
+        raise LeaseLost(fence.session_key, fence.epoch)
+
+
+async def release_lease(
+    conn: AsyncConnection, fence: Fence, route: Mapping[str, Any] | None,
+    answered: Sequence[tuple[int, int]],
+) -> bool:  # fmt: skip
+    """Write the route as the holder leaves it (None: unchanged), free the lease, and wake
+    other replicas: the origin of each row answered here (`d:<inbox id>`) and of each row
+    still open for the key (`k:<key>`: the lease is free). False when the lease was lost
+    (nothing written)."""
+    sets = "lease_owner = NULL"
+    params: dict[str, Any] = {"key": fence.session_key, "me": fence.owner, "epoch": fence.epoch}
+    if route is not None:
+        sets += (", session_id = %(sid)s, origin = %(origin)s, display_name = %(name)s, "
+                 "platform = %(platform)s, chat_type = %(chat_type)s, "
+                 "created_at = %(created)s, updated_at = %(updated)s, "
+                 "pending_notice = %(notice)s, listing = %(listing)s")  # fmt: skip
+        params.update(
+            sid=route.get("session_id"), origin=route.get("origin"), name=route.get("display_name"),
+            platform=route.get("platform"), chat_type=route.get("chat_type"),
+            created=route.get("created_at"), updated=route.get("updated_at"),
+            notice=route.get("pending_notice"), listing=route.get("listing"),
+        )  # fmt: skip
+    freed = await db.run(
+        conn,
+        f"UPDATE session_routes SET {sets} WHERE session_key = %(key)s "
+        "AND lease_owner = %(me)s AND lease_epoch = %(epoch)s",
+        params,
+    )
+    wake = [(origin, f"d:{inbox_id}") for origin, inbox_id in answered if origin != fence.owner]
+    if freed:
+        for (origin,) in await db.tuples(
+            conn,
+            "SELECT DISTINCT replica FROM inbox WHERE session_key = %s "
+            "AND state IN ('received', 'started') AND replica IS NOT NULL AND replica <> %s",
+            (fence.session_key, fence.owner),
+        ):
+            wake.append((int(origin), f"k:{fence.session_key}"))
+    for origin, payload in wake:
+        await db.run(conn, "SELECT pg_notify(%s, %s)", (channel(origin), payload))
+    return bool(freed)
+
+
+def channel(incarnation: int) -> str:
+    """The LISTEN channel one replica incarnation is woken on."""
+    return f"switchboard_replica_{incarnation}"
+
+
+async def routes(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
+    """Every route with a session (the reset sweep's view), and whether a live replica
+    leases it."""
+    return await db.rows(
+        conn,
+        f"SELECT r.*, (r.lease_owner IN ({LIVE})) AS leased FROM session_routes r "
+        "WHERE r.session_id IS NOT NULL",
+        {"space": space},
+    )
+
+
+async def live_jobs(conn: AsyncConnection, space: int) -> list[tuple[str, str]]:
+    """(session id, job name) of every background job a live replica runs."""
+    return [(str(r[0]), str(r[1])) for r in await db.tuples(conn, _JOBS, {"space": space,
+                                                                         "sid": None})]  # fmt: skip
+
+
+async def add_job(
+    conn: AsyncConnection, session_id: str, name: str, owner: int, now: float
+) -> None:
+    await db.run(
+        conn,
+        "INSERT INTO live_jobs (session_id, name, owner, started_at) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (session_id, name) DO UPDATE SET owner = excluded.owner",
+        (session_id, name, owner, now),
+    )
+
+
+async def drop_job(conn: AsyncConnection, session_id: str, name: str) -> None:
+    await db.run(conn, "DELETE FROM live_jobs WHERE session_id = %s AND name = %s",
+                 (session_id, name))  # fmt: skip
+
+
+async def orphans(conn: AsyncConnection, space: int, limit: int = 200) -> list[dict[str, Any]]:
+    """Open inbox rows nobody live works on: taken by a replica that is gone (or by a
+    daemon before replicas), not started by a live one, and whose key no live replica
+    leases. Oldest first."""
+    return await db.rows(
+        conn,
+        f"WITH live AS ({LIVE}) SELECT i.id, i.payload, i.session_key, i.state, "
+        "i.session_id, i.received_at FROM inbox i "
+        "LEFT JOIN session_routes r ON r.session_key = i.session_key "
+        "WHERE i.state IN ('received', 'started') "
+        "AND (i.replica IS NULL OR i.replica NOT IN (SELECT * FROM live)) "
+        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)) "
+        "AND (r.lease_owner IS NULL OR r.lease_owner NOT IN (SELECT * FROM live)) "
+        "ORDER BY i.id LIMIT %(limit)s",
+        {"space": space, "limit": limit},
+    )
+
+
+async def orphan_replies(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
+    """Replies committed but not confirmed sent whose turn ran on a replica that is gone:
+    the shape of inbox.unsent_replies."""
+    return await db.rows(
+        conn,
+        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
+        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
+        f"WHERE i.reply_state IN ('ready', 'sending') AND (i.runner IS NULL OR i.runner NOT IN "
+        f"({LIVE})) ORDER BY i.id",
+        {"space": space},
+    )
+
+
+async def row_states(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str]:
+    return {int(i): str(s) for i, s in await db.tuples(
+        conn, "SELECT id, state FROM inbox WHERE id = ANY(%s)", (list(ids),)
+    )}  # fmt: skip
+
+
+# --- fenced forms of the turn's writes (state/pg/inbox.py's, after check_fence) ----------
+
+
+async def begin_turn_fenced(
+    conn: AsyncConnection, fence: Fence, inbox_id: int, session_id: str,
+    message: Mapping[str, Any], last: int | None,
+) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+    await check_fence(conn, fence)
+    await db.run(conn, "UPDATE inbox SET runner = %s WHERE id = %s", (fence.owner, inbox_id))
+    return await inbox.begin_turn(conn, inbox_id, session_id, message, last)
+
+
+async def end_turn_fenced(
+    conn: AsyncConnection, fence: Fence, inbox_id: int, session_id: str,
+    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
+) -> list[int]:  # fmt: skip
+    await check_fence(conn, fence)
+    return await inbox.end_turn(conn, inbox_id, session_id, batch, tokens, reply_state)
+
+
+async def finish_fenced(
+    conn: AsyncConnection, fence: Fence, inbox_id: int, state: str, reason: str | None
+) -> None:
+    await check_fence(conn, fence)
+    await inbox.finish(conn, inbox_id, state, reason)
+
+
+def route_fields(
+    session_id: str | None, origin: Mapping[str, Any] | None, display_name: str | None,
+    platform: str | None, chat_type: str | None, created_at: float | None,
+    updated_at: float | None, notice: str | None, listing: Sequence[str] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """A route row's columns from the gateway's values (what release_lease writes)."""
+    return {
+        "session_id": session_id,
+        "origin": None if origin is None else json.dumps(dict(origin), ensure_ascii=False),
+        "display_name": display_name, "platform": platform, "chat_type": chat_type,
+        "created_at": created_at, "updated_at": updated_at, "pending_notice": notice,
+        "listing": None if listing is None else json.dumps(list(listing)),
+    }  # fmt: skip
+
+
+__all__ = ["LEADER", "LIVE", "OPEN_STATES", "channel"]

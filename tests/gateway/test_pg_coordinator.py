@@ -1,0 +1,225 @@
+"""PgCoordinator (gateway/cluster.py) against a real PostgreSQL: two coordinators, each on
+its own store and control connection, as two replicas would be (issue 18, item 3)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import psycopg
+import pytest
+
+from gateway.cluster import PgCoordinator
+from gateway.index import IndexEntry
+from gateway.routes import PgRouteIndex
+from state import LeaseLost, StoreConfigError
+from state.pg.control import application_name
+from state.pg.store import PgStore
+from tests import pgserver
+
+Replica = tuple[PgStore, PgCoordinator]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
+    try:
+        yield dsn
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+@pytest.fixture
+async def replica(server: str) -> AsyncIterator[Callable[[str], Awaitable[Replica]]]:
+    """`await replica(name)`: a store and a started coordinator on one fresh schema."""
+    schema = pgserver.fresh_schema(server)
+    dsn = pgserver.with_schema(server, schema)
+    made: list[Replica] = []
+
+    async def make(name: str) -> Replica:
+        store = await PgStore.open(dsn)
+        link = store.control_link(name)
+
+        async def all_routes() -> list[dict[str, object]]:
+            return await store.routes(link.space)
+
+        coordinator = PgCoordinator(store, link, PgRouteIndex(all_routes))
+        try:
+            await coordinator.start()
+        except BaseException:
+            await store.close()
+            raise
+        made.append((store, coordinator))
+        return store, coordinator
+
+    try:
+        yield make
+    finally:
+        for store, coordinator in made:
+            await coordinator.close()
+            await store.close()
+        pgserver.drop_schema(server, schema)
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 (a flag another task's loop sets)
+            await asyncio.sleep(0.05)
+
+
+def _kill_control(server: str, name: str) -> None:
+    """What a SIGKILL (or a partition the keepalives noticed) does to a replica's locks."""
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE application_name = %s", (application_name(name),))  # fmt: skip
+
+
+async def test_a_key_held_by_a_live_replica_waits_and_is_taken_once_released(replica) -> None:
+    _, a = await replica("a")
+    _, b = await replica("b")
+    order: list[str] = []
+    a_holds = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_a() -> None:
+        async with a.lease("k") as lease:
+            assert lease is not None
+            order.append("a in")
+            a_holds.set()
+            await release.wait()
+            order.append("a out")
+
+    async def then_b() -> None:
+        await a_holds.wait()
+        async with b.lease("k") as lease:
+            assert lease is not None
+            order.append("b in")
+
+    task_a, task_b = asyncio.create_task(hold_a()), asyncio.create_task(then_b())
+    await a_holds.wait()
+    await asyncio.sleep(0.5)  # b polls meanwhile; it must not get in
+    assert order == ["a in"]
+    release.set()
+    await asyncio.wait_for(asyncio.gather(task_a, task_b), 10)
+    assert order == ["a in", "a out", "b in"]
+
+
+async def test_every_take_bumps_the_epoch_and_a_stale_fence_fails(replica) -> None:
+    store, a = await replica("a")
+    _, b = await replica("b")
+    sid = await store.create_session(source="api", session_key="k")
+    rid, _, _ = await store.accept_inbound("api", "1", "m1", {"text": "x"}, session_key="k",
+                                           replica=a.me)  # fmt: skip
+    async with a.lease("k", rid) as first:
+        assert first is not None and [r["id"] for r in first.open] == [rid]
+        old = first.fence
+        await store.begin_turn(rid, sid, {"role": "user", "content": "x"}, fence=old)
+    async with b.lease("k") as second:
+        assert second is not None and second.fence.epoch == old.epoch + 1
+        with pytest.raises(LeaseLost):  # a's turn, resumed after b took over: refused
+            await store.end_turn(rid, sid, [{"role": "assistant", "content": "late"}], fence=old)
+        assert await store.message_count(sid) == 1  # the zombie's reply was not written
+        await store.end_turn(rid, sid, [{"role": "assistant", "content": "ok"}],
+                             fence=second.fence)  # fmt: skip
+    assert await store.message_count(sid) == 2
+
+
+async def test_a_dead_replicas_lease_is_free_at_once_and_its_rows_are_orphans(
+    replica, server: str
+) -> None:
+    store, a = await replica("a")
+    _, b = await replica("b")
+    rid, _, _ = await store.accept_inbound("api", "1", "m1", {"text": "x"}, session_key="k",
+                                           replica=a.me)  # fmt: skip
+    assert await b.orphaned_inbound() == []  # a is live and will run it
+    got = asyncio.Event()
+
+    async def a_holds_forever() -> None:
+        async with a.lease("k") as lease:
+            assert lease is not None
+            got.set()
+            await asyncio.sleep(3600)
+
+    holder = asyncio.create_task(a_holds_forever())
+    await got.wait()
+    try:
+        _kill_control(server, "a")
+        # no TTL: as soon as a's connection is gone its lease is b's to take
+        async with asyncio.timeout(10):
+            async with b.lease("k") as lease:
+                assert lease is not None and [r["id"] for r in lease.open] == [rid]
+        assert [r["id"] for r in await b.orphaned_inbound()] == [rid]
+    finally:
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+
+
+async def test_exactly_one_replica_leads_and_leadership_moves_when_it_dies(replica) -> None:
+    _, a = await replica("a")
+    _, b = await replica("b")
+    await _until(lambda: a.leading or b.leading)
+    leader, other = (a, b) if a.leading else (b, a)
+    await asyncio.sleep(1.5)  # the other keeps trying every slice and must keep failing
+    assert leader.leading and not other.leading
+    await leader.close()  # its connection ends, as a killed process's does
+    await _until(lambda: other.leading)
+
+
+async def test_routes_notices_and_listings_travel_with_the_lease(replica) -> None:
+    store, a = await replica("a")
+    _, b = await replica("b")
+    sid = await store.create_session(source="api", session_key="k", chat_id="1")
+    async with a.lease("k") as lease:
+        assert lease is not None
+        entry = IndexEntry(sid, 1.0, 2.0, {"platform": "api", "chat_id": "1"}, None, "api", "dm")
+        a.routes.put("k", entry)
+        a.set_notice("k", "reset for you")
+        a.remember_listing("k", [sid])
+    assert b.routes.get("k") is None  # nothing is read outside a lease
+    async with b.lease("k") as lease:
+        assert lease is not None
+        got = b.routes.get("k")
+        # the route as a wrote it; activity is the later of the route's and the session's
+        assert got is not None and got.static_part() == entry.static_part()
+        assert got.updated_at >= entry.updated_at
+        assert b.listing("k") == [sid]
+        assert b.take_notice("k") == "reset for you"
+    async with a.lease("k"):
+        assert a.take_notice("k") is None  # taken once, on whichever replica
+
+
+async def test_a_route_whose_session_ended_heals_to_the_keys_live_session(replica) -> None:
+    store, a = await replica("a")
+    old = await store.create_session(source="api", session_key="k")
+    async with a.lease("k"):
+        a.routes.put("k", IndexEntry(old, 1.0, 1.0, {}, None, "api", "dm"))
+    await store.end_session(old, "new_session")  # as if the replica died mid-/new
+    new = await store.create_session(source="api", session_key="k")
+    async with a.lease("k"):
+        found = a.routes.get("k")
+        assert found is not None and found.session_id == new
+
+
+async def test_background_jobs_of_another_replica_hold_off_its_sessions(replica) -> None:
+    _, a = await replica("a")
+    _, b = await replica("b")
+    a.job_started("s1", "bg1")
+    async with asyncio.timeout(10):
+        while True:
+            await b.sync_jobs()
+            if b.live_jobs("s1"):
+                break
+            await asyncio.sleep(0.05)
+    assert b.live_jobs("s1") == ["bg1"] and "s1" in b.busy_session_ids()
+    a.job_finished("s1", "bg1")
+    async with asyncio.timeout(10):
+        while b.live_jobs("s1"):
+            await asyncio.sleep(0.05)
+            await b.sync_jobs()
+
+
+async def test_two_live_replicas_cannot_share_a_name(replica) -> None:
+    await replica("same")
+    with pytest.raises(StoreConfigError, match="cluster.replica_id"):
+        await replica("same")
