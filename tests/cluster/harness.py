@@ -171,7 +171,7 @@ class Platforms:
     balancer_url: str | None = None
 
 
-def replica_config(port: int, platforms: Platforms, replica_id: str,
+def replica_config(port: int, platforms: Platforms, replica_id: str, replicas: int,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """One replica's config.yaml as data: PostgreSQL through `state.dsn_env`, the API on
     its own loopback port, Telegram webhooks and the Slack Events API when their fakes run."""
@@ -180,9 +180,13 @@ def replica_config(port: int, platforms: Platforms, replica_id: str,
         "state": {"backend": "postgres", "dsn_env": DSN_ENV},
         "platforms": {"api": {"port": port}},
         "inbox": {"recovery_max_age_seconds": 3600},
+        "shutdown": {"drain_seconds": 5},
     }
-    if "replica_id" in cluster_config_keys():
-        cfg["cluster"] = {"replica_id": replica_id}
+    known = cluster_config_keys()
+    cfg["cluster"] = {k: v for k, v in (("replicas", replicas), ("replica_id", replica_id))
+                      if k in known}  # fmt: skip
+    if not cfg["cluster"]:
+        del cfg["cluster"]
     if platforms.telegram_base:
         cfg["platforms"]["telegram"] = {
             "enabled": True, "allow_all_users": True, "base_url": platforms.telegram_base,
@@ -229,7 +233,7 @@ class Cluster:
             home = root / f"r{i}"
             home.mkdir(parents=True)
             port = free_port()
-            cfg = replica_config(port, platforms, f"r{i}", extra_config)
+            cfg = replica_config(port, platforms, f"r{i}", n, extra_config)
             (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
             self.replicas.append(Replica(f"r{i}", home, port, dict(env)))
 
