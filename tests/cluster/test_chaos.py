@@ -40,7 +40,9 @@ async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
     await under_chaos(work, chaos)
     with cluster.connect() as conn:
         left = await drained(conn, work)
-        gaps = [s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]]
+        gaps = [
+            s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]
+        ]
         assert left is None, (left, explain(conn, gaps))
         problems = check_run(conn, work) + leftover_leases(conn)
     assert problems == [], "\n".join(problems)

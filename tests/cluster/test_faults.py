@@ -1,0 +1,191 @@
+"""Named faults on three replicas behind the balancer, each under load and checked with
+the run's promises (tests/cluster/checks.py):
+
+- a replica stalls (SIGSTOP) while it holds chats, is cut off from the database as a
+  partition would cut it, the others take its chats over, and it wakes (SIGCONT): its late
+  commits must fail their fence, so nothing is answered twice or out of order;
+- the leader is SIGKILLed in the middle of an idle-reset sweep: the next leader finishes
+  it, and every key is reset exactly once (one ended session, one notice);
+- 20 terminal handoffs requested at once are each claimed by exactly one replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from state import open_store
+from tests.cluster.checks import check_run, drained, explain
+from tests.cluster.conftest import StartCluster
+from tests.cluster.harness import Cluster, Replica, replica_core_missing
+from tests.cluster.workload import Workload
+from tests.fakes.slack import FakeSlack
+from tests.fakes.telegram import FakeTelegram
+
+pytestmark = pytest.mark.skipif(replica_core_missing() is not None,
+                                reason=replica_core_missing() or "")  # fmt: skip
+
+
+async def _until(check, timeout: float = 60.0, every: float = 0.1) -> float:  # type: ignore[no-untyped-def]
+    """Poll `check()` until true; the seconds it took (fails after `timeout`)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return time.monotonic() - start
+        await asyncio.sleep(every)
+    raise AssertionError(f"not within {timeout} s: {check.__doc__ or check}")
+
+
+def _cut_off(cluster: Cluster, replica: Replica) -> int:
+    """End the replica's control connection from the server side, as a partition would
+    once keepalives gave up: its liveness lock goes, so the others take its chats over."""
+    from state.pg.control import application_name
+
+    with cluster.connect() as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE application_name = %s", (application_name(replica.name),)).fetchall()  # fmt: skip
+    return len(rows)
+
+
+async def test_a_stalled_replica_cut_off_and_woken_answers_nothing_twice(
+    start_cluster: StartCluster, telegram: FakeTelegram, slack: FakeSlack
+) -> None:
+    cluster, balancer = await start_cluster(3)
+    work = Workload(balancer.url, keys=6, messages=10_000, telegram=telegram, slack=slack,
+                    deadline_s=60, seed=7)  # fmt: skip
+    load = asyncio.create_task(work.run())
+    try:
+        for victim in (cluster.replicas[0], cluster.replicas[2]):
+            await asyncio.sleep(2.0)
+            victim.pause()  # mid-load: it holds some chats' leases, maybe mid-turn
+            await asyncio.sleep(0.5)
+            assert _cut_off(cluster, victim) == 1
+            await asyncio.sleep(3.0)  # the others take its chats over and answer them
+            victim.resume()
+        await asyncio.sleep(2.0)
+    finally:
+        work.finish()
+        await load
+    for r in cluster.replicas:  # a replica that gave up after waking is started again
+        if not r.running:
+            await r.start()
+    with cluster.connect() as conn:
+        left = await drained(conn, work)
+        gaps = [
+            s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]
+        ]
+        assert left is None, (left, explain(conn, gaps))
+        problems = check_run(conn, work)
+    assert problems == [], "\n".join(problems)
+    assert cluster.tracebacks() == []
+    assert work.figures()["acknowledged"] == work.figures()["messages"] > 50
+
+
+async def _leader(http: aiohttp.ClientSession, cluster: Cluster) -> Replica | None:
+    found = []
+    for r in cluster.live():
+        try:
+            async with http.get(f"{r.url}/health") as resp:
+                if (await resp.json()).get("replica", {}).get("leader"):
+                    found.append(r)
+        except aiohttp.ClientError:
+            pass
+    assert len(found) <= 1, f"two leaders: {[r.name for r in found]}"
+    return found[0] if found else None
+
+
+async def test_the_leader_killed_mid_sweep_leaves_every_key_reset_once(
+    start_cluster: StartCluster,
+) -> None:
+    keys = 150
+    cluster, balancer = await start_cluster(
+        3, session_reset={"mode": "idle", "idle_minutes": 60, "sweep_seconds": 1, "notify": True}
+    )
+    async with aiohttp.ClientSession() as http:
+
+        async def say(k: int, text: str) -> dict:
+            for _ in range(50):
+                async with http.post(f"{balancer.url}/v1/messages",
+                                     json={"chat_id": f"idle{k}", "text": text},
+                                     headers={"Idempotency-Key": f"{text}-{k}"}) as resp:  # fmt: skip
+                    if resp.status == 200:
+                        return await resp.json()
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"idle{k}: {text} was never answered")
+
+        first = await asyncio.gather(*(say(k, "before") for k in range(keys)))
+        sessions = {r["session_key"]: r["session_id"] for r in first}
+        await asyncio.sleep(1.5)  # activity written back
+        with cluster.connect() as conn:
+            # two hours idle, as far as every replica can tell (routes and sessions)
+            conn.execute("UPDATE sessions SET last_active = last_active - 7200")
+            conn.execute("UPDATE session_routes SET updated_at = updated_at - 7200")
+
+            def resets() -> int:
+                row = conn.execute(
+                    "SELECT count(*) FROM sessions WHERE end_reason = 'idle'"
+                ).fetchone()
+                return int(row[0]) if row else 0
+
+            await _until(lambda: resets() > 0, timeout=30, every=0.02)
+            leader = await _leader(http, cluster)
+            assert leader is not None
+            done_then = resets()
+            await leader.kill()
+            assert done_then < keys, "the sweep ended before the leader could be killed"
+            await leader.start()
+            await _until(lambda: resets() >= keys, timeout=60)
+            await asyncio.sleep(2.5)  # more sweeps: none may reset anything again
+            ended = Counter(str(r[0]) for r in conn.execute(
+                "SELECT session_key FROM sessions WHERE end_reason = 'idle'"))  # fmt: skip
+            live = Counter(str(r[0]) for r in conn.execute(
+                "SELECT session_key FROM sessions WHERE ended_at IS NULL AND session_key IS NOT NULL"))  # fmt: skip
+        assert set(ended) == set(sessions) and set(ended.values()) == {1}
+        assert set(live.values()) <= {1}
+        after = await asyncio.gather(*(say(k, "after") for k in range(keys)))
+    for reply in after:
+        assert reply["session_id"] != sessions[reply["session_key"]]  # a fresh session
+        notices = [n for n in reply["notices"] if "inactivity" in n]
+        assert len(notices) == 1, reply  # told once, by whichever replica took the message
+    assert cluster.tracebacks() == []
+    print(f"\nleader killed after {done_then} of {keys} idle resets; the next leader did the rest")
+
+
+async def test_twenty_handoffs_requested_at_once_are_each_claimed_once(
+    start_cluster: StartCluster, telegram: FakeTelegram, tmp_path: Path
+) -> None:
+    telegram.forum_chats.add(-1009000)  # the replicas' home_channel: threads are topics
+    cluster, _ = await start_cluster(3)
+    store = await open_store({"backend": "postgres", "dsn": cluster.dsn}, tmp_path / "terminal")
+    try:
+        sids = []
+        for n in range(20):
+            sid = await store.create_session(source="cli", title=f"terminal work {n}")
+            await store.append_message(sid, "user", f"notes {n}")
+            sids.append(sid)
+        asked = await asyncio.gather(*(store.request_handoff(sid, "telegram") for sid in sids))
+        assert all(asked)
+
+        async def states() -> Counter[str]:
+            return Counter(str((await store.require_session(s)).get("handoff_state")) for s in sids)
+
+        for _ in range(600):
+            if (await states())["completed"] == 20:
+                break
+            await asyncio.sleep(0.1)
+        assert await states() == {"completed": 20}
+        live = {s.session_id: s.session_key for s in await store.live_sessions_by_key()}
+    finally:
+        await store.close()
+    topics = [p["name"] for p in telegram.sent("createForumTopic")]
+    assert sorted(topics) == sorted(f"terminal work {n}" for n in range(20))  # one thread each
+    confirmations = [m for m in telegram.sent() if str(m["text"]).startswith("Continuing here")]
+    assert len(confirmations) == 20
+    assert all(live.get(s, "").startswith("agent:main:telegram:") for s in sids)
+    assert len({live[s] for s in sids}) == 20  # each bound to a thread of its own
+    assert cluster.tracebacks() == []
