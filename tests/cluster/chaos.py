@@ -27,24 +27,33 @@ class Chaos:
 
     async def run(self, until: asyncio.Event) -> None:
         """Kill and restart until `kills` were done or `until` is set (the load ended);
-        every replica runs again when it returns."""
+        every replica runs again when it returns. A restart goes on in the background (the
+        others carry the load meanwhile); the next victim is one that is up and healthy."""
         rng = random.Random(self.seed)
-        while self.done < self.kills and not until.is_set():
-            try:
-                await asyncio.wait_for(until.wait(), rng.uniform(*self.interval_s))
-                break
-            except TimeoutError:
-                pass
-            live = [r for r in self.cluster.replicas if r.running]
-            if not live:
-                continue
-            victim = rng.choice(live)
-            await victim.kill()
-            self.done += 1
-            self.log.append(f"kill {self.done}: {victim.name}")
-            await victim.start(wait=False)
-            # the restart proves itself healthy before the next kill can pick it again
-            await victim.healthy()
+        starting: dict[str, asyncio.Task[None]] = {}
+        try:
+            while self.done < self.kills and not until.is_set():
+                try:
+                    await asyncio.wait_for(until.wait(), rng.uniform(*self.interval_s))
+                    break
+                except TimeoutError:
+                    pass
+                for name, task in list(starting.items()):
+                    if task.done():
+                        task.result()  # a replica that could not start again fails the run
+                        del starting[name]
+                up = [r for r in self.cluster.replicas if r.running and r.name not in starting]
+                if not up:
+                    continue
+                victim = rng.choice(up)
+                await victim.kill()
+                self.done += 1
+                self.log.append(f"kill {self.done}: {victim.name}")
+                await victim.start(wait=False)
+                starting[victim.name] = asyncio.create_task(victim.healthy())
+        finally:
+            if starting:
+                await asyncio.gather(*starting.values())
         for r in self.cluster.replicas:
             if not r.running:
                 await r.start()

@@ -36,7 +36,7 @@ async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
     cluster, balancer = await start_cluster(3)
     work = Workload(balancer.url, keys=8, messages=10_000, telegram=telegram, slack=slack,
                     deadline_s=60 + 8 * KILL_POINTS, seed=SEED)  # fmt: skip
-    chaos = Chaos(cluster, kills=KILL_POINTS, seed=SEED, interval_s=(0.5, 2.0))
+    chaos = Chaos(cluster, kills=KILL_POINTS, seed=SEED, interval_s=(0.4, 1.6))
     await under_chaos(work, chaos)
     with cluster.connect() as conn:
         left = await drained(conn, work)

@@ -172,14 +172,15 @@ async def test_twenty_handoffs_requested_at_once_are_each_claimed_once(
         assert all(asked)
 
         async def states() -> Counter[str]:
-            return Counter(str((await store.require_session(s)).get("handoff_state")) for s in sids)
+            rows = [await store.require_session(s) for s in sids]
+            return Counter(str(row.get("handoff_state")) for row in rows)
 
         for _ in range(600):
             if (await states())["completed"] == 20:
                 break
             await asyncio.sleep(0.1)
         assert await states() == {"completed": 20}
-        live = {s.session_id: s.session_key for s in await store.live_sessions_by_key()}
+        live = {s["id"]: s["session_key"] for s in await store.live_sessions_by_key()}
     finally:
         await store.close()
     topics = [p["name"] for p in telegram.sent("createForumTopic")]
