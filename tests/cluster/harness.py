@@ -252,7 +252,8 @@ class Cluster:
             await r.start()
 
     async def close(self) -> dict[str, int | None]:
-        """Stop every replica (SIGTERM) and drop the database; the exit codes by name."""
+        """Stop every replica (SIGTERM) and drop the database (kept for a look when
+    SWITCHBOARD_CLUSTER_KEEP_DB is set); the exit codes by name."""
         codes: dict[str, int | None] = {}
         try:
             for r in self.replicas:
@@ -261,7 +262,10 @@ class Cluster:
         finally:
             for r in self.replicas:
                 await r.kill()
-            drop_database(self.server_dsn, self.db_name)
+            if os.environ.get("SWITCHBOARD_CLUSTER_KEEP_DB"):
+                print(f"\nkept the cluster's database: {self.dsn}")
+            else:
+                drop_database(self.server_dsn, self.db_name)
         return codes
 
     def connect(self) -> psycopg.Connection[Any]:
