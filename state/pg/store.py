@@ -591,6 +591,9 @@ class PgStore:
     async def inbox_states(self, ids: Sequence[int]) -> dict[int, str]:
         return await self._read(cluster.row_states, ids)
 
+    async def cluster_report(self) -> dict[str, int]:
+        return await self._read(cluster.report)
+
     def control_link(self, name: str) -> ControlLink:
         """A replica's control connection (not yet open) to this store's database."""
         return ControlLink(self._dsn, self.where, name)
