@@ -175,21 +175,26 @@ async def drop_job(conn: AsyncConnection, session_id: str, name: str) -> None:
                  (session_id, name))  # fmt: skip
 
 
-async def orphans(conn: AsyncConnection, space: int, limit: int = 200) -> list[dict[str, Any]]:
+async def orphans(
+    conn: AsyncConnection, space: int, me: int | None = None, limit: int = 200
+) -> list[dict[str, Any]]:
     """Open inbox rows nobody live works on: taken by a replica that is gone (or by a
-    daemon before replicas), not started by a live one, and whose key no live replica
-    leases. Oldest first."""
+    daemon before replicas), not started by a live one, and whose key no other live replica
+    leases; and the open rows `me` took itself (the caller skips those it is running: the
+    rest were left by a failure here). Oldest first."""
     return await db.rows(
         conn,
         f"WITH live AS ({LIVE}) SELECT i.id, i.payload, i.session_key, i.state, "
         "i.session_id, i.received_at FROM inbox i "
         "LEFT JOIN session_routes r ON r.session_key = i.session_key "
         "WHERE i.state IN ('received', 'started') "
-        "AND (i.replica IS NULL OR i.replica NOT IN (SELECT * FROM live)) "
-        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)) "
-        "AND (r.lease_owner IS NULL OR r.lease_owner NOT IN (SELECT * FROM live)) "
+        "AND (i.replica = %(me)s OR ("
+        "(i.replica IS NULL OR i.replica NOT IN (SELECT * FROM live)) "
+        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)))) "
+        "AND (r.lease_owner IS NULL OR r.lease_owner = %(me)s "
+        "OR r.lease_owner NOT IN (SELECT * FROM live)) "
         "ORDER BY i.id LIMIT %(limit)s",
-        {"space": space, "limit": limit},
+        {"space": space, "me": me, "limit": limit},
     )
 
 
