@@ -22,7 +22,7 @@ from typing import Any
 from gateway.coordinator import LocalCoordinator, MessageKey
 from gateway.leases import Lease
 from gateway.routes import PgRouteIndex
-from state import Fence
+from state import Fence, StateError
 from state.inbox import OPEN_STATES
 from state.pg.control import ControlLink, Wakeup
 from state.pg.store import PgStore
@@ -31,6 +31,7 @@ log = logging.getLogger("gateway.cluster")
 
 POLL_FIRST_S = 0.25  # the first poll while waiting for a key; doubles up to POLL_MAX_S
 POLL_MAX_S = 2.0
+RELEASE_ATTEMPTS = 20  # about half a minute of retries
 TURN_JOB = "turn"  # a turn runs under its key's lease: only background jobs need rows
 
 
@@ -119,7 +120,13 @@ class PgCoordinator:
         try:
             while True:
                 event.clear()
-                row = await self.store.take_lease(key, self.me, self.link.space)
+                try:
+                    row = await self.store.take_lease(key, self.me, self.link.space)
+                except StateError as exc:  # the database is away: keep the turn, retry
+                    log.warning("could not take the lease on session_key=%s: %s", key, exc)
+                    await asyncio.sleep(poll)
+                    poll = min(poll * 2, POLL_MAX_S)
+                    continue
                 if row is not None:
                     self.routes.refresh(key, row)
                     sid = row.get("session_id") or row.get("live_id")
@@ -145,13 +152,19 @@ class PgCoordinator:
                         del self._waiters[name]
 
     async def _release(self, lease: Lease) -> None:
+        """Free the lease, writing the route; retried while the database is away, since
+        other replicas wait on it (they take it anyway once this incarnation ends)."""
         key = lease.fence.session_key
-        try:
-            freed = await self.store.release_lease(
-                lease.fence, self.routes.changes(key), lease.answered
-            )
-        except Exception as exc:  # the lease stays ours until this incarnation ends
-            log.error("could not free the lease on session_key=%s: %s", key, exc)
+        changes = self.routes.changes(key)
+        for attempt in range(RELEASE_ATTEMPTS):
+            try:
+                freed = await self.store.release_lease(lease.fence, changes, lease.answered)
+                break
+            except StateError as exc:
+                log.warning("could not free the lease on session_key=%s: %s", key, exc)
+                await asyncio.sleep(min(0.1 * 2**attempt, POLL_MAX_S))
+        else:
+            log.error("gave up freeing the lease on session_key=%s", key)
             return
         if not freed:
             log.warning("the lease on session_key=%s (epoch %d) had been taken over",
@@ -160,7 +173,7 @@ class PgCoordinator:
     # --- takeover -----------------------------------------------------------------------
 
     async def orphaned_inbound(self) -> list[dict[str, Any]]:
-        return await self.store.orphaned_inbound(self.link.space)
+        return await self.store.orphaned_inbound(self.link.space, self.me)
 
     async def orphaned_replies(self) -> list[dict[str, Any]]:
         return await self.store.orphaned_replies(self.link.space)

@@ -175,21 +175,26 @@ async def drop_job(conn: AsyncConnection, session_id: str, name: str) -> None:
                  (session_id, name))  # fmt: skip
 
 
-async def orphans(conn: AsyncConnection, space: int, limit: int = 200) -> list[dict[str, Any]]:
+async def orphans(
+    conn: AsyncConnection, space: int, me: int | None = None, limit: int = 200
+) -> list[dict[str, Any]]:
     """Open inbox rows nobody live works on: taken by a replica that is gone (or by a
-    daemon before replicas), not started by a live one, and whose key no live replica
-    leases. Oldest first."""
+    daemon before replicas), not started by a live one, and whose key no other live replica
+    leases; and the open rows `me` took itself (the caller skips those it is running: the
+    rest were left by a failure here). Oldest first."""
     return await db.rows(
         conn,
         f"WITH live AS ({LIVE}) SELECT i.id, i.payload, i.session_key, i.state, "
         "i.session_id, i.received_at FROM inbox i "
         "LEFT JOIN session_routes r ON r.session_key = i.session_key "
         "WHERE i.state IN ('received', 'started') "
-        "AND (i.replica IS NULL OR i.replica NOT IN (SELECT * FROM live)) "
-        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)) "
-        "AND (r.lease_owner IS NULL OR r.lease_owner NOT IN (SELECT * FROM live)) "
+        "AND (i.replica = %(me)s OR ("
+        "(i.replica IS NULL OR i.replica NOT IN (SELECT * FROM live)) "
+        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)))) "
+        "AND (r.lease_owner IS NULL OR r.lease_owner = %(me)s "
+        "OR r.lease_owner NOT IN (SELECT * FROM live)) "
         "ORDER BY i.id LIMIT %(limit)s",
-        {"space": space, "limit": limit},
+        {"space": space, "me": me, "limit": limit},
     )
 
 
@@ -255,3 +260,24 @@ def route_fields(
 
 
 __all__ = ["LEADER", "LIVE", "OPEN_STATES", "channel"]
+
+
+async def report(conn: AsyncConnection) -> dict[str, int]:
+    """What `switchboard doctor` shows of the replicas: live replicas, routes, routes whose
+    session is no longer live (healed at their next lease), leases of replicas that are gone
+    (taken over at the next message or scan), open inbox rows nobody live works on."""
+    space = int(await db.value(conn, "SELECT hashtext(current_schema()) & 2147483647"))
+    p = {"space": space}
+    live = [int(r[0]) for r in await db.tuples(conn, LIVE, p)]
+    routes, stale = (await db.tuples(
+        conn, "SELECT COUNT(*), COUNT(*) FILTER (WHERE r.session_id IS NOT NULL AND NOT EXISTS "
+        "(SELECT 1 FROM sessions s WHERE s.id = r.session_id AND s.ended_at IS NULL)) "
+        "FROM session_routes r",
+    ))[0]  # fmt: skip
+    dead = await db.value(
+        conn, "SELECT COUNT(*) FROM session_routes WHERE lease_owner IS NOT NULL "
+        "AND NOT (lease_owner = ANY(%s))", (live,),
+    )  # fmt: skip
+    return {"live_replicas": len(live), "routes": int(routes), "stale_routes": int(stale),
+            "dead_leases": int(dead), "orphaned_rows": len(await orphans(conn, space))}  # fmt: skip
+

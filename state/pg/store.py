@@ -582,14 +582,17 @@ class PgStore:
     async def drop_job(self, session_id: str, name: str) -> None:
         await self._write(cluster.drop_job, session_id, name)
 
-    async def orphaned_inbound(self, space: int) -> list[dict[str, Any]]:
-        return await self._read(cluster.orphans, space)
+    async def orphaned_inbound(self, space: int, me: int | None = None) -> list[dict[str, Any]]:
+        return await self._read(cluster.orphans, space, me)
 
     async def orphaned_replies(self, space: int) -> list[dict[str, Any]]:
         return await self._read(cluster.orphan_replies, space)
 
     async def inbox_states(self, ids: Sequence[int]) -> dict[int, str]:
         return await self._read(cluster.row_states, ids)
+
+    async def cluster_report(self) -> dict[str, int]:
+        return await self._read(cluster.report)
 
     def control_link(self, name: str) -> ControlLink:
         """A replica's control connection (not yet open) to this store's database."""

@@ -48,7 +48,8 @@ def cut_off(dsn: str, replica: str) -> int:
     would once the keepalives gave up: its locks go, so other replicas take over its keys.
     Returns how many connections were ended."""
     found = query(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                  "WHERE application_name = %s", (application_name(replica),))  # fmt: skip
+                  "WHERE application_name = %s AND datname = current_database()",
+                  (application_name(replica),))  # fmt: skip
     return len(found)
 
 

@@ -7,12 +7,14 @@ dies. Figures (takeover times) are printed, never asserted."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from tests import pgserver
 from tests.cluster.replicas import (
@@ -28,6 +30,7 @@ from tests.cluster.replicas import (
     stored_user_texts,
     telegram_update,
 )
+from tests.daemon import clean_env, switchboard
 from tests.fakes.telegram import FakeTelegram
 
 MakeReplicas = Callable[..., Awaitable[list[Replica]]]
@@ -231,3 +234,43 @@ async def test_the_leader_moves_when_it_dies(replicas: MakeReplicas, db: str) ->
             while len(await leaders(rest)) != 1:  # noqa: ASYNC110 (asks /health)
                 await asyncio.sleep(0.1)
         print(f"\nleadership moved {time.monotonic() - started:.2f}s after the leader died")
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        (  # two pollers on one bot: Telegram answers the second with 409 Conflict
+            "state:\n  backend: postgres\ncluster:\n  replicas: 2\nplatforms:\n  telegram:\n"
+            "    enabled: true\n    allow_all_users: true\n    mode: polling\n",
+            "platforms.telegram.mode",
+        ),
+        ("cluster:\n  replicas: 3\n", "cluster.replicas"),  # SQLite is one daemon's file
+    ],
+)
+def test_a_configuration_replicas_cannot_share_exits_78_naming_the_key(
+    tmp_path: Path, db: str, config: str, key: str
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(config)
+    env = clean_env(SWITCHBOARD_PG_DSN=db, TELEGRAM_BOT_TOKEN="123:ABC")
+    proc = subprocess.run(switchboard(home, "run"), capture_output=True, text=True, timeout=60,
+                          env=env)  # fmt: skip
+    assert proc.returncode == 78, proc.stderr
+    assert key in proc.stderr and "Traceback" not in proc.stderr
+
+
+async def test_a_second_live_replica_with_the_same_id_exits_78(
+    replicas: MakeReplicas, db: str, tmp_path: Path
+) -> None:
+    (first,) = await replicas(1)
+    twin = Replica(first.name, tmp_path / "twin", db, 1)
+    twin.home.mkdir()
+    (twin.home / "config.yaml").write_text(yaml.safe_dump(twin.config()))
+    proc = await asyncio.create_subprocess_exec(
+        *switchboard(twin.home, "run"), env=clean_env(SWITCHBOARD_PG_DSN=db),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 78, err
+    assert b"cluster.replica_id" in err and b"Traceback" not in err

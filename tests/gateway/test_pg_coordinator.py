@@ -39,7 +39,7 @@ async def replica(server: str) -> AsyncIterator[Callable[[str], Awaitable[Replic
 
     async def make(name: str) -> Replica:
         store = await PgStore.open(dsn)
-        link = store.control_link(name)
+        link = store.control_link(f"{name}-{schema}")  # unique on a shared server
 
         async def all_routes() -> list[dict[str, object]]:
             return await store.routes(link.space)
@@ -144,7 +144,7 @@ async def test_a_dead_replicas_lease_is_free_at_once_and_its_rows_are_orphans(
     holder = asyncio.create_task(a_holds_forever())
     await got.wait()
     try:
-        _kill_control(server, "a")
+        _kill_control(server, a.link.name)
         # no TTL: as soon as a's connection is gone its lease is b's to take
         async with asyncio.timeout(10):
             async with b.lease("k") as lease:
