@@ -105,16 +105,46 @@ async def run(store: Store, label: str, quick: bool) -> None:
     print(f"3. list_sessions(limit=20)    : median {statistics.median(times):.2f} ms "
           f"over {await store.session_count():,} sessions")  # fmt: skip
     print(f"4. search over {await store.message_count():,} messages (2 passes, the 2nd timed)")
+    for kind, times in (await search_times(store)).items():
+        print(f"   {kind:<10} p50 {pct(times, 0.5):7.2f} ms   p95 {pct(times, 0.95):7.2f} ms")
+
+
+async def search_times(store: Store) -> dict[str, list[float]]:
+    """Milliseconds per search_messages call, by query kind: one warm-up pass, then four
+    timed passes over QUERIES (bench/cluster_bench.py reuses it on a larger corpus)."""
+    out: dict[str, list[float]] = {}
     for kind, queries in QUERIES.items():
         for q in queries:
             await store.search_messages(q)
-        times = []
+        times = out.setdefault(kind, [])
         for _ in range(4):
             for q in queries:
                 t = time.perf_counter()
                 await store.search_messages(q)
                 times.append((time.perf_counter() - t) * 1000)
-        print(f"   {kind:<10} p50 {pct(times, 0.5):7.2f} ms   p95 {pct(times, 0.95):7.2f} ms")
+    return out
+
+
+async def fill(store: Store, messages: int, per_session: int = 10, producers: int = 32,
+               cjk_share: float = 0.05, seed: int = 11) -> None:  # fmt: skip
+    """`messages` messages in sessions of `per_session` (a CJK share as search_bench's
+    corpus), written through the store's group-commit writer by concurrent producers."""
+    gen = TextGen(seed)
+    sessions = messages // per_session
+    next_session = iter(range(sessions))
+
+    async def produce() -> None:
+        for s in next_session:
+            sid = await store.create_session(source=("telegram", "slack", "api")[s % 3],
+                                             user_id=f"u{s % 997}")  # fmt: skip
+            batch = [{"role": ("user", "assistant")[m % 2],
+                      "content": gen.cjk() if gen.rng.random() < cjk_share
+                      else gen.english(("user", "assistant")[m % 2])} for m in range(per_session)]  # fmt: skip
+            await store.append_messages(sid, batch)
+            if s % 10_000 == 9_999:
+                print(f"  corpus: {s + 1:,}/{sessions:,} sessions", file=sys.stderr, flush=True)
+
+    await asyncio.gather(*(produce() for _ in range(producers)))
 
 
 async def main() -> None:

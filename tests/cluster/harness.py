@@ -90,6 +90,7 @@ class Replica:
     kills: int = 0
     paused: bool = False
     logs: list[Path] = field(default_factory=list)
+    python: list[str] | None = None  # the interpreter's command line (default: this one's -m)
 
     @property
     def url(self) -> str:
@@ -106,11 +107,16 @@ class Replica:
         self.logs.append(log)
         with log.open("wb") as out:  # the child keeps its own descriptor
             self.proc = await asyncio.create_subprocess_exec(
-                *switchboard(self.home, "run"), env={**self.env, **(extra_env or {})},
+                *self._command(), env={**self.env, **(extra_env or {})},
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
         if wait:
             await self.healthy()
+
+    def _command(self) -> list[str]:
+        if self.python is None:
+            return switchboard(self.home, "run")
+        return [*self.python, "--home", str(self.home), "run"]
 
     async def healthy(self, timeout: float = 30.0) -> None:
         assert self.proc is not None
@@ -172,7 +178,8 @@ class Platforms:
 
 
 def replica_config(port: int, platforms: Platforms, replica_id: str, replicas: int,
-                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+                   extra: Mapping[str, Any] | None = None,
+                   known: set[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """One replica's config.yaml as data: PostgreSQL through `state.dsn_env`, the API on
     its own loopback port, Telegram webhooks and the Slack Events API when their fakes run."""
     cfg: dict[str, Any] = {
@@ -182,7 +189,7 @@ def replica_config(port: int, platforms: Platforms, replica_id: str, replicas: i
         "inbox": {"recovery_max_age_seconds": 3600},
         "shutdown": {"drain_seconds": 5},
     }
-    known = cluster_config_keys()
+    known = cluster_config_keys() if known is None else known
     cfg["cluster"] = {k: v for k, v in (("replicas", replicas), ("replica_id", replica_id))
                       if k in known}  # fmt: skip
     if not cfg["cluster"]:
@@ -221,7 +228,10 @@ class Cluster:
     database."""
 
     def __init__(self, root: Path, server_dsn: str, n: int, platforms: Platforms,
-                 extra_config: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+                 extra_config: Mapping[str, Any] | None = None,
+                 cluster_keys: set[str] | None = None) -> None:  # fmt: skip
+        """`cluster_keys`: the `cluster` config keys the replicas' code knows (default:
+        this checkout's; a benchmark may run another one)."""
         self.root = root
         self.server_dsn = server_dsn
         self.db_name, self.dsn = fresh_database(server_dsn)
@@ -233,7 +243,7 @@ class Cluster:
             home = root / f"r{i}"
             home.mkdir(parents=True)
             port = free_port()
-            cfg = replica_config(port, platforms, f"r{i}", n, extra_config)
+            cfg = replica_config(port, platforms, f"r{i}", n, extra_config, cluster_keys)
             (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
             self.replicas.append(Replica(f"r{i}", home, port, dict(env)))
 
@@ -253,7 +263,7 @@ class Cluster:
 
     async def close(self) -> dict[str, int | None]:
         """Stop every replica (SIGTERM) and drop the database (kept for a look when
-    SWITCHBOARD_CLUSTER_KEEP_DB is set); the exit codes by name."""
+        SWITCHBOARD_CLUSTER_KEEP_DB is set); the exit codes by name."""
         codes: dict[str, int | None] = {}
         try:
             for r in self.replicas:

@@ -52,5 +52,5 @@ async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
     assert figures["acknowledged"] == figures["messages"] > 10 * KILL_POINTS  # the load ran
     served = {url: n for url, n in balancer.sent.items()}
     assert len(served) == 3  # every replica took deliveries
-    print(f"\ncluster chaos: 3 replicas, {chaos.done} SIGKILLs, {figures}, "
+    print(f"\ncluster chaos: 3 replicas, {chaos.done} SIGKILLs, {figures}, statuses {dict(work.statuses)}, "
           f"unconfirmed Telegram replies {len([s for s in work.acked if s.platform == 'telegram' and not work.replies.count[s.text]])}")  # fmt: skip

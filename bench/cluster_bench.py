@@ -1,0 +1,364 @@
+"""Cluster benchmark (issue 18): `switchboard run` replicas on one PostgreSQL database
+against the SQLite gateway, on the same echo workload through the HTTP API. Prints
+figures; asserts nothing.
+
+  python bench/cluster_bench.py            # 10 s windows, 1M messages for search
+  python bench/cluster_bench.py --quick    # 4 s windows, 100k messages for search
+  python bench/cluster_bench.py --dsn "host=... user=..."   # default: $SWITCHBOARD_PG_DSN,
+                                           # else 127.0.0.1:5432 user postgres db postgres
+  python bench/cluster_bench.py --source DIR --only 1   # section 1 with the daemons run
+                                           # from another checkout (e.g. `git archive` of
+                                           # the commit before), to compare the two
+
+1. Throughput, 1 replica on PostgreSQL vs the SQLite gateway (the ratio), closed loop:
+   64 clients over 512 chats. Also CPU per message: the daemons' own, and the PostgreSQL
+   backends serving them (read from /proc), which is steadier than the rate on a shared box.
+2. 2 and 3 replicas, aggregate vs one (clients spread over the replicas, as a load
+   balancer would; every replica shares the same cores here, so this measures overhead
+   and the absence of collapse, not a speed-up).
+3. Turn p99 at 800 messages/s offered (open loop), on 1 replica and on 3.
+4. Takeover: a replica is SIGKILLed under load; the time until every inbox row open at
+   that moment (its pending keys) is answered by another replica.
+5. Search p50/p95 on 1M messages on PostgreSQL (bench/pg_bench.py's queries and timing;
+   the corpus is built once into a schema that is kept, `sb_bench_corpus_<n>`).
+
+Each run gets a database of its own, dropped at the end; the load generator shares the
+machine's cores with the daemons and the server, as the figures say.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import psycopg
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.corpus import pct  # noqa: E402
+from bench.pg_bench import fill, search_times  # noqa: E402
+from state import open_store  # noqa: E402
+from tests.cluster.harness import Cluster, Platforms, Replica  # noqa: E402
+from tests.daemon import clean_env, free_port  # noqa: E402
+
+DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+CLIENTS, CHATS = 64, 512
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# --- CPU from /proc -------------------------------------------------------------------------
+
+
+def cpu_s(pid: int) -> float:
+    """user + system CPU seconds of one process (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def backend_pids(dsn: str) -> list[int]:
+    """The PostgreSQL backends connected to this DSN's database."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [int(r[0]) for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()")]  # fmt: skip
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds of the daemons and of their database backends over a window."""
+
+    daemons: list[int]
+    dsn: str | None
+
+    def sample(self) -> dict[int, float]:
+        pids = list(self.daemons) + (backend_pids(self.dsn) if self.dsn else [])
+        return {p: cpu_s(p) for p in pids}
+
+    def spent(self, before: dict[int, float]) -> tuple[float, float]:
+        now = self.sample()
+        daemons = sum(now.get(p, 0) - before.get(p, 0) for p in self.daemons)
+        server = sum(v - before.get(p, 0) for p, v in now.items() if p not in self.daemons)
+        return daemons, server
+
+
+# --- the load ---------------------------------------------------------------------------------
+
+
+class Load:
+    """The echo workload through `POST /v1/messages`, spread over `urls()` per request."""
+
+    def __init__(self, urls: Callable[[], list[str]]) -> None:
+        self.urls = urls
+        self.turn = itertools.count()
+        self.seq = itertools.count()
+        self.done = 0
+        self.failed = 0
+
+    async def one(self, http: aiohttp.ClientSession, chat: int) -> float | None:
+        """One message; its round trip in ms (None: not answered with its echo)."""
+        urls = self.urls()
+        url = urls[next(self.turn) % len(urls)]
+        text = f"m{next(self.seq)} in chat {chat}"
+        t = time.perf_counter()
+        try:
+            async with http.post(
+                f"{url}/v1/messages", json={"chat_id": f"c{chat}", "text": text}
+            ) as r:
+                ok = r.status == 200 and (await r.json())["reply"] == f"echo: {text}"
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        if not ok:
+            self.failed += 1
+            return None
+        self.done += 1
+        return (time.perf_counter() - t) * 1000
+
+    async def closed(self, seconds: float, clients: int = CLIENTS) -> int:
+        """Each client sends its next message when the last one is answered (clients own
+        disjoint chats); returns the messages answered within the window."""
+        stop = time.monotonic() + seconds
+        start = self.done
+
+        async def client(c: int, http: aiohttp.ClientSession) -> None:
+            chats = itertools.cycle(range(c, CHATS, clients))
+            while time.monotonic() < stop:
+                await self.one(http, next(chats))
+
+        async with _session() as http:
+            await asyncio.gather(*(client(c, http) for c in range(clients)))
+        return self.done - start
+
+    async def open(self, rate: float, seconds: float) -> list[float]:
+        """Message i at i/rate seconds whatever happened to the earlier ones; the round
+        trips in ms."""
+        out: list[float] = []
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def send(i: int, http: aiohttp.ClientSession) -> None:
+            ms = await self.one(http, i % CHATS)
+            if ms is not None:
+                out.append(ms)
+
+        async with _session() as http:
+            t0 = time.perf_counter()
+            for i in range(int(rate * seconds)):
+                delay = t0 + i / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(send(i, http))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*tasks)
+        return out
+
+
+def _session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=30), connector=aiohttp.TCPConnector(limit=0)
+    )
+
+
+async def throughput(
+    urls: Callable[[], list[str]], meter: CpuMeter, seconds: float
+) -> dict[str, float]:
+    load = Load(urls)
+    await load.closed(1.5)  # warm-up: sessions created, connections open
+    before = meter.sample()
+    t = time.perf_counter()
+    n = await load.closed(seconds)
+    elapsed = time.perf_counter() - t
+    daemons, server = meter.spent(before)
+    return {"rate": n / elapsed, "daemon_ms": daemons * 1000 / max(1, n),
+            "server_ms": server * 1000 / max(1, n), "failed": load.failed}  # fmt: skip
+
+
+def show(label: str, f: dict[str, float]) -> None:
+    server = f"  + server {f['server_ms']:.2f}" if f["server_ms"] else ""
+    print(f"  {label:<22} {f['rate']:7,.0f} msg/s   CPU/msg: daemons {f['daemon_ms']:.2f} ms"
+          f"{server}   (failed {int(f['failed'])})")  # fmt: skip
+
+
+# --- the runs ---------------------------------------------------------------------------------
+
+
+# Runs `gateway` from another checkout: this virtualenv's editable install of this one
+# is a meta-path finder that PYTHONPATH cannot outrank, so it is taken out first.
+_BOOT = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
+         "if 'editable' not in repr(f)]; sys.path.insert(0, {root!r}); "
+         "runpy.run_module('gateway', run_name='__main__', alter_sys=True)")  # fmt: skip
+
+
+@dataclass
+class Source:
+    """Which code the daemons run: this checkout, or another one (`--source`)."""
+
+    python: list[str] | None  # None: this checkout's `python -m gateway`
+    cluster_keys: set[str] | None  # the `cluster` config keys it knows (None: this one's)
+
+    @classmethod
+    def of(cls, path: str | None) -> Source:
+        if path is None:
+            return cls(None, None)
+        root = Path(path).resolve()
+        example = (root / "config.example.yaml").read_text()
+        cluster = yaml.safe_load(example).get("cluster") or {}
+        return cls([sys.executable, "-c", _BOOT.format(root=str(root))], set(cluster))
+
+
+async def sqlite_gateway(root: Path, seconds: float, source: Source) -> dict[str, float]:
+    home = root / "sqlite"
+    home.mkdir()
+    port = free_port()
+    (home / "config.yaml").write_text(yaml.safe_dump({"platforms": {"api": {"port": port}},
+                                                      "logging": {"level": "warning"}}))  # fmt: skip
+    daemon = Replica("sqlite", home, port, clean_env(), python=source.python)
+    await daemon.start()
+    try:
+        assert daemon.proc is not None
+        return await throughput(lambda: [daemon.url], CpuMeter([daemon.proc.pid], None), seconds)
+    finally:
+        await daemon.stop()
+
+
+async def on_cluster(root: Path, server: str, n: int, name: str, source: Source) -> Cluster:
+    cluster = Cluster(root / name, server, n, Platforms(), {"logging": {"level": "warning"}},
+                      cluster_keys=source.cluster_keys)  # fmt: skip
+    for r in cluster.replicas:
+        r.python = source.python
+    await cluster.start()
+    return cluster
+
+
+def meter_of(cluster: Cluster) -> CpuMeter:
+    return CpuMeter([r.proc.pid for r in cluster.replicas if r.proc is not None], cluster.dsn)
+
+
+async def takeover_times(cluster: Cluster, kills: int) -> list[float]:
+    """SIGKILL replica 0 under load, `kills` times; seconds until every inbox row open at
+    the kill is answered (by the survivors), each time."""
+    out = []
+    victim = cluster.replicas[0]
+    for _ in range(kills):
+        load = Load(lambda: [r.url for r in cluster.live()])
+        running = asyncio.create_task(load.closed(6.0, clients=32))
+        await asyncio.sleep(2.0)
+        await victim.kill()
+        killed = time.perf_counter()
+        with cluster.connect() as conn:
+            open_ids = [int(r[0]) for r in conn.execute(
+                "SELECT id FROM inbox WHERE state IN ('received', 'started')")]  # fmt: skip
+            while open_ids:
+                still = conn.execute("SELECT count(*) FROM inbox WHERE id = ANY(%s) AND state IN "
+                                     "('received', 'started')", (open_ids,)).fetchone()  # fmt: skip
+                if not still or still[0] == 0 or time.perf_counter() - killed > 60:
+                    break
+                await asyncio.sleep(0.01)
+        out.append(time.perf_counter() - killed)
+        print(f"  kill: {len(open_ids)} open rows at the kill, all answered after {out[-1]:.2f} s",
+              flush=True)  # fmt: skip
+        await running
+        await victim.start()
+    return out
+
+
+async def search_on(server: str, messages: int) -> dict[str, list[float]]:
+    """pg_bench's search timing on a corpus of `messages`, kept in a schema of its own
+    between runs (building 1M messages takes minutes)."""
+    schema = f"sb_bench_corpus_{messages}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    dsn = psycopg.conninfo.make_conninfo(server, options=f"-c search_path={schema}")
+    store = await open_store({"backend": "postgres", "dsn": dsn}, ".")
+    try:
+        have = await store.message_count()
+        if have < messages:
+            print(f"  building the {messages:,}-message corpus in schema {schema} (once) ...",
+                  flush=True)  # fmt: skip
+            t = time.perf_counter()
+            await fill(store, messages - have)
+            print(f"  built in {time.perf_counter() - t:.0f} s", flush=True)
+        return await search_times(store)
+    finally:
+        await store.close()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
+    ap.add_argument("--skip-search", action="store_true")
+    ap.add_argument("--source", help="run the daemons from this checkout (PYTHONPATH)")
+    ap.add_argument("--only", type=int, choices=(1,), help="1: section 1 only")
+    args = ap.parse_args()
+    source = Source.of(args.source)
+    seconds = 4.0 if args.quick else 10.0
+    corpus = 100_000 if args.quick else 1_000_000
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+    print(f"switchboard cluster bench: {os.cpu_count()} cores shared by the load generator, the "
+          f"daemons and PostgreSQL {version[0] if version else '?'}; echo agent over the HTTP API")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        print(f"\n1. throughput, {CLIENTS} clients over {CHATS} chats, {seconds:g} s windows")
+        if args.source:
+            print(f"  daemons from {args.source}")
+        lite = await sqlite_gateway(root, seconds, source)
+        show("SQLite gateway", lite)
+        rates: dict[int, dict[str, float]] = {}
+        for n in (1,) if args.only else (1, 2, 3):
+            cluster = await on_cluster(root, args.dsn, n, f"c{n}", source)
+            try:
+                rates[n] = await throughput(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
+                                            meter_of(cluster), seconds)  # fmt: skip
+                show(f"{n} replica(s), PostgreSQL", rates[n])
+                if n == 1:
+                    print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
+                          f"{(rates[1]['daemon_ms'] + rates[1]['server_ms']) / lite['daemon_ms']:.2f}x "
+                          "the CPU per message (daemons + server)")  # fmt: skip
+                if n == 3:
+                    print("\n2. several replicas, aggregate vs one (target >= 0.9x)")
+                    for k in (2, 3):
+                        print(f"  {k} replicas: {rates[k]['rate'] / rates[1]['rate']:.2f}x")
+                if n in (1, 3) and not args.only:
+                    lat = await Load(lambda c=cluster: [r.url for r in c.replicas]).open(  # type: ignore[misc]
+                        800, seconds)  # fmt: skip
+                    label = "3." if n == 1 else "  "
+                    if n == 1:
+                        print("\n3. turn latency at 800 msg/s offered (target p99 <= 60 ms)")
+                    print(f"{label} {n} replica(s): p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms"
+                          f"   answered {len(lat):,}/{int(800 * seconds):,}")  # fmt: skip
+            finally:
+                await cluster.close()
+        if args.only:
+            return
+        print("\n4. takeover: SIGKILL one of 2 replicas under load (target <= 3 s)")
+        cluster = await on_cluster(root, args.dsn, 2, "take", source)
+        try:
+            took = await takeover_times(cluster, 3 if args.quick else 5)
+        finally:
+            await cluster.close()
+        print(
+            f"  median {statistics.median(took):.2f} s, max {max(took):.2f} s over {len(took)} kills"
+        )
+    if not args.skip_search:
+        print(f"\n5. search on PostgreSQL over {corpus:,} messages (target p95 <= 50 ms)")
+        for kind, times in (await search_on(args.dsn, corpus)).items():
+            print(f"  {kind:<10} p50 {pct(times, 0.5):7.2f} ms   p95 {pct(times, 0.95):7.2f} ms")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
