@@ -136,10 +136,8 @@ class PgCoordinator:
                         )
                     fence = Fence(key, self.me, int(row["lease_epoch"]))
                     return Lease(fence, list(row["open"]))
-                if inbox_id is not None:
-                    states = await self.store.inbox_states([inbox_id])
-                    if states.get(inbox_id) not in OPEN_STATES:
-                        return None
+                if inbox_id is not None and not await self.row_open(inbox_id):
+                    return None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), poll)
                 poll = min(poll * 2, POLL_MAX_S)
@@ -169,6 +167,10 @@ class PgCoordinator:
         if not freed:
             log.warning("the lease on session_key=%s (epoch %d) had been taken over",
                         key, lease.fence.epoch)  # fmt: skip
+
+    async def row_open(self, inbox_id: int) -> bool:
+        states = await self.store.inbox_states([inbox_id])
+        return states.get(inbox_id) in OPEN_STATES
 
     # --- takeover -----------------------------------------------------------------------
 

@@ -45,6 +45,10 @@ class SharedCoordinator(Coordinator, Protocol):
         elsewhere while waiting."""
         ...
 
+    async def row_open(self, inbox_id: int) -> bool:
+        """Is this inbox row still received/started (nobody answered or dropped it)?"""
+        ...
+
     async def orphaned_inbound(self) -> list[dict[str, Any]]:
         """Open inbox rows no live replica works on (the takeover scan)."""
         ...

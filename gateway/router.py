@@ -331,6 +331,10 @@ class Router:
         k = key.format()
         try:
             async with coordinator.lease(k, inbox_id) as lease:
+                if lease is not None and not any(int(r["id"]) == inbox_id for r in lease.open):
+                    if inbox_id not in self._done_here and await coordinator.row_open(inbox_id):
+                        # a row without its key (taken before replicas): run it here too
+                        lease.open.append({"id": inbox_id, "replica": None})
                 if lease is None or not any(int(r["id"]) == inbox_id for r in lease.open):
                     if inbox_id in self._done_here:
                         self._done_here.discard(inbox_id)  # run and signalled by the drain

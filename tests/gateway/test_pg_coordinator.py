@@ -4,14 +4,22 @@ its own store and control connection, as two replicas would be (issue 18, item 3
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import psycopg
 import pytest
 
+from gateway.agent.echo import EchoAgent
 from gateway.cluster import PgCoordinator
 from gateway.index import IndexEntry
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from gateway.reset import Resetter
+from gateway.reset.policy import PolicySet, ResetPolicy
+from gateway.router import Router
 from gateway.routes import PgRouteIndex
+from gateway.services import Services
+from gateway.session_keys import SessionSource
 from state import LeaseLost, StoreConfigError
 from state.pg.control import application_name
 from state.pg.store import PgStore
@@ -223,3 +231,78 @@ async def test_two_live_replicas_cannot_share_a_name(replica) -> None:
     await replica("same")
     with pytest.raises(StoreConfigError, match="cluster.replica_id"):
         await replica("same")
+
+
+async def test_two_sweepers_reset_an_idle_session_once_and_the_notice_reaches_the_chat_once(
+    replica,
+) -> None:
+    """Both replicas sweep at the same moment (as two leaders never would, but a sweep in
+    flight when leadership moves does): the reset is decided again under the key's lease,
+    so the session is reset once, the pre-reset hook runs once, and the chat's next message,
+    on either replica, carries the notice once."""
+    now = [time.time()]  # the store stamps rows with the real clock
+    hooks: list[str] = []
+    sent: list[OutboundMessage] = []
+    a, b = [await _router(replica, name, now, sent, hooks) for name in ("a", "b")]
+    routers = [a, b]
+    for router in routers:  # the test's clock runs ahead: nothing may count as too old
+        await router.recover(30 * 86400)
+
+    async def said(text: str, router: Router, mid: str) -> None:
+        before = len(sent)
+        await router.handle(InboundMessage(SessionSource("api", "9", "dm", "9"), text, mid))
+        await _until(lambda: len(sent) > before and router.inflight == 0)  # lease freed
+
+    await said("hello", a, "m1")
+    first = sent[-1].session_id
+    now[0] += 2 * 3600
+    assert a.resetter is not None and b.resetter is not None
+    done = await asyncio.gather(a.resetter.apply(), b.resetter.apply())
+    assert sorted(done) == [0, 1] and hooks == [first]
+    await said("again", b, "m2")
+    notices = [o.text for o in sent if o.notice]
+    assert len(notices) == 1 and "inactivity" in notices[0]
+    assert sent[-1].session_id != first and sent[-1].text == "echo: again"
+    await said("and again", a, "m3")
+    assert len([o for o in sent if o.notice]) == 1 and sent[-1].session_id == sent[-2].session_id
+
+
+async def _router(
+    replica: Callable[[str], Awaitable[Replica]], name: str, now: list[float],
+    sent: list[OutboundMessage], hooks: list[str],
+) -> Router:  # fmt: skip
+    """A replica's router on its coordinator: the echo agent, replies into `sent`, an idle
+    policy of 60 minutes with notices, a pre-reset hook recording into `hooks`."""
+    store, coordinator = await replica(name)
+
+    async def send(out: OutboundMessage) -> SentRef:
+        sent.append(out)
+        return SentRef(out.platform, out.chat_id, ("1",))
+
+    async def hook(session_id: str, reason: str) -> None:
+        hooks.append(session_id)
+        await asyncio.sleep(0.2)  # long enough for another sweep to queue behind it
+
+    policies = PolicySet(default=ResetPolicy("idle", idle_minutes=60, notify=True))
+
+    def resetter(services: Services) -> Resetter:
+        return Resetter(services, policies, hook=hook, clock=lambda: now[0])
+
+    return Router(
+        store, coordinator.routes, EchoAgent(), send, clock=lambda: now[0],
+        coordinator=coordinator, resetter=resetter,
+    )  # fmt: skip
+
+
+async def test_a_row_left_open_before_replicas_is_run_by_the_takeover(replica) -> None:
+    """A row without its key or taker (a single daemon before schema 3 left it open) is
+    picked up by the takeover scan and answered once."""
+    sent: list[OutboundMessage] = []
+    router = await _router(replica, "a", [time.time()], sent, [])
+    msg = InboundMessage(SessionSource("api", "5", "dm", "5"), "left over", "old1")
+    await router.services.db.accept_inbound("api", "5", "old1", msg.as_payload())
+    assert await router.recover(3600) == (1, 0)
+    await _until(lambda: bool(sent) and router.inflight == 0)
+    assert [o.text for o in sent] == ["echo: left over"]
+    assert await router.recover(3600) == (0, 0)
+    assert (await router.services.db.inbox_counts()) == {"answered": 1}
