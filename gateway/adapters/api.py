@@ -312,7 +312,9 @@ class ApiAdapter:
                 except Exception:  # the store cannot be read: nothing is run or stored
                     log.exception("api: the stored answer to %s could not be read", message_id)
                     found = "not_accepted"
-                if isinstance(found, OutboundMessage):
+                if ex.done.done():
+                    pass  # the turn (run again after a restart) answered while the store was read
+                elif isinstance(found, OutboundMessage):
                     replayed = True
                     ex.done.set_result(found)
                 elif found is not None:
