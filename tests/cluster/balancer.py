@@ -33,6 +33,7 @@ class Balancer:
         self.port = 0
         self.sent: Counter[str] = Counter()
         self.failed = 0
+        self.errors: Counter[str] = Counter()  # why requests failed, by exception name
 
     @property
     def url(self) -> str:
@@ -76,10 +77,14 @@ class Balancer:
                     self.sent[target] += 1
                     out = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
                     return web.Response(status=resp.status, body=payload, headers=out)
-            except aiohttp.ClientConnectorError:
+            except aiohttp.ClientConnectorError as exc:
+                self.errors[f"refused ({type(exc).__name__})"] += 1
                 continue  # refused: nothing reached that backend, so the next one may try
-            except (TimeoutError, aiohttp.ClientError):
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                self.errors[type(exc).__name__] += 1
                 break  # it may have acted on it: only the sender may decide to send again
             backends = self._backends()
         self.failed += 1
+        if not backends:
+            self.errors["no backend"] += 1
         return web.Response(status=502, text="bad gateway")

@@ -27,22 +27,25 @@ class Chaos:
 
     async def run(self, until: asyncio.Event) -> None:
         """Kill and restart until `kills` were done or `until` is set (the load ended);
-        every replica runs again when it returns. A restart goes on in the background (the
-        others carry the load meanwhile); the next victim is one that is up and healthy."""
+        every replica runs again when it returns. One replica is down at a time: the next
+        kill waits for the last restart to answer /health (and for the interval, counted
+        from the last kill), so the others always carry the load."""
         rng = random.Random(self.seed)
-        starting: dict[str, asyncio.Task[None]] = {}
+        restarting: asyncio.Task[None] | None = None
         try:
             while self.done < self.kills and not until.is_set():
+                due = asyncio.get_running_loop().time() + rng.uniform(*self.interval_s)
+                if restarting is not None:
+                    await restarting  # a replica that cannot start again fails the run
+                    restarting = None
                 try:
-                    await asyncio.wait_for(until.wait(), rng.uniform(*self.interval_s))
+                    await asyncio.wait_for(
+                        until.wait(), max(0.0, due - asyncio.get_running_loop().time())
+                    )
                     break
                 except TimeoutError:
                     pass
-                for name, task in list(starting.items()):
-                    if task.done():
-                        task.result()  # a replica that could not start again fails the run
-                        del starting[name]
-                up = [r for r in self.cluster.replicas if r.running and r.name not in starting]
+                up = [r for r in self.cluster.replicas if r.running]
                 if not up:
                     continue
                 victim = rng.choice(up)
@@ -50,10 +53,10 @@ class Chaos:
                 self.done += 1
                 self.log.append(f"kill {self.done}: {victim.name}")
                 await victim.start(wait=False)
-                starting[victim.name] = asyncio.create_task(victim.healthy())
+                restarting = asyncio.create_task(victim.healthy())
         finally:
-            if starting:
-                await asyncio.gather(*starting.values())
+            if restarting is not None:
+                await restarting
         for r in self.cluster.replicas:
             if not r.running:
                 await r.start()
