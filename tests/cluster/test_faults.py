@@ -47,8 +47,11 @@ def _cut_off(cluster: Cluster, replica: Replica) -> int:
     from state.pg.control import application_name
 
     with cluster.connect() as conn:
-        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            "WHERE application_name = %s", (application_name(replica.name),)).fetchall()  # fmt: skip
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
+            (application_name(replica.name),),
+        ).fetchall()
     return len(rows)
 
 
