@@ -23,6 +23,7 @@ from ..errors import LeaseLost
 from ..inbox import OPEN_STATES
 from ..records import Fence
 from . import db, inbox
+from .writer import register_batched
 
 # Incarnations whose control connection holds its lock, i.e. the live replicas.
 LIVE = (
@@ -35,7 +36,7 @@ LEADER = 0  # the leader lock's second key; incarnations start at 1
 _TAKE = f"""
 WITH taken AS (
     INSERT INTO session_routes AS r (session_key, lease_owner, lease_epoch)
-    VALUES (%(key)s, %(me)s, 1)
+    SELECT k, %(me)s, 1 FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
     ON CONFLICT (session_key) DO UPDATE
         SET lease_owner = excluded.lease_owner, lease_epoch = r.lease_epoch + 1
         WHERE r.lease_owner IS NULL OR r.lease_owner = %(me)s
@@ -51,12 +52,12 @@ LEFT JOIN sessions rs ON rs.id = t.session_id
 LEFT JOIN sessions ls ON ls.session_key = t.session_key AND ls.ended_at IS NULL
 """
 _OPEN_FOR_KEY = (
-    "SELECT id, payload, replica, state, session_id, received_at FROM inbox "
-    "WHERE session_key = %s AND state IN ('received', 'started') ORDER BY id"
+    "SELECT id, payload, replica, state, session_id, received_at, session_key FROM inbox "
+    "WHERE session_key = ANY(%s) AND state IN ('received', 'started') ORDER BY id"
 )
 _JOBS = (
     f"SELECT session_id, name FROM live_jobs WHERE owner IN ({LIVE}) "
-    "AND (%(sid)s::text IS NULL OR session_id = %(sid)s)"
+    "AND (%(sids)s::text[] IS NULL OR session_id = ANY(%(sids)s))"
 )
 
 
@@ -65,35 +66,91 @@ async def take_lease(conn: AsyncConnection, key: str, me: int, space: int) -> di
     the route with the live session state (`live_*`, the route's own session's `route_*`),
     the key's open inbox rows (`open`, id order) and the session's live jobs (`jobs`); None
     while a live replica holds it."""
-    found = await db.row(conn, _TAKE, {"key": key, "me": me, "space": space})
-    if found is None:
-        return None
-    route = dict(found)
-    route["open"] = await db.rows(conn, _OPEN_FOR_KEY, (key,))
-    sid = route.get("session_id") or route.get("live_id")
-    route["jobs"] = (
-        [] if sid is None else
-        [str(r[1]) for r in await db.tuples(conn, _JOBS, {"space": space, "sid": sid})]
-    )  # fmt: skip
-    return route
+    return (await take_leases_many(conn, [(key, me, space)]))[0]
+
+
+async def take_leases_many(
+    conn: AsyncConnection, calls: Sequence[tuple[str, int, int]]
+) -> list[dict[str, Any] | None]:
+    """Many takes in three statements (one replica's writer: one `me`, one `space`). Keys
+    are taken in key order, so two replicas' batches never deadlock on each other's rows;
+    a key twice in one batch is taken by its first call (the second waits, as it would)."""
+    out: list[dict[str, Any] | None] = [None] * len(calls)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (_key, me, space) in enumerate(calls):
+        groups.setdefault((me, space), []).append(i)
+    for (me, space), which in groups.items():
+        first: dict[str, int] = {}
+        for i in which:
+            first.setdefault(calls[i][0], i)
+        found = {
+            str(r["session_key"]): dict(r)
+            for r in await db.rows(conn, _TAKE, {"keys": list(first), "me": me, "space": space})
+        }
+        if not found:
+            continue
+        open_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in found}
+        for row in await db.rows(conn, _OPEN_FOR_KEY, (list(found),)):
+            open_rows[str(row.pop("session_key"))].append(row)
+        sids = {k: r.get("session_id") or r.get("live_id") for k, r in found.items()}
+        jobs: dict[str, list[str]] = {}
+        wanted = [str(s) for s in sids.values() if s]
+        if wanted:
+            for sid, name in await db.tuples(conn, _JOBS, {"space": space, "sids": wanted}):
+                jobs.setdefault(str(sid), []).append(str(name))
+        for key, route in found.items():
+            route["open"] = open_rows[key]
+            route["jobs"] = jobs.get(str(sids[key]), []) if sids[key] else []
+            out[first[key]] = route
+    return out
+
+
+register_batched(take_lease, take_leases_many)
 
 
 async def open_for_key(conn: AsyncConnection, key: str) -> list[dict[str, Any]]:
     """The key's open inbox rows, oldest first (what the lease holder runs next)."""
-    return await db.rows(conn, _OPEN_FOR_KEY, (key,))
+    return await db.rows(conn, _OPEN_FOR_KEY, ([key],))
 
 
 async def check_fence(conn: AsyncConnection, fence: Fence) -> None:
     """Raise LeaseLost unless the key's lease still has this owner and epoch; the row stays
     share-locked until the caller's transaction ends, so no takeover commits in between."""
-    held = await db.value(
-        conn,
-        "SELECT 1 FROM session_routes WHERE session_key = %s AND lease_owner = %s "
-        "AND lease_epoch = %s FOR SHARE",
-        (fence.session_key, fence.owner, fence.epoch),
-    )
-    if held is None:
-        raise LeaseLost(fence.session_key, fence.epoch)
+    await check_fences(conn, [fence])
+
+
+async def check_fences(conn: AsyncConnection, fences: Sequence[Fence]) -> None:
+    """check_fence for many (rows locked in key order); the first lost one raises."""
+    keys = sorted({f.session_key for f in fences})
+    held = {
+        str(k): (o, e)
+        for k, o, e in await db.tuples(
+            conn,
+            "SELECT session_key, lease_owner, lease_epoch FROM session_routes "
+            "WHERE session_key = ANY(%s) ORDER BY session_key FOR SHARE",
+            (keys,),
+        )
+    }
+    for f in fences:
+        if held.get(f.session_key) != (f.owner, f.epoch):
+            raise LeaseLost(f.session_key, f.epoch)
+
+
+_ROUTE_COLUMNS = ("session_id", "origin", "display_name", "platform", "chat_type",
+                  "created_at", "updated_at", "pending_notice", "listing")  # fmt: skip
+_ROUTE_TYPES = ("text", "text", "text", "text", "text", "double precision",
+                "double precision", "text", "text")  # fmt: skip
+_RELEASE = (
+    "UPDATE session_routes r SET lease_owner = NULL, "
+    + ", ".join(f"{c} = CASE WHEN u.w THEN u.{c} ELSE r.{c} END" for c in _ROUTE_COLUMNS)
+    + " FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::boolean[], "
+    + ", ".join(f"%s::{t}[]" for t in _ROUTE_TYPES)
+    + ") AS u(k, o, e, w, "
+    + ", ".join(_ROUTE_COLUMNS)
+    + ") "
+    "WHERE r.session_key = u.k AND r.lease_owner = u.o AND r.lease_epoch = u.e "
+    "RETURNING r.session_key"
+)
 
 
 async def release_lease(
@@ -104,37 +161,59 @@ async def release_lease(
     other replicas: the origin of each row answered here (`d:<inbox id>`) and of each row
     still open for the key (`k:<key>`: the lease is free). False when the lease was lost
     (nothing written)."""
-    sets = "lease_owner = NULL"
-    params: dict[str, Any] = {"key": fence.session_key, "me": fence.owner, "epoch": fence.epoch}
-    if route is not None:
-        sets += (", session_id = %(sid)s, origin = %(origin)s, display_name = %(name)s, "
-                 "platform = %(platform)s, chat_type = %(chat_type)s, "
-                 "created_at = %(created)s, updated_at = %(updated)s, "
-                 "pending_notice = %(notice)s, listing = %(listing)s")  # fmt: skip
-        params.update(
-            sid=route.get("session_id"), origin=route.get("origin"), name=route.get("display_name"),
-            platform=route.get("platform"), chat_type=route.get("chat_type"),
-            created=route.get("created_at"), updated=route.get("updated_at"),
-            notice=route.get("pending_notice"), listing=route.get("listing"),
-        )  # fmt: skip
-    freed = await db.run(
-        conn,
-        f"UPDATE session_routes SET {sets} WHERE session_key = %(key)s "
-        "AND lease_owner = %(me)s AND lease_epoch = %(epoch)s",
-        params,
-    )
-    wake = [(origin, f"d:{inbox_id}") for origin, inbox_id in answered if origin != fence.owner]
-    if freed:
-        for (origin,) in await db.tuples(
+    return (await release_leases_many(conn, [(fence, route, answered)]))[0]
+
+
+async def release_leases_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
+) -> list[bool]:
+    """Many releases in three statements (rows updated in key order)."""
+    order = sorted(range(len(calls)), key=lambda i: calls[i][0].session_key)
+    cols: list[list[Any]] = [[] for _ in _ROUTE_COLUMNS]
+    for i in order:
+        route = calls[i][1] or {}
+        for n, c in enumerate(_ROUTE_COLUMNS):
+            cols[n].append(route.get(c))
+    freed = {
+        str(r[0])
+        for r in await db.tuples(
             conn,
-            "SELECT DISTINCT replica FROM inbox WHERE session_key = %s "
-            "AND state IN ('received', 'started') AND replica IS NOT NULL AND replica <> %s",
-            (fence.session_key, fence.owner),
+            _RELEASE,
+            (
+                [calls[i][0].session_key for i in order],
+                [calls[i][0].owner for i in order],
+                [calls[i][0].epoch for i in order],
+                [calls[i][1] is not None for i in order],
+                *cols,
+            ),
+        )  # fmt: skip
+    }
+    wake: list[tuple[str, str]] = [
+        (channel(origin), f"d:{inbox_id}")
+        for fence, _route, answered in calls
+        for origin, inbox_id in answered
+        if origin != fence.owner
+    ]
+    if freed:
+        owners = {c[0].session_key: c[0].owner for c in calls}
+        for key, origin in await db.tuples(
+            conn,
+            "SELECT DISTINCT session_key, replica FROM inbox WHERE session_key = ANY(%s) "
+            "AND state IN ('received', 'started') AND replica IS NOT NULL",
+            (sorted(freed),),
         ):
-            wake.append((int(origin), f"k:{fence.session_key}"))
-    for origin, payload in wake:
-        await db.run(conn, "SELECT pg_notify(%s, %s)", (channel(origin), payload))
-    return bool(freed)
+            if int(origin) != owners[str(key)]:
+                wake.append((channel(int(origin)), f"k:{key}"))
+    if wake:
+        await db.run(
+            conn, "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) AS u(c, p)",
+            ([c for c, _ in wake], [p for _, p in wake]),
+        )  # fmt: skip
+    return [c[0].session_key in freed for c in calls]
+
+
+register_batched(release_lease, release_leases_many)
 
 
 def channel(incarnation: int) -> str:
@@ -156,7 +235,7 @@ async def routes(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
 async def live_jobs(conn: AsyncConnection, space: int) -> list[tuple[str, str]]:
     """(session id, job name) of every background job a live replica runs."""
     return [(str(r[0]), str(r[1])) for r in await db.tuples(conn, _JOBS, {"space": space,
-                                                                         "sid": None})]  # fmt: skip
+                                                                         "sids": None})]  # fmt: skip
 
 
 async def add_job(
@@ -224,24 +303,63 @@ async def begin_turn_fenced(
     conn: AsyncConnection, fence: Fence, inbox_id: int, session_id: str,
     message: Mapping[str, Any], last: int | None,
 ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
-    await check_fence(conn, fence)
-    await db.run(conn, "UPDATE inbox SET runner = %s WHERE id = %s", (fence.owner, inbox_id))
-    return await inbox.begin_turn(conn, inbox_id, session_id, message, last)
+    return (await begin_turns_fenced_many(conn, [(fence, inbox_id, session_id, message, last)]))[0]
+
+
+async def begin_turns_fenced_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[Fence, int, str, Mapping[str, Any], int | None]],
+) -> list[tuple[int, list[dict[str, Any]]]]:
+    """The fences, the rows' runner (whose turn started them), then inbox.begin_turn's
+    batch. One lost fence fails the batch; the writer then redoes it one call at a time."""
+    await check_fences(conn, [c[0] for c in calls])
+    await db.run(
+        conn,
+        "UPDATE inbox SET runner = u.o FROM unnest(%s::bigint[], %s::bigint[]) AS u(id, o) "
+        "WHERE inbox.id = u.id",
+        ([c[1] for c in calls], [c[0].owner for c in calls]),
+    )
+    return await inbox.begin_turns_many(conn, [c[1:] for c in calls])
+
+
+register_batched(begin_turn_fenced, begin_turns_fenced_many)
 
 
 async def end_turn_fenced(
     conn: AsyncConnection, fence: Fence, inbox_id: int, session_id: str,
     batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
 ) -> list[int]:  # fmt: skip
-    await check_fence(conn, fence)
-    return await inbox.end_turn(conn, inbox_id, session_id, batch, tokens, reply_state)
+    return (await end_turns_fenced_many(
+        conn, [(fence, inbox_id, session_id, batch, tokens, reply_state)]
+    ))[0]  # fmt: skip
+
+
+async def end_turns_fenced_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[Fence, int, str, list[Mapping[str, Any]], Mapping[str, int] | None,
+                          str]],
+) -> list[list[int]]:  # fmt: skip
+    await check_fences(conn, [c[0] for c in calls])
+    return await inbox.end_turns_many(conn, [c[1:] for c in calls])
+
+
+register_batched(end_turn_fenced, end_turns_fenced_many)
 
 
 async def finish_fenced(
     conn: AsyncConnection, fence: Fence, inbox_id: int, state: str, reason: str | None
 ) -> None:
-    await check_fence(conn, fence)
-    await inbox.finish(conn, inbox_id, state, reason)
+    await finish_fenced_many(conn, [(fence, inbox_id, state, reason)])
+
+
+async def finish_fenced_many(
+    conn: AsyncConnection, calls: Sequence[tuple[Fence, int, str, str | None]]
+) -> list[None]:
+    await check_fences(conn, [c[0] for c in calls])
+    return await inbox.finish_many(conn, [c[1:] for c in calls])
+
+
+register_batched(finish_fenced, finish_fenced_many)
 
 
 def route_fields(
@@ -280,4 +398,3 @@ async def report(conn: AsyncConnection) -> dict[str, int]:
     )  # fmt: skip
     return {"live_replicas": len(live), "routes": int(routes), "stale_routes": int(stale),
             "dead_leases": int(dead), "orphaned_rows": len(await orphans(conn, space))}  # fmt: skip
-

@@ -20,7 +20,7 @@ from gateway.router import Router
 from gateway.routes import PgRouteIndex
 from gateway.services import Services
 from gateway.session_keys import SessionSource
-from state import LeaseLost, StoreConfigError
+from state import Fence, LeaseLost, StoreConfigError
 from state.pg.control import application_name
 from state.pg.store import PgStore
 from tests import pgserver
@@ -306,3 +306,27 @@ async def test_a_row_left_open_before_replicas_is_run_by_the_takeover(replica) -
     assert [o.text for o in sent] == ["echo: left over"]
     assert await router.recover(3600) == (0, 0)
     assert (await router.services.db.inbox_counts()) == {"answered": 1}
+
+
+async def test_a_stale_fence_fails_only_its_own_write_in_a_batch(replica) -> None:
+    """Fenced writes are batched by the writer; one stale fence among them fails its own
+    caller only (the batch is redone one write at a time)."""
+    store, a = await replica("a")
+    sids, rows = {}, {}
+    for key in ("k1", "k2", "k3"):
+        sids[key] = await store.create_session(source="api", session_key=key)
+        rows[key], _, _ = await store.accept_inbound(
+            "api", key, "m", {"text": key}, session_key=key, replica=a.me
+        )
+    async with a.lease("k1") as l1, a.lease("k2") as l2, a.lease("k3") as l3:
+        assert l1 is not None and l2 is not None and l3 is not None
+        stale = Fence("k2", a.me, l2.fence.epoch - 1)
+        fences = {"k1": l1.fence, "k2": stale, "k3": l3.fence}
+        got = await asyncio.gather(
+            *(store.begin_turn(rows[k], sids[k], {"role": "user", "content": k}, fence=fences[k])
+              for k in ("k1", "k2", "k3")),
+            return_exceptions=True,
+        )  # fmt: skip
+    assert isinstance(got[1], LeaseLost)
+    assert not isinstance(got[0], BaseException) and not isinstance(got[2], BaseException)
+    assert [await store.message_count(sids[k]) for k in ("k1", "k2", "k3")] == [1, 0, 1]
