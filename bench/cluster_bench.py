@@ -16,7 +16,8 @@ figures; asserts nothing.
 2. 2 and 3 replicas, aggregate vs one (clients spread over the replicas, as a load
    balancer would; every replica shares the same cores here, so this measures overhead
    and the absence of collapse, not a speed-up).
-3. Turn p99 at 800 messages/s offered (open loop), on 1 replica and on 3.
+3. Turn p50/p99 at 800 messages/s offered (open loop), on 1 replica and on 3; and at half
+   the rate 1 replica sustained in 1 (where 800/s is beyond this machine).
 4. Takeover: a replica is SIGKILLed under load; the time until every inbox row open at
    that moment (its pending keys) is answered by another replica.
 5. Search p50/p95 on 1M messages on PostgreSQL (bench/pg_bench.py's queries and timing;
@@ -319,30 +320,36 @@ async def main() -> None:
         lite = await sqlite_gateway(root, seconds, source)
         show("SQLite gateway", lite)
         rates: dict[int, dict[str, float]] = {}
+        latencies: dict[tuple[int, float], list[float]] = {}  # (replicas, offered rate)
         for n in (1,) if args.only else (1, 2, 3):
             cluster = await on_cluster(root, args.dsn, n, f"c{n}", source)
             try:
                 rates[n] = await throughput(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
                                             meter_of(cluster), seconds)  # fmt: skip
                 show(f"{n} replica(s), PostgreSQL", rates[n])
-                if n == 1:
-                    print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
-                          f"{(rates[1]['daemon_ms'] + rates[1]['server_ms']) / lite['daemon_ms']:.2f}x "
-                          "the CPU per message (daemons + server)")  # fmt: skip
-                if n == 3:
-                    print("\n2. several replicas, aggregate vs one (target >= 0.9x)")
-                    for k in (2, 3):
-                        print(f"  {k} replicas: {rates[k]['rate'] / rates[1]['rate']:.2f}x")
                 if n in (1, 3) and not args.only:
-                    lat = await Load(lambda c=cluster: [r.url for r in c.replicas]).open(  # type: ignore[misc]
-                        800, seconds)  # fmt: skip
-                    label = "3." if n == 1 else "  "
-                    if n == 1:
-                        print("\n3. turn latency at 800 msg/s offered (target p99 <= 60 ms)")
-                    print(f"{label} {n} replica(s): p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms"
-                          f"   answered {len(lat):,}/{int(800 * seconds):,}")  # fmt: skip
+                    # 800/s as SCALEOUT asks, and half of what 1 replica sustained here
+                    for rate in (800.0, round(rates[1]["rate"] / 2)):
+                        latencies[n, rate] = await Load(lambda c=cluster: [r.url for r in c.replicas]  # type: ignore[misc]
+                                                        ).open(rate, seconds)  # fmt: skip
             finally:
                 await cluster.close()
+        print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
+              f"{(rates[1]['daemon_ms'] + rates[1]['server_ms']) / lite['daemon_ms']:.2f}x "
+              "the CPU per message (daemons + server)")  # fmt: skip
+        if not args.only:
+            print("\n2. several replicas, aggregate vs one (target >= 0.9x)")
+            for k in (2, 3):
+                print(f"  {k} replicas: {rates[k]['rate'] / rates[1]['rate']:.2f}x the rate, "
+                      f"{(rates[k]['daemon_ms'] + rates[k]['server_ms']) / (rates[1]['daemon_ms'] + rates[1]['server_ms']):.2f}x "
+                      "the CPU per message")  # fmt: skip
+            print("\n3. turn latency, open loop (target p99 <= 60 ms at 800 msg/s offered)")
+            for (n, rate), lat in latencies.items():
+                figures = (
+                    f"p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms" if lat else "-"
+                )
+                print(f"  {n} replica(s) at {rate:,.0f} msg/s: {figures}   "
+                      f"answered {len(lat):,}/{int(rate * seconds):,} within 30 s")  # fmt: skip
         if args.only:
             return
         print("\n4. takeover: SIGKILL one of 2 replicas under load (target <= 3 s)")
