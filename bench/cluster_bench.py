@@ -47,8 +47,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.corpus import pct  # noqa: E402
-from bench.pg_bench import fill, search_times  # noqa: E402
+from bench.corpus import (
+    TextGen,  # noqa: E402
+    pct,  # noqa: E402
+)
+from bench.pg_bench import search_times  # noqa: E402
 from state import open_store  # noqa: E402
 from tests.cluster.harness import Cluster, Platforms, Replica  # noqa: E402
 from tests.daemon import clean_env, free_port  # noqa: E402
@@ -276,6 +279,39 @@ async def takeover_times(cluster: Cluster, kills: int) -> list[float]:
     return out
 
 
+async def bulk_fill(dsn: str, messages: int, per_session: int = 10, chunk: int = 1_000,
+                    cjk_share: float = 0.05) -> None:  # fmt: skip
+    """Sessions of `per_session` messages (a CJK share as search_bench's corpus), written
+    `chunk` sessions per transaction by the PostgreSQL store's own row functions (its
+    session insert and the writer's merged append), so the rows are exactly the store's."""
+    from psycopg import AsyncConnection
+
+    from state.pg.appends import append_many
+    from state.pg.sessions import insert_session
+
+    gen = TextGen(11)
+    t0 = time.time() - 365 * 86400
+    async with await AsyncConnection.connect(dsn) as conn:
+        row = await (await conn.execute("SELECT count(*) FROM sessions")).fetchone()
+        start = int(row[0]) if row else 0
+        for first in range(start, start + messages // per_session, chunk):
+            calls = []
+            async with conn.transaction():
+                for s in range(first, first + chunk):
+                    sid = f"20250101_000000_{s:08x}"
+                    await insert_session(conn, {"id": sid, "source": ("telegram", "slack", "api")[s % 3],
+                                                "user_id": f"u{s % 997}", "started_at": t0 + s * 30})  # fmt: skip
+                    calls.append((sid, [{"role": ("user", "assistant")[m % 2],
+                                         "content": gen.cjk() if gen.rng.random() < cjk_share
+                                         else gen.english(("user", "assistant")[m % 2])}
+                                        for m in range(per_session)], None, None))  # fmt: skip
+                await append_many(conn, calls)
+            done = (first + chunk - start) * per_session
+            if done % 100_000 == 0:
+                print(f"  corpus: {done:,}/{messages:,} messages", file=sys.stderr, flush=True)
+        await conn.execute("ANALYZE")
+
+
 async def search_on(server: str, messages: int) -> dict[str, list[float]]:
     """pg_bench's search timing on a corpus of `messages`, kept in a schema of its own
     between runs (building 1M messages takes minutes)."""
@@ -290,7 +326,7 @@ async def search_on(server: str, messages: int) -> dict[str, list[float]]:
             print(f"  building the {messages:,}-message corpus in schema {schema} (once) ...",
                   flush=True)  # fmt: skip
             t = time.perf_counter()
-            await fill(store, messages - have)
+            await bulk_fill(dsn, messages - have)
             print(f"  built in {time.perf_counter() - t:.0f} s", flush=True)
         return await search_times(store)
     finally:

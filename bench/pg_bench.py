@@ -125,28 +125,6 @@ async def search_times(store: Store) -> dict[str, list[float]]:
     return out
 
 
-async def fill(store: Store, messages: int, per_session: int = 10, producers: int = 32,
-               cjk_share: float = 0.05, seed: int = 11) -> None:  # fmt: skip
-    """`messages` messages in sessions of `per_session` (a CJK share as search_bench's
-    corpus), written through the store's group-commit writer by concurrent producers."""
-    gen = TextGen(seed)
-    sessions = messages // per_session
-    next_session = iter(range(sessions))
-
-    async def produce() -> None:
-        for s in next_session:
-            sid = await store.create_session(source=("telegram", "slack", "api")[s % 3],
-                                             user_id=f"u{s % 997}")  # fmt: skip
-            batch = [{"role": ("user", "assistant")[m % 2],
-                      "content": gen.cjk() if gen.rng.random() < cjk_share
-                      else gen.english(("user", "assistant")[m % 2])} for m in range(per_session)]  # fmt: skip
-            await store.append_messages(sid, batch)
-            if s % 10_000 == 9_999:
-                print(f"  corpus: {s + 1:,}/{sessions:,} sessions", file=sys.stderr, flush=True)
-
-    await asyncio.gather(*(produce() for _ in range(producers)))
-
-
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
