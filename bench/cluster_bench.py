@@ -291,7 +291,7 @@ async def bulk_fill(dsn: str, messages: int, per_session: int = 10, chunk: int =
 
     gen = TextGen(11)
     t0 = time.time() - 365 * 86400
-    async with await AsyncConnection.connect(dsn) as conn:
+    async with await AsyncConnection.connect(dsn, autocommit=True) as conn:  # a commit per chunk
         row = await (await conn.execute("SELECT count(*) FROM sessions")).fetchone()
         start = int(row[0]) if row else 0
         for first in range(start, start + messages // per_session, chunk):
