@@ -273,6 +273,14 @@ class Store(Protocol):
         platform_message_id: str | None,
         payload: Mapping[str, Any],
     ) -> tuple[int, str, bool]: ...
+    async def accept_and_begin(
+        self, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: Mapping[str, Any], session_id: str, message: Mapping[str, Any], *,
+        last: int | None = None,
+    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
+        """`accept_inbound` and, for a new row, `begin_turn`, committed together (the
+        router's path for a message to an idle key)."""
+        ...
     async def begin_turn(
         self,
         inbox_id: int,
@@ -292,6 +300,10 @@ class Store(Protocol):
         reply_state: str = "ready",
     ) -> list[int]: ...
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None: ...
+    def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
+        """`mark_reply` queued without waiting (the turn's path never waits on it); a
+        failure is logged and leaves the row unconfirmed, as a crash would."""
+        ...
     async def unsent_replies(self) -> list[dict[str, Any]]: ...
     async def finish_inbound(
         self, inbox_id: int, state: str, reason: str | None = None

@@ -178,6 +178,38 @@ def begin_turns_many(
 register_batched(begin_turn, begin_turns_many)
 
 
+def accept_begin(
+    conn: sqlite3.Connection, platform: str, chat_id: str, pmid: str | None, payload: str,
+    now: float, session_id: str, message: Mapping[str, Any], last: int | None,
+) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+    """`accept` and, for a new row, `begin_turn` in the same transaction: the router's fast
+    path when the key is idle (one commit before the platform's acknowledgement instead of
+    two). The last item is begin_turn's result, None for a row taken before."""
+    return accept_begins_many(
+        conn, [(platform, chat_id, pmid, payload, now, session_id, message, last)]
+    )[0]
+
+
+def accept_begins_many(
+    conn: sqlite3.Connection,
+    calls: list[tuple[str, str, str | None, str, float, str, Mapping[str, Any], int | None]],
+) -> list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]]:
+    taken = accept_many(conn, [c[:5] for c in calls])
+    fresh = [i for i, (_id, _state, new) in enumerate(taken) if new]
+    begun = begin_turns_many(
+        conn, [(taken[i][0], calls[i][5], calls[i][6], calls[i][7]) for i in fresh]
+    ) if fresh else []  # fmt: skip
+    out: list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]] = [
+        (rid, state, new, None) for rid, state, new in taken
+    ]
+    for i, got in zip(fresh, begun, strict=True):
+        out[i] = (*taken[i], got)
+    return out
+
+
+register_batched(accept_begin, accept_begins_many)
+
+
 def end_turn(
     conn: sqlite3.Connection, inbox_id: int, session_id: str,
     batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
