@@ -271,11 +271,11 @@ class Store(Protocol):
         platform: str,
         chat_id: str,
         platform_message_id: str | None,
-        payload: Mapping[str, Any],
+        payload: object,
     ) -> tuple[int, str, bool]: ...
     async def accept_and_begin(
         self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: Mapping[str, Any], session_id: str, message: Mapping[str, Any], *,
+        payload: object, session_id: str, message: Mapping[str, Any], *,
         last: int | None = None,
     ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
         """`accept_inbound` and, for a new row, `begin_turn`, committed together (the

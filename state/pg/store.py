@@ -484,7 +484,7 @@ class PgStore:
 
     async def accept_inbound(
         self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: Mapping[str, Any],
+        payload: object,
     ) -> tuple[int, str, bool]:  # fmt: skip
         """Commit an inbound message before its platform is acknowledged: (inbox id, state,
         whether it is new). A platform id taken before returns that row, storing nothing.
@@ -499,7 +499,7 @@ class PgStore:
 
     async def accept_and_begin(
         self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: Mapping[str, Any], session_id: str, message: Mapping[str, Any], *,
+        payload: object, session_id: str, message: Mapping[str, Any], *,
         last: int | None = None,
     ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
         """`accept_inbound` and, when the row is new, `begin_turn` in one transaction."""
