@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gateway.coordinator import LocalCoordinator, MessageKey
@@ -195,6 +195,12 @@ class PgCoordinator:
         """The key's lease, for work that is not an inbox row (a reset, a handoff)."""
         async with self.lease(key):
             yield
+
+    def try_session_lock(self, key: str) -> Callable[[], None] | None:
+        return None  # a lease cannot be taken without waiting on the database
+
+    def has_notice(self, key: str) -> bool:
+        return self.routes.notice(key, None) is not None
 
     def seen(self, msg: MessageKey) -> bool:
         return self._local.seen(msg)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 DEDUPE_MEMORY = 50_000  # redelivered platform message ids remembered
@@ -28,6 +28,16 @@ class Coordinator(Protocol):
     def session_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
         """Serialise everything that touches one session key (turns, commands, resets),
         in arrival order."""
+        ...
+
+    def try_session_lock(self, key: str) -> Callable[[], None] | None:
+        """Take the key's lock now, without waiting, when nobody holds or awaits it: the
+        release function, else None (also when this coordinator cannot tell without
+        waiting). The router's fast path: the caller runs the key's work and releases."""
+        ...
+
+    def has_notice(self, key: str) -> bool:
+        """Is a notice waiting for the key's next message?"""
         ...
 
     def seen(self, msg: MessageKey) -> bool:
@@ -65,6 +75,41 @@ class Coordinator(Protocol):
     def take_notice(self, key: str) -> str | None: ...
 
 
+class _KeyLock:
+    """A FIFO lock that can also be taken without awaiting when free (asyncio.Lock can
+    only be taken by awaiting). A release hands the lock straight to the longest waiter."""
+
+    __slots__ = ("held", "waiters")
+
+    def __init__(self) -> None:
+        self.held = False
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if not self.held and not self.waiters:
+            self.held = True
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed the lock, then cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):  # a release may have skipped it already
+                    self.waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # still held: now by the waiter
+                return
+        self.held = False
+
+
 class LocalCoordinator:
     """The in-process coordinator: plain dicts, lost on restart (state.db remembers what
     must survive one: stored messages dedupe redeliveries there too)."""
@@ -72,8 +117,7 @@ class LocalCoordinator:
     shared = False
 
     def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._waiting: dict[str, int] = {}
+        self._locks: dict[str, _KeyLock] = {}  # only keys held or awaited
         self._seen: OrderedDict[MessageKey, None] = OrderedDict()
         self._job_seq = 0
         self._jobs: dict[str, set[str]] = {}  # session id -> live job names
@@ -82,16 +126,29 @@ class LocalCoordinator:
 
     @contextlib.asynccontextmanager
     async def session_lock(self, key: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        self._waiting[key] = self._waiting.get(key, 0) + 1
+        lock = self._locks.get(key)
+        if lock is None:
+            self._locks[key] = lock = _KeyLock()
+        await lock.acquire()  # on cancellation the lock is passed on or never taken
         try:
-            async with lock:
-                yield
+            yield
         finally:
-            self._waiting[key] -= 1
-            if self._waiting[key] == 0:  # nobody holds or awaits it: drop it
-                del self._waiting[key]
-                self._locks.pop(key, None)
+            self._release(key, lock)
+
+    def try_session_lock(self, key: str) -> Callable[[], None] | None:
+        if key in self._locks:  # held or awaited
+            return None
+        self._locks[key] = lock = _KeyLock()
+        lock.held = True
+        return lambda: self._release(key, lock)
+
+    def _release(self, key: str, lock: _KeyLock) -> None:
+        lock.release()
+        if not lock.held and self._locks.get(key) is lock:  # nobody holds or awaits it
+            del self._locks[key]
+
+    def has_notice(self, key: str) -> bool:
+        return key in self._notices
 
     def seen(self, msg: MessageKey) -> bool:
         return msg in self._seen

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gateway import faults, session_commands
 from gateway.adapters import idempotent_replies
@@ -35,7 +35,14 @@ from gateway.reset import Resetter
 from gateway.services import AccessRules, RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey, build_key
 from gateway.sessions import SessionManager
-from gateway.turns import APOLOGY, TurnProgress, agent_turn, mark_reply, reply_key
+from gateway.turns import (
+    APOLOGY,
+    TurnProgress,
+    agent_turn,
+    mark_reply,
+    reply_key,
+    user_message,
+)
 from gateway.vocab import ChatType
 from state import LeaseLost, SessionNotFound, StateError, Store
 from state.content import content_text
@@ -44,6 +51,10 @@ from state.inbox import ANSWERED, DROPPED, OPEN_STATES
 __all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender", "TurnEvents"]
 
 log = logging.getLogger("gateway.router")
+
+# A fast-path turn handed to its task: the key, its entry, begin_turn's result (the user's
+# message id and the history) and the release of the key's lock, which the task now owns.
+Begun = tuple[SessionKey, IndexEntry, tuple[int, list[dict[str, Any]]], Callable[[], None]]
 
 STORAGE_APOLOGY = (
     "Sorry, I could not store your message just now; please send it again in a moment."
@@ -93,6 +104,8 @@ class Router:
         )
         self._done_here: set[int] = set()  # rows another local task's lease ran for it
         self._max_age_s: float | None = None  # recovery.max_age_seconds, once recover ran
+        # key -> turns accepted but not yet queued on the key's lock (see _run)
+        self._pending: dict[str, int] = {}
 
     # --- what other parts read --------------------------------------------------------
 
@@ -156,6 +169,35 @@ class Router:
                 s.metrics.dropped.inc(reason="duplicate")
                 s.signals.ended(msg, "duplicate")
                 return
+        key = self.key_for(msg)
+        # (replicas never take the fast path: a key's turn starts with its lease)
+        fast = self._idle_entry(msg, key) if self._shared is None else None
+        if fast is not None:
+            entry, release = fast
+            try:
+                inbox_id, state, new, begun = await s.db.accept_and_begin(
+                    src.platform, src.chat_id, msg.platform_message_id, msg.as_payload(),
+                    entry.session_id, user_message(msg, key),
+                    last=s.settings.history_messages,
+                )  # fmt: skip
+            except SessionNotFound:  # deleted under the daemon: the slow path starts anew
+                release()
+            except StateError as exc:
+                release()
+                self._refuse(msg, exc)
+            except BaseException:
+                release()
+                raise
+            else:
+                if begun is not None:  # new: the turn is under way, the lock is its
+                    if seen_key is not None:
+                        s.coordinator.remember(seen_key)
+                    faults.point("after_inbox_commit")
+                    self._run(msg, inbox_id, (key, entry, begun, release))
+                    return
+                release()
+                self._after_accept(msg, seen_key, inbox_id, state, new)
+                return
         try:
             if self._shared is None:
                 inbox_id, state, new = await s.db.accept_inbound(
@@ -164,14 +206,46 @@ class Router:
             else:  # the row names its key and this replica: leases and takeover read them
                 inbox_id, state, new = await s.db.accept_inbound(
                     src.platform, src.chat_id, msg.platform_message_id, msg.as_payload(),
-                    session_key=self.key_for(msg).format(), replica=self._shared.me,
+                    session_key=key.format(), replica=self._shared.me,
                 )  # fmt: skip
         except StateError as exc:
-            s.metrics.errors.inc(kind="inbox")
-            s.metrics.last_error = f"inbox: {type(exc).__name__}: {exc}"
-            log.error("could not commit a %s message to the inbox: %s", src.platform, exc)
-            s.signals.ended(msg, "not_accepted")
-            raise NotAccepted(f"the message could not be stored: {exc}") from exc
+            self._refuse(msg, exc)
+        self._after_accept(msg, seen_key, inbox_id, state, new)
+
+    def _idle_entry(
+        self, msg: InboundMessage, key: SessionKey
+    ) -> tuple[IndexEntry, Callable[[], None]] | None:
+        """The fast path's test: a plain message to a key nobody is working on, whose
+        session exists and is not due a reset or a notice. Then the key's lock is taken now
+        (the entry cannot change under it) and the message can be stored in its session in
+        the same commit that takes it: (the entry, the lock's release), else None."""
+        s = self.services
+        k = key.format()
+        if self._pending.get(k) or parse_command(msg.text) is not None:
+            return None
+        entry = s.index.get(k)
+        if entry is None or s.coordinator.has_notice(k):
+            return None
+        if self.resetter is not None and self.resetter.due_now(entry):
+            return None
+        release = s.coordinator.try_session_lock(k)
+        if release is None:
+            return None
+        return entry, release
+
+    def _refuse(self, msg: InboundMessage, exc: StateError) -> NoReturn:
+        s = self.services
+        s.metrics.errors.inc(kind="inbox")
+        s.metrics.last_error = f"inbox: {type(exc).__name__}: {exc}"
+        log.error("could not commit a %s message to the inbox: %s", msg.source.platform, exc)
+        s.signals.ended(msg, "not_accepted")
+        raise NotAccepted(f"the message could not be stored: {exc}") from exc
+
+    def _after_accept(
+        self, msg: InboundMessage, seen_key: tuple[str, str, str] | None, inbox_id: int,
+        state: str, new: bool,
+    ) -> None:  # fmt: skip
+        s = self.services
         if seen_key is not None:
             s.coordinator.remember(seen_key)
         if not new and (state not in OPEN_STATES or inbox_id in self._inflight):
@@ -182,11 +256,16 @@ class Router:
         # new, or a redelivery of a turn a crash left unfinished (and not running): run it
         self._run(msg, inbox_id)
 
-    def _run(self, msg: InboundMessage, inbox_id: int) -> None:
+    def _run(self, msg: InboundMessage, inbox_id: int, begun: Begun | None = None) -> None:
         self._inflight.add(inbox_id)
         src = msg.source
+        if begun is None and self._shared is None:
+            # Until its task is queued on the key's lock, no later message of the key may
+            # take the fast path past it.
+            k = self.key_for(msg).format()
+            self._pending[k] = self._pending.get(k, 0) + 1
         self.services.tasks.start(
-            self._process(msg, inbox_id), f"turn:{src.platform}:{src.chat_id}"
+            self._process(msg, inbox_id, begun), f"turn:{src.platform}:{src.chat_id}"
         )
 
     async def recover(self, max_age_s: float) -> tuple[int, int]:
@@ -275,27 +354,71 @@ class Router:
     def key_for(self, msg: InboundMessage) -> SessionKey:
         return build_key(msg.source, self.services.settings.keys)
 
-    async def _process(self, msg: InboundMessage, inbox_id: int) -> None:
+    async def _process(self, msg: InboundMessage, inbox_id: int, begun: Begun | None) -> None:
         if self._shared is not None:
             await self._process_shared(self._shared, msg, inbox_id)
             return
         s = self.services
         started = s.clock()
-        key = self.key_for(msg)
         turn = TurnProgress(inbox_id=inbox_id)
         try:
-            async with s.coordinator.session_lock(key.format()):
-                await self._guarded(msg, key, started, turn)
+            if begun is not None:  # the fast path: locked, stored, history read
+                key, entry, history, release = begun
+                turn.stored, turn.session_id = True, entry.session_id
+                try:
+                    try:
+                        await agent_turn(s, msg, key, entry, started, turn, history)
+                    except SessionNotFound as exc:  # deleted mid-turn: again, afresh
+                        if not self._forget_deleted(key.format(), exc.ref):
+                            raise
+                        await self._process_locked(msg, key, started, turn)
+                finally:
+                    release()
+            else:
+                key = self.key_for(msg)
+                k = key.format()
+                left = self._pending[k] - 1  # no await from here into the lock's queue
+                if left:
+                    self._pending[k] = left
+                else:
+                    del self._pending[k]
+                async with s.coordinator.session_lock(k):
+                    try:
+                        await self._process_locked(msg, key, started, turn)
+                    except SessionNotFound as exc:
+                        if not self._forget_deleted(k, exc.ref):
+                            raise
+                        await self._process_locked(msg, key, started, turn)  # a fresh session
+        except Exception as exc:  # nothing may escape into the event loop
+            await self._failed(msg, turn, exc)
         finally:
             self._inflight.discard(inbox_id)
             s.signals.ended(msg, turn.dropped)
 
+    async def _failed(self, msg: InboundMessage, turn: TurnProgress, exc: Exception) -> None:
+        """A message's work failed: logged, answered with an apology, its row closed."""
+        s = self.services
+        s.metrics.last_error = f"{type(exc).__name__}: {exc}"
+        s.metrics.errors.inc(kind="turn")
+        log.error("turn failed for session_key=%s platform=%s", self.key_for(msg).format(),
+                  msg.source.platform, exc_info=exc)  # fmt: skip
+        # "Your message was saved" only when it was: anything failing before the store
+        # (a message the database refuses, a command) is reported as not stored
+        if turn.stored:
+            await s.replies.reply(msg, turn.session_id, APOLOGY, self.key_for(msg),
+                                  error="agent")  # fmt: skip
+            await self._close(turn, ANSWERED, "agent_error")
+        else:
+            await s.replies.reply(msg, None, STORAGE_APOLOGY, error="storage")
+            # the chat was told to send it again: no second apology after a restart
+            await self._close(turn, DROPPED, "not_stored")
+
     async def _guarded(
         self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
     ) -> None:
-        """One message under its key's lock; a failure is answered with an apology and
-        closes the row. LeaseLost passes through: this replica may no longer answer."""
-        s = self.services
+        """Replicas: one message under its key's lease; a failure is answered with an
+        apology and closes the row (fenced). LeaseLost passes through: this replica may no
+        longer answer."""
         k = key.format()
         try:
             try:
@@ -307,18 +430,7 @@ class Router:
         except LeaseLost:
             raise
         except Exception as exc:  # nothing may escape into the event loop
-            s.metrics.last_error = f"{type(exc).__name__}: {exc}"
-            s.metrics.errors.inc(kind="turn")
-            log.exception("turn failed for session_key=%s platform=%s", k, msg.source.platform)
-            # "Your message was saved" only when it was: anything failing before the store
-            # (a message the database refuses, a command) is reported as not stored
-            if turn.stored:
-                await s.replies.reply(msg, turn.session_id, APOLOGY, key, error="agent")
-                await self._close(turn, ANSWERED, "agent_error")
-            else:
-                await s.replies.reply(msg, None, STORAGE_APOLOGY, error="storage")
-                # the chat was told to send it again: no second apology after a restart
-                await self._close(turn, DROPPED, "not_stored")
+            await self._failed(msg, turn, exc)
 
     async def _process_shared(
         self, coordinator: SharedCoordinator, msg: InboundMessage, inbox_id: int

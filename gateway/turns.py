@@ -50,23 +50,24 @@ async def agent_turn(
     entry: IndexEntry,
     started: float,
     turn: TurnProgress,
+    begun: tuple[int, list[dict[str, Any]]] | None = None,
 ) -> None:
-    """One agent turn; the caller holds the session lock."""
+    """One agent turn; the caller holds the session lock. `begun`: the user's message is
+    stored already (the router's fast path): its id and the history."""
     s = services
     settings = s.settings
     src = msg.source
     k = key.format()
     sid = entry.session_id
-    text = msg.text
-    if key.shared:
-        text = f"[{src.user_name or src.user_id or 'someone'}] {text}"
-    # The inbox row (committed before the platform was acknowledged) is the restart-proof
-    # dedupe; this write puts the message in its session, once, and reads the history.
-    _mid, history = await s.db.begin_turn(
-        turn.inbox_id, sid,
-        {"role": "user", "content": text, "platform_message_id": msg.platform_message_id},
-        last=settings.history_messages, fence=turn.fence,
-    )  # fmt: skip
+    if begun is None:
+        # The inbox row (committed before the platform was acknowledged) is the restart-
+        # proof dedupe; this write puts the message in its session, once, and reads the
+        # history.
+        begun = await s.db.begin_turn(
+            turn.inbox_id, sid, user_message(msg, key), last=settings.history_messages,
+            fence=turn.fence,
+        )  # fmt: skip
+    _mid, history = begun
     turn.stored, turn.session_id = True, sid
     faults.point("mid_agent")
     s.signals.started(msg)
@@ -122,7 +123,7 @@ async def agent_turn(
         s.metrics.turns.inc(outcome="ok")
         ref = await s.replies.reply(msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id))
         faults.point("after_send_before_mark")
-        s.tasks.start(mark_reply(s, turn.inbox_id, ref), f"sent:{turn.inbox_id}")
+        mark_reply_soon(s, turn.inbox_id, ref)
         after = [*history, {"role": "assistant", "content": reply.text}]
         if sum(1 for m in after if m.get("role") in ("user", "assistant")) == 2:
             s.tasks.start(auto_title(s, sid, after), f"title:{sid}")
@@ -140,9 +141,31 @@ async def agent_turn(
         s.coordinator.job_finished(sid, TURN_JOB)
 
 
+def user_message(msg: InboundMessage, key: SessionKey) -> dict[str, Any]:
+    """The user's message as its session stores it (in a shared session, with the
+    speaker's name in front)."""
+    text = msg.text
+    if key.shared:
+        src = msg.source
+        text = f"[{src.user_name or src.user_id or 'someone'}] {text}"
+    return {"role": "user", "content": text, "platform_message_id": msg.platform_message_id}
+
+
 def reply_key(inbox_id: int) -> str:
     """The dedupe key every send of one inbox row's reply carries."""
     return f"sb-{inbox_id}"
+
+
+def mark_reply_soon(services: Services, inbox_id: int, ref: SentRef | None) -> None:
+    """`mark_reply` without waiting for it: the next message of the chat does not wait,
+    and no task is made per turn for it."""
+    try:
+        services.db.mark_reply_soon(
+            inbox_id, "sent" if ref is not None else "failed",
+            json.dumps(list(ref.message_ids)) if ref is not None else None,
+        )  # fmt: skip
+    except Exception as exc:  # closed under us: the row stays unconfirmed
+        log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)
 
 
 async def mark_reply(services: Services, inbox_id: int, ref: SentRef | None) -> None:

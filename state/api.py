@@ -272,13 +272,21 @@ class Store(Protocol):
         platform: str,
         chat_id: str,
         platform_message_id: str | None,
-        payload: Mapping[str, Any],
+        payload: object,
         *,
         session_key: str | None = None,
         replica: int | None = None,
     ) -> tuple[int, str, bool]:
         """`session_key`/`replica`: recorded by a store several replicas share (the row's
         key and the incarnation that took it); a one-process store has no use for them."""
+        ...
+    async def accept_and_begin(
+        self, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: object, session_id: str, message: Mapping[str, Any], *,
+        last: int | None = None,
+    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
+        """`accept_inbound` and, for a new row, `begin_turn`, committed together (the
+        router's path for a message to an idle key)."""
         ...
     async def begin_turn(
         self,
@@ -304,6 +312,10 @@ class Store(Protocol):
         fence: Fence | None = None,
     ) -> list[int]: ...
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None: ...
+    def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
+        """`mark_reply` queued without waiting (the turn's path never waits on it); a
+        failure is logged and leaves the row unconfirmed, as a crash would."""
+        ...
     async def unsent_replies(self) -> list[dict[str, Any]]: ...
     async def finish_inbound(
         self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None

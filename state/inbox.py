@@ -67,12 +67,11 @@ _FIND_JSON = (
     "AND i.chat_id = json_extract(j.value, '$[1]') "
     "AND i.platform_message_id = json_extract(j.value, '$[2]')"
 )
-_INSERT_JSON = (
+
+_INSERT = (
     "INSERT INTO inbox(platform, chat_id, platform_message_id, payload, state, received_at, "
-    "updated_at) SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-    "json_extract(value, '$[2]'), json_extract(value, '$[3]'), 'received', "
-    "json_extract(value, '$[4]'), json_extract(value, '$[4]') FROM json_each(?) WHERE true "
-    "ORDER BY key ON CONFLICT(platform, chat_id, platform_message_id) DO NOTHING"
+    "updated_at) VALUES (?1, ?2, ?3, ?4, 'received', ?5, ?5) "
+    "ON CONFLICT(platform, chat_id, platform_message_id) DO NOTHING"
 )
 
 
@@ -91,7 +90,7 @@ def accept_many(conn: sqlite3.Connection, calls: list[Accept]) -> list[tuple[int
         "COALESCE((SELECT MAX(id) FROM inbox), 0)) + 1"
     ).fetchone()
     before = conn.total_changes
-    conn.execute(_INSERT_JSON, (json.dumps([calls[i] for i in fresh], ensure_ascii=False),))
+    conn.executemany(_INSERT, [calls[i] for i in fresh])
     if conn.total_changes - before == len(fresh):
         for n, i in enumerate(fresh):
             out[i] = (first_id + n, RECEIVED, True)
@@ -135,10 +134,13 @@ _STORED_JSON = (
 
 
 def begin_turns_many(
-    conn: sqlite3.Connection, calls: list[tuple[int, str, Mapping[str, Any], int | None]]
+    conn: sqlite3.Connection, calls: list[tuple[int, str, Mapping[str, Any], int | None]],
+    fresh: bool = False,
 ) -> list[tuple[int, list[dict[str, Any]]]]:
+    """`fresh`: the rows were inserted in this transaction, so no message of theirs can be
+    stored yet and the probe for one is skipped."""
     message_ids: list[int] = [0] * len(calls)
-    probes = [
+    probes = [] if fresh else [
         (c[1], str(c[2]["platform_message_id"]), i)
         for i, c in enumerate(calls)
         if c[2].get("platform_message_id") is not None
@@ -176,6 +178,38 @@ def begin_turns_many(
 
 
 register_batched(begin_turn, begin_turns_many)
+
+
+def accept_begin(
+    conn: sqlite3.Connection, platform: str, chat_id: str, pmid: str | None, payload: str,
+    now: float, session_id: str, message: Mapping[str, Any], last: int | None,
+) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+    """`accept` and, for a new row, `begin_turn` in the same transaction: the router's fast
+    path when the key is idle (one commit before the platform's acknowledgement instead of
+    two). The last item is begin_turn's result, None for a row taken before."""
+    return accept_begins_many(
+        conn, [(platform, chat_id, pmid, payload, now, session_id, message, last)]
+    )[0]
+
+
+def accept_begins_many(
+    conn: sqlite3.Connection,
+    calls: list[tuple[str, str, str | None, str, float, str, Mapping[str, Any], int | None]],
+) -> list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]]:
+    taken = accept_many(conn, [c[:5] for c in calls])
+    fresh = [i for i, (_id, _state, new) in enumerate(taken) if new]
+    begun = begin_turns_many(
+        conn, [(taken[i][0], calls[i][5], calls[i][6], calls[i][7]) for i in fresh], fresh=True
+    ) if fresh else []  # fmt: skip
+    out: list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]] = [
+        (rid, state, new, None) for rid, state, new in taken
+    ]
+    for i, got in zip(fresh, begun, strict=True):
+        out[i] = (*taken[i], got)
+    return out
+
+
+register_batched(accept_begin, accept_begins_many)
 
 
 def end_turn(
@@ -312,7 +346,11 @@ def prune(conn: sqlite3.Connection, older_than: float) -> int:
     return cur.rowcount
 
 
-def payload_of(values: Mapping[str, Any]) -> str:
-    """The payload as ASCII JSON: text a platform delivered with a lone surrogate is kept
-    (escaped), so taking a message never fails on its text (storing it may, later)."""
-    return json.dumps(values, ensure_ascii=True, separators=(",", ":"))
+_ASCII_JSON = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+
+
+def payload_of(values: object) -> str:
+    """The payload (any JSON value) as ASCII JSON: text a platform delivered with a lone
+    surrogate is kept (escaped), so taking a message never fails on its text (storing it
+    may, later). One encoder for every call: json.dumps with options builds one each time."""
+    return _ASCII_JSON(values)

@@ -650,8 +650,7 @@ class SessionDB:
 
     async def accept_inbound(
         self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: Mapping[str, Any], *, session_key: str | None = None,
-        replica: int | None = None,
+        payload: object, *, session_key: str | None = None, replica: int | None = None,
     ) -> tuple[int, str, bool]:  # fmt: skip
         """Commit an inbound message before its platform is acknowledged: (inbox id, state,
         whether it is new). A platform id taken before returns that row, storing nothing.
@@ -659,6 +658,18 @@ class SessionDB:
         return await self._write(
             inbox.accept, platform, chat_id, platform_message_id, inbox.payload_of(payload),
             time.time(),
+        )  # fmt: skip
+
+    async def accept_and_begin(
+        self, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: object, session_id: str, message: Mapping[str, Any], *,
+        last: int | None = None,
+    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+        """`accept_inbound` and, when the row is new, `begin_turn` in one transaction:
+        (inbox id, state, whether new, begin_turn's result or None)."""
+        return await self._write(
+            inbox.accept_begin, platform, chat_id, platform_message_id,
+            inbox.payload_of(payload), time.time(), session_id, dict(message), last,
         )  # fmt: skip
 
     async def begin_turn(
@@ -690,6 +701,10 @@ class SessionDB:
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
         """After the send: 'sent' (with the platform's message ids) or 'failed'."""
         await self._write(inbox.mark_reply, inbox_id, reply_state, ref)
+
+    def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
+        """`mark_reply` posted to the writer: no future, no task (one per turn otherwise)."""
+        self._writer.post(inbox.mark_reply, inbox_id, reply_state, ref)
 
     async def unsent_replies(self) -> list[dict[str, Any]]:
         """Replies committed but not confirmed sent ('ready' and 'sending'), oldest first."""

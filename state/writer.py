@@ -117,7 +117,7 @@ class _Op:
         self,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
-        future: asyncio.Future[Any],
+        future: asyncio.Future[Any] | None,  # None: posted, nobody waits
         exclusive: bool,
     ) -> None:
         self.fn = fn
@@ -243,6 +243,15 @@ class Writer:
     async def submit(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._enqueue(fn, args, exclusive=False)
 
+    def post(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], object], *args: *Ts) -> None:
+        """Queue `fn` and return at once: for bookkeeping nobody waits on (an outbox row's
+        `sent` mark). No result, no future and no place in the queue's backpressure (the
+        work that posts is itself bounded by it); a failure is logged. Raises WriterClosed
+        when the store is closed."""
+        if self._closing or self._stopped is None or self._stopped.done():
+            raise WriterClosed("the store is closed")
+        self._inbox.put(_Op(fn, args, None, False))
+
     async def exclusive(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._enqueue(fn, args, exclusive=True)
 
@@ -341,6 +350,10 @@ class Writer:
     def _resolve(self, batch: list[_Op], results: list[tuple[bool, Any]]) -> None:
         """On the loop: hand each caller its result."""
         for op, (ok, value) in zip(batch, results, strict=True):
+            if op.future is None:  # posted: nobody waits
+                if not ok:
+                    log.warning("posted write %s failed: %s", op.fn.__name__, value)
+                continue
             self._slots.give_back()
             if op.future.done():  # the caller stopped waiting; the work is committed anyway
                 continue
@@ -470,21 +483,36 @@ class Writer:
 
     @staticmethod
     def _run_fast(conn: sqlite3.Connection, batch: list[_Op]) -> list[tuple[bool, Any]]:
-        results: list[tuple[bool, Any]] = []
-        i = 0
-        while i < len(batch):
-            merged = _BATCHED.get(batch[i].fn)
-            j = i + 1
-            if merged is not None:
-                while j < len(batch) and batch[j].fn is batch[i].fn:
-                    j += 1
-            if merged is not None and j - i > 1:
-                values = merged(conn, [op.args for op in batch[i:j]])
-                results.extend((True, v) for v in values)
+        """Every batchable function's calls in the batch run merged, at the place of its
+        first call, in their order; the rest one by one in theirs. Safe because the
+        operations of one batch were all pending at once: none was submitted after another
+        of them returned, so any order of them is one the callers could have seen."""
+        results: list[tuple[bool, Any] | None] = [None] * len(batch)
+        groups: dict[Callable[..., Any], list[int]] = {}
+        plan: list[Callable[..., Any] | int] = []  # a batched function's group, or one op
+        for i, op in enumerate(batch):
+            if op.fn in _BATCHED:
+                group = groups.get(op.fn)
+                if group is None:
+                    groups[op.fn] = group = []
+                    plan.append(op.fn)
+                group.append(i)
             else:
-                results.append((True, batch[i].fn(conn, *batch[i].args)))
-            i = j
-        return results
+                plan.append(i)
+        for step in plan:
+            if isinstance(step, int):
+                op = batch[step]
+                results[step] = (True, op.fn(conn, *op.args))
+                continue
+            which = groups[step]
+            if len(which) == 1:
+                op = batch[which[0]]
+                results[which[0]] = (True, op.fn(conn, *op.args))
+                continue
+            values = _BATCHED[step](conn, [batch[i].args for i in which])
+            for i, v in zip(which, values, strict=True):
+                results[i] = (True, v)
+        return results  # type: ignore[return-value]  # every slot is filled above
 
     @staticmethod
     def _run_isolated(conn: sqlite3.Connection, batch: list[_Op]) -> list[tuple[bool, Any]]:

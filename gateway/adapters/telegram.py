@@ -38,6 +38,9 @@ from gateway.vocab import AdapterState, ChatType
 log = logging.getLogger("gateway.adapters.telegram")
 LIMIT = 4096  # UTF-16 code units per message
 TYPING_EVERY_S = 4.0
+# A turn answered sooner than this shows no typing: the reply itself is the sign of life,
+# and an action per quick turn would double the requests to the Bot API under load.
+TYPING_AFTER_S = 0.3
 TYPING_FOR_AT_MOST_S = 120.0
 DEFAULT_API = "https://api.telegram.org/bot"
 WEBHOOK_PATH = "/telegram/webhook"
@@ -384,6 +387,7 @@ class TelegramAdapter:
     async def _typing_loop(self, chat_id: str, thread_id: str | None) -> None:
         deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
         try:
+            await asyncio.sleep(TYPING_AFTER_S)
             while time.monotonic() < deadline:
                 with contextlib.suppress(Exception):
                     await self._bot.send_chat_action(

@@ -57,6 +57,11 @@ class Resetter:
         empty = known_empty and self._empty.get(entry.session_id) is entry
         return decide(entry.updated_at, now, live, self.policy_for(entry), empty=empty)
 
+    def due_now(self, entry: IndexEntry) -> bool:
+        """Might `check` reset this entry now? (The router's fast path asks first; False
+        means `check` would keep it, so the turn may skip it.)"""
+        return self.decide(entry, self.clock(), known_empty=False).reason is not None
+
     async def _due(
         self, entry: IndexEntry, now: float, *, known_empty: bool = True
     ) -> tuple[EndReason, dict[str, Any]] | None:

@@ -155,6 +155,37 @@ async def begin_turns_many(
 register_batched(begin_turn, begin_turns_many)
 
 
+async def accept_begin(
+    conn: AsyncConnection, platform: str, chat_id: str, pmid: str | None, payload: str,
+    now: float, session_id: str, message: Mapping[str, Any], last: int | None,
+) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+    """`accept` and, for a new row, `begin_turn`, in the same transaction (see the SQLite
+    twin)."""
+    return (await accept_begins_many(
+        conn, [(platform, chat_id, pmid, payload, now, session_id, message, last)]
+    ))[0]  # fmt: skip
+
+
+async def accept_begins_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[str, str, str | None, str, float, str, Mapping[str, Any], int | None]],
+) -> list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]]:
+    taken = await accept_many(conn, [c[:5] for c in calls])
+    fresh = [i for i, (_id, _state, new) in enumerate(taken) if new]
+    begun = await begin_turns_many(
+        conn, [(taken[i][0], calls[i][5], calls[i][6], calls[i][7]) for i in fresh]
+    ) if fresh else []  # fmt: skip
+    out: list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]] = [
+        (rid, state, new, None) for rid, state, new in taken
+    ]
+    for i, got in zip(fresh, begun, strict=True):
+        out[i] = (*taken[i], got)
+    return out
+
+
+register_batched(accept_begin, accept_begins_many)
+
+
 async def end_turn(
     conn: AsyncConnection, inbox_id: int, session_id: str,
     batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,

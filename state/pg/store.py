@@ -8,7 +8,9 @@ see the capability as absent.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, TypeVar
@@ -56,6 +58,8 @@ from . import appends as _appends  # noqa: F401  (registers the writer's merged 
 from .control import ControlLink
 from .writer import PgWriter, PgWriterConfig
 
+log = logging.getLogger("state.pg")
+
 T = TypeVar("T")
 
 
@@ -81,6 +85,7 @@ class PgStore:
         self.where = where
         self._dsn = dsn
         self._writer = writer
+        self._posted: set[asyncio.Task[None]] = set()  # mark_reply_soon's writes
         self._pool = pool
         self._totals = search.Totals()
         self._closed = False
@@ -121,6 +126,8 @@ class PgStore:
         if self._closed:
             return
         self._closed = True
+        if self._posted:
+            await asyncio.gather(*self._posted, return_exceptions=True)
         await self._writer.close()
         await self._pool.close()
 
@@ -494,8 +501,7 @@ class PgStore:
 
     async def accept_inbound(
         self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: Mapping[str, Any], *, session_key: str | None = None,
-        replica: int | None = None,
+        payload: object, *, session_key: str | None = None, replica: int | None = None,
     ) -> tuple[int, str, bool]:  # fmt: skip
         """Commit an inbound message before its platform is acknowledged: (inbox id, state,
         whether it is new). A platform id taken before returns that row, storing nothing.
@@ -507,6 +513,20 @@ class PgStore:
                 time.time(), session_key, replica,
             )  # fmt: skip
         except psycopg.Error as exc:  # e.g. a NUL in an id, which PostgreSQL text refuses
+            raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
+
+    async def accept_and_begin(
+        self, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: object, session_id: str, message: Mapping[str, Any], *,
+        last: int | None = None,
+    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+        """`accept_inbound` and, when the row is new, `begin_turn` in one transaction."""
+        try:
+            return await self._write(
+                inbox.accept_begin, platform, chat_id, platform_message_id,
+                payload_of(payload), time.time(), session_id, dict(message), last,
+            )  # fmt: skip
+        except psycopg.Error as exc:
             raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
 
     async def begin_turn(
@@ -543,6 +563,18 @@ class PgStore:
 
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
         await self._write(inbox.mark_reply, inbox_id, reply_state, ref)
+
+    def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
+        """`mark_reply` without waiting: a task of the store's own, awaited at close."""
+        task = asyncio.get_running_loop().create_task(self._mark_logged(inbox_id, reply_state, ref))
+        self._posted.add(task)
+        task.add_done_callback(self._posted.discard)
+
+    async def _mark_logged(self, inbox_id: int, reply_state: str, ref: str | None) -> None:
+        try:
+            await self.mark_reply(inbox_id, reply_state, ref)
+        except Exception as exc:  # the row stays unconfirmed: counted at the next start
+            log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)
 
     async def unsent_replies(self) -> list[dict[str, Any]]:
         return await self._read(inbox.unsent_replies)

@@ -256,15 +256,15 @@ async def test_webhook_mode_checks_the_secret_and_delivers_updates(
 
 
 async def test_typing_shows_only_for_a_running_turn(tmp_path: Path, fake: FakeTelegram) -> None:
-    """Issue 15: typing starts when the router runs a turn, not for a redelivered message or
-    a user who is not allowed, and ends with the reply."""
+    """Issue 15: typing starts when the router runs a turn (one slower than TYPING_AFTER_S),
+    not for a redelivered message or a user who is not allowed, and ends with the reply."""
     cfg = tmp_path / "config.yaml"
     cfg.write_text(
         "platforms:\n  api:\n    enabled: false\n  telegram:\n    enabled: true\n"
         f"    allowed_users: ['7', '8']\n    base_url: {fake.base_url}\n"
     )
     agent = ScriptedAgent()
-    agent.delay_on["slow"] = 0.5
+    agent.delay_on["slow"] = 1.5
     gateway = Gateway(config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": "123:ABC"}),
                       home=tmp_path / "home", agent=agent)  # fmt: skip
     await gateway.start()
@@ -285,5 +285,6 @@ async def test_typing_shows_only_for_a_running_turn(tmp_path: Path, fake: FakeTe
         sent = await fake.wait_sent(3)
         assert sorted(m["text"] for m in sent[1:]) == [REFUSAL, "echo: quick"]
         assert len(typed(7)) == shown and typed(9) == []
+        assert typed(8) == []  # answered at once: no typing
     finally:
         await gateway.stop()
