@@ -26,8 +26,11 @@ from tests.fakes.telegram import FakeTelegram
 KILL_POINTS = int(os.environ.get("SWITCHBOARD_KILL_POINTS", "20"))
 SEED = int(os.environ.get("SWITCHBOARD_CRASH_SEED", "20261201"))
 
-pytestmark = pytest.mark.skipif(replica_core_missing() is not None,
-                                reason=replica_core_missing() or "")  # fmt: skip
+# 100 kills (`--long`) take longer than the suite's 600 s per test on a busy machine
+pytestmark = [
+    pytest.mark.timeout(max(600, 15 * KILL_POINTS)),
+    pytest.mark.skipif(replica_core_missing() is not None, reason=replica_core_missing() or ""),
+]
 
 
 async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
