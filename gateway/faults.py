@@ -25,3 +25,11 @@ def point(name: str) -> None:
     _left -= 1
     if _left <= 0:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _unarmed(name: str) -> None:
+    """`point` when no fault is armed: nothing to compare (it runs four times a turn)."""
+
+
+if _armed is None:
+    point = _unarmed  # noqa: F811
