@@ -406,8 +406,10 @@ class Router:
                 text = await command.handler(ctx)
             # /new, /branch, /resume ... change the key's session: answer with the live one
             live = s.index.get(key.format())
+            # Closed before the reply goes: a crash in between loses the reply (at most
+            # once, as a Telegram reply), never runs /new or /branch a second time.
+            await self._close(turn.inbox_id, ANSWERED, "command")
             await s.replies.reply(msg, live.session_id if live else entry.session_id, text, key)
-            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command")
             return
         await agent_turn(s, msg, key, entry, started, turn)
 
