@@ -24,7 +24,7 @@ from gateway.agent.echo import EchoAgent
 from gateway.config import Config
 from gateway.errors import AlreadyRunning, GatewayError, PortInUse
 from gateway.handoff import HandoffWatcher
-from gateway.index import SessionIndex
+from gateway.index import RouteIndex, SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.ops.metrics import Metrics
 from gateway.reset import Resetter
@@ -38,6 +38,7 @@ from state import Store, open_store
 from state.replies import StoredReply
 
 log = logging.getLogger("gateway.app")
+TAKEOVER_SCAN_S = 1.0  # replicas: how often inbox rows of dead replicas are looked for
 
 
 def default_home() -> Path:
@@ -165,12 +166,14 @@ class Gateway:
     adapters: list[Adapter] = field(default_factory=list)
     notify: Callable[[str], None] = lambda _state: None  # systemd notify hook
     db: Store | None = None
-    index: SessionIndex | None = None
     router: Router | None = None
     metrics: Metrics = field(default_factory=Metrics)
     started_at: float = 0.0
     scheduler: ResetScheduler | None = None
     handoffs: HandoffWatcher | None = None
+    index: RouteIndex | None = None
+    cluster: Any = None  # gateway.cluster.PgCoordinator on PostgreSQL
+    _takeover: asyncio.Task[None] | None = None
     _lock: HomeLock | None = None
     _adapters_by_platform: dict[str, Adapter] = field(default_factory=dict)
 
@@ -194,12 +197,17 @@ class Gateway:
         if self.config.secret("state.dsn_env"):  # postgres: the DSN the config resolved
             state["dsn"] = self.config.secret("state.dsn_env")
         self.db = await open_store(state, self.home)
-        self.index = SessionIndex(
-            self.home / "sessions" / "sessions.json",
-            self.db,
-            self.config.sessions.index_flush_seconds,
-            self.config.sessions.index_activity_seconds,
-        )
+        coordinator = None
+        if self.db.backend == "postgres":  # routes and leases in the shared database
+            coordinator = await self._join_cluster()
+        else:
+            self.index = SessionIndex(
+                self.home / "sessions" / "sessions.json",
+                self.db,
+                self.config.sessions.index_flush_seconds,
+                self.config.sessions.index_activity_seconds,
+            )
+        assert self.index is not None
         await self.index.load()
         agent = self.agent = self.agent or build_agent(self.config)
         policies = reset_policies(self.config)
@@ -212,7 +220,7 @@ class Gateway:
 
         self.router = Router(
             self.db, self.index, agent, self._send, router_settings(self.config), self.metrics,
-            events=self, resetter=resetter,
+            events=self, resetter=resetter, coordinator=coordinator,
         )  # fmt: skip
         assert self.router.resetter is not None
         self._register_gauges()
@@ -222,6 +230,8 @@ class Gateway:
         inbox_days = self.config.inbox.retention_days
 
         async def auto_prune() -> object:
+            if not self._leads():
+                return None
             # the inbox's bookkeeping always; sessions only when sessions.auto_prune is on
             forgotten = await db.prune_inbox(time.time() - inbox_days * 86400)
             if forgotten:
@@ -233,8 +243,13 @@ class Gateway:
                 prune.retention_days, prune.min_interval_hours, prune.vacuum_after_prune
             )
 
+        resetter_ = self.router.resetter
+
+        async def sweep() -> object:
+            return await resetter_.apply() if self._leads() else 0
+
         self.scheduler = ResetScheduler(
-            self.router.resetter.apply,
+            sweep,
             sweep_seconds=self.config.session_reset.sweep_seconds,
             daily=[(p.at_hour, p.timezone) for p in policies.all() if p.mode.daily],
             prune=auto_prune,
@@ -263,11 +278,50 @@ class Gateway:
         self.handoffs.start()
         self.notify("STATUS=recovering interrupted turns")
         await self.router.recover(self.config.inbox.recovery_max_age_seconds)
+        if self.cluster is not None:
+            self._takeover = asyncio.create_task(self._take_over(), name="gateway.takeover")
         log.info(
             "switchboard is running (home %s; adapters: %s)",
             self.home,
             ", ".join(a.platform for a in self.adapters) or "none",
         )
+
+    async def _join_cluster(self) -> Any:
+        """PostgreSQL: this daemon is one replica of possibly several (gateway/cluster.py):
+        its control connection, the shared route table, the lease coordinator."""
+        from gateway.cluster import PgCoordinator
+        from gateway.routes import PgRouteIndex
+        from state.pg.control import default_name
+        from state.pg.store import PgStore
+
+        db = self.db
+        assert isinstance(db, PgStore)
+        link = db.control_link(self.config.cluster.replica_id or default_name())
+
+        async def all_routes() -> list[dict[str, Any]]:
+            return await db.routes(link.space)
+
+        routes = PgRouteIndex(all_routes)
+        coordinator = PgCoordinator(db, link, routes)
+        await coordinator.start()
+        self.index, self.cluster = routes, coordinator
+        return coordinator
+
+    def _leads(self) -> bool:
+        """Leader-only work (the reset sweep, pruning) runs here: always with one daemon,
+        on the holder of the leader lock among replicas."""
+        return self.cluster is None or bool(self.cluster.leading)
+
+    async def _take_over(self) -> None:
+        """Every TAKEOVER_SCAN_S: run the inbox rows of replicas that are gone (the
+        multi-process form of the start-up recovery)."""
+        assert self.router is not None
+        while True:
+            await asyncio.sleep(TAKEOVER_SCAN_S)
+            try:
+                await self.router.recover(self.config.inbox.recovery_max_age_seconds)
+            except Exception as exc:
+                log.warning("takeover scan failed: %s", exc)
 
     def _default_adapters(self) -> list[Adapter]:
         """Platform adapters first, each built by its registered class from its section;
@@ -436,7 +490,15 @@ class Gateway:
             "unsent_replies": int(self.metrics.unsent.total()),
             "failed_sends": int(self.metrics.errors.values.get((("kind", "send"),), 0)),
             "last_error": self.router.last_error if self.router else None,
+            **self._replica_health(),
         }
+
+    def _replica_health(self) -> dict[str, Any]:
+        if self.cluster is None:
+            return {}
+        link = self.cluster.link
+        return {"replica": {"name": link.name, "incarnation": link.incarnation,
+                            "leader": bool(link.leading)}}  # fmt: skip
 
     async def stop(self) -> None:
         """Reverse order; safe to call on a partly started gateway."""
@@ -444,6 +506,10 @@ class Gateway:
         if self.handoffs is not None:
             await self.handoffs.stop()
             self.handoffs = None
+        if self._takeover is not None:
+            self._takeover.cancel()
+            await asyncio.gather(self._takeover, return_exceptions=True)
+            self._takeover = None
         if self.scheduler is not None:
             await self.scheduler.stop(self.config.shutdown.drain_seconds)
             self.scheduler = None
@@ -457,6 +523,12 @@ class Gateway:
                 await adapter.stop()
             except Exception:
                 log.exception("stopping the %s adapter failed", adapter.platform)
+        if self.cluster is not None:  # after the drain: its turns freed their leases
+            try:
+                await self.cluster.close()
+            except Exception:
+                log.exception("leaving the cluster failed")
+            self.cluster = None
         if self.index is not None:
             await self.index.close()
         if self.agent is not None:

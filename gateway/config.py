@@ -80,6 +80,22 @@ class StateSettings:
     dsn_env: str = setting("SWITCHBOARD_PG_DSN", env_name, "env var holding the PostgreSQL DSN")
 
 
+def _replica_id(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v.strip() or len(v) > 100 or not v.isprintable():
+        return f"must be 1 to 100 printable characters (got {v!r})"
+    return None
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    replicas: int = setting(
+        1, in_range(1, 1000), "how many replicas share the store (more than one: postgres)"
+    )
+    replica_id: str | None = setting(None, _replica_id, "this replica's name (host-pid)")
+
+
 @dataclass(frozen=True)
 class AutoPruneSettings:
     enabled: bool = setting(False)
@@ -199,6 +215,7 @@ class Config:
     path: Path | None = None
     logging: LoggingSettings = _at("logging")
     state: StateSettings = _at("state")
+    cluster: ClusterSettings = _at("cluster")
     sessions: SessionsSettings = _at("sessions")
     agent: AgentSettings = _at("agent")
     access: AccessSettings = _at("access")
@@ -374,6 +391,8 @@ def _resolve_secrets(
             for want in cls.secrets_needed(settings):
                 need(f"platforms.{name}.{want.key}",
                      getattr(settings, want.key, None) or want.default_env, want.why)  # fmt: skip
+    if data["cluster"]["replicas"] > 1:
+        errors.extend(_replica_problems(data))
     if data["state"]["backend"] == "postgres":
         found = _postgres_problems(data["state"]["dsn_env"], env)
         errors.extend(found)
@@ -398,6 +417,25 @@ def _postgres_problems(var: str, env: Mapping[str, str]) -> list[ConfigError]:
 
     problem = check_postgres(env.get(var, ""), var)
     return [ConfigError(problem.key, problem.problem)] if problem else []
+
+
+def _replica_problems(data: Mapping[str, Any]) -> list[ConfigError]:
+    """Several replicas need the shared store, and every enabled platform must be able to
+    take its messages on any replica (an adapter declares `replica_problems` when a mode of
+    it cannot: one poller per bot, say)."""
+    out = []
+    n = data["cluster"]["replicas"]
+    if data["state"]["backend"] != "postgres":
+        out.append(ConfigError(
+            "cluster.replicas", f"{n} replicas need state.backend: postgres (one shared database)"
+        ))  # fmt: skip
+    for name in adapters.names():
+        cls = adapters.adapter_class(name)
+        settings = build(cls.settings, data["platforms"][name])
+        check = getattr(cls, "replica_problems", None)
+        if settings.enabled and check is not None:
+            out.extend(check(settings, n))
+    return out
 
 
 def _allowlist_problems(name: str, settings: PlatformSettings) -> list[ConfigError]:

@@ -2,8 +2,8 @@
 memory, the `/resume N` listings and pending reset notices.
 
 `Coordinator` is the interface; `LocalCoordinator` keeps it all in this process's memory,
-which is exact for one daemon. A coordinator for several replicas implements the same
-methods with leases and shared tables. This module imports nothing from the project.
+which is exact for one daemon. gateway/leases.py's `SharedCoordinator` adds what several
+replicas need. This module imports nothing from the project.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ MessageKey = tuple[str, str, str]  # (platform, chat id, platform message id)
 
 class Coordinator(Protocol):
     """The shared state the router, commands and the Resetter agree through."""
+
+    shared: bool  # several replicas: the router takes the SharedCoordinator path
 
     def session_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
         """Serialise everything that touches one session key (turns, commands, resets),
@@ -111,6 +113,8 @@ class _KeyLock:
 class LocalCoordinator:
     """The in-process coordinator: plain dicts, lost on restart (state.db remembers what
     must survive one: stored messages dedupe redeliveries there too)."""
+
+    shared = False
 
     def __init__(self) -> None:
         self._locks: dict[str, _KeyLock] = {}  # only keys held or awaited

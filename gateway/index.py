@@ -1,6 +1,9 @@
-"""The sessions.json index: session key -> the live session, held in memory.
+"""The route index (session key -> the live session) and its one-process form, sessions.json
+held in memory (`SessionIndex`, also named `JsonRouteIndex`).
 
-Lookups never touch the disk. Changes mark the index dirty and a debounced flush writes the
+`RouteIndex` is what the router, sessions, commands and the Resetter use; several replicas
+on PostgreSQL use gateway/routes.py's `PgRouteIndex` instead. In sessions.json, lookups never
+touch the disk. Changes mark the index dirty and a debounced flush writes the
 whole file atomically (temp file, fsync, rename) at most once per interval, off the event
 loop, so a burst of messages costs one write and the cost never depends on message count.
 state.db is the source of truth: a missing or corrupt file is rebuilt from it.
@@ -19,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from state import Store
 
@@ -115,7 +118,37 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+class RouteIndex(Protocol):
+    """Session key -> its live session's entry. `get` is synchronous (the hot path reads
+    memory); changes are the caller's under the key's session lock."""
+
+    async def load(self) -> str: ...
+
+    async def sync_all(self) -> None:
+        """Bring every entry up to date before a sweep over `items()` (for an index other
+        processes change too; sessions.json is always current)."""
+        ...
+
+    def get(self, key: str) -> IndexEntry | None: ...
+
+    def items(self) -> list[tuple[str, IndexEntry]]: ...
+
+    def __len__(self) -> int: ...
+
+    def keys_for_session(self, session_id: str) -> list[str]: ...
+
+    def put(self, key: str, entry: IndexEntry) -> None: ...
+
+    def touch(self, key: str, now: float | None = None) -> None: ...
+
+    def remove(self, key: str) -> IndexEntry | None: ...
+
+    async def close(self) -> None: ...
+
+
 class SessionIndex:
+    """sessions.json (`JsonRouteIndex`): the RouteIndex of one daemon."""
+
     def __init__(
         self,
         path: Path,
@@ -301,6 +334,9 @@ class SessionIndex:
     def get(self, key: str) -> IndexEntry | None:
         return self._materialise(key)
 
+    async def sync_all(self) -> None:
+        return None  # one daemon writes this index: memory is current
+
     def items(self) -> list[tuple[str, IndexEntry]]:
         out = []
         for key in list(self._entries):
@@ -446,3 +482,6 @@ class SessionIndex:
             self._flush_task.cancel()
             await asyncio.gather(self._flush_task, return_exceptions=True)
         await self.flush()
+
+
+JsonRouteIndex = SessionIndex

@@ -27,7 +27,8 @@ from gateway.commands import (
 )
 from gateway.coordinator import Coordinator
 from gateway.errors import NotAccepted
-from gateway.index import IndexEntry, SessionIndex
+from gateway.index import IndexEntry, RouteIndex
+from gateway.leases import Lease, SharedCoordinator
 from gateway.messages import InboundMessage
 from gateway.ops.metrics import Metrics
 from gateway.reset import Resetter
@@ -43,7 +44,7 @@ from gateway.turns import (
     user_message,
 )
 from gateway.vocab import ChatType
-from state import SessionNotFound, StateError, Store
+from state import LeaseLost, SessionNotFound, StateError, Store
 from state.content import content_text
 from state.inbox import ANSWERED, DROPPED, OPEN_STATES
 
@@ -76,7 +77,7 @@ class Router:
     def __init__(
         self,
         db: Store,
-        index: SessionIndex,
+        index: RouteIndex,
         agent: Agent,
         send: Sender,
         settings: RouterSettings | None = None,
@@ -96,6 +97,13 @@ class Router:
         self._refused: set[tuple[str, str]] = set()
         self._accepting = True
         self._inflight: set[int] = set()  # inbox ids whose turn runs in this process
+        coordinator = self.services.coordinator
+        # several replicas: turns run under key leases, see _process_shared
+        self._shared: SharedCoordinator | None = (
+            coordinator if coordinator.shared else None  # type: ignore[assignment]
+        )
+        self._done_here: set[int] = set()  # rows another local task's lease ran for it
+        self._max_age_s: float | None = None  # recovery.max_age_seconds, once recover ran
         # key -> turns accepted but not yet queued on the key's lock (see _run)
         self._pending: dict[str, int] = {}
 
@@ -162,7 +170,8 @@ class Router:
                 s.signals.ended(msg, "duplicate")
                 return
         key = self.key_for(msg)
-        fast = self._idle_entry(msg, key)
+        # (replicas never take the fast path: a key's turn starts with its lease)
+        fast = self._idle_entry(msg, key) if self._shared is None else None
         if fast is not None:
             entry, release = fast
             try:
@@ -190,9 +199,15 @@ class Router:
                 self._after_accept(msg, seen_key, inbox_id, state, new)
                 return
         try:
-            inbox_id, state, new = await s.db.accept_inbound(
-                src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
-            )
+            if self._shared is None:
+                inbox_id, state, new = await s.db.accept_inbound(
+                    src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
+                )
+            else:  # the row names its key and this replica: leases and takeover read them
+                inbox_id, state, new = await s.db.accept_inbound(
+                    src.platform, src.chat_id, msg.platform_message_id, msg.as_payload(),
+                    session_key=key.format(), replica=self._shared.me,
+                )  # fmt: skip
         except StateError as exc:
             self._refuse(msg, exc)
         self._after_accept(msg, seen_key, inbox_id, state, new)
@@ -244,7 +259,7 @@ class Router:
     def _run(self, msg: InboundMessage, inbox_id: int, begun: Begun | None = None) -> None:
         self._inflight.add(inbox_id)
         src = msg.source
-        if begun is None:
+        if begun is None and self._shared is None:
             # Until its task is queued on the key's lock, no later message of the key may
             # take the fast path past it.
             k = self.key_for(msg).format()
@@ -257,8 +272,11 @@ class Router:
         """Run again, in order, the turns a crash left unfinished (once each); one older than
         `max_age_s` gets a short apology naming it instead. Returns (re-run, apologised)."""
         s = self.services
+        self._max_age_s = max_age_s
         rerun = apologised = 0
-        for row in await s.db.open_inbound():
+        shared = self._shared
+        rows = await (s.db.open_inbound() if shared is None else shared.orphaned_inbound())
+        for row in rows:
             inbox_id = int(row["id"])
             if inbox_id in self._inflight:
                 continue
@@ -268,7 +286,8 @@ class Router:
                 log.error("inbox row %d cannot be read (%s); dropped", inbox_id, exc)
                 await s.db.finish_inbound(inbox_id, DROPPED, "unreadable")
                 continue
-            if s.clock() - float(row["received_at"]) > max_age_s:
+            if shared is None and s.clock() - float(row["received_at"]) > max_age_s:
+                # (replicas decide this under the key's lease, in _run_row)
                 await s.replies.reply(msg, row["session_id"], too_old_apology(msg.text))
                 await s.db.finish_inbound(inbox_id, DROPPED, "too_old")
                 s.metrics.recovered.inc(outcome="apologised")
@@ -292,7 +311,8 @@ class Router:
         (at most once), unless inbox.resend_unconfirmed_replies asks for at least once or
         the platform's adapter shows a reply sent again under its key once (exactly once)."""
         s = self.services
-        for row in await s.db.unsent_replies():
+        shared = self._shared
+        for row in await (s.db.unsent_replies() if shared is None else shared.orphaned_replies()):
             inbox_id = int(row["id"])
             if inbox_id in self._inflight:
                 continue
@@ -335,6 +355,9 @@ class Router:
         return build_key(msg.source, self.services.settings.keys)
 
     async def _process(self, msg: InboundMessage, inbox_id: int, begun: Begun | None) -> None:
+        if self._shared is not None:
+            await self._process_shared(self._shared, msg, inbox_id)
+            return
         s = self.services
         started = s.clock()
         turn = TurnProgress(inbox_id=inbox_id)
@@ -367,23 +390,125 @@ class Router:
                             raise
                         await self._process_locked(msg, key, started, turn)  # a fresh session
         except Exception as exc:  # nothing may escape into the event loop
-            s.metrics.last_error = f"{type(exc).__name__}: {exc}"
-            s.metrics.errors.inc(kind="turn")
-            log.exception("turn failed for session_key=%s platform=%s",
-                          self.key_for(msg).format(), msg.source.platform)  # fmt: skip
-            # "Your message was saved" only when it was: anything failing before the store
-            # (a message the database refuses, a command) is reported as not stored
-            if turn.stored:
-                await s.replies.reply(msg, turn.session_id, APOLOGY, self.key_for(msg),
-                                      error="agent")  # fmt: skip
-                await self._close(inbox_id, ANSWERED, "agent_error")
-            else:
-                await s.replies.reply(msg, None, STORAGE_APOLOGY, error="storage")
-                # the chat was told to send it again: no second apology after a restart
-                await self._close(inbox_id, DROPPED, "not_stored")
+            await self._failed(msg, turn, exc)
         finally:
             self._inflight.discard(inbox_id)
             s.signals.ended(msg, turn.dropped)
+
+    async def _failed(self, msg: InboundMessage, turn: TurnProgress, exc: Exception) -> None:
+        """A message's work failed: logged, answered with an apology, its row closed."""
+        s = self.services
+        s.metrics.last_error = f"{type(exc).__name__}: {exc}"
+        s.metrics.errors.inc(kind="turn")
+        log.error("turn failed for session_key=%s platform=%s", self.key_for(msg).format(),
+                  msg.source.platform, exc_info=exc)  # fmt: skip
+        # "Your message was saved" only when it was: anything failing before the store
+        # (a message the database refuses, a command) is reported as not stored
+        if turn.stored:
+            await s.replies.reply(msg, turn.session_id, APOLOGY, self.key_for(msg),
+                                  error="agent")  # fmt: skip
+            await self._close(turn, ANSWERED, "agent_error")
+        else:
+            await s.replies.reply(msg, None, STORAGE_APOLOGY, error="storage")
+            # the chat was told to send it again: no second apology after a restart
+            await self._close(turn, DROPPED, "not_stored")
+
+    async def _guarded(
+        self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
+    ) -> None:
+        """Replicas: one message under its key's lease; a failure is answered with an
+        apology and closes the row (fenced). LeaseLost passes through: this replica may no
+        longer answer."""
+        k = key.format()
+        try:
+            try:
+                await self._process_locked(msg, key, started, turn)
+            except SessionNotFound as exc:
+                if not self._forget_deleted(k, exc.ref):
+                    raise
+                await self._process_locked(msg, key, started, turn)  # in a fresh session
+        except LeaseLost:
+            raise
+        except Exception as exc:  # nothing may escape into the event loop
+            await self._failed(msg, turn, exc)
+
+    async def _process_shared(
+        self, coordinator: SharedCoordinator, msg: InboundMessage, inbox_id: int
+    ) -> None:
+        """Replicas: take the key's lease, then run the key's open inbox rows in id order
+        (this message's, and any another replica took meanwhile, so neither overtakes the
+        other). A row answered elsewhere while waiting only tells the platform side."""
+        s = self.services
+        key = self.key_for(msg)
+        k = key.format()
+        try:
+            async with coordinator.lease(k, inbox_id) as lease:
+                if lease is not None and not any(int(r["id"]) == inbox_id for r in lease.open):
+                    if inbox_id not in self._done_here and await coordinator.row_open(inbox_id):
+                        # a row without its key (taken before replicas): run it here too
+                        lease.open.append({"id": inbox_id, "replica": None})
+                if lease is None or not any(int(r["id"]) == inbox_id for r in lease.open):
+                    if inbox_id in self._done_here:
+                        self._done_here.discard(inbox_id)  # run and signalled by the drain
+                    else:
+                        s.signals.ended(msg, "answered_elsewhere")
+                if lease is not None:
+                    await self._drain(lease, key, msg, inbox_id)
+        except Exception as exc:  # nothing may escape into the event loop
+            s.metrics.last_error = f"{type(exc).__name__}: {exc}"
+            s.metrics.errors.inc(kind="turn")
+            log.exception("lease work failed for session_key=%s", k)
+        finally:
+            self._inflight.discard(inbox_id)
+
+    async def _drain(
+        self, lease: Lease, key: SessionKey, mine: InboundMessage, inbox_id: int
+    ) -> None:
+        s = self.services
+        assert self._shared is not None
+        me = self._shared.me
+        for row in lease.open:
+            rid = int(row["id"])
+            if rid == inbox_id:
+                msg = mine
+            else:
+                try:
+                    msg = InboundMessage.from_payload(json.loads(row["payload"]))
+                except (ValueError, TypeError) as exc:
+                    log.error("inbox row %d cannot be read (%s); dropped", rid, exc)
+                    await s.db.finish_inbound(rid, DROPPED, "unreadable", fence=lease.fence)
+                    continue
+            other_task = rid != inbox_id and rid in self._inflight
+            self._inflight.add(rid)
+            turn = TurnProgress(inbox_id=rid, fence=lease.fence)
+            try:
+                await self._run_row(msg, key, row, turn)
+            except LeaseLost:
+                log.warning("session_key=%s: the lease was taken over during inbox row %d; "
+                            "its reply is withheld (the new holder answers it)", key, rid)  # fmt: skip
+                turn.dropped = "answered_elsewhere"  # the new holder answers it
+                return
+            finally:
+                if other_task:
+                    self._done_here.add(rid)
+                elif rid != inbox_id:
+                    self._inflight.discard(rid)
+                s.signals.ended(msg, turn.dropped)
+            origin = row.get("replica")
+            if origin is not None and int(origin) != me:
+                lease.answered.append((int(origin), rid))
+
+    async def _run_row(
+        self, msg: InboundMessage, key: SessionKey, row: dict[str, Any], turn: TurnProgress
+    ) -> None:
+        s = self.services
+        if (self._max_age_s is not None and row.get("received_at") is not None
+                and s.clock() - float(row["received_at"]) > self._max_age_s):  # fmt: skip
+            await s.replies.reply(msg, row.get("session_id"), too_old_apology(msg.text))
+            await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.fence)
+            s.metrics.recovered.inc(outcome="apologised")
+            return
+        await self._guarded(msg, key, s.clock(), turn)
 
     async def _process_locked(
         self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
@@ -408,16 +533,21 @@ class Router:
             live = s.index.get(key.format())
             # Closed before the reply goes: a crash in between loses the reply (at most
             # once, as a Telegram reply), never runs /new or /branch a second time.
-            await self._close(turn.inbox_id, ANSWERED, "command")
+            try:
+                await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command", fence=turn.fence)
+            except LeaseLost:
+                raise  # another replica holds the key now: this one may not answer
+            except Exception as exc:  # the store is failing: recovery will see the row
+                log.warning("inbox row %d could not be closed (%s)", turn.inbox_id, exc)
             await s.replies.reply(msg, live.session_id if live else entry.session_id, text, key)
             return
         await agent_turn(s, msg, key, entry, started, turn)
 
-    async def _close(self, inbox_id: int, state: str, reason: str) -> None:
+    async def _close(self, turn: TurnProgress, state: str, reason: str) -> None:
         try:
-            await self.services.db.finish_inbound(inbox_id, state, reason)
+            await self.services.db.finish_inbound(turn.inbox_id, state, reason, fence=turn.fence)
         except Exception as exc:  # the store is failing: recovery will see the row
-            log.warning("inbox row %d could not be closed (%s)", inbox_id, exc)
+            log.warning("inbox row %d could not be closed (%s)", turn.inbox_id, exc)
 
     def _forget_deleted(self, k: str, session_id: str) -> bool:
         """The key's session was deleted under the daemon (`sessions delete` from another

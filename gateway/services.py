@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from gateway.agent.base import Agent
 from gateway.coordinator import Coordinator, LocalCoordinator
 from gateway.deadlines import Deadlines
-from gateway.index import SessionIndex
+from gateway.index import RouteIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.ops.metrics import Metrics
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
@@ -172,7 +172,7 @@ class TaskSet:
 @dataclass(frozen=True)
 class Services:
     db: Store
-    index: SessionIndex
+    index: RouteIndex
     sessions: SessionManager
     coordinator: Coordinator
     agent: Agent
@@ -188,7 +188,7 @@ class Services:
     def create(
         cls,
         db: Store,
-        index: SessionIndex,
+        index: RouteIndex,
         agent: Agent,
         send: Sender,
         settings: RouterSettings | None = None,

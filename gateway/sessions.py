@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gateway.agent.base import Agent, ChatMessage, estimate_tokens
 from gateway.errors import NothingToCompress
-from gateway.index import IndexEntry, SessionIndex
+from gateway.index import IndexEntry, RouteIndex
 from gateway.session_keys import SessionKey, SessionSource
 from state import ChildKind, EndReason, SessionNotFound, Store, TitleError
 
@@ -29,7 +29,7 @@ class SessionManager:
     def __init__(
         self,
         db: Store,
-        index: SessionIndex,
+        index: RouteIndex,
         agent: Agent,
         *,
         model: str | None = None,

@@ -23,7 +23,7 @@ from gateway.index import IndexEntry
 from gateway.messages import InboundMessage, SentRef
 from gateway.services import Services
 from gateway.session_keys import SessionKey
-from state import StateError
+from state import Fence, StateError
 from state.inbox import ANSWERED
 
 log = logging.getLogger("gateway.router")  # the name operators already filter turn logs by
@@ -37,6 +37,7 @@ class TurnProgress:
     """How far one message got: whether it was stored (and where), or why it was dropped."""
 
     inbox_id: int = 0
+    fence: Fence | None = None  # replicas: the key's lease every turn write carries
     stored: bool = False
     session_id: str | None = None
     dropped: str | None = None
@@ -63,8 +64,9 @@ async def agent_turn(
         # proof dedupe; this write puts the message in its session, once, and reads the
         # history.
         begun = await s.db.begin_turn(
-            turn.inbox_id, sid, user_message(msg, key), last=settings.history_messages
-        )
+            turn.inbox_id, sid, user_message(msg, key), last=settings.history_messages,
+            fence=turn.fence,
+        )  # fmt: skip
     _mid, history = begun
     turn.stored, turn.session_id = True, sid
     faults.point("mid_agent")
@@ -95,7 +97,7 @@ async def agent_turn(
                 exc_info=not isinstance(exc, (StateError, asyncio.TimeoutError)),
             )
             await s.replies.reply(msg, sid, APOLOGY, key, error="agent")
-            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "agent_error")
+            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "agent_error", fence=turn.fence)
             return
         stored = [
             {
@@ -114,7 +116,7 @@ async def agent_turn(
         await s.db.end_turn(
             turn.inbox_id, sid, stored,
             input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-            reply_state="ready" if resend else "sending",
+            reply_state="ready" if resend else "sending", fence=turn.fence,
         )  # fmt: skip
         s.index.touch(k, s.clock())
         faults.point("after_reply_commit")

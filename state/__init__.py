@@ -9,6 +9,7 @@ is a `StateError`; callers match on the class, never on the text:
     │   └── SchemaTooNew       written by a newer switchboard
     ├── DatabaseBusy           another process held the write lock past the retry budget
     ├── WriterClosed           a write after close
+    ├── LeaseLost              a fenced write whose session-key lease was taken over
     ├── UnknownBackend         `state.backend` names no store (a config error, exit 78)
     ├── StoreConfigError       the store cannot open as configured (`state.dsn_env`, exit 78)
     ├── SessionNotFound
@@ -32,6 +33,7 @@ from .errors import (
     AmbiguousSession,
     DatabaseBusy,
     DatabaseError,
+    LeaseLost,
     LiveSessionExists,
     QueryError,
     SchemaTooNew,
@@ -51,6 +53,7 @@ from .listing import SessionFilter
 from .records import (
     AutoPruneResult,
     ExportRecord,
+    Fence,
     HandoffClaim,
     LiveSession,
     MessageRow,
@@ -70,8 +73,10 @@ __all__ = [
     "ChildKind",
     "DatabaseBusy",
     "DatabaseError",
+    "LeaseLost",
     "EndReason",
     "ExportRecord",
+    "Fence",
     "HandoffClaim",
     "LiveSession",
     "LiveSessionExists",

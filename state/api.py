@@ -20,6 +20,7 @@ from .listing import SessionFilter
 from .records import (
     AutoPruneResult,
     ExportRecord,
+    Fence,
     HandoffClaim,
     LiveSession,
     MessageRow,
@@ -272,7 +273,13 @@ class Store(Protocol):
         chat_id: str,
         platform_message_id: str | None,
         payload: object,
-    ) -> tuple[int, str, bool]: ...
+        *,
+        session_key: str | None = None,
+        replica: int | None = None,
+    ) -> tuple[int, str, bool]:
+        """`session_key`/`replica`: recorded by a store several replicas share (the row's
+        key and the incarnation that took it); a one-process store has no use for them."""
+        ...
     async def accept_and_begin(
         self, platform: str, chat_id: str, platform_message_id: str | None,
         payload: object, session_id: str, message: Mapping[str, Any], *,
@@ -288,7 +295,11 @@ class Store(Protocol):
         message: Mapping[str, Any],
         *,
         last: int | None = None,
-    ) -> tuple[int, list[dict[str, Any]]]: ...
+        fence: Fence | None = None,
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """`fence`: apply only while that session-key lease holds, else raise LeaseLost
+        (a store several replicas share; one process holds no leases and passes None)."""
+        ...
     async def end_turn(
         self,
         inbox_id: int,
@@ -298,6 +309,7 @@ class Store(Protocol):
         input_tokens: int = 0,
         output_tokens: int = 0,
         reply_state: str = "ready",
+        fence: Fence | None = None,
     ) -> list[int]: ...
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None: ...
     def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
@@ -306,7 +318,7 @@ class Store(Protocol):
         ...
     async def unsent_replies(self) -> list[dict[str, Any]]: ...
     async def finish_inbound(
-        self, inbox_id: int, state: str, reason: str | None = None
+        self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None
     ) -> None: ...
     async def open_inbound(self) -> list[dict[str, Any]]: ...
     async def inbox_counts(self) -> dict[str, int]: ...

@@ -41,6 +41,16 @@ class WriterClosed(StateError):
     """A write was submitted after the store was closed."""
 
 
+class LeaseLost(StateError):
+    """A fenced write found its session key's lease taken over (this process stalled past
+    a takeover, or lost its control connection): nothing of the write was applied."""
+
+    def __init__(self, key: str, epoch: int) -> None:
+        super().__init__(f"the lease on {key} (epoch {epoch}) was taken over")
+        self.key = key
+        self.epoch = epoch
+
+
 class SessionNotFound(StateError):
     def __init__(self, ref: str) -> None:
         super().__init__(f"session not found: {ref}")

@@ -160,6 +160,17 @@ class ExportRecord(TypedDict):
     messages: list[MessageRow]
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A turn's hold on its session key across replicas: the lease owner (a replica
+    incarnation) and the lease epoch it took. A write carrying it is applied only while the
+    key's lease still has this owner and epoch (else LeaseLost); one process needs none."""
+
+    session_key: str
+    owner: int
+    epoch: int
+
+
 @dataclass(frozen=True)
 class WriteStats:
     """A snapshot of the write path, for metrics and /health. `recent_*` hold the latest

@@ -41,6 +41,7 @@ from .readers import ReaderPool
 from .records import (
     AutoPruneResult,
     ExportRecord,
+    Fence,
     HandoffClaim,
     LiveSession,
     MessageRow,
@@ -651,10 +652,11 @@ class SessionDB:
 
     async def accept_inbound(
         self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object,
+        payload: object, *, session_key: str | None = None, replica: int | None = None,
     ) -> tuple[int, str, bool]:  # fmt: skip
         """Commit an inbound message before its platform is acknowledged: (inbox id, state,
-        whether it is new). A platform id taken before returns that row, storing nothing."""
+        whether it is new). A platform id taken before returns that row, storing nothing.
+        (`session_key`/`replica` are for stores replicas share: one file has one daemon.)"""
         return await self._write(
             inbox.accept, platform, chat_id, platform_message_id, inbox.payload_of(payload),
             time.time(),
@@ -674,7 +676,7 @@ class SessionDB:
 
     async def begin_turn(
         self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
-        last: int | None = None,
+        last: int | None = None, fence: Fence | None = None,
     ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
         """The user's message into its session, once (a turn a crash interrupted finds it
         there), and the newest `last` messages up to it in OpenAI chat format: (the
@@ -684,9 +686,11 @@ class SessionDB:
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
         input_tokens: int = 0, output_tokens: int = 0, reply_state: str = "ready",
+        fence: Fence | None = None,
     ) -> list[int]:  # fmt: skip
         """The reply into the session, the row `answered` and the reply in the outbox as
-        `reply_state` ('ready' or 'sending'), in one transaction."""
+        `reply_state` ('ready' or 'sending'), in one transaction. (No fences here: one
+        home, one daemon.)"""
         tokens = (
             {"input_tokens": input_tokens, "output_tokens": output_tokens}
             if input_tokens or output_tokens
@@ -723,7 +727,9 @@ class SessionDB:
         """Replies committed but not confirmed sent ('ready' and 'sending'), oldest first."""
         return await self._read(inbox.unsent_replies)
 
-    async def finish_inbound(self, inbox_id: int, state: str, reason: str | None = None) -> None:
+    async def finish_inbound(
+        self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None
+    ) -> None:
         """Close an inbox row without an agent reply (a command answered, or dropped)."""
         await self._write(inbox.finish, inbox_id, state, reason)
 

@@ -54,6 +54,8 @@ _DROPPED = {
                      "send it again (with the same Idempotency-Key)"),
     "in_flight": (409, "in_flight", "this message id is stored and its turn has not answered "
                   "yet (it runs, or runs again after a restart); ask again later for its reply"),
+    "answered_elsewhere": (409, "answered_elsewhere", "another replica answered this message "
+                           "and its answer (a command's) is not stored"),
 }  # fmt: skip
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 409: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
@@ -347,6 +349,12 @@ class ApiAdapter:
                 out, replayed = found, True
             elif found is not None:
                 ex.dropped = found
+        elif out is None and ex.dropped == "answered_elsewhere" and first:
+            # another replica ran this request's turn (it held the chat's lease): its reply
+            # is stored; this is the first answer the caller gets, not a replay
+            found = await self._stored_answer(source, slot[1])
+            if isinstance(found, OutboundMessage):
+                out = found
         if out is None:
             status, code, message = _DROPPED.get(
                 ex.dropped or "", (500, "no_reply", "the message was not answered")

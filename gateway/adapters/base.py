@@ -68,7 +68,10 @@ class PlatformAdapter(Adapter, Protocol):
 
     Optional: `idempotent_replies: ClassVar[bool] = True` declares that a send carrying an
     `OutboundMessage.dedupe_key` already sent is never shown twice in the chat; the outbox
-    then sends such replies again after a crash (exactly once instead of at most once)."""
+    then sends such replies again after a crash (exactly once instead of at most once).
+    Optional: `replica_problems(settings, replicas) -> list[ConfigError]`, a classmethod
+    naming the keys of a mode that several replicas cannot share (`cluster.replicas` > 1:
+    Telegram's polling), so the config is refused with exit 78."""
 
     settings: ClassVar[type[PlatformSettings]]
     library_loggers: ClassVar[tuple[str, ...]]  # quieted to WARNING with the daemon's own

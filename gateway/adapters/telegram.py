@@ -164,6 +164,18 @@ class TelegramAdapter:
         return out
 
     @classmethod
+    def replica_problems(cls, settings: TelegramSettings, replicas: int) -> list[ConfigError]:
+        """Several replicas cannot share polling: Telegram answers a second getUpdates
+        caller with 409 Conflict, and each would ack the other's offset."""
+        if settings.mode != "polling":
+            return []
+        return [ConfigError(
+            "platforms.telegram.mode",
+            f"polling cannot be shared by {replicas} replicas (cluster.replicas): Telegram "
+            "allows one getUpdates poller per bot; use mode: webhook behind the load balancer",
+        )]  # fmt: skip
+
+    @classmethod
     def from_config(cls, settings: TelegramSettings, secrets: Mapping[str, str]) -> TelegramAdapter:
         webhook = settings.mode == "webhook"
         return cls(

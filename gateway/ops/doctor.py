@@ -72,6 +72,22 @@ async def _index_check(home: Path, db: Store, flush_s: float = 2.0) -> tuple[Che
     return Check("session index", True, f"{_entries(path)} entries agree with state.db"), []
 
 
+async def _routes_check(db: Store) -> Check:
+    """PostgreSQL: session_routes and the replicas. Stale routes heal when their key is next
+    leased and dead replicas' leases are taken over, so neither fails the check."""
+    report = await db.cluster_report()  # type: ignore[attr-defined]
+    detail = (
+        f"{report['routes']} routes, {report['live_replicas']} live replica(s)"
+        + (f"; {report['stale_routes']} route(s) heal at their next message"
+           if report["stale_routes"] else "")
+        + (f"; {report['dead_leases']} lease(s) of stopped replicas" if report["dead_leases"]
+           else "")
+        + (f"; {report['orphaned_rows']} inbox row(s) wait for a live replica"
+           if report["orphaned_rows"] else "")
+    )  # fmt: skip
+    return Check("session routes", True, detail, warn=bool(report["orphaned_rows"]))
+
+
 def _entries(path: Path) -> int:
     try:
         return len(json.loads(path.read_bytes()))
@@ -216,7 +232,10 @@ async def _state_checks(
         if version >= 12 or not isinstance(db, SessionDB):
             checks.append(await _inbox_check(db))
         flush_s = config.sessions.index_flush_seconds if config is not None else 2.0
-        index_check, index_problems = await _index_check(home, db, flush_s)
+        if db.backend == "postgres":  # no sessions.json: the routes table, per lease
+            index_check, index_problems = await _routes_check(db), []
+        else:
+            index_check, index_problems = await _index_check(home, db, flush_s)
         if index_problems and fix:
             from gateway.app import HomeLock
             from gateway.index import SessionIndex

@@ -87,6 +87,10 @@ class Resetter:
         fresh activity and no messages, so running twice (or a late, doubled fire) resets
         nothing more."""
         at = self.clock() if now is None else now
+        await self.services.index.sync_all()  # replicas: routes other replicas changed
+        coordinator = self.services.coordinator
+        if coordinator.shared:
+            await coordinator.sync_jobs()  # type: ignore[attr-defined]
         items = self.services.index.items()
         current_ids = {entry.session_id for _, entry in items}
         self._empty = {sid: e for sid, e in self._empty.items() if sid in current_ids}

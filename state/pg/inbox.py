@@ -23,11 +23,15 @@ from .writer import register_batched
 
 _INSERT = (
     "INSERT INTO inbox (id, platform, chat_id, platform_message_id, payload, state, "
-    "received_at, updated_at) SELECT i, p, c, m, pl, %s, t, t FROM unnest(%s::bigint[], "
-    "%s::text[], %s::text[], %s::text[], %s::text[], %s::double precision[]) "
-    "WITH ORDINALITY AS u(i, p, c, m, pl, t, n) ORDER BY n "
+    "received_at, updated_at, session_key, replica) SELECT i, p, c, m, pl, %s, t, t, k, r "
+    "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], "
+    "%s::double precision[], %s::text[], %s::bigint[]) "
+    "WITH ORDINALITY AS u(i, p, c, m, pl, t, k, r, n) ORDER BY n "
     "ON CONFLICT (platform, chat_id, platform_message_id) DO NOTHING RETURNING id"
 )
+# One call: Accept, plus the message's session key and the replica taking it (several
+# replicas on one database; None for one daemon).
+Routed = tuple[str, str, "str | None", str, float, "str | None", "int | None"]
 # A separate statement, so it sees a conflicting row another transaction committed while
 # the insert waited for it (one statement's snapshot would not).
 _FIND = (
@@ -39,15 +43,17 @@ _FIND = (
 
 async def accept(
     conn: AsyncConnection, platform: str, chat_id: str, pmid: str | None, payload: str,
-    now: float,
+    now: float, session_key: str | None = None, replica: int | None = None,
 ) -> tuple[int, str, bool]:  # fmt: skip
     """Take one message: (its inbox id, its state, whether it is new). A platform id seen
     before returns the earlier row and stores nothing."""
-    return (await accept_many(conn, [(platform, chat_id, pmid, payload, now)]))[0]
+    return (await accept_many(
+        conn, [(platform, chat_id, pmid, payload, now, session_key, replica)]
+    ))[0]  # fmt: skip
 
 
 async def accept_many(
-    conn: AsyncConnection, calls: Sequence[Accept]
+    conn: AsyncConnection, calls: Sequence[Accept | Routed]
 ) -> list[tuple[int, str, bool]]:
     """Many `accept` calls: ids drawn up front (the RETURNING ids say which rows went in),
     one insert in call order (a platform id twice in the batch: the first wins), one read
@@ -59,10 +65,11 @@ async def accept_many(
             conn, "SELECT nextval(pg_get_serial_sequence('inbox', 'id')) "
             "FROM generate_series(1, %s)", (len(pending),),
         )]  # fmt: skip
-        chosen = [calls[i] for i in pending]
+        chosen = [(*calls[i], None, None)[:7] for i in pending]
         inserted = {int(r[0]) for r in await db.tuples(conn, _INSERT, (
             RECEIVED, ids, [c[0] for c in chosen], [c[1] for c in chosen],
             [c[2] for c in chosen], [c[3] for c in chosen], [c[4] for c in chosen],
+            [c[5] for c in chosen], [c[6] for c in chosen],
         ))}  # fmt: skip
         for i, rid in zip(pending, ids, strict=True):
             if rid in inserted:

@@ -133,8 +133,52 @@ CREATE INDEX idx_inbox_unsent ON inbox(id) WHERE reply_state IN ('ready', 'sendi
 CREATE INDEX idx_inbox_updated ON inbox(updated_at);
 """
 
+# Several replicas on one database (state/pg/cluster.py): each start of a replica is an
+# incarnation (its advisory lock key); a session key's route carries its lease; inbox rows
+# name their key, the replica that took them and the one whose turn started them.
+_V3 = """
+CREATE SEQUENCE replica_incarnations AS integer;
+CREATE TABLE replicas (
+    name text PRIMARY KEY,
+    incarnation bigint NOT NULL UNIQUE,
+    host text,
+    pid integer,
+    started_at double precision NOT NULL
+);
+CREATE TABLE session_routes (
+    session_key text PRIMARY KEY,
+    session_id text,
+    origin text,
+    display_name text,
+    platform text,
+    chat_type text,
+    created_at double precision,
+    updated_at double precision,
+    lease_owner bigint,
+    lease_epoch bigint NOT NULL DEFAULT 0,
+    pending_notice text,
+    listing text
+);
+CREATE INDEX idx_routes_leased ON session_routes(lease_owner) WHERE lease_owner IS NOT NULL;
+CREATE TABLE live_jobs (
+    session_id text NOT NULL,
+    name text NOT NULL,
+    owner bigint NOT NULL,
+    started_at double precision NOT NULL,
+    PRIMARY KEY (session_id, name)
+);
+ALTER TABLE inbox ADD COLUMN session_key text, ADD COLUMN replica bigint, ADD COLUMN runner bigint;
+CREATE INDEX idx_inbox_open_key ON inbox(session_key, id) WHERE state IN ('received', 'started');
+INSERT INTO session_routes (session_key, session_id, origin, display_name, platform, chat_type,
+                            created_at, updated_at)
+SELECT session_key, id, origin_json, NULL, source, COALESCE(chat_type, 'dm'), started_at,
+       COALESCE(last_active, started_at)
+FROM sessions WHERE ended_at IS NULL AND session_key IS NOT NULL
+  AND session_key NOT LIKE 'agent:main:cli:%';
+"""
+
 # Each step runs as one script inside the migrating transaction.
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2)]
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3)]
 LATEST = MIGRATIONS[-1][0]
 # Constraint name -> what it means, for turning a unique violation into the store's error.
 TITLE_INDEX = "idx_sessions_title_key"

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, TypeVar
 
 import psycopg
@@ -28,6 +28,7 @@ from ..maintenance import AUTO_PRUNE_KEY, PRUNE_CHUNK
 from ..records import (
     AutoPruneResult,
     ExportRecord,
+    Fence,
     HandoffClaim,
     LiveSession,
     MessageRow,
@@ -40,8 +41,21 @@ from ..replies import StoredReply
 from ..rows import Row
 from ..sessions import session_fields
 from ..transfer import ImportReport
-from . import admin, dashboard, inbox, lineage, messages, replies, schema, search, sessions, usage
+from . import (
+    admin,
+    cluster,
+    dashboard,
+    inbox,
+    lineage,
+    messages,
+    replies,
+    schema,
+    search,
+    sessions,
+    usage,
+)
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
+from .control import ControlLink
 from .writer import PgWriter, PgWriterConfig
 
 log = logging.getLogger("state.pg")
@@ -65,8 +79,11 @@ class PgStore:
 
     backend = "postgres"
 
-    def __init__(self, where: str, writer: PgWriter, pool: AsyncConnectionPool) -> None:
+    def __init__(
+        self, where: str, writer: PgWriter, pool: AsyncConnectionPool, dsn: str = ""
+    ) -> None:
         self.where = where
+        self._dsn = dsn
         self._writer = writer
         self._posted: set[asyncio.Task[None]] = set()  # mark_reply_soon's writes
         self._pool = pool
@@ -103,7 +120,7 @@ class PgStore:
         except BaseException:
             await writer.close()
             raise
-        return cls(where, writer, pool)
+        return cls(where, writer, pool, dsn)
 
     async def close(self) -> None:
         if self._closed:
@@ -484,15 +501,16 @@ class PgStore:
 
     async def accept_inbound(
         self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object,
+        payload: object, *, session_key: str | None = None, replica: int | None = None,
     ) -> tuple[int, str, bool]:  # fmt: skip
         """Commit an inbound message before its platform is acknowledged: (inbox id, state,
         whether it is new). A platform id taken before returns that row, storing nothing.
-        Any failure is a DatabaseError, so the gateway can refuse the message cleanly."""
+        Any failure is a DatabaseError, so the gateway can refuse the message cleanly.
+        Replicas record the message's session key and which replica took it."""
         try:
             return await self._write(
                 inbox.accept, platform, chat_id, platform_message_id, payload_of(payload),
-                time.time(),
+                time.time(), session_key, replica,
             )  # fmt: skip
         except psycopg.Error as exc:  # e.g. a NUL in an id, which PostgreSQL text refuses
             raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
@@ -513,21 +531,32 @@ class PgStore:
 
     async def begin_turn(
         self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
-        last: int | None = None,
+        last: int | None = None, fence: Fence | None = None,
     ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
         """The user's message into its session (once), the row `started`, and the newest
-        `last` messages up to it in OpenAI chat format: (the message's id, the history)."""
+        `last` messages up to it in OpenAI chat format: (the message's id, the history).
+        With a fence: only while that lease holds (else LeaseLost, nothing written)."""
+        if fence is not None:
+            return await self._write(
+                cluster.begin_turn_fenced, fence, inbox_id, session_id, dict(message), last
+            )
         return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
 
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
         input_tokens: int = 0, output_tokens: int = 0, reply_state: str = "ready",
+        fence: Fence | None = None,
     ) -> list[int]:  # fmt: skip
         """The reply into the session, the row `answered` and the reply in the outbox as
-        `reply_state`, in one transaction."""
+        `reply_state`, in one transaction; with a fence, only while that lease holds."""
         tokens = None
         if input_tokens or output_tokens:
             tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        if fence is not None:
+            return await self._write(
+                cluster.end_turn_fenced, fence, inbox_id, session_id, list(batch), tokens,
+                reply_state,
+            )  # fmt: skip
         return await self._write(
             inbox.end_turn, inbox_id, session_id, list(batch), tokens, reply_state
         )
@@ -550,9 +579,56 @@ class PgStore:
     async def unsent_replies(self) -> list[dict[str, Any]]:
         return await self._read(inbox.unsent_replies)
 
-    async def finish_inbound(self, inbox_id: int, state: str, reason: str | None = None) -> None:
+    async def finish_inbound(
+        self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None
+    ) -> None:
         """Close an inbox row without an agent reply (a command answered, or dropped)."""
+        if fence is not None:
+            await self._write(cluster.finish_fenced, fence, inbox_id, state, reason)
+            return
         await self._write(inbox.finish, inbox_id, state, reason)
+
+    # --- several replicas (state/pg/cluster.py) -------------------------------------------
+
+    async def take_lease(self, key: str, me: int, space: int) -> dict[str, Any] | None:
+        return await self._write(cluster.take_lease, key, me, space)
+
+    async def release_lease(
+        self, fence: Fence, route: Mapping[str, Any] | None,
+        answered: Sequence[tuple[int, int]] = (),
+    ) -> bool:  # fmt: skip
+        return await self._write(cluster.release_lease, fence, route, list(answered))
+
+    async def open_for_key(self, key: str) -> list[dict[str, Any]]:
+        return await self._read(cluster.open_for_key, key)
+
+    async def routes(self, space: int) -> list[dict[str, Any]]:
+        return await self._read(cluster.routes, space)
+
+    async def live_jobs(self, space: int) -> list[tuple[str, str]]:
+        return await self._read(cluster.live_jobs, space)
+
+    async def add_job(self, session_id: str, name: str, owner: int) -> None:
+        await self._write(cluster.add_job, session_id, name, owner, time.time())
+
+    async def drop_job(self, session_id: str, name: str) -> None:
+        await self._write(cluster.drop_job, session_id, name)
+
+    async def orphaned_inbound(self, space: int, me: int | None = None) -> list[dict[str, Any]]:
+        return await self._read(cluster.orphans, space, me)
+
+    async def orphaned_replies(self, space: int) -> list[dict[str, Any]]:
+        return await self._read(cluster.orphan_replies, space)
+
+    async def inbox_states(self, ids: Sequence[int]) -> dict[int, str]:
+        return await self._read(cluster.row_states, ids)
+
+    async def cluster_report(self) -> dict[str, int]:
+        return await self._read(cluster.report)
+
+    def control_link(self, name: str) -> ControlLink:
+        """A replica's control connection (not yet open) to this store's database."""
+        return ControlLink(self._dsn, self.where, name)
 
     async def open_inbound(self) -> list[dict[str, Any]]:
         """Rows a crash left `received`/`started`, oldest first."""

@@ -1,0 +1,62 @@
+"""What a coordinator of several replicas adds to `Coordinator`: key leases carrying a
+`Fence`, the open inbox rows a lease holder runs, the takeover of orphaned rows and the
+leader flag. gateway/cluster.py implements it on PostgreSQL; the router takes its path when
+`coordinator.shared` is true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.coordinator import Coordinator
+from state import Fence
+
+
+@dataclass
+class Lease:
+    """A session key held across replicas: its fence, the key's open inbox rows when it was
+    taken (id order), and the rows answered under it that another replica took (so that
+    replica is woken to answer its caller)."""
+
+    fence: Fence
+    open: list[dict[str, Any]]
+    answered: list[tuple[int, int]] = field(default_factory=list)  # (origin, inbox id)
+
+
+class SharedCoordinator(Coordinator, Protocol):
+    """A coordinator for several replicas sharing one store."""
+
+    @property
+    def me(self) -> int:
+        """This replica's incarnation (what its inbox rows and leases name)."""
+        ...
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica runs the leader-only work (the reset sweep, pruning)."""
+        ...
+
+    def lease(
+        self, key: str, inbox_id: int | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Lease | None]:
+        """Hold `key` here and across replicas; None when `inbox_id` was answered
+        elsewhere while waiting."""
+        ...
+
+    async def row_open(self, inbox_id: int) -> bool:
+        """Is this inbox row still received/started (nobody answered or dropped it)?"""
+        ...
+
+    async def orphaned_inbound(self) -> list[dict[str, Any]]:
+        """Open inbox rows no live replica works on (the takeover scan)."""
+        ...
+
+    async def orphaned_replies(self) -> list[dict[str, Any]]:
+        """Unconfirmed replies whose turn ran on a replica that is gone."""
+        ...
+
+    async def sync_jobs(self) -> None:
+        """Refresh other replicas' live jobs (before a reset sweep)."""
+        ...

@@ -1,0 +1,400 @@
+"""Several replicas on one PostgreSQL database: session-key leases with fencing, routes
+(the shared sessions.json), live background jobs, orphaned inbox rows and replica wake-ups.
+
+A replica *incarnation* is a number drawn from `replica_incarnations` at each start; it is
+live while its session-level advisory lock `(space, incarnation)` shows in `pg_locks` (held
+on the replica's control connection, state/pg/control.py), so a killed replica's leases are
+free the moment its connection closes, with no TTL. `space` keeps schemas apart (one lock
+space per schema). A lease is taken with one statement that only succeeds when the route is
+unowned, owned by this incarnation or owned by a dead one; every take bumps the epoch, and
+fenced writes check owner and epoch under a row lock in their own transaction. The gateway
+side (which key to lease when, what runs under it) is gateway/cluster.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from ..errors import LeaseLost
+from ..inbox import OPEN_STATES
+from ..records import Fence
+from . import db, inbox
+from .writer import register_batched
+
+# Incarnations whose control connection holds its lock, i.e. the live replicas.
+LIVE = (
+    "SELECT l.objid::bigint FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+    "AND l.objsubid = 2 AND l.classid::bigint = %(space)s "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+LEADER = 0  # the leader lock's second key; incarnations start at 1
+
+_TAKE = f"""
+WITH taken AS (
+    INSERT INTO session_routes AS r (session_key, lease_owner, lease_epoch)
+    SELECT k, %(me)s, 1 FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
+    ON CONFLICT (session_key) DO UPDATE
+        SET lease_owner = excluded.lease_owner, lease_epoch = r.lease_epoch + 1
+        WHERE r.lease_owner IS NULL OR r.lease_owner = %(me)s
+           OR r.lease_owner NOT IN ({LIVE})
+    RETURNING r.*
+)
+SELECT t.*, rs.ended_at AS route_ended, rs.id AS route_found,
+       ls.id AS live_id, ls.origin_json AS live_origin, ls.started_at AS live_started,
+       ls.last_active AS live_active, ls.source AS live_source, ls.chat_type AS live_chat_type,
+       COALESCE(rs.last_active, 0) AS route_active
+FROM taken t
+LEFT JOIN sessions rs ON rs.id = t.session_id
+LEFT JOIN sessions ls ON ls.session_key = t.session_key AND ls.ended_at IS NULL
+"""
+_OPEN_FOR_KEY = (
+    "SELECT id, payload, replica, state, session_id, received_at, session_key FROM inbox "
+    "WHERE session_key = ANY(%s) AND state IN ('received', 'started') ORDER BY id"
+)
+_JOBS = (
+    f"SELECT session_id, name FROM live_jobs WHERE owner IN ({LIVE}) "
+    "AND (%(sids)s::text[] IS NULL OR session_id = ANY(%(sids)s))"
+)
+
+
+async def take_lease(conn: AsyncConnection, key: str, me: int, space: int) -> dict[str, Any] | None:
+    """Take `key`'s lease for incarnation `me` (creating its route row on first contact):
+    the route with the live session state (`live_*`, the route's own session's `route_*`),
+    the key's open inbox rows (`open`, id order) and the session's live jobs (`jobs`); None
+    while a live replica holds it."""
+    return (await take_leases_many(conn, [(key, me, space)]))[0]
+
+
+async def take_leases_many(
+    conn: AsyncConnection, calls: Sequence[tuple[str, int, int]]
+) -> list[dict[str, Any] | None]:
+    """Many takes in three statements (one replica's writer: one `me`, one `space`). Keys
+    are taken in key order, so two replicas' batches never deadlock on each other's rows;
+    a key twice in one batch is taken by its first call (the second waits, as it would)."""
+    out: list[dict[str, Any] | None] = [None] * len(calls)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (_key, me, space) in enumerate(calls):
+        groups.setdefault((me, space), []).append(i)
+    for (me, space), which in groups.items():
+        first: dict[str, int] = {}
+        for i in which:
+            first.setdefault(calls[i][0], i)
+        found = {
+            str(r["session_key"]): dict(r)
+            for r in await db.rows(conn, _TAKE, {"keys": list(first), "me": me, "space": space})
+        }
+        if not found:
+            continue
+        open_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in found}
+        for row in await db.rows(conn, _OPEN_FOR_KEY, (list(found),)):
+            open_rows[str(row.pop("session_key"))].append(row)
+        sids = {k: r.get("session_id") or r.get("live_id") for k, r in found.items()}
+        jobs: dict[str, list[str]] = {}
+        wanted = [str(s) for s in sids.values() if s]
+        if wanted:
+            for sid, name in await db.tuples(conn, _JOBS, {"space": space, "sids": wanted}):
+                jobs.setdefault(str(sid), []).append(str(name))
+        for key, route in found.items():
+            route["open"] = open_rows[key]
+            route["jobs"] = jobs.get(str(sids[key]), []) if sids[key] else []
+            out[first[key]] = route
+    return out
+
+
+register_batched(take_lease, take_leases_many)
+
+
+async def open_for_key(conn: AsyncConnection, key: str) -> list[dict[str, Any]]:
+    """The key's open inbox rows, oldest first (what the lease holder runs next)."""
+    return await db.rows(conn, _OPEN_FOR_KEY, ([key],))
+
+
+async def check_fence(conn: AsyncConnection, fence: Fence) -> None:
+    """Raise LeaseLost unless the key's lease still has this owner and epoch; the row stays
+    share-locked until the caller's transaction ends, so no takeover commits in between."""
+    await check_fences(conn, [fence])
+
+
+async def check_fences(conn: AsyncConnection, fences: Sequence[Fence]) -> None:
+    """check_fence for many (rows locked in key order); the first lost one raises."""
+    keys = sorted({f.session_key for f in fences})
+    held = {
+        str(k): (o, e)
+        for k, o, e in await db.tuples(
+            conn,
+            "SELECT session_key, lease_owner, lease_epoch FROM session_routes "
+            "WHERE session_key = ANY(%s) ORDER BY session_key FOR SHARE",
+            (keys,),
+        )
+    }
+    for f in fences:
+        if held.get(f.session_key) != (f.owner, f.epoch):
+            raise LeaseLost(f.session_key, f.epoch)
+
+
+_ROUTE_COLUMNS = ("session_id", "origin", "display_name", "platform", "chat_type",
+                  "created_at", "updated_at", "pending_notice", "listing")  # fmt: skip
+_ROUTE_TYPES = ("text", "text", "text", "text", "text", "double precision",
+                "double precision", "text", "text")  # fmt: skip
+_RELEASE = (
+    "UPDATE session_routes r SET lease_owner = NULL, "
+    + ", ".join(f"{c} = CASE WHEN u.w THEN u.{c} ELSE r.{c} END" for c in _ROUTE_COLUMNS)
+    + " FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::boolean[], "
+    + ", ".join(f"%s::{t}[]" for t in _ROUTE_TYPES)
+    + ") AS u(k, o, e, w, "
+    + ", ".join(_ROUTE_COLUMNS)
+    + ") "
+    "WHERE r.session_key = u.k AND r.lease_owner = u.o AND r.lease_epoch = u.e "
+    "RETURNING r.session_key"
+)
+
+
+async def release_lease(
+    conn: AsyncConnection, fence: Fence, route: Mapping[str, Any] | None,
+    answered: Sequence[tuple[int, int]],
+) -> bool:  # fmt: skip
+    """Write the route as the holder leaves it (None: unchanged), free the lease, and wake
+    other replicas: the origin of each row answered here (`d:<inbox id>`) and of each row
+    still open for the key (`k:<key>`: the lease is free). False when the lease was lost
+    (nothing written)."""
+    return (await release_leases_many(conn, [(fence, route, answered)]))[0]
+
+
+async def release_leases_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
+) -> list[bool]:
+    """Many releases in three statements (rows updated in key order)."""
+    order = sorted(range(len(calls)), key=lambda i: calls[i][0].session_key)
+    cols: list[list[Any]] = [[] for _ in _ROUTE_COLUMNS]
+    for i in order:
+        route = calls[i][1] or {}
+        for n, c in enumerate(_ROUTE_COLUMNS):
+            cols[n].append(route.get(c))
+    freed = {
+        str(r[0])
+        for r in await db.tuples(
+            conn,
+            _RELEASE,
+            (
+                [calls[i][0].session_key for i in order],
+                [calls[i][0].owner for i in order],
+                [calls[i][0].epoch for i in order],
+                [calls[i][1] is not None for i in order],
+                *cols,
+            ),
+        )  # fmt: skip
+    }
+    wake: list[tuple[str, str]] = [
+        (channel(origin), f"d:{inbox_id}")
+        for fence, _route, answered in calls
+        for origin, inbox_id in answered
+        if origin != fence.owner
+    ]
+    if freed:
+        owners = {c[0].session_key: c[0].owner for c in calls}
+        for key, origin in await db.tuples(
+            conn,
+            "SELECT DISTINCT session_key, replica FROM inbox WHERE session_key = ANY(%s) "
+            "AND state IN ('received', 'started') AND replica IS NOT NULL",
+            (sorted(freed),),
+        ):
+            if int(origin) != owners[str(key)]:
+                wake.append((channel(int(origin)), f"k:{key}"))
+    if wake:
+        await db.run(
+            conn, "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) AS u(c, p)",
+            ([c for c, _ in wake], [p for _, p in wake]),
+        )  # fmt: skip
+    return [c[0].session_key in freed for c in calls]
+
+
+register_batched(release_lease, release_leases_many)
+
+
+def channel(incarnation: int) -> str:
+    """The LISTEN channel one replica incarnation is woken on."""
+    return f"switchboard_replica_{incarnation}"
+
+
+async def routes(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
+    """Every route with a session (the reset sweep's view), and whether a live replica
+    leases it."""
+    return await db.rows(
+        conn,
+        f"SELECT r.*, (r.lease_owner IN ({LIVE})) AS leased FROM session_routes r "
+        "WHERE r.session_id IS NOT NULL",
+        {"space": space},
+    )
+
+
+async def live_jobs(conn: AsyncConnection, space: int) -> list[tuple[str, str]]:
+    """(session id, job name) of every background job a live replica runs."""
+    return [(str(r[0]), str(r[1])) for r in await db.tuples(conn, _JOBS, {"space": space,
+                                                                         "sids": None})]  # fmt: skip
+
+
+async def add_job(
+    conn: AsyncConnection, session_id: str, name: str, owner: int, now: float
+) -> None:
+    await db.run(
+        conn,
+        "INSERT INTO live_jobs (session_id, name, owner, started_at) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (session_id, name) DO UPDATE SET owner = excluded.owner",
+        (session_id, name, owner, now),
+    )
+
+
+async def drop_job(conn: AsyncConnection, session_id: str, name: str) -> None:
+    await db.run(conn, "DELETE FROM live_jobs WHERE session_id = %s AND name = %s",
+                 (session_id, name))  # fmt: skip
+
+
+async def orphans(
+    conn: AsyncConnection, space: int, me: int | None = None, limit: int = 200
+) -> list[dict[str, Any]]:
+    """Open inbox rows nobody live works on: taken by a replica that is gone (or by a
+    daemon before replicas), not started by a live one, and whose key no other live replica
+    leases; and the open rows `me` took itself (the caller skips those it is running: the
+    rest were left by a failure here). Oldest first."""
+    return await db.rows(
+        conn,
+        f"WITH live AS ({LIVE}) SELECT i.id, i.payload, i.session_key, i.state, "
+        "i.session_id, i.received_at FROM inbox i "
+        "LEFT JOIN session_routes r ON r.session_key = i.session_key "
+        "WHERE i.state IN ('received', 'started') "
+        "AND (i.replica = %(me)s OR ("
+        "(i.replica IS NULL OR i.replica NOT IN (SELECT * FROM live)) "
+        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)))) "
+        "AND (r.lease_owner IS NULL OR r.lease_owner = %(me)s "
+        "OR r.lease_owner NOT IN (SELECT * FROM live)) "
+        "ORDER BY i.id LIMIT %(limit)s",
+        {"space": space, "me": me, "limit": limit},
+    )
+
+
+async def orphan_replies(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
+    """Replies committed but not confirmed sent whose turn ran on a replica that is gone:
+    the shape of inbox.unsent_replies."""
+    return await db.rows(
+        conn,
+        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
+        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
+        f"WHERE i.reply_state IN ('ready', 'sending') AND (i.runner IS NULL OR i.runner NOT IN "
+        f"({LIVE})) ORDER BY i.id",
+        {"space": space},
+    )
+
+
+async def row_states(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str]:
+    return {int(i): str(s) for i, s in await db.tuples(
+        conn, "SELECT id, state FROM inbox WHERE id = ANY(%s)", (list(ids),)
+    )}  # fmt: skip
+
+
+# --- fenced forms of the turn's writes (state/pg/inbox.py's, after check_fence) ----------
+
+
+async def begin_turn_fenced(
+    conn: AsyncConnection, fence: Fence, inbox_id: int, session_id: str,
+    message: Mapping[str, Any], last: int | None,
+) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+    return (await begin_turns_fenced_many(conn, [(fence, inbox_id, session_id, message, last)]))[0]
+
+
+async def begin_turns_fenced_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[Fence, int, str, Mapping[str, Any], int | None]],
+) -> list[tuple[int, list[dict[str, Any]]]]:
+    """The fences, the rows' runner (whose turn started them), then inbox.begin_turn's
+    batch. One lost fence fails the batch; the writer then redoes it one call at a time."""
+    await check_fences(conn, [c[0] for c in calls])
+    await db.run(
+        conn,
+        "UPDATE inbox SET runner = u.o FROM unnest(%s::bigint[], %s::bigint[]) AS u(id, o) "
+        "WHERE inbox.id = u.id",
+        ([c[1] for c in calls], [c[0].owner for c in calls]),
+    )
+    return await inbox.begin_turns_many(conn, [c[1:] for c in calls])
+
+
+register_batched(begin_turn_fenced, begin_turns_fenced_many)
+
+
+async def end_turn_fenced(
+    conn: AsyncConnection, fence: Fence, inbox_id: int, session_id: str,
+    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
+) -> list[int]:  # fmt: skip
+    return (await end_turns_fenced_many(
+        conn, [(fence, inbox_id, session_id, batch, tokens, reply_state)]
+    ))[0]  # fmt: skip
+
+
+async def end_turns_fenced_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[Fence, int, str, list[Mapping[str, Any]], Mapping[str, int] | None,
+                          str]],
+) -> list[list[int]]:  # fmt: skip
+    await check_fences(conn, [c[0] for c in calls])
+    return await inbox.end_turns_many(conn, [c[1:] for c in calls])
+
+
+register_batched(end_turn_fenced, end_turns_fenced_many)
+
+
+async def finish_fenced(
+    conn: AsyncConnection, fence: Fence, inbox_id: int, state: str, reason: str | None
+) -> None:
+    await finish_fenced_many(conn, [(fence, inbox_id, state, reason)])
+
+
+async def finish_fenced_many(
+    conn: AsyncConnection, calls: Sequence[tuple[Fence, int, str, str | None]]
+) -> list[None]:
+    await check_fences(conn, [c[0] for c in calls])
+    return await inbox.finish_many(conn, [c[1:] for c in calls])
+
+
+register_batched(finish_fenced, finish_fenced_many)
+
+
+def route_fields(
+    session_id: str | None, origin: Mapping[str, Any] | None, display_name: str | None,
+    platform: str | None, chat_type: str | None, created_at: float | None,
+    updated_at: float | None, notice: str | None, listing: Sequence[str] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """A route row's columns from the gateway's values (what release_lease writes)."""
+    return {
+        "session_id": session_id,
+        "origin": None if origin is None else json.dumps(dict(origin), ensure_ascii=False),
+        "display_name": display_name, "platform": platform, "chat_type": chat_type,
+        "created_at": created_at, "updated_at": updated_at, "pending_notice": notice,
+        "listing": None if listing is None else json.dumps(list(listing)),
+    }  # fmt: skip
+
+
+__all__ = ["LEADER", "LIVE", "OPEN_STATES", "channel"]
+
+
+async def report(conn: AsyncConnection) -> dict[str, int]:
+    """What `switchboard doctor` shows of the replicas: live replicas, routes, routes whose
+    session is no longer live (healed at their next lease), leases of replicas that are gone
+    (taken over at the next message or scan), open inbox rows nobody live works on."""
+    space = int(await db.value(conn, "SELECT hashtext(current_schema()) & 2147483647"))
+    p = {"space": space}
+    live = [int(r[0]) for r in await db.tuples(conn, LIVE, p)]
+    routes, stale = (await db.tuples(
+        conn, "SELECT COUNT(*), COUNT(*) FILTER (WHERE r.session_id IS NOT NULL AND NOT EXISTS "
+        "(SELECT 1 FROM sessions s WHERE s.id = r.session_id AND s.ended_at IS NULL)) "
+        "FROM session_routes r",
+    ))[0]  # fmt: skip
+    dead = await db.value(
+        conn, "SELECT COUNT(*) FROM session_routes WHERE lease_owner IS NOT NULL "
+        "AND NOT (lease_owner = ANY(%s))", (live,),
+    )  # fmt: skip
+    return {"live_replicas": len(live), "routes": int(routes), "stale_routes": int(stale),
+            "dead_leases": int(dead), "orphaned_rows": len(await orphans(conn, space))}  # fmt: skip

@@ -1,0 +1,155 @@
+"""A replica's control connection: its identity, its liveness and its wake-ups.
+
+One direct (never pooled: a transaction pooler would break session advisory locks and
+LISTEN) autocommit connection with TCP keepalives holds the incarnation's advisory lock
+(state/pg/cluster.py reads liveness from `pg_locks`), the leader lock while this replica
+leads, and LISTENs on the incarnation's channel. Only `serve()` uses the connection after
+`open()`: it waits for notifications in short slices and tries the leader lock between
+them, so nothing else ever shares it. Losing the connection means losing the locks: `serve`
+opens a new one as a new incarnation and tells its caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import AsyncConnection
+
+from ..errors import DatabaseError, StoreConfigError
+from . import cluster, db
+
+log = logging.getLogger("state.pg.control")
+
+# Keepalives: a partitioned replica's connection (and so its locks) ends within about
+# idle + interval * count seconds, on both sides.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+              "keepalives_count": 3, "tcp_user_timeout": 11000}  # fmt: skip
+
+
+def application_name(replica: str) -> str:
+    """The control connection's name in pg_stat_activity (operators and tests find a
+    replica's lock holder by it)."""
+    return f"switchboard-control:{replica}"[:63]
+
+
+def default_name() -> str:
+    """A replica's name when the config gives none: host and process id."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Wakeup:
+    """A notification on this incarnation's channel: `d` (an inbox row this replica took
+    was answered elsewhere; `ref` is its id) or `k` (a key's lease is free; `ref` is the key)."""
+
+    kind: str
+    ref: str
+
+
+class ReplicaNameTaken(StoreConfigError):
+    """A live replica already runs under this name."""
+
+
+class ControlLink:
+    def __init__(self, dsn: str, where: str, name: str) -> None:
+        self.dsn = dsn
+        self.where = where
+        self.name = name
+        self.incarnation = 0
+        self.space = 0
+        self.leading = False
+        self._conn: AsyncConnection | None = None
+
+    async def open(self) -> None:
+        """Connect, register this replica as a new incarnation and take its lock."""
+        try:
+            conn = await AsyncConnection.connect(
+                self.dsn, autocommit=True, application_name=application_name(self.name),
+                **KEEPALIVES,
+            )  # fmt: skip
+        except psycopg.Error as exc:
+            raise DatabaseError(self.where, f"cannot open the control connection: {exc}") from exc
+        try:
+            self.space = int(await db.value(conn, "SELECT hashtext(current_schema()) & 2147483647"))
+            taken = await db.value(
+                conn,
+                f"SELECT 1 FROM replicas WHERE name = %(name)s AND incarnation IN ({cluster.LIVE})",
+                {"name": self.name, "space": self.space},
+            )
+            if taken:
+                raise ReplicaNameTaken(
+                    "cluster.replica_id",
+                    f"a live replica already runs as {self.name!r}; give each its own name",
+                )
+            incarnation = int(await db.value(conn, "SELECT nextval('replica_incarnations')"))
+            await db.run(conn, "SELECT pg_advisory_lock(%s, %s)", (self.space, incarnation))
+            await db.run(
+                conn,
+                "INSERT INTO replicas (name, incarnation, host, pid, started_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
+                "incarnation = excluded.incarnation, host = excluded.host, pid = excluded.pid, "
+                "started_at = excluded.started_at",
+                (self.name, incarnation, socket.gethostname(), os.getpid(), time.time()),
+            )
+            await conn.execute(f'LISTEN "{cluster.channel(incarnation)}"'.encode())
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn, self.incarnation, self.leading = conn, incarnation, False
+        log.info("replica %s is incarnation %d", self.name, incarnation)
+
+    async def serve(
+        self, on_wakeup: Callable[[Wakeup], None], on_incarnation: Callable[[int], None],
+        *, slice_s: float = 1.0,
+    ) -> None:  # fmt: skip
+        """Deliver wake-ups and keep trying the leader lock, until cancelled. A lost
+        connection is reopened as a new incarnation (`on_incarnation`); meanwhile nothing
+        leads here."""
+        while True:
+            try:
+                conn = self._conn
+                if conn is None or conn.closed:
+                    raise psycopg.OperationalError("the control connection is closed")
+                if not self.leading:
+                    self.leading = bool(await db.value(
+                        conn, "SELECT pg_try_advisory_lock(%s, %s)", (self.space, cluster.LEADER)
+                    ))  # fmt: skip
+                    if self.leading:
+                        log.info("replica %s leads (resets, pruning)", self.name)
+                async for note in conn.notifies(timeout=slice_s):
+                    kind, _, ref = note.payload.partition(":")
+                    on_wakeup(Wakeup(kind, ref))
+            except asyncio.CancelledError:
+                raise
+            except psycopg.Error as exc:
+                self.leading = False
+                log.error("control connection lost (%s); rejoining as a new incarnation", exc)
+                await self._close_conn()
+                while True:
+                    try:
+                        await self.open()
+                        break
+                    except (DatabaseError, psycopg.Error) as again:
+                        log.warning("control connection: %s; retrying", again)
+                        await asyncio.sleep(1.0)
+                on_incarnation(self.incarnation)
+
+    async def _close_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close()
+            except psycopg.Error:
+                pass
+
+    async def close(self) -> None:
+        """Closing the connection frees the replica and leader locks at once."""
+        self.leading = False
+        await self._close_conn()

@@ -1,0 +1,332 @@
+"""PgCoordinator (gateway/cluster.py) against a real PostgreSQL: two coordinators, each on
+its own store and control connection, as two replicas would be (issue 18, item 3)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import psycopg
+import pytest
+
+from gateway.agent.echo import EchoAgent
+from gateway.cluster import PgCoordinator
+from gateway.index import IndexEntry
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from gateway.reset import Resetter
+from gateway.reset.policy import PolicySet, ResetPolicy
+from gateway.router import Router
+from gateway.routes import PgRouteIndex
+from gateway.services import Services
+from gateway.session_keys import SessionSource
+from state import Fence, LeaseLost, StoreConfigError
+from state.pg.control import application_name
+from state.pg.store import PgStore
+from tests import pgserver
+
+Replica = tuple[PgStore, PgCoordinator]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
+    try:
+        yield dsn
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+@pytest.fixture
+async def replica(server: str) -> AsyncIterator[Callable[[str], Awaitable[Replica]]]:
+    """`await replica(name)`: a store and a started coordinator on one fresh schema."""
+    schema = pgserver.fresh_schema(server)
+    dsn = pgserver.with_schema(server, schema)
+    made: list[Replica] = []
+
+    async def make(name: str) -> Replica:
+        store = await PgStore.open(dsn)
+        link = store.control_link(f"{name}-{schema}")  # unique on a shared server
+
+        async def all_routes() -> list[dict[str, object]]:
+            return await store.routes(link.space)
+
+        coordinator = PgCoordinator(store, link, PgRouteIndex(all_routes))
+        try:
+            await coordinator.start()
+        except BaseException:
+            await store.close()
+            raise
+        made.append((store, coordinator))
+        return store, coordinator
+
+    try:
+        yield make
+    finally:
+        for store, coordinator in made:
+            await coordinator.close()
+            await store.close()
+        pgserver.drop_schema(server, schema)
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 (a flag another task's loop sets)
+            await asyncio.sleep(0.05)
+
+
+def _kill_control(server: str, name: str) -> None:
+    """What a SIGKILL (or a partition the keepalives noticed) does to a replica's locks."""
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE application_name = %s", (application_name(name),))  # fmt: skip
+
+
+async def test_a_key_held_by_a_live_replica_waits_and_is_taken_once_released(replica) -> None:
+    _, a = await replica("a")
+    _, b = await replica("b")
+    order: list[str] = []
+    a_holds = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_a() -> None:
+        async with a.lease("k") as lease:
+            assert lease is not None
+            order.append("a in")
+            a_holds.set()
+            await release.wait()
+            order.append("a out")
+
+    async def then_b() -> None:
+        await a_holds.wait()
+        async with b.lease("k") as lease:
+            assert lease is not None
+            order.append("b in")
+
+    task_a, task_b = asyncio.create_task(hold_a()), asyncio.create_task(then_b())
+    await a_holds.wait()
+    await asyncio.sleep(0.5)  # b polls meanwhile; it must not get in
+    assert order == ["a in"]
+    release.set()
+    await asyncio.wait_for(asyncio.gather(task_a, task_b), 10)
+    assert order == ["a in", "a out", "b in"]
+
+
+async def test_every_take_bumps_the_epoch_and_a_stale_fence_fails(replica) -> None:
+    store, a = await replica("a")
+    _, b = await replica("b")
+    sid = await store.create_session(source="api", session_key="k")
+    rid, _, _ = await store.accept_inbound("api", "1", "m1", {"text": "x"}, session_key="k",
+                                           replica=a.me)  # fmt: skip
+    async with a.lease("k", rid) as first:
+        assert first is not None and [r["id"] for r in first.open] == [rid]
+        old = first.fence
+        await store.begin_turn(rid, sid, {"role": "user", "content": "x"}, fence=old)
+    async with b.lease("k") as second:
+        assert second is not None and second.fence.epoch == old.epoch + 1
+        with pytest.raises(LeaseLost):  # a's turn, resumed after b took over: refused
+            await store.end_turn(rid, sid, [{"role": "assistant", "content": "late"}], fence=old)
+        assert await store.message_count(sid) == 1  # the zombie's reply was not written
+        await store.end_turn(rid, sid, [{"role": "assistant", "content": "ok"}],
+                             fence=second.fence)  # fmt: skip
+    assert await store.message_count(sid) == 2
+
+
+async def test_a_dead_replicas_lease_is_free_at_once_and_its_rows_are_orphans(
+    replica, server: str
+) -> None:
+    store, a = await replica("a")
+    _, b = await replica("b")
+    rid, _, _ = await store.accept_inbound("api", "1", "m1", {"text": "x"}, session_key="k",
+                                           replica=a.me)  # fmt: skip
+    assert await b.orphaned_inbound() == []  # a is live and will run it
+    got = asyncio.Event()
+
+    async def a_holds_forever() -> None:
+        async with a.lease("k") as lease:
+            assert lease is not None
+            got.set()
+            await asyncio.sleep(3600)
+
+    holder = asyncio.create_task(a_holds_forever())
+    await got.wait()
+    try:
+        _kill_control(server, a.link.name)
+        # no TTL: as soon as a's connection is gone its lease is b's to take
+        async with asyncio.timeout(10):
+            async with b.lease("k") as lease:
+                assert lease is not None and [r["id"] for r in lease.open] == [rid]
+        assert [r["id"] for r in await b.orphaned_inbound()] == [rid]
+    finally:
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+
+
+async def test_exactly_one_replica_leads_and_leadership_moves_when_it_dies(replica) -> None:
+    _, a = await replica("a")
+    _, b = await replica("b")
+    await _until(lambda: a.leading or b.leading)
+    leader, other = (a, b) if a.leading else (b, a)
+    await asyncio.sleep(1.5)  # the other keeps trying every slice and must keep failing
+    assert leader.leading and not other.leading
+    await leader.close()  # its connection ends, as a killed process's does
+    await _until(lambda: other.leading)
+
+
+async def test_routes_notices_and_listings_travel_with_the_lease(replica) -> None:
+    store, a = await replica("a")
+    _, b = await replica("b")
+    sid = await store.create_session(source="api", session_key="k", chat_id="1")
+    async with a.lease("k") as lease:
+        assert lease is not None
+        entry = IndexEntry(sid, 1.0, 2.0, {"platform": "api", "chat_id": "1"}, None, "api", "dm")
+        a.routes.put("k", entry)
+        a.set_notice("k", "reset for you")
+        a.remember_listing("k", [sid])
+    assert b.routes.get("k") is None  # nothing is read outside a lease
+    async with b.lease("k") as lease:
+        assert lease is not None
+        got = b.routes.get("k")
+        # the route as a wrote it; activity is the later of the route's and the session's
+        assert got is not None and got.static_part() == entry.static_part()
+        assert got.updated_at >= entry.updated_at
+        assert b.listing("k") == [sid]
+        assert b.take_notice("k") == "reset for you"
+    async with a.lease("k"):
+        assert a.take_notice("k") is None  # taken once, on whichever replica
+
+
+async def test_a_route_whose_session_ended_heals_to_the_keys_live_session(replica) -> None:
+    store, a = await replica("a")
+    old = await store.create_session(source="api", session_key="k")
+    async with a.lease("k"):
+        a.routes.put("k", IndexEntry(old, 1.0, 1.0, {}, None, "api", "dm"))
+    await store.end_session(old, "new_session")  # as if the replica died mid-/new
+    new = await store.create_session(source="api", session_key="k")
+    async with a.lease("k"):
+        found = a.routes.get("k")
+        assert found is not None and found.session_id == new
+
+
+async def test_background_jobs_of_another_replica_hold_off_its_sessions(replica) -> None:
+    _, a = await replica("a")
+    _, b = await replica("b")
+    a.job_started("s1", "bg1")
+    async with asyncio.timeout(10):
+        while True:
+            await b.sync_jobs()
+            if b.live_jobs("s1"):
+                break
+            await asyncio.sleep(0.05)
+    assert b.live_jobs("s1") == ["bg1"] and "s1" in b.busy_session_ids()
+    a.job_finished("s1", "bg1")
+    async with asyncio.timeout(10):
+        while b.live_jobs("s1"):
+            await asyncio.sleep(0.05)
+            await b.sync_jobs()
+
+
+async def test_two_live_replicas_cannot_share_a_name(replica) -> None:
+    await replica("same")
+    with pytest.raises(StoreConfigError, match="cluster.replica_id"):
+        await replica("same")
+
+
+async def test_two_sweepers_reset_an_idle_session_once_and_the_notice_reaches_the_chat_once(
+    replica,
+) -> None:
+    """Both replicas sweep at the same moment (as two leaders never would, but a sweep in
+    flight when leadership moves does): the reset is decided again under the key's lease,
+    so the session is reset once, the pre-reset hook runs once, and the chat's next message,
+    on either replica, carries the notice once."""
+    now = [time.time()]  # the store stamps rows with the real clock
+    hooks: list[str] = []
+    sent: list[OutboundMessage] = []
+    a, b = [await _router(replica, name, now, sent, hooks) for name in ("a", "b")]
+    routers = [a, b]
+    for router in routers:  # the test's clock runs ahead: nothing may count as too old
+        await router.recover(30 * 86400)
+
+    async def said(text: str, router: Router, mid: str) -> None:
+        before = len(sent)
+        await router.handle(InboundMessage(SessionSource("api", "9", "dm", "9"), text, mid))
+        await _until(lambda: len(sent) > before and router.inflight == 0)  # lease freed
+
+    await said("hello", a, "m1")
+    first = sent[-1].session_id
+    now[0] += 2 * 3600
+    assert a.resetter is not None and b.resetter is not None
+    done = await asyncio.gather(a.resetter.apply(), b.resetter.apply())
+    assert sorted(done) == [0, 1] and hooks == [first]
+    await said("again", b, "m2")
+    notices = [o.text for o in sent if o.notice]
+    assert len(notices) == 1 and "inactivity" in notices[0]
+    assert sent[-1].session_id != first and sent[-1].text == "echo: again"
+    await said("and again", a, "m3")
+    assert len([o for o in sent if o.notice]) == 1 and sent[-1].session_id == sent[-2].session_id
+
+
+async def _router(
+    replica: Callable[[str], Awaitable[Replica]], name: str, now: list[float],
+    sent: list[OutboundMessage], hooks: list[str],
+) -> Router:  # fmt: skip
+    """A replica's router on its coordinator: the echo agent, replies into `sent`, an idle
+    policy of 60 minutes with notices, a pre-reset hook recording into `hooks`."""
+    store, coordinator = await replica(name)
+
+    async def send(out: OutboundMessage) -> SentRef:
+        sent.append(out)
+        return SentRef(out.platform, out.chat_id, ("1",))
+
+    async def hook(session_id: str, reason: str) -> None:
+        hooks.append(session_id)
+        await asyncio.sleep(0.2)  # long enough for another sweep to queue behind it
+
+    policies = PolicySet(default=ResetPolicy("idle", idle_minutes=60, notify=True))
+
+    def resetter(services: Services) -> Resetter:
+        return Resetter(services, policies, hook=hook, clock=lambda: now[0])
+
+    return Router(
+        store, coordinator.routes, EchoAgent(), send, clock=lambda: now[0],
+        coordinator=coordinator, resetter=resetter,
+    )  # fmt: skip
+
+
+async def test_a_row_left_open_before_replicas_is_run_by_the_takeover(replica) -> None:
+    """A row without its key or taker (a single daemon before schema 3 left it open) is
+    picked up by the takeover scan and answered once."""
+    sent: list[OutboundMessage] = []
+    router = await _router(replica, "a", [time.time()], sent, [])
+    msg = InboundMessage(SessionSource("api", "5", "dm", "5"), "left over", "old1")
+    await router.services.db.accept_inbound("api", "5", "old1", msg.as_payload())
+    assert await router.recover(3600) == (1, 0)
+    await _until(lambda: bool(sent) and router.inflight == 0)
+    assert [o.text for o in sent] == ["echo: left over"]
+    assert await router.recover(3600) == (0, 0)
+    assert (await router.services.db.inbox_counts()) == {"answered": 1}
+
+
+async def test_a_stale_fence_fails_only_its_own_write_in_a_batch(replica) -> None:
+    """Fenced writes are batched by the writer; one stale fence among them fails its own
+    caller only (the batch is redone one write at a time)."""
+    store, a = await replica("a")
+    sids, rows = {}, {}
+    for key in ("k1", "k2", "k3"):
+        sids[key] = await store.create_session(source="api", session_key=key)
+        rows[key], _, _ = await store.accept_inbound(
+            "api", key, "m", {"text": key}, session_key=key, replica=a.me
+        )
+    async with a.lease("k1") as l1, a.lease("k2") as l2, a.lease("k3") as l3:
+        assert l1 is not None and l2 is not None and l3 is not None
+        stale = Fence("k2", a.me, l2.fence.epoch - 1)
+        fences = {"k1": l1.fence, "k2": stale, "k3": l3.fence}
+        got = await asyncio.gather(
+            *(store.begin_turn(rows[k], sids[k], {"role": "user", "content": k}, fence=fences[k])
+              for k in ("k1", "k2", "k3")),
+            return_exceptions=True,
+        )  # fmt: skip
+    assert isinstance(got[1], LeaseLost)
+    assert not isinstance(got[0], BaseException) and not isinstance(got[2], BaseException)
+    assert [await store.message_count(sids[k]) for k in ("k1", "k2", "k3")] == [1, 0, 1]
