@@ -531,8 +531,15 @@ class Router:
                 text = await command.handler(ctx)
             # /new, /branch, /resume ... change the key's session: answer with the live one
             live = s.index.get(key.format())
+            # Closed before the reply goes: a crash in between loses the reply (at most
+            # once, as a Telegram reply), never runs /new or /branch a second time.
+            try:
+                await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command", fence=turn.fence)
+            except LeaseLost:
+                raise  # another replica holds the key now: this one may not answer
+            except Exception as exc:  # the store is failing: recovery will see the row
+                log.warning("inbox row %d could not be closed (%s)", turn.inbox_id, exc)
             await s.replies.reply(msg, live.session_id if live else entry.session_id, text, key)
-            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command", fence=turn.fence)
             return
         await agent_turn(s, msg, key, entry, started, turn)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,13 +156,21 @@ def reply_key(inbox_id: int) -> str:
     return f"sb-{inbox_id}"
 
 
+def ids_json(ids: Sequence[str]) -> str:
+    """The platform's message ids as a JSON list; plain ids (the usual digits) without
+    the json module's per-call set-up, once per reply."""
+    if all(i.isascii() and i.isalnum() for i in ids):
+        return "[" + ",".join(f'"{i}"' for i in ids) + "]"
+    return json.dumps(list(ids))
+
+
 def mark_reply_soon(services: Services, inbox_id: int, ref: SentRef | None) -> None:
     """`mark_reply` without waiting for it: the next message of the chat does not wait,
     and no task is made per turn for it."""
     try:
         services.db.mark_reply_soon(
             inbox_id, "sent" if ref is not None else "failed",
-            json.dumps(list(ref.message_ids)) if ref is not None else None,
+            ids_json(ref.message_ids) if ref is not None else None,
         )  # fmt: skip
     except Exception as exc:  # closed under us: the row stays unconfirmed
         log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)
@@ -174,7 +182,7 @@ async def mark_reply(services: Services, inbox_id: int, ref: SentRef | None) -> 
     try:
         await services.db.mark_reply(
             inbox_id, "sent" if ref is not None else "failed",
-            json.dumps(list(ref.message_ids)) if ref is not None else None,
+            ids_json(ref.message_ids) if ref is not None else None,
         )  # fmt: skip
     except Exception as exc:  # the row stays unconfirmed: counted at the next start
         log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)

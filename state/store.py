@@ -36,7 +36,7 @@ from . import (
     transfer,
     usage,
 )
-from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError
+from .errors import DatabaseBusy, DatabaseError, SessionNotFound, StateError, WriterClosed
 from .readers import ReaderPool
 from .records import (
     AutoPruneResult,
@@ -123,6 +123,7 @@ class SessionDB:
         self.path = path
         self._writer = writer
         self._readers = readers
+        self._marks: list[tuple[int, str, str | None]] = []  # mark_reply_soon's, unposted
         self._closed = False
 
     # --- lifecycle ------------------------------------------------------------------
@@ -166,6 +167,7 @@ class SessionDB:
         if self._closed:
             return
         self._closed = True
+        self._post_marks()
         # Readers first: the last connection to close checkpoints and removes the WAL,
         # and only the (read-write) writer connection can do that.
         await self._readers.close()
@@ -703,8 +705,23 @@ class SessionDB:
         await self._write(inbox.mark_reply, inbox_id, reply_state, ref)
 
     def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
-        """`mark_reply` posted to the writer: no future, no task (one per turn otherwise)."""
-        self._writer.post(inbox.mark_reply, inbox_id, reply_state, ref)
+        """`mark_reply` posted to the writer: no future, no task (one per turn otherwise),
+        and the marks of one turn of the event loop go as one operation (each operation
+        queued wakes the writer's thread)."""
+        if self._closed:
+            raise WriterClosed("the store is closed")
+        self._marks.append((inbox_id, reply_state, ref))
+        if len(self._marks) == 1:
+            asyncio.get_running_loop().call_soon(self._post_marks)
+
+    def _post_marks(self) -> None:
+        marks, self._marks = self._marks, []
+        if not marks:
+            return
+        try:
+            self._writer.post(inbox.mark_replies_many, marks)
+        except WriterClosed as exc:  # the rows stay unconfirmed, as after a crash
+            log.warning("%d sent mark(s) not stored: %s", len(marks), exc)
 
     async def unsent_replies(self) -> list[dict[str, Any]]:
         """Replies committed but not confirmed sent ('ready' and 'sending'), oldest first."""

@@ -527,10 +527,16 @@ class Writer:
                 except sqlite3.OperationalError as exc:
                     if is_busy(exc):
                         raise  # retry the whole batch
+                    if not conn.in_transaction:
+                        # SQLite rolled the whole transaction back itself (a full disk can):
+                        # the operations before this one are undone too, so the batch fails
+                        raise
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
                     results.append((False, _translate(exc, "state.db")))
                 except Exception as exc:
+                    if not conn.in_transaction:
+                        raise  # as above
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
                     results.append((False, exc))

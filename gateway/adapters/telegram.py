@@ -38,6 +38,11 @@ from gateway.vocab import AdapterState, ChatType
 log = logging.getLogger("gateway.adapters.telegram")
 LIMIT = 4096  # UTF-16 code units per message
 TYPING_EVERY_S = 4.0
+# Bot API calls in flight at once, below python-telegram-bot's pool of 256 connections:
+# more would queue inside httpcore, whose pool hands out connections by scanning every
+# waiting request (quadratic in a backlog) and fails a wait longer than 1 s, which the
+# retries then multiply. Waiting here is a plain FIFO.
+CALLS_IN_FLIGHT = 64
 # A turn answered sooner than this shows no typing: the reply itself is the sign of life,
 # and an action per quick turn would double the requests to the Bot API under load.
 TYPING_AFTER_S = 0.3
@@ -242,6 +247,7 @@ class TelegramAdapter:
         self._poll_task: asyncio.Task[None] | None = None
         self._emit: Emit | None = None
         self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._calls = asyncio.Semaphore(CALLS_IN_FLIGHT)
         self.bot_username: str | None = None
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
@@ -390,10 +396,11 @@ class TelegramAdapter:
             await asyncio.sleep(TYPING_AFTER_S)
             while time.monotonic() < deadline:
                 with contextlib.suppress(Exception):
-                    await self._bot.send_chat_action(
-                        chat_id=int(chat_id), action="typing",
-                        message_thread_id=int(thread_id) if thread_id else None,
-                    )  # fmt: skip
+                    async with self._calls:
+                        await self._bot.send_chat_action(
+                            chat_id=int(chat_id), action="typing",
+                            message_thread_id=int(thread_id) if thread_id else None,
+                        )  # fmt: skip
                 await asyncio.sleep(TYPING_EVERY_S)
         finally:
             self._typing.pop((chat_id, thread_id), None)
@@ -405,7 +412,8 @@ class TelegramAdapter:
 
         async def attempt() -> Any:
             try:
-                return await fn()
+                async with self._calls:
+                    return await fn()
             except tg_error.RetryAfter as exc:
                 raise RetryAfter(retry_after_s(exc)) from exc
             except tg_error.InvalidToken as exc:
