@@ -180,6 +180,9 @@ class PgCoordinator:
     async def orphaned_replies(self) -> list[dict[str, Any]]:
         return await self.store.orphaned_replies(self.link.space)
 
+    async def claim_reply(self, inbox_id: int) -> bool:
+        return await self.store.claim_orphaned_reply(self.link.space, inbox_id, self.me)
+
     async def sync_jobs(self) -> None:
         """Every live replica's background jobs (before a reset sweep)."""
         remote: dict[str, set[str]] = {}

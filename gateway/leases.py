@@ -57,6 +57,11 @@ class SharedCoordinator(Coordinator, Protocol):
         """Unconfirmed replies whose turn ran on a replica that is gone."""
         ...
 
+    async def claim_reply(self, inbox_id: int) -> bool:
+        """Take one of those replies for this replica to send; False when another live
+        replica took it first."""
+        ...
+
     async def sync_jobs(self) -> None:
         """Refresh other replicas' live jobs (before a reset sweep)."""
         ...

@@ -316,6 +316,8 @@ class Router:
             inbox_id = int(row["id"])
             if inbox_id in self._inflight:
                 continue
+            if shared is not None and not await shared.claim_reply(inbox_id):
+                continue  # another replica took this dead runner's reply: it sends it
             try:
                 msg = InboundMessage.from_payload(json.loads(row["payload"]))
             except (ValueError, TypeError):

@@ -290,6 +290,20 @@ async def orphan_replies(conn: AsyncConnection, space: int) -> list[dict[str, An
     )
 
 
+async def claim_reply(conn: AsyncConnection, space: int, inbox_id: int, me: int) -> bool:
+    """Make `me` the runner of an orphaned unconfirmed reply, unless a live replica claimed
+    it first: the row lock makes two takers of one dead runner's reply take turns, and the
+    second finds the first's (live) incarnation there. Only the claimer sends it again."""
+    got = await db.tuples(
+        conn,
+        "UPDATE inbox SET runner = %(me)s WHERE id = %(id)s "
+        "AND reply_state IN ('ready', 'sending') "
+        f"AND (runner IS NULL OR runner NOT IN ({LIVE})) RETURNING id",
+        {"space": space, "id": inbox_id, "me": me},
+    )
+    return bool(got)
+
+
 async def row_states(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str]:
     return {int(i): str(s) for i, s in await db.tuples(
         conn, "SELECT id, state FROM inbox WHERE id = ANY(%s)", (list(ids),)

@@ -620,6 +620,9 @@ class PgStore:
     async def orphaned_replies(self, space: int) -> list[dict[str, Any]]:
         return await self._read(cluster.orphan_replies, space)
 
+    async def claim_orphaned_reply(self, space: int, inbox_id: int, me: int) -> bool:
+        return await self._write(cluster.claim_reply, space, inbox_id, me)
+
     async def inbox_states(self, ids: Sequence[int]) -> dict[int, str]:
         return await self._read(cluster.row_states, ids)
 

@@ -23,7 +23,6 @@ from tests.cluster.workload import Workload
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
-KNOWN_GAP = "Slack replies not exactly once"
 KILL_POINTS = int(os.environ.get("SWITCHBOARD_KILL_POINTS", "20"))
 SEED = int(os.environ.get("SWITCHBOARD_CRASH_SEED", "20261201"))
 
@@ -49,8 +48,6 @@ async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
         ]
         assert left is None, (left, explain(conn, gaps))
         problems = check_run(conn, work) + leftover_leases(conn)
-    known = [p for p in problems if p.startswith(KNOWN_GAP)]
-    problems = [p for p in problems if not p.startswith(KNOWN_GAP)]
     assert problems == [], "\n".join(problems)
     assert cluster.tracebacks() == []
     figures = work.figures()
@@ -66,10 +63,3 @@ async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
     # the load ran throughout (a shared 2-core machine may run it slowly: no rate asserted)
     assert figures["acknowledged"] == figures["messages"] >= 3 * KILL_POINTS
     assert len(balancer.sent) == 3  # every replica took deliveries
-    if known:
-        # Every other promise held. A dead runner's unsent replies are resent by each
-        # replica whose orphan scan finds them (no claim on the row: the logs show two
-        # replicas handling the same inbox row within 0.1 s), so two can both read the
-        # Slack history before either posted, and both post. Strict again once the scan
-        # claims a row before resending it.
-        pytest.xfail("; ".join(known))
