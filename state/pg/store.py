@@ -52,6 +52,7 @@ from . import (
     schema,
     search,
     sessions,
+    shards,
     usage,
 )
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
@@ -625,6 +626,12 @@ class PgStore:
 
     async def cluster_report(self) -> dict[str, int]:
         return await self._read(cluster.report)
+
+    async def claim_shards(self, platform: str, count: int, me: int, space: int) -> dict[int, int]:
+        return await self._write(shards.claim, platform, count, me, space)
+
+    async def shard_owners(self, platform: str) -> list[tuple[int, int, int | None, int]]:
+        return await self._read(shards.owners, platform)
 
     def control_link(self, name: str) -> ControlLink:
         """A replica's control connection (not yet open) to this store's database."""
