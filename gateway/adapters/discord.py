@@ -313,13 +313,20 @@ class DiscordAdapter:
                             "closing its connection", shard, self._shard_count, run.epoch,
                             owned.get(shard))  # fmt: skip
                 await self._close_shard(shard)
+            elif run.task.done():  # its connection gave up (logged): connect it again
+                await self._close_shard(shard)
         for shard, epoch in sorted(owned.items()):
             if shard not in self._shards and not self._stopping:
                 await self._open_shard(shard, epoch)
 
     async def _open_shard(self, shard: int, epoch: int) -> None:
         client = self._new_client(shard)
-        await self._login(client)
+        try:
+            await self._login(client)
+        except BaseException:  # cancelled by stop(), or refused: nothing left open
+            if not client.is_closed():
+                await client.close()
+            raise
         task = asyncio.create_task(self._connect(client), name=f"discord.gateway:{shard}")
         self._shards[shard] = _Shard(epoch, client, task)
         try:
