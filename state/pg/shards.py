@@ -48,16 +48,3 @@ async def claim(
     await db.run(conn, _TAKE, params)
     await db.run(conn, _FORGET, params)
     return {int(s): int(e) for s, e in await db.tuples(conn, _MINE, params)}
-
-
-async def owners(conn: AsyncConnection, platform: str) -> list[tuple[int, int, int | None, int]]:
-    """(shard_count, shard_id, owner, epoch) of every row, for operators and tests."""
-    return [
-        (int(n), int(s), None if o is None else int(o), int(e))
-        for n, s, o, e in await db.tuples(
-            conn,
-            "SELECT shard_count, shard_id, owner, epoch FROM platform_shards "
-            "WHERE platform = %s ORDER BY 1, 2",
-            (platform,),
-        )  # fmt: skip
-    ]

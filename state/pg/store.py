@@ -630,9 +630,6 @@ class PgStore:
     async def claim_shards(self, platform: str, count: int, me: int, space: int) -> dict[int, int]:
         return await self._write(shards.claim, platform, count, me, space)
 
-    async def shard_owners(self, platform: str) -> list[tuple[int, int, int | None, int]]:
-        return await self._read(shards.owners, platform)
-
     def control_link(self, name: str) -> ControlLink:
         """A replica's control connection (not yet open) to this store's database."""
         return ControlLink(self._dsn, self.where, name)

@@ -297,7 +297,8 @@ class FakeDiscord:
             if self.refuse_threads:
                 return self._json({"message": "Missing Permissions", "code": 50013}, status=403)
             parent = path.split("/")[2]
-            thread = {"id": str(next(self._ids)), "type": 11, "parent_id": parent, "owner_id": BOT_ID, "guild_id": GUILD,
+            guild = GUILD2 if parent == GENERAL2 else GUILD
+            thread = {"id": str(next(self._ids)), "type": 11, "parent_id": parent, "owner_id": BOT_ID, "guild_id": guild,
                       "name": (body or {}).get("name", ""), "message_count": 0, "member_count": 1,
                       "thread_metadata": {"archived": False, "auto_archive_duration": (body or {}).get("auto_archive_duration", 1440),
                                           "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}  # fmt: skip
