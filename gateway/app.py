@@ -33,6 +33,7 @@ from gateway.reset.scheduler import ResetScheduler
 from gateway.router import Router
 from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
+from gateway.shards import PgShardLedger
 from gateway.vocab import AdapterState
 from state import Store, open_store
 from state.replies import StoredReply
@@ -264,6 +265,9 @@ class Gateway:
             use_cursors = getattr(adapter, "use_cursors", None)
             if use_cursors is not None:
                 use_cursors(StoreCursors(self.db, adapter.platform))
+            use_shards = getattr(adapter, "use_shards", None)
+            if use_shards is not None and self.cluster is not None:  # one shard, one replica
+                use_shards(PgShardLedger(self.cluster.store, self.cluster.link, adapter.platform))
             try:
                 await adapter.start(self.router.handle)
             except OSError as exc:

@@ -8,6 +8,11 @@ channels); in threads it takes part in (it created them or answered there), alwa
 (re)start the channels the bot answered in are caught up (gateway.adapters.discord_catchup).
 Each part of a reply carries a nonce derived from its dedupe key, so a resend after a crash
 is answered with the message already posted (exactly once within Discord's nonce window).
+With `shard_count` above 1, or among replicas (a `ShardLedger`, gateway/shards.py), each
+owned shard is its own `discord.Client(shard_id=k, shard_count=n)` (an AutoShardedClient
+cannot change its shards while running), and REST calls go through one more client that
+logs in but never connects. Discord sends a guild's events to shard (guild_id >> 22) % n
+and DMs to shard 0 only.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gateway.adapters.base import (
     DEFAULT_BACKOFF,
@@ -38,7 +43,11 @@ from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, id_list, in_range, setting
 from gateway.session_keys import SessionSource
+from gateway.shards import CLAIM_EVERY_S
 from gateway.vocab import AdapterState, ChatType
+
+if TYPE_CHECKING:
+    from gateway.shards import ShardLedger
 
 log = logging.getLogger("gateway.adapters.discord")
 LIMIT = 2000
@@ -54,6 +63,9 @@ class DiscordSettings(PlatformSettings):
     )
     catch_up_hours: float = setting(
         24.0, in_range(0, 720), "after a restart, missed messages older than this are skipped"
+    )
+    shard_count: int = setting(
+        1, in_range(1, 1024), "gateway shards; among replicas each shard runs on one of them"
     )
 
 
@@ -111,6 +123,15 @@ def to_inbound(
         return None
 
 
+@dataclass
+class _Shard:
+    """One shard running here: the epoch it was taken at and its connection."""
+
+    epoch: int
+    client: Any
+    task: asyncio.Task[None]
+
+
 def reply_nonce(dedupe_key: str, channel_id: str, part: int) -> str:
     """The nonce of one part of a reply: the same for every send of that part, distinct
     across keys, channels and parts, and within Discord's 25 characters (24 hex digits)."""
@@ -141,6 +162,7 @@ class DiscordAdapter:
             free_channels=frozenset(str(c) for c in settings.free_response_channels),
             api_base=settings.base_url, gateway_url=settings.gateway_url,
             catch_up_messages=settings.catch_up_messages, catch_up_hours=settings.catch_up_hours,
+            shard_count=settings.shard_count,
         )  # fmt: skip
 
     def routes(self) -> Mapping[str, Route]:
@@ -191,8 +213,13 @@ class DiscordAdapter:
         backoff: Backoff = DEFAULT_BACKOFF,
         catch_up_messages: int = 50,
         catch_up_hours: float = 24.0,
+        shard_count: int = 1,
     ) -> None:
         self._token = token
+        self._shard_count = shard_count
+        self._ledger: ShardLedger | None = None
+        self._shards: dict[int, _Shard] = {}  # the shards running here
+        self._claims: asyncio.Task[None] | None = None
         self._catch_up_messages = catch_up_messages
         self._catch_up_s = catch_up_hours * 3600
         self._positions = Positions(None)
@@ -221,21 +248,31 @@ class DiscordAdapter:
         """Where the last handled message of each channel is kept across restarts."""
         self._positions = Positions(cursors)
 
-    async def start(self, emit: Emit) -> None:
+    def use_shards(self, ledger: ShardLedger) -> None:
+        """Among replicas: run only the shards this replica owns in the ledger."""
+        self._ledger = ledger
+
+    @property
+    def sharded(self) -> bool:
+        return self._ledger is not None or self._shard_count > 1
+
+    def _new_client(self, shard: int | None) -> Any:
         import discord
 
-        self._emit = emit
-        _point_at(self._api_base, self._gateway_url)
         intents = discord.Intents.default()
         intents.message_content = True
         client = discord.Client(
             intents=intents, guild_ready_timeout=self._ready_timeout,
             allowed_mentions=discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=False),
+            shard_id=shard, shard_count=None if shard is None else self._shard_count,
         )  # fmt: skip
         client.event(self.on_message)
         client.event(self.on_ready)
-        self._stopping = False
-        self._client = client
+        return client
+
+    async def _login(self, client: Any) -> None:
+        import discord
+
         try:
             await client.login(self._token)
         except discord.LoginFailure as exc:
@@ -243,16 +280,102 @@ class DiscordAdapter:
             log.error("discord refused the bot token; the adapter is stopped (%s)", exc)
             await client.close()
             raise InvalidToken("discord rejected the bot token") from exc
-        self._task = asyncio.create_task(self._connect(), name="discord.gateway")
-        async with asyncio.timeout(30):
-            await client.wait_until_ready()
-        self.state = AdapterState.RUNNING
-        log.info("discord connected as %s", client.user)
 
-    async def _connect(self) -> None:
+    async def start(self, emit: Emit) -> None:
+        self._emit = emit
+        _point_at(self._api_base, self._gateway_url)
+        self._stopping = False
+        client = self._client = self._new_client(None)
+        await self._login(client)
+        if self.sharded:  # this client only makes REST calls; the shards connect
+            await self._sync_shards()
+            self._claims = asyncio.create_task(self._claim_loop(), name="discord.shards")
+        else:
+            self._task = asyncio.create_task(self._connect(client), name="discord.gateway")
+            async with asyncio.timeout(30):
+                await client.wait_until_ready()
+        self.state = AdapterState.RUNNING
+        log.info("discord connected as %s (shards here: %s)", client.user,
+                 sorted(self._shards) if self.sharded else "all")  # fmt: skip
+
+    # --- shards -------------------------------------------------------------------------
+
+    async def _sync_shards(self) -> None:
+        """Run exactly the shards owned now: close the ones taken elsewhere (their epoch
+        moved), connect the ones newly taken."""
+        if self._ledger is None:
+            owned = dict.fromkeys(range(self._shard_count), 0)
+        else:
+            owned = await self._ledger.claim(self._shard_count)
+        for shard, run in list(self._shards.items()):
+            if owned.get(shard) != run.epoch:
+                log.warning("discord shard %d/%d is no longer ours (epoch %d, now %s); "
+                            "closing its connection", shard, self._shard_count, run.epoch,
+                            owned.get(shard))  # fmt: skip
+                await self._close_shard(shard)
+            elif run.task.done():  # its connection gave up (logged): connect it again
+                await self._close_shard(shard)
+        for shard, epoch in sorted(owned.items()):
+            if shard not in self._shards and not self._stopping:
+                await self._open_shard(shard, epoch)
+
+    async def _open_shard(self, shard: int, epoch: int) -> None:
+        client = self._new_client(shard)
+        try:
+            await self._login(client)
+        except BaseException:  # cancelled by stop(), or refused: nothing left open
+            if not client.is_closed():
+                await client.close()
+            raise
+        task = asyncio.create_task(self._connect(client), name=f"discord.gateway:{shard}")
+        self._shards[shard] = _Shard(epoch, client, task)
+        try:
+            async with asyncio.timeout(30):
+                await client.wait_until_ready()
+        except TimeoutError:  # kept: discord.py goes on trying, the next claim keeps it
+            log.warning("discord shard %d/%d not ready after 30 s", shard, self._shard_count)
+            return
+        log.info("discord shard %d/%d connected (epoch %d)", shard, self._shard_count, epoch)
+
+    async def _close_shard(self, shard: int) -> None:
+        run = self._shards.pop(shard)
+        if not run.client.is_closed():
+            await run.client.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(run.task, 5)
+
+    async def _claim_loop(self) -> None:
+        """Every CLAIM_EVERY_S: take the shards of replicas that are gone, let go of ours
+        that were taken."""
+        while True:
+            await asyncio.sleep(CLAIM_EVERY_S)
+            try:
+                await self._sync_shards()
+            except Exception as exc:  # the database is away: keep what runs, ask again
+                self.last_error = f"shards: {exc}"
+                log.warning("discord shard claim failed: %s", exc)
+
+    def _cached(self, channel_id: int) -> Any:
+        """A channel from the cache of whichever connection has it (None when none has)."""
+        for client in [self._client, *(run.client for run in self._shards.values())]:
+            found = client.get_channel(channel_id) if client is not None else None
+            if found is not None:
+                return found
+        return None
+
+    def _reader(self, channel_id: str) -> Any:
+        """The client to read a channel's history with: a connection that has the channel
+        in its cache (its guild's name and all), else the REST client."""
+        found = self._cached(int(channel_id))
+        for run in self._shards.values():
+            if found is not None and run.client.get_channel(int(channel_id)) is found:
+                return run.client
+        return self._client
+
+    async def _connect(self, client: Any) -> None:
         """discord.py reconnects by itself (reconnect=True) on dropped connections."""
         try:
-            await self._client.connect(reconnect=True)
+            await client.connect(reconnect=True)
         except Exception as exc:
             self.state = failed(type(exc).__name__)
             self.last_error = str(exc)
@@ -279,7 +402,7 @@ class DiscordAdapter:
             # the most recently active channels first
             for channel, last in sorted(positions.items(), key=lambda p: -p[1]):
                 try:
-                    async for message in missed(self._client, channel, last,
+                    async for message in missed(self._reader(channel), channel, last,
                                                 limit=self._catch_up_messages, horizon_s=self._catch_up_s):  # fmt: skip
                         if await self._take(message):
                             self.caught_up += 1
@@ -307,6 +430,12 @@ class DiscordAdapter:
         for task in self._typing.values():
             task.cancel()
         self._typing.clear()
+        if self._claims is not None:
+            self._claims.cancel()
+            await asyncio.gather(self._claims, return_exceptions=True)
+            self._claims = None
+        for shard in list(self._shards):
+            await self._close_shard(shard)
         if self._client is not None and not self._client.is_closed():
             await self._client.close()
         if self._task is not None:
@@ -315,9 +444,16 @@ class DiscordAdapter:
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "last_error": self.last_error, "typing_in": sorted(self._typing),
-                "caught_up": self.caught_up,
-                "latency_ms": round(self._client.latency * 1000, 1) if self._client and self._client.is_ready() else None}  # fmt: skip
+        ready = [c for c in [self._client, *(r.client for r in self._shards.values())]
+                 if c is not None and c.is_ready()]  # fmt: skip
+        found: dict[str, object] = {
+            "state": self.state, "last_error": self.last_error, "typing_in": sorted(self._typing),
+            "caught_up": self.caught_up,
+            "latency_ms": round(ready[0].latency * 1000, 1) if ready else None,
+        }  # fmt: skip
+        if self.sharded:
+            found["shards"] = {str(k): r.epoch for k, r in sorted(self._shards.items())}
+        return found
 
     # --- inbound ------------------------------------------------------------------------
 
@@ -471,7 +607,7 @@ class DiscordAdapter:
         raised (and logged), never silently replaced by a reply in the parent channel."""
         import discord
 
-        channel = self._client.get_channel(int(chat_id))
+        channel = self._cached(int(chat_id))
         if not isinstance(channel, discord.TextChannel):
             return None  # DMs and threads cannot hold threads
         try:

@@ -177,8 +177,21 @@ FROM sessions WHERE ended_at IS NULL AND session_key IS NOT NULL
   AND session_key NOT LIKE 'agent:main:cli:%';
 """
 
+# Which replica runs which shard of a platform's gateway connection (state/pg/shards.py).
+_V4 = """
+CREATE TABLE platform_shards (
+    platform text NOT NULL,
+    shard_count integer NOT NULL,
+    shard_id integer NOT NULL,
+    owner bigint,
+    epoch bigint NOT NULL DEFAULT 0,
+    taken_at double precision,
+    PRIMARY KEY (platform, shard_count, shard_id)
+);
+"""
+
 # Each step runs as one script inside the migrating transaction.
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3)]
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3), (4, _V4)]
 LATEST = MIGRATIONS[-1][0]
 # Constraint name -> what it means, for turning a unique violation into the store's error.
 TITLE_INDEX = "idx_sessions_title_key"

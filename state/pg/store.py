@@ -52,6 +52,7 @@ from . import (
     schema,
     search,
     sessions,
+    shards,
     usage,
 )
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
@@ -628,6 +629,9 @@ class PgStore:
 
     async def cluster_report(self) -> dict[str, int]:
         return await self._read(cluster.report)
+
+    async def claim_shards(self, platform: str, count: int, me: int, space: int) -> dict[int, int]:
+        return await self._write(shards.claim, platform, count, me, space)
 
     def control_link(self, name: str) -> ControlLink:
         """A replica's control connection (not yet open) to this store's database."""

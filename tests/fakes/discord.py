@@ -3,7 +3,9 @@ discord.py (pointed here through `Route.BASE` and `DiscordWebSocket.DEFAULT_GATE
 Ids are real snowflakes (they carry their creation time), and every message is kept per
 channel so REST history (`GET /channels/{id}/messages`) can be read back after a restart.
 A send with `enforce_nonce` repeating a nonce seen within `nonce_window_s` is answered with
-the first message, as Discord does, and recorded as "POST-DEDUPED" (not in `posted`)."""
+the first message, as Discord does, and recorded as "POST-DEDUPED" (not in `posted`).
+IDENTIFY's `shard` is honoured: a connection gets the guilds of its shard
+((guild_id >> 22) % count) and their events, and DMs only on shard 0."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ def restore_discord_globals(monkeypatch: Any) -> None:
 GUILD = "100000000000000001"
 GENERAL = "200000000000000010"
 THREAD = "200000000000000020"
+# a second guild (only when `guilds` names it), on shard 1 of 2 where GUILD is on shard 0
+GUILD2 = str(int(GUILD) + (1 << 22))
+GENERAL2 = "200000000000000030"
 BOT_ID = "300000000000000001"
 BOT = {
     "id": BOT_ID,
@@ -60,6 +65,8 @@ class FakeDiscord:
     token: str = "fake-token"
     _runner: web.AppRunner | None = None
     _sockets: list[web.WebSocketResponse] = field(default_factory=list)
+    guilds: tuple[str, ...] = (GUILD,)  # the guilds the bot is in (GUILD, GUILD2)
+    shard_of: dict[web.WebSocketResponse, tuple[int, int]] = field(default_factory=dict)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _last_id: int = 0
     history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # channel -> messages
@@ -100,6 +107,16 @@ class FakeDiscord:
                 raise AssertionError("no gateway connection")
             await asyncio.sleep(0.01)
 
+    def connected_shards(self) -> list[tuple[int, int]]:
+        """(shard, count) of every open connection that identified, sorted."""
+        return sorted(s for ws, s in self.shard_of.items() if not ws.closed and ws in self._sockets)
+
+    @staticmethod
+    def shard_for(data: dict[str, Any], count: int) -> int:
+        """Where Discord sends an event: its guild's shard, shard 0 without a guild."""
+        guild = data.get("guild_id")
+        return 0 if guild is None else (int(guild) >> 22) % count
+
     def next_id(self, at: float | None = None) -> int:
         """A snowflake made at `at` (Unix seconds, now by default), larger than any before."""
         ms = int((time.time() if at is None else at) * 1000) - 1_420_070_400_000
@@ -130,7 +147,8 @@ class FakeDiscord:
     # --- events ------------------------------------------------------------------------
 
     def message(self, content: str, channel: str, *, user: str = "500000000000000001", name: str = "ann",
-                guild: bool = True, mention: bool = False, at: float | None = None) -> dict[str, Any]:  # fmt: skip
+                guild: bool = True, mention: bool = False, at: float | None = None,
+                guild_id: str = GUILD) -> dict[str, Any]:  # fmt: skip
         sent = time.time() if at is None else at
         data: dict[str, Any] = {
             "id": str(self.next_id(sent)), "type": 0, "content": content, "channel_id": channel,
@@ -139,7 +157,7 @@ class FakeDiscord:
             "pinned": False, "mention_everyone": False, "tts": False,
         }  # fmt: skip
         if guild:
-            data["guild_id"] = GUILD
+            data["guild_id"] = guild_id
             data["member"] = {
                 "roles": [],
                 "flags": 0,
@@ -156,13 +174,15 @@ class FakeDiscord:
             self._remember(data)
         payload = json.dumps({"op": 0, "s": next(self._seq), "t": event, "d": data})
         for ws in list(self._sockets):
-            if not ws.closed:
+            shard, count = self.shard_of.get(ws, (0, 1))
+            if not ws.closed and self.shard_for(data, count) == shard:
                 await ws.send_str(payload)
 
     async def drop_connections(self, code: int = 4000) -> None:
         for ws in list(self._sockets):
             await ws.close(code=code)
         self._sockets.clear()
+        self.shard_of.clear()
 
     # --- server ------------------------------------------------------------------------
 
@@ -188,7 +208,17 @@ class FakeDiscord:
             status=status, body=json.dumps(body).encode(), content_type="application/json"
         )
 
-    def _guild(self) -> dict[str, Any]:
+    def _guild(self, guild: str = GUILD) -> dict[str, Any]:
+        if guild == GUILD2:
+            return {
+                "id": GUILD2, "name": "Second Guild", "owner_id": BOT_ID, "unavailable": False, "member_count": 2,
+                "roles": [{"id": GUILD2, "name": "@everyone", "permissions": "0", "position": 0, "color": 0,
+                           "hoist": False, "managed": False, "mentionable": False, "flags": 0}],
+                "channels": [{"id": GENERAL2, "type": 0, "name": "lobby", "position": 0, "permission_overwrites": []}],
+                "threads": [],
+                "members": [{"user": BOT, "roles": [], "flags": 0, "joined_at": "2026-01-01T00:00:00+00:00", "deaf": False, "mute": False}],
+                "emojis": [], "stickers": [], "features": [], "voice_states": [], "presences": [],
+            }  # fmt: skip
         return {
             "id": GUILD, "name": "Fake Guild", "owner_id": BOT_ID, "unavailable": False, "member_count": 2,
             "roles": [{"id": GUILD, "name": "@everyone", "permissions": "0", "position": 0, "color": 0,
@@ -216,17 +246,20 @@ class FakeDiscord:
                 await ws.send_str(json.dumps({"op": 11}))
             elif op == 2:
                 self.identifies += 1
+                shard, count = (msg.get("d") or {}).get("shard") or (0, 1)
+                self.shard_of[ws] = (int(shard), int(count))
+                mine = [g for g in self.guilds if self.shard_for({"guild_id": g}, count) == shard]
                 ready = {"v": 10, "user": BOT, "session_id": "fake-session", "resume_gateway_url": self.gateway,
-                         "application": {"id": BOT_ID, "flags": 0}, "guilds": [{"id": GUILD, "unavailable": True}],
-                         "shard": [0, 1]}  # fmt: skip
+                         "application": {"id": BOT_ID, "flags": 0},
+                         "guilds": [{"id": g, "unavailable": True} for g in mine],
+                         "shard": [shard, count]}  # fmt: skip
                 await ws.send_str(
                     json.dumps({"op": 0, "s": next(self._seq), "t": "READY", "d": ready})
                 )
-                await ws.send_str(
-                    json.dumps(
-                        {"op": 0, "s": next(self._seq), "t": "GUILD_CREATE", "d": self._guild()}
-                    )
-                )
+                for guild in mine:
+                    await ws.send_str(json.dumps(
+                        {"op": 0, "s": next(self._seq), "t": "GUILD_CREATE", "d": self._guild(guild)}
+                    ))  # fmt: skip
             elif op == 6:
                 self.resumes += 1
                 await ws.send_str(
@@ -234,6 +267,7 @@ class FakeDiscord:
                 )
         if ws in self._sockets:
             self._sockets.remove(ws)
+        self.shard_of.pop(ws, None)
         return ws
 
     async def _rest(self, request: web.Request) -> web.Response:
@@ -263,7 +297,8 @@ class FakeDiscord:
             if self.refuse_threads:
                 return self._json({"message": "Missing Permissions", "code": 50013}, status=403)
             parent = path.split("/")[2]
-            thread = {"id": str(next(self._ids)), "type": 11, "parent_id": parent, "owner_id": BOT_ID, "guild_id": GUILD,
+            guild = GUILD2 if parent == GENERAL2 else GUILD
+            thread = {"id": str(next(self._ids)), "type": 11, "parent_id": parent, "owner_id": BOT_ID, "guild_id": guild,
                       "name": (body or {}).get("name", ""), "message_count": 0, "member_count": 1,
                       "thread_metadata": {"archived": False, "auto_archive_duration": (body or {}).get("auto_archive_duration", 1440),
                                           "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}  # fmt: skip
@@ -315,6 +350,8 @@ class FakeDiscord:
                 return self._json(self._guild()["threads"][0])
             if channel == GENERAL:
                 return self._json({**self._guild()["channels"][0], "guild_id": GUILD})
+            if channel == GENERAL2 and GUILD2 in self.guilds:
+                return self._json({**self._guild(GUILD2)["channels"][0], "guild_id": GUILD2})
             if channel in self.dm_users:
                 return self._json({"id": channel, "type": 1, "recipients": [self.dm_users[channel]],
                                    "last_message_id": None})  # fmt: skip

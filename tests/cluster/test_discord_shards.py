@@ -1,0 +1,194 @@
+"""Discord's gateway shards across replicas (issue 18): two `switchboard run` replicas with
+`shard_count: 2` on one PostgreSQL database connect each shard exactly once between them and
+answer each message once; the shards of a killed replica are taken over by the other, which
+also catches up what arrived in the gap; a replica that finds its shards taken (it stalled
+while cut off) closes their connections. Takeover times are printed, never asserted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests import pgserver
+from tests.cluster.replicas import Replica, cut_off, drop_database, fresh_database, query
+from tests.fakes.discord import (
+    GENERAL,
+    GENERAL2,
+    GUILD,
+    GUILD2,
+    FakeDiscord,
+    restore_discord_globals,
+)
+
+DM = "600000000000000001"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
+    try:
+        yield dsn
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+@pytest.fixture
+async def db(server: str) -> AsyncIterator[str]:
+    name, dsn = fresh_database(server)
+    try:
+        yield dsn
+    finally:
+        drop_database(server, name)
+
+
+@pytest.fixture
+async def discord(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
+    restore_discord_globals(monkeypatch)
+    fake = FakeDiscord(guilds=(GUILD, GUILD2))
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture
+async def pair(tmp_path: Path, db: str, discord: FakeDiscord) -> AsyncIterator[list[Replica]]:
+    """r1 and r2, Discord with two shards on the fake, started one after the other."""
+    group = [Replica(f"r{i}", tmp_path / f"r{i}", db, 2) for i in (1, 2)]
+    extra = {"platforms": {"discord": {
+        "enabled": True, "allow_all_users": True, "require_mention": False, "shard_count": 2,
+        "base_url": discord.api, "gateway_url": discord.gateway,
+    }}}  # fmt: skip
+    try:
+        for r in group:
+            await r.start(env={"DISCORD_BOT_TOKEN": discord.token}, extra=extra)
+        yield group
+    finally:
+        codes = {r.name: await r.stop() for r in group}
+        assert [r.name for r in group if "Traceback" in r.log()] == []
+        assert [n for n, code in codes.items() if code not in (0, -9)] == [], codes
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 60.0) -> float:
+    started = time.monotonic()
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 (the condition reads the fake or the database)
+            await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+def _owners(db: str) -> dict[int, str]:
+    """shard id -> the name of the replica whose current incarnation owns it."""
+    return {int(s): str(n) for s, n in query(
+        db, "SELECT s.shard_id, r.name FROM platform_shards s JOIN replicas r "
+        "ON r.incarnation = s.owner WHERE s.platform = 'discord' AND s.shard_count = 2",
+    )}  # fmt: skip
+
+
+async def _shards_of(http: aiohttp.ClientSession, replica: Replica) -> dict[str, int]:
+    health = await replica.health(http)
+    return dict(health["adapters"]["discord"]["shards"])
+
+
+def _answers(fake: FakeDiscord, channel: str) -> list[str]:
+    return [p["content"] for p in fake.posted(channel)]
+
+
+async def _say(fake: FakeDiscord, text: str, channel: str) -> dict[str, Any]:
+    if channel == DM:
+        message = fake.message(text, DM, guild=False)
+    else:
+        message = fake.message(text, channel, guild_id=GUILD2 if channel == GENERAL2 else GUILD)
+    await fake.dispatch("MESSAGE_CREATE", message)
+    return message
+
+
+async def _settle() -> None:
+    await asyncio.sleep(1.0)  # room for a second answer, were anything delivered twice
+
+
+async def test_each_shard_runs_once_and_a_killed_owners_shards_are_taken_over(
+    pair: list[Replica], db: str, discord: FakeDiscord
+) -> None:
+    r1, r2 = pair
+    await _until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
+    await _settle()
+    assert discord.connected_shards() == [(0, 2), (1, 2)]  # once each, across both replicas
+    owners = _owners(db)
+    assert sorted(owners) == [0, 1]
+    async with aiohttp.ClientSession() as http:
+        runs = {r.name: await _shards_of(http, r) for r in pair}
+    assert sorted(k for shards in runs.values() for k in shards) == ["0", "1"]
+    for shard, name in owners.items():
+        assert str(shard) in runs[name]
+    for text, channel in (("g1", GENERAL), ("g2", GENERAL2), ("dm", DM)):
+        await _say(discord, text, channel)
+    await discord.wait_posted(3, timeout=30)
+    await _settle()
+    assert (_answers(discord, GENERAL), _answers(discord, GENERAL2), _answers(discord, DM)) == (
+        ["echo: g1"], ["echo: g2"], ["echo: dm"]
+    )  # fmt: skip
+
+    # SIGKILL the owner of shard 1 (the second guild); a message in its guild meanwhile
+    # reaches no connection: the new owner's catch-up reads it from the channel's history
+    victim, survivor = (r1, r2) if owners[1] == "r1" else (r2, r1)
+    victim.kill()
+    killed = time.monotonic()
+    assert victim.proc is not None
+    await asyncio.wait_for(victim.proc.wait(), 30)
+    await _until(lambda: (1, 2) not in discord.connected_shards())
+    await _say(discord, "in the gap", GENERAL2)
+    await _until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
+    took = time.monotonic() - killed
+    assert set(_owners(db).values()) == {survivor.name}
+    await _say(discord, "after", GENERAL2)
+    await _say(discord, "dm after", DM)
+    await _until(lambda: len(discord.posted()) >= 6)
+    await _settle()
+    assert _answers(discord, GENERAL2) == ["echo: g2", "echo: in the gap", "echo: after"]
+    assert _answers(discord, DM) == ["echo: dm", "echo: dm after"]
+    assert _answers(discord, GENERAL) == ["echo: g1"]
+    print(f"\nshards of the killed replica connected on the other {took:.2f}s after SIGKILL")
+
+
+async def test_a_replica_whose_shards_were_taken_closes_their_connections(
+    pair: list[Replica], db: str, discord: FakeDiscord
+) -> None:
+    await _until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
+    owners = _owners(db)
+    # a replica that owns shards stalls (SIGSTOP) and is cut off from the database, as a
+    # partition would do: its locks go, the other takes its shards and connects them too
+    # (the stalled one's sockets are still open, so for a while there are two)
+    holder = next(r for r in pair if r.name == owners[0])
+    other = next(r for r in pair if r is not holder)
+    held = sorted(s for s, n in owners.items() if n == holder.name)
+    holder.pause()
+    assert cut_off(db, holder.name) == 1
+    await _until(lambda: all(_owners(db).get(s) == other.name for s in held))
+    wanted = sorted([(0, 2), (1, 2)] + [(s, 2) for s in held])
+    await _until(lambda: discord.connected_shards() == wanted)
+    holder.resume()
+    resumed = time.monotonic()
+    # woken up, the stalled replica sees its shards' epochs moved and closes them
+    await _until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
+    print(f"\nthe stalled replica closed its {len(held)} lost shard(s) "
+          f"{time.monotonic() - resumed:.2f}s after waking")  # fmt: skip
+    async with aiohttp.ClientSession() as http:
+        assert await _shards_of(http, holder) == {}
+        assert sorted(await _shards_of(http, other)) == ["0", "1"]
+    for text, channel in (("g1", GENERAL), ("g2", GENERAL2), ("dm", DM)):
+        await _say(discord, text, channel)
+    await discord.wait_posted(3, timeout=30)
+    await _settle()
+    assert (_answers(discord, GENERAL), _answers(discord, GENERAL2), _answers(discord, DM)) == (
+        ["echo: g1"], ["echo: g2"], ["echo: dm"]
+    )  # fmt: skip
+    assert "no longer ours" in holder.log()
