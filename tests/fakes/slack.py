@@ -36,6 +36,9 @@ class FakeSlack:
     acks: list[str] = field(default_factory=list)
     # envelopes sent and not acknowledged yet, oldest first: envelope id -> (payload, attempt)
     unacked: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
+    # a new connection gets what is unacknowledged before any newer envelope: Slack promises
+    # no order between a retry and a new event; this fake keeps the one the users sent in
+    _sending: asyncio.Lock = field(default_factory=asyncio.Lock)
     connections_opened: int = 0
     token: str | None = None  # when set, auth.test refuses any other bearer token
     ts_base: int = 1700000000  # the seconds of every posted message's ts
@@ -60,8 +63,9 @@ class FakeSlack:
         """An Events API envelope to every open connection (none: it waits for the next);
         until acknowledged it is sent again on each new connection, as Slack does (a new
         envelope id, `retry_attempt` counting up, `retry_reason: timeout`)."""
-        self.unacked[envelope_id] = (payload, retry_attempt)
-        await self._send_envelope(payload, envelope_id, retry_attempt)
+        async with self._sending:
+            self.unacked[envelope_id] = (payload, retry_attempt)
+            await self._send_envelope(payload, envelope_id, retry_attempt)
 
     async def _send_envelope(
         self, payload: dict[str, Any], envelope_id: str, retry_attempt: int
@@ -80,19 +84,20 @@ class FakeSlack:
     async def _link(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)
         await ws.prepare(request)
-        self.sockets.append(ws)
-        await ws.send_str(json.dumps({"type": "hello", "num_connections": 1,
-                                      "connection_info": {"app_id": "A1"}, "debug_info": {"host": "fake"}}))  # fmt: skip
-        # what no connection acknowledged goes out again on this one, oldest first
-        for old_id, (payload, attempt) in list(self.unacked.items()):
-            del self.unacked[old_id]
-            new_id = f"{old_id.split('~')[0]}~{attempt + 1}"
-            self.unacked[new_id] = (payload, attempt + 1)
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await ws.send_str(json.dumps({"envelope_id": new_id, "type": "events_api",
-                                              "accepts_response_payload": False,
-                                              "retry_attempt": attempt + 1, "retry_reason": "timeout",
-                                              "payload": payload}))  # fmt: skip
+        async with self._sending:
+            self.sockets.append(ws)
+            await ws.send_str(json.dumps({"type": "hello", "num_connections": 1,
+                                          "connection_info": {"app_id": "A1"}, "debug_info": {"host": "fake"}}))  # fmt: skip
+            # what no connection acknowledged goes out again on this one, oldest first
+            for old_id, (payload, attempt) in list(self.unacked.items()):
+                del self.unacked[old_id]
+                new_id = f"{old_id.split('~')[0]}~{attempt + 1}"
+                self.unacked[new_id] = (payload, attempt + 1)
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await ws.send_str(json.dumps({"envelope_id": new_id, "type": "events_api",
+                                                  "accepts_response_payload": False,
+                                                  "retry_attempt": attempt + 1, "retry_reason": "timeout",
+                                                  "payload": payload}))  # fmt: skip
         async for frame in ws:
             try:
                 data = json.loads(frame.data)
@@ -245,7 +250,9 @@ class EventsDelivery:
     url: str
     secret: str = SECRET
     pending: list[dict[str, Any]] = field(default_factory=list)
-    attempts: list[tuple[str, int, int | None]] = field(default_factory=list)  # (event, retry, status)
+    attempts: list[tuple[str, int, int | None]] = field(
+        default_factory=list
+    )  # (event, retry, status)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
 

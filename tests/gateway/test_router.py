@@ -251,3 +251,39 @@ async def test_a_session_deleted_by_another_process_starts_afresh_on_the_next_me
     new = rig.index.get("agent:main:telegram:dm:3").session_id  # type: ignore[union-attr]
     assert new != old
     assert [m["content"] for m in await rig.db.get_messages(new)] == ["slow one", "echo: slow one"]
+
+
+async def test_after_a_crash_a_chats_replies_keep_its_order_through_recovery(
+    tmp_path: Path,
+) -> None:
+    """Issue 17: a crash left a chat's first reply committed and unsent and its second
+    message taken but not run; a third arrives as the adapters start, before `recover`.
+    Its turn is held: the chat gets the first reply (resent), the second, then the third,
+    never the new one first."""
+    db = await SessionDB.open(tmp_path / "state.db")
+    index = SessionIndex(tmp_path / "sessions" / "sessions.json", db, flush_interval=0.05)
+    await index.load()
+    stuck = asyncio.Event()
+
+    async def never_returns(msg: object) -> object:  # the platform call the crash cut off
+        stuck.set()
+        await asyncio.Event().wait()
+
+    settings = RouterSettings(resend_unconfirmed=True)  # the reply is 'ready': resent
+    before = Router(db, index, ScriptedAgent(), never_returns, settings)  # type: ignore[arg-type]
+    await before.handle(dm("first", mid="1"))
+    await asyncio.wait_for(stuck.wait(), 5)
+    await before.handle(dm("second", mid="2"))  # waits for the first's lock
+    assert await before.drain(0) == 2  # the crash: both turns end where they were
+    outbox = Outbox()
+    after = Router(db, index, ScriptedAgent(), outbox.send, RouterSettings(resend_unconfirmed=True))
+    try:
+        after.hold_until_recovered()
+        await after.handle(dm("third", mid="3"))  # taken while the adapters start
+        await after.recover(3600)
+        sent = await outbox.wait(3)
+        assert [m.text for m in sent] == ["echo: first", "echo: second", "echo: third"]
+    finally:
+        await after.drain(5)
+        await index.close()
+        await db.close()

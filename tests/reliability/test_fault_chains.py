@@ -310,7 +310,9 @@ class HttpApi:
                             headers={"Idempotency-Key": text},
                         ) as resp:  # fmt: skip
                             if resp.status == 200:
-                                self.replies.setdefault(chat, []).append((await resp.json())["reply"])
+                                self.replies.setdefault(chat, []).append(
+                                    (await resp.json())["reply"]
+                                )
                                 break
                             assert resp.status in (409, 503), (resp.status, await resp.text())
                     except (aiohttp.ClientError, TimeoutError):
@@ -406,10 +408,15 @@ async def _health(url: str) -> dict:  # type: ignore[type-arg]
 
 async def _start(home: Path, platform: Platform, **env: str) -> asyncio.subprocess.Process:
     platform.starting()
-    return await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(**platform.env(), **env),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    log = home / f"daemon-{len(list(home.glob('daemon-*.log')))}.log"  # each one's, for a failure
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        return await asyncio.create_subprocess_exec(
+            *switchboard(home, "run"), env=clean_env(**platform.env(), **env),
+            stdout=asyncio.subprocess.DEVNULL, stderr=fd,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.parametrize("name", list(PLATFORMS))
@@ -487,7 +494,9 @@ async def test_killed_at_every_fault_point_each_message_is_stored_and_answered_o
     sessions = _sessions(home)
     for c in range(CHATS):
         expected = [pair for t in sent[c] for pair in (("user", t), ("assistant", f"echo: {t}"))]
-        assert sessions.get(platform.chat_id(c)) == expected, f"chat {c}"
+        assert sessions.get(platform.chat_id(c)) == expected, (
+            f"chat {c}: {sessions.get(platform.chat_id(c))}"
+        )
     states = _read(home, "SELECT state, reply_state FROM inbox")
     assert len(states) == total and {s for s, _ in states} == {"answered"}
     unconfirmed = {r[0] for r in _read(home, "SELECT m.content FROM inbox i JOIN messages m "
