@@ -514,6 +514,8 @@ async def test_killed_at_every_fault_point_each_message_is_stored_and_answered_o
             assert set(missing) <= unconfirmed, f"chat {c}: lost replies {missing}"
         else:
             assert list(dict.fromkeys(shown)) == replies, f"chat {c}"
+    print(f"\n{name}: {len(chain)} fault-point SIGKILLs ({killed_early} while recovering), "
+          f"{total} messages stored and answered once, {len(unconfirmed)} replies unconfirmed")  # fmt: skip
     if platform.promise in ("at_most", "replayed"):
         assert health["unsent_replies"] == sending  # the last start counted what it found
     else:
