@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.telegram import FakeTelegram
@@ -123,6 +124,7 @@ def _settled(home: Path, fake: FakeTelegram, clients: list[Client]) -> bool:
     return all(s in ("answered", "dropped") and r not in ("ready", "sending") for s, r in rows)
 
 
+@pytest.mark.timeout(max(600, 15 * KILL_POINTS))  # a kill and restart take 2-5 s on 2 cores
 async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     fake = FakeTelegram()
