@@ -45,7 +45,7 @@ from gateway.turns import (
 from gateway.vocab import ChatType
 from state import SessionNotFound, StateError, Store
 from state.content import content_text
-from state.inbox import ANSWERED, DROPPED, OPEN_STATES
+from state.inbox import ANSWERED, DROPPED, OPEN_STATES, STARTED
 
 __all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender", "TurnEvents"]
 
@@ -284,7 +284,12 @@ class Router:
     async def _rerun_open(self, max_age_s: float) -> tuple[int, int]:
         s = self.services
         rerun = apologised = 0
-        for row in await s.db.open_inbound():
+        # A key's begun turn (its message stored: at most one per key) held the key's lock
+        # when the crash came, so it goes first: inbox ids follow the commits, and a message
+        # to an idle key takes the lock before its commit, which may land after a waiting
+        # one's. Then the others, oldest first; each key's lock keeps that order.
+        rows = sorted(await s.db.open_inbound(), key=lambda r: (r["state"] != STARTED, r["id"]))
+        for row in rows:
             inbox_id = int(row["id"])
             if self._held is not None and self._held.pop(inbox_id, None) is not None:
                 self._inflight.discard(inbox_id)  # taken again while held: run it from here

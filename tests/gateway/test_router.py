@@ -287,3 +287,29 @@ async def test_after_a_crash_a_chats_replies_keep_its_order_through_recovery(
         await after.drain(5)
         await index.close()
         await db.close()
+
+
+async def test_recovery_runs_a_turn_already_begun_before_an_older_row_of_its_key(
+    rig: RouterRig,
+) -> None:
+    """Issue 17: the inbox id order is not always the order turns began (a message to an
+    idle key takes the key's lock before its commit, which the writer may place after a
+    waiting message's). A crash left the key's second row begun (its message stored) and the
+    first only received: recovery finishes the begun turn first, so the session never holds
+    a message between another message and its reply."""
+    from gateway.session_keys import build_key
+    from gateway.turns import user_message
+
+    waiting, begun = dm("waiting", mid="1"), dm("begun", mid="2")
+    key = build_key(begun.source, rig.router.settings.keys)
+    entry = await rig.router.entry_for(key, begun)
+    db = rig.db
+    await db.accept_inbound("telegram", "42", "1", waiting.as_payload())
+    second, _state, _new = await db.accept_inbound("telegram", "42", "2", begun.as_payload())
+    await db.begin_turn(second, entry.session_id, user_message(begun, key))  # then the crash
+    await rig.router.recover(3600)
+    sent = await rig.outbox.wait(2)
+    assert [m.text for m in sent] == ["echo: begun", "echo: waiting"]
+    stored = [(m["role"], m["content"]) for m in await db.get_messages(entry.session_id)]
+    assert stored == [("user", "begun"), ("assistant", "echo: begun"),
+                      ("user", "waiting"), ("assistant", "echo: waiting")]  # fmt: skip
