@@ -100,6 +100,7 @@ class Router:
         self._pending: dict[str, int] = {}
         # inbox id -> message taken while start-up recovery has not run yet (None: not held)
         self._held: dict[int, InboundMessage] | None = None
+        self._crashed: list[dict[str, Any]] | None = None  # open rows read before intake
 
     # --- what other parts read --------------------------------------------------------
 
@@ -260,13 +261,16 @@ class Router:
             self._process(msg, inbox_id, begun), f"turn:{src.platform}:{src.chat_id}"
         )
 
-    def hold_until_recovered(self) -> None:
+    async def hold_until_recovered(self) -> None:
         """Called before the adapters start: messages they hand over are committed (and so
         acknowledged) at once, but their turns wait until `recover` has sent the replies and
         queued the turns a crash left, so a chat's replies come in the order of its messages
-        (a new message's reply never overtakes an older one's resend or re-run)."""
+        (a new message's reply never overtakes an older one's resend or re-run). The rows a
+        crash left are read now, before intake: a row read later could be one this process
+        just took, whose turn the hold runs (it would run twice)."""
         if self._held is None:
             self._held = {}
+            self._crashed = await self.services.db.open_inbound()
 
     async def recover(self, max_age_s: float) -> tuple[int, int]:
         """Send the replies a crash left unconfirmed, then run again, in order, the turns it
@@ -288,7 +292,10 @@ class Router:
         # when the crash came, so it goes first: inbox ids follow the commits, and a message
         # to an idle key takes the lock before its commit, which may land after a waiting
         # one's. Then the others, oldest first; each key's lock keeps that order.
-        rows = sorted(await s.db.open_inbound(), key=lambda r: (r["state"] != STARTED, r["id"]))
+        crashed, self._crashed = self._crashed, None
+        if crashed is None:  # not held: nothing else takes messages meanwhile
+            crashed = await s.db.open_inbound()
+        rows = sorted(crashed, key=lambda r: (r["state"] != STARTED, r["id"]))
         for row in rows:
             inbox_id = int(row["id"])
             if self._held is not None and self._held.pop(inbox_id, None) is not None:
