@@ -422,7 +422,7 @@ async def _start(home: Path, platform: Platform, **env: str) -> asyncio.subproce
 # Known, not fixed: after a restart, slack_sdk's Socket Mode client runs each envelope in its
 # own task and Bolt's single-team authorization calls auth.test for each until the first
 # answer is cached, so the first envelopes of one channel may reach emit out of the order
-# Slack sent them (about one chain in eight here: a newer message stored before an older).
+# Slack sent them (a newer message stored before an older; in 2 of the last 3 runs).
 SOCKET_ORDER = pytest.mark.xfail(
     reason="Socket Mode may commit a channel's first messages after a restart out of order",
     strict=False,
