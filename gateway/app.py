@@ -260,6 +260,8 @@ class Gateway:
         if not self.adapters:
             self.adapters = self._default_adapters()
         self.notify("STATUS=starting adapters")
+        # what the adapters hand over is committed at once; its turn waits for recovery
+        await self.router.hold_until_recovered()
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
             use_cursors = getattr(adapter, "use_cursors", None)

@@ -46,7 +46,7 @@ from gateway.turns import (
 from gateway.vocab import ChatType
 from state import LeaseLost, SessionNotFound, StateError, Store
 from state.content import content_text
-from state.inbox import ANSWERED, DROPPED, OPEN_STATES
+from state.inbox import ANSWERED, DROPPED, OPEN_STATES, STARTED
 
 __all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender", "TurnEvents"]
 
@@ -106,6 +106,9 @@ class Router:
         self._max_age_s: float | None = None  # recovery.max_age_seconds, once recover ran
         # key -> turns accepted but not yet queued on the key's lock (see _run)
         self._pending: dict[str, int] = {}
+        # inbox id -> message taken while start-up recovery has not run yet (None: not held)
+        self._held: dict[int, InboundMessage] | None = None
+        self._crashed: list[dict[str, Any]] | None = None  # open rows read before intake
 
     # --- what other parts read --------------------------------------------------------
 
@@ -215,13 +218,14 @@ class Router:
     def _idle_entry(
         self, msg: InboundMessage, key: SessionKey
     ) -> tuple[IndexEntry, Callable[[], None]] | None:
-        """The fast path's test: a plain message to a key nobody is working on, whose
-        session exists and is not due a reset or a notice. Then the key's lock is taken now
+        """The fast path's test: a plain message to a key nobody is working on (and not
+        while start-up recovery holds turns), whose session exists and is not due a reset
+        or a notice. Then the key's lock is taken now
         (the entry cannot change under it) and the message can be stored in its session in
         the same commit that takes it: (the entry, the lock's release), else None."""
         s = self.services
         k = key.format()
-        if self._pending.get(k) or parse_command(msg.text) is not None:
+        if self._pending.get(k) or self._held is not None or parse_command(msg.text) is not None:
             return None
         entry = s.index.get(k)
         if entry is None or s.coordinator.has_notice(k):
@@ -254,6 +258,10 @@ class Router:
             return
         faults.point("after_inbox_commit")
         # new, or a redelivery of a turn a crash left unfinished (and not running): run it
+        if self._held is not None:  # after what a crash left in the same chats: see recover
+            self._held[inbox_id] = msg
+            self._inflight.add(inbox_id)
+            return
         self._run(msg, inbox_id)
 
     def _run(self, msg: InboundMessage, inbox_id: int, begun: Begun | None = None) -> None:
@@ -268,16 +276,52 @@ class Router:
             self._process(msg, inbox_id, begun), f"turn:{src.platform}:{src.chat_id}"
         )
 
+    async def hold_until_recovered(self) -> None:
+        """Called before the adapters start: messages they hand over are committed (and so
+        acknowledged) at once, but their turns wait until `recover` has sent the replies and
+        queued the turns a crash left, so a chat's replies come in the order of its messages
+        (a new message's reply never overtakes an older one's resend or re-run). The rows a
+        crash left are read now, before intake: a row read later could be one this process
+        just took, whose turn the hold runs (it would run twice)."""
+        if self._held is None:
+            self._held = {}
+            if self._shared is None:  # replicas read theirs in the takeover scan
+                self._crashed = await self.services.db.open_inbound()
+
     async def recover(self, max_age_s: float) -> tuple[int, int]:
-        """Run again, in order, the turns a crash left unfinished (once each); one older than
-        `max_age_s` gets a short apology naming it instead. Returns (re-run, apologised)."""
+        """Send the replies a crash left unconfirmed, then run again, in order, the turns it
+        left unfinished (once each; one older than `max_age_s` gets a short apology naming
+        it instead), then the turns of messages taken meanwhile (held). Returns (re-run,
+        apologised)."""
+        try:
+            await self._resend_unconfirmed()
+            return await self._rerun_open(max_age_s)
+        finally:
+            held, self._held = self._held or {}, None
+            for inbox_id in sorted(held):  # taken after the open rows were read: newer
+                self._run(held[inbox_id], inbox_id)
+
+    async def _rerun_open(self, max_age_s: float) -> tuple[int, int]:
         s = self.services
         self._max_age_s = max_age_s
         rerun = apologised = 0
         shared = self._shared
-        rows = await (s.db.open_inbound() if shared is None else shared.orphaned_inbound())
+        if shared is not None:  # replicas: the takeover scan's rows, each run under its lease
+            rows = await shared.orphaned_inbound()
+        else:
+            # A key's begun turn (its message stored: at most one per key) held the key's
+            # lock when the crash came, so it goes first: inbox ids follow the commits, and
+            # a message to an idle key takes the lock before its commit, which may land
+            # after a waiting one's. Then the others, oldest first; each key's lock keeps
+            # that order.
+            crashed, self._crashed = self._crashed, None
+            if crashed is None:  # not held: nothing else takes messages meanwhile
+                crashed = await s.db.open_inbound()
+            rows = sorted(crashed, key=lambda r: (r["state"] != STARTED, r["id"]))
         for row in rows:
             inbox_id = int(row["id"])
+            if self._held is not None and self._held.pop(inbox_id, None) is not None:
+                self._inflight.discard(inbox_id)  # taken again while held: run it from here
             if inbox_id in self._inflight:
                 continue
             try:
@@ -302,7 +346,6 @@ class Router:
         if rerun or apologised:
             log.warning("recovered %d interrupted turn(s); %d too old, apologised for",
                         rerun, apologised)  # fmt: skip
-        await self._resend_unconfirmed()
         return rerun, apologised
 
     async def _resend_unconfirmed(self) -> None:

@@ -31,13 +31,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--long",
         action="store_true",
-        help="the long reliability variant: 100 SIGKILL points instead of 20",
+        help="the long reliability variant: 100 random SIGKILLs instead of 20, and four rounds "
+        "of fault-point kills per platform instead of one",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--long"):
         os.environ.setdefault("SWITCHBOARD_KILL_POINTS", "100")
+        os.environ.setdefault("SWITCHBOARD_FAULT_ROUNDS", "4")
 
 
 STUCK_AFTER_S = 120.0  # no test here needs this long; past it, say where every task waits

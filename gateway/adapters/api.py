@@ -312,8 +312,8 @@ class ApiAdapter:
                 except Exception:  # the store cannot be read: nothing is run or stored
                     log.exception("api: the stored answer to %s could not be read", message_id)
                     found = "not_accepted"
-                if ex.done.done():
-                    pass  # the turn (run again after a restart) answered while the store was read
+                if ex.done.done():  # a recovered turn answered this key while the store was read
+                    pass
                 elif isinstance(found, OutboundMessage):
                     replayed = True
                     ex.done.set_result(found)

@@ -1,16 +1,21 @@
 """A loopback fake of the Slack Web API (for slack_sdk / slack-bolt), plus a helper that
 signs Events API requests the way Slack does. Posted messages are kept per channel with
-their metadata, and read back through conversations.history and conversations.replies."""
+their metadata, and read back through conversations.history and conversations.replies.
+As Slack does, a Socket Mode envelope not acknowledged is sent again (a new envelope id,
+`retry_attempt` counting up) on the next connection, and `EventsDelivery` posts Events API
+requests again (`X-Slack-Retry-Num`) until one is answered 2xx."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
@@ -29,6 +34,11 @@ class FakeSlack:
     _ts: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     sockets: list[web.WebSocketResponse] = field(default_factory=list)
     acks: list[str] = field(default_factory=list)
+    # envelopes sent and not acknowledged yet, oldest first: envelope id -> (payload, attempt)
+    unacked: dict[str, tuple[dict[str, Any], int]] = field(default_factory=dict)
+    # a new connection gets what is unacknowledged before any newer envelope: Slack promises
+    # no order between a retry and a new event; this fake keeps the one the users sent in
+    _sending: asyncio.Lock = field(default_factory=asyncio.Lock)
     connections_opened: int = 0
     token: str | None = None  # when set, auth.test refuses any other bearer token
     ts_base: int = 1700000000  # the seconds of every posted message's ts
@@ -50,13 +60,22 @@ class FakeSlack:
     async def socket_event(
         self, payload: dict[str, Any], envelope_id: str, retry_attempt: int = 0
     ) -> None:
-        """An Events API envelope; Slack sends an unacknowledged one again (a new envelope
-        id, `retry_attempt` counting up, `retry_reason: timeout`)."""
+        """An Events API envelope to every open connection (none: it waits for the next);
+        until acknowledged it is sent again on each new connection, as Slack does (a new
+        envelope id, `retry_attempt` counting up, `retry_reason: timeout`)."""
+        async with self._sending:
+            self.unacked[envelope_id] = (payload, retry_attempt)
+            await self._send_envelope(payload, envelope_id, retry_attempt)
+
+    async def _send_envelope(
+        self, payload: dict[str, Any], envelope_id: str, retry_attempt: int
+    ) -> None:
         envelope = {"envelope_id": envelope_id, "type": "events_api", "accepts_response_payload": False,
                     "retry_attempt": retry_attempt, "retry_reason": "timeout" if retry_attempt else "",
                     "payload": payload}  # fmt: skip
         for ws in [s for s in self.sockets if not s.closed]:
-            await ws.send_str(json.dumps(envelope))
+            with contextlib.suppress(ConnectionError, RuntimeError):  # a link dying under us
+                await ws.send_str(json.dumps(envelope))
 
     async def socket_disconnect(self) -> None:
         for ws in [s for s in self.sockets if not s.closed]:
@@ -65,9 +84,20 @@ class FakeSlack:
     async def _link(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)
         await ws.prepare(request)
-        self.sockets.append(ws)
-        await ws.send_str(json.dumps({"type": "hello", "num_connections": 1,
-                                      "connection_info": {"app_id": "A1"}, "debug_info": {"host": "fake"}}))  # fmt: skip
+        async with self._sending:
+            self.sockets.append(ws)
+            await ws.send_str(json.dumps({"type": "hello", "num_connections": 1,
+                                          "connection_info": {"app_id": "A1"}, "debug_info": {"host": "fake"}}))  # fmt: skip
+            # what no connection acknowledged goes out again on this one, oldest first
+            for old_id, (payload, attempt) in list(self.unacked.items()):
+                del self.unacked[old_id]
+                new_id = f"{old_id.split('~')[0]}~{attempt + 1}"
+                self.unacked[new_id] = (payload, attempt + 1)
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await ws.send_str(json.dumps({"envelope_id": new_id, "type": "events_api",
+                                                  "accepts_response_payload": False,
+                                                  "retry_attempt": attempt + 1, "retry_reason": "timeout",
+                                                  "payload": payload}))  # fmt: skip
         async for frame in ws:
             try:
                 data = json.loads(frame.data)
@@ -75,6 +105,7 @@ class FakeSlack:
                 continue
             if isinstance(data, dict) and data.get("envelope_id"):
                 self.acks.append(data["envelope_id"])
+                self.unacked.pop(data["envelope_id"], None)
         return ws
 
     @property
@@ -206,3 +237,59 @@ def event(ev: dict[str, Any], event_id: str = "Ev1") -> dict[str, Any]:
     return {"type": "event_callback", "team_id": "T1", "api_app_id": "A1", "event_id": event_id,
             "event_time": int(time.time()), "event": ev,
             "authorizations": [{"team_id": "T1", "user_id": BOT_USER, "is_bot": True}]}  # fmt: skip
+
+
+@dataclass
+class EventsDelivery:
+    """Slack's side of the Events API: events POSTed signed to `url`, one at a time and in
+    order; one not answered 2xx (a 5xx, a dropped connection) is posted again, with
+    `X-Slack-Retry-Num` counting up and `X-Slack-Retry-Reason`, until it is. (Slack gives up
+    after three retries spread over minutes; here the retries come at once and do not stop,
+    so a test decides how long a daemon stays down.)"""
+
+    url: str
+    secret: str = SECRET
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[tuple[str, int, int | None]] = field(
+        default_factory=list
+    )  # (event, retry, status)
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+
+    def deliver(self, payload: dict[str, Any]) -> None:
+        self.pending.append(payload)
+        self._wakeup.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="fake-slack.events")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            while True:
+                if not self.pending:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                payload = self.pending[0]
+                retry, reason = 0, ""
+                while True:
+                    body, headers = signed(payload, secret=self.secret)
+                    if retry:
+                        headers |= {"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": reason}
+                    status: int | None
+                    try:
+                        async with http.post(self.url, data=body, headers=headers) as resp:
+                            status = resp.status
+                    except (aiohttp.ClientError, TimeoutError):
+                        status = None
+                    self.attempts.append((str(payload.get("event_id")), retry, status))
+                    if status is not None and 200 <= status < 300:
+                        break
+                    retry, reason = retry + 1, "http_error" if status else "http_timeout"
+                    await asyncio.sleep(0.05)
+                self.pending.pop(0)

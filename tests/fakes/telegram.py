@@ -1,17 +1,21 @@
 """A loopback fake of the Telegram Bot API, driven by the real python-telegram-bot.
 
 Every call is recorded; tests push updates (builders below) and script failures
-(429 with retry_after, 5xx, dropped long polls)."""
+(429 with retry_after, 5xx, dropped long polls). Once a bot calls setWebhook, pending
+updates are POSTed to its URL instead, as Telegram does: oldest first, one at a time, and an
+update answered with anything but 2xx (or not answered) is posted again until it is."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from tests.fakes import wait_for_count
@@ -32,6 +36,11 @@ class FakeTelegram:
     _closing: bool = False
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+    # every webhook POST: (update_id, the HTTP status, None when the connection failed)
+    webhook_attempts: list[tuple[int, int | None]] = field(default_factory=list)
+    _deliverer: asyncio.Task[None] | None = None
 
     # --- driving -----------------------------------------------------------------------
 
@@ -96,6 +105,10 @@ class FakeTelegram:
     async def stop(self) -> None:
         self._closing = True
         self._wakeup.set()
+        if self._deliverer is not None:
+            self._deliverer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._deliverer
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -148,6 +161,7 @@ class FakeTelegram:
         return BOT
 
     async def _m_deleteWebhook(self, params: dict[str, Any]) -> Any:
+        self.webhook_url = None
         if params.get("drop_pending_updates"):
             self.updates.clear()
         return True
@@ -173,7 +187,38 @@ class FakeTelegram:
         return msg
 
     async def _m_setWebhook(self, params: dict[str, Any]) -> Any:
+        self.webhook_url = str(params["url"])
+        self.webhook_secret = params.get("secret_token")
+        if self._deliverer is None:
+            self._deliverer = asyncio.create_task(self._deliver(), name="fake-telegram.webhook")
         return True
+
+    async def _deliver(self) -> None:
+        """Telegram's side of a webhook: the oldest pending update is POSTed with the secret
+        header; only a 2xx answer removes it, anything else (a 503, a dropped connection)
+        posts it again after a short pause."""
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while not self._closing:
+                wakeup = self._wakeup
+                if not self.updates or self.webhook_url is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wakeup.wait(), 0.05)
+                    continue
+                update = self.updates[0]
+                headers = {"X-Telegram-Bot-Api-Secret-Token": str(self.webhook_secret or "")}
+                status: int | None
+                try:
+                    async with http.post(self.webhook_url, json=update, headers=headers) as resp:
+                        status = resp.status
+                except (aiohttp.ClientError, TimeoutError):
+                    status = None
+                self.webhook_attempts.append((update["update_id"], status))
+                if status is not None and 200 <= status < 300:
+                    if self.updates and self.updates[0] is update:
+                        self.updates.pop(0)
+                else:
+                    await asyncio.sleep(0.05)
 
     async def _m_sendChatAction(self, params: dict[str, Any]) -> Any:
         return True

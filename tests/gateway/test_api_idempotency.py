@@ -220,3 +220,36 @@ async def test_a_store_that_cannot_be_read_runs_no_turn_and_answers_503(tmp_path
         assert emitted == []
     finally:
         await api.stop()
+
+
+@pytest.mark.parametrize("stored", ["in_flight", "answered"])
+async def test_a_repeat_whose_recovered_turn_answers_during_the_store_read_gets_that_answer(
+    stored: str,
+) -> None:
+    """After a restart the recovered turn of a key may send its reply while a repeat of
+    that key is reading the store (registered first, so the reply lands on it): the repeat
+    answers 200 with that reply, never a 500 for setting an answer twice."""
+    from gateway.adapters.api import ApiAdapter
+    from gateway.messages import InboundMessage, OutboundMessage
+    from state.replies import StoredReply
+
+    emitted: list[InboundMessage] = []
+    api: ApiAdapter
+
+    async def read(chat: str, key: str) -> StoredReply:
+        # the recovered turn answers while the store is read
+        await api.send(OutboundMessage("api", chat, "echo: x", reply_to=key))
+        return StoredReply("s1", None, 1, "echo: x" if stored == "answered" else None)
+
+    async def emit(msg: InboundMessage) -> None:
+        emitted.append(msg)
+
+    api = ApiAdapter(port=0, stored_replies=read)
+    await api.start(emit)
+    try:
+        url = f"http://127.0.0.1:{api.bound_port}/v1/messages"
+        status, _, answer = await _post(url, {"chat_id": "d8", "text": "x"}, "key-r")
+        assert status == 200 and answer["reply"] == "echo: x"
+        assert emitted == []  # no second turn
+    finally:
+        await api.stop()
