@@ -267,6 +267,7 @@ class SlackAdapter:
             )
             raise InvalidToken("slack rejected the bot token") from exc
         self.bot_user_id = auth.get("user_id")
+        self._prime_authorization(auth)
         if self._app_token:
             from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
@@ -275,6 +276,20 @@ class SlackAdapter:
             self._socket = AsyncSocketModeHandler(self.bolt, self._app_token)
             await self._socket.connect_async()
         self.state = AdapterState.RUNNING
+
+    def _prime_authorization(self, auth: Any) -> None:
+        """Hand Bolt's single-workspace authorization the auth.test answer start-up just
+        got. Otherwise it calls auth.test itself until its first answer is cached, and a
+        burst of Socket Mode envelopes after a restart (each in its own task) would pass
+        that call in any order: a channel's messages reached the inbox out of the order
+        Slack sent them (the Socket Mode fault chain caught it in 2 of 3 runs)."""
+        from slack_bolt.middleware.authorization.async_single_team_authorization import (
+            AsyncSingleTeamAuthorization,
+        )
+
+        for middleware in getattr(self.bolt, "_async_middleware_list", ()):
+            if isinstance(middleware, AsyncSingleTeamAuthorization):
+                middleware.auth_test_result = auth
 
     async def stop(self) -> None:
         if self._socket is not None:

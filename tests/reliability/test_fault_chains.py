@@ -419,19 +419,7 @@ async def _start(home: Path, platform: Platform, **env: str) -> asyncio.subproce
         os.close(fd)
 
 
-# Known, not fixed: after a restart, slack_sdk's Socket Mode client runs each envelope in its
-# own task and Bolt's single-team authorization calls auth.test for each until the first
-# answer is cached, so the first envelopes of one channel may reach emit out of the order
-# Slack sent them (a newer message stored before an older; in 2 of the last 3 runs).
-SOCKET_ORDER = pytest.mark.xfail(
-    reason="Socket Mode may commit a channel's first messages after a restart out of order",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=SOCKET_ORDER) if n == "slack_socket" else n for n in PLATFORMS]
-)
+@pytest.mark.parametrize("name", list(PLATFORMS))
 async def test_killed_at_every_fault_point_each_message_is_stored_and_answered_once_in_order(
     tmp_path: Path, name: str
 ) -> None:
