@@ -164,26 +164,24 @@ def ids_json(ids: Sequence[str]) -> str:
     return json.dumps(list(ids))
 
 
+def reply_fate(ref: SentRef | None) -> tuple[str, str | None]:
+    """The outbox row's end: 'sent' with the platform's ids, or 'failed' (not sent again)."""
+    return ("sent", ids_json(ref.message_ids)) if ref is not None else ("failed", None)
+
+
 def mark_reply_soon(services: Services, inbox_id: int, ref: SentRef | None) -> None:
     """`mark_reply` without waiting for it: the next message of the chat does not wait,
     and no task is made per turn for it."""
     try:
-        services.db.mark_reply_soon(
-            inbox_id, "sent" if ref is not None else "failed",
-            ids_json(ref.message_ids) if ref is not None else None,
-        )  # fmt: skip
+        services.db.mark_reply_soon(inbox_id, *reply_fate(ref))
     except Exception as exc:  # closed under us: the row stays unconfirmed
         log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)
 
 
 async def mark_reply(services: Services, inbox_id: int, ref: SentRef | None) -> None:
-    """The outbox row's end: 'sent' with the platform's ids, or 'failed' (not sent again).
-    Off the turn's path: the next message of the chat does not wait for it."""
+    """`mark_reply_soon`, waited for (recovery's resends, one at a time)."""
     try:
-        await services.db.mark_reply(
-            inbox_id, "sent" if ref is not None else "failed",
-            ids_json(ref.message_ids) if ref is not None else None,
-        )  # fmt: skip
+        await services.db.mark_reply(inbox_id, *reply_fate(ref))
     except Exception as exc:  # the row stays unconfirmed: counted at the next start
         log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)
 
