@@ -343,8 +343,9 @@ class Monitor:
 
 
 def summary(
-    mon: Monitor, load: Load, seconds: float, drained: float | None, rc: int | None
-) -> None:
+    mon: Monitor, load: Load, seconds: float, drained: float | None, rc: int | None,
+    cpu_used: float,
+) -> None:  # fmt: skip
     sent, answered = sum(load.sent.values()), load.fake.answered + load.api_answered
     refused = ", ".join(f"{k}: {n}" for k, n in sorted(load.refused.items())) or "none"
     cut = ", ".join(f"{k}: {n}" for k, n in sorted(load.fake.cut.items())) or "none"
@@ -352,6 +353,8 @@ def summary(
           f"{load.rate:g}/s offered), {answered} answered; refused: {refused}")  # fmt: skip
     print(f"other Telegram replies: {load.fake.other_replies}; Bot API requests the daemon "
           f"abandoned mid-body: {cut}")  # fmt: skip
+    print(f"daemon CPU: {cpu_used:.1f} s, {cpu_used / max(answered, 1) * 1000:.2f} ms per answered "
+          "message (steadier than the rates on a shared machine)")  # fmt: skip
     tg_out, api_out = load.outstanding()
     print("drain: " + (f"every reply in {drained:.1f} s after the last message" if drained is not None
                        else f"{tg_out} Telegram and {api_out} API replies still outstanding"))  # fmt: skip
@@ -398,7 +401,7 @@ async def soak(minutes: float, rate: float, chats: int, every: float, drain: flo
             print(f"soak: pid {proc.pid}, {rate:g} messages/s for {minutes:g} min, half Telegram "
                   f"webhook, half HTTP API, {chats} chats each, a row every {every:g} s", flush=True)  # fmt: skip
             stop = asyncio.Event()
-            started = time.monotonic()
+            started, cpu_start = time.monotonic(), cpu_seconds(proc.pid)
             watcher = asyncio.create_task(mon.watch(started, stop), name="soak.monitor")
             generator = asyncio.create_task(load.run(), name="soak.load")
             await asyncio.wait({generator, asyncio.create_task(load.done_sending.wait())},
@@ -420,9 +423,10 @@ async def soak(minutes: float, rate: float, chats: int, every: float, drain: flo
                 print(f"the daemon exited during the run (code {proc.returncode})", file=sys.stderr)
                 print((home.parent / "daemon.log").read_text()[-4000:], file=sys.stderr)
                 return 1
+            cpu_used = cpu_seconds(proc.pid) - cpu_start
             proc.send_signal(signal.SIGTERM)
             rc = await asyncio.to_thread(proc.wait, 60)
-            summary(mon, load, seconds, drained, rc)
+            summary(mon, load, seconds, drained, rc, cpu_used)
             return 0
         finally:
             if proc.poll() is None:

@@ -185,8 +185,9 @@ class SessionManager:
         self.index.put(key.format(), entry)
         return entry, len(older)
 
-    def needs_compression(self, history: list[ChatMessage]) -> bool:
-        used = sum(estimate_tokens(m) for m in history)
+    def needs_compression(self, history: list[ChatMessage], tokens: int | None = None) -> bool:
+        """`tokens`: the history's estimate, when the caller has it already."""
+        used = sum(estimate_tokens(m) for m in history) if tokens is None else tokens
         return used > self.compression.auto_share * self.context_tokens
 
 

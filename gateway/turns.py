@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway import access, faults
 from gateway.adapters import idempotent_replies
-from gateway.agent.base import AgentReply, TurnContext, window
+from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_tokens, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
 from gateway.messages import InboundMessage, SentRef
@@ -81,9 +81,10 @@ async def agent_turn(
             session_id=sid, session_key=k, platform=src.platform,
             system_prompt=settings.system_prompt, run_tool=_tool_runner(s, key, sid),
         )  # fmt: skip
+        costs = [estimate_tokens(m) for m in history]  # once: the window and compression
         try:
             reply: AgentReply = await s.deadlines.run(
-                s.agent.respond(window(history, max(256, budget)), ctx),
+                s.agent.respond(window(history, max(256, budget), costs), ctx),
                 settings.turn_timeout_s,
             )
         except Exception as exc:
@@ -124,10 +125,11 @@ async def agent_turn(
         ref = await s.replies.reply(msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id))
         faults.point("after_send_before_mark")
         mark_reply_soon(s, turn.inbox_id, ref)
-        after = [*history, {"role": "assistant", "content": reply.text}]
-        if sum(1 for m in after if m.get("role") in ("user", "assistant")) == 2:
+        answer: ChatMessage = {"role": "assistant", "content": reply.text}
+        after = [*history, answer]
+        if _first_exchange(after):
             s.tasks.start(auto_title(s, sid, after), f"title:{sid}")
-        if s.sessions.needs_compression(after):
+        if s.sessions.needs_compression(after, sum(costs) + estimate_tokens(answer)):
             try:
                 await s.sessions.compress(key, src)
                 log.info("session_key=%s compressed automatically", k)
@@ -184,6 +186,18 @@ async def mark_reply(services: Services, inbox_id: int, ref: SentRef | None) -> 
         await services.db.mark_reply(inbox_id, *reply_fate(ref))
     except Exception as exc:  # the row stays unconfirmed: counted at the next start
         log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)
+
+
+def _first_exchange(history: list[ChatMessage]) -> bool:
+    """Exactly one user message and one reply (tool messages aside): the session's first
+    turn. Counted from the oldest, stopping at the third (a long history costs nothing)."""
+    seen = 0
+    for m in history:
+        if m.get("role") in ("user", "assistant"):
+            seen += 1
+            if seen > 2:
+                return False
+    return seen == 2
 
 
 async def auto_title(services: Services, sid: str, history: list[dict[str, Any]]) -> None:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from .messages import append_many, conversations
+from .messages import append_many, conversations_after
+from .windows import keeps_windows, windows_of
 from .writer import register_batched
 
 RECEIVED, STARTED, ANSWERED, DROPPED = "received", "started", "answered", "dropped"
@@ -166,15 +168,40 @@ def begin_turns_many(
             message_ids[i] = got[0]
     for i, j in repeats:
         message_ids[i] = message_ids[j]
+    return list(zip(message_ids, _histories(conn, calls, message_ids), strict=True))
+
+
+def _histories(
+    conn: sqlite3.Connection, calls: list[tuple[int, str, Mapping[str, Any], int | None]],
+    message_ids: list[int],
+) -> list[list[dict[str, Any]]]:
+    """Each call's history up to its message: read whole, or only what is new since the
+    window the writer keeps for the session (`state.windows`)."""
+    windows = windows_of(conn)
+    if windows is not None:
+        windows.check(conn)
+    sessions = Counter(c[1] for c in calls)
     histories: list[list[dict[str, Any]]] = [[] for _ in calls]
     by_length: dict[int | None, list[int]] = {}
     for i, call in enumerate(calls):
         by_length.setdefault(call[3], []).append(i)
     for last, which in by_length.items():
-        got = conversations(conn, [(calls[i][1], message_ids[i]) for i in which], last)
-        for i, history in zip(which, got, strict=True):
+        length = -1 if last is None else last
+        # a session twice in one batch: its kept window cannot serve both, read it whole
+        afters = [
+            windows.since(calls[i][1], length) if windows is not None and sessions[calls[i][1]] == 1 else 0
+            for i in which
+        ]  # fmt: skip
+        # a window kept past the message (a turn run again) cannot serve it either
+        afters = [a if a < message_ids[i] else 0 for i, a in zip(which, afters, strict=True)]
+        got = conversations_after(
+            conn, [(calls[i][1], message_ids[i], a) for i, a in zip(which, afters, strict=True)], last
+        )  # fmt: skip
+        for i, after, history in zip(which, afters, got, strict=True):
+            if windows is not None and sessions[calls[i][1]] == 1:
+                history = windows.advance(calls[i][1], length, after, message_ids[i], history)
             histories[i] = history
-    return list(zip(message_ids, histories, strict=True))
+    return histories
 
 
 register_batched(begin_turn, begin_turns_many)
@@ -354,3 +381,10 @@ def payload_of(values: object) -> str:
     surrogate is kept (escaped), so taking a message never fails on its text (storing it
     may, later). One encoder for every call: json.dumps with options builds one each time."""
     return _ASCII_JSON(values)
+
+
+# appends and inbox bookkeeping: the history windows the writer keeps stay right (state.windows)
+keeps_windows(
+    accept, accept_many, begin_turn, begin_turns_many, accept_begin, accept_begins_many,
+    end_turn, end_turns_many, finish, finish_many, mark_reply, mark_replies_many,
+)  # fmt: skip

@@ -389,16 +389,20 @@ _HISTORY_ARRAY = (
     "'name', CASE WHEN role = 'tool' THEN tool_name END, "
     "'reasoning', reasoning))) "
     "FROM (SELECT * FROM (SELECT role, content, tool_calls, tool_call_id, tool_name, reasoning, id "
-    "FROM messages WHERE session_id = {sid} AND id <= {upto} ORDER BY id DESC LIMIT {last}) "
+    "FROM messages WHERE session_id = {sid} AND id <= {upto} AND id > {after} "
+    "ORDER BY id DESC LIMIT {last}) "
     "ORDER BY id)"
 )
-_CONVERSATION_JSON = _HISTORY_ARRAY.format(sid="?1", last="?2", upto="9223372036854775807")
+_CONVERSATION_JSON = _HISTORY_ARRAY.format(
+    sid="?1", last="?2", upto="9223372036854775807", after="0"
+)
 # Many histories of the same length in one step, each ending at a given message id (a
 # session can appear twice in a batch): [[session, last id], ...] -> {"0": [...], ...}.
 _CONVERSATIONS_JSON = (
     "SELECT json_group_object(j.key, json(("
     + _HISTORY_ARRAY.format(
-        sid="json_extract(j.value, '$[0]')", upto="json_extract(j.value, '$[1]')", last="?2"
+        sid="json_extract(j.value, '$[0]')", upto="json_extract(j.value, '$[1]')", last="?2",
+        after="json_extract(j.value, '$[2]')",
     )
     + "))) FROM json_each(?1) AS j"
 )
@@ -419,11 +423,20 @@ def conversations(
 ) -> list[list[dict[str, Any]]]:
     """`conversation` for many (session, last message id) pairs in one statement and one
     step: each history ends at its message, whatever was appended after it."""
+    return conversations_after(conn, [(sid, upto, 0) for sid, upto in ends], last)
+
+
+def conversations_after(
+    conn: sqlite3.Connection, ranges: list[tuple[str, int, int]], last: int | None = None
+) -> list[list[dict[str, Any]]]:
+    """For each (session, last id, after id): the newest `last` of the session's messages
+    with after < id <= last id, in order (the history window cache reads only what is new
+    since the window it keeps; after = 0 reads the whole window)."""
     (raw,) = conn.execute(
-        _CONVERSATIONS_JSON, (json.dumps(ends), -1 if last is None else last)
+        _CONVERSATIONS_JSON, (json.dumps(ranges), -1 if last is None else last)
     ).fetchone()
     by_key: dict[str, list[dict[str, Any]]] = json.loads(raw or "{}")
-    return [by_key[str(i)] for i in range(len(ends))]
+    return [by_key[str(i)] for i in range(len(ranges))]
 
 
 def count_messages(conn: sqlite3.Connection, session_id: str | None = None) -> int:

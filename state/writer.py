@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from .errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
+from .windows import WriterConnection, keeps, windows_of
 
 log = logging.getLogger("state.writer")
 T = TypeVar("T")
@@ -159,7 +160,8 @@ def _before_batch(conn: sqlite3.Connection) -> None:
 
 def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
     conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s,
+        factory=WriterConnection,
     )
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
@@ -424,6 +426,7 @@ class Writer:
                 return self._run_exclusive(batch[0])
             return self._run_batch(batch)
         except BaseException as exc:  # the whole batch failed (disk full at commit, lock budget)
+            _forget_windows(self._conn)
             log.error("write batch of %d failed: %s", len(batch), exc)
             err = _translate(exc, self.path)
             return [(False, err)] * len(batch)
@@ -468,6 +471,7 @@ class Writer:
             conn.execute("COMMIT")
             return results
         except Exception as exc:
+            _forget_windows(conn)  # advanced by statements that were rolled back
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if is_busy(exc):
@@ -490,7 +494,10 @@ class Writer:
         results: list[tuple[bool, Any] | None] = [None] * len(batch)
         groups: dict[Callable[..., Any], list[int]] = {}
         plan: list[Callable[..., Any] | int] = []  # a batched function's group, or one op
+        windows = windows_of(conn)
         for i, op in enumerate(batch):
+            if windows is not None and not keeps(op.fn):
+                windows.clear()
             if op.fn in _BATCHED:
                 group = groups.get(op.fn)
                 if group is None:
@@ -521,10 +528,13 @@ class Writer:
         try:
             _before_batch(conn)
             for op in batch:
+                if not keeps(op.fn):
+                    _forget_windows(conn)
                 conn.execute("SAVEPOINT op")
                 try:
                     value = op.fn(conn, *op.args)
                 except sqlite3.OperationalError as exc:
+                    _forget_windows(conn)
                     if is_busy(exc):
                         raise  # retry the whole batch
                     if not conn.in_transaction:
@@ -535,6 +545,7 @@ class Writer:
                     conn.execute("RELEASE op")
                     results.append((False, _translate(exc, "state.db")))
                 except Exception as exc:
+                    _forget_windows(conn)
                     if not conn.in_transaction:
                         raise  # as above
                     conn.execute("ROLLBACK TO op")
@@ -545,6 +556,7 @@ class Writer:
                     results.append((True, value))
             conn.execute("COMMIT")
         except BaseException:
+            _forget_windows(conn)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
@@ -553,12 +565,19 @@ class Writer:
     def _run_exclusive(self, op: _Op) -> list[tuple[bool, Any]]:
         conn = self._conn
         assert conn is not None
+        _forget_windows(conn)
         try:
             return [(True, op.fn(conn, *op.args))]
         except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return [(False, _translate(exc, self.path))]
+
+
+def _forget_windows(conn: sqlite3.Connection | None) -> None:
+    windows = windows_of(conn) if conn is not None else None
+    if windows is not None:
+        windows.clear()
 
 
 def _close_quietly(conn: sqlite3.Connection, optimize: bool = False) -> None:

@@ -194,14 +194,16 @@ class TelegramAdapter:
     ) -> tuple[bool, str]:
         from telegram import Bot
         from telegram import error as tg_error
-        from telegram.request import HTTPXRequest
+
+        from gateway.adapters.telegram_request import AiohttpRequest
 
         # one request object, closed here: Bot.shutdown() skips a bot never initialize()d
-        request = HTTPXRequest(connect_timeout=5, read_timeout=10)
+        request = AiohttpRequest(connect_timeout=5, read_timeout=10, pool_size=1)
         base_url = (settings.base_url or DEFAULT_API).rstrip("/")
         bot = Bot(secrets.get("token_env", ""), base_url=base_url, request=request,
                   get_updates_request=request)  # fmt: skip
         try:
+            await request.initialize()
             me = await bot.get_me()
         except tg_error.InvalidToken as exc:  # PTB's name for a 401 from getMe
             return False, exc.message
@@ -257,13 +259,14 @@ class TelegramAdapter:
     async def start(self, emit: Emit) -> None:
         from telegram import Bot, Update
         from telegram import error as tg_error
-        from telegram.request import HTTPXRequest
+
+        from gateway.adapters.telegram_request import AiohttpRequest
 
         self._emit = emit
         base = (self._base_url or DEFAULT_API).rstrip("/")
         self._bot = Bot(
             self._token, base_url=base, base_file_url=base.replace("/bot", "/file/bot"),
-            request=HTTPXRequest(connect_timeout=5, read_timeout=20),
+            request=AiohttpRequest(connect_timeout=5, read_timeout=20, pool_size=CALLS_IN_FLIGHT),
             get_updates_request=sanitizing_request(connect_timeout=5, read_timeout=10),
         )  # fmt: skip
         try:

@@ -50,19 +50,13 @@ def sanitize_updates(payload: bytes) -> bytes:
 
 
 def sanitizing_request(**kwargs: Any) -> Any:
-    """An HTTPXRequest whose getUpdates answers pass through `sanitize_updates`."""
-    from telegram.request import HTTPXRequest
+    """The Bot API transport whose getUpdates answers pass through `sanitize_updates`."""
+    from gateway.adapters.telegram_request import AiohttpRequest
 
-    class SanitizingRequest(HTTPXRequest):
-        async def do_request(
-            self, url: str, method: str, *args: Any, **kw: Any
-        ) -> tuple[int, bytes]:
-            status, payload = await super().do_request(url, method, *args, **kw)
-            if status == 200 and url.endswith("/getUpdates"):
-                payload = sanitize_updates(payload)
-            return status, payload
+    def sanitize(url: str, status: int, payload: bytes) -> bytes:
+        return sanitize_updates(payload) if status == 200 and url.endswith("/getUpdates") else payload
 
-    return SanitizingRequest(**kwargs)
+    return AiohttpRequest(pool_size=1, transform=sanitize, **kwargs)
 
 
 def retry_after_s(exc: Any) -> float:

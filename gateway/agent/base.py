@@ -56,13 +56,17 @@ def estimate_tokens(message: ChatMessage) -> int:
     return (len(content) + extra) // 4 + 4
 
 
-def window(history: Sequence[ChatMessage], budget_tokens: int) -> list[ChatMessage]:
+def window(
+    history: Sequence[ChatMessage], budget_tokens: int, costs: Sequence[int] | None = None
+) -> list[ChatMessage]:
     """The newest messages that fit in the budget; the oldest fall out first. A leading
-    tool result without its call is dropped too, so the window is always valid to replay."""
+    tool result without its call is dropped too, so the window is always valid to replay.
+    `costs`: each message's `estimate_tokens`, when the caller has them already."""
     out: list[ChatMessage] = []
     used = 0
-    for msg in reversed(history):
-        cost = estimate_tokens(msg)
+    for i in range(len(history) - 1, -1, -1):
+        msg = history[i]
+        cost = costs[i] if costs is not None else estimate_tokens(msg)
         if out and used + cost > budget_tokens:
             break
         out.append(msg)

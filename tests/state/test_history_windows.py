@@ -1,0 +1,137 @@
+"""The history a turn reads is the session's newest messages, whatever happened in between.
+
+The SQLite writer keeps each recent session's last window and reads only what is new
+(state/windows.py); these tests hold every backend to the same answer as a full read, and
+the SQLite one to it after the changes the kept window must notice: a message edited or
+deleted by another program, an operation that is not an append, a failed batch, a caller
+editing the list it was given.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from state import SessionDB, Store
+
+
+async def _turn(
+    store: Store, sid: str, n: int, last: int, reply: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    rid, _, _ = await store.accept_inbound("telegram", sid, f"m{n}", {"n": n})
+    msg = {"role": "user", "content": f"question {n}", "platform_message_id": f"m{n}"}
+    _mid, history = await store.begin_turn(rid, sid, msg, last=last)
+    await store.end_turn(rid, sid, reply or [{"role": "assistant", "content": f"answer {n}"}])
+    return history
+
+
+def _plain(history: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    return [(m["role"], m.get("content")) for m in history]
+
+
+async def test_each_turn_reads_what_a_full_read_gives(store: Store) -> None:
+    """Random turns (with tool calls) over a few sessions, with messages appended outside
+    turns and a session cleared now and then: every history equals the newest `last`
+    messages up to the turn's message read whole."""
+    rng = random.Random(7)
+    sids = [await store.create_session(source="telegram", chat_id=f"c{i}") for i in range(3)]
+    for n in range(160):
+        sid = rng.choice(sids)
+        roll = rng.random()
+        if roll < 0.05:
+            await store.clear_messages(sid)
+        elif roll < 0.12:
+            await store.append_messages(sid, [{"role": "user", "content": f"aside {n}"}])
+        reply = None
+        if rng.random() < 0.2:
+            reply = [
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": f"t{n}", "type": "function",
+                                 "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "content": f"result {n}", "tool_call_id": f"t{n}", "tool_name": "f"},
+                {"role": "assistant", "content": f"answer {n}"},
+            ]  # fmt: skip
+        history = await _turn(store, sid, n, last=7, reply=reply)
+        whole = await store.get_messages_as_conversation(sid)
+        upto = next(i for i, m in enumerate(whole) if m.get("content") == f"question {n}")
+        assert history == whole[max(0, upto + 1 - 7) : upto + 1], n
+
+
+async def test_a_caller_editing_its_history_does_not_edit_the_next(store: Store) -> None:
+    sid = await store.create_session(source="telegram", chat_id="c1")
+    first = await _turn(store, sid, 1, last=10)
+    first[0]["content"] = "edited by an agent"
+    first.append({"role": "system", "content": "appended by an agent"})
+    second = await _turn(store, sid, 2, last=10)
+    assert _plain(second) == [
+        ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2"),
+    ]  # fmt: skip
+
+
+def _windows(db: SessionDB) -> Any:
+    conn = db._writer._conn  # the writer's connection carries the kept windows
+    assert conn is not None
+    return conn.windows
+
+
+async def test_the_kept_window_serves_the_next_turn(db: SessionDB) -> None:
+    """The cache is used at all (the tests above would pass without it)."""
+    sid = await db.create_session(source="telegram", chat_id="c1")
+    windows = _windows(db)
+    for n in range(5):
+        await _turn(db, sid, n, last=4)
+    assert windows.hits >= 4 and len(windows) == 1
+
+
+async def test_another_program_editing_or_deleting_a_message_is_seen(
+    db: SessionDB, tmp_path: Path
+) -> None:
+    sid = await db.create_session(source="telegram", chat_id="c1")
+    for n in range(3):
+        await _turn(db, sid, n, last=10)
+    other = sqlite3.connect(db.path)
+    with other:
+        other.execute(
+            "UPDATE messages SET content = 'rewritten' WHERE session_id = ? AND content = 'answer 0'",
+            (sid,),
+        )
+        other.execute("DELETE FROM messages WHERE session_id = ? AND content = 'question 1'", (sid,))
+    other.close()
+    history = await _turn(db, sid, 3, last=10)
+    assert _plain(history) == [
+        ("user", "question 0"), ("assistant", "rewritten"), ("assistant", "answer 1"),
+        ("user", "question 2"), ("assistant", "answer 2"), ("user", "question 3"),
+    ]  # fmt: skip
+
+
+async def test_an_operation_that_is_not_an_append_forgets_the_windows(db: SessionDB) -> None:
+    sid = await db.create_session(source="telegram", chat_id="c1")
+    for n in range(3):
+        await _turn(db, sid, n, last=10)
+    windows = _windows(db)
+    assert len(windows) == 1
+    await db.set_session_title(sid, "named")  # any write that is not an append or inbox bookkeeping
+    assert len(windows) == 0
+    await db.clear_messages(sid)
+    assert _plain(await _turn(db, sid, 9, last=10)) == [("user", "question 9")]
+
+
+async def test_a_failed_batch_forgets_the_windows(db: SessionDB) -> None:
+    sid = await db.create_session(source="telegram", chat_id="c1")
+    await _turn(db, sid, 0, last=10)
+    windows = _windows(db)
+    assert len(windows) == 1
+
+    def boom(conn: sqlite3.Connection) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    with pytest.raises(Exception, match="disk I/O"):
+        await db._writer.submit(boom)
+    assert len(windows) == 0
+    assert _plain(await _turn(db, sid, 1, last=10)) == [
+        ("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"),
+    ]  # fmt: skip
