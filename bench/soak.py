@@ -353,8 +353,10 @@ def summary(
           f"{load.rate:g}/s offered), {answered} answered; refused: {refused}")  # fmt: skip
     print(f"other Telegram replies: {load.fake.other_replies}; Bot API requests the daemon "
           f"abandoned mid-body: {cut}")  # fmt: skip
+    own = os.times()
     print(f"daemon CPU: {cpu_used:.1f} s, {cpu_used / max(answered, 1) * 1000:.2f} ms per answered "
-          "message (steadier than the rates on a shared machine)")  # fmt: skip
+          f"message (steadier than the rates on a shared machine); this script (load and the "
+          f"Bot API fake): {own.user + own.system:.1f} s")  # fmt: skip
     tg_out, api_out = load.outstanding()
     print("drain: " + (f"every reply in {drained:.1f} s after the last message" if drained is not None
                        else f"{tg_out} Telegram and {api_out} API replies still outstanding"))  # fmt: skip

@@ -101,12 +101,14 @@ class HistoryWindows:
         if after:
             if old is None or old[0] != after:  # `since` said otherwise a moment ago
                 raise RuntimeError(f"no window of {session_id} ends at message {after}")
-            window = old[2] + new
+            window, size = old[2], old[3] + sum(map(_size, new))
+            window += new
             if len(window) > length >= 0:
-                del window[: len(window) - length]
+                cut = len(window) - length
+                size -= sum(map(_size, window[:cut]))
+                del window[:cut]
         else:
-            window = new
-        size = sum(_size(m) for m in window)
+            window, size = new, sum(map(_size, new))
         if size <= self._budget // 4:  # one session never takes most of the budget
             self._entries[session_id] = (upto, length, window, size)
             self._used += size
@@ -115,7 +117,7 @@ class HistoryWindows:
                 self._used -= freed
         self.hits += bool(after)
         self.misses += not after
-        return [dict(m) for m in window]
+        return list(map(dict.copy, window))
 
 
 def windows_of(conn: sqlite3.Connection) -> HistoryWindows | None:

@@ -135,3 +135,21 @@ async def test_a_failed_batch_forgets_the_windows(db: SessionDB) -> None:
     assert _plain(await _turn(db, sid, 1, last=10)) == [
         ("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"),
     ]  # fmt: skip
+
+
+def test_the_windows_stay_within_their_budget() -> None:
+    """Least recently used sessions go first; a window bigger than a quarter of the budget
+    is served but not kept."""
+    from state.windows import PER_MESSAGE, HistoryWindows
+
+    per = PER_MESSAGE + 10
+    windows = HistoryWindows(budget=per * 40)
+    for n, sid in enumerate("abcde"):
+        windows.advance(sid, 10, 0, n + 1, [{"role": "user", "content": "x" * 10}] * 10)
+    assert len(windows) == 4 and windows.since("a", 10) == 0  # a went first
+    assert windows.since("e", 10) == 5 and windows.since("e", 20) == 0  # another length
+    got = windows.advance("e", 10, 5, 6, [{"role": "assistant", "content": "y" * 10}])
+    assert len(got) == 10 and got[-1]["content"] == "y" * 10 and got[0] is not got[1]
+    huge = windows.advance("f", 100, 0, 7, [{"role": "user", "content": "z" * 10}] * 11)
+    assert len(huge) == 11 and windows.since("f", 100) == 0
+    assert windows.since("e", 10) == 6
