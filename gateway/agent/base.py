@@ -64,6 +64,12 @@ def window(
     `costs`: each message's `estimate_tokens`, when the caller has them already."""
     out: list[ChatMessage] = []
     used = 0
+    if costs is not None and sum(costs) <= budget_tokens:  # all of it fits: no walk
+        out = list(history)
+        start = 0
+        while start < len(out) and out[start].get("role") == "tool":
+            start += 1
+        return out[start:] if start else out
     for i in range(len(history) - 1, -1, -1):
         msg = history[i]
         cost = costs[i] if costs is not None else estimate_tokens(msg)
