@@ -37,7 +37,7 @@ from ..search import (
 from ..textindex import segment
 from . import db
 from .messages import from_pg
-from .tsearch import side_text, term_query, to_tsquery
+from .tsearch import required_pairs, side_text, term_query, to_tsquery
 
 SPAN_GROWTH = 4
 TOTALS_TTL_S = 30.0  # how long index totals (rows, average length) are reused on a big store
@@ -51,6 +51,10 @@ class _Branch:
     params: tuple[Any, ...]
     extra_where: str = ""
     extra_params: tuple[Any, ...] = ()
+    # Adjacent token pairs every match holds, and the vector whose `sb_pairs` index has
+    # them (state/pg/schema.py): empty when the query has no phrase to narrow by.
+    pairs: tuple[str, ...] = ()
+    pairs_of: str = ""
 
     def phrases(self, tree: q.Node) -> list[ranking.Phrase]:
         out = []
@@ -71,7 +75,9 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
     if not q.needs_aux(tree):
         main = to_tsquery(tree, segmented=False)
         if main is not None:
-            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL"))
+            pairs = tuple(required_pairs(tree, segmented=False))
+            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL",
+                               pairs=pairs, pairs_of="tsv"))  # fmt: skip
     tools = "tool" in req.roles or req.include_tools
     seg = to_tsquery(tree, segmented=True)
     tool = to_tsquery(tree, segmented=False) if tools else None
@@ -84,7 +90,10 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
         literal, lparams = literal_where(
             tree, tools, mark="%s", like="ILIKE"
         )  # SQLite: LIKE ignores ASCII case
-        out.append(_Branch(True, "(" + " OR ".join(conds) + ")", tuple(params), literal, lparams))
+        # tool_tsv has no pair index: narrow by pairs only when seg_tsv is all there is
+        pairs = tuple(required_pairs(tree, segmented=True)) if tool is None else ()
+        out.append(_Branch(True, "(" + " OR ".join(conds) + ")", tuple(params), literal, lparams,
+                           pairs=pairs, pairs_of="seg_tsv"))  # fmt: skip
     return out
 
 
@@ -120,14 +129,29 @@ async def _window(
     low, high = bounds
     span = window * SPAN_GROWTH
     order = "ASC" if ascending else "DESC"
+    first = True
     while True:
         edge = "id < %s" if ascending else "id > %s"
         limit = low + span if ascending else high - span
-        found = await db.tuples(
-            conn,
-            f"SELECT id FROM messages WHERE {br.cond} AND {edge} ORDER BY id {order} LIMIT %s",
-            (*br.params, limit, window),
-        )
+        if br.pairs and not first:
+            # The phrase check reads each candidate's vector, and GIN alone offers every row
+            # holding the words anywhere: take the candidates from the pair index instead
+            # (fenced, so the planner cannot add the word index's candidates back in).
+            holds = ", ".join("hashtext(%s)" for _ in br.pairs)
+            found = await db.tuples(
+                conn,
+                f"SELECT id FROM (SELECT id, {br.pairs_of} FROM messages WHERE sb_pairs({br.pairs_of}) @> "
+                f"ARRAY[{holds}] AND {edge} OFFSET 0) m "
+                f"WHERE {br.cond} ORDER BY id {order} LIMIT %s",
+                (*br.pairs, limit, *br.params, window),
+            )
+        else:
+            found = await db.tuples(
+                conn,
+                f"SELECT id FROM messages WHERE {br.cond} AND {edge} ORDER BY id {order} LIMIT %s",
+                (*br.params, limit, window),
+            )
+        first = False
         if len(found) >= window or (limit > high if ascending else limit < low):
             return [int(r[0]) for r in found]
         # grow at least fourfold, more when the matches are sparse (k in the span suggests

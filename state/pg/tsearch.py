@@ -122,3 +122,21 @@ def to_tsquery(node: q.Node, *, segmented: bool) -> str | None:
             return None
         parts.append(got)
     return "(" + " & ".join(parts) + ")"
+
+
+def required_pairs(node: q.Node, *, segmented: bool) -> list[str]:
+    """Adjacent token pairs (`'a b'`, as the `sb_pairs` index of state/pg/schema.py joins
+    them) that every row matching `to_tsquery(node)` holds: those of the phrases the query
+    ANDs together. A phrase's last pair is left out when it ends in a prefix; OR and NOT
+    require nothing. Empty when the query has no such pair."""
+    if isinstance(node, q.Term):
+        tokens = fts_tokens(segment(node.text) if segmented else node.text)
+        pairs = [f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False)]
+        return pairs[:-1] if node.prefix else pairs
+    if isinstance(node, q.And):
+        out: list[str] = []
+        for item in node.items:
+            if not isinstance(item, q.Not):
+                out.extend(p for p in required_pairs(item, segmented=segmented) if p not in out)
+        return out
+    return []

@@ -172,3 +172,43 @@ async def test_ranking_windows_agree_when_matches_outnumber_the_window(
         await lite.close()
         await pg.close()
         pgserver.drop_schema(pg_dsn, schema)
+
+
+async def test_phrases_past_the_first_probe_agree(
+    pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """6,000 messages, phrases rare among them: PostgreSQL looks past its first slice of
+    ids through the index of adjacent token pairs, which must find exactly the rows the
+    phrase check (and SQLite) finds, not the rows that merely hold the words apart."""
+    schema = pgserver.fresh_schema(pg_dsn)
+    lite = await open_store({"backend": "sqlite"}, tmp_path_factory.mktemp("pairs"))
+    pg = await open_store({"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, schema)}, ".")
+    vocab = ["red", "alert", "the", "server", "fix", "東京", "タワー", "服务端", "🎉", "party",
+             "hello", "world", "user@host", "x"]  # fmt: skip
+    try:
+        for store in (lite, pg):
+            rnd = random.Random(7)  # the same corpus for both stores
+            sids = [await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
+                    for i in range(6)]  # fmt: skip
+            for chunk in range(60):
+                batch = [{"role": ("user", "assistant")[k % 2], "timestamp": T0 + chunk * 100 + k,
+                          "content": " ".join(rnd.choices(vocab, k=rnd.randint(1, 5)))}
+                         for k in range(100)]  # fmt: skip
+                await store.append_messages(sids[chunk % 6], batch)
+        queries = ['"red alert"', '"alert red"', '"the server" fix', '"fix the server"', "東京タワー",
+                   "服务端", '"hello world" NOT party', '"red alert" OR "the server"',
+                   "user@ho*", "🎉 party", '"user host"']  # fmt: skip
+        for query in queries:
+            for kw in ({}, {"sort": "oldest"}, {"sort": "newest", "offset": 5}):
+                want = [
+                    (h["id"], h["snippet"])
+                    for h in await lite.search_messages(query, limit=20, **kw)
+                ]
+                got = [
+                    (h["id"], h["snippet"]) for h in await pg.search_messages(query, limit=20, **kw)
+                ]
+                assert got == want and (want or kw), (query, kw)  # the first page finds rows
+    finally:
+        await lite.close()
+        await pg.close()
+        pgserver.drop_schema(pg_dsn, schema)

@@ -297,7 +297,7 @@ async def test_a_schema_1_database_gains_the_inbox_keeping_its_sessions(schema_d
     await old.close()
     store = await open_store({"backend": "postgres", "dsn": schema_dsn}, ".")
     try:
-        assert await store.schema_version() == store.latest_schema_version() == 4
+        assert await store.schema_version() == store.latest_schema_version() == 5
         assert (await store.require_session(sid))["title"] == "kept"
         assert (await store.accept_inbound("api", "1", "m", {}))[2] is True
     finally:
