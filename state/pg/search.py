@@ -75,9 +75,8 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
     if not q.needs_aux(tree):
         main = to_tsquery(tree, segmented=False)
         if main is not None:
-            pairs = tuple(required_pairs(tree, segmented=False))
-            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL",
-                               pairs=pairs, pairs_of="tsv"))  # fmt: skip
+            # no pair index on tsv (see state/pg/schema.py, migration 5)
+            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL"))
     tools = "tool" in req.roles or req.include_tools
     seg = to_tsquery(tree, segmented=True)
     tool = to_tsquery(tree, segmented=False) if tools else None
