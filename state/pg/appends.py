@@ -35,19 +35,27 @@ _COLUMNS = (
     ("seg_tsv", "text"), ("tool_tsv", "text"), ("ntok", "integer"), ("aux_ntok", "integer"),
 )  # fmt: skip
 _CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
+# The rows' ids drawn from the sequence in row order and the rows inserted, in one
+# statement that returns the ids in row order (`n`).
 _INSERT = (
-    f"INSERT INTO messages ({', '.join(c for c, _ in _COLUMNS)}, active) "
-    f"SELECT {', '.join(c + _CAST.get(c, '') for c, _ in _COLUMNS)}, 1 FROM unnest("
-    + ", ".join(f"%s::{t}[]" for _, t in _COLUMNS)
-    + f") AS u({', '.join(c for c, _ in _COLUMNS)})"
+    "WITH ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('messages', 'id')) "
+    "AS id FROM generate_series(1, %s) AS g(n) ORDER BY n), "
+    f"ins AS (INSERT INTO messages ({', '.join(c for c, _ in _COLUMNS)}, active) "
+    f"SELECT ids.id, {', '.join(c + _CAST.get(c, '') for c, _ in _COLUMNS[1:])}, 1 FROM unnest("
+    + ", ".join(f"%s::{t}[]" for _, t in _COLUMNS[1:])
+    + f") WITH ORDINALITY AS u({', '.join(c for c, _ in _COLUMNS[1:])}, n) JOIN ids USING (n)) "
+    "SELECT id FROM ids ORDER BY n"
 )
+# The counts and activity of the appends, and the calls' tokens (usage.tokens_set) where
+# `u.tk`, in one update; it returns what the usage rows need.
 _UPDATE_SESSIONS = (
     "UPDATE sessions s SET message_count = COALESCE(s.message_count, 0) + u.n, "
     "tool_call_count = COALESCE(s.tool_call_count, 0) + u.t, preview = COALESCE(s.preview, u.pv), "
     f"last_active = CASE WHEN COALESCE(s.last_active, 0) <= u.ts - {LAST_ACTIVE_RESOLUTION_S} "
-    "THEN u.ts ELSE s.last_active END "
-    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::double precision[]) "
-    "AS u(sid, n, t, pv, ts) WHERE s.id = u.sid"
+    f"THEN u.ts ELSE s.last_active END, {usage.tokens_set()} "
+    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::double precision[], "
+    "%s::bigint[], %s::bigint[], %s::boolean[]) AS u(sid, n, t, pv, ts, i, o, tk) "
+    f"WHERE s.id = u.sid RETURNING {usage.ROUTE_RETURNING}"
 )
 
 
@@ -117,24 +125,21 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
             a[5] += int(tokens.get("output_tokens", 0))
     ids: list[int] = []
     if rows:
-        ids = [int(r[0]) for r in await db.tuples(
-            conn, "SELECT nextval(pg_get_serial_sequence('messages', 'id')) "
-            "FROM generate_series(1, %s)", (len(rows),),
-        )]  # fmt: skip
-        columns = [ids, *([r[k] for r in rows] for k in range(len(_COLUMNS) - 1))]
-        await db.run(conn, _INSERT, columns)
+        columns = [[r[k] for r in rows] for k in range(len(_COLUMNS) - 1)]
+        ids = [int(r[0]) for r in await db.tuples(conn, _INSERT, (len(rows), *columns))]
         await _claim_platform_ids(conn, calls, per_call, ids, chats)
     live = [(sid, a) for sid, a in agg.items() if a[0]]
+    tokens = {sid: (a[4], a[5]) for sid, a in agg.items() if a[4] or a[5]}
     if live:
-        await db.run(conn, _UPDATE_SESSIONS, (
+        updated = await db.tuples(conn, _UPDATE_SESSIONS, (
             [s for s, _ in live], [a[0] for _, a in live], [a[1] for _, a in live],
-            [a[2] for _, a in live], [a[3] for _, a in live],
+            [a[2] for _, a in live], [a[3] for _, a in live], [a[4] for _, a in live],
+            [a[5] for _, a in live], [bool(a[4] or a[5]) for _, a in live],
         ))  # fmt: skip
-    for sid, a in agg.items():
-        if a[4] or a[5]:
-            await usage.update_token_counts(
-                conn, sid, {"input_tokens": a[4], "output_tokens": a[5]}
-            )
+        await usage.add_usage_many(conn, updated, tokens)
+    rest = sorted((sid, *t) for sid, t in tokens.items() if not agg[sid][0])
+    if rest:  # tokens of calls whose messages were all duplicates
+        await usage.add_tokens_many(conn, rest)
     out: list[list[int]] = []
     pos = 0
     for n in per_call:

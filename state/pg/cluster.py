@@ -46,11 +46,19 @@ WITH taken AS (
 SELECT t.*, rs.ended_at AS route_ended, rs.id AS route_found,
        ls.id AS live_id, ls.origin_json AS live_origin, ls.started_at AS live_started,
        ls.last_active AS live_active, ls.source AS live_source, ls.chat_type AS live_chat_type,
-       COALESCE(rs.last_active, 0) AS route_active
+       COALESCE(rs.last_active, 0) AS route_active,
+       ARRAY(SELECT j.name FROM live_jobs j WHERE j.session_id = COALESCE(t.session_id, ls.id)
+             AND j.owner IN ({LIVE}) ORDER BY j.name) AS jobs
 FROM taken t
 LEFT JOIN sessions rs ON rs.id = t.session_id
-LEFT JOIN sessions ls ON ls.session_key = t.session_key AND ls.ended_at IS NULL
+LEFT JOIN LATERAL (SELECT * FROM sessions s WHERE s.session_key = t.session_key
+                   AND s.ended_at IS NULL) ls ON true
 """
+# The key's live session is a LATERAL lookup so it is read by its index for each taken key:
+# a plain join let the planner hash every live session of the database, per take.
+# The open rows are a statement of their own: a take that waited for another replica's
+# release must see the rows that release's transaction closed (one statement's snapshot,
+# taken before the wait, would not, and the row would run twice).
 _OPEN_FOR_KEY = (
     "SELECT id, payload, replica, state, session_id, received_at, session_key FROM inbox "
     "WHERE session_key = ANY(%s) AND state IN ('received', 'started') ORDER BY id"
@@ -72,7 +80,7 @@ async def take_lease(conn: AsyncConnection, key: str, me: int, space: int) -> di
 async def take_leases_many(
     conn: AsyncConnection, calls: Sequence[tuple[str, int, int]]
 ) -> list[dict[str, Any] | None]:
-    """Many takes in three statements (one replica's writer: one `me`, one `space`). Keys
+    """Many takes in two statements (one replica's writer: one `me`, one `space`). Keys
     are taken in key order, so two replicas' batches never deadlock on each other's rows;
     a key twice in one batch is taken by its first call (the second waits, as it would)."""
     out: list[dict[str, Any] | None] = [None] * len(calls)
@@ -92,15 +100,9 @@ async def take_leases_many(
         open_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in found}
         for row in await db.rows(conn, _OPEN_FOR_KEY, (list(found),)):
             open_rows[str(row.pop("session_key"))].append(row)
-        sids = {k: r.get("session_id") or r.get("live_id") for k, r in found.items()}
-        jobs: dict[str, list[str]] = {}
-        wanted = [str(s) for s in sids.values() if s]
-        if wanted:
-            for sid, name in await db.tuples(conn, _JOBS, {"space": space, "sids": wanted}):
-                jobs.setdefault(str(sid), []).append(str(name))
         for key, route in found.items():
             route["open"] = open_rows[key]
-            route["jobs"] = jobs.get(str(sids[key]), []) if sids[key] else []
+            route["jobs"] = [str(j) for j in route["jobs"] or ()]
             out[first[key]] = route
     return out
 
@@ -324,16 +326,13 @@ async def begin_turns_fenced_many(
     conn: AsyncConnection,
     calls: Sequence[tuple[Fence, int, str, Mapping[str, Any], int | None]],
 ) -> list[tuple[int, list[dict[str, Any]]]]:
-    """The fences, the rows' runner (whose turn started them), then inbox.begin_turn's
-    batch. One lost fence fails the batch; the writer then redoes it one call at a time."""
+    """The fences, then inbox.begin_turn's batch, which records each row's runner (whose
+    turn started it). One lost fence fails the batch; the writer then redoes it one call at
+    a time."""
     await check_fences(conn, [c[0] for c in calls])
-    await db.run(
-        conn,
-        "UPDATE inbox SET runner = u.o FROM unnest(%s::bigint[], %s::bigint[]) AS u(id, o) "
-        "WHERE inbox.id = u.id",
-        ([c[1] for c in calls], [c[0].owner for c in calls]),
+    return await inbox.begin_turns_many(
+        conn, [c[1:] for c in calls], runners=[c[0].owner for c in calls]
     )
-    return await inbox.begin_turns_many(conn, [c[1:] for c in calls])
 
 
 register_batched(begin_turn_fenced, begin_turns_fenced_many)

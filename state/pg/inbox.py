@@ -21,13 +21,18 @@ from .appends import append_many
 from .messages import conversations
 from .writer import register_batched
 
+# The rows' ids drawn in call order (`n`) and the rows inserted, in one statement: each
+# drawn id, and whether its row went in.
 _INSERT = (
-    "INSERT INTO inbox (id, platform, chat_id, platform_message_id, payload, state, "
-    "received_at, updated_at, session_key, replica) SELECT i, p, c, m, pl, %s, t, t, k, r "
-    "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], "
+    "WITH ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('inbox', 'id')) AS i "
+    "FROM generate_series(1, %s) AS g(n) ORDER BY n), "
+    "ins AS (INSERT INTO inbox (id, platform, chat_id, platform_message_id, payload, state, "
+    "received_at, updated_at, session_key, replica) SELECT ids.i, p, c, m, pl, %s, t, t, k, r "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], "
     "%s::double precision[], %s::text[], %s::bigint[]) "
-    "WITH ORDINALITY AS u(i, p, c, m, pl, t, k, r, n) ORDER BY n "
-    "ON CONFLICT (platform, chat_id, platform_message_id) DO NOTHING RETURNING id"
+    "WITH ORDINALITY AS u(p, c, m, pl, t, k, r, n) JOIN ids USING (n) ORDER BY n "
+    "ON CONFLICT (platform, chat_id, platform_message_id) DO NOTHING RETURNING id) "
+    "SELECT ids.i, ins.id IS NOT NULL FROM ids LEFT JOIN ins ON ins.id = ids.i ORDER BY ids.n"
 )
 # One call: Accept, plus the message's session key and the replica taking it (several
 # replicas on one database; None for one daemon).
@@ -55,25 +60,21 @@ async def accept(
 async def accept_many(
     conn: AsyncConnection, calls: Sequence[Accept | Routed]
 ) -> list[tuple[int, str, bool]]:
-    """Many `accept` calls: ids drawn up front (the RETURNING ids say which rows went in),
-    one insert in call order (a platform id twice in the batch: the first wins), one read
-    of the rows that were there before. A row pruned between the two is inserted anew."""
+    """Many `accept` calls: one insert in call order, ids drawn in it (a platform id twice
+    in the batch: the first wins), one read of the rows that were there before. A row
+    pruned between the two is inserted anew."""
     out: list[tuple[int, str, bool] | None] = [None] * len(calls)
     pending = list(range(len(calls)))
     while pending:
-        ids = [int(r[0]) for r in await db.tuples(
-            conn, "SELECT nextval(pg_get_serial_sequence('inbox', 'id')) "
-            "FROM generate_series(1, %s)", (len(pending),),
-        )]  # fmt: skip
         chosen = [(*calls[i], None, None)[:7] for i in pending]
-        inserted = {int(r[0]) for r in await db.tuples(conn, _INSERT, (
-            RECEIVED, ids, [c[0] for c in chosen], [c[1] for c in chosen],
+        drawn = await db.tuples(conn, _INSERT, (
+            len(pending), RECEIVED, [c[0] for c in chosen], [c[1] for c in chosen],
             [c[2] for c in chosen], [c[3] for c in chosen], [c[4] for c in chosen],
             [c[5] for c in chosen], [c[6] for c in chosen],
-        ))}  # fmt: skip
-        for i, rid in zip(pending, ids, strict=True):
-            if rid in inserted:
-                out[i] = (rid, RECEIVED, True)
+        ))  # fmt: skip
+        for i, (rid, inserted) in zip(pending, drawn, strict=True):
+            if inserted:
+                out[i] = (int(rid), RECEIVED, True)
         pending = [i for i in pending if out[i] is None]  # each has a platform id
         if not pending:
             break
@@ -99,8 +100,12 @@ async def begin_turn(
 
 
 async def begin_turns_many(
-    conn: AsyncConnection, calls: Sequence[tuple[int, str, Mapping[str, Any], int | None]]
+    conn: AsyncConnection,
+    calls: Sequence[tuple[int, str, Mapping[str, Any], int | None]],
+    runners: Sequence[int] | None = None,
 ) -> list[tuple[int, list[dict[str, Any]]]]:
+    """`runners` (replicas): each call's incarnation, recorded as its row's runner in the
+    same update that starts the row."""
     now = time.time()
     # Locked in id order: a second daemon beginning the same row waits, then reads the
     # message id this one stored.
@@ -135,11 +140,13 @@ async def begin_turns_many(
     last_call: dict[int, int] = {c[0]: i for i, c in enumerate(calls)}  # the last one wins
     await db.run(
         conn,
-        "UPDATE inbox SET state = %s, session_id = u.sid, message_id = u.mid, updated_at = %s "
-        "FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS u(id, sid, mid) "
-        "WHERE inbox.id = u.id",
+        "UPDATE inbox SET state = %s, session_id = u.sid, message_id = u.mid, updated_at = %s, "
+        "runner = COALESCE(u.runner, inbox.runner) "
+        "FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[]) "
+        "AS u(id, sid, mid, runner) WHERE inbox.id = u.id",
         (STARTED, now, list(last_call), [calls[i][1] for i in last_call.values()],
-         [message_ids[i] for i in last_call.values()]),
+         [message_ids[i] for i in last_call.values()],
+         [None if runners is None else runners[i] for i in last_call.values()]),
     )  # fmt: skip
     histories: list[list[dict[str, Any]]] = [[] for _ in calls]
     by_length: dict[int | None, list[int]] = {}
@@ -203,14 +210,16 @@ async def end_turns_many(
     ids = await append_many(
         conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens, _r in calls]
     )
-    await finish_many(conn, [(c[0], ANSWERED, None) for c in calls])
+    # the row answered (finish_many's columns) and its reply in the outbox, in one update;
+    # a row ended twice in one batch: the last call wins
+    final = {c[0]: (c[4], got[-1] if got else None) for c, got in zip(calls, ids, strict=True)}
     await db.run(
         conn,
-        "UPDATE inbox SET reply_state = u.rs, reply_message_id = u.mid "
-        "FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) AS u(id, rs, mid) "
-        "WHERE inbox.id = u.id",
-        ([c[0] for c in calls], [c[4] for c in calls],
-         [got[-1] if got else None for got in ids]),
+        "UPDATE inbox SET state = %s, reason = NULL, updated_at = %s, reply_state = u.rs, "
+        "reply_message_id = u.mid FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) "
+        "AS u(id, rs, mid) WHERE inbox.id = u.id",
+        (ANSWERED, time.time(), list(final), [f[0] for f in final.values()],
+         [f[1] for f in final.values()]),
     )  # fmt: skip
     return ids
 
@@ -245,10 +254,24 @@ async def mark_reply(
     conn: AsyncConnection, inbox_id: int, reply_state: str, ref: str | None
 ) -> None:
     """The reply's fate after the send: 'sent' (with the platform's ids) or 'failed'."""
+    await mark_replies_many(conn, [(inbox_id, reply_state, ref)])
+
+
+async def mark_replies_many(
+    conn: AsyncConnection, calls: Sequence[tuple[int, str, str | None]]
+) -> list[None]:
+    final = {c[0]: c for c in calls}  # a row marked twice in one batch: the last call wins
     await db.run(
-        conn, "UPDATE inbox SET reply_state = %s, reply_ref = %s WHERE id = %s",
-        (reply_state, ref, inbox_id),
+        conn,
+        "UPDATE inbox SET reply_state = u.rs, reply_ref = u.ref "
+        "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, rs, ref) "
+        "WHERE inbox.id = u.id",
+        (list(final), [c[1] for c in final.values()], [c[2] for c in final.values()]),
     )  # fmt: skip
+    return [None] * len(calls)
+
+
+register_batched(mark_reply, mark_replies_many)
 
 
 async def unsent_replies(conn: AsyncConnection) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ fill, incremental or absolute totals, per-model usage rows)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -104,4 +104,69 @@ async def _add_usage(
         "cost_source = COALESCE(excluded.cost_source, u.cost_source), last_seen = excluded.last_seen",
         (*key, int(api_calls or 0), *deltas, float(estimated or 0.0), float(actual or 0.0),
          cost.get("cost_status"), cost.get("cost_source"), now, now),
+    )  # fmt: skip
+
+
+def tokens_set() -> str:
+    """SET clauses of an `UPDATE sessions s ... FROM unnest(...) AS u` adding the input and
+    output tokens `u.i`, `u.o` where `u.tk`, as `update_token_counts` with only those two
+    counts does: every total counted from 0 when NULL. Rows without `u.tk` keep theirs."""
+    added = {"input_tokens": " + u.i", "output_tokens": " + u.o"}
+    cols = [*TOKEN_KINDS, "api_call_count", "estimated_cost_usd"]
+    return ", ".join(
+        f"{c} = CASE WHEN u.tk THEN COALESCE(s.{c}, 0){added.get(c, '')} ELSE s.{c} END"
+        for c in cols
+    )
+
+
+# What add_usage_many needs back from that update.
+ROUTE_RETURNING = "s.id, s.model, s.billing_provider, s.billing_base_url, s.billing_mode"
+
+
+async def add_tokens_many(conn: AsyncConnection, deltas: Sequence[tuple[str, int, int]]) -> None:
+    """`update_token_counts(sid, {"input_tokens": i, "output_tokens": o})` for many sessions
+    in two statements (the turns' hot path, via appends.append_many), with its effect. Such
+    a call has no model, route or cost, so its billing-route fill writes nothing and is
+    skipped; a session that is gone is skipped too. At most one delta per session."""
+    found = await db.tuples(
+        conn,
+        f"UPDATE sessions s SET {tokens_set()} FROM unnest(%s::text[], %s::bigint[], "
+        "%s::bigint[], %s::boolean[]) AS u(sid, i, o, tk) WHERE s.id = u.sid "
+        f"RETURNING {ROUTE_RETURNING}",
+        ([d[0] for d in deltas], [d[1] for d in deltas], [d[2] for d in deltas],
+         [True] * len(deltas)),
+    )  # fmt: skip
+    await add_usage_many(conn, found, {d[0]: (d[1], d[2]) for d in deltas})
+
+
+async def add_usage_many(
+    conn: AsyncConnection, sessions: Sequence[tuple[Any, ...]],
+    tokens: Mapping[str, tuple[int, int]],
+) -> None:  # fmt: skip
+    """The usage rows of token deltas (`tokens`: session id -> (input, output)), each on its
+    session's route (`sessions`: rows of ROUTE_RETURNING), as `_add_usage` writes them."""
+    rows = []
+    for sid, *srow in sorted(sessions, key=lambda r: str(r[0])):
+        if str(sid) not in tokens:
+            continue
+        use = usage_route(None, {}, tuple(srow))
+        rows.append((sid, use["model"], use["billing_provider"] or "",
+                     use["billing_base_url"] or "", use["billing_mode"] or "", *tokens[str(sid)]))  # fmt: skip
+    if not rows:
+        return
+    now = time.time()
+    added = ", ".join(f"{c} = u.{c} + excluded.{c}" for c in (
+        "api_call_count", *TOKEN_KINDS, "estimated_cost_usd", "actual_cost_usd"))  # fmt: skip
+    await db.run(
+        conn,
+        "INSERT INTO session_model_usage AS u (session_id, model, billing_provider, "
+        "billing_base_url, billing_mode, task, api_call_count, input_tokens, output_tokens, "
+        "cache_read_tokens, cache_write_tokens, reasoning_tokens, estimated_cost_usd, "
+        "actual_cost_usd, first_seen, last_seen) "
+        "SELECT sid, m, bp, bu, bm, '', 0, i, o, 0, 0, 0, 0.0, 0.0, %s, %s FROM unnest("
+        "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[]) "
+        "AS x(sid, m, bp, bu, bm, i, o) "
+        "ON CONFLICT (session_id, model, billing_provider, billing_base_url, billing_mode, task) "
+        f"DO UPDATE SET {added}, last_seen = excluded.last_seen",
+        (now, now, *([r[k] for r in rows] for k in range(7))),
     )  # fmt: skip

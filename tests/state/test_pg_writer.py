@@ -156,3 +156,51 @@ async def test_reads_survive_the_server_dropping_pooled_connections(
             admin.execute("SELECT pg_terminate_backend(%s)", (p,))
     rows = await asyncio.gather(*(pg.get_session(sid) for _ in range(8)))
     assert all(r is not None and r["title"] == "still here" for r in rows)
+
+
+async def test_batched_turn_tokens_account_like_one_call_at_a_time(pg_dsn: str) -> None:
+    """Appends with tokens that reach the writer together (the merged path: one session
+    update, one usage insert) leave the same session totals and usage rows as the same
+    appends made one at a time (update_token_counts per call), NULL totals included."""
+    results = []
+    for mode in ("one", "batched"):
+        name = pgserver.fresh_schema(pg_dsn)
+        dsn = pgserver.with_schema(pg_dsn, name)
+        store = await open_store({"backend": "postgres", "dsn": dsn}, ".")
+        assert isinstance(store, PgStore)
+        try:
+            plain = await store.create_session(session_id="plain", source="telegram")
+            routed = await store.create_session(session_id="routed", source="telegram", model="m1")
+            await store.update_token_counts(routed, input_tokens=1, billing_provider="p",
+                                            api_call_count=1)  # fmt: skip
+            calls = [
+                (sid, [{"role": "assistant", "content": f"r{i}"}], i + 1, 2 * i)
+                for i, sid in enumerate([plain, routed, plain, routed, plain])
+            ] + [(routed, [], 7, 0)]  # tokens without a message
+            if mode == "one":
+                for sid, batch, tin, tout in calls:
+                    await store.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
+            else:
+                await asyncio.gather(*(
+                    store.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
+                    for sid, batch, tin, tout in calls
+                ))  # fmt: skip
+                assert max(store._writer.stats.batch_sizes) > 1  # they did share commits
+                assert store._writer.stats.fallbacks == 0
+        finally:
+            await store.close()
+        with psycopg.connect(dsn) as conn:
+            sessions = conn.execute(
+                "SELECT id, message_count, input_tokens, output_tokens, cache_read_tokens, "
+                "cache_write_tokens, reasoning_tokens, api_call_count, estimated_cost_usd, model, "
+                "billing_provider FROM sessions ORDER BY id"
+            ).fetchall()
+            usage = conn.execute(
+                "SELECT session_id, model, billing_provider, task, api_call_count, input_tokens, "
+                "output_tokens, cache_read_tokens, estimated_cost_usd, actual_cost_usd, "
+                "cost_status FROM session_model_usage ORDER BY 1, 2, 3"
+            ).fetchall()
+        pgserver.drop_schema(pg_dsn, name)
+        results.append((sessions, usage))
+    assert results[0] == results[1]
+    assert results[1][0][0][:3] == ("plain", 3, 1 + 3 + 5)
