@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gateway.coordinator import LocalCoordinator, MessageKey
-from gateway.leases import Lease
+from gateway.leases import Lease, ResetNotice
 from gateway.routes import PgRouteIndex
 from state import Fence, StateError
 from state.inbox import OPEN_STATES
@@ -182,6 +182,9 @@ class PgCoordinator:
 
     async def claim_reply(self, inbox_id: int) -> bool:
         return await self.store.claim_orphaned_reply(self.link.space, inbox_id, self.me)
+
+    def use_reset_notice(self, notice: ResetNotice) -> None:
+        self.routes.reset_notice = notice
 
     async def sync_jobs(self) -> None:
         """Every live replica's background jobs (before a reset sweep)."""

@@ -7,11 +7,17 @@ leader flag. gateway/cluster.py implements it on PostgreSQL; the router takes it
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.coordinator import Coordinator
+from gateway.index import IndexEntry
 from state import Fence
+
+# How a reset is worded for its chat: (the key's entry, the end reason, the old session's
+# row with `id`, `title`, `message_count`) -> the notice, or None when its policy says none.
+ResetNotice = Callable[[IndexEntry, str, Mapping[str, Any]], str | None]
 
 
 @dataclass
@@ -64,4 +70,9 @@ class SharedCoordinator(Coordinator, Protocol):
 
     async def sync_jobs(self) -> None:
         """Refresh other replicas' live jobs (before a reset sweep)."""
+        ...
+
+    def use_reset_notice(self, notice: ResetNotice) -> None:
+        """How to word the notice of a reset whose replica died before writing the key's
+        route back, found when the key is next leased (the Resetter's wording)."""
         ...

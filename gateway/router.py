@@ -102,6 +102,9 @@ class Router:
         self._shared: SharedCoordinator | None = (
             coordinator if coordinator.shared else None  # type: ignore[assignment]
         )
+        if self._shared is not None and self.resetter is not None:
+            # a reset whose replica died before writing the route back is still announced
+            self._shared.use_reset_notice(self.resetter.notice_for)
         self._done_here: set[int] = set()  # rows another local task's lease ran for it
         self._max_age_s: float | None = None  # recovery.max_age_seconds, once recover ran
         # key -> turns accepted but not yet queued on the key's lock (see _run)

@@ -8,6 +8,22 @@ pending notice, the `/resume N` listing) are written back in the statement that 
 lease. Keys this replica does not hold may be stale here; the reset sweep re-reads all of
 them first (`sync_all`). A route whose session ended or vanished under it is healed at the
 take, from the key's live session, as sessions.json is healed at start-up.
+
+A reset's notice is owed even when the replica that reset the key died before freeing the
+lease, so before writing `pending_notice`: the take derives it from what the reset itself
+committed. The reset is one transaction (state/pg/lineage.py's fork): the old session ends
+`idle`/`daily` and its `reset` child becomes the key's live session. A route that still names
+that ended session while the key's live session is its reset child, still empty, is exactly
+such a reset (the chat is told under a later lease, whose release writes the route, and a
+turn stores the chat's message in the child): the healed route gets the notice
+(`reset_notice`: the Resetter's wording and policy) and writes it at its release like any
+other. Before the reset commits there is nothing to tell; after, the facts are durable and
+every take derives the notice again until a release has written it. Deriving is simpler than
+writing the notice in the reset's transaction: that fork is the store's generic operation,
+shared with SQLite (which has no routes table), and the wording and the `notify` policy are
+the gateway's. A replica that told the chat but died before freeing the lease, with nothing
+stored in the child yet (a command, a turn cut short), may have it told again: at least
+once, never lost.
 """
 
 from __future__ import annotations
@@ -20,8 +36,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.index import IndexEntry
+from gateway.leases import ResetNotice
+from state import ChildKind, EndReason
 
 log = logging.getLogger("gateway.routes")
+
+_POLICY_RESETS = (EndReason.IDLE, EndReason.DAILY)
 
 
 @dataclass
@@ -74,22 +94,53 @@ def entry_from_route(row: Mapping[str, Any]) -> IndexEntry | None:
     return None
 
 
+def unannounced_reset(row: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """A freshly taken route row's reset that committed but was never written back (see the
+    module docstring): (its end reason, the old session's `id`, `title`, `message_count`),
+    else None. The live session must be the route's session's `reset` child, still empty."""
+    if (
+        row.get("session_id")
+        and row.get("route_ended") is not None
+        and row.get("route_end_reason") in _POLICY_RESETS
+        and row.get("live_id")
+        and row.get("live_parent") == row["session_id"]
+        and row.get("live_kind") == ChildKind.RESET
+        and not row.get("live_messages")
+    ):
+        old = {"id": str(row["session_id"]), "title": row.get("route_title"),
+               "message_count": int(row.get("route_messages") or 0)}  # fmt: skip
+        return str(row["route_end_reason"]), old
+    return None
+
+
 @dataclass
 class PgRouteIndex:
     """RouteIndex over `session_routes`. `load_all` reads every route (given by the
-    coordinator, which owns the store calls)."""
+    coordinator, which owns the store calls); `reset_notice` words the notice of a reset
+    found unannounced at a take (the Resetter's, given through the coordinator's
+    `use_reset_notice`; without one, none is derived)."""
 
     load_all: Callable[[], Awaitable[list[dict[str, Any]]]]
+    reset_notice: ResetNotice | None = None
     _routes: dict[str, _Route] = field(default_factory=dict)
 
     # --- what the coordinator feeds in and takes out --------------------------------------
 
     def refresh(self, key: str, row: Mapping[str, Any]) -> None:
-        """The key's lease was just taken: its route as the table has it (healed)."""
+        """The key's lease was just taken: its route as the table has it (healed, with the
+        notice of a reset its replica died before writing back)."""
         entry = entry_from_route(row)
         listing = json.loads(row["listing"]) if row.get("listing") else None
         healed = entry is not None and entry.session_id != row.get("session_id")
-        self._routes[key] = _Route(entry, row.get("pending_notice"), listing,
+        notice = row.get("pending_notice")
+        missed = unannounced_reset(row)
+        if entry is not None and missed is not None and self.reset_notice is not None:
+            owed = self.reset_notice(entry, *missed)
+            if owed is not None:
+                log.info("session_key=%s: its %s reset was not written back; the notice is "
+                         "kept for its next message", key, missed[0])  # fmt: skip
+                notice = owed
+        self._routes[key] = _Route(entry, notice, listing,
                                    dirty=healed or (entry is None and bool(row.get("session_id"))))  # fmt: skip
 
     def changes(self, key: str) -> dict[str, Any] | None:

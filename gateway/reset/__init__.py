@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -133,17 +133,21 @@ class Resetter:
         self.resets += 1
         self.services.metrics.resets.inc(reason=reason)
         log.info("session_key=%s reset (%s) in %.3fs", key, reason, time.monotonic() - started)
-        if self.policy_for(entry).notify and (old.get("message_count") or 0) > 0:
-            handle = old.get("title") or old["id"]
-            why = (
-                "after a period of inactivity"
-                if reason == EndReason.IDLE
-                else "for the daily reset"
-            )
-            self.services.coordinator.set_notice(
-                key, f"A new session was started {why}. Send /resume {handle} to go back."
-            )
+        notice = self.notice_for(entry, reason, old)
+        if notice is not None:
+            self.services.coordinator.set_notice(key, notice)
         return new
+
+    def notice_for(self, entry: IndexEntry, reason: str, old: Mapping[str, Any]) -> str | None:
+        """The line a reset of `entry`'s chat owes it: why, and how to go back to the `old`
+        session row (its title, else its id). None when the chat's policy does not notify
+        or the old session had no messages. Replicas also word it for a reset whose replica
+        died before writing the route back (gateway/routes.py), so both say the same."""
+        if not self.policy_for(entry).notify or not (old.get("message_count") or 0):
+            return None
+        handle = old.get("title") or old["id"]
+        why = "after a period of inactivity" if reason == EndReason.IDLE else "for the daily reset"
+        return f"A new session was started {why}. Send /resume {handle} to go back."
 
     def take_notice(self, key: str) -> str | None:
         return self.services.coordinator.take_notice(key)

@@ -44,8 +44,12 @@ WITH taken AS (
     RETURNING r.*
 )
 SELECT t.*, rs.ended_at AS route_ended, rs.id AS route_found,
+       rs.end_reason AS route_end_reason, rs.title AS route_title,
+       rs.message_count AS route_messages,
        ls.id AS live_id, ls.origin_json AS live_origin, ls.started_at AS live_started,
        ls.last_active AS live_active, ls.source AS live_source, ls.chat_type AS live_chat_type,
+       ls.parent_session_id AS live_parent, ls.child_kind AS live_kind,
+       ls.message_count AS live_messages,
        COALESCE(rs.last_active, 0) AS route_active,
        ARRAY(SELECT j.name FROM live_jobs j WHERE j.session_id = COALESCE(t.session_id, ls.id)
              AND j.owner IN ({LIVE}) ORDER BY j.name) AS jobs
@@ -73,7 +77,9 @@ async def take_lease(conn: AsyncConnection, key: str, me: int, space: int) -> di
     """Take `key`'s lease for incarnation `me` (creating its route row on first contact):
     the route with the live session state (`live_*`, the route's own session's `route_*`),
     the key's open inbox rows (`open`, id order) and the session's live jobs (`jobs`); None
-    while a live replica holds it."""
+    while a live replica holds it. The route's session's end reason, title and message count
+    and the live session's parent, kind and message count tell a reset that committed
+    without its route being written back (gateway/routes.py words its notice)."""
     return (await take_leases_many(conn, [(key, me, space)]))[0]
 
 

@@ -20,7 +20,7 @@ from gateway.router import Router
 from gateway.routes import PgRouteIndex
 from gateway.services import Services
 from gateway.session_keys import SessionSource
-from state import Fence, LeaseLost, StoreConfigError
+from state import ChildKind, EndReason, Fence, LeaseLost, StoreConfigError
 from state.pg.control import application_name
 from state.pg.store import PgStore
 from tests import pgserver
@@ -249,9 +249,7 @@ async def test_two_sweepers_reset_an_idle_session_once_and_the_notice_reaches_th
         await router.recover(30 * 86400)
 
     async def said(text: str, router: Router, mid: str) -> None:
-        before = len(sent)
-        await router.handle(InboundMessage(SessionSource("api", "9", "dm", "9"), text, mid))
-        await _until(lambda: len(sent) > before and router.inflight == 0)  # lease freed
+        await _said(router, sent, text, mid)
 
     await said("hello", a, "m1")
     first = sent[-1].session_id
@@ -267,12 +265,97 @@ async def test_two_sweepers_reset_an_idle_session_once_and_the_notice_reaches_th
     assert len([o for o in sent if o.notice]) == 1 and sent[-1].session_id == sent[-2].session_id
 
 
+async def _said(router: Router, sent: list[OutboundMessage], text: str, mid: str) -> None:
+    """Chat 9 says `text` on `router`; back once it is answered and the key's lease freed."""
+    before = len(sent)
+    await router.handle(InboundMessage(SessionSource("api", "9", "dm", "9"), text, mid))
+    await _until(lambda: len(sent) > before and router.inflight == 0)
+
+
+async def _reset_without_write_back(router: Router, session_id: str) -> tuple[str, str]:
+    """What a leader SIGKILLed between a reset's commit and freeing the key's lease leaves:
+    the session ended `idle` with a live `reset` child (one transaction, as the sweep's
+    reset commits it), the route still naming the old session and no notice written.
+    The child's id, and the notice the chat is owed (`/resume` with the title or id)."""
+    db = router.services.db
+    row = await db.get_session(session_id)
+    assert row is not None
+    child = await db.fork_session(session_id, ChildKind.RESET, end_reason=EndReason.IDLE)
+    handle = row.get("title") or session_id
+    return child, (
+        f"A new session was started after a period of inactivity. Send /resume {handle} to go back."
+    )
+
+
+async def test_a_reset_whose_replica_died_before_the_write_back_is_announced_once(
+    replica,
+) -> None:
+    """The notice is derived when the key is next leased (here, for the chat's next message
+    on the other replica): the chat is told once, in the reset's wording, and the turn runs
+    in the reset child."""
+    now = [time.time()]
+    sent: list[OutboundMessage] = []
+    a, b = [await _router(replica, name, now, sent, []) for name in ("a", "b")]
+    for router in (a, b):
+        await router.recover(30 * 86400)
+    await _said(a, sent, "hello", "m1")
+    first = str(sent[-1].session_id)
+    child, owed = await _reset_without_write_back(a, first)
+    await _said(b, sent, "again", "m2")
+    assert [o.text for o in sent if o.notice] == [owed]
+    assert sent[-1].text == "echo: again" and sent[-1].session_id == child
+    await _said(a, sent, "and again", "m3")
+    await _said(b, sent, "once more", "m4")
+    assert len([o for o in sent if o.notice]) == 1 and sent[-1].session_id == child
+
+
+async def test_a_sweep_that_finds_an_unannounced_reset_keeps_its_notice_for_the_chat(
+    replica,
+) -> None:
+    """The next leader's sweep is the first to lease the key after the crash: it resets
+    nothing more (the child is empty), and the notice it derived is written back with the
+    route, so the chat's next message, on any replica, gets it once."""
+    now = [time.time()]
+    sent: list[OutboundMessage] = []
+    hooks: list[str] = []
+    a, b = [await _router(replica, name, now, sent, hooks) for name in ("a", "b")]
+    for router in (a, b):
+        await router.recover(30 * 86400)
+    await _said(a, sent, "hello", "m1")
+    first = str(sent[-1].session_id)
+    child, owed = await _reset_without_write_back(a, first)
+    now[0] += 2 * 3600  # the route still shows the old session's activity: due, to the sweep
+    assert b.resetter is not None
+    assert await b.resetter.apply() == 0 and hooks == []
+    await _said(a, sent, "again", "m2")
+    assert [o.text for o in sent if o.notice] == [owed]
+    assert sent[-1].session_id == child
+    db = a.services.db
+    assert [r["id"] for r in await db.get_children(first)] == [child]
+    assert await db.get_children(child) == []  # reset once
+
+
+async def test_an_unannounced_reset_tells_nothing_when_its_policy_does_not_notify(
+    replica,
+) -> None:
+    now = [time.time()]
+    sent: list[OutboundMessage] = []
+    a = await _router(replica, "a", now, sent, [], notify=False)
+    await a.recover(30 * 86400)
+    await _said(a, sent, "hello", "m1")
+    child, _ = await _reset_without_write_back(a, str(sent[-1].session_id))
+    await _said(a, sent, "again", "m2")
+    assert [o.text for o in sent] == ["echo: hello", "echo: again"]
+    assert sent[-1].session_id == child
+
+
 async def _router(
     replica: Callable[[str], Awaitable[Replica]], name: str, now: list[float],
-    sent: list[OutboundMessage], hooks: list[str],
+    sent: list[OutboundMessage], hooks: list[str], *, notify: bool = True,
 ) -> Router:  # fmt: skip
     """A replica's router on its coordinator: the echo agent, replies into `sent`, an idle
-    policy of 60 minutes with notices, a pre-reset hook recording into `hooks`."""
+    policy of 60 minutes with notices (unless `notify` is off), a pre-reset hook recording
+    into `hooks`."""
     store, coordinator = await replica(name)
 
     async def send(out: OutboundMessage) -> SentRef:
@@ -283,7 +366,7 @@ async def _router(
         hooks.append(session_id)
         await asyncio.sleep(0.2)  # long enough for another sweep to queue behind it
 
-    policies = PolicySet(default=ResetPolicy("idle", idle_minutes=60, notify=True))
+    policies = PolicySet(default=ResetPolicy("idle", idle_minutes=60, notify=notify))
 
     def resetter(services: Services) -> Resetter:
         return Resetter(services, policies, hook=hook, clock=lambda: now[0])

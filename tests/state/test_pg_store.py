@@ -18,10 +18,20 @@ import pytest
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
-from state import Maintenance, StateError, Store, TitleTaken, open_store
+from state import (
+    ChildKind,
+    EndReason,
+    Fence,
+    Maintenance,
+    StateError,
+    Store,
+    TitleTaken,
+    open_store,
+)
 from state.errors import LiveSessionExists, StoreConfigError
 from state.pg import inbox as pg_inbox
 from state.pg import sessions as pg_sessions
+from state.pg.cluster import route_fields
 from state.pg.store import PgStore
 from tests import pgserver
 
@@ -300,6 +310,32 @@ async def test_a_schema_1_database_gains_the_inbox_keeping_its_sessions(schema_d
         assert await store.schema_version() == store.latest_schema_version() == 5
         assert (await store.require_session(sid))["title"] == "kept"
         assert (await store.accept_inbound("api", "1", "m", {}))[2] is True
+    finally:
+        await store.close()
+
+
+async def test_a_lease_shows_a_reset_committed_after_its_route_was_written(
+    schema_dsn: str,
+) -> None:
+    """The take reports what the gateway needs to announce a reset whose replica died before
+    writing the route back: the route's session's end reason, title and message count, and
+    the live session's parent, kind and message count."""
+    store = await PgStore.open(schema_dsn)
+    try:
+        old = await store.create_session(source="api", session_key="k", title="trip plans")
+        await store.append_message(old, "user", "hello")
+        taken = await store.take_lease("k", 1, 0)
+        assert taken is not None
+        fence = Fence("k", 1, int(taken["lease_epoch"]))
+        route = route_fields(old, {}, None, "api", "dm", 1.0, 2.0, None, None)
+        assert await store.release_lease(fence, route)
+        child = await store.fork_session(old, ChildKind.RESET, end_reason=EndReason.IDLE)
+        row = await store.take_lease("k", 1, 0)
+        assert row is not None and row["session_id"] == old and row["pending_notice"] is None
+        assert row["route_ended"] is not None and row["route_end_reason"] == "idle"
+        assert (row["route_title"], row["route_messages"]) == ("trip plans", 1)
+        live = (row["live_id"], row["live_parent"], row["live_kind"], row["live_messages"])
+        assert live == (child, old, "reset", 0)
     finally:
         await store.close()
 
