@@ -12,6 +12,10 @@ from psycopg import AsyncConnection
 from ..usage import TOKEN_KINDS, totals_set, usage_route
 from . import db
 
+# ON CONFLICT: the counters and costs of a usage row add up
+_ACCUMULATE = ", ".join(f"{c} = u.{c} + excluded.{c}" for c in (
+    "api_call_count", *TOKEN_KINDS, "estimated_cost_usd", "actual_cost_usd"))  # fmt: skip
+
 
 async def _route_fill(
     conn: AsyncConnection, session_id: str, model: str | None, route: Mapping[str, Any],
@@ -90,8 +94,7 @@ async def _add_usage(
     key = (session_id, route.get("model") or "unknown", route.get("billing_provider") or "",
            route.get("billing_base_url") or "", route.get("billing_mode") or "", "")  # fmt: skip
     deltas = [int(counts.get(k) or 0) for k in TOKEN_KINDS]
-    added = ", ".join(f"{c} = u.{c} + excluded.{c}" for c in (
-        "api_call_count", *TOKEN_KINDS, "estimated_cost_usd", "actual_cost_usd"))  # fmt: skip
+    added = _ACCUMULATE
     await db.run(
         conn,
         "INSERT INTO session_model_usage AS u (session_id, model, billing_provider, "
@@ -155,8 +158,7 @@ async def add_usage_many(
     if not rows:
         return
     now = time.time()
-    added = ", ".join(f"{c} = u.{c} + excluded.{c}" for c in (
-        "api_call_count", *TOKEN_KINDS, "estimated_cost_usd", "actual_cost_usd"))  # fmt: skip
+    added = _ACCUMULATE
     await db.run(
         conn,
         "INSERT INTO session_model_usage AS u (session_id, model, billing_provider, "
