@@ -224,6 +224,8 @@ class Gateway:
             events=self, resetter=resetter, coordinator=coordinator,
         )  # fmt: skip
         assert self.router.resetter is not None
+        if coordinator is None:  # one daemon: its notices were in memory (replicas: routes)
+            await self.router.resetter.restore_notices()
         self._register_gauges()
         prune = self.config.sessions.auto_prune
         db = self.db

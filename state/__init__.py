@@ -59,6 +59,7 @@ from .records import (
     MessageRow,
     SearchHit,
     SessionRow,
+    UntoldReset,
     UsageStats,
     WriteStats,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "Fence",
     "HandoffClaim",
     "LiveSession",
+    "UntoldReset",
     "LiveSessionExists",
     "Maintenance",
     "MessageRow",

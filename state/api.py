@@ -26,6 +26,7 @@ from .records import (
     MessageRow,
     SearchHit,
     SessionRow,
+    UntoldReset,
     UsageStats,
     WriteStats,
 )
@@ -237,6 +238,7 @@ class Store(Protocol):
     async def session_states(
         self, ids: list[str]
     ) -> dict[str, tuple[float | None, str | None]]: ...
+    async def untold_resets(self) -> list[UntoldReset]: ...
 
     # --- delete, prune, meta, schema
     async def delete_session(self, session_id: str) -> None: ...

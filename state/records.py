@@ -141,6 +141,18 @@ class LiveSession(TypedDict):
     chat_type: str | None
 
 
+class UntoldReset(TypedDict):
+    """A live session key's empty `reset` child and the session it replaced (its parent,
+    ended `idle` or `daily`): a reset the chat has not been told about yet."""
+
+    session_key: str
+    session_id: str  # the live reset child
+    old_id: str
+    old_title: str | None
+    old_messages: int
+    end_reason: str
+
+
 class HandoffClaim(TypedDict):
     id: str
     platform: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from .records import LiveSession
+from .records import LiveSession, UntoldReset
 
 _LIVE_COLUMNS = (
     "session_key",
@@ -76,3 +76,21 @@ def session_states(
         ):
             out[sid] = (ended, reason)
     return out
+
+
+_UNTOLD_RESETS = (
+    "SELECT c.session_key, c.id, p.id, p.title, p.message_count, p.end_reason "
+    "FROM sessions c JOIN sessions p ON p.id = c.parent_session_id "
+    "WHERE c.ended_at IS NULL AND c.session_key IS NOT NULL AND c.child_kind = 'reset' "
+    "AND COALESCE(c.message_count, 0) = 0 AND p.end_reason IN ('idle', 'daily')"
+)
+
+
+def untold_resets(conn: sqlite3.Connection) -> list[UntoldReset]:
+    """Live reset children still empty, with the idle/daily session each replaced: after a
+    restart, the resets whose notice the chat may not have had (it lived in memory)."""
+    return [
+        {"session_key": r[0], "session_id": r[1], "old_id": r[2], "old_title": r[3],
+         "old_messages": int(r[4] or 0), "end_reason": r[5]}
+        for r in conn.execute(_UNTOLD_RESETS)
+    ]  # fmt: skip

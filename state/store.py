@@ -47,6 +47,7 @@ from .records import (
     MessageRow,
     SearchHit,
     SessionRow,
+    UntoldReset,
     UsageStats,
     WriteStats,
 )
@@ -580,6 +581,10 @@ class SessionDB:
     async def session_states(self, ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
         """id -> (ended_at, end_reason) for the ids that exist."""
         return await self._read(routing.session_states, ids)
+
+    async def untold_resets(self) -> list[UntoldReset]:
+        """Live, still empty reset children and the idle/daily sessions they replaced."""
+        return await self._read(routing.untold_resets)
 
     # --- delete, prune, vacuum, meta ------------------------------------------------
 

@@ -152,6 +152,29 @@ class Resetter:
     def take_notice(self, key: str) -> str | None:
         return self.services.coordinator.take_notice(key)
 
+    async def restore_notices(self) -> int:
+        """At start-up of a single daemon: the notices of resets the chat may not have been
+        told about before the restart (they live in memory). A reset whose new session is
+        still empty and still the key's indexed session is owed its line; if the chat's
+        next message before the restart was a command (which stores nothing), the line is
+        told again: at least once, never lost. Replicas derive the same from the route
+        (gateway/routes.py). Returns how many notices were restored."""
+        restored = 0
+        for row in await self.services.db.untold_resets():
+            key = row["session_key"]
+            entry = self.services.index.get(key)
+            if entry is None or entry.session_id != row["session_id"]:
+                continue
+            old = {"id": row["old_id"], "title": row["old_title"],
+                   "message_count": row["old_messages"]}  # fmt: skip
+            notice = self.notice_for(entry, row["end_reason"], old)
+            if notice is not None and not self.services.coordinator.has_notice(key):
+                self.services.coordinator.set_notice(key, notice)
+                restored += 1
+        if restored:
+            log.info("%d reset notice(s) restored from state.db", restored)
+        return restored
+
     def describe(self, key: str) -> str:
         entry = self.services.index.get(key)
         if entry is None:

@@ -23,7 +23,7 @@ from ..errors import (
 )
 from ..handoffs import STALE_ERROR
 from ..ids import new_session_id
-from ..records import HandoffClaim, LiveSession, SessionRow
+from ..records import HandoffClaim, LiveSession, SessionRow, UntoldReset
 from ..rows import like_escape
 from ..sessions import CHILD_KINDS, ROUTING_FIELDS, TOKEN_FIELDS, sanitize_title
 from ..titles import (
@@ -410,3 +410,19 @@ async def session_states(
         conn, "SELECT id, ended_at, end_reason FROM sessions WHERE id = ANY(%s)", (ids,)
     )
     return {r[0]: (r[1], r[2]) for r in found}
+
+
+async def untold_resets(conn: AsyncConnection) -> list[UntoldReset]:
+    """See state.routing.untold_resets."""
+    found = await db.tuples(
+        conn,
+        "SELECT c.session_key, c.id, p.id, p.title, p.message_count, p.end_reason "
+        "FROM sessions c JOIN sessions p ON p.id = c.parent_session_id "
+        "WHERE c.ended_at IS NULL AND c.session_key IS NOT NULL AND c.child_kind = 'reset' "
+        "AND COALESCE(c.message_count, 0) = 0 AND p.end_reason IN ('idle', 'daily')",
+    )
+    return [
+        {"session_key": r[0], "session_id": r[1], "old_id": r[2], "old_title": r[3],
+         "old_messages": int(r[4] or 0), "end_reason": r[5]}
+        for r in found
+    ]  # fmt: skip

@@ -34,6 +34,7 @@ from ..records import (
     MessageRow,
     SearchHit,
     SessionRow,
+    UntoldReset,
     UsageStats,
     WriteStats,
 )  # fmt: skip
@@ -452,6 +453,9 @@ class PgStore:
 
     async def session_states(self, ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
         return await self._read(sessions.session_states, ids)
+
+    async def untold_resets(self) -> list[UntoldReset]:
+        return await self._read(sessions.untold_resets)
 
     # --- delete, prune, meta, schema ------------------------------------------------
 

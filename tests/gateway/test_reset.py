@@ -377,3 +377,26 @@ async def test_auto_prune_runs_at_start_up_when_enabled(tmp_path) -> None:  # no
         assert await gw.db.get_meta("switchboard.auto_prune.last_run")
     finally:
         await gw.stop()
+
+
+async def test_a_restart_before_the_next_message_keeps_the_reset_notice(rig: RouterRig) -> None:
+    """One daemon keeps a pending notice in memory: a restart (a new router on the same
+    state.db and sessions.json) restores it from the reset's own rows, once it is owed."""
+    clock = Clock(ts(2026, 5, 1, 12))
+    resetter = _arm(rig, IDLE, clock)
+    await _say(rig, dm("/title long talk", chat="1"))
+    await _say(rig, dm("hello", chat="1"))
+    await _say(rig, dm("hello", chat="2"))
+    clock.now += 61 * 60
+    assert await resetter.apply() == 2
+    told = await _say(rig, dm("back", chat="2"))  # chat 2 is told before the restart
+    assert told[0].startswith("A new session was started") and told[1] == "echo: back"
+    restarted = _arm(rig, IDLE, clock)  # a new coordinator: nothing pending in memory
+    assert await restarted.restore_notices() == 1  # chat 1 only: chat 2's child has messages
+    assert await _say(rig, dm("back", chat="1")) == [
+        "A new session was started after a period of inactivity. Send /resume long talk to go back.",
+        "echo: back",
+    ]
+    again = _arm(rig, IDLE, clock)
+    assert await again.restore_notices() == 0
+    assert await _say(rig, dm("more", chat="1")) == ["echo: more"]

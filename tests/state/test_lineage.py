@@ -255,3 +255,24 @@ async def test_a_generated_id_that_repeats_is_drawn_again(
         created,
         child,
     }
+
+
+async def test_untold_resets_are_the_empty_reset_children_of_idle_or_daily_sessions(
+    store: Store,
+) -> None:
+    """What a restarted daemon owes its chats a reset notice for (gateway/reset)."""
+    told, untold, branched, other = [
+        await store.create_session(source="telegram", session_key=f"k{i}", title=f"t{i}")
+        for i in range(4)
+    ]
+    for sid in (told, untold, branched, other):
+        await store.append_messages(sid, [{"role": "user", "content": "hi"}])
+    told_child = await store.fork_session(told, "reset", end_reason="idle")
+    await store.append_messages(told_child, [{"role": "user", "content": "back"}])
+    untold_child = await store.fork_session(untold, "reset", end_reason="daily")
+    await store.fork_session(branched, "branch", end_reason="branched")
+    await store.fork_session(other, "reset", end_reason="deleted_by_user")
+    assert await store.untold_resets() == [{
+        "session_key": "k1", "session_id": untold_child, "old_id": untold, "old_title": "t1",
+        "old_messages": 1, "end_reason": "daily",
+    }]  # fmt: skip
