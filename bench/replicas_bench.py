@@ -24,7 +24,8 @@ from pathlib import Path
 import aiohttp
 
 from tests import pgserver
-from tests.cluster.replicas import Replica, api_message, drop_database, fresh_database
+from tests.cluster.harness import drop_database, fresh_database
+from tests.cluster.replicas import Replica, api_message
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -135,7 +135,7 @@ class PgCoordinator:
                             self._local.live_jobs(str(sid))
                         )
                     fence = Fence(key, self.me, int(row["lease_epoch"]))
-                    return Lease(fence, list(row["open"]))
+                    return Lease(fence, list(row["open"]), unsent=list(row.get("unsent") or []))
                 if inbox_id is not None and not await self.row_open(inbox_id):
                     return None
                 with contextlib.suppress(TimeoutError):

@@ -23,12 +23,16 @@ ResetNotice = Callable[[IndexEntry, str, Mapping[str, Any]], str | None]
 @dataclass
 class Lease:
     """A session key held across replicas: its fence, the key's open inbox rows when it was
-    taken (id order), and the rows answered under it that another replica took (so that
-    replica is woken to answer its caller)."""
+    taken (id order), its dead runners' unconfirmed replies, and the rows answered under it
+    that another replica took (so that replica is woken to answer its caller)."""
 
     fence: Fence
     open: list[dict[str, Any]]
     answered: list[tuple[int, int]] = field(default_factory=list)  # (origin, inbox id)
+    # replies of the key committed by a replica that died before confirming them sent (the
+    # shape of orphaned_replies): the holder sends them before running `open`, so a chat's
+    # replies keep their order across a takeover
+    unsent: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SharedCoordinator(Coordinator, Protocol):

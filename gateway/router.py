@@ -359,28 +359,34 @@ class Router:
         s = self.services
         shared = self._shared
         for row in await (s.db.unsent_replies() if shared is None else shared.orphaned_replies()):
-            inbox_id = int(row["id"])
-            if inbox_id in self._inflight:
-                continue
-            if shared is not None and not await shared.claim_reply(inbox_id):
-                continue  # another replica took this dead runner's reply: it sends it
-            try:
-                msg = InboundMessage.from_payload(json.loads(row["payload"]))
-            except (ValueError, TypeError):
-                await s.db.mark_reply(inbox_id, "failed")
-                continue
-            safe = s.settings.resend_unconfirmed or idempotent_replies(msg.source.platform)
-            if row["reply_state"] == "sending" and not safe:
-                s.metrics.unsent.inc()
-                log.warning("inbox row %d: its reply may not have reached the chat (the daemon "
-                            "stopped while sending it); not sent again", inbox_id)  # fmt: skip
-                await s.db.mark_reply(inbox_id, "unconfirmed")
-                continue
-            text = content_text(row["content"]) or APOLOGY
-            ref = await s.replies.reply(msg, row["session_id"], text,
-                                        dedupe_key=reply_key(inbox_id), resend=True)  # fmt: skip
-            s.metrics.recovered.inc(outcome="reply_resent")
-            await mark_reply(s, inbox_id, ref)
+            await self._resend_row(row)
+
+    async def _resend_row(self, row: dict[str, Any]) -> None:
+        """One unconfirmed reply (a row of unsent_replies' shape), claimed first on replicas."""
+        s = self.services
+        shared = self._shared
+        inbox_id = int(row["id"])
+        if inbox_id in self._inflight:
+            return
+        if shared is not None and not await shared.claim_reply(inbox_id):
+            return  # another replica took this dead runner's reply: it sends it
+        try:
+            msg = InboundMessage.from_payload(json.loads(row["payload"]))
+        except (ValueError, TypeError):
+            await s.db.mark_reply(inbox_id, "failed")
+            return
+        safe = s.settings.resend_unconfirmed or idempotent_replies(msg.source.platform)
+        if row["reply_state"] == "sending" and not safe:
+            s.metrics.unsent.inc()
+            log.warning("inbox row %d: its reply may not have reached the chat (the daemon "
+                        "stopped while sending it); not sent again", inbox_id)  # fmt: skip
+            await s.db.mark_reply(inbox_id, "unconfirmed")
+            return
+        text = content_text(row["content"]) or APOLOGY
+        ref = await s.replies.reply(msg, row["session_id"], text,
+                                    dedupe_key=reply_key(inbox_id), resend=True)  # fmt: skip
+        s.metrics.recovered.inc(outcome="reply_resent")
+        await mark_reply(s, inbox_id, ref)
 
     def _authorised(self, msg: InboundMessage) -> bool:
         s = self.services
@@ -515,6 +521,8 @@ class Router:
         s = self.services
         assert self._shared is not None
         me = self._shared.me
+        for unsent in lease.unsent:  # a dead runner's replies go out before the next ones
+            await self._resend_row(unsent)
         for row in lease.open:
             rid = int(row["id"])
             if rid == inbox_id:

@@ -52,7 +52,14 @@ SELECT t.*, rs.ended_at AS route_ended, rs.id AS route_found,
        ls.message_count AS live_messages,
        COALESCE(rs.last_active, 0) AS route_active,
        ARRAY(SELECT j.name FROM live_jobs j WHERE j.session_id = COALESCE(t.session_id, ls.id)
-             AND j.owner IN ({LIVE}) ORDER BY j.name) AS jobs
+             AND j.owner IN ({LIVE}) ORDER BY j.name) AS jobs,
+       (SELECT COALESCE(json_agg(json_build_object(
+                   'id', i.id, 'payload', i.payload, 'reply_state', i.reply_state,
+                   'reply_message_id', i.reply_message_id, 'received_at', i.received_at,
+                   'session_id', m.session_id, 'content', m.content) ORDER BY i.id), '[]')
+        FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id
+        WHERE i.reply_state IN ('ready', 'sending') AND i.session_key = t.session_key
+          AND (i.runner IS NULL OR i.runner NOT IN ({LIVE}))) AS unsent
 FROM taken t
 LEFT JOIN sessions rs ON rs.id = t.session_id
 LEFT JOIN LATERAL (SELECT * FROM sessions s WHERE s.session_key = t.session_key
@@ -286,27 +293,35 @@ async def orphans(
 
 
 async def orphan_replies(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
-    """Replies committed but not confirmed sent whose turn ran on a replica that is gone:
+    """Replies committed but not confirmed sent whose turn ran on a replica that is gone,
+    of keys no live replica leases (a holder sends its key's first: the take returns them):
     the shape of inbox.unsent_replies."""
     return await db.rows(
         conn,
+        f"WITH live AS ({LIVE}) "
         "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
         "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
-        f"WHERE i.reply_state IN ('ready', 'sending') AND (i.runner IS NULL OR i.runner NOT IN "
-        f"({LIVE})) ORDER BY i.id",
+        "LEFT JOIN session_routes r ON r.session_key = i.session_key "
+        "WHERE i.reply_state IN ('ready', 'sending') "
+        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)) "
+        "AND (r.lease_owner IS NULL OR r.lease_owner NOT IN (SELECT * FROM live)) "
+        "ORDER BY i.id",
         {"space": space},
     )
 
 
 async def claim_reply(conn: AsyncConnection, space: int, inbox_id: int, me: int) -> bool:
     """Make `me` the runner of an orphaned unconfirmed reply, unless a live replica claimed
-    it first: the row lock makes two takers of one dead runner's reply take turns, and the
+    it first or another live replica leases its key (that holder sends it, before the key's
+    next reply): the row lock makes two takers of one dead runner's reply take turns, and the
     second finds the first's (live) incarnation there. Only the claimer sends it again."""
     got = await db.tuples(
         conn,
         "UPDATE inbox SET runner = %(me)s WHERE id = %(id)s "
         "AND reply_state IN ('ready', 'sending') "
-        f"AND (runner IS NULL OR runner NOT IN ({LIVE})) RETURNING id",
+        f"AND (runner IS NULL OR runner NOT IN ({LIVE})) "
+        "AND NOT EXISTS (SELECT 1 FROM session_routes r WHERE r.session_key = inbox.session_key "
+        f"AND r.lease_owner <> %(me)s AND r.lease_owner IN ({LIVE})) RETURNING id",
         {"space": space, "id": inbox_id, "me": me},
     )
     return bool(got)

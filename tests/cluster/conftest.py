@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.balancer import Balancer
-from tests.cluster.harness import Cluster, Platforms, server_dsn
+from tests.cluster.harness import Cluster, Platforms, drop_database, fresh_database, server_dsn
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
@@ -25,6 +25,16 @@ def pg_server() -> Iterator[str]:
     finally:
         if private is not None:
             private.stop()
+
+
+@pytest.fixture
+async def db(pg_server: str) -> AsyncIterator[str]:
+    """A fresh database on the server for one test (replicas share it), dropped after."""
+    name, dsn = fresh_database(pg_server)
+    try:
+        yield dsn
+    finally:
+        drop_database(pg_server, name)
 
 
 @pytest.fixture

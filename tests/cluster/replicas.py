@@ -6,8 +6,6 @@ read-only looks into the shared database."""
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,20 +20,6 @@ from state.pg.control import application_name
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 TELEGRAM_SECRET = "replicas-webhook-secret"
-
-
-def fresh_database(server_dsn: str) -> tuple[str, str]:
-    """CREATE DATABASE: (its name, a DSN for it). A database, not a schema, per test:
-    replicas' advisory locks are per database (and per schema inside it)."""
-    name = f"sbr_{os.getpid()}_{secrets.token_hex(4)}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return name, psycopg.conninfo.make_conninfo(server_dsn, dbname=name)
-
-
-def drop_database(server_dsn: str, name: str) -> None:
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def query(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests import pgserver
-from tests.cluster.replicas import Replica, cut_off, drop_database, fresh_database, query
+from tests.cluster.replicas import Replica, cut_off, query
 from tests.fakes.discord import (
     GENERAL,
     GENERAL2,
@@ -27,25 +26,6 @@ from tests.fakes.discord import (
 )
 
 DM = "600000000000000001"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
-    try:
-        yield dsn
-    finally:
-        if cluster is not None:
-            cluster.stop()
-
-
-@pytest.fixture
-async def db(server: str) -> AsyncIterator[str]:
-    name, dsn = fresh_database(server)
-    try:
-        yield dsn
-    finally:
-        drop_database(server, name)
 
 
 @pytest.fixture

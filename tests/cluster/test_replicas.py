@@ -9,20 +9,17 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
 
-from tests import pgserver
 from tests.cluster.replicas import (
     Replica,
     api_message,
     cut_off,
-    drop_database,
-    fresh_database,
     held_leases,
     inbox_states,
     live_sessions_per_key,
@@ -34,35 +31,6 @@ from tests.daemon import clean_env, switchboard
 from tests.fakes.telegram import FakeTelegram
 
 MakeReplicas = Callable[..., Awaitable[list[Replica]]]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
-    try:
-        yield dsn
-    finally:
-        if cluster is not None:
-            cluster.stop()
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    fake = FakeTelegram()
-    await fake.start()
-    try:
-        yield fake
-    finally:
-        await fake.stop()
-
-
-@pytest.fixture
-async def db(server: str) -> AsyncIterator[str]:
-    name, dsn = fresh_database(server)
-    try:
-        yield dsn
-    finally:
-        drop_database(server, name)
 
 
 @pytest.fixture
