@@ -6,7 +6,9 @@ the run's promises (tests/cluster/checks.py):
   commits must fail their fence, so nothing is answered twice or out of order;
 - the leader is SIGKILLed in the middle of an idle-reset sweep: the next leader finishes
   it, and every key is reset exactly once (one ended session, one notice);
-- 20 terminal handoffs requested at once are each claimed by exactly one replica.
+- 20 terminal handoffs requested at once are each claimed by exactly one replica;
+- a replica dies with a Slack reply committed and not sent: the replica that takes the
+  chat's key over sends it before the chat's next reply.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tests.cluster.checks import check_run, drained, explain
 from tests.cluster.conftest import StartCluster
 from tests.cluster.harness import Cluster, Replica, replica_core_missing
 from tests.cluster.workload import Workload
-from tests.fakes.slack import FakeSlack
+from tests.fakes.slack import FakeSlack, event, signed
 from tests.fakes.telegram import FakeTelegram
 
 pytestmark = pytest.mark.skipif(replica_core_missing() is not None,
@@ -209,3 +211,36 @@ async def test_twenty_handoffs_requested_at_once_are_each_claimed_once(
     assert all(live.get(s, "").startswith("agent:main:telegram:") for s in sids)
     assert len({live[s] for s in sids}) == 20  # each bound to a thread of its own
     assert cluster.tracebacks() == []
+
+
+async def test_a_dead_runners_reply_goes_out_before_its_chats_next_one(
+    start_cluster: StartCluster, slack: FakeSlack
+) -> None:
+    """r0 dies (its own fault point) with a Slack reply committed and not sent; the chat's
+    next message reaches r1, which takes the key's lease over from the dead r0 and sends the
+    orphaned reply before answering (the takeover scan, up to a second later, would have
+    sent it after: replies crossing in the chat)."""
+    cluster, _ = await start_cluster(2, start=False)
+    r0, r1 = cluster.replicas
+    await r0.start(extra_env={"SWITCHBOARD_FAULT": "after_reply_commit"})
+    await r1.start()
+
+    def slack_event(text: str, n: int) -> tuple[bytes, dict[str, str]]:
+        ts = f"1600000000.{n:06d}"
+        ev = {"type": "message", "channel": "D00001", "user": "U00001", "text": text,
+              "ts": ts, "event_ts": ts, "channel_type": "im"}  # fmt: skip
+        return signed(event(ev, event_id=f"EvOrder{n}"))
+
+    async with aiohttp.ClientSession() as http:
+        body, headers = slack_event("first", 1)
+        async with http.post(f"{r0.url}/slack/events", data=body, headers=headers) as resp:
+            assert resp.status == 200  # acknowledged after the inbox commit, before the turn
+        assert r0.proc is not None
+        assert await asyncio.wait_for(r0.proc.wait(), 30) == -9  # killed after the reply's commit
+        assert slack.posted() == []
+        body, headers = slack_event("second", 2)
+        async with http.post(f"{r1.url}/slack/events", data=body, headers=headers) as resp:
+            assert resp.status == 200
+        posts = await slack.wait_posted(2, timeout=20)
+    assert [p["text"] for p in posts] == ["echo: first", "echo: second"]
+    await r0.start()  # back without the fault, so the cluster stops cleanly
