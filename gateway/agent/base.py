@@ -62,22 +62,19 @@ def window(
     """The newest messages that fit in the budget; the oldest fall out first. A leading
     tool result without its call is dropped too, so the window is always valid to replay.
     `costs`: each message's `estimate_tokens`, when the caller has them already."""
-    out: list[ChatMessage] = []
-    used = 0
     if costs is not None and sum(costs) <= budget_tokens:  # all of it fits: no walk
         out = list(history)
-        start = 0
-        while start < len(out) and out[start].get("role") == "tool":
-            start += 1
-        return out[start:] if start else out
-    for i in range(len(history) - 1, -1, -1):
-        msg = history[i]
-        cost = costs[i] if costs is not None else estimate_tokens(msg)
-        if out and used + cost > budget_tokens:
-            break
-        out.append(msg)
-        used += cost
-    out.reverse()
+    else:
+        out = []
+        used = 0
+        for i in range(len(history) - 1, -1, -1):
+            msg = history[i]
+            cost = costs[i] if costs is not None else estimate_tokens(msg)
+            if out and used + cost > budget_tokens:
+                break
+            out.append(msg)
+            used += cost
+        out.reverse()
     while out and out[0].get("role") == "tool":
         out.pop(0)
     return out

@@ -12,7 +12,14 @@ from psycopg import AsyncConnection
 from ..usage import TOKEN_KINDS, totals_set, usage_route
 from . import db
 
-# ON CONFLICT: the counters and costs of a usage row add up
+# Both usage inserts: the row's columns up to its costs, its key, and on a conflict the
+# counters and costs adding up
+_COLUMNS = (
+    "session_id, model, billing_provider, billing_base_url, billing_mode, task, "
+    "api_call_count, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, "
+    "reasoning_tokens, estimated_cost_usd, actual_cost_usd"
+)
+_KEY = "(session_id, model, billing_provider, billing_base_url, billing_mode, task)"
 _ACCUMULATE = ", ".join(f"{c} = u.{c} + excluded.{c}" for c in (
     "api_call_count", *TOKEN_KINDS, "estimated_cost_usd", "actual_cost_usd"))  # fmt: skip
 
@@ -94,15 +101,11 @@ async def _add_usage(
     key = (session_id, route.get("model") or "unknown", route.get("billing_provider") or "",
            route.get("billing_base_url") or "", route.get("billing_mode") or "", "")  # fmt: skip
     deltas = [int(counts.get(k) or 0) for k in TOKEN_KINDS]
-    added = _ACCUMULATE
     await db.run(
         conn,
-        "INSERT INTO session_model_usage AS u (session_id, model, billing_provider, "
-        "billing_base_url, billing_mode, task, api_call_count, input_tokens, output_tokens, "
-        "cache_read_tokens, cache_write_tokens, reasoning_tokens, estimated_cost_usd, "
-        "actual_cost_usd, cost_status, cost_source, first_seen, last_seen) "
-        f"VALUES ({db.marks(18)}) ON CONFLICT (session_id, model, billing_provider, "
-        f"billing_base_url, billing_mode, task) DO UPDATE SET {added}, "
+        f"INSERT INTO session_model_usage AS u ({_COLUMNS}, cost_status, cost_source, "
+        f"first_seen, last_seen) VALUES ({db.marks(18)}) "
+        f"ON CONFLICT {_KEY} DO UPDATE SET {_ACCUMULATE}, "
         "cost_status = COALESCE(excluded.cost_status, u.cost_status), "
         "cost_source = COALESCE(excluded.cost_source, u.cost_source), last_seen = excluded.last_seen",
         (*key, int(api_calls or 0), *deltas, float(estimated or 0.0), float(actual or 0.0),
@@ -158,17 +161,12 @@ async def add_usage_many(
     if not rows:
         return
     now = time.time()
-    added = _ACCUMULATE
     await db.run(
         conn,
-        "INSERT INTO session_model_usage AS u (session_id, model, billing_provider, "
-        "billing_base_url, billing_mode, task, api_call_count, input_tokens, output_tokens, "
-        "cache_read_tokens, cache_write_tokens, reasoning_tokens, estimated_cost_usd, "
-        "actual_cost_usd, first_seen, last_seen) "
+        f"INSERT INTO session_model_usage AS u ({_COLUMNS}, first_seen, last_seen) "
         "SELECT sid, m, bp, bu, bm, '', 0, i, o, 0, 0, 0, 0.0, 0.0, %s, %s FROM unnest("
         "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[]) "
         "AS x(sid, m, bp, bu, bm, i, o) "
-        "ON CONFLICT (session_id, model, billing_provider, billing_base_url, billing_mode, task) "
-        f"DO UPDATE SET {added}, last_seen = excluded.last_seen",
+        f"ON CONFLICT {_KEY} DO UPDATE SET {_ACCUMULATE}, last_seen = excluded.last_seen",
         (now, now, *([r[k] for r in rows] for k in range(7))),
     )  # fmt: skip

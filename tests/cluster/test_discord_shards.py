@@ -17,6 +17,7 @@ import pytest
 
 from tests.cluster.replicas import Replica, cut_off, query
 from tests.fakes.discord import (
+    DM,
     GENERAL,
     GENERAL2,
     GUILD,
@@ -24,8 +25,6 @@ from tests.fakes.discord import (
     FakeDiscord,
     restore_discord_globals,
 )
-
-DM = "600000000000000001"
 
 
 @pytest.fixture
@@ -95,6 +94,17 @@ async def _settle() -> None:
     await asyncio.sleep(1.0)  # room for a second answer, were anything delivered twice
 
 
+
+async def _each_channel_answered_once(discord: FakeDiscord) -> None:
+    """A message in each guild's channel and in the DM: every one answered, once."""
+    for text, channel in (("g1", GENERAL), ("g2", GENERAL2), ("dm", DM)):
+        await _say(discord, text, channel)
+    await discord.wait_posted(3, timeout=30)
+    await _settle()
+    assert (_answers(discord, GENERAL), _answers(discord, GENERAL2), _answers(discord, DM)) == (
+        ["echo: g1"], ["echo: g2"], ["echo: dm"]
+    )  # fmt: skip
+
 async def test_each_shard_runs_once_and_a_killed_owners_shards_are_taken_over(
     pair: list[Replica], db: str, discord: FakeDiscord
 ) -> None:
@@ -109,13 +119,7 @@ async def test_each_shard_runs_once_and_a_killed_owners_shards_are_taken_over(
     assert sorted(k for shards in runs.values() for k in shards) == ["0", "1"]
     for shard, name in owners.items():
         assert str(shard) in runs[name]
-    for text, channel in (("g1", GENERAL), ("g2", GENERAL2), ("dm", DM)):
-        await _say(discord, text, channel)
-    await discord.wait_posted(3, timeout=30)
-    await _settle()
-    assert (_answers(discord, GENERAL), _answers(discord, GENERAL2), _answers(discord, DM)) == (
-        ["echo: g1"], ["echo: g2"], ["echo: dm"]
-    )  # fmt: skip
+    await _each_channel_answered_once(discord)
 
     # SIGKILL the owner of shard 1 (the second guild); a message in its guild meanwhile
     # reaches no connection: the new owner's catch-up reads it from the channel's history
@@ -164,11 +168,5 @@ async def test_a_replica_whose_shards_were_taken_closes_their_connections(
     async with aiohttp.ClientSession() as http:
         assert await _shards_of(http, holder) == {}
         assert sorted(await _shards_of(http, other)) == ["0", "1"]
-    for text, channel in (("g1", GENERAL), ("g2", GENERAL2), ("dm", DM)):
-        await _say(discord, text, channel)
-    await discord.wait_posted(3, timeout=30)
-    await _settle()
-    assert (_answers(discord, GENERAL), _answers(discord, GENERAL2), _answers(discord, DM)) == (
-        ["echo: g1"], ["echo: g2"], ["echo: dm"]
-    )  # fmt: skip
+    await _each_channel_answered_once(discord)
     assert "no longer ours" in holder.log()

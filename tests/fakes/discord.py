@@ -40,6 +40,7 @@ GENERAL = "200000000000000010"
 THREAD = "200000000000000020"
 # a second guild (only when `guilds` names it), on shard 1 of 2 where GUILD is on shard 0
 GUILD2 = str(int(GUILD) + (1 << 22))
+DM = "600000000000000001"  # a direct-message channel (no guild): shard 0
 GENERAL2 = "200000000000000030"
 BOT_ID = "300000000000000001"
 BOT = {

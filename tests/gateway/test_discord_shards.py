@@ -15,6 +15,7 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.messages import InboundMessage
 from tests.fakes.discord import (
+    DM,
     GENERAL,
     GENERAL2,
     GUILD,
@@ -22,8 +23,6 @@ from tests.fakes.discord import (
     FakeDiscord,
     restore_discord_globals,
 )
-
-DM = "600000000000000001"
 
 
 @pytest.fixture

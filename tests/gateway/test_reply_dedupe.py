@@ -20,10 +20,8 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.messages import InboundMessage, OutboundMessage
 from tests.fakes import wait_for_count
-from tests.fakes.discord import FakeDiscord, restore_discord_globals
+from tests.fakes.discord import DM, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
-
-DM = "600000000000000001"
 
 
 def test_the_registry_knows_which_platforms_dedupe_replies() -> None:

@@ -16,10 +16,8 @@ from pathlib import Path
 import aiohttp
 
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
-from tests.fakes.discord import FakeDiscord
+from tests.fakes.discord import DM, FakeDiscord
 from tests.fakes.slack import SECRET, FakeSlack, event, signed
-
-DM = "600000000000000001"
 
 
 async def _daemon(home: Path, **env: str) -> asyncio.subprocess.Process:
