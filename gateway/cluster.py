@@ -50,6 +50,8 @@ class PgCoordinator:
         self._remote_jobs: dict[str, set[str]] = {}  # session id -> jobs on other replicas
         self._writes: set[asyncio.Task[None]] = set()
         self._serve: asyncio.Task[None] | None = None
+        # inbox id -> the lease its accept took, with the key's local lock (see accept)
+        self._adopted: dict[int, tuple[Lease, Callable[[], None]]] = {}
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -68,6 +70,10 @@ class PgCoordinator:
         )
 
     async def close(self) -> None:
+        adopted, self._adopted = self._adopted, {}
+        for lease, unlock in adopted.values():  # turns that never started (shutdown)
+            await self._release(lease)
+            unlock()
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
         if self._serve is not None:
@@ -88,21 +94,64 @@ class PgCoordinator:
 
     # --- leases -----------------------------------------------------------------------
 
+    async def accept(
+        self, key: str, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: object, *, lease: bool,
+    ) -> tuple[int, str, bool]:  # fmt: skip
+        """Commit an inbound message, its row naming its key and this replica: (inbox id,
+        state, new). With `lease`, when no work here holds or awaits the key, the key's
+        lease is taken in the same commit and kept, with the key's local lock, for the
+        row's turn (`lease(key, inbox_id)` adopts it): a turn then costs a write less."""
+        unlock = self._local.try_session_lock(key) if lease else None
+        if unlock is None:
+            return await self.store.accept_inbound(
+                platform, chat_id, platform_message_id, payload, session_key=key,
+                replica=self.me,
+            )  # fmt: skip
+        try:
+            inbox_id, state, new, route = await self.store.accept_and_take(
+                platform, chat_id, platform_message_id, payload, session_key=key,
+                me=self.me, space=self.link.space,
+            )  # fmt: skip
+        except BaseException:
+            unlock()
+            raise
+        if route is None:  # not new, or a live replica holds the key: taken at the turn
+            unlock()
+        else:
+            self._adopted[inbox_id] = (self._lease_of(key, route), unlock)
+        return inbox_id, state, new
+
     @contextlib.asynccontextmanager
     async def lease(self, key: str, inbox_id: int | None = None) -> AsyncIterator[Lease | None]:
         """Hold `key` on this replica and across replicas. Yields None instead when
         `inbox_id` was answered elsewhere while waiting (nothing left to do for it)."""
+        adopted = self._adopted.pop(inbox_id, None) if inbox_id is not None else None
+        if adopted is not None:  # taken with the row's accept, the local lock with it
+            lease, unlock = adopted
+            try:
+                async with self._holding(lease):
+                    yield lease
+            finally:
+                unlock()
+            return
         async with self._local.session_lock(key):
-            lease = await self._take(key, inbox_id)
-            if lease is None:
+            taken = await self._take(key, inbox_id)
+            if taken is None:
                 yield None
                 return
-            self._held[key] = lease
-            try:
-                yield lease
-            finally:
-                del self._held[key]
-                await self._release(lease)
+            async with self._holding(taken):
+                yield taken
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, lease: Lease) -> AsyncIterator[None]:
+        key = lease.fence.session_key
+        self._held[key] = lease
+        try:
+            yield
+        finally:
+            del self._held[key]
+            await self._release(lease)
 
     def fence(self, key: str) -> Fence | None:
         held = self._held.get(key)
@@ -128,14 +177,7 @@ class PgCoordinator:
                     poll = min(poll * 2, POLL_MAX_S)
                     continue
                 if row is not None:
-                    self.routes.refresh(key, row)
-                    sid = row.get("session_id") or row.get("live_id")
-                    if sid:
-                        self._remote_jobs[str(sid)] = set(row["jobs"]) - set(
-                            self._local.live_jobs(str(sid))
-                        )
-                    fence = Fence(key, self.me, int(row["lease_epoch"]))
-                    return Lease(fence, list(row["open"]), unsent=list(row.get("unsent") or []))
+                    return self._lease_of(key, row)
                 if inbox_id is not None and not await self.row_open(inbox_id):
                     return None
                 with contextlib.suppress(TimeoutError):
@@ -148,6 +190,16 @@ class PgCoordinator:
                     waiting.discard(event)
                     if not waiting:
                         del self._waiters[name]
+
+    def _lease_of(self, key: str, row: dict[str, Any]) -> Lease:
+        """A taken lease from its route row (take_lease's shape); the route and the key's
+        session's live jobs on other replicas are refreshed from it."""
+        self.routes.refresh(key, row)
+        sid = row.get("session_id") or row.get("live_id")
+        if sid:
+            self._remote_jobs[str(sid)] = set(row["jobs"]) - set(self._local.live_jobs(str(sid)))
+        fence = Fence(key, self.me, int(row["lease_epoch"]))
+        return Lease(fence, list(row["open"]), unsent=list(row.get("unsent") or []))
 
     async def _release(self, lease: Lease) -> None:
         """Free the lease, writing the route; retried while the database is away, since

@@ -48,6 +48,14 @@ class SharedCoordinator(Coordinator, Protocol):
         """Whether this replica runs the leader-only work (the reset sweep, pruning)."""
         ...
 
+    async def accept(
+        self, key: str, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: object, *, lease: bool,
+    ) -> tuple[int, str, bool]:  # fmt: skip
+        """Commit an inbound message for `key` (inbox id, state, new); with `lease`, the
+        key's lease may come with the commit, for `lease(key, inbox_id)` to adopt."""
+        ...
+
     def lease(
         self, key: str, inbox_id: int | None = None
     ) -> contextlib.AbstractAsyncContextManager[Lease | None]:

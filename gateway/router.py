@@ -209,10 +209,11 @@ class Router:
                 inbox_id, state, new = await s.db.accept_inbound(
                     src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
                 )
-            else:  # the row names its key and this replica: leases and takeover read them
-                inbox_id, state, new = await s.db.accept_inbound(
-                    src.platform, src.chat_id, msg.platform_message_id, msg.as_payload(),
-                    session_key=key.format(), replica=self._shared.me,
+            else:  # the key's lease comes with the commit when the key is idle here (not
+                # while start-up recovery holds turns: the lease would wait with them)
+                inbox_id, state, new = await self._shared.accept(
+                    key.format(), src.platform, src.chat_id, msg.platform_message_id,
+                    msg.as_payload(), lease=self._held is None,
                 )  # fmt: skip
         except StateError as exc:
             self._refuse(msg, exc)

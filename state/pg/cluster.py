@@ -123,6 +123,31 @@ async def take_leases_many(
 register_batched(take_lease, take_leases_many)
 
 
+async def accept_take(
+    conn: AsyncConnection, platform: str, chat_id: str, pmid: str | None, payload: str,
+    now: float, key: str, me: int, space: int,
+) -> tuple[int, str, bool, dict[str, Any] | None]:  # fmt: skip
+    """`inbox.accept` for replica `me` and, when the row is new, `take_lease` on its key in
+    the same transaction: (inbox id, state, new, the take's route or None). The message's
+    turn then starts under the lease without a write of its own to take it."""
+    return (await accept_takes_many(conn, [(platform, chat_id, pmid, payload, now, key, me,
+                                            space)]))[0]  # fmt: skip
+
+
+async def accept_takes_many(
+    conn: AsyncConnection,
+    calls: Sequence[tuple[str, str, str | None, str, float, str, int, int]],
+) -> list[tuple[int, str, bool, dict[str, Any] | None]]:
+    accepted = await inbox.accept_many(conn, [c[:7] for c in calls])
+    fresh = [i for i, (_id, _state, new) in enumerate(accepted) if new]
+    routes = await take_leases_many(conn, [calls[i][5:] for i in fresh]) if fresh else []
+    route_of = dict(zip(fresh, routes, strict=True))
+    return [(*got, route_of.get(i)) for i, got in enumerate(accepted)]
+
+
+register_batched(accept_take, accept_takes_many)
+
+
 async def open_for_key(conn: AsyncConnection, key: str) -> list[dict[str, Any]]:
     """The key's open inbox rows, oldest first (what the lease holder runs next)."""
     return await db.rows(conn, _OPEN_FOR_KEY, ([key],))

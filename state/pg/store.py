@@ -520,6 +520,21 @@ class PgStore:
         except psycopg.Error as exc:  # e.g. a NUL in an id, which PostgreSQL text refuses
             raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
 
+    async def accept_and_take(
+        self, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: object, *, session_key: str, me: int, space: int,
+    ) -> tuple[int, str, bool, dict[str, Any] | None]:  # fmt: skip
+        """`accept_inbound` for replica `me` and, when the row is new, `take_lease` on
+        `session_key` in one transaction: (inbox id, state, new, the route as take_lease
+        returns it, or None when the row is not new or a live replica holds the key)."""
+        try:
+            return await self._write(
+                cluster.accept_take, platform, chat_id, platform_message_id,
+                payload_of(payload), time.time(), session_key, me, space,
+            )  # fmt: skip
+        except psycopg.Error as exc:
+            raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
+
     async def accept_and_begin(
         self, platform: str, chat_id: str, platform_message_id: str | None,
         payload: object, session_id: str, message: Mapping[str, Any], *,
