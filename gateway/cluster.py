@@ -144,11 +144,33 @@ class PgCoordinator:
                 yield taken
 
     @contextlib.asynccontextmanager
-    async def _holding(self, lease: Lease) -> AsyncIterator[None]:
+    async def lease_now(self, key: str) -> AsyncIterator[Lease | None]:
+        """`lease` without waiting: None when work here or another live replica holds
+        the key (or the database is away)."""
+        unlock = self._local.try_session_lock(key)
+        if unlock is None:
+            yield None
+            return
+        try:
+            try:
+                row = await self.store.take_lease(key, self.me, self.link.space)
+            except StateError as exc:
+                log.warning("could not take the lease on session_key=%s: %s", key, exc)
+                row = None
+            if row is None:
+                yield None
+                return
+            async with self._holding(self._lease_of(key, row)) as lease:
+                yield lease
+        finally:
+            unlock()
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, lease: Lease) -> AsyncIterator[Lease]:
         key = lease.fence.session_key
         self._held[key] = lease
         try:
-            yield
+            yield lease
         finally:
             del self._held[key]
             await self._release(lease)

@@ -63,6 +63,10 @@ class SharedCoordinator(Coordinator, Protocol):
         elsewhere while waiting."""
         ...
 
+    def lease_now(self, key: str) -> contextlib.AbstractAsyncContextManager[Lease | None]:
+        """`lease` without waiting: None when work here or another live replica holds it."""
+        ...
+
     async def row_open(self, inbox_id: int) -> bool:
         """Is this inbox row still received/started (nobody answered or dropped it)?"""
         ...

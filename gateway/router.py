@@ -359,8 +359,26 @@ class Router:
         the platform's adapter shows a reply sent again under its key once (exactly once)."""
         s = self.services
         shared = self._shared
-        for row in await (s.db.unsent_replies() if shared is None else shared.orphaned_replies()):
+        if shared is None:
+            for row in await s.db.unsent_replies():
+                await self._resend_row(row)
+            return
+        # Replicas send a dead runner's replies under their key's lease, so no new turn of
+        # the key (on any replica) sends its reply in between; the take returns them. A key
+        # held meanwhile is left to its holder, whose take returned them the same way.
+        keyless = []
+        keys: dict[str, None] = {}
+        for row in await shared.orphaned_replies():
+            if row.get("session_key") is None:  # taken before replicas
+                keyless.append(row)
+            else:
+                keys[str(row["session_key"])] = None
+        for row in keyless:
             await self._resend_row(row)
+        for key in keys:
+            async with shared.lease_now(key) as lease:
+                for row in lease.unsent if lease is not None else ():
+                    await self._resend_row(row)
 
     async def _resend_row(self, row: dict[str, Any]) -> None:
         """One unconfirmed reply (a row of unsent_replies' shape), claimed first on replicas."""

@@ -320,11 +320,12 @@ async def orphans(
 async def orphan_replies(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
     """Replies committed but not confirmed sent whose turn ran on a replica that is gone,
     of keys no live replica leases (a holder sends its key's first: the take returns them):
-    the shape of inbox.unsent_replies."""
+    the shape of inbox.unsent_replies, with the row's `session_key`."""
     return await db.rows(
         conn,
         f"WITH live AS ({LIVE}) "
         "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
+        "i.session_key, "
         "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
         "LEFT JOIN session_routes r ON r.session_key = i.session_key "
         "WHERE i.reply_state IN ('ready', 'sending') "
