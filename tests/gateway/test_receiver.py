@@ -10,10 +10,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import psycopg
 import pytest
 
+from gateway.adapters.mattermost import MattermostAdapter
+from gateway.messages import InboundMessage, OutboundMessage
+from gateway.session_keys import SessionSource
 from gateway.shards import PgShardLedger, Receiver
+from gateway.vocab import ChatType
 from state.pg.control import ControlLink, application_name
 from state.pg.store import PgStore
 from tests import pgserver
+from tests.fakes import wait_for_count
+from tests.fakes.mattermost import DM, FakeMattermost
 
 
 class Loop:
@@ -30,6 +36,7 @@ class Loop:
 
 
 Made = tuple[Receiver, ControlLink]
+Ledger = tuple[PgShardLedger, ControlLink]
 
 
 @pytest.fixture(scope="module")
@@ -43,32 +50,50 @@ def server() -> Iterator[str]:
 
 
 @pytest.fixture
-async def replica(server: str) -> AsyncIterator[Callable[[str, list[str]], Awaitable[Made]]]:
-    """`await replica(name, seen)`: a started Receiver for "matrix" on a replica of its own
-    (a store and an open control connection) on one fresh schema."""
+async def ledger(server: str) -> AsyncIterator[Callable[[str, str], Awaitable[Ledger]]]:
+    """`await ledger(name, platform)`: a replica of its own (a store and an open control
+    connection) on one fresh schema, and its ledger for `platform`."""
     schema = pgserver.fresh_schema(server)
     dsn = pgserver.with_schema(server, schema)
-    made: list[tuple[PgStore, ControlLink, Receiver]] = []
+    made: list[tuple[PgStore, ControlLink]] = []
 
-    async def make(name: str, seen: list[str]) -> Made:
+    async def make(name: str, platform: str) -> Ledger:
         store = await PgStore.open(dsn)
         link = store.control_link(f"{name}-{schema}")  # unique on a shared server
+        made.append((store, link))
         await link.open()
+        return PgShardLedger(store, link, platform), link
+
+    try:
+        yield make
+    finally:
+        for store, link in made:
+            await link.close()
+            await store.close()
+        pgserver.drop_schema(server, schema)
+
+
+@pytest.fixture
+async def replica(
+    ledger: Callable[[str, str], Awaitable[Ledger]],
+) -> AsyncIterator[Callable[[str, list[str]], Awaitable[Made]]]:
+    """`await replica(name, seen)`: a started Receiver for "matrix" on a replica of its own."""
+    made: list[Receiver] = []
+
+    async def make(name: str, seen: list[str]) -> Made:
+        shards, link = await ledger(name, "matrix")
         loop = Loop(name, seen)
         receiver = Receiver("matrix", loop.begin, loop.end)
-        receiver.use(PgShardLedger(store, link, "matrix"))
-        made.append((store, link, receiver))
+        receiver.use(shards)
+        made.append(receiver)
         await receiver.start()
         return receiver, link
 
     try:
         yield make
     finally:
-        for store, link, receiver in made:
+        for receiver in made:
             await receiver.stop()
-            await link.close()
-            await store.close()
-        pgserver.drop_schema(server, schema)
 
 
 def _cut_off(server: str, link: ControlLink) -> None:
@@ -124,3 +149,63 @@ async def test_without_a_ledger_it_receives_from_start_to_stop() -> None:
     await receiver.stop()
     assert seen == ["one begins", "one ends"]
     assert receiver.health() == {"receiving": False}
+
+
+@pytest.fixture
+async def mattermost() -> AsyncIterator[FakeMattermost]:
+    fake = FakeMattermost()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
+    server, ledger, mattermost: FakeMattermost
+) -> None:
+    """Two adapters on the fake, as two replicas: one websocket; the other adapter posts,
+    and shows typing through REST; it opens the websocket once the first is cut off, and
+    the first, rejoined, closes its own."""
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    adapters: dict[str, MattermostAdapter] = {}
+    links: dict[str, ControlLink] = {}
+    try:
+        for name in ("a", "b"):
+            adapter = adapters[name] = MattermostAdapter(mattermost.token, mattermost.url)
+            shards, links[name] = await ledger(name, "mattermost")
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                got[name].append(msg.text)
+
+            await adapter.start(emit)
+        a, b = adapters["a"], adapters["b"]
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        assert mattermost.sockets() == 1
+        await mattermost.say("hello", DM)
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        await b.send(OutboundMessage("mattermost", DM, "from b"))
+        b.turn_started(InboundMessage(SessionSource("mattermost", DM, ChatType.DM), "x", "m1"))
+        [typing] = await wait_for_count(
+            lambda: [x for x in mattermost.actions if x["action"] == "rest_typing"], 1, 10, "typing"
+        )
+        assert typing["data"]["channel_id"] == DM
+        assert [p["message"] for p in mattermost.bot_posts()] == ["from b"]
+        assert got == {"a": ["hello"], "b": []}
+
+        _cut_off(server, links["a"])
+        await b._receiver.sync()
+        assert b.health()["receiving"] is True
+        await wait_for_count(lambda: list(range(mattermost.sockets())), 2, 10, "websockets")
+        await links["a"].close()
+        await links["a"].open()
+        await a._receiver.sync()
+        assert a.health()["receiving"] is False
+        await wait_for_count(lambda: [] if mattermost.sockets() > 1 else [1], 1, 10, "one socket")
+        await mattermost.say("again", DM)
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        assert got == {"a": ["hello"], "b": ["again"]}
+    finally:
+        for adapter in adapters.values():
+            await adapter.stop()
