@@ -5,12 +5,15 @@ claim loop does every CLAIM_EVERY_S, so nothing here waits on a clock."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import psycopg
 import pytest
 
 from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.signal import CURSOR, SignalAdapter
+from gateway.app import StoreCursors
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.session_keys import SessionSource
 from gateway.shards import PgShardLedger, Receiver
@@ -20,6 +23,9 @@ from state.pg.store import PgStore
 from tests import pgserver
 from tests.fakes import wait_for_count
 from tests.fakes.mattermost import DM, FakeMattermost
+from tests.fakes.signal import ALICE as SIGNAL_ALICE
+from tests.fakes.signal import BOT as SIGNAL_BOT
+from tests.fakes.signal import FakeSignal, envelope
 
 
 class Loop:
@@ -206,6 +212,64 @@ async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
         await mattermost.say("again", DM)
         await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
         assert got == {"a": ["hello"], "b": ["again"]}
+    finally:
+        for adapter in adapters.values():
+            await adapter.stop()
+
+
+@pytest.fixture
+async def signal() -> AsyncIterator[FakeSignal]:
+    fake = FakeSignal()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+async def test_a_signal_replica_taking_over_listens_from_the_event_id_the_last_one_stored(
+    server, ledger, signal: FakeSignal
+) -> None:
+    """The event id is a cursor in the shared store: a message that arrived while nobody
+    listened is replayed to the new listener, and the one already taken is not."""
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    adapters: dict[str, SignalAdapter] = {}
+    links: dict[str, ControlLink] = {}
+    stores: list[PgStore] = []
+    try:
+        for name in ("a", "b"):
+            adapter = adapters[name] = SignalAdapter(signal.url, SIGNAL_BOT)
+            shards, links[name] = await ledger(name, "signal")
+            stores.append(shards.store)
+            adapter.use_cursors(StoreCursors(shards.store, "signal"))
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                got[name].append(msg.text)
+
+            await adapter.start(emit)
+        a, b = adapters["a"], adapters["b"]
+        await signal.wait_connected(1)
+        assert signal.last_event_ids == [None]  # one stream between the two
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        await signal.push(envelope("one"))
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        second = await signal.push(envelope("two"))
+        cursors = StoreCursors(stores[0], "signal")
+        async with asyncio.timeout(10):  # stored once the gateway took it
+            while await cursors.get(CURSOR) != second:  # noqa: ASYNC110 (in the database)
+                await asyncio.sleep(0.02)
+        assert got["a"] == ["one", "two"]
+        # a stops listening (as a SIGKILL would: its lock goes with its connection)
+        await a.stop()
+        await links["a"].close()
+        await signal.push(envelope("in the gap"))
+        await b._receiver.sync()
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        assert signal.last_event_ids == [None, second]
+        assert got == {"a": ["one", "two"], "b": ["in the gap"]}
+        await b.send(OutboundMessage("signal", SIGNAL_ALICE, "answer"))
+        assert [m["message"] for m in signal.delivered()] == ["answer"]
     finally:
         for adapter in adapters.values():
             await adapter.stop()
