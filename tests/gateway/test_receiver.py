@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import psycopg
 import pytest
 
+from gateway.adapters.email import EmailAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.signal import CURSOR, SignalAdapter
 from gateway.app import StoreCursors
@@ -22,10 +23,13 @@ from state.pg.control import ControlLink, application_name
 from state.pg.store import PgStore
 from tests import pgserver
 from tests.fakes import wait_for_count
+from tests.fakes.imap import FakeImap
 from tests.fakes.mattermost import DM, FakeMattermost
 from tests.fakes.signal import ALICE as SIGNAL_ALICE
 from tests.fakes.signal import BOT as SIGNAL_BOT
 from tests.fakes.signal import FakeSignal, envelope
+from tests.fakes.smtp import FakeSmtp
+from tests.gateway.test_email import US, mail, make_adapter
 
 
 class Loop:
@@ -105,7 +109,8 @@ async def replica(
 def _cut_off(server: str, link: ControlLink) -> None:
     """What a SIGKILL, or a partition the keepalives noticed, does to a replica's lock."""
     with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        # the timeout waits until the backend is gone (and its lock with it)
+        conn.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
                      "WHERE application_name = %s", (application_name(link.name),))  # fmt: skip
 
 
@@ -270,6 +275,58 @@ async def test_a_signal_replica_taking_over_listens_from_the_event_id_the_last_o
         assert got == {"a": ["one", "two"], "b": ["in the gap"]}
         await b.send(OutboundMessage("signal", SIGNAL_ALICE, "answer"))
         assert [m["message"] for m in signal.delivered()] == ["answer"]
+    finally:
+        for adapter in adapters.values():
+            await adapter.stop()
+
+
+@pytest.fixture
+async def mailboxes() -> AsyncIterator[tuple[FakeImap, FakeSmtp]]:
+    imap, smtp = FakeImap(user=US), FakeSmtp(user=US)
+    await imap.start()
+    await smtp.start()
+    try:
+        yield imap, smtp
+    finally:
+        await imap.stop()
+        await smtp.stop()
+
+
+async def test_an_email_replica_taking_over_watches_from_the_uid_the_last_one_stored(
+    server, ledger, mailboxes: tuple[FakeImap, FakeSmtp]
+) -> None:
+    """One IMAP login between two replicas; the next watcher starts after the last UID the
+    first handled (kept in the shared store), so a mail that came while nobody watched is
+    handed over and none twice."""
+    imap, smtp = mailboxes
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    adapters: dict[str, EmailAdapter] = {}
+    links: dict[str, ControlLink] = {}
+    try:
+        for name in ("a", "b"):
+            adapter = adapters[name] = make_adapter(imap, smtp)
+            shards, links[name] = await ledger(name, "email")
+            adapter.use_cursors(StoreCursors(shards.store, "email"))
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                got[name].append(msg.text)
+
+            await adapter.start(emit)
+        a, b = adapters["a"], adapters["b"]
+        assert [user for user, _ok in imap.logins] == [US]  # b did not log in
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        imap.deliver(mail("one"))
+        await wait_for_count(lambda: got["a"], 1, 10, "mails on a")
+        await a.stop()  # with its place stored: the handler returned before the UID moved
+        await links["a"].close()
+        imap.deliver(mail("in the gap"))
+        await b._receiver.sync()
+        await wait_for_count(lambda: got["b"], 1, 10, "mails on b")
+        imap.deliver(mail("after"))
+        await wait_for_count(lambda: got["b"], 2, 10, "mails on b")
+        assert got == {"a": ["one"], "b": ["in the gap", "after"]}
+        assert len(imap.logins) == 2
     finally:
         for adapter in adapters.values():
             await adapter.stop()
