@@ -12,6 +12,8 @@ import psycopg
 import pytest
 
 from gateway.adapters.email import EmailAdapter
+from gateway.adapters.email_imap import Place
+from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.signal import CURSOR, SignalAdapter
 from gateway.app import StoreCursors
@@ -24,12 +26,16 @@ from state.pg.store import PgStore
 from tests import pgserver
 from tests.fakes import wait_for_count
 from tests.fakes.imap import FakeImap
+from tests.fakes.matrix import FakeMatrix
 from tests.fakes.mattermost import DM, FakeMattermost
 from tests.fakes.signal import ALICE as SIGNAL_ALICE
 from tests.fakes.signal import BOT as SIGNAL_BOT
 from tests.fakes.signal import FakeSignal, envelope
 from tests.fakes.smtp import FakeSmtp
 from tests.gateway.test_email import US, mail, make_adapter
+from tests.gateway.test_matrix import ALICE as MATRIX_ALICE
+from tests.gateway.test_matrix import DM as MATRIX_DM
+from tests.gateway.test_matrix import _adapter as matrix_adapter
 
 
 class Loop:
@@ -104,6 +110,15 @@ async def replica(
     finally:
         for receiver in made:
             await receiver.stop()
+
+
+async def _until_stored(
+    cursors: StoreCursors, name: str, wanted: Callable[[str | None], bool]
+) -> None:
+    """Until an adapter's cursor in the shared store is as `wanted`."""
+    async with asyncio.timeout(10):
+        while not wanted(await cursors.get(name)):  # noqa: ASYNC110 (in the database)
+            await asyncio.sleep(0.02)
 
 
 def _cut_off(server: str, link: ControlLink) -> None:
@@ -261,9 +276,7 @@ async def test_a_signal_replica_taking_over_listens_from_the_event_id_the_last_o
         await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
         second = await signal.push(envelope("two"))
         cursors = StoreCursors(stores[0], "signal")
-        async with asyncio.timeout(10):  # stored once the gateway took it
-            while await cursors.get(CURSOR) != second:  # noqa: ASYNC110 (in the database)
-                await asyncio.sleep(0.02)
+        await _until_stored(cursors, CURSOR, lambda v: v == second)  # once the gateway took it
         assert got["a"] == ["one", "two"]
         # a stops listening (as a SIGKILL would: its lock goes with its connection)
         await a.stop()
@@ -302,10 +315,12 @@ async def test_an_email_replica_taking_over_watches_from_the_uid_the_last_one_st
     got: dict[str, list[str]] = {"a": [], "b": []}
     adapters: dict[str, EmailAdapter] = {}
     links: dict[str, ControlLink] = {}
+    stores: list[PgStore] = []
     try:
         for name in ("a", "b"):
             adapter = adapters[name] = make_adapter(imap, smtp)
             shards, links[name] = await ledger(name, "email")
+            stores.append(shards.store)
             adapter.use_cursors(StoreCursors(shards.store, "email"))
             adapter.use_shards(shards)
 
@@ -316,9 +331,13 @@ async def test_an_email_replica_taking_over_watches_from_the_uid_the_last_one_st
         a, b = adapters["a"], adapters["b"]
         assert [user for user, _ok in imap.logins] == [US]  # b did not log in
         assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
-        imap.deliver(mail("one"))
+        uid = imap.deliver(mail("one"))
         await wait_for_count(lambda: got["a"], 1, 10, "mails on a")
-        await a.stop()  # with its place stored: the handler returned before the UID moved
+        cursors = StoreCursors(stores[0], "email")
+        await _until_stored(  # the place moves once the gateway took the mail
+            cursors, a.watcher.cursor_name, lambda v: getattr(Place.loads(v), "uid", 0) == uid
+        )
+        await a.stop()
         await links["a"].close()
         imap.deliver(mail("in the gap"))
         await b._receiver.sync()
@@ -327,6 +346,59 @@ async def test_an_email_replica_taking_over_watches_from_the_uid_the_last_one_st
         await wait_for_count(lambda: got["b"], 2, 10, "mails on b")
         assert got == {"a": ["one"], "b": ["in the gap", "after"]}
         assert len(imap.logins) == 2
+    finally:
+        for adapter in adapters.values():
+            await adapter.stop()
+
+
+@pytest.fixture
+async def matrix() -> AsyncIterator[FakeMatrix]:
+    fake = FakeMatrix()
+    await fake.start()
+    fake.add_room(MATRIX_DM, {MATRIX_ALICE: "Alice"})
+    fake.set_direct({MATRIX_ALICE: [MATRIX_DM]})
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+async def test_a_matrix_replica_taking_over_syncs_from_the_token_the_last_one_stored(
+    server, ledger, matrix: FakeMatrix
+) -> None:
+    """Only the receiver syncs (the other's `since` stays unset); the next one goes on from
+    the stored token: the message sent while nobody synced is emitted, the first is not
+    emitted again."""
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    adapters: dict[str, MatrixAdapter] = {}
+    links: dict[str, ControlLink] = {}
+    try:
+        for name in ("a", "b"):
+            adapter = adapters[name] = matrix_adapter(matrix)
+            shards, links[name] = await ledger(name, "matrix")
+            adapter.use_cursors(StoreCursors(shards.store, "matrix"))
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                got[name].append(msg.text)
+
+            await adapter.start(emit)
+        a, b = adapters["a"], adapters["b"]
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        await wait_for_count(lambda: [1] if a.health()["since"] else [], 1, 10, "a first sync")
+        before = a.health()["since"]
+        matrix.message(MATRIX_DM, MATRIX_ALICE, "one")
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        # `since` moves here once the batch's token is stored
+        await wait_for_count(lambda: [1] if a.health()["since"] != before else [], 1, 10, "a token")
+        await a.stop()
+        await links["a"].close()
+        matrix.message(MATRIX_DM, MATRIX_ALICE, "in the gap")
+        await b._receiver.sync()
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        matrix.message(MATRIX_DM, MATRIX_ALICE, "after")
+        await wait_for_count(lambda: got["b"], 2, 10, "messages on b")
+        assert got == {"a": ["one"], "b": ["in the gap", "after"]}
     finally:
         for adapter in adapters.values():
             await adapter.stop()
