@@ -270,7 +270,7 @@ class Gateway:
             if use_cursors is not None:
                 use_cursors(StoreCursors(self.db, adapter.platform))
             use_shards = getattr(adapter, "use_shards", None)
-            if use_shards is not None and self.cluster is not None:  # one shard, one replica
+            if use_shards is not None and self.cluster is not None:  # a shard on one replica
                 use_shards(PgShardLedger(self.cluster.store, self.cluster.link, adapter.platform))
             try:
                 await adapter.start(self.router.handle)

@@ -6,15 +6,28 @@ replica owns and answers with those this replica owns now, each with its epoch. 
 runs exactly those, closes one whose epoch moved or that is gone from the answer (another
 replica took it), and asks again every few seconds. With one daemon (SQLite) there is no
 ledger and the adapter runs every shard itself.
+
+`Receiver` is the same ledger with a count of 1 for an adapter whose platform sends every
+event to every connection (a Matrix /sync, a Mattermost websocket, signal-cli's event
+stream, an IMAP folder): shard 0 is its receiving connection, so one replica receives and
+the others only send.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
+
+from gateway.errors import InvalidToken
 
 if TYPE_CHECKING:  # psycopg is the postgres extra: only PgShardLedger's users have it
     from state.pg.control import ControlLink
     from state.pg.store import PgStore
+
+log = logging.getLogger("gateway.shards")
 
 CLAIM_EVERY_S = 3.0  # how often a replica takes over the shards of replicas that are gone
 
@@ -39,3 +52,85 @@ class PgShardLedger:
         return await self.store.claim_shards(
             self.platform, count, self.link.incarnation, self.link.space
         )
+
+
+class Receiver:
+    """An adapter's receiving connection, run on one replica at a time: the owner of shard 0
+    of a one-shard ledger runs `begin` (which starts its receive loop from the cursors in
+    the store, so it goes on where the last owner stopped) and `end` when the shard's epoch
+    moved (it stalled while another took it). The others send only, and ask the ledger
+    again every CLAIM_EVERY_S, so a gone owner's connection is taken within seconds. With
+    no ledger (one daemon) it receives from `start` to `stop`."""
+
+    def __init__(
+        self,
+        platform: str,
+        begin: Callable[[], Awaitable[None]],
+        end: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.platform = platform
+        self._begin, self._end = begin, end
+        self._ledger: ShardLedger | None = None
+        self._claims: asyncio.Task[None] | None = None
+        self.receiving = False
+        self.epoch: int | None = None  # shard 0's epoch when this replica took it
+        self.last_error: str | None = None
+
+    def use(self, ledger: ShardLedger) -> None:
+        self._ledger = ledger
+
+    async def start(self) -> None:
+        if self._ledger is None:
+            await self._begin()
+            self.receiving = True
+            return
+        await self.sync()  # a refused token or an unreachable database fails the start
+        self._claims = asyncio.create_task(self._claim_loop(), name=f"{self.platform}.receiver")
+
+    async def stop(self) -> None:
+        claims, self._claims = self._claims, None
+        if claims is not None:
+            claims.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await claims
+        if self.receiving:
+            self.receiving = False
+            await self._end()
+
+    async def sync(self) -> None:
+        """Receive exactly while this replica owns shard 0 at the epoch it took it at."""
+        assert self._ledger is not None
+        epoch = (await self._ledger.claim(1)).get(0)
+        if self.receiving and epoch != self.epoch:
+            log.warning("%s: the receiving connection is no longer ours (epoch %s, now %s); "
+                        "closing it", self.platform, self.epoch, epoch)  # fmt: skip
+            self.receiving = False
+            await self._end()
+        if epoch is not None and not self.receiving:
+            await self._begin()
+            self.receiving, self.epoch = True, epoch
+            log.info("%s: receiving on this replica (epoch %d)", self.platform, epoch)
+
+    async def _claim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CLAIM_EVERY_S)
+            try:
+                await self.sync()
+                self.last_error = None
+            except InvalidToken as exc:  # every replica has the same credentials: give up
+                self.last_error = f"receiver: {exc}"
+                log.error("%s: the platform refused the credentials on takeover (%s); "
+                          "no longer claiming the receiving connection", self.platform, exc)  # fmt: skip
+                return
+            except Exception as exc:  # the database or the platform: asked again next round
+                self.last_error = f"receiver: {type(exc).__name__}: {exc}"
+                log.warning("%s: receiver claim failed: %s", self.platform, self.last_error)
+
+    def health(self) -> dict[str, object]:
+        """Whether this replica runs the receiving connection (always, with one daemon)."""
+        found: dict[str, object] = {"receiving": self.receiving}
+        if self._ledger is not None:
+            found["receiver_epoch"] = self.epoch if self.receiving else None
+            if self.last_error:
+                found["receiver_error"] = self.last_error
+        return found

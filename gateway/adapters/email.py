@@ -4,6 +4,8 @@ A fresh mail goes to its sender's session (chat_id = the lower-case address), an
 every reply in its chain; a chain rooted in a mail this adapter opened with create_thread
 (a handoff) is that thread's own session. Replies quote the original and keep the thread
 headers; auto-replies, bounces and lists are never answered (see docs in the README).
+Every IMAP connection sees every new mail, so among replicas one watches the folder
+(gateway.shards.Receiver), from the UID the last watcher stored; the others only send.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from gateway.errors import AdapterError, ConfigError, InvalidToken, TransientErr
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, in_range, one_of, setting
 from gateway.session_keys import SessionSource
+from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.email")
@@ -209,13 +212,36 @@ class EmailAdapter:
         self._last: OrderedDict[tuple[str, str | None], str] = OrderedDict()
         self._subjects: dict[str, str] = {}  # thread root -> subject, for threads we opened
         self._notices: dict[str, list[str]] = {}  # reply_to -> notices held for the reply
+        self._receiver = Receiver(self.platform, self._watch, self._unwatch)
         self.state: str = AdapterState.STOPPED
 
     def use_cursors(self, cursors: Cursors) -> None:
         self.watcher.cursors = cursors
 
+    def use_shards(self, ledger: ShardLedger) -> None:
+        """Among replicas: watch the folder only while this replica owns the watch."""
+        self._receiver.use(ledger)
+
     async def start(self, emit: Emit) -> None:
         self._emit = emit
+        await self._receiver.start()
+        try:
+            await _smtp_login(self.smtp)
+        except InvalidToken as exc:
+            await self.stop()
+            self._refused(str(exc))
+            raise
+        except (TransientError, AdapterError) as exc:
+            log.warning("email: SMTP not reachable yet (%s); replies will retry", exc)
+        self.state = AdapterState.RUNNING
+        log.info("email as %s (%s)", self.address,
+                 self.watcher.mode if self._receiver.receiving else "sending only")  # fmt: skip
+
+    async def _watch(self) -> None:
+        """Connect and follow the folder from the stored place: after a takeover, the UID
+        the last watching replica handled (InvalidToken on a refused login)."""
+        await self._unwatch()
+        self.watcher.place = None
         try:
             await self.watcher.connect()
         except InvalidToken as exc:
@@ -224,17 +250,15 @@ class EmailAdapter:
         except TransientError as exc:  # the loop below keeps trying
             self.watcher.last_error = str(exc)
             log.warning("email: %s; will retry", exc)
-        try:
-            await _smtp_login(self.smtp)
-        except InvalidToken as exc:
-            await self.watcher.close()
-            self._refused(str(exc))
-            raise
-        except (TransientError, AdapterError) as exc:
-            log.warning("email: SMTP not reachable yet (%s); replies will retry", exc)
         self._task = asyncio.create_task(self._run(), name="email.imap")
-        self.state = AdapterState.RUNNING
-        log.info("email as %s (%s)", self.address, self.watcher.mode)
+
+    async def _unwatch(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.watcher.close()
 
     def _refused(self, why: str) -> None:
         self.state = failed(why)
@@ -246,17 +270,13 @@ class EmailAdapter:
             self.state = failed(self.watcher.failed)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self.watcher.close()
+        await self._receiver.stop()
+        await self._unwatch()
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "address": self.address, "imap": self.watcher.mode,
-                "last_error": self.watcher.last_error}  # fmt: skip
+                "last_error": self.watcher.last_error, **self._receiver.health()}  # fmt: skip
 
     # --- inbound ------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 The adapter keeps its place with the `since` token in the store (`use_cursors`): a batch's
 `next_batch` is saved only after every event in it was emitted, so a restart neither
-replays nor loses; a first start without a token skips the history. Translation lives in
+replays nor loses; a first start without a token skips the history. Every /sync with the
+token gets every event, so among replicas one syncs (gateway.shards.Receiver) and takes up
+the token where the last one left it; the others only send. Translation lives in
 gateway.adapters.matrix_events; end-to-end encrypted rooms are not read.
 """
 
@@ -51,6 +53,7 @@ from gateway.errors import (
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
 from gateway.session_keys import SessionSource
+from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.matrix")
@@ -193,11 +196,16 @@ class MatrixAdapter:
         self._rooms = Rooms(user_id, self._fetch_members, self._fetch_sender)
         self._encrypted_noted: set[str] = set()
         self._typing = Typing(self._set_typing)
+        self._receiver = Receiver(self.platform, self._start_sync, self._stop_sync)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
     def use_cursors(self, cursors: Cursors) -> None:
         self._cursors = cursors
+
+    def use_shards(self, ledger: ShardLedger) -> None:
+        """Among replicas: sync only while this replica owns the receiving connection."""
+        self._receiver.use(ledger)
 
     async def start(self, emit: Emit) -> None:
         from mautrix.client import ClientAPI
@@ -224,10 +232,22 @@ class MatrixAdapter:
             name = await mapped(lambda: self._client.get_displayname(self.user_id))
             self._me = Me(self.user_id, name or None, self._require_mention)
         self._rooms.set_direct(await self._direct_content())
+        await self._receiver.start()
+        self.state = AdapterState.RUNNING
+        log.info("matrix as %s on %s (%s)", self.user_id, self.homeserver,
+                 "syncing" if self._receiver.receiving else "sending only")  # fmt: skip
+
+    async def _start_sync(self) -> None:
+        """From the stored token: after a takeover, where the last syncing replica left it."""
         self._since = await self._cursors.get("since") if self._cursors else None
         self._task = asyncio.create_task(self._sync_loop(), name="matrix.sync")
-        self.state = AdapterState.RUNNING
-        log.info("matrix syncing as %s on %s", self.user_id, self.homeserver)
+
+    async def _stop_sync(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def _direct_content(self) -> Mapping[str, Any]:
         from mautrix.errors import MatrixRequestError
@@ -258,11 +278,8 @@ class MatrixAdapter:
         return await event_sender(self._client, room_id, event_id)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await self._receiver.stop()
+        await self._stop_sync()
         self._typing.close()
         await self._close()
         if not str(self.state).startswith(AdapterState.FAILED):  # a failure stays visible
@@ -276,7 +293,7 @@ class MatrixAdapter:
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "user_id": self.user_id, "since": self._since,
-                "last_error": self.last_error, "note": NOTE}  # fmt: skip
+                "last_error": self.last_error, "note": NOTE, **self._receiver.health()}  # fmt: skip
 
     # --- inbound: the /sync loop -------------------------------------------------------
 

@@ -3,7 +3,10 @@
 This module is the adapter the core sees: its config section, credentials, sending (split
 at the server's MaxPostSize, 429s waited out), threads and typing. Posts become
 InboundMessages in `mattermost_posts` (pure functions); the websocket, its reconnects and
-the catch-up of posts missed while disconnected live in `mattermost_stream`.
+the catch-up of posts missed while disconnected live in `mattermost_stream`. Every
+websocket of the bot gets every event, so among replicas one holds it (gateway.shards.
+Receiver) and catches up from the positions the last holder stored; the others only send
+(typing through REST, as they have no websocket).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, 
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, in_range, setting
 from gateway.session_keys import SessionSource
+from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.mattermost")
@@ -173,12 +177,17 @@ class MattermostAdapter:
         self.bot_id: str = ""
         self.bot_username: str | None = None
         self.max_post_size = DEFAULT_LIMIT
+        self._receiver = Receiver(self.platform, self._open_stream, self._close_stream)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
     def use_cursors(self, cursors: Cursors) -> None:
         """Where the last post seen per channel is kept, for catching up after a restart."""
         self._cursors = cursors
+
+    def use_shards(self, ledger: ShardLedger) -> None:
+        """Among replicas: hold the websocket only while this replica owns it."""
+        self._receiver.use(ledger)
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
@@ -194,18 +203,30 @@ class MattermostAdapter:
             raise InvalidToken("mattermost rejected the token") from exc
         self.bot_id, self.bot_username = str(me["id"]), me.get("username")
         self.max_post_size = await self._max_post_size()
+        await self._receiver.start()
+        if self._stream is not None and self._stream.refused:
+            await self.stop()
+            self.state = failed("invalid token")
+            raise InvalidToken("mattermost rejected the token on the websocket")
+        self.state = AdapterState.RUNNING
+        log.info("mattermost connected to %s as @%s (%s)", self._url, self.bot_username,
+                 "websocket" if self._receiver.receiving else "sending only")  # fmt: skip
+
+    async def _open_stream(self) -> None:
+        """A new stream, whose catch-up starts from the positions in the store (after a
+        takeover, those of the replica that held the websocket before)."""
+        await self._close_stream()
         self._stream = EventStream(
             self._url, self._token, ServerCalls(self._call, self._driver, self.bot_id),
             on_post=self._on_post, cursors=self._cursors, backoff=self._backoff,
             catch_up_hours=self._catch_up_hours, on_refused=self._token_refused,
         )  # fmt: skip
         await self._stream.start()
-        if self._stream.refused:
-            await self.stop()
-            self.state = failed("invalid token")
-            raise InvalidToken("mattermost rejected the token on the websocket")
-        self.state = AdapterState.RUNNING
-        log.info("mattermost connected to %s as @%s", self._url, self.bot_username)
+
+    async def _close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.stop()
 
     async def _max_post_size(self) -> int:
         """`MaxPostSize` from the server's client config where exposed, else the default."""
@@ -230,9 +251,8 @@ class MattermostAdapter:
         for task in list(self._typing.values()):
             task.cancel()
         self._typing.clear()
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        await self._receiver.stop()
+        await self._close_stream()
         if self._driver is not None:
             with contextlib.suppress(Exception):
                 await self._driver.close()
@@ -243,7 +263,7 @@ class MattermostAdapter:
         stream = self._stream
         return {"state": self.state, "bot": self.bot_username, "last_error": self.last_error,
                 "connected": bool(stream and stream.connected), "reconnects": stream.reconnects if stream else 0,
-                "max_post_size": self.max_post_size}  # fmt: skip
+                "max_post_size": self.max_post_size, **self._receiver.health()}  # fmt: skip
 
     # --- inbound ------------------------------------------------------------------------
 
@@ -325,11 +345,21 @@ class MattermostAdapter:
     async def _typing_loop(self, chat_id: str, thread_id: str | None) -> None:
         deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
         try:
-            while time.monotonic() < deadline and self._stream is not None:
-                await self._stream.typing(chat_id, thread_id)
+            while time.monotonic() < deadline and self._driver is not None:
+                if self._stream is not None:
+                    await self._stream.typing(chat_id, thread_id)
+                else:  # a replica that does not hold the websocket
+                    await self._rest_typing(chat_id, thread_id)
                 await asyncio.sleep(TYPING_EVERY_S)
         finally:
             self._typing.pop((chat_id, thread_id), None)
+
+    async def _rest_typing(self, chat_id: str, thread_id: str | None) -> None:
+        """`POST /users/{id}/typing`: the server sends the typing event for us."""
+        try:
+            await self._driver.users.publish_user_typing(self.bot_id, chat_id, thread_id or "")
+        except Exception as exc:  # typing is a courtesy: a failure is only logged
+            log.info("mattermost typing via REST failed: %s: %s", type(exc).__name__, exc)
 
     # --- outbound -----------------------------------------------------------------------
 

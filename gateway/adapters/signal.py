@@ -5,6 +5,8 @@ Signal has no threads: a group is one chat (per-user sessions, as the core keys 
 quote of the bot's message addresses it without a mention, and handoffs go to the home
 chat itself. Event ids (signal-cli after 0.14.6) are kept as a cursor, written only after the
 gateway took the message, and sent back as `Last-Event-ID` when the stream reconnects.
+signal-cli sends every event to every open stream, so among replicas one listens
+(gateway.shards.Receiver), from the event id the last listener stored; the others only send.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
 from gateway.session_keys import SessionSource
+from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState
 
 log = logging.getLogger("gateway.adapters.signal")
@@ -184,11 +187,16 @@ class SignalAdapter:
         self._noted: OrderedDict[str, None] = OrderedDict()
         self.connections = 0
         self.connected = False
+        self._receiver = Receiver(self.platform, self._start_listening, self._stop_listening)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
     def use_cursors(self, cursors: Cursors) -> None:
         self._cursors = cursors
+
+    def use_shards(self, ledger: ShardLedger) -> None:
+        """Among replicas: follow the event stream only while this replica owns it."""
+        self._receiver.use(ledger)
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
@@ -200,11 +208,24 @@ class SignalAdapter:
                              f"`signal-cli -a {self.me.number} daemon --http`", exc)  # fmt: skip
         except AdapterError as exc:
             await self._fail(str(exc), exc)
+        await self._receiver.start()
+        self.state = AdapterState.RUNNING
+        log.info("signal as %s (%s)", detail,
+                 "listening" if self._receiver.receiving else "sending only")  # fmt: skip
+
+    async def _start_listening(self) -> None:
+        """From the stored event id: after a takeover, where the last listener left it."""
         if self._cursors is not None:
             self._last_event_id = await self._cursors.get(CURSOR)
         self._listener = asyncio.create_task(self._listen(), name="signal.events")
-        self.state = AdapterState.RUNNING
-        log.info("signal as %s", detail)
+
+    async def _stop_listening(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+        self.connected = False
 
     async def _fail(self, why: str, exc: Exception) -> NoReturn:
         self.state = failed(why)
@@ -213,21 +234,22 @@ class SignalAdapter:
         raise (InvalidToken if isinstance(exc, InvalidToken) else AdapterError)(why) from exc
 
     async def stop(self) -> None:
-        for task in [*self._typing.values(), *([self._listener] if self._listener else [])]:
+        await self._receiver.stop()
+        await self._stop_listening()
+        for task in self._typing.values():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._typing.clear()
         if self._chores:
             await asyncio.wait(self._chores, timeout=5)
-        self._listener = None
         await self.rpc.close()
         self.connected = False
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "account": self.me.number, "connected": self.connected,
-                "last_error": self.last_error}  # fmt: skip
+                "last_error": self.last_error, **self._receiver.health()}  # fmt: skip
 
     # --- inbound: the event stream ------------------------------------------------------
 

@@ -114,6 +114,10 @@ class FakeMattermost:
         await wait_for_count(lambda: list(range(self.hellos)) if self._sockets else [], hellos,
                              timeout, "websocket hellos")  # fmt: skip
 
+    def sockets(self) -> int:
+        """How many authenticated websockets are open now."""
+        return sum(1 for ws in self._sockets if not ws.closed)
+
     async def drop_sockets(self, *, refuse: bool = False) -> None:
         """Close every websocket; with `refuse`, new ones are turned away (503) until
         `accept_sockets` is set again."""

@@ -1,0 +1,404 @@
+"""gateway.shards.Receiver: one receiving connection among replicas, as shard 0 of a
+one-shard ledger in a real PostgreSQL (two stores and control connections, as two replicas
+would have), and without a ledger (one daemon). Claims are made by calling `sync`, as the
+claim loop does every CLAIM_EVERY_S, so nothing here waits on a clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import psycopg
+import pytest
+
+from gateway.adapters.email import EmailAdapter
+from gateway.adapters.email_imap import Place
+from gateway.adapters.matrix import MatrixAdapter
+from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.signal import CURSOR, SignalAdapter
+from gateway.app import StoreCursors
+from gateway.messages import InboundMessage, OutboundMessage
+from gateway.session_keys import SessionSource
+from gateway.shards import PgShardLedger, Receiver
+from gateway.vocab import ChatType
+from state.pg.control import ControlLink, application_name
+from state.pg.store import PgStore
+from tests import pgserver
+from tests.fakes import wait_for_count
+from tests.fakes.imap import FakeImap
+from tests.fakes.matrix import FakeMatrix
+from tests.fakes.mattermost import DM, FakeMattermost
+from tests.fakes.signal import ALICE as SIGNAL_ALICE
+from tests.fakes.signal import BOT as SIGNAL_BOT
+from tests.fakes.signal import FakeSignal, envelope
+from tests.fakes.smtp import FakeSmtp
+from tests.gateway.test_email import US, mail, make_adapter
+from tests.gateway.test_matrix import ALICE as MATRIX_ALICE
+from tests.gateway.test_matrix import DM as MATRIX_DM
+from tests.gateway.test_matrix import _adapter as matrix_adapter
+
+
+class Loop:
+    """What the receiver starts and stops: a list of what happened, in order."""
+
+    def __init__(self, name: str, seen: list[str]) -> None:
+        self.name, self.seen = name, seen
+
+    async def begin(self) -> None:
+        self.seen.append(f"{self.name} begins")
+
+    async def end(self) -> None:
+        self.seen.append(f"{self.name} ends")
+
+
+Made = tuple[Receiver, ControlLink]
+Ledger = tuple[PgShardLedger, ControlLink]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
+    try:
+        yield dsn
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+@pytest.fixture
+async def ledger(server: str) -> AsyncIterator[Callable[[str, str], Awaitable[Ledger]]]:
+    """`await ledger(name, platform)`: a replica of its own (a store and an open control
+    connection) on one fresh schema, and its ledger for `platform`."""
+    schema = pgserver.fresh_schema(server)
+    dsn = pgserver.with_schema(server, schema)
+    made: list[tuple[PgStore, ControlLink]] = []
+
+    async def make(name: str, platform: str) -> Ledger:
+        store = await PgStore.open(dsn)
+        link = store.control_link(f"{name}-{schema}")  # unique on a shared server
+        made.append((store, link))
+        await link.open()
+        return PgShardLedger(store, link, platform), link
+
+    try:
+        yield make
+    finally:
+        for store, link in made:
+            await link.close()
+            await store.close()
+        pgserver.drop_schema(server, schema)
+
+
+@pytest.fixture
+async def replica(
+    ledger: Callable[[str, str], Awaitable[Ledger]],
+) -> AsyncIterator[Callable[[str, list[str]], Awaitable[Made]]]:
+    """`await replica(name, seen)`: a started Receiver for "matrix" on a replica of its own."""
+    made: list[Receiver] = []
+
+    async def make(name: str, seen: list[str]) -> Made:
+        shards, link = await ledger(name, "matrix")
+        loop = Loop(name, seen)
+        receiver = Receiver("matrix", loop.begin, loop.end)
+        receiver.use(shards)
+        made.append(receiver)
+        await receiver.start()
+        return receiver, link
+
+    try:
+        yield make
+    finally:
+        for receiver in made:
+            await receiver.stop()
+
+
+async def _until_stored(
+    cursors: StoreCursors, name: str, wanted: Callable[[str | None], bool]
+) -> None:
+    """Until an adapter's cursor in the shared store is as `wanted`."""
+    async with asyncio.timeout(10):
+        while not wanted(await cursors.get(name)):  # noqa: ASYNC110 (in the database)
+            await asyncio.sleep(0.02)
+
+
+def _cut_off(server: str, link: ControlLink) -> None:
+    """What a SIGKILL, or a partition the keepalives noticed, does to a replica's lock."""
+    with psycopg.connect(server, autocommit=True) as conn:
+        # the timeout waits until the backend is gone (and its lock with it)
+        conn.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                     "WHERE application_name = %s", (application_name(link.name),))  # fmt: skip
+
+
+async def test_one_replica_receives_and_a_gone_ones_connection_is_taken(server, replica) -> None:
+    seen: list[str] = []
+    a, a_link = await replica("a", seen)
+    b, _ = await replica("b", seen)
+    await b.sync()  # asking again changes nothing while the owner lives
+    assert seen == ["a begins"]
+    assert (a.health(), b.health()) == (
+        {"receiving": True, "receiver_epoch": 1}, {"receiving": False, "receiver_epoch": None}
+    )  # fmt: skip
+    _cut_off(server, a_link)
+    await b.sync()
+    assert seen == ["a begins", "b begins"]
+    assert b.health() == {"receiving": True, "receiver_epoch": 2}
+    # the cut-off replica rejoins as a new incarnation: the epoch moved, its loop stops,
+    # and it does not take the connection back from a live owner
+    await a_link.close()
+    await a_link.open()
+    await a.sync()
+    assert seen == ["a begins", "b begins", "a ends"]
+    assert a.health() == {"receiving": False, "receiver_epoch": None}
+    await a.sync()
+    assert seen == ["a begins", "b begins", "a ends"]
+
+
+async def test_a_stopped_owner_leaves_the_connection_to_the_next(server, replica) -> None:
+    seen: list[str] = []
+    a, a_link = await replica("a", seen)
+    b, _ = await replica("b", seen)
+    await a.stop()
+    assert seen == ["a begins", "a ends"]
+    await b.sync()  # the row still names a's incarnation, and its lock is held
+    assert seen == ["a begins", "a ends"]
+    await a_link.close()  # the daemon's stop ends its control connection
+    await b.sync()
+    assert seen == ["a begins", "a ends", "b begins"]
+
+
+async def test_without_a_ledger_it_receives_from_start_to_stop() -> None:
+    seen: list[str] = []
+    loop = Loop("one", seen)
+    receiver = Receiver("signal", loop.begin, loop.end)
+    await receiver.start()
+    assert receiver.health() == {"receiving": True}
+    await receiver.stop()
+    assert seen == ["one begins", "one ends"]
+    assert receiver.health() == {"receiving": False}
+
+
+@pytest.fixture
+async def mattermost() -> AsyncIterator[FakeMattermost]:
+    fake = FakeMattermost()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
+    server, ledger, mattermost: FakeMattermost
+) -> None:
+    """Two adapters on the fake, as two replicas: one websocket; the other adapter posts,
+    and shows typing through REST; it opens the websocket once the first is cut off, and
+    the first, rejoined, closes its own."""
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    adapters: dict[str, MattermostAdapter] = {}
+    links: dict[str, ControlLink] = {}
+    try:
+        for name in ("a", "b"):
+            adapter = adapters[name] = MattermostAdapter(mattermost.token, mattermost.url)
+            shards, links[name] = await ledger(name, "mattermost")
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                got[name].append(msg.text)
+
+            await adapter.start(emit)
+        a, b = adapters["a"], adapters["b"]
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        assert mattermost.sockets() == 1
+        await mattermost.say("hello", DM)
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        await b.send(OutboundMessage("mattermost", DM, "from b"))
+        b.turn_started(InboundMessage(SessionSource("mattermost", DM, ChatType.DM), "x", "m1"))
+        [typing] = await wait_for_count(
+            lambda: [x for x in mattermost.actions if x["action"] == "rest_typing"], 1, 10, "typing"
+        )
+        assert typing["data"]["channel_id"] == DM
+        assert [p["message"] for p in mattermost.bot_posts()] == ["from b"]
+        assert got == {"a": ["hello"], "b": []}
+
+        _cut_off(server, links["a"])
+        await b._receiver.sync()
+        assert b.health()["receiving"] is True
+        await wait_for_count(lambda: list(range(mattermost.sockets())), 2, 10, "websockets")
+        await links["a"].close()
+        await links["a"].open()
+        await a._receiver.sync()
+        assert a.health()["receiving"] is False
+        await wait_for_count(lambda: [] if mattermost.sockets() > 1 else [1], 1, 10, "one socket")
+        await mattermost.say("again", DM)
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        assert got == {"a": ["hello"], "b": ["again"]}
+    finally:
+        for adapter in adapters.values():
+            await adapter.stop()
+
+
+@pytest.fixture
+async def signal() -> AsyncIterator[FakeSignal]:
+    fake = FakeSignal()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+async def test_a_signal_replica_taking_over_listens_from_the_event_id_the_last_one_stored(
+    server, ledger, signal: FakeSignal
+) -> None:
+    """The event id is a cursor in the shared store: a message that arrived while nobody
+    listened is replayed to the new listener, and the one already taken is not."""
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    adapters: dict[str, SignalAdapter] = {}
+    links: dict[str, ControlLink] = {}
+    stores: list[PgStore] = []
+    try:
+        for name in ("a", "b"):
+            adapter = adapters[name] = SignalAdapter(signal.url, SIGNAL_BOT)
+            shards, links[name] = await ledger(name, "signal")
+            stores.append(shards.store)
+            adapter.use_cursors(StoreCursors(shards.store, "signal"))
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                got[name].append(msg.text)
+
+            await adapter.start(emit)
+        a, b = adapters["a"], adapters["b"]
+        await signal.wait_connected(1)
+        assert signal.last_event_ids == [None]  # one stream between the two
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        await signal.push(envelope("one"))
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        second = await signal.push(envelope("two"))
+        cursors = StoreCursors(stores[0], "signal")
+        await _until_stored(cursors, CURSOR, lambda v: v == second)  # once the gateway took it
+        assert got["a"] == ["one", "two"]
+        # a stops listening (as a SIGKILL would: its lock goes with its connection)
+        await a.stop()
+        await links["a"].close()
+        await signal.push(envelope("in the gap"))
+        await b._receiver.sync()
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        assert signal.last_event_ids == [None, second]
+        assert got == {"a": ["one", "two"], "b": ["in the gap"]}
+        await b.send(OutboundMessage("signal", SIGNAL_ALICE, "answer"))
+        assert [m["message"] for m in signal.delivered()] == ["answer"]
+    finally:
+        for adapter in adapters.values():
+            await adapter.stop()
+
+
+@pytest.fixture
+async def mailboxes() -> AsyncIterator[tuple[FakeImap, FakeSmtp]]:
+    imap, smtp = FakeImap(user=US), FakeSmtp(user=US)
+    await imap.start()
+    await smtp.start()
+    try:
+        yield imap, smtp
+    finally:
+        await imap.stop()
+        await smtp.stop()
+
+
+async def test_an_email_replica_taking_over_watches_from_the_uid_the_last_one_stored(
+    server, ledger, mailboxes: tuple[FakeImap, FakeSmtp]
+) -> None:
+    """One IMAP login between two replicas; the next watcher starts after the last UID the
+    first handled (kept in the shared store), so a mail that came while nobody watched is
+    handed over and none twice."""
+    imap, smtp = mailboxes
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    adapters: dict[str, EmailAdapter] = {}
+    links: dict[str, ControlLink] = {}
+    stores: list[PgStore] = []
+    try:
+        for name in ("a", "b"):
+            adapter = adapters[name] = make_adapter(imap, smtp)
+            shards, links[name] = await ledger(name, "email")
+            stores.append(shards.store)
+            adapter.use_cursors(StoreCursors(shards.store, "email"))
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                got[name].append(msg.text)
+
+            await adapter.start(emit)
+        a, b = adapters["a"], adapters["b"]
+        assert [user for user, _ok in imap.logins] == [US]  # b did not log in
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        uid = imap.deliver(mail("one"))
+        await wait_for_count(lambda: got["a"], 1, 10, "mails on a")
+        cursors = StoreCursors(stores[0], "email")
+        await _until_stored(  # the place moves once the gateway took the mail
+            cursors, a.watcher.cursor_name, lambda v: getattr(Place.loads(v), "uid", 0) == uid
+        )
+        await a.stop()
+        await links["a"].close()
+        imap.deliver(mail("in the gap"))
+        await b._receiver.sync()
+        await wait_for_count(lambda: got["b"], 1, 10, "mails on b")
+        imap.deliver(mail("after"))
+        await wait_for_count(lambda: got["b"], 2, 10, "mails on b")
+        assert got == {"a": ["one"], "b": ["in the gap", "after"]}
+        assert len(imap.logins) == 2
+    finally:
+        for adapter in adapters.values():
+            await adapter.stop()
+
+
+@pytest.fixture
+async def matrix() -> AsyncIterator[FakeMatrix]:
+    fake = FakeMatrix()
+    await fake.start()
+    fake.add_room(MATRIX_DM, {MATRIX_ALICE: "Alice"})
+    fake.set_direct({MATRIX_ALICE: [MATRIX_DM]})
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+async def test_a_matrix_replica_taking_over_syncs_from_the_token_the_last_one_stored(
+    server, ledger, matrix: FakeMatrix
+) -> None:
+    """Only the receiver syncs (the other's `since` stays unset); the next one goes on from
+    the stored token: the message sent while nobody synced is emitted, the first is not
+    emitted again."""
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    adapters: dict[str, MatrixAdapter] = {}
+    links: dict[str, ControlLink] = {}
+    try:
+        for name in ("a", "b"):
+            adapter = adapters[name] = matrix_adapter(matrix)
+            shards, links[name] = await ledger(name, "matrix")
+            adapter.use_cursors(StoreCursors(shards.store, "matrix"))
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                got[name].append(msg.text)
+
+            await adapter.start(emit)
+        a, b = adapters["a"], adapters["b"]
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        await wait_for_count(lambda: [1] if a.health()["since"] else [], 1, 10, "a first sync")
+        before = a.health()["since"]
+        matrix.message(MATRIX_DM, MATRIX_ALICE, "one")
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        # `since` moves here once the batch's token is stored
+        await wait_for_count(lambda: [1] if a.health()["since"] != before else [], 1, 10, "a token")
+        await a.stop()
+        await links["a"].close()
+        matrix.message(MATRIX_DM, MATRIX_ALICE, "in the gap")
+        await b._receiver.sync()
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        matrix.message(MATRIX_DM, MATRIX_ALICE, "after")
+        await wait_for_count(lambda: got["b"], 2, 10, "messages on b")
+        assert got == {"a": ["one"], "b": ["in the gap", "after"]}
+    finally:
+        for adapter in adapters.values():
+            await adapter.stop()
