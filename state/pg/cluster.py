@@ -362,48 +362,28 @@ async def row_states(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str
 # --- fenced forms of the turn's writes (state/pg/inbox.py's, after check_fence) ----------
 
 
-async def begin_turn_fenced(
-    conn: AsyncConnection, fence: Fence, inbox_id: int, session_id: str,
-    message: Mapping[str, Any], last: int | None,
-) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
-    return (await begin_turns_fenced_many(conn, [(fence, inbox_id, session_id, message, last)]))[0]
+async def turn_write_fenced(
+    conn: AsyncConnection, fence: Fence, kind: str, call: inbox.Begin | inbox.End
+) -> Any:
+    """inbox.begin_turn (kind BEGIN) or inbox.end_turn (END) while `fence` holds. One
+    function for both, so the writer merges a batch's begins and ends into one fence check
+    and one append (turn_writes_fenced_many)."""
+    return (await turn_writes_fenced_many(conn, [(fence, kind, call)]))[0]
 
 
-async def begin_turns_fenced_many(
-    conn: AsyncConnection,
-    calls: Sequence[tuple[Fence, int, str, Mapping[str, Any], int | None]],
-) -> list[tuple[int, list[dict[str, Any]]]]:
-    """The fences, then inbox.begin_turn's batch, which records each row's runner (whose
-    turn started it). One lost fence fails the batch; the writer then redoes it one call at
-    a time."""
+async def turn_writes_fenced_many(
+    conn: AsyncConnection, calls: Sequence[tuple[Fence, str, inbox.Begin | inbox.End]]
+) -> list[Any]:
+    """The fences, then inbox.turn_writes_many, which records each begun row's runner
+    (whose turn started it). One lost fence fails the batch; the writer then redoes it one
+    call at a time."""
     await check_fences(conn, [c[0] for c in calls])
-    return await inbox.begin_turns_many(
-        conn, [c[1:] for c in calls], runners=[c[0].owner for c in calls]
+    return await inbox.turn_writes_many(
+        conn, [(kind, call) for _f, kind, call in calls], runners=[c[0].owner for c in calls]
     )
 
 
-register_batched(begin_turn_fenced, begin_turns_fenced_many)
-
-
-async def end_turn_fenced(
-    conn: AsyncConnection, fence: Fence, inbox_id: int, session_id: str,
-    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
-) -> list[int]:  # fmt: skip
-    return (await end_turns_fenced_many(
-        conn, [(fence, inbox_id, session_id, batch, tokens, reply_state)]
-    ))[0]  # fmt: skip
-
-
-async def end_turns_fenced_many(
-    conn: AsyncConnection,
-    calls: Sequence[tuple[Fence, int, str, list[Mapping[str, Any]], Mapping[str, int] | None,
-                          str]],
-) -> list[list[int]]:  # fmt: skip
-    await check_fences(conn, [c[0] for c in calls])
-    return await inbox.end_turns_many(conn, [c[1:] for c in calls])
-
-
-register_batched(end_turn_fenced, end_turns_fenced_many)
+register_batched(turn_write_fenced, turn_writes_fenced_many, place=-1)  # under a lease
 
 
 async def finish_fenced(

@@ -99,30 +99,51 @@ async def begin_turn(
     return (await begin_turns_many(conn, [(inbox_id, session_id, message, last)]))[0]
 
 
+Begin = tuple[int, str, Mapping[str, Any], "int | None"]  # inbox id, session, message, last
+End = tuple[int, str, list[Mapping[str, Any]], "Mapping[str, int] | None", str]  # + reply state
+BEGIN, END = "begin", "end"
+
+
 async def begin_turns_many(
-    conn: AsyncConnection,
-    calls: Sequence[tuple[int, str, Mapping[str, Any], int | None]],
-    runners: Sequence[int] | None = None,
+    conn: AsyncConnection, calls: Sequence[Begin], runners: Sequence[int] | None = None
 ) -> list[tuple[int, list[dict[str, Any]]]]:
     """`runners` (replicas): each call's incarnation, recorded as its row's runner in the
     same update that starts the row."""
+    return await turn_writes_many(conn, [(BEGIN, c) for c in calls], runners)
+
+
+async def turn_writes_many(
+    conn: AsyncConnection, calls: Sequence[tuple[str, Begin | End]],
+    runners: Sequence[int | None] | None = None,
+) -> list[Any]:  # fmt: skip
+    """Turns' first and last writes (`begin_turn`'s and `end_turn`'s calls, tagged BEGIN
+    or END) in call order, their messages in one append: a batch pays the statements of
+    an append (and of replicas' fence check) once for both kinds. A begin returns (its
+    message's id, the history), an end its messages' ids; `runners` as begin_turns_many."""
     now = time.time()
+    begins = [i for i, (kind, _c) in enumerate(calls) if kind == BEGIN]
     # Locked in id order: a second daemon beginning the same row waits, then reads the
     # message id this one stored.
-    known: dict[int, tuple[str | None, int | None]] = {
-        int(r[0]): (r[1], r[2])
-        for r in await db.tuples(
-            conn,
-            "SELECT id, session_id, message_id FROM inbox WHERE id = ANY(%s) ORDER BY id "
-            "FOR UPDATE",
-            (sorted({c[0] for c in calls}),),
-        )
-    }
-    message_ids: list[int] = [0] * len(calls)
-    to_append: list[int] = []
+    known: dict[int, tuple[str | None, int | None]] = {}
+    if begins:
+        known = {
+            int(r[0]): (r[1], r[2])
+            for r in await db.tuples(
+                conn,
+                "SELECT id, session_id, message_id FROM inbox WHERE id = ANY(%s) ORDER BY id "
+                "FOR UPDATE",
+                (sorted({calls[i][1][0] for i in begins}),),
+            )
+        }
+    message_ids: dict[int, int] = {}
+    appends: list[tuple[int, tuple[Any, ...]]] = []  # (call, append_many's call)
     repeats: list[tuple[int, int]] = []  # (call, the earlier call of this batch it repeats)
     first_of: dict[tuple[int, str], int] = {}
-    for i, (inbox_id, session_id, _msg, _last) in enumerate(calls):
+    for i, (kind, c) in enumerate(calls):
+        if kind == END:
+            appends.append((i, (c[1], c[2], None, c[3])))
+            continue
+        inbox_id, session_id = c[0], c[1]
         sid, mid = known.get(inbox_id, (None, None))
         if mid is not None and sid == session_id:
             message_ids[i] = int(mid)  # stored before a crash: run the turn on it again
@@ -130,33 +151,53 @@ async def begin_turns_many(
             repeats.append((i, first_of[(inbox_id, session_id)]))
         else:
             first_of[(inbox_id, session_id)] = i
-            to_append.append(i)
-    if to_append:
-        got = await append_many(conn, [(calls[i][1], [calls[i][2]]) for i in to_append])
-        for i, ids in zip(to_append, got, strict=True):
-            message_ids[i] = ids[0]
+            appends.append((i, (session_id, [c[2]])))
+    got = await append_many(conn, [a for _i, a in appends]) if appends else []
+    stored = {i: ids for (i, _a), ids in zip(appends, got, strict=True)}
+    for i in begins:
+        if i in stored:
+            message_ids[i] = stored[i][0]
     for i, j in repeats:
         message_ids[i] = message_ids[j]
-    last_call: dict[int, int] = {c[0]: i for i, c in enumerate(calls)}  # the last one wins
-    await db.run(
-        conn,
-        "UPDATE inbox SET state = %s, session_id = u.sid, message_id = u.mid, updated_at = %s, "
-        "runner = COALESCE(u.runner, inbox.runner) "
-        "FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[]) "
-        "AS u(id, sid, mid, runner) WHERE inbox.id = u.id",
-        (STARTED, now, list(last_call), [calls[i][1] for i in last_call.values()],
-         [message_ids[i] for i in last_call.values()],
-         [None if runners is None else runners[i] for i in last_call.values()]),
-    )  # fmt: skip
-    histories: list[list[dict[str, Any]]] = [[] for _ in calls]
+    if begins:
+        last_call = {calls[i][1][0]: i for i in begins}  # a row begun twice: the last wins
+        await db.run(
+            conn,
+            "UPDATE inbox SET state = %s, session_id = u.sid, message_id = u.mid, "
+            "updated_at = %s, runner = COALESCE(u.runner, inbox.runner) "
+            "FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[]) "
+            "AS u(id, sid, mid, runner) WHERE inbox.id = u.id",
+            (STARTED, now, list(last_call), [calls[i][1][1] for i in last_call.values()],
+             [message_ids[i] for i in last_call.values()],
+             [None if runners is None else runners[i] for i in last_call.values()]),
+        )  # fmt: skip
+    # the ended rows answered (finish_many's columns) with their replies in the outbox, in
+    # one update; a row ended twice in one batch: the last call wins
+    final = {c[0]: (c[4], stored[i][-1] if stored[i] else None)
+             for i, (kind, c) in enumerate(calls) if kind == END}  # fmt: skip
+    if final:
+        await db.run(
+            conn,
+            "UPDATE inbox SET state = %s, reason = NULL, updated_at = %s, reply_state = u.rs, "
+            "reply_message_id = u.mid FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) "
+            "AS u(id, rs, mid) WHERE inbox.id = u.id",
+            (ANSWERED, now, list(final), [f[0] for f in final.values()],
+             [f[1] for f in final.values()]),
+        )  # fmt: skip
+    histories: dict[int, list[dict[str, Any]]] = {}
     by_length: dict[int | None, list[int]] = {}
-    for i, call in enumerate(calls):
-        by_length.setdefault(call[3], []).append(i)
+    for i in begins:
+        by_length.setdefault(calls[i][1][3], []).append(i)  # type: ignore[arg-type]
     for last, which in by_length.items():
-        got_h = await conversations(conn, [(calls[i][1], message_ids[i]) for i in which], last)
+        got_h = await conversations(
+            conn, [(calls[i][1][1], message_ids[i]) for i in which], last
+        )  # fmt: skip
         for i, history in zip(which, got_h, strict=True):
             histories[i] = history
-    return list(zip(message_ids, histories, strict=True))
+    return [
+        (message_ids[i], histories[i]) if kind == BEGIN else stored[i]
+        for i, (kind, _c) in enumerate(calls)
+    ]
 
 
 register_batched(begin_turn, begin_turns_many)
@@ -203,25 +244,8 @@ async def end_turn(
     return (await end_turns_many(conn, [(inbox_id, session_id, batch, tokens, reply_state)]))[0]
 
 
-async def end_turns_many(
-    conn: AsyncConnection,
-    calls: Sequence[tuple[int, str, list[Mapping[str, Any]], Mapping[str, int] | None, str]],
-) -> list[list[int]]:
-    ids = await append_many(
-        conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens, _r in calls]
-    )
-    # the row answered (finish_many's columns) and its reply in the outbox, in one update;
-    # a row ended twice in one batch: the last call wins
-    final = {c[0]: (c[4], got[-1] if got else None) for c, got in zip(calls, ids, strict=True)}
-    await db.run(
-        conn,
-        "UPDATE inbox SET state = %s, reason = NULL, updated_at = %s, reply_state = u.rs, "
-        "reply_message_id = u.mid FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) "
-        "AS u(id, rs, mid) WHERE inbox.id = u.id",
-        (ANSWERED, time.time(), list(final), [f[0] for f in final.values()],
-         [f[1] for f in final.values()]),
-    )  # fmt: skip
-    return ids
+async def end_turns_many(conn: AsyncConnection, calls: Sequence[End]) -> list[list[int]]:
+    return await turn_writes_many(conn, [(END, c) for c in calls])
 
 
 register_batched(end_turn, end_turns_many)
@@ -271,7 +295,7 @@ async def mark_replies_many(
     return [None] * len(calls)
 
 
-register_batched(mark_reply, mark_replies_many)
+register_batched(mark_reply, mark_replies_many, place=1)  # a fate: nothing reads it back
 
 
 async def unsent_replies(conn: AsyncConnection) -> list[dict[str, Any]]:

@@ -558,8 +558,9 @@ class PgStore:
         With a fence: only while that lease holds (else LeaseLost, nothing written)."""
         if fence is not None:
             return await self._write(
-                cluster.begin_turn_fenced, fence, inbox_id, session_id, dict(message), last
-            )
+                cluster.turn_write_fenced, fence, inbox.BEGIN,
+                (inbox_id, session_id, dict(message), last),
+            )  # fmt: skip
         return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
 
     async def end_turn(
@@ -574,8 +575,8 @@ class PgStore:
             tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
         if fence is not None:
             return await self._write(
-                cluster.end_turn_fenced, fence, inbox_id, session_id, list(batch), tokens,
-                reply_state,
+                cluster.turn_write_fenced, fence, inbox.END,
+                (inbox_id, session_id, list(batch), tokens, reply_state),
             )  # fmt: skip
         return await self._write(
             inbox.end_turn, inbox_id, session_id, list(batch), tokens, reply_state

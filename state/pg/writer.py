@@ -34,11 +34,22 @@ _BATCHED: dict[
 ] = {}
 
 
+# Where a fn's calls run in their batch, when not where they were queued: -1 first, 1 last
+# (stable within each part). For writes whose order against the rest of a batch cannot
+# matter, so the operations around them merge into longer runs: a turn's writes (under its
+# key's lease; what they depend on committed before they were queued, and nothing queued
+# with them depends on them) first, a sent reply's fate (nothing reads it back) last.
+_PLACE: dict[Callable[..., Any], int] = {}
+
+
 def register_batched(
     fn: Callable[..., Any],
     batched: Callable[[AsyncConnection, list[tuple[Any, ...]]], Awaitable[list[Any]]],
-) -> None:
+    *, place: int = 0,
+) -> None:  # fmt: skip
     _BATCHED[fn] = batched
+    if place:
+        _PLACE[fn] = place
 
 
 @dataclass(frozen=True)
@@ -195,8 +206,20 @@ class PgWriter:
         await conn.execute(b"COMMIT")
         return results
 
+    @classmethod
+    async def _run_fast(cls, conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
+        if any(item.fn in _PLACE for item in batch):
+            order = sorted(range(len(batch)), key=lambda i: _PLACE.get(batch[i].fn, 0))
+            done = await cls._run_runs(conn, [batch[i] for i in order])
+            results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
+            for i, result in zip(order, done, strict=True):
+                results[i] = result
+            return results
+        return await cls._run_runs(conn, batch)
+
     @staticmethod
-    async def _run_fast(conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
+    async def _run_runs(conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
+        """The batch in order, each run of one batchable operation merged."""
         results: list[tuple[bool, Any]] = []
         i = 0
         while i < len(batch):
