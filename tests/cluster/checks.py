@@ -70,6 +70,18 @@ async def drained(
     return left
 
 
+async def check_finished(conn: psycopg.Connection[Any], work: Workload) -> list[str]:
+    """Wait for a finished run to drain, then every promise over it: the problems (if it
+    did not drain, that, with the inbox rows of its unanswered webhook messages)."""
+    left = await drained(conn, work)
+    if left is not None:
+        gaps = [
+            s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]
+        ]
+        return [f"not drained: {left}; their inbox rows: {explain(conn, gaps)}"]
+    return check_run(conn, work)
+
+
 def check_run(conn: psycopg.Connection[Any], work: Workload) -> list[str]:
     """Every promise over a finished, drained run."""
     problems: list[str] = []
