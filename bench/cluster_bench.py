@@ -9,6 +9,7 @@ figures; asserts nothing.
   python bench/cluster_bench.py --source DIR --only 1   # section 1 with the daemons run
                                            # from another checkout (e.g. `git archive` of
                                            # the commit before), to compare the two
+  python bench/cluster_bench.py --hop      # each chat's next message to the next replica
 
 1. Throughput, 1 replica on PostgreSQL vs the SQLite gateway (the ratio), closed loop:
    64 clients over 512 chats. Also CPU per message: the daemons' own, and the PostgreSQL
@@ -17,7 +18,10 @@ figures; asserts nothing.
    and, on PostgreSQL, an ANALYZE of the fresh database, so it measures steady turns.
 2. 2 and 3 replicas, aggregate vs one (clients spread over the replicas, as a load
    balancer would; every replica shares the same cores here, so this measures overhead
-   and the absence of collapse, not a speed-up).
+   and the absence of collapse, not a speed-up). Each request goes to the next replica, so
+   about (n-1)/n of a chat's messages land on another replica than its last one; with
+   `--hop` every one does (chat c's message i to replica (c + i) % n): the lease moves
+   with every message, the worst case for leases.
 3. Turn p50/p99 at 800 messages/s offered (open loop), on 1 replica and on 3; and at half
    the rate 1 replica sustained in 1 (where 800/s is beyond this machine).
 4. Takeover: a replica is SIGKILLed under load; the time until every inbox row open at
@@ -39,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,14 +58,15 @@ from bench.corpus import (
     TextGen,  # noqa: E402
     pct,  # noqa: E402
 )
+from bench.loops import cpu_seconds, open_loop  # noqa: E402
 from bench.pg_bench import search_times  # noqa: E402
 from state import open_store  # noqa: E402
+from tests.cluster.checks import open_work  # noqa: E402
 from tests.cluster.harness import Cluster, Platforms, Replica  # noqa: E402
 from tests.daemon import clean_env, free_port  # noqa: E402
 
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 CLIENTS, CHATS = 64, 512
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 # --- CPU from /proc -------------------------------------------------------------------------
@@ -69,10 +75,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 def cpu_s(pid: int) -> float:
     """user + system CPU seconds of one process (0 when it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def backend_pids(dsn: str) -> list[int]:
@@ -105,10 +110,13 @@ class CpuMeter:
 
 
 class Load:
-    """The echo workload through `POST /v1/messages`, spread over `urls()` per request."""
+    """The echo workload through `POST /v1/messages`, spread over `urls()` per request
+    (`hop`: per chat, each message to the replica after the one its last went to)."""
 
-    def __init__(self, urls: Callable[[], list[str]]) -> None:
+    def __init__(self, urls: Callable[[], list[str]], hop: bool = False) -> None:
         self.urls = urls
+        self.hop = hop
+        self.sent: Counter[int] = Counter()  # per chat, for `hop`
         self.turn = itertools.count()
         self.seq = itertools.count()
         self.done = 0
@@ -119,7 +127,11 @@ class Load:
     async def one(self, http: aiohttp.ClientSession, chat: int) -> float | None:
         """One message; its round trip in ms (None: not answered with its echo)."""
         urls = self.urls()
-        url = urls[next(self.turn) % len(urls)]
+        if self.hop:
+            url = urls[(chat + self.sent[chat]) % len(urls)]
+            self.sent[chat] += 1
+        else:
+            url = urls[next(self.turn) % len(urls)]
         text = f"m{next(self.seq)} in chat {chat}"
         t = time.perf_counter()
         try:
@@ -154,23 +166,14 @@ class Load:
         """Message i at i/rate seconds whatever happened to the earlier ones; the round
         trips in ms."""
         out: list[float] = []
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def send(i: int, http: aiohttp.ClientSession) -> None:
-            ms = await self.one(http, i % CHATS)
-            if ms is not None:
-                out.append(ms)
-
         async with _session() as http:
-            t0 = time.perf_counter()
-            for i in range(int(rate * seconds)):
-                delay = t0 + i / rate - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                task = asyncio.create_task(send(i, http))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            await asyncio.gather(*tasks)
+
+            async def send(i: int) -> None:
+                ms = await self.one(http, i % CHATS)
+                if ms is not None:
+                    out.append(ms)
+
+            await open_loop(rate, int(rate * seconds), send)
         return out
 
 
@@ -182,9 +185,9 @@ def _session() -> aiohttp.ClientSession:
 
 async def throughput(
     urls: Callable[[], list[str]], meter: CpuMeter, seconds: float,
-    analyze: Callable[[], None] | None = None,
+    analyze: Callable[[], None] | None = None, hop: bool = False,
 ) -> dict[str, float]:  # fmt: skip
-    load = Load(urls)
+    load = Load(urls, hop)
     # warm-up: connections open, and every chat's session created and titled (two
     # messages each), so the window measures steady turns whatever the rate (a slower
     # setup would otherwise meet more first contacts in it)
@@ -279,10 +282,7 @@ async def drained(cluster: Cluster, limit_s: float = 300.0) -> None:
     with cluster.connect() as conn:
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            row = conn.execute(
-                "SELECT count(*) FROM inbox WHERE state IN ('received', 'started')"
-            ).fetchone()
-            if not row or row[0] == 0:
+            if open_work(conn)["open_turns"] == 0:
                 return
             await asyncio.sleep(0.2)
 
@@ -376,6 +376,8 @@ async def main() -> None:
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--source", help="run the daemons from this checkout (PYTHONPATH)")
     ap.add_argument("--only", type=int, choices=(1,), help="1: section 1 only")
+    ap.add_argument("--hop", action="store_true",
+                    help="each chat's next message to the next replica (sections 1-3)")  # fmt: skip
     args = ap.parse_args()
     source = Source.of(args.source)
     seconds = 4.0 if args.quick else 10.0
@@ -386,7 +388,8 @@ async def main() -> None:
           f"daemons and PostgreSQL {version[0] if version else '?'}; echo agent over the HTTP API")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        print(f"\n1. throughput, {CLIENTS} clients over {CHATS} chats, {seconds:g} s windows")
+        hop = ", each chat's next message to the next replica" if args.hop else ""
+        print(f"\n1. throughput, {CLIENTS} clients over {CHATS} chats, {seconds:g} s windows{hop}")
         if args.source:
             print(f"  daemons from {args.source}")
         lite = await sqlite_gateway(root, seconds, source)
@@ -397,14 +400,15 @@ async def main() -> None:
             cluster = await on_cluster(root, args.dsn, n, f"c{n}", source)
             try:
                 rates[n] = await throughput(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
-                                            meter_of(cluster), seconds, analyzer(cluster))  # fmt: skip
+                                            meter_of(cluster), seconds, analyzer(cluster),
+                                            args.hop)  # fmt: skip
                 show(f"{n} replica(s), PostgreSQL", rates[n])
                 if n in (1, 3) and not args.only:
                     # 800/s as SCALEOUT asks, and half of what 1 replica sustained here
                     for rate in (round(rates[1]["rate"] / 2), 800.0):
                         await drained(cluster)  # nothing queued from the run before
-                        latencies[n, rate] = await Load(lambda c=cluster: [r.url for r in c.replicas]  # type: ignore[misc]
-                                                        ).open(rate, seconds)  # fmt: skip
+                        latencies[n, rate] = await Load(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
+                                                        args.hop).open(rate, seconds)  # fmt: skip
             finally:
                 await cluster.close()
         print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "

@@ -30,6 +30,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import TextGen, pct  # noqa: E402
+from bench.loops import open_loop  # noqa: E402
 from state import Store, open_store  # noqa: E402
 
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
@@ -58,22 +59,13 @@ async def append_rate(store: Store, sids: list[str], rows: list[tuple[int, str, 
 async def latency_at(store: Store, sids: list[str], rate: float, seconds: float) -> list[float]:
     gen = TextGen(5)
     out: list[float] = []
-    tasks: set[asyncio.Task[None]] = set()
-    start = time.perf_counter()
 
     async def one(i: int) -> None:
         t = time.perf_counter()
         await store.append_message(sids[i % len(sids)], "user", gen.english("user"))
         out.append((time.perf_counter() - t) * 1000)
 
-    for i in range(int(rate * seconds)):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(one(i))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    await asyncio.gather(*tasks)
+    await open_loop(rate, int(rate * seconds), one)
     return out
 
 

@@ -48,6 +48,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import pct  # noqa: E402
+from bench.loops import cpu_seconds  # noqa: E402
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy  # noqa: E402
 from tests.fakes.telegram import FakeTelegram  # noqa: E402
 
@@ -194,13 +195,6 @@ def fd_split(pid: int, api_port: int, bot_port: int) -> tuple[int, int, int]:
             else:
                 other += 1
     return inbound, outbound, other
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (/proc/<pid>/stat fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load_average() -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import TextGen, corpus_db, pct  # noqa: E402
+from bench.loops import open_loop  # noqa: E402
 from state import SessionDB, schema  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -90,9 +91,6 @@ async def latency_at(
     merging and checkpointing what the saturation run before left behind)."""
     gen = TextGen(5)
     latencies: list[float] = []
-    pending: set[asyncio.Task[None]] = set()  # only unfinished ones: no heap of done tasks
-    interval = 1.0 / rate
-    start = time.perf_counter()
     skip = int(rate * warmup_s)
 
     async def one(i: int) -> None:
@@ -102,16 +100,7 @@ async def latency_at(
             latencies.append((time.perf_counter() - t) * 1000)
 
     total = int(rate * (seconds + warmup_s))
-    for i in range(total):
-        target = start + i * interval
-        delay = target - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(one(i))
-        pending.add(task)
-        task.add_done_callback(pending.discard)
-    await asyncio.gather(*pending)
-    achieved = total / (time.perf_counter() - start)
+    achieved = total / await open_loop(rate, total, one)
     print(
         f"  offered {rate:.0f}/s, achieved {achieved:.0f}/s over {total} appends "
         f"(the first {warmup_s:.0f} s not measured)"

@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from tests.cluster.harness import Cluster
 from tests.cluster.workload import Workload, parse_text
 
 
@@ -68,6 +69,21 @@ async def drained(
         left = f"{pending}, unanswered webhook messages: {sorted(gaps)[:8]}"
         await asyncio.sleep(0.2)
     return left
+
+
+async def check_finished(cluster: Cluster, work: Workload) -> list[str]:
+    """Wait for a finished run to drain, then every promise over it, no lease left on a
+    key with open turns and no traceback in any replica's log: the problems (if it did not
+    drain, that, with the inbox rows of its unanswered webhook messages)."""
+    with cluster.connect() as conn:
+        left = await drained(conn, work)
+        if left is None:
+            problems = check_run(conn, work) + leftover_leases(conn)
+        else:
+            gaps = [s.text for s in work.acked
+                    if s.platform != "api" and not work.replies.count[s.text]]  # fmt: skip
+            problems = [f"not drained: {left}; their inbox rows: {explain(conn, gaps)}"]
+    return problems + cluster.tracebacks()
 
 
 def check_run(conn: psycopg.Connection[Any], work: Workload) -> list[str]:

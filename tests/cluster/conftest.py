@@ -3,6 +3,7 @@ factory that starts N replicas behind the balancer (and always stops both)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,21 @@ import pytest
 
 from tests.cluster.balancer import Balancer
 from tests.cluster.harness import Cluster, Platforms, drop_database, fresh_database, server_dsn
+from tests.fakes.discord import GUILD, GUILD2, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 StartCluster = Callable[..., Awaitable[tuple[Cluster, Balancer]]]
+
+
+@contextlib.asynccontextmanager
+async def _running(fake: Any) -> AsyncIterator[Any]:
+    """A platform fake, started for the block and stopped after it whatever happened."""
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
 
 
 @pytest.fixture(scope="session")
@@ -39,22 +51,22 @@ async def db(pg_server: str) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def telegram() -> AsyncIterator[FakeTelegram]:
-    fake = FakeTelegram()
-    await fake.start()
-    try:
+    async with _running(FakeTelegram()) as fake:
         yield fake
-    finally:
-        await fake.stop()
 
 
 @pytest.fixture
 async def slack() -> AsyncIterator[FakeSlack]:
-    fake = FakeSlack()
-    await fake.start()
-    try:
+    async with _running(FakeSlack()) as fake:
         yield fake
-    finally:
-        await fake.stop()
+
+
+@pytest.fixture
+async def discord(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
+    """The Discord fake with two guilds, which two gateway shards divide."""
+    restore_discord_globals(monkeypatch)
+    async with _running(FakeDiscord(guilds=(GUILD, GUILD2))) as fake:
+        yield fake
 
 
 @pytest.fixture

@@ -3,9 +3,10 @@
 Each replica has its own home (config, log, home lock) and a free API port; all share one
 database created fresh for the test (advisory locks are per database, so a schema of its
 own would not keep two tests' replicas apart). The tests reach them through the
-round-robin balancer (tests/cluster/balancer.py) and kill, pause and restart them here.
-Every replica's output goes to a log file per start, so a run can end by looking for
-tracebacks in all of them.
+round-robin balancer (tests/cluster/balancer.py) or one by one, and kill, pause, cut off
+and restart them here. Every replica's output goes to a log file per start, so a run can
+end by looking for tracebacks in all of them. Also here: the HTTP API and Telegram
+webhook calls the tests make of one replica, and read-only looks into the shared database.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import contextlib
 import os
 import secrets
 import signal
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psycopg
 import yaml
 
+from state.pg.control import application_name
 from tests import pgserver
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
@@ -74,6 +78,13 @@ def drop_database(server_dsn: str, name: str) -> None:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def replica_env(dsn: str, **extra: str) -> dict[str, str]:
+    """A replica's environment: the database's DSN and the fakes' tokens and secrets."""
+    return clean_env(**{DSN_ENV: dsn, "TELEGRAM_BOT_TOKEN": TELEGRAM_TOKEN,
+                        "TELEGRAM_WEBHOOK_SECRET": TELEGRAM_SECRET, "SLACK_BOT_TOKEN": SLACK_TOKEN,
+                        "SLACK_SIGNING_SECRET": SLACK_SECRET, **extra})  # fmt: skip
+
+
 # --- one replica ------------------------------------------------------------------------------
 
 
@@ -91,6 +102,20 @@ class Replica:
     paused: bool = False
     logs: list[Path] = field(default_factory=list)
     python: list[str] | None = None  # the interpreter's command line (default: this one's -m)
+
+    @classmethod
+    def on(cls, dsn: str, name: str, home: Path, replicas: int,
+           platforms: Platforms | None = None, extra_config: Mapping[str, Any] | None = None,
+           cluster_keys: set[str] | None = None, env: Mapping[str, str] | None = None,
+           ) -> Replica:  # fmt: skip
+        """One of `replicas` on the database at `dsn`, not started: its home with its
+        config.yaml (`replica_config`) on a free port. `env`: more of its environment."""
+        home.mkdir(parents=True)
+        port = free_port()
+        cfg = replica_config(port, platforms or Platforms(), name, replicas, extra_config,
+                             cluster_keys)  # fmt: skip
+        (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return cls(name, home, port, replica_env(dsn, **(env or {})))
 
     @property
     def url(self) -> str:
@@ -118,7 +143,7 @@ class Replica:
             return switchboard(self.home, "run")
         return [*self.python, "--home", str(self.home), "run"]
 
-    async def healthy(self, timeout: float = 30.0) -> None:
+    async def healthy(self, timeout: float = 60.0) -> None:
         assert self.proc is not None
         await wait_healthy(self.url, self.proc, timeout)
 
@@ -133,7 +158,7 @@ class Replica:
         await self.proc.wait()
         self.kills += 1
 
-    async def stop(self, timeout: float = 30.0) -> int | None:
+    async def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM and wait: the drain. Returns the exit code (None if it was not running)."""
         if self.proc is None or self.proc.returncode is not None:
             return None
@@ -163,6 +188,29 @@ class Replica:
     def log_text(self) -> str:
         return "".join(p.read_text(errors="replace") for p in self.logs if p.exists())
 
+    async def health(self, http: aiohttp.ClientSession) -> dict[str, Any]:
+        async with http.get(f"{self.url}/health") as resp:
+            return dict(await resp.json())
+
+
+async def stop_replicas(replicas: Iterable[Replica]) -> list[str]:
+    """SIGTERM every replica and wait (each one, whatever another did); what went wrong:
+    one that did not stop in time, exited other than 0 or -9 (SIGKILLed, by the test or by
+    its own fault point) or logged a traceback."""
+    problems = []
+    for r in replicas:
+        try:
+            await r.stop()
+        except AssertionError as exc:
+            problems.append(str(exc))
+            continue
+        code = r.proc.returncode if r.proc is not None else None
+        if code not in (0, -9):
+            problems.append(f"{r.name} exited {code}")
+        if "Traceback" in r.log_text():
+            problems.append(f"a traceback in the log of {r.name}")
+    return problems
+
 
 # --- the cluster ------------------------------------------------------------------------------
 
@@ -174,7 +222,7 @@ class Platforms:
 
     telegram_base: str | None = None
     slack_base: str | None = None
-    balancer_url: str | None = None
+    balancer_url: str = "https://bot.example"  # none: the replicas are called one by one
 
 
 def replica_config(port: int, platforms: Platforms, replica_id: str, replicas: int,
@@ -235,17 +283,10 @@ class Cluster:
         self.root = root
         self.server_dsn = server_dsn
         self.db_name, self.dsn = fresh_database(server_dsn)
-        env = clean_env(**{DSN_ENV: self.dsn, "TELEGRAM_BOT_TOKEN": TELEGRAM_TOKEN,
-                           "TELEGRAM_WEBHOOK_SECRET": TELEGRAM_SECRET, "SLACK_BOT_TOKEN": SLACK_TOKEN,
-                           "SLACK_SIGNING_SECRET": SLACK_SECRET})  # fmt: skip
-        self.replicas: list[Replica] = []
-        for i in range(n):
-            home = root / f"r{i}"
-            home.mkdir(parents=True)
-            port = free_port()
-            cfg = replica_config(port, platforms, f"r{i}", n, extra_config, cluster_keys)
-            (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-            self.replicas.append(Replica(f"r{i}", home, port, dict(env)))
+        self.replicas = [
+            Replica.on(self.dsn, f"r{i}", root / f"r{i}", n, platforms, extra_config, cluster_keys)
+            for i in range(n)
+        ]
 
     def __iter__(self) -> Iterator[Replica]:
         return iter(self.replicas)
@@ -301,3 +342,99 @@ class Cluster:
 def server_dsn() -> tuple[str, pgserver.Cluster | None]:
     """The PostgreSQL server tests/pgserver.py finds (or starts: returned to be stopped)."""
     return pgserver.find_server(pgserver.server_candidates())
+
+
+async def until(check: Callable[[], bool], timeout: float = 60.0, every: float = 0.05) -> float:
+    """Poll `check()` until true; the seconds it took (fails after `timeout`)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return time.monotonic() - start
+        await asyncio.sleep(every)
+    raise AssertionError(f"not within {timeout} s: {check.__doc__ or check}")
+
+
+# --- calls to one replica ---------------------------------------------------------------------
+
+
+async def leaders(http: aiohttp.ClientSession, among: Iterable[Replica]) -> list[Replica]:
+    """The replicas among `among` whose /health says they hold the leader lock (one that
+    does not answer is not counted)."""
+    found = []
+    for r in among:
+        try:
+            if (await r.health(http)).get("replica", {}).get("leader"):
+                found.append(r)
+        except aiohttp.ClientError:
+            continue
+    return found
+
+
+async def api_message(
+    http: aiohttp.ClientSession, replica: Replica, chat: str, text: str, message_id: str,
+    timeout: float = 60.0,
+) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    """POST /v1/messages to one replica: (status, body)."""
+    async with http.post(
+        f"{replica.url}/v1/messages",
+        json={"chat_id": chat, "text": text, "message_id": message_id},
+        timeout=aiohttp.ClientTimeout(total=timeout),
+    ) as resp:
+        return resp.status, dict(await resp.json())
+
+
+async def telegram_update(
+    http: aiohttp.ClientSession, replica: Replica, update: dict[str, Any]
+) -> int:
+    """Deliver one update to a replica's webhook, as Telegram would: the status."""
+    async with http.post(
+        f"{replica.url}/telegram/webhook", json=update,
+        headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET},
+    ) as resp:  # fmt: skip
+        return resp.status
+
+
+# --- looks into the shared database -----------------------------------------------------------
+
+
+def query(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return list(conn.execute(sql.encode(), params).fetchall())
+
+
+def cut_off(dsn: str, replica: str) -> int:
+    """End a replica's control connection from the server side, as a network partition
+    would once the keepalives gave up: its locks go, so other replicas take over its keys.
+    Returns how many connections were ended."""
+    found = query(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                  "WHERE application_name = %s AND datname = current_database()",
+                  (application_name(replica),))  # fmt: skip
+    return len(found)
+
+
+def stored_user_texts(dsn: str, session_key: str) -> list[str]:
+    """The user messages stored under a key's sessions, in id order."""
+    return [str(r[0]) for r in query(
+        dsn, "SELECT m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
+        "WHERE s.session_key = %s AND m.role = 'user' ORDER BY m.id", (session_key,),
+    )]  # fmt: skip
+
+
+def live_sessions_per_key(dsn: str) -> dict[str, int]:
+    return {str(k): int(n) for k, n in query(
+        dsn, "SELECT session_key, COUNT(*) FROM sessions WHERE ended_at IS NULL "
+        "AND session_key IS NOT NULL GROUP BY 1",
+    )}  # fmt: skip
+
+
+def held_leases(dsn: str) -> list[str]:
+    """Keys whose lease a live replica still holds."""
+    return [str(r[0]) for r in query(
+        dsn, "SELECT session_key FROM session_routes r WHERE lease_owner IN ("
+        "SELECT l.objid::bigint FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.objsubid = 2)",
+    )]  # fmt: skip
+
+
+def inbox_states(dsn: str) -> dict[str, int]:
+    return {str(s): int(n) for s, n in query(dsn, "SELECT state, COUNT(*) FROM inbox GROUP BY 1")}

@@ -16,7 +16,7 @@ import os
 import pytest
 
 from tests.cluster.chaos import Chaos, under_chaos
-from tests.cluster.checks import check_run, drained, explain, leftover_leases
+from tests.cluster.checks import check_finished
 from tests.cluster.conftest import StartCluster
 from tests.cluster.harness import replica_core_missing
 from tests.cluster.workload import Workload
@@ -41,15 +41,8 @@ async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
                     deadline_s=60 + 8 * KILL_POINTS, seed=SEED)  # fmt: skip
     chaos = Chaos(cluster, kills=KILL_POINTS, seed=SEED, interval_s=(1.0, 3.0))
     await under_chaos(work, chaos)
-    with cluster.connect() as conn:
-        left = await drained(conn, work)
-        gaps = [
-            s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]
-        ]
-        assert left is None, (left, explain(conn, gaps))
-        problems = check_run(conn, work) + leftover_leases(conn)
+    problems = await check_finished(cluster, work)
     assert problems == [], "\n".join(problems)
-    assert cluster.tracebacks() == []
     figures = work.figures()
     unconfirmed = [
         s for s in work.acked if s.platform == "telegram" and not work.replies.count[s.text]

@@ -8,60 +8,32 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.cluster.replicas import Replica, cut_off, query
-from tests.fakes.discord import (
-    DM,
-    GENERAL,
-    GENERAL2,
-    GUILD,
-    GUILD2,
-    FakeDiscord,
-    restore_discord_globals,
-)
-
-
-@pytest.fixture
-async def discord(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
-    restore_discord_globals(monkeypatch)
-    fake = FakeDiscord(guilds=(GUILD, GUILD2))
-    await fake.start()
-    try:
-        yield fake
-    finally:
-        await fake.stop()
+from tests.cluster.harness import Replica, cut_off, query, stop_replicas, until
+from tests.fakes.discord import DM, GENERAL, GENERAL2, GUILD, GUILD2, FakeDiscord
 
 
 @pytest.fixture
 async def pair(tmp_path: Path, db: str, discord: FakeDiscord) -> AsyncIterator[list[Replica]]:
     """r1 and r2, Discord with two shards on the fake, started one after the other."""
-    group = [Replica(f"r{i}", tmp_path / f"r{i}", db, 2) for i in (1, 2)]
     extra = {"platforms": {"discord": {
         "enabled": True, "allow_all_users": True, "require_mention": False, "shard_count": 2,
         "base_url": discord.api, "gateway_url": discord.gateway,
     }}}  # fmt: skip
+    group = [Replica.on(db, f"r{i}", tmp_path / f"r{i}", 2, extra_config=extra,
+                        env={"DISCORD_BOT_TOKEN": discord.token}) for i in (1, 2)]  # fmt: skip
     try:
         for r in group:
-            await r.start(env={"DISCORD_BOT_TOKEN": discord.token}, extra=extra)
+            await r.start()
         yield group
     finally:
-        codes = {r.name: await r.stop() for r in group}
-        assert [r.name for r in group if "Traceback" in r.log()] == []
-        assert [n for n, code in codes.items() if code not in (0, -9)] == [], codes
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 60.0) -> float:
-    started = time.monotonic()
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 (the condition reads the fake or the database)
-            await asyncio.sleep(0.05)
-    return time.monotonic() - started
+        assert await stop_replicas(group) == []
 
 
 def _owners(db: str) -> dict[int, str]:
@@ -94,7 +66,6 @@ async def _settle() -> None:
     await asyncio.sleep(1.0)  # room for a second answer, were anything delivered twice
 
 
-
 async def _each_channel_answered_once(discord: FakeDiscord) -> None:
     """A message in each guild's channel and in the DM: every one answered, once."""
     for text, channel in (("g1", GENERAL), ("g2", GENERAL2), ("dm", DM)):
@@ -105,11 +76,12 @@ async def _each_channel_answered_once(discord: FakeDiscord) -> None:
         ["echo: g1"], ["echo: g2"], ["echo: dm"]
     )  # fmt: skip
 
+
 async def test_each_shard_runs_once_and_a_killed_owners_shards_are_taken_over(
     pair: list[Replica], db: str, discord: FakeDiscord
 ) -> None:
     r1, r2 = pair
-    await _until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
+    await until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
     await _settle()
     assert discord.connected_shards() == [(0, 2), (1, 2)]  # once each, across both replicas
     owners = _owners(db)
@@ -124,18 +96,16 @@ async def test_each_shard_runs_once_and_a_killed_owners_shards_are_taken_over(
     # SIGKILL the owner of shard 1 (the second guild); a message in its guild meanwhile
     # reaches no connection: the new owner's catch-up reads it from the channel's history
     victim, survivor = (r1, r2) if owners[1] == "r1" else (r2, r1)
-    victim.kill()
     killed = time.monotonic()
-    assert victim.proc is not None
-    await asyncio.wait_for(victim.proc.wait(), 30)
-    await _until(lambda: (1, 2) not in discord.connected_shards())
+    await victim.kill()
+    await until(lambda: (1, 2) not in discord.connected_shards())
     await _say(discord, "in the gap", GENERAL2)
-    await _until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
+    await until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
     took = time.monotonic() - killed
     assert set(_owners(db).values()) == {survivor.name}
     await _say(discord, "after", GENERAL2)
     await _say(discord, "dm after", DM)
-    await _until(lambda: len(discord.posted()) >= 6)
+    await until(lambda: len(discord.posted()) >= 6)
     await _settle()
     assert _answers(discord, GENERAL2) == ["echo: g2", "echo: in the gap", "echo: after"]
     assert _answers(discord, DM) == ["echo: dm", "echo: dm after"]
@@ -146,7 +116,7 @@ async def test_each_shard_runs_once_and_a_killed_owners_shards_are_taken_over(
 async def test_a_replica_whose_shards_were_taken_closes_their_connections(
     pair: list[Replica], db: str, discord: FakeDiscord
 ) -> None:
-    await _until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
+    await until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
     owners = _owners(db)
     # a replica that owns shards stalls (SIGSTOP) and is cut off from the database, as a
     # partition would do: its locks go, the other takes its shards and connects them too
@@ -156,17 +126,17 @@ async def test_a_replica_whose_shards_were_taken_closes_their_connections(
     held = sorted(s for s, n in owners.items() if n == holder.name)
     holder.pause()
     assert cut_off(db, holder.name) == 1
-    await _until(lambda: all(_owners(db).get(s) == other.name for s in held))
+    await until(lambda: all(_owners(db).get(s) == other.name for s in held))
     wanted = sorted([(0, 2), (1, 2)] + [(s, 2) for s in held])
-    await _until(lambda: discord.connected_shards() == wanted)
+    await until(lambda: discord.connected_shards() == wanted)
     holder.resume()
     resumed = time.monotonic()
     # woken up, the stalled replica sees its shards' epochs moved and closes them
-    await _until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
+    await until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
     print(f"\nthe stalled replica closed its {len(held)} lost shard(s) "
           f"{time.monotonic() - resumed:.2f}s after waking")  # fmt: skip
     async with aiohttp.ClientSession() as http:
         assert await _shards_of(http, holder) == {}
         assert sorted(await _shards_of(http, other)) == ["0", "1"]
     await _each_channel_answered_once(discord)
-    assert "no longer ours" in holder.log()
+    assert "no longer ours" in holder.log_text()

@@ -14,7 +14,6 @@ the run's promises (tests/cluster/checks.py):
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,39 +21,23 @@ import aiohttp
 import pytest
 
 from state import open_store
-from tests.cluster.checks import check_run, drained, explain
+from tests.cluster.checks import check_finished
 from tests.cluster.conftest import StartCluster
-from tests.cluster.harness import Cluster, Replica, replica_core_missing
+from tests.cluster.harness import (
+    Cluster,
+    Replica,
+    cut_off,
+    leaders,
+    live_sessions_per_key,
+    replica_core_missing,
+    until,
+)
 from tests.cluster.workload import Workload
 from tests.fakes.slack import FakeSlack, event, signed
 from tests.fakes.telegram import FakeTelegram
 
 pytestmark = pytest.mark.skipif(replica_core_missing() is not None,
                                 reason=replica_core_missing() or "")  # fmt: skip
-
-
-async def _until(check, timeout: float = 60.0, every: float = 0.1) -> float:  # type: ignore[no-untyped-def]
-    """Poll `check()` until true; the seconds it took (fails after `timeout`)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if check():
-            return time.monotonic() - start
-        await asyncio.sleep(every)
-    raise AssertionError(f"not within {timeout} s: {check.__doc__ or check}")
-
-
-def _cut_off(cluster: Cluster, replica: Replica) -> int:
-    """End the replica's control connection from the server side, as a partition would
-    once keepalives gave up: its liveness lock goes, so the others take its chats over."""
-    from state.pg.control import application_name
-
-    with cluster.connect() as conn:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND application_name = %s",
-            (application_name(replica.name),),
-        ).fetchall()
-    return len(rows)
 
 
 async def test_a_stalled_replica_cut_off_and_woken_answers_nothing_twice(
@@ -69,7 +52,7 @@ async def test_a_stalled_replica_cut_off_and_woken_answers_nothing_twice(
             await asyncio.sleep(2.0)
             victim.pause()  # mid-load: it holds some chats' leases, maybe mid-turn
             await asyncio.sleep(0.5)
-            assert _cut_off(cluster, victim) == 1
+            assert cut_off(cluster.dsn, victim.name) == 1
             await asyncio.sleep(3.0)  # the others take its chats over and answer them
             victim.resume()
         await asyncio.sleep(2.0)
@@ -79,27 +62,13 @@ async def test_a_stalled_replica_cut_off_and_woken_answers_nothing_twice(
     for r in cluster.replicas:  # a replica that gave up after waking is started again
         if not r.running:
             await r.start()
-    with cluster.connect() as conn:
-        left = await drained(conn, work)
-        gaps = [
-            s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]
-        ]
-        assert left is None, (left, explain(conn, gaps))
-        problems = check_run(conn, work)
+    problems = await check_finished(cluster, work)
     assert problems == [], "\n".join(problems)
-    assert cluster.tracebacks() == []
     assert work.figures()["acknowledged"] == work.figures()["messages"] > 50
 
 
 async def _leader(http: aiohttp.ClientSession, cluster: Cluster) -> Replica | None:
-    found = []
-    for r in cluster.live():
-        try:
-            async with http.get(f"{r.url}/health") as resp:
-                if (await resp.json()).get("replica", {}).get("leader"):
-                    found.append(r)
-        except aiohttp.ClientError:
-            pass
+    found = await leaders(http, cluster.live())
     assert len(found) <= 1, f"two leaders: {[r.name for r in found]}"
     return found[0] if found else None
 
@@ -149,17 +118,16 @@ async def test_the_leader_killed_mid_sweep_leaves_every_key_reset_once(
                 return int(row[0]) if row else 0
 
             # killed inside such a window when a poll catches one, else after a few resets
-            await _until(lambda: unwritten() > 0 or resets() >= 5, timeout=30, every=0.002)
+            await until(lambda: unwritten() > 0 or resets() >= 5, timeout=30, every=0.002)
             await leader.kill()
             done_then, caught = resets(), unwritten()
             assert done_then < keys, "the sweep ended before the leader could be killed"
             await leader.start()
-            await _until(lambda: resets() >= keys, timeout=60)
+            await until(lambda: resets() >= keys, timeout=60, every=0.1)
             await asyncio.sleep(2.5)  # more sweeps: none may reset anything again
             ended = Counter(str(r[0]) for r in conn.execute(
                 "SELECT session_key FROM sessions WHERE end_reason = 'idle'"))  # fmt: skip
-            live = Counter(str(r[0]) for r in conn.execute(
-                "SELECT session_key FROM sessions WHERE ended_at IS NULL AND session_key IS NOT NULL"))  # fmt: skip
+            live = live_sessions_per_key(cluster.dsn)
         assert set(ended) == set(sessions) and set(ended.values()) == {1}
         assert set(live.values()) <= {1}
         after = await asyncio.gather(*(say(k, "after") for k in range(keys)))

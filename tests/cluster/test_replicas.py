@@ -14,18 +14,21 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 
-from tests.cluster.replicas import (
+from tests.cluster.harness import (
+    Platforms,
     Replica,
     api_message,
     cut_off,
     held_leases,
     inbox_states,
+    leaders,
     live_sessions_per_key,
     query,
+    stop_replicas,
     stored_user_texts,
     telegram_update,
+    until,
 )
 from tests.daemon import clean_env, switchboard
 from tests.fakes.telegram import FakeTelegram
@@ -38,33 +41,22 @@ async def replicas(tmp_path: Path, db: str, telegram: FakeTelegram) -> AsyncIter
     """`await replicas(n, env={name: {...}})`: n started replicas r1..rn on the test's
     database (Telegram in webhook mode on the fake). All are stopped after the test."""
     made: list[Replica] = []
+    platforms = Platforms(telegram_base=telegram.base_url)
 
     async def make(n: int, env: dict[str, dict[str, str]] | None = None) -> list[Replica]:
-        group = [Replica(f"r{i}", tmp_path / f"r{i}", db, n, telegram.base_url)
+        group = [Replica.on(db, f"r{i}", tmp_path / f"r{i}", n, platforms)
                  for i in range(1, n + 1)]  # fmt: skip
         made.extend(group)
         # one at a time: the first migrates the fresh database
         for r in group:
-            await r.start(env=(env or {}).get(r.name))
+            await r.start(extra_env=(env or {}).get(r.name))
         return group
 
     try:
         yield make
     finally:
-        codes = {r.name: await r.stop() for r in made}
-        tracebacks = [r.name for r in made if "Traceback" in r.log()]
-        assert tracebacks == [], f"tracebacks in the logs of {tracebacks}"
         # SIGTERM drains and exits 0 (a replica the test killed has its signal's code)
-        assert [n for n, code in codes.items() if code not in (0, -9)] == [], codes
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> float:
-    """Wait for `condition` (polled); the seconds it took."""
-    started = time.monotonic()
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 (the condition reads the database)
-            await asyncio.sleep(0.05)
-    return time.monotonic() - started
+        assert await stop_replicas(made) == []
 
 
 async def test_messages_spread_over_three_replicas_are_answered_once_in_each_chats_order(
@@ -144,7 +136,7 @@ async def test_a_killed_replicas_pending_messages_are_answered_by_another(
         def answered() -> bool:
             return inbox_states(db) == {"answered": len(taken)}
 
-        took = await _until(answered)
+        took = await until(answered, timeout=30)
         print(f"\n{len(taken)} pending message(s) of the killed replica answered by another "
               f"{took:.2f}s after the kill")  # fmt: skip
         # each caller asks again (same Idempotency-Key) on the survivor: the stored answer
@@ -179,7 +171,7 @@ async def test_a_stalled_replica_that_wakes_after_a_takeover_sends_no_reply(
         def started() -> bool:
             return inbox_states(db) == {"started": 1}
 
-        await _until(started)
+        await until(started, timeout=30)
         r1.paused = True  # it stopped itself
         assert cut_off(db, "r1") == 1
         await telegram.wait_sent(1, timeout=30)  # r2 answered
@@ -188,29 +180,22 @@ async def test_a_stalled_replica_that_wakes_after_a_takeover_sends_no_reply(
         assert r1.proc is not None and r1.proc.returncode is None
     assert [m["text"] for m in telegram.sent()] == ["echo: stalled"]
     assert query(db, "SELECT COUNT(*) FROM messages WHERE role = 'assistant'") == [(1,)]
-    assert "was taken over" in r1.log()
+    assert "was taken over" in r1.log_text()
     assert inbox_states(db) == {"answered": 1}
 
 
 async def test_the_leader_moves_when_it_dies(replicas: MakeReplicas, db: str) -> None:
     group = await replicas(3)
     async with aiohttp.ClientSession() as http:
-
-        async def leaders(among: list[Replica]) -> list[str]:
-            found = [await r.health(http) for r in among]
-            return [h["replica"]["name"] for h in found if h["replica"]["leader"]]
-
         async with asyncio.timeout(30):
-            while len(now := await leaders(group)) != 1:  # noqa: ASYNC110 (asks /health)
+            while len(now := await leaders(http, group)) != 1:  # noqa: ASYNC110 (asks /health)
                 await asyncio.sleep(0.1)
-        old = next(r for r in group if r.name == now[0])
-        old.kill()
-        assert old.proc is not None
-        await old.proc.wait()
+        (old,) = now
+        await old.kill()
         rest = [r for r in group if r is not old]
         started = time.monotonic()
         async with asyncio.timeout(30):
-            while len(await leaders(rest)) != 1:  # noqa: ASYNC110 (asks /health)
+            while len(await leaders(http, rest)) != 1:  # noqa: ASYNC110 (asks /health)
                 await asyncio.sleep(0.1)
         print(f"\nleadership moved {time.monotonic() - started:.2f}s after the leader died")
 
@@ -243,13 +228,10 @@ async def test_a_second_live_replica_with_the_same_id_exits_78(
     replicas: MakeReplicas, db: str, tmp_path: Path
 ) -> None:
     (first,) = await replicas(1)
-    twin = Replica(first.name, tmp_path / "twin", db, 1)
-    twin.home.mkdir()
-    (twin.home / "config.yaml").write_text(yaml.safe_dump(twin.config()))
-    proc = await asyncio.create_subprocess_exec(
-        *switchboard(twin.home, "run"), env=clean_env(SWITCHBOARD_PG_DSN=db),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 78, err
-    assert b"cluster.replica_id" in err and b"Traceback" not in err
+    twin = Replica.on(db, first.name, tmp_path / "twin", 1)
+    await twin.start(wait=False)
+    assert twin.proc is not None
+    code = await asyncio.wait_for(twin.proc.wait(), 60)
+    out = twin.log_text()
+    assert code == 78, out
+    assert "cluster.replica_id" in out and "Traceback" not in out

@@ -78,18 +78,17 @@ class Replies:
         self._read = {"telegram": 0, "slack": 0}
 
     def update(self) -> None:
-        if self.telegram is not None:
-            calls = self.telegram.calls
-            for name, params in calls[self._read["telegram"] :]:
-                if name == "sendMessage":
-                    self._note("telegram", str(params.get("chat_id")), str(params.get("text", "")))
-            self._read["telegram"] = len(calls)
-        if self.slack is not None:
-            calls = self.slack.calls
-            for name, params in calls[self._read["slack"] :]:
-                if name == "chat.postMessage":
-                    self._note("slack", str(params.get("channel")), str(params.get("text", "")))
-            self._read["slack"] = len(calls)
+        for platform, fake, method, chat in (
+            ("telegram", self.telegram, "sendMessage", "chat_id"),
+            ("slack", self.slack, "chat.postMessage", "channel"),
+        ):
+            if fake is None:
+                continue
+            calls = fake.calls
+            for name, params in calls[self._read[platform] :]:
+                if name == method:
+                    self._note(platform, str(params.get(chat)), str(params.get("text", "")))
+            self._read[platform] = len(calls)
 
     def _note(self, platform: str, chat: str, text: str) -> None:
         parsed = parse_text(text)
