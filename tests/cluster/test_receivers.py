@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from gateway.shards import CLAIM_EVERY_S
-from tests.cluster.replicas import Replica, cut_off, query
+from tests.cluster.harness import Replica, cut_off, query, stop_replicas, until
 from tests.fakes.mattermost import DM, FakeMattermost
 
 
@@ -33,26 +33,17 @@ async def mattermost() -> AsyncIterator[FakeMattermost]:
 
 @pytest.fixture
 async def trio(tmp_path: Path, db: str, mattermost: FakeMattermost) -> AsyncIterator[list[Replica]]:
-    group = [Replica(f"r{i}", tmp_path / f"r{i}", db, 3) for i in (1, 2, 3)]
     extra = {"platforms": {"mattermost": {
         "enabled": True, "allow_all_users": True, "url": mattermost.url,
     }}}  # fmt: skip
+    group = [Replica.on(db, f"r{i}", tmp_path / f"r{i}", 3, extra_config=extra,
+                        env={"MATTERMOST_TOKEN": mattermost.token}) for i in (1, 2, 3)]  # fmt: skip
     try:
         for r in group:
-            await r.start(env={"MATTERMOST_TOKEN": mattermost.token}, extra=extra)
+            await r.start()
         yield group
     finally:
-        codes = {r.name: await r.stop() for r in group}
-        assert [r.name for r in group if "Traceback" in r.log()] == []
-        assert [n for n, code in codes.items() if code not in (0, -9)] == [], codes
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 60.0) -> float:
-    started = time.monotonic()
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 (the condition reads the fake or the database)
-            await asyncio.sleep(0.05)
-    return time.monotonic() - started
+        assert await stop_replicas(group) == []
 
 
 def _owner(db: str) -> str | None:
@@ -81,7 +72,7 @@ async def _settle() -> None:
 async def test_one_replica_receives_and_a_killed_ones_connection_is_taken_over(
     trio: list[Replica], db: str, mattermost: FakeMattermost
 ) -> None:
-    await _until(lambda: mattermost.sockets() == 1)
+    await until(lambda: mattermost.sockets() == 1)
     await _settle()
     assert mattermost.sockets() == 1  # one websocket across three replicas
     holder = _owner(db)
@@ -95,16 +86,14 @@ async def test_one_replica_receives_and_a_killed_ones_connection_is_taken_over(
     # server keeps it): the next holder catches it up from the dead one's positions
     victim = next(r for r in trio if r.name == holder)
     mattermost.accept_sockets = False
-    victim.kill()
     killed = time.monotonic()
-    assert victim.proc is not None
-    await asyncio.wait_for(victim.proc.wait(), 30)
-    await _until(lambda: mattermost.sockets() == 0)
+    await victim.kill()
+    await until(lambda: mattermost.sockets() == 0)
     await mattermost.say("in the gap", DM)
-    await _until(lambda: _owner(db) not in (None, holder))
+    await until(lambda: _owner(db) not in (None, holder))
     took = time.monotonic() - killed
     mattermost.accept_sockets = True
-    await _until(lambda: mattermost.sockets() == 1)
+    await until(lambda: mattermost.sockets() == 1)
     await mattermost.say("after", DM)
     await mattermost.wait_bot_posts(3, timeout=30)
     await _settle()
@@ -118,22 +107,22 @@ async def test_one_replica_receives_and_a_killed_ones_connection_is_taken_over(
 async def test_a_replica_whose_connection_was_taken_closes_it(
     trio: list[Replica], db: str, mattermost: FakeMattermost
 ) -> None:
-    await _until(lambda: mattermost.sockets() == 1 and _owner(db) is not None)
+    await until(lambda: mattermost.sockets() == 1 and _owner(db) is not None)
     holder = next(r for r in trio if r.name == _owner(db))
     # the holder stalls and is cut off from the database: another takes the connection and
     # opens its own websocket while the stalled one's is still open
     holder.pause()
     assert cut_off(db, holder.name) == 1
-    await _until(lambda: _owner(db) not in (None, holder.name))
-    await _until(lambda: mattermost.sockets() == 2)
+    await until(lambda: _owner(db) not in (None, holder.name))
+    await until(lambda: mattermost.sockets() == 2)
     holder.resume()
     resumed = time.monotonic()
     # woken up, the stalled replica sees the epoch moved and closes its websocket
-    await _until(lambda: mattermost.sockets() == 1)
+    await until(lambda: mattermost.sockets() == 1)
     print(f"\nthe stalled replica closed its lost connection {time.monotonic() - resumed:.2f}s "
           "after waking")  # fmt: skip
     assert await _receiving(trio) == [_owner(db)]
-    assert "no longer ours" in holder.log()
+    assert "no longer ours" in holder.log_text()
     await mattermost.say("once", DM)
     await mattermost.wait_bot_posts(1, timeout=30)
     await _settle()
