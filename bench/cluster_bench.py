@@ -16,6 +16,8 @@ figures; asserts nothing.
    backends serving them (read from /proc), which is steadier than the rate on a shared box.
    Each window follows a warm-up of two messages per chat (every session created and titled)
    and, on PostgreSQL, an ANALYZE of the fresh database, so it measures steady turns.
+   Where the server loads pg_stat_statements, the statements it ran per message too (a
+   count the machine's load does not move).
 2. 2 and 3 replicas, aggregate vs one (clients spread over the replicas, as a load
    balancer would; every replica shares the same cores here, so this measures overhead
    and the absence of collapse, not a speed-up). Each request goes to the next replica, so
@@ -88,22 +90,44 @@ def backend_pids(dsn: str) -> list[int]:
             "AND pid <> pg_backend_pid()")]  # fmt: skip
 
 
+def statements_run(dsn: str) -> int | None:
+    """Statements the server has run in this DSN's database (pg_stat_statements), or None
+    when the server does not load that module (shared_preload_libraries)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_settings WHERE name = 'shared_preload_libraries' "
+                            "AND setting LIKE '%%pg_stat_statements%%'").fetchone():  # fmt: skip
+            return None
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        row = conn.execute("SELECT COALESCE(sum(calls), 0) FROM pg_stat_statements WHERE dbid = "
+                           "(SELECT oid FROM pg_database WHERE datname = current_database())"
+                           ).fetchone()  # fmt: skip
+        return int(row[0]) if row else 0
+
+
 @dataclass
 class CpuMeter:
-    """CPU seconds of the daemons and of their database backends over a window."""
+    """CPU seconds of the daemons and of their database backends over a window (and the
+    statements the database ran, where the server keeps pg_stat_statements)."""
 
     daemons: list[int]
     dsn: str | None
 
     def sample(self) -> dict[int, float]:
         pids = list(self.daemons) + (backend_pids(self.dsn) if self.dsn else [])
-        return {p: cpu_s(p) for p in pids}
+        found = {p: cpu_s(p) for p in pids}
+        run = statements_run(self.dsn) if self.dsn else None
+        if run is not None:
+            found[-1] = run  # the statement count rides under a pid no process has
+        return found
 
-    def spent(self, before: dict[int, float]) -> tuple[float, float]:
+    def spent(self, before: dict[int, float]) -> tuple[float, float, float | None]:
+        """daemons' and server's CPU seconds, and statements run (None: not kept)."""
         now = self.sample()
         daemons = sum(now.get(p, 0) - before.get(p, 0) for p in self.daemons)
-        server = sum(v - before.get(p, 0) for p, v in now.items() if p not in self.daemons)
-        return daemons, server
+        server = sum(v - before.get(p, 0) for p, v in now.items() if p not in self.daemons
+                     and p != -1)  # fmt: skip
+        run = now[-1] - before[-1] if -1 in now and -1 in before else None
+        return daemons, server, run
 
 
 # --- the load ---------------------------------------------------------------------------------
@@ -199,15 +223,19 @@ async def throughput(
     t = time.perf_counter()
     n = await load.closed(seconds)
     elapsed = time.perf_counter() - t
-    daemons, server = meter.spent(before)
-    return {"rate": n / elapsed, "daemon_ms": daemons * 1000 / max(1, n),
-            "server_ms": server * 1000 / max(1, n), "failed": load.failed}  # fmt: skip
+    daemons, server, run = meter.spent(before)
+    found = {"rate": n / elapsed, "daemon_ms": daemons * 1000 / max(1, n),
+             "server_ms": server * 1000 / max(1, n), "failed": load.failed}  # fmt: skip
+    if run is not None:
+        found["statements"] = run / max(1, n)
+    return found
 
 
 def show(label: str, f: dict[str, float]) -> None:
     server = f"  + server {f['server_ms']:.2f}" if f["server_ms"] else ""
+    run = f"   statements/msg {f['statements']:.2f}" if "statements" in f else ""
     print(f"  {label:<22} {f['rate']:7,.0f} msg/s   CPU/msg: daemons {f['daemon_ms']:.2f} ms"
-          f"{server}   (failed {int(f['failed'])})")  # fmt: skip
+          f"{server}{run}   (failed {int(f['failed'])})")  # fmt: skip
 
 
 # --- the runs ---------------------------------------------------------------------------------
