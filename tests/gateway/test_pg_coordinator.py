@@ -413,3 +413,57 @@ async def test_a_stale_fence_fails_only_its_own_write_in_a_batch(replica) -> Non
     assert isinstance(got[1], LeaseLost)
     assert not isinstance(got[0], BaseException) and not isinstance(got[2], BaseException)
     assert [await store.message_count(sids[k]) for k in ("k1", "k2", "k3")] == [1, 0, 1]
+
+
+async def test_a_dead_runners_reply_is_sent_again_under_its_keys_lease(replica, server: str) -> None:
+    """The takeover scan sends a dead runner's unconfirmed reply while holding the reply's
+    key, so no other replica's turn of that chat can send its own reply in between (a
+    replica that wants the key meanwhile waits until the old reply is out)."""
+    store, a = await replica("a")
+    gate, sending = asyncio.Event(), asyncio.Event()
+    sent: list[str] = []
+
+    async def send(out: OutboundMessage) -> SentRef:
+        sending.set()
+        await gate.wait()
+        sent.append(out.text)
+        return SentRef(out.platform, out.chat_id, ("1",))
+
+    router = Router(store, a.routes, EchoAgent(), send, coordinator=a)
+    msg = InboundMessage(SessionSource("api", "7", "dm", "7"), "hello", "m7")
+    key = router.key_for(msg).format()
+    # a runner that committed the reply ('ready', not yet sent) and died holding the key
+    d_store, d = await replica("d")
+    sid = await d_store.create_session(source="api", session_key=key)
+    rid, _, _ = await d_store.accept_inbound("api", "7", "m7", msg.as_payload(),
+                                             session_key=key, replica=d.me)  # fmt: skip
+    route = await d_store.take_lease(key, d.me, d.link.space)
+    assert route is not None
+    fence = Fence(key, d.me, int(route["lease_epoch"]))
+    await d_store.begin_turn(rid, sid, {"role": "user", "content": "hello"}, fence=fence)
+    await d_store.end_turn(rid, sid, [{"role": "assistant", "content": "echo: hello"}],
+                           reply_state="ready", fence=fence)  # fmt: skip
+    _kill_control(server, d.link.name)
+
+    _, b = await replica("b")
+    scan = asyncio.create_task(router.recover(3600))
+    order: list[str] = []
+
+    async def b_takes_the_key() -> None:
+        async with b.lease(key) as lease:
+            assert lease is not None and lease.unsent == []  # already sent by a
+            order.append("b holds the key")
+
+    try:
+        await asyncio.wait_for(sending.wait(), 10)
+        taker = asyncio.create_task(b_takes_the_key())
+        await asyncio.sleep(0.6)  # b polls meanwhile: the key is a's while the reply goes
+        order.append("the old reply sent")
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(scan, taker), 10)
+    finally:
+        gate.set()
+        scan.cancel()
+    assert order == ["the old reply sent", "b holds the key"]
+    assert sent == ["echo: hello"]
+    assert await router.recover(3600) == (0, 0) and sent == ["echo: hello"]  # once
