@@ -12,6 +12,7 @@ known slice of the table.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, cast
@@ -37,10 +38,21 @@ from ..search import (
 from ..textindex import segment
 from . import db
 from .messages import from_pg
-from .tsearch import required_pairs, side_text, term_query, to_tsquery
+from .tsearch import (
+    lexeme_query,
+    required_pairs,
+    required_words,
+    side_text,
+    term_query,
+    to_tsquery,
+)
 
-SPAN_GROWTH = 4
+SPAN_GROWTH = 4  # the first slice of ids: this many times the window
+SLICE_MARGIN = 1.25  # later slices: the ids the density so far predicts, times this
+FIRST_FLOOR = 0.125  # and at least this share of the ids walked, doubling per slice
+RARE_SHARE = 0.05  # a phrase's candidates come from its rarest word when in fewer rows
 TOTALS_TTL_S = 30.0  # how long index totals (rows, average length) are reused on a big store
+SHARES_TTL_S = 300.0  # how long the planner's word statistics are reused
 EXACT_TOTALS_BELOW = 10_000  # rows under which totals are recounted for every search
 
 
@@ -55,6 +67,12 @@ class _Branch:
     # them (state/pg/schema.py): empty when the query has no phrase to narrow by.
     pairs: tuple[str, ...] = ()
     pairs_of: str = ""
+    words: tuple[str, ...] = ()  # tokens every match of the main index holds
+
+    @property
+    def phrase(self) -> bool:
+        """Whether the match holds a phrase (GIN only knows which rows hold its words)."""
+        return any("<->" in p for p in self.params)
 
     def phrases(self, tree: q.Node) -> list[ranking.Phrase]:
         out = []
@@ -76,7 +94,8 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
         main = to_tsquery(tree, segmented=False)
         if main is not None:
             # no pair index on tsv (see state/pg/schema.py, migration 5)
-            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL"))
+            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL",
+                               words=tuple(required_words(tree, segmented=False))))  # fmt: skip
     tools = "tool" in req.roles or req.include_tools
     seg = to_tsquery(tree, segmented=True)
     tool = to_tsquery(tree, segmented=False) if tools else None
@@ -98,10 +117,27 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
 
 class Totals:
     """Rows and average length of each index, for BM25: recounted per search on a small
-    store, reused for TOTALS_TTL_S on a big one (a count is a scan)."""
+    store, reused for TOTALS_TTL_S on a big one (a count is a scan). Also the share of rows
+    holding each common word of the main index, from the planner's statistics."""
 
     def __init__(self) -> None:
         self._cache: dict[bool, tuple[float, int, float]] = {}
+        self._shares: tuple[float, dict[str, float]] | None = None
+
+    async def shares(self, conn: AsyncConnection) -> dict[str, float]:
+        """Word -> share of rows for the words ANALYZE found most common in `tsv` (the
+        rest are rarer than all of them); empty before the first ANALYZE."""
+        if self._shares is not None and time.monotonic() - self._shares[0] < SHARES_TTL_S:
+            return self._shares[1]
+        found = await db.tuples(
+            conn,
+            "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs FROM pg_stats s "
+            "JOIN pg_class c ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "AND n.nspname = s.schemaname WHERE c.oid = 'messages'::regclass AND s.attname = 'tsv'",
+        )  # fmt: skip
+        words, freqs = found[0] if found and found[0][0] is not None else ([], [])
+        self._shares = (time.monotonic(), dict(zip(words, freqs, strict=False)))
+        return self._shares[1]
 
     async def get(self, conn: AsyncConnection, side: bool) -> tuple[int, float]:
         hit = self._cache.get(side)
@@ -122,40 +158,63 @@ class Totals:
 
 
 async def _window(
-    conn: AsyncConnection, br: _Branch, window: int, ascending: bool, bounds: tuple[int, int]
-) -> list[int]:
-    """The ids of the newest (oldest) `window` matches of a branch."""
+    conn: AsyncConnection, br: _Branch, window: int, ascending: bool, bounds: tuple[int, int],
+    totals: Totals,
+) -> list[int]:  # fmt: skip
+    """The ids of the newest (oldest) `window` matches of a branch, taken slice by slice of
+    the id range: each slice starts where the one before ended, so no row is read twice."""
     low, high = bounds
-    span = window * SPAN_GROWTH
     order = "ASC" if ascending else "DESC"
-    first = True
+    ids: list[int] = []
+    span, floor = window * SPAN_GROWTH, FIRST_FLOOR
+    walked = 0  # ids covered so far
+    cond, cparams = br.cond, br.params
+    if br.phrase and br.words:
+        # GIN answers a phrase with the rows holding all its words, walking every word's
+        # list: the rarest word's rows alone are nearly the same rows for less (the phrase
+        # is then checked as a plain function, which no index takes).
+        shares = await totals.shares(conn)
+        rarest = min(br.words, key=lambda w: shares.get(w, 0.0))
+        if shares and shares.get(rarest, 0.0) < RARE_SHARE:
+            cond = "tsv @@ %s::tsquery AND ts_match_vq(tsv, %s::tsquery)"
+            cparams = (lexeme_query(rarest), *br.params)
     while True:
-        edge = "id < %s" if ascending else "id > %s"
-        limit = low + span if ascending else high - span
-        if br.pairs and not first:
+        first, last = (low + walked, low + walked + span - 1) if ascending else \
+            (high - walked - span + 1, high - walked)  # fmt: skip
+        limit = window - len(ids)
+        if br.pairs and walked:
             # The phrase check reads each candidate's vector, and GIN alone offers every row
-            # holding the words anywhere: take the candidates from the pair index instead
-            # (fenced, so the planner cannot add the word index's candidates back in).
+            # holding the words anywhere: take the candidates from the pair index instead.
             holds = ", ".join("hashtext(%s)" for _ in br.pairs)
-            found = await db.tuples(
-                conn,
-                f"SELECT id FROM (SELECT id, {br.pairs_of} FROM messages WHERE sb_pairs({br.pairs_of}) @> "
-                f"ARRAY[{holds}] AND {edge} OFFSET 0) m "
-                f"WHERE {br.cond} ORDER BY id {order} LIMIT %s",
-                (*br.pairs, limit, *br.params, window),
-            )
+            sql = (f"SELECT id FROM (SELECT id, {br.pairs_of} FROM messages WHERE sb_pairs({br.pairs_of}) "
+                   f"@> ARRAY[{holds}] AND id BETWEEN %s AND %s OFFSET 0) m WHERE {br.cond} "
+                   f"ORDER BY id {order} LIMIT %s")  # fmt: skip
+            params: tuple[Any, ...] = (*br.pairs, first, last, *br.params, limit)
+        elif br.phrase:
+            # With `ORDER BY id LIMIT n` the planner walks the primary key and checks every
+            # row of the slice, thinking it will stop early: it takes a phrase to match as
+            # many rows as hold its words. Fenced (OFFSET 0) and unordered, the slice's
+            # candidates come from the word index when they are few.
+            sql = (f"SELECT id FROM (SELECT id FROM messages WHERE {cond} AND id BETWEEN %s AND %s "
+                   f"OFFSET 0) m ORDER BY id {order} LIMIT %s")  # fmt: skip
+            params = (*cparams, first, last, limit)
         else:
-            found = await db.tuples(
-                conn,
-                f"SELECT id FROM messages WHERE {br.cond} AND {edge} ORDER BY id {order} LIMIT %s",
-                (*br.params, limit, window),
-            )
-        first = False
-        if len(found) >= window or (limit > high if ascending else limit < low):
-            return [int(r[0]) for r in found]
-        # grow at least fourfold, more when the matches are sparse (k in the span suggests
-        # about span * window / k for the whole window)
-        span *= max(SPAN_GROWTH, -(-window // max(1, len(found))))
+            sql = (f"SELECT id FROM messages WHERE {br.cond} AND id BETWEEN %s AND %s "
+                   f"ORDER BY id {order} LIMIT %s")  # fmt: skip
+            params = (*br.params, first, last, limit)
+        # not prepared: a generic plan would serve every slice and every query's words alike
+        found = await db.tuples(conn, sql, params, prepare=False)
+        ids.extend(int(r[0]) for r in found)
+        walked += span
+        if len(ids) >= window or walked > high - low:
+            return ids
+        # the next slice: where the density so far says the rest lies, with a margin (and
+        # at least a share of the walk so far that doubles each time, so a density that
+        # falls off further back still takes few slices); with no match yet, all of it
+        span = (walked * window if not ids else
+                max(math.ceil((window - len(ids)) * walked * SLICE_MARGIN / len(ids)),
+                    math.ceil(walked * floor)))  # fmt: skip
+        floor *= 2
 
 
 async def search(
@@ -180,7 +239,7 @@ async def search(
         exhausted = True
         for br in branches:
             ids = await _window(
-                conn, br, window, req.sort == "oldest", (int(bounds[0]), int(bounds[1]))
+                conn, br, window, req.sort == "oldest", (int(bounds[0]), int(bounds[1])), totals
             )
             exhausted &= len(ids) < window
             found = await db.rows(

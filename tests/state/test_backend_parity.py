@@ -10,11 +10,13 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from state import QueryError, SessionFilter, Store, open_store
+from state.pg.search import RARE_SHARE
 from tests import pgserver
 
 WORDS = [
@@ -208,6 +210,52 @@ async def test_phrases_past_the_first_probe_agree(
                     (h["id"], h["snippet"]) for h in await pg.search_messages(query, limit=20, **kw)
                 ]
                 assert got == want and (want or kw), (query, kw)  # the first page finds rows
+    finally:
+        await lite.close()
+        await pg.close()
+        pgserver.drop_schema(pg_dsn, schema)
+
+
+async def test_phrases_found_through_their_rarest_word_agree(
+    pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """After ANALYZE, a phrase's candidates on PostgreSQL come from its rarest word (when
+    the statistics put it in few rows) and the phrase is checked on them: the rows found
+    must be exactly SQLite's, whichever word is the rare one, in every sort and slice."""
+    schema = pgserver.fresh_schema(pg_dsn)
+    lite = await open_store({"backend": "sqlite"}, tmp_path_factory.mktemp("rare"))
+    pg = await open_store({"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, schema)}, ".")
+    common = ["the", "of", "red", "alert", "fix", "and", "to"]
+    try:
+        for store in (lite, pg):
+            rnd = random.Random(11)  # the same corpus for both stores
+            sids = [await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
+                    for i in range(6)]  # fmt: skip
+            for chunk in range(50):
+                batch = []
+                for k in range(100):
+                    words = rnd.choices(common, k=rnd.randint(3, 12))
+                    if rnd.random() < 0.04:  # "server" in about 4% of the rows, anywhere
+                        at = rnd.randrange(len(words) + 1)
+                        words[at:at] = ["the", "server"] if rnd.random() < 0.5 else ["server"]
+                    batch.append({"role": ("user", "assistant")[k % 2], "content": " ".join(words),
+                                  "timestamp": T0 + chunk * 100 + k})  # fmt: skip
+                await store.append_messages(sids[chunk % 6], batch)
+        with psycopg.connect(pgserver.with_schema(pg_dsn, schema), autocommit=True) as conn:
+            conn.execute("ANALYZE messages")
+            found = conn.execute(
+                "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats "
+                "WHERE schemaname = %s AND tablename = 'messages' AND attname = 'tsv'", (schema,)
+            ).fetchone()  # fmt: skip
+        shares = dict(zip(found[0], found[1], strict=False)) if found else {}
+        assert shares.get("the", 0) > 0.5 and shares.get("server", 0) < RARE_SHARE  # the path taken
+        queries = ['"the server"', '"server the"', '"fix the server"', '"the server" alert',
+                   '"red alert" server', '"the server" NOT fix', '"the serv"*', '"of the"']  # fmt: skip
+        for query in queries:
+            for kw in ({}, {"sort": "oldest"}, {"sort": "newest", "offset": 30}, {"limit": 40}):
+                want = [(h["id"], h["snippet"]) for h in await lite.search_messages(query, **kw)]
+                got = [(h["id"], h["snippet"]) for h in await pg.search_messages(query, **kw)]
+                assert got == want and (want or "offset" in kw), (query, kw)
     finally:
         await lite.close()
         await pg.close()
