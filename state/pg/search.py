@@ -45,6 +45,8 @@ from .tsearch import (
     side_text,
     term_query,
     to_tsquery,
+    token_pairs,
+    whole_tokens,
 )
 
 SPAN_GROWTH = 4  # the first slice of ids: this many times the window
@@ -82,10 +84,6 @@ class _Branch:
             if tokens and match is not None:
                 out.append(ranking.Phrase(tokens, term.prefix, match))
         return out
-
-    @property
-    def df_column(self) -> str:
-        return "seg_tsv" if self.side else "tsv"
 
 
 def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
@@ -279,7 +277,7 @@ async def _rank(
         weights = [1.0] * len(phrases)
         if len(phrases) > 1:
             id_range = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
-            weights = [ranking.idf(indexed, await _estimate_df(conn, br.df_column, p.match, indexed, id_range))
+            weights = [ranking.idf(indexed, await _estimate_df(conn, br.side, p, indexed, id_range, totals))
                        for p in phrases]  # fmt: skip
         for r in mine:
             stored = from_pg(r["content"], r["content_enc"])
@@ -296,20 +294,21 @@ async def _rank(
 
 
 async def _estimate_df(
-    conn: AsyncConnection, column: str, match: str, rows: int, id_range: tuple[int, int]
-) -> int:
-    found = await db.value(
-        conn,
-        f"SELECT id FROM messages WHERE {column} @@ %s::tsquery ORDER BY id DESC LIMIT 1 OFFSET %s",
-        (match, ranking.DF_SAMPLE - 1),
-    )
-    if found is None:
-        return int(await db.value(
-            conn,
-            f"SELECT COUNT(*) FROM (SELECT 1 FROM messages WHERE {column} @@ %s::tsquery LIMIT %s) t",
-            (match, ranking.DF_SAMPLE),
-        ))  # fmt: skip
-    return ranking.extrapolate_df(rows, int(found), id_range)
+    conn: AsyncConnection, side: bool, phrase: ranking.Phrase, rows: int,
+    id_range: tuple[int, int], totals: Totals,
+) -> int:  # fmt: skip
+    """ranking.estimate_df's figure: exact below DF_SAMPLE matches, else extrapolated from
+    the DF_SAMPLE-th newest match (found as a window is, so a phrase is no slower here)."""
+    if side:
+        term = _Branch(True, "seg_tsv @@ %s::tsquery", (phrase.match,),
+                       pairs=tuple(token_pairs(phrase.tokens, phrase.prefix)), pairs_of="seg_tsv")  # fmt: skip
+    else:
+        term = _Branch(False, "tsv @@ %s::tsquery", (phrase.match,),
+                       words=tuple(whole_tokens(phrase.tokens, phrase.prefix)))  # fmt: skip
+    ids = await _window(conn, term, ranking.DF_SAMPLE, False, id_range, totals)
+    if len(ids) < ranking.DF_SAMPLE:
+        return len(ids)
+    return ranking.extrapolate_df(rows, ids[-1], id_range)
 
 
 async def _add_sessions(conn: AsyncConnection, hits: list[dict[str, Any]]) -> None:

@@ -9,7 +9,7 @@ indexes hold (content; the segmented CJK/emoji copy; tool names and arguments), 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import query as q
@@ -131,21 +131,28 @@ def required_pairs(node: q.Node, *, segmented: bool) -> list[str]:
     ANDs together. A phrase's last pair is left out when it ends in a prefix; OR and NOT
     require nothing. Empty when the query has no such pair."""
 
-    def pairs(tokens: list[str], prefix: bool) -> list[str]:
-        found = [f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False)]
-        return found[:-1] if prefix else found
-
-    return _required(node, segmented, pairs)
+    return _required(node, segmented, token_pairs)
 
 
 def required_words(node: q.Node, *, segmented: bool) -> list[str]:
     """Tokens every row matching `to_tsquery(node)` holds: those of the terms the query
     ANDs together, but for a prefix term's last one."""
-    return _required(node, segmented, lambda tokens, prefix: tokens[:-1] if prefix else tokens)
+    return _required(node, segmented, whole_tokens)
+
+
+def token_pairs(tokens: Sequence[str], prefix: bool) -> list[str]:
+    """A phrase's adjacent pairs, as `sb_pairs` joins them; not the one ending in a prefix."""
+    found = [f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False)]
+    return found[:-1] if prefix else found
+
+
+def whole_tokens(tokens: Sequence[str], prefix: bool) -> list[str]:
+    """A phrase's tokens but a prefix."""
+    return list(tokens[:-1] if prefix else tokens)
 
 
 def _required(
-    node: q.Node, segmented: bool, pieces: Callable[[list[str], bool], list[str]]
+    node: q.Node, segmented: bool, pieces: Callable[[Sequence[str], bool], list[str]]
 ) -> list[str]:
     if isinstance(node, q.Term):
         return pieces(fts_tokens(segment(node.text) if segmented else node.text), node.prefix)
