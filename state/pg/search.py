@@ -5,9 +5,10 @@ evaluation and BM25 (state/ranking.py) blended with recency, the same snippets.
 
 The window is the newest N matches of each index. Asking PostgreSQL for `ORDER BY id DESC
 LIMIT N` of a GIN match lets the planner walk the primary key backwards through every
-row; bounding the ids (`id > max - span`, the span growing at least fourfold, and by the
-matches' density when they are sparse, until N matches are in it) keeps each probe to a
-known slice of the table.
+row, so the window is taken from slices of ids: the newest 4N ids first, then each next
+slice where the matches' density so far says the rest of the window lies, none read
+twice. GIN keeps no positions: a phrase's candidates are the rows holding its words (its
+rarest word's, by the planner's statistics), checked on the rows of one slice.
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ async def search(
     bounds = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
     if not branches or bounds[0] is None:
         return []
+    id_range = (int(bounds[0]), int(bounds[1]))
     relevance = req.sort == "relevance"
     limit, offset = max(1, req.limit), max(0, req.offset)
     need = limit + offset
@@ -236,10 +238,10 @@ async def search(
         rows: list[dict[str, Any]] = []
         exhausted = True
         for br in branches:
-            ids = await _window(
-                conn, br, window, req.sort == "oldest", (int(bounds[0]), int(bounds[1])), totals
-            )
+            ids = await _window(conn, br, window, req.sort == "oldest", id_range, totals)
             exhausted &= len(ids) < window
+            if not ids:
+                continue
             found = await db.rows(
                 conn,
                 f"SELECT m.id, m.session_id, m.role, m.timestamp, {body} FROM messages m{join} "
@@ -253,7 +255,8 @@ async def search(
             break
         window *= WINDOW_GROWTH
     if relevance:
-        rows = await _rank(conn, rows, tree, branches, totals, time.time() if now is None else now)
+        now = time.time() if now is None else now
+        rows = await _rank(conn, rows, tree, branches, totals, now, id_range)
     else:
         rows.sort(key=lambda r: (r["timestamp"], r["id"]), reverse=req.sort == "newest")
     page = rows[offset : offset + limit]
@@ -265,7 +268,7 @@ async def search(
 
 async def _rank(
     conn: AsyncConnection, rows: list[dict[str, Any]], tree: q.Node, branches: list[_Branch],
-    totals: Totals, now: float,
+    totals: Totals, now: float, id_range: tuple[int, int],
 ) -> list[dict[str, Any]]:  # fmt: skip
     scores: dict[int, float] = {}
     for br in branches:
@@ -276,7 +279,6 @@ async def _rank(
         indexed, avgdl = await totals.get(conn, br.side)
         weights = [1.0] * len(phrases)
         if len(phrases) > 1:
-            id_range = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
             weights = [ranking.idf(indexed, await _estimate_df(conn, br.side, p, indexed, id_range, totals))
                        for p in phrases]  # fmt: skip
         for r in mine:
