@@ -168,13 +168,16 @@ async def _window(
     span, floor = window * SPAN_GROWTH, FIRST_FLOOR
     walked = 0  # ids covered so far
     cond, cparams = br.cond, br.params
-    if br.phrase and br.words:
+    # Before the first ANALYZE the planner takes any match for one row and would read a
+    # phrase's every candidate in the table to bound a slice: fence phrases only after.
+    shares = await totals.shares(conn) if br.phrase else {}
+    fenced = bool(shares)
+    if shares and br.words:
         # GIN answers a phrase with the rows holding all its words, walking every word's
         # list: the rarest word's rows alone are nearly the same rows for less (the phrase
         # is then checked as a plain function, which no index takes).
-        shares = await totals.shares(conn)
         rarest = min(br.words, key=lambda w: shares.get(w, 0.0))
-        if shares and shares.get(rarest, 0.0) < RARE_SHARE:
+        if shares.get(rarest, 0.0) < RARE_SHARE:
             cond = "tsv @@ %s::tsquery AND ts_match_vq(tsv, %s::tsquery)"
             cparams = (lexeme_query(rarest), *br.params)
     while True:
@@ -189,7 +192,7 @@ async def _window(
                    f"@> ARRAY[{holds}] AND id BETWEEN %s AND %s OFFSET 0) m WHERE {br.cond} "
                    f"ORDER BY id {order} LIMIT %s")  # fmt: skip
             params: tuple[Any, ...] = (*br.pairs, first, last, *br.params, limit)
-        elif br.phrase:
+        elif fenced:
             # With `ORDER BY id LIMIT n` the planner walks the primary key and checks every
             # row of the slice, thinking it will stop early: it takes a phrase to match as
             # many rows as hold its words. Fenced (OFFSET 0) and unordered, the slice's
