@@ -126,8 +126,10 @@ class Totals:
     async def shares(self, conn: AsyncConnection) -> dict[str, float]:
         """Word -> share of rows for the words ANALYZE found most common in `tsv` (the
         rest are rarer than all of them); empty before the first ANALYZE."""
-        if self._shares is not None and time.monotonic() - self._shares[0] < SHARES_TTL_S:
-            return self._shares[1]
+        if self._shares is not None:
+            ttl = SHARES_TTL_S if self._shares[1] else TOTALS_TTL_S  # soon after an ANALYZE
+            if time.monotonic() - self._shares[0] < ttl:
+                return self._shares[1]
         found = await db.tuples(
             conn,
             "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs FROM pg_stats s "
@@ -168,11 +170,12 @@ async def _window(
     span, floor = window * SPAN_GROWTH, FIRST_FLOOR
     walked = 0  # ids covered so far
     cond, cparams = br.cond, br.params
-    # Before the first ANALYZE the planner takes any match for one row and would read a
-    # phrase's every candidate in the table to bound a slice: fence phrases only after.
-    shares = await totals.shares(conn) if br.phrase else {}
-    fenced = bool(shares)
-    if shares and br.words:
+    # Before the table's first ANALYZE the planner takes any match for one row, and its
+    # custom plans bound a slice by reading every candidate in the table: phrases are then
+    # not fenced and statements are left to psycopg's preparing (see below).
+    shares = await totals.shares(conn)
+    fenced = bool(shares) and br.phrase
+    if fenced and br.words:
         # GIN answers a phrase with the rows holding all its words, walking every word's
         # list: the rarest word's rows alone are nearly the same rows for less (the phrase
         # is then checked as a plain function, which no index takes).
@@ -207,7 +210,9 @@ async def _window(
         # Not prepared: psycopg prepares a statement after five runs, and PostgreSQL's
         # generic plan then serves every slice alike (rating `id BETWEEN` as a few rows, it
         # walked all 1M ids back for a slice with no match: 400-1,000 ms word searches).
-        found = await db.tuples(conn, sql, params, prepare=False)
+        # Without statistics that generic plan is the better one (the primary key bounds
+        # the slice), so there psycopg prepares as it does everywhere else.
+        found = await db.tuples(conn, sql, params, prepare=False if shares else None)
         ids.extend(int(r[0]) for r in found)
         walked += span
         if len(ids) >= window or walked > high - low:
