@@ -130,7 +130,6 @@ def required_pairs(node: q.Node, *, segmented: bool) -> list[str]:
     them) that every row matching `to_tsquery(node)` holds: those of the phrases the query
     ANDs together. A phrase's last pair is left out when it ends in a prefix; OR and NOT
     require nothing. Empty when the query has no such pair."""
-
     return _required(node, segmented, token_pairs)
 
 
