@@ -310,17 +310,33 @@ async def _estimate_df(
     id_range: tuple[int, int], totals: Totals,
 ) -> int:  # fmt: skip
     """ranking.estimate_df's figure: exact below DF_SAMPLE matches, else extrapolated from
-    the DF_SAMPLE-th newest match (found as a window is, so a phrase is no slower here)."""
-    if side:
-        term = _Branch(True, "seg_tsv @@ %s::tsquery", (phrase.match,),
-                       pairs=tuple(token_pairs(phrase.tokens, phrase.prefix)), pairs_of="seg_tsv")  # fmt: skip
+    the DF_SAMPLE-th newest match. A word's is one walk back along the primary key; a
+    phrase's is found as a window is (that walk would check every row holding its words)."""
+    column = "seg_tsv" if side else "tsv"
+    if len(phrase.tokens) > 1:
+        if side:
+            term = _Branch(True, f"{column} @@ %s::tsquery", (phrase.match,),
+                           pairs=tuple(token_pairs(phrase.tokens, phrase.prefix)), pairs_of=column)  # fmt: skip
+        else:
+            term = _Branch(False, f"{column} @@ %s::tsquery", (phrase.match,),
+                           words=tuple(whole_tokens(phrase.tokens, phrase.prefix)))  # fmt: skip
+        ids = await _window(conn, term, ranking.DF_SAMPLE, False, id_range, totals)
+        found = ids[-1] if len(ids) >= ranking.DF_SAMPLE else None
+        if found is None:
+            return len(ids)
     else:
-        term = _Branch(False, "tsv @@ %s::tsquery", (phrase.match,),
-                       words=tuple(whole_tokens(phrase.tokens, phrase.prefix)))  # fmt: skip
-    ids = await _window(conn, term, ranking.DF_SAMPLE, False, id_range, totals)
-    if len(ids) < ranking.DF_SAMPLE:
-        return len(ids)
-    return ranking.extrapolate_df(rows, ids[-1], id_range)
+        found = await db.value(
+            conn,
+            f"SELECT id FROM messages WHERE {column} @@ %s::tsquery ORDER BY id DESC LIMIT 1 OFFSET %s",
+            (phrase.match, ranking.DF_SAMPLE - 1),
+        )
+        if found is None:
+            return int(await db.value(
+                conn,
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM messages WHERE {column} @@ %s::tsquery LIMIT %s) t",
+                (phrase.match, ranking.DF_SAMPLE),
+            ))  # fmt: skip
+    return ranking.extrapolate_df(rows, int(found), id_range)
 
 
 async def _add_sessions(conn: AsyncConnection, hits: list[dict[str, Any]]) -> None:
