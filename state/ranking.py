@@ -27,10 +27,13 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .textindex import PerChar
+
 K1 = 1.2
 B = 0.75
 DF_SAMPLE = 200
 _TOKEN = re.compile(r"[^\W_]+")
+_UNCOMBINED = PerChar(lambda ch: "" if unicodedata.combining(ch) else ch)  # accents dropped
 
 
 def fold(text: str | None) -> str:
@@ -41,9 +44,7 @@ def fold(text: str | None) -> str:
         return text.lower()
     # canonical decomposition only (unicode61 does not expand ligatures such as "ǅ") and
     # lower(), not casefold() (it keeps "ß")
-    return "".join(
-        ch for ch in unicodedata.normalize("NFD", text.lower()) if not unicodedata.combining(ch)
-    )
+    return unicodedata.normalize("NFD", text.lower()).translate(_UNCOMBINED)
 
 
 def fts_tokens(text: str | None) -> list[str]:

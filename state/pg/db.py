@@ -26,8 +26,12 @@ async def row(conn: AsyncConnection, sql: str, params: Params = None) -> Row | N
         return await cur.fetchone()
 
 
-async def tuples(conn: AsyncConnection, sql: str, params: Params = None) -> list[tuple[Any, ...]]:
-    cur = await conn.execute(sql.encode(), params)
+async def tuples(
+    conn: AsyncConnection, sql: str, params: Params = None, *, prepare: bool | None = None
+) -> list[tuple[Any, ...]]:
+    """`prepare=False` keeps a statement out of psycopg's prepared ones, whose generic plan
+    PostgreSQL may settle on after a few runs whatever the parameters."""
+    cur = await conn.execute(sql.encode(), params, prepare=prepare)
     return list(await cur.fetchall())
 
 

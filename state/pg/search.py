@@ -5,13 +5,15 @@ evaluation and BM25 (state/ranking.py) blended with recency, the same snippets.
 
 The window is the newest N matches of each index. Asking PostgreSQL for `ORDER BY id DESC
 LIMIT N` of a GIN match lets the planner walk the primary key backwards through every
-row; bounding the ids (`id > max - span`, the span growing at least fourfold, and by the
-matches' density when they are sparse, until N matches are in it) keeps each probe to a
-known slice of the table.
+row, so the window is taken from slices of ids: the newest 4N ids first, then each next
+slice where the matches' density so far says the rest of the window lies, none read
+twice. GIN keeps no positions: a phrase's candidates are the rows holding its words (its
+rarest word's, by the planner's statistics), checked on the rows of one slice.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, cast
@@ -37,10 +39,23 @@ from ..search import (
 from ..textindex import segment
 from . import db
 from .messages import from_pg
-from .tsearch import required_pairs, side_text, term_query, to_tsquery
+from .tsearch import (
+    lexeme_query,
+    required_pairs,
+    required_words,
+    side_text,
+    term_query,
+    to_tsquery,
+    token_pairs,
+    whole_tokens,
+)
 
-SPAN_GROWTH = 4
+SPAN_GROWTH = 4  # the first slice of ids: this many times the window
+SLICE_MARGIN = 1.25  # later slices: the ids the density so far predicts, times this
+FIRST_FLOOR = 0.125  # and at least this share of the ids walked, doubling per slice
+RARE_SHARE = 0.05  # a phrase's candidates come from its rarest word when in fewer rows
 TOTALS_TTL_S = 30.0  # how long index totals (rows, average length) are reused on a big store
+SHARES_TTL_S = 300.0  # how long the planner's word statistics are reused
 EXACT_TOTALS_BELOW = 10_000  # rows under which totals are recounted for every search
 
 
@@ -55,6 +70,12 @@ class _Branch:
     # them (state/pg/schema.py): empty when the query has no phrase to narrow by.
     pairs: tuple[str, ...] = ()
     pairs_of: str = ""
+    words: tuple[str, ...] = ()  # tokens every match of the main index holds
+
+    @property
+    def phrase(self) -> bool:
+        """Whether the match holds a phrase (GIN only knows which rows hold its words)."""
+        return any("<->" in p for p in self.params)
 
     def phrases(self, tree: q.Node) -> list[ranking.Phrase]:
         out = []
@@ -65,10 +86,6 @@ class _Branch:
                 out.append(ranking.Phrase(tokens, term.prefix, match))
         return out
 
-    @property
-    def df_column(self) -> str:
-        return "seg_tsv" if self.side else "tsv"
-
 
 def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
     out = []
@@ -76,7 +93,8 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
         main = to_tsquery(tree, segmented=False)
         if main is not None:
             # no pair index on tsv (see state/pg/schema.py, migration 5)
-            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL"))
+            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL",
+                               words=tuple(required_words(tree, segmented=False))))  # fmt: skip
     tools = "tool" in req.roles or req.include_tools
     seg = to_tsquery(tree, segmented=True)
     tool = to_tsquery(tree, segmented=False) if tools else None
@@ -98,10 +116,29 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
 
 class Totals:
     """Rows and average length of each index, for BM25: recounted per search on a small
-    store, reused for TOTALS_TTL_S on a big one (a count is a scan)."""
+    store, reused for TOTALS_TTL_S on a big one (a count is a scan). Also the share of rows
+    holding each common word of the main index, from the planner's statistics."""
 
     def __init__(self) -> None:
         self._cache: dict[bool, tuple[float, int, float]] = {}
+        self._shares: tuple[float, dict[str, float]] | None = None
+
+    async def shares(self, conn: AsyncConnection) -> dict[str, float]:
+        """Word -> share of rows for the words ANALYZE found most common in `tsv` (the
+        rest are rarer than all of them); empty before the first ANALYZE."""
+        if self._shares is not None:
+            ttl = SHARES_TTL_S if self._shares[1] else TOTALS_TTL_S  # soon after an ANALYZE
+            if time.monotonic() - self._shares[0] < ttl:
+                return self._shares[1]
+        found = await db.tuples(
+            conn,
+            "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs FROM pg_stats s "
+            "JOIN pg_class c ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "AND n.nspname = s.schemaname WHERE c.oid = 'messages'::regclass AND s.attname = 'tsv'",
+        )  # fmt: skip
+        words, freqs = found[0] if found and found[0][0] is not None else ([], [])
+        self._shares = (time.monotonic(), dict(zip(words, freqs, strict=False)))
+        return self._shares[1]
 
     async def get(self, conn: AsyncConnection, side: bool) -> tuple[int, float]:
         hit = self._cache.get(side)
@@ -122,40 +159,71 @@ class Totals:
 
 
 async def _window(
-    conn: AsyncConnection, br: _Branch, window: int, ascending: bool, bounds: tuple[int, int]
-) -> list[int]:
-    """The ids of the newest (oldest) `window` matches of a branch."""
+    conn: AsyncConnection, br: _Branch, window: int, ascending: bool, bounds: tuple[int, int],
+    totals: Totals,
+) -> list[int]:  # fmt: skip
+    """The ids of the newest (oldest) `window` matches of a branch, taken slice by slice of
+    the id range: each slice starts where the one before ended, so no row is read twice."""
     low, high = bounds
-    span = window * SPAN_GROWTH
     order = "ASC" if ascending else "DESC"
-    first = True
+    ids: list[int] = []
+    span, floor = window * SPAN_GROWTH, FIRST_FLOOR
+    walked = 0  # ids covered so far
+    cond, cparams = br.cond, br.params
+    # Before the table's first ANALYZE the planner takes any match for one row, and its
+    # custom plans bound a slice by reading every candidate in the table: phrases are then
+    # not fenced and statements are left to psycopg's preparing (see below).
+    shares = await totals.shares(conn)
+    fenced = bool(shares) and br.phrase
+    if fenced and br.words:
+        # GIN answers a phrase with the rows holding all its words, walking every word's
+        # list: the rarest word's rows alone are nearly the same rows for less (the phrase
+        # is then checked as a plain function, which no index takes).
+        rarest = min(br.words, key=lambda w: shares.get(w, 0.0))
+        if shares.get(rarest, 0.0) < RARE_SHARE:
+            cond = "tsv @@ %s::tsquery AND ts_match_vq(tsv, %s::tsquery)"
+            cparams = (lexeme_query(rarest), *br.params)
     while True:
-        edge = "id < %s" if ascending else "id > %s"
-        limit = low + span if ascending else high - span
-        if br.pairs and not first:
+        first, last = (low + walked, low + walked + span - 1) if ascending else \
+            (high - walked - span + 1, high - walked)  # fmt: skip
+        limit = window - len(ids)
+        if br.pairs and walked:
             # The phrase check reads each candidate's vector, and GIN alone offers every row
-            # holding the words anywhere: take the candidates from the pair index instead
-            # (fenced, so the planner cannot add the word index's candidates back in).
+            # holding the words anywhere: take the candidates from the pair index instead.
             holds = ", ".join("hashtext(%s)" for _ in br.pairs)
-            found = await db.tuples(
-                conn,
-                f"SELECT id FROM (SELECT id, {br.pairs_of} FROM messages WHERE sb_pairs({br.pairs_of}) @> "
-                f"ARRAY[{holds}] AND {edge} OFFSET 0) m "
-                f"WHERE {br.cond} ORDER BY id {order} LIMIT %s",
-                (*br.pairs, limit, *br.params, window),
-            )
+            sql = (f"SELECT id FROM (SELECT id, {br.pairs_of} FROM messages WHERE sb_pairs({br.pairs_of}) "
+                   f"@> ARRAY[{holds}] AND id BETWEEN %s AND %s OFFSET 0) m WHERE {br.cond} "
+                   f"ORDER BY id {order} LIMIT %s")  # fmt: skip
+            params: tuple[Any, ...] = (*br.pairs, first, last, *br.params, limit)
+        elif fenced:
+            # With `ORDER BY id LIMIT n` the planner walks the primary key and checks every
+            # row of the slice, thinking it will stop early: it takes a phrase to match as
+            # many rows as hold its words. Fenced (OFFSET 0) and unordered, the slice's
+            # candidates come from the word index when they are few.
+            sql = (f"SELECT id FROM (SELECT id FROM messages WHERE {cond} AND id BETWEEN %s AND %s "
+                   f"OFFSET 0) m ORDER BY id {order} LIMIT %s")  # fmt: skip
+            params = (*cparams, first, last, limit)
         else:
-            found = await db.tuples(
-                conn,
-                f"SELECT id FROM messages WHERE {br.cond} AND {edge} ORDER BY id {order} LIMIT %s",
-                (*br.params, limit, window),
-            )
-        first = False
-        if len(found) >= window or (limit > high if ascending else limit < low):
-            return [int(r[0]) for r in found]
-        # grow at least fourfold, more when the matches are sparse (k in the span suggests
-        # about span * window / k for the whole window)
-        span *= max(SPAN_GROWTH, -(-window // max(1, len(found))))
+            sql = (f"SELECT id FROM messages WHERE {br.cond} AND id BETWEEN %s AND %s "
+                   f"ORDER BY id {order} LIMIT %s")  # fmt: skip
+            params = (*br.params, first, last, limit)
+        # Not prepared: psycopg prepares a statement after five runs, and PostgreSQL's
+        # generic plan then serves every slice alike (rating `id BETWEEN` as a few rows, it
+        # walked all 1M ids back for a slice with no match: 400-1,000 ms word searches).
+        # Without statistics that generic plan is the better one (the primary key bounds
+        # the slice), so there psycopg prepares as it does everywhere else.
+        found = await db.tuples(conn, sql, params, prepare=False if shares else None)
+        ids.extend(int(r[0]) for r in found)
+        walked += span
+        if len(ids) >= window or walked > high - low:
+            return ids
+        # the next slice: where the density so far says the rest lies, with a margin (and
+        # at least a share of the walk so far that doubles each time, so a density that
+        # falls off further back still takes few slices); with no match yet, all of it
+        span = (walked * window if not ids else
+                max(math.ceil((window - len(ids)) * walked * SLICE_MARGIN / len(ids)),
+                    math.ceil(walked * floor)))  # fmt: skip
+        floor *= 2
 
 
 async def search(
@@ -170,6 +238,7 @@ async def search(
     bounds = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
     if not branches or bounds[0] is None:
         return []
+    id_range = (int(bounds[0]), int(bounds[1]))
     relevance = req.sort == "relevance"
     limit, offset = max(1, req.limit), max(0, req.offset)
     need = limit + offset
@@ -179,10 +248,10 @@ async def search(
         rows: list[dict[str, Any]] = []
         exhausted = True
         for br in branches:
-            ids = await _window(
-                conn, br, window, req.sort == "oldest", (int(bounds[0]), int(bounds[1]))
-            )
+            ids = await _window(conn, br, window, req.sort == "oldest", id_range, totals)
             exhausted &= len(ids) < window
+            if not ids:
+                continue
             found = await db.rows(
                 conn,
                 f"SELECT m.id, m.session_id, m.role, m.timestamp, {body} FROM messages m{join} "
@@ -196,7 +265,8 @@ async def search(
             break
         window *= WINDOW_GROWTH
     if relevance:
-        rows = await _rank(conn, rows, tree, branches, totals, time.time() if now is None else now)
+        now = time.time() if now is None else now
+        rows = await _rank(conn, rows, tree, branches, totals, now, id_range)
     else:
         rows.sort(key=lambda r: (r["timestamp"], r["id"]), reverse=req.sort == "newest")
     page = rows[offset : offset + limit]
@@ -208,7 +278,7 @@ async def search(
 
 async def _rank(
     conn: AsyncConnection, rows: list[dict[str, Any]], tree: q.Node, branches: list[_Branch],
-    totals: Totals, now: float,
+    totals: Totals, now: float, id_range: tuple[int, int],
 ) -> list[dict[str, Any]]:  # fmt: skip
     scores: dict[int, float] = {}
     for br in branches:
@@ -219,8 +289,7 @@ async def _rank(
         indexed, avgdl = await totals.get(conn, br.side)
         weights = [1.0] * len(phrases)
         if len(phrases) > 1:
-            id_range = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
-            weights = [ranking.idf(indexed, await _estimate_df(conn, br.df_column, p.match, indexed, id_range))
+            weights = [ranking.idf(indexed, await _estimate_df(conn, br.side, p, indexed, id_range, totals))
                        for p in phrases]  # fmt: skip
         for r in mine:
             stored = from_pg(r["content"], r["content_enc"])
@@ -237,19 +306,36 @@ async def _rank(
 
 
 async def _estimate_df(
-    conn: AsyncConnection, column: str, match: str, rows: int, id_range: tuple[int, int]
-) -> int:
-    found = await db.value(
-        conn,
-        f"SELECT id FROM messages WHERE {column} @@ %s::tsquery ORDER BY id DESC LIMIT 1 OFFSET %s",
-        (match, ranking.DF_SAMPLE - 1),
-    )
-    if found is None:
-        return int(await db.value(
+    conn: AsyncConnection, side: bool, phrase: ranking.Phrase, rows: int,
+    id_range: tuple[int, int], totals: Totals,
+) -> int:  # fmt: skip
+    """ranking.estimate_df's figure: exact below DF_SAMPLE matches, else extrapolated from
+    the DF_SAMPLE-th newest match. A word's is one walk back along the primary key; a
+    phrase's is found as a window is (that walk would check every row holding its words)."""
+    column = "seg_tsv" if side else "tsv"
+    if len(phrase.tokens) > 1:
+        if side:
+            term = _Branch(True, f"{column} @@ %s::tsquery", (phrase.match,),
+                           pairs=tuple(token_pairs(phrase.tokens, phrase.prefix)), pairs_of=column)  # fmt: skip
+        else:
+            term = _Branch(False, f"{column} @@ %s::tsquery", (phrase.match,),
+                           words=tuple(whole_tokens(phrase.tokens, phrase.prefix)))  # fmt: skip
+        ids = await _window(conn, term, ranking.DF_SAMPLE, False, id_range, totals)
+        found = ids[-1] if len(ids) >= ranking.DF_SAMPLE else None
+        if found is None:
+            return len(ids)
+    else:
+        found = await db.value(
             conn,
-            f"SELECT COUNT(*) FROM (SELECT 1 FROM messages WHERE {column} @@ %s::tsquery LIMIT %s) t",
-            (match, ranking.DF_SAMPLE),
-        ))  # fmt: skip
+            f"SELECT id FROM messages WHERE {column} @@ %s::tsquery ORDER BY id DESC LIMIT 1 OFFSET %s",
+            (phrase.match, ranking.DF_SAMPLE - 1),
+        )
+        if found is None:
+            return int(await db.value(
+                conn,
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM messages WHERE {column} @@ %s::tsquery LIMIT %s) t",
+                (phrase.match, ranking.DF_SAMPLE),
+            ))  # fmt: skip
     return ranking.extrapolate_df(rows, int(found), id_range)
 
 

@@ -9,6 +9,7 @@ indexes hold (content; the segmented CJK/emoji copy; tool names and arguments), 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import query as q
@@ -129,14 +130,40 @@ def required_pairs(node: q.Node, *, segmented: bool) -> list[str]:
     them) that every row matching `to_tsquery(node)` holds: those of the phrases the query
     ANDs together. A phrase's last pair is left out when it ends in a prefix; OR and NOT
     require nothing. Empty when the query has no such pair."""
+    return _required(node, segmented, token_pairs)
+
+
+def required_words(node: q.Node, *, segmented: bool) -> list[str]:
+    """Tokens every row matching `to_tsquery(node)` holds: those of the terms the query
+    ANDs together, but for a prefix term's last one."""
+    return _required(node, segmented, whole_tokens)
+
+
+def token_pairs(tokens: Sequence[str], prefix: bool) -> list[str]:
+    """A phrase's adjacent pairs, as `sb_pairs` joins them; not the one ending in a prefix."""
+    found = [f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False)]
+    return found[:-1] if prefix else found
+
+
+def whole_tokens(tokens: Sequence[str], prefix: bool) -> list[str]:
+    """A phrase's tokens but a prefix."""
+    return list(tokens[:-1] if prefix else tokens)
+
+
+def _required(
+    node: q.Node, segmented: bool, pieces: Callable[[Sequence[str], bool], list[str]]
+) -> list[str]:
     if isinstance(node, q.Term):
-        tokens = fts_tokens(segment(node.text) if segmented else node.text)
-        pairs = [f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False)]
-        return pairs[:-1] if node.prefix else pairs
+        return pieces(fts_tokens(segment(node.text) if segmented else node.text), node.prefix)
     if isinstance(node, q.And):
         out: list[str] = []
         for item in node.items:
             if not isinstance(item, q.Not):
-                out.extend(p for p in required_pairs(item, segmented=segmented) if p not in out)
+                out.extend(p for p in _required(item, segmented, pieces) if p not in out)
         return out
     return []
+
+
+def lexeme_query(token: str) -> str:
+    """One token as a tsquery literal."""
+    return _quote(token)

@@ -10,11 +10,13 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from state import QueryError, SessionFilter, Store, open_store
+from state.pg.search import RARE_SHARE
 from tests import pgserver
 
 WORDS = [
@@ -179,12 +181,17 @@ async def test_phrases_past_the_first_probe_agree(
 ) -> None:
     """6,000 messages, phrases rare among them: PostgreSQL looks past its first slice of
     ids through the index of adjacent token pairs, which must find exactly the rows the
-    phrase check (and SQLite) finds, not the rows that merely hold the words apart."""
+    phrase check (and SQLite) finds, not the rows that merely hold the words apart. Before
+    the table's first ANALYZE and after it (phrase slices are then fenced from the
+    planner's primary-key walk)."""
     schema = pgserver.fresh_schema(pg_dsn)
     lite = await open_store({"backend": "sqlite"}, tmp_path_factory.mktemp("pairs"))
     pg = await open_store({"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, schema)}, ".")
     vocab = ["red", "alert", "the", "server", "fix", "東京", "タワー", "服务端", "🎉", "party",
              "hello", "world", "user@host", "x"]  # fmt: skip
+    dsn = pgserver.with_schema(pg_dsn, schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # no ANALYZE but the test's own
+        conn.execute("ALTER TABLE messages SET (autovacuum_enabled = off)")
     try:
         for store in (lite, pg):
             rnd = random.Random(7)  # the same corpus for both stores
@@ -198,16 +205,65 @@ async def test_phrases_past_the_first_probe_agree(
         queries = ['"red alert"', '"alert red"', '"the server" fix', '"fix the server"', "東京タワー",
                    "服务端", '"hello world" NOT party', '"red alert" OR "the server"',
                    "user@ho*", "🎉 party", '"user host"']  # fmt: skip
+        for analyzed in (False, True):
+            if analyzed:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("ANALYZE messages")
+                await pg.close()
+                pg = await open_store({"backend": "postgres", "dsn": dsn}, ".")  # fresh caches
+            for query in queries:
+                for kw in ({}, {"sort": "oldest"}, {"sort": "newest", "offset": 5}):
+                    want = [(h["id"], h["snippet"])
+                            for h in await lite.search_messages(query, limit=20, **kw)]  # fmt: skip
+                    got = [(h["id"], h["snippet"])
+                           for h in await pg.search_messages(query, limit=20, **kw)]  # fmt: skip
+                    assert got == want and (want or kw), (query, kw, analyzed)  # page 1 finds rows
+    finally:
+        await lite.close()
+        await pg.close()
+        pgserver.drop_schema(pg_dsn, schema)
+
+
+async def test_phrases_found_through_their_rarest_word_agree(
+    pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """After ANALYZE, a phrase's candidates on PostgreSQL come from its rarest word (when
+    the statistics put it in few rows) and the phrase is checked on them: the rows found
+    must be exactly SQLite's, whichever word is the rare one, in every sort and slice."""
+    schema = pgserver.fresh_schema(pg_dsn)
+    lite = await open_store({"backend": "sqlite"}, tmp_path_factory.mktemp("rare"))
+    pg = await open_store({"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, schema)}, ".")
+    common = ["the", "of", "red", "alert", "fix", "and", "to"]
+    try:
+        for store in (lite, pg):
+            rnd = random.Random(11)  # the same corpus for both stores
+            sids = [await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
+                    for i in range(6)]  # fmt: skip
+            for chunk in range(50):
+                batch = []
+                for k in range(100):
+                    words = rnd.choices(common, k=rnd.randint(3, 12))
+                    if rnd.random() < 0.04:  # "server" in about 4% of the rows, anywhere
+                        at = rnd.randrange(len(words) + 1)
+                        words[at:at] = ["the", "server"] if rnd.random() < 0.5 else ["server"]
+                    batch.append({"role": ("user", "assistant")[k % 2], "content": " ".join(words),
+                                  "timestamp": T0 + chunk * 100 + k})  # fmt: skip
+                await store.append_messages(sids[chunk % 6], batch)
+        with psycopg.connect(pgserver.with_schema(pg_dsn, schema), autocommit=True) as conn:
+            conn.execute("ANALYZE messages")
+            found = conn.execute(
+                "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats "
+                "WHERE schemaname = %s AND tablename = 'messages' AND attname = 'tsv'", (schema,)
+            ).fetchone()  # fmt: skip
+        shares = dict(zip(found[0], found[1], strict=False)) if found else {}
+        assert shares.get("the", 0) > 0.5 and shares.get("server", 0) < RARE_SHARE  # the path taken
+        queries = ['"the server"', '"server the"', '"fix the server"', '"the server" alert',
+                   '"red alert" server', '"the server" NOT fix', '"the serv"*', '"of the"']  # fmt: skip
         for query in queries:
-            for kw in ({}, {"sort": "oldest"}, {"sort": "newest", "offset": 5}):
-                want = [
-                    (h["id"], h["snippet"])
-                    for h in await lite.search_messages(query, limit=20, **kw)
-                ]
-                got = [
-                    (h["id"], h["snippet"]) for h in await pg.search_messages(query, limit=20, **kw)
-                ]
-                assert got == want and (want or kw), (query, kw)  # the first page finds rows
+            for kw in ({}, {"sort": "oldest"}, {"sort": "newest", "offset": 30}, {"limit": 40}):
+                want = [(h["id"], h["snippet"]) for h in await lite.search_messages(query, **kw)]
+                got = [(h["id"], h["snippet"]) for h in await pg.search_messages(query, **kw)]
+                assert got == want and (want or "offset" in kw), (query, kw)
     finally:
         await lite.close()
         await pg.close()
