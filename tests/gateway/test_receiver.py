@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
-from gateway.adapters.email import EmailAdapter
 from gateway.adapters.email_imap import Place
-from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.signal import CURSOR, SignalAdapter
 from gateway.app import StoreCursors
@@ -53,6 +52,37 @@ class Loop:
 
 Made = tuple[Receiver, ControlLink]
 Ledger = tuple[PgShardLedger, ControlLink]
+
+
+class Pair:
+    """Two adapters of one platform on the ledger, as two replicas would run them (their
+    stores' cursors shared when `cursors`), started in order: what each emitted, by name."""
+
+    def __init__(self, make: Callable[[], Any], platform: str, *, cursors: bool = True) -> None:
+        self.make, self.platform, self.cursors = make, platform, cursors
+        self.got: dict[str, list[str]] = {"a": [], "b": []}
+        self.adapters: dict[str, Any] = {}
+        self.links: dict[str, ControlLink] = {}
+        self.stores: list[PgStore] = []
+
+    async def start(self, ledger: Callable[[str, str], Awaitable[Ledger]]) -> tuple[Any, Any]:
+        for name in ("a", "b"):
+            adapter = self.adapters[name] = self.make()
+            shards, self.links[name] = await ledger(name, self.platform)
+            self.stores.append(shards.store)
+            if self.cursors:
+                adapter.use_cursors(StoreCursors(shards.store, self.platform))
+            adapter.use_shards(shards)
+
+            async def emit(msg: InboundMessage, name: str = name) -> None:
+                self.got[name].append(msg.text)
+
+            await adapter.start(emit)
+        return self.adapters["a"], self.adapters["b"]
+
+    async def stop(self) -> None:
+        for adapter in self.adapters.values():
+            await adapter.stop()
 
 
 @pytest.fixture(scope="module")
@@ -193,20 +223,11 @@ async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
     """Two adapters on the fake, as two replicas: one websocket; the other adapter posts,
     and shows typing through REST; it opens the websocket once the first is cut off, and
     the first, rejoined, closes its own."""
-    got: dict[str, list[str]] = {"a": [], "b": []}
-    adapters: dict[str, MattermostAdapter] = {}
-    links: dict[str, ControlLink] = {}
+    pair = Pair(lambda: MattermostAdapter(mattermost.token, mattermost.url), "mattermost",
+                cursors=False)  # fmt: skip
+    got, links = pair.got, pair.links
     try:
-        for name in ("a", "b"):
-            adapter = adapters[name] = MattermostAdapter(mattermost.token, mattermost.url)
-            shards, links[name] = await ledger(name, "mattermost")
-            adapter.use_shards(shards)
-
-            async def emit(msg: InboundMessage, name: str = name) -> None:
-                got[name].append(msg.text)
-
-            await adapter.start(emit)
-        a, b = adapters["a"], adapters["b"]
+        a, b = await pair.start(ledger)
         assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
         assert mattermost.sockets() == 1
         await mattermost.say("hello", DM)
@@ -233,8 +254,7 @@ async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
         await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
         assert got == {"a": ["hello"], "b": ["again"]}
     finally:
-        for adapter in adapters.values():
-            await adapter.stop()
+        await pair.stop()
 
 
 @pytest.fixture
@@ -252,23 +272,10 @@ async def test_a_signal_replica_taking_over_listens_from_the_event_id_the_last_o
 ) -> None:
     """The event id is a cursor in the shared store: a message that arrived while nobody
     listened is replayed to the new listener, and the one already taken is not."""
-    got: dict[str, list[str]] = {"a": [], "b": []}
-    adapters: dict[str, SignalAdapter] = {}
-    links: dict[str, ControlLink] = {}
-    stores: list[PgStore] = []
+    pair = Pair(lambda: SignalAdapter(signal.url, SIGNAL_BOT), "signal")
+    got, links, stores = pair.got, pair.links, pair.stores
     try:
-        for name in ("a", "b"):
-            adapter = adapters[name] = SignalAdapter(signal.url, SIGNAL_BOT)
-            shards, links[name] = await ledger(name, "signal")
-            stores.append(shards.store)
-            adapter.use_cursors(StoreCursors(shards.store, "signal"))
-            adapter.use_shards(shards)
-
-            async def emit(msg: InboundMessage, name: str = name) -> None:
-                got[name].append(msg.text)
-
-            await adapter.start(emit)
-        a, b = adapters["a"], adapters["b"]
+        a, b = await pair.start(ledger)
         await signal.wait_connected(1)
         assert signal.last_event_ids == [None]  # one stream between the two
         assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
@@ -289,8 +296,7 @@ async def test_a_signal_replica_taking_over_listens_from_the_event_id_the_last_o
         await b.send(OutboundMessage("signal", SIGNAL_ALICE, "answer"))
         assert [m["message"] for m in signal.delivered()] == ["answer"]
     finally:
-        for adapter in adapters.values():
-            await adapter.stop()
+        await pair.stop()
 
 
 @pytest.fixture
@@ -312,23 +318,10 @@ async def test_an_email_replica_taking_over_watches_from_the_uid_the_last_one_st
     first handled (kept in the shared store), so a mail that came while nobody watched is
     handed over and none twice."""
     imap, smtp = mailboxes
-    got: dict[str, list[str]] = {"a": [], "b": []}
-    adapters: dict[str, EmailAdapter] = {}
-    links: dict[str, ControlLink] = {}
-    stores: list[PgStore] = []
+    pair = Pair(lambda: make_adapter(imap, smtp), "email")
+    got, links, stores = pair.got, pair.links, pair.stores
     try:
-        for name in ("a", "b"):
-            adapter = adapters[name] = make_adapter(imap, smtp)
-            shards, links[name] = await ledger(name, "email")
-            stores.append(shards.store)
-            adapter.use_cursors(StoreCursors(shards.store, "email"))
-            adapter.use_shards(shards)
-
-            async def emit(msg: InboundMessage, name: str = name) -> None:
-                got[name].append(msg.text)
-
-            await adapter.start(emit)
-        a, b = adapters["a"], adapters["b"]
+        a, b = await pair.start(ledger)
         assert [user for user, _ok in imap.logins] == [US]  # b did not log in
         assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
         uid = imap.deliver(mail("one"))
@@ -347,8 +340,7 @@ async def test_an_email_replica_taking_over_watches_from_the_uid_the_last_one_st
         assert got == {"a": ["one"], "b": ["in the gap", "after"]}
         assert len(imap.logins) == 2
     finally:
-        for adapter in adapters.values():
-            await adapter.stop()
+        await pair.stop()
 
 
 @pytest.fixture
@@ -369,21 +361,10 @@ async def test_a_matrix_replica_taking_over_syncs_from_the_token_the_last_one_st
     """Only the receiver syncs (the other's `since` stays unset); the next one goes on from
     the stored token: the message sent while nobody synced is emitted, the first is not
     emitted again."""
-    got: dict[str, list[str]] = {"a": [], "b": []}
-    adapters: dict[str, MatrixAdapter] = {}
-    links: dict[str, ControlLink] = {}
+    pair = Pair(lambda: matrix_adapter(matrix), "matrix")
+    got, links = pair.got, pair.links
     try:
-        for name in ("a", "b"):
-            adapter = adapters[name] = matrix_adapter(matrix)
-            shards, links[name] = await ledger(name, "matrix")
-            adapter.use_cursors(StoreCursors(shards.store, "matrix"))
-            adapter.use_shards(shards)
-
-            async def emit(msg: InboundMessage, name: str = name) -> None:
-                got[name].append(msg.text)
-
-            await adapter.start(emit)
-        a, b = adapters["a"], adapters["b"]
+        a, b = await pair.start(ledger)
         assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
         await wait_for_count(lambda: [1] if a.health()["since"] else [], 1, 10, "a first sync")
         before = a.health()["since"]
@@ -400,5 +381,4 @@ async def test_a_matrix_replica_taking_over_syncs_from_the_token_the_last_one_st
         await wait_for_count(lambda: got["b"], 2, 10, "messages on b")
         assert got == {"a": ["one"], "b": ["in the gap", "after"]}
     finally:
-        for adapter in adapters.values():
-            await adapter.stop()
+        await pair.stop()
