@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from state import SessionDB
+from tests import pgserver
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
@@ -20,6 +21,18 @@ async def db(tmp_path: Path) -> AsyncIterator[SessionDB]:
         yield store
     finally:
         await store.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """A PostgreSQL server for the session (tests/pgserver.py finds one, or starts a
+    private cluster, stopped at the end)."""
+    dsn, private = pgserver.find_server(pgserver.server_candidates())
+    try:
+        yield dsn
+    finally:
+        if private is not None:
+            private.stop()
 
 
 @pytest.fixture

@@ -4,14 +4,14 @@ factory that starts N replicas behind the balancer (and always stops both)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.balancer import Balancer
-from tests.cluster.harness import Cluster, Platforms, drop_database, fresh_database, server_dsn
+from tests.cluster.harness import Cluster, Platforms, drop_database, fresh_database
 from tests.fakes.discord import GUILD, GUILD2, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
@@ -27,16 +27,6 @@ async def _running(fake: Any) -> AsyncIterator[Any]:
         yield fake
     finally:
         await fake.stop()
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[str]:
-    dsn, private = server_dsn()
-    try:
-        yield dsn
-    finally:
-        if private is not None:
-            private.stop()
 
 
 @pytest.fixture

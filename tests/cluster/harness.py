@@ -27,7 +27,6 @@ import psycopg
 import yaml
 
 from state.pg.control import application_name
-from tests import pgserver
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 DSN_ENV = "SWITCHBOARD_PG_DSN"
@@ -339,9 +338,6 @@ class Cluster:
         return found
 
 
-def server_dsn() -> tuple[str, pgserver.Cluster | None]:
-    """The PostgreSQL server tests/pgserver.py finds (or starts: returned to be stopped)."""
-    return pgserver.find_server(pgserver.server_candidates())
 
 
 async def until(check: Callable[[], bool], timeout: float = 60.0, every: float = 0.05) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import psycopg
 import pytest
@@ -28,14 +28,9 @@ from tests import pgserver
 Replica = tuple[PgStore, PgCoordinator]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
-    try:
-        yield dsn
-    finally:
-        if cluster is not None:
-            cluster.stop()
+@pytest.fixture
+def server(pg_server: str) -> str:
+    return pg_server
 
 
 @pytest.fixture

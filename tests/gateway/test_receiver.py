@@ -6,7 +6,7 @@ claim loop does every CLAIM_EVERY_S, so nothing here waits on a clock."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -85,14 +85,9 @@ class Pair:
             await adapter.stop()
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
-    try:
-        yield dsn
-    finally:
-        if cluster is not None:
-            cluster.stop()
+@pytest.fixture
+def server(pg_server: str) -> str:
+    return pg_server
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ SQLite-only; tests/state/README.md lists which files are which.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -25,14 +25,8 @@ OpenStore = Callable[..., Awaitable[Store]]
 
 
 @pytest.fixture(scope="session")
-def pg_dsn() -> Iterator[str]:
-    """A PostgreSQL server for the session; a private cluster is stopped at the end."""
-    dsn, cluster = pgserver.find_server(pgserver.server_candidates())
-    try:
-        yield dsn
-    finally:
-        if cluster is not None:
-            cluster.stop()
+def pg_dsn(pg_server: str) -> str:
+    return pg_server
 
 
 @pytest.fixture(params=BACKENDS)
