@@ -44,7 +44,7 @@ from gateway.turns import (
     user_message,
 )
 from gateway.vocab import ChatType
-from state import LeaseLost, SessionNotFound, StateError, Store
+from state import LeaseLost, LiveSessionExists, SessionNotFound, StateError, Store
 from state.content import content_text
 from state.inbox import ANSWERED, DROPPED, OPEN_STATES, STARTED
 
@@ -638,10 +638,20 @@ class Router:
 
     async def entry_for(self, key: SessionKey, msg: InboundMessage) -> IndexEntry:
         """The index entry for this key, creating the session on first contact."""
-        entry = self.services.index.get(key.format()) or await self.services.sessions.adopt(key)
+        sessions = self.services.sessions
+        entry = self.services.index.get(key.format()) or await sessions.adopt(key)
         if entry is not None:
             return entry
-        return await self.services.sessions.create(key, msg.source)
+        try:
+            return await sessions.create(key, msg.source)
+        except LiveSessionExists:
+            # another process made the key's session since the look above: a replica that
+            # took the key over while this one stalled (this turn's next fenced write finds
+            # the lease lost and answers nothing), or a `sessions import` beside one daemon
+            entry = await sessions.adopt(key)
+            if entry is None:
+                raise
+            return entry
 
     # --- shutdown ------------------------------------------------------------------------
 
