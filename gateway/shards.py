@@ -4,7 +4,10 @@ An adapter whose platform splits its event stream into shards (and allows a sess
 shard only once) asks a `ShardLedger` which shards to run: `claim` takes the shards no live
 replica owns and answers with those this replica owns now, each with its epoch. The adapter
 runs exactly those, closes one whose epoch moved or that is gone from the answer (another
-replica took it), and asks again every few seconds. With one daemon (SQLite) there is no
+replica took it), and asks again every few seconds. The answer also says how many of its
+shards to hand over (a replica joined and holds fewer than its fair share): the adapter
+closes their connections first and only then `release`s them, so the other replica's next
+claim takes them and no shard is connected twice. With one daemon (SQLite) there is no
 ledger and the adapter runs every shard itself.
 
 `Receiver` is the same ledger with a count of 1 for an adapter whose platform sends every
@@ -18,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.errors import InvalidToken
@@ -32,10 +36,20 @@ log = logging.getLogger("gateway.shards")
 CLAIM_EVERY_S = 3.0  # how often a replica takes over the shards of replicas that are gone
 
 
+@dataclass(frozen=True)
+class Claim:
+    owned: dict[int, int] = field(default_factory=dict)  # shard id -> epoch, all ours now
+    give: int = 0  # how many of them to hand over now (highest ids first)
+
+
 class ShardLedger(Protocol):
-    async def claim(self, count: int) -> dict[int, int]:
-        """Take the shards of `count` with no live owner; shard id -> epoch of every shard
-        this replica owns afterwards."""
+    async def claim(self, count: int) -> Claim:
+        """Take this replica's share of the shards of `count` that no live replica owns;
+        every shard it owns afterwards, and how many of them to hand over."""
+        ...
+
+    async def release(self, count: int, shards: Mapping[int, int]) -> None:
+        """Let go of `shards` (id -> the epoch they ran at), whose connections are closed."""
         ...
 
 
@@ -48,10 +62,14 @@ class PgShardLedger:
         self.link = link
         self.platform = platform
 
-    async def claim(self, count: int) -> dict[int, int]:
-        return await self.store.claim_shards(
-            self.platform, count, self.link.incarnation, self.link.space
+    async def claim(self, count: int) -> Claim:
+        owned, give = await self.store.claim_shards(
+            self.platform, count, self.link.incarnation, self.link.space, CLAIM_EVERY_S
         )
+        return Claim(owned, give)
+
+    async def release(self, count: int, shards: Mapping[int, int]) -> None:
+        await self.store.release_shards(self.platform, count, self.link.incarnation, shards)
 
 
 class Receiver:
@@ -100,7 +118,7 @@ class Receiver:
     async def sync(self) -> None:
         """Receive exactly while this replica owns shard 0 at the epoch it took it at."""
         assert self._ledger is not None
-        epoch = (await self._ledger.claim(1)).get(0)
+        epoch = (await self._ledger.claim(1)).owned.get(0)  # one shard: none to give
         if self.receiving and epoch != self.epoch:
             log.warning("%s: the receiving connection is no longer ours (epoch %s, now %s); "
                         "closing it", self.platform, self.epoch, epoch)  # fmt: skip

@@ -125,11 +125,13 @@ def to_inbound(
 
 @dataclass
 class _Shard:
-    """One shard running here: the epoch it was taken at and its connection."""
+    """One shard running here: the epoch it was taken at, its connection and when it was
+    opened (monotonic)."""
 
     epoch: int
     client: Any
     task: asyncio.Task[None]
+    opened: float
 
 
 def reply_nonce(dedupe_key: str, channel_id: str, part: int) -> str:
@@ -224,6 +226,8 @@ class DiscordAdapter:
         self._catch_up_s = catch_up_hours * 3600
         self._positions = Positions(None)
         self._catch_up_task: asyncio.Task[None] | None = None
+        self._catch_up_again = False  # a session began during the catch-up: run it again
+        self._gates: list[asyncio.Event] = []  # shards' sessions waiting for a catch-up
         # live messages wait until the positions are read, and in a channel still being
         # caught up, until it is done: a channel's messages reach emit in order
         self._caught_up = asyncio.Event()
@@ -256,7 +260,9 @@ class DiscordAdapter:
     def sharded(self) -> bool:
         return self._ledger is not None or self._shard_count > 1
 
-    def _new_client(self, shard: int | None) -> Any:
+    def _new_client(self, shard: int | None, gate: asyncio.Event | None = None) -> Any:
+        """A client; a shard's passes its messages on only once `gate` is open (see
+        `_shard_ready`)."""
         import discord
 
         intents = discord.Intents.default()
@@ -266,8 +272,20 @@ class DiscordAdapter:
             allowed_mentions=discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=False),
             shard_id=shard, shard_count=None if shard is None else self._shard_count,
         )  # fmt: skip
-        client.event(self.on_message)
-        client.event(self.on_ready)
+        if gate is None:
+            client.event(self.on_message)
+            client.event(self.on_ready)
+            return client
+
+        async def on_ready() -> None:
+            await self._shard_ready(gate)
+
+        async def on_message(message: Any) -> None:
+            await gate.wait()
+            await self.on_message(message)
+
+        client.event(on_ready)
+        client.event(on_message)
         return client
 
     async def _login(self, client: Any) -> None:
@@ -303,10 +321,12 @@ class DiscordAdapter:
     async def _sync_shards(self) -> None:
         """Run exactly the shards owned now: close the ones taken elsewhere (their epoch
         moved), connect the ones newly taken."""
+        give = 0
         if self._ledger is None:
             owned = dict.fromkeys(range(self._shard_count), 0)
         else:
-            owned = await self._ledger.claim(self._shard_count)
+            claim = await self._ledger.claim(self._shard_count)
+            owned, give = claim.owned, claim.give
         for shard, run in list(self._shards.items()):
             if owned.get(shard) != run.epoch:
                 log.warning("discord shard %d/%d is no longer ours (epoch %d, now %s); "
@@ -318,9 +338,28 @@ class DiscordAdapter:
         for shard, epoch in sorted(owned.items()):
             if shard not in self._shards and not self._stopping:
                 await self._open_shard(shard, epoch)
+        if give and self._ledger is not None and not self._stopping:
+            await self._hand_over(give)
+
+    async def _hand_over(self, give: int) -> None:
+        """Let go of `give` shards for a replica holding too few: the highest ids that ran
+        here for a round at least (one just taken is kept, so a share does not flap). Each
+        connection is closed before the ledger hears of it, so the taker cannot connect it
+        while it is still open here; what arrives in between, the taker catches up."""
+        assert self._ledger is not None
+        ready = time.monotonic() - CLAIM_EVERY_S
+        going = [k for k in sorted(self._shards, reverse=True) if self._shards[k].opened <= ready]
+        epochs = {k: self._shards[k].epoch for k in going[:give]}
+        if not epochs:
+            return
+        for shard in epochs:
+            await self._close_shard(shard)
+        await self._ledger.release(self._shard_count, epochs)
+        log.info("discord shard(s) %s/%d handed over to a replica with fewer",
+                 sorted(epochs), self._shard_count)  # fmt: skip
 
     async def _open_shard(self, shard: int, epoch: int) -> None:
-        client = self._new_client(shard)
+        client = self._new_client(shard, asyncio.Event())
         try:
             await self._login(client)
         except BaseException:  # cancelled by stop(), or refused: nothing left open
@@ -328,13 +367,15 @@ class DiscordAdapter:
                 await client.close()
             raise
         task = asyncio.create_task(self._connect(client), name=f"discord.gateway:{shard}")
-        self._shards[shard] = _Shard(epoch, client, task)
+        self._shards[shard] = run = _Shard(epoch, client, task, time.monotonic())
         try:
             async with asyncio.timeout(30):
                 await client.wait_until_ready()
         except TimeoutError:  # kept: discord.py goes on trying, the next claim keeps it
             log.warning("discord shard %d/%d not ready after 30 s", shard, self._shard_count)
             return
+        finally:
+            run.opened = time.monotonic()
         log.info("discord shard %d/%d connected (epoch %d)", shard, self._shard_count, epoch)
 
     async def _close_shard(self, shard: int) -> None:
@@ -381,24 +422,53 @@ class DiscordAdapter:
             self.last_error = str(exc)
             log.error("discord gateway connection ended: %s", exc)
 
+    async def _shard_ready(self, gate: asyncio.Event) -> None:
+        """A shard's fresh session, maybe on a replica whose other shards run (one taken
+        over or handed over): discord.py passes on its messages before its on_ready (while
+        it waits for the guilds), and one handled then would move its channel's position
+        past what reached the shard while nobody held it. So its messages wait until a
+        catch-up begun after this has read the positions."""
+        self._gates.append(gate)
+        await self.on_ready()
+
     async def on_ready(self) -> None:
         """A fresh session (start-up, or a reconnect that could not RESUME): what arrived
         meanwhile is not replayed by Discord, so fetch it."""
         if self._catch_up_task is not None and not self._catch_up_task.done():
+            # another shard's fresh session (several are taken at once): the running catch-up
+            # may have read its channels before it connected, so read them again after it
+            self._catch_up_again = True
             return
         if self._catch_up_messages <= 0 or self._catch_up_s <= 0:
             self._caught_up.set()
+            self._open_gates(len(self._gates))
             return
         self._caught_up.clear()
         self._catch_up_task = asyncio.create_task(self._catch_up(), name="discord.catch_up")
 
     async def _catch_up(self) -> None:
+        while True:
+            self._catch_up_again = False
+            await self._catch_up_once()
+            if not self._catch_up_again or self._stopping:
+                return
+            self._caught_up.clear()
+
+    def _open_gates(self, n: int) -> None:
+        for gate in self._gates[:n]:
+            gate.set()
+        del self._gates[:n]
+
+    async def _catch_up_once(self) -> None:
         import discord
 
+        gates = len(self._gates)  # the sessions that began before these positions are read
         try:
             positions = await self._positions.load()
             self._pending = {channel: asyncio.Event() for channel in positions}
             self._caught_up.set()
+            self._open_gates(gates)
+            gates = 0
             # the most recently active channels first
             for channel, last in sorted(positions.items(), key=lambda p: -p[1]):
                 try:
@@ -415,6 +485,7 @@ class DiscordAdapter:
                 log.info("discord caught up %d channel(s)", len(positions))
         finally:
             self._caught_up.set()
+            self._open_gates(gates)
             for event in self._pending.values():
                 event.set()
             self._pending = {}

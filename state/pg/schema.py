@@ -211,8 +211,24 @@ CREATE INDEX IF NOT EXISTS idx_messages_seg_pairs ON messages
     USING gin(sb_pairs(seg_tsv)) WITH (fastupdate = off);
 """
 
+# Rebalancing platform shards (state/pg/shards.py): the replicas claiming a platform's
+# shards (a row each, touched at every claim, so a fair share can be worked out), and when
+# a shard was last handed over (for a while only an under-loaded replica takes it).
+_V6 = """
+CREATE TABLE platform_shard_members (
+    platform text NOT NULL,
+    shard_count integer NOT NULL,
+    member bigint NOT NULL,
+    seen_at double precision NOT NULL,
+    PRIMARY KEY (platform, shard_count, member)
+);
+ALTER TABLE platform_shards ADD COLUMN released_at double precision;
+"""
+
 # Each step runs as one script inside the migrating transaction.
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5)]
+MIGRATIONS: list[tuple[int, str]] = [
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6)
+]  # fmt: skip
 LATEST = MIGRATIONS[-1][0]
 # Constraint name -> what it means, for turning a unique violation into the store's error.
 TITLE_INDEX = "idx_sessions_title_key"

@@ -650,8 +650,16 @@ class PgStore:
     async def cluster_report(self) -> dict[str, int]:
         return await self._read(cluster.report)
 
-    async def claim_shards(self, platform: str, count: int, me: int, space: int) -> dict[int, int]:
-        return await self._write(shards.claim, platform, count, me, space)
+    async def claim_shards(
+        self, platform: str, count: int, me: int, space: int, every_s: float
+    ) -> tuple[dict[int, int], int]:
+        """The shards `me` owns after its claim (id -> epoch), and how many to hand over."""
+        return await self._write(shards.claim, platform, count, me, space, every_s)
+
+    async def release_shards(
+        self, platform: str, count: int, me: int, owned: Mapping[int, int]
+    ) -> int:
+        return await self._write(shards.release, platform, count, me, owned)
 
     def control_link(self, name: str) -> ControlLink:
         """A replica's control connection (not yet open) to this store's database."""

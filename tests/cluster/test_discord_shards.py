@@ -2,7 +2,9 @@
 `shard_count: 2` on one PostgreSQL database connect each shard exactly once between them and
 answer each message once; the shards of a killed replica are taken over by the other, which
 also catches up what arrived in the gap; a replica that finds its shards taken (it stalled
-while cut off) closes their connections. Takeover times are printed, never asserted."""
+while cut off) closes their connections; a replica started later gets its share of the
+shards handed over, each shard connected once throughout and each message answered once.
+Takeover and rebalancing times are printed, never asserted."""
 
 from __future__ import annotations
 
@@ -15,32 +17,49 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.shards import CLAIM_EVERY_S
 from tests.cluster.harness import Replica, cut_off, query, stop_replicas, until
 from tests.fakes.discord import DM, GENERAL, GENERAL2, GUILD, GUILD2, FakeDiscord
 
 
-@pytest.fixture
-async def pair(tmp_path: Path, db: str, discord: FakeDiscord) -> AsyncIterator[list[Replica]]:
-    """r1 and r2, Discord with two shards on the fake, started one after the other."""
+def _replicas(tmp_path: Path, db: str, discord: FakeDiscord, shards: int) -> list[Replica]:
+    """r1 and r2 (not started), Discord with `shards` shards on the fake."""
     extra = {"platforms": {"discord": {
-        "enabled": True, "allow_all_users": True, "require_mention": False, "shard_count": 2,
+        "enabled": True, "allow_all_users": True, "require_mention": False, "shard_count": shards,
         "base_url": discord.api, "gateway_url": discord.gateway,
     }}}  # fmt: skip
-    group = [Replica.on(db, f"r{i}", tmp_path / f"r{i}", 2, extra_config=extra,
-                        env={"DISCORD_BOT_TOKEN": discord.token}) for i in (1, 2)]  # fmt: skip
+    return [Replica.on(db, f"r{i}", tmp_path / f"r{i}", 2, extra_config=extra,
+                       env={"DISCORD_BOT_TOKEN": discord.token}) for i in (1, 2)]  # fmt: skip
+
+
+@pytest.fixture
+async def pair(tmp_path: Path, db: str, discord: FakeDiscord) -> AsyncIterator[list[Replica]]:
+    """r1 and r2, Discord with two shards on the fake, started one after the other; once
+    r1 handed one shard over to r2."""
+    group = _replicas(tmp_path, db, discord, 2)
     try:
         for r in group:
             await r.start()
+        await until(lambda: sorted(_owners(db).values()) == ["r1", "r2"]
+                    and discord.connected_shards() == [(0, 2), (1, 2)])  # fmt: skip
         yield group
     finally:
         assert await stop_replicas(group) == []
 
 
-def _owners(db: str) -> dict[int, str]:
+def _owners(db: str, count: int = 2) -> dict[int, str]:
     """shard id -> the name of the replica whose current incarnation owns it."""
     return {int(s): str(n) for s, n in query(
         db, "SELECT s.shard_id, r.name FROM platform_shards s JOIN replicas r "
-        "ON r.incarnation = s.owner WHERE s.platform = 'discord' AND s.shard_count = 2",
+        "ON r.incarnation = s.owner WHERE s.platform = 'discord' AND s.shard_count = %s",
+        (count,),
+    )}  # fmt: skip
+
+
+def _epochs(db: str, count: int) -> dict[int, int]:
+    return {int(s): int(e) for s, e in query(
+        db, "SELECT shard_id, epoch FROM platform_shards WHERE platform = 'discord' "
+        "AND shard_count = %s", (count,),
     )}  # fmt: skip
 
 
@@ -95,6 +114,8 @@ async def test_each_shard_runs_once_and_a_killed_owners_shards_are_taken_over(
 
     # SIGKILL the owner of shard 1 (the second guild); a message in its guild meanwhile
     # reaches no connection: the new owner's catch-up reads it from the channel's history
+    # (the new owner runs shard 0 already, so the catch-up follows a shard's session, not
+    # the replica's start)
     victim, survivor = (r1, r2) if owners[1] == "r1" else (r2, r1)
     killed = time.monotonic()
     await victim.kill()
@@ -135,8 +156,88 @@ async def test_a_replica_whose_shards_were_taken_closes_their_connections(
     await until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
     print(f"\nthe stalled replica closed its {len(held)} lost shard(s) "
           f"{time.monotonic() - resumed:.2f}s after waking")  # fmt: skip
+    # back under a new incarnation, it gets a share again: handed over, not taken twice
+    twice = len(discord.identified_twice)
+    await until(lambda: sorted(_owners(db).values()) == sorted([holder.name, other.name])
+                and discord.connected_shards() == [(0, 2), (1, 2)])  # fmt: skip
+    owners = _owners(db)
     async with aiohttp.ClientSession() as http:
-        assert await _shards_of(http, holder) == {}
-        assert sorted(await _shards_of(http, other)) == ["0", "1"]
+        for r in pair:
+            held_now = sorted(str(s) for s, n in owners.items() if n == r.name)
+            assert sorted(await _shards_of(http, r)) == held_now
+    assert len(discord.identified_twice) == twice
     await _each_channel_answered_once(discord)
     assert "no longer ours" in holder.log_text()
+
+
+async def test_a_replica_started_later_gets_its_share_handed_over(
+    tmp_path: Path, db: str, discord: FakeDiscord
+) -> None:
+    """Four shards: r1 alone runs them all; once r2 runs too, r1 closes its highest two
+    (GENERAL's guild is on shard 2, GENERAL2's on 3) and only then lets go of them, r2 takes
+    and connects them and catches up what reached them in between."""
+    r1, r2 = group = _replicas(tmp_path, db, discord, 4)
+    every = [(k, 4) for k in range(4)]
+    seen_twice: list[list[tuple[int, int]]] = []
+
+    async def watch() -> None:  # every 20 ms: no shard connected twice
+        while True:
+            shards = discord.connected_shards()
+            if len(set(shards)) != len(shards):
+                seen_twice.append(shards)
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await r1.start()
+        await until(lambda: discord.connected_shards() == every)
+        assert set(_owners(db, 4).values()) == {"r1"}
+        # answered once each: the channels have positions, so a new owner catches them up
+        await _say(discord, "before", GENERAL)
+        await _say(discord, "before", GENERAL2)
+        await discord.wait_posted(2, timeout=30)
+
+        sent = {GENERAL: ["before"], GENERAL2: ["before"]}
+        balanced = asyncio.Event()
+
+        async def chatter() -> None:  # a message to each moving guild every 0.25 s
+            n = 0
+            while not balanced.is_set():
+                n += 1
+                for channel in (GENERAL, GENERAL2):
+                    await _say(discord, f"during {n}", channel)
+                    sent[channel].append(f"during {n}")
+                await asyncio.sleep(0.25)
+
+        talking = asyncio.create_task(chatter())
+        joined = time.monotonic()
+        await r2.start()
+        await until(lambda: sorted(_owners(db, 4).values()) == ["r1", "r1", "r2", "r2"]
+                    and discord.connected_shards() == every)  # fmt: skip
+        took = time.monotonic() - joined
+        balanced.set()
+        await talking
+        async with aiohttp.ClientSession() as http:
+            assert sorted(await _shards_of(http, r1)) == ["0", "1"]
+            assert sorted(await _shards_of(http, r2)) == ["2", "3"]
+            # what reached shards 2 and 3 while neither held them (timing decides how many)
+            caught_up = (await r2.health(http))["adapters"]["discord"]["caught_up"]
+        for channel in (GENERAL, GENERAL2):
+            await _say(discord, "after", channel)
+            sent[channel].append("after")
+        total = sum(len(texts) for texts in sent.values())
+        await until(lambda: len(discord.posted()) >= total)
+        await _settle()
+        for channel, texts in sent.items():  # each exactly once (order is not the point)
+            assert sorted(_answers(discord, channel)) == sorted(f"echo: {t}" for t in texts)
+        assert discord.identified_twice == [] and seen_twice == []
+        # settled: two more rounds move nothing
+        epochs = _epochs(db, 4)
+        await asyncio.sleep(2 * CLAIM_EVERY_S + 0.5)
+        assert _epochs(db, 4) == epochs
+        assert "handed over" in r1.log_text()
+        print(f"\nr2 ran 2 of 4 shards {took:.2f}s after it was started ({total - 4} "
+              f"messages sent meanwhile, {caught_up} caught up by r2, each answered once)")  # fmt: skip
+    finally:
+        watcher.cancel()
+        assert await stop_replicas(group) == []

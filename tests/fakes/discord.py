@@ -73,6 +73,8 @@ class FakeDiscord:
     history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # channel -> messages
     dm_users: dict[str, dict[str, Any]] = field(default_factory=dict)  # DM channel -> recipient
     identifies: int = 0
+    # (shard, count) of each IDENTIFY made while another open connection had that shard
+    identified_twice: list[tuple[int, int]] = field(default_factory=list)
     resumes: int = 0
     nonce_window_s: float = 300.0  # how long an enforced nonce answers with its message
     _nonces: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
@@ -248,6 +250,8 @@ class FakeDiscord:
             elif op == 2:
                 self.identifies += 1
                 shard, count = (msg.get("d") or {}).get("shard") or (0, 1)
+                if (int(shard), int(count)) in self.connected_shards():
+                    self.identified_twice.append((int(shard), int(count)))
                 self.shard_of[ws] = (int(shard), int(count))
                 mine = [g for g in self.guilds if self.shard_for({"guild_id": g}, count) == shard]
                 ready = {"v": 10, "user": BOT, "session_id": "fake-session", "resume_gateway_url": self.gateway,

@@ -307,9 +307,25 @@ async def test_a_schema_1_database_gains_the_inbox_keeping_its_sessions(schema_d
     await old.close()
     store = await open_store({"backend": "postgres", "dsn": schema_dsn}, ".")
     try:
-        assert await store.schema_version() == store.latest_schema_version() == 5
+        assert await store.schema_version() == store.latest_schema_version() == 6
         assert (await store.require_session(sid))["title"] == "kept"
         assert (await store.accept_inbound("api", "1", "m", {}))[2] is True
+    finally:
+        await store.close()
+
+
+async def test_a_schema_5_databases_shards_keep_their_owners_and_epochs(schema_dsn: str) -> None:
+    """Schema 6 adds the shard members and a shard's release time: rows claimed before
+    keep their owner and epoch, and claims go on from them."""
+    old = await PgStore.open(schema_dsn, schema_target=5)
+    async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+        await conn.execute("INSERT INTO platform_shards (platform, shard_count, shard_id, owner, "
+                           "epoch) VALUES ('discord', 2, 0, 77, 4), ('discord', 2, 1, NULL, 0)")  # fmt: skip
+    await old.close()
+    store = await PgStore.open(schema_dsn)
+    try:
+        # incarnation 77 holds no lock: both shards are free, epochs go on from theirs
+        assert await store.claim_shards("discord", 2, 5, 0, 3.0) == ({0: 5, 1: 1}, 0)
     finally:
         await store.close()
 
