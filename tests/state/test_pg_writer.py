@@ -12,6 +12,7 @@ import pytest
 
 from state import SessionNotFound, WriterClosed, open_store
 from state.pg.store import PgStore
+from state.pg.writer import register_batched
 from tests import pgserver
 
 
@@ -204,3 +205,56 @@ async def test_batched_turn_tokens_account_like_one_call_at_a_time(pg_dsn: str) 
         results.append((sessions, usage))
     assert results[0] == results[1]
     assert results[1][0][0][:3] == ("plain", 3, 1 + 3 + 5)
+
+
+# Three batchable kinds of operation for the placement test: where each kind runs in a
+# batch (registered like the store's own: turn writes first, reply marks last).
+_RAN: list[str] = []
+
+
+async def _first(conn: object, tag: str) -> str:
+    return (await _firsts(conn, [(tag,)]))[0]
+
+
+async def _firsts(conn: object, calls: list[tuple[str, ...]]) -> list[str]:
+    _RAN.append("first " + ",".join(c[0] for c in calls))
+    return [f"F{c[0]}" for c in calls]
+
+
+async def _plain(conn: object, tag: str) -> str:
+    return (await _plains(conn, [(tag,)]))[0]
+
+
+async def _plains(conn: object, calls: list[tuple[str, ...]]) -> list[str]:
+    _RAN.append("plain " + ",".join(c[0] for c in calls))
+    return [f"P{c[0]}" for c in calls]
+
+
+async def _last(conn: object, tag: str) -> str:
+    return (await _lasts(conn, [(tag,)]))[0]
+
+
+async def _lasts(conn: object, calls: list[tuple[str, ...]]) -> list[str]:
+    _RAN.append("last " + ",".join(c[0] for c in calls))
+    return [f"L{c[0]}" for c in calls]
+
+
+register_batched(_first, _firsts, place=-1)
+register_batched(_plain, _plains)
+register_batched(_last, _lasts, place=1)
+
+
+async def test_placed_operations_run_first_or_last_merged_and_answer_their_own_callers(
+    pg: PgStore,
+) -> None:
+    """A batch queued as plain, last, first, plain, first, last runs the firsts (merged),
+    then the plains, then the lasts, and every caller gets its own call's result."""
+    writer = pg._writer
+    _RAN.clear()
+    before = pg.write_stats()
+    calls = [(_plain, "p1"), (_last, "l1"), (_first, "f1"), (_plain, "p2"), (_first, "f2"),
+             (_last, "l2")]  # fmt: skip
+    got = await asyncio.gather(*(writer.submit(fn, tag) for fn, tag in calls))
+    assert pg.write_stats().batches - before.batches == 1  # one batch, as queued together
+    assert got == ["Pp1", "Ll1", "Ff1", "Pp2", "Ff2", "Ll2"]
+    assert _RAN == ["first f1,f2", "plain p1,p2", "last l1,l2"]
