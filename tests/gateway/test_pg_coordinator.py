@@ -462,3 +462,36 @@ async def test_a_dead_runners_reply_is_sent_again_under_its_keys_lease(replica, 
     assert order == ["the old reply sent", "b holds the key"]
     assert sent == ["echo: hello"]
     assert await router.recover(3600) == (0, 0) and sent == ["echo: hello"]  # once
+
+
+async def test_an_accept_takes_an_idle_keys_lease_for_its_turn(replica) -> None:
+    """The row's commit takes the key's lease when nothing here holds the key; the row's
+    turn adopts it (the same epoch, no second take) and another replica waits meanwhile.
+    A key another live replica holds is only accepted: its turn takes the lease later."""
+    _, a = await replica("a")
+    _, b = await replica("b")
+    rid, _, new = await a.accept("k", "api", "1", "m1", {"text": "x"}, lease=True)
+    assert new and a.held("k") is None  # taken, kept for the turn (not held by a turn yet)
+    async with b.lease_now("k") as other:
+        assert other is None  # a's, though no turn of a runs yet
+    async with a.lease("k", rid) as lease:
+        assert lease is not None and [r["id"] for r in lease.open] == [rid]
+        assert int(lease.fence.epoch) == 1  # the accept's take: no second one
+    # now b holds the key; a's next accept commits the row and takes nothing
+    got = asyncio.Event()
+    release = asyncio.Event()
+
+    async def b_holds() -> None:
+        async with b.lease("k") as held:
+            assert held is not None
+            got.set()
+            await release.wait()
+
+    holder = asyncio.create_task(b_holds())
+    await got.wait()
+    rid2, _, new2 = await a.accept("k", "api", "1", "m2", {"text": "y"}, lease=True)
+    assert new2 and rid2 not in a._adopted
+    release.set()
+    await holder
+    async with a.lease("k", rid2) as lease:
+        assert lease is not None and [r["id"] for r in lease.open] == [rid, rid2]
