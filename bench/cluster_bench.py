@@ -7,6 +7,7 @@ figures; asserts nothing.
   python bench/cluster_bench.py --dsn "host=... user=..."   # default: $SWITCHBOARD_PG_DSN,
                                            # else 127.0.0.1:5432 user postgres db postgres
   python bench/cluster_bench.py --only 5   # section 5 only (search on the kept corpus)
+  python bench/cluster_bench.py --only 2   # the contended run of section 2 only
   python bench/cluster_bench.py --source DIR --only 1   # section 1 with the daemons run
                                            # from another checkout (e.g. `git archive` of
                                            # the commit before), to compare the two
@@ -24,7 +25,9 @@ figures; asserts nothing.
    and the absence of collapse, not a speed-up). Each request goes to the next replica, so
    about (n-1)/n of a chat's messages land on another replica than its last one; with
    `--hop` every one does (chat c's message i to replica (c + i) % n): the lease moves
-   with every message, the worst case for leases.
+   with every message, the worst case for leases. Then the same chat's messages at once:
+   64 clients over 16 chats (four in each), 1 and 3 replicas, so they meet on different
+   replicas and wait for each other's lease (`--only 2`: that run alone).
 3. Turn p50/p99 at 800 messages/s offered (open loop), on 1 replica and on 3; and at half
    the rate 1 replica sustained in 1 (where 800/s is beyond this machine).
 4. Takeover: a replica is SIGKILLed under load; the time until every inbox row open at
@@ -138,9 +141,11 @@ class Load:
     """The echo workload through `POST /v1/messages`, spread over `urls()` per request
     (`hop`: per chat, each message to the replica after the one its last went to)."""
 
-    def __init__(self, urls: Callable[[], list[str]], hop: bool = False) -> None:
+    def __init__(self, urls: Callable[[], list[str]], hop: bool = False,
+                 chats: int = CHATS) -> None:  # fmt: skip
         self.urls = urls
         self.hop = hop
+        self.n_chats = chats  # fewer than the clients: several clients share each chat
         self.sent: Counter[int] = Counter()  # per chat, for `hop`
         self.turn = itertools.count()
         self.seq = itertools.count()
@@ -174,12 +179,14 @@ class Load:
 
     async def closed(self, seconds: float, clients: int = CLIENTS) -> int:
         """Each client sends its next message when the last one is answered (clients own
-        disjoint chats); returns the messages answered within the window."""
+        disjoint chats, or share them when there are fewer chats than clients); returns the
+        messages answered within the window."""
         stop = time.monotonic() + seconds
         start = self.done
 
         async def client(c: int, http: aiohttp.ClientSession) -> None:
-            chats = self.chats.setdefault((clients, c), itertools.cycle(range(c, CHATS, clients)))
+            mine = range(c, self.n_chats, clients) if c < self.n_chats else [c % self.n_chats]
+            chats = self.chats.setdefault((clients, c), itertools.cycle(mine))
             while time.monotonic() < stop:
                 await self.one(http, next(chats))
 
@@ -210,13 +217,13 @@ def _session() -> aiohttp.ClientSession:
 
 async def throughput(
     urls: Callable[[], list[str]], meter: CpuMeter, seconds: float,
-    analyze: Callable[[], None] | None = None, hop: bool = False,
+    analyze: Callable[[], None] | None = None, hop: bool = False, chats: int = CHATS,
 ) -> dict[str, float]:  # fmt: skip
-    load = Load(urls, hop)
+    load = Load(urls, hop, chats)
     # warm-up: connections open, and every chat's session created and titled (two
     # messages each), so the window measures steady turns whatever the rate (a slower
     # setup would otherwise meet more first contacts in it)
-    while load.done < 2 * CHATS:
+    while load.done < 2 * chats:
         await load.closed(1.0)
     if analyze is not None:
         analyze()  # statistics, as autovacuum would have gathered on a database in service
@@ -299,6 +306,26 @@ def analyzer(cluster: Cluster) -> Callable[[], None]:
             conn.execute("ANALYZE")
 
     return run
+
+
+SHARED_CHATS = 16  # the contended run: 64 clients over 16 chats, four at once in each
+
+
+async def contended(root: Path, dsn: str, source: Source, seconds: float, hop: bool) -> None:
+    """1 and 3 replicas with several clients in each chat at once, so a chat's messages
+    meet on different replicas and wait for each other's lease."""
+    print(f"  the same chat's messages at once ({CLIENTS} clients over {SHARED_CHATS} chats):")
+    rates: dict[int, dict[str, float]] = {}
+    for n in (1, 3):
+        cluster = await on_cluster(root, dsn, n, f"shared{n}", source)
+        try:
+            rates[n] = await throughput(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
+                                        meter_of(cluster), seconds, analyzer(cluster), hop,
+                                        SHARED_CHATS)  # fmt: skip
+            show(f"{n} replica(s), PostgreSQL", rates[n])
+        finally:
+            await cluster.close()
+    print(f"  3 replicas: {rates[3]['rate'] / rates[1]['rate']:.2f}x the rate of 1")
 
 
 def meter_of(cluster: Cluster) -> CpuMeter:
@@ -404,7 +431,8 @@ async def main() -> None:
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--source", help="run the daemons from this checkout (PYTHONPATH)")
-    ap.add_argument("--only", type=int, choices=(1, 5), help="1 or 5: that section only")
+    ap.add_argument("--only", type=int, choices=(1, 2, 5),
+                    help="1 or 5: that section only; 2: its contended run only")  # fmt: skip
     ap.add_argument("--hop", action="store_true",
                     help="each chat's next message to the next replica (sections 1-3)")  # fmt: skip
     args = ap.parse_args()
@@ -417,6 +445,10 @@ async def main() -> None:
           f"daemons and PostgreSQL {version[0] if version else '?'}; echo agent over the HTTP API")  # fmt: skip
     if args.only == 5:
         await search_section(args.dsn, corpus)
+        return
+    if args.only == 2:
+        with tempfile.TemporaryDirectory() as tmp:
+            await contended(Path(tmp), args.dsn, source, seconds, args.hop)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -452,6 +484,7 @@ async def main() -> None:
                 print(f"  {k} replicas: {rates[k]['rate'] / rates[1]['rate']:.2f}x the rate, "
                       f"{(rates[k]['daemon_ms'] + rates[k]['server_ms']) / (rates[1]['daemon_ms'] + rates[1]['server_ms']):.2f}x "
                       "the CPU per message")  # fmt: skip
+            await contended(root, args.dsn, source, seconds, args.hop)
             print("\n3. turn latency, open loop (target p99 <= 60 ms at 800 msg/s offered)")
             for (n, rate), lat in latencies.items():
                 figures = (

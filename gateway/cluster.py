@@ -29,7 +29,9 @@ from state.pg.store import PgStore
 
 log = logging.getLogger("gateway.cluster")
 
-POLL_FIRST_S = 0.25  # the first poll while waiting for a key; doubles up to POLL_MAX_S
+# the first poll while waiting for a key, doubling up to POLL_MAX_S; short, since a take
+# that meets a release not yet committed fails without waiting for it
+POLL_FIRST_S = 0.05
 POLL_MAX_S = 2.0
 RELEASE_ATTEMPTS = 20  # about half a minute of retries
 TURN_JOB = "turn"  # a turn runs under its key's lease: only background jobs need rows
@@ -188,9 +190,15 @@ class PgCoordinator:
         for name in names:
             self._waiters.setdefault(name, set()).add(event)
         poll = POLL_FIRST_S
+        woken = False
         try:
             while True:
                 event.clear()
+                # woken (or polled) for a row the holder may have run: a read, before a take
+                # that would hold the key (and keep it from the others) only to find it done
+                if woken and inbox_id is not None and not await self.row_open(inbox_id):
+                    return None
+                woken = True
                 try:
                     row = await self.store.take_lease(key, self.me, self.link.space)
                 except StateError as exc:  # the database is away: keep the turn, retry

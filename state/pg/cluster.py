@@ -33,16 +33,26 @@ LIVE = (
 )
 LEADER = 0  # the leader lock's second key; incarnations start at 1
 
+# The take is an UPDATE of the routes that are free (no owner, this incarnation, or a dead
+# one) and an insert of those that do not exist yet, not an upsert: a failed
+# `INSERT ... ON CONFLICT DO UPDATE ... WHERE` still locks the row until the taker's batch
+# commits, so the holder's fenced writes waited on every replica that asked for the key
+# meanwhile, and batches locking keys in other orders deadlocked (923 deadlocks, each
+# found after deadlock_timeout, with four clients per chat on three replicas). An UPDATE
+# whose condition fails on a row locks nothing; one that meets a row another transaction
+# is changing waits for it and tests the condition again on the new version.
 _TAKE = f"""
-WITH taken AS (
+WITH freed AS (
+    UPDATE session_routes r SET lease_owner = %(me)s, lease_epoch = r.lease_epoch + 1
+    WHERE r.session_key = ANY(%(keys)s::text[])
+      AND (r.lease_owner IS NULL OR r.lease_owner = %(me)s OR r.lease_owner NOT IN ({LIVE}))
+    RETURNING r.*
+), fresh AS (
     INSERT INTO session_routes AS r (session_key, lease_owner, lease_epoch)
     SELECT k, %(me)s, 1 FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
-    ON CONFLICT (session_key) DO UPDATE
-        SET lease_owner = excluded.lease_owner, lease_epoch = r.lease_epoch + 1
-        WHERE r.lease_owner IS NULL OR r.lease_owner = %(me)s
-           OR r.lease_owner NOT IN ({LIVE})
+    ON CONFLICT (session_key) DO NOTHING
     RETURNING r.*
-)
+), taken AS (SELECT * FROM freed UNION ALL SELECT * FROM fresh)
 SELECT t.*, rs.ended_at AS route_ended, rs.id AS route_found,
        rs.end_reason AS route_end_reason, rs.title AS route_title,
        rs.message_count AS route_messages,
