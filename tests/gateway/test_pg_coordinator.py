@@ -495,3 +495,27 @@ async def test_an_accept_takes_an_idle_keys_lease_for_its_turn(replica) -> None:
     await holder
     async with a.lease("k", rid2) as lease:
         assert lease is not None and [r["id"] for r in lease.open] == [rid, rid2]
+
+
+async def test_a_take_that_fails_locks_nothing(replica) -> None:
+    """A replica asking for a key another holds must not lock its route row: the holder's
+    fenced writes would wait for the asker's whole batch (and batches taking keys in other
+    orders deadlocked). The failed take, left uncommitted here, and the holder's fence
+    check on the same row, which must not wait."""
+    from state.pg import cluster as pg_cluster
+
+    store, a = await replica("a")
+    _, b = await replica("b")
+    async with a.lease("k") as held:
+        assert held is not None
+        async with await psycopg.AsyncConnection.connect(store._dsn) as conn:
+            # b's take, in a transaction of its own that stays open
+            assert await pg_cluster.take_lease(conn, "k", b.me, b.link.space) is None
+            async with await psycopg.AsyncConnection.connect(store._dsn, autocommit=True) as other:
+                await other.execute("SET lock_timeout = '2s'")
+                # what a's next fenced write does first: the row FOR SHARE
+                got = await (await other.execute(
+                    "SELECT lease_owner FROM session_routes WHERE session_key = 'k' FOR SHARE"
+                )).fetchall()  # fmt: skip
+            assert got == [(a.me,)]
+            await conn.rollback()
