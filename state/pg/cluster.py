@@ -49,7 +49,8 @@ WITH freed AS (
     RETURNING r.*
 ), fresh AS (
     INSERT INTO session_routes AS r (session_key, lease_owner, lease_epoch)
-    SELECT k, %(me)s, 1 FROM unnest(%(keys)s::text[]) AS u(k) ORDER BY k
+    SELECT k, %(me)s, 1 FROM unnest(%(keys)s::text[]) AS u(k)
+    WHERE k NOT IN (SELECT session_key FROM freed) ORDER BY k
     ON CONFLICT (session_key) DO NOTHING
     RETURNING r.*
 ), taken AS (SELECT * FROM freed UNION ALL SELECT * FROM fresh)
