@@ -3,7 +3,6 @@ factory that starts N replicas behind the balancer (and always stops both)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,21 +11,12 @@ import pytest
 
 from tests.cluster.balancer import Balancer
 from tests.cluster.harness import Cluster, Platforms, drop_database, fresh_database
+from tests.fakes import running
 from tests.fakes.discord import GUILD, GUILD2, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 
 StartCluster = Callable[..., Awaitable[tuple[Cluster, Balancer]]]
-
-
-@contextlib.asynccontextmanager
-async def _running(fake: Any) -> AsyncIterator[Any]:
-    """A platform fake, started for the block and stopped after it whatever happened."""
-    await fake.start()
-    try:
-        yield fake
-    finally:
-        await fake.stop()
 
 
 @pytest.fixture
@@ -41,13 +31,13 @@ async def db(pg_server: str) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with _running(FakeTelegram()) as fake:
+    async with running(FakeTelegram()) as fake:
         yield fake
 
 
 @pytest.fixture
 async def slack() -> AsyncIterator[FakeSlack]:
-    async with _running(FakeSlack()) as fake:
+    async with running(FakeSlack()) as fake:
         yield fake
 
 
@@ -55,7 +45,7 @@ async def slack() -> AsyncIterator[FakeSlack]:
 async def discord(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeDiscord]:
     """The Discord fake with two guilds, which two gateway shards divide."""
     restore_discord_globals(monkeypatch)
-    async with _running(FakeDiscord(guilds=(GUILD, GUILD2))) as fake:
+    async with running(FakeDiscord(guilds=(GUILD, GUILD2))) as fake:
         yield fake
 
 

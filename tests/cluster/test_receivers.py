@@ -18,17 +18,14 @@ import pytest
 
 from gateway.shards import CLAIM_EVERY_S
 from tests.cluster.harness import Replica, cut_off, query, stop_replicas, until
+from tests.fakes import running
 from tests.fakes.mattermost import DM, FakeMattermost
 
 
 @pytest.fixture
 async def mattermost() -> AsyncIterator[FakeMattermost]:
-    fake = FakeMattermost()
-    await fake.start()
-    try:
+    async with running(FakeMattermost()) as fake:
         yield fake
-    finally:
-        await fake.stop()
 
 
 @pytest.fixture

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -18,3 +19,13 @@ async def wait_for_count(read: Callable[[], list[T]], n: int, timeout: float, wh
             raise AssertionError(f"expected {n} {what}, saw {items}")
         await asyncio.sleep(0.01)
     return items
+
+
+@contextlib.asynccontextmanager
+async def running(fake: Any) -> AsyncIterator[Any]:
+    """A platform fake, started for the block and stopped after it whatever happened."""
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()

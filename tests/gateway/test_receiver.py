@@ -23,7 +23,7 @@ from gateway.vocab import ChatType
 from state.pg.control import ControlLink, application_name
 from state.pg.store import PgStore
 from tests import pgserver
-from tests.fakes import wait_for_count
+from tests.fakes import running, wait_for_count
 from tests.fakes.imap import FakeImap
 from tests.fakes.matrix import FakeMatrix
 from tests.fakes.mattermost import DM, FakeMattermost
@@ -204,12 +204,8 @@ async def test_without_a_ledger_it_receives_from_start_to_stop() -> None:
 
 @pytest.fixture
 async def mattermost() -> AsyncIterator[FakeMattermost]:
-    fake = FakeMattermost()
-    await fake.start()
-    try:
+    async with running(FakeMattermost()) as fake:
         yield fake
-    finally:
-        await fake.stop()
 
 
 async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
@@ -254,12 +250,8 @@ async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
 
 @pytest.fixture
 async def signal() -> AsyncIterator[FakeSignal]:
-    fake = FakeSignal()
-    await fake.start()
-    try:
+    async with running(FakeSignal()) as fake:
         yield fake
-    finally:
-        await fake.stop()
 
 
 async def test_a_signal_replica_taking_over_listens_from_the_event_id_the_last_one_stored(
@@ -296,14 +288,8 @@ async def test_a_signal_replica_taking_over_listens_from_the_event_id_the_last_o
 
 @pytest.fixture
 async def mailboxes() -> AsyncIterator[tuple[FakeImap, FakeSmtp]]:
-    imap, smtp = FakeImap(user=US), FakeSmtp(user=US)
-    await imap.start()
-    await smtp.start()
-    try:
+    async with running(FakeImap(user=US)) as imap, running(FakeSmtp(user=US)) as smtp:
         yield imap, smtp
-    finally:
-        await imap.stop()
-        await smtp.stop()
 
 
 async def test_an_email_replica_taking_over_watches_from_the_uid_the_last_one_stored(
