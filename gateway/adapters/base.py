@@ -4,6 +4,7 @@ platform's limit without breaking code fences, and sending with retry_after hono
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,6 +24,15 @@ Emit = Callable[[InboundMessage], Awaitable[None]]
 def failed(why: str) -> str:
     """The state text of an adapter that could not start."""
     return f"{AdapterState.FAILED}: {why}"
+
+
+async def stop_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a loop of the adapter's and wait until it has ended, whatever it raised (it
+    logs its own failures)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 class Adapter(Protocol):

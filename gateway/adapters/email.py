@@ -30,6 +30,7 @@ from gateway.adapters.base import (
     Route,
     call_with_retry,
     failed,
+    stop_task,
 )
 from gateway.adapters.email_imap import ImapAccount, Watcher
 from gateway.adapters.email_inbound import THREAD_MARK, Mail, parse_mail, received_at
@@ -254,10 +255,7 @@ class EmailAdapter:
 
     async def _unwatch(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await stop_task(task)
         await self.watcher.close()
 
     def _refused(self, why: str) -> None:

@@ -30,6 +30,7 @@ from gateway.adapters.base import (
     call_with_retry,
     failed,
     split_message,
+    stop_task,
 )
 from gateway.adapters.matrix_events import (
     PART_BYTES,
@@ -244,10 +245,7 @@ class MatrixAdapter:
 
     async def _stop_sync(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await stop_task(task)
 
     async def _direct_content(self) -> Mapping[str, Any]:
         from mautrix.errors import MatrixRequestError

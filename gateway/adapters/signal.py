@@ -31,6 +31,7 @@ from gateway.adapters.base import (
     call_with_retry,
     failed,
     split_message,
+    stop_task,
 )
 from gateway.adapters.signal_rpc import METHOD_NOT_FOUND, SignalCliError, SignalRpc, SseParser
 from gateway.adapters.signal_text import Incoming, Me, is_direct, parse_envelope, to_plain
@@ -221,10 +222,7 @@ class SignalAdapter:
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await listener
+        await stop_task(listener)
         self.connected = False
 
     async def _fail(self, why: str, exc: Exception) -> NoReturn:
@@ -237,9 +235,7 @@ class SignalAdapter:
         await self._receiver.stop()
         await self._stop_listening()
         for task in self._typing.values():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await stop_task(task)
         self._typing.clear()
         if self._chores:
             await asyncio.wait(self._chores, timeout=5)
