@@ -190,15 +190,16 @@ class PgCoordinator:
         for name in names:
             self._waiters.setdefault(name, set()).add(event)
         poll = POLL_FIRST_S
-        woken = False
+        waited = False
         try:
             while True:
                 event.clear()
-                # woken (or polled) for a row the holder may have run: a read, before a take
-                # that would hold the key (and keep it from the others) only to find it done
-                if woken and inbox_id is not None and not await self.row_open(inbox_id):
+                # after a wait (woken or polled) for a row the holder may have run: a read,
+                # before a take that would hold the key (and keep it from the others) only to
+                # find it done
+                if waited and inbox_id is not None and not await self.row_open(inbox_id):
                     return None
-                woken = True
+                waited = True
                 try:
                     row = await self.store.take_lease(key, self.me, self.link.space)
                 except StateError as exc:  # the database is away: keep the turn, retry
@@ -208,8 +209,6 @@ class PgCoordinator:
                     continue
                 if row is not None:
                     return self._lease_of(key, row)
-                if inbox_id is not None and not await self.row_open(inbox_id):
-                    return None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), poll)
                 poll = min(poll * 2, POLL_MAX_S)
