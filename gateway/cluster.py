@@ -249,6 +249,15 @@ class PgCoordinator:
             log.warning("the lease on session_key=%s (epoch %d) had been taken over",
                         key, lease.fence.epoch)  # fmt: skip
 
+    async def holds(self, fence: Fence) -> bool:
+        if fence.owner != self.me:  # rejoined as a new incarnation: the old one's are void
+            return False
+        try:
+            return await self.store.lease_holds(fence)
+        except StateError as exc:
+            log.warning("could not read the lease on session_key=%s: %s", fence.session_key, exc)
+            return True
+
     async def row_open(self, inbox_id: int) -> bool:
         states = await self.store.inbox_states([inbox_id])
         return states.get(inbox_id) in OPEN_STATES

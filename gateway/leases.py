@@ -71,6 +71,11 @@ class SharedCoordinator(Coordinator, Protocol):
         """Is this inbox row still received/started (nobody answered or dropped it)?"""
         ...
 
+    async def holds(self, fence: Fence) -> bool:
+        """Is the lease `fence` names still this replica's (a read)? True when the store
+        cannot tell (the reply goes, as it would without the question)."""
+        ...
+
     async def orphaned_inbound(self) -> list[dict[str, Any]]:
         """Open inbox rows no live replica works on (the takeover scan)."""
         ...

@@ -9,6 +9,7 @@ gateway.commands' and gateway.session_commands'.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -40,6 +41,7 @@ from gateway.turns import (
     TurnProgress,
     agent_turn,
     mark_reply,
+    may_send,
     reply_key,
     user_message,
 )
@@ -381,12 +383,14 @@ class Router:
                     await self._resend_row(row)
 
     async def _resend_row(self, row: dict[str, Any]) -> None:
-        """One unconfirmed reply (a row of unsent_replies' shape), claimed first on replicas."""
+        """One unconfirmed reply (a row of unsent_replies' shape), claimed first on replicas.
+        No turn of this process is sending it: one daemon reads them before any turn runs,
+        and a replica gets a dead runner's under the key's lease and local lock. (A task
+        here may still wait for the row it took, which a dead replica ran: skipping the
+        reply for that let the key's next reply overtake it.)"""
         s = self.services
         shared = self._shared
         inbox_id = int(row["id"])
-        if inbox_id in self._inflight:
-            return
         if shared is not None and not await shared.claim_reply(inbox_id):
             return  # another replica took this dead runner's reply: it sends it
         try:
@@ -540,6 +544,7 @@ class Router:
         s = self.services
         assert self._shared is not None
         me = self._shared.me
+        holds = functools.partial(self._shared.holds, lease.fence)
         for unsent in lease.unsent:  # a dead runner's replies go out before the next ones
             await self._resend_row(unsent)
         for row in lease.open:
@@ -555,7 +560,7 @@ class Router:
                     continue
             other_task = rid != inbox_id and rid in self._inflight
             self._inflight.add(rid)
-            turn = TurnProgress(inbox_id=rid, fence=lease.fence)
+            turn = TurnProgress(inbox_id=rid, fence=lease.fence, holds=holds)
             try:
                 await self._run_row(msg, key, row, turn)
             except LeaseLost:
@@ -608,12 +613,14 @@ class Router:
             live = s.index.get(key.format())
             # Closed before the reply goes: a crash in between loses the reply (at most
             # once, as a Telegram reply), never runs /new or /branch a second time.
+            closing = time.monotonic()
             try:
                 await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command", fence=turn.fence)
             except LeaseLost:
                 raise  # another replica holds the key now: this one may not answer
             except Exception as exc:  # the store is failing: recovery will see the row
                 log.warning("inbox row %d could not be closed (%s)", turn.inbox_id, exc)
+            await may_send(turn, closing)
             await s.replies.reply(msg, live.session_id if live else entry.session_id, text, key)
             return
         await agent_turn(s, msg, key, entry, started, turn)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,13 +24,16 @@ from gateway.index import IndexEntry
 from gateway.messages import InboundMessage, SentRef
 from gateway.services import Services
 from gateway.session_keys import SessionKey
-from state import Fence, StateError
+from state import Fence, LeaseLost, StateError
 from state.inbox import ANSWERED
 
 log = logging.getLogger("gateway.router")  # the name operators already filter turn logs by
 
 APOLOGY = "Sorry, something went wrong while answering. Your message was saved; please try again."
 TURN_JOB = "turn"  # the live-job name of a running turn
+# Replicas: a reply whose commit and send are further apart than this asks whether the
+# key's lease still holds before it goes (see may_send)
+RECHECK_AFTER_S = 0.25
 
 
 @dataclass
@@ -38,6 +42,8 @@ class TurnProgress:
 
     inbox_id: int = 0
     fence: Fence | None = None  # replicas: the key's lease every turn write carries
+    # replicas: does the lease still hold? (a read; None: one daemon, no lease)
+    holds: Callable[[], Awaitable[bool]] | None = None
     stored: bool = False
     session_id: str | None = None
     dropped: str | None = None
@@ -114,6 +120,7 @@ async def agent_turn(
         # crash (at least once; exactly once where the platform dedupes on the reply's
         # key), 'sending' never (at most once: the send may have happened)
         resend = settings.resend_unconfirmed or idempotent_replies(src.platform)
+        committing = time.monotonic()
         await s.db.end_turn(
             turn.inbox_id, sid, stored,
             input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
@@ -121,6 +128,7 @@ async def agent_turn(
         )  # fmt: skip
         s.index.touch(k, s.clock())
         faults.point("after_reply_commit")
+        await may_send(turn, committing)
         s.metrics.turns.inc(outcome="ok")
         ref = await s.replies.reply(msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id))
         faults.point("after_send_before_mark")
@@ -141,6 +149,21 @@ async def agent_turn(
         )
     finally:
         s.coordinator.job_finished(sid, TURN_JOB)
+
+
+async def may_send(turn: TurnProgress, since: float) -> None:
+    """Replicas: raise LeaseLost, withholding the reply, when the key's lease was taken
+    over after the reply's fenced commit (`since`: time.monotonic() before it). Only a
+    process that stood still in between (a stalled VM, SIGSTOP) can meet that, and a
+    takeover needs its connection gone first, so the lease is read again only when the
+    gap exceeds RECHECK_AFTER_S: a turn pays for it only then. The new holder has the
+    reply among a dead runner's unsent ones and sends it, in the chat's order ('ready'),
+    or leaves it unconfirmed ('sending': at most once); sent here after the holder moved
+    on, it would land after newer replies."""
+    if turn.holds is None or turn.fence is None:
+        return
+    if time.monotonic() - since > RECHECK_AFTER_S and not await turn.holds():
+        raise LeaseLost(turn.fence.session_key, turn.fence.epoch)
 
 
 def user_message(msg: InboundMessage, key: SessionKey) -> dict[str, Any]:

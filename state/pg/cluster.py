@@ -63,14 +63,7 @@ SELECT t.*, rs.ended_at AS route_ended, rs.id AS route_found,
        ls.message_count AS live_messages,
        COALESCE(rs.last_active, 0) AS route_active,
        ARRAY(SELECT j.name FROM live_jobs j WHERE j.session_id = COALESCE(t.session_id, ls.id)
-             AND j.owner IN ({LIVE}) ORDER BY j.name) AS jobs,
-       (SELECT COALESCE(json_agg(json_build_object(
-                   'id', i.id, 'payload', i.payload, 'reply_state', i.reply_state,
-                   'reply_message_id', i.reply_message_id, 'received_at', i.received_at,
-                   'session_id', m.session_id, 'content', m.content) ORDER BY i.id), '[]')
-        FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id
-        WHERE i.reply_state IN ('ready', 'sending') AND i.session_key = t.session_key
-          AND (i.runner IS NULL OR i.runner NOT IN ({LIVE}))) AS unsent
+             AND j.owner IN ({LIVE}) ORDER BY j.name) AS jobs
 FROM taken t
 LEFT JOIN sessions rs ON rs.id = t.session_id
 LEFT JOIN LATERAL (SELECT * FROM sessions s WHERE s.session_key = t.session_key
@@ -78,13 +71,27 @@ LEFT JOIN LATERAL (SELECT * FROM sessions s WHERE s.session_key = t.session_key
 """
 # The key's live session is a LATERAL lookup so it is read by its index for each taken key:
 # a plain join let the planner hash every live session of the database, per take.
-# The open rows are a statement of their own: a take that waited for another replica's
-# release must see the rows that release's transaction closed (one statement's snapshot,
-# taken before the wait, would not, and the row would run twice).
+# The open rows and a dead runner's unsent replies are a statement of their own: a take
+# that waited on the route row (another replica's release or fenced write) must see what
+# that transaction committed. One statement's snapshot, taken before the wait, would not:
+# a row closed there would run twice, and a reply committed there would be in neither
+# list (no longer open, not yet unsent), so the key's next reply overtook it.
 _OPEN_FOR_KEY = (
     "SELECT id, payload, replica, state, session_id, received_at, session_key FROM inbox "
     "WHERE session_key = ANY(%s) AND state IN ('received', 'started') ORDER BY id"
 )
+_OPEN_AND_UNSENT = f"""
+SELECT i.session_key, false AS unsent, i.id, i.payload, i.replica, i.state, i.session_id,
+       i.received_at, NULL AS reply_state, NULL::bigint AS reply_message_id, NULL AS content
+FROM inbox i WHERE i.session_key = ANY(%(keys)s) AND i.state IN ('received', 'started')
+UNION ALL
+SELECT i.session_key, true, i.id, i.payload, NULL, i.state, m.session_id, i.received_at,
+       i.reply_state, i.reply_message_id, m.content
+FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id
+WHERE i.session_key = ANY(%(keys)s) AND i.reply_state IN ('ready', 'sending')
+  AND (i.runner IS NULL OR i.runner NOT IN ({LIVE}))
+ORDER BY id
+"""
 _JOBS = (
     f"SELECT session_id, name FROM live_jobs WHERE owner IN ({LIVE}) "
     "AND (%(sids)s::text[] IS NULL OR session_id = ANY(%(sids)s))"
@@ -121,11 +128,18 @@ async def take_leases_many(
         }
         if not found:
             continue
-        open_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in found}
-        for row in await db.rows(conn, _OPEN_FOR_KEY, (list(found),)):
-            open_rows[str(row.pop("session_key"))].append(row)
+        for route in found.values():
+            route["open"], route["unsent"] = [], []
+        for row in await db.rows(conn, _OPEN_AND_UNSENT, {"keys": list(found), "space": space}):
+            route = found[str(row.pop("session_key"))]
+            if row.pop("unsent"):
+                del row["replica"]
+                route["unsent"].append(row)
+            else:
+                for name in ("reply_state", "reply_message_id", "content"):
+                    del row[name]
+                route["open"].append(row)
         for key, route in found.items():
-            route["open"] = open_rows[key]
             route["jobs"] = [str(j) for j in route["jobs"] or ()]
             out[first[key]] = route
     return out
@@ -361,6 +375,16 @@ async def claim_reply(conn: AsyncConnection, space: int, inbox_id: int, me: int)
         f"AND r.lease_owner <> %(me)s AND r.lease_owner IN ({LIVE})) RETURNING id",
         {"space": space, "id": inbox_id, "me": me},
     )
+    return bool(got)
+
+
+async def lease_holds(conn: AsyncConnection, fence: Fence) -> bool:
+    """Does the key's lease still have the fence's owner and epoch? (A read: nothing is
+    locked, so it only tells how things stood.)"""
+    got = await db.tuples(
+        conn, "SELECT 1 FROM session_routes WHERE session_key = %s AND lease_owner = %s "
+        "AND lease_epoch = %s", (fence.session_key, fence.owner, fence.epoch),
+    )  # fmt: skip
     return bool(got)
 
 

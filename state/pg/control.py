@@ -28,9 +28,18 @@ from . import cluster, db
 log = logging.getLogger("state.pg.control")
 
 # Keepalives: a partitioned replica's connection (and so its locks) ends within about
-# idle + interval * count seconds, on both sides.
+# idle + interval * count seconds, on both sides: libpq's for the replica's end, the same
+# figures as the session's settings for the server's (whose own default is the kernel's,
+# two hours), so a replica whose host froze or was cut off loses its leases in about 11 s.
+# (A replica stopped on a live host keeps them: its kernel still answers the probes.)
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
               "keepalives_count": 3, "tcp_user_timeout": 11000}  # fmt: skip
+SERVER_KEEPALIVES = (
+    "SELECT set_config('tcp_keepalives_idle', '5', false), "
+    "set_config('tcp_keepalives_interval', '2', false), "
+    "set_config('tcp_keepalives_count', '3', false), "
+    "set_config('tcp_user_timeout', '11000', false)"
+)
 
 
 def application_name(replica: str) -> str:
@@ -77,6 +86,7 @@ class ControlLink:
         except psycopg.Error as exc:
             raise DatabaseError(self.where, f"cannot open the control connection: {exc}") from exc
         try:
+            await db.run(conn, SERVER_KEEPALIVES)
             self.space = int(await db.value(conn, "SELECT hashtext(current_schema()) & 2147483647"))
             taken = await db.value(
                 conn,

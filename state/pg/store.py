@@ -644,6 +644,9 @@ class PgStore:
     async def claim_orphaned_reply(self, space: int, inbox_id: int, me: int) -> bool:
         return await self._write(cluster.claim_reply, space, inbox_id, me)
 
+    async def lease_holds(self, fence: Fence) -> bool:
+        return await self._read(cluster.lease_holds, fence)
+
     async def inbox_states(self, ids: Sequence[int]) -> dict[int, str]:
         return await self._read(cluster.row_states, ids)
 

@@ -8,7 +8,8 @@ the run's promises (tests/cluster/checks.py):
   it, and every key is reset exactly once (one ended session, one notice);
 - 20 terminal handoffs requested at once are each claimed by exactly one replica;
 - a replica dies with a Slack reply committed and not sent: the replica that takes the
-  chat's key over sends it before the chat's next reply.
+  chat's key over sends it before the chat's next reply;
+- a replica stalls there instead and wakes after the takeover: it sends nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gateway.turns import RECHECK_AFTER_S
 from state import open_store
 from tests.cluster.checks import check_finished
 from tests.cluster.conftest import StartCluster
@@ -181,6 +183,58 @@ async def test_twenty_handoffs_requested_at_once_are_each_claimed_once(
     assert cluster.tracebacks() == []
 
 
+def _slack_event(text: str, n: int) -> tuple[bytes, dict[str, str]]:
+    ts = f"1600000000.{n:06d}"
+    ev = {"type": "message", "channel": "D00001", "user": "U00001", "text": text,
+          "ts": ts, "event_ts": ts, "channel_type": "im"}  # fmt: skip
+    return signed(event(ev, event_id=f"EvOrder{n}"))
+
+
+async def test_a_replica_stalled_between_its_replys_commit_and_send_withholds_it(
+    start_cluster: StartCluster, slack: FakeSlack
+) -> None:
+    """r0 stalls (SIGSTOP, its own fault point) with a Slack reply committed and not sent,
+    is cut off, and r1 takes the chat over: r1 sends r0's reply, then the next one. When
+    r0 wakes, the lease it committed under is gone, so it sends nothing (sent then, the
+    reply would reach the chat twice, and after the newer one)."""
+    cluster, _ = await start_cluster(2, start=False)
+    r0, r1 = cluster.replicas
+    await r0.start(extra_env={"SWITCHBOARD_FAULT": "after_reply_commit",
+                              "SWITCHBOARD_FAULT_SIGNAL": "STOP"})  # fmt: skip
+    await r1.start()
+    async with aiohttp.ClientSession() as http:
+        body, headers = _slack_event("first", 1)
+        async with http.post(f"{r0.url}/slack/events", data=body, headers=headers) as resp:
+            assert resp.status == 200
+        assert r0.proc is not None
+        await until(lambda: _state(r0.proc) == "T", timeout=20)  # stopped after the commit
+        r0.paused = True
+        # a takeover needs the server to have seen r0 gone: after seconds of silence (the
+        # control connection's keepalives), never within RECHECK_AFTER_S of the stall
+        await asyncio.sleep(2 * RECHECK_AFTER_S)
+        assert cut_off(cluster.dsn, r0.name) == 1
+        body, headers = _slack_event("second", 2)
+        async with http.post(f"{r1.url}/slack/events", data=body, headers=headers) as resp:
+            assert resp.status == 200
+        posts = await slack.wait_posted(2, timeout=20)
+        r0.resume()
+        await until(lambda: "was taken over during inbox row" in r0.log_text()
+                    or len(slack.posted()) > 2, timeout=20)  # withheld, or sent late
+    await asyncio.sleep(0.5)  # a late post would have reached the fake by now
+    assert [p["text"] for p in slack.posted()] == ["echo: first", "echo: second"]
+    assert [p["text"] for p in posts] == ["echo: first", "echo: second"]
+
+
+def _state(proc: asyncio.subprocess.Process | None) -> str:
+    """The process's state letter from /proc (R, S, T: stopped, ...)."""
+    assert proc is not None
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 async def test_a_dead_runners_reply_goes_out_before_its_chats_next_one(
     start_cluster: StartCluster, slack: FakeSlack
 ) -> None:
@@ -193,20 +247,14 @@ async def test_a_dead_runners_reply_goes_out_before_its_chats_next_one(
     await r0.start(extra_env={"SWITCHBOARD_FAULT": "after_reply_commit"})
     await r1.start()
 
-    def slack_event(text: str, n: int) -> tuple[bytes, dict[str, str]]:
-        ts = f"1600000000.{n:06d}"
-        ev = {"type": "message", "channel": "D00001", "user": "U00001", "text": text,
-              "ts": ts, "event_ts": ts, "channel_type": "im"}  # fmt: skip
-        return signed(event(ev, event_id=f"EvOrder{n}"))
-
     async with aiohttp.ClientSession() as http:
-        body, headers = slack_event("first", 1)
+        body, headers = _slack_event("first", 1)
         async with http.post(f"{r0.url}/slack/events", data=body, headers=headers) as resp:
             assert resp.status == 200  # acknowledged after the inbox commit, before the turn
         assert r0.proc is not None
         assert await asyncio.wait_for(r0.proc.wait(), 30) == -9  # killed after the reply's commit
         assert slack.posted() == []
-        body, headers = slack_event("second", 2)
+        body, headers = _slack_event("second", 2)
         async with http.post(f"{r1.url}/slack/events", data=body, headers=headers) as resp:
             assert resp.status == 200
         posts = await slack.wait_posted(2, timeout=20)

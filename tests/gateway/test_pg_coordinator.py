@@ -71,6 +71,18 @@ async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
             await asyncio.sleep(0.05)
 
 
+async def _until_blocked_by(server: str, pid: int) -> None:
+    """Until some backend waits for a lock the backend `pid` holds."""
+    async with await psycopg.AsyncConnection.connect(server, autocommit=True) as watch:
+        async with asyncio.timeout(10):
+            while True:
+                cur = await watch.execute("SELECT count(*) FROM pg_stat_activity "
+                                          "WHERE %s = ANY(pg_blocking_pids(pid))", (pid,))  # fmt: skip
+                if (await cur.fetchone() or (0,))[0]:
+                    return
+                await asyncio.sleep(0.02)
+
+
 def _kill_control(server: str, name: str) -> None:
     """What a SIGKILL (or a partition the keepalives noticed) does to a replica's locks."""
     with psycopg.connect(server, autocommit=True) as conn:
@@ -519,3 +531,47 @@ async def test_a_take_that_fails_locks_nothing(replica) -> None:
                 )).fetchall()  # fmt: skip
             assert got == [(a.me,)]
             await conn.rollback()
+
+
+async def test_a_row_taken_here_and_run_by_a_replica_that_died_is_answered_before_the_next(
+    replica, server: str
+) -> None:
+    """a takes X while d holds the key; d runs X, commits its reply and dies before sending
+    it, just after a's waiting task saw X still open. a's task then gets the lease with X's
+    reply among the dead runner's unsent ones: it must go out before the reply to Y, the
+    next message a took (the chaos test saw a Slack chat's replies cross this way)."""
+    sent: list[str] = []
+
+    async def send(out: OutboundMessage) -> SentRef:
+        sent.append(out.text)
+        return SentRef(out.platform, out.chat_id, ("1",))
+
+    store, a = await replica("a")
+    router = Router(store, a.routes, EchoAgent(), send, coordinator=a)
+    x = InboundMessage(SessionSource("api", "9", "dm", "9"), "X", "mx")
+    y = InboundMessage(SessionSource("api", "9", "dm", "9"), "Y", "my")
+    key = router.key_for(x).format()
+    d_store, d = await replica("d")
+    sid = await d_store.create_session(source="api", session_key=key)
+    route = await d_store.take_lease(key, d.me, d.link.space)
+    assert route is not None
+    fence = Fence(key, d.me, int(route["lease_epoch"]))
+    await router.handle(x)  # committed; its task waits for d's lease
+    await router.handle(y)  # committed; queued behind X's task on a's own lock
+    rows = {r["payload"]: int(r["id"]) for r in await store.open_inbound()}
+    x_id = next(i for p, i in rows.items() if '"X"' in str(p))
+    await d_store.begin_turn(x_id, sid, {"role": "user", "content": "X"}, fence=fence)
+    async with await psycopg.AsyncConnection.connect(store._dsn) as blocker:
+        # holds the route row, so a's next take (after its read that X is open) waits
+        await blocker.execute("SELECT 1 FROM session_routes WHERE session_key = %s FOR UPDATE",
+                              (key,))  # fmt: skip
+        me = blocker.info.backend_pid
+        _kill_control(server, d.link.name)  # d is gone: its lease is anyone's
+        await _until_blocked_by(server, me)
+        # a waits in its take: d's reply to X is committed meanwhile, not sent
+        await d_store.end_turn(x_id, sid, [{"role": "assistant", "content": "echo: X"}],
+                               reply_state="ready")  # fmt: skip
+        await blocker.rollback()
+    await _until(lambda: len(sent) == 2 and router.inflight == 0)
+    assert sent == ["echo: X", "echo: Y"]
+    assert await store.inbox_counts() == {"answered": 2}
