@@ -24,10 +24,13 @@ from gateway.leases import Lease, ResetNotice
 from gateway.routes import PgRouteIndex
 from state import Fence, StateError
 from state.inbox import OPEN_STATES
+from state.pg.cluster import BeginPlan
 from state.pg.control import ControlLink, Wakeup
 from state.pg.store import PgStore
 
 log = logging.getLogger("gateway.cluster")
+
+Begun = tuple[int, list[dict[str, Any]]]  # the message's id and the history (begin_turn's)
 
 # the first poll while waiting for a key, doubling up to POLL_MAX_S; short, since a take
 # that meets a release not yet committed fails without waiting for it
@@ -98,22 +101,25 @@ class PgCoordinator:
 
     async def accept(
         self, key: str, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, *, lease: bool,
-    ) -> tuple[int, str, bool]:  # fmt: skip
+        payload: object, *, lease: bool, begin: BeginPlan | None = None,
+    ) -> tuple[int, str, bool, Begun | None]:  # fmt: skip
         """Commit an inbound message, its row naming its key and this replica: (inbox id,
-        state, new). With `lease`, when no work here holds or awaits the key, the key's
-        lease is taken in the same commit and kept, with the key's local lock, for the
-        row's turn (`lease(key, inbox_id)` adopts it): a turn then costs a write less."""
+        state, new, begun). With `lease`, when no work here holds or awaits the key, the
+        key's lease is taken in the same commit and kept, with the key's local lock, for the
+        row's turn (`lease(key, inbox_id)` adopts it): a turn then costs a write less; and
+        with `begin`, when its test allows, the turn's begin too (`begun`: the message's id
+        and the history, as begin_turn returns them), a second write less."""
         unlock = self._local.try_session_lock(key) if lease else None
         if unlock is None:
-            return await self.store.accept_inbound(
+            inbox_id, state, new = await self.store.accept_inbound(
                 platform, chat_id, platform_message_id, payload, session_key=key,
                 replica=self.me,
             )  # fmt: skip
+            return inbox_id, state, new, None
         try:
-            inbox_id, state, new, route = await self.store.accept_and_take(
+            inbox_id, state, new, route, begun = await self.store.accept_and_take(
                 platform, chat_id, platform_message_id, payload, session_key=key,
-                me=self.me, space=self.link.space,
+                me=self.me, space=self.link.space, begin=begin,
             )  # fmt: skip
         except BaseException:
             unlock()
@@ -122,7 +128,7 @@ class PgCoordinator:
             unlock()
         else:
             self._adopted[inbox_id] = (self._lease_of(key, route), unlock)
-        return inbox_id, state, new
+        return inbox_id, state, new, begun
 
     @contextlib.asynccontextmanager
     async def lease(self, key: str, inbox_id: int | None = None) -> AsyncIterator[Lease | None]:

@@ -35,6 +35,11 @@ class Lease:
     unsent: list[dict[str, Any]] = field(default_factory=list)
 
 
+# the route a take returned and the new inbox id -> the session the turn may begin in
+# within the accept's commit, or None
+BeginsIn = Callable[[Mapping[str, Any], int], "str | None"]
+
+
 class SharedCoordinator(Coordinator, Protocol):
     """A coordinator for several replicas sharing one store."""
 
@@ -51,9 +56,12 @@ class SharedCoordinator(Coordinator, Protocol):
     async def accept(
         self, key: str, platform: str, chat_id: str, platform_message_id: str | None,
         payload: object, *, lease: bool,
-    ) -> tuple[int, str, bool]:  # fmt: skip
-        """Commit an inbound message for `key` (inbox id, state, new); with `lease`, the
-        key's lease may come with the commit, for `lease(key, inbox_id)` to adopt."""
+        begin: tuple[Mapping[str, Any], int | None, BeginsIn] | None = None,
+    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+        """Commit an inbound message for `key` (inbox id, state, new, begun); with `lease`,
+        the key's lease may come with the commit, for `lease(key, inbox_id)` to adopt, and
+        with `begin` (the user's message, the history's length, where it may begin) the
+        turn's begin too: `begun` is then begin_turn's result, else None."""
         ...
 
     def lease(

@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 from gateway import faults, session_commands
@@ -33,6 +33,7 @@ from gateway.leases import Lease, SharedCoordinator
 from gateway.messages import InboundMessage
 from gateway.ops.metrics import Metrics
 from gateway.reset import Resetter
+from gateway.routes import entry_from_route
 from gateway.services import AccessRules, RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey, build_key
 from gateway.sessions import SessionManager
@@ -57,6 +58,7 @@ log = logging.getLogger("gateway.router")
 # A fast-path turn handed to its task: the key, its entry, begin_turn's result (the user's
 # message id and the history) and the release of the key's lock, which the task now owns.
 Begun = tuple[SessionKey, IndexEntry, tuple[int, list[dict[str, Any]]], Callable[[], None]]
+Stored = tuple[int, list[dict[str, Any]]]  # a begun turn's message id and history
 
 STORAGE_APOLOGY = (
     "Sorry, I could not store your message just now; please send it again in a moment."
@@ -212,11 +214,22 @@ class Router:
                     src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
                 )
             else:  # the key's lease comes with the commit when the key is idle here (not
-                # while start-up recovery holds turns: the lease would wait with them)
-                inbox_id, state, new = await self._shared.accept(
+                # while start-up recovery holds turns: the lease would wait with them), and
+                # a plain message's turn begins in it when the take allows (_begins_in)
+                plan = None
+                if self._held is None and parse_command(msg.text) is None:
+                    plan = (user_message(msg, key), s.settings.history_messages,
+                            self._begins_in)  # fmt: skip
+                inbox_id, state, new, stored = await self._shared.accept(
                     key.format(), src.platform, src.chat_id, msg.platform_message_id,
-                    msg.as_payload(), lease=self._held is None,
+                    msg.as_payload(), lease=self._held is None, begin=plan,
                 )  # fmt: skip
+                if stored is not None:  # new, taken and begun: the turn goes on from there
+                    if seen_key is not None:
+                        s.coordinator.remember(seen_key)
+                    faults.point("after_inbox_commit")
+                    self._run(msg, inbox_id, stored=stored)
+                    return
         except StateError as exc:
             self._refuse(msg, exc)
         self._after_accept(msg, seen_key, inbox_id, state, new)
@@ -270,7 +283,33 @@ class Router:
             return
         self._run(msg, inbox_id)
 
-    def _run(self, msg: InboundMessage, inbox_id: int, begun: Begun | None = None) -> None:
+    def _begins_in(self, route: Mapping[str, Any], inbox_id: int) -> str | None:
+        """Replicas: may the turn of a message whose accept just took its key's lease begin
+        in the same commit, and in which session? Its route's own live session, when the
+        row is the key's only open one, no dead runner's reply waits, no notice is owed and
+        no reset is due (what _process_locked would decide first, decided on the route the
+        take read under the lease); else None, and the turn begins as usual. Called by the
+        writer inside that transaction."""
+        try:
+            if [int(r["id"]) for r in route["open"]] != [inbox_id] or route.get("unsent"):
+                return None
+            if not (route.get("session_id") and route.get("route_found")
+                    and route.get("route_ended") is None) or route.get("pending_notice"):  # fmt: skip
+                return None
+            entry = entry_from_route(route)
+            if entry is None or (self.resetter is not None and self.resetter.due_now(entry)):
+                return None
+            return entry.session_id
+        except Exception as exc:  # never fail the accept over it: the turn begins later
+            log.warning("could not decide an early begin: %s", exc)
+            return None
+
+    def _run(
+        self, msg: InboundMessage, inbox_id: int, begun: Begun | None = None, *,
+        stored: Stored | None = None,
+    ) -> None:  # fmt: skip
+        """The message's turn as a task. `begun`: one daemon's fast path (locked, stored);
+        `stored`: a replica's accept that took the lease also began the turn."""
         self._inflight.add(inbox_id)
         src = msg.source
         if begun is None and self._shared is None:
@@ -279,7 +318,7 @@ class Router:
             k = self.key_for(msg).format()
             self._pending[k] = self._pending.get(k, 0) + 1
         self.services.tasks.start(
-            self._process(msg, inbox_id, begun), f"turn:{src.platform}:{src.chat_id}"
+            self._process(msg, inbox_id, begun, stored), f"turn:{src.platform}:{src.chat_id}"
         )
 
     async def hold_until_recovered(self) -> None:
@@ -431,9 +470,11 @@ class Router:
     def key_for(self, msg: InboundMessage) -> SessionKey:
         return build_key(msg.source, self.services.settings.keys)
 
-    async def _process(self, msg: InboundMessage, inbox_id: int, begun: Begun | None) -> None:
+    async def _process(
+        self, msg: InboundMessage, inbox_id: int, begun: Begun | None, stored: Stored | None
+    ) -> None:
         if self._shared is not None:
-            await self._process_shared(self._shared, msg, inbox_id)
+            await self._process_shared(self._shared, msg, inbox_id, stored)
             return
         s = self.services
         started = s.clock()
@@ -503,6 +544,7 @@ class Router:
             except SessionNotFound as exc:
                 if not self._forget_deleted(k, exc.ref):
                     raise
+                turn.begun = None
                 await self._process_locked(msg, key, started, turn)  # in a fresh session
         except LeaseLost:
             raise
@@ -510,8 +552,9 @@ class Router:
             await self._failed(msg, turn, exc)
 
     async def _process_shared(
-        self, coordinator: SharedCoordinator, msg: InboundMessage, inbox_id: int
-    ) -> None:
+        self, coordinator: SharedCoordinator, msg: InboundMessage, inbox_id: int,
+        stored: Stored | None = None,
+    ) -> None:  # fmt: skip
         """Replicas: take the key's lease, then run the key's open inbox rows in id order
         (this message's, and any another replica took meanwhile, so neither overtakes the
         other). A row answered elsewhere while waiting only tells the platform side."""
@@ -530,7 +573,7 @@ class Router:
                     else:
                         s.signals.ended(msg, "answered_elsewhere")
                 if lease is not None:
-                    await self._drain(lease, key, msg, inbox_id)
+                    await self._drain(lease, key, msg, inbox_id, stored)
         except Exception as exc:  # nothing may escape into the event loop
             s.metrics.last_error = f"{type(exc).__name__}: {exc}"
             s.metrics.errors.inc(kind="turn")
@@ -539,8 +582,9 @@ class Router:
             self._inflight.discard(inbox_id)
 
     async def _drain(
-        self, lease: Lease, key: SessionKey, mine: InboundMessage, inbox_id: int
-    ) -> None:
+        self, lease: Lease, key: SessionKey, mine: InboundMessage, inbox_id: int,
+        stored: Stored | None = None,
+    ) -> None:  # fmt: skip
         s = self.services
         assert self._shared is not None
         me = self._shared.me
@@ -560,7 +604,8 @@ class Router:
                     continue
             other_task = rid != inbox_id and rid in self._inflight
             self._inflight.add(rid)
-            turn = TurnProgress(inbox_id=rid, fence=lease.fence, holds=holds)
+            turn = TurnProgress(inbox_id=rid, fence=lease.fence, holds=holds,
+                                begun=stored if rid == inbox_id else None)  # fmt: skip
             try:
                 await self._run_row(msg, key, row, turn)
             except LeaseLost:
@@ -594,6 +639,14 @@ class Router:
         self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
     ) -> None:
         s = self.services
+        if turn.begun is not None:  # begun in the accept's commit, which decided the rest
+            # in the session of the route that commit's take read (the index has it since,
+            # and nothing else touched the key: its lease and local lock were held)
+            entry = s.index.get(key.format())
+            if entry is not None:
+                await agent_turn(s, msg, key, entry, started, turn, turn.begun)
+                return
+            turn.begun = None
         entry = await self.entry_for(key, msg)
         if self.resetter is not None:
             entry = await self.resetter.check(key.format(), entry)

@@ -44,6 +44,8 @@ class TurnProgress:
     fence: Fence | None = None  # replicas: the key's lease every turn write carries
     # replicas: does the lease still hold? (a read; None: one daemon, no lease)
     holds: Callable[[], Awaitable[bool]] | None = None
+    # replicas: the message was stored in the accept's commit (its id and the history)
+    begun: tuple[int, list[dict[str, Any]]] | None = None
     stored: bool = False
     session_id: str | None = None
     dropped: str | None = None

@@ -14,7 +14,7 @@ side (which key to lease when, what runs under it) is gateway/cluster.py's.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -148,26 +148,53 @@ async def take_leases_many(
 register_batched(take_lease, take_leases_many)
 
 
+# Where a taken key's turn may begin in the accept's own transaction: the route row and
+# the new inbox id -> the session to store the message in, or None (the turn begins later)
+BeginsIn = Callable[[Mapping[str, Any], int], "str | None"]
+# the user's message, the history's length and the test above (accept_take's `begin`)
+BeginPlan = tuple[Mapping[str, Any], "int | None", BeginsIn]
+Accepted = tuple[int, str, bool, "dict[str, Any] | None", "tuple[int, list[dict[str, Any]]] | None"]
+
+
 async def accept_take(
     conn: AsyncConnection, platform: str, chat_id: str, pmid: str | None, payload: str,
-    now: float, key: str, me: int, space: int,
-) -> tuple[int, str, bool, dict[str, Any] | None]:  # fmt: skip
+    now: float, key: str, me: int, space: int, begin: BeginPlan | None = None,
+) -> Accepted:  # fmt: skip
     """`inbox.accept` for replica `me` and, when the row is new, `take_lease` on its key in
-    the same transaction: (inbox id, state, new, the take's route or None). The message's
-    turn then starts under the lease without a write of its own to take it."""
+    the same transaction: (inbox id, state, new, the take's route or None, begun). The
+    message's turn then starts under the lease without a write of its own to take it. With
+    `begin`, when its test names a session for the taken route, the turn's begin too (the
+    message stored in that session, the row started, the history read: `begun`, as
+    begin_turn returns it), so the turn waits for one commit less."""
     return (await accept_takes_many(conn, [(platform, chat_id, pmid, payload, now, key, me,
-                                            space)]))[0]  # fmt: skip
+                                            space, begin)]))[0]  # fmt: skip
 
 
 async def accept_takes_many(
     conn: AsyncConnection,
-    calls: Sequence[tuple[str, str, str | None, str, float, str, int, int]],
-) -> list[tuple[int, str, bool, dict[str, Any] | None]]:
+    calls: Sequence[tuple[str, str, str | None, str, float, str, int, int, BeginPlan | None]],
+) -> list[Accepted]:
     accepted = await inbox.accept_many(conn, [c[:7] for c in calls])
     fresh = [i for i, (_id, _state, new) in enumerate(accepted) if new]
-    routes = await take_leases_many(conn, [calls[i][5:] for i in fresh]) if fresh else []
+    routes = await take_leases_many(conn, [calls[i][5:8] for i in fresh]) if fresh else []
     route_of = dict(zip(fresh, routes, strict=True))
-    return [(*got, route_of.get(i)) for i, got in enumerate(accepted)]
+    begins: list[tuple[int, inbox.Begin]] = []
+    for i, route in route_of.items():
+        plan = calls[i][8]
+        if route is None or plan is None:
+            continue
+        message, last, begins_in = plan
+        sid = begins_in(route, accepted[i][0])
+        if sid is not None:
+            begins.append((i, (accepted[i][0], sid, dict(message), last)))
+    begun: dict[int, Any] = {}
+    if begins:
+        got = await inbox.turn_writes_many(
+            conn, [(inbox.BEGIN, b) for _i, b in begins],
+            runners=[calls[i][6] for i, _b in begins],
+        )  # fmt: skip
+        begun = {i: g for (i, _b), g in zip(begins, got, strict=True)}
+    return [(*got, route_of.get(i), begun.get(i)) for i, got in enumerate(accepted)]
 
 
 register_batched(accept_take, accept_takes_many)

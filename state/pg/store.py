@@ -523,14 +523,16 @@ class PgStore:
     async def accept_and_take(
         self, platform: str, chat_id: str, platform_message_id: str | None,
         payload: object, *, session_key: str, me: int, space: int,
-    ) -> tuple[int, str, bool, dict[str, Any] | None]:  # fmt: skip
+        begin: cluster.BeginPlan | None = None,
+    ) -> cluster.Accepted:  # fmt: skip
         """`accept_inbound` for replica `me` and, when the row is new, `take_lease` on
         `session_key` in one transaction: (inbox id, state, new, the route as take_lease
-        returns it, or None when the row is not new or a live replica holds the key)."""
+        returns it, or None when the row is not new or a live replica holds the key, and
+        the turn's begin when `begin` asked for it and its test allowed it)."""
         try:
             return await self._write(
                 cluster.accept_take, platform, chat_id, platform_message_id,
-                payload_of(payload), time.time(), session_key, me, space,
+                payload_of(payload), time.time(), session_key, me, space, begin,
             )  # fmt: skip
         except psycopg.Error as exc:
             raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc

@@ -482,7 +482,7 @@ async def test_an_accept_takes_an_idle_keys_lease_for_its_turn(replica) -> None:
     A key another live replica holds is only accepted: its turn takes the lease later."""
     _, a = await replica("a")
     _, b = await replica("b")
-    rid, _, new = await a.accept("k", "api", "1", "m1", {"text": "x"}, lease=True)
+    rid, _, new, _ = await a.accept("k", "api", "1", "m1", {"text": "x"}, lease=True)
     assert new and a.held("k") is None  # taken, kept for the turn (not held by a turn yet)
     async with b.lease_now("k") as other:
         assert other is None  # a's, though no turn of a runs yet
@@ -501,7 +501,7 @@ async def test_an_accept_takes_an_idle_keys_lease_for_its_turn(replica) -> None:
 
     holder = asyncio.create_task(b_holds())
     await got.wait()
-    rid2, _, new2 = await a.accept("k", "api", "1", "m2", {"text": "y"}, lease=True)
+    rid2, _, new2, _ = await a.accept("k", "api", "1", "m2", {"text": "y"}, lease=True)
     assert new2 and rid2 not in a._adopted
     release.set()
     await holder
