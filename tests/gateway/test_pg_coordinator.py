@@ -575,3 +575,44 @@ async def test_a_row_taken_here_and_run_by_a_replica_that_died_is_answered_befor
     await _until(lambda: len(sent) == 2 and router.inflight == 0)
     assert sent == ["echo: X", "echo: Y"]
     assert await store.inbox_counts() == {"answered": 2}
+
+
+async def _settled_operations(store: PgStore) -> int:
+    """The writer's operations so far, once nothing more is being written (the reply's
+    mark and the lease's release follow the reply)."""
+    last = -1
+    while True:
+        now = store.write_stats().operations
+        if now == last and store.write_stats().queue_depth == 0:
+            return now
+        last = now
+        await asyncio.sleep(0.2)
+
+
+async def test_a_message_to_an_idle_key_begins_in_its_accept_unless_a_reset_is_due(
+    replica,
+) -> None:
+    """A plain message whose accept takes its key's lease is stored in the key's session in
+    that same commit (four writes for the turn: accept with take and begin, end, the
+    reply's mark, release; five when the begin is its own). A message arriving when its
+    session is due an idle reset does not: the reset comes first, with its notice."""
+    now = [time.time()]
+    sent: list[OutboundMessage] = []
+    router = await _router(replica, "a", now, sent, [])
+    await router.recover(30 * 86400)  # the clock below runs ahead: nothing is too old
+    store = router.services.db
+    assert isinstance(store, PgStore)
+    await _said(router, sent, "hello", "m1")  # first contact: the session is made
+    first = sent[-1].session_id
+    before = await _settled_operations(store)
+    await _said(router, sent, "again", "m2")
+    assert await _settled_operations(store) - before == 4
+    assert sent[-1].text == "echo: again" and sent[-1].session_id == first
+    assert [m["content"] for m in await store.get_messages(str(first))] == [
+        "hello", "echo: hello", "again", "echo: again"]  # fmt: skip
+    now[0] += 2 * 3600  # past the 60-minute idle policy
+    await _said(router, sent, "later", "m3")
+    assert [o.text for o in sent if o.notice] and "inactivity" in sent[-2].text
+    assert sent[-1].text == "echo: later" and sent[-1].session_id != first
+    assert [m["content"] for m in await store.get_messages(str(sent[-1].session_id))] == [
+        "later", "echo: later"]  # fmt: skip
