@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from gateway.session_keys import SessionSource
 
 PAYLOAD_V2 = 2  # the first item of an inbox payload list
+LATE_SEND_S = 0.25  # see OutboundMessage.late (gateway/turns.py's RECHECK_AFTER_S)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,16 @@ class OutboundMessage:
     # whose class sets `idempotent_replies` shows a reply sent twice under one key once
     dedupe_key: str | None = None
     resend: bool = False  # a start-up resend: the reply may already be in the chat
+    # time.monotonic() when the turn last knew its lease held (a turn's reply on
+    # replicas, after gateway/turns.py's may_send): see `late`
+    since: float | None = None
+
+    def late(self) -> bool:
+        """Is this send starting more than LATE_SEND_S after that? Normally it starts
+        within a few event-loop passes; later, the process stood still in between, and
+        another replica may have taken the chat over and sent the reply again: an adapter
+        that can look for a reply's dedupe key in the chat does so first, as a resend does."""
+        return self.since is not None and time.monotonic() - self.since > LATE_SEND_S
 
 
 @dataclass(frozen=True)

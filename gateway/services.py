@@ -117,6 +117,7 @@ class Replier:
         notice: bool = False,
         dedupe_key: str | None = None,
         resend: bool = False,
+        since: float | None = None,
     ) -> SentRef | None:
         """Send; the platform's reference, or None when the send failed (logged, counted).
         `dedupe_key` names the reply across sends; `resend` marks a start-up resend."""
@@ -125,7 +126,7 @@ class Replier:
             platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
             reply_to=msg.platform_message_id, session_id=session_id,
             session_key=key.format() if key else None, error=error, notice=notice,
-            dedupe_key=dedupe_key, resend=resend,
+            dedupe_key=dedupe_key, resend=resend, since=since,
         )  # fmt: skip
         try:
             ref = await self.send(out)

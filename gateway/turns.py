@@ -21,7 +21,7 @@ from gateway.adapters import idempotent_replies
 from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_tokens, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
-from gateway.messages import InboundMessage, SentRef
+from gateway.messages import LATE_SEND_S, InboundMessage, SentRef
 from gateway.services import Services
 from gateway.session_keys import SessionKey
 from state import Fence, LeaseLost, StateError
@@ -33,7 +33,7 @@ APOLOGY = "Sorry, something went wrong while answering. Your message was saved; 
 TURN_JOB = "turn"  # the live-job name of a running turn
 # Replicas: a reply whose commit and send are further apart than this asks whether the
 # key's lease still holds before it goes (see may_send)
-RECHECK_AFTER_S = 0.25
+RECHECK_AFTER_S = LATE_SEND_S
 
 
 @dataclass
@@ -131,8 +131,10 @@ async def agent_turn(
         s.index.touch(k, s.clock())
         faults.point("after_reply_commit")
         await may_send(turn, committing)
+        checked = time.monotonic()
         s.metrics.turns.inc(outcome="ok")
-        ref = await s.replies.reply(msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id))
+        ref = await s.replies.reply(msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id),
+                                    since=checked if turn.fence is not None else None)  # fmt: skip
         faults.point("after_send_before_mark")
         mark_reply_soon(s, turn.inbox_id, ref)
         answer: ChatMessage = {"role": "assistant", "content": reply.text}

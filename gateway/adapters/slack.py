@@ -369,7 +369,8 @@ class SlackAdapter:
         from slack_sdk.errors import SlackApiError
 
         key = msg.dedupe_key
-        shown = await self._already_posted(msg) if key and msg.resend else {}
+        # a resend, or a reply that set out late (another replica may have sent it meanwhile)
+        shown = await self._already_posted(msg) if key and (msg.resend or msg.late()) else {}
         ids = []
         for i, part in enumerate(split_message(to_mrkdwn(msg.text), LIMIT)):
             if i in shown:  # posted before the crash: the conversation has it
