@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gateway.coordinator import LocalCoordinator, MessageKey
-from gateway.leases import Lease, ResetNotice
+from gateway.leases import Lease, ResetNotice, Stored
 from gateway.routes import PgRouteIndex
 from state import Fence, StateError
 from state.inbox import OPEN_STATES
@@ -29,8 +29,6 @@ from state.pg.control import ControlLink, Wakeup
 from state.pg.store import PgStore
 
 log = logging.getLogger("gateway.cluster")
-
-Begun = tuple[int, list[dict[str, Any]]]  # the message's id and the history (begin_turn's)
 
 # the first poll while waiting for a key, doubling up to POLL_MAX_S; short, since a take
 # that meets a release not yet committed fails without waiting for it
@@ -102,7 +100,7 @@ class PgCoordinator:
     async def accept(
         self, key: str, platform: str, chat_id: str, platform_message_id: str | None,
         payload: object, *, lease: bool, begin: BeginPlan | None = None,
-    ) -> tuple[int, str, bool, Begun | None]:  # fmt: skip
+    ) -> tuple[int, str, bool, Stored | None]:  # fmt: skip
         """Commit an inbound message, its row naming its key and this replica: (inbox id,
         state, new, begun). With `lease`, when no work here holds or awaits the key, the
         key's lease is taken in the same commit and kept, with the key's local lock, for the

@@ -38,6 +38,7 @@ class Lease:
 # the route a take returned and the new inbox id -> the session the turn may begin in
 # within the accept's commit, or None
 BeginsIn = Callable[[Mapping[str, Any], int], "str | None"]
+Stored = tuple[int, list[dict[str, Any]]]  # a turn begun in its accept: message id, history
 
 
 class SharedCoordinator(Coordinator, Protocol):
@@ -57,7 +58,7 @@ class SharedCoordinator(Coordinator, Protocol):
         self, key: str, platform: str, chat_id: str, platform_message_id: str | None,
         payload: object, *, lease: bool,
         begin: tuple[Mapping[str, Any], int | None, BeginsIn] | None = None,
-    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+    ) -> tuple[int, str, bool, Stored | None]:  # fmt: skip
         """Commit an inbound message for `key` (inbox id, state, new, begun); with `lease`,
         the key's lease may come with the commit, for `lease(key, inbox_id)` to adopt, and
         with `begin` (the user's message, the history's length, where it may begin) the

@@ -29,7 +29,7 @@ from gateway.commands import (
 from gateway.coordinator import Coordinator
 from gateway.errors import NotAccepted
 from gateway.index import IndexEntry, RouteIndex
-from gateway.leases import Lease, SharedCoordinator
+from gateway.leases import Lease, SharedCoordinator, Stored
 from gateway.messages import InboundMessage
 from gateway.ops.metrics import Metrics
 from gateway.reset import Resetter
@@ -58,7 +58,6 @@ log = logging.getLogger("gateway.router")
 # A fast-path turn handed to its task: the key, its entry, begin_turn's result (the user's
 # message id and the history) and the release of the key's lock, which the task now owns.
 Begun = tuple[SessionKey, IndexEntry, tuple[int, list[dict[str, Any]]], Callable[[], None]]
-Stored = tuple[int, list[dict[str, Any]]]  # a begun turn's message id and history
 
 STORAGE_APOLOGY = (
     "Sorry, I could not store your message just now; please send it again in a moment."

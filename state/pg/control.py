@@ -34,12 +34,10 @@ log = logging.getLogger("state.pg.control")
 # (A replica stopped on a live host keeps them: its kernel still answers the probes.)
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
               "keepalives_count": 3, "tcp_user_timeout": 11000}  # fmt: skip
-SERVER_KEEPALIVES = (
-    "SELECT set_config('tcp_keepalives_idle', '5', false), "
-    "set_config('tcp_keepalives_interval', '2', false), "
-    "set_config('tcp_keepalives_count', '3', false), "
-    "set_config('tcp_user_timeout', '11000', false)"
-)
+SERVER_KEEPALIVES = "SELECT " + ", ".join(
+    f"set_config('tcp_{name}', '{KEEPALIVES[name]}', false)"
+    for name in ("keepalives_idle", "keepalives_interval", "keepalives_count")
+) + f", set_config('tcp_user_timeout', '{KEEPALIVES['tcp_user_timeout']}', false)"
 
 
 def application_name(replica: str) -> str:
