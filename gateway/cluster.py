@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from gateway.coordinator import LocalCoordinator, MessageKey
-from gateway.leases import Lease, ResetNotice, Stored
+from gateway.leases import HandBack, Lease, ResetNotice, Stored
 from gateway.routes import PgRouteIndex
-from state import Fence, StateError
+from state import Fence, Release, StateError
 from state.inbox import OPEN_STATES
 from state.pg.cluster import BeginPlan
 from state.pg.control import ControlLink, Wakeup
@@ -179,7 +179,20 @@ class PgCoordinator:
             yield lease
         finally:
             del self._held[key]
-            await self._release(lease)
+            if not lease.freed:
+                await self._release(lease)
+
+    def hand_back(self, lease: Lease, answered: Sequence[tuple[int, int]] = ()) -> HandBack:
+        key = lease.fence.session_key
+
+        def plan() -> Release:
+            return self.routes.changes(key, peek=True), [*lease.answered, *answered]
+
+        def done() -> None:
+            self.routes.changes(key)  # written by that commit
+            lease.freed = True
+
+        return HandBack(plan, done)
 
     def fence(self, key: str) -> Fence | None:
         held = self._held.get(key)

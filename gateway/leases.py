@@ -7,13 +7,13 @@ leader flag. gateway/cluster.py implements it on PostgreSQL; the router takes it
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.coordinator import Coordinator
 from gateway.index import IndexEntry
-from state import Fence
+from state import Fence, Release
 
 # How a reset is worded for its chat: (the key's entry, the end reason, the old session's
 # row with `id`, `title`, `message_count`) -> the notice, or None when its policy says none.
@@ -33,6 +33,20 @@ class Lease:
     # shape of orphaned_replies): the holder sends them before running `open`, so a chat's
     # replies keep their order across a takeover
     unsent: list[dict[str, Any]] = field(default_factory=list)
+    freed: bool = False  # freed with a turn's last write (HandBack), not when left
+
+
+@dataclass(frozen=True)
+class HandBack:
+    """How the last turn under a lease frees it with its reply's commit (end_turn's
+    `release`) rather than with a write of its own after the send: `plan()` is what that
+    commit writes (the route as left, the rows answered for other replicas), `done()` is
+    called once it committed. Only for a reply that no other reply of its chat can
+    overtake (gateway.adapters.replies_in_request) and with nothing after the send that
+    needs the lease (an automatic compression)."""
+
+    plan: Callable[[], Release]
+    done: Callable[[], None]
 
 
 # the route a take returned and the new inbox id -> the session the turn may begin in
@@ -74,6 +88,11 @@ class SharedCoordinator(Coordinator, Protocol):
 
     def lease_now(self, key: str) -> contextlib.AbstractAsyncContextManager[Lease | None]:
         """`lease` without waiting: None when work here or another live replica holds it."""
+        ...
+
+    def hand_back(self, lease: Lease, answered: Sequence[tuple[int, int]] = ()) -> HandBack:
+        """For the last row run under `lease`: how its reply's commit frees the lease
+        (`answered`: that row's origin and id, when another replica took it)."""
         ...
 
     async def row_open(self, inbox_id: int) -> bool:

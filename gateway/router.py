@@ -603,8 +603,13 @@ class Router:
                     continue
             other_task = rid != inbox_id and rid in self._inflight
             self._inflight.add(rid)
+            origin = row.get("replica")
+            elsewhere = origin is not None and int(origin) != me
             turn = TurnProgress(inbox_id=rid, fence=lease.fence, holds=holds,
                                 begun=stored if rid == inbox_id else None)  # fmt: skip
+            if row is lease.open[-1]:  # the last row: its reply's commit may free the lease
+                turn.hand_back = self._shared.hand_back(lease, [(int(origin), rid)] if elsewhere
+                                                        else [])  # fmt: skip
             try:
                 await self._run_row(msg, key, row, turn)
             except LeaseLost:
@@ -618,8 +623,7 @@ class Router:
                 elif rid != inbox_id:
                     self._inflight.discard(rid)
                 s.signals.ended(msg, turn.dropped)
-            origin = row.get("replica")
-            if origin is not None and int(origin) != me:
+            if elsewhere:
                 lease.answered.append((int(origin), rid))
 
     async def _run_row(

@@ -143,12 +143,13 @@ class PgRouteIndex:
         self._routes[key] = _Route(entry, notice, listing,
                                    dirty=healed or (entry is None and bool(row.get("session_id"))))  # fmt: skip
 
-    def changes(self, key: str) -> dict[str, Any] | None:
-        """The route's columns to write when the lease is freed, or None if unchanged."""
+    def changes(self, key: str, *, peek: bool = False) -> dict[str, Any] | None:
+        """The route's columns to write when the lease is freed, or None if unchanged;
+        `peek`: the route stays changed (its write has not committed yet)."""
         route = self._routes.get(key)
         if route is None or not route.dirty:
             return None
-        route.dirty = False
+        route.dirty = peek
         e = route.entry
         return {
             "session_id": e.session_id if e else None,

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import access, faults
-from gateway.adapters import idempotent_replies
+from gateway.adapters import idempotent_replies, replies_in_request
 from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_tokens, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
+from gateway.leases import HandBack
 from gateway.messages import LATE_SEND_S, InboundMessage, SentRef
 from gateway.services import Services
 from gateway.session_keys import SessionKey
@@ -46,6 +47,8 @@ class TurnProgress:
     holds: Callable[[], Awaitable[bool]] | None = None
     # replicas: the message was stored in the accept's commit (its id and the history)
     begun: tuple[int, list[dict[str, Any]]] | None = None
+    # replicas: the lease may be freed with the reply's commit (the last row under it)
+    hand_back: HandBack | None = None
     stored: bool = False
     session_id: str | None = None
     dropped: str | None = None
@@ -118,17 +121,35 @@ async def agent_turn(
             for m in reply.tool_messages
         ]
         stored.append({"role": "assistant", "content": reply.text})
+        answer: ChatMessage = {"role": "assistant", "content": reply.text}
+        after = [*history, answer]
+        compress = s.sessions.needs_compression(after, sum(costs) + estimate_tokens(answer))
         # the reply goes to the outbox with the turn's end: 'ready' is sent again after a
         # crash (at least once; exactly once where the platform dedupes on the reply's
-        # key), 'sending' never (at most once: the send may have happened)
-        resend = settings.resend_unconfirmed or idempotent_replies(src.platform)
+        # key), 'sending' never (at most once: the send may have happened); a reply that
+        # is its request's response is 'sent' (a repeat of the request reads it back)
+        in_request = replies_in_request(src.platform)
+        if in_request:
+            reply_state = "sent"
+        elif settings.resend_unconfirmed or idempotent_replies(src.platform):
+            reply_state = "ready"
+        else:
+            reply_state = "sending"
+        s.index.touch(k, s.clock())
+        # replicas: such a reply cannot overtake another of its chat, so its commit also
+        # frees the key's lease when nothing after the send needs it: the chat's next
+        # message, wherever it lands, finds the key free
+        hand_back = turn.hand_back if in_request and not compress else None
         committing = time.monotonic()
         await s.db.end_turn(
             turn.inbox_id, sid, stored,
             input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-            reply_state="ready" if resend else "sending", fence=turn.fence,
+            reply_state=reply_state, fence=turn.fence,
+            release=hand_back.plan() if hand_back is not None else None,
         )  # fmt: skip
-        s.index.touch(k, s.clock())
+        if hand_back is not None:
+            hand_back.done()
+            turn.holds = None  # freed on purpose: nothing to ask before the send
         faults.point("after_reply_commit")
         await may_send(turn, committing)
         checked = time.monotonic()
@@ -136,12 +157,11 @@ async def agent_turn(
         ref = await s.replies.reply(msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id),
                                     since=checked if turn.fence is not None else None)  # fmt: skip
         faults.point("after_send_before_mark")
-        mark_reply_soon(s, turn.inbox_id, ref)
-        answer: ChatMessage = {"role": "assistant", "content": reply.text}
-        after = [*history, answer]
+        if not in_request:
+            mark_reply_soon(s, turn.inbox_id, ref)
         if _first_exchange(after):
             s.tasks.start(auto_title(s, sid, after), f"title:{sid}")
-        if s.sessions.needs_compression(after, sum(costs) + estimate_tokens(answer)):
+        if compress:
             try:
                 await s.sessions.compress(key, src)
                 log.info("session_key=%s compressed automatically", k)

@@ -24,6 +24,7 @@ from .records import (
     HandoffClaim,
     LiveSession,
     MessageRow,
+    Release,
     SearchHit,
     SessionRow,
     UntoldReset,
@@ -312,7 +313,12 @@ class Store(Protocol):
         output_tokens: int = 0,
         reply_state: str = "ready",
         fence: Fence | None = None,
-    ) -> list[int]: ...
+        release: Release | None = None,
+    ) -> list[int]:
+        """The reply into the session, the row answered and the reply in the outbox as
+        `reply_state`, in one transaction; with a `fence`, only while that lease holds, and
+        with `release` that lease freed in the same commit (replicas only)."""
+        ...
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None: ...
     def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
         """`mark_reply` queued without waiting (the turn's path never waits on it); a

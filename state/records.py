@@ -7,6 +7,7 @@ type error. The SQL that builds each shape sits in the operation module that ret
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -181,6 +182,12 @@ class Fence:
     session_key: str
     owner: int
     epoch: int
+
+
+# A lease freed with a fenced turn write (end_turn's `release`): the key's route as its
+# holder leaves it (None: unchanged) and the inbox rows answered under the lease that
+# other replicas took, as (their incarnation, inbox id), so they are woken
+Release = tuple[Mapping[str, Any] | None, Sequence[tuple[int, int]]]
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from .records import (
     HandoffClaim,
     LiveSession,
     MessageRow,
+    Release,
     SearchHit,
     SessionRow,
     UntoldReset,
@@ -691,11 +692,13 @@ class SessionDB:
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
         input_tokens: int = 0, output_tokens: int = 0, reply_state: str = "ready",
-        fence: Fence | None = None,
+        fence: Fence | None = None, release: Release | None = None,
     ) -> list[int]:  # fmt: skip
         """The reply into the session, the row `answered` and the reply in the outbox as
-        `reply_state` ('ready' or 'sending'), in one transaction. (No fences here: one
-        home, one daemon.)"""
+        `reply_state` ('ready', 'sending', or 'sent' for a reply given as its request's
+        response), in one transaction. (No fences or leases here: one home, one daemon.)"""
+        if release is not None:
+            raise ValueError("a lease can only be freed by a fenced write (replicas)")
         tokens = (
             {"input_tokens": input_tokens, "output_tokens": output_tokens}
             if input_tokens or output_tokens

@@ -34,6 +34,7 @@ BUILTIN = {
     "webhook": "gateway.adapters.webhook:WebhookAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
+CORE = {"api": "gateway.adapters.api:ApiAdapter"}  # the core's own adapters (not platforms)
 
 
 class AdapterNotFound(GatewayError):
@@ -81,6 +82,20 @@ def idempotent_replies(name: str) -> bool:
         return bool(getattr(adapter_class(name), "idempotent_replies", False))
     except GatewayError:
         return False
+
+
+@cache  # asked on every turn
+def replies_in_request(name: str) -> bool:
+    """Whether the platform's adapter class declares `replies_in_request`: each reply is
+    the response to its own request (the HTTP API), so no other reply of the chat can come
+    before or after it, and a repeat of the request reads it from the store. Such a reply
+    is stored as sent with its turn's end (there is nothing to deliver again after a
+    crash), and a replica frees the key's lease in that same commit."""
+    try:
+        cls = _load(CORE[name]) if name in CORE else adapter_class(name)
+    except GatewayError:
+        return False
+    return bool(getattr(cls, "replies_in_request", False))
 
 
 @cache

@@ -101,6 +101,9 @@ class _Answer:
 
 class ApiAdapter:
     platform: ClassVar[str] = "api"
+    # a reply is its request's response: stored as sent with its turn (a repeat with the
+    # same Idempotency-Key reads it back), never overtaken by another reply of the chat
+    replies_in_request: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -79,6 +79,10 @@ class PlatformAdapter(Adapter, Protocol):
     Optional: `idempotent_replies: ClassVar[bool] = True` declares that a send carrying an
     `OutboundMessage.dedupe_key` already sent is never shown twice in the chat; the outbox
     then sends such replies again after a crash (exactly once instead of at most once).
+    Optional: `replies_in_request: ClassVar[bool] = True` declares that each reply is the
+    response to its own request (the HTTP API): no reply of the chat can overtake another,
+    and a repeated request reads its answer from the store (see
+    gateway.adapters.replies_in_request).
     Optional: `replica_problems(settings, replicas) -> list[ConfigError]`, a classmethod
     naming the keys of a mode that several replicas cannot share (`cluster.replicas` > 1:
     Telegram's polling), so the config is refused with exit 78."""

@@ -21,7 +21,7 @@ from psycopg import AsyncConnection
 
 from ..errors import LeaseLost
 from ..inbox import OPEN_STATES
-from ..records import Fence
+from ..records import Fence, Release
 from . import db, inbox
 from .writer import register_batched
 
@@ -38,19 +38,29 @@ LEADER = 0  # the leader lock's second key; incarnations start at 1
 # `INSERT ... ON CONFLICT DO UPDATE ... WHERE` still locks the row until the taker's batch
 # commits, so the holder's fenced writes waited on every replica that asked for the key
 # meanwhile, and batches locking keys in other orders deadlocked (923 deadlocks, each
-# found after deadlock_timeout, with four clients per chat on three replicas). An UPDATE
-# whose condition fails on a row locks nothing; one that meets a row another transaction
-# is changing waits for it and tests the condition again on the new version.
+# found after deadlock_timeout, with four clients per chat on three replicas).
+# A take never waits for another transaction either: the free routes are locked with
+# SKIP LOCKED (a route another replica's batch is freeing or taking counts as held: the
+# taker waits for its NOTIFY or polls), and only keys with no route row at all are
+# inserted (ON CONFLICT waits for an uncommitted index entry of the key, which every
+# update of a route leaves). A take that waited deadlocked with the holder's batch when
+# each also touched a key of the other's: 4-8 deadlocks in 5 s of four clients per chat
+# on three replicas, a second each (deadlock_timeout) with a whole batch stalled; none
+# since, and that run went from 134-153 to 285 messages/s (bench/cluster_bench.py --only 2).
 _TAKE = f"""
-WITH freed AS (
+WITH free AS (
+    SELECT session_key FROM session_routes
+    WHERE session_key = ANY(%(keys)s::text[])
+      AND (lease_owner IS NULL OR lease_owner = %(me)s OR lease_owner NOT IN ({LIVE}))
+    ORDER BY session_key FOR UPDATE SKIP LOCKED
+), freed AS (
     UPDATE session_routes r SET lease_owner = %(me)s, lease_epoch = r.lease_epoch + 1
-    WHERE r.session_key = ANY(%(keys)s::text[])
-      AND (r.lease_owner IS NULL OR r.lease_owner = %(me)s OR r.lease_owner NOT IN ({LIVE}))
+    FROM free f WHERE r.session_key = f.session_key
     RETURNING r.*
 ), fresh AS (
     INSERT INTO session_routes AS r (session_key, lease_owner, lease_epoch)
     SELECT k, %(me)s, 1 FROM unnest(%(keys)s::text[]) AS u(k)
-    WHERE k NOT IN (SELECT session_key FROM freed) ORDER BY k
+    WHERE NOT EXISTS (SELECT 1 FROM session_routes x WHERE x.session_key = u.k) ORDER BY k
     ON CONFLICT (session_key) DO NOTHING
     RETURNING r.*
 ), taken AS (SELECT * FROM freed UNION ALL SELECT * FROM fresh)
@@ -425,24 +435,31 @@ async def row_states(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str
 
 
 async def turn_write_fenced(
-    conn: AsyncConnection, fence: Fence, kind: str, call: inbox.Begin | inbox.End
-) -> Any:
-    """inbox.begin_turn (kind BEGIN) or inbox.end_turn (END) while `fence` holds. One
-    function for both, so the writer merges a batch's begins and ends into one fence check
-    and one append (turn_writes_fenced_many)."""
-    return (await turn_writes_fenced_many(conn, [(fence, kind, call)]))[0]
+    conn: AsyncConnection, fence: Fence, kind: str, call: inbox.Begin | inbox.End,
+    release: Release | None = None,
+) -> Any:  # fmt: skip
+    """inbox.begin_turn (kind BEGIN) or inbox.end_turn (END) while `fence` holds, and with
+    `release` the lease freed in the same commit. One function for all, so the writer
+    merges a batch's begins, ends and such releases into one fence check, one append and
+    one release (turn_writes_fenced_many)."""
+    return (await turn_writes_fenced_many(conn, [(fence, kind, call, release)]))[0]
 
 
 async def turn_writes_fenced_many(
-    conn: AsyncConnection, calls: Sequence[tuple[Fence, str, inbox.Begin | inbox.End]]
+    conn: AsyncConnection,
+    calls: Sequence[tuple[Fence, str, inbox.Begin | inbox.End, Release | None]],
 ) -> list[Any]:
     """The fences, then inbox.turn_writes_many, which records each begun row's runner
-    (whose turn started it). One lost fence fails the batch; the writer then redoes it one
-    call at a time."""
+    (whose turn started it), then the releases. One lost fence fails the batch; the writer
+    then redoes it one call at a time."""
     await check_fences(conn, [c[0] for c in calls])
-    return await inbox.turn_writes_many(
-        conn, [(kind, call) for _f, kind, call in calls], runners=[c[0].owner for c in calls]
+    got = await inbox.turn_writes_many(
+        conn, [(c[1], c[2]) for c in calls], runners=[c[0].owner for c in calls]
     )
+    frees = [(c[0], *c[3]) for c in calls if c[3] is not None]
+    if frees:  # the fences hold (checked above, rows locked): every one is freed
+        await release_leases_many(conn, frees)
+    return got
 
 
 register_batched(turn_write_fenced, turn_writes_fenced_many, place=-1)  # under a lease

@@ -32,6 +32,7 @@ from ..records import (
     HandoffClaim,
     LiveSession,
     MessageRow,
+    Release,
     SearchHit,
     SessionRow,
     UntoldReset,
@@ -561,25 +562,29 @@ class PgStore:
         if fence is not None:
             return await self._write(
                 cluster.turn_write_fenced, fence, inbox.BEGIN,
-                (inbox_id, session_id, dict(message), last),
+                (inbox_id, session_id, dict(message), last), None,
             )  # fmt: skip
         return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
 
     async def end_turn(
         self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
         input_tokens: int = 0, output_tokens: int = 0, reply_state: str = "ready",
-        fence: Fence | None = None,
+        fence: Fence | None = None, release: Release | None = None,
     ) -> list[int]:  # fmt: skip
         """The reply into the session, the row `answered` and the reply in the outbox as
-        `reply_state`, in one transaction; with a fence, only while that lease holds."""
+        `reply_state`, in one transaction; with a fence, only while that lease holds, and
+        with `release` (the route as left, the rows answered for other replicas) the lease
+        freed in the same commit, as release_lease would."""
         tokens = None
         if input_tokens or output_tokens:
             tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
         if fence is not None:
             return await self._write(
                 cluster.turn_write_fenced, fence, inbox.END,
-                (inbox_id, session_id, list(batch), tokens, reply_state),
+                (inbox_id, session_id, list(batch), tokens, reply_state), release,
             )  # fmt: skip
+        if release is not None:
+            raise ValueError("a lease can only be freed by a fenced write")
         return await self._write(
             inbox.end_turn, inbox_id, session_id, list(batch), tokens, reply_state
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,6 +21,7 @@ from gateway.router import Router
 from gateway.routes import PgRouteIndex
 from gateway.services import Services
 from gateway.session_keys import SessionSource
+from gateway.sessions import CompressionSettings
 from state import ChildKind, EndReason, Fence, LeaseLost, StoreConfigError
 from state.pg.control import application_name
 from state.pg.store import PgStore
@@ -71,16 +73,12 @@ async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
             await asyncio.sleep(0.05)
 
 
-async def _until_blocked_by(server: str, pid: int) -> None:
-    """Until some backend waits for a lock the backend `pid` holds."""
+async def _blocked_by(server: str, pid: int) -> int:
+    """How many backends wait for a lock the backend `pid` holds."""
     async with await psycopg.AsyncConnection.connect(server, autocommit=True) as watch:
-        async with asyncio.timeout(10):
-            while True:
-                cur = await watch.execute("SELECT count(*) FROM pg_stat_activity "
-                                          "WHERE %s = ANY(pg_blocking_pids(pid))", (pid,))  # fmt: skip
-                if (await cur.fetchone() or (0,))[0]:
-                    return
-                await asyncio.sleep(0.02)
+        cur = await watch.execute("SELECT count(*) FROM pg_stat_activity "
+                                  "WHERE %s = ANY(pg_blocking_pids(pid))", (pid,))  # fmt: skip
+        return int((await cur.fetchone() or (0,))[0])
 
 
 def _kill_control(server: str, name: str) -> None:
@@ -272,10 +270,12 @@ async def test_two_sweepers_reset_an_idle_session_once_and_the_notice_reaches_th
     assert len([o for o in sent if o.notice]) == 1 and sent[-1].session_id == sent[-2].session_id
 
 
-async def _said(router: Router, sent: list[OutboundMessage], text: str, mid: str) -> None:
+async def _said(
+    router: Router, sent: list[OutboundMessage], text: str, mid: str, platform: str = "api"
+) -> None:
     """Chat 9 says `text` on `router`; back once it is answered and the key's lease freed."""
     before = len(sent)
-    await router.handle(InboundMessage(SessionSource("api", "9", "dm", "9"), text, mid))
+    await router.handle(InboundMessage(SessionSource(platform, "9", "dm", "9"), text, mid))
     await _until(lambda: len(sent) > before and router.inflight == 0)
 
 
@@ -539,7 +539,9 @@ async def test_a_row_taken_here_and_run_by_a_replica_that_died_is_answered_befor
     """a takes X while d holds the key; d runs X, commits its reply and dies before sending
     it, just after a's waiting task saw X still open. a's task then gets the lease with X's
     reply among the dead runner's unsent ones: it must go out before the reply to Y, the
-    next message a took (the chaos test saw a Slack chat's replies cross this way)."""
+    next message a took (the chaos test saw a Slack chat's replies cross this way). A take
+    that meets the route row locked by another transaction does not wait for it (it would
+    read the key's state from before that transaction): it fails, and a tries again."""
     sent: list[str] = []
 
     async def send(out: OutboundMessage) -> SentRef:
@@ -566,9 +568,11 @@ async def test_a_row_taken_here_and_run_by_a_replica_that_died_is_answered_befor
         await blocker.execute("SELECT 1 FROM session_routes WHERE session_key = %s FOR UPDATE",
                               (key,))  # fmt: skip
         me = blocker.info.backend_pid
+        tried = store.write_stats().operations
         _kill_control(server, d.link.name)  # d is gone: its lease is anyone's
-        await _until_blocked_by(server, me)
-        # a waits in its take: d's reply to X is committed meanwhile, not sent
+        await _until(lambda: store.write_stats().operations >= tried + 2)  # a took twice
+        assert not await _blocked_by(server, me)  # and waited for nobody
+        # d's reply to X is committed meanwhile, not sent
         await d_store.end_turn(x_id, sid, [{"role": "assistant", "content": "echo: X"}],
                                reply_state="ready")  # fmt: skip
         await blocker.rollback()
@@ -593,9 +597,9 @@ async def test_a_message_to_an_idle_key_begins_in_its_accept_unless_a_reset_is_d
     replica,
 ) -> None:
     """A plain message whose accept takes its key's lease is stored in the key's session in
-    that same commit (four writes for the turn: accept with take and begin, end, the
-    reply's mark, release; five when the begin is its own). A message arriving when its
-    session is due an idle reset does not: the reset comes first, with its notice."""
+    that same commit (two writes for an HTTP API turn: accept with take and begin, end
+    with release; see the next test). A message arriving when its session is due an idle
+    reset does not: the reset comes first, with its notice."""
     now = [time.time()]
     sent: list[OutboundMessage] = []
     router = await _router(replica, "a", now, sent, [])
@@ -606,7 +610,7 @@ async def test_a_message_to_an_idle_key_begins_in_its_accept_unless_a_reset_is_d
     first = sent[-1].session_id
     before = await _settled_operations(store)
     await _said(router, sent, "again", "m2")
-    assert await _settled_operations(store) - before == 4
+    assert await _settled_operations(store) - before == 2
     assert sent[-1].text == "echo: again" and sent[-1].session_id == first
     assert [m["content"] for m in await store.get_messages(str(first))] == [
         "hello", "echo: hello", "again", "echo: again"]  # fmt: skip
@@ -616,3 +620,83 @@ async def test_a_message_to_an_idle_key_begins_in_its_accept_unless_a_reset_is_d
     assert sent[-1].text == "echo: later" and sent[-1].session_id != first
     assert [m["content"] for m in await store.get_messages(str(sent[-1].session_id))] == [
         "later", "echo: later"]  # fmt: skip
+
+
+async def _route(store: PgStore, key: str) -> dict[str, Any]:
+    async with await psycopg.AsyncConnection.connect(store._dsn) as conn:
+        cur = await conn.execute(
+            "SELECT lease_owner, session_id, updated_at FROM session_routes "
+            "WHERE session_key = %s", (key,))  # fmt: skip
+        row = await cur.fetchone()
+    assert row is not None
+    return {"owner": row[0], "session_id": row[1], "updated_at": row[2]}
+
+
+async def _reply_state(store: PgStore, mid: str) -> str | None:
+    async with await psycopg.AsyncConnection.connect(store._dsn) as conn:
+        cur = await conn.execute("SELECT reply_state FROM inbox WHERE platform_message_id = %s",
+                                 (mid,))  # fmt: skip
+        row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
+async def test_an_api_reply_frees_its_keys_lease_in_its_own_commit(replica) -> None:
+    """An HTTP API reply is its request's response: nothing of the chat can overtake it, so
+    its commit also frees the key's lease (writing the route back) and stores it as sent.
+    The chat's next message finds the key free on any replica and its turn begins in its
+    accept there. A chat platform's reply keeps the lease until it is sent, and is marked
+    after the send: four writes, and the route is freed only after the send."""
+    now = [time.time()]
+    sent: list[OutboundMessage] = []
+    a, b = [await _router(replica, name, now, sent, []) for name in ("a", "b")]
+    for router in (a, b):
+        await router.recover(30 * 86400)
+    store_a, store_b = a.services.db, b.services.db
+    assert isinstance(store_a, PgStore) and isinstance(store_b, PgStore)
+    await _said(a, sent, "hello", "m1")
+    first = sent[-1].session_id
+    route = await _route(store_a, "agent:main:api:dm:9")
+    assert route["owner"] is None and route["session_id"] == first
+    stamped = route["updated_at"]
+    assert await _reply_state(store_a, "m1") == "sent"
+    now[0] += 60
+    before = await _settled_operations(store_b)
+    await _said(b, sent, "again", "m2")  # the other replica: the key is free at its accept
+    assert await _settled_operations(store_b) - before == 2
+    assert sent[-1].text == "echo: again" and sent[-1].session_id == first
+    route = await _route(store_b, "agent:main:api:dm:9")
+    assert route["owner"] is None and route["updated_at"] > stamped  # the turn's touch written
+    assert [m["content"] for m in await store_b.get_messages(str(first))] == [
+        "hello", "echo: hello", "again", "echo: again"]  # fmt: skip
+    # a chat platform: the reply is marked after its send and the lease freed after that
+    await _said(a, sent, "hi", "t1", platform="telegram")
+    before = await _settled_operations(store_a)
+    await _said(a, sent, "more", "t2", platform="telegram")
+    assert await _settled_operations(store_a) - before == 4
+    assert await _reply_state(store_a, "t2") == "sent"
+    assert (await _route(store_a, "agent:main:telegram:dm:9"))["owner"] is None
+
+
+async def test_an_api_turn_that_compresses_its_session_keeps_the_lease_until_then(replica) -> None:
+    """An automatic compression after the reply forks the session under the key's lease,
+    so that turn's reply does not free the lease: the route names the compressed child
+    when it is freed, and the chat's next message, on another replica, continues there."""
+    now = [time.time()]
+    sent: list[OutboundMessage] = []
+    a, b = [await _router(replica, name, now, sent, []) for name in ("a", "b")]
+    for router in (a, b):
+        await router.recover(30 * 86400)
+        router.sessions.compression = CompressionSettings(keep_last=2, auto_share=1e-9)
+    store = a.services.db
+    assert isinstance(store, PgStore)
+    await _said(a, sent, "hello", "m1")  # two messages: nothing to compress yet
+    first = sent[-1].session_id
+    await _said(a, sent, "again", "m2")  # compressed after its reply
+    await _until(lambda: a.inflight == 0)
+    route = await _route(store, "agent:main:api:dm:9")
+    child = route["session_id"]
+    assert route["owner"] is None and child != first
+    parent = await store.get_session(str(child))
+    assert parent is not None and parent["parent_session_id"] == first
+    await _said(b, sent, "more", "m3")
+    assert sent[-1].text == "echo: more" and sent[-1].session_id == child
