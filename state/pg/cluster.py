@@ -23,7 +23,7 @@ from ..errors import LeaseLost
 from ..inbox import OPEN_STATES
 from ..records import Fence, Release
 from . import db, inbox
-from .writer import register_batched
+from .writer import register_batched, register_merged
 
 # Incarnations whose control connection holds its lock, i.e. the live replicas.
 LIVE = (
@@ -164,6 +164,9 @@ BeginsIn = Callable[[Mapping[str, Any], int], "str | None"]
 # the user's message, the history's length and the test above (accept_take's `begin`)
 BeginPlan = tuple[Mapping[str, Any], "int | None", BeginsIn]
 Accepted = tuple[int, str, bool, "dict[str, Any] | None", "tuple[int, list[dict[str, Any]]] | None"]
+# accept_take's arguments, and turn_write_fenced's
+AcceptTake = tuple[str, str, "str | None", str, float, str, int, int, "BeginPlan | None"]
+FencedWrite = tuple[Fence, str, "inbox.Begin | inbox.End", "Release | None"]
 
 
 async def accept_take(
@@ -176,38 +179,56 @@ async def accept_take(
     `begin`, when its test names a session for the taken route, the turn's begin too (the
     message stored in that session, the row started, the history read: `begun`, as
     begin_turn returns it), so the turn waits for one commit less."""
-    return (await accept_takes_many(conn, [(platform, chat_id, pmid, payload, now, key, me,
-                                            space, begin)]))[0]  # fmt: skip
+    call = (platform, chat_id, pmid, payload, now, key, me, space, begin)
+    return (await turns_many(conn, [call], ()))[0][0]
 
 
-async def accept_takes_many(
-    conn: AsyncConnection,
-    calls: Sequence[tuple[str, str, str | None, str, float, str, int, int, BeginPlan | None]],
-) -> list[Accepted]:
-    accepted = await inbox.accept_many(conn, [c[:7] for c in calls])
+async def turns_many(
+    conn: AsyncConnection, accepts: Sequence[AcceptTake], fenced: Sequence[FencedWrite],
+) -> tuple[list[Accepted], list[Any]]:  # fmt: skip
+    """A batch's accept_take and turn_write_fenced calls at once, so the turns they begin
+    and end share one append and one inbox update of each kind: the fences checked, the
+    rows accepted and their keys taken, the begins and the fenced writes, then the leases
+    those writes free. (The accepts' takes only meet keys no fence here holds: a replica
+    takes a key in an accept only while no work of its own holds it.)"""
+    if fenced:
+        await check_fences(conn, [c[0] for c in fenced])
+    accepted = await inbox.accept_many(conn, [c[:7] for c in accepts]) if accepts else []
     fresh = [i for i, (_id, _state, new) in enumerate(accepted) if new]
-    routes = await take_leases_many(conn, [calls[i][5:8] for i in fresh]) if fresh else []
+    routes = await take_leases_many(conn, [accepts[i][5:8] for i in fresh]) if fresh else []
     route_of = dict(zip(fresh, routes, strict=True))
     begins: list[tuple[int, inbox.Begin]] = []
     for i, route in route_of.items():
-        plan = calls[i][8]
+        plan = accepts[i][8]
         if route is None or plan is None:
             continue
         message, last, begins_in = plan
         sid = begins_in(route, accepted[i][0])
         if sid is not None:
             begins.append((i, (accepted[i][0], sid, dict(message), last)))
-    begun: dict[int, Any] = {}
-    if begins:
-        got = await inbox.turn_writes_many(
-            conn, [(inbox.BEGIN, b) for _i, b in begins],
-            runners=[calls[i][6] for i, _b in begins],
-        )  # fmt: skip
-        begun = {i: g for (i, _b), g in zip(begins, got, strict=True)}
-    return [(*got, route_of.get(i), begun.get(i)) for i, got in enumerate(accepted)]
+    writes: list[tuple[str, inbox.Begin | inbox.End]] = [(c[1], c[2]) for c in fenced]
+    writes += [(inbox.BEGIN, b) for _i, b in begins]
+    runners = [c[0].owner for c in fenced] + [accepts[i][6] for i, _b in begins]
+    got = await inbox.turn_writes_many(conn, writes, runners=runners) if writes else []
+    begun = {i: g for (i, _b), g in zip(begins, got[len(fenced):], strict=True)}
+    frees = [(c[0], *c[3]) for c in fenced if c[3] is not None]
+    if frees:  # the fences hold (checked above, rows locked): every one is freed
+        await release_leases_many(conn, frees)
+    done = [(*a, route_of.get(i), begun.get(i)) for i, a in enumerate(accepted)]
+    return done, got[: len(fenced)]
 
 
-register_batched(accept_take, accept_takes_many)
+async def _turns_merged(
+    conn: AsyncConnection, items: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]
+) -> list[Any]:
+    """The writer's merged run of accept_take and turn_write_fenced calls (turns_many)."""
+    accepts = [args for fn, args in items if fn is accept_take]
+    fenced = [_fenced_args(*args) for fn, args in items if fn is not accept_take]
+    done, wrote = await turns_many(conn, accepts, fenced)
+    a, w = iter(done), iter(wrote)
+    return [next(a) if fn is accept_take else next(w) for fn, _args in items]
+
+
 
 
 async def open_for_key(conn: AsyncConnection, key: str) -> list[dict[str, Any]]:
@@ -440,29 +461,23 @@ async def turn_write_fenced(
 ) -> Any:  # fmt: skip
     """inbox.begin_turn (kind BEGIN) or inbox.end_turn (END) while `fence` holds, and with
     `release` the lease freed in the same commit. One function for all, so the writer
-    merges a batch's begins, ends and such releases into one fence check, one append and
-    one release (turn_writes_fenced_many)."""
-    return (await turn_writes_fenced_many(conn, [(fence, kind, call, release)]))[0]
+    merges a batch's begins, ends and such releases (and its accept_takes, turns_many)
+    into one fence check, one append and one release. One lost fence fails the batch; the
+    writer then redoes it one call at a time. Each begun row records its runner (whose
+    turn started it)."""
+    return (await turns_many(conn, (), [(fence, kind, call, release)]))[1][0]
 
 
-async def turn_writes_fenced_many(
-    conn: AsyncConnection,
-    calls: Sequence[tuple[Fence, str, inbox.Begin | inbox.End, Release | None]],
-) -> list[Any]:
-    """The fences, then inbox.turn_writes_many, which records each begun row's runner
-    (whose turn started it), then the releases. One lost fence fails the batch; the writer
-    then redoes it one call at a time."""
-    await check_fences(conn, [c[0] for c in calls])
-    got = await inbox.turn_writes_many(
-        conn, [(c[1], c[2]) for c in calls], runners=[c[0].owner for c in calls]
-    )
-    frees = [(c[0], *c[3]) for c in calls if c[3] is not None]
-    if frees:  # the fences hold (checked above, rows locked): every one is freed
-        await release_leases_many(conn, frees)
-    return got
+def _fenced_args(
+    fence: Fence, kind: str, call: inbox.Begin | inbox.End, release: Release | None = None
+) -> FencedWrite:
+    return fence, kind, call, release
 
 
-register_batched(turn_write_fenced, turn_writes_fenced_many, place=-1)  # under a lease
+# A turn's writes (under its key's lease; what they depend on committed before they were
+# queued) and the accepts that take an idle key (a key no work of this replica holds) go
+# first in their batch, merged into one run (turns_many)
+register_merged((turn_write_fenced, accept_take), _turns_merged, place=-1)
 
 
 async def finish_fenced(

@@ -52,6 +52,21 @@ def register_batched(
         _PLACE[fn] = place
 
 
+# Several fns whose calls, next to each other in a batch (the same `place` puts them
+# there), run as one: merged(conn, [(fn, args), ...]) -> [result, ...], so work they have
+# in common (a turn's begin and another's end: one append) is done once
+Merged = Callable[[AsyncConnection, list[tuple[Callable[..., Any], tuple[Any, ...]]]],
+                  Awaitable[list[Any]]]  # fmt: skip
+_MERGED: dict[Callable[..., Any], Merged] = {}
+
+
+def register_merged(fns: tuple[Callable[..., Any], ...], merged: Merged, *, place: int = 0) -> None:
+    for fn in fns:
+        _MERGED[fn] = merged
+        if place:
+            _PLACE[fn] = place
+
+
 @dataclass(frozen=True)
 class PgWriterConfig:
     queue_size: int = 10_000
@@ -219,10 +234,20 @@ class PgWriter:
 
     @staticmethod
     async def _run_runs(conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
-        """The batch in order, each run of one batchable operation merged."""
+        """The batch in order, each run of one batchable operation (or of one merged
+        group's) merged."""
         results: list[tuple[bool, Any]] = []
         i = 0
         while i < len(batch):
+            group = _MERGED.get(batch[i].fn)
+            if group is not None:
+                j = i + 1
+                while j < len(batch) and _MERGED.get(batch[j].fn) is group:
+                    j += 1
+                values = await group(conn, [(item.fn, item.args) for item in batch[i:j]])
+                results.extend((True, v) for v in values)
+                i = j
+                continue
             merged = _BATCHED.get(batch[i].fn)
             j = i + 1
             if merged is not None:
