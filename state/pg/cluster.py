@@ -263,8 +263,13 @@ _ROUTE_COLUMNS = ("session_id", "origin", "display_name", "platform", "chat_type
                   "created_at", "updated_at", "pending_notice", "listing")  # fmt: skip
 _ROUTE_TYPES = ("text", "text", "text", "text", "text", "double precision",
                 "double precision", "text", "text")  # fmt: skip
+CHANNEL = "switchboard_replica_"  # + an incarnation: the channel it LISTENs on
+# The release: the routes freed (where the fence still holds) and written back, and in the
+# same statement the wake-ups: each replica with a row still open for a freed key
+# (`k:<key>`) and the given ones (`d:<inbox id>`). One statement, not three: every turn's
+# end frees a lease, and a batch's round trips are most of a replica's cost.
 _RELEASE = (
-    "UPDATE session_routes r SET lease_owner = NULL, "
+    "WITH freed AS (UPDATE session_routes r SET lease_owner = NULL, "
     + ", ".join(f"{c} = CASE WHEN u.w THEN u.{c} ELSE r.{c} END" for c in _ROUTE_COLUMNS)
     + " FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::boolean[], "
     + ", ".join(f"%s::{t}[]" for t in _ROUTE_TYPES)
@@ -272,7 +277,12 @@ _RELEASE = (
     + ", ".join(_ROUTE_COLUMNS)
     + ") "
     "WHERE r.session_key = u.k AND r.lease_owner = u.o AND r.lease_epoch = u.e "
-    "RETURNING r.session_key"
+    "RETURNING r.session_key, u.o AS owner), "
+    f"wake AS (SELECT DISTINCT '{CHANNEL}' || i.replica AS c, 'k:' || i.session_key AS p "
+    "FROM freed f JOIN inbox i ON i.session_key = f.session_key "
+    "WHERE i.state IN ('received', 'started') AND i.replica IS NOT NULL AND i.replica <> f.owner "
+    "UNION SELECT * FROM unnest(%s::text[], %s::text[])) "
+    "SELECT session_key FROM freed UNION ALL SELECT NULL FROM wake, LATERAL pg_notify(wake.c, wake.p)"
 )
 
 
@@ -291,13 +301,19 @@ async def release_leases_many(
     conn: AsyncConnection,
     calls: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
 ) -> list[bool]:
-    """Many releases in three statements (rows updated in key order)."""
+    """Many releases in one statement (their wake-ups with them)."""
     order = sorted(range(len(calls)), key=lambda i: calls[i][0].session_key)
     cols: list[list[Any]] = [[] for _ in _ROUTE_COLUMNS]
     for i in order:
         route = calls[i][1] or {}
         for n, c in enumerate(_ROUTE_COLUMNS):
             cols[n].append(route.get(c))
+    answered = [
+        (channel(origin), f"d:{inbox_id}")
+        for fence, _route, done in calls
+        for origin, inbox_id in done
+        if origin != fence.owner
+    ]
     freed = {
         str(r[0])
         for r in await db.tuples(
@@ -309,30 +325,12 @@ async def release_leases_many(
                 [calls[i][0].epoch for i in order],
                 [calls[i][1] is not None for i in order],
                 *cols,
+                [c for c, _p in answered],
+                [p for _c, p in answered],
             ),
         )  # fmt: skip
+        if r[0] is not None
     }
-    wake: list[tuple[str, str]] = [
-        (channel(origin), f"d:{inbox_id}")
-        for fence, _route, answered in calls
-        for origin, inbox_id in answered
-        if origin != fence.owner
-    ]
-    if freed:
-        owners = {c[0].session_key: c[0].owner for c in calls}
-        for key, origin in await db.tuples(
-            conn,
-            "SELECT DISTINCT session_key, replica FROM inbox WHERE session_key = ANY(%s) "
-            "AND state IN ('received', 'started') AND replica IS NOT NULL",
-            (sorted(freed),),
-        ):
-            if int(origin) != owners[str(key)]:
-                wake.append((channel(int(origin)), f"k:{key}"))
-    if wake:
-        await db.run(
-            conn, "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) AS u(c, p)",
-            ([c for c, _ in wake], [p for _, p in wake]),
-        )  # fmt: skip
     return [c[0].session_key in freed for c in calls]
 
 
@@ -341,7 +339,7 @@ register_batched(release_lease, release_leases_many)
 
 def channel(incarnation: int) -> str:
     """The LISTEN channel one replica incarnation is woken on."""
-    return f"switchboard_replica_{incarnation}"
+    return f"{CHANNEL}{incarnation}"
 
 
 async def routes(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:

@@ -99,6 +99,20 @@ async def begin_turn(
     return (await begin_turns_many(conn, [(inbox_id, session_id, message, last)]))[0]
 
 
+# One batch's begun rows (`u.b`: started, in a session, with their message and runner)
+# and ended ones (answered, with their replies in the outbox) in one update
+_TURN_ROWS = (
+    "UPDATE inbox SET updated_at = %s, "
+    f"state = CASE WHEN u.b THEN '{STARTED}' ELSE '{ANSWERED}' END, "
+    "session_id = CASE WHEN u.b THEN u.sid ELSE inbox.session_id END, "
+    "message_id = CASE WHEN u.b THEN u.mid ELSE inbox.message_id END, "
+    "runner = CASE WHEN u.b THEN COALESCE(u.runner, inbox.runner) ELSE inbox.runner END, "
+    "reason = CASE WHEN u.b THEN inbox.reason END, "
+    "reply_state = CASE WHEN u.b THEN inbox.reply_state ELSE u.rs END, "
+    "reply_message_id = CASE WHEN u.b THEN inbox.reply_message_id ELSE u.rmid END "
+    "FROM unnest(%s::bigint[], %s::boolean[], %s::text[], %s::bigint[], %s::bigint[], "
+    "%s::text[], %s::bigint[]) AS u(id, b, sid, mid, runner, rs, rmid) WHERE inbox.id = u.id"
+)
 Begin = tuple[int, str, Mapping[str, Any], "int | None"]  # inbox id, session, message, last
 End = tuple[int, str, list[Mapping[str, Any]], "Mapping[str, int] | None", str]  # + reply state
 BEGIN, END = "begin", "end"
@@ -159,31 +173,39 @@ async def turn_writes_many(
             message_ids[i] = stored[i][0]
     for i, j in repeats:
         message_ids[i] = message_ids[j]
-    if begins:
-        last_call = {calls[i][1][0]: i for i in begins}  # a row begun twice: the last wins
-        await db.run(
-            conn,
-            "UPDATE inbox SET state = %s, session_id = u.sid, message_id = u.mid, "
-            "updated_at = %s, runner = COALESCE(u.runner, inbox.runner) "
-            "FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[]) "
-            "AS u(id, sid, mid, runner) WHERE inbox.id = u.id",
-            (STARTED, now, list(last_call), [calls[i][1][1] for i in last_call.values()],
-             [message_ids[i] for i in last_call.values()],
-             [None if runners is None else runners[i] for i in last_call.values()]),
-        )  # fmt: skip
-    # the ended rows answered (finish_many's columns) with their replies in the outbox, in
-    # one update; a row ended twice in one batch: the last call wins
+    last_call = {calls[i][1][0]: i for i in begins}  # a row begun twice: the last wins
+    # the ended rows answered (finish_many's columns) with their replies in the outbox; a
+    # row ended twice in one batch: the last call wins
     final = {c[0]: (c[4], stored[i][-1] if stored[i] else None)
              for i, (kind, c) in enumerate(calls) if kind == END}  # fmt: skip
-    if final:
-        await db.run(
-            conn,
-            "UPDATE inbox SET state = %s, reason = NULL, updated_at = %s, reply_state = u.rs, "
-            "reply_message_id = u.mid FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) "
-            "AS u(id, rs, mid) WHERE inbox.id = u.id",
-            (ANSWERED, now, list(final), [f[0] for f in final.values()],
-             [f[1] for f in final.values()]),
-        )  # fmt: skip
+    started = [(rid, calls[i][1][1], message_ids[i], None if runners is None else runners[i])
+               for rid, i in last_call.items()]  # fmt: skip
+    if started and final and not set(last_call) & set(final):  # both in one statement
+        rows = [(*r, None, None) for r in started]  # id, sid, mid, runner, rs, rmid
+        rows += [(rid, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()]
+        flags = [True] * len(started) + [False] * len(final)
+        await db.run(conn, _TURN_ROWS, (now, [r[0] for r in rows], flags,
+                                        *([r[k] for r in rows] for k in range(1, 6))))  # fmt: skip
+    else:
+        if started:
+            await db.run(
+                conn,
+                "UPDATE inbox SET state = %s, session_id = u.sid, message_id = u.mid, "
+                "updated_at = %s, runner = COALESCE(u.runner, inbox.runner) "
+                "FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[]) "
+                "AS u(id, sid, mid, runner) WHERE inbox.id = u.id",
+                (STARTED, now, [r[0] for r in started], [r[1] for r in started],
+                 [r[2] for r in started], [r[3] for r in started]),
+            )  # fmt: skip
+        if final:
+            await db.run(
+                conn,
+                "UPDATE inbox SET state = %s, reason = NULL, updated_at = %s, reply_state = u.rs, "
+                "reply_message_id = u.mid FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) "
+                "AS u(id, rs, mid) WHERE inbox.id = u.id",
+                (ANSWERED, now, list(final), [f[0] for f in final.values()],
+                 [f[1] for f in final.values()]),
+            )  # fmt: skip
     histories: dict[int, list[dict[str, Any]]] = {}
     by_length: dict[int | None, list[int]] = {}
     for i in begins:

@@ -516,3 +516,38 @@ async def test_switchboard_sessions_works_on_a_postgres_home(
     assert not (home / "state.db").exists()
     unset = cli("list", env={k: v for k, v in env.items() if k != "SB_CLI_DSN"})
     assert unset.returncode == 78 and "state.dsn_env" in unset.stderr
+
+
+async def test_one_commits_begins_and_ends_update_their_rows_in_one_statement(
+    schema_dsn: str,
+) -> None:
+    """A batch that begins one turn and ends another (inbox.turn_writes_many, one update for
+    both kinds): the begun row started with its message and runner, the ended one answered
+    with its reply in the outbox, neither touching the other's columns."""
+    store = await PgStore.open(schema_dsn)
+    try:
+        sid = await store.create_session("s1", "telegram", chat_id="1")
+        done, _s, _n = await store.accept_inbound("telegram", "1", "m1", {"text": "a"})
+        await store.begin_turn(done, sid, {"role": "user", "content": "a"})
+        nxt, _s, _n = await store.accept_inbound("telegram", "1", "m2", {"text": "b"})
+        await store.finish_inbound(nxt, "received", "kept")  # a reason the begin must keep
+        async with await psycopg.AsyncConnection.connect(schema_dsn) as conn:
+            got = await pg_inbox.turn_writes_many(conn, [
+                (pg_inbox.BEGIN, (nxt, sid, {"role": "user", "content": "b"}, None)),
+                (pg_inbox.END, (done, sid, [{"role": "assistant", "content": "A"}], None, "ready")),
+            ], runners=[7, None])  # fmt: skip
+            await conn.commit()
+        (begun_mid, history), ended = got
+        assert [m["content"] for m in history] == ["a", "b"] and len(ended) == 1
+        async with await psycopg.AsyncConnection.connect(schema_dsn) as conn:
+            cur = await conn.execute(
+                "SELECT id, state, session_id, message_id, runner, reason, reply_state, "
+                "reply_message_id FROM inbox ORDER BY id")  # fmt: skip
+            rows = {r[0]: r[1:] for r in await cur.fetchall()}
+        assert rows[nxt] == ("started", sid, begun_mid, 7, "kept", None, None)
+        state, session, message, runner, reason, reply_state, reply_mid = rows[done]
+        assert (state, session, reason, reply_state, reply_mid) == (
+            "answered", sid, None, "ready", ended[0])  # fmt: skip
+        assert message is not None and runner is None
+    finally:
+        await store.close()
