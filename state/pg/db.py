@@ -8,10 +8,26 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors
 from psycopg.rows import dict_row
+from psycopg.types.array import ListBinaryDumper
 
 from ..rows import Row
 
 Params = Sequence[Any] | None
+
+
+def binary_lists(conn: AsyncConnection) -> None:
+    """Python lists go to the server in binary on this connection. psycopg's default for a
+    list parameter is its text array dumper, which quotes and regex-escapes every element:
+    1.1 ms for six 60-element arrays against 0.13 ms in binary, and array parameters
+    (`unnest(%s::text[], ...)`) are how every merged write of the writer sends its rows,
+    so text dumping took about 13% of a replica's CPU (py-spy, one replica at 740
+    messages/s). The server casts them as it did the text ones."""
+    conn.adapters.register_dumper(list, ListBinaryDumper)
+
+
+async def configure(conn: AsyncConnection) -> None:
+    """The read pool's per-connection set-up (binary_lists)."""
+    binary_lists(conn)
 
 
 async def rows(conn: AsyncConnection, sql: str, params: Params = None) -> list[Row]:

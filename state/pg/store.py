@@ -47,6 +47,7 @@ from . import (
     admin,
     cluster,
     dashboard,
+    db,
     inbox,
     lineage,
     messages,
@@ -101,7 +102,9 @@ class PgStore:
         where = redact(dsn)
 
         async def connect() -> AsyncConnection:
-            return await AsyncConnection.connect(dsn, autocommit=True)
+            conn = await AsyncConnection.connect(dsn, autocommit=True)
+            db.binary_lists(conn)
+            return conn
 
         try:
             conn = await connect()
@@ -116,7 +119,7 @@ class PgStore:
         await writer.start(conn)
         pool = AsyncConnectionPool(
             dsn, min_size=1, max_size=readers, kwargs={"autocommit": True}, open=False,
-            name="state.pg.readers", max_idle=300, max_lifetime=3600,
+            name="state.pg.readers", max_idle=300, max_lifetime=3600, configure=db.configure,
         )  # fmt: skip
         try:
             await pool.open(wait=True, timeout=30)
