@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from gateway.session_keys import SessionSource
 
 PAYLOAD_V2 = 2  # the first item of an inbox payload list
 LATE_SEND_S = 0.25  # see OutboundMessage.late (gateway/turns.py's RECHECK_AFTER_S)
+# Replicas: time.monotonic() by which the reply this task sends must have left (its turn's
+# last lease check + LATE_SEND_S; None: no limit). An adapter's HTTP session checks it when
+# a request has its connection, the last await before the request is written
+# (gateway.adapters.base.send_by_trace), and raises SetOutLate past it.
+SEND_BY: ContextVar[float | None] = ContextVar("send_by", default=None)
+
+
+class SetOutLate(Exception):
+    """A reply's request was about to leave after SEND_BY: the process stood still on the
+    way (SIGSTOP, a stalled VM) and another replica may hold the chat now. Nothing of that
+    request was sent; the turn reads its lease again before sending (gateway/turns.py)."""
 
 
 @dataclass(frozen=True)

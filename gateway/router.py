@@ -44,6 +44,7 @@ from gateway.turns import (
     mark_reply,
     may_send,
     reply_key,
+    send_checked,
     user_message,
 )
 from gateway.vocab import ChatType
@@ -677,7 +678,8 @@ class Router:
             except Exception as exc:  # the store is failing: recovery will see the row
                 log.warning("inbox row %d could not be closed (%s)", turn.inbox_id, exc)
             await may_send(turn, closing)
-            await s.replies.reply(msg, live.session_id if live else entry.session_id, text, key)
+            sid = live.session_id if live else entry.session_id
+            await send_checked(turn, lambda _since, _again: s.replies.reply(msg, sid, text, key))
             return
         await agent_turn(s, msg, key, entry, started, turn)
 

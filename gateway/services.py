@@ -20,7 +20,7 @@ from gateway.agent.base import Agent
 from gateway.coordinator import Coordinator, LocalCoordinator
 from gateway.deadlines import Deadlines
 from gateway.index import RouteIndex
-from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef, SetOutLate
 from gateway.ops.metrics import Metrics
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
@@ -132,6 +132,8 @@ class Replier:
             ref = await self.send(out)
             self.metrics.messages_out.inc(platform=src.platform)
             return ref
+        except SetOutLate:
+            raise  # nothing left: the turn asks its lease first (gateway/turns.py)
         except Exception as exc:
             self.metrics.last_error = f"send: {type(exc).__name__}: {exc}"
             self.metrics.errors.inc(kind="send")

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway import access, faults
 from gateway.adapters import idempotent_replies, replies_in_request
@@ -22,12 +22,13 @@ from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_to
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
 from gateway.leases import HandBack
-from gateway.messages import LATE_SEND_S, InboundMessage, SentRef
+from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, SentRef, SetOutLate
 from gateway.services import Services
 from gateway.session_keys import SessionKey
 from state import Fence, LeaseLost, StateError
 from state.inbox import ANSWERED
 
+T = TypeVar("T")
 log = logging.getLogger("gateway.router")  # the name operators already filter turn logs by
 
 APOLOGY = "Sorry, something went wrong while answering. Your message was saved; please try again."
@@ -152,10 +153,10 @@ async def agent_turn(
             turn.holds = None  # freed on purpose: nothing to ask before the send
         faults.point("after_reply_commit")
         await may_send(turn, committing)
-        checked = time.monotonic()
         s.metrics.turns.inc(outcome="ok")
-        ref = await s.replies.reply(msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id),
-                                    since=checked if turn.fence is not None else None)  # fmt: skip
+        ref = await send_checked(turn, lambda since, again: s.replies.reply(
+            msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id), since=since,
+            resend=again))  # fmt: skip
         faults.point("after_send_before_mark")
         if not in_request:
             mark_reply_soon(s, turn.inbox_id, ref)
@@ -188,6 +189,34 @@ async def may_send(turn: TurnProgress, since: float) -> None:
         return
     if time.monotonic() - since > RECHECK_AFTER_S and not await turn.holds():
         raise LeaseLost(turn.fence.session_key, turn.fence.epoch)
+
+
+async def send_checked(
+    turn: TurnProgress, send: Callable[[float | None, bool], Awaitable[T]]
+) -> T:  # fmt: skip
+    """Send a turn's reply: `send(since, again)`, where `since` is when the lease was last
+    known to hold (replicas; else None) and `again` tells a send after a stop. Replicas set
+    SEND_BY to that time + LATE_SEND_S, so a request that would leave later (the process
+    stood still after may_send, inside the send) stops before it is written (SetOutLate);
+    the lease is then read again: moved, the reply is withheld (LeaseLost, as may_send:
+    the new holder has it); still held, it is sent again as a resend (an adapter that can
+    look for the reply's parts in the chat skips those that went)."""
+    again = False
+    while True:
+        checked = time.monotonic()
+        if turn.holds is None or turn.fence is None:  # one daemon, or the lease freed on purpose
+            return await send(checked if turn.fence is not None else None, again)
+        limit = SEND_BY.set(checked + LATE_SEND_S)
+        try:
+            return await send(checked, again)
+        except SetOutLate:
+            log.warning("session_key=%s: inbox row %d's reply set out late; asking whether "
+                        "the lease still holds", turn.fence.session_key, turn.inbox_id)  # fmt: skip
+        finally:
+            SEND_BY.reset(limit)
+        if not await turn.holds():
+            raise LeaseLost(turn.fence.session_key, turn.fence.epoch)
+        again = True
 
 
 def user_message(msg: InboundMessage, key: SessionKey) -> dict[str, Any]:

@@ -7,12 +7,20 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import (
+    SEND_BY,
+    InboundMessage,
+    OutboundMessage,
+    SentRef,
+    SetOutLate,
+    ThreadRef,
+)
 from gateway.sections import PlatformSettings, SecretNeed
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState
@@ -238,3 +246,22 @@ def _open_fence(body: str, carried: str | None) -> str | None:
         if stripped.startswith("```"):
             open_line = None if open_line else stripped
     return open_line
+
+
+async def _check_send_by(*_args: Any) -> None:
+    by = SEND_BY.get()
+    if by is not None and time.monotonic() > by:
+        raise SetOutLate()
+
+
+def send_by_trace() -> Any:
+    """An aiohttp TraceConfig for an adapter's HTTP session that raises SetOutLate when a
+    request gets its connection (new or reused: the last await before the request is
+    written) after the sending task's SEND_BY. A replica that stood still between a reply's
+    lease check and its request leaving finds out there, not after sending it."""
+    import aiohttp
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(_check_send_by)
+    trace.on_connection_reuseconn.append(_check_send_by)
+    return trace

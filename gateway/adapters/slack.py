@@ -28,6 +28,7 @@ from gateway.adapters.base import (
     TransientError,
     call_with_retry,
     failed,
+    send_by_trace,
     split_message,
 )
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
@@ -257,6 +258,11 @@ class SlackAdapter:
         from slack_sdk.errors import SlackApiError
 
         self._emit = emit
+        if self.client.session is None or self.client.session.closed:
+            import aiohttp
+
+            # one session (kept-alive connections) whose requests check SEND_BY
+            self.client.session = aiohttp.ClientSession(trace_configs=[send_by_trace()])
         try:
             auth = await self.client.auth_test()
         except SlackApiError as exc:
@@ -295,6 +301,9 @@ class SlackAdapter:
         if self._socket is not None:
             await self._socket.close_async()
             self._socket = None
+        session, self.client.session = self.client.session, None
+        if session is not None:
+            await session.close()
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
@@ -373,7 +382,7 @@ class SlackAdapter:
         shown = await self._already_posted(msg) if key and (msg.resend or msg.late()) else {}
         ids = []
         for i, part in enumerate(split_message(to_mrkdwn(msg.text), LIMIT)):
-            if i in shown:  # posted before the crash: the conversation has it
+            if i in shown:  # posted before (a crash, or another replica): the chat has it
                 ids.append(shown[i])
                 continue
             kwargs: dict[str, Any] = {"channel": msg.chat_id, "text": part}

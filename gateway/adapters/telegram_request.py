@@ -20,6 +20,8 @@ import aiohttp
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
+from gateway.adapters.base import send_by_trace
+
 Transform = Callable[[str, int, bytes], bytes]  # (url, status, body) -> body
 
 
@@ -51,6 +53,7 @@ class AiohttpRequest(BaseRequest):
                 headers={"User-Agent": self.USER_AGENT},
                 # Telegram's errors come back as JSON with their status: PTB reads both
                 raise_for_status=False,
+                trace_configs=[send_by_trace()],  # a reply that set out late stops here
             )
 
     async def shutdown(self) -> None:

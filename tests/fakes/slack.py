@@ -43,6 +43,7 @@ class FakeSlack:
     token: str | None = None  # when set, auth.test refuses any other bearer token
     ts_base: int = 1700000000  # the seconds of every posted message's ts
     history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # channel -> posts
+    keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
 
     # --- Socket Mode -----------------------------------------------------------------------
 
@@ -175,7 +176,10 @@ class FakeSlack:
         else:
             print(f"FakeSlack: unimplemented method {method}", flush=True)
             body = {"ok": False, "error": "unknown_method"}
-        return web.json_response(body)
+        response = web.json_response(body)
+        if not self.keep_alive:
+            response.force_close()
+        return response
 
     def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
         meta = params.get("metadata")

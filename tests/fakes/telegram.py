@@ -41,6 +41,7 @@ class FakeTelegram:
     # every webhook POST: (update_id, the HTTP status, None when the connection failed)
     webhook_attempts: list[tuple[int, int | None]] = field(default_factory=list)
     _deliverer: asyncio.Task[None] | None = None
+    keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
 
     # --- driving -----------------------------------------------------------------------
 
@@ -119,6 +120,12 @@ class FakeTelegram:
         )
 
     async def _handle(self, request: web.Request) -> web.Response:
+        response = await self._answer(request)
+        if not self.keep_alive:
+            response.force_close()
+        return response
+
+    async def _answer(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
         if request.match_info["token"] != self.token:
             return self._reply(401, {"ok": False, "error_code": 401, "description": "Unauthorized"})

@@ -5,7 +5,9 @@ through the real client libraries against the loopback fakes."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from gateway.adapters.slack import LIMIT as SLACK_LIMIT
 from gateway.adapters.slack import SlackAdapter, posted_part, reply_metadata
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.messages import InboundMessage, OutboundMessage
+from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, OutboundMessage, SetOutLate
 from tests.fakes import wait_for_count
 from tests.fakes.discord import DM, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
@@ -184,6 +186,40 @@ async def test_a_rate_limited_read_before_a_slack_resend_is_waited_out(
     await adapter.send(_sl("once", "sb-10", resend=True))
     assert [m for m, _p in fake.calls].count("conversations.history") == 2
     assert fake.shown("D0DM") == ["once"]
+
+
+async def test_a_slack_reply_that_stood_still_on_its_way_out_stops_before_it_is_posted(
+    slack_bot: tuple[SlackAdapter, FakeSlack],
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a reply's send
+    began and before its request left. Once the request has its connection it finds its
+    SEND_BY passed and stops unsent (SetOutLate), so the turn can ask its lease first
+    (gateway/turns.py's send_checked). On time, it is posted."""
+    adapter, fake = slack_bot
+
+    async def emit(_msg: InboundMessage) -> None:
+        return None
+
+    fake.keep_alive = False  # each call connects: the send waits for its connection
+    await adapter.start(emit)
+    try:
+        for stall in (True, False):
+            limit = SEND_BY.set(time.monotonic() + LATE_SEND_S)
+            try:
+                sending = asyncio.create_task(adapter.send(_sl("once", "sb-11")))
+                await asyncio.sleep(0)  # the send has begun: its request waits to connect
+                if stall:
+                    time.sleep(LATE_SEND_S + 0.1)  # noqa: ASYNC251  (the process stands still)
+                    with pytest.raises(SetOutLate):
+                        await sending
+                    assert fake.posted() == []
+                else:
+                    await sending
+                    assert fake.shown("D0DM") == ["once"]
+            finally:
+                SEND_BY.reset(limit)
+    finally:
+        await adapter.stop()
 
 
 async def test_a_slack_resend_that_cannot_read_the_conversation_still_sends(

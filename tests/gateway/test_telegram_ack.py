@@ -5,6 +5,7 @@ could not take comes back. Driven by python-telegram-bot against the loopback fa
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from gateway.adapters.telegram import TelegramAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import NotAccepted
-from gateway.messages import InboundMessage
+from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, OutboundMessage, SetOutLate
 from gateway.vocab import AdapterState
 from tests.fakes import wait_for_count
 from tests.fakes.telegram import FakeTelegram
@@ -233,3 +234,34 @@ async def test_webhook_through_the_daemon_is_answered_once_per_redelivery(
         assert [s["text"] for s in fake.sent()] == ["echo: once"]
     finally:
         await gw.stop()
+
+
+async def test_a_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    webhook: tuple[TelegramAdapter, ApiAdapter], fake: FakeTelegram
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a reply's send
+    began and before its request left. Once the request has its connection it finds its
+    SEND_BY passed and stops unsent (SetOutLate, through python-telegram-bot's wrapping),
+    so the turn can ask its lease first; on time, it is sent."""
+    adapter, server = webhook
+
+    async def emit(_msg: InboundMessage) -> None:
+        return None
+
+    fake.keep_alive = False  # each call connects: the send waits for its connection
+    await _start(adapter, server, emit)
+    for stall in (True, False):
+        limit = SEND_BY.set(time.monotonic() + LATE_SEND_S)
+        try:
+            sending = asyncio.create_task(adapter.send(OutboundMessage("telegram", "42", "once")))
+            await asyncio.sleep(0)  # the send has begun: its request waits to connect
+            if stall:
+                time.sleep(LATE_SEND_S + 0.1)  # noqa: ASYNC251  (the process stands still)
+                with pytest.raises(SetOutLate):
+                    await sending
+                assert fake.sent() == []
+            else:
+                await sending
+                assert [m["text"] for m in fake.sent()] == ["once"]
+        finally:
+            SEND_BY.reset(limit)
