@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
+
+from gateway.messages import LATE_SEND_S, SEND_BY, SetOutLate
 
 T = TypeVar("T")
 
@@ -29,3 +31,23 @@ async def running(fake: Any) -> AsyncIterator[Any]:
         yield fake
     finally:
         await fake.stop()
+
+
+async def send_standing_still(send: Callable[[], Awaitable[Any]], *, stall: bool) -> bool:
+    """Run an adapter's `send()` as a replica's turn does, with SEND_BY LATE_SEND_S ahead;
+    with `stall`, the whole process stands still (as under SIGSTOP) once the send has begun
+    and its request waits to connect (a fake with keep_alive off). True when the send went,
+    False when it stopped unsent (SetOutLate)."""
+    limit = SEND_BY.set(time.monotonic() + LATE_SEND_S)
+    try:
+        sending = asyncio.ensure_future(send())
+        await asyncio.sleep(0)  # the send has begun: its request waits for a connection
+        if stall:
+            time.sleep(LATE_SEND_S + 0.1)  # noqa: ASYNC251  (the process stands still)
+        try:
+            await sending
+        except SetOutLate:
+            return False
+        return True
+    finally:
+        SEND_BY.reset(limit)

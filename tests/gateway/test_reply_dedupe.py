@@ -5,9 +5,7 @@ through the real client libraries against the loopback fakes."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,8 +18,8 @@ from gateway.adapters.slack import LIMIT as SLACK_LIMIT
 from gateway.adapters.slack import SlackAdapter, posted_part, reply_metadata
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, OutboundMessage, SetOutLate
-from tests.fakes import wait_for_count
+from gateway.messages import InboundMessage, OutboundMessage
+from tests.fakes import send_standing_still, wait_for_count
 from tests.fakes.discord import DM, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
 
@@ -204,20 +202,10 @@ async def test_a_slack_reply_that_stood_still_on_its_way_out_stops_before_it_is_
     await adapter.start(emit)
     try:
         for stall in (True, False):
-            limit = SEND_BY.set(time.monotonic() + LATE_SEND_S)
-            try:
-                sending = asyncio.create_task(adapter.send(_sl("once", "sb-11")))
-                await asyncio.sleep(0)  # the send has begun: its request waits to connect
-                if stall:
-                    time.sleep(LATE_SEND_S + 0.1)  # noqa: ASYNC251  (the process stands still)
-                    with pytest.raises(SetOutLate):
-                        await sending
-                    assert fake.posted() == []
-                else:
-                    await sending
-                    assert fake.shown("D0DM") == ["once"]
-            finally:
-                SEND_BY.reset(limit)
+            went = await send_standing_still(lambda: adapter.send(_sl("once", "sb-11")),
+                                             stall=stall)  # fmt: skip
+            assert went is not stall
+            assert fake.shown("D0DM") == ([] if stall else ["once"])
     finally:
         await adapter.stop()
 

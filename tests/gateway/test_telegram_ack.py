@@ -5,7 +5,6 @@ could not take comes back. Driven by python-telegram-bot against the loopback fa
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,9 +17,9 @@ from gateway.adapters.telegram import TelegramAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import NotAccepted
-from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, OutboundMessage, SetOutLate
+from gateway.messages import InboundMessage, OutboundMessage
 from gateway.vocab import AdapterState
-from tests.fakes import wait_for_count
+from tests.fakes import send_standing_still, wait_for_count
 from tests.fakes.telegram import FakeTelegram
 
 SECRET = "s3cr3t-token"
@@ -251,17 +250,7 @@ async def test_a_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
     fake.keep_alive = False  # each call connects: the send waits for its connection
     await _start(adapter, server, emit)
     for stall in (True, False):
-        limit = SEND_BY.set(time.monotonic() + LATE_SEND_S)
-        try:
-            sending = asyncio.create_task(adapter.send(OutboundMessage("telegram", "42", "once")))
-            await asyncio.sleep(0)  # the send has begun: its request waits to connect
-            if stall:
-                time.sleep(LATE_SEND_S + 0.1)  # noqa: ASYNC251  (the process stands still)
-                with pytest.raises(SetOutLate):
-                    await sending
-                assert fake.sent() == []
-            else:
-                await sending
-                assert [m["text"] for m in fake.sent()] == ["once"]
-        finally:
-            SEND_BY.reset(limit)
+        went = await send_standing_still(
+            lambda: adapter.send(OutboundMessage("telegram", "42", "once")), stall=stall)
+        assert went is not stall
+        assert [m["text"] for m in fake.sent()] == ([] if stall else ["once"])
