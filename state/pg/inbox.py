@@ -99,8 +99,9 @@ async def begin_turn(
     return (await begin_turns_many(conn, [(inbox_id, session_id, message, last)]))[0]
 
 
-# One batch's begun rows (`u.b`: started, in a session, with their message and runner)
-# and ended ones (answered, with their replies in the outbox) in one update
+# A batch's begun rows (`u.b`: started, in a session, with their message and runner) and
+# ended ones (answered, with their replies in the outbox) in one update, each kind leaving
+# the other's columns as they were
 _TURN_ROWS = (
     "UPDATE inbox SET updated_at = %s, "
     f"state = CASE WHEN u.b THEN '{STARTED}' ELSE '{ANSWERED}' END, "
@@ -178,34 +179,15 @@ async def turn_writes_many(
     # row ended twice in one batch: the last call wins
     final = {c[0]: (c[4], stored[i][-1] if stored[i] else None)
              for i, (kind, c) in enumerate(calls) if kind == END}  # fmt: skip
-    started = [(rid, calls[i][1][1], message_ids[i], None if runners is None else runners[i])
-               for rid, i in last_call.items()]  # fmt: skip
-    if started and final and not set(last_call) & set(final):  # both in one statement
-        rows = [(*r, None, None) for r in started]  # id, sid, mid, runner, rs, rmid
-        rows += [(rid, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()]
-        flags = [True] * len(started) + [False] * len(final)
-        await db.run(conn, _TURN_ROWS, (now, [r[0] for r in rows], flags,
-                                        *([r[k] for r in rows] for k in range(1, 6))))  # fmt: skip
-    else:
-        if started:
-            await db.run(
-                conn,
-                "UPDATE inbox SET state = %s, session_id = u.sid, message_id = u.mid, "
-                "updated_at = %s, runner = COALESCE(u.runner, inbox.runner) "
-                "FROM unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[]) "
-                "AS u(id, sid, mid, runner) WHERE inbox.id = u.id",
-                (STARTED, now, [r[0] for r in started], [r[1] for r in started],
-                 [r[2] for r in started], [r[3] for r in started]),
-            )  # fmt: skip
-        if final:
-            await db.run(
-                conn,
-                "UPDATE inbox SET state = %s, reason = NULL, updated_at = %s, reply_state = u.rs, "
-                "reply_message_id = u.mid FROM unnest(%s::bigint[], %s::text[], %s::bigint[]) "
-                "AS u(id, rs, mid) WHERE inbox.id = u.id",
-                (ANSWERED, now, list(final), [f[0] for f in final.values()],
-                 [f[1] for f in final.values()]),
-            )  # fmt: skip
+    # id, begun, sid, mid, runner, reply state, reply message id (_TURN_ROWS's columns)
+    begun = [(rid, True, calls[i][1][1], message_ids[i],
+              None if runners is None else runners[i], None, None)
+             for rid, i in last_call.items()]  # fmt: skip
+    ended = [(rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()]
+    # one statement for both kinds; a row begun and ended in one batch: begun first
+    parts = [begun, ended] if set(last_call) & set(final) else [begun + ended]
+    for rows in (p for p in parts if p):
+        await db.run(conn, _TURN_ROWS, (now, *([r[k] for r in rows] for k in range(7))))
     histories: dict[int, list[dict[str, Any]]] = {}
     by_length: dict[int | None, list[int]] = {}
     for i in begins:
