@@ -265,3 +265,22 @@ def send_by_trace() -> Any:
     trace.on_connection_create_end.append(_check_send_by)
     trace.on_connection_reuseconn.append(_check_send_by)
     return trace
+
+
+def send_by_transport() -> Any:
+    """send_by_trace for an adapter whose client library speaks httpx (Mattermost's driver
+    takes a transport): every request carries httpcore's trace hook, which raises SetOutLate
+    when the request's headers are about to be written after the sending task's SEND_BY."""
+    import httpx
+
+    class SendByTransport(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            request.extensions = {**request.extensions, "trace": _trace_send_by}
+            return await super().handle_async_request(request)
+
+    return SendByTransport()
+
+
+async def _trace_send_by(event: str, _info: Any) -> None:
+    if event.endswith(".send_request_headers.started"):
+        await _check_send_by()

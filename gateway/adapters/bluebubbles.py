@@ -31,6 +31,7 @@ from gateway.adapters.base import (
     ask_whoami,
     call_with_retry,
     failed,
+    send_by_trace,
     split_message,
 )
 from gateway.adapters.sms import plain_text
@@ -328,7 +329,10 @@ class BlueBubblesAdapter:
         import aiohttp
 
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                trace_configs=[send_by_trace()],  # a reply that set out late stops here
+            )
         url = f"{self._base}/api/v1/{path}"
         try:
             async with self._http.request(

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.adapters.base import send_by_trace
 from gateway.errors import AdapterError, InvalidToken, RetryAfter, TransientError
 
 DEFAULT_API = "https://api.dingtalk.com"
@@ -61,7 +62,9 @@ class DingTalkApi:
         self, url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
     ) -> tuple[int, dict[str, Any], aiohttp.ClientResponse]:
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=TIMEOUT)
+            # one session for the token, the stream ticket and the replies: SEND_BY is set
+            # only around a reply's send, so only a reply that set out late stops here
+            self._http = aiohttp.ClientSession(timeout=TIMEOUT, trace_configs=[send_by_trace()])
         try:
             async with self._http.post(url, json=body, headers=headers or {}) as resp:
                 try:

@@ -16,6 +16,7 @@ import aiohttp
 from mautrix.api import HTTPAPI, Method, Path
 from mautrix.errors import MatrixConnectionError, MatrixRequestError, make_request_error
 
+from gateway.adapters.base import send_by_trace
 from gateway.errors import AdapterError, InvalidToken, RetryAfter, TransientError
 
 T = TypeVar("T")
@@ -64,7 +65,11 @@ def _retry_after(data: dict[str, Any], headers: Any) -> float | None:
 def new_api(base_url: str, token: str, read_timeout_s: float) -> RateAwareHTTPAPI:
     """An HTTPAPI on its own aiohttp session; close it with `api.session.close()`."""
     timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=read_timeout_s)
-    session = aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": "switchboard"})
+    # every request checks SEND_BY when it has its connection: a reply that set out late
+    # (the process stood still) stops there unsent (SetOutLate, passed through untouched);
+    # sync and typing run in their own tasks, where SEND_BY is not set
+    session = aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": "switchboard"},
+                                    trace_configs=[send_by_trace()])  # fmt: skip
     return RateAwareHTTPAPI(base_url, token, client_session=session, default_retry_count=0)
 
 

@@ -30,6 +30,7 @@ from gateway.adapters.base import (
     Route,
     call_with_retry,
     failed,
+    send_by_transport,
     split_message,
 )
 from gateway.adapters.mattermost_posts import to_inbound
@@ -446,6 +447,8 @@ def _driver(url: str, token: str, timeout_s: float) -> Any:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
     scheme, host, port = split_url(url)
-    # retries are ours (call_with_retry): the library's own would hide a 429's wait
+    # retries are ours (call_with_retry): the library's own would hide a 429's wait; the
+    # transport stops a reply whose request would leave past its SEND_BY (send_by_transport)
     return AsyncTypedDriver({"url": host, "scheme": scheme, "port": port, "token": token,
-                             "max_retries": 0, "request_timeout": timeout_s})  # fmt: skip
+                             "max_retries": 0, "request_timeout": timeout_s,
+                             "transport": send_by_transport()})  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import re
 import time
@@ -36,7 +37,7 @@ from gateway.adapters.base import (
 from gateway.adapters.signal_rpc import METHOD_NOT_FOUND, SignalCliError, SignalRpc, SseParser
 from gateway.adapters.signal_text import Incoming, Me, is_direct, parse_envelope, to_plain
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import SEND_BY, InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
 from gateway.session_keys import SessionSource
 from gateway.shards import Receiver, ShardLedger
@@ -375,7 +376,9 @@ class SignalAdapter:
             self._chore(self._typing_call(chat, stop=True), f"signal.typing-stop:{chat}")
 
     def _chore(self, work: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(work, name=name)
+        context = contextvars.copy_context()  # begun by a send (a typing stop): not its reply,
+        context.run(SEND_BY.set, None)  # so never stopped by that reply's SEND_BY
+        task = asyncio.create_task(work, name=name, context=context)
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
 

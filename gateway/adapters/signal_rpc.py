@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from gateway.adapters.base import send_by_trace
 from gateway.errors import AdapterError, InvalidToken, RetryAfter, TransientError
 
 RPC_PATH = "/api/v1/rpc"
@@ -122,8 +123,9 @@ class SignalRpc:
 
         if self.http is None:
             self.http = aiohttp.ClientSession(
-                headers=self._headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            )
+                headers=self._headers, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                trace_configs=[send_by_trace()],  # a reply that set out late stops here
+            )  # fmt: skip
 
     async def close(self) -> None:
         if self.http is not None:
@@ -135,7 +137,8 @@ class SignalRpc:
 
     async def call(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
         """The call's `result`; raises TransientError when the daemon cannot be reached
-        or fails, RetryAfter when Signal rate limits, SignalCliError otherwise."""
+        or fails, RetryAfter when Signal rate limits, SignalCliError otherwise; SetOutLate
+        (not caught here) when a send's request would leave past its SEND_BY."""
         import aiohttp
 
         if self.http is None:

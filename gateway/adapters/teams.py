@@ -29,6 +29,7 @@ from gateway.adapters.base import (
     Emit,
     Route,
     failed,
+    send_by_trace,
     split_message,
     utf16_len,
 )
@@ -261,7 +262,10 @@ class TeamsAdapter:
         import aiohttp
 
         self._emit = emit
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=30),
+            trace_configs=[send_by_trace()],  # a reply that set out late stops here
+        )
         token = BotToken(self._http, self._token_url, self.app_id, self._password)
         self._connector = Connector(self._http, token, backoff=self._backoff)
         try:

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
 
-from gateway.adapters.base import DEFAULT_BACKOFF, Backoff, Emit, Route, call_with_retry
+from gateway.adapters.base import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    Emit,
+    Route,
+    call_with_retry,
+    send_by_trace,
+)
 from gateway.adapters.webhook_wire import (
     HEADER,
     endpoints_problem,
@@ -349,7 +356,10 @@ class WebhookAdapter:
         import aiohttp
 
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                trace_configs=[send_by_trace()],  # a reply that set out late stops here
+            )
         body = json.dumps(payload, ensure_ascii=False).encode()
         headers = {"Content-Type": "application/json",
                    HEADER: sign(ep.secret, int(self._clock()), body)}  # fmt: skip

@@ -28,6 +28,7 @@ from gateway.adapters.base import (
     ask_whoami,
     call_with_retry,
     failed,
+    send_by_trace,
     split_message,
 )
 from gateway.adapters.whatsapp_wire import (
@@ -254,6 +255,7 @@ class WhatsAppAdapter:
             self._http = aiohttp.ClientSession(
                 headers={"Authorization": f"Bearer {self._token}"},
                 timeout=aiohttp.ClientTimeout(total=30),
+                trace_configs=[send_by_trace()],  # a reply that set out late stops here
             )
         try:
             async with self._http.request(method, f"{self._base}/{path}", json=body) as resp:

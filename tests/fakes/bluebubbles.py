@@ -36,6 +36,7 @@ class FakeBlueBubbles:
     password: str = PASSWORD
     private_api: bool = False
     send_delay_s: float = 0.0  # how long a send takes (Messages.app can be slow)
+    keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
     calls: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     failures: list[tuple[int, str, dict[str, str]]] = field(default_factory=list)
     port: int = 0
@@ -65,7 +66,7 @@ class FakeBlueBubbles:
         return await wait_for_count(self.sent, n, timeout, "iMessage sends")
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._closing])
         app.router.add_get("/api/v1/server/info", self._info)
         app.router.add_post("/api/v1/message/text", self._send_text)
         app.router.add_route("*", "/api/v1/chat/{guid}/typing", self._typing)
@@ -79,6 +80,13 @@ class FakeBlueBubbles:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    @web.middleware
+    async def _closing(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        if not self.keep_alive:
+            response.force_close()
+        return response
 
     def _refused(self, request: web.Request) -> web.Response | None:
         """The server's auth middleware: `guid`, `password` or `token` in the query."""

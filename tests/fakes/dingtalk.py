@@ -32,6 +32,7 @@ class FakeDingTalk:
     subscriptions: list[list[dict[str, str]]] = field(default_factory=list)
     sockets: list[web.WebSocketResponse] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)
+    keep_alive: bool = True  # False: each HTTP answer closes its connection (next call connects)
     port: int = 0
     _tickets: set[str] = field(default_factory=set)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -71,7 +72,7 @@ class FakeDingTalk:
         return self.acks[message_id]
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._closing])
         app.router.add_post("/v1.0/oauth2/accessToken", self._token)
         app.router.add_post("/v1.0/gateway/connections/open", self._open)
         app.router.add_get("/connect", self._connect)
@@ -90,6 +91,13 @@ class FakeDingTalk:
             await ws.close()
         if self._runner is not None:
             await self._runner.cleanup()
+
+    @web.middleware
+    async def _closing(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        if not self.keep_alive and not isinstance(response, web.WebSocketResponse):
+            response.force_close()
+        return response
 
     # --- the stream --------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ class FakeMatrix:
     account_data: dict[str, Any] = field(default_factory=dict)
     invites: dict[str, dict[str, Any]] = field(default_factory=dict)
     txns: dict[str, str] = field(default_factory=dict)
+    keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _grew: asyncio.Condition | None = None
     _runner: web.AppRunner | None = None
@@ -153,6 +154,12 @@ class FakeMatrix:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response = await self._answer(request, handler)
+        if not self.keep_alive:
+            response.force_close()
+        return response
+
+    async def _answer(self, request: web.Request, handler: Any) -> web.StreamResponse:
         kind = _kind(request.path)
         body = await request.json() if request.can_read_body else None
         self.calls.append((kind, request.path_qs, body))

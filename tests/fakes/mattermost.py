@@ -59,6 +59,7 @@ class FakeMattermost:
     failures: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
     actions: list[dict[str, Any]] = field(default_factory=list)
     accept_sockets: bool = True
+    keep_alive: bool = True  # False: every REST answer closes its connection (the next call connects)
     hellos: int = 0
     port: int = 0
     _sockets: dict[web.WebSocketResponse, itertools.count[int]] = field(default_factory=dict)
@@ -202,6 +203,12 @@ class FakeMattermost:
         return ws
 
     async def _rest(self, request: web.Request) -> web.Response:
+        response = await self._rest_answer(request)
+        if not self.keep_alive:
+            response.force_close()
+        return response
+
+    async def _rest_answer(self, request: web.Request) -> web.Response:
         path = "/" + request.match_info["tail"]
         body: Any = dict(request.query)
         if request.can_read_body:

@@ -73,6 +73,7 @@ class FakeSignal:
     last_event_ids: list[str | None] = field(default_factory=list)  # per connection
     port: int = 0
     keepalive_s: float = 15.0
+    keep_alive: bool = True  # False: each RPC answer closes its connection (the next connects)
     _streams: list[web.StreamResponse] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _prefix: str = field(default_factory=lambda: f"{int(time.time() * 1000)}-")
@@ -149,6 +150,12 @@ class FakeSignal:
         return request.host.rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
 
     async def _rpc(self, request: web.Request) -> web.Response:
+        response = await self._rpc_answer(request)
+        if not self.keep_alive:
+            response.force_close()
+        return response
+
+    async def _rpc_answer(self, request: web.Request) -> web.Response:
         if not self._host_ok(request):
             return web.Response(status=421)
         if not request.content_type.startswith("application/json"):

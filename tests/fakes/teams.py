@@ -41,6 +41,7 @@ class FakeTeams:
     failures: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
     tokens: set[str] = field(default_factory=set)
     key_fetches: int = 0
+    keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1700000000001))
     _runner: web.AppRunner | None = None
 
@@ -153,8 +154,15 @@ class FakeTeams:
 
     # --- the server --------------------------------------------------------------------------
 
+    @web.middleware
+    async def _closing(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        if not self.keep_alive:
+            response.force_close()
+        return response
+
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._closing])
         app.router.add_get("/v1/.well-known/openidconfiguration", self._metadata)
         app.router.add_get("/v1/.well-known/keys", self._keys)
         app.router.add_post("/botframework.com/oauth2/v2.0/token", self._token)

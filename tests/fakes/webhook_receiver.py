@@ -53,6 +53,7 @@ class CallbackReceiver:
     refused: list[str] = field(default_factory=list)  # why a delivery failed verification
     failures: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     port: int = 0
+    keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
     _runner: web.AppRunner | None = None
 
     @property
@@ -68,8 +69,15 @@ class CallbackReceiver:
     async def wait_replies(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
         return await wait_for_count(self.replies, n, timeout, "callback replies")
 
+    @web.middleware
+    async def _closing(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        if not self.keep_alive:
+            response.force_close()
+        return response
+
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._closing])
         app.router.add_post("/hook", self._hook)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()

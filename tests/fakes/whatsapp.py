@@ -36,6 +36,7 @@ class FakeGraph:
     failures: list[tuple[int, dict[str, Any], dict[str, str]]] = field(default_factory=list)
     window_closed: set[str] = field(default_factory=set)  # numbers over 24 h since they wrote
     port: int = 0
+    keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
     _runner: web.AppRunner | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -63,6 +64,7 @@ class FakeGraph:
         app.router.add_get(f"/{{version}}/{PHONE_ID}", self._number)
         app.router.add_post(f"/{{version}}/{PHONE_ID}/messages", self._messages)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
+        app.on_response_prepare.append(self._closing)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -72,6 +74,10 @@ class FakeGraph:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _closing(self, _request: web.Request, response: web.StreamResponse) -> None:
+        if not self.keep_alive:
+            response.force_close()
 
     def _authorised(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Bearer {self.token}"

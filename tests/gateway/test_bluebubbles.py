@@ -34,7 +34,7 @@ from gateway.errors import (
 )
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import wait_for_count
+from tests.fakes import send_standing_still, wait_for_count
 from tests.fakes.bluebubbles import (
     ANN,
     DM,
@@ -301,6 +301,31 @@ async def test_send_errors_map_to_the_gateway_errors(fake: FakeBlueBubbles) -> N
         with pytest.raises(InvalidToken):
             await adapter.send(OutboundMessage("bluebubbles", DM, "x"))
         assert adapter.health()["last_error"] == "bad password"
+    finally:
+        await adapter.stop()
+
+
+async def test_a_bluebubbles_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    fake: FakeBlueBubbles,
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a reply's send
+    began and before its request left. Once the request has its connection it finds its
+    SEND_BY passed and stops unsent (SetOutLate), so the turn can ask its lease first
+    (gateway/turns.py's send_checked). On time, the text is sent once."""
+    adapter = BlueBubblesAdapter(fake.base_url, PASSWORD, SECRET, backoff=FAST)
+
+    async def emit(_msg: InboundMessage) -> None:
+        return None
+
+    fake.keep_alive = False  # each call connects: the send waits for its connection
+    await adapter.start(emit)
+    try:
+        for stall in (True, False):
+            reply = OutboundMessage("bluebubbles", DM, "once", reply_to="MSG-1")
+            went = await send_standing_still(lambda r=reply: adapter.send(r), stall=stall)
+            assert went is not stall
+            assert [b["message"] for b in fake.attempts()] == ([] if stall else ["once"])
+            assert [s["message"] for s in fake.sent()] == ([] if stall else ["once"])
     finally:
         await adapter.stop()
 

@@ -23,6 +23,7 @@ from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
 from tests.daemon import free_port
+from tests.fakes import send_standing_still
 from tests.fakes.dingtalk import BOT_ID, CLIENT_ID, ENV, TOPIC, FakeDingTalk, robot_message
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
@@ -223,6 +224,35 @@ async def test_the_ack_follows_emit_and_an_unstored_message_is_refused(fake: Fak
     finally:
         await adapter.stop()
     assert adapter.health()["state"] == "stopped"
+
+
+async def test_a_dingtalk_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    fake: FakeDingTalk,
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a reply's send
+    began and before its request to the session webhook left. Once the request has its
+    connection it finds its SEND_BY passed and stops unsent (SetOutLate), so the turn can
+    ask its lease first (gateway/turns.py's send_checked). On time, it is sent once."""
+    adapter = DingTalkAdapter(CLIENT_ID, fake.client_secret, base_url=fake.base_url, backoff=FAST)
+
+    async def emit(_msg: InboundMessage) -> None:
+        return None
+
+    fake.keep_alive = False  # each call connects: the send waits for its connection
+    await adapter.start(emit)
+    try:
+        await fake.wait_connected(1)
+        data = robot_message("hello", fake=fake, msg_id="so1")
+        assert (await fake.wait_ack(await fake.push(data)))["code"] == 200  # its webhook known
+        for stall in (True, False):
+            reply = OutboundMessage("dingtalk", "alice01", "once", reply_to="so1")
+            went = await send_standing_still(lambda r=reply: adapter.send(r), stall=stall)
+            assert went is not stall
+            sends = [(k, p["text"]) for k, p in fake.calls if k in ("webhook", "group", "dm")]
+            assert sends == ([] if stall else [("webhook", "once")])
+            assert [(k, p["text"]) for k, p in fake.sent()] == sends
+    finally:
+        await adapter.stop()
 
 
 # --- pure ------------------------------------------------------------------------------------

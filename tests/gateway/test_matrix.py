@@ -37,7 +37,7 @@ from gateway.messages import InboundMessage, OutboundMessage
 from gateway.session_keys import SessionSource, build_key
 from gateway.vocab import ChatType
 from state import open_store
-from tests.fakes import wait_for_count
+from tests.fakes import send_standing_still, wait_for_count
 from tests.fakes.matrix import BOT, BOT_NAME, FakeMatrix
 from tests.gateway.conftest import ScriptedAgent
 
@@ -424,6 +424,28 @@ async def test_rate_limits_are_waited_out_with_the_servers_retry_after(
 
 async def _nothing(msg: InboundMessage) -> None:
     return None
+
+
+async def test_a_matrix_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    fake: FakeMatrix,
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a reply's send
+    began and before its request left. Once the request has its connection it finds its
+    SEND_BY passed and stops unsent (SetOutLate, out of send() as it is), so the turn can
+    ask its lease first (gateway/turns.py's send_checked). On time, it is sent once."""
+    fake.keep_alive = False  # each request connects: the send waits for its connection
+    adapter = _adapter(fake)
+    await adapter.start(_nothing)
+    try:
+        for stall in (True, False):
+            went = await send_standing_still(
+                lambda: adapter.send(OutboundMessage("matrix", DM, "once")), stall=stall
+            )
+            assert went is not stall
+            assert len(fake.requests("send")) == (0 if stall else 1)
+            assert [s["body"] for s in fake.sends()] == ([] if stall else ["once"])
+    finally:
+        await adapter.stop()
 
 
 async def test_sync_recovers_from_server_errors(fake: FakeMatrix) -> None:

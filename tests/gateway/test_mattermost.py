@@ -22,7 +22,7 @@ from gateway.config import load_config
 from gateway.errors import ConfigError, InvalidToken, NotAccepted
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import wait_for_count
+from tests.fakes import send_standing_still, wait_for_count
 from tests.fakes.mattermost import (
     ANN,
     BOB,
@@ -213,6 +213,26 @@ async def test_replies_are_split_at_the_servers_max_post_size(fake: FakeMattermo
         assert len(posts) == len(ref.message_ids) > 1
         assert all(len(p["message"]) <= 500 and p["root_id"] == "root1" for p in posts)
         assert "\n\n".join(p["message"] for p in posts).split() == text.split()
+    finally:
+        await adapter.stop()
+
+
+async def test_a_mattermost_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    fake: FakeMattermost,
+) -> None:
+    """Replicas: the process stands still after a reply's send began and before its request
+    left. The driver's httpx transport (send_by_transport) finds its SEND_BY passed as the
+    request's headers are about to be written and stops it unsent (SetOutLate), so the turn
+    can ask its lease first. On time, it is posted once."""
+    adapter = await _adapter(fake, [])
+    fake.keep_alive = False  # each call connects: the send waits for its connection
+    try:
+        for stall in (True, False):
+            went = await send_standing_still(
+                lambda: adapter.send(OutboundMessage("mattermost", TOWN, "once")), stall=stall
+            )
+            assert went is not stall
+            assert _answers(fake, TOWN) == ([] if stall else ["once"])
     finally:
         await adapter.stop()
 

@@ -29,7 +29,7 @@ from gateway.errors import (
 )
 from gateway.messages import InboundMessage, OutboundMessage
 from tests.daemon import free_port
-from tests.fakes import wait_for_count
+from tests.fakes import send_standing_still, wait_for_count
 from tests.fakes.signal import (
     ALICE,
     ALICE_UUID,
@@ -334,6 +334,28 @@ async def test_network_failures_are_retried_and_refusals_raised(fake: FakeSignal
         assert len(fake.sent()) == 3 and fake.delivered()[0]["message"] == "persist"
         with pytest.raises(AdapterError, match="did not send"):
             await adapter.send(OutboundMessage("signal", ALICE, ""))  # signal-cli refuses
+    finally:
+        await adapter.stop()
+
+
+async def test_a_signal_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    fake: FakeSignal,
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a reply's send
+    began and before its JSON-RPC request left. Once the request has its connection it finds
+    its SEND_BY passed and stops unsent (SetOutLate, out of send() unchanged), so the turn
+    can ask its lease first (gateway/turns.py's send_checked). On time, it is sent once."""
+    fake.keep_alive = False  # each call connects: the send waits for its connection
+    adapter = SignalAdapter(fake.url, BOT, backoff=FAST)
+    await adapter.start(lambda _m: asyncio.sleep(0))
+    try:
+        for stall in (True, False):
+            went = await send_standing_still(
+                lambda: adapter.send(OutboundMessage("signal", ALICE, "once")), stall=stall
+            )
+            assert went is not stall
+            assert [p["message"] for p in fake.sent()] == ([] if stall else ["once"])
+        assert [p["message"] for p in fake.delivered()] == ["once"]
     finally:
         await adapter.stop()
 

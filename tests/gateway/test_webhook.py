@@ -27,6 +27,7 @@ from gateway.config import load_config
 from gateway.errors import ConfigError, NotAccepted
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage
+from tests.fakes import send_standing_still
 from tests.fakes.webhook_receiver import SECRET, CallbackReceiver, post_signed, signature
 from tests.gateway.conftest import ScriptedAgent
 
@@ -293,6 +294,33 @@ async def test_a_callback_that_refuses_is_not_retried(receiver: CallbackReceiver
         with pytest.raises(AdapterError, match=r"refused the POST \(401\)"):
             await adapter.send(OutboundMessage("webhook", "ci:ann", "x"))
         assert receiver.refused == ["bad signature"]
+    finally:
+        await adapter.stop()
+
+
+async def test_a_webhook_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    receiver: CallbackReceiver,
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a callback reply's
+    send began and before its POST left. Once the POST has its connection it finds its
+    SEND_BY passed and stops unsent (SetOutLate), so the turn can ask its lease first
+    (gateway/turns.py's send_checked). On time, it is POSTed once."""
+    from gateway.messages import OutboundMessage
+
+    adapter = WebhookAdapter([Endpoint("deploy", SECRET, "async", receiver.url)])
+
+    async def emit(_msg: InboundMessage) -> None:
+        return None
+
+    receiver.keep_alive = False  # each POST connects: the send waits for its connection
+    await adapter.start(emit)
+    try:
+        for stall in (True, False):
+            went = await send_standing_still(
+                lambda: adapter.send(OutboundMessage("webhook", "deploy:ann", "once")), stall=stall
+            )
+            assert went is not stall
+            assert [r["text"] for r in receiver.replies()] == ([] if stall else ["once"])
     finally:
         await adapter.stop()
 

@@ -34,7 +34,7 @@ from gateway.errors import (
     TransientError,
 )
 from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import wait_for_count
+from tests.fakes import send_standing_still, wait_for_count
 from tests.fakes.whatsapp import (
     APP_SECRET,
     PHONE_ID,
@@ -275,6 +275,33 @@ async def test_send_errors_map_to_the_gateway_errors(fake: FakeGraph) -> None:
         with pytest.raises(InvalidToken):
             await adapter.send(OutboundMessage("whatsapp", ANN, "x"))
         assert adapter.health()["last_error"] == "invalid token"
+    finally:
+        await adapter.stop()
+
+
+async def test_a_whatsapp_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    fake: FakeGraph,
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a reply's send
+    began and before its Graph API request left. Once the request has its connection it
+    finds its SEND_BY passed and stops unsent (SetOutLate, out of send() unchanged), so the
+    turn can ask its lease first (gateway/turns.py's send_checked). On time, it is sent once."""
+    fake.keep_alive = False  # each call connects: the send waits for its connection
+    adapter = WhatsAppAdapter(PHONE_ID, TOKEN, APP_SECRET, VERIFY, base_url=fake.base_url)
+
+    async def emit(_msg: InboundMessage) -> None:
+        return None
+
+    await adapter.start(emit)
+    try:
+        for stall in (True, False):
+            went = await send_standing_still(
+                lambda: adapter.send(OutboundMessage("whatsapp", ANN, "once")), stall=stall
+            )
+            assert went is not stall
+            posted = [b for _m, p, b in fake.calls if p.endswith("/messages")]
+            assert [b["text"]["body"] for b in posted] == ([] if stall else ["once"])
+        assert [b["text"]["body"] for b in fake.sent()] == ["once"]
     finally:
         await adapter.stop()
 
