@@ -8,6 +8,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from aiohttp import web
+
 from gateway.messages import LATE_SEND_S, SEND_BY, SetOutLate
 
 T = TypeVar("T")
@@ -51,3 +53,18 @@ async def send_standing_still(send: Callable[[], Awaitable[Any]], *, stall: bool
         return True
     finally:
         SEND_BY.reset(limit)
+
+
+def connection_closer(fake: Any) -> Any:
+    """An aiohttp middleware for a fake whose `keep_alive` is False: every answer closes its
+    connection, so the client's next call connects (send_standing_still needs a send that
+    waits for its connection)."""
+
+    @web.middleware
+    async def closing(request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        if not fake.keep_alive:
+            response.force_close()
+        return response
+
+    return closing

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import connection_closer, wait_for_count
 
 PASSWORD = "fake-bluebubbles-password"
 SECRET = "fake-webhook-secret"
@@ -66,7 +66,7 @@ class FakeBlueBubbles:
         return await wait_for_count(self.sent, n, timeout, "iMessage sends")
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._closing])
+        app = web.Application(middlewares=[connection_closer(self)])
         app.router.add_get("/api/v1/server/info", self._info)
         app.router.add_post("/api/v1/message/text", self._send_text)
         app.router.add_route("*", "/api/v1/chat/{guid}/typing", self._typing)
@@ -80,13 +80,6 @@ class FakeBlueBubbles:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-
-    @web.middleware
-    async def _closing(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        response: web.StreamResponse = await handler(request)
-        if not self.keep_alive:
-            response.force_close()
-        return response
 
     def _refused(self, request: web.Request) -> web.Response | None:
         """The server's auth middleware: `guid`, `password` or `token` in the query."""

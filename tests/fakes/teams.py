@@ -16,7 +16,7 @@ import jwt
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.fakes import wait_for_count
+from tests.fakes import connection_closer, wait_for_count
 
 APP_ID = "6f1c2b9e-0000-4000-8000-00000000b07"
 PASSWORD = "fake-app-password"
@@ -154,15 +154,8 @@ class FakeTeams:
 
     # --- the server --------------------------------------------------------------------------
 
-    @web.middleware
-    async def _closing(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        response: web.StreamResponse = await handler(request)
-        if not self.keep_alive:
-            response.force_close()
-        return response
-
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._closing])
+        app = web.Application(middlewares=[connection_closer(self)])
         app.router.add_get("/v1/.well-known/openidconfiguration", self._metadata)
         app.router.add_get("/v1/.well-known/keys", self._keys)
         app.router.add_post("/botframework.com/oauth2/v2.0/token", self._token)

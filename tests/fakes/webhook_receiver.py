@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import connection_closer, wait_for_count
 
 SECRET = "fake-webhook-signing-secret"
 HEADER = "X-Switchboard-Signature"
@@ -69,15 +69,8 @@ class CallbackReceiver:
     async def wait_replies(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
         return await wait_for_count(self.replies, n, timeout, "callback replies")
 
-    @web.middleware
-    async def _closing(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        response: web.StreamResponse = await handler(request)
-        if not self.keep_alive:
-            response.force_close()
-        return response
-
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._closing])
+        app = web.Application(middlewares=[connection_closer(self)])
         app.router.add_post("/hook", self._hook)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()
