@@ -248,7 +248,9 @@ def _open_fence(body: str, carried: str | None) -> str | None:
     return open_line
 
 
-async def _check_send_by(*_args: Any) -> None:
+async def check_send_by(*_args: Any) -> None:
+    """Raise SetOutLate when the sending task's SEND_BY has passed: for an adapter to call
+    at the last await before its reply goes out (the HTTP sessions' hooks below call it)."""
     by = SEND_BY.get()
     if by is not None and time.monotonic() > by:
         raise SetOutLate()
@@ -262,8 +264,8 @@ def send_by_trace() -> Any:
     import aiohttp
 
     trace = aiohttp.TraceConfig()
-    trace.on_connection_create_end.append(_check_send_by)
-    trace.on_connection_reuseconn.append(_check_send_by)
+    trace.on_connection_create_end.append(check_send_by)
+    trace.on_connection_reuseconn.append(check_send_by)
     return trace
 
 
@@ -283,4 +285,4 @@ def send_by_transport() -> Any:
 
 async def _trace_send_by(event: str, _info: Any) -> None:
     if event.endswith(".send_request_headers.started"):
-        await _check_send_by()
+        await check_send_by()

@@ -36,6 +36,7 @@ from gateway.adapters.base import (
     TransientError,
     call_with_retry,
     failed,
+    send_by_trace,
     split_message,
 )
 from gateway.adapters.discord_catchup import Positions, missed
@@ -271,6 +272,10 @@ class DiscordAdapter:
             intents=intents, guild_ready_timeout=self._ready_timeout,
             allowed_mentions=discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=False),
             shard_id=shard, shard_count=None if shard is None else self._shard_count,
+            # a reply that set out late stops before its REST request is written (SetOutLate,
+            # passed through untouched); the gateway websocket shares this session but runs
+            # in the client's own tasks, where SEND_BY is not set
+            http_trace=send_by_trace(),
         )  # fmt: skip
         if gate is None:
             client.event(self.on_message)

@@ -29,6 +29,7 @@ from gateway.adapters.base import (
     Emit,
     Route,
     call_with_retry,
+    check_send_by,
     failed,
     stop_task,
 )
@@ -376,6 +377,9 @@ async def _smtp_send(a: SmtpAccount, mail: Any, sender: str, to: str) -> None:
     client = _smtp_client(a)
     await _smtp_call(lambda: client.connect(username=a.user, password=a.password), a)
     try:
+        # connected and logged in: the last await before the mail goes out, where a reply
+        # that set out late (the process stood still) stops unsent (SetOutLate)
+        await check_send_by()
         await _smtp_call(lambda: client.send_message(mail, sender=sender, recipients=[to]), a)
     finally:
         with contextlib.suppress(Exception):

@@ -25,6 +25,7 @@ from gateway.adapters.base import (
     ask_whoami,
     call_with_retry,
     failed,
+    send_by_trace,
     split_message,
 )
 from gateway.errors import (
@@ -220,8 +221,10 @@ class SmsAdapter:
             from twilio.http.async_http_client import AsyncTwilioHttpClient
             from twilio.rest import Client
 
-            # where to connect comes from the config, not from TWILIO_EDGE/TWILIO_REGION
-            self._client = Client(self._sid, self._token, http_client=AsyncTwilioHttpClient(),
+            # where to connect comes from the config, not from TWILIO_EDGE/TWILIO_REGION; a
+            # reply that set out late stops where its request gets its connection (SEND_BY)
+            http = AsyncTwilioHttpClient(trace_configs=[send_by_trace()])
+            self._client = Client(self._sid, self._token, http_client=http,
                                   environment={"TWILIO_EDGE": ""})  # fmt: skip
             if self._base_url:
                 self._client.api.base_url = self._base_url.rstrip("/")

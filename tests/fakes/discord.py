@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from tests.fakes import wait_for_count
+from tests.fakes import connection_closer, wait_for_count
 
 
 def restore_discord_globals(monkeypatch: Any) -> None:
@@ -78,6 +78,9 @@ class FakeDiscord:
     resumes: int = 0
     nonce_window_s: float = 300.0  # how long an enforced nonce answers with its message
     _nonces: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    # False: every REST answer closes its connection, so the next call connects (the
+    # gateway websocket is left alone)
+    keep_alive: bool = True
 
     @property
     def api(self) -> str:
@@ -192,7 +195,9 @@ class FakeDiscord:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/gateway", self._ws)
-        app.router.add_route("*", "/api/v10/{tail:.*}", self._rest)
+        rest = web.Application(middlewares=[connection_closer(self)])
+        rest.router.add_route("*", "/{tail:.*}", self._rest)
+        app.add_subapp("/api/v10", rest)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

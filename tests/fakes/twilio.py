@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import connection_closer, wait_for_count
 
 ACCOUNT = "AC0123456789abcdef0123456789abcdef"
 AUTH_TOKEN = "fake-twilio-auth-token"
@@ -32,6 +32,7 @@ class FakeTwilio:
     token: str = AUTH_TOKEN
     calls: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     failures: list[tuple[int, int, str]] = field(default_factory=list)
+    keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
     port: int = 0
     _runner: web.AppRunner | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -53,7 +54,7 @@ class FakeTwilio:
         return await wait_for_count(self.sent, n, timeout, "SMS sends")
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[connection_closer(self)])
         app.router.add_get(f"/2010-04-01/Accounts/{ACCOUNT}.json", self._account)
         app.router.add_post(f"/2010-04-01/Accounts/{ACCOUNT}/Messages.json", self._messages)
         app.router.add_route("*", "/{tail:.*}", self._unknown)

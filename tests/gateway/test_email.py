@@ -35,7 +35,7 @@ from gateway.errors import AdapterError, InvalidToken, NotAccepted
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.vocab import ChatType
-from tests.fakes import wait_for_count
+from tests.fakes import send_standing_still, wait_for_count
 from tests.fakes.imap import FakeImap, self_signed
 from tests.fakes.smtp import FakeSmtp
 
@@ -421,6 +421,29 @@ async def test_senders_outside_the_allowlist_are_dropped_without_an_answer(
         assert (msg.source.chat_id, msg.source.user_id) == (ALICE, "Alice@Example.com")
         await asyncio.sleep(0.2)
         assert len(inbox.seen) == 1 and smtp.accepted == []
+    finally:
+        await adapter.stop()
+
+
+async def test_an_email_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    servers: tuple[FakeImap, FakeSmtp],
+) -> None:
+    """Replicas: the process stands still after a reply's send began (its SMTP connection
+    on the way) and before the mail went out. Connected, the send finds its SEND_BY passed
+    and stops before MAIL FROM (SetOutLate), so the turn can ask its lease first. On time,
+    the mail is sent once."""
+    imap, smtp = servers
+    adapter = make_adapter(imap, smtp)
+    await adapter.start(Inbox().emit)
+    try:
+        for stall in (True, False):
+            went = await send_standing_still(
+                lambda: adapter.send(OutboundMessage("email", ALICE, "once")), stall=stall
+            )
+            assert went is not stall
+            assert [plain(a.message).split("\n")[0] for a in smtp.accepted] == (
+                [] if stall else ["once"]
+            )
     finally:
         await adapter.stop()
 

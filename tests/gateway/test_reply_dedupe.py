@@ -113,6 +113,38 @@ async def test_discord_dedupes_only_within_its_window_and_only_under_a_key(
     assert fake.shown(DM)[2:] == ["late", "late"]
 
 
+async def test_a_discord_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replicas: the process stands still (SIGSTOP, a stalled VM) after a reply's send
+    began and before its request left. Once discord.py's REST request has its connection
+    it finds its SEND_BY passed and stops unsent (SetOutLate, out of adapter.send), so the
+    turn can ask its lease first (gateway/turns.py's send_checked). On time, it is sent."""
+    restore_discord_globals(monkeypatch)
+    fake = FakeDiscord(keep_alive=False)  # from the start: no pooled connection to reuse
+    await fake.start()
+    adapter = DiscordAdapter("fake-token", api_base=fake.api, gateway_url=fake.gateway,
+                             guild_ready_timeout_s=0.05, catch_up_messages=0)  # fmt: skip
+
+    async def emit(_msg: InboundMessage) -> None:
+        raise AssertionError("no inbound message in this test")
+
+    try:
+        await adapter.start(emit)
+        try:
+            for stall in (True, False):
+                went = await send_standing_still(lambda: adapter.send(_dc("once", "sb-12")),
+                                                 stall=stall)  # fmt: skip
+                assert went is not stall
+                assert len(fake.posted(DM)) == (0 if stall else 1)  # nothing reached it
+                assert fake.shown(DM) == ([] if stall else ["once"])
+        finally:
+            await adapter.stop()
+    finally:
+        await fake.stop()
+    assert len(fake.posted(DM)) == 1 and fake.shown(DM) == ["once"]
+
+
 # --- Slack -------------------------------------------------------------------------------
 
 

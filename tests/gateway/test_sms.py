@@ -31,6 +31,7 @@ from gateway.errors import (
     TransientError,
 )
 from gateway.messages import InboundMessage, OutboundMessage
+from tests.fakes import send_standing_still
 from tests.fakes.twilio import (
     ACCOUNT,
     AUTH_TOKEN,
@@ -212,6 +213,26 @@ async def test_send_errors_map_to_the_gateway_errors(fake: FakeTwilio) -> None:
         with pytest.raises(InvalidToken):
             await adapter.send(OutboundMessage("sms", ANN, "x"))
         assert adapter.health()["last_error"] == "invalid credentials"
+    finally:
+        await adapter.stop()
+
+
+async def test_an_sms_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    fake: FakeTwilio,
+) -> None:
+    """Replicas: the process stands still after a reply's send began and before its request
+    left. twilio's HTTP session (send_by_trace) finds its SEND_BY passed when the request
+    has its connection and stops it unsent (SetOutLate), so the turn can ask its lease
+    first. On time, it is sent once."""
+    adapter = SmsAdapter(ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, base_url=fake.base_url)
+    fake.keep_alive = False  # each call connects: the send waits for its connection
+    try:
+        for stall in (True, False):
+            went = await send_standing_still(
+                lambda: adapter.send(OutboundMessage("sms", ANN, "once")), stall=stall
+            )
+            assert went is not stall
+            assert [p["Body"] for p in fake.attempts()] == ([] if stall else ["once"])
     finally:
         await adapter.stop()
 
