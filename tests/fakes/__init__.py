@@ -55,6 +55,18 @@ async def send_standing_still(send: Callable[[], Awaitable[Any]], *, stall: bool
         SEND_BY.reset(limit)
 
 
+
+async def stalled_then_on_time(
+    send: Callable[[], Awaitable[Any]], seen: Callable[[], list[Any]]
+) -> None:
+    """A reply (`send` sends "once") standing still on its way out, then on time: stalled,
+    it stops unsent (SetOutLate) and `seen()`, what the fake received, stays empty; on
+    time it goes, and `seen()` is ["once"]."""
+    for stall in (True, False):
+        went = await send_standing_still(send, stall=stall)
+        assert went is not stall, "stalled, yet it went" if stall else "on time, yet it stopped"
+        assert seen() == ([] if stall else ["once"])
+
 def connection_closer(fake: Any) -> Any:
     """An aiohttp middleware for a fake whose `keep_alive` is False: every answer closes its
     connection, so the client's next call connects (send_standing_still needs a send that

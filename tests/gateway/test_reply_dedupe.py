@@ -19,7 +19,7 @@ from gateway.adapters.slack import SlackAdapter, posted_part, reply_metadata
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import send_standing_still, wait_for_count
+from tests.fakes import stalled_then_on_time, wait_for_count
 from tests.fakes.discord import DM, FakeDiscord, restore_discord_globals
 from tests.fakes.slack import SECRET, FakeSlack
 
@@ -132,12 +132,9 @@ async def test_a_discord_reply_that_stood_still_on_its_way_out_stops_before_it_i
     try:
         await adapter.start(emit)
         try:
-            for stall in (True, False):
-                went = await send_standing_still(lambda: adapter.send(_dc("once", "sb-12")),
-                                                 stall=stall)  # fmt: skip
-                assert went is not stall
-                assert len(fake.posted(DM)) == (0 if stall else 1)  # nothing reached it
-                assert fake.shown(DM) == ([] if stall else ["once"])
+            await stalled_then_on_time(lambda: adapter.send(_dc("once", "sb-12")),
+                                       lambda: fake.shown(DM))  # fmt: skip
+            assert len(fake.posted(DM)) == 1  # the stalled send never reached the server
         finally:
             await adapter.stop()
     finally:
@@ -233,11 +230,8 @@ async def test_a_slack_reply_that_stood_still_on_its_way_out_stops_before_it_is_
     fake.keep_alive = False  # each call connects: the send waits for its connection
     await adapter.start(emit)
     try:
-        for stall in (True, False):
-            went = await send_standing_still(lambda: adapter.send(_sl("once", "sb-11")),
-                                             stall=stall)  # fmt: skip
-            assert went is not stall
-            assert fake.shown("D0DM") == ([] if stall else ["once"])
+        await stalled_then_on_time(lambda: adapter.send(_sl("once", "sb-11")),
+                                   lambda: fake.shown("D0DM"))  # fmt: skip
     finally:
         await adapter.stop()
 
