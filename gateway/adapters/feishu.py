@@ -6,11 +6,16 @@ stored, and answers 2xx only after `emit` returned; lark-oapi's own dispatcher d
 before it verifies, answers 500 to forgeries, has no timestamp window and calls handlers
 synchronously. The tenant token is fetched through lark-oapi's async transport and passed
 to each call (its built-in fetch is a blocking `requests` call). Feishu has no typing signal.
+
+Each part of a reply carries a `uuid` derived from the reply's dedupe key: Feishu sends at
+most one message per uuid within an hour, so a resend after a crash, and a reply sent late
+by a replica that stood still while another took its chat over, show once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -75,8 +80,16 @@ def receive_id_type(chat_id: str) -> str:
     return {"ou_": "open_id", "on_": "union_id"}.get(chat_id[:3], "chat_id")
 
 
+def reply_uuid(dedupe_key: str, chat_id: str, part: int) -> str:
+    """The uuid of one part of a reply: the same on every send of that part, distinct across
+    keys, chats and parts, and within Feishu's 50 characters (32 hex digits)."""
+    seed = f"{dedupe_key}\x00{chat_id}\x00{part}".encode()
+    return hashlib.blake2b(seed, digest_size=16).hexdigest()
+
+
 class FeishuAdapter:
     platform: ClassVar[str] = "feishu"
+    idempotent_replies: ClassVar[bool] = True  # a uuid per part, derived from the reply's key
     settings: ClassVar[type[FeishuSettings]] = FeishuSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("Lark",)
 
@@ -313,9 +326,10 @@ class FeishuAdapter:
         return dict(json.loads(resp.raw.content).get("bot") or {})
 
     async def _post(self, chat_id: str, text: str, *, reply_to: str | None = None,
-                    in_thread: bool = False) -> Any:  # fmt: skip
+                    in_thread: bool = False, key: str | None = None) -> Any:  # fmt: skip
         """One card: a reply to `reply_to` (in its thread when `in_thread`), else a new message.
-        The uuid makes Feishu drop the duplicate when a retry follows a lost answer."""
+        The uuid (`key`, else a random one) makes Feishu answer a repeat within the hour with
+        the message it made: a retry after a lost answer, a resend, a stalled replica's send."""
         from lark_oapi.api.im.v1 import (
             CreateMessageRequest,
             CreateMessageRequestBody,
@@ -323,7 +337,7 @@ class FeishuAdapter:
             ReplyMessageRequestBody,
         )
 
-        key = uuid.uuid4().hex
+        key = key or uuid.uuid4().hex
         if reply_to:
             reply = ReplyMessageRequest.builder().message_id(reply_to).request_body(
                 ReplyMessageRequestBody.builder().msg_type("interactive").content(card(text))
@@ -339,12 +353,14 @@ class FeishuAdapter:
     async def send(self, msg: OutboundMessage) -> SentRef:
         ids = []
         for i, part in enumerate(split_message(msg.text, LIMIT, card_size)):
+            key = reply_uuid(msg.dedupe_key, msg.chat_id, i) if msg.dedupe_key else None
             if msg.thread_id:
-                data = await self._post(msg.chat_id, part, reply_to=msg.thread_id, in_thread=True)
+                data = await self._post(msg.chat_id, part, reply_to=msg.thread_id,
+                                        in_thread=True, key=key)  # fmt: skip
             elif msg.reply_to and msg.chat_id in self._groups and i == 0:
-                data = await self._post(msg.chat_id, part, reply_to=msg.reply_to)  # quote it
+                data = await self._post(msg.chat_id, part, reply_to=msg.reply_to, key=key)  # quote
             else:
-                data = await self._post(msg.chat_id, part)
+                data = await self._post(msg.chat_id, part, key=key)
             ids.append(str(data.message_id))
         if msg.thread_id:
             self._active_threads.add((msg.chat_id, msg.thread_id))

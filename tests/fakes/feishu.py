@@ -1,5 +1,6 @@
 """A loopback fake of the Feishu Open API subset lark-oapi calls (tenant token, bot info,
-message create and reply), plus helpers that build `im.message.receive_v1` events and
+message create and reply: a uuid repeated within `uuid_window_s` is answered with the
+message it made, as Feishu does for an hour), plus helpers that build `im.message.receive_v1` events and
 encrypt and sign them the way Feishu does before it POSTs them to a webhook."""
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class FakeFeishu:
     port: int = 0
     _runner: web.AppRunner | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    _by_uuid: dict[str, dict[str, Any]] = field(default_factory=dict)
+    uuid_window_s: float = 3600.0  # Feishu: one message per uuid within an hour
+    _by_uuid: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     _messages: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -53,6 +55,10 @@ class FakeFeishu:
     def sent(self) -> list[dict[str, Any]]:
         """Every message created or replied (not refused), in order, with its card's markdown."""
         return [p for m, p in self.calls if m in ("create", "reply") and "message_id" in p]
+
+    def deduped(self) -> list[dict[str, Any]]:
+        """Sends answered with an earlier message because their uuid was seen within the hour."""
+        return [p for m, p in self.calls if m in ("create", "reply") and p.get("deduped")]
 
     async def wait_sent(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
         return await wait_for_count(self.sent, n, timeout, "Feishu messages")
@@ -114,8 +120,13 @@ class FakeFeishu:
     def _store(self, record: dict[str, Any]) -> web.Response:
         """The message as Feishu answers it; a uuid seen before answers the first message."""
         key = record.get("uuid")
-        if key and key in self._by_uuid:
-            return web.json_response({"code": 0, "msg": "success", "data": self._by_uuid[key]})
+        if key and len(key) > 50:
+            return web.json_response({"code": 99992402, "msg": "field validation failed: uuid "
+                                      "exceeds 50 characters"}, status=400)  # fmt: skip
+        earlier = self._by_uuid.get(key) if key else None
+        if earlier is not None and time.monotonic() - earlier[0] < self.uuid_window_s:
+            record["deduped"] = True
+            return web.json_response({"code": 0, "msg": "success", "data": earlier[1]})
         message_id = f"om_sent_{next(self._ids)}"
         data = {"message_id": message_id, "chat_id": record["chat_id"], "msg_type": record["msg_type"],
                 "root_id": record.get("root_id"), "parent_id": record.get("parent_id"),
@@ -125,7 +136,7 @@ class FakeFeishu:
         record["markdown"] = json.loads(record["content"])["elements"][0]["content"]
         self._messages[message_id] = data
         if key:
-            self._by_uuid[key] = data
+            self._by_uuid[key] = (time.monotonic(), data)
         return web.json_response({"code": 0, "msg": "success", "data": data})
 
     async def _create(self, request: web.Request) -> web.Response:

@@ -9,11 +9,14 @@ import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from gateway.adapters import idempotent_replies
 from gateway.adapters.discord import LIMIT as DISCORD_LIMIT
 from gateway.adapters.discord import DiscordAdapter, reply_nonce
+from gateway.adapters.feishu import LIMIT as FEISHU_LIMIT
+from gateway.adapters.feishu import FeishuAdapter, reply_uuid
 from gateway.adapters.slack import LIMIT as SLACK_LIMIT
 from gateway.adapters.slack import SlackAdapter, posted_part, reply_metadata
 from gateway.app import Gateway
@@ -21,11 +24,15 @@ from gateway.config import load_config
 from gateway.messages import InboundMessage, OutboundMessage
 from tests.fakes import stalled_then_on_time, wait_for_count
 from tests.fakes.discord import DM, FakeDiscord, restore_discord_globals
+from tests.fakes.feishu import APP_ID, APP_SECRET, ENCRYPT_KEY, ENV, VERIFICATION_TOKEN, FakeFeishu
+from tests.fakes.feishu import message_event as feishu_event
+from tests.fakes.feishu import signed as feishu_signed
 from tests.fakes.slack import SECRET, FakeSlack
 
 
 def test_the_registry_knows_which_platforms_dedupe_replies() -> None:
     assert idempotent_replies("discord") and idempotent_replies("slack")
+    assert idempotent_replies("feishu")
     assert not idempotent_replies("telegram")
     assert not idempotent_replies("api")  # the core's own source: no adapter class
     assert not idempotent_replies("no-such-platform")
@@ -37,6 +44,14 @@ def test_a_nonce_is_stable_short_and_distinct() -> None:
     others = {reply_nonce("sb-8", DM, 0), reply_nonce("sb-7", DM, 1),
               reply_nonce("sb-7", "600000000000000002", 0)}  # fmt: skip
     assert n not in others and len(others) == 3
+
+
+def test_a_feishu_uuid_is_stable_within_fifty_characters_and_distinct() -> None:
+    u = reply_uuid("sb-7", "oc_dm", 0)
+    assert u == reply_uuid("sb-7", "oc_dm", 0) and len(u) <= 50
+    others = {reply_uuid("sb-8", "oc_dm", 0), reply_uuid("sb-7", "oc_dm", 1),
+              reply_uuid("sb-7", "oc_group", 0)}  # fmt: skip
+    assert u not in others and len(others) == 3
 
 
 @pytest.mark.parametrize(
@@ -298,3 +313,103 @@ def _outbox(tmp_path: Path, state: str, set_to: bool = False) -> list[int]:
         return [r[0] for r in conn.execute("SELECT id FROM inbox WHERE reply_state = ?", (state,))]
     finally:
         conn.close()
+
+
+# --- Feishu ------------------------------------------------------------------------------
+
+
+def _feishu(fake: FakeFeishu) -> FeishuAdapter:
+    return FeishuAdapter(APP_ID, APP_SECRET, ENCRYPT_KEY, VERIFICATION_TOKEN, domain=fake.base_url)
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FakeFeishu]:
+    fake = FakeFeishu()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+def _fs(text: str, key: str | None, resend: bool = False) -> OutboundMessage:
+    return OutboundMessage("feishu", "oc_dm", text, dedupe_key=key, resend=resend)
+
+
+async def test_feishu_sends_each_part_under_a_uuid_from_the_replys_key(feishu: FakeFeishu) -> None:
+    adapter = _feishu(feishu)
+    text = "a" * (FEISHU_LIMIT - 10) + "\n" + "b" * 50
+    ref = await adapter.send(_fs(text, "sb-51"))
+    assert len(feishu.sent()) == len(ref.message_ids) == 2
+    assert [p["uuid"] for p in feishu.sent()] == [reply_uuid("sb-51", "oc_dm", i) for i in (0, 1)]
+    # the resend after a crash: the same uuids, answered with the messages already made
+    again = await adapter.send(_fs(text, "sb-51", resend=True))
+    assert again.message_ids == ref.message_ids
+    assert len(feishu.deduped()) == 2 and len(feishu.sent()) == 2
+
+
+async def test_feishu_dedupes_only_within_its_hour_and_only_under_a_key(feishu: FakeFeishu) -> None:
+    adapter = _feishu(feishu)
+    await adapter.send(_fs("no key", None))
+    await adapter.send(_fs("no key", None))  # notices, apologies: a random uuid each
+    assert [p["markdown"] for p in feishu.sent()] == ["no key", "no key"]
+    feishu.uuid_window_s = 0.0  # Feishu forgets a uuid after an hour
+    await adapter.send(_fs("late", "sb-52"))
+    await adapter.send(_fs("late", "sb-52", resend=True))
+    assert [p["markdown"] for p in feishu.sent()][2:] == ["late", "late"]
+
+
+@pytest.mark.parametrize("late_first", [False, True])
+async def test_a_feishu_reply_sent_late_by_a_replica_that_stood_still_shows_once(
+    feishu: FakeFeishu, late_first: bool
+) -> None:
+    """Replicas: one replica's reply stood still on its way out (Feishu's client opens a
+    connection per request and takes no hook, so nothing stops it there) while another took
+    the chat over and sent the dead runner's reply again, then the chat's next one. Whichever
+    of the two sends of that reply reaches Feishu first, the chat shows it once, before the
+    next."""
+    stalled, new_holder = _feishu(feishu), _feishu(feishu)
+    if late_first:
+        await stalled.send(_fs("first", "sb-61"))
+    await new_holder.send(_fs("first", "sb-61", resend=True))
+    await new_holder.send(_fs("second", "sb-62"))
+    if not late_first:
+        await stalled.send(_fs("first", "sb-61"))
+    assert [p["markdown"] for p in feishu.sent()] == ["first", "second"]
+    assert len(feishu.deduped()) == 1
+
+
+async def test_a_sending_feishu_reply_is_resent_at_start_up_and_shown_once(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    """An outbox entry left 'sending' (the daemon died between the send and its mark) is
+    sent again at start-up under its uuid: shown once, marked 'sent', not counted unsent."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("platforms:\n  api:\n    port: 0\n  feishu:\n    enabled: true\n"
+                   f"    allow_all_users: true\n    base_url: {feishu.base_url}\n")  # fmt: skip
+
+    def gateway() -> Gateway:
+        return Gateway(config=load_config(cfg, ENV), home=tmp_path / "home")
+
+    first = gateway()
+    await first.start()
+    try:
+        api = next(a for a in first.adapters if a.platform == "api")
+        url = f"http://127.0.0.1:{api.bound_port}/feishu/events"  # type: ignore[attr-defined]
+        body, headers = feishu_signed(feishu_event("hi"))
+        async with aiohttp.ClientSession() as http, http.post(url, data=body, headers=headers) as r:
+            assert r.status == 200
+        await feishu.wait_sent(1)
+        await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
+    finally:
+        await first.stop()
+    _outbox(tmp_path, "sending", set_to=True)  # as if the mark never happened
+    second = gateway()
+    await second.start()
+    try:
+        await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
+        assert second.metrics.unsent.total() == 0
+    finally:
+        await second.stop()
+    assert [p["markdown"] for p in feishu.sent()] == ["echo: hi"]
+    assert len(feishu.deduped()) == 1
