@@ -11,7 +11,8 @@ in-process. Prints figures; asserts nothing.
 
 Messages are emitted as concurrent tasks, as webhook requests arrive (`emit` waits for the
 inbox commit since issue 17; a sequential emitter would measure commit latency instead).
-It runs with the thread switch interval `switchboard run` sets (gateway.app.tune_interpreter).
+It runs with the thread switch interval `switchboard run` sets (gateway.app.tune_interpreter)
+and, once set up, with the collector settled as `switchboard run` settles it (gateway.ops.heap).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gateway.agent.echo import EchoAgent  # noqa: E402
 from gateway.app import tune_interpreter  # noqa: E402
 from gateway.index import IndexEntry, SessionIndex  # noqa: E402
 from gateway.messages import InboundMessage, OutboundMessage, SentRef  # noqa: E402
+from gateway.ops import heap  # noqa: E402
 from gateway.router import Router  # noqa: E402
 from gateway.session_keys import SessionSource  # noqa: E402
 from state import SessionDB  # noqa: E402
@@ -101,6 +103,7 @@ async def main() -> None:
         await index.load()
         clock = Clock()
         router = Router(db, index, EchoAgent(), clock.send)
+        heap.settle()  # as `switchboard run` does once started
 
         # 1. throughput
         started: dict[str, float] = {}

@@ -26,6 +26,7 @@ from gateway.errors import AlreadyRunning, GatewayError, PortInUse
 from gateway.handoff import HandoffWatcher
 from gateway.index import RouteIndex, SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from gateway.ops import heap
 from gateway.ops.metrics import Metrics
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
@@ -585,6 +586,9 @@ async def run_until_signalled(gateway: Gateway) -> None:
     from gateway.ops.notify import watchdog, watchdog_interval
 
     tune_interpreter()
+    pauses = heap.Pauses()
+    pauses.install()
+    heap.watch(gateway.metrics, pauses)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -594,6 +598,7 @@ async def run_until_signalled(gateway: Gateway) -> None:
     dog: asyncio.Task[None] | None = None
     try:
         await gateway.start()
+        log.debug("collector settled: %d objects frozen", heap.settle())
         gateway.notify(
             f"READY=1\nSTATUS=running ({', '.join(a.platform for a in gateway.adapters)})"
         )
@@ -609,3 +614,4 @@ async def run_until_signalled(gateway: Gateway) -> None:
             dog.cancel()
             await asyncio.gather(dog, return_exceptions=True)
         await gateway.stop()
+        pauses.remove()

@@ -137,3 +137,47 @@ def test_check_config_lists_every_problem_and_run_refuses_duplicate_keys(tmp_pat
         assert proc.returncode == 78, proc.stderr
         assert "platforms.api.port: duplicate key at line 4 (first at line 3)" in proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+async def test_a_started_daemon_freezes_its_start_up_heap_and_reports_the_collector(
+    tmp_path: Path,
+) -> None:
+    """What start-up built is frozen out of the collector's walks (gateway/ops/heap.py), and
+    /metrics tells how often the collector ran and how long it held the process."""
+    home, port = tmp_path / "home", free_port()
+    proc = _start(home, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_healthy(url, proc)
+        async with aiohttp.ClientSession() as http:
+            for i in range(50):
+                async with http.post(f"{url}/v1/messages", json={"chat_id": "c", "text": f"m{i}"}) as r:
+                    assert r.status == 200
+            async with http.get(f"{url}/metrics") as r:
+                text = await r.text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 20) == 0
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("switchboard_gc_")}  # fmt: skip
+    assert values["switchboard_gc_frozen_objects"] > 10_000  # modules, config, adapters ...
+    assert values["switchboard_gc_passes_total"] >= values["switchboard_gc_full_passes_total"] >= 0
+    assert values["switchboard_gc_pause_seconds_total"] >= 0
+    assert values["switchboard_gc_pause_longest_ms"] >= 0
+
+
+def test_pauses_count_each_collectors_pass_by_generation_until_removed() -> None:
+    import gc
+
+    from gateway.ops.heap import Pauses
+
+    pauses = Pauses()
+    pauses.install()
+    try:
+        gc.collect()  # a full pass: generation 2
+        gc.collect(0)
+    finally:
+        pauses.remove()
+    gc.collect()
+    assert pauses.passes[2] == 1 and pauses.passes[0] >= 1
+    assert pauses.longest_ms >= 0 and pauses.seconds * 1000 >= pauses.longest_ms
