@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import adapters as registry
+from gateway import event_loops
 from gateway.adapters.base import Adapter, Route
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
@@ -488,6 +489,7 @@ class Gateway:
         return {
             "status": "ok" if ok else "degraded",
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            "event_loop": event_loops.running(),
             "adapters": adapters,
             "writer_queue_depth": self.db.write_stats().queue_depth if self.db else None,
             "sessions": len(self.index) if self.index else 0,

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gateway import adapters
+from gateway import adapters, event_loops
 from gateway.errors import ConfigError, ConfigErrors
 from gateway.sections import (
     Field,
@@ -170,6 +170,12 @@ class ShutdownSettings:
 
 
 @dataclass(frozen=True)
+class RuntimeSettings:
+    event_loop: str = setting("auto", one_of("auto", "uvloop", "asyncio"),
+                              "the daemon's event loop: uvloop where installed, else asyncio")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class InboxSettings:
     recovery_max_age_seconds: int | float = setting(3600, in_range(0, 30 * 86400))
     retention_days: int | float = setting(7, in_range(1, 3650))
@@ -222,6 +228,7 @@ class Config:
     display: DisplaySettings = _at("display")
     session_reset: ResetSettings = _at("session_reset")
     shutdown: ShutdownSettings = _at("shutdown")
+    runtime: RuntimeSettings = _at("runtime")
     inbox: InboxSettings = _at("inbox")
     dashboard: DashboardSettings = _at("dashboard")
     api: ApiSettings = _at("platforms.api")
@@ -393,6 +400,9 @@ def _resolve_secrets(
                      getattr(settings, want.key, None) or want.default_env, want.why)  # fmt: skip
     if data["cluster"]["replicas"] > 1:
         errors.extend(_replica_problems(data))
+    if data["runtime"]["event_loop"] == "uvloop" and not event_loops.has_uvloop():
+        errors.append(ConfigError("runtime.event_loop", "uvloop is not installed here "
+                                  "(pip install uvloop; it has no Windows build), or say auto"))  # fmt: skip
     if data["state"]["backend"] == "postgres":
         found = _postgres_problems(data["state"]["dsn_env"], env)
         errors.extend(found)

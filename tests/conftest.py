@@ -7,11 +7,22 @@ from pathlib import Path
 
 import pytest
 
+from gateway import event_loops
 from state import SessionDB
 from tests import pgserver
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+# The loop the tests run on: the daemon's default (runtime.event_loop: auto), or
+# SWITCHBOARD_TEST_LOOP=asyncio|uvloop. Daemons the tests start choose by their config.
+TEST_LOOP = os.environ.get("SWITCHBOARD_TEST_LOOP", "auto")
+_LOOP = event_loops.loop_factory(TEST_LOOP)
+
+
+if _LOOP is not None:
+
+    def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
+        return {"uvloop": _LOOP}
 
 
 @pytest.fixture

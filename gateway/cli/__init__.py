@@ -21,6 +21,7 @@ log = logging.getLogger("gateway.cli")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from gateway import event_loops
     from gateway.app import Gateway, run_until_signalled
     from gateway.config import load_config
     from gateway.ops.logs import setup_logging
@@ -31,7 +32,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                   config.secrets.values())  # fmt: skip
     from gateway.ops.notify import sd_notify
 
-    asyncio.run(run_until_signalled(Gateway(config=config, home=home, notify=sd_notify)))
+    event_loops.run(run_until_signalled(Gateway(config=config, home=home, notify=sd_notify)),
+                    config.runtime.event_loop)  # fmt: skip
     return EXIT_OK
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,7 @@ def test_the_example_config_is_valid_with_its_env_vars(tmp_path: Path) -> None:
             "agent.openai.api_key_env",
             "OPENAI_API_KEY is not set",
         ),
+        ("runtime:\n  event_loop: libuv\n", {}, "runtime.event_loop", "must be one of auto, uvloop"),
         ("- a\n- b\n", {}, "config", "mapping"),
         ("agent: [\n", {}, "", "not valid YAML"),
     ],
@@ -291,3 +293,19 @@ def test_the_gateway_reads_typed_sections_not_dotted_gets() -> None:
                     and ast.unparse(node.func.value).split(".")[-1] == "config"):  # fmt: skip
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+def test_an_event_loop_not_installed_is_refused_by_name_and_auto_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway import event_loops
+
+    assert event_loops.loop_factory("asyncio") is None
+    assert event_loops.loop_factory("auto") is not None  # a dependency here (Linux)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as on a machine without it
+    assert event_loops.loop_factory("auto") is None
+    assert _cfg(tmp_path, "runtime:\n  event_loop: auto\n", {}).runtime.event_loop == "auto"
+    with pytest.raises(ConfigError) as err:
+        _cfg(tmp_path, "runtime:\n  event_loop: uvloop\n", {})
+    assert err.value.key == "runtime.event_loop" and "not installed" in str(err.value)
+    assert err.value.exit_code == 78

@@ -181,3 +181,22 @@ def test_pauses_count_each_collectors_pass_by_generation_until_removed() -> None
     gc.collect()
     assert pauses.passes[2] == 1 and pauses.passes[0] >= 1
     assert pauses.longest_ms >= 0 and pauses.seconds * 1000 >= pauses.longest_ms
+
+
+async def test_the_daemon_runs_on_the_event_loop_its_config_names(tmp_path: Path) -> None:
+    """runtime.event_loop: uvloop by default where installed, asyncio's own loop when asked;
+    /health names the one running, and both answer."""
+    for extra, expected in (("", "uvloop"), ("runtime:\n  event_loop: asyncio\n", "asyncio")):
+        home, port = tmp_path / expected, free_port()
+        proc = _start(home, port, extra)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await wait_healthy(url, proc)
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{url}/v1/messages", json={"chat_id": "c", "text": "hi"}) as r:
+                    assert (await r.json())["reply"] == "echo: hi"
+                async with http.get(f"{url}/health") as r:
+                    assert (await r.json())["event_loop"] == expected
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(proc.wait, 20) == 0
