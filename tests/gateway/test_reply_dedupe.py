@@ -6,7 +6,7 @@ through the real client libraries against the loopback fakes."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -280,27 +280,39 @@ async def test_a_sending_reply_of_a_deduping_platform_is_resent_at_start_up(
                                  guild_ready_timeout_s=0.05, catch_up_messages=0)  # fmt: skip
         return Gateway(config=load_config(cfg, {}), home=tmp_path / "home", adapters=[adapter])
 
+    async def deliver(_gw: Gateway) -> None:
+        await fake.dispatch("MESSAGE_CREATE", fake.message("hi", DM, guild=False))
+        await fake.wait_posted(1)
+
     try:
-        first = gateway()
-        await first.start()
-        try:
-            await fake.dispatch("MESSAGE_CREATE", fake.message("hi", DM, guild=False))
-            await fake.wait_posted(1)
-            await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
-        finally:
-            await first.stop()
-        _outbox(tmp_path, "sending", set_to=True)  # as if the mark never happened
-        second = gateway()
-        await second.start()
-        try:
-            await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
-            assert second.metrics.unsent.total() == 0
-        finally:
-            await second.stop()
+        await _left_sending_then_restarted(tmp_path, gateway, deliver)
     finally:
         await fake.stop()
     assert fake.shown(DM) == ["echo: hi"]
     assert len(fake.deduped()) == 1
+
+
+async def _left_sending_then_restarted(
+    tmp_path: Path, gateway: Callable[[], Gateway], deliver: Callable[[Gateway], Awaitable[None]]
+) -> None:
+    """A first daemon answers one message (`deliver` sends it and waits for the reply) and
+    marks it sent; the mark is undone, as if the daemon died between the send and the mark;
+    a second daemon on the same home sends it again: marked sent, not counted unsent."""
+    first = gateway()
+    await first.start()
+    try:
+        await deliver(first)
+        await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
+    finally:
+        await first.stop()
+    _outbox(tmp_path, "sending", set_to=True)  # as if the mark never happened
+    second = gateway()
+    await second.start()
+    try:
+        await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
+        assert second.metrics.unsent.total() == 0
+    finally:
+        await second.stop()
 
 
 def _outbox(tmp_path: Path, state: str, set_to: bool = False) -> list[int]:
@@ -391,25 +403,14 @@ async def test_a_sending_feishu_reply_is_resent_at_start_up_and_shown_once(
     def gateway() -> Gateway:
         return Gateway(config=load_config(cfg, ENV), home=tmp_path / "home")
 
-    first = gateway()
-    await first.start()
-    try:
-        api = next(a for a in first.adapters if a.platform == "api")
+    async def deliver(gw: Gateway) -> None:
+        api = next(a for a in gw.adapters if a.platform == "api")
         url = f"http://127.0.0.1:{api.bound_port}/feishu/events"  # type: ignore[attr-defined]
         body, headers = feishu_signed(feishu_event("hi"))
         async with aiohttp.ClientSession() as http, http.post(url, data=body, headers=headers) as r:
             assert r.status == 200
         await feishu.wait_sent(1)
-        await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
-    finally:
-        await first.stop()
-    _outbox(tmp_path, "sending", set_to=True)  # as if the mark never happened
-    second = gateway()
-    await second.start()
-    try:
-        await wait_for_count(lambda: _outbox(tmp_path, "sent"), 1, 10, "sent rows")
-        assert second.metrics.unsent.total() == 0
-    finally:
-        await second.stop()
+
+    await _left_sending_then_restarted(tmp_path, gateway, deliver)
     assert [p["markdown"] for p in feishu.sent()] == ["echo: hi"]
     assert len(feishu.deduped()) == 1
