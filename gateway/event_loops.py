@@ -1,9 +1,9 @@
 """Which event loop `switchboard run` runs on (`runtime.event_loop`).
 
-uvloop (libuv under asyncio's interface, by the asyncio maintainers at MagicStack) is the
+uvloop (libuv under asyncio's interface, kept by MagicStack) is the
 default where it is installed: it is a dependency on Linux and macOS, and has no Windows
 build. Measured with `bench/cluster_bench.py`'s load, three rounds alternated with the same
-code on asyncio's loop (README "Why these libraries"): the daemon's CPU per message
+code on asyncio's loop (README "Dependencies, and why"): the daemon's CPU per message
 0.39-0.40 ms against 0.42-0.43 on one PostgreSQL replica and 0.86-0.87 against 0.92-0.96 on
 three, and 3-5% more messages a second. `asyncio` is there for a platform library that
 misbehaves on uvloop. The test suite runs on the daemon's default (SWITCHBOARD_TEST_LOOP=asyncio
@@ -40,9 +40,7 @@ def running() -> str | None:
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
-def run(main: Coroutine[Any, Any, None], choice: str) -> str:
-    """Run `main` to its end on the chosen loop; the name of the loop it ran on."""
-    factory = loop_factory(choice)
-    with asyncio.Runner(loop_factory=factory) as runner:
+def run(main: Coroutine[Any, Any, None], choice: str) -> None:
+    """Run `main` to its end on the loop `choice` names."""
+    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
         runner.run(main)
-    return "asyncio" if factory is None else "uvloop"
