@@ -201,6 +201,8 @@ def _histories(
             if windows is not None and sessions[calls[i][1]] == 1:
                 history = windows.advance(calls[i][1], length, after, message_ids[i], history)
             histories[i] = history
+    if windows is not None:
+        windows.trim()  # only now: every `since` above had its window until its advance
     return histories
 
 

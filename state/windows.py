@@ -84,6 +84,15 @@ class HistoryWindows:
             self._version = version
             self.clear()
 
+    def trim(self) -> None:
+        """Forget the least recently used windows until the rest fit the budget. Called once
+        a batch's windows are all advanced, never between: a batch asks `since` for each of
+        its sessions before it advances any, and evicting one of them in between would leave
+        its advance without the window `since` promised."""
+        while self._used > self._budget:
+            _sid, (_u, _n, _w, freed) = self._entries.popitem(last=False)
+            self._used -= freed
+
     def since(self, session_id: str, length: int) -> int:
         """The newest message id whose window (of `length`) is kept, else 0."""
         got = self._entries.get(session_id)
@@ -93,8 +102,8 @@ class HistoryWindows:
         self, session_id: str, length: int, after: int, upto: int, new: list[Message]
     ) -> list[Message]:
         """The window ending at `upto`: the kept one (ending at `after`; 0: none) followed
-        by `new`, the messages after it, cut to `length`. Kept for the next turn; returned as
-        a copy."""
+        by `new`, the messages after it, cut to `length`. Kept for the next turn (within the
+        budget once `trim` has run); returned as a copy."""
         old = self._entries.pop(session_id, None)
         if old is not None:
             self._used -= old[3]
@@ -112,9 +121,6 @@ class HistoryWindows:
         if size <= self._budget // 4:  # one session never takes most of the budget
             self._entries[session_id] = (upto, length, window, size)
             self._used += size
-            while self._used > self._budget:
-                _sid, (_u, _n, _w, freed) = self._entries.popitem(last=False)
-                self._used -= freed
         self.hits += bool(after)
         self.misses += not after
         return list(map(dict.copy, window))

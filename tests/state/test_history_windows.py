@@ -146,6 +146,7 @@ def test_the_windows_stay_within_their_budget() -> None:
     windows = HistoryWindows(budget=per * 40)
     for n, sid in enumerate("abcde"):
         windows.advance(sid, 10, 0, n + 1, [{"role": "user", "content": "x" * 10}] * 10)
+        windows.trim()  # as the writer does after each batch
     assert len(windows) == 4 and windows.since("a", 10) == 0  # a went first
     assert windows.since("e", 10) == 5 and windows.since("e", 20) == 0  # another length
     got = windows.advance("e", 10, 5, 6, [{"role": "assistant", "content": "y" * 10}])
@@ -153,3 +154,24 @@ def test_the_windows_stay_within_their_budget() -> None:
     huge = windows.advance("f", 100, 0, 7, [{"role": "user", "content": "z" * 10}] * 11)
     assert len(huge) == 11 and windows.since("f", 100) == 0
     assert windows.since("e", 10) == 6
+
+
+def test_a_batch_advances_every_window_it_was_promised_before_any_is_evicted() -> None:
+    """A batch asks `since` for each of its sessions, then advances them one by one. When
+    the first advances outgrow the budget, the windows still to be advanced stay until the
+    batch is done (before, the eviction took one of them and its advance raised: seen in
+    bench/gateway_bench.py with 10,000 chats); `trim` then brings the rest within budget."""
+    from state.windows import PER_MESSAGE, HistoryWindows
+
+    per = PER_MESSAGE + 10
+    windows = HistoryWindows(budget=per * 80)  # 80 messages; one window at most 20
+    for n, sid in enumerate("abcde"):  # 70 messages kept
+        windows.advance(sid, 20, 0, n + 1, [{"role": "user", "content": "x" * 10}] * 14)
+    windows.trim()
+    promised = {sid: windows.since(sid, 20) for sid in "abcde"}
+    assert list(promised.values()) == [1, 2, 3, 4, 5]
+    for sid, after in promised.items():  # 4 more each: over the budget from the third on
+        got = windows.advance(sid, 20, after, after + 10, [{"role": "user", "content": "y" * 10}] * 4)
+        assert len(got) == 18 and got[-1]["content"] == "y" * 10
+    windows.trim()  # 90 messages: the least recently advanced goes
+    assert len(windows) == 4 and windows.since("a", 20) == 0 and windows.since("e", 20) == 15
