@@ -35,6 +35,20 @@ async def running(fake: Any) -> AsyncIterator[Any]:
         await fake.stop()
 
 
+@contextlib.asynccontextmanager
+async def started(adapter: Any) -> AsyncIterator[Any]:
+    """An adapter, started for the block (inbound messages ignored) and stopped after it."""
+
+    async def ignore(_msg: Any) -> None:
+        return None
+
+    await adapter.start(ignore)
+    try:
+        yield adapter
+    finally:
+        await adapter.stop()
+
+
 async def send_standing_still(send: Callable[[], Awaitable[Any]], *, stall: bool) -> bool:
     """Run an adapter's `send()` as a replica's turn does, with SEND_BY LATE_SEND_S ahead;
     with `stall`, the whole process stands still (as under SIGSTOP) once the send has begun

@@ -34,7 +34,7 @@ from gateway.errors import (
 )
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import stalled_then_on_time, wait_for_count
+from tests.fakes import stalled_then_on_time, started, wait_for_count
 from tests.fakes.bluebubbles import (
     ANN,
     DM,
@@ -314,19 +314,13 @@ async def test_a_bluebubbles_reply_that_stood_still_on_its_way_out_stops_before_
     (gateway/turns.py's send_checked). On time, the text is sent once."""
     adapter = BlueBubblesAdapter(fake.base_url, PASSWORD, SECRET, backoff=FAST)
 
-    async def emit(_msg: InboundMessage) -> None:
-        return None
-
     fake.keep_alive = False  # each call connects: the send waits for its connection
-    await adapter.start(emit)
-    try:
+    async with started(adapter):
         reply = OutboundMessage("bluebubbles", DM, "once", reply_to="MSG-1")
         await stalled_then_on_time(
             lambda: adapter.send(reply), lambda: [b["message"] for b in fake.attempts()]
         )
         assert [s["message"] for s in fake.sent()] == ["once"]
-    finally:
-        await adapter.stop()
 
 
 # --- pure translation -----------------------------------------------------------------------

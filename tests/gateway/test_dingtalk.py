@@ -23,7 +23,7 @@ from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
 from tests.daemon import free_port
-from tests.fakes import stalled_then_on_time
+from tests.fakes import stalled_then_on_time, started
 from tests.fakes.dingtalk import BOT_ID, CLIENT_ID, ENV, TOPIC, FakeDingTalk, robot_message
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
@@ -235,12 +235,8 @@ async def test_a_dingtalk_reply_that_stood_still_on_its_way_out_stops_before_it_
     ask its lease first (gateway/turns.py's send_checked). On time, it is sent once."""
     adapter = DingTalkAdapter(CLIENT_ID, fake.client_secret, base_url=fake.base_url, backoff=FAST)
 
-    async def emit(_msg: InboundMessage) -> None:
-        return None
-
     fake.keep_alive = False  # each call connects: the send waits for its connection
-    await adapter.start(emit)
-    try:
+    async with started(adapter):
         await fake.wait_connected(1)
         data = robot_message("hello", fake=fake, msg_id="so1")
         assert (await fake.wait_ack(await fake.push(data)))["code"] == 200  # its webhook known
@@ -252,8 +248,6 @@ async def test_a_dingtalk_reply_that_stood_still_on_its_way_out_stops_before_it_
         sends = [(k, p["text"]) for k, p in fake.calls if k in ("webhook", "group", "dm")]
         assert sends == [("webhook", "once")]
         assert [(k, p["text"]) for k, p in fake.sent()] == sends
-    finally:
-        await adapter.stop()
 
 
 # --- pure ------------------------------------------------------------------------------------

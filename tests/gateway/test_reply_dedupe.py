@@ -22,7 +22,7 @@ from gateway.adapters.slack import SlackAdapter, posted_part, reply_metadata
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import stalled_then_on_time, wait_for_count
+from tests.fakes import stalled_then_on_time, started, wait_for_count
 from tests.fakes.discord import DM, FakeDiscord, restore_discord_globals
 from tests.fakes.feishu import APP_ID, APP_SECRET, ENCRYPT_KEY, ENV, VERIFICATION_TOKEN, FakeFeishu
 from tests.fakes.feishu import message_event as feishu_event
@@ -239,16 +239,10 @@ async def test_a_slack_reply_that_stood_still_on_its_way_out_stops_before_it_is_
     (gateway/turns.py's send_checked). On time, it is posted."""
     adapter, fake = slack_bot
 
-    async def emit(_msg: InboundMessage) -> None:
-        return None
-
     fake.keep_alive = False  # each call connects: the send waits for its connection
-    await adapter.start(emit)
-    try:
+    async with started(adapter):
         await stalled_then_on_time(lambda: adapter.send(_sl("once", "sb-11")),
                                    lambda: fake.shown("D0DM"))  # fmt: skip
-    finally:
-        await adapter.stop()
 
 
 async def test_a_slack_resend_that_cannot_read_the_conversation_still_sends(

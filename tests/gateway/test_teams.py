@@ -20,7 +20,7 @@ from gateway.errors import InvalidToken
 from gateway.handoff import handoff_from_terminal
 from gateway.messages import OutboundMessage
 from tests.daemon import free_port
-from tests.fakes import stalled_then_on_time, wait_for_count
+from tests.fakes import stalled_then_on_time, started, wait_for_count
 from tests.fakes.teams import APP_ID, BOT_ID, PASSWORD, FakeTeams, _rsa
 from tests.gateway.conftest import ScriptedAgent
 
@@ -346,23 +346,15 @@ async def test_a_teams_reply_that_stood_still_on_its_way_out_stops_before_it_is_
     began and before its Connector request left. Once the request has its connection it
     finds its SEND_BY passed and stops unsent (SetOutLate), so the turn can ask its lease
     first (gateway/turns.py's send_checked). On time, it is posted once."""
-    from gateway.messages import InboundMessage
-
     adapter = TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url,
                            token_url=fake.token_url, service_url=fake.service_url)  # fmt: skip
 
-    async def emit(_msg: InboundMessage) -> None:
-        return None
-
     fake.keep_alive = False  # each call connects: the send waits for its connection
-    await adapter.start(emit)  # the bot token is fetched here, before the sends
-    try:
+    async with started(adapter):  # the bot token is fetched here, before the sends
         await stalled_then_on_time(
             lambda: adapter.send(OutboundMessage("teams", "a:1personal", "once")),
             lambda: [p["text"] for p in fake.posted()],
         )
-    finally:
-        await adapter.stop()
 
 
 async def test_an_activity_the_gateway_could_not_store_is_answered_503_and_taken_again(

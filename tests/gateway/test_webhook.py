@@ -27,7 +27,7 @@ from gateway.config import load_config
 from gateway.errors import ConfigError, NotAccepted
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage
-from tests.fakes import stalled_then_on_time
+from tests.fakes import stalled_then_on_time, started
 from tests.fakes.webhook_receiver import SECRET, CallbackReceiver, post_signed, signature
 from tests.gateway.conftest import ScriptedAgent
 
@@ -309,18 +309,12 @@ async def test_a_webhook_reply_that_stood_still_on_its_way_out_stops_before_it_i
 
     adapter = WebhookAdapter([Endpoint("deploy", SECRET, "async", receiver.url)])
 
-    async def emit(_msg: InboundMessage) -> None:
-        return None
-
     receiver.keep_alive = False  # each POST connects: the send waits for its connection
-    await adapter.start(emit)
-    try:
+    async with started(adapter):
         await stalled_then_on_time(
             lambda: adapter.send(OutboundMessage("webhook", "deploy:ann", "once")),
             lambda: [r["text"] for r in receiver.replies()],
         )
-    finally:
-        await adapter.stop()
 
 
 # --- the README's recipe, run as written ----------------------------------------------------

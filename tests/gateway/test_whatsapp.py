@@ -34,7 +34,7 @@ from gateway.errors import (
     TransientError,
 )
 from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import stalled_then_on_time, wait_for_count
+from tests.fakes import stalled_then_on_time, started, wait_for_count
 from tests.fakes.whatsapp import (
     APP_SECRET,
     PHONE_ID,
@@ -289,18 +289,12 @@ async def test_a_whatsapp_reply_that_stood_still_on_its_way_out_stops_before_it_
     fake.keep_alive = False  # each call connects: the send waits for its connection
     adapter = WhatsAppAdapter(PHONE_ID, TOKEN, APP_SECRET, VERIFY, base_url=fake.base_url)
 
-    async def emit(_msg: InboundMessage) -> None:
-        return None
-
-    await adapter.start(emit)
-    try:
+    async with started(adapter):
         await stalled_then_on_time(
             lambda: adapter.send(OutboundMessage("whatsapp", ANN, "once")),
             lambda: [b["text"]["body"] for _m, p, b in fake.calls if p.endswith("/messages")],
         )
         assert [b["text"]["body"] for b in fake.sent()] == ["once"]
-    finally:
-        await adapter.stop()
 
 
 # --- pure translation on recorded payloads ----------------------------------------------
