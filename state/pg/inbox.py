@@ -18,7 +18,7 @@ from psycopg import AsyncConnection
 from ..inbox import ANSWERED, RECEIVED, STARTED, Accept
 from . import db
 from .appends import append_many
-from .messages import conversations
+from .windows import histories
 from .writer import register_batched
 
 # The rows' ids drawn in call order (`n`) and the rows inserted, in one statement: each
@@ -188,18 +188,18 @@ async def turn_writes_many(
     parts = [begun, ended] if set(last_call) & set(final) else [begun + ended]
     for rows in (p for p in parts if p):
         await db.run(conn, _TURN_ROWS, (now, *([r[k] for r in rows] for k in range(7))))
-    histories: dict[int, list[dict[str, Any]]] = {}
+    read: dict[int, list[dict[str, Any]]] = {}
     by_length: dict[int | None, list[int]] = {}
     for i in begins:
         by_length.setdefault(calls[i][1][3], []).append(i)  # type: ignore[arg-type]
     for last, which in by_length.items():
-        got_h = await conversations(
+        got_h = await histories(
             conn, [(calls[i][1][1], message_ids[i]) for i in which], last
         )  # fmt: skip
         for i, history in zip(which, got_h, strict=True):
-            histories[i] = history
+            read[i] = history
     return [
-        (message_ids[i], histories[i]) if kind == BEGIN else stored[i]
+        (message_ids[i], read[i]) if kind == BEGIN else stored[i]
         for i, (kind, _c) in enumerate(calls)
     ]
 

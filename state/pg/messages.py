@@ -249,25 +249,6 @@ async def conversation(
     return [chat_message(r) for r in found]
 
 
-async def conversations(
-    conn: AsyncConnection, ends: list[tuple[str, int]], last: int | None = None
-) -> list[list[dict[str, Any]]]:
-    """`conversation` for many (session, last message id) pairs in one statement: each
-    history ends at its message, whatever was appended after it."""
-    found = await db.rows(
-        conn,
-        "SELECT u.n, m.* FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY AS u(sid, upto, n) "
-        "CROSS JOIN LATERAL (SELECT id, role, content, content_enc, tool_calls, tool_call_id, "
-        "tool_name, reasoning FROM messages WHERE session_id = u.sid AND id <= u.upto "
-        "ORDER BY id DESC LIMIT %s) m ORDER BY u.n, m.id",
-        ([e[0] for e in ends], [e[1] for e in ends], last),
-    )
-    out: list[list[dict[str, Any]]] = [[] for _ in ends]
-    for r in found:
-        out[int(r["n"]) - 1].append(chat_message(r))
-    return out
-
-
 async def count_messages(conn: AsyncConnection, session_id: str | None = None) -> int:
     if session_id:
         return int(
