@@ -8,6 +8,7 @@ figures; asserts nothing.
                                            # else 127.0.0.1:5432 user postgres db postgres
   python bench/cluster_bench.py --only 5   # section 5 only (search on the kept corpus)
   python bench/cluster_bench.py --only 2   # the contended run of section 2 only
+  python bench/cluster_bench.py --only 6   # the long sessions of section 6 only
   python bench/cluster_bench.py --source DIR --only 1   # section 1 with the daemons run
                                            # from another checkout (e.g. `git archive` of
                                            # the commit before), to compare the two
@@ -34,6 +35,9 @@ figures; asserts nothing.
    that moment (its pending keys) is answered by another replica.
 5. Search p50/p95 on 1M messages on PostgreSQL (bench/pg_bench.py's queries and timing;
    the corpus is built once into a schema that is kept, `sb_bench_corpus_<n>`).
+6. Long sessions: 1 replica, 64 clients over 64 chats whose sessions already hold 200
+   messages (the default `history_messages`), so every turn's history is a full window:
+   the rate and CPU per message (`--only 6`: this section alone).
 
 Each run gets a database of its own, dropped at the end; the load generator shares the
 machine's cores with the daemons and the server, as the figures say.
@@ -308,6 +312,39 @@ def analyzer(cluster: Cluster) -> Callable[[], None]:
     return run
 
 
+LONG_CHATS, LONG_HISTORY = 64, 200  # section 6
+
+
+async def long_sessions(root: Path, dsn: str, source: Source, seconds: float) -> None:
+    """Section 6: turns whose history is a full window of LONG_HISTORY messages."""
+    from psycopg import AsyncConnection
+
+    from state.pg.appends import append_many
+
+    print(f"\n6. long sessions: 1 replica, {CLIENTS} clients over {LONG_CHATS} chats whose "
+          f"sessions hold {LONG_HISTORY} messages")  # fmt: skip
+    cluster = await on_cluster(root, dsn, 1, "long", source)
+    try:
+        urls = lambda: [r.url for r in cluster.replicas]  # noqa: E731
+        warm = Load(urls, chats=LONG_CHATS)
+        while warm.done < 2 * LONG_CHATS:  # every chat's session made
+            await warm.closed(1.0)
+        gen = TextGen(5)
+        async with await AsyncConnection.connect(cluster.dsn, autocommit=True) as conn:
+            found = await (await conn.execute(
+                "SELECT id FROM sessions WHERE source = 'api' AND ended_at IS NULL")).fetchall()  # fmt: skip
+            roles = [("user", "assistant")[m % 2] for m in range(LONG_HISTORY)]
+            async with conn.transaction():  # as if each conversation had gone on that long
+                await append_many(conn, [
+                    (r[0], [{"role": role, "content": gen.english(role)} for role in roles], None, None)
+                    for r in found
+                ])  # fmt: skip
+        f = await throughput(urls, meter_of(cluster), seconds, analyzer(cluster), chats=LONG_CHATS)
+        show("1 replica, PostgreSQL", f)
+    finally:
+        await cluster.close()
+
+
 SHARED_CHATS = 16  # the contended run: 64 clients over 16 chats, four at once in each
 
 
@@ -431,8 +468,8 @@ async def main() -> None:
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--source", help="run the daemons from this checkout (PYTHONPATH)")
-    ap.add_argument("--only", type=int, choices=(1, 2, 5),
-                    help="1 or 5: that section only; 2: its contended run only")  # fmt: skip
+    ap.add_argument("--only", type=int, choices=(1, 2, 5, 6),
+                    help="1, 5 or 6: that section only; 2: its contended run only")  # fmt: skip
     ap.add_argument("--hop", action="store_true",
                     help="each chat's next message to the next replica (sections 1-3)")  # fmt: skip
     args = ap.parse_args()
@@ -449,6 +486,10 @@ async def main() -> None:
     if args.only == 2:
         with tempfile.TemporaryDirectory() as tmp:
             await contended(Path(tmp), args.dsn, source, seconds, args.hop)
+        return
+    if args.only == 6:
+        with tempfile.TemporaryDirectory() as tmp:
+            await long_sessions(Path(tmp), args.dsn, source, seconds)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -503,6 +544,7 @@ async def main() -> None:
         print(
             f"  median {statistics.median(took):.2f} s, max {max(took):.2f} s over {len(took)} kills"
         )
+        await long_sessions(root, args.dsn, source, seconds)
     if not args.skip_search:
         await search_section(args.dsn, corpus)
 

@@ -10,7 +10,7 @@ message once. Every write here also has a many-calls form for the writer's fast 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -129,25 +129,28 @@ async def begin_turns_many(
 
 async def turn_writes_many(
     conn: AsyncConnection, calls: Sequence[tuple[str, Begin | End]],
-    runners: Sequence[int | None] | None = None,
+    runners: Sequence[int | None] | None = None, inserted: Collection[int] = (),
 ) -> list[Any]:  # fmt: skip
     """Turns' first and last writes (`begin_turn`'s and `end_turn`'s calls, tagged BEGIN
     or END) in call order, their messages in one append: a batch pays the statements of
     an append (and of replicas' fence check) once for both kinds. A begin returns (its
-    message's id, the history), an end its messages' ids; `runners` as begin_turns_many."""
+    message's id, the history), an end its messages' ids; `runners` as begin_turns_many.
+    `inserted`: inbox rows this transaction inserted (an accept's), which no other can
+    have begun or even seen: not read back."""
     now = time.time()
     begins = [i for i, (kind, _c) in enumerate(calls) if kind == BEGIN]
     # Locked in id order: a second daemon beginning the same row waits, then reads the
     # message id this one stored.
     known: dict[int, tuple[str | None, int | None]] = {}
-    if begins:
+    earlier = sorted({calls[i][1][0] for i in begins} - set(inserted))
+    if earlier:
         known = {
             int(r[0]): (r[1], r[2])
             for r in await db.tuples(
                 conn,
                 "SELECT id, session_id, message_id FROM inbox WHERE id = ANY(%s) ORDER BY id "
                 "FOR UPDATE",
-                (sorted({calls[i][1][0] for i in begins}),),
+                (earlier,),
             )
         }
     message_ids: dict[int, int] = {}
@@ -224,8 +227,9 @@ async def accept_begins_many(
 ) -> list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]]:
     taken = await accept_many(conn, [c[:5] for c in calls])
     fresh = [i for i, (_id, _state, new) in enumerate(taken) if new]
-    begun = await begin_turns_many(
-        conn, [(taken[i][0], calls[i][5], calls[i][6], calls[i][7]) for i in fresh]
+    begun = await turn_writes_many(
+        conn, [(BEGIN, (taken[i][0], calls[i][5], calls[i][6], calls[i][7])) for i in fresh],
+        inserted=[taken[i][0] for i in fresh],
     ) if fresh else []  # fmt: skip
     out: list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]] = [
         (rid, state, new, None) for rid, state, new in taken
