@@ -189,15 +189,20 @@ async def turn_writes_many(
     ended = [(rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()]
     # one statement for both kinds; a row begun and ended in one batch: begun first
     parts = [begun, ended] if set(last_call) & set(final) else [begun + ended]
-    for rows in (p for p in parts if p):
-        await db.run(conn, _TURN_ROWS, (now, *([r[k] for r in rows] for k in range(7))))
+    updates = [(_TURN_ROWS, (now, *([r[k] for r in rows] for k in range(7))))
+               for rows in parts if rows]  # fmt: skip
+    # with history reads to come, the last update rides with the first: one round trip less
+    rides = updates.pop() if begins and updates else None
+    for sql, params in updates:
+        await db.run(conn, sql, params)
     read: dict[int, list[dict[str, Any]]] = {}
     by_length: dict[int | None, list[int]] = {}
     for i in begins:
         by_length.setdefault(calls[i][1][3], []).append(i)  # type: ignore[arg-type]
-    for last, which in by_length.items():
+    for n, (last, which) in enumerate(by_length.items()):
         got_h = await histories(
-            conn, [(calls[i][1][1], message_ids[i]) for i in which], last
+            conn, [(calls[i][1][1], message_ids[i]) for i in which], last,
+            before=rides if n == 0 else None,
         )  # fmt: skip
         for i, history in zip(which, got_h, strict=True):
             read[i] = history

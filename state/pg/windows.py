@@ -76,13 +76,21 @@ def forget_windows(conn: AsyncConnection | None) -> None:
 Read = tuple[int | None, int, list[dict[str, Any]]]  # message count, later messages, window
 
 
+# A write the caller would send on its own just before the read (sql, params): sent as a
+# data-modifying CTE of the read's statement instead, so the two cost one round trip. It
+# must not change what the read reads (the read's snapshot does not see it).
+Before = tuple[str, tuple[Any, ...]]
+
+
 async def _read(
-    conn: AsyncConnection, ranges: Sequence[tuple[str, int, int]], last: int | None
-) -> list[Read]:
-    found = await db.rows(
-        conn, _READ,
-        ([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], last),
-    )  # fmt: skip
+    conn: AsyncConnection, ranges: Sequence[tuple[str, int, int]], last: int | None,
+    before: Before | None = None,
+) -> list[Read]:  # fmt: skip
+    params = ([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], last)
+    if before is None:
+        found = await db.rows(conn, _READ, params)
+    else:
+        found = await db.rows(conn, f"WITH w AS ({before[0]}) {_READ}", (*before[1], *params))
     out: list[Read] = [(None, 0, []) for _ in ranges]
     for r in found:
         i = int(r["n"]) - 1
@@ -94,14 +102,17 @@ async def _read(
 
 
 async def histories(
-    conn: AsyncConnection, ends: Sequence[tuple[str, int]], last: int | None
+    conn: AsyncConnection, ends: Sequence[tuple[str, int]], last: int | None,
+    before: Before | None = None,
 ) -> list[list[dict[str, Any]]]:
     """For each (session, message id): the newest `last` messages up to that message, in
-    chat format (`conversations`), read whole or only after the window kept for the
-    session (a session twice in `ends` is read whole: one window cannot serve both)."""
+    chat format, read whole or only after the window kept for the session (a session
+    twice in `ends` is read whole: one window cannot serve both). `before`: a write sent
+    in the read's statement (see Before)."""
     windows = windows_of(conn)
     if windows is None:
-        return [h for _c, _l, h in await _read(conn, [(s, m, 0) for s, m in ends], last)]
+        got = await _read(conn, [(s, m, 0) for s, m in ends], last, before)
+        return [h for _c, _l, h in got]
     length = -1 if last is None else last
     twice = Counter(s for s, _m in ends)
     afters = [
@@ -109,7 +120,9 @@ async def histories(
     ]  # fmt: skip
     # a window kept past the message (a turn run again) cannot serve it either
     afters = [a if a < mid else 0 for (_s, mid), a in zip(ends, afters, strict=True)]
-    got = await _read(conn, [(s, m, a) for (s, m), a in zip(ends, afters, strict=True)], last)
+    got = await _read(
+        conn, [(s, m, a) for (s, m), a in zip(ends, afters, strict=True)], last, before
+    )  # fmt: skip
     # the windows that no longer hold: those sessions read whole
     stale = [
         i for i, (after, (count, later, new)) in enumerate(zip(afters, got, strict=True))
