@@ -422,6 +422,39 @@ async def test_a_stale_fence_fails_only_its_own_write_in_a_batch(replica) -> Non
     assert [await store.message_count(sids[k]) for k in ("k1", "k2", "k3")] == [1, 0, 1]
 
 
+async def test_turn_ends_that_free_their_leases_are_fenced_by_the_release(replica) -> None:
+    """A batch whose fenced writes all free their leases (the HTTP API's turn ends) checks
+    the fences by the release itself: a stale one fails its own write, frees nothing and
+    leaves the key with its holder; the others are written and their keys free."""
+    store, a = await replica("a")
+    sids, rows = {}, {}
+    for key in ("k1", "k2", "k3"):
+        sids[key] = await store.create_session(source="api", session_key=key)
+        rows[key], _, _ = await store.accept_inbound(
+            "api", key, "m", {"text": key}, session_key=key, replica=a.me
+        )
+    async with a.lease("k1") as l1, a.lease("k2") as l2, a.lease("k3") as l3:
+        assert l1 is not None and l2 is not None and l3 is not None
+        leases = {"k1": l1, "k2": l2, "k3": l3}
+        fences = {"k1": l1.fence, "k2": Fence("k2", a.me, l2.fence.epoch - 1), "k3": l3.fence}
+        backs = {k: a.hand_back(leases[k]) for k in leases}
+        got = await asyncio.gather(
+            *(store.end_turn(rows[k], sids[k], [{"role": "assistant", "content": k}],
+                             fence=fences[k], release=backs[k].plan())
+              for k in ("k1", "k2", "k3")),
+            return_exceptions=True,
+        )  # fmt: skip
+        assert isinstance(got[1], LeaseLost)
+        assert not isinstance(got[0], BaseException) and not isinstance(got[2], BaseException)
+        for k in ("k1", "k3"):
+            backs[k].done()
+        with psycopg.connect(store._dsn, autocommit=True) as conn:
+            owners = dict(conn.execute("SELECT session_key, lease_owner FROM session_routes"))
+        assert owners == {"k1": None, "k2": a.me, "k3": None}
+    assert [await store.message_count(sids[k]) for k in ("k1", "k2", "k3")] == [1, 0, 1]
+    assert (await store.inbox_counts()) == {"answered": 2, "received": 1}
+
+
 async def test_a_dead_runners_reply_is_sent_again_under_its_keys_lease(replica, server: str) -> None:
     """The takeover scan sends a dead runner's unconfirmed reply while holding the reply's
     key, so no other replica's turn of that chat can send its own reply in between (a
