@@ -35,8 +35,17 @@ TRANSLATION_CACHE = 20_000  # characters a PerChar table remembers
 
 
 def is_cjk(ch: str) -> bool:
+    """A CJK letter or digit: one token of its own in the segmented index. The ranges also
+    hold symbols (the radicals, U+2E80-2FDF, are `So`: indexed as symbols) and punctuation
+    and marks (`・`, `゛`, `゠`): separators, as unicode61 treats them everywhere. Taken as
+    tokens, they were dropped from the index yet kept in the query, so a search for one
+    found nothing (Hypothesis found `⺀`)."""
     cp = ord(ch)
-    return cp >= 0x1100 and bisect_right(_CJK_BOUNDS, cp) % 2 == 1
+    return (
+        cp >= 0x1100
+        and bisect_right(_CJK_BOUNDS, cp) % 2 == 1
+        and unicodedata.category(ch)[0] in "LN"
+    )
 
 
 class PerChar(dict[int, str]):

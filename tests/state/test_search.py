@@ -219,6 +219,23 @@ async def test_index_stays_in_sync_through_clear_delete_prune_and_updates(store:
         await store.optimize_search_index()
 
 
+async def test_symbols_and_punctuation_inside_the_cjk_ranges(store: Store) -> None:
+    """The CJK ranges hold symbols (the radicals: `⺀`, `⼀`) and punctuation (`・`, `゛`):
+    a radical is found like an emoji, punctuation alone is refused with a reason, and
+    inside a phrase it must be there literally (found by Hypothesis: `⺀` was stored,
+    searched and not found)."""
+    sid = await store.create_session(source="api")
+    await store.append_message(sid, "user", "start ⺀ end")
+    await store.append_message(sid, "user", "部首 ⼀ and 100・完成")
+    assert len(await store.search_messages("⺀")) == 1
+    assert len(await store.search_messages("⼀")) == 1
+    assert len(await store.search_messages("100・完成")) == 1
+    assert await store.search_messages("100゛完成") == []
+    for refused in ("・", "゛", "゠"):
+        with pytest.raises(QueryError, match="nothing to search for"):
+            await store.search_messages(refused)
+
+
 async def test_a_ten_kilobyte_query_runs(store: Store) -> None:
     sid = await store.create_session(source="api")
     text = " ".join(f"word{i}" for i in range(1500))

@@ -24,7 +24,9 @@ def _segment_by_hand(text: str) -> str:
     out = []
     for ch in text:
         cp = ord(ch)
-        if any(lo <= cp <= hi for lo, hi in textindex._CJK_RANGES):
+        if any(lo <= cp <= hi for lo, hi in textindex._CJK_RANGES) and (
+            unicodedata.category(ch)[0] in "LN"
+        ):
             out.append(f" {ch} ")
         elif cp > 0x7F and unicodedata.category(ch) == "So":
             out.append(f" sym{cp:x} ")
@@ -36,9 +38,13 @@ def _segment_by_hand(text: str) -> str:
 
 
 def test_cjk_ranges_are_the_listed_ones_for_every_code_point() -> None:
+    """The listed ranges' letters and digits; their symbols and punctuation are not."""
     for cp in range(0x110000):
-        want = any(lo <= cp <= hi for lo, hi in textindex._CJK_RANGES)
+        want = any(lo <= cp <= hi for lo, hi in textindex._CJK_RANGES) and (
+            unicodedata.category(chr(cp))[0] in "LN"
+        )
         assert textindex.is_cjk(chr(cp)) == want, hex(cp)
+    assert not textindex.is_cjk("⺀") and textindex.is_symbol("⺀")  # a radical: So
 
 
 @settings(max_examples=400, deadline=None)
