@@ -398,16 +398,22 @@ async def test_a_row_left_open_before_replicas_is_run_by_the_takeover(replica) -
     assert (await router.services.db.inbox_counts()) == {"answered": 1}
 
 
-async def test_a_stale_fence_fails_only_its_own_write_in_a_batch(replica) -> None:
-    """Fenced writes are batched by the writer; one stale fence among them fails its own
-    caller only (the batch is redone one write at a time)."""
-    store, a = await replica("a")
+async def _three_accepted(store: PgStore, a: PgCoordinator) -> tuple[dict[str, str], dict[str, int]]:
+    """Keys k1-k3, each with a session and a row accepted by `a`: (sessions, inbox ids)."""
     sids, rows = {}, {}
     for key in ("k1", "k2", "k3"):
         sids[key] = await store.create_session(source="api", session_key=key)
         rows[key], _, _ = await store.accept_inbound(
             "api", key, "m", {"text": key}, session_key=key, replica=a.me
         )
+    return sids, rows
+
+
+async def test_a_stale_fence_fails_only_its_own_write_in_a_batch(replica) -> None:
+    """Fenced writes are batched by the writer; one stale fence among them fails its own
+    caller only (the batch is redone one write at a time)."""
+    store, a = await replica("a")
+    sids, rows = await _three_accepted(store, a)
     async with a.lease("k1") as l1, a.lease("k2") as l2, a.lease("k3") as l3:
         assert l1 is not None and l2 is not None and l3 is not None
         stale = Fence("k2", a.me, l2.fence.epoch - 1)
@@ -427,12 +433,7 @@ async def test_turn_ends_that_free_their_leases_are_fenced_by_the_release(replic
     the fences by the release itself: a stale one fails its own write, frees nothing and
     leaves the key with its holder; the others are written and their keys free."""
     store, a = await replica("a")
-    sids, rows = {}, {}
-    for key in ("k1", "k2", "k3"):
-        sids[key] = await store.create_session(source="api", session_key=key)
-        rows[key], _, _ = await store.accept_inbound(
-            "api", key, "m", {"text": key}, session_key=key, replica=a.me
-        )
+    sids, rows = await _three_accepted(store, a)
     async with a.lease("k1") as l1, a.lease("k2") as l2, a.lease("k3") as l3:
         assert l1 is not None and l2 is not None and l3 is not None
         leases = {"k1": l1, "k2": l2, "k3": l3}
