@@ -193,15 +193,15 @@ async def turns_many(
     the check). (The accepts' takes only meet keys no fence here holds: a replica
     takes a key in an accept only while no work of its own holds it.)"""
     frees = [(c[0], *c[3]) for c in fenced if c[3] is not None]
-    if fenced and len(frees) == len(fenced):
-        # every fenced write frees its lease (the HTTP API's turns): the release is the
-        # fence check, done first (its row locks hold to the commit as FOR SHARE's would):
-        # one statement less. A lease lost fails the batch, as the check would.
+    # every fenced write frees its lease (the HTTP API's turns): the release is the fence
+    # check, done first (its row locks hold to the commit as FOR SHARE's would): one
+    # statement less. A lease lost fails the batch, as the check would.
+    free_first = bool(fenced) and len(frees) == len(fenced)
+    if free_first:
         freed = await release_leases_many(conn, frees)
         lost = next((c[0] for c, ok in zip(fenced, freed, strict=True) if not ok), None)
         if lost is not None:
             raise LeaseLost(lost.session_key, lost.epoch)
-        frees = []
     elif fenced:
         await check_fences(conn, [c[0] for c in fenced])
     accepted = await inbox.accept_many(conn, [c[:7] for c in accepts]) if accepts else []
@@ -224,7 +224,7 @@ async def turns_many(
         conn, writes, runners=runners, inserted=[b[0] for _i, b in begins]
     ) if writes else []  # fmt: skip
     begun = {i: g for (i, _b), g in zip(begins, got[len(fenced):], strict=True)}
-    if frees:  # the fences hold (checked above, rows locked): every one is freed
+    if frees and not free_first:  # the fences hold (checked above, rows locked): all freed
         await release_leases_many(conn, frees)
     done = [(*a, route_of.get(i), begun.get(i)) for i, a in enumerate(accepted)]
     return done, got[: len(fenced)]
