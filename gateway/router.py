@@ -208,6 +208,13 @@ class Router:
                 release()
                 self._after_accept(msg, seen_key, inbox_id, state, new)
                 return
+        k = key.format()
+        if self._shared is None:
+            # While this message commits, no later message of the key may take the fast
+            # path past it: the key's lock may come free meanwhile (its turn ends, recovery
+            # stops holding), and a fast path would take it first. `_run` counts the turn
+            # itself before this count goes.
+            self._pending[k] = self._pending.get(k, 0) + 1
         try:
             if self._shared is None:
                 inbox_id, state, new = await s.db.accept_inbound(
@@ -230,9 +237,19 @@ class Router:
                     faults.point("after_inbox_commit")
                     self._run(msg, inbox_id, stored=stored)
                     return
+            self._after_accept(msg, seen_key, inbox_id, state, new)
         except StateError as exc:
             self._refuse(msg, exc)
-        self._after_accept(msg, seen_key, inbox_id, state, new)
+        finally:
+            if self._shared is None:
+                self._unpend(k)
+
+    def _unpend(self, k: str) -> None:
+        left = self._pending[k] - 1
+        if left:
+            self._pending[k] = left
+        else:
+            del self._pending[k]
 
     def _idle_entry(
         self, msg: InboundMessage, key: SessionKey
@@ -495,11 +512,7 @@ class Router:
             else:
                 key = self.key_for(msg)
                 k = key.format()
-                left = self._pending[k] - 1  # no await from here into the lock's queue
-                if left:
-                    self._pending[k] = left
-                else:
-                    del self._pending[k]
+                self._unpend(k)  # no await from here into the lock's queue
                 async with s.coordinator.session_lock(k):
                     try:
                         await self._process_locked(msg, key, started, turn)

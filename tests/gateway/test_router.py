@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -287,6 +288,38 @@ async def test_after_a_crash_a_chats_replies_keep_its_order_through_recovery(
         await after.drain(5)
         await index.close()
         await db.close()
+
+
+async def test_a_message_still_committing_is_not_overtaken_when_its_keys_lock_comes_free(
+    rig: RouterRig,
+) -> None:
+    """A message committing to the inbox while the key was busy (here: start-up recovery
+    held turns) is not overtaken by a later message of the key that arrives once the key
+    is free, before that commit returns: the later one may not take the idle key's fast
+    path past it. (Seen in test_fault_chains: Slack resends taken during the hold were
+    answered after the first new message.) The database is locked from outside so the
+    earlier commit is still waiting when the later message comes."""
+    await rig.router.handle(dm("hello", mid="1"))  # the key has a session: a fast path
+    await rig.outbox.wait(1)
+    await rig.router.hold_until_recovered()
+    outside = sqlite3.connect(rig.db.path, isolation_level=None)
+    try:
+        outside.execute("BEGIN IMMEDIATE")  # the writer waits on it (its busy timeout)
+        second = asyncio.create_task(rig.router.handle(dm("second", mid="2")))
+        await asyncio.sleep(0.05)  # its commit is with the writer
+        assert not second.done()
+        await rig.router.recover(3600)  # nothing to recover: the hold ends
+        third = asyncio.create_task(rig.router.handle(dm("third", mid="3")))
+        await asyncio.sleep(0.05)
+        outside.execute("ROLLBACK")
+    finally:
+        outside.close()
+    await asyncio.gather(second, third)
+    sent = await rig.outbox.wait(3)
+    assert [m.text for m in sent] == ["echo: hello", "echo: second", "echo: third"]
+    session = sent[0].session_id
+    stored = [m["content"] for m in await rig.db.get_messages(session)]
+    assert stored == ["hello", "echo: hello", "second", "echo: second", "third", "echo: third"]
 
 
 async def test_recovery_runs_a_turn_already_begun_before_an_older_row_of_its_key(
