@@ -94,6 +94,9 @@ class ClusterSettings:
         1, in_range(1, 1000), "how many replicas share the store (more than one: postgres)"
     )
     replica_id: str | None = setting(None, _replica_id, "this replica's name (host-pid)")
+    commit_linger_ms: int | float = setting(
+        2, in_range(0, 50), "while other replicas are live: how long each commit waits to fill"
+    )
 
 
 @dataclass(frozen=True)

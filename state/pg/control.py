@@ -72,6 +72,7 @@ class ControlLink:
         self.incarnation = 0
         self.space = 0
         self.leading = False
+        self.live = 1  # replicas whose control lock is held, this one included (per slice)
         self._conn: AsyncConnection | None = None
 
     async def open(self) -> None:
@@ -131,6 +132,10 @@ class ControlLink:
                     ))  # fmt: skip
                     if self.leading:
                         log.info("replica %s leads (resets, pruning)", self.name)
+                self.live = int(await db.value(  # (the leader lock is incarnation 0)
+                    conn, f"SELECT count(*) FROM ({cluster.LIVE}) l (n) WHERE n <> {cluster.LEADER}",
+                    {"space": self.space},
+                ))  # fmt: skip
                 async for note in conn.notifies(timeout=slice_s):
                     kind, _, ref = note.payload.partition(":")
                     on_wakeup(Wakeup(kind, ref))

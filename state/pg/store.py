@@ -143,6 +143,10 @@ class PgStore:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def linger(self, seconds: float) -> None:
+        """How long each commit waits, after its first operation, for more to join it."""
+        self._writer.linger_s = seconds
+
     def write_stats(self) -> WriteStats:
         st = self._writer.stats
         return WriteStats(

@@ -119,6 +119,9 @@ class PgWriter:
         self._conn: AsyncConnection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        # seconds each batch waits, after the first operation, for more to join it (0:
+        # one pass of the event loop only); the gateway sets it while other replicas live
+        self.linger_s = 0.0
 
     @property
     def queue_depth(self) -> int:
@@ -155,7 +158,10 @@ class PgWriter:
             # one more pass of the event loop before the batch is closed: the tasks and
             # requests ready now add their operations to this commit (a batch costs about
             # the same few statements per kind of operation whatever its size)
-            await asyncio.sleep(0)
+            if self.linger_s > 0:  # several replicas: fewer, fuller commits (see linger_for)
+                await asyncio.sleep(self.linger_s)
+            else:
+                await asyncio.sleep(0)
             batch: list[_Item] = [first]
             stop = False
             while len(batch) < self.config.max_batch:

@@ -200,6 +200,31 @@ async def test_the_leader_moves_when_it_dies(replicas: MakeReplicas, db: str) ->
         print(f"\nleadership moved {time.monotonic() - started:.2f}s after the leader died")
 
 
+async def test_commits_linger_only_while_another_replica_is_live(
+    replicas: MakeReplicas, db: str
+) -> None:
+    """cluster.commit_linger_ms (default 2) applies while other replicas share the database:
+    both of two replicas say so in /health; once one is gone, the other stops waiting."""
+
+    async def pacing(r: Replica, http: aiohttp.ClientSession) -> tuple[int, float]:
+        found = (await r.health(http))["replica"]
+        return found["live_replicas"], found["commit_linger_ms"]
+
+    group = await replicas(2)
+    async with aiohttp.ClientSession() as http:
+        async with asyncio.timeout(30):
+            while [await pacing(r, http) for r in group] != [(2, 2)] * 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        lingering = await api_message(http, group[0], "c1", "lingering", "m1")
+        await group[0].kill()
+        async with asyncio.timeout(30):
+            while await pacing(group[1], http) != (1, 0):  # noqa: ASYNC110 (asks /health)
+                await asyncio.sleep(0.1)
+        alone = await api_message(http, group[1], "c1", "alone", "m2")
+    assert [lingering[1]["reply"], alone[1]["reply"]] == ["echo: lingering", "echo: alone"]
+    assert stored_user_texts(db, "agent:main:api:dm:c1") == ["lingering", "alone"]
+
+
 @pytest.mark.parametrize(
     ("config", "key"),
     [

@@ -258,3 +258,26 @@ async def test_placed_operations_run_first_or_last_merged_and_answer_their_own_c
     assert pg.write_stats().batches - before.batches == 1  # one batch, as queued together
     assert got == ["Pp1", "Ll1", "Ff1", "Pp2", "Ff2", "Ll2"]
     assert _RAN == ["first f1,f2", "plain p1,p2", "last l1,l2"]
+
+
+async def test_a_lingering_commit_takes_what_comes_while_it_waits(pg: PgStore) -> None:
+    """`linger` (set while other replicas are live): a batch waits after its first
+    operation, so one queued a moment later shares its commit; without it, the first
+    commits on its own. (The gap, 50 ms, is far inside the 2 s linger.)"""
+    sid = await pg.create_session(source="api")
+
+    async def two_apart() -> tuple[int, int]:
+        before = pg.write_stats()
+        first = asyncio.create_task(pg.append_message(sid, "user", "first"))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(pg.append_message(sid, "user", "second"))
+        await asyncio.gather(first, second)
+        after = pg.write_stats()
+        return after.batches - before.batches, after.last_batch_size
+
+    assert await two_apart() == (2, 1)
+    pg.linger(2.0)
+    assert await two_apart() == (1, 2)
+    pg.linger(0.0)
+    assert await two_apart() == (2, 1)
+    assert [m["content"] for m in await pg.get_messages(sid)] == ["first", "second"] * 3
