@@ -1,7 +1,8 @@
 """The PostgreSQL group-commit writer: one asyncio task, one connection, a bounded queue.
 
 Callers submit `async fn(conn, *args)` operations; the task lets the event loop run once
-more (what is ready then joins the batch), takes everything queued (up to `max_batch`),
+more (what is ready then joins the batch; with `linger_s` set, which the gateway does while
+other replicas are live, it waits that long instead), takes everything queued (up to `max_batch`),
 runs it in one transaction with a savepoint per operation, commits once and
 resolves each caller's future, so an operation that raises fails only its own caller. A
 deadlock or serialization failure redoes the whole (uncommitted) batch; a lost connection
