@@ -9,6 +9,7 @@ figures; asserts nothing.
   python bench/cluster_bench.py --only 5   # section 5 only (search on the kept corpus)
   python bench/cluster_bench.py --only 2   # the contended run of section 2 only
   python bench/cluster_bench.py --only 6   # the long sessions of section 6 only
+  python bench/cluster_bench.py --only 7 --rounds 3   # section 7: the commit linger A/B
   python bench/cluster_bench.py --source DIR --only 1   # section 1 with the daemons run
                                            # from another checkout (e.g. `git archive` of
                                            # the commit before), to compare the two
@@ -38,6 +39,9 @@ figures; asserts nothing.
 6. Long sessions: 1 replica, 64 clients over 64 chats whose sessions already hold 200
    messages (the default `history_messages`), so every turn's history is a full window:
    the rate and CPU per message (`--only 6`: this section alone).
+7. The commit linger of replicas (`--only 7`, `--rounds N`): 1 replica, 3 replicas with
+   `cluster.commit_linger_ms: 0` and 3 with the default, alternated; rate, CPU per
+   message and the turn p50/p99 at 800 msg/s of each.
 
 Each run gets a database of its own, dropped at the end; the load generator shares the
 machine's cores with the daemons and the server, as the figures say.
@@ -345,6 +349,40 @@ async def long_sessions(root: Path, dsn: str, source: Source, seconds: float) ->
         await cluster.close()
 
 
+async def linger_rounds(root: Path, dsn: str, source: Source, seconds: float,
+                        rounds: int) -> None:  # fmt: skip
+    """Section 7: 1 replica, 3 replicas whose commits do not wait (`commit_linger_ms: 0`)
+    and 3 replicas with the default wait, alternated `rounds` times (this machine's rate
+    drifts between runs more than the difference): each a closed-loop window, then 800
+    msg/s offered."""
+    print(f"\n7. the commit linger of replicas, {rounds} alternated rounds ({seconds:g} s "
+          "closed loop, then 800 msg/s offered)")  # fmt: skip
+    variants = ((1, None), (3, 0), (3, None))  # (replicas, commit_linger_ms; None: default)
+    for r in range(rounds):
+        one = 0.0
+        for i, (n, linger) in enumerate(variants):
+            extra: dict[str, object] = {"logging": {"level": "warning"}}
+            if linger is not None:
+                extra["cluster"] = {"commit_linger_ms": linger}
+            cluster = Cluster(root / f"l{r}-{i}", dsn, n, Platforms(), extra,
+                              cluster_keys=source.cluster_keys)  # fmt: skip
+            for replica in cluster.replicas:
+                replica.python = source.python
+            await cluster.start()
+            try:
+                urls = lambda c=cluster: [x.url for x in c.replicas]  # type: ignore[misc]  # noqa: E731
+                f = await throughput(urls, meter_of(cluster), seconds, analyzer(cluster))
+                await drained(cluster)
+                lat = await Load(urls).open(800.0, seconds)
+            finally:
+                await cluster.close()
+            one = f["rate"] if n == 1 else one
+            label = f"{n} replica(s), " + ("default wait" if linger is None else f"{linger} ms")
+            show(label, f)
+            print(f"  {'':<22} {f['rate'] / one:.2f}x of 1; at 800 msg/s p50 "
+                  f"{pct(lat, 0.5):.0f} ms, p99 {pct(lat, 0.99):.0f} ms" if lat else "  -")  # fmt: skip
+
+
 SHARED_CHATS = 16  # the contended run: 64 clients over 16 chats, four at once in each
 
 
@@ -468,8 +506,9 @@ async def main() -> None:
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--source", help="run the daemons from this checkout (PYTHONPATH)")
-    ap.add_argument("--only", type=int, choices=(1, 2, 5, 6),
-                    help="1, 5 or 6: that section only; 2: its contended run only")  # fmt: skip
+    ap.add_argument("--only", type=int, choices=(1, 2, 5, 6, 7),
+                    help="1, 5, 6 or 7: that section only; 2: its contended run only")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=3, help="section 7's alternated rounds")
     ap.add_argument("--hop", action="store_true",
                     help="each chat's next message to the next replica (sections 1-3)")  # fmt: skip
     args = ap.parse_args()
@@ -490,6 +529,10 @@ async def main() -> None:
     if args.only == 6:
         with tempfile.TemporaryDirectory() as tmp:
             await long_sessions(Path(tmp), args.dsn, source, seconds)
+        return
+    if args.only == 7:
+        with tempfile.TemporaryDirectory() as tmp:
+            await linger_rounds(Path(tmp), args.dsn, source, min(seconds, 8.0), args.rounds)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
