@@ -228,7 +228,7 @@ class Router:
                     plan = (user_message(msg, key), s.settings.history_messages,
                             self._begins_in)  # fmt: skip
                 inbox_id, state, new, stored = await self._shared.accept(
-                    key.format(), src.platform, src.chat_id, msg.platform_message_id,
+                    k, src.platform, src.chat_id, msg.platform_message_id,
                     msg.as_payload(), lease=self._held is None, begin=plan,
                 )  # fmt: skip
                 if stored is not None:  # new, taken and begun: the turn goes on from there

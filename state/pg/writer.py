@@ -156,13 +156,11 @@ class PgWriter:
             first = await self._queue.get()
             if first is _STOP:
                 return
-            # one more pass of the event loop before the batch is closed: the tasks and
-            # requests ready now add their operations to this commit (a batch costs about
+            # one more pass of the event loop before the batch is closed (or `linger_s`,
+            # while other replicas are live: gateway.app's _pace_commits): the tasks and
+            # requests ready then add their operations to this commit (a batch costs about
             # the same few statements per kind of operation whatever its size)
-            if self.linger_s > 0:  # several replicas: fewer, fuller commits (see linger_for)
-                await asyncio.sleep(self.linger_s)
-            else:
-                await asyncio.sleep(0)
+            await asyncio.sleep(self.linger_s)
             batch: list[_Item] = [first]
             stop = False
             while len(batch) < self.config.max_batch:
