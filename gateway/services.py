@@ -20,7 +20,7 @@ from gateway.agent.base import Agent
 from gateway.coordinator import Coordinator, LocalCoordinator
 from gateway.deadlines import Deadlines
 from gateway.index import RouteIndex
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, SetOutLate
+from gateway.messages import InboundMessage, OutboundMessage, SentRef, SetOutLate, set_out_late
 from gateway.ops.metrics import Metrics
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
@@ -135,6 +135,8 @@ class Replier:
         except SetOutLate:
             raise  # nothing left: the turn asks its lease first (gateway/turns.py)
         except Exception as exc:
+            if set_out_late(exc) is not None:  # wrapped by a client library: the same
+                raise SetOutLate() from exc
             self.metrics.last_error = f"send: {type(exc).__name__}: {exc}"
             self.metrics.errors.inc(kind="send")
             log.error("sending to %s chat %s failed: %s", src.platform, src.chat_id, exc)

@@ -20,6 +20,7 @@ from gateway.messages import (
     SentRef,
     SetOutLate,
     ThreadRef,
+    set_out_late,
 )
 from gateway.sections import PlatformSettings, SecretNeed
 from gateway.session_keys import SessionSource
@@ -173,7 +174,7 @@ async def call_with_retry(
     transient errors, and give up at once on an invalid token."""
     for attempt in range(attempts):
         try:
-            return await call()
+            return await _unwrapped_late(call)
         except InvalidToken:
             raise
         except RetryAfter as exc:
@@ -188,7 +189,20 @@ async def call_with_retry(
             if log:
                 log.warning("transient error (%s); retrying in %.1fs", exc, wait)
             await asyncio.sleep(wait)
-    return await call()
+    return await _unwrapped_late(call)
+
+
+async def _unwrapped_late(call: Callable[[], Awaitable[T]]) -> T:
+    """`call()`; a SetOutLate a client library wrapped (in a connection error, say) comes
+    out as itself, so it is neither retried nor taken for a failed send."""
+    try:
+        return await call()
+    except SetOutLate:
+        raise
+    except Exception as exc:
+        if set_out_late(exc) is None:
+            raise
+        raise SetOutLate() from exc
 
 
 def utf16_len(text: str) -> int:
@@ -258,14 +272,21 @@ async def check_send_by(*_args: Any) -> None:
 
 def send_by_trace() -> Any:
     """An aiohttp TraceConfig for an adapter's HTTP session that raises SetOutLate when a
-    request gets its connection (new or reused: the last await before the request is
-    written) after the sending task's SEND_BY. A replica that stood still between a reply's
-    lease check and its request leaving finds out there, not after sending it."""
+    request would leave after the sending task's SEND_BY: checked when the request gets
+    its connection (new or reused), and again just before its body's first chunk is
+    written. That last check is the one that matters: aiohttp buffers the headers and
+    writes them with the body from a task of its own, which on Python before 3.12 first
+    runs an event-loop pass after the connection was had; a replica stopped in that pass
+    would otherwise wake and write a request it had checked before stopping. From the
+    chunk's check to the socket's write there is no await. A replica that stood still
+    between a reply's lease check and its request leaving finds out there, not after
+    sending it."""
     import aiohttp
 
     trace = aiohttp.TraceConfig()
     trace.on_connection_create_end.append(check_send_by)
     trace.on_connection_reuseconn.append(check_send_by)
+    trace.on_request_chunk_sent.append(check_send_by)
     return trace
 
 
