@@ -58,13 +58,15 @@ def _size(message: Message) -> int:
 
 
 class HistoryWindows:
-    """session id -> (newest message id, length asked for, the window), least recently used
-    first; all of it is touched only by the writer's thread."""
+    """session id -> (newest message id, length asked for, the window, its size, a mark),
+    least recently used first; all of it is touched only by the writer's thread (SQLite)
+    or task (PostgreSQL). The mark is the caller's: the PostgreSQL writer keeps the
+    session's message count there (state/pg/windows.py)."""
 
     def __init__(self, budget: int = BUDGET) -> None:
         self._budget = budget
         self._used = 0
-        self._entries: OrderedDict[str, tuple[int, int, list[Message], int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[int, int, list[Message], int, int]] = OrderedDict()
         self._version: int | None = None
         self.hits = 0
         self.misses = 0
@@ -90,7 +92,7 @@ class HistoryWindows:
         its sessions before it advances any, and evicting one of them in between would leave
         its advance without the window `since` promised."""
         while self._used > self._budget:
-            _sid, (_u, _n, _w, freed) = self._entries.popitem(last=False)
+            _sid, (_u, _n, _w, freed, _m) = self._entries.popitem(last=False)
             self._used -= freed
 
     def since(self, session_id: str, length: int) -> int:
@@ -98,12 +100,23 @@ class HistoryWindows:
         got = self._entries.get(session_id)
         return got[0] if got is not None and got[1] == length else 0
 
+    def mark(self, session_id: str) -> int:
+        """The mark kept with the session's window (0: none kept)."""
+        got = self._entries.get(session_id)
+        return got[4] if got is not None else 0
+
+    def forget(self, session_id: str) -> None:
+        old = self._entries.pop(session_id, None)
+        if old is not None:
+            self._used -= old[3]
+
     def advance(
-        self, session_id: str, length: int, after: int, upto: int, new: list[Message]
-    ) -> list[Message]:
+        self, session_id: str, length: int, after: int, upto: int, new: list[Message],
+        mark: int = 0,
+    ) -> list[Message]:  # fmt: skip
         """The window ending at `upto`: the kept one (ending at `after`; 0: none) followed
         by `new`, the messages after it, cut to `length`. Kept for the next turn (within the
-        budget once `trim` has run); returned as a copy."""
+        budget once `trim` has run), with `mark`; returned as a copy."""
         old = self._entries.pop(session_id, None)
         if old is not None:
             self._used -= old[3]
@@ -119,7 +132,7 @@ class HistoryWindows:
         else:
             window, size = new, sum(map(_size, new))
         if size <= self._budget // 4:  # one session never takes most of the budget
-            self._entries[session_id] = (upto, length, window, size)
+            self._entries[session_id] = (upto, length, window, size, mark)
             self._used += size
         self.hits += bool(after)
         self.misses += not after

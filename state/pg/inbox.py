@@ -18,7 +18,7 @@ from psycopg import AsyncConnection
 from ..inbox import ANSWERED, RECEIVED, STARTED, Accept
 from . import db
 from .appends import append_many
-from .messages import conversations
+from .windows import histories
 from .writer import register_batched
 
 # The rows' ids drawn in call order (`n`) and the rows inserted, in one statement: each
@@ -200,7 +200,7 @@ async def turn_writes_many(
     for i in begins:
         by_length.setdefault(calls[i][1][3], []).append(i)  # type: ignore[arg-type]
     for n, (last, which) in enumerate(by_length.items()):
-        got_h = await conversations(
+        got_h = await histories(
             conn, [(calls[i][1][1], message_ids[i]) for i in which], last,
             before=rides if n == 0 else None,
         )  # fmt: skip

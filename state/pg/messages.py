@@ -249,39 +249,6 @@ async def conversation(
     return [chat_message(r) for r in found]
 
 
-# For many (session, last message id) pairs: the newest `last` messages up to each, in order
-_CONVERSATIONS = (
-    "SELECT u.n, m.* FROM unnest(%s::text[], %s::bigint[]) WITH ORDINALITY AS u(sid, upto, n) "
-    "CROSS JOIN LATERAL (SELECT id, role, content, content_enc, tool_calls, tool_call_id, "
-    "tool_name, reasoning FROM messages WHERE session_id = u.sid AND id <= u.upto "
-    "ORDER BY id DESC LIMIT %s) m ORDER BY u.n, m.id"
-)
-# A write the caller would send on its own just before the read (sql, params): sent as a
-# data-modifying CTE of the read's statement instead, so the two cost one round trip. It
-# must not change what the read reads (the read's snapshot does not see it).
-Before = tuple[str, tuple[Any, ...]]
-
-
-async def conversations(
-    conn: AsyncConnection, ends: list[tuple[str, int]], last: int | None = None,
-    before: Before | None = None,
-) -> list[list[dict[str, Any]]]:  # fmt: skip
-    """`conversation` for many (session, last message id) pairs in one statement: each
-    history ends at its message, whatever was appended after it. `before`: a write sent
-    in the same statement (see Before)."""
-    params = ([e[0] for e in ends], [e[1] for e in ends], last)
-    if before is None:
-        found = await db.rows(conn, _CONVERSATIONS, params)
-    else:
-        found = await db.rows(
-            conn, f"WITH w AS ({before[0]}) {_CONVERSATIONS}", (*before[1], *params)
-        )
-    out: list[list[dict[str, Any]]] = [[] for _ in ends]
-    for r in found:
-        out[int(r["n"]) - 1].append(chat_message(r))
-    return out
-
-
 async def count_messages(conn: AsyncConnection, session_id: str | None = None) -> int:
     if session_id:
         return int(

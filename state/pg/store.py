@@ -43,6 +43,7 @@ from ..replies import StoredReply
 from ..rows import Row
 from ..sessions import session_fields
 from ..transfer import ImportReport
+from ..windows import HistoryWindows
 from . import (
     admin,
     cluster,
@@ -60,6 +61,7 @@ from . import (
 )
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
 from .control import ControlLink
+from .windows import WriterConnection
 from .writer import PgWriter, PgWriterConfig
 
 log = logging.getLogger("state.pg")
@@ -102,7 +104,9 @@ class PgStore:
         where = redact(dsn)
 
         async def connect() -> AsyncConnection:
-            conn = await AsyncConnection.connect(dsn, autocommit=True)
+            # the writer's: it keeps the history windows (state/pg/windows.py)
+            conn = await WriterConnection.connect(dsn, autocommit=True)
+            conn.windows = HistoryWindows()
             db.binary_lists(conn)
             return conn
 

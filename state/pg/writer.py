@@ -40,6 +40,7 @@ from psycopg import AsyncConnection, errors
 
 from ..errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
 from ..writer import WriterStats
+from .windows import forget_windows
 
 log = logging.getLogger("state.pg.writer")
 T = TypeVar("T")
@@ -197,6 +198,7 @@ class PgWriter:
                 return results
             except _RETRY as exc:
                 self.stats.busy_retries += 1
+                forget_windows(self._conn)  # advanced by statements now rolled back
                 await self._rollback()
                 if last:
                     err: BaseException = DatabaseBusy(f"{self.where}: {exc.sqlstate}: {exc}")
@@ -229,6 +231,7 @@ class PgWriter:
         except psycopg.OperationalError as exc:
             raise _Uncommitted() from exc
         except Exception as exc:
+            forget_windows(conn)  # advanced by statements now rolled back
             try:
                 await conn.execute(b"ROLLBACK")
             except psycopg.OperationalError as lost:
@@ -295,6 +298,7 @@ class PgWriter:
                 except (*_RETRY, psycopg.OperationalError):
                     raise  # the whole batch, from the start
                 except Exception as exc:
+                    forget_windows(conn)  # advanced by statements of the savepoint undone
                     results.append((False, exc))
                 else:
                     results.append((True, value))

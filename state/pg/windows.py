@@ -1,0 +1,150 @@
+"""The history windows the PostgreSQL writer keeps between turns (state/windows.py's, with
+a check that holds across replicas).
+
+A turn reads the newest `history_messages` (200) of its session for the agent. Read whole,
+that is up to 200 rows sent by the server and turned into dicts by the replica, per
+message: at 800 messages/s on one replica, with sessions of only 30-60 messages, 19% of
+the daemon's samples (py-spy) were in that read. Between two turns of a session only a
+few messages are new, so the writer keeps each session's last window and reads the rows
+after it.
+
+On SQLite one writer sees every change and `PRAGMA data_version` tells another process's;
+here other replicas, the CLI and a background job write the same sessions. What keeps a
+window right is the session's `message_count`, kept as the window's mark:
+
+* every statement that inserts or deletes a session's messages moves its
+  `sessions.message_count` in the same transaction (appends add, `clear_messages` sets 0,
+  a deleted session has none), and nothing updates a message in place;
+* a window is kept only when, in the snapshot it was read in, the session had no message
+  after the window's newest one: then every later change to the messages at or before it
+  moves the count without adding a row after it;
+* so at the next turn the window still holds exactly when
+  count now = count kept + the rows read after the window (one statement reads both, in
+  one snapshot, after the batch's own append locked the session row: no other writer can
+  be between the two). Otherwise the session is read whole, as before: a failed check
+  costs one full read, never a wrong history.
+
+The writer forgets every window when a batch or one of its operations fails (a window may
+have been advanced by a statement that was rolled back), and a new connection starts
+with none.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from ..windows import HistoryWindows
+from . import db
+from .messages import chat_message
+
+# For each (session, newest message id, after id): the session's message count, how many
+# of its messages come after the newest (a window is kept only when none do), and the
+# newest `last` messages with after < id <= newest, in order
+_READ = (
+    "SELECT u.n, s.message_count AS count, l.later, m.* "
+    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) WITH ORDINALITY AS u(sid, upto, after, n) "
+    "LEFT JOIN sessions s ON s.id = u.sid "
+    "CROSS JOIN LATERAL (SELECT count(*) AS later FROM messages x "
+    "WHERE x.session_id = u.sid AND x.id > u.upto) l "
+    "LEFT JOIN LATERAL (SELECT id, role, content, content_enc, tool_calls, tool_call_id, "
+    "tool_name, reasoning FROM messages WHERE session_id = u.sid AND id <= u.upto "
+    "AND id > u.after ORDER BY id DESC LIMIT %s) m ON true ORDER BY u.n, m.id"
+)
+
+
+class WriterConnection(AsyncConnection[Any]):
+    """The writer's connection, carrying its windows (`windows` is set by whoever connects)."""
+
+    windows: HistoryWindows
+
+
+def windows_of(conn: AsyncConnection) -> HistoryWindows | None:
+    """The writer connection's windows; None on any other connection (no caching there)."""
+    return getattr(conn, "windows", None)
+
+
+def forget_windows(conn: AsyncConnection | None) -> None:
+    windows = windows_of(conn) if conn is not None else None
+    if windows is not None:
+        windows.clear()
+
+
+Read = tuple[int | None, int, list[dict[str, Any]]]  # message count, later messages, window
+
+
+# A write the caller would send on its own just before the read (sql, params): sent as a
+# data-modifying CTE of the read's statement instead, so the two cost one round trip. It
+# must not change what the read reads (the read's snapshot does not see it).
+Before = tuple[str, tuple[Any, ...]]
+
+
+async def _read(
+    conn: AsyncConnection, ranges: Sequence[tuple[str, int, int]], last: int | None,
+    before: Before | None = None,
+) -> list[Read]:  # fmt: skip
+    params = ([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], last)
+    if before is None:
+        found = await db.rows(conn, _READ, params)
+    else:
+        found = await db.rows(conn, f"WITH w AS ({before[0]}) {_READ}", (*before[1], *params))
+    out: list[Read] = [(None, 0, []) for _ in ranges]
+    for r in found:
+        i = int(r["n"]) - 1
+        messages = out[i][2]
+        if r["id"] is not None:  # a session without rows in the range: one row of NULLs
+            messages.append(chat_message(r))
+        out[i] = (r["count"], int(r["later"]), messages)
+    return out
+
+
+async def histories(
+    conn: AsyncConnection, ends: Sequence[tuple[str, int]], last: int | None,
+    before: Before | None = None,
+) -> list[list[dict[str, Any]]]:
+    """For each (session, message id): the newest `last` messages up to that message, in
+    chat format, read whole or only after the window kept for the session (a session
+    twice in `ends` is read whole: one window cannot serve both). `before`: a write sent
+    in the read's statement (see Before)."""
+    windows = windows_of(conn)
+    if windows is None:
+        got = await _read(conn, [(s, m, 0) for s, m in ends], last, before)
+        return [h for _c, _l, h in got]
+    length = -1 if last is None else last
+    twice = Counter(s for s, _m in ends)
+    afters = [
+        windows.since(sid, length) if twice[sid] == 1 else 0 for sid, _m in ends
+    ]  # fmt: skip
+    # a window kept past the message (a turn run again) cannot serve it either
+    afters = [a if a < mid else 0 for (_s, mid), a in zip(ends, afters, strict=True)]
+    got = await _read(
+        conn, [(s, m, a) for (s, m), a in zip(ends, afters, strict=True)], last, before
+    )  # fmt: skip
+    # the windows that no longer hold: those sessions read whole
+    stale = [
+        i for i, (after, (count, later, new)) in enumerate(zip(afters, got, strict=True))
+        if after and (count is None or later
+                      or count != windows.mark(ends[i][0]) + len(new))
+        and (last is None or len(new) < last)  # `last` new ones: the window is all new
+    ]  # fmt: skip
+    if stale:
+        again = await _read(conn, [(*ends[i], 0) for i in stale], last)
+        for i, read in zip(stale, again, strict=True):
+            afters[i], got[i] = 0, read
+    out: list[list[dict[str, Any]]] = []
+    for (sid, mid), after, (count, later, new) in zip(ends, afters, got, strict=True):
+        if twice[sid] > 1:
+            out.append(new)
+            continue
+        if after and last is not None and len(new) >= last:
+            after = 0  # the newest `last` are all new: nothing of the window is kept
+            windows.forget(sid)
+        history = windows.advance(sid, length, after, mid, new, count or 0)
+        if count is None or later:
+            windows.forget(sid)  # cannot be checked next time: not kept
+        out.append(history)
+    windows.trim()  # only now: every `since` above had its window until its advance
+    return out
