@@ -10,6 +10,7 @@ figures; asserts nothing.
   python bench/cluster_bench.py --only 2   # the contended run of section 2 only
   python bench/cluster_bench.py --only 6   # the long sessions of section 6 only
   python bench/cluster_bench.py --only 7 --rounds 3   # section 7: the commit linger A/B
+  python bench/cluster_bench.py --only 8   # section 8: turn latency by rate beside the commits
   python bench/cluster_bench.py --source DIR --only 1   # section 1 with the daemons run
                                            # from another checkout (e.g. `git archive` of
                                            # the commit before), to compare the two
@@ -42,6 +43,9 @@ figures; asserts nothing.
 7. The commit linger of replicas (`--only 7`, `--rounds N`): 1 replica, 3 replicas with
    `cluster.commit_linger_ms: 0` and 3 with the default, alternated; rate, CPU per
    message and the turn p50/p99 at 800 msg/s of each.
+8. Where a turn's time goes (`--only 8`): 1 replica, open loop at 5 to 400 msg/s; the turn
+   p50/p99 beside the writer's commits in the same window (rate, turns per commit, commit
+   p50/p99, operations per commit, from the replica's /metrics).
 
 Each run gets a database of its own, dropped at the end; the load generator shares the
 machine's cores with the daemons and the server, as the figures say.
@@ -383,6 +387,51 @@ async def linger_rounds(root: Path, dsn: str, source: Source, seconds: float,
                   f"{pct(lat, 0.5):.0f} ms, p99 {pct(lat, 0.99):.0f} ms" if lat else "  -")  # fmt: skip
 
 
+async def writer_metrics(url: str) -> dict[str, float]:
+    """The writer's figures in a replica's /metrics (switchboard_writer_*, unprefixed)."""
+    async with _session() as http, http.get(f"{url}/metrics") as r:
+        text = await r.text()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("switchboard_writer_"):
+            found[name.removeprefix("switchboard_writer_")] = float(value)
+    return found
+
+
+ANATOMY_RATES = (5.0, 50.0, 100.0, 200.0, 400.0)  # section 8
+
+
+async def turn_anatomy(root: Path, dsn: str, source: Source, seconds: float) -> None:
+    """Section 8: one replica's turn latency by offered rate beside its writer's commits
+    (from /metrics): a turn waits for two commits at least (its message's accept, which
+    begins the turn, and its end), plus the commit in flight when it arrives, so the
+    commit's own duration sets the turn's latency floor."""
+    print(f"\n8. where a turn's time goes: 1 replica, open loop, {seconds:g} s per rate; the "
+          "writer's commits in the same window (/metrics)")  # fmt: skip
+    cluster = await on_cluster(root, dsn, 1, "anatomy", source)
+    try:
+        urls = lambda: [r.url for r in cluster.replicas]  # noqa: E731
+        warm = Load(urls)
+        while warm.done < 2 * CHATS:  # every chat's session made
+            await warm.closed(1.0)
+        analyzer(cluster)()
+        url = cluster.replicas[0].url
+        for rate in ANATOMY_RATES:
+            await drained(cluster)
+            before = await writer_metrics(url)
+            lat = await Load(urls).open(rate, seconds)
+            after = await writer_metrics(url)
+            commits = after["batches_total"] - before["batches_total"]
+            print(f"  {rate:5.0f} msg/s: turn p50 {pct(lat, 0.5):6.1f} ms  p99 {pct(lat, 0.99):6.1f} "
+                  f"ms   commits {commits / seconds:5.0f}/s, {len(lat) / max(1.0, commits):.2f} "
+                  f"turns each, commit p50 {after['commit_ms_p50']:5.1f} ms  p99 "
+                  f"{after['commit_ms_p99']:5.1f} ms (last 512), operations p50 "
+                  f"{after['batch_size_p50']:.0f}")  # fmt: skip
+    finally:
+        await cluster.close()
+
+
 SHARED_CHATS = 16  # the contended run: 64 clients over 16 chats, four at once in each
 
 
@@ -506,8 +555,8 @@ async def main() -> None:
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--source", help="run the daemons from this checkout (PYTHONPATH)")
-    ap.add_argument("--only", type=int, choices=(1, 2, 5, 6, 7),
-                    help="1, 5, 6 or 7: that section only; 2: its contended run only")  # fmt: skip
+    ap.add_argument("--only", type=int, choices=(1, 2, 5, 6, 7, 8),
+                    help="1, 5, 6, 7 or 8: that section only; 2: its contended run only")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3, help="section 7's alternated rounds")
     ap.add_argument("--hop", action="store_true",
                     help="each chat's next message to the next replica (sections 1-3)")  # fmt: skip
@@ -533,6 +582,10 @@ async def main() -> None:
     if args.only == 7:
         with tempfile.TemporaryDirectory() as tmp:
             await linger_rounds(Path(tmp), args.dsn, source, min(seconds, 8.0), args.rounds)
+        return
+    if args.only == 8:
+        with tempfile.TemporaryDirectory() as tmp:
+            await turn_anatomy(Path(tmp), args.dsn, source, min(seconds, 6.0))
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -588,6 +641,7 @@ async def main() -> None:
             f"  median {statistics.median(took):.2f} s, max {max(took):.2f} s over {len(took)} kills"
         )
         await long_sessions(root, args.dsn, source, seconds)
+        await turn_anatomy(root, args.dsn, source, min(seconds, 6.0))
     if not args.skip_search:
         await search_section(args.dsn, corpus)
 
