@@ -32,7 +32,9 @@ figures; asserts nothing.
    64 clients over 16 chats (four in each), 1 and 3 replicas, so they meet on different
    replicas and wait for each other's lease (`--only 2`: that run alone).
 3. Turn p50/p99 at 800 messages/s offered (open loop), on 1 replica and on 3; and at half
-   the rate 1 replica sustained in 1 (where 800/s is beyond this machine).
+   the rate 1 replica sustained in 1 (where 800/s is beyond this machine). With each, the
+   CPU per message of the load generator (this process), the daemons and the server, and
+   the cores they kept busy over the run: near all of them, latency is queueing.
 4. Takeover: a replica is SIGKILLed under load; the time until every inbox row open at
    that moment (its pending keys) is answered by another replica.
 5. Search p50/p95 on 1M messages on PostgreSQL (bench/pg_bench.py's queries and timing;
@@ -597,6 +599,9 @@ async def main() -> None:
         show("SQLite gateway", lite)
         rates: dict[int, dict[str, float]] = {}
         latencies: dict[tuple[int, float], list[float]] = {}  # (replicas, offered rate)
+        # the same runs' CPU seconds: the load generator's (this process), daemons', server's
+        # and the run's seconds, from its first request to its last answer
+        spent: dict[tuple[int, float], tuple[float, float, float, float]] = {}
         for n in (1,) if args.only else (1, 2, 3):
             cluster = await on_cluster(root, args.dsn, n, f"c{n}", source)
             try:
@@ -608,8 +613,12 @@ async def main() -> None:
                     # 800/s as SCALEOUT asks, and half of what 1 replica sustained here
                     for rate in (round(rates[1]["rate"] / 2), 800.0):
                         await drained(cluster)  # nothing queued from the run before
+                        meter = meter_of(cluster)
+                        before, own, wall = meter.sample(), time.process_time(), time.perf_counter()
                         latencies[n, rate] = await Load(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
                                                         args.hop).open(rate, seconds)  # fmt: skip
+                        spent[n, rate] = (time.process_time() - own, *meter.spent(before)[:2],
+                                          time.perf_counter() - wall)  # fmt: skip
             finally:
                 await cluster.close()
         print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
@@ -629,6 +638,11 @@ async def main() -> None:
                 )
                 print(f"  {n} replica(s) at {rate:,.0f} msg/s: {figures}   "
                       f"answered {len(lat):,}/{int(rate * seconds):,} within 30 s")  # fmt: skip
+                *cpu, took = spent[n, rate]
+                gen, daemons, server = (x * 1000 / max(1, len(lat)) for x in cpu)
+                print(f"  {'':<4}CPU/msg: load generator {gen:.2f} + daemons {daemons:.2f} + "
+                      f"server {server:.2f} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
+                      "cores busy over the run")  # fmt: skip
         if args.only:
             return
         print("\n4. takeover: SIGKILL one of 2 replicas under load (target <= 3 s)")
