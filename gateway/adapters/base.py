@@ -35,13 +35,22 @@ def failed(why: str) -> str:
     return f"{AdapterState.FAILED}: {why}"
 
 
+CANCEL_AGAIN_S = 1.0  # stop_task: how long a cancelled task has before it is cancelled again
+
+
 async def stop_task(task: asyncio.Task[Any] | None) -> None:
     """Cancel a loop of the adapter's and wait until it has ended, whatever it raised (it
-    logs its own failures)."""
-    if task is not None:
+    logs its own failures). A task that is still running a moment after its cancel is
+    cancelled again, until it ends: a cancel can be swallowed on its way (Python 3.11's
+    asyncio.wait_for returns an inner result that completed as the cancel came, and a
+    client library may catch it), and the loop would then go on, into a wait of an hour."""
+    if task is None:
+        return
+    while not task.done():
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        await asyncio.wait({task}, timeout=CANCEL_AGAIN_S)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 class Adapter(Protocol):

@@ -1,10 +1,11 @@
 """SEND_BY in an adapter's aiohttp session (gateway.adapters.base.send_by_trace): a reply
 whose request would leave after its turn's SEND_BY stops unsent, wherever the process
 stood still on the way out, up to the socket's write. Real aiohttp against a loopback
-server that counts what reaches it."""
+server that counts what reaches it. And stop_task, which ends an adapter's loops."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.adapters.base import Backoff, call_with_retry, send_by_trace
+from gateway.adapters.base import Backoff, call_with_retry, send_by_trace, stop_task
 from gateway.errors import TransientError
 from gateway.messages import LATE_SEND_S, SEND_BY, SetOutLate
 
@@ -116,3 +117,34 @@ async def test_without_send_by_a_request_is_never_stopped(server: tuple[str, lis
         async with http.post(url, data=b"polled") as r:
             assert r.status == 200
     assert got == [b"polled"]
+
+
+async def test_stop_task_ends_a_loop_that_swallowed_its_cancel() -> None:
+    """An adapter's loop whose cancel was swallowed on its way (Python 3.11's
+    asyncio.wait_for returns an inner result that completed as the cancel came) goes on
+    into its next long wait; stop_task cancels it again until it has ended, instead of
+    waiting with it (seen: the email adapter's IDLE loop, poll_s an hour, hung a test run)."""
+    swallowed = 0
+
+    async def loop() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)  # the next IDLE, an hour long
+            except asyncio.CancelledError:
+                if swallowed == 2:
+                    raise
+                swallowed += 1  # as wait_for on 3.11 may: the loop goes on
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0)  # the loop is in its wait
+    stopping = asyncio.ensure_future(stop_task(task))
+    try:  # a guard of 10 s, so that a stop that waits with the loop fails instead of hanging
+        done, _ = await asyncio.wait({stopping}, timeout=10)
+        assert stopping in done, "stop_task waited with a loop that swallowed its cancel"
+        assert task.done() and swallowed == 2
+    finally:
+        stopping.cancel()
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
