@@ -23,18 +23,17 @@ class SetOutLate(Exception):
     request was sent; the turn reads its lease again before sending (gateway/turns.py)."""
 
 
-def set_out_late(exc: BaseException) -> SetOutLate | None:
-    """The SetOutLate behind `exc`, itself or a cause of it (a client library wraps what its
-    transport raised: aiohttp, when the check before a request's body stops it; PTB, around
-    aiohttp), else None."""
+def set_out_late(exc: BaseException) -> bool:
+    """Is `exc` a SetOutLate, or caused by one? (A client library wraps what its transport
+    raised: aiohttp, when the check before a request's body stops it; PTB, around aiohttp.)"""
     seen: set[int] = set()
     found: BaseException | None = exc
     while found is not None and id(found) not in seen:
         if isinstance(found, SetOutLate):
-            return found
+            return True
         seen.add(id(found))
         found = found.__cause__ or found.__context__
-    return None
+    return False
 
 
 @dataclass(frozen=True)

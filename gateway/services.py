@@ -135,7 +135,7 @@ class Replier:
         except SetOutLate:
             raise  # nothing left: the turn asks its lease first (gateway/turns.py)
         except Exception as exc:
-            if set_out_late(exc) is not None:  # wrapped by a client library: the same
+            if set_out_late(exc):  # wrapped by a client library: the same
                 raise SetOutLate() from exc
             self.metrics.last_error = f"send: {type(exc).__name__}: {exc}"
             self.metrics.errors.inc(kind="send")

@@ -209,7 +209,7 @@ async def _unwrapped_late(call: Callable[[], Awaitable[T]]) -> T:
     except SetOutLate:
         raise
     except Exception as exc:
-        if set_out_late(exc) is None:
+        if not set_out_late(exc):
             raise
         raise SetOutLate() from exc
 

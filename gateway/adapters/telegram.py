@@ -30,14 +30,7 @@ from gateway.adapters.base import (
 )
 from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
-from gateway.messages import (
-    InboundMessage,
-    OutboundMessage,
-    SentRef,
-    SetOutLate,
-    ThreadRef,
-    set_out_late,
-)
+from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
@@ -433,8 +426,7 @@ class TelegramAdapter:
             except (tg_error.TimedOut, tg_error.NetworkError) as exc:
                 if isinstance(exc, tg_error.BadRequest):
                     raise
-                if set_out_late(exc) is not None:  # PTB wraps what its transport raised
-                    raise SetOutLate() from exc
+                # a SetOutLate PTB wrapped comes out of call_with_retry as itself
                 raise TransientError(str(exc)) from exc
 
         return await call_with_retry(attempt, backoff=self._backoff, log=log)
