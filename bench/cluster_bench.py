@@ -8,6 +8,7 @@ figures; asserts nothing.
                                            # else 127.0.0.1:5432 user postgres db postgres
   python bench/cluster_bench.py --only 5   # section 5 only (search on the kept corpus)
   python bench/cluster_bench.py --only 2   # the contended run of section 2 only
+  python bench/cluster_bench.py --only 3   # section 3 on 3 replicas at 800 msg/s only
   python bench/cluster_bench.py --only 6   # the long sessions of section 6 only
   python bench/cluster_bench.py --only 7 --rounds 3   # section 7: the commit linger A/B
   python bench/cluster_bench.py --only 8   # section 8: turn latency by rate beside the commits
@@ -58,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import statistics
 import sys
@@ -78,7 +80,7 @@ from bench.corpus import (
     TextGen,  # noqa: E402
     pct,  # noqa: E402
 )
-from bench.loops import cpu_seconds, open_loop  # noqa: E402
+from bench.loops import HttpError, LeanHttp, cpu_seconds, open_loop  # noqa: E402
 from bench.pg_bench import search_times  # noqa: E402
 from state import open_store  # noqa: E402
 from tests.cluster.checks import open_work  # noqa: E402
@@ -168,7 +170,7 @@ class Load:
         # each client's place in its chats, kept across windows, so a warm-up reaches them all
         self.chats: dict[tuple[int, int], itertools.cycle[int]] = {}
 
-    async def one(self, http: aiohttp.ClientSession, chat: int) -> float | None:
+    async def one(self, http: LeanHttp, chat: int) -> float | None:
         """One message; its round trip in ms (None: not answered with its echo)."""
         urls = self.urls()
         if self.hop:
@@ -179,11 +181,11 @@ class Load:
         text = f"m{next(self.seq)} in chat {chat}"
         t = time.perf_counter()
         try:
-            async with http.post(
-                f"{url}/v1/messages", json={"chat_id": f"c{chat}", "text": text}
-            ) as r:
-                ok = r.status == 200 and (await r.json())["reply"] == f"echo: {text}"
-        except (aiohttp.ClientError, TimeoutError):
+            status, body = await http.post_json(
+                f"{url}/v1/messages", {"chat_id": f"c{chat}", "text": text}
+            )
+            ok = status == 200 and json.loads(body)["reply"] == f"echo: {text}"
+        except (HttpError, TimeoutError):
             ok = False
         if not ok:
             self.failed += 1
@@ -198,28 +200,34 @@ class Load:
         stop = time.monotonic() + seconds
         start = self.done
 
-        async def client(c: int, http: aiohttp.ClientSession) -> None:
+        async def client(c: int, http: LeanHttp) -> None:
             mine = range(c, self.n_chats, clients) if c < self.n_chats else [c % self.n_chats]
             chats = self.chats.setdefault((clients, c), itertools.cycle(mine))
             while time.monotonic() < stop:
                 await self.one(http, next(chats))
 
-        async with _session() as http:
+        http = LeanHttp()
+        try:
             await asyncio.gather(*(client(c, http) for c in range(clients)))
+        finally:
+            http.close()
         return self.done - start
 
     async def open(self, rate: float, seconds: float) -> list[float]:
         """Message i at i/rate seconds whatever happened to the earlier ones; the round
         trips in ms."""
         out: list[float] = []
-        async with _session() as http:
+        http = LeanHttp()
 
-            async def send(i: int) -> None:
-                ms = await self.one(http, i % CHATS)
-                if ms is not None:
-                    out.append(ms)
+        async def send(i: int) -> None:
+            ms = await self.one(http, i % CHATS)
+            if ms is not None:
+                out.append(ms)
 
+        try:
             await open_loop(rate, int(rate * seconds), send)
+        finally:
+            http.close()
         return out
 
 
@@ -458,6 +466,28 @@ def meter_of(cluster: Cluster) -> CpuMeter:
     return CpuMeter([r.proc.pid for r in cluster.replicas if r.proc is not None], cluster.dsn)
 
 
+async def latency_run(cluster: Cluster, rate: float, seconds: float, hop: bool,
+                      show: bool = True) -> str:  # fmt: skip
+    """Section 3's open loop at `rate` on a warm cluster: the turn p50/p99 and the CPU per
+    message of the load generator (this process), the daemons and the server, and the cores
+    they kept busy from the first request to the last answer. Printed, or returned."""
+    await drained(cluster)  # nothing queued from the run before
+    meter = meter_of(cluster)
+    before, own, wall = meter.sample(), time.process_time(), time.perf_counter()
+    lat = await Load(lambda: [r.url for r in cluster.replicas], hop).open(rate, seconds)
+    cpu = (time.process_time() - own, *meter.spent(before)[:2])
+    took = time.perf_counter() - wall
+    figures = f"p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms" if lat else "-"
+    gen, daemons, server = (x * 1000 / max(1, len(lat)) for x in cpu)
+    text = (f"  {len(cluster.replicas)} replica(s) at {rate:,.0f} msg/s: {figures}   answered "
+            f"{len(lat):,}/{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load "
+            f"generator {gen:.2f} + daemons {daemons:.2f} + server {server:.2f} ms; "
+            f"{sum(cpu) / took:.2f} of {os.cpu_count()} cores busy over the run")  # fmt: skip
+    if show:
+        print(text)
+    return text
+
+
 async def drained(cluster: Cluster, limit_s: float = 300.0) -> None:
     """Until no inbox row is open: requests a client gave up on are still run, and would
     sit in front of the next measurement."""
@@ -557,8 +587,9 @@ async def main() -> None:
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--source", help="run the daemons from this checkout (PYTHONPATH)")
-    ap.add_argument("--only", type=int, choices=(1, 2, 5, 6, 7, 8),
-                    help="1, 5, 6, 7 or 8: that section only; 2: its contended run only")  # fmt: skip
+    ap.add_argument("--only", type=int, choices=(1, 2, 3, 5, 6, 7, 8),
+                    help="1, 5, 6, 7 or 8: that section only; 2: its contended run only; "
+                         "3: 3 replicas at 800 msg/s only")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3, help="section 7's alternated rounds")
     ap.add_argument("--hop", action="store_true",
                     help="each chat's next message to the next replica (sections 1-3)")  # fmt: skip
@@ -576,6 +607,20 @@ async def main() -> None:
     if args.only == 2:
         with tempfile.TemporaryDirectory() as tmp:
             await contended(Path(tmp), args.dsn, source, seconds, args.hop)
+        return
+    if args.only == 3:
+        with tempfile.TemporaryDirectory() as tmp:
+            cluster = await on_cluster(Path(tmp), args.dsn, 3, "c3", source)
+            try:
+                urls = lambda: [r.url for r in cluster.replicas]  # noqa: E731
+                warm = Load(urls, args.hop)
+                while warm.done < 2 * CHATS:
+                    await warm.closed(1.0)
+                analyzer(cluster)()
+                print("\n3. turn latency, open loop (target p99 <= 60 ms at 800 msg/s offered)")
+                await latency_run(cluster, 800.0, seconds, args.hop)
+            finally:
+                await cluster.close()
         return
     if args.only == 6:
         with tempfile.TemporaryDirectory() as tmp:
@@ -598,10 +643,7 @@ async def main() -> None:
         lite = await sqlite_gateway(root, seconds, source)
         show("SQLite gateway", lite)
         rates: dict[int, dict[str, float]] = {}
-        latencies: dict[tuple[int, float], list[float]] = {}  # (replicas, offered rate)
-        # the same runs' CPU seconds: the load generator's (this process), daemons', server's
-        # and the run's seconds, from its first request to its last answer
-        spent: dict[tuple[int, float], tuple[float, float, float, float]] = {}
+        lines: dict[tuple[int, float], str] = {}  # (replicas, offered rate): section 3's
         for n in (1,) if args.only else (1, 2, 3):
             cluster = await on_cluster(root, args.dsn, n, f"c{n}", source)
             try:
@@ -612,13 +654,8 @@ async def main() -> None:
                 if n in (1, 3) and not args.only:
                     # 800/s as SCALEOUT asks, and half of what 1 replica sustained here
                     for rate in (round(rates[1]["rate"] / 2), 800.0):
-                        await drained(cluster)  # nothing queued from the run before
-                        meter = meter_of(cluster)
-                        before, own, wall = meter.sample(), time.process_time(), time.perf_counter()
-                        latencies[n, rate] = await Load(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
-                                                        args.hop).open(rate, seconds)  # fmt: skip
-                        spent[n, rate] = (time.process_time() - own, *meter.spent(before)[:2],
-                                          time.perf_counter() - wall)  # fmt: skip
+                        lines[n, rate] = await latency_run(cluster, rate, seconds, args.hop,
+                                                           show=False)  # fmt: skip
             finally:
                 await cluster.close()
         print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
@@ -632,17 +669,8 @@ async def main() -> None:
                       "the CPU per message")  # fmt: skip
             await contended(root, args.dsn, source, seconds, args.hop)
             print("\n3. turn latency, open loop (target p99 <= 60 ms at 800 msg/s offered)")
-            for (n, rate), lat in latencies.items():
-                figures = (
-                    f"p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms" if lat else "-"
-                )
-                print(f"  {n} replica(s) at {rate:,.0f} msg/s: {figures}   "
-                      f"answered {len(lat):,}/{int(rate * seconds):,} within 30 s")  # fmt: skip
-                *cpu, took = spent[n, rate]
-                gen, daemons, server = (x * 1000 / max(1, len(lat)) for x in cpu)
-                print(f"  {'':<4}CPU/msg: load generator {gen:.2f} + daemons {daemons:.2f} + "
-                      f"server {server:.2f} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
-                      "cores busy over the run")  # fmt: skip
+            for text in lines.values():
+                print(text)
         if args.only:
             return
         print("\n4. takeover: SIGKILL one of 2 replicas under load (target <= 3 s)")
