@@ -32,8 +32,9 @@ figures; asserts nothing.
    with every message, the worst case for leases. Then the same chat's messages at once:
    64 clients over 16 chats (four in each), 1 and 3 replicas, so they meet on different
    replicas and wait for each other's lease (`--only 2`: that run alone).
-3. Turn p50/p99 at 800 messages/s offered (open loop), on 1 replica and on 3; and at half
-   the rate 1 replica sustained in 1 (where 800/s is beyond this machine). With each, the
+3. Turn p50/p99 at 800 messages/s offered (open loop), on the SQLite gateway (the
+   reference: the embedded store in one process, on the same cores), on 1 replica and on 3;
+   and at half the rate 1 replica sustained in 1 (where 800/s is beyond this machine). With each, the
    CPU per message of the load generator (this process), the daemons and the server, and
    the cores they kept busy over the run: near all of them, latency is queueing.
 4. Takeover: a replica is SIGKILLed under load; the time until every inbox row open at
@@ -51,7 +52,9 @@ figures; asserts nothing.
    p50/p99, operations per commit, from the replica's /metrics).
 
 Each run gets a database of its own, dropped at the end; the load generator shares the
-machine's cores with the daemons and the server, as the figures say.
+machine's cores with the daemons and the server, as the figures say. It sends through
+bench/loops.py's LeanHttp (keep-alive HTTP/1.1, one write per request): aiohttp's client
+took 0.40-0.45 ms of CPU per message from those cores, LeanHttp 0.21 (section 3's lines).
 """
 
 from __future__ import annotations
@@ -295,7 +298,10 @@ class Source:
         return cls([sys.executable, "-c", _BOOT.format(root=str(root))], set(cluster))
 
 
-async def sqlite_gateway(root: Path, seconds: float, source: Source) -> dict[str, float]:
+async def sqlite_gateway(root: Path, seconds: float, source: Source,
+                         rate: float | None = None) -> tuple[dict[str, float], str]:  # fmt: skip
+    """The SQLite gateway's closed-loop figures, and with `rate` its open loop there too
+    (section 3's reference: the embedded store on the same machine and load)."""
     home = root / "sqlite"
     home.mkdir()
     port = free_port()
@@ -305,7 +311,11 @@ async def sqlite_gateway(root: Path, seconds: float, source: Source) -> dict[str
     await daemon.start()
     try:
         assert daemon.proc is not None
-        return await throughput(lambda: [daemon.url], CpuMeter([daemon.proc.pid], None), seconds)
+        meter = CpuMeter([daemon.proc.pid], None)
+        found = await throughput(lambda: [daemon.url], meter, seconds)
+        text = "" if rate is None else await open_run(lambda: [daemon.url], meter, rate,
+                                                      seconds, False, "SQLite gateway")  # fmt: skip
+        return found, text
     finally:
         await daemon.stop()
 
@@ -468,24 +478,31 @@ def meter_of(cluster: Cluster) -> CpuMeter:
 
 async def latency_run(cluster: Cluster, rate: float, seconds: float, hop: bool,
                       show: bool = True) -> str:  # fmt: skip
-    """Section 3's open loop at `rate` on a warm cluster: the turn p50/p99 and the CPU per
-    message of the load generator (this process), the daemons and the server, and the cores
-    they kept busy from the first request to the last answer. Printed, or returned."""
+    """Section 3's open loop at `rate` on a warm cluster (open_run). Printed, or returned."""
     await drained(cluster)  # nothing queued from the run before
-    meter = meter_of(cluster)
+    text = await open_run(lambda: [r.url for r in cluster.replicas], meter_of(cluster), rate,
+                          seconds, hop, f"{len(cluster.replicas)} replica(s)")  # fmt: skip
+    if show:
+        print(text)
+    return text
+
+
+async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
+                   seconds: float, hop: bool, label: str) -> str:  # fmt: skip
+    """An open loop at `rate`: the turn p50/p99 and the CPU per message of the load
+    generator (this process), the daemons and the server, and the cores they kept busy from
+    the first request to the last answer."""
     before, own, wall = meter.sample(), time.process_time(), time.perf_counter()
-    lat = await Load(lambda: [r.url for r in cluster.replicas], hop).open(rate, seconds)
+    lat = await Load(urls, hop).open(rate, seconds)
     cpu = (time.process_time() - own, *meter.spent(before)[:2])
     took = time.perf_counter() - wall
     figures = f"p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms" if lat else "-"
     gen, daemons, server = (x * 1000 / max(1, len(lat)) for x in cpu)
-    text = (f"  {len(cluster.replicas)} replica(s) at {rate:,.0f} msg/s: {figures}   answered "
-            f"{len(lat):,}/{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load "
-            f"generator {gen:.2f} + daemons {daemons:.2f} + server {server:.2f} ms; "
-            f"{sum(cpu) / took:.2f} of {os.cpu_count()} cores busy over the run")  # fmt: skip
-    if show:
-        print(text)
-    return text
+    server_part = f" + server {server:.2f}" if meter.dsn else ""
+    return (f"  {label} at {rate:,.0f} msg/s: {figures}   answered {len(lat):,}/"
+            f"{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load generator {gen:.2f} + "
+            f"daemons {daemons:.2f}{server_part} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
+            "cores busy over the run")  # fmt: skip
 
 
 async def drained(cluster: Cluster, limit_s: float = 300.0) -> None:
@@ -640,7 +657,8 @@ async def main() -> None:
         print(f"\n1. throughput, {CLIENTS} clients over {CHATS} chats, {seconds:g} s windows{hop}")
         if args.source:
             print(f"  daemons from {args.source}")
-        lite = await sqlite_gateway(root, seconds, source)
+        lite, lite_800 = await sqlite_gateway(root, seconds, source,
+                                              None if args.only else 800.0)  # fmt: skip
         show("SQLite gateway", lite)
         rates: dict[int, dict[str, float]] = {}
         lines: dict[tuple[int, float], str] = {}  # (replicas, offered rate): section 3's
@@ -669,6 +687,7 @@ async def main() -> None:
                       "the CPU per message")  # fmt: skip
             await contended(root, args.dsn, source, seconds, args.hop)
             print("\n3. turn latency, open loop (target p99 <= 60 ms at 800 msg/s offered)")
+            print(lite_800)
             for text in lines.values():
                 print(text)
         if args.only:
