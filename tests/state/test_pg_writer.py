@@ -281,3 +281,49 @@ async def test_a_lingering_commit_takes_what_comes_while_it_waits(pg: PgStore) -
     pg.linger(0.0)
     assert await two_apart() == (2, 1)
     assert [m["content"] for m in await pg.get_messages(sid)] == ["first", "second"] * 3
+
+
+async def test_a_platform_id_another_writer_claims_mid_append_redoes_it_as_a_duplicate(
+    pg_dsn: str,
+) -> None:
+    """The merged append's probe does not see a platform id another transaction is storing;
+    its claim then waits for that transaction, finds the id taken, and the batch is redone
+    one by one, where the append is a duplicate: nothing stored, no count moved."""
+    name = pgserver.fresh_schema(pg_dsn)
+    dsn = pgserver.with_schema(pg_dsn, name)
+    store = await open_store({"backend": "postgres", "dsn": dsn}, ".")
+    assert isinstance(store, PgStore)
+    other = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        sid = await store.create_session(source="telegram", chat_id="c1")
+        (mid,) = await store.append_messages(sid, [{"role": "user", "content": "first"}])
+        await other.execute("BEGIN")
+        await other.execute("INSERT INTO platform_messages VALUES ('telegram', 'c1', 'p9', %s)",
+                            (mid,))  # fmt: skip
+        msg = {"role": "user", "content": "again", "platform_message_id": "p9"}
+        # two appends queued together: one batch, which the merged path takes
+        task = asyncio.ensure_future(asyncio.gather(
+            store.append_messages(sid, [msg], dedupe=("telegram", "c1")),
+            store.append_messages(sid, [{"role": "assistant", "content": "reply"}]),
+        ))  # fmt: skip
+        writer_pid = store._writer._conn.info.backend_pid  # type: ignore[union-attr]
+        for _ in range(500):  # until the writer's claim waits for the other's row
+            cur = await other.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (writer_pid,)
+            )
+            row = await cur.fetchone()
+            if task.done() or (row and row[0] == "Lock"):
+                break
+            await asyncio.sleep(0.01)
+        assert not task.done()
+        await other.execute("COMMIT")
+        dup, other_ids = await asyncio.wait_for(task, 10)
+        assert dup == [] and len(other_ids) == 1
+        assert await store.message_count(sid) == 2  # "first" and the reply, not "again"
+        assert store._writer.stats.fallbacks == 1  # the merged path gave the batch up
+        assert max(store._writer.stats.batch_sizes) == 2
+        assert await store.has_platform_message("telegram", "c1", "p9")
+    finally:
+        await other.close()
+        await store.close()
+        pgserver.drop_schema(pg_dsn, name)
