@@ -108,6 +108,7 @@ class PgStore:
             conn = await WriterConnection.connect(dsn, autocommit=True)
             conn.windows = HistoryWindows()
             db.binary_lists(conn)
+            await db.generic_plans(conn)
             return conn
 
         try:
