@@ -6,6 +6,7 @@ since PostgreSQL refuses to run as root). Each test gets a schema of its own
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import shutil
@@ -113,3 +114,18 @@ def fresh_schema(dsn: str) -> str:
 def drop_schema(dsn: str, name: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+async def until_waiting_on_a_lock(
+    watch: psycopg.AsyncConnection, pid: int, task: asyncio.Future[object]
+) -> None:
+    """Poll pg_stat_activity on `watch` until backend `pid` waits for a lock, or `task` has
+    finished without waiting (about 5 s at most)."""
+    for _ in range(500):
+        cur = await watch.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+        )
+        row = await cur.fetchone()
+        if task.done() or (row and row[0] == "Lock"):
+            return
+        await asyncio.sleep(0.01)

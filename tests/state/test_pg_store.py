@@ -200,14 +200,7 @@ async def _race(dsn: str, claim: object) -> list[object]:
         got_a = await claim(first)  # type: ignore[operator]
         task = asyncio.create_task(claim(second))  # type: ignore[operator]
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch:
-            for _ in range(500):  # until B waits for A's lock, or has finished without it
-                cur = await watch.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-                )
-                row = await cur.fetchone()
-                if task.done() or (row and row[0] == "Lock"):
-                    break
-                await asyncio.sleep(0.01)
+            await pgserver.until_waiting_on_a_lock(watch, pid, task)  # B waits for A's lock
         await first.execute("COMMIT")
         return [got_a, await asyncio.wait_for(task, 10)]
     finally:

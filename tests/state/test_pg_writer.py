@@ -307,14 +307,8 @@ async def test_a_platform_id_another_writer_claims_mid_append_redoes_it_as_a_dup
             store.append_messages(sid, [{"role": "assistant", "content": "reply"}]),
         ))  # fmt: skip
         writer_pid = store._writer._conn.info.backend_pid  # type: ignore[union-attr]
-        for _ in range(500):  # until the writer's claim waits for the other's row
-            cur = await other.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (writer_pid,)
-            )
-            row = await cur.fetchone()
-            if task.done() or (row and row[0] == "Lock"):
-                break
-            await asyncio.sleep(0.01)
+        # until the writer's claim waits for the other's row
+        await pgserver.until_waiting_on_a_lock(other, writer_pid, task)
         assert not task.done()
         await other.execute("COMMIT")
         dup, other_ids = await asyncio.wait_for(task, 10)
