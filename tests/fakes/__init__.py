@@ -49,12 +49,18 @@ async def started(adapter: Any) -> AsyncIterator[Any]:
         await adapter.stop()
 
 
+# The SEND_BY of a send that does not stand still: far enough ahead that no load on the
+# machine running the tests makes it late (the on-time cases check that a send before its
+# limit goes, not how soon; a CI run once took more than LATE_SEND_S to connect one).
+ON_TIME_S = 30.0
+
+
 async def send_standing_still(send: Callable[[], Awaitable[Any]], *, stall: bool) -> bool:
-    """Run an adapter's `send()` as a replica's turn does, with SEND_BY LATE_SEND_S ahead;
-    with `stall`, the whole process stands still (as under SIGSTOP) once the send has begun
-    and its request waits to connect (a fake with keep_alive off). True when the send went,
-    False when it stopped unsent (SetOutLate)."""
-    limit = SEND_BY.set(time.monotonic() + LATE_SEND_S)
+    """Run an adapter's `send()` as a replica's turn does: with `stall`, SEND_BY LATE_SEND_S
+    ahead and the whole process standing still (as under SIGSTOP) once the send has begun
+    and its request waits to connect (a fake with keep_alive off); without, SEND_BY
+    ON_TIME_S ahead. True when the send went, False when it stopped unsent (SetOutLate)."""
+    limit = SEND_BY.set(time.monotonic() + (LATE_SEND_S if stall else ON_TIME_S))
     try:
         sending = asyncio.ensure_future(send())
         await asyncio.sleep(0)  # the send has begun: its request waits for a connection
@@ -69,7 +75,6 @@ async def send_standing_still(send: Callable[[], Awaitable[Any]], *, stall: bool
         SEND_BY.reset(limit)
 
 
-
 async def stalled_then_on_time(
     send: Callable[[], Awaitable[Any]], seen: Callable[[], list[Any]]
 ) -> None:
@@ -80,6 +85,7 @@ async def stalled_then_on_time(
         went = await send_standing_still(send, stall=stall)
         assert went is not stall, "stalled, yet it went" if stall else "on time, yet it stopped"
         assert seen() == ([] if stall else ["once"])
+
 
 def connection_closer(fake: Any) -> Any:
     """An aiohttp middleware for a fake whose `keep_alive` is False: every answer closes its
