@@ -32,8 +32,9 @@ async def generic_plans(conn: AsyncConnection) -> None:
     bind took 0.77 ms against 0.19-0.29 for its execution, and binds were about a third of
     the server's time per turn. Every writer statement looks rows up by key (`= ANY` of an
     array, a primary or unique key) or a time column that follows insertion order, whose
-    generic plans use the same indexes (the session prune's predicate has no index to use). Only the writer's connection: the read pool's statements (search, the
-    dashboard) keep custom plans, which their parameters can change."""
+    generic plans use the same indexes (the session prune's predicate has no index to use).
+    Only the writer's connection: the read pool's statements (search, the dashboard) keep
+    custom plans, which their parameters can change."""
     await conn.execute(b"SET plan_cache_mode = force_generic_plan")
 
 
