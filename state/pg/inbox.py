@@ -21,19 +21,33 @@ from .appends import append_many
 from .windows import histories
 from .writer import register_batched
 
-# The rows' ids drawn in call order (`n`) and the rows inserted, in one statement: each
-# drawn id, and whether its row went in.
-_INSERT = (
-    "WITH ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('inbox', 'id')) AS i "
-    "FROM generate_series(1, %s) AS g(n) ORDER BY n), "
+# The rows' ids drawn in call order (`n`) and the rows inserted (`ins`: their ids and keys),
+# as common table expressions: accept_many's statement, and cluster.turns_many's, which
+# takes the inserted rows' keys in the same statement. Each drawn id, and whether its row
+# went in, is ACCEPTED's select.
+ACCEPT_CTES = (
+    "ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('inbox', 'id')) AS i "
+    "FROM generate_series(1, %(a_n)s) AS g(n) ORDER BY n), "
     "ins AS (INSERT INTO inbox (id, platform, chat_id, platform_message_id, payload, state, "
-    "received_at, updated_at, session_key, replica) SELECT ids.i, p, c, m, pl, %s, t, t, k, r "
-    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], "
-    "%s::double precision[], %s::text[], %s::bigint[]) "
+    "received_at, updated_at, session_key, replica) SELECT ids.i, p, c, m, pl, %(a_state)s, t, "
+    "t, k, r FROM unnest(%(a_p)s::text[], %(a_c)s::text[], %(a_m)s::text[], %(a_pl)s::text[], "
+    "%(a_t)s::double precision[], %(a_k)s::text[], %(a_r)s::bigint[]) "
     "WITH ORDINALITY AS u(p, c, m, pl, t, k, r, n) JOIN ids USING (n) ORDER BY n "
-    "ON CONFLICT (platform, chat_id, platform_message_id) DO NOTHING RETURNING id) "
-    "SELECT ids.i, ins.id IS NOT NULL FROM ids LEFT JOIN ins ON ins.id = ids.i ORDER BY ids.n"
+    "ON CONFLICT (platform, chat_id, platform_message_id) DO NOTHING RETURNING id, session_key)"
 )
+ACCEPTED = "SELECT ids.i, ins.id IS NOT NULL FROM ids LEFT JOIN ins ON ins.id = ids.i"
+_INSERT = f"WITH {ACCEPT_CTES} {ACCEPTED} ORDER BY ids.n"
+
+
+def accept_params(calls: Sequence[Accept | Routed]) -> dict[str, Any]:
+    """ACCEPT_CTES's parameters for these calls, in call order."""
+    chosen = [(*c, None, None)[:7] for c in calls]
+    names = ("a_p", "a_c", "a_m", "a_pl", "a_t", "a_k", "a_r")
+    params: dict[str, Any] = {n: [c[k] for c in chosen] for k, n in enumerate(names)}
+    params.update(a_n=len(calls), a_state=RECEIVED)
+    return params
+
+
 # One call: Accept, plus the message's session key and the replica taking it (several
 # replicas on one database; None for one daemon).
 Routed = tuple[str, str, "str | None", str, float, "str | None", "int | None"]
@@ -58,23 +72,22 @@ async def accept(
 
 
 async def accept_many(
-    conn: AsyncConnection, calls: Sequence[Accept | Routed]
-) -> list[tuple[int, str, bool]]:
+    conn: AsyncConnection, calls: Sequence[Accept | Routed],
+    drawn: Sequence[tuple[int, bool]] | None = None,
+) -> list[tuple[int, str, bool]]:  # fmt: skip
     """Many `accept` calls: one insert in call order, ids drawn in it (a platform id twice
     in the batch: the first wins), one read of the rows that were there before. A row
-    pruned between the two is inserted anew."""
+    pruned between the two is inserted anew. `drawn`: the first insert's result (each
+    call's drawn id and whether its row went in), when the caller's statement ran it."""
     out: list[tuple[int, str, bool] | None] = [None] * len(calls)
     pending = list(range(len(calls)))
     while pending:
-        chosen = [(*calls[i], None, None)[:7] for i in pending]
-        drawn = await db.tuples(conn, _INSERT, (
-            len(pending), RECEIVED, [c[0] for c in chosen], [c[1] for c in chosen],
-            [c[2] for c in chosen], [c[3] for c in chosen], [c[4] for c in chosen],
-            [c[5] for c in chosen], [c[6] for c in chosen],
-        ))  # fmt: skip
+        if drawn is None:
+            drawn = await db.tuples(conn, _INSERT, accept_params([calls[i] for i in pending]))
         for i, (rid, inserted) in zip(pending, drawn, strict=True):
             if inserted:
                 out[i] = (int(rid), RECEIVED, True)
+        drawn = None
         pending = [i for i in pending if out[i] is None]  # each has a platform id
         if not pending:
             break

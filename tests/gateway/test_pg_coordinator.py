@@ -456,6 +456,70 @@ async def test_turn_ends_that_free_their_leases_are_fenced_by_the_release(replic
     assert (await store.inbox_counts()) == {"answered": 2, "received": 1}
 
 
+async def test_one_statement_accepts_takes_new_keys_and_releases_a_batchs_leases(
+    replica,
+) -> None:
+    """turns_many's accepts, the takes of the keys of the rows that went in and its turn
+    ends' releases run as one statement: a new row's idle key is taken (by the key's first
+    call only), a key another live replica holds is not, a redelivery takes nothing, the
+    ended turn's key comes free; and a batch with a lost lease among its releases commits
+    none of it."""
+    from state.pg import cluster as pg_cluster
+    from state.pg import db as pg_db
+
+    store, a = await replica("a")
+    _, b = await replica("b")
+    sids, rows = await _three_accepted(store, a)
+    space, now = a.link.space, time.time()
+
+    def accept(key: str, pmid: str) -> pg_cluster.AcceptTake:
+        return ("api", key, pmid, '{"text": "x"}', now, key, a.me, space, None)
+
+    async with await psycopg.AsyncConnection.connect(store._dsn, autocommit=True) as conn:
+        pg_db.binary_lists(conn)
+        async with conn.transaction():
+            route = await pg_cluster.take_lease(conn, "k1", a.me, space)
+        assert route is not None
+        fence = Fence("k1", a.me, int(route["lease_epoch"]))
+        end = (rows["k1"], sids["k1"], [{"role": "assistant", "content": "done"}], None, "ready")
+
+        async with b.lease("kb") as held:  # b holds kb meanwhile
+            assert held is not None
+            async with conn.transaction():
+                done, wrote = await pg_cluster.turns_many(conn, [
+                    accept("kx", "x1"), accept("kb", "b1"), accept("k2", "m"),
+                    accept("kx", "x2"), accept("ky", "y1"),
+                ], [(fence, "end", end, (None, []))])  # fmt: skip
+            assert len(wrote[0]) == 1  # the reply's message id
+            new = [d[2] for d in done]
+            assert new == [True, True, False, True, True]  # ("api", "k2", "m") was there
+            assert done[2][0] == rows["k2"]
+            taken = [d[3] is not None for d in done]
+            assert taken == [True, False, False, False, True]  # kx's first call only; kb is b's
+            kx = done[0][3]
+            assert kx is not None and kx["session_key"] == "kx" and kx["lease_owner"] == a.me
+            assert [r["id"] for r in kx["open"]] == [done[0][0], done[3][0]]
+            cur = await conn.execute("SELECT session_key, lease_owner FROM session_routes")
+            owners = dict(await cur.fetchall())
+            assert owners == {"k1": None, "kx": a.me, "ky": a.me, "kb": b.me}
+
+        # a release whose lease was lost: the whole batch fails, its accept with it
+        async with conn.transaction():
+            await pg_cluster.take_lease(conn, "k3", a.me, space)
+        stale = Fence("k3", a.me, 0)
+        end3 = (rows["k3"], sids["k3"], [{"role": "assistant", "content": "x"}], None, "ready")
+        with pytest.raises(LeaseLost):
+            async with conn.transaction():
+                await pg_cluster.turns_many(
+                    conn, [accept("kz", "z1")], [(stale, "end", end3, (None, []))]
+                )  # fmt: skip
+        cur = await conn.execute("SELECT count(*) FROM inbox WHERE chat_id = 'kz'")
+        assert (await cur.fetchone()) == (0,)
+        cur = await conn.execute("SELECT lease_owner FROM session_routes WHERE session_key = 'k3'")
+        assert (await cur.fetchone()) == (a.me,)
+    assert await store.message_count(sids["k1"]) == 1 and await store.message_count(sids["k3"]) == 0
+
+
 async def test_a_dead_runners_reply_is_sent_again_under_its_keys_lease(replica, server: str) -> None:
     """The takeover scan sends a dead runner's unconfirmed reply while holding the reply's
     key, so no other replica's turn of that chat can send its own reply in between (a
