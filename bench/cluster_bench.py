@@ -492,17 +492,47 @@ async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
     """An open loop at `rate`: the turn p50/p99 and the CPU per message of the load
     generator (this process), the daemons and the server, and the cores they kept busy from
     the first request to the last answer."""
+    speed = probe_ms()
     before, own, wall = meter.sample(), time.process_time(), time.perf_counter()
+    stolen = steal_s()
     lat = await Load(urls, hop).open(rate, seconds)
     cpu = (time.process_time() - own, *meter.spent(before)[:2])
     took = time.perf_counter() - wall
+    stolen = steal_s() - stolen
     figures = f"p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms" if lat else "-"
     gen, daemons, server = (x * 1000 / max(1, len(lat)) for x in cpu)
     server_part = f" + server {server:.2f}" if meter.dsn else ""
     return (f"  {label} at {rate:,.0f} msg/s: {figures}   answered {len(lat):,}/"
             f"{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load generator {gen:.2f} + "
             f"daemons {daemons:.2f}{server_part} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
-            "cores busy over the run")  # fmt: skip
+            f"cores busy over the run, {stolen / took:.2f} stolen by the host; probe "
+            f"{speed:.0f} ms")  # fmt: skip
+
+
+def probe_ms() -> float:
+    """A fixed piece of pure-Python work, timed just before a run (the best of three): how
+    fast one core of this machine is at that moment. The same code's figures move with it
+    between runs minutes apart on these shared machines."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        total = 0
+        for i in range(300_000):
+            total += i * i % 7
+        best = min(best, time.perf_counter() - t)
+    return best * 1000
+
+
+def steal_s() -> float:
+    """CPU seconds the hypervisor has given other guests instead of this machine since boot
+    (/proc/stat's `steal`, all CPUs): the same code's latency figures differ by several times
+    between runs minutes apart on these shared machines, and this is one cause to see."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 async def drained(cluster: Cluster, limit_s: float = 300.0) -> None:

@@ -100,6 +100,38 @@ async def test_merged_appends_return_the_ids_the_rows_really_got(pg: PgStore) ->
     assert pg._writer.stats.fallbacks == 0  # the merged path handled every batch
 
 
+async def test_merged_appends_claim_platform_ids_under_their_sessions_chats(pg: PgStore) -> None:
+    """A merged run of appends without `dedupe` claims its rows' platform ids under their
+    sessions' chats (none for a session without a chat); a run with a session that is not
+    there writes nothing for it and fails only that caller."""
+    a = await pg.create_session(source="telegram", chat_id="ca")
+    b = await pg.create_session(source="api")  # no chat: its platform ids are not claimed
+    results = await asyncio.gather(
+        pg.append_messages(a, [{"role": "user", "content": "x", "platform_message_id": "p1"},
+                               {"role": "assistant", "content": "y"}]),
+        pg.append_messages(b, [{"role": "user", "content": "z", "platform_message_id": "p2"}]),
+        pg.append_messages(a, [{"role": "user", "content": "w", "platform_message_id": "p3"}]),
+    )  # fmt: skip
+    assert [len(r) for r in results] == [2, 1, 1]
+    assert pg._writer.stats.fallbacks == 0 and max(pg._writer.stats.batch_sizes) > 1
+    async with pg._pool.connection() as conn:
+        cur = await conn.execute("SELECT source, chat_id, platform_message_id, message_id "
+                                 "FROM platform_messages ORDER BY platform_message_id")  # fmt: skip
+        assert await cur.fetchall() == [("telegram", "ca", "p1", results[0][0]),
+                                        ("telegram", "ca", "p3", results[2][0])]  # fmt: skip
+
+    got = await asyncio.gather(
+        pg.append_messages(a, [{"role": "user", "content": "v"}]),
+        pg.append_messages("no-such-session", [{"role": "user", "content": "lost"}]),
+        return_exceptions=True,
+    )
+    assert isinstance(got[1], SessionNotFound) and len(got[0]) == 1  # type: ignore[arg-type]
+    assert [(await pg.require_session(s))["message_count"] for s in (a, b)] == [4, 1]
+    async with pg._pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM messages WHERE content = 'lost'")
+        assert (await cur.fetchone()) == (0,)
+
+
 async def test_merged_appends_dedupe_and_count_tokens(pg: PgStore) -> None:
     sid = await pg.create_session(source="telegram", chat_id="c1")
     msg = {"role": "user", "content": "hi", "platform_message_id": "p1"}
