@@ -81,7 +81,7 @@ _TAKEN_COLUMNS = f"""t.*, rs.ended_at AS route_ended, rs.id AS route_found,
        COALESCE(rs.last_active, 0) AS route_active,
        ARRAY(SELECT j.name FROM live_jobs j WHERE j.session_id = COALESCE(t.session_id, ls.id)
              AND j.owner IN ({LIVE}) ORDER BY j.name) AS jobs"""
-_TAKEN_WIDTH = 28
+_TAKEN_WIDTH = 28  # a column more in session_routes: one more here (the UNION says so)
 _TAKEN_FROM = """
 FROM taken t
 LEFT JOIN sessions rs ON rs.id = t.session_id
@@ -208,10 +208,9 @@ def _accepts_taking(release: bool) -> str:
     three of a batch's round trips in one. Each row says what it is: 0 an accept's drawn
     id and whether its row went in (as inbox.ACCEPTED), 1 a route released, 2 a route
     taken (as _TAKE's, after four columns), 3 a wake-up sent. The keys' open rows are still
-    read by a statement of their own (_OPEN_AND_UNSENT says why). On three replicas at 800
-    messages/s, alternated with the three statements it replaces (README, stop 36): the
-    daemons' CPU per message 1.33 ms against 1.35-1.37, and a one-message commit's p50
-    3.6-3.8 ms against 3.9-4.2 on one replica at 50-100 messages/s."""
+    read by a statement of their own (_OPEN_AND_UNSENT says why). A mixed batch commits in
+    8 round trips instead of 10; its CPU, alternated with the three statements this
+    replaces (README, stop 36), moved less than the runs' spread."""
     pad = ", NULL" * (_TAKEN_WIDTH - 1)
     keys = "ARRAY(SELECT DISTINCT session_key FROM ins WHERE session_key IS NOT NULL)"
     parts = [
