@@ -340,6 +340,14 @@ def analyzer(cluster: Cluster) -> Callable[[], None]:
     return run
 
 
+async def warmed(cluster: Cluster, hop: bool = False) -> None:
+    """Until every chat has had two messages (each chat's session made), then ANALYZE."""
+    warm = Load(lambda: [r.url for r in cluster.replicas], hop)
+    while warm.done < 2 * CHATS:
+        await warm.closed(1.0)
+    analyzer(cluster)()
+
+
 LONG_CHATS, LONG_HISTORY = 64, 200  # section 6
 
 
@@ -432,10 +440,7 @@ async def turn_anatomy(root: Path, dsn: str, source: Source, seconds: float) -> 
     cluster = await on_cluster(root, dsn, 1, "anatomy", source)
     try:
         urls = lambda: [r.url for r in cluster.replicas]  # noqa: E731
-        warm = Load(urls)
-        while warm.done < 2 * CHATS:  # every chat's session made
-            await warm.closed(1.0)
-        analyzer(cluster)()
+        await warmed(cluster)
         url = cluster.replicas[0].url
         for rate in ANATOMY_RATES:
             await drained(cluster)
@@ -661,11 +666,7 @@ async def main() -> None:
             for n in (2, 3):
                 cluster = await on_cluster(Path(tmp), args.dsn, n, f"c{n}", source)
                 try:
-                    urls = lambda c=cluster: [r.url for r in c.replicas]  # type: ignore[misc]  # noqa: E731
-                    warm = Load(urls, args.hop)
-                    while warm.done < 2 * CHATS:
-                        await warm.closed(1.0)
-                    analyzer(cluster)()
+                    await warmed(cluster, args.hop)
                     await latency_run(cluster, 800.0, seconds, args.hop)
                 finally:
                     await cluster.close()
@@ -703,10 +704,10 @@ async def main() -> None:
                 if not args.only:
                     # 800/s as SCALEOUT asks on 2 and 3 replicas (1 cannot sustain it on 2
                     # shared cores), and half of what 1 replica sustained on 1 and 3
-                    for rate in (round(rates[1]["rate"] / 2), 800.0):
-                        if (n, rate) != (2, round(rates[1]["rate"] / 2)):
-                            lines[n, rate] = await latency_run(cluster, rate, seconds,
-                                                               args.hop, show=False)  # fmt: skip
+                    half = round(rates[1]["rate"] / 2)
+                    for rate in (800.0,) if n == 2 else (half, 800.0):
+                        lines[n, rate] = await latency_run(cluster, rate, seconds, args.hop,
+                                                           show=False)  # fmt: skip
             finally:
                 await cluster.close()
         print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
