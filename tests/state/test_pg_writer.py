@@ -353,3 +353,31 @@ async def test_a_platform_id_another_writer_claims_mid_append_redoes_it_as_a_dup
         await other.close()
         await store.close()
         pgserver.drop_schema(pg_dsn, name)
+
+
+async def test_the_writers_generic_plan_probes_routes_by_key_not_by_a_scan(pg: PgStore) -> None:
+    """The writer's connection plans once per statement (plan_cache_mode) and prices a page
+    read as memory does (random_page_cost): the lease take's generic plan probes the routes'
+    primary key for its keys instead of reading and hashing the whole table. 2,000 routes:
+    under the default random_page_cost (4) the plan scans them (tried)."""
+    from state.pg import cluster
+
+    take = (f"WITH {cluster._take_ctes('$1::text[]')} SELECT session_key FROM taken"
+            .replace("%(me)s", "$2").replace("%(space)s", "$3"))  # fmt: skip
+
+    async def plan(conn: psycopg.AsyncConnection) -> str:
+        await conn.execute(
+            "INSERT INTO session_routes (session_key, lease_owner, lease_epoch) "
+            "SELECT 'k' || g, NULL, 0 FROM generate_series(1, 2000) AS g"
+        )
+        await conn.execute("ANALYZE session_routes")
+        await conn.execute(f"PREPARE probe_take(text[], bigint, bigint) AS {take}")
+        try:
+            cur = await conn.execute("EXPLAIN EXECUTE probe_take('{k1,k2,k3}', 7, 0)")
+            return "\n".join(r[0] for r in await cur.fetchall())
+        finally:
+            await conn.execute("DEALLOCATE probe_take")
+
+    found = await pg._writer.submit(plan)
+    assert "session_routes_pkey" in found
+    assert "Seq Scan on session_routes" not in found
