@@ -36,7 +36,9 @@ figures; asserts nothing.
    reference: the embedded store in one process, on the same cores), on 1 replica and on 3;
    and at half the rate 1 replica sustained in 1 (where 800/s is beyond this machine). With each, the
    CPU per message of the load generator (this process), the daemons and the server, and
-   the cores they kept busy over the run: near all of them, latency is queueing.
+   the cores they kept busy over the run: near all of them, latency is queueing. And where
+   the slowest 1% were sent: a p99 made of one or two bursts (a stall of everything in
+   flight for a moment) reads differently from one spread over the run.
 4. Takeover: a replica is SIGKILLed under load; the time until every inbox row open at
    that moment (its pending keys) is answered by another replica.
 5. Search p50/p95 on 1M messages on PostgreSQL (bench/pg_bench.py's queries and timing;
@@ -172,6 +174,7 @@ class Load:
         self.failed = 0
         # each client's place in its chats, kept across windows, so a warm-up reaches them all
         self.chats: dict[tuple[int, int], itertools.cycle[int]] = {}
+        self.timeline: list[tuple[float, float]] = []  # the last open loop's (sent s, ms)
 
     async def one(self, http: LeanHttp, chat: int) -> float | None:
         """One message; its round trip in ms (None: not answered with its echo)."""
@@ -220,12 +223,14 @@ class Load:
         """Message i at i/rate seconds whatever happened to the earlier ones; the round
         trips in ms."""
         out: list[float] = []
+        self.timeline = []  # (second sent, ms) per answer
         http = LeanHttp()
 
         async def send(i: int) -> None:
             ms = await self.one(http, i % CHATS)
             if ms is not None:
                 out.append(ms)
+                self.timeline.append((i / rate, ms))
 
         try:
             await open_loop(rate, int(rate * seconds), send)
@@ -500,7 +505,8 @@ async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
     speed = probe_ms()
     before, own, wall = meter.sample(), time.process_time(), time.perf_counter()
     stolen = steal_s()
-    lat = await Load(urls, hop).open(rate, seconds)
+    load = Load(urls, hop)
+    lat = await load.open(rate, seconds)
     cpu = (time.process_time() - own, *meter.spent(before)[:2])
     took = time.perf_counter() - wall
     stolen = steal_s() - stolen
@@ -511,7 +517,23 @@ async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
             f"{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load generator {gen:.2f} + "
             f"daemons {daemons:.2f}{server_part} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
             f"cores busy over the run, {stolen / took:.2f} stolen by the host; probe "
-            f"{speed:.0f} ms")  # fmt: skip
+            f"{speed:.0f} ms\n  {'':<4}{bursts(load.timeline)}")  # fmt: skip
+
+
+def bursts(timeline: list[tuple[float, float]], span_s: float = 0.25) -> str:
+    """Where the slowest 1% of a run's turns were sent: in how many of its quarter-seconds,
+    and how many in the busiest. A p99 made of one or two bursts (a stall of everything
+    in flight) differs from one spread over the run (a queue that stays long)."""
+    if len(timeline) < 100:
+        return "slowest 1%: too few answers"
+    p99 = pct([ms for _, ms in timeline], 0.99)
+    slow = Counter(int(t / span_s) for t, ms in timeline if ms >= p99)
+    spans = int(max(t for t, _ in timeline) / span_s) + 1
+    worst, most = slow.most_common(1)[0]
+    return (
+        f"slowest 1% ({sum(slow.values())} turns) sent in {len(slow)} of {spans} "
+        f"quarter-seconds, {most} of them in the busiest (from {worst * span_s:.2f} s)"
+    )
 
 
 def probe_ms() -> float:
