@@ -300,7 +300,7 @@ async def test_a_schema_1_database_gains_the_inbox_keeping_its_sessions(schema_d
     await old.close()
     store = await open_store({"backend": "postgres", "dsn": schema_dsn}, ".")
     try:
-        assert await store.schema_version() == store.latest_schema_version() == 6
+        assert await store.schema_version() == store.latest_schema_version() == 7
         assert (await store.require_session(sid))["title"] == "kept"
         assert (await store.accept_inbound("api", "1", "m", {}))[2] is True
     finally:
@@ -319,6 +319,37 @@ async def test_a_schema_5_databases_shards_keep_their_owners_and_epochs(schema_d
     try:
         # incarnation 77 holds no lock: both shards are free, epochs go on from theirs
         assert await store.claim_shards("discord", 2, 5, 0, 3.0) == ({0: 5, 1: 1}, 0)
+    finally:
+        await store.close()
+
+
+async def test_a_schema_6_databases_leases_hold_and_its_routes_update_in_place(
+    schema_dsn: str,
+) -> None:
+    """Schema 7 drops the index on the lease's owner (so a take and a release are HOT
+    updates) and leaves room on the routes' pages: a lease taken before keeps its owner and
+    epoch, its fence holds, and its release frees it."""
+    old = await PgStore.open(schema_dsn, schema_target=6)
+    taken = await old.take_lease("k", 1, 0)
+    assert taken is not None
+    fence = Fence("k", 1, int(taken["lease_epoch"]))
+    await old.close()
+    store = await PgStore.open(schema_dsn)
+    try:
+        assert await store.schema_version() == 7
+        assert await store.lease_holds(fence)
+        assert await store.take_lease("k", 2, 0) is not None  # incarnation 1 holds no lock
+        assert not await store.lease_holds(fence)
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'session_routes' "
+                "AND schemaname = current_schema()"
+            )
+            assert [r[0] for r in await cur.fetchall()] == ["session_routes_pkey"]
+            cur = await conn.execute(
+                "SELECT reloptions FROM pg_class WHERE oid = 'session_routes'::regclass"
+            )
+            assert (await cur.fetchone()) == (["fillfactor=80"],)
     finally:
         await store.close()
 

@@ -381,3 +381,28 @@ async def test_the_writers_generic_plan_probes_routes_by_key_not_by_a_scan(pg: P
     found = await pg._writer.submit(plan)
     assert "session_routes_pkey" in found
     assert "Seq Scan on session_routes" not in found
+
+
+async def test_a_leases_take_and_release_update_its_route_in_place(pg: PgStore) -> None:
+    """Every turn takes and frees its key's lease: both updates of the route are HOT (no
+    index entry written), so no index covers the lease's columns."""
+    from state import Fence
+    from state.pg import cluster
+
+    async def cycle(conn: psycopg.AsyncConnection) -> tuple[int, int]:
+        for _ in range(3):
+            row = await cluster.take_lease(conn, "agent:main:api:dm:c1", 1, 0)
+            assert row is not None
+            fence = Fence("agent:main:api:dm:c1", 1, int(row["lease_epoch"]))
+            assert await cluster.release_lease(conn, fence, None, [])
+        cur = await conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
+            "WHERE relname = 'session_routes'"
+        )
+        found = await cur.fetchone()
+        assert found is not None
+        return int(found[0]), int(found[1])
+
+    updated, hot = await pg._writer.submit(cycle)
+    assert updated == 5  # the first take inserts the route; then release, take, ... release
+    assert hot == updated
