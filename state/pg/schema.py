@@ -230,7 +230,7 @@ ALTER TABLE platform_shards ADD COLUMN released_at double precision;
 # keeps a row's new version on its page, with no index entries, only when no indexed column
 # changed): each wrote an entry into both of the table's indexes. Without it, and with room
 # left on each page for new versions, they are HOT: at 800 msg/s on two replicas 0 of
-# 15,877 route updates were HOT before and 99.6% after, and the WAL per message fell from
+# 15,877 route updates were HOT before and 99.3-100% after, and the WAL per message fell from
 # 6.5 to 6.2 KB (README, stop 37). Only `doctor`'s count of dead replicas' leases read
 # routes by owner; it now reads the table.
 _V7 = """
