@@ -206,7 +206,7 @@ def _accepts_taking(release: bool) -> str:
     """One statement for a batch's accepts and the takes of the keys of the rows that went
     in (and, with `release`, the batch's lease releases, whose keys no accept here takes):
     three of a batch's round trips in one. Each row says what it is: 0 an accept's drawn
-    id and whether its row went in (as inbox.ACCEPTED), 1 a route released, 2 a route
+    id and whether its row went in (as inbox._ACCEPTED), 1 a route released, 2 a route
     taken (as _TAKE's, after four columns), 3 a wake-up sent. The keys' open rows are still
     read by a statement of their own (_OPEN_AND_UNSENT says why). A mixed batch commits in
     8 round trips instead of 10; its CPU, alternated with the three statements this

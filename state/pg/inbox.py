@@ -24,7 +24,7 @@ from .writer import register_batched
 # The rows' ids drawn in call order (`n`) and the rows inserted (`ins`: their ids and keys),
 # as common table expressions: accept_many's statement, and cluster.turns_many's, which
 # takes the inserted rows' keys in the same statement. Each drawn id, and whether its row
-# went in, is ACCEPTED's select.
+# went in, is _ACCEPTED's select (cluster.py widens it with the take's columns).
 ACCEPT_CTES = (
     "ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('inbox', 'id')) AS i "
     "FROM generate_series(1, %(a_n)s) AS g(n) ORDER BY n), "
@@ -35,8 +35,8 @@ ACCEPT_CTES = (
     "WITH ORDINALITY AS u(p, c, m, pl, t, k, r, n) JOIN ids USING (n) ORDER BY n "
     "ON CONFLICT (platform, chat_id, platform_message_id) DO NOTHING RETURNING id, session_key)"
 )
-ACCEPTED = "SELECT ids.i, ins.id IS NOT NULL FROM ids LEFT JOIN ins ON ins.id = ids.i"
-_INSERT = f"WITH {ACCEPT_CTES} {ACCEPTED} ORDER BY ids.n"
+_ACCEPTED = "SELECT ids.i, ins.id IS NOT NULL FROM ids LEFT JOIN ins ON ins.id = ids.i"
+_INSERT = f"WITH {ACCEPT_CTES} {_ACCEPTED} ORDER BY ids.n"
 
 
 def accept_params(calls: Sequence[Accept | Routed]) -> dict[str, Any]:
