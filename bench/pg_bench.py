@@ -9,6 +9,9 @@ same code measures both). Prints figures; asserts nothing.
 2. Append latency p50/p99 at an offered 800 appends/s (open loop, SCALEOUT's figure).
 3. list_sessions(limit=20) median over the sessions written.
 4. search p50/p95 per query kind (word, two words, phrase, prefix, OR, CJK), relevance sort.
+5. Commits of 8 appends that carry tokens (a batch of turns' replies: messages, session
+   counts and per-model usage rows): CPU per commit of this process and, on PostgreSQL, of
+   the server's backends (from /proc), and the wall time. `--batches` runs this alone.
 
 PostgreSQL runs in a schema of its own that is dropped at the end. Client and server share
 the machine's cores, so the PostgreSQL figures include the server's CPU.
@@ -30,7 +33,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import TextGen, pct  # noqa: E402
-from bench.loops import open_loop  # noqa: E402
+from bench.loops import cpu_seconds, open_loop  # noqa: E402
 from state import Store, open_store  # noqa: E402
 
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
@@ -69,7 +72,7 @@ async def latency_at(store: Store, sids: list[str], rate: float, seconds: float)
     return out
 
 
-async def run(store: Store, label: str, quick: bool) -> None:
+async def run(store: Store, label: str, quick: bool, dsn: str | None = None) -> None:
     gen = TextGen(3)
     n_rows = 20_000 if quick else 100_000
     n_sessions = 5_000 if quick else 20_000
@@ -99,6 +102,48 @@ async def run(store: Store, label: str, quick: bool) -> None:
     print(f"4. search over {await store.message_count():,} messages (2 passes, the 2nd timed)")
     for kind, times in (await search_times(store)).items():
         print(f"   {kind:<10} p50 {pct(times, 0.5):7.2f} ms   p95 {pct(times, 0.95):7.2f} ms")
+    await batch_cpu(store, dsn, quick)
+
+
+BATCH, BATCHES = 8, 3_000  # section 5
+
+
+def backends_cpu_s(dsn: str) -> float:
+    """User + system CPU of the server's other backends on this database so far."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")]  # fmt: skip
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:  # gone meanwhile, or not on this machine
+            continue
+    return total
+
+
+async def batch_cpu(store: Store, dsn: str | None, quick: bool) -> None:
+    """Section 5: BATCHES commits of BATCH concurrent token-carrying appends."""
+    sids = [await store.create_session(source="api") for _ in range(64)]
+
+    async def commit(k: int) -> None:
+        await asyncio.gather(*(store.append_messages(
+            sids[(k * BATCH + j) % len(sids)],
+            [{"role": "assistant", "content": f"reply {k} {j} with a few words"}],
+            input_tokens=5, output_tokens=7) for j in range(BATCH)))  # fmt: skip
+
+    for k in range(200):  # warm: statements prepared, sessions cached
+        await commit(k)
+    n = BATCHES // 5 if quick else BATCHES
+    server = backends_cpu_s(dsn) if dsn else 0.0
+    own, wall = time.process_time(), time.perf_counter()
+    for k in range(n):
+        await commit(k)
+    own, wall = time.process_time() - own, time.perf_counter() - wall
+    server_part = f"  server {(backends_cpu_s(dsn) - server) * 1000 / n:.2f} ms" if dsn else ""
+    print(f"5. commits of {BATCH} appends with tokens: client {own * 1000 / n:.2f} ms"
+          f"{server_part}  wall {wall * 1000 / n:.2f} ms per commit ({n:,} commits)")  # fmt: skip
 
 
 async def search_times(store: Store) -> dict[str, list[float]]:
@@ -122,10 +167,11 @@ async def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
     ap.add_argument("--only", choices=("sqlite", "postgres"))
+    ap.add_argument("--batches", action="store_true", help="section 5 alone, on PostgreSQL")
     args = ap.parse_args()
     print(f"switchboard store bench, {os.cpu_count()} cores (client and server share them)")
     schema = f"sb_bench_{os.getpid()}"
-    if args.only != "postgres":
+    if args.only != "postgres" and not args.batches:
         with tempfile.TemporaryDirectory() as tmp:
             store = await open_store({"backend": "sqlite"}, tmp)
             try:
@@ -143,7 +189,11 @@ async def main() -> None:
         store = await open_store({"backend": "postgres", "dsn": dsn}, ".")
         try:
             label = f"PostgreSQL {version[0] if version else '?'} (synchronous_commit={sync[0] if sync else '?'})"
-            await run(store, label, args.quick)
+            if args.batches:
+                print(f"== {label}")
+                await batch_cpu(store, dsn, args.quick)
+            else:
+                await run(store, label, args.quick, dsn)
         finally:
             await store.close()
     finally:

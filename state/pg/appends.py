@@ -39,13 +39,14 @@ _CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
 # One statement writes a run of appends: the rows' ids drawn from the sequence in row order
 # (`n`), the rows inserted, their platform ids claimed (`ON CONFLICT DO NOTHING`: the ids
 # claimed come back, and one a caller must settle that another writer took meanwhile makes
-# the batch redo one by one), and the sessions' counts, activity and the calls' tokens
-# (usage.tokens_set, where `u.tk`) updated, returning what the usage rows need. One round
-# trip instead of three: a statement costs this writer's client about 0.15-0.35 ms of CPU
-# and the server about as much again, whatever it does (README, stop 35). The foreign key
-# from platform_messages to messages is checked at the statement's end, after both inserts.
-# The result's rows: (0, n, id) per drawn id, (1, NULL, message id) per claim and
-# (2, NULL, NULL, ROUTE_RETURNING's five columns) per session updated.
+# the batch redo one by one), the sessions' counts, activity and the calls' tokens
+# (usage.tokens_set, where `u.tk`) updated, and those tokens' usage rows upserted on each
+# session's billing route (usage.routed_usage). One round trip instead of four: a statement
+# costs this writer's client about 0.15-0.35 ms of CPU and the server about as much again,
+# whatever it does (README, stops 35 and 38). The foreign key from platform_messages to
+# messages is checked at the statement's end, after both inserts. The result's rows:
+# (0, n, id) per drawn id and (1, NULL, message id) per claim. The last two parameters
+# are the usage rows' first and last seen.
 _ROWS = (
     "WITH ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('messages', 'id')) "
     "AS id FROM generate_series(1, %s) AS g(n) ORDER BY n), "
@@ -62,10 +63,9 @@ _ROWS = (
     f"THEN u.ts ELSE s.last_active END, {usage.tokens_set()} "
     "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::double precision[], "
     "%s::bigint[], %s::bigint[], %s::boolean[]) AS u(sid, n, t, pv, ts, i, o, tk) "
-    f"WHERE s.id = u.sid RETURNING {usage.ROUTE_RETURNING}) "
-    "SELECT 0, n, id, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text FROM ids "
-    "UNION ALL SELECT 1, NULL, message_id, NULL, NULL, NULL, NULL, NULL FROM claim "
-    "UNION ALL SELECT 2, NULL, NULL, upd.* FROM upd"
+    f"WHERE s.id = u.sid RETURNING {usage.ROUTE_RETURNING}, u.i, u.o, u.tk), "
+    f"used AS ({usage.upsert_from(usage.routed_usage('upd'))}) "
+    "SELECT 0, n, id FROM ids UNION ALL SELECT 1, NULL, message_id FROM claim"
 )
 
 
@@ -143,13 +143,12 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
             len(rows), *columns, *([c[k] for c in claims] for k in range(4)),
             [s for s, _ in live], [a[0] for _, a in live], [a[1] for _, a in live],
             [a[2] for _, a in live], [a[3] for _, a in live], [a[4] for _, a in live],
-            [a[5] for _, a in live], [bool(a[4] or a[5]) for _, a in live],
+            [a[5] for _, a in live], [bool(a[4] or a[5]) for _, a in live], now, now,
         ))  # fmt: skip
         ids = [int(r[2]) for r in sorted((r for r in found if r[0] == 0), key=lambda r: r[1])]
         got = {int(r[2]) for r in found if r[0] == 1}
         if any(c[4] and ids[c[3] - 1] not in got for c in claims):
             raise _Redo()  # another writer stored one of these platform ids since the check
-        await usage.add_usage_many(conn, [r[3:] for r in found if r[0] == 2], tokens)
     rest = sorted((sid, *t) for sid, t in tokens.items() if not agg[sid][0])
     if rest:  # tokens of calls whose messages were all duplicates
         await usage.add_tokens_many(conn, rest)

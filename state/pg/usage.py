@@ -125,8 +125,32 @@ def tokens_set() -> str:
     )
 
 
-# What add_usage_many needs back from that update.
+# What add_usage_many needs back from that update: the session and its billing route.
 ROUTE_RETURNING = "s.id, s.model, s.billing_provider, s.billing_base_url, s.billing_mode"
+
+
+def upsert_from(rows: str) -> str:
+    """The incremental usage rows' upsert from `rows`, a relation of (sid, m, bp, bu, bm,
+    i, o): session, model, billing provider, base URL and mode, input and output tokens;
+    first and last seen are the statement's next two parameters. As `_add_usage` writes
+    a call's row with tokens only."""
+    return (
+        f"INSERT INTO session_model_usage AS u ({_COLUMNS}, first_seen, last_seen) "
+        f"SELECT sid, m, bp, bu, bm, '', 0, i, o, 0, 0, 0, 0.0, 0.0, %s, %s FROM {rows} "
+        f"ON CONFLICT {_KEY} DO UPDATE SET {_ACCUMULATE}, last_seen = excluded.last_seen"
+    )
+
+
+def routed_usage(updated: str) -> str:
+    """`updated`'s rows (ROUTE_RETURNING's columns, then the `i`, `o` and `tk` of a
+    tokens_set update) where `tk`, as upsert_from's relation: each on its session's billing
+    route as `usage_route(None, {}, session)` picks it (the model, else "unknown"), in
+    session order."""
+    return (
+        "(SELECT id AS sid, COALESCE(NULLIF(model, ''), 'unknown') AS m, "
+        "COALESCE(billing_provider, '') AS bp, COALESCE(billing_base_url, '') AS bu, "
+        f"COALESCE(billing_mode, '') AS bm, i, o FROM {updated} WHERE tk ORDER BY id) AS x"
+    )
 
 
 async def add_tokens_many(conn: AsyncConnection, deltas: Sequence[tuple[str, int, int]]) -> None:
@@ -163,10 +187,7 @@ async def add_usage_many(
     now = time.time()
     await db.run(
         conn,
-        f"INSERT INTO session_model_usage AS u ({_COLUMNS}, first_seen, last_seen) "
-        "SELECT sid, m, bp, bu, bm, '', 0, i, o, 0, 0, 0, 0.0, 0.0, %s, %s FROM unnest("
-        "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[]) "
-        "AS x(sid, m, bp, bu, bm, i, o) "
-        f"ON CONFLICT {_KEY} DO UPDATE SET {_ACCUMULATE}, last_seen = excluded.last_seen",
+        upsert_from("unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], "
+                    "%s::bigint[], %s::bigint[]) AS x(sid, m, bp, bu, bm, i, o)"),
         (now, now, *([r[k] for r in rows] for k in range(7))),
     )  # fmt: skip
