@@ -53,7 +53,9 @@ figures; asserts nothing.
    message and the turn p50/p99 at 800 msg/s of each.
 8. Where a turn's time goes (`--only 8`): 1 replica, open loop at 5 to 400 msg/s; the turn
    p50/p99 beside the writer's commits in the same window (rate, turns per commit, commit
-   p50/p99, operations per commit, from the replica's /metrics).
+   p50/p99, operations per commit, from the replica's /metrics), and the cores the daemon
+   and its server kept busy: a commit costs about the same whatever it holds, so the CPU
+   follows the commits more than the messages.
 
 Each run gets a database of its own, dropped at the end; the load generator shares the
 machine's cores with the daemons and the server, as the figures say. It sends through
@@ -455,14 +457,19 @@ async def turn_anatomy(root: Path, dsn: str, source: Source, seconds: float) -> 
         for rate in ANATOMY_RATES:
             await drained(cluster)
             before = await writer_metrics(url)
+            meter = meter_of(cluster)
+            cpu, wall = meter.sample(), time.perf_counter()
             lat = await Load(urls).open(rate, seconds)
+            daemon_s, server_s, _ = meter.spent(cpu)
+            wall = time.perf_counter() - wall
             after = await writer_metrics(url)
             commits = after["batches_total"] - before["batches_total"]
             print(f"  {rate:5.0f} msg/s: turn p50 {pct(lat, 0.5):6.1f} ms  p99 {pct(lat, 0.99):6.1f} "
                   f"ms   commits {commits / seconds:5.0f}/s, {len(lat) / max(1.0, commits):.2f} "
                   f"turns each, commit p50 {after['commit_ms_p50']:5.1f} ms  p99 "
                   f"{after['commit_ms_p99']:5.1f} ms (last 512), operations p50 "
-                  f"{after['batch_size_p50']:.0f}")  # fmt: skip
+                  f"{after['batch_size_p50']:.0f}; cores busy: daemon {daemon_s / wall:.2f}, "
+                  f"server {server_s / wall:.2f}")  # fmt: skip
     finally:
         await cluster.close()
 
