@@ -63,7 +63,7 @@ _ROWS = (
     f"THEN u.ts ELSE s.last_active END, {usage.tokens_set()} "
     "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::double precision[], "
     "%s::bigint[], %s::bigint[], %s::boolean[]) AS u(sid, n, t, pv, ts, i, o, tk) "
-    f"WHERE s.id = u.sid RETURNING {usage.ROUTE_RETURNING}, u.i, u.o, u.tk), "
+    f"WHERE s.id = u.sid RETURNING {usage.ROUTED_RETURNING}), "
     f"used AS ({usage.upsert_from(usage.routed_usage('upd'))}) "
     "SELECT 0, n, id FROM ids UNION ALL SELECT 1, NULL, message_id FROM claim"
 )

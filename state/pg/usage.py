@@ -125,8 +125,11 @@ def tokens_set() -> str:
     )
 
 
-# What add_usage_many needs back from that update: the session and its billing route.
-ROUTE_RETURNING = "s.id, s.model, s.billing_provider, s.billing_base_url, s.billing_mode"
+# What the usage rows need back from a tokens_set update: the session, its billing route
+# and the update's `i`, `o` and `tk` (routed_usage's relation).
+ROUTED_RETURNING = (
+    "s.id, s.model, s.billing_provider, s.billing_base_url, s.billing_mode, u.i, u.o, u.tk"
+)
 
 
 def upsert_from(rows: str) -> str:
@@ -142,10 +145,9 @@ def upsert_from(rows: str) -> str:
 
 
 def routed_usage(updated: str) -> str:
-    """`updated`'s rows (ROUTE_RETURNING's columns, then the `i`, `o` and `tk` of a
-    tokens_set update) where `tk`, as upsert_from's relation: each on its session's billing
-    route as `usage_route(None, {}, session)` picks it (the model, else "unknown"), in
-    session order."""
+    """`updated`'s rows (ROUTED_RETURNING's columns) where `tk`, as upsert_from's relation:
+    each on its session's billing route as `usage_route(None, {}, session)` picks it (the
+    model, else "unknown"), in session order."""
     return (
         "(SELECT id AS sid, COALESCE(NULLIF(model, ''), 'unknown') AS m, "
         "COALESCE(billing_provider, '') AS bp, COALESCE(billing_base_url, '') AS bu, "
@@ -155,39 +157,17 @@ def routed_usage(updated: str) -> str:
 
 async def add_tokens_many(conn: AsyncConnection, deltas: Sequence[tuple[str, int, int]]) -> None:
     """`update_token_counts(sid, {"input_tokens": i, "output_tokens": o})` for many sessions
-    in two statements (the turns' hot path, via appends.append_many), with its effect. Such
-    a call has no model, route or cost, so its billing-route fill writes nothing and is
-    skipped; a session that is gone is skipped too. At most one delta per session."""
-    found = await db.tuples(
-        conn,
-        f"UPDATE sessions s SET {tokens_set()} FROM unnest(%s::text[], %s::bigint[], "
-        "%s::bigint[], %s::boolean[]) AS u(sid, i, o, tk) WHERE s.id = u.sid "
-        f"RETURNING {ROUTE_RETURNING}",
-        ([d[0] for d in deltas], [d[1] for d in deltas], [d[2] for d in deltas],
-         [True] * len(deltas)),
-    )  # fmt: skip
-    await add_usage_many(conn, found, {d[0]: (d[1], d[2]) for d in deltas})
-
-
-async def add_usage_many(
-    conn: AsyncConnection, sessions: Sequence[tuple[Any, ...]],
-    tokens: Mapping[str, tuple[int, int]],
-) -> None:  # fmt: skip
-    """The usage rows of token deltas (`tokens`: session id -> (input, output)), each on its
-    session's route (`sessions`: rows of ROUTE_RETURNING), as `_add_usage` writes them."""
-    rows = []
-    for sid, *srow in sorted(sessions, key=lambda r: str(r[0])):
-        if str(sid) not in tokens:
-            continue
-        use = usage_route(None, {}, tuple(srow))
-        rows.append((sid, use["model"], use["billing_provider"] or "",
-                     use["billing_base_url"] or "", use["billing_mode"] or "", *tokens[str(sid)]))  # fmt: skip
-    if not rows:
-        return
+    in one statement (the turns' hot path, via appends.append_many, for calls whose
+    messages were all duplicates), with its effect: the sessions' totals, then the usage
+    rows on their billing routes. Such a call has no model, route or cost, so its
+    billing-route fill writes nothing and is skipped; a session that is gone is skipped
+    too. At most one delta per session."""
     now = time.time()
     await db.run(
         conn,
-        upsert_from("unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], "
-                    "%s::bigint[], %s::bigint[]) AS x(sid, m, bp, bu, bm, i, o)"),
-        (now, now, *([r[k] for r in rows] for k in range(7))),
+        f"WITH upd AS (UPDATE sessions s SET {tokens_set()} FROM unnest(%s::text[], "
+        "%s::bigint[], %s::bigint[], %s::boolean[]) AS u(sid, i, o, tk) WHERE s.id = u.sid "
+        f"RETURNING {ROUTED_RETURNING}) {upsert_from(routed_usage('upd'))}",
+        ([d[0] for d in deltas], [d[1] for d in deltas], [d[2] for d in deltas],
+         [True] * len(deltas), now, now),
     )  # fmt: skip

@@ -148,6 +148,37 @@ async def test_merged_appends_dedupe_and_count_tokens(pg: PgStore) -> None:
     assert pg._writer.stats.fallbacks == 0
 
 
+async def test_tokens_without_messages_count_like_update_token_counts(pg: PgStore) -> None:
+    """Tokens that come with an append of no messages, merged with another session's
+    append (append_many's `rest`: add_tokens_many), reach the session's totals and a usage
+    row on the session's billing route, as update_token_counts with the same counts does."""
+    found = []
+    other = await pg.create_session(source="telegram", chat_id="other")
+    for how in ("append", "direct"):
+        sid = await pg.create_session(source="telegram", chat_id=f"c-{how}", model="m1")
+        await pg.update_token_counts(sid, input_tokens=1, billing_provider="p", api_call_count=1)
+        if how == "append":
+            got = await asyncio.gather(
+                pg.append_messages(other, [{"role": "user", "content": "hi"}]),
+                pg.append_messages(sid, [], input_tokens=4, output_tokens=6),
+            )
+            assert got[1] == []
+            assert max(pg._writer.stats.batch_sizes) > 1  # they did share a commit
+        else:
+            await pg.update_token_counts(sid, input_tokens=4, output_tokens=6)
+        row = await pg.require_session(sid)
+        async with pg._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT model, billing_provider, input_tokens, output_tokens, api_call_count "
+                "FROM session_model_usage WHERE session_id = %s ORDER BY 1, 2", (sid,)
+            )
+            usage = [tuple(r) for r in await cur.fetchall()]
+        found.append(((row["input_tokens"], row["output_tokens"]), usage))
+    assert found[0] == found[1]
+    assert found[0] == ((5, 6), [("m1", "p", 5, 6, 1)])
+    assert pg._writer.stats.fallbacks == 0
+
+
 async def test_append_and_read_returns_the_history_of_its_own_transaction(pg: PgStore) -> None:
     a = await pg.create_session(source="telegram", chat_id="ca")
     b = await pg.create_session(source="telegram", chat_id="cb")
