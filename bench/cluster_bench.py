@@ -91,7 +91,7 @@ from bench.corpus import (
     TextGen,  # noqa: E402
     pct,  # noqa: E402
 )
-from bench.loops import HttpError, LeanHttp, cpu_seconds, open_loop  # noqa: E402
+from bench.loops import HttpError, LeanHttp, backend_pids, cpu_s, open_loop  # noqa: E402
 from bench.pg_bench import search_times  # noqa: E402
 from gateway import event_loops  # noqa: E402
 from state import open_store  # noqa: E402
@@ -104,22 +104,6 @@ CLIENTS, CHATS = 64, 512
 
 
 # --- CPU from /proc -------------------------------------------------------------------------
-
-
-def cpu_s(pid: int) -> float:
-    """user + system CPU seconds of one process (0 when it is gone)."""
-    try:
-        return cpu_seconds(pid)
-    except OSError:
-        return 0.0
-
-
-def backend_pids(dsn: str) -> list[int]:
-    """The PostgreSQL backends connected to this DSN's database."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [int(r[0]) for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()")]  # fmt: skip
 
 
 def statements_run(dsn: str) -> int | None:

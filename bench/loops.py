@@ -37,6 +37,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_s(pid: int) -> float:
+    """user + system CPU seconds of one process (0 when it is gone)."""
+    try:
+        return cpu_seconds(pid)
+    except OSError:
+        return 0.0
+
+
+def backend_pids(dsn: str) -> list[int]:
+    """The PostgreSQL backends connected to this DSN's database (the server on this
+    machine: their CPU is read from /proc)."""
+    import psycopg  # the postgres extra: only the benches that measure a server need it
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [int(r[0]) for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()")]  # fmt: skip
+
+
 class HttpError(Exception):
     """A request the lean client could not complete (connection lost, bad answer, time)."""
 

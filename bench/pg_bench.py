@@ -33,7 +33,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import TextGen, pct  # noqa: E402
-from bench.loops import cpu_seconds, open_loop  # noqa: E402
+from bench.loops import backend_pids, cpu_s, open_loop  # noqa: E402
 from state import Store, open_store  # noqa: E402
 
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
@@ -110,17 +110,7 @@ BATCH, BATCHES = 8, 3_000  # section 5
 
 def backends_cpu_s(dsn: str) -> float:
     """User + system CPU of the server's other backends on this database so far."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        pids = [r[0] for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")]  # fmt: skip
-    total = 0.0
-    for pid in pids:
-        try:
-            total += cpu_seconds(pid)
-        except OSError:  # gone meanwhile, or not on this machine
-            continue
-    return total
+    return sum(cpu_s(pid) for pid in backend_pids(dsn))
 
 
 async def batch_cpu(store: Store, dsn: str | None, quick: bool) -> None:
