@@ -309,8 +309,8 @@ async def sqlite_gateway(root: Path, seconds: float, source: Source,
         assert daemon.proc is not None
         meter = CpuMeter([daemon.proc.pid], None)
         found = await throughput(lambda: [daemon.url], meter, seconds)
-        text = "" if rate is None else await open_run(lambda: [daemon.url], meter, rate,
-                                                      seconds, False, "SQLite gateway")  # fmt: skip
+        text = "" if rate is None else (await open_run(lambda: [daemon.url], meter, rate,
+                                                       seconds, False, "SQLite gateway"))[0]  # fmt: skip
         return found, text
     finally:
         await daemon.stop()
@@ -483,21 +483,23 @@ def meter_of(cluster: Cluster) -> CpuMeter:
 
 
 async def latency_run(cluster: Cluster, rate: float, seconds: float, hop: bool,
-                      show: bool = True) -> str:  # fmt: skip
-    """Section 3's open loop at `rate` on a warm cluster (open_run). Printed, or returned."""
+                      show: bool = True) -> tuple[str, float]:  # fmt: skip
+    """Section 3's open loop at `rate` on a warm cluster (open_run): its lines, printed
+    unless `show` is false, and its p99."""
     await drained(cluster)  # nothing queued from the run before
-    text = await open_run(lambda: [r.url for r in cluster.replicas], meter_of(cluster), rate,
-                          seconds, hop, f"{len(cluster.replicas)} replica(s)")  # fmt: skip
+    text, p99 = await open_run(lambda: [r.url for r in cluster.replicas], meter_of(cluster),
+                               rate, seconds, hop, f"{len(cluster.replicas)} replica(s)")  # fmt: skip
     if show:
         print(text)
-    return text
+    return text, p99
 
 
 async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
-                   seconds: float, hop: bool, label: str) -> str:  # fmt: skip
+                   seconds: float, hop: bool, label: str) -> tuple[str, float]:  # fmt: skip
     """An open loop at `rate`: the turn p50/p99 and the CPU per message of the load
     generator (this process), the daemons and the server, and the cores they kept busy from
-    the first request to the last answer."""
+    the first request to the last answer; those lines, and the p99 (inf when nothing was
+    answered)."""
     speed = probe_ms()
     before, own, wall = meter.sample(), time.process_time(), time.perf_counter()
     stolen = steal_s()
@@ -509,17 +511,12 @@ async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
     figures = f"p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms" if lat else "-"
     gen, daemons, server = (x * 1000 / max(1, len(lat)) for x in cpu)
     server_part = f" + server {server:.2f}" if meter.dsn else ""
+    p99 = pct(lat, 0.99) if lat else float("inf")
     return (f"  {label} at {rate:,.0f} msg/s: {figures}   answered {len(lat):,}/"
             f"{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load generator {gen:.2f} + "
             f"daemons {daemons:.2f}{server_part} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
             f"cores busy over the run, {stolen / took:.2f} stolen by the host; probe "
-            f"{speed:.0f} ms\n  {'':<4}{bursts(load.timeline)}")  # fmt: skip
-
-
-def p99_of(line: str) -> float:
-    """The p99 an open_run line printed (inf when nothing was answered)."""
-    _, found, rest = line.partition("p99 ")
-    return float(rest.split(" ms", 1)[0]) if found else float("inf")
+            f"{speed:.0f} ms\n  {'':<4}{bursts(load.timeline)}"), p99  # fmt: skip
 
 
 def bursts(timeline: list[tuple[float, float]], span_s: float = 0.25) -> str:
@@ -695,8 +692,8 @@ async def main() -> None:
                     cluster = await on_cluster(Path(tmp), args.dsn, n, f"c{n}-{r}", source)
                     try:
                         await warmed(cluster, args.hop)
-                        p99s[n].append(p99_of(await latency_run(cluster, 800.0, seconds,
-                                                                args.hop)))  # fmt: skip
+                        _, p99 = await latency_run(cluster, 800.0, seconds, args.hop)
+                        p99s[n].append(p99)
                     finally:
                         await cluster.close()
         if (args.rounds or 1) > 1:
@@ -741,8 +738,8 @@ async def main() -> None:
                     # shared cores), and half of what 1 replica sustained on 1 and 3
                     half = round(rates[1]["rate"] / 2)
                     for rate in (800.0,) if n == 2 else (half, 800.0):
-                        lines[n, rate] = await latency_run(cluster, rate, seconds, args.hop,
-                                                           show=False)  # fmt: skip
+                        lines[n, rate], _ = await latency_run(cluster, rate, seconds,
+                                                              args.hop, show=False)  # fmt: skip
             finally:
                 await cluster.close()
         print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
