@@ -11,6 +11,8 @@ figures; asserts nothing.
   python bench/cluster_bench.py --only 3   # section 3 on 2 and 3 replicas at 800 msg/s only
   python bench/cluster_bench.py --only 3 --rounds 5   # ... five windows each, alternated,
                                            # and the median p99 of each replica count
+  python bench/cluster_bench.py --only 3 --neighbour 60/140x2   # ... beside two processes
+                                           # that each burn a core 60 ms in every 200
   python bench/cluster_bench.py --only 6   # the long sessions of section 6 only
   python bench/cluster_bench.py --only 7 --rounds 3   # section 7: the commit linger A/B
   python bench/cluster_bench.py --only 8   # section 8: turn latency by rate beside the commits
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -91,7 +94,7 @@ from bench.corpus import (
     TextGen,  # noqa: E402
     pct,  # noqa: E402
 )
-from bench.loops import HttpError, LeanHttp, backend_pids, cpu_s, open_loop  # noqa: E402
+from bench.loops import HttpError, LeanHttp, Neighbour, backend_pids, cpu_s, open_loop  # noqa: E402
 from bench.pg_bench import search_times  # noqa: E402
 from gateway import event_loops  # noqa: E402
 from state import open_store  # noqa: E402
@@ -483,31 +486,37 @@ def meter_of(cluster: Cluster) -> CpuMeter:
 
 
 async def latency_run(cluster: Cluster, rate: float, seconds: float, hop: bool,
-                      show: bool = True) -> tuple[str, float]:  # fmt: skip
+                      show: bool = True, neighbour: Neighbour | None = None,
+                      ) -> tuple[str, float]:  # fmt: skip
     """Section 3's open loop at `rate` on a warm cluster (open_run): its lines, printed
     unless `show` is false, and its p99."""
     await drained(cluster)  # nothing queued from the run before
     text, p99 = await open_run(lambda: [r.url for r in cluster.replicas], meter_of(cluster),
-                               rate, seconds, hop, f"{len(cluster.replicas)} replica(s)")  # fmt: skip
+                               rate, seconds, hop, f"{len(cluster.replicas)} replica(s)",
+                               neighbour)  # fmt: skip
     if show:
         print(text)
     return text, p99
 
 
 async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
-                   seconds: float, hop: bool, label: str) -> tuple[str, float]:  # fmt: skip
+                   seconds: float, hop: bool, label: str,
+                   neighbour: Neighbour | None = None) -> tuple[str, float]:  # fmt: skip
     """An open loop at `rate`: the turn p50/p99 and the CPU per message of the load
     generator (this process), the daemons and the server, and the cores they kept busy from
-    the first request to the last answer; those lines, and the p99 (inf when nothing was
-    answered)."""
+    the first request to the last answer (and those a `neighbour` took, apart); those
+    lines, and the p99 (inf when nothing was answered)."""
     speed = probe_ms()
     before, own, wall = meter.sample(), time.process_time(), time.perf_counter()
-    stolen = steal_s()
+    stolen, theirs = steal_s(), neighbour.cpu_s() if neighbour else 0.0
     load = Load(urls, hop)
     lat = await load.open(rate, seconds)
     cpu = (time.process_time() - own, *meter.spent(before)[:2])
     took = time.perf_counter() - wall
     stolen = steal_s() - stolen
+    if neighbour:
+        theirs = neighbour.cpu_s() - theirs
+    beside = f" (and {theirs / took:.2f} by the neighbour)" if neighbour else ""
     figures = f"p50 {pct(lat, 0.5):.1f} ms   p99 {pct(lat, 0.99):.1f} ms" if lat else "-"
     gen, daemons, server = (x * 1000 / max(1, len(lat)) for x in cpu)
     server_part = f" + server {server:.2f}" if meter.dsn else ""
@@ -515,7 +524,7 @@ async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
     return (f"  {label} at {rate:,.0f} msg/s: {figures}   answered {len(lat):,}/"
             f"{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load generator {gen:.2f} + "
             f"daemons {daemons:.2f}{server_part} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
-            f"cores busy over the run, {stolen / took:.2f} stolen by the host; probe "
+            f"cores busy over the run{beside}, {stolen / took:.2f} stolen by the host; probe "
             f"{speed:.0f} ms\n  {'':<4}{bursts(load.timeline)}"), p99  # fmt: skip
 
 
@@ -668,7 +677,16 @@ async def main() -> None:
                          "per replica count (default 1)")  # fmt: skip
     ap.add_argument("--hop", action="store_true",
                     help="each chat's next message to the next replica (sections 1-3)")  # fmt: skip
+    ap.add_argument("--neighbour", metavar="BUSY/IDLE[xPROCS]",
+                    help="with --only 3: processes burning a core in bursts beside the windows "
+                         "(ms on, ms off; e.g. 60/140x2)")  # fmt: skip
     args = ap.parse_args()
+    try:
+        neighbour = Neighbour(args.neighbour) if args.neighbour else None
+    except ValueError as exc:
+        ap.error(str(exc))
+    if neighbour and args.only != 3:
+        ap.error("--neighbour goes with --only 3")
     source = Source.of(args.source)
     seconds = 4.0 if args.quick else 10.0
     corpus = 100_000 if args.quick else 1_000_000
@@ -685,14 +703,18 @@ async def main() -> None:
         return
     if args.only == 3:
         print("\n3. turn latency, open loop (target p99 <= 60 ms at 800 msg/s offered)")
+        if neighbour:
+            print(f"  beside a neighbour: {neighbour} (from each window's warm-up to its end)")
         p99s: dict[int, list[float]] = {2: [], 3: []}
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(args.rounds or 1):
                 for n in (2, 3):
                     cluster = await on_cluster(Path(tmp), args.dsn, n, f"c{n}-{r}", source)
                     try:
-                        await warmed(cluster, args.hop)
-                        _, p99 = await latency_run(cluster, 800.0, seconds, args.hop)
+                        with neighbour or contextlib.nullcontext():
+                            await warmed(cluster, args.hop)
+                            _, p99 = await latency_run(cluster, 800.0, seconds, args.hop,
+                                                       neighbour=neighbour)  # fmt: skip
                         p99s[n].append(p99)
                     finally:
                         await cluster.close()

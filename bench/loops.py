@@ -1,11 +1,13 @@
-"""How the benchmarks offer load and read what it cost: an open loop, and a process's CPU
-time from /proc."""
+"""How the benchmarks offer load and read what it cost: an open loop, a process's CPU
+time from /proc, and a neighbour of known size to run beside them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -152,3 +154,57 @@ class LeanHttp:
                 if conn.transport is not None:
                     conn.transport.close()
         self._idle.clear()
+
+
+_BURN = """import sys, time
+busy, idle = float(sys.argv[1]) / 1000, float(sys.argv[2]) / 1000
+while True:
+    end = time.perf_counter() + busy
+    while time.perf_counter() < end:
+        pass
+    time.sleep(idle)
+"""
+
+
+class Neighbour:
+    """A co-tenant of known size: `procs` processes that each burn a core for `busy_ms`,
+    then sleep `idle_ms`, over and over (spec "BUSY/IDLE" or "BUSY/IDLExPROCS", e.g.
+    "60/140x2": two processes, each busy 30% of the time in 60 ms bursts). The shared
+    machines these benches run on have such neighbours of their own (a message broker's VM
+    taking 80 ms of a core at once), whose timing nobody controls; this one is the same
+    shape on purpose, so a figure measured beside it can be measured again."""
+
+    def __init__(self, spec: str) -> None:
+        timing, _, procs = spec.partition("x")
+        busy, _, idle = timing.partition("/")
+        try:
+            self.busy_ms, self.idle_ms, self.procs = float(busy), float(idle), int(procs or 1)
+        except ValueError:
+            raise ValueError(
+                f"a neighbour is BUSY/IDLE[xPROCS] in ms, e.g. 60/140x2 (got {spec!r})"
+            ) from None
+        if self.busy_ms <= 0 or self.idle_ms < 0 or not 1 <= self.procs <= 64:
+            raise ValueError(
+                f"a neighbour needs BUSY > 0, IDLE >= 0 and 1 to 64 processes (got {spec!r})"
+            )
+        self._running: list[subprocess.Popen[bytes]] = []
+
+    def __str__(self) -> str:
+        return (f"{self.procs} process(es) each busy {self.busy_ms:g} ms, "
+                f"then idle {self.idle_ms:g} ms")  # fmt: skip
+
+    def __enter__(self) -> Neighbour:
+        argv = [sys.executable, "-c", _BURN, str(self.busy_ms), str(self.idle_ms)]
+        self._running = [subprocess.Popen(argv) for _ in range(self.procs)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self._running:
+            proc.kill()
+        for proc in self._running:
+            proc.wait()
+        self._running = []
+
+    def cpu_s(self) -> float:
+        """CPU seconds its processes have used so far."""
+        return sum(cpu_s(p.pid) for p in self._running)
