@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway import adapters
-from gateway.cli.paths import config_path_of, home_of, refuse_postgres
+from gateway.cli.paths import config_path_of, home_of, store_settings
 from gateway.errors import EXIT_OK, EXIT_USAGE
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -52,13 +52,12 @@ def cmd_insights(args: argparse.Namespace) -> int:
         print("switchboard: --days must be between 1 and 3660", file=sys.stderr)
         return EXIT_USAGE
     home = home_of(args)
-    refuse_postgres(args, home, "insights")
     config = load_config(config_path_of(args, home))
     prices = {
         str(m): (float(p.get("input", 0)), float(p.get("output", 0)))
         for m, p in config.dashboard.prices.items()
     }
-    data = asyncio.run(_figures(home / "state.db", prices, args.days, args.source))
+    data = asyncio.run(_figures(home, store_settings(args, home), prices, args.days, args.source))
     if args.json:
         print(json.dumps(data, ensure_ascii=False))
     else:
@@ -67,13 +66,16 @@ def cmd_insights(args: argparse.Namespace) -> int:
 
 
 async def _figures(
-    path: Path, prices: dict[str, tuple[float, float]], days: int, source: str | None
-) -> dict[str, Any]:
+    home: Path, state: dict[str, Any] | None, prices: dict[str, tuple[float, float]],
+    days: int, source: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The figures from the home's store: its state.db, or where `state` (store_settings)
+    puts it, e.g. PostgreSQL."""
     from gateway.web.queries import insights_for
-    from state import SessionDB
+    from state import SessionDB, Store, open_store
 
     until = time.time()
-    db = await SessionDB.open(path)
+    db: Store = await open_store(state, home) if state else await SessionDB.open(home / "state.db")
     try:
         return await insights_for(db, prices, until - days * 86400, until, source)
     finally:

@@ -13,7 +13,7 @@ from typing import Any, BinaryIO
 from gateway import adapters
 from gateway.session_keys import CHAT_TYPES
 from gateway.web.context import DashboardState as Dashboard
-from state import SessionDB
+from state import Store
 from state.keyset import SORTS, PageQuery
 from state.search import SORTS as SEARCH_SORTS
 
@@ -154,7 +154,7 @@ async def insights(
 
 
 async def insights_for(
-    db: SessionDB,
+    db: Store,
     prices: Mapping[str, tuple[float, float]],
     since: float,
     until: float,

@@ -1,40 +1,73 @@
 """`switchboard insights` (issue 21): the dashboard's figures in the terminal, run as a
-real subprocess against a real state.db."""
+real subprocess against a real state.db, and against a home whose config puts the store on
+PostgreSQL (the same seeded figures)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.cli.insights import sparkline
-from state import SessionDB
+from state import SessionDB, open_store
+from tests import pgserver
 from tests.web_seed import seed
 
+PRICES = "dashboard:\n  prices: {gpt-4o-mini: {input: 0.15, output: 0.6}}\n"
+DSN_ENV = "SB_INSIGHTS_DSN"
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    async def build() -> None:
-        db = await SessionDB.open(tmp_path / "home" / "state.db")
+
+@dataclass
+class Home:
+    path: Path
+    env: dict[str, str]  # the variables the command runs with (a PostgreSQL home's DSN)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def home(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Home]:
+    path = tmp_path / "home"
+    path.mkdir()
+    if request.param == "sqlite":
+        asyncio.run(_seeded(SessionDB.open(path / "state.db")))
+        (path / "config.yaml").write_text(PRICES)
+        yield Home(path, dict(os.environ))
+        return
+    server = request.getfixturevalue("pg_server")
+    schema = pgserver.fresh_schema(server)
+    dsn = pgserver.with_schema(server, schema)
+    asyncio.run(_seeded(open_store({"backend": "postgres", "dsn": dsn}, path)))
+    (path / "config.yaml").write_text(
+        f"state:\n  backend: postgres\n  dsn_env: {DSN_ENV}\n{PRICES}"
+    )
+    try:
+        yield Home(path, {**os.environ, DSN_ENV: dsn})
+    finally:
+        pgserver.drop_schema(server, schema)
+
+
+async def _seeded(opening: Any) -> None:
+    db = await opening
+    try:
         await seed(db, time.time())
+    finally:
         await db.close()
 
-    asyncio.run(build())
-    (tmp_path / "home" / "config.yaml").write_text(
-        "dashboard:\n  prices: {gpt-4o-mini: {input: 0.15, output: 0.6}}\n"
-    )
-    return tmp_path / "home"
 
-
-def _run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    home: Home, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", "--home", str(home), "insights", *args],
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "gateway", "--home", str(home.path), "insights", *args],
+        capture_output=True, text=True, timeout=120, env=home.env if env is None else env,
     )  # fmt: skip
 
 
@@ -44,7 +77,7 @@ def test_sparkline_scales_to_the_largest_value() -> None:
     assert sparkline([]) == ""
 
 
-def test_insights_json_has_the_dashboards_figures(home: Path) -> None:
+def test_insights_json_has_the_dashboards_figures(home: Home) -> None:
     done = _run(home, "--days", "30", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
@@ -55,7 +88,7 @@ def test_insights_json_has_the_dashboards_figures(home: Path) -> None:
     assert only["messages"] == 0 and only["source"] == "slack"
 
 
-def test_insights_tables_and_sparklines(home: Path) -> None:
+def test_insights_tables_and_sparklines(home: Home) -> None:
     done = _run(home, "--days", "30")
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -65,6 +98,17 @@ def test_insights_tables_and_sparklines(home: Path) -> None:
     assert any(ch in out for ch in "▁▂▃▄▅▆▇█")
 
 
-def test_insights_refuses_a_bad_period(home: Path) -> None:
+def test_insights_refuses_a_bad_period(home: Home) -> None:
     done = _run(home, "--days", "0")
     assert done.returncode == 2 and "--days" in done.stderr
+
+
+@pytest.mark.parametrize("home", ["postgres"], indirect=True)
+def test_insights_on_postgres_reads_the_database_and_needs_its_dsn(home: Home) -> None:
+    """A home on PostgreSQL: the figures come from the database (above), no state.db is
+    made beside the config, and without the DSN variable the command exits 78 naming the
+    key that names it."""
+    assert _run(home, "--json").returncode == 0
+    assert not (home.path / "state.db").exists()
+    unset = _run(home, "--json", env={k: v for k, v in home.env.items() if k != DSN_ENV})
+    assert unset.returncode == 78 and "state.dsn_env" in unset.stderr, unset.stderr
