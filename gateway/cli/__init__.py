@@ -98,17 +98,18 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from gateway.cli.chat import run_chat
-    from gateway.cli.paths import refuse_postgres
+    from gateway.cli.paths import store_settings
     from gateway.config import load_config
 
     home = _home(args)
-    refuse_postgres(args, home, "chat")
+    state = store_settings(args, home)
     config = load_config(_config_path(args, home))
     # the options the resume hint must repeat so that it reaches this same store
     given = ["--home", str(home.absolute())] if args.home else []
     if args.config:
         given += ["--config", str(Path(args.config).expanduser().absolute())]
-    return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume, given=given))
+    return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume, given=given,
+                                state=state))  # fmt: skip
 
 
 def _version() -> str:

@@ -1,4 +1,5 @@
-"""`switchboard chat`: a terminal session on the configured agent and the same state.db.
+"""`switchboard chat`: a terminal session on the configured agent and the home's store
+(its state.db, or the PostgreSQL database its config names).
 
 The terminal is one more adapter of an in-process router, so every chat command works here
 too (/title /new /branch /compress /resume /search /status ...), plus /handoff and /quit.
@@ -38,7 +39,7 @@ from gateway.session_keys import SessionSource, build_key
 from gateway.timefmt import ago
 from gateway.vocab import AdapterState, ChatType
 from gateway.wording import plural
-from state import AmbiguousSession, EndReason, SessionDB, SessionNotFound
+from state import AmbiguousSession, EndReason, SessionDB, SessionNotFound, Store, open_store
 
 RECAP_EXCHANGES = 10
 
@@ -225,7 +226,7 @@ class TerminalAdapter:
         return {"state": AdapterState.RUNNING}
 
 
-async def _pick(db: SessionDB, cont: str | bool | None, resume: str | None) -> str | None:
+async def _pick(db: Store, cont: str | bool | None, resume: str | None) -> str | None:
     """The session to continue, or None for a new one. Raises SessionNotFound on a miss."""
     if resume:
         return await db.resolve_resume_session_id(await db.resolve_session_ref(resume))
@@ -243,11 +244,13 @@ async def _pick(db: SessionDB, cont: str | bool | None, resume: str | None) -> s
 
 
 async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resume: str | None,
-                   console: Console | None = None, given: Sequence[str] = ()) -> int:  # fmt: skip
-    """The chat loop. `given` are the --home/--config options the user passed, repeated in
-    the printed resume command so that it reaches the same store."""
+                   console: Console | None = None, given: Sequence[str] = (),
+                   state: dict[str, Any] | None = None) -> int:  # fmt: skip
+    """The chat loop, on the home's state.db or on the store `state` names (open_store's
+    settings: PostgreSQL). `given` are the --home/--config options the user passed,
+    repeated in the printed resume command so that it reaches the same store."""
     con = console or Console(highlight=False)
-    db = await SessionDB.open(home / "state.db")
+    db: Store = await open_store(state, home) if state else await SessionDB.open(home / "state.db")
     tmp = tempfile.TemporaryDirectory(prefix="switchboard-chat-")
     index = SessionIndex(Path(tmp.name) / "sessions.json", db, flush_interval=3600)
     agent = build_agent(config)

@@ -1,5 +1,6 @@
 """`switchboard chat`: a terminal session through the real router, continue/resume, the
-recap panel, /handoff refusals, and the exit hint."""
+recap panel, /handoff refusals, and the exit hint; on a state.db and on a home whose store
+is on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from pathlib import Path
 from rich.console import Console
 
 from gateway.cli.chat import render_recap
-from state import SessionDB
+from state import SessionDB, open_store
+from tests import pgserver
 from tests.daemon import clean_env, switchboard
 
 
-def chat(home: Path, lines: str, *args: str) -> subprocess.CompletedProcess[str]:
+def chat(home: Path, lines: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(switchboard(home, "chat", *args), input=lines, capture_output=True,
-                          text=True, timeout=60, env=clean_env(COLUMNS="120"))  # fmt: skip
+                          text=True, timeout=60, env=clean_env(COLUMNS="120", **env))  # fmt: skip
 
 
 def test_a_terminal_session_with_commands_then_continue_and_resume(tmp_path: Path) -> None:
@@ -44,6 +46,51 @@ def test_a_terminal_session_with_commands_then_continue_and_resume(tmp_path: Pat
     assert by_prefix.returncode == 0 and "terminal work" in by_prefix.stdout
     fresh = chat(home, "new conversation\n/quit\n")
     assert sid.group(1) not in fresh.stdout  # plain `chat` starts a new session
+
+
+def test_a_terminal_session_on_a_postgres_home(tmp_path: Path, pg_server: str) -> None:
+    """The home's config puts the store on PostgreSQL: the session, its title and messages
+    are rows there (no state.db appears), continue and resume find them, a chat that said
+    nothing keeps no session, and without the DSN variable the command exits 78 naming
+    the key."""
+    schema = pgserver.fresh_schema(pg_server)
+    dsn = pgserver.with_schema(pg_server, schema)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("state:\n  backend: postgres\n  dsn_env: SB_CHAT_DSN\n")
+    try:
+        first = chat(home, "hello there\n/title terminal work\n/quit\n", SB_CHAT_DSN=dsn)
+        assert first.returncode == 0, first.stderr
+        assert "◆ echo: hello there" in first.stdout and "Title set: terminal work" in first.stdout
+        sid = re.search(r"Session (\d{8}_\d{6}_[0-9a-f]{6}) ", first.stdout)
+        assert sid, first.stdout
+        again = chat(home, "one more\n/quit\n", "-c", SB_CHAT_DSN=dsn)
+        assert "● hello there" in again.stdout  # the recap, read back from the database
+        assert f"Session {sid.group(1)} (terminal work): 4 messages" in again.stdout
+        resumed = chat(home, "/status\n/quit\n", "--resume", "terminal work", SB_CHAT_DSN=dsn)
+        assert f"Session: {sid.group(1)}" in resumed.stdout and "Messages: 4" in resumed.stdout
+        silent = chat(home, "/status\n/quit\n", SB_CHAT_DSN=dsn)
+        assert "Nothing was said; no session kept." in silent.stdout
+
+        async def stored() -> list[tuple[str, str, str, list[str]]]:
+            db = await open_store({"backend": "postgres", "dsn": dsn}, home)
+            try:
+                rows = await db.list_sessions(include_children=True, limit=10)
+                found = []
+                for r in rows:
+                    texts = [m["content"] for m in await db.get_messages(r["id"])]
+                    found.append((r["id"], r["title"], r["source"], texts))
+                return found
+            finally:
+                await db.close()
+
+        assert asyncio.run(stored()) == [(sid.group(1), "terminal work", "cli", [
+            "hello there", "echo: hello there", "one more", "echo: one more"])]  # fmt: skip
+        assert not (home / "state.db").exists()
+        unset = chat(home, "hi\n/quit\n")
+        assert unset.returncode == 78 and "state.dsn_env" in unset.stderr, unset.stderr
+    finally:
+        pgserver.drop_schema(pg_server, schema)
 
 
 def test_misses_exit_1_with_a_clear_message(tmp_path: Path) -> None:
