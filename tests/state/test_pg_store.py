@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -466,19 +467,91 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
         await gateway.stop()
 
 
-@pytest.mark.parametrize("command", [["chat"], ["insights"],
-                                     ["import", "--from-hermes", "nowhere"]])  # fmt: skip
-def test_terminal_commands_refuse_a_postgres_home_instead_of_an_empty_state_db(
-    tmp_path: Path, command: list[str]
+def test_import_from_hermes_refuses_a_postgres_home_and_says_the_way_there(
+    tmp_path: Path,
 ) -> None:
+    """`import --from-hermes` writes a state.db; on a home whose store is PostgreSQL it
+    exits 78 instead of making an empty one, and names the way through a SQLite home."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("state:\n  backend: postgres\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), *command],
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "import",
+                           "--from-hermes", "nowhere"], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
     assert proc.returncode == 78, proc.stderr
     assert "state.backend" in proc.stderr and "PostgreSQL" in proc.stderr
+    assert "sessions export" in proc.stderr and "sessions import" in proc.stderr
     assert not (home / "state.db").exists()
+
+
+async def test_a_state_db_moves_to_postgres_by_export_and_import(
+    schema_dsn: str, tmp_path: Path
+) -> None:
+    """A gateway's history moves from SQLite to PostgreSQL with `sessions export` on the
+    old home and `sessions import` on the new one: every session comes over as it was
+    (titles, lineage, tokens, keys; message ids are the new store's), a second import
+    changes nothing, and the daemon on the new home continues each chat in its live
+    session (adopted by its key) instead of starting another."""
+    import aiohttp
+
+    from gateway.app import Gateway
+
+    async def say(config: Path, home: Path, env: dict[str, str], texts: list[str]) -> list[Any]:
+        gateway = Gateway(config=load_config(config, env), home=home)
+        await gateway.start()
+        try:
+            url = f"http://127.0.0.1:{gateway.adapters[0].bound_port}"  # type: ignore[attr-defined]
+            out = []
+            async with aiohttp.ClientSession() as http:
+                for text in texts:
+                    payload = {"chat_id": "7", "text": text}
+                    async with http.post(f"{url}/v1/messages", json=payload) as resp:
+                        assert resp.status == 200
+                        out.append(await resp.json())
+            return out
+        finally:
+            await gateway.stop()
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    (old / "config.yaml").write_text("platforms:\n  api:\n    port: 0\n")
+    (new / "config.yaml").write_text("state:\n  backend: postgres\n  dsn_env: SB_MOVE_DSN\n"
+                                     "platforms:\n  api:\n    port: 0\n")  # fmt: skip
+    before = await say(old / "config.yaml", old, {}, ["first", "/title moving day", "/branch",
+                                                      "on the branch"])  # fmt: skip
+    env = {**os.environ, "SB_MOVE_DSN": schema_dsn}
+
+    def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "sessions",
+                               *args], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done
+
+    def records(path: Path) -> dict[str, Any]:
+        """Each exported session by id, its messages without their ids (each store numbers
+        its own)."""
+        out = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            rec["messages"] = [{k: v for k, v in m.items() if k != "id"} for m in rec["messages"]]
+            out[rec["session"]["id"]] = rec
+        return out
+
+    cli(old, "export", str(tmp_path / "old.jsonl"))
+    moved = records(tmp_path / "old.jsonl")
+    messages = sum(len(r["messages"]) for r in moved.values())
+    assert len(moved) == 2 and messages >= 4  # the chat's first session and its branch
+    done = cli(new, "import", str(tmp_path / "old.jsonl"))
+    assert f"imported 2 sessions, {messages} messages; 0 already present" in done.stderr
+    again = cli(new, "import", str(tmp_path / "old.jsonl"))
+    assert "imported 0 sessions, 0 messages; 2 already present" in again.stderr
+    cli(new, "export", str(tmp_path / "new.jsonl"))
+    assert records(tmp_path / "new.jsonl") == moved
+    assert moved[before[0]["session_id"]]["session"]["title"] == "moving day"
+    after = await say(new / "config.yaml", new, {"SB_MOVE_DSN": schema_dsn}, ["still here"])
+    assert after[0]["reply"] == "echo: still here"
+    assert after[0]["session_id"] == before[-1]["session_id"]  # the branch: the chat's live one
 
 
 async def test_doctor_checks_a_postgres_home(schema_dsn: str, tmp_path: Path) -> None:
