@@ -85,24 +85,15 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     return asyncio.run(run(args, home / "state.db", store_settings(args, home)))
 
 
-# import --from-hermes on a PostgreSQL home: the way through a SQLite one
-HERMES_TO_POSTGRES = (
-    "Import into a SQLite home first, then move its sessions: `switchboard --home TMP import "
-    "--from-hermes PATH`, then `switchboard --home TMP sessions export - | switchboard "
-    "sessions import -` (sessions, messages, titles, lineage, tokens and session keys move; "
-    "home channels are set again with /sethome)"
-)
-
-
 def cmd_import(args: argparse.Namespace) -> int:
     from gateway.cli.hermes_import import hermes_db_file, run
-    from gateway.cli.paths import refuse_postgres
+    from gateway.cli.paths import store_settings
     from gateway.config import load_config
 
     home = _home(args)
-    refuse_postgres(args, home, "import --from-hermes", HERMES_TO_POSTGRES)
+    state = store_settings(args, home)
     config = load_config(_config_path(args, home))  # its key settings shape the new keys
-    return asyncio.run(run(args, home, hermes_db_file(args.from_hermes), config))
+    return asyncio.run(run(args, home, hermes_db_file(args.from_hermes), config, state))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -11,6 +11,12 @@ the store waits out the daemon's write lock, and the daemon adopts a key's impor
 session on the key's next message (or when it starts). When no daemon runs, the import
 takes the home lock and updates sessions.json itself. Running it twice changes nothing;
 `--dry-run` reports the same counts and writes nothing.
+
+Into a home whose store is on PostgreSQL the same import runs through a scratch state.db
+that stands in for the database where the import's decisions look at it, then moves over
+as `sessions import` moves an export (`_through_scratch`): one implementation of Hermes's
+rows and keys for both stores. There the replicas adopt each key's session on its next
+message (no sessions.json), and per-model usage rows stay behind.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,8 +35,9 @@ from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning
 from gateway.handoff import HOME_KEY, configured_home
 from gateway.session_keys import KeySettings, SessionSource, build_key
-from state import SessionDB
-from state.hermes_import import Routing, read_routing
+from state import SessionDB, Store, open_store
+from state.hermes_import import HermesImport, Routing, read_routing
+from state.transfer import ImportReport
 
 DEFAULT_HERMES_HOME = "~/.hermes"
 _CHAT_TYPES = {"dm": "dm", "group": "group", "channel": "channel", "thread": "thread",
@@ -210,7 +218,10 @@ def hermes_homes(hermes_home: Path, rows: list[dict[str, Any]]) -> dict[str, dic
 # --- the command ---------------------------------------------------------------------------
 
 
-async def run(args: argparse.Namespace, home: Path, db_file: Path | None, config: Config) -> int:
+async def run(args: argparse.Namespace, home: Path, db_file: Path | None, config: Config,
+              state: dict[str, Any] | None = None) -> int:  # fmt: skip
+    """The import into the home's state.db, or into the store `state` names (open_store's
+    settings: PostgreSQL) through a scratch state.db (`_through_scratch`)."""
     if db_file is None:
         print(f"switchboard: no Hermes state.db at {args.from_hermes}")
         return EXIT_FAILURE
@@ -222,13 +233,24 @@ async def run(args: argparse.Namespace, home: Path, db_file: Path | None, config
     rows, table = read_routing(db_file)
     routing, unmapped = plan_routing(rows, routing_entries(hermes_home, table), settings)
     homes = hermes_homes(hermes_home, rows)
-    db = await SessionDB.open(home / "state.db")
-    try:
-        r = await db.import_hermes(db_file, dry_run=args.dry_run, routing=routing)
-        homes_set, homes_kept = await _set_homes(db, homes, args.dry_run)
-        index_note = "" if args.dry_run or not r.keys_bound else await _update_index(home, db)
-    finally:
-        await db.close()
+    moved: ImportReport | None = None
+    if state is None:
+        db = await SessionDB.open(home / "state.db")
+        try:
+            r = await db.import_hermes(db_file, dry_run=args.dry_run, routing=routing)
+            homes_set, homes_kept = await _set_homes(db, homes, args.dry_run)
+            index_note = "" if args.dry_run or not r.keys_bound else await _update_index(home, db)
+        finally:
+            await db.close()
+    else:
+        target = await open_store(state, home)
+        try:
+            r, moved = await _through_scratch(target, db_file, rows, routing, args.dry_run)
+            homes_set, homes_kept = await _set_homes(target, homes, args.dry_run)
+        finally:
+            await target.close()
+        index_note = "" if args.dry_run or not r.keys_bound else (
+            "session_routes: the replica a key's next message reaches adopts its session")  # fmt: skip
     verb = "would import" if args.dry_run else "imported"
     print(
         f"{verb} {r.sessions} sessions, {r.messages} messages, {r.titles} titles, "
@@ -254,11 +276,51 @@ async def run(args: argparse.Namespace, home: Path, db_file: Path | None, config
         print(index_note)
     for conflict in r.title_conflicts:
         print(f"  title kept off (already used here): {conflict}")
+    for title, free in moved.renamed_titles if moved else ():
+        print(f"  title renamed (already used here): {title} -> {free}")
+    for error in moved.errors if moved else ():
+        print(f"  not imported: {error}")
     return EXIT_OK
 
 
+async def _through_scratch(
+    target: Store, db_file: Path, rows: list[dict[str, Any]], routing: Routing, dry_run: bool
+) -> tuple[HermesImport, ImportReport | None]:
+    """The import into a store that is not a state.db (PostgreSQL), and the report of the
+    move into it (None for a dry run: nothing moves). The SQLite import runs into a scratch
+    state.db made to look like `target` where its decisions depend on it: the Hermes sessions `target` already has are there (so they
+    are skipped), and so are the sessions live on `target`'s keys (so each such key keeps
+    its switchboard session and the Hermes rows for it end). What it imported then moves to
+    `target` as `sessions import` moves an export: sessions, messages, titles (a title
+    `target` already uses is renamed, as that import does), lineage, tokens and keys; each
+    key's live session is adopted by the replica its next message reaches. Per-model usage
+    rows stay behind (the sessions' own token and cost totals come over)."""
+    present = await target.session_states([str(r["id"]) for r in rows if r.get("id")])
+    live = await target.newest_live_session_by_key()
+    holding = set(live.values())
+    with tempfile.TemporaryDirectory(prefix="switchboard-import-") as tmp:
+        scratch = await SessionDB.open(Path(tmp) / "state.db")
+        try:
+            for key, sid in live.items():
+                await scratch.create_session(sid, "api", session_key=key)
+            for sid, (ended_at, _reason) in present.items():
+                if sid not in holding:
+                    await scratch.create_session(sid, "api")
+                    await scratch.end_session(sid, "imported", now=ended_at)
+            report = await scratch.import_hermes(db_file, routing=routing)
+            records = [rec async for rec in scratch.export_all(session_ids=report.imported_ids)]
+        finally:
+            await scratch.close()
+    report.usage_rows, report.dry_run = 0, dry_run
+    if dry_run:
+        return report, None
+    moved = await target.import_records(records)
+    report.sessions, report.messages = moved.imported, moved.messages
+    return report, moved
+
+
 async def _set_homes(
-    db: SessionDB, homes: Mapping[str, dict[str, Any]], dry_run: bool
+    db: Store, homes: Mapping[str, dict[str, Any]], dry_run: bool
 ) -> tuple[list[str], list[str]]:
     """A home set here with /sethome (or an earlier import) is kept."""
     done, kept = [], []

@@ -48,18 +48,3 @@ def _backend(args: argparse.Namespace, home: Path) -> str | None:
     state = data.get("state") if isinstance(data, dict) else None
     backend = state.get("backend") if isinstance(state, dict) else None
     return backend if isinstance(backend, str) else None
-
-
-def refuse_postgres(args: argparse.Namespace, home: Path, command: str, way: str = "") -> None:
-    """For a command that works on a state.db only: on a config that puts the store on
-    PostgreSQL it would silently make (and fill) a file nobody reads. Only the
-    `state.backend` value is read here, so a config with other problems changes nothing.
-    `way`: how to get there all the same, for the message."""
-    from gateway.errors import ConfigError
-
-    if _backend(args, home) == "postgres":
-        raise ConfigError(
-            "state.backend",
-            f"`switchboard {command}` works on a SQLite state.db only; this home's store is "
-            f"on PostgreSQL{'. ' + way if way else ''}",
-        )

@@ -1,17 +1,24 @@
 """`switchboard import --from-hermes` on a Hermes home written by the real hermes-agent
 0.19.0 package (its store, its gateway's session index and /sethome): everything arrives,
 gateway keys are rebuilt as switchboard's and land in sessions.json (or, with the daemon
-running, are adopted by it), a second run changes nothing, a dry run writes nothing."""
+running, are adopted by it), a second run changes nothing, a dry run writes nothing. The
+same into a home whose store is on PostgreSQL (through a scratch state.db)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from state import SessionDB
+import pytest
+
+from state import SessionDB, Store, open_store
+from tests import pgserver
 from tests.hermes_pkg import run_hermes
 from tests.inprocess import gateway_with_telegram
 
@@ -32,10 +39,10 @@ db.set_session_title("tip", "Deploy Plan #2")
 """
 
 
-def _cli(home: Path, *args: str) -> str:
+def _cli(home: Path, *args: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", "--home", str(home), "import", *args],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -208,3 +215,142 @@ async def test_with_the_daemon_running_the_import_leaves_the_index_to_it_and_it_
         assert entry is not None and entry.session_id == hermes["dm"]
         texts = [m["content"] for m in await gw.db.get_messages(hermes["dm"])]
         assert texts[:2] == ["hello from dm", "are you still there?"]
+
+
+# --- into a home whose store is on PostgreSQL -------------------------------------------------
+
+
+@dataclass
+class PgHome:
+    path: Path
+    dsn: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SB_HERMES_DSN": self.dsn}
+
+    async def store(self) -> Store:
+        return await open_store({"backend": "postgres", "dsn": self.dsn}, self.path)
+
+
+@pytest.fixture
+def pg_home(tmp_path: Path, pg_server: str) -> Iterator[PgHome]:
+    schema = pgserver.fresh_schema(pg_server)
+    home = tmp_path / "switchboard"
+    home.mkdir()
+    (home / "config.yaml").write_text("state:\n  backend: postgres\n  dsn_env: SB_HERMES_DSN\n")
+    try:
+        yield PgHome(home, pgserver.with_schema(pg_server, schema))
+    finally:
+        pgserver.drop_schema(pg_server, schema)
+
+
+async def test_a_hermes_home_comes_over_once_into_postgres(tmp_path: Path, pg_home: PgHome) -> None:
+    hermes_home = tmp_path / "hermes"
+    hermes_home.mkdir()
+    run_hermes(hermes_home / "state.db", _HERMES_HOME, home=hermes_home)
+    dry = _cli(pg_home.path, "--from-hermes", str(hermes_home), "--dry-run", env=pg_home.env)
+    assert "would import 2 sessions, 4 messages, 2 titles" in dry
+    db = await pg_home.store()
+    try:
+        assert await db.session_count() == 0
+    finally:
+        await db.close()
+
+    out = _cli(pg_home.path, "--from-hermes", str(hermes_home), env=pg_home.env)
+    assert "imported 2 sessions, 4 messages, 2 titles" in out and "0 already present" in out
+    again = _cli(pg_home.path, "--from-hermes", str(hermes_home), env=pg_home.env)
+    assert "imported 0 sessions, 0 messages" in again and "2 already present" in again
+    assert not (pg_home.path / "state.db").exists()
+    db = await pg_home.store()
+    try:
+        root = await db.require_session("root")
+        assert (root["input_tokens"], root["output_tokens"], root["api_call_count"]) == (120, 30, 2)
+        assert (root["title"], root["end_reason"], root["model"]) == (
+            "Deploy Plan",
+            "compression",
+            "m1",
+        )
+        assert await db.get_compression_tip("root") == "tip"
+        msgs = await db.get_messages("root")
+        assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
+        assert msgs[1]["tool_calls"][0]["function"]["name"] == "web_lookup"
+        assert (await db.get_messages("tip"))[0]["content"][1]["type"] == "image_url"
+        assert [h["session_id"] for h in await db.search_messages("部署")] == ["root"]
+        assert await db.message_count() == 4
+    finally:
+        await db.close()
+
+
+async def test_hermes_gateway_keys_and_home_channel_come_over_into_postgres(
+    tmp_path: Path, pg_home: PgHome
+) -> None:
+    """The keys land in the database (each adopted by the replica its key's next message
+    reaches: no sessions.json there) and the home channel in its meta; twice changes
+    nothing."""
+    hermes_home, hermes = _hermes_gateway_home(tmp_path)
+    out = _cli(pg_home.path, "--from-hermes", str(hermes_home), env=pg_home.env)
+    assert "session keys: 4 mapped, 4 live sessions bound" in out
+    assert "session_routes: the replica a key's next message reaches adopts its session" in out
+    assert "home channels: 1 set" in out
+    db = await pg_home.store()
+    try:
+        want = {_EXPECTED_KEYS[name]: hermes[name] for name in _EXPECTED_KEYS}
+        assert await db.newest_live_session_by_key() == want
+        home_channel = json.loads(await db.get_meta("home_channel.telegram") or "{}")
+        assert (home_channel["chat_id"], home_channel["thread_id"]) == ("-100777", "42")
+    finally:
+        await db.close()
+    again = _cli(pg_home.path, "--from-hermes", str(hermes_home), env=pg_home.env)
+    assert "session keys: 0 mapped, 0 live sessions bound" in again
+    assert "home channels: 0 set, 1 already set here" in again
+
+
+async def test_a_key_already_live_on_postgres_keeps_its_session(
+    tmp_path: Path, pg_home: PgHome
+) -> None:
+    hermes_home, hermes = _hermes_gateway_home(tmp_path)
+    db = await pg_home.store()
+    try:
+        mine = await db.create_session(source="telegram", session_key=_EXPECTED_KEYS["dm"],
+                                       chat_id="555", chat_type="dm")  # fmt: skip
+    finally:
+        await db.close()
+    out = _cli(pg_home.path, "--from-hermes", str(hermes_home), env=pg_home.env)
+    assert "3 live sessions bound, 1 kept by a live switchboard session, 1 superseded" in out
+    db = await pg_home.store()
+    try:
+        assert (await db.newest_live_session_by_key())[_EXPECTED_KEYS["dm"]] == mine
+        theirs = await db.require_session(hermes["dm"])
+        assert theirs["end_reason"] == "session_switch"
+        assert [m["content"] for m in await db.get_messages(hermes["dm"])] == ["hello from dm"]
+    finally:
+        await db.close()
+
+
+async def test_a_title_already_used_on_postgres_is_renamed_and_said(
+    tmp_path: Path, pg_home: PgHome
+) -> None:
+    """As `sessions import` does on that store: the imported session's title gets
+    " (imported)" added, and the output names both."""
+    hermes_home = tmp_path / "hermes"
+    hermes_home.mkdir()
+    run_hermes(hermes_home / "state.db", _HERMES_HOME, home=hermes_home)
+    db = await pg_home.store()
+    try:
+        mine = await db.create_session(source="telegram", title="deploy plan")
+    finally:
+        await db.close()
+    out = _cli(pg_home.path, "--from-hermes", str(hermes_home), env=pg_home.env)
+    assert "imported 2 sessions, 4 messages" in out
+    renamed = [ln for ln in out.splitlines() if ln.startswith("  title renamed")]
+    assert len(renamed) == 1 and renamed[0].startswith(
+        "  title renamed (already used here): Deploy Plan -> "
+    )
+    db = await pg_home.store()
+    try:
+        assert (await db.require_session(mine))["title"] == "deploy plan"
+        root_title = (await db.require_session("root"))["title"]
+        assert root_title == renamed[0].rpartition(" -> ")[2] == "Deploy Plan (imported)"
+    finally:
+        await db.close()

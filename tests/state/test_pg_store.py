@@ -467,23 +467,6 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
         await gateway.stop()
 
 
-def test_import_from_hermes_refuses_a_postgres_home_and_says_the_way_there(
-    tmp_path: Path,
-) -> None:
-    """`import --from-hermes` writes a state.db; on a home whose store is PostgreSQL it
-    exits 78 instead of making an empty one, and names the way through a SQLite home."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.yaml").write_text("state:\n  backend: postgres\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "import",
-                           "--from-hermes", "nowhere"], capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
-    assert proc.returncode == 78, proc.stderr
-    assert "state.backend" in proc.stderr and "PostgreSQL" in proc.stderr
-    assert "sessions export" in proc.stderr and "sessions import" in proc.stderr
-    assert not (home / "state.db").exists()
-
-
 async def test_a_state_db_moves_to_postgres_by_export_and_import(
     schema_dsn: str, tmp_path: Path
 ) -> None:
