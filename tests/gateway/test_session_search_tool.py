@@ -1,4 +1,5 @@
-"""The agent's session_search tool: discover, scroll, browse, scoping and bad arguments."""
+"""The agent's session_search tool: discover, scroll, browse, scoping and bad arguments, on
+every store backend (the contract suite's `store` fixture: SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ import json
 import pytest
 
 from gateway.agent.tools.session_search import Caller, session_search
-from state import SessionDB, SessionFilter
+from state import SessionFilter, Store
+from tests.state.conftest import backend, open_test_store, pg_dsn, store  # noqa: F401
+
+
+@pytest.fixture
+def db(store: Store) -> Store:  # noqa: F811
+    return store
 
 
 async def _chat(
-    db: SessionDB, user: str, title: str, lines: list[str], source: str = "telegram"
+    db: Store, user: str, title: str, lines: list[str], source: str = "telegram"
 ) -> str:
     sid = await db.create_session(source=source, user_id=user, chat_id="c1", title=title)
     await db.append_messages(sid, [
@@ -24,7 +31,7 @@ def _alice() -> SessionFilter:
     return SessionFilter(source="telegram", chat_id="c1", user_id="alice", include_children=True)
 
 
-async def test_discover_dedupes_by_lineage_and_excludes_the_current_lineage(db: SessionDB) -> None:
+async def test_discover_dedupes_by_lineage_and_excludes_the_current_lineage(db: Store) -> None:
     lines = [f"line {i}" for i in range(30)]
     lines[15] = "we talked about the kraken migration"
     old = await _chat(db, "alice", "kraken", lines)
@@ -50,14 +57,14 @@ async def test_discover_dedupes_by_lineage_and_excludes_the_current_lineage(db: 
         assert ">>>kraken<<<" in res["snippet"]
 
 
-async def test_discover_truncates_long_messages(db: SessionDB) -> None:
+async def test_discover_truncates_long_messages(db: Store) -> None:
     await _chat(db, "alice", "long", ["needle " + "x" * 2000, "ok"])
     out = json.loads(await session_search(db, Caller(_alice()), {"query": "needle"}))
     content = out["results"][0]["messages"][0]["content"]
     assert content.endswith("chars]") and len(content) < 600
 
 
-async def test_no_leak_across_users(db: SessionDB) -> None:
+async def test_no_leak_across_users(db: Store) -> None:
     await _chat(db, "bob", "bob secret", ["bob's confidential plan", "ok"])
     bob_sid = (await db.list_sessions(user_id="bob"))[0]["id"]
     out = json.loads(await session_search(db, Caller(_alice()), {"query": "confidential"}))
@@ -70,7 +77,7 @@ async def test_no_leak_across_users(db: SessionDB) -> None:
     assert all(s["session_id"] != bob_sid for s in browse["sessions"])
 
 
-async def test_scroll_repeats_the_edge_message(db: SessionDB) -> None:
+async def test_scroll_repeats_the_edge_message(db: Store) -> None:
     sid = await _chat(db, "alice", "scroll", [f"m{i}" for i in range(40)])
     msgs = await db.get_messages(sid)
     first = json.loads(
@@ -91,7 +98,7 @@ async def test_scroll_repeats_the_edge_message(db: SessionDB) -> None:
     assert nxt["messages"][5]["content"] == "m15" and nxt["messages"][5]["hit"] is True
 
 
-async def test_browse_lists_recent_sessions(db: SessionDB) -> None:
+async def test_browse_lists_recent_sessions(db: Store) -> None:
     a = await _chat(db, "alice", "first", ["hello there"])
     b = await _chat(db, "alice", "second", ["again"])
     out = json.loads(await session_search(db, Caller(_alice(), b)))
@@ -114,6 +121,6 @@ async def test_browse_lists_recent_sessions(db: SessionDB) -> None:
         ({"query": 42}, "string"),
     ],
 )
-async def test_bad_arguments_give_an_error_object(db: SessionDB, args: dict, phrase: str) -> None:
+async def test_bad_arguments_give_an_error_object(db: Store, args: dict, phrase: str) -> None:
     out = json.loads(await session_search(db, Caller(_alice()), args))
     assert out["success"] is False and phrase in out["error"]
