@@ -39,6 +39,24 @@ db.set_session_title("tip", "Deploy Plan #2")
 """
 
 
+async def _home_arrived(db: Store) -> None:
+    """_HERMES_HOME's sessions as they are in the store: tokens, title, end, model,
+    lineage, messages with tool calls and parts, searchable."""
+    root = await db.require_session("root")
+    assert (root["input_tokens"], root["output_tokens"], root["api_call_count"]) == (120, 30, 2)
+    assert (root["title"], root["end_reason"], root["model"]) == (
+        "Deploy Plan",
+        "compression",
+        "m1",
+    )
+    assert await db.get_compression_tip("root") == "tip"
+    msgs = await db.get_messages("root")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
+    assert msgs[1]["tool_calls"][0]["function"]["name"] == "web_lookup"
+    assert (await db.get_messages("tip"))[0]["content"][1]["type"] == "image_url"
+    assert [h["session_id"] for h in await db.search_messages("部署")] == ["root"]
+
+
 def _cli(home: Path, *args: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", "--home", str(home), "import", *args],
@@ -68,19 +86,7 @@ async def test_a_hermes_home_comes_over_once(tmp_path: Path) -> None:
 
     db = await SessionDB.open(home / "state.db")
     try:
-        root = await db.require_session("root")
-        assert (root["input_tokens"], root["output_tokens"], root["api_call_count"]) == (120, 30, 2)
-        assert (root["title"], root["end_reason"], root["model"]) == (
-            "Deploy Plan",
-            "compression",
-            "m1",
-        )
-        assert await db.get_compression_tip("root") == "tip"
-        msgs = await db.get_messages("root")
-        assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
-        assert msgs[1]["tool_calls"][0]["function"]["name"] == "web_lookup"
-        assert (await db.get_messages("tip"))[0]["content"][1]["type"] == "image_url"
-        assert [h["session_id"] for h in await db.search_messages("部署")] == ["root"]
+        await _home_arrived(db)
         assert [h["session_id"] for h in await db.search_messages("web_lookup", roles=["tool"])]
         assert (await db.model_usage("root"))[0]["input_tokens"] == 120
         listed = {r["id"]: r for r in await db.list_sessions(include_children=True)}
@@ -264,19 +270,7 @@ async def test_a_hermes_home_comes_over_once_into_postgres(tmp_path: Path, pg_ho
     assert not (pg_home.path / "state.db").exists()
     db = await pg_home.store()
     try:
-        root = await db.require_session("root")
-        assert (root["input_tokens"], root["output_tokens"], root["api_call_count"]) == (120, 30, 2)
-        assert (root["title"], root["end_reason"], root["model"]) == (
-            "Deploy Plan",
-            "compression",
-            "m1",
-        )
-        assert await db.get_compression_tip("root") == "tip"
-        msgs = await db.get_messages("root")
-        assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
-        assert msgs[1]["tool_calls"][0]["function"]["name"] == "web_lookup"
-        assert (await db.get_messages("tip"))[0]["content"][1]["type"] == "image_url"
-        assert [h["session_id"] for h in await db.search_messages("部署")] == ["root"]
+        await _home_arrived(db)
         assert await db.message_count() == 4
     finally:
         await db.close()
