@@ -297,48 +297,51 @@ async def test_insights_figures_and_cost(site: Site) -> None:
         assert status == 400 and "days" in body["error"]["message"]
 
 
+LIVE_ONE = "20250103_000000_cccc0003"  # the seeded Discord session, live for the operations
+
+
 async def test_rename_delete_live_refusal_prune_and_empty_sessions(tmp_path: Path) -> None:
-    s, server = await start_site(tmp_path, live={"20250103_000000_cccc0003"})
+    s, server = await start_site(tmp_path, live={LIVE_ONE})
     try:
-        async with _http() as http:
-            async with http.post(f"{s.base}/api/sessions/{s.seeded.root}/title", json={"title": "renamed <b>"},
-                                 headers=BEARER) as resp:  # fmt: skip
-                assert resp.status == 200 and (await resp.json())["title"] == "renamed <b>"
-            async with http.post(f"{s.base}/api/sessions/{s.seeded.discord}/title", json={"title": "slack standup"},
-                                 headers=BEARER) as resp:  # fmt: skip
-                assert (
-                    resp.status == 400
-                    and "slack standup" in (await resp.json())["error"]["message"]
-                )
-            async with http.delete(
-                f"{s.base}/api/sessions/{s.seeded.discord}", headers=BEARER
-            ) as resp:
-                assert resp.status == 409
-            async with http.post(
-                f"{s.base}/api/empty-sessions", json={"dry_run": True}, headers=BEARER
-            ) as resp:
-                assert await resp.json() == {"empty": 1}
-            async with http.post(f"{s.base}/api/empty-sessions", json={}, headers=BEARER) as resp:
-                assert await resp.json() == {"deleted": 1}
-            async with http.post(
-                f"{s.base}/api/prune", json={"older_than_days": 7, "dry_run": True}, headers=BEARER
-            ) as resp:
-                assert await resp.json() == {"would_prune": 1}
-            async with http.post(
-                f"{s.base}/api/prune", json={"older_than_days": 7}, headers=BEARER
-            ) as resp:
-                assert await resp.json() == {"pruned": 1}
-            async with http.post(
-                f"{s.base}/api/prune", json={"older_than_days": "x"}, headers=BEARER
-            ) as resp:
-                assert resp.status == 400
-        assert await s.db.get_session(s.seeded.empty) is None
-        assert await s.db.get_session(s.seeded.slack) is None
-        assert (await s.db.get_session(s.seeded.root))["title"] == "renamed <b>"
-        assert await s.db.get_session(s.seeded.discord) is not None
+        await rename_delete_live_refusal_prune_and_empty(s)
     finally:
         await server.close()
         await s.db.close()
+
+
+async def rename_delete_live_refusal_prune_and_empty(s: Site) -> None:
+    """The operations over the API on a site whose seeded Discord session is live."""
+    async with _http() as http:
+        async with http.post(f"{s.base}/api/sessions/{s.seeded.root}/title", json={"title": "renamed <b>"},
+                             headers=BEARER) as resp:  # fmt: skip
+            assert resp.status == 200 and (await resp.json())["title"] == "renamed <b>"
+        async with http.post(f"{s.base}/api/sessions/{s.seeded.discord}/title", json={"title": "slack standup"},
+                             headers=BEARER) as resp:  # fmt: skip
+            assert resp.status == 400 and "slack standup" in (await resp.json())["error"]["message"]
+        async with http.delete(f"{s.base}/api/sessions/{s.seeded.discord}", headers=BEARER) as resp:
+            assert resp.status == 409
+        async with http.post(
+            f"{s.base}/api/empty-sessions", json={"dry_run": True}, headers=BEARER
+        ) as resp:
+            assert await resp.json() == {"empty": 1}
+        async with http.post(f"{s.base}/api/empty-sessions", json={}, headers=BEARER) as resp:
+            assert await resp.json() == {"deleted": 1}
+        async with http.post(
+            f"{s.base}/api/prune", json={"older_than_days": 7, "dry_run": True}, headers=BEARER
+        ) as resp:
+            assert await resp.json() == {"would_prune": 1}
+        async with http.post(
+            f"{s.base}/api/prune", json={"older_than_days": 7}, headers=BEARER
+        ) as resp:
+            assert await resp.json() == {"pruned": 1}
+        async with http.post(
+            f"{s.base}/api/prune", json={"older_than_days": "x"}, headers=BEARER
+        ) as resp:
+            assert resp.status == 400
+    assert await s.db.get_session(s.seeded.empty) is None
+    assert await s.db.get_session(s.seeded.slack) is None
+    assert (await s.db.get_session(s.seeded.root))["title"] == "renamed <b>"
+    assert await s.db.get_session(s.seeded.discord) is not None
 
 
 async def test_page_actions_confirm_first(site: Site) -> None:

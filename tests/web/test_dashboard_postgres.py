@@ -1,6 +1,6 @@
 """The dashboard on the PostgreSQL store: the same scenarios as test_dashboard_api.py
 (listing filters and keyset paging, search, the lineage tree, insights and cost, export and
-import) over the same seeded data, with the store in a schema of its own."""
+import, the operations) over the same seeded data, with the store in a schema of its own."""
 
 from __future__ import annotations
 
@@ -49,3 +49,18 @@ async def test_dashboard_scenario_on_postgres(
 
 async def test_export_then_import_on_postgres(pg_site: Site, tmp_path: Path) -> None:
     await scenarios.test_export_then_import_through_the_api(pg_site, tmp_path)
+
+
+async def test_operations_on_postgres(pg_dsn: str, tmp_path: Path) -> None:  # noqa: F811
+    """Rename, a live session's delete refused, empty sessions and prune, on PostgreSQL."""
+    schema = pgserver.fresh_schema(pg_dsn)
+    store = await open_store(
+        {"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, schema)}, tmp_path
+    )
+    site, server = await start_site(tmp_path, live={scenarios.LIVE_ONE}, store=store)
+    try:
+        await scenarios.rename_delete_live_refusal_prune_and_empty(site)
+    finally:
+        await server.close()
+        await store.close()
+        pgserver.drop_schema(pg_dsn, schema)
