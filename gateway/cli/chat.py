@@ -29,6 +29,7 @@ from rich.text import Text
 
 from gateway import adapters
 from gateway.app import build_agent, router_settings
+from gateway.cli.paths import open_configured
 from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK
 from gateway.handoff import handoff_from_terminal
@@ -39,7 +40,7 @@ from gateway.session_keys import SessionSource, build_key
 from gateway.timefmt import ago
 from gateway.vocab import AdapterState, ChatType
 from gateway.wording import plural
-from state import AmbiguousSession, EndReason, SessionDB, SessionNotFound, Store, open_store
+from state import AmbiguousSession, EndReason, SessionNotFound, Store
 
 RECAP_EXCHANGES = 10
 
@@ -250,7 +251,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
     settings: PostgreSQL). `given` are the --home/--config options the user passed,
     repeated in the printed resume command so that it reaches the same store."""
     con = console or Console(highlight=False)
-    db: Store = await open_store(state, home) if state else await SessionDB.open(home / "state.db")
+    db = await open_configured(state, home / "state.db")
     tmp = tempfile.TemporaryDirectory(prefix="switchboard-chat-")
     index = SessionIndex(Path(tmp.name) / "sessions.json", db, flush_interval=3600)
     agent = build_agent(config)

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway import adapters
-from gateway.cli.paths import config_path_of, home_of, store_settings
+from gateway.cli.paths import config_path_of, home_of, open_configured, store_settings
 from gateway.errors import EXIT_OK, EXIT_USAGE
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -72,10 +72,9 @@ async def _figures(
     """The figures from the home's store: its state.db, or where `state` (store_settings)
     puts it, e.g. PostgreSQL."""
     from gateway.web.queries import insights_for
-    from state import SessionDB, Store, open_store
 
     until = time.time()
-    db: Store = await open_store(state, home) if state else await SessionDB.open(home / "state.db")
+    db = await open_configured(state, home / "state.db")
     try:
         return await insights_for(db, prices, until - days * 86400, until, source)
     finally:

@@ -1,11 +1,15 @@
-"""Where a `switchboard` subcommand finds its home and config file (`--home`, `--config`),
-shared by gateway.cli and the subcommand modules it registers."""
+"""Where a `switchboard` subcommand finds its home, config file (`--home`, `--config`) and
+store, shared by gateway.cli and the subcommand modules it registers."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from state import Store
 
 
 def home_of(args: argparse.Namespace) -> Path:
@@ -34,6 +38,14 @@ def store_settings(args: argparse.Namespace, home: Path) -> dict[str, Any] | Non
 
     config = load_config(config_path_of(args, home))
     return {**asdict(config.state), "dsn": config.secret("state.dsn_env")}
+
+
+async def open_configured(state: Mapping[str, Any] | None, db_path: Path) -> Store:
+    """The store a terminal command works on: the one `state` (store_settings) names, else
+    the SQLite file at `db_path` (the home's state.db)."""
+    from state import SessionDB, open_store
+
+    return await open_store(state, db_path.parent) if state else await SessionDB.open(db_path)
 
 
 def _backend(args: argparse.Namespace, home: Path) -> str | None:

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from gateway import adapters
+from gateway.cli.paths import open_configured
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from gateway.timefmt import ago
 from gateway.wording import plural
@@ -30,7 +31,6 @@ from state import (
     SessionNotFound,
     Store,
     TitleError,
-    open_store,
 )
 
 # Piped output is for reading whole lines (grep, a file, a pager): no width to wrap at, so
@@ -52,7 +52,7 @@ async def run(
 ) -> int:
     """Run the subcommand on state.db at `db_path`, or on the store `state` (open_store's
     settings, for a home whose config puts the store elsewhere) names."""
-    db: Store = await open_store(state, db_path.parent) if state else await SessionDB.open(db_path)
+    db = await open_configured(state, db_path)
     try:
         return int(await COMMANDS[args.sessions_command](db, args))
     except SessionNotFound as exc:
