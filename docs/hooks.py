@@ -8,7 +8,10 @@ A page asks for a generated part with a marker line:
 - ``<!-- generated: config -->``: every configuration key, its default and its comment, from
   ``config.example.yaml`` (which a test checks against the config schema);
 - ``<!-- generated: openapi -->``: the dashboard API's OpenAPI document
-  (``gateway.web.openapi``), as tables and as JSON.
+  (``gateway.web.openapi``), as tables and as JSON;
+- ``<!-- generated: metrics -->``: every ``/metrics`` series, read from the source that
+  declares it (``gateway/ops/metrics.py`` and each ``metrics.gauge(...)`` call), with the
+  labels the code sets.
 
 A marker that names no generator fails the build.
 """
@@ -186,4 +189,61 @@ def openapi_reference() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"cli": cli_reference, "config": config_reference, "openapi": openapi_reference}
+# --- the metrics ----------------------------------------------------------------------
+
+_DECLARED = re.compile(r'self\.(\w+)\s*=\s*(Counter|Histogram)\(\s*"(\w+)",\s*"([^"]+)"')
+_INC = re.compile(r"metrics\.(\w+)\.inc\(([^)]*)\)")
+_LABEL = re.compile(r'(\w+)=("([^"]*)"|[\w.]+)')
+
+
+def _call_text(source: str, start: int) -> str:
+    """The text of a call from its opening parenthesis to the matching one."""
+    depth, quote = 0, ""
+    for i in range(start, len(source)):
+        ch = source[i]
+        if quote:
+            quote = "" if ch == quote and source[i - 1] != "\\" else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return source[start : i + 1]
+    return source[start:]
+
+
+def metric_series() -> list[dict[str, Any]]:
+    """Every series /metrics can show: name, type, help and labels, found in the code."""
+    sources = {p: p.read_text(encoding="utf-8") for p in sorted((ROOT / "gateway").rglob("*.py"))}
+    found: dict[str, dict[str, Any]] = {}
+    attrs: dict[str, str] = {}
+    for attr, kind, name, help_ in _DECLARED.findall(sources[ROOT / "gateway/ops/metrics.py"]):
+        attrs[attr] = name
+        found[name] = {"name": name, "type": kind.lower(), "help": help_, "labels": {}}
+    for text in sources.values():
+        for match in re.finditer(r"\.gauge\(", text):
+            call = _call_text(text, match.end() - 1)
+            head = re.match(r'\(\s*"(\w+)",\s*"([^"]+)"', call)
+            if head:
+                kind = "counter" if 'kind="counter"' in call else "gauge"
+                found[head[1]] = {"name": head[1], "type": kind, "help": head[2], "labels": {}}
+        for attr, args in _INC.findall(text):
+            if attr in attrs:
+                for key, value, literal in _LABEL.findall(args):
+                    found[attrs[attr]]["labels"].setdefault(key, set()).add(
+                        f"`{literal}`" if value.startswith('"') else f"the {key}")
+    return list(found.values())
+
+
+def metrics_reference() -> str:
+    lines = ["| metric | type | what it counts | labels |", "|---|---|---|---|"]
+    for m in metric_series():
+        labels = "; ".join(f"`{k}`: " + ", ".join(sorted(v)) for k, v in sorted(m["labels"].items()))
+        lines.append(f"| `{m['name']}` | {m['type']} | {_cell(m['help'])} | {labels} |")
+    return "\n".join(lines)
+
+
+GENERATORS = {"cli": cli_reference, "config": config_reference, "openapi": openapi_reference,
+              "metrics": metrics_reference}  # fmt: skip
