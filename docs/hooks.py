@@ -136,7 +136,9 @@ def config_reference() -> str:
     table_open = False
     for entry in keys:
         depth = entry["path"].count(".")
-        if entry["section"] and (depth == 0 or entry["path"].startswith("platforms.") and depth == 1):
+        if entry["section"] and (
+            depth == 0 or entry["path"].startswith("platforms.") and depth == 1
+        ):
             level = "##" if depth == 0 else "###"
             lines += ["", f"{level} `{entry['path']}`", ""]
             if entry["comment"]:
@@ -233,14 +235,17 @@ def metric_series() -> list[dict[str, Any]]:
             if attr in attrs:
                 for key, value, literal in _LABEL.findall(args):
                     found[attrs[attr]]["labels"].setdefault(key, set()).add(
-                        f"`{literal}`" if value.startswith('"') else f"the {key}")
+                        f"`{literal}`" if value.startswith('"') else f"the {key}"
+                    )
     return list(found.values())
 
 
 def metrics_reference() -> str:
     lines = ["| metric | type | what it counts | labels |", "|---|---|---|---|"]
     for m in metric_series():
-        labels = "; ".join(f"`{k}`: " + ", ".join(sorted(v)) for k, v in sorted(m["labels"].items()))
+        labels = "; ".join(
+            f"`{k}`: " + ", ".join(sorted(v)) for k, v in sorted(m["labels"].items())
+        )
         lines.append(f"| `{m['name']}` | {m['type']} | {_cell(m['help'])} | {labels} |")
     return "\n".join(lines)
 

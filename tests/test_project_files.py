@@ -93,3 +93,24 @@ def test_the_code_layout_page_names_every_module_once() -> None:
     assert sorted(modules - set(listed)) == [], "modules missing from docs/layout.md"
     assert sorted(set(listed) - modules) == [], "the Layout names modules that do not exist"
     assert sorted(m for m in set(listed) if listed.count(m) > 1) == [], "listed twice"
+
+
+RUN = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/switchboard run"
+TEST = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
+
+
+def test_the_readme_is_a_short_introduction_opening_with_the_run_and_test_commands() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 300, "the README is an introduction; detail goes in docs/"
+    blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    assert [b.strip() for b in blocks[:2]] == [RUN, TEST]
+
+
+def test_every_documentation_page_is_in_the_site_navigation() -> None:
+    """mkdocs --strict in CI refuses a page left out of the navigation too; this says so
+    without building the site."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    listed = set(re.findall(r"([\w/-]+\.md)\s*$", nav, re.M))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert sorted(pages - listed) == [], "pages missing from mkdocs.yml's nav"
+    assert sorted(listed - pages) == [], "the nav names pages that do not exist"
