@@ -66,10 +66,10 @@ def test_the_readme_links_the_architecture_document() -> None:
         assert any(topic in h for h in headings), topic
 
 
-def _layout_entries(readme: str) -> list[str]:
-    """The modules the README's Layout block names: each indented line's first word is a
-    path inside the top-level folder named by the last unindented line."""
-    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+def _layout_entries(page: str) -> list[str]:
+    """The modules the code layout page's block names: each indented line's first word is
+    a path inside the top-level folder named by the last unindented line."""
+    block = page.split("```", 2)[1]
     top, entries = "", []
     for line in block.splitlines():
         if not line.strip():
@@ -82,14 +82,35 @@ def _layout_entries(readme: str) -> list[str]:
     return entries
 
 
-def test_the_readme_layout_names_every_module_once() -> None:
+def test_the_code_layout_page_names_every_module_once() -> None:
     modules = {
         str(p.relative_to(ROOT))
         for package in ("gateway", "state")
         for p in (ROOT / package).rglob("*.py")
         if "__pycache__" not in p.parts
     }
-    listed = _layout_entries((ROOT / "README.md").read_text(encoding="utf-8"))
-    assert sorted(modules - set(listed)) == [], "modules missing from the README's Layout"
+    listed = _layout_entries((ROOT / "docs" / "layout.md").read_text(encoding="utf-8"))
+    assert sorted(modules - set(listed)) == [], "modules missing from docs/layout.md"
     assert sorted(set(listed) - modules) == [], "the Layout names modules that do not exist"
     assert sorted(m for m in set(listed) if listed.count(m) > 1) == [], "listed twice"
+
+
+RUN = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/switchboard run"
+TEST = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
+
+
+def test_the_readme_is_a_short_introduction_opening_with_the_run_and_test_commands() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 300, "the README is an introduction; detail goes in docs/"
+    blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    assert [b.strip() for b in blocks[:2]] == [RUN, TEST]
+
+
+def test_every_documentation_page_is_in_the_site_navigation() -> None:
+    """mkdocs --strict in CI refuses a page left out of the navigation too; this says so
+    without building the site."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    listed = set(re.findall(r"([\w/-]+\.md)\s*$", nav, re.M))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert sorted(pages - listed) == [], "pages missing from mkdocs.yml's nav"
+    assert sorted(listed - pages) == [], "the nav names pages that do not exist"

@@ -1,7 +1,7 @@
 """The generic signed webhook through the whole daemon: requests signed from the documented
 format (not with our code) POSTed to `/webhooks/<name>`, replies in the response body (sync)
 or POSTed to a loopback callback receiver that verifies our signature (async, late replies,
-handoffs); plus the pure signature check and body translation, and the README's curl +
+handoffs); plus the pure signature check and body translation, and the webhook guide's curl +
 openssl recipe run as a shell script."""
 
 from __future__ import annotations
@@ -317,13 +317,13 @@ async def test_a_webhook_reply_that_stood_still_on_its_way_out_stops_before_it_i
         )
 
 
-# --- the README's recipe, run as written ----------------------------------------------------
+# --- the documented recipe, run as written ---------------------------------------------------
 
 
 def _recipe() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    guide = (ROOT / "docs" / "platforms" / "webhook.md").read_text(encoding="utf-8")
     return (
-        readme.split("<!-- webhook-signing-recipe -->", 1)[1]
+        guide.split("<!-- webhook-signing-recipe -->", 1)[1]
         .split("```sh\n", 1)[1]
         .split("```", 1)[0]
     )
