@@ -412,7 +412,8 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     c = add_command(sp, "list", "list sessions, newest activity first")
     c.add_argument("--source", help=source_help())
     c.add_argument("--limit", type=positive_int, default=20, help="show at most N sessions (default 20)")
-    c.add_argument("--all", action="store_true", help="include compression and reset children")
+    c.add_argument("--all", action="store_true",
+                   help="every session, lineage unfolded (default: live ones and folded lineage)")  # fmt: skip
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     c = add_command(sp, "show", "metadata, lineage and the last messages")
     c.add_argument("ref", help="id, id prefix or title")

@@ -47,19 +47,22 @@ async def home(tmp_path: Path) -> Path:
     return h
 
 
-def test_list_shows_titles_relative_times_and_hides_children(home: Path) -> None:
+def test_list_shows_titles_relative_times_and_the_live_continuation(home: Path) -> None:
     out = sb(home, "list").stdout
     lines = out.splitlines()
     assert lines[0].split() == ["Title", "Preview", "Last", "Active", "ID"]
+    # the live compression child stands for its chain; the ended root is folded into it
+    assert any("trip plans #2" in ln and "20261101_110000_bbbbbbbb" in ln for ln in lines)
+    assert "20261101_100000_aaaaaaaa" not in out
+    unfolded = sb(home, "list", "--all").stdout
     assert any(
-        "trip plans" in ln and "3d ago" in ln and "20261101_100000_aaaaaaaa" in ln for ln in lines
+        "trip plans" in ln and "3d ago" in ln and "20261101_100000_aaaaaaaa" in ln
+        for ln in unfolded.splitlines()
     )
-    assert "20261101_110000_bbbbbbbb" not in out  # a compression child: only with --all
-    assert "20261101_110000_bbbbbbbb" in sb(home, "list", "--all").stdout
     limited = sb(home, "list", "--limit", "1").stdout
     assert "more sessions exist (3 in all)" in limited
     rows = json.loads(sb(home, "list", "--json").stdout)
-    assert {r["id"] for r in rows} == {"20261101_100000_aaaaaaaa", "20250101_100000_cccccccc"}
+    assert {r["id"] for r in rows} == {"20261101_110000_bbbbbbbb", "20250101_100000_cccccccc"}
 
 
 def test_list_without_titles_shows_the_source_column(tmp_path: Path) -> None:
