@@ -21,7 +21,7 @@ from rich.tree import Tree
 
 from gateway import adapters
 from gateway.cli.paths import open_configured
-from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from gateway.timefmt import ago
 from gateway.wording import plural
 from state import (
@@ -183,6 +183,10 @@ def _confirm(question: str, yes: bool) -> bool | None:
 async def cmd_delete(db: Store, args: argparse.Namespace) -> int:
     sid = await _resolve(db, args.ref)
     row = await db.require_session(sid)
+    if row.get("ended_at") is None and not args.force:
+        # the dashboard refuses the same (409): a chat may be writing into it right now
+        err.print(f"switchboard: {sid} is live; end it first (/new in its chat) or add --force")
+        return EXIT_REFUSED
     answer = _confirm(
         f"Delete {sid} ({row.get('title') or 'untitled'}, {plural(row.get('message_count') or 0, 'message')})?",
         args.yes,
@@ -430,9 +434,11 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     c = add_command(sp, "rename", "set a session's title (an empty title clears it)")
     c.add_argument("ref", help="id, id prefix or title")
     c.add_argument("title", nargs="+", help="the new title (several words are joined)")
-    c = add_command(sp, "delete", "delete a session (children become roots)")
+    c = add_command(sp, "delete", "delete an ended session (children become roots)")
     c.add_argument("ref", help="id, id prefix or title")
     c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    c.add_argument("--force", action="store_true",
+                   help="delete a live session too (its chat's next message starts a new one)")  # fmt: skip
     c = add_command(sp, "prune", "delete ended sessions idle for long")
     c.add_argument("--older-than", type=float, default=90, metavar="DAYS",
                    help="idle for more than DAYS days (default %(default)g)")  # fmt: skip

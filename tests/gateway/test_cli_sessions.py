@@ -109,7 +109,15 @@ def test_search_rename_delete_prune(home: Path) -> None:
     assert "1 ended session idle for more than 90 days would be pruned" in dry.stdout
     assert "pruned 1 session\n" in sb(home, "prune", "--older-than", "90", "--yes").stdout
     assert sb(home, "show", "20250101").returncode == 1
-    assert "deleted 20261101_110000_bbbbbbbb" in sb(home, "delete", "20261101_11", "--yes").stdout
+    # a live session: refused with one line and exit 3, as the dashboard refuses it (409)
+    live = sb(home, "delete", "20261101_11", "--yes")
+    assert live.returncode == 3 and live.stdout == ""
+    assert live.stderr.strip().splitlines() == [
+        "switchboard: 20261101_110000_bbbbbbbb is live; end it first (/new in its chat) or add --force"
+    ]
+    assert sb(home, "show", "20261101_11").returncode == 0
+    forced = sb(home, "delete", "20261101_11", "--yes", "--force")
+    assert forced.returncode == 0 and "deleted 20261101_110000_bbbbbbbb" in forced.stdout
 
 
 def test_export_import_round_trip_and_stats(home: Path, tmp_path: Path) -> None:
