@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from gateway import access, turns
+from gateway.adapters import replies_in_request
 from gateway.commands import CommandContext, CommandRegistry
 from gateway.errors import NothingToCompress
 from gateway.handoff import HOME_KEY
@@ -236,6 +237,9 @@ async def cmd_background(ctx: CommandContext) -> str:
     if not ctx.args.strip():
         return "Usage: /background <prompt>"
     job = turns.start_background(ctx.services, ctx.key, ctx.msg, ctx.session_id, ctx.args.strip())
+    if replies_in_request(ctx.msg.source.platform):  # this answer ends the request
+        return (f"Started background job {job}; its result comes in the notices of this "
+                "chat's next answer (and to the request's callback_url, if it gave one).")  # fmt: skip
     return f"Started background job {job}; the result will be posted here."
 
 
