@@ -343,7 +343,14 @@ async def cmd_browse(db: Store, args: argparse.Namespace) -> int:
         return EXIT_OK
     if sys.stdin.isatty() and sys.stdout.isatty():
         doomed: list[str] = []
-        chosen = pick_curses(rows, lambda row: doomed.append(row["id"]))
+
+        def delete(row: Mapping[str, Any]) -> str | None:
+            if row.get("ended_at") is None:  # as `sessions delete` without --force
+                return f"{row['id']} is live: kept (`sessions delete --force` deletes it)"
+            doomed.append(row["id"])
+            return None
+
+        chosen = pick_curses(rows, delete)
         for sid in doomed:
             await db.delete_session(sid)
     else:

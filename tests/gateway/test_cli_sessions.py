@@ -63,6 +63,9 @@ def test_list_shows_titles_relative_times_and_the_live_continuation(home: Path) 
     assert "more sessions exist (3 in all)" in limited
     rows = json.loads(sb(home, "list", "--json").stdout)
     assert {r["id"] for r in rows} == {"20261101_110000_bbbbbbbb", "20250101_100000_cccccccc"}
+    browse = sb(home, "browse", stdin="\n")  # the numbered list, cancelled
+    assert "20261101_110000_bbbbbbbb" in browse.stdout
+    assert "20261101_100000_aaaaaaaa" not in browse.stdout
 
 
 def test_list_without_titles_shows_the_source_column(tmp_path: Path) -> None:
