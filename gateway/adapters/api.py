@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import aiohttp
 from aiohttp import web
 
 from gateway.adapters.base import Emit
@@ -233,8 +234,6 @@ class ApiAdapter:
         callback = self._callbacks.get(slot)
         if callback is None:
             return
-        import aiohttp
-
         if self._http is None:
             self._http = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=CALLBACK_TIMEOUT_S)
@@ -431,7 +430,7 @@ class ApiAdapter:
                 ex.dropped or "", (500, "no_reply", "the message was not answered")
             )
             return _error(status, message, code)
-        fresh = first and not replayed and out.error != "storage"
+        fresh = first and not replayed and out.error is None  # an error's notices may be lost
         held = self._take_followups(source.chat_id, slot[1]) if fresh else ()
         answer = _Answer(out, (*held, *ex.notices), duplicate=replayed or not first)
         if first and out.error != "storage":  # not stored: a retry must run again
