@@ -210,6 +210,7 @@ class Gateway:
                 self.db,
                 self.config.sessions.index_flush_seconds,
                 self.config.sessions.index_activity_seconds,
+                settle_on_close=True,  # a clean stop leaves the file current
             )
         assert self.index is not None
         await self.index.load()

@@ -22,6 +22,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_REFUSED = 3  # a command that would harm what is in use (a live session); --force overrides
 EXIT_RESTART = 75
 EXIT_CONFIG = 78
 

@@ -155,9 +155,12 @@ class SessionIndex:
         db: Store,
         flush_interval: float = 2.0,
         activity_interval: float = 30.0,
+        *,
+        settle_on_close: bool = False,
     ) -> None:
         self.path = path
         self.db = db
+        self.settle_on_close = settle_on_close  # the daemon's: see close()
         self.flush_interval = flush_interval
         # Activity (updated_at) alone is persisted at most this often: state.db already has
         # each session's last_active, committed with every message.
@@ -191,8 +194,15 @@ class SessionIndex:
             await asyncio.gather(live_query, return_exceptions=True)
             raise
         newest = await live_query
-        # One pass: nearly every entry points at its key's newest live session. The rest
-        # are healed (their session ended or vanished) or superseded (the file is behind).
+        await self._agree(newest, reconcile=how == "loaded", stopping=False)
+        return how
+
+    async def _agree(self, newest: dict[str, str], *, reconcile: bool, stopping: bool) -> None:
+        """Bring the entries in line with state.db's newest live session of each key.
+        One pass: nearly every entry points at its key's newest live session. The rest are
+        healed (their session ended or vanished) or superseded (`reconcile`: the file is
+        behind). `stopping`: a clean stop settles what other processes changed, which is
+        expected then, so it is said at INFO, never as a warning."""
         entries = self._entries
         mismatched = [
             (k, sid)
@@ -201,11 +211,12 @@ class SessionIndex:
         ]
         if mismatched:
             live = set(newest.values())
-            await self._heal([(k, sid) for k, sid in mismatched if sid not in live])
-        if how == "loaded":
+            await self._heal([(k, sid) for k, sid in mismatched if sid not in live], stopping)
+        if reconcile:
             unseen = newest.keys() - entries.keys()
-            await self._reconcile(newest, [k for k, _ in mismatched if k in newest] + list(unseen))
-        return how
+            await self._reconcile(
+                newest, [k for k, _ in mismatched if k in newest] + list(unseen), stopping
+            )
 
     async def _read_file(self) -> str:
         how = "loaded"
@@ -257,7 +268,9 @@ class SessionIndex:
         self._fragments.clear()
         self._changed_all()
 
-    async def _reconcile(self, newest: dict[str, str], candidates: list[str]) -> None:
+    async def _reconcile(
+        self, newest: dict[str, str], candidates: list[str], stopping: bool = False
+    ) -> None:
         """The file is written at most every few seconds, so after a crash it can miss a
         session created just before: adopt, per key, the newest live session state.db has.
         (Terminal sessions are not routed by the daemon and are left out.) `candidates`
@@ -285,11 +298,14 @@ class SessionIndex:
             )  # fmt: skip
             self._changed(key)
             adopted += 1
-        if adopted:
+        if adopted and stopping:
+            log.info("session index: %d key(s) adopt a newer live session another process "
+                     "started", adopted)  # fmt: skip
+        elif adopted:
             log.warning("session index was behind state.db (an unclean stop?): %d entr%s updated",
                         adopted, "y" if adopted == 1 else "ies")  # fmt: skip
 
-    async def _heal(self, suspects: list[tuple[str, str]]) -> None:
+    async def _heal(self, suspects: list[tuple[str, str]], stopping: bool = False) -> None:
         """Entries whose session is missing are dropped; entries whose session ended follow
         a compression to its live tip, or are dropped. `suspects` are the (key, session)
         entries whose session is not the live session of any key; the rest need no lookup."""
@@ -302,7 +318,9 @@ class SessionIndex:
                 continue  # live, but without a key of its own: kept as it is
             self._changed(key)
             if state is None:
-                log.warning("index entry %s points at a missing session %s; dropped", key, sid)
+                log.log(logging.INFO if stopping else logging.WARNING,
+                        "index entry %s points at a missing session %s%s; dropped", key, sid,
+                        " (deleted by another process)" if stopping else "")  # fmt: skip
                 del self._entries[key]
                 continue
             tip = await self.db.get_compression_tip(sid)
@@ -474,6 +492,11 @@ class SessionIndex:
             self.bytes_written += size
 
     async def close(self) -> None:
+        """The last write. With `settle_on_close`, the entries are first brought in line
+        with state.db: while the daemon ran, another process may have deleted a session an
+        entry points at (`sessions delete --force`) or started a newer live session for a
+        key (`sessions import`). The file a clean stop leaves is then current, and the next
+        start has nothing to heal or adopt: its warnings mean an unclean stop."""
         if self._activity_task is not None and not self._activity_task.done():
             self._activity_task.cancel()
             await asyncio.gather(self._activity_task, return_exceptions=True)
@@ -481,6 +504,12 @@ class SessionIndex:
         if self._flush_task is not None and not self._flush_task.done():
             self._flush_task.cancel()
             await asyncio.gather(self._flush_task, return_exceptions=True)
+        if self.settle_on_close:
+            try:
+                newest = await self.db.newest_live_session_by_key()
+                await self._agree(newest, reconcile=True, stopping=True)
+            except Exception as exc:  # the store is failing: the next start heals instead
+                log.error("could not check the session index against state.db: %s", exc)
         await self.flush()
 
 

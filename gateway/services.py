@@ -159,6 +159,9 @@ class TaskSet:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def __contains__(self, task: object) -> bool:
+        return task in self._tasks
+
     async def drain(self, budget_s: float) -> int:
         """Let the tasks finish within the budget, then cancel the rest; how many were
         cancelled."""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from gateway import access, turns
+from gateway.adapters import replies_in_request
 from gateway.commands import CommandContext, CommandRegistry
 from gateway.errors import NothingToCompress
 from gateway.handoff import HOME_KEY
@@ -25,6 +26,7 @@ from state import (
     SessionRow,
     StateError,
     TitleError,
+    TitleTaken,
 )
 
 log = logging.getLogger("gateway.commands")
@@ -41,13 +43,27 @@ def _label(row: Mapping[str, object]) -> str:
     return str(row.get("title") or _cut(str(row.get("preview") or "(empty)"), 40))
 
 
+async def _title_problem(ctx: CommandContext, exc: TitleError) -> str:
+    """A refused title in chat words. Titles are one namespace, but a clash names the
+    session holding the title only when this chat may reach it (gateway.access): another
+    owner's session answers as if it did not exist, so its id never leaves its owner."""
+    if isinstance(exc, TitleTaken):
+        row = await ctx.services.db.get_session(exc.owner)
+        if row is not None and access.may_access(row, ctx.key):
+            return (f"this chat's session {exc.owner} already has that title "
+                    f"(/resume {exc.title} goes back to it)")  # fmt: skip
+        return "that title is already in use"
+    return str(exc)
+
+
 async def cmd_new(ctx: CommandContext) -> str:
     entry, problem = await ctx.services.sessions.reset(
         ctx.key, ctx.msg.source, EndReason.SESSION_RESET, ctx.args or None
     )
     ctx.services.coordinator.forget_listing(ctx.key.format())
     if problem:
-        return f"Started a new session, but the title was not set: {problem}."
+        why = await _title_problem(ctx, problem)
+        return f"Started a new session, but the title was not set: {why}."
     return f"Started a new session{f' titled {ctx.args.strip()!r}' if ctx.args else ''}."
 
 
@@ -63,7 +79,7 @@ async def cmd_title(ctx: CommandContext) -> str:
     try:
         title = await db.set_session_title(ctx.session_id, ctx.args)
     except TitleError as exc:
-        return f"Title not set: {exc}."
+        return f"Title not set: {await _title_problem(ctx, exc)}."
     return f"Title set: {title}"
 
 
@@ -198,7 +214,7 @@ async def cmd_branch(ctx: CommandContext) -> str:
             ctx.key, ctx.msg.source, ctx.args.strip() or None
         )
     except TitleError as exc:
-        return f"Not branched: {exc}."
+        return f"Not branched: {await _title_problem(ctx, exc)}."
     title = await ctx.services.db.get_session_title(entry.session_id)
     return f"Branched into a new session{f' ({title})' if title else ''}. /resume goes back to the original."
 
@@ -221,6 +237,9 @@ async def cmd_background(ctx: CommandContext) -> str:
     if not ctx.args.strip():
         return "Usage: /background <prompt>"
     job = turns.start_background(ctx.services, ctx.key, ctx.msg, ctx.session_id, ctx.args.strip())
+    if replies_in_request(ctx.msg.source.platform):  # this answer ends the request
+        return (f"Started background job {job}; its result comes in the notices of this "
+                "chat's next answer (and to the request's callback_url, if it gave one).")  # fmt: skip
     return f"Started background job {job}; the result will be posted here."
 
 

@@ -94,7 +94,7 @@ class SessionManager:
 
     async def reset(
         self, key: SessionKey, source: SessionSource, reason: EndReason, title: str | None = None
-    ) -> tuple[IndexEntry, str | None]:
+    ) -> tuple[IndexEntry, TitleError | None]:
         """A fresh child session (kind `reset`); the old one ends with `reason`.
         Returns the new entry and, if the title was refused, why (the reset still happened)."""
         current = self.index.get(key.format())
@@ -117,7 +117,7 @@ class SessionManager:
             try:
                 await self.db.set_session_title(entry.session_id, title)
             except TitleError as exc:
-                problem = str(exc)
+                problem = exc
         return entry, problem
 
     async def switch(self, key: SessionKey, source: SessionSource, target: str) -> IndexEntry:

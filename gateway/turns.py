@@ -294,13 +294,19 @@ def start_background(
     posted to the chat when done. Returns the job's name."""
     job = services.coordinator.new_job_id()
     services.coordinator.job_started(sid, job)
-    services.tasks.start(_background(services, key, msg, sid, prompt, job), f"background:{job}")
+    # the turn that announces the job: its answer goes out before the job's result
+    turn = asyncio.current_task()
+    announcing = turn if turn in services.tasks else None
+    services.tasks.start(
+        _background(services, key, msg, sid, prompt, job, announcing), f"background:{job}"
+    )
     return job
 
 
 async def _background(
-    services: Services, key: SessionKey, msg: InboundMessage, sid: str, prompt: str, job: str
-) -> None:
+    services: Services, key: SessionKey, msg: InboundMessage, sid: str, prompt: str, job: str,
+    announcing: asyncio.Task[None] | None = None,
+) -> None:  # fmt: skip
     s = services
     try:
         history = await s.db.get_messages_as_conversation(sid, last=s.settings.history_messages)
@@ -322,6 +328,10 @@ async def _background(
         text = f"Background job {job} failed; nothing was changed."
     finally:
         s.coordinator.job_finished(sid, job)
+    if announcing is not None:
+        # the result never overtakes the answer that announced the job (an HTTP request's
+        # answer is its response: the result then comes after it, as a follow-up)
+        await asyncio.wait({announcing})
     await s.replies.reply(msg, sid, text, key)
 
 

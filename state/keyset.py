@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from .listing import LIST_COLUMNS
+from .listing import LIST_COLUMNS, folded_lineage
 from .rows import Row, row_dict
 
 SORTS = {"active": "last_active", "started": "started_at"}
@@ -26,7 +26,7 @@ class PageQuery:
     live: bool | None = None  # True: not ended; False: ended; None: both
     since: float | None = None
     until: float | None = None
-    include_children: bool = False
+    include_children: bool = False  # False: the folded listing (listing.folded_lineage)
     sort: str = "active"
     descending: bool = True
     after: tuple[float, str] | None = None  # the cursor: the previous page's last row
@@ -63,7 +63,7 @@ def page_sql(q: PageQuery, mark: str = "?") -> tuple[str, list[object], str, int
         clauses.append(f"{col} < ?")
         params.append(q.until)
     if not q.include_children:
-        clauses.append("(parent_session_id IS NULL OR child_kind = 'branch')")
+        clauses.append(folded_lineage())
     clauses.append("COALESCE(archived, 0) = 0")
     op, direction = ("<", "DESC") if q.descending else (">", "ASC")
     if q.after is not None:

@@ -13,7 +13,7 @@ from typing import cast
 
 from .records import SessionRow
 from .rows import row_dict
-from .sessions import ChildKind
+from .sessions import ChildKind, EndReason
 
 LIST_COLUMNS = (
     "id, source, user_id, model, title, started_at, ended_at, end_reason, message_count, "
@@ -32,7 +32,7 @@ class SessionFilter:
     user_id: str | None = None
     chat_id: str | None = None
     thread_id: str | None = None
-    include_children: bool = False
+    include_children: bool = False  # False: the folded listing (see `folded_lineage`)
     include_archived: bool = False
     titled_only: bool = False
     thread_exact: bool = False  # thread_id None then means "not in a thread"
@@ -62,17 +62,30 @@ class SessionFilter:
         if self.routed_only:
             clauses.append(f"{p}session_key IS NOT NULL")
         if not self.include_children:
-            # Roots and (by default) branches; compression and reset children are reached
-            # through their lineage.
-            kinds = ", ".join(f"'{k}'" for k in self.child_kinds if k.isalpha())
-            clauses.append(
-                f"({p}parent_session_id IS NULL OR {p}child_kind IN ({kinds or 'NULL'}))"
-            )
+            clauses.append(folded_lineage(alias, self.child_kinds))
         if not self.include_archived:
             clauses.append(f"COALESCE({p}archived, 0) = 0")
         if self.titled_only:
             clauses.append(f"{p}title IS NOT NULL")
         return (" AND ".join(clauses) or ("1" if mark == "?" else "TRUE")), params
+
+
+def folded_lineage(alias: str = "", kinds: Sequence[str] = (ChildKind.BRANCH,)) -> str:
+    """The default listings' rule, as an SQL condition both stores run: every live session;
+    roots and children of `kinds`; the tip of each compression chain. Ended compression
+    and reset children are reached through their lineage, and an ancestor a compression
+    continues is folded into its continuation. A live session is never folded."""
+    p = f"{alias}." if alias else ""
+    outer = f"{alias}.id" if alias else "sessions.id"
+    names = ", ".join(f"'{k}'" for k in (*kinds, ChildKind.COMPRESSION) if k.isalpha())
+    continued = (
+        f"{p}end_reason = '{EndReason.COMPRESSION}' AND EXISTS (SELECT 1 FROM sessions fold "
+        f"WHERE fold.parent_session_id = {outer} AND fold.child_kind = '{ChildKind.COMPRESSION}')"
+    )
+    return (
+        f"({p}ended_at IS NULL OR (({p}parent_session_id IS NULL OR {p}child_kind IN ({names})) "
+        f"AND NOT ({continued})))"
+    )
 
 
 def list_sessions(

@@ -9,6 +9,10 @@ the request. Off loopback a bearer key is required. Every error is JSON in OpenA
 `{"error": {"message", "type", "code"}}`. An `Idempotency-Key` header makes a request safe to
 repeat, across restarts too: a repeat gets the first answer (`Idempotent-Replayed: true`)
 from memory or from the store, never a second turn.
+
+What is sent for a request after its answer (a /background job's result) comes in the
+`notices` of that chat's next answer, and is also POSTed to the request's `callback_url`
+when it gave one. Such follow-ups are held in memory by the process that ran the job.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import aiohttp
 from aiohttp import web
 
 from gateway.adapters.base import Emit
@@ -39,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024
 ANSWERED_MEMORY = 10_000  # recent answers kept to reply to a redelivered message_id at once
+FOLLOWUPS_PER_CHAT = 20  # follow-ups (background results) a chat's next answer carries at most
+CALLBACK_TIMEOUT_S = 10.0
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"  # "true" on an answer given again, not a new turn
 MAX_KEY = 255
@@ -141,6 +148,11 @@ class ApiAdapter:
         # keyed by (chat_id, message id): message ids are only unique within a chat
         self._pending: dict[tuple[str, str], _Exchange] = {}
         self._answered: OrderedDict[tuple[str, str], _Answer] = OrderedDict()
+        # chat -> (request id, text) sent for its answered requests, for its next answer
+        self._followups: OrderedDict[str, list[tuple[str, str]]] = OrderedDict()
+        # (chat_id, message id) -> the callback_url that request gave
+        self._callbacks: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._http: Any = None  # aiohttp.ClientSession for callbacks, made on first use
         self._runner: web.AppRunner | None = None
         self._started_at = int(time.time())
         self.state: str = AdapterState.STOPPED
@@ -182,6 +194,9 @@ class ApiAdapter:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     def health(self) -> dict[str, object]:
         return {
@@ -193,13 +208,55 @@ class ApiAdapter:
     # --- Adapter interface -------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> SentRef:
-        ex = self._pending.get((msg.chat_id, msg.reply_to or ""))
+        slot = (msg.chat_id, msg.reply_to or "")
+        ex = self._pending.get(slot)
         if ex is not None and not ex.done.done():
             if msg.notice:
                 ex.notices.append(msg.text)
             else:
                 ex.done.set_result(msg)
+        elif not msg.resend and (slot in self._answered or (
+            ex is not None and not ex.done.cancelled() and ex.done.result() is not None
+        )):  # fmt: skip
+            await self._follow_up(slot, msg)  # the request was answered: this comes after
         return SentRef(self.platform, msg.chat_id, (msg.reply_to or "",))
+
+    async def _follow_up(self, slot: tuple[str, str], msg: OutboundMessage) -> None:
+        """A message for a request already answered: kept for the chat's next answer, and
+        POSTed to the request's callback_url if it gave one (a failed POST is logged; the
+        notice still comes)."""
+        held = self._followups.setdefault(msg.chat_id, [])
+        held.append((slot[1], msg.text))
+        del held[:-FOLLOWUPS_PER_CHAT]
+        self._followups.move_to_end(msg.chat_id)
+        while len(self._followups) > ANSWERED_MEMORY:
+            self._followups.popitem(last=False)
+        callback = self._callbacks.get(slot)
+        if callback is None:
+            return
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=CALLBACK_TIMEOUT_S)
+            )
+        payload = {"type": "follow_up", "chat_id": msg.chat_id, "reply_to": msg.reply_to,
+                   "text": msg.text, "session_id": msg.session_id}  # fmt: skip
+        try:
+            async with self._http.post(callback, json=payload) as resp:
+                if resp.status >= 300:
+                    log.warning("api callback %s answered %d; the follow-up to %s waits in "
+                                "the chat's next answer", callback, resp.status, slot[1])  # fmt: skip
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("api callback %s failed (%s); the follow-up to %s waits in the "
+                        "chat's next answer", callback, type(exc).__name__, slot[1])  # fmt: skip
+
+    def _take_followups(self, chat_id: str, request: str) -> tuple[str, ...]:
+        """The chat's follow-ups for its next answer: never the request's own (a result
+        sent while its request was still being answered waits for the next one)."""
+        held = self._followups.pop(chat_id, [])
+        own = [(r, text) for r, text in held if r == request]
+        if own:
+            self._followups[chat_id] = own
+        return tuple(text for r, text in held if r != request)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
         """The router is done with a message: a request still waiting was dropped (or, should
@@ -292,8 +349,9 @@ class ApiAdapter:
         )  # fmt: skip
 
     async def _turn(
-        self, source: SessionSource, text: str, message_id: str | None
-    ) -> _Answer | web.Response:
+        self, source: SessionSource, text: str, message_id: str | None,
+        callback: str | None = None,
+    ) -> _Answer | web.Response:  # fmt: skip
         """Emit the message and wait for its answer. A message id already in flight waits for
         that first turn; one answered before gets the same answer again at once (from memory,
         else from the store) and runs no turn."""
@@ -310,6 +368,10 @@ class ApiAdapter:
         if ex is None:  # registered before the store is read: a repeat meanwhile waits on it
             ex = _Exchange(asyncio.get_running_loop().create_future())
             self._pending[slot] = ex
+            if callback is not None:
+                self._callbacks[slot] = callback
+                while len(self._callbacks) > ANSWERED_MEMORY:
+                    self._callbacks.popitem(last=False)
         replayed = False
         try:
             if first:
@@ -368,12 +430,24 @@ class ApiAdapter:
                 ex.dropped or "", (500, "no_reply", "the message was not answered")
             )
             return _error(status, message, code)
-        answer = _Answer(out, tuple(ex.notices), duplicate=replayed or not first)
+        fresh = first and not replayed and out.error is None  # an error's notices may be lost
+        held = self._take_followups(source.chat_id, slot[1]) if fresh else ()
+        answer = _Answer(out, (*held, *ex.notices), duplicate=replayed or not first)
         if first and out.error != "storage":  # not stored: a retry must run again
             self._answered[slot] = answer
             while len(self._answered) > ANSWERED_MEMORY:
                 self._answered.popitem(last=False)
         return answer
+
+    @staticmethod
+    def _callback_url(body: dict[str, Any]) -> str | None | web.Response:
+        """The body's `callback_url`: where follow-ups to this request are POSTed."""
+        url = body.get("callback_url")
+        if url is None:
+            return None
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            return _bad(400, "callback_url must be an http:// or https:// URL")
+        return url
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._read_json(request)
@@ -415,7 +489,10 @@ class ApiAdapter:
         key = self._idempotency_key(request, request.headers.get("X-Request-Id"))
         if isinstance(key, web.Response):
             return key
-        answer = await self._turn(source, content, key)
+        callback = self._callback_url(body)
+        if isinstance(callback, web.Response):
+            return callback
+        answer = await self._turn(source, content, key, callback)
         if isinstance(answer, web.Response):
             return answer
         out = answer.reply
@@ -501,7 +578,10 @@ class ApiAdapter:
             return key
         if opt["message_id"] is not None and key != opt["message_id"]:
             return _bad(400, f"message_id and the {IDEMPOTENCY_HEADER} header differ")
-        answer = await self._turn(source, text, key)
+        callback = self._callback_url(body)
+        if isinstance(callback, web.Response):
+            return callback
+        answer = await self._turn(source, text, key, callback)
         if isinstance(answer, web.Response):
             return answer
         out = answer.reply

@@ -3,7 +3,8 @@
 In a terminal: a curses list (type to filter over title, preview, id and source; arrows to
 move; Enter resumes; Esc quits). Every printable key filters, so deletion lives on keys no
 word contains: Delete (or ctrl-d) asks, and only the same key pressed again deletes; any
-other key cancels the question and then does what it always does. Without a terminal: a
+other key cancels the question and then does what it always does. A live session is kept,
+as `sessions delete` keeps it without --force. Without a terminal: a
 numbered list and a number read from standard input.
 """
 
@@ -48,8 +49,9 @@ DELETE_KEYS = (curses.KEY_DC, "\x04")  # Delete, ctrl-d: never part of a typed w
 HINT = "type to filter · ↑↓ move · Enter resume · Del/ctrl-d delete · Esc quit"
 
 
-def pick_curses(rows: list[Row], delete: Callable[[Row], None]) -> Row | None:
-    """The interactive picker; returns the chosen row (None when cancelled)."""
+def pick_curses(rows: list[Row], delete: Callable[[Row], str | None]) -> Row | None:
+    """The interactive picker; returns the chosen row (None when cancelled). `delete`
+    deletes a row, or says why not (a live session is kept)."""
 
     def ui(screen: Any) -> Row | None:
         curses.curs_set(0)
@@ -81,7 +83,10 @@ def pick_curses(rows: list[Row], delete: Callable[[Row], None]) -> Row | None:
             if asking is not None:
                 target, asking = asking, None
                 if key in DELETE_KEYS:
-                    delete(target)
+                    refused = delete(target)
+                    if refused:
+                        message = refused
+                        continue
                     rows.remove(target)
                     message = f"deleted {target['id']}"
                     continue

@@ -19,7 +19,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -244,6 +244,21 @@ async def _pick(db: Store, cont: str | bool | None, resume: str | None) -> str |
     return None
 
 
+# commands that end the current session or hand it over: while the terminal continues a
+# session live in another chat, they would end or take it from that chat
+DETACHING = ("/new", "/resume")  # the terminal lets go of it first (/resume with an argument)
+REFUSED_ATTACHED = ("/branch", "/compress", "/handoff")
+
+
+def live_elsewhere(row: Mapping[str, Any], own_key: str) -> str | None:
+    """Where a session is live when a chat other than this terminal holds it ("telegram
+    chat 42"), else None. The terminal continues such a session without ending it."""
+    key = row.get("session_key")
+    if row.get("ended_at") is not None or not key or key == own_key:
+        return None
+    return f"{row.get('source')} chat {row.get('chat_id')}"
+
+
 async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resume: str | None,
                    console: Console | None = None, given: Sequence[str] = (),
                    state: dict[str, Any] | None = None) -> int:  # fmt: skip
@@ -275,11 +290,20 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
         except (SessionNotFound, AmbiguousSession) as exc:
             con.print(f"switchboard: not found: {getattr(exc, 'ref', exc)}", style="red")
             return EXIT_FAILURE
+        elsewhere: str | None = None  # the chat the resumed session is live in, if another
         if target is not None:
+            elsewhere = live_elsewhere(await db.require_session(target), key.format())
             await router.services.sessions.switch(key, source, target)
             row = await db.require_session(target)
             history = await db.get_messages(target, last=200)
             con.print(render_recap(history, row.get("title"), config.display.resume_display))
+            if elsewhere:
+                con.print(f"This session is live in {elsewhere}; you continue it here, and "
+                          "leaving here does not end it.", markup=False, soft_wrap=True)  # fmt: skip
+
+        def attached() -> bool:
+            entry = index.get(key.format())
+            return bool(elsewhere) and entry is not None and entry.session_id == target
         # A new session is created by the first message or command: leaving at once keeps none.
         interactive = sys.stdin.isatty()
         armed = False  # Ctrl-C was pressed at the prompt; a second one leaves
@@ -307,6 +331,14 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             if text == "/help" or text.startswith("/help "):
                 con.print(terminal_help(router))
                 continue
+            command = text.split()[0]
+            if command in REFUSED_ATTACHED and attached():
+                con.print(f"Not done: this session is live in {elsewhere}, and {command} would "
+                          "end it there. /new starts a terminal session of its own.",
+                          markup=False, soft_wrap=True)  # fmt: skip
+                continue
+            if command in DETACHING and attached() and (command == "/new" or text != command):
+                index.remove(key.format())  # let go: the command never ends the other chat's
             if text.startswith("/handoff"):
                 platform = text.partition(" ")[2].strip()
                 if platform not in adapters.names():
@@ -347,7 +379,9 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 await db.delete_session(entry.session_id)  # begun here and never used
                 con.print("Nothing was said; no session kept.")
                 return EXIT_OK
-            await db.end_session(entry.session_id, EndReason.USER_EXIT)
+            staying = attached()
+            if not staying:
+                await db.end_session(entry.session_id, EndReason.USER_EXIT)
             row = await db.require_session(entry.session_id)
             name = row.get("title") or entry.session_id
             title = row.get("title")
@@ -356,6 +390,8 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             # a title is the user's text (no markup) and the command must stay one line
             con.print(f"Session {label}: {plural(row.get('message_count') or 0, 'message')}, "
                       f"last active {active}.", markup=False, soft_wrap=True)  # fmt: skip
+            if staying:
+                con.print(f"It stays live in {elsewhere}.", markup=False, soft_wrap=True)
             con.print(f"Resume with: {resume_command(given, name)}", markup=False, soft_wrap=True)
         return EXIT_OK
     finally:

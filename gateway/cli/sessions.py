@@ -21,7 +21,7 @@ from rich.tree import Tree
 
 from gateway import adapters
 from gateway.cli.paths import open_configured
-from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from gateway.timefmt import ago
 from gateway.wording import plural
 from state import (
@@ -183,6 +183,10 @@ def _confirm(question: str, yes: bool) -> bool | None:
 async def cmd_delete(db: Store, args: argparse.Namespace) -> int:
     sid = await _resolve(db, args.ref)
     row = await db.require_session(sid)
+    if row.get("ended_at") is None and not args.force:
+        # the dashboard refuses the same (409): a chat may be writing into it right now
+        err.print(f"switchboard: {sid} is live; end it first (/new in its chat) or add --force")
+        return EXIT_REFUSED
     answer = _confirm(
         f"Delete {sid} ({row.get('title') or 'untitled'}, {plural(row.get('message_count') or 0, 'message')})?",
         args.yes,
@@ -339,7 +343,14 @@ async def cmd_browse(db: Store, args: argparse.Namespace) -> int:
         return EXIT_OK
     if sys.stdin.isatty() and sys.stdout.isatty():
         doomed: list[str] = []
-        chosen = pick_curses(rows, lambda row: doomed.append(row["id"]))
+
+        def delete(row: Mapping[str, Any]) -> str | None:
+            if row.get("ended_at") is None:  # as `sessions delete` without --force
+                return f"{row['id']} is live: kept (`sessions delete --force` deletes it)"
+            doomed.append(row["id"])
+            return None
+
+        chosen = pick_curses(rows, delete)
         for sid in doomed:
             await db.delete_session(sid)
     else:
@@ -412,7 +423,8 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     c = add_command(sp, "list", "list sessions, newest activity first")
     c.add_argument("--source", help=source_help())
     c.add_argument("--limit", type=positive_int, default=20, help="show at most N sessions (default 20)")
-    c.add_argument("--all", action="store_true", help="include compression and reset children")
+    c.add_argument("--all", action="store_true",
+                   help="every session, lineage unfolded (default: live ones and folded lineage)")  # fmt: skip
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     c = add_command(sp, "show", "metadata, lineage and the last messages")
     c.add_argument("ref", help="id, id prefix or title")
@@ -429,9 +441,11 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     c = add_command(sp, "rename", "set a session's title (an empty title clears it)")
     c.add_argument("ref", help="id, id prefix or title")
     c.add_argument("title", nargs="+", help="the new title (several words are joined)")
-    c = add_command(sp, "delete", "delete a session (children become roots)")
+    c = add_command(sp, "delete", "delete an ended session (children become roots)")
     c.add_argument("ref", help="id, id prefix or title")
     c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    c.add_argument("--force", action="store_true",
+                   help="delete a live session too (its chat's next message starts a new one)")  # fmt: skip
     c = add_command(sp, "prune", "delete ended sessions idle for long")
     c.add_argument("--older-than", type=float, default=90, metavar="DAYS",
                    help="idle for more than DAYS days (default %(default)g)")  # fmt: skip

@@ -68,7 +68,7 @@ def document() -> dict[str, Any]:
         _q("to", "last day (YYYY-MM-DD, UTC) of the sort column"),
         _q("sort", "last activity or start time", enum=["active", "started"]),
         _q("order", "newest or oldest first", enum=["desc", "asc"]),
-        _q("children", "1: include compression and reset children"),
+        _q("children", "1: every session (default: live ones, roots, branches, compression tips)"),
         _q("after", "the `next` cursor of the previous page"),
         _q("limit", "page size, 1-500 (default 50)", "integer"),
     ]

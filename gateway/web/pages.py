@@ -202,6 +202,9 @@ async def sessions_list(request: web.Request) -> web.StreamResponse:
         _select("chat_type", "Chat type", CHAT_TYPES, p("chat_type")),
         _select("titled", "Title", [("yes", "titled"), ("no", "untitled")], p("titled")),
         _select("status", "Status", ("live", "ended"), p("status")),
+        t('<label>Show <select name="children">{}</select></label>', join(
+            t('<option value="{}"{}>{}</option>', v, Safe(" selected") if (p("children") or "") == v else "", label)
+            for v, label in (("", "live sessions, lineage folded"), ("1", "every session")))),
         t('<label>From <input type="date" name="from" value="{}"></label>', p("from") or ""),
         t('<label>To <input type="date" name="to" value="{}"></label>', p("to") or ""),
         t('<label>Sort <select name="sort">{}</select></label>', join(

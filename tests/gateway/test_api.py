@@ -169,3 +169,66 @@ async def test_concurrent_clients_each_get_their_own_reply(gw: tuple[Gateway, st
 
         replies = await asyncio.gather(*(one(i) for i in range(60)))
     assert replies == [f"echo: m{i}" for i in range(60)]
+
+
+async def test_a_background_result_comes_with_the_chats_next_answer_and_to_its_callback(
+    gw: tuple[Gateway, str],
+) -> None:
+    """/background over the API: the answer says truthfully where the result arrives; the
+    result is POSTed to the request's callback_url and comes, once, in the notices of
+    that chat's next answer (never another chat's), on both endpoints."""
+    from aiohttp import web
+
+    _, url = gw
+    posted: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+
+    async def hook(request: web.Request) -> web.Response:
+        await posted.put(await request.json())
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    callback = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def message(chat: str, text: str, **more: str) -> dict[str, object]:
+                async with http.post(f"{url}/v1/messages",
+                                     json={"chat_id": chat, "text": text, **more}) as resp:  # fmt: skip
+                    assert resp.status == 200, await resp.text()
+                    return dict(await resp.json())
+
+            started = await message("a", "/background sum it up", callback_url=callback)
+            assert started["reply"] == (
+                "Started background job bg1; its result comes in the notices of this chat's "
+                "next answer (and to the request's callback_url, if it gave one)."
+            )
+            assert started["notices"] == []  # the result never rides on its own request
+            delivered = await asyncio.wait_for(posted.get(), 60)  # only catches a hang
+            result = "Background job bg1 finished:\necho: sum it up"
+            assert delivered["text"] == result and delivered["chat_id"] == "a"
+            assert delivered["session_id"] == started["session_id"]
+            assert (await message("b", "hello"))["notices"] == []  # another chat's
+            assert (await message("a", "next"))["notices"] == [result]
+            assert (await message("a", "after"))["notices"] == []  # delivered once
+            async with http.post(f"{url}/v1/chat/completions", json={
+                "user": "c", "callback_url": callback,
+                "messages": [{"role": "user", "content": "/background again"}]}) as resp:  # fmt: skip
+                assert resp.status == 200
+            assert (await asyncio.wait_for(posted.get(), 60))["text"] == (
+                "Background job bg2 finished:\necho: again"
+            )
+            async with http.post(f"{url}/v1/chat/completions", json={
+                "user": "c", "messages": [{"role": "user", "content": "so?"}]}) as resp:  # fmt: skip
+                body = await resp.json()
+            assert body["switchboard"]["notices"] == ["Background job bg2 finished:\necho: again"]
+            async with http.post(f"{url}/v1/messages", json={
+                "chat_id": "a", "text": "x", "callback_url": "ftp://nope"}) as resp:  # fmt: skip
+                assert resp.status == 400
+                assert "callback_url must be an http:// or https:// URL" in await resp.text()
+    finally:
+        await runner.cleanup()

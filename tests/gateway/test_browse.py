@@ -29,6 +29,7 @@ async def _home(path: Path) -> dict[str, str]:
             [{"role": "user", "content": text}, {"role": "assistant", "content": f"echo: {text}"}],
         )
         ids[title] = sid
+    await db.end_session(ids["tax return"], "user_exit")  # kyoto trip stays live
     await db.close()
     return ids
 
@@ -84,7 +85,8 @@ def _keys(name: str, *keys: str, literal: bool = False) -> None:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed here")
 def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> None:
     """Issue 15 item 1: letters always filter (typing `dynamo` deletes nothing); Delete or
-    ctrl-d asks, only the same key again deletes, and any other key keeps the session."""
+    ctrl-d asks, only the same key again deletes, and any other key keeps the session; a
+    live session is never deleted from here."""
     home = tmp_path / "home"
     ids = asyncio.run(_home(home))
     name = f"sb-{uuid.uuid4().hex[:8]}"
@@ -109,6 +111,10 @@ def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> N
         _wait_for(name, f"delete {ids['tax return']}? press Del")
         _keys(name, "C-d")
         _wait_for(name, f"deleted {ids['tax return']}")
+        _keys(name, "DC")  # the live one is kept, as `sessions delete` keeps it
+        _wait_for(name, f"delete {ids['kyoto trip']}? press Del")
+        _keys(name, "DC")
+        _wait_for(name, f"{ids['kyoto trip']} is live: kept (`sessions delete --force` deletes it)")
         _keys(name, "kyoto", literal=True)
         _wait_for(name, "filter: kyoto")
         _keys(name, "Enter")

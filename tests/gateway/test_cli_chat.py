@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -283,3 +284,81 @@ def test_ctrl_c_cancels_the_turn_then_twice_at_the_prompt_leaves_with_the_summar
     out._thread.join(10)
     assert re.search(r"Session \d{8}_\d{6}_[0-9a-f]{6}: 1 message, last active", out.text), out.text
     assert f"Resume with: switchboard --home {home} chat --resume " in out.text
+
+
+async def test_resuming_a_chats_live_session_continues_it_and_leaving_does_not_end_it(
+    tmp_path: Path,
+) -> None:
+    """`chat -r` on the session a platform chat is live in: the terminal says so, continues
+    it (both write into it), refuses what would end it there, and /quit leaves it live: the
+    chat goes on in it, doctor finds the index in order, and after a restart the chat still
+    continues it. /new from there starts a terminal session of its own."""
+    import aiohttp
+
+    from tests.daemon import free_port, wait_healthy
+
+    home, port = tmp_path / "home", free_port()
+    home.mkdir()
+    (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n")
+    url = f"http://127.0.0.1:{port}"
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, text=True, env=clean_env())  # fmt: skip
+
+    async def say(text: str) -> str:
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{url}/v1/messages", json={"chat_id": "a", "text": text}
+        ) as r:
+            assert r.status == 200, await r.text()
+            body = await r.json()
+            assert body["reply"] == f"echo: {text}"
+            return str(body["session_id"])
+
+    async def stop(proc: subprocess.Popen[str]) -> None:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+
+    def row(sid: str) -> tuple[object, ...]:
+        conn = sqlite3.connect(home / "state.db")
+        try:
+            return tuple(conn.execute(
+                "SELECT ended_at, end_reason, message_count FROM sessions WHERE id = ?", (sid,)
+            ).fetchone())  # fmt: skip
+        finally:
+            conn.close()
+
+    proc = start()
+    try:
+        await wait_healthy(url, proc)
+        sid = await say("hello from the chat")
+        here = await asyncio.to_thread(
+            chat, home, "hello from the terminal\n/branch\n/quit\n", "-r", sid
+        )
+        assert here.returncode == 0, here.stderr
+        assert ("This session is live in api chat a; you continue it here, and leaving here "
+                "does not end it.") in here.stdout  # fmt: skip
+        assert "◆ echo: hello from the terminal" in here.stdout
+        assert "Not done: this session is live in api chat a, and /branch would end it" in here.stdout
+        assert "It stays live in api chat a." in here.stdout
+        assert row(sid)[:2] == (None, None)
+        assert await say("still here") == sid  # the chat goes on in the same session
+        assert row(sid)[2] == 6
+        doctor = await asyncio.to_thread(
+            subprocess.run, switchboard(home, "doctor"), capture_output=True, text=True,
+            timeout=60, env=clean_env(),
+        )  # fmt: skip
+        assert "[ok  ] session index: 1 entries agree with state.db" in doctor.stdout, doctor.stdout
+        await stop(proc)
+        proc = start()
+        await wait_healthy(url, proc)
+        assert await say("after a restart") == sid
+        # /new from the terminal lets go first: the chat's session is never ended
+        fresh = await asyncio.to_thread(chat, home, "/new\nmy own\n/quit\n", "-r", sid)
+        assert fresh.returncode == 0 and "It stays live" not in fresh.stdout, fresh.stdout
+        assert row(sid)[:2] == (None, None)
+        assert await say("and on") == sid
+        await stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -47,19 +47,25 @@ async def home(tmp_path: Path) -> Path:
     return h
 
 
-def test_list_shows_titles_relative_times_and_hides_children(home: Path) -> None:
+def test_list_shows_titles_relative_times_and_the_live_continuation(home: Path) -> None:
     out = sb(home, "list").stdout
     lines = out.splitlines()
     assert lines[0].split() == ["Title", "Preview", "Last", "Active", "ID"]
+    # the live compression child stands for its chain; the ended root is folded into it
+    assert any("trip plans #2" in ln and "20261101_110000_bbbbbbbb" in ln for ln in lines)
+    assert "20261101_100000_aaaaaaaa" not in out
+    unfolded = sb(home, "list", "--all").stdout
     assert any(
-        "trip plans" in ln and "3d ago" in ln and "20261101_100000_aaaaaaaa" in ln for ln in lines
+        "trip plans" in ln and "3d ago" in ln and "20261101_100000_aaaaaaaa" in ln
+        for ln in unfolded.splitlines()
     )
-    assert "20261101_110000_bbbbbbbb" not in out  # a compression child: only with --all
-    assert "20261101_110000_bbbbbbbb" in sb(home, "list", "--all").stdout
     limited = sb(home, "list", "--limit", "1").stdout
     assert "more sessions exist (3 in all)" in limited
     rows = json.loads(sb(home, "list", "--json").stdout)
-    assert {r["id"] for r in rows} == {"20261101_100000_aaaaaaaa", "20250101_100000_cccccccc"}
+    assert {r["id"] for r in rows} == {"20261101_110000_bbbbbbbb", "20250101_100000_cccccccc"}
+    browse = sb(home, "browse", stdin="\n")  # the numbered list, cancelled
+    assert "20261101_110000_bbbbbbbb" in browse.stdout
+    assert "20261101_100000_aaaaaaaa" not in browse.stdout
 
 
 def test_list_without_titles_shows_the_source_column(tmp_path: Path) -> None:
@@ -106,7 +112,15 @@ def test_search_rename_delete_prune(home: Path) -> None:
     assert "1 ended session idle for more than 90 days would be pruned" in dry.stdout
     assert "pruned 1 session\n" in sb(home, "prune", "--older-than", "90", "--yes").stdout
     assert sb(home, "show", "20250101").returncode == 1
-    assert "deleted 20261101_110000_bbbbbbbb" in sb(home, "delete", "20261101_11", "--yes").stdout
+    # a live session: refused with one line and exit 3, as the dashboard refuses it (409)
+    live = sb(home, "delete", "20261101_11", "--yes")
+    assert live.returncode == 3 and live.stdout == ""
+    assert live.stderr.strip().splitlines() == [
+        "switchboard: 20261101_110000_bbbbbbbb is live; end it first (/new in its chat) or add --force"
+    ]
+    assert sb(home, "show", "20261101_11").returncode == 0
+    forced = sb(home, "delete", "20261101_11", "--yes", "--force")
+    assert forced.returncode == 0 and "deleted 20261101_110000_bbbbbbbb" in forced.stdout
 
 
 def test_export_import_round_trip_and_stats(home: Path, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -200,3 +201,68 @@ async def test_the_daemon_runs_on_the_event_loop_its_config_names(tmp_path: Path
         finally:
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.to_thread(proc.wait, 20) == 0
+
+
+async def _cli(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run, args, capture_output=True, text=True, timeout=60, env=clean_env()
+    )
+
+
+async def test_a_clean_stop_then_a_start_logs_no_index_warning_after_other_processes_wrote(
+    tmp_path: Path,
+) -> None:
+    """While the daemon runs, `sessions delete` refuses a chat's live session (exit 3) and
+    `--force` deletes it; another process starts a newer live session for a chat's key.
+    SIGTERM exits 0 and leaves sessions.json current, so the next start warns about
+    nothing; the deleted session's chat then starts a fresh session, and the other chat
+    continues the newer session state.db holds."""
+    from state import SessionDB
+
+    home, port = tmp_path / "home", free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    async def say(http: aiohttp.ClientSession, chat: str, text: str) -> dict[str, str]:
+        async with http.post(f"{url}/v1/messages", json={"chat_id": chat, "text": text}) as r:
+            assert r.status == 200, await r.text()
+            return dict(await r.json())
+
+    async def stop(proc: subprocess.Popen[str]) -> str:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.to_thread(proc.communicate, None, 30)
+        assert proc.returncode == 0, err
+        return str(err)
+
+    proc = _start(home, port)
+    try:
+        await wait_healthy(url, proc)
+        async with aiohttp.ClientSession() as http:
+            doomed = (await say(http, "b", "hello"))["session_id"]
+            await say(http, "a", "hello")
+            await say(http, "a", "/new Osaka food 🍜")
+        delete = [*switchboard(home, "sessions", "delete", doomed, "--yes")]
+        refused = await _cli(delete)
+        assert refused.returncode == 3 and "is live" in refused.stderr
+        forced = await _cli([*delete, "--force"])
+        assert forced.returncode == 0, forced.stderr
+        db = await SessionDB.open(home / "state.db")  # another process: `sessions import`
+        try:
+            newer = await db.create_session(
+                source="api", session_key="agent:main:api:dm:a", chat_id="a", chat_type="dm",
+                user_id="a", started_at=time.time() + 60,
+            )  # fmt: skip
+        finally:
+            await db.close()
+        await stop(proc)
+        proc = _start(home, port)
+        await wait_healthy(url, proc)
+        async with aiohttp.ClientSession() as http:
+            fresh = await say(http, "b", "again")
+            assert fresh["session_id"] != doomed and fresh["reply"] == "echo: again"
+            assert (await say(http, "a", "and you"))["session_id"] == newer
+        log = await stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "gateway.index" not in "\n".join(ln for ln in log.splitlines() if "WARNING" in ln), log
+    assert "behind state.db" not in log and "points at a missing session" not in log

@@ -43,6 +43,28 @@ async def test_title_as_first_message_then_show_and_errors(rig: RouterRig) -> No
     assert await rig.db.get_session_title(sid) == "Kyoto trip"
 
 
+async def test_a_title_clash_with_another_users_session_never_names_it(rig: RouterRig) -> None:
+    """Titles are one namespace, but another user's session answers as if it did not
+    exist: /title, /branch and /new say the title is taken and never give its id. The
+    chat's own session holding the title is named, with the way back to it."""
+    await say(rig, dm("/title Osaka food 🍜"))
+    theirs = current(rig)
+    await say(rig, dm("hello", chat="43"))
+    for command in ("/title Osaka food 🍜", "/branch Osaka food 🍜", "/new Osaka food 🍜"):
+        answer = await say(rig, dm(command, chat="43"))
+        assert "that title is already in use" in answer, answer
+        assert theirs not in answer
+    ours = current(rig, "agent:main:telegram:dm:43")
+    await say(rig, dm("/title Kyoto 🍵", chat="43"))
+    await say(rig, dm("/new", chat="43"))
+    answer = await say(rig, dm("/title Kyoto 🍵", chat="43"))
+    assert answer == (
+        f"Title not set: this chat's session {ours} already has that title "
+        "(/resume Kyoto 🍵 goes back to it)."
+    )
+    assert await rig.db.get_session_title(theirs) == "Osaka food 🍜"
+
+
 async def test_new_starts_a_reset_child_and_reports_a_bad_title(rig: RouterRig) -> None:
     await say(rig, dm("hello"))
     old = current(rig)
@@ -145,7 +167,7 @@ async def test_branch_copies_history_and_resume_goes_back(rig: RouterRig) -> Non
     back = await say(rig, dm(f"/resume {parent}"))
     assert back.startswith("Resumed plan (")
     assert current(rig) == parent
-    assert "already in use" in await say(rig, dm("/branch plan #2"))
+    assert f"session {child} already has that title" in await say(rig, dm("/branch plan #2"))
 
 
 async def test_compress_keeps_the_tail_and_the_parent_transcript(rig: RouterRig) -> None:

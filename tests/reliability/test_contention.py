@@ -75,7 +75,7 @@ async def test_cli_processes_and_the_daemon_share_the_file_without_errors(tmp_pa
                     f"renamed {w} {n}",
                 )
             elif w == 1 and doomed:
-                args = ("sessions", "delete", doomed.pop(), "--yes")
+                args = ("sessions", "delete", doomed.pop(), "--yes", "--force")
             elif w == 2:
                 args = (
                     ("sessions", "prune", "--older-than", "300", "--yes")

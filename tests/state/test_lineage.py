@@ -8,6 +8,7 @@ import time
 import pytest
 
 from state import AmbiguousSession, SessionNotFound, Store, ids
+from state.keyset import PageQuery
 
 DAY = 86400.0
 
@@ -56,9 +57,9 @@ async def test_branch_copies_history_and_compression_tip_follows_compression_onl
     assert [a["id"] for a in await store.get_ancestors(comp2)] == [comp, root]
     desc = {d["id"]: d["depth"] for d in await store.get_descendants(root)}
     assert desc == {branch: 1, comp: 1, comp2: 2}
-    # listing shows roots and branches, not compression children
+    # the default listing folds a compression chain into its live tip
     listed = {r["id"] for r in await store.list_sessions()}
-    assert listed == {root, branch}
+    assert listed == {comp2, branch}
     assert {r["id"] for r in await store.list_sessions(include_children=True)} == {
         root,
         branch,
@@ -276,3 +277,37 @@ async def test_untold_resets_are_the_empty_reset_children_of_idle_or_daily_sessi
         "session_key": "k1", "session_id": untold_child, "old_id": untold, "old_title": "t1",
         "old_messages": 1, "end_reason": "daily",
     }]  # fmt: skip
+
+
+async def _default_listings(store: Store) -> tuple[list[str], list[str]]:
+    """The ids the default listing and the dashboard's default page show, newest first."""
+    listed = [r["id"] for r in await store.list_sessions(limit=50)]
+    rows, _ = await store.session_page(PageQuery(limit=50))
+    return listed, [r["id"] for r in rows]
+
+
+async def test_every_live_session_shows_in_the_default_listings(store: Store) -> None:
+    """/new and a reset policy start reset children, /compress a compression child: the
+    live one is always listed (on both listings, the same way); an ancestor a compression
+    continues is folded into its continuation; an ended reset child is reached through its
+    lineage; an ended compression chain shows as its tip."""
+    chat = {"session_key": "agent:main:telegram:dm:1", "chat_id": "1"}
+    first = await store.create_session(source="telegram", started_at=1.0, **chat)
+    osaka = await store.fork_session(first, "reset", title="Osaka food 🍜",
+                                     end_reason="session_reset")  # fmt: skip
+    assert await _default_listings(store) == ([osaka, first], [osaka, first])
+    compressed = await store.fork_session(osaka, "compression", end_reason="compression")
+    assert await _default_listings(store) == ([compressed, first], [compressed, first])
+    # a daily reset: the live session shows; the ended chain it replaced shows as its tip
+    daily = await store.fork_session(compressed, "reset", end_reason="daily")
+    assert await _default_listings(store) == ([daily, compressed, first],) * 2
+    again = await store.fork_session(daily, "reset", end_reason="daily")
+    assert await _default_listings(store) == ([again, compressed, first],) * 2
+    everything = {r["id"] for r in await store.list_sessions(limit=50, include_children=True)}
+    assert everything == {first, osaka, compressed, daily, again}
+    # an ended compression chain shows as its tip, not as the root it grew from
+    other = await store.create_session(source="cli", started_at=2.0)
+    tip = await store.fork_session(other, "compression", end_reason="compression")
+    await store.end_session(tip, "user_exit")
+    listed, paged = await _default_listings(store)
+    assert tip in listed and other not in listed and tip in paged and other not in paged

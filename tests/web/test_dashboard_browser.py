@@ -75,7 +75,7 @@ async def test_sign_in_filter_search_open_a_hit_and_hostile_strings_stay_text(
     assert "That key is not right." in await page.inner_text("main")
     await _sign_in(page, site, shots)
     rows = page.locator("#sessions tbody tr")
-    assert await rows.count() == 6
+    assert await rows.count() == 7
     await page.screenshot(path=shots / "sessions.png", full_page=True)
     # the menus apply themselves (app.js submits the form on change)
     async with page.expect_navigation():
@@ -86,7 +86,7 @@ async def test_sign_in_filter_search_open_a_hit_and_hostile_strings_stay_text(
         await page.select_option("select[name=platform]", "")
     async with page.expect_navigation():
         await page.select_option("select[name=titled]", "no")
-    assert await rows.count() == 2
+    assert await rows.count() == 3
     # hostile title: shown literally, no element injected
     await page.goto(f"{site.base}/ui/sessions")
     assert HOSTILE_TITLE in await page.inner_text("#sessions")
@@ -154,6 +154,30 @@ async def test_lineage_tree_expands_and_marks_the_current_session(
     assert not await long.is_visible()
     await page.locator("details.long > summary").click()
     assert await long.is_visible()
+
+
+async def test_the_sessions_page_shows_live_sessions_and_a_control_unfolds_lineage(
+    browser_site: tuple[Site, Any, Path],
+) -> None:
+    """The live session a reset started is listed by default, and the compression chain
+    shows as its tip; the Show menu lists every session, and shows what it is set to."""
+    site, page, _ = browser_site
+    s = site.seeded
+    await _sign_in(page, site)
+    listed = page.locator("#sessions tbody a")
+
+    async def shown() -> set[str]:
+        return {str(h).rsplit("/", 1)[1] for h in await listed.evaluate_all(
+            "links => links.map(a => a.getAttribute('href'))")}  # fmt: skip
+
+    folded = await shown()
+    assert s.reset in folded and s.compressed2 in folded and s.branch in folded
+    assert s.root not in folded and s.compressed not in folded
+    async with page.expect_navigation():
+        await page.select_option("select[name=children]", "1")
+    assert "children=1" in page.url
+    assert await shown() == folded | {s.root, s.compressed}
+    assert await page.locator("select[name=children]").input_value() == "1"
 
 
 async def test_insights_chart_values_match_the_api(browser_site: tuple[Site, Any, Path]) -> None:
@@ -259,7 +283,7 @@ async def test_listing_and_transcripts_work_without_javascript(
     try:
         nojs = await context.new_page()
         await _sign_in(nojs, site)
-        assert await nojs.locator("#sessions tbody tr").count() == 6
+        assert await nojs.locator("#sessions tbody tr").count() == 7
         await nojs.select_option("select[name=platform]", "slack")
         async with nojs.expect_navigation():
             await nojs.click("#filters button")  # no script: the Apply button submits
