@@ -183,7 +183,9 @@ class Gateway:
 
     async def start(self) -> None:
         self.started_at = time.time()
-        fresh = not (self.home / "state.db").exists()
+        # a SQLite home is new without state.db; a PostgreSQL home keeps only the lock file
+        marker = "state.db" if self.config.state.backend == "sqlite" else "switchboard.lock"
+        fresh = not (self.home / marker).exists()
         self.home.mkdir(parents=True, exist_ok=True)
         self._lock = HomeLock(self.home)
         self._lock.acquire()
