@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from gateway import adapters
-from gateway.cli.paths import open_configured
+from gateway.cli.paths import configured_prices, home_of, open_configured
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from gateway.timefmt import ago
 from gateway.wording import plural
@@ -217,14 +217,23 @@ async def cmd_prune(db: Store, args: argparse.Namespace) -> int:
 
 
 async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
-    s = await db.stats()
+    from gateway.web.queries import cost, usd
+
+    s: dict[str, Any] = dict(await db.stats())
+    # the cost `switchboard insights` and the dashboard show, over every session
+    figures = await db.insights(0.0, time.time(), None)
+    s["cost"] = cost(figures["models"], configured_prices(args, home_of(args)))
     if args.json:
         print(json.dumps(s, ensure_ascii=False))
         return EXIT_OK
     out.print(f"{plural(s['sessions'], 'session')} ({s['live_sessions']} live), {plural(s['messages'], 'message')}")
     out.print(
-        f"tokens {s['input_tokens']} in / {s['output_tokens']} out; cost ${s['estimated_cost_usd']:.4f} estimated"
+        f"tokens {s['input_tokens']} in / {s['output_tokens']} out; "
+        f"estimated cost {usd(s['cost']['estimated_usd'])}"
     )
+    if s["cost"]["unpriced_models"]:
+        out.print(f"no price configured (dashboard.prices) for: {', '.join(s['cost']['unpriced_models'])}",
+                  markup=False, style="dim")  # fmt: skip
     if db.backend == "sqlite":
         out.print(f"state.db {s['db_bytes'] / 1e6:.1f} MB (+ WAL {s['wal_bytes'] / 1e6:.1f} MB)")
     else:

@@ -14,6 +14,7 @@ from gateway.config import Config
 from gateway.config import _is_loopback as is_loopback
 from gateway.web import api, auth, pages
 from gateway.web.context import DASHBOARD, DashboardSettings, DashboardState
+from gateway.web.queries import prices_of
 
 log = logging.getLogger("gateway.web")
 
@@ -110,10 +111,7 @@ def settings_from(config: Config) -> DashboardSettings | None:
             api.host,
         )
         return None
-    prices = {
-        str(model): (float(p.get("input", 0)), float(p.get("output", 0)))
-        for model, p in dash.prices.items()
-    }
+    prices = prices_of(dash.prices)
     return DashboardSettings(
         key=key, session_hours=float(dash.session_hours),
         secure_cookie=dash.secure_cookie, prices=prices,

@@ -472,7 +472,7 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
         ("Live now", f"{data['sessions_live']:,}", "sessions_live"),
         ("Tokens in", _fmt_tokens(data["input_tokens"]), "input_tokens"),
         ("Tokens out", _fmt_tokens(data["output_tokens"]), "output_tokens"),
-        ("Estimated cost", f"${cost['estimated_usd']:,.2f}", "cost"),
+        ("Estimated cost", queries.usd(cost["estimated_usd"]), "cost"),
     ]
     cards = join(t('<div class="card" id="fig-{}"><span>{}</span><strong>{}</strong></div>', key, label, value)
                  for label, value, key in figures)  # fmt: skip
@@ -483,7 +483,7 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
     models = join(
         t('<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>',
           m["model"] or "(unknown)", m["sessions"], _fmt_tokens(m["input_tokens"]), _fmt_tokens(m["output_tokens"]),
-          "—" if m["cost_usd"] is None else f"${m['cost_usd']:,.4f}")
+          "—" if m["cost_usd"] is None else queries.usd(m["cost_usd"]))
         for m in data["models"]
     )  # fmt: skip
     tools = join(
