@@ -105,9 +105,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     state = store_settings(args, home)
     config = load_config(_config_path(args, home))
     # the options the resume hint must repeat so that it reaches this same store
-    given = ["--home", str(home.absolute())] if args.home else []
+    given = ["--home", os.path.abspath(home)] if args.home else []  # `..` folded away
     if args.config:
-        given += ["--config", str(Path(args.config).expanduser().absolute())]
+        given += ["--config", os.path.abspath(Path(args.config).expanduser())]
     return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume, given=given,
                                 state=state))  # fmt: skip
 
