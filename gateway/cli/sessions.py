@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from gateway import adapters
@@ -75,19 +76,27 @@ async def cmd_list(db: Store, args: argparse.Namespace) -> int:
     now = time.time()
     titled = any(r.get("title") for r in rows)
     table = Table(box=None, pad_edge=False)
+    chats = any(r.get("chat_name") or r.get("chat_id") for r in rows)  # sessions from chats
     columns = (
         ["Title", "Preview", "Last Active", "ID"]
         if titled
         else ["Preview", "Last Active", "Src", "ID"]
     )
+    at = 2 if titled else 1  # after the preview
+    if chats:
+        columns.insert(at, "Chat")
     for col in columns:
         table.add_column(col, no_wrap=col in ("ID", "Last Active"))
     for r in rows:
         preview = (r.get("preview") or "")[:60]
+        cells: list[str | Text]
         if titled:
-            table.add_row(r.get("title") or "", preview, ago(r.get("last_active"), now), r["id"])
+            cells = [r.get("title") or "", preview, ago(r.get("last_active"), now), r["id"]]
         else:
-            table.add_row(preview, ago(r.get("last_active"), now), r["source"], r["id"])
+            cells = [preview, ago(r.get("last_active"), now), r["source"], r["id"]]
+        if chats:  # the chat's name, else its id (plain text, never markup)
+            cells.insert(at, Text(r.get("chat_name") or r.get("chat_id") or ""))
+        table.add_row(*cells)
     out.print(table if rows else "No sessions.")
     if more:
         total = await db.session_count(args.source)
