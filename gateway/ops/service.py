@@ -80,8 +80,9 @@ def next_steps(path: Path, *, user: bool, custom: bool, home: Path) -> str:
 
 
 def _plain(path: Path) -> Path:
-    """`path` absolute with `.` and `..` folded away (symlinks are kept as given)."""
-    return Path(os.path.abspath(path))
+    """`path` absolute with `.` and `..` gone, resolved as the system resolves it (a `..`
+    after a symlink leads where the link points, not back up the path as written)."""
+    return path.expanduser().resolve()
 
 
 def install(
