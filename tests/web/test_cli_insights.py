@@ -173,3 +173,25 @@ def test_sessions_stats_and_insights_print_the_same_cost(
     for out in (run("insights"), run("sessions", "stats")):
         assert "estimated cost" in out and "$0.0021" in out, out
         assert "no price configured (dashboard.prices) for: claude-x" in out, out
+
+
+def test_the_cost_needs_only_the_prices_from_the_config(tmp_path: Path) -> None:
+    """A terminal command reads `dashboard.prices` without the platform secrets the daemon
+    needs; a bad price still exits 78 naming its key."""
+    path = tmp_path / "home"
+    path.mkdir()
+    asyncio.run(_with_recorded_costs(SessionDB.open(path / "state.db")))
+    config = path / "config.yaml"
+    env = {k: v for k, v in os.environ.items() if k != "TELEGRAM_BOT_TOKEN"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", "--home", str(path), *args],
+                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+
+    config.write_text(PRICES + "platforms:\n  telegram:\n    enabled: true\n")
+    for args in (("sessions", "stats"), ("insights",)):
+        done = run(*args)
+        assert done.returncode == 0 and "$0.0021" in done.stdout, done.stderr
+    config.write_text("dashboard:\n  prices: {gpt-4o-mini: {input: -1}}\n")
+    refused = run("sessions", "stats")
+    assert refused.returncode == 78 and "dashboard.prices" in refused.stderr, refused.stderr
