@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -179,11 +179,15 @@ class Gateway:
     _takeover: asyncio.Task[None] | None = None
     _linger_ms: int | float = 0  # what _pace_commits last set
     _lock: HomeLock | None = None
+    _started_with: Mapping[str, Any] | None = None  # the config data the daemon started with
     _adapters_by_platform: dict[str, Adapter] = field(default_factory=dict)
 
     async def start(self) -> None:
         self.started_at = time.time()
-        fresh = not (self.home / "state.db").exists()
+        self._started_with = self.config.data
+        # a SQLite home is new without state.db; a PostgreSQL home keeps only the lock file
+        marker = "state.db" if self.config.state.backend == "sqlite" else "switchboard.lock"
+        fresh = not (self.home / marker).exists()
         self.home.mkdir(parents=True, exist_ok=True)
         self._lock = HomeLock(self.home)
         self._lock.acquire()
@@ -474,9 +478,12 @@ class Gateway:
 
     def reload(self, new: Config) -> list[str]:
         """Apply what can change without a restart (allowlists, admins, the reset policy,
-        the log level); return the keys that changed but need a restart."""
+        the log level); return the keys that differ from what runs and need a restart.
+        Those are compared with the values the daemon started with, not the last file
+        read: a key changed and then changed back needs no restart."""
         old = self.config
-        needs_restart = _changed_keys(old.data, new.data, ignore=self._reload_ignores())
+        running = old.data if self._started_with is None else self._started_with
+        needs_restart = _changed_keys(running, new.data, ignore=self._reload_ignores())
         if self.router is not None:
             self.router.settings = router_settings(new)
             if self.router.resetter is not None:

@@ -507,15 +507,7 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Conf
     """Read and validate; a missing file means the embedded defaults. Every problem found
     is reported at once (a ConfigErrors when there are several)."""
     env = os.environ if env is None else env
-    raw: Any = {}
-    if path is not None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError("", f"{path}: config file not found") from None
-        except OSError as exc:
-            raise ConfigError("", f"{path}: cannot be read ({exc.strerror})") from None
-        raw = _parse(text, path)
+    raw = _read(path)
     errors: list[ConfigError] = []
     data = _validate(raw, schema(), "", errors)
     _validate_reset_overrides(data["session_reset"], errors)
@@ -523,6 +515,31 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Conf
     if errors:
         raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
     return Config(data=data, secrets=secrets, path=path)
+
+
+def load_section(path: Path | None, section: str) -> Mapping[str, Any]:
+    """One section of the config file, validated with its defaults filled in, for a
+    terminal command that needs neither the secrets nor the rest (`sessions stats` reads
+    `dashboard.prices`). A problem in that section raises as in load_config."""
+    errors: list[ConfigError] = []
+    data = _validate(_read(path), schema(), "", errors)
+    errors = [e for e in errors if e.key == section or e.key.startswith(f"{section}.")]
+    if errors:
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
+    found: Mapping[str, Any] = data[section]
+    return found
+
+
+def _read(path: Path | None) -> Any:
+    if path is None:
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("", f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError("", f"{path}: cannot be read ({exc.strerror})") from None
+    return _parse(text, path)
 
 
 def _validate_reset_overrides(section: dict[str, Any], errors: list[ConfigError]) -> None:

@@ -17,6 +17,7 @@ from gateway.session_keys import SessionKey, SessionSource
 from state import ChildKind, EndReason, SessionNotFound, Store, TitleError
 
 log = logging.getLogger("gateway.sessions")
+AUTO_FAILURES_KEPT = 10_000  # sessions remembered as failed, so each is logged once
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class SessionManager:
         self.compression = compression or CompressionSettings()
         self.context_tokens = context_tokens
         self.clock = clock
+        self._auto_failed: dict[str, None] = {}  # sessions whose automatic compression failed
 
     def _entry(self, session_id: str, source: SessionSource) -> IndexEntry:
         now = self.clock()
@@ -163,7 +165,10 @@ class SessionManager:
         rows = await self.db.get_messages(current.session_id)
         keep = self.compression.keep_last
         if len(rows) <= keep + 1:
-            raise NothingToCompress()
+            raise NothingToCompress(
+                f"the session has {len(rows)} message(s) and the last {keep} stay verbatim, "
+                "so nothing older is left to summarise"
+            )
         cut = len(rows) - keep
         while cut < len(rows) and rows[cut]["role"] == "tool":  # never orphan a tool result
             cut += 1
@@ -184,6 +189,33 @@ class SessionManager:
         entry = self._entry(sid, source)
         self.index.put(key.format(), entry)
         return entry, len(older)
+
+    async def compress_automatically(self, key: SessionKey, source: SessionSource) -> bool:
+        """The compression a turn asks for when its history passes `auto_share` of the
+        context. It never raises: a failure leaves the session as it was and the next
+        turn tries again. The reason is logged once per session, not on every turn (a
+        session of a few huge messages stays too short to summarise turn after turn)."""
+        k = key.format()
+        current = self.index.get(k)
+        sid = current.session_id if current is not None else k
+        try:
+            await self.compress(key, source)
+        except Exception as exc:  # the session is untouched; the next turn retries
+            reason = str(exc) or type(exc).__name__
+            if sid in self._auto_failed:
+                log.debug("automatic compression failed again for session_key=%s: %s", k, reason)
+                return False
+            if len(self._auto_failed) >= AUTO_FAILURES_KEPT:
+                del self._auto_failed[next(iter(self._auto_failed))]
+            self._auto_failed[sid] = None
+            level = logging.INFO if isinstance(exc, NothingToCompress) else logging.WARNING
+            log.log(level, "automatic compression of session %s (session_key=%s) not done: %s; "
+                    "later turns of this session retry without logging it again", sid, k, reason,
+                    exc_info=not isinstance(exc, NothingToCompress))  # fmt: skip
+            return False
+        self._auto_failed.pop(sid, None)
+        log.info("session_key=%s compressed automatically", k)
+        return True
 
     def needs_compression(self, history: list[ChatMessage], tokens: int | None = None) -> bool:
         """`tokens`: the history's estimate, when the caller has it already."""

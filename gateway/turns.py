@@ -163,11 +163,7 @@ async def agent_turn(
         if _first_exchange(after):
             s.tasks.start(auto_title(s, sid, after), f"title:{sid}")
         if compress:
-            try:
-                await s.sessions.compress(key, src)
-                log.info("session_key=%s compressed automatically", k)
-            except Exception as exc:  # the session is untouched; the next turn retries
-                log.warning("automatic compression failed for session_key=%s: %s", k, exc)
+            await s.sessions.compress_automatically(key, src)
         s.metrics.turn_latency.observe(s.clock() - started)
         log.debug(
             "turn session_key=%s platform=%s latency=%.3fs", k, src.platform, s.clock() - started

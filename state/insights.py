@@ -4,7 +4,8 @@ tools, sessions active and live, tokens per model, and how sessions ended.
 Message figures come from the hourly tallies the writer keeps (state/activity.py): the
 cost follows the period's hours, not its messages. A message counts for the platform of
 its session and the hour of its timestamp. Days and hours are UTC. Prices and cost are the
-caller's business (gateway/web): this module returns raw token counts per model.
+caller's business (gateway/pricing.py): this module returns raw token counts per model and
+the cost its sessions recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class Period:
     since: float
     until: float
     source: str | None = None
+
+
+# what the agent or its provider reported for a session: the actual cost when known
+RECORDED_COST = "COALESCE(NULLIF(actual_cost_usd, 0), estimated_cost_usd, 0)"
 
 
 def _day(hour: int) -> str:
@@ -72,7 +77,8 @@ def insights(conn: sqlite3.Connection, p: Period) -> dict[str, Any]:
     # started counts; one scan gives the live sessions and the period's end reasons
     models = conn.execute(
         "SELECT COALESCE(model, ''), SUM(COALESCE(input_tokens, 0)), "
-        "SUM(COALESCE(output_tokens, 0)), COUNT(*), SUM(started_at >= ?) FROM sessions "
+        "SUM(COALESCE(output_tokens, 0)), COUNT(*), SUM(started_at >= ?), "
+        f"SUM({RECORDED_COST}) FROM sessions "
         f"WHERE last_active >= ? AND started_at < ?{src_plain} GROUP BY 1 ORDER BY 2 DESC",
         (p.since, p.since, p.until, *src_params),
     ).fetchall()
@@ -92,7 +98,7 @@ def assemble(
     by_end: list[tuple[Any, ...]],
 ) -> dict[str, Any]:
     """The figures from (hour, source, tool, messages) rows, the per-model session rows
-    (model, input, output, sessions, started) and the end-reason rows (reason, ended in
+    (model, input, output, sessions, started, recorded cost) and the end-reason rows (reason, ended in
     the period, live): pure, so every store shapes them the same way."""
     per_day: dict[int, dict[str, int]] = {}  # days since the epoch (UTC)
     heat = [[0] * 24 for _ in range(7)]  # [weekday Monday=0][hour]
@@ -128,8 +134,14 @@ def assemble(
         "sessions_started": int(active[1] or 0),
         "sessions_live": int(live or 0),
         "models": [
-            {"model": m, "input_tokens": int(i), "output_tokens": int(o), "sessions": int(n)}
-            for m, i, o, n, _ in models
+            {
+                "model": m,
+                "input_tokens": int(i),
+                "output_tokens": int(o),
+                "sessions": int(n),
+                "recorded_cost_usd": float(c or 0),
+            }
+            for m, i, o, n, _, c in models
         ],
         "end_reasons": [{"reason": r, "sessions": int(n)} for r, n in ends],
     }

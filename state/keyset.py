@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from .listing import LIST_COLUMNS, folded_lineage
+from .listing import LIST_COLUMNS, folded_lineage, with_chat_name
 from .rows import Row, row_dict
 
 SORTS = {"active": "last_active", "started": "started_at"}
@@ -82,6 +82,7 @@ def cut_page(rows: list[Row], col: str, limit: int) -> tuple[list[Row], tuple[fl
     """The page's rows (one more was asked for) and the next cursor."""
     for r in rows:
         r.pop("started", None)
+        with_chat_name(r)
     more = len(rows) > limit
     rows = rows[:limit]
     cursor = (float(rows[-1][col]), str(rows[-1]["id"])) if more and rows else None

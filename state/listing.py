@@ -6,10 +6,11 @@ page, so its cost follows the page size, not the number of sessions or messages.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from .records import SessionRow
 from .rows import row_dict
@@ -18,8 +19,21 @@ from .sessions import ChildKind, EndReason
 LIST_COLUMNS = (
     "id, source, user_id, model, title, started_at, ended_at, end_reason, message_count, "
     "parent_session_id, child_kind, last_active, preview, session_key, chat_id, chat_type, "
-    "thread_id, archived, handoff_state"
+    "thread_id, archived, handoff_state, origin_json"
 )
+
+
+def with_chat_name(row: dict[str, Any]) -> dict[str, Any]:
+    """A listing row with `chat_name` (the chat's display name as its platform or the API
+    caller gave it, None when there is none) in place of the origin JSON it comes from."""
+    raw = row.pop("origin_json", None)
+    try:
+        origin = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:  # written by another program: a listing never fails on it
+        origin = None
+    name = origin.get("chat_name") if isinstance(origin, dict) else None
+    row["chat_name"] = str(name) if name not in (None, "") else None
+    return row
 
 
 @dataclass(frozen=True)
@@ -97,7 +111,7 @@ def list_sessions(
         "ORDER BY last_active DESC, id DESC LIMIT ? OFFSET ?",
         (*params, max(0, limit), max(0, offset)),
     )
-    return [cast(SessionRow, row_dict(cur, r)) for r in cur.fetchall()]
+    return [cast(SessionRow, with_chat_name(row_dict(cur, r))) for r in cur.fetchall()]
 
 
 def sessions_by_start(

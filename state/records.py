@@ -13,7 +13,8 @@ from typing import Any, TypedDict
 
 
 class SessionRow(TypedDict, total=False):
-    """One row of `sessions`, every column (listings add nothing; `descendants` adds depth)."""
+    """One row of `sessions`, every column (listings give `chat_name` from `origin_json`
+    in its place; `descendants` adds depth)."""
 
     id: str
     source: str
@@ -46,6 +47,7 @@ class SessionRow(TypedDict, total=False):
     chat_type: str | None
     thread_id: str | None
     origin_json: str | None
+    chat_name: str | None
     handoff_state: str | None
     handoff_platform: str | None
     handoff_error: str | None

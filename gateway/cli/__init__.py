@@ -105,9 +105,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     state = store_settings(args, home)
     config = load_config(_config_path(args, home))
     # the options the resume hint must repeat so that it reaches this same store
-    given = ["--home", str(home.absolute())] if args.home else []
+    given = ["--home", str(home.resolve())] if args.home else []  # no `.` or `..` left
     if args.config:
-        given += ["--config", str(Path(args.config).expanduser().absolute())]
+        given += ["--config", str(Path(args.config).expanduser().resolve())]
     return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume, given=given,
                                 state=state))  # fmt: skip
 

@@ -17,9 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rich.cells import set_cell_size
+
 from gateway.timefmt import ago
 
 Row = dict[str, Any]
+TITLE_CELLS = 50
 
 
 def matches(row: Row, needle: str) -> bool:
@@ -28,8 +31,10 @@ def matches(row: Row, needle: str) -> bool:
 
 
 def label(row: Row, now: float) -> str:
-    title = row.get("title") or (row.get("preview") or "(empty)")[:50]
-    return f"{title:<50.50} {ago(row.get('last_active'), now):>10}  {row['source']:<9} {row['id']}"
+    """One row: the title in 50 terminal cells (a CJK character or an emoji takes two), so
+    the columns after it line up whatever the script."""
+    title = set_cell_size(row.get("title") or row.get("preview") or "(empty)", TITLE_CELLS)
+    return f"{title} {ago(row.get('last_active'), now):>10}  {row['source']:<9} {row['id']}"
 
 
 def pick_numbered(

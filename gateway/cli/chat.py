@@ -43,6 +43,7 @@ from gateway.wording import plural
 from state import AmbiguousSession, EndReason, SessionNotFound, Store
 
 RECAP_EXCHANGES = 10
+BANNER = "switchboard chat: /help for commands, /quit or Ctrl-D to leave"
 
 
 def _clip(text: str, chars: int, lines: int | None = None) -> str:
@@ -306,6 +307,8 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             return bool(elsewhere) and entry is not None and entry.session_id == target
         # A new session is created by the first message or command: leaving at once keeps none.
         interactive = sys.stdin.isatty()
+        if interactive:
+            con.print(BANNER, style="dim")
         armed = False  # Ctrl-C was pressed at the prompt; a second one leaves
         while True:
             if interactive:

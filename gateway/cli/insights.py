@@ -17,7 +17,12 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway import adapters
-from gateway.cli.paths import config_path_of, home_of, open_configured, store_settings
+from gateway.cli.paths import (
+    configured_prices,
+    home_of,
+    open_configured,
+    store_settings,
+)
 from gateway.errors import EXIT_OK, EXIT_USAGE
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -46,17 +51,11 @@ def add_parser(
 
 
 def cmd_insights(args: argparse.Namespace) -> int:
-    from gateway.config import load_config
-
     if not 1 <= args.days <= 3660:
         print("switchboard: --days must be between 1 and 3660", file=sys.stderr)
         return EXIT_USAGE
     home = home_of(args)
-    config = load_config(config_path_of(args, home))
-    prices = {
-        str(m): (float(p.get("input", 0)), float(p.get("output", 0)))
-        for m, p in config.dashboard.prices.items()
-    }
+    prices = configured_prices(args, home)
     data = asyncio.run(_figures(home, store_settings(args, home), prices, args.days, args.source))
     if args.json:
         print(json.dumps(data, ensure_ascii=False))
@@ -82,6 +81,8 @@ async def _figures(
 
 
 def render(data: dict[str, Any], out: Console) -> None:
+    from gateway.web.queries import usd
+
     where = f" on {data['source']}" if data["source"] else ""
     out.print(f"[bold]switchboard insights[/]: the last {data['days']} days{where} (UTC)\n")
     summary = Table(box=None, show_header=False, pad_edge=False)
@@ -95,7 +96,7 @@ def render(data: dict[str, Any], out: Console) -> None:
         ("live now", f"{data['sessions_live']:,}"),
         ("tokens in", f"{data['input_tokens']:,}"),
         ("tokens out", f"{data['output_tokens']:,}"),
-        ("estimated cost", f"${cost['estimated_usd']:,.2f}"),
+        ("estimated cost", usd(cost["estimated_usd"])),
     ):
         summary.add_row(label, value)
     out.print(summary)
@@ -118,7 +119,7 @@ def render(data: dict[str, Any], out: Console) -> None:
     out.print(per_day)
     for title, rows, heads in (
         ("tokens and cost by model", [(m["model"] or "(unknown)", f"{m['sessions']:,}", f"{m['input_tokens']:,}",
-          f"{m['output_tokens']:,}", "—" if m["cost_usd"] is None else f"${m['cost_usd']:,.4f}") for m in data["models"]],
+          f"{m['output_tokens']:,}", "—" if m["cost_usd"] is None else usd(m["cost_usd"])) for m in data["models"]],
          ("model", "sessions", "in", "out", "cost")),
         ("top tools", [(t["tool"], f"{t['calls']:,}") for t in data["top_tools"]], ("tool", "calls")),
         ("how sessions ended", [(r["reason"] or "(none)", f"{r['sessions']:,}") for r in data["end_reasons"]],

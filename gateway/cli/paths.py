@@ -48,6 +48,15 @@ async def open_configured(state: Mapping[str, Any] | None, db_path: Path) -> Sto
     return await open_store(state, db_path.parent) if state else await SessionDB.open(db_path)
 
 
+def configured_prices(args: argparse.Namespace, home: Path) -> dict[str, tuple[float, float]]:
+    """`dashboard.prices` from the home's config file (none: no prices). Only that section
+    is judged: a terminal command needs no platform secrets to show a cost."""
+    from gateway.config import load_section
+    from gateway.web.queries import prices_of
+
+    return prices_of(load_section(config_path_of(args, home), "dashboard")["prices"])
+
+
 def _backend(args: argparse.Namespace, home: Path) -> str | None:
     """`state.backend` as the config file says it, without validating the rest."""
     import yaml

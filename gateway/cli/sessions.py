@@ -17,10 +17,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from gateway import adapters
-from gateway.cli.paths import open_configured
+from gateway.cli.paths import configured_prices, home_of, open_configured
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from gateway.timefmt import ago
 from gateway.wording import plural
@@ -75,19 +76,27 @@ async def cmd_list(db: Store, args: argparse.Namespace) -> int:
     now = time.time()
     titled = any(r.get("title") for r in rows)
     table = Table(box=None, pad_edge=False)
+    chats = any(r.get("chat_name") or r.get("chat_id") for r in rows)  # sessions from chats
     columns = (
         ["Title", "Preview", "Last Active", "ID"]
         if titled
         else ["Preview", "Last Active", "Src", "ID"]
     )
+    at = 2 if titled else 1  # after the preview
+    if chats:
+        columns.insert(at, "Chat")
     for col in columns:
         table.add_column(col, no_wrap=col in ("ID", "Last Active"))
     for r in rows:
         preview = (r.get("preview") or "")[:60]
+        cells: list[str | Text]
         if titled:
-            table.add_row(r.get("title") or "", preview, ago(r.get("last_active"), now), r["id"])
+            cells = [r.get("title") or "", preview, ago(r.get("last_active"), now), r["id"]]
         else:
-            table.add_row(preview, ago(r.get("last_active"), now), r["source"], r["id"])
+            cells = [preview, ago(r.get("last_active"), now), r["source"], r["id"]]
+        if chats:  # the chat's name, else its id (plain text, never markup)
+            cells.insert(at, Text(r.get("chat_name") or r.get("chat_id") or ""))
+        table.add_row(*cells)
     out.print(table if rows else "No sessions.")
     if more:
         total = await db.session_count(args.source)
@@ -221,14 +230,23 @@ async def cmd_prune(db: Store, args: argparse.Namespace) -> int:
 
 
 async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
-    s = await db.stats()
+    from gateway.web.queries import cost, usd
+
+    s: dict[str, Any] = dict(await db.stats())
+    # the cost `switchboard insights` and the dashboard show, over every session
+    figures = await db.insights(0.0, time.time(), None)
+    s["cost"] = cost(figures["models"], configured_prices(args, home_of(args)))
     if args.json:
         print(json.dumps(s, ensure_ascii=False))
         return EXIT_OK
     out.print(f"{plural(s['sessions'], 'session')} ({s['live_sessions']} live), {plural(s['messages'], 'message')}")
     out.print(
-        f"tokens {s['input_tokens']} in / {s['output_tokens']} out; cost ${s['estimated_cost_usd']:.4f} estimated"
+        f"tokens {s['input_tokens']} in / {s['output_tokens']} out; "
+        f"estimated cost {usd(s['cost']['estimated_usd'])}"
     )
+    if s["cost"]["unpriced_models"]:
+        out.print(f"no price configured (dashboard.prices) for: {', '.join(s['cost']['unpriced_models'])}",
+                  markup=False, style="dim")  # fmt: skip
     if db.backend == "sqlite":
         out.print(f"state.db {s['db_bytes'] / 1e6:.1f} MB (+ WAL {s['wal_bytes'] / 1e6:.1f} MB)")
     else:

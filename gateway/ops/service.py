@@ -67,15 +67,22 @@ def unit_path(user: bool) -> Path:
 
 def next_steps(path: Path, *, user: bool, custom: bool, home: Path) -> str:
     """The commands that take the unit written at `path` into service. A unit outside the
-    manager's search path is enabled by its full path (systemctl links it in)."""
+    manager's search path is enabled by its full path (systemctl links it in) and is then
+    known by its file's name."""
     ctl = "systemctl --user" if user else "sudo systemctl"
-    unit = str(path.absolute()) if custom else UNIT_NAME
+    unit = str(_plain(path)) if custom else UNIT_NAME
     return "\n".join([
         f"{ctl} daemon-reload",
         f"{ctl} enable --now {unit}",
-        f"journalctl {'--user ' if user else ''}-u {UNIT_NAME} -f",
-        f"(tokens go in {home.absolute() / 'switchboard.env'}, one NAME=value per line, mode 600)",
+        f"journalctl {'--user ' if user else ''}-u {path.name if custom else UNIT_NAME} -f",
+        f"(tokens go in {_plain(home) / 'switchboard.env'}, one NAME=value per line, mode 600)",
     ])  # fmt: skip
+
+
+def _plain(path: Path) -> Path:
+    """`path` absolute with `.` and `..` gone, resolved as the system resolves it (a `..`
+    after a symlink leads where the link points, not back up the path as written)."""
+    return path.expanduser().resolve()
 
 
 def install(
@@ -89,11 +96,11 @@ def install(
     if target is not None and not target.parent.is_dir():
         raise GatewayError(f"--output: the folder {target.parent} does not exist; create it first")
     path = target or unit_path(user)
-    unit = render_unit(python=sys.executable, home=home.absolute(), config=config.absolute() if config else None,
+    unit = render_unit(python=sys.executable, home=_plain(home), config=_plain(config) if config else None,
                        user=user, drain_s=drain_s)  # fmt: skip
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(unit)
     except OSError as exc:
         raise GatewayError(f"cannot write {path}: {exc.strerror}") from None
-    return path, next_steps(path, user=user, custom=target is not None, home=home)
+    return _plain(path), next_steps(path, user=user, custom=target is not None, home=home)

@@ -15,6 +15,9 @@ class Refused(StateError):
     """An action the dashboard will not do; the message says why."""
 
 
+LIVE_REFUSAL = "the session is live in a chat; start a new one there (/new) first"
+
+
 async def session_detail(
     d: Dashboard, session_id: str, after_id: int | None = None, at: int | None = None
 ) -> dict[str, Any]:
@@ -49,7 +52,7 @@ async def delete(d: Dashboard, session_id: str) -> None:
     if await d.db.get_session(session_id) is None:
         raise SessionNotFound(session_id)
     if d.is_live(session_id):
-        raise Refused("the session is live in a chat; start a new one there (/new) first")
+        raise Refused(LIVE_REFUSAL)
     await d.db.delete_session(session_id)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -14,6 +15,7 @@ from gateway.config import Config
 from gateway.config import _is_loopback as is_loopback
 from gateway.web import api, auth, pages
 from gateway.web.context import DASHBOARD, DashboardSettings, DashboardState
+from gateway.web.queries import prices_of
 
 log = logging.getLogger("gateway.web")
 
@@ -59,13 +61,13 @@ class Dashboard(DashboardState):
         api = request.path.startswith("/api/")
         key = self.settings.key
         if key is None and not auth.host_is_loopback(request):
-            return _refuse(api, 403, "without a key the dashboard answers loopback names only")
+            return _refuse(request, api, 403, "without a key the dashboard answers loopback names only")
         mutating = request.method in auth.MUTATING
         if mutating and "Origin" in request.headers and not auth.same_origin(request):
-            return _refuse(api, 403, "cross-origin request refused")
+            return _refuse(request, api, 403, "cross-origin request refused")
         if request.path in PUBLIC_PATHS or request.path.startswith("/ui/static/"):
             if mutating and not auth.same_origin(request):
-                return _refuse(api, 403, "cross-origin request refused")
+                return _refuse(request, api, 403, "cross-origin request refused")
             return await handler(request)
         ws = self.sessions.get(request.cookies.get(auth.COOKIE))
         # API clients: the bearer key, or (no key, loopback) nothing at all; a browser's
@@ -73,25 +75,25 @@ class Dashboard(DashboardState):
         direct = api and ws is None and (key is None or auth.key_matches(auth.bearer(request), key))
         if ws is None and not direct:
             if api:
-                return _refuse(True, 401, "sign in at /ui/login or send the bearer key")
+                return _refuse(request, True, 401, "sign in at /ui/login or send the bearer key")
             from gateway.web.html import url
 
             raise web.HTTPFound(url("/ui/login", next=request.path_qs))
         if mutating and ws is not None:
             if not auth.same_origin(request):
-                return _refuse(api, 403, "cross-origin request refused")
+                return _refuse(request, api, 403, "cross-origin request refused")
             token = request.headers.get(auth.CSRF_HEADER)
             deferred = False
             if token is None and request.content_type == "multipart/form-data":
                 if request.path not in MULTIPART_PATHS:
-                    return _refuse(api, 403, "CSRF token missing")
+                    return _refuse(request, api, 403, "CSRF token missing")
                 deferred = True
             elif token is None and request.content_type == "application/x-www-form-urlencoded":
                 form = await request.post()
                 value = form.get(auth.CSRF_FIELD)
                 token = value if isinstance(value, str) else ""
             if not deferred and not auth.key_matches(token or "", ws.csrf):
-                return _refuse(api, 403, "CSRF token missing or wrong; reload the page")
+                return _refuse(request, api, 403, "CSRF token missing or wrong; reload the page")
         request[auth.WEB_SESSION] = ws
         return await handler(request)
 
@@ -110,17 +112,27 @@ def settings_from(config: Config) -> DashboardSettings | None:
             api.host,
         )
         return None
-    prices = {
-        str(model): (float(p.get("input", 0)), float(p.get("output", 0)))
-        for model, p in dash.prices.items()
-    }
+    prices = prices_of(dash.prices)
     return DashboardSettings(
         key=key, session_hours=float(dash.session_hours),
         secure_cookie=dash.secure_cookie, prices=prices,
     )  # fmt: skip
 
 
-def _refuse(api: bool, status: int, message: str) -> web.Response:
+def _refuse(request: web.Request, api: bool, status: int, message: str) -> web.Response:
+    """The guard's refusal: JSON for the API, a page for people with the reason and a
+    link back to where the refused form was (a reload gives it a fresh token)."""
     if api:
         return web.json_response({"error": {"message": message}}, status=status)
-    return web.Response(text=f"{status}: {message}\n", status=status, content_type="text/plain")
+    from gateway.web.html import t
+
+    referer = urlsplit(request.headers.get("Referer") or "")
+    back = "/ui/sessions"
+    if referer.netloc.lower() == request.host.lower() and referer.path.startswith("/ui/"):
+        back = referer.path + (f"?{referer.query}" if referer.query else "")
+    body = t(
+        '<p class="error" role="alert">{}.</p><p><a id="go-back" href="{}">Back to the page</a> '
+        "(it loads afresh, so its forms work again).</p>",
+        message, back,
+    )  # fmt: skip
+    return pages.page(request, "Not done", body, status=status)

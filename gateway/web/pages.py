@@ -35,6 +35,22 @@ def when(ts: float | None) -> str:
     return "" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M")
 
 
+# an empty field, marked rather than blank; screen readers say "none"
+NONE = Safe('<span class="none"><span aria-hidden="true">—</span><span class="sr-only">none</span></span>')
+
+
+def _or_none(value: object) -> object:
+    return NONE if value is None or value == "" else value
+
+
+def _time(ts: float | None) -> Safe:
+    """A UTC time that never wraps inside a table cell, or the empty mark."""
+    if ts is None:
+        return NONE
+    iso = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%MZ")
+    return t('<time datetime="{}">{}</time>', iso, when(ts))
+
+
 def csrf_input(request: web.Request) -> Safe:
     ws = auth.session_of(request)
     return t('<input type="hidden" name="csrf" value="{}">', ws.csrf if ws else "")
@@ -48,9 +64,11 @@ def page(
         for slug, label in NAV
     )  # fmt: skip
     signed_in = auth.session_of(request) is not None
+    # without a key (loopback) nobody signed in, so there is nothing to sign out of
+    keyed = dashboard_of(request).settings.key is not None
     logout = (
         t('<form method="post" action="/ui/logout" class="logout">{}<button>Sign out</button></form>',
-          csrf_input(request)) if signed_in else ""
+          csrf_input(request)) if signed_in and keyed else ""
     )  # fmt: skip
     doc = t(
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -192,6 +210,16 @@ def _status(row: Mapping[str, Any]) -> Safe:
     )
 
 
+def _chat(row: Mapping[str, Any]) -> Safe:
+    """The chat's name (`chat_name`, as its platform or the API caller gave it), else its
+    id; its type beneath."""
+    name = row.get("chat_name") or row.get("chat_id")
+    kind = row.get("chat_type")
+    if not name and not kind:
+        return NONE
+    return t('{}<div class="sub">{}</div>', _or_none(name), kind or "")
+
+
 async def sessions_list(request: web.Request) -> web.StreamResponse:
     d = dashboard_of(request)
     params = request.query
@@ -215,11 +243,11 @@ async def sessions_list(request: web.Request) -> web.StreamResponse:
             for v, label in (("desc", "newest first"), ("asc", "oldest first")))),
     ])  # fmt: skip
     rows = join(
-        t('<tr><td><a href="{}">{}</a><div class="sub">{}</div></td><td>{}</td><td>{}</td>'
-          '<td class="num">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+        t('<tr><td class="title"><a href="{}">{}</a><div class="sub">{}</div></td><td>{}</td><td class="chat">{}</td>'
+          '<td class="num">{}</td><td class="date">{}</td><td class="date">{}</td><td class="status">{}</td></tr>',
           url("/ui/sessions", r["id"]), r.get("title") or "(untitled)", r.get("preview") or r["id"],
-          r.get("source"), r.get("chat_type") or "", r.get("message_count") or 0,
-          when(r.get("started_at")), when(r.get("last_active")), _status(r))
+          r.get("source"), _chat(r), r.get("message_count") or 0,
+          _time(r.get("started_at")), _time(r.get("last_active")), _status(r))
         for r in result["sessions"]
     )  # fmt: skip
     keep = {k: v for k, v in params.items() if k not in ("after", "deleted")}
@@ -239,7 +267,7 @@ async def sessions_list(request: web.Request) -> web.StreamResponse:
         '{}<form method="get" class="filters" id="filters">{}<button>Apply</button> '
         '<a href="/ui/sessions">Reset</a></form>'
         '<table class="list" id="sessions"><thead><tr><th>Session</th><th>Platform</th><th>Chat</th>'
-        "<th>Messages</th><th>Started (UTC)</th><th>Last active</th><th>Status</th></tr></thead>"
+        '<th>Messages</th><th class="date">Started (UTC)</th><th class="date">Last active</th><th class="status">Status</th></tr></thead>'
         '<tbody>{}</tbody></table><p class="pager">{} {}</p>',
         notice, filters, rows or Safe('<tr><td colspan="7">No sessions match.</td></tr>'), first, more,
     )  # fmt: skip
@@ -316,6 +344,15 @@ def _message(m: Mapping[str, Any], target: int | None) -> Safe:
     )  # fmt: skip
 
 
+def _origin(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    raw = row.get("origin_json")
+    try:
+        origin = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return {}
+    return origin if isinstance(origin, Mapping) else {}
+
+
 async def session_view(request: web.Request) -> web.StreamResponse:
     d = dashboard_of(request)
     sid = request.match_info["id"]
@@ -327,10 +364,11 @@ async def session_view(request: web.Request) -> web.StreamResponse:
     detail = await actions.session_detail(d, sid, after_id=after, at=at)
     s = detail["session"]
     meta = [
-        ("Id", s["id"]), ("Title", s.get("title") or "(untitled)"), ("Platform", s.get("source")),
-        ("Chat type", s.get("chat_type") or ""), ("Chat", s.get("chat_id") or ""), ("User", s.get("user_id") or ""),
-        ("Model", s.get("model") or ""), ("Started", when(s.get("started_at"))),
-        ("Last active", when(s.get("last_active"))),
+        ("Id", s["id"]), ("Title", s.get("title") or "(untitled)"), ("Platform", _or_none(s.get("source"))),
+        ("Chat type", _or_none(s.get("chat_type"))), ("Chat", _or_none(s.get("chat_id"))),
+        ("Chat name", _or_none(_origin(s).get("chat_name"))), ("User", _or_none(s.get("user_id"))),
+        ("Model", _or_none(s.get("model"))), ("Started", _time(s.get("started_at"))),
+        ("Last active", _time(s.get("last_active"))),
         ("Status", ("ended: " + (s.get("end_reason") or "")) if s.get("ended_at") else
                    "live, bound to a chat" if s["live"] else "live (not bound to a chat now)"),
         ("Messages", s.get("message_count") or 0),
@@ -405,6 +443,13 @@ async def delete_form(request: web.Request) -> web.StreamResponse:
             raise queries.BadParam("not confirmed")
         await actions.delete(d, sid)
         raise web.HTTPSeeOther(url("/ui/sessions", deleted=sid))
+    if d.is_live(sid):  # the delete would be refused: say so before anyone asks
+        body = t(
+            '<p id="live-session"><strong>{}</strong> ({}) cannot be deleted now: {}.</p>'
+            '<p><a href="{}">Back to the session</a></p>',
+            row.get("title") or "(untitled)", sid, actions.LIVE_REFUSAL, url("/ui/sessions", sid),
+        )  # fmt: skip
+        return page(request, "This session is live", body, "sessions")
     body = t(
         '<p>Delete <strong>{}</strong> ({}) and its {} messages? Sessions that grew from it are kept '
         "(they become roots). This cannot be undone.</p>"
@@ -475,7 +520,7 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
         ("Live now", f"{data['sessions_live']:,}", "sessions_live"),
         ("Tokens in", _fmt_tokens(data["input_tokens"]), "input_tokens"),
         ("Tokens out", _fmt_tokens(data["output_tokens"]), "output_tokens"),
-        ("Estimated cost", f"${cost['estimated_usd']:,.2f}", "cost"),
+        ("Estimated cost", queries.usd(cost["estimated_usd"]), "cost"),
     ]
     cards = join(t('<div class="card" id="fig-{}"><span>{}</span><strong>{}</strong></div>', key, label, value)
                  for label, value, key in figures)  # fmt: skip
@@ -486,7 +531,7 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
     models = join(
         t('<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>',
           m["model"] or "(unknown)", m["sessions"], _fmt_tokens(m["input_tokens"]), _fmt_tokens(m["output_tokens"]),
-          "—" if m["cost_usd"] is None else f"${m['cost_usd']:,.4f}")
+          "—" if m["cost_usd"] is None else queries.usd(m["cost_usd"]))
         for m in data["models"]
     )  # fmt: skip
     tools = join(

@@ -126,23 +126,45 @@ def period(params: Mapping[str, str], now: float | None = None) -> tuple[float, 
     return until - days * 86400, until, days
 
 
+def prices_of(configured: Mapping[str, Mapping[str, float]]) -> dict[str, tuple[float, float]]:
+    """Validated `dashboard.prices` as (input, output) USD per million tokens, per model."""
+    return {
+        str(model): (float(p.get("input", 0)), float(p.get("output", 0)))
+        for model, p in configured.items()
+    }
+
+
 def cost(models: list[dict[str, Any]], prices: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
-    """Estimated USD from per-model prices (per million tokens); models without a price
-    are listed, never guessed."""
+    """The estimated USD of per-model rows, the one computation behind every cost shown
+    (`sessions stats`, `switchboard insights`, the dashboard). A model priced in
+    `dashboard.prices` costs its tokens at that price; one without a price costs what its
+    sessions recorded (`recorded_cost_usd`: the agent's or provider's own figure, as in a
+    home imported from Hermes); one with neither is listed as unpriced, never guessed.
+    Each row gets its `cost_usd` (None: unpriced)."""
     total = 0.0
     unpriced: list[str] = []
     for m in models:
         price = prices.get(m["model"])
-        if price is None:
+        recorded = float(m.get("recorded_cost_usd") or 0)
+        if price is not None:
+            m["cost_usd"] = round(
+                (m["input_tokens"] * price[0] + m["output_tokens"] * price[1]) / 1e6, 6
+            )
+        elif recorded:
+            m["cost_usd"] = round(recorded, 6)
+        else:
             m["cost_usd"] = None
             if m["input_tokens"] or m["output_tokens"]:
                 unpriced.append(m["model"] or "(unknown model)")
             continue
-        m["cost_usd"] = round(
-            (m["input_tokens"] * price[0] + m["output_tokens"] * price[1]) / 1e6, 6
-        )
         total += m["cost_usd"]
     return {"estimated_usd": round(total, 6), "unpriced_models": unpriced}
+
+
+def usd(value: float) -> str:
+    """A cost as every view prints it: cents, or four decimals below one cent so that a
+    small figure does not read as nothing."""
+    return f"${value:,.2f}" if value == 0 or value >= 0.01 else f"${value:.4f}"
 
 
 async def insights(

@@ -11,7 +11,7 @@ from psycopg import AsyncConnection
 
 from ..content import encode_content
 from ..errors import AmbiguousSession, SessionNotFound, TitleTaken
-from ..listing import LIST_COLUMNS, SessionFilter
+from ..listing import LIST_COLUMNS, SessionFilter, with_chat_name
 from ..maintenance import PRUNE_CHUNK
 from ..records import ExportRecord, SessionRow, SourceUsage, UsageStats
 from ..rows import like_escape, to_json_text
@@ -32,7 +32,7 @@ async def list_sessions(
         "ORDER BY last_active DESC NULLS LAST, id DESC LIMIT %s OFFSET %s",
         (*params, max(0, limit), max(0, offset)),
     )
-    return cast(list[SessionRow], found)
+    return cast(list[SessionRow], [with_chat_name(r) for r in found])
 
 
 async def sessions_by_start(

@@ -617,12 +617,13 @@ __all__ = ["LEADER", "LIVE", "OPEN_STATES", "channel"]
 
 
 async def report(conn: AsyncConnection) -> dict[str, int]:
-    """What `switchboard doctor` shows of the replicas: live replicas, routes, routes whose
-    session is no longer live (healed at their next lease), leases of replicas that are gone
-    (taken over at the next message or scan), open inbox rows nobody live works on."""
+    """What `switchboard doctor` shows of the replicas: live replicas (their incarnation
+    locks; the leader lock is a second lock of one of them), routes, routes whose session is
+    no longer live (healed at their next lease), leases of replicas that are gone (taken
+    over at the next message or scan), open inbox rows nobody live works on."""
     space = int(await db.value(conn, "SELECT hashtext(current_schema()) & 2147483647"))
     p = {"space": space}
-    live = [int(r[0]) for r in await db.tuples(conn, LIVE, p)]
+    live = [int(r[0]) for r in await db.tuples(conn, LIVE, p) if int(r[0]) != LEADER]
     routes, stale = (await db.tuples(
         conn, "SELECT COUNT(*), COUNT(*) FILTER (WHERE r.session_id IS NOT NULL AND NOT EXISTS "
         "(SELECT 1 FROM sessions s WHERE s.id = r.session_id AND s.ended_at IS NULL)) "

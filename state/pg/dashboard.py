@@ -11,7 +11,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from ..family import build_tree
-from ..insights import Period, assemble
+from ..insights import RECORDED_COST, Period, assemble
 from ..keyset import PageQuery, cut_page, page_sql
 from ..maintenance import PRUNE_CHUNK
 from ..rows import Row
@@ -66,8 +66,8 @@ async def insights(conn: AsyncConnection, p: Period) -> dict[str, Any]:
     models = await db.tuples(
         conn,
         "SELECT COALESCE(model, ''), SUM(COALESCE(input_tokens, 0)), "
-        "SUM(COALESCE(output_tokens, 0)), COUNT(*), COUNT(*) FILTER (WHERE started_at >= %s) "
-        f"FROM sessions WHERE last_active >= %s AND started_at < %s{plain} "
+        "SUM(COALESCE(output_tokens, 0)), COUNT(*), COUNT(*) FILTER (WHERE started_at >= %s), "
+        f"SUM({RECORDED_COST}) FROM sessions WHERE last_active >= %s AND started_at < %s{plain} "
         "GROUP BY 1 ORDER BY 2 DESC",
         (p.since, p.since, p.until, *src_params),
     )

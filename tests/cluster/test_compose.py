@@ -1,7 +1,8 @@
 """deploy/compose (three replicas, PostgreSQL, Caddy) checked without docker: the compose
 file's services, health checks, dependencies and environment; every replica config through
 switchboard's own config loader; the Caddyfile naming every replica; the env template
-naming every variable the configs and services read."""
+naming every variable the configs and services read. deploy/docker (one container) too: the
+env file its compose file requires ships as a template the comments say to copy."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gateway.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "deploy" / "compose"
+DOCKER = ROOT / "deploy" / "docker"
 REPLICAS = ["replica1", "replica2", "replica3"]
 
 
@@ -118,3 +120,27 @@ def test_the_caddyfile_balances_over_every_replica_with_health_checks() -> None:
     assert upstreams == [f"{n}:{port}" for n in REPLICAS]
     assert "lb_policy round_robin" in lines and "health_uri /health" in lines
     assert any(ln.startswith(":8080") for ln in lines)  # the port compose publishes
+
+
+def test_the_single_container_ships_the_env_file_its_compose_requires_as_a_template() -> None:
+    text = (DOCKER / "compose.yaml").read_text()
+    service = yaml.safe_load(text)["services"]["switchboard"]
+    env_file = service["env_file"]
+    assert (DOCKER / f"{env_file}.example").is_file()
+    copy = f"cp deploy/docker/{env_file}.example deploy/docker/{env_file}"
+    assert copy in text and copy in (DOCKER / f"{env_file}.example").read_text()
+    assert f"{env_file}\n" in (ROOT / ".gitignore").read_text()  # the filled-in copy stays out
+
+
+def test_the_single_containers_config_loads_with_its_env_template_filled_in() -> None:
+    service = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]["switchboard"]
+    assert "./config.yaml:/data/config.yaml:ro" in service["volumes"]
+    template = (DOCKER / "switchboard.env.example").read_text().splitlines()
+    names = [ln.split("=", 1)[0] for ln in template if ln and not ln.startswith("#")]
+    env = {name: f"stand-in-{name.lower()}" for name in names}
+    config = load_config(DOCKER / "config.yaml", env)
+    api = config.data["platforms"]["api"]
+    assert (api["host"], api["port"]) == ("0.0.0.0", 8642)
+    assert service["ports"] == [f"127.0.0.1:{api['port']}:{api['port']}"]
+    with pytest.raises(Exception, match="SWITCHBOARD_API_KEY"):
+        load_config(DOCKER / "config.yaml", {})

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import unicodedata
 import uuid
 from pathlib import Path
 
@@ -58,6 +59,33 @@ def test_without_a_terminal_a_numbered_list_resumes_the_choice(tmp_path: Path) -
     assert "  1. tax return" in proc.stdout and "  2. kyoto trip" in proc.stdout
     assert "● plan a trip to kyoto" in proc.stdout  # `switchboard chat --resume` took over
     assert f"Session {ids['kyoto trip']} (kyoto trip)" in proc.stdout
+
+
+def _cells(text: str) -> int:
+    """Terminal cells by Unicode's East Asian Width: wide and fullwidth characters take two."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def test_rows_line_up_whatever_the_script_of_their_titles(tmp_path: Path) -> None:
+    async def make() -> list[str]:
+        db = await SessionDB.open(tmp_path / "home" / "state.db")
+        ids = []
+        for title in ("plain title", "项目计划讨论会议纪要和后续安排一二三四五六七八九十甲乙丙丁戊己庚辛",
+                      "🎉🎉 party plans", "日本語 mixed with latin"):  # fmt: skip
+            sid = await db.create_session(source="cli", title=title)
+            await db.append_message(sid, "user", "hello")
+            ids.append(sid)
+        await db.close()
+        return ids
+
+    ids = asyncio.run(make())
+    proc = subprocess.run(switchboard(tmp_path / "home", "sessions", "browse"), input="\n",
+                          capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [ln for ln in proc.stdout.splitlines() if any(ln.endswith(sid) for sid in ids)]
+    assert len(rows) == 4, proc.stdout
+    assert len({_cells(row) for row in rows}) == 1, rows  # the id column ends in the same cell
+    assert len({_cells(row.split("  cli ")[0]) for row in rows}) == 1, rows
 
 
 def _screen(name: str) -> str:

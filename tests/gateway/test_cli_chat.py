@@ -362,3 +362,38 @@ async def test_resuming_a_chats_live_session_continues_it_and_leaving_does_not_e
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_terminal_chat_opens_saying_how_to_get_help_and_how_to_leave(tmp_path: Path) -> None:
+    """At a terminal the prompt is not bare: the first line names /help and how to leave."""
+    import pty
+    import select
+
+    home = tmp_path / "home"
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(switchboard(home, "chat"), stdin=follower, stdout=follower,
+                            stderr=follower, env=clean_env(COLUMNS="120"))  # fmt: skip
+    os.close(follower)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 30
+        while b"Ctrl-D to leave" not in seen and time.monotonic() < deadline:
+            if select.select([leader], [], [], 1)[0]:
+                seen += os.read(leader, 4096)
+        os.write(leader, b"/quit\n")
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(leader)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", seen.decode(errors="replace"))
+    assert "/help for commands, /quit or Ctrl-D to leave" in text, text
+
+
+def test_the_resume_hint_names_the_home_without_dot_dot(tmp_path: Path) -> None:
+    (tmp_path / "x" / "sb").mkdir(parents=True)
+    done = chat(tmp_path / "x" / "sb" / ".." / "h1", "hello\n/quit\n")
+    assert done.returncode == 0, done.stderr
+    hint = next(ln for ln in done.stdout.splitlines() if ln.startswith("Resume with: "))
+    assert hint.startswith(f"Resume with: switchboard --home {tmp_path / 'x' / 'h1'} chat"), hint

@@ -49,7 +49,7 @@ def test_the_printed_commands_fit_the_scope_and_the_place(tmp_path: Path) -> Non
     assert system.returncode == 0, system.stderr
     assert "--user" not in system.stdout
     assert f"sudo systemctl enable --now {tmp_path / 's.service'}\n" in system.stdout
-    assert "journalctl -u switchboard.service -f" in system.stdout
+    assert "journalctl -u s.service -f" in system.stdout  # the unit is named after its file
     missing = install(home, "--output", str(tmp_path / "no" / "such" / "u.service"))
     assert missing.returncode == 1 and missing.stdout == ""
     assert missing.stderr.strip() == (
@@ -60,6 +60,26 @@ def test_the_printed_commands_fit_the_scope_and_the_place(tmp_path: Path) -> Non
         home, "--user", "--output", str(tmp_path / "u.service"), "--home", str(home)
     )
     assert home_after.returncode == 0, home_after.stderr  # global options after the subcommand
+
+
+def test_paths_with_dot_dot_print_plainly_and_the_log_command_names_the_written_unit(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "x" / "sb").mkdir(parents=True)
+    (tmp_path / "h1").mkdir()
+    work = tmp_path / "x" / "sb"
+    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", "../../h1", "service", "install",
+                           "--output", "../unit.service"], capture_output=True, text=True, timeout=30,
+                          cwd=work)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert ".." not in proc.stdout, proc.stdout
+    unit = tmp_path / "x" / "unit.service"
+    assert proc.stdout.startswith(f"wrote {unit}\n")
+    assert f"systemctl --user enable --now {unit}\n" in proc.stdout
+    assert "journalctl --user -u unit.service -f" in proc.stdout
+    assert f"(tokens go in {tmp_path / 'h1' / 'switchboard.env'}," in proc.stdout
+    text = unit.read_text()
+    assert ".." not in text and f"--home {tmp_path / 'h1'} run" in text
 
 
 def test_the_user_manager_folder_is_created_and_enabled_by_name(tmp_path: Path) -> None:

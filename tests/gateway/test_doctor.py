@@ -1,5 +1,6 @@
 """`switchboard doctor` on a healthy home, a damaged one (unreadable index, dangling
-lineage), with --fix, while a daemon holds the home, and against a platform fake."""
+lineage), with --fix, while a daemon holds the home, against a platform fake, and the
+replicas it counts on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gateway.app import HomeLock
 from gateway.config import load_config
 from gateway.ops.doctor import exit_code, run_doctor
 from state import SessionDB
+from tests.cluster.harness import Platforms, Replica, drop_database, fresh_database, stop_replicas
 from tests.fakes.telegram import FakeTelegram
 
 
@@ -199,3 +201,46 @@ async def test_imported_live_sessions_are_a_warning_and_adopted_at_start(tmp_pat
         await gw.stop()
     after = await asyncio.to_thread(_doctor, home)
     assert after.returncode == 0 and "[ok  ] session index: 1 entries agree" in after.stdout
+
+
+async def test_doctor_on_postgresql_counts_each_running_daemon_once(
+    tmp_path: Path, pg_server: str
+) -> None:
+    """The leader lock is a second advisory lock of one replica, not another replica, and
+    doctor's own connection holds no lock: one daemon is one live replica, two are two."""
+    name, dsn = fresh_database(pg_server)
+    made = [Replica.on(dsn, f"r{i}", tmp_path / f"r{i}", 2, Platforms()) for i in (1, 2)]
+
+    def doctor(replica: Replica) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", "--home", str(replica.home),
+                               "doctor", "--offline"], capture_output=True, text=True,
+                              timeout=60, env=replica.env)  # fmt: skip
+
+    try:
+        await made[0].start()
+        one = await asyncio.to_thread(doctor, made[0])
+        assert "1 live replica(s)" in one.stdout, one.stdout + one.stderr
+        await made[1].start()
+        two = await asyncio.to_thread(doctor, made[1])
+        assert "2 live replica(s)" in two.stdout, two.stdout + two.stderr
+    finally:
+        problems = await stop_replicas(made)
+        drop_database(pg_server, name)
+    assert problems == []
+
+
+async def test_a_postgresql_home_says_it_is_new_only_on_its_first_start(
+    tmp_path: Path, pg_server: str
+) -> None:
+    name, dsn = fresh_database(pg_server)
+    replica = Replica.on(dsn, "r1", tmp_path / "r1", 1, Platforms())
+    try:
+        for _ in range(2):
+            await replica.start()
+            assert await stop_replicas([replica]) == []
+    finally:
+        await replica.kill()
+        drop_database(pg_server, name)
+    first, second = (log.read_text() for log in replica.logs)
+    assert first.count(f"created a new home at {replica.home}") == 1
+    assert "created a new home" not in second

@@ -104,3 +104,42 @@ async def test_secrets_never_reach_the_logs_or_health(tmp_path: Path) -> None:
         for where, text in (("logs", log), ("health", health), ("metrics", metrics)):
             assert secret not in text, f"{where} leaked a secret"
     assert "telegram" in json.loads(health)["adapters"]
+
+
+async def test_a_restart_only_key_changed_back_before_the_next_sighup_needs_no_restart(
+    tmp_path: Path,
+) -> None:
+    """Each reload compares the file with the values the daemon runs with, not with the
+    file the previous reload read."""
+    home, port = tmp_path / "home", free_port()
+    home.mkdir()
+    cfg, log = home / "config.yaml", home / "run.log"
+    running = f"platforms:\n  api:\n    port: {port}\n"
+    cfg.write_text(running)
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(*switchboard(home, "run"), env=clean_env(),
+                                                    stdout=out, stderr=out)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    async def reload(text: str, reloads: int) -> str:
+        cfg.write_text(text)
+        proc.send_signal(signal.SIGHUP)
+        for _ in range(200):
+            if log.read_text().count("configuration reloaded") == reloads:
+                break
+            await asyncio.sleep(0.05)
+        return log.read_text()
+
+    try:
+        assert await _ask(url, "up?") == "echo: up?"
+        moved = await reload(f"platforms:\n  api:\n    port: {port + 1}\n", 1)
+        assert moved.count("need a restart to take effect: platforms.api.port") == 1
+        back = await reload(running, 2)
+        assert back.count("configuration reloaded") == 2
+        assert back.count("need a restart") == 1, back
+        again = await reload(f"platforms:\n  api:\n    port: {port + 2}\n", 3)
+        assert again.count("need a restart to take effect: platforms.api.port") == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+    assert proc.returncode == 0, log.read_text()

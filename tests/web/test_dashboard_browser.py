@@ -241,7 +241,7 @@ async def test_rename_and_delete_need_confirmation(browser_site: tuple[Site, Any
 
 
 async def test_forged_forms_are_refused(browser_site: tuple[Site, Any, Path]) -> None:
-    site, page, _ = browser_site
+    site, page, shots = browser_site
     victim = site.seeded.slack
     await _sign_in(page, site)
     # 1. same origin, no token (as if a form were injected into a page)
@@ -254,6 +254,10 @@ async def test_forged_forms_are_refused(browser_site: tuple[Site, Any, Path]) ->
             victim,
         )
     assert "CSRF token missing or wrong" in await page.inner_text("body")
+    await page.screenshot(path=shots / "refused.png")
+    async with page.expect_navigation():  # the refusal is a page with a way back
+        await page.click("#go-back")
+    assert page.url == f"{site.base}/ui/sessions"
     # 2. another origin's page posting a complete-looking form at the dashboard
     evil = web.Application()
 
@@ -295,3 +299,26 @@ async def test_listing_and_transcripts_work_without_javascript(
         assert await nojs.locator("details.long > div.text").is_visible()
     finally:
         await context.close()
+
+
+async def test_the_sessions_table_fits_a_1280_px_screen_with_a_long_unbroken_title(
+    browser_site: tuple[Site, Any, Path],
+) -> None:
+    """A 100-character title without spaces breaks inside its cell: the Status column
+    stays on screen and each time stays on one line."""
+    site, page, shots = browser_site
+    await site.db.create_session(source="api", title="Q" * 100, chat_id="7", chat_type="dm")
+    await _sign_in(page, site)
+    assert await page.evaluate("window.innerWidth") == 1280
+    status = await page.locator("#sessions th.status").bounding_box()
+    assert status is not None and status["x"] + status["width"] <= 1280, status
+    line = await page.evaluate(
+        "parseFloat(getComputedStyle(document.querySelector('#sessions td.date')).lineHeight)"
+    )
+    times = page.locator("#sessions td.date time")
+    assert await times.count() == 2 * await page.locator("#sessions tbody tr").count()
+    for box in [await times.nth(i).bounding_box() for i in range(await times.count())]:
+        assert box is not None and box["height"] < 1.5 * line, (box, line)
+    widths = await page.evaluate("document.documentElement.scrollWidth")
+    assert widths <= 1280
+    await page.screenshot(path=shots / "sessions-long-title.png", full_page=True)
