@@ -74,6 +74,21 @@ def _bad(status: int, message: str) -> web.Response:
     return _error(status, message, "invalid_request" if status == 400 else None)
 
 
+def _json_type(value: object) -> str:
+    """The JSON type of a decoded value, as an error message names it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else "a string"
+
+
 def _unencodable(value: str) -> bool:
     """True for text SQLite cannot store as UTF-8: lone surrogates (JSON allows "\\ud800")."""
     try:
@@ -472,20 +487,20 @@ class ApiAdapter:
         chat_id = body.get("chat_id")
         if not isinstance(text, str) or not text.strip():
             return _bad(400, "text must be a non-empty string")
-        if (
-            not isinstance(chat_id, (str, int))
-            or isinstance(chat_id, bool)
-            or not str(chat_id).strip()
-        ):
+        if chat_id is None:
             return _bad(400, "chat_id is required")
+        if not isinstance(chat_id, (str, int)) or isinstance(chat_id, bool):
+            return _bad(400, f"chat_id must be a string or an integer, not {_json_type(chat_id)}")
+        if not str(chat_id).strip():
+            return _bad(400, "chat_id must not be empty")
         chat_type = body.get("chat_type", ChatType.DM)
         if chat_type not in CHAT_TYPES:
             return _bad(400, f"chat_type must be one of {', '.join(CHAT_TYPES)}")
         opt = {}
         for name in ("user_id", "user_name", "chat_name", "thread_id", "message_id"):
             v = body.get(name)
-            if v is not None and not isinstance(v, (str, int)):
-                return _bad(400, f"{name} must be a string")
+            if v is not None and (not isinstance(v, (str, int)) or isinstance(v, bool)):
+                return _bad(400, f"{name} must be a string, not {_json_type(v)}")
             opt[name] = None if v is None else str(v)
         strings = {"text": text, "chat_id": str(chat_id)} | {k: v for k, v in opt.items() if v}
         for name, value in strings.items():
