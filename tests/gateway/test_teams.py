@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,24 @@ async def gw(tmp_path: Path, fake: FakeTeams) -> AsyncIterator[Daemon]:
         yield Daemon(gateway)
     finally:
         await gateway.stop()
+
+
+async def test_an_activity_with_a_token_shaped_like_the_connectors_is_accepted_and_answered(
+    gw: Daemon, fake: FakeTeams
+) -> None:
+    """The Bot Connector's token: RS256 with typ, kid and x5t headers; exactly the claims
+    serviceurl (lowercase), nbf, exp, iss (https://api.botframework.com) and aud (app id)."""
+    act = fake.activity("hello from teams")
+    now = int(time.time())
+    claims = {"serviceurl": act["serviceUrl"], "nbf": now - 300, "exp": now + 3600,
+              "iss": "https://api.botframework.com", "aud": APP_ID}  # fmt: skip
+    token = jwt.encode(claims, fake.key, algorithm="RS256",
+                       headers={"typ": "JWT", "kid": fake.kid, "x5t": fake.kid})  # fmt: skip
+    assert jwt.get_unverified_header(token) == {"alg": "RS256", "typ": "JWT", "kid": fake.kid,
+                                                "x5t": fake.kid}  # fmt: skip
+    assert await fake.deliver(gw.url, act, token) == 200
+    [reply] = await fake.wait_posted(1)
+    assert reply["text"] == "echo: hello from teams"
 
 
 async def test_a_personal_chat_is_a_dm_answered_as_a_reply_with_typing_first(
@@ -167,7 +186,7 @@ async def test_a_redelivered_or_replayed_activity_is_answered_once(
 
 def _alg_none(act: dict[str, Any], fake: FakeTeams) -> str:
     return jwt.encode({"iss": "https://api.botframework.com", "aud": APP_ID, "exp": 4102444800,
-                       "serviceUrl": act["serviceUrl"]}, None, algorithm="none",
+                       "serviceurl": act["serviceUrl"]}, None, algorithm="none",
                       headers={"kid": fake.kid})  # fmt: skip
 
 
@@ -185,6 +204,7 @@ def _alg_none(act: dict[str, Any], fake: FakeTeams) -> str:
         ("wrong_audience", 403),
         ("wrong_issuer", 403),
         ("service_url", 403),  # the activity points replies (and our token) elsewhere
+        ("no_service_url", 403),
         ("not_endorsed", 403),
     ],
 )
@@ -200,7 +220,8 @@ async def test_requests_that_fail_verification_are_refused_and_never_stored(
         "alg_none": lambda: _alg_none(act, fake),
         "wrong_audience": lambda: fake.token_for(act, aud="another-bot"),
         "wrong_issuer": lambda: fake.token_for(act, iss="https://sts.windows.net/x/"),
-        "service_url": lambda: fake.token_for(act, serviceUrl="https://evil.example/amer/"),
+        "service_url": lambda: fake.token_for(act, serviceurl="https://evil.example/amer/"),
+        "no_service_url": lambda: fake.token_for(act, serviceurl=None),
         "not_endorsed": lambda: fake.token_for({**act}),
     }
     auth = {"missing": "", "basic": "Basic dXNlcjpwYXNz", "garbage": "Bearer not.a.jwt"}
