@@ -143,6 +143,7 @@ def router_settings(config: Config) -> RouterSettings:
         reply_tokens=config.agent.reply_tokens,
         turn_timeout_s=config.agent.turn_timeout_seconds,
         resend_unconfirmed=config.inbox.resend_unconfirmed_replies,
+        auto_title=config.agent.auto_title,
     )
 
 

@@ -56,6 +56,7 @@ class RouterSettings:
     reply_tokens: int = 4_096
     turn_timeout_s: float = 300.0
     resend_unconfirmed: bool = False  # inbox.resend_unconfirmed_replies: at least once
+    auto_title: bool = True  # agent.auto_title: ask the agent for a title after the first exchange
 
     def update(self, new: RouterSettings) -> None:
         """Take every value of `new`, in place, so every holder of this object sees them."""

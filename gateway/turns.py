@@ -160,7 +160,7 @@ async def agent_turn(
         faults.point("after_send_before_mark")
         if not in_request:
             mark_reply_soon(s, turn.inbox_id, ref)
-        if _first_exchange(after):
+        if s.settings.auto_title and _first_exchange(after):
             s.tasks.start(auto_title(s, sid, after), f"title:{sid}")
         if compress:
             try:

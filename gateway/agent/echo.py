@@ -41,23 +41,21 @@ class EchoAgent:
         return "\n".join([head, *lines])
 
     async def suggest_title(self, history: Sequence[ChatMessage]) -> str:
-        """The first distinct words of the conversation (case-insensitive, in order), 3 to 7
-        of them: the echoed reply repeats the question, which must not repeat in the title."""
+        """The user's first distinct words, in order and as written, at most 7 of them: a
+        word already taken in another case is not taken again ("Tea tea" is "Tea"), and
+        nothing is added or re-cased (a one-word question is a one-word title)."""
         words: list[str] = []
         seen: set[str] = set()
         for m in history:
-            if m.get("role") in ("user", "assistant"):
-                text = (m.get("content") or "").removeprefix("echo: ")
-                for word in _WORD.findall(text):
-                    if word.casefold() not in seen:
-                        seen.add(word.casefold())
-                        words.append(word)
+            if m.get("role") != "user":
+                continue
+            for word in _WORD.findall(m.get("content") or ""):
+                if word.casefold() not in seen:
+                    seen.add(word.casefold())
+                    words.append(word)
             if len(words) >= 7:
                 break
-        words = words[:7] or ["untitled"]
-        while len(words) < 3:
-            words.append("chat")
-        return " ".join(words).capitalize()
+        return " ".join(words[:7]) or "Untitled"
 
     async def before_reset(self, session_id: str, reason: str) -> None:
         return None  # nothing kept outside the transcript
