@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gateway.agent.base import AgentReply, ChatMessage, TurnContext
+from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_tokens
 
 _WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")
 SUMMARY_HEADER = "Summary of the earlier conversation:"
@@ -19,11 +19,13 @@ class EchoAgent:
         last = next((m for m in reversed(history) if m.get("role") == "user"), None)
         text = (last or {}).get("content") or ""
         reply = f"echo: {text}" if text else "echo: (empty message)"
+        # no model counts them: our estimate (about 4 characters a token), marked as such
         return AgentReply(
             text=reply,
-            input_tokens=sum(len((m.get("content") or "").split()) for m in history),
-            output_tokens=len(reply.split()),
+            input_tokens=sum(estimate_tokens(m) for m in history),
+            output_tokens=estimate_tokens({"role": "assistant", "content": reply}),
             model="echo",
+            tokens_estimated=True,
         )
 
     async def summarize(self, history: Sequence[ChatMessage], focus: str | None) -> str:
