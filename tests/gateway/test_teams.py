@@ -17,13 +17,12 @@ import pytest
 from gateway.adapters.teams import TeamsAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import InvalidToken
 from gateway.handoff import handoff_from_terminal
 from gateway.messages import OutboundMessage
 from tests.daemon import free_port
 from tests.fakes import stalled_then_on_time, started, wait_for_count
 from tests.fakes.teams import APP_ID, BOT_ID, PASSWORD, FakeTeams, _rsa
-from tests.gateway.conftest import ScriptedAgent
+from tests.gateway.conftest import ScriptedAgent, refused_at_start
 
 CHANNEL = "19:ops-channel@thread.tacv2"
 
@@ -332,8 +331,12 @@ async def test_a_refused_app_password_stops_the_adapter_with_one_clear_line(
     )
     config = load_config(cfg, {"TEAMS_APP_ID": APP_ID, "TEAMS_APP_PASSWORD": "wrong-password"})
     gateway = Gateway(config=config, home=tmp_path / "home")
-    with pytest.raises(InvalidToken, match="rejected the bot's app id or password"):
+    try:
         await gateway.start()
+        refused_at_start(gateway, "teams", "rejected the bot's app id or password",
+                         ["platforms.teams.token_env", "platforms.teams.app_id_env"])  # fmt: skip
+    finally:
+        await gateway.stop()
     lines = [r.getMessage() for r in caplog.records if r.name == "gateway.adapters.teams"]
     assert lines == [
         "teams: the token endpoint refused the app id or password (invalid_client); the adapter is stopped"
