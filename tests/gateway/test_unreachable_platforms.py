@@ -119,6 +119,29 @@ async def test_telegram_unreachable_at_start_is_retried_until_it_answers(tmp_pat
     assert "start_attempts" not in _telegram(body)  # running: the adapter's own health again
 
 
+async def test_sigterm_while_a_platform_is_still_unreachable_exits_0_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    home, api_port, tg_port = tmp_path / "home", free_port(), free_port()
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"platforms:\n  api:\n    port: {api_port}\n  telegram:\n    enabled: true\n"
+        f"    allow_all_users: true\n    base_url: http://127.0.0.1:{tg_port}/bot\n"
+    )
+    proc = _run(home)
+    try:
+        await _until(f"http://127.0.0.1:{api_port}", proc,
+                     lambda b: _telegram(b)["state"] == "retrying", "telegram retrying")  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        out, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in out + err and "signal received; draining" in err
+
+
 async def test_a_refused_token_stops_that_adapter_alone_with_one_line_naming_the_key(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
