@@ -344,6 +344,8 @@ class StartFailure(StrEnum):
 def start_failure(exc: BaseException) -> StartFailure | None:
     """What kind of start failure `exc` is, from the typed errors along its chain of causes
     (a client library's network error wraps the OSError it met); None for anything else."""
+    import ssl
+
     import aiohttp
 
     seen: set[int] = set()
@@ -352,6 +354,8 @@ def start_failure(exc: BaseException) -> StartFailure | None:
         seen.add(id(cause))
         if isinstance(cause, InvalidToken):
             return StartFailure.CREDENTIALS
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return None  # the configured server is not who it says: waiting will not help
         if isinstance(cause, (TransientError, RetryAfter, OSError, TimeoutError)):
             return StartFailure.NETWORK  # refused, DNS (gaierror), reset, timed out
         status = getattr(cause, "status", None)  # aiohttp's, discord.py's HTTP errors
@@ -421,7 +425,8 @@ class SupervisedStart:
                 else:  # a bug: retrying will not fix it, and the daemon keeps running
                     self.state, self.last_error = failed(type(exc).__name__), _one_line(exc)
                     self.next_attempt_at = None
-                    start_log.exception("%s: the adapter failed to start; it is stopped", self.platform)
+                    start_log.exception("%s: the adapter failed to start; it is stopped",
+                                        self.platform)  # fmt: skip
                 return
             self.state, self.next_attempt_at = None, None
             start_log.info("%s: connected on attempt %d", self.platform, self.attempts)
@@ -434,7 +439,8 @@ class SupervisedStart:
         start_log.warning(
             "%s: start attempt %d failed, the platform is unreachable: %s; the next attempt "
             "in about %.0fs (the rest of the gateway runs)", self.platform, self.attempts,
-            self.last_error, wait, exc_info=exc if start_log.isEnabledFor(logging.DEBUG) else None,
+            self.last_error, wait,
+            exc_info=exc if start_log.isEnabledFor(logging.DEBUG) else None,
         )  # fmt: skip
 
     def _refused(self, exc: BaseException) -> None:
@@ -455,7 +461,8 @@ class SupervisedStart:
             return out
         out.update(state=self.state, last_error=self.last_error, start_attempts=self.attempts)
         if self.state == AdapterState.RETRYING and self.next_attempt_at is not None:
-            out["next_attempt_in_seconds"] = round(max(0.0, self.next_attempt_at - time.time()), 1)
+            left = max(0.0, self.next_attempt_at - time.time())
+            out["next_attempt_in_seconds"] = round(left, 1)
         if self.refused and self.credential_keys:
             out["config_keys"] = list(self.credential_keys)
         return out

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
@@ -228,6 +229,7 @@ async def test_every_adapter_whose_platform_is_unreachable_at_start_retries_with
         (TransientError("5xx"), StartFailure.NETWORK),
         (InvalidToken("no"), StartFailure.CREDENTIALS),
         (ValueError("a bug"), None),
+        (ssl.SSLCertVerificationError(1, "certificate verify failed"), None),
         (AdapterError("refused the call (100)"), None),
     ],
 )
