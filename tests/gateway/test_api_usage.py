@@ -49,7 +49,9 @@ async def _ask(url: str, text: str, **more: Any) -> dict[str, Any]:
             assert resp.status == 200
             if not more.get("stream"):
                 return dict(await resp.json())
-            events = [line[6:] for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+            events = [
+                line[6:] for line in (await resp.text()).splitlines() if line.startswith("data: ")
+            ]
             assert events[-1] == "[DONE]"
             return {"chunks": [json.loads(e) for e in events[:-1]]}
 
@@ -88,7 +90,8 @@ async def test_a_server_without_usage_gets_our_estimate_marked_as_such(
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
         assert body["switchboard"]["usage_source"] == "estimate"
         assert await _session_tokens(gateway, body) == (
-            usage["prompt_tokens"], usage["completion_tokens"]
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
         )
     finally:
         await gateway.stop()
@@ -103,7 +106,8 @@ async def test_the_echo_agent_reports_an_estimate_that_status_counts_too(tmp_pat
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
         assert first["switchboard"]["usage_source"] == "estimate"
         assert await _session_tokens(gateway, first) == (
-            usage["prompt_tokens"], usage["completion_tokens"]
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
         )
         status = await _ask(url, "/status")  # a command: no agent call
         assert status["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}

@@ -70,7 +70,9 @@ async def _exchange(tmp_path: Path, fake: FakeOpenAI, auto_title: str) -> Gatewa
             "user": "ann", "messages": [{"role": "user", "content": "plan a trip to Kyoto"}],
         }) as resp:  # fmt: skip
             assert resp.status == 200
-            assert (await resp.json())["choices"][0]["message"]["content"] == "Kyoto in spring is lovely."
+            assert (await resp.json())["choices"][0]["message"][
+                "content"
+            ] == "Kyoto in spring is lovely."
     # the title task starts before the reply is answered; wait for it (and any like it)
     background = [t for t in asyncio.all_tasks() if t.get_name().startswith("title:")]
     await asyncio.wait_for(asyncio.gather(*background, return_exceptions=True), 30)
