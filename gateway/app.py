@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway import adapters as registry
 from gateway import event_loops
-from gateway.adapters.base import Adapter, Route
+from gateway.adapters.base import Adapter, Route, SupervisedStart
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import Config
@@ -143,6 +143,7 @@ def router_settings(config: Config) -> RouterSettings:
         reply_tokens=config.agent.reply_tokens,
         turn_timeout_s=config.agent.turn_timeout_seconds,
         resend_unconfirmed=config.inbox.resend_unconfirmed_replies,
+        auto_title=config.agent.auto_title,
     )
 
 
@@ -181,6 +182,7 @@ class Gateway:
     _lock: HomeLock | None = None
     _started_with: Mapping[str, Any] | None = None  # the config data the daemon started with
     _adapters_by_platform: dict[str, Adapter] = field(default_factory=dict)
+    _starts: dict[str, SupervisedStart] = field(default_factory=dict)  # platform adapters
 
     async def start(self) -> None:
         self.started_at = time.time()
@@ -280,10 +282,15 @@ class Gateway:
             use_shards = getattr(adapter, "use_shards", None)
             if use_shards is not None and self.cluster is not None:  # a shard on one replica
                 use_shards(PgShardLedger(self.cluster.store, self.cluster.link, adapter.platform))
-            try:
+            if adapter.platform != "api":  # unreachable: retried; refused credentials: stopped
+                start = SupervisedStart(adapter, self._credential_keys(adapter.platform))
+                self._starts[adapter.platform] = start
+                await start.start(self.router.handle)
+                continue
+            try:  # the daemon's own server: any failure ends the start
                 await adapter.start(self.router.handle)
             except OSError as exc:
-                if exc.errno != errno.EADDRINUSE or adapter.platform != "api":
+                if exc.errno != errno.EADDRINUSE:
                     raise
                 port = getattr(adapter, "port", "?")
                 raise PortInUse(port, getattr(adapter, "host", "?")) from None
@@ -301,6 +308,14 @@ class Gateway:
             self.home,
             ", ".join(a.platform for a in self.adapters) or "none",
         )
+
+    def _credential_keys(self, platform: str) -> list[str]:
+        """The config keys naming a platform's secrets (`platforms.telegram.token_env`)."""
+        settings = self.config.platforms.get(platform)
+        if settings is None or platform not in registry.names():
+            return []
+        needs = registry.adapter_class(platform).secrets_needed(settings)
+        return [f"platforms.{platform}.{need.key}" for need in needs]
 
     async def _join_cluster(self) -> Any:
         """PostgreSQL: this daemon is one replica of possibly several (gateway/cluster.py):
@@ -503,7 +518,10 @@ class Gateway:
         return keys
 
     def health(self) -> dict[str, Any]:
-        adapters = {a.platform: a.health() for a in self.adapters}
+        adapters = {
+            a.platform: (self._starts[a.platform] if a.platform in self._starts else a).health()
+            for a in self.adapters
+        }
         ok = self.db is not None and all(
             h.get("state") == AdapterState.RUNNING for h in adapters.values()
         )
@@ -551,6 +569,8 @@ class Gateway:
             cancelled = await self.router.drain(self.config.shutdown.drain_seconds)
             if cancelled:
                 self.metrics.errors.inc(cancelled, kind="cancelled_on_shutdown")
+        for start in self._starts.values():  # no retry may start an adapter from here on
+            await start.stop()
         for adapter in reversed(self.adapters):
             try:
                 await adapter.stop()

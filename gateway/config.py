@@ -134,6 +134,7 @@ class AgentSettings:
     context_tokens: int = setting(128_000, in_range(256, 10_000_000))
     reply_tokens: int = setting(4_096, in_range(16, 1_000_000))
     turn_timeout_seconds: int | float = setting(300, in_range(1, 3600))
+    auto_title: bool = setting(True)  # a title from the agent after a session's first exchange
     openai: OpenAISettings = section(OpenAISettings)
 
 

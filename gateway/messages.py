@@ -80,6 +80,16 @@ class InboundMessage:
 
 
 @dataclass(frozen=True)
+class TokenUsage:
+    """What a turn's agent call cost in tokens: the backend's figures, or our estimate
+    (gateway.agent.base.estimate_tokens) when `estimated`."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    estimated: bool = False
+
+
+@dataclass(frozen=True)
 class OutboundMessage:
     platform: str
     chat_id: str
@@ -97,6 +107,7 @@ class OutboundMessage:
     # time.monotonic() when the turn last knew its lease held (a turn's reply on
     # replicas, after gateway/turns.py's may_send): see `late`
     since: float | None = None
+    usage: TokenUsage | None = None  # a turn's reply: its agent call's tokens
 
     def late(self) -> bool:
         """Is this send starting more than LATE_SEND_S after that? Normally it starts

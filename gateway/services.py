@@ -20,7 +20,14 @@ from gateway.agent.base import Agent
 from gateway.coordinator import Coordinator, LocalCoordinator
 from gateway.deadlines import Deadlines
 from gateway.index import RouteIndex
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, SetOutLate, set_out_late
+from gateway.messages import (
+    InboundMessage,
+    OutboundMessage,
+    SentRef,
+    SetOutLate,
+    TokenUsage,
+    set_out_late,
+)
 from gateway.ops.metrics import Metrics
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
@@ -56,6 +63,7 @@ class RouterSettings:
     reply_tokens: int = 4_096
     turn_timeout_s: float = 300.0
     resend_unconfirmed: bool = False  # inbox.resend_unconfirmed_replies: at least once
+    auto_title: bool = True  # agent.auto_title: ask the agent for a title after the first exchange
 
     def update(self, new: RouterSettings) -> None:
         """Take every value of `new`, in place, so every holder of this object sees them."""
@@ -118,6 +126,7 @@ class Replier:
         dedupe_key: str | None = None,
         resend: bool = False,
         since: float | None = None,
+        usage: TokenUsage | None = None,
     ) -> SentRef | None:
         """Send; the platform's reference, or None when the send failed (logged, counted).
         `dedupe_key` names the reply across sends; `resend` marks a start-up resend."""
@@ -126,7 +135,7 @@ class Replier:
             platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
             reply_to=msg.platform_message_id, session_id=session_id,
             session_key=key.format() if key else None, error=error, notice=notice,
-            dedupe_key=dedupe_key, resend=resend, since=since,
+            dedupe_key=dedupe_key, resend=resend, since=since, usage=usage,
         )  # fmt: skip
         try:
             ref = await self.send(out)

@@ -22,7 +22,7 @@ from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_to
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
 from gateway.leases import HandBack
-from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, SentRef, SetOutLate
+from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, SentRef, SetOutLate, TokenUsage
 from gateway.services import Services
 from gateway.session_keys import SessionKey
 from state import Fence, LeaseLost, StateError
@@ -154,13 +154,14 @@ async def agent_turn(
         faults.point("after_reply_commit")
         await may_send(turn, committing)
         s.metrics.turns.inc(outcome="ok")
+        usage = TokenUsage(reply.input_tokens, reply.output_tokens, reply.tokens_estimated)
         ref = await send_checked(turn, lambda since, again: s.replies.reply(
             msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id), since=since,
-            resend=again))  # fmt: skip
+            resend=again, usage=usage))  # fmt: skip
         faults.point("after_send_before_mark")
         if not in_request:
             mark_reply_soon(s, turn.inbox_id, ref)
-        if _first_exchange(after):
+        if s.settings.auto_title and _first_exchange(after):
             s.tasks.start(auto_title(s, sid, after), f"title:{sid}")
         if compress:
             await s.sessions.compress_automatically(key, src)

@@ -42,4 +42,5 @@ class AdapterState(StrEnum):
 
     STOPPED = "stopped"
     RUNNING = "running"
+    RETRYING = "retrying"  # the platform was unreachable at start: started again with backoff
     FAILED = "failed"

@@ -81,6 +81,34 @@ def _bad(status: int, message: str) -> web.Response:
     return _error(status, message, "invalid_request" if status == 400 else None)
 
 
+def _json_type(value: object) -> str:
+    """The JSON type of a decoded value, as an error message names it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else "a string"
+
+
+def _usage(out: OutboundMessage) -> tuple[dict[str, int], str]:
+    """The OpenAI `usage` of an answer and where its figures come from: "agent" (the
+    backend's counts), "estimate" (ours, about 4 characters a token: the echo agent, or a
+    backend that reports none) or "none" (no agent call answered this request: a command,
+    or an answer read back from the store)."""
+    u = out.usage
+    if u is None:
+        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, "none"
+    counts = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+              "total_tokens": u.prompt_tokens + u.completion_tokens}  # fmt: skip
+    return counts, "estimate" if u.estimated else "agent"
+
+
 def _unencodable(value: str) -> bool:
     """True for text SQLite cannot store as UTF-8: lone surrogates (JSON allows "\\ud800")."""
     try:
@@ -502,27 +530,33 @@ class ApiAdapter:
             return _error(502, "the agent failed to answer; the message was stored",
                           "agent_error")  # fmt: skip
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        usage, counted_by = _usage(out)
         extra = {"session_id": out.session_id, "session_key": out.session_key,
-                 "notices": list(answer.notices), "duplicate": answer.duplicate}  # fmt: skip
+                 "notices": list(answer.notices), "duplicate": answer.duplicate,
+                 "usage_source": counted_by}  # fmt: skip
         replayed = {REPLAYED_HEADER: "true"} if answer.duplicate else {}
         if stream:
-            return await self._stream(request, ident, created, model, out.text, extra, replayed)
+            options = body.get("stream_options")
+            with_usage = isinstance(options, dict) and options.get("include_usage") is True
+            return await self._stream(request, ident, created, model, out.text, extra, replayed,
+                                      usage if with_usage else None)  # fmt: skip
         return web.json_response(headers=replayed, data={
             "id": ident,
             "object": "chat.completion",
             "created": created,
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            "usage": usage,
             "switchboard": extra,
         })  # fmt: skip
 
     async def _stream(
         self, request: web.Request, ident: str, created: int, model: str, text: str,
-        extra: dict[str, Any], headers: dict[str, str],
+        extra: dict[str, Any], headers: dict[str, str], usage: dict[str, int] | None = None,
     ) -> web.StreamResponse:  # fmt: skip
         """The finished reply as OpenAI chat.completion.chunk events: the role, the content
-        (in pieces of a few hundred characters), the stop, then [DONE]."""
+        (in pieces of a few hundred characters), the stop, with `usage` (asked for with
+        `stream_options.include_usage`) a chunk without choices carrying it, then [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", **headers})  # fmt: skip
         await resp.prepare(request)
@@ -537,6 +571,10 @@ class ApiAdapter:
         for i in range(0, len(text), 400):
             await event({"content": text[i : i + 400]}, None)
         await event({}, "stop", switchboard=extra)
+        if usage is not None:
+            chunk = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                     "model": model, "choices": [], "usage": usage}  # fmt: skip
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -549,20 +587,20 @@ class ApiAdapter:
         chat_id = body.get("chat_id")
         if not isinstance(text, str) or not text.strip():
             return _bad(400, "text must be a non-empty string")
-        if (
-            not isinstance(chat_id, (str, int))
-            or isinstance(chat_id, bool)
-            or not str(chat_id).strip()
-        ):
+        if chat_id is None:
             return _bad(400, "chat_id is required")
+        if not isinstance(chat_id, (str, int)) or isinstance(chat_id, bool):
+            return _bad(400, f"chat_id must be a string or an integer, not {_json_type(chat_id)}")
+        if not str(chat_id).strip():
+            return _bad(400, "chat_id must not be empty")
         chat_type = body.get("chat_type", ChatType.DM)
         if chat_type not in CHAT_TYPES:
             return _bad(400, f"chat_type must be one of {', '.join(CHAT_TYPES)}")
         opt = {}
         for name in ("user_id", "user_name", "chat_name", "thread_id", "message_id"):
             v = body.get(name)
-            if v is not None and not isinstance(v, (str, int)):
-                return _bad(400, f"{name} must be a string")
+            if v is not None and (not isinstance(v, (str, int)) or isinstance(v, bool)):
+                return _bad(400, f"{name} must be a string, not {_json_type(v)}")
             opt[name] = None if v is None else str(v)
         strings = {"text": text, "chat_id": str(chat_id)} | {k: v for k, v in opt.items() if v}
         for name, value in strings.items():

@@ -1,5 +1,7 @@
 """The Adapter interface and what every adapter shares: splitting long replies to the
-platform's limit without breaking code fences, and sending with retry_after honoured."""
+platform's limit without breaking code fences, sending with retry_after honoured, and
+starting under the daemon (`SupervisedStart`: an unreachable platform is retried, a refused
+credential stops that adapter alone)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
@@ -316,3 +319,155 @@ def send_by_transport() -> Any:
 async def _trace_send_by(event: str, _info: Any) -> None:
     if event.endswith(".send_request_headers.started"):
         await check_send_by()
+
+
+# --- starting an adapter under the daemon ----------------------------------------------
+#
+# The same rule for every platform. A start that fails on the network (connection refused,
+# a DNS failure, a timeout, a 5xx: `start_failure` tells) leaves the adapter `retrying`: a
+# named task starts it again with capped backoff while the daemon and the other adapters
+# run, one log line per attempt. A credential the platform refused stops that adapter
+# alone, with one line naming its config key. Anything else is a bug and fails the start as
+# before. /health shows the state and the last error. Adapters only raise typed errors.
+
+start_log = logging.getLogger("gateway.adapters")
+
+# first retry after about 2 s, then 4, 8 ... at most about a minute apart
+START_BACKOFF = Backoff(initial_s=2.0, factor=2.0, max_s=60.0, jitter=0.2)
+
+
+class StartFailure(StrEnum):
+    NETWORK = "network"  # the platform could not be reached: retried
+    CREDENTIALS = "credentials"  # the platform refused our credentials: that adapter stops
+
+
+def start_failure(exc: BaseException) -> StartFailure | None:
+    """What kind of start failure `exc` is, from the typed errors along its chain of causes
+    (a client library's network error wraps the OSError it met); None for anything else."""
+    import ssl
+
+    import aiohttp
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, InvalidToken):
+            return StartFailure.CREDENTIALS
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return None  # the configured server is not who it says: waiting will not help
+        if isinstance(cause, (TransientError, RetryAfter, OSError, TimeoutError)):
+            return StartFailure.NETWORK  # refused, DNS (gaierror), reset, timed out
+        status = getattr(cause, "status", None)  # aiohttp's, discord.py's HTTP errors
+        if isinstance(status, int) and status >= 500:
+            return StartFailure.NETWORK
+        if isinstance(cause, aiohttp.ClientConnectionError):
+            return StartFailure.NETWORK  # a dropped connection, a failed TLS handshake
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+@dataclass
+class SupervisedStart:
+    """One platform adapter's start under the daemon: its first attempt, then the retries.
+    `credential_keys` are the config keys naming its secrets (said when they are refused)."""
+
+    adapter: Adapter
+    credential_keys: Sequence[str] = ()
+    backoff: Backoff = START_BACKOFF
+    state: str | None = None  # retrying / failed: ...; None while the adapter's own holds
+    last_error: str | None = None
+    attempts: int = 0
+    next_attempt_at: float | None = None  # time.time() of the next attempt, while retrying
+    refused: bool = False  # the platform refused the credentials: stopped for good
+    _task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def platform(self) -> str:
+        return self.adapter.platform
+
+    async def start(self, emit: Emit) -> None:
+        """The first attempt. Returns when the adapter runs, is retrying in the background,
+        or was refused its credentials; raises what is neither (a bug)."""
+        self.attempts = 1
+        try:
+            await self.adapter.start(emit)
+        except Exception as exc:
+            kind = start_failure(exc)
+            if kind is None:
+                raise
+            if kind is StartFailure.CREDENTIALS:
+                self._refused(exc)
+                return
+            self._unreachable(exc)
+            self._task = asyncio.create_task(self._retry(emit), name=f"start:{self.platform}")
+
+    async def _retry(self, emit: Emit) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, (self.next_attempt_at or 0.0) - time.time()))
+            with contextlib.suppress(Exception):  # what the failed attempt left open
+                await self.adapter.stop()
+            self.attempts += 1
+            try:
+                await self.adapter.start(emit)
+            except Exception as exc:
+                kind = start_failure(exc)
+                if kind is StartFailure.NETWORK:
+                    self._unreachable(exc)
+                    continue
+                if kind is StartFailure.CREDENTIALS:
+                    self._refused(exc)
+                else:  # a bug: retrying will not fix it, and the daemon keeps running
+                    self.state, self.last_error = failed(type(exc).__name__), _one_line(exc)
+                    self.next_attempt_at = None
+                    start_log.exception("%s: the adapter failed to start; it is stopped",
+                                        self.platform)  # fmt: skip
+                return
+            self.state, self.next_attempt_at = None, None
+            start_log.info("%s: connected on attempt %d", self.platform, self.attempts)
+            return
+
+    def _unreachable(self, exc: BaseException) -> None:
+        self.state, self.last_error = AdapterState.RETRYING, _one_line(exc)
+        wait = self.backoff.delay(self.attempts - 1)
+        self.next_attempt_at = time.time() + wait
+        start_log.warning(
+            "%s: start attempt %d failed, the platform is unreachable: %s; the next attempt "
+            "in about %.0fs (the rest of the gateway runs)", self.platform, self.attempts,
+            self.last_error, wait,
+            exc_info=exc if start_log.isEnabledFor(logging.DEBUG) else None,
+        )  # fmt: skip
+
+    def _refused(self, exc: BaseException) -> None:
+        own = str(self.adapter.health().get("state") or "")
+        self.refused = True
+        self.state = own if own.startswith(AdapterState.FAILED) else failed("invalid credentials")
+        self.last_error, self.next_attempt_at = _one_line(exc), None
+        keys = ", ".join(self.credential_keys) or f"platforms.{self.platform}"
+        start_log.error(
+            "%s: %s; the %s adapter is stopped (the rest of the gateway runs)", keys,
+            self.last_error, self.platform,
+            exc_info=exc if start_log.isEnabledFor(logging.DEBUG) else None,
+        )  # fmt: skip
+
+    def health(self) -> dict[str, object]:
+        out = dict(self.adapter.health())
+        if self.state is None:
+            return out
+        out.update(state=self.state, last_error=self.last_error, start_attempts=self.attempts)
+        if self.state == AdapterState.RETRYING and self.next_attempt_at is not None:
+            left = max(0.0, self.next_attempt_at - time.time())
+            out["next_attempt_in_seconds"] = round(left, 1)
+        if self.refused and self.credential_keys:
+            out["config_keys"] = list(self.credential_keys)
+        return out
+
+    async def stop(self) -> None:
+        """End the retries (the adapter itself is stopped by its owner)."""
+        task, self._task = self._task, None
+        await stop_task(task)

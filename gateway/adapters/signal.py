@@ -205,9 +205,10 @@ class SignalAdapter:
         await self.rpc.open()
         try:
             detail = await _ask_about_account(self.rpc)
-        except TransientError as exc:
-            await self._fail(f"signal-cli is not reachable at {self.rpc.url}; start it with "
-                             f"`signal-cli -a {self.me.number} daemon --http`", exc)  # fmt: skip
+        except TransientError as exc:  # the daemon's start retries it (base.SupervisedStart)
+            await self.rpc.close()
+            raise TransientError(f"signal-cli is not reachable at {self.rpc.url}; start it with "
+                                 f"`signal-cli -a {self.me.number} daemon --http`") from exc  # fmt: skip
         except AdapterError as exc:
             await self._fail(str(exc), exc)
         await self._receiver.start()

@@ -3,7 +3,7 @@
 `BotFrameworkAuth` fetches the signing keys from the OpenID metadata's `jwks_uri`, keeps
 them (refreshing daily, and on an unknown `kid` at most once per `refresh_floor_s`), and
 checks a token's RS256 signature, issuer, audience (the bot's app id) and lifetime; then
-`check_activity` ties the token to the activity (its `serviceUrl` claim, the key's channel
+`check_activity` ties the token to the activity (its `serviceurl` claim, the key's channel
 endorsements). It knows nothing of messages or sessions.
 """
 
@@ -20,6 +20,9 @@ from gateway.errors import AdapterError, TransientError
 
 log = logging.getLogger("gateway.adapters.teams")
 ISSUER = "https://api.botframework.com"
+# The Bot Connector issues the activity's service URL in an all-lowercase claim (Microsoft's
+# SDKs read `serviceurl` too); the activity itself spells its field `serviceUrl`.
+SERVICE_URL_CLAIM = "serviceurl"
 DEFAULT_METADATA_URL = "https://login.botframework.com/v1/.well-known/openidconfiguration"
 CLOCK_SKEW_S = 300.0  # the Bot Framework's authentication spec allows five minutes
 KEYS_TTL_S = 24 * 3600.0
@@ -97,10 +100,12 @@ class BotFrameworkAuth:
         """The activity is the one the token was issued for: the same serviceUrl (replies
         carry our own token there, so an unsigned one must never be trusted) and a channel
         the signing key is endorsed for."""
-        claimed = verified.claims.get("serviceUrl")
+        claimed = verified.claims.get(SERVICE_URL_CLAIM)
         given = activity.get("serviceUrl")
-        if not isinstance(claimed, str) or not isinstance(given, str):
-            raise TokenRefused(403, "serviceUrl missing from the token or the activity")
+        if not isinstance(claimed, str):
+            raise TokenRefused(403, f"the token has no {SERVICE_URL_CLAIM} claim")
+        if not isinstance(given, str):
+            raise TokenRefused(403, "the activity has no serviceUrl")
         if claimed.rstrip("/").lower() != given.rstrip("/").lower():
             raise TokenRefused(403, "serviceUrl does not match the token")
         channel = activity.get("channelId")

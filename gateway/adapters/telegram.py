@@ -276,6 +276,9 @@ class TelegramAdapter:
             log.error("telegram refused the bot token; the adapter is stopped (%s)", exc)
             await self._close_bot()
             raise InvalidToken("telegram rejected the bot token") from exc
+        except tg_error.NetworkError as exc:  # unreachable, timed out, a 5xx: worth retrying
+            await self._close_bot()
+            raise TransientError(f"telegram is unreachable ({exc})") from exc
         self.bot_username = self._bot.username
         if self._webhook_url:
             await self._call(lambda: self._bot.set_webhook(

@@ -26,6 +26,9 @@ class AgentReply:
     output_tokens: int = 0
     tool_messages: Sequence[ChatMessage] = field(default_factory=tuple)  # to store before the reply
     model: str | None = None
+    # the token counts are our estimate (estimate_tokens), not the backend's: the echo agent,
+    # or a backend whose responses carry no usage
+    tokens_estimated: bool = False
 
 
 class Agent(Protocol):

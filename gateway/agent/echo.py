@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gateway.agent.base import AgentReply, ChatMessage, TurnContext
+from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_tokens
 
 _WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")
 SUMMARY_HEADER = "Summary of the earlier conversation:"
@@ -19,11 +19,13 @@ class EchoAgent:
         last = next((m for m in reversed(history) if m.get("role") == "user"), None)
         text = (last or {}).get("content") or ""
         reply = f"echo: {text}" if text else "echo: (empty message)"
+        # no model counts them: our estimate (about 4 characters a token), marked as such
         return AgentReply(
             text=reply,
-            input_tokens=sum(len((m.get("content") or "").split()) for m in history),
-            output_tokens=len(reply.split()),
+            input_tokens=sum(estimate_tokens(m) for m in history),
+            output_tokens=estimate_tokens({"role": "assistant", "content": reply}),
             model="echo",
+            tokens_estimated=True,
         )
 
     async def summarize(self, history: Sequence[ChatMessage], focus: str | None) -> str:
@@ -41,23 +43,21 @@ class EchoAgent:
         return "\n".join([head, *lines])
 
     async def suggest_title(self, history: Sequence[ChatMessage]) -> str:
-        """The first distinct words of the conversation (case-insensitive, in order), 3 to 7
-        of them: the echoed reply repeats the question, which must not repeat in the title."""
+        """The user's first distinct words, in order and as written, at most 7 of them: a
+        word already taken in another case is not taken again ("Tea tea" is "Tea"), and
+        nothing is added or re-cased (a one-word question is a one-word title)."""
         words: list[str] = []
         seen: set[str] = set()
         for m in history:
-            if m.get("role") in ("user", "assistant"):
-                text = (m.get("content") or "").removeprefix("echo: ")
-                for word in _WORD.findall(text):
-                    if word.casefold() not in seen:
-                        seen.add(word.casefold())
-                        words.append(word)
+            if m.get("role") != "user":
+                continue
+            for word in _WORD.findall(m.get("content") or ""):
+                if word.casefold() not in seen:
+                    seen.add(word.casefold())
+                    words.append(word)
             if len(words) >= 7:
                 break
-        words = words[:7] or ["untitled"]
-        while len(words) < 3:
-            words.append("chat")
-        return " ".join(words).capitalize()
+        return " ".join(words[:7]) or "Untitled"
 
     async def before_reset(self, session_id: str, reason: str) -> None:
         return None  # nothing kept outside the transcript

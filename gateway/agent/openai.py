@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.agent.base import AgentReply, ChatMessage, TurnContext
+from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_tokens
 from gateway.agent.tools import session_search as session_search_tool
 from gateway.errors import AgentError
 
@@ -135,18 +135,25 @@ class OpenAIAgent:
         messages.extend(history)
         tool_messages: list[ChatMessage] = []
         tokens_in = tokens_out = 0
+        estimated = False
         for _round in range(MAX_TOOL_ROUNDS + 1):
             can_call = ctx.run_tool is not None and _round < MAX_TOOL_ROUNDS
             data = await self._complete(messages, with_tools=can_call)
-            usage = data.get("usage") or {}
-            tokens_in += int(usage.get("prompt_tokens") or 0)
-            tokens_out += int(usage.get("completion_tokens") or 0)
             msg = (data["choices"][0] or {}).get("message") or {}
+            usage = data.get("usage")
+            if isinstance(usage, dict) and "prompt_tokens" in usage:
+                tokens_in += int(usage.get("prompt_tokens") or 0)
+                tokens_out += int(usage.get("completion_tokens") or 0)
+            else:  # a server that reports no usage: our estimate of this round's
+                estimated = True
+                tokens_in += sum(estimate_tokens(m) for m in messages)
+                tokens_out += estimate_tokens(msg)
             calls = msg.get("tool_calls") or []
             if not calls or not can_call:
                 return AgentReply(
                     text=msg.get("content") or "", input_tokens=tokens_in, output_tokens=tokens_out,
                     tool_messages=tuple(tool_messages), model=data.get("model") or self.model,
+                    tokens_estimated=estimated,
                 )  # fmt: skip
             assistant = {"role": "assistant", "content": msg.get("content"), "tool_calls": calls}
             messages.append(assistant)

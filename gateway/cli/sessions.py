@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -426,6 +427,18 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(0, text)
 
 
+def non_negative_days(text: str) -> float:
+    """argparse type for --older-than: a number of days, 0 or more (a negative age, inf or
+    nan is a usage error: it would select sessions from the future, or none at all)."""
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of days: {text!r}") from None
+    if not math.isfinite(days) or days < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of days, 0 or more, not {text}")
+    return days
+
+
 JSON_HELP = "print JSON instead of a table (for scripts)"
 
 
@@ -465,7 +478,7 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true",
                    help="delete a live session too (its chat's next message starts a new one)")  # fmt: skip
     c = add_command(sp, "prune", "delete ended sessions idle for long")
-    c.add_argument("--older-than", type=float, default=90, metavar="DAYS",
+    c.add_argument("--older-than", type=non_negative_days, default=90, metavar="DAYS",
                    help="idle for more than DAYS days (default %(default)g)")  # fmt: skip
     c.add_argument("--source", help=source_help())
     c.add_argument("--dry-run", action="store_true", help="only say how many would be pruned")

@@ -55,7 +55,11 @@ def _op(summary: str, *, params: list[dict[str, Any]] | None = None, body: dict[
 
 
 def _json(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    return {"application/json": {"schema": {"type": "object", "properties": properties, "required": required or []}}}  # fmt: skip
+    """A JSON object body. OpenAPI 3.0 wants `required` absent rather than empty."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    return {"application/json": {"schema": schema}}
 
 
 def document() -> dict[str, Any]:

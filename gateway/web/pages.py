@@ -597,7 +597,7 @@ async def ops_view(request: web.Request) -> web.StreamResponse:
         '<h2>Export</h2><p><a href="/api/export" download>Download every session (JSONL)</a></p>'
         '<h2>Import</h2><form method="post" action="/ui/ops/import" enctype="multipart/form-data" class="confirm">{}'
         '<label><input type="checkbox" name="confirm" value="yes" required> Import the sessions in this file '
-        '(existing ones are skipped)</label> <input type="file" name="file" accept=".jsonl,application/x-ndjson" required> '
+        '(existing ones are skipped)</label> <label>Export file (JSONL) <input type="file" name="file" accept=".jsonl,application/x-ndjson" required></label> '
         "<button>Import</button></form>"
         '<h2>Prune</h2><form method="get" action="/ui/ops/prune"><label>Ended and idle for more than '
         '<input type="number" name="days" value="90" min="1" max="36500"> days</label> '

@@ -91,14 +91,15 @@ class FakeTeams:
     def token_for(self, activity: dict[str, Any], *, key: rsa.RSAPrivateKey | None = None,
                   kid: str | None = None, age_s: int = 0, lifetime_s: int = 3600,
                   **claims: Any) -> str:  # fmt: skip
-        """A JWT as the Bot Connector signs one for `activity` (claims may be overridden)."""
+        """A JWT as the Bot Connector signs one for `activity` (claims may be overridden):
+        the service URL in the lowercase `serviceurl` claim, a `typ`, `kid` and `x5t` header."""
         now = int(time.time()) - age_s
-        body = {"serviceUrl": activity.get("serviceUrl"), "iss": ISSUER, "aud": self.app_id,
-                "nbf": now - 5, "exp": now + lifetime_s, "iat": now - 5}  # fmt: skip
+        body = {"serviceurl": activity.get("serviceUrl"), "nbf": now - 5,
+                "exp": now + lifetime_s, "iss": ISSUER, "aud": self.app_id}  # fmt: skip
         body.update(claims)
-        return jwt.encode(
-            body, key or self.key, algorithm="RS256", headers={"kid": kid or self.kid}
-        )
+        kid = kid or self.kid
+        return jwt.encode(body, key or self.key, algorithm="RS256",
+                          headers={"typ": "JWT", "kid": kid, "x5t": kid})  # fmt: skip
 
     async def deliver(self, url: str, activity: dict[str, Any], token: str | None = None,
                       authorization: str | None = None) -> int:  # fmt: skip

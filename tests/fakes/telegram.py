@@ -99,7 +99,7 @@ class FakeTelegram:
         app.router.add_post("/bot{token}/{method}", self._handle)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)  # 0: any free port
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,15 @@ def group(
         text,
         mid,
     )
+
+
+def refused_at_start(gateway: Any, platform: str, error: str, keys: list[str]) -> None:
+    """A started daemon whose `platform` refused its credentials: that adapter is stopped
+    (failed, with the platform's answer and the config keys to fix in /health) while the
+    daemon runs on, degraded."""
+    health = gateway.health()
+    entry = health["adapters"][platform]
+    assert health["status"] == "degraded" and gateway.db is not None, health
+    assert str(entry["state"]).startswith("failed: "), entry
+    assert re.search(error, str(entry["last_error"])), entry
+    assert entry["config_keys"] == keys, entry

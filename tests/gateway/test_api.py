@@ -102,6 +102,30 @@ async def test_bad_requests_get_clear_errors(
     assert gateway.db is not None and await gateway.db.message_count() == 0
 
 
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        (b'{"text": "x"}', "chat_id is required"),
+        (b'{"chat_id": null, "text": "x"}', "chat_id is required"),
+        (b'{"chat_id": {"a": 1}, "text": "x"}', "chat_id must be a string or an integer, not an object"),
+        (b'{"chat_id": 1.5, "text": "x"}', "chat_id must be a string or an integer, not a decimal number"),
+        (b'{"chat_id": true, "text": "x"}', "chat_id must be a string or an integer, not a boolean"),
+        (b'{"chat_id": [1], "text": "x"}', "chat_id must be a string or an integer, not an array"),
+        (b'{"chat_id": "  ", "text": "x"}', "chat_id must not be empty"),
+        (b'{"chat_id": "1", "user_id": false, "text": "x"}', "user_id must be a string, not a boolean"),
+    ],
+)  # fmt: skip
+async def test_a_chat_id_of_the_wrong_type_is_named_as_such_not_as_missing(
+    gw: tuple[Gateway, str], payload: bytes, message: str
+) -> None:
+    gateway, url = gw
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/messages", data=payload) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["message"] == message
+    assert gateway.db is not None and await gateway.db.message_count() == 0
+
+
 async def test_health_and_metrics(gw: tuple[Gateway, str]) -> None:
     gateway, url = gw
     async with aiohttp.ClientSession() as http:

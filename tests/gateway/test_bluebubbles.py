@@ -45,6 +45,7 @@ from tests.fakes.bluebubbles import (
     new_message,
     post_webhook,
 )
+from tests.gateway.conftest import refused_at_start
 
 KEY = f"agent:main:bluebubbles:dm:{DM.replace(':', '%3A')}"
 FAST = Backoff(initial_s=0.01, max_s=0.05)
@@ -205,11 +206,14 @@ async def test_a_rate_limit_is_waited_out(gw: tuple[Gateway, str], fake: FakeBlu
     assert fake.attempts()[0]["tempGuid"] == fake.attempts()[1]["tempGuid"]
 
 
-async def test_a_bad_password_stops_the_adapter_with_one_clear_error(
+async def test_a_bad_password_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeBlueBubbles
 ) -> None:
-    with pytest.raises(InvalidToken, match="^bluebubbles rejected the server password$"):
-        await _gateway(tmp_path, fake, password="wrong")
+    gw = await _gateway(tmp_path, fake, password="wrong")
+    try:
+        refused_at_start(gw, "bluebubbles", "^bluebubbles rejected the server password$", ["platforms.bluebubbles.token_env", "platforms.bluebubbles.webhook_secret_env"])
+    finally:
+        await gw.stop()
 
 
 async def test_typing_shows_through_the_private_api_only_when_enabled(

@@ -171,3 +171,13 @@ def test_commands_work_while_the_daemon_runs(home: Path) -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(20) == 0
+
+
+@pytest.mark.parametrize("days", ["-1", "-0.5", "nan", "inf", "soon"])
+def test_prune_refuses_a_negative_or_meaningless_age_as_a_usage_error(
+    home: Path, days: str
+) -> None:
+    done = sb(home, "prune", "--older-than", days, "--yes")
+    assert done.returncode == 2
+    assert "--older-than" in done.stderr and "pruned" not in done.stdout
+    assert "20250101_100000_cccccccc" in sb(home, "list").stdout  # nothing was pruned

@@ -18,13 +18,14 @@ from gateway.adapters.base import Backoff
 from gateway.adapters.dingtalk import LIMIT, DingTalkAdapter, title_of, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import ConfigError, InvalidToken, NotAccepted
+from gateway.errors import ConfigError, NotAccepted
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
 from tests.daemon import free_port
 from tests.fakes import stalled_then_on_time, started
 from tests.fakes.dingtalk import BOT_ID, CLIENT_ID, ENV, TOPIC, FakeDingTalk, robot_message
+from tests.gateway.conftest import refused_at_start
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 
@@ -181,15 +182,15 @@ async def test_the_stream_reconnects_when_dingtalk_asks_and_answers_pings(
     assert sent["text"] == "echo: after the reconnect" and _adapter(gw).connections == 2
 
 
-async def test_a_bad_client_secret_stops_the_daemon_with_one_clear_line(
+async def test_a_bad_client_secret_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeDingTalk
 ) -> None:
     gateway = _gateway(tmp_path, fake, {**ENV, "DINGTALK_CLIENT_SECRET": "wrong"})
-    with pytest.raises(
-        InvalidToken, match="^dingtalk refused the client credentials: invalidClientSecret$"
-    ):
+    try:
         await gateway.start()
-    await gateway.stop()
+        refused_at_start(gateway, "dingtalk", "^dingtalk refused the client credentials: invalidClientSecret$", ["platforms.dingtalk.token_env", "platforms.dingtalk.client_id_env"])
+    finally:
+        await gateway.stop()
     assert [k for k, _ in fake.calls] == ["token"]
 
 

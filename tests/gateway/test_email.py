@@ -38,6 +38,7 @@ from gateway.vocab import ChatType
 from tests.fakes import stalled_then_on_time, wait_for_count
 from tests.fakes.imap import FakeImap, self_signed
 from tests.fakes.smtp import FakeSmtp
+from tests.gateway.conftest import refused_at_start
 
 US = "agent@example.com"
 ALICE = "alice@example.com"
@@ -659,12 +660,15 @@ async def test_a_new_uidvalidity_rereads_recent_mail_without_answering_twice(
     assert answered == [parse_mail(first, US).message_id, parse_mail(second, US).message_id]
 
 
-async def test_a_bad_password_stops_the_daemon_with_a_clear_error(
+async def test_a_bad_password_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, servers: tuple[FakeImap, FakeSmtp]
 ) -> None:
     imap, smtp = servers
-    with pytest.raises(InvalidToken, match="IMAP login refused"):
-        await start_gateway(tmp_path, imap, smtp, password="wrong")
+    gw = await start_gateway(tmp_path, imap, smtp, password="wrong")
+    try:
+        refused_at_start(gw, "email", "IMAP login refused", ["platforms.email.token_env"])
+    finally:
+        await gw.stop()
 
 
 async def test_sethome_then_handoff_opens_a_mail_thread_that_continues_the_session(

@@ -21,7 +21,7 @@ from gateway.adapters.feishu import LIMIT, FeishuAdapter
 from gateway.adapters.feishu_events import Refused, card_size, open_request, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import ConfigError, InvalidToken, NotAccepted
+from gateway.errors import ConfigError, NotAccepted
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.ops.doctor import run_doctor
@@ -37,6 +37,7 @@ from tests.fakes.feishu import (
     message_event,
     signed,
 )
+from tests.gateway.conftest import refused_at_start
 
 
 @pytest.fixture
@@ -210,16 +211,16 @@ async def test_rate_limits_are_waited_out(gw: tuple[Gateway, str], fake: FakeFei
     assert len(attempts) == 3 and len({a["uuid"] for a in attempts}) == 1  # one message, retried
 
 
-async def test_an_invalid_app_secret_stops_the_daemon_with_one_clear_line(
+async def test_an_invalid_app_secret_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeFeishu
 ) -> None:
     gateway = Gateway(config=load_config(_config(tmp_path, fake), {**ENV, "FEISHU_APP_SECRET": "wrong"}),
                       home=tmp_path / "home")  # fmt: skip
-    with pytest.raises(
-        InvalidToken, match=r"^feishu refused the app credentials: app secret invalid \(10014\)$"
-    ):
+    try:
         await gateway.start()
-    await gateway.stop()
+        refused_at_start(gateway, "feishu", r"^feishu refused the app credentials: app secret invalid \(10014\)$", ["platforms.feishu.token_env", "platforms.feishu.app_id_env", "platforms.feishu.encrypt_key_env", "platforms.feishu.verification_token_env"])
+    finally:
+        await gateway.stop()
 
 
 async def test_create_thread_posts_a_root_and_the_handoff_text_opens_the_thread_under_it(

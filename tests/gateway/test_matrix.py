@@ -39,7 +39,7 @@ from gateway.vocab import ChatType
 from state import open_store
 from tests.fakes import stalled_then_on_time, wait_for_count
 from tests.fakes.matrix import BOT, BOT_NAME, FakeMatrix
-from tests.gateway.conftest import ScriptedAgent
+from tests.gateway.conftest import ScriptedAgent, refused_at_start
 
 DM, GROUP = "!dm:fake.test", "!grp:fake.test"
 ALICE, BOB = "@alice:fake.test", "@bob:fake.test"
@@ -738,11 +738,22 @@ async def test_a_rate_limited_reply_is_waited_out_not_dropped(
     assert reply["body"] == "echo: are you there" and len(fake.requests("send")) == 2
 
 
-async def test_the_daemon_refuses_an_invalid_token_at_start(
+async def test_an_invalid_token_at_start_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeMatrix
 ) -> None:
-    with pytest.raises(InvalidToken, match="matrix rejected the access token"):
-        await _gateway(tmp_path, fake, token="syt_not_this_one")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  matrix:\n    enabled: true\n"
+        f"    homeserver: {fake.base_url}\n    user_id: '{BOT}'\n    allow_all_users: true\n"
+    )
+    env = {"MATRIX_ACCESS_TOKEN": "syt_not_this_one"}
+    gw = Gateway(config=load_config(cfg, env), home=tmp_path / "home")
+    try:
+        await gw.start()
+        refused_at_start(gw, "matrix", "matrix rejected the access token",
+                         ["platforms.matrix.token_env"])  # fmt: skip
+    finally:
+        await gw.stop()
 
 
 async def test_typing_shows_while_a_turn_runs_and_long_replies_are_split(

@@ -33,7 +33,7 @@ from tests.fakes.mattermost import (
     TRIO,
     FakeMattermost,
 )
-from tests.gateway.conftest import ScriptedAgent
+from tests.gateway.conftest import ScriptedAgent, refused_at_start
 
 FAST = Backoff(initial_s=0.05, factor=2.0, max_s=0.5, jitter=0.1)
 KW = {"bot_id": BOT_ID, "bot_username": "switchboard"}
@@ -530,11 +530,14 @@ async def test_typing_shows_for_a_running_turn(tmp_path: Path, fake: FakeMatterm
         await gw.stop()
 
 
-async def test_an_invalid_token_stops_the_adapter_with_a_clear_error(
+async def test_an_invalid_token_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeMattermost
 ) -> None:
-    with pytest.raises(InvalidToken, match="rejected the token"):
-        await _gateway(tmp_path, fake, token="not-the-token")
+    gw = await _gateway(tmp_path, fake, token="not-the-token")
+    try:
+        refused_at_start(gw, "mattermost", "rejected the token", ["platforms.mattermost.token_env"])
+    finally:
+        await gw.stop()
 
 
 async def test_handoff_opens_a_thread_in_the_home_channel_that_continues_the_session(

@@ -86,13 +86,13 @@ async def test_automatic_title_after_the_first_exchange_never_overwrites(rig: Ro
     await say(rig, dm("Plan a trip to Kyoto please"))
     await settle(rig)
     first = current(rig)
-    assert await rig.db.get_session_title(first) == "Plan a trip to kyoto please"
+    assert await rig.db.get_session_title(first) == "Plan a trip to Kyoto please"
     # same words in another chat: numbered, not refused
     await say(rig, dm("Plan a trip to Kyoto please", chat="7"))
     await settle(rig)
     assert (
         await rig.db.get_session_title(current(rig, "agent:main:telegram:dm:7"))
-        == "Plan a trip to kyoto please #2"
+        == "Plan a trip to Kyoto please #2"
     )
     # a title the user set first is kept
     await say(rig, dm("/title mine", chat="8"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,7 +23,6 @@ from gateway.config import load_config
 from gateway.errors import (
     AdapterError,
     ConfigError,
-    InvalidToken,
     NotAccepted,
     RetryAfter,
     TransientError,
@@ -490,31 +490,32 @@ async def test_rate_limits_are_waited_out_not_dropped(tmp_path: Path, fake: Fake
         assert [s.get("_failed") for s in fake.sent()] == ["rate_limit", None]
 
 
-async def test_an_unreachable_daemon_stops_the_adapter_with_one_clear_line(
+async def test_an_unreachable_daemon_is_retried_with_one_clear_line_per_attempt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     gw = Gateway(config=load_config(_config(tmp_path, url), {}), home=tmp_path / "home")
+    hint = f"signal-cli is not reachable at {url}; start it with `signal-cli -a {BOT} daemon --http`"
     try:
-        with pytest.raises(
-            AdapterError, match=f"not reachable at {url}; start it with `signal-cli -a"
-        ):
-            await gw.start()
+        await gw.start()
+        signal = gw.health()["adapters"]["signal"]
+        assert signal["state"] == "retrying" and signal["last_error"] == hint
     finally:
         await gw.stop()
-    assert [r.getMessage() for r in caplog.records if r.name == "gateway.adapters.signal"] == [
-        f"signal-cli is not reachable at {url}; start it with `signal-cli -a {BOT} daemon --http`;"
-        " the signal adapter is stopped"]  # fmt: skip
+    assert [r.getMessage() for r in caplog.records if r.name == "gateway.adapters.signal"] == []
+    [line] = [r.getMessage() for r in caplog.records if "start attempt" in r.getMessage()]
+    assert line.startswith(f"signal: start attempt 1 failed, the platform is unreachable: {hint};")
 
 
 async def test_an_unregistered_account_stops_the_adapter(tmp_path: Path, fake: FakeSignal) -> None:
     fake.accounts = ["+15559999999"]
     gw = Gateway(config=load_config(_config(tmp_path, fake.url), {}), home=tmp_path / "home")
     try:
-        with pytest.raises(
-            InvalidToken, match=rf"\{BOT} is not registered with signal-cli .* \+15559999999"
-        ):
-            await gw.start()
+        await gw.start()  # the rest of the daemon runs
+        signal = gw.health()["adapters"]["signal"]
+        assert signal["state"].startswith("failed: ") and gw.health()["status"] == "degraded"
+        assert re.search(rf"\{BOT} is not registered with signal-cli .* \+15559999999",
+                         signal["last_error"])  # fmt: skip
     finally:
         await gw.stop()
 

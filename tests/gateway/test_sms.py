@@ -42,6 +42,7 @@ from tests.fakes.twilio import (
     post_sms,
     sign,
 )
+from tests.gateway.conftest import refused_at_start
 
 ANN = "+15551234567"
 KEY = f"agent:main:sms:dm:{ANN}"
@@ -170,11 +171,14 @@ async def test_a_rate_limit_is_waited_out(gw: tuple[Gateway, str], fake: FakeTwi
     assert sent["Body"] == "echo: patience" and len(fake.attempts()) == 2
 
 
-async def test_invalid_credentials_stop_the_adapter_with_a_clear_error(
+async def test_invalid_credentials_stop_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeTwilio
 ) -> None:
-    with pytest.raises(InvalidToken, match="rejected the account SID or auth token"):
-        await _gateway(tmp_path, fake, token="wrong-token")
+    gw = await _gateway(tmp_path, fake, token="wrong-token")
+    try:
+        refused_at_start(gw, "sms", "rejected the account SID or auth token", ["platforms.sms.token_env"])
+    finally:
+        await gw.stop()
 
 
 async def test_an_uncommitted_message_is_not_acknowledged(fake: FakeTwilio) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,12 @@ import pytest
 from gateway.adapters.teams import TeamsAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import InvalidToken
 from gateway.handoff import handoff_from_terminal
 from gateway.messages import OutboundMessage
 from tests.daemon import free_port
 from tests.fakes import stalled_then_on_time, started, wait_for_count
 from tests.fakes.teams import APP_ID, BOT_ID, PASSWORD, FakeTeams, _rsa
-from tests.gateway.conftest import ScriptedAgent
+from tests.gateway.conftest import ScriptedAgent, refused_at_start
 
 CHANNEL = "19:ops-channel@thread.tacv2"
 
@@ -67,6 +67,24 @@ async def gw(tmp_path: Path, fake: FakeTeams) -> AsyncIterator[Daemon]:
         yield Daemon(gateway)
     finally:
         await gateway.stop()
+
+
+async def test_an_activity_with_a_token_shaped_like_the_connectors_is_accepted_and_answered(
+    gw: Daemon, fake: FakeTeams
+) -> None:
+    """The Bot Connector's token: RS256 with typ, kid and x5t headers; exactly the claims
+    serviceurl (lowercase), nbf, exp, iss (https://api.botframework.com) and aud (app id)."""
+    act = fake.activity("hello from teams")
+    now = int(time.time())
+    claims = {"serviceurl": act["serviceUrl"], "nbf": now - 300, "exp": now + 3600,
+              "iss": "https://api.botframework.com", "aud": APP_ID}  # fmt: skip
+    token = jwt.encode(claims, fake.key, algorithm="RS256",
+                       headers={"typ": "JWT", "kid": fake.kid, "x5t": fake.kid})  # fmt: skip
+    assert jwt.get_unverified_header(token) == {"alg": "RS256", "typ": "JWT", "kid": fake.kid,
+                                                "x5t": fake.kid}  # fmt: skip
+    assert await fake.deliver(gw.url, act, token) == 200
+    [reply] = await fake.wait_posted(1)
+    assert reply["text"] == "echo: hello from teams"
 
 
 async def test_a_personal_chat_is_a_dm_answered_as_a_reply_with_typing_first(
@@ -167,7 +185,7 @@ async def test_a_redelivered_or_replayed_activity_is_answered_once(
 
 def _alg_none(act: dict[str, Any], fake: FakeTeams) -> str:
     return jwt.encode({"iss": "https://api.botframework.com", "aud": APP_ID, "exp": 4102444800,
-                       "serviceUrl": act["serviceUrl"]}, None, algorithm="none",
+                       "serviceurl": act["serviceUrl"]}, None, algorithm="none",
                       headers={"kid": fake.kid})  # fmt: skip
 
 
@@ -185,6 +203,7 @@ def _alg_none(act: dict[str, Any], fake: FakeTeams) -> str:
         ("wrong_audience", 403),
         ("wrong_issuer", 403),
         ("service_url", 403),  # the activity points replies (and our token) elsewhere
+        ("no_service_url", 403),
         ("not_endorsed", 403),
     ],
 )
@@ -200,7 +219,8 @@ async def test_requests_that_fail_verification_are_refused_and_never_stored(
         "alg_none": lambda: _alg_none(act, fake),
         "wrong_audience": lambda: fake.token_for(act, aud="another-bot"),
         "wrong_issuer": lambda: fake.token_for(act, iss="https://sts.windows.net/x/"),
-        "service_url": lambda: fake.token_for(act, serviceUrl="https://evil.example/amer/"),
+        "service_url": lambda: fake.token_for(act, serviceurl="https://evil.example/amer/"),
+        "no_service_url": lambda: fake.token_for(act, serviceurl=None),
         "not_endorsed": lambda: fake.token_for({**act}),
     }
     auth = {"missing": "", "basic": "Basic dXNlcjpwYXNz", "garbage": "Bearer not.a.jwt"}
@@ -311,8 +331,12 @@ async def test_a_refused_app_password_stops_the_adapter_with_one_clear_line(
     )
     config = load_config(cfg, {"TEAMS_APP_ID": APP_ID, "TEAMS_APP_PASSWORD": "wrong-password"})
     gateway = Gateway(config=config, home=tmp_path / "home")
-    with pytest.raises(InvalidToken, match="rejected the bot's app id or password"):
+    try:
         await gateway.start()
+        refused_at_start(gateway, "teams", "rejected the bot's app id or password",
+                         ["platforms.teams.token_env", "platforms.teams.app_id_env"])  # fmt: skip
+    finally:
+        await gateway.stop()
     lines = [r.getMessage() for r in caplog.records if r.name == "gateway.adapters.teams"]
     assert lines == [
         "teams: the token endpoint refused the app id or password (invalid_client); the adapter is stopped"

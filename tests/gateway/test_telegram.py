@@ -12,11 +12,10 @@ import pytest
 from gateway.adapters.telegram import TelegramAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import InvalidToken
 from gateway.router import REFUSAL
 from tests.fakes import wait_for_count
 from tests.fakes.telegram import FakeTelegram
-from tests.gateway.conftest import ScriptedAgent
+from tests.gateway.conftest import ScriptedAgent, refused_at_start
 
 
 @pytest.fixture
@@ -143,11 +142,14 @@ async def test_create_thread_makes_a_forum_topic_or_says_none(
     assert await adapter.create_thread("-100111", "nope") is None
 
 
-async def test_an_invalid_token_stops_the_adapter_with_a_clear_error(
+async def test_an_invalid_token_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
-    with pytest.raises(InvalidToken, match="rejected the bot token"):
-        await _gateway(tmp_path, fake, token="999:WRONG")
+    gw = await _gateway(tmp_path, fake, token="999:WRONG")
+    try:
+        refused_at_start(gw, "telegram", "rejected the bot token", ["platforms.telegram.token_env"])
+    finally:
+        await gw.stop()
 
 
 @pytest.mark.parametrize(

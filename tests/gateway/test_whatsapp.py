@@ -46,6 +46,7 @@ from tests.fakes.whatsapp import (
     sign,
     text_message,
 )
+from tests.gateway.conftest import refused_at_start
 
 ANN = "15551234567"
 KEY = f"agent:main:whatsapp:dm:{ANN}"
@@ -232,11 +233,14 @@ async def test_a_failed_status_callback_is_logged_and_starts_no_turn(
     assert sent["text"]["body"] == "echo: still here"
 
 
-async def test_an_invalid_token_stops_the_adapter_with_a_clear_error(
+async def test_an_invalid_token_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeGraph
 ) -> None:
-    with pytest.raises(InvalidToken, match="rejected the access token"):
-        await _gateway(tmp_path, fake, token="EAAG-wrong")
+    gw = await _gateway(tmp_path, fake, token="EAAG-wrong")
+    try:
+        refused_at_start(gw, "whatsapp", "rejected the access token", ["platforms.whatsapp.token_env", "platforms.whatsapp.app_secret_env", "platforms.whatsapp.verify_token_env"])
+    finally:
+        await gw.stop()
 
 
 async def test_an_uncommitted_message_is_not_acknowledged(fake: FakeGraph) -> None:

@@ -45,6 +45,14 @@ def test_openapi_documents_exactly_the_registered_routes() -> None:
             assert names == {p["name"] for p in op["parameters"] if p["in"] == "path"}, path
 
 
+def test_the_openapi_document_is_a_valid_openapi_3_0_document() -> None:
+    """The whole document, as served (JSON), passes openapi-spec-validator's 3.0 checks."""
+    from openapi_spec_validator import OpenAPIV30SpecValidator
+
+    errors = [e.message for e in OpenAPIV30SpecValidator(json.loads(json.dumps(document()))).iter_errors()]  # fmt: skip
+    assert errors == []
+
+
 async def test_openapi_is_served_and_routes_answer_as_documented(site: Site) -> None:
     async with _http() as http:
         status, doc = await _get(http, f"{site.base}/api/openapi.json")

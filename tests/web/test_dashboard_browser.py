@@ -8,6 +8,7 @@ with SWITCHBOARD_SCREENSHOTS=docs/screenshots), else to the test's temporary dir
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -322,3 +323,27 @@ async def test_the_sessions_table_fits_a_1280_px_screen_with_a_long_unbroken_tit
     widths = await page.evaluate("document.documentElement.scrollWidth")
     assert widths <= 1280
     await page.screenshot(path=shots / "sessions-long-title.png", full_page=True)
+
+
+async def test_every_control_on_the_operations_page_has_a_label_and_import_works_through_it(
+    browser_site: tuple[Site, Any, Path], tmp_path: Path
+) -> None:
+    """Each visible input and select on /ui/ops has an accessible name; the import's file
+    input is found by its label and imports the file it is given."""
+    site, page, _ = browser_site
+    await _sign_in(page, site)
+    await page.goto(f"{site.base}/ui/ops")
+    unlabelled = await page.eval_on_selector_all(
+        "main input:not([type=hidden]), main select, main textarea",
+        "els => els.filter(e => !e.labels.length && !e.getAttribute('aria-label'))"
+        "          .map(e => e.outerHTML)",
+    )
+    assert unlabelled == []
+    export, sid = tmp_path / "one.jsonl", site.seeded.discord
+    export.write_text(json.dumps(await site.db.export_session(sid)) + "\n")
+    await site.db.delete_session(sid)
+    await page.get_by_label("Export file (JSONL)").set_input_files(str(export))
+    await page.get_by_label("Import the sessions in this file").check()
+    await page.click("form[action='/ui/ops/import'] button")
+    assert "Imported 1 session(s)" in await page.inner_text(".notice")
+    assert await site.db.get_session(sid) is not None
