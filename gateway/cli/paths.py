@@ -30,7 +30,7 @@ def config_path_of(args: argparse.Namespace, home: Path) -> Path | None:
 def store_settings(args: argparse.Namespace, home: Path) -> dict[str, Any] | None:
     """open_store's settings when the home's config puts the store on PostgreSQL (the
     config is then validated in full: its DSN must be set), else None (state.db)."""
-    if _backend(args, home) != "postgres":
+    if backend_of(args, home) != "postgres":
         return None
     from dataclasses import asdict
 
@@ -48,7 +48,7 @@ async def open_configured(state: Mapping[str, Any] | None, db_path: Path) -> Sto
     return await open_store(state, db_path.parent) if state else await SessionDB.open(db_path)
 
 
-def _backend(args: argparse.Namespace, home: Path) -> str | None:
+def backend_of(args: argparse.Namespace, home: Path) -> str | None:
     """`state.backend` as the config file says it, without validating the rest."""
     import yaml
 

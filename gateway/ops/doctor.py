@@ -8,6 +8,7 @@ import asyncio
 import fcntl
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -166,6 +167,9 @@ async def _inbox_check(db: Store) -> Check:
 async def run_doctor(home: Path, config: Config | None, config_error: str | None, *, fix: bool, full: bool,
                      check_platforms: bool = True) -> list[Check]:  # fmt: skip
     checks = await _state_checks(home, config, config_error, fix=fix, full=full)
+    if config is not None and config.backup.directory is not None:
+        checks.append(await asyncio.to_thread(backup_check, config.backup.directory,
+                                              config.backup.max_age_hours))  # fmt: skip
     if config is not None and check_platforms:
         checks += await _reach(config)
     return checks
@@ -279,6 +283,27 @@ async def _state_checks(
     finally:
         await db.close()
     return checks
+
+
+def backup_check(where: str, max_age_hours: float, now: float | None = None) -> Check:
+    """The newest archive `switchboard backup` wrote into `where`, by its manifest's time."""
+    from datetime import datetime
+
+    from gateway.cli.backup import BackupError, backups_in, read_manifest
+
+    directory = Path(where).expanduser()
+    found = backups_in(directory)
+    if not found:
+        return Check("backup", False, f"none yet in {directory}", warn=True)
+    try:
+        made = datetime.fromisoformat(read_manifest(found[-1])["created_at"]).timestamp()
+    except (BackupError, KeyError, ValueError) as exc:
+        return Check("backup", False, f"{found[-1]} is unreadable ({exc})")
+    hours = ((time.time() if now is None else now) - made) / 3600
+    detail = f"newest {found[-1].name}, {hours:.1f} h old ({len(found)} kept)"
+    if hours > max_age_hours:
+        return Check("backup", False, f"{detail}: older than backup.max_age_hours ({max_age_hours:g})")
+    return Check("backup", True, detail)
 
 
 def exit_code(checks: list[Check]) -> int:
