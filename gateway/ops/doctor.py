@@ -145,6 +145,32 @@ async def _reach(config: Config) -> list[Check]:
     return checks
 
 
+# a standby this far behind (or a primary's standby with this replay lag) is worth a look
+REPLICATION_LAG_WARN_S = 30.0
+
+
+async def _replication_check(db: Store) -> Check:
+    """Where PostgreSQL reports it: the round trip, and how far replication is behind."""
+    started = time.perf_counter()
+    try:
+        status = await db.server_status()  # type: ignore[attr-defined]
+    except Exception as exc:  # a server that answered the connect but not this: report it
+        return Check("PostgreSQL replication", False, f"not readable ({exc})", warn=True)
+    trip = f"PostgreSQL {status['version']}, round trip {(time.perf_counter() - started) * 1000:.1f} ms"
+    if status["standby"]:
+        behind = status["replay_behind"]
+        detail = f"{trip}; a standby (read-only): replay {'unknown' if behind is None else f'{behind:.1f} s'} behind"
+        return Check("PostgreSQL replication", False, detail + " — switchboard needs the primary")
+    standbys = status["standbys"]
+    if not standbys:
+        return Check("PostgreSQL replication", True, f"{trip}; primary, no standbys")
+    lags = [s["lag"] or 0.0 for s in standbys]
+    names = ", ".join(f"{s['name'] or '?'} {s['state']} {(s['lag'] or 0.0):.1f} s" for s in standbys)
+    worst = max(lags)
+    return Check("PostgreSQL replication", worst < REPLICATION_LAG_WARN_S,
+                 f"{trip}; primary, standbys: {names}", warn=worst >= REPLICATION_LAG_WARN_S)  # fmt: skip
+
+
 async def _inbox_check(db: Store) -> Check:
     """Turns and replies a crash left open: the next start runs the turns again and sends
     the 'ready' replies; a 'sending' reply is never sent again (at most once)."""
@@ -196,6 +222,7 @@ async def _state_checks(
             checks.append(Check("PostgreSQL", False, str(exc)))
             return checks
         checks.append(Check("PostgreSQL", True, f"connected ({getattr(db, 'where', 'ok')})"))
+        checks.append(await _replication_check(db))
     elif not path.exists():
         checks.append(
             Check("state.db", True, f"{path} does not exist yet (created on first run)", warn=True)

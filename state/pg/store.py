@@ -273,6 +273,10 @@ class PgStore:
     async def stats(self) -> UsageStats:
         return await self._read(admin.stats)
 
+    async def server_status(self) -> dict[str, Any]:
+        """The server's version and replication state (state/pg/admin.py), for doctor."""
+        return await self._read(admin.server_status)
+
     # --- messages -------------------------------------------------------------------
 
     async def append_message(
