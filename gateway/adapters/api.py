@@ -315,7 +315,10 @@ class ApiAdapter:
             if first:
                 try:
                     found = await self._stored_answer(source, message_id) if message_id else None
-                except Exception:  # the store cannot be read: nothing is run or stored
+                except NotAccepted as exc:  # the store cannot be read: nothing is run or stored
+                    log.warning("api message %s not accepted: %s", message_id, exc)
+                    found = "not_accepted"
+                except Exception:  # a fault of ours: said in full, and answered the same way
                     log.exception("api: the stored answer to %s could not be read", message_id)
                     found = "not_accepted"
                 if ex.done.done():  # a recovered turn answered this key while the store was read
@@ -352,7 +355,10 @@ class ApiAdapter:
                 self._pending.pop(slot, None)
         if out is None and ex.dropped == "duplicate" and first and message_id is not None:
             # stored meanwhile by another request path: its first answer, if there is one yet
-            found = await self._stored_answer(source, message_id)
+            try:
+                found = await self._stored_answer(source, message_id)
+            except NotAccepted:  # unreadable now: the caller asks again
+                found = "in_flight"
             if isinstance(found, OutboundMessage):
                 out, replayed = found, True
             elif found is not None:
@@ -360,9 +366,14 @@ class ApiAdapter:
         elif out is None and ex.dropped == "answered_elsewhere" and first:
             # another replica ran this request's turn (it held the chat's lease): its reply
             # is stored; this is the first answer the caller gets, not a replay
-            found = await self._stored_answer(source, slot[1])
+            try:
+                found = await self._stored_answer(source, slot[1])
+            except NotAccepted:  # unreadable now: the caller asks again
+                found = "in_flight"
             if isinstance(found, OutboundMessage):
                 out = found
+            elif found is not None:  # stored, not answered yet (its runner died, say): ask again
+                ex.dropped = found
         if out is None:
             status, code, message = _DROPPED.get(
                 ex.dropped or "", (500, "no_reply", "the message was not answered")

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import AsyncConnection, errors
 
-from ..errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
+from ..errors import DatabaseBusy, DatabaseError, StateError, StoreUnavailable, WriterClosed
 from ..writer import WriterStats
 from .windows import forget_windows
 
@@ -209,14 +209,15 @@ class PgWriter:
                 await self._drop_broken()
                 if last:
                     return [
-                        (False, DatabaseError(self.where, f"write failed: {exc.__cause__}"))
+                        (False, StoreUnavailable(self.where, f"write failed: {exc.__cause__}"))
                     ] * len(batch)
                 await asyncio.sleep(0.05 * 2**attempt)
             except psycopg.Error as exc:  # at COMMIT: it may or may not have been applied
                 log.error("commit of a batch of %d failed: %s", len(batch), exc)
                 await self._drop_broken()
                 reason = f"the commit failed and may not have been applied: {exc}"
-                return [(False, DatabaseError(self.where, reason))] * len(batch)
+                kind = StoreUnavailable if isinstance(exc, psycopg.OperationalError) else DatabaseError
+                return [(False, kind(self.where, reason))] * len(batch)
         raise AssertionError("unreachable")
 
     async def _attempt(self, conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
