@@ -62,6 +62,11 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 409: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 
 
+# the seconds a 503 asks its sender to wait before delivering again: the store's
+# reconnects are tried every half second, and it answers within a second of returning
+RETRY_AFTER_S = "1"
+
+
 def _error(status: int, message: str, code: str | None = None) -> web.Response:
     """An error in OpenAI's shape; the type follows from the status (5xx: server_error)."""
     kind = "server_error" if status >= 500 else _ERROR_TYPES.get(status, "invalid_request_error")
@@ -216,15 +221,20 @@ class ApiAdapter:
 
     @web.middleware
     async def _json_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """aiohttp's own refusals (404, 405, 413 ...) are plain text: answer them as JSON too."""
+        """aiohttp's own refusals (404, 405, 413 ...) are plain text: answer them as JSON too.
+        Every 503 (this API's and each platform's webhook: "not taken, deliver again") says
+        when to come back, `Retry-After`, unless its handler said it already."""
         try:
-            return await handler(request)
+            response = await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             if exc.status == 413:
                 return _error(413, f"the body is larger than {MAX_BODY} bytes", "body_too_large")
-            return _error(exc.status, exc.reason, None)
+            response = _error(exc.status, exc.reason, None)
+        if response.status == 503 and "Retry-After" not in response.headers and not response.prepared:
+            response.headers["Retry-After"] = RETRY_AFTER_S
+        return response
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
