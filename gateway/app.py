@@ -23,7 +23,7 @@ from gateway.adapters.base import Adapter, Route, SupervisedStart
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import Config
-from gateway.errors import AlreadyRunning, GatewayError, PortInUse
+from gateway.errors import AlreadyRunning, GatewayError, NotAccepted, PortInUse
 from gateway.handoff import HandoffWatcher
 from gateway.index import RouteIndex, SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
@@ -37,7 +37,7 @@ from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
 from gateway.shards import PgShardLedger
 from gateway.vocab import AdapterState
-from state import Store, open_store
+from state import StateError, Store, open_store
 from state.replies import StoredReply
 
 log = logging.getLogger("gateway.app")
@@ -392,12 +392,14 @@ class Gateway:
         return adapters
 
     async def _stored_api_reply(self, chat_id: str, key: str) -> StoredReply | None:
-        """The HTTP API's idempotent repeats: the stored answer to a message id."""
-        return (
-            None
-            if self.db is None
-            else await self.db.reply_to_platform_message("api", chat_id, key)
-        )
+        """The HTTP API's idempotent repeats: the stored answer to a message id. A store
+        that cannot be read is NotAccepted: the request is answered "send it again"."""
+        if self.db is None:
+            return None
+        try:
+            return await self.db.reply_to_platform_message("api", chat_id, key)
+        except StateError as exc:
+            raise NotAccepted(f"the store cannot be read: {exc}") from exc
 
     def _dashboard(self) -> dict[str, Any]:
         """The web dashboard's sub-apps (gateway/web), or none when it is off."""

@@ -22,7 +22,7 @@ from typing import Any
 from gateway.coordinator import LocalCoordinator, MessageKey
 from gateway.leases import HandBack, Lease, ResetNotice, Stored
 from gateway.routes import PgRouteIndex
-from state import Fence, Release, StateError
+from state import Fence, Release, StateError, StoreUnavailable
 from state.inbox import OPEN_STATES
 from state.pg.cluster import BeginPlan
 from state.pg.control import ControlLink, Wakeup
@@ -107,6 +107,8 @@ class PgCoordinator:
         row's turn (`lease(key, inbox_id)` adopts it): a turn then costs a write less; and
         with `begin`, when its test allows, the turn's begin too (`begun`: the message's id
         and the history, as begin_turn returns them), a second write less."""
+        if not self.link.joined:  # this incarnation's lock is gone: nothing in its name
+            raise StoreUnavailable(self.store.where, "the control connection is down (rejoining)")
         unlock = self._local.try_session_lock(key) if lease else None
         if unlock is None:
             inbox_id, state, new = await self.store.accept_inbound(
@@ -159,7 +161,8 @@ class PgCoordinator:
             return
         try:
             try:
-                row = await self.store.take_lease(key, self.me, self.link.space)
+                row = (await self.store.take_lease(key, self.me, self.link.space)
+                       if self.link.joined else None)  # fmt: skip
             except StateError as exc:
                 log.warning("could not take the lease on session_key=%s: %s", key, exc)
                 row = None
@@ -218,6 +221,8 @@ class PgCoordinator:
                     return None
                 waited = True
                 try:
+                    if not self.link.joined:  # a lease taken now would be void at the rejoin
+                        raise StoreUnavailable(self.store.where, "the control connection is down")
                     row = await self.store.take_lease(key, self.me, self.link.space)
                 except StateError as exc:  # the database is away: keep the turn, retry
                     log.warning("could not take the lease on session_key=%s: %s", key, exc)

@@ -186,6 +186,23 @@ class InboxSettings:
     resend_unconfirmed_replies: bool = setting(False)
 
 
+def _directory(v: Any) -> str | None:
+    if v is None or (isinstance(v, str) and v.strip() and "\0" not in v):
+        return None
+    return f"must be a directory path or null (got {v!r})"
+
+
+@dataclass(frozen=True)
+class BackupSettings:
+    directory: str | None = setting(
+        None, _directory, "where `switchboard backup` writes and `doctor` looks"
+    )
+    keep: int = setting(7, in_range(1, 100_000), "archives kept in the directory")
+    max_age_hours: int | float = setting(
+        26, in_range(1, 87_600), "doctor fails when the newest backup is older"
+    )
+
+
 @dataclass(frozen=True)
 class DashboardSettings:
     enabled: bool = setting(True)
@@ -234,6 +251,7 @@ class Config:
     shutdown: ShutdownSettings = _at("shutdown")
     runtime: RuntimeSettings = _at("runtime")
     inbox: InboxSettings = _at("inbox")
+    backup: BackupSettings = _at("backup")
     dashboard: DashboardSettings = _at("dashboard")
     api: ApiSettings = _at("platforms.api")
     platforms: Mapping[str, PlatformSettings] = field(init=False, repr=False, compare=False)

@@ -27,7 +27,7 @@ from gateway.messages import OutboundMessage, ThreadRef
 from gateway.services import Services
 from gateway.session_keys import SessionSource, as_chat_type, build_key
 from gateway.vocab import ChatType
-from state import Store
+from state import Store, StoreUnavailable
 
 log = logging.getLogger("gateway.handoff")
 HOME_KEY = "home_channel.{}"
@@ -107,11 +107,21 @@ class HandoffWatcher:
                 await self._task
 
     async def _loop(self) -> None:
+        away = False  # the store is unavailable: said once, then once when it is back
         while True:
             try:
                 await self.run_once()
+            except StoreUnavailable as exc:
+                if not away:
+                    log.warning("handoff watcher: the store is unavailable (%s); trying again "
+                                "every %g s", exc, self.poll_s)  # fmt: skip
+                away = True
             except Exception:
                 log.exception("handoff watcher pass failed")
+            else:
+                if away:
+                    log.info("handoff watcher: the store is back")
+                away = False
             await asyncio.sleep(self.poll_s)
 
     async def run_once(self) -> bool:

@@ -48,7 +48,7 @@ from gateway.turns import (
     user_message,
 )
 from gateway.vocab import ChatType
-from state import LeaseLost, LiveSessionExists, SessionNotFound, StateError, Store
+from state import LeaseLost, LiveSessionExists, SessionNotFound, StateError, Store, StoreUnavailable
 from state.content import content_text
 from state.inbox import ANSWERED, DROPPED, OPEN_STATES, STARTED
 
@@ -531,6 +531,14 @@ class Router:
         s = self.services
         s.metrics.last_error = f"{type(exc).__name__}: {exc}"
         s.metrics.errors.inc(kind="turn")
+        if turn.stored and turn.fence is not None and isinstance(exc, StoreUnavailable):
+            # replicas: the database went away mid-turn. The row stays open under a lease
+            # that the rejoin voids, and is run again once the database is back (the
+            # takeover scan); an apology now could precede the real reply, stored or not
+            log.warning("turn for session_key=%s platform=%s is run again once the database "
+                        "is back: %s", self.key_for(msg).format(), msg.source.platform, exc)  # fmt: skip
+            turn.dropped = "in_flight"
+            return
         log.error("turn failed for session_key=%s platform=%s", self.key_for(msg).format(),
                   msg.source.platform, exc_info=exc)  # fmt: skip
         # "Your message was saved" only when it was: anything failing before the store

@@ -6,7 +6,8 @@ is a `StateError`; callers match on the class, never on the text:
 
     StateError
     ├── DatabaseError          the file cannot be used (not a database, damaged, read-only, full)
-    │   └── SchemaTooNew       written by a newer switchboard
+    │   ├── SchemaTooNew       written by a newer switchboard
+    │   └── StoreUnavailable   the server is away: not applied, or (at COMMIT) unknown
     ├── DatabaseBusy           another process held the write lock past the retry budget
     ├── WriterClosed           a write after close
     ├── LeaseLost              a fenced write whose session-key lease was taken over
@@ -41,6 +42,7 @@ from .errors import (
     SessionNotFound,
     StateError,
     StoreConfigError,
+    StoreUnavailable,
     TitleEmpty,
     TitleError,
     TitleTaken,
@@ -97,6 +99,7 @@ __all__ = [
     "Store",
     "StateError",
     "StoreConfigError",
+    "StoreUnavailable",
     "TitleEmpty",
     "TitleError",
     "TitleTaken",

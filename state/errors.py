@@ -20,6 +20,12 @@ class DatabaseError(StateError):
         self.reason = reason
 
 
+class StoreUnavailable(DatabaseError):
+    """The database server could not be reached, or went away during the operation: it
+    was not applied, or (at COMMIT) its outcome is unknown. The same operation may succeed
+    once the server is back; nothing about the input is wrong."""
+
+
 class SchemaTooNew(DatabaseError):
     """The file was written by a newer switchboard than this one."""
 

@@ -212,6 +212,8 @@ class Writer:
         self._ckpt_conn: sqlite3.Connection | None = None
         self._ckpt_task: asyncio.Task[None] | None = None
         self._restart_wanted = False
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file opened
+        self._replaced_said = False
         self.checkpoints = 0
         self.wal_restarts = 0
 
@@ -230,6 +232,7 @@ class Writer:
             )
 
         self._conn = await loop.run_in_executor(self._executor, _open)
+        self._identity = _identity(self.path)
         self._loop = loop
         # A WAL can only start over when a checkpoint completes between two write
         # transactions, which only the writer can arrange under continuous writes. The
@@ -422,6 +425,10 @@ class Writer:
 
     def _execute(self, batch: list[_Op]) -> list[tuple[bool, Any]]:
         try:
+            self._check_same_file()
+        except DatabaseError as exc:  # said once, in the log; every caller is told
+            return [(False, exc)] * len(batch)
+        try:
             if batch[0].exclusive:
                 return self._run_exclusive(batch[0])
             return self._run_batch(batch)
@@ -430,6 +437,20 @@ class Writer:
             log.error("write batch of %d failed: %s", len(batch), exc)
             err = _translate(exc, self.path)
             return [(False, err)] * len(batch)
+
+    def _check_same_file(self) -> None:
+        """Refuse to write when the path no longer names the file this writer opened (moved,
+        deleted or replaced underneath the daemon): what it wrote would go to a file nobody
+        opens again. A restart opens whatever the path names then."""
+        if self._identity is None or _identity(self.path) == self._identity:
+            return
+        if not self._replaced_said:
+            self._replaced_said = True
+            log.error("%s was replaced or removed while the daemon had it open; refusing to "
+                      "write into the file it opened (restart switchboard to open the one "
+                      "at that path now)", self.path)  # fmt: skip
+        raise DatabaseError(self.path, "the file was replaced or removed underneath the "
+                            "daemon; nothing was written (restart to open the new file)")  # fmt: skip
 
     def _run_batch(self, batch: list[_Op]) -> list[tuple[bool, Any]]:
         conn = self._conn
@@ -593,6 +614,14 @@ def _close_quietly(conn: sqlite3.Connection, optimize: bool = False) -> None:
         conn.close()
     except sqlite3.Error as exc:
         log.warning("closing the write connection: %s", exc)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _translate(exc: BaseException, path: str) -> BaseException:

@@ -10,9 +10,11 @@ import asyncio
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +61,35 @@ class Cluster:
         data = self.dir / "data"
         self._run(PG_BIN / "initdb", "-D", str(data), "-U", "postgres", "-A", "trust",
                   "--no-instructions", "-E", "UTF8", "--locale=C")  # fmt: skip
+        self.up()
+
+    def up(self) -> None:
+        """Start the server on its data directory (again, after `down` or `crash`)."""
         opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c fsync=on "
                 f"-c unix_socket_directories={self.dir}")  # fmt: skip
-        self._run(PG_BIN / "pg_ctl", "-D", str(data), "-o", opts, "-l", str(self.dir / "log"),
-                  "-w", "-t", "60", "start")  # fmt: skip
+        self._run(PG_BIN / "pg_ctl", "-D", str(self.dir / "data"), "-o", opts,
+                  "-l", str(self.dir / "log"), "-w", "-t", "60", "start")  # fmt: skip
+
+    def down(self) -> None:
+        """`pg_ctl stop -m fast`: every session is ended, the server shuts down cleanly."""
+        self._run(PG_BIN / "pg_ctl", "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster (and its children, as the kernel would take them with a
+        crashed machine): the next `up` runs crash recovery from the WAL."""
+        pid = int((self.dir / "data" / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+        for victim in [pid, *map(int, children.stdout.split())]:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for _ in range(500):  # until the port is free again
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.01)
 
     def stop(self) -> None:
         try:

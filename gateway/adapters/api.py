@@ -69,6 +69,11 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 409: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
 
 
+# the seconds a 503 asks its sender to wait before delivering again: the store's
+# reconnects are tried every half second, and it answers within a second of returning
+RETRY_AFTER_S = "1"
+
+
 def _error(status: int, message: str, code: str | None = None) -> web.Response:
     """An error in OpenAI's shape; the type follows from the status (5xx: server_error)."""
     kind = "server_error" if status >= 500 else _ERROR_TYPES.get(status, "invalid_request_error")
@@ -301,15 +306,20 @@ class ApiAdapter:
 
     @web.middleware
     async def _json_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """aiohttp's own refusals (404, 405, 413 ...) are plain text: answer them as JSON too."""
+        """aiohttp's own refusals (404, 405, 413 ...) are plain text: answer them as JSON too.
+        Every 503 (this API's and each platform's webhook: "not taken, deliver again") says
+        when to come back, `Retry-After`, unless its handler said it already."""
         try:
-            return await handler(request)
+            response = await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             if exc.status == 413:
                 return _error(413, f"the body is larger than {MAX_BODY} bytes", "body_too_large")
-            return _error(exc.status, exc.reason, None)
+            response = _error(exc.status, exc.reason, None)
+        if response.status == 503 and "Retry-After" not in response.headers and not response.prepared:
+            response.headers["Retry-After"] = RETRY_AFTER_S
+        return response
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -405,7 +415,10 @@ class ApiAdapter:
             if first:
                 try:
                     found = await self._stored_answer(source, message_id) if message_id else None
-                except Exception:  # the store cannot be read: nothing is run or stored
+                except NotAccepted as exc:  # the store cannot be read: nothing is run or stored
+                    log.warning("api message %s not accepted: %s", message_id, exc)
+                    found = "not_accepted"
+                except Exception:  # a fault of ours: said in full, and answered the same way
                     log.exception("api: the stored answer to %s could not be read", message_id)
                     found = "not_accepted"
                 if ex.done.done():  # a recovered turn answered this key while the store was read
@@ -442,7 +455,10 @@ class ApiAdapter:
                 self._pending.pop(slot, None)
         if out is None and ex.dropped == "duplicate" and first and message_id is not None:
             # stored meanwhile by another request path: its first answer, if there is one yet
-            found = await self._stored_answer(source, message_id)
+            try:
+                found = await self._stored_answer(source, message_id)
+            except NotAccepted:  # unreadable now: the caller asks again
+                found = "in_flight"
             if isinstance(found, OutboundMessage):
                 out, replayed = found, True
             elif found is not None:
@@ -450,9 +466,14 @@ class ApiAdapter:
         elif out is None and ex.dropped == "answered_elsewhere" and first:
             # another replica ran this request's turn (it held the chat's lease): its reply
             # is stored; this is the first answer the caller gets, not a replay
-            found = await self._stored_answer(source, slot[1])
+            try:
+                found = await self._stored_answer(source, slot[1])
+            except NotAccepted:  # unreadable now: the caller asks again
+                found = "in_flight"
             if isinstance(found, OutboundMessage):
                 out = found
+            elif found is not None:  # stored, not answered yet (its runner died, say): ask again
+                ex.dropped = found
         if out is None:
             status, code, message = _DROPPED.get(
                 ex.dropped or "", (500, "no_reply", "the message was not answered")

@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.insights import add_parser as add_insights
 
     add_insights(sub, add_command)
+    from gateway.cli.backup import add_parsers as add_backup
+
+    add_backup(sub, add_command)
     p = add_command(sub, "chat", "talk to the agent from the terminal")
     p.add_argument("-c", "--continue", dest="cont", nargs="?", const=True, default=None, metavar="TITLE",
                    help="continue the most recent terminal session (or that title's newest)")  # fmt: skip

@@ -30,7 +30,7 @@ def config_path_of(args: argparse.Namespace, home: Path) -> Path | None:
 def store_settings(args: argparse.Namespace, home: Path) -> dict[str, Any] | None:
     """open_store's settings when the home's config puts the store on PostgreSQL (the
     config is then validated in full: its DSN must be set), else None (state.db)."""
-    if _backend(args, home) != "postgres":
+    if backend_of(args, home) != "postgres":
         return None
     from dataclasses import asdict
 
@@ -57,7 +57,7 @@ def configured_prices(args: argparse.Namespace, home: Path) -> dict[str, tuple[f
     return prices_of(load_section(config_path_of(args, home), "dashboard")["prices"])
 
 
-def _backend(args: argparse.Namespace, home: Path) -> str | None:
+def backend_of(args: argparse.Namespace, home: Path) -> str | None:
     """`state.backend` as the config file says it, without validating the rest."""
     import yaml
 

@@ -8,6 +8,7 @@ import asyncio
 import fcntl
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -144,6 +145,32 @@ async def _reach(config: Config) -> list[Check]:
     return checks
 
 
+# a standby this far behind (or a primary's standby with this replay lag) is worth a look
+REPLICATION_LAG_WARN_S = 30.0
+
+
+async def _replication_check(db: Store) -> Check:
+    """Where PostgreSQL reports it: the round trip, and how far replication is behind."""
+    started = time.perf_counter()
+    try:
+        status = await db.server_status()  # type: ignore[attr-defined]
+    except Exception as exc:  # a server that answered the connect but not this: report it
+        return Check("PostgreSQL replication", False, f"not readable ({exc})", warn=True)
+    trip = f"PostgreSQL {status['version']}, round trip {(time.perf_counter() - started) * 1000:.1f} ms"
+    if status["standby"]:
+        behind = status["replay_behind"]
+        detail = f"{trip}; a standby (read-only): replay {'unknown' if behind is None else f'{behind:.1f} s'} behind"
+        return Check("PostgreSQL replication", False, detail + " — switchboard needs the primary")
+    standbys = status["standbys"]
+    if not standbys:
+        return Check("PostgreSQL replication", True, f"{trip}; primary, no standbys")
+    lags = [s["lag"] or 0.0 for s in standbys]
+    names = ", ".join(f"{s['name'] or '?'} {s['state']} {(s['lag'] or 0.0):.1f} s" for s in standbys)
+    worst = max(lags)
+    return Check("PostgreSQL replication", worst < REPLICATION_LAG_WARN_S,
+                 f"{trip}; primary, standbys: {names}", warn=worst >= REPLICATION_LAG_WARN_S)  # fmt: skip
+
+
 async def _inbox_check(db: Store) -> Check:
     """Turns and replies a crash left open: the next start runs the turns again and sends
     the 'ready' replies; a 'sending' reply is never sent again (at most once)."""
@@ -166,6 +193,9 @@ async def _inbox_check(db: Store) -> Check:
 async def run_doctor(home: Path, config: Config | None, config_error: str | None, *, fix: bool, full: bool,
                      check_platforms: bool = True) -> list[Check]:  # fmt: skip
     checks = await _state_checks(home, config, config_error, fix=fix, full=full)
+    if config is not None and config.backup.directory is not None:
+        checks.append(await asyncio.to_thread(backup_check, config.backup.directory,
+                                              config.backup.max_age_hours))  # fmt: skip
     if config is not None and check_platforms:
         checks += await _reach(config)
     return checks
@@ -192,6 +222,7 @@ async def _state_checks(
             checks.append(Check("PostgreSQL", False, str(exc)))
             return checks
         checks.append(Check("PostgreSQL", True, f"connected ({getattr(db, 'where', 'ok')})"))
+        checks.append(await _replication_check(db))
     elif not path.exists():
         checks.append(
             Check("state.db", True, f"{path} does not exist yet (created on first run)", warn=True)
@@ -279,6 +310,27 @@ async def _state_checks(
     finally:
         await db.close()
     return checks
+
+
+def backup_check(where: str, max_age_hours: float, now: float | None = None) -> Check:
+    """The newest archive `switchboard backup` wrote into `where`, by its manifest's time."""
+    from datetime import datetime
+
+    from gateway.cli.backup import BackupError, backups_in, read_manifest
+
+    directory = Path(where).expanduser()
+    found = backups_in(directory)
+    if not found:
+        return Check("backup", False, f"none yet in {directory}", warn=True)
+    try:
+        made = datetime.fromisoformat(read_manifest(found[-1])["created_at"]).timestamp()
+    except (BackupError, KeyError, ValueError) as exc:
+        return Check("backup", False, f"{found[-1]} is unreadable ({exc})")
+    hours = ((time.time() if now is None else now) - made) / 3600
+    detail = f"newest {found[-1].name}, {hours:.1f} h old ({len(found)} kept)"
+    if hours > max_age_hours:
+        return Check("backup", False, f"{detail}: older than backup.max_age_hours ({max_age_hours:g})")
+    return Check("backup", True, detail)
 
 
 def exit_code(checks: list[Check]) -> int:

@@ -342,3 +342,25 @@ async def orphan_dangling(conn: AsyncConnection, ids: list[str]) -> int:
         "AND NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = c.parent_session_id)",
         (ids,),
     )
+
+
+# --- the server, for doctor ------------------------------------------------------------
+
+
+async def server_status(conn: AsyncConnection) -> dict[str, Any]:
+    """The server's version, whether it is a standby (and how far its replay is behind),
+    and, on a primary, each standby it streams to with its replay lag in seconds."""
+    ((version, standby, behind),) = await db.tuples(
+        conn,
+        "SELECT current_setting('server_version'), pg_is_in_recovery(), "
+        "CASE WHEN pg_is_in_recovery() "
+        "THEN EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())::float8 END",
+    )
+    standbys = await db.rows(
+        conn,
+        "SELECT application_name AS name, state, "
+        "EXTRACT(EPOCH FROM replay_lag)::float8 AS lag FROM pg_stat_replication "
+        "ORDER BY application_name",
+    )
+    return {"version": version, "standby": bool(standby), "replay_behind": behind,
+            "standbys": [dict(r) for r in standbys]}  # fmt: skip

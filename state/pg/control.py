@@ -40,6 +40,11 @@ SERVER_KEEPALIVES = "SELECT " + ", ".join(
 ) + f", set_config('tcp_user_timeout', '{KEEPALIVES['tcp_user_timeout']}', false)"
 
 
+# the rejoin after a lost control connection is tried at once, then with a backoff to this
+# cap: the replica takes no message meanwhile, so its pause is the outage's tail
+REJOIN_FIRST_S, REJOIN_MAX_S = 0.1, 1.0
+
+
 def application_name(replica: str) -> str:
     """The control connection's name in pg_stat_activity (operators and tests find a
     replica's lock holder by it)."""
@@ -73,6 +78,9 @@ class ControlLink:
         self.space = 0
         self.leading = False
         self.live = 1  # replicas whose control lock is held, this one included (per slice)
+        # whether this incarnation's lock is held: False from a lost connection until the
+        # rejoin, while nothing may be taken or committed in this incarnation's name
+        self.joined = False
         self._conn: AsyncConnection | None = None
 
     async def open(self) -> None:
@@ -112,6 +120,7 @@ class ControlLink:
             await conn.close()
             raise
         self._conn, self.incarnation, self.leading = conn, incarnation, False
+        self.joined = True
         log.info("replica %s is incarnation %d", self.name, incarnation)
 
     async def serve(
@@ -142,16 +151,20 @@ class ControlLink:
             except asyncio.CancelledError:
                 raise
             except psycopg.Error as exc:
-                self.leading = False
+                self.leading = self.joined = False
                 log.error("control connection lost (%s); rejoining as a new incarnation", exc)
                 await self._close_conn()
+                pause, said = REJOIN_FIRST_S, False
                 while True:
                     try:
                         await self.open()
                         break
                     except (DatabaseError, psycopg.Error) as again:
-                        log.warning("control connection: %s; retrying", again)
-                        await asyncio.sleep(1.0)
+                        if not said:  # once per outage, not once per try
+                            log.warning("control connection: %s; retrying", again)
+                            said = True
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, REJOIN_MAX_S)
                 on_incarnation(self.incarnation)
 
     async def _close_conn(self) -> None:
@@ -164,5 +177,5 @@ class ControlLink:
 
     async def close(self) -> None:
         """Closing the connection frees the replica and leader locks at once."""
-        self.leading = False
+        self.leading = self.joined = False
         await self._close_conn()

@@ -17,10 +17,9 @@ from typing import IO, Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
 
 from .. import search as sqlite_search
-from ..errors import DatabaseError, SessionNotFound
+from ..errors import DatabaseError, SessionNotFound, StoreUnavailable
 from ..inbox import payload_of
 from ..insights import Period
 from ..listing import SessionFilter
@@ -61,6 +60,7 @@ from . import (
 )
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
 from .control import ControlLink
+from .readers import CONNECT_TIMEOUT_S, ReadPool
 from .windows import WriterConnection
 from .writer import PgWriter, PgWriterConfig
 
@@ -86,7 +86,7 @@ class PgStore:
     backend = "postgres"
 
     def __init__(
-        self, where: str, writer: PgWriter, pool: AsyncConnectionPool, dsn: str = ""
+        self, where: str, writer: PgWriter, pool: ReadPool, dsn: str = ""
     ) -> None:
         self.where = where
         self._dsn = dsn
@@ -105,7 +105,9 @@ class PgStore:
 
         async def connect() -> AsyncConnection:
             # the writer's: it keeps the history windows (state/pg/windows.py)
-            conn = await WriterConnection.connect(dsn, autocommit=True)
+            conn = await WriterConnection.connect(
+                dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+            )
             conn.windows = HistoryWindows()
             db.binary_lists(conn)
             await db.generic_plans(conn)
@@ -122,12 +124,16 @@ class PgStore:
             raise
         writer = PgWriter(connect, where, config)
         await writer.start(conn)
-        pool = AsyncConnectionPool(
-            dsn, min_size=1, max_size=readers, kwargs={"autocommit": True}, open=False,
-            name="state.pg.readers", max_idle=300, max_lifetime=3600, configure=db.configure,
-        )  # fmt: skip
+        async def reader() -> AsyncConnection:
+            conn = await AsyncConnection.connect(
+                dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+            )
+            await db.configure(conn)
+            return conn
+
+        pool = ReadPool(reader, where, size=readers)
         try:
-            await pool.open(wait=True, timeout=30)
+            await pool.open()
         except BaseException:
             await writer.close()
             raise
@@ -162,15 +168,16 @@ class PgStore:
         )  # fmt: skip
 
     async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run a read on a pooled connection. Connections are not pinged before use (a round
-        trip per read); a read that meets one the server dropped runs again on another."""
+        """Run a read on a reader connection. Connections are not pinged before use (a round
+        trip per read); a read that meets one the server dropped runs again on a new one."""
         for attempt in (1, 2):
             try:
                 async with self._pool.connection() as conn:
                     return await fn(conn, *args)
             except psycopg.OperationalError as exc:
+                self._pool.discard_idle()  # gone with it, as a restart ends every session
                 if attempt == 2:
-                    raise DatabaseError(self.where, f"read failed: {exc}") from exc
+                    raise StoreUnavailable(self.where, f"read failed: {exc}") from exc
         raise AssertionError("unreachable")
 
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -272,6 +279,10 @@ class PgStore:
 
     async def stats(self) -> UsageStats:
         return await self._read(admin.stats)
+
+    async def server_status(self) -> dict[str, Any]:
+        """The server's version and replication state (state/pg/admin.py), for doctor."""
+        return await self._read(admin.server_status)
 
     # --- messages -------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import AsyncConnection, errors
 
-from ..errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
+from ..errors import DatabaseBusy, DatabaseError, StateError, StoreUnavailable, WriterClosed
 from ..writer import WriterStats
 from .windows import forget_windows
 
@@ -92,6 +92,10 @@ class PgWriterConfig:
     retries: int = 5  # whole-batch redos after a deadlock or serialization failure
 
 
+# while the server is away, how often the writer tries to connect again
+RECONNECT_S = 0.5
+
+
 class _Uncommitted(Exception):
     """The connection failed before COMMIT: nothing of the batch was applied."""
 
@@ -121,6 +125,9 @@ class PgWriter:
         self._conn: AsyncConnection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._down_since: float | None = None  # the write connection could not be opened
+        self._next_try = 0.0
+        self._last_error = ""
         # seconds each batch waits, after the first operation, for more to join it (0:
         # one pass of the event loop only); the gateway sets it while other replicas live
         self.linger_s = 0.0
@@ -191,6 +198,9 @@ class PgWriter:
             last = attempt == self.config.retries
             try:
                 conn = await self._connection()
+            except StoreUnavailable as exc:  # the server is away: fail now, never wait for it
+                return [(False, exc)] * len(batch)
+            try:
                 started = time.perf_counter()
                 results = await self._attempt(conn, batch)
                 self.stats.record(len(batch), (time.perf_counter() - started) * 1000)
@@ -209,14 +219,15 @@ class PgWriter:
                 await self._drop_broken()
                 if last:
                     return [
-                        (False, DatabaseError(self.where, f"write failed: {exc.__cause__}"))
+                        (False, StoreUnavailable(self.where, f"write failed: {exc.__cause__}"))
                     ] * len(batch)
-                await asyncio.sleep(0.05 * 2**attempt)
+                # redone at once on a new connection; a server that is away fails its connect
             except psycopg.Error as exc:  # at COMMIT: it may or may not have been applied
                 log.error("commit of a batch of %d failed: %s", len(batch), exc)
                 await self._drop_broken()
                 reason = f"the commit failed and may not have been applied: {exc}"
-                return [(False, DatabaseError(self.where, reason))] * len(batch)
+                kind = StoreUnavailable if isinstance(exc, psycopg.OperationalError) else DatabaseError
+                return [(False, kind(self.where, reason))] * len(batch)
         raise AssertionError("unreachable")
 
     async def _attempt(self, conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
@@ -318,8 +329,27 @@ class PgWriter:
                 await self._drop_broken()
 
     async def _connection(self) -> AsyncConnection:
-        if self._conn is None or self._conn.closed:
+        """The write connection, opened again when it broke. While the server is away a
+        connect is tried at most every RECONNECT_S: the batches in between fail at once
+        (StoreUnavailable), so no caller waits for the server to come back."""
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        now = time.monotonic()
+        if self._down_since is not None and now < self._next_try:
+            raise StoreUnavailable(self.where, f"the database is unreachable ({self._last_error})")
+        try:
             self._conn = await self._connect()
+        except psycopg.Error as exc:
+            if self._down_since is None:
+                self._down_since = now
+                log.warning("cannot open the write connection (%s); writes fail until the "
+                            "database answers (tried every %g s)", exc, RECONNECT_S)  # fmt: skip
+            self._next_try = now + RECONNECT_S
+            self._last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StoreUnavailable(self.where, f"the database is unreachable ({self._last_error})") from exc
+        if self._down_since is not None:
+            log.info("write connection open again after %.1f s", now - self._down_since)
+            self._down_since = None
         return self._conn
 
     async def _drop_broken(self) -> None:

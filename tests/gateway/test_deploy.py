@@ -155,3 +155,21 @@ def test_compose_file_keeps_state_on_a_volume_and_restarts() -> None:
     assert svc["restart"] == "unless-stopped" and svc["env_file"] == "switchboard.env"
     assert "switchboard-data:/data" in svc["volumes"] and "switchboard-data" in doc["volumes"]
     assert svc["stop_grace_period"] == "30s"
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here"
+)
+def test_systemd_accepts_the_nightly_backup_timer_and_its_service(tmp_path: Path) -> None:
+    folder = ROOT / "deploy" / "systemd"
+    for name in ("switchboard-backup.service", "switchboard-backup.timer"):
+        text = (folder / name).read_text().replace("/opt/switchboard/venv/bin/python", sys.executable)
+        (tmp_path / name).write_text(text)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "switchboard-backup.timer"),
+         str(tmp_path / "switchboard-backup.service")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    service = (folder / "switchboard-backup.service").read_text()
+    assert "gateway --home /var/lib/switchboard backup" in service

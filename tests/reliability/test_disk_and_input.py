@@ -83,6 +83,28 @@ async def test_a_full_disk_is_a_503_loses_nothing_and_recovers(
     )
 
 
+async def test_a_state_db_replaced_underneath_the_daemon_is_refused_not_written(
+    gw: tuple[Gateway, str, FakeTelegram], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway, url, _ = gw
+    assert gateway.db is not None
+    assert (await _post(url, {"chat_id": "1", "text": "before"}))[0] == 200
+    path = Path(gateway.db.path)
+    # an operator (or a careless script) puts another file where state.db was
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE untouched (x)")
+    before = other.read_bytes()
+    os.replace(other, path)
+    for text in ("after one", "after two"):
+        status, body = await _post(url, {"chat_id": "1", "text": text})
+        assert status == 503 and body["error"]["code"] == "storage_unavailable"
+    assert path.read_bytes() == before  # nothing was written into either file's place
+    said = [r for r in caplog.records if "replaced or removed while the daemon" in r.getMessage()]
+    assert len(said) == 1  # said once, not per write
+    assert "replaced or removed" in (gateway.health()["last_error"] or "")
+
+
 async def test_a_one_megabyte_message_is_stored_and_answered(
     gw: tuple[Gateway, str, FakeTelegram],
 ) -> None:

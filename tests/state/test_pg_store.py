@@ -553,6 +553,9 @@ async def test_doctor_checks_a_postgres_home(schema_dsn: str, tmp_path: Path) ->
                               fix=True, full=False, check_platforms=False)  # fmt: skip
     by_name = {c.name: c for c in checks}
     assert by_name["PostgreSQL"].ok and by_name["schema"].ok
+    replication = by_name["PostgreSQL replication"]
+    assert replication.ok and "round trip" in replication.detail
+    assert "primary, no standbys" in replication.detail  # the test server streams to none
     assert by_name["lineage"].ok and "cleared 1" in by_name["lineage"].detail
     assert "state.db integrity" not in by_name and "WAL size" not in by_name
     assert not (home / "state.db").exists()
