@@ -20,7 +20,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from .. import search as sqlite_search
-from ..errors import DatabaseError, SessionNotFound
+from ..errors import DatabaseError, SessionNotFound, UnstorableData
 from ..inbox import payload_of
 from ..insights import Period
 from ..listing import SessionFilter
@@ -174,7 +174,10 @@ class PgStore:
         raise AssertionError("unreachable")
 
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return await self._writer.submit(fn, *args)
+        try:
+            return await self._writer.submit(fn, *args)
+        except psycopg.DataError as exc:  # e.g. a NUL in text: the same write fails every time
+            raise UnstorableData(self.where, str(exc)) from exc
 
     # --- sessions -------------------------------------------------------------------
 
