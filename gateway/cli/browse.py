@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gateway.cli.plain import shown
 from gateway.timefmt import ago
 
 Row = dict[str, Any]
@@ -27,8 +28,11 @@ def matches(row: Row, needle: str) -> bool:
 
 
 def label(row: Row, now: float) -> str:
-    title = row.get("title") or (row.get("preview") or "(empty)")[:50]
-    return f"{title:<50.50} {ago(row.get('last_active'), now):>10}  {row['source']:<9} {row['id']}"
+    """A row's line; its stored text with control characters shown, not sent (a NUL, which
+    curses cannot draw, or an escape sequence, which the terminal would act on)."""
+    title = shown(row.get("title") or (row.get("preview") or "(empty)")[:50])
+    return (f"{title:<50.50} {ago(row.get('last_active'), now):>10}  {shown(row['source']):<9} "
+            f"{shown(row['id'])}")  # fmt: skip
 
 
 def pick_numbered(
