@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.app import Gateway
@@ -70,9 +70,7 @@ class Rig:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def rig(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Rig]:
+def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     tmp = tmp_path_factory.mktemp(f"text-{request.param}")
     extra, env, schema, server = "", {}, None, ""
     if request.param == "postgres":
@@ -136,7 +134,7 @@ async def _exchange(rig: Rig, text: str) -> dict[str, Any]:
     return got
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None)
 @given(text=texts())
 @example(text="preview [/i] here")
 @example(text="[bold red]x[/] [link=http://evil]click[/link] a[i]")
