@@ -80,7 +80,7 @@ class ImportReport:
         replaced by U+FFFD, and counted."""
         clean, replaced = storable_value(record)
         self.replaced += replaced
-        return clean  # type: ignore[no-any-return]
+        return clean
 
 
 def _free_title(conn: sqlite3.Connection, title: str, session_id: str) -> str:

@@ -134,6 +134,7 @@ async def _exchange(rig: Rig, text: str) -> dict[str, Any]:
     return got
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(text=texts())
 @example(text="preview [/i] here")
