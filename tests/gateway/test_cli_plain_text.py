@@ -78,3 +78,34 @@ def test_chat_help_keeps_its_placeholders_and_the_recap_shows_stored_markup(
     assert "● colour \\x1b[31mred\\x1b[0m" in resumed.stdout and "\x1b" not in resumed.stdout
     assert TITLE in resumed.stdout  # the recap panel's title
     assert "◆ echo: [bold]hi[/] a[i]" in resumed.stdout
+
+
+def test_insights_print_stored_names_as_text() -> None:
+    """Model, tool, platform and end-reason names come from the store: printed as they are."""
+    from rich.console import Console
+
+    from gateway.cli.insights import render
+
+    data = {
+        "days": 7, "source": None, "messages": 3, "sessions_active": 1, "sessions_started": 1,
+        "sessions_live": 0, "input_tokens": 5, "output_tokens": 6,
+        "cost": {"estimated_usd": 0.0, "unpriced_models": ["[red]m[/red]"]},
+        "per_day": [{"day": "2026-12-01", "sources": {"[b]plat[/b]": 3}}],
+        "models": [{"model": "[link=http://evil]gpt[/link]", "sessions": 1, "input_tokens": 5,
+                    "output_tokens": 6, "cost_usd": None}],
+        "top_tools": [{"tool": "a[i] :smile:", "calls": 2}],
+        "end_reasons": [{"reason": "[/x]", "sessions": 1}],
+        "heatmap": [[0] * 24 for _ in range(7)],
+    }  # fmt: skip
+    console = Console(width=200, highlight=False, emoji=False, color_system=None)
+    with console.capture() as captured:
+        render(data, console)
+    out = captured.get()
+    for name in (
+        "[red]m[/red]",
+        "[b]plat[/b]",
+        "[link=http://evil]gpt[/link]",
+        "a[i] :smile:",
+        "[/x]",
+    ):
+        assert name in out
