@@ -17,6 +17,7 @@ import pytest
 from gateway.app import Gateway
 from gateway.config import load_config
 from tests import pgserver
+from tests.fakes.webhook_receiver import SECRET, post_signed
 
 REFUSE = """
 CREATE FUNCTION refuse_doomed() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -36,15 +37,18 @@ async def gw(tmp_path: Path, pg_server: str) -> AsyncIterator[tuple[Gateway, str
     schema = pgserver.fresh_schema(pg_server)
     dsn = pgserver.with_schema(pg_server, schema)
     (tmp_path / "config.yaml").write_text(
-        "platforms:\n  api:\n    port: 0\nstate:\n  backend: postgres\n  dsn_env: SB_DSN\n"
-    )
-    gateway = Gateway(config=load_config(tmp_path / "config.yaml", {"SB_DSN": dsn}),
-                      home=tmp_path / "home")  # fmt: skip
+        "platforms:\n  api:\n    port: 0\n  webhook:\n    enabled: true\n    allow_all_users: true\n"
+        "    endpoints:\n      ci:\n        secret_env: SB_HOOK_SECRET\n"
+        "state:\n  backend: postgres\n  dsn_env: SB_DSN\n"
+    )  # fmt: skip
+    env = {"SB_DSN": dsn, "SB_HOOK_SECRET": SECRET}
+    gateway = Gateway(config=load_config(tmp_path / "config.yaml", env), home=tmp_path / "home")
     await gateway.start()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(REFUSE)
+    api = next(a for a in gateway.adapters if a.platform == "api")
     try:
-        yield gateway, f"http://127.0.0.1:{gateway.adapters[0].bound_port}"  # type: ignore[attr-defined]
+        yield gateway, f"http://127.0.0.1:{api.bound_port}"  # type: ignore[attr-defined]
     finally:
         await gateway.stop()
         pgserver.drop_schema(pg_server, schema)
@@ -73,3 +77,15 @@ async def test_a_value_the_database_refuses_as_data_is_answered_400_not_503(
     contents = [m["content"] for s in await gateway.db.list_sessions("api", limit=50)
                 for m in await gateway.db.get_messages(s["id"])]  # fmt: skip
     assert "doomed" not in contents
+
+
+async def test_the_signed_webhook_answers_400_for_it_too(gw: tuple[Gateway, str]) -> None:
+    _, url = gw
+    status, body = await post_signed(
+        f"{url}/webhooks/ci", {"id": "1", "user": "ann", "text": "doomed"}
+    )
+    assert status == 400, body
+    status, body = await post_signed(
+        f"{url}/webhooks/ci", {"id": "2", "user": "ann", "text": "fine"}
+    )
+    assert status == 200 and body["reply"] == "echo: fine"
