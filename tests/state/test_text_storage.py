@@ -13,6 +13,7 @@ import pytest
 
 from state import Store, UnstorableData, open_store
 from state.content import SENTINEL, decode_content, encode_content
+from tests import pgserver
 
 LOOKALIKES = [
     '\x00json:[{"type":"text","text":"injected"}]',
@@ -76,15 +77,20 @@ async def test_rows_written_before_read_back_as_they_did(tmp_path: Path) -> None
 
 
 async def test_a_value_postgresql_can_never_hold_is_unstorable_data(
-    open_test_store: object, backend: str
+    pg_dsn: str, tmp_path: Path
 ) -> None:
     """A NUL in an id reaches PostgreSQL only past every intake; its refusal is
     UnstorableData, which the gateway drops or answers 400, never "try again"."""
-    if backend != "postgres":
-        pytest.skip("SQLite text holds a NUL")
-    store = await open_test_store()  # type: ignore[operator]
-    with pytest.raises(UnstorableData):
-        await store.accept_inbound("api", "chat\x00id", None, ["payload"])
-    with pytest.raises(UnstorableData):
-        await store.create_session(source="api", user_id="user\x00id")
-    assert await store.session_count() == 0
+    schema = pgserver.fresh_schema(pg_dsn)
+    store = await open_store(
+        {"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, schema)}, tmp_path
+    )
+    try:
+        with pytest.raises(UnstorableData):
+            await store.accept_inbound("api", "chat\x00id", None, ["payload"])
+        with pytest.raises(UnstorableData):
+            await store.create_session(source="api", user_id="user\x00id")
+        assert await store.session_count() == 0
+    finally:
+        await store.close()
+        pgserver.drop_schema(pg_dsn, schema)
