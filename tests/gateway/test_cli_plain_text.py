@@ -109,3 +109,18 @@ def test_insights_print_stored_names_as_text() -> None:
         "[/x]",
     ):
         assert name in out
+
+
+async def test_show_prints_the_text_parts_of_structured_content(tmp_path: Path) -> None:
+    h = tmp_path / "home"
+    db = await SessionDB.open(h / "state.db")
+    sid = await db.create_session(source="api")
+    parts = [
+        {"type": "text", "text": "look [/i] at"},
+        {"type": "image_url", "image_url": {"url": "x"}},
+    ]
+    await db.append_message(sid, "user", parts)  # type: ignore[arg-type]
+    await db.close()
+    shown = run(h, "sessions", "show", sid)
+    assert shown.returncode == 0, shown.stderr
+    assert "     user look [/i] at" in shown.stdout
