@@ -7,6 +7,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from gateway.session_keys import SessionSource
+from state.text import storable
 
 PAYLOAD_V2 = 2  # the first item of an inbox payload list
 LATE_SEND_S = 0.25  # see OutboundMessage.late (gateway/turns.py's RECHECK_AFTER_S)
@@ -44,6 +45,13 @@ class InboundMessage:
     received_at: float = 0.0
     mentioned: bool = True  # adapters set False for group messages that do not address the bot
     reply_to: str | None = None  # the platform id to reply to (threading, quoting)
+
+    def __post_init__(self) -> None:
+        # Every adapter builds its messages here: a chat platform's text cannot be refused,
+        # so what no store can hold (NUL, lone surrogates) becomes U+FFFD (state/text.py).
+        text, replaced = storable(self.text)
+        if replaced:
+            object.__setattr__(self, "text", text)
 
     def as_payload(self) -> list[object]:
         """What the inbox keeps of the message, to run its turn again after a crash: a
@@ -98,7 +106,9 @@ class OutboundMessage:
     reply_to: str | None = None  # for request/response adapters: the inbound it answers
     session_id: str | None = None
     session_key: str | None = None
-    error: str | None = None  # set on apologies: "agent" (message stored) or "storage" (not stored)
+    # set on apologies: "agent" (message stored), "storage" (not stored: send it again) or
+    # "unstorable" (not stored, and it never can be)
+    error: str | None = None
     notice: bool = False  # a notice sent ahead of the answer (e.g. "a new session was started")
     # the same key on every send of one reply (the turn's, a start-up resend): an adapter
     # whose class sets `idempotent_replies` shows a reply sent twice under one key once

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 from gateway import faults, session_commands
 from gateway.adapters import idempotent_replies
@@ -48,7 +48,15 @@ from gateway.turns import (
     user_message,
 )
 from gateway.vocab import ChatType
-from state import LeaseLost, LiveSessionExists, SessionNotFound, StateError, Store, StoreUnavailable
+from state import (
+    LeaseLost,
+    LiveSessionExists,
+    SessionNotFound,
+    StateError,
+    Store,
+    StoreUnavailable,
+    UnstorableData,
+)
 from state.content import content_text
 from state.inbox import ANSWERED, DROPPED, OPEN_STATES, STARTED
 
@@ -63,6 +71,7 @@ Begun = tuple[SessionKey, IndexEntry, tuple[int, list[dict[str, Any]]], Callable
 STORAGE_APOLOGY = (
     "Sorry, I could not store your message just now; please send it again in a moment."
 )
+UNSTORABLE_APOLOGY = "Sorry, I cannot store that message: it holds text I cannot keep."
 REFUSAL = "Sorry, you are not authorised to use this bot."
 
 
@@ -195,6 +204,7 @@ class Router:
             except StateError as exc:
                 release()
                 self._refuse(msg, exc)
+                return
             except BaseException:
                 release()
                 raise
@@ -273,10 +283,17 @@ class Router:
             return None
         return entry, release
 
-    def _refuse(self, msg: InboundMessage, exc: StateError) -> NoReturn:
+    def _refuse(self, msg: InboundMessage, exc: StateError) -> None:
+        """The inbox could not take `msg`: NotAccepted, so the platform delivers it again;
+        but a value the store can never hold is dropped (acknowledged, never redelivered)."""
         s = self.services
         s.metrics.errors.inc(kind="inbox")
         s.metrics.last_error = f"inbox: {type(exc).__name__}: {exc}"
+        if isinstance(exc, UnstorableData):
+            log.error("dropped a %s message the store can never hold: %s", msg.source.platform, exc)
+            s.metrics.dropped.inc(reason="unstorable")
+            s.signals.ended(msg, "unstorable")
+            return
         log.error("could not commit a %s message to the inbox: %s", msg.source.platform, exc)
         s.signals.ended(msg, "not_accepted")
         raise NotAccepted(f"the message could not be stored: {exc}") from exc
@@ -547,6 +564,9 @@ class Router:
             await s.replies.reply(msg, turn.session_id, APOLOGY, self.key_for(msg),
                                   error="agent")  # fmt: skip
             await self._close(turn, ANSWERED, "agent_error")
+        elif isinstance(exc, UnstorableData):  # sending it again cannot help
+            await s.replies.reply(msg, None, UNSTORABLE_APOLOGY, error="unstorable")
+            await self._close(turn, DROPPED, "not_stored")
         else:
             await s.replies.reply(msg, None, STORAGE_APOLOGY, error="storage")
             # the chat was told to send it again: no second apology after a restart

@@ -8,6 +8,7 @@ is a `StateError`; callers match on the class, never on the text:
     ├── DatabaseError          the file cannot be used (not a database, damaged, read-only, full)
     │   ├── SchemaTooNew       written by a newer switchboard
     │   └── StoreUnavailable   the server is away: not applied, or (at COMMIT) unknown
+    ├── UnstorableData         a value the database can never hold (no use sending it again)
     ├── DatabaseBusy           another process held the write lock past the retry budget
     ├── WriterClosed           a write after close
     ├── LeaseLost              a fenced write whose session-key lease was taken over
@@ -48,6 +49,7 @@ from .errors import (
     TitleTaken,
     TitleTooLong,
     UnknownBackend,
+    UnstorableData,
     WriterClosed,
 )
 from .ids import new_session_id
@@ -105,6 +107,7 @@ __all__ = [
     "TitleTaken",
     "TitleTooLong",
     "UnknownBackend",
+    "UnstorableData",
     "UsageStats",
     "WriteStats",
     "WriterClosed",

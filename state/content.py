@@ -2,8 +2,10 @@
 Hermes Agent uses, so each program reads the other's rows back as structures.
 
 Structured content (a list of parts or a dict) is stored as text: a NUL character, `json:`,
-then the JSON. A NUL cannot start a message anyone typed, so plain strings are stored as
-they are and never mistaken for structures.
+then the JSON. Plain strings are stored as they are, except one holding a NUL (which the
+intakes of state/text.py never let in, but an older row or another program may hold): it is
+stored in the same encoding as a JSON string, so no text can pass for a structure, and it
+reads back as the same string. Rows that hold no NUL-bearing plain text read as before.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ SENTINEL_BLOB_HEX = "006A736F6E3A"
 
 def encode_content(content: Any) -> str | None:
     """What goes into messages.content for a caller's value."""
-    if content is None or isinstance(content, str):
+    if content is None:
+        return None
+    if isinstance(content, str) and "\x00" not in content:
         return content
     return SENTINEL + json.dumps(content, ensure_ascii=False, separators=(",", ":"))
 

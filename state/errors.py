@@ -39,6 +39,17 @@ class SchemaTooNew(DatabaseError):
         self.supported = supported
 
 
+class UnstorableData(StateError):
+    """The database refused a value it can never hold (PostgreSQL's data exceptions, such
+    as a NUL in text): the same write fails every time, so it is not a busy or broken
+    store and nobody should be asked to send it again."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: cannot store this value: {reason}")
+        self.where = where
+        self.reason = reason
+
+
 class DatabaseBusy(StateError):
     """Another process held the write lock for longer than the retry budget."""
 

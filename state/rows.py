@@ -7,6 +7,8 @@ import json
 import sqlite3
 from typing import Any
 
+from .text import storable
+
 Row = dict[str, Any]
 
 JSON_MESSAGE_COLUMNS = ("tool_calls", "reasoning_details", "codex_reasoning_items")
@@ -30,9 +32,11 @@ def from_json_text(value: str | None) -> object:
 
 
 def make_preview(content: str | None) -> str | None:
+    """A session's preview: its first message on one line, shortened (a NUL, which only a
+    row from elsewhere can hold, shows as U+FFFD: the preview column is plain text)."""
     if not content:
         return None
-    flat = " ".join(content.split())
+    flat = " ".join(storable(content)[0].split())
     return flat[:PREVIEW_LENGTH] if flat else None
 
 

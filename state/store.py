@@ -819,6 +819,7 @@ class SessionDB:
                 await self._write(transfer.import_records, chunk, report)
 
         for rec in records:
+            rec = report.storable(rec)
             pending.append(rec)
             sess = rec.get("session") if isinstance(rec, Mapping) else None
             if isinstance(sess, Mapping) and isinstance(sess.get("id"), str):

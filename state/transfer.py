@@ -20,6 +20,7 @@ from .message_rows import decode_message
 from .records import ExportRecord, SessionRow
 from .rows import row_dict, to_json_text
 from .sessions import set_title, title_owner
+from .text import storable_value
 from .textindex import aux_row
 
 FORMAT_VERSION = 1
@@ -72,6 +73,14 @@ class ImportReport:
     messages: int = 0
     renamed_titles: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    replaced: int = 0  # NULs and lone surrogates kept as U+FFFD (state/text.py)
+
+    def storable(self, record: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`record` as it may be stored: every NUL and lone surrogate in its strings
+        replaced by U+FFFD, and counted."""
+        clean, replaced = storable_value(record)
+        self.replaced += replaced
+        return clean
 
 
 def _free_title(conn: sqlite3.Connection, title: str, session_id: str) -> str:

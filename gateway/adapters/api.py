@@ -37,6 +37,7 @@ from gateway.errors import NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import CHAT_TYPES, SessionSource
 from gateway.vocab import AdapterState, ChatType
+from state.text import unstorable
 
 if TYPE_CHECKING:
     from state.replies import StoredReply
@@ -60,6 +61,8 @@ _DROPPED = {
     "shutting_down": (503, "shutting_down", "the gateway is shutting down"),
     "not_accepted": (503, "storage_unavailable", "the gateway could not store your message; "
                      "send it again (with the same Idempotency-Key)"),
+    "unstorable": (400, "unstorable_input", "the message holds a value the store can never "
+                   "keep; nothing was stored, and sending it again cannot help"),
     "in_flight": (409, "in_flight", "this message id is stored and its turn has not answered "
                   "yet (it runs, or runs again after a restart); ask again later for its reply"),
     "answered_elsewhere": (409, "answered_elsewhere", "another replica answered this message "
@@ -114,13 +117,14 @@ def _usage(out: OutboundMessage) -> tuple[dict[str, int], str]:
     return counts, "estimate" if u.estimated else "agent"
 
 
-def _unencodable(value: str) -> bool:
-    """True for text SQLite cannot store as UTF-8: lone surrogates (JSON allows "\\ud800")."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
+def _refused_text(fields: dict[str, str]) -> web.Response | None:
+    """A 400 naming the first field whose text no store can hold (state/text.py: NUL, a
+    lone surrogate, which JSON's "\\ud800" allows), else None."""
+    for name, value in fields.items():
+        why = unstorable(value)
+        if why is not None:
+            return _bad(400, f"{name} {why}")
+    return None
 
 
 @dataclass
@@ -482,7 +486,7 @@ class ApiAdapter:
         fresh = first and not replayed and out.error is None  # an error's notices may be lost
         held = self._take_followups(source.chat_id, slot[1]) if fresh else ()
         answer = _Answer(out, (*held, *ex.notices), duplicate=replayed or not first)
-        if first and out.error != "storage":  # not stored: a retry must run again
+        if first and out.error not in ("storage", "unstorable"):  # not stored: a retry runs again
             self._answered[slot] = answer
             while len(self._answered) > ANSWERED_MEMORY:
                 self._answered.popitem(last=False)
@@ -508,28 +512,33 @@ class ApiAdapter:
         last = messages[-1]
         if not isinstance(last, dict) or last.get("role") != "user":
             return _bad(400, "the last message must have role 'user'")
+        at = f"messages[{len(messages) - 1}].content"
         content = last.get("content")
+        fields: dict[str, str] = {}
         if isinstance(content, list):  # content parts: keep the text ones
-            content = "\n".join(
-                p.get("text", "")
-                for p in content
-                if isinstance(p, dict)
-                and p.get("type") == "text"
-                and isinstance(p.get("text"), str)
-            )
+            fields = {f"{at}[{k}].text": p["text"] for k, p in enumerate(content)
+                      if isinstance(p, dict) and p.get("type") == "text"
+                      and isinstance(p.get("text"), str)}  # fmt: skip
+            content = "\n".join(fields.values())
+        elif isinstance(content, str):
+            fields = {at: content}
         if not isinstance(content, str) or not content.strip():
             return _bad(400, "the last user message has no text")
-        if _unencodable(content):
-            return _bad(400, "messages[-1].content contains a lone surrogate (invalid Unicode)")
+        refused = _refused_text(fields)
+        if refused is not None:
+            return refused
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             return _bad(400, "stream must be true or false")
         who = request.headers.get("X-Switchboard-Session") or body.get("user") or "default"
-        if not isinstance(who, str) or not who.strip() or len(who) > 200 or _unencodable(who):
+        if not isinstance(who, str) or not who.strip() or len(who) > 200:
             return _bad(
                 400,
                 "user / X-Switchboard-Session must be a non-empty string of at most 200 characters",
             )
+        refused = _refused_text({"user": who})
+        if refused is not None:
+            return refused
         model = body.get("model") if isinstance(body.get("model"), str) else None
         model = model or (self._models[0] if self._models else "switchboard")
         source = SessionSource(
@@ -547,6 +556,8 @@ class ApiAdapter:
         out = answer.reply
         if out.error == "storage":  # not stored: never answer 200 for it
             return _error(503, out.text, "storage_unavailable")
+        if out.error == "unstorable":  # not stored, and it never can be
+            return _error(400, out.text, "unstorable_input")
         if out.error == "agent":  # the chat platforms get an apology; an API client an error
             return _error(502, "the agent failed to answer; the message was stored",
                           "agent_error")  # fmt: skip
@@ -624,9 +635,9 @@ class ApiAdapter:
                 return _bad(400, f"{name} must be a string, not {_json_type(v)}")
             opt[name] = None if v is None else str(v)
         strings = {"text": text, "chat_id": str(chat_id)} | {k: v for k, v in opt.items() if v}
-        for name, value in strings.items():
-            if _unencodable(value):
-                return _bad(400, f"{name} contains a lone surrogate (invalid Unicode)")
+        refused = _refused_text(strings)
+        if refused is not None:
+            return refused
         source = SessionSource(
             platform="api", chat_id=str(chat_id), chat_type=chat_type,
             user_id=opt["user_id"] or (str(chat_id) if chat_type == ChatType.DM else None),
@@ -646,6 +657,8 @@ class ApiAdapter:
         out = answer.reply
         if out.error == "storage":  # not stored: never answer 200 for it
             return _error(503, out.text, "storage_unavailable")
+        if out.error == "unstorable":  # not stored, and it never can be
+            return _error(400, out.text, "unstorable_input")
         replayed = {REPLAYED_HEADER: "true"} if answer.duplicate else {}
         return web.json_response(headers=replayed, data={
             "reply": out.text, "notices": list(answer.notices), "session_id": out.session_id,

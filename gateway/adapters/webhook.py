@@ -50,7 +50,9 @@ log = logging.getLogger("gateway.adapters.webhook")
 PATH = "/webhooks/{}"
 ANSWERED_MEMORY = 10_000  # recent answers, to answer a replayed id without a second turn
 _DROPPED = {"unauthorised": (403, "this user may not use the gateway"),
-            "shutting_down": (503, "the gateway is shutting down; send it again")}  # fmt: skip
+            "shutting_down": (503, "the gateway is shutting down; send it again"),
+            "unstorable": (400, "the message holds a value the store can never keep; nothing "
+                           "was stored, and sending it again cannot help")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,8 @@ class WebhookAdapter:
             return web.json_response({"error": text}, status=status)
         if out.error == "storage":  # not stored: a retry must run again
             return web.json_response({"error": out.text}, status=503)
+        if out.error == "unstorable":  # not stored, and it never can be
+            return web.json_response({"error": out.text}, status=400)
         answer = {"id": slot[1], "reply": out.text, "notices": list(ex.notices),
                   "session_id": out.session_id, "error": out.error}  # fmt: skip
         if first:

@@ -15,6 +15,7 @@ from typing import Any
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionSource
 from gateway.vocab import ChatType
+from state.text import unstorable
 
 HEADER = "X-Switchboard-Signature"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -107,10 +108,9 @@ def _field(body: Mapping[str, Any], key: str, required: bool) -> str | None:
     text = str(value)
     if len(text) > MAX_FIELD and key != "text":
         raise ValueError(f"{key} must be at most {MAX_FIELD} characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{key} contains a lone surrogate (invalid Unicode)") from None
+    why = unstorable(text)  # NUL, a lone surrogate: refused, as the HTTP API does
+    if why is not None:
+        raise ValueError(f"{key} {why}")
     return text
 
 

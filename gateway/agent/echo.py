@@ -11,13 +11,22 @@ _WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 
 
+def _text(m: ChatMessage) -> str:
+    """A message's text: the text parts of structured (multimodal) content."""
+    content = m.get("content")
+    if isinstance(content, list):
+        return " ".join(p["text"] for p in content
+                        if isinstance(p, dict) and isinstance(p.get("text"), str))  # fmt: skip
+    return content if isinstance(content, str) else ""
+
+
 class EchoAgent:
     name = "echo"
     model: str | None = "echo"
 
     async def respond(self, history: Sequence[ChatMessage], ctx: TurnContext) -> AgentReply:
         last = next((m for m in reversed(history) if m.get("role") == "user"), None)
-        text = (last or {}).get("content") or ""
+        text = _text(last) if last is not None else ""
         reply = f"echo: {text}" if text else "echo: (empty message)"
         # no model counts them: our estimate (about 4 characters a token), marked as such
         return AgentReply(
@@ -31,9 +40,9 @@ class EchoAgent:
     async def summarize(self, history: Sequence[ChatMessage], focus: str | None) -> str:
         """Extractive: the opening of each user message (those mentioning the focus first)."""
         said = [
-            " ".join((m.get("content") or "").split())[:100]
+            " ".join(_text(m).split())[:100]
             for m in history
-            if m.get("role") == "user" and (m.get("content") or "").strip()
+            if m.get("role") == "user" and _text(m).strip()
         ]
         if focus:
             words = {w.lower() for w in _WORD.findall(focus)}
@@ -51,7 +60,7 @@ class EchoAgent:
         for m in history:
             if m.get("role") != "user":
                 continue
-            for word in _WORD.findall(m.get("content") or ""):
+            for word in _WORD.findall(_text(m)):
                 if word.casefold() not in seen:
                     seen.add(word.casefold())
                     words.append(word)

@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.cells import set_cell_size
 
+from gateway.cli.plain import shown
 from gateway.timefmt import ago
 
 Row = dict[str, Any]
@@ -32,9 +33,11 @@ def matches(row: Row, needle: str) -> bool:
 
 def label(row: Row, now: float) -> str:
     """One row: the title in 50 terminal cells (a CJK character or an emoji takes two), so
-    the columns after it line up whatever the script."""
-    title = set_cell_size(row.get("title") or row.get("preview") or "(empty)", TITLE_CELLS)
-    return f"{title} {ago(row.get('last_active'), now):>10}  {row['source']:<9} {row['id']}"
+    the columns after it line up whatever the script; its stored text with control
+    characters shown, not sent (a NUL, which curses cannot draw, or an escape sequence,
+    which the terminal would act on)."""
+    title = set_cell_size(shown(row.get("title") or row.get("preview") or "(empty)"), TITLE_CELLS)
+    return f"{title} {ago(row.get('last_active'), now):>10}  {shown(row['source']):<9} {shown(row['id'])}"
 
 
 def pick_numbered(

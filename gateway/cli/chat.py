@@ -30,6 +30,7 @@ from rich.text import Text
 from gateway import adapters
 from gateway.app import build_agent, router_settings
 from gateway.cli.paths import open_configured
+from gateway.cli.plain import plain, shown
 from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK
 from gateway.handoff import handoff_from_terminal
@@ -41,6 +42,7 @@ from gateway.timefmt import ago
 from gateway.vocab import AdapterState, ChatType
 from gateway.wording import plural
 from state import AmbiguousSession, EndReason, SessionNotFound, Store
+from state.content import content_text, encode_content
 
 RECAP_EXCHANGES = 10
 BANNER = "switchboard chat: /help for commands, /quit or Ctrl-D to leave"
@@ -55,36 +57,48 @@ def _clip(text: str, chars: int, lines: int | None = None) -> str:
     return flat if len(flat) <= chars else flat[: chars - 1] + "…"
 
 
+def _said(m: dict[str, Any]) -> str:
+    """A message's text: its text parts when it is structured content."""
+    content = m.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    return content_text(encode_content(content)) or "[structured content]"
+
+
 def render_recap(messages: Sequence[dict[str, Any]], title: str | None, mode: str = "full") -> Any:
     """What was said, before the prompt: the last exchanges, dimmed."""
-    shown = [m for m in messages if m.get("role") in ("user", "assistant")]
+    said = [m for m in messages if m.get("role") in ("user", "assistant")]
     if mode == "minimal":
-        return Text(f"Resumed {title or 'session'}: {plural(len(shown), 'message')}.", style="dim")
-    starts = [i for i, m in enumerate(shown) if m["role"] == "user"]
+        return Text(f"Resumed {shown(title or 'session')}: {plural(len(said), 'message')}.",
+                    style="dim")  # fmt: skip
+    starts = [i for i, m in enumerate(said) if m["role"] == "user"]
     first = starts[-RECAP_EXCHANGES] if len(starts) > RECAP_EXCHANGES else 0
     lines: list[Text] = []
     if first:
         lines.append(Text(f"... {plural(first, 'earlier message')} ...", style="dim italic"))
-    for m in shown[first:]:
+    for m in said[first:]:
         if m["role"] == "user":
-            lines.append(Text.assemble(("● ", "gold1"), _clip(m.get("content") or "", 300)))
+            lines.append(Text.assemble(("● ", "gold1"), shown(_clip(_said(m), 300))))
             continue
         calls = m.get("tool_calls") or []
-        if calls and not (m.get("content") or "").strip():
+        if calls and not _said(m).strip():
             names = [
                 ((c.get("function") or {}).get("name") or "?") for c in calls if isinstance(c, dict)
             ]
             lines.append(
                 Text.assemble(
                     ("◆ ", "green"),
-                    f"[{len(calls)} tool call{'s' if len(calls) != 1 else ''}: {', '.join(names)}]",
+                    shown(
+                        f"[{len(calls)} tool call{'s' if len(calls) != 1 else ''}: "
+                        f"{', '.join(names)}]"
+                    ),
                 )
             )
             continue
-        lines.append(Text.assemble(("◆ ", "green"), _clip(m.get("content") or "", 200, 3)))
+        lines.append(Text.assemble(("◆ ", "green"), shown(_clip(_said(m), 200, 3))))
     return Panel(
         Group(*lines) if lines else Text("(no messages yet)"),
-        title=title or "resumed session",
+        title=plain(title) if title else "resumed session",
         style="dim",
     )
 
@@ -214,7 +228,7 @@ class TerminalAdapter:
         return None
 
     async def send(self, msg: OutboundMessage) -> SentRef:
-        self.console.print(Text.assemble(("◆ ", "green"), msg.text))
+        self.console.print(Text.assemble(("◆ ", "green"), shown(msg.text)))
         self.replied.set()
         return SentRef(self.platform, msg.chat_id)
 
@@ -266,7 +280,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
     """The chat loop, on the home's state.db or on the store `state` names (open_store's
     settings: PostgreSQL). `given` are the --home/--config options the user passed,
     repeated in the printed resume command so that it reaches the same store."""
-    con = console or Console(highlight=False)
+    con = console or Console(highlight=False, emoji=False)
     db = await open_configured(state, home / "state.db")
     tmp = tempfile.TemporaryDirectory(prefix="switchboard-chat-")
     index = SessionIndex(Path(tmp.name) / "sessions.json", db, flush_interval=3600)
@@ -289,7 +303,8 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
         try:
             target = await _pick(db, cont, resume)
         except (SessionNotFound, AmbiguousSession) as exc:
-            con.print(f"switchboard: not found: {getattr(exc, 'ref', exc)}", style="red")
+            con.print(f"switchboard: not found: {getattr(exc, 'ref', exc)}", style="red",
+                      markup=False)  # fmt: skip
             return EXIT_FAILURE
         elsewhere: str | None = None  # the chat the resumed session is live in, if another
         if target is not None:
@@ -332,7 +347,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             if text in ("/quit", "/exit"):
                 break
             if text == "/help" or text.startswith("/help "):
-                con.print(terminal_help(router))
+                con.print(terminal_help(router), markup=False)  # [title], [name] are text
                 continue
             command = text.split()[0]
             if command in REFUSED_ATTACHED and attached():
@@ -356,7 +371,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 finished, result = await interrupts.run(handoff_from_terminal(
                     db, sid, platform, enabled=config.platforms[platform].enabled,
                     configured_home=config.platforms[platform].home_channel,
-                    heartbeat=lambda beat: con.print(beat, style="dim"),
+                    heartbeat=lambda beat: con.print(beat, style="dim", markup=False),
                 ))  # fmt: skip
                 if not finished:
                     con.print("Handoff cancelled; still here.", style="yellow")
@@ -368,7 +383,7 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                               f"{resume_command(given, row.get('title') or sid)}",
                               markup=False, soft_wrap=True)  # fmt: skip
                     return EXIT_OK
-                con.print(f"Not handed off: {message}", style="yellow")
+                con.print(f"Not handed off: {message}", style="yellow", markup=False)
                 continue
             finished, _ = await interrupts.run(turn(text))
             if not finished:

@@ -23,6 +23,7 @@ from gateway.cli.paths import (
     open_configured,
     store_settings,
 )
+from gateway.cli.plain import plain, styled
 from gateway.errors import EXIT_OK, EXIT_USAGE
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -60,7 +61,7 @@ def cmd_insights(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, ensure_ascii=False))
     else:
-        render(data, Console(highlight=False))
+        render(data, Console(highlight=False, emoji=False))
     return EXIT_OK
 
 
@@ -84,7 +85,8 @@ def render(data: dict[str, Any], out: Console) -> None:
     from gateway.web.queries import usd
 
     where = f" on {data['source']}" if data["source"] else ""
-    out.print(f"[bold]switchboard insights[/]: the last {data['days']} days{where} (UTC)\n")
+    out.print(styled(("switchboard insights", "bold"),
+                     plain(f": the last {data['days']} days{where} (UTC)\n")))  # fmt: skip
     summary = Table(box=None, show_header=False, pad_edge=False)
     summary.add_column(style="dim")
     summary.add_column(justify="right")
@@ -101,9 +103,8 @@ def render(data: dict[str, Any], out: Console) -> None:
         summary.add_row(label, value)
     out.print(summary)
     if cost["unpriced_models"]:
-        out.print(
-            f"[dim]no price configured (dashboard.prices) for: {', '.join(cost['unpriced_models'])}[/]"
-        )
+        models = ", ".join(cost["unpriced_models"])
+        out.print(plain(f"no price configured (dashboard.prices) for: {models}", "dim"))
     days = data["per_day"]
     platforms = sorted({p for d in days for p in d["sources"]})
     per_day = Table(title="messages per day", title_justify="left", box=None, pad_edge=False)
@@ -115,7 +116,9 @@ def render(data: dict[str, Any], out: Console) -> None:
         values = [
             sum(d["sources"].values()) if p == "all" else d["sources"].get(p, 0) for d in days
         ]
-        per_day.add_row(p, sparkline(values), f"{sum(values):,}", f"{max(values, default=0):,}")
+        per_day.add_row(
+            plain(p), sparkline(values), f"{sum(values):,}", f"{max(values, default=0):,}"
+        )
     out.print(per_day)
     for title, rows, heads in (
         ("tokens and cost by model", [(m["model"] or "(unknown)", f"{m['sessions']:,}", f"{m['input_tokens']:,}",
@@ -129,7 +132,7 @@ def render(data: dict[str, Any], out: Console) -> None:
         for i, head in enumerate(heads):
             table.add_column(head, justify="right" if i else "left")
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*(plain(cell) for cell in row))
         out.print(table if rows else f"[dim]{title}: none[/]")
     heat = Table(title="busiest hours (UTC, 00-23)", title_justify="left", box=None, pad_edge=False)
     heat.add_column("day")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
@@ -23,6 +24,7 @@ from rich.tree import Tree
 
 from gateway import adapters
 from gateway.cli.paths import configured_prices, home_of, open_configured
+from gateway.cli.plain import plain, styled
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 from gateway.timefmt import ago
 from gateway.wording import plural
@@ -34,15 +36,26 @@ from state import (
     Store,
     TitleError,
 )
+from state.content import content_text, encode_content
 
 # Piped output is for reading whole lines (grep, a file, a pager): no width to wrap at, so
 # a table row stays one line however long its title.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Stored text reaches these consoles only as gateway.cli.plain spans; stderr carries no
+# markup of ours at all, so whatever an error message quotes is printed as it is.
+out = Console(highlight=False, emoji=False, soft_wrap=True,
+              width=None if sys.stdout.isatty() else 100_000)  # fmt: skip
+err = Console(stderr=True, highlight=False, emoji=False, markup=False, soft_wrap=True)
 
 
 def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC") if ts else "-"
+
+
+def _text_of(content: object) -> str:
+    """A message's text for one line: its text parts when it is structured."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return content_text(encode_content(content)) or "[structured content]"
 
 
 async def _resolve(db: Store, ref: str) -> str:
@@ -89,14 +102,15 @@ async def cmd_list(db: Store, args: argparse.Namespace) -> int:
     for col in columns:
         table.add_column(col, no_wrap=col in ("ID", "Last Active"))
     for r in rows:
-        preview = (r.get("preview") or "")[:60]
+        preview = plain((r.get("preview") or "")[:60])
+        when = ago(r.get("last_active"), now)
         cells: list[str | Text]
         if titled:
-            cells = [r.get("title") or "", preview, ago(r.get("last_active"), now), r["id"]]
+            cells = [plain(r.get("title") or ""), preview, when, plain(r["id"])]
         else:
-            cells = [preview, ago(r.get("last_active"), now), r["source"], r["id"]]
+            cells = [preview, when, plain(r["source"]), plain(r["id"])]
         if chats:  # the chat's name, else its id (plain text, never markup)
-            cells.insert(at, Text(r.get("chat_name") or r.get("chat_id") or ""))
+            cells.insert(at, plain(r.get("chat_name") or r.get("chat_id") or ""))
         table.add_row(*cells)
     out.print(table if rows else "No sessions.")
     if more:
@@ -113,36 +127,43 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
         print(json.dumps({"session": row, "ancestors": await db.get_ancestors(sid),
                           "descendants": await db.get_descendants(sid), "messages": msgs}, ensure_ascii=False, default=str))  # fmt: skip
         return EXIT_OK
-    out.print(f"[bold]{row.get('title') or '(untitled)'}[/bold]  {sid}")
+    out.print(styled(plain(row.get("title") or "(untitled)", "bold"), "  ", plain(sid)))
     for label, key in (("source", "source"), ("model", "model"), ("user", "user_id"), ("chat", "chat_id"),
                        ("key", "session_key"), ("messages", "message_count"), ("tool calls", "tool_call_count")):  # fmt: skip
         if row.get(key) is not None:
-            out.print(f"  {label:<11}{row[key]}")
+            out.print(styled(f"  {label:<11}", plain(row[key])))
     out.print(f"  {'started':<11}{_when(row.get('started_at'))}")
-    out.print(
-        f"  {'ended':<11}{_when(row.get('ended_at'))}"
-        + (f" ({row['end_reason']})" if row.get("end_reason") else "")
-    )
+    reason = row.get("end_reason")
+    out.print(styled(f"  {'ended':<11}{_when(row.get('ended_at'))}",
+                   *((" (", plain(reason), ")") if reason else ())))  # fmt: skip
     out.print(
         f"  {'tokens':<11}{row.get('input_tokens') or 0} in / {row.get('output_tokens') or 0} out"
     )
     ancestors = await db.get_ancestors(sid)
-    tree = Tree(f"[dim]{ancestors[-1]['id']}[/dim]" if ancestors else f"[bold]{sid}[/bold] (this)")
+    tree = Tree(
+        plain(ancestors[-1]["id"], "dim") if ancestors else styled(plain(sid, "bold"), " (this)")
+    )
     node = tree
     for anc in reversed(ancestors[:-1]):
-        node = node.add(f"[dim]{anc['id']} {anc.get('title') or ''}[/dim]")
+        node = node.add(plain(f"{anc['id']} {anc.get('title') or ''}", "dim"))
     if ancestors:
-        node = node.add(f"[bold]{sid}[/bold] (this, {row.get('child_kind') or 'child'})")
+        node = node.add(
+            styled(plain(sid, "bold"), " (this, ", plain(row.get("child_kind") or "child"), ")")
+        )
     for child in await db.get_children(sid):
-        node.add(f"{child['id']} {child.get('title') or ''} ({child.get('child_kind') or 'child'})")
+        node.add(
+            plain(
+                f"{child['id']} {child.get('title') or ''} ({child.get('child_kind') or 'child'})"
+            )
+        )
     out.print("lineage:")
     out.print(tree)
     out.print(f"last {plural(len(msgs), 'message')}:")
     for m in msgs:
-        content = " ".join((m.get("content") or "").split())
-        out.print(
-            f"  [{'gold1' if m['role'] == 'user' else 'green'}]{m['role']:>9}[/] {content[:200]}"
-        )
+        content = " ".join(_text_of(m.get("content")).split())
+        role = f"{m['role']:>9}"
+        out.print(styled("  ", plain(role, "gold1" if m["role"] == "user" else "green"), " ",
+                       plain(content[:200])))  # fmt: skip
     return EXIT_OK
 
 
@@ -162,9 +183,10 @@ async def cmd_search(db: Store, args: argparse.Namespace) -> int:
     if not hits:
         out.print("Nothing found.")
     for h in hits:
-        out.print(f"[bold]{h.get('title') or '(untitled)'}[/bold] {h['session_id']} #{h['id']} "
-                  f"[dim]{h['source']} {h['role']} {_when(h['timestamp'])}[/dim]")  # fmt: skip
-        out.print(f"  {h['snippet']}")
+        out.print(styled(plain(h.get("title") or "(untitled)", "bold"), " ",
+                       plain(f"{h['session_id']} #{h['id']}"), " ",
+                       plain(f"{h['source']} {h['role']} {_when(h['timestamp'])}", "dim")))  # fmt: skip
+        out.print(styled("  ", plain(h["snippet"])))
     return EXIT_OK
 
 
@@ -176,9 +198,9 @@ async def cmd_rename(db: Store, args: argparse.Namespace) -> int:
         err.print(f"switchboard: {exc}")
         return EXIT_FAILURE
     if title is None:
-        out.print(f"{sid}: title cleared")
+        out.print(f"{sid}: title cleared", markup=False)
     else:
-        out.print(f"{sid} is now titled {title!r}")
+        out.print(f"{sid} is now titled {title!r}", markup=False)
     return EXIT_OK
 
 
@@ -207,7 +229,7 @@ async def cmd_delete(db: Store, args: argparse.Namespace) -> int:
     if not answer:
         return EXIT_OK
     await db.delete_session(sid)
-    out.print(f"deleted {sid} (its children, if any, are now roots)")
+    out.print(f"deleted {sid} (its children, if any, are now roots)", markup=False)
     return EXIT_OK
 
 
@@ -240,7 +262,9 @@ async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(s, ensure_ascii=False))
         return EXIT_OK
-    out.print(f"{plural(s['sessions'], 'session')} ({s['live_sessions']} live), {plural(s['messages'], 'message')}")
+    out.print(
+        f"{plural(s['sessions'], 'session')} ({s['live_sessions']} live), {plural(s['messages'], 'message')}"
+    )
     out.print(
         f"tokens {s['input_tokens']} in / {s['output_tokens']} out; "
         f"estimated cost {usd(s['cost']['estimated_usd'])}"
@@ -257,7 +281,7 @@ async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
     )
     for p in s["per_source"]:
         table.add_row(
-            p["source"],
+            plain(p["source"]),
             str(p["sessions"]),
             str(p["messages"]),
             str(p["input_tokens"]),
@@ -306,7 +330,7 @@ class _LineCounter:
 
 def _records(fh: Any, name: str, size: int | None, progress: Progress,
              bad: _LineCounter) -> Iterator[dict[str, Any]]:  # fmt: skip
-    task = progress.add_task(f"importing {name}", total=size)
+    task = progress.add_task(f"importing {escape(name)}", total=size)
     for n, line in enumerate(fh, 1):
         progress.update(task, advance=len(line))
         if not line.strip():
@@ -342,6 +366,9 @@ async def cmd_import(db: Store, args: argparse.Namespace) -> int:
         err.print(f"  title {old!r} was taken; kept as {new!r}")
     for problem in report.errors:
         err.print(f"  {problem}")
+    if report.replaced:
+        err.print(f"  {plural(report.replaced, 'character')} no store can hold (NUL, lone "
+                  "surrogates) kept as U+FFFD")  # fmt: skip
     err.print(f"imported {plural(report.imported, 'session')}, {plural(report.messages, 'message')}; "
               f"{report.skipped_existing} already present")  # fmt: skip
     rejected = bad.bad + len(report.errors)
@@ -492,7 +519,11 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     c = add_command(sp, "import", "import JSONL written by export (idempotent)")
     c.add_argument("file", help="a path, or - for stdin")
     add_command(sp, "optimize", "optimize the search index and VACUUM")
-    c = add_command(sp, "browse", "pick a session (type to filter) and resume it in `switchboard chat`")
+    c = add_command(
+        sp, "browse", "pick a session (type to filter) and resume it in `switchboard chat`"
+    )
     c.add_argument("--source", help=source_help())
-    c.add_argument("--limit", type=positive_int, default=200, help="offer at most N sessions (default 200)")
+    c.add_argument(
+        "--limit", type=positive_int, default=200, help="offer at most N sessions (default 200)"
+    )
     return p

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.vocab import ChatType
+from state.text import storable
 
 CHAT_TYPES: tuple[str, ...] = tuple(ChatType)
 
@@ -24,6 +25,7 @@ def as_chat_type(value: object) -> ChatType:
 
 
 PREFIX = "agent:main"
+_PLATFORM_TEXT = ("chat_id", "user_id", "user_name", "chat_name", "thread_id")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,12 @@ class SessionSource:
             object.__setattr__(self, "chat_type", as_chat_type(self.chat_type))
         if not self.platform or not self.chat_id:
             raise ValueError("platform and chat_id are required")
+        for name in _PLATFORM_TEXT:  # what a platform sent: kept storable (state/text.py)
+            value = getattr(self, name)
+            if value is not None:
+                clean, replaced = storable(value)
+                if replaced:
+                    object.__setattr__(self, name, clean)
 
     def as_dict(self) -> dict[str, str | None]:
         return {

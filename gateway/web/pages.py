@@ -696,6 +696,9 @@ async def import_view(request: web.Request) -> web.StreamResponse:
         report = await queries.import_stream(d, _file_chunks(part))
         errors = join(t("<li>{}</li>", e) for e in report["errors"][:50])
         renamed = join(t("<li>{} → {}</li>", a, b) for a, b in report["renamed_titles"][:50])
+        if report["replaced_characters"]:
+            errors = join([t("<li>{} character(s) no store can hold (NUL, lone surrogates) "
+                             "kept as U+FFFD</li>", report["replaced_characters"]), errors])  # fmt: skip
         return page(request, "Imported", t(
             '<p class="notice" role="status">Imported {} session(s) and {} message(s); {} already present.</p>'
             "<ul>{}</ul><ul>{}</ul><p><a href=\"/ui/sessions\">Sessions</a></p>",

@@ -239,5 +239,6 @@ async def import_stream(d: Dashboard, chunks: AsyncIterator[bytes]) -> dict[str,
         "skipped_existing": report.skipped_existing,
         "messages": report.messages,
         "renamed_titles": [list(pair) for pair in report.renamed_titles],
+        "replaced_characters": report.replaced,  # NULs, lone surrogates kept as U+FFFD
         "errors": problems + list(report.errors),
     }

@@ -9,7 +9,6 @@ from typing import Any, cast
 
 from psycopg import AsyncConnection
 
-from ..content import encode_content
 from ..errors import AmbiguousSession, SessionNotFound, TitleTaken
 from ..listing import LIST_COLUMNS, SessionFilter, with_chat_name
 from ..maintenance import PRUNE_CHUNK
@@ -320,9 +319,7 @@ async def import_records(
                 continue
             row = {k: v for k, v in msg.items() if k in message_cols}
             row.setdefault("timestamp", sess["started_at"])
-            if "content" in row:
-                row["content"] = encode_content(row["content"])
-            batch.append(row)
+            batch.append(row)  # append_messages encodes structured content
         if batch:
             await messages.append_messages(conn, sid, batch)
         report.messages += len(batch)

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from .. import search as sqlite_search
-from ..errors import DatabaseError, SessionNotFound, StoreUnavailable
+from ..errors import DatabaseError, SessionNotFound, StoreUnavailable, UnstorableData
 from ..inbox import payload_of
 from ..insights import Period
 from ..listing import SessionFilter
@@ -181,7 +181,11 @@ class PgStore:
         raise AssertionError("unreachable")
 
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return await self._writer.submit(fn, *args)
+        try:
+            return await self._writer.submit(fn, *args)
+        except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
+            # a NUL in text, an id too long for its index: the same write fails every time
+            raise UnstorableData(self.where, str(exc)) from exc
 
     # --- sessions -------------------------------------------------------------------
 
@@ -767,6 +771,7 @@ class PgStore:
                 await self._write(admin.import_records, chunk, report)
 
         for rec in records:
+            rec = report.storable(rec)
             pending.append(rec)
             sess = rec.get("session") if isinstance(rec, Mapping) else None
             if isinstance(sess, Mapping) and isinstance(sess.get("id"), str):

@@ -96,6 +96,13 @@ class PgWriterConfig:
 RECONNECT_S = 0.5
 
 
+def _lost(conn: AsyncConnection) -> bool:
+    """Whether an OperationalError left the connection unusable (the server went away), as
+    opposed to a statement's own failure on a live one (a value too large for an index:
+    ProgramLimitExceeded is an OperationalError too)."""
+    return conn.closed or conn.broken
+
+
 class _Uncommitted(Exception):
     """The connection failed before COMMIT: nothing of the batch was applied."""
 
@@ -240,21 +247,30 @@ class PgWriter:
         except _RETRY:
             raise
         except psycopg.OperationalError as exc:
-            raise _Uncommitted() from exc
+            if _lost(conn):
+                raise _Uncommitted() from exc
+            await self._fall_back(conn, batch, exc)
+            return await self._run_isolated(conn, batch)
         except Exception as exc:
-            forget_windows(conn)  # advanced by statements now rolled back
-            try:
-                await conn.execute(b"ROLLBACK")
-            except psycopg.OperationalError as lost:
-                raise _Uncommitted() from lost
-            self.stats.fallbacks += 1
-            routine = isinstance(exc, (StateError, ValueError, psycopg.errors.IntegrityError))
-            log.log(logging.DEBUG if routine else logging.WARNING,
-                    "batch of %d redone one operation at a time: %r", len(batch), exc,
-                    exc_info=not routine)  # fmt: skip
+            await self._fall_back(conn, batch, exc)
             return await self._run_isolated(conn, batch)
         await conn.execute(b"COMMIT")
         return results
+
+    async def _fall_back(self, conn: AsyncConnection, batch: list[_Item], exc: Exception) -> None:
+        """An operation of the fast path raised on a live connection: roll the batch back
+        before it is redone one savepoint per operation."""
+        forget_windows(conn)  # advanced by statements now rolled back
+        try:
+            await conn.execute(b"ROLLBACK")
+        except psycopg.OperationalError as lost:
+            raise _Uncommitted() from lost
+        self.stats.fallbacks += 1
+        routine = isinstance(exc, (StateError, ValueError, psycopg.errors.IntegrityError,
+                                   psycopg.DataError, psycopg.errors.ProgramLimitExceeded))  # fmt: skip
+        log.log(logging.DEBUG if routine else logging.WARNING,
+                "batch of %d redone one operation at a time: %r", len(batch), exc,
+                exc_info=not routine)  # fmt: skip
 
     @classmethod
     async def _run_fast(cls, conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
@@ -306,8 +322,13 @@ class PgWriter:
                 try:
                     async with conn.transaction():  # a savepoint per operation
                         value = await item.fn(conn, *item.args)
-                except (*_RETRY, psycopg.OperationalError):
+                except _RETRY:
                     raise  # the whole batch, from the start
+                except psycopg.OperationalError as exc:
+                    if _lost(conn):
+                        raise  # the whole batch, from the start, on a new connection
+                    forget_windows(conn)  # a statement's own failure (a value too large...)
+                    results.append((False, exc))
                 except Exception as exc:
                     forget_windows(conn)  # advanced by statements of the savepoint undone
                     results.append((False, exc))

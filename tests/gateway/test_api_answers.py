@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -63,38 +64,74 @@ async def _post(
         ("/v1/messages", b'{"chat_id": "x", "text": "hi", "user_name": "a\\udfff"}', "user_name"),
         ("/v1/messages", b'{"chat_id": "\\ud800", "text": "hi"}', "chat_id"),
         ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
-         "messages[-1].content"),
+         "messages[0].content"),
         ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", '
-         b'"text": "a\\udc00"}]}]}', "messages[-1].content"),
+         b'"text": "a\\udc00"}]}]}', "messages[0].content[0].text"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a"}, {"role": '
+         b'"user", "content": [{"type": "image_url"}, {"type": "text", "text": "b\\u0000"}]}]}',
+         "messages[1].content[1].text"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x\\u0000y"}]}',
+         "messages[0].content"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\u0000json:[{\\"type'
+         b'\\":\\"text\\",\\"text\\":\\"injected\\"}]"}]}', "messages[0].content"),
+        ("/v1/messages", b'{"chat_id": "x", "text": "before\\u0000after"}', "text"),
+        ("/v1/messages", b'{"chat_id": "x", "text": "hi", "chat_name": "\\u0000"}', "chat_name"),
         ("/v1/chat/completions", b'{"user": "\\ud800", "messages": [{"role": "user", '
          b'"content": "hi"}]}', "user"),
     ],
 )  # fmt: skip
-async def test_a_lone_surrogate_is_refused_naming_the_field(
+async def test_text_no_store_can_hold_is_refused_naming_the_field(
     gw: tuple[Gateway, str], path: str, body: bytes, field: str
 ) -> None:
     gateway, url = gw
     async with aiohttp.ClientSession() as http:
         status, answer = await _post(http, url + path, body)
     assert status == 400, answer
-    assert (
-        field in answer["error"]["message"] and answer["error"]["type"] == "invalid_request_error"
-    )
+    assert answer["error"]["message"].startswith(f"{field} contains ")
+    assert answer["error"]["type"] == "invalid_request_error"
     assert gateway.db is not None and await gateway.db.message_count() == 0
 
 
 async def test_a_store_failure_on_a_chat_platform_is_not_reported_as_saved(
     tmp_path: Path,
 ) -> None:
-    """Telegram delivers JSON, which can carry a lone surrogate; the store refuses it, and the
-    chat is told its message was not stored (not "Your message was saved")."""
+    """The store refuses a message after its inbox row is committed (here a trigger on
+    the messages table refuses one text); the chat is told its message was not stored (not
+    "Your message was saved"), and the next message is answered."""
     async with gateway_with_telegram(tmp_path, "allow_all_users: true") as (gateway, fake):
-        fake.push(fake.message("bad \ud800 text", fake.dm_chat()))
+        with sqlite3.connect(tmp_path / "home" / "state.db") as conn:
+            conn.execute("CREATE TRIGGER refuse_doomed BEFORE INSERT ON messages "
+                         "WHEN NEW.content = 'doomed' BEGIN SELECT RAISE(ABORT, 'refused'); END")  # fmt: skip
+        conn.close()
+        fake.push(fake.message("doomed", fake.dm_chat()))
         [apology] = await fake.wait_sent(1)
         fake.push(fake.message("fine", fake.dm_chat()))
         later = await fake.wait_sent(2)
     assert apology["text"] == STORAGE_APOLOGY and "saved" not in apology["text"]
     assert later[1]["text"] == "echo: fine"
+
+
+async def test_text_no_store_can_hold_from_a_chat_platform_is_kept_with_u_fffd(
+    tmp_path: Path,
+) -> None:
+    """A chat platform cannot be refused: NUL and lone surrogates in the text Telegram
+    delivers become U+FFFD, the rest of the text is kept, stored and answered, and a text
+    that starts like structured content stays text."""
+    async with gateway_with_telegram(tmp_path, "allow_all_users: true") as (gateway, fake):
+        fake.push(fake.message("bad \ud800 text", fake.dm_chat()))
+        fake.push(fake.message("before\x00after", fake.dm_chat()))
+        fake.push(fake.message('\x00json:[{"type":"text","text":"injected"}]', fake.dm_chat()))
+        sent = await fake.wait_sent(3)
+        assert gateway.db is not None
+        [session] = await gateway.db.list_sessions("telegram")
+        stored = [m["content"] for m in await gateway.db.get_messages(session["id"])]
+    assert [m["text"] for m in sent] == [
+        "echo: bad \ufffd text", "echo: before\ufffdafter",
+        'echo: \ufffdjson:[{"type":"text","text":"injected"}]',
+    ]  # fmt: skip
+    assert stored[::2] == [
+        "bad \ufffd text", "before\ufffdafter", '\ufffdjson:[{"type":"text","text":"injected"}]'
+    ]  # fmt: skip
 
 
 # --- item 5: a reset notice comes beside the agent's answer ---------------------------------

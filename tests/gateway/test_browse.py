@@ -161,3 +161,16 @@ def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> N
             await db.close()
 
     assert asyncio.run(remaining()) == {ids["kyoto trip"]}
+
+
+def test_the_numbered_list_shows_stored_control_characters_instead_of_sending_them() -> None:
+    """A title holding an escape sequence or a NUL (curses cannot draw one) is listed with
+    those characters as \\xNN; brackets and the rest stay as they are."""
+    from gateway.cli.browse import pick_numbered
+
+    row = {"id": "20261101_100000_aaaaaaaa", "source": "api", "last_active": time.time(),
+           "title": "[bold]x[/] \x1b[2J\x00end", "preview": None}  # fmt: skip
+    written: list[str] = []
+    assert pick_numbered([row], lambda: "1", written.append) is row
+    assert written[0].startswith("  1. [bold]x[/] \\x1b[2J\\x00end")
+    assert not any("\x1b" in w or "\x00" in w for w in written)

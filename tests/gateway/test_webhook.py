@@ -144,6 +144,8 @@ async def test_a_replayed_request_is_answered_once(gw: tuple[Gateway, str]) -> N
         (json.dumps({"id": "1", "user": "a", "text": "x", "thread": "t"}).encode(), "thread needs chat"),
         (json.dumps({"id": "1", "user": "a", "text": "x", "room": "r"}).encode(), "unknown field 'room'"),
         (json.dumps({"id": "1", "user": "a" * 201, "text": "x"}).encode(), "at most 200"),
+        (json.dumps({"id": "1", "user": "a", "text": "a\x00b"}).encode(), "text contains U+0000 (NUL)"),
+        (b'{"id": "1", "user": "a\\ud800", "text": "x"}', "user contains a lone surrogate U+D800"),
     ],
 )  # fmt: skip
 async def test_bad_bodies_get_a_clear_400(gw: tuple[Gateway, str], raw: bytes, why: str) -> None:

@@ -179,12 +179,21 @@ async def test_random_payloads_never_take_the_gateway_down(
 
 
 @pytest.mark.parametrize(
-    "chat_id", ["\x00\x01", "🎉" * 50, "a" * 200, " spaces ", "a:b%c=d", "x\ny"]
+    "chat_id", ["\x01\x02", "🎉" * 50, "a" * 200, " spaces ", "a:b%c=d", "x\ny", "\u202e\u200b"]
 )
 async def test_odd_ids_are_handled(gw: tuple[Gateway, str, FakeTelegram], chat_id: str) -> None:
     _, url, _ = gw
     status, body = await _post(url, {"chat_id": chat_id, "text": "hello", "user_id": chat_id})
     assert status == 200 and body["reply"] == "echo: hello"
+
+
+async def test_an_id_holding_a_nul_is_refused_naming_it(
+    gw: tuple[Gateway, str, FakeTelegram],
+) -> None:
+    """No store holds U+0000: the API refuses it (400, the field named), never 503."""
+    _, url, _ = gw
+    status, body = await _post(url, {"chat_id": "\x00\x01", "text": "hello"})
+    assert status == 400 and body["error"]["message"].startswith("chat_id contains U+0000")
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -1,0 +1,33 @@
+"""Stored and user text on the terminal: printed as the characters it holds, never read as
+rich markup or emoji codes, with control characters shown rather than sent, so no message,
+title or id can restyle the terminal, make a link, move the cursor or crash a command.
+Our own styling goes around such text as `Text` spans; the text itself is never parsed."""
+
+from __future__ import annotations
+
+import re
+
+from rich.text import Text
+
+# C0 controls but tab and newline, DEL and C1: terminals act on these (ESC starts colour,
+# cursor and hyperlink sequences), so they are shown as \xNN escapes instead of written
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def shown(value: object) -> str:
+    """`value` as a string a terminal shows as it is (control characters as \\xNN)."""
+    text = "" if value is None else str(value)
+    if _CONTROL.search(text) is None:
+        return text
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def plain(value: object, style: str = "") -> Text:
+    """`value` as a rich Text span: printed literally, in `style` (ours)."""
+    return Text(shown(value), style=style, end="")
+
+
+def styled(*parts: str | Text | tuple[str, str]) -> Text:
+    """One line from parts: a str or (str, style) pair is our own text, a Text is a
+    `plain` span; nothing in it is read as markup."""
+    return Text.assemble(*parts, end="")
