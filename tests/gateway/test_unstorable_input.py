@@ -7,6 +7,7 @@ later one (both in one commit)."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -89,3 +90,21 @@ async def test_the_signed_webhook_answers_400_for_it_too(gw: tuple[Gateway, str]
         f"{url}/webhooks/ci", {"id": "2", "user": "ann", "text": "fine"}
     )
     assert status == 200 and body["reply"] == "echo: fine"
+
+
+async def test_an_id_too_long_for_the_databases_index_is_answered_400_not_503(
+    gw: tuple[Gateway, str],
+) -> None:
+    """A message id past what a btree index row holds (about 2,700 bytes) fails the same
+    way every time: PostgreSQL's program_limit_exceeded, an OperationalError on a live
+    connection, is refused as data, never taken for a lost connection and answered 503."""
+    gateway, url = gw
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/messages", json={
+            "chat_id": "c", "text": "a long id", "message_id": secrets.token_hex(10_000),
+        }) as resp:  # fmt: skip
+            status, body = resp.status, await resp.json()
+        after = await _say(http, url, "c", "still here")
+    assert status == 400, body
+    assert body["error"]["code"] == "unstorable_input"
+    assert after[0] == 200 and after[1]["reply"] == "echo: still here"
