@@ -428,7 +428,7 @@ async def test_a_leases_take_and_release_update_its_route_in_place(pg: PgStore) 
             assert await cluster.release_lease(conn, fence, None, [])
         cur = await conn.execute(
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
-            "WHERE relname = 'session_routes'"
+            "WHERE relname = 'session_routes' AND schemaname = current_schema()"
         )
         found = await cur.fetchone()
         assert found is not None
