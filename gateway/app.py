@@ -110,6 +110,19 @@ def _changed_keys(
     return [] if old == new else [prefix]
 
 
+RELOADABLE = ("logging.level", "access", "session_reset")  # what SIGHUP applies live, with:
+RELOADABLE_PLATFORM_KEYS = ("allowed_users", "allow_all_users", "admins")
+
+
+def restart_keys(old: Any, new: Any) -> list[str]:
+    """The dotted keys that differ between two validated configs (`Config.data`) and that a
+    reload cannot apply: they take effect at the next start."""
+    live = set(RELOADABLE) | {
+        f"platforms.{p}.{k}" for p in (*registry.names(), "api") for k in RELOADABLE_PLATFORM_KEYS
+    }
+    return _changed_keys(old, new, ignore=live)
+
+
 def reset_policies(config: Config) -> PolicySet:
     r = config.session_reset
     base = ResetPolicy(
@@ -464,18 +477,11 @@ class Gateway:
         if hook is not None:
             hook(msg, dropped)
 
-    RELOADABLE = (
-        "logging.level",
-        "access",
-        "session_reset",
-    )  # plus platforms.*.{allowed_users,...}
-    _RELOADABLE_PLATFORM_KEYS = ("allowed_users", "allow_all_users", "admins")
-
     def reload(self, new: Config) -> list[str]:
         """Apply what can change without a restart (allowlists, admins, the reset policy,
         the log level); return the keys that changed but need a restart."""
         old = self.config
-        needs_restart = _changed_keys(old.data, new.data, ignore=self._reload_ignores())
+        needs_restart = restart_keys(old.data, new.data)
         if self.router is not None:
             self.router.settings = router_settings(new)
             if self.router.resetter is not None:
@@ -484,15 +490,6 @@ class Gateway:
         logging.getLogger().setLevel(new.logging.level.upper())
         self.config = replace(new, secrets=old.secrets)
         return needs_restart
-
-    def _reload_ignores(self) -> set[str]:
-        keys = set(self.RELOADABLE)
-        keys |= {
-            f"platforms.{p}.{k}"
-            for p in (*registry.names(), "api")
-            for k in self._RELOADABLE_PLATFORM_KEYS
-        }
-        return keys
 
     def health(self) -> dict[str, Any]:
         adapters = {a.platform: a.health() for a in self.adapters}

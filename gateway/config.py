@@ -516,13 +516,33 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Conf
         except OSError as exc:
             raise ConfigError("", f"{path}: cannot be read ({exc.strerror})") from None
         raw = _parse(text, path)
+    data, secrets, errors = check(raw, env)
+    if errors:
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
+    return Config(data=data, secrets=secrets, path=path)
+
+
+def parse(text: str, path: Path) -> Any:
+    """The parsed YAML of a config file's text (duplicate keys and bad YAML refused)."""
+    return _parse(text, path)
+
+
+def check(
+    raw: Any, env: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str], list[ConfigError]]:
+    """What load_config decides, without raising: the values with defaults filled in, the
+    secrets resolved from `env`, and every problem found (`switchboard config set` compares
+    the problems before and after an edit)."""
     errors: list[ConfigError] = []
     data = _validate(raw, schema(), "", errors)
     _validate_reset_overrides(data["session_reset"], errors)
     secrets = _resolve_secrets(data, env, errors)
-    if errors:
-        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
-    return Config(data=data, secrets=secrets, path=path)
+    return data, secrets, errors
+
+
+def check_value(value: Any, spec: Field) -> str | None:
+    """One value's problem against its schema field (its type, placeholders, its check)."""
+    return _check_value(value, spec)
 
 
 def _validate_reset_overrides(section: dict[str, Any], errors: list[ConfigError]) -> None:

@@ -27,7 +27,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gateway.ops.logs import setup_logging
 
     home = _home(args)
-    config = load_config(_config_path(args, home))
+    config = load_config(_config_path(args, home), _environment(home))
     setup_logging("debug" if args.debug else config.logging.level, config.logging.format,
                   config.secrets.values())  # fmt: skip
     from gateway.ops.notify import sd_notify
@@ -42,7 +42,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     home = _home(args)
     path = _config_path(args, home)
-    load_config(path)
+    load_config(path, _environment(home))
     print(f"config ok: {path or '(embedded defaults)'}")
     return EXIT_OK
 
@@ -68,7 +68,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     home = _home(args)
     config, problem = None, None
     try:
-        config = load_config(_config_path(args, home))
+        config = load_config(_config_path(args, home), _environment(home))
     except ConfigError as exc:
         problem = str(exc)
     checks = asyncio.run(run_doctor(home, config, problem, fix=args.fix, full=args.full,
@@ -92,7 +92,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     home = _home(args)
     state = store_settings(args, home)
-    config = load_config(_config_path(args, home))  # its key settings shape the new keys
+    config = load_config(_config_path(args, home), _environment(home))  # key settings
     return asyncio.run(run(args, home, hermes_db_file(args.from_hermes), config, state))
 
 
@@ -103,13 +103,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     home = _home(args)
     state = store_settings(args, home)
-    config = load_config(_config_path(args, home))
+    config = load_config(_config_path(args, home), _environment(home))
     # the options the resume hint must repeat so that it reaches this same store
     given = ["--home", str(home.absolute())] if args.home else []
     if args.config:
         given += ["--config", str(Path(args.config).expanduser().absolute())]
     return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume, given=given,
                                 state=state))  # fmt: skip
+
+
+def _environment(home: Path) -> dict[str, str]:
+    """The process's environment, and the home's secrets file for what it does not set."""
+    from gateway.ops.envfile import environment
+
+    return environment(home)
 
 
 def _version() -> str:
@@ -186,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.hermes_import import add_parser as add_import
 
     add_import(sub, add_command).set_defaults(func=cmd_import)
+    from gateway.cli.config_cmd import add_parser as add_config
+
+    add_config(sub, add_command)
     from gateway.cli.insights import add_parser as add_insights
 
     add_insights(sub, add_command)
