@@ -44,6 +44,17 @@ log = logging.getLogger("gateway.app")
 TAKEOVER_SCAN_S = 1.0  # replicas: how often inbox rows of dead replicas are looked for
 
 
+def version() -> str:
+    """The installed switchboard's version ("unknown" when run from a bare source tree)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("switchboard")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def default_home() -> Path:
     return Path(os.environ.get("SWITCHBOARD_HOME") or "~/.switchboard").expanduser()
 
@@ -498,7 +509,10 @@ class Gateway:
         )
         return {
             "status": "ok" if ok else "degraded",
+            "pid": os.getpid(),
+            "version": version(),
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            "next_reset_sweep": self.scheduler.next_sweep() if self.scheduler else None,
             "event_loop": event_loops.running(),
             "adapters": adapters,
             "writer_queue_depth": self.db.write_stats().queue_depth if self.db else None,
