@@ -392,8 +392,32 @@ class Gateway:
                 health=self.health, metrics=self.metrics.render, routes=routes,
                 models=(self.agent.model,) if self.agent and self.agent.model else (),
                 subapps=self._dashboard(), stored_replies=self._stored_api_reply,
+                send_one=self.send_one,
             ))  # fmt: skip
         return adapters
+
+    async def send_one(self, platform: str, target: str | None, text: str) -> SentRef:
+        """One message to a chat of a running adapter (`switchboard send` through the
+        daemon): `target` is a chat id or chat_id:thread_id, None for the home channel."""
+        from gateway.errors import ConfigError
+        from gateway.handoff import home_channel
+        from gateway.ops.send import DEFAULT_TIMEOUT_S, deliver, home_target, split_target
+
+        adapter = self._adapters_by_platform.get(platform)
+        if adapter is None or platform == "api" or self.db is None:
+            raise ConfigError(f"platforms.{platform}", "is not running on this daemon "
+                              "(not enabled in its config, or not a chat platform)")  # fmt: skip
+        if target is None:
+            configured = self.config.platforms[platform].home_channel
+            chat_id, thread_id = home_target(
+                await home_channel(self.db, platform, configured), platform
+            )
+        else:
+            chat_id, thread_id = split_target(platform, target)
+        msg = OutboundMessage(platform, chat_id, text, thread_id=thread_id)
+        sent = await deliver(adapter, msg, DEFAULT_TIMEOUT_S)
+        self.metrics.messages_out.inc(platform=platform)
+        return sent
 
     async def _stored_api_reply(self, chat_id: str, key: str) -> StoredReply | None:
         """The HTTP API's idempotent repeats: the stored answer to a message id."""

@@ -256,13 +256,14 @@ class TelegramAdapter:
 
     # --- lifecycle --------------------------------------------------------------------
 
-    async def start(self, emit: Emit) -> None:
-        from telegram import Bot, Update
+    async def open_outbound(self) -> None:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): the bot
+        and its getMe, neither polling nor touching the webhook."""
+        from telegram import Bot
         from telegram import error as tg_error
 
         from gateway.adapters.telegram_request import AiohttpRequest
 
-        self._emit = emit
         base = (self._base_url or DEFAULT_API).rstrip("/")
         self._bot = Bot(
             self._token, base_url=base, base_file_url=base.replace("/bot", "/file/bot"),
@@ -276,7 +277,16 @@ class TelegramAdapter:
             log.error("telegram refused the bot token; the adapter is stopped (%s)", exc)
             await self._close_bot()
             raise InvalidToken("telegram rejected the bot token") from exc
+        except tg_error.NetworkError as exc:
+            await self._close_bot()
+            raise TransientError(f"telegram cannot be reached ({exc})") from exc
         self.bot_username = self._bot.username
+
+    async def start(self, emit: Emit) -> None:
+        from telegram import Update
+
+        self._emit = emit
+        await self.open_outbound()
         if self._webhook_url:
             await self._call(lambda: self._bot.set_webhook(
                 url=self._webhook_url, secret_token=self._webhook_secret, allowed_updates=Update.ALL_TYPES))  # fmt: skip

@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.hermes_import import add_parser as add_import
 
     add_import(sub, add_command).set_defaults(func=cmd_import)
+    from gateway.cli.send import add_parser as add_send
+
+    add_send(sub, add_command)
     from gateway.cli.config_cmd import add_parser as add_config
 
     add_config(sub, add_command)
