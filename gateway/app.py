@@ -29,6 +29,7 @@ from gateway.index import RouteIndex, SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.ops import heap
 from gateway.ops.metrics import Metrics
+from gateway.pairing import PairingRules
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.reset.scheduler import ResetScheduler
@@ -161,6 +162,11 @@ def router_settings(config: Config) -> RouterSettings:
         ),
         access=access,
         unknown_dm=config.access.unknown_dm,
+        pairing=PairingRules(
+            ttl_s=config.access.pairing.code_ttl_minutes * 60,
+            user_interval_s=config.access.pairing.user_interval_minutes * 60,
+            max_pending=config.access.pairing.max_pending,
+        ),
         system_prompt=config.agent.system_prompt,
         history_messages=config.sessions.history_messages,
         context_tokens=config.agent.context_tokens,
@@ -605,10 +611,11 @@ def _reload_from_disk(gateway: Gateway) -> None:
     """SIGHUP: re-read the config file; a broken file is reported and ignored."""
     from gateway.config import load_config
     from gateway.errors import ConfigError
+    from gateway.ops.envfile import environment
 
     gateway.notify("RELOADING=1")
     try:
-        new = load_config(gateway.config.path)
+        new = load_config(gateway.config.path, environment(gateway.home))
     except ConfigError as exc:
         log.error("reload refused, keeping the running configuration: %s", exc)
     else:

@@ -138,8 +138,18 @@ class AgentSettings:
 
 
 @dataclass(frozen=True)
+class PairingSettings:
+    code_ttl_minutes: int | float = setting(60, in_range(1, 10_080), "how long a code works")
+    user_interval_minutes: int | float = setting(
+        60, in_range(0, 10_080), "no new code for one user sooner than this after the last"
+    )
+    max_pending: int = setting(10, in_range(1, 10_000), "codes pending at once per platform")
+
+
+@dataclass(frozen=True)
 class AccessSettings:
-    unknown_dm: str = setting("refuse", one_of("refuse", "ignore"))
+    unknown_dm: str = setting("refuse", one_of("refuse", "ignore", "pair"))
+    pairing: PairingSettings = section(PairingSettings)
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.send import add_parser as add_send
 
     add_send(sub, add_command)
+    from gateway.cli.pairing import add_parser as add_pairing
+
+    add_pairing(sub, add_command)
     from gateway.cli.config_cmd import add_parser as add_config
 
     add_config(sub, add_command)
