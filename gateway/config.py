@@ -407,7 +407,8 @@ def _resolve_secrets(
         settings = build(cls.settings, data["platforms"][name])
         if settings.enabled:
             errors.extend(cls.problems(settings, data["platforms"]["api"]["enabled"]))
-            errors.extend(_allowlist_problems(name, settings))
+            if data["access"]["unknown_dm"] != "pair":  # pairing fills the allowlist
+                errors.extend(_allowlist_problems(name, settings))
             for want in cls.secrets_needed(settings):
                 need(f"platforms.{name}.{want.key}",
                      getattr(settings, want.key, None) or want.default_env, want.why)  # fmt: skip
@@ -465,7 +466,8 @@ def _allowlist_problems(name: str, settings: PlatformSettings) -> list[ConfigErr
     if not settings.allow_all_users and not settings.allowed_users:
         return [ConfigError(
             f"platforms.{name}.allowed_users",
-            "is empty: list user ids, or set allow_all_users: true",
+            "is empty: list user ids, set allow_all_users: true, or let users pair "
+            "(access.unknown_dm: pair)",
         )]  # fmt: skip
     return []
 

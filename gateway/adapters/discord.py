@@ -172,6 +172,16 @@ class DiscordAdapter:
         return {}  # events arrive over the gateway websocket
 
     @classmethod
+    def setup_steps(cls, settings: DiscordSettings) -> list[str]:
+        """What to do in Discord's Developer Portal (`switchboard setup` prints it)."""
+        return [
+            "Developer Portal -> Bot: enable the Message Content intent (privileged), "
+            "copy the token",
+            "OAuth2 -> URL Generator: scope bot, permissions Send Messages, Read Message "
+            "History, Create Public Threads; open the URL to add the bot to a server",
+        ]
+
+    @classmethod
     async def check_credentials(
         cls, settings: DiscordSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:

@@ -171,6 +171,17 @@ class SlackAdapter:
         return {} if self._app_token else {EVENTS_PATH: self.handle_events}
 
     @classmethod
+    def setup_steps(cls, settings: SlackSettings) -> list[str]:
+        """What to do in the Slack app's settings (`switchboard setup` prints it)."""
+        return [
+            "OAuth & Permissions: bot scopes chat:write, im:history, channels:history, "
+            "app_mentions:read; install the app to the workspace for the xoxb- token",
+            "Event Subscriptions: bot events message.im, app_mention (and message.channels "
+            "to answer without a mention); Socket Mode needs an xapp- app token instead of "
+            "a public Request URL",
+        ]
+
+    @classmethod
     async def check_credentials(
         cls, settings: SlackSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:

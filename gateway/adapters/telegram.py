@@ -189,6 +189,16 @@ class TelegramAdapter:
         return {WEBHOOK_PATH: self.handle_webhook} if self._webhook_url else {}
 
     @classmethod
+    def setup_steps(cls, settings: TelegramSettings) -> list[str]:
+        """What to do on Telegram's side (`switchboard setup` prints it)."""
+        steps = ["BotFather: /newbot gives the token; /setprivacy -> Disable lets the bot "
+                 "read group messages that do not mention it (require_mention: false)"]  # fmt: skip
+        if settings.mode == "webhook":
+            steps.append("webhook mode: the daemon registers webhook_url with Telegram at "
+                         "start; it must reach /telegram/webhook on the api server")  # fmt: skip
+        return steps
+
+    @classmethod
     async def check_credentials(
         cls, settings: TelegramSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:

@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.hermes_import import add_parser as add_import
 
     add_import(sub, add_command).set_defaults(func=cmd_import)
+    from gateway.cli.setup import add_parser as add_setup
+
+    add_setup(sub, add_command)
     from gateway.cli.send import add_parser as add_send
 
     add_send(sub, add_command)

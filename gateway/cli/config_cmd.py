@@ -17,7 +17,7 @@ from gateway.errors import EXIT_OK, ConfigError
 HELP = """\
 Keys are dotted paths of the config schema (config.example.yaml documents each one):
   switchboard config get platforms.api.port
-  switchboard config set platforms.telegram.allowed_users "[12345, 67890]"
+  switchboard config set platforms.<platform>.allowed_users "[12345, 67890]"
   switchboard config set session_reset.mode idle
   switchboard config unset logging.level
 Values are read as YAML, the way the daemon reads the file: true/false, numbers, null,
@@ -38,7 +38,7 @@ def add_parser(sub: Any, add_command: Callable[..., argparse.ArgumentParser]) ->
     g.set_defaults(func=cmd_get)
     s = add_command(sp, "set", "set a key, validate the whole config, write it, reload",
                     epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    s.add_argument("key", metavar="KEY", help="a dotted key, e.g. platforms.telegram.enabled")
+    s.add_argument("key", metavar="KEY", help="a dotted key, e.g. platforms.api.enabled")
     s.add_argument("value", metavar="VALUE", help="the value, read as YAML (true, 42, [a, b])")
     s.set_defaults(func=cmd_set)
     u = add_command(sp, "unset", "remove a key from the file (its default applies again)")

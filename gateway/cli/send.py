@@ -24,14 +24,13 @@ from gateway.errors import (
 )
 
 EPILOG = """\
-TARGET is a chat id as the platform writes it (a Telegram chat id, a Slack channel id...),
-chat_id:thread_id for a thread or forum topic, or `home` for the platform's home channel
-(the chat that sent /sethome, else platforms.<p>.home_channel). TEXT is read from stdin when
-it is omitted or `-`.
+TARGET is a chat id as the platform writes it, chat_id:thread_id for a thread or forum
+topic, or `home` for the platform's home channel (the chat that sent /sethome, else
+platforms.<p>.home_channel). TEXT is read from stdin when it is omitted or `-`.
 
 examples:
-  switchboard send telegram home "backup finished"
-  df -h | switchboard send slack C0123456 -
+  switchboard send <platform> home "backup finished"
+  df -h | switchboard send <platform> <chat id> -
 
 exit codes:
   0   sent
@@ -50,7 +49,9 @@ def add_parser(sub: Any, add_command: Callable[..., argparse.ArgumentParser]) ->
                     description="Send one message to a chat through the platform's adapter: "
                     "through the running daemon when there is one, else directly.",
                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("platform", metavar="PLATFORM", help="a platform name, e.g. telegram")
+    p.add_argument(
+        "platform", metavar="PLATFORM", help="a platform name, as under platforms: in config.yaml"
+    )
     p.add_argument("target", metavar="TARGET",
                    help="a chat id, chat_id:thread_id, or home (the home channel)")  # fmt: skip
     p.add_argument("text", metavar="TEXT", nargs="?", default="-",

@@ -46,7 +46,7 @@ def resolve(dotted: str) -> Key:
     """The schema's key at `dotted`; a ConfigError naming the first unknown part."""
     parts = tuple(dotted.split("."))
     if not dotted or not all(parts):
-        raise ConfigError(dotted, "is not a dotted key (e.g. platforms.telegram.enabled)")
+        raise ConfigError(dotted, "is not a dotted key (e.g. platforms.api.port)")
     node: Field | Schema = configuration.schema()
     for i, part in enumerate(parts):
         here = ".".join(parts[:i])
