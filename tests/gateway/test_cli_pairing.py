@@ -159,3 +159,41 @@ def test_pairing_help_explains_the_flow(tmp_path: Path) -> None:
     shown = subprocess.run(switchboard(tmp_path, "pairing", "--help"), capture_output=True,
                            text=True, timeout=60, env=clean_env()).stdout  # fmt: skip
     assert "access.unknown_dm: pair" in shown and "approve" in shown and "revoke" in shown
+
+
+async def test_on_postgres_an_approval_from_another_home_reaches_the_running_replica(
+    tmp_path: Path, pg_server: str
+) -> None:
+    """The daemon's home and the operator's are two machines sharing one database: the code
+    the replica handed out is approved from the other, and the replica lets the user in."""
+    from tests import pgserver
+
+    schema = pgserver.fresh_schema(pg_server)
+    dsn = pgserver.with_schema(pg_server, schema)
+    fake = FakeTelegram(token="4242:pg-pair-token")
+    await fake.start()
+    replica, operator, port = tmp_path / "replica", tmp_path / "operator", free_port()
+    for home in (replica, operator):
+        home.mkdir()
+        (home / "config.yaml").write_text(
+            f"state:\n  backend: postgres\n  dsn_env: SB_PAIR_DSN\naccess:\n  unknown_dm: pair\n"
+            f"platforms:\n  api:\n    port: {port}\n  telegram:\n    enabled: true\n"
+            f"    base_url: {fake.base_url}\n"
+        )
+        (home / "switchboard.env").write_text(f"TELEGRAM_BOT_TOKEN={fake.token}\nSB_PAIR_DSN={dsn}\n")
+    proc = await _daemon(replica)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", proc)
+        fake.push(fake.message("hello from far away", fake.dm_chat(9), user_id=9))
+        await fake.wait_sent(1, timeout=20)
+        code = CODE.match(_to(fake, 9)[0]).group(1)  # type: ignore[union-attr]
+        listed = await sb(operator, "pairing", "list")
+        assert code in listed.stdout, listed.stdout + listed.stderr
+        approved = await sb(operator, "pairing", "approve", code)
+        assert approved.returncode == 0, approved.stderr
+        await _until_answered(fake, 9, "in from the other side")
+        assert not (operator / "state.db").exists() and not (replica / "state.db").exists()
+    finally:
+        await _stop(proc)
+        await fake.stop()
+        pgserver.drop_schema(pg_server, schema)
