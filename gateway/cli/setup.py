@@ -130,7 +130,6 @@ class Wizard:
         self.new_secrets: dict[str, str] = _pairs(args.secret, "--secret")
         self.env.update(self.new_secrets)
         self.allow = _pairs(args.allow, "--allow")
-        self.checked: dict[str, str] = {}  # platform -> who the platform says the token is
 
     # --- the document ------------------------------------------------------------------
 
@@ -188,6 +187,38 @@ class Wizard:
             self.put("agent.openai.model",
                      self.ui.ask("Model", self.current("agent.openai.model")))  # fmt: skip
         self.fill("agent.")
+        if not self.args.offline:
+            self.check_agent_key()
+
+    def check_agent_key(self) -> None:
+        from gateway.agent.openai import OpenAIAgent
+        from gateway.config import check, parse
+
+        for attempt in range(CHECK_TRIES):
+            _, secrets, _ = check(parse(self.doc.render(), self.doc.path), self.env)
+            base = str(self.current("agent.openai.base_url"))
+            key = secrets.get("agent.openai.api_key_env")
+            ok, detail = asyncio.run(OpenAIAgent.check_credentials(base, key))
+            if self.verdict("the model provider", ok, detail, attempt):
+                return
+            var = self.current("agent.openai.api_key_env")
+            if not var:  # a provider without a key refused: nothing to ask again
+                raise PlatformRefused(f"the model provider: refused ({detail}); set "
+                                      "agent.openai.api_key_env")  # fmt: skip
+            self.ask_secret(str(var), "(the model provider's API key)")
+
+    def verdict(self, name: str, ok: bool, detail: str, attempt: int) -> bool:
+        """Say what the check found; True when accepted, an error when out of tries."""
+        if ok:
+            self.ui.say(f"  {name}: the token is accepted ({detail})")
+            return True
+        unreachable = detail.startswith("unreachable")
+        what = "could not be reached" if unreachable else "refused the token"
+        self.ui.say(f"  {name}: {what}: {detail}")
+        if not self.ui.interactive or attempt == CHECK_TRIES - 1:
+            kind = PlatformUnreachable if unreachable else PlatformRefused
+            raise kind(f"{name}: {what} ({detail}); nothing was written")
+        return False
 
     def platforms(self) -> list[str]:
         from gateway import adapters
@@ -277,15 +308,8 @@ class Wizard:
                 ok, detail = asyncio.run(cls.check_credentials(settings, self.secrets_of(name)))
             except Exception as exc:  # a third-party adapter's surprise: not reachable
                 ok, detail = False, f"unreachable ({type(exc).__name__})"
-            if ok:
-                self.checked[name] = detail
-                self.ui.say(f"  {name}: the platform accepts the token ({detail})")
+            if self.verdict(name, ok, detail, attempt):
                 return
-            unreachable = detail.startswith("unreachable")
-            self.ui.say(f"  {name}: the platform {'cannot be reached' if unreachable else 'refused the token'}: {detail}")  # fmt: skip
-            if not self.ui.interactive or attempt == CHECK_TRIES - 1:
-                kind = PlatformUnreachable if unreachable else PlatformRefused
-                raise kind(f"{name}: {'could not be reached' if unreachable else 'refused the token'} ({detail}); nothing was written")  # fmt: skip
             for need in cls.secrets_needed(settings):
                 var = getattr(settings, need.key, None) or need.default_env
                 self.ask_secret(var, f"({need.why})")

@@ -35,10 +35,10 @@ def _wizard(home: Path, fake: FakeTelegram) -> tuple[int, str]:
         child.sendline("111, 222")
         child.expect_exact("the telegram bot token (TELEGRAM_BOT_TOKEN) (typing is hidden): ")
         child.sendline("4242:not-the-token")
-        child.expect_exact("telegram: the platform refused the token")
+        child.expect_exact("telegram: refused the token: ")
         child.expect_exact("(TELEGRAM_BOT_TOKEN) (typing is hidden): ")
         child.sendline(fake.token)
-        child.expect_exact("telegram: the platform accepts the token (@switchboard_bot)")
+        child.expect_exact("telegram: the token is accepted (@switchboard_bot)")
         child.expect(pexpect.EOF)
     finally:
         child.close()
@@ -150,3 +150,27 @@ def test_without_a_terminal_it_asks_for_the_non_interactive_form(tmp_path: Path)
     proc = subprocess.run(switchboard(tmp_path, "setup"), capture_output=True, text=True,
                           timeout=60, stdin=subprocess.DEVNULL, env=clean_env())  # fmt: skip
     assert proc.returncode == 2 and "--non-interactive" in proc.stderr
+
+
+async def test_the_model_providers_key_is_checked_before_it_is_saved(tmp_path: Path) -> None:
+    from tests.fakes.openai import FakeOpenAI
+
+    provider = FakeOpenAI(api_key="sk-right")
+    url = await provider.start()
+    home = tmp_path / "home"
+    flags = ("--agent", "openai", "--set", f"agent.openai.base_url={url}")
+    try:
+        wrong = await asyncio.to_thread(sb, home, *flags, "--secret", "OPENAI_API_KEY=sk-wrong")
+        assert wrong.returncode == 77, wrong.stdout + wrong.stderr
+        assert (
+            "the model provider: refused the token (the provider refused the key (HTTP 401))"
+            in wrong.stderr
+        )
+        assert not (home / "config.yaml").exists()
+        right = await asyncio.to_thread(sb, home, *flags, OPENAI_API_KEY="sk-right")
+        assert right.returncode == 0, right.stdout + right.stderr
+        assert "the model provider: the token is accepted (1 model(s) offered)" in right.stdout
+    finally:
+        await provider.stop()
+    assert "OPENAI_API_KEY=sk-right" in (home / "switchboard.env").read_text().splitlines()
+    assert yaml.safe_load((home / "config.yaml").read_text())["agent"]["backend"] == "openai"
