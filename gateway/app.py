@@ -207,6 +207,7 @@ class Gateway:
     index: RouteIndex | None = None
     cluster: Any = None  # gateway.cluster.PgCoordinator on PostgreSQL
     _takeover: asyncio.Task[None] | None = None
+    _outbox: asyncio.Task[None] | None = None  # one-off sends tried again (gateway._resend)
     _linger_ms: int | float = 0  # what _pace_commits last set
     _lock: HomeLock | None = None
     _adapters_by_platform: dict[str, Adapter] = field(default_factory=dict)
@@ -317,6 +318,7 @@ class Gateway:
             configured_homes={p: s.home_channel for p, s in self.config.platforms.items()},
         )  # fmt: skip
         self.handoffs.start()
+        self._outbox = asyncio.create_task(self._resend(), name="gateway.outbox")
         self.notify("STATUS=recovering interrupted turns")
         await self.router.recover(self.config.inbox.recovery_max_age_seconds)
         if self.cluster is not None:
@@ -402,12 +404,14 @@ class Gateway:
             ))  # fmt: skip
         return adapters
 
-    async def send_one(self, platform: str, target: str | None, text: str) -> SentRef:
+    async def send_one(self, platform: str, target: str | None, text: str) -> dict[str, Any]:
         """One message to a chat of a running adapter (`switchboard send` through the
-        daemon): `target` is a chat id or chat_id:thread_id, None for the home channel."""
+        daemon): `target` is a chat id or chat_id:thread_id, None for the home channel. The
+        message is stored in the outbox first; one the platform does not take now stays
+        there and is sent again later (`outbox.retry_seconds`)."""
         from gateway.errors import ConfigError
         from gateway.handoff import home_channel
-        from gateway.ops.send import DEFAULT_TIMEOUT_S, deliver, home_target, split_target
+        from gateway.ops.send import home_target, split_target
 
         adapter = self._adapters_by_platform.get(platform)
         if adapter is None or platform == "api" or self.db is None:
@@ -420,10 +424,66 @@ class Gateway:
             )
         else:
             chat_id, thread_id = split_target(platform, target)
-        msg = OutboundMessage(platform, chat_id, text, thread_id=thread_id)
-        sent = await deliver(adapter, msg, DEFAULT_TIMEOUT_S)
+        send_id = await self.db.send_add(platform, chat_id, thread_id, text, time.time())
+        row = {"id": send_id, "platform": platform, "chat_id": chat_id, "thread_id": thread_id,
+               "text": text}  # fmt: skip
+        return await self._attempt_send(row, raise_refusal=True)
+
+    async def _attempt_send(self, row: dict[str, Any], *, raise_refusal: bool) -> dict[str, Any]:
+        """One try of an outbox row: `sent`, `failed` (refused: raised when asked), or still
+        `pending` when the platform could not be reached in time (tried again later)."""
+        from gateway.errors import PlatformUnreachable
+        from gateway.ops.send import deliver
+        from state.sends import FAILED, PENDING, SENT
+
+        assert self.db is not None
+        platform = row["platform"]
+        adapter = self._adapters_by_platform.get(platform)
+        msg = OutboundMessage(platform, row["chat_id"], row["text"], thread_id=row["thread_id"])
+        answer = {"id": row["id"], "platform": platform, "chat_id": row["chat_id"],
+                  "message_ids": [], "state": PENDING}  # fmt: skip
+        try:
+            if adapter is None:
+                raise PlatformUnreachable(f"{platform} is not running on this daemon")
+            sent = await deliver(adapter, msg, self.config.outbox.retry_seconds)
+        except PlatformUnreachable as exc:
+            await self.db.send_finish(row["id"], PENDING, str(exc), (), time.time())
+            answer["error"] = str(exc)
+            return answer
+        except GatewayError as exc:
+            await self.db.send_finish(row["id"], FAILED, str(exc), (), time.time())
+            log.warning("outbox send %d to %s refused: %s", row["id"], platform, exc)
+            if raise_refusal:
+                raise
+            return {**answer, "state": FAILED, "error": str(exc)}
+        await self.db.send_finish(row["id"], SENT, None, sent.message_ids, time.time())
         self.metrics.messages_out.inc(platform=platform)
-        return sent
+        return {**answer, "state": SENT, "message_ids": list(sent.message_ids)}
+
+    async def _resend(self) -> None:
+        """Every little while, on the leader: outbox rows whose last try is older than
+        `outbox.retry_seconds` are tried again; past `outbox.give_up_hours`, failed."""
+        from state.sends import FAILED
+
+        assert self.db is not None
+        every = self.config.outbox.retry_seconds
+        while True:
+            await asyncio.sleep(min(30.0, max(0.2, every / 4)))
+            if not self._leads():
+                continue
+            try:
+                now = time.time()
+                for row in await self.db.sends_claim_due(now - every, now):
+                    if now - row["created_at"] > self.config.outbox.give_up_hours * 3600:
+                        await self.db.send_finish(row["id"], FAILED, "gave up: not sent in "
+                                                  "outbox.give_up_hours", (), now)  # fmt: skip
+                        log.warning("outbox send %d to %s given up", row["id"], row["platform"])
+                        continue
+                    done = await self._attempt_send(row, raise_refusal=False)
+                    log.info("outbox send %d to %s tried again: %s", row["id"], row["platform"],
+                             done["state"])  # fmt: skip
+            except Exception as exc:
+                log.warning("outbox scan failed: %s", exc)
 
     async def _stored_api_reply(self, chat_id: str, key: str) -> StoredReply | None:
         """The HTTP API's idempotent repeats: the stored answer to a message id."""
@@ -576,6 +636,10 @@ class Gateway:
             self._takeover.cancel()
             await asyncio.gather(self._takeover, return_exceptions=True)
             self._takeover = None
+        if self._outbox is not None:
+            self._outbox.cancel()
+            await asyncio.gather(self._outbox, return_exceptions=True)
+            self._outbox = None
         if self.scheduler is not None:
             await self.scheduler.stop(self.config.shutdown.drain_seconds)
             self.scheduler = None

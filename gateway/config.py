@@ -196,6 +196,14 @@ class InboxSettings:
 
 
 @dataclass(frozen=True)
+class OutboxSettings:
+    retry_seconds: int | float = setting(
+        60, in_range(1, 3600), "a send the platform did not take: next try after; each try's limit"
+    )
+    give_up_hours: int | float = setting(24, in_range(0.01, 720), "then it is marked failed")
+
+
+@dataclass(frozen=True)
 class DashboardSettings:
     enabled: bool = setting(True)
     key_env: str | None = setting(None, env_name, "sign-in key env var")
@@ -243,6 +251,7 @@ class Config:
     shutdown: ShutdownSettings = _at("shutdown")
     runtime: RuntimeSettings = _at("runtime")
     inbox: InboxSettings = _at("inbox")
+    outbox: OutboxSettings = _at("outbox")
     dashboard: DashboardSettings = _at("dashboard")
     api: ApiSettings = _at("platforms.api")
     platforms: Mapping[str, PlatformSettings] = field(init=False, repr=False, compare=False)

@@ -11,7 +11,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
-from . import activity, foreign, inbox, pairing
+from . import activity, foreign, inbox, pairing, sends
 from .errors import DatabaseError, SchemaTooNew
 from .rows import exec_script
 from .textindex import aux_row
@@ -553,9 +553,10 @@ def _migration_12(conn: sqlite3.Connection) -> None:
 
 
 def _migration_13(conn: sqlite3.Connection) -> None:
-    """DM pairing (state.pairing): one-time codes for unknown users and the operator's
-    decisions on them."""
+    """The operator's tables: DM pairing (state.pairing: one-time codes for unknown users
+    and the decisions on them) and the outbox of one-off sends (state.sends)."""
     exec_script(conn, pairing.CREATE_SQL)
+    exec_script(conn, sends.CREATE_SQL)
 
 
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [

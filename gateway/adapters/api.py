@@ -44,8 +44,9 @@ REPLAYED_HEADER = "Idempotent-Replayed"  # "true" on an answer given again, not 
 MAX_KEY = 255
 # (chat_id, key) -> the stored user message and its reply, read from the store
 StoredReplies = Callable[[str, str], Awaitable["StoredReply | None"]]
-# (platform, chat id or chat_id:thread_id or None for the home channel, text) -> sent
-SendOne = Callable[[str, "str | None", str], Awaitable[SentRef]]
+# (platform, chat id or chat_id:thread_id or None for the home channel, text) -> the outbox
+# row's outcome: {"id", "platform", "chat_id", "message_ids", "state": sent | pending}
+SendOne = Callable[[str, "str | None", str], Awaitable[dict[str, Any]]]
 
 # the kinds of answer a request can end with, besides a reply: (status, type, code, message)
 _DROPPED = {
@@ -284,8 +285,8 @@ class ApiAdapter:
         except GatewayError as exc:
             code = {69: "platform_unreachable", 77: "platform_refused"}.get(exc.exit_code)
             return _error(504 if code == "platform_unreachable" else 502, str(exc), code)
-        return web.json_response({"sent": True, "platform": sent.platform, "chat_id": sent.chat_id,
-                                  "message_ids": list(sent.message_ids)})  # fmt: skip
+        queued = sent.get("state") != "sent"  # stored; the daemon tries again later
+        return web.json_response({**sent, "sent": not queued}, status=202 if queued else 200)
 
     async def _health_view(self, request: web.Request) -> web.Response:
         body = self._health() if self._health else {"status": "ok"}

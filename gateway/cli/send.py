@@ -33,7 +33,8 @@ examples:
   df -h | switchboard send <platform> <chat id> -
 
 exit codes:
-  0   sent
+  0   sent (or, with a daemon running, stored in its outbox and sent when the platform
+      can be reached again: stdout says "queued")
   2   usage: no text, a target that is not a chat id there
   69  the platform (or the daemon) could not be reached in time: try again later
   77  the platform refused: its token, the chat, a permission; the same will fail again
@@ -90,6 +91,11 @@ def cmd_send(args: argparse.Namespace) -> int:
         how, sent = asyncio.run(_send(home, config, platform, target, text, args))
     except NoHomeChannel as exc:
         raise ConfigError(f"platforms.{platform}.home_channel", str(exc)) from None
+    if sent.get("sent") is False:  # the daemon stored it and tries again later
+        print(f"queued for {platform} chat {sent.get('chat_id')} in the daemon's outbox (send "
+              f"{sent.get('id')}): {platform} did not take it yet ({sent.get('error')}); "
+              f"the daemon tries again every outbox.retry_seconds")  # fmt: skip
+        return EXIT_OK
     ids = ", ".join(sent.get("message_ids", [])) or "-"
     print(f"sent to {platform} chat {sent.get('chat_id')} (message {ids}) {how}")
     return EXIT_OK
@@ -126,7 +132,7 @@ async def _through_daemon(
         raise PlatformUnreachable(
             f"the daemon at {url} did not answer ({type(exc).__name__})"
         ) from None
-    if status == 200 and isinstance(answer, dict):
+    if status in (200, 202) and isinstance(answer, dict):
         return answer
     error = answer.get("error", {}) if isinstance(answer, dict) else {}
     message = str(error.get("message") or f"the daemon answered {status}")

@@ -94,6 +94,7 @@ async def _store_part(
         if raw:
             store["last_backup"] = json.loads(raw)
         inbox = await db.inbox_counts()
+        sessions["outbox_pending"] = await db.sends_pending()
     finally:
         await db.close()
     return store, sessions, inbox
@@ -142,6 +143,7 @@ async def collect(
     store, sessions, inbox = await _store_part(home, data, secrets, now)
     if health is not None and health.get("sessions") is not None:
         sessions["in_index"] = health.get("sessions")
+    outbox = sessions.pop("outbox_pending", None)  # one-off sends waiting (state/sends.py)
     reset = data["session_reset"]
     return {
         "shape": SHAPE_VERSION,
@@ -155,6 +157,7 @@ async def collect(
             "turns_in_flight": (health or {}).get("turns_in_flight"),
             "unsent_replies": (health or {}).get("unsent_replies"),
             "inbox": inbox,
+            "outbox": outbox,
         },
         "sessions": sessions,
         "store": store,
@@ -251,6 +254,7 @@ def render(report: Mapping[str, Any]) -> str:
         f"turns in flight {q['turns_in_flight'] if q['turns_in_flight'] is not None else '-'}",
         f"inbox open {waiting}",
         f"unsent replies {q['unsent_replies'] if q['unsent_replies'] is not None else '-'}",
+        f"outbox {q['outbox'] if q['outbox'] is not None else '-'}",
     ])]  # fmt: skip
     s = report["sessions"]
     live = "-" if s["live"] is None else s["live"]

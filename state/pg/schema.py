@@ -15,7 +15,7 @@ from psycopg import AsyncConnection
 
 from ..errors import SchemaTooNew
 from ..schema import MESSAGE_COLUMNS, META_VERSION_KEY, SESSION_COLUMNS
-from . import pairing
+from . import pairing, sends
 
 log = logging.getLogger("state.pg.schema")
 
@@ -239,9 +239,9 @@ DROP INDEX IF EXISTS idx_routes_leased;
 ALTER TABLE session_routes SET (fillfactor = 80);
 """
 
-# DM pairing (state/pg/pairing.py): one-time codes for unknown users and the operator's
-# decisions on them.
-_V8 = pairing.CREATE_SQL
+# The operator's tables: DM pairing (state/pg/pairing.py: one-time codes for unknown users
+# and the decisions on them) and the outbox of one-off sends (state/pg/sends.py).
+_V8 = pairing.CREATE_SQL + sends.CREATE_SQL
 
 # Each step runs as one script inside the migrating transaction.
 MIGRATIONS: list[tuple[int, str]] = [

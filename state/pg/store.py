@@ -56,6 +56,7 @@ from . import (
     replies,
     schema,
     search,
+    sends,
     sessions,
     shards,
     usage,
@@ -719,6 +720,28 @@ class PgStore:
 
     async def pairing_list(self, now: float) -> list[dict[str, Any]]:
         return await self._read(pairing.listing, now)
+
+    # --- the outbox of one-off sends (state/sends.py) -----------------------------------
+
+    async def send_add(
+        self, platform: str, chat_id: str, thread_id: str | None, text: str, now: float
+    ) -> int:
+        """A one-off message, stored `pending` before it is sent; its row id."""
+        return await self._write(sends.add, platform, chat_id, thread_id, text, now)
+
+    async def send_finish(
+        self, send_id: int, state: str, error: str | None, message_ids: Sequence[str], now: float
+    ) -> None:
+        await self._write(sends.finish, send_id, state, error, message_ids, now)
+
+    async def sends_claim_due(
+        self, before: float, now: float, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Take pending sends last tried before `before` (stamped `now`) to try again."""
+        return await self._write(sends.claim_due, before, now, limit)
+
+    async def sends_pending(self) -> int:
+        return await self._read(sends.pending_count)
 
     async def get_meta(self, key: str) -> str | None:
         return await self._read(admin.get_meta, key)

@@ -6,6 +6,7 @@ on (0 sent, 2 usage, 69 unreachable, 77 refused, 78 config)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 from collections.abc import AsyncIterator
@@ -147,3 +148,34 @@ async def test_send_help_documents_targets_stdin_and_exit_codes(tmp_path: Path) 
     shown = (await sb(tmp_path, "send", "--help")).stdout
     for part in ("chat_id:thread_id", "home", "stdin", "69", "77", "78"):
         assert part in shown
+
+
+async def test_a_send_the_platform_cannot_take_now_is_queued_and_sent_later(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """With the daemon running, a message Telegram keeps answering 502 to is stored in the
+    outbox (exit 0, "queued") and the daemon sends it once Telegram takes it again."""
+    port = free_port()
+    home = _home(tmp_path, fake, "outbox:\n  retry_seconds: 1\n", port=port)
+    proc = await asyncio.create_subprocess_exec(
+        *switchboard(home, "run"), env=clean_env(), stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", proc)
+        for _ in range(8):
+            fake.fail_next("sendMessage", 502)
+        queued = await sb(home, "send", "telegram", "555", "eventually")
+        assert queued.returncode == 0, queued.stderr
+        assert "queued for telegram chat 555 in the daemon's outbox" in queued.stdout
+        for _ in range(400):
+            report = json.loads((await sb(home, "status", "--json")).stdout)
+            if report["queues"]["outbox"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert report["queues"]["outbox"] == 0
+        assert not fake.failures["sendMessage"]  # every scripted 502 was met, then it went out
+        assert fake.sent()[-1]["text"] == "eventually"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
