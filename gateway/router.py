@@ -478,8 +478,12 @@ class Router:
         else dropped, and in a DM refused once, offered a pairing code, or ignored."""
         s = self.services
         src = msg.source
-        if src.user_id is not None and await self._paired.allows(src.platform, src.user_id):
-            return True
+        try:
+            if src.user_id is not None and await self._paired.allows(src.platform, src.user_id):
+                return True
+        except StateError as exc:  # the store cannot say: not let in (this message only)
+            log.warning("pairing lookup for user %s on %s failed: %s", src.user_id,
+                        src.platform, exc)  # fmt: skip
         s.metrics.dropped.inc(reason="unauthorised")
         log.info("unauthorised user %s on %s (%s)", src.user_id, src.platform, src.chat_type)
         if src.chat_type != ChatType.DM:
@@ -491,8 +495,13 @@ class Router:
                 s.tasks.start(s.replies.reply(msg, None, REFUSAL), "refusal")
         elif s.settings.unknown_dm == "pair" and src.user_id is not None:
             rules = s.settings.pairing
-            code = await pairing.offer(s.db, rules, src.platform, src.user_id, src.user_name,
-                                       src.chat_id, s.clock())  # fmt: skip
+            try:
+                code = await pairing.offer(s.db, rules, src.platform, src.user_id,
+                                           src.user_name, src.chat_id, s.clock())  # fmt: skip
+            except StateError as exc:
+                log.warning("no pairing code for user %s on %s: %s", src.user_id, src.platform,
+                            exc)  # fmt: skip
+                code = None
             if code is not None:
                 log.info("pairing code offered to user %s on %s", src.user_id, src.platform)
                 text = pairing.code_message(code, rules.ttl_s)

@@ -122,8 +122,11 @@ async def test_a_denied_code_is_used_up_and_refuse_mode_sends_no_code(tmp_path: 
     proc = await _daemon(home)
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", proc)
+        group = fake.group_chat(-100555)
+        fake.push(fake.message("@switchboard_bot hi all", group, user_id=6))  # groups: no code
         fake.push(fake.message("me too", fake.dm_chat(6), user_id=6))
         await fake.wait_sent(1, timeout=20)
+        assert _to(fake, -100555) == []
         code = CODE.match(_to(fake, 6)[0]).group(1)  # type: ignore[union-attr]
         denied = await sb(home, "pairing", "deny", code)
         assert denied.returncode == 0 and "denied telegram user 6" in denied.stdout
