@@ -118,6 +118,10 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 class Wizard:
+    """One run: the config as a round-trip document, the environment secrets are checked
+    against (the process's, the secrets file's, and the answers so far), and the secrets
+    to write."""
+
     def __init__(self, args: argparse.Namespace, home: Path, path: Path) -> None:
         from gateway.ops import envfile
         from gateway.ops.config_edit import Document
@@ -288,7 +292,11 @@ class Wizard:
                     self.ask_secret(unset.group(1), e.problem)
                 else:
                     self.ui.say(f"  {e.key}: {e.problem}")
-                    self.put(e.key, self.ui.ask(f"  {e.key}", None))
+                    try:
+                        self.put(e.key, self.ui.ask(f"  {e.key}", None))
+                    except ConfigError as bad:  # a value of the wrong type: asked again
+                        self.ui.say(f"  {bad}")
+                        asked.discard(str(e))
 
     def ask_secret(self, var: str, why: str) -> None:
         reason = why.partition("(")[2].rstrip(")") or var
