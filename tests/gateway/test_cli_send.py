@@ -179,3 +179,30 @@ async def test_a_send_the_platform_cannot_take_now_is_queued_and_sent_later(
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_slack_sends_directly_too_without_opening_its_event_link(tmp_path: Path) -> None:
+    from tests.fakes.slack import FakeSlack
+
+    slack = FakeSlack(token="xoxb-send")
+    await slack.start()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"platforms:\n  slack:\n    enabled: true\n    allow_all_users: true\n"
+        f"    mode: socket\n    base_url: {slack.base_url}\n"
+    )
+    (home / "switchboard.env").write_text("SLACK_BOT_TOKEN=xoxb-send\nSLACK_APP_TOKEN=xapp-1\n")
+    try:
+        proc = await sb(home, "send", "slack", "C0123:1700000000.000100", "deploy done")
+        assert proc.returncode == 0, proc.stderr
+        posted = slack.posted()
+        assert [(p["channel"], p["thread_ts"], p["text"]) for p in posted] == [
+            ("C0123", "1700000000.000100", "deploy done")
+        ]
+        assert slack.connections_opened == 0  # no Socket Mode link
+        (home / "switchboard.env").write_text("SLACK_BOT_TOKEN=xoxb-wrong\nSLACK_APP_TOKEN=x\n")
+        refused = await sb(home, "send", "slack", "C0123", "again")
+        assert refused.returncode == 77, refused.stderr
+    finally:
+        await slack.stop()
