@@ -314,6 +314,13 @@ class DiscordAdapter:
             await client.close()
             raise InvalidToken("discord rejected the bot token") from exc
 
+    async def open_outbound(self) -> None:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): a client
+        logged in over REST (GET /users/@me), never connected to the gateway."""
+        _point_at(self._api_base, self._gateway_url)
+        self._client = self._new_client(None)
+        await self._login(self._client)
+
     async def start(self, emit: Emit) -> None:
         self._emit = emit
         _point_at(self._api_base, self._gateway_url)

@@ -206,3 +206,26 @@ async def test_slack_sends_directly_too_without_opening_its_event_link(tmp_path:
         assert refused.returncode == 77, refused.stderr
     finally:
         await slack.stop()
+
+
+async def test_discord_sends_directly_over_rest_without_joining_the_gateway(
+    tmp_path: Path,
+) -> None:
+    from tests.fakes.discord import FakeDiscord
+
+    discord = FakeDiscord(token="discord-send")
+    await discord.start()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"platforms:\n  discord:\n    enabled: true\n    allow_all_users: true\n"
+        f"    base_url: {discord.api}\n    gateway_url: {discord.gateway}\n"
+    )
+    (home / "switchboard.env").write_text("DISCORD_BOT_TOKEN=discord-send\n")
+    try:
+        proc = await sb(home, "send", "discord", "4242", "release is out")
+        assert proc.returncode == 0, proc.stderr
+        assert discord.shown("4242") == ["release is out"]
+        assert discord.identifies == 0  # never connected to the gateway
+    finally:
+        await discord.stop()
