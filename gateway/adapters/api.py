@@ -261,7 +261,9 @@ class ApiAdapter:
             local = ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
         except ValueError:
             local = False
-        if not local:
+        # a reverse proxy on this machine connects from loopback too: what it forwards is not
+        proxied = any(h in request.headers for h in ("Forwarded", "X-Forwarded-For", "X-Real-IP"))
+        if not local or proxied:
             return _error(403, "POST /v1/send answers on loopback only", "loopback_only")
         body = await self._read_json(request)
         if isinstance(body, web.Response):

@@ -135,10 +135,13 @@ async def test_with_a_daemon_running_the_daemon_sends_it(
         assert blocked.returncode == 77 and "telegram refused the message" in blocked.stderr
         off = await sb(home, "send", "discord", "1", "hi")
         assert off.returncode == 78
+        body = {"platform": "telegram", "target": "1", "text": "x"}
         async with aiohttp.ClientSession() as http:  # the endpoint wants the key like the rest
-            async with http.post(f"{url}/v1/send", json={"platform": "telegram", "target": "1",
-                                                         "text": "x"}) as r:  # fmt: skip
+            async with http.post(f"{url}/v1/send", json=body) as r:
                 assert r.status == 401
+            proxied = {"Authorization": "Bearer k-123", "X-Forwarded-For": "203.0.113.9"}
+            async with http.post(f"{url}/v1/send", json=body, headers=proxied) as r:
+                assert r.status == 403  # forwarded by a proxy on this machine: not local
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
