@@ -29,6 +29,7 @@ from gateway.index import RouteIndex, SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.ops import heap
 from gateway.ops.metrics import Metrics
+from gateway.pairing import PairingRules
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.reset.scheduler import ResetScheduler
@@ -42,6 +43,17 @@ from state.replies import StoredReply
 
 log = logging.getLogger("gateway.app")
 TAKEOVER_SCAN_S = 1.0  # replicas: how often inbox rows of dead replicas are looked for
+
+
+def version() -> str:
+    """The installed switchboard's version ("unknown" when run from a bare source tree)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("switchboard")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def default_home() -> Path:
@@ -110,6 +122,19 @@ def _changed_keys(
     return [] if old == new else [prefix]
 
 
+RELOADABLE = ("logging.level", "access", "session_reset")  # what SIGHUP applies live, with:
+RELOADABLE_PLATFORM_KEYS = ("allowed_users", "allow_all_users", "admins")
+
+
+def restart_keys(old: Any, new: Any) -> list[str]:
+    """The dotted keys that differ between two validated configs (`Config.data`) and that a
+    reload cannot apply: they take effect at the next start."""
+    live = set(RELOADABLE) | {
+        f"platforms.{p}.{k}" for p in (*registry.names(), "api") for k in RELOADABLE_PLATFORM_KEYS
+    }
+    return _changed_keys(old, new, ignore=live)
+
+
 def reset_policies(config: Config) -> PolicySet:
     r = config.session_reset
     base = ResetPolicy(
@@ -137,6 +162,11 @@ def router_settings(config: Config) -> RouterSettings:
         ),
         access=access,
         unknown_dm=config.access.unknown_dm,
+        pairing=PairingRules(
+            ttl_s=config.access.pairing.code_ttl_minutes * 60,
+            user_interval_s=config.access.pairing.user_interval_minutes * 60,
+            max_pending=config.access.pairing.max_pending,
+        ),
         system_prompt=config.agent.system_prompt,
         history_messages=config.sessions.history_messages,
         context_tokens=config.agent.context_tokens,
@@ -178,6 +208,7 @@ class Gateway:
     index: RouteIndex | None = None
     cluster: Any = None  # gateway.cluster.PgCoordinator on PostgreSQL
     _takeover: asyncio.Task[None] | None = None
+    _outbox: asyncio.Task[None] | None = None  # one-off sends tried again (gateway._resend)
     _linger_ms: int | float = 0  # what _pace_commits last set
     _lock: HomeLock | None = None
     _started_with: Mapping[str, Any] | None = None  # the config data the daemon started with
@@ -299,6 +330,7 @@ class Gateway:
             configured_homes={p: s.home_channel for p, s in self.config.platforms.items()},
         )  # fmt: skip
         self.handoffs.start()
+        self._outbox = asyncio.create_task(self._resend(), name="gateway.outbox")
         self.notify("STATUS=recovering interrupted turns")
         await self.router.recover(self.config.inbox.recovery_max_age_seconds)
         if self.cluster is not None:
@@ -388,8 +420,90 @@ class Gateway:
                 health=self.health, metrics=self.metrics.render, routes=routes,
                 models=(self.agent.model,) if self.agent and self.agent.model else (),
                 subapps=self._dashboard(), stored_replies=self._stored_api_reply,
+                send_one=self.send_one,
             ))  # fmt: skip
         return adapters
+
+    async def send_one(self, platform: str, target: str | None, text: str) -> dict[str, Any]:
+        """One message to a chat of a running adapter (`switchboard send` through the
+        daemon): `target` is a chat id or chat_id:thread_id, None for the home channel. The
+        message is stored in the outbox first; one the platform does not take now stays
+        there and is sent again later (`outbox.retry_seconds`)."""
+        from gateway.errors import ConfigError
+        from gateway.handoff import home_channel
+        from gateway.ops.send import home_target, split_target
+
+        adapter = self._adapters_by_platform.get(platform)
+        if adapter is None or platform == "api" or self.db is None:
+            raise ConfigError(f"platforms.{platform}", "is not running on this daemon "
+                              "(not enabled in its config, or not a chat platform)")  # fmt: skip
+        if target is None:
+            configured = self.config.platforms[platform].home_channel
+            chat_id, thread_id = home_target(
+                await home_channel(self.db, platform, configured), platform
+            )
+        else:
+            chat_id, thread_id = split_target(platform, target)
+        send_id = await self.db.send_add(platform, chat_id, thread_id, text, time.time())
+        row = {"id": send_id, "platform": platform, "chat_id": chat_id, "thread_id": thread_id,
+               "text": text}  # fmt: skip
+        return await self._attempt_send(row, raise_refusal=True)
+
+    async def _attempt_send(self, row: dict[str, Any], *, raise_refusal: bool) -> dict[str, Any]:
+        """One try of an outbox row: `sent`, `failed` (refused: raised when asked), or still
+        `pending` when the platform could not be reached in time (tried again later)."""
+        from gateway.errors import PlatformUnreachable
+        from gateway.ops.send import deliver
+        from state.sends import FAILED, PENDING, SENT
+
+        assert self.db is not None
+        platform = row["platform"]
+        adapter = self._adapters_by_platform.get(platform)
+        msg = OutboundMessage(platform, row["chat_id"], row["text"], thread_id=row["thread_id"])
+        answer = {"id": row["id"], "platform": platform, "chat_id": row["chat_id"],
+                  "message_ids": [], "state": PENDING}  # fmt: skip
+        try:
+            if adapter is None:
+                raise PlatformUnreachable(f"{platform} is not running on this daemon")
+            sent = await deliver(adapter, msg, self.config.outbox.retry_seconds)
+        except PlatformUnreachable as exc:
+            await self.db.send_finish(row["id"], PENDING, str(exc), (), time.time())
+            answer["error"] = str(exc)
+            return answer
+        except GatewayError as exc:
+            await self.db.send_finish(row["id"], FAILED, str(exc), (), time.time())
+            log.warning("outbox send %d to %s refused: %s", row["id"], platform, exc)
+            if raise_refusal:
+                raise
+            return {**answer, "state": FAILED, "error": str(exc)}
+        await self.db.send_finish(row["id"], SENT, None, sent.message_ids, time.time())
+        self.metrics.messages_out.inc(platform=platform)
+        return {**answer, "state": SENT, "message_ids": list(sent.message_ids)}
+
+    async def _resend(self) -> None:
+        """Every little while, on the leader: outbox rows whose last try is older than
+        `outbox.retry_seconds` are tried again; past `outbox.give_up_hours`, failed."""
+        from state.sends import FAILED
+
+        assert self.db is not None
+        every = self.config.outbox.retry_seconds
+        while True:
+            await asyncio.sleep(min(30.0, max(0.2, every / 4)))
+            if not self._leads():
+                continue
+            try:
+                now = time.time()
+                for row in await self.db.sends_claim_due(now - every, now):
+                    if now - row["created_at"] > self.config.outbox.give_up_hours * 3600:
+                        await self.db.send_finish(row["id"], FAILED, "gave up: not sent in "
+                                                  "outbox.give_up_hours", (), now)  # fmt: skip
+                        log.warning("outbox send %d to %s given up", row["id"], row["platform"])
+                        continue
+                    done = await self._attempt_send(row, raise_refusal=False)
+                    log.info("outbox send %d to %s tried again: %s", row["id"], row["platform"],
+                             done["state"])  # fmt: skip
+            except Exception as exc:
+                log.warning("outbox scan failed: %s", exc)
 
     async def _stored_api_reply(self, chat_id: str, key: str) -> StoredReply | None:
         """The HTTP API's idempotent repeats: the stored answer to a message id. A store
@@ -486,13 +600,6 @@ class Gateway:
         if hook is not None:
             hook(msg, dropped)
 
-    RELOADABLE = (
-        "logging.level",
-        "access",
-        "session_reset",
-    )  # plus platforms.*.{allowed_users,...}
-    _RELOADABLE_PLATFORM_KEYS = ("allowed_users", "allow_all_users", "admins")
-
     def reload(self, new: Config) -> list[str]:
         """Apply what can change without a restart (allowlists, admins, the reset policy,
         the log level); return the keys that differ from what runs and need a restart.
@@ -500,7 +607,7 @@ class Gateway:
         read: a key changed and then changed back needs no restart."""
         old = self.config
         running = old.data if self._started_with is None else self._started_with
-        needs_restart = _changed_keys(running, new.data, ignore=self._reload_ignores())
+        needs_restart = restart_keys(running, new.data)
         if self.router is not None:
             self.router.settings = router_settings(new)
             if self.router.resetter is not None:
@@ -509,15 +616,6 @@ class Gateway:
         logging.getLogger().setLevel(new.logging.level.upper())
         self.config = replace(new, secrets=old.secrets)
         return needs_restart
-
-    def _reload_ignores(self) -> set[str]:
-        keys = set(self.RELOADABLE)
-        keys |= {
-            f"platforms.{p}.{k}"
-            for p in (*registry.names(), "api")
-            for k in self._RELOADABLE_PLATFORM_KEYS
-        }
-        return keys
 
     def health(self) -> dict[str, Any]:
         adapters = {
@@ -529,7 +627,10 @@ class Gateway:
         )
         return {
             "status": "ok" if ok else "degraded",
+            "pid": os.getpid(),
+            "version": version(),
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            "next_reset_sweep": self.scheduler.next_sweep() if self.scheduler else None,
             "event_loop": event_loops.running(),
             "adapters": adapters,
             "writer_queue_depth": self.db.write_stats().queue_depth if self.db else None,
@@ -563,6 +664,10 @@ class Gateway:
             self._takeover.cancel()
             await asyncio.gather(self._takeover, return_exceptions=True)
             self._takeover = None
+        if self._outbox is not None:
+            self._outbox.cancel()
+            await asyncio.gather(self._outbox, return_exceptions=True)
+            self._outbox = None
         if self.scheduler is not None:
             await self.scheduler.stop(self.config.shutdown.drain_seconds)
             self.scheduler = None
@@ -600,10 +705,11 @@ def _reload_from_disk(gateway: Gateway) -> None:
     """SIGHUP: re-read the config file; a broken file is reported and ignored."""
     from gateway.config import load_config
     from gateway.errors import ConfigError
+    from gateway.ops.envfile import environment
 
     gateway.notify("RELOADING=1")
     try:
-        new = load_config(gateway.config.path)
+        new = load_config(gateway.config.path, environment(gateway.home))
     except ConfigError as exc:
         log.error("reload refused, keeping the running configuration: %s", exc)
     else:

@@ -139,8 +139,18 @@ class AgentSettings:
 
 
 @dataclass(frozen=True)
+class PairingSettings:
+    code_ttl_minutes: int | float = setting(60, in_range(1, 10_080), "how long a code works")
+    user_interval_minutes: int | float = setting(
+        60, in_range(0, 10_080), "no new code for one user sooner than this after the last"
+    )
+    max_pending: int = setting(10, in_range(1, 10_000), "codes pending at once per platform")
+
+
+@dataclass(frozen=True)
 class AccessSettings:
-    unknown_dm: str = setting("refuse", one_of("refuse", "ignore"))
+    unknown_dm: str = setting("refuse", one_of("refuse", "ignore", "pair"))
+    pairing: PairingSettings = section(PairingSettings)
 
 
 @dataclass(frozen=True)
@@ -204,6 +214,14 @@ class BackupSettings:
 
 
 @dataclass(frozen=True)
+class OutboxSettings:
+    retry_seconds: int | float = setting(
+        60, in_range(1, 3600), "a send the platform did not take: next try after; each try's limit"
+    )
+    give_up_hours: int | float = setting(24, in_range(0.01, 720), "then it is marked failed")
+
+
+@dataclass(frozen=True)
 class DashboardSettings:
     enabled: bool = setting(True)
     key_env: str | None = setting(None, env_name, "sign-in key env var")
@@ -252,6 +270,7 @@ class Config:
     runtime: RuntimeSettings = _at("runtime")
     inbox: InboxSettings = _at("inbox")
     backup: BackupSettings = _at("backup")
+    outbox: OutboxSettings = _at("outbox")
     dashboard: DashboardSettings = _at("dashboard")
     api: ApiSettings = _at("platforms.api")
     platforms: Mapping[str, PlatformSettings] = field(init=False, repr=False, compare=False)
@@ -416,7 +435,8 @@ def _resolve_secrets(
         settings = build(cls.settings, data["platforms"][name])
         if settings.enabled:
             errors.extend(cls.problems(settings, data["platforms"]["api"]["enabled"]))
-            errors.extend(_allowlist_problems(name, settings))
+            if data["access"]["unknown_dm"] != "pair":  # pairing fills the allowlist
+                errors.extend(_allowlist_problems(name, settings))
             for want in cls.secrets_needed(settings):
                 need(f"platforms.{name}.{want.key}",
                      getattr(settings, want.key, None) or want.default_env, want.why)  # fmt: skip
@@ -474,7 +494,8 @@ def _allowlist_problems(name: str, settings: PlatformSettings) -> list[ConfigErr
     if not settings.allow_all_users and not settings.allowed_users:
         return [ConfigError(
             f"platforms.{name}.allowed_users",
-            "is empty: list user ids, or set allow_all_users: true",
+            "is empty: list user ids, set allow_all_users: true, or let users pair "
+            "(access.unknown_dm: pair)",
         )]  # fmt: skip
     return []
 
@@ -526,14 +547,33 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> Conf
     """Read and validate; a missing file means the embedded defaults. Every problem found
     is reported at once (a ConfigErrors when there are several)."""
     env = os.environ if env is None else env
-    raw = _read(path)
+    data, secrets, errors = check(_read(path), env)
+    if errors:
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
+    return Config(data=data, secrets=secrets, path=path)
+
+
+def parse(text: str, path: Path) -> Any:
+    """The parsed YAML of a config file's text (duplicate keys and bad YAML refused)."""
+    return _parse(text, path)
+
+
+def check(
+    raw: Any, env: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str], list[ConfigError]]:
+    """What load_config decides, without raising: the values with defaults filled in, the
+    secrets resolved from `env`, and every problem found (`switchboard config set` compares
+    the problems before and after an edit)."""
     errors: list[ConfigError] = []
     data = _validate(raw, schema(), "", errors)
     _validate_reset_overrides(data["session_reset"], errors)
     secrets = _resolve_secrets(data, env, errors)
-    if errors:
-        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
-    return Config(data=data, secrets=secrets, path=path)
+    return data, secrets, errors
+
+
+def check_value(value: Any, spec: Field) -> str | None:
+    """One value's problem against its schema field (its type, placeholders, its check)."""
+    return _check_value(value, spec)
 
 
 def load_section(path: Path | None, section: str) -> Mapping[str, Any]:

@@ -11,6 +11,8 @@
     │   ├── RetryAfter     rate limited: wait `seconds`, then retry (never drop)
     │   └── TransientError a network or server problem worth retrying
     │       └── NotAccepted  an inbound message could not be committed: do not ack it
+    ├── PlatformRefused    a one-off send the platform refused (exit 77)
+    ├── PlatformUnreachable a one-off send that could not reach the platform (exit 69)
     ├── NothingToCompress  /compress on a session too short to summarise
     └── NoHomeChannel      /handoff to a platform with no home channel
 
@@ -23,7 +25,9 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3  # a command that would harm what is in use (a live session); --force overrides
+EXIT_UNREACHABLE = 69  # `switchboard send`: the platform could not be reached (try later)
 EXIT_RESTART = 75
+EXIT_REFUSED = 77  # `switchboard send`: the platform refused (token, chat, permission)
 EXIT_CONFIG = 78
 
 
@@ -107,6 +111,20 @@ class NotAccepted(TransientError):
     def __init__(self, message: str, reason: str = "storage") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class PlatformRefused(GatewayError):
+    """`switchboard send`: the platform answered no (its token, the chat, a permission):
+    sending the same again will not help."""
+
+    exit_code = EXIT_REFUSED
+
+
+class PlatformUnreachable(GatewayError):
+    """`switchboard send`: the platform (or the daemon) could not be reached, or kept
+    failing until the time ran out: worth trying again later."""
+
+    exit_code = EXIT_UNREACHABLE
 
 
 class NothingToCompress(GatewayError):

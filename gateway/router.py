@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway import faults, session_commands
+from gateway import faults, pairing, session_commands
 from gateway.adapters import idempotent_replies
 from gateway.agent.base import Agent
 from gateway.commands import (
@@ -108,6 +108,7 @@ class Router:
         session_commands.register(self.commands)
         self.resetter = resetter(self.services) if resetter is not None else None
         self._refused: set[tuple[str, str]] = set()
+        self._paired = pairing.PairedUsers(db)  # the allowlist's pairing approvals
         self._accepting = True
         self._inflight: set[int] = set()  # inbox ids whose turn runs in this process
         coordinator = self.services.coordinator
@@ -174,7 +175,7 @@ class Router:
             s.metrics.dropped.inc(reason="shutting_down")
             s.signals.ended(msg, "shutting_down")
             raise NotAccepted("the gateway is shutting down", "shutting_down")
-        if not self._authorised(msg):
+        if not self._authorised(msg) and not await self._admit_stranger(msg):
             s.signals.ended(msg, "unauthorised")
             return
         if not msg.mentioned:
@@ -485,18 +486,43 @@ class Router:
         await mark_reply(s, inbox_id, ref)
 
     def _authorised(self, msg: InboundMessage) -> bool:
+        """The config's allowlist (and admins) let the sender in."""
+        rules = self.services.settings.access.get(msg.source.platform)
+        return rules is None or rules.allows(msg.source.user_id)
+
+    async def _admit_stranger(self, msg: InboundMessage) -> bool:
+        """A sender the config does not list: let in when paired (the store's allowlist);
+        else dropped, and in a DM refused once, offered a pairing code, or ignored."""
         s = self.services
         src = msg.source
-        rules = s.settings.access.get(src.platform)
-        if rules is None or rules.allows(src.user_id):
-            return True
+        try:
+            if src.user_id is not None and await self._paired.allows(src.platform, src.user_id):
+                return True
+        except StateError as exc:  # the store cannot say: not let in (this message only)
+            log.warning("pairing lookup for user %s on %s failed: %s", src.user_id,
+                        src.platform, exc)  # fmt: skip
         s.metrics.dropped.inc(reason="unauthorised")
         log.info("unauthorised user %s on %s (%s)", src.user_id, src.platform, src.chat_type)
-        if src.chat_type == ChatType.DM and s.settings.unknown_dm == "refuse":
+        if src.chat_type != ChatType.DM:
+            return False
+        if s.settings.unknown_dm == "refuse":
             marker = (src.platform, src.user_id or src.chat_id)
             if marker not in self._refused:  # one refusal per user, not one per message
                 self._refused.add(marker)
                 s.tasks.start(s.replies.reply(msg, None, REFUSAL), "refusal")
+        elif s.settings.unknown_dm == "pair" and src.user_id is not None:
+            rules = s.settings.pairing
+            try:
+                code = await pairing.offer(s.db, rules, src.platform, src.user_id,
+                                           src.user_name, src.chat_id, s.clock())  # fmt: skip
+            except StateError as exc:
+                log.warning("no pairing code for user %s on %s: %s", src.user_id, src.platform,
+                            exc)  # fmt: skip
+                code = None
+            if code is not None:
+                log.info("pairing code offered to user %s on %s", src.user_id, src.platform)
+                text = pairing.code_message(code, rules.ttl_s)
+                s.tasks.start(s.replies.reply(msg, None, text), "pairing code")
         return False
 
     # --- per-session work ----------------------------------------------------------------

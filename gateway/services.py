@@ -29,6 +29,7 @@ from gateway.messages import (
     set_out_late,
 )
 from gateway.ops.metrics import Metrics
+from gateway.pairing import PairingRules
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
 from state import Store
@@ -57,6 +58,7 @@ class RouterSettings:
     keys: KeySettings = field(default_factory=KeySettings)
     access: Mapping[str, AccessRules] = field(default_factory=dict)
     unknown_dm: str = "refuse"
+    pairing: PairingRules = field(default_factory=PairingRules)
     system_prompt: str | None = None
     history_messages: int = 200
     context_tokens: int = 128_000

@@ -11,7 +11,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
-from . import activity, foreign, inbox
+from . import activity, foreign, inbox, pairing, sends
 from .errors import DatabaseError, SchemaTooNew
 from .rows import exec_script
 from .textindex import aux_row
@@ -552,6 +552,13 @@ def _migration_12(conn: sqlite3.Connection) -> None:
     exec_script(conn, inbox.CREATE_SQL)
 
 
+def _migration_13(conn: sqlite3.Connection) -> None:
+    """The operator's tables: DM pairing (state.pairing: one-time codes for unknown users
+    and the decisions on them) and the outbox of one-off sends (state.sends)."""
+    exec_script(conn, pairing.CREATE_SQL)
+    exec_script(conn, sends.CREATE_SQL)
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
@@ -565,6 +572,7 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (10, _migration_10),
     (11, _migration_11),
     (12, _migration_12),
+    (13, _migration_13),
 ]
 LATEST = MIGRATIONS[-1][0]
 

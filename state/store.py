@@ -14,7 +14,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar, TypeVarTuple, Unpack
 
@@ -28,10 +28,12 @@ from . import (
     listing,
     maintenance,
     messages,
+    pairing,
     replies,
     routing,
     schema,
     search,
+    sends,
     sessions,
     transfer,
     usage,
@@ -757,6 +759,52 @@ class SessionDB:
     async def prune_inbox(self, older_than: float) -> int:
         """Forget closed inbox rows last touched before `older_than` (never a message)."""
         return await self._write(inbox.prune, older_than)
+
+    # --- DM pairing (state/pairing.py) ------------------------------------------------
+
+    async def pairing_offer(
+        self, platform: str, user_id: str, user_name: str | None, chat_id: str, code: str, *,
+        now: float, ttl_s: float, user_interval_s: float, max_pending: int,
+    ) -> str | None:  # fmt: skip
+        """Record `code` as the user's pending pairing code within the limits; the code,
+        None when the user may not have one now, or pairing.TAKEN (draw another)."""
+        return await self._write(pairing.offer, platform, user_id, user_name, chat_id, code,
+                                 now, ttl_s, user_interval_s, max_pending)  # fmt: skip
+
+    async def pairing_decide(self, code: str, state: str, now: float) -> dict[str, Any] | None:
+        """Approve or deny the pending request holding `code` (single use); None if none."""
+        return await self._write(pairing.decide, code, state, now)
+
+    async def pairing_revoke(self, platform: str, user_id: str, now: float) -> bool:
+        return await self._write(pairing.revoke, platform, user_id, now)
+
+    async def pairing_approved(self, platform: str, user_id: str) -> bool:
+        return await self._read(pairing.approved, platform, user_id)
+
+    async def pairing_list(self, now: float) -> list[dict[str, Any]]:
+        return await self._read(pairing.listing, now)
+
+    # --- the outbox of one-off sends (state/sends.py) -----------------------------------
+
+    async def send_add(
+        self, platform: str, chat_id: str, thread_id: str | None, text: str, now: float
+    ) -> int:
+        """A one-off message, stored `pending` before it is sent; its row id."""
+        return await self._write(sends.add, platform, chat_id, thread_id, text, now)
+
+    async def send_finish(
+        self, send_id: int, state: str, error: str | None, message_ids: Sequence[str], now: float
+    ) -> None:
+        await self._write(sends.finish, send_id, state, error, message_ids, now)
+
+    async def sends_claim_due(
+        self, before: float, now: float, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Take pending sends last tried before `before` (stamped `now`) to try again."""
+        return await self._write(sends.claim_due, before, now, limit)
+
+    async def sends_pending(self) -> int:
+        return await self._read(sends.pending_count)
 
     async def get_meta(self, key: str) -> str | None:
         return await self._read(maintenance.get_meta, key)

@@ -52,6 +52,9 @@ REPLAYED_HEADER = "Idempotent-Replayed"  # "true" on an answer given again, not 
 MAX_KEY = 255
 # (chat_id, key) -> the stored user message and its reply, read from the store
 StoredReplies = Callable[[str, str], Awaitable["StoredReply | None"]]
+# (platform, chat id or chat_id:thread_id or None for the home channel, text) -> the outbox
+# row's outcome: {"id", "platform", "chat_id", "message_ids", "state": sent | pending}
+SendOne = Callable[[str, "str | None", str], Awaitable[dict[str, Any]]]
 
 # the kinds of answer a request can end with, besides a reply: (status, type, code, message)
 _DROPPED = {
@@ -163,7 +166,10 @@ class ApiAdapter:
         models: tuple[str, ...] = (),
         subapps: dict[str, Callable[[], web.Application]] | None = None,
         stored_replies: StoredReplies | None = None,
+        send_one: SendOne | None = None,
     ) -> None:
+        # POST /v1/send (`switchboard send` through the daemon): one message to a chat
+        self._send_one = send_one
         # where an idempotent repeat finds its first answer once memory has lost it
         self._stored_replies = stored_replies
         # prefix -> app factory (the dashboard's /ui and /api); they authenticate their own
@@ -203,6 +209,8 @@ class ApiAdapter:
         app.router.add_get("/v1/models", self._models_view)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/health", self._health_view)
+        if self._send_one is not None:
+            app.router.add_post("/v1/send", self._send_view)
         app.router.add_get("/metrics", self._metrics_view)
         for key, handler in self._routes.items():
             method, _, path = key.rpartition(" ")
@@ -338,6 +346,51 @@ class ApiAdapter:
             if not hmac.compare_digest(token.encode(), self._key.encode()):
                 return _error(401, "a valid bearer key is required", "invalid_api_key")
         return await handler(request)
+
+    async def _send_view(self, request: web.Request) -> web.Response:
+        """One message to a chat, for terminal commands on this machine only: the peer must
+        be loopback (whatever the server listens on), and the bearer key applies as for the
+        other endpoints. Body: {"platform", "target" (null: the home channel), "text"}."""
+        import ipaddress
+
+        from gateway.errors import ConfigError, GatewayError, NoHomeChannel
+        from gateway.ops.send import BadTarget
+
+        try:
+            local = ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
+        except ValueError:
+            local = False
+        # a reverse proxy on this machine connects from loopback too: what it forwards is not
+        proxied = any(h in request.headers for h in ("Forwarded", "X-Forwarded-For", "X-Real-IP"))
+        if not local or proxied:
+            return _error(403, "POST /v1/send answers on loopback only", "loopback_only")
+        body = await self._read_json(request)
+        if isinstance(body, web.Response):
+            return body
+        platform, target, text = body.get("platform"), body.get("target"), body.get("text")
+        if not isinstance(platform, str) or not platform:
+            return _bad(400, "platform: required, a platform name")
+        if target is not None and not isinstance(target, str):
+            return _bad(400, "target: a chat id as a string, or null for the home channel")
+        if not isinstance(text, str) or not text.strip():
+            return _bad(400, "text: required, non-empty text")
+        refused = _refused_text({"text": text, "target": target or ""})
+        if refused is not None:
+            return refused
+        assert self._send_one is not None
+        try:
+            sent = await self._send_one(platform, target, text)
+        except ConfigError as exc:
+            return _error(404, str(exc), "not_configured")
+        except NoHomeChannel as exc:
+            return _error(409, str(exc), "no_home_channel")
+        except BadTarget as exc:
+            return _bad(400, str(exc))
+        except GatewayError as exc:
+            code = {69: "platform_unreachable", 77: "platform_refused"}.get(exc.exit_code)
+            return _error(504 if code == "platform_unreachable" else 502, str(exc), code)
+        queued = sent.get("state") != "sent"  # stored; the daemon tries again later
+        return web.json_response({**sent, "sent": not queued}, status=202 if queued else 200)
 
     async def _health_view(self, request: web.Request) -> web.Response:
         body = self._health() if self._health else {"status": "ok"}

@@ -172,6 +172,16 @@ class DiscordAdapter:
         return {}  # events arrive over the gateway websocket
 
     @classmethod
+    def setup_steps(cls, settings: DiscordSettings) -> list[str]:
+        """What to do in Discord's Developer Portal (`switchboard setup` prints it)."""
+        return [
+            "Developer Portal -> Bot: enable the Message Content intent (privileged), "
+            "copy the token",
+            "OAuth2 -> URL Generator: scope bot, permissions Send Messages, Read Message "
+            "History, Create Public Threads; open the URL to add the bot to a server",
+        ]
+
+    @classmethod
     async def check_credentials(
         cls, settings: DiscordSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:
@@ -303,6 +313,13 @@ class DiscordAdapter:
             log.error("discord refused the bot token; the adapter is stopped (%s)", exc)
             await client.close()
             raise InvalidToken("discord rejected the bot token") from exc
+
+    async def open_outbound(self) -> None:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): a client
+        logged in over REST (GET /users/@me), never connected to the gateway."""
+        _point_at(self._api_base, self._gateway_url)
+        self._client = self._new_client(None)
+        await self._login(self._client)
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

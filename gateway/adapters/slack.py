@@ -171,6 +171,17 @@ class SlackAdapter:
         return {} if self._app_token else {EVENTS_PATH: self.handle_events}
 
     @classmethod
+    def setup_steps(cls, settings: SlackSettings) -> list[str]:
+        """What to do in the Slack app's settings (`switchboard setup` prints it)."""
+        return [
+            "OAuth & Permissions: bot scopes chat:write, im:history, channels:history, "
+            "app_mentions:read; install the app to the workspace for the xoxb- token",
+            "Event Subscriptions: bot events message.im, app_mention (and message.channels "
+            "to answer without a mention); Socket Mode needs an xapp- app token instead of "
+            "a public Request URL",
+        ]
+
+    @classmethod
     async def check_credentials(
         cls, settings: SlackSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:
@@ -254,13 +265,13 @@ class SlackAdapter:
         response = await self.bolt.async_dispatch(await to_bolt_request(request))
         return await to_aiohttp_response(response)
 
-    async def start(self, emit: Emit) -> None:
+    async def open_outbound(self) -> Any:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): the HTTP
+        session and auth.test, no Socket Mode link; the auth.test answer is returned."""
+        import aiohttp
         from slack_sdk.errors import SlackApiError
 
-        self._emit = emit
         if self.client.session is None or self.client.session.closed:
-            import aiohttp
-
             # one session (kept-alive connections) whose requests check SEND_BY
             self.client.session = aiohttp.ClientSession(trace_configs=[send_by_trace()])
         try:
@@ -273,6 +284,11 @@ class SlackAdapter:
             )
             raise InvalidToken("slack rejected the bot token") from exc
         self.bot_user_id = auth.get("user_id")
+        return auth
+
+    async def start(self, emit: Emit) -> None:
+        self._emit = emit
+        auth = await self.open_outbound()
         self._prime_authorization(auth)
         if self._app_token:
             from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler

@@ -189,6 +189,16 @@ class TelegramAdapter:
         return {WEBHOOK_PATH: self.handle_webhook} if self._webhook_url else {}
 
     @classmethod
+    def setup_steps(cls, settings: TelegramSettings) -> list[str]:
+        """What to do on Telegram's side (`switchboard setup` prints it)."""
+        steps = ["BotFather: /newbot gives the token; /setprivacy -> Disable lets the bot "
+                 "read group messages that do not mention it (require_mention: false)"]  # fmt: skip
+        if settings.mode == "webhook":
+            steps.append("webhook mode: the daemon registers webhook_url with Telegram at "
+                         "start; it must reach /telegram/webhook on the api server")  # fmt: skip
+        return steps
+
+    @classmethod
     async def check_credentials(
         cls, settings: TelegramSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:
@@ -256,13 +266,14 @@ class TelegramAdapter:
 
     # --- lifecycle --------------------------------------------------------------------
 
-    async def start(self, emit: Emit) -> None:
-        from telegram import Bot, Update
+    async def open_outbound(self) -> None:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): the bot
+        and its getMe, neither polling nor touching the webhook."""
+        from telegram import Bot
         from telegram import error as tg_error
 
         from gateway.adapters.telegram_request import AiohttpRequest
 
-        self._emit = emit
         base = (self._base_url or DEFAULT_API).rstrip("/")
         self._bot = Bot(
             self._token, base_url=base, base_file_url=base.replace("/bot", "/file/bot"),
@@ -280,6 +291,12 @@ class TelegramAdapter:
             await self._close_bot()
             raise TransientError(f"telegram is unreachable ({exc})") from exc
         self.bot_username = self._bot.username
+
+    async def start(self, emit: Emit) -> None:
+        from telegram import Update
+
+        self._emit = emit
+        await self.open_outbound()
         if self._webhook_url:
             await self._call(lambda: self._bot.set_webhook(
                 url=self._webhook_url, secret_token=self._webhook_secret, allowed_updates=Update.ALL_TYPES))  # fmt: skip

@@ -46,6 +46,25 @@ class OpenAIAgent:
         self._reply_tokens = reply_tokens
         self._session: aiohttp.ClientSession | None = None
 
+    @staticmethod
+    async def check_credentials(base_url: str, api_key: str | None) -> tuple[bool, str]:
+        """Ask the provider (`GET /models`) whether it takes the key: (accepted, what it
+        said). Only a 401 or 403 is a refusal; a server without the listing is given the
+        benefit of the doubt."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+                async with http.get(f"{base_url.rstrip('/')}/models", headers=headers) as resp:
+                    status = resp.status
+                    body = await resp.json(content_type=None) if status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return False, f"unreachable ({type(exc).__name__})"
+        if status in (401, 403):
+            return False, f"the provider refused the key (HTTP {status})"
+        if status == 200 and isinstance(body, dict) and isinstance(body.get("data"), list):
+            return True, f"{len(body['data'])} model(s) offered"
+        return True, f"the key was not refused (GET /models answered HTTP {status})"
+
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             headers = {"Content-Type": "application/json"}

@@ -27,7 +27,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from gateway.ops.logs import setup_logging
 
     home = _home(args)
-    config = load_config(_config_path(args, home))
+    config = load_config(_config_path(args, home), _environment(home))
     setup_logging("debug" if args.debug else config.logging.level, config.logging.format,
                   config.secrets.values())  # fmt: skip
     from gateway.ops.notify import sd_notify
@@ -42,7 +42,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     home = _home(args)
     path = _config_path(args, home)
-    load_config(path)
+    load_config(path, _environment(home))
     print(f"config ok: {path or '(embedded defaults)'}")
     return EXIT_OK
 
@@ -68,13 +68,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     home = _home(args)
     config, problem = None, None
     try:
-        config = load_config(_config_path(args, home))
+        config = load_config(_config_path(args, home), _environment(home))
     except ConfigError as exc:
         problem = str(exc)
     checks = asyncio.run(run_doctor(home, config, problem, fix=args.fix, full=args.full,
                                     check_platforms=not args.offline))  # fmt: skip
     print(as_json(checks) if args.json else "\n".join(c.line() for c in checks))
     return exit_code(checks)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway.config import check, parse
+    from gateway.ops.status import collect, exit_code, render
+
+    home = _home(args).absolute()
+    path = _config_path(args, home)
+    try:
+        raw = parse(path.read_text(encoding="utf-8"), path) if path else {}
+    except OSError as exc:
+        raise ConfigError("", f"{path}: cannot be read ({exc.strerror})") from None
+    data, secrets, problems = check(raw, _environment(home))
+    report = asyncio.run(collect(home, data, secrets, [str(p) for p in problems]))
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return exit_code(report)
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -92,7 +110,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     home = _home(args)
     state = store_settings(args, home)
-    config = load_config(_config_path(args, home))  # its key settings shape the new keys
+    config = load_config(_config_path(args, home), _environment(home))  # key settings
     return asyncio.run(run(args, home, hermes_db_file(args.from_hermes), config, state))
 
 
@@ -103,13 +121,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     home = _home(args)
     state = store_settings(args, home)
-    config = load_config(_config_path(args, home))
+    config = load_config(_config_path(args, home), _environment(home))
     # the options the resume hint must repeat so that it reaches this same store
     given = ["--home", str(home.resolve())] if args.home else []  # no `.` or `..` left
     if args.config:
         given += ["--config", str(Path(args.config).expanduser().resolve())]
     return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume, given=given,
                                 state=state))  # fmt: skip
+
+
+def _environment(home: Path) -> dict[str, str]:
+    """The process's environment, and the home's secrets file for what it does not set."""
+    from gateway.ops.envfile import environment
+
+    return environment(home)
 
 
 def _version() -> str:
@@ -180,12 +205,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offline", action="store_true", help="do not contact the platforms")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
+    p = add_command(sub, "status", "the daemon, adapters, queues, sessions and store at a glance",
+                    description="One screen on this home: the daemon (pid, uptime, version; "
+                    "replica and leader on PostgreSQL), each adapter's state and last error, "
+                    "queue depths, live sessions and today's messages, the store's size and "
+                    "last backup, the next reset sweep. Works with the daemon down. Exit 0 "
+                    "when the daemon runs and is healthy, 1 when it runs degraded or cannot "
+                    "be asked, 3 when it is not running.")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_status)
     from gateway.cli.sessions import add_parser as add_sessions
 
     add_sessions(sub, add_command).set_defaults(func=cmd_sessions)
     from gateway.cli.hermes_import import add_parser as add_import
 
     add_import(sub, add_command).set_defaults(func=cmd_import)
+    from gateway.cli.setup import add_parser as add_setup
+
+    add_setup(sub, add_command)
+    from gateway.cli.send import add_parser as add_send
+
+    add_send(sub, add_command)
+    from gateway.cli.pairing import add_parser as add_pairing
+
+    add_pairing(sub, add_command)
+    from gateway.cli.config_cmd import add_parser as add_config
+
+    add_config(sub, add_command)
     from gateway.cli.insights import add_parser as add_insights
 
     add_insights(sub, add_command)

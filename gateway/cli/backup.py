@@ -234,6 +234,21 @@ def restore(archive: Path, home: Path) -> tuple[snapshots.SnapshotSummary, tuple
     return summary, names, entries
 
 
+async def _record(home: Path, written: Written) -> None:
+    """The home's last backup, for `switchboard status` (state_meta, as an export records)."""
+    from gateway.ops.status import BACKUP_META
+    from state import SessionDB
+
+    db = await SessionDB.open(home / "state.db")
+    try:
+        await db.set_meta(BACKUP_META, json.dumps({
+            "at": time.time(), "file": str(written.path.absolute()), "kind": "backup",
+            "sessions": written.summary.sessions, "messages": written.summary.messages,
+        }))  # fmt: skip
+    finally:
+        await db.close()
+
+
 def _describe(summary: snapshots.SnapshotSummary) -> str:
     return (f"schema {summary.schema_version}, {summary.sessions:,} sessions "
             f"({summary.live_sessions:,} live), {summary.messages:,} messages; "
@@ -268,6 +283,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if not (home / "state.db").is_file():
         raise BackupError(f"{home / 'state.db'} does not exist: nothing to back up")
     written = take_backup(home, target, config=config_file, secrets=args.with_secrets)
+    asyncio.run(_record(home, written))
     print(f"backup: {written.path} ({written.size / 1e6:,.1f} MB)")
     print(f"  state.db: {_describe(written.summary)}")
     extras = [f"sessions.json ({written.index_entries:,} entries)"]

@@ -35,8 +35,9 @@ def store_settings(args: argparse.Namespace, home: Path) -> dict[str, Any] | Non
     from dataclasses import asdict
 
     from gateway.config import load_config
+    from gateway.ops.envfile import environment
 
-    config = load_config(config_path_of(args, home))
+    config = load_config(config_path_of(args, home), environment(home))
     return {**asdict(config.state), "dsn": config.secret("state.dsn_env")}
 
 

@@ -26,6 +26,7 @@ from gateway import adapters
 from gateway.cli.paths import configured_prices, home_of, open_configured
 from gateway.cli.plain import plain, styled
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from gateway.ops.status import BACKUP_META
 from gateway.timefmt import ago
 from gateway.wording import plural
 from state import (
@@ -317,6 +318,9 @@ async def cmd_export(db: Store, args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     with fh:
         n = await _export(db, fh, args, ids)
+    if ids is None and args.source is None:  # the whole store: `switchboard status` shows it
+        backup = {"at": time.time(), "sessions": n, "file": str(Path(args.file).absolute())}
+        await db.set_meta(BACKUP_META, json.dumps(backup))
     err.print(f"exported {plural(n, 'session')} to {args.file}")
     return EXIT_OK
 

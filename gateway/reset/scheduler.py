@@ -66,6 +66,18 @@ class ResetScheduler:
         sched.start()
         self._scheduler = sched
 
+    def next_sweep(self) -> float | None:
+        """When the reset policy is next applied (the sweep or a daily boundary, whichever
+        comes first), as seconds since the epoch; None when the scheduler is not running."""
+        if self._scheduler is None:
+            return None
+        times = [
+            job.next_run_time.timestamp()
+            for job in self._scheduler.get_jobs()
+            if job.id.startswith("reset-") and job.next_run_time is not None
+        ]
+        return min(times, default=None)
+
     async def stop(self, budget_s: float = 10.0) -> None:
         if self._scheduler is None:
             return

@@ -15,6 +15,7 @@ from psycopg import AsyncConnection
 
 from ..errors import SchemaTooNew
 from ..schema import MESSAGE_COLUMNS, META_VERSION_KEY, SESSION_COLUMNS
+from . import pairing, sends
 
 log = logging.getLogger("state.pg.schema")
 
@@ -238,9 +239,13 @@ DROP INDEX IF EXISTS idx_routes_leased;
 ALTER TABLE session_routes SET (fillfactor = 80);
 """
 
+# The operator's tables: DM pairing (state/pg/pairing.py: one-time codes for unknown users
+# and the decisions on them) and the outbox of one-off sends (state/pg/sends.py).
+_V8 = pairing.CREATE_SQL + sends.CREATE_SQL
+
 # Each step runs as one script inside the migrating transaction.
 MIGRATIONS: list[tuple[int, str]] = [
-    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7)
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7), (8, _V8)
 ]  # fmt: skip
 LATEST = MIGRATIONS[-1][0]
 # Constraint name -> what it means, for turning a unique violation into the store's error.

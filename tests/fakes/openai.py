@@ -17,6 +17,7 @@ class FakeOpenAI:
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
+    api_key: str | None = None  # set: GET /v1/models answers 401 to any other bearer key
     _runner: web.AppRunner | None = None
 
     def reply(self, content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
@@ -46,9 +47,16 @@ class FakeOpenAI:
             headers=headers,
         )
 
+    async def _models(self, request: web.Request) -> web.Response:
+        if self.api_key is not None:
+            if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+                return web.json_response({"error": {"message": "bad key"}}, status=401)
+        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -109,6 +109,9 @@ async def test_a_restored_home_continues_each_chats_live_session(tmp_path: Path)
     assert "behind state.db" not in log and "missing session" not in log
     shown = await asyncio.to_thread(_cli, restored, "sessions", "show", "Trip to Kyoto")
     assert shown.returncode == 0 and "first from alice" in shown.stdout
+    status = await asyncio.to_thread(_cli, home, "status", "--json")
+    last = json.loads(status.stdout)["store"]["last_backup"]
+    assert last["file"] == str(tmp_path / "b.tar.gz") and last["kind"] == "backup"
 
 
 @pytest.mark.slow

@@ -301,7 +301,7 @@ async def test_a_schema_1_database_gains_the_inbox_keeping_its_sessions(schema_d
     await old.close()
     store = await open_store({"backend": "postgres", "dsn": schema_dsn}, ".")
     try:
-        assert await store.schema_version() == store.latest_schema_version() == 7
+        assert await store.schema_version() == store.latest_schema_version() == 8
         assert (await store.require_session(sid))["title"] == "kept"
         assert (await store.accept_inbound("api", "1", "m", {}))[2] is True
     finally:
@@ -337,7 +337,7 @@ async def test_a_schema_6_databases_leases_hold_and_its_routes_update_in_place(
     await old.close()
     store = await PgStore.open(schema_dsn)
     try:
-        assert await store.schema_version() == 7
+        assert await store.schema_version() == store.latest_schema_version() == 8
         assert await store.lease_holds(fence)
         assert await store.take_lease("k", 2, 0) is not None  # incarnation 1 holds no lock
         assert not await store.lease_holds(fence)

@@ -1,0 +1,73 @@
+"""The outbox of one-off sends on PostgreSQL: the same rows and states as state/sends.py,
+shared by the replicas (the leader sends the pending ones again)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from ..sends import COLUMNS, PENDING, row_of
+from . import db
+
+CREATE_SQL = """
+CREATE TABLE sends (
+    id bigserial PRIMARY KEY,
+    platform text NOT NULL,
+    chat_id text NOT NULL,
+    thread_id text,
+    text text NOT NULL,
+    state text NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    error text,
+    message_ids text,
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL
+);
+CREATE INDEX idx_sends_pending ON sends(updated_at) WHERE state = 'pending';
+"""
+_COLS = ", ".join(COLUMNS)
+
+
+async def add(
+    conn: AsyncConnection, platform: str, chat_id: str, thread_id: str | None, text: str,
+    now: float,
+) -> int:  # fmt: skip
+    return int(await db.value(
+        conn,
+        "INSERT INTO sends (platform, chat_id, thread_id, text, state, created_at, updated_at) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        (platform, chat_id, thread_id, text, PENDING, now, now),
+    ))  # fmt: skip
+
+
+async def finish(
+    conn: AsyncConnection, send_id: int, state: str, error: str | None,
+    message_ids: Sequence[str], now: float,
+) -> None:  # fmt: skip
+    await db.run(
+        conn,
+        "UPDATE sends SET state = %s, error = %s, message_ids = %s, attempts = attempts + 1, "
+        "updated_at = %s WHERE id = %s AND state = %s",
+        (state, error, json.dumps(list(message_ids)) if message_ids else None, now, send_id,
+         PENDING),
+    )  # fmt: skip
+
+
+async def claim_due(
+    conn: AsyncConnection, before: float, now: float, limit: int
+) -> list[dict[str, Any]]:
+    found = await db.tuples(
+        conn,
+        f"UPDATE sends SET updated_at = %s WHERE id IN (SELECT id FROM sends WHERE state = %s "
+        f"AND updated_at < %s ORDER BY updated_at LIMIT %s) AND state = %s AND updated_at < %s "
+        f"RETURNING {_COLS}",
+        (now, PENDING, before, limit, PENDING, before),
+    )
+    return sorted((row_of(r) for r in found), key=lambda r: (r["created_at"], r["id"]))
+
+
+async def pending_count(conn: AsyncConnection) -> int:
+    return int(await db.value(conn, "SELECT COUNT(*) FROM sends WHERE state = %s", (PENDING,)))
