@@ -316,7 +316,7 @@ def backup_check(where: str, max_age_hours: float, now: float | None = None) -> 
     """The newest archive `switchboard backup` wrote into `where`, by its manifest's time."""
     from datetime import datetime
 
-    from gateway.cli.backup import BackupError, backups_in, read_manifest
+    from gateway.ops.backups import BackupError, backups_in, read_manifest
 
     directory = Path(where).expanduser()
     found = backups_in(directory)

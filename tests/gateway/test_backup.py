@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.cli.backup import archive_name
+from gateway.ops.backups import archive_name
 from gateway.ops.doctor import backup_check
 from state import schema
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
