@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from gateway.adapters.kit.lifecycle import failed
 from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
 from gateway.messages import (
     SEND_BY,
@@ -31,11 +32,6 @@ from gateway.vocab import AdapterState
 
 T = TypeVar("T")
 Emit = Callable[[InboundMessage], Awaitable[None]]
-
-
-def failed(why: str) -> str:
-    """The state text of an adapter that could not start."""
-    return f"{AdapterState.FAILED}: {why}"
 
 
 CANCEL_AGAIN_S = 1.0  # stop_task: how long a cancelled task has before it is cancelled again

@@ -40,6 +40,7 @@ from gateway.adapters.base import (
     split_message,
 )
 from gateway.adapters.discord_catchup import Positions, missed
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, id_list, in_range, setting
@@ -254,7 +255,7 @@ class DiscordAdapter:
         self._task: asyncio.Task[None] | None = None
         self._emit: Emit | None = None
         self._threads: set[str] = set()
-        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._typing = TypingLoops("discord.typing", self._show_typing, every_s=TYPING_EVERY_S)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
         self.caught_up = 0  # messages handed over by catch-ups, for /health
@@ -520,9 +521,7 @@ class DiscordAdapter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._catch_up_task
             self._catch_up_task = None
-        for task in self._typing.values():
-            task.cancel()
-        self._typing.clear()
+        await self._typing.close()
         if self._claims is not None:
             self._claims.cancel()
             await asyncio.gather(self._claims, return_exceptions=True)
@@ -636,36 +635,20 @@ class DiscordAdapter:
     # Typing shows only for a turn the router runs (not for a duplicate or a refused user),
     # and stops with the reply or when the router is done with the message, whatever the end.
     def turn_started(self, msg: InboundMessage) -> None:
-        chat_id = msg.source.chat_id
-        if chat_id not in self._typing:
-            self._typing[chat_id] = asyncio.create_task(
-                self._typing_loop(chat_id), name=f"discord.typing:{chat_id}"
-            )
+        self._typing.start(msg.source.chat_id)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._stop_typing(msg.source.chat_id)
+        self._typing.stop(msg.source.chat_id)
 
-    def _stop_typing(self, chat_id: str) -> None:
-        task = self._typing.pop(chat_id, None)
-        if task is not None:
-            task.cancel()
-
-    async def _typing_loop(self, chat_id: str) -> None:
-        try:
-            channel = self._client.get_partial_messageable(int(chat_id))
-            for _ in range(15):
-                with contextlib.suppress(Exception):
-                    await channel.typing()
-                await asyncio.sleep(TYPING_EVERY_S)
-        finally:
-            self._typing.pop(chat_id, None)
+    async def _show_typing(self, chat_id: str) -> None:
+        await self._client.get_partial_messageable(int(chat_id)).typing()
 
     # --- outbound -----------------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> SentRef:
         import discord
 
-        self._stop_typing(msg.chat_id)
+        self._typing.stop(msg.chat_id)
         channel = self._client.get_partial_messageable(int(msg.thread_id or msg.chat_id))
         ids = []
         for i, part in enumerate(split_message(msg.text, LIMIT)):

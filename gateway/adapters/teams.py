@@ -11,8 +11,6 @@ the adapter's cursors, so a restarted daemon can still reach a conversation.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -33,6 +31,7 @@ from gateway.adapters.base import (
     split_message,
     utf16_len,
 )
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.teams_auth import DEFAULT_METADATA_URL, BotFrameworkAuth, TokenRefused
 from gateway.adapters.teams_connector import (
     DEFAULT_TOKEN_URL,
@@ -56,7 +55,6 @@ MESSAGES_PATH = "/teams/messages"
 LIMIT = 12_000
 DEFAULT_SERVICE_URL = "https://smba.trafficmanager.net/teams/"
 TYPING_EVERY_S = 3.0
-TYPING_FOR_AT_MOST_S = 120.0
 SEEN = 10_000
 
 
@@ -250,7 +248,10 @@ class TeamsAdapter:
         self._refs: dict[str, ConversationRef] = {}
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._threads: set[tuple[str, str]] = set()
-        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._typing: TypingLoops[tuple[str, str | None]] = TypingLoops(
+            "teams.typing", self._show_typing, every_s=TYPING_EVERY_S,
+            alive=lambda: self._connector is not None,
+        )  # fmt: skip
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
@@ -282,9 +283,7 @@ class TeamsAdapter:
         log.info("teams listening on %s for app %s", MESSAGES_PATH, self.app_id)
 
     async def stop(self, failed_state: str | None = None) -> None:
-        for task in self._typing.values():
-            task.cancel()
-        self._typing.clear()
+        await self._typing.close()
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -292,7 +291,7 @@ class TeamsAdapter:
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "app_id": self.app_id, "last_error": self.last_error,
-                "conversations": len(self._refs), "typing_in": sorted(self._typing)}  # fmt: skip
+                "conversations": len(self._refs), "typing_in": sorted(conversation_of(*at) for at in self._typing)}  # fmt: skip
 
     # --- inbound ------------------------------------------------------------------------
 
@@ -382,32 +381,19 @@ class TeamsAdapter:
     # --- typing -------------------------------------------------------------------------
 
     def turn_started(self, msg: InboundMessage) -> None:
-        conv = conversation_of(msg.source.chat_id, msg.source.thread_id)
-        if conv not in self._typing and self._connector is not None:
-            self._typing[conv] = asyncio.create_task(
-                self._typing_loop(msg.source.chat_id, conv), name=f"teams.typing:{conv}"
-            )
+        if self._connector is not None:
+            self._typing.start((msg.source.chat_id, msg.source.thread_id))
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._stop_typing(conversation_of(msg.source.chat_id, msg.source.thread_id))
+        self._typing.stop((msg.source.chat_id, msg.source.thread_id))
 
-    def _stop_typing(self, conv: str) -> None:
-        task = self._typing.pop(conv, None)
-        if task is not None:
-            task.cancel()
-
-    async def _typing_loop(self, chat_id: str, conv: str) -> None:
-        try:
-            ref = await self._ref(chat_id)
-            url = ref.service_url if ref else self._service_url
-            deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
-            while self._connector is not None and time.monotonic() < deadline:
-                with contextlib.suppress(AdapterError):
-                    await self._connector.post_activity(url, conv, {"type": "typing"}, once=True)
-                await asyncio.sleep(TYPING_EVERY_S)
-        finally:
-            if self._typing.get(conv) is asyncio.current_task():
-                self._typing.pop(conv, None)
+    async def _show_typing(self, where: tuple[str, str | None]) -> None:
+        ref = await self._ref(where[0])
+        url = ref.service_url if ref else self._service_url
+        if self._connector is not None:
+            await self._connector.post_activity(
+                url, conversation_of(*where), {"type": "typing"}, once=True
+            )
 
     # --- outbound -----------------------------------------------------------------------
 
@@ -421,7 +407,7 @@ class TeamsAdapter:
         if self._connector is None:
             raise AdapterError("teams is not running")
         conv = conversation_of(msg.chat_id, msg.thread_id)
-        self._stop_typing(conv)
+        self._typing.stop((msg.chat_id, msg.thread_id))
         ref = await self._ref(msg.chat_id)
         url = ref.service_url if ref else self._service_url
         ids = []

@@ -28,6 +28,7 @@ from gateway.adapters.base import (
     split_message,
     utf16_len,
 )
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
@@ -46,7 +47,6 @@ CALLS_IN_FLIGHT = 64
 # A turn answered sooner than this shows no typing: the reply itself is the sign of life,
 # and an action per quick turn would double the requests to the Bot API under load.
 TYPING_AFTER_S = 0.3
-TYPING_FOR_AT_MOST_S = 120.0
 DEFAULT_API = "https://api.telegram.org/bot"
 WEBHOOK_PATH = "/telegram/webhook"
 
@@ -258,7 +258,9 @@ class TelegramAdapter:
         self._poller: Poller | None = None
         self._poll_task: asyncio.Task[None] | None = None
         self._emit: Emit | None = None
-        self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._typing: TypingLoops[tuple[str, str | None]] = TypingLoops(
+            "telegram.typing", self._show_typing, every_s=TYPING_EVERY_S, after_s=TYPING_AFTER_S
+        )
         self._calls = asyncio.Semaphore(CALLS_IN_FLIGHT)
         self.bot_username: str | None = None
         self.state: str = AdapterState.STOPPED
@@ -360,9 +362,7 @@ class TelegramAdapter:
         return web.Response(status=200, text="ok")
 
     async def stop(self) -> None:
-        for task in self._typing.values():
-            task.cancel()
-        self._typing.clear()
+        await self._typing.close()
         if self._poll_task is not None:
             self._poll_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -400,35 +400,18 @@ class TelegramAdapter:
     # Typing shows only for a turn the router runs (not for a duplicate or a refused user),
     # and stops with the reply or when the router is done with the message, whatever the end.
     def turn_started(self, msg: InboundMessage) -> None:
-        chat_id, thread_id = msg.source.chat_id, msg.source.thread_id
-        if (chat_id, thread_id) in self._typing:
-            return
-        self._typing[(chat_id, thread_id)] = asyncio.create_task(
-            self._typing_loop(chat_id, thread_id), name=f"telegram.typing:{chat_id}"
-        )
+        self._typing.start((msg.source.chat_id, msg.source.thread_id))
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._stop_typing(msg.source.chat_id, msg.source.thread_id)
+        self._typing.stop((msg.source.chat_id, msg.source.thread_id))
 
-    def _stop_typing(self, chat_id: str, thread_id: str | None) -> None:
-        task = self._typing.pop((chat_id, thread_id), None)
-        if task is not None:
-            task.cancel()
-
-    async def _typing_loop(self, chat_id: str, thread_id: str | None) -> None:
-        deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
-        try:
-            await asyncio.sleep(TYPING_AFTER_S)
-            while time.monotonic() < deadline:
-                with contextlib.suppress(Exception):
-                    async with self._calls:
-                        await self._bot.send_chat_action(
-                            chat_id=int(chat_id), action="typing",
-                            message_thread_id=int(thread_id) if thread_id else None,
-                        )  # fmt: skip
-                await asyncio.sleep(TYPING_EVERY_S)
-        finally:
-            self._typing.pop((chat_id, thread_id), None)
+    async def _show_typing(self, where: tuple[str, str | None]) -> None:
+        chat_id, thread_id = where
+        async with self._calls:
+            await self._bot.send_chat_action(
+                chat_id=int(chat_id), action="typing",
+                message_thread_id=int(thread_id) if thread_id else None,
+            )  # fmt: skip
 
     # --- outbound -----------------------------------------------------------------------
 
@@ -454,7 +437,7 @@ class TelegramAdapter:
     async def send(self, msg: OutboundMessage) -> SentRef:
         from telegram import error as tg_error
 
-        self._stop_typing(msg.chat_id, msg.thread_id)
+        self._typing.stop((msg.chat_id, msg.thread_id))
         ids: list[str] = []
         thread = int(msg.thread_id) if msg.thread_id else None
         for part in split_message(msg.text, LIMIT, utf16_len):

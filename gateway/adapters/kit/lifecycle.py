@@ -1,0 +1,59 @@
+"""What an adapter reports to /health and how a webhook adapter starts: its state and last
+error, and the start that asks the platform who the credentials belong to. Retries of a
+failed start belong to `gateway.adapters.base.SupervisedStart`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from gateway.errors import AdapterError, InvalidToken
+from gateway.vocab import AdapterState
+
+
+def failed(why: str) -> str:
+    """The state text of an adapter that could not start."""
+    return f"{AdapterState.FAILED}: {why}"
+
+
+class Reports(Protocol):
+    """The two fields /health shows of every adapter."""
+
+    platform: str
+    state: str
+    last_error: str | None
+
+
+def health(adapter: Reports, **extra: object) -> dict[str, object]:
+    """An adapter's /health entry: its state and last error, then what is its own."""
+    return {"state": adapter.state, "last_error": adapter.last_error, **extra}
+
+
+async def start_whoami(
+    adapter: Reports,
+    whoami: Callable[[], Awaitable[str]],
+    *,
+    by: str,
+    credential: str,
+    refused_as: str,
+    unreachable: str,
+    log: logging.Logger,
+) -> str | None:
+    """Start an adapter whose platform posts to our webhooks: ask `by` (the platform's
+    service) who the `credential` belongs to. Refused: the adapter's state becomes
+    failed(`refused_as`) and InvalidToken is raised (it stops). Unreachable: noted as the
+    last error with `unreachable` in the log, and the adapter runs anyway (webhooks still
+    arrive, sends retry). Returns the name the platform gave, or None."""
+    found: str | None = None
+    try:
+        found = await whoami()
+    except InvalidToken as exc:
+        adapter.state = failed(refused_as)
+        log.error("%s refused the %s; the adapter is stopped (%s)", by, credential, exc)
+        raise InvalidToken(f"{by} rejected the {credential}") from exc
+    except AdapterError as exc:
+        adapter.last_error = str(exc)
+        log.warning("%s: %s: %s", adapter.platform, unreachable, exc)
+    adapter.state = AdapterState.RUNNING
+    return found
