@@ -32,6 +32,7 @@ from gateway.adapters.base import (
     utf16_len,
 )
 from gateway.adapters.kit.typing import TypingLoops
+from gateway.adapters.kit.webhook import WebhookReplies, committed
 from gateway.adapters.teams_auth import DEFAULT_METADATA_URL, BotFrameworkAuth, TokenRefused
 from gateway.adapters.teams_connector import (
     DEFAULT_TOKEN_URL,
@@ -41,13 +42,14 @@ from gateway.adapters.teams_connector import (
     conversation_of,
     split_conversation,
 )
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted, TransientError
+from gateway.errors import AdapterError, ConfigError, InvalidToken, TransientError
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.teams")
+REPLIES = WebhookReplies("error", deliver_again="not stored; send it again")
 MESSAGES_PATH = "/teams/messages"
 # Teams counts a bot message's whole payload in UTF-16 and refuses it (413) past a limit:
 # 28 KB in older documentation, 40 KB now. Text is cut at 12,000 UTF-16 code units (24,000
@@ -301,7 +303,7 @@ class TeamsAdapter:
         from aiohttp import web
 
         if self._http is None or self.state != AdapterState.RUNNING:
-            return web.json_response({"error": "not running"}, status=503)
+            return REPLIES.stopped()
         try:
             verified = await self.auth.verify(request.headers.get("Authorization"), self._http)
         except TokenRefused as exc:
@@ -338,10 +340,8 @@ class TeamsAdapter:
         seen = (msg.source.chat_id, str(msg.platform_message_id))
         if seen in self._seen:
             return web.Response(status=200)  # a redelivery we already took
-        try:
-            await self._emit(msg)
-        except NotAccepted:
-            return web.json_response({"error": "not stored; send it again"}, status=503)
+        if not await committed(self._emit, [msg]):
+            return REPLIES.again()
         self._seen[seen] = None
         if len(self._seen) > SEEN:
             self._seen.popitem(last=False)
