@@ -28,6 +28,7 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     Route,
+    Typing,
     ask_whoami,
     call_with_retry,
     send_by_trace,
@@ -167,7 +168,7 @@ def already_queued(exc: AdapterError) -> bool:
 # --- the adapter ------------------------------------------------------------------------
 
 
-class BlueBubblesAdapter:
+class BlueBubblesAdapter(Typing):
     platform: ClassVar[str] = "bluebubbles"
     settings: ClassVar[type[BlueBubblesSettings]] = BlueBubblesSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()

@@ -31,9 +31,14 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    Outbound,
     RetryAfter,
     Route,
+    SetupSteps,
     TransientError,
+    Typing,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     failed,
     send_by_trace,
@@ -143,7 +148,7 @@ def reply_nonce(dedupe_key: str, channel_id: str, part: int) -> str:
     return hashlib.blake2b(seed, digest_size=12).hexdigest()
 
 
-class DiscordAdapter:
+class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "discord"
     idempotent_replies: ClassVar[bool] = True  # nonce + enforce_nonce on every part
     settings: ClassVar[type[DiscordSettings]] = DiscordSettings

@@ -26,7 +26,11 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    HomeIds,
     Route,
+    Typing,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     failed,
     split_message,
@@ -42,7 +46,7 @@ from gateway.adapters.matrix_events import (
     to_inbound,
 )
 from gateway.adapters.matrix_rooms import Rooms
-from gateway.adapters.matrix_typing import Typing
+from gateway.adapters.matrix_typing import RoomTyping
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -91,7 +95,7 @@ class MatrixSettings(PlatformSettings):
     user_id: str | None = setting(None, _user_id, "the bot's Matrix user id")
 
 
-class MatrixAdapter:
+class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
     platform: ClassVar[str] = "matrix"
     settings: ClassVar[type[MatrixSettings]] = MatrixSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("mau",)
@@ -196,7 +200,7 @@ class MatrixAdapter:
         self._me = Me(user_id, None, require_mention)
         self._rooms = Rooms(user_id, self._fetch_members, self._fetch_sender)
         self._encrypted_noted: set[str] = set()
-        self._typing = Typing(self._set_typing)
+        self._typing = RoomTyping(self._set_typing)
         self._receiver = Receiver(self.platform, self._start_sync, self._stop_sync)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None

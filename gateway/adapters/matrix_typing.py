@@ -15,7 +15,7 @@ TYPING_EVERY_S = 20.0
 SetTyping = Callable[[str, int], Awaitable[None]]  # room, timeout in ms (0: stop)
 
 
-class Typing:
+class RoomTyping:
     def __init__(self, set_typing: SetTyping) -> None:
         self._set_typing = set_typing
         self._rooms: dict[str, tuple[int, asyncio.Task[None]]] = {}  # room -> turns, loop

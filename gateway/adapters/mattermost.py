@@ -26,6 +26,9 @@ from gateway.adapters.base import (
     Cursors,
     Emit,
     Route,
+    Typing,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     failed,
     send_by_transport,
@@ -74,7 +77,7 @@ def split_url(url: str) -> tuple[str, str, int]:
     return scheme, parts.hostname or "localhost", port
 
 
-class MattermostAdapter:
+class MattermostAdapter(Typing, UsesCursors, UsesShards):
     platform: ClassVar[str] = "mattermost"
     settings: ClassVar[type[MattermostSettings]] = MattermostSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("mattermostautodriver",)

@@ -27,6 +27,9 @@ from gateway.adapters.base import (
     Emit,
     Route,
     TransientError,
+    Typing,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     failed,
     split_message,
@@ -89,7 +92,7 @@ def _inbound(got: Incoming) -> InboundMessage:
                           received_at=got.sent_at, mentioned=got.mentioned, reply_to=got.message_id)  # fmt: skip
 
 
-class SignalAdapter:
+class SignalAdapter(Typing, UsesCursors, UsesShards):
     platform: ClassVar[str] = "signal"
     settings: ClassVar[type[SignalSettings]] = SignalSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()  # plain aiohttp, no client library

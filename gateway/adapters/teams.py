@@ -25,7 +25,10 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    HomeIds,
     Route,
+    Typing,
+    UsesCursors,
     failed,
     send_by_trace,
     split_message,
@@ -152,7 +155,7 @@ def to_inbound(
         return None
 
 
-class TeamsAdapter:
+class TeamsAdapter(Typing, UsesCursors, HomeIds):
     platform: ClassVar[str] = "teams"
     settings: ClassVar[type[TeamsSettings]] = TeamsSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("jwt",)

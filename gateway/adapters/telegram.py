@@ -20,9 +20,13 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    Outbound,
+    ReplicaLimits,
     RetryAfter,
     Route,
+    SetupSteps,
     TransientError,
+    Typing,
     call_with_retry,
     failed,
     split_message,
@@ -134,7 +138,7 @@ def _strip_mention(text: str, bot_username: str | None) -> str:
     return text
 
 
-class TelegramAdapter:
+class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
     platform: ClassVar[str] = "telegram"
     settings: ClassVar[type[TelegramSettings]] = TelegramSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("telegram",)

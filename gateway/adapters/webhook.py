@@ -22,7 +22,9 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    HomeIds,
     Route,
+    TurnHooks,
     call_with_retry,
     send_by_trace,
 )
@@ -85,7 +87,7 @@ class _Exchange:
     late: bool = False  # the request gave up waiting: the reply goes to the callback
 
 
-class WebhookAdapter:
+class WebhookAdapter(TurnHooks, HomeIds):
     platform: ClassVar[str] = "webhook"
     settings: ClassVar[type[WebhookSettings]] = WebhookSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()

@@ -25,6 +25,7 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     Route,
+    Typing,
     ask_whoami,
     call_with_retry,
     send_by_trace,
@@ -73,7 +74,7 @@ class WhatsAppSettings(PlatformSettings):
 # --- the adapter ------------------------------------------------------------------------
 
 
-class WhatsAppAdapter:
+class WhatsAppAdapter(Typing):
     platform: ClassVar[str] = "whatsapp"
     settings: ClassVar[type[WhatsAppSettings]] = WhatsAppSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
