@@ -25,11 +25,6 @@ class Reports(Protocol):
     last_error: str | None
 
 
-def health(adapter: Reports, **extra: object) -> dict[str, object]:
-    """An adapter's /health entry: its state and last error, then what is its own."""
-    return {"state": adapter.state, "last_error": adapter.last_error, **extra}
-
-
 async def start_whoami(
     adapter: Reports,
     whoami: Callable[[], Awaitable[str]],
