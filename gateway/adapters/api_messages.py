@@ -11,9 +11,9 @@ from gateway.adapters.api_wire import (
     Turn,
     bad,
     callback_url,
-    error,
     idempotency_key,
     json_type,
+    not_stored,
     read_json,
     refused_text,
 )
@@ -66,10 +66,8 @@ async def messages(turn: Turn, request: web.Request) -> web.Response:
     if isinstance(answer, web.Response):
         return answer
     out = answer.reply
-    if out.error == "storage":  # not stored: never answer 200 for it
-        return error(503, out.text, "storage_unavailable")
-    if out.error == "unstorable":  # not stored, and it never can be
-        return error(400, out.text, "unstorable_input")
+    if (refusal := not_stored(out)) is not None:
+        return refusal
     replayed = {REPLAYED_HEADER: "true"} if answer.duplicate else {}
     return web.json_response(headers=replayed, data={
         "reply": out.text, "notices": list(answer.notices), "session_id": out.session_id,

@@ -18,6 +18,7 @@ from gateway.adapters.api_wire import (
     callback_url,
     error,
     idempotency_key,
+    not_stored,
     read_json,
     refused_text,
     usage,
@@ -90,10 +91,8 @@ async def chat_completions(
     if isinstance(answer, web.Response):
         return answer
     out = answer.reply
-    if out.error == "storage":  # not stored: never answer 200 for it
-        return error(503, out.text, "storage_unavailable")
-    if out.error == "unstorable":  # not stored, and it never can be
-        return error(400, out.text, "unstorable_input")
+    if (refusal := not_stored(out)) is not None:
+        return refusal
     if out.error == "agent":  # the chat platforms get an apology; an API client an error
         return error(502, "the agent failed to answer; the message was stored",
                       "agent_error")  # fmt: skip

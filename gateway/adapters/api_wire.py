@@ -53,6 +53,16 @@ def error(status: int, message: str, code: str | None = None) -> web.Response:
     )
 
 
+def not_stored(out: OutboundMessage) -> web.Response | None:
+    """The error for a reply whose message was not stored (never a 200): 503 when the store
+    was away (send it again), 400 when no store can keep it; None for a stored one."""
+    if out.error == "storage":
+        return error(503, out.text, "storage_unavailable")
+    if out.error == "unstorable":
+        return error(400, out.text, "unstorable_input")
+    return None
+
+
 def bad(status: int, message: str) -> web.Response:
     return error(status, message, "invalid_request" if status == 400 else None)
 

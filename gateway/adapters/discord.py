@@ -45,8 +45,9 @@ from gateway.adapters.base import (
 from gateway.adapters.discord_catchup import Positions, missed
 from gateway.adapters.discord_shards import Shards
 from gateway.adapters.discord_wire import fields_of, reply_nonce, to_inbound
+from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.kit.typing import TypingLoops
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
+from gateway.errors import AdapterError, ConfigError, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, id_list, in_range, setting
 from gateway.session_keys import SessionSource
@@ -256,10 +257,9 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
         try:
             await client.login(self._token)
         except discord.LoginFailure as exc:
-            self.state = failed("invalid token")
-            log.error("discord refused the bot token; the adapter is stopped (%s)", exc)
+            error = refused(self, exc, by="discord", credential="bot token", log=log)
             await client.close()
-            raise InvalidToken("discord rejected the bot token") from exc
+            raise error from exc
 
     async def open_outbound(self) -> None:
         """Ready to send, receiving nothing (`switchboard send` without a daemon): a client

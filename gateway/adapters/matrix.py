@@ -36,6 +36,7 @@ from gateway.adapters.base import (
     split_message,
     stop_task,
 )
+from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.matrix_events import (
     PART_BYTES,
     Me,
@@ -225,10 +226,9 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
             if who.user_id != self.user_id:
                 raise InvalidToken(f"the access token belongs to {who.user_id}, not {self.user_id}")
         except InvalidToken as exc:
-            self.state = failed("invalid token")
-            log.error("matrix refused the access token; the adapter is stopped (%s)", exc)
+            error = refused(self, exc, by="matrix", credential="access token", log=log, detail=True)
             await self._close()
-            raise InvalidToken(f"matrix rejected the access token ({exc})") from exc
+            raise error from exc
         except BaseException as exc:
             self.state = failed(f"homeserver unreachable ({exc})")
             await self._close()

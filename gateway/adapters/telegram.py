@@ -32,6 +32,7 @@ from gateway.adapters.base import (
     split_message,
     utf16_len,
 )
+from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
@@ -289,10 +290,9 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
         try:
             await self._bot.initialize()  # getMe
         except tg_error.InvalidToken as exc:
-            self.state = failed("invalid token")
-            log.error("telegram refused the bot token; the adapter is stopped (%s)", exc)
+            error = refused(self, exc, by="telegram", credential="bot token", log=log)
             await self._close_bot()
-            raise InvalidToken("telegram rejected the bot token") from exc
+            raise error from exc
         except tg_error.NetworkError as exc:  # unreachable, timed out, a 5xx: worth retrying
             await self._close_bot()
             raise TransientError(f"telegram is unreachable ({exc})") from exc

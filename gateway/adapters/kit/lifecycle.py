@@ -25,6 +25,24 @@ class Reports(Protocol):
     last_error: str | None
 
 
+def refused(
+    adapter: Reports,
+    exc: BaseException,
+    *,
+    by: str,
+    credential: str,
+    refused_as: str = "invalid token",
+    log: logging.Logger,
+    detail: bool = False,
+) -> InvalidToken:
+    """`by` refused the adapter's `credential`: the adapter is failed(`refused_as`), one
+    ERROR line says so, and the InvalidToken to raise (from `exc`) is returned; it names
+    the credential (and, with `detail`, what the platform said)."""
+    adapter.state = failed(refused_as)
+    log.error("%s refused the %s; the adapter is stopped (%s)", by, credential, exc)
+    return InvalidToken(f"{by} rejected the {credential}" + (f" ({exc})" if detail else ""))
+
+
 async def start_whoami(
     adapter: Reports,
     whoami: Callable[[], Awaitable[str]],
@@ -44,9 +62,8 @@ async def start_whoami(
     try:
         found = await whoami()
     except InvalidToken as exc:
-        adapter.state = failed(refused_as)
-        log.error("%s refused the %s; the adapter is stopped (%s)", by, credential, exc)
-        raise InvalidToken(f"{by} rejected the {credential}") from exc
+        raise refused(adapter, exc, by=by, credential=credential, refused_as=refused_as,
+                      log=log) from exc  # fmt: skip
     except AdapterError as exc:
         adapter.last_error = str(exc)
         log.warning("%s: %s: %s", adapter.platform, unreachable, exc)
