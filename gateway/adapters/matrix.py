@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import math
 import re
 import uuid
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ from gateway.adapters.base import (
     stop_task,
 )
 from gateway.adapters.kit.lifecycle import refused
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.matrix_events import (
     PART_BYTES,
     Me,
@@ -47,7 +49,6 @@ from gateway.adapters.matrix_events import (
     to_inbound,
 )
 from gateway.adapters.matrix_rooms import Rooms
-from gateway.adapters.matrix_typing import RoomTyping
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -63,6 +64,8 @@ from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.matrix")
+TYPING_TIMEOUT_MS = 30_000  # how long the server shows typing without a renewal
+TYPING_EVERY_S = 20.0
 NOTE = "end-to-end encrypted rooms are not supported"
 MAX_RETRY_AFTER_S = 300.0
 # inline sync filters: enough timeline per room that a gap is rare (a gap is paged back
@@ -201,7 +204,11 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
         self._me = Me(user_id, None, require_mention)
         self._rooms = Rooms(user_id, self._fetch_members, self._fetch_sender)
         self._encrypted_noted: set[str] = set()
-        self._typing = RoomTyping(self._set_typing)
+        self._typing = TypingLoops(
+            "matrix.typing", lambda room: self._set_typing(room, TYPING_TIMEOUT_MS),
+            every_s=TYPING_EVERY_S, for_at_most_s=math.inf, per_turn=True,
+            withdraw=lambda room: self._set_typing(room, 0),
+        )  # fmt: skip
         self._receiver = Receiver(self.platform, self._start_sync, self._stop_sync)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
@@ -282,7 +289,7 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
     async def stop(self) -> None:
         await self._receiver.stop()
         await self._stop_sync()
-        self._typing.close()
+        await self._typing.close()
         await self._close()
         if not str(self.state).startswith(AdapterState.FAILED):  # a failure stays visible
             self.state = AdapterState.STOPPED
@@ -429,10 +436,10 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
     # --- typing: shown while a turn runs -------------------------------------------------
 
     def turn_started(self, msg: InboundMessage) -> None:
-        self._typing.started(msg.source.chat_id)
+        self._typing.start(msg.source.chat_id)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._typing.ended(msg.source.chat_id)
+        self._typing.stop(msg.source.chat_id)
 
     async def _set_typing(self, room: str, timeout_ms: int) -> None:
         from gateway.adapters.matrix_http import mapped

@@ -143,3 +143,27 @@ async def test_a_refused_credential_fails_the_adapter_and_an_unreachable_platfor
                               refused_as="bad key", unreachable="no answer", log=log)  # fmt: skip
     assert name is None
     assert (adapter.state, adapter.last_error) == (AdapterState.RUNNING, "connection refused")
+
+
+async def test_typing_counted_per_turn_is_withdrawn_only_when_the_last_turn_ends() -> None:
+    shown: list[str] = []
+    withdrawn: list[str] = []
+
+    async def show(room: str) -> None:
+        shown.append(room)
+
+    async def withdraw(room: str) -> None:
+        withdrawn.append(room)
+
+    loops: TypingLoops[str] = TypingLoops(
+        "kit.typing", show, every_s=0.01, withdraw=withdraw, per_turn=True
+    )
+    loops.start("r1")
+    loops.start("r1")  # two turns of one room
+    await _until(lambda: bool(shown), "shown")
+    loops.stop("r1")
+    assert "r1" in loops and withdrawn == []  # the other turn still runs
+    loops.stop("r1")
+    await _until(lambda: withdrawn == ["r1"], "withdrawn with the last turn")
+    assert "r1" not in loops
+    await loops.close()

@@ -25,7 +25,8 @@ class TypingLoops(Generic[K]):
     chat and thread). `show(key)` sends one indicator; `withdraw(key)`, when given, takes
     it back at once when the loop is stopped (run outside the stopping reply's send-by
     deadline, and never awaited by it). `alive()` false ends every loop at its next turn
-    (the platform connection closed)."""
+    (the platform connection closed). With `per_turn`, each `start` counts a turn and the
+    loop ends with the last one's `stop` (several turns of one room at once)."""
 
     def __init__(
         self,
@@ -37,11 +38,13 @@ class TypingLoops(Generic[K]):
         after_s: float = 0.0,
         withdraw: Callable[[K], Awaitable[None]] | None = None,
         alive: Callable[[], bool] = lambda: True,
+        per_turn: bool = False,
     ) -> None:
         self._name = name
         self._show, self._withdraw, self._alive = show, withdraw, alive
         self._every_s, self._for_at_most_s, self._after_s = every_s, for_at_most_s, after_s
         self._loops: dict[K, asyncio.Task[None]] = {}
+        self._turns: dict[K, int] | None = {} if per_turn else None  # key -> turns running
         self._chores: set[asyncio.Task[None]] = set()  # withdrawals in flight
 
     def __contains__(self, key: object) -> bool:
@@ -55,11 +58,18 @@ class TypingLoops(Generic[K]):
 
     def start(self, key: K) -> None:
         """Show typing at `key` until stopped (a loop already there goes on)."""
+        if self._turns is not None:
+            self._turns[key] = self._turns.get(key, 0) + 1
         if key not in self._loops:
             self._loops[key] = asyncio.create_task(self._loop(key), name=f"{self._name}:{key}")
 
     def stop(self, key: K) -> None:
         """End the loop at `key`, if one runs, and withdraw the indicator."""
+        if self._turns is not None:
+            left = self._turns.pop(key, 0) - 1
+            if left > 0:  # another turn there still runs
+                self._turns[key] = left
+                return
         task = self._loops.pop(key, None)
         if task is None:
             return
@@ -77,6 +87,8 @@ class TypingLoops(Generic[K]):
         """End every loop (the adapter stops); withdrawals in flight get `wait_s` to end."""
         loops = list(self._loops.values())
         self._loops.clear()
+        if self._turns is not None:
+            self._turns.clear()
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
