@@ -204,7 +204,7 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
         self._me = Me(user_id, None, require_mention)
         self._rooms = Rooms(user_id, self._fetch_members, self._fetch_sender)
         self._encrypted_noted: set[str] = set()
-        self._typing = TypingLoops(
+        self._typing: TypingLoops[str] = TypingLoops(
             "matrix.typing", lambda room: self._set_typing(room, TYPING_TIMEOUT_MS),
             every_s=TYPING_EVERY_S, for_at_most_s=math.inf, per_turn=True,
             withdraw=lambda room: self._set_typing(room, 0),
