@@ -19,7 +19,16 @@ from typing import Any
 
 from gateway import adapters as registry
 from gateway import event_loops
-from gateway.adapters.base import Adapter, Route, SupervisedStart
+from gateway.adapters.base import (
+    Adapter,
+    Listens,
+    Route,
+    SupervisedStart,
+    TurnHooks,
+    Typing,
+    UsesCursors,
+    UsesShards,
+)
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import Config
@@ -307,12 +316,11 @@ class Gateway:
         await self.router.hold_until_recovered()
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
-            use_cursors = getattr(adapter, "use_cursors", None)
-            if use_cursors is not None:
-                use_cursors(StoreCursors(self.db, adapter.platform))
-            use_shards = getattr(adapter, "use_shards", None)
-            if use_shards is not None and self.cluster is not None:  # a shard on one replica
-                use_shards(PgShardLedger(self.cluster.store, self.cluster.link, adapter.platform))
+            if isinstance(adapter, UsesCursors):
+                adapter.use_cursors(StoreCursors(self.db, adapter.platform))
+            if isinstance(adapter, UsesShards) and self.cluster is not None:  # one replica's
+                ledger = PgShardLedger(self.cluster.store, self.cluster.link, adapter.platform)
+                adapter.use_shards(ledger)
             if adapter.platform != "api":  # unreachable: retried; refused credentials: stopped
                 start = SupervisedStart(adapter, self._credential_keys(adapter.platform))
                 self._starts[adapter.platform] = start
@@ -323,8 +331,8 @@ class Gateway:
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     raise
-                port = getattr(adapter, "port", "?")
-                raise PortInUse(port, getattr(adapter, "host", "?")) from None
+                where = (adapter.port, adapter.host) if isinstance(adapter, Listens) else ("?", "?")
+                raise PortInUse(*where) from None
         self.handoffs = HandoffWatcher(
             self.router.services, self._adapters_by_platform,
             configured_homes={p: s.home_channel for p, s in self.config.platforms.items()},
@@ -588,17 +596,15 @@ class Gateway:
             return None
         return await adapter.send(msg)
 
-    # TurnEvents for the router: passed on to the message's adapter when it has the method
+    # TurnEvents for the router: passed on to the message's adapter when it declares them
     # (Discord shows typing for a running turn; the api answers a dropped request at once)
     def turn_started(self, msg: InboundMessage) -> None:
-        hook = getattr(self._adapters_by_platform.get(msg.source.platform), "turn_started", None)
-        if hook is not None:
-            hook(msg)
+        if isinstance(adapter := self._adapters_by_platform.get(msg.source.platform), Typing):
+            adapter.turn_started(msg)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        hook = getattr(self._adapters_by_platform.get(msg.source.platform), "turn_ended", None)
-        if hook is not None:
-            hook(msg, dropped)
+        if isinstance(adapter := self._adapters_by_platform.get(msg.source.platform), TurnHooks):
+            adapter.turn_ended(msg, dropped)
 
     def reload(self, new: Config) -> list[str]:
         """Apply what can change without a restart (allowlists, admins, the reset policy,

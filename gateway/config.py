@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from gateway import adapters, event_loops
+from gateway.adapters.base import ReplicaLimits
 from gateway.errors import ConfigError, ConfigErrors
 from gateway.sections import (
     Field,
@@ -484,9 +485,8 @@ def _replica_problems(data: Mapping[str, Any]) -> list[ConfigError]:
     for name in adapters.names():
         cls = adapters.adapter_class(name)
         settings = build(cls.settings, data["platforms"][name])
-        check = getattr(cls, "replica_problems", None)
-        if settings.enabled and check is not None:
-            out.extend(check(settings, n))
+        if settings.enabled and issubclass(cls, ReplicaLimits):
+            out.extend(cls.replica_problems(settings, n))
     return out
 
 

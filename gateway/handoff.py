@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.adapters import adapter_class
-from gateway.adapters.base import Adapter
+from gateway.adapters.base import Adapter, HomeIds
 from gateway.errors import NoHomeChannel
 from gateway.messages import OutboundMessage, ThreadRef
 from gateway.services import Services
@@ -40,9 +40,8 @@ def configured_home(platform: str, value: str | int | None) -> dict[str, Any] | 
     if value is None or str(value).strip() == "":
         return None
     cls = adapter_class(platform)
-    split = getattr(cls, "split_home", None)  # an adapter whose ids hold ":" says how to split
-    if split is not None:
-        chat_id, thread_id = split(str(value).strip())
+    if issubclass(cls, HomeIds):  # an adapter whose ids hold ":" says how to split
+        chat_id, thread_id = cls.split_home(str(value).strip())
     else:
         chat_id, _, thread_id = str(value).strip().partition(":")
     return {

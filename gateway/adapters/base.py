@@ -13,8 +13,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
+from gateway.adapters.kit.lifecycle import failed
 from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
 from gateway.messages import (
     SEND_BY,
@@ -31,11 +32,6 @@ from gateway.vocab import AdapterState
 
 T = TypeVar("T")
 Emit = Callable[[InboundMessage], Awaitable[None]]
-
-
-def failed(why: str) -> str:
-    """The state text of an adapter that could not start."""
-    return f"{AdapterState.FAILED}: {why}"
 
 
 CANCEL_AGAIN_S = 1.0  # stop_task: how long a cancelled task has before it is cancelled again
@@ -92,6 +88,88 @@ class Cursors(Protocol):
     async def set(self, name: str, value: str) -> None: ...
 
 
+# --- capabilities: what an adapter may do beyond the Adapter interface ----------------
+#
+# An adapter declares each capability it has by naming its Protocol among its bases
+# (`class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds)`); the core asks with
+# isinstance / issubclass, never by probing for attributes.
+
+
+@runtime_checkable
+class TurnHooks(Protocol):
+    """Told when the core is done with a message of its platform, whatever the end
+    (`dropped` names why no reply came: a duplicate, a refused user...)."""
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None: ...
+
+
+@runtime_checkable
+class Typing(TurnHooks, Protocol):
+    """Shows typing while the core runs a turn: from turn_started to the reply or
+    turn_ended."""
+
+    def turn_started(self, msg: InboundMessage) -> None: ...
+
+
+@runtime_checkable
+class UsesCursors(Protocol):
+    """Keeps its place in the platform's stream in the gateway's store (see Cursors); the
+    daemon hands it the cursors before `start`."""
+
+    def use_cursors(self, cursors: Cursors) -> None: ...
+
+
+@runtime_checkable
+class UsesShards(Protocol):
+    """Among replicas, receives only while this replica owns the platform's receiving
+    connection (a ShardLedger of gateway.shards); the daemon hands it the ledger before
+    `start`."""
+
+    def use_shards(self, ledger: Any) -> None: ...
+
+
+@runtime_checkable
+class Outbound(Protocol):
+    """Can send without the daemon (`switchboard send`): `open_outbound` readies it for
+    sending only, receiving nothing; `stop` closes it."""
+
+    async def open_outbound(self) -> Any: ...
+
+
+@runtime_checkable
+class HomeIds(Protocol):
+    """Its chat ids may hold ":" (a Matrix room, a Teams conversation): it says how a
+    configured home channel splits into chat and thread."""
+
+    @classmethod
+    def split_home(cls, value: str) -> tuple[str, str | None]: ...
+
+
+@runtime_checkable
+class SetupSteps(Protocol):
+    """Tells `switchboard setup` what to do in the platform's console."""
+
+    @classmethod
+    def setup_steps(cls, settings: Any) -> list[str]: ...
+
+
+@runtime_checkable
+class ReplicaLimits(Protocol):
+    """Has a mode that several replicas cannot share (Telegram's polling): names its keys,
+    so such a config is refused with exit 78."""
+
+    @classmethod
+    def replica_problems(cls, settings: Any, replicas: int) -> list[ConfigError]: ...
+
+
+@runtime_checkable
+class Listens(Protocol):
+    """Serves HTTP itself (the api adapter): where, for the error when the port is taken."""
+
+    host: str
+    port: int
+
+
 class PlatformAdapter(Adapter, Protocol):
     """A chat platform's adapter with everything the core needs to know about the
     platform: its config section, its secrets, how it is built and checked, and how a
@@ -104,9 +182,8 @@ class PlatformAdapter(Adapter, Protocol):
     response to its own request (the HTTP API): no reply of the chat can overtake another,
     and a repeated request reads its answer from the store (see
     gateway.adapters.replies_in_request).
-    Optional: `replica_problems(settings, replicas) -> list[ConfigError]`, a classmethod
-    naming the keys of a mode that several replicas cannot share (`cluster.replicas` > 1:
-    Telegram's polling), so the config is refused with exit 78."""
+    Further capabilities are the Protocols above (Typing, UsesCursors, HomeIds,
+    ReplicaLimits...), declared among the adapter's bases."""
 
     settings: ClassVar[type[PlatformSettings]]
     library_loggers: ClassVar[tuple[str, ...]]  # quieted to WARNING with the daemon's own

@@ -28,18 +28,19 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     Route,
+    Typing,
     ask_whoami,
     call_with_retry,
-    failed,
     send_by_trace,
     split_message,
 )
+from gateway.adapters.kit.lifecycle import start_whoami
+from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
 from gateway.adapters.sms import plain_text
 from gateway.errors import (
     AdapterError,
     ConfigError,
     InvalidToken,
-    NotAccepted,
     RetryAfter,
     TransientError,
 )
@@ -49,6 +50,7 @@ from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.bluebubbles")
+REPLIES = WebhookReplies()  # text/plain refusals
 WEBHOOK_PATH = "/bluebubbles/webhook"
 # iMessage publishes no length limit; Messages.app accepts far more, but an AppleScript send
 # of a very long text is slow and shows as one wall, so replies are cut at 4,000 characters
@@ -166,7 +168,7 @@ def already_queued(exc: AdapterError) -> bool:
 # --- the adapter ------------------------------------------------------------------------
 
 
-class BlueBubblesAdapter:
+class BlueBubblesAdapter(Typing):
     platform: ClassVar[str] = "bluebubbles"
     settings: ClassVar[type[BlueBubblesSettings]] = BlueBubblesSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -264,16 +266,11 @@ class BlueBubblesAdapter:
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
-        try:
-            self.account = await self._whoami()
-        except InvalidToken as exc:
-            self.state = failed("bad password")
-            log.error("bluebubbles refused the server password; the adapter is stopped (%s)", exc)
-            raise InvalidToken("bluebubbles rejected the server password") from exc
-        except AdapterError as exc:  # webhooks still arrive; sends will retry
-            self.last_error = str(exc)
-            log.warning("bluebubbles: could not reach the server at %s: %s", self._base, exc)
-        self.state = AdapterState.RUNNING
+        self.account = await start_whoami(
+            self, self._whoami, by="bluebubbles", credential="server password",
+            refused_as="bad password", unreachable=f"could not reach the server at {self._base}",
+            log=log,
+        )  # fmt: skip
         log.info("bluebubbles webhook at %s for %s", WEBHOOK_PATH, self.account or self._base)
 
     async def stop(self) -> None:
@@ -302,8 +299,8 @@ class BlueBubblesAdapter:
         if not self._secret or not hmac.compare_digest(given.encode(), self._secret.encode()):
             log.warning("refused a webhook POST with a wrong secret")
             return web.Response(status=403, text="bad secret")
-        if self._emit is None or self.state != AdapterState.RUNNING:
-            return web.Response(status=503, text="not running")
+        if (emit := taking(self._emit, self.state)) is None:
+            return REPLIES.stopped()
         try:
             payload = json.loads(await request.read())
         except ValueError:
@@ -317,10 +314,8 @@ class BlueBubblesAdapter:
             log.info("dropped stale message %s (%.0fs old, limit %.0fs)",
                      msg.platform_message_id, age, self._max_age)  # fmt: skip
             return web.Response(text="stale")
-        try:
-            await self._emit(msg)
-        except NotAccepted:
-            return web.Response(status=503, text="not stored; deliver again")
+        if not await committed(emit, [msg]):
+            return REPLIES.again()
         return web.Response(text="ok")
 
     # --- REST API -------------------------------------------------------------------

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -31,20 +29,28 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    Outbound,
     RetryAfter,
     Route,
+    SetupSteps,
     TransientError,
+    Typing,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     failed,
     send_by_trace,
     split_message,
 )
 from gateway.adapters.discord_catchup import Positions, missed
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
+from gateway.adapters.discord_shards import Shards
+from gateway.adapters.discord_wire import fields_of, reply_nonce, to_inbound
+from gateway.adapters.kit.lifecycle import refused
+from gateway.adapters.kit.typing import TypingLoops
+from gateway.errors import AdapterError, ConfigError, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, id_list, in_range, setting
 from gateway.session_keys import SessionSource
-from gateway.shards import CLAIM_EVERY_S
 from gateway.vocab import AdapterState, ChatType
 
 if TYPE_CHECKING:
@@ -81,68 +87,7 @@ def _point_at(api_base: str | None, gateway_url: str | None) -> None:
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(gateway_url)
 
 
-def to_inbound(
-    fields: Mapping[str, Any],
-    *,
-    require_mention: bool = True,
-    free_channels: frozenset[str] = frozenset(),
-    active_threads: set[str] | None = None,
-) -> InboundMessage | None:
-    """fields: id, content, author_id, author_name, author_bot, kind ('dm' | 'text' |
-    'thread'), channel_id, channel_name, guild_name, parent_id, mentions_bot."""
-    try:
-        if fields.get("author_bot"):
-            return None
-        text = fields.get("content")
-        if not isinstance(text, str) or not text.strip():
-            return None
-        kind, channel = fields["kind"], str(fields["channel_id"])
-        user = str(fields["author_id"])
-        name = fields.get("author_name")
-        if kind == "dm":
-            source = SessionSource("discord", channel, ChatType.DM, user, name)
-            addressed = True
-        elif kind == "thread":
-            source = SessionSource("discord", channel, ChatType.THREAD, user, name,
-                                   f"{fields.get('guild_name')} / #{fields.get('channel_name')}", channel)  # fmt: skip
-            addressed = (
-                bool(fields.get("mentions_bot")) or channel in (active_threads or set())
-                or not require_mention or str(fields.get("parent_id")) in free_channels
-            )  # fmt: skip
-        elif kind == "text":
-            source = SessionSource("discord", channel, ChatType.GROUP, user, name,
-                                   f"{fields.get('guild_name')} / #{fields.get('channel_name')}")  # fmt: skip
-            addressed = (
-                bool(fields.get("mentions_bot")) or not require_mention or channel in free_channels
-            )
-        else:
-            return None
-        return InboundMessage(source=source, text=text, platform_message_id=str(fields["id"]),
-                              received_at=time.time(), mentioned=addressed, reply_to=str(fields["id"]))  # fmt: skip
-    except (KeyError, TypeError, ValueError):
-        log.info("ignored a malformed Discord message: %.200r", dict(fields))
-        return None
-
-
-@dataclass
-class _Shard:
-    """One shard running here: the epoch it was taken at, its connection and when it was
-    opened (monotonic)."""
-
-    epoch: int
-    client: Any
-    task: asyncio.Task[None]
-    opened: float
-
-
-def reply_nonce(dedupe_key: str, channel_id: str, part: int) -> str:
-    """The nonce of one part of a reply: the same for every send of that part, distinct
-    across keys, channels and parts, and within Discord's 25 characters (24 hex digits)."""
-    seed = f"{dedupe_key}\x00{channel_id}\x00{part}".encode()
-    return hashlib.blake2b(seed, digest_size=12).hexdigest()
-
-
-class DiscordAdapter:
+class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "discord"
     idempotent_replies: ClassVar[bool] = True  # nonce + enforce_nonce on every part
     settings: ClassVar[type[DiscordSettings]] = DiscordSettings
@@ -229,10 +174,10 @@ class DiscordAdapter:
         shard_count: int = 1,
     ) -> None:
         self._token = token
-        self._shard_count = shard_count
-        self._ledger: ShardLedger | None = None
-        self._shards: dict[int, _Shard] = {}  # the shards running here
-        self._claims: asyncio.Task[None] | None = None
+        self._shards = Shards(
+            shard_count, new_client=self._new_client, login=self._login, connect=self._connect,
+            note=self._note, stopping=lambda: self._stopping,
+        )  # fmt: skip
         self._catch_up_messages = catch_up_messages
         self._catch_up_s = catch_up_hours * 3600
         self._positions = Positions(None)
@@ -254,7 +199,7 @@ class DiscordAdapter:
         self._task: asyncio.Task[None] | None = None
         self._emit: Emit | None = None
         self._threads: set[str] = set()
-        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._typing = TypingLoops("discord.typing", self._show_typing, every_s=TYPING_EVERY_S)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
         self.caught_up = 0  # messages handed over by catch-ups, for /health
@@ -265,11 +210,14 @@ class DiscordAdapter:
 
     def use_shards(self, ledger: ShardLedger) -> None:
         """Among replicas: run only the shards this replica owns in the ledger."""
-        self._ledger = ledger
+        self._shards.ledger = ledger
 
     @property
     def sharded(self) -> bool:
-        return self._ledger is not None or self._shard_count > 1
+        return self._shards.sharded
+
+    def _note(self, error: str) -> None:
+        self.last_error = error
 
     def _new_client(self, shard: int | None, gate: asyncio.Event | None = None) -> Any:
         """A client; a shard's passes its messages on only once `gate` is open (see
@@ -281,7 +229,7 @@ class DiscordAdapter:
         client = discord.Client(
             intents=intents, guild_ready_timeout=self._ready_timeout,
             allowed_mentions=discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=False),
-            shard_id=shard, shard_count=None if shard is None else self._shard_count,
+            shard_id=shard, shard_count=None if shard is None else self._shards.count,
             # a reply that set out late stops before its REST request is written (SetOutLate,
             # passed through untouched); the gateway websocket shares this session but runs
             # in the client's own tasks, where SEND_BY is not set
@@ -309,10 +257,9 @@ class DiscordAdapter:
         try:
             await client.login(self._token)
         except discord.LoginFailure as exc:
-            self.state = failed("invalid token")
-            log.error("discord refused the bot token; the adapter is stopped (%s)", exc)
+            error = refused(self, exc, by="discord", credential="bot token", log=log)
             await client.close()
-            raise InvalidToken("discord rejected the bot token") from exc
+            raise error from exc
 
     async def open_outbound(self) -> None:
         """Ready to send, receiving nothing (`switchboard send` without a daemon): a client
@@ -328,99 +275,18 @@ class DiscordAdapter:
         client = self._client = self._new_client(None)
         await self._login(client)
         if self.sharded:  # this client only makes REST calls; the shards connect
-            await self._sync_shards()
-            self._claims = asyncio.create_task(self._claim_loop(), name="discord.shards")
+            await self._shards.start()
         else:
             self._task = asyncio.create_task(self._connect(client), name="discord.gateway")
             async with asyncio.timeout(30):
                 await client.wait_until_ready()
         self.state = AdapterState.RUNNING
         log.info("discord connected as %s (shards here: %s)", client.user,
-                 sorted(self._shards) if self.sharded else "all")  # fmt: skip
-
-    # --- shards -------------------------------------------------------------------------
-
-    async def _sync_shards(self) -> None:
-        """Run exactly the shards owned now: close the ones taken elsewhere (their epoch
-        moved), connect the ones newly taken."""
-        give = 0
-        if self._ledger is None:
-            owned = dict.fromkeys(range(self._shard_count), 0)
-        else:
-            claim = await self._ledger.claim(self._shard_count)
-            owned, give = claim.owned, claim.give
-        for shard, run in list(self._shards.items()):
-            if owned.get(shard) != run.epoch:
-                log.warning("discord shard %d/%d is no longer ours (epoch %d, now %s); "
-                            "closing its connection", shard, self._shard_count, run.epoch,
-                            owned.get(shard))  # fmt: skip
-                await self._close_shard(shard)
-            elif run.task.done():  # its connection gave up (logged): connect it again
-                await self._close_shard(shard)
-        for shard, epoch in sorted(owned.items()):
-            if shard not in self._shards and not self._stopping:
-                await self._open_shard(shard, epoch)
-        if give and self._ledger is not None and not self._stopping:
-            await self._hand_over(give)
-
-    async def _hand_over(self, give: int) -> None:
-        """Let go of `give` shards for a replica holding too few: the highest ids that ran
-        here for a round at least (one just taken is kept, so a share does not flap). Each
-        connection is closed before the ledger hears of it, so the taker cannot connect it
-        while it is still open here; what arrives in between, the taker catches up."""
-        assert self._ledger is not None
-        ready = time.monotonic() - CLAIM_EVERY_S
-        going = [k for k in sorted(self._shards, reverse=True) if self._shards[k].opened <= ready]
-        epochs = {k: self._shards[k].epoch for k in going[:give]}
-        if not epochs:
-            return
-        for shard in epochs:
-            await self._close_shard(shard)
-        await self._ledger.release(self._shard_count, epochs)
-        log.info("discord shard(s) %s/%d handed over to a replica with fewer",
-                 sorted(epochs), self._shard_count)  # fmt: skip
-
-    async def _open_shard(self, shard: int, epoch: int) -> None:
-        client = self._new_client(shard, asyncio.Event())
-        try:
-            await self._login(client)
-        except BaseException:  # cancelled by stop(), or refused: nothing left open
-            if not client.is_closed():
-                await client.close()
-            raise
-        task = asyncio.create_task(self._connect(client), name=f"discord.gateway:{shard}")
-        self._shards[shard] = run = _Shard(epoch, client, task, time.monotonic())
-        try:
-            async with asyncio.timeout(30):
-                await client.wait_until_ready()
-        except TimeoutError:  # kept: discord.py goes on trying, the next claim keeps it
-            log.warning("discord shard %d/%d not ready after 30 s", shard, self._shard_count)
-            return
-        finally:
-            run.opened = time.monotonic()
-        log.info("discord shard %d/%d connected (epoch %d)", shard, self._shard_count, epoch)
-
-    async def _close_shard(self, shard: int) -> None:
-        run = self._shards.pop(shard)
-        if not run.client.is_closed():
-            await run.client.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(run.task, 5)
-
-    async def _claim_loop(self) -> None:
-        """Every CLAIM_EVERY_S: take the shards of replicas that are gone, let go of ours
-        that were taken."""
-        while True:
-            await asyncio.sleep(CLAIM_EVERY_S)
-            try:
-                await self._sync_shards()
-            except Exception as exc:  # the database is away: keep what runs, ask again
-                self.last_error = f"shards: {exc}"
-                log.warning("discord shard claim failed: %s", exc)
+                 sorted(self._shards.running) if self.sharded else "all")  # fmt: skip
 
     def _cached(self, channel_id: int) -> Any:
         """A channel from the cache of whichever connection has it (None when none has)."""
-        for client in [self._client, *(run.client for run in self._shards.values())]:
+        for client in [self._client, *self._shards.clients()]:
             found = client.get_channel(channel_id) if client is not None else None
             if found is not None:
                 return found
@@ -430,9 +296,9 @@ class DiscordAdapter:
         """The client to read a channel's history with: a connection that has the channel
         in its cache (its guild's name and all), else the REST client."""
         found = self._cached(int(channel_id))
-        for run in self._shards.values():
-            if found is not None and run.client.get_channel(int(channel_id)) is found:
-                return run.client
+        for client in self._shards.clients():
+            if found is not None and client.get_channel(int(channel_id)) is found:
+                return client
         return self._client
 
     async def _connect(self, client: Any) -> None:
@@ -520,15 +386,8 @@ class DiscordAdapter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._catch_up_task
             self._catch_up_task = None
-        for task in self._typing.values():
-            task.cancel()
-        self._typing.clear()
-        if self._claims is not None:
-            self._claims.cancel()
-            await asyncio.gather(self._claims, return_exceptions=True)
-            self._claims = None
-        for shard in list(self._shards):
-            await self._close_shard(shard)
+        await self._typing.close()
+        await self._shards.stop()
         if self._client is not None and not self._client.is_closed():
             await self._client.close()
         if self._task is not None:
@@ -537,7 +396,7 @@ class DiscordAdapter:
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        ready = [c for c in [self._client, *(r.client for r in self._shards.values())]
+        ready = [c for c in [self._client, *self._shards.clients()]
                  if c is not None and c.is_ready()]  # fmt: skip
         found: dict[str, object] = {
             "state": self.state, "last_error": self.last_error, "typing_in": sorted(self._typing),
@@ -545,34 +404,10 @@ class DiscordAdapter:
             "latency_ms": round(ready[0].latency * 1000, 1) if ready else None,
         }  # fmt: skip
         if self.sharded:
-            found["shards"] = {str(k): r.epoch for k, r in sorted(self._shards.items())}
+            found["shards"] = self._shards.health()
         return found
 
     # --- inbound ------------------------------------------------------------------------
-
-    @staticmethod
-    def fields(message: Any, bot_id: int | None) -> dict[str, Any]:
-        import discord
-
-        channel = message.channel
-        kind = (
-            "dm"
-            if isinstance(channel, discord.DMChannel)
-            else "thread"
-            if isinstance(channel, discord.Thread)
-            else "text"
-        )
-        if kind == "text" and not isinstance(channel, discord.TextChannel):
-            kind = "other"
-        return {
-            "id": message.id, "content": message.content, "author_id": message.author.id,
-            "author_name": getattr(message.author, "display_name", None), "author_bot": message.author.bot,
-            "kind": kind, "channel_id": channel.id, "channel_name": getattr(getattr(channel, "parent", None) or channel, "name", None),
-            "guild_name": getattr(message.guild, "name", None),
-            "parent_id": getattr(channel, "parent_id", None),
-            "mentions_bot": bot_id is not None and any(u.id == bot_id for u in message.mentions),
-            "thread_owner_is_bot": kind == "thread" and getattr(channel, "owner_id", None) == bot_id,
-        }  # fmt: skip
 
     async def on_message(self, message: Any) -> None:
         await self._caught_up.wait()
@@ -585,7 +420,7 @@ class DiscordAdapter:
         """Hand one message to the gateway; True when emit took it. Its channel's position
         moves only after that, so a restart fetches whatever was not taken."""
         bot_id = self._client.user.id if self._client and self._client.user else None
-        fields = self.fields(message, bot_id)
+        fields = fields_of(message, bot_id)
         if fields.get("thread_owner_is_bot"):
             self._threads.add(str(fields["channel_id"]))
         msg = to_inbound(
@@ -636,36 +471,20 @@ class DiscordAdapter:
     # Typing shows only for a turn the router runs (not for a duplicate or a refused user),
     # and stops with the reply or when the router is done with the message, whatever the end.
     def turn_started(self, msg: InboundMessage) -> None:
-        chat_id = msg.source.chat_id
-        if chat_id not in self._typing:
-            self._typing[chat_id] = asyncio.create_task(
-                self._typing_loop(chat_id), name=f"discord.typing:{chat_id}"
-            )
+        self._typing.start(msg.source.chat_id)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._stop_typing(msg.source.chat_id)
+        self._typing.stop(msg.source.chat_id)
 
-    def _stop_typing(self, chat_id: str) -> None:
-        task = self._typing.pop(chat_id, None)
-        if task is not None:
-            task.cancel()
-
-    async def _typing_loop(self, chat_id: str) -> None:
-        try:
-            channel = self._client.get_partial_messageable(int(chat_id))
-            for _ in range(15):
-                with contextlib.suppress(Exception):
-                    await channel.typing()
-                await asyncio.sleep(TYPING_EVERY_S)
-        finally:
-            self._typing.pop(chat_id, None)
+    async def _show_typing(self, chat_id: str) -> None:
+        await self._client.get_partial_messageable(int(chat_id)).typing()
 
     # --- outbound -----------------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> SentRef:
         import discord
 
-        self._stop_typing(msg.chat_id)
+        self._typing.stop(msg.chat_id)
         channel = self._client.get_partial_messageable(int(msg.thread_id or msg.chat_id))
         ids = []
         for i, part in enumerate(split_message(msg.text, LIMIT)):

@@ -28,6 +28,8 @@ from gateway.adapters.base import (
     Cursors,
     Emit,
     Route,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     check_send_by,
     failed,
@@ -118,7 +120,7 @@ def is_our_thread(message_id: str, our_address: str) -> bool:
     )
 
 
-class EmailAdapter:
+class EmailAdapter(UsesCursors, UsesShards):
     platform: ClassVar[str] = "email"
     settings: ClassVar[type[EmailSettings]] = EmailSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("aioimaplib", "aiosmtplib")

@@ -37,11 +37,11 @@ from gateway.adapters.base import (
     split_message,
 )
 from gateway.adapters.feishu_events import Refused, card, card_size, open_request, to_inbound
+from gateway.adapters.kit.webhook import WebhookReplies, committed
 from gateway.errors import (
     AdapterError,
     ConfigError,
     InvalidToken,
-    NotAccepted,
     RetryAfter,
     TransientError,
 )
@@ -51,6 +51,7 @@ from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.feishu")
+REPLIES = WebhookReplies("msg", deliver_again="not stored, deliver again")
 EVENTS_PATH = "/feishu/events"
 DEFAULT_DOMAIN = "https://open.feishu.cn"
 LARK_DOMAIN = "https://open.larksuite.com"
@@ -213,8 +214,8 @@ class FeishuAdapter:
         if opened.challenge is not None:
             return web.json_response({"challenge": opened.challenge})
         event_id = str((opened.event.get("header") or {}).get("event_id") or "")
-        if self._emit is None:  # stopped: nothing can take it now, Feishu will deliver it again
-            return web.json_response({"msg": "not running"}, status=503)
+        if (emit := self._emit) is None:  # stopped: Feishu will deliver it again
+            return REPLIES.stopped()
         if event_id and event_id in self._seen:
             return web.json_response({"msg": "success"})  # a redelivery of a taken event
         msg = to_inbound(
@@ -225,10 +226,8 @@ class FeishuAdapter:
                 self._groups.add(msg.source.chat_id)
             if msg.mentioned and msg.source.thread_id:
                 self._active_threads.add((msg.source.chat_id, msg.source.thread_id))
-            try:
-                await self._emit(msg)
-            except NotAccepted:
-                return web.json_response({"msg": "not stored, deliver again"}, status=503)
+            if not await committed(emit, [msg]):
+                return REPLIES.again()
         if event_id:
             self._seen[event_id] = None
             if len(self._seen) > SEEN:

@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import math
 import re
 import uuid
 from collections.abc import Mapping
@@ -26,12 +27,18 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    HomeIds,
     Route,
+    Typing,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     failed,
     split_message,
     stop_task,
 )
+from gateway.adapters.kit.lifecycle import refused
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.matrix_events import (
     PART_BYTES,
     Me,
@@ -42,7 +49,6 @@ from gateway.adapters.matrix_events import (
     to_inbound,
 )
 from gateway.adapters.matrix_rooms import Rooms
-from gateway.adapters.matrix_typing import Typing
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -58,6 +64,8 @@ from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.matrix")
+TYPING_TIMEOUT_MS = 30_000  # how long the server shows typing without a renewal
+TYPING_EVERY_S = 20.0
 NOTE = "end-to-end encrypted rooms are not supported"
 MAX_RETRY_AFTER_S = 300.0
 # inline sync filters: enough timeline per room that a gap is rare (a gap is paged back
@@ -91,7 +99,7 @@ class MatrixSettings(PlatformSettings):
     user_id: str | None = setting(None, _user_id, "the bot's Matrix user id")
 
 
-class MatrixAdapter:
+class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
     platform: ClassVar[str] = "matrix"
     settings: ClassVar[type[MatrixSettings]] = MatrixSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("mau",)
@@ -196,7 +204,11 @@ class MatrixAdapter:
         self._me = Me(user_id, None, require_mention)
         self._rooms = Rooms(user_id, self._fetch_members, self._fetch_sender)
         self._encrypted_noted: set[str] = set()
-        self._typing = Typing(self._set_typing)
+        self._typing: TypingLoops[str] = TypingLoops(
+            "matrix.typing", lambda room: self._set_typing(room, TYPING_TIMEOUT_MS),
+            every_s=TYPING_EVERY_S, for_at_most_s=math.inf, per_turn=True,
+            withdraw=lambda room: self._set_typing(room, 0),
+        )  # fmt: skip
         self._receiver = Receiver(self.platform, self._start_sync, self._stop_sync)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
@@ -221,10 +233,9 @@ class MatrixAdapter:
             if who.user_id != self.user_id:
                 raise InvalidToken(f"the access token belongs to {who.user_id}, not {self.user_id}")
         except InvalidToken as exc:
-            self.state = failed("invalid token")
-            log.error("matrix refused the access token; the adapter is stopped (%s)", exc)
+            error = refused(self, exc, by="matrix", credential="access token", log=log, detail=True)
             await self._close()
-            raise InvalidToken(f"matrix rejected the access token ({exc})") from exc
+            raise error from exc
         except BaseException as exc:
             self.state = failed(f"homeserver unreachable ({exc})")
             await self._close()
@@ -278,7 +289,7 @@ class MatrixAdapter:
     async def stop(self) -> None:
         await self._receiver.stop()
         await self._stop_sync()
-        self._typing.close()
+        await self._typing.close()
         await self._close()
         if not str(self.state).startswith(AdapterState.FAILED):  # a failure stays visible
             self.state = AdapterState.STOPPED
@@ -425,10 +436,10 @@ class MatrixAdapter:
     # --- typing: shown while a turn runs -------------------------------------------------
 
     def turn_started(self, msg: InboundMessage) -> None:
-        self._typing.started(msg.source.chat_id)
+        self._typing.start(msg.source.chat_id)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._typing.ended(msg.source.chat_id)
+        self._typing.stop(msg.source.chat_id)
 
     async def _set_typing(self, room: str, timeout_ms: int) -> None:
         from gateway.adapters.matrix_http import mapped

@@ -11,11 +11,9 @@ Receiver) and catches up from the positions the last holder stored; the others o
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.util
 import logging
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,11 +26,15 @@ from gateway.adapters.base import (
     Cursors,
     Emit,
     Route,
+    Typing,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     failed,
     send_by_transport,
     split_message,
 )
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.mattermost_posts import to_inbound
 from gateway.adapters.mattermost_stream import EventStream, ServerCalls
 from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
@@ -45,7 +47,6 @@ from gateway.vocab import AdapterState, ChatType
 log = logging.getLogger("gateway.adapters.mattermost")
 DEFAULT_LIMIT = 16_383  # characters (runes) per post unless the server says otherwise
 TYPING_EVERY_S = 4.0  # Mattermost clients show "typing" for about 5 s per event
-TYPING_FOR_AT_MOST_S = 120.0
 THREAD_CACHE = 2_000
 
 
@@ -76,7 +77,7 @@ def split_url(url: str) -> tuple[str, str, int]:
     return scheme, parts.hostname or "localhost", port
 
 
-class MattermostAdapter:
+class MattermostAdapter(Typing, UsesCursors, UsesShards):
     platform: ClassVar[str] = "mattermost"
     settings: ClassVar[type[MattermostSettings]] = MattermostSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("mattermostautodriver",)
@@ -174,7 +175,10 @@ class MattermostAdapter:
         self._threads: dict[tuple[str, str], bool] = {}  # (channel, root) -> bot takes part
         self._channel_types: dict[str, str] = {}
         self._usernames: dict[str, str | None] = {}
-        self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._typing: TypingLoops[tuple[str, str | None]] = TypingLoops(
+            "mattermost.typing", self._show_typing, every_s=TYPING_EVERY_S,
+            alive=lambda: self._driver is not None,
+        )  # fmt: skip
         self.bot_id: str = ""
         self.bot_username: str | None = None
         self.max_post_size = DEFAULT_LIMIT
@@ -249,9 +253,7 @@ class MattermostAdapter:
         self.state = failed("invalid token")
 
     async def stop(self) -> None:
-        for task in list(self._typing.values()):
-            task.cancel()
-        self._typing.clear()
+        await self._typing.close()
         await self._receiver.stop()
         await self._close_stream()
         if self._driver is not None:
@@ -329,31 +331,16 @@ class MattermostAdapter:
     # Typing shows only for a turn the router runs, and stops with the reply or when the
     # router is done with the message, whatever the end.
     def turn_started(self, msg: InboundMessage) -> None:
-        key = (msg.source.chat_id, msg.source.thread_id)
-        if key not in self._typing:
-            self._typing[key] = asyncio.create_task(
-                self._typing_loop(*key), name=f"mattermost.typing:{key[0]}"
-            )
+        self._typing.start((msg.source.chat_id, msg.source.thread_id))
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._stop_typing(msg.source.chat_id, msg.source.thread_id)
+        self._typing.stop((msg.source.chat_id, msg.source.thread_id))
 
-    def _stop_typing(self, chat_id: str, thread_id: str | None) -> None:
-        task = self._typing.pop((chat_id, thread_id), None)
-        if task is not None:
-            task.cancel()
-
-    async def _typing_loop(self, chat_id: str, thread_id: str | None) -> None:
-        deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
-        try:
-            while time.monotonic() < deadline and self._driver is not None:
-                if self._stream is not None:
-                    await self._stream.typing(chat_id, thread_id)
-                else:  # a replica that does not hold the websocket
-                    await self._rest_typing(chat_id, thread_id)
-                await asyncio.sleep(TYPING_EVERY_S)
-        finally:
-            self._typing.pop((chat_id, thread_id), None)
+    async def _show_typing(self, where: tuple[str, str | None]) -> None:
+        if self._stream is not None:
+            await self._stream.typing(*where)
+        else:  # a replica that does not hold the websocket
+            await self._rest_typing(*where)
 
     async def _rest_typing(self, chat_id: str, thread_id: str | None) -> None:
         """`POST /users/{id}/typing`: the server sends the typing event for us."""
@@ -414,7 +401,7 @@ class MattermostAdapter:
         return post
 
     async def send(self, msg: OutboundMessage) -> SentRef:
-        self._stop_typing(msg.chat_id, msg.thread_id)
+        self._typing.stop((msg.chat_id, msg.thread_id))
         ids = []
         for part in split_message(msg.text, self.max_post_size):
             post = await self._create_post(msg.chat_id, part, msg.thread_id)

@@ -12,11 +12,9 @@ signal-cli sends every event to every open stream, so among replicas one listens
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
@@ -29,11 +27,15 @@ from gateway.adapters.base import (
     Emit,
     Route,
     TransientError,
+    Typing,
+    UsesCursors,
+    UsesShards,
     call_with_retry,
     failed,
     split_message,
     stop_task,
 )
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.signal_rpc import METHOD_NOT_FOUND, SignalCliError, SignalRpc, SseParser
 from gateway.adapters.signal_text import Incoming, Me, is_direct, parse_envelope, to_plain
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
@@ -46,7 +48,6 @@ from gateway.vocab import AdapterState
 log = logging.getLogger("gateway.adapters.signal")
 LIMIT = 2000  # characters per message; longer replies are split
 TYPING_EVERY_S = 10.0  # a Signal typing indicator lasts 15 s unless renewed or stopped
-TYPING_FOR_AT_MOST_S = 120.0
 KEEPALIVE_TIMEOUT_S = 45.0  # signal-cli writes a keep-alive every 15 s
 CURSOR = "last_event_id"
 SEEN = 10_000
@@ -91,7 +92,7 @@ def _inbound(got: Incoming) -> InboundMessage:
                           received_at=got.sent_at, mentioned=got.mentioned, reply_to=got.message_id)  # fmt: skip
 
 
-class SignalAdapter:
+class SignalAdapter(Typing, UsesCursors, UsesShards):
     platform: ClassVar[str] = "signal"
     settings: ClassVar[type[SignalSettings]] = SignalSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()  # plain aiohttp, no client library
@@ -184,8 +185,9 @@ class SignalAdapter:
         self._last_event_id: str | None = None
         self._emit: Emit | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._typing: dict[str, asyncio.Task[None]] = {}
-        self._chores: set[asyncio.Task[None]] = set()  # typing stops, attachment notes
+        self._typing = TypingLoops("signal.typing", self._typing_on, every_s=TYPING_EVERY_S,
+                                   withdraw=self._typing_off)  # fmt: skip
+        self._chores: set[asyncio.Task[None]] = set()  # attachment notes
         self._noted: OrderedDict[str, None] = OrderedDict()
         self.connections = 0
         self.connected = False
@@ -236,9 +238,7 @@ class SignalAdapter:
     async def stop(self) -> None:
         await self._receiver.stop()
         await self._stop_listening()
-        for task in self._typing.values():
-            await stop_task(task)
-        self._typing.clear()
+        await self._typing.close()
         if self._chores:
             await asyncio.wait(self._chores, timeout=5)
         await self.rpc.close()
@@ -361,20 +361,10 @@ class SignalAdapter:
     # --- typing ---------------------------------------------------------------------------
 
     def turn_started(self, msg: InboundMessage) -> None:
-        chat = msg.source.chat_id
-        if chat not in self._typing:
-            self._typing[chat] = asyncio.create_task(
-                self._typing_loop(chat), name=f"signal.typing:{chat}"
-            )
+        self._typing.start(msg.source.chat_id)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._stop_typing(msg.source.chat_id)
-
-    def _stop_typing(self, chat: str) -> None:
-        task = self._typing.pop(chat, None)
-        if task is not None:
-            task.cancel()
-            self._chore(self._typing_call(chat, stop=True), f"signal.typing-stop:{chat}")
+        self._typing.stop(msg.source.chat_id)
 
     def _chore(self, work: Coroutine[Any, Any, None], name: str) -> None:
         context = contextvars.copy_context()  # begun by a send (a typing stop): not its reply,
@@ -383,20 +373,16 @@ class SignalAdapter:
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
 
-    async def _typing_loop(self, chat: str) -> None:
-        deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
-        while time.monotonic() < deadline:
-            await self._typing_call(chat, stop=False)
-            await asyncio.sleep(TYPING_EVERY_S)
+    async def _typing_on(self, chat: str) -> None:
+        await self.rpc.call("sendTyping", _target(chat))  # best effort: never worth a retry
 
-    async def _typing_call(self, chat: str, *, stop: bool) -> None:
-        with contextlib.suppress(AdapterError):  # best effort: never worth a retry
-            await self.rpc.call("sendTyping", {**_target(chat), **({"stop": True} if stop else {})})
+    async def _typing_off(self, chat: str) -> None:
+        await self.rpc.call("sendTyping", {**_target(chat), "stop": True})
 
     # --- outbound -------------------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> SentRef:
-        self._stop_typing(msg.chat_id)
+        self._typing.stop(msg.chat_id)
         ids: list[str] = []
         for i, part in enumerate(split_message(to_plain(msg.text), LIMIT)):
             params: dict[str, Any] = {**_target(msg.chat_id), "message": part}

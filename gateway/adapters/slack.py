@@ -23,8 +23,10 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    Outbound,
     RetryAfter,
     Route,
+    SetupSteps,
     TransientError,
     call_with_retry,
     failed,
@@ -132,7 +134,7 @@ def to_mrkdwn(text: str) -> str:
     return "```".join(out)
 
 
-class SlackAdapter:
+class SlackAdapter(Outbound, SetupSteps):
     platform: ClassVar[str] = "slack"
     idempotent_replies: ClassVar[bool] = True  # a resend skips parts marked in metadata
     settings: ClassVar[type[SlackSettings]] = SlackSettings

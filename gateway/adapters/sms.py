@@ -24,15 +24,15 @@ from gateway.adapters.base import (
     Route,
     ask_whoami,
     call_with_retry,
-    failed,
     send_by_trace,
     split_message,
 )
+from gateway.adapters.kit.lifecycle import start_whoami
+from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
 from gateway.errors import (
     AdapterError,
     ConfigError,
     InvalidToken,
-    NotAccepted,
     RetryAfter,
     TransientError,
 )
@@ -42,6 +42,7 @@ from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.sms")
+REPLIES = WebhookReplies()  # text/plain refusals
 WEBHOOK_PATH = "/sms/webhook"
 LIMIT = 1_600  # Twilio's limit per message; carriers see segments of 153 (GSM-7) or 67 (UCS-2)
 RATE_LIMIT_WAIT_S = 1.0  # Twilio sends no Retry-After; a long code sends about 1 message/s
@@ -248,18 +249,10 @@ class SmsAdapter:
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
-        try:
-            self.account_name = await self._whoami()
-        except InvalidToken as exc:
-            self.state = failed("invalid token")
-            log.error(
-                "twilio refused the account SID or auth token; the adapter is stopped (%s)", exc
-            )
-            raise InvalidToken("twilio rejected the account SID or auth token") from exc
-        except AdapterError as exc:  # webhooks still arrive; sends will retry
-            self.last_error = str(exc)
-            log.warning("sms: could not look up the Twilio account: %s", exc)
-        self.state = AdapterState.RUNNING
+        self.account_name = await start_whoami(
+            self, self._whoami, by="twilio", credential="account SID or auth token",
+            refused_as="invalid token", unreachable="could not look up the Twilio account", log=log,
+        )  # fmt: skip
         log.info("sms webhook at %s for %s", WEBHOOK_PATH, self._from)
 
     async def stop(self) -> None:
@@ -289,8 +282,8 @@ class SmsAdapter:
         ):
             log.warning("refused a webhook POST with a bad signature")
             return web.Response(status=403, text="bad signature")
-        if self._emit is None or self.state != AdapterState.RUNNING:
-            return web.Response(status=503, text="not running")
+        if (emit := taking(self._emit, self.state)) is None:
+            return REPLIES.stopped()
         if form.get("AccountSid") != self._sid:
             log.warning("ignored a webhook for another account (%s)", form.get("AccountSid"))
             return web.Response(text=EMPTY_TWIML, content_type="text/xml")
@@ -300,11 +293,8 @@ class SmsAdapter:
             log.info(
                 "dropped %s from %s: Twilio and the carrier answer it", word, msg.source.chat_id
             )
-        elif msg is not None:
-            try:
-                await self._emit(msg)
-            except NotAccepted:
-                return web.Response(status=503, text="not stored; deliver again")
+        elif not await committed(emit, [msg]):
+            return REPLIES.again()
         return web.Response(text=EMPTY_TWIML, content_type="text/xml")
 
     # --- outbound -------------------------------------------------------------------

@@ -11,8 +11,6 @@ the adapter's cursors, so a restarted daemon can still reach a conversation.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -27,12 +25,17 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    HomeIds,
     Route,
+    Typing,
+    UsesCursors,
     failed,
     send_by_trace,
     split_message,
     utf16_len,
 )
+from gateway.adapters.kit.typing import TypingLoops
+from gateway.adapters.kit.webhook import WebhookReplies, committed
 from gateway.adapters.teams_auth import DEFAULT_METADATA_URL, BotFrameworkAuth, TokenRefused
 from gateway.adapters.teams_connector import (
     DEFAULT_TOKEN_URL,
@@ -42,13 +45,14 @@ from gateway.adapters.teams_connector import (
     conversation_of,
     split_conversation,
 )
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted, TransientError
+from gateway.errors import AdapterError, ConfigError, InvalidToken, TransientError
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.teams")
+REPLIES = WebhookReplies("error", deliver_again="not stored; send it again")
 MESSAGES_PATH = "/teams/messages"
 # Teams counts a bot message's whole payload in UTF-16 and refuses it (413) past a limit:
 # 28 KB in older documentation, 40 KB now. Text is cut at 12,000 UTF-16 code units (24,000
@@ -56,7 +60,6 @@ MESSAGES_PATH = "/teams/messages"
 LIMIT = 12_000
 DEFAULT_SERVICE_URL = "https://smba.trafficmanager.net/teams/"
 TYPING_EVERY_S = 3.0
-TYPING_FOR_AT_MOST_S = 120.0
 SEEN = 10_000
 
 
@@ -152,7 +155,7 @@ def to_inbound(
         return None
 
 
-class TeamsAdapter:
+class TeamsAdapter(Typing, UsesCursors, HomeIds):
     platform: ClassVar[str] = "teams"
     settings: ClassVar[type[TeamsSettings]] = TeamsSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("jwt",)
@@ -250,7 +253,10 @@ class TeamsAdapter:
         self._refs: dict[str, ConversationRef] = {}
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._threads: set[tuple[str, str]] = set()
-        self._typing: dict[str, asyncio.Task[None]] = {}
+        self._typing: TypingLoops[tuple[str, str | None]] = TypingLoops(
+            "teams.typing", self._show_typing, every_s=TYPING_EVERY_S,
+            alive=lambda: self._connector is not None,
+        )  # fmt: skip
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
@@ -282,9 +288,7 @@ class TeamsAdapter:
         log.info("teams listening on %s for app %s", MESSAGES_PATH, self.app_id)
 
     async def stop(self, failed_state: str | None = None) -> None:
-        for task in self._typing.values():
-            task.cancel()
-        self._typing.clear()
+        await self._typing.close()
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -292,7 +296,7 @@ class TeamsAdapter:
 
     def health(self) -> dict[str, object]:
         return {"state": self.state, "app_id": self.app_id, "last_error": self.last_error,
-                "conversations": len(self._refs), "typing_in": sorted(self._typing)}  # fmt: skip
+                "conversations": len(self._refs), "typing_in": sorted(conversation_of(*at) for at in self._typing)}  # fmt: skip
 
     # --- inbound ------------------------------------------------------------------------
 
@@ -302,7 +306,7 @@ class TeamsAdapter:
         from aiohttp import web
 
         if self._http is None or self.state != AdapterState.RUNNING:
-            return web.json_response({"error": "not running"}, status=503)
+            return REPLIES.stopped()
         try:
             verified = await self.auth.verify(request.headers.get("Authorization"), self._http)
         except TokenRefused as exc:
@@ -339,10 +343,8 @@ class TeamsAdapter:
         seen = (msg.source.chat_id, str(msg.platform_message_id))
         if seen in self._seen:
             return web.Response(status=200)  # a redelivery we already took
-        try:
-            await self._emit(msg)
-        except NotAccepted:
-            return web.json_response({"error": "not stored; send it again"}, status=503)
+        if not await committed(self._emit, [msg]):
+            return REPLIES.again()
         self._seen[seen] = None
         if len(self._seen) > SEEN:
             self._seen.popitem(last=False)
@@ -382,32 +384,19 @@ class TeamsAdapter:
     # --- typing -------------------------------------------------------------------------
 
     def turn_started(self, msg: InboundMessage) -> None:
-        conv = conversation_of(msg.source.chat_id, msg.source.thread_id)
-        if conv not in self._typing and self._connector is not None:
-            self._typing[conv] = asyncio.create_task(
-                self._typing_loop(msg.source.chat_id, conv), name=f"teams.typing:{conv}"
-            )
+        if self._connector is not None:
+            self._typing.start((msg.source.chat_id, msg.source.thread_id))
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._stop_typing(conversation_of(msg.source.chat_id, msg.source.thread_id))
+        self._typing.stop((msg.source.chat_id, msg.source.thread_id))
 
-    def _stop_typing(self, conv: str) -> None:
-        task = self._typing.pop(conv, None)
-        if task is not None:
-            task.cancel()
-
-    async def _typing_loop(self, chat_id: str, conv: str) -> None:
-        try:
-            ref = await self._ref(chat_id)
-            url = ref.service_url if ref else self._service_url
-            deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
-            while self._connector is not None and time.monotonic() < deadline:
-                with contextlib.suppress(AdapterError):
-                    await self._connector.post_activity(url, conv, {"type": "typing"}, once=True)
-                await asyncio.sleep(TYPING_EVERY_S)
-        finally:
-            if self._typing.get(conv) is asyncio.current_task():
-                self._typing.pop(conv, None)
+    async def _show_typing(self, where: tuple[str, str | None]) -> None:
+        ref = await self._ref(where[0])
+        url = ref.service_url if ref else self._service_url
+        if self._connector is not None:
+            await self._connector.post_activity(
+                url, conversation_of(*where), {"type": "typing"}, once=True
+            )
 
     # --- outbound -----------------------------------------------------------------------
 
@@ -421,7 +410,7 @@ class TeamsAdapter:
         if self._connector is None:
             raise AdapterError("teams is not running")
         conv = conversation_of(msg.chat_id, msg.thread_id)
-        self._stop_typing(conv)
+        self._typing.stop((msg.chat_id, msg.thread_id))
         ref = await self._ref(msg.chat_id)
         url = ref.service_url if ref else self._service_url
         ids = []

@@ -20,14 +20,20 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    Outbound,
+    ReplicaLimits,
     RetryAfter,
     Route,
+    SetupSteps,
     TransientError,
+    Typing,
     call_with_retry,
     failed,
     split_message,
     utf16_len,
 )
+from gateway.adapters.kit.lifecycle import refused
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
@@ -46,7 +52,6 @@ CALLS_IN_FLIGHT = 64
 # A turn answered sooner than this shows no typing: the reply itself is the sign of life,
 # and an action per quick turn would double the requests to the Bot API under load.
 TYPING_AFTER_S = 0.3
-TYPING_FOR_AT_MOST_S = 120.0
 DEFAULT_API = "https://api.telegram.org/bot"
 WEBHOOK_PATH = "/telegram/webhook"
 
@@ -134,7 +139,7 @@ def _strip_mention(text: str, bot_username: str | None) -> str:
     return text
 
 
-class TelegramAdapter:
+class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
     platform: ClassVar[str] = "telegram"
     settings: ClassVar[type[TelegramSettings]] = TelegramSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("telegram",)
@@ -258,7 +263,9 @@ class TelegramAdapter:
         self._poller: Poller | None = None
         self._poll_task: asyncio.Task[None] | None = None
         self._emit: Emit | None = None
-        self._typing: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._typing: TypingLoops[tuple[str, str | None]] = TypingLoops(
+            "telegram.typing", self._show_typing, every_s=TYPING_EVERY_S, after_s=TYPING_AFTER_S
+        )
         self._calls = asyncio.Semaphore(CALLS_IN_FLIGHT)
         self.bot_username: str | None = None
         self.state: str = AdapterState.STOPPED
@@ -283,10 +290,9 @@ class TelegramAdapter:
         try:
             await self._bot.initialize()  # getMe
         except tg_error.InvalidToken as exc:
-            self.state = failed("invalid token")
-            log.error("telegram refused the bot token; the adapter is stopped (%s)", exc)
+            error = refused(self, exc, by="telegram", credential="bot token", log=log)
             await self._close_bot()
-            raise InvalidToken("telegram rejected the bot token") from exc
+            raise error from exc
         except tg_error.NetworkError as exc:  # unreachable, timed out, a 5xx: worth retrying
             await self._close_bot()
             raise TransientError(f"telegram is unreachable ({exc})") from exc
@@ -360,9 +366,7 @@ class TelegramAdapter:
         return web.Response(status=200, text="ok")
 
     async def stop(self) -> None:
-        for task in self._typing.values():
-            task.cancel()
-        self._typing.clear()
+        await self._typing.close()
         if self._poll_task is not None:
             self._poll_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -400,35 +404,18 @@ class TelegramAdapter:
     # Typing shows only for a turn the router runs (not for a duplicate or a refused user),
     # and stops with the reply or when the router is done with the message, whatever the end.
     def turn_started(self, msg: InboundMessage) -> None:
-        chat_id, thread_id = msg.source.chat_id, msg.source.thread_id
-        if (chat_id, thread_id) in self._typing:
-            return
-        self._typing[(chat_id, thread_id)] = asyncio.create_task(
-            self._typing_loop(chat_id, thread_id), name=f"telegram.typing:{chat_id}"
-        )
+        self._typing.start((msg.source.chat_id, msg.source.thread_id))
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        self._stop_typing(msg.source.chat_id, msg.source.thread_id)
+        self._typing.stop((msg.source.chat_id, msg.source.thread_id))
 
-    def _stop_typing(self, chat_id: str, thread_id: str | None) -> None:
-        task = self._typing.pop((chat_id, thread_id), None)
-        if task is not None:
-            task.cancel()
-
-    async def _typing_loop(self, chat_id: str, thread_id: str | None) -> None:
-        deadline = time.monotonic() + TYPING_FOR_AT_MOST_S
-        try:
-            await asyncio.sleep(TYPING_AFTER_S)
-            while time.monotonic() < deadline:
-                with contextlib.suppress(Exception):
-                    async with self._calls:
-                        await self._bot.send_chat_action(
-                            chat_id=int(chat_id), action="typing",
-                            message_thread_id=int(thread_id) if thread_id else None,
-                        )  # fmt: skip
-                await asyncio.sleep(TYPING_EVERY_S)
-        finally:
-            self._typing.pop((chat_id, thread_id), None)
+    async def _show_typing(self, where: tuple[str, str | None]) -> None:
+        chat_id, thread_id = where
+        async with self._calls:
+            await self._bot.send_chat_action(
+                chat_id=int(chat_id), action="typing",
+                message_thread_id=int(thread_id) if thread_id else None,
+            )  # fmt: skip
 
     # --- outbound -----------------------------------------------------------------------
 
@@ -454,7 +441,7 @@ class TelegramAdapter:
     async def send(self, msg: OutboundMessage) -> SentRef:
         from telegram import error as tg_error
 
-        self._stop_typing(msg.chat_id, msg.thread_id)
+        self._typing.stop((msg.chat_id, msg.thread_id))
         ids: list[str] = []
         thread = int(msg.thread_id) if msg.thread_id else None
         for part in split_message(msg.text, LIMIT, utf16_len):

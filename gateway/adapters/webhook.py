@@ -22,10 +22,13 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    HomeIds,
     Route,
+    TurnHooks,
     call_with_retry,
     send_by_trace,
 )
+from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
 from gateway.adapters.webhook_wire import (
     HEADER,
     endpoints_problem,
@@ -37,7 +40,6 @@ from gateway.adapters.webhook_wire import (
 from gateway.errors import (
     AdapterError,
     ConfigError,
-    NotAccepted,
     RetryAfter,
     TransientError,
 )
@@ -47,6 +49,9 @@ from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.webhook")
+REPLIES = WebhookReplies(
+    "error", "the gateway is not accepting messages", deliver_again="not stored; send it again"
+)
 PATH = "/webhooks/{}"
 ANSWERED_MEMORY = 10_000  # recent answers, to answer a replayed id without a second turn
 _DROPPED = {"unauthorised": (403, "this user may not use the gateway"),
@@ -82,7 +87,7 @@ class _Exchange:
     late: bool = False  # the request gave up waiting: the reply goes to the callback
 
 
-class WebhookAdapter:
+class WebhookAdapter(TurnHooks, HomeIds):
     platform: ClassVar[str] = "webhook"
     settings: ClassVar[type[WebhookSettings]] = WebhookSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -232,8 +237,8 @@ class WebhookAdapter:
             self.refused += 1
             log.warning("refused a POST to %s: %s", PATH.format(name), refusal.reason)
             return web.json_response({"error": refusal.reason}, status=refusal.status)
-        if self._emit is None or self.state != AdapterState.RUNNING:
-            return web.json_response({"error": "the gateway is not accepting messages"}, status=503)
+        if taking(self._emit, self.state) is None:
+            return REPLIES.stopped()
         try:
             msg = to_inbound(name, json.loads(body), self._clock())
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -252,10 +257,8 @@ class WebhookAdapter:
         from aiohttp import web
 
         assert self._emit is not None
-        try:
-            await self._emit(msg)
-        except NotAccepted:
-            return web.json_response({"error": "not stored; send it again"}, status=503)
+        if not await committed(self._emit, [msg]):
+            return REPLIES.again()
         answer = {"id": slot[1], "status": "accepted"}
         self._remember(slot, answer)
         return web.json_response({**answer, "duplicate": False}, status=202)
@@ -269,11 +272,9 @@ class WebhookAdapter:
         if ex is None:
             ex = _Exchange(asyncio.get_running_loop().create_future())
             self._pending[slot] = ex
-            try:
-                await self._emit(msg)
-            except NotAccepted:
+            if not await committed(self._emit, [msg]):
                 self._pending.pop(slot, None)
-                return web.json_response({"error": "not stored; send it again"}, status=503)
+                return REPLIES.again()
         try:  # shielded: a replay that gives up must not cancel the first request's wait
             out = await asyncio.wait_for(asyncio.shield(ex.done), ep.reply_timeout_s)
         except TimeoutError:

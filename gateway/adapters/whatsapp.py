@@ -25,12 +25,14 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     Route,
+    Typing,
     ask_whoami,
     call_with_retry,
-    failed,
     send_by_trace,
     split_message,
 )
+from gateway.adapters.kit.lifecycle import start_whoami
+from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
 from gateway.adapters.whatsapp_wire import (
     WINDOW_CLOSED,
     WindowClosed,
@@ -41,13 +43,14 @@ from gateway.adapters.whatsapp_wire import (
     to_inbound,
     to_whatsapp,
 )
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted, TransientError
+from gateway.errors import AdapterError, ConfigError, InvalidToken, TransientError
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, in_range, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.whatsapp")
+REPLIES = WebhookReplies()  # text/plain refusals
 WEBHOOK_PATH = "/whatsapp/webhook"
 GRAPH = "https://graph.facebook.com"
 LIMIT = 4_096
@@ -71,7 +74,7 @@ class WhatsAppSettings(PlatformSettings):
 # --- the adapter ------------------------------------------------------------------------
 
 
-class WhatsAppAdapter:
+class WhatsAppAdapter(Typing):
     platform: ClassVar[str] = "whatsapp"
     settings: ClassVar[type[WhatsAppSettings]] = WhatsAppSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -155,16 +158,10 @@ class WhatsAppAdapter:
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
-        try:
-            self.number_name = await self._whoami()
-        except InvalidToken as exc:
-            self.state = failed("invalid token")
-            log.error("whatsapp refused the access token; the adapter is stopped (%s)", exc)
-            raise InvalidToken("whatsapp rejected the access token") from exc
-        except AdapterError as exc:  # webhooks still arrive; sends will retry
-            self.last_error = str(exc)
-            log.warning("whatsapp: could not look up the business number: %s", exc)
-        self.state = AdapterState.RUNNING
+        self.number_name = await start_whoami(
+            self, self._whoami, by="whatsapp", credential="access token",
+            refused_as="invalid token", unreachable="could not look up the business number", log=log,
+        )  # fmt: skip
         log.info("whatsapp webhook at %s for %s", WEBHOOK_PATH, self.number_name or self._number)
 
     async def stop(self) -> None:
@@ -207,8 +204,8 @@ class WhatsAppAdapter:
                 "refused a webhook POST with a %s signature", "bad" if header else "missing"
             )
             return web.Response(status=401 if not header else 403, text="bad signature")
-        if self._emit is None or self.state != AdapterState.RUNNING:
-            return web.Response(status=503, text="not running")
+        if (emit := taking(self._emit, self.state)) is None:
+            return REPLIES.stopped()
         try:
             payload = json.loads(body)
         except ValueError:
@@ -216,21 +213,22 @@ class WhatsAppAdapter:
         for status in statuses_of(payload):
             self._note_status(status)
         now = time.time()
-        for message, names in messages_of(payload):
-            msg = to_inbound(message, names)
-            if msg is None:
-                continue
-            age = now - msg.received_at
-            if age > self._max_age:
-                self.stale_dropped += 1
-                log.info("dropped stale message %s (%.0fs old, limit %.0fs)",
-                         msg.platform_message_id, age, self._max_age)  # fmt: skip
-                continue
-            try:
-                await self._emit(msg)
-            except NotAccepted:
-                return web.Response(status=503, text="not stored; deliver again")
+        fresh = (self._fresh(to_inbound(m, names), now) for m, names in messages_of(payload))
+        if not await committed(emit, fresh):
+            return REPLIES.again()
         return web.Response(text="ok")
+
+    def _fresh(self, msg: InboundMessage | None, now: float) -> InboundMessage | None:
+        """`msg` unless it is older than max_age_seconds (then dropped and counted)."""
+        if msg is None:
+            return None
+        age = now - msg.received_at
+        if age > self._max_age:
+            self.stale_dropped += 1
+            log.info("dropped stale message %s (%.0fs old, limit %.0fs)",
+                     msg.platform_message_id, age, self._max_age)  # fmt: skip
+            return None
+        return msg
 
     def _note_status(self, status: Mapping[str, Any]) -> None:
         """Statuses never start a turn; a failed delivery is worth a log line, and Meta

@@ -367,6 +367,7 @@ class Wizard:
 
     def console_steps(self, names: list[str]) -> None:
         from gateway import adapters
+        from gateway.adapters.base import SetupSteps
         from gateway.sections import build
 
         data, _ = self.state()
@@ -374,7 +375,7 @@ class Wizard:
         for name in names:
             cls = adapters.adapter_class(name)
             settings = build(cls.settings, data["platforms"][name])
-            steps = list(getattr(cls, "setup_steps", lambda _s: [])(settings))
+            steps = cls.setup_steps(settings) if issubclass(cls, SetupSteps) else []
             try:
                 paths = list(cls.from_config(settings, self.secrets_of(name)).routes())
             except Exception:  # an adapter that cannot be built without its library: no URLs

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.adapters.base import Outbound
 from gateway.errors import (
     EXIT_USAGE,
     AdapterError,
@@ -92,15 +93,14 @@ async def send_direct(
 ) -> SentRef:
     """Without a daemon: open the adapter for sending only (it receives nothing), send,
     close it."""
-    opener = getattr(adapter, "open_outbound", None)
-    if opener is None:
+    if not isinstance(adapter, Outbound):
         raise GatewayError(
             f"{platform} cannot send without the daemon (its adapter only sends while it "
             "runs); start it (switchboard run) and send again"
         )
     try:
         try:
-            await asyncio.wait_for(opener(), timeout_s)
+            await asyncio.wait_for(adapter.open_outbound(), timeout_s)
         except GatewayError as exc:
             raise sorted_error(exc, platform) from exc
         except Exception as exc:

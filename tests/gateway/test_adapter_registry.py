@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from gateway import adapters
+from gateway.adapters import base
 from gateway.config import load_config
 from gateway.errors import ConfigError
 from gateway.handoff import configured_home
@@ -767,3 +768,27 @@ def test_every_built_in_adapter_declares_its_platform(name: str) -> None:
     # signal-cli has no token; the webhook's secrets are its endpoints' (none by default)
     assert needs[:1] == ([] if name in ("signal", "webhook") else ["token_env"])
     assert cls.home_chat_type("100") in ("dm", "group")
+
+
+CAPABILITY_METHODS = {
+    base.Typing: ("turn_started", "turn_ended"),
+    base.TurnHooks: ("turn_ended",),
+    base.UsesCursors: ("use_cursors",),
+    base.UsesShards: ("use_shards",),
+    base.Outbound: ("open_outbound",),
+    base.HomeIds: ("split_home",),
+    base.SetupSteps: ("setup_steps",),
+    base.ReplicaLimits: ("replica_problems",),
+}
+
+
+@pytest.mark.parametrize("name", [*adapters.BUILTIN, *adapters.CORE])
+def test_an_adapter_declares_every_capability_it_has_among_its_bases(name: str) -> None:
+    """The core asks with isinstance/issubclass; an adapter with a capability's methods
+    names that Protocol among its bases, so what it can do is read from its class line."""
+    target = adapters.CORE.get(name) or adapters.BUILTIN[name]
+    cls = adapters._load(target)
+    for capability, methods in CAPABILITY_METHODS.items():
+        has = all(callable(getattr(cls, m, None)) for m in methods)
+        declared = capability in cls.__mro__
+        assert has == declared, f"{cls.__name__}: {capability.__name__} has={has} declared={declared}"

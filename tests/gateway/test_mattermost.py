@@ -259,7 +259,7 @@ async def test_typing_goes_over_the_websocket_while_a_turn_runs(fake: FakeMatter
         await adapter.send(
             OutboundMessage("mattermost", TOWN, "done", thread_id=msg.source.thread_id)
         )
-        assert adapter._typing == {}  # the reply ends it
+        assert not adapter._typing  # the reply ends it
     finally:
         await adapter.stop()
 
