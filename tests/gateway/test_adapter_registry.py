@@ -1,4 +1,4 @@
-"""Adapters own their platform (issue 16 item 3): the core names no platform, the registry
+"""Adapters own their platform: the core names no platform, the registry
 loads adapters lazily and finds third-party ones through the `switchboard.adapters` entry
 point group, and each adapter checks its token through its own client library."""
 

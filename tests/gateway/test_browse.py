@@ -83,7 +83,7 @@ def _keys(name: str, *keys: str, literal: bool = False) -> None:
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed here")
 def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> None:
-    """Issue 15 item 1: letters always filter (typing `dynamo` deletes nothing); Delete or
+    """Letters always filter (typing `dynamo` deletes nothing); Delete or
     ctrl-d asks, only the same key again deletes, and any other key keeps the session."""
     home = tmp_path / "home"
     ids = asyncio.run(_home(home))

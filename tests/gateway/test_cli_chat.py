@@ -151,7 +151,7 @@ def _sessions(home: Path) -> list[dict[str, object]]:
 
 
 def test_the_resume_hint_is_quoted_and_works_as_printed(tmp_path: Path) -> None:
-    """Issue 15 item 14: the hint carries --home and quotes the title, so pasting it into a
+    """The hint carries --home and quotes the title, so pasting it into a
     shell resumes that very session."""
     home = tmp_path / "my home"
     first = chat(home, "hello\n/title it's piped chat\n/quit\n")
@@ -168,7 +168,7 @@ def test_the_resume_hint_is_quoted_and_works_as_printed(tmp_path: Path) -> None:
 
 
 def test_leaving_without_a_word_keeps_no_session_and_help_fits_the_terminal(tmp_path: Path) -> None:
-    """Issue 15 item 15: /help lists /handoff and /quit, not /sethome; a chat that said
+    """/help lists /handoff and /quit, not /sethome; a chat that said
     nothing (commands only, or straight to end of input) leaves no session behind."""
     home = tmp_path / "home"
     helped = chat(home, "/help\n/status\n/quit\n")
@@ -246,7 +246,7 @@ class Output:
 def test_ctrl_c_cancels_the_turn_then_twice_at_the_prompt_leaves_with_the_summary(
     tmp_path: Path,
 ) -> None:
-    """Issue 15 item 15: Ctrl-C during a reply cancels that turn and the next line is still
+    """Ctrl-C during a reply cancels that turn and the next line is still
     read (not swallowed); Ctrl-C at the prompt asks, a second one leaves with the summary."""
     home = tmp_path / "home"
     home.mkdir()

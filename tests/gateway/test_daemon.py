@@ -117,7 +117,6 @@ def test_a_corrupt_state_db_exits_1_with_a_clear_line(tmp_path: Path) -> None:
 
 
 def test_check_config_lists_every_problem_and_run_refuses_duplicate_keys(tmp_path: Path) -> None:
-    # issue 15 item 12
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("agent:\n  backend: telepathy\nlogging:\n  level: loud\n")

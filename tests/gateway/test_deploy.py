@@ -41,7 +41,7 @@ def install(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_printed_commands_fit_the_scope_and_the_place(tmp_path: Path) -> None:
-    """Issue 15 item 16: --system prints root's systemctl, never `systemctl --user`; a
+    """--system prints root's systemctl, never `systemctl --user`; a
     custom --output is enabled by its path; a missing --output folder is refused, not made."""
     home = tmp_path / "home"
     home.mkdir()

@@ -124,7 +124,7 @@ async def test_platform_reachability(tmp_path: Path, token: str, ok: bool) -> No
 
 
 async def test_a_chat_the_daemon_has_not_written_yet_is_not_a_fault(tmp_path: Path) -> None:
-    # issue 15 item 18: doctor right after a new chat, daemon running, reported FAIL
+    # doctor right after a new chat, with the daemon running and its index not yet flushed
     from gateway.app import Gateway
     from gateway.messages import InboundMessage
     from gateway.session_keys import SessionSource
@@ -156,7 +156,7 @@ async def test_a_chat_the_daemon_has_not_written_yet_is_not_a_fault(tmp_path: Pa
 
 
 async def test_imported_live_sessions_are_a_warning_and_adopted_at_start(tmp_path: Path) -> None:
-    # issue 15 item 18: a home that only had `sessions import` reported FAIL
+    # a home whose sessions came only from `sessions import`
     source = tmp_path / "source"
     db = await SessionDB.open(source / "state.db")
     sid = await db.create_session(

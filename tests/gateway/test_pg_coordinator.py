@@ -1,5 +1,5 @@
 """PgCoordinator (gateway/cluster.py) against a real PostgreSQL: two coordinators, each on
-its own store and control connection, as two replicas would be (issue 18, item 3)."""
+its own store and control connection, as two replicas would be."""
 
 from __future__ import annotations
 

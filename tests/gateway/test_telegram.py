@@ -256,7 +256,7 @@ async def test_webhook_mode_checks_the_secret_and_delivers_updates(
 
 
 async def test_typing_shows_only_for_a_running_turn(tmp_path: Path, fake: FakeTelegram) -> None:
-    """Issue 15: typing starts when the router runs a turn (one slower than TYPING_AFTER_S),
+    """Typing starts when the router runs a turn (one slower than TYPING_AFTER_S),
     not for a redelivered message or a user who is not allowed, and ends with the reply."""
     cfg = tmp_path / "config.yaml"
     cfg.write_text(

@@ -74,7 +74,7 @@ FINDS = [
     ("NOT", {"operators"}),
     ("OR", {"operators"}),
     ("words AND", {"operators"}),
-    # a dangling operator is dropped when other terms are left (issue 15, item 24)
+    # a dangling operator is dropped when other terms are left
     ("deploy AND", {"deploy"}),
     ("AND deploy", {"deploy"}),
     ("deploy OR", {"deploy"}),

@@ -1,4 +1,4 @@
-"""`switchboard insights` (issue 21): the dashboard's figures in the terminal, run as a
+"""`switchboard insights`: the dashboard's figures in the terminal, run as a
 real subprocess against a real state.db, and against a home whose config puts the store on
 PostgreSQL (the same seeded figures)."""
 
