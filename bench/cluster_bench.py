@@ -756,7 +756,7 @@ async def main() -> None:
                                             args.hop)  # fmt: skip
                 show(f"{n} replica(s), PostgreSQL", rates[n])
                 if not args.only:
-                    # 800/s as SCALEOUT asks on 2 and 3 replicas (1 cannot sustain it on 2
+                    # 800/s, the target rate, on 2 and 3 replicas (1 cannot sustain it on 2
                     # shared cores), and half of what 1 replica sustained on 1 and 3
                     half = round(rates[1]["rate"] / 2)
                     for rate in (800.0,) if n == 2 else (half, 800.0):
