@@ -49,6 +49,7 @@ def test_filter_matches_title_preview_id_and_source() -> None:
     assert not matches(row, "kyoto tax")
 
 
+@pytest.mark.slow
 def test_without_a_terminal_a_numbered_list_resumes_the_choice(tmp_path: Path) -> None:
     ids = asyncio.run(_home(tmp_path / "home"))
     proc = subprocess.run(switchboard(tmp_path / "home", "sessions", "browse"),
@@ -81,6 +82,7 @@ def _keys(name: str, *keys: str, literal: bool = False) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed here")
 def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> None:
     """Letters always filter (typing `dynamo` deletes nothing); Delete or

@@ -77,6 +77,7 @@ def test_prune_help_shows_the_default_age(tmp_path: Path) -> None:
     assert "idle for more than DAYS days (default 90)" in shown
 
 
+@pytest.mark.slow
 def test_global_options_work_after_the_subcommand_and_there_is_a_version(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -121,6 +122,7 @@ def test_a_reader_that_stops_early_gets_no_traceback(crowded: Path, args: tuple[
     assert err == ""
 
 
+@pytest.mark.slow
 def test_a_taken_api_port_is_one_line_naming_the_port_and_the_key(tmp_path: Path) -> None:
     """A second daemon (another home) on a port already in use."""
     with socket.socket() as holder:
@@ -169,6 +171,7 @@ def test_non_positive_limits_are_usage_errors(home: Path, args: tuple[str, ...])
     assert proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_counts_of_one_are_singular(home: Path) -> None:
     """Counts read "last 1 message" and "after 1 minute idle", never "1 messages"."""
     shown = sb(home, "sessions", "show", "trip plans", "--messages", "1").stdout
@@ -179,6 +182,7 @@ def test_counts_of_one_are_singular(home: Path) -> None:
     assert stats.startswith("1 session (")
 
 
+@pytest.mark.slow
 def test_a_file_of_only_bad_lines_fails_with_a_count(home: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('not json\n{"half": \n[1, 2]\n')
@@ -187,6 +191,7 @@ def test_a_file_of_only_bad_lines_fails_with_a_count(home: Path, tmp_path: Path)
     assert "switchboard: 3 records could not be imported" in proc.stderr
 
 
+@pytest.mark.slow
 def test_import_reads_stdin_and_both_directions_report_a_count_when_piped(
     home: Path, tmp_path: Path
 ) -> None:
@@ -221,6 +226,7 @@ def test_piped_tables_keep_each_row_on_one_line(tmp_path: Path) -> None:
     assert title in lines[1] and sid in lines[1]
 
 
+@pytest.mark.slow
 def test_a_fresh_home_logs_one_line_about_it(tmp_path: Path) -> None:
     home, port = tmp_path / "home", free_port()
     home.mkdir()

@@ -126,6 +126,7 @@ def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml", {})
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(
@@ -279,6 +280,7 @@ def test_sections_are_frozen_typed_and_agree_with_data(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_the_gateway_reads_typed_sections_not_dotted_gets() -> None:
     """No `config.get("a.b")` (or `.platform(name)[...]`) left in gateway code."""
     import ast

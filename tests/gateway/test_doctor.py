@@ -33,6 +33,7 @@ async def _home_with_sessions(home: Path) -> tuple[str, str]:
     return parent, child
 
 
+@pytest.mark.slow
 async def test_a_healthy_home_passes(tmp_path: Path) -> None:
     home = tmp_path / "home"
     await _home_with_sessions(home)
@@ -51,6 +52,7 @@ async def test_a_healthy_home_passes(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 async def test_a_damaged_home_fails_and_fix_repairs_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
     parent, child = await _home_with_sessions(home)
@@ -80,6 +82,7 @@ async def test_a_damaged_home_fails_and_fix_repairs_it(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 async def test_fix_leaves_the_index_alone_while_a_daemon_holds_the_home(tmp_path: Path) -> None:
     home = tmp_path / "home"
     await _home_with_sessions(home)
@@ -123,6 +126,7 @@ async def test_platform_reachability(tmp_path: Path, token: str, ok: bool) -> No
     assert exit_code(checks) == (0 if ok else 1)
 
 
+@pytest.mark.slow
 async def test_a_chat_the_daemon_has_not_written_yet_is_not_a_fault(tmp_path: Path) -> None:
     # doctor right after a new chat, with the daemon running and its index not yet flushed
     from gateway.app import Gateway
@@ -155,6 +159,7 @@ async def test_a_chat_the_daemon_has_not_written_yet_is_not_a_fault(tmp_path: Pa
         await gw.stop()
 
 
+@pytest.mark.slow
 async def test_imported_live_sessions_are_a_warning_and_adopted_at_start(tmp_path: Path) -> None:
     # a home whose sessions came only from `sessions import`
     source = tmp_path / "source"

@@ -168,6 +168,7 @@ async def test_a_dead_replicas_lease_is_free_at_once_and_its_rows_are_orphans(
         await asyncio.gather(holder, return_exceptions=True)
 
 
+@pytest.mark.slow
 async def test_exactly_one_replica_leads_and_leadership_moves_when_it_dies(replica) -> None:
     _, a = await replica("a")
     _, b = await replica("b")

@@ -123,6 +123,7 @@ async def test_a_redelivered_message_is_answered_once(gw: Gateway, fake: FakeTel
     assert len(fake.sent()) == 1
 
 
+@pytest.mark.slow
 async def test_polling_recovers_after_the_server_fails(gw: Gateway, fake: FakeTelegram) -> None:
     fake.fail_next("getUpdates", 502)
     fake.fail_next("getUpdates", 502)

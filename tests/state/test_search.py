@@ -332,6 +332,7 @@ def _parsed(query: str) -> object:
         return f"QueryError: {exc}"
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(
     base=st.lists(_VOCABULARY, min_size=1, max_size=10).filter(
