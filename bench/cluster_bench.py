@@ -1,4 +1,4 @@
-"""Cluster benchmark (issue 18): `switchboard run` replicas on one PostgreSQL database
+"""Cluster benchmark: `switchboard run` replicas on one PostgreSQL database
 against the SQLite gateway, on the same echo workload through the HTTP API. Prints
 figures; asserts nothing.
 
@@ -63,8 +63,8 @@ Each run gets a database of its own, dropped at the end; the load generator shar
 machine's cores with the daemons and the server, as the figures say. It sends through
 bench/loops.py's LeanHttp (keep-alive HTTP/1.1, one write per request): aiohttp's client
 took 0.40-0.45 ms of CPU per message from those cores, LeanHttp 0.21 (section 3's lines),
-and 0.17-0.18 against 0.20-0.22 since the bench runs on the daemons' event loop (uvloop
-where installed, gateway/event_loops.py; two alternated pairs at 800 msg/s, stop 38).
+and 0.17-0.18 against 0.20-0.22 on the daemons' event loop, where the bench runs (uvloop
+where installed, gateway/event_loops.py; two alternated pairs at 800 msg/s).
 """
 
 from __future__ import annotations
@@ -756,7 +756,7 @@ async def main() -> None:
                                             args.hop)  # fmt: skip
                 show(f"{n} replica(s), PostgreSQL", rates[n])
                 if not args.only:
-                    # 800/s as SCALEOUT asks on 2 and 3 replicas (1 cannot sustain it on 2
+                    # 800/s, the target rate, on 2 and 3 replicas (1 cannot sustain it on 2
                     # shared cores), and half of what 1 replica sustained on 1 and 3
                     half = round(rates[1]["rate"] / 2)
                     for rate in (800.0,) if n == 2 else (half, 800.0):

@@ -1,5 +1,5 @@
-"""state.compat against Hermes Agent 0.19.0's own SessionDB on the same sequential work
-(issue 20). Prints figures side by side; asserts nothing.
+"""state.compat against Hermes Agent 0.19.0's own SessionDB on the same sequential work.
+Prints figures side by side; asserts nothing.
 
   python bench/compat_bench.py [--rounds 3] [--n 2000]
 

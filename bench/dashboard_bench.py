@@ -1,4 +1,4 @@
-"""Dashboard API benchmarks (issue 21). Prints figures; asserts nothing.
+"""Dashboard API benchmarks. Prints figures; asserts nothing.
 
   python bench/dashboard_bench.py           # 100,000 sessions / 1,000,000 messages
   python bench/dashboard_bench.py --quick   # 10,000 / 100,000

@@ -1,4 +1,4 @@
-"""Gateway benchmark (issue 4): the real router, index and store with the echo agent,
+"""Gateway benchmark: the real router, index and store with the echo agent,
 in-process. Prints figures; asserts nothing.
 
   python bench/gateway_bench.py           # 10,000 chats, 100,000 messages
@@ -10,7 +10,7 @@ in-process. Prints figures; asserts nothing.
 4. RSS at the end; start-up (index load + heal) with a 100,000-entry index, and RSS then.
 
 Messages are emitted as concurrent tasks, as webhook requests arrive (`emit` waits for the
-inbox commit since issue 17; a sequential emitter would measure commit latency instead).
+inbox commit; a sequential emitter would measure commit latency instead).
 It runs with the thread switch interval `switchboard run` sets (gateway.app.tune_interpreter)
 and, once set up, with the collector settled as `switchboard run` settles it (gateway.ops.heap).
 """
@@ -74,7 +74,7 @@ _emitting: set[asyncio.Task[None]] = set()
 
 def emit(router: Router, msg: InboundMessage) -> None:
     """Hand a message over as a platform's webhook requests do: each its own task, so the
-    inbox commit before the acknowledgement (issue 17) overlaps across messages."""
+    inbox commit before the acknowledgement overlaps across messages."""
     task = asyncio.create_task(router.handle(msg))
     _emitting.add(task)
     task.add_done_callback(_emitting.discard)

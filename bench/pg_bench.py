@@ -6,7 +6,7 @@ same code measures both). Prints figures; asserts nothing.
                                                   # else 127.0.0.1:5432 user postgres db test
 
 1. Append rate: 200 producers, each awaiting its own appends (group commit on both).
-2. Append latency p50/p99 at an offered 800 appends/s (open loop, SCALEOUT's figure).
+2. Append latency p50/p99 at an offered 800 appends/s (open loop, the cluster's target rate).
 3. list_sessions(limit=20) median over the sessions written.
 4. search p50/p95 per query kind (word, two words, phrase, prefix, OR, CJK), relevance sort.
 5. Commits of 8 appends that carry tokens (a batch of turns' replies: messages, session

@@ -1,4 +1,4 @@
-"""Search benchmarks (issue 3). Prints figures; asserts nothing.
+"""Search benchmarks. Prints figures; asserts nothing.
 
   python bench/search_bench.py           # 1,000,000 messages / 100,000 sessions (5% CJK)
   python bench/search_bench.py --quick   # 100,000 / 10,000

@@ -1,4 +1,4 @@
-"""Soak (issue 17): the real daemon (`switchboard run` on a temporary home, echo agent) fed
+"""Soak: the real daemon (`switchboard run` on a temporary home, echo agent) fed
 at a steady rate through the Telegram Bot API fake in webhook mode and the HTTP API, with
 its resources printed as it goes. Prints figures; asserts nothing.
 

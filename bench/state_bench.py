@@ -1,4 +1,4 @@
-"""State store benchmarks (issue 2). Prints figures; asserts nothing.
+"""State store benchmarks. Prints figures; asserts nothing.
 
   python bench/state_bench.py            # full run (builds a 1M-message corpus once, ~2 min)
   python bench/state_bench.py --quick    # smaller numbers, for a smoke run

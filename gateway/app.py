@@ -399,8 +399,8 @@ class Gateway:
         """While other replicas are live, each commit of this one waits
         `cluster.commit_linger_ms` for more operations to join it: on one database the
         replicas' batches are each smaller than one daemon's, and fewer, fuller commits cost
-        the replicas and the server less CPU per message (README, "Several replicas
-        (cluster_bench)"). Alone, a replica commits what one pass of its loop gathered."""
+        the replicas and the server less CPU per message (cluster_bench, docs/benchmarks.md).
+        Alone, a replica commits what one pass of its loop gathered."""
         assert self.cluster is not None
         others = self.cluster.link.live > 1
         self._linger_ms = self.config.cluster.commit_linger_ms if others else 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-EXIT_REFUSED = 3  # a command that would harm what is in use (a live session); --force overrides
+EXIT_IN_USE = 3  # a command that would harm what is in use (a live session); --force overrides
 EXIT_UNREACHABLE = 69  # `switchboard send`: the platform could not be reached (try later)
 EXIT_RESTART = 75
 EXIT_REFUSED = 77  # `switchboard send`: the platform refused (token, chat, permission)

@@ -3,7 +3,7 @@
 uvloop (libuv under asyncio's interface, kept by MagicStack) is the
 default where it is installed: it is a dependency on Linux and macOS, and has no Windows
 build. Measured with `bench/cluster_bench.py`'s load, three rounds alternated with the same
-code on asyncio's loop (README "Dependencies, and why"): the daemon's CPU per message
+code on asyncio's loop (docs/benchmarks.md): the daemon's CPU per message
 0.39-0.40 ms against 0.42-0.43 on one PostgreSQL replica and 0.86-0.87 against 0.92-0.96 on
 three, and 3-5% more messages a second. `asyncio` is there for a platform library that
 misbehaves on uvloop. The test suite runs on the daemon's default (SWITCHBOARD_TEST_LOOP=asyncio

@@ -66,6 +66,37 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("SWITCHBOARD_FAULT_ROUNDS", "4")
 
 
+# Folders and modules whose every test is `slow` (`pytest -m "not slow"` leaves them out;
+# CI runs them): replicas on PostgreSQL killed and stalled, the soak, the real browser, and
+# the daemon subprocesses crashed at fault points or run under load, Hermes homes imported
+# into both stores. Single slow tests
+# elsewhere carry `@pytest.mark.slow` themselves.
+SLOW_PATHS = (
+    "tests/cluster/",
+    "tests/test_soak.py",
+    "tests/web/test_dashboard_browser.py",
+    "tests/reliability/test_crash.py",
+    "tests/reliability/test_fault_chains.py",
+    "tests/reliability/test_fault_points.py",
+    "tests/reliability/test_outbox_telegram.py",
+    "tests/reliability/test_outbox_exactly_once.py",
+    "tests/reliability/test_contention.py",
+    "tests/reliability/test_scale.py",
+    "tests/state/test_import_from_hermes.py",
+)
+NOT_SLOW = ("tests/cluster/test_compose.py",)  # reads deploy/compose's files; starts nothing
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = [p for p in SLOW_PATHS + NOT_SLOW if not (ROOT / p).exists()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py names paths that do not exist: {missing}")
+    for item in items:
+        path = item.path.relative_to(ROOT).as_posix()
+        if path.startswith(SLOW_PATHS) and not path.startswith(NOT_SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
 STUCK_AFTER_S = 120.0  # no test here needs this long; past it, say where every task waits
 
 

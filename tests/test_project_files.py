@@ -1,5 +1,6 @@
 """The project's own files stand alone: nothing points outside the repository (a user's
-clone has no sibling folders), and the README's links lead to files that exist."""
+clone has no sibling folders), the README's links lead to files that exist, and the text
+describes the product as it is, with no words of its development history."""
 
 from __future__ import annotations
 
@@ -7,12 +8,31 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = (".md", ".py", ".yaml", ".yml", ".toml")
 # Built from pieces so this file does not match itself.
 OUTSIDE = ["../" + "shared", "shared/" + "DESIGN", "shared/" + "recipes", "shared/" + "STYLE"]
-NOT_SHIPPED = ["DESIGN" + ".md", "recipes" + ".md", "STYLE" + ".md"]
+NOT_SHIPPED = ["DESIGN" + ".md", "recipes" + ".md", "STYLE" + ".md", "SCALE" + "OUT"]
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# Words of the development history: a tracker's issue numbers, the numbered stops of a
+# work journal. "issue" before a count of what is issued is the verb, and "stop" before a
+# count of what a command stops is an instruction: both are product text.
+HISTORY = [
+    re.compile(r"\b[Ii]ssues? #\d+"),
+    re.compile(r"\b[Ii]ssues? \d+(?!\d)(?! (?:requests?|queries|query|calls?|commands?|"
+               r"statements?|tokens?|certificates?|reads?|writes?)\b)"),  # fmt: skip
+    re.compile(r"\b(?:[Ff]ix(?:es|ed)?|[Cc]loses?|[Rr]efs?|PR|[Pp]ull request) #\d+"),
+    re.compile(r"\b[Ss]tops? \d+(?!\d)(?! (?:of|replicas?|daemons?|process(?:es)?|shards?|"
+               r"workers?|seconds?|minutes?)\b)"),  # fmt: skip
+    re.compile(r"\b[Ss]tops?-\d+"),
+]
+_DEFINED = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.MULTILINE)
+HISTORY_NAME = re.compile(
+    r"(?i:(?:^|_)(?:issues?|stops?|items?)_?\d+(?:_|$))|(?:Issue|Stop|Item)s?_?\d+"
+)
+HISTORY_DIRS = ("gateway", "state", "tests", "bench")
 
 
 def project_files() -> list[Path]:
@@ -114,3 +134,82 @@ def test_every_documentation_page_is_in_the_site_navigation() -> None:
     pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     assert sorted(pages - listed) == [], "pages missing from mkdocs.yml's nav"
     assert sorted(listed - pages) == [], "the nav names pages that do not exist"
+
+
+def _history_files() -> list[Path]:
+    """Every Markdown file (README.md, docs/, CONTRIBUTING.md, the test suites' guides) and
+    every Python file of the packages, the tests and the benchmarks, but this one."""
+    return [
+        f
+        for f in project_files()
+        if f.suffix == ".md"
+        or (f.suffix == ".py" and f.relative_to(ROOT).parts[0] in HISTORY_DIRS)
+        if f != Path(__file__).resolve()  # its cases below are history on purpose
+    ]
+
+
+def test_no_text_carries_words_of_the_development_history() -> None:
+    """Docs, comments, docstrings and strings state what the product does; none names an
+    issue number or a stop of a work journal."""
+    files = _history_files()
+    assert any(f.name == "CONTRIBUTING.md" for f in files)
+    found = [
+        f"{f.relative_to(ROOT)}:{n}: {m.group(0)!r} in {line.strip()[:100]}"
+        for f in files
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+        for pattern in HISTORY
+        for m in pattern.finditer(line)
+    ]
+    assert found == [], "\n".join(found)
+
+
+def test_no_test_or_function_is_named_after_an_issue() -> None:
+    named = [
+        f"{f.relative_to(ROOT)}: {m.group(1)}"
+        for f in _history_files()
+        if f.suffix == ".py"
+        for m in _DEFINED.finditer(f.read_text(encoding="utf-8"))
+        if HISTORY_NAME.search(m.group(1))
+    ]
+    assert named == [], "\n".join(named)
+
+
+@pytest.mark.parametrize(
+    "text, history",
+    [
+        ("typing starts when a turn runs (issue 15)", True),
+        ("Issue 17 on Discord, which has no ack", True),
+        ("issues 15 and 16", True),
+        ("issue 15 items 17 and 20", True),
+        ("see issue #3", True),
+        ("closes #12", True),
+        ("moved less than the spread (README, stop 36)", True),
+        ("stop 39's figures", True),
+        ("stops 35 and 38", True),
+        ("the stop-36 run", True),
+        ("Issue 18 stays open", True),
+        ("a client may issue 3 requests at once", False),
+        ("stop 2 replicas, then start them", False),
+        ("stop 3 of the 5 daemons", False),
+        ("a title numbered `plan #2`", False),
+        ("item 1 of the list", False),
+    ],
+)
+def test_the_history_patterns_tell_history_from_product_text(text: str, history: bool) -> None:
+    assert any(p.search(text) for p in HISTORY) is history
+
+
+@pytest.mark.parametrize(
+    "name, history",
+    [
+        ("test_issue_15_item_2", True),
+        ("test_issue15_typing", True),
+        ("test_stop_36_figures", True),
+        ("TestIssue21Dashboard", True),
+        ("test_stop_task_ends_a_loop_that_swallowed_its_cancel", False),
+        ("test_an_issue_of_the_token_is_refused", False),
+        ("test_replies_keep_their_order", False),
+    ],
+)
+def test_the_name_pattern_tells_history_from_behaviour(name: str, history: bool) -> None:
+    assert bool(HISTORY_NAME.search(name)) is history

@@ -1,4 +1,4 @@
-"""bench/soak.py (issue 17) end to end: a short soak against the real daemon exits 0 and
+"""bench/soak.py end to end: a short soak against the real daemon exits 0 and
 prints its figure rows and summary. The figures themselves are not checked (no timing)."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from rich.tree import Tree
 from gateway import adapters
 from gateway.cli.paths import configured_prices, home_of, open_configured
 from gateway.cli.plain import plain, styled
-from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from gateway.errors import EXIT_FAILURE, EXIT_IN_USE, EXIT_OK, EXIT_USAGE
 from gateway.ops.status import BACKUP_META
 from gateway.timefmt import ago
 from gateway.wording import plural
@@ -219,7 +219,7 @@ async def cmd_delete(db: Store, args: argparse.Namespace) -> int:
     if row.get("ended_at") is None and not args.force:
         # the dashboard refuses the same (409): a chat may be writing into it right now
         err.print(f"switchboard: {sid} is live; end it first (/new in its chat) or add --force")
-        return EXIT_REFUSED
+        return EXIT_IN_USE
     answer = _confirm(
         f"Delete {sid} ({row.get('title') or 'untitled'}, {plural(row.get('message_count') or 0, 'message')})?",
         args.yes,

@@ -6,8 +6,8 @@ last pass. A daemon under load allocates and frees many such objects per message
 and reply dicts, futures, tasks), so at 800 messages/s one replica ran about 120
 collections a second, and every few seconds a full one that walks every object alive:
 modules, the config, the adapters, the index. Those full passes took 28 ms each (34 ms
-at most), long enough to be the turn p99 (`python bench/cluster_bench.py`, README "Latest
-figures").
+at most), long enough to be the turn p99 (`python bench/cluster_bench.py`,
+docs/benchmarks.md).
 
 `settle()` runs once the daemon has started: one collection, then `gc.freeze()` moves
 everything alive into a generation the collector never walks (what start-up built lives

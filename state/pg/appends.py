@@ -43,7 +43,7 @@ _CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
 # (usage.tokens_set, where `u.tk`) updated, and those tokens' usage rows upserted on each
 # session's billing route (usage.routed_usage). One round trip instead of four: a statement
 # costs this writer's client about 0.15-0.35 ms of CPU and the server about as much again,
-# whatever it does (README, stops 35 and 38). The foreign key from platform_messages to
+# whatever it does (docs/benchmarks.md). The foreign key from platform_messages to
 # messages is checked at the statement's end, after both inserts. The result's rows:
 # (0, n, id) per drawn id and (1, NULL, message id) per claim. The last two parameters
 # are the usage rows' first and last seen.

@@ -210,7 +210,7 @@ def _accepts_taking(release: bool) -> str:
     taken (as _TAKE's, after four columns), 3 a wake-up sent. The keys' open rows are still
     read by a statement of their own (_OPEN_AND_UNSENT says why). A mixed batch commits in
     8 round trips instead of 10; its CPU, alternated with the three statements this
-    replaces (README, stop 36), moved less than the runs' spread."""
+    replaces (docs/benchmarks.md), moved less than the runs' spread."""
     pad = ", NULL" * (_TAKEN_WIDTH - 1)
     keys = "ARRAY(SELECT DISTINCT session_key FROM ins WHERE session_key IS NOT NULL)"
     parts = [

@@ -40,10 +40,10 @@ async def generic_plans(conn: AsyncConnection) -> None:
     scanned the whole session_routes table and hashed it three times in each batch's
     accept-and-take statement (once to lock the free routes, once to update them, once for
     the keys without a route), which the planner priced below five primary-key probes on the
-    bench's 512 routes; now they are probes (auto_explain's plans, stop 37). A writer's
+    bench's 512 routes; with it they are probes (auto_explain's plans). A writer's
     statements touch a few rows by key, in pages a busy database keeps in memory. Server CPU
     per message at 800 msg/s on two replicas: 0.74-0.79 ms against 0.81-0.84 ms, four
-    alternated pairs (README, stop 37)."""
+    alternated pairs (docs/benchmarks.md)."""
     await conn.execute(b"SET plan_cache_mode = force_generic_plan")
     await conn.execute(b"SET random_page_cost = 1.1")
 

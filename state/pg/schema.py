@@ -2,7 +2,7 @@
 
 `sessions` keeps the SQLite store's columns (declared once, in state/schema.py) so rows come
 back with the same keys; `messages` adds the search columns (tsvectors written from Python
-tokens, see state/pg/tsearch.py). The rules a single writer used to keep are constraints
+tokens, see state/pg/tsearch.py). The rules SQLite's single writer keeps are constraints
 here: titles unique ignoring case, one live session per key, one platform message per chat
 (and one inbox row per platform message).
 """
@@ -232,7 +232,7 @@ ALTER TABLE platform_shards ADD COLUMN released_at double precision;
 # changed): each wrote an entry into both of the table's indexes. Without it, and with room
 # left on each page for new versions, they are HOT: at 800 msg/s on two replicas 0 of
 # 15,877 route updates were HOT before and 99.3-100% after, and the WAL per message fell from
-# 6.5 to 6.2 KB (README, stop 37). Only `doctor`'s count of dead replicas' leases read
+# 6.5 to 6.2 KB (docs/benchmarks.md). Only `doctor`'s count of dead replicas' leases read
 # routes by owner; it now reads the table.
 _V7 = """
 DROP INDEX IF EXISTS idx_routes_leased;

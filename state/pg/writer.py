@@ -13,7 +13,7 @@ Why on the daemon's loop and not on a thread of its own, as the SQLite writer is
 about a dozen statements, one round trip each, and here each answer waits for the loop to
 come round to the writer (at 400 messages/s a commit of 6-8 operations takes 7-11 ms, p50,
 against about 2.5 ms idle). Two threaded writers were built and measured against this one,
-1 and 3 replicas alternated with the same load (stop 30, README "Latest figures"): an event
+1 and 3 replicas alternated with the same load (docs/benchmarks.md): an event
 loop of its own on the thread (its own Python per round trip: daemon CPU per message 0.76 ->
 1.08 ms), and a blocking connection behind the same async interface, each operation's
 coroutine driven to its end without suspending (the round trip waits in libpq, then for the

@@ -1,7 +1,7 @@
 """What a cluster run must leave behind, checked against the database and the fakes.
 
 Each check returns the problems it found (empty: it holds), so a test can report all of
-them at once. The promises (SCALEOUT §5): every 2xx-acknowledged message stored once and
+them at once. The promises: every 2xx-acknowledged message stored once and
 answered; no reply twice (HTTP API with an Idempotency-Key and Slack exactly once; Telegram
 at most once, its gaps being exactly replies left unconfirmed); replies and stored messages
 in the order each chat sent them; at most one live session per key.

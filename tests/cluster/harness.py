@@ -36,7 +36,7 @@ SLACK_TOKEN = "xoxb-cluster-token"
 SLACK_SECRET = "fake-signing-secret"  # tests/fakes/slack.py signs events with it
 
 
-# --- what the replica core adds (issue 18: leases, routes, the leader lock) ------------------
+# --- what the replica core adds (leases, routes, the leader lock) ------------------
 
 
 def replica_core_missing() -> str | None:
@@ -48,7 +48,7 @@ def replica_core_missing() -> str | None:
     from state.pg.schema import MIGRATIONS
 
     if not any("session_routes" in script for _, script in MIGRATIONS):
-        return ("the replica core (session_routes leases, issue 18) is not in this build: "
+        return ("the replica core (session_routes leases) is not in this build: "
                 "two replicas on one database are not safe yet")  # fmt: skip
     return None
 

@@ -1,4 +1,4 @@
-"""Discord's gateway shards across replicas (issue 18): two `switchboard run` replicas with
+"""Discord's gateway shards across replicas: two `switchboard run` replicas with
 `shard_count: 2` on one PostgreSQL database connect each shard exactly once between them and
 answer each message once; the shards of a killed replica are taken over by the other, which
 also catches up what arrived in the gap; a replica that finds its shards taken (it stalled

@@ -1,4 +1,4 @@
-"""Several `switchboard run` replicas on one PostgreSQL database (issue 18, item 3), as real
+"""Several `switchboard run` replicas on one PostgreSQL database, as real
 subprocesses: messages spread over the replicas are stored once, answered once and in each
 chat's order; a killed replica's pending keys are answered by another; a stalled replica
 that wakes up after a takeover fails its fence and sends nothing; the leader moves when it

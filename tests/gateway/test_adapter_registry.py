@@ -1,4 +1,4 @@
-"""Adapters own their platform (issue 16 item 3): the core names no platform, the registry
+"""Adapters own their platform: the core names no platform, the registry
 loads adapters lazily and finds third-party ones through the `switchboard.adapters` entry
 point group, and each adapter checks its token through its own client library."""
 
@@ -145,6 +145,7 @@ def test_the_core_names_no_platform() -> None:
     assert offenders == []
 
 
+@pytest.mark.slow
 def test_config_and_registry_load_no_chat_library() -> None:
     """Validating a config with every platform enabled imports no platform library."""
     code = textwrap.dedent("""
@@ -717,6 +718,7 @@ def _run_daemon(home: Path, env: dict[str, str]) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_the_daemon_starts_an_installed_adapter_and_routes_through_it(tmp_path: Path) -> None:
     site = install_plugin(tmp_path / "site")
     home, port = tmp_path / "home", free_port()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.agent.base import estimate_tokens, window
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     roles=st.lists(st.sampled_from(["user", "assistant", "tool"]), max_size=30),

@@ -1,4 +1,4 @@
-"""What the HTTP API answers, through the whole gateway (issue 15): never a false "saved",
+"""What the HTTP API answers, through the whole gateway: never a false "saved",
 notices beside the reply, redelivered message ids, the live session id after a command,
 the OpenAI endpoints (streaming, models, errors) and the metrics exposition."""
 
@@ -54,7 +54,7 @@ async def _post(
         return resp.status, await resp.json()
 
 
-# --- item 4: a message that cannot be stored is never reported as saved ---------------------
+# --- a message that cannot be stored is never reported as saved ---------------------
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ async def test_text_no_store_can_hold_from_a_chat_platform_is_kept_with_u_fffd(
     ]  # fmt: skip
 
 
-# --- item 5: a reset notice comes beside the agent's answer ---------------------------------
+# --- a reset notice comes beside the agent's answer ---------------------------------
 
 
 async def test_the_reply_after_a_reset_notice_is_returned_too(
@@ -161,7 +161,7 @@ async def test_the_reply_after_a_reset_notice_is_returned_too(
     assert second["session_id"] != first["session_id"]
 
 
-# --- item 6: a redelivered message id is answered at once -----------------------------------
+# --- a redelivered message id is answered at once -----------------------------------
 
 
 async def test_a_redelivered_message_id_gets_the_first_reply(
@@ -210,11 +210,11 @@ async def test_a_message_id_redelivered_after_a_restart_is_answered_at_once(
         if round_ == 0:
             assert status == 200 and answer["reply"] == "echo: x"
     # the reply is in state.db but not in the new process's memory: read back from the store
-    # (issue 17; tests/gateway/test_api_idempotency.py has the rest)
+    # (tests/gateway/test_api_idempotency.py has the rest)
     assert status == 200 and answer["reply"] == "echo: x" and answer["duplicate"] is True
 
 
-# --- item 7: the session id is the live one after a session command -------------------------
+# --- the session id is the live one after a session command -------------------------
 
 
 async def test_session_commands_answer_with_the_live_session_id(gw: tuple[Gateway, str]) -> None:
@@ -238,7 +238,7 @@ async def test_session_commands_answer_with_the_live_session_id(gw: tuple[Gatewa
         assert live is not None and live.session_id == first["session_id"]
 
 
-# --- item 8: OpenAI compatibility -----------------------------------------------------------
+# --- OpenAI compatibility -----------------------------------------------------------
 
 
 async def test_the_openai_client_streams_and_lists_models(gw: tuple[Gateway, str]) -> None:
@@ -330,7 +330,7 @@ async def test_every_error_is_json_in_one_shape(
     assert error["type"] == kind and error["message"] and "code" in error
 
 
-# --- item 17: counters are typed as counters ------------------------------------------------
+# --- counters are typed as counters ------------------------------------------------
 
 
 async def test_metrics_type_every_total_as_a_counter(gw: tuple[Gateway, str]) -> None:

@@ -1,4 +1,4 @@
-"""Issue 17 on the HTTP API: an `Idempotency-Key` (or /v1/messages' message_id) makes a
+"""Idempotent requests on the HTTP API: an `Idempotency-Key` (or /v1/messages' message_id) makes a
 request safe to repeat across restarts. A repeat of an answered key gets the stored reply
 with the same status and body shape plus `Idempotent-Replayed: true`, and runs no second
 turn and stores no second user message. Through the whole daemon, real SQLite home."""

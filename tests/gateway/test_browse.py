@@ -51,6 +51,7 @@ def test_filter_matches_title_preview_id_and_source() -> None:
     assert not matches(row, "kyoto tax")
 
 
+@pytest.mark.slow
 def test_without_a_terminal_a_numbered_list_resumes_the_choice(tmp_path: Path) -> None:
     ids = asyncio.run(_home(tmp_path / "home"))
     proc = subprocess.run(switchboard(tmp_path / "home", "sessions", "browse"),
@@ -110,11 +111,12 @@ def _keys(name: str, *keys: str, literal: bool = False) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed here")
 def test_the_interactive_picker_filters_resumes_and_deletes(tmp_path: Path) -> None:
-    """Issue 15 item 1: letters always filter (typing `dynamo` deletes nothing); Delete or
-    ctrl-d asks, only the same key again deletes, and any other key keeps the session; a
-    live session is never deleted from here."""
+    """Letters always filter (typing `dynamo` deletes nothing); Delete or ctrl-d asks, only
+    the same key again deletes, and any other key keeps the session; a live session is never
+    deleted from here."""
     home = tmp_path / "home"
     ids = asyncio.run(_home(home))
     name = f"sb-{uuid.uuid4().hex[:8]}"

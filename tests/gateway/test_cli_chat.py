@@ -17,6 +17,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from gateway.cli.chat import render_recap
@@ -30,6 +31,7 @@ def chat(home: Path, lines: str, *args: str, **env: str) -> subprocess.Completed
                           text=True, timeout=60, env=clean_env(COLUMNS="120", **env))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_terminal_session_with_commands_then_continue_and_resume(tmp_path: Path) -> None:
     home = tmp_path / "home"
     first = chat(home, "hello there\n/title terminal work\n/quit\n")
@@ -49,6 +51,7 @@ def test_a_terminal_session_with_commands_then_continue_and_resume(tmp_path: Pat
     assert sid.group(1) not in fresh.stdout  # plain `chat` starts a new session
 
 
+@pytest.mark.slow
 def test_a_terminal_session_on_a_postgres_home(tmp_path: Path, pg_server: str) -> None:
     """The home's config puts the store on PostgreSQL: the session, its title and messages
     are rows there (no state.db appears), continue and resume find them, a chat that said
@@ -94,6 +97,7 @@ def test_a_terminal_session_on_a_postgres_home(tmp_path: Path, pg_server: str) -
         pgserver.drop_schema(pg_server, schema)
 
 
+@pytest.mark.slow
 def test_misses_exit_1_with_a_clear_message(tmp_path: Path) -> None:
     home = tmp_path / "home"
     assert (
@@ -105,6 +109,7 @@ def test_misses_exit_1_with_a_clear_message(tmp_path: Path) -> None:
     assert (r := chat(home, "", "-c", "no such title")).returncode == 1
 
 
+@pytest.mark.slow
 def test_handoff_refusals_keep_the_terminal_session(tmp_path: Path) -> None:
     home = tmp_path / "home"
     r = chat(home, "hi\n/handoff telegram\n/handoff pigeon\nstill here\n/quit\n")
@@ -151,8 +156,9 @@ def _sessions(home: Path) -> list[dict[str, object]]:
     return asyncio.run(read())
 
 
+@pytest.mark.slow
 def test_the_resume_hint_is_quoted_and_works_as_printed(tmp_path: Path) -> None:
-    """Issue 15 item 14: the hint carries --home and quotes the title, so pasting it into a
+    """The hint carries --home and quotes the title, so pasting it into a
     shell resumes that very session."""
     home = tmp_path / "my home"
     first = chat(home, "hello\n/title it's piped chat\n/quit\n")
@@ -168,8 +174,9 @@ def test_the_resume_hint_is_quoted_and_works_as_printed(tmp_path: Path) -> None:
     assert "Title: it's piped chat" in pasted.stdout and "Messages: 2" in pasted.stdout
 
 
+@pytest.mark.slow
 def test_leaving_without_a_word_keeps_no_session_and_help_fits_the_terminal(tmp_path: Path) -> None:
-    """Issue 15 item 15: /help lists /handoff and /quit, not /sethome; a chat that said
+    """/help lists /handoff and /quit, not /sethome; a chat that said
     nothing (commands only, or straight to end of input) leaves no session behind."""
     home = tmp_path / "home"
     helped = chat(home, "/help\n/status\n/quit\n")
@@ -244,10 +251,11 @@ class Output:
         raise AssertionError(f"{needle!r} never appeared in:\n{self.text}")
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_turn_then_twice_at_the_prompt_leaves_with_the_summary(
     tmp_path: Path,
 ) -> None:
-    """Issue 15 item 15: Ctrl-C during a reply cancels that turn and the next line is still
+    """Ctrl-C during a reply cancels that turn and the next line is still
     read (not swallowed); Ctrl-C at the prompt asks, a second one leaves with the summary."""
     home = tmp_path / "home"
     home.mkdir()

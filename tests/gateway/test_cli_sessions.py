@@ -47,6 +47,7 @@ async def home(tmp_path: Path) -> Path:
     return h
 
 
+@pytest.mark.slow
 def test_list_shows_titles_relative_times_and_the_live_continuation(home: Path) -> None:
     out = sb(home, "list").stdout
     lines = out.splitlines()
@@ -82,6 +83,7 @@ def test_list_without_titles_shows_the_source_column(tmp_path: Path) -> None:
     assert header == ["Preview", "Last", "Active", "Src", "ID"]
 
 
+@pytest.mark.slow
 def test_show_resolves_titles_and_prefixes_and_says_not_found(home: Path) -> None:
     shown = sb(home, "show", "20261101_100000_aa")
     assert (
@@ -98,6 +100,7 @@ def test_show_resolves_titles_and_prefixes_and_says_not_found(home: Path) -> Non
     assert sb(home, "show", "2026").returncode == 2  # ambiguous prefix
 
 
+@pytest.mark.slow
 def test_search_rename_delete_prune(home: Path) -> None:
     found = sb(home, "search", "kyoto", "--json")
     assert {h["session_id"] for h in json.loads(found.stdout)} == {"20261101_100000_aaaaaaaa"}
@@ -123,6 +126,7 @@ def test_search_rename_delete_prune(home: Path) -> None:
     assert forced.returncode == 0 and "deleted 20261101_110000_bbbbbbbb" in forced.stdout
 
 
+@pytest.mark.slow
 def test_export_import_round_trip_and_stats(home: Path, tmp_path: Path) -> None:
     dump = sb(home, "export", "-").stdout
     assert len(dump.splitlines()) == 3
@@ -153,6 +157,7 @@ def test_export_import_round_trip_and_stats(home: Path, tmp_path: Path) -> None:
     assert sb(other, "import", str(tmp_path / "missing.jsonl")).returncode == 1
 
 
+@pytest.mark.slow
 def test_commands_work_while_the_daemon_runs(home: Path) -> None:
     port = free_port()
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n")

@@ -1,4 +1,4 @@
-"""The command line's rough edges from issue 15: options in either position, help text on
+"""The command line's conventions: options in either position, help text on
 every option, one-line errors instead of tracebacks, usage errors for impossible limits,
 counts in sentences, progress counts when piped, full-width tables, a quiet fresh home."""
 
@@ -68,7 +68,7 @@ def _walk(parser: argparse.ArgumentParser, path: str) -> list[str]:
 
 
 def test_every_subcommand_and_option_has_help_text() -> None:
-    """Issue 15 item 19: walks the whole argparse tree."""
+    """Walks the whole argparse tree."""
     assert _walk(build_parser(), "switchboard") == []
 
 
@@ -77,8 +77,8 @@ def test_prune_help_shows_the_default_age(tmp_path: Path) -> None:
     assert "idle for more than DAYS days (default 90)" in shown
 
 
+@pytest.mark.slow
 def test_global_options_work_after_the_subcommand_and_there_is_a_version(tmp_path: Path) -> None:
-    """Issue 15 item 13."""
     home = tmp_path / "home"
     home.mkdir()
     (tmp_path / "c.yaml").write_text("agent:\n  backend: echo\n")
@@ -100,7 +100,6 @@ def test_global_options_work_after_the_subcommand_and_there_is_a_version(tmp_pat
 
 
 def test_export_into_a_missing_folder_is_one_line(tmp_path: Path) -> None:
-    """Issue 15 item 16."""
     proc = sb(tmp_path / "h", "sessions", "export", str(tmp_path / "no" / "dir" / "x.jsonl"))
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
@@ -111,7 +110,7 @@ def test_export_into_a_missing_folder_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args", [("sessions", "list", "--json", "--limit", "1000"),
                                   ("sessions", "search", "kyoto", "--json", "--limit", "1000")])  # fmt: skip
 def test_a_reader_that_stops_early_gets_no_traceback(crowded: Path, args: tuple[str, ...]) -> None:
-    """Issue 15 item 16: `... | head -c 100`. The output is larger than a pipe's buffer, so
+    """`... | head -c 100`. The output is larger than a pipe's buffer, so
     the writer is still writing when the reader goes."""
     proc = subprocess.Popen(switchboard(crowded, *args), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=clean_env())  # fmt: skip
@@ -123,8 +122,9 @@ def test_a_reader_that_stops_early_gets_no_traceback(crowded: Path, args: tuple[
     assert err == ""
 
 
+@pytest.mark.slow
 def test_a_taken_api_port_is_one_line_naming_the_port_and_the_key(tmp_path: Path) -> None:
-    """Issue 15 item 16: a second daemon (another home) on a port already in use."""
+    """A second daemon (another home) on a port already in use."""
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -158,7 +158,6 @@ def home(tmp_path: Path) -> Path:
 
 
 def test_clearing_a_title_says_so(home: Path) -> None:
-    """Issue 15 item 17."""
     proc = sb(home, "sessions", "rename", "20261101", "")
     assert proc.returncode == 0 and proc.stdout.strip() == "20261101_100000_aaaaaaaa: title cleared"
     assert "None" not in proc.stdout
@@ -167,14 +166,14 @@ def test_clearing_a_title_says_so(home: Path) -> None:
 @pytest.mark.parametrize("args", [("list", "--limit", "0"), ("list", "--limit", "-1"),
                                   ("search", "kyoto", "--limit", "0"), ("browse", "--limit", "0")])  # fmt: skip
 def test_non_positive_limits_are_usage_errors(home: Path, args: tuple[str, ...]) -> None:
-    """Issue 15 item 17."""
     proc = sb(home, "sessions", *args)
     assert proc.returncode == 2 and "--limit: must be 1 or more" in proc.stderr
     assert proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_counts_of_one_are_singular(home: Path) -> None:
-    """Issue 15 item 17: "last 1 messages", "after 1 minutes"."""
+    """Counts read "last 1 message" and "after 1 minute idle", never "1 messages"."""
     shown = sb(home, "sessions", "show", "trip plans", "--messages", "1").stdout
     assert "last 1 message:" in shown
     assert ResetPolicy(mode="idle", idle_minutes=1).describe() == "after 1 minute idle"
@@ -183,8 +182,8 @@ def test_counts_of_one_are_singular(home: Path) -> None:
     assert stats.startswith("1 session (")
 
 
+@pytest.mark.slow
 def test_a_file_of_only_bad_lines_fails_with_a_count(home: Path, tmp_path: Path) -> None:
-    """Issue 15 item 17."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('not json\n{"half": \n[1, 2]\n')
     proc = sb(tmp_path / "other", "sessions", "import", str(bad))
@@ -192,10 +191,11 @@ def test_a_file_of_only_bad_lines_fails_with_a_count(home: Path, tmp_path: Path)
     assert "switchboard: 3 records could not be imported" in proc.stderr
 
 
+@pytest.mark.slow
 def test_import_reads_stdin_and_both_directions_report_a_count_when_piped(
     home: Path, tmp_path: Path
 ) -> None:
-    """Issue 15 items 17 and 20: `import -`; without a terminal the final count still shows."""
+    """`import -` reads stdin; without a terminal the final count still shows."""
     exported = sb(home, "sessions", "export", "-")
     assert exported.returncode == 0 and len(exported.stdout.splitlines()) == 1
     assert exported.stderr.strip() == "exported 1 session"
@@ -209,7 +209,7 @@ def test_import_reads_stdin_and_both_directions_report_a_count_when_piped(
 
 
 def test_piped_tables_keep_each_row_on_one_line(tmp_path: Path) -> None:
-    """Issue 15 item 20: no 80-column wrapping when stdout is not a terminal."""
+    """No 80-column wrapping when stdout is not a terminal."""
     title = "a rather long title about the migration of the billing service " + "x" * 30
     h = tmp_path / "h"
 
@@ -226,8 +226,8 @@ def test_piped_tables_keep_each_row_on_one_line(tmp_path: Path) -> None:
     assert title in lines[1] and sid in lines[1]
 
 
+@pytest.mark.slow
 def test_a_fresh_home_logs_one_line_about_it(tmp_path: Path) -> None:
-    """Issue 15 item 21."""
     home, port = tmp_path / "home", free_port()
     home.mkdir()
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n")
@@ -263,7 +263,7 @@ def test_an_older_database_still_logs_each_migration(
 
 
 async def test_echo_titles_use_each_word_once() -> None:
-    """Issue 15 item 21: "Second topic cooking pasta second topic cooking"."""
+    """Never "Second topic cooking pasta second topic cooking"."""
     title = await EchoAgent().suggest_title([
         {"role": "user", "content": "Second topic: cooking pasta"},
         {"role": "assistant", "content": "echo: Second topic: cooking pasta"},

@@ -6,6 +6,7 @@ import asyncio
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +86,7 @@ async def _check(db: SessionDB, index: SessionIndex) -> None:
     assert bad_counts == 0
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, len(CHATS) - 1), ACTIONS), min_size=1, max_size=25))
 def test_random_command_sequences_keep_the_invariants(steps: list[tuple[int, str]]) -> None:

@@ -126,6 +126,7 @@ def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml", {})
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(
@@ -162,7 +163,7 @@ def _documented_keys(node: object, schema: object, prefix: str = "") -> set[str]
 
 
 def test_the_example_documents_exactly_the_schema() -> None:
-    # issue 15 item 11: every schema key is in config.example.yaml, every key there works
+    # every schema key is in config.example.yaml, and every key there is in the schema
     import yaml
 
     from gateway.config import schema as full_schema
@@ -176,7 +177,7 @@ def test_the_example_documents_exactly_the_schema() -> None:
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
-    # issue 15 item 12: check-config used to stop at the first error
+    # check-config names every problem, not only the first
     text = (
         "agent:\n  backend: magic\n  context_tokens: lots\n"
         "sessions:\n  histroy_messages: 5\n"
@@ -220,7 +221,7 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 def test_duplicate_keys_are_refused_naming_the_line(
     tmp_path: Path, text: str, keys: list[str]
 ) -> None:
-    # issue 15 item 12: YAML keeps the last of two equal keys without a word
+    # a YAML parser keeps the last of two equal keys without a word; the loader refuses them
     with pytest.raises(ConfigError) as err:
         _cfg(tmp_path, text)
     found = [str(e) for e in err.value.all()]
@@ -248,7 +249,7 @@ def _typed_values(node: object, path: str = "") -> list[tuple[str, object, objec
 
 
 def test_sections_are_frozen_typed_and_agree_with_data(tmp_path: Path) -> None:
-    # issue 16 item 5: typed frozen sections instead of config.get("a.b") -> Any
+    # each section is a frozen dataclass whose fields carry their declared types
     import dataclasses
 
     cfg = _cfg(tmp_path, (
@@ -279,6 +280,7 @@ def test_sections_are_frozen_typed_and_agree_with_data(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_the_gateway_reads_typed_sections_not_dotted_gets() -> None:
     """No `config.get("a.b")` (or `.platform(name)[...]`) left in gateway code."""
     import ast

@@ -1,4 +1,4 @@
-"""The Coordinator contract (issue 16): what the router, commands and the Resetter rely on.
+"""The Coordinator contract: what the router, commands and the Resetter rely on.
 
 The fixture is parametrised over implementations; a coordinator for several replicas
 adds its parameter here and must pass the same tests."""

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
@@ -22,6 +23,7 @@ def _start(home: Path, port: int, extra: str = "") -> subprocess.Popen[str]:
                             text=True, env=clean_env())  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_sigterm_under_load_drains_exits_zero_and_loses_nothing(tmp_path: Path) -> None:
     home, port = tmp_path / "home", free_port()
     proc = _start(home, port)
@@ -75,6 +77,7 @@ async def test_sigterm_under_load_drains_exits_zero_and_loses_nothing(tmp_path: 
     assert not (home / "state.db-wal").exists() or (home / "state.db-wal").stat().st_size == 0
 
 
+@pytest.mark.slow
 async def test_a_second_daemon_on_the_same_home_exits_1(tmp_path: Path) -> None:
     home, port = tmp_path / "home", free_port()
     first = _start(home, port)
@@ -89,6 +92,7 @@ async def test_a_second_daemon_on_the_same_home_exits_1(tmp_path: Path) -> None:
         assert first.wait(20) == 0
 
 
+@pytest.mark.slow
 def test_a_bad_config_exits_78_naming_the_key(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -102,6 +106,7 @@ def test_a_bad_config_exits_78_naming_the_key(tmp_path: Path) -> None:
     assert check.returncode == 78 and "agent.backend" in check.stderr
 
 
+@pytest.mark.slow
 def test_a_corrupt_state_db_exits_1_with_a_clear_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -117,8 +122,8 @@ def test_a_corrupt_state_db_exits_1_with_a_clear_line(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_check_config_lists_every_problem_and_run_refuses_duplicate_keys(tmp_path: Path) -> None:
-    # issue 15 item 12
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("agent:\n  backend: telepathy\nlogging:\n  level: loud\n")
@@ -140,6 +145,7 @@ def test_check_config_lists_every_problem_and_run_refuses_duplicate_keys(tmp_pat
         assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 async def test_a_started_daemon_freezes_its_start_up_heap_and_reports_the_collector(
     tmp_path: Path,
 ) -> None:
@@ -167,6 +173,7 @@ async def test_a_started_daemon_freezes_its_start_up_heap_and_reports_the_collec
     assert values["switchboard_gc_pause_longest_ms"] >= 0
 
 
+@pytest.mark.slow
 def test_pauses_count_each_collectors_pass_by_generation_until_removed() -> None:
     import gc
 
@@ -184,6 +191,7 @@ def test_pauses_count_each_collectors_pass_by_generation_until_removed() -> None
     assert pauses.longest_ms >= 0 and pauses.seconds * 1000 >= pauses.longest_ms
 
 
+@pytest.mark.slow
 async def test_the_daemon_runs_on_the_event_loop_its_config_names(tmp_path: Path) -> None:
     """runtime.event_loop: uvloop by default where installed, asyncio's own loop when asked;
     /health names the one running, and both answer."""

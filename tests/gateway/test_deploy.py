@@ -15,6 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_service_install_writes_a_unit_for_this_installation(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -40,8 +41,9 @@ def install(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=30)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_printed_commands_fit_the_scope_and_the_place(tmp_path: Path) -> None:
-    """Issue 15 item 16: --system prints root's systemctl, never `systemctl --user`; a
+    """--system prints root's systemctl, never `systemctl --user`; a
     custom --output is enabled by its path; a missing --output folder is refused, not made."""
     home = tmp_path / "home"
     home.mkdir()
@@ -62,6 +64,7 @@ def test_the_printed_commands_fit_the_scope_and_the_place(tmp_path: Path) -> Non
     assert home_after.returncode == 0, home_after.stderr  # global options after the subcommand
 
 
+@pytest.mark.slow
 def test_paths_with_dot_dot_print_plainly_and_the_log_command_names_the_written_unit(
     tmp_path: Path,
 ) -> None:
@@ -82,6 +85,7 @@ def test_paths_with_dot_dot_print_plainly_and_the_log_command_names_the_written_
     assert ".." not in text and f"--home {tmp_path / 'h1'} run" in text
 
 
+@pytest.mark.slow
 def test_the_user_manager_folder_is_created_and_enabled_by_name(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -93,6 +97,7 @@ def test_the_user_manager_folder_is_created_and_enabled_by_name(tmp_path: Path) 
     assert "systemctl --user enable --now switchboard.service\n" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_bad_config_refuses_to_install(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

@@ -153,6 +153,7 @@ async def test_proactive_messages_go_through_the_robot_api(gw: Gateway, fake: Fa
     assert [p.split()[1] for p in parts] == ["0", "4", "8"]  # cut between paragraphs
 
 
+@pytest.mark.slow
 async def test_rate_limits_are_waited_out(gw: Gateway, fake: FakeDingTalk) -> None:
     fake.fail_next("webhook", 200, {"errcode": 130101, "errmsg": "send too fast"})
     await fake.push(robot_message("patience", fake=fake, msg_id="r1"))

@@ -210,7 +210,7 @@ async def _until(check: Callable[[], bool], what: str) -> None:
 async def test_typing_shows_only_for_a_running_turn_and_stops_on_every_outcome(
     tmp_path: Path, fake: FakeDiscord
 ) -> None:
-    """Issue 15: typing starts when the router runs a turn, never for a duplicate or a user
+    """Typing starts when the router runs a turn, never for a duplicate or a user
     who is not allowed, and stops after a reply, a drop or a failure."""
     cfg = tmp_path / "config.yaml"
     cfg.write_text("platforms:\n  api:\n    enabled: false\n  discord:\n"

@@ -1,4 +1,4 @@
-"""Issue 17 on Discord, which has no ack: messages posted while the daemon was down are
+"""Inbox before ack on Discord, which has no ack: messages posted while the daemon was down are
 fetched after a restart (REST history through discord.py, against the loopback fake) and
 answered once each, in order; the window (count per channel, age) bounds the catch-up, and
 a channel's position moves only after emit took its message."""

@@ -1,4 +1,4 @@
-"""Discord with several gateway shards in one daemon (issue 18, item 1; on SQLite no ledger:
+"""Discord with several gateway shards in one daemon (on SQLite no ledger:
 the daemon runs every shard), against the fake that routes guild events by
 (guild_id >> 22) % shard_count and DMs to shard 0 only."""
 

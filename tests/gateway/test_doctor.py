@@ -35,6 +35,7 @@ async def _home_with_sessions(home: Path) -> tuple[str, str]:
     return parent, child
 
 
+@pytest.mark.slow
 async def test_a_healthy_home_passes(tmp_path: Path) -> None:
     home = tmp_path / "home"
     await _home_with_sessions(home)
@@ -53,6 +54,7 @@ async def test_a_healthy_home_passes(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 async def test_a_damaged_home_fails_and_fix_repairs_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
     parent, child = await _home_with_sessions(home)
@@ -82,6 +84,7 @@ async def test_a_damaged_home_fails_and_fix_repairs_it(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 async def test_fix_leaves_the_index_alone_while_a_daemon_holds_the_home(tmp_path: Path) -> None:
     home = tmp_path / "home"
     await _home_with_sessions(home)
@@ -125,8 +128,9 @@ async def test_platform_reachability(tmp_path: Path, token: str, ok: bool) -> No
     assert exit_code(checks) == (0 if ok else 1)
 
 
+@pytest.mark.slow
 async def test_a_chat_the_daemon_has_not_written_yet_is_not_a_fault(tmp_path: Path) -> None:
-    # issue 15 item 18: doctor right after a new chat, daemon running, reported FAIL
+    # doctor right after a new chat, with the daemon running and its index not yet flushed
     from gateway.app import Gateway
     from gateway.messages import InboundMessage
     from gateway.session_keys import SessionSource
@@ -157,8 +161,9 @@ async def test_a_chat_the_daemon_has_not_written_yet_is_not_a_fault(tmp_path: Pa
         await gw.stop()
 
 
+@pytest.mark.slow
 async def test_imported_live_sessions_are_a_warning_and_adopted_at_start(tmp_path: Path) -> None:
-    # issue 15 item 18: a home that only had `sessions import` reported FAIL
+    # a home whose sessions came only from `sessions import`
     source = tmp_path / "source"
     db = await SessionDB.open(source / "state.db")
     sid = await db.create_session(

@@ -546,6 +546,7 @@ async def stored(gw: Gateway, key: str = KEY) -> list[str]:
     return [m["content"] for m in await gw.db.get_messages(entry.session_id)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("idle", [True, False], ids=["idle", "polling"])
 async def test_a_mail_is_answered_and_a_reply_in_its_thread_shares_the_session(
     tmp_path: Path, servers: tuple[FakeImap, FakeSmtp], idle: bool

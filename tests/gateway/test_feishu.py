@@ -198,6 +198,7 @@ async def test_forged_missing_stale_and_wrong_token_requests_are_refused_and_nev
     assert gateway.index is not None and gateway.index.get("agent:main:feishu:dm:oc_dm") is None
 
 
+@pytest.mark.slow
 async def test_rate_limits_are_waited_out(gw: tuple[Gateway, str], fake: FakeFeishu) -> None:
     _, url = gw
     fake.fail_next(400, 99991400, {"x-ogw-ratelimit-reset": "1"})

@@ -211,7 +211,7 @@ async def test_only_one_of_two_claimers_wins(tmp_path: Path) -> None:
 async def test_the_configured_home_channel_is_the_default_and_sethome_overrides_it(
     tmp_path: Path,
 ) -> None:
-    # issue 15 item 10: platforms.<p>.home_channel was accepted but never read
+    # platforms.<p>.home_channel is where a handoff goes until /sethome picks another chat
     line = "allow_all_users: true\n    require_mention: false\n    home_channel: '-100222'"
     async with gateway_with_telegram(tmp_path, line) as (gw, fake):
         assert gw.db is not None and gw.handoffs is not None

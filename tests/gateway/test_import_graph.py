@@ -1,4 +1,4 @@
-"""No import cycles among the project's modules (issue 16).
+"""No import cycles among the project's modules.
 
 Every module under gateway/ and state/ is parsed with `ast`; ALL its imports count: top
 level, inside functions and under `if TYPE_CHECKING:`, so a cycle cannot hide behind a

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from gateway.index import IndexEntry, SessionIndex
 from state import SessionDB
 
@@ -146,6 +148,7 @@ async def test_a_file_behind_state_db_adopts_the_newest_live_session_per_key(
     assert set(json.loads(path.read_text())) == {"k1", "k2", "k4", "k5"}
 
 
+@pytest.mark.slow
 def test_a_kill_during_writes_leaves_the_old_or_the_new_file(tmp_path: Path) -> None:
     """SIGKILL at random moments while the index rewrites a large file: never a torn file."""
     path = tmp_path / "sessions.json"

@@ -195,6 +195,7 @@ _JSON = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(["type", "sender", "event_id", "content", "origin_server_ts",
                                         "state_key"]), _JSON), _JSON)  # fmt: skip

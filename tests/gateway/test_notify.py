@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from gateway.ops.notify import sd_notify, watchdog_interval
 from tests.daemon import clean_env, switchboard
 
@@ -33,6 +35,7 @@ def _read_for(sock: socket.socket, seconds: float) -> list[tuple[str, int | None
     return out
 
 
+@pytest.mark.slow
 def test_readiness_watchdog_and_stopping(tmp_path: Path) -> None:
     sock_path = tmp_path / "notify.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.daemon import clean_env, free_port, switchboard
 from tests.fakes.telegram import FakeTelegram
@@ -38,6 +39,7 @@ async def _ask(
             await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 async def test_sighup_reloads_the_reset_policy_and_names_what_needs_a_restart(
     tmp_path: Path,
 ) -> None:
@@ -71,6 +73,7 @@ async def test_sighup_reloads_the_reset_policy_and_names_what_needs_a_restart(
     assert "reload refused, keeping the running configuration" in log
 
 
+@pytest.mark.slow
 async def test_secrets_never_reach_the_logs_or_health(tmp_path: Path) -> None:
     fake = FakeTelegram(token="4242:very-secret-bot-token")
     await fake.start()

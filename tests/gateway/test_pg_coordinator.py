@@ -1,5 +1,5 @@
 """PgCoordinator (gateway/cluster.py) against a real PostgreSQL: two coordinators, each on
-its own store and control connection, as two replicas would be (issue 18, item 3)."""
+its own store and control connection, as two replicas would be."""
 
 from __future__ import annotations
 
@@ -168,6 +168,7 @@ async def test_a_dead_replicas_lease_is_free_at_once_and_its_rows_are_orphans(
         await asyncio.gather(holder, return_exceptions=True)
 
 
+@pytest.mark.slow
 async def test_exactly_one_replica_leads_and_leadership_moves_when_it_dies(replica) -> None:
     _, a = await replica("a")
     _, b = await replica("b")

@@ -1,4 +1,4 @@
-"""Exactly once across a crash (issue 17, item 4), at the adapter: a reply sent again under
+"""Exactly once across a crash, at the adapter: a reply sent again under
 the same dedupe key is shown once. Discord through nonce + enforce_nonce (one nonce per
 part), Slack through a marker in message metadata that a resend reads back first; both
 through the real client libraries against the loopback fakes."""

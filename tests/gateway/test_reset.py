@@ -64,7 +64,7 @@ def test_decide(
 
 @pytest.mark.parametrize("policy", [IDLE, DAILY_UTC, BERLIN, BOTH])
 def test_an_empty_session_is_never_due(policy: ResetPolicy) -> None:
-    # issue 15 item 2: long past every threshold, an empty session is still not reset
+    # long past every threshold, an empty session is still not reset
     last, now = ts(2026, 1, 1, 12), ts(2026, 3, 1, 12)
     assert decide(last, now, False, policy).reason is not None
     decision = decide(last, now, False, policy, empty=True)
@@ -255,7 +255,7 @@ async def _lineage_of(rig: RouterRig, key: str) -> list[str]:
 async def test_an_idle_chat_is_reset_once_not_every_sweep(
     rig: RouterRig, policy: ResetPolicy, step: float
 ) -> None:
-    # issue 15 item 2: the real scheduler sweeps, the clock moves a period per sweep;
+    # the real scheduler sweeps, the clock moves a period per sweep;
     # one reset (to an empty child), then that empty child is never reset again
     clock = Clock(ts(2026, 5, 1, 12))
     resetter = _arm(rig, policy, clock)

@@ -207,7 +207,7 @@ async def test_the_same_platform_id_in_two_chats_is_two_messages(rig: RouterRig)
 async def test_a_session_deleted_by_another_process_starts_afresh_on_the_next_message(
     rig: RouterRig,
 ) -> None:
-    # issue 15 item 3: `sessions delete <live id>` (its own connection) while the daemon runs
+    # `sessions delete <live id>` (its own connection) while the daemon runs
     async def say(msg) -> list[str]:  # noqa: ANN001
         n = len(rig.outbox.sent)
         await rig.router.handle(msg)
@@ -257,7 +257,7 @@ async def test_a_session_deleted_by_another_process_starts_afresh_on_the_next_me
 async def test_after_a_crash_a_chats_replies_keep_its_order_through_recovery(
     tmp_path: Path,
 ) -> None:
-    """Issue 17: a crash left a chat's first reply committed and unsent and its second
+    """A crash left a chat's first reply committed and unsent and its second
     message taken but not run; a third arrives as the adapters start, before `recover`.
     Its turn is held: the chat gets the first reply (resent), the second, then the third,
     never the new one first."""
@@ -332,7 +332,7 @@ async def test_a_message_still_committing_is_not_overtaken_when_its_keys_lock_co
 async def test_recovery_runs_a_turn_already_begun_before_an_older_row_of_its_key(
     rig: RouterRig,
 ) -> None:
-    """Issue 17: the inbox id order is not always the order turns began (a message to an
+    """The inbox id order is not always the order turns began (a message to an
     idle key takes the key's lock before its commit, which the writer may place after a
     waiting message's). A crash left the key's second row begun (its message stored) and the
     first only received: recovery finishes the begun turn first, so the session never holds

@@ -122,6 +122,7 @@ async def test_without_send_by_a_request_is_never_stopped(server: tuple[str, lis
     assert got == [b"polled"]
 
 
+@pytest.mark.slow
 async def test_stop_task_ends_a_loop_that_swallowed_its_cancel() -> None:
     """An adapter's loop whose cancel was swallowed on its way (Python 3.11's
     asyncio.wait_for returns an inner result that completed as the cancel came) goes on

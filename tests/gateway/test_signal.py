@@ -593,6 +593,7 @@ _data_keys = st.sampled_from(["message", "timestamp", "groupInfo", "mentions", "
                               "reaction", "remoteDelete"])  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     env=st.dictionaries(

@@ -1,4 +1,4 @@
-"""Issue 17, inbox before ack on Slack: the Events API response and the Socket Mode ack go
+"""Inbox before ack on Slack: the Events API response and the Socket Mode ack go
 out only after `emit` returned; an event the gateway could not take is not acknowledged
 (503, or no envelope ack) and its retry is taken. Real slack-bolt against the loopback fake."""
 

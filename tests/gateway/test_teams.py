@@ -237,6 +237,7 @@ async def test_requests_that_fail_verification_are_refused_and_never_stored(
     assert await gw.adapter._ref("a:1personal") is None  # not even the conversation reference
 
 
+@pytest.mark.slow
 async def test_a_rate_limit_is_waited_out_and_a_server_error_retried(
     gw: Daemon, fake: FakeTeams
 ) -> None:

@@ -122,6 +122,7 @@ async def test_a_redelivered_message_is_answered_once(gw: Gateway, fake: FakeTel
     assert len(fake.sent()) == 1
 
 
+@pytest.mark.slow
 async def test_polling_recovers_after_the_server_fails(gw: Gateway, fake: FakeTelegram) -> None:
     fake.fail_next("getUpdates", 502)
     fake.fail_next("getUpdates", 502)
@@ -258,7 +259,7 @@ async def test_webhook_mode_checks_the_secret_and_delivers_updates(
 
 
 async def test_typing_shows_only_for_a_running_turn(tmp_path: Path, fake: FakeTelegram) -> None:
-    """Issue 15: typing starts when the router runs a turn (one slower than TYPING_AFTER_S),
+    """Typing starts when the router runs a turn (one slower than TYPING_AFTER_S),
     not for a redelivered message or a user who is not allowed, and ends with the reply."""
     cfg = tmp_path / "config.yaml"
     cfg.write_text(

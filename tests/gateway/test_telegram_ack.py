@@ -1,4 +1,4 @@
-"""Issue 17, inbox before ack on Telegram: the webhook answers 200 and the poller confirms an
+"""Inbox before ack on Telegram: the webhook answers 200 and the poller confirms an
 update (the next getUpdates offset) only after `emit` returned, and an update the gateway
 could not take comes back. Driven by python-telegram-bot against the loopback fake."""
 

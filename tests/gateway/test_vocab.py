@@ -1,4 +1,4 @@
-"""The StrEnum vocabulary (issue 16): its members are the strings state.db, sessions.json,
+"""The StrEnum vocabulary: its members are the strings state.db, sessions.json,
 the config file and /health always held, so every stored value and every JSON body stays
 byte for byte the same."""
 

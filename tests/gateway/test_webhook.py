@@ -182,6 +182,7 @@ async def test_a_chat_command_is_answered_by_the_core(gw: tuple[Gateway, str]) -
     assert status == 200 and answer["reply"].startswith("Commands:") and "/help" in answer["reply"]
 
 
+@pytest.mark.slow
 async def test_a_slow_turn_answers_202_then_posts_the_reply_to_the_callback(
     tmp_path: Path, receiver: CallbackReceiver
 ) -> None:

@@ -204,6 +204,7 @@ payload_keys = st.sampled_from(["message", "channel_post", "text", "chat", "from
 payloads = st.dictionaries(payload_keys, json_values, max_size=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(payloads, payloads)
 def test_platform_translation_never_raises(top: dict, inner: dict) -> None:
@@ -267,6 +268,7 @@ def _as_unprivileged() -> list[str]:
     return prefix
 
 
+@pytest.mark.slow
 def test_a_read_only_home_is_a_clear_error_and_recovers(tmp_path: Path) -> None:
     """A home the daemon cannot write is refused at start-up with a message naming the home
     (not a traceback, not 'damaged database'); the CLI says state.db cannot be written; once

@@ -1,4 +1,4 @@
-"""Exactly-once answers through crashes, per platform (issue 17, item 5): the daemon, a real
+"""Exactly-once answers through crashes, per platform: the daemon, a real
 subprocess behind each platform's loopback fake (Telegram polling and webhook, Slack Events
 API and Socket Mode, Discord, the HTTP API), is SIGKILLed at every named fault point in turn
 (`SWITCHBOARD_FAULT`, `SWITCHBOARD_FAULT_AT`) while messages of several chats are in flight,

@@ -1,4 +1,4 @@
-"""Inbox before ack and recovery (issue 17): the daemon SIGKILLs itself at a named fault
+"""Inbox before ack and recovery: the daemon SIGKILLs itself at a named fault
 point (gateway.faults) while a message is in flight; after a restart every message it took
 is in its session exactly once and answered exactly once, and a message older than
 `inbox.recovery_max_age_seconds` gets an apology naming it instead of a turn."""

@@ -1,4 +1,4 @@
-"""Exactly once on the platforms that dedupe a resent reply (issue 17, item 4): the daemon, a
+"""Exactly once on the platforms that dedupe a resent reply: the daemon, a
 real subprocess on the Discord fake (gateway websocket + REST) or the Slack fake (signed
 Events API), SIGKILLs itself after the platform took the reply and before the outbox marked
 it. With inbox.resend_unconfirmed_replies off, the restart sends the reply again under the

@@ -1,4 +1,4 @@
-"""Exactly once where it can be, at most once where it cannot (issue 17, items 3-5): the
+"""Exactly once where it can be, at most once where it cannot: the
 daemon, a real subprocess polling the Telegram fake, SIGKILLs itself at each fault point
 with one message in flight. After a restart the message is stored once and answered once;
 a reply committed but possibly sent when the daemon died ('sending') is never sent again by

@@ -1,4 +1,4 @@
-"""The hourly activity tallies behind insights (issue 21): after every kind of write they
+"""The hourly activity tallies behind insights: after every kind of write they
 equal a recount from the messages themselves."""
 
 from __future__ import annotations

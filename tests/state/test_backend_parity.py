@@ -141,6 +141,7 @@ def test_the_corpus_is_searchable_at_all(both: Any) -> None:
         assert found == _outcome(loop, lite, query)
 
 
+@pytest.mark.slow
 async def test_ranking_windows_agree_when_matches_outnumber_the_window(
     pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -176,6 +177,7 @@ async def test_ranking_windows_agree_when_matches_outnumber_the_window(
         pgserver.drop_schema(pg_dsn, schema)
 
 
+@pytest.mark.slow
 async def test_phrases_past_the_first_probe_agree(
     pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -224,6 +226,7 @@ async def test_phrases_past_the_first_probe_agree(
         pgserver.drop_schema(pg_dsn, schema)
 
 
+@pytest.mark.slow
 async def test_phrases_found_through_their_rarest_word_agree(
     pg_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -1,4 +1,4 @@
-"""The store queries behind the dashboard (issue 21): keyset paging with ties, the lineage
+"""The store queries behind the dashboard: keyset paging with ties, the lineage
 tree of rows written by other programs, empty sessions, insights period edges. The tests
 taking `store` run on both backends; those taking `db` check SQLite's tallies and plans."""
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.state.hermes_suite import run
 from tests.state.hermes_suite_lists import KNOWN_FAILING, SKIP
 
 
+@pytest.mark.slow
 def test_hermes_store_suite_passes_against_the_facade(tmp_path: Path) -> None:
     got = run(tmp_path / "suite")
     assert not set(SKIP) & set(got), "skipped tests must not run"

@@ -33,6 +33,7 @@ def _plain(history: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     return [(m["role"], m.get("content")) for m in history]
 
 
+@pytest.mark.slow
 async def test_each_turn_reads_what_a_full_read_gives(store: Store) -> None:
     """Random turns (with tool calls) over a few sessions, with messages appended outside
     turns and a session cleared now and then: every history equals the newest `last`

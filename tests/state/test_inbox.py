@@ -1,4 +1,4 @@
-"""Contract: the inbox (issue 17) as every `Store` backend must keep it: what is new and what
+"""Contract: the inbox as every `Store` backend must keep it: what is new and what
 is a redelivery, the turn's first and last writes, the rows a crash leaves open, and what
 pruning forgets."""
 

@@ -117,6 +117,7 @@ async def test_prune_ages_by_last_activity_not_start(store: Store) -> None:
     assert await store.prune_sessions(90, now=now) == 0
 
 
+@pytest.mark.slow
 async def test_large_prune_runs_in_chunks_and_counts_everything(store: Store) -> None:
     now = time.time()
     for _ in range(450):

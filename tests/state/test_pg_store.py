@@ -80,6 +80,7 @@ def test_postgres_needs_its_dsn_variable_set_and_valid(tmp_path: Path) -> None:
     assert err.value.key == "state.dsn_env"
 
 
+@pytest.mark.slow
 def test_check_config_exits_78_naming_state_dsn_env(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -467,6 +468,7 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
         await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_a_state_db_moves_to_postgres_by_export_and_import(
     schema_dsn: str, tmp_path: Path
 ) -> None:
@@ -569,6 +571,7 @@ async def test_doctor_checks_a_postgres_home(schema_dsn: str, tmp_path: Path) ->
     assert [c.name for c in failed] == ["PostgreSQL"] and "hunter2" not in failed[0].detail
 
 
+@pytest.mark.slow
 async def test_switchboard_sessions_works_on_a_postgres_home(
     schema_dsn: str, tmp_path: Path
 ) -> None:

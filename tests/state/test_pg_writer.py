@@ -323,6 +323,7 @@ async def test_placed_operations_run_first_or_last_merged_and_answer_their_own_c
     assert _RAN == ["first f1,f2", "plain p1,p2", "last l1,l2"]
 
 
+@pytest.mark.slow
 async def test_a_lingering_commit_takes_what_comes_while_it_waits(pg: PgStore) -> None:
     """`linger` (set while other replicas are live): a batch waits after its first
     operation, so one queued a moment later shares its commit; without it, the first

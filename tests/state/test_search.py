@@ -74,7 +74,7 @@ FINDS = [
     ("NOT", {"operators"}),
     ("OR", {"operators"}),
     ("words AND", {"operators"}),
-    # a dangling operator is dropped when other terms are left (issue 15, item 24)
+    # a dangling operator is dropped when other terms are left
     ("deploy AND", {"deploy"}),
     ("AND deploy", {"deploy"}),
     ("deploy OR", {"deploy"}),
@@ -332,6 +332,7 @@ def _parsed(query: str) -> object:
         return f"QueryError: {exc}"
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(
     base=st.lists(_VOCABULARY, min_size=1, max_size=10).filter(

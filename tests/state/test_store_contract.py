@@ -96,7 +96,7 @@ async def test_write_stats_count_committed_operations(store: Store) -> None:
 
 
 async def test_the_reply_to_a_platform_message_is_its_turns_final_answer(store: Store) -> None:
-    """Issue 17: an idempotent repeat finds the first answer. The reply is the turn's last
+    """An idempotent repeat finds the first answer. The reply is the turn's last
     assistant text (not a tool call) before the chat's next user message; a message that
     was stored but not answered has none; ids are per chat and per source."""
     sid = await store.create_session(source="api", session_key="k:api:c1", chat_id="c1")

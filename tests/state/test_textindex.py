@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import unicodedata
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +38,7 @@ def _segment_by_hand(text: str) -> str:
     return "".join(out)
 
 
+@pytest.mark.slow
 def test_cjk_ranges_are_the_listed_ones_for_every_code_point() -> None:
     """The listed ranges' letters and digits; their symbols and punctuation are not."""
     for cp in range(0x110000):

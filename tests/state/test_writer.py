@@ -378,6 +378,7 @@ async def _write_until_checkpointed(path: Path, config: WriterConfig) -> tuple[i
         await db.close()
 
 
+@pytest.mark.slow
 async def test_the_wal_restarts_under_continuous_writes_without_sqlites_own_checkpoint(
     tmp_path: Path,
 ) -> None:

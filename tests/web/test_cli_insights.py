@@ -1,4 +1,4 @@
-"""`switchboard insights` (issue 21): the dashboard's figures in the terminal, run as a
+"""`switchboard insights`: the dashboard's figures in the terminal, run as a
 real subprocess against a real state.db, and against a home whose config puts the store on
 PostgreSQL (the same seeded figures)."""
 
@@ -77,6 +77,7 @@ def test_sparkline_scales_to_the_largest_value() -> None:
     assert sparkline([]) == ""
 
 
+@pytest.mark.slow
 def test_insights_json_has_the_dashboards_figures(home: Home) -> None:
     done = _run(home, "--days", "30", "--json")
     assert done.returncode == 0, done.stderr
@@ -88,6 +89,7 @@ def test_insights_json_has_the_dashboards_figures(home: Home) -> None:
     assert only["messages"] == 0 and only["source"] == "slack"
 
 
+@pytest.mark.slow
 def test_insights_tables_and_sparklines(home: Home) -> None:
     done = _run(home, "--days", "30")
     assert done.returncode == 0, done.stderr

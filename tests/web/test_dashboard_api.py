@@ -1,5 +1,5 @@
 """The dashboard's JSON API and pages over a real state.db, through the api adapter's
-aiohttp app (issue 21): sign-in, CSRF, escaping, headers, listing, search, insights,
+aiohttp app: sign-in, CSRF, escaping, headers, listing, search, insights,
 lineage, operations, and the OpenAPI document against the registered handlers."""
 
 from __future__ import annotations

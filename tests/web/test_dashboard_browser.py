@@ -1,4 +1,4 @@
-"""The dashboard in a real browser (issue 21): Debian's chromium driven by playwright —
+"""The dashboard in a real browser: Debian's chromium driven by playwright —
 sign in, filter, search, open a hit, expand the lineage tree, read the chart, rename,
 delete with confirmation, refuse forged forms, show hostile strings as text.
 

@@ -1,5 +1,5 @@
 """The dashboard: config keys (documented in config.example.yaml, each one working) and
-the dashboard served by a real in-process gateway (issue 21)."""
+the dashboard served by a real in-process gateway."""
 
 from __future__ import annotations
 
