@@ -34,7 +34,7 @@ from gateway.app import tune_interpreter  # noqa: E402
 from gateway.index import IndexEntry, SessionIndex  # noqa: E402
 from gateway.messages import InboundMessage, OutboundMessage, SentRef  # noqa: E402
 from gateway.ops import heap  # noqa: E402
-from gateway.router import Router  # noqa: E402
+from gateway.pipeline import Router  # noqa: E402
 from gateway.session_keys import SessionSource  # noqa: E402
 from state import SessionDB  # noqa: E402
 

@@ -30,10 +30,10 @@ from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.ops import heap
 from gateway.ops.metrics import Metrics
 from gateway.pairing import PairingRules
+from gateway.pipeline import Router
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.reset.scheduler import ResetScheduler
-from gateway.router import Router
 from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
 from gateway.shards import PgShardLedger

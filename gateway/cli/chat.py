@@ -36,7 +36,7 @@ from gateway.errors import EXIT_FAILURE, EXIT_OK
 from gateway.handoff import handoff_from_terminal
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
-from gateway.router import Router
+from gateway.pipeline import Router
 from gateway.session_keys import SessionSource, build_key
 from gateway.timefmt import ago
 from gateway.vocab import AdapterState, ChatType

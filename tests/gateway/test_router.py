@@ -10,7 +10,7 @@ import pytest
 
 from gateway.errors import NotAccepted
 from gateway.index import SessionIndex
-from gateway.router import APOLOGY, REFUSAL, AccessRules, Router, RouterSettings
+from gateway.pipeline import APOLOGY, REFUSAL, AccessRules, Router, RouterSettings
 from gateway.session_keys import KeySettings
 from state import SessionDB
 
