@@ -23,6 +23,7 @@ from gateway.pipeline.outbox import Outbox, too_old_apology
 from gateway.reset import Resetter
 from gateway.services import Services
 from gateway.session_keys import SessionKey, build_key
+from gateway.topology.base import TurnLease
 from gateway.turns import APOLOGY, TurnProgress, agent_turn, may_send, send_checked
 from state import LeaseLost, LiveSessionExists, SessionNotFound, StoreUnavailable, UnstorableData
 from state.inbox import ANSWERED, DROPPED
@@ -123,7 +124,7 @@ class Worker:
         s = self.services
         s.metrics.last_error = f"{type(exc).__name__}: {exc}"
         s.metrics.errors.inc(kind="turn")
-        if turn.stored and turn.fence is not None and isinstance(exc, StoreUnavailable):
+        if turn.stored and turn.lease.fence is not None and isinstance(exc, StoreUnavailable):
             # replicas: the database went away mid-turn. The row stays open under a lease
             # that the rejoin voids, and is run again once the database is back (the
             # takeover scan); an apology now could precede the real reply, stored or not
@@ -160,7 +161,7 @@ class Worker:
             except SessionNotFound as exc:
                 if not self._forget_deleted(k, exc.ref):
                     raise
-                turn.begun = None
+                turn.lease.begun = None
                 await self._process_locked(msg, key, started, turn)  # in a fresh session
         except LeaseLost:
             raise
@@ -222,10 +223,10 @@ class Worker:
             self._inflight.add(rid)
             origin = row.get("replica")
             elsewhere = origin is not None and int(origin) != me
-            turn = TurnProgress(inbox_id=rid, fence=lease.fence, holds=holds,
-                                begun=stored if rid == inbox_id else None)  # fmt: skip
+            held = TurnLease(lease.fence, holds, stored if rid == inbox_id else None)
+            turn = TurnProgress(inbox_id=rid, lease=held)
             if row is lease.open[-1]:  # the last row: its reply's commit may free the lease
-                turn.hand_back = self._shared.hand_back(lease, [(int(origin), rid)] if elsewhere
+                held.hand_back = self._shared.hand_back(lease, [(int(origin), rid)] if elsewhere
                                                         else [])  # fmt: skip
             try:
                 await self._run_row(msg, key, row, turn)
@@ -250,7 +251,7 @@ class Worker:
         if (self._flight.max_age_s is not None and row.get("received_at") is not None
                 and s.clock() - float(row["received_at"]) > self._flight.max_age_s):  # fmt: skip
             await s.replies.reply(msg, row.get("session_id"), too_old_apology(msg.text))
-            await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.fence)
+            await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.lease.fence)
             s.metrics.recovered.inc(outcome="apologised")
             return
         await self._guarded(msg, key, s.clock(), turn)
@@ -259,14 +260,15 @@ class Worker:
         self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
     ) -> None:
         s = self.services
-        if turn.begun is not None:  # begun in the accept's commit, which decided the rest
+        lease = turn.lease
+        if lease.begun is not None:  # begun in the accept's commit, which decided the rest
             # in the session of the route that commit's take read (the index has it since,
             # and nothing else touched the key: its lease and local lock were held)
             entry = s.index.get(key.format())
             if entry is not None:
-                await agent_turn(s, msg, key, entry, started, turn, turn.begun)
+                await agent_turn(s, msg, key, entry, started, turn, lease.begun)
                 return
-            turn.begun = None
+            lease.begun = None
         entry = await self.entry_for(key, msg)
         if self.resetter is not None:
             entry = await self.resetter.check(key.format(), entry)
@@ -288,7 +290,9 @@ class Worker:
             # once, as a Telegram reply), never runs /new or /branch a second time.
             closing = time.monotonic()
             try:
-                await s.db.finish_inbound(turn.inbox_id, ANSWERED, "command", fence=turn.fence)
+                await s.db.finish_inbound(
+                    turn.inbox_id, ANSWERED, "command", fence=turn.lease.fence
+                )
             except LeaseLost:
                 raise  # another replica holds the key now: this one may not answer
             except Exception as exc:  # the store is failing: recovery will see the row
@@ -301,7 +305,9 @@ class Worker:
 
     async def _close(self, turn: TurnProgress, state: str, reason: str) -> None:
         try:
-            await self.services.db.finish_inbound(turn.inbox_id, state, reason, fence=turn.fence)
+            await self.services.db.finish_inbound(
+                turn.inbox_id, state, reason, fence=turn.lease.fence
+            )
         except Exception as exc:  # the store is failing: recovery will see the row
             log.warning("inbox row %d could not be closed (%s)", turn.inbox_id, exc)
 
