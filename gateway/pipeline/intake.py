@@ -8,6 +8,7 @@ Turns are serialised per session key (in arrival order) and run concurrently acr
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +28,7 @@ from gateway.pipeline.outbox import Outbox
 from gateway.pipeline.recovery import Recovery
 from gateway.pipeline.worker import Worker
 from gateway.reset import Resetter
+from gateway.reset.policy import PolicySet, decide
 from gateway.routes import entry_from_route
 from gateway.services import RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey
@@ -39,6 +41,37 @@ from state.inbox import OPEN_STATES
 log = logging.getLogger("gateway.router")
 
 REFUSAL = "Sorry, you are not authorised to use this bot."
+
+
+def begins_in(
+    policies: PolicySet | None, clock: Callable[[], float], route: Mapping[str, Any],
+    inbox_id: int,
+) -> str | None:  # fmt: skip
+    """Replicas: may the turn of a message whose accept just took its key's lease begin in
+    the same commit, and in which session? Its route's own live session, when the row is
+    the key's only open one, no dead runner's reply waits, no notice is owed and no reset
+    is due (what the worker would decide first, decided on the route the take read under
+    the lease, whose `jobs` are the session's live jobs); else None, and the turn begins as
+    usual. Runs inside a transaction (the writer calls it): no awaits, no shared state, a
+    function of the route row, the reset policies and the clock."""
+    try:
+        if [int(r["id"]) for r in route["open"]] != [inbox_id] or route.get("unsent"):
+            return None
+        if not (route.get("session_id") and route.get("route_found")
+                and route.get("route_ended") is None) or route.get("pending_notice"):  # fmt: skip
+            return None
+        entry = entry_from_route(route)
+        if entry is None:
+            return None
+        if policies is not None:
+            policy = policies.for_chat(entry.platform, entry.chat_type)
+            live = bool(route.get("jobs"))
+            if decide(entry.updated_at, clock(), live, policy).reason is not None:
+                return None
+        return entry.session_id
+    except Exception as exc:  # never fail the accept over it: the turn begins later
+        log.warning("could not decide an early begin: %s", exc)
+        return None
 
 
 class Router:
@@ -189,11 +222,15 @@ class Router:
                 )
             else:  # the key's lease comes with the commit when the key is idle here (not
                 # while start-up recovery holds turns: the lease would wait with them), and
-                # a plain message's turn begins in it when the take allows (_begins_in)
+                # a plain message's turn begins in it when the take allows (begins_in)
                 plan = None
                 if self._flight.held is None and parse_command(msg.text) is None:
-                    plan = (user_message(msg, key), s.settings.history_messages,
-                            self._begins_in)  # fmt: skip
+                    resetter = self.resetter
+                    test = functools.partial(
+                        begins_in, resetter.policies if resetter is not None else None,
+                        resetter.clock if resetter is not None else s.clock,
+                    )  # fmt: skip
+                    plan = (user_message(msg, key), s.settings.history_messages, test)
                 inbox_id, state, new, stored = await self._shared.accept(
                     k, src.platform, src.chat_id, msg.platform_message_id,
                     msg.as_payload(), lease=self._flight.held is None, begin=plan,
@@ -268,27 +305,6 @@ class Router:
             self._inflight.add(inbox_id)
             return
         self._run(msg, inbox_id)
-
-    def _begins_in(self, route: Mapping[str, Any], inbox_id: int) -> str | None:
-        """Replicas: may the turn of a message whose accept just took its key's lease begin
-        in the same commit, and in which session? Its route's own live session, when the
-        row is the key's only open one, no dead runner's reply waits, no notice is owed and
-        no reset is due (what _process_locked would decide first, decided on the route the
-        take read under the lease); else None, and the turn begins as usual. Called by the
-        writer inside that transaction."""
-        try:
-            if [int(r["id"]) for r in route["open"]] != [inbox_id] or route.get("unsent"):
-                return None
-            if not (route.get("session_id") and route.get("route_found")
-                    and route.get("route_ended") is None) or route.get("pending_notice"):  # fmt: skip
-                return None
-            entry = entry_from_route(route)
-            if entry is None or (self.resetter is not None and self.resetter.due_now(entry)):
-                return None
-            return entry.session_id
-        except Exception as exc:  # never fail the accept over it: the turn begins later
-            log.warning("could not decide an early begin: %s", exc)
-            return None
 
     def _authorised(self, msg: InboundMessage) -> bool:
         """The config's allowlist (and admins) let the sender in."""
