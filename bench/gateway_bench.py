@@ -11,7 +11,7 @@ in-process. Prints figures; asserts nothing.
 
 Messages are emitted as concurrent tasks, as webhook requests arrive (`emit` waits for the
 inbox commit; a sequential emitter would measure commit latency instead).
-It runs with the thread switch interval `switchboard run` sets (gateway.app.tune_interpreter)
+It runs with the thread switch interval `switchboard run` sets (gateway.ops.heap.tune_interpreter)
 and, once set up, with the collector settled as `switchboard run` settles it (gateway.ops.heap).
 """
 
@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import pct  # noqa: E402
 from gateway.agent.echo import EchoAgent  # noqa: E402
-from gateway.app import tune_interpreter  # noqa: E402
 from gateway.index import IndexEntry, SessionIndex  # noqa: E402
 from gateway.messages import InboundMessage, OutboundMessage, SentRef  # noqa: E402
 from gateway.ops import heap  # noqa: E402
-from gateway.router import Router  # noqa: E402
+from gateway.ops.heap import tune_interpreter  # noqa: E402
+from gateway.pipeline import Router  # noqa: E402
 from gateway.session_keys import SessionSource  # noqa: E402
 from state import SessionDB  # noqa: E402
 

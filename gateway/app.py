@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway import adapters as registry
 from gateway import event_loops
@@ -30,175 +28,38 @@ from gateway.adapters.base import (
     UsesShards,
 )
 from gateway.agent.base import Agent
-from gateway.agent.echo import EchoAgent
 from gateway.config import Config
-from gateway.errors import AlreadyRunning, GatewayError, NotAccepted, PortInUse
+from gateway.errors import GatewayError, NotAccepted, PortInUse
 from gateway.handoff import HandoffWatcher
-from gateway.index import RouteIndex, SessionIndex
+from gateway.home import HomeLock, version
+from gateway.index import RouteIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.ops import heap
 from gateway.ops.metrics import Metrics
-from gateway.pairing import PairingRules
+from gateway.pipeline import Router
 from gateway.reset import Resetter
-from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.reset.scheduler import ResetScheduler
-from gateway.router import Router
-from gateway.services import AccessRules, RouterSettings, Services
-from gateway.session_keys import KeySettings
+from gateway.services import Services
 from gateway.shards import PgShardLedger
 from gateway.vocab import AdapterState
+from gateway.wiring import (
+    StoreCursors,
+    build_agent,
+    home_marker,
+    open_topology,
+    reset_policies,
+    restart_keys,
+    router_settings,
+    store_settings,
+)
 from state import StateError, Store, open_store
 from state.replies import StoredReply
 
+if TYPE_CHECKING:
+    from gateway.cluster import PgCoordinator
+
 log = logging.getLogger("gateway.app")
 TAKEOVER_SCAN_S = 1.0  # replicas: how often inbox rows of dead replicas are looked for
-
-
-def version() -> str:
-    """The installed switchboard's version ("unknown" when run from a bare source tree)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("switchboard")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def default_home() -> Path:
-    return Path(os.environ.get("SWITCHBOARD_HOME") or "~/.switchboard").expanduser()
-
-
-class HomeLock:
-    """An exclusive flock on `<home>/switchboard.lock`, holding the daemon's pid."""
-
-    def __init__(self, home: Path) -> None:
-        self.path = home / "switchboard.lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise GatewayError(
-                f"home {self.path.parent} is not writable ({exc.strerror}: {exc.filename}); "
-                "the daemon keeps switchboard.lock, state.db and sessions.json there"
-            ) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise AlreadyRunning(str(self.path.parent), pid) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def build_agent(config: Config) -> Agent:
-    if config.agent.backend == "openai":
-        from gateway.agent.openai import OpenAIAgent
-
-        o = config.agent.openai
-        return OpenAIAgent(
-            o.base_url, o.model, config.secret("agent.openai.api_key_env"),
-            timeout_s=o.timeout_seconds, max_retries=o.max_retries, tools=list(o.tools),
-            reply_tokens=config.agent.reply_tokens,
-        )  # fmt: skip
-    return EchoAgent()
-
-
-def _changed_keys(
-    old: Any, new: Any, prefix: str = "", ignore: set[str] | None = None
-) -> list[str]:
-    """Dotted keys whose values differ, skipping `ignore` (and everything under them)."""
-    skip = ignore or set()
-    if prefix in skip:
-        return []
-    if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
-        for key in sorted(set(old) | set(new)):
-            out += _changed_keys(
-                old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key), skip
-            )
-        return out
-    return [] if old == new else [prefix]
-
-
-RELOADABLE = ("logging.level", "access", "session_reset")  # what SIGHUP applies live, with:
-RELOADABLE_PLATFORM_KEYS = ("allowed_users", "allow_all_users", "admins")
-
-
-def restart_keys(old: Any, new: Any) -> list[str]:
-    """The dotted keys that differ between two validated configs (`Config.data`) and that a
-    reload cannot apply: they take effect at the next start."""
-    live = set(RELOADABLE) | {
-        f"platforms.{p}.{k}" for p in (*registry.names(), "api") for k in RELOADABLE_PLATFORM_KEYS
-    }
-    return _changed_keys(old, new, ignore=live)
-
-
-def reset_policies(config: Config) -> PolicySet:
-    r = config.session_reset
-    base = ResetPolicy(
-        mode=r.mode, idle_minutes=r.idle_minutes, at_hour=r.at_hour, timezone=r.timezone,
-        notify=r.notify,
-    )  # fmt: skip
-    return PolicySet(
-        default=base,
-        by_platform={k: merge(base, dict(v)) for k, v in r.by_platform.items()},
-        by_chat_type={k: merge(base, dict(v)) for k, v in r.by_chat_type.items()},
-    )
-
-
-def router_settings(config: Config) -> RouterSettings:
-    access = {"api": AccessRules(allow_all=True)}
-    for name, p in config.platforms.items():
-        access[name] = AccessRules(
-            allow_all=p.allow_all_users, allowed=frozenset(str(u) for u in p.allowed_users),
-            admins=frozenset(str(u) for u in p.admins),
-        )  # fmt: skip
-    return RouterSettings(
-        keys=KeySettings(
-            group_sessions_per_user=config.sessions.group_sessions_per_user,
-            thread_sessions_per_user=config.sessions.thread_sessions_per_user,
-        ),
-        access=access,
-        unknown_dm=config.access.unknown_dm,
-        pairing=PairingRules(
-            ttl_s=config.access.pairing.code_ttl_minutes * 60,
-            user_interval_s=config.access.pairing.user_interval_minutes * 60,
-            max_pending=config.access.pairing.max_pending,
-        ),
-        system_prompt=config.agent.system_prompt,
-        history_messages=config.sessions.history_messages,
-        context_tokens=config.agent.context_tokens,
-        reply_tokens=config.agent.reply_tokens,
-        turn_timeout_s=config.agent.turn_timeout_seconds,
-        resend_unconfirmed=config.inbox.resend_unconfirmed_replies,
-        auto_title=config.agent.auto_title,
-    )
-
-
-@dataclass(frozen=True)
-class StoreCursors:
-    """An adapter's stream positions, kept in the store's meta table under
-    `cursor:<platform>:<name>` (gateway.adapters.base.Cursors)."""
-
-    db: Store
-    platform: str
-
-    async def get(self, name: str) -> str | None:
-        return await self.db.get_meta(f"cursor:{self.platform}:{name}")
-
-    async def set(self, name: str, value: str) -> None:
-        await self.db.set_meta(f"cursor:{self.platform}:{name}", value)
 
 
 @dataclass
@@ -215,7 +76,7 @@ class Gateway:
     scheduler: ResetScheduler | None = None
     handoffs: HandoffWatcher | None = None
     index: RouteIndex | None = None
-    cluster: Any = None  # gateway.cluster.PgCoordinator on PostgreSQL
+    cluster: PgCoordinator | None = None  # replicas: the lease coordinator
     _takeover: asyncio.Task[None] | None = None
     _outbox: asyncio.Task[None] | None = None  # one-off sends tried again (gateway._resend)
     _linger_ms: int | float = 0  # what _pace_commits last set
@@ -227,9 +88,7 @@ class Gateway:
     async def start(self) -> None:
         self.started_at = time.time()
         self._started_with = self.config.data
-        # a SQLite home is new without state.db; a PostgreSQL home keeps only the lock file
-        marker = "state.db" if self.config.state.backend == "sqlite" else "switchboard.lock"
-        fresh = not (self.home / marker).exists()
+        fresh = not (self.home / home_marker(self.config)).exists()
         self.home.mkdir(parents=True, exist_ok=True)
         self._lock = HomeLock(self.home)
         self._lock.acquire()
@@ -243,22 +102,10 @@ class Gateway:
 
     async def _start_inner(self) -> None:
         self.notify("STATUS=opening state.db")
-        state = asdict(self.config.state)
-        if self.config.secret("state.dsn_env"):  # postgres: the DSN the config resolved
-            state["dsn"] = self.config.secret("state.dsn_env")
-        self.db = await open_store(state, self.home)
-        coordinator = None
-        if self.db.backend == "postgres":  # routes and leases in the shared database
-            coordinator = await self._join_cluster()
-        else:
-            self.index = SessionIndex(
-                self.home / "sessions" / "sessions.json",
-                self.db,
-                self.config.sessions.index_flush_seconds,
-                self.config.sessions.index_activity_seconds,
-                settle_on_close=True,  # a clean stop leaves the file current
-            )
-        assert self.index is not None
+        self.db = await open_store(store_settings(self.config), self.home)
+        topology = await open_topology(self.config, self.home, self.db)
+        self.index, self.cluster = topology.index, topology.cluster
+        coordinator = topology.cluster
         await self.index.load()
         agent = self.agent = self.agent or build_agent(self.config)
         policies = reset_policies(self.config)
@@ -356,27 +203,6 @@ class Gateway:
             return []
         needs = registry.adapter_class(platform).secrets_needed(settings)
         return [f"platforms.{platform}.{need.key}" for need in needs]
-
-    async def _join_cluster(self) -> Any:
-        """PostgreSQL: this daemon is one replica of possibly several (gateway/cluster.py):
-        its control connection, the shared route table, the lease coordinator."""
-        from gateway.cluster import PgCoordinator
-        from gateway.routes import PgRouteIndex
-        from state.pg.control import default_name
-        from state.pg.store import PgStore
-
-        db = self.db
-        assert isinstance(db, PgStore)
-        link = db.control_link(self.config.cluster.replica_id or default_name())
-
-        async def all_routes() -> list[dict[str, Any]]:
-            return await db.routes(link.space)
-
-        routes = PgRouteIndex(all_routes)
-        coordinator = PgCoordinator(db, link, routes)
-        await coordinator.start()
-        self.index, self.cluster = routes, coordinator
-        return coordinator
 
     def _leads(self) -> bool:
         """Leader-only work (the reset sweep, pruning) runs here: always with one daemon,
@@ -726,24 +552,12 @@ def _reload_from_disk(gateway: Gateway) -> None:
     gateway.notify("READY=1")
 
 
-# The event loop and the store's writer thread share the GIL. The writer gives it up around
-# every SQLite statement and needs it back after; at CPython's default switch interval (5 ms)
-# it then waits up to 5 ms for a busy loop to let go, once per statement. At 0.2 ms the
-# gateway bench measured 3,159-3,495 msg/s against 2,751-2,756 at the default, with the same
-# p99 at 1,000 msg/s (bench/gateway_bench.py runs with it too).
-SWITCH_INTERVAL_S = 0.0002
-
-
-def tune_interpreter() -> None:
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-
-
 async def run_until_signalled(gateway: Gateway) -> None:
     """Start, tell systemd we are ready, ping its watchdog from the loop, wait for
     SIGTERM/SIGINT, drain, stop."""
     from gateway.ops.notify import watchdog, watchdog_interval
 
-    tune_interpreter()
+    heap.tune_interpreter()
     pauses = heap.Pauses()
     pauses.install()
     heap.watch(gateway.metrics, pauses)

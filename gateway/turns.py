@@ -21,11 +21,11 @@ from gateway.adapters import idempotent_replies, replies_in_request
 from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_tokens, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
-from gateway.leases import HandBack
 from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, SentRef, SetOutLate, TokenUsage
 from gateway.services import Services
 from gateway.session_keys import SessionKey
-from state import Fence, LeaseLost, StateError
+from gateway.topology.base import LOCAL_LEASE, TurnLease
+from state import LeaseLost, StateError
 from state.inbox import ANSWERED
 
 T = TypeVar("T")
@@ -43,13 +43,7 @@ class TurnProgress:
     """How far one message got: whether it was stored (and where), or why it was dropped."""
 
     inbox_id: int = 0
-    fence: Fence | None = None  # replicas: the key's lease every turn write carries
-    # replicas: does the lease still hold? (a read; None: one daemon, no lease)
-    holds: Callable[[], Awaitable[bool]] | None = None
-    # replicas: the message was stored in the accept's commit (its id and the history)
-    begun: tuple[int, list[dict[str, Any]]] | None = None
-    # replicas: the lease may be freed with the reply's commit (the last row under it)
-    hand_back: HandBack | None = None
+    lease: TurnLease = LOCAL_LEASE  # the key's lock or lease the turn runs under
     stored: bool = False
     session_id: str | None = None
     dropped: str | None = None
@@ -77,7 +71,7 @@ async def agent_turn(
         # history.
         begun = await s.db.begin_turn(
             turn.inbox_id, sid, user_message(msg, key), last=settings.history_messages,
-            fence=turn.fence,
+            fence=turn.lease.fence,
         )  # fmt: skip
     _mid, history = begun
     turn.stored, turn.session_id = True, sid
@@ -110,7 +104,9 @@ async def agent_turn(
                 exc_info=not isinstance(exc, (StateError, asyncio.TimeoutError)),
             )
             await s.replies.reply(msg, sid, APOLOGY, key, error="agent")
-            await s.db.finish_inbound(turn.inbox_id, ANSWERED, "agent_error", fence=turn.fence)
+            await s.db.finish_inbound(
+                turn.inbox_id, ANSWERED, "agent_error", fence=turn.lease.fence
+            )
             return
         stored = [
             {
@@ -140,17 +136,18 @@ async def agent_turn(
         # replicas: such a reply cannot overtake another of its chat, so its commit also
         # frees the key's lease when nothing after the send needs it: the chat's next
         # message, wherever it lands, finds the key free
-        hand_back = turn.hand_back if in_request and not compress else None
+        lease = turn.lease
+        hand_back = lease.hand_back if in_request and not compress else None
         committing = time.monotonic()
         await s.db.end_turn(
             turn.inbox_id, sid, stored,
             input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-            reply_state=reply_state, fence=turn.fence,
+            reply_state=reply_state, fence=lease.fence,
             release=hand_back.plan() if hand_back is not None else None,
         )  # fmt: skip
         if hand_back is not None:
             hand_back.done()
-            turn.holds = None  # freed on purpose: nothing to ask before the send
+            lease.freed = True  # freed on purpose: nothing to ask before the send
         faults.point("after_reply_commit")
         await may_send(turn, committing)
         s.metrics.turns.inc(outcome="ok")
@@ -182,10 +179,11 @@ async def may_send(turn: TurnProgress, since: float) -> None:
     reply among a dead runner's unsent ones and sends it, in the chat's order ('ready'),
     or leaves it unconfirmed ('sending': at most once); sent here after the holder moved
     on, it would land after newer replies."""
-    if turn.holds is None or turn.fence is None:
+    lease = turn.lease
+    if lease.fence is None or not lease.asks:
         return
-    if time.monotonic() - since > RECHECK_AFTER_S and not await turn.holds():
-        raise LeaseLost(turn.fence.session_key, turn.fence.epoch)
+    if time.monotonic() - since > RECHECK_AFTER_S and not await lease.holds():
+        raise LeaseLost(lease.fence.session_key, lease.fence.epoch)
 
 
 async def send_checked(
@@ -199,20 +197,22 @@ async def send_checked(
     the new holder has it); still held, it is sent again as a resend (an adapter that can
     look for the reply's parts in the chat skips those that went)."""
     again = False
+    lease = turn.lease
+    fence = lease.fence
     while True:
         checked = time.monotonic()
-        if turn.holds is None or turn.fence is None:  # one daemon, or the lease freed on purpose
-            return await send(checked if turn.fence is not None else None, again)
+        if fence is None or not lease.asks:  # one daemon, or the lease freed on purpose
+            return await send(checked if fence is not None else None, again)
         limit = SEND_BY.set(checked + LATE_SEND_S)
         try:
             return await send(checked, again)
         except SetOutLate:
             log.warning("session_key=%s: inbox row %d's reply set out late; asking whether "
-                        "the lease still holds", turn.fence.session_key, turn.inbox_id)  # fmt: skip
+                        "the lease still holds", fence.session_key, turn.inbox_id)  # fmt: skip
         finally:
             SEND_BY.reset(limit)
-        if not await turn.holds():
-            raise LeaseLost(turn.fence.session_key, turn.fence.epoch)
+        if not await lease.holds():
+            raise LeaseLost(fence.session_key, fence.epoch)
         again = True
 
 

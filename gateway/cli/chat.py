@@ -28,7 +28,6 @@ from rich.panel import Panel
 from rich.text import Text
 
 from gateway import adapters
-from gateway.app import build_agent, router_settings
 from gateway.cli.paths import open_configured
 from gateway.cli.plain import plain, shown
 from gateway.config import Config
@@ -36,10 +35,11 @@ from gateway.errors import EXIT_FAILURE, EXIT_OK
 from gateway.handoff import handoff_from_terminal
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
-from gateway.router import Router
+from gateway.pipeline import Router
 from gateway.session_keys import SessionSource, build_key
 from gateway.timefmt import ago
 from gateway.vocab import AdapterState, ChatType
+from gateway.wiring import build_agent, router_settings
 from gateway.wording import plural
 from state import AmbiguousSession, EndReason, SessionNotFound, Store
 from state.content import content_text, encode_content

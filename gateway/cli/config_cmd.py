@@ -106,9 +106,9 @@ def cmd_unset(args: argparse.Namespace) -> int:
 
 
 def _finish(home: Path, doc: Any, parts: tuple[str, ...]) -> int:
-    from gateway.app import restart_keys
     from gateway.ops import envfile
     from gateway.ops.config_edit import commit, show, value_at
+    from gateway.wiring import restart_keys
 
     dotted = ".".join(parts)
     outcome = commit(doc, envfile.environment(home))

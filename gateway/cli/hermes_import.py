@@ -339,7 +339,7 @@ async def _update_index(home: Path, db: SessionDB) -> str:
     no daemon can start meanwhile. A running daemon owns the file (it rewrites it from
     memory), so then it is left alone: the daemon adopts each key's session on the key's
     next message, or at start-up."""
-    from gateway.app import HomeLock
+    from gateway.home import HomeLock
     from gateway.index import SessionIndex
 
     lock = HomeLock(home)

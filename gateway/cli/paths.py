@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def home_of(args: argparse.Namespace) -> Path:
     if args.home:
         return Path(args.home).expanduser()
-    from gateway.app import default_home
+    from gateway.home import default_home
 
     return default_home()
 
@@ -30,15 +30,15 @@ def config_path_of(args: argparse.Namespace, home: Path) -> Path | None:
 def store_settings(args: argparse.Namespace, home: Path) -> dict[str, Any] | None:
     """open_store's settings when the home's config puts the store on PostgreSQL (the
     config is then validated in full: its DSN must be set), else None (state.db)."""
-    if backend_of(args, home) != "postgres":
-        return None
-    from dataclasses import asdict
+    from gateway.wiring import replicated, store_settings
 
+    if not replicated(backend_of(args, home)):
+        return None
     from gateway.config import load_config
     from gateway.ops.envfile import environment
 
     config = load_config(config_path_of(args, home), environment(home))
-    return {**asdict(config.state), "dsn": config.secret("state.dsn_env")}
+    return {**store_settings(config), "dsn": config.secret("state.dsn_env")}
 
 
 async def open_configured(state: Mapping[str, Any] | None, db_path: Path) -> Store:

@@ -172,10 +172,11 @@ async def _home_channel(home: Path, config: Any, platform: str) -> dict[str, Any
     from dataclasses import asdict
 
     from gateway.handoff import configured_home, home_channel
+    from gateway.wiring import replicated
     from state import SessionDB, open_store
 
     configured = config.platforms[platform].home_channel
-    if config.state.backend == "sqlite":
+    if not replicated(config.state.backend):
         if not (home / "state.db").exists():
             return configured_home(platform, configured)
         db = await SessionDB.open(home / "state.db")

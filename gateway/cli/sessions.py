@@ -28,6 +28,7 @@ from gateway.cli.plain import plain, styled
 from gateway.errors import EXIT_FAILURE, EXIT_IN_USE, EXIT_OK, EXIT_USAGE
 from gateway.ops.status import BACKUP_META
 from gateway.timefmt import ago
+from gateway.wiring import replicated
 from gateway.wording import plural
 from state import (
     AmbiguousSession,
@@ -273,7 +274,7 @@ async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
     if s["cost"]["unpriced_models"]:
         out.print(f"no price configured (dashboard.prices) for: {', '.join(s['cost']['unpriced_models'])}",
                   markup=False, style="dim")  # fmt: skip
-    if db.backend == "sqlite":
+    if not replicated(db.backend):
         out.print(f"state.db {s['db_bytes'] / 1e6:.1f} MB (+ WAL {s['wal_bytes'] / 1e6:.1f} MB)")
     else:
         out.print(f"{db.backend} database {s['db_bytes'] / 1e6:.1f} MB")

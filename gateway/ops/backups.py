@@ -62,7 +62,7 @@ def _sha256(path: Path) -> str:
 
 
 def _version() -> str:
-    from gateway.app import version
+    from gateway.home import version
 
     return version()
 
@@ -186,7 +186,7 @@ def prune(directory: Path, keep: int) -> list[Path]:
 def restore(archive: Path, home: Path) -> tuple[snapshots.SnapshotSummary, tuple[str, ...], int]:
     """Unpack `archive` into the empty (or missing) `home`, bring state.db to this
     switchboard's schema and write its index. Returns the summary, the files, the entries."""
-    from gateway.app import HomeLock
+    from gateway.home import HomeLock
 
     manifest = read_manifest(archive)
     if home.exists() and (not home.is_dir() or any(home.iterdir())):

@@ -9,12 +9,13 @@ import fcntl
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.adapters import adapter_class
 from gateway.config import Config
 from gateway.errors import AlreadyRunning
+from gateway.wiring import replicated, store_settings
 from state import Maintenance, SessionDB, Store, open_store
 
 
@@ -214,9 +215,9 @@ async def _state_checks(
     )
     path = home / "state.db"
     db: Store
-    if config is not None and config.state.backend == "postgres":
+    if config is not None and replicated(config.state.backend):
         try:
-            settings = {**asdict(config.state), "dsn": config.secret("state.dsn_env")}
+            settings = {**store_settings(config), "dsn": config.secret("state.dsn_env")}
             db = await open_store(settings, home)
         except Exception as exc:  # an unreachable server is a failed check, not a crash
             checks.append(Check("PostgreSQL", False, str(exc)))
@@ -263,12 +264,12 @@ async def _state_checks(
         if version >= 12 or not isinstance(db, SessionDB):
             checks.append(await _inbox_check(db))
         flush_s = config.sessions.index_flush_seconds if config is not None else 2.0
-        if db.backend == "postgres":  # no sessions.json: the routes table, per lease
+        if replicated(db.backend):  # no sessions.json: the routes table, per lease
             index_check, index_problems = await _routes_check(db), []
         else:
             index_check, index_problems = await _index_check(home, db, flush_s)
         if index_problems and fix:
-            from gateway.app import HomeLock
+            from gateway.home import HomeLock
             from gateway.index import SessionIndex
 
             lock = HomeLock(home)

@@ -61,20 +61,21 @@ async def _store_part(
 
     from gateway.config import StateSettings
     from gateway.sections import build
+    from gateway.wiring import replicated
     from state import SessionDB, open_store
 
     backend = data["state"]["backend"]
     store: dict[str, Any] = {"backend": backend, "path": None, "bytes": None,
                              "last_backup": None, "error": None}  # fmt: skip
     sessions: dict[str, Any] = {"live": None, "messages_today": None}
-    if backend == "sqlite":
+    if not replicated(backend):
         path = home / "state.db"
         store["path"] = str(path)
         if not path.exists():
             store["error"] = "no state.db yet (the daemon creates it at its first start)"
             return store, sessions, None
     try:
-        if backend == "sqlite":
+        if not replicated(backend):
             db = await SessionDB.open(home / "state.db")
         else:
             settings = {**asdict(build(StateSettings, data["state"])),
@@ -105,7 +106,7 @@ async def collect(
 ) -> dict[str, Any]:
     """The report (the shape docs/operator-commands.md documents as `status --json`);
     `home` is absolute."""
-    from gateway.app import version
+    from gateway.home import version
     from gateway.ops.daemon import running_pid
 
     now = time.time()

@@ -13,7 +13,7 @@ from gateway.agent.base import AgentReply, ChatMessage, TurnContext
 from gateway.agent.echo import EchoAgent
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from gateway.router import Router, RouterSettings
+from gateway.pipeline import Router, RouterSettings
 from gateway.session_keys import SessionSource
 from state import SessionDB
 

@@ -9,7 +9,7 @@ import pytest
 
 from gateway import access
 from gateway.messages import InboundMessage
-from gateway.router import RouterSettings
+from gateway.pipeline import RouterSettings
 from gateway.session_keys import KeySettings, SessionSource, build_key
 
 from .conftest import RouterRig

@@ -18,7 +18,7 @@ import pytest
 
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.router import STORAGE_APOLOGY
+from gateway.pipeline import STORAGE_APOLOGY
 from tests.gateway.conftest import ScriptedAgent
 from tests.inprocess import gateway_with_telegram
 

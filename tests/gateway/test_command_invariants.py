@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage
-from gateway.router import Router
+from gateway.pipeline import Router
 from gateway.session_keys import SessionSource
 from gateway.sessions import CompressionSettings
 from state import SessionDB

@@ -1,11 +1,11 @@
-"""Adapters keep their place in a platform's stream in the store (gateway.app.StoreCursors):
+"""Adapters keep their place in a platform's stream in the store (gateway.wiring.StoreCursors):
 a position written before a restart is read after it, per platform."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.app import StoreCursors
+from gateway.wiring import StoreCursors
 from state import open_store
 
 

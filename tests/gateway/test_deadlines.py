@@ -8,7 +8,7 @@ import pytest
 
 from gateway.deadlines import Deadlines
 from gateway.messages import InboundMessage
-from gateway.router import APOLOGY
+from gateway.pipeline import APOLOGY
 from gateway.session_keys import SessionSource
 from tests.gateway.conftest import RouterRig
 

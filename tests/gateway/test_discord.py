@@ -13,7 +13,7 @@ from gateway.adapters.discord import DiscordAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import AdapterError, InvalidToken
-from gateway.router import APOLOGY, REFUSAL
+from gateway.pipeline import APOLOGY, REFUSAL
 from tests.fakes import wait_for_count
 from tests.fakes.discord import GENERAL, THREAD, FakeDiscord, restore_discord_globals
 from tests.gateway.conftest import ScriptedAgent

@@ -13,10 +13,11 @@ import pytest
 
 from gateway.adapters.base import Backoff
 from gateway.adapters.discord import DiscordAdapter
-from gateway.app import Gateway, StoreCursors
+from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import NotAccepted
 from gateway.messages import InboundMessage
+from gateway.wiring import StoreCursors
 from state import open_store
 from tests.fakes import wait_for_count
 from tests.fakes.discord import THREAD, FakeDiscord, restore_discord_globals

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import HomeLock
 from gateway.config import load_config
+from gateway.home import HomeLock
 from gateway.ops.doctor import exit_code, run_doctor
 from state import SessionDB
 from tests.cluster.harness import Platforms, Replica, drop_database, fresh_database, stop_replicas

@@ -9,6 +9,7 @@ guard or a late import. A package's `__init__` stands for the package, and impor
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,11 +99,11 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_every_kind_of_import() -> None:
     graph = import_graph()
-    assert "gateway.router" in graph and "state.writer" in graph
-    assert "gateway.services" in graph["gateway.router"]  # top level
-    assert "gateway.agent.openai" in graph["gateway.app"]  # inside a function
+    assert "gateway.pipeline.intake" in graph and "state.writer" in graph
+    assert "gateway.services" in graph["gateway.pipeline.intake"]  # top level
+    assert "gateway.agent.openai" in graph["gateway.wiring"]  # inside a function
     assert "state.store" in graph["state"]  # a package's relative import
-    assert "gateway.reset" in graph["gateway.app"]  # through gateway.reset.policy
+    assert "gateway.reset" in graph["gateway.wiring"]  # through gateway.reset.policy
 
 
 def test_a_cycle_is_found_even_under_type_checking(tmp_path: Path) -> None:
@@ -128,3 +129,150 @@ def test_the_coordinator_and_the_vocabulary_are_leaves() -> None:
     graph = import_graph()
     assert graph["gateway.coordinator"] == set()
     assert graph["gateway.vocab"] == set()
+
+
+# The layers of gateway/, top to bottom, and what each may import besides itself. A module
+# belongs to the entry naming it or its nearest package; `core` holds the leaves anything
+# may use. The app serves the dashboard, so web/ sits under it (web reads the config, the
+# adapters' sections and core only). Adapters sit beside the pipeline's chain: the pipeline
+# and the app use them (the registry), they use only their kit and core.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "top": ("app", "web", "config", "pipeline", "topology", "agent", "adapters", "kit", "core"),
+    "app": ("web", "config", "pipeline", "topology", "agent", "adapters", "kit", "core"),
+    "web": ("config", "adapters", "kit", "core"),
+    "config": ("adapters", "kit", "core"),
+    "pipeline": ("topology", "agent", "adapters", "kit", "core"),
+    "topology": ("core",),
+    "agent": ("core",),
+    "adapters": ("kit", "core"),
+    "kit": ("core",),
+    "core": (),
+}
+LAYER_OF: dict[str, str] = {
+    "gateway": "core",
+    "gateway.__main__": "top",
+    "gateway.cli": "top",
+    "gateway.ops": "top",
+    "gateway.web": "web",
+    "gateway.app": "app",
+    "gateway.wiring": "app",
+    "gateway.home": "app",
+    "gateway.ops.envfile": "app",  # the daemon's helpers among the operator's tools
+    "gateway.ops.heap": "app",
+    "gateway.ops.notify": "app",
+    "gateway.ops.send": "app",
+    "gateway.config": "config",
+    "gateway.pipeline": "pipeline",
+    "gateway.turns": "pipeline",
+    "gateway.services": "pipeline",
+    "gateway.sessions": "pipeline",
+    "gateway.commands": "pipeline",
+    "gateway.session_commands": "pipeline",
+    "gateway.handoff": "pipeline",
+    "gateway.reset": "pipeline",
+    "gateway.access": "pipeline",
+    "gateway.topology": "topology",
+    "gateway.coordinator": "topology",
+    "gateway.leases": "topology",
+    "gateway.cluster": "topology",
+    "gateway.routes": "topology",
+    "gateway.index": "topology",
+    "gateway.agent": "agent",
+    "gateway.adapters": "adapters",
+    "gateway.adapters.kit": "kit",
+    "gateway.messages": "core",
+    "gateway.errors": "core",
+    "gateway.vocab": "core",
+    "gateway.session_keys": "core",
+    "gateway.deadlines": "core",
+    "gateway.faults": "core",
+    "gateway.timefmt": "core",
+    "gateway.wording": "core",
+    "gateway.sections": "core",
+    "gateway.event_loops": "core",
+    "gateway.pairing": "core",
+    "gateway.shards": "core",  # the shard ledger adapters ask (no import of its own)
+    "gateway.ops.metrics": "core",  # the counters every layer increments
+}
+# Edges that go upward today, each with its reason; the list only shrinks.
+UPWARD_TODAY = {
+    # the api adapter answers `switchboard send`'s bad targets with ops.send's error
+    ("gateway.adapters.api_send", "gateway.ops.send"),
+}
+
+
+def layer_of(module: str) -> str | None:
+    name = module
+    while name:
+        if name in LAYER_OF:
+            return LAYER_OF[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _passive(module: str, modules: dict[str, Path]) -> bool:
+    """A package whose `__init__` imports nothing of the project: importing one of its
+    modules pulls in nothing else through it."""
+    path = modules[module]
+    return path.name == "__init__.py" and not imports_of(module, path, modules)
+
+
+def test_every_gateway_module_has_a_layer() -> None:
+    unplaced = [m for m in project_modules() if m.startswith("gateway") and layer_of(m) is None]
+    assert unplaced == []
+
+
+def test_no_gateway_module_imports_a_higher_layer() -> None:
+    """cli/ops -> app/wiring -> (web ->) config -> ..., app/wiring -> pipeline -> topology
+    -> core, and adapters -> kit -> core: nothing imports upward."""
+    modules = project_modules()
+    upward = []
+    for module, targets in import_graph().items():
+        here = layer_of(module)
+        if here is None or not module.startswith("gateway"):
+            continue
+        for target in sorted(targets):
+            there = layer_of(target)
+            if there is None or there == here or there in LAYERS[here]:
+                continue
+            if _passive(target, modules) or (module, target) in UPWARD_TODAY:
+                continue
+            upward.append(f"{module} ({here}) -> {target} ({there})")
+    assert upward == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {"gateway.turns": {"gateway.app"}, "gateway.app": {"gateway.turns"}}
+    found = [
+        (m, t)
+        for m, ts in graph.items()
+        for t in ts
+        if layer_of(t) != layer_of(m) and layer_of(t) not in LAYERS[layer_of(m) or "core"]
+    ]
+    assert found == [("gateway.turns", "gateway.app")]
+
+
+def test_only_the_wiring_chooses_by_backend() -> None:
+    """`backend == ...` (or `!=`) appears in gateway/ only in wiring.py: everything else
+    asks wiring (`replicated`) or is handed what wiring built."""
+    choosing = re.compile(r"\bbackend\s*[!=]=")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        if path != ROOT / "gateway" / "wiring.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if choosing.search(line)
+    ]
+    assert found == []
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_gateway_module_is_over_600_lines() -> None:
+    too_long = {
+        str(path.relative_to(ROOT)): n
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert too_long == {}

@@ -29,13 +29,14 @@ from gateway.adapters.matrix_events import (
     to_inbound,
 )
 from gateway.adapters.matrix_html import to_html
-from gateway.app import Gateway, StoreCursors
+from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import ConfigError, InvalidToken, NotAccepted
 from gateway.handoff import HOME_KEY, configured_home, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.session_keys import SessionSource, build_key
 from gateway.vocab import ChatType
+from gateway.wiring import StoreCursors
 from state import open_store
 from tests.fakes import stalled_then_on_time, wait_for_count
 from tests.fakes.matrix import BOT, BOT_NAME, FakeMatrix

@@ -15,9 +15,9 @@ from gateway.agent.echo import EchoAgent
 from gateway.cluster import PgCoordinator
 from gateway.index import IndexEntry
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from gateway.pipeline import Router
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy
-from gateway.router import Router
 from gateway.routes import PgRouteIndex
 from gateway.services import Services
 from gateway.session_keys import SessionSource

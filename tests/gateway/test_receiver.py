@@ -15,11 +15,11 @@ import pytest
 from gateway.adapters.email_imap import Place
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.signal import CURSOR, SignalAdapter
-from gateway.app import StoreCursors
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.session_keys import SessionSource
 from gateway.shards import PgShardLedger, Receiver
 from gateway.vocab import ChatType
+from gateway.wiring import StoreCursors
 from state.pg.control import ControlLink, application_name
 from state.pg.store import PgStore
 from tests import pgserver

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gateway.pipeline import Router
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy, decide, last_boundary, next_boundary
 from gateway.reset.scheduler import ResetScheduler
-from gateway.router import Router
 
 from .conftest import RouterRig, dm, group
 

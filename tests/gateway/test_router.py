@@ -10,7 +10,7 @@ import pytest
 
 from gateway.errors import NotAccepted
 from gateway.index import SessionIndex
-from gateway.router import APOLOGY, REFUSAL, AccessRules, Router, RouterSettings
+from gateway.pipeline import APOLOGY, REFUSAL, AccessRules, Router, RouterSettings
 from gateway.session_keys import KeySettings
 from state import SessionDB
 
@@ -368,3 +368,25 @@ async def test_messages_taken_while_recovery_runs_are_answered_once_each(rig: Ro
     await asyncio.sleep(0.2)  # a second answer would come within this
     assert sorted(m.text for m in rig.outbox.sent) == sorted(f"echo: m{i}" for i in range(20))
     assert len(sent) == 20
+
+
+def test_an_early_begin_is_decided_from_the_route_row_the_policies_and_the_clock() -> None:
+    """The replicas' begin-in-accept test runs inside the writer's transaction: it reads
+    nothing but its arguments. A live session, the key's only open row: begun there; idle
+    past the policy: not (the turn resets first); a live job on the session (the route's
+    `jobs`) holds the reset, so it begins; another open row or a notice owed: not."""
+    from gateway.pipeline.intake import begins_in
+    from gateway.reset.policy import PolicySet, ResetPolicy
+    from gateway.vocab import ResetMode
+
+    idle = PolicySet(default=ResetPolicy(mode=ResetMode.IDLE, idle_minutes=10))
+    route = {"open": [{"id": 7}], "unsent": [], "session_id": "s1", "route_found": True,
+             "route_ended": None, "pending_notice": None, "updated_at": 1000.0,
+             "created_at": 900.0, "platform": "api", "chat_type": "dm", "jobs": []}  # fmt: skip
+    soon, late = (lambda: 1000.0 + 60), (lambda: 1000.0 + 3600)
+    assert begins_in(idle, soon, route, 7) == "s1"
+    assert begins_in(idle, late, route, 7) is None
+    assert begins_in(None, late, route, 7) == "s1"  # no reset policies at all
+    assert begins_in(idle, late, {**route, "jobs": ["bg1.3"]}, 7) == "s1"
+    assert begins_in(idle, soon, {**route, "open": [{"id": 6}, {"id": 7}]}, 7) is None
+    assert begins_in(idle, soon, {**route, "pending_notice": "reset"}, 7) is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gateway.router import AccessRules, RouterSettings
+from gateway.pipeline import AccessRules, RouterSettings
 
 from .conftest import RouterRig, dm, group
 

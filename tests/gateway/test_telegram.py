@@ -12,7 +12,7 @@ import pytest
 from gateway.adapters.telegram import TelegramAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.router import REFUSAL
+from gateway.pipeline import REFUSAL
 from tests.fakes import wait_for_count
 from tests.fakes.telegram import FakeTelegram
 from tests.gateway.conftest import ScriptedAgent, refused_at_start

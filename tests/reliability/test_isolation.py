@@ -12,7 +12,7 @@ import pytest
 
 from gateway.adapters.telegram_polling import sanitize_updates
 from gateway.app import Gateway
-from gateway.router import REFUSAL
+from gateway.pipeline import REFUSAL
 from tests.fakes.telegram import FakeTelegram
 from tests.inprocess import gateway_with_telegram
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gateway.index import SessionIndex
 from gateway.messages import InboundMessage
-from gateway.router import Router, RouterSettings
+from gateway.pipeline import Router, RouterSettings
 from gateway.session_keys import SessionSource
 from state import SessionDB
 from tests.gateway.conftest import Outbox, ScriptedAgent

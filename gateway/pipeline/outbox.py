@@ -1,0 +1,94 @@
+"""Stored replies sent again: the ones a crash left unconfirmed (at start-up, and a dead
+replica's under its key's lease), and the apology for a message too old to answer.
+
+The worker and recovery call it; it never starts a turn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from gateway.adapters import idempotent_replies
+from gateway.leases import SharedCoordinator
+from gateway.messages import InboundMessage
+from gateway.services import Services
+from gateway.turns import APOLOGY, mark_reply, reply_key
+from state.content import content_text
+
+log = logging.getLogger("gateway.router")
+
+
+def too_old_apology(text: str) -> str:
+    """For a message a crash left unanswered longer than recovery.max_age_seconds."""
+    quoted = " ".join(text.split())
+    if len(quoted) > 60:
+        quoted = quoted[:57] + "..."
+    return (f'Sorry, your message "{quoted}" arrived while the gateway was restarting and '
+            "is too old to answer now; please send it again if it still matters.")  # fmt: skip
+
+
+class Outbox:
+    """Sends the stored replies nobody confirmed (claimed first on replicas)."""
+
+    def __init__(self, services: Services, shared: SharedCoordinator | None) -> None:
+        self.services = services
+        self._shared = shared
+
+    async def resend_unconfirmed(self) -> None:
+        """Replies a crash left unconfirmed: 'ready' ones are sent now (at least once);
+        'sending' ones may have reached the chat, so they are counted, logged and left
+        (at most once), unless inbox.resend_unconfirmed_replies asks for at least once or
+        the platform's adapter shows a reply sent again under its key once (exactly once)."""
+        s = self.services
+        shared = self._shared
+        if shared is None:
+            for row in await s.db.unsent_replies():
+                await self.resend_row(row)
+            return
+        # Replicas send a dead runner's replies under their key's lease, so no new turn of
+        # the key (on any replica) sends its reply in between; the take returns them. A key
+        # held meanwhile is left to its holder, whose take returned them the same way.
+        keyless = []
+        keys: dict[str, None] = {}
+        for row in await shared.orphaned_replies():
+            if row.get("session_key") is None:  # taken before replicas
+                keyless.append(row)
+            else:
+                keys[str(row["session_key"])] = None
+        for row in keyless:
+            await self.resend_row(row)
+        for key in keys:
+            async with shared.lease_now(key) as lease:
+                for row in lease.unsent if lease is not None else ():
+                    await self.resend_row(row)
+
+    async def resend_row(self, row: dict[str, Any]) -> None:
+        """One unconfirmed reply (a row of unsent_replies' shape), claimed first on replicas.
+        No turn of this process is sending it: one daemon reads them before any turn runs,
+        and a replica gets a dead runner's under the key's lease and local lock. (A task
+        here may still wait for the row it took, which a dead replica ran: skipping the
+        reply for that let the key's next reply overtake it.)"""
+        s = self.services
+        shared = self._shared
+        inbox_id = int(row["id"])
+        if shared is not None and not await shared.claim_reply(inbox_id):
+            return  # another replica took this dead runner's reply: it sends it
+        try:
+            msg = InboundMessage.from_payload(json.loads(row["payload"]))
+        except (ValueError, TypeError):
+            await s.db.mark_reply(inbox_id, "failed")
+            return
+        safe = s.settings.resend_unconfirmed or idempotent_replies(msg.source.platform)
+        if row["reply_state"] == "sending" and not safe:
+            s.metrics.unsent.inc()
+            log.warning("inbox row %d: its reply may not have reached the chat (the daemon "
+                        "stopped while sending it); not sent again", inbox_id)  # fmt: skip
+            await s.db.mark_reply(inbox_id, "unconfirmed")
+            return
+        text = content_text(row["content"]) or APOLOGY
+        ref = await s.replies.reply(msg, row["session_id"], text,
+                                    dedupe_key=reply_key(inbox_id), resend=True)  # fmt: skip
+        s.metrics.recovered.inc(outcome="reply_resent")
+        await mark_reply(s, inbox_id, ref)

@@ -1,0 +1,106 @@
+"""Recovery: at start-up, the replies and turns a crash left (read before intake, while
+new messages are held), and on replicas the takeover scan of rows whose replica is gone.
+Both run rows through the worker, in order, once each; one too old gets an apology.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from gateway.leases import SharedCoordinator
+from gateway.messages import InboundMessage
+from gateway.pipeline.inflight import InFlight
+from gateway.pipeline.outbox import Outbox, too_old_apology
+from gateway.pipeline.worker import Worker
+from gateway.services import Services
+from state.inbox import DROPPED, STARTED
+
+log = logging.getLogger("gateway.router")
+
+
+class Recovery:
+    """The start-up and takeover scans (see the module docstring)."""
+
+    def __init__(
+        self, services: Services, flight: InFlight, worker: Worker, outbox: Outbox,
+        shared: SharedCoordinator | None,
+    ) -> None:  # fmt: skip
+        self.services = services
+        self._flight = flight
+        self._inflight = flight.running
+        self._worker = worker
+        self._outbox = outbox
+        self._shared = shared
+
+    async def hold_until_recovered(self) -> None:
+        """Called before the adapters start: messages they hand over are committed (and so
+        acknowledged) at once, but their turns wait until `recover` has sent the replies and
+        queued the turns a crash left, so a chat's replies come in the order of its messages
+        (a new message's reply never overtakes an older one's resend or re-run). The rows a
+        crash left are read now, before intake: a row read later could be one this process
+        just took, whose turn the hold runs (it would run twice)."""
+        if self._flight.held is None:
+            self._flight.held = {}
+            if self._shared is None:  # replicas read theirs in the takeover scan
+                self._flight.crashed = await self.services.db.open_inbound()
+
+    async def recover(self, max_age_s: float) -> tuple[int, int]:
+        """Send the replies a crash left unconfirmed, then run again, in order, the turns it
+        left unfinished (once each; one older than `max_age_s` gets a short apology naming
+        it instead), then the turns of messages taken meanwhile (held). Returns (re-run,
+        apologised)."""
+        try:
+            await self._outbox.resend_unconfirmed()
+            return await self._rerun_open(max_age_s)
+        finally:
+            held, self._flight.held = self._flight.held or {}, None
+            for inbox_id in sorted(held):  # taken after the open rows were read: newer
+                self._worker.run(held[inbox_id], inbox_id)
+
+    async def _rerun_open(self, max_age_s: float) -> tuple[int, int]:
+        s = self.services
+        self._flight.max_age_s = max_age_s
+        rerun = apologised = 0
+        shared = self._shared
+        if shared is not None:  # replicas: the takeover scan's rows, each run under its lease
+            rows = await shared.orphaned_inbound()
+        else:
+            # A key's begun turn (its message stored: at most one per key) held the key's
+            # lock when the crash came, so it goes first: inbox ids follow the commits, and
+            # a message to an idle key takes the lock before its commit, which may land
+            # after a waiting one's. Then the others, oldest first; each key's lock keeps
+            # that order.
+            crashed, self._flight.crashed = self._flight.crashed, None
+            if crashed is None:  # not held: nothing else takes messages meanwhile
+                crashed = await s.db.open_inbound()
+            rows = sorted(crashed, key=lambda r: (r["state"] != STARTED, r["id"]))
+        for row in rows:
+            inbox_id = int(row["id"])
+            if self._flight.held is not None and self._flight.held.pop(inbox_id, None) is not None:
+                self._inflight.discard(inbox_id)  # taken again while held: run it from here
+            if inbox_id in self._inflight:
+                continue
+            try:
+                msg = InboundMessage.from_payload(json.loads(row["payload"]))
+            except (ValueError, TypeError) as exc:
+                log.error("inbox row %d cannot be read (%s); dropped", inbox_id, exc)
+                await s.db.finish_inbound(inbox_id, DROPPED, "unreadable")
+                continue
+            if shared is None and s.clock() - float(row["received_at"]) > max_age_s:
+                # (replicas decide this under the key's lease, in _run_row)
+                await s.replies.reply(msg, row["session_id"], too_old_apology(msg.text))
+                await s.db.finish_inbound(inbox_id, DROPPED, "too_old")
+                s.metrics.recovered.inc(outcome="apologised")
+                apologised += 1
+                continue
+            if msg.platform_message_id is not None:
+                s.coordinator.remember((msg.source.platform, msg.source.chat_id,
+                                        msg.platform_message_id))  # fmt: skip
+            s.metrics.recovered.inc(outcome="rerun")
+            self._worker.run(msg, inbox_id)
+            rerun += 1
+        if rerun or apologised:
+            log.warning("recovered %d interrupted turn(s); %d too old, apologised for",
+                        rerun, apologised)  # fmt: skip
+        return rerun, apologised
