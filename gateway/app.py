@@ -38,8 +38,7 @@ from gateway.services import AccessRules, RouterSettings, Services
 from gateway.session_keys import KeySettings
 from gateway.shards import PgShardLedger
 from gateway.vocab import AdapterState
-from state import StateError, Store, open_store
-from state.replies import StoredReply
+from state import StateError, Store, StoredReply, open_store
 
 log = logging.getLogger("gateway.app")
 TAKEOVER_SCAN_S = 1.0  # replicas: how often inbox rows of dead replicas are looked for
@@ -354,12 +353,11 @@ class Gateway:
         its control connection, the shared route table, the lease coordinator."""
         from gateway.cluster import PgCoordinator
         from gateway.routes import PgRouteIndex
-        from state.pg.control import default_name
-        from state.pg.store import PgStore
+        from state import ClusterStore, default_replica_name
 
         db = self.db
-        assert isinstance(db, PgStore)
-        link = db.control_link(self.config.cluster.replica_id or default_name())
+        assert isinstance(db, ClusterStore)
+        link = db.control_link(self.config.cluster.replica_id or default_replica_name())
 
         async def all_routes() -> list[dict[str, Any]]:
             return await db.routes(link.space)
@@ -454,7 +452,9 @@ class Gateway:
         `pending` when the platform could not be reached in time (tried again later)."""
         from gateway.errors import PlatformUnreachable
         from gateway.ops.send import deliver
-        from state.sends import FAILED, PENDING, SENT
+        from state import SEND_FAILED as FAILED
+        from state import SEND_PENDING as PENDING
+        from state import SEND_SENT as SENT
 
         assert self.db is not None
         platform = row["platform"]
@@ -483,7 +483,7 @@ class Gateway:
     async def _resend(self) -> None:
         """Every little while, on the leader: outbox rows whose last try is older than
         `outbox.retry_seconds` are tried again; past `outbox.give_up_hours`, failed."""
-        from state.sends import FAILED
+        from state import SEND_FAILED as FAILED
 
         assert self.db is not None
         every = self.config.outbox.retry_seconds

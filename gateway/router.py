@@ -49,6 +49,10 @@ from gateway.turns import (
 )
 from gateway.vocab import ChatType
 from state import (
+    ANSWERED,
+    DROPPED,
+    OPEN_STATES,
+    STARTED,
     LeaseLost,
     LiveSessionExists,
     SessionNotFound,
@@ -56,9 +60,8 @@ from state import (
     Store,
     StoreUnavailable,
     UnstorableData,
+    content_text,
 )
-from state.content import content_text
-from state.inbox import ANSWERED, DROPPED, OPEN_STATES, STARTED
 
 __all__ = ["APOLOGY", "AccessRules", "Router", "RouterSettings", "Sender", "TurnEvents"]
 

@@ -25,8 +25,7 @@ from gateway.leases import HandBack
 from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, SentRef, SetOutLate, TokenUsage
 from gateway.services import Services
 from gateway.session_keys import SessionKey
-from state import Fence, LeaseLost, StateError
-from state.inbox import ANSWERED
+from state import ANSWERED, Fence, LeaseLost, StateError
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.router")  # the name operators already filter turn logs by

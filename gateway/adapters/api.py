@@ -37,10 +37,10 @@ from gateway.errors import NotAccepted
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.session_keys import CHAT_TYPES, SessionSource
 from gateway.vocab import AdapterState, ChatType
-from state.text import unstorable
+from state import unstorable
 
 if TYPE_CHECKING:
-    from state.replies import StoredReply
+    from state import StoredReply
 
 log = logging.getLogger("gateway.adapters.api")
 MAX_BODY = 2 * 1024 * 1024

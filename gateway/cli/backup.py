@@ -1,5 +1,5 @@
 """`switchboard backup` and `switchboard restore`: one archive per backup, taken from a
-running home. The archive holds a consistent snapshot of state.db (state.backup), the index
+running home. The archive holds a consistent snapshot of state.db (state.sqlite.backup), the index
 written from that snapshot, the config file and, when asked, the secrets file, with a
 manifest of counts and checksums. A PostgreSQL home is backed up with pg_dump: the command
 says how."""
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, GatewayError
-from state import backup as snapshots
+from state import snapshots
 
 FORMAT = "switchboard-backup"
 FORMAT_VERSION = 1

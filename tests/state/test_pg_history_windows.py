@@ -15,7 +15,7 @@ import pytest
 
 from state import Store
 from state.pg.store import PgStore
-from state.windows import HistoryWindows
+from state.sqlite.windows import HistoryWindows
 from tests.state.conftest import OpenStore
 from tests.state.test_history_windows import _plain, _turn
 
