@@ -1,10 +1,16 @@
 """The `sessions` and `messages` columns both schemas hold: Hermes Agent's baseline, its
 0.19 additions and switchboard's own, with their SQLite types (state/pg/schema.py
-translates them), and the `state_meta` key of switchboard's schema version."""
+translates them); which session columns a caller may set and how a new session's are
+built; switchboard's `state_meta` keys and the size of a prune's transactions."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 META_VERSION_KEY = "switchboard.schema_version"
+PRUNE_CHUNK = 200  # sessions per transaction, so a large prune never stalls other writers
+AUTO_PRUNE_KEY = "switchboard.auto_prune.last_run"  # state_meta: when auto-prune last ran
 
 SESSION_COLUMNS: dict[str, str] = {
     # Baseline (Hermes Agent's documented sessions table).
@@ -91,3 +97,56 @@ MESSAGE_COLUMNS: dict[str, str] = {
     "compacted": "INTEGER NOT NULL DEFAULT 0",
     "api_content": "TEXT",
 }
+
+
+# Columns a caller may set at creation or later through update_fields.
+ROUTING_FIELDS = (
+    "source",
+    "session_key",
+    "chat_id",
+    "chat_type",
+    "thread_id",
+    "origin_json",
+    "handoff_state",
+    "handoff_platform",
+    "handoff_error",
+    "handoff_updated_at",
+    "archived",
+    "model",
+    "model_config",
+    "billing_provider",
+    "billing_base_url",
+    "billing_mode",
+    "cost_status",
+    "cost_source",
+    "pricing_version",
+)
+TOKEN_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+)
+
+
+def session_fields(
+    sid: str, source: str, model: str | None, model_config: Any, system_prompt: str | None,
+    user_id: str | None, parent: str | None, child_kind: str | None, title: str | None,
+    started_at: float | None, routing: Mapping[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """The columns of a new session from create_session's arguments (a pure function both
+    stores use); unknown routing fields are a TypeError."""
+    bad = [k for k in routing if k not in ROUTING_FIELDS]
+    if bad:
+        raise TypeError(f"unknown session field(s): {', '.join(bad)}")
+    fields: dict[str, Any] = {"id": sid, "source": source}
+    for key, value in (
+        ("model", model), ("model_config", model_config), ("system_prompt", system_prompt),
+        ("user_id", user_id), ("parent_session_id", parent), ("child_kind", child_kind),
+        ("title", title), ("started_at", started_at),
+    ):  # fmt: skip
+        if value is not None:
+            fields[key] = value
+    fields.update({k: v for k, v in routing.items() if v is not None})
+    return fields

@@ -7,6 +7,7 @@ type error. The SQL that builds each shape sits in the operation module that ret
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypedDict
@@ -214,6 +215,13 @@ class WriteStats:
     recent_batch_sizes: tuple[int, ...] = ()
 
 
+# inbox.accept's arguments after the connection: platform, chat id, platform message id,
+# payload (JSON text) and the time taken
+Accept = tuple[str, str, "str | None", str, float]
+PAIRING_COLUMNS = ("platform", "user_id", "user_name", "chat_id", "code", "state", "requested_at",
+           "expires_at", "decided_at")  # fmt: skip
+
+
 class InboxEntry(TypedDict, total=False):
     """An open inbox row (`open_inbound`, a replica's `orphaned_inbound` and the `open` rows
     of a taken route): a message taken but not yet answered or dropped."""
@@ -242,6 +250,17 @@ class UnsentReply(TypedDict, total=False):
     session_id: str | None
     content: str | None
     session_key: str | None  # replicas
+
+
+OUTBOX_COLUMNS = ("id", "platform", "chat_id", "thread_id", "text", "state", "attempts", "error",
+           "message_ids", "created_at", "updated_at")  # fmt: skip
+
+
+def outbox_item(values: Sequence[Any]) -> dict[str, Any]:
+    """An outbox row (its values in OUTBOX_COLUMNS' order) as an OutboxItem."""
+    out = dict(zip(OUTBOX_COLUMNS, values, strict=True))
+    out["message_ids"] = json.loads(out["message_ids"]) if out["message_ids"] else []
+    return out
 
 
 class OutboxItem(TypedDict):

@@ -1,8 +1,7 @@
-"""The states both backends store and the gateway reads: an inbox row's turn, its reply's
-fate, a one-off send's, a pairing request's, and how a session ended or was forked.
-
-Plain strings (what the rows hold) and the two enums; no SQL. The backends and the gateway
-import them from here (or from `state`)."""
+"""The states both backends store and the gateway reads: an inbox row's turn, a one-off
+send's, a pairing request's, a stale handoff's error, how a session ended or was forked,
+and the lineage rules that follow from it (depth guard, inherited columns, what counts as
+a compression child). Plain strings and two enums; no SQL."""
 
 from __future__ import annotations
 
@@ -18,6 +17,9 @@ SEND_PENDING, SEND_SENT, SEND_FAILED = "pending", "sent", "failed"
 # a DM pairing row, and offer's answer when the drawn code is already pending elsewhere
 PAIRING_PENDING, APPROVED, DENIED, REVOKED = "pending", "approved", "denied", "revoked"
 TAKEN = "taken"
+
+# a handoff a daemon claimed but never finished (it went away)
+STALE_ERROR = "the gateway stopped during the handoff"
 
 
 class ChildKind(StrEnum):

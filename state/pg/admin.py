@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from psycopg import AsyncConnection
 
+from ..columns import PRUNE_CHUNK
 from ..errors import AmbiguousSession, SessionNotFound, TitleTaken
 from ..records import (
     DERIVED_SESSION_COLUMNS,
@@ -21,7 +22,6 @@ from ..records import (
 )
 from ..rows import like_escape, to_json_text
 from ..sqlite.listing import LIST_COLUMNS, SessionFilter, with_chat_name
-from ..sqlite.maintenance import PRUNE_CHUNK
 from ..titles import clean_title, split_lineage, title_key
 from . import db, messages, sessions
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from ..columns import PRUNE_CHUNK
 from ..rows import Row
 from ..sqlite.family import build_tree
 from ..sqlite.insights import RECORDED_COST, Period, assemble
 from ..sqlite.keyset import PageQuery, cut_page, page_sql
-from ..sqlite.maintenance import PRUNE_CHUNK
 from . import admin, db, lineage
 
 _EMPTY = (

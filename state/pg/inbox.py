@@ -15,7 +15,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..sqlite.inbox import Accept
+from ..records import Accept
 from ..vocab import ANSWERED, RECEIVED, STARTED
 from . import db
 from .appends import append_many

@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..sqlite.pairing import COLUMNS
+from ..records import PAIRING_COLUMNS as COLUMNS
 from ..vocab import APPROVED, REVOKED, TAKEN
 from ..vocab import PAIRING_PENDING as PENDING
 from . import db

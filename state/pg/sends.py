@@ -9,7 +9,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..sqlite.sends import COLUMNS, row_of
+from ..records import OUTBOX_COLUMNS as COLUMNS
+from ..records import outbox_item as row_of
 from ..vocab import SEND_PENDING as PENDING
 from . import db
 

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from psycopg import AsyncConnection, errors
 
+from ..columns import ROUTING_FIELDS, TOKEN_FIELDS
 from ..errors import (
     AmbiguousSession,
     LiveSessionExists,
@@ -24,17 +25,16 @@ from ..errors import (
 from ..ids import new_session_id
 from ..records import HandoffClaim, LiveSession, SessionRow, UntoldReset
 from ..rows import like_escape
-from ..sqlite.handoffs import STALE_ERROR
-from ..sqlite.sessions import ROUTING_FIELDS, TOKEN_FIELDS, sanitize_title
 from ..titles import (
     MAX_TITLE_LENGTH,
     clean_title,
     lineage_key,
     lineage_title,
+    sanitize_title,
     split_lineage,
     title_key,
 )
-from ..vocab import CHILD_KINDS
+from ..vocab import CHILD_KINDS, STALE_ERROR
 from . import db
 from .schema import LIVE_KEY_INDEX, TITLE_INDEX
 

@@ -18,6 +18,7 @@ from typing import IO, Any, TypeVar
 import psycopg
 from psycopg import AsyncConnection
 
+from ..columns import AUTO_PRUNE_KEY, PRUNE_CHUNK, session_fields
 from ..errors import DatabaseError, SessionNotFound, StoreUnavailable, UnstorableData
 from ..records import (
     Accepted,
@@ -39,13 +40,10 @@ from ..records import (
     UsageStats,
     WriteStats,
 )  # fmt: skip
-from ..rows import Row
+from ..rows import Row, payload_of
 from ..sqlite import search as sqlite_search
-from ..sqlite.inbox import payload_of
 from ..sqlite.insights import Period
 from ..sqlite.listing import SessionFilter
-from ..sqlite.maintenance import AUTO_PRUNE_KEY, PRUNE_CHUNK
-from ..sqlite.sessions import session_fields
 from ..sqlite.windows import HistoryWindows
 from . import (
     admin,

@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..sqlite.usage import TOKEN_KINDS, totals_set, usage_route
+from ..accounting import TOKEN_KINDS, totals_set, usage_route
 from . import db
 
 # Both usage inserts: the row's columns up to its costs, its key, and on a conflict the

@@ -12,9 +12,8 @@ import time
 from collections.abc import Sequence
 
 from ..records import HandoffClaim
+from ..vocab import STALE_ERROR  # noqa: F401
 from .sessions import require_session
-
-STALE_ERROR = "the gateway stopped during the handoff"
 
 
 def request(conn: sqlite3.Connection, session_id: str, platform: str, now: float) -> bool:

@@ -19,6 +19,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from ..records import Accept  # noqa: F401
+from ..rows import payload_of  # noqa: F401
 from ..vocab import ANSWERED, DROPPED, OPEN_STATES, RECEIVED, STARTED  # noqa: F401
 from .messages import append_many, conversations_after
 from .windows import keeps_windows, windows_of
@@ -49,7 +51,6 @@ CREATE INDEX IF NOT EXISTS idx_inbox_unsent ON inbox(id) WHERE reply_state IN ('
 # No index on updated_at: every state change would rewrite it; the daily prune scans.
 
 # One call: (platform, chat_id, platform_message_id or None, payload JSON text, now).
-Accept = tuple[str, str, "str | None", str, float]
 
 
 def accept(
@@ -371,16 +372,6 @@ def prune(conn: sqlite3.Connection, older_than: float) -> int:
         (older_than,),
     )
     return cur.rowcount
-
-
-_ASCII_JSON = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
-
-
-def payload_of(values: object) -> str:
-    """The payload (any JSON value) as ASCII JSON: text a platform delivered with a lone
-    surrogate is kept (escaped), so taking a message never fails on its text (storing it
-    may, later). One encoder for every call: json.dumps with options builds one each time."""
-    return _ASCII_JSON(values)
 
 
 # appends and inbox bookkeeping: the history windows the writer keeps stay right (state.sqlite.windows)

@@ -7,12 +7,10 @@ import os
 import sqlite3
 import time
 
+from ..columns import AUTO_PRUNE_KEY, PRUNE_CHUNK  # noqa: F401
 from ..errors import SessionNotFound
 from ..records import SourceUsage, UsageStats
 from . import schema
-
-PRUNE_CHUNK = 200  # sessions per transaction, so a large prune never stalls other writers
-AUTO_PRUNE_KEY = "switchboard.auto_prune.last_run"  # state_meta: when auto-prune last ran
 
 
 def delete_sessions(conn: sqlite3.Connection, ids: list[str]) -> int:

@@ -13,11 +13,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from ..records import PAIRING_COLUMNS as COLUMNS
 from ..vocab import APPROVED, DENIED, REVOKED, TAKEN  # noqa: F401
 from ..vocab import PAIRING_PENDING as PENDING
-
-COLUMNS = ("platform", "user_id", "user_name", "chat_id", "code", "state", "requested_at",
-           "expires_at", "decided_at")  # fmt: skip
 
 CREATE_SQL = """
 CREATE TABLE IF NOT EXISTS pairing (

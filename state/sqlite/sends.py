@@ -13,12 +13,11 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from ..records import OUTBOX_COLUMNS as COLUMNS  # noqa: F401
+from ..records import outbox_item as row_of
 from ..vocab import SEND_FAILED as FAILED  # noqa: F401
 from ..vocab import SEND_PENDING as PENDING
 from ..vocab import SEND_SENT as SENT  # noqa: F401
-
-COLUMNS = ("id", "platform", "chat_id", "thread_id", "text", "state", "attempts", "error",
-           "message_ids", "created_at", "updated_at")  # fmt: skip
 
 CREATE_SQL = """
 CREATE TABLE IF NOT EXISTS sends (
@@ -36,12 +35,6 @@ CREATE TABLE IF NOT EXISTS sends (
 );
 CREATE INDEX IF NOT EXISTS idx_sends_pending ON sends(updated_at) WHERE state = 'pending';
 """
-
-
-def row_of(values: Sequence[Any]) -> dict[str, Any]:
-    out = dict(zip(COLUMNS, values, strict=True))
-    out["message_ids"] = json.loads(out["message_ids"]) if out["message_ids"] else []
-    return out
 
 
 def add(

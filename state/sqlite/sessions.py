@@ -12,71 +12,21 @@ import time
 from collections.abc import Mapping
 from typing import Any, cast
 
+from ..columns import ROUTING_FIELDS, TOKEN_FIELDS, session_fields  # noqa: F401
 from ..errors import SessionExists, SessionNotFound, TitleEmpty, TitleTaken, TitleTooLong
 from ..ids import new_session_id
 from ..records import SessionRow
 from ..rows import like_escape, row_dict
-from ..titles import (
+from ..titles import (  # sanitize_title stays importable from here
     MAX_TITLE_LENGTH,
     clean_title,
     lineage_key,
     lineage_title,
+    sanitize_title,
     split_lineage,
     title_key,
 )
 from ..vocab import CHILD_KINDS, END_REASONS, ChildKind, EndReason  # noqa: F401
-
-# Columns a caller may set at creation or later through update_fields.
-ROUTING_FIELDS = (
-    "source",
-    "session_key",
-    "chat_id",
-    "chat_type",
-    "thread_id",
-    "origin_json",
-    "handoff_state",
-    "handoff_platform",
-    "handoff_error",
-    "handoff_updated_at",
-    "archived",
-    "model",
-    "model_config",
-    "billing_provider",
-    "billing_base_url",
-    "billing_mode",
-    "cost_status",
-    "cost_source",
-    "pricing_version",
-)
-TOKEN_FIELDS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-)
-
-
-def session_fields(
-    sid: str, source: str, model: str | None, model_config: Any, system_prompt: str | None,
-    user_id: str | None, parent: str | None, child_kind: str | None, title: str | None,
-    started_at: float | None, routing: Mapping[str, Any],
-) -> dict[str, Any]:  # fmt: skip
-    """The columns of a new session from create_session's arguments (a pure function both
-    stores use); unknown routing fields are a TypeError."""
-    bad = [k for k in routing if k not in ROUTING_FIELDS]
-    if bad:
-        raise TypeError(f"unknown session field(s): {', '.join(bad)}")
-    fields: dict[str, Any] = {"id": sid, "source": source}
-    for key, value in (
-        ("model", model), ("model_config", model_config), ("system_prompt", system_prompt),
-        ("user_id", user_id), ("parent_session_id", parent), ("child_kind", child_kind),
-        ("title", title), ("started_at", started_at),
-    ):  # fmt: skip
-        if value is not None:
-            fields[key] = value
-    fields.update({k: v for k, v in routing.items() if v is not None})
-    return fields
 
 
 def insert_session(
@@ -189,16 +139,6 @@ def update_fields(conn: sqlite3.Connection, session_id: str, fields: Mapping[str
 
 
 # --- titles ---------------------------------------------------------------------------
-
-
-def sanitize_title(raw: str) -> str:
-    """Clean a title and enforce the length rule; raises TitleEmpty / TitleTooLong."""
-    title = clean_title(raw)
-    if not title:
-        raise TitleEmpty()
-    if len(title) > MAX_TITLE_LENGTH:
-        raise TitleTooLong(len(title), MAX_TITLE_LENGTH)
-    return title
 
 
 def title_owner(conn: sqlite3.Connection, title: str) -> str | None:

@@ -9,6 +9,7 @@ at start-up through `Store` alone (`open_inbound`, `unsent_replies`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -58,8 +59,11 @@ async def test_a_lease_is_one_replicas_at_a_time_and_a_taken_over_fence_no_longe
         assert await store.lease_holds(fence)
         assert await store.take_lease("k", b.incarnation, b.space) is None  # a holds it
         assert await store.inbox_states([inbox_id]) == {inbox_id: "received"}
-        await a.close()  # a replica gone: its lease is free at once, its row an orphan
-        orphans = await store.orphaned_inbound(b.space, b.incarnation)
+        await a.close()  # a replica gone: its lease is free, its row an orphan, once the
+        # server has ended a's session (its locks go with it, a moment after the close)
+        async with asyncio.timeout(10):
+            while not (orphans := await store.orphaned_inbound(b.space, b.incarnation)):  # noqa: ASYNC110 (the server ends it)
+                await asyncio.sleep(0.05)
         assert [o["id"] for o in orphans] == [inbox_id]
         taken = await store.take_lease("k", b.incarnation, b.space)
         assert taken is not None and int(taken["lease_epoch"]) > fence.epoch
