@@ -61,6 +61,7 @@ from .errors import (
     UnstorableData,
     WriterClosed,
 )
+from .filters import SessionFilter
 from .hermes.hermes_import import HermesImport
 from .hermes.hermes_import import Routing as HermesRouting
 from .hermes.hermes_import import read_routing as read_hermes_routing
@@ -90,7 +91,6 @@ from .records import (
 from .sqlite import backup as snapshots
 from .sqlite.keyset import SORTS as PAGE_SORTS
 from .sqlite.keyset import PageQuery
-from .sqlite.listing import SessionFilter
 from .sqlite.search import MARK_CLOSE, MARK_OPEN
 from .sqlite.search import SORTS as SEARCH_SORTS
 from .sqlite.settings import WriterConfig

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# what the agent or its provider reported for a session: the actual cost when known
+RECORDED_COST = "COALESCE(NULLIF(actual_cost_usd, 0), estimated_cost_usd, 0)"
+
 TOKEN_KINDS = (
     "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens"
 )  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from .errors import StoreConfigError, UnknownBackend
+from .filters import SessionFilter
 from .records import (
     Accepted,
     AutoPruneResult,
@@ -38,7 +39,6 @@ from .records import (
     Wakeup,
     WriteStats,
 )
-from .sqlite.listing import SessionFilter
 
 BACKENDS = ("sqlite", "postgres")  # the values `state.backend` accepts
 DSN_ENV = "SWITCHBOARD_PG_DSN"  # where `state.dsn_env` points by default

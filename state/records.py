@@ -182,6 +182,15 @@ class ExportRecord(TypedDict):
     messages: list[MessageRow]
 
 
+@dataclass(frozen=True)
+class Period:
+    """The time window (and optionally the platform) activity figures cover."""
+
+    since: float
+    until: float
+    source: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Fence:
     """A turn's hold on its session key across replicas: the lease owner (a replica

@@ -11,6 +11,7 @@ from psycopg import AsyncConnection
 
 from ..columns import PRUNE_CHUNK
 from ..errors import AmbiguousSession, SessionNotFound, TitleTaken
+from ..filters import LIST_COLUMNS, SessionFilter, with_chat_name
 from ..records import (
     DERIVED_SESSION_COLUMNS,
     FORMAT_VERSION,
@@ -21,7 +22,6 @@ from ..records import (
     UsageStats,
 )
 from ..rows import like_escape, to_json_text
-from ..sqlite.listing import LIST_COLUMNS, SessionFilter, with_chat_name
 from ..titles import clean_title, split_lineage, title_key
 from . import db, messages, sessions
 

@@ -10,10 +10,12 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from ..accounting import RECORDED_COST
 from ..columns import PRUNE_CHUNK
+from ..records import Period
 from ..rows import Row
 from ..sqlite.family import build_tree
-from ..sqlite.insights import RECORDED_COST, Period, assemble
+from ..sqlite.insights import assemble
 from ..sqlite.keyset import PageQuery, cut_page, page_sql
 from . import admin, db, lineage
 

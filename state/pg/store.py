@@ -20,6 +20,8 @@ from psycopg import AsyncConnection
 
 from ..columns import AUTO_PRUNE_KEY, PRUNE_CHUNK, session_fields
 from ..errors import DatabaseError, SessionNotFound, StoreUnavailable, UnstorableData
+from ..filters import SessionFilter
+from ..history import HistoryWindows
 from ..records import (
     Accepted,
     AutoPruneResult,
@@ -31,6 +33,7 @@ from ..records import (
     InboxEntry,
     LiveSession,
     MessageRow,
+    Period,
     Release,
     SearchHit,
     SessionRow,
@@ -42,9 +45,6 @@ from ..records import (
 )  # fmt: skip
 from ..rows import Row, payload_of
 from ..sqlite import search as sqlite_search
-from ..sqlite.insights import Period
-from ..sqlite.listing import SessionFilter
-from ..sqlite.windows import HistoryWindows
 from . import (
     admin,
     cluster,

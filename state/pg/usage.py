@@ -1,4 +1,4 @@
-"""Token and cost accounting on PostgreSQL, with state/sqlite/usage.py's rules (billing route
+"""Token and cost accounting on PostgreSQL, with state/accounting.py's rules (billing route
 fill, incremental or absolute totals, per-model usage rows)."""
 
 from __future__ import annotations

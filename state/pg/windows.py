@@ -37,7 +37,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..sqlite.windows import HistoryWindows
+from ..history import HistoryWindows
 from . import db
 from .messages import chat_message
 

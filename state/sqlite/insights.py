@@ -12,22 +12,12 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ..accounting import RECORDED_COST  # noqa: F401
+from ..records import Period
 from . import activity
-
-
-@dataclass(frozen=True)
-class Period:
-    since: float
-    until: float
-    source: str | None = None
-
-
-# what the agent or its provider reported for a session: the actual cost when known
-RECORDED_COST = "COALESCE(NULLIF(actual_cost_usd, 0), estimated_cost_usd, 0)"
 
 
 def _day(hour: int) -> str:
