@@ -1,4 +1,4 @@
-"""state.compat against Hermes Agent 0.19.0's own SessionDB on the same sequential work.
+"""state.hermes.compat against Hermes Agent 0.19.0's own SessionDB on the same sequential work.
 Prints figures side by side; asserts nothing.
 
   python bench/compat_bench.py [--rounds 3] [--n 2000]
@@ -80,7 +80,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for r in range(args.rounds):
-            ours.append(_run("state.compat", str(ROOT), args.n, tmp, f"sb{r}"))
+            ours.append(_run("state.hermes.compat", str(ROOT), args.n, tmp, f"sb{r}"))
             theirs.append(_run("hermes_state", hermes_path, args.n, tmp, f"h{r}"))
     print(f"{'operation':<22}{'switchboard':>14}{'Hermes 0.19.0':>16}{'ratio':>8}")
     for key in ours[0]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from state import schema  # noqa: E402
 from state.rows import make_preview  # noqa: E402
+from state.sqlite import schema  # noqa: E402
 
 COMMON = (
     "the be to of and a in that have i it for not on with he as you do at this but his by from "

@@ -31,7 +31,8 @@ from bench.corpus import corpus_db, pct  # noqa: E402
 from bench.search_bench import OUT, sample_queries  # noqa: E402
 from gateway.adapters.api import ApiAdapter  # noqa: E402
 from gateway.web import Dashboard, DashboardSettings  # noqa: E402
-from state import SessionDB, schema  # noqa: E402
+from state import SessionDB  # noqa: E402
+from state.sqlite import schema  # noqa: E402
 
 KEY = "bench-key-123456"
 

@@ -24,8 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import TextGen, corpus_db, pct  # noqa: E402
-from state import SessionDB, messages, schema  # noqa: E402
-from state.sessions import insert_session  # noqa: E402
+from state import SessionDB  # noqa: E402
+from state.sqlite import messages, schema  # noqa: E402
+from state.sqlite.sessions import insert_session  # noqa: E402
 from state.textindex import is_cjk  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"

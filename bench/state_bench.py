@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import TextGen, corpus_db, pct  # noqa: E402
 from bench.loops import open_loop  # noqa: E402
-from state import SessionDB, schema  # noqa: E402
+from state import SessionDB  # noqa: E402
+from state.sqlite import schema  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 

@@ -52,8 +52,7 @@ from gateway.wiring import (
     router_settings,
     store_settings,
 )
-from state import StateError, Store, open_store
-from state.replies import StoredReply
+from state import StateError, Store, StoredReply, open_store
 
 if TYPE_CHECKING:
     from gateway.cluster import PgCoordinator
@@ -288,7 +287,9 @@ class Gateway:
         `pending` when the platform could not be reached in time (tried again later)."""
         from gateway.errors import PlatformUnreachable
         from gateway.ops.send import deliver
-        from state.sends import FAILED, PENDING, SENT
+        from state import SEND_FAILED as FAILED
+        from state import SEND_PENDING as PENDING
+        from state import SEND_SENT as SENT
 
         assert self.db is not None
         platform = row["platform"]
@@ -317,7 +318,7 @@ class Gateway:
     async def _resend(self) -> None:
         """Every little while, on the leader: outbox rows whose last try is older than
         `outbox.retry_seconds` are tried again; past `outbox.give_up_hours`, failed."""
-        from state.sends import FAILED
+        from state import SEND_FAILED as FAILED
 
         assert self.db is not None
         every = self.config.outbox.retry_seconds

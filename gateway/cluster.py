@@ -22,11 +22,17 @@ from typing import Any
 from gateway.coordinator import LocalCoordinator, MessageKey
 from gateway.leases import HandBack, Lease, ResetNotice, Stored
 from gateway.routes import PgRouteIndex
-from state import Fence, Release, StateError, StoreUnavailable
-from state.inbox import OPEN_STATES
-from state.pg.cluster import BeginPlan
-from state.pg.control import ControlLink, Wakeup
-from state.pg.store import PgStore
+from state import (
+    OPEN_STATES,
+    BeginPlan,
+    ClusterStore,
+    Fence,
+    Release,
+    ReplicaLink,
+    StateError,
+    StoreUnavailable,
+    Wakeup,
+)
 
 log = logging.getLogger("gateway.cluster")
 
@@ -43,7 +49,7 @@ class PgCoordinator:
 
     shared = True
 
-    def __init__(self, store: PgStore, link: ControlLink, routes: PgRouteIndex) -> None:
+    def __init__(self, store: ClusterStore, link: ReplicaLink, routes: PgRouteIndex) -> None:
         self.store = store
         self.link = link
         self.routes = routes

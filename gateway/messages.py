@@ -7,7 +7,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from gateway.session_keys import SessionSource
-from state.text import storable
+from state import storable
 
 PAYLOAD_V2 = 2  # the first item of an inbox payload list
 LATE_SEND_S = 0.25  # see OutboundMessage.late (gateway/turns.py's RECHECK_AFTER_S)

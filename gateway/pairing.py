@@ -5,7 +5,7 @@ daemon see it without a restart.
 
 This module draws and shows codes and keeps a short-lived memory of who is paired, so a
 paired user's messages do not each read the store; the rows and their rules (one pending
-code per user, limits, single use) live in state/pairing.py."""
+code per user, limits, single use) live in state/sqlite/pairing.py."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from state import Store
-from state.pairing import TAKEN
+from state import TAKEN, Store
 
 # no 0/O, 1/I: a code is read off a phone and typed into a terminal
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"

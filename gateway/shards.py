@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from gateway.errors import InvalidToken
 
 if TYPE_CHECKING:  # psycopg is the postgres extra: only PgShardLedger's users have it
-    from state.pg.control import ControlLink
-    from state.pg.store import PgStore
+    from state import ClusterStore, ReplicaLink
 
 log = logging.getLogger("gateway.shards")
 
@@ -57,7 +56,7 @@ class PgShardLedger:
     """The ledger in the shared database, under this replica's current incarnation (after a
     lost control connection that is a new one, so the old incarnation's shards are lost)."""
 
-    def __init__(self, store: PgStore, link: ControlLink, platform: str) -> None:
+    def __init__(self, store: ClusterStore, link: ReplicaLink, platform: str) -> None:
         self.store = store
         self.link = link
         self.platform = platform

@@ -25,8 +25,7 @@ from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, SentRef, SetO
 from gateway.services import Services
 from gateway.session_keys import SessionKey
 from gateway.topology.base import LOCAL_LEASE, TurnLease
-from state import LeaseLost, StateError
-from state.inbox import ANSWERED
+from state import ANSWERED, LeaseLost, StateError
 
 T = TypeVar("T")
 log = logging.getLogger("gateway.router")  # the name operators already filter turn logs by

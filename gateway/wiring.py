@@ -71,11 +71,10 @@ async def _join_cluster(config: Config, db: Store) -> Topology:
     its control connection, the shared route table, the lease coordinator."""
     from gateway.cluster import PgCoordinator
     from gateway.routes import PgRouteIndex
-    from state.pg.control import default_name
-    from state.pg.store import PgStore
+    from state import ClusterStore, default_replica_name
 
-    assert isinstance(db, PgStore)
-    link = db.control_link(config.cluster.replica_id or default_name())
+    assert isinstance(db, ClusterStore)
+    link = db.control_link(config.cluster.replica_id or default_replica_name())
 
     async def all_routes() -> list[dict[str, Any]]:
         return await db.routes(link.space)

@@ -24,13 +24,22 @@ is a `StateError`; callers match on the class, never on the text:
     │   └── TitleTaken
     └── QueryError             a search query that cannot be run
 
-Raw sqlite3 errors are mapped by SQLite's result code (state/writer.py), never by text;
+Raw sqlite3 errors are mapped by SQLite's result code (state/sqlite/writer.py), never by text;
 PostgreSQL's unique violations by the constraint's name (state/pg/).
 """
 
 from __future__ import annotations
 
-from .api import BACKENDS, Maintenance, Store, open_store
+from .api import (
+    BACKENDS,
+    ClusterStore,
+    Maintenance,
+    ReplicaLink,
+    Store,
+    default_replica_name,
+    open_store,
+)
+from .content import content_text, encode_content
 from .errors import (
     AmbiguousSession,
     DatabaseBusy,
@@ -52,25 +61,58 @@ from .errors import (
     UnstorableData,
     WriterClosed,
 )
+from .filters import SessionFilter
+from .hermes.hermes_import import HermesImport
+from .hermes.hermes_import import Routing as HermesRouting
+from .hermes.hermes_import import read_routing as read_hermes_routing
 from .ids import new_session_id
-from .listing import SessionFilter
 from .records import (
+    Accepted,
     AutoPruneResult,
+    BeginPlan,
     ExportRecord,
     Fence,
     HandoffClaim,
+    ImportReport,
+    InboxEntry,
     LiveSession,
     MessageRow,
+    OutboxItem,
     Release,
     SearchHit,
     SessionRow,
+    StoredReply,
+    UnsentReply,
     UntoldReset,
     UsageStats,
+    Wakeup,
     WriteStats,
 )
-from .sessions import ChildKind, EndReason
-from .store import SessionDB
-from .writer import WriterConfig
+from .sqlite import backup as snapshots
+from .sqlite.keyset import SORTS as PAGE_SORTS
+from .sqlite.keyset import PageQuery
+from .sqlite.search import MARK_CLOSE, MARK_OPEN
+from .sqlite.search import SORTS as SEARCH_SORTS
+from .sqlite.settings import WriterConfig
+from .sqlite.store import SessionDB
+from .text import storable, unstorable
+from .vocab import (
+    ANSWERED,
+    APPROVED,
+    DENIED,
+    DROPPED,
+    OPEN_STATES,
+    PAIRING_PENDING,
+    RECEIVED,
+    REVOKED,
+    SEND_FAILED,
+    SEND_PENDING,
+    SEND_SENT,
+    STARTED,
+    TAKEN,
+    ChildKind,
+    EndReason,
+)
 
 __all__ = [
     "BACKENDS",
@@ -114,4 +156,41 @@ __all__ = [
     "WriterConfig",
     "new_session_id",
     "open_store",
+    "ANSWERED",
+    "APPROVED",
+    "DENIED",
+    "DROPPED",
+    "OPEN_STATES",
+    "PAIRING_PENDING",
+    "RECEIVED",
+    "REVOKED",
+    "SEND_FAILED",
+    "SEND_PENDING",
+    "SEND_SENT",
+    "STARTED",
+    "TAKEN",
+    "MARK_CLOSE",
+    "MARK_OPEN",
+    "PAGE_SORTS",
+    "SEARCH_SORTS",
+    "Accepted",
+    "BeginPlan",
+    "ClusterStore",
+    "HermesImport",
+    "HermesRouting",
+    "ImportReport",
+    "InboxEntry",
+    "OutboxItem",
+    "PageQuery",
+    "ReplicaLink",
+    "StoredReply",
+    "UnsentReply",
+    "Wakeup",
+    "content_text",
+    "default_replica_name",
+    "encode_content",
+    "read_hermes_routing",
+    "snapshots",
+    "storable",
+    "unstorable",
 ]

@@ -1,7 +1,7 @@
 """`Store`: the interface the gateway and the CLI program against, and `open_store`.
 
 `Store` names every operation on sessions, messages, titles, lineage, listings, search,
-handoffs, export/import, pruning and the key/value meta table; `SessionDB` (state/store.py)
+handoffs, export/import, pruning and the key/value meta table; `SessionDB` (state/sqlite/store.py)
 is the SQLite implementation and `PgStore` (state/pg/) the PostgreSQL one. What only a
 file-backed SQLite store can do (WAL checkpoints, VACUUM, FTS5 optimize and integrity
 checks) is the separate `Maintenance` protocol: callers ask `isinstance(store, Maintenance)`
@@ -11,28 +11,34 @@ before they offer it. `tests/state` holds the contract suite every backend must 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from .errors import StoreConfigError, UnknownBackend
-from .listing import SessionFilter
+from .filters import SessionFilter
 from .records import (
+    Accepted,
     AutoPruneResult,
+    BeginPlan,
     ExportRecord,
     Fence,
     HandoffClaim,
+    ImportReport,
+    InboxEntry,
     LiveSession,
     MessageRow,
     Release,
     SearchHit,
     SessionRow,
+    StoredReply,
+    UnsentReply,
     UntoldReset,
     UsageStats,
+    Wakeup,
     WriteStats,
 )
-from .replies import StoredReply
-from .transfer import ImportReport
 
 BACKENDS = ("sqlite", "postgres")  # the values `state.backend` accepts
 DSN_ENV = "SWITCHBOARD_PG_DSN"  # where `state.dsn_env` points by default
@@ -160,7 +166,7 @@ class Store(Protocol):
         self, source: str, chat_id: str, platform_message_id: str
     ) -> StoredReply | None:
         """The stored user message with this platform id in this chat and its turn's
-        reply (state/replies.py); None when no such message was stored."""
+        reply (state/sqlite/replies.py); None when no such message was stored."""
         ...
 
     # --- titles
@@ -332,7 +338,7 @@ class Store(Protocol):
     async def inbox_counts(self) -> dict[str, int]: ...
     async def prune_inbox(self, older_than: float) -> int: ...
 
-    # --- DM pairing (state/pairing.py, state/pg/pairing.py)
+    # --- DM pairing (state/sqlite/pairing.py, state/pg/pairing.py)
     async def pairing_offer(
         self, platform: str, user_id: str, user_name: str | None, chat_id: str, code: str, *,
         now: float, ttl_s: float, user_interval_s: float, max_pending: int,
@@ -341,7 +347,7 @@ class Store(Protocol):
     async def pairing_revoke(self, platform: str, user_id: str, now: float) -> bool: ...
     async def pairing_approved(self, platform: str, user_id: str) -> bool: ...
     async def pairing_list(self, now: float) -> list[dict[str, Any]]: ...
-    # --- the outbox of one-off sends (state/sends.py, state/pg/sends.py)
+    # --- the outbox of one-off sends (state/sqlite/sends.py, state/pg/sends.py)
     async def send_add(
         self, platform: str, chat_id: str, thread_id: str | None, text: str, now: float
     ) -> int: ...
@@ -358,7 +364,7 @@ class Store(Protocol):
     async def schema_version(self) -> int: ...
     def latest_schema_version(self) -> int: ...
 
-    # --- the dashboard's queries (state/keyset.py, family.py, cleanup.py, insights.py)
+    # --- the dashboard's queries (state/sqlite/keyset.py, family.py, cleanup.py, insights.py)
     async def session_page(
         self, q: Any
     ) -> tuple[list[dict[str, Any]], tuple[float, str] | None]: ...
@@ -411,6 +417,85 @@ class Maintenance(Protocol):
     async def integrity_check(self, quick: bool = True) -> list[str]: ...
 
 
+class ReplicaLink(Protocol):
+    """A replica's control connection (`ClusterStore.control_link`): its incarnation's
+    lock, the leader lock and the wake-ups on its own channel."""
+
+    name: str
+    incarnation: int  # this run's number, drawn at each (re)join
+    space: int  # the lock space: one per database schema
+    leading: bool  # holds the leader lock
+    joined: bool  # this incarnation's lock is held: work may be done in its name
+    live: int  # replicas live at the last look (this one included)
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+    async def serve(
+        self, on_wakeup: Callable[[Wakeup], None], on_incarnation: Callable[[int], None],
+        *, slice_s: float = 1.0,
+    ) -> None: ...  # fmt: skip
+
+
+@runtime_checkable
+class ClusterStore(Store, Protocol):
+    """A `Store` that several `switchboard run` replicas share (PostgreSQL): session-key
+    leases with fences, the shared route table, live background jobs, the rows and replies
+    a gone replica left, platform shards and each replica's control link. The SQLite store
+    is not one: a single daemon serialises keys with in-process locks and recovers its own
+    rows at start-up (`open_inbound`, `unsent_replies`), so it needs none of this."""
+
+    where: str  # the database, for errors (the DSN without its password)
+
+    def control_link(self, name: str) -> ReplicaLink:
+        """A replica's control connection (not yet open) to this store's database."""
+        ...
+
+    def linger(self, seconds: float) -> None:
+        """How long a commit waits for more writes to join it (set while others are live)."""
+        ...
+
+    async def accept_and_take(
+        self, platform: str, chat_id: str, platform_message_id: str | None,
+        payload: object, *, session_key: str, me: int, space: int,
+        begin: BeginPlan | None = None,
+    ) -> Accepted:  # fmt: skip
+        """`accept_inbound` for replica `me` and, when the row is new, `take_lease` on
+        `session_key` in the same commit (and the turn's begin when `begin` allows it)."""
+        ...
+
+    async def take_lease(self, key: str, me: int, space: int) -> dict[str, Any] | None:
+        """`key`'s lease for incarnation `me`: the route with its open rows (`open`), unsent
+        replies (`unsent`) and live jobs (`jobs`); None while a live replica holds it."""
+        ...
+
+    async def release_lease(
+        self, fence: Fence, route: Mapping[str, Any] | None,
+        answered: Sequence[tuple[int, int]] = (),
+    ) -> bool: ...  # fmt: skip
+    async def lease_holds(self, fence: Fence) -> bool: ...
+    async def open_for_key(self, key: str) -> list[dict[str, Any]]: ...
+    async def inbox_states(self, ids: Sequence[int]) -> dict[int, str]: ...
+    async def routes(self, space: int) -> list[dict[str, Any]]: ...
+    async def live_jobs(self, space: int) -> list[tuple[str, str]]: ...
+    async def add_job(self, session_id: str, name: str, owner: int) -> None: ...
+    async def drop_job(self, session_id: str, name: str) -> None: ...
+    async def orphaned_inbound(self, space: int, me: int | None = None) -> list[InboxEntry]: ...
+    async def orphaned_replies(self, space: int) -> list[UnsentReply]: ...
+    async def claim_orphaned_reply(self, space: int, inbox_id: int, me: int) -> bool: ...
+    async def claim_shards(
+        self, platform: str, count: int, me: int, space: int, every_s: float
+    ) -> tuple[dict[int, int], int]: ...
+    async def release_shards(
+        self, platform: str, count: int, me: int, owned: Mapping[int, int]
+    ) -> int: ...
+    async def cluster_report(self) -> dict[str, int]: ...
+
+
+def default_replica_name() -> str:
+    """A replica's name when the config gives none: host and process id."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def check_postgres(dsn: str, var: str) -> StoreConfigError | None:
     """What stops the PostgreSQL backend from starting before it connects: psycopg
     missing, the DSN variable unset, or a DSN that does not parse. None when fine."""
@@ -440,8 +525,8 @@ async def open_store(settings: Mapping[str, Any], home: str | os.PathLike[str]) 
     tools, from a `dsn` entry) and raises StoreConfigError (exit 78) when it cannot."""
     backend = settings.get("backend", "sqlite")
     if backend == "sqlite":
-        from .store import SessionDB
-        from .writer import WriterConfig
+        from .sqlite.settings import WriterConfig
+        from .sqlite.store import SessionDB
 
         writer = WriterConfig(
             **{k: settings[k] for k in ("synchronous", "queue_size") if k in settings}

@@ -1,6 +1,6 @@
 """What a message row holds on its way into a store and back: the fields a caller may set,
 validation and JSON columns (`row_values`), tool-call counts, and decoding a stored row.
-Pure functions that both stores (state/messages.py, state/pg/messages.py) use."""
+Pure functions that both stores (state/sqlite/messages.py, state/pg/messages.py) use."""
 
 from __future__ import annotations
 

@@ -59,3 +59,13 @@ def exec_script(conn: sqlite3.Connection, script: str) -> None:
             pending = ""
     if pending.strip():
         raise ValueError(f"incomplete SQL statement: {pending.strip()[:60]}")
+
+
+_ASCII_JSON = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode
+
+
+def payload_of(values: object) -> str:
+    """The payload (any JSON value) as ASCII JSON: text a platform delivered with a lone
+    surrogate is kept (escaped), so taking a message never fails on its text (storing it
+    may, later). One encoder for every call: json.dumps with options builds one each time."""
+    return _ASCII_JSON(values)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from .errors import TitleEmpty, TitleTooLong
+
 MAX_TITLE_LENGTH = 100
 
 # Zero-width and bidi-control characters: invisible, and able to make two titles look
@@ -63,3 +65,13 @@ def lineage_key(title: str) -> tuple[str, int]:
 
 def lineage_title(base: str, number: int) -> str:
     return base if number <= 1 else f"{base} #{number}"
+
+
+def sanitize_title(raw: str) -> str:
+    """Clean a title and enforce the length rule; raises TitleEmpty / TitleTooLong."""
+    title = clean_title(raw)
+    if not title:
+        raise TitleEmpty()
+    if len(title) > MAX_TITLE_LENGTH:
+        raise TitleTooLong(len(title), MAX_TITLE_LENGTH)
+    return title

@@ -46,7 +46,7 @@ from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState
 
 if TYPE_CHECKING:
-    from state.replies import StoredReply
+    from state import StoredReply
 
 log = logging.getLogger("gateway.adapters.api")
 ANSWERED_MEMORY = 10_000  # recent answers kept to reply to a redelivered message_id at once

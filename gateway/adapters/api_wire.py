@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway.messages import OutboundMessage
 from gateway.session_keys import SessionSource
-from state.text import unstorable
+from state import unstorable
 
 MAX_BODY = 2 * 1024 * 1024
 IDEMPOTENCY_HEADER = "Idempotency-Key"

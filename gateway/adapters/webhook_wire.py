@@ -15,7 +15,7 @@ from typing import Any
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionSource
 from gateway.vocab import ChatType
-from state.text import unstorable
+from state import unstorable
 
 HEADER = "X-Switchboard-Signature"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")

@@ -26,7 +26,7 @@ from gateway.ops.backups import (
     restore,
     take_backup,
 )
-from state import backup as snapshots
+from state import snapshots
 
 
 async def _record(home: Path, written: Written) -> None:

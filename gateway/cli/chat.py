@@ -41,8 +41,7 @@ from gateway.timefmt import ago
 from gateway.vocab import AdapterState, ChatType
 from gateway.wiring import build_agent, router_settings
 from gateway.wording import plural
-from state import AmbiguousSession, EndReason, SessionNotFound, Store
-from state.content import content_text, encode_content
+from state import AmbiguousSession, EndReason, SessionNotFound, Store, content_text, encode_content
 
 RECAP_EXCHANGES = 10
 BANNER = "switchboard chat: /help for commands, /quit or Ctrl-D to leave"

@@ -1,7 +1,7 @@
 """`switchboard import --from-hermes [HERMES_HOME]`: bring a Hermes Agent home over.
 
 From its state.db: sessions, messages, titles, lineage, token counts, per-model usage
-(state/hermes_import.py). From its gateway: the routing index (`sessions/sessions.json`,
+(state/hermes/hermes_import.py). From its gateway: the routing index (`sessions/sessions.json`,
 and the `gateway_routing` table Hermes 0.19 keeps beside it) whose keys are rebuilt with
 switchboard's key builder from each session's origin, threads included, and the home
 channels `/sethome` wrote into its `.env`.
@@ -35,9 +35,9 @@ from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning
 from gateway.handoff import HOME_KEY, configured_home
 from gateway.session_keys import KeySettings, SessionSource, build_key
-from state import SessionDB, Store, open_store
-from state.hermes_import import HermesImport, Routing, read_routing
-from state.transfer import ImportReport
+from state import HermesImport, ImportReport, SessionDB, Store, open_store
+from state import HermesRouting as Routing
+from state import read_hermes_routing as read_routing
 
 DEFAULT_HERMES_HOME = "~/.hermes"
 _CHAT_TYPES = {"dm": "dm", "group": "group", "channel": "channel", "thread": "thread",

@@ -100,7 +100,7 @@ async def _list(db: Any, as_json: bool) -> int:
 
 async def _decide(db: Any, text: str, *, approve: bool) -> int:
     from gateway.pairing import normalised, shown
-    from state.pairing import APPROVED, DENIED
+    from state import APPROVED, DENIED
 
     code = normalised(text)
     row = await db.pairing_decide(code, APPROVED if approve else DENIED, time.time())

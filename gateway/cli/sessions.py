@@ -37,8 +37,9 @@ from state import (
     SessionNotFound,
     Store,
     TitleError,
+    content_text,
+    encode_content,
 )
-from state.content import content_text, encode_content
 
 # Piped output is for reading whole lines (grep, a file, a pager): no width to wrap at, so
 # a table row stays one line however long its title.

@@ -1,5 +1,5 @@
 """Backups of a home: one archive per backup, taken while the daemon runs. The archive holds
-a consistent snapshot of state.db (state.backup), the index written from that snapshot, the
+a consistent snapshot of state.db (state.sqlite.backup), the index written from that snapshot, the
 config file and, when asked, the secrets file, with a manifest of counts and checksums;
 restore unpacks one into an empty home. `switchboard backup` / `restore` (gateway/cli/
 backup.py) and doctor's backup age use it."""
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import GatewayError
-from state import backup as snapshots
+from state import snapshots
 
 FORMAT = "switchboard-backup"
 FORMAT_VERSION = 1

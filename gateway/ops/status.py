@@ -144,7 +144,7 @@ async def collect(
     store, sessions, inbox = await _store_part(home, data, secrets, now)
     if health is not None and health.get("sessions") is not None:
         sessions["in_index"] = health.get("sessions")
-    outbox = sessions.pop("outbox_pending", None)  # one-off sends waiting (state/sends.py)
+    outbox = sessions.pop("outbox_pending", None)  # one-off sends waiting (state/sqlite/sends.py)
     reset = data["session_reset"]
     return {
         "shape": SHAPE_VERSION,

@@ -35,8 +35,7 @@ from gateway.session_keys import SessionKey
 from gateway.sessions import SessionManager
 from gateway.turns import user_message
 from gateway.vocab import ChatType
-from state import SessionNotFound, StateError, Store, UnstorableData
-from state.inbox import OPEN_STATES
+from state import OPEN_STATES, SessionNotFound, StateError, Store, UnstorableData
 
 log = logging.getLogger("gateway.router")
 

@@ -15,7 +15,7 @@ from gateway.leases import SharedCoordinator
 from gateway.messages import InboundMessage
 from gateway.services import Services
 from gateway.turns import APOLOGY, mark_reply, reply_key
-from state.content import content_text
+from state import content_text
 
 log = logging.getLogger("gateway.router")
 

@@ -14,7 +14,7 @@ from gateway.pipeline.inflight import InFlight
 from gateway.pipeline.outbox import Outbox, too_old_apology
 from gateway.pipeline.worker import Worker
 from gateway.services import Services
-from state.inbox import DROPPED, STARTED
+from state import DROPPED, STARTED
 
 log = logging.getLogger("gateway.router")
 

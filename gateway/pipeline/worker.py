@@ -25,8 +25,15 @@ from gateway.services import Services
 from gateway.session_keys import SessionKey, build_key
 from gateway.topology.base import TurnLease
 from gateway.turns import APOLOGY, TurnProgress, agent_turn, may_send, send_checked
-from state import LeaseLost, LiveSessionExists, SessionNotFound, StoreUnavailable, UnstorableData
-from state.inbox import ANSWERED, DROPPED
+from state import (
+    ANSWERED,
+    DROPPED,
+    LeaseLost,
+    LiveSessionExists,
+    SessionNotFound,
+    StoreUnavailable,
+    UnstorableData,
+)
 
 log = logging.getLogger("gateway.router")
 

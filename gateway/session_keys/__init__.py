@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.vocab import ChatType
-from state.text import storable
+from state import storable
 
 CHAT_TYPES: tuple[str, ...] = tuple(ChatType)
 

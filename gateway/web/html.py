@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import quote, urlencode
 
-from state.search import MARK_CLOSE, MARK_OPEN
+from state import MARK_CLOSE, MARK_OPEN
 
 _INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
 

@@ -13,9 +13,8 @@ from typing import Any, BinaryIO
 from gateway import adapters
 from gateway.session_keys import CHAT_TYPES
 from gateway.web.context import DashboardState as Dashboard
-from state import Store
-from state.keyset import SORTS, PageQuery
-from state.search import SORTS as SEARCH_SORTS
+from state import PAGE_SORTS as SORTS
+from state import SEARCH_SORTS, PageQuery, Store
 
 PLATFORMS = adapters.sources()
 MAX_DAYS = 3660

@@ -1,5 +1,5 @@
 """Listings, delete and prune, the key/value meta table, lineage repair, statistics and
-export/import on PostgreSQL (the rules of state/listing.py, maintenance.py, transfer.py)."""
+export/import on PostgreSQL (the rules of state/sqlite/listing.py, maintenance.py, transfer.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,20 @@ from typing import Any, cast
 
 from psycopg import AsyncConnection
 
+from ..columns import PRUNE_CHUNK
 from ..errors import AmbiguousSession, SessionNotFound, TitleTaken
-from ..listing import LIST_COLUMNS, SessionFilter, with_chat_name
-from ..maintenance import PRUNE_CHUNK
-from ..records import ExportRecord, SessionRow, SourceUsage, UsageStats
+from ..filters import LIST_COLUMNS, SessionFilter, with_chat_name
+from ..records import (
+    DERIVED_SESSION_COLUMNS,
+    FORMAT_VERSION,
+    ExportRecord,
+    ImportReport,
+    SessionRow,
+    SourceUsage,
+    UsageStats,
+)
 from ..rows import like_escape, to_json_text
 from ..titles import clean_title, split_lineage, title_key
-from ..transfer import _SKIP_SESSION_COLUMNS, FORMAT_VERSION, ImportReport
 from . import db, messages, sessions
 
 # --- listings ------------------------------------------------------------------------
@@ -250,7 +257,7 @@ async def export_page(
         msgs = await messages.get_messages(conn, s["id"])
         for m in msgs:
             m.pop("session_id", None)
-        session = cast(SessionRow, {k: v for k, v in s.items() if k not in _SKIP_SESSION_COLUMNS})
+        session = cast(SessionRow, {k: v for k, v in s.items() if k not in DERIVED_SESSION_COLUMNS})
         out.append({"format": FORMAT_VERSION, "session": session, "messages": msgs})
     return out
 
@@ -299,7 +306,7 @@ async def import_records(
             k: (to_json_text(v) if isinstance(v, (dict, list)) else v)
             for k, v in sess.items()
             if k in session_cols
-            and k not in _SKIP_SESSION_COLUMNS
+            and k not in DERIVED_SESSION_COLUMNS
             and k != "title"
             and k not in ("message_count", "tool_call_count", "preview")
         }

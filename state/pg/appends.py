@@ -1,5 +1,5 @@
 """Many appends in a few statements: the writer's fast path for runs of appends in one
-batch (the hot path of every turn), the PostgreSQL counterpart of state/messages.py's
+batch (the hot path of every turn), the PostgreSQL counterpart of state/sqlite/messages.py's
 `append_many`.
 
 The sessions are locked in id order (two daemons appending to the same sessions cannot

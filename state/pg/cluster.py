@@ -1,5 +1,6 @@
 """Several replicas on one PostgreSQL database: session-key leases with fencing, routes
-(the shared sessions.json), live background jobs, orphaned inbox rows and replica wake-ups.
+(the shared sessions.json), live background jobs and replica wake-ups (what a gone replica
+left is state/pg/takeover.py's).
 
 A replica *incarnation* is a number drawn from `replica_incarnations` at each start; it is
 live while its session-level advisory lock `(space, incarnation)` shows in `pg_locks` (held
@@ -16,13 +17,13 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
 from ..errors import LeaseLost
-from ..inbox import OPEN_STATES
-from ..records import Fence, Release
+from ..records import Accepted, BeginPlan, Fence, Release
+from ..vocab import OPEN_STATES
 from . import db, inbox
 from .writer import register_batched, register_merged
 
@@ -176,14 +177,22 @@ async def _with_open(
 register_batched(take_lease, take_leases_many)
 
 
-# Where a taken key's turn may begin in the accept's own transaction: the route row and
-# the new inbox id -> the session to store the message in, or None (the turn begins later)
-BeginsIn = Callable[[Mapping[str, Any], int], "str | None"]
-# the user's message, the history's length and the test above (accept_take's `begin`)
-BeginPlan = tuple[Mapping[str, Any], "int | None", BeginsIn]
-Accepted = tuple[int, str, bool, "dict[str, Any] | None", "tuple[int, list[dict[str, Any]]] | None"]
-# accept_take's arguments, and turn_write_fenced's
-AcceptTake = tuple[str, str, "str | None", str, float, str, int, int, "BeginPlan | None"]
+class AcceptTake(NamedTuple):
+    """accept_take's arguments, as the writer hands a batch of them to turns_many: the
+    first seven are inbox.accept's."""
+
+    platform: str
+    chat_id: str
+    pmid: str | None
+    payload: str
+    now: float
+    key: str
+    me: int
+    space: int
+    begin: BeginPlan | None
+
+
+# turn_write_fenced's arguments
 FencedWrite = tuple[Fence, str, "inbox.Begin | inbox.End", "Release | None"]
 
 
@@ -197,7 +206,7 @@ async def accept_take(
     `begin`, when its test names a session for the taken route, the turn's begin too (the
     message stored in that session, the row started, the history read: `begun`, as
     begin_turn returns it), so the turn waits for one commit less."""
-    call = (platform, chat_id, pmid, payload, now, key, me, space, begin)
+    call = AcceptTake(platform, chat_id, pmid, payload, now, key, me, space, begin)
     return (await turns_many(conn, [call], ()))[0][0]
 
 
@@ -234,7 +243,7 @@ async def _accept_take_release(
     that went in and the releases `frees`, in one statement (_accepts_taking): the accepts'
     results, the route each new row's call took (the first call of each key) and whether
     each release freed its lease."""
-    me, space = accepts[0][6], accepts[0][7]
+    me, space = accepts[0].me, accepts[0].space
     params = inbox.accept_params([c[:7] for c in accepts])
     params.update(me=me, space=space)
     if frees:
@@ -259,7 +268,7 @@ async def _accept_take_release(
     route_of: dict[int, dict[str, Any] | None] = {}
     for i, (_id, _state, new) in enumerate(accepted):
         if new:  # a key's route goes to its first call; a later one's turn takes it later
-            route_of[i] = routes.pop(accepts[i][5], None)
+            route_of[i] = routes.pop(accepts[i].key, None)
     return accepted, route_of, [f[0].session_key in freed for f in frees]
 
 
@@ -283,7 +292,7 @@ async def turns_many(
         await check_fences(conn, [c[0] for c in fenced])
     route_of: dict[int, dict[str, Any] | None] = {}
     freed: list[bool] = []
-    if accepts and len({c[6:8] for c in accepts}) == 1:
+    if accepts and len({(c.me, c.space) for c in accepts}) == 1:
         accepted, route_of, freed = await _accept_take_release(
             conn, accepts, frees if free_first else ()
         )  # fmt: skip
@@ -292,7 +301,8 @@ async def turns_many(
             freed = await release_leases_many(conn, frees)
         accepted = await inbox.accept_many(conn, [c[:7] for c in accepts]) if accepts else []
         fresh = [i for i, (_id, _state, new) in enumerate(accepted) if new]
-        routes = await take_leases_many(conn, [accepts[i][5:8] for i in fresh]) if fresh else []
+        calls = [(accepts[i].key, accepts[i].me, accepts[i].space) for i in fresh]
+        routes = await take_leases_many(conn, calls) if fresh else []
         route_of = dict(zip(fresh, routes, strict=True))
     if free_first:
         lost = next((c[0] for c, ok in zip(fenced, freed, strict=True) if not ok), None)
@@ -300,7 +310,7 @@ async def turns_many(
             raise LeaseLost(lost.session_key, lost.epoch)
     begins: list[tuple[int, inbox.Begin]] = []
     for i, route in route_of.items():
-        plan = accepts[i][8]
+        plan = accepts[i].begin
         if route is None or plan is None:
             continue
         message, last, begins_in = plan
@@ -309,14 +319,14 @@ async def turns_many(
             begins.append((i, (accepted[i][0], sid, dict(message), last)))
     writes: list[tuple[str, inbox.Begin | inbox.End]] = [(c[1], c[2]) for c in fenced]
     writes += [(inbox.BEGIN, b) for _i, b in begins]
-    runners = [c[0].owner for c in fenced] + [accepts[i][6] for i, _b in begins]
+    runners = [c[0].owner for c in fenced] + [accepts[i].me for i, _b in begins]
     got = await inbox.turn_writes_many(
         conn, writes, runners=runners, inserted=[b[0] for _i, b in begins]
     ) if writes else []  # fmt: skip
     begun = {i: g for (i, _b), g in zip(begins, got[len(fenced):], strict=True)}
     if frees and not free_first:  # the fences hold (checked above, rows locked): all freed
         await release_leases_many(conn, frees)
-    done = [(*a, route_of.get(i), begun.get(i)) for i, a in enumerate(accepted)]
+    done = [Accepted(*a, route_of.get(i), begun.get(i)) for i, a in enumerate(accepted)]
     return done, got[: len(fenced)]
 
 
@@ -324,7 +334,7 @@ async def _turns_merged(
     conn: AsyncConnection, items: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]
 ) -> list[Any]:
     """The writer's merged run of accept_take and turn_write_fenced calls (turns_many)."""
-    accepts = [args for fn, args in items if fn is accept_take]
+    accepts = [AcceptTake(*args) for fn, args in items if fn is accept_take]
     fenced = [_fenced_args(*args) for fn, args in items if fn is not accept_take]
     done, wrote = await turns_many(conn, accepts, fenced)
     a, w = iter(done), iter(wrote)
@@ -479,65 +489,6 @@ async def drop_job(conn: AsyncConnection, session_id: str, name: str) -> None:
                  (session_id, name))  # fmt: skip
 
 
-async def orphans(
-    conn: AsyncConnection, space: int, me: int | None = None, limit: int = 200
-) -> list[dict[str, Any]]:
-    """Open inbox rows nobody live works on: taken by a replica that is gone (or by a
-    daemon before replicas), not started by a live one, and whose key no other live replica
-    leases; and the open rows `me` took itself (the caller skips those it is running: the
-    rest were left by a failure here). Oldest first."""
-    return await db.rows(
-        conn,
-        f"WITH live AS ({LIVE}) SELECT i.id, i.payload, i.session_key, i.state, "
-        "i.session_id, i.received_at FROM inbox i "
-        "LEFT JOIN session_routes r ON r.session_key = i.session_key "
-        "WHERE i.state IN ('received', 'started') "
-        "AND (i.replica = %(me)s OR ("
-        "(i.replica IS NULL OR i.replica NOT IN (SELECT * FROM live)) "
-        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)))) "
-        "AND (r.lease_owner IS NULL OR r.lease_owner = %(me)s "
-        "OR r.lease_owner NOT IN (SELECT * FROM live)) "
-        "ORDER BY i.id LIMIT %(limit)s",
-        {"space": space, "me": me, "limit": limit},
-    )
-
-
-async def orphan_replies(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
-    """Replies committed but not confirmed sent whose turn ran on a replica that is gone,
-    of keys no live replica leases (a holder sends its key's first: the take returns them):
-    the shape of inbox.unsent_replies, with the row's `session_key`."""
-    return await db.rows(
-        conn,
-        f"WITH live AS ({LIVE}) "
-        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
-        "i.session_key, "
-        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
-        "LEFT JOIN session_routes r ON r.session_key = i.session_key "
-        "WHERE i.reply_state IN ('ready', 'sending') "
-        "AND (i.runner IS NULL OR i.runner NOT IN (SELECT * FROM live)) "
-        "AND (r.lease_owner IS NULL OR r.lease_owner NOT IN (SELECT * FROM live)) "
-        "ORDER BY i.id",
-        {"space": space},
-    )
-
-
-async def claim_reply(conn: AsyncConnection, space: int, inbox_id: int, me: int) -> bool:
-    """Make `me` the runner of an orphaned unconfirmed reply, unless a live replica claimed
-    it first or another live replica leases its key (that holder sends it, before the key's
-    next reply): the row lock makes two takers of one dead runner's reply take turns, and the
-    second finds the first's (live) incarnation there. Only the claimer sends it again."""
-    got = await db.tuples(
-        conn,
-        "UPDATE inbox SET runner = %(me)s WHERE id = %(id)s "
-        "AND reply_state IN ('ready', 'sending') "
-        f"AND (runner IS NULL OR runner NOT IN ({LIVE})) "
-        "AND NOT EXISTS (SELECT 1 FROM session_routes r WHERE r.session_key = inbox.session_key "
-        f"AND r.lease_owner <> %(me)s AND r.lease_owner IN ({LIVE})) RETURNING id",
-        {"space": space, "id": inbox_id, "me": me},
-    )
-    return bool(got)
-
-
 async def lease_holds(conn: AsyncConnection, fence: Fence) -> bool:
     """Does the key's lease still have the fence's owner and epoch? (A read: nothing is
     locked, so it only tells how things stood.)"""
@@ -614,24 +565,3 @@ def route_fields(
 
 
 __all__ = ["LEADER", "LIVE", "OPEN_STATES", "channel"]
-
-
-async def report(conn: AsyncConnection) -> dict[str, int]:
-    """What `switchboard doctor` shows of the replicas: live replicas (their incarnation
-    locks; the leader lock is a second lock of one of them), routes, routes whose session is
-    no longer live (healed at their next lease), leases of replicas that are gone (taken
-    over at the next message or scan), open inbox rows nobody live works on."""
-    space = int(await db.value(conn, "SELECT hashtext(current_schema()) & 2147483647"))
-    p = {"space": space}
-    live = [int(r[0]) for r in await db.tuples(conn, LIVE, p) if int(r[0]) != LEADER]
-    routes, stale = (await db.tuples(
-        conn, "SELECT COUNT(*), COUNT(*) FILTER (WHERE r.session_id IS NOT NULL AND NOT EXISTS "
-        "(SELECT 1 FROM sessions s WHERE s.id = r.session_id AND s.ended_at IS NULL)) "
-        "FROM session_routes r",
-    ))[0]  # fmt: skip
-    dead = await db.value(
-        conn, "SELECT COUNT(*) FROM session_routes WHERE lease_owner IS NOT NULL "
-        "AND NOT (lease_owner = ANY(%s))", (live,),
-    )  # fmt: skip
-    return {"live_replicas": len(live), "routes": int(routes), "stale_routes": int(stale),
-            "dead_leases": int(dead), "orphaned_rows": len(await orphans(conn, space))}  # fmt: skip

@@ -17,12 +17,12 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import psycopg
 from psycopg import AsyncConnection
 
 from ..errors import DatabaseError, StoreConfigError
+from ..records import Wakeup
 from . import cluster, db
 
 log = logging.getLogger("state.pg.control")
@@ -49,20 +49,6 @@ def application_name(replica: str) -> str:
     """The control connection's name in pg_stat_activity (operators and tests find a
     replica's lock holder by it)."""
     return f"switchboard-control:{replica}"[:63]
-
-
-def default_name() -> str:
-    """A replica's name when the config gives none: host and process id."""
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-@dataclass(frozen=True)
-class Wakeup:
-    """A notification on this incarnation's channel: `d` (an inbox row this replica took
-    was answered elsewhere; `ref` is its id) or `k` (a key's lease is free; `ref` is the key)."""
-
-    kind: str
-    ref: str
 
 
 class ReplicaNameTaken(StoreConfigError):

@@ -1,6 +1,6 @@
 """The dashboard's queries on PostgreSQL: keyset pages of sessions, a session's lineage
 tree, empty sessions, and insights over a period. The SQL builders and the shaping are
-the SQLite store's (state/keyset.py, family.py, insights.py); insights count the period's
+the SQLite store's (state/sqlite/keyset.py, family.py, insights.py); insights count the period's
 messages directly (there are no hourly tallies here), which costs a scan of the period's
 messages instead of its hours."""
 
@@ -10,11 +10,13 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..family import build_tree
-from ..insights import RECORDED_COST, Period, assemble
-from ..keyset import PageQuery, cut_page, page_sql
-from ..maintenance import PRUNE_CHUNK
+from ..accounting import RECORDED_COST
+from ..columns import PRUNE_CHUNK
+from ..records import Period
 from ..rows import Row
+from ..sqlite.family import build_tree
+from ..sqlite.insights import assemble
+from ..sqlite.keyset import PageQuery, cut_page, page_sql
 from . import admin, db, lineage
 
 _EMPTY = (

@@ -1,4 +1,4 @@
-"""The inbox on PostgreSQL: the same rows and states as state/inbox.py (received, started,
+"""The inbox on PostgreSQL: the same rows and states as state/sqlite/inbox.py (received, started,
 answered, dropped), kept with SQL of its own.
 
 The unique (platform, chat_id, platform_message_id) key decides what is a redelivery,
@@ -15,7 +15,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..inbox import ANSWERED, RECEIVED, STARTED, Accept
+from ..records import Accept
+from ..vocab import ANSWERED, RECEIVED, STARTED
 from . import db
 from .appends import append_many
 from .windows import histories

@@ -1,5 +1,5 @@
 """Lineage on PostgreSQL: ancestors, descendants, the compression tip, forking a child and
-replaying a conversation across its ancestors (state/lineage.py's rules)."""
+replaying a conversation across its ancestors (state/sqlite/lineage.py's rules)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import Any, cast
 from psycopg import AsyncConnection
 
 from ..errors import SessionNotFound
-from ..lineage import _INHERITED, _MAX_DEPTH, _is_compression_child
 from ..records import SessionRow
-from ..sessions import ChildKind
+from ..vocab import INHERITED_COLUMNS, MAX_LINEAGE_DEPTH, ChildKind, is_compression_child
 from . import db, messages, sessions
 
 
@@ -19,7 +18,7 @@ async def ancestors(conn: AsyncConnection, session_id: str) -> list[SessionRow]:
     out: list[SessionRow] = []
     seen = {session_id}
     current = session_id
-    for _ in range(_MAX_DEPTH):
+    for _ in range(MAX_LINEAGE_DEPTH):
         parent = await db.row(
             conn,
             "SELECT p.* FROM sessions c JOIN sessions p ON p.id = c.parent_session_id WHERE c.id = %s",
@@ -54,7 +53,7 @@ async def descendants(conn: AsyncConnection, session_id: str) -> list[SessionRow
                WHERE t.depth < %s)
            SELECT s.*, d.depth FROM (SELECT id, MIN(depth) AS depth FROM tree GROUP BY id) d
            JOIN sessions s ON s.id = d.id ORDER BY d.depth, s.started_at""",
-        (session_id, _MAX_DEPTH),
+        (session_id, MAX_LINEAGE_DEPTH),
     )
     for r in found:
         r["depth"] = int(r["depth"])
@@ -64,7 +63,7 @@ async def descendants(conn: AsyncConnection, session_id: str) -> list[SessionRow
 async def compression_tip(conn: AsyncConnection, session_id: str) -> str:
     current = session_id
     seen = {current}
-    for _ in range(_MAX_DEPTH):
+    for _ in range(MAX_LINEAGE_DEPTH):
         found = await db.tuples(
             conn,
             "SELECT c.id, c.child_kind, p.end_reason FROM sessions c "
@@ -73,7 +72,7 @@ async def compression_tip(conn: AsyncConnection, session_id: str) -> str:
             (current,),
         )
         nxt = next(
-            (cid for cid, kind, reason in found if _is_compression_child(kind, reason)), None
+            (cid for cid, kind, reason in found if is_compression_child(kind, reason)), None
         )
         if nxt is None or nxt in seen:
             return current
@@ -87,7 +86,7 @@ async def fork(
     copy_messages: bool, seeds: Sequence[Mapping[str, Any]], end_reason: str | None,
     routing: Mapping[str, Any],
 ) -> str:  # fmt: skip
-    """state/lineage.py's fork, with one order change: the parent ends before the child is
+    """state/sqlite/lineage.py's fork, with one order change: the parent ends before the child is
     inserted, because the child inherits the session key and a key has one live session."""
     parent = await sessions.get_session(conn, parent_id)
     if parent is None:
@@ -95,7 +94,7 @@ async def fork(
     fields: dict[str, Any] = {"source": parent["source"], "parent_session_id": parent_id,
                               "child_kind": kind}  # fmt: skip
     inherited: Mapping[str, Any] = parent
-    for col in _INHERITED:
+    for col in INHERITED_COLUMNS:
         if inherited.get(col) is not None:
             fields[col] = inherited[col]
     fields.update({k: v for k, v in routing.items() if v is not None})

@@ -16,6 +16,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from ..columns import MESSAGE_COLUMNS
 from ..content import SENTINEL, content_text, decode_content
 from ..errors import SessionNotFound
 from ..message_rows import (
@@ -27,7 +28,6 @@ from ..message_rows import (
 )
 from ..records import MessageRow
 from ..rows import from_json_text, make_preview
-from ..schema import MESSAGE_COLUMNS
 from . import db, usage
 from .tsearch import index_text
 
@@ -214,7 +214,7 @@ async def get_messages_around(
 
 
 def chat_message(r: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored row in OpenAI chat format, as state/messages.py's SQL builds it: content
+    """A stored row in OpenAI chat format, as state/sqlite/messages.py's SQL builds it: content
     always, the optional keys only when they have a value."""
     out: dict[str, Any] = {
         "role": r["role"],

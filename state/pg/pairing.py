@@ -1,4 +1,4 @@
-"""DM pairing on PostgreSQL: the same rows and rules as state/pairing.py, shared by every
+"""DM pairing on PostgreSQL: the same rows and rules as state/sqlite/pairing.py, shared by every
 replica, so a code one replica handed out is approved once for all of them.
 
 A replica's new code never raises inside the writer's batch: a code another replica holds
@@ -11,7 +11,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..pairing import APPROVED, COLUMNS, PENDING, REVOKED, TAKEN
+from ..records import PAIRING_COLUMNS as COLUMNS
+from ..vocab import APPROVED, REVOKED, TAKEN
+from ..vocab import PAIRING_PENDING as PENDING
 from . import db
 
 CREATE_SQL = """

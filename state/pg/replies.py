@@ -1,4 +1,4 @@
-"""The stored reply to one platform message on PostgreSQL (the same rule as state/replies.py:
+"""The stored reply to one platform message on PostgreSQL (the same rule as state/sqlite/replies.py:
 the user message by (source, chat_id, platform_message_id) across the chat's sessions,
 then the turn's last assistant text before the chat's next user message). Reads only."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from psycopg import AsyncConnection
 
 from ..content import content_text
-from ..replies import StoredReply
+from ..records import StoredReply
 
 _USER_MESSAGE = (
     "SELECT m.id, m.session_id, s.session_key FROM sessions s JOIN messages m "

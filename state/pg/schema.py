@@ -1,6 +1,6 @@
 """The PostgreSQL schema and its numbered migrations, recorded in `state_meta`.
 
-`sessions` keeps the SQLite store's columns (declared once, in state/schema.py) so rows come
+`sessions` keeps the SQLite store's columns (declared once, in state/sqlite/schema.py) so rows come
 back with the same keys; `messages` adds the search columns (tsvectors written from Python
 tokens, see state/pg/tsearch.py). The rules SQLite's single writer keeps are constraints
 here: titles unique ignoring case, one live session per key, one platform message per chat
@@ -13,8 +13,8 @@ import logging
 
 from psycopg import AsyncConnection
 
+from ..columns import MESSAGE_COLUMNS, META_VERSION_KEY, SESSION_COLUMNS
 from ..errors import SchemaTooNew
-from ..schema import MESSAGE_COLUMNS, META_VERSION_KEY, SESSION_COLUMNS
 from . import pairing, sends
 
 log = logging.getLogger("state.pg.schema")
@@ -109,7 +109,7 @@ CREATE INDEX idx_messages_seg_tsv ON messages USING gin(seg_tsv) WITH (fastupdat
 CREATE INDEX idx_messages_tool_tsv ON messages USING gin(tool_tsv) WITH (fastupdate = off);
 """
 
-# The inbox (state/pg/inbox.py): SQLite's columns (state/inbox.py). The unique key holds
+# The inbox (state/pg/inbox.py): SQLite's columns (state/sqlite/inbox.py). The unique key holds
 # rows without a platform id apart (NULLs are distinct), as SQLite's unique index does.
 _V2 = """
 CREATE TABLE inbox (

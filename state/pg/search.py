@@ -24,7 +24,7 @@ from .. import query as q
 from .. import ranking
 from ..errors import QueryError
 from ..records import SearchHit
-from ..search import (
+from ..sqlite.search import (
     CONTEXT_CHARS,
     FIRST_WINDOW,
     SORTS,
@@ -35,7 +35,7 @@ from ..search import (
     filters,
     literal_where,
     make_snippet,
-)  # fmt: skip
+)
 from ..textindex import segment
 from . import db
 from .messages import from_pg

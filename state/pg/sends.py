@@ -1,4 +1,4 @@
-"""The outbox of one-off sends on PostgreSQL: the same rows and states as state/sends.py,
+"""The outbox of one-off sends on PostgreSQL: the same rows and states as state/sqlite/sends.py,
 shared by the replicas (the leader sends the pending ones again)."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..sends import COLUMNS, PENDING, row_of
+from ..records import OUTBOX_COLUMNS as COLUMNS
+from ..records import outbox_item as row_of
+from ..vocab import SEND_PENDING as PENDING
 from . import db
 
 CREATE_SQL = """

@@ -1,6 +1,6 @@
 """Sessions on PostgreSQL: create, end/reopen, routing fields, titles, handoffs and the
 index's source queries. Each function runs inside the writer's transaction (writes) or on
-a pooled connection (reads); the rules are state/sessions.py's and state/titles.py's, and
+a pooled connection (reads); the rules are state/sqlite/sessions.py's and state/titles.py's, and
 uniqueness is the constraints' job, so two processes cannot both win."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from psycopg import AsyncConnection, errors
 
+from ..columns import ROUTING_FIELDS, TOKEN_FIELDS
 from ..errors import (
     AmbiguousSession,
     LiveSessionExists,
@@ -21,19 +22,19 @@ from ..errors import (
     TitleTaken,
     TitleTooLong,
 )
-from ..handoffs import STALE_ERROR
 from ..ids import new_session_id
 from ..records import HandoffClaim, LiveSession, SessionRow, UntoldReset
 from ..rows import like_escape
-from ..sessions import CHILD_KINDS, ROUTING_FIELDS, TOKEN_FIELDS, sanitize_title
 from ..titles import (
     MAX_TITLE_LENGTH,
     clean_title,
     lineage_key,
     lineage_title,
+    sanitize_title,
     split_lineage,
     title_key,
 )
+from ..vocab import CHILD_KINDS, STALE_ERROR
 from . import db
 from .schema import LIVE_KEY_INDEX, TITLE_INDEX
 
@@ -311,7 +312,7 @@ async def count_sessions(conn: AsyncConnection, source: str | None = None) -> in
     return int(await db.value(conn, "SELECT COUNT(*) FROM sessions"))
 
 
-# --- handoffs (state/handoffs.py's state machine) --------------------------------------
+# --- handoffs (state/sqlite/handoffs.py's state machine) --------------------------------------
 
 
 async def request_handoff(
@@ -369,7 +370,7 @@ async def fail_stale_handoffs(conn: AsyncConnection, older_than_s: float, now: f
     return sorted(r[0] for r in found)
 
 
-# --- the gateway index's source queries (state/routing.py) ------------------------------
+# --- the gateway index's source queries (state/sqlite/routing.py) ------------------------------
 
 _LIVE = "session_key, id, started_at, last_active, origin_json, source, chat_type"
 
@@ -413,7 +414,7 @@ async def session_states(
 
 
 async def untold_resets(conn: AsyncConnection) -> list[UntoldReset]:
-    """See state.routing.untold_resets."""
+    """See state.sqlite.routing.untold_resets."""
     found = await db.tuples(
         conn,
         "SELECT c.session_key, c.id, p.id, p.title, p.message_count, p.end_reason "

@@ -18,31 +18,33 @@ from typing import IO, Any, TypeVar
 import psycopg
 from psycopg import AsyncConnection
 
-from .. import search as sqlite_search
+from ..columns import AUTO_PRUNE_KEY, PRUNE_CHUNK, session_fields
 from ..errors import DatabaseError, SessionNotFound, StoreUnavailable, UnstorableData
-from ..inbox import payload_of
-from ..insights import Period
-from ..listing import SessionFilter
-from ..maintenance import AUTO_PRUNE_KEY, PRUNE_CHUNK
+from ..filters import SessionFilter
+from ..history import HistoryWindows
 from ..records import (
+    Accepted,
     AutoPruneResult,
+    BeginPlan,
     ExportRecord,
     Fence,
     HandoffClaim,
+    ImportReport,
+    InboxEntry,
     LiveSession,
     MessageRow,
+    Period,
     Release,
     SearchHit,
     SessionRow,
+    StoredReply,
+    UnsentReply,
     UntoldReset,
     UsageStats,
     WriteStats,
 )  # fmt: skip
-from ..replies import StoredReply
-from ..rows import Row
-from ..sessions import session_fields
-from ..transfer import ImportReport
-from ..windows import HistoryWindows
+from ..rows import Row, payload_of
+from ..sqlite import search as sqlite_search
 from . import (
     admin,
     cluster,
@@ -58,6 +60,7 @@ from . import (
     sends,
     sessions,
     shards,
+    takeover,
     usage,
 )
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
@@ -553,8 +556,8 @@ class PgStore:
     async def accept_and_take(
         self, platform: str, chat_id: str, platform_message_id: str | None,
         payload: object, *, session_key: str, me: int, space: int,
-        begin: cluster.BeginPlan | None = None,
-    ) -> cluster.Accepted:  # fmt: skip
+        begin: BeginPlan | None = None,
+    ) -> Accepted:  # fmt: skip
         """`accept_inbound` for replica `me` and, when the row is new, `take_lease` on
         `session_key` in one transaction: (inbox id, state, new, the route as take_lease
         returns it, or None when the row is not new or a live replica holds the key, and
@@ -671,14 +674,14 @@ class PgStore:
     async def drop_job(self, session_id: str, name: str) -> None:
         await self._write(cluster.drop_job, session_id, name)
 
-    async def orphaned_inbound(self, space: int, me: int | None = None) -> list[dict[str, Any]]:
-        return await self._read(cluster.orphans, space, me)
+    async def orphaned_inbound(self, space: int, me: int | None = None) -> list[InboxEntry]:
+        return await self._read(takeover.orphans, space, me)
 
-    async def orphaned_replies(self, space: int) -> list[dict[str, Any]]:
-        return await self._read(cluster.orphan_replies, space)
+    async def orphaned_replies(self, space: int) -> list[UnsentReply]:
+        return await self._read(takeover.orphan_replies, space)
 
     async def claim_orphaned_reply(self, space: int, inbox_id: int, me: int) -> bool:
-        return await self._write(cluster.claim_reply, space, inbox_id, me)
+        return await self._write(takeover.claim_reply, space, inbox_id, me)
 
     async def lease_holds(self, fence: Fence) -> bool:
         return await self._read(cluster.lease_holds, fence)
@@ -687,7 +690,7 @@ class PgStore:
         return await self._read(cluster.row_states, ids)
 
     async def cluster_report(self) -> dict[str, int]:
-        return await self._read(cluster.report)
+        return await self._read(takeover.report)
 
     async def claim_shards(
         self, platform: str, count: int, me: int, space: int, every_s: float
@@ -736,7 +739,7 @@ class PgStore:
     async def pairing_list(self, now: float) -> list[dict[str, Any]]:
         return await self._read(pairing.listing, now)
 
-    # --- the outbox of one-off sends (state/sends.py) -----------------------------------
+    # --- the outbox of one-off sends (state/sqlite/sends.py) -----------------------------------
 
     async def send_add(
         self, platform: str, chat_id: str, thread_id: str | None, text: str, now: float
@@ -844,7 +847,7 @@ class PgStore:
     # --- the dashboard's queries (state/pg/dashboard.py) ----------------------------------
 
     async def session_page(self, q: Any) -> tuple[list[Row], tuple[float, str] | None]:
-        """One keyset page of sessions (a `state.keyset.PageQuery`) and the next cursor."""
+        """One keyset page of sessions (a `state.sqlite.keyset.PageQuery`) and the next cursor."""
         return await self._read(dashboard.session_page, q)
 
     async def lineage_tree(self, session_id: str) -> Row | None:
@@ -863,5 +866,5 @@ class PgStore:
                 return total
 
     async def insights(self, since: float, until: float, source: str | None = None) -> Row:
-        """Activity figures for [since, until) (see state/insights.py)."""
+        """Activity figures for [since, until) (see state/sqlite/insights.py)."""
         return await self._read(dashboard.insights, Period(since, until, source))

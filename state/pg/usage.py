@@ -1,4 +1,4 @@
-"""Token and cost accounting on PostgreSQL, with state/usage.py's rules (billing route
+"""Token and cost accounting on PostgreSQL, with state/accounting.py's rules (billing route
 fill, incremental or absolute totals, per-model usage rows)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..usage import TOKEN_KINDS, totals_set, usage_route
+from ..accounting import TOKEN_KINDS, totals_set, usage_route
 from . import db
 
 # Both usage inserts: the row's columns up to its costs, its key, and on a conflict the

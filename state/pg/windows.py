@@ -1,4 +1,4 @@
-"""The history windows the PostgreSQL writer keeps between turns (state/windows.py's, with
+"""The history windows the PostgreSQL writer keeps between turns (state/sqlite/windows.py's, with
 a check that holds across replicas).
 
 A turn reads the newest `history_messages` (200) of its session for the agent. Read whole,
@@ -37,7 +37,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..windows import HistoryWindows
+from ..history import HistoryWindows
 from . import db
 from .messages import chat_message
 

@@ -39,7 +39,7 @@ import psycopg
 from psycopg import AsyncConnection, errors
 
 from ..errors import DatabaseBusy, DatabaseError, StateError, StoreUnavailable, WriterClosed
-from ..writer import WriterStats
+from ..records import WriterStats
 from .windows import forget_windows
 
 log = logging.getLogger("state.pg.writer")

@@ -9,7 +9,7 @@ import aiohttp
 
 from gateway.adapters.api import ApiAdapter
 from gateway.messages import InboundMessage, OutboundMessage
-from state.replies import StoredReply
+from state.sqlite.replies import StoredReply
 
 
 async def test_a_reply_that_lands_during_the_store_read_answers_the_request() -> None:

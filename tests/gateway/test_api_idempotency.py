@@ -231,7 +231,7 @@ async def test_a_repeat_whose_recovered_turn_answers_during_the_store_read_gets_
     answers 200 with that reply, never a 500 for setting an answer twice."""
     from gateway.adapters.api import ApiAdapter
     from gateway.messages import InboundMessage, OutboundMessage
-    from state.replies import StoredReply
+    from state.sqlite.replies import StoredReply
 
     emitted: list[InboundMessage] = []
     api: ApiAdapter

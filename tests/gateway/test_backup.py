@@ -18,7 +18,7 @@ import pytest
 
 from gateway.ops.backups import archive_name
 from gateway.ops.doctor import backup_check
-from state import schema
+from state.sqlite import schema
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 

@@ -20,7 +20,7 @@ from gateway.agent.echo import EchoAgent
 from gateway.cli import build_parser
 from gateway.reset.policy import ResetPolicy
 from state import SessionDB
-from state.schema import migrate
+from state.sqlite.schema import migrate
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 MANY = 400

@@ -99,10 +99,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_every_kind_of_import() -> None:
     graph = import_graph()
-    assert "gateway.pipeline.intake" in graph and "state.writer" in graph
+    assert "gateway.pipeline.intake" in graph and "state.sqlite.writer" in graph
     assert "gateway.services" in graph["gateway.pipeline.intake"]  # top level
     assert "gateway.agent.openai" in graph["gateway.wiring"]  # inside a function
-    assert "state.store" in graph["state"]  # a package's relative import
+    assert "state.sqlite.store" in graph["state"]  # a package's relative import
     assert "gateway.reset" in graph["gateway.wiring"]  # through gateway.reset.policy
 
 
@@ -266,6 +266,104 @@ def test_only_the_wiring_chooses_by_backend() -> None:
     assert found == []
 
 
+# The door into state/ from gateway/: the package itself (Store, ClusterStore, the records,
+# errors, states and content rules it exports), and the four modules it is made of that
+# hold nothing but interfaces, shapes, errors and state names. Never a backend
+# (state.sqlite, state.pg, state.hermes) and never a module of shared rules directly.
+STATE_PUBLIC = frozenset({"state", "state.api", "state.records", "state.errors", "state.vocab"})
+BACKENDS = ("state.sqlite", "state.pg")
+
+
+def _state_modules_imported_by(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    return {m for m in imports_of(module, path, modules) if m == "state" or m.startswith("state.")}
+
+
+def test_gateway_imports_state_only_through_its_public_modules() -> None:
+    modules = project_modules()
+    wrong = {
+        f"{name} imports {target}"
+        for name, path in modules.items()
+        if name.startswith("gateway")
+        for target in _state_modules_imported_by(name, path, modules)
+        if target not in STATE_PUBLIC
+    }
+    assert sorted(wrong) == []
+
+
+def test_the_public_door_check_sees_a_backend_import(tmp_path: Path) -> None:
+    for pkg in ("gateway", "state", "state/pg"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "state" / "pg" / "store.py").write_text("")
+    (tmp_path / "gateway" / "app.py").write_text("def f():\n    from state.pg.store import X\n")
+    modules = {
+        "gateway": tmp_path / "gateway/__init__.py", "gateway.app": tmp_path / "gateway/app.py",
+        "state": tmp_path / "state/__init__.py", "state.pg": tmp_path / "state/pg/__init__.py",
+        "state.pg.store": tmp_path / "state/pg/store.py",
+    }  # fmt: skip
+    found = _state_modules_imported_by("gateway.app", modules["gateway.app"], modules)
+    assert found - STATE_PUBLIC == {"state.pg", "state.pg.store"}
+
+
+def _folder(module: str) -> str:
+    """The folder a module of state/ lives in: `state`, `state.sqlite`, `state.pg`, ..."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else "state"
+
+
+def _private_names_across_folders(module: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """`from X import _name` where X is a module of state/ in another folder than `module`'s."""
+    is_package = path.name == "__init__.py"
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    out: list[str] = []
+    foreign_modules: dict[str, str] = {}  # local name -> a module of another folder
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            anchor = base[: len(base) - (node.level - 1)]
+            source = ".".join([*anchor, *([node.module] if node.module else [])])
+        else:
+            source = node.module or ""
+        for alias in node.names:
+            whole = f"{source}.{alias.name}"
+            if whole in modules and _folder(whole) != _folder(module):
+                foreign_modules[alias.asname or alias.name] = whole  # `from ..sqlite import store`
+        target = _resolve(source, modules)
+        if target is None or not target.startswith("state") or _folder(target) == _folder(module):
+            continue
+        out += [
+            f"{module} imports {target}.{alias.name}"
+            for alias in node.names
+            if _is_private(alias.name)
+        ]
+    for node in ast.walk(tree):  # `store._open(...)` on a module imported from another folder
+        if (
+            isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id in foreign_modules and _is_private(node.attr)
+        ):  # fmt: skip
+            out.append(f"{module} uses {foreign_modules[node.value.id]}.{node.attr}")
+    return out
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_of_state_crosses_a_folder() -> None:
+    """Neither backend (nor the Hermes layer, nor the shared rules) uses another folder's
+    `_private` names: what both backends share is public, in the shared modules."""
+    modules = project_modules()
+    found = [
+        hit
+        for name, path in modules.items()
+        if name.startswith("state")
+        for hit in _private_names_across_folders(name, path, modules)
+    ]
+    assert found == []
+
+
 MAX_MODULE_LINES = 600
 
 
@@ -276,3 +374,55 @@ def test_no_gateway_module_is_over_600_lines() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert too_long == {}
+
+
+def test_the_private_name_check_sees_one(tmp_path: Path) -> None:
+    for pkg in ("state", "state/pg", "state/sqlite"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "state/sqlite/lineage.py").write_text("_MAX = 1\nPUBLIC = 2\n")
+    (tmp_path / "state/pg/lineage.py").write_text(
+        "from ..sqlite import lineage\nfrom ..sqlite.lineage import PUBLIC, _MAX\nlineage._MAX\n"
+    )
+    modules = {
+        "state": tmp_path / "state/__init__.py",
+        "state.sqlite.lineage": tmp_path / "state/sqlite/lineage.py",
+        "state.pg.lineage": tmp_path / "state/pg/lineage.py",
+    }
+    found = _private_names_across_folders("state.pg.lineage", modules["state.pg.lineage"], modules)
+    assert found == [
+        "state.pg.lineage imports state.sqlite.lineage._MAX",
+        "state.pg.lineage uses state.sqlite.lineage._MAX",
+    ]
+
+
+def test_the_sqlite_backend_never_imports_the_postgresql_one() -> None:
+    """psycopg is an extra: the default store, and everything it loads, runs without it."""
+    modules = project_modules()
+    graph = import_graph()
+    sqlite_side = [name for name in modules if _folder(name) in ("state.sqlite", "state.hermes")]
+    sqlite_side += [name for name in modules if _folder(name) == "state" and name != "state.api"]
+    wrong = sorted(
+        f"{name} imports {target}"
+        for name in sqlite_side
+        for target in graph[name]
+        if _folder(target) == "state.pg"
+    )
+    assert wrong == []
+
+
+MAX_STATE_MODULE_LINES = 600
+# The two store classes and the Hermes facade, still past the limit: each is one class
+# of one-line forwards to the operation modules. The list only shrinks: a module listed
+# here that fits fails the test below until it is taken off.
+STATE_MODULES_STILL_OVER = frozenset({"state/sqlite/store.py", "state/pg/store.py", "state/hermes/compat.py"})
+
+
+def test_no_module_in_state_is_over_600_lines() -> None:
+    sizes = {
+        str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
+        for path in (ROOT / "state").rglob("*.py")
+    }
+    over = {name for name, lines in sizes.items() if lines > MAX_STATE_MODULE_LINES}
+    assert sorted(over - STATE_MODULES_STILL_OVER) == [], "modules over 600 lines"
+    assert sorted(STATE_MODULES_STILL_OVER - over) == [], "listed as over, but they fit now"

@@ -474,7 +474,7 @@ async def test_one_statement_accepts_takes_new_keys_and_releases_a_batchs_leases
     space, now = a.link.space, time.time()
 
     def accept(key: str, pmid: str) -> pg_cluster.AcceptTake:
-        return ("api", key, pmid, '{"text": "x"}', now, key, a.me, space, None)
+        return pg_cluster.AcceptTake("api", key, pmid, '{"text": "x"}', now, key, a.me, space, None)
 
     async with await psycopg.AsyncConnection.connect(store._dsn, autocommit=True) as conn:
         pg_db.binary_lists(conn)

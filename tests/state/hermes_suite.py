@@ -1,7 +1,7 @@
-"""Hermes Agent 0.19.0's own store tests, run against `state.compat`.
+"""Hermes Agent 0.19.0's own store tests, run against `state.hermes.compat`.
 
 The test files come from the hermes-agent sdist at test time (tests/hermes_pkg.py, never
-committed). A conftest written next to them makes `import hermes_state` give `state.compat`;
+committed). A conftest written next to them makes `import hermes_state` give `state.hermes.compat`;
 nothing else in them changes. They run in a subprocess pytest (their fixtures and module
 state stay out of ours); outcomes come back through a JUnit XML report.
 
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 _CONFTEST = '''"""Point Hermes's store tests at switchboard's facade."""
 import sys
 
-import state.compat
+import state.hermes.compat
 
-sys.modules["hermes_state"] = state.compat
+sys.modules["hermes_state"] = state.hermes.compat
 # A few tests build messages with Hermes's own agent helpers: its package goes last on the
 # path, so switchboard's modules keep their names.
 sys.path.append({hermes!r})

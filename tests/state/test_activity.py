@@ -7,7 +7,8 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from state import SessionDB, schema
+from state import SessionDB
+from state.sqlite import schema
 
 H = 3600.0
 RECOUNT = (

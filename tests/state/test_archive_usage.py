@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from state import SessionDB, SessionNotFound
-from state.compat import SessionDB as SyncSessionDB
+from state.hermes.compat import SessionDB as SyncSessionDB
 
 
 async def test_archive_covers_the_compression_chain_and_hides_it_from_listings(

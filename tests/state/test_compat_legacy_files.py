@@ -1,4 +1,4 @@
-"""Old Hermes Agent files (its schema 2 and 10) opened through `state.compat`: the store
+"""Old Hermes Agent files (its schema 2 and 10) opened through `state.hermes.compat`: the store
 behaviour Hermes's two migration tests check besides its own version counter (which the
 facade leaves to Hermes, see hermes_suite_lists.py): missing columns are added with their
 defaults, titles can be set, and tool names and call arguments of old rows are searchable."""
@@ -9,7 +9,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from state.compat import SessionDB
+from state.hermes.compat import SessionDB
 
 _HERMES_V2 = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);

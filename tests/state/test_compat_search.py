@@ -1,4 +1,4 @@
-"""Search through `state.compat` on the cases Hermes callers rely on: punctuation in a CJK
+"""Search through `state.hermes.compat` on the cases Hermes callers rely on: punctuation in a CJK
 query is literal, and rewound messages are hidden unless `include_inactive` asks for them."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from state.compat import SessionDB
+from state.hermes.compat import SessionDB
 
 
 def test_a_percent_sign_in_a_short_cjk_query_is_literal(tmp_path: Path) -> None:

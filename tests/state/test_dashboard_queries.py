@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 
 from state import SessionDB, Store
-from state.keyset import PageQuery
+from state.sqlite.keyset import PageQuery
 
 
 async def test_keyset_pages_visit_tied_rows_once(store: Store) -> None:
@@ -109,7 +109,7 @@ async def test_insights_count_only_the_periods_messages_whatever_their_order(
 
 
 async def test_chat_type_filter_walks_an_index_in_either_sort(db: SessionDB, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from state import keyset
+    from state.sqlite import keyset
 
     await db.create_session("g", "telegram", chat_id="1", chat_type="group", started_at=5.0)
     for i in range(20):

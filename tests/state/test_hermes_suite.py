@@ -1,4 +1,4 @@
-"""The measure of `state.compat`: Hermes Agent 0.19.0's own store tests (from its sdist, at
+"""The measure of `state.hermes.compat`: Hermes Agent 0.19.0's own store tests (from its sdist, at
 test time) against the facade. Every test passes except the documented skip list and the
 not-yet-implemented list in hermes_suite_lists.py; both lists name each test."""
 

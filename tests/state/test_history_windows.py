@@ -1,7 +1,7 @@
 """The history a turn reads is the session's newest messages, whatever happened in between.
 
 The SQLite writer keeps each recent session's last window and reads only what is new
-(state/windows.py); these tests hold every backend to the same answer as a full read, and
+(state/sqlite/windows.py); these tests hold every backend to the same answer as a full read, and
 the SQLite one to it after the changes the kept window must notice: a message edited or
 deleted by another program, an operation that is not an append, a failed batch, a caller
 editing the list it was given.
@@ -141,7 +141,7 @@ async def test_a_failed_batch_forgets_the_windows(db: SessionDB) -> None:
 def test_the_windows_stay_within_their_budget() -> None:
     """Least recently used sessions go first; a window bigger than a quarter of the budget
     is served but not kept."""
-    from state.windows import PER_MESSAGE, HistoryWindows
+    from state.history import PER_MESSAGE, HistoryWindows
 
     per = PER_MESSAGE + 10
     windows = HistoryWindows(budget=per * 40)
@@ -162,7 +162,7 @@ def test_a_batch_advances_every_window_it_was_promised_before_any_is_evicted() -
     the first advances outgrow the budget, the windows still to be advanced stay until the
     batch is done (before, the eviction took one of them and its advance raised: seen in
     bench/gateway_bench.py with 10,000 chats); `trim` then brings the rest within budget."""
-    from state.windows import PER_MESSAGE, HistoryWindows
+    from state.history import PER_MESSAGE, HistoryWindows
 
     per = PER_MESSAGE + 10
     windows = HistoryWindows(budget=per * 80)  # 80 messages; one window at most 20

@@ -1,4 +1,4 @@
-"""The inbox's batched paths (state/inbox.py): messages taken together in one group commit
+"""The inbox's batched paths (state/sqlite/inbox.py): messages taken together in one group commit
 get the same answers as one at a time: new ones consecutive ids, repeats (before or within
 the batch) the earlier row, rows without a platform id always new."""
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from state import AmbiguousSession, SessionNotFound, Store, ids
-from state.keyset import PageQuery
+from state.sqlite.keyset import PageQuery
 
 DAY = 86400.0
 

@@ -4,7 +4,7 @@ limits, single use, expiry, approvals that survive reopening the store, revocati
 from __future__ import annotations
 
 from state import Store
-from state.pairing import APPROVED, DENIED, TAKEN
+from state.sqlite.pairing import APPROVED, DENIED, TAKEN
 
 LIMITS = {"ttl_s": 600.0, "user_interval_s": 60.0, "max_pending": 2}
 

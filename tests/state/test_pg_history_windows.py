@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from state import Store
+from state.history import HistoryWindows
 from state.pg.store import PgStore
-from state.windows import HistoryWindows
 from tests.state.conftest import OpenStore
 from tests.state.test_history_windows import _plain, _turn
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from state import DatabaseError, SchemaTooNew, SessionDB, schema
+from state import DatabaseError, SchemaTooNew, SessionDB
+from state.sqlite import schema
 from tests.state.legacy_files import make_switchboard_8_file
 
 HERMES_SCHEMA = """

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from state import Maintenance, QueryError, SessionFilter, Store, schema, search
-from state import messages as msgs
+from state import Maintenance, QueryError, SessionFilter, Store
 from state import query as query_language
-from state.sessions import insert_session
+from state.sqlite import messages as msgs
+from state.sqlite import schema, search
+from state.sqlite.sessions import insert_session
 
 CORPUS = {
     "deploy": "we deploy the chat-send service to prod today",

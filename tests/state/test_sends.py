@@ -4,7 +4,7 @@ before they go out, claimed for another try once due (by one scan only), finishe
 from __future__ import annotations
 
 from state import Store
-from state.sends import FAILED, PENDING, SENT
+from state.sqlite.sends import FAILED, PENDING, SENT
 
 
 async def test_a_pending_send_is_claimed_once_due_and_finished_once(store: Store) -> None:

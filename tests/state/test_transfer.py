@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from state import Store
-from state.compat import SessionDB as SyncSessionDB
+from state.hermes.compat import SessionDB as SyncSessionDB
 from tests.state.conftest import OpenStore
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from state import DatabaseBusy, SessionDB, SessionNotFound, WriterClosed, WriterConfig
-from state.writer import _Room
+from state.sqlite.writer import _Room
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -214,7 +214,7 @@ async def test_two_processes_writing_the_same_file_lose_nothing(tmp_path: Path) 
         sid = await db.create_session(source="api")
         other = textwrap.dedent(
             f"""
-            from state.compat import SessionDB
+            from state.hermes.compat import SessionDB
             db = SessionDB({str(path)!r})
             for i in range(200):
                 db.append_message({sid!r}, "assistant", f"other {{i}}")

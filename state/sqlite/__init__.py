@@ -1,0 +1,1 @@
+"""The SQLite backend: SessionDB over one state.db file, its single writer and its readers."""
