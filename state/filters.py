@@ -90,7 +90,9 @@ def folded_lineage(alias: str = "", kinds: Sequence[str] = (ChildKind.BRANCH,)) 
     names = ", ".join(f"'{k}'" for k in (*kinds, ChildKind.COMPRESSION) if k.isalpha())
     continued = (
         f"{p}end_reason = '{EndReason.COMPRESSION}' AND EXISTS (SELECT 1 FROM sessions fold "
-        f"WHERE fold.parent_session_id = {outer} AND fold.child_kind = '{ChildKind.COMPRESSION}')"
+        f"WHERE fold.parent_session_id = {outer} "
+        # rows other programs write carry no child_kind: the parent's end_reason says it
+        f"AND (fold.child_kind = '{ChildKind.COMPRESSION}' OR fold.child_kind IS NULL))"
     )
     return (
         f"({p}ended_at IS NULL OR (({p}parent_session_id IS NULL OR {p}child_kind IN ({names})) "

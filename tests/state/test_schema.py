@@ -190,8 +190,8 @@ async def test_hermes_state_db_opens_works_and_keeps_all_its_data(tmp_path: Path
         assert [h["session_id"] for h in await db.search_messages("服务端")] == [
             "20250101_100000_bbbbbbbb"
         ]
-        listed = await db.list_sessions()
-        assert {r["id"] for r in listed} == {"20250101_090000_aaaaaaaa", "20250102_090000_cccccc"}
+        listed = await db.list_sessions()  # the compression chain shows as its live tip
+        assert {r["id"] for r in listed} == {"20250101_100000_bbbbbbbb", "20250102_090000_cccccc"}
         assert all(r["last_active"] for r in listed)
         assert next(r for r in listed if r["source"] == "cli")["preview"] == "terminal question"
     finally:
