@@ -6,7 +6,6 @@ and control connections on one fresh schema)."""
 from __future__ import annotations
 
 import asyncio
-
 import random
 from collections.abc import Awaitable, Callable
 
