@@ -115,9 +115,9 @@ class Run:
             rep = Replica(name, home, port, clean_env(**env))
             rep.python = [*self.prefix(k), sys.executable, "-m", "gateway"]
             self.replicas.append(rep)
-        for rep in self.replicas:  # one at a time: replicas register in turn
+        for rep in self.replicas:  # all at once: one does not idle while the next starts
             await rep.start(wait=False)
-            await rep.healthy(timeout=1800)
+        await asyncio.gather(*(rep.healthy(timeout=1800) for rep in self.replicas))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
