@@ -196,9 +196,10 @@ async def callgrind(args: argparse.Namespace, root: Path) -> None:
             assert got == warm + measured, f"{warm + measured - got} messages not answered"
             irs[measured] = [total_ir(Path(f"{out}-r{k}.out")) for k in range(args.replicas)]
             if measured:
-                extra = f"; PostgreSQL backends {server / n * 1e3:.2f} ms CPU/msg" if run.db else ""
-                print(f"  run {rep_i + 1}: Ir {sum(irs[0]):,} (warm-up only) and "
-                      f"{sum(irs[n]):,} (+{n} messages){extra}")  # fmt: skip
+                extra = (f"; PostgreSQL backends {server / n * 1e3:.2f} ms CPU/msg over the "
+                         "measured messages at valgrind's pace" if run.db else "")  # fmt: skip
+                print(f"  run {rep_i + 1}: Ir {' + '.join(f'{v:,}' for v in irs[0])} (warm-up "
+                      f"only), {' + '.join(f'{v:,}' for v in irs[n])} (+{n} messages){extra}")  # fmt: skip
         for k in range(args.replicas):
             per_run[k].append((irs[n][k] - irs[0][k]) / n)
     total = [sum(per_run[k][i] for k in per_run) for i in range(args.repeat)]
