@@ -9,9 +9,9 @@
 1. Instructions (callgrind's Ir) per answered message: each daemon runs under
    `valgrind --tool=callgrind`; one run answers the warm-up only, a second the warm-up and
    then N more; (Ir of the second - Ir of the first) / N. The difference cancels start-up
-   and shutdown (SIGTERM, the drain). Valgrind counts instructions, not time, so the figure
-   does not move with the machine's load; it does move a little with the order in which
-   concurrent requests meet (commits grouping several turns), which --repeat shows.
+   and shutdown (SIGTERM, the drain). Instructions, not time: the machine's load does not
+   move the figure; how concurrent requests meet (commits grouping turns) does a little,
+   and so do timers firing over the longer run (--repeat shows the spread).
 2. CPU seconds per answered message, outside valgrind, over a larger N: the daemons' user
    + system time from /proc over the measured messages (after a warm-up in the same run),
    in fresh runs; the median and the range over the rounds. Beside it, with --replicas,
@@ -19,11 +19,10 @@
 
 The agent is the `openai` backend against tests/fakes/openai.py's OpenAI-compatible
 server, run in this process (or the echo agent). The load is fixed: message i goes to chat
-i % chats with a fixed text; the warm-up is two messages per chat (each session created
-and titled), the measured messages six more per chat, so every figure covers the same
-turns (a chat's 3rd to 8th message). With replicas, a chat's messages go to one replica
-(c % replicas, as a balancer with session affinity sends them; --hop: each to the next).
-Each daemon runs with PYTHONHASHSEED=0.
+i % chats with a fixed text; two messages per chat warm up (each session created and
+titled), six more per chat are measured: every figure covers a chat's 3rd to 8th turn.
+With replicas, chat c's messages go to replica c % replicas (a balancer with session
+affinity; --hop: each to the next). Each daemon runs with PYTHONHASHSEED=0.
 """
 
 from __future__ import annotations
