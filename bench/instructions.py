@@ -242,7 +242,7 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
         print(f"  per replica: {spread([d / args.replicas for d in daemons], 1e3)}")
         print(f"  PostgreSQL backends beside them: {spread(servers, 1e3)}")
     if args.py_spy:
-        top_frames(Path(args.py_spy_raw), args.py_spy_top)
+        top_frames(Path(args.py_spy_raw), 10)
 
 
 def top_frames(raw: Path, top: int) -> None:
@@ -283,7 +283,6 @@ async def main() -> None:
     ap.add_argument("--hop", action="store_true", help="each chat's next message to the next replica")
     ap.add_argument("--only", choices=("callgrind", "cpu"), help="one of the two figures")
     ap.add_argument("--py-spy", choices=("top",), help="sample round 1 with py-spy, print the top")
-    ap.add_argument("--py-spy-top", type=int, default=10, help="how many functions (10)")
     args = ap.parse_args()
     print(f"switchboard instructions bench: `{' '.join(sys.argv)}`; agent {args.agent}, "
           f"{args.replicas} daemon(s) on {'SQLite' if args.replicas == 1 else 'PostgreSQL'}, "
