@@ -11,7 +11,8 @@
    then N more; (Ir of the second - Ir of the first) / N. The difference cancels start-up
    and shutdown (SIGTERM, the drain). Instructions, not time: the machine's load does not
    move the figure; how concurrent requests meet (commits grouping turns) does a little,
-   and so do timers firing over the longer run (--repeat shows the spread).
+   and so do timers firing over the longer run (--repeat shows the spread); sessions.json
+   is written at shutdown only there, not every 2 s of valgrind's slow pace.
 2. CPU seconds per answered message, outside valgrind, over a larger N: the daemons' user
    + system time from /proc over the measured messages (after a warm-up in the same run),
    in fresh runs; the median and the range over the rounds. Beside it, with --replicas,
@@ -66,17 +67,19 @@ def text_of(i: int, chats: int) -> str:
 
 
 class Fake(FakeOpenAI):
-    """The loopback OpenAI-compatible server answering every request with ANSWER (keeping
-    no record of them: the runs are long)."""
+    """The loopback OpenAI-compatible server: ANSWER to every request, none recorded."""
 
     async def _handle(self, request: web.Request) -> web.Response:
         await request.read()
         return web.Response(body=BODY, content_type="application/json")
 
 
-def config(port: int, agent: str, fake_url: str, name: str, replicas: int) -> dict[str, Any]:
+def config(port: int, agent: str, fake_url: str, name: str, replicas: int,
+           paced: bool) -> dict[str, Any]:  # fmt: skip
     cfg: dict[str, Any] = {"platforms": {"api": {"port": port}}, "shutdown": {"drain_seconds": 5},
                            "agent": {"backend": agent}}  # fmt: skip
+    if paced:  # sessions.json written at shutdown only: no write per 2 s of valgrind's pace
+        cfg["sessions"] = {"index_flush_seconds": 300, "index_activity_seconds": 3600}
     if agent == "openai":
         cfg["agent"]["openai"] = {"base_url": fake_url, "model": "fake-model",
                                   "api_key_env": "OPENAI_API_KEY", "max_retries": 0}  # fmt: skip
@@ -91,12 +94,11 @@ class Run:
     `prefix` before each one's Python (valgrind, or nothing)."""
 
     def __init__(self, args: argparse.Namespace, root: Path,
-                 prefix: Callable[[int], list[str]]) -> None:  # fmt: skip
-        self.args, self.root, self.prefix = args, root, prefix
-        self.fake = Fake()
+                 prefix: Callable[[int], list[str]] | None = None) -> None:  # fmt: skip
+        self.args, self.root, self.prefix = args, root, prefix or (lambda k: [])
+        self.fake, self.http = Fake(), LeanHttp(timeout_s=600)
         self.replicas: list[Replica] = []
         self.db: tuple[str, str] | None = None
-        self.http = LeanHttp(timeout_s=600)
 
     async def __aenter__(self) -> Run:
         fake_url = await self.fake.start()
@@ -105,11 +107,10 @@ class Run:
             self.db = fresh_database(self.args.dsn)
             env[DSN_ENV] = self.db[1]
         for k in range(self.args.replicas):
-            name = f"r{k}"
-            home = self.root / name
+            name, home, port = f"r{k}", self.root / f"r{k}", free_port()
             home.mkdir(parents=True)
-            port = free_port()
-            cfg = config(port, self.args.agent, fake_url, name, self.args.replicas)
+            cfg = config(port, self.args.agent, fake_url, name, self.args.replicas,
+                         paced=self.prefix(k) != [])  # fmt: skip
             (home / "config.yaml").write_text(yaml.safe_dump(cfg))
             rep = Replica(name, home, port, clean_env(**env))
             rep.python = [*self.prefix(k), sys.executable, "-m", "gateway"]
@@ -217,16 +218,14 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
     daemons: list[float] = []
     servers: list[float] = []
     for rnd in range(args.rounds):
-        async with Run(args, root / f"cpu{rnd}", lambda k: []) as run:
+        async with Run(args, root / f"cpu{rnd}") as run:
             assert await run.send(0, warm, chats) == warm, "warm-up messages not answered"
             pids = run.pids()
             before = {p: cpu_s(p) for p in pids}
             server_before = run.server_cpu()
-            spy = None
-            if args.py_spy and rnd == 0:
-                spy = await asyncio.create_subprocess_exec(
-                    "py-spy", "record", "-p", str(pids[0]), "-f", "raw", "-o", args.py_spy_raw,
-                    "-r", "200", "--nonblocking", stdout=DEVNULL, stderr=DEVNULL)  # fmt: skip
+            spy = await asyncio.create_subprocess_exec(
+                "py-spy", "record", "-p", str(pids[0]), "-f", "raw", "-o", args.py_spy_raw, "-r",
+                "200", "--nonblocking", stdout=DEVNULL, stderr=DEVNULL) if args.py_spy and rnd == 0 else None  # fmt: skip
             got = await run.send(warm, n, chats)
             daemons.append(sum(cpu_s(p) - before[p] for p in pids) / n)
             servers.append(sum(cpu_s(p) - v for p, v in server_before.items()) / n)
