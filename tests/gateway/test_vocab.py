@@ -27,7 +27,7 @@ def test_the_values_are_the_strings_already_stored_and_configured() -> None:
     ]  # fmt: skip
     assert [*ResetMode] == ["none", "idle", "daily", "both"]
     assert CHAT_TYPES == ("dm", "group", "channel", "thread")
-    assert [*AdapterState] == ["stopped", "running", "failed"]
+    assert [*AdapterState] == ["stopped", "running", "retrying", "failed"]
 
 
 def test_members_encode_as_their_plain_strings() -> None:
