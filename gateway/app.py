@@ -118,7 +118,7 @@ class Gateway:
 
         self.router = Router(
             self.db, self.index, agent, self._send, router_settings(self.config), self.metrics,
-            events=self, resetter=resetter, coordinator=coordinator,
+            events=self, resetter=resetter, topology=topology,
         )  # fmt: skip
         assert self.router.resetter is not None
         if coordinator is None:  # one daemon: its notices were in memory (replicas: routes)

@@ -33,6 +33,8 @@ from gateway.routes import entry_from_route
 from gateway.services import RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey
 from gateway.sessions import SessionManager
+from gateway.topology.base import Topology
+from gateway.topology.local import LocalTopology
 from gateway.turns import user_message
 from gateway.vocab import ChatType
 from state import SessionNotFound, StateError, Store, UnstorableData
@@ -90,9 +92,13 @@ class Router:
         *,
         coordinator: Coordinator | None = None,
         resetter: Callable[[Services], Resetter] | None = None,
+        topology: Topology | None = None,
     ) -> None:
+        """`topology`: where keys' work runs (gateway.wiring picks it); without one, one
+        daemon's, on `index` and `coordinator`."""
+        topology = topology or LocalTopology(db, index, coordinator)
         self.services = Services.create(
-            db, index, agent, send, settings, metrics, clock, coordinator, events
+            db, index, agent, send, settings, metrics, clock, topology.coordinator, events
         )
         self.commands: CommandRegistry = builtin_commands()
         session_commands.register(self.commands)
@@ -111,11 +117,11 @@ class Router:
         self._flight = flight = InFlight()
         self._inflight = flight.running
         self._pending = flight.pending
-        outbox = Outbox(self.services, self._shared)
+        outbox = Outbox(self.services, topology)
         self._worker = worker = Worker(
             self.services, self.commands, self.resetter, flight, outbox, self._shared
         )
-        self._recovery = Recovery(self.services, flight, worker, outbox, self._shared)
+        self._recovery = Recovery(self.services, flight, worker, outbox, topology)
         self._run = worker.run
         self.key_for = worker.key_for
         self.describe_reset = worker.describe_reset

@@ -6,8 +6,10 @@ stalled process may lose (gateway.cluster)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
+from gateway.coordinator import Coordinator
+from gateway.index import RouteIndex
 from gateway.leases import HandBack
 from state import Fence
 
@@ -40,3 +42,46 @@ class TurnLease:
 
 
 LOCAL_LEASE = TurnLease()  # one daemon: the key's in-process lock (never changed)
+
+
+# one unconfirmed reply (a row of unsent_replies' shape) -> sent again, or left
+ResendRow = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class KeyLease(Protocol):
+    """A session key held for its rows: the fence its writes carry (None: one daemon's
+    in-process lock, which nothing takes away), the key's open inbox rows to run in id
+    order, and a dead runner's unconfirmed replies to send before them."""
+
+    fence: Fence | None
+    open: list[dict[str, Any]]
+    unsent: list[dict[str, Any]]
+
+
+class Topology(Protocol):
+    """Where a key's work may run (see the module docstring): the pipeline's only view of
+    one daemon or several replicas."""
+
+    index: RouteIndex
+    coordinator: Coordinator
+    # is a recovered row's age judged under its key's lease (another replica may answer it
+    # meanwhile), rather than at the recovery scan?
+    ages_under_lease: bool
+
+    async def startup_rows(self) -> list[dict[str, Any]] | None:
+        """The open inbox rows a crash left, read before intake starts (None: they are
+        read by `orphans` instead)."""
+        ...
+
+    async def orphans(self, read_early: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """The rows recovery runs again, in the order it runs them."""
+        ...
+
+    async def resend_unconfirmed(self, resend: ResendRow) -> None:
+        """Hand every reply a crash (or a dead replica) left unconfirmed to `resend`, each
+        while no new turn of its key can send in between."""
+        ...
+
+    async def claim_reply(self, inbox_id: int) -> bool:
+        """May this process send that unconfirmed reply (no other replica took it)?"""
+        ...
