@@ -1,17 +1,24 @@
-"""What a turn holds while it runs: its key's lease. On one daemon that is the in-process
-key lock, which nothing can take away (`LOCAL_LEASE`: no fence, always held); on replicas
-it is the key's lease on PostgreSQL, whose fence every turn write carries and which a
-stalled process may lose (gateway.cluster)."""
+"""What the pipeline asks of a topology (`Topology`: accept, lease, orphans, the resend of
+unconfirmed replies), what a key's lease holds (`KeyLease`) and what a turn holds while it
+runs (`TurnLease`). On one daemon the lease is the in-process key lock, which nothing can
+take away (`LOCAL_LEASE`: no fence, always held); on replicas it is the key's lease on
+PostgreSQL, whose fence every turn write carries and which a stalled process may lose
+(gateway.cluster)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.coordinator import Coordinator
 from gateway.index import RouteIndex
-from gateway.leases import HandBack
+from gateway.leases import BeginsIn, HandBack, ResetNotice, Stored
 from state import Fence
+
+if TYPE_CHECKING:
+    from gateway.messages import InboundMessage
+    from gateway.session_keys import SessionKey
 
 
 class TurnLease:
@@ -46,6 +53,11 @@ LOCAL_LEASE = TurnLease()  # one daemon: the key's in-process lock (never change
 
 # one unconfirmed reply (a row of unsent_replies' shape) -> sent again, or left
 ResendRow = Callable[[dict[str, Any]], Awaitable[None]]
+# a turn's begin within its accept's commit: the user's message, the history's length and
+# where it may begin (gateway.pipeline.intake.begins_in)
+BeginPlan = tuple[Mapping[str, Any], "int | None", BeginsIn]
+# asked by `accept` only where the lease can come with the commit
+PlanBegin = Callable[["InboundMessage", "SessionKey"], "BeginPlan | None"]
 
 
 class KeyLease(Protocol):
@@ -53,9 +65,14 @@ class KeyLease(Protocol):
     in-process lock, which nothing takes away), the key's open inbox rows to run in id
     order, and a dead runner's unconfirmed replies to send before them."""
 
-    fence: Fence | None
-    open: list[dict[str, Any]]
-    unsent: list[dict[str, Any]]
+    @property
+    def fence(self) -> Fence | None: ...
+
+    @property
+    def open(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def unsent(self) -> list[dict[str, Any]]: ...
 
 
 class Topology(Protocol):
@@ -67,6 +84,46 @@ class Topology(Protocol):
     # is a recovered row's age judged under its key's lease (another replica may answer it
     # meanwhile), rather than at the recovery scan?
     ages_under_lease: bool
+
+    async def accept(
+        self, k: str, key: SessionKey, msg: InboundMessage, *, lease: bool, begin: PlanBegin
+    ) -> tuple[int, str, bool, Stored | None]:
+        """Commit an inbound message for key `k` to the inbox: (inbox id, state, new,
+        begun). With `lease`, the key's lease may come with the commit (replicas) and the
+        turn's begin too, as `begin` plans it: `begun` is then begin_turn's result (the
+        message's id and the history), else None."""
+        ...
+
+    def try_lock(self, k: str) -> Callable[[], None] | None:
+        """Take the key now, without waiting, when nobody holds or awaits it: its release,
+        else None (always None where taking it means waiting on a database)."""
+        ...
+
+    def lease(
+        self, k: str, inbox_id: int
+    ) -> contextlib.AbstractAsyncContextManager[KeyLease | None]:
+        """Hold the key for inbox row `inbox_id` and the key's other open rows; None when
+        that row was answered elsewhere while waiting."""
+        ...
+
+    def turn_lease(
+        self, lease: KeyLease, row: dict[str, Any], last: bool, stored: Stored | None
+    ) -> TurnLease:
+        """What one row's turn carries under `lease` (`last`: the last row it runs, whose
+        reply's commit may free it; `stored`: the row's turn began in its accept)."""
+        ...
+
+    def ran(self, lease: KeyLease, row: dict[str, Any]) -> None:
+        """`row` was answered under `lease` (replicas wake the replica that took it)."""
+        ...
+
+    async def row_open(self, inbox_id: int) -> bool:
+        """Is this inbox row still received/started (nobody answered or dropped it)?"""
+        ...
+
+    def use_reset_notice(self, notice: ResetNotice) -> None:
+        """How a reset whose process died before announcing it is worded, when found."""
+        ...
 
     async def startup_rows(self) -> list[dict[str, Any]] | None:
         """The open inbox rows a crash left, read before intake starts (None: they are

@@ -4,11 +4,15 @@ start-up, before intake."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from gateway.coordinator import Coordinator, LocalCoordinator
+from gateway.coordinator import KeyHold, LocalCoordinator
 from gateway.index import RouteIndex
-from gateway.topology.base import ResendRow
+from gateway.leases import ResetNotice, Stored
+from gateway.messages import InboundMessage
+from gateway.session_keys import SessionKey
+from gateway.topology.base import LOCAL_LEASE, KeyLease, PlanBegin, ResendRow, TurnLease
 from state import Store
 from state.inbox import STARTED
 
@@ -19,10 +23,39 @@ class LocalTopology:
     ages_under_lease = False
     cluster = None  # no replicas
 
-    def __init__(self, db: Store, index: RouteIndex, coordinator: Coordinator | None = None):
+    def __init__(
+        self, db: Store, index: RouteIndex, coordinator: LocalCoordinator | None = None
+    ) -> None:
         self.db = db
         self.index = index
-        self.coordinator: Coordinator = coordinator or LocalCoordinator()
+        self.coordinator = coordinator = coordinator or LocalCoordinator()
+        self.try_lock = coordinator.try_session_lock
+        self.lease: Callable[[str, int], KeyHold] = coordinator.hold
+
+    async def accept(
+        self, k: str, key: SessionKey, msg: InboundMessage, *, lease: bool, begin: PlanBegin
+    ) -> tuple[int, str, bool, Stored | None]:
+        """The plain accept: one daemon's turn begins in its accept only on the fast path
+        (intake's, under the lock taken before the commit)."""
+        src = msg.source
+        inbox_id, state, new = await self.db.accept_inbound(
+            src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
+        )
+        return inbox_id, state, new, None
+
+    def turn_lease(
+        self, lease: KeyLease, row: dict[str, Any], last: bool, stored: Stored | None
+    ) -> TurnLease:
+        return LOCAL_LEASE  # the key's lock: nothing to fence, nothing to ask
+
+    def ran(self, lease: KeyLease, row: dict[str, Any]) -> None:
+        """Nothing to tell: no other process took the row."""
+
+    async def row_open(self, inbox_id: int) -> bool:
+        return True  # a hold's row is the one it was taken for
+
+    def use_reset_notice(self, notice: ResetNotice) -> None:
+        """Notices live in this process's memory (the Resetter words them at the reset)."""
 
     async def startup_rows(self) -> list[dict[str, Any]] | None:
         return await self.db.open_inbound()
