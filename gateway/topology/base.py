@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gateway.coordinator import Coordinator
 from gateway.index import RouteIndex
 from gateway.leases import BeginsIn, HandBack, ResetNotice, Stored
+from gateway.shards import ShardLedger
 from state import Fence
 
 if TYPE_CHECKING:
@@ -123,6 +124,11 @@ class Topology(Protocol):
 
     def use_reset_notice(self, notice: ResetNotice) -> None:
         """How a reset whose process died before announcing it is worded, when found."""
+        ...
+
+    def shards(self, platform: str) -> ShardLedger | None:
+        """Who runs which of a platform's long-lived connections (None: this process runs
+        them all)."""
         ...
 
     async def startup_rows(self) -> list[dict[str, Any]] | None:

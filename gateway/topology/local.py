@@ -54,6 +54,9 @@ class LocalTopology:
     async def row_open(self, inbox_id: int) -> bool:
         return True  # a hold's row is the one it was taken for
 
+    def shards(self, platform: str) -> None:
+        return None  # one daemon runs every connection
+
     def use_reset_notice(self, notice: ResetNotice) -> None:
         """Notices live in this process's memory (the Resetter words them at the reset)."""
 

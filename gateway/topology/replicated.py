@@ -14,6 +14,7 @@ from gateway.cluster import PgCoordinator
 from gateway.leases import Lease, ResetNotice, Stored
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionKey
+from gateway.shards import PgShardLedger
 from gateway.topology.base import PlanBegin, ResendRow, TurnLease
 
 
@@ -68,6 +69,10 @@ class ReplicatedTopology:
 
     async def row_open(self, inbox_id: int) -> bool:
         return await self.cluster.row_open(inbox_id)
+
+    def shards(self, platform: str) -> PgShardLedger:
+        """The platform's shards, each run by one live replica at a time."""
+        return PgShardLedger(self.cluster.store, self.cluster.link, platform)
 
     def use_reset_notice(self, notice: ResetNotice) -> None:
         self.cluster.use_reset_notice(notice)
