@@ -84,19 +84,16 @@ class Worker:
             # take the fast path past it.
             self._flight.pend(self.key_for(msg).format())
         self.services.tasks.start(
-            self._process(msg, inbox_id, begun, stored), f"turn:{src.platform}:{src.chat_id}"
-        )
+            self._process(msg, inbox_id, stored) if begun is None
+            else self._process_begun(msg, inbox_id, begun),
+            f"turn:{src.platform}:{src.chat_id}",
+        )  # fmt: skip
 
-    async def _process(
-        self, msg: InboundMessage, inbox_id: int, begun: Begun | None, stored: Stored | None
-    ) -> None:
+    async def _process(self, msg: InboundMessage, inbox_id: int, stored: Stored | None) -> None:
         """Take the key's lease (one daemon: its lock), then run the key's open inbox rows
         in id order: this message's, and on replicas any another replica took meanwhile,
         so neither overtakes the other. A row answered elsewhere while waiting only tells
         the platform side."""
-        if begun is not None:
-            await self._process_begun(msg, inbox_id, begun)
-            return
         s = self.services
         started = s.clock()
         key = self.key_for(msg)
@@ -122,6 +119,58 @@ class Worker:
             log.exception("lease work failed for session_key=%s", k)
         finally:
             self._inflight.discard(inbox_id)
+
+    async def _drain(
+        self, lease: KeyLease, key: SessionKey, mine: InboundMessage, inbox_id: int,
+        started: float, stored: Stored | None,
+    ) -> None:  # fmt: skip
+        """The key's rows under its lease: a dead runner's replies first, then each open
+        row in id order, its command or turn (one older than recovery.max_age_seconds gets
+        the too-old apology: a recovered row's age is judged here on replicas), a failure
+        answered with an apology and the row closed (fenced). LeaseLost ends it: the new
+        holder answers the rest."""
+        s = self.services
+        topology = self._topology
+        for unsent in lease.unsent:
+            await self._outbox.resend_row(unsent)
+        max_age_s = self._flight.max_age_s
+        k = key.format()
+        rows = lease.open
+        for row in rows:
+            rid = int(row["id"])
+            if rid == inbox_id:
+                msg, row_started = mine, started
+            else:
+                try:
+                    msg = InboundMessage.from_payload(json.loads(row["payload"]))
+                except (ValueError, TypeError) as exc:
+                    log.error("inbox row %d cannot be read (%s); dropped", rid, exc)
+                    await s.db.finish_inbound(rid, DROPPED, "unreadable", fence=lease.fence)
+                    continue
+                row_started = s.clock()
+            other_task = rid != inbox_id and rid in self._inflight
+            self._inflight.add(rid)
+            turn = TurnProgress(inbox_id=rid, lease=topology.turn_lease(
+                lease, row, row is rows[-1], stored if rid == inbox_id else None
+            ))  # fmt: skip
+            try:
+                if (max_age_s is not None and row.get("received_at") is not None
+                        and s.clock() - float(row["received_at"]) > max_age_s):  # fmt: skip
+                    await self._too_old(msg, row, turn)
+                else:
+                    await self._guarded(msg, key, k, row_started, turn)
+            except LeaseLost:
+                log.warning("session_key=%s: the lease was taken over during inbox row %d; "
+                            "its reply is withheld (the new holder answers it)", key, rid)  # fmt: skip
+                turn.dropped = "answered_elsewhere"  # the new holder answers it
+                return
+            finally:
+                if other_task:
+                    self._done_here.add(rid)
+                elif rid != inbox_id:
+                    self._inflight.discard(rid)
+                s.signals.ended(msg, turn.dropped)
+            topology.ran(lease, row)
 
     async def _process_begun(self, msg: InboundMessage, inbox_id: int, begun: Begun) -> None:
         """One daemon's fast path: the key's lock was taken at intake and the message
@@ -175,64 +224,9 @@ class Worker:
             # the chat was told to send it again: no second apology after a restart
             await self._close(turn, DROPPED, "not_stored")
 
-    async def _drain(
-        self, lease: KeyLease, key: SessionKey, mine: InboundMessage, inbox_id: int,
-        started: float, stored: Stored | None,
-    ) -> None:  # fmt: skip
-        s = self.services
-        topology = self._topology
-        for unsent in lease.unsent:  # a dead runner's replies go out before the next ones
-            await self._outbox.resend_row(unsent)
-        rows = lease.open
-        for row in rows:
-            rid = int(row["id"])
-            if rid == inbox_id:
-                msg = mine
-            else:
-                try:
-                    msg = InboundMessage.from_payload(json.loads(row["payload"]))
-                except (ValueError, TypeError) as exc:
-                    log.error("inbox row %d cannot be read (%s); dropped", rid, exc)
-                    await s.db.finish_inbound(rid, DROPPED, "unreadable", fence=lease.fence)
-                    continue
-            other_task = rid != inbox_id and rid in self._inflight
-            self._inflight.add(rid)
-            turn = TurnProgress(inbox_id=rid, lease=topology.turn_lease(
-                lease, row, row is rows[-1], stored if rid == inbox_id else None
-            ))  # fmt: skip
-            try:
-                await self._run_row(msg, key, row, turn, started if rid == inbox_id else None)
-            except LeaseLost:
-                log.warning("session_key=%s: the lease was taken over during inbox row %d; "
-                            "its reply is withheld (the new holder answers it)", key, rid)  # fmt: skip
-                turn.dropped = "answered_elsewhere"  # the new holder answers it
-                return
-            finally:
-                if other_task:
-                    self._done_here.add(rid)
-                elif rid != inbox_id:
-                    self._inflight.discard(rid)
-                s.signals.ended(msg, turn.dropped)
-            topology.ran(lease, row)
-
-    async def _run_row(
-        self, msg: InboundMessage, key: SessionKey, row: dict[str, Any], turn: TurnProgress,
-        started: float | None,
-    ) -> None:  # fmt: skip
-        """One row under its key's lease: a row older than recovery.max_age_seconds gets
-        the too-old apology (a recovered row, judged here where its age is judged under the
-        lease); else its command or turn, a failure answered with an apology and the row
-        closed (fenced). LeaseLost passes through: this process may no longer answer."""
-        s = self.services
-        if (self._flight.max_age_s is not None and row.get("received_at") is not None
-                and s.clock() - float(row["received_at"]) > self._flight.max_age_s):  # fmt: skip
-            await s.replies.reply(msg, row.get("session_id"), too_old_apology(msg.text))
-            await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.lease.fence)
-            s.metrics.recovered.inc(outcome="apologised")
-            return
-        if started is None:
-            started = s.clock()
-        k = key.format()
+    async def _guarded(
+        self, msg: InboundMessage, key: SessionKey, k: str, started: float, turn: TurnProgress
+    ) -> None:
         try:
             try:
                 await self._process_locked(msg, key, started, turn)
@@ -243,9 +237,15 @@ class Worker:
                     turn.lease.begun = None
                 await self._process_locked(msg, key, started, turn)  # in a fresh session
         except LeaseLost:
-            raise
+            raise  # this process may no longer answer
         except Exception as exc:  # nothing may escape into the event loop
             await self._failed(msg, turn, exc)
+
+    async def _too_old(self, msg: InboundMessage, row: dict[str, Any], turn: TurnProgress) -> None:
+        s = self.services
+        await s.replies.reply(msg, row.get("session_id"), too_old_apology(msg.text))
+        await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.lease.fence)
+        s.metrics.recovered.inc(outcome="apologised")
 
     async def _process_locked(
         self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
