@@ -40,7 +40,6 @@ from gateway.pipeline import Router
 from gateway.reset import Resetter
 from gateway.reset.scheduler import ResetScheduler
 from gateway.services import Services
-from gateway.shards import PgShardLedger
 from gateway.vocab import AdapterState
 from gateway.wiring import (
     StoreCursors,
@@ -117,7 +116,7 @@ class Gateway:
 
         self.router = Router(
             self.db, self.index, agent, self._send, router_settings(self.config), self.metrics,
-            events=self, resetter=resetter, coordinator=coordinator,
+            events=self, resetter=resetter, topology=topology,
         )  # fmt: skip
         assert self.router.resetter is not None
         if coordinator is None:  # one daemon: its notices were in memory (replicas: routes)
@@ -164,9 +163,10 @@ class Gateway:
             self._adapters_by_platform[adapter.platform] = adapter
             if isinstance(adapter, UsesCursors):
                 adapter.use_cursors(StoreCursors(self.db, adapter.platform))
-            if isinstance(adapter, UsesShards) and self.cluster is not None:  # one replica's
-                ledger = PgShardLedger(self.cluster.store, self.cluster.link, adapter.platform)
-                adapter.use_shards(ledger)
+            if isinstance(adapter, UsesShards):
+                ledger = topology.shards(adapter.platform)
+                if ledger is not None:  # one replica's share of the connections
+                    adapter.use_shards(ledger)
             if adapter.platform != "api":  # unreachable: retried; refused credentials: stopped
                 start = SupervisedStart(adapter, self._credential_keys(adapter.platform))
                 self._starts[adapter.platform] = start

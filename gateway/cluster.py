@@ -47,8 +47,6 @@ TURN_JOB = "turn"  # a turn runs under its key's lease: only background jobs nee
 class PgCoordinator:
     """Coordinator for replicas sharing one PostgreSQL store (see the module docstring)."""
 
-    shared = True
-
     def __init__(self, store: ClusterStore, link: ReplicaLink, routes: PgRouteIndex) -> None:
         self.store = store
         self.link = link

@@ -23,8 +23,6 @@ MessageKey = tuple[str, str, str]  # (platform, chat id, platform message id)
 class Coordinator(Protocol):
     """The shared state the router, commands and the Resetter agree through."""
 
-    shared: bool  # several replicas: the router takes the SharedCoordinator path
-
     def session_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
         """Serialise everything that touches one session key (turns, commands, resets),
         in arrival order."""
@@ -74,6 +72,10 @@ class Coordinator(Protocol):
 
     def take_notice(self, key: str) -> str | None: ...
 
+    async def sync_jobs(self) -> None:
+        """Refresh what other processes' live jobs are known here (before a reset sweep)."""
+        ...
+
 
 class _KeyLock:
     """A FIFO lock that can also be taken without awaiting when free (asyncio.Lock can
@@ -110,11 +112,38 @@ class _KeyLock:
         self.held = False
 
 
+class KeyHold:
+    """One key's in-process lock held for one inbox row, as a lease (one daemon): nothing
+    can take it away (no fence), the row is the only one it runs and no dead runner's
+    reply waits. `async with` takes the lock in arrival order; class-based, so a turn
+    costs no generator for it."""
+
+    __slots__ = ("_coordinator", "_key", "_lock", "open")
+
+    fence = None
+    unsent: list[dict[str, object]] = []  # never appended to
+
+    def __init__(self, coordinator: LocalCoordinator, key: str, inbox_id: int) -> None:
+        self._coordinator = coordinator
+        self._key = key
+        self.open = [{"id": inbox_id}]
+
+    async def __aenter__(self) -> KeyHold:
+        c = self._coordinator
+        lock = c._locks.get(self._key)
+        if lock is None:
+            c._locks[self._key] = lock = _KeyLock()
+        await lock.acquire()  # on cancellation the lock is passed on or never taken
+        self._lock = lock
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._coordinator._release(self._key, self._lock)
+
+
 class LocalCoordinator:
     """The in-process coordinator: plain dicts, lost on restart (state.db remembers what
     must survive one: stored messages dedupe redeliveries there too)."""
-
-    shared = False
 
     def __init__(self) -> None:
         self._locks: dict[str, _KeyLock] = {}  # only keys held or awaited
@@ -134,6 +163,10 @@ class LocalCoordinator:
             yield
         finally:
             self._release(key, lock)
+
+    def hold(self, key: str, inbox_id: int) -> KeyHold:
+        """The key's lock as the lease of inbox row `inbox_id` (see KeyHold)."""
+        return KeyHold(self, key, inbox_id)
 
     def try_session_lock(self, key: str) -> Callable[[], None] | None:
         if key in self._locks:  # held or awaited
@@ -195,3 +228,6 @@ class LocalCoordinator:
 
     def take_notice(self, key: str) -> str | None:
         return self._notices.pop(key, None)
+
+    async def sync_jobs(self) -> None:
+        """Every live job is this process's: nothing to read."""

@@ -1,7 +1,7 @@
 """What a coordinator of several replicas adds to `Coordinator`: key leases carrying a
 `Fence`, the open inbox rows a lease holder runs, the takeover of orphaned rows and the
-leader flag. gateway/cluster.py implements it on PostgreSQL; the router takes its path when
-`coordinator.shared` is true.
+leader flag. gateway/cluster.py implements it on PostgreSQL; gateway.topology.replicated
+is the pipeline's view of it.
 """
 
 from __future__ import annotations

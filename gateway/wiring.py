@@ -13,15 +13,17 @@ from gateway import adapters as registry
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import Config
-from gateway.index import RouteIndex, SessionIndex
+from gateway.coordinator import LocalCoordinator
+from gateway.index import SessionIndex
 from gateway.pairing import PairingRules
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.services import AccessRules, RouterSettings
 from gateway.session_keys import KeySettings
+from gateway.topology.local import LocalTopology
 from state import Store
 
 if TYPE_CHECKING:
-    from gateway.cluster import PgCoordinator
+    from gateway.topology.replicated import ReplicatedTopology
 
 REPLICATED = "postgres"  # the backend whose store several replicas share
 
@@ -46,31 +48,27 @@ def store_settings(config: Config) -> dict[str, Any]:
     return state
 
 
-@dataclass
-class Topology:
-    """Where the daemon's keys are worked on: the route index, and on replicas the lease
-    coordinator (None: one daemon, in-process locks)."""
-
-    index: RouteIndex
-    cluster: PgCoordinator | None = None
-
-
-async def open_topology(config: Config, home: Path, db: Store) -> Topology:
-    """The index (and on PostgreSQL the cluster membership) for an open store."""
+async def open_topology(
+    config: Config, home: Path, db: Store
+) -> LocalTopology | ReplicatedTopology:
+    """Where the daemon's keys are worked on: one daemon's sessions.json index and
+    in-process locks, or on PostgreSQL a replica's cluster membership, shared route table
+    and lease coordinator."""
     if not replicated(db.backend):
-        return Topology(SessionIndex(
+        return LocalTopology(db, SessionIndex(
             home / "sessions" / "sessions.json", db, config.sessions.index_flush_seconds,
             config.sessions.index_activity_seconds,
             settle_on_close=True,  # a clean stop leaves the file current
-        ))  # fmt: skip
+        ), LocalCoordinator())  # fmt: skip
     return await _join_cluster(config, db)
 
 
-async def _join_cluster(config: Config, db: Store) -> Topology:
+async def _join_cluster(config: Config, db: Store) -> ReplicatedTopology:
     """PostgreSQL: this daemon is one replica of possibly several (gateway/cluster.py):
     its control connection, the shared route table, the lease coordinator."""
     from gateway.cluster import PgCoordinator
     from gateway.routes import PgRouteIndex
+    from gateway.topology.replicated import ReplicatedTopology
     from state import ClusterStore, default_replica_name
 
     assert isinstance(db, ClusterStore)
@@ -82,7 +80,7 @@ async def _join_cluster(config: Config, db: Store) -> Topology:
     routes = PgRouteIndex(all_routes)
     coordinator = PgCoordinator(db, link, routes)
     await coordinator.start()
-    return Topology(routes, coordinator)
+    return ReplicatedTopology(coordinator)
 
 
 def build_agent(config: Config) -> Agent:

@@ -17,10 +17,9 @@ from typing import Any
 from gateway import faults, pairing, session_commands
 from gateway.agent.base import Agent
 from gateway.commands import CommandRegistry, builtin_commands, parse_command
-from gateway.coordinator import Coordinator
+from gateway.coordinator import LocalCoordinator
 from gateway.errors import NotAccepted
 from gateway.index import IndexEntry, RouteIndex
-from gateway.leases import SharedCoordinator
 from gateway.messages import InboundMessage
 from gateway.ops.metrics import Metrics
 from gateway.pipeline.inflight import InFlight
@@ -33,6 +32,8 @@ from gateway.routes import entry_from_route
 from gateway.services import RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey
 from gateway.sessions import SessionManager
+from gateway.topology.base import BeginPlan, Topology
+from gateway.topology.local import LocalTopology
 from gateway.turns import user_message
 from gateway.vocab import ChatType
 from state import OPEN_STATES, SessionNotFound, StateError, Store, UnstorableData
@@ -87,11 +88,15 @@ class Router:
         clock: Callable[[], float] = time.time,
         events: TurnEvents | None = None,
         *,
-        coordinator: Coordinator | None = None,
+        coordinator: LocalCoordinator | None = None,
         resetter: Callable[[Services], Resetter] | None = None,
+        topology: Topology | None = None,
     ) -> None:
+        """`topology`: where keys' work runs (gateway.wiring picks it); without one, one
+        daemon's, on `index` and `coordinator`."""
+        topology = topology or LocalTopology(db, index, coordinator)
         self.services = Services.create(
-            db, index, agent, send, settings, metrics, clock, coordinator, events
+            db, index, agent, send, settings, metrics, clock, topology.coordinator, events
         )
         self.commands: CommandRegistry = builtin_commands()
         session_commands.register(self.commands)
@@ -99,22 +104,20 @@ class Router:
         self._refused: set[tuple[str, str]] = set()
         self._paired = pairing.PairedUsers(db)  # the allowlist's pairing approvals
         self._accepting = True
-        coordinator = self.services.coordinator
-        # several replicas: turns run under key leases, see Worker._process_shared
-        self._shared: SharedCoordinator | None = (
-            coordinator if coordinator.shared else None  # type: ignore[assignment]
-        )
-        if self._shared is not None and self.resetter is not None:
-            # a reset whose replica died before writing the route back is still announced
-            self._shared.use_reset_notice(self.resetter.notice_for)
+        self._topology = topology
+        if self.resetter is not None:
+            # replicas: a reset whose replica died before writing the route back is still
+            # announced
+            topology.use_reset_notice(self.resetter.notice_for)
+        self._begin_plan = self.begin_plan  # bound once: the accept may ask it per message
         self._flight = flight = InFlight()
         self._inflight = flight.running
         self._pending = flight.pending
-        outbox = Outbox(self.services, self._shared)
+        outbox = Outbox(self.services, topology)
         self._worker = worker = Worker(
-            self.services, self.commands, self.resetter, flight, outbox, self._shared
+            self.services, self.commands, self.resetter, flight, outbox, topology
         )
-        self._recovery = Recovery(self.services, flight, worker, outbox, self._shared)
+        self._recovery = Recovery(self.services, flight, worker, outbox, topology)
         self._run = worker.run
         self.key_for = worker.key_for
         self.describe_reset = worker.describe_reset
@@ -178,8 +181,7 @@ class Router:
                 s.signals.ended(msg, "duplicate")
                 return
         key = self.key_for(msg)
-        # (replicas never take the fast path: a key's turn starts with its lease)
-        fast = self._idle_entry(msg, key) if self._shared is None else None
+        fast = self._idle_entry(msg, key)
         if fast is not None:
             entry, release = fast
             try:
@@ -208,44 +210,43 @@ class Router:
                 self._after_accept(msg, seen_key, inbox_id, state, new)
                 return
         k = key.format()
-        if self._shared is None:
-            # While this message commits, no later message of the key may take the fast
-            # path past it: the key's lock may come free meanwhile (its turn ends, recovery
-            # stops holding), and a fast path would take it first. `Worker.run` counts the turn
-            # itself before this count goes.
-            self._pending[k] = self._pending.get(k, 0) + 1
+        # While this message commits, no later message of the key may take the fast path
+        # past it: the key's lock may come free meanwhile (its turn ends, recovery stops
+        # holding), and a fast path would take it first. `Worker.run` counts the turn
+        # itself before this count goes.
+        self._pending[k] = self._pending.get(k, 0) + 1
         try:
-            if self._shared is None:
-                inbox_id, state, new = await s.db.accept_inbound(
-                    src.platform, src.chat_id, msg.platform_message_id, msg.as_payload()
-                )
-            else:  # the key's lease comes with the commit when the key is idle here (not
-                # while start-up recovery holds turns: the lease would wait with them), and
-                # a plain message's turn begins in it when the take allows (begins_in)
-                plan = None
-                if self._flight.held is None and parse_command(msg.text) is None:
-                    resetter = self.resetter
-                    test = functools.partial(
-                        begins_in, resetter.policies if resetter is not None else None,
-                        resetter.clock if resetter is not None else s.clock,
-                    )  # fmt: skip
-                    plan = (user_message(msg, key), s.settings.history_messages, test)
-                inbox_id, state, new, stored = await self._shared.accept(
-                    k, src.platform, src.chat_id, msg.platform_message_id,
-                    msg.as_payload(), lease=self._flight.held is None, begin=plan,
-                )  # fmt: skip
-                if stored is not None:  # new, taken and begun: the turn goes on from there
-                    if seen_key is not None:
-                        s.coordinator.remember(seen_key)
-                    faults.point("after_inbox_commit")
-                    self._run(msg, inbox_id, stored=stored)
-                    return
+            # the key's lease may come with the commit when the key is idle here (not while
+            # start-up recovery holds turns: the lease would wait with them), and a plain
+            # message's turn may begin in it (see begin_plan)
+            inbox_id, state, new, stored = await self._topology.accept(
+                k, key, msg, lease=self._flight.held is None, begin=self._begin_plan
+            )
+            if stored is not None:  # new, taken and begun: the turn goes on from there
+                if seen_key is not None:
+                    s.coordinator.remember(seen_key)
+                faults.point("after_inbox_commit")
+                self._run(msg, inbox_id, stored=stored)
+                return
             self._after_accept(msg, seen_key, inbox_id, state, new)
         except StateError as exc:
             self._refuse(msg, exc)
         finally:
-            if self._shared is None:
-                self._flight.unpend(k)
+            self._flight.unpend(k)
+
+    def begin_plan(self, msg: InboundMessage, key: SessionKey) -> BeginPlan | None:
+        """What a topology that takes a key's lease within the accept's commit needs to
+        begin the turn in the same commit (the user's message, the history's length and
+        `begins_in`), for a plain message while start-up recovery holds no turns."""
+        if self._flight.held is not None or parse_command(msg.text) is not None:
+            return None
+        s = self.services
+        resetter = self.resetter
+        test = functools.partial(
+            begins_in, resetter.policies if resetter is not None else None,
+            resetter.clock if resetter is not None else s.clock,
+        )  # fmt: skip
+        return user_message(msg, key), s.settings.history_messages, test
 
     def _idle_entry(
         self, msg: InboundMessage, key: SessionKey
@@ -261,13 +262,14 @@ class Router:
             return None
         if parse_command(msg.text) is not None:
             return None
-        entry = s.index.get(k)
-        if entry is None or s.coordinator.has_notice(k):
-            return None
-        if self.resetter is not None and self.resetter.due_now(entry):
-            return None
-        release = s.coordinator.try_session_lock(k)
+        # (None where a key cannot be taken without waiting: a replica's lease)
+        release = self._topology.try_lock(k)
         if release is None:
+            return None
+        entry = s.index.get(k)
+        if (entry is None or s.coordinator.has_notice(k)
+                or (self.resetter is not None and self.resetter.due_now(entry))):  # fmt: skip
+            release()  # (nothing awaited while it was held)
             return None
         return entry, release
 

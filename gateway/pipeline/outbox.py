@@ -11,9 +11,9 @@ import logging
 from typing import Any
 
 from gateway.adapters import idempotent_replies
-from gateway.leases import SharedCoordinator
 from gateway.messages import InboundMessage
 from gateway.services import Services
+from gateway.topology.base import Topology
 from gateway.turns import APOLOGY, mark_reply, reply_key
 from state import content_text
 
@@ -32,37 +32,16 @@ def too_old_apology(text: str) -> str:
 class Outbox:
     """Sends the stored replies nobody confirmed (claimed first on replicas)."""
 
-    def __init__(self, services: Services, shared: SharedCoordinator | None) -> None:
+    def __init__(self, services: Services, topology: Topology) -> None:
         self.services = services
-        self._shared = shared
+        self._topology = topology
 
     async def resend_unconfirmed(self) -> None:
         """Replies a crash left unconfirmed: 'ready' ones are sent now (at least once);
         'sending' ones may have reached the chat, so they are counted, logged and left
         (at most once), unless inbox.resend_unconfirmed_replies asks for at least once or
         the platform's adapter shows a reply sent again under its key once (exactly once)."""
-        s = self.services
-        shared = self._shared
-        if shared is None:
-            for row in await s.db.unsent_replies():
-                await self.resend_row(row)
-            return
-        # Replicas send a dead runner's replies under their key's lease, so no new turn of
-        # the key (on any replica) sends its reply in between; the take returns them. A key
-        # held meanwhile is left to its holder, whose take returned them the same way.
-        keyless = []
-        keys: dict[str, None] = {}
-        for row in await shared.orphaned_replies():
-            if row.get("session_key") is None:  # taken before replicas
-                keyless.append(row)
-            else:
-                keys[str(row["session_key"])] = None
-        for row in keyless:
-            await self.resend_row(row)
-        for key in keys:
-            async with shared.lease_now(key) as lease:
-                for row in lease.unsent if lease is not None else ():
-                    await self.resend_row(row)
+        await self._topology.resend_unconfirmed(self.resend_row)
 
     async def resend_row(self, row: dict[str, Any]) -> None:
         """One unconfirmed reply (a row of unsent_replies' shape), claimed first on replicas.
@@ -71,9 +50,8 @@ class Outbox:
         here may still wait for the row it took, which a dead replica ran: skipping the
         reply for that let the key's next reply overtake it.)"""
         s = self.services
-        shared = self._shared
         inbox_id = int(row["id"])
-        if shared is not None and not await shared.claim_reply(inbox_id):
+        if not await self._topology.claim_reply(inbox_id):
             return  # another replica took this dead runner's reply: it sends it
         try:
             msg = InboundMessage.from_payload(json.loads(row["payload"]))

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import logging
 
-from gateway.leases import SharedCoordinator
 from gateway.messages import InboundMessage
 from gateway.pipeline.inflight import InFlight
 from gateway.pipeline.outbox import Outbox, too_old_apology
 from gateway.pipeline.worker import Worker
 from gateway.services import Services
-from state import DROPPED, STARTED
+from gateway.topology.base import Topology
+from state import DROPPED
 
 log = logging.getLogger("gateway.router")
 
@@ -24,14 +24,14 @@ class Recovery:
 
     def __init__(
         self, services: Services, flight: InFlight, worker: Worker, outbox: Outbox,
-        shared: SharedCoordinator | None,
+        topology: Topology,
     ) -> None:  # fmt: skip
         self.services = services
         self._flight = flight
         self._inflight = flight.running
         self._worker = worker
         self._outbox = outbox
-        self._shared = shared
+        self._topology = topology
 
     async def hold_until_recovered(self) -> None:
         """Called before the adapters start: messages they hand over are committed (and so
@@ -42,8 +42,7 @@ class Recovery:
         just took, whose turn the hold runs (it would run twice)."""
         if self._flight.held is None:
             self._flight.held = {}
-            if self._shared is None:  # replicas read theirs in the takeover scan
-                self._flight.crashed = await self.services.db.open_inbound()
+            self._flight.crashed = await self._topology.startup_rows()
 
     async def recover(self, max_age_s: float) -> tuple[int, int]:
         """Send the replies a crash left unconfirmed, then run again, in order, the turns it
@@ -62,19 +61,8 @@ class Recovery:
         s = self.services
         self._flight.max_age_s = max_age_s
         rerun = apologised = 0
-        shared = self._shared
-        if shared is not None:  # replicas: the takeover scan's rows, each run under its lease
-            rows = await shared.orphaned_inbound()
-        else:
-            # A key's begun turn (its message stored: at most one per key) held the key's
-            # lock when the crash came, so it goes first: inbox ids follow the commits, and
-            # a message to an idle key takes the lock before its commit, which may land
-            # after a waiting one's. Then the others, oldest first; each key's lock keeps
-            # that order.
-            crashed, self._flight.crashed = self._flight.crashed, None
-            if crashed is None:  # not held: nothing else takes messages meanwhile
-                crashed = await s.db.open_inbound()
-            rows = sorted(crashed, key=lambda r: (r["state"] != STARTED, r["id"]))
+        crashed, self._flight.crashed = self._flight.crashed, None
+        rows = await self._topology.orphans(crashed)
         for row in rows:
             inbox_id = int(row["id"])
             if self._flight.held is not None and self._flight.held.pop(inbox_id, None) is not None:
@@ -87,8 +75,9 @@ class Recovery:
                 log.error("inbox row %d cannot be read (%s); dropped", inbox_id, exc)
                 await s.db.finish_inbound(inbox_id, DROPPED, "unreadable")
                 continue
-            if shared is None and s.clock() - float(row["received_at"]) > max_age_s:
-                # (replicas decide this under the key's lease, in _run_row)
+            if (not self._topology.ages_under_lease
+                    and s.clock() - float(row["received_at"]) > max_age_s):  # fmt: skip
+                # (else decided under the key's lease, in Worker._run_row)
                 await s.replies.reply(msg, row["session_id"], too_old_apology(msg.text))
                 await s.db.finish_inbound(inbox_id, DROPPED, "too_old")
                 s.metrics.recovered.inc(outcome="apologised")

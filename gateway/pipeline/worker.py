@@ -1,13 +1,13 @@
-"""The per-key worker: one message's work under its key's lock (one daemon) or its key's
-lease (replicas, with the key's other open rows in id order): a command or an agent turn,
-and the apology when it fails.
+"""The per-key worker: a key's open inbox rows, in id order, under the key's lease from the
+topology (one daemon: its in-process lock and this one row; replicas: the lease on
+PostgreSQL and every open row of the key): a command or an agent turn for each, and the
+apology when it fails.
 
 Intake and recovery hand it messages (`run`); running the agent is gateway.turns'.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -16,14 +16,14 @@ from typing import Any
 
 from gateway.commands import CommandContext, CommandRegistry, no_reset_policy, parse_command
 from gateway.index import IndexEntry
-from gateway.leases import Lease, SharedCoordinator, Stored
+from gateway.leases import Stored
 from gateway.messages import InboundMessage
 from gateway.pipeline.inflight import InFlight
 from gateway.pipeline.outbox import Outbox, too_old_apology
 from gateway.reset import Resetter
 from gateway.services import Services
 from gateway.session_keys import SessionKey, build_key
-from gateway.topology.base import TurnLease
+from gateway.topology.base import KeyLease, Topology
 from gateway.turns import APOLOGY, TurnProgress, agent_turn, may_send, send_checked
 from state import (
     ANSWERED,
@@ -47,12 +47,19 @@ STORAGE_APOLOGY = (
 UNSTORABLE_APOLOGY = "Sorry, I cannot store that message: it holds text I cannot keep."
 
 
+def _has_row(rows: list[dict[str, Any]], inbox_id: int) -> bool:
+    for row in rows:
+        if int(row["id"]) == inbox_id:
+            return True
+    return False
+
+
 class Worker:
     """Runs each accepted message as a tracked task, serialised per session key."""
 
     def __init__(
         self, services: Services, commands: CommandRegistry, resetter: Resetter | None,
-        flight: InFlight, outbox: Outbox, shared: SharedCoordinator | None,
+        flight: InFlight, outbox: Outbox, topology: Topology,
     ) -> None:  # fmt: skip
         self.services = services
         self.commands = commands
@@ -61,7 +68,7 @@ class Worker:
         self._inflight = flight.running
         self._done_here = flight.done_here
         self._outbox = outbox
-        self._shared = shared
+        self._topology = topology
 
     def key_for(self, msg: InboundMessage) -> SessionKey:
         return build_key(msg.source, self.services.settings.keys)
@@ -76,50 +83,119 @@ class Worker:
         stored: Stored | None = None,
     ) -> None:  # fmt: skip
         """The message's turn as a task. `begun`: one daemon's fast path (locked, stored);
-        `stored`: a replica's accept that took the lease also began the turn."""
+        `stored`: an accept that took the key's lease also began the turn."""
         self._inflight.add(inbox_id)
         src = msg.source
-        if begun is None and self._shared is None:
+        if begun is None:
             # Until its task is queued on the key's lock, no later message of the key may
             # take the fast path past it.
             self._flight.pend(self.key_for(msg).format())
         self.services.tasks.start(
-            self._process(msg, inbox_id, begun, stored), f"turn:{src.platform}:{src.chat_id}"
-        )
+            self._process(msg, inbox_id, stored) if begun is None
+            else self._process_begun(msg, inbox_id, begun),
+            f"turn:{src.platform}:{src.chat_id}",
+        )  # fmt: skip
 
-    async def _process(
-        self, msg: InboundMessage, inbox_id: int, begun: Begun | None, stored: Stored | None
-    ) -> None:
-        if self._shared is not None:
-            await self._process_shared(self._shared, msg, inbox_id, stored)
-            return
+    async def _process(self, msg: InboundMessage, inbox_id: int, stored: Stored | None) -> None:
+        """Take the key's lease (one daemon: its lock), then run the key's open inbox rows
+        in id order: this message's, and on replicas any another replica took meanwhile,
+        so neither overtakes the other. A row answered elsewhere while waiting only tells
+        the platform side."""
+        s = self.services
+        started = s.clock()
+        key = self.key_for(msg)
+        k = key.format()
+        topology = self._topology
+        self._flight.unpend(k)  # no await from here into the lock's queue
+        try:
+            async with topology.lease(k, inbox_id) as lease:
+                if lease is not None and not _has_row(lease.open, inbox_id):
+                    if inbox_id not in self._done_here and await topology.row_open(inbox_id):
+                        # a row without its key (taken before replicas): run it here too
+                        lease.open.append({"id": inbox_id, "replica": None})
+                if lease is None or not _has_row(lease.open, inbox_id):
+                    if inbox_id in self._done_here:
+                        self._done_here.discard(inbox_id)  # run and signalled by the drain
+                    else:
+                        s.signals.ended(msg, "answered_elsewhere")
+                if lease is not None:
+                    await self._drain(lease, key, msg, inbox_id, started, stored)
+        except Exception as exc:  # nothing may escape into the event loop
+            s.metrics.last_error = f"{type(exc).__name__}: {exc}"
+            s.metrics.errors.inc(kind="turn")
+            log.exception("lease work failed for session_key=%s", k)
+        finally:
+            self._inflight.discard(inbox_id)
+
+    async def _drain(
+        self, lease: KeyLease, key: SessionKey, mine: InboundMessage, inbox_id: int,
+        started: float, stored: Stored | None,
+    ) -> None:  # fmt: skip
+        """The key's rows under its lease: a dead runner's replies first, then each open
+        row in id order, its command or turn (one older than recovery.max_age_seconds gets
+        the too-old apology: a recovered row's age is judged here on replicas), a failure
+        answered with an apology and the row closed (fenced). LeaseLost ends it: the new
+        holder answers the rest."""
+        s = self.services
+        topology = self._topology
+        for unsent in lease.unsent:
+            await self._outbox.resend_row(unsent)
+        max_age_s = self._flight.max_age_s
+        k = key.format()
+        rows = lease.open
+        for row in rows:
+            rid = int(row["id"])
+            if rid == inbox_id:
+                msg, row_started = mine, started
+            else:
+                try:
+                    msg = InboundMessage.from_payload(json.loads(row["payload"]))
+                except (ValueError, TypeError) as exc:
+                    log.error("inbox row %d cannot be read (%s); dropped", rid, exc)
+                    await s.db.finish_inbound(rid, DROPPED, "unreadable", fence=lease.fence)
+                    continue
+                row_started = s.clock()
+            other_task = rid != inbox_id and rid in self._inflight
+            self._inflight.add(rid)
+            turn = TurnProgress(inbox_id=rid, lease=topology.turn_lease(
+                lease, row, row is rows[-1], stored if rid == inbox_id else None
+            ))  # fmt: skip
+            try:
+                if (max_age_s is not None and row.get("received_at") is not None
+                        and s.clock() - float(row["received_at"]) > max_age_s):  # fmt: skip
+                    await self._too_old(msg, row, turn)
+                else:
+                    await self._guarded(msg, key, k, row_started, turn)
+            except LeaseLost:
+                log.warning("session_key=%s: the lease was taken over during inbox row %d; "
+                            "its reply is withheld (the new holder answers it)", key, rid)  # fmt: skip
+                turn.dropped = "answered_elsewhere"  # the new holder answers it
+                return
+            finally:
+                if other_task:
+                    self._done_here.add(rid)
+                elif rid != inbox_id:
+                    self._inflight.discard(rid)
+                s.signals.ended(msg, turn.dropped)
+            topology.ran(lease, row)
+
+    async def _process_begun(self, msg: InboundMessage, inbox_id: int, begun: Begun) -> None:
+        """One daemon's fast path: the key's lock was taken at intake and the message
+        stored in its session in the accept's commit, the history read."""
         s = self.services
         started = s.clock()
         turn = TurnProgress(inbox_id=inbox_id)
+        key, entry, history, release = begun
+        turn.stored, turn.session_id = True, entry.session_id
         try:
-            if begun is not None:  # the fast path: locked, stored, history read
-                key, entry, history, release = begun
-                turn.stored, turn.session_id = True, entry.session_id
-                try:
-                    try:
-                        await agent_turn(s, msg, key, entry, started, turn, history)
-                    except SessionNotFound as exc:  # deleted mid-turn: again, afresh
-                        if not self._forget_deleted(key.format(), exc.ref):
-                            raise
-                        await self._process_locked(msg, key, started, turn)
-                finally:
-                    release()
-            else:
-                key = self.key_for(msg)
-                k = key.format()
-                self._flight.unpend(k)  # no await from here into the lock's queue
-                async with s.coordinator.session_lock(k):
-                    try:
-                        await self._process_locked(msg, key, started, turn)
-                    except SessionNotFound as exc:
-                        if not self._forget_deleted(k, exc.ref):
-                            raise
-                        await self._process_locked(msg, key, started, turn)  # a fresh session
+            try:
+                await agent_turn(s, msg, key, entry, started, turn, history)
+            except SessionNotFound as exc:  # deleted mid-turn: again, afresh
+                if not self._forget_deleted(key.format(), exc.ref):
+                    raise
+                await self._process_locked(msg, key, started, turn)
+            finally:
+                release()
         except Exception as exc:  # nothing may escape into the event loop
             await self._failed(msg, turn, exc)
         finally:
@@ -156,112 +232,27 @@ class Worker:
             await self._close(turn, DROPPED, "not_stored")
 
     async def _guarded(
-        self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress
+        self, msg: InboundMessage, key: SessionKey, k: str, started: float, turn: TurnProgress
     ) -> None:
-        """Replicas: one message under its key's lease; a failure is answered with an
-        apology and closes the row (fenced). LeaseLost passes through: this replica may no
-        longer answer."""
-        k = key.format()
         try:
             try:
                 await self._process_locked(msg, key, started, turn)
             except SessionNotFound as exc:
                 if not self._forget_deleted(k, exc.ref):
                     raise
-                turn.lease.begun = None
+                if turn.lease.begun is not None:
+                    turn.lease.begun = None
                 await self._process_locked(msg, key, started, turn)  # in a fresh session
         except LeaseLost:
-            raise
+            raise  # this process may no longer answer
         except Exception as exc:  # nothing may escape into the event loop
             await self._failed(msg, turn, exc)
 
-    async def _process_shared(
-        self, coordinator: SharedCoordinator, msg: InboundMessage, inbox_id: int,
-        stored: Stored | None = None,
-    ) -> None:  # fmt: skip
-        """Replicas: take the key's lease, then run the key's open inbox rows in id order
-        (this message's, and any another replica took meanwhile, so neither overtakes the
-        other). A row answered elsewhere while waiting only tells the platform side."""
+    async def _too_old(self, msg: InboundMessage, row: dict[str, Any], turn: TurnProgress) -> None:
         s = self.services
-        key = self.key_for(msg)
-        k = key.format()
-        try:
-            async with coordinator.lease(k, inbox_id) as lease:
-                if lease is not None and not any(int(r["id"]) == inbox_id for r in lease.open):
-                    if inbox_id not in self._done_here and await coordinator.row_open(inbox_id):
-                        # a row without its key (taken before replicas): run it here too
-                        lease.open.append({"id": inbox_id, "replica": None})
-                if lease is None or not any(int(r["id"]) == inbox_id for r in lease.open):
-                    if inbox_id in self._done_here:
-                        self._done_here.discard(inbox_id)  # run and signalled by the drain
-                    else:
-                        s.signals.ended(msg, "answered_elsewhere")
-                if lease is not None:
-                    await self._drain(lease, key, msg, inbox_id, stored)
-        except Exception as exc:  # nothing may escape into the event loop
-            s.metrics.last_error = f"{type(exc).__name__}: {exc}"
-            s.metrics.errors.inc(kind="turn")
-            log.exception("lease work failed for session_key=%s", k)
-        finally:
-            self._inflight.discard(inbox_id)
-
-    async def _drain(
-        self, lease: Lease, key: SessionKey, mine: InboundMessage, inbox_id: int,
-        stored: Stored | None = None,
-    ) -> None:  # fmt: skip
-        s = self.services
-        assert self._shared is not None
-        me = self._shared.me
-        holds = functools.partial(self._shared.holds, lease.fence)
-        for unsent in lease.unsent:  # a dead runner's replies go out before the next ones
-            await self._outbox.resend_row(unsent)
-        for row in lease.open:
-            rid = int(row["id"])
-            if rid == inbox_id:
-                msg = mine
-            else:
-                try:
-                    msg = InboundMessage.from_payload(json.loads(row["payload"]))
-                except (ValueError, TypeError) as exc:
-                    log.error("inbox row %d cannot be read (%s); dropped", rid, exc)
-                    await s.db.finish_inbound(rid, DROPPED, "unreadable", fence=lease.fence)
-                    continue
-            other_task = rid != inbox_id and rid in self._inflight
-            self._inflight.add(rid)
-            origin = row.get("replica")
-            elsewhere = origin is not None and int(origin) != me
-            held = TurnLease(lease.fence, holds, stored if rid == inbox_id else None)
-            turn = TurnProgress(inbox_id=rid, lease=held)
-            if row is lease.open[-1]:  # the last row: its reply's commit may free the lease
-                held.hand_back = self._shared.hand_back(lease, [(int(origin), rid)] if elsewhere
-                                                        else [])  # fmt: skip
-            try:
-                await self._run_row(msg, key, row, turn)
-            except LeaseLost:
-                log.warning("session_key=%s: the lease was taken over during inbox row %d; "
-                            "its reply is withheld (the new holder answers it)", key, rid)  # fmt: skip
-                turn.dropped = "answered_elsewhere"  # the new holder answers it
-                return
-            finally:
-                if other_task:
-                    self._done_here.add(rid)
-                elif rid != inbox_id:
-                    self._inflight.discard(rid)
-                s.signals.ended(msg, turn.dropped)
-            if elsewhere:
-                lease.answered.append((int(origin), rid))
-
-    async def _run_row(
-        self, msg: InboundMessage, key: SessionKey, row: dict[str, Any], turn: TurnProgress
-    ) -> None:
-        s = self.services
-        if (self._flight.max_age_s is not None and row.get("received_at") is not None
-                and s.clock() - float(row["received_at"]) > self._flight.max_age_s):  # fmt: skip
-            await s.replies.reply(msg, row.get("session_id"), too_old_apology(msg.text))
-            await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.lease.fence)
-            s.metrics.recovered.inc(outcome="apologised")
-            return
-        await self._guarded(msg, key, s.clock(), turn)
+        await s.replies.reply(msg, row.get("session_id"), too_old_apology(msg.text))
+        await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.lease.fence)
+        s.metrics.recovered.inc(outcome="apologised")
 
     async def _process_locked(
         self, msg: InboundMessage, key: SessionKey, started: float, turn: TurnProgress

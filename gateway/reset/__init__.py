@@ -88,9 +88,7 @@ class Resetter:
         nothing more."""
         at = self.clock() if now is None else now
         await self.services.index.sync_all()  # replicas: routes other replicas changed
-        coordinator = self.services.coordinator
-        if coordinator.shared:
-            await coordinator.sync_jobs()  # type: ignore[attr-defined]
+        await self.services.coordinator.sync_jobs()  # replicas: other replicas' jobs
         items = self.services.index.items()
         current_ids = {entry.session_id for _, entry in items}
         self._empty = {sid: e for sid, e in self._empty.items() if sid in current_ids}

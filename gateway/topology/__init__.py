@@ -1,3 +1,4 @@
-"""Where a key's work may run: one daemon (the in-process key lock, no fence) or several
-replicas (key leases with fences on PostgreSQL). The pipeline sees a topology only through
-what a turn carries, its `TurnLease`."""
+"""Where a key's work may run: one daemon (`LocalTopology`: the in-process key lock, no
+fence) or several replicas (`ReplicatedTopology`: key leases with fences on PostgreSQL).
+The pipeline sees a topology only through the `Topology` protocol (gateway.topology.base)
+and what a turn carries, its `TurnLease`."""

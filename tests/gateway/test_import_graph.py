@@ -364,6 +364,30 @@ def test_no_private_name_of_state_crosses_a_folder() -> None:
     assert found == []
 
 
+# a test of a `shared` or `_shared` attribute (a session key's `key.shared`, whether
+# a group's session is everyone's, is another matter)
+SHARED_TEST = re.compile(r"(?<!key)\.shared\b|\b_shared\b")
+
+
+def test_only_the_wiring_and_the_topology_know_about_replicas() -> None:
+    """No module outside wiring.py and gateway/topology/ tests a `shared` attribute: the
+    pipeline asks its topology (one daemon or replicas) and never which one it has."""
+    allowed = (ROOT / "gateway" / "wiring.py", ROOT / "gateway" / "topology")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        if not any(path == a or a in path.parents for a in allowed)
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if SHARED_TEST.search(line)
+    ]
+    assert found == []
+
+
+def test_the_replica_check_finds_a_branch_on_shared() -> None:
+    lines = ["if self._shared is None:", "if coordinator.shared:", "if key.shared:"]
+    assert [bool(SHARED_TEST.search(line)) for line in lines] == [True, True, False]
+
+
 MAX_MODULE_LINES = 600
 
 

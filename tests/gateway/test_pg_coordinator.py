@@ -22,6 +22,7 @@ from gateway.routes import PgRouteIndex
 from gateway.services import Services
 from gateway.session_keys import SessionSource
 from gateway.sessions import CompressionSettings
+from gateway.topology.replicated import ReplicatedTopology
 from state import ChildKind, EndReason, Fence, LeaseLost, StoreConfigError
 from state.pg.control import application_name
 from state.pg.store import PgStore
@@ -381,7 +382,7 @@ async def _router(
 
     return Router(
         store, coordinator.routes, EchoAgent(), send, clock=lambda: now[0],
-        coordinator=coordinator, resetter=resetter,
+        topology=ReplicatedTopology(coordinator), resetter=resetter,
     )  # fmt: skip
 
 
@@ -535,7 +536,7 @@ async def test_a_dead_runners_reply_is_sent_again_under_its_keys_lease(replica, 
         sent.append(out.text)
         return SentRef(out.platform, out.chat_id, ("1",))
 
-    router = Router(store, a.routes, EchoAgent(), send, coordinator=a)
+    router = Router(store, a.routes, EchoAgent(), send, topology=ReplicatedTopology(a))
     msg = InboundMessage(SessionSource("api", "7", "dm", "7"), "hello", "m7")
     key = router.key_for(msg).format()
     # a runner that committed the reply ('ready', not yet sent) and died holding the key
@@ -648,7 +649,7 @@ async def test_a_row_taken_here_and_run_by_a_replica_that_died_is_answered_befor
         return SentRef(out.platform, out.chat_id, ("1",))
 
     store, a = await replica("a")
-    router = Router(store, a.routes, EchoAgent(), send, coordinator=a)
+    router = Router(store, a.routes, EchoAgent(), send, topology=ReplicatedTopology(a))
     x = InboundMessage(SessionSource("api", "9", "dm", "9"), "X", "mx")
     y = InboundMessage(SessionSource("api", "9", "dm", "9"), "Y", "my")
     key = router.key_for(x).format()
