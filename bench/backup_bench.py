@@ -42,8 +42,10 @@ def _timed(cmd: list[str]) -> tuple[float, float, str]:
 
 
 def _spread(values: list[float], unit: str, fmt: str = ".2f") -> str:
-    return (f"median {statistics.median(values):{fmt}} {unit} "
-            f"(min {min(values):{fmt}}, max {max(values):{fmt}}, n={len(values)})")  # fmt: skip
+    return (
+        f"median {statistics.median(values):{fmt}} {unit} "
+        f"(min {min(values):{fmt}}, max {max(values):{fmt}}, n={len(values)})"
+    )
 
 
 def main() -> None:
@@ -74,10 +76,14 @@ def main() -> None:
             shutil.rmtree(restored)
             archive.unlink()
     db_mb = corpus.stat().st_size / 1e6
-    print(f"home: {args.sessions:,} sessions, {args.messages:,} messages, state.db {db_mb:,.0f} MB; "
-          f"{os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"home: {args.sessions:,} sessions, {args.messages:,} messages, state.db {db_mb:,.0f} MB; "
+        f"{os.cpu_count()} cores"
+    )
     print(f"backup:  wall {_spread(backup_wall, 's')}; CPU {_spread(backup_cpu, 's')}")
-    print(f"archive: {_spread(sizes, 'MB', '.0f')} ({statistics.median(sizes) / db_mb:.0%} of state.db)")
+    print(
+        f"archive: {_spread(sizes, 'MB', '.0f')} ({statistics.median(sizes) / db_mb:.0%} of state.db)"
+    )
     print(f"restore: wall {_spread(restore_wall, 's')}; CPU {_spread(restore_cpu, 's')}")
 
 

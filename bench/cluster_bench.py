@@ -113,13 +113,16 @@ def statements_run(dsn: str) -> int | None:
     """Statements the server has run in this DSN's database (pg_stat_statements), or None
     when the server does not load that module (shared_preload_libraries)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_settings WHERE name = 'shared_preload_libraries' "
-                            "AND setting LIKE '%%pg_stat_statements%%'").fetchone():  # fmt: skip
+        if not conn.execute(
+            "SELECT 1 FROM pg_settings WHERE name = 'shared_preload_libraries' "
+            "AND setting LIKE '%%pg_stat_statements%%'"
+        ).fetchone():
             return None
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        row = conn.execute("SELECT COALESCE(sum(calls), 0) FROM pg_stat_statements WHERE dbid = "
-                           "(SELECT oid FROM pg_database WHERE datname = current_database())"
-                           ).fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT COALESCE(sum(calls), 0) FROM pg_stat_statements WHERE dbid = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
         return int(row[0]) if row else 0
 
 
@@ -143,8 +146,9 @@ class CpuMeter:
         """daemons' and server's CPU seconds, and statements run (None: not kept)."""
         now = self.sample()
         daemons = sum(now.get(p, 0) - before.get(p, 0) for p in self.daemons)
-        server = sum(v - before.get(p, 0) for p, v in now.items() if p not in self.daemons
-                     and p != -1)  # fmt: skip
+        server = sum(
+            v - before.get(p, 0) for p, v in now.items() if p not in self.daemons and p != -1
+        )
         run = now[-1] - before[-1] if -1 in now and -1 in before else None
         return daemons, server, run
 
@@ -156,8 +160,9 @@ class Load:
     """The echo workload through `POST /v1/messages`, spread over `urls()` per request
     (`hop`: per chat, each message to the replica after the one its last went to)."""
 
-    def __init__(self, urls: Callable[[], list[str]], hop: bool = False,
-                 chats: int = CHATS) -> None:  # fmt: skip
+    def __init__(
+        self, urls: Callable[[], list[str]], hop: bool = False, chats: int = CHATS
+    ) -> None:
         self.urls = urls
         self.hop = hop
         self.n_chats = chats  # fewer than the clients: several clients share each chat
@@ -240,9 +245,13 @@ def _session() -> aiohttp.ClientSession:
 
 
 async def throughput(
-    urls: Callable[[], list[str]], meter: CpuMeter, seconds: float,
-    analyze: Callable[[], None] | None = None, hop: bool = False, chats: int = CHATS,
-) -> dict[str, float]:  # fmt: skip
+    urls: Callable[[], list[str]],
+    meter: CpuMeter,
+    seconds: float,
+    analyze: Callable[[], None] | None = None,
+    hop: bool = False,
+    chats: int = CHATS,
+) -> dict[str, float]:
     load = Load(urls, hop, chats)
     # warm-up: connections open, and every chat's session created and titled (two
     # messages each), so the window measures steady turns whatever the rate (a slower
@@ -256,8 +265,12 @@ async def throughput(
     n = await load.closed(seconds)
     elapsed = time.perf_counter() - t
     daemons, server, run = meter.spent(before)
-    found = {"rate": n / elapsed, "daemon_ms": daemons * 1000 / max(1, n),
-             "server_ms": server * 1000 / max(1, n), "failed": load.failed}  # fmt: skip
+    found = {
+        "rate": n / elapsed,
+        "daemon_ms": daemons * 1000 / max(1, n),
+        "server_ms": server * 1000 / max(1, n),
+        "failed": load.failed,
+    }
     if run is not None:
         found["statements"] = run / max(1, n)
     return found
@@ -266,8 +279,10 @@ async def throughput(
 def show(label: str, f: dict[str, float]) -> None:
     server = f"  + server {f['server_ms']:.2f}" if f["server_ms"] else ""
     run = f"   statements/msg {f['statements']:.2f}" if "statements" in f else ""
-    print(f"  {label:<22} {f['rate']:7,.0f} msg/s   CPU/msg: daemons {f['daemon_ms']:.2f} ms"
-          f"{server}{run}   (failed {int(f['failed'])})")  # fmt: skip
+    print(
+        f"  {label:<22} {f['rate']:7,.0f} msg/s   CPU/msg: daemons {f['daemon_ms']:.2f} ms"
+        f"{server}{run}   (failed {int(f['failed'])})"
+    )
 
 
 # --- the runs ---------------------------------------------------------------------------------
@@ -275,9 +290,11 @@ def show(label: str, f: dict[str, float]) -> None:
 
 # Runs `gateway` from another checkout: this virtualenv's editable install of this one
 # is a meta-path finder that PYTHONPATH cannot outrank, so it is taken out first.
-_BOOT = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
-         "if 'editable' not in repr(f)]; sys.path.insert(0, {root!r}); "
-         "runpy.run_module('gateway', run_name='__main__', alter_sys=True)")  # fmt: skip
+_BOOT = (
+    "import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
+    "if 'editable' not in repr(f)]; sys.path.insert(0, {root!r}); "
+    "runpy.run_module('gateway', run_name='__main__', alter_sys=True)"
+)
 
 
 @dataclass
@@ -297,31 +314,44 @@ class Source:
         return cls([sys.executable, "-c", _BOOT.format(root=str(root))], set(cluster))
 
 
-async def sqlite_gateway(root: Path, seconds: float, source: Source,
-                         rate: float | None = None) -> tuple[dict[str, float], str]:  # fmt: skip
+async def sqlite_gateway(
+    root: Path, seconds: float, source: Source, rate: float | None = None
+) -> tuple[dict[str, float], str]:
     """The SQLite gateway's closed-loop figures, and with `rate` its open loop there too
     (section 3's reference: the embedded store on the same machine and load)."""
     home = root / "sqlite"
     home.mkdir()
     port = free_port()
-    (home / "config.yaml").write_text(yaml.safe_dump({"platforms": {"api": {"port": port}},
-                                                      "logging": {"level": "warning"}}))  # fmt: skip
+    (home / "config.yaml").write_text(
+        yaml.safe_dump({"platforms": {"api": {"port": port}}, "logging": {"level": "warning"}})
+    )
     daemon = Replica("sqlite", home, port, clean_env(), python=source.python)
     await daemon.start()
     try:
         assert daemon.proc is not None
         meter = CpuMeter([daemon.proc.pid], None)
         found = await throughput(lambda: [daemon.url], meter, seconds)
-        text = "" if rate is None else (await open_run(lambda: [daemon.url], meter, rate,
-                                                       seconds, False, "SQLite gateway"))[0]  # fmt: skip
+        text = (
+            ""
+            if rate is None
+            else (
+                await open_run(lambda: [daemon.url], meter, rate, seconds, False, "SQLite gateway")
+            )[0]
+        )
         return found, text
     finally:
         await daemon.stop()
 
 
 async def on_cluster(root: Path, server: str, n: int, name: str, source: Source) -> Cluster:
-    cluster = Cluster(root / name, server, n, Platforms(), {"logging": {"level": "warning"}},
-                      cluster_keys=source.cluster_keys)  # fmt: skip
+    cluster = Cluster(
+        root / name,
+        server,
+        n,
+        Platforms(),
+        {"logging": {"level": "warning"}},
+        cluster_keys=source.cluster_keys,
+    )
     for r in cluster.replicas:
         r.python = source.python
     await cluster.start()
@@ -356,8 +386,10 @@ async def long_sessions(root: Path, dsn: str, source: Source, seconds: float) ->
 
     from state.pg.appends import append_many
 
-    print(f"\n6. long sessions: 1 replica, {CLIENTS} clients over {LONG_CHATS} chats whose "
-          f"sessions hold {LONG_HISTORY} messages")  # fmt: skip
+    print(
+        f"\n6. long sessions: 1 replica, {CLIENTS} clients over {LONG_CHATS} chats whose "
+        f"sessions hold {LONG_HISTORY} messages"
+    )
     cluster = await on_cluster(root, dsn, 1, "long", source)
     try:
         urls = lambda: [r.url for r in cluster.replicas]  # noqa: E731
@@ -366,28 +398,40 @@ async def long_sessions(root: Path, dsn: str, source: Source, seconds: float) ->
             await warm.closed(1.0)
         gen = TextGen(5)
         async with await AsyncConnection.connect(cluster.dsn, autocommit=True) as conn:
-            found = await (await conn.execute(
-                "SELECT id FROM sessions WHERE source = 'api' AND ended_at IS NULL")).fetchall()  # fmt: skip
+            found = await (
+                await conn.execute(
+                    "SELECT id FROM sessions WHERE source = 'api' AND ended_at IS NULL"
+                )
+            ).fetchall()
             roles = [("user", "assistant")[m % 2] for m in range(LONG_HISTORY)]
             async with conn.transaction():  # as if each conversation had gone on that long
-                await append_many(conn, [
-                    (r[0], [{"role": role, "content": gen.english(role)} for role in roles], None, None)
-                    for r in found
-                ])  # fmt: skip
+                await append_many(
+                    conn,
+                    [
+                        (
+                            r[0],
+                            [{"role": role, "content": gen.english(role)} for role in roles],
+                            None,
+                            None,
+                        )
+                        for r in found
+                    ],
+                )
         f = await throughput(urls, meter_of(cluster), seconds, analyzer(cluster), chats=LONG_CHATS)
         show("1 replica, PostgreSQL", f)
     finally:
         await cluster.close()
 
 
-async def linger_rounds(root: Path, dsn: str, source: Source, seconds: float,
-                        rounds: int) -> None:  # fmt: skip
+async def linger_rounds(root: Path, dsn: str, source: Source, seconds: float, rounds: int) -> None:
     """Section 7: 1 replica, 3 replicas whose commits do not wait (`commit_linger_ms: 0`)
     and 3 replicas with the default wait, alternated `rounds` times (this machine's rate
     drifts between runs more than the difference): each a closed-loop window, then 800
     msg/s offered."""
-    print(f"\n7. the commit linger of replicas, {rounds} alternated rounds ({seconds:g} s "
-          "closed loop, then 800 msg/s offered)")  # fmt: skip
+    print(
+        f"\n7. the commit linger of replicas, {rounds} alternated rounds ({seconds:g} s "
+        "closed loop, then 800 msg/s offered)"
+    )
     variants = ((1, None), (3, 0), (3, None))  # (replicas, commit_linger_ms; None: default)
     for r in range(rounds):
         one = 0.0
@@ -395,8 +439,9 @@ async def linger_rounds(root: Path, dsn: str, source: Source, seconds: float,
             extra: dict[str, object] = {"logging": {"level": "warning"}}
             if linger is not None:
                 extra["cluster"] = {"commit_linger_ms": linger}
-            cluster = Cluster(root / f"l{r}-{i}", dsn, n, Platforms(), extra,
-                              cluster_keys=source.cluster_keys)  # fmt: skip
+            cluster = Cluster(
+                root / f"l{r}-{i}", dsn, n, Platforms(), extra, cluster_keys=source.cluster_keys
+            )
             for replica in cluster.replicas:
                 replica.python = source.python
             await cluster.start()
@@ -410,8 +455,12 @@ async def linger_rounds(root: Path, dsn: str, source: Source, seconds: float,
             one = f["rate"] if n == 1 else one
             label = f"{n} replica(s), " + ("default wait" if linger is None else f"{linger} ms")
             show(label, f)
-            print(f"  {'':<22} {f['rate'] / one:.2f}x of 1; at 800 msg/s p50 "
-                  f"{pct(lat, 0.5):.0f} ms, p99 {pct(lat, 0.99):.0f} ms" if lat else "  -")  # fmt: skip
+            print(
+                f"  {'':<22} {f['rate'] / one:.2f}x of 1; at 800 msg/s p50 "
+                f"{pct(lat, 0.5):.0f} ms, p99 {pct(lat, 0.99):.0f} ms"
+                if lat
+                else "  -"
+            )
 
 
 async def writer_metrics(url: str) -> dict[str, float]:
@@ -434,8 +483,10 @@ async def turn_anatomy(root: Path, dsn: str, source: Source, seconds: float) -> 
     (from /metrics): a turn waits for two commits at least (its message's accept, which
     begins the turn, and its end), plus the commit in flight when it arrives, so the
     commit's own duration sets the turn's latency floor."""
-    print(f"\n8. where a turn's time goes: 1 replica, open loop, {seconds:g} s per rate; the "
-          "writer's commits in the same window (/metrics)")  # fmt: skip
+    print(
+        f"\n8. where a turn's time goes: 1 replica, open loop, {seconds:g} s per rate; the "
+        "writer's commits in the same window (/metrics)"
+    )
     cluster = await on_cluster(root, dsn, 1, "anatomy", source)
     try:
         urls = lambda: [r.url for r in cluster.replicas]  # noqa: E731
@@ -451,12 +502,14 @@ async def turn_anatomy(root: Path, dsn: str, source: Source, seconds: float) -> 
             wall = time.perf_counter() - wall
             after = await writer_metrics(url)
             commits = after["batches_total"] - before["batches_total"]
-            print(f"  {rate:5.0f} msg/s: turn p50 {pct(lat, 0.5):6.1f} ms  p99 {pct(lat, 0.99):6.1f} "
-                  f"ms   commits {commits / seconds:5.0f}/s, {len(lat) / max(1.0, commits):.2f} "
-                  f"turns each, commit p50 {after['commit_ms_p50']:5.1f} ms  p99 "
-                  f"{after['commit_ms_p99']:5.1f} ms (last 512), operations p50 "
-                  f"{after['batch_size_p50']:.0f}; cores busy: daemon {daemon_s / wall:.2f}, "
-                  f"server {server_s / wall:.2f}")  # fmt: skip
+            print(
+                f"  {rate:5.0f} msg/s: turn p50 {pct(lat, 0.5):6.1f} ms  p99 {pct(lat, 0.99):6.1f} "
+                f"ms   commits {commits / seconds:5.0f}/s, {len(lat) / max(1.0, commits):.2f} "
+                f"turns each, commit p50 {after['commit_ms_p50']:5.1f} ms  p99 "
+                f"{after['commit_ms_p99']:5.1f} ms (last 512), operations p50 "
+                f"{after['batch_size_p50']:.0f}; cores busy: daemon {daemon_s / wall:.2f}, "
+                f"server {server_s / wall:.2f}"
+            )
     finally:
         await cluster.close()
 
@@ -472,9 +525,14 @@ async def contended(root: Path, dsn: str, source: Source, seconds: float, hop: b
     for n in (1, 3):
         cluster = await on_cluster(root, dsn, n, f"shared{n}", source)
         try:
-            rates[n] = await throughput(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
-                                        meter_of(cluster), seconds, analyzer(cluster), hop,
-                                        SHARED_CHATS)  # fmt: skip
+            rates[n] = await throughput(
+                lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
+                meter_of(cluster),
+                seconds,
+                analyzer(cluster),
+                hop,
+                SHARED_CHATS,
+            )
             show(f"{n} replica(s), PostgreSQL", rates[n])
         finally:
             await cluster.close()
@@ -485,23 +543,40 @@ def meter_of(cluster: Cluster) -> CpuMeter:
     return CpuMeter([r.proc.pid for r in cluster.replicas if r.proc is not None], cluster.dsn)
 
 
-async def latency_run(cluster: Cluster, rate: float, seconds: float, hop: bool,
-                      show: bool = True, neighbour: Neighbour | None = None,
-                      ) -> tuple[str, float]:  # fmt: skip
+async def latency_run(
+    cluster: Cluster,
+    rate: float,
+    seconds: float,
+    hop: bool,
+    show: bool = True,
+    neighbour: Neighbour | None = None,
+) -> tuple[str, float]:
     """Section 3's open loop at `rate` on a warm cluster (open_run): its lines, printed
     unless `show` is false, and its p99."""
     await drained(cluster)  # nothing queued from the run before
-    text, p99 = await open_run(lambda: [r.url for r in cluster.replicas], meter_of(cluster),
-                               rate, seconds, hop, f"{len(cluster.replicas)} replica(s)",
-                               neighbour)  # fmt: skip
+    text, p99 = await open_run(
+        lambda: [r.url for r in cluster.replicas],
+        meter_of(cluster),
+        rate,
+        seconds,
+        hop,
+        f"{len(cluster.replicas)} replica(s)",
+        neighbour,
+    )
     if show:
         print(text)
     return text, p99
 
 
-async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
-                   seconds: float, hop: bool, label: str,
-                   neighbour: Neighbour | None = None) -> tuple[str, float]:  # fmt: skip
+async def open_run(
+    urls: Callable[[], list[str]],
+    meter: CpuMeter,
+    rate: float,
+    seconds: float,
+    hop: bool,
+    label: str,
+    neighbour: Neighbour | None = None,
+) -> tuple[str, float]:
     """An open loop at `rate`: the turn p50/p99 and the CPU per message of the load
     generator (this process), the daemons and the server, and the cores they kept busy from
     the first request to the last answer (and those a `neighbour` took, apart); those
@@ -521,11 +596,13 @@ async def open_run(urls: Callable[[], list[str]], meter: CpuMeter, rate: float,
     gen, daemons, server = (x * 1000 / max(1, len(lat)) for x in cpu)
     server_part = f" + server {server:.2f}" if meter.dsn else ""
     p99 = pct(lat, 0.99) if lat else float("inf")
-    return (f"  {label} at {rate:,.0f} msg/s: {figures}   answered {len(lat):,}/"
-            f"{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load generator {gen:.2f} + "
-            f"daemons {daemons:.2f}{server_part} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
-            f"cores busy over the run{beside}, {stolen / took:.2f} stolen by the host; probe "
-            f"{speed:.0f} ms\n  {'':<4}{bursts(load.timeline)}"), p99  # fmt: skip
+    return (
+        f"  {label} at {rate:,.0f} msg/s: {figures}   answered {len(lat):,}/"
+        f"{int(rate * seconds):,} within 30 s\n  {'':<4}CPU/msg: load generator {gen:.2f} + "
+        f"daemons {daemons:.2f}{server_part} ms; {sum(cpu) / took:.2f} of {os.cpu_count()} "
+        f"cores busy over the run{beside}, {stolen / took:.2f} stolen by the host; probe "
+        f"{speed:.0f} ms\n  {'':<4}{bursts(load.timeline)}"
+    ), p99
 
 
 def bursts(timeline: list[tuple[float, float]], span_s: float = 0.25) -> str:
@@ -593,24 +670,32 @@ async def takeover_times(cluster: Cluster, kills: int) -> list[float]:
         await victim.kill()
         killed = time.perf_counter()
         with cluster.connect() as conn:
-            open_ids = [int(r[0]) for r in conn.execute(
-                "SELECT id FROM inbox WHERE state IN ('received', 'started')")]  # fmt: skip
+            open_ids = [
+                int(r[0])
+                for r in conn.execute("SELECT id FROM inbox WHERE state IN ('received', 'started')")
+            ]
             while open_ids:
-                still = conn.execute("SELECT count(*) FROM inbox WHERE id = ANY(%s) AND state IN "
-                                     "('received', 'started')", (open_ids,)).fetchone()  # fmt: skip
+                still = conn.execute(
+                    "SELECT count(*) FROM inbox WHERE id = ANY(%s) AND state IN "
+                    "('received', 'started')",
+                    (open_ids,),
+                ).fetchone()
                 if not still or still[0] == 0 or time.perf_counter() - killed > 60:
                     break
                 await asyncio.sleep(0.01)
         out.append(time.perf_counter() - killed)
-        print(f"  kill: {len(open_ids)} open rows at the kill, all answered after {out[-1]:.2f} s",
-              flush=True)  # fmt: skip
+        print(
+            f"  kill: {len(open_ids)} open rows at the kill, all answered after {out[-1]:.2f} s",
+            flush=True,
+        )
         await running
         await victim.start()
     return out
 
 
-async def bulk_fill(dsn: str, messages: int, per_session: int = 10, chunk: int = 1_000,
-                    cjk_share: float = 0.05) -> None:  # fmt: skip
+async def bulk_fill(
+    dsn: str, messages: int, per_session: int = 10, chunk: int = 1_000, cjk_share: float = 0.05
+) -> None:
     """Sessions of `per_session` messages (a CJK share as search_bench's corpus), written
     `chunk` sessions per transaction by the PostgreSQL store's own row functions (its
     session insert and the writer's merged append), so the rows are exactly the store's."""
@@ -629,12 +714,31 @@ async def bulk_fill(dsn: str, messages: int, per_session: int = 10, chunk: int =
             async with conn.transaction():
                 for s in range(first, first + chunk):
                     sid = f"20250101_000000_{s:08x}"
-                    await insert_session(conn, {"id": sid, "source": ("telegram", "slack", "api")[s % 3],
-                                                "user_id": f"u{s % 997}", "started_at": t0 + s * 30})  # fmt: skip
-                    calls.append((sid, [{"role": ("user", "assistant")[m % 2],
-                                         "content": gen.cjk() if gen.rng.random() < cjk_share
-                                         else gen.english(("user", "assistant")[m % 2])}
-                                        for m in range(per_session)], None, None))  # fmt: skip
+                    await insert_session(
+                        conn,
+                        {
+                            "id": sid,
+                            "source": ("telegram", "slack", "api")[s % 3],
+                            "user_id": f"u{s % 997}",
+                            "started_at": t0 + s * 30,
+                        },
+                    )
+                    calls.append(
+                        (
+                            sid,
+                            [
+                                {
+                                    "role": ("user", "assistant")[m % 2],
+                                    "content": gen.cjk()
+                                    if gen.rng.random() < cjk_share
+                                    else gen.english(("user", "assistant")[m % 2]),
+                                }
+                                for m in range(per_session)
+                            ],
+                            None,
+                            None,
+                        )
+                    )
                 await append_many(conn, calls)
             done = (first + chunk - start) * per_session
             if done % 100_000 == 0:
@@ -653,8 +757,10 @@ async def search_on(server: str, messages: int) -> dict[str, list[float]]:
     try:
         have = await store.message_count()
         if have < messages:
-            print(f"  building the {messages:,}-message corpus in schema {schema} (once) ...",
-                  flush=True)  # fmt: skip
+            print(
+                f"  building the {messages:,}-message corpus in schema {schema} (once) ...",
+                flush=True,
+            )
             t = time.perf_counter()
             await bulk_fill(dsn, messages - have)
             print(f"  built in {time.perf_counter() - t:.0f} s", flush=True)
@@ -669,17 +775,30 @@ async def main() -> None:
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
     ap.add_argument("--skip-search", action="store_true")
     ap.add_argument("--source", help="run the daemons from this checkout (PYTHONPATH)")
-    ap.add_argument("--only", type=int, choices=(1, 2, 3, 5, 6, 7, 8),
-                    help="1, 5, 6, 7 or 8: that section only; 2: its contended run only; "
-                         "3: 2 and 3 replicas at 800 msg/s only")  # fmt: skip
-    ap.add_argument("--rounds", type=int,
-                    help="section 7's alternated rounds (default 3); with --only 3, the windows "
-                         "per replica count (default 1)")  # fmt: skip
-    ap.add_argument("--hop", action="store_true",
-                    help="each chat's next message to the next replica (sections 1-3)")  # fmt: skip
-    ap.add_argument("--neighbour", metavar="BUSY/IDLE[xPROCS]",
-                    help="with --only 3: processes burning a core in bursts beside the windows "
-                         "(ms on, ms off; e.g. 60/140x2)")  # fmt: skip
+    ap.add_argument(
+        "--only",
+        type=int,
+        choices=(1, 2, 3, 5, 6, 7, 8),
+        help="1, 5, 6, 7 or 8: that section only; 2: its contended run only; "
+        "3: 2 and 3 replicas at 800 msg/s only",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        help="section 7's alternated rounds (default 3); with --only 3, the windows "
+        "per replica count (default 1)",
+    )
+    ap.add_argument(
+        "--hop",
+        action="store_true",
+        help="each chat's next message to the next replica (sections 1-3)",
+    )
+    ap.add_argument(
+        "--neighbour",
+        metavar="BUSY/IDLE[xPROCS]",
+        help="with --only 3: processes burning a core in bursts beside the windows "
+        "(ms on, ms off; e.g. 60/140x2)",
+    )
     args = ap.parse_args()
     try:
         neighbour = Neighbour(args.neighbour) if args.neighbour else None
@@ -692,8 +811,10 @@ async def main() -> None:
     corpus = 100_000 if args.quick else 1_000_000
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         version = conn.execute("SHOW server_version").fetchone()
-    print(f"switchboard cluster bench: {os.cpu_count()} cores shared by the load generator, the "
-          f"daemons and PostgreSQL {version[0] if version else '?'}; echo agent over the HTTP API")  # fmt: skip
+    print(
+        f"switchboard cluster bench: {os.cpu_count()} cores shared by the load generator, the "
+        f"daemons and PostgreSQL {version[0] if version else '?'}; echo agent over the HTTP API"
+    )
     if args.only == 5:
         await search_section(args.dsn, corpus)
         return
@@ -713,16 +834,19 @@ async def main() -> None:
                     try:
                         with neighbour or contextlib.nullcontext():
                             await warmed(cluster, args.hop)
-                            _, p99 = await latency_run(cluster, 800.0, seconds, args.hop,
-                                                       neighbour=neighbour)  # fmt: skip
+                            _, p99 = await latency_run(
+                                cluster, 800.0, seconds, args.hop, neighbour=neighbour
+                            )
                         p99s[n].append(p99)
                     finally:
                         await cluster.close()
         if (args.rounds or 1) > 1:
             for n, found in p99s.items():
                 below = sum(1 for p in found if p <= 60.0)
-                print(f"  {n} replicas: p99 median {statistics.median(found):.1f} ms over "
-                      f"{len(found)} windows, {below} of them within 60 ms")  # fmt: skip
+                print(
+                    f"  {n} replicas: p99 median {statistics.median(found):.1f} ms over "
+                    f"{len(found)} windows, {below} of them within 60 ms"
+                )
         return
     if args.only == 6:
         with tempfile.TemporaryDirectory() as tmp:
@@ -730,8 +854,7 @@ async def main() -> None:
         return
     if args.only == 7:
         with tempfile.TemporaryDirectory() as tmp:
-            await linger_rounds(Path(tmp), args.dsn, source, min(seconds, 8.0),
-                                args.rounds or 3)  # fmt: skip
+            await linger_rounds(Path(tmp), args.dsn, source, min(seconds, 8.0), args.rounds or 3)
         return
     if args.only == 8:
         with tempfile.TemporaryDirectory() as tmp:
@@ -743,36 +866,44 @@ async def main() -> None:
         print(f"\n1. throughput, {CLIENTS} clients over {CHATS} chats, {seconds:g} s windows{hop}")
         if args.source:
             print(f"  daemons from {args.source}")
-        lite, lite_800 = await sqlite_gateway(root, seconds, source,
-                                              None if args.only else 800.0)  # fmt: skip
+        lite, lite_800 = await sqlite_gateway(root, seconds, source, None if args.only else 800.0)
         show("SQLite gateway", lite)
         rates: dict[int, dict[str, float]] = {}
         lines: dict[tuple[int, float], str] = {}  # (replicas, offered rate): section 3's
         for n in (1,) if args.only else (1, 2, 3):
             cluster = await on_cluster(root, args.dsn, n, f"c{n}", source)
             try:
-                rates[n] = await throughput(lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
-                                            meter_of(cluster), seconds, analyzer(cluster),
-                                            args.hop)  # fmt: skip
+                rates[n] = await throughput(
+                    lambda c=cluster: [r.url for r in c.replicas],  # type: ignore[misc]
+                    meter_of(cluster),
+                    seconds,
+                    analyzer(cluster),
+                    args.hop,
+                )
                 show(f"{n} replica(s), PostgreSQL", rates[n])
                 if not args.only:
                     # 800/s, the target rate, on 2 and 3 replicas (1 cannot sustain it on 2
                     # shared cores), and half of what 1 replica sustained on 1 and 3
                     half = round(rates[1]["rate"] / 2)
                     for rate in (800.0,) if n == 2 else (half, 800.0):
-                        lines[n, rate], _ = await latency_run(cluster, rate, seconds,
-                                                              args.hop, show=False)  # fmt: skip
+                        lines[n, rate], _ = await latency_run(
+                            cluster, rate, seconds, args.hop, show=False
+                        )
             finally:
                 await cluster.close()
-        print(f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
-              f"{(rates[1]['daemon_ms'] + rates[1]['server_ms']) / lite['daemon_ms']:.2f}x "
-              "the CPU per message (daemons + server)")  # fmt: skip
+        print(
+            f"  1 replica / SQLite: {rates[1]['rate'] / lite['rate']:.2f}x the rate, "
+            f"{(rates[1]['daemon_ms'] + rates[1]['server_ms']) / lite['daemon_ms']:.2f}x "
+            "the CPU per message (daemons + server)"
+        )
         if not args.only:
             print("\n2. several replicas, aggregate vs one (target >= 0.9x)")
             for k in (2, 3):
-                print(f"  {k} replicas: {rates[k]['rate'] / rates[1]['rate']:.2f}x the rate, "
-                      f"{(rates[k]['daemon_ms'] + rates[k]['server_ms']) / (rates[1]['daemon_ms'] + rates[1]['server_ms']):.2f}x "
-                      "the CPU per message")  # fmt: skip
+                print(
+                    f"  {k} replicas: {rates[k]['rate'] / rates[1]['rate']:.2f}x the rate, "
+                    f"{(rates[k]['daemon_ms'] + rates[k]['server_ms']) / (rates[1]['daemon_ms'] + rates[1]['server_ms']):.2f}x "
+                    "the CPU per message"
+                )
             await contended(root, args.dsn, source, seconds, args.hop)
             print("\n3. turn latency, open loop (target p99 <= 60 ms at 800 msg/s offered)")
             print(lite_800)

@@ -63,8 +63,12 @@ def _run(module: str, pythonpath: str, n: int, tmp: Path, tag: str) -> dict[str,
     env = {**os.environ, "PYTHONPATH": pythonpath, "HERMES_HOME": str(tmp / "hermes-home")}
     proc = subprocess.run(
         [sys.executable, "-c", WORK.format(module=module), str(db), str(n)],
-        capture_output=True, text=True, env=env, cwd=tmp, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        check=True,
+    )
     result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 

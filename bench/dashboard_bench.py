@@ -48,8 +48,10 @@ async def _timed(http: aiohttp.ClientSession, url: str) -> tuple[float, dict[str
 
 def _line(label: str, times: list[float], target: float | None = None) -> None:
     goal = f"  (target p95 <= {target:g} ms)" if target else ""
-    print(f"  {label:<34} n={len(times):>4}  p50 {pct(times, 0.5):7.1f} ms  "
-          f"p95 {pct(times, 0.95):7.1f} ms  max {max(times):7.1f} ms{goal}")  # fmt: skip
+    print(
+        f"  {label:<34} n={len(times):>4}  p50 {pct(times, 0.5):7.1f} ms  "
+        f"p95 {pct(times, 0.95):7.1f} ms  max {max(times):7.1f} ms{goal}"
+    )
 
 
 async def sessions_figures(
@@ -124,16 +126,20 @@ async def main() -> None:
     conn = sqlite3.connect(path)
     span = conn.execute("SELECT MIN(started_at), MAX(last_active) FROM sessions").fetchone()
     conn.close()
-    print(f"switchboard dashboard bench — {n_messages:,} messages in {sessions:,} sessions "
-          f"over 365 days, SQLite {sqlite3.sqlite_version}")  # fmt: skip
+    print(
+        f"switchboard dashboard bench — {n_messages:,} messages in {sessions:,} sessions "
+        f"over 365 days, SQLite {sqlite3.sqlite_version}"
+    )
     conn = sqlite3.connect(path)
     version = schema.current_version(conn)
     conn.close()
     t = time.perf_counter()
     db = await SessionDB.open(path)
     if version < schema.LATEST:
-        print(f"  opening migrated the corpus from schema {version} to {schema.LATEST} "
-              f"in {time.perf_counter() - t:.2f} s")  # fmt: skip
+        print(
+            f"  opening migrated the corpus from schema {version} to {schema.LATEST} "
+            f"in {time.perf_counter() - t:.2f} s"
+        )
     dash = Dashboard(db, DashboardSettings(key=KEY))
     server = TestServer(ApiAdapter(key=KEY, subapps=dash.subapps()).app(), host="127.0.0.1")
     await server.start_server()

@@ -163,19 +163,38 @@ async def main() -> None:
         missing = [k for k in missing if k not in own]
         for start in range(0, len(missing), 5_000):
             chunk = missing[start : start + 5_000]
-            sids = await asyncio.gather(*(
-                db.create_session(source="telegram", session_key=k, chat_id=k.rsplit(":", 1)[1],
-                                  chat_type="dm") for k in chunk
-            ))  # fmt: skip
+            sids = await asyncio.gather(
+                *(
+                    db.create_session(
+                        source="telegram",
+                        session_key=k,
+                        chat_id=k.rsplit(":", 1)[1],
+                        chat_type="dm",
+                    )
+                    for k in chunk
+                )
+            )
             own.update(
                 (k, IndexEntry(s, now, now, {}, None, "telegram", "dm"))
                 for k, s in zip(chunk, sids, strict=True)
             )
         for i in range(n_entries):
             key = f"agent:main:telegram:dm:{i}"
-            big[key] = IndexEntry(own[key].session_id, now, now, {"platform": "telegram", "chat_id": str(i),
-                                  "chat_type": "dm", "user_id": str(i), "user_name": f"user{i}"},
-                                  f"user{i}", "telegram", "dm").to_json()  # fmt: skip
+            big[key] = IndexEntry(
+                own[key].session_id,
+                now,
+                now,
+                {
+                    "platform": "telegram",
+                    "chat_id": str(i),
+                    "chat_type": "dm",
+                    "user_id": str(i),
+                    "user_name": f"user{i}",
+                },
+                f"user{i}",
+                "telegram",
+                "dm",
+            ).to_json()
         del own
         (home / "sessions" / "sessions.json").write_text(json.dumps(big))
         del big
@@ -187,13 +206,17 @@ async def main() -> None:
         out, _ = await probe.communicate()
         assert probe.returncode == 0, f"the start-up probe failed ({probe.returncode})"
         got = json.loads(out.decode().splitlines()[-1])
-        print(f"  start-up with a {got['entries']:,}-entry index, in a fresh process: "
-              f"{got['open_s'] + got['load_s']:.2f} s  (target <= 1 s)")  # fmt: skip
+        print(
+            f"  start-up with a {got['entries']:,}-entry index, in a fresh process: "
+            f"{got['open_s'] + got['load_s']:.2f} s  (target <= 1 s)"
+        )
         print(
             f"    state.db open {got['open_s']:.2f} s, then index load + heal {got['load_s']:.2f} s"
         )
-        print(f"    RSS with it loaded: {got['rss_mb']:.0f} MB (+{got['rss_mb'] - got['rss_before_mb']:.0f} MB "
-              "for the index; target <= 250 MB)")  # fmt: skip
+        print(
+            f"    RSS with it loaded: {got['rss_mb']:.0f} MB (+{got['rss_mb'] - got['rss_before_mb']:.0f} MB "
+            "for the index; target <= 250 MB)"
+        )
 
 
 async def startup_probe(home: Path) -> None:
@@ -207,8 +230,17 @@ async def startup_probe(home: Path) -> None:
     how = await index.load()
     t2 = time.perf_counter()
     assert how == "loaded", how
-    print(json.dumps({"open_s": t1 - t0, "load_s": t2 - t1, "entries": len(index),
-                      "rss_before_mb": before, "rss_mb": rss_mb()}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "open_s": t1 - t0,
+                "load_s": t2 - t1,
+                "entries": len(index),
+                "rss_before_mb": before,
+                "rss_mb": rss_mb(),
+            }
+        )
+    )
     await index.close()
     await db.close()
 

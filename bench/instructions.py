@@ -57,9 +57,20 @@ from tests.fakes.openai import FakeOpenAI  # noqa: E402
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 ANSWER = "Here is a short answer to your question."
 WARM_PER_CHAT, MEASURED_PER_CHAT = 2, 6
-BODY = json.dumps({"id": "c1", "model": "fake-model", "choices": [{"index": 0, "finish_reason":
-                   "stop", "message": {"role": "assistant", "content": ANSWER}}],
-                   "usage": {"prompt_tokens": 11, "completion_tokens": 5}}).encode()  # fmt: skip
+BODY = json.dumps(
+    {
+        "id": "c1",
+        "model": "fake-model",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": ANSWER},
+            }
+        ],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 5},
+    }
+).encode()
 
 
 def text_of(i: int, chats: int) -> str:
@@ -74,15 +85,23 @@ class Fake(FakeOpenAI):
         return web.Response(body=BODY, content_type="application/json")
 
 
-def config(port: int, agent: str, fake_url: str, name: str, replicas: int,
-           paced: bool) -> dict[str, Any]:  # fmt: skip
-    cfg: dict[str, Any] = {"platforms": {"api": {"port": port}}, "shutdown": {"drain_seconds": 5},
-                           "agent": {"backend": agent}}  # fmt: skip
+def config(
+    port: int, agent: str, fake_url: str, name: str, replicas: int, paced: bool
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "platforms": {"api": {"port": port}},
+        "shutdown": {"drain_seconds": 5},
+        "agent": {"backend": agent},
+    }
     if paced:  # sessions.json written at shutdown only: no write per 2 s of valgrind's pace
         cfg["sessions"] = {"index_flush_seconds": 300, "index_activity_seconds": 3600}
     if agent == "openai":
-        cfg["agent"]["openai"] = {"base_url": fake_url, "model": "fake-model",
-                                  "api_key_env": "OPENAI_API_KEY", "max_retries": 0}  # fmt: skip
+        cfg["agent"]["openai"] = {
+            "base_url": fake_url,
+            "model": "fake-model",
+            "api_key_env": "OPENAI_API_KEY",
+            "max_retries": 0,
+        }
     if replicas > 1:
         cfg["state"] = {"backend": "postgres", "dsn_env": DSN_ENV}
         cfg["cluster"] = {"replicas": replicas, "replica_id": name}
@@ -93,8 +112,9 @@ class Run:
     """`replicas` daemons on a fresh home each (and one fresh database when more than one),
     `prefix` before each one's Python (valgrind, or nothing)."""
 
-    def __init__(self, args: argparse.Namespace, root: Path,
-                 prefix: Callable[[int], list[str]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, args: argparse.Namespace, root: Path, prefix: Callable[[int], list[str]] | None = None
+    ) -> None:
         self.args, self.root, self.prefix = args, root, prefix or (lambda k: [])
         self.fake, self.http = Fake(), LeanHttp(timeout_s=600)
         self.replicas: list[Replica] = []
@@ -109,8 +129,14 @@ class Run:
         for k in range(self.args.replicas):
             name, home, port = f"r{k}", self.root / f"r{k}", free_port()
             home.mkdir(parents=True)
-            cfg = config(port, self.args.agent, fake_url, name, self.args.replicas,
-                         paced=self.prefix(k) != [])  # fmt: skip
+            cfg = config(
+                port,
+                self.args.agent,
+                fake_url,
+                name,
+                self.args.replicas,
+                paced=self.prefix(k) != [],
+            )
             (home / "config.yaml").write_text(yaml.safe_dump(cfg))
             rep = Replica(name, home, port, clean_env(**env))
             rep.python = [*self.prefix(k), sys.executable, "-m", "gateway"]
@@ -141,12 +167,17 @@ class Run:
             for i in seq:
                 chat, k = i % chats, i // chats
                 r = (chat + k if self.args.hop else chat) % len(self.replicas)
-                body = {"model": "fake-model", "user": f"chat{chat}",
-                        "messages": [{"role": "user", "content": text_of(i, chats)}]}  # fmt: skip
+                body = {
+                    "model": "fake-model",
+                    "user": f"chat{chat}",
+                    "messages": [{"role": "user", "content": text_of(i, chats)}],
+                }
                 status, out = await self.http.post_json(
-                    f"{self.replicas[r].url}/v1/chat/completions", body)  # fmt: skip
+                    f"{self.replicas[r].url}/v1/chat/completions", body
+                )
                 if status == 200 and json.loads(out)["choices"][0]["message"]["content"] in (
-                    ANSWER, f"echo: {text_of(i, chats)}"
+                    ANSWER,
+                    f"echo: {text_of(i, chats)}",
                 ):
                     answered += 1
 
@@ -164,8 +195,10 @@ class Run:
 
 def spread(values: list[float], unit: float = 1.0) -> str:
     vals = [v * unit for v in values]
-    return (f"median {statistics.median(vals):.3f}, range {min(vals):.3f}-{max(vals):.3f} "
-            f"({', '.join(f'{v:.3f}' for v in vals)})")  # fmt: skip
+    return (
+        f"median {statistics.median(vals):.3f}, range {min(vals):.3f}-{max(vals):.3f} "
+        f"({', '.join(f'{v:.3f}' for v in vals)})"
+    )
 
 
 def total_ir(path: Path) -> int:
@@ -196,17 +229,25 @@ async def callgrind(args: argparse.Namespace, root: Path) -> None:
             assert got == warm + measured, f"{warm + measured - got} messages not answered"
             irs[measured] = [total_ir(Path(f"{out}-r{k}.out")) for k in range(args.replicas)]
             if measured:
-                extra = (f"; PostgreSQL backends {server / n * 1e3:.2f} ms CPU/msg over the "
-                         "measured messages at valgrind's pace" if run.db else "")  # fmt: skip
-                print(f"  run {rep_i + 1}: Ir {' + '.join(f'{v:,}' for v in irs[0])} (warm-up "
-                      f"only), {' + '.join(f'{v:,}' for v in irs[n])} (+{n} messages){extra}")  # fmt: skip
+                extra = (
+                    f"; PostgreSQL backends {server / n * 1e3:.2f} ms CPU/msg over the "
+                    "measured messages at valgrind's pace"
+                    if run.db
+                    else ""
+                )
+                print(
+                    f"  run {rep_i + 1}: Ir {' + '.join(f'{v:,}' for v in irs[0])} (warm-up "
+                    f"only), {' + '.join(f'{v:,}' for v in irs[n])} (+{n} messages){extra}"
+                )
         for k in range(args.replicas):
             per_run[k].append((irs[n][k] - irs[0][k]) / n)
     total = [sum(per_run[k][i] for k in per_run) for i in range(args.repeat)]
     label = "" if args.replicas == 1 else f" of the {args.replicas} replicas together"
-    print(f"instructions per answered message{label}: {spread(total, 1e-6)} M Ir "
-          f"[N={n} after a warm-up of {warm}, {chats} chats, {args.concurrency} in flight, "
-          f"{args.repeat} run pair(s)]")  # fmt: skip
+    print(
+        f"instructions per answered message{label}: {spread(total, 1e-6)} M Ir "
+        f"[N={n} after a warm-up of {warm}, {chats} chats, {args.concurrency} in flight, "
+        f"{args.repeat} run pair(s)]"
+    )
     for k in per_run if args.replicas > 1 else ():
         print(f"  replica r{k}: {spread(per_run[k], 1e-6)} M Ir per message of the run")
 
@@ -223,9 +264,25 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
             pids = run.pids()
             before = {p: cpu_s(p) for p in pids}
             server_before = run.server_cpu()
-            spy = await asyncio.create_subprocess_exec(
-                "py-spy", "record", "-p", str(pids[0]), "-f", "raw", "-o", args.py_spy_raw, "-r",
-                "200", "--nonblocking", stdout=DEVNULL, stderr=DEVNULL) if args.py_spy and rnd == 0 else None  # fmt: skip
+            spy = (
+                await asyncio.create_subprocess_exec(
+                    "py-spy",
+                    "record",
+                    "-p",
+                    str(pids[0]),
+                    "-f",
+                    "raw",
+                    "-o",
+                    args.py_spy_raw,
+                    "-r",
+                    "200",
+                    "--nonblocking",
+                    stdout=DEVNULL,
+                    stderr=DEVNULL,
+                )
+                if args.py_spy and rnd == 0
+                else None
+            )
             got = await run.send(warm, n, chats)
             daemons.append(sum(cpu_s(p) - before[p] for p in pids) / n)
             servers.append(sum(cpu_s(p) - v for p, v in server_before.items()) / n)
@@ -234,9 +291,11 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
                 await spy.wait()
             assert got == n, f"{n - got} messages not answered"
     label = "daemon" if args.replicas == 1 else f"{args.replicas} replicas together"
-    print(f"CPU ms per answered message, {label}: {spread(daemons, 1e3)} "
-          f"[N={n} after a warm-up of {warm}, {chats} chats, {args.concurrency} in flight, "
-          f"{args.rounds} rounds]")  # fmt: skip
+    print(
+        f"CPU ms per answered message, {label}: {spread(daemons, 1e3)} "
+        f"[N={n} after a warm-up of {warm}, {chats} chats, {args.concurrency} in flight, "
+        f"{args.rounds} rounds]"
+    )
     if args.replicas > 1:
         print(f"  per replica: {spread([d / args.replicas for d in daemons], 1e3)}")
         print(f"  PostgreSQL backends beside them: {spread(servers, 1e3)}")
@@ -252,8 +311,10 @@ def top_frames(raw: Path, top: int) -> None:
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        frames = [re.sub(r" \((?:.*/(?:site-packages|python3\.\d+)/)?(.*?):\d+\)$", r" (\1)", f)
-                  for f in stack.split(";")]  # fmt: skip
+        frames = [
+            re.sub(r" \((?:.*/(?:site-packages|python3\.\d+)/)?(.*?):\d+\)$", r" (\1)", f)
+            for f in stack.split(";")
+        ]
         total += int(count)
         own[frames[-1]] += int(count)
         mine = [f for f in frames if re.search(r"\((gateway|state)/", f)]
@@ -266,26 +327,39 @@ def top_frames(raw: Path, top: int) -> None:
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     ap.add_argument("--agent", choices=("openai", "echo"), default="openai")
     ap.add_argument("--replicas", type=int, default=1, help="2+: PostgreSQL (default 1: SQLite)")
-    ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN),
-                    help="the PostgreSQL server for --replicas (a fresh database on it)")
-    ap.add_argument("--chats", type=int, default=50,
-                    help=f"chats under callgrind: N = {MEASURED_PER_CHAT} x chats (default 50)")
+    ap.add_argument(
+        "--dsn",
+        default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN),
+        help="the PostgreSQL server for --replicas (a fresh database on it)",
+    )
+    ap.add_argument(
+        "--chats",
+        type=int,
+        default=50,
+        help=f"chats under callgrind: N = {MEASURED_PER_CHAT} x chats (default 50)",
+    )
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight (8)")
     ap.add_argument("--repeat", type=int, default=1, help="callgrind run pairs (1)")
     ap.add_argument("--cpu-messages", type=int, default=3000, help="N outside valgrind (3000)")
     ap.add_argument("--rounds", type=int, default=3, help="CPU rounds (3)")
-    ap.add_argument("--hop", action="store_true", help="each chat's next message to the next replica")
+    ap.add_argument(
+        "--hop", action="store_true", help="each chat's next message to the next replica"
+    )
     ap.add_argument("--only", choices=("callgrind", "cpu"), help="one of the two figures")
     ap.add_argument("--py-spy", choices=("top",), help="sample round 1 with py-spy, print the top")
     args = ap.parse_args()
-    print(f"switchboard instructions bench: `{' '.join(sys.argv)}`; agent {args.agent}, "
-          f"{args.replicas} daemon(s) on {'SQLite' if args.replicas == 1 else 'PostgreSQL'}, "
-          f"{os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"switchboard instructions bench: `{' '.join(sys.argv)}`; agent {args.agent}, "
+        f"{args.replicas} daemon(s) on {'SQLite' if args.replicas == 1 else 'PostgreSQL'}, "
+        f"{os.cpu_count()} cores"
+    )
     with tempfile.TemporaryDirectory(prefix="sb-instr-") as tmp:
         args.py_spy_raw = str(Path(tmp) / "py-spy.txt")
         if args.only in (None, "callgrind"):

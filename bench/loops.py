@@ -53,9 +53,13 @@ def backend_pids(dsn: str) -> list[int]:
     import psycopg  # the postgres extra: only the benches that measure a server need it
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return [int(r[0]) for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()")]  # fmt: skip
+        return [
+            int(r[0])
+            for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+        ]
 
 
 class HttpError(Exception):
@@ -122,8 +126,10 @@ class LeanHttp:
         host, _, port = hostport.partition(":")
         key = (host, int(port or 80))
         data = json.dumps(body).encode()
-        request = (f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: "
-                   f"application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data  # fmt: skip
+        request = (
+            f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        ).encode() + data
         idle = self._idle.setdefault(key, [])
         while idle and idle[-1].closed:
             idle.pop()
@@ -190,8 +196,9 @@ class Neighbour:
         self._running: list[subprocess.Popen[bytes]] = []
 
     def __str__(self) -> str:
-        return (f"{self.procs} process(es) each busy {self.busy_ms:g} ms, "
-                f"then idle {self.idle_ms:g} ms")  # fmt: skip
+        return (
+            f"{self.procs} process(es) each busy {self.busy_ms:g} ms, then idle {self.idle_ms:g} ms"
+        )
 
     def __enter__(self) -> Neighbour:
         argv = [sys.executable, "-c", _BURN, str(self.busy_ms), str(self.idle_ms)]

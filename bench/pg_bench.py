@@ -77,18 +77,29 @@ async def run(store: Store, label: str, quick: bool, dsn: str | None = None) -> 
     n_rows = 20_000 if quick else 100_000
     n_sessions = 5_000 if quick else 20_000
     print(f"\n== {label}")
-    sids = [await store.create_session(source=("telegram", "slack", "api")[i % 3],
-                                       user_id=f"u{i % 97}") for i in range(200)]  # fmt: skip
-    rows = [(i % 200, ("user", "assistant")[i % 2],
-             gen.cjk() if i % 20 == 0 else gen.english(("user", "assistant")[i % 2]))
-            for i in range(n_rows)]  # fmt: skip
+    sids = [
+        await store.create_session(source=("telegram", "slack", "api")[i % 3], user_id=f"u{i % 97}")
+        for i in range(200)
+    ]
+    rows = [
+        (
+            i % 200,
+            ("user", "assistant")[i % 2],
+            gen.cjk() if i % 20 == 0 else gen.english(("user", "assistant")[i % 2]),
+        )
+        for i in range(n_rows)
+    ]
     rate = await append_rate(store, sids, rows)
     st = store.write_stats()
-    print(f"1. append rate, 200 producers : {rate:,.0f} appends/s "
-          f"(mean batch {st.operations / max(1, st.batches):.1f} ops)")  # fmt: skip
+    print(
+        f"1. append rate, 200 producers : {rate:,.0f} appends/s "
+        f"(mean batch {st.operations / max(1, st.batches):.1f} ops)"
+    )
     lat = await latency_at(store, sids, 800, 3 if quick else 10)
-    print(f"2. append at 800/s offered    : p50 {pct(lat, 0.5):.2f} ms  p99 {pct(lat, 0.99):.2f} ms  "
-          f"max {max(lat):.1f} ms")  # fmt: skip
+    print(
+        f"2. append at 800/s offered    : p50 {pct(lat, 0.5):.2f} ms  p99 {pct(lat, 0.99):.2f} ms  "
+        f"max {max(lat):.1f} ms"
+    )
     for i in range(n_sessions - 200):
         sid = await store.create_session(source=("telegram", "slack")[i % 2], user_id=f"u{i % 97}")
         await store.append_message(sid, "user", gen.english("user"))
@@ -97,8 +108,10 @@ async def run(store: Store, label: str, quick: bool, dsn: str | None = None) -> 
         t = time.perf_counter()
         await store.list_sessions(limit=20)
         times.append((time.perf_counter() - t) * 1000)
-    print(f"3. list_sessions(limit=20)    : median {statistics.median(times):.2f} ms "
-          f"over {await store.session_count():,} sessions")  # fmt: skip
+    print(
+        f"3. list_sessions(limit=20)    : median {statistics.median(times):.2f} ms "
+        f"over {await store.session_count():,} sessions"
+    )
     print(f"4. search over {await store.message_count():,} messages (2 passes, the 2nd timed)")
     for kind, times in (await search_times(store)).items():
         print(f"   {kind:<10} p50 {pct(times, 0.5):7.2f} ms   p95 {pct(times, 0.95):7.2f} ms")
@@ -118,10 +131,17 @@ async def batch_cpu(store: Store, dsn: str | None, quick: bool) -> None:
     sids = [await store.create_session(source="api") for _ in range(64)]
 
     async def commit(k: int) -> None:
-        await asyncio.gather(*(store.append_messages(
-            sids[(k * BATCH + j) % len(sids)],
-            [{"role": "assistant", "content": f"reply {k} {j} with a few words"}],
-            input_tokens=5, output_tokens=7) for j in range(BATCH)))  # fmt: skip
+        await asyncio.gather(
+            *(
+                store.append_messages(
+                    sids[(k * BATCH + j) % len(sids)],
+                    [{"role": "assistant", "content": f"reply {k} {j} with a few words"}],
+                    input_tokens=5,
+                    output_tokens=7,
+                )
+                for j in range(BATCH)
+            )
+        )
 
     for k in range(200):  # warm: statements prepared, sessions cached
         await commit(k)
@@ -132,8 +152,10 @@ async def batch_cpu(store: Store, dsn: str | None, quick: bool) -> None:
         await commit(k)
     own, wall = time.process_time() - own, time.perf_counter() - wall
     server_part = f"  server {(backends_cpu_s(dsn) - server) * 1000 / n:.2f} ms" if dsn else ""
-    print(f"5. commits of {BATCH} appends with tokens: client {own * 1000 / n:.2f} ms"
-          f"{server_part}  wall {wall * 1000 / n:.2f} ms per commit ({n:,} commits)")  # fmt: skip
+    print(
+        f"5. commits of {BATCH} appends with tokens: client {own * 1000 / n:.2f} ms"
+        f"{server_part}  wall {wall * 1000 / n:.2f} ms per commit ({n:,} commits)"
+    )
 
 
 async def search_times(store: Store) -> dict[str, list[float]]:

@@ -36,8 +36,12 @@ async def one(replicas: int, fault: str, down_s: float) -> str:
             try:
                 await cluster.start()
                 go_down = server.down if fault == "stop" else server.crash
-                run = await outage.run(cluster.urls, lambda: asyncio.to_thread(go_down),
-                                       lambda: asyncio.to_thread(server.up), down_s=down_s)  # fmt: skip
+                run = await outage.run(
+                    cluster.urls,
+                    lambda: asyncio.to_thread(go_down),
+                    lambda: asyncio.to_thread(server.up),
+                    down_s=down_s,
+                )
                 users, replies = outage.stored(cluster.dsn)
             finally:
                 await cluster.close()
@@ -52,12 +56,14 @@ async def one(replicas: int, fault: str, down_s: float) -> str:
     not_once = sum(1 for m in acked if len(replies.get(m.text, [])) != 1)
     elsewhere = sum(1 for a in run.attempts() if a.code == "answered_elsewhere")
     apologies = sum(1 for m in acked if m.error)
-    return (f"{replicas} replica(s), {fault}, down {down_s:.0f} s: {len(run.messages)} messages; "
-            f"while down {len(during)} answers {dict(outage.Counter(f'{a.status}' for a in during))}, "
-            f"slowest {slowest:.1f} s; first 200 {back if back is None else f'{back:.1f}'} s after "
-            f"the server was back; stored twice {twice}, acknowledged but missing {missing}, "
-            f"not answered once {not_once}, 409 answered_elsewhere {elsewhere}, "
-            f"apologies {apologies}")  # fmt: skip
+    return (
+        f"{replicas} replica(s), {fault}, down {down_s:.0f} s: {len(run.messages)} messages; "
+        f"while down {len(during)} answers {dict(outage.Counter(f'{a.status}' for a in during))}, "
+        f"slowest {slowest:.1f} s; first 200 {back if back is None else f'{back:.1f}'} s after "
+        f"the server was back; stored twice {twice}, acknowledged but missing {missing}, "
+        f"not answered once {not_once}, 409 answered_elsewhere {elsewhere}, "
+        f"apologies {apologies}"
+    )
 
 
 def main() -> None:

@@ -148,11 +148,13 @@ def append_rate(path: Path, texts: list[str], fts: bool, aux: bool) -> float:
 
 def index_size(path: Path) -> None:
     conn = sqlite3.connect(path)
-    sizes = dict(conn.execute(
-        "SELECT CASE WHEN name LIKE 'messages_fts%' THEN 'main FTS' "
-        "WHEN name LIKE 'messages_aux%' THEN 'CJK/emoji side index' ELSE 'other' END, SUM(pgsize) "
-        "FROM dbstat GROUP BY 1"
-    ).fetchall())  # fmt: skip
+    sizes = dict(
+        conn.execute(
+            "SELECT CASE WHEN name LIKE 'messages_fts%' THEN 'main FTS' "
+            "WHEN name LIKE 'messages_aux%' THEN 'CJK/emoji side index' ELSE 'other' END, SUM(pgsize) "
+            "FROM dbstat GROUP BY 1"
+        ).fetchall()
+    )
     text = conn.execute("SELECT SUM(LENGTH(CAST(content AS BLOB))) FROM messages").fetchone()[0]
     conn.close()
     fts = sizes.get("main FTS", 0) + sizes.get("CJK/emoji side index", 0)

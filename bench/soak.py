@@ -55,9 +55,26 @@ from tests.fakes.telegram import FakeTelegram  # noqa: E402
 SECRET = "soak-webhook-secret"
 WEBHOOK_CONNECTIONS = 40  # Telegram's default setWebhook max_connections
 API_CONNECTIONS = 256
-COLUMNS = ("min", "offered/s", "sent/s", "answered/s", "RSS MB", "fds (api in/bot out/other)",
-           "WAL MB", "db MB", "writer q now/max", "turn p99", "api p99 ms", "inbox open now/max", "outbox",
-           "outstanding tg/api", "refused", "gen lag ms", "daemon CPU %", "load 1m")  # fmt: skip
+COLUMNS = (
+    "min",
+    "offered/s",
+    "sent/s",
+    "answered/s",
+    "RSS MB",
+    "fds (api in/bot out/other)",
+    "WAL MB",
+    "db MB",
+    "writer q now/max",
+    "turn p99",
+    "api p99 ms",
+    "inbox open now/max",
+    "outbox",
+    "outstanding tg/api",
+    "refused",
+    "gen lag ms",
+    "daemon CPU %",
+    "load 1m",
+)
 
 
 @dataclass
@@ -105,8 +122,10 @@ class Load:
     def outstanding(self) -> tuple[int, int]:
         tg_refused = sum(n for k, n in self.refused.items() if k.startswith("telegram"))
         api_refused = sum(n for k, n in self.refused.items() if k.startswith("api"))
-        return (self.sent["telegram"] - self.fake.answered - tg_refused,
-                self.sent["api"] - self.api_answered - api_refused)  # fmt: skip
+        return (
+            self.sent["telegram"] - self.fake.answered - tg_refused,
+            self.sent["api"] - self.api_answered - api_refused,
+        )
 
     async def run(self) -> None:
         hook = aiohttp.TCPConnector(limit=WEBHOOK_CONNECTIONS)
@@ -138,9 +157,14 @@ class Load:
         chat = self.fake.dm_chat(1_000_000 + (i // 2) % self.chats)
         update = {"update_id": i + 1, "message": self.fake.message(f"soak {i}", chat)}
         try:
-            async with http.post(f"{self.base}/telegram/webhook", data=json.dumps(update),
-                                 headers={"X-Telegram-Bot-Api-Secret-Token": SECRET,
-                                          "Content-Type": "application/json"}) as resp:  # fmt: skip
+            async with http.post(
+                f"{self.base}/telegram/webhook",
+                data=json.dumps(update),
+                headers={
+                    "X-Telegram-Bot-Api-Secret-Token": SECRET,
+                    "Content-Type": "application/json",
+                },
+            ) as resp:
                 await resp.read()
                 if resp.status != 200:
                     self.refused[f"telegram {resp.status}"] += 1
@@ -208,8 +232,10 @@ def store_backlog(db: Path) -> tuple[int | None, int | None]:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
         counts: list[int | None] = []
-        for sql in ("SELECT count(*) FROM inbox WHERE state IN ('received', 'started')",
-                    "SELECT count(*) FROM inbox WHERE reply_state IN ('ready', 'sending')"):  # fmt: skip
+        for sql in (
+            "SELECT count(*) FROM inbox WHERE state IN ('received', 'started')",
+            "SELECT count(*) FROM inbox WHERE reply_state IN ('ready', 'sending')",
+        ):
             try:
                 counts.append(int(conn.execute(sql).fetchone()[0]))
             except sqlite3.OperationalError:
@@ -304,8 +330,16 @@ class Monitor:
         except (aiohttp.ClientError, TimeoutError):
             return ""
 
-    def row(self, now: float, started: float, mark: float, sent0: int, answered0: int,
-            hist: dict[str, float], new_hist: dict[str, float]) -> tuple[int, int]:  # fmt: skip
+    def row(
+        self,
+        now: float,
+        started: float,
+        mark: float,
+        sent0: int,
+        answered0: int,
+        hist: dict[str, float],
+        new_hist: dict[str, float],
+    ) -> tuple[int, int]:
         load, span = self.load, max(now - mark, 1e-9)
         sent = sum(load.sent.values())
         answered = load.fake.answered + load.api_answered
@@ -317,15 +351,26 @@ class Monitor:
         api_p99 = f"{pct(load.api_seconds, 0.99) * 1000:.0f}" if load.api_seconds else "-"
         tg_out, api_out = load.outstanding()
         offered = 0.0 if load.done_sending.is_set() else load.rate
-        cells = [f"{(now - started) / 60:.1f}", f"{offered:g}", f"{(sent - sent0) / span:.0f}",
-                 f"{(answered - answered0) / span:.0f}", f"{rss:.0f}", f"{fds} ({split})",
-                 f"{wal:.1f}",
-                 f"{db:.0f}", f"{self.queue_now}/{self.queue_max}", p99, api_p99,
-                 f"{self.inbox_now}/{self.inbox_max}",
-                 "-" if self.outbox_now is None else str(self.outbox_now),
-                 f"{tg_out}/{api_out}", str(sum(load.refused.values())),
-                 f"{load.lag_max * 1000:.0f}", f"{(cpu - self.cpu) / span * 100:.0f}",
-                 load_average()]  # fmt: skip
+        cells = [
+            f"{(now - started) / 60:.1f}",
+            f"{offered:g}",
+            f"{(sent - sent0) / span:.0f}",
+            f"{(answered - answered0) / span:.0f}",
+            f"{rss:.0f}",
+            f"{fds} ({split})",
+            f"{wal:.1f}",
+            f"{db:.0f}",
+            f"{self.queue_now}/{self.queue_max}",
+            p99,
+            api_p99,
+            f"{self.inbox_now}/{self.inbox_max}",
+            "-" if self.outbox_now is None else str(self.outbox_now),
+            f"{tg_out}/{api_out}",
+            str(sum(load.refused.values())),
+            f"{load.lag_max * 1000:.0f}",
+            f"{(cpu - self.cpu) / span * 100:.0f}",
+            load_average(),
+        ]
         self.cpu = cpu
         print("| " + " | ".join(cells) + " |", flush=True)
         self.rows.append(
@@ -337,23 +382,39 @@ class Monitor:
 
 
 def summary(
-    mon: Monitor, load: Load, seconds: float, drained: float | None, rc: int | None,
+    mon: Monitor,
+    load: Load,
+    seconds: float,
+    drained: float | None,
+    rc: int | None,
     cpu_used: float,
-) -> None:  # fmt: skip
+) -> None:
     sent, answered = sum(load.sent.values()), load.fake.answered + load.api_answered
     refused = ", ".join(f"{k}: {n}" for k, n in sorted(load.refused.items())) or "none"
     cut = ", ".join(f"{k}: {n}" for k, n in sorted(load.fake.cut.items())) or "none"
-    print(f"\nsummary: {sent} messages sent in {seconds / 60:g} min ({sent / seconds:.0f}/s, "
-          f"{load.rate:g}/s offered), {answered} answered; refused: {refused}")  # fmt: skip
-    print(f"other Telegram replies: {load.fake.other_replies}; Bot API requests the daemon "
-          f"abandoned mid-body: {cut}")  # fmt: skip
+    print(
+        f"\nsummary: {sent} messages sent in {seconds / 60:g} min ({sent / seconds:.0f}/s, "
+        f"{load.rate:g}/s offered), {answered} answered; refused: {refused}"
+    )
+    print(
+        f"other Telegram replies: {load.fake.other_replies}; Bot API requests the daemon "
+        f"abandoned mid-body: {cut}"
+    )
     own = os.times()
-    print(f"daemon CPU: {cpu_used:.1f} s, {cpu_used / max(answered, 1) * 1000:.2f} ms per answered "
-          f"message (steadier than the rates on a shared machine); this script (load and the "
-          f"Bot API fake): {own.user + own.system:.1f} s")  # fmt: skip
+    print(
+        f"daemon CPU: {cpu_used:.1f} s, {cpu_used / max(answered, 1) * 1000:.2f} ms per answered "
+        f"message (steadier than the rates on a shared machine); this script (load and the "
+        f"Bot API fake): {own.user + own.system:.1f} s"
+    )
     tg_out, api_out = load.outstanding()
-    print("drain: " + (f"every reply in {drained:.1f} s after the last message" if drained is not None
-                       else f"{tg_out} Telegram and {api_out} API replies still outstanding"))  # fmt: skip
+    print(
+        "drain: "
+        + (
+            f"every reply in {drained:.1f} s after the last message"
+            if drained is not None
+            else f"{tg_out} Telegram and {api_out} API replies still outstanding"
+        )
+    )
     if len(mon.rows) >= 2:
         warm, last = mon.rows[0], mon.rows[-1]
         for key, unit, prec in (
@@ -363,8 +424,10 @@ def summary(
             ("db", " MB", 1),
         ):
             peak = max(r[key] for r in mon.rows)
-            print(f"{key}: {warm[key]:.{prec}f}{unit} at row 1 ({warm['minute']:.1f} min, warm-up) -> "
-                  f"{last[key]:.{prec}f}{unit} at the end ({last[key] - warm[key]:+.{prec}f}; max {peak:.{prec}f})")  # fmt: skip
+            print(
+                f"{key}: {warm[key]:.{prec}f}{unit} at row 1 ({warm['minute']:.1f} min, warm-up) -> "
+                f"{last[key]:.{prec}f}{unit} at the end ({last[key] - warm[key]:+.{prec}f}; max {peak:.{prec}f})"
+            )
     print(f"daemon exit code after SIGTERM: {rc}", flush=True)
 
 
@@ -394,14 +457,19 @@ async def soak(minutes: float, rate: float, chats: int, every: float, drain: flo
             seconds = minutes * 60
             load = Load(rate, chats, fake, base, seconds=seconds)
             mon = Monitor(proc, home, base, load, every, api_port=port)
-            print(f"soak: pid {proc.pid}, {rate:g} messages/s for {minutes:g} min, half Telegram "
-                  f"webhook, half HTTP API, {chats} chats each, a row every {every:g} s", flush=True)  # fmt: skip
+            print(
+                f"soak: pid {proc.pid}, {rate:g} messages/s for {minutes:g} min, half Telegram "
+                f"webhook, half HTTP API, {chats} chats each, a row every {every:g} s",
+                flush=True,
+            )
             stop = asyncio.Event()
             started, cpu_start = time.monotonic(), cpu_seconds(proc.pid)
             watcher = asyncio.create_task(mon.watch(started, stop), name="soak.monitor")
             generator = asyncio.create_task(load.run(), name="soak.load")
-            await asyncio.wait({generator, asyncio.create_task(load.done_sending.wait())},
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            await asyncio.wait(
+                {generator, asyncio.create_task(load.done_sending.wait())},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             done_sending, drained = time.monotonic(), None
             while time.monotonic() - done_sending < drain:
                 if proc.poll() is not None:
@@ -440,8 +508,12 @@ def main() -> int:
     parser.add_argument(
         "--every", type=float, help="seconds between rows (60; a quarter of a shorter run)"
     )
-    parser.add_argument("--drain", type=float, default=120.0,
-                        help="seconds to wait for outstanding replies at the end (120)")  # fmt: skip
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=120.0,
+        help="seconds to wait for outstanding replies at the end (120)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.minutes, args.rate = 2.0, 200.0

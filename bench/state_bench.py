@@ -155,8 +155,10 @@ async def main() -> None:
             ours_rates.append(rate)
             if r < 2:
                 await db.close()
-            print(f"  round {r + 1}: plain {plains[-1]:,.0f} rows/s, SessionDB {rate:,.0f} rows/s, "
-                  f"ratio {rate / plains[-1]:.2f}")  # fmt: skip
+            print(
+                f"  round {r + 1}: plain {plains[-1]:,.0f} rows/s, SessionDB {rate:,.0f} rows/s, "
+                f"ratio {rate / plains[-1]:.2f}"
+            )
         plain, ours = statistics.median(plains), statistics.median(ours_rates)
         print(f"  plain sqlite3, one transaction : {plain:,.0f} rows/s (median)")
         print(f"  SessionDB, 200 producers       : {ours:,.0f} rows/s (median)")

@@ -115,9 +115,16 @@ class Gateway:
             )
 
         self.router = Router(
-            self.db, self.index, agent, self._send, router_settings(self.config), self.metrics,
-            events=self, resetter=resetter, topology=topology,
-        )  # fmt: skip
+            self.db,
+            self.index,
+            agent,
+            self._send,
+            router_settings(self.config),
+            self.metrics,
+            events=self,
+            resetter=resetter,
+            topology=topology,
+        )
         assert self.router.resetter is not None
         if coordinator is None:  # one daemon: its notices were in memory (replicas: routes)
             await self.router.resetter.restore_notices()
@@ -133,8 +140,9 @@ class Gateway:
             # the inbox's bookkeeping always; sessions only when sessions.auto_prune is on
             forgotten = await db.prune_inbox(time.time() - inbox_days * 86400)
             if forgotten:
-                log.info("forgot %d answered inbox row(s) older than %g days", forgotten,
-                         inbox_days)  # fmt: skip
+                log.info(
+                    "forgot %d answered inbox row(s) older than %g days", forgotten, inbox_days
+                )
             if not prune.enabled:
                 return forgotten
             return await db.maybe_auto_prune_and_vacuum(
@@ -180,9 +188,10 @@ class Gateway:
                 where = (adapter.port, adapter.host) if isinstance(adapter, Listens) else ("?", "?")
                 raise PortInUse(*where) from None
         self.handoffs = HandoffWatcher(
-            self.router.services, self._adapters_by_platform,
+            self.router.services,
+            self._adapters_by_platform,
             configured_homes={p: s.home_channel for p, s in self.config.platforms.items()},
-        )  # fmt: skip
+        )
         self.handoffs.start()
         self._outbox = asyncio.create_task(self._resend(), name="gateway.outbox")
         self.notify("STATUS=recovering interrupted turns")
@@ -247,14 +256,22 @@ class Gateway:
         if api.enabled:
             from gateway.adapters.api import ApiAdapter
 
-            adapters.insert(0, ApiAdapter(
-                api.host, api.port, self.config.secret("platforms.api.key_env"),
-                reply_timeout_s=self.config.agent.turn_timeout_seconds + 30,
-                health=self.health, metrics=self.metrics.render, routes=routes,
-                models=(self.agent.model,) if self.agent and self.agent.model else (),
-                subapps=self._dashboard(), stored_replies=self._stored_api_reply,
-                send_one=self.send_one,
-            ))  # fmt: skip
+            adapters.insert(
+                0,
+                ApiAdapter(
+                    api.host,
+                    api.port,
+                    self.config.secret("platforms.api.key_env"),
+                    reply_timeout_s=self.config.agent.turn_timeout_seconds + 30,
+                    health=self.health,
+                    metrics=self.metrics.render,
+                    routes=routes,
+                    models=(self.agent.model,) if self.agent and self.agent.model else (),
+                    subapps=self._dashboard(),
+                    stored_replies=self._stored_api_reply,
+                    send_one=self.send_one,
+                ),
+            )
         return adapters
 
     async def send_one(self, platform: str, target: str | None, text: str) -> dict[str, Any]:
@@ -268,8 +285,10 @@ class Gateway:
 
         adapter = self._adapters_by_platform.get(platform)
         if adapter is None or platform == "api" or self.db is None:
-            raise ConfigError(f"platforms.{platform}", "is not running on this daemon "
-                              "(not enabled in its config, or not a chat platform)")  # fmt: skip
+            raise ConfigError(
+                f"platforms.{platform}",
+                "is not running on this daemon (not enabled in its config, or not a chat platform)",
+            )
         if target is None:
             configured = self.config.platforms[platform].home_channel
             chat_id, thread_id = home_target(
@@ -278,8 +297,13 @@ class Gateway:
         else:
             chat_id, thread_id = split_target(platform, target)
         send_id = await self.db.send_add(platform, chat_id, thread_id, text, time.time())
-        row = {"id": send_id, "platform": platform, "chat_id": chat_id, "thread_id": thread_id,
-               "text": text}  # fmt: skip
+        row = {
+            "id": send_id,
+            "platform": platform,
+            "chat_id": chat_id,
+            "thread_id": thread_id,
+            "text": text,
+        }
         return await self._attempt_send(row, raise_refusal=True)
 
     async def _attempt_send(self, row: dict[str, Any], *, raise_refusal: bool) -> dict[str, Any]:
@@ -295,8 +319,13 @@ class Gateway:
         platform = row["platform"]
         adapter = self._adapters_by_platform.get(platform)
         msg = OutboundMessage(platform, row["chat_id"], row["text"], thread_id=row["thread_id"])
-        answer = {"id": row["id"], "platform": platform, "chat_id": row["chat_id"],
-                  "message_ids": [], "state": PENDING}  # fmt: skip
+        answer = {
+            "id": row["id"],
+            "platform": platform,
+            "chat_id": row["chat_id"],
+            "message_ids": [],
+            "state": PENDING,
+        }
         try:
             if adapter is None:
                 raise PlatformUnreachable(f"{platform} is not running on this daemon")
@@ -330,13 +359,18 @@ class Gateway:
                 now = time.time()
                 for row in await self.db.sends_claim_due(now - every, now):
                     if now - row["created_at"] > self.config.outbox.give_up_hours * 3600:
-                        await self.db.send_finish(row["id"], FAILED, "gave up: not sent in "
-                                                  "outbox.give_up_hours", (), now)  # fmt: skip
+                        await self.db.send_finish(
+                            row["id"], FAILED, "gave up: not sent in outbox.give_up_hours", (), now
+                        )
                         log.warning("outbox send %d to %s given up", row["id"], row["platform"])
                         continue
                     done = await self._attempt_send(row, raise_refusal=False)
-                    log.info("outbox send %d to %s tried again: %s", row["id"], row["platform"],
-                             done["state"])  # fmt: skip
+                    log.info(
+                        "outbox send %d to %s tried again: %s",
+                        row["id"],
+                        row["platform"],
+                        done["state"],
+                    )
             except Exception as exc:
                 log.warning("outbox scan failed: %s", exc)
 
@@ -359,10 +393,12 @@ class Gateway:
             return {}
         index = self.index
         return Dashboard(
-            self.db, settings, health=self.health,
+            self.db,
+            settings,
+            health=self.health,
             live_ids=lambda: {e.session_id for _, e in index.items()},
             is_live=lambda sid: bool(index.keys_for_session(sid)),
-        ).subapps()  # fmt: skip
+        ).subapps()
 
     def _register_gauges(self) -> None:
         assert self.db is not None and self.index is not None and self.router is not None
@@ -403,8 +439,11 @@ class Gateway:
             "99th percentile commit time, recent batches",
             lambda: quantile(db.write_stats().recent_commit_ms, 0.99),
         )
-        self.metrics.gauge("switchboard_writer_batch_size_p50", "Median operations per commit, recent batches",
-                           lambda: quantile([float(b) for b in db.write_stats().recent_batch_sizes], 0.5))  # fmt: skip
+        self.metrics.gauge(
+            "switchboard_writer_batch_size_p50",
+            "Median operations per commit, recent batches",
+            lambda: quantile([float(b) for b in db.write_stats().recent_batch_sizes], 0.5),
+        )
         self.metrics.gauge(
             "switchboard_sessions_live", "Entries in the session index", lambda: len(index)
         )
@@ -483,9 +522,15 @@ class Gateway:
         if self.cluster is None:
             return {}
         link = self.cluster.link
-        return {"replica": {"name": link.name, "incarnation": link.incarnation,
-                            "leader": bool(link.leading), "live_replicas": link.live,
-                            "commit_linger_ms": self._linger_ms}}  # fmt: skip
+        return {
+            "replica": {
+                "name": link.name,
+                "incarnation": link.incarnation,
+                "leader": bool(link.leading),
+                "live_replicas": link.live,
+                "commit_linger_ms": self._linger_ms,
+            }
+        }
 
     async def stop(self) -> None:
         """Reverse order; safe to call on a partly started gateway."""

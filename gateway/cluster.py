@@ -96,15 +96,23 @@ class PgCoordinator:
     def _rejoined(self, incarnation: int) -> None:
         # the old incarnation's leases are anyone's now; turns still holding them will
         # fail their fences and withhold their replies
-        log.warning("rejoined as incarnation %d; %d held lease(s) are void",
-                    incarnation, len(self._held))  # fmt: skip
+        log.warning(
+            "rejoined as incarnation %d; %d held lease(s) are void", incarnation, len(self._held)
+        )
 
     # --- leases -----------------------------------------------------------------------
 
     async def accept(
-        self, key: str, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, *, lease: bool, begin: BeginPlan | None = None,
-    ) -> tuple[int, str, bool, Stored | None]:  # fmt: skip
+        self,
+        key: str,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        *,
+        lease: bool,
+        begin: BeginPlan | None = None,
+    ) -> tuple[int, str, bool, Stored | None]:
         """Commit an inbound message, its row naming its key and this replica: (inbox id,
         state, new, begun). With `lease`, when no work here holds or awaits the key, the
         key's lease is taken in the same commit and kept, with the key's local lock, for the
@@ -116,15 +124,25 @@ class PgCoordinator:
         unlock = self._local.try_session_lock(key) if lease else None
         if unlock is None:
             inbox_id, state, new = await self.store.accept_inbound(
-                platform, chat_id, platform_message_id, payload, session_key=key,
+                platform,
+                chat_id,
+                platform_message_id,
+                payload,
+                session_key=key,
                 replica=self.me,
-            )  # fmt: skip
+            )
             return inbox_id, state, new, None
         try:
             inbox_id, state, new, route, begun = await self.store.accept_and_take(
-                platform, chat_id, platform_message_id, payload, session_key=key,
-                me=self.me, space=self.link.space, begin=begin,
-            )  # fmt: skip
+                platform,
+                chat_id,
+                platform_message_id,
+                payload,
+                session_key=key,
+                me=self.me,
+                space=self.link.space,
+                begin=begin,
+            )
         except BaseException:
             unlock()
             raise
@@ -165,8 +183,11 @@ class PgCoordinator:
             return
         try:
             try:
-                row = (await self.store.take_lease(key, self.me, self.link.space)
-                       if self.link.joined else None)  # fmt: skip
+                row = (
+                    await self.store.take_lease(key, self.me, self.link.space)
+                    if self.link.joined
+                    else None
+                )
             except StateError as exc:
                 log.warning("could not take the lease on session_key=%s: %s", key, exc)
                 row = None
@@ -272,8 +293,9 @@ class PgCoordinator:
             log.error("gave up freeing the lease on session_key=%s", key)
             return
         if not freed:
-            log.warning("the lease on session_key=%s (epoch %d) had been taken over",
-                        key, lease.fence.epoch)  # fmt: skip
+            log.warning(
+                "the lease on session_key=%s (epoch %d) had been taken over", key, lease.fence.epoch
+            )
 
     async def holds(self, fence: Fence) -> bool:
         if fence.owner != self.me:  # rejoined as a new incarnation: the old one's are void

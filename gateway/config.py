@@ -186,8 +186,11 @@ class ShutdownSettings:
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    event_loop: str = setting("auto", one_of("auto", "uvloop", "asyncio"),
-                              "the daemon's event loop: uvloop where installed, else asyncio")  # fmt: skip
+    event_loop: str = setting(
+        "auto",
+        one_of("auto", "uvloop", "asyncio"),
+        "the daemon's event loop: uvloop where installed, else asyncio",
+    )
 
 
 @dataclass(frozen=True)
@@ -340,8 +343,14 @@ def schema() -> Schema:
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {bool: "true/false", int: "a whole number", float: "a number", str: "a string",
-             list: "a list", type(None): "null"}  # fmt: skip
+    names = {
+        bool: "true/false",
+        int: "a whole number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        type(None): "null",
+    }
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
@@ -424,10 +433,12 @@ def _resolve_secrets(
         if api["key_env"]:
             need("platforms.api.key_env", api["key_env"], "the api bearer key")
         elif not _is_loopback(api["host"]):
-            errors.append(ConfigError(
-                "platforms.api.key_env",
-                f"a bearer key is required when listening on {api['host']} (not loopback)",
-            ))  # fmt: skip
+            errors.append(
+                ConfigError(
+                    "platforms.api.key_env",
+                    f"a bearer key is required when listening on {api['host']} (not loopback)",
+                )
+            )
     dash = data["dashboard"]
     if api["enabled"] and dash["enabled"] and dash["key_env"]:
         need("dashboard.key_env", dash["key_env"], "the dashboard sign-in key")
@@ -439,13 +450,21 @@ def _resolve_secrets(
             if data["access"]["unknown_dm"] != "pair":  # pairing fills the allowlist
                 errors.extend(_allowlist_problems(name, settings))
             for want in cls.secrets_needed(settings):
-                need(f"platforms.{name}.{want.key}",
-                     getattr(settings, want.key, None) or want.default_env, want.why)  # fmt: skip
+                need(
+                    f"platforms.{name}.{want.key}",
+                    getattr(settings, want.key, None) or want.default_env,
+                    want.why,
+                )
     if data["cluster"]["replicas"] > 1:
         errors.extend(_replica_problems(data))
     if data["runtime"]["event_loop"] == "uvloop" and not event_loops.has_uvloop():
-        errors.append(ConfigError("runtime.event_loop", "uvloop is not installed here "
-                                  "(pip install uvloop; it has no Windows build), or say auto"))  # fmt: skip
+        errors.append(
+            ConfigError(
+                "runtime.event_loop",
+                "uvloop is not installed here "
+                "(pip install uvloop; it has no Windows build), or say auto",
+            )
+        )
     if data["state"]["backend"] == "postgres":
         found = _postgres_problems(data["state"]["dsn_env"], env)
         errors.extend(found)
@@ -457,9 +476,11 @@ def _resolve_secrets(
             need("agent.openai.api_key_env", o["api_key_env"], "the model provider's API key")
         unknown = [t for t in o["tools"] if t != "session_search"]
         if unknown:
-            errors.append(ConfigError(
-                "agent.openai.tools", f"unknown tool {unknown[0]!r} (available: session_search)"
-            ))  # fmt: skip
+            errors.append(
+                ConfigError(
+                    "agent.openai.tools", f"unknown tool {unknown[0]!r} (available: session_search)"
+                )
+            )
     return secrets
 
 
@@ -479,9 +500,12 @@ def _replica_problems(data: Mapping[str, Any]) -> list[ConfigError]:
     out = []
     n = data["cluster"]["replicas"]
     if data["state"]["backend"] != "postgres":
-        out.append(ConfigError(
-            "cluster.replicas", f"{n} replicas need state.backend: postgres (one shared database)"
-        ))  # fmt: skip
+        out.append(
+            ConfigError(
+                "cluster.replicas",
+                f"{n} replicas need state.backend: postgres (one shared database)",
+            )
+        )
     for name in adapters.names():
         cls = adapters.adapter_class(name)
         settings = build(cls.settings, data["platforms"][name])
@@ -492,11 +516,13 @@ def _replica_problems(data: Mapping[str, Any]) -> list[ConfigError]:
 
 def _allowlist_problems(name: str, settings: PlatformSettings) -> list[ConfigError]:
     if not settings.allow_all_users and not settings.allowed_users:
-        return [ConfigError(
-            f"platforms.{name}.allowed_users",
-            "is empty: list user ids, set allow_all_users: true, or let users pair "
-            "(access.unknown_dm: pair)",
-        )]  # fmt: skip
+        return [
+            ConfigError(
+                f"platforms.{name}.allowed_users",
+                "is empty: list user ids, set allow_all_users: true, or let users pair "
+                "(access.unknown_dm: pair)",
+            )
+        ]
     return []
 
 
@@ -551,9 +577,11 @@ def _validate_reset_overrides(section: dict[str, Any], errors: list[ConfigError]
         for name, override in section[table].items():
             key = f"session_reset.{table}.{name}"
             if name not in names:
-                errors.append(ConfigError(
-                    key, f"unknown {table[3:].replace('_', ' ')} (known: {', '.join(names)})"
-                ))  # fmt: skip
+                errors.append(
+                    ConfigError(
+                        key, f"unknown {table[3:].replace('_', ' ')} (known: {', '.join(names)})"
+                    )
+                )
                 continue
             full = _validate(override, RESET_FIELDS, key, errors)
             given = override or {}

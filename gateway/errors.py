@@ -74,8 +74,11 @@ class PortInUse(ConfigError):
     config error and names the key that changes it."""
 
     def __init__(self, port: object, host: object) -> None:
-        super().__init__("platforms.api.port", f"port {port} on {host} is already in use by "
-                         "another program; stop it or choose another port")  # fmt: skip
+        super().__init__(
+            "platforms.api.port",
+            f"port {port} on {host} is already in use by "
+            "another program; stop it or choose another port",
+        )
 
 
 class AgentError(GatewayError):

@@ -72,8 +72,12 @@ def thread_source(
     """Where the handed-off session now lives, as an inbound message there will look (in a
     new thread, the platform's adapter says how its threads are addressed)."""
     if thread is None:  # threads not possible there: the home channel itself
-        return SessionSource(platform, str(home["chat_id"]), as_chat_type(home.get("chat_type") or ChatType.GROUP),
-                             thread_id=home.get("thread_id"))  # fmt: skip
+        return SessionSource(
+            platform,
+            str(home["chat_id"]),
+            as_chat_type(home.get("chat_type") or ChatType.GROUP),
+            thread_id=home.get("thread_id"),
+        )
     return adapter_class(platform).thread_source(thread)
 
 
@@ -112,8 +116,11 @@ class HandoffWatcher:
                 await self.run_once()
             except StoreUnavailable as exc:
                 if not away:
-                    log.warning("handoff watcher: the store is unavailable (%s); trying again "
-                                "every %g s", exc, self.poll_s)  # fmt: skip
+                    log.warning(
+                        "handoff watcher: the store is unavailable (%s); trying again every %g s",
+                        exc,
+                        self.poll_s,
+                    )
                 away = True
             except Exception:
                 log.exception("handoff watcher pass failed")
@@ -154,14 +161,27 @@ class HandoffWatcher:
             )
             summary = await self.services.agent.summarize(history, None)
             text = f"Continuing here from the terminal{f' ({title})' if title else ''}.\n{summary}"
-            await adapter.send(OutboundMessage(platform, source.chat_id, text, thread_id=source.thread_id,
-                                               session_id=sid, session_key=key.format()))  # fmt: skip
+            await adapter.send(
+                OutboundMessage(
+                    platform,
+                    source.chat_id,
+                    text,
+                    thread_id=source.thread_id,
+                    session_id=sid,
+                    session_key=key.format(),
+                )
+            )
             async with self.services.coordinator.session_lock(key.format()):
                 await self.services.sessions.bind(key, source, sid)
                 await self.db.update_session(
-                    sid, source=platform, session_key=key.format(), chat_id=source.chat_id,
-                    chat_type=source.chat_type, thread_id=source.thread_id, origin_json=source.as_dict(),
-                )  # fmt: skip
+                    sid,
+                    source=platform,
+                    session_key=key.format(),
+                    chat_id=source.chat_id,
+                    chat_type=source.chat_type,
+                    thread_id=source.thread_id,
+                    origin_json=source.as_dict(),
+                )
                 await self.db.append_messages(sid, [{"role": "assistant", "content": text}])
             await self.db.finish_handoff(sid, "completed", expect="running")
             self.services.metrics.handoffs.inc(outcome="completed")

@@ -69,8 +69,14 @@ class IndexEntry:
     def static_part(self) -> tuple[Any, ...]:
         """Everything but updated_at (the one field a turn changes). `origin` is never
         changed in place: a different origin is a different entry."""
-        return (self.session_id, self.created_at, self.origin, self.display_name,
-                self.platform, self.chat_type)  # fmt: skip
+        return (
+            self.session_id,
+            self.created_at,
+            self.origin,
+            self.display_name,
+            self.platform,
+            self.chat_type,
+        )
 
     def encode_around_updated_at(self) -> tuple[bytes, bytes]:
         """This entry's JSON object (to_json, compact), split around the updated_at string.
@@ -84,11 +90,14 @@ class IndexEntry:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> IndexEntry:
         return cls(
-            session_id=str(d["session_id"]), created_at=from_iso(d["created_at"]),
-            updated_at=from_iso(d["updated_at"]), origin=dict(d.get("origin") or {}),
-            display_name=d.get("display_name"), platform=str(d.get("platform") or ""),
+            session_id=str(d["session_id"]),
+            created_at=from_iso(d["created_at"]),
+            updated_at=from_iso(d["updated_at"]),
+            origin=dict(d.get("origin") or {}),
+            display_name=d.get("display_name"),
+            platform=str(d.get("platform") or ""),
             chat_type=str(d.get("chat_type") or "dm"),
-        )  # fmt: skip
+        )
 
 
 def _sid(entry: IndexEntry | dict[str, Any]) -> str:
@@ -259,11 +268,14 @@ class SessionIndex:
         for row in await self.db.live_sessions_by_key():
             origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
             entries[row["session_key"]] = IndexEntry(
-                session_id=row["id"], created_at=row["started_at"],
-                updated_at=row["last_active"] or row["started_at"], origin=origin,
+                session_id=row["id"],
+                created_at=row["started_at"],
+                updated_at=row["last_active"] or row["started_at"],
+                origin=origin,
                 display_name=origin.get("chat_name") or origin.get("user_name"),
-                platform=row["source"], chat_type=row["chat_type"] or "dm",
-            )  # fmt: skip
+                platform=row["source"],
+                chat_type=row["chat_type"] or "dm",
+            )
         self._entries = entries
         self._fragments.clear()
         self._changed_all()
@@ -291,19 +303,27 @@ class SessionIndex:
                 continue
             origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
             self._entries[key] = IndexEntry(
-                session_id=row["id"], created_at=row["started_at"],
-                updated_at=row["last_active"] or row["started_at"], origin=origin,
+                session_id=row["id"],
+                created_at=row["started_at"],
+                updated_at=row["last_active"] or row["started_at"],
+                origin=origin,
                 display_name=origin.get("chat_name") or origin.get("user_name"),
-                platform=row["source"], chat_type=row["chat_type"] or "dm",
-            )  # fmt: skip
+                platform=row["source"],
+                chat_type=row["chat_type"] or "dm",
+            )
             self._changed(key)
             adopted += 1
         if adopted and stopping:
-            log.info("session index: %d key(s) adopt a newer live session another process "
-                     "started", adopted)  # fmt: skip
+            log.info(
+                "session index: %d key(s) adopt a newer live session another process started",
+                adopted,
+            )
         elif adopted:
-            log.warning("session index was behind state.db (an unclean stop?): %d entr%s updated",
-                        adopted, "y" if adopted == 1 else "ies")  # fmt: skip
+            log.warning(
+                "session index was behind state.db (an unclean stop?): %d entr%s updated",
+                adopted,
+                "y" if adopted == 1 else "ies",
+            )
 
     async def _heal(self, suspects: list[tuple[str, str]], stopping: bool = False) -> None:
         """Entries whose session is missing are dropped; entries whose session ended follow
@@ -318,9 +338,13 @@ class SessionIndex:
                 continue  # live, but without a key of its own: kept as it is
             self._changed(key)
             if state is None:
-                log.log(logging.INFO if stopping else logging.WARNING,
-                        "index entry %s points at a missing session %s%s; dropped", key, sid,
-                        " (deleted by another process)" if stopping else "")  # fmt: skip
+                log.log(
+                    logging.INFO if stopping else logging.WARNING,
+                    "index entry %s points at a missing session %s%s; dropped",
+                    key,
+                    sid,
+                    " (deleted by another process)" if stopping else "",
+                )
                 del self._entries[key]
                 continue
             tip = await self.db.get_compression_tip(sid)
@@ -378,9 +402,14 @@ class SessionIndex:
         if entry is not None:
             # the constructor, not dataclasses.replace: this runs twice per turn
             self._entries[key] = IndexEntry(
-                entry.session_id, entry.created_at, time.time() if now is None else now,
-                entry.origin, entry.display_name, entry.platform, entry.chat_type,
-            )  # fmt: skip
+                entry.session_id,
+                entry.created_at,
+                time.time() if now is None else now,
+                entry.origin,
+                entry.display_name,
+                entry.platform,
+                entry.chat_type,
+            )
             self._touched.add(key)
             if self._activity_task is None or self._activity_task.done():
                 try:
@@ -466,9 +495,10 @@ class SessionIndex:
                         continue
                     if not isinstance(value, IndexEntry):  # as read from the file
                         fragments[key] = (
-                            json.dumps(key, ensure_ascii=False) + ":"
+                            json.dumps(key, ensure_ascii=False)
+                            + ":"
                             + json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-                        ).encode()  # fmt: skip
+                        ).encode()
                         continue
                     static = value.static_part()
                     template = templates.get(key)

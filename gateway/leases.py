@@ -69,10 +69,16 @@ class SharedCoordinator(Coordinator, Protocol):
         ...
 
     async def accept(
-        self, key: str, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, *, lease: bool,
+        self,
+        key: str,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        *,
+        lease: bool,
         begin: tuple[Mapping[str, Any], int | None, BeginsIn] | None = None,
-    ) -> tuple[int, str, bool, Stored | None]:  # fmt: skip
+    ) -> tuple[int, str, bool, Stored | None]:
         """Commit an inbound message for `key` (inbox id, state, new, begun); with `lease`,
         the key's lease may come with the commit, for `lease(key, inbox_id)` to adopt, and
         with `begin` (the user's message, the history's length, where it may begin) the

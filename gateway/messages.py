@@ -58,20 +58,44 @@ class InboundMessage:
         flat list (encoding it costs half of a dict's with its keys; it is written once per
         message and read only after a crash)."""
         src = self.source
-        return [PAYLOAD_V2, src.platform, src.chat_id, src.chat_type, src.user_id,
-                src.user_name, src.chat_name, src.thread_id, self.text,
-                self.platform_message_id, self.received_at, self.mentioned, self.reply_to]  # fmt: skip
+        return [
+            PAYLOAD_V2,
+            src.platform,
+            src.chat_id,
+            src.chat_type,
+            src.user_id,
+            src.user_name,
+            src.chat_name,
+            src.thread_id,
+            self.text,
+            self.platform_message_id,
+            self.received_at,
+            self.mentioned,
+            self.reply_to,
+        ]
 
     @classmethod
     def from_payload(cls, data: object) -> InboundMessage:
         """The message back from `as_payload`'s list, or from the dict earlier versions
         wrote."""
         if isinstance(data, list) and data and data[0] == PAYLOAD_V2 and len(data) == 13:
-            keys = ("platform", "chat_id", "chat_type", "user_id", "user_name", "chat_name",
-                    "thread_id")  # fmt: skip
-            data = {"source": dict(zip(keys, data[1:8], strict=True)), "text": data[8],
-                    "platform_message_id": data[9], "received_at": data[10],
-                    "mentioned": data[11], "reply_to": data[12]}  # fmt: skip
+            keys = (
+                "platform",
+                "chat_id",
+                "chat_type",
+                "user_id",
+                "user_name",
+                "chat_name",
+                "thread_id",
+            )
+            data = {
+                "source": dict(zip(keys, data[1:8], strict=True)),
+                "text": data[8],
+                "platform_message_id": data[9],
+                "received_at": data[10],
+                "mentioned": data[11],
+                "reply_to": data[12],
+            }
         if not isinstance(data, dict):
             raise ValueError("an inbox payload that is neither a list nor an object")
         source = data.get("source")
@@ -80,11 +104,13 @@ class InboundMessage:
         pmid, reply_to = data.get("platform_message_id"), data.get("reply_to")
         received = data.get("received_at")
         return cls(
-            SessionSource.from_dict(source), str(data.get("text") or ""),
+            SessionSource.from_dict(source),
+            str(data.get("text") or ""),
             None if pmid is None else str(pmid),
             float(received) if isinstance(received, (int, float)) else 0.0,
-            bool(data.get("mentioned", True)), None if reply_to is None else str(reply_to),
-        )  # fmt: skip
+            bool(data.get("mentioned", True)),
+            None if reply_to is None else str(reply_to),
+        )
 
 
 @dataclass(frozen=True)

@@ -51,20 +51,34 @@ def normalised(text: str) -> str:
 
 def code_message(code: str, ttl_s: float) -> str:
     minutes = max(1, round(ttl_s / 60))
-    return (f"Pairing code: {shown(code)}\nGive it to this bot's operator to be let in. "
-            f"It works once, for {minutes} minutes.")  # fmt: skip
+    return (
+        f"Pairing code: {shown(code)}\nGive it to this bot's operator to be let in. "
+        f"It works once, for {minutes} minutes."
+    )
 
 
 async def offer(
-    db: Store, rules: PairingRules, platform: str, user_id: str, user_name: str | None,
-    chat_id: str, now: float,
-) -> str | None:  # fmt: skip
+    db: Store,
+    rules: PairingRules,
+    platform: str,
+    user_id: str,
+    user_name: str | None,
+    chat_id: str,
+    now: float,
+) -> str | None:
     """A new code for the user, or None when the rules give them none now."""
     for _ in range(DRAWS):
         code = await db.pairing_offer(
-            platform, user_id, user_name, chat_id, new_code(), now=now, ttl_s=rules.ttl_s,
-            user_interval_s=rules.user_interval_s, max_pending=rules.max_pending,
-        )  # fmt: skip
+            platform,
+            user_id,
+            user_name,
+            chat_id,
+            new_code(),
+            now=now,
+            ttl_s=rules.ttl_s,
+            user_interval_s=rules.user_interval_s,
+            max_pending=rules.max_pending,
+        )
         if code != TAKEN:
             return code
     return None

@@ -75,22 +75,33 @@ def entry_from_route(row: Mapping[str, Any]) -> IndexEntry | None:
         created = row.get("created_at") or 0.0
         updated = max(float(row.get("updated_at") or created), float(row.get("route_active") or 0))
         return IndexEntry(
-            session_id=str(row["session_id"]), created_at=float(created), updated_at=updated,
-            origin=origin, display_name=row.get("display_name") or _name(origin),
-            platform=str(row.get("platform") or ""), chat_type=str(row.get("chat_type") or "dm"),
-        )  # fmt: skip
+            session_id=str(row["session_id"]),
+            created_at=float(created),
+            updated_at=updated,
+            origin=origin,
+            display_name=row.get("display_name") or _name(origin),
+            platform=str(row.get("platform") or ""),
+            chat_type=str(row.get("chat_type") or "dm"),
+        )
     if row.get("live_id"):
         origin = _origin(row.get("live_origin"))
         started = float(row.get("live_started") or 0.0)
         if row.get("session_id"):
-            log.warning("route %s pointed at %s, no longer live; healed to %s",
-                        row["session_key"], row["session_id"], row["live_id"])  # fmt: skip
+            log.warning(
+                "route %s pointed at %s, no longer live; healed to %s",
+                row["session_key"],
+                row["session_id"],
+                row["live_id"],
+            )
         return IndexEntry(
-            session_id=str(row["live_id"]), created_at=started,
-            updated_at=float(row.get("live_active") or started), origin=origin,
-            display_name=_name(origin), platform=str(row.get("live_source") or ""),
+            session_id=str(row["live_id"]),
+            created_at=started,
+            updated_at=float(row.get("live_active") or started),
+            origin=origin,
+            display_name=_name(origin),
+            platform=str(row.get("live_source") or ""),
             chat_type=str(row.get("live_chat_type") or "dm"),
-        )  # fmt: skip
+        )
     return None
 
 
@@ -107,8 +118,11 @@ def unannounced_reset(row: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | No
         and row.get("live_kind") == ChildKind.RESET
         and not row.get("live_messages")
     ):
-        old = {"id": str(row["session_id"]), "title": row.get("route_title"),
-               "message_count": int(row.get("route_messages") or 0)}  # fmt: skip
+        old = {
+            "id": str(row["session_id"]),
+            "title": row.get("route_title"),
+            "message_count": int(row.get("route_messages") or 0),
+        }
         return str(row["route_end_reason"]), old
     return None
 
@@ -137,11 +151,16 @@ class PgRouteIndex:
         if entry is not None and missed is not None and self.reset_notice is not None:
             owed = self.reset_notice(entry, *missed)
             if owed is not None:
-                log.info("session_key=%s: its %s reset was not written back; the notice is "
-                         "kept for its next message", key, missed[0])  # fmt: skip
+                log.info(
+                    "session_key=%s: its %s reset was not written back; the notice is "
+                    "kept for its next message",
+                    key,
+                    missed[0],
+                )
                 notice = owed
-        self._routes[key] = _Route(entry, notice, listing,
-                                   dirty=healed or (entry is None and bool(row.get("session_id"))))  # fmt: skip
+        self._routes[key] = _Route(
+            entry, notice, listing, dirty=healed or (entry is None and bool(row.get("session_id")))
+        )
 
     def changes(self, key: str, *, peek: bool = False) -> dict[str, Any] | None:
         """The route's columns to write when the lease is freed, or None if unchanged;
@@ -155,11 +174,13 @@ class PgRouteIndex:
             "session_id": e.session_id if e else None,
             "origin": json.dumps(e.origin, ensure_ascii=False) if e else None,
             "display_name": e.display_name if e else None,
-            "platform": e.platform if e else None, "chat_type": e.chat_type if e else None,
-            "created_at": e.created_at if e else None, "updated_at": e.updated_at if e else None,
+            "platform": e.platform if e else None,
+            "chat_type": e.chat_type if e else None,
+            "created_at": e.created_at if e else None,
+            "updated_at": e.updated_at if e else None,
             "pending_notice": route.notice,
             "listing": None if route.listing is None else json.dumps(route.listing),
-        }  # fmt: skip
+        }
 
     def notice(self, key: str, text: str | None, *, take: bool = False) -> str | None:
         """Set the key's pending notice (`text`), or read it (`take` also clears it)."""
@@ -198,12 +219,14 @@ class PgRouteIndex:
             origin = _origin(row.get("origin"))
             created = float(row.get("created_at") or 0.0)
             entry = IndexEntry(
-                session_id=str(row["session_id"]), created_at=created,
-                updated_at=float(row.get("updated_at") or created), origin=origin,
+                session_id=str(row["session_id"]),
+                created_at=created,
+                updated_at=float(row.get("updated_at") or created),
+                origin=origin,
                 display_name=row.get("display_name") or _name(origin),
                 platform=str(row.get("platform") or ""),
                 chat_type=str(row.get("chat_type") or "dm"),
-            )  # fmt: skip
+            )
             listing = json.loads(row["listing"]) if row.get("listing") else None
             fresh[key] = _Route(entry, row.get("pending_notice"), listing)
         for key, route in self._routes.items():  # held changes not yet written
@@ -222,8 +245,11 @@ class PgRouteIndex:
         return sum(1 for r in self._routes.values() if r.entry is not None)
 
     def keys_for_session(self, session_id: str) -> list[str]:
-        return [k for k, r in self._routes.items()
-                if r.entry is not None and r.entry.session_id == session_id]  # fmt: skip
+        return [
+            k
+            for k, r in self._routes.items()
+            if r.entry is not None and r.entry.session_id == session_id
+        ]
 
     def put(self, key: str, entry: IndexEntry) -> None:
         route = self._routes.setdefault(key, _Route(None))

@@ -153,9 +153,12 @@ def _schema_of(cls: Any) -> Schema:
         if isinstance(default, tuple):
             default = list(default)
         out[f.name] = Field(
-            _kind(hint), default, f.metadata.get("check"), f.metadata.get("doc", ""),
+            _kind(hint),
+            default,
+            f.metadata.get("check"),
+            f.metadata.get("doc", ""),
             f.metadata.get("env"),
-        )  # fmt: skip
+        )
     return out
 
 

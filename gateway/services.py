@@ -134,11 +134,20 @@ class Replier:
         `dedupe_key` names the reply across sends; `resend` marks a start-up resend."""
         src = msg.source
         out = OutboundMessage(
-            platform=src.platform, chat_id=src.chat_id, text=text, thread_id=src.thread_id,
-            reply_to=msg.platform_message_id, session_id=session_id,
-            session_key=key.format() if key else None, error=error, notice=notice,
-            dedupe_key=dedupe_key, resend=resend, since=since, usage=usage,
-        )  # fmt: skip
+            platform=src.platform,
+            chat_id=src.chat_id,
+            text=text,
+            thread_id=src.thread_id,
+            reply_to=msg.platform_message_id,
+            session_id=session_id,
+            session_key=key.format() if key else None,
+            error=error,
+            notice=notice,
+            dedupe_key=dedupe_key,
+            resend=resend,
+            since=since,
+            usage=usage,
+        )
         try:
             ref = await self.send(out)
             self.metrics.messages_out.inc(platform=src.platform)
@@ -219,11 +228,25 @@ class Services:
         settings = settings or RouterSettings()
         metrics = metrics or Metrics()
         sessions = SessionManager(
-            db, index, agent, model=agent.model, system_prompt=settings.system_prompt,
-            context_tokens=settings.context_tokens, clock=clock,
-        )  # fmt: skip
+            db,
+            index,
+            agent,
+            model=agent.model,
+            system_prompt=settings.system_prompt,
+            context_tokens=settings.context_tokens,
+            clock=clock,
+        )
         return cls(
-            db=db, index=index, sessions=sessions, coordinator=coordinator or LocalCoordinator(),
-            agent=agent, settings=settings, metrics=metrics, replies=Replier(send, metrics),
-            signals=TurnSignals(events), tasks=TaskSet(), deadlines=Deadlines(), clock=clock,
-        )  # fmt: skip
+            db=db,
+            index=index,
+            sessions=sessions,
+            coordinator=coordinator or LocalCoordinator(),
+            agent=agent,
+            settings=settings,
+            metrics=metrics,
+            replies=Replier(send, metrics),
+            signals=TurnSignals(events),
+            tasks=TaskSet(),
+            deadlines=Deadlines(),
+            clock=clock,
+        )

@@ -50,8 +50,10 @@ async def _title_problem(ctx: CommandContext, exc: TitleError) -> str:
     if isinstance(exc, TitleTaken):
         row = await ctx.services.db.get_session(exc.owner)
         if row is not None and access.may_access(row, ctx.key):
-            return (f"this chat's session {exc.owner} already has that title "
-                    f"(/resume {exc.title} goes back to it)")  # fmt: skip
+            return (
+                f"this chat's session {exc.owner} already has that title "
+                f"(/resume {exc.title} goes back to it)"
+            )
         return "that title is already in use"
     return str(exc)
 
@@ -124,8 +126,10 @@ async def cmd_resume(ctx: CommandContext) -> str:
             return "No titled sessions to resume here yet. Name one with /title."
         services.coordinator.remember_listing(ctx.key.format(), [str(r["id"]) for r in rows])
         now = time.time()
-        lines = [f"{i}. {_label(r)} ({r.get('message_count') or 0} messages, {ago(r.get('last_active'), now)})"  # type: ignore[arg-type]
-                 for i, r in enumerate(rows, 1)]  # fmt: skip
+        lines = [
+            f"{i}. {_label(r)} ({r.get('message_count') or 0} messages, {ago(r.get('last_active'), now)})"  # type: ignore[arg-type]
+            for i, r in enumerate(rows, 1)
+        ]
         return (
             "Sessions you can resume:\n"
             + "\n".join(lines)
@@ -238,15 +242,22 @@ async def cmd_background(ctx: CommandContext) -> str:
         return "Usage: /background <prompt>"
     job = turns.start_background(ctx.services, ctx.key, ctx.msg, ctx.session_id, ctx.args.strip())
     if replies_in_request(ctx.msg.source.platform):  # this answer ends the request
-        return (f"Started background job {job}; its result comes in the notices of this "
-                "chat's next answer (and to the request's callback_url, if it gave one).")  # fmt: skip
+        return (
+            f"Started background job {job}; its result comes in the notices of this "
+            "chat's next answer (and to the request's callback_url, if it gave one)."
+        )
     return f"Started background job {job}; the result will be posted here."
 
 
 async def cmd_sethome(ctx: CommandContext) -> str:
     src = ctx.msg.source
-    value = {"chat_id": src.chat_id, "thread_id": src.thread_id, "chat_type": src.chat_type,
-             "set_by": src.user_id, "at": time.time()}  # fmt: skip
+    value = {
+        "chat_id": src.chat_id,
+        "thread_id": src.thread_id,
+        "chat_type": src.chat_type,
+        "set_by": src.user_id,
+        "at": time.time(),
+    }
     await ctx.services.db.set_meta(HOME_KEY.format(src.platform), json.dumps(value))
     where = f"thread {src.thread_id} of this chat" if src.thread_id else "this chat"
     return f"Home channel for {src.platform} set to {where}."

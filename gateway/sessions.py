@@ -52,10 +52,14 @@ class SessionManager:
     def _entry(self, session_id: str, source: SessionSource) -> IndexEntry:
         now = self.clock()
         return IndexEntry(
-            session_id=session_id, created_at=now, updated_at=now, origin=source.as_dict(),
-            display_name=source.chat_name or source.user_name, platform=source.platform,
+            session_id=session_id,
+            created_at=now,
+            updated_at=now,
+            origin=source.as_dict(),
+            display_name=source.chat_name or source.user_name,
+            platform=source.platform,
             chat_type=source.chat_type,
-        )  # fmt: skip
+        )
 
     async def adopt(self, key: SessionKey) -> IndexEntry | None:
         """The live session state.db holds for a key the index lacks (another process wrote
@@ -66,11 +70,14 @@ class SessionManager:
             return None
         origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
         entry = IndexEntry(
-            session_id=row["id"], created_at=row["started_at"],
-            updated_at=row["last_active"] or row["started_at"], origin=origin,
+            session_id=row["id"],
+            created_at=row["started_at"],
+            updated_at=row["last_active"] or row["started_at"],
+            origin=origin,
             display_name=origin.get("chat_name") or origin.get("user_name"),
-            platform=row["source"], chat_type=row["chat_type"] or "dm",
-        )  # fmt: skip
+            platform=row["source"],
+            chat_type=row["chat_type"] or "dm",
+        )
         self.index.put(key.format(), entry)
         log.info("session_key=%s adopted its live session %s from state.db", key, row["id"])
         return entry
@@ -84,12 +91,19 @@ class SessionManager:
         child_kind: str | None = None,
     ) -> IndexEntry:
         sid = await self.db.create_session(
-            source=source.platform, user_id=source.user_id, model=self.model,
-            system_prompt=self.system_prompt, parent_session_id=parent, child_kind=child_kind,
-            started_at=self.clock(), session_key=key.format(), chat_id=source.chat_id,
-            chat_type=source.chat_type, thread_id=source.thread_id,
+            source=source.platform,
+            user_id=source.user_id,
+            model=self.model,
+            system_prompt=self.system_prompt,
+            parent_session_id=parent,
+            child_kind=child_kind,
+            started_at=self.clock(),
+            session_key=key.format(),
+            chat_id=source.chat_id,
+            chat_type=source.chat_type,
+            thread_id=source.thread_id,
             origin_json=json.dumps(source.as_dict(), ensure_ascii=False),
-        )  # fmt: skip
+        )
         entry = self._entry(sid, source)
         self.index.put(key.format(), entry)
         return entry
@@ -178,8 +192,22 @@ class SessionManager:
             {"role": "system", "content": f"[Summary of {len(older)} earlier messages]\n{summary}"}
         ]
         for m in recent:
-            seed.append({k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id", "tool_name",
-                                           "timestamp", "reasoning", "platform_message_id") if m.get(k) is not None})  # fmt: skip
+            seed.append(
+                {
+                    k: m[k]
+                    for k in (
+                        "role",
+                        "content",
+                        "tool_calls",
+                        "tool_call_id",
+                        "tool_name",
+                        "timestamp",
+                        "reasoning",
+                        "platform_message_id",
+                    )
+                    if m.get(k) is not None
+                }
+            )
         sid = await self.db.fork_session(
             current.session_id,
             ChildKind.COMPRESSION,
@@ -209,9 +237,15 @@ class SessionManager:
                 del self._auto_failed[next(iter(self._auto_failed))]
             self._auto_failed[sid] = None
             level = logging.INFO if isinstance(exc, NothingToCompress) else logging.WARNING
-            log.log(level, "automatic compression of session %s (session_key=%s) not done: %s; "
-                    "later turns of this session retry without logging it again", sid, k, reason,
-                    exc_info=not isinstance(exc, NothingToCompress))  # fmt: skip
+            log.log(
+                level,
+                "automatic compression of session %s (session_key=%s) not done: %s; "
+                "later turns of this session retry without logging it again",
+                sid,
+                k,
+                reason,
+                exc_info=not isinstance(exc, NothingToCompress),
+            )
             return False
         self._auto_failed.pop(sid, None)
         log.info("session_key=%s compressed automatically", k)

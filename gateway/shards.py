@@ -119,8 +119,12 @@ class Receiver:
         assert self._ledger is not None
         epoch = (await self._ledger.claim(1)).owned.get(0)  # one shard: none to give
         if self.receiving and epoch != self.epoch:
-            log.warning("%s: the receiving connection is no longer ours (epoch %s, now %s); "
-                        "closing it", self.platform, self.epoch, epoch)  # fmt: skip
+            log.warning(
+                "%s: the receiving connection is no longer ours (epoch %s, now %s); closing it",
+                self.platform,
+                self.epoch,
+                epoch,
+            )
             self.receiving = False
             await self._end()
         if epoch is not None and not self.receiving:
@@ -136,8 +140,12 @@ class Receiver:
                 self.last_error = None
             except InvalidToken as exc:  # every replica has the same credentials: give up
                 self.last_error = f"receiver: {exc}"
-                log.error("%s: the platform refused the credentials on takeover (%s); "
-                          "no longer claiming the receiving connection", self.platform, exc)  # fmt: skip
+                log.error(
+                    "%s: the platform refused the credentials on takeover (%s); "
+                    "no longer claiming the receiving connection",
+                    self.platform,
+                    exc,
+                )
                 return
             except Exception as exc:  # the database or the platform: asked again next round
                 self.last_error = f"receiver: {type(exc).__name__}: {exc}"

@@ -69,9 +69,12 @@ async def agent_turn(
         # proof dedupe; this write puts the message in its session, once, and reads the
         # history.
         begun = await s.db.begin_turn(
-            turn.inbox_id, sid, user_message(msg, key), last=settings.history_messages,
+            turn.inbox_id,
+            sid,
+            user_message(msg, key),
+            last=settings.history_messages,
             fence=turn.lease.fence,
-        )  # fmt: skip
+        )
     _mid, history = begun
     turn.stored, turn.session_id = True, sid
     faults.point("mid_agent")
@@ -83,9 +86,12 @@ async def agent_turn(
             settings.context_tokens - settings.reply_tokens - len(settings.system_prompt or "") // 4
         )
         ctx = TurnContext(
-            session_id=sid, session_key=k, platform=src.platform,
-            system_prompt=settings.system_prompt, run_tool=_tool_runner(s, key, sid),
-        )  # fmt: skip
+            session_id=sid,
+            session_key=k,
+            platform=src.platform,
+            system_prompt=settings.system_prompt,
+            run_tool=_tool_runner(s, key, sid),
+        )
         costs = [estimate_tokens(m) for m in history]  # once: the window and compression
         try:
             reply: AgentReply = await s.deadlines.run(
@@ -139,11 +145,15 @@ async def agent_turn(
         hand_back = lease.hand_back if in_request and not compress else None
         committing = time.monotonic()
         await s.db.end_turn(
-            turn.inbox_id, sid, stored,
-            input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-            reply_state=reply_state, fence=lease.fence,
+            turn.inbox_id,
+            sid,
+            stored,
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            reply_state=reply_state,
+            fence=lease.fence,
             release=hand_back.plan() if hand_back is not None else None,
-        )  # fmt: skip
+        )
         if hand_back is not None:
             hand_back.done()
             lease.freed = True  # freed on purpose: nothing to ask before the send
@@ -151,9 +161,19 @@ async def agent_turn(
         await may_send(turn, committing)
         s.metrics.turns.inc(outcome="ok")
         usage = TokenUsage(reply.input_tokens, reply.output_tokens, reply.tokens_estimated)
-        ref = await send_checked(turn, lambda since, again: s.replies.reply(
-            msg, sid, reply.text, key, dedupe_key=reply_key(turn.inbox_id), since=since,
-            resend=again, usage=usage))  # fmt: skip
+        ref = await send_checked(
+            turn,
+            lambda since, again: s.replies.reply(
+                msg,
+                sid,
+                reply.text,
+                key,
+                dedupe_key=reply_key(turn.inbox_id),
+                since=since,
+                resend=again,
+                usage=usage,
+            ),
+        )
         faults.point("after_send_before_mark")
         if not in_request:
             mark_reply_soon(s, turn.inbox_id, ref)
@@ -185,9 +205,7 @@ async def may_send(turn: TurnProgress, since: float) -> None:
         raise LeaseLost(lease.fence.session_key, lease.fence.epoch)
 
 
-async def send_checked(
-    turn: TurnProgress, send: Callable[[float | None, bool], Awaitable[T]]
-) -> T:  # fmt: skip
+async def send_checked(turn: TurnProgress, send: Callable[[float | None, bool], Awaitable[T]]) -> T:
     """Send a turn's reply: `send(since, again)`, where `since` is when the lease was last
     known to hold (replicas; else None) and `again` tells a send after a stop. Replicas set
     SEND_BY to that time + LATE_SEND_S, so a request that would leave later (the process
@@ -206,8 +224,12 @@ async def send_checked(
         try:
             return await send(checked, again)
         except SetOutLate:
-            log.warning("session_key=%s: inbox row %d's reply set out late; asking whether "
-                        "the lease still holds", fence.session_key, turn.inbox_id)  # fmt: skip
+            log.warning(
+                "session_key=%s: inbox row %d's reply set out late; asking whether "
+                "the lease still holds",
+                fence.session_key,
+                turn.inbox_id,
+            )
         finally:
             SEND_BY.reset(limit)
         if not await lease.holds():
@@ -300,24 +322,38 @@ def start_background(
 
 
 async def _background(
-    services: Services, key: SessionKey, msg: InboundMessage, sid: str, prompt: str, job: str,
+    services: Services,
+    key: SessionKey,
+    msg: InboundMessage,
+    sid: str,
+    prompt: str,
+    job: str,
     announcing: asyncio.Task[None] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     s = services
     try:
         history = await s.db.get_messages_as_conversation(sid, last=s.settings.history_messages)
         history.append({"role": "user", "content": prompt})
-        ctx = TurnContext(sid, key.format(), msg.source.platform, s.settings.system_prompt,
-                          _tool_runner(s, key, sid))  # fmt: skip
+        ctx = TurnContext(
+            sid,
+            key.format(),
+            msg.source.platform,
+            s.settings.system_prompt,
+            _tool_runner(s, key, sid),
+        )
         reply = await s.deadlines.run(
             s.agent.respond(window(history, s.settings.context_tokens // 2), ctx),
             s.settings.turn_timeout_s,
         )
         await s.db.append_messages(
-            sid, [{"role": "user", "content": f"[background {job}] {prompt}"},
-                  {"role": "assistant", "content": reply.text}],
-            input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-        )  # fmt: skip
+            sid,
+            [
+                {"role": "user", "content": f"[background {job}] {prompt}"},
+                {"role": "assistant", "content": reply.text},
+            ],
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+        )
         text = f"Background job {job} finished:\n{reply.text}"
     except Exception as exc:
         log.error("background job %s failed for session %s: %s", job, sid, exc)

@@ -55,11 +55,17 @@ async def open_topology(
     in-process locks, or on PostgreSQL a replica's cluster membership, shared route table
     and lease coordinator."""
     if not replicated(db.backend):
-        return LocalTopology(db, SessionIndex(
-            home / "sessions" / "sessions.json", db, config.sessions.index_flush_seconds,
-            config.sessions.index_activity_seconds,
-            settle_on_close=True,  # a clean stop leaves the file current
-        ), LocalCoordinator())  # fmt: skip
+        return LocalTopology(
+            db,
+            SessionIndex(
+                home / "sessions" / "sessions.json",
+                db,
+                config.sessions.index_flush_seconds,
+                config.sessions.index_activity_seconds,
+                settle_on_close=True,  # a clean stop leaves the file current
+            ),
+            LocalCoordinator(),
+        )
     return await _join_cluster(config, db)
 
 
@@ -89,10 +95,14 @@ def build_agent(config: Config) -> Agent:
 
         o = config.agent.openai
         return OpenAIAgent(
-            o.base_url, o.model, config.secret("agent.openai.api_key_env"),
-            timeout_s=o.timeout_seconds, max_retries=o.max_retries, tools=list(o.tools),
+            o.base_url,
+            o.model,
+            config.secret("agent.openai.api_key_env"),
+            timeout_s=o.timeout_seconds,
+            max_retries=o.max_retries,
+            tools=list(o.tools),
             reply_tokens=config.agent.reply_tokens,
-        )  # fmt: skip
+        )
     return EchoAgent()
 
 
@@ -129,9 +139,12 @@ def restart_keys(old: Any, new: Any) -> list[str]:
 def reset_policies(config: Config) -> PolicySet:
     r = config.session_reset
     base = ResetPolicy(
-        mode=r.mode, idle_minutes=r.idle_minutes, at_hour=r.at_hour, timezone=r.timezone,
+        mode=r.mode,
+        idle_minutes=r.idle_minutes,
+        at_hour=r.at_hour,
+        timezone=r.timezone,
         notify=r.notify,
-    )  # fmt: skip
+    )
     return PolicySet(
         default=base,
         by_platform={k: merge(base, dict(v)) for k, v in r.by_platform.items()},
@@ -143,9 +156,10 @@ def router_settings(config: Config) -> RouterSettings:
     access = {"api": AccessRules(allow_all=True)}
     for name, p in config.platforms.items():
         access[name] = AccessRules(
-            allow_all=p.allow_all_users, allowed=frozenset(str(u) for u in p.allowed_users),
+            allow_all=p.allow_all_users,
+            allowed=frozenset(str(u) for u in p.allowed_users),
             admins=frozenset(str(u) for u in p.admins),
-        )  # fmt: skip
+        )
     return RouterSettings(
         keys=KeySettings(
             group_sessions_per_user=config.sessions.group_sessions_per_user,

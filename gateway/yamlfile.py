@@ -26,9 +26,11 @@ def _duplicate_keys(node: yaml.Node | None, prefix: str) -> list[ConfigError]:
             line = key_node.start_mark.line + 1
             if name is not None and name != "<<":
                 if name in first:
-                    found.append(ConfigError(
-                        path, f"duplicate key at line {line} (first at line {first[name]})"
-                    ))  # fmt: skip
+                    found.append(
+                        ConfigError(
+                            path, f"duplicate key at line {line} (first at line {first[name]})"
+                        )
+                    )
                 else:
                     first[name] = line
             found.extend(_duplicate_keys(value_node, path))

@@ -12,15 +12,23 @@ from typing import Any
 RECORDED_COST = "COALESCE(NULLIF(actual_cost_usd, 0), estimated_cost_usd, 0)"
 
 TOKEN_KINDS = (
-    "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens"
-)  # fmt: skip
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+)
 
 
 def totals_set(
-    counts: Mapping[str, int], estimated_cost_usd: float | None,
-    actual_cost_usd: float | None, api_call_count: int, absolute: bool,
-    cost: Mapping[str, Any], mark: str,
-) -> tuple[list[str], list[Any]]:  # fmt: skip
+    counts: Mapping[str, int],
+    estimated_cost_usd: float | None,
+    actual_cost_usd: float | None,
+    api_call_count: int,
+    absolute: bool,
+    cost: Mapping[str, Any],
+    mark: str,
+) -> tuple[list[str], list[Any]]:
     """The SET clauses and parameters of a totals update (`mark`: the driver's placeholder,
     "?" or "%s"): incremental calls add (NULL counts as 0), absolute ones set."""
     sets: list[str] = []

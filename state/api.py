@@ -289,14 +289,22 @@ class Store(Protocol):
         """`session_key`/`replica`: recorded by a store several replicas share (the row's
         key and the incarnation that took it); a one-process store has no use for them."""
         ...
+
     async def accept_and_begin(
-        self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, session_id: str, message: Mapping[str, Any], *,
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        session_id: str,
+        message: Mapping[str, Any],
+        *,
         last: int | None = None,
     ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
         """`accept_inbound` and, for a new row, `begin_turn`, committed together (the
         router's path for a message to an idle key)."""
         ...
+
     async def begin_turn(
         self,
         inbox_id: int,
@@ -309,6 +317,7 @@ class Store(Protocol):
         """`fence`: apply only while that session-key lease holds, else raise LeaseLost
         (a store several replicas share; one process holds no leases and passes None)."""
         ...
+
     async def end_turn(
         self,
         inbox_id: int,
@@ -325,11 +334,13 @@ class Store(Protocol):
         `reply_state`, in one transaction; with a `fence`, only while that lease holds, and
         with `release` that lease freed in the same commit (replicas only)."""
         ...
+
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None: ...
     def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
         """`mark_reply` queued without waiting (the turn's path never waits on it); a
         failure is logged and leaves the row unconfirmed, as a crash would."""
         ...
+
     async def unsent_replies(self) -> list[dict[str, Any]]: ...
     async def finish_inbound(
         self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None
@@ -340,9 +351,18 @@ class Store(Protocol):
 
     # --- DM pairing (state/sqlite/pairing.py, state/pg/pairing.py)
     async def pairing_offer(
-        self, platform: str, user_id: str, user_name: str | None, chat_id: str, code: str, *,
-        now: float, ttl_s: float, user_interval_s: float, max_pending: int,
-    ) -> str | None: ...  # fmt: skip
+        self,
+        platform: str,
+        user_id: str,
+        user_name: str | None,
+        chat_id: str,
+        code: str,
+        *,
+        now: float,
+        ttl_s: float,
+        user_interval_s: float,
+        max_pending: int,
+    ) -> str | None: ...
     async def pairing_decide(self, code: str, state: str, now: float) -> dict[str, Any] | None: ...
     async def pairing_revoke(self, platform: str, user_id: str, now: float) -> bool: ...
     async def pairing_approved(self, platform: str, user_id: str) -> bool: ...
@@ -431,9 +451,12 @@ class ReplicaLink(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
     async def serve(
-        self, on_wakeup: Callable[[Wakeup], None], on_incarnation: Callable[[int], None],
-        *, slice_s: float = 1.0,
-    ) -> None: ...  # fmt: skip
+        self,
+        on_wakeup: Callable[[Wakeup], None],
+        on_incarnation: Callable[[int], None],
+        *,
+        slice_s: float = 1.0,
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -455,10 +478,17 @@ class ClusterStore(Store, Protocol):
         ...
 
     async def accept_and_take(
-        self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, *, session_key: str, me: int, space: int,
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        *,
+        session_key: str,
+        me: int,
+        space: int,
         begin: BeginPlan | None = None,
-    ) -> Accepted:  # fmt: skip
+    ) -> Accepted:
         """`accept_inbound` for replica `me` and, when the row is new, `take_lease` on
         `session_key` in the same commit (and the turn's begin when `begin` allows it)."""
         ...
@@ -469,9 +499,11 @@ class ClusterStore(Store, Protocol):
         ...
 
     async def release_lease(
-        self, fence: Fence, route: Mapping[str, Any] | None,
+        self,
+        fence: Fence,
+        route: Mapping[str, Any] | None,
         answered: Sequence[tuple[int, int]] = (),
-    ) -> bool: ...  # fmt: skip
+    ) -> bool: ...
     async def lease_holds(self, fence: Fence) -> bool: ...
     async def open_for_key(self, key: str) -> list[dict[str, Any]]: ...
     async def inbox_states(self, ids: Sequence[int]) -> dict[int, str]: ...

@@ -131,10 +131,18 @@ TOKEN_FIELDS = (
 
 
 def session_fields(
-    sid: str, source: str, model: str | None, model_config: Any, system_prompt: str | None,
-    user_id: str | None, parent: str | None, child_kind: str | None, title: str | None,
-    started_at: float | None, routing: Mapping[str, Any],
-) -> dict[str, Any]:  # fmt: skip
+    sid: str,
+    source: str,
+    model: str | None,
+    model_config: Any,
+    system_prompt: str | None,
+    user_id: str | None,
+    parent: str | None,
+    child_kind: str | None,
+    title: str | None,
+    started_at: float | None,
+    routing: Mapping[str, Any],
+) -> dict[str, Any]:
     """The columns of a new session from create_session's arguments (a pure function both
     stores use); unknown routing fields are a TypeError."""
     bad = [k for k in routing if k not in ROUTING_FIELDS]
@@ -142,10 +150,15 @@ def session_fields(
         raise TypeError(f"unknown session field(s): {', '.join(bad)}")
     fields: dict[str, Any] = {"id": sid, "source": source}
     for key, value in (
-        ("model", model), ("model_config", model_config), ("system_prompt", system_prompt),
-        ("user_id", user_id), ("parent_session_id", parent), ("child_kind", child_kind),
-        ("title", title), ("started_at", started_at),
-    ):  # fmt: skip
+        ("model", model),
+        ("model_config", model_config),
+        ("system_prompt", system_prompt),
+        ("user_id", user_id),
+        ("parent_session_id", parent),
+        ("child_kind", child_kind),
+        ("title", title),
+        ("started_at", started_at),
+    ):
         if value is not None:
             fields[key] = value
     fields.update({k: v for k, v in routing.items() if v is not None})

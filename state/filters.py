@@ -62,8 +62,11 @@ class SessionFilter:
         if self.exclude_sources:
             clauses.append(f"{p}source NOT IN ({', '.join(mark for _ in self.exclude_sources)})")
             params.extend(self.exclude_sources)
-        for col, value in (("user_id", self.user_id), ("chat_id", self.chat_id),
-                           ("thread_id", self.thread_id)):  # fmt: skip
+        for col, value in (
+            ("user_id", self.user_id),
+            ("chat_id", self.chat_id),
+            ("thread_id", self.thread_id),
+        ):
             if value is not None:
                 clauses.append(f"{p}{col} = {mark}")
                 params.append(value)

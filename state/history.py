@@ -79,9 +79,14 @@ class HistoryWindows:
             self._used -= old[3]
 
     def advance(
-        self, session_id: str, length: int, after: int, upto: int, new: list[Message],
+        self,
+        session_id: str,
+        length: int,
+        after: int,
+        upto: int,
+        new: list[Message],
         mark: int = 0,
-    ) -> list[Message]:  # fmt: skip
+    ) -> list[Message]:
         """The window ending at `upto`: the kept one (ending at `after`; 0: none) followed
         by `new`, the messages after it, cut to `length`. Kept for the next turn (within the
         budget once `trim` has run), with `mark`; returned as a copy."""

@@ -227,8 +227,17 @@ class WriteStats:
 # inbox.accept's arguments after the connection: platform, chat id, platform message id,
 # payload (JSON text) and the time taken
 Accept = tuple[str, str, "str | None", str, float]
-PAIRING_COLUMNS = ("platform", "user_id", "user_name", "chat_id", "code", "state", "requested_at",
-           "expires_at", "decided_at")  # fmt: skip
+PAIRING_COLUMNS = (
+    "platform",
+    "user_id",
+    "user_name",
+    "chat_id",
+    "code",
+    "state",
+    "requested_at",
+    "expires_at",
+    "decided_at",
+)
 
 
 class InboxEntry(TypedDict, total=False):
@@ -261,8 +270,19 @@ class UnsentReply(TypedDict, total=False):
     session_key: str | None  # replicas
 
 
-OUTBOX_COLUMNS = ("id", "platform", "chat_id", "thread_id", "text", "state", "attempts", "error",
-           "message_ids", "created_at", "updated_at")  # fmt: skip
+OUTBOX_COLUMNS = (
+    "id",
+    "platform",
+    "chat_id",
+    "thread_id",
+    "text",
+    "state",
+    "attempts",
+    "error",
+    "message_ids",
+    "created_at",
+    "updated_at",
+)
 
 
 def outbox_item(values: Sequence[Any]) -> dict[str, Any]:
@@ -334,7 +354,6 @@ class StoredReply:
 @dataclass
 class ImportReport:
     """What an import did: sessions and messages taken, skipped, renamed, refused."""
-
 
     imported: int = 0
     skipped_existing: int = 0

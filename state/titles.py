@@ -16,11 +16,29 @@ MAX_TITLE_LENGTH = 100
 # Zero-width and bidi-control characters: invisible, and able to make two titles look
 # identical or reorder what a reader sees.
 _INVISIBLE = {
-    "\u200b", "\u200c", "\u200d", "\u200e", "\u200f", "\u2060", "\u2061", "\u2062",
-    "\u2063", "\u2064", "\ufeff", "\u180e", "\u061c",
-    "\u202a", "\u202b", "\u202c", "\u202d", "\u202e",
-    "\u2066", "\u2067", "\u2068", "\u2069",
-}  # fmt: skip
+    "\u200b",
+    "\u200c",
+    "\u200d",
+    "\u200e",
+    "\u200f",
+    "\u2060",
+    "\u2061",
+    "\u2062",
+    "\u2063",
+    "\u2064",
+    "\ufeff",
+    "\u180e",
+    "\u061c",
+    "\u202a",
+    "\u202b",
+    "\u202c",
+    "\u202d",
+    "\u202e",
+    "\u2066",
+    "\u2067",
+    "\u2068",
+    "\u2069",
+}
 _WS_RUN = re.compile(r"\s+")
 _LINEAGE_SUFFIX = re.compile(r"^(?P<base>.*\S) #(?P<n>[1-9][0-9]{0,8})$")
 

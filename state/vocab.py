@@ -51,8 +51,17 @@ END_REASONS: tuple[str, ...] = tuple(EndReason)
 # and the columns a child inherits from its parent (routing included: it answers the
 # same chat).
 MAX_LINEAGE_DEPTH = 10_000
-INHERITED_COLUMNS = ("user_id", "model", "model_config", "system_prompt", "session_key",
-                     "chat_id", "chat_type", "thread_id", "origin_json")  # fmt: skip
+INHERITED_COLUMNS = (
+    "user_id",
+    "model",
+    "model_config",
+    "system_prompt",
+    "session_key",
+    "chat_id",
+    "chat_type",
+    "thread_id",
+    "origin_json",
+)
 
 
 def is_compression_child(kind: str | None, end_reason: str | None) -> bool:

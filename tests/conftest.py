@@ -21,7 +21,9 @@ _LOOP = event_loops.loop_factory(TEST_LOOP)
 
 if _LOOP is not None:
 
-    def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, object]:
+    def pytest_asyncio_loop_factories(
+        config: pytest.Config, item: pytest.Item
+    ) -> dict[str, object]:
         return {"uvloop": _LOOP}
 
 
@@ -110,8 +112,10 @@ async def _report_a_stuck_test(request: pytest.FixtureRequest) -> AsyncIterator[
 
     def report() -> None:
         out = io.StringIO()
-        print(f"\n--- {request.node.nodeid} still running after {STUCK_AFTER_S:.0f}s; tasks:",
-              file=out)  # fmt: skip
+        print(
+            f"\n--- {request.node.nodeid} still running after {STUCK_AFTER_S:.0f}s; tasks:",
+            file=out,
+        )
         for task in asyncio.all_tasks():
             task.print_stack(limit=12, file=out)
         sys.stderr.write(out.getvalue())

@@ -16,8 +16,11 @@ import aiohttp
 
 def clean_env(**extra: str) -> dict[str, str]:
     """os.environ without what would steer the child: its home, systemd's notify socket."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SWITCHBOARD", "NOTIFY", "WATCHDOG"))}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SWITCHBOARD", "NOTIFY", "WATCHDOG"))
+    }
     env.update(extra)
     return env
 

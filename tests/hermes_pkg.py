@@ -82,9 +82,10 @@ def sdist_tests() -> Path:
             archive = next(download.glob(f"hermes_agent-{HERMES_VERSION}.tar.gz"))
             with tarfile.open(archive) as tar:
                 members = [
-                    m for m in tar.getmembers()
+                    m
+                    for m in tar.getmembers()
                     if "/tests/test_hermes_state" in m.name and m.name.endswith(".py")
-                ]  # fmt: skip
+                ]
                 for m in members:
                     m.name = "tests/" + Path(m.name).name
                 tar.extractall(root, members=members, filter="data")

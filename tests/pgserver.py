@@ -59,16 +59,40 @@ class Cluster:
 
     def start(self) -> None:
         data = self.dir / "data"
-        self._run(PG_BIN / "initdb", "-D", str(data), "-U", "postgres", "-A", "trust",
-                  "--no-instructions", "-E", "UTF8", "--locale=C")  # fmt: skip
+        self._run(
+            PG_BIN / "initdb",
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-instructions",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        )
         self.up()
 
     def up(self) -> None:
         """Start the server on its data directory (again, after `down` or `crash`)."""
-        opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c fsync=on "
-                f"-c unix_socket_directories={self.dir}")  # fmt: skip
-        self._run(PG_BIN / "pg_ctl", "-D", str(self.dir / "data"), "-o", opts,
-                  "-l", str(self.dir / "log"), "-w", "-t", "60", "start")  # fmt: skip
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} -c fsync=on "
+            f"-c unix_socket_directories={self.dir}"
+        )
+        self._run(
+            PG_BIN / "pg_ctl",
+            "-D",
+            str(self.dir / "data"),
+            "-o",
+            opts,
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def down(self) -> None:
         """`pg_ctl stop -m fast`: every session is ended, the server shuts down cleanly."""

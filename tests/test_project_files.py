@@ -21,11 +21,15 @@ _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # count of what a command stops is an instruction: both are product text.
 HISTORY = [
     re.compile(r"\b[Ii]ssues? #\d+"),
-    re.compile(r"\b[Ii]ssues? \d+(?!\d)(?! (?:requests?|queries|query|calls?|commands?|"
-               r"statements?|tokens?|certificates?|reads?|writes?)\b)"),  # fmt: skip
+    re.compile(
+        r"\b[Ii]ssues? \d+(?!\d)(?! (?:requests?|queries|query|calls?|commands?|"
+        r"statements?|tokens?|certificates?|reads?|writes?)\b)"
+    ),
     re.compile(r"\b(?:[Ff]ix(?:es|ed)?|[Cc]loses?|[Rr]efs?|PR|[Pp]ull request) #\d+"),
-    re.compile(r"\b[Ss]tops? \d+(?!\d)(?! (?:of|replicas?|daemons?|process(?:es)?|shards?|"
-               r"workers?|seconds?|minutes?)\b)"),  # fmt: skip
+    re.compile(
+        r"\b[Ss]tops? \d+(?!\d)(?! (?:of|replicas?|daemons?|process(?:es)?|shards?|"
+        r"workers?|seconds?|minutes?)\b)"
+    ),
     re.compile(r"\b[Ss]tops?-\d+"),
 ]
 _DEFINED = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", re.MULTILINE)
@@ -81,8 +85,19 @@ def test_the_readme_links_the_architecture_document() -> None:
     assert "](docs/architecture.md)" in readme
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     headings = [line[3:] for line in text.splitlines() if line.startswith("## ")]
-    for topic in ("Session keys", "sessions.json", "state.db", "Lineage", "Titles", "Search",
-                  "Chat commands", "Reset policies", "writer", "Exit codes", "HTTP API"):  # fmt: skip
+    for topic in (
+        "Session keys",
+        "sessions.json",
+        "state.db",
+        "Lineage",
+        "Titles",
+        "Search",
+        "Chat commands",
+        "Reset policies",
+        "writer",
+        "Exit codes",
+        "HTTP API",
+    ):
         assert any(topic in h for h in headings), topic
 
 
@@ -142,8 +157,7 @@ def _history_files() -> list[Path]:
     return [
         f
         for f in project_files()
-        if f.suffix == ".md"
-        or (f.suffix == ".py" and f.relative_to(ROOT).parts[0] in HISTORY_DIRS)
+        if f.suffix == ".md" or (f.suffix == ".py" and f.relative_to(ROOT).parts[0] in HISTORY_DIRS)
         if f != Path(__file__).resolve()  # its cases below are history on purpose
     ]
 

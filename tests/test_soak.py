@@ -15,8 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_a_short_soak_prints_its_figures() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "soak.py"), "--minutes", "0.2", "--rate", "50"],
-        capture_output=True, text=True, timeout=600, env=clean_env(), cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean_env(),
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| min |"))
@@ -24,6 +28,12 @@ def test_a_short_soak_prints_its_figures() -> None:
     rows = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     assert rows, proc.stdout
     assert all(row.count("|") == width for row in rows), rows
-    for start in ("summary: 600 messages sent", "drain: ", "rss: ", "fds: ", "wal: ",
-                  "daemon exit code after SIGTERM: "):  # fmt: skip
+    for start in (
+        "summary: 600 messages sent",
+        "drain: ",
+        "rss: ",
+        "fds: ",
+        "wal: ",
+        "daemon exit code after SIGTERM: ",
+    ):
         assert any(line.startswith(start) for line in lines), (start, proc.stdout)

@@ -181,9 +181,10 @@ class ApiAdapter(TurnHooks, Listens):
                 ex.notices.append(msg.text)
             else:
                 ex.done.set_result(msg)
-        elif not msg.resend and (slot in self._answered or (
-            ex is not None and not ex.done.cancelled() and ex.done.result() is not None
-        )):  # fmt: skip
+        elif not msg.resend and (
+            slot in self._answered
+            or (ex is not None and not ex.done.cancelled() and ex.done.result() is not None)
+        ):
             await self._follow_up(slot, msg)  # the request was answered: this comes after
         return SentRef(self.platform, msg.chat_id, (msg.reply_to or "",))
 
@@ -204,16 +205,30 @@ class ApiAdapter(TurnHooks, Listens):
             self._http = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=CALLBACK_TIMEOUT_S)
             )
-        payload = {"type": "follow_up", "chat_id": msg.chat_id, "reply_to": msg.reply_to,
-                   "text": msg.text, "session_id": msg.session_id}  # fmt: skip
+        payload = {
+            "type": "follow_up",
+            "chat_id": msg.chat_id,
+            "reply_to": msg.reply_to,
+            "text": msg.text,
+            "session_id": msg.session_id,
+        }
         try:
             async with self._http.post(callback, json=payload) as resp:
                 if resp.status >= 300:
-                    log.warning("api callback %s answered %d; the follow-up to %s waits in "
-                                "the chat's next answer", callback, resp.status, slot[1])  # fmt: skip
+                    log.warning(
+                        "api callback %s answered %d; the follow-up to %s waits in "
+                        "the chat's next answer",
+                        callback,
+                        resp.status,
+                        slot[1],
+                    )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning("api callback %s failed (%s); the follow-up to %s waits in the "
-                        "chat's next answer", callback, type(exc).__name__, slot[1])  # fmt: skip
+            log.warning(
+                "api callback %s failed (%s); the follow-up to %s waits in the chat's next answer",
+                callback,
+                type(exc).__name__,
+                slot[1],
+            )
 
     def _take_followups(self, chat_id: str, request: str) -> tuple[str, ...]:
         """The chat's follow-ups for its next answer: never the request's own (a result
@@ -293,14 +308,21 @@ class ApiAdapter(TurnHooks, Listens):
         if stored.reply is None:
             return "in_flight"
         return OutboundMessage(
-            self.platform, source.chat_id, stored.reply, reply_to=message_id,
-            session_id=stored.session_id, session_key=stored.session_key,
-        )  # fmt: skip
+            self.platform,
+            source.chat_id,
+            stored.reply,
+            reply_to=message_id,
+            session_id=stored.session_id,
+            session_key=stored.session_key,
+        )
 
     async def turn(
-        self, source: SessionSource, text: str, message_id: str | None,
+        self,
+        source: SessionSource,
+        text: str,
+        message_id: str | None,
         callback: str | None = None,
-    ) -> Answer | web.Response:  # fmt: skip
+    ) -> Answer | web.Response:
         """Emit the message and wait for its answer. A message id already in flight waits for
         that first turn; one answered before gets the same answer again at once (from memory,
         else from the store) and runs no turn."""
@@ -343,9 +365,13 @@ class ApiAdapter(TurnHooks, Listens):
                 else:
                     try:
                         await self._emit(
-                            InboundMessage(source=source, text=text, platform_message_id=slot[1],
-                                           received_at=time.time())
-                        )  # fmt: skip
+                            InboundMessage(
+                                source=source,
+                                text=text,
+                                platform_message_id=slot[1],
+                                received_at=time.time(),
+                            )
+                        )
                     except NotAccepted as exc:
                         log.warning("api message %s not accepted: %s", slot[1], exc)
                         if not ex.done.done():

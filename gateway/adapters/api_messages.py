@@ -50,10 +50,14 @@ async def messages(turn: Turn, request: web.Request) -> web.Response:
     if refused is not None:
         return refused
     source = SessionSource(
-        platform="api", chat_id=str(chat_id), chat_type=chat_type,
+        platform="api",
+        chat_id=str(chat_id),
+        chat_type=chat_type,
         user_id=opt["user_id"] or (str(chat_id) if chat_type == ChatType.DM else None),
-        user_name=opt["user_name"], chat_name=opt["chat_name"], thread_id=opt["thread_id"],
-    )  # fmt: skip
+        user_name=opt["user_name"],
+        chat_name=opt["chat_name"],
+        thread_id=opt["thread_id"],
+    )
     key = idempotency_key(request, opt["message_id"])
     if isinstance(key, web.Response):
         return key
@@ -69,7 +73,14 @@ async def messages(turn: Turn, request: web.Request) -> web.Response:
     if (refusal := not_stored(out)) is not None:
         return refusal
     replayed = {REPLAYED_HEADER: "true"} if answer.duplicate else {}
-    return web.json_response(headers=replayed, data={
-        "reply": out.text, "notices": list(answer.notices), "session_id": out.session_id,
-        "session_key": out.session_key, "error": out.error, "duplicate": answer.duplicate,
-    })  # fmt: skip
+    return web.json_response(
+        headers=replayed,
+        data={
+            "reply": out.text,
+            "notices": list(answer.notices),
+            "session_id": out.session_id,
+            "session_key": out.session_key,
+            "error": out.error,
+            "duplicate": answer.duplicate,
+        },
+    )

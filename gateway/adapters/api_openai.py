@@ -29,10 +29,15 @@ from gateway.vocab import ChatType
 
 async def models_list(models: tuple[str, ...], created: int, request: web.Request) -> web.Response:
     """GET /v1/models: the configured model names (the first answers by default)."""
-    return web.json_response({"object": "list", "data": [
-        {"id": m, "object": "model", "created": created, "owned_by": "switchboard"}
-        for m in models
-    ]})  # fmt: skip
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": created, "owned_by": "switchboard"}
+                for m in models
+            ],
+        }
+    )
 
 
 async def chat_completions(
@@ -53,9 +58,11 @@ async def chat_completions(
     content = last.get("content")
     fields: dict[str, str] = {}
     if isinstance(content, list):  # content parts: keep the text ones
-        fields = {f"{at}[{k}].text": p["text"] for k, p in enumerate(content)
-                  if isinstance(p, dict) and p.get("type") == "text"
-                  and isinstance(p.get("text"), str)}  # fmt: skip
+        fields = {
+            f"{at}[{k}].text": p["text"]
+            for k, p in enumerate(content)
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        }
         content = "\n".join(fields.values())
     elif isinstance(content, str):
         fields = {at: content}
@@ -94,45 +101,77 @@ async def chat_completions(
     if (refusal := not_stored(out)) is not None:
         return refusal
     if out.error == "agent":  # the chat platforms get an apology; an API client an error
-        return error(502, "the agent failed to answer; the message was stored",
-                      "agent_error")  # fmt: skip
+        return error(502, "the agent failed to answer; the message was stored", "agent_error")
     ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     counts, counted_by = usage(out)
-    extra = {"session_id": out.session_id, "session_key": out.session_key,
-             "notices": list(answer.notices), "duplicate": answer.duplicate,
-             "usage_source": counted_by}  # fmt: skip
+    extra = {
+        "session_id": out.session_id,
+        "session_key": out.session_key,
+        "notices": list(answer.notices),
+        "duplicate": answer.duplicate,
+        "usage_source": counted_by,
+    }
     replayed = {REPLAYED_HEADER: "true"} if answer.duplicate else {}
     if stream:
         options = body.get("stream_options")
         with_usage = isinstance(options, dict) and options.get("include_usage") is True
-        return await stream_chunks(request, ident, created, model, out.text, extra, replayed,
-                                  counts if with_usage else None)  # fmt: skip
-    return web.json_response(headers=replayed, data={
-        "id": ident,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "finish_reason": "stop"}],
-        "usage": counts,
-        "switchboard": extra,
-    })  # fmt: skip
+        return await stream_chunks(
+            request,
+            ident,
+            created,
+            model,
+            out.text,
+            extra,
+            replayed,
+            counts if with_usage else None,
+        )
+    return web.json_response(
+        headers=replayed,
+        data={
+            "id": ident,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": out.text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": counts,
+            "switchboard": extra,
+        },
+    )
 
 
 async def stream_chunks(
-    request: web.Request, ident: str, created: int, model: str, text: str,
-    extra: dict[str, Any], headers: dict[str, str], usage: dict[str, int] | None = None,
-) -> web.StreamResponse:  # fmt: skip
+    request: web.Request,
+    ident: str,
+    created: int,
+    model: str,
+    text: str,
+    extra: dict[str, Any],
+    headers: dict[str, str],
+    usage: dict[str, int] | None = None,
+) -> web.StreamResponse:
     """The finished reply as OpenAI chat.completion.chunk events: the role, the content
     (in pieces of a few hundred characters), the stop, with `usage` (asked for with
     `stream_options.include_usage`) a chunk without choices carrying it, then [DONE]."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache", **headers})  # fmt: skip
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+    )
     await resp.prepare(request)
 
     async def event(delta: dict[str, str], finish: str | None, **more: Any) -> None:
-        chunk = {"id": ident, "object": "chat.completion.chunk", "created": created,
-                 "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                 **more}  # fmt: skip
+        chunk = {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **more,
+        }
         await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
     await event({"role": "assistant", "content": ""}, None)
@@ -140,8 +179,14 @@ async def stream_chunks(
         await event({"content": text[i : i + 400]}, None)
     await event({}, "stop", switchboard=extra)
     if usage is not None:
-        chunk = {"id": ident, "object": "chat.completion.chunk", "created": created,
-                 "model": model, "choices": [], "usage": usage}  # fmt: skip
+        chunk = {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage,
+        }
         await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()

@@ -23,21 +23,44 @@ MAX_KEY = 255
 
 # the kinds of answer a request can end with, besides a reply: (status, type, code, message)
 DROPPED = {
-    "duplicate": (409, "duplicate_message", "this message_id was already received for this "
-                  "chat; its reply is in the session's history"),
+    "duplicate": (
+        409,
+        "duplicate_message",
+        "this message_id was already received for this chat; its reply is in the session's history",
+    ),
     "unauthorised": (403, "not_allowed", "this user may not use the gateway"),
     "shutting_down": (503, "shutting_down", "the gateway is shutting down"),
-    "not_accepted": (503, "storage_unavailable", "the gateway could not store your message; "
-                     "send it again (with the same Idempotency-Key)"),
-    "unstorable": (400, "unstorable_input", "the message holds a value the store can never "
-                   "keep; nothing was stored, and sending it again cannot help"),
-    "in_flight": (409, "in_flight", "this message id is stored and its turn has not answered "
-                  "yet (it runs, or runs again after a restart); ask again later for its reply"),
-    "answered_elsewhere": (409, "answered_elsewhere", "another replica answered this message "
-                           "and its answer (a command's) is not stored"),
-}  # fmt: skip
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 409: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+    "not_accepted": (
+        503,
+        "storage_unavailable",
+        "the gateway could not store your message; send it again (with the same Idempotency-Key)",
+    ),
+    "unstorable": (
+        400,
+        "unstorable_input",
+        "the message holds a value the store can never "
+        "keep; nothing was stored, and sending it again cannot help",
+    ),
+    "in_flight": (
+        409,
+        "in_flight",
+        "this message id is stored and its turn has not answered "
+        "yet (it runs, or runs again after a restart); ask again later for its reply",
+    ),
+    "answered_elsewhere": (
+        409,
+        "answered_elsewhere",
+        "another replica answered this message and its answer (a command's) is not stored",
+    ),
+}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 # the seconds a 503 asks its sender to wait before delivering again: the store's
@@ -90,8 +113,11 @@ def usage(out: OutboundMessage) -> tuple[dict[str, int], str]:
     u = out.usage
     if u is None:
         return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, "none"
-    counts = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-              "total_tokens": u.prompt_tokens + u.completion_tokens}  # fmt: skip
+    counts = {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    }
     return counts, "estimate" if u.estimated else "agent"
 
 

@@ -502,8 +502,9 @@ class SupervisedStart:
                 else:  # a bug: retrying will not fix it, and the daemon keeps running
                     self.state, self.last_error = failed(type(exc).__name__), _one_line(exc)
                     self.next_attempt_at = None
-                    start_log.exception("%s: the adapter failed to start; it is stopped",
-                                        self.platform)  # fmt: skip
+                    start_log.exception(
+                        "%s: the adapter failed to start; it is stopped", self.platform
+                    )
                 return
             self.state, self.next_attempt_at = None, None
             start_log.info("%s: connected on attempt %d", self.platform, self.attempts)
@@ -515,10 +516,13 @@ class SupervisedStart:
         self.next_attempt_at = time.time() + wait
         start_log.warning(
             "%s: start attempt %d failed, the platform is unreachable: %s; the next attempt "
-            "in about %.0fs (the rest of the gateway runs)", self.platform, self.attempts,
-            self.last_error, wait,
+            "in about %.0fs (the rest of the gateway runs)",
+            self.platform,
+            self.attempts,
+            self.last_error,
+            wait,
             exc_info=exc if start_log.isEnabledFor(logging.DEBUG) else None,
-        )  # fmt: skip
+        )
 
     def _refused(self, exc: BaseException) -> None:
         own = str(self.adapter.health().get("state") or "")
@@ -527,10 +531,12 @@ class SupervisedStart:
         self.last_error, self.next_attempt_at = _one_line(exc), None
         keys = ", ".join(self.credential_keys) or f"platforms.{self.platform}"
         start_log.error(
-            "%s: %s; the %s adapter is stopped (the rest of the gateway runs)", keys,
-            self.last_error, self.platform,
+            "%s: %s; the %s adapter is stopped (the rest of the gateway runs)",
+            keys,
+            self.last_error,
+            self.platform,
             exc_info=exc if start_log.isEnabledFor(logging.DEBUG) else None,
-        )  # fmt: skip
+        )
 
     def health(self) -> dict[str, object]:
         out = dict(self.adapter.health())

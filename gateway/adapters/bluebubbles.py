@@ -134,11 +134,20 @@ def to_inbound(
     except (TypeError, ValueError):
         sent_at = 0.0
     source = SessionSource(
-        "bluebubbles", chat_guid, ChatType.GROUP if group else ChatType.DM, address,
+        "bluebubbles",
+        chat_guid,
+        ChatType.GROUP if group else ChatType.DM,
+        address,
         chat_name=str(chat.get("displayName") or "") or None,
-    )  # fmt: skip
-    return InboundMessage(source, text, platform_message_id=guid, received_at=sent_at,
-                          mentioned=mentioned, reply_to=guid)  # fmt: skip
+    )
+    return InboundMessage(
+        source,
+        text,
+        platform_message_id=guid,
+        received_at=sent_at,
+        mentioned=mentioned,
+        reply_to=guid,
+    )
 
 
 def api_error(status: int, body: Any, retry_after: str | None = None) -> Exception:
@@ -177,24 +186,43 @@ class BlueBubblesAdapter(Typing):
     def secrets_needed(cls, settings: BlueBubblesSettings) -> list[SecretNeed]:
         return [
             SecretNeed("token_env", "BLUEBUBBLES_PASSWORD", "the BlueBubbles server password"),
-            SecretNeed("webhook_secret_env", "BLUEBUBBLES_WEBHOOK_SECRET", "the webhook URL's secret"),
-        ]  # fmt: skip
+            SecretNeed(
+                "webhook_secret_env", "BLUEBUBBLES_WEBHOOK_SECRET", "the webhook URL's secret"
+            ),
+        ]
 
     @classmethod
     def problems(cls, settings: BlueBubblesSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if not api_enabled:
-            out.append(ConfigError("platforms.bluebubbles.enabled",
-                                   "the webhook is served by the api server: enable platforms.api"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.bluebubbles.enabled",
+                    "the webhook is served by the api server: enable platforms.api",
+                )
+            )
         if not settings.url:
-            out.append(ConfigError("platforms.bluebubbles.url",
-                                   "is required (the server's address, e.g. http://mac.local:1234)"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.bluebubbles.url",
+                    "is required (the server's address, e.g. http://mac.local:1234)",
+                )
+            )
         if settings.require_mention and not (settings.bot_name or "").strip():
-            out.append(ConfigError("platforms.bluebubbles.bot_name", "is required for the "
-                                   "mention rule in group chats (or set require_mention: false)"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.bluebubbles.bot_name",
+                    "is required for the "
+                    "mention rule in group chats (or set require_mention: false)",
+                )
+            )
         if settings.method == "private-api" and not settings.private_api:
-            out.append(ConfigError("platforms.bluebubbles.method",
-                                   "private-api needs private_api: true (the server's Private API)"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.bluebubbles.method",
+                    "private-api needs private_api: true (the server's Private API)",
+                )
+            )
         return out
 
     @classmethod
@@ -202,12 +230,15 @@ class BlueBubblesAdapter(Typing):
         cls, settings: BlueBubblesSettings, secrets: Mapping[str, str]
     ) -> BlueBubblesAdapter:
         return cls(
-            str(settings.base_url or settings.url), secrets.get("token_env", ""),
+            str(settings.base_url or settings.url),
+            secrets.get("token_env", ""),
             secrets.get("webhook_secret_env", ""),
-            bot_name=settings.bot_name, require_mention=settings.require_mention,
-            method=settings.method, private_api=settings.private_api,
+            bot_name=settings.bot_name,
+            require_mention=settings.require_mention,
+            method=settings.method,
+            private_api=settings.private_api,
             max_age_s=settings.max_age_seconds,
-        )  # fmt: skip
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook}
@@ -226,8 +257,12 @@ class BlueBubblesAdapter(Typing):
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """iMessage has no threads; a handoff lands in the home chat itself."""
         group = is_group(thread.chat_id)
-        return SessionSource(cls.platform, thread.chat_id, ChatType.GROUP if group else ChatType.DM,
-                             None if group else thread.chat_id.rpartition(";")[2])  # fmt: skip
+        return SessionSource(
+            cls.platform,
+            thread.chat_id,
+            ChatType.GROUP if group else ChatType.DM,
+            None if group else thread.chat_id.rpartition(";")[2],
+        )
 
     def __init__(
         self,
@@ -267,10 +302,14 @@ class BlueBubblesAdapter(Typing):
     async def start(self, emit: Emit) -> None:
         self._emit = emit
         self.account = await start_whoami(
-            self, self._whoami, by="bluebubbles", credential="server password",
-            refused_as="bad password", unreachable=f"could not reach the server at {self._base}",
+            self,
+            self._whoami,
+            by="bluebubbles",
+            credential="server password",
+            refused_as="bad password",
+            unreachable=f"could not reach the server at {self._base}",
             log=log,
-        )  # fmt: skip
+        )
         log.info("bluebubbles webhook at %s for %s", WEBHOOK_PATH, self.account or self._base)
 
     async def stop(self) -> None:
@@ -283,8 +322,12 @@ class BlueBubblesAdapter(Typing):
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "account": self.account, "last_error": self.last_error,
-                "stale_dropped": self.stale_dropped}  # fmt: skip
+        return {
+            "state": self.state,
+            "account": self.account,
+            "last_error": self.last_error,
+            "stale_dropped": self.stale_dropped,
+        }
 
     # --- webhook --------------------------------------------------------------------
 
@@ -311,8 +354,12 @@ class BlueBubblesAdapter(Typing):
         age = time.time() - msg.received_at
         if age > self._max_age:
             self.stale_dropped += 1
-            log.info("dropped stale message %s (%.0fs old, limit %.0fs)",
-                     msg.platform_message_id, age, self._max_age)  # fmt: skip
+            log.info(
+                "dropped stale message %s (%.0fs old, limit %.0fs)",
+                msg.platform_message_id,
+                age,
+                self._max_age,
+            )
             return web.Response(text="stale")
         if not await committed(emit, [msg]):
             return REPLIES.again()
@@ -357,17 +404,24 @@ class BlueBubblesAdapter(Typing):
         for part in split_message(plain_text(msg.text), LIMIT):
             # one tempGuid per part, kept across retries: the server refuses a tempGuid it
             # is still sending, so a retry after a timed-out attempt is not sent twice
-            body = {"chatGuid": msg.chat_id, "message": part, "method": self._method,
-                    "tempGuid": f"switchboard-{uuid.uuid4()}"}  # fmt: skip
+            body = {
+                "chatGuid": msg.chat_id,
+                "message": part,
+                "method": self._method,
+                "tempGuid": f"switchboard-{uuid.uuid4()}",
+            }
             try:
                 data = await call_with_retry(
                     partial(self._call, "POST", "message/text", body),
-                    backoff=self._backoff, log=log,
-                )  # fmt: skip
+                    backoff=self._backoff,
+                    log=log,
+                )
             except InvalidToken as exc:
                 self.last_error = "bad password"
-                log.error("bluebubbles refused the server password; replies fail until it is "
-                          "fixed (%s)", exc)  # fmt: skip
+                log.error(
+                    "bluebubbles refused the server password; replies fail until it is fixed (%s)",
+                    exc,
+                )
                 raise
             except AdapterError as exc:
                 if not already_queued(exc):

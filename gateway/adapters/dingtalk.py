@@ -82,10 +82,17 @@ def to_inbound(data: Mapping[str, Any], require_mention: bool = True) -> Inbound
             bot = data.get("chatbotUserId")
             at = [u.get("dingtalkId") for u in data.get("atUsers") or [] if isinstance(u, dict)]
             addressed = bool(data.get("isInAtList")) or (bot in at) or not require_mention
-            source = SessionSource(PLATFORM, str(data["conversationId"]), ChatType.GROUP, user,
-                                   name, title)  # fmt: skip
-        return InboundMessage(source=source, text=text, platform_message_id=msg_id,
-                              received_at=received, mentioned=addressed, reply_to=msg_id)  # fmt: skip
+            source = SessionSource(
+                PLATFORM, str(data["conversationId"]), ChatType.GROUP, user, name, title
+            )
+        return InboundMessage(
+            source=source,
+            text=text,
+            platform_message_id=msg_id,
+            received_at=received,
+            mentioned=addressed,
+            reply_to=msg_id,
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         log.info("ignored a malformed DingTalk robot message: %.200r", data)
         return None
@@ -129,15 +136,23 @@ class DingTalkAdapter:
     @classmethod
     def problems(cls, settings: DingTalkSettings, api_enabled: bool) -> list[ConfigError]:
         if find_spec("dingtalk_stream") is None:
-            return [ConfigError("platforms.dingtalk",
-                                "needs the dingtalk-stream package: pip install 'switchboard[dingtalk]'")]  # fmt: skip
+            return [
+                ConfigError(
+                    "platforms.dingtalk",
+                    "needs the dingtalk-stream package: pip install 'switchboard[dingtalk]'",
+                )
+            ]
         return []
 
     @classmethod
     def from_config(cls, settings: DingTalkSettings, secrets: Mapping[str, str]) -> DingTalkAdapter:
-        return cls(secrets.get("client_id_env", ""), secrets.get("token_env", ""),
-                   robot_code=settings.robot_code, base_url=settings.base_url,
-                   require_mention=settings.require_mention)  # fmt: skip
+        return cls(
+            secrets.get("client_id_env", ""),
+            secrets.get("token_env", ""),
+            robot_code=settings.robot_code,
+            base_url=settings.base_url,
+            require_mention=settings.require_mention,
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {}
@@ -173,10 +188,16 @@ class DingTalkAdapter:
     # --- one running bot --------------------------------------------------------------
 
     def __init__(
-        self, client_id: str, client_secret: str, *, robot_code: str | None = None,
-        base_url: str | None = None, require_mention: bool = True,
-        backoff: Backoff = DEFAULT_BACKOFF, clock: Callable[[], float] = time.time,
-    ) -> None:  # fmt: skip
+        self,
+        client_id: str,
+        client_secret: str,
+        *,
+        robot_code: str | None = None,
+        base_url: str | None = None,
+        require_mention: bool = True,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.api = DingTalkApi(client_id, client_secret, base_url, clock)
         self._secret = client_secret
         self.robot_code = robot_code or client_id
@@ -242,8 +263,9 @@ class DingTalkAdapter:
         attempt = 0
         while True:
             try:
-                url = await call_with_retry(lambda: self.api.open_connection([TOPIC]),
-                                            backoff=self._backoff, log=log)  # fmt: skip
+                url = await call_with_retry(
+                    lambda: self.api.open_connection([TOPIC]), backoff=self._backoff, log=log
+                )
                 async with websockets.connect(url, open_timeout=15) as ws:
                     client.websocket, attempt = ws, 0
                     self.connections += 1
@@ -309,8 +331,11 @@ class DingTalkAdapter:
         ids = []
         for part in split_message(msg.text, LIMIT):
             try:
-                sent = await call_with_retry(lambda p=part: self._send_one(msg, p),  # type: ignore[misc]
-                                             backoff=self._backoff, log=log)  # fmt: skip
+                sent = await call_with_retry(
+                    lambda p=part: self._send_one(msg, p),  # type: ignore[misc]
+                    backoff=self._backoff,
+                    log=log,
+                )
             except AdapterError as exc:
                 self.last_error = str(exc)
                 raise

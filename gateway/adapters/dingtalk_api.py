@@ -44,9 +44,12 @@ class DingTalkApi:
     five minutes before DingTalk says it expires."""
 
     def __init__(
-        self, client_id: str, client_secret: str, base_url: str | None = None,
+        self,
+        client_id: str,
+        client_secret: str,
+        base_url: str | None = None,
         clock: Callable[[], float] = time.time,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.client_id, self._secret = client_id, client_secret
         self.base = (base_url or DEFAULT_API).rstrip("/")
         self._clock = clock
@@ -93,8 +96,13 @@ class DingTalkApi:
 
     async def open_connection(self, topics: list[str]) -> str:
         """The stream's websocket URL with its one-time ticket."""
-        body = {"clientId": self.client_id, "clientSecret": self._secret, "ua": "switchboard",
-                "localIp": "", "subscriptions": [{"type": "CALLBACK", "topic": t} for t in topics]}  # fmt: skip
+        body = {
+            "clientId": self.client_id,
+            "clientSecret": self._secret,
+            "ua": "switchboard",
+            "localIp": "",
+            "subscriptions": [{"type": "CALLBACK", "topic": t} for t in topics],
+        }
         status, data, resp = await self._call(self.base + OPEN_PATH, body)
         if _throttled(status, data):
             raise RetryAfter(_retry_after(resp))

@@ -106,12 +106,15 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     @classmethod
     def from_config(cls, settings: DiscordSettings, secrets: Mapping[str, str]) -> DiscordAdapter:
         return cls(
-            secrets.get("token_env", ""), require_mention=settings.require_mention,
+            secrets.get("token_env", ""),
+            require_mention=settings.require_mention,
             free_channels=frozenset(str(c) for c in settings.free_response_channels),
-            api_base=settings.base_url, gateway_url=settings.gateway_url,
-            catch_up_messages=settings.catch_up_messages, catch_up_hours=settings.catch_up_hours,
+            api_base=settings.base_url,
+            gateway_url=settings.gateway_url,
+            catch_up_messages=settings.catch_up_messages,
+            catch_up_hours=settings.catch_up_hours,
             shard_count=settings.shard_count,
-        )  # fmt: skip
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {}  # events arrive over the gateway websocket
@@ -175,9 +178,13 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     ) -> None:
         self._token = token
         self._shards = Shards(
-            shard_count, new_client=self._new_client, login=self._login, connect=self._connect,
-            note=self._note, stopping=lambda: self._stopping,
-        )  # fmt: skip
+            shard_count,
+            new_client=self._new_client,
+            login=self._login,
+            connect=self._connect,
+            note=self._note,
+            stopping=lambda: self._stopping,
+        )
         self._catch_up_messages = catch_up_messages
         self._catch_up_s = catch_up_hours * 3600
         self._positions = Positions(None)
@@ -227,14 +234,18 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
         intents = discord.Intents.default()
         intents.message_content = True
         client = discord.Client(
-            intents=intents, guild_ready_timeout=self._ready_timeout,
-            allowed_mentions=discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=False),
-            shard_id=shard, shard_count=None if shard is None else self._shards.count,
+            intents=intents,
+            guild_ready_timeout=self._ready_timeout,
+            allowed_mentions=discord.AllowedMentions(
+                everyone=False, roles=False, users=True, replied_user=False
+            ),
+            shard_id=shard,
+            shard_count=None if shard is None else self._shards.count,
             # a reply that set out late stops before its REST request is written (SetOutLate,
             # passed through untouched); the gateway websocket shares this session but runs
             # in the client's own tasks, where SEND_BY is not set
             http_trace=send_by_trace(),
-        )  # fmt: skip
+        )
         if gate is None:
             client.event(self.on_message)
             client.event(self.on_ready)
@@ -281,8 +292,11 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
             async with asyncio.timeout(30):
                 await client.wait_until_ready()
         self.state = AdapterState.RUNNING
-        log.info("discord connected as %s (shards here: %s)", client.user,
-                 sorted(self._shards.running) if self.sharded else "all")  # fmt: skip
+        log.info(
+            "discord connected as %s (shards here: %s)",
+            client.user,
+            sorted(self._shards.running) if self.sharded else "all",
+        )
 
     def _cached(self, channel_id: int) -> Any:
         """A channel from the cache of whichever connection has it (None when none has)."""
@@ -360,8 +374,13 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
             # the most recently active channels first
             for channel, last in sorted(positions.items(), key=lambda p: -p[1]):
                 try:
-                    async for message in missed(self._reader(channel), channel, last,
-                                                limit=self._catch_up_messages, horizon_s=self._catch_up_s):  # fmt: skip
+                    async for message in missed(
+                        self._reader(channel),
+                        channel,
+                        last,
+                        limit=self._catch_up_messages,
+                        horizon_s=self._catch_up_s,
+                    ):
                         if await self._take(message):
                             self.caught_up += 1
                 except discord.HTTPException as exc:
@@ -396,13 +415,16 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        ready = [c for c in [self._client, *self._shards.clients()]
-                 if c is not None and c.is_ready()]  # fmt: skip
+        ready = [
+            c for c in [self._client, *self._shards.clients()] if c is not None and c.is_ready()
+        ]
         found: dict[str, object] = {
-            "state": self.state, "last_error": self.last_error, "typing_in": sorted(self._typing),
+            "state": self.state,
+            "last_error": self.last_error,
+            "typing_in": sorted(self._typing),
             "caught_up": self.caught_up,
             "latency_ms": round(ready[0].latency * 1000, 1) if ready else None,
-        }  # fmt: skip
+        }
         if self.sharded:
             found["shards"] = self._shards.health()
         return found
@@ -459,13 +481,19 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
                 return True
             except NotAccepted as exc:
                 if self._stopping:
-                    log.warning("discord message %s not taken before stop (%s); a restart "
-                                "catches it up", msg.platform_message_id, exc)  # fmt: skip
+                    log.warning(
+                        "discord message %s not taken before stop (%s); a restart catches it up",
+                        msg.platform_message_id,
+                        exc,
+                    )
                     return False
                 attempt += 1
                 self.last_error = f"NotAccepted: {exc}"
-                log.warning("discord message %s not accepted, offering it again: %s",
-                            msg.platform_message_id, exc)  # fmt: skip
+                log.warning(
+                    "discord message %s not accepted, offering it again: %s",
+                    msg.platform_message_id,
+                    exc,
+                )
                 await asyncio.sleep(self._backoff.delay(attempt))
 
     # Typing shows only for a turn the router runs (not for a duplicate or a refused user),

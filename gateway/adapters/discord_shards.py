@@ -88,9 +88,14 @@ class Shards:
             owned, give = claim.owned, claim.give
         for shard, run in list(self.running.items()):
             if owned.get(shard) != run.epoch:
-                log.warning("discord shard %d/%d is no longer ours (epoch %d, now %s); "
-                            "closing its connection", shard, self.count, run.epoch,
-                            owned.get(shard))  # fmt: skip
+                log.warning(
+                    "discord shard %d/%d is no longer ours (epoch %d, now %s); "
+                    "closing its connection",
+                    shard,
+                    self.count,
+                    run.epoch,
+                    owned.get(shard),
+                )
                 await self._close(shard)
             elif run.task.done():  # its connection gave up (logged): connect it again
                 await self._close(shard)
@@ -114,8 +119,9 @@ class Shards:
         for shard in epochs:
             await self._close(shard)
         await self.ledger.release(self.count, epochs)
-        log.info("discord shard(s) %s/%d handed over to a replica with fewer",
-                 sorted(epochs), self.count)  # fmt: skip
+        log.info(
+            "discord shard(s) %s/%d handed over to a replica with fewer", sorted(epochs), self.count
+        )
 
     async def _open(self, shard: int, epoch: int) -> None:
         client = self._new_client(shard, asyncio.Event())

@@ -31,14 +31,19 @@ def fields_of(message: Any, bot_id: int | None) -> dict[str, Any]:
     if kind == "text" and not isinstance(channel, discord.TextChannel):
         kind = "other"
     return {
-        "id": message.id, "content": message.content, "author_id": message.author.id,
-        "author_name": getattr(message.author, "display_name", None), "author_bot": message.author.bot,
-        "kind": kind, "channel_id": channel.id, "channel_name": getattr(getattr(channel, "parent", None) or channel, "name", None),
+        "id": message.id,
+        "content": message.content,
+        "author_id": message.author.id,
+        "author_name": getattr(message.author, "display_name", None),
+        "author_bot": message.author.bot,
+        "kind": kind,
+        "channel_id": channel.id,
+        "channel_name": getattr(getattr(channel, "parent", None) or channel, "name", None),
         "guild_name": getattr(message.guild, "name", None),
         "parent_id": getattr(channel, "parent_id", None),
         "mentions_bot": bot_id is not None and any(u.id == bot_id for u in message.mentions),
         "thread_owner_is_bot": kind == "thread" and getattr(channel, "owner_id", None) == bot_id,
-    }  # fmt: skip
+    }
 
 
 def to_inbound(
@@ -63,22 +68,43 @@ def to_inbound(
             source = SessionSource("discord", channel, ChatType.DM, user, name)
             addressed = True
         elif kind == "thread":
-            source = SessionSource("discord", channel, ChatType.THREAD, user, name,
-                                   f"{fields.get('guild_name')} / #{fields.get('channel_name')}", channel)  # fmt: skip
+            source = SessionSource(
+                "discord",
+                channel,
+                ChatType.THREAD,
+                user,
+                name,
+                f"{fields.get('guild_name')} / #{fields.get('channel_name')}",
+                channel,
+            )
             addressed = (
-                bool(fields.get("mentions_bot")) or channel in (active_threads or set())
-                or not require_mention or str(fields.get("parent_id")) in free_channels
-            )  # fmt: skip
+                bool(fields.get("mentions_bot"))
+                or channel in (active_threads or set())
+                or not require_mention
+                or str(fields.get("parent_id")) in free_channels
+            )
         elif kind == "text":
-            source = SessionSource("discord", channel, ChatType.GROUP, user, name,
-                                   f"{fields.get('guild_name')} / #{fields.get('channel_name')}")  # fmt: skip
+            source = SessionSource(
+                "discord",
+                channel,
+                ChatType.GROUP,
+                user,
+                name,
+                f"{fields.get('guild_name')} / #{fields.get('channel_name')}",
+            )
             addressed = (
                 bool(fields.get("mentions_bot")) or not require_mention or channel in free_channels
             )
         else:
             return None
-        return InboundMessage(source=source, text=text, platform_message_id=str(fields["id"]),
-                              received_at=time.time(), mentioned=addressed, reply_to=str(fields["id"]))  # fmt: skip
+        return InboundMessage(
+            source=source,
+            text=text,
+            platform_message_id=str(fields["id"]),
+            received_at=time.time(),
+            mentioned=addressed,
+            reply_to=str(fields["id"]),
+        )
     except (KeyError, TypeError, ValueError):
         log.info("ignored a malformed Discord message: %.200r", dict(fields))
         return None

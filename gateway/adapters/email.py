@@ -85,9 +85,14 @@ class SmtpAccount:
 
 
 def to_inbound(
-    mail: Mail, our_address: str, *, fallback_id: str, require_mention: bool = False,
-    spelling: Mapping[str, str] | None = None, now: float = 0.0,
-) -> InboundMessage | None:  # fmt: skip
+    mail: Mail,
+    our_address: str,
+    *,
+    fallback_id: str,
+    require_mention: bool = False,
+    spelling: Mapping[str, str] | None = None,
+    now: float = 0.0,
+) -> InboundMessage | None:
     """A parsed mail as an InboundMessage, or None when it gets no answer. `spelling` maps
     a lower-case address to how allowed_users/admins write it (the core compares ids
     exactly; addresses are case-insensitive)."""
@@ -101,15 +106,21 @@ def to_inbound(
     root = mail.root
     thread = root if root and is_our_thread(root, ours) else None
     source = SessionSource(
-        platform="email", chat_id=mail.sender, chat_type=ChatType.THREAD if thread else ChatType.DM,
-        user_id=(spelling or {}).get(mail.sender, mail.sender), user_name=mail.sender_name,
+        platform="email",
+        chat_id=mail.sender,
+        chat_type=ChatType.THREAD if thread else ChatType.DM,
+        user_id=(spelling or {}).get(mail.sender, mail.sender),
+        user_name=mail.sender_name,
         thread_id=thread,
-    )  # fmt: skip
+    )
     return InboundMessage(
-        source=source, text=text, platform_message_id=mail.message_id or fallback_id,
-        received_at=received_at(mail, now), reply_to=mail.message_id or fallback_id,
+        source=source,
+        text=text,
+        platform_message_id=mail.message_id or fallback_id,
+        received_at=received_at(mail, now),
+        reply_to=mail.message_id or fallback_id,
         mentioned=not require_mention or ours in mail.to or ours in mail.cc,
-    )  # fmt: skip
+    )
 
 
 def is_our_thread(message_id: str, our_address: str) -> bool:
@@ -141,33 +152,55 @@ class EmailAdapter(UsesCursors, UsesShards):
         out, key = [], "platforms.email."
         for lib in ("aioimaplib", "aiosmtplib"):
             if importlib.util.find_spec(lib) is None:
-                out.append(ConfigError("platforms.email", f"needs the {lib} package: pip install 'switchboard[email]'"))  # fmt: skip
+                out.append(
+                    ConfigError(
+                        "platforms.email",
+                        f"needs the {lib} package: pip install 'switchboard[email]'",
+                    )
+                )
         for name in ("address", "imap_host", "smtp_host"):
             if not getattr(settings, name):
                 out.append(ConfigError(key + name, "is required when email is enabled"))
         for name, host in (("imap_tls", settings.imap_host), ("smtp_tls", settings.smtp_host)):
             if getattr(settings, name) == "plain" and host and host not in LOOPBACK:
-                out.append(ConfigError(key + name, f"plain (no TLS) is allowed only for a loopback host, not {host}"))  # fmt: skip
+                out.append(
+                    ConfigError(
+                        key + name,
+                        f"plain (no TLS) is allowed only for a loopback host, not {host}",
+                    )
+                )
         if settings.base_url is not None:
-            out.append(ConfigError(key + "base_url", "is not used by email (set imap_host and smtp_host)"))  # fmt: skip
+            out.append(
+                ConfigError(key + "base_url", "is not used by email (set imap_host and smtp_host)")
+            )
         for name in ("allowed_users", "admins"):
             for entry in getattr(settings, name):
                 if _address(entry) or "*" in str(entry):
-                    out.append(ConfigError(key + name, f"must list whole email addresses (got {entry!r})"))  # fmt: skip
+                    out.append(
+                        ConfigError(key + name, f"must list whole email addresses (got {entry!r})")
+                    )
         return out
 
     @classmethod
     def from_config(cls, settings: EmailSettings, secrets: Mapping[str, str]) -> EmailAdapter:
         imap, smtp = _accounts(settings, secrets)
         allowed = None if settings.allow_all_users else (*settings.allowed_users, *settings.admins)
-        return cls(str(settings.address), imap, smtp, poll_s=settings.poll_seconds,
-                   require_mention=settings.require_mention, allowed=allowed)  # fmt: skip
+        return cls(
+            str(settings.address),
+            imap,
+            smtp,
+            poll_s=settings.poll_seconds,
+            require_mention=settings.require_mention,
+            allowed=allowed,
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {}
 
     @classmethod
-    async def check_credentials(cls, settings: EmailSettings, secrets: Mapping[str, str]) -> tuple[bool, str]:  # fmt: skip
+    async def check_credentials(
+        cls, settings: EmailSettings, secrets: Mapping[str, str]
+    ) -> tuple[bool, str]:
         from gateway.adapters.email_imap import Connection
 
         imap, smtp = _accounts(settings, secrets)
@@ -193,16 +226,27 @@ class EmailAdapter(UsesCursors, UsesShards):
     @classmethod
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """A thread is the Message-ID of the mail create_thread sent to an address."""
-        return SessionSource(cls.platform, thread.chat_id, ChatType.THREAD, user_id=thread.chat_id,
-                             thread_id=thread.thread_id)  # fmt: skip
+        return SessionSource(
+            cls.platform,
+            thread.chat_id,
+            ChatType.THREAD,
+            user_id=thread.chat_id,
+            thread_id=thread.thread_id,
+        )
 
     # --- one running mailbox ---------------------------------------------------------
 
     def __init__(
-        self, address: str, imap: ImapAccount, smtp: SmtpAccount, *, poll_s: float = 60.0,
-        require_mention: bool = False, allowed: tuple[str | int, ...] | None = None,
+        self,
+        address: str,
+        imap: ImapAccount,
+        smtp: SmtpAccount,
+        *,
+        poll_s: float = 60.0,
+        require_mention: bool = False,
+        allowed: tuple[str | int, ...] | None = None,
         backoff: Backoff = DEFAULT_BACKOFF,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.address = address.strip()
         self.smtp = smtp
         self._require_mention = require_mention
@@ -238,8 +282,11 @@ class EmailAdapter(UsesCursors, UsesShards):
         except (TransientError, AdapterError) as exc:
             log.warning("email: SMTP not reachable yet (%s); replies will retry", exc)
         self.state = AdapterState.RUNNING
-        log.info("email as %s (%s)", self.address,
-                 self.watcher.mode if self._receiver.receiving else "sending only")  # fmt: skip
+        log.info(
+            "email as %s (%s)",
+            self.address,
+            self.watcher.mode if self._receiver.receiving else "sending only",
+        )
 
     async def _watch(self) -> None:
         """Connect and follow the folder from the stored place: after a takeover, the UID
@@ -276,8 +323,13 @@ class EmailAdapter(UsesCursors, UsesShards):
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "address": self.address, "imap": self.watcher.mode,
-                "last_error": self.watcher.last_error, **self._receiver.health()}  # fmt: skip
+        return {
+            "state": self.state,
+            "address": self.address,
+            "imap": self.watcher.mode,
+            "last_error": self.watcher.last_error,
+            **self._receiver.health(),
+        }
 
     # --- inbound ------------------------------------------------------------------------
 
@@ -292,13 +344,23 @@ class EmailAdapter(UsesCursors, UsesShards):
             log.info("email from %s ignored: not in allowed_users", mail.sender)
             return
         fallback = f"<uid.{self.watcher.conn.uidvalidity if self.watcher.conn else 0}.{uid}@imap>"
-        msg = to_inbound(mail, self.address, fallback_id=fallback, spelling=self._spelling,
-                         require_mention=self._require_mention, now=time.time())  # fmt: skip
+        msg = to_inbound(
+            mail,
+            self.address,
+            fallback_id=fallback,
+            spelling=self._spelling,
+            require_mention=self._require_mention,
+            now=time.time(),
+        )
         if msg is None or self._emit is None:
             return
         sender = formataddr((mail.sender_name, mail.sender)) if mail.sender_name else mail.sender
-        self._remember(str(msg.reply_to), Original(str(msg.reply_to), mail.subject, mail.date, sender,
-                                                   mail.text, mail.references))  # fmt: skip
+        self._remember(
+            str(msg.reply_to),
+            Original(
+                str(msg.reply_to), mail.subject, mail.date, sender, mail.text, mail.references
+            ),
+        )
         self._last[(msg.source.chat_id, msg.source.thread_id)] = str(msg.reply_to)
         await self._emit(msg)  # NotAccepted propagates: the watcher keeps its place
 
@@ -322,8 +384,14 @@ class EmailAdapter(UsesCursors, UsesShards):
         )
         root = msg.thread_id if original is None else None
         subject = f"Re: {self._subjects[root]}" if root in self._subjects else FRESH_SUBJECT
-        mail = compose(sender=self.address, to=msg.chat_id, text=text, subject=subject,
-                       original=original, thread_root=root)  # fmt: skip
+        mail = compose(
+            sender=self.address,
+            to=msg.chat_id,
+            text=text,
+            subject=subject,
+            original=original,
+            thread_root=root,
+        )
         await self._deliver(mail, msg.chat_id)
         return SentRef(self.platform, msg.chat_id, (str(mail["Message-ID"]),))
 
@@ -332,16 +400,24 @@ class EmailAdapter(UsesCursors, UsesShards):
         domain = self.address.rpartition("@")[2]
         root = f"<{THREAD_MARK}{uuid.uuid4().hex}@{domain}>"
         subject = " ".join(name.split())[:200] or "A conversation"
-        mail = compose(sender=self.address, to=chat_id, subject=subject, message_id=root,
-                       text=f"{subject}\n\nReply to this mail to continue the conversation here.")  # fmt: skip
+        mail = compose(
+            sender=self.address,
+            to=chat_id,
+            subject=subject,
+            message_id=root,
+            text=f"{subject}\n\nReply to this mail to continue the conversation here.",
+        )
         await self._deliver(mail, chat_id)
         self._subjects[root] = subject
         return ThreadRef(self.platform, chat_id, root, subject)
 
     async def _deliver(self, mail: Any, to: str) -> None:
         try:
-            await call_with_retry(lambda: _smtp_send(self.smtp, mail, self.address, to),
-                                  backoff=self._backoff, log=log)  # fmt: skip
+            await call_with_retry(
+                lambda: _smtp_send(self.smtp, mail, self.address, to),
+                backoff=self._backoff,
+                log=log,
+            )
         except InvalidToken as exc:
             self._refused(str(exc))
             if self._task is not None:
@@ -349,23 +425,40 @@ class EmailAdapter(UsesCursors, UsesShards):
             raise
 
 
-def _accounts(settings: EmailSettings, secrets: Mapping[str, str]) -> tuple[ImapAccount, SmtpAccount]:  # fmt: skip
+def _accounts(
+    settings: EmailSettings, secrets: Mapping[str, str]
+) -> tuple[ImapAccount, SmtpAccount]:
     address = str(settings.address or "")
     password = secrets.get("token_env", "")
     imap_user = settings.imap_user or address
-    imap = ImapAccount(str(settings.imap_host), settings.imap_port or IMAP_PORTS[settings.imap_tls],
-                       settings.imap_tls, imap_user, password, settings.folder)  # fmt: skip
-    smtp = SmtpAccount(str(settings.smtp_host), settings.smtp_port or SMTP_PORTS[settings.smtp_tls],
-                       settings.smtp_tls, settings.smtp_user or imap_user,
-                       secrets.get("smtp_password_env") or password)  # fmt: skip
+    imap = ImapAccount(
+        str(settings.imap_host),
+        settings.imap_port or IMAP_PORTS[settings.imap_tls],
+        settings.imap_tls,
+        imap_user,
+        password,
+        settings.folder,
+    )
+    smtp = SmtpAccount(
+        str(settings.smtp_host),
+        settings.smtp_port or SMTP_PORTS[settings.smtp_tls],
+        settings.smtp_tls,
+        settings.smtp_user or imap_user,
+        secrets.get("smtp_password_env") or password,
+    )
     return imap, smtp
 
 
 def _smtp_client(a: SmtpAccount) -> Any:
     import aiosmtplib
 
-    return aiosmtplib.SMTP(hostname=a.host, port=a.port, use_tls=a.tls == "tls",
-                           start_tls=a.tls == "starttls", timeout=a.timeout_s)  # fmt: skip
+    return aiosmtplib.SMTP(
+        hostname=a.host,
+        port=a.port,
+        use_tls=a.tls == "tls",
+        start_tls=a.tls == "starttls",
+        timeout=a.timeout_s,
+    )
 
 
 async def _smtp_login(a: SmtpAccount) -> None:

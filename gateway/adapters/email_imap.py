@@ -61,9 +61,12 @@ class Connection:
         context = ssl.create_default_context() if a.tls == "tls" else None
         try:
             self.client = aioimaplib.IMAP4(
-                host=a.host, port=a.port, timeout=a.timeout_s, ssl_context=context,
+                host=a.host,
+                port=a.port,
+                timeout=a.timeout_s,
+                ssl_context=context,
                 conn_lost_cb=lambda _exc: self.lost.set(),
-            )  # fmt: skip
+            )
             await self.client.wait_hello_from_server()
             login = await self.client.login(a.user, a.password)
         except (OSError, TimeoutError, aioimaplib.AioImapException) as exc:
@@ -188,8 +191,14 @@ def _today() -> str:
 class Watcher:
     """Keeps one connection open and hands every new UID to `handle`, in order."""
 
-    def __init__(self, account: ImapAccount, handle: Handler, *, poll_s: float,
-                 backoff: Backoff = DEFAULT_BACKOFF) -> None:  # fmt: skip
+    def __init__(
+        self,
+        account: ImapAccount,
+        handle: Handler,
+        *,
+        poll_s: float,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
         self.account = account
         self.handle = handle
         self.poll_s = poll_s
@@ -252,9 +261,14 @@ class Watcher:
         assert self.place is not None
         if self.place.uidvalidity != conn.uidvalidity:
             since = datetime.fromisoformat(self.place.day) - timedelta(days=1)
-            log.warning("email: UIDVALIDITY of %s changed (%d -> %d); re-reading mail since %s, "
-                        "answered mail is recognised by Message-ID", self.account.folder,
-                        self.place.uidvalidity, conn.uidvalidity, since.date())  # fmt: skip
+            log.warning(
+                "email: UIDVALIDITY of %s changed (%d -> %d); re-reading mail since %s, "
+                "answered mail is recognised by Message-ID",
+                self.account.folder,
+                self.place.uidvalidity,
+                conn.uidvalidity,
+                since.date(),
+            )
             imap_day = f"{since.day}-{MONTHS[since.month - 1]}-{since.year}"
             again = await conn.search("SINCE", imap_day)
             for uid in again:

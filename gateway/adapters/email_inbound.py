@@ -75,13 +75,18 @@ def parse_mail(raw: bytes, our_address: str) -> Mail:
     ids = MSGID.findall(str(msg.get("Message-ID", "")))
     reply_ids = MSGID.findall(str(msg.get("In-Reply-To", "")))
     return Mail(
-        message_id=ids[0] if ids else None, sender=sender, sender_name=name or None,
-        to=_addresses(msg, "To"), cc=_addresses(msg, "Cc"),
-        subject=" ".join(str(msg.get("Subject", "")).split()), date=str(msg.get("Date", "")).strip(),
+        message_id=ids[0] if ids else None,
+        sender=sender,
+        sender_name=name or None,
+        to=_addresses(msg, "To"),
+        cc=_addresses(msg, "Cc"),
+        subject=" ".join(str(msg.get("Subject", "")).split()),
+        date=str(msg.get("Date", "")).strip(),
         in_reply_to=reply_ids[0] if reply_ids else None,
         references=tuple(MSGID.findall(str(msg.get("References", "")))),
-        text=clean_text(body_text(msg)), skip=skip_reason(msg, sender, our_address),
-    )  # fmt: skip
+        text=clean_text(body_text(msg)),
+        skip=skip_reason(msg, sender, our_address),
+    )
 
 
 def _addresses(msg: EmailMessage, header: str) -> tuple[str, ...]:
@@ -144,8 +149,9 @@ class _TextOf(HTMLParser):
         found = dict(attrs)
         classes = found.get("class") or ""
         quoted = any(c in classes for c in self.QUOTE_CLASSES) or found.get("id") in (
-            "divRplyFwdMsg", "appendonsend",
-        )  # fmt: skip
+            "divRplyFwdMsg",
+            "appendonsend",
+        )
         if self.hidden or tag in self.HIDDEN or quoted:
             if tag not in ("br", "img", "hr", "meta", "link", "input"):
                 self.hidden.append(tag)

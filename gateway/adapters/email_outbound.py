@@ -96,10 +96,14 @@ def compose(
     msg.set_content(plain)
     markup = markdown_to_html(body)
     if quoted:
-        inner = "<br>\n".join(html.escape(line[2:] if line.startswith("> ") else line.lstrip(">"))
-                              for line in quoted.split("\n")[1:])  # fmt: skip
-        markup += (f"\n<p>{html.escape(quoted.split(chr(10))[0])}</p>\n"
-                   f'<blockquote type="cite">{inner}</blockquote>')  # fmt: skip
+        inner = "<br>\n".join(
+            html.escape(line[2:] if line.startswith("> ") else line.lstrip(">"))
+            for line in quoted.split("\n")[1:]
+        )
+        markup += (
+            f"\n<p>{html.escape(quoted.split(chr(10))[0])}</p>\n"
+            f'<blockquote type="cite">{inner}</blockquote>'
+        )
     msg.add_alternative(
         f"<!DOCTYPE html>\n<html><body>\n{markup}\n</body></html>\n", subtype="html"
     )

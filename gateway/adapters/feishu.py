@@ -65,7 +65,9 @@ SEEN = 10_000
 class FeishuSettings(PlatformSettings):
     app_id_env: str | None = setting(None, env_name, "Feishu App ID env var")
     encrypt_key_env: str | None = setting(None, env_name, "Feishu Encrypt Key env var")
-    verification_token_env: str | None = setting(None, env_name, "Feishu Verification Token env var")  # fmt: skip
+    verification_token_env: str | None = setting(
+        None, env_name, "Feishu Verification Token env var"
+    )
 
 
 def _is_origin(url: str) -> bool:
@@ -109,14 +111,26 @@ class FeishuAdapter:
     def problems(cls, settings: FeishuSettings, api_enabled: bool) -> list[ConfigError]:
         found = []
         if find_spec("lark_oapi") is None:
-            found.append(ConfigError("platforms.feishu",
-                                     "needs the lark-oapi package: pip install 'switchboard[feishu]'"))  # fmt: skip
+            found.append(
+                ConfigError(
+                    "platforms.feishu",
+                    "needs the lark-oapi package: pip install 'switchboard[feishu]'",
+                )
+            )
         if settings.base_url and not _is_origin(settings.base_url):
-            found.append(ConfigError("platforms.feishu.base_url",
-                                     f"must be an https origin such as {LARK_DOMAIN} (got {settings.base_url!r})"))  # fmt: skip
+            found.append(
+                ConfigError(
+                    "platforms.feishu.base_url",
+                    f"must be an https origin such as {LARK_DOMAIN} (got {settings.base_url!r})",
+                )
+            )
         if not api_enabled:
-            found.append(ConfigError("platforms.feishu.enabled",
-                                     "Feishu events are served by the api server: enable platforms.api"))  # fmt: skip
+            found.append(
+                ConfigError(
+                    "platforms.feishu.enabled",
+                    "Feishu events are served by the api server: enable platforms.api",
+                )
+            )
         return found
 
     @classmethod
@@ -137,8 +151,14 @@ class FeishuAdapter:
     async def check_credentials(
         cls, settings: FeishuSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:
-        adapter = cls(secrets.get("app_id_env", ""), secrets.get("token_env", ""), "", "",
-                      domain=settings.base_url, attempts=1)  # fmt: skip
+        adapter = cls(
+            secrets.get("app_id_env", ""),
+            secrets.get("token_env", ""),
+            "",
+            "",
+            domain=settings.base_url,
+            attempts=1,
+        )
         try:
             bot = await adapter._bot_info()
         except TransientError as exc:
@@ -162,10 +182,18 @@ class FeishuAdapter:
     # --- one running bot --------------------------------------------------------------
 
     def __init__(
-        self, app_id: str, app_secret: str, encrypt_key: str, verification_token: str, *,
-        domain: str | None = None, require_mention: bool = True, backoff: Backoff = DEFAULT_BACKOFF,
-        clock: Callable[[], float] = time.time, attempts: int = 6,
-    ) -> None:  # fmt: skip
+        self,
+        app_id: str,
+        app_secret: str,
+        encrypt_key: str,
+        verification_token: str,
+        *,
+        domain: str | None = None,
+        require_mention: bool = True,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        clock: Callable[[], float] = time.time,
+        attempts: int = 6,
+    ) -> None:
         self._attempts = attempts
         self._app_id, self._secret = app_id, app_secret
         self._encrypt_key, self._verification_token = encrypt_key, verification_token
@@ -206,8 +234,13 @@ class FeishuAdapter:
 
         body = await request.read()
         try:
-            opened = open_request(request.headers, body, encrypt_key=self._encrypt_key,
-                                  verification_token=self._verification_token, now=self._clock())  # fmt: skip
+            opened = open_request(
+                request.headers,
+                body,
+                encrypt_key=self._encrypt_key,
+                verification_token=self._verification_token,
+                now=self._clock(),
+            )
         except Refused as exc:
             log.warning("refused a Feishu event request: %s", exc)
             return web.json_response({"msg": str(exc)}, status=exc.status)
@@ -240,9 +273,16 @@ class FeishuAdapter:
         if self._client is None:
             # importing lark_oapi takes seconds (it loads every API): not on the event loop
             lark = await asyncio.to_thread(__import__, "lark_oapi")
-            self._client = (lark.Client.builder().app_id(self._app_id).app_secret(self._secret)
-                            .domain(self._domain).enable_set_token(True).timeout(15)
-                            .log_level(lark.LogLevel.WARNING).build())  # fmt: skip
+            self._client = (
+                lark.Client.builder()
+                .app_id(self._app_id)
+                .app_secret(self._secret)
+                .domain(self._domain)
+                .enable_set_token(True)
+                .timeout(15)
+                .log_level(lark.LogLevel.WARNING)
+                .build()
+            )
         return self._client
 
     async def _tenant_token(self) -> str:
@@ -260,8 +300,11 @@ class FeishuAdapter:
             .app_secret(self._secret)
             .build()
         )
-        resp = await self._transport(lambda: client.auth.v3.tenant_access_token.ainternal(
-            InternalTenantAccessTokenRequest.builder().request_body(body).build()))  # fmt: skip
+        resp = await self._transport(
+            lambda: client.auth.v3.tenant_access_token.ainternal(
+                InternalTenantAccessTokenRequest.builder().request_body(body).build()
+            )
+        )
         data = json.loads(resp.raw.content or b"{}")
         if data.get("code") != 0 or not data.get("tenant_access_token"):
             raise InvalidToken(
@@ -316,16 +359,28 @@ class FeishuAdapter:
         from lark_oapi.core.model import BaseRequest
 
         def info(client: Any, option: Any) -> Awaitable[Any]:
-            req = BaseRequest.builder().http_method(HttpMethod.GET).uri("/open-apis/bot/v3/info") \
-                .token_types({AccessTokenType.TENANT}).build()  # fmt: skip
+            req = (
+                BaseRequest.builder()
+                .http_method(HttpMethod.GET)
+                .uri("/open-apis/bot/v3/info")
+                .token_types({AccessTokenType.TENANT})
+                .build()
+            )
             reply: Awaitable[Any] = client.arequest(req, option)
             return reply
 
         resp = await self._api(info)
         return dict(json.loads(resp.raw.content).get("bot") or {})
 
-    async def _post(self, chat_id: str, text: str, *, reply_to: str | None = None,
-                    in_thread: bool = False, key: str | None = None) -> Any:  # fmt: skip
+    async def _post(
+        self,
+        chat_id: str,
+        text: str,
+        *,
+        reply_to: str | None = None,
+        in_thread: bool = False,
+        key: str | None = None,
+    ) -> Any:
         """One card: a reply to `reply_to` (in its thread when `in_thread`), else a new message.
         The uuid (`key`, else a random one) makes Feishu answer a repeat within the hour with
         the message it made: a retry after a lost answer, a resend, a stalled replica's send."""
@@ -338,14 +393,34 @@ class FeishuAdapter:
 
         key = key or uuid.uuid4().hex
         if reply_to:
-            reply = ReplyMessageRequest.builder().message_id(reply_to).request_body(
-                ReplyMessageRequestBody.builder().msg_type("interactive").content(card(text))
-                .reply_in_thread(in_thread).uuid(key).build()).build()  # fmt: skip
+            reply = (
+                ReplyMessageRequest.builder()
+                .message_id(reply_to)
+                .request_body(
+                    ReplyMessageRequestBody.builder()
+                    .msg_type("interactive")
+                    .content(card(text))
+                    .reply_in_thread(in_thread)
+                    .uuid(key)
+                    .build()
+                )
+                .build()
+            )
             resp = await self._api(lambda c, o: c.im.v1.message.areply(reply, o))
         else:
-            create = CreateMessageRequest.builder().receive_id_type(receive_id_type(chat_id)).request_body(
-                CreateMessageRequestBody.builder().receive_id(chat_id).msg_type("interactive")
-                .content(card(text)).uuid(key).build()).build()  # fmt: skip
+            create = (
+                CreateMessageRequest.builder()
+                .receive_id_type(receive_id_type(chat_id))
+                .request_body(
+                    CreateMessageRequestBody.builder()
+                    .receive_id(chat_id)
+                    .msg_type("interactive")
+                    .content(card(text))
+                    .uuid(key)
+                    .build()
+                )
+                .build()
+            )
             resp = await self._api(lambda c, o: c.im.v1.message.acreate(create, o))
         return resp.data
 
@@ -354,8 +429,9 @@ class FeishuAdapter:
         for i, part in enumerate(split_message(msg.text, LIMIT, card_size)):
             key = reply_uuid(msg.dedupe_key, msg.chat_id, i) if msg.dedupe_key else None
             if msg.thread_id:
-                data = await self._post(msg.chat_id, part, reply_to=msg.thread_id,
-                                        in_thread=True, key=key)  # fmt: skip
+                data = await self._post(
+                    msg.chat_id, part, reply_to=msg.thread_id, in_thread=True, key=key
+                )
             elif msg.reply_to and msg.chat_id in self._groups and i == 0:
                 data = await self._post(msg.chat_id, part, reply_to=msg.reply_to, key=key)  # quote
             else:

@@ -57,9 +57,14 @@ def decrypt(encrypted: str, encrypt_key: str) -> str:
 
 
 def open_request(
-    headers: Mapping[str, str], body: bytes, *, encrypt_key: str, verification_token: str,
-    now: float, stale_after_s: float = STALE_AFTER_S,
-) -> Opened:  # fmt: skip
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    encrypt_key: str,
+    verification_token: str,
+    now: float,
+    stale_after_s: float = STALE_AFTER_S,
+) -> Opened:
     """The request's event once every check passed, else `Refused`. Only the one-time
     URL-verification challenge may come unsigned; it must still decrypt and carry the token."""
     sent = headers.get(SIGNATURE)
@@ -144,9 +149,11 @@ def message_text(
 
 
 def to_inbound(
-    envelope: Mapping[str, Any], bot_open_id: str | None,
-    active_threads: set[tuple[str, str]] | None = None, require_mention: bool = True,
-) -> InboundMessage | None:  # fmt: skip
+    envelope: Mapping[str, Any],
+    bot_open_id: str | None,
+    active_threads: set[tuple[str, str]] | None = None,
+    require_mention: bool = True,
+) -> InboundMessage | None:
     """An `im.message.receive_v1` event as an InboundMessage, or None when it is not a text
     message from a person (other events, bots, images, malformed payloads).
 
@@ -180,8 +187,14 @@ def to_inbound(
             known = root is not None and (chat_id, root) in (active_threads or set())
             addressed = at_bot or known or not require_mention
             source = SessionSource(PLATFORM, chat_id, ChatType.GROUP, str(user), thread_id=root)
-        return InboundMessage(source=source, text=text, platform_message_id=message_id,
-                              received_at=received, mentioned=addressed, reply_to=message_id)  # fmt: skip
+        return InboundMessage(
+            source=source,
+            text=text,
+            platform_message_id=message_id,
+            received_at=received,
+            mentioned=addressed,
+            reply_to=message_id,
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         log.info("ignored a malformed Feishu event: %.200r", envelope)
         return None
@@ -190,9 +203,12 @@ def to_inbound(
 def card(markdown: str) -> str:
     """An interactive card holding one markdown element (Feishu renders its markdown there)."""
     return json.dumps(
-        {"config": {"wide_screen_mode": True}, "elements": [{"tag": "markdown", "content": markdown}]},
+        {
+            "config": {"wide_screen_mode": True},
+            "elements": [{"tag": "markdown", "content": markdown}],
+        },
         ensure_ascii=False,
-    )  # fmt: skip
+    )
 
 
 def card_size(markdown: str) -> int:

@@ -114,24 +114,38 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
     def problems(cls, settings: MatrixSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if importlib.util.find_spec("mautrix") is None:
-            out.append(ConfigError("platforms.matrix",
-                                   "needs the mautrix package: pip install 'switchboard[matrix]'"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.matrix",
+                    "needs the mautrix package: pip install 'switchboard[matrix]'",
+                )
+            )
         if not settings.homeserver:
-            out.append(ConfigError("platforms.matrix.homeserver",
-                                   "is required: the homeserver URL, e.g. https://matrix.example.org"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.matrix.homeserver",
+                    "is required: the homeserver URL, e.g. https://matrix.example.org",
+                )
+            )
         if not settings.user_id:
-            out.append(ConfigError("platforms.matrix.user_id",
-                                   "is required: the bot's user id, e.g. @switchboard:example.org"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.matrix.user_id",
+                    "is required: the bot's user id, e.g. @switchboard:example.org",
+                )
+            )
         return out
 
     @classmethod
     def from_config(cls, settings: MatrixSettings, secrets: Mapping[str, str]) -> MatrixAdapter:
         return cls(
-            settings.base_url or settings.homeserver or "", settings.user_id or "",
-            secrets.get("token_env", ""), require_mention=settings.require_mention,
+            settings.base_url or settings.homeserver or "",
+            settings.user_id or "",
+            secrets.get("token_env", ""),
+            require_mention=settings.require_mention,
             allowed={str(u) for u in (*settings.allowed_users, *settings.admins)},
             allow_all=settings.allow_all_users,
-        )  # fmt: skip
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {}
@@ -205,10 +219,13 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
         self._rooms = Rooms(user_id, self._fetch_members, self._fetch_sender)
         self._encrypted_noted: set[str] = set()
         self._typing: TypingLoops[str] = TypingLoops(
-            "matrix.typing", lambda room: self._set_typing(room, TYPING_TIMEOUT_MS),
-            every_s=TYPING_EVERY_S, for_at_most_s=math.inf, per_turn=True,
+            "matrix.typing",
+            lambda room: self._set_typing(room, TYPING_TIMEOUT_MS),
+            every_s=TYPING_EVERY_S,
+            for_at_most_s=math.inf,
+            per_turn=True,
             withdraw=lambda room: self._set_typing(room, 0),
-        )  # fmt: skip
+        )
         self._receiver = Receiver(self.platform, self._start_sync, self._stop_sync)
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
@@ -226,8 +243,9 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
         from gateway.adapters.matrix_http import mapped, new_api
 
         self._emit = emit
-        self._client = ClientAPI(self.user_id, api=new_api(self.homeserver, self._token,
-                                                           self._poll_timeout_s + 30))  # fmt: skip
+        self._client = ClientAPI(
+            self.user_id, api=new_api(self.homeserver, self._token, self._poll_timeout_s + 30)
+        )
         try:
             who = await self._call(lambda: mapped(self._client.whoami))
             if who.user_id != self.user_id:
@@ -246,8 +264,12 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
         self._rooms.set_direct(await self._direct_content())
         await self._receiver.start()
         self.state = AdapterState.RUNNING
-        log.info("matrix as %s on %s (%s)", self.user_id, self.homeserver,
-                 "syncing" if self._receiver.receiving else "sending only")  # fmt: skip
+        log.info(
+            "matrix as %s on %s (%s)",
+            self.user_id,
+            self.homeserver,
+            "syncing" if self._receiver.receiving else "sending only",
+        )
 
     async def _start_sync(self) -> None:
         """From the stored token: after a takeover, where the last syncing replica left it."""
@@ -301,8 +323,14 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
             self._client = None
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "user_id": self.user_id, "since": self._since,
-                "last_error": self.last_error, "note": NOTE, **self._receiver.health()}  # fmt: skip
+        return {
+            "state": self.state,
+            "user_id": self.user_id,
+            "since": self._since,
+            "last_error": self.last_error,
+            "note": NOTE,
+            **self._receiver.health(),
+        }
 
     # --- inbound: the /sync loop -------------------------------------------------------
 
@@ -341,8 +369,11 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
 
         first = self._since is None
         timeout_ms = 0 if first else int(self._poll_timeout_s * 1000)
-        data = await mapped(lambda: self._client.sync(
-            since=self._since, timeout=timeout_ms, filter_id=FIRST_FILTER if first else FILTER))  # fmt: skip
+        data = await mapped(
+            lambda: self._client.sync(
+                since=self._since, timeout=timeout_ms, filter_id=FIRST_FILTER if first else FILTER
+            )
+        )
         next_batch = data.get("next_batch") if isinstance(data, Mapping) else None
         if not isinstance(next_batch, str) or not next_batch:
             raise TransientError("the homeserver's sync answer has no next_batch")
@@ -400,8 +431,11 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
         if ev.get("type") == "m.room.encrypted":
             if room_id not in self._encrypted_noted:
                 self._encrypted_noted.add(room_id)
-                log.warning("room %s is encrypted: encrypted rooms are not supported, its "
-                            "messages are not read", room_id)  # fmt: skip
+                log.warning(
+                    "room %s is encrypted: encrypted rooms are not supported, its "
+                    "messages are not read",
+                    room_id,
+                )
             return
         if ev.get("type") != "m.room.message":
             return
@@ -462,8 +496,13 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
             raise AdapterError("matrix is not running")
         txn = f"sb{uuid.uuid4().hex}"  # the same for every retry: the server sends it once
         try:
-            event_id = await self._call(lambda: mapped(lambda: self._client.send_message_event(
-                room_id, EventType.ROOM_MESSAGE, content, txn_id=txn)))  # fmt: skip
+            event_id = await self._call(
+                lambda: mapped(
+                    lambda: self._client.send_message_event(
+                        room_id, EventType.ROOM_MESSAGE, content, txn_id=txn
+                    )
+                )
+            )
         except MatrixRequestError as exc:
             self.last_error = errcode(exc) or f"HTTP {getattr(exc, 'http_status', '?')}"
             raise AdapterError(f"matrix refused the message: {self.last_error}") from exc
@@ -481,9 +520,12 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
             # in a thread every part answers there; in a group room the first is a reply
             reply_to = msg.reply_to if msg.thread_id or (i == 0 and not in_dm) else None
             content = message_content(
-                part, thread_id=msg.thread_id, reply_to=reply_to, notice=msg.notice,
+                part,
+                thread_id=msg.thread_id,
+                reply_to=reply_to,
+                notice=msg.notice,
                 reply_sender=self._rooms.sender(reply_to) if i == 0 else None,
-            )  # fmt: skip
+            )
             ids.append(await self._post(room, content))
         if msg.thread_id:
             self._rooms.bot_in_thread(msg.thread_id)

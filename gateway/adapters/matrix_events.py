@@ -148,16 +148,23 @@ def to_inbound(
             target in bot_events for target in (rel.thread_root, rel.reply_to) if target
         )
         source = SessionSource(
-            platform="matrix", chat_id=room.room_id, chat_type=chat_type, user_id=sender,
-            user_name=room.members.get(sender) or None, chat_name=None if room.is_dm else room.name,
+            platform="matrix",
+            chat_id=room.room_id,
+            chat_type=chat_type,
+            user_id=sender,
+            user_name=room.members.get(sender) or None,
+            chat_name=None if room.is_dm else room.name,
             thread_id=rel.thread_root,
-        )  # fmt: skip
+        )
         ts = event.get("origin_server_ts")
         return InboundMessage(
-            source=source, text=strip_mention(body, me).strip(),
-            platform_message_id=event_id, mentioned=addressed, reply_to=event_id,
+            source=source,
+            text=strip_mention(body, me).strip(),
+            platform_message_id=event_id,
+            mentioned=addressed,
+            reply_to=event_id,
             received_at=ts / 1000 if isinstance(ts, (int, float)) else 0.0,
-        )  # fmt: skip
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         log.info("ignored a malformed Matrix event: %.200r", event)
         return None
@@ -181,9 +188,11 @@ def message_content(
         content["formatted_body"] = rendered
     if thread_id:
         content["m.relates_to"] = {
-            "rel_type": "m.thread", "event_id": thread_id, "is_falling_back": True,
+            "rel_type": "m.thread",
+            "event_id": thread_id,
+            "is_falling_back": True,
             "m.in_reply_to": {"event_id": reply_to or thread_id},
-        }  # fmt: skip
+        }
     elif reply_to:
         content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply_to}}
     # intentional mentions: ping only the person answered, never the room
@@ -215,9 +224,12 @@ def inviter(invite_state: Mapping[str, Any], me: str) -> str | None:
     events = invite_state.get("events") if isinstance(invite_state, Mapping) else None
     for ev in events if isinstance(events, list) else ():
         if (
-            isinstance(ev, Mapping) and ev.get("type") == "m.room.member"
-            and ev.get("state_key") == me and isinstance(ev.get("content"), Mapping)
-            and ev["content"].get("membership") == "invite" and isinstance(ev.get("sender"), str)
-        ):  # fmt: skip
+            isinstance(ev, Mapping)
+            and ev.get("type") == "m.room.member"
+            and ev.get("state_key") == me
+            and isinstance(ev.get("content"), Mapping)
+            and ev["content"].get("membership") == "invite"
+            and isinstance(ev.get("sender"), str)
+        ):
             return str(ev["sender"])
     return None

@@ -126,8 +126,14 @@ def _list_block(lines: list[str], i: int, out: list[tuple[str, str]]) -> int:
         if m := _ITEM.match(line):
             marker = m.group(2)
             ordered = marker[0].isdigit()
-            items.append(_Item(len(m.group(1).expandtabs(4)), ordered,
-                               int(marker[:-1]) if ordered else 1, [m.group(3)]))  # fmt: skip
+            items.append(
+                _Item(
+                    len(m.group(1).expandtabs(4)),
+                    ordered,
+                    int(marker[:-1]) if ordered else 1,
+                    [m.group(3)],
+                )
+            )
         elif line.strip() and items and line.startswith((" ", "\t")):
             items[-1].text.append(line.strip())
         else:
@@ -165,10 +171,12 @@ def _one_list(run: list[_Item]) -> str:
     tag = "ol" if run[0].ordered else "ul"
     start = f' start="{run[0].number}"' if run[0].ordered and run[0].number != 1 else ""
     body = "".join(
-        "<li>" + "<br>".join(inline(t) for t in item.text)
-        + (_render_items(item.children) if item.children else "") + "</li>"
+        "<li>"
+        + "<br>".join(inline(t) for t in item.text)
+        + (_render_items(item.children) if item.children else "")
+        + "</li>"
         for item in run
-    )  # fmt: skip
+    )
     return f"<{tag}{start}>{body}</{tag}>"
 
 

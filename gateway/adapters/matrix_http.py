@@ -28,8 +28,9 @@ class RateAwareHTTPAPI(HTTPAPI):
     """mautrix's HTTPAPI, but an error keeps how long the server asked us to wait
     (`retry_after_ms` in the body, or a Retry-After header) as `retry_after_s`."""
 
-    async def _send(self, method: Any, url: Any, content: Any, query_params: Any,
-                    headers: Any) -> tuple[Any, aiohttp.ClientResponse]:  # fmt: skip
+    async def _send(
+        self, method: Any, url: Any, content: Any, query_params: Any, headers: Any
+    ) -> tuple[Any, aiohttp.ClientResponse]:
         async with self.session.request(
             str(method), url, data=content, params=query_params, headers=headers
         ) as response:
@@ -43,10 +44,11 @@ class RateAwareHTTPAPI(HTTPAPI):
             data = data if isinstance(data, dict) else {}
             errcode, message = data.get("errcode"), data.get("error")
             exc = make_request_error(
-                http_status=response.status, text=text,
+                http_status=response.status,
+                text=text,
                 errcode=errcode if isinstance(errcode, str) else None,
                 message=message if isinstance(message, str) else None,
-            )  # fmt: skip
+            )
             exc.retry_after_s = _retry_after(data, response.headers)  # type: ignore[attr-defined]
             raise exc
 
@@ -68,8 +70,9 @@ def new_api(base_url: str, token: str, read_timeout_s: float) -> RateAwareHTTPAP
     # every request checks SEND_BY when it has its connection: a reply that set out late
     # (the process stood still) stops there unsent (SetOutLate, passed through untouched);
     # sync and typing run in their own tasks, where SEND_BY is not set
-    session = aiohttp.ClientSession(timeout=timeout, headers={"User-Agent": "switchboard"},
-                                    trace_configs=[send_by_trace()])  # fmt: skip
+    session = aiohttp.ClientSession(
+        timeout=timeout, headers={"User-Agent": "switchboard"}, trace_configs=[send_by_trace()]
+    )
     return RateAwareHTTPAPI(base_url, token, client_session=session, default_retry_count=0)
 
 
@@ -103,7 +106,13 @@ async def mapped(call: Callable[[], Awaitable[T]]) -> T:
     """Run a mautrix call, raising the gateway's errors."""
     try:
         return await call()
-    except (TimeoutError, MatrixRequestError, MatrixConnectionError, aiohttp.ClientError, OSError) as exc:  # fmt: skip
+    except (
+        TimeoutError,
+        MatrixRequestError,
+        MatrixConnectionError,
+        aiohttp.ClientError,
+        OSError,
+    ) as exc:
         converted = as_gateway_error(exc)
         if converted is exc:
             raise
@@ -116,8 +125,9 @@ GAP_PAGES, GAP_PAGE_SIZE = 50, 100  # at most 5,000 missed events a room are pag
 async def joined_members(client: Any, room_id: str) -> Mapping[str, Any]:
     """GET /rooms/{id}/joined_members as JSON; M_FORBIDDEN and such as AdapterError."""
     try:
-        body = await mapped(lambda: client.api.request(
-            Method.GET, Path.v3.rooms[room_id].joined_members))  # fmt: skip
+        body = await mapped(
+            lambda: client.api.request(Method.GET, Path.v3.rooms[room_id].joined_members)
+        )
     except MatrixRequestError as exc:
         raise AdapterError(errcode(exc) or f"HTTP {getattr(exc, 'http_status', '?')}") from exc
     return body if isinstance(body, Mapping) else {}
@@ -126,8 +136,9 @@ async def joined_members(client: Any, room_id: str) -> Mapping[str, Any]:
 async def event_sender(client: Any, room_id: str, event_id: str) -> str | None:
     """Who sent an event; None when it cannot be seen (not found, not allowed)."""
     try:
-        ev = await mapped(lambda: client.api.request(
-            Method.GET, Path.v3.rooms[room_id].event[event_id]))  # fmt: skip
+        ev = await mapped(
+            lambda: client.api.request(Method.GET, Path.v3.rooms[room_id].event[event_id])
+        )
     except MatrixRequestError:
         return None
     sender = ev.get("sender") if isinstance(ev, Mapping) else None
@@ -143,8 +154,11 @@ async def events_between(
     token = start
     for _page in range(GAP_PAGES):
         query = {"dir": "b", "from": token, "to": stop, "limit": str(GAP_PAGE_SIZE)}
-        page = await mapped(lambda q=query: client.api.request(
-            Method.GET, Path.v3.rooms[room_id].messages, query_params=q))  # fmt: skip
+        page = await mapped(
+            lambda q=query: client.api.request(
+                Method.GET, Path.v3.rooms[room_id].messages, query_params=q
+            )
+        )
         chunk = page.get("chunk") if isinstance(page, Mapping) else None
         chunk = chunk if isinstance(chunk, list) else []
         found.extend(chunk)

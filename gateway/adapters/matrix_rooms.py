@@ -79,7 +79,7 @@ class Rooms:
             self._members[room_id] = {
                 str(uid): str((info if isinstance(info, Mapping) else {}).get("display_name") or "")
                 for uid, info in (joined if isinstance(joined, Mapping) else {}).items()
-            }  # fmt: skip
+            }
         return RoomView(
             room_id, self.is_dm(room_id), self._names.get(room_id), self._members[room_id]
         )

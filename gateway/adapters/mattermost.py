@@ -94,13 +94,21 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
     def problems(cls, settings: MattermostSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if not (settings.url or settings.base_url):
-            out.append(ConfigError("platforms.mattermost.url",
-                                   "is required: the server's address, e.g. https://chat.example.com"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.mattermost.url",
+                    "is required: the server's address, e.g. https://chat.example.com",
+                )
+            )
         elif not settings.url and (bad := server_url(settings.base_url)):
             out.append(ConfigError("platforms.mattermost.base_url", bad))
         if importlib.util.find_spec("mattermostautodriver") is None:
-            out.append(ConfigError("platforms.mattermost", "needs the mattermostautodriver package: "
-                                   "pip install 'switchboard[mattermost]'"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.mattermost",
+                    "needs the mattermostautodriver package: pip install 'switchboard[mattermost]'",
+                )
+            )
         return out
 
     @classmethod
@@ -108,9 +116,11 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
         cls, settings: MattermostSettings, secrets: Mapping[str, str]
     ) -> MattermostAdapter:
         return cls(
-            secrets.get("token_env", ""), str(settings.url or settings.base_url),
-            require_mention=settings.require_mention, catch_up_hours=settings.catch_up_hours,
-        )  # fmt: skip
+            secrets.get("token_env", ""),
+            str(settings.url or settings.base_url),
+            require_mention=settings.require_mention,
+            catch_up_hours=settings.catch_up_hours,
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {}  # events arrive over the websocket the adapter opens
@@ -176,9 +186,11 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
         self._channel_types: dict[str, str] = {}
         self._usernames: dict[str, str | None] = {}
         self._typing: TypingLoops[tuple[str, str | None]] = TypingLoops(
-            "mattermost.typing", self._show_typing, every_s=TYPING_EVERY_S,
+            "mattermost.typing",
+            self._show_typing,
+            every_s=TYPING_EVERY_S,
             alive=lambda: self._driver is not None,
-        )  # fmt: skip
+        )
         self.bot_id: str = ""
         self.bot_username: str | None = None
         self.max_post_size = DEFAULT_LIMIT
@@ -214,18 +226,27 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
             self.state = failed("invalid token")
             raise InvalidToken("mattermost rejected the token on the websocket")
         self.state = AdapterState.RUNNING
-        log.info("mattermost connected to %s as @%s (%s)", self._url, self.bot_username,
-                 "websocket" if self._receiver.receiving else "sending only")  # fmt: skip
+        log.info(
+            "mattermost connected to %s as @%s (%s)",
+            self._url,
+            self.bot_username,
+            "websocket" if self._receiver.receiving else "sending only",
+        )
 
     async def _open_stream(self) -> None:
         """A new stream, whose catch-up starts from the positions in the store (after a
         takeover, those of the replica that held the websocket before)."""
         await self._close_stream()
         self._stream = EventStream(
-            self._url, self._token, ServerCalls(self._call, self._driver, self.bot_id),
-            on_post=self._on_post, cursors=self._cursors, backoff=self._backoff,
-            catch_up_hours=self._catch_up_hours, on_refused=self._token_refused,
-        )  # fmt: skip
+            self._url,
+            self._token,
+            ServerCalls(self._call, self._driver, self.bot_id),
+            on_post=self._on_post,
+            cursors=self._cursors,
+            backoff=self._backoff,
+            catch_up_hours=self._catch_up_hours,
+            on_refused=self._token_refused,
+        )
         await self._stream.start()
 
     async def _close_stream(self) -> None:
@@ -264,9 +285,15 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
 
     def health(self) -> dict[str, object]:
         stream = self._stream
-        return {"state": self.state, "bot": self.bot_username, "last_error": self.last_error,
-                "connected": bool(stream and stream.connected), "reconnects": stream.reconnects if stream else 0,
-                "max_post_size": self.max_post_size, **self._receiver.health()}  # fmt: skip
+        return {
+            "state": self.state,
+            "bot": self.bot_username,
+            "last_error": self.last_error,
+            "connected": bool(stream and stream.connected),
+            "reconnects": stream.reconnects if stream else 0,
+            "max_post_size": self.max_post_size,
+            **self._receiver.health(),
+        }
 
     # --- inbound ------------------------------------------------------------------------
 
@@ -285,11 +312,16 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
         if data.get("sender_name") and user:
             self._usernames[user] = str(data["sender_name"]).lstrip("@")
         msg = to_inbound(
-            post, ctype, bot_id=self.bot_id, bot_username=self.bot_username,
-            mentions=data.get("mentions") or (), sender_name=sender,
-            channel_name=data.get("channel_display_name"), require_mention=self._require_mention,
+            post,
+            ctype,
+            bot_id=self.bot_id,
+            bot_username=self.bot_username,
+            mentions=data.get("mentions") or (),
+            sender_name=sender,
+            channel_name=data.get("channel_display_name"),
+            require_mention=self._require_mention,
             active_threads=active,
-        )  # fmt: skip
+        )
         if msg is None or self._emit is None or not msg.mentioned:
             return
         await self._emit(msg)
@@ -384,8 +416,12 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
 
         # the same pending_post_id on a retry lets the server drop a duplicate of a post
         # whose first attempt did arrive
-        body = {"channel_id": channel_id, "message": text, "root_id": root_id or "",
-                "pending_post_id": f"{self.bot_id}:{uuid.uuid4().hex}"}  # fmt: skip
+        body = {
+            "channel_id": channel_id,
+            "message": text,
+            "root_id": root_id or "",
+            "pending_post_id": f"{self.bot_id}:{uuid.uuid4().hex}",
+        }
         try:
             post: dict[str, Any] = await self._call(
                 lambda: self._driver.client.post("/api/v4/posts", options=body)
@@ -436,6 +472,14 @@ def _driver(url: str, token: str, timeout_s: float) -> Any:
     scheme, host, port = split_url(url)
     # retries are ours (call_with_retry): the library's own would hide a 429's wait; the
     # transport stops a reply whose request would leave past its SEND_BY (send_by_transport)
-    return AsyncTypedDriver({"url": host, "scheme": scheme, "port": port, "token": token,
-                             "max_retries": 0, "request_timeout": timeout_s,
-                             "transport": send_by_transport()})  # fmt: skip
+    return AsyncTypedDriver(
+        {
+            "url": host,
+            "scheme": scheme,
+            "port": port,
+            "token": token,
+            "max_retries": 0,
+            "request_timeout": timeout_s,
+            "transport": send_by_transport(),
+        }
+    )

@@ -52,10 +52,17 @@ def _strip_mention(text: str, username: str | None) -> str:
 
 
 def to_inbound(
-    post: Mapping[str, Any], channel_type: str, *, bot_id: str, bot_username: str | None,
-    mentions: Collection[str] = (), sender_name: str | None = None, channel_name: str | None = None,
-    require_mention: bool = True, active_threads: Collection[tuple[str, str]] = (),
-) -> InboundMessage | None:  # fmt: skip
+    post: Mapping[str, Any],
+    channel_type: str,
+    *,
+    bot_id: str,
+    bot_username: str | None,
+    mentions: Collection[str] = (),
+    sender_name: str | None = None,
+    channel_name: str | None = None,
+    require_mention: bool = True,
+    active_threads: Collection[tuple[str, str]] = (),
+) -> InboundMessage | None:
     """A post as an InboundMessage, or None when it is not a person's new text post:
     system posts (a `type`), the bot's own, other bots' and webhooks', deleted ones."""
     try:
@@ -88,27 +95,39 @@ def to_inbound(
             return None
         clean = _strip_mention(text, bot_username)
         return InboundMessage(
-            source=source, text=clean or text.strip(), platform_message_id=post_id,
+            source=source,
+            text=clean or text.strip(),
+            platform_message_id=post_id,
             received_at=float(post.get("create_at") or time.time() * 1000) / 1000,
-            mentioned=addressed, reply_to=post_id,
-        )  # fmt: skip
+            mentioned=addressed,
+            reply_to=post_id,
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         log.info("ignored a malformed Mattermost post: %.200r", post)
         return None
 
 
 def from_event(
-    event: Mapping[str, Any], *, bot_id: str, bot_username: str | None,
-    require_mention: bool = True, active_threads: Collection[tuple[str, str]] = (),
-) -> InboundMessage | None:  # fmt: skip
+    event: Mapping[str, Any],
+    *,
+    bot_id: str,
+    bot_username: str | None,
+    require_mention: bool = True,
+    active_threads: Collection[tuple[str, str]] = (),
+) -> InboundMessage | None:
     """A websocket `posted` event as an InboundMessage (None for anything else)."""
     decoded = decode_posted(event)
     if decoded is None:
         return None
     post, data = decoded
     return to_inbound(
-        post, str(data.get("channel_type") or ""), bot_id=bot_id, bot_username=bot_username,
-        mentions=data["mentions"], sender_name=data.get("sender_name"),
-        channel_name=data.get("channel_display_name"), require_mention=require_mention,
+        post,
+        str(data.get("channel_type") or ""),
+        bot_id=bot_id,
+        bot_username=bot_username,
+        mentions=data["mentions"],
+        sender_name=data.get("sender_name"),
+        channel_name=data.get("channel_display_name"),
+        require_mention=require_mention,
         active_threads=active_threads,
-    )  # fmt: skip
+    )

@@ -69,10 +69,18 @@ class ServerCalls:
 
 class EventStream:
     def __init__(
-        self, url: str, token: str, server: ServerCalls, *, on_post: OnPost, cursors: Cursors | None,
-        backoff: Backoff, catch_up_hours: float, on_refused: Callable[[], None],
+        self,
+        url: str,
+        token: str,
+        server: ServerCalls,
+        *,
+        on_post: OnPost,
+        cursors: Cursors | None,
+        backoff: Backoff,
+        catch_up_hours: float,
+        on_refused: Callable[[], None],
         connect_timeout_s: float = 15.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._ws_url = url.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
         self._ws_url += "/api/v4/websocket"
         self._token = token
@@ -135,8 +143,13 @@ class EventStream:
         if ws is None or ws.closed:
             return
         with contextlib.suppress(Exception):
-            await ws.send_json({"action": "user_typing", "seq": next(self._seq),
-                                "data": {"channel_id": channel_id, "parent_id": parent_id or ""}})  # fmt: skip
+            await ws.send_json(
+                {
+                    "action": "user_typing",
+                    "seq": next(self._seq),
+                    "data": {"channel_id": channel_id, "parent_id": parent_id or ""},
+                }
+            )
 
     # --- the websocket ------------------------------------------------------------------
 
@@ -148,8 +161,13 @@ class EventStream:
             try:
                 async with self._session.ws_connect(self._ws_url, heartbeat=HEARTBEAT_S) as ws:
                     self._seq = itertools.count(1)
-                    await ws.send_json({"seq": next(self._seq), "action": "authentication_challenge",
-                                        "data": {"token": self._token}})  # fmt: skip
+                    await ws.send_json(
+                        {
+                            "seq": next(self._seq),
+                            "action": "authentication_challenge",
+                            "data": {"token": self._token},
+                        }
+                    )
                     async for frame in ws:
                         if frame.type != aiohttp.WSMsgType.TEXT:
                             continue

@@ -88,8 +88,14 @@ def to_inbound(
 
 
 def _inbound(got: Incoming) -> InboundMessage:
-    return InboundMessage(source=got.source, text=got.text, platform_message_id=got.message_id,
-                          received_at=got.sent_at, mentioned=got.mentioned, reply_to=got.message_id)  # fmt: skip
+    return InboundMessage(
+        source=got.source,
+        text=got.text,
+        platform_message_id=got.message_id,
+        received_at=got.sent_at,
+        mentioned=got.mentioned,
+        reply_to=got.message_id,
+    )
 
 
 class SignalAdapter(Typing, UsesCursors, UsesShards):
@@ -111,25 +117,35 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
     def problems(cls, settings: SignalSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if not settings.account:
-            out.append(ConfigError("platforms.signal.account",
-                                   "is required: the bot's number, as registered with signal-cli"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.signal.account",
+                    "is required: the bot's number, as registered with signal-cli",
+                )
+            )
         for key in ("allowed_users", "admins"):
             unquoted = [u for u in getattr(settings, key) if isinstance(u, int)]
             if unquoted:
                 out.append(ConfigError(f"platforms.signal.{key}", _unquoted(unquoted[0])))
         if settings.base_url:
-            out.append(ConfigError("platforms.signal.base_url",
-                                   "is not used by signal: set platforms.signal.url"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.signal.base_url", "is not used by signal: set platforms.signal.url"
+                )
+            )
         return out
 
     @classmethod
     def from_config(cls, settings: SignalSettings, secrets: Mapping[str, str]) -> SignalAdapter:
         return cls(
-            settings.url, str(settings.account), token=secrets.get("token_env"),
-            bot_name=settings.bot_name, require_mention=settings.require_mention,
+            settings.url,
+            str(settings.account),
+            token=secrets.get("token_env"),
+            bot_name=settings.bot_name,
+            require_mention=settings.require_mention,
             listed=frozenset(str(u) for u in (*settings.allowed_users, *settings.admins)),
             allow_all=settings.allow_all_users,
-        )  # fmt: skip
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {}
@@ -185,8 +201,9 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
         self._last_event_id: str | None = None
         self._emit: Emit | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._typing = TypingLoops("signal.typing", self._typing_on, every_s=TYPING_EVERY_S,
-                                   withdraw=self._typing_off)  # fmt: skip
+        self._typing = TypingLoops(
+            "signal.typing", self._typing_on, every_s=TYPING_EVERY_S, withdraw=self._typing_off
+        )
         self._chores: set[asyncio.Task[None]] = set()  # attachment notes
         self._noted: OrderedDict[str, None] = OrderedDict()
         self.connections = 0
@@ -209,14 +226,17 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
             detail = await _ask_about_account(self.rpc)
         except TransientError as exc:  # the daemon's start retries it (base.SupervisedStart)
             await self.rpc.close()
-            raise TransientError(f"signal-cli is not reachable at {self.rpc.url}; start it with "
-                                 f"`signal-cli -a {self.me.number} daemon --http`") from exc  # fmt: skip
+            raise TransientError(
+                f"signal-cli is not reachable at {self.rpc.url}; start it with "
+                f"`signal-cli -a {self.me.number} daemon --http`"
+            ) from exc
         except AdapterError as exc:
             await self._fail(str(exc), exc)
         await self._receiver.start()
         self.state = AdapterState.RUNNING
-        log.info("signal as %s (%s)", detail,
-                 "listening" if self._receiver.receiving else "sending only")  # fmt: skip
+        log.info(
+            "signal as %s (%s)", detail, "listening" if self._receiver.receiving else "sending only"
+        )
 
     async def _start_listening(self) -> None:
         """From the stored event id: after a takeover, where the last listener left it."""
@@ -246,8 +266,13 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "account": self.me.number, "connected": self.connected,
-                "last_error": self.last_error, **self._receiver.health()}  # fmt: skip
+        return {
+            "state": self.state,
+            "account": self.me.number,
+            "connected": self.connected,
+            "last_error": self.last_error,
+            **self._receiver.health(),
+        }
 
     # --- inbound: the event stream ------------------------------------------------------
 
@@ -331,12 +356,16 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
             return
         if got.text:
             if got.attachments:
-                log.info("%d attachment(s) from %s ignored; the text is handled", got.attachments,
-                         got.source.user_id)  # fmt: skip
+                log.info(
+                    "%d attachment(s) from %s ignored; the text is handled",
+                    got.attachments,
+                    got.source.user_id,
+                )
             await self._emit(_inbound(got))
         elif got.mentioned and self._may_talk(got.source.user_id) and self._first(got):
-            note = OutboundMessage(self.platform, got.source.chat_id, ATTACHMENTS_NOTE,
-                                   reply_to=got.message_id)  # fmt: skip
+            note = OutboundMessage(
+                self.platform, got.source.chat_id, ATTACHMENTS_NOTE, reply_to=got.message_id
+            )
             self._chore(self._note(note), f"signal.note:{got.source.chat_id}")
 
     async def _note(self, note: OutboundMessage) -> None:
@@ -391,8 +420,9 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
                 if author and ts.isdigit():  # in a group, quote the message answered
                     params.update(quoteTimestamp=int(ts), quoteAuthor=author)
             try:
-                result = await call_with_retry(lambda p=params: self.rpc.call("send", p),
-                                               backoff=self._backoff, log=log)  # fmt: skip
+                result = await call_with_retry(
+                    lambda p=params: self.rpc.call("send", p), backoff=self._backoff, log=log
+                )
             except AdapterError as exc:
                 self.last_error = str(exc)
                 raise AdapterError(f"signal-cli did not send the message: {exc}") from exc
@@ -421,6 +451,8 @@ async def _ask_about_account(rpc: SignalRpc) -> str:
         return f"{rpc.account} (signal-cli {version}, single-account daemon)"
     numbers = [a.get("number") for a in accounts or [] if isinstance(a, Mapping)]
     if rpc.account not in numbers:
-        raise InvalidToken(f"{rpc.account} is not registered with signal-cli at {rpc.url} "
-                           f"(it has: {', '.join(str(n) for n in numbers) or 'no accounts'})")  # fmt: skip
+        raise InvalidToken(
+            f"{rpc.account} is not registered with signal-cli at {rpc.url} "
+            f"(it has: {', '.join(str(n) for n in numbers) or 'no accounts'})"
+        )
     return f"{rpc.account} (signal-cli {version})"

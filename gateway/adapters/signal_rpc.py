@@ -123,9 +123,10 @@ class SignalRpc:
 
         if self.http is None:
             self.http = aiohttp.ClientSession(
-                headers=self._headers, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
                 trace_configs=[send_by_trace()],  # a reply that set out late stops here
-            )  # fmt: skip
+            )
 
     async def close(self) -> None:
         if self.http is not None:
@@ -143,8 +144,12 @@ class SignalRpc:
 
         if self.http is None:
             raise TransientError("the signal-cli client is closed")
-        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method,
-                "params": {"account": self.account, **(params or {})}}  # fmt: skip
+        body = {
+            "jsonrpc": "2.0",
+            "id": next(self._ids),
+            "method": method,
+            "params": {"account": self.account, **(params or {})},
+        }
         try:
             async with self.http.post(f"{self.url}{RPC_PATH}", json=body) as resp:
                 if resp.status in (401, 403):

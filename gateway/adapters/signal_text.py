@@ -92,22 +92,25 @@ def parse_envelope(
         who = sender_id(number, uuid, listed)
         text, named = resolve_mentions(body or "", data.get("mentions") or [], me)
         quoted = data.get("quote")
-        to_me = isinstance(quoted, Mapping) and me.is_me(quoted.get("authorNumber") or quoted.get("author"),
-                                                           quoted.get("authorUuid"))  # fmt: skip
+        to_me = isinstance(quoted, Mapping) and me.is_me(
+            quoted.get("authorNumber") or quoted.get("author"), quoted.get("authorUuid")
+        )
         name = env.get("sourceName") or None
         if isinstance(group, Mapping):
             group_id = group["groupId"]
             group_id = group_id[0] if isinstance(group_id, list) else group_id
             if not isinstance(group_id, str) or not group_id:
                 return None
-            source = SessionSource(PLATFORM, group_id, ChatType.GROUP, who, name,
-                                   group.get("groupName") or None)  # fmt: skip
+            source = SessionSource(
+                PLATFORM, group_id, ChatType.GROUP, who, name, group.get("groupName") or None
+            )
             mentioned = named or to_me or not require_mention
         else:
             source = SessionSource(PLATFORM, str(who), ChatType.DM, who, name)
             mentioned = True
-        return Incoming(source, text.strip(), f"{uuid or number}:{ts}", ts / 1000.0,
-                        mentioned, attachments)  # fmt: skip
+        return Incoming(
+            source, text.strip(), f"{uuid or number}:{ts}", ts / 1000.0, mentioned, attachments
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 

@@ -63,9 +63,11 @@ class SlackSettings(PlatformSettings):
 
 
 def to_inbound(
-    event: Mapping[str, Any], bot_user_id: str | None, active_threads: set[tuple[str, str]] | None = None,
+    event: Mapping[str, Any],
+    bot_user_id: str | None,
+    active_threads: set[tuple[str, str]] | None = None,
     require_mention: bool = True,
-) -> InboundMessage | None:  # fmt: skip
+) -> InboundMessage | None:
     """A Slack message event as an InboundMessage, or None when it is not for us."""
     try:
         if event.get("type") not in ("message", "app_mention"):
@@ -96,8 +98,14 @@ def to_inbound(
                 "slack", str(channel), ChatType.GROUP, str(user), None, None, thread_id
             )
         clean = text.replace(mention, "").strip() if mention else text
-        return InboundMessage(source=source, text=clean or text, platform_message_id=str(ts),
-                              received_at=float(ts), mentioned=addressed, reply_to=str(ts))  # fmt: skip
+        return InboundMessage(
+            source=source,
+            text=clean or text,
+            platform_message_id=str(ts),
+            received_at=float(ts),
+            mentioned=addressed,
+            reply_to=str(ts),
+        )
     except (KeyError, TypeError, ValueError):
         log.info("ignored a malformed Slack event: %.200r", event)
         return None
@@ -156,18 +164,24 @@ class SlackAdapter(Outbound, SetupSteps):
     @classmethod
     def problems(cls, settings: SlackSettings, api_enabled: bool) -> list[ConfigError]:
         if settings.mode != "socket" and not api_enabled:
-            return [ConfigError("platforms.slack.enabled",
-                                "Slack's Events API is served by the api server: enable platforms.api")]  # fmt: skip
+            return [
+                ConfigError(
+                    "platforms.slack.enabled",
+                    "Slack's Events API is served by the api server: enable platforms.api",
+                )
+            ]
         return []
 
     @classmethod
     def from_config(cls, settings: SlackSettings, secrets: Mapping[str, str]) -> SlackAdapter:
         socket_mode = settings.mode == "socket"
         return cls(
-            secrets.get("token_env", ""), secrets.get("signing_secret_env", ""),
-            base_url=settings.base_url, require_mention=settings.require_mention,
+            secrets.get("token_env", ""),
+            secrets.get("signing_secret_env", ""),
+            base_url=settings.base_url,
+            require_mention=settings.require_mention,
             app_token=secrets.get("app_token_env") if socket_mode else None,
-        )  # fmt: skip
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {} if self._app_token else {EVENTS_PATH: self.handle_events}
@@ -193,9 +207,10 @@ class SlackAdapter(Outbound, SetupSteps):
 
         base_url = settings.base_url.rstrip("/") + "/" if settings.base_url else None
         client = AsyncWebClient(
-            token=secrets.get("token_env", ""), base_url=base_url or AsyncWebClient.BASE_URL,
+            token=secrets.get("token_env", ""),
+            base_url=base_url or AsyncWebClient.BASE_URL,
             timeout=10,
-        )  # fmt: skip
+        )
         try:
             auth = await client.auth_test()
         except SlackApiError as exc:
@@ -342,8 +357,12 @@ class SlackAdapter(Outbound, SetupSteps):
         event_id = str(body.get("event_id") or "")
         if event_id and event_id in self._seen_events:
             return  # Slack retried an event we already took
-        msg = to_inbound(event, self.bot_user_id or (body.get("authorizations") or [{}])[0].get("user_id"),
-                         self._active_threads, self._require_mention)  # fmt: skip
+        msg = to_inbound(
+            event,
+            self.bot_user_id or (body.get("authorizations") or [{}])[0].get("user_id"),
+            self._active_threads,
+            self._require_mention,
+        )
         if msg is None or self._emit is None or not msg.mentioned:
             return
         taken = (msg.source.chat_id, msg.platform_message_id)
@@ -424,8 +443,11 @@ class SlackAdapter(Outbound, SetupSteps):
         most HISTORY_PAGES pages). Unreadable: none, so every part is sent (at least once)."""
         from slack_sdk.errors import SlackApiError
 
-        kw: dict[str, Any] = {"channel": msg.chat_id, "include_all_metadata": True,
-                                  "limit": HISTORY_PAGE}  # fmt: skip
+        kw: dict[str, Any] = {
+            "channel": msg.chat_id,
+            "include_all_metadata": True,
+            "limit": HISTORY_PAGE,
+        }
         if msg.reply_to:
             kw["oldest"] = msg.reply_to
         if msg.thread_id:
@@ -445,8 +467,11 @@ class SlackAdapter(Outbound, SetupSteps):
                     break
         except (SlackApiError, TransientError) as exc:
             self.last_error = f"reading {msg.chat_id} before a resend: {exc}"
-            log.warning("slack: could not read %s before resending a reply (%s); sending it",
-                        msg.chat_id, exc)  # fmt: skip
+            log.warning(
+                "slack: could not read %s before resending a reply (%s); sending it",
+                msg.chat_id,
+                exc,
+            )
         return found
 
     async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:

@@ -54,11 +54,19 @@ KEYWORDS = frozenset(
 
 
 def _account_sid(v: Any) -> str | None:
-    return None if re.fullmatch(r"AC[0-9a-fA-F]{32}", str(v)) else f"must be an AC… account SID (got {v!r})"  # fmt: skip
+    return (
+        None
+        if re.fullmatch(r"AC[0-9a-fA-F]{32}", str(v))
+        else f"must be an AC… account SID (got {v!r})"
+    )
 
 
 def _e164(v: Any) -> str | None:
-    return None if re.fullmatch(r"\+[1-9]\d{6,14}", str(v)) else f"must be an E.164 number like +15551234567 (got {v!r})"  # fmt: skip
+    return (
+        None
+        if re.fullmatch(r"\+[1-9]\d{6,14}", str(v))
+        else f"must be an E.164 number like +15551234567 (got {v!r})"
+    )
 
 
 def _url(v: Any) -> str | None:
@@ -154,24 +162,36 @@ class SmsAdapter:
     def problems(cls, settings: SmsSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if not api_enabled:
-            out.append(ConfigError("platforms.sms.enabled",
-                                   "the webhook is served by the api server: enable platforms.api"))  # fmt: skip
-        for key, hint in (("account_sid", "Twilio console: Account Info"),
-                          ("from_number", "your Twilio phone number"),
-                          ("webhook_url", "the public URL of /sms/webhook; signatures cover it")):  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.sms.enabled",
+                    "the webhook is served by the api server: enable platforms.api",
+                )
+            )
+        for key, hint in (
+            ("account_sid", "Twilio console: Account Info"),
+            ("from_number", "your Twilio phone number"),
+            ("webhook_url", "the public URL of /sms/webhook; signatures cover it"),
+        ):
             if not getattr(settings, key):
                 out.append(ConfigError(f"platforms.sms.{key}", f"is required ({hint})"))
         if importlib.util.find_spec("twilio") is None:  # looked up, not imported
-            out.append(ConfigError("platforms.sms",
-                                   "needs the twilio package: pip install 'switchboard[sms]'"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.sms", "needs the twilio package: pip install 'switchboard[sms]'"
+                )
+            )
         return out
 
     @classmethod
     def from_config(cls, settings: SmsSettings, secrets: Mapping[str, str]) -> SmsAdapter:
         return cls(
-            str(settings.account_sid), secrets.get("token_env", ""), str(settings.from_number),
-            str(settings.webhook_url), base_url=settings.base_url,
-        )  # fmt: skip
+            str(settings.account_sid),
+            secrets.get("token_env", ""),
+            str(settings.from_number),
+            str(settings.webhook_url),
+            base_url=settings.base_url,
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook}
@@ -225,8 +245,9 @@ class SmsAdapter:
             # where to connect comes from the config, not from TWILIO_EDGE/TWILIO_REGION; a
             # reply that set out late stops where its request gets its connection (SEND_BY)
             http = AsyncTwilioHttpClient(trace_configs=[send_by_trace()])
-            self._client = Client(self._sid, self._token, http_client=http,
-                                  environment={"TWILIO_EDGE": ""})  # fmt: skip
+            self._client = Client(
+                self._sid, self._token, http_client=http, environment={"TWILIO_EDGE": ""}
+            )
             if self._base_url:
                 self._client.api.base_url = self._base_url.rstrip("/")
         return self._client
@@ -250,9 +271,14 @@ class SmsAdapter:
     async def start(self, emit: Emit) -> None:
         self._emit = emit
         self.account_name = await start_whoami(
-            self, self._whoami, by="twilio", credential="account SID or auth token",
-            refused_as="invalid token", unreachable="could not look up the Twilio account", log=log,
-        )  # fmt: skip
+            self,
+            self._whoami,
+            by="twilio",
+            credential="account SID or auth token",
+            refused_as="invalid token",
+            unreachable="could not look up the Twilio account",
+            log=log,
+        )
         log.info("sms webhook at %s for %s", WEBHOOK_PATH, self._from)
 
     async def stop(self) -> None:
@@ -262,8 +288,12 @@ class SmsAdapter:
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "account": self.account_name, "last_error": self.last_error,
-                "keywords_dropped": self.keywords_dropped}  # fmt: skip
+        return {
+            "state": self.state,
+            "account": self.account_name,
+            "last_error": self.last_error,
+            "keywords_dropped": self.keywords_dropped,
+        }
 
     # --- webhook --------------------------------------------------------------------
 
@@ -304,10 +334,14 @@ class SmsAdapter:
         for part in split_message(plain_text(msg.text), LIMIT):
             try:
                 sent = await call_with_retry(
-                    lambda part=part: self._rest(lambda c: c.messages.create_async(
-                        to=msg.chat_id, from_=self._from, body=part)),
-                    backoff=self._backoff, log=log,
-                )  # fmt: skip
+                    lambda part=part: self._rest(
+                        lambda c: c.messages.create_async(
+                            to=msg.chat_id, from_=self._from, body=part
+                        )
+                    ),
+                    backoff=self._backoff,
+                    log=log,
+                )
             except InvalidToken as exc:
                 self.last_error = "invalid credentials"
                 log.error("twilio refused the auth token; replies fail until it is fixed (%s)", exc)

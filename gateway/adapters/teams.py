@@ -109,9 +109,11 @@ def clean_text(text: str, entities: Any, bot_ids: set[str]) -> tuple[str, bool]:
 
 
 def to_inbound(
-    activity: Mapping[str, Any], bot_ids: set[str],
-    active_threads: set[tuple[str, str]] | None = None, require_mention: bool = True,
-) -> InboundMessage | None:  # fmt: skip
+    activity: Mapping[str, Any],
+    bot_ids: set[str],
+    active_threads: set[tuple[str, str]] | None = None,
+    require_mention: bool = True,
+) -> InboundMessage | None:
     """A Bot Framework message activity as an InboundMessage, or None when it is none
     (another activity type, the bot's own, no text, malformed)."""
     try:
@@ -133,23 +135,43 @@ def to_inbound(
             source = SessionSource("teams", str(conversation["id"]), ChatType.DM, user, name)
             addressed = True
         elif kind == "groupChat":
-            source = SessionSource("teams", str(conversation["id"]), ChatType.GROUP, user, name,
-                                   conversation.get("name"))  # fmt: skip
+            source = SessionSource(
+                "teams",
+                str(conversation["id"]),
+                ChatType.GROUP,
+                user,
+                name,
+                conversation.get("name"),
+            )
             addressed = mentions_bot or not require_mention
         elif kind == "channel":
             base, root = split_conversation(str(conversation["id"]))
             channel = ((activity.get("channelData") or {}).get("channel") or {}).get("id") or base
             thread = root or activity_id  # a top-level post is the root of its own thread
             addressed = (
-                mentions_bot or not require_mention or (str(channel), thread) in (active_threads or set())
-            )  # fmt: skip
-            source = SessionSource("teams", str(channel), ChatType.CHANNEL, user, name,
-                                   conversation.get("name"), thread)  # fmt: skip
+                mentions_bot
+                or not require_mention
+                or (str(channel), thread) in (active_threads or set())
+            )
+            source = SessionSource(
+                "teams",
+                str(channel),
+                ChatType.CHANNEL,
+                user,
+                name,
+                conversation.get("name"),
+                thread,
+            )
         else:
             return None
-        return InboundMessage(source=source, text=text, platform_message_id=activity_id,
-                              received_at=_timestamp(activity.get("timestamp")),
-                              mentioned=addressed, reply_to=activity_id)  # fmt: skip
+        return InboundMessage(
+            source=source,
+            text=text,
+            platform_message_id=activity_id,
+            received_at=_timestamp(activity.get("timestamp")),
+            mentioned=addressed,
+            reply_to=activity_id,
+        )
     except (KeyError, TypeError, AttributeError, ValueError):
         log.info("ignored a malformed Teams activity: %.200r", activity)
         return None
@@ -175,22 +197,32 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds):
 
         found = []
         if not api_enabled:
-            found.append(ConfigError("platforms.teams.enabled", "Teams posts activities to the api "
-                                     "server (/teams/messages): enable platforms.api"))  # fmt: skip
+            found.append(
+                ConfigError(
+                    "platforms.teams.enabled",
+                    "Teams posts activities to the api "
+                    "server (/teams/messages): enable platforms.api",
+                )
+            )
         if any(importlib.util.find_spec(m) is None for m in ("jwt", "cryptography")):
-            found.append(ConfigError("platforms.teams", "needs the PyJWT package (with cryptography): "
-                                     "pip install 'switchboard[teams]'"))  # fmt: skip
+            found.append(
+                ConfigError(
+                    "platforms.teams",
+                    "needs the PyJWT package (with cryptography): pip install 'switchboard[teams]'",
+                )
+            )
         return found
 
     @classmethod
     def from_config(cls, settings: TeamsSettings, secrets: Mapping[str, str]) -> TeamsAdapter:
         return cls(
-            secrets.get("app_id_env", ""), secrets.get("token_env", ""),
+            secrets.get("app_id_env", ""),
+            secrets.get("token_env", ""),
             metadata_url=settings.openid_metadata_url or DEFAULT_METADATA_URL,
             token_url=settings.token_url or DEFAULT_TOKEN_URL,
             service_url=settings.base_url or DEFAULT_SERVICE_URL,
             require_mention=settings.require_mention,
-        )  # fmt: skip
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {MESSAGES_PATH: self.handle_activity}
@@ -235,10 +267,16 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds):
     # --- one running bot --------------------------------------------------------------
 
     def __init__(
-        self, app_id: str, password: str, *, metadata_url: str = DEFAULT_METADATA_URL,
-        token_url: str = DEFAULT_TOKEN_URL, service_url: str = DEFAULT_SERVICE_URL,
-        require_mention: bool = True, backoff: Backoff = DEFAULT_BACKOFF,
-    ) -> None:  # fmt: skip
+        self,
+        app_id: str,
+        password: str,
+        *,
+        metadata_url: str = DEFAULT_METADATA_URL,
+        token_url: str = DEFAULT_TOKEN_URL,
+        service_url: str = DEFAULT_SERVICE_URL,
+        require_mention: bool = True,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
         self.app_id = app_id
         self._password = password
         self._token_url = token_url
@@ -254,9 +292,11 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds):
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._threads: set[tuple[str, str]] = set()
         self._typing: TypingLoops[tuple[str, str | None]] = TypingLoops(
-            "teams.typing", self._show_typing, every_s=TYPING_EVERY_S,
+            "teams.typing",
+            self._show_typing,
+            every_s=TYPING_EVERY_S,
             alive=lambda: self._connector is not None,
-        )  # fmt: skip
+        )
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
 
@@ -295,8 +335,13 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds):
         self.state = failed_state or AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "app_id": self.app_id, "last_error": self.last_error,
-                "conversations": len(self._refs), "typing_in": sorted(conversation_of(*at) for at in self._typing)}  # fmt: skip
+        return {
+            "state": self.state,
+            "app_id": self.app_id,
+            "last_error": self.last_error,
+            "conversations": len(self._refs),
+            "typing_in": sorted(conversation_of(*at) for at in self._typing),
+        }
 
     # --- inbound ------------------------------------------------------------------------
 
@@ -444,8 +489,11 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds):
         if not is_channel:
             return None
         data: dict[str, Any] = {"channel": {"id": chat_id}}
-        params: dict[str, Any] = {"isGroup": True, "channelData": data,
-                                  "activity": {"type": "message", "text": name, "textFormat": "markdown"}}  # fmt: skip
+        params: dict[str, Any] = {
+            "isGroup": True,
+            "channelData": data,
+            "activity": {"type": "message", "text": name, "textFormat": "markdown"},
+        }
         if ref is not None and ref.tenant_id:
             data["tenant"] = {"id": ref.tenant_id}
             params["tenantId"] = ref.tenant_id

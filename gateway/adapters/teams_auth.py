@@ -86,9 +86,14 @@ class BotFrameworkAuth:
             raise TokenRefused(401, "token signed by an unknown key")
         try:
             claims = jwt.decode(
-                token, key.key, algorithms=["RS256"], audience=self.app_id, issuer=self.issuer,
-                leeway=self.leeway_s, options={"require": ["exp", "iss", "aud"]},
-            )  # fmt: skip
+                token,
+                key.key,
+                algorithms=["RS256"],
+                audience=self.app_id,
+                issuer=self.issuer,
+                leeway=self.leeway_s,
+                options={"require": ["exp", "iss", "aud"]},
+            )
         except (jwt.InvalidAudienceError, jwt.InvalidIssuerError) as exc:
             raise TokenRefused(403, f"token not for this bot ({exc})") from exc
         except jwt.PyJWTError as exc:  # signature, expiry, not-before, missing claims

@@ -69,8 +69,14 @@ class ConversationRef:
         return chat, cls(service_url, kind, tenant, bot)
 
     def dumps(self) -> str:
-        return json.dumps({"service_url": self.service_url, "kind": self.kind,
-                           "tenant_id": self.tenant_id, "bot_id": self.bot_id})  # fmt: skip
+        return json.dumps(
+            {
+                "service_url": self.service_url,
+                "kind": self.kind,
+                "tenant_id": self.tenant_id,
+                "bot_id": self.bot_id,
+            }
+        )
 
     @classmethod
     def loads(cls, text: str) -> ConversationRef | None:
@@ -89,12 +95,23 @@ class ConversationRef:
 class BotToken:
     """The bot's bearer token for the Connector, cached until `expires_in - EARLY_S`."""
 
-    def __init__(self, http: Any, token_url: str, app_id: str, password: str, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        http: Any,
+        token_url: str,
+        app_id: str,
+        password: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._http = http
         self.token_url = token_url
-        self._form = {"grant_type": "client_credentials", "client_id": app_id,
-                      "client_secret": password, "scope": SCOPE}  # fmt: skip
+        self._form = {
+            "grant_type": "client_credentials",
+            "client_id": app_id,
+            "client_secret": password,
+            "scope": SCOPE,
+        }
         self._clock = clock
         self._token: str | None = None
         self._until = 0.0
@@ -150,9 +167,14 @@ class Connector:
         self._backoff = backoff
 
     async def post_activity(
-        self, service_url: str, conversation_id: str, activity: Mapping[str, Any],
-        reply_to: str | None = None, *, once: bool = False,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        service_url: str,
+        conversation_id: str,
+        activity: Mapping[str, Any],
+        reply_to: str | None = None,
+        *,
+        once: bool = False,
+    ) -> dict[str, Any]:
         """Send an activity into a conversation (as a reply to `reply_to` when given);
         `once`: a single attempt, for what is not worth a wait (typing)."""
         path = f"v3/conversations/{quote(conversation_id, safe='')}/activities"

@@ -101,18 +101,25 @@ def to_inbound(
             p for p in (sender.get("first_name"), sender.get("last_name")) if p
         ) or sender.get("username")
         source = SessionSource(
-            platform="telegram", chat_id=str(chat["id"]), chat_type=ctype,
-            user_id=None if user_id is None else str(user_id), user_name=name or None,
-            chat_name=chat.get("title") or None, thread_id=None if thread is None else str(thread),
-        )  # fmt: skip
+            platform="telegram",
+            chat_id=str(chat["id"]),
+            chat_type=ctype,
+            user_id=None if user_id is None else str(user_id),
+            user_name=name or None,
+            chat_name=chat.get("title") or None,
+            thread_id=None if thread is None else str(thread),
+        )
         mentioned = True
         if ctype != ChatType.DM and require_mention:
             mentioned = _addressed(msg, text, bot_username)
         return InboundMessage(
-            source=source, text=_strip_mention(text, bot_username), platform_message_id=str(msg["message_id"]),
-            received_at=float(msg.get("date") or time.time()), mentioned=mentioned,
+            source=source,
+            text=_strip_mention(text, bot_username),
+            platform_message_id=str(msg["message_id"]),
+            received_at=float(msg.get("date") or time.time()),
+            mentioned=mentioned,
             reply_to=str(msg["message_id"]),
-        )  # fmt: skip
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         log.info("ignored a malformed Telegram update: %.200r", update)
         return None
@@ -160,8 +167,12 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
         out = []
         if settings.mode == "webhook":
             if not api_enabled:
-                out.append(ConfigError("platforms.telegram.mode",
-                                       "the webhook is served by the api server: enable platforms.api"))  # fmt: skip
+                out.append(
+                    ConfigError(
+                        "platforms.telegram.mode",
+                        "the webhook is served by the api server: enable platforms.api",
+                    )
+                )
             if not settings.webhook_url:
                 out.append(
                     ConfigError("platforms.telegram.webhook_url", "is required in webhook mode")
@@ -174,21 +185,24 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
         caller with 409 Conflict, and each would ack the other's offset."""
         if settings.mode != "polling":
             return []
-        return [ConfigError(
-            "platforms.telegram.mode",
-            f"polling cannot be shared by {replicas} replicas (cluster.replicas): Telegram "
-            "allows one getUpdates poller per bot; use mode: webhook behind the load balancer",
-        )]  # fmt: skip
+        return [
+            ConfigError(
+                "platforms.telegram.mode",
+                f"polling cannot be shared by {replicas} replicas (cluster.replicas): Telegram "
+                "allows one getUpdates poller per bot; use mode: webhook behind the load balancer",
+            )
+        ]
 
     @classmethod
     def from_config(cls, settings: TelegramSettings, secrets: Mapping[str, str]) -> TelegramAdapter:
         webhook = settings.mode == "webhook"
         return cls(
-            secrets.get("token_env", ""), base_url=settings.base_url,
+            secrets.get("token_env", ""),
+            base_url=settings.base_url,
             require_mention=settings.require_mention,
             webhook_url=settings.webhook_url if webhook else None,
             webhook_secret=secrets.get("webhook_secret_env") if webhook else None,
-        )  # fmt: skip
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook} if self._webhook_url else {}
@@ -196,11 +210,15 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
     @classmethod
     def setup_steps(cls, settings: TelegramSettings) -> list[str]:
         """What to do on Telegram's side (`switchboard setup` prints it)."""
-        steps = ["BotFather: /newbot gives the token; /setprivacy -> Disable lets the bot "
-                 "read group messages that do not mention it (require_mention: false)"]  # fmt: skip
+        steps = [
+            "BotFather: /newbot gives the token; /setprivacy -> Disable lets the bot "
+            "read group messages that do not mention it (require_mention: false)"
+        ]
         if settings.mode == "webhook":
-            steps.append("webhook mode: the daemon registers webhook_url with Telegram at "
-                         "start; it must reach /telegram/webhook on the api server")  # fmt: skip
+            steps.append(
+                "webhook mode: the daemon registers webhook_url with Telegram at "
+                "start; it must reach /telegram/webhook on the api server"
+            )
         return steps
 
     @classmethod
@@ -215,8 +233,12 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
         # one request object, closed here: Bot.shutdown() skips a bot never initialize()d
         request = AiohttpRequest(connect_timeout=5, read_timeout=10, pool_size=1)
         base_url = (settings.base_url or DEFAULT_API).rstrip("/")
-        bot = Bot(secrets.get("token_env", ""), base_url=base_url, request=request,
-                  get_updates_request=request)  # fmt: skip
+        bot = Bot(
+            secrets.get("token_env", ""),
+            base_url=base_url,
+            request=request,
+            get_updates_request=request,
+        )
         try:
             await request.initialize()
             me = await bot.get_me()
@@ -283,10 +305,12 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
 
         base = (self._base_url or DEFAULT_API).rstrip("/")
         self._bot = Bot(
-            self._token, base_url=base, base_file_url=base.replace("/bot", "/file/bot"),
+            self._token,
+            base_url=base,
+            base_file_url=base.replace("/bot", "/file/bot"),
             request=AiohttpRequest(connect_timeout=5, read_timeout=20, pool_size=CALLS_IN_FLIGHT),
             get_updates_request=sanitizing_request(connect_timeout=5, read_timeout=10),
-        )  # fmt: skip
+        )
         try:
             await self._bot.initialize()  # getMe
         except tg_error.InvalidToken as exc:
@@ -304,13 +328,19 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
         self._emit = emit
         await self.open_outbound()
         if self._webhook_url:
-            await self._call(lambda: self._bot.set_webhook(
-                url=self._webhook_url, secret_token=self._webhook_secret, allowed_updates=Update.ALL_TYPES))  # fmt: skip
+            await self._call(
+                lambda: self._bot.set_webhook(
+                    url=self._webhook_url,
+                    secret_token=self._webhook_secret,
+                    allowed_updates=Update.ALL_TYPES,
+                )
+            )
         else:
             # polling and a webhook exclude each other; pending updates are kept
             await self._call(lambda: self._bot.delete_webhook(drop_pending_updates=False))
-            self._poller = Poller(self._bot, self._take, timeout_s=self._poll_timeout,
-                                  backoff=self._backoff)  # fmt: skip
+            self._poller = Poller(
+                self._bot, self._take, timeout_s=self._poll_timeout, backoff=self._backoff
+            )
             self._poll_task = asyncio.create_task(self._poll(), name="telegram.poll")
         self.state = AdapterState.RUNNING
         log.info(
@@ -357,8 +387,7 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
         try:
             await self._take(data)
         except NotAccepted as exc:
-            log.warning("telegram update %s not accepted (Telegram will retry): %s",
-                        update_id, exc)  # fmt: skip
+            log.warning("telegram update %s not accepted (Telegram will retry): %s", update_id, exc)
             return web.Response(status=503, text="not accepted, retry")
         except Exception:
             log.exception("telegram update %s failed (Telegram will retry)", update_id)
@@ -385,8 +414,11 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
             self._bot = None
 
     def health(self) -> dict[str, object]:
-        out: dict[str, object] = {"state": self.state, "bot": self.bot_username,
-                                  "last_error": self.last_error}  # fmt: skip
+        out: dict[str, object] = {
+            "state": self.state,
+            "bot": self.bot_username,
+            "last_error": self.last_error,
+        }
         if self._poller is not None:
             out["offset"] = self._poller.offset
             out["last_error"] = self._poller.last_error or self.last_error
@@ -413,9 +445,10 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
         chat_id, thread_id = where
         async with self._calls:
             await self._bot.send_chat_action(
-                chat_id=int(chat_id), action="typing",
+                chat_id=int(chat_id),
+                action="typing",
                 message_thread_id=int(thread_id) if thread_id else None,
-            )  # fmt: skip
+            )
 
     # --- outbound -----------------------------------------------------------------------
 
@@ -446,8 +479,11 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
         thread = int(msg.thread_id) if msg.thread_id else None
         for part in split_message(msg.text, LIMIT, utf16_len):
             try:
-                sent = await self._call(lambda part=part: self._bot.send_message(
-                    chat_id=int(msg.chat_id), text=part, message_thread_id=thread))  # fmt: skip
+                sent = await self._call(
+                    lambda part=part: self._bot.send_message(
+                        chat_id=int(msg.chat_id), text=part, message_thread_id=thread
+                    )
+                )
             except tg_error.TelegramError as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 raise AdapterError(f"telegram refused the message: {exc}") from exc

@@ -54,7 +54,9 @@ def sanitizing_request(**kwargs: Any) -> Any:
     from gateway.adapters.telegram_request import AiohttpRequest
 
     def sanitize(url: str, status: int, payload: bytes) -> bytes:
-        return sanitize_updates(payload) if status == 200 and url.endswith("/getUpdates") else payload
+        return (
+            sanitize_updates(payload) if status == 200 and url.endswith("/getUpdates") else payload
+        )
 
     return AiohttpRequest(pool_size=1, transform=sanitize, **kwargs)
 
@@ -105,14 +107,19 @@ class Poller:
                 return
             except tg_error.Conflict as exc:
                 failures += 1
-                self._note(f"Conflict: {exc}", "telegram 409 Conflict: another getUpdates "
-                           "poller or a webhook uses this bot token (%s)", exc)  # fmt: skip
+                self._note(
+                    f"Conflict: {exc}",
+                    "telegram 409 Conflict: another getUpdates "
+                    "poller or a webhook uses this bot token (%s)",
+                    exc,
+                )
                 await asyncio.sleep(self._backoff.delay(failures))
                 continue
             except tg_error.TelegramError as exc:  # network trouble, 5xx, timeouts
                 failures += 1
-                self._note(f"{type(exc).__name__}: {exc}", "telegram polling error "
-                           "(retrying): %s", exc)  # fmt: skip
+                self._note(
+                    f"{type(exc).__name__}: {exc}", "telegram polling error (retrying): %s", exc
+                )
                 await asyncio.sleep(self._backoff.delay(failures))
                 continue
             failures = 0
@@ -121,8 +128,12 @@ class Poller:
                     await self._handle(update.to_dict())
                 except NotAccepted as exc:
                     failures += 1
-                    self._note(f"NotAccepted: {exc}", "telegram update %s not accepted "
-                               "(polling it again): %s", update.update_id, exc)  # fmt: skip
+                    self._note(
+                        f"NotAccepted: {exc}",
+                        "telegram update %s not accepted (polling it again): %s",
+                        update.update_id,
+                        exc,
+                    )
                     await asyncio.sleep(self._backoff.delay(failures))
                     break
                 except Exception:  # never ack what we could not hand over

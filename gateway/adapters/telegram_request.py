@@ -30,10 +30,15 @@ class AiohttpRequest(BaseRequest):
     sees every answer before PTB parses it (the poller's getUpdates sanitizer)."""
 
     def __init__(
-        self, *, connect_timeout: float = 5.0, read_timeout: float = 20.0,
-        write_timeout: float = 5.0, pool_timeout: float = 1.0, pool_size: int = 64,
+        self,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 20.0,
+        write_timeout: float = 5.0,
+        pool_timeout: float = 1.0,
+        pool_size: int = 64,
         transform: Transform | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._connect = connect_timeout
         self._read = read_timeout
         self._write = write_timeout
@@ -62,10 +67,15 @@ class AiohttpRequest(BaseRequest):
             await session.close()
 
     async def do_request(
-        self, url: str, method: str, request_data: RequestData | None = None,
-        read_timeout: Any = BaseRequest.DEFAULT_NONE, write_timeout: Any = BaseRequest.DEFAULT_NONE,
-        connect_timeout: Any = BaseRequest.DEFAULT_NONE, pool_timeout: Any = BaseRequest.DEFAULT_NONE,
-    ) -> tuple[int, bytes]:  # fmt: skip
+        self,
+        url: str,
+        method: str,
+        request_data: RequestData | None = None,
+        read_timeout: Any = BaseRequest.DEFAULT_NONE,
+        write_timeout: Any = BaseRequest.DEFAULT_NONE,
+        connect_timeout: Any = BaseRequest.DEFAULT_NONE,
+        pool_timeout: Any = BaseRequest.DEFAULT_NONE,
+    ) -> tuple[int, bytes]:
         session = self._session
         if session is None or session.closed:
             raise RuntimeError("this AiohttpRequest is not initialized")
@@ -76,8 +86,11 @@ class AiohttpRequest(BaseRequest):
         # aiohttp's `connect` covers the wait for a pooled connection and the TCP connect;
         # a body is written within the read budget (aiohttp has no separate write timeout)
         timeout = aiohttp.ClientTimeout(
-            total=None, connect=_sum(pool, connect), sock_connect=connect, sock_read=_sum(read, write)
-        )  # fmt: skip
+            total=None,
+            connect=_sum(pool, connect),
+            sock_connect=connect,
+            sock_read=_sum(read, write),
+        )
         try:
             async with session.request(
                 method, url, data=_body(request_data), timeout=timeout

@@ -54,10 +54,15 @@ REPLIES = WebhookReplies(
 )
 PATH = "/webhooks/{}"
 ANSWERED_MEMORY = 10_000  # recent answers, to answer a replayed id without a second turn
-_DROPPED = {"unauthorised": (403, "this user may not use the gateway"),
-            "shutting_down": (503, "the gateway is shutting down; send it again"),
-            "unstorable": (400, "the message holds a value the store can never keep; nothing "
-                           "was stored, and sending it again cannot help")}  # fmt: skip
+_DROPPED = {
+    "unauthorised": (403, "this user may not use the gateway"),
+    "shutting_down": (503, "the gateway is shutting down; send it again"),
+    "unstorable": (
+        400,
+        "the message holds a value the store can never keep; nothing "
+        "was stored, and sending it again cannot help",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class WebhookAdapter(TurnHooks, HomeIds):
                 f"endpoints.{name}.secret_env",
                 str(spec["secret_env"]),
                 f"the signing secret of endpoint {name}",
-            )  # fmt: skip
+            )
             for name, spec in settings.endpoints.items()
             if isinstance(spec, Mapping) and isinstance(spec.get("secret_env"), str)
         ]
@@ -109,14 +114,22 @@ class WebhookAdapter(TurnHooks, HomeIds):
     def problems(cls, settings: WebhookSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if not api_enabled:
-            out.append(ConfigError("platforms.webhook.enabled",
-                                   "the endpoints are served by the api server: enable platforms.api"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.webhook.enabled",
+                    "the endpoints are served by the api server: enable platforms.api",
+                )
+            )
         if not settings.endpoints:
             out.append(ConfigError("platforms.webhook.endpoints", "needs at least one endpoint"))
         for key in ("token_env", "base_url"):
             if getattr(settings, key) is not None:
-                out.append(ConfigError(f"platforms.webhook.{key}",
-                                       "is not used by the webhook (each endpoint has secret_env)"))  # fmt: skip
+                out.append(
+                    ConfigError(
+                        f"platforms.webhook.{key}",
+                        "is not used by the webhook (each endpoint has secret_env)",
+                    )
+                )
         return out
 
     @classmethod
@@ -128,7 +141,7 @@ class WebhookAdapter(TurnHooks, HomeIds):
                 spec.get("mode", "sync"),
                 spec.get("callback_url"),
                 float(spec.get("reply_timeout_seconds", 25)),
-            )  # fmt: skip
+            )
             for name, spec in settings.endpoints.items()
         ]
 
@@ -218,9 +231,13 @@ class WebhookAdapter(TurnHooks, HomeIds):
             self._http = None
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "endpoints": sorted(self._endpoints),
-                "waiting_requests": len(self._pending), "refused": self.refused,
-                "last_error": self.last_error}  # fmt: skip
+        return {
+            "state": self.state,
+            "endpoints": sorted(self._endpoints),
+            "waiting_requests": len(self._pending),
+            "refused": self.refused,
+            "last_error": self.last_error,
+        }
 
     # --- inbound --------------------------------------------------------------------
 
@@ -280,9 +297,15 @@ class WebhookAdapter(TurnHooks, HomeIds):
         except TimeoutError:
             ex.late = True
             where = "POSTed to the callback_url" if ep.callback_url else "kept in the session only"
-            return web.json_response({"id": slot[1], "status": "accepted", "reply": None,
-                                      "detail": f"no reply within {ep.reply_timeout_s:g} s; it will be {where}"},
-                                     status=202)  # fmt: skip
+            return web.json_response(
+                {
+                    "id": slot[1],
+                    "status": "accepted",
+                    "reply": None,
+                    "detail": f"no reply within {ep.reply_timeout_s:g} s; it will be {where}",
+                },
+                status=202,
+            )
         except asyncio.CancelledError:
             if ex.done.cancelled():
                 return web.json_response({"error": "the gateway is shutting down"}, status=503)
@@ -299,8 +322,13 @@ class WebhookAdapter(TurnHooks, HomeIds):
             return web.json_response({"error": out.text}, status=503)
         if out.error == "unstorable":  # not stored, and it never can be
             return web.json_response({"error": out.text}, status=400)
-        answer = {"id": slot[1], "reply": out.text, "notices": list(ex.notices),
-                  "session_id": out.session_id, "error": out.error}  # fmt: skip
+        answer = {
+            "id": slot[1],
+            "reply": out.text,
+            "notices": list(ex.notices),
+            "session_id": out.session_id,
+            "error": out.error,
+        }
         if first:
             self._remember(slot, answer)
         return web.json_response({**answer, "duplicate": not first})
@@ -333,19 +361,38 @@ class WebhookAdapter(TurnHooks, HomeIds):
             if not ex.late:
                 return SentRef(self.platform, msg.chat_id, (msg.reply_to or "",))
             if not msg.notice and msg.error != "storage":  # a replay now gets it at once
-                self._remember(slot, {"id": slot[1], "reply": msg.text, "notices": ex.notices,
-                                      "session_id": msg.session_id, "error": msg.error})  # fmt: skip
+                self._remember(
+                    slot,
+                    {
+                        "id": slot[1],
+                        "reply": msg.text,
+                        "notices": ex.notices,
+                        "session_id": msg.session_id,
+                        "error": msg.error,
+                    },
+                )
         name, chat = split_chat(msg.chat_id)
         ep = self._endpoints.get(name)
         if ep is None or not ep.callback_url:
-            log.warning("reply for %s kept in the session only: endpoint %r has no callback_url",
-                        msg.chat_id, name)  # fmt: skip
+            log.warning(
+                "reply for %s kept in the session only: endpoint %r has no callback_url",
+                msg.chat_id,
+                name,
+            )
             return SentRef(self.platform, msg.chat_id, ())
         delivery = f"dlv-{uuid.uuid4().hex}"
-        payload = {"type": "notice" if msg.notice else "reply", "delivery_id": delivery,
-                   "endpoint": name, "chat_id": msg.chat_id, "chat": chat,
-                   "thread": msg.thread_id, "reply_to": msg.reply_to, "text": msg.text,
-                   "session_id": msg.session_id, "error": msg.error}  # fmt: skip
+        payload = {
+            "type": "notice" if msg.notice else "reply",
+            "delivery_id": delivery,
+            "endpoint": name,
+            "chat_id": msg.chat_id,
+            "chat": chat,
+            "thread": msg.thread_id,
+            "reply_to": msg.reply_to,
+            "text": msg.text,
+            "session_id": msg.session_id,
+            "error": msg.error,
+        }
         try:
             await call_with_retry(lambda: self._post(ep, payload), backoff=self._backoff, log=log)
         except AdapterError as exc:
@@ -366,8 +413,10 @@ class WebhookAdapter(TurnHooks, HomeIds):
                 trace_configs=[send_by_trace()],  # a reply that set out late stops here
             )
         body = json.dumps(payload, ensure_ascii=False).encode()
-        headers = {"Content-Type": "application/json",
-                   HEADER: sign(ep.secret, int(self._clock()), body)}  # fmt: skip
+        headers = {
+            "Content-Type": "application/json",
+            HEADER: sign(ep.secret, int(self._clock()), body),
+        }
         try:
             async with self._http.post(str(ep.callback_url), data=body, headers=headers) as resp:
                 if resp.status == 429:

@@ -38,7 +38,9 @@ class Refusal:
     reason: str
 
 
-def verify(secret: str, header: str | None, body: bytes, now: float, tolerance_s: float) -> Refusal | None:  # fmt: skip
+def verify(
+    secret: str, header: str | None, body: bytes, now: float, tolerance_s: float
+) -> Refusal | None:
     """None when `header` signs `body` with `secret` at a time within `tolerance_s` of `now`;
     else why not. Every `v1=` is tried (a caller rotating its secret may send two)."""
     if not header:
@@ -121,15 +123,23 @@ def to_inbound(endpoint: str, body: Any, received_at: float = 0.0) -> InboundMes
         raise ValueError("the body must be a JSON object")
     unknown = sorted(set(body) - {"id", "user", "text", "chat", "thread", "user_name"})
     if unknown:
-        raise ValueError(f"unknown field {unknown[0]!r} (known: id, user, text, chat, thread, user_name)")  # fmt: skip
+        raise ValueError(
+            f"unknown field {unknown[0]!r} (known: id, user, text, chat, thread, user_name)"
+        )
     mid, user = _field(body, "id", True), _field(body, "user", True)
     text = _field(body, "text", True)
     chat, thread = _field(body, "chat", False), _field(body, "thread", False)
     name = _field(body, "user_name", False)
     if thread is not None and chat is None:
         raise ValueError("thread needs chat (a thread lives in a chat)")
-    source = SessionSource("webhook", f"{endpoint}:{chat or user}",
-                           ChatType.GROUP if chat else ChatType.DM, user, name,
-                           thread_id=thread)  # fmt: skip
-    return InboundMessage(source, str(text), platform_message_id=mid, received_at=received_at,
-                          reply_to=mid)  # fmt: skip
+    source = SessionSource(
+        "webhook",
+        f"{endpoint}:{chat or user}",
+        ChatType.GROUP if chat else ChatType.DM,
+        user,
+        name,
+        thread_id=thread,
+    )
+    return InboundMessage(
+        source, str(text), platform_message_id=mid, received_at=received_at, reply_to=mid
+    )

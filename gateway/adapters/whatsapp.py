@@ -91,21 +91,32 @@ class WhatsAppAdapter(Typing):
     def problems(cls, settings: WhatsAppSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if not api_enabled:
-            out.append(ConfigError("platforms.whatsapp.enabled",
-                                   "the webhook is served by the api server: enable platforms.api"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.whatsapp.enabled",
+                    "the webhook is served by the api server: enable platforms.api",
+                )
+            )
         if not settings.phone_number_id:
-            out.append(ConfigError("platforms.whatsapp.phone_number_id",
-                                   "is required (Meta's console: WhatsApp > API Setup)"))  # fmt: skip
+            out.append(
+                ConfigError(
+                    "platforms.whatsapp.phone_number_id",
+                    "is required (Meta's console: WhatsApp > API Setup)",
+                )
+            )
         return out
 
     @classmethod
     def from_config(cls, settings: WhatsAppSettings, secrets: Mapping[str, str]) -> WhatsAppAdapter:
         return cls(
-            str(settings.phone_number_id), secrets.get("token_env", ""),
-            secrets.get("app_secret_env", ""), secrets.get("verify_token_env", ""),
-            api_version=settings.api_version, base_url=settings.base_url,
+            str(settings.phone_number_id),
+            secrets.get("token_env", ""),
+            secrets.get("app_secret_env", ""),
+            secrets.get("verify_token_env", ""),
+            api_version=settings.api_version,
+            base_url=settings.base_url,
             max_age_s=settings.max_age_seconds,
-        )  # fmt: skip
+        )
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook, f"GET {WEBHOOK_PATH}": self.handle_handshake}
@@ -159,9 +170,14 @@ class WhatsAppAdapter(Typing):
     async def start(self, emit: Emit) -> None:
         self._emit = emit
         self.number_name = await start_whoami(
-            self, self._whoami, by="whatsapp", credential="access token",
-            refused_as="invalid token", unreachable="could not look up the business number", log=log,
-        )  # fmt: skip
+            self,
+            self._whoami,
+            by="whatsapp",
+            credential="access token",
+            refused_as="invalid token",
+            unreachable="could not look up the business number",
+            log=log,
+        )
         log.info("whatsapp webhook at %s for %s", WEBHOOK_PATH, self.number_name or self._number)
 
     async def stop(self) -> None:
@@ -174,8 +190,13 @@ class WhatsAppAdapter(Typing):
         self.state = AdapterState.STOPPED
 
     def health(self) -> dict[str, object]:
-        return {"state": self.state, "number": self.number_name, "last_error": self.last_error,
-                "window_closed": self.window_closed, "stale_dropped": self.stale_dropped}  # fmt: skip
+        return {
+            "state": self.state,
+            "number": self.number_name,
+            "last_error": self.last_error,
+            "window_closed": self.window_closed,
+            "stale_dropped": self.stale_dropped,
+        }
 
     # --- webhooks ---------------------------------------------------------------------
 
@@ -186,9 +207,10 @@ class WhatsAppAdapter(Typing):
         q = request.query
         token = q.get("hub.verify_token", "")
         if (
-            q.get("hub.mode") == "subscribe" and self._verify
+            q.get("hub.mode") == "subscribe"
+            and self._verify
             and hmac.compare_digest(token.encode(), self._verify.encode())
-        ):  # fmt: skip
+        ):
             return web.Response(text=q.get("hub.challenge", ""))
         return web.Response(status=403, text="forbidden")
 
@@ -225,8 +247,12 @@ class WhatsAppAdapter(Typing):
         age = now - msg.received_at
         if age > self._max_age:
             self.stale_dropped += 1
-            log.info("dropped stale message %s (%.0fs old, limit %.0fs)",
-                     msg.platform_message_id, age, self._max_age)  # fmt: skip
+            log.info(
+                "dropped stale message %s (%.0fs old, limit %.0fs)",
+                msg.platform_message_id,
+                age,
+                self._max_age,
+            )
             return None
         return msg
 
@@ -240,9 +266,13 @@ class WhatsAppAdapter(Typing):
         if code == WINDOW_CLOSED:
             self.window_closed += 1
         self.last_error = f"delivery failed ({code})"
-        log.warning("whatsapp could not deliver %s to %s (error %s%s)", status.get("id"),
-                    status.get("recipient_id"), code,
-                    ": the 24-hour window is closed" if code == WINDOW_CLOSED else "")  # fmt: skip
+        log.warning(
+            "whatsapp could not deliver %s to %s (error %s%s)",
+            status.get("id"),
+            status.get("recipient_id"),
+            code,
+            ": the 24-hour window is closed" if code == WINDOW_CLOSED else "",
+        )
 
     # --- Graph API ----------------------------------------------------------------------
 
@@ -276,15 +306,21 @@ class WhatsAppAdapter(Typing):
         self._stop_typing(msg.chat_id)
         ids: list[str] = []
         for i, part in enumerate(split_message(to_whatsapp(msg.text), LIMIT)):
-            body: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual",
-                                    "to": msg.chat_id, "type": "text", "text": {"body": part}}  # fmt: skip
+            body: dict[str, Any] = {
+                "messaging_product": "whatsapp",
+                "recipient_type": "individual",
+                "to": msg.chat_id,
+                "type": "text",
+                "text": {"body": part},
+            }
             if i == 0 and msg.reply_to:
                 body["context"] = {"message_id": msg.reply_to}
             try:
                 data = await call_with_retry(
                     lambda body=body: self._call("POST", f"{self._number}/messages", body),
-                    backoff=self._backoff, log=log,
-                )  # fmt: skip
+                    backoff=self._backoff,
+                    log=log,
+                )
             except WindowClosed as exc:
                 self.window_closed += 1
                 self.last_error = "24-hour window closed"
@@ -310,11 +346,16 @@ class WhatsAppAdapter(Typing):
     # reply arrives or 25 s pass (Meta's limit); one call per turn is enough.
     def turn_started(self, msg: InboundMessage) -> None:
         if msg.platform_message_id and msg.source.chat_id not in self._typing:
-            body = {"messaging_product": "whatsapp", "status": "read",
-                    "message_id": msg.platform_message_id, "typing_indicator": {"type": "text"}}  # fmt: skip
+            body = {
+                "messaging_product": "whatsapp",
+                "status": "read",
+                "message_id": msg.platform_message_id,
+                "typing_indicator": {"type": "text"},
+            }
             self._typing[msg.source.chat_id] = asyncio.create_task(
-                self._typing_once(msg.source.chat_id, body), name=f"whatsapp.typing:{msg.source.chat_id}"
-            )  # fmt: skip
+                self._typing_once(msg.source.chat_id, body),
+                name=f"whatsapp.typing:{msg.source.chat_id}",
+            )
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
         self._stop_typing(msg.source.chat_id)

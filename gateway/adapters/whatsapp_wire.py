@@ -37,8 +37,9 @@ def messages_of(payload: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[s
                 continue
             names = {
                 str(c.get("wa_id")): str((c.get("profile") or {}).get("name") or "")
-                for c in value.get("contacts") or [] if isinstance(c, dict)
-            }  # fmt: skip
+                for c in value.get("contacts") or []
+                if isinstance(c, dict)
+            }
             found += [(m, names) for m in value.get("messages") or [] if isinstance(m, dict)]
     return found
 
@@ -83,8 +84,13 @@ def to_inbound(message: Mapping[str, Any], names: Mapping[str, str]) -> InboundM
         return None
     context = message.get("context") or {}
     source = SessionSource("whatsapp", sender, ChatType.DM, sender, names.get(sender) or None)
-    return InboundMessage(source, text, platform_message_id=mid, received_at=sent_at,
-                          reply_to=str(context["id"]) if context.get("id") else None)  # fmt: skip
+    return InboundMessage(
+        source,
+        text,
+        platform_message_id=mid,
+        received_at=sent_at,
+        reply_to=str(context["id"]) if context.get("id") else None,
+    )
 
 
 def signature_ok(secret: str, body: bytes, header: str | None) -> bool:

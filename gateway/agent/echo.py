@@ -15,8 +15,9 @@ def _text(m: ChatMessage) -> str:
     """A message's text: the text parts of structured (multimodal) content."""
     content = m.get("content")
     if isinstance(content, list):
-        return " ".join(p["text"] for p in content
-                        if isinstance(p, dict) and isinstance(p.get("text"), str))  # fmt: skip
+        return " ".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
     return content if isinstance(content, str) else ""
 
 

@@ -170,10 +170,13 @@ class OpenAIAgent:
             calls = msg.get("tool_calls") or []
             if not calls or not can_call:
                 return AgentReply(
-                    text=msg.get("content") or "", input_tokens=tokens_in, output_tokens=tokens_out,
-                    tool_messages=tuple(tool_messages), model=data.get("model") or self.model,
+                    text=msg.get("content") or "",
+                    input_tokens=tokens_in,
+                    output_tokens=tokens_out,
+                    tool_messages=tuple(tool_messages),
+                    model=data.get("model") or self.model,
                     tokens_estimated=estimated,
-                )  # fmt: skip
+                )
             assistant = {"role": "assistant", "content": msg.get("content"), "tool_calls": calls}
             messages.append(assistant)
             tool_messages.append(assistant)

@@ -28,12 +28,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     home = _home(args)
     config = load_config(_config_path(args, home), _environment(home))
-    setup_logging("debug" if args.debug else config.logging.level, config.logging.format,
-                  config.secrets.values())  # fmt: skip
+    setup_logging(
+        "debug" if args.debug else config.logging.level,
+        config.logging.format,
+        config.secrets.values(),
+    )
     from gateway.ops.notify import sd_notify
 
-    event_loops.run(run_until_signalled(Gateway(config=config, home=home, notify=sd_notify)),
-                    config.runtime.event_loop)  # fmt: skip
+    event_loops.run(
+        run_until_signalled(Gateway(config=config, home=home, notify=sd_notify)),
+        config.runtime.event_loop,
+    )
     return EXIT_OK
 
 
@@ -54,9 +59,13 @@ def cmd_service(args: argparse.Namespace) -> int:
     home = _home(args)
     config_path = _config_path(args, home)
     config = load_config(config_path)  # refuse to install a unit for a config that cannot start
-    path, hints = install(home=home, config=config_path, user=not args.system,
-                          drain_s=config.shutdown.drain_seconds,
-                          target=Path(args.output) if args.output else None)  # fmt: skip
+    path, hints = install(
+        home=home,
+        config=config_path,
+        user=not args.system,
+        drain_s=config.shutdown.drain_seconds,
+        target=Path(args.output) if args.output else None,
+    )
     print(f"wrote {path}\nnext:\n{hints}")
     return EXIT_OK
 
@@ -71,8 +80,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         config = load_config(_config_path(args, home), _environment(home))
     except ConfigError as exc:
         problem = str(exc)
-    checks = asyncio.run(run_doctor(home, config, problem, fix=args.fix, full=args.full,
-                                    check_platforms=not args.offline))  # fmt: skip
+    checks = asyncio.run(
+        run_doctor(
+            home, config, problem, fix=args.fix, full=args.full, check_platforms=not args.offline
+        )
+    )
     print(as_json(checks) if args.json else "\n".join(c.line() for c in checks))
     return exit_code(checks)
 
@@ -126,8 +138,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     given = ["--home", str(home.resolve())] if args.home else []  # no `.` or `..` left
     if args.config:
         given += ["--config", str(Path(args.config).expanduser().resolve())]
-    return asyncio.run(run_chat(home, config, cont=args.cont, resume=args.resume, given=given,
-                                state=state))  # fmt: skip
+    return asyncio.run(
+        run_chat(home, config, cont=args.cont, resume=args.resume, given=given, state=state)
+    )
 
 
 def _environment(home: Path) -> dict[str, str]:
@@ -151,36 +164,53 @@ def global_options(*, suppress: bool) -> argparse.ArgumentParser:
     subcommand they default to SUPPRESS so an absent one keeps the value given before."""
     common = argparse.ArgumentParser(add_help=False)
     unset = {"default": argparse.SUPPRESS} if suppress else {}
-    common.add_argument("--home", help="home directory (default $SWITCHBOARD_HOME or ~/.switchboard)",
-                        **unset)  # fmt: skip
-    common.add_argument("--config", help="config file (default <home>/config.yaml if present)",
-                        **unset)  # fmt: skip
-    common.add_argument("--debug", action="store_true",
-                        help="debug logging and full tracebacks", **unset)  # fmt: skip
+    common.add_argument(
+        "--home", help="home directory (default $SWITCHBOARD_HOME or ~/.switchboard)", **unset
+    )
+    common.add_argument(
+        "--config", help="config file (default <home>/config.yaml if present)", **unset
+    )
+    common.add_argument(
+        "--debug", action="store_true", help="debug logging and full tracebacks", **unset
+    )
     return common
 
 
 def add_command(sub: Any, name: str, summary: str, **kwargs: Any) -> argparse.ArgumentParser:
     """A subcommand that takes the global options too; its summary is also its description."""
-    return sub.add_parser(name, help=summary, description=kwargs.pop("description", summary),
-                          parents=[global_options(suppress=True)], **kwargs)  # fmt: skip
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=kwargs.pop("description", summary),
+        parents=[global_options(suppress=True)],
+        **kwargs,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="switchboard", description="A gateway daemon for AI agents on chat platforms.",
+        prog="switchboard",
+        description="A gateway daemon for AI agents on chat platforms.",
         parents=[global_options(suppress=False)],
-    )  # fmt: skip
+    )
     parser.add_argument("--version", action="version", version=f"switchboard {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = add_command(sub, "run", "run the daemon",
-                    description="Run the gateway daemon in the foreground until SIGTERM or "
-                    "SIGINT, then drain in-flight turns and stop. Exit 78 on a config error.")  # fmt: skip
+    p = add_command(
+        sub,
+        "run",
+        "run the daemon",
+        description="Run the gateway daemon in the foreground until SIGTERM or "
+        "SIGINT, then drain in-flight turns and stop. Exit 78 on a config error.",
+    )
     p.set_defaults(func=cmd_run)
-    p = add_command(sub, "check-config", "validate the configuration and exit",
-                    description="Load and validate the configuration (and the environment "
-                    "variables it names) without starting anything; exit 0 if it is valid, "
-                    "78 naming the key if not.")  # fmt: skip
+    p = add_command(
+        sub,
+        "check-config",
+        "validate the configuration and exit",
+        description="Load and validate the configuration (and the environment "
+        "variables it names) without starting anything; exit 0 if it is valid, "
+        "78 naming the key if not.",
+    )
     p.set_defaults(func=cmd_check_config)
     p = add_command(sub, "service", "install a systemd unit for this installation")
     sp = p.add_subparsers(dest="service_command", required=True, metavar="COMMAND")
@@ -192,8 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument(
         "--system", action="store_true", help="for the system manager (/etc/systemd/system)"
     )
-    inst.add_argument("--output", metavar="FILE",
-                      help="write the unit to this file instead (its folder must exist)")  # fmt: skip
+    inst.add_argument(
+        "--output",
+        metavar="FILE",
+        help="write the unit to this file instead (its folder must exist)",
+    )
     inst.set_defaults(func=cmd_service)
     p = add_command(sub, "doctor", "check the installation; exit 0 only when all is well")
     p.add_argument(
@@ -205,13 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offline", action="store_true", help="do not contact the platforms")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
-    p = add_command(sub, "status", "the daemon, adapters, queues, sessions and store at a glance",
-                    description="One screen on this home: the daemon (pid, uptime, version; "
-                    "replica and leader on PostgreSQL), each adapter's state and last error, "
-                    "queue depths, live sessions and today's messages, the store's size and "
-                    "last backup, the next reset sweep. Works with the daemon down. Exit 0 "
-                    "when the daemon runs and is healthy, 1 when it runs degraded or cannot "
-                    "be asked, 3 when it is not running.")  # fmt: skip
+    p = add_command(
+        sub,
+        "status",
+        "the daemon, adapters, queues, sessions and store at a glance",
+        description="One screen on this home: the daemon (pid, uptime, version; "
+        "replica and leader on PostgreSQL), each adapter's state and last error, "
+        "queue depths, live sessions and today's messages, the store's size and "
+        "last backup, the next reset sweep. Works with the daemon down. Exit 0 "
+        "when the daemon runs and is healthy, 1 when it runs degraded or cannot "
+        "be asked, 3 when it is not running.",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_status)
     from gateway.cli.sessions import add_parser as add_sessions
@@ -239,8 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_backup(sub, add_command)
     p = add_command(sub, "chat", "talk to the agent from the terminal")
-    p.add_argument("-c", "--continue", dest="cont", nargs="?", const=True, default=None, metavar="TITLE",
-                   help="continue the most recent terminal session (or that title's newest)")  # fmt: skip
+    p.add_argument(
+        "-c",
+        "--continue",
+        dest="cont",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="TITLE",
+        help="continue the most recent terminal session (or that title's newest)",
+    )
     p.add_argument("-r", "--resume", metavar="ID|PREFIX|TITLE", help="resume a session")
     p.set_defaults(func=cmd_chat)
     return parser

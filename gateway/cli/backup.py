@@ -36,18 +36,28 @@ async def _record(home: Path, written: Written) -> None:
 
     db = await SessionDB.open(home / "state.db")
     try:
-        await db.set_meta(BACKUP_META, json.dumps({
-            "at": time.time(), "file": str(written.path.absolute()), "kind": "backup",
-            "sessions": written.summary.sessions, "messages": written.summary.messages,
-        }))  # fmt: skip
+        await db.set_meta(
+            BACKUP_META,
+            json.dumps(
+                {
+                    "at": time.time(),
+                    "file": str(written.path.absolute()),
+                    "kind": "backup",
+                    "sessions": written.summary.sessions,
+                    "messages": written.summary.messages,
+                }
+            ),
+        )
     finally:
         await db.close()
 
 
 def _describe(summary: snapshots.SnapshotSummary) -> str:
-    return (f"schema {summary.schema_version}, {summary.sessions:,} sessions "
-            f"({summary.live_sessions:,} live), {summary.messages:,} messages; "
-            "integrity ok, search index ok")  # fmt: skip
+    return (
+        f"schema {summary.schema_version}, {summary.sessions:,} sessions "
+        f"({summary.live_sessions:,} live), {summary.messages:,} messages; "
+        "integrity ok, search index ok"
+    )
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -61,8 +71,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     settings = load_config(config_file).backup
     if args.file is None and settings.directory is None:
-        print("switchboard: name a FILE or DIRECTORY, or set backup.directory in the config",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "switchboard: name a FILE or DIRECTORY, or set backup.directory in the config",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     target = Path(args.file or settings.directory).expanduser()
     keep = settings.keep if args.keep is None else args.keep
@@ -99,8 +111,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     print(f"restored {archive} into {home}")
     print(f"  state.db: {_describe(summary)}")
     rest = [n for n in names if n not in ("state.db", INDEX)]
-    print(f"  sessions.json: {entries:,} entries, written from state.db"
-          + (f"; with {', '.join(rest)}" if rest else ""))  # fmt: skip
+    print(
+        f"  sessions.json: {entries:,} entries, written from state.db"
+        + (f"; with {', '.join(rest)}" if rest else "")
+    )
     return EXIT_OK
 
 
@@ -116,30 +130,45 @@ def _count(value: str) -> int:
 
 def add_parsers(sub: Any, add_command: Callable[..., argparse.ArgumentParser]) -> None:
     p = add_command(
-        sub, "backup", "take a consistent backup of this home while it runs",
+        sub,
+        "backup",
+        "take a consistent backup of this home while it runs",
         description="Write one archive (.tar.gz, mode 0600) holding a consistent snapshot of "
         "state.db taken while the daemon runs, the session index written from it, and the "
         "config file; verify it (SQLite's integrity check, the search index's own check, "
         "the counts) and print what it holds. A PostgreSQL home prints the pg_dump recipe "
         "instead and exits 1.",
-    )  # fmt: skip
-    p.add_argument("file", nargs="?", metavar="FILE|DIRECTORY",
-                   help="the archive to write, or a directory (one that exists, or a path "
-                   "ending in /) to write "
-                   f"{PREFIX}<UTC time>{SUFFIX} into (default: backup.directory)")  # fmt: skip
-    p.add_argument("--keep", type=_count, metavar="N",
-                   help="writing into a directory: keep the N newest archives there and "
-                   "delete older ones (default: backup.keep)")  # fmt: skip
-    p.add_argument("--with-secrets", action="store_true",
-                   help="add the home's switchboard.env (platform tokens) to the archive")  # fmt: skip
+    )
+    p.add_argument(
+        "file",
+        nargs="?",
+        metavar="FILE|DIRECTORY",
+        help="the archive to write, or a directory (one that exists, or a path "
+        "ending in /) to write "
+        f"{PREFIX}<UTC time>{SUFFIX} into (default: backup.directory)",
+    )
+    p.add_argument(
+        "--keep",
+        type=_count,
+        metavar="N",
+        help="writing into a directory: keep the N newest archives there and "
+        "delete older ones (default: backup.keep)",
+    )
+    p.add_argument(
+        "--with-secrets",
+        action="store_true",
+        help="add the home's switchboard.env (platform tokens) to the archive",
+    )
     p.set_defaults(func=cmd_backup)
     p = add_command(
-        sub, "restore", "restore a backup into a new, empty home",
+        sub,
+        "restore",
+        "restore a backup into a new, empty home",
         description="Unpack an archive written by `switchboard backup` into the --home given "
         "(which must be empty or missing), check every file against the manifest's "
         "checksums, bring state.db to this switchboard's schema, write sessions.json from "
         "it and verify the result. The restored home starts and continues each chat's "
         "live session.",
-    )  # fmt: skip
+    )
     p.add_argument("file", metavar="FILE", help="an archive written by switchboard backup")
     p.set_defaults(func=cmd_restore)

@@ -72,8 +72,14 @@ def pick_curses(rows: list[Row], delete: Callable[[Row], str | None]) -> Row | N
             screen.erase()
             screen.addnstr(0, 0, f"filter: {needle}", width - 1, curses.A_BOLD)
             if asking is not None:
-                screen.addnstr(1, 0, f"delete {asking['id']}? press Del (or ctrl-d) again to "
-                               "delete; any other key keeps it", width - 1, curses.A_BOLD)  # fmt: skip
+                screen.addnstr(
+                    1,
+                    0,
+                    f"delete {asking['id']}? press Del (or ctrl-d) again to "
+                    "delete; any other key keeps it",
+                    width - 1,
+                    curses.A_BOLD,
+                )
             else:
                 screen.addnstr(1, 0, message or HINT, width - 1, curses.A_DIM)
             now = time.time()

@@ -68,8 +68,9 @@ def render_recap(messages: Sequence[dict[str, Any]], title: str | None, mode: st
     """What was said, before the prompt: the last exchanges, dimmed."""
     said = [m for m in messages if m.get("role") in ("user", "assistant")]
     if mode == "minimal":
-        return Text(f"Resumed {shown(title or 'session')}: {plural(len(said), 'message')}.",
-                    style="dim")  # fmt: skip
+        return Text(
+            f"Resumed {shown(title or 'session')}: {plural(len(said), 'message')}.", style="dim"
+        )
     starts = [i for i, m in enumerate(said) if m["role"] == "user"]
     first = starts[-RECAP_EXCHANGES] if len(starts) > RECAP_EXCHANGES else 0
     lines: list[Text] = []
@@ -121,7 +122,9 @@ def terminal_commands() -> tuple[tuple[str, str], ...]:
 def terminal_help(router: Router) -> str:
     """/help for the terminal: the router's commands that work here, plus the terminal's."""
     lines = ["Commands:"]
-    lines += [f"{c.usage} — {c.summary}" for c in router.commands.all() if c.name not in NOT_IN_TERMINAL]
+    lines += [
+        f"{c.usage} — {c.summary}" for c in router.commands.all() if c.name not in NOT_IN_TERMINAL
+    ]
     lines += [f"{usage} — {summary}" for usage, summary in terminal_commands()]
     lines.append("Ctrl-C cancels a reply that is still being written.")
     return "\n".join(lines)
@@ -273,9 +276,16 @@ def live_elsewhere(row: Mapping[str, Any], own_key: str) -> str | None:
     return f"{row.get('source')} chat {row.get('chat_id')}"
 
 
-async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resume: str | None,
-                   console: Console | None = None, given: Sequence[str] = (),
-                   state: dict[str, Any] | None = None) -> int:  # fmt: skip
+async def run_chat(
+    home: Path,
+    config: Config,
+    *,
+    cont: str | bool | None,
+    resume: str | None,
+    console: Console | None = None,
+    given: Sequence[str] = (),
+    state: dict[str, Any] | None = None,
+) -> int:
     """The chat loop, on the home's state.db or on the store `state` names (open_store's
     settings: PostgreSQL). `given` are the --home/--config options the user passed,
     repeated in the printed resume command so that it reaches the same store."""
@@ -302,8 +312,9 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
         try:
             target = await _pick(db, cont, resume)
         except (SessionNotFound, AmbiguousSession) as exc:
-            con.print(f"switchboard: not found: {getattr(exc, 'ref', exc)}", style="red",
-                      markup=False)  # fmt: skip
+            con.print(
+                f"switchboard: not found: {getattr(exc, 'ref', exc)}", style="red", markup=False
+            )
             return EXIT_FAILURE
         elsewhere: str | None = None  # the chat the resumed session is live in, if another
         if target is not None:
@@ -313,12 +324,17 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             history = await db.get_messages(target, last=200)
             con.print(render_recap(history, row.get("title"), config.display.resume_display))
             if elsewhere:
-                con.print(f"This session is live in {elsewhere}; you continue it here, and "
-                          "leaving here does not end it.", markup=False, soft_wrap=True)  # fmt: skip
+                con.print(
+                    f"This session is live in {elsewhere}; you continue it here, and "
+                    "leaving here does not end it.",
+                    markup=False,
+                    soft_wrap=True,
+                )
 
         def attached() -> bool:
             entry = index.get(key.format())
             return bool(elsewhere) and entry is not None and entry.session_id == target
+
         # A new session is created by the first message or command: leaving at once keeps none.
         interactive = sys.stdin.isatty()
         if interactive:
@@ -350,9 +366,12 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                 continue
             command = text.split()[0]
             if command in REFUSED_ATTACHED and attached():
-                con.print(f"Not done: this session is live in {elsewhere}, and {command} would "
-                          "end it there. /new starts a terminal session of its own.",
-                          markup=False, soft_wrap=True)  # fmt: skip
+                con.print(
+                    f"Not done: this session is live in {elsewhere}, and {command} would "
+                    "end it there. /new starts a terminal session of its own.",
+                    markup=False,
+                    soft_wrap=True,
+                )
                 continue
             if command in DETACHING and attached() and (command == "/new" or text != command):
                 index.remove(key.format())  # let go: the command never ends the other chat's
@@ -367,20 +386,28 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
                     con.print("Nothing to hand off yet: say something first.")
                     continue
                 sid = current.session_id
-                finished, result = await interrupts.run(handoff_from_terminal(
-                    db, sid, platform, enabled=config.platforms[platform].enabled,
-                    configured_home=config.platforms[platform].home_channel,
-                    heartbeat=lambda beat: con.print(beat, style="dim", markup=False),
-                ))  # fmt: skip
+                finished, result = await interrupts.run(
+                    handoff_from_terminal(
+                        db,
+                        sid,
+                        platform,
+                        enabled=config.platforms[platform].enabled,
+                        configured_home=config.platforms[platform].home_channel,
+                        heartbeat=lambda beat: con.print(beat, style="dim", markup=False),
+                    )
+                )
                 if not finished:
                     con.print("Handoff cancelled; still here.", style="yellow")
                     continue
                 ok, message = result
                 if ok:
                     row = await db.require_session(sid)
-                    con.print(f"Handed off: {message}. Come back with: "
-                              f"{resume_command(given, row.get('title') or sid)}",
-                              markup=False, soft_wrap=True)  # fmt: skip
+                    con.print(
+                        f"Handed off: {message}. Come back with: "
+                        f"{resume_command(given, row.get('title') or sid)}",
+                        markup=False,
+                        soft_wrap=True,
+                    )
                     return EXIT_OK
                 con.print(f"Not handed off: {message}", style="yellow", markup=False)
                 continue
@@ -405,8 +432,12 @@ async def run_chat(home: Path, config: Config, *, cont: str | bool | None, resum
             label = f"{entry.session_id} ({title})" if title else entry.session_id
             active = ago(row.get("last_active"), time.time())
             # a title is the user's text (no markup) and the command must stay one line
-            con.print(f"Session {label}: {plural(row.get('message_count') or 0, 'message')}, "
-                      f"last active {active}.", markup=False, soft_wrap=True)  # fmt: skip
+            con.print(
+                f"Session {label}: {plural(row.get('message_count') or 0, 'message')}, "
+                f"last active {active}.",
+                markup=False,
+                soft_wrap=True,
+            )
             if staying:
                 con.print(f"It stays live in {elsewhere}.", markup=False, soft_wrap=True)
             con.print(f"Resume with: {resume_command(given, name)}", markup=False, soft_wrap=True)

@@ -27,17 +27,27 @@ type, or an edit that would make the config invalid (nothing is written then).""
 
 
 def add_parser(sub: Any, add_command: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_command(sub, "config", "read or change one key of config.yaml",
-                    description="Read or change one key of config.yaml; the running daemon "
-                    "reloads after a change.", epilog=HELP,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = add_command(
+        sub,
+        "config",
+        "read or change one key of config.yaml",
+        description="Read or change one key of config.yaml; the running daemon "
+        "reloads after a change.",
+        epilog=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sp = p.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
     g = add_command(sp, "get", "print a key's value (the default when the file omits it)")
     g.add_argument("key", metavar="KEY", help="a dotted key, e.g. platforms.api.port")
     g.add_argument("--json", action="store_true", help="print the value as JSON")
     g.set_defaults(func=cmd_get)
-    s = add_command(sp, "set", "set a key, validate the whole config, write it, reload",
-                    epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    s = add_command(
+        sp,
+        "set",
+        "set a key, validate the whole config, write it, reload",
+        epilog=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     s.add_argument("key", metavar="KEY", help="a dotted key, e.g. platforms.api.enabled")
     s.add_argument("value", metavar="VALUE", help="the value, read as YAML (true, 42, [a, b])")
     s.set_defaults(func=cmd_set)
@@ -85,8 +95,9 @@ def cmd_set(args: argparse.Namespace) -> int:
     key = resolve(args.key)
     if key.spec is None:
         example = next(iter(key.section or {}), "KEY")
-        raise ConfigError(key.dotted, f"is a section; set its keys one at a time "
-                          f"(e.g. {key.dotted}.{example})")  # fmt: skip
+        raise ConfigError(
+            key.dotted, f"is a section; set its keys one at a time (e.g. {key.dotted}.{example})"
+        )
     value = parse_value(key, args.value)
     doc = Document(path)
     doc.set(key.parts, value)
@@ -133,8 +144,10 @@ def _tell_daemon(home: Path, restart: list[str]) -> None:
         print(f"no daemon is running on {home}; the change applies when it starts")
         return
     if restart:
-        print(f"the daemon (pid {pid}) was told to reload, but {', '.join(restart)} only "
-              "takes effect at a restart (systemctl restart switchboard, or stop and start "
-              "switchboard run)")  # fmt: skip
+        print(
+            f"the daemon (pid {pid}) was told to reload, but {', '.join(restart)} only "
+            "takes effect at a restart (systemctl restart switchboard, or stop and start "
+            "switchboard run)"
+        )
     else:
         print(f"the daemon (pid {pid}) reloads its config now: the change applies live")

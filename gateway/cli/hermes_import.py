@@ -40,24 +40,39 @@ from state import HermesRouting as Routing
 from state import read_hermes_routing as read_routing
 
 DEFAULT_HERMES_HOME = "~/.hermes"
-_CHAT_TYPES = {"dm": "dm", "group": "group", "channel": "channel", "thread": "thread",
-               "forum": "group", "supergroup": "group", "private": "dm"}  # fmt: skip
+_CHAT_TYPES = {
+    "dm": "dm",
+    "group": "group",
+    "channel": "channel",
+    "thread": "thread",
+    "forum": "group",
+    "supergroup": "group",
+    "private": "dm",
+}
 
 
 def add_parser(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     add_command: Callable[..., argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
-    p = add_command(sub, "import", "bring sessions over from another program",
-                    description="Copy a Hermes Agent home's sessions, messages, titles, lineage, "
-                    "token counts, gateway session keys and home channels into this home; "
-                    "running it twice changes nothing.")  # fmt: skip
+    p = add_command(
+        sub,
+        "import",
+        "bring sessions over from another program",
+        description="Copy a Hermes Agent home's sessions, messages, titles, lineage, "
+        "token counts, gateway session keys and home channels into this home; "
+        "running it twice changes nothing.",
+    )
     p.add_argument(
-        "--from-hermes", dest="from_hermes", nargs="?", const=DEFAULT_HERMES_HOME,
-        required=True, metavar="HERMES_HOME",
+        "--from-hermes",
+        dest="from_hermes",
+        nargs="?",
+        const=DEFAULT_HERMES_HOME,
+        required=True,
+        metavar="HERMES_HOME",
         help=f"a Hermes Agent home (default {DEFAULT_HERMES_HOME}); its files are read, "
         "never written",
-    )  # fmt: skip
+    )
     p.add_argument("--dry-run", action="store_true", help="count what would change; write nothing")
     return p
 
@@ -118,17 +133,24 @@ def hermes_source(
     if not platform or not chat_id:
         return None
     thread_id = _text(origin.get("thread_id")) or _text(row.get("thread_id"))
-    user_id = (_text(origin.get("user_id_alt")) or _text(origin.get("user_id"))
-               or _text(row.get("user_id")))  # fmt: skip
+    user_id = (
+        _text(origin.get("user_id_alt"))
+        or _text(origin.get("user_id"))
+        or _text(row.get("user_id"))
+    )
     if chat_type != "dm" and user_id is not None:
         stem = ":".join(parts[:4] + [chat_id] + ([thread_id] if thread_id else []))
         if hermes_key == stem:
             user_id = None  # Hermes kept this room (or thread) as one shared session
     return SessionSource(
-        platform=platform, chat_id=chat_id, chat_type=chat_type, user_id=user_id,
-        user_name=_text(origin.get("user_name")), chat_name=_text(origin.get("chat_name")),
+        platform=platform,
+        chat_id=chat_id,
+        chat_type=chat_type,
+        user_id=user_id,
+        user_name=_text(origin.get("user_name")),
+        chat_name=_text(origin.get("chat_name")),
         thread_id=thread_id,
-    )  # fmt: skip
+    )
 
 
 def plan_routing(
@@ -218,8 +240,13 @@ def hermes_homes(hermes_home: Path, rows: list[dict[str, Any]]) -> dict[str, dic
 # --- the command ---------------------------------------------------------------------------
 
 
-async def run(args: argparse.Namespace, home: Path, db_file: Path | None, config: Config,
-              state: dict[str, Any] | None = None) -> int:  # fmt: skip
+async def run(
+    args: argparse.Namespace,
+    home: Path,
+    db_file: Path | None,
+    config: Config,
+    state: dict[str, Any] | None = None,
+) -> int:
     """The import into the home's state.db, or into the store `state` names (open_store's
     settings: PostgreSQL) through a scratch state.db (`_through_scratch`)."""
     if db_file is None:
@@ -249,8 +276,11 @@ async def run(args: argparse.Namespace, home: Path, db_file: Path | None, config
             homes_set, homes_kept = await _set_homes(target, homes, args.dry_run)
         finally:
             await target.close()
-        index_note = "" if args.dry_run or not r.keys_bound else (
-            "session_routes: the replica a key's next message reaches adopts its session")  # fmt: skip
+        index_note = (
+            ""
+            if args.dry_run or not r.keys_bound
+            else ("session_routes: the replica a key's next message reaches adopts its session")
+        )
     verb = "would import" if args.dry_run else "imported"
     print(
         f"{verb} {r.sessions} sessions, {r.messages} messages, {r.titles} titles, "

@@ -66,9 +66,12 @@ def cmd_insights(args: argparse.Namespace) -> int:
 
 
 async def _figures(
-    home: Path, state: dict[str, Any] | None, prices: dict[str, tuple[float, float]],
-    days: int, source: str | None,
-) -> dict[str, Any]:  # fmt: skip
+    home: Path,
+    state: dict[str, Any] | None,
+    prices: dict[str, tuple[float, float]],
+    days: int,
+    source: str | None,
+) -> dict[str, Any]:
     """The figures from the home's store: its state.db, or where `state` (store_settings)
     puts it, e.g. PostgreSQL."""
     from gateway.web.queries import insights_for
@@ -85,8 +88,12 @@ def render(data: dict[str, Any], out: Console) -> None:
     from gateway.web.queries import usd
 
     where = f" on {data['source']}" if data["source"] else ""
-    out.print(styled(("switchboard insights", "bold"),
-                     plain(f": the last {data['days']} days{where} (UTC)\n")))  # fmt: skip
+    out.print(
+        styled(
+            ("switchboard insights", "bold"),
+            plain(f": the last {data['days']} days{where} (UTC)\n"),
+        )
+    )
     summary = Table(box=None, show_header=False, pad_edge=False)
     summary.add_column(style="dim")
     summary.add_column(justify="right")
@@ -121,13 +128,31 @@ def render(data: dict[str, Any], out: Console) -> None:
         )
     out.print(per_day)
     for title, rows, heads in (
-        ("tokens and cost by model", [(m["model"] or "(unknown)", f"{m['sessions']:,}", f"{m['input_tokens']:,}",
-          f"{m['output_tokens']:,}", "—" if m["cost_usd"] is None else usd(m["cost_usd"])) for m in data["models"]],
-         ("model", "sessions", "in", "out", "cost")),
-        ("top tools", [(t["tool"], f"{t['calls']:,}") for t in data["top_tools"]], ("tool", "calls")),
-        ("how sessions ended", [(r["reason"] or "(none)", f"{r['sessions']:,}") for r in data["end_reasons"]],
-         ("reason", "sessions")),
-    ):  # fmt: skip
+        (
+            "tokens and cost by model",
+            [
+                (
+                    m["model"] or "(unknown)",
+                    f"{m['sessions']:,}",
+                    f"{m['input_tokens']:,}",
+                    f"{m['output_tokens']:,}",
+                    "—" if m["cost_usd"] is None else usd(m["cost_usd"]),
+                )
+                for m in data["models"]
+            ],
+            ("model", "sessions", "in", "out", "cost"),
+        ),
+        (
+            "top tools",
+            [(t["tool"], f"{t['calls']:,}") for t in data["top_tools"]],
+            ("tool", "calls"),
+        ),
+        (
+            "how sessions ended",
+            [(r["reason"] or "(none)", f"{r['sessions']:,}") for r in data["end_reasons"]],
+            ("reason", "sessions"),
+        ),
+    ):
         table = Table(title=title, title_justify="left", box=None, pad_edge=False)
         for i, head in enumerate(heads):
             table.add_column(head, justify="right" if i else "left")

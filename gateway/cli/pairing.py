@@ -30,21 +30,29 @@ class NoSuchPairing(GatewayError):
 
 def add_parser(sub: Any, add_command: Callable[..., argparse.ArgumentParser]) -> None:
     fmt = {"epilog": EPILOG, "formatter_class": argparse.RawDescriptionHelpFormatter}
-    p = add_command(sub, "pairing", "approve or deny users who asked by DM for access",
-                    description="Manage DM pairing: the codes unknown users were given, and "
-                    "the users approved.", **fmt)  # fmt: skip
+    p = add_command(
+        sub,
+        "pairing",
+        "approve or deny users who asked by DM for access",
+        description="Manage DM pairing: the codes unknown users were given, and "
+        "the users approved.",
+        **fmt,
+    )
     sp = p.add_subparsers(dest="pairing_command", required=True, metavar="COMMAND")
     c = add_command(sp, "list", "pending codes and approved users", **fmt)
     c.add_argument("--json", action="store_true", help="print the rows as JSON")
     c.set_defaults(func=cmd_pairing)
-    for name, summary in (("approve", "let the user who was given CODE in"),
-                          ("deny", "refuse the request holding CODE")):  # fmt: skip
+    for name, summary in (
+        ("approve", "let the user who was given CODE in"),
+        ("deny", "refuse the request holding CODE"),
+    ):
         c = add_command(sp, name, summary, **fmt)
         c.add_argument("code", metavar="CODE", help="the code, e.g. K7QH-M2XD (any case)")
         c.set_defaults(func=cmd_pairing)
     c = add_command(sp, "revoke", "take an approved user's access away again", **fmt)
-    c.add_argument("user", metavar="USER",
-                   help="PLATFORM:USER_ID (or USER_ID when one platform has it)")  # fmt: skip
+    c.add_argument(
+        "user", metavar="USER", help="PLATFORM:USER_ID (or USER_ID when one platform has it)"
+    )
     c.set_defaults(func=cmd_pairing)
 
 
@@ -91,10 +99,15 @@ async def _list(db: Any, as_json: bool) -> int:
     print(f"{'STATE':<9} {'PLATFORM':<12} {'USER':<20} {'NAME':<20} {'CODE':<10} WHEN")
     for r in rows:
         code = shown(r["code"]) if r["code"] else "-"
-        when = (f"expires {_when(r['expires_at'])}" if r["state"] == "pending"
-                else f"approved {_when(r['decided_at'])}")  # fmt: skip
-        print(f"{r['state']:<9} {_clean(r['platform']):<12} {_clean(r['user_id']):<20} "
-              f"{_clean(r['user_name'] or '-'):<20} {code:<10} {when}")  # fmt: skip
+        when = (
+            f"expires {_when(r['expires_at'])}"
+            if r["state"] == "pending"
+            else f"approved {_when(r['decided_at'])}"
+        )
+        print(
+            f"{r['state']:<9} {_clean(r['platform']):<12} {_clean(r['user_id']):<20} "
+            f"{_clean(r['user_name'] or '-'):<20} {code:<10} {when}"
+        )
     return EXIT_OK
 
 
@@ -105,8 +118,10 @@ async def _decide(db: Any, text: str, *, approve: bool) -> int:
     code = normalised(text)
     row = await db.pairing_decide(code, APPROVED if approve else DENIED, time.time())
     if row is None:
-        raise NoSuchPairing(f"no pending request has the code {text.strip()!r} (codes work "
-                            "once and expire; `switchboard pairing list` shows those pending)")  # fmt: skip
+        raise NoSuchPairing(
+            f"no pending request has the code {text.strip()!r} (codes work "
+            "once and expire; `switchboard pairing list` shows those pending)"
+        )
     who = f"{row['platform']} user {_clean(row['user_id'])}"
     if row["user_name"]:
         who += f" ({_clean(row['user_name'])})"
@@ -123,12 +138,17 @@ async def _revoke(db: Any, user: str) -> int:
     if not platform:
         found = sorted({r["platform"] for r in rows if r["user_id"] == user_id})
         if len(found) > 1:
-            raise GatewayError(f"user {user_id} is paired on {', '.join(found)}; say which "
-                               f"(e.g. {found[0]}:{user_id})")  # fmt: skip
+            raise GatewayError(
+                f"user {user_id} is paired on {', '.join(found)}; say which "
+                f"(e.g. {found[0]}:{user_id})"
+            )
         platform = found[0] if found else ""
     if not platform or not await db.pairing_revoke(platform, user_id, time.time()):
-        raise NoSuchPairing(f"{user} is not a paired user (users in platforms.<p>."
-                            "allowed_users are changed with switchboard config set)")  # fmt: skip
-    print(f"revoked {platform} user {_clean(user_id)}: the running daemon refuses them within "
-          "seconds")  # fmt: skip
+        raise NoSuchPairing(
+            f"{user} is not a paired user (users in platforms.<p>."
+            "allowed_users are changed with switchboard config set)"
+        )
+    print(
+        f"revoked {platform} user {_clean(user_id)}: the running daemon refuses them within seconds"
+    )
     return EXIT_OK

@@ -46,21 +46,38 @@ class UsageError(GatewayError):
 
 
 def add_parser(sub: Any, add_command: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_command(sub, "send", "send one message to a chat (for scripts, cron and CI)",
-                    description="Send one message to a chat through the platform's adapter: "
-                    "through the running daemon when there is one, else directly.",
-                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = add_command(
+        sub,
+        "send",
+        "send one message to a chat (for scripts, cron and CI)",
+        description="Send one message to a chat through the platform's adapter: "
+        "through the running daemon when there is one, else directly.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "platform", metavar="PLATFORM", help="a platform name, as under platforms: in config.yaml"
     )
-    p.add_argument("target", metavar="TARGET",
-                   help="a chat id, chat_id:thread_id, or home (the home channel)")  # fmt: skip
-    p.add_argument("text", metavar="TEXT", nargs="?", default="-",
-                   help="the message (default -: read it from stdin)")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="give up (exit 69) after this long (default 60)")  # fmt: skip
-    p.add_argument("--direct", action="store_true",
-                   help="send from this process even when a daemon runs")  # fmt: skip
+    p.add_argument(
+        "target", metavar="TARGET", help="a chat id, chat_id:thread_id, or home (the home channel)"
+    )
+    p.add_argument(
+        "text",
+        metavar="TEXT",
+        nargs="?",
+        default="-",
+        help="the message (default -: read it from stdin)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up (exit 69) after this long (default 60)",
+    )
+    p.add_argument(
+        "--direct", action="store_true", help="send from this process even when a daemon runs"
+    )
     p.set_defaults(func=cmd_send)
 
 
@@ -75,8 +92,10 @@ def cmd_send(args: argparse.Namespace) -> int:
     home = home_of(args)
     platform = args.platform
     if platform not in adapters.names():
-        raise ConfigError(f"platforms.{platform}", f"unknown platform {platform!r} (known: "
-                          f"{', '.join(adapters.names())})")  # fmt: skip
+        raise ConfigError(
+            f"platforms.{platform}",
+            f"unknown platform {platform!r} (known: {', '.join(adapters.names())})",
+        )
     text = sys.stdin.read() if args.text == "-" else args.text
     text = text.removesuffix("\n")
     if not text.strip():
@@ -85,16 +104,21 @@ def cmd_send(args: argparse.Namespace) -> int:
     config = load_config(config_path_of(args, home), environment(home))
     settings = config.platforms.get(platform)
     if settings is None or not settings.enabled:
-        raise ConfigError(f"platforms.{platform}.enabled", "is false: enable the platform "
-                          f"(switchboard config set platforms.{platform}.enabled true)")  # fmt: skip
+        raise ConfigError(
+            f"platforms.{platform}.enabled",
+            "is false: enable the platform "
+            f"(switchboard config set platforms.{platform}.enabled true)",
+        )
     try:
         how, sent = asyncio.run(_send(home, config, platform, target, text, args))
     except NoHomeChannel as exc:
         raise ConfigError(f"platforms.{platform}.home_channel", str(exc)) from None
     if sent.get("sent") is False:  # the daemon stored it and tries again later
-        print(f"queued for {platform} chat {sent.get('chat_id')} in the daemon's outbox (send "
-              f"{sent.get('id')}): {platform} did not take it yet ({sent.get('error')}); "
-              f"the daemon tries again every outbox.retry_seconds")  # fmt: skip
+        print(
+            f"queued for {platform} chat {sent.get('chat_id')} in the daemon's outbox (send "
+            f"{sent.get('id')}): {platform} did not take it yet ({sent.get('error')}); "
+            f"the daemon tries again every outbox.retry_seconds"
+        )
         return EXIT_OK
     ids = ", ".join(sent.get("message_ids", [])) or "-"
     print(f"sent to {platform} chat {sent.get('chat_id')} (message {ids}) {how}")
@@ -110,8 +134,9 @@ async def _send(
     pid = None if args.direct else running_pid(home)
     url = health_url(config.data)
     if pid is not None and url is not None:
-        sent = await _through_daemon(url, config.secret("platforms.api.key_env"), platform,
-                                     target, text, args.timeout)  # fmt: skip
+        sent = await _through_daemon(
+            url, config.secret("platforms.api.key_env"), platform, target, text, args.timeout
+        )
         return f"through the daemon (pid {pid})", sent
     return "directly", await _directly(home, config, platform, target, text, args.timeout)
 

@@ -45,8 +45,9 @@ from state import (
 # a table row stays one line however long its title.
 # Stored text reaches these consoles only as gateway.cli.plain spans; stderr carries no
 # markup of ours at all, so whatever an error message quotes is printed as it is.
-out = Console(highlight=False, emoji=False, soft_wrap=True,
-              width=None if sys.stdout.isatty() else 100_000)  # fmt: skip
+out = Console(
+    highlight=False, emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000
+)
 err = Console(stderr=True, highlight=False, emoji=False, markup=False, soft_wrap=True)
 
 
@@ -127,18 +128,39 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
     row = await db.require_session(sid)
     msgs = await db.get_messages(sid, last=args.messages)
     if args.json:
-        print(json.dumps({"session": row, "ancestors": await db.get_ancestors(sid),
-                          "descendants": await db.get_descendants(sid), "messages": msgs}, ensure_ascii=False, default=str))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "session": row,
+                    "ancestors": await db.get_ancestors(sid),
+                    "descendants": await db.get_descendants(sid),
+                    "messages": msgs,
+                },
+                ensure_ascii=False,
+                default=str,
+            )
+        )
         return EXIT_OK
     out.print(styled(plain(row.get("title") or "(untitled)", "bold"), "  ", plain(sid)))
-    for label, key in (("source", "source"), ("model", "model"), ("user", "user_id"), ("chat", "chat_id"),
-                       ("key", "session_key"), ("messages", "message_count"), ("tool calls", "tool_call_count")):  # fmt: skip
+    for label, key in (
+        ("source", "source"),
+        ("model", "model"),
+        ("user", "user_id"),
+        ("chat", "chat_id"),
+        ("key", "session_key"),
+        ("messages", "message_count"),
+        ("tool calls", "tool_call_count"),
+    ):
         if row.get(key) is not None:
             out.print(styled(f"  {label:<11}", plain(row[key])))
     out.print(f"  {'started':<11}{_when(row.get('started_at'))}")
     reason = row.get("end_reason")
-    out.print(styled(f"  {'ended':<11}{_when(row.get('ended_at'))}",
-                   *((" (", plain(reason), ")") if reason else ())))  # fmt: skip
+    out.print(
+        styled(
+            f"  {'ended':<11}{_when(row.get('ended_at'))}",
+            *((" (", plain(reason), ")") if reason else ()),
+        )
+    )
     out.print(
         f"  {'tokens':<11}{row.get('input_tokens') or 0} in / {row.get('output_tokens') or 0} out"
     )
@@ -165,8 +187,14 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
     for m in msgs:
         content = " ".join(_text_of(m.get("content")).split())
         role = f"{m['role']:>9}"
-        out.print(styled("  ", plain(role, "gold1" if m["role"] == "user" else "green"), " ",
-                       plain(content[:200])))  # fmt: skip
+        out.print(
+            styled(
+                "  ",
+                plain(role, "gold1" if m["role"] == "user" else "green"),
+                " ",
+                plain(content[:200]),
+            )
+        )
     return EXIT_OK
 
 
@@ -186,9 +214,15 @@ async def cmd_search(db: Store, args: argparse.Namespace) -> int:
     if not hits:
         out.print("Nothing found.")
     for h in hits:
-        out.print(styled(plain(h.get("title") or "(untitled)", "bold"), " ",
-                       plain(f"{h['session_id']} #{h['id']}"), " ",
-                       plain(f"{h['source']} {h['role']} {_when(h['timestamp'])}", "dim")))  # fmt: skip
+        out.print(
+            styled(
+                plain(h.get("title") or "(untitled)", "bold"),
+                " ",
+                plain(f"{h['session_id']} #{h['id']}"),
+                " ",
+                plain(f"{h['source']} {h['role']} {_when(h['timestamp'])}", "dim"),
+            )
+        )
         out.print(styled("  ", plain(h["snippet"])))
     return EXIT_OK
 
@@ -273,8 +307,11 @@ async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
         f"estimated cost {usd(s['cost']['estimated_usd'])}"
     )
     if s["cost"]["unpriced_models"]:
-        out.print(f"no price configured (dashboard.prices) for: {', '.join(s['cost']['unpriced_models'])}",
-                  markup=False, style="dim")  # fmt: skip
+        out.print(
+            f"no price configured (dashboard.prices) for: {', '.join(s['cost']['unpriced_models'])}",
+            markup=False,
+            style="dim",
+        )
     if not replicated(db.backend):
         out.print(f"state.db {s['db_bytes'] / 1e6:.1f} MB (+ WAL {s['wal_bytes'] / 1e6:.1f} MB)")
     else:
@@ -334,8 +371,9 @@ class _LineCounter:
         self.bad = 0
 
 
-def _records(fh: Any, name: str, size: int | None, progress: Progress,
-             bad: _LineCounter) -> Iterator[dict[str, Any]]:  # fmt: skip
+def _records(
+    fh: Any, name: str, size: int | None, progress: Progress, bad: _LineCounter
+) -> Iterator[dict[str, Any]]:
     task = progress.add_task(f"importing {escape(name)}", total=size)
     for n, line in enumerate(fh, 1):
         progress.update(task, advance=len(line))
@@ -373,10 +411,14 @@ async def cmd_import(db: Store, args: argparse.Namespace) -> int:
     for problem in report.errors:
         err.print(f"  {problem}")
     if report.replaced:
-        err.print(f"  {plural(report.replaced, 'character')} no store can hold (NUL, lone "
-                  "surrogates) kept as U+FFFD")  # fmt: skip
-    err.print(f"imported {plural(report.imported, 'session')}, {plural(report.messages, 'message')}; "
-              f"{report.skipped_existing} already present")  # fmt: skip
+        err.print(
+            f"  {plural(report.replaced, 'character')} no store can hold (NUL, lone "
+            "surrogates) kept as U+FFFD"
+        )
+    err.print(
+        f"imported {plural(report.imported, 'session')}, {plural(report.messages, 'message')}; "
+        f"{report.skipped_existing} already present"
+    )
     rejected = bad.bad + len(report.errors)
     if rejected:
         err.print(f"switchboard: {plural(rejected, 'record')} could not be imported (see above)")
@@ -435,10 +477,18 @@ async def cmd_optimize(db: Store, args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
-    "list": cmd_list, "show": cmd_show, "search": cmd_search, "rename": cmd_rename, "delete": cmd_delete,
-    "prune": cmd_prune, "stats": cmd_stats, "export": cmd_export, "import": cmd_import, "optimize": cmd_optimize,
+    "list": cmd_list,
+    "show": cmd_show,
+    "search": cmd_search,
+    "rename": cmd_rename,
+    "delete": cmd_delete,
+    "prune": cmd_prune,
+    "stats": cmd_stats,
+    "export": cmd_export,
+    "import": cmd_import,
+    "optimize": cmd_optimize,
     "browse": cmd_browse,
-}  # fmt: skip
+}
 
 
 def _int_at_least(lowest: int, text: str) -> int:
@@ -486,20 +536,34 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     sp = p.add_subparsers(dest="sessions_command", required=True, metavar="COMMAND")
     c = add_command(sp, "list", "list sessions, newest activity first")
     c.add_argument("--source", help=source_help())
-    c.add_argument("--limit", type=positive_int, default=20, help="show at most N sessions (default 20)")
-    c.add_argument("--all", action="store_true",
-                   help="every session, lineage unfolded (default: live ones and folded lineage)")  # fmt: skip
+    c.add_argument(
+        "--limit", type=positive_int, default=20, help="show at most N sessions (default 20)"
+    )
+    c.add_argument(
+        "--all",
+        action="store_true",
+        help="every session, lineage unfolded (default: live ones and folded lineage)",
+    )
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     c = add_command(sp, "show", "metadata, lineage and the last messages")
     c.add_argument("ref", help="id, id prefix or title")
-    c.add_argument("--messages", type=non_negative_int, default=20, metavar="N",
-                   help="how many of the last messages to show (default 20)")  # fmt: skip
+    c.add_argument(
+        "--messages",
+        type=non_negative_int,
+        default=20,
+        metavar="N",
+        help="how many of the last messages to show (default 20)",
+    )
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     c = add_command(sp, "search", "search every message")
     c.add_argument("query", help='words, "exact phrase", OR, NOT, prefix*')
     c.add_argument("--source", action="append", help="only this source (repeat for several)")
-    c.add_argument("--role", action="append", choices=["user", "assistant", "tool", "system"],
-                   help="only messages with this role (repeat for several)")  # fmt: skip
+    c.add_argument(
+        "--role",
+        action="append",
+        choices=["user", "assistant", "tool", "system"],
+        help="only messages with this role (repeat for several)",
+    )
     c.add_argument("--limit", type=positive_int, default=20, help="at most N hits (default 20)")
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     c = add_command(sp, "rename", "set a session's title (an empty title clears it)")
@@ -508,11 +572,19 @@ def add_parser(sub: Any, add_command: Any) -> argparse.ArgumentParser:
     c = add_command(sp, "delete", "delete an ended session (children become roots)")
     c.add_argument("ref", help="id, id prefix or title")
     c.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    c.add_argument("--force", action="store_true",
-                   help="delete a live session too (its chat's next message starts a new one)")  # fmt: skip
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="delete a live session too (its chat's next message starts a new one)",
+    )
     c = add_command(sp, "prune", "delete ended sessions idle for long")
-    c.add_argument("--older-than", type=non_negative_days, default=90, metavar="DAYS",
-                   help="idle for more than DAYS days (default %(default)g)")  # fmt: skip
+    c.add_argument(
+        "--older-than",
+        type=non_negative_days,
+        default=90,
+        metavar="DAYS",
+        help="idle for more than DAYS days (default %(default)g)",
+    )
     c.add_argument("--source", help=source_help())
     c.add_argument("--dry-run", action="store_true", help="only say how many would be pruned")
     c.add_argument("--yes", action="store_true", help="do not ask for confirmation")

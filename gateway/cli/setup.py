@@ -56,26 +56,61 @@ class UsageError(GatewayError):
 
 
 def add_parser(sub: Any, add_command: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_command(sub, "setup", "a wizard that writes config.yaml and the secrets file",
-                    description="Set up the agent backend and chat platforms: writes "
-                    "config.yaml and <home>/switchboard.env (0600), checks each token with "
-                    "the platform, then runs check-config and doctor.", epilog=EPILOG,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--non-interactive", action="store_true",
-                   help="ask nothing: take every answer from the flags and the environment")  # fmt: skip
+    p = add_command(
+        sub,
+        "setup",
+        "a wizard that writes config.yaml and the secrets file",
+        description="Set up the agent backend and chat platforms: writes "
+        "config.yaml and <home>/switchboard.env (0600), checks each token with "
+        "the platform, then runs check-config and doctor.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--non-interactive",
+        action="store_true",
+        help="ask nothing: take every answer from the flags and the environment",
+    )
     p.add_argument("--agent", choices=("echo", "openai"), help="the agent backend")
-    p.add_argument("--platform", action="append", default=[], metavar="NAME",
-                   help="enable this platform (repeat for several)")  # fmt: skip
-    p.add_argument("--allow", action="append", default=[], metavar="PLATFORM=IDS",
-                   help="who may talk there: user ids (comma-separated), all, or pair")  # fmt: skip
-    p.add_argument("--secret", action="append", default=[], metavar="NAME=VALUE",
-                   help="a secret for the secrets file: the variable an *_env key names, and its value")  # fmt: skip
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
-                   help="any config key, as switchboard config set takes it")  # fmt: skip
-    p.add_argument("--public-url", metavar="URL",
-                   help="the https address that reaches the api server (for the URLs platforms post to)")  # fmt: skip
-    p.add_argument("--offline", action="store_true",
-                   help="do not check tokens with the platforms (nor in doctor)")  # fmt: skip
+    p.add_argument(
+        "--platform",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="enable this platform (repeat for several)",
+    )
+    p.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PLATFORM=IDS",
+        help="who may talk there: user ids (comma-separated), all, or pair",
+    )
+    p.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a secret for the secrets file: the variable an *_env key names, and its value",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="settings",
+        help="any config key, as switchboard config set takes it",
+    )
+    p.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the https address that reaches the api server (for the URLs platforms post to)",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="do not check tokens with the platforms (nor in doctor)",
+    )
     p.set_defaults(func=cmd_setup)
 
 
@@ -180,16 +215,18 @@ class Wizard:
     def agent(self) -> None:
         backend = self.args.agent or (
             self.ui.ask("Agent backend (echo, openai)", str(self.current("agent.backend")))
-            if self.ui.interactive else str(self.current("agent.backend"))
-        )  # fmt: skip
+            if self.ui.interactive
+            else str(self.current("agent.backend"))
+        )
         self.put("agent.backend", backend)
         if self.current("agent.backend") != "openai":
             return
         if self.ui.interactive:
-            self.put("agent.openai.base_url",
-                     self.ui.ask("Model API base URL", self.current("agent.openai.base_url")))  # fmt: skip
-            self.put("agent.openai.model",
-                     self.ui.ask("Model", self.current("agent.openai.model")))  # fmt: skip
+            self.put(
+                "agent.openai.base_url",
+                self.ui.ask("Model API base URL", self.current("agent.openai.base_url")),
+            )
+            self.put("agent.openai.model", self.ui.ask("Model", self.current("agent.openai.model")))
         self.fill("agent.")
         if not self.args.offline:
             self.check_agent_key()
@@ -207,8 +244,9 @@ class Wizard:
                 return
             var = self.current("agent.openai.api_key_env")
             if not var:  # a provider without a key refused: nothing to ask again
-                raise PlatformRefused(f"the model provider: refused ({detail}); set "
-                                      "agent.openai.api_key_env")  # fmt: skip
+                raise PlatformRefused(
+                    f"the model provider: refused ({detail}); set agent.openai.api_key_env"
+                )
             self.ask_secret(str(var), "(the model provider's API key)")
 
     def verdict(self, name: str, ok: bool, detail: str, attempt: int) -> bool:
@@ -233,14 +271,18 @@ class Wizard:
             if self.args.platform or not self.ui.interactive:
                 wanted = self.args.platform
             else:
-                answer = self.ui.ask(f"Platforms to enable, comma-separated ({', '.join(known)})",
-                                     ", ".join(enabled) or None)  # fmt: skip
+                answer = self.ui.ask(
+                    f"Platforms to enable, comma-separated ({', '.join(known)})",
+                    ", ".join(enabled) or None,
+                )
                 wanted = [w.strip().lower() for w in answer.split(",") if w.strip()]
             unknown = [w for w in wanted if w not in known]
             if not unknown:
                 return list(dict.fromkeys(wanted))
-            problem = ConfigError(f"platforms.{unknown[0]}", f"unknown platform {unknown[0]!r} "
-                                  f"(known: {', '.join(known)})")  # fmt: skip
+            problem = ConfigError(
+                f"platforms.{unknown[0]}",
+                f"unknown platform {unknown[0]!r} (known: {', '.join(known)})",
+            )
             if not self.ui.interactive or self.args.platform:
                 raise problem
             self.ui.say(f"  {problem}")
@@ -259,8 +301,11 @@ class Wizard:
         everyone = self.current(f"platforms.{name}.allow_all_users")
         if given is None and self.ui.interactive:
             shown = "all" if everyone else ", ".join(str(u) for u in users) or None
-            given = self.ui.ask(f"Who may talk to the bot on {name}? user ids (comma-separated), "
-                                "all, or pair (unknown users DM for a code you approve)", shown)  # fmt: skip
+            given = self.ui.ask(
+                f"Who may talk to the bot on {name}? user ids (comma-separated), "
+                "all, or pair (unknown users DM for a code you approve)",
+                shown,
+            )
         if not given:
             return
         if given.lower() == "all":
@@ -268,8 +313,11 @@ class Wizard:
         elif given.lower() == "pair":
             self.put("access.unknown_dm", "pair")
         else:
-            ids: list[str | int] = [int(u) if u.strip().lstrip("-").isdigit() else u.strip()
-                                    for u in given.split(",") if u.strip()]  # fmt: skip
+            ids: list[str | int] = [
+                int(u) if u.strip().lstrip("-").isdigit() else u.strip()
+                for u in given.split(",")
+                if u.strip()
+            ]
             self.put(f"platforms.{name}.allowed_users", ids)
             self.put(f"platforms.{name}.allow_all_users", False)
 
@@ -382,8 +430,10 @@ class Wizard:
                 paths = []
             for key in paths:
                 method, _, path = key.rpartition(" ")
-                steps.append(f"URL to paste into {name}'s console: {base}{path}"
-                             + (f" ({method})" if method else ""))  # fmt: skip
+                steps.append(
+                    f"URL to paste into {name}'s console: {base}{path}"
+                    + (f" ({method})" if method else "")
+                )
             if steps:
                 self.ui.say(f"\nOn {name}'s side:")
                 for step in steps:
@@ -397,8 +447,10 @@ def cmd_setup(args: argparse.Namespace) -> int:
     from gateway.ops.doctor import exit_code, run_doctor
 
     if not args.non_interactive and not sys.stdin.isatty():
-        raise UsageError("no terminal to ask on: run setup in a terminal, or pass "
-                         "--non-interactive with flags (see switchboard setup --help)")  # fmt: skip
+        raise UsageError(
+            "no terminal to ask on: run setup in a terminal, or pass "
+            "--non-interactive with flags (see switchboard setup --help)"
+        )
     home = home_of(args)
     path = Path(args.config).expanduser() if args.config else home / "config.yaml"
     wizard = Wizard(args, home, path)
@@ -412,8 +464,9 @@ def cmd_setup(args: argparse.Namespace) -> int:
     wizard.console_steps(platforms)
     config = load_config(path, envfile.environment(home))
     print(f"\ncheck-config: config ok: {path}")
-    checks = asyncio.run(run_doctor(home, config, None, fix=False, full=False,
-                                    check_platforms=not args.offline))  # fmt: skip
+    checks = asyncio.run(
+        run_doctor(home, config, None, fix=False, full=False, check_platforms=not args.offline)
+    )
     print("doctor:")
     for check in checks:
         print(f"  {check.line()}")

@@ -75,8 +75,11 @@ def backups_in(directory: Path) -> list[Path]:
     """The archives this command wrote into `directory`, oldest first (names sort by time)."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir()
-                  if p.name.startswith(PREFIX) and p.name.endswith(SUFFIX) and p.is_file())  # fmt: skip
+    return sorted(
+        p
+        for p in directory.iterdir()
+        if p.name.startswith(PREFIX) and p.name.endswith(SUFFIX) and p.is_file()
+    )
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -109,8 +112,9 @@ async def _index_from(db_path: Path, out: Path) -> int:
         await db.close()
 
 
-def take_backup(home: Path, target: Path, *, config: Path | None, secrets: bool,
-                now: float | None = None) -> Written:  # fmt: skip
+def take_backup(
+    home: Path, target: Path, *, config: Path | None, secrets: bool, now: float | None = None
+) -> Written:
     """Snapshot `home` into a new archive at `target` (written whole, then renamed)."""
     now = time.time() if now is None else now
     if target.exists():
@@ -123,8 +127,10 @@ def take_backup(home: Path, target: Path, *, config: Path | None, secrets: bool,
         snapshots.snapshot(home / "state.db", db)
         summary = snapshots.verify(db)
         if not summary.ok:
-            raise BackupError(f"{home / 'state.db'} fails its checks; no backup written: "
-                              + "; ".join(summary.problems[:3]))  # fmt: skip
+            raise BackupError(
+                f"{home / 'state.db'} fails its checks; no backup written: "
+                + "; ".join(summary.problems[:3])
+            )
         # the snapshot is a closed file now: the index is built on a copy, so the archived
         # state.db stays byte for byte the image that was verified
         scratch = stage / "scratch"
@@ -144,24 +150,31 @@ def take_backup(home: Path, target: Path, *, config: Path | None, secrets: bool,
             shutil.copyfile(env, stage / "switchboard.env")
             files.append("switchboard.env")
         manifest = {
-            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
             "created_at": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
-            "switchboard_version": _version(), "home": str(home.absolute()),
+            "switchboard_version": _version(),
+            "home": str(home.absolute()),
             **{k: v for k, v in asdict(summary).items() if k != "problems"},
             "index_entries": entries,
-            "files": {n: {"size": (stage / n).stat().st_size, "sha256": _sha256(stage / n)}
-                      for n in files},
-        }  # fmt: skip
+            "files": {
+                n: {"size": (stage / n).stat().st_size, "sha256": _sha256(stage / n)} for n in files
+            },
+        }
         partial = stage / "archive"
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # every conversation
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
+        with (
+            os.fdopen(fd, "wb") as raw,
+            tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar,
+        ):
             blob = json.dumps(manifest, indent=2, ensure_ascii=False).encode()
             info = tarfile.TarInfo("manifest.json")
             info.size, info.mtime, info.mode = len(blob), int(now), 0o600
             tar.addfile(info, io.BytesIO(blob))
             for name in files:
-                tar.add(stage / name, arcname=name, recursive=False,
-                        filter=lambda i: _owned(i, now))  # fmt: skip
+                tar.add(
+                    stage / name, arcname=name, recursive=False, filter=lambda i: _owned(i, now)
+                )
             raw.flush()
             os.fsync(raw.fileno())
         os.link(partial, target)  # fails rather than replace a file that appeared meanwhile
@@ -224,7 +237,9 @@ def restore(archive: Path, home: Path) -> tuple[snapshots.SnapshotSummary, tuple
         entries = asyncio.run(_index_from(home / "state.db", home / INDEX))  # migrates too
         summary = snapshots.verify(home / "state.db")
         if not summary.ok:
-            raise BackupError(f"the restored state.db fails its checks: {'; '.join(summary.problems[:3])}")
+            raise BackupError(
+                f"the restored state.db fails its checks: {'; '.join(summary.problems[:3])}"
+            )
     finally:
         lock.release()
         (home / "switchboard.lock").unlink(missing_ok=True)

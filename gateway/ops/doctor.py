@@ -80,13 +80,22 @@ async def _routes_check(db: Store) -> Check:
     report = await db.cluster_report()  # type: ignore[attr-defined]
     detail = (
         f"{report['routes']} routes, {report['live_replicas']} live replica(s)"
-        + (f"; {report['stale_routes']} route(s) heal at their next message"
-           if report["stale_routes"] else "")
-        + (f"; {report['dead_leases']} lease(s) of stopped replicas" if report["dead_leases"]
-           else "")
-        + (f"; {report['orphaned_rows']} inbox row(s) wait for a live replica"
-           if report["orphaned_rows"] else "")
-    )  # fmt: skip
+        + (
+            f"; {report['stale_routes']} route(s) heal at their next message"
+            if report["stale_routes"]
+            else ""
+        )
+        + (
+            f"; {report['dead_leases']} lease(s) of stopped replicas"
+            if report["dead_leases"]
+            else ""
+        )
+        + (
+            f"; {report['orphaned_rows']} inbox row(s) wait for a live replica"
+            if report["orphaned_rows"]
+            else ""
+        )
+    )
     return Check("session routes", True, detail, warn=bool(report["orphaned_rows"]))
 
 
@@ -166,10 +175,16 @@ async def _replication_check(db: Store) -> Check:
     if not standbys:
         return Check("PostgreSQL replication", True, f"{trip}; primary, no standbys")
     lags = [s["lag"] or 0.0 for s in standbys]
-    names = ", ".join(f"{s['name'] or '?'} {s['state']} {(s['lag'] or 0.0):.1f} s" for s in standbys)
+    names = ", ".join(
+        f"{s['name'] or '?'} {s['state']} {(s['lag'] or 0.0):.1f} s" for s in standbys
+    )
     worst = max(lags)
-    return Check("PostgreSQL replication", worst < REPLICATION_LAG_WARN_S,
-                 f"{trip}; primary, standbys: {names}", warn=worst >= REPLICATION_LAG_WARN_S)  # fmt: skip
+    return Check(
+        "PostgreSQL replication",
+        worst < REPLICATION_LAG_WARN_S,
+        f"{trip}; primary, standbys: {names}",
+        warn=worst >= REPLICATION_LAG_WARN_S,
+    )
 
 
 async def _inbox_check(db: Store) -> Check:
@@ -187,16 +202,31 @@ async def _inbox_check(db: Store) -> Check:
         parts.append(f"{sending} reply(ies) stopped while sending (not sent again)")
     if not parts:
         return Check("inbox", True, f"nothing open ({sum(counts.values())} rows kept)")
-    return Check("inbox", True, "; ".join(parts) + " (the daemon resolves these when it "
-                 "starts; open rows while it runs are turns in flight)", warn=True)  # fmt: skip
+    return Check(
+        "inbox",
+        True,
+        "; ".join(parts) + " (the daemon resolves these when it "
+        "starts; open rows while it runs are turns in flight)",
+        warn=True,
+    )
 
 
-async def run_doctor(home: Path, config: Config | None, config_error: str | None, *, fix: bool, full: bool,
-                     check_platforms: bool = True) -> list[Check]:  # fmt: skip
+async def run_doctor(
+    home: Path,
+    config: Config | None,
+    config_error: str | None,
+    *,
+    fix: bool,
+    full: bool,
+    check_platforms: bool = True,
+) -> list[Check]:
     checks = await _state_checks(home, config, config_error, fix=fix, full=full)
     if config is not None and config.backup.directory is not None:
-        checks.append(await asyncio.to_thread(backup_check, config.backup.directory,
-                                              config.backup.max_age_hours))  # fmt: skip
+        checks.append(
+            await asyncio.to_thread(
+                backup_check, config.backup.directory, config.backup.max_age_hours
+            )
+        )
     if config is not None and check_platforms:
         checks += await _reach(config)
     return checks
@@ -330,7 +360,9 @@ def backup_check(where: str, max_age_hours: float, now: float | None = None) -> 
     hours = ((time.time() if now is None else now) - made) / 3600
     detail = f"newest {found[-1].name}, {hours:.1f} h old ({len(found)} kept)"
     if hours > max_age_hours:
-        return Check("backup", False, f"{detail}: older than backup.max_age_hours ({max_age_hours:g})")
+        return Check(
+            "backup", False, f"{detail}: older than backup.max_age_hours ({max_age_hours:g})"
+        )
     return Check("backup", True, detail)
 
 

@@ -71,16 +71,34 @@ class Pauses:
 def watch(metrics: Metrics, pauses: Pauses) -> None:
     """/metrics lines for the collector: passes, full passes, time paused, the longest
     pause, and the objects frozen at start-up."""
-    metrics.gauge("switchboard_gc_passes_total", "Garbage collector passes",
-                  lambda: sum(pauses.passes), kind="counter")  # fmt: skip
-    metrics.gauge("switchboard_gc_full_passes_total", "Passes over every object not frozen",
-                  lambda: pauses.passes[2], kind="counter")  # fmt: skip
-    metrics.gauge("switchboard_gc_pause_seconds_total", "Time the collector held the process",
-                  lambda: pauses.seconds, kind="counter")  # fmt: skip
-    metrics.gauge("switchboard_gc_pause_longest_ms", "The longest collector pause so far",
-                  lambda: pauses.longest_ms)  # fmt: skip
-    metrics.gauge("switchboard_gc_frozen_objects", "Objects frozen after start-up, never walked",
-                  gc.get_freeze_count)  # fmt: skip
+    metrics.gauge(
+        "switchboard_gc_passes_total",
+        "Garbage collector passes",
+        lambda: sum(pauses.passes),
+        kind="counter",
+    )
+    metrics.gauge(
+        "switchboard_gc_full_passes_total",
+        "Passes over every object not frozen",
+        lambda: pauses.passes[2],
+        kind="counter",
+    )
+    metrics.gauge(
+        "switchboard_gc_pause_seconds_total",
+        "Time the collector held the process",
+        lambda: pauses.seconds,
+        kind="counter",
+    )
+    metrics.gauge(
+        "switchboard_gc_pause_longest_ms",
+        "The longest collector pause so far",
+        lambda: pauses.longest_ms,
+    )
+    metrics.gauge(
+        "switchboard_gc_frozen_objects",
+        "Objects frozen after start-up, never walked",
+        gc.get_freeze_count,
+    )
 
 
 # The event loop and the store's writer thread share the GIL. The writer gives it up around

@@ -98,9 +98,10 @@ class Metrics:
             "Turns a crash left unfinished, at start-up: rerun or apologised",
         )
         self.turn_latency = Histogram(
-            "switchboard_turn_seconds", "Inbound to reply latency",
+            "switchboard_turn_seconds",
+            "Inbound to reply latency",
             (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-        )  # fmt: skip
+        )
         self.gauges: list[Gauge] = []
         self.last_error: str | None = None  # the latest failure handling a message (/health)
 
@@ -109,8 +110,18 @@ class Metrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        for metric in (self.messages_in, self.messages_out, self.turns, self.errors, self.dropped,
-                       self.resets, self.handoffs, self.recovered, self.unsent, self.turn_latency,
-                       *self.gauges):  # fmt: skip
+        for metric in (
+            self.messages_in,
+            self.messages_out,
+            self.turns,
+            self.errors,
+            self.dropped,
+            self.resets,
+            self.handoffs,
+            self.recovered,
+            self.unsent,
+            self.turn_latency,
+            *self.gauges,
+        ):
             lines += metric.render()
         return "\n".join(lines) + "\n"

@@ -13,8 +13,15 @@ from gateway.errors import GatewayError
 UNIT_NAME = "switchboard.service"
 
 
-def render_unit(*, python: str, home: Path, config: Path | None, user: bool, drain_s: float = 10.0,
-                env_file: Path | None = None) -> str:  # fmt: skip
+def render_unit(
+    *,
+    python: str,
+    home: Path,
+    config: Path | None,
+    user: bool,
+    drain_s: float = 10.0,
+    env_file: Path | None = None,
+) -> str:
     config_arg = f" --config {config}" if config else ""
     env_file = env_file or home / "switchboard.env"
     sandbox = [
@@ -71,12 +78,14 @@ def next_steps(path: Path, *, user: bool, custom: bool, home: Path) -> str:
     known by its file's name."""
     ctl = "systemctl --user" if user else "sudo systemctl"
     unit = str(_plain(path)) if custom else UNIT_NAME
-    return "\n".join([
-        f"{ctl} daemon-reload",
-        f"{ctl} enable --now {unit}",
-        f"journalctl {'--user ' if user else ''}-u {path.name if custom else UNIT_NAME} -f",
-        f"(tokens go in {_plain(home) / 'switchboard.env'}, one NAME=value per line, mode 600)",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"{ctl} daemon-reload",
+            f"{ctl} enable --now {unit}",
+            f"journalctl {'--user ' if user else ''}-u {path.name if custom else UNIT_NAME} -f",
+            f"(tokens go in {_plain(home) / 'switchboard.env'}, one NAME=value per line, mode 600)",
+        ]
+    )
 
 
 def _plain(path: Path) -> Path:
@@ -96,8 +105,13 @@ def install(
     if target is not None and not target.parent.is_dir():
         raise GatewayError(f"--output: the folder {target.parent} does not exist; create it first")
     path = target or unit_path(user)
-    unit = render_unit(python=sys.executable, home=_plain(home), config=_plain(config) if config else None,
-                       user=user, drain_s=drain_s)  # fmt: skip
+    unit = render_unit(
+        python=sys.executable,
+        home=_plain(home),
+        config=_plain(config) if config else None,
+        user=user,
+        drain_s=drain_s,
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(unit)

@@ -65,8 +65,13 @@ async def _store_part(
     from state import SessionDB, open_store
 
     backend = data["state"]["backend"]
-    store: dict[str, Any] = {"backend": backend, "path": None, "bytes": None,
-                             "last_backup": None, "error": None}  # fmt: skip
+    store: dict[str, Any] = {
+        "backend": backend,
+        "path": None,
+        "bytes": None,
+        "last_backup": None,
+        "error": None,
+    }
     sessions: dict[str, Any] = {"live": None, "messages_today": None}
     if not replicated(backend):
         path = home / "state.db"
@@ -78,8 +83,10 @@ async def _store_part(
         if not replicated(backend):
             db = await SessionDB.open(home / "state.db")
         else:
-            settings = {**asdict(build(StateSettings, data["state"])),
-                        "dsn": secrets.get("state.dsn_env")}  # fmt: skip
+            settings = {
+                **asdict(build(StateSettings, data["state"])),
+                "dsn": secrets.get("state.dsn_env"),
+            }
             db = await open_store(settings, home)
     except Exception as exc:  # an unreachable server, a damaged file: reported, not raised
         store["error"] = f"cannot open the store ({type(exc).__name__}: {exc})"
@@ -231,8 +238,7 @@ def render(report: Mapping[str, Any]) -> str:
         lines.append(line)
         if d["replica"]:
             role = "leader" if d["leader"] else "follower"
-            lines.append(f"replica    {_clean(d['replica'])} ({role}; "
-                         f"{d['live_replicas']} live)")  # fmt: skip
+            lines.append(f"replica    {_clean(d['replica'])} ({role}; {d['live_replicas']} live)")
         if d["error"]:
             lines.append(f"           {_clean(d['error'])}")
         if d["last_error"]:
@@ -250,13 +256,19 @@ def render(report: Mapping[str, Any]) -> str:
     q = report["queues"]
     inbox = q["inbox"] or {}
     waiting = sum(n for state, n in inbox.items() if state in ("received", "started"))
-    lines += ["", "queues     " + ", ".join([
-        f"writer {q['writer'] if q['writer'] is not None else '-'}",
-        f"turns in flight {q['turns_in_flight'] if q['turns_in_flight'] is not None else '-'}",
-        f"inbox open {waiting}",
-        f"unsent replies {q['unsent_replies'] if q['unsent_replies'] is not None else '-'}",
-        f"outbox {q['outbox'] if q['outbox'] is not None else '-'}",
-    ])]  # fmt: skip
+    lines += [
+        "",
+        "queues     "
+        + ", ".join(
+            [
+                f"writer {q['writer'] if q['writer'] is not None else '-'}",
+                f"turns in flight {q['turns_in_flight'] if q['turns_in_flight'] is not None else '-'}",
+                f"inbox open {waiting}",
+                f"unsent replies {q['unsent_replies'] if q['unsent_replies'] is not None else '-'}",
+                f"outbox {q['outbox'] if q['outbox'] is not None else '-'}",
+            ]
+        ),
+    ]
     s = report["sessions"]
     live = "-" if s["live"] is None else s["live"]
     today = "-" if s["messages_today"] is None else s["messages_today"]
@@ -268,8 +280,10 @@ def render(report: Mapping[str, Any]) -> str:
         lines.append(f"           {_clean(st['error'])}")
     backup = st["last_backup"]
     if isinstance(backup, dict):
-        lines.append(f"backup     {_at(backup.get('at'))}, {backup.get('sessions')} sessions "
-                     f"to {_clean(backup.get('file'))}")  # fmt: skip
+        lines.append(
+            f"backup     {_at(backup.get('at'))}, {backup.get('sessions')} sessions "
+            f"to {_clean(backup.get('file'))}"
+        )
     else:
         lines.append("backup     none recorded (switchboard sessions export FILE)")
     r = report["reset"]

@@ -44,9 +44,11 @@ REFUSAL = "Sorry, you are not authorised to use this bot."
 
 
 def begins_in(
-    policies: PolicySet | None, clock: Callable[[], float], route: Mapping[str, Any],
+    policies: PolicySet | None,
+    clock: Callable[[], float],
+    route: Mapping[str, Any],
     inbox_id: int,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """Replicas: may the turn of a message whose accept just took its key's lease begin in
     the same commit, and in which session? Its route's own live session, when the row is
     the key's only open one, no dead runner's reply waits, no notice is owed and no reset
@@ -57,8 +59,11 @@ def begins_in(
     try:
         if [int(r["id"]) for r in route["open"]] != [inbox_id] or route.get("unsent"):
             return None
-        if not (route.get("session_id") and route.get("route_found")
-                and route.get("route_ended") is None) or route.get("pending_notice"):  # fmt: skip
+        if not (
+            route.get("session_id")
+            and route.get("route_found")
+            and route.get("route_ended") is None
+        ) or route.get("pending_notice"):
             return None
         entry = entry_from_route(route)
         if entry is None:
@@ -186,10 +191,14 @@ class Router:
             entry, release = fast
             try:
                 inbox_id, state, new, begun = await s.db.accept_and_begin(
-                    src.platform, src.chat_id, msg.platform_message_id, msg.as_payload(),
-                    entry.session_id, user_message(msg, key),
+                    src.platform,
+                    src.chat_id,
+                    msg.platform_message_id,
+                    msg.as_payload(),
+                    entry.session_id,
+                    user_message(msg, key),
                     last=s.settings.history_messages,
-                )  # fmt: skip
+                )
             except SessionNotFound:  # deleted under the daemon: the slow path starts anew
                 release()
             except StateError as exc:
@@ -243,9 +252,10 @@ class Router:
         s = self.services
         resetter = self.resetter
         test = functools.partial(
-            begins_in, resetter.policies if resetter is not None else None,
+            begins_in,
+            resetter.policies if resetter is not None else None,
             resetter.clock if resetter is not None else s.clock,
-        )  # fmt: skip
+        )
         return user_message(msg, key), s.settings.history_messages, test
 
     def _idle_entry(
@@ -267,8 +277,11 @@ class Router:
         if release is None:
             return None
         entry = s.index.get(k)
-        if (entry is None or s.coordinator.has_notice(k)
-                or (self.resetter is not None and self.resetter.due_now(entry))):  # fmt: skip
+        if (
+            entry is None
+            or s.coordinator.has_notice(k)
+            or (self.resetter is not None and self.resetter.due_now(entry))
+        ):
             release()  # (nothing awaited while it was held)
             return None
         return entry, release
@@ -289,9 +302,13 @@ class Router:
         raise NotAccepted(f"the message could not be stored: {exc}") from exc
 
     def _after_accept(
-        self, msg: InboundMessage, seen_key: tuple[str, str, str] | None, inbox_id: int,
-        state: str, new: bool,
-    ) -> None:  # fmt: skip
+        self,
+        msg: InboundMessage,
+        seen_key: tuple[str, str, str] | None,
+        inbox_id: int,
+        state: str,
+        new: bool,
+    ) -> None:
         s = self.services
         if seen_key is not None:
             s.coordinator.remember(seen_key)
@@ -321,8 +338,9 @@ class Router:
             if src.user_id is not None and await self._paired.allows(src.platform, src.user_id):
                 return True
         except StateError as exc:  # the store cannot say: not let in (this message only)
-            log.warning("pairing lookup for user %s on %s failed: %s", src.user_id,
-                        src.platform, exc)  # fmt: skip
+            log.warning(
+                "pairing lookup for user %s on %s failed: %s", src.user_id, src.platform, exc
+            )
         s.metrics.dropped.inc(reason="unauthorised")
         log.info("unauthorised user %s on %s (%s)", src.user_id, src.platform, src.chat_type)
         if src.chat_type != ChatType.DM:
@@ -335,11 +353,11 @@ class Router:
         elif s.settings.unknown_dm == "pair" and src.user_id is not None:
             rules = s.settings.pairing
             try:
-                code = await pairing.offer(s.db, rules, src.platform, src.user_id,
-                                           src.user_name, src.chat_id, s.clock())  # fmt: skip
+                code = await pairing.offer(
+                    s.db, rules, src.platform, src.user_id, src.user_name, src.chat_id, s.clock()
+                )
             except StateError as exc:
-                log.warning("no pairing code for user %s on %s: %s", src.user_id, src.platform,
-                            exc)  # fmt: skip
+                log.warning("no pairing code for user %s on %s: %s", src.user_id, src.platform, exc)
                 code = None
             if code is not None:
                 log.info("pairing code offered to user %s on %s", src.user_id, src.platform)

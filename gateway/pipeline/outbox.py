@@ -25,8 +25,10 @@ def too_old_apology(text: str) -> str:
     quoted = " ".join(text.split())
     if len(quoted) > 60:
         quoted = quoted[:57] + "..."
-    return (f'Sorry, your message "{quoted}" arrived while the gateway was restarting and '
-            "is too old to answer now; please send it again if it still matters.")  # fmt: skip
+    return (
+        f'Sorry, your message "{quoted}" arrived while the gateway was restarting and '
+        "is too old to answer now; please send it again if it still matters."
+    )
 
 
 class Outbox:
@@ -61,12 +63,16 @@ class Outbox:
         safe = s.settings.resend_unconfirmed or idempotent_replies(msg.source.platform)
         if row["reply_state"] == "sending" and not safe:
             s.metrics.unsent.inc()
-            log.warning("inbox row %d: its reply may not have reached the chat (the daemon "
-                        "stopped while sending it); not sent again", inbox_id)  # fmt: skip
+            log.warning(
+                "inbox row %d: its reply may not have reached the chat (the daemon "
+                "stopped while sending it); not sent again",
+                inbox_id,
+            )
             await s.db.mark_reply(inbox_id, "unconfirmed")
             return
         text = content_text(row["content"]) or APOLOGY
-        ref = await s.replies.reply(msg, row["session_id"], text,
-                                    dedupe_key=reply_key(inbox_id), resend=True)  # fmt: skip
+        ref = await s.replies.reply(
+            msg, row["session_id"], text, dedupe_key=reply_key(inbox_id), resend=True
+        )
         s.metrics.recovered.inc(outcome="reply_resent")
         await mark_reply(s, inbox_id, ref)

@@ -23,9 +23,13 @@ class Recovery:
     """The start-up and takeover scans (see the module docstring)."""
 
     def __init__(
-        self, services: Services, flight: InFlight, worker: Worker, outbox: Outbox,
+        self,
+        services: Services,
+        flight: InFlight,
+        worker: Worker,
+        outbox: Outbox,
         topology: Topology,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.services = services
         self._flight = flight
         self._inflight = flight.running
@@ -75,8 +79,10 @@ class Recovery:
                 log.error("inbox row %d cannot be read (%s); dropped", inbox_id, exc)
                 await s.db.finish_inbound(inbox_id, DROPPED, "unreadable")
                 continue
-            if (not self._topology.ages_under_lease
-                    and s.clock() - float(row["received_at"]) > max_age_s):  # fmt: skip
+            if (
+                not self._topology.ages_under_lease
+                and s.clock() - float(row["received_at"]) > max_age_s
+            ):
                 # (else decided under the key's lease, in Worker._run_row)
                 await s.replies.reply(msg, row["session_id"], too_old_apology(msg.text))
                 await s.db.finish_inbound(inbox_id, DROPPED, "too_old")
@@ -84,12 +90,14 @@ class Recovery:
                 apologised += 1
                 continue
             if msg.platform_message_id is not None:
-                s.coordinator.remember((msg.source.platform, msg.source.chat_id,
-                                        msg.platform_message_id))  # fmt: skip
+                s.coordinator.remember(
+                    (msg.source.platform, msg.source.chat_id, msg.platform_message_id)
+                )
             s.metrics.recovered.inc(outcome="rerun")
             self._worker.run(msg, inbox_id)
             rerun += 1
         if rerun or apologised:
-            log.warning("recovered %d interrupted turn(s); %d too old, apologised for",
-                        rerun, apologised)  # fmt: skip
+            log.warning(
+                "recovered %d interrupted turn(s); %d too old, apologised for", rerun, apologised
+            )
         return rerun, apologised

@@ -58,9 +58,14 @@ class Worker:
     """Runs each accepted message as a tracked task, serialised per session key."""
 
     def __init__(
-        self, services: Services, commands: CommandRegistry, resetter: Resetter | None,
-        flight: InFlight, outbox: Outbox, topology: Topology,
-    ) -> None:  # fmt: skip
+        self,
+        services: Services,
+        commands: CommandRegistry,
+        resetter: Resetter | None,
+        flight: InFlight,
+        outbox: Outbox,
+        topology: Topology,
+    ) -> None:
         self.services = services
         self.commands = commands
         self.resetter = resetter
@@ -79,9 +84,13 @@ class Worker:
         return self.resetter.describe(key.format())
 
     def run(
-        self, msg: InboundMessage, inbox_id: int, begun: Begun | None = None, *,
+        self,
+        msg: InboundMessage,
+        inbox_id: int,
+        begun: Begun | None = None,
+        *,
         stored: Stored | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The message's turn as a task. `begun`: one daemon's fast path (locked, stored);
         `stored`: an accept that took the key's lease also began the turn."""
         self._inflight.add(inbox_id)
@@ -91,10 +100,11 @@ class Worker:
             # take the fast path past it.
             self._flight.pend(self.key_for(msg).format())
         self.services.tasks.start(
-            self._process(msg, inbox_id, stored) if begun is None
+            self._process(msg, inbox_id, stored)
+            if begun is None
             else self._process_begun(msg, inbox_id, begun),
             f"turn:{src.platform}:{src.chat_id}",
-        )  # fmt: skip
+        )
 
     async def _process(self, msg: InboundMessage, inbox_id: int, stored: Stored | None) -> None:
         """Take the key's lease (one daemon: its lock), then run the key's open inbox rows
@@ -128,9 +138,14 @@ class Worker:
             self._inflight.discard(inbox_id)
 
     async def _drain(
-        self, lease: KeyLease, key: SessionKey, mine: InboundMessage, inbox_id: int,
-        started: float, stored: Stored | None,
-    ) -> None:  # fmt: skip
+        self,
+        lease: KeyLease,
+        key: SessionKey,
+        mine: InboundMessage,
+        inbox_id: int,
+        started: float,
+        stored: Stored | None,
+    ) -> None:
         """The key's rows under its lease: a dead runner's replies first, then each open
         row in id order, its command or turn (one older than recovery.max_age_seconds gets
         the too-old apology: a recovered row's age is judged here on replicas), a failure
@@ -157,18 +172,28 @@ class Worker:
                 row_started = s.clock()
             other_task = rid != inbox_id and rid in self._inflight
             self._inflight.add(rid)
-            turn = TurnProgress(inbox_id=rid, lease=topology.turn_lease(
-                lease, row, row is rows[-1], stored if rid == inbox_id else None
-            ))  # fmt: skip
+            turn = TurnProgress(
+                inbox_id=rid,
+                lease=topology.turn_lease(
+                    lease, row, row is rows[-1], stored if rid == inbox_id else None
+                ),
+            )
             try:
-                if (max_age_s is not None and row.get("received_at") is not None
-                        and s.clock() - float(row["received_at"]) > max_age_s):  # fmt: skip
+                if (
+                    max_age_s is not None
+                    and row.get("received_at") is not None
+                    and s.clock() - float(row["received_at"]) > max_age_s
+                ):
                     await self._too_old(msg, row, turn)
                 else:
                     await self._guarded(msg, key, k, row_started, turn)
             except LeaseLost:
-                log.warning("session_key=%s: the lease was taken over during inbox row %d; "
-                            "its reply is withheld (the new holder answers it)", key, rid)  # fmt: skip
+                log.warning(
+                    "session_key=%s: the lease was taken over during inbox row %d; "
+                    "its reply is withheld (the new holder answers it)",
+                    key,
+                    rid,
+                )
                 turn.dropped = "answered_elsewhere"  # the new holder answers it
                 return
             finally:
@@ -211,17 +236,24 @@ class Worker:
             # replicas: the database went away mid-turn. The row stays open under a lease
             # that the rejoin voids, and is run again once the database is back (the
             # takeover scan); an apology now could precede the real reply, stored or not
-            log.warning("turn for session_key=%s platform=%s is run again once the database "
-                        "is back: %s", self.key_for(msg).format(), msg.source.platform, exc)  # fmt: skip
+            log.warning(
+                "turn for session_key=%s platform=%s is run again once the database is back: %s",
+                self.key_for(msg).format(),
+                msg.source.platform,
+                exc,
+            )
             turn.dropped = "in_flight"
             return
-        log.error("turn failed for session_key=%s platform=%s", self.key_for(msg).format(),
-                  msg.source.platform, exc_info=exc)  # fmt: skip
+        log.error(
+            "turn failed for session_key=%s platform=%s",
+            self.key_for(msg).format(),
+            msg.source.platform,
+            exc_info=exc,
+        )
         # "Your message was saved" only when it was: anything failing before the store
         # (a message the database refuses, a command) is reported as not stored
         if turn.stored:
-            await s.replies.reply(msg, turn.session_id, APOLOGY, self.key_for(msg),
-                                  error="agent")  # fmt: skip
+            await s.replies.reply(msg, turn.session_id, APOLOGY, self.key_for(msg), error="agent")
             await self._close(turn, ANSWERED, "agent_error")
         elif isinstance(exc, UnstorableData):  # sending it again cannot help
             await s.replies.reply(msg, None, UNSTORABLE_APOLOGY, error="unstorable")

@@ -163,8 +163,11 @@ class Resetter:
             entry = self.services.index.get(key)
             if entry is None or entry.session_id != row["session_id"]:
                 continue
-            old = {"id": row["old_id"], "title": row["old_title"],
-                   "message_count": row["old_messages"]}  # fmt: skip
+            old = {
+                "id": row["old_id"],
+                "title": row["old_title"],
+                "message_count": row["old_messages"],
+            }
             notice = self.notice_for(entry, row["end_reason"], old)
             if notice is not None and not self.services.coordinator.has_notice(key):
                 self.services.coordinator.set_notice(key, notice)

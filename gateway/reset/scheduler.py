@@ -53,16 +53,36 @@ class ResetScheduler:
         """Start inside the running loop (AsyncIOScheduler needs it)."""
         sched = AsyncIOScheduler(timezone="UTC")
         opts = {"coalesce": True, "max_instances": 1, "misfire_grace_time": 60}
-        sched.add_job(self._guarded, IntervalTrigger(seconds=self._sweep_seconds, timezone="UTC"),
-                      args=(self._sweep, "reset sweep"), id="reset-sweep", **opts)  # fmt: skip
+        sched.add_job(
+            self._guarded,
+            IntervalTrigger(seconds=self._sweep_seconds, timezone="UTC"),
+            args=(self._sweep, "reset sweep"),
+            id="reset-sweep",
+            **opts,
+        )
         for hour, tz in self._daily:
-            sched.add_job(self._guarded, CronTrigger(hour=hour, minute=0, second=1, timezone=tz),
-                          args=(self._sweep, "daily reset"), id=f"reset-daily-{hour}-{tz}", **opts)  # fmt: skip
+            sched.add_job(
+                self._guarded,
+                CronTrigger(hour=hour, minute=0, second=1, timezone=tz),
+                args=(self._sweep, "daily reset"),
+                id=f"reset-daily-{hour}-{tz}",
+                **opts,
+            )
         if self._prune is not None:
-            sched.add_job(self._guarded, CronTrigger(hour=3, minute=30, timezone="UTC"),
-                          args=(self._prune, "auto-prune"), id="auto-prune", **opts)  # fmt: skip
-            sched.add_job(self._guarded, args=(self._prune, "auto-prune at start-up"),
-                          id="auto-prune-start", next_run_time=datetime.now(UTC), **opts)  # fmt: skip
+            sched.add_job(
+                self._guarded,
+                CronTrigger(hour=3, minute=30, timezone="UTC"),
+                args=(self._prune, "auto-prune"),
+                id="auto-prune",
+                **opts,
+            )
+            sched.add_job(
+                self._guarded,
+                args=(self._prune, "auto-prune at start-up"),
+                id="auto-prune-start",
+                next_run_time=datetime.now(UTC),
+                **opts,
+            )
         sched.start()
         self._scheduler = sched
 

@@ -52,10 +52,14 @@ class SessionSource:
 
     def as_dict(self) -> dict[str, str | None]:
         return {
-            "platform": self.platform, "chat_id": self.chat_id, "chat_type": self.chat_type,
-            "user_id": self.user_id, "user_name": self.user_name, "chat_name": self.chat_name,
+            "platform": self.platform,
+            "chat_id": self.chat_id,
+            "chat_type": self.chat_type,
+            "user_id": self.user_id,
+            "user_name": self.user_name,
+            "chat_name": self.chat_name,
             "thread_id": self.thread_id,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> SessionSource:
@@ -64,10 +68,14 @@ class SessionSource:
             return None if v is None else str(v)
 
         return cls(
-            platform=str(data["platform"]), chat_id=str(data["chat_id"]),
-            chat_type=as_chat_type(str(data.get("chat_type") or ChatType.DM)), user_id=s("user_id"),
-            user_name=s("user_name"), chat_name=s("chat_name"), thread_id=s("thread_id"),
-        )  # fmt: skip
+            platform=str(data["platform"]),
+            chat_id=str(data["chat_id"]),
+            chat_type=as_chat_type(str(data.get("chat_type") or ChatType.DM)),
+            user_id=s("user_id"),
+            user_name=s("user_name"),
+            chat_name=s("chat_name"),
+            thread_id=s("thread_id"),
+        )
 
 
 @dataclass(frozen=True)

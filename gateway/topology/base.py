@@ -28,9 +28,11 @@ class TurnLease:
     __slots__ = ("_ask", "begun", "fence", "freed", "hand_back")
 
     def __init__(
-        self, fence: Fence | None = None, ask: Callable[[], Awaitable[bool]] | None = None,
+        self,
+        fence: Fence | None = None,
+        ask: Callable[[], Awaitable[bool]] | None = None,
         begun: tuple[int, list[dict[str, Any]]] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.fence = fence  # what the turn's writes carry (None: nothing can take the key)
         self._ask = ask  # reads whether the lease still holds
         # the message was stored in the accept's commit (its id and the history)

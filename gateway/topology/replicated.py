@@ -36,9 +36,14 @@ class ReplicatedTopology:
         and the take allows it (PgCoordinator.accept)."""
         src = msg.source
         return await self.cluster.accept(
-            k, src.platform, src.chat_id, msg.platform_message_id, msg.as_payload(),
-            lease=lease, begin=begin(msg, key) if lease else None,
-        )  # fmt: skip
+            k,
+            src.platform,
+            src.chat_id,
+            msg.platform_message_id,
+            msg.as_payload(),
+            lease=lease,
+            begin=begin(msg, key) if lease else None,
+        )
 
     def try_lock(self, k: str) -> Callable[[], None] | None:
         return None  # a lease cannot be taken without waiting on the database

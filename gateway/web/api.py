@@ -60,9 +60,11 @@ async def get_session(request: web.Request) -> web.Response:
     at = request.query.get("at")
     try:
         detail = await actions.session_detail(
-            dashboard_of(request), request.match_info["id"],
-            after_id=int(after) if after else None, at=int(at) if at else None,
-        )  # fmt: skip
+            dashboard_of(request),
+            request.match_info["id"],
+            after_id=int(after) if after else None,
+            at=int(at) if at else None,
+        )
     except ValueError:
         raise queries.BadParam("after and at must be message ids (whole numbers)") from None
     return web.json_response(detail)

@@ -61,7 +61,9 @@ class Dashboard(DashboardState):
         api = request.path.startswith("/api/")
         key = self.settings.key
         if key is None and not auth.host_is_loopback(request):
-            return _refuse(request, api, 403, "without a key the dashboard answers loopback names only")
+            return _refuse(
+                request, api, 403, "without a key the dashboard answers loopback names only"
+            )
         mutating = request.method in auth.MUTATING
         if mutating and "Origin" in request.headers and not auth.same_origin(request):
             return _refuse(request, api, 403, "cross-origin request refused")
@@ -114,9 +116,11 @@ def settings_from(config: Config) -> DashboardSettings | None:
         return None
     prices = prices_of(dash.prices)
     return DashboardSettings(
-        key=key, session_hours=float(dash.session_hours),
-        secure_cookie=dash.secure_cookie, prices=prices,
-    )  # fmt: skip
+        key=key,
+        session_hours=float(dash.session_hours),
+        secure_cookie=dash.secure_cookie,
+        prices=prices,
+    )
 
 
 def _refuse(request: web.Request, api: bool, status: int, message: str) -> web.Response:
@@ -133,6 +137,7 @@ def _refuse(request: web.Request, api: bool, status: int, message: str) -> web.R
     body = t(
         '<p class="error" role="alert">{}.</p><p><a id="go-back" href="{}">Back to the page</a> '
         "(it loads afresh, so its forms work again).</p>",
-        message, back,
-    )  # fmt: skip
+        message,
+        back,
+    )
     return pages.page(request, "Not done", body, status=status)

@@ -46,9 +46,19 @@ def per_day_chart(per_day: list[dict[str, Any]], platforms: list[str]) -> Safe:
     parts: list[Safe] = []
     for share in (0, 0.25, 1):  # of the top value: a quarter of it sits half way up
         y = PAD_T + plot_h * (1 - math.sqrt(share))
-        parts.append(t('<line class="grid" x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}"/>'
-                       '<text class="axis" x="{}" y="{:.1f}" text-anchor="end">{}</text>',
-                       PAD_L, WIDTH - 4, y, y, PAD_L - 4, y + 4, _label(top * share)))  # fmt: skip
+        parts.append(
+            t(
+                '<line class="grid" x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}"/>'
+                '<text class="axis" x="{}" y="{:.1f}" text-anchor="end">{}</text>',
+                PAD_L,
+                WIDTH - 4,
+                y,
+                y,
+                PAD_L - 4,
+                y + 4,
+                _label(top * share),
+            )
+        )
     for i, d in enumerate(per_day):
         x = PAD_L + i * bar
         y = PAD_T + plot_h
@@ -60,15 +70,33 @@ def per_day_chart(per_day: list[dict[str, Any]], platforms: list[str]) -> Safe:
                 continue
             h = height * value / total
             y -= h
-            parts.append(t(
-                '<rect class="bar p-{}" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" '
-                'data-day="{}" data-platform="{}" data-value="{}"><title>{} {}: {} messages</title></rect>',
-                platform, x + bar * 0.1, y, max(bar * 0.8, 0.5), h, d["day"], platform, value,
-                d["day"], platform, value))  # fmt: skip
+            parts.append(
+                t(
+                    '<rect class="bar p-{}" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" '
+                    'data-day="{}" data-platform="{}" data-value="{}"><title>{} {}: {} messages</title></rect>',
+                    platform,
+                    x + bar * 0.1,
+                    y,
+                    max(bar * 0.8, 0.5),
+                    h,
+                    d["day"],
+                    platform,
+                    value,
+                    d["day"],
+                    platform,
+                    value,
+                )
+            )
     step = max(1, n // 6)
     for i in range(0, n, step):
-        parts.append(t('<text class="axis" x="{:.1f}" y="{}" text-anchor="middle">{}</text>',
-                       PAD_L + (i + 0.5) * bar, HEIGHT - 6, per_day[i]["day"][5:]))  # fmt: skip
+        parts.append(
+            t(
+                '<text class="axis" x="{:.1f}" y="{}" text-anchor="middle">{}</text>',
+                PAD_L + (i + 0.5) * bar,
+                HEIGHT - 6,
+                per_day[i]["day"][5:],
+            )
+        )
     legend = join(t('<li><span class="swatch p-{}"></span>{}</li>', p, p) for p in platforms)
     return t(
         '<figure class="chart"><svg id="per-day" viewBox="0 0 {} {}" role="img" '
@@ -89,10 +117,17 @@ def heatmap(grid: list[list[int]]) -> Safe:
     rows = []
     for day, row in zip(WEEKDAYS, grid, strict=True):
         cells = join(
-            t('<td class="l{}" data-value="{}" title="{} {:02d}:00 UTC: {} messages">{}</td>',
-              0 if not v else 1 + min(4, v * 5 // (top + 1)), v, day, h, v, v or "")
+            t(
+                '<td class="l{}" data-value="{}" title="{} {:02d}:00 UTC: {} messages">{}</td>',
+                0 if not v else 1 + min(4, v * 5 // (top + 1)),
+                v,
+                day,
+                h,
+                v,
+                v or "",
+            )
             for h, v in enumerate(row)
-        )  # fmt: skip
+        )
         rows.append(t("<tr><th scope=row>{}</th>{}</tr>", day, cells))
     return t(
         '<table class="heat" id="heatmap"><thead><tr><th></th>{}</tr></thead><tbody>{}</tbody></table>',

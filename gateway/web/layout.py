@@ -57,16 +57,25 @@ def page(
     request: web.Request, title: str, body: Safe, active: str = "", status: int = 200
 ) -> web.Response:
     nav = join(
-        t('<a href="/ui/{}"{}>{}</a>', slug, Safe(' aria-current="page"') if slug == active else "", label)
+        t(
+            '<a href="/ui/{}"{}>{}</a>',
+            slug,
+            Safe(' aria-current="page"') if slug == active else "",
+            label,
+        )
         for slug, label in NAV
-    )  # fmt: skip
+    )
     signed_in = auth.session_of(request) is not None
     # without a key (loopback) nobody signed in, so there is nothing to sign out of
     keyed = dashboard_of(request).settings.key is not None
     logout = (
-        t('<form method="post" action="/ui/logout" class="logout">{}<button>Sign out</button></form>',
-          csrf_input(request)) if signed_in and keyed else ""
-    )  # fmt: skip
+        t(
+            '<form method="post" action="/ui/logout" class="logout">{}<button>Sign out</button></form>',
+            csrf_input(request),
+        )
+        if signed_in and keyed
+        else ""
+    )
     doc = t(
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -75,8 +84,12 @@ def page(
         '<script src="/ui/static/app.js" defer></script></head>'
         '<body><header><strong class="brand">switchboard</strong><nav>{}</nav>{}</header>'
         "<main><h1>{}</h1>{}</main></body></html>",
-        title, nav if signed_in else "", logout, title, body,
-    )  # fmt: skip
+        title,
+        nav if signed_in else "",
+        logout,
+        title,
+        body,
+    )
     return web.Response(text=doc, content_type="text/html", charset="utf-8", status=status)
 
 
@@ -107,7 +120,12 @@ def select(
 ) -> Safe:
     opts = [("", "any")] + [(o, o) if isinstance(o, str) else o for o in options]
     inner = join(
-        t('<option value="{}"{}>{}</option>', v, Safe(" selected") if v == (current or "") else "", text)
+        t(
+            '<option value="{}"{}>{}</option>',
+            v,
+            Safe(" selected") if v == (current or "") else "",
+            text,
+        )
         for v, text in opts
-    )  # fmt: skip
+    )
     return t('<label>{} <select name="{}">{}</select></label>', label, name, inner)

@@ -7,7 +7,10 @@ from typing import Any
 
 from gateway import adapters
 
-_ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}  # fmt: skip
+_ERROR = {
+    "description": "error",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
 
 
 def _q(
@@ -35,14 +38,32 @@ _ID = {
 _PLATFORMS = list(adapters.sources())
 
 
-def _op(summary: str, *, params: list[dict[str, Any]] | None = None, body: dict[str, Any] | None = None,
-        content: str = "application/json", mutating: bool = False) -> dict[str, Any]:  # fmt: skip
+def _op(
+    summary: str,
+    *,
+    params: list[dict[str, Any]] | None = None,
+    body: dict[str, Any] | None = None,
+    content: str = "application/json",
+    mutating: bool = False,
+) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary,
         "parameters": params or [],
-        "responses": {"200": {"description": "ok", "content": {content: {"schema": {"type": "object"} if content == "application/json" else {"type": "string"}}}},
-                      "400": _ERROR, "401": _ERROR},
-    }  # fmt: skip
+        "responses": {
+            "200": {
+                "description": "ok",
+                "content": {
+                    content: {
+                        "schema": {"type": "object"}
+                        if content == "application/json"
+                        else {"type": "string"}
+                    }
+                },
+            },
+            "400": _ERROR,
+            "401": _ERROR,
+        },
+    }
     if mutating:
         op["responses"]["403"] = _ERROR
         op["description"] = (
@@ -92,7 +113,7 @@ def document() -> dict[str, Any]:
                 params=[_ID],
                 mutating=True,
             ),
-        },  # fmt: skip
+        },
         "/api/sessions/{id}/title": {
             "post": _op(
                 "Rename (an empty title clears it)",
@@ -100,7 +121,7 @@ def document() -> dict[str, Any]:
                 body=_json({"title": {"type": "string"}}, ["title"]),
                 mutating=True,
             ),
-        },  # fmt: skip
+        },
         "/api/sessions/{id}/export": {
             "get": _op("One session as JSONL", params=[_ID], content="application/x-ndjson")
         },
@@ -110,14 +131,14 @@ def document() -> dict[str, Any]:
                 params=[_q("platform", "only this platform", enum=_PLATFORMS)],
                 content="application/x-ndjson",
             ),
-        },  # fmt: skip
+        },
         "/api/import": {
             "post": _op(
                 "Import a JSONL export; existing sessions are skipped",
                 body={"application/x-ndjson": {"schema": {"type": "string"}}},
                 mutating=True,
             ),
-        },  # fmt: skip
+        },
         "/api/prune": {
             "post": _op(
                 "Delete ended sessions idle for longer than older_than_days",
@@ -131,14 +152,14 @@ def document() -> dict[str, Any]:
                 ),
                 mutating=True,
             ),
-        },  # fmt: skip
+        },
         "/api/empty-sessions": {
             "post": _op(
                 "Delete ended sessions without messages (dry_run: count them)",
                 body=_json({"dry_run": {"type": "boolean"}}),
                 mutating=True,
             ),
-        },  # fmt: skip
+        },
         "/api/search": {
             "get": _op(
                 "Search messages (the /search query language)",
@@ -151,7 +172,7 @@ def document() -> dict[str, Any]:
                     _q("offset", "skip this many", "integer"),
                 ],
             ),
-        },  # fmt: skip
+        },
         "/api/insights": {
             "get": _op(
                 "Activity figures for the last `days` days",
@@ -160,7 +181,7 @@ def document() -> dict[str, Any]:
                     _q("platform", "only this platform", enum=_PLATFORMS),
                 ],
             ),
-        },  # fmt: skip
+        },
         "/api/health": {"get": _op("The daemon's health (adapters, writer queue, last error)")},
         "/api/openapi.json": {"get": _op("This document")},
     }
@@ -179,7 +200,7 @@ def document() -> dict[str, Any]:
                         "error": {"type": "object", "properties": {"message": {"type": "string"}}}
                     },
                 }
-            },  # fmt: skip
+            },
         },
         "security": [{"bearer": []}, {"cookie": []}],
         "paths": paths,

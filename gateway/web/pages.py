@@ -53,8 +53,9 @@ def _login_body(target: str, error: str) -> Safe:
         "<button>Sign in</button></form>"
         "<p class=hint>The key is the one in the environment variable that dashboard.key_env "
         "(or platforms.api.key_env) names.</p>",
-        t('<p class="error" role="alert">{}</p>', error) if error else "", target,
-    )  # fmt: skip
+        t('<p class="error" role="alert">{}</p>', error) if error else "",
+        target,
+    )
 
 
 def _signed_in(d: Dashboard, target: str) -> web.Response:
@@ -74,10 +75,11 @@ async def login(request: web.Request) -> web.StreamResponse:
     wait = d.sign_in_limiter.retry_after(client)
     if wait is not None:
         response = page(
-            request, "Sign in",
+            request,
+            "Sign in",
             _login_body(target, f"Too many wrong keys from your address: try again in {wait} s."),
             status=429,
-        )  # fmt: skip
+        )
         response.headers["Retry-After"] = str(wait)
         return response
     if auth.key_matches(str(form.get("key") or ""), d.settings.key):
@@ -115,14 +117,23 @@ async def home(request: web.Request) -> web.StreamResponse:
 def register(router: web.UrlDispatcher) -> None:
     for method, path, handler in (
         ("GET", "/", home),
-        ("GET", "/login", login_form), ("POST", "/login", login), ("POST", "/logout", logout),
+        ("GET", "/login", login_form),
+        ("POST", "/login", login),
+        ("POST", "/logout", logout),
         ("GET", "/static/{name}", static),
-        ("GET", "/sessions", sessions_list), ("GET", "/sessions/{id}", session_view),
-        ("GET", "/sessions/{id}/rename", rename_form), ("POST", "/sessions/{id}/rename", rename_form),
-        ("GET", "/sessions/{id}/delete", delete_form), ("POST", "/sessions/{id}/delete", delete_form),
-        ("GET", "/search", search_view), ("GET", "/insights", insights_view), ("GET", "/ops", ops_view),
-        ("GET", "/ops/prune", prune_view), ("POST", "/ops/prune", prune_view),
-        ("GET", "/ops/empty", empty_view), ("POST", "/ops/empty", empty_view),
+        ("GET", "/sessions", sessions_list),
+        ("GET", "/sessions/{id}", session_view),
+        ("GET", "/sessions/{id}/rename", rename_form),
+        ("POST", "/sessions/{id}/rename", rename_form),
+        ("GET", "/sessions/{id}/delete", delete_form),
+        ("POST", "/sessions/{id}/delete", delete_form),
+        ("GET", "/search", search_view),
+        ("GET", "/insights", insights_view),
+        ("GET", "/ops", ops_view),
+        ("GET", "/ops/prune", prune_view),
+        ("POST", "/ops/prune", prune_view),
+        ("GET", "/ops/empty", empty_view),
+        ("POST", "/ops/empty", empty_view),
         ("POST", "/ops/import", import_view),
-    ):  # fmt: skip
+    ):
         router.add_route(method, path, with_errors(handler))

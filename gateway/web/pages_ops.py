@@ -35,18 +35,34 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
         ("Tokens out", _fmt_tokens(data["output_tokens"]), "output_tokens"),
         ("Estimated cost", queries.usd(cost["estimated_usd"]), "cost"),
     ]
-    cards = join(t('<div class="card" id="fig-{}"><span>{}</span><strong>{}</strong></div>', key, label, value)
-                 for label, value, key in figures)  # fmt: skip
+    cards = join(
+        t(
+            '<div class="card" id="fig-{}"><span>{}</span><strong>{}</strong></div>',
+            key,
+            label,
+            value,
+        )
+        for label, value, key in figures
+    )
     unpriced = (
-        t('<p class="hint">No price configured for: {} (dashboard.prices).</p>', ", ".join(cost["unpriced_models"]))
-        if cost["unpriced_models"] else ""
-    )  # fmt: skip
+        t(
+            '<p class="hint">No price configured for: {} (dashboard.prices).</p>',
+            ", ".join(cost["unpriced_models"]),
+        )
+        if cost["unpriced_models"]
+        else ""
+    )
     models = join(
-        t('<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>',
-          m["model"] or "(unknown)", m["sessions"], _fmt_tokens(m["input_tokens"]), _fmt_tokens(m["output_tokens"]),
-          "—" if m["cost_usd"] is None else queries.usd(m["cost_usd"]))
+        t(
+            '<tr><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td><td class="num">{}</td></tr>',
+            m["model"] or "(unknown)",
+            m["sessions"],
+            _fmt_tokens(m["input_tokens"]),
+            _fmt_tokens(m["output_tokens"]),
+            "—" if m["cost_usd"] is None else queries.usd(m["cost_usd"]),
+        )
         for m in data["models"]
-    )  # fmt: skip
+    )
     tools = join(
         t('<tr><td>{}</td><td class="num">{}</td></tr>', x["tool"], x["calls"])
         for x in data["top_tools"]
@@ -56,17 +72,28 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
         for x in data["end_reasons"]
     )
     daily = join(
-        t("<tr><td>{}</td>{}<td class=num>{}</td></tr>", day["day"],
-          join(t('<td class="num">{}</td>', day["sources"].get(pl, 0)) for pl in platforms), sum(day["sources"].values()))
+        t(
+            "<tr><td>{}</td>{}<td class=num>{}</td></tr>",
+            day["day"],
+            join(t('<td class="num">{}</td>', day["sources"].get(pl, 0)) for pl in platforms),
+            sum(day["sources"].values()),
+        )
         for day in data["per_day"]
-    )  # fmt: skip
+    )
     p = request.query.get
     form = t(
         '<form method="get" class="filters"><label>Days <select name="days">{}</select></label>{}<button>Show</button></form>',
-        join(t('<option value="{}"{}>{}</option>', n, Safe(" selected") if str(data["days"]) == str(n) else "", n)
-             for n in sorted({7, 30, 90, 365, data["days"]})),
+        join(
+            t(
+                '<option value="{}"{}>{}</option>',
+                n,
+                Safe(" selected") if str(data["days"]) == str(n) else "",
+                n,
+            )
+            for n in sorted({7, 30, 90, 365, data["days"]})
+        ),
         select("platform", "Platform", queries.PLATFORMS, p("platform")),
-    )  # fmt: skip
+    )
     body = t(
         '{}<div class="cards">{}</div>{}'
         "<h2>Messages per day per platform</h2>{}"
@@ -75,11 +102,17 @@ async def insights_view(request: web.Request) -> web.StreamResponse:
         '<div class="cols"><section><h2>Tokens and cost by model</h2><table class="list" id="models"><thead><tr><th>Model</th><th>Sessions</th><th>In</th><th>Out</th><th>Cost</th></tr></thead><tbody>{}</tbody></table></section>'
         '<section><h2>Top tools</h2><table class="list" id="tools"><thead><tr><th>Tool</th><th>Calls</th></tr></thead><tbody>{}</tbody></table></section>'
         '<section><h2>How sessions ended</h2><table class="list" id="ends"><thead><tr><th>Reason</th><th>Sessions</th></tr></thead><tbody>{}</tbody></table></section></div>',
-        form, cards, unpriced, charts.per_day_chart(data["per_day"], platforms),
-        join(t("<th>{}</th>", pl) for pl in platforms), daily, charts.heatmap(data["heatmap"]),
-        models or Safe('<tr><td colspan="5">None.</td></tr>'), tools or Safe('<tr><td colspan="2">None.</td></tr>'),
+        form,
+        cards,
+        unpriced,
+        charts.per_day_chart(data["per_day"], platforms),
+        join(t("<th>{}</th>", pl) for pl in platforms),
+        daily,
+        charts.heatmap(data["heatmap"]),
+        models or Safe('<tr><td colspan="5">None.</td></tr>'),
+        tools or Safe('<tr><td colspan="2">None.</td></tr>'),
         ends or Safe('<tr><td colspan="2">None.</td></tr>'),
-    )  # fmt: skip
+    )
     return page(request, f"Insights — last {data['days']} days", body, "insights")
 
 
@@ -90,20 +123,29 @@ async def ops_view(request: web.Request) -> web.StreamResponse:
     d = dashboard_of(request)
     h: dict[str, Any] = d.health() if d.health else {"status": "ok"}
     adapters = join(
-        t("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", name, a.get("state"),
-          ", ".join(f"{k}={v}" for k, v in a.items() if k != "state"))
+        t(
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            name,
+            a.get("state"),
+            ", ".join(f"{k}={v}" for k, v in a.items() if k != "state"),
+        )
         for name, a in (h.get("adapters") or {}).items()
-    )  # fmt: skip
+    )
     err = h.get("last_error")
     health = t(
         '<dl class="health" id="health"><dt>Status</dt><dd class="status-{}">{}</dd><dt>Uptime</dt><dd>{} s</dd>'
         "<dt>Writer queue</dt><dd>{}</dd><dt>Live sessions</dt><dd>{}</dd><dt>Turns in flight</dt><dd>{}</dd>"
         "<dt>Last error</dt><dd>{}</dd></dl>"
         '<table class="list"><thead><tr><th>Adapter</th><th>State</th><th>Details</th></tr></thead><tbody>{}</tbody></table>',
-        h.get("status"), h.get("status"), h.get("uptime_seconds", ""), h.get("writer_queue_depth", ""),
-        h.get("sessions", ""), h.get("turns_in_flight", ""),
-        json.dumps(err, ensure_ascii=False) if isinstance(err, (dict, list)) else (err or "none"), adapters,
-    )  # fmt: skip
+        h.get("status"),
+        h.get("status"),
+        h.get("uptime_seconds", ""),
+        h.get("writer_queue_depth", ""),
+        h.get("sessions", ""),
+        h.get("turns_in_flight", ""),
+        json.dumps(err, ensure_ascii=False) if isinstance(err, (dict, list)) else (err or "none"),
+        adapters,
+    )
     plats = join(t('<option value="{}">{}</option>', pl, pl) for pl in queries.PLATFORMS)
     body = t(
         "<h2>Health</h2>{}"
@@ -116,8 +158,10 @@ async def ops_view(request: web.Request) -> web.StreamResponse:
         '<input type="number" name="days" value="90" min="1" max="36500"> days</label> '
         '<label>Platform <select name="platform"><option value="">any</option>{}</select></label> <button>Preview…</button></form>'
         '<h2>Empty sessions</h2><form method="get" action="/ui/ops/empty"><button>Find ended sessions without messages…</button></form>',
-        health, csrf_input(request), plats,
-    )  # fmt: skip
+        health,
+        csrf_input(request),
+        plats,
+    )
     return page(request, "Operations", body, "ops")
 
 
@@ -147,7 +191,15 @@ async def prune_view(request: web.Request) -> web.StreamResponse:
         done = await actions.prune(
             d, _days(form.get("days")), _platform(form.get("platform")), False
         )
-        return page(request, "Pruned", t('<p class="notice" role="status">Pruned {} session(s).</p><p><a href="/ui/ops">Back</a></p>', done["pruned"]), "ops")  # fmt: skip
+        return page(
+            request,
+            "Pruned",
+            t(
+                '<p class="notice" role="status">Pruned {} session(s).</p><p><a href="/ui/ops">Back</a></p>',
+                done["pruned"],
+            ),
+            "ops",
+        )
     days, platform = (
         _days(request.query.get("days", "90")),
         _platform(request.query.get("platform")),
@@ -159,9 +211,13 @@ async def prune_view(request: web.Request) -> web.StreamResponse:
         '<form method="post" class="confirm">{}<input type="hidden" name="confirm" value="yes">'
         '<input type="hidden" name="days" value="{}"><input type="hidden" name="platform" value="{}">'
         '<button class="danger">Prune for good</button> <a href="/ui/ops">Cancel</a></form>',
-        found["would_prune"], f" on {platform}" if platform else "", f"{days:g}", csrf_input(request),
-        f"{days:g}", platform or "",
-    )  # fmt: skip
+        found["would_prune"],
+        f" on {platform}" if platform else "",
+        f"{days:g}",
+        csrf_input(request),
+        f"{days:g}",
+        platform or "",
+    )
     return page(request, "Prune sessions?", body, "ops")
 
 
@@ -172,14 +228,23 @@ async def empty_view(request: web.Request) -> web.StreamResponse:
         if form.get("confirm") != "yes":
             raise queries.BadParam("not confirmed")
         done = await actions.delete_empty(d, False)
-        return page(request, "Deleted", t('<p class="notice" role="status">Deleted {} empty session(s).</p><p><a href="/ui/ops">Back</a></p>', done["deleted"]), "ops")  # fmt: skip
+        return page(
+            request,
+            "Deleted",
+            t(
+                '<p class="notice" role="status">Deleted {} empty session(s).</p><p><a href="/ui/ops">Back</a></p>',
+                done["deleted"],
+            ),
+            "ops",
+        )
     found = await actions.delete_empty(d, True)
     body = t(
         '<p><strong id="empty-count">{}</strong> ended session(s) have no messages.</p>'
         '<form method="post" class="confirm">{}<input type="hidden" name="confirm" value="yes">'
         '<button class="danger">Delete them</button> <a href="/ui/ops">Cancel</a></form>',
-        found["empty"], csrf_input(request),
-    )  # fmt: skip
+        found["empty"],
+        csrf_input(request),
+    )
     return page(request, "Delete empty sessions?", body, "ops")
 
 
@@ -210,10 +275,28 @@ async def import_view(request: web.Request) -> web.StreamResponse:
         errors = join(t("<li>{}</li>", e) for e in report["errors"][:50])
         renamed = join(t("<li>{} → {}</li>", a, b) for a, b in report["renamed_titles"][:50])
         if report["replaced_characters"]:
-            errors = join([t("<li>{} character(s) no store can hold (NUL, lone surrogates) "
-                             "kept as U+FFFD</li>", report["replaced_characters"]), errors])  # fmt: skip
-        return page(request, "Imported", t(
-            '<p class="notice" role="status">Imported {} session(s) and {} message(s); {} already present.</p>'
-            "<ul>{}</ul><ul>{}</ul><p><a href=\"/ui/sessions\">Sessions</a></p>",
-            report["imported"], report["messages"], report["skipped_existing"], renamed, errors), "ops")  # fmt: skip
+            errors = join(
+                [
+                    t(
+                        "<li>{} character(s) no store can hold (NUL, lone surrogates) "
+                        "kept as U+FFFD</li>",
+                        report["replaced_characters"],
+                    ),
+                    errors,
+                ]
+            )
+        return page(
+            request,
+            "Imported",
+            t(
+                '<p class="notice" role="status">Imported {} session(s) and {} message(s); {} already present.</p>'
+                '<ul>{}</ul><ul>{}</ul><p><a href="/ui/sessions">Sessions</a></p>',
+                report["imported"],
+                report["messages"],
+                report["skipped_existing"],
+                renamed,
+                errors,
+            ),
+            "ops",
+        )
     raise queries.BadParam("no file was uploaded")

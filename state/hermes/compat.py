@@ -206,33 +206,69 @@ class SessionDB:
         return _drive(self._db._read(fn, *args))  # type: ignore[no-any-return]
 
     # --- gateway sessions ---
-    def record_gateway_session_peer(self, session_id: str, *, source: str,
-                                    user_id: str | None = None, session_key: str | None = None,
-                                    chat_id: str | None = None, chat_type: str | None = None,
-                                    thread_id: str | None = None, display_name: str | None = None,
-                                    origin_json: str | None = None) -> None:  # fmt: skip
-        peer = {"source": source, "user_id": user_id, "session_key": session_key,
-                "chat_id": chat_id, "chat_type": chat_type, "thread_id": thread_id}  # fmt: skip
+    def record_gateway_session_peer(
+        self,
+        session_id: str,
+        *,
+        source: str,
+        user_id: str | None = None,
+        session_key: str | None = None,
+        chat_id: str | None = None,
+        chat_type: str | None = None,
+        thread_id: str | None = None,
+        display_name: str | None = None,
+        origin_json: str | None = None,
+    ) -> None:
+        peer = {
+            "source": source,
+            "user_id": user_id,
+            "session_key": session_key,
+            "chat_id": chat_id,
+            "chat_type": chat_type,
+            "thread_id": thread_id,
+        }
         self._w(hermes_gateway.record_peer, session_id, peer, display_name, origin_json)
 
     def set_expiry_finalized(self, session_id: str, finalized: bool = True) -> None:
-        self._set(session_id, "UPDATE sessions SET expiry_finalized = ? WHERE id = ?",
-                  (int(bool(finalized)),))  # fmt: skip
+        self._set(
+            session_id,
+            "UPDATE sessions SET expiry_finalized = ? WHERE id = ?",
+            (int(bool(finalized)),),
+        )
 
-    def find_latest_gateway_session_for_peer(self, *, source: str, user_id: str | None = None,
-                                             session_key: str | None = None,
-                                             chat_id: str | None = None,
-                                             chat_type: str | None = None,
-                                             thread_id: str | None = None) -> Row | None:  # fmt: skip
-        return self._r(hermes_gateway.latest_for_peer, source, user_id, session_key, chat_id,
-                       chat_type, thread_id)  # fmt: skip
+    def find_latest_gateway_session_for_peer(
+        self,
+        *,
+        source: str,
+        user_id: str | None = None,
+        session_key: str | None = None,
+        chat_id: str | None = None,
+        chat_type: str | None = None,
+        thread_id: str | None = None,
+    ) -> Row | None:
+        return self._r(
+            hermes_gateway.latest_for_peer,
+            source,
+            user_id,
+            session_key,
+            chat_id,
+            chat_type,
+            thread_id,
+        )
 
-    def list_gateway_sessions(self, *, platform: str | None = None,
-                              active_only: bool = True) -> list[Row]:  # fmt: skip
+    def list_gateway_sessions(
+        self, *, platform: str | None = None, active_only: bool = True
+    ) -> list[Row]:
         return self._r(hermes_gateway.list_gateway, platform, active_only)
 
-    def find_session_by_origin(self, *, platform: str, chat_id: str, thread_id: str | None = None,
-                               user_id: str | None = None) -> str | None:  # fmt: skip
+    def find_session_by_origin(
+        self,
+        *,
+        platform: str,
+        chat_id: str,
+        thread_id: str | None = None,
+        user_id: str | None = None,
+    ) -> str | None:
         return self._r(hermes_gateway.by_origin, platform, chat_id, thread_id, user_id)
 
     def set_auto_title_if_empty(self, session_id: str, title: str) -> bool:
@@ -332,8 +368,13 @@ class SessionDB:
         with contextlib.suppress(SessionNotFound):
             self._w(sessions_mod.update_system_prompt, session_id, system_prompt)
 
-    def update_session_cwd(self, session_id: str, cwd: str, git_branch: str | None = None,
-                           git_repo_root: str | None = None) -> None:  # fmt: skip
+    def update_session_cwd(
+        self,
+        session_id: str,
+        cwd: str,
+        git_branch: str | None = None,
+        git_repo_root: str | None = None,
+    ) -> None:
         self._w(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
 
     def distinct_session_cwds(self, include_archived: bool = False) -> list[Row]:
@@ -348,39 +389,74 @@ class SessionDB:
     def update_session_model(self, session_id: str, model: str) -> None:
         self._set(session_id, "UPDATE sessions SET model = ? WHERE id = ?", (model,))
 
-    def update_session_billing_route(self, session_id: str, *, provider: str | None,
-                                     base_url: str | None,
-                                     billing_mode: str | None = None) -> None:  # fmt: skip
+    def update_session_billing_route(
+        self,
+        session_id: str,
+        *,
+        provider: str | None,
+        base_url: str | None,
+        billing_mode: str | None = None,
+    ) -> None:
         """A provider switch: the route changes and the cached system prompt is dropped so
         the next turn rebuilds its header."""
         if billing_mode is None:
-            self._set(session_id, "UPDATE sessions SET billing_provider = ?, billing_base_url = ?, "
-                      "system_prompt = NULL WHERE id = ?", (provider, base_url))  # fmt: skip
+            self._set(
+                session_id,
+                "UPDATE sessions SET billing_provider = ?, billing_base_url = ?, "
+                "system_prompt = NULL WHERE id = ?",
+                (provider, base_url),
+            )
         else:
-            self._set(session_id, "UPDATE sessions SET billing_provider = ?, billing_base_url = ?, "
-                      "billing_mode = ?, system_prompt = NULL WHERE id = ?",
-                      (provider, base_url, billing_mode))  # fmt: skip
+            self._set(
+                session_id,
+                "UPDATE sessions SET billing_provider = ?, billing_base_url = ?, "
+                "billing_mode = ?, system_prompt = NULL WHERE id = ?",
+                (provider, base_url, billing_mode),
+            )
 
-    def update_session_meta(self, session_id: str, model_config_json: str,
-                            model: str | None = None) -> None:  # fmt: skip
+    def update_session_meta(
+        self, session_id: str, model_config_json: str, model: str | None = None
+    ) -> None:
         if model is None:
-            self._set(session_id, "UPDATE sessions SET model_config = ? WHERE id = ?",
-                      (model_config_json,))  # fmt: skip
+            self._set(
+                session_id,
+                "UPDATE sessions SET model_config = ? WHERE id = ?",
+                (model_config_json,),
+            )
         else:
-            self._set(session_id, "UPDATE sessions SET model_config = ?, model = ? WHERE id = ?",
-                      (model_config_json, model))  # fmt: skip
+            self._set(
+                session_id,
+                "UPDATE sessions SET model_config = ?, model = ? WHERE id = ?",
+                (model_config_json, model),
+            )
 
-    def record_auxiliary_usage(self, session_id: str, task: str, *, model: str | None = None,
-                               billing_provider: str | None = None,
-                               billing_base_url: str | None = None, input_tokens: int = 0,
-                               output_tokens: int = 0, cache_read_tokens: int = 0,
-                               cache_write_tokens: int = 0, reasoning_tokens: int = 0,
-                               estimated_cost_usd: float | None = None) -> None:  # fmt: skip
-        counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                  "cache_read_tokens": cache_read_tokens,
-                  "cache_write_tokens": cache_write_tokens, "reasoning_tokens": reasoning_tokens}  # fmt: skip
-        route = {"model": model, "billing_provider": billing_provider,
-                 "billing_base_url": billing_base_url}  # fmt: skip
+    def record_auxiliary_usage(
+        self,
+        session_id: str,
+        task: str,
+        *,
+        model: str | None = None,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None,
+    ) -> None:
+        counts = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_read_tokens": cache_read_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "reasoning_tokens": reasoning_tokens,
+        }
+        route = {
+            "model": model,
+            "billing_provider": billing_provider,
+            "billing_base_url": billing_base_url,
+        }
         self._w(usage.add_usage, session_id, task, route, counts, 1, estimated_cost_usd, None)
 
     def get_session(self, session_id: str) -> Row | None:
@@ -392,31 +468,58 @@ class SessionDB:
         except (SessionNotFound, AmbiguousSession):
             return None
 
-    def update_token_counts(self, session_id: str, input_tokens: int = 0,
-                            output_tokens: int = 0, model: str | None = None,
-                            cache_read_tokens: int = 0, cache_write_tokens: int = 0,
-                            reasoning_tokens: int = 0, estimated_cost_usd: float | None = None,
-                            actual_cost_usd: float | None = None, cost_status: str | None = None,
-                            cost_source: str | None = None, pricing_version: str | None = None,
-                            billing_provider: str | None = None,
-                            billing_base_url: str | None = None,
-                            billing_mode: str | None = None, api_call_count: int = 0,
-                            absolute: bool = False) -> None:  # fmt: skip
-        counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                  "cache_read_tokens": cache_read_tokens,
-                  "cache_write_tokens": cache_write_tokens, "reasoning_tokens": reasoning_tokens}  # fmt: skip
-        route = {"billing_provider": billing_provider, "billing_base_url": billing_base_url,
-                 "billing_mode": billing_mode}  # fmt: skip
-        cost = {"cost_status": cost_status, "cost_source": cost_source,
-                "pricing_version": pricing_version}  # fmt: skip
+    def update_token_counts(
+        self,
+        session_id: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        model: str | None = None,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        api_call_count: int = 0,
+        absolute: bool = False,
+    ) -> None:
+        counts = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_read_tokens": cache_read_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "reasoning_tokens": reasoning_tokens,
+        }
+        route = {
+            "billing_provider": billing_provider,
+            "billing_base_url": billing_base_url,
+            "billing_mode": billing_mode,
+        }
+        cost = {
+            "cost_status": cost_status,
+            "cost_source": cost_source,
+            "pricing_version": pricing_version,
+        }
 
         def write(conn: sqlite3.Connection) -> None:
             hermes_sessions.upsert(conn, {"id": session_id, "source": "unknown"})
             usage.update_token_counts(
-                conn, session_id, counts, model=model, estimated_cost_usd=estimated_cost_usd,
-                actual_cost_usd=actual_cost_usd, api_call_count=api_call_count,
-                absolute=absolute, route=route, cost=cost,
-            )  # fmt: skip
+                conn,
+                session_id,
+                counts,
+                model=model,
+                estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd,
+                api_call_count=api_call_count,
+                absolute=absolute,
+                route=route,
+                cost=cost,
+            )
 
         self._w(write)
 
@@ -466,32 +569,52 @@ class SessionDB:
         return self._run(self._db.resolve_resume_session_id(session_id))
 
     # --- listing and search ---
-    def list_sessions_rich(self, source: str | None = None,
-                           exclude_sources: list[str] | None = None,
-                           cwd_prefix: str | None = None, limit: int = 20, offset: int = 0,
-                           include_children: bool = False, min_message_count: int | None = None,
-                           project_compression_tips: bool = True,
-                           order_by_last_active: bool = False, include_archived: bool = False,
-                           archived_only: bool = False, id_query: str | None = None,
-                           search_query: str | None = None,
-                           compact_rows: bool = False) -> list[Row]:  # fmt: skip
+    def list_sessions_rich(
+        self,
+        source: str | None = None,
+        exclude_sources: list[str] | None = None,
+        cwd_prefix: str | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        include_children: bool = False,
+        min_message_count: int | None = None,
+        project_compression_tips: bool = True,
+        order_by_last_active: bool = False,
+        include_archived: bool = False,
+        archived_only: bool = False,
+        id_query: str | None = None,
+        search_query: str | None = None,
+        compact_rows: bool = False,
+    ) -> list[Row]:
         q = hermes_listing.RichQuery(
-            source=source, exclude_sources=tuple(exclude_sources or ()), cwd_prefix=cwd_prefix,
-            limit=limit, offset=offset, include_children=include_children,
+            source=source,
+            exclude_sources=tuple(exclude_sources or ()),
+            cwd_prefix=cwd_prefix,
+            limit=limit,
+            offset=offset,
+            include_children=include_children,
             min_message_count=min_message_count,
             project_compression_tips=project_compression_tips,
-            order_by_last_active=order_by_last_active, include_archived=include_archived,
-            archived_only=archived_only, id_query=id_query, search_query=search_query,
+            order_by_last_active=order_by_last_active,
+            include_archived=include_archived,
+            archived_only=archived_only,
+            id_query=id_query,
+            search_query=search_query,
             compact_rows=compact_rows,
-        )  # fmt: skip
+        )
         return self._r(hermes_listing.list_rich, q)
 
-    def search_sessions_by_id(self, query: str, limit: int = 20,
-                              include_archived: bool = True) -> list[Row]:  # fmt: skip
+    def search_sessions_by_id(
+        self, query: str, limit: int = 20, include_archived: bool = True
+    ) -> list[Row]:
         """Sessions whose id (or lineage root id) contains `query`: exact, then prefix,
         then substring matches."""
-        rows = self.list_sessions_rich(limit=max(limit, 1) * 4, order_by_last_active=True,
-                                       include_archived=include_archived, id_query=query)  # fmt: skip
+        rows = self.list_sessions_rich(
+            limit=max(limit, 1) * 4,
+            order_by_last_active=True,
+            include_archived=include_archived,
+            id_query=query,
+        )
         needle = query.lower()
 
         def rank(row: Row) -> int:
@@ -509,48 +632,92 @@ class SessionDB:
         included), optionally of one source."""
         return self._run(self._db.sessions_by_start(source, limit, offset))
 
-    def search_messages(self, query: str, source_filter: list[str] | None = None,
-                        exclude_sources: list[str] | None = None,
-                        role_filter: list[str] | None = None, limit: int = 20, offset: int = 0,
-                        sort: str | None = None, include_inactive: bool = False) -> list[Row]:  # fmt: skip
+    def search_messages(
+        self,
+        query: str,
+        source_filter: list[str] | None = None,
+        exclude_sources: list[str] | None = None,
+        role_filter: list[str] | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        sort: str | None = None,
+        include_inactive: bool = False,
+    ) -> list[Row]:
         """Hits with `context` (previous, hit, next message); a query that cannot be run
         finds nothing."""
         if self._r(lambda c: c.execute("SELECT 1 FROM sb_pending LIMIT 1").fetchone()):
             self._w(lambda c: None)  # every write first indexes rows other programs wrote
-        return self._r(hermes_search.search_messages, query, source_filter or (),
-                       exclude_sources or (), role_filter or (), limit, offset, sort,
-                       include_inactive)  # fmt: skip
+        return self._r(
+            hermes_search.search_messages,
+            query,
+            source_filter or (),
+            exclude_sources or (),
+            role_filter or (),
+            limit,
+            offset,
+            sort,
+            include_inactive,
+        )
 
     # --- messages ---
-    def append_message(self, session_id: str, role: str, content: Any = None,
-                       tool_name: str | None = None, tool_calls: Any = None,
-                       tool_call_id: str | None = None, token_count: int | None = None,
-                       finish_reason: str | None = None, reasoning: str | None = None,
-                       reasoning_content: str | None = None, reasoning_details: Any = None,
-                       codex_reasoning_items: Any = None, codex_message_items: Any = None,
-                       platform_message_id: str | None = None, observed: bool = False,
-                       effect_disposition: str | None = None, timestamp: Any = None,
-                       api_content: str | None = None) -> int:  # fmt: skip
+    def append_message(
+        self,
+        session_id: str,
+        role: str,
+        content: Any = None,
+        tool_name: str | None = None,
+        tool_calls: Any = None,
+        tool_call_id: str | None = None,
+        token_count: int | None = None,
+        finish_reason: str | None = None,
+        reasoning: str | None = None,
+        reasoning_content: str | None = None,
+        reasoning_details: Any = None,
+        codex_reasoning_items: Any = None,
+        codex_message_items: Any = None,
+        platform_message_id: str | None = None,
+        observed: bool = False,
+        effect_disposition: str | None = None,
+        timestamp: Any = None,
+        api_content: str | None = None,
+    ) -> int:
         msg = {
-            "role": role, "content": content, "tool_name": tool_name, "tool_calls": tool_calls,
-            "tool_call_id": tool_call_id, "token_count": token_count,
-            "finish_reason": finish_reason, "reasoning": reasoning,
-            "reasoning_content": reasoning_content, "reasoning_details": reasoning_details,
+            "role": role,
+            "content": content,
+            "tool_name": tool_name,
+            "tool_calls": tool_calls,
+            "tool_call_id": tool_call_id,
+            "token_count": token_count,
+            "finish_reason": finish_reason,
+            "reasoning": reasoning,
+            "reasoning_content": reasoning_content,
+            "reasoning_details": reasoning_details,
             "codex_reasoning_items": codex_reasoning_items,
             "codex_message_items": codex_message_items,
-            "platform_message_id": platform_message_id, "observed": observed,
-            "effect_disposition": effect_disposition, "timestamp": timestamp,
+            "platform_message_id": platform_message_id,
+            "observed": observed,
+            "effect_disposition": effect_disposition,
+            "timestamp": timestamp,
             "api_content": api_content,
-        }  # fmt: skip
+        }
         return self._w(hermes_messages.append, session_id, msg)
 
-    def get_messages(self, session_id: str, include_inactive: bool = False,
-                     limit: int | None = None, offset: int = 0) -> list[Row]:  # fmt: skip
+    def get_messages(
+        self,
+        session_id: str,
+        include_inactive: bool = False,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Row]:
         return self._r(hermes_messages.read, session_id, include_inactive, limit, offset)
 
-    def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
-                                     include_inactive: bool = False,
-                                     repair_alternation: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    def get_messages_as_conversation(
+        self,
+        session_id: str,
+        include_ancestors: bool = False,
+        include_inactive: bool = False,
+        repair_alternation: bool = False,
+    ) -> list[dict[str, Any]]:
         def read(conn: sqlite3.Connection) -> list[Row]:
             ids = hermes_messages.lineage(conn, session_id) if include_ancestors else [session_id]
             return hermes_messages.conversation_rows(conn, ids, include_inactive)
@@ -597,21 +764,34 @@ class SessionDB:
         self._w(hermes_messages.replace, session_id, messages, active_only)
 
     def set_latest_user_api_content(self, session_id: str, content: Any, api_content: str) -> int:
-        return self._w(hermes_messages.set_latest_user_api_content, session_id, content,
-                       api_content)  # fmt: skip
+        return self._w(
+            hermes_messages.set_latest_user_api_content, session_id, content, api_content
+        )
 
     def has_archived_messages(self, session_id: str) -> bool:
-        return self._r(lambda c: c.execute(
-            "SELECT 1 FROM messages WHERE session_id = ? AND active = 0 LIMIT 1", (session_id,)
-        ).fetchone() is not None)  # fmt: skip
+        return self._r(
+            lambda c: (
+                c.execute(
+                    "SELECT 1 FROM messages WHERE session_id = ? AND active = 0 LIMIT 1",
+                    (session_id,),
+                ).fetchone()
+                is not None
+            )
+        )
 
     def clear_messages(self, session_id: str) -> None:
         self._run(self._db.clear_messages(session_id))
 
-    def session_count(self, source: str | None = None, cwd_prefix: str | None = None,
-                      min_message_count: int | None = None, include_archived: bool = False,
-                      archived_only: bool = False, exclude_children: bool = False,
-                      exclude_sources: list[str] | None = None) -> int:  # fmt: skip
+    def session_count(
+        self,
+        source: str | None = None,
+        cwd_prefix: str | None = None,
+        min_message_count: int | None = None,
+        include_archived: bool = False,
+        archived_only: bool = False,
+        exclude_children: bool = False,
+        exclude_sources: list[str] | None = None,
+    ) -> int:
         sql, params = "SELECT COUNT(*) FROM sessions WHERE 1", []  # type: list[Any]
         if source:
             sql += " AND source = ?"
@@ -680,14 +860,21 @@ class SessionDB:
 
         return self._w(write)
 
-    def list_prune_candidates(self, older_than_days: float | None = None,
-                              source: str | None = None, **filters: Any) -> list[Row]:  # fmt: skip
+    def list_prune_candidates(
+        self, older_than_days: float | None = None, source: str | None = None, **filters: Any
+    ) -> list[Row]:
         return self._r(archive.select, older_than_days, source, filters, time.time())
 
-    def prune_sessions(self, older_than_days: float | None = 90, source: str | None = None,
-                       sessions_dir: Any = None, **filters: Any) -> int:  # fmt: skip
+    def prune_sessions(
+        self,
+        older_than_days: float | None = 90,
+        source: str | None = None,
+        sessions_dir: Any = None,
+        **filters: Any,
+    ) -> int:
         """Delete ended sessions started before the cut-off (and matching the filters);
         their children are orphaned."""
+
         def write(conn: sqlite3.Connection) -> int:
             rows = archive.select(conn, older_than_days, source, filters, time.time())
             ids = [r["id"] for r in rows]
@@ -699,8 +886,9 @@ class SessionDB:
 
         return self._w(write)
 
-    def archive_sessions(self, older_than_days: float | None = None, source: str | None = None,
-                         **filters: Any) -> int:  # fmt: skip
+    def archive_sessions(
+        self, older_than_days: float | None = None, source: str | None = None, **filters: Any
+    ) -> int:
         filters.setdefault("archived", False)
 
         def write(conn: sqlite3.Connection) -> int:
@@ -720,10 +908,16 @@ class SessionDB:
 
     def optimize_fts(self) -> int:
         """FTS5 'optimize' on each search index of the file; how many there were."""
+
         def write(conn: sqlite3.Connection) -> int:
-            names = [r[0] for r in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%USING fts5%' "
-                "AND name IN (?, 'messages_aux_fts')", (schema.FTS_TABLE,))]  # fmt: skip
+            names = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%USING fts5%' "
+                    "AND name IN (?, 'messages_aux_fts')",
+                    (schema.FTS_TABLE,),
+                )
+            ]
             for name in names:
                 conn.execute(f"INSERT INTO {name}({name}) VALUES ('optimize')")
             return len(names)
@@ -739,8 +933,13 @@ class SessionDB:
         self._run(self._db.vacuum())
         return count
 
-    def maybe_auto_prune_and_vacuum(self, retention_days: int = 90, min_interval_hours: int = 24,
-                                    vacuum: bool = True, sessions_dir: Any = None) -> dict[str, Any]:  # fmt: skip
+    def maybe_auto_prune_and_vacuum(
+        self,
+        retention_days: int = 90,
+        min_interval_hours: int = 24,
+        vacuum: bool = True,
+        sessions_dir: Any = None,
+    ) -> dict[str, Any]:
         """Prune (by start time) at most once per interval, VACUUM after a prune that
         removed something; never raises."""
         result: dict[str, Any] = {"skipped": False, "pruned": 0, "vacuumed": False}

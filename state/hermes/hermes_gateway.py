@@ -17,8 +17,13 @@ RECOVERABLE = ("agent_close", "ws_orphan_reap")
 _PEER_COLUMNS = ("source", "user_id", "session_key", "chat_id", "chat_type", "thread_id")
 
 
-def record_peer(conn: sqlite3.Connection, session_id: str, peer: dict[str, Any],
-                display_name: str | None, origin_json: str | None) -> None:  # fmt: skip
+def record_peer(
+    conn: sqlite3.Connection,
+    session_id: str,
+    peer: dict[str, Any],
+    display_name: str | None,
+    origin_json: str | None,
+) -> None:
     """Overwrite the routing columns; keep display name and origin when None is passed."""
     if not session_id or not peer.get("session_key"):
         return
@@ -43,9 +48,15 @@ def _latest(conn: sqlite3.Connection, where: str, params: list[Any]) -> Row | No
     return session_row(conn, row[0]) if row else None
 
 
-def latest_for_peer(conn: sqlite3.Connection, source: str, user_id: str | None,
-                    session_key: str | None, chat_id: str | None, chat_type: str | None,
-                    thread_id: str | None) -> Row | None:  # fmt: skip
+def latest_for_peer(
+    conn: sqlite3.Connection,
+    source: str,
+    user_id: str | None,
+    session_key: str | None,
+    chat_id: str | None,
+    chat_type: str | None,
+    thread_id: str | None,
+) -> Row | None:
     if not session_key:
         return None
     found = _latest(conn, "session_key = ? AND source = ?", [session_key, source])
@@ -83,8 +94,13 @@ def list_gateway(conn: sqlite3.Connection, platform: str | None, active_only: bo
     return rows
 
 
-def by_origin(conn: sqlite3.Connection, platform: str, chat_id: str, thread_id: str | None,
-              user_id: str | None) -> str | None:  # fmt: skip
+def by_origin(
+    conn: sqlite3.Connection,
+    platform: str,
+    chat_id: str,
+    thread_id: str | None,
+    user_id: str | None,
+) -> str | None:
     cands = conn.execute(
         "SELECT id, user_id FROM sessions WHERE ended_at IS NULL AND session_key IS NOT NULL "
         "AND lower(source) = ? AND chat_id = ? AND COALESCE(thread_id, '') = ? "

@@ -32,8 +32,18 @@ _SKIP_SESSION = {"title", "title_key", "title_base", "title_number", "last_activ
 _SKIP_MESSAGE = {"id", "sb_written"}
 
 
-_ROUTING_COLUMNS = ("id", "session_key", "source", "user_id", "chat_id", "chat_type",
-                    "thread_id", "origin_json", "started_at", "ended_at")  # fmt: skip
+_ROUTING_COLUMNS = (
+    "id",
+    "session_key",
+    "source",
+    "user_id",
+    "chat_id",
+    "chat_type",
+    "thread_id",
+    "origin_json",
+    "started_at",
+    "ended_at",
+)
 
 
 @dataclass(frozen=True)
@@ -175,10 +185,19 @@ def _route(conn: sqlite3.Connection, report: HermesImport, routing: Routing) -> 
     conn.executemany(
         "UPDATE main.sessions SET session_key = ?, origin_json = ?, chat_id = ?, chat_type = ?, "
         "thread_id = ?, user_id = COALESCE(user_id, ?) WHERE id = ?",
-        [(key, json.dumps(dict(origin), ensure_ascii=False), origin.get("chat_id"),
-          origin.get("chat_type"), origin.get("thread_id"), origin.get("user_id"), sid)
-         for sid, key, origin in rekey],
-    )  # fmt: skip
+        [
+            (
+                key,
+                json.dumps(dict(origin), ensure_ascii=False),
+                origin.get("chat_id"),
+                origin.get("chat_type"),
+                origin.get("thread_id"),
+                origin.get("user_id"),
+                sid,
+            )
+            for sid, key, origin in rekey
+        ],
+    )
     report.keys_mapped = len(rekey)
     # a Hermes key the gateway could not map would never be routed to: drop it (the row's
     # chat columns and origin stay)

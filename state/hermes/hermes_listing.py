@@ -19,9 +19,20 @@ from .hermes_sessions import cwd_prefix_clause
 PREVIEW_CHARS = 60
 # Fields a compressed root takes from its live tip when projected.
 TIP_FIELDS = (
-    "id", "ended_at", "end_reason", "message_count", "tool_call_count", "title", "last_active",
-    "preview", "model", "system_prompt", "cwd", "git_branch", "git_repo_root",
-)  # fmt: skip
+    "id",
+    "ended_at",
+    "end_reason",
+    "message_count",
+    "tool_call_count",
+    "title",
+    "last_active",
+    "preview",
+    "model",
+    "system_prompt",
+    "cwd",
+    "git_branch",
+    "git_repo_root",
+)
 
 _LAST_ACTIVE = (
     "COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at)"
@@ -30,7 +41,9 @@ _FIRST_USER = (
     "(SELECT m.content FROM messages m WHERE m.session_id = s.id AND m.role = 'user' "
     "AND m.content IS NOT NULL AND m.content != '' ORDER BY m.timestamp, m.id LIMIT 1)"
 )
-_DELEGATE = "(json_valid(s.model_config) AND json_extract(s.model_config, '$._delegate_from') IS NOT NULL)"
+_DELEGATE = (
+    "(json_valid(s.model_config) AND json_extract(s.model_config, '$._delegate_from') IS NOT NULL)"
+)
 _BRANCH = (
     "(s.child_kind = 'branch' OR (json_valid(s.model_config) "
     "AND json_extract(s.model_config, '$._branched_from') IS NOT NULL) "
@@ -151,8 +164,12 @@ def list_rich(conn: sqlite3.Connection, q: RichQuery) -> list[Row]:
         where.append(f"(s.parent_session_id IS NULL OR {_BRANCH})")
     project = q.project_compression_tips and not q.include_children
     if not q.order_by_last_active:
-        rows = _rows(conn, " AND ".join(where), [*params, q.limit, q.offset],
-                     "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?")  # fmt: skip
+        rows = _rows(
+            conn,
+            " AND ".join(where),
+            [*params, q.limit, q.offset],
+            "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",
+        )
         out = [_project(conn, r)[0] if project else r for r in rows]
     else:
         rows = _rows(conn, " AND ".join(where), params)
@@ -181,8 +198,11 @@ def _matches(conn: sqlite3.Connection, q: RichQuery, chain: list[str]) -> bool:
         if any(needle in c.lower() for c in chain):
             return True
         marks = ", ".join("?" for _ in chain)
-        titles = [t for (t,) in conn.execute(
-            f"SELECT title FROM sessions WHERE id IN ({marks}) AND title IS NOT NULL", chain
-        )]  # fmt: skip
+        titles = [
+            t
+            for (t,) in conn.execute(
+                f"SELECT title FROM sessions WHERE id IN ({marks}) AND title IS NOT NULL", chain
+            )
+        ]
         return any(needle in t.lower() or _normal(needle) in _normal(t) for t in titles)
     return True

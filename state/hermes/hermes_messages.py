@@ -23,8 +23,12 @@ MAX_LINEAGE_HOPS = 100
 
 # Fields append_messages stores itself; the rest go in with an UPDATE in the same transaction.
 _EXTRA_FIELDS = (
-    "reasoning_content", "codex_message_items", "observed", "effect_disposition", "api_content"
-)  # fmt: skip
+    "reasoning_content",
+    "codex_message_items",
+    "observed",
+    "effect_disposition",
+    "api_content",
+)
 
 
 def scrub(value: Any) -> Any:
@@ -268,8 +272,13 @@ def replace(
     for i, msg in enumerate(new):
         item = dict(msg)
         if msg.get("role") != "assistant":
-            for key in ("reasoning", "reasoning_content", "reasoning_details",
-                        "codex_reasoning_items", "codex_message_items"):  # fmt: skip
+            for key in (
+                "reasoning",
+                "reasoning_content",
+                "reasoning_details",
+                "codex_reasoning_items",
+                "codex_message_items",
+            ):
                 item.pop(key, None)
         if item.get("timestamp") is None:
             item["timestamp"] = now + i * step
@@ -294,4 +303,3 @@ def set_latest_user_api_content(
         return 0
     conn.execute("UPDATE messages SET api_content = ? WHERE id = ?", (scrub(api_content), row[0]))
     return 1
-

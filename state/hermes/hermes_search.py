@@ -56,10 +56,16 @@ def search_messages(
     if not text.strip():
         return []
     req = search.SearchRequest(
-        query=text, sources=tuple(sources), exclude_sources=tuple(exclude_sources),
-        roles=tuple(roles), sort=sort or "relevance", limit=limit, offset=offset,
-        include_tools=True, include_inactive=include_inactive,
-    )  # fmt: skip
+        query=text,
+        sources=tuple(sources),
+        exclude_sources=tuple(exclude_sources),
+        roles=tuple(roles),
+        sort=sort or "relevance",
+        limit=limit,
+        offset=offset,
+        include_tools=True,
+        include_inactive=include_inactive,
+    )
     try:
         hits = search.search(conn, req)
     except (QueryError, sqlite3.OperationalError):
@@ -67,11 +73,18 @@ def search_messages(
     out = []
     for h in hits:
         tool = conn.execute("SELECT tool_name FROM messages WHERE id = ?", (h["id"],)).fetchone()
-        out.append({
-            "id": h["id"], "session_id": h["session_id"], "role": h["role"],
-            "snippet": h.get("snippet"), "timestamp": h["timestamp"],
-            "tool_name": tool[0] if tool else None, "source": h.get("source"),
-            "model": h.get("model"), "session_started": h.get("started_at"),
-            "context": _neighbours(conn, h),
-        })  # fmt: skip
+        out.append(
+            {
+                "id": h["id"],
+                "session_id": h["session_id"],
+                "role": h["role"],
+                "snippet": h.get("snippet"),
+                "timestamp": h["timestamp"],
+                "tool_name": tool[0] if tool else None,
+                "source": h.get("source"),
+                "model": h.get("model"),
+                "session_started": h.get("started_at"),
+                "context": _neighbours(conn, h),
+            }
+        )
     return out

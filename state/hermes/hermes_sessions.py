@@ -15,9 +15,17 @@ from ..sqlite import sessions
 
 # Columns a repeated create fills when they are still NULL (never overwrites).
 FILLABLE = (
-    "model", "model_config", "system_prompt", "session_key", "chat_id", "chat_type",
-    "thread_id", "parent_session_id", "cwd", "profile_name",
-)  # fmt: skip
+    "model",
+    "model_config",
+    "system_prompt",
+    "session_key",
+    "chat_id",
+    "chat_type",
+    "thread_id",
+    "parent_session_id",
+    "cwd",
+    "profile_name",
+)
 
 
 def upsert(conn: sqlite3.Connection, fields: Mapping[str, Any]) -> str:

@@ -23,16 +23,42 @@ MAX_SESSION_BYTES = 5 * 1024 * 1024
 MAX_TOTAL_BYTES = 25 * 1024 * 1024
 
 TEXT_FIELDS = (
-    "source", "user_id", "model", "system_prompt", "parent_session_id", "end_reason", "title",
-    "session_key", "chat_id", "chat_type", "thread_id", "display_name", "cwd", "git_branch",
-    "git_repo_root", "billing_provider", "billing_base_url", "billing_mode", "cost_status",
-    "cost_source", "pricing_version", "profile_name",
-)  # fmt: skip
+    "source",
+    "user_id",
+    "model",
+    "system_prompt",
+    "parent_session_id",
+    "end_reason",
+    "title",
+    "session_key",
+    "chat_id",
+    "chat_type",
+    "thread_id",
+    "display_name",
+    "cwd",
+    "git_branch",
+    "git_repo_root",
+    "billing_provider",
+    "billing_base_url",
+    "billing_mode",
+    "cost_status",
+    "cost_source",
+    "pricing_version",
+    "profile_name",
+)
 NUMBER_FIELDS = (
-    "started_at", "ended_at", "input_tokens", "output_tokens", "cache_read_tokens",
-    "cache_write_tokens", "reasoning_tokens", "estimated_cost_usd", "actual_cost_usd",
-    "api_call_count", "archived",
-)  # fmt: skip
+    "started_at",
+    "ended_at",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "estimated_cost_usd",
+    "actual_cost_usd",
+    "api_call_count",
+    "archived",
+)
 
 
 def _session_error(rec: Any) -> str | None:
@@ -107,10 +133,25 @@ def validate(batch: Any) -> list[dict[str, Any]]:
 
 
 # Runtime state that does not travel: handoffs, rewinds, expiry bookkeeping.
-_RUNTIME = {"handoff_state", "handoff_platform", "handoff_error", "handoff_updated_at",
-            "rewind_count", "expiry_finalized", "messages", "title", "parent_session_id",
-            "title_key", "title_base", "title_number", "last_active", "preview",
-            "message_count", "tool_call_count", "_lineage_root_id"}  # fmt: skip
+_RUNTIME = {
+    "handoff_state",
+    "handoff_platform",
+    "handoff_error",
+    "handoff_updated_at",
+    "rewind_count",
+    "expiry_finalized",
+    "messages",
+    "title",
+    "parent_session_id",
+    "title_key",
+    "title_base",
+    "title_number",
+    "last_active",
+    "preview",
+    "message_count",
+    "tool_call_count",
+    "_lineage_root_id",
+}
 
 
 def _db_parent(conn: sqlite3.Connection, sid: str) -> str | None:
@@ -150,9 +191,10 @@ def import_batch(conn: sqlite3.Connection, batch: Sequence[Mapping[str, Any]]) -
         parent = parents[sid]
         if parent is None:
             continue
-        exists = parent in parents or conn.execute(
-            "SELECT 1 FROM sessions WHERE id = ?", (parent,)
-        ).fetchone() is not None
+        exists = (
+            parent in parents
+            or conn.execute("SELECT 1 FROM sessions WHERE id = ?", (parent,)).fetchone() is not None
+        )
         cycle = False
         current: str | None = parent
         for _ in range(1000):
@@ -171,6 +213,11 @@ def import_batch(conn: sqlite3.Connection, batch: Sequence[Mapping[str, Any]]) -
                 "UPDATE sessions SET parent_session_id = ? WHERE id = ?", (parents[sid], sid)
             )
     return {
-        "ok": True, "imported": len(imported), "skipped": len(skipped), "detached": detached,
-        "imported_ids": imported, "skipped_ids": skipped, "errors": [],
-    }  # fmt: skip
+        "ok": True,
+        "imported": len(imported),
+        "skipped": len(skipped),
+        "detached": detached,
+        "imported_ids": imported,
+        "skipped_ids": skipped,
+        "errors": [],
+    }

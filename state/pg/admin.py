@@ -118,11 +118,17 @@ async def delete_session(conn: AsyncConnection, session_id: str) -> None:
 
 
 async def prune_candidates(
-    conn: AsyncConnection, older_than_days: float, source: str | None, now: float,
-    limit: int = PRUNE_CHUNK, protected: frozenset[str] = frozenset(),
-) -> list[str]:  # fmt: skip
-    sql = ("SELECT id FROM sessions WHERE ended_at IS NOT NULL "
-           "AND COALESCE(last_active, started_at) < %s")  # fmt: skip
+    conn: AsyncConnection,
+    older_than_days: float,
+    source: str | None,
+    now: float,
+    limit: int = PRUNE_CHUNK,
+    protected: frozenset[str] = frozenset(),
+) -> list[str]:
+    sql = (
+        "SELECT id FROM sessions WHERE ended_at IS NOT NULL "
+        "AND COALESCE(last_active, started_at) < %s"
+    )
     params: list[object] = [now - older_than_days * 86400]
     if source:
         sql += " AND source = %s"
@@ -134,9 +140,12 @@ async def prune_candidates(
 
 
 async def prune_chunk(
-    conn: AsyncConnection, older_than_days: float, source: str | None, now: float,
+    conn: AsyncConnection,
+    older_than_days: float,
+    source: str | None,
+    now: float,
     protected: frozenset[str],
-) -> int:  # fmt: skip
+) -> int:
     ids = await prune_candidates(conn, older_than_days, source, now, protected=protected)
     return await delete_sessions(conn, ids)
 
@@ -189,11 +198,13 @@ async def vacuum_pruned(conn: AsyncConnection) -> None:
 
 
 async def count_dangling_parents(conn: AsyncConnection) -> int:
-    return int(await db.value(
-        conn,
-        "SELECT COUNT(*) FROM sessions c WHERE c.parent_session_id IS NOT NULL "
-        "AND NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = c.parent_session_id)",
-    ))  # fmt: skip
+    return int(
+        await db.value(
+            conn,
+            "SELECT COUNT(*) FROM sessions c WHERE c.parent_session_id IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = c.parent_session_id)",
+        )
+    )
 
 
 async def clear_dangling_parents(conn: AsyncConnection) -> int:
@@ -206,40 +217,59 @@ async def clear_dangling_parents(conn: AsyncConnection) -> int:
 
 async def stats(conn: AsyncConnection) -> UsageStats:
     per_source: list[SourceUsage] = [
-        {"source": r[0], "sessions": int(r[1]), "messages": int(r[2] or 0),
-         "input_tokens": int(r[3] or 0), "output_tokens": int(r[4] or 0),
-         "estimated_cost_usd": float(r[5] or 0.0), "actual_cost_usd": float(r[6] or 0.0)}
+        {
+            "source": r[0],
+            "sessions": int(r[1]),
+            "messages": int(r[2] or 0),
+            "input_tokens": int(r[3] or 0),
+            "output_tokens": int(r[4] or 0),
+            "estimated_cost_usd": float(r[5] or 0.0),
+            "actual_cost_usd": float(r[6] or 0.0),
+        }
         for r in await db.tuples(
             conn,
             "SELECT source, COUNT(*), SUM(message_count), SUM(input_tokens), SUM(output_tokens), "
             "SUM(estimated_cost_usd), SUM(actual_cost_usd) FROM sessions GROUP BY source "
             "ORDER BY COUNT(*) DESC",
         )
-    ]  # fmt: skip
-    t = (await db.tuples(
-        conn,
-        "SELECT COUNT(*), COUNT(*) FILTER (WHERE ended_at IS NULL), SUM(input_tokens), "
-        "SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens), "
-        "SUM(reasoning_tokens), SUM(estimated_cost_usd), SUM(actual_cost_usd), "
-        "(SELECT COUNT(*) FROM messages), pg_database_size(current_database()) FROM sessions",
-    ))[0]  # fmt: skip
+    ]
+    t = (
+        await db.tuples(
+            conn,
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE ended_at IS NULL), SUM(input_tokens), "
+            "SUM(output_tokens), SUM(cache_read_tokens), SUM(cache_write_tokens), "
+            "SUM(reasoning_tokens), SUM(estimated_cost_usd), SUM(actual_cost_usd), "
+            "(SELECT COUNT(*) FROM messages), pg_database_size(current_database()) FROM sessions",
+        )
+    )[0]
     return {
-        "sessions": int(t[0]), "live_sessions": int(t[1] or 0), "messages": int(t[9]),
-        "input_tokens": int(t[2] or 0), "output_tokens": int(t[3] or 0),
-        "cache_read_tokens": int(t[4] or 0), "cache_write_tokens": int(t[5] or 0),
-        "reasoning_tokens": int(t[6] or 0), "estimated_cost_usd": float(t[7] or 0.0),
-        "actual_cost_usd": float(t[8] or 0.0), "per_source": per_source,
-        "db_bytes": int(t[10] or 0), "wal_bytes": 0, "computed_at": time.time(),
-    }  # fmt: skip
+        "sessions": int(t[0]),
+        "live_sessions": int(t[1] or 0),
+        "messages": int(t[9]),
+        "input_tokens": int(t[2] or 0),
+        "output_tokens": int(t[3] or 0),
+        "cache_read_tokens": int(t[4] or 0),
+        "cache_write_tokens": int(t[5] or 0),
+        "reasoning_tokens": int(t[6] or 0),
+        "estimated_cost_usd": float(t[7] or 0.0),
+        "actual_cost_usd": float(t[8] or 0.0),
+        "per_source": per_source,
+        "db_bytes": int(t[10] or 0),
+        "wal_bytes": 0,
+        "computed_at": time.time(),
+    }
 
 
 # --- export / import ---------------------------------------------------------------------
 
 
 async def export_page(
-    conn: AsyncConnection, after: tuple[float, str] | None, limit: int, source: str | None,
+    conn: AsyncConnection,
+    after: tuple[float, str] | None,
+    limit: int,
+    source: str | None,
     session_ids: list[str] | None,
-) -> list[ExportRecord]:  # fmt: skip
+) -> list[ExportRecord]:
     sql = "SELECT * FROM sessions WHERE TRUE"
     params: list[object] = []
     if after is not None:
@@ -366,5 +396,9 @@ async def server_status(conn: AsyncConnection) -> dict[str, Any]:
         "EXTRACT(EPOCH FROM replay_lag)::float8 AS lag FROM pg_stat_replication "
         "ORDER BY application_name",
     )
-    return {"version": version, "standby": bool(standby), "replay_behind": behind,
-            "standbys": [dict(r) for r in standbys]}  # fmt: skip
+    return {
+        "version": version,
+        "standby": bool(standby),
+        "replay_behind": behind,
+        "standbys": [dict(r) for r in standbys],
+    }

@@ -28,13 +28,27 @@ from .tsearch import index_text
 from .writer import register_batched
 
 _COLUMNS = (
-    ("id", "bigint"), ("session_id", "text"), ("role", "text"), ("content", "text"),
-    ("content_enc", "smallint"), ("tool_call_id", "text"), ("tool_calls", "text"),
-    ("tool_name", "text"), ("timestamp", "double precision"), ("token_count", "bigint"),
-    ("finish_reason", "text"), ("reasoning", "text"), ("reasoning_details", "text"),
-    ("codex_reasoning_items", "text"), ("platform_message_id", "text"), ("tsv", "text"),
-    ("seg_tsv", "text"), ("tool_tsv", "text"), ("ntok", "integer"), ("aux_ntok", "integer"),
-)  # fmt: skip
+    ("id", "bigint"),
+    ("session_id", "text"),
+    ("role", "text"),
+    ("content", "text"),
+    ("content_enc", "smallint"),
+    ("tool_call_id", "text"),
+    ("tool_calls", "text"),
+    ("tool_name", "text"),
+    ("timestamp", "double precision"),
+    ("token_count", "bigint"),
+    ("finish_reason", "text"),
+    ("reasoning", "text"),
+    ("reasoning_details", "text"),
+    ("codex_reasoning_items", "text"),
+    ("platform_message_id", "text"),
+    ("tsv", "text"),
+    ("seg_tsv", "text"),
+    ("tool_tsv", "text"),
+    ("ntok", "integer"),
+    ("aux_ntok", "integer"),
+)
 _CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
 # One statement writes a run of appends: the rows' ids drawn from the sequence in row order
 # (`n`), the rows inserted, their platform ids claimed (`ON CONFLICT DO NOTHING`: the ids
@@ -101,9 +115,13 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
             "SELECT u.i FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[]) AS u(s, c, p, i) "
             "JOIN platform_messages pm ON pm.source = u.s AND pm.chat_id = u.c "
             "AND pm.platform_message_id = u.p",
-            ([p[0] for p in probes], [p[1] for p in probes], [p[2] for p in probes],
-             [p[3] for p in probes]),
-        )  # fmt: skip
+            (
+                [p[0] for p in probes],
+                [p[1] for p in probes],
+                [p[2] for p in probes],
+                [p[3] for p in probes],
+            ),
+        )
         dup = {int(r[0]) for r in stored}
         first: dict[tuple[str, str, str], int] = {}
         for source, chat, pmid, i in probes:
@@ -121,8 +139,20 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
             v = row_values(call[0], msg, now)
             content, enc = to_pg(v[2])
             idx = index_text(v[2], v[5], v[4])
-            rows.append((v[0], v[1], content, enc, *v[3:], idx.tsv, idx.seg_tsv, idx.tool_tsv,
-                         idx.ntok, idx.aux_ntok))  # fmt: skip
+            rows.append(
+                (
+                    v[0],
+                    v[1],
+                    content,
+                    enc,
+                    *v[3:],
+                    idx.tsv,
+                    idx.seg_tsv,
+                    idx.tool_tsv,
+                    idx.ntok,
+                    idx.aux_ntok,
+                )
+            )
             a[0] += 1
             a[1] += tool_call_count(v[4])
             if a[2] is None and v[1] == "user":
@@ -139,12 +169,25 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
         live = [(sid, a) for sid, a in agg.items() if a[0]]
         claims = _platform_claims(calls, per_call, chats)
         columns = [[r[k] for r in rows] for k in range(len(_COLUMNS) - 1)]
-        found = await db.tuples(conn, _ROWS, (
-            len(rows), *columns, *([c[k] for c in claims] for k in range(4)),
-            [s for s, _ in live], [a[0] for _, a in live], [a[1] for _, a in live],
-            [a[2] for _, a in live], [a[3] for _, a in live], [a[4] for _, a in live],
-            [a[5] for _, a in live], [bool(a[4] or a[5]) for _, a in live], now, now,
-        ))  # fmt: skip
+        found = await db.tuples(
+            conn,
+            _ROWS,
+            (
+                len(rows),
+                *columns,
+                *([c[k] for c in claims] for k in range(4)),
+                [s for s, _ in live],
+                [a[0] for _, a in live],
+                [a[1] for _, a in live],
+                [a[2] for _, a in live],
+                [a[3] for _, a in live],
+                [a[4] for _, a in live],
+                [a[5] for _, a in live],
+                [bool(a[4] or a[5]) for _, a in live],
+                now,
+                now,
+            ),
+        )
         ids = [int(r[2]) for r in sorted((r for r in found if r[0] == 0), key=lambda r: r[1])]
         got = {int(r[2]) for r in found if r[0] == 1}
         if any(c[4] and ids[c[3] - 1] not in got for c in claims):
@@ -161,9 +204,10 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
 
 
 def _platform_claims(
-    calls: Sequence[tuple[Any, ...]], per_call: list[int],
+    calls: Sequence[tuple[Any, ...]],
+    per_call: list[int],
     chats: Mapping[str, tuple[str | None, str | None]],
-) -> list[tuple[str, str, str, int, bool]]:  # fmt: skip
+) -> list[tuple[str, str, str, int, bool]]:
     """The platform ids the appended rows claim: (source, chat, platform id, the row's place
     in the run from 1, whether its caller settles on it: a `dedupe` of the session's own
     chat, which must not find it taken)."""

@@ -35,6 +35,7 @@ LIVE = (
 )
 LEADER = 0  # the leader lock's second key; incarnations start at 1
 
+
 # The take is an UPDATE of the routes that are free (no owner, this incarnation, or a dead
 # one) and an insert of those that do not exist yet, not an upsert: a failed
 # `INSERT ... ON CONFLICT DO UPDATE ... WHERE` still locks the row until the taker's batch
@@ -197,9 +198,17 @@ FencedWrite = tuple[Fence, str, "inbox.Begin | inbox.End", "Release | None"]
 
 
 async def accept_take(
-    conn: AsyncConnection, platform: str, chat_id: str, pmid: str | None, payload: str,
-    now: float, key: str, me: int, space: int, begin: BeginPlan | None = None,
-) -> Accepted:  # fmt: skip
+    conn: AsyncConnection,
+    platform: str,
+    chat_id: str,
+    pmid: str | None,
+    payload: str,
+    now: float,
+    key: str,
+    me: int,
+    space: int,
+    begin: BeginPlan | None = None,
+) -> Accepted:
     """`inbox.accept` for replica `me` and, when the row is new, `take_lease` on its key in
     the same transaction: (inbox id, state, new, the take's route or None, begun). The
     message's turn then starts under the lease without a write of its own to take it. With
@@ -236,9 +245,10 @@ def _accepts_taking(release: bool) -> str:
 
 
 async def _accept_take_release(
-    conn: AsyncConnection, accepts: Sequence[AcceptTake],
+    conn: AsyncConnection,
+    accepts: Sequence[AcceptTake],
     frees: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
-) -> tuple[list[tuple[int, str, bool]], dict[int, dict[str, Any] | None], list[bool]]:  # fmt: skip
+) -> tuple[list[tuple[int, str, bool]], dict[int, dict[str, Any] | None], list[bool]]:
     """The accepts (one replica's: one `me`, one `space`), the takes of the keys of the rows
     that went in and the releases `frees`, in one statement (_accepts_taking): the accepts'
     results, the route each new row's call took (the first call of each key) and whether
@@ -273,8 +283,10 @@ async def _accept_take_release(
 
 
 async def turns_many(
-    conn: AsyncConnection, accepts: Sequence[AcceptTake], fenced: Sequence[FencedWrite],
-) -> tuple[list[Accepted], list[Any]]:  # fmt: skip
+    conn: AsyncConnection,
+    accepts: Sequence[AcceptTake],
+    fenced: Sequence[FencedWrite],
+) -> tuple[list[Accepted], list[Any]]:
     """A batch's accept_take and turn_write_fenced calls at once, so the turns they begin
     and end share one append and one inbox update of each kind: the fences checked, the
     rows accepted and their keys taken, the begins and the fenced writes, then the leases
@@ -295,7 +307,7 @@ async def turns_many(
     if accepts and len({(c.me, c.space) for c in accepts}) == 1:
         accepted, route_of, freed = await _accept_take_release(
             conn, accepts, frees if free_first else ()
-        )  # fmt: skip
+        )
     else:
         if free_first:
             freed = await release_leases_many(conn, frees)
@@ -320,10 +332,14 @@ async def turns_many(
     writes: list[tuple[str, inbox.Begin | inbox.End]] = [(c[1], c[2]) for c in fenced]
     writes += [(inbox.BEGIN, b) for _i, b in begins]
     runners = [c[0].owner for c in fenced] + [accepts[i].me for i, _b in begins]
-    got = await inbox.turn_writes_many(
-        conn, writes, runners=runners, inserted=[b[0] for _i, b in begins]
-    ) if writes else []  # fmt: skip
-    begun = {i: g for (i, _b), g in zip(begins, got[len(fenced):], strict=True)}
+    got = (
+        await inbox.turn_writes_many(
+            conn, writes, runners=runners, inserted=[b[0] for _i, b in begins]
+        )
+        if writes
+        else []
+    )
+    begun = {i: g for (i, _b), g in zip(begins, got[len(fenced) :], strict=True)}
     if frees and not free_first:  # the fences hold (checked above, rows locked): all freed
         await release_leases_many(conn, frees)
     done = [Accepted(*a, route_of.get(i), begun.get(i)) for i, a in enumerate(accepted)]
@@ -339,8 +355,6 @@ async def _turns_merged(
     done, wrote = await turns_many(conn, accepts, fenced)
     a, w = iter(done), iter(wrote)
     return [next(a) if fn is accept_take else next(w) for fn, _args in items]
-
-
 
 
 async def open_for_key(conn: AsyncConnection, key: str) -> list[dict[str, Any]]:
@@ -371,10 +385,28 @@ async def check_fences(conn: AsyncConnection, fences: Sequence[Fence]) -> None:
             raise LeaseLost(f.session_key, f.epoch)
 
 
-_ROUTE_COLUMNS = ("session_id", "origin", "display_name", "platform", "chat_type",
-                  "created_at", "updated_at", "pending_notice", "listing")  # fmt: skip
-_ROUTE_TYPES = ("text", "text", "text", "text", "text", "double precision",
-                "double precision", "text", "text")  # fmt: skip
+_ROUTE_COLUMNS = (
+    "session_id",
+    "origin",
+    "display_name",
+    "platform",
+    "chat_type",
+    "created_at",
+    "updated_at",
+    "pending_notice",
+    "listing",
+)
+_ROUTE_TYPES = (
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "double precision",
+    "double precision",
+    "text",
+    "text",
+)
 CHANNEL = "switchboard_replica_"  # + an incarnation: the channel it LISTENs on
 # The release: the routes freed (where the fence still holds) and written back, and in the
 # same statement the wake-ups: each replica with a row still open for a freed key
@@ -396,15 +428,15 @@ _RELEASE_CTES = (
     "UNION SELECT * FROM unnest(%(r_wc)s::text[], %(r_wp)s::text[]))"
 )
 _NOTIFY = "FROM wake, LATERAL pg_notify(wake.c, wake.p)"
-_RELEASE = (
-    f"WITH {_RELEASE_CTES} SELECT session_key FROM rel UNION ALL SELECT NULL {_NOTIFY}"
-)
+_RELEASE = f"WITH {_RELEASE_CTES} SELECT session_key FROM rel UNION ALL SELECT NULL {_NOTIFY}"
 
 
 async def release_lease(
-    conn: AsyncConnection, fence: Fence, route: Mapping[str, Any] | None,
+    conn: AsyncConnection,
+    fence: Fence,
+    route: Mapping[str, Any] | None,
     answered: Sequence[tuple[int, int]],
-) -> bool:  # fmt: skip
+) -> bool:
     """Write the route as the holder leaves it (None: unchanged), free the lease, and wake
     other replicas: the origin of each row answered here (`d:<inbox id>`) and of each row
     still open for the key (`k:<key>`: the lease is free). False when the lease was lost
@@ -432,9 +464,11 @@ def _release_params(
     answered here that other replicas took (`d:<inbox id>`)."""
     order = sorted(calls, key=lambda c: c[0].session_key)
     params: dict[str, Any] = {
-        "r_k": [c[0].session_key for c in order], "r_o": [c[0].owner for c in order],
-        "r_e": [c[0].epoch for c in order], "r_w": [c[1] is not None for c in order],
-    }  # fmt: skip
+        "r_k": [c[0].session_key for c in order],
+        "r_o": [c[0].owner for c in order],
+        "r_e": [c[0].epoch for c in order],
+        "r_w": [c[1] is not None for c in order],
+    }
     for c in _ROUTE_COLUMNS:
         params[f"r_{c}"] = [(route[1] or {}).get(c) for route in order]
     answered = [
@@ -469,8 +503,9 @@ async def routes(conn: AsyncConnection, space: int) -> list[dict[str, Any]]:
 
 async def live_jobs(conn: AsyncConnection, space: int) -> list[tuple[str, str]]:
     """(session id, job name) of every background job a live replica runs."""
-    return [(str(r[0]), str(r[1])) for r in await db.tuples(conn, _JOBS, {"space": space,
-                                                                         "sids": None})]  # fmt: skip
+    return [
+        (str(r[0]), str(r[1])) for r in await db.tuples(conn, _JOBS, {"space": space, "sids": None})
+    ]
 
 
 async def add_job(
@@ -485,33 +520,42 @@ async def add_job(
 
 
 async def drop_job(conn: AsyncConnection, session_id: str, name: str) -> None:
-    await db.run(conn, "DELETE FROM live_jobs WHERE session_id = %s AND name = %s",
-                 (session_id, name))  # fmt: skip
+    await db.run(
+        conn, "DELETE FROM live_jobs WHERE session_id = %s AND name = %s", (session_id, name)
+    )
 
 
 async def lease_holds(conn: AsyncConnection, fence: Fence) -> bool:
     """Does the key's lease still have the fence's owner and epoch? (A read: nothing is
     locked, so it only tells how things stood.)"""
     got = await db.tuples(
-        conn, "SELECT 1 FROM session_routes WHERE session_key = %s AND lease_owner = %s "
-        "AND lease_epoch = %s", (fence.session_key, fence.owner, fence.epoch),
-    )  # fmt: skip
+        conn,
+        "SELECT 1 FROM session_routes WHERE session_key = %s AND lease_owner = %s "
+        "AND lease_epoch = %s",
+        (fence.session_key, fence.owner, fence.epoch),
+    )
     return bool(got)
 
 
 async def row_states(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str]:
-    return {int(i): str(s) for i, s in await db.tuples(
-        conn, "SELECT id, state FROM inbox WHERE id = ANY(%s)", (list(ids),)
-    )}  # fmt: skip
+    return {
+        int(i): str(s)
+        for i, s in await db.tuples(
+            conn, "SELECT id, state FROM inbox WHERE id = ANY(%s)", (list(ids),)
+        )
+    }
 
 
 # --- fenced forms of the turn's writes (state/pg/inbox.py's, after check_fence) ----------
 
 
 async def turn_write_fenced(
-    conn: AsyncConnection, fence: Fence, kind: str, call: inbox.Begin | inbox.End,
+    conn: AsyncConnection,
+    fence: Fence,
+    kind: str,
+    call: inbox.Begin | inbox.End,
     release: Release | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """inbox.begin_turn (kind BEGIN) or inbox.end_turn (END) while `fence` holds, and with
     `release` the lease freed in the same commit. One function for all, so the writer
     merges a batch's begins, ends and such releases (and its accept_takes, turns_many)
@@ -550,18 +594,28 @@ register_batched(finish_fenced, finish_fenced_many)
 
 
 def route_fields(
-    session_id: str | None, origin: Mapping[str, Any] | None, display_name: str | None,
-    platform: str | None, chat_type: str | None, created_at: float | None,
-    updated_at: float | None, notice: str | None, listing: Sequence[str] | None,
-) -> dict[str, Any]:  # fmt: skip
+    session_id: str | None,
+    origin: Mapping[str, Any] | None,
+    display_name: str | None,
+    platform: str | None,
+    chat_type: str | None,
+    created_at: float | None,
+    updated_at: float | None,
+    notice: str | None,
+    listing: Sequence[str] | None,
+) -> dict[str, Any]:
     """A route row's columns from the gateway's values (what release_lease writes)."""
     return {
         "session_id": session_id,
         "origin": None if origin is None else json.dumps(dict(origin), ensure_ascii=False),
-        "display_name": display_name, "platform": platform, "chat_type": chat_type,
-        "created_at": created_at, "updated_at": updated_at, "pending_notice": notice,
+        "display_name": display_name,
+        "platform": platform,
+        "chat_type": chat_type,
+        "created_at": created_at,
+        "updated_at": updated_at,
+        "pending_notice": notice,
         "listing": None if listing is None else json.dumps(list(listing)),
-    }  # fmt: skip
+    }
 
 
 __all__ = ["LEADER", "LIVE", "OPEN_STATES", "channel"]

@@ -32,12 +32,21 @@ log = logging.getLogger("state.pg.control")
 # figures as the session's settings for the server's (whose own default is the kernel's,
 # two hours), so a replica whose host froze or was cut off loses its leases in about 11 s.
 # (A replica stopped on a live host keeps them: its kernel still answers the probes.)
-KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
-              "keepalives_count": 3, "tcp_user_timeout": 11000}  # fmt: skip
-SERVER_KEEPALIVES = "SELECT " + ", ".join(
-    f"set_config('tcp_{name}', '{KEEPALIVES[name]}', false)"
-    for name in ("keepalives_idle", "keepalives_interval", "keepalives_count")
-) + f", set_config('tcp_user_timeout', '{KEEPALIVES['tcp_user_timeout']}', false)"
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 11000,
+}
+SERVER_KEEPALIVES = (
+    "SELECT "
+    + ", ".join(
+        f"set_config('tcp_{name}', '{KEEPALIVES[name]}', false)"
+        for name in ("keepalives_idle", "keepalives_interval", "keepalives_count")
+    )
+    + f", set_config('tcp_user_timeout', '{KEEPALIVES['tcp_user_timeout']}', false)"
+)
 
 
 # the rejoin after a lost control connection is tried at once, then with a backoff to this
@@ -73,9 +82,11 @@ class ControlLink:
         """Connect, register this replica as a new incarnation and take its lock."""
         try:
             conn = await AsyncConnection.connect(
-                self.dsn, autocommit=True, application_name=application_name(self.name),
+                self.dsn,
+                autocommit=True,
+                application_name=application_name(self.name),
                 **KEEPALIVES,
-            )  # fmt: skip
+            )
         except psycopg.Error as exc:
             raise DatabaseError(self.where, f"cannot open the control connection: {exc}") from exc
         try:
@@ -110,9 +121,12 @@ class ControlLink:
         log.info("replica %s is incarnation %d", self.name, incarnation)
 
     async def serve(
-        self, on_wakeup: Callable[[Wakeup], None], on_incarnation: Callable[[int], None],
-        *, slice_s: float = 1.0,
-    ) -> None:  # fmt: skip
+        self,
+        on_wakeup: Callable[[Wakeup], None],
+        on_incarnation: Callable[[int], None],
+        *,
+        slice_s: float = 1.0,
+    ) -> None:
         """Deliver wake-ups and keep trying the leader lock, until cancelled. A lost
         connection is reopened as a new incarnation (`on_incarnation`); meanwhile nothing
         leads here."""
@@ -122,15 +136,22 @@ class ControlLink:
                 if conn is None or conn.closed:
                     raise psycopg.OperationalError("the control connection is closed")
                 if not self.leading:
-                    self.leading = bool(await db.value(
-                        conn, "SELECT pg_try_advisory_lock(%s, %s)", (self.space, cluster.LEADER)
-                    ))  # fmt: skip
+                    self.leading = bool(
+                        await db.value(
+                            conn,
+                            "SELECT pg_try_advisory_lock(%s, %s)",
+                            (self.space, cluster.LEADER),
+                        )
+                    )
                     if self.leading:
                         log.info("replica %s leads (resets, pruning)", self.name)
-                self.live = int(await db.value(  # (the leader lock is incarnation 0)
-                    conn, f"SELECT count(*) FROM ({cluster.LIVE}) l (n) WHERE n <> {cluster.LEADER}",
-                    {"space": self.space},
-                ))  # fmt: skip
+                self.live = int(
+                    await db.value(  # (the leader lock is incarnation 0)
+                        conn,
+                        f"SELECT count(*) FROM ({cluster.LIVE}) l (n) WHERE n <> {cluster.LEADER}",
+                        {"space": self.space},
+                    )
+                )
                 async for note in conn.notifies(timeout=slice_s):
                     kind, _, ref = note.payload.partition(":")
                     on_wakeup(Wakeup(kind, ref))

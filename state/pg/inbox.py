@@ -62,20 +62,27 @@ _FIND = (
 
 
 async def accept(
-    conn: AsyncConnection, platform: str, chat_id: str, pmid: str | None, payload: str,
-    now: float, session_key: str | None = None, replica: int | None = None,
-) -> tuple[int, str, bool]:  # fmt: skip
+    conn: AsyncConnection,
+    platform: str,
+    chat_id: str,
+    pmid: str | None,
+    payload: str,
+    now: float,
+    session_key: str | None = None,
+    replica: int | None = None,
+) -> tuple[int, str, bool]:
     """Take one message: (its inbox id, its state, whether it is new). A platform id seen
     before returns the earlier row and stores nothing."""
-    return (await accept_many(
-        conn, [(platform, chat_id, pmid, payload, now, session_key, replica)]
-    ))[0]  # fmt: skip
+    return (
+        await accept_many(conn, [(platform, chat_id, pmid, payload, now, session_key, replica)])
+    )[0]
 
 
 async def accept_many(
-    conn: AsyncConnection, calls: Sequence[Accept | Routed],
+    conn: AsyncConnection,
+    calls: Sequence[Accept | Routed],
     drawn: Sequence[tuple[int, bool]] | None = None,
-) -> list[tuple[int, str, bool]]:  # fmt: skip
+) -> list[tuple[int, str, bool]]:
     """Many `accept` calls: one insert in call order, ids drawn in it (a platform id twice
     in the batch: the first wins), one read of the rows that were there before. A row
     pruned between the two is inserted anew. `drawn`: the first insert's result (each
@@ -105,9 +112,12 @@ register_batched(accept, accept_many)
 
 
 async def begin_turn(
-    conn: AsyncConnection, inbox_id: int, session_id: str, message: Mapping[str, Any],
+    conn: AsyncConnection,
+    inbox_id: int,
+    session_id: str,
+    message: Mapping[str, Any],
     last: int | None,
-) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+) -> tuple[int, list[dict[str, Any]]]:
     """The turn's first write: the user's message into its session (once: a turn run again
     after a crash finds it there), the row `started`, and the history up to that message."""
     return (await begin_turns_many(conn, [(inbox_id, session_id, message, last)]))[0]
@@ -142,9 +152,11 @@ async def begin_turns_many(
 
 
 async def turn_writes_many(
-    conn: AsyncConnection, calls: Sequence[tuple[str, Begin | End]],
-    runners: Sequence[int | None] | None = None, inserted: Collection[int] = (),
-) -> list[Any]:  # fmt: skip
+    conn: AsyncConnection,
+    calls: Sequence[tuple[str, Begin | End]],
+    runners: Sequence[int | None] | None = None,
+    inserted: Collection[int] = (),
+) -> list[Any]:
     """Turns' first and last writes (`begin_turn`'s and `end_turn`'s calls, tagged BEGIN
     or END) in call order, their messages in one append: a batch pays the statements of
     an append (and of replicas' fence check) once for both kinds. A begin returns (its
@@ -194,17 +206,30 @@ async def turn_writes_many(
     last_call = {calls[i][1][0]: i for i in begins}  # a row begun twice: the last wins
     # the ended rows answered (finish_many's columns) with their replies in the outbox; a
     # row ended twice in one batch: the last call wins
-    final = {c[0]: (c[4], stored[i][-1] if stored[i] else None)
-             for i, (kind, c) in enumerate(calls) if kind == END}  # fmt: skip
+    final = {
+        c[0]: (c[4], stored[i][-1] if stored[i] else None)
+        for i, (kind, c) in enumerate(calls)
+        if kind == END
+    }
     # id, begun, sid, mid, runner, reply state, reply message id (_TURN_ROWS's columns)
-    begun = [(rid, True, calls[i][1][1], message_ids[i],
-              None if runners is None else runners[i], None, None)
-             for rid, i in last_call.items()]  # fmt: skip
+    begun = [
+        (
+            rid,
+            True,
+            calls[i][1][1],
+            message_ids[i],
+            None if runners is None else runners[i],
+            None,
+            None,
+        )
+        for rid, i in last_call.items()
+    ]
     ended = [(rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()]
     # one statement for both kinds; a row begun and ended in one batch: begun first
     parts = [begun, ended] if set(last_call) & set(final) else [begun + ended]
-    updates = [(_TURN_ROWS, (now, *([r[k] for r in rows] for k in range(7))))
-               for rows in parts if rows]  # fmt: skip
+    updates = [
+        (_TURN_ROWS, (now, *([r[k] for r in rows] for k in range(7)))) for rows in parts if rows
+    ]
     # with history reads to come, the last update rides with the first: one round trip less
     rides = updates.pop() if begins and updates else None
     for sql, params in updates:
@@ -215,9 +240,11 @@ async def turn_writes_many(
         by_length.setdefault(calls[i][1][3], []).append(i)  # type: ignore[arg-type]
     for n, (last, which) in enumerate(by_length.items()):
         got_h = await histories(
-            conn, [(calls[i][1][1], message_ids[i]) for i in which], last,
+            conn,
+            [(calls[i][1][1], message_ids[i]) for i in which],
+            last,
             before=rides if n == 0 else None,
-        )  # fmt: skip
+        )
         for i, history in zip(which, got_h, strict=True):
             read[i] = history
     return [
@@ -230,14 +257,23 @@ register_batched(begin_turn, begin_turns_many)
 
 
 async def accept_begin(
-    conn: AsyncConnection, platform: str, chat_id: str, pmid: str | None, payload: str,
-    now: float, session_id: str, message: Mapping[str, Any], last: int | None,
-) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+    conn: AsyncConnection,
+    platform: str,
+    chat_id: str,
+    pmid: str | None,
+    payload: str,
+    now: float,
+    session_id: str,
+    message: Mapping[str, Any],
+    last: int | None,
+) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
     """`accept` and, for a new row, `begin_turn`, in the same transaction (see the SQLite
     twin)."""
-    return (await accept_begins_many(
-        conn, [(platform, chat_id, pmid, payload, now, session_id, message, last)]
-    ))[0]  # fmt: skip
+    return (
+        await accept_begins_many(
+            conn, [(platform, chat_id, pmid, payload, now, session_id, message, last)]
+        )
+    )[0]
 
 
 async def accept_begins_many(
@@ -246,10 +282,15 @@ async def accept_begins_many(
 ) -> list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]]:
     taken = await accept_many(conn, [c[:5] for c in calls])
     fresh = [i for i, (_id, _state, new) in enumerate(taken) if new]
-    begun = await turn_writes_many(
-        conn, [(BEGIN, (taken[i][0], calls[i][5], calls[i][6], calls[i][7])) for i in fresh],
-        inserted=[taken[i][0] for i in fresh],
-    ) if fresh else []  # fmt: skip
+    begun = (
+        await turn_writes_many(
+            conn,
+            [(BEGIN, (taken[i][0], calls[i][5], calls[i][6], calls[i][7])) for i in fresh],
+            inserted=[taken[i][0] for i in fresh],
+        )
+        if fresh
+        else []
+    )
     out: list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]] = [
         (rid, state, new, None) for rid, state, new in taken
     ]
@@ -262,9 +303,13 @@ register_batched(accept_begin, accept_begins_many)
 
 
 async def end_turn(
-    conn: AsyncConnection, inbox_id: int, session_id: str,
-    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
-) -> list[int]:  # fmt: skip
+    conn: AsyncConnection,
+    inbox_id: int,
+    session_id: str,
+    batch: list[Mapping[str, Any]],
+    tokens: Mapping[str, int] | None,
+    reply_state: str,
+) -> list[int]:
     """The turn's last write: the reply (and tool messages) into the session with the
     turn's tokens, the row `answered` and its reply in the outbox as `reply_state`, in one
     transaction."""
@@ -292,9 +337,8 @@ async def finish_many(
         "UPDATE inbox SET state = u.state, reason = u.reason, updated_at = %s "
         "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, state, reason) "
         "WHERE inbox.id = u.id",
-        (time.time(), list(final), [c[1] for c in final.values()],
-         [c[2] for c in final.values()]),
-    )  # fmt: skip
+        (time.time(), list(final), [c[1] for c in final.values()], [c[2] for c in final.values()]),
+    )
     return [None] * len(calls)
 
 
@@ -318,7 +362,7 @@ async def mark_replies_many(
         "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, rs, ref) "
         "WHERE inbox.id = u.id",
         (list(final), [c[1] for c in final.values()], [c[2] for c in final.values()]),
-    )  # fmt: skip
+    )
     return [None] * len(calls)
 
 

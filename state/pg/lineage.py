@@ -71,9 +71,7 @@ async def compression_tip(conn: AsyncConnection, session_id: str) -> str:
             "ORDER BY c.started_at DESC, c.id DESC",
             (current,),
         )
-        nxt = next(
-            (cid for cid, kind, reason in found if is_compression_child(kind, reason)), None
-        )
+        nxt = next((cid for cid, kind, reason in found if is_compression_child(kind, reason)), None)
         if nxt is None or nxt in seen:
             return current
         seen.add(nxt)
@@ -82,17 +80,26 @@ async def compression_tip(conn: AsyncConnection, session_id: str) -> str:
 
 
 async def fork(
-    conn: AsyncConnection, parent_id: str, kind: str, new_id: str | None, title: str | None,
-    copy_messages: bool, seeds: Sequence[Mapping[str, Any]], end_reason: str | None,
+    conn: AsyncConnection,
+    parent_id: str,
+    kind: str,
+    new_id: str | None,
+    title: str | None,
+    copy_messages: bool,
+    seeds: Sequence[Mapping[str, Any]],
+    end_reason: str | None,
     routing: Mapping[str, Any],
-) -> str:  # fmt: skip
+) -> str:
     """state/sqlite/lineage.py's fork, with one order change: the parent ends before the child is
     inserted, because the child inherits the session key and a key has one live session."""
     parent = await sessions.get_session(conn, parent_id)
     if parent is None:
         raise SessionNotFound(parent_id)
-    fields: dict[str, Any] = {"source": parent["source"], "parent_session_id": parent_id,
-                              "child_kind": kind}  # fmt: skip
+    fields: dict[str, Any] = {
+        "source": parent["source"],
+        "parent_session_id": parent_id,
+        "child_kind": kind,
+    }
     inherited: Mapping[str, Any] = parent
     for col in INHERITED_COLUMNS:
         if inherited.get(col) is not None:

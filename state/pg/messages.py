@@ -36,9 +36,13 @@ __all__ = ["MESSAGE_FIELDS"]
 Dedupe = tuple[str, str]
 PLAIN, STRUCTURED, ESCAPED = 0, 1, 2
 READ_COLUMNS = ", ".join(
-    ["id", "session_id", *(c for c in MESSAGE_COLUMNS if c not in ("id", "session_id", "sb_written")),
-     "content_enc"]
-)  # fmt: skip
+    [
+        "id",
+        "session_id",
+        *(c for c in MESSAGE_COLUMNS if c not in ("id", "session_id", "sb_written")),
+        "content_enc",
+    ]
+)
 
 
 def to_pg(stored: str | None) -> tuple[str | None, int]:
@@ -119,9 +123,12 @@ async def append_messages(
 
 
 async def _insert(
-    conn: AsyncConnection, session_id: str, batch: list[Mapping[str, Any]],
-    dedupe: Dedupe | None, pmids: list[str],
-) -> list[int]:  # fmt: skip
+    conn: AsyncConnection,
+    session_id: str,
+    batch: list[Mapping[str, Any]],
+    dedupe: Dedupe | None,
+    pmids: list[str],
+) -> list[int]:
     if not batch:
         return []
     now = time.time()
@@ -130,8 +137,20 @@ async def _insert(
         v = row_values(session_id, msg, now)
         content, enc = to_pg(v[2])
         idx = index_text(v[2], v[5], v[4])
-        rows.append((v[0], v[1], content, enc, *v[3:], idx.tsv, idx.seg_tsv, idx.tool_tsv,
-                     idx.ntok, idx.aux_ntok))  # fmt: skip
+        rows.append(
+            (
+                v[0],
+                v[1],
+                content,
+                enc,
+                *v[3:],
+                idx.tsv,
+                idx.seg_tsv,
+                idx.tool_tsv,
+                idx.ntok,
+                idx.aux_ntok,
+            )
+        )
         tool_calls += tool_call_count(v[4])
         last_ts = max(last_ts, v[6])
         if preview is None and v[1] == "user":
@@ -171,17 +190,24 @@ async def _insert(
 
 
 async def append_and_read(
-    conn: AsyncConnection, session_id: str, messages: Iterable[Mapping[str, Any]],
-    dedupe: Dedupe | None, last: int | None,
-) -> tuple[list[int], list[dict[str, Any]]]:  # fmt: skip
+    conn: AsyncConnection,
+    session_id: str,
+    messages: Iterable[Mapping[str, Any]],
+    dedupe: Dedupe | None,
+    last: int | None,
+) -> tuple[list[int], list[dict[str, Any]]]:
     ids = await append_messages(conn, session_id, messages, dedupe)
     return (ids, await conversation(conn, session_id, last)) if ids else ([], [])
 
 
 async def get_messages(
-    conn: AsyncConnection, session_id: str, *, limit: int | None = None,
-    after_id: int | None = None, last: int | None = None,
-) -> list[MessageRow]:  # fmt: skip
+    conn: AsyncConnection,
+    session_id: str,
+    *,
+    limit: int | None = None,
+    after_id: int | None = None,
+    last: int | None = None,
+) -> list[MessageRow]:
     if last is not None:
         found = await db.rows(
             conn,

@@ -34,9 +34,17 @@ _COLS = ", ".join(COLUMNS)
 
 
 async def offer(
-    conn: AsyncConnection, platform: str, user_id: str, user_name: str | None, chat_id: str,
-    code: str, now: float, ttl_s: float, user_interval_s: float, max_pending: int,
-) -> str | None:  # fmt: skip
+    conn: AsyncConnection,
+    platform: str,
+    user_id: str,
+    user_name: str | None,
+    chat_id: str,
+    code: str,
+    now: float,
+    ttl_s: float,
+    user_interval_s: float,
+    max_pending: int,
+) -> str | None:
     found = await db.tuples(
         conn,
         "SELECT state, expires_at, requested_at FROM pairing WHERE platform = %s AND user_id = %s",

@@ -34,9 +34,17 @@ CONNECT_TIMEOUT_S = 2
 class ReadPool:
     """Reader connections for one database; `connection()` lends one."""
 
-    def __init__(self, connect: Callable[[], Awaitable[AsyncConnection]], where: str, *,
-                 size: int = 4, wait_s: float = 2.0, retry_s: float = 0.5,
-                 max_idle_s: float = 300.0, max_lifetime_s: float = 3600.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[AsyncConnection]],
+        where: str,
+        *,
+        size: int = 4,
+        wait_s: float = 2.0,
+        retry_s: float = 0.5,
+        max_idle_s: float = 300.0,
+        max_lifetime_s: float = 3600.0,
+    ) -> None:
         self.where = where
         self.size = size
         self.wait_s = wait_s
@@ -64,7 +72,9 @@ class ReadPool:
         try:
             await asyncio.wait_for(self._free.acquire(), self.wait_s)
         except TimeoutError:
-            raise StoreUnavailable(self.where, f"no reader connection free within {self.wait_s:g} s") from None
+            raise StoreUnavailable(
+                self.where, f"no reader connection free within {self.wait_s:g} s"
+            ) from None
         try:
             conn, born = await self._take()
             try:
@@ -93,14 +103,22 @@ class ReadPool:
         except psycopg.Error as exc:
             if self._down_since is None:
                 self._down_since = now
-                log.warning("%s: cannot open a reader connection (%s); reads fail until it "
-                            "answers (a connect tried every %g s)", self.where, exc, self.retry_s)  # fmt: skip
+                log.warning(
+                    "%s: cannot open a reader connection (%s); reads fail until it "
+                    "answers (a connect tried every %g s)",
+                    self.where,
+                    exc,
+                    self.retry_s,
+                )
             self._next_try = now + self.retry_s
             self._last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise StoreUnavailable(self.where, f"the database is unreachable ({self._last_error})") from exc
+            raise StoreUnavailable(
+                self.where, f"the database is unreachable ({self._last_error})"
+            ) from exc
         if self._down_since is not None:
-            log.info("%s: reader connections open again after %.1f s", self.where,
-                     now - self._down_since)  # fmt: skip
+            log.info(
+                "%s: reader connections open again after %.1f s", self.where, now - self._down_since
+            )
             self._down_since = None
         return conn
 
@@ -120,7 +138,9 @@ class ReadPool:
 
     def _closing(self, conn: AsyncConnection) -> None:
         if not conn.closed:
-            task = asyncio.get_running_loop().create_task(_close(conn), name="state.pg.readers.close")
+            task = asyncio.get_running_loop().create_task(
+                _close(conn), name="state.pg.readers.close"
+            )
             _CLOSING.add(task)
             task.add_done_callback(_CLOSING.discard)
 

@@ -245,8 +245,15 @@ _V8 = pairing.CREATE_SQL + sends.CREATE_SQL
 
 # Each step runs as one script inside the migrating transaction.
 MIGRATIONS: list[tuple[int, str]] = [
-    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7), (8, _V8)
-]  # fmt: skip
+    (1, _V1),
+    (2, _V2),
+    (3, _V3),
+    (4, _V4),
+    (5, _V5),
+    (6, _V6),
+    (7, _V7),
+    (8, _V8),
+]
 LATEST = MIGRATIONS[-1][0]
 # Constraint name -> what it means, for turning a unique violation into the store's error.
 TITLE_INDEX = "idx_sessions_title_key"
@@ -274,8 +281,12 @@ async def migrate(conn: AsyncConnection, where: str, *, target: int = LATEST) ->
             raise SchemaTooNew(where, found, LATEST)
         for version, script in MIGRATIONS:
             if found < version <= target:
-                log.log(logging.DEBUG if found == 0 else logging.INFO,
-                        "migrating %s to schema %d", where, version)  # fmt: skip
+                log.log(
+                    logging.DEBUG if found == 0 else logging.INFO,
+                    "migrating %s to schema %d",
+                    where,
+                    version,
+                )
                 await conn.execute(script.encode())
                 await conn.execute(
                     "INSERT INTO state_meta(key, value) VALUES (%s, %s) "

@@ -93,8 +93,15 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
         main = to_tsquery(tree, segmented=False)
         if main is not None:
             # no pair index on tsv (see state/pg/schema.py, migration 5)
-            out.append(_Branch(False, "tsv @@ %s::tsquery", (main,), " AND m.seg_tsv IS NULL",
-                               words=tuple(required_words(tree, segmented=False))))  # fmt: skip
+            out.append(
+                _Branch(
+                    False,
+                    "tsv @@ %s::tsquery",
+                    (main,),
+                    " AND m.seg_tsv IS NULL",
+                    words=tuple(required_words(tree, segmented=False)),
+                )
+            )
     tools = "tool" in req.roles or req.include_tools
     seg = to_tsquery(tree, segmented=True)
     tool = to_tsquery(tree, segmented=False) if tools else None
@@ -109,8 +116,17 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
         )  # SQLite: LIKE ignores ASCII case
         # tool_tsv has no pair index: narrow by pairs only when seg_tsv is all there is
         pairs = tuple(required_pairs(tree, segmented=True)) if tool is None else ()
-        out.append(_Branch(True, "(" + " OR ".join(conds) + ")", tuple(params), literal, lparams,
-                           pairs=pairs, pairs_of="seg_tsv"))  # fmt: skip
+        out.append(
+            _Branch(
+                True,
+                "(" + " OR ".join(conds) + ")",
+                tuple(params),
+                literal,
+                lparams,
+                pairs=pairs,
+                pairs_of="seg_tsv",
+            )
+        )
     return out
 
 
@@ -135,7 +151,7 @@ class Totals:
             "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs FROM pg_stats s "
             "JOIN pg_class c ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace "
             "AND n.nspname = s.schemaname WHERE c.oid = 'messages'::regclass AND s.attname = 'tsv'",
-        )  # fmt: skip
+        )
         words, freqs = found[0] if found and found[0][0] is not None else ([], [])
         self._shares = (time.monotonic(), dict(zip(words, freqs, strict=False)))
         return self._shares[1]
@@ -149,9 +165,12 @@ class Totals:
         ):
             return hit[1], hit[2]
         col = "aux_ntok" if side else "ntok"
-        found = (await db.tuples(
-            conn, f"SELECT COUNT(*), COALESCE(SUM({col}), 0) FROM messages WHERE {col} IS NOT NULL"
-        ))[0]  # fmt: skip
+        found = (
+            await db.tuples(
+                conn,
+                f"SELECT COUNT(*), COALESCE(SUM({col}), 0) FROM messages WHERE {col} IS NOT NULL",
+            )
+        )[0]
         rows = int(found[0])
         avg = (int(found[1]) / rows if rows else 1.0) or 1.0
         self._cache[side] = (time.monotonic(), rows, avg)
@@ -159,9 +178,13 @@ class Totals:
 
 
 async def _window(
-    conn: AsyncConnection, br: _Branch, window: int, ascending: bool, bounds: tuple[int, int],
+    conn: AsyncConnection,
+    br: _Branch,
+    window: int,
+    ascending: bool,
+    bounds: tuple[int, int],
     totals: Totals,
-) -> list[int]:  # fmt: skip
+) -> list[int]:
     """The ids of the newest (oldest) `window` matches of a branch, taken slice by slice of
     the id range: each slice starts where the one before ended, so no row is read twice."""
     low, high = bounds
@@ -184,28 +207,37 @@ async def _window(
             cond = "tsv @@ %s::tsquery AND ts_match_vq(tsv, %s::tsquery)"
             cparams = (lexeme_query(rarest), *br.params)
     while True:
-        first, last = (low + walked, low + walked + span - 1) if ascending else \
-            (high - walked - span + 1, high - walked)  # fmt: skip
+        first, last = (
+            (low + walked, low + walked + span - 1)
+            if ascending
+            else (high - walked - span + 1, high - walked)
+        )
         limit = window - len(ids)
         if br.pairs and walked:
             # The phrase check reads each candidate's vector, and GIN alone offers every row
             # holding the words anywhere: take the candidates from the pair index instead.
             holds = ", ".join("hashtext(%s)" for _ in br.pairs)
-            sql = (f"SELECT id FROM (SELECT id, {br.pairs_of} FROM messages WHERE sb_pairs({br.pairs_of}) "
-                   f"@> ARRAY[{holds}] AND id BETWEEN %s AND %s OFFSET 0) m WHERE {br.cond} "
-                   f"ORDER BY id {order} LIMIT %s")  # fmt: skip
+            sql = (
+                f"SELECT id FROM (SELECT id, {br.pairs_of} FROM messages WHERE sb_pairs({br.pairs_of}) "
+                f"@> ARRAY[{holds}] AND id BETWEEN %s AND %s OFFSET 0) m WHERE {br.cond} "
+                f"ORDER BY id {order} LIMIT %s"
+            )
             params: tuple[Any, ...] = (*br.pairs, first, last, *br.params, limit)
         elif fenced:
             # With `ORDER BY id LIMIT n` the planner walks the primary key and checks every
             # row of the slice, thinking it will stop early: it takes a phrase to match as
             # many rows as hold its words. Fenced (OFFSET 0) and unordered, the slice's
             # candidates come from the word index when they are few.
-            sql = (f"SELECT id FROM (SELECT id FROM messages WHERE {cond} AND id BETWEEN %s AND %s "
-                   f"OFFSET 0) m ORDER BY id {order} LIMIT %s")  # fmt: skip
+            sql = (
+                f"SELECT id FROM (SELECT id FROM messages WHERE {cond} AND id BETWEEN %s AND %s "
+                f"OFFSET 0) m ORDER BY id {order} LIMIT %s"
+            )
             params = (*cparams, first, last, limit)
         else:
-            sql = (f"SELECT id FROM messages WHERE {br.cond} AND id BETWEEN %s AND %s "
-                   f"ORDER BY id {order} LIMIT %s")  # fmt: skip
+            sql = (
+                f"SELECT id FROM messages WHERE {br.cond} AND id BETWEEN %s AND %s "
+                f"ORDER BY id {order} LIMIT %s"
+            )
             params = (*br.params, first, last, limit)
         # Not prepared: psycopg prepares a statement after five runs, and PostgreSQL's
         # generic plan then serves every slice alike (rating `id BETWEEN` as a few rows, it
@@ -220,9 +252,14 @@ async def _window(
         # the next slice: where the density so far says the rest lies, with a margin (and
         # at least a share of the walk so far that doubles each time, so a density that
         # falls off further back still takes few slices); with no match yet, all of it
-        span = (walked * window if not ids else
-                max(math.ceil((window - len(ids)) * walked * SLICE_MARGIN / len(ids)),
-                    math.ceil(walked * floor)))  # fmt: skip
+        span = (
+            walked * window
+            if not ids
+            else max(
+                math.ceil((window - len(ids)) * walked * SLICE_MARGIN / len(ids)),
+                math.ceil(walked * floor),
+            )
+        )
         floor *= 2
 
 
@@ -277,9 +314,14 @@ async def search(
 
 
 async def _rank(
-    conn: AsyncConnection, rows: list[dict[str, Any]], tree: q.Node, branches: list[_Branch],
-    totals: Totals, now: float, id_range: tuple[int, int],
-) -> list[dict[str, Any]]:  # fmt: skip
+    conn: AsyncConnection,
+    rows: list[dict[str, Any]],
+    tree: q.Node,
+    branches: list[_Branch],
+    totals: Totals,
+    now: float,
+    id_range: tuple[int, int],
+) -> list[dict[str, Any]]:
     scores: dict[int, float] = {}
     for br in branches:
         mine = [r for r in rows if r["_side"] == br.side]
@@ -289,8 +331,12 @@ async def _rank(
         indexed, avgdl = await totals.get(conn, br.side)
         weights = [1.0] * len(phrases)
         if len(phrases) > 1:
-            weights = [ranking.idf(indexed, await _estimate_df(conn, br.side, p, indexed, id_range, totals))
-                       for p in phrases]  # fmt: skip
+            weights = [
+                ranking.idf(
+                    indexed, await _estimate_df(conn, br.side, p, indexed, id_range, totals)
+                )
+                for p in phrases
+            ]
         for r in mine:
             stored = from_pg(r["content"], r["content_enc"])
             if br.side:
@@ -306,20 +352,33 @@ async def _rank(
 
 
 async def _estimate_df(
-    conn: AsyncConnection, side: bool, phrase: ranking.Phrase, rows: int,
-    id_range: tuple[int, int], totals: Totals,
-) -> int:  # fmt: skip
+    conn: AsyncConnection,
+    side: bool,
+    phrase: ranking.Phrase,
+    rows: int,
+    id_range: tuple[int, int],
+    totals: Totals,
+) -> int:
     """ranking.estimate_df's figure: exact below DF_SAMPLE matches, else extrapolated from
     the DF_SAMPLE-th newest match. A word's is one walk back along the primary key; a
     phrase's is found as a window is (that walk would check every row holding its words)."""
     column = "seg_tsv" if side else "tsv"
     if len(phrase.tokens) > 1:
         if side:
-            term = _Branch(True, f"{column} @@ %s::tsquery", (phrase.match,),
-                           pairs=tuple(token_pairs(phrase.tokens, phrase.prefix)), pairs_of=column)  # fmt: skip
+            term = _Branch(
+                True,
+                f"{column} @@ %s::tsquery",
+                (phrase.match,),
+                pairs=tuple(token_pairs(phrase.tokens, phrase.prefix)),
+                pairs_of=column,
+            )
         else:
-            term = _Branch(False, f"{column} @@ %s::tsquery", (phrase.match,),
-                           words=tuple(whole_tokens(phrase.tokens, phrase.prefix)))  # fmt: skip
+            term = _Branch(
+                False,
+                f"{column} @@ %s::tsquery",
+                (phrase.match,),
+                words=tuple(whole_tokens(phrase.tokens, phrase.prefix)),
+            )
         ids = await _window(conn, term, ranking.DF_SAMPLE, False, id_range, totals)
         found = ids[-1] if len(ids) >= ranking.DF_SAMPLE else None
         if found is None:
@@ -331,11 +390,13 @@ async def _estimate_df(
             (phrase.match, ranking.DF_SAMPLE - 1),
         )
         if found is None:
-            return int(await db.value(
-                conn,
-                f"SELECT COUNT(*) FROM (SELECT 1 FROM messages WHERE {column} @@ %s::tsquery LIMIT %s) t",
-                (phrase.match, ranking.DF_SAMPLE),
-            ))  # fmt: skip
+            return int(
+                await db.value(
+                    conn,
+                    f"SELECT COUNT(*) FROM (SELECT 1 FROM messages WHERE {column} @@ %s::tsquery LIMIT %s) t",
+                    (phrase.match, ranking.DF_SAMPLE),
+                )
+            )
     return ranking.extrapolate_df(rows, int(found), id_range)
 
 
@@ -380,6 +441,9 @@ async def _add_context(
                 h[f"context_{which}"] = None
                 continue
             text = from_pg(r[at + 2], r[at + 3])
-            h[f"context_{which}"] = {"id": r[at], "role": r[at + 1],
-                                     "content": None if text is None else text[:CONTEXT_CHARS]}  # fmt: skip
+            h[f"context_{which}"] = {
+                "id": r[at],
+                "role": r[at + 1],
+                "content": None if text is None else text[:CONTEXT_CHARS],
+            }
         h["snippet"] = make_snippet(from_pg(r[9], r[10]) or "", marks)

@@ -34,28 +34,44 @@ _COLS = ", ".join(COLUMNS)
 
 
 async def add(
-    conn: AsyncConnection, platform: str, chat_id: str, thread_id: str | None, text: str,
+    conn: AsyncConnection,
+    platform: str,
+    chat_id: str,
+    thread_id: str | None,
+    text: str,
     now: float,
-) -> int:  # fmt: skip
-    return int(await db.value(
-        conn,
-        "INSERT INTO sends (platform, chat_id, thread_id, text, state, created_at, updated_at) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
-        (platform, chat_id, thread_id, text, PENDING, now, now),
-    ))  # fmt: skip
+) -> int:
+    return int(
+        await db.value(
+            conn,
+            "INSERT INTO sends (platform, chat_id, thread_id, text, state, created_at, updated_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (platform, chat_id, thread_id, text, PENDING, now, now),
+        )
+    )
 
 
 async def finish(
-    conn: AsyncConnection, send_id: int, state: str, error: str | None,
-    message_ids: Sequence[str], now: float,
-) -> None:  # fmt: skip
+    conn: AsyncConnection,
+    send_id: int,
+    state: str,
+    error: str | None,
+    message_ids: Sequence[str],
+    now: float,
+) -> None:
     await db.run(
         conn,
         "UPDATE sends SET state = %s, error = %s, message_ids = %s, attempts = attempts + 1, "
         "updated_at = %s WHERE id = %s AND state = %s",
-        (state, error, json.dumps(list(message_ids)) if message_ids else None, now, send_id,
-         PENDING),
-    )  # fmt: skip
+        (
+            state,
+            error,
+            json.dumps(list(message_ids)) if message_ids else None,
+            now,
+            send_id,
+            PENDING,
+        ),
+    )
 
 
 async def claim_due(

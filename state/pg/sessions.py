@@ -151,8 +151,10 @@ async def update_fields(conn: AsyncConnection, session_id: str, fields: Mapping[
         raise ValueError(f"not updatable: {', '.join(bad)}")
     if not fields:
         return
-    values = [json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
-              for v in fields.values()]  # fmt: skip
+    values = [
+        json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
+        for v in fields.values()
+    ]
     sets = ", ".join(f"{k} = %s" for k in fields)
     try:
         async with conn.transaction():
@@ -351,8 +353,10 @@ async def claim_handoff(
 async def finish_handoff(
     conn: AsyncConnection, session_id: str, state: str | None, error: str | None, expect: str | None
 ) -> bool:
-    sql = ("UPDATE sessions SET handoff_state = %s, handoff_error = %s, handoff_updated_at = %s "
-           "WHERE id = %s")  # fmt: skip
+    sql = (
+        "UPDATE sessions SET handoff_state = %s, handoff_error = %s, handoff_updated_at = %s "
+        "WHERE id = %s"
+    )
     params: list[object] = [state, error, time.time(), session_id]
     if expect is not None:
         sql += " AND handoff_state = %s"
@@ -423,7 +427,13 @@ async def untold_resets(conn: AsyncConnection) -> list[UntoldReset]:
         "AND COALESCE(c.message_count, 0) = 0 AND p.end_reason IN ('idle', 'daily')",
     )
     return [
-        {"session_key": r[0], "session_id": r[1], "old_id": r[2], "old_title": r[3],
-         "old_messages": int(r[4] or 0), "end_reason": r[5]}
+        {
+            "session_key": r[0],
+            "session_id": r[1],
+            "old_id": r[2],
+            "old_title": r[3],
+            "old_messages": int(r[4] or 0),
+            "end_reason": r[5],
+        }
         for r in found
-    ]  # fmt: skip
+    ]

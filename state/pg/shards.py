@@ -122,9 +122,7 @@ def plan(
     take += free[: max(0, hi - mine - len(take))]
     give = 0
     others = [m for m in members if m != me]
-    if not unowned and (
-        mine > hi or (mine > mine_quota and any(held[m] < lo for m in others))
-    ):  # fmt: skip
+    if not unowned and (mine > hi or (mine > mine_quota and any(held[m] < lo for m in others))):
         lacking = sum(max(0, quota(count, members, m) - held[m]) for m in others)
         give = min(mine - mine_quota, lacking, HANDOVERS_PER_ROUND)
     return Plan(sorted(take), max(0, give))
@@ -137,9 +135,14 @@ async def claim(
     afterwards (shard id -> epoch) and how many of them to hand over now. `every_s`: how
     often each member claims."""
     params = {
-        "platform": platform, "count": count, "me": me, "space": space, "now": time.time(),
-        "fresh": MEMBER_ROUNDS * every_s, "reserve": RESERVE_ROUNDS * every_s,
-    }  # fmt: skip
+        "platform": platform,
+        "count": count,
+        "me": me,
+        "space": space,
+        "now": time.time(),
+        "fresh": MEMBER_ROUNDS * every_s,
+        "reserve": RESERVE_ROUNDS * every_s,
+    }
     await db.run(conn, _SEED, params)
     await db.run(conn, _JOIN, params)
     await db.run(conn, _GONE_MEMBERS, params)
@@ -164,7 +167,14 @@ async def release(
 ) -> int:
     """Let go of `shards` (shard id -> the epoch `me` ran it at), whose connections are
     closed; how many were still `me`'s."""
-    return await db.run(conn, _RELEASE, {
-        "platform": platform, "count": count, "me": me,
-        "shards": list(shards), "epochs": [shards[s] for s in shards],
-    })  # fmt: skip
+    return await db.run(
+        conn,
+        _RELEASE,
+        {
+            "platform": platform,
+            "count": count,
+            "me": me,
+            "shards": list(shards),
+            "epochs": [shards[s] for s in shards],
+        },
+    )

@@ -42,7 +42,7 @@ from ..records import (
     UntoldReset,
     UsageStats,
     WriteStats,
-)  # fmt: skip
+)
 from ..rows import Row, payload_of
 from ..sqlite import search as sqlite_search
 from . import (
@@ -90,9 +90,7 @@ class PgStore:
 
     backend = "postgres"
 
-    def __init__(
-        self, where: str, writer: PgWriter, pool: ReadPool, dsn: str = ""
-    ) -> None:
+    def __init__(self, where: str, writer: PgWriter, pool: ReadPool, dsn: str = "") -> None:
         self.where = where
         self._dsn = dsn
         self._writer = writer
@@ -103,9 +101,13 @@ class PgStore:
 
     @classmethod
     async def open(
-        cls, dsn: str, *, config: PgWriterConfig | None = None, readers: int = 4,
+        cls,
+        dsn: str,
+        *,
+        config: PgWriterConfig | None = None,
+        readers: int = 4,
         schema_target: int = schema.LATEST,
-    ) -> PgStore:  # fmt: skip
+    ) -> PgStore:
         where = redact(dsn)
 
         async def connect() -> AsyncConnection:
@@ -129,6 +131,7 @@ class PgStore:
             raise
         writer = PgWriter(connect, where, config)
         await writer.start(conn)
+
         async def reader() -> AsyncConnection:
             conn = await AsyncConnection.connect(
                 dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
@@ -166,11 +169,16 @@ class PgStore:
     def write_stats(self) -> WriteStats:
         st = self._writer.stats
         return WriteStats(
-            queue_depth=self._writer.queue_depth, batches=st.batches, operations=st.operations,
-            failed_operations=st.failed_operations, busy_retries=st.busy_retries,
-            last_batch_size=st.last_batch_size, last_commit_ms=st.last_commit_ms,
-            recent_commit_ms=tuple(st.commit_ms), recent_batch_sizes=tuple(st.batch_sizes),
-        )  # fmt: skip
+            queue_depth=self._writer.queue_depth,
+            batches=st.batches,
+            operations=st.operations,
+            failed_operations=st.failed_operations,
+            busy_retries=st.busy_retries,
+            last_batch_size=st.last_batch_size,
+            last_commit_ms=st.last_commit_ms,
+            recent_commit_ms=tuple(st.commit_ms),
+            recent_batch_sizes=tuple(st.batch_sizes),
+        )
 
     async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run a read on a reader connection. Connections are not pinged before use (a round
@@ -195,31 +203,64 @@ class PgStore:
     # --- sessions -------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str | None = None, source: str = "cli", *, model: str | None = None,
-        model_config: Mapping[str, Any] | str | None = None, system_prompt: str | None = None,
-        user_id: str | None = None, parent_session_id: str | None = None,
-        child_kind: str | None = None, title: str | None = None, started_at: float | None = None,
+        self,
+        session_id: str | None = None,
+        source: str = "cli",
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None,
+        system_prompt: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        child_kind: str | None = None,
+        title: str | None = None,
+        started_at: float | None = None,
         **routing: Any,
-    ) -> str:  # fmt: skip
+    ) -> str:
         fields = session_fields(
-            session_id or "", source, model, model_config, system_prompt, user_id,
-            parent_session_id, child_kind, title, started_at, routing,
-        )  # fmt: skip
+            session_id or "",
+            source,
+            model,
+            model_config,
+            system_prompt,
+            user_id,
+            parent_session_id,
+            child_kind,
+            title,
+            started_at,
+            routing,
+        )
         if not session_id:
             return await self._write(sessions.insert_new_session, fields, source == "cli")
         await self._write(sessions.insert_session, fields)
         return session_id
 
     async def ensure_session(
-        self, session_id: str, source: str = "cli", *, model: str | None = None,
-        model_config: Mapping[str, Any] | str | None = None, system_prompt: str | None = None,
-        user_id: str | None = None, parent_session_id: str | None = None,
-        child_kind: str | None = None, **routing: Any,
-    ) -> bool:  # fmt: skip
+        self,
+        session_id: str,
+        source: str = "cli",
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None,
+        system_prompt: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        child_kind: str | None = None,
+        **routing: Any,
+    ) -> bool:
         fields = session_fields(
-            session_id, source, model, model_config, system_prompt, user_id,
-            parent_session_id, child_kind, None, None, routing,
-        )  # fmt: skip
+            session_id,
+            source,
+            model,
+            model_config,
+            system_prompt,
+            user_id,
+            parent_session_id,
+            child_kind,
+            None,
+            None,
+            routing,
+        )
 
         async def write(conn: AsyncConnection) -> bool:
             return await sessions.insert_session(conn, fields, if_missing=True)
@@ -254,29 +295,58 @@ class PgStore:
         await self._write(sessions.update_fields, session_id, fields)
 
     async def update_token_counts(
-        self, session_id: str, *, input_tokens: int = 0, output_tokens: int = 0,
-        cache_read_tokens: int = 0, cache_write_tokens: int = 0, reasoning_tokens: int = 0,
-        estimated_cost_usd: float | None = None, actual_cost_usd: float | None = None,
-        absolute: bool = False, model: str | None = None, api_call_count: int = 0,
-        billing_provider: str | None = None, billing_base_url: str | None = None,
-        billing_mode: str | None = None, cost_status: str | None = None,
-        cost_source: str | None = None, pricing_version: str | None = None,
-    ) -> None:  # fmt: skip
-        counts = {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                  "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
-                  "reasoning_tokens": reasoning_tokens}  # fmt: skip
-        route = {"billing_provider": billing_provider, "billing_base_url": billing_base_url,
-                 "billing_mode": billing_mode}  # fmt: skip
-        cost = {"cost_status": cost_status, "cost_source": cost_source,
-                "pricing_version": pricing_version}  # fmt: skip
+        self,
+        session_id: str,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        absolute: bool = False,
+        model: str | None = None,
+        api_call_count: int = 0,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
+    ) -> None:
+        counts = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_read_tokens": cache_read_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "reasoning_tokens": reasoning_tokens,
+        }
+        route = {
+            "billing_provider": billing_provider,
+            "billing_base_url": billing_base_url,
+            "billing_mode": billing_mode,
+        }
+        cost = {
+            "cost_status": cost_status,
+            "cost_source": cost_source,
+            "pricing_version": pricing_version,
+        }
 
         async def write(conn: AsyncConnection) -> None:
             await sessions.require_session(conn, session_id)
             await usage.update_token_counts(
-                conn, session_id, counts, model=model, estimated_cost_usd=estimated_cost_usd,
-                actual_cost_usd=actual_cost_usd, api_call_count=api_call_count,
-                absolute=absolute, route=route, cost=cost,
-            )  # fmt: skip
+                conn,
+                session_id,
+                counts,
+                model=model,
+                estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd,
+                api_call_count=api_call_count,
+                absolute=absolute,
+                route=route,
+                cost=cost,
+            )
 
         await self._write(write)
 
@@ -306,24 +376,37 @@ class PgStore:
         return ids[0]
 
     async def append_messages(
-        self, session_id: str, batch: Iterable[Mapping[str, Any]], *,
-        dedupe: tuple[str, str] | None = None, input_tokens: int = 0, output_tokens: int = 0,
-    ) -> list[int]:  # fmt: skip
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+    ) -> list[int]:
         tokens = None
         if input_tokens or output_tokens:
             tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
         return await self._write(messages.append_messages, session_id, list(batch), dedupe, tokens)
 
     async def append_and_read(
-        self, session_id: str, batch: Iterable[Mapping[str, Any]], *,
-        dedupe: tuple[str, str] | None = None, last: int | None = None,
-    ) -> tuple[list[int], list[dict[str, Any]]]:  # fmt: skip
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        last: int | None = None,
+    ) -> tuple[list[int], list[dict[str, Any]]]:
         return await self._write(messages.append_and_read, session_id, list(batch), dedupe, last)
 
     async def get_messages(
-        self, session_id: str, *, limit: int | None = None, after_id: int | None = None,
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after_id: int | None = None,
         last: int | None = None,
-    ) -> list[MessageRow]:  # fmt: skip
+    ) -> list[MessageRow]:
         async def read(conn: AsyncConnection) -> list[MessageRow]:
             return await messages.get_messages(
                 conn, session_id, limit=limit, after_id=after_id, last=last
@@ -398,14 +481,28 @@ class PgStore:
         return await self._read(lineage.compression_tip, session_id)
 
     async def fork_session(
-        self, parent_id: str, kind: str, *, new_id: str | None = None, title: str | None = None,
-        copy_messages: bool = False, seed_messages: Iterable[Mapping[str, Any]] = (),
-        end_reason: str | None = None, **routing: Any,
-    ) -> str:  # fmt: skip
+        self,
+        parent_id: str,
+        kind: str,
+        *,
+        new_id: str | None = None,
+        title: str | None = None,
+        copy_messages: bool = False,
+        seed_messages: Iterable[Mapping[str, Any]] = (),
+        end_reason: str | None = None,
+        **routing: Any,
+    ) -> str:
         return await self._write(
-            lineage.fork, parent_id, kind, new_id, title, copy_messages, list(seed_messages),
-            end_reason, routing,
-        )  # fmt: skip
+            lineage.fork,
+            parent_id,
+            kind,
+            new_id,
+            title,
+            copy_messages,
+            list(seed_messages),
+            end_reason,
+            routing,
+        )
 
     async def count_dangling_parents(self) -> int:
         return await self._read(admin.count_dangling_parents)
@@ -416,15 +513,27 @@ class PgStore:
     # --- listings -------------------------------------------------------------------
 
     async def list_sessions(
-        self, source: str | None = None, *, exclude_sources: Iterable[str] = (),
-        user_id: str | None = None, chat_id: str | None = None, include_children: bool = False,
-        include_archived: bool = False, titled_only: bool = False, limit: int = 20, offset: int = 0,
-    ) -> list[SessionRow]:  # fmt: skip
+        self,
+        source: str | None = None,
+        *,
+        exclude_sources: Iterable[str] = (),
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        include_children: bool = False,
+        include_archived: bool = False,
+        titled_only: bool = False,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[SessionRow]:
         flt = SessionFilter(
-            source=source, exclude_sources=tuple(exclude_sources), user_id=user_id,
-            chat_id=chat_id, include_children=include_children,
-            include_archived=include_archived, titled_only=titled_only,
-        )  # fmt: skip
+            source=source,
+            exclude_sources=tuple(exclude_sources),
+            user_id=user_id,
+            chat_id=chat_id,
+            include_children=include_children,
+            include_archived=include_archived,
+            titled_only=titled_only,
+        )
         return await self._read(admin.list_sessions, flt, limit, offset)
 
     async def sessions_by_start(
@@ -448,8 +557,9 @@ class PgStore:
     async def request_handoff(
         self, session_id: str, platform: str, *, now: float | None = None
     ) -> bool:
-        return await self._write(sessions.request_handoff, session_id, platform,
-                                 time.time() if now is None else now)  # fmt: skip
+        return await self._write(
+            sessions.request_handoff, session_id, platform, time.time() if now is None else now
+        )
 
     async def claim_handoff(
         self, platforms: Iterable[str], *, now: float | None = None
@@ -464,16 +574,21 @@ class PgStore:
         )
 
     async def finish_handoff(
-        self, session_id: str, state: str | None, error: str | None = None, *,
+        self,
+        session_id: str,
+        state: str | None,
+        error: str | None = None,
+        *,
         expect: str | None = None,
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         return await self._write(sessions.finish_handoff, session_id, state, error, expect)
 
     async def fail_stale_handoffs(
         self, older_than_s: float, *, now: float | None = None
     ) -> list[str]:
-        return await self._write(sessions.fail_stale_handoffs, older_than_s,
-                                 time.time() if now is None else now)  # fmt: skip
+        return await self._write(
+            sessions.fail_stale_handoffs, older_than_s, time.time() if now is None else now
+        )
 
     async def live_sessions_by_key(self) -> list[LiveSession]:
         return await self._read(sessions.live_sessions_by_key)
@@ -496,9 +611,13 @@ class PgStore:
         await self._write(admin.delete_session, session_id)
 
     async def prune_sessions(
-        self, older_than_days: float = 90, source: str | None = None, *,
-        now: float | None = None, protected: Iterable[str] = (),
-    ) -> int:  # fmt: skip
+        self,
+        older_than_days: float = 90,
+        source: str | None = None,
+        *,
+        now: float | None = None,
+        protected: Iterable[str] = (),
+    ) -> int:
         at = time.time() if now is None else now
         keep = frozenset(protected)
         total = 0
@@ -509,17 +628,26 @@ class PgStore:
                 return total
 
     async def prune_candidates(
-        self, older_than_days: float, source: str | None = None, *,
-        now: float | None = None, limit: int = 1000,
-    ) -> list[str]:  # fmt: skip
+        self,
+        older_than_days: float,
+        source: str | None = None,
+        *,
+        now: float | None = None,
+        limit: int = 1000,
+    ) -> list[str]:
         at = time.time() if now is None else now
         return await self._read(admin.prune_candidates, older_than_days, source, at, limit)
 
     async def maybe_auto_prune_and_vacuum(
-        self, retention_days: float = 90, min_interval_hours: float = 24, vacuum: bool = True,
-        *, now: float | None = None, min_vacuum_bytes: int = 8 * 1024 * 1024,
+        self,
+        retention_days: float = 90,
+        min_interval_hours: float = 24,
+        vacuum: bool = True,
+        *,
+        now: float | None = None,
+        min_vacuum_bytes: int = 8 * 1024 * 1024,
         min_vacuum_share: float = 0.2,
-    ) -> AutoPruneResult:  # fmt: skip
+    ) -> AutoPruneResult:
         """Prune at most once per interval across every process, then (if it pruned and
         `vacuum`) a plain VACUUM of the pruned tables. Unlike SQLite's, it rewrites nothing
         and blocks no writer, so it needs no size threshold: the `min_vacuum_*` arguments
@@ -538,71 +666,126 @@ class PgStore:
     # --- the inbox (state/pg/inbox.py) ---------------------------------------------------
 
     async def accept_inbound(
-        self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, *, session_key: str | None = None, replica: int | None = None,
-    ) -> tuple[int, str, bool]:  # fmt: skip
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        *,
+        session_key: str | None = None,
+        replica: int | None = None,
+    ) -> tuple[int, str, bool]:
         """Commit an inbound message before its platform is acknowledged: (inbox id, state,
         whether it is new). A platform id taken before returns that row, storing nothing.
         Any failure is a DatabaseError, so the gateway can refuse the message cleanly.
         Replicas record the message's session key and which replica took it."""
         try:
             return await self._write(
-                inbox.accept, platform, chat_id, platform_message_id, payload_of(payload),
-                time.time(), session_key, replica,
-            )  # fmt: skip
+                inbox.accept,
+                platform,
+                chat_id,
+                platform_message_id,
+                payload_of(payload),
+                time.time(),
+                session_key,
+                replica,
+            )
         except psycopg.Error as exc:  # e.g. a NUL in an id, which PostgreSQL text refuses
             raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
 
     async def accept_and_take(
-        self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, *, session_key: str, me: int, space: int,
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        *,
+        session_key: str,
+        me: int,
+        space: int,
         begin: BeginPlan | None = None,
-    ) -> Accepted:  # fmt: skip
+    ) -> Accepted:
         """`accept_inbound` for replica `me` and, when the row is new, `take_lease` on
         `session_key` in one transaction: (inbox id, state, new, the route as take_lease
         returns it, or None when the row is not new or a live replica holds the key, and
         the turn's begin when `begin` asked for it and its test allowed it)."""
         try:
             return await self._write(
-                cluster.accept_take, platform, chat_id, platform_message_id,
-                payload_of(payload), time.time(), session_key, me, space, begin,
-            )  # fmt: skip
+                cluster.accept_take,
+                platform,
+                chat_id,
+                platform_message_id,
+                payload_of(payload),
+                time.time(),
+                session_key,
+                me,
+                space,
+                begin,
+            )
         except psycopg.Error as exc:
             raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
 
     async def accept_and_begin(
-        self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, session_id: str, message: Mapping[str, Any], *,
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        session_id: str,
+        message: Mapping[str, Any],
+        *,
         last: int | None = None,
-    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
         """`accept_inbound` and, when the row is new, `begin_turn` in one transaction."""
         try:
             return await self._write(
-                inbox.accept_begin, platform, chat_id, platform_message_id,
-                payload_of(payload), time.time(), session_id, dict(message), last,
-            )  # fmt: skip
+                inbox.accept_begin,
+                platform,
+                chat_id,
+                platform_message_id,
+                payload_of(payload),
+                time.time(),
+                session_id,
+                dict(message),
+                last,
+            )
         except psycopg.Error as exc:
             raise DatabaseError(self.where, f"the inbox refused the message: {exc}") from exc
 
     async def begin_turn(
-        self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
-        last: int | None = None, fence: Fence | None = None,
-    ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+        self,
+        inbox_id: int,
+        session_id: str,
+        message: Mapping[str, Any],
+        *,
+        last: int | None = None,
+        fence: Fence | None = None,
+    ) -> tuple[int, list[dict[str, Any]]]:
         """The user's message into its session (once), the row `started`, and the newest
         `last` messages up to it in OpenAI chat format: (the message's id, the history).
         With a fence: only while that lease holds (else LeaseLost, nothing written)."""
         if fence is not None:
             return await self._write(
-                cluster.turn_write_fenced, fence, inbox.BEGIN,
-                (inbox_id, session_id, dict(message), last), None,
-            )  # fmt: skip
+                cluster.turn_write_fenced,
+                fence,
+                inbox.BEGIN,
+                (inbox_id, session_id, dict(message), last),
+                None,
+            )
         return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
 
     async def end_turn(
-        self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
-        input_tokens: int = 0, output_tokens: int = 0, reply_state: str = "ready",
-        fence: Fence | None = None, release: Release | None = None,
-    ) -> list[int]:  # fmt: skip
+        self,
+        inbox_id: int,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        reply_state: str = "ready",
+        fence: Fence | None = None,
+        release: Release | None = None,
+    ) -> list[int]:
         """The reply into the session, the row `answered` and the reply in the outbox as
         `reply_state`, in one transaction; with a fence, only while that lease holds, and
         with `release` (the route as left, the rows answered for other replicas) the lease
@@ -612,9 +795,12 @@ class PgStore:
             tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
         if fence is not None:
             return await self._write(
-                cluster.turn_write_fenced, fence, inbox.END,
-                (inbox_id, session_id, list(batch), tokens, reply_state), release,
-            )  # fmt: skip
+                cluster.turn_write_fenced,
+                fence,
+                inbox.END,
+                (inbox_id, session_id, list(batch), tokens, reply_state),
+                release,
+            )
         if release is not None:
             raise ValueError("a lease can only be freed by a fenced write")
         return await self._write(
@@ -654,9 +840,11 @@ class PgStore:
         return await self._write(cluster.take_lease, key, me, space)
 
     async def release_lease(
-        self, fence: Fence, route: Mapping[str, Any] | None,
+        self,
+        fence: Fence,
+        route: Mapping[str, Any] | None,
         answered: Sequence[tuple[int, int]] = (),
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         return await self._write(cluster.release_lease, fence, route, list(answered))
 
     async def open_for_key(self, key: str) -> list[dict[str, Any]]:
@@ -721,11 +909,30 @@ class PgStore:
     # --- DM pairing (state/pg/pairing.py) --------------------------------------------
 
     async def pairing_offer(
-        self, platform: str, user_id: str, user_name: str | None, chat_id: str, code: str, *,
-        now: float, ttl_s: float, user_interval_s: float, max_pending: int,
-    ) -> str | None:  # fmt: skip
-        return await self._write(pairing.offer, platform, user_id, user_name, chat_id, code,
-                                 now, ttl_s, user_interval_s, max_pending)  # fmt: skip
+        self,
+        platform: str,
+        user_id: str,
+        user_name: str | None,
+        chat_id: str,
+        code: str,
+        *,
+        now: float,
+        ttl_s: float,
+        user_interval_s: float,
+        max_pending: int,
+    ) -> str | None:
+        return await self._write(
+            pairing.offer,
+            platform,
+            user_id,
+            user_name,
+            chat_id,
+            code,
+            now,
+            ttl_s,
+            user_interval_s,
+            max_pending,
+        )
 
     async def pairing_decide(self, code: str, state: str, now: float) -> dict[str, Any] | None:
         return await self._write(pairing.decide, code, state, now)
@@ -832,16 +1039,29 @@ class PgStore:
         return report
 
     async def search_messages(
-        self, query: str, *, sources: Iterable[str] = (), exclude_sources: Iterable[str] = (),
-        roles: Iterable[str] = (), scope: SessionFilter | None = None,
-        exclude_session_ids: Iterable[str] = (), sort: str = "relevance", limit: int = 20,
+        self,
+        query: str,
+        *,
+        sources: Iterable[str] = (),
+        exclude_sources: Iterable[str] = (),
+        roles: Iterable[str] = (),
+        scope: SessionFilter | None = None,
+        exclude_session_ids: Iterable[str] = (),
+        sort: str = "relevance",
+        limit: int = 20,
         offset: int = 0,
-    ) -> list[SearchHit]:  # fmt: skip
+    ) -> list[SearchHit]:
         req = sqlite_search.SearchRequest(
-            query=query, sources=tuple(sources), exclude_sources=tuple(exclude_sources),
-            roles=tuple(roles), scope=scope or SessionFilter(include_children=True),
-            exclude_session_ids=tuple(exclude_session_ids), sort=sort, limit=limit, offset=offset,
-        )  # fmt: skip
+            query=query,
+            sources=tuple(sources),
+            exclude_sources=tuple(exclude_sources),
+            roles=tuple(roles),
+            scope=scope or SessionFilter(include_children=True),
+            exclude_session_ids=tuple(exclude_session_ids),
+            sort=sort,
+            limit=limit,
+            offset=offset,
+        )
         return await self._read(search.search, req, self._totals)
 
     # --- the dashboard's queries (state/pg/dashboard.py) ----------------------------------

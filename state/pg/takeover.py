@@ -79,14 +79,24 @@ async def report(conn: AsyncConnection) -> dict[str, int]:
     space = int(await db.value(conn, "SELECT hashtext(current_schema()) & 2147483647"))
     p = {"space": space}
     live = [int(r[0]) for r in await db.tuples(conn, LIVE, p) if int(r[0]) != LEADER]
-    routes, stale = (await db.tuples(
-        conn, "SELECT COUNT(*), COUNT(*) FILTER (WHERE r.session_id IS NOT NULL AND NOT EXISTS "
-        "(SELECT 1 FROM sessions s WHERE s.id = r.session_id AND s.ended_at IS NULL)) "
-        "FROM session_routes r",
-    ))[0]  # fmt: skip
+    routes, stale = (
+        await db.tuples(
+            conn,
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE r.session_id IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM sessions s WHERE s.id = r.session_id AND s.ended_at IS NULL)) "
+            "FROM session_routes r",
+        )
+    )[0]
     dead = await db.value(
-        conn, "SELECT COUNT(*) FROM session_routes WHERE lease_owner IS NOT NULL "
-        "AND NOT (lease_owner = ANY(%s))", (live,),
-    )  # fmt: skip
-    return {"live_replicas": len(live), "routes": int(routes), "stale_routes": int(stale),
-            "dead_leases": int(dead), "orphaned_rows": len(await orphans(conn, space))}  # fmt: skip
+        conn,
+        "SELECT COUNT(*) FROM session_routes WHERE lease_owner IS NOT NULL "
+        "AND NOT (lease_owner = ANY(%s))",
+        (live,),
+    )
+    return {
+        "live_replicas": len(live),
+        "routes": int(routes),
+        "stale_routes": int(stale),
+        "dead_leases": int(dead),
+        "orphaned_rows": len(await orphans(conn, space)),
+    }

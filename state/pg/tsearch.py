@@ -72,11 +72,12 @@ def index_text(stored: str | None, tool_name: str | None, tool_calls: str | None
     seg = fts_tokens(aux[0]) if aux[0] is not None else []
     tool = fts_tokens(aux[1]) if aux[1] is not None else []
     return IndexedText(
-        tsvector_literal(tokens), len(tokens),
+        tsvector_literal(tokens),
+        len(tokens),
         tsvector_literal(seg) if aux[0] is not None else None,
         tsvector_literal(tool) if aux[1] is not None else None,
         len(seg) + len(tool),
-    )  # fmt: skip
+    )
 
 
 def side_text(stored: str | None, tool_name: str | None, tool_calls: str | None) -> str:

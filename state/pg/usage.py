@@ -20,14 +20,19 @@ _COLUMNS = (
     "reasoning_tokens, estimated_cost_usd, actual_cost_usd"
 )
 _KEY = "(session_id, model, billing_provider, billing_base_url, billing_mode, task)"
-_ACCUMULATE = ", ".join(f"{c} = u.{c} + excluded.{c}" for c in (
-    "api_call_count", *TOKEN_KINDS, "estimated_cost_usd", "actual_cost_usd"))  # fmt: skip
+_ACCUMULATE = ", ".join(
+    f"{c} = u.{c} + excluded.{c}"
+    for c in ("api_call_count", *TOKEN_KINDS, "estimated_cost_usd", "actual_cost_usd")
+)
 
 
 async def _route_fill(
-    conn: AsyncConnection, session_id: str, model: str | None, route: Mapping[str, Any],
+    conn: AsyncConnection,
+    session_id: str,
+    model: str | None,
+    route: Mapping[str, Any],
     accounted: bool,
-) -> None:  # fmt: skip
+) -> None:
     found = await db.tuples(
         conn,
         "SELECT model, billing_provider, COALESCE(api_call_count, 0) FROM sessions "
@@ -39,9 +44,12 @@ async def _route_fill(
     cur_model, cur_provider, calls = found[0]
     provider = route.get("billing_provider")
     if (
-        accounted and calls == 0 and model and provider
+        accounted
+        and calls == 0
+        and model
+        and provider
         and (model, provider) != (cur_model, cur_provider)
-    ):  # fmt: skip
+    ):
         await db.run(
             conn,
             "UPDATE sessions SET model = %s, billing_provider = %s, billing_base_url = %s, "
@@ -50,13 +58,19 @@ async def _route_fill(
         )
         return
     if model:
-        await db.run(conn, "UPDATE sessions SET model = %s WHERE id = %s AND model IS NULL",
-                     (model, session_id))  # fmt: skip
+        await db.run(
+            conn,
+            "UPDATE sessions SET model = %s WHERE id = %s AND model IS NULL",
+            (model, session_id),
+        )
     if accounted:
         for col in ("billing_provider", "billing_base_url", "billing_mode"):
             if route.get(col):
-                await db.run(conn, f"UPDATE sessions SET {col} = %s WHERE id = %s AND {col} IS NULL",
-                             (route[col], session_id))  # fmt: skip
+                await db.run(
+                    conn,
+                    f"UPDATE sessions SET {col} = %s WHERE id = %s AND {col} IS NULL",
+                    (route[col], session_id),
+                )
 
 
 async def update_token_counts(
@@ -75,12 +89,15 @@ async def update_token_counts(
     route = route or {}
     cost = cost or {}
     accounted = bool(
-        any(counts.get(k) for k in TOKEN_KINDS) or api_call_count
-        or estimated_cost_usd or actual_cost_usd
-    )  # fmt: skip
+        any(counts.get(k) for k in TOKEN_KINDS)
+        or api_call_count
+        or estimated_cost_usd
+        or actual_cost_usd
+    )
     await _route_fill(conn, session_id, model, route, accounted)
-    sets, params = totals_set(counts, estimated_cost_usd, actual_cost_usd, api_call_count,
-                              absolute, cost, "%s")  # fmt: skip
+    sets, params = totals_set(
+        counts, estimated_cost_usd, actual_cost_usd, api_call_count, absolute, cost, "%s"
+    )
     found = await db.tuples(
         conn,
         f"UPDATE sessions SET {', '.join(sets)} WHERE id = %s "
@@ -89,17 +106,30 @@ async def update_token_counts(
     )
     if accounted and not absolute:
         use = usage_route(model, route, found[0] if found else None)
-        await _add_usage(conn, session_id, use, counts, api_call_count, estimated_cost_usd,
-                         actual_cost_usd, cost)  # fmt: skip
+        await _add_usage(
+            conn, session_id, use, counts, api_call_count, estimated_cost_usd, actual_cost_usd, cost
+        )
 
 
 async def _add_usage(
-    conn: AsyncConnection, session_id: str, route: Mapping[str, Any], counts: Mapping[str, int],
-    api_calls: int, estimated: float | None, actual: float | None, cost: Mapping[str, Any],
-) -> None:  # fmt: skip
+    conn: AsyncConnection,
+    session_id: str,
+    route: Mapping[str, Any],
+    counts: Mapping[str, int],
+    api_calls: int,
+    estimated: float | None,
+    actual: float | None,
+    cost: Mapping[str, Any],
+) -> None:
     now = time.time()
-    key = (session_id, route.get("model") or "unknown", route.get("billing_provider") or "",
-           route.get("billing_base_url") or "", route.get("billing_mode") or "", "")  # fmt: skip
+    key = (
+        session_id,
+        route.get("model") or "unknown",
+        route.get("billing_provider") or "",
+        route.get("billing_base_url") or "",
+        route.get("billing_mode") or "",
+        "",
+    )
     deltas = [int(counts.get(k) or 0) for k in TOKEN_KINDS]
     await db.run(
         conn,
@@ -108,9 +138,18 @@ async def _add_usage(
         f"ON CONFLICT {_KEY} DO UPDATE SET {_ACCUMULATE}, "
         "cost_status = COALESCE(excluded.cost_status, u.cost_status), "
         "cost_source = COALESCE(excluded.cost_source, u.cost_source), last_seen = excluded.last_seen",
-        (*key, int(api_calls or 0), *deltas, float(estimated or 0.0), float(actual or 0.0),
-         cost.get("cost_status"), cost.get("cost_source"), now, now),
-    )  # fmt: skip
+        (
+            *key,
+            int(api_calls or 0),
+            *deltas,
+            float(estimated or 0.0),
+            float(actual or 0.0),
+            cost.get("cost_status"),
+            cost.get("cost_source"),
+            now,
+            now,
+        ),
+    )
 
 
 def tokens_set() -> str:
@@ -168,6 +207,12 @@ async def add_tokens_many(conn: AsyncConnection, deltas: Sequence[tuple[str, int
         f"WITH upd AS (UPDATE sessions s SET {tokens_set()} FROM unnest(%s::text[], "
         "%s::bigint[], %s::bigint[], %s::boolean[]) AS u(sid, i, o, tk) WHERE s.id = u.sid "
         f"RETURNING {ROUTED_RETURNING}) {upsert_from(routed_usage('upd'))}",
-        ([d[0] for d in deltas], [d[1] for d in deltas], [d[2] for d in deltas],
-         [True] * len(deltas), now, now),
-    )  # fmt: skip
+        (
+            [d[0] for d in deltas],
+            [d[1] for d in deltas],
+            [d[2] for d in deltas],
+            [True] * len(deltas),
+            now,
+            now,
+        ),
+    )

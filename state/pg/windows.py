@@ -83,9 +83,11 @@ Before = tuple[str, tuple[Any, ...]]
 
 
 async def _read(
-    conn: AsyncConnection, ranges: Sequence[tuple[str, int, int]], last: int | None,
+    conn: AsyncConnection,
+    ranges: Sequence[tuple[str, int, int]],
+    last: int | None,
     before: Before | None = None,
-) -> list[Read]:  # fmt: skip
+) -> list[Read]:
     params = ([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], last)
     if before is None:
         found = await db.rows(conn, _READ, params)
@@ -102,7 +104,9 @@ async def _read(
 
 
 async def histories(
-    conn: AsyncConnection, ends: Sequence[tuple[str, int]], last: int | None,
+    conn: AsyncConnection,
+    ends: Sequence[tuple[str, int]],
+    last: int | None,
     before: Before | None = None,
 ) -> list[list[dict[str, Any]]]:
     """For each (session, message id): the newest `last` messages up to that message, in
@@ -115,21 +119,20 @@ async def histories(
         return [h for _c, _l, h in got]
     length = -1 if last is None else last
     twice = Counter(s for s, _m in ends)
-    afters = [
-        windows.since(sid, length) if twice[sid] == 1 else 0 for sid, _m in ends
-    ]  # fmt: skip
+    afters = [windows.since(sid, length) if twice[sid] == 1 else 0 for sid, _m in ends]
     # a window kept past the message (a turn run again) cannot serve it either
     afters = [a if a < mid else 0 for (_s, mid), a in zip(ends, afters, strict=True)]
     got = await _read(
         conn, [(s, m, a) for (s, m), a in zip(ends, afters, strict=True)], last, before
-    )  # fmt: skip
+    )
     # the windows that no longer hold: those sessions read whole
     stale = [
-        i for i, (after, (count, later, new)) in enumerate(zip(afters, got, strict=True))
-        if after and (count is None or later
-                      or count != windows.mark(ends[i][0]) + len(new))
+        i
+        for i, (after, (count, later, new)) in enumerate(zip(afters, got, strict=True))
+        if after
+        and (count is None or later or count != windows.mark(ends[i][0]) + len(new))
         and (last is None or len(new) < last)  # `last` new ones: the window is all new
-    ]  # fmt: skip
+    ]
     if stale:
         again = await _read(conn, [(*ends[i], 0) for i in stale], last)
         for i, read in zip(stale, again, strict=True):

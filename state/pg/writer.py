@@ -63,8 +63,9 @@ _PLACE: dict[Callable[..., Any], int] = {}
 def register_batched(
     fn: Callable[..., Any],
     batched: Callable[[AsyncConnection, list[tuple[Any, ...]]], Awaitable[list[Any]]],
-    *, place: int = 0,
-) -> None:  # fmt: skip
+    *,
+    place: int = 0,
+) -> None:
     _BATCHED[fn] = batched
     if place:
         _PLACE[fn] = place
@@ -73,8 +74,9 @@ def register_batched(
 # Several fns whose calls, next to each other in a batch (the same `place` puts them
 # there), run as one: merged(conn, [(fn, args), ...]) -> [result, ...], so work they have
 # in common (a turn's begin and another's end: one append) is done once
-Merged = Callable[[AsyncConnection, list[tuple[Callable[..., Any], tuple[Any, ...]]]],
-                  Awaitable[list[Any]]]  # fmt: skip
+Merged = Callable[
+    [AsyncConnection, list[tuple[Callable[..., Any], tuple[Any, ...]]]], Awaitable[list[Any]]
+]
 _MERGED: dict[Callable[..., Any], Merged] = {}
 
 
@@ -121,9 +123,11 @@ class PgWriter:
     """Owns the write connection; `submit` queues an operation and waits for its commit."""
 
     def __init__(
-        self, connect: Callable[[], Awaitable[AsyncConnection]], where: str,
+        self,
+        connect: Callable[[], Awaitable[AsyncConnection]],
+        where: str,
         config: PgWriterConfig | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.config = config or PgWriterConfig()
         self.stats = WriterStats()
         self.where = where
@@ -233,7 +237,9 @@ class PgWriter:
                 log.error("commit of a batch of %d failed: %s", len(batch), exc)
                 await self._drop_broken()
                 reason = f"the commit failed and may not have been applied: {exc}"
-                kind = StoreUnavailable if isinstance(exc, psycopg.OperationalError) else DatabaseError
+                kind = (
+                    StoreUnavailable if isinstance(exc, psycopg.OperationalError) else DatabaseError
+                )
                 return [(False, kind(self.where, reason))] * len(batch)
         raise AssertionError("unreachable")
 
@@ -266,11 +272,23 @@ class PgWriter:
         except psycopg.OperationalError as lost:
             raise _Uncommitted() from lost
         self.stats.fallbacks += 1
-        routine = isinstance(exc, (StateError, ValueError, psycopg.errors.IntegrityError,
-                                   psycopg.DataError, psycopg.errors.ProgramLimitExceeded))  # fmt: skip
-        log.log(logging.DEBUG if routine else logging.WARNING,
-                "batch of %d redone one operation at a time: %r", len(batch), exc,
-                exc_info=not routine)  # fmt: skip
+        routine = isinstance(
+            exc,
+            (
+                StateError,
+                ValueError,
+                psycopg.errors.IntegrityError,
+                psycopg.DataError,
+                psycopg.errors.ProgramLimitExceeded,
+            ),
+        )
+        log.log(
+            logging.DEBUG if routine else logging.WARNING,
+            "batch of %d redone one operation at a time: %r",
+            len(batch),
+            exc,
+            exc_info=not routine,
+        )
 
     @classmethod
     async def _run_fast(cls, conn: AsyncConnection, batch: list[_Item]) -> list[tuple[bool, Any]]:
@@ -363,11 +381,17 @@ class PgWriter:
         except psycopg.Error as exc:
             if self._down_since is None:
                 self._down_since = now
-                log.warning("cannot open the write connection (%s); writes fail until the "
-                            "database answers (tried every %g s)", exc, RECONNECT_S)  # fmt: skip
+                log.warning(
+                    "cannot open the write connection (%s); writes fail until the "
+                    "database answers (tried every %g s)",
+                    exc,
+                    RECONNECT_S,
+                )
             self._next_try = now + RECONNECT_S
             self._last_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise StoreUnavailable(self.where, f"the database is unreachable ({self._last_error})") from exc
+            raise StoreUnavailable(
+                self.where, f"the database is unreachable ({self._last_error})"
+            ) from exc
         if self._down_since is not None:
             log.info("write connection open again after %.1f s", now - self._down_since)
             self._down_since = None

@@ -16,12 +16,30 @@ from ..hermes.hermes_sessions import compression_family, cwd_prefix_clause
 from ..rows import Row
 from . import maintenance
 
-FILTERS = frozenset({
-    "started_before", "started_after", "title_like", "model_like", "branch_like", "end_reason",
-    "user_id", "chat_id", "chat_type", "provider", "cwd_prefix", "min_messages", "max_messages",
-    "min_tokens", "max_tokens", "min_cost", "max_cost", "min_tool_calls", "max_tool_calls",
-    "archived",
-})  # fmt: skip
+FILTERS = frozenset(
+    {
+        "started_before",
+        "started_after",
+        "title_like",
+        "model_like",
+        "branch_like",
+        "end_reason",
+        "user_id",
+        "chat_id",
+        "chat_type",
+        "provider",
+        "cwd_prefix",
+        "min_messages",
+        "max_messages",
+        "min_tokens",
+        "max_tokens",
+        "min_cost",
+        "max_cost",
+        "min_tool_calls",
+        "max_tool_calls",
+        "archived",
+    }
+)
 
 _DELEGATE_CHILDREN = (
     "SELECT id FROM sessions WHERE json_valid(model_config) "
@@ -85,8 +103,10 @@ def select(
     unknown = sorted(set(filters) - FILTERS)
     if unknown:
         raise TypeError(f"unknown prune filter(s): {', '.join(unknown)}")
-    sql = ["SELECT id, source, title, model, started_at, ended_at, message_count, "
-           "COALESCE(archived, 0) AS archived FROM sessions WHERE ended_at IS NOT NULL"]  # fmt: skip
+    sql = [
+        "SELECT id, source, title, model, started_at, ended_at, message_count, "
+        "COALESCE(archived, 0) AS archived FROM sessions WHERE ended_at IS NOT NULL"
+    ]
     params: list[Any] = []
 
     def add(clause: str, *values: Any) -> None:
@@ -102,8 +122,11 @@ def select(
         add("started_at < ?", float(f["started_before"]))
     if f.get("started_after") is not None:
         add("started_at >= ?", float(f["started_after"]))
-    for key, col in (("title_like", "title"), ("model_like", "model"),
-                     ("branch_like", "git_branch")):  # fmt: skip
+    for key, col in (
+        ("title_like", "title"),
+        ("model_like", "model"),
+        ("branch_like", "git_branch"),
+    ):
         if f.get(key):
             add(f"lower({col}) LIKE ? ESCAPE '\\'", "%" + _esc(str(f[key]).lower()) + "%")
     for key in ("end_reason", "user_id", "chat_id", "chat_type"):

@@ -11,9 +11,18 @@ from ..rows import Row
 from .lineage import ancestors, descendants
 
 TREE_COLUMNS = (
-    "id", "title", "source", "parent_session_id", "child_kind", "started_at", "ended_at",
-    "end_reason", "message_count", "handoff_state", "handoff_platform",
-)  # fmt: skip
+    "id",
+    "title",
+    "source",
+    "parent_session_id",
+    "child_kind",
+    "started_at",
+    "ended_at",
+    "end_reason",
+    "message_count",
+    "handoff_state",
+    "handoff_platform",
+)
 
 
 def _node(row: Mapping[str, Any]) -> Row:

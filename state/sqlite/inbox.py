@@ -54,9 +54,13 @@ CREATE INDEX IF NOT EXISTS idx_inbox_unsent ON inbox(id) WHERE reply_state IN ('
 
 
 def accept(
-    conn: sqlite3.Connection, platform: str, chat_id: str, pmid: str | None, payload: str,
+    conn: sqlite3.Connection,
+    platform: str,
+    chat_id: str,
+    pmid: str | None,
+    payload: str,
     now: float,
-) -> tuple[int, str, bool]:  # fmt: skip
+) -> tuple[int, str, bool]:
     """Take one message: (its inbox id, its state, whether it is new). A platform id seen
     before returns the earlier row and stores nothing."""
     return accept_many(conn, [(platform, chat_id, pmid, payload, now)])[0]
@@ -118,9 +122,12 @@ register_batched(accept, accept_many)
 
 
 def begin_turn(
-    conn: sqlite3.Connection, inbox_id: int, session_id: str, message: Mapping[str, Any],
+    conn: sqlite3.Connection,
+    inbox_id: int,
+    session_id: str,
+    message: Mapping[str, Any],
     last: int | None,
-) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+) -> tuple[int, list[dict[str, Any]]]:
     """The turn's first write: the user's message into its session, once (a turn run again
     after a crash finds it there by its platform id), and the history up to it. The row is
     `started` from here on without a write of its own: its message is in a session."""
@@ -135,17 +142,22 @@ _STORED_JSON = (
 
 
 def begin_turns_many(
-    conn: sqlite3.Connection, calls: list[tuple[int, str, Mapping[str, Any], int | None]],
+    conn: sqlite3.Connection,
+    calls: list[tuple[int, str, Mapping[str, Any], int | None]],
     fresh: bool = False,
 ) -> list[tuple[int, list[dict[str, Any]]]]:
     """`fresh`: the rows were inserted in this transaction, so no message of theirs can be
     stored yet and the probe for one is skipped."""
     message_ids: list[int] = [0] * len(calls)
-    probes = [] if fresh else [
-        (c[1], str(c[2]["platform_message_id"]), i)
-        for i, c in enumerate(calls)
-        if c[2].get("platform_message_id") is not None
-    ]
+    probes = (
+        []
+        if fresh
+        else [
+            (c[1], str(c[2]["platform_message_id"]), i)
+            for i, c in enumerate(calls)
+            if c[2].get("platform_message_id") is not None
+        ]
+    )
     if probes:  # one indexed probe for the batch: (session, platform id) stored already?
         for i, mid in conn.execute(_STORED_JSON, (json.dumps(probes),)):
             if not message_ids[int(i)]:
@@ -171,7 +183,8 @@ def begin_turns_many(
 
 
 def _histories(
-    conn: sqlite3.Connection, calls: list[tuple[int, str, Mapping[str, Any], int | None]],
+    conn: sqlite3.Connection,
+    calls: list[tuple[int, str, Mapping[str, Any], int | None]],
     message_ids: list[int],
 ) -> list[list[dict[str, Any]]]:
     """Each call's history up to its message: read whole, or only what is new since the
@@ -188,14 +201,18 @@ def _histories(
         length = -1 if last is None else last
         # a session twice in one batch: its kept window cannot serve both, read it whole
         afters = [
-            windows.since(calls[i][1], length) if windows is not None and sessions[calls[i][1]] == 1 else 0
+            windows.since(calls[i][1], length)
+            if windows is not None and sessions[calls[i][1]] == 1
+            else 0
             for i in which
-        ]  # fmt: skip
+        ]
         # a window kept past the message (a turn run again) cannot serve it either
         afters = [a if a < message_ids[i] else 0 for i, a in zip(which, afters, strict=True)]
         got = conversations_after(
-            conn, [(calls[i][1], message_ids[i], a) for i, a in zip(which, afters, strict=True)], last
-        )  # fmt: skip
+            conn,
+            [(calls[i][1], message_ids[i], a) for i, a in zip(which, afters, strict=True)],
+            last,
+        )
         for i, after, history in zip(which, afters, got, strict=True):
             if windows is not None and sessions[calls[i][1]] == 1:
                 history = windows.advance(calls[i][1], length, after, message_ids[i], history)
@@ -209,9 +226,16 @@ register_batched(begin_turn, begin_turns_many)
 
 
 def accept_begin(
-    conn: sqlite3.Connection, platform: str, chat_id: str, pmid: str | None, payload: str,
-    now: float, session_id: str, message: Mapping[str, Any], last: int | None,
-) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+    conn: sqlite3.Connection,
+    platform: str,
+    chat_id: str,
+    pmid: str | None,
+    payload: str,
+    now: float,
+    session_id: str,
+    message: Mapping[str, Any],
+    last: int | None,
+) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
     """`accept` and, for a new row, `begin_turn` in the same transaction: the router's fast
     path when the key is idle (one commit before the platform's acknowledgement instead of
     two). The last item is begin_turn's result, None for a row taken before."""
@@ -226,9 +250,13 @@ def accept_begins_many(
 ) -> list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]]:
     taken = accept_many(conn, [c[:5] for c in calls])
     fresh = [i for i, (_id, _state, new) in enumerate(taken) if new]
-    begun = begin_turns_many(
-        conn, [(taken[i][0], calls[i][5], calls[i][6], calls[i][7]) for i in fresh], fresh=True
-    ) if fresh else []  # fmt: skip
+    begun = (
+        begin_turns_many(
+            conn, [(taken[i][0], calls[i][5], calls[i][6], calls[i][7]) for i in fresh], fresh=True
+        )
+        if fresh
+        else []
+    )
     out: list[tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]] = [
         (rid, state, new, None) for rid, state, new in taken
     ]
@@ -241,9 +269,13 @@ register_batched(accept_begin, accept_begins_many)
 
 
 def end_turn(
-    conn: sqlite3.Connection, inbox_id: int, session_id: str,
-    batch: list[Mapping[str, Any]], tokens: Mapping[str, int] | None, reply_state: str,
-) -> list[int]:  # fmt: skip
+    conn: sqlite3.Connection,
+    inbox_id: int,
+    session_id: str,
+    batch: list[Mapping[str, Any]],
+    tokens: Mapping[str, int] | None,
+    reply_state: str,
+) -> list[int]:
     """The turn's last write: the reply (and tool messages) into the session, the row
     `answered` and its reply in the outbox as `reply_state` ('ready': resent at start-up
     until marked sent; 'sending': never resent, at most once), in one transaction."""
@@ -260,9 +292,13 @@ def end_turns_many(
         "reply_state = json_extract(j.value, '$[1]'), "
         "reply_message_id = json_extract(j.value, '$[2]') "
         "FROM json_each(?1) j WHERE inbox.id = json_extract(j.value, '$[0]')",
-        (json.dumps([[c[0], c[4], got[-1] if got else None] for c, got in zip(calls, ids, strict=True)]),
-         time.time()),
-    )  # fmt: skip
+        (
+            json.dumps(
+                [[c[0], c[4], got[-1] if got else None] for c, got in zip(calls, ids, strict=True)]
+            ),
+            time.time(),
+        ),
+    )
     return ids
 
 
@@ -344,7 +380,7 @@ def open_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             "session_id": sid,
             "message_id": mid,
             "received_at": received,
-        }  # fmt: skip
+        }
         for rid, platform, chat, pmid, payload, received, mid, sid in conn.execute(_OPEN_ROWS)
     ]
 
@@ -376,6 +412,16 @@ def prune(conn: sqlite3.Connection, older_than: float) -> int:
 
 # appends and inbox bookkeeping: the history windows the writer keeps stay right (state.sqlite.windows)
 keeps_windows(
-    accept, accept_many, begin_turn, begin_turns_many, accept_begin, accept_begins_many,
-    end_turn, end_turns_many, finish, finish_many, mark_reply, mark_replies_many,
-)  # fmt: skip
+    accept,
+    accept_many,
+    begin_turn,
+    begin_turns_many,
+    accept_begin,
+    accept_begins_many,
+    end_turn,
+    end_turns_many,
+    finish,
+    finish_many,
+    mark_reply,
+    mark_replies_many,
+)

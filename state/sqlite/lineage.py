@@ -89,8 +89,6 @@ def resume_target(conn: sqlite3.Connection, session_id: str) -> str:
     return compression_tip(conn, session_id)
 
 
-
-
 def fork(
     conn: sqlite3.Connection,
     parent_id: str,
@@ -128,9 +126,11 @@ def fork(
         sessions.set_title(conn, cid, sessions.next_title_in_lineage(conn, parent_title))
     if copy_messages:
         history = messages.get_messages(conn, parent_id)
-        messages.append_messages(conn, cid, [
-            {k: v for k, v in m.items() if k in messages.MESSAGE_FIELDS} for m in history
-        ])  # fmt: skip
+        messages.append_messages(
+            conn,
+            cid,
+            [{k: v for k, v in m.items() if k in messages.MESSAGE_FIELDS} for m in history],
+        )
     if seeds:
         messages.append_messages(conn, cid, seeds)
     if end_reason is not None:

@@ -199,10 +199,11 @@ _DUPLICATE_IN_CHAT = (
 _DUPLICATES_JSON = (
     "SELECT DISTINCT json_extract(j.value, '$[3]') FROM json_each(?) j WHERE "
     + _DUPLICATE_IN_CHAT.format(
-        src="json_extract(j.value, '$[0]')", chat="json_extract(j.value, '$[1]')",
+        src="json_extract(j.value, '$[0]')",
+        chat="json_extract(j.value, '$[1]')",
         pmid="json_extract(j.value, '$[2]')",
     )
-)  # fmt: skip
+)
 
 
 def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[list[int]]:
@@ -401,7 +402,9 @@ _CONVERSATION_JSON = _HISTORY_ARRAY.format(
 _CONVERSATIONS_JSON = (
     "SELECT json_group_object(j.key, json(("
     + _HISTORY_ARRAY.format(
-        sid="json_extract(j.value, '$[0]')", upto="json_extract(j.value, '$[1]')", last="?2",
+        sid="json_extract(j.value, '$[0]')",
+        upto="json_extract(j.value, '$[1]')",
+        last="?2",
         after="json_extract(j.value, '$[2]')",
     )
     + "))) FROM json_each(?1) AS j"

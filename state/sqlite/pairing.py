@@ -38,9 +38,17 @@ def _row(values: Any) -> dict[str, Any]:
 
 
 def offer(
-    conn: sqlite3.Connection, platform: str, user_id: str, user_name: str | None,
-    chat_id: str, code: str, now: float, ttl_s: float, user_interval_s: float, max_pending: int,
-) -> str | None:  # fmt: skip
+    conn: sqlite3.Connection,
+    platform: str,
+    user_id: str,
+    user_name: str | None,
+    chat_id: str,
+    code: str,
+    now: float,
+    ttl_s: float,
+    user_interval_s: float,
+    max_pending: int,
+) -> str | None:
     """Record `code` as the user's pending code and return it, or None when the user may
     not have one now (approved, a code still pending, asked within the interval, or the
     platform has `max_pending` codes pending); TAKEN when `code` is pending for another."""

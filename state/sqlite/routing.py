@@ -31,10 +31,17 @@ def live_sessions_by_key(conn: sqlite3.Connection) -> list[LiveSession]:
         "WHERE session_key IS NOT NULL AND ended_at IS NULL ORDER BY started_at"
     )
     return [
-        {"session_key": r[0], "id": r[1], "started_at": r[2], "last_active": r[3],
-         "origin_json": r[4], "source": r[5], "chat_type": r[6]}
+        {
+            "session_key": r[0],
+            "id": r[1],
+            "started_at": r[2],
+            "last_active": r[3],
+            "origin_json": r[4],
+            "source": r[5],
+            "chat_type": r[6],
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def live_session_for_key(conn: sqlite3.Connection, key: str) -> LiveSession | None:
@@ -47,8 +54,15 @@ def live_session_for_key(conn: sqlite3.Connection, key: str) -> LiveSession | No
     ).fetchone()
     if r is None:
         return None
-    return {"session_key": r[0], "id": r[1], "started_at": r[2], "last_active": r[3],
-            "origin_json": r[4], "source": r[5], "chat_type": r[6]}  # fmt: skip
+    return {
+        "session_key": r[0],
+        "id": r[1],
+        "started_at": r[2],
+        "last_active": r[3],
+        "origin_json": r[4],
+        "source": r[5],
+        "chat_type": r[6],
+    }
 
 
 def newest_live_session_by_key(conn: sqlite3.Connection) -> dict[str, str]:
@@ -90,7 +104,13 @@ def untold_resets(conn: sqlite3.Connection) -> list[UntoldReset]:
     """Live reset children still empty, with the idle/daily session each replaced: after a
     restart, the resets whose notice the chat may not have had (it lived in memory)."""
     return [
-        {"session_key": r[0], "session_id": r[1], "old_id": r[2], "old_title": r[3],
-         "old_messages": int(r[4] or 0), "end_reason": r[5]}
+        {
+            "session_key": r[0],
+            "session_id": r[1],
+            "old_id": r[2],
+            "old_title": r[3],
+            "old_messages": int(r[4] or 0),
+            "end_reason": r[5],
+        }
         for r in conn.execute(_UNTOLD_RESETS)
-    ]  # fmt: skip
+    ]

@@ -529,8 +529,12 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
         for version, step in MIGRATIONS:
             if found < version <= target:
                 # a new file's steps are one creation, not news; an older file's are
-                log.log(logging.DEBUG if fresh else logging.INFO,
-                        "migrating %s to schema %d", path, version)  # fmt: skip
+                log.log(
+                    logging.DEBUG if fresh else logging.INFO,
+                    "migrating %s to schema %d",
+                    path,
+                    version,
+                )
                 step(conn)
                 conn.execute(
                     "INSERT INTO state_meta(key, value) VALUES (?, ?) "

@@ -124,8 +124,11 @@ class _Branch:
             tokens = tuple(ranking.fts_tokens(text))
             if tokens:
                 match = q.to_fts(term, segmented=self.aux)
-                out.append(ranking.Phrase(tokens, term.prefix,
-                                          "{seg_text} : " + match if self.aux else match))  # fmt: skip
+                out.append(
+                    ranking.Phrase(
+                        tokens, term.prefix, "{seg_text} : " + match if self.aux else match
+                    )
+                )
         return out
 
 
@@ -134,10 +137,13 @@ def _branches(tree: q.Node, roles: Sequence[str], include_tools: bool = False) -
     holds CJK/emoji, otherwise the main one; tool text is in the side index."""
     out = []
     if not q.needs_aux(tree):
-        out.append(_Branch(
-            FTS_TABLE, q.to_fts(tree, segmented=False),
-            " AND NOT EXISTS (SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)",
-        ))  # fmt: skip
+        out.append(
+            _Branch(
+                FTS_TABLE,
+                q.to_fts(tree, segmented=False),
+                " AND NOT EXISTS (SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)",
+            )
+        )
     aux = "{seg_text} : " + q.to_fts(tree, segmented=True)
     tools = "tool" in roles or include_tools
     if tools:
@@ -251,8 +257,12 @@ def _rank(
     best first, newer first among equals. (Tuples: only the page becomes dicts.)"""
     col = {name: i for i, name in enumerate(names)}
     i_fts, i_body, i_size, i_ts, i_id = (
-        col["fts"], col["body"], col["size"], col["timestamp"], col["id"]
-    )  # fmt: skip
+        col["fts"],
+        col["body"],
+        col["size"],
+        col["timestamp"],
+        col["id"],
+    )
     scores: dict[int, float] = {}
     for br in branches:
         mine = [r for r in rows if r[i_fts] == br.table]

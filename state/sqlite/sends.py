@@ -38,9 +38,13 @@ CREATE INDEX IF NOT EXISTS idx_sends_pending ON sends(updated_at) WHERE state = 
 
 
 def add(
-    conn: sqlite3.Connection, platform: str, chat_id: str, thread_id: str | None, text: str,
+    conn: sqlite3.Connection,
+    platform: str,
+    chat_id: str,
+    thread_id: str | None,
+    text: str,
     now: float,
-) -> int:  # fmt: skip
+) -> int:
     cur = conn.execute(
         "INSERT INTO sends (platform, chat_id, thread_id, text, state, created_at, updated_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -50,16 +54,26 @@ def add(
 
 
 def finish(
-    conn: sqlite3.Connection, send_id: int, state: str, error: str | None,
-    message_ids: Sequence[str], now: float,
-) -> None:  # fmt: skip
+    conn: sqlite3.Connection,
+    send_id: int,
+    state: str,
+    error: str | None,
+    message_ids: Sequence[str],
+    now: float,
+) -> None:
     """One attempt's outcome: `sent`, `failed`, or still `pending` (attempts counted)."""
     conn.execute(
         "UPDATE sends SET state = ?, error = ?, message_ids = ?, attempts = attempts + 1, "
         "updated_at = ? WHERE id = ? AND state = ?",
-        (state, error, json.dumps(list(message_ids)) if message_ids else None, now, send_id,
-         PENDING),
-    )  # fmt: skip
+        (
+            state,
+            error,
+            json.dumps(list(message_ids)) if message_ids else None,
+            now,
+            send_id,
+            PENDING,
+        ),
+    )
 
 
 def claim_due(

@@ -193,11 +193,16 @@ class SessionDB:
         """A snapshot of the write queue and recent commits (no I/O)."""
         st = self._writer.stats
         return WriteStats(
-            queue_depth=self._writer.queue_depth, batches=st.batches, operations=st.operations,
-            failed_operations=st.failed_operations, busy_retries=st.busy_retries,
-            last_batch_size=st.last_batch_size, last_commit_ms=st.last_commit_ms,
-            recent_commit_ms=tuple(st.commit_ms), recent_batch_sizes=tuple(st.batch_sizes),
-        )  # fmt: skip
+            queue_depth=self._writer.queue_depth,
+            batches=st.batches,
+            operations=st.operations,
+            failed_operations=st.failed_operations,
+            busy_retries=st.busy_retries,
+            last_batch_size=st.last_batch_size,
+            last_commit_ms=st.last_commit_ms,
+            recent_commit_ms=tuple(st.commit_ms),
+            recent_batch_sizes=tuple(st.batch_sizes),
+        )
 
     async def _read(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._readers.run(fn, *args)
@@ -225,9 +230,18 @@ class SessionDB:
         """Create a session (under a generated id unless one is given; a given id that
         exists raises SessionExists). Routing columns go in `routing`."""
         fields = sessions.session_fields(
-            session_id or "", source, model, model_config, system_prompt, user_id,
-            parent_session_id, child_kind, title, started_at, routing,
-        )  # fmt: skip
+            session_id or "",
+            source,
+            model,
+            model_config,
+            system_prompt,
+            user_id,
+            parent_session_id,
+            child_kind,
+            title,
+            started_at,
+            routing,
+        )
         if not session_id:
             return await self._write(sessions.insert_new_session, fields, source == "cli")
         await self._write(sessions.insert_session, fields)
@@ -248,9 +262,18 @@ class SessionDB:
     ) -> bool:
         """Create the session unless it exists. Returns True when it was created."""
         fields = sessions.session_fields(
-            session_id, source, model, model_config, system_prompt, user_id,
-            parent_session_id, child_kind, None, None, routing,
-        )  # fmt: skip
+            session_id,
+            source,
+            model,
+            model_config,
+            system_prompt,
+            user_id,
+            parent_session_id,
+            child_kind,
+            None,
+            None,
+            routing,
+        )
         return await self._write(lambda c: sessions.insert_session(c, fields, if_missing=True))
 
     async def get_session(self, session_id: str) -> SessionRow | None:
@@ -313,18 +336,31 @@ class SessionDB:
             "cache_write_tokens": cache_write_tokens,
             "reasoning_tokens": reasoning_tokens,
         }
-        route = {"billing_provider": billing_provider, "billing_base_url": billing_base_url,
-                 "billing_mode": billing_mode}  # fmt: skip
-        cost = {"cost_status": cost_status, "cost_source": cost_source,
-                "pricing_version": pricing_version}  # fmt: skip
+        route = {
+            "billing_provider": billing_provider,
+            "billing_base_url": billing_base_url,
+            "billing_mode": billing_mode,
+        }
+        cost = {
+            "cost_status": cost_status,
+            "cost_source": cost_source,
+            "pricing_version": pricing_version,
+        }
 
         def write(conn: sqlite3.Connection) -> None:
             sessions.require_session(conn, session_id)
             usage.update_token_counts(
-                conn, session_id, counts, model=model, estimated_cost_usd=estimated_cost_usd,
-                actual_cost_usd=actual_cost_usd, api_call_count=api_call_count,
-                absolute=absolute, route=route, cost=cost,
-            )  # fmt: skip
+                conn,
+                session_id,
+                counts,
+                model=model,
+                estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd,
+                api_call_count=api_call_count,
+                absolute=absolute,
+                route=route,
+                cost=cost,
+            )
 
         await self._write(write)
 
@@ -473,9 +509,16 @@ class SessionDB:
         title it (an explicit title, else the next `#N` of the parent's title for
         compression/branch), and end the parent with `end_reason`."""
         return await self._write(
-            lineage.fork, parent_id, kind, new_id, title, copy_messages, list(seed_messages),
-            end_reason, routing,
-        )  # fmt: skip
+            lineage.fork,
+            parent_id,
+            kind,
+            new_id,
+            title,
+            copy_messages,
+            list(seed_messages),
+            end_reason,
+            routing,
+        )
 
     # --- listing --------------------------------------------------------------------
 
@@ -494,10 +537,14 @@ class SessionDB:
     ) -> list[SessionRow]:
         """Newest activity first, each row with `last_active` and a 60-char `preview`."""
         flt = listing.SessionFilter(
-            source=source, exclude_sources=tuple(exclude_sources), user_id=user_id,
-            chat_id=chat_id, include_children=include_children,
-            include_archived=include_archived, titled_only=titled_only,
-        )  # fmt: skip
+            source=source,
+            exclude_sources=tuple(exclude_sources),
+            user_id=user_id,
+            chat_id=chat_id,
+            include_children=include_children,
+            include_archived=include_archived,
+            titled_only=titled_only,
+        )
         return await self._read(listing.list_sessions, flt, limit, offset)
 
     async def sessions_by_start(
@@ -660,43 +707,78 @@ class SessionDB:
     # --- the inbox (state/sqlite/inbox.py) ---------------------------------------------------
 
     async def accept_inbound(
-        self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, *, session_key: str | None = None, replica: int | None = None,
-    ) -> tuple[int, str, bool]:  # fmt: skip
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        *,
+        session_key: str | None = None,
+        replica: int | None = None,
+    ) -> tuple[int, str, bool]:
         """Commit an inbound message before its platform is acknowledged: (inbox id, state,
         whether it is new). A platform id taken before returns that row, storing nothing.
         (`session_key`/`replica` are for stores replicas share: one file has one daemon.)"""
         return await self._write(
-            inbox.accept, platform, chat_id, platform_message_id, inbox.payload_of(payload),
+            inbox.accept,
+            platform,
+            chat_id,
+            platform_message_id,
+            inbox.payload_of(payload),
             time.time(),
-        )  # fmt: skip
+        )
 
     async def accept_and_begin(
-        self, platform: str, chat_id: str, platform_message_id: str | None,
-        payload: object, session_id: str, message: Mapping[str, Any], *,
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        session_id: str,
+        message: Mapping[str, Any],
+        *,
         last: int | None = None,
-    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:  # fmt: skip
+    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
         """`accept_inbound` and, when the row is new, `begin_turn` in one transaction:
         (inbox id, state, whether new, begin_turn's result or None)."""
         return await self._write(
-            inbox.accept_begin, platform, chat_id, platform_message_id,
-            inbox.payload_of(payload), time.time(), session_id, dict(message), last,
-        )  # fmt: skip
+            inbox.accept_begin,
+            platform,
+            chat_id,
+            platform_message_id,
+            inbox.payload_of(payload),
+            time.time(),
+            session_id,
+            dict(message),
+            last,
+        )
 
     async def begin_turn(
-        self, inbox_id: int, session_id: str, message: Mapping[str, Any], *,
-        last: int | None = None, fence: Fence | None = None,
-    ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+        self,
+        inbox_id: int,
+        session_id: str,
+        message: Mapping[str, Any],
+        *,
+        last: int | None = None,
+        fence: Fence | None = None,
+    ) -> tuple[int, list[dict[str, Any]]]:
         """The user's message into its session, once (a turn a crash interrupted finds it
         there), and the newest `last` messages up to it in OpenAI chat format: (the
         message's id, the history). The inbox row counts as `started` from here."""
         return await self._write(inbox.begin_turn, inbox_id, session_id, dict(message), last)
 
     async def end_turn(
-        self, inbox_id: int, session_id: str, batch: Iterable[Mapping[str, Any]], *,
-        input_tokens: int = 0, output_tokens: int = 0, reply_state: str = "ready",
-        fence: Fence | None = None, release: Release | None = None,
-    ) -> list[int]:  # fmt: skip
+        self,
+        inbox_id: int,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        reply_state: str = "ready",
+        fence: Fence | None = None,
+        release: Release | None = None,
+    ) -> list[int]:
         """The reply into the session, the row `answered` and the reply in the outbox as
         `reply_state` ('ready', 'sending', or 'sent' for a reply given as its request's
         response), in one transaction. (No fences or leases here: one home, one daemon.)"""
@@ -764,13 +846,32 @@ class SessionDB:
     # --- DM pairing (state/sqlite/pairing.py) ------------------------------------------------
 
     async def pairing_offer(
-        self, platform: str, user_id: str, user_name: str | None, chat_id: str, code: str, *,
-        now: float, ttl_s: float, user_interval_s: float, max_pending: int,
-    ) -> str | None:  # fmt: skip
+        self,
+        platform: str,
+        user_id: str,
+        user_name: str | None,
+        chat_id: str,
+        code: str,
+        *,
+        now: float,
+        ttl_s: float,
+        user_interval_s: float,
+        max_pending: int,
+    ) -> str | None:
         """Record `code` as the user's pending pairing code within the limits; the code,
         None when the user may not have one now, or pairing.TAKEN (draw another)."""
-        return await self._write(pairing.offer, platform, user_id, user_name, chat_id, code,
-                                 now, ttl_s, user_interval_s, max_pending)  # fmt: skip
+        return await self._write(
+            pairing.offer,
+            platform,
+            user_id,
+            user_name,
+            chat_id,
+            code,
+            now,
+            ttl_s,
+            user_interval_s,
+            max_pending,
+        )
 
     async def pairing_decide(self, code: str, state: str, now: float) -> dict[str, Any] | None:
         """Approve or deny the pending request holding `code` (single use); None if none."""
@@ -897,10 +998,16 @@ class SessionDB:
     ) -> list[SearchHit]:
         """Search every message (see state.sqlite.search); raises QueryError for unusable queries."""
         req = search.SearchRequest(
-            query=query, sources=tuple(sources), exclude_sources=tuple(exclude_sources),
-            roles=tuple(roles), scope=scope or listing.SessionFilter(include_children=True),
-            exclude_session_ids=tuple(exclude_session_ids), sort=sort, limit=limit, offset=offset,
-        )  # fmt: skip
+            query=query,
+            sources=tuple(sources),
+            exclude_sources=tuple(exclude_sources),
+            roles=tuple(roles),
+            scope=scope or listing.SessionFilter(include_children=True),
+            exclude_session_ids=tuple(exclude_session_ids),
+            sort=sort,
+            limit=limit,
+            offset=offset,
+        )
         return await self._read(search.search, req)
 
     # --- search index, integrity, schema, lineage repair -----------------------------
@@ -950,9 +1057,12 @@ class SessionDB:
         return list(await self._read(usage.model_usage, session_id))
 
     async def update_session_cwd(
-        self, session_id: str, cwd: str, git_branch: str | None = None,
+        self,
+        session_id: str,
+        cwd: str,
+        git_branch: str | None = None,
         git_repo_root: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         await self._write(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
 
     async def import_hermes(

@@ -144,9 +144,14 @@ def import_records(
                 (sid, *row.values()),
             )
             counted.append(
-                (sess["source"], int(cur.lastrowid or 0), float(row["timestamp"]),
-                 str(row["role"]), row.get("tool_name"))
-            )  # fmt: skip
+                (
+                    sess["source"],
+                    int(cur.lastrowid or 0),
+                    float(row["timestamp"]),
+                    str(row["role"]),
+                    row.get("tool_name"),
+                )
+            )
             aux = aux_row(
                 content_text(row.get("content")), row.get("tool_name"), row.get("tool_calls")
             )

@@ -23,9 +23,12 @@ from ..accounting import TOKEN_KINDS, totals_set, usage_route  # noqa: F401
 
 
 def _route_fill(
-    conn: sqlite3.Connection, session_id: str, model: str | None, route: Mapping[str, Any],
+    conn: sqlite3.Connection,
+    session_id: str,
+    model: str | None,
+    route: Mapping[str, Any],
     accounted: bool,
-) -> None:  # fmt: skip
+) -> None:
     row = conn.execute(
         "SELECT model, billing_provider, COALESCE(api_call_count, 0) FROM sessions WHERE id = ?",
         (session_id,),
@@ -35,15 +38,17 @@ def _route_fill(
     cur_model, cur_provider, calls = row
     provider = route.get("billing_provider")
     if (
-        accounted and calls == 0 and model and provider
+        accounted
+        and calls == 0
+        and model
+        and provider
         and (model, provider) != (cur_model, cur_provider)
-    ):  # fmt: skip
+    ):
         conn.execute(
             "UPDATE sessions SET model = ?, billing_provider = ?, billing_base_url = ?, "
             "billing_mode = ? WHERE id = ?",
-            (model, provider, route.get("billing_base_url"), route.get("billing_mode"),
-             session_id),
-        )  # fmt: skip
+            (model, provider, route.get("billing_base_url"), route.get("billing_mode"), session_id),
+        )
         return
     if model:
         conn.execute(
@@ -75,12 +80,15 @@ def update_token_counts(
     route = route or {}
     cost = cost or {}
     accounted = bool(
-        any(counts.get(k) for k in TOKEN_KINDS) or api_call_count
-        or estimated_cost_usd or actual_cost_usd
-    )  # fmt: skip
+        any(counts.get(k) for k in TOKEN_KINDS)
+        or api_call_count
+        or estimated_cost_usd
+        or actual_cost_usd
+    )
     _route_fill(conn, session_id, model, route, accounted)
-    sets, params = totals_set(counts, estimated_cost_usd, actual_cost_usd, api_call_count,
-                              absolute, cost, "?")  # fmt: skip
+    sets, params = totals_set(
+        counts, estimated_cost_usd, actual_cost_usd, api_call_count, absolute, cost, "?"
+    )
     conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", (*params, session_id))
     if accounted and not absolute:
         srow = conn.execute(
@@ -88,22 +96,41 @@ def update_token_counts(
             "WHERE id = ?",
             (session_id,),
         ).fetchone()
-        add_usage(conn, session_id, "", usage_route(model, route, srow), counts, api_call_count, estimated_cost_usd,
-                  actual_cost_usd, cost)  # fmt: skip
+        add_usage(
+            conn,
+            session_id,
+            "",
+            usage_route(model, route, srow),
+            counts,
+            api_call_count,
+            estimated_cost_usd,
+            actual_cost_usd,
+            cost,
+        )
 
 
 def add_usage(
-    conn: sqlite3.Connection, session_id: str, task: str, route: Mapping[str, Any],
-    counts: Mapping[str, int], api_calls: int, estimated: float | None, actual: float | None,
+    conn: sqlite3.Connection,
+    session_id: str,
+    task: str,
+    route: Mapping[str, Any],
+    counts: Mapping[str, int],
+    api_calls: int,
+    estimated: float | None,
+    actual: float | None,
     cost: Mapping[str, Any] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Add a delta to one (session, model, route, task) usage row."""
     now = time.time()
     cost = cost or {}
     key = (
-        session_id, route.get("model") or "unknown", route.get("billing_provider") or "",
-        route.get("billing_base_url") or "", route.get("billing_mode") or "", task or "",
-    )  # fmt: skip
+        session_id,
+        route.get("model") or "unknown",
+        route.get("billing_provider") or "",
+        route.get("billing_base_url") or "",
+        route.get("billing_mode") or "",
+        task or "",
+    )
     deltas = [int(counts.get(k) or 0) for k in TOKEN_KINDS]
     conn.execute(
         "INSERT INTO session_model_usage(session_id, model, billing_provider, billing_base_url, "
@@ -123,9 +150,18 @@ def add_usage(
         "cost_status = COALESCE(excluded.cost_status, cost_status), "
         "cost_source = COALESCE(excluded.cost_source, cost_source), "
         "last_seen = excluded.last_seen",
-        (*key, int(api_calls or 0), *deltas, float(estimated or 0.0), float(actual or 0.0),
-         cost.get("cost_status"), cost.get("cost_source"), now, now),
-    )  # fmt: skip
+        (
+            *key,
+            int(api_calls or 0),
+            *deltas,
+            float(estimated or 0.0),
+            float(actual or 0.0),
+            cost.get("cost_status"),
+            cost.get("cost_source"),
+            now,
+            now,
+        ),
+    )
 
 
 # A group commit's turn tokens: the same effect as `update_token_counts` with input/output

@@ -34,6 +34,7 @@ log = logging.getLogger("state.writer")
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
+
 class _Room:
     """Places in the writer's queue: a counter and a FIFO of waiting callers.
 
@@ -120,7 +121,10 @@ def before_batch(conn: sqlite3.Connection) -> None:
 
 def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
     conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s,
+        path,
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=busy_timeout_s,
         factory=WriterConnection,
     )
     conn.execute("PRAGMA journal_mode=WAL")
@@ -406,11 +410,17 @@ class Writer:
             return
         if not self._replaced_said:
             self._replaced_said = True
-            log.error("%s was replaced or removed while the daemon had it open; refusing to "
-                      "write into the file it opened (restart switchboard to open the one "
-                      "at that path now)", self.path)  # fmt: skip
-        raise DatabaseError(self.path, "the file was replaced or removed underneath the "
-                            "daemon; nothing was written (restart to open the new file)")  # fmt: skip
+            log.error(
+                "%s was replaced or removed while the daemon had it open; refusing to "
+                "write into the file it opened (restart switchboard to open the one "
+                "at that path now)",
+                self.path,
+            )
+        raise DatabaseError(
+            self.path,
+            "the file was replaced or removed underneath the "
+            "daemon; nothing was written (restart to open the new file)",
+        )
 
     def _run_batch(self, batch: list[_Op]) -> list[tuple[bool, Any]]:
         conn = self._conn
@@ -461,9 +471,13 @@ class Writer:
             # An operation's own error (a missing session, a taken title) is routine; anything
             # else means the merged path is wrong and must not hide behind the slow path.
             routine = isinstance(exc, (StateError, ValueError, sqlite3.IntegrityError))
-            log.log(logging.DEBUG if routine else logging.WARNING,
-                    "batch of %d redone one operation at a time: %r", len(batch), exc,
-                    exc_info=not routine)  # fmt: skip
+            log.log(
+                logging.DEBUG if routine else logging.WARNING,
+                "batch of %d redone one operation at a time: %r",
+                len(batch),
+                exc,
+                exc_info=not routine,
+            )
         return Writer._run_isolated(conn, batch)
 
     @staticmethod

@@ -16,8 +16,18 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-              "trailers", "transfer-encoding", "upgrade", "host", "content-length"}  # fmt: skip
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+}
 
 
 class Balancer:
@@ -43,9 +53,10 @@ class Balancer:
         # no pooled connections: a kept-alive socket to a killed replica would turn the
         # next request into a failure after sending instead of a clean refusal
         self._http = aiohttp.ClientSession(
-            timeout=self._timeout, connector=aiohttp.TCPConnector(force_close=True, limit=0),
+            timeout=self._timeout,
+            connector=aiohttp.TCPConnector(force_close=True, limit=0),
             auto_decompress=False,
-        )  # fmt: skip
+        )
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
@@ -70,9 +81,13 @@ class Balancer:
                 break
             target = backends[next(self._turn) % len(backends)]
             try:
-                async with self._http.request(request.method, target + request.rel_url.path_qs,
-                                              data=body, headers=headers,
-                                              allow_redirects=False) as resp:  # fmt: skip
+                async with self._http.request(
+                    request.method,
+                    target + request.rel_url.path_qs,
+                    data=body,
+                    headers=headers,
+                    allow_redirects=False,
+                ) as resp:
                     payload = await resp.read()
                     self.sent[target] += 1
                     out = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}

@@ -44,9 +44,14 @@ def open_work(conn: psycopg.Connection[Any]) -> dict[str, int]:
 def unconfirmed(conn: psycopg.Connection[Any], platform: str) -> set[str]:
     """The user texts whose reply was left `sending` (maybe sent, never confirmed; a
     restart marks those `unconfirmed` and counts them in /health)."""
-    return {str(r[0]) for r in conn.execute(
-        "SELECT m.content FROM inbox i JOIN messages m ON m.id = i.message_id "
-        "WHERE i.platform = %s AND i.reply_state IN ('sending', 'unconfirmed')", (platform,))}  # fmt: skip
+    return {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT m.content FROM inbox i JOIN messages m ON m.id = i.message_id "
+            "WHERE i.platform = %s AND i.reply_state IN ('sending', 'unconfirmed')",
+            (platform,),
+        )
+    }
 
 
 async def drained(
@@ -80,8 +85,9 @@ async def check_finished(cluster: Cluster, work: Workload) -> list[str]:
         if left is None:
             problems = check_run(conn, work) + leftover_leases(conn)
         else:
-            gaps = [s.text for s in work.acked
-                    if s.platform != "api" and not work.replies.count[s.text]]  # fmt: skip
+            gaps = [
+                s.text for s in work.acked if s.platform != "api" and not work.replies.count[s.text]
+            ]
             problems = [f"not drained: {left}; their inbox rows: {explain(conn, gaps)}"]
     return problems + cluster.tracebacks()
 
@@ -103,8 +109,10 @@ def check_run(conn: psycopg.Connection[Any], work: Workload) -> list[str]:
         problems.append(f"{len(doubled)} repl(ies) stored more than once: {doubled[:8]}")
     unanswered = [s.text for s in acked if answers[f"echo: {s.text}"] == 0]
     if unanswered:
-        problems.append(f"{len(unanswered)} acknowledged message(s) never answered in the store: "
-                        f"{unanswered[:8]}")  # fmt: skip
+        problems.append(
+            f"{len(unanswered)} acknowledged message(s) never answered in the store: "
+            f"{unanswered[:8]}"
+        )
     for s in acked:
         if s.platform == "api":
             wrong = [r for r in s.api_replies if r.get("reply") != f"echo: {s.text}"]
@@ -163,8 +171,12 @@ def leftover_leases(conn: psycopg.Connection[Any]) -> list[str]:
     """After a drain no key is leased to a replica that is gone (when the table exists)."""
     if conn.execute("SELECT to_regclass('session_routes')").fetchone() == (None,):
         return []
-    cols = {r[0] for r in conn.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'session_routes'")}  # fmt: skip
+    cols = {
+        r[0]
+        for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'session_routes'"
+        )
+    }
     if "lease_owner" not in cols:
         return []
     rows = conn.execute(

@@ -48,8 +48,10 @@ def replica_core_missing() -> str | None:
     from state.pg.schema import MIGRATIONS
 
     if not any("session_routes" in script for _, script in MIGRATIONS):
-        return ("the replica core (session_routes leases) is not in this build: "
-                "two replicas on one database are not safe yet")  # fmt: skip
+        return (
+            "the replica core (session_routes leases) is not in this build: "
+            "two replicas on one database are not safe yet"
+        )
     return None
 
 
@@ -79,9 +81,16 @@ def drop_database(server_dsn: str, name: str) -> None:
 
 def replica_env(dsn: str, **extra: str) -> dict[str, str]:
     """A replica's environment: the database's DSN and the fakes' tokens and secrets."""
-    return clean_env(**{DSN_ENV: dsn, "TELEGRAM_BOT_TOKEN": TELEGRAM_TOKEN,
-                        "TELEGRAM_WEBHOOK_SECRET": TELEGRAM_SECRET, "SLACK_BOT_TOKEN": SLACK_TOKEN,
-                        "SLACK_SIGNING_SECRET": SLACK_SECRET, **extra})  # fmt: skip
+    return clean_env(
+        **{
+            DSN_ENV: dsn,
+            "TELEGRAM_BOT_TOKEN": TELEGRAM_TOKEN,
+            "TELEGRAM_WEBHOOK_SECRET": TELEGRAM_SECRET,
+            "SLACK_BOT_TOKEN": SLACK_TOKEN,
+            "SLACK_SIGNING_SECRET": SLACK_SECRET,
+            **extra,
+        }
+    )
 
 
 # --- one replica ------------------------------------------------------------------------------
@@ -103,16 +112,24 @@ class Replica:
     python: list[str] | None = None  # the interpreter's command line (default: this one's -m)
 
     @classmethod
-    def on(cls, dsn: str, name: str, home: Path, replicas: int,
-           platforms: Platforms | None = None, extra_config: Mapping[str, Any] | None = None,
-           cluster_keys: set[str] | None = None, env: Mapping[str, str] | None = None,
-           ) -> Replica:  # fmt: skip
+    def on(
+        cls,
+        dsn: str,
+        name: str,
+        home: Path,
+        replicas: int,
+        platforms: Platforms | None = None,
+        extra_config: Mapping[str, Any] | None = None,
+        cluster_keys: set[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Replica:
         """One of `replicas` on the database at `dsn`, not started: its home with its
         config.yaml (`replica_config`) on a free port. `env`: more of its environment."""
         home.mkdir(parents=True)
         port = free_port()
-        cfg = replica_config(port, platforms or Platforms(), name, replicas, extra_config,
-                             cluster_keys)  # fmt: skip
+        cfg = replica_config(
+            port, platforms or Platforms(), name, replicas, extra_config, cluster_keys
+        )
         (home / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         return cls(name, home, port, replica_env(dsn, **(env or {})))
 
@@ -131,9 +148,12 @@ class Replica:
         self.logs.append(log)
         with log.open("wb") as out:  # the child keeps its own descriptor
             self.proc = await asyncio.create_subprocess_exec(
-                *self._command(), env={**self.env, **(extra_env or {})},
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-            )  # fmt: skip
+                *self._command(),
+                env={**self.env, **(extra_env or {})},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+            )
         if wait:
             await self.healthy()
 
@@ -224,9 +244,14 @@ class Platforms:
     balancer_url: str = "https://bot.example"  # none: the replicas are called one by one
 
 
-def replica_config(port: int, platforms: Platforms, replica_id: str, replicas: int,
-                   extra: Mapping[str, Any] | None = None,
-                   known: set[str] | None = None) -> dict[str, Any]:  # fmt: skip
+def replica_config(
+    port: int,
+    platforms: Platforms,
+    replica_id: str,
+    replicas: int,
+    extra: Mapping[str, Any] | None = None,
+    known: set[str] | None = None,
+) -> dict[str, Any]:
     """One replica's config.yaml as data: PostgreSQL through `state.dsn_env`, the API on
     its own loopback port, Telegram webhooks and the Slack Events API when their fakes run."""
     cfg: dict[str, Any] = {
@@ -237,21 +262,27 @@ def replica_config(port: int, platforms: Platforms, replica_id: str, replicas: i
         "shutdown": {"drain_seconds": 5},
     }
     known = cluster_config_keys() if known is None else known
-    cfg["cluster"] = {k: v for k, v in (("replicas", replicas), ("replica_id", replica_id))
-                      if k in known}  # fmt: skip
+    cfg["cluster"] = {
+        k: v for k, v in (("replicas", replicas), ("replica_id", replica_id)) if k in known
+    }
     if not cfg["cluster"]:
         del cfg["cluster"]
     if platforms.telegram_base:
         cfg["platforms"]["telegram"] = {
-            "enabled": True, "allow_all_users": True, "base_url": platforms.telegram_base,
-            "mode": "webhook", "webhook_url": f"{platforms.balancer_url}/telegram/webhook",
+            "enabled": True,
+            "allow_all_users": True,
+            "base_url": platforms.telegram_base,
+            "mode": "webhook",
+            "webhook_url": f"{platforms.balancer_url}/telegram/webhook",
             "home_channel": "-1009000",
-        }  # fmt: skip
+        }
     if platforms.slack_base:
         cfg["platforms"]["slack"] = {
-            "enabled": True, "allow_all_users": True, "base_url": platforms.slack_base,
+            "enabled": True,
+            "allow_all_users": True,
+            "base_url": platforms.slack_base,
             "mode": "http",
-        }  # fmt: skip
+        }
     for section, values in (extra or {}).items():
         if isinstance(values, Mapping) and isinstance(cfg.get(section), dict):
             cfg[section] = _merged(cfg[section], values)
@@ -274,9 +305,15 @@ class Cluster:
     migrates the schema); `close()` stops them (SIGTERM, each must exit 0) and drops the
     database."""
 
-    def __init__(self, root: Path, server_dsn: str, n: int, platforms: Platforms,
-                 extra_config: Mapping[str, Any] | None = None,
-                 cluster_keys: set[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Path,
+        server_dsn: str,
+        n: int,
+        platforms: Platforms,
+        extra_config: Mapping[str, Any] | None = None,
+        cluster_keys: set[str] | None = None,
+    ) -> None:
         """`cluster_keys`: the `cluster` config keys the replicas' code knows (default:
         this checkout's; a benchmark may run another one)."""
         self.root = root
@@ -338,8 +375,6 @@ class Cluster:
         return found
 
 
-
-
 async def until(check: Callable[[], bool], timeout: float = 60.0, every: float = 0.05) -> float:
     """Poll `check()` until true; the seconds it took (fails after `timeout`)."""
     start = time.monotonic()
@@ -367,9 +402,13 @@ async def leaders(http: aiohttp.ClientSession, among: Iterable[Replica]) -> list
 
 
 async def api_message(
-    http: aiohttp.ClientSession, replica: Replica, chat: str, text: str, message_id: str,
+    http: aiohttp.ClientSession,
+    replica: Replica,
+    chat: str,
+    text: str,
+    message_id: str,
     timeout: float = 60.0,
-) -> tuple[int, dict[str, Any]]:  # fmt: skip
+) -> tuple[int, dict[str, Any]]:
     """POST /v1/messages to one replica: (status, body)."""
     async with http.post(
         f"{replica.url}/v1/messages",
@@ -384,9 +423,10 @@ async def telegram_update(
 ) -> int:
     """Deliver one update to a replica's webhook, as Telegram would: the status."""
     async with http.post(
-        f"{replica.url}/telegram/webhook", json=update,
+        f"{replica.url}/telegram/webhook",
+        json=update,
         headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET},
-    ) as resp:  # fmt: skip
+    ) as resp:
         return resp.status
 
 
@@ -402,34 +442,50 @@ def cut_off(dsn: str, replica: str) -> int:
     """End a replica's control connection from the server side, as a network partition
     would once the keepalives gave up: its locks go, so other replicas take over its keys.
     Returns how many connections were ended."""
-    found = query(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                  "WHERE application_name = %s AND datname = current_database()",
-                  (application_name(replica),))  # fmt: skip
+    found = query(
+        dsn,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = %s AND datname = current_database()",
+        (application_name(replica),),
+    )
     return len(found)
 
 
 def stored_user_texts(dsn: str, session_key: str) -> list[str]:
     """The user messages stored under a key's sessions, in id order."""
-    return [str(r[0]) for r in query(
-        dsn, "SELECT m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
-        "WHERE s.session_key = %s AND m.role = 'user' ORDER BY m.id", (session_key,),
-    )]  # fmt: skip
+    return [
+        str(r[0])
+        for r in query(
+            dsn,
+            "SELECT m.content FROM messages m JOIN sessions s ON s.id = m.session_id "
+            "WHERE s.session_key = %s AND m.role = 'user' ORDER BY m.id",
+            (session_key,),
+        )
+    ]
 
 
 def live_sessions_per_key(dsn: str) -> dict[str, int]:
-    return {str(k): int(n) for k, n in query(
-        dsn, "SELECT session_key, COUNT(*) FROM sessions WHERE ended_at IS NULL "
-        "AND session_key IS NOT NULL GROUP BY 1",
-    )}  # fmt: skip
+    return {
+        str(k): int(n)
+        for k, n in query(
+            dsn,
+            "SELECT session_key, COUNT(*) FROM sessions WHERE ended_at IS NULL "
+            "AND session_key IS NOT NULL GROUP BY 1",
+        )
+    }
 
 
 def held_leases(dsn: str) -> list[str]:
     """Keys whose lease a live replica still holds."""
-    return [str(r[0]) for r in query(
-        dsn, "SELECT session_key FROM session_routes r WHERE lease_owner IN ("
-        "SELECT l.objid::bigint FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
-        "AND l.objsubid = 2)",
-    )]  # fmt: skip
+    return [
+        str(r[0])
+        for r in query(
+            dsn,
+            "SELECT session_key FROM session_routes r WHERE lease_owner IN ("
+            "SELECT l.objid::bigint FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+            "AND l.objsubid = 2)",
+        )
+    ]
 
 
 def inbox_states(dsn: str) -> dict[str, int]:

@@ -63,13 +63,17 @@ class Outage:
 
     def first_answer_after_back(self) -> float | None:
         """Seconds from the server's return to the first 200 for a message sent after it."""
-        oks = [a.sent_at + a.took_s for a in self.attempts()
-               if a.status == 200 and a.sent_at >= self.back_at]  # fmt: skip
+        oks = [
+            a.sent_at + a.took_s
+            for a in self.attempts()
+            if a.status == 200 and a.sent_at >= self.back_at
+        ]
         return min(oks) - self.back_at if oks else None
 
 
-async def _deliver(http: aiohttp.ClientSession, url: str, msg: Message, stop_at: float,
-                   rng: random.Random) -> None:  # fmt: skip
+async def _deliver(
+    http: aiohttp.ClientSession, url: str, msg: Message, stop_at: float, rng: random.Random
+) -> None:
     while time.monotonic() < stop_at:
         sent = time.monotonic()
         status, code, retry_after, body = 0, None, None, None
@@ -95,10 +99,17 @@ async def _deliver(http: aiohttp.ClientSession, url: str, msg: Message, stop_at:
 
 
 async def run(
-    urls: Sequence[str], fault: Callable[[], Awaitable[None]], recover: Callable[[], Awaitable[None]],
-    *, chats: int = 20, rate: float = 40.0, before_s: float = 4.0, down_s: float = 5.0,
-    after_s: float = 8.0, seed: int = 1,
-) -> Outage:  # fmt: skip
+    urls: Sequence[str],
+    fault: Callable[[], Awaitable[None]],
+    recover: Callable[[], Awaitable[None]],
+    *,
+    chats: int = 20,
+    rate: float = 40.0,
+    before_s: float = 4.0,
+    down_s: float = 5.0,
+    after_s: float = 8.0,
+    seed: int = 1,
+) -> Outage:
     """`chats` chats at `rate` messages/s in all (each chat waits for its previous message's
     answer), `fault()` after `before_s`, `recover()` `down_s` later, new messages for
     `after_s` more, then every message under way is delivered until acknowledged (30 s)."""

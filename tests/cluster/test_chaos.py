@@ -37,8 +37,15 @@ async def test_three_replicas_lose_nothing_and_answer_once_through_random_kills(
     start_cluster: StartCluster, telegram: FakeTelegram, slack: FakeSlack
 ) -> None:
     cluster, balancer = await start_cluster(3)
-    work = Workload(balancer.url, keys=8, messages=10_000, telegram=telegram, slack=slack,
-                    deadline_s=60 + 8 * KILL_POINTS, seed=SEED)  # fmt: skip
+    work = Workload(
+        balancer.url,
+        keys=8,
+        messages=10_000,
+        telegram=telegram,
+        slack=slack,
+        deadline_s=60 + 8 * KILL_POINTS,
+        seed=SEED,
+    )
     chaos = Chaos(cluster, kills=KILL_POINTS, seed=SEED, interval_s=(1.0, 3.0))
     await under_chaos(work, chaos)
     problems = await check_finished(cluster, work)

@@ -29,8 +29,11 @@ def compose() -> dict[str, Any]:
 
 def template_env() -> dict[str, str]:
     """switchboard.env.example's variables, filled with stand-ins as an operator would."""
-    names = [line.split("=", 1)[0] for line in (HERE / "switchboard.env.example").read_text().splitlines()
-             if line and not line.startswith("#")]  # fmt: skip
+    names = [
+        line.split("=", 1)[0]
+        for line in (HERE / "switchboard.env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     env = {name: f"stand-in-{name.lower()}" for name in names}
     env["SWITCHBOARD_PG_DSN"] = "postgresql://switchboard:pw@postgres:5432/switchboard"
     return env
@@ -51,8 +54,10 @@ def test_the_services_are_a_database_three_replicas_and_a_proxy() -> None:
         assert svc["env_file"] == "switchboard.env" and svc["restart"] == "unless-stopped"
         assert svc["depends_on"]["postgres"]["condition"] == "service_healthy"
         assert "/health" in " ".join(svc["healthcheck"]["test"])
-        mounts = dict(v.rsplit(":", 1)[0].split(":", 1) if v.endswith(":ro") else v.split(":", 1)
-                      for v in svc["volumes"])  # fmt: skip
+        mounts = dict(
+            v.rsplit(":", 1)[0].split(":", 1) if v.endswith(":ro") else v.split(":", 1)
+            for v in svc["volumes"]
+        )
         assert mounts[f"./{name}.yaml"] == "/data/config.yaml"  # its own config
         homes.add(next(src for src, dst in mounts.items() if dst == "/data"))
         assert (HERE / f"{name}.yaml").is_file()

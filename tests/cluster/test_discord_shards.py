@@ -24,12 +24,29 @@ from tests.fakes.discord import DM, GENERAL, GENERAL2, GUILD, GUILD2, FakeDiscor
 
 def _replicas(tmp_path: Path, db: str, discord: FakeDiscord, shards: int) -> list[Replica]:
     """r1 and r2 (not started), Discord with `shards` shards on the fake."""
-    extra = {"platforms": {"discord": {
-        "enabled": True, "allow_all_users": True, "require_mention": False, "shard_count": shards,
-        "base_url": discord.api, "gateway_url": discord.gateway,
-    }}}  # fmt: skip
-    return [Replica.on(db, f"r{i}", tmp_path / f"r{i}", 2, extra_config=extra,
-                       env={"DISCORD_BOT_TOKEN": discord.token}) for i in (1, 2)]  # fmt: skip
+    extra = {
+        "platforms": {
+            "discord": {
+                "enabled": True,
+                "allow_all_users": True,
+                "require_mention": False,
+                "shard_count": shards,
+                "base_url": discord.api,
+                "gateway_url": discord.gateway,
+            }
+        }
+    }
+    return [
+        Replica.on(
+            db,
+            f"r{i}",
+            tmp_path / f"r{i}",
+            2,
+            extra_config=extra,
+            env={"DISCORD_BOT_TOKEN": discord.token},
+        )
+        for i in (1, 2)
+    ]
 
 
 @pytest.fixture
@@ -40,8 +57,12 @@ async def pair(tmp_path: Path, db: str, discord: FakeDiscord) -> AsyncIterator[l
     try:
         for r in group:
             await r.start()
-        await until(lambda: sorted(_owners(db).values()) == ["r1", "r2"]
-                    and discord.connected_shards() == [(0, 2), (1, 2)])  # fmt: skip
+        await until(
+            lambda: (
+                sorted(_owners(db).values()) == ["r1", "r2"]
+                and discord.connected_shards() == [(0, 2), (1, 2)]
+            )
+        )
         yield group
     finally:
         assert await stop_replicas(group) == []
@@ -49,18 +70,27 @@ async def pair(tmp_path: Path, db: str, discord: FakeDiscord) -> AsyncIterator[l
 
 def _owners(db: str, count: int = 2) -> dict[int, str]:
     """shard id -> the name of the replica whose current incarnation owns it."""
-    return {int(s): str(n) for s, n in query(
-        db, "SELECT s.shard_id, r.name FROM platform_shards s JOIN replicas r "
-        "ON r.incarnation = s.owner WHERE s.platform = 'discord' AND s.shard_count = %s",
-        (count,),
-    )}  # fmt: skip
+    return {
+        int(s): str(n)
+        for s, n in query(
+            db,
+            "SELECT s.shard_id, r.name FROM platform_shards s JOIN replicas r "
+            "ON r.incarnation = s.owner WHERE s.platform = 'discord' AND s.shard_count = %s",
+            (count,),
+        )
+    }
 
 
 def _epochs(db: str, count: int) -> dict[int, int]:
-    return {int(s): int(e) for s, e in query(
-        db, "SELECT shard_id, epoch FROM platform_shards WHERE platform = 'discord' "
-        "AND shard_count = %s", (count,),
-    )}  # fmt: skip
+    return {
+        int(s): int(e)
+        for s, e in query(
+            db,
+            "SELECT shard_id, epoch FROM platform_shards WHERE platform = 'discord' "
+            "AND shard_count = %s",
+            (count,),
+        )
+    }
 
 
 async def _shards_of(http: aiohttp.ClientSession, replica: Replica) -> dict[str, int]:
@@ -92,8 +122,10 @@ async def _each_channel_answered_once(discord: FakeDiscord) -> None:
     await discord.wait_posted(3, timeout=30)
     await _settle()
     assert (_answers(discord, GENERAL), _answers(discord, GENERAL2), _answers(discord, DM)) == (
-        ["echo: g1"], ["echo: g2"], ["echo: dm"]
-    )  # fmt: skip
+        ["echo: g1"],
+        ["echo: g2"],
+        ["echo: dm"],
+    )
 
 
 async def test_each_shard_runs_once_and_a_killed_owners_shards_are_taken_over(
@@ -154,12 +186,18 @@ async def test_a_replica_whose_shards_were_taken_closes_their_connections(
     resumed = time.monotonic()
     # woken up, the stalled replica sees its shards' epochs moved and closes them
     await until(lambda: discord.connected_shards() == [(0, 2), (1, 2)])
-    print(f"\nthe stalled replica closed its {len(held)} lost shard(s) "
-          f"{time.monotonic() - resumed:.2f}s after waking")  # fmt: skip
+    print(
+        f"\nthe stalled replica closed its {len(held)} lost shard(s) "
+        f"{time.monotonic() - resumed:.2f}s after waking"
+    )
     # back under a new incarnation, it gets a share again: handed over, not taken twice
     twice = len(discord.identified_twice)
-    await until(lambda: sorted(_owners(db).values()) == sorted([holder.name, other.name])
-                and discord.connected_shards() == [(0, 2), (1, 2)])  # fmt: skip
+    await until(
+        lambda: (
+            sorted(_owners(db).values()) == sorted([holder.name, other.name])
+            and discord.connected_shards() == [(0, 2), (1, 2)]
+        )
+    )
     owners = _owners(db)
     async with aiohttp.ClientSession() as http:
         for r in pair:
@@ -212,8 +250,12 @@ async def test_a_replica_started_later_gets_its_share_handed_over(
         talking = asyncio.create_task(chatter())
         joined = time.monotonic()
         await r2.start()
-        await until(lambda: sorted(_owners(db, 4).values()) == ["r1", "r1", "r2", "r2"]
-                    and discord.connected_shards() == every)  # fmt: skip
+        await until(
+            lambda: (
+                sorted(_owners(db, 4).values()) == ["r1", "r1", "r2", "r2"]
+                and discord.connected_shards() == every
+            )
+        )
         took = time.monotonic() - joined
         balanced.set()
         await talking
@@ -236,8 +278,10 @@ async def test_a_replica_started_later_gets_its_share_handed_over(
         await asyncio.sleep(2 * CLAIM_EVERY_S + 0.5)
         assert _epochs(db, 4) == epochs
         assert "handed over" in r1.log_text()
-        print(f"\nr2 ran 2 of 4 shards {took:.2f}s after it was started ({total - 4} "
-              f"messages sent meanwhile, {caught_up} caught up by r2, each answered once)")  # fmt: skip
+        print(
+            f"\nr2 ran 2 of 4 shards {took:.2f}s after it was started ({total - 4} "
+            f"messages sent meanwhile, {caught_up} caught up by r2, each answered once)"
+        )
     finally:
         watcher.cancel()
         assert await stop_replicas(group) == []

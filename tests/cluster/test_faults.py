@@ -38,16 +38,18 @@ from tests.cluster.workload import Workload
 from tests.fakes.slack import FakeSlack, event, signed
 from tests.fakes.telegram import FakeTelegram
 
-pytestmark = pytest.mark.skipif(replica_core_missing() is not None,
-                                reason=replica_core_missing() or "")  # fmt: skip
+pytestmark = pytest.mark.skipif(
+    replica_core_missing() is not None, reason=replica_core_missing() or ""
+)
 
 
 async def test_a_stalled_replica_cut_off_and_woken_answers_nothing_twice(
     start_cluster: StartCluster, telegram: FakeTelegram, slack: FakeSlack
 ) -> None:
     cluster, balancer = await start_cluster(3)
-    work = Workload(balancer.url, keys=6, messages=10_000, telegram=telegram, slack=slack,
-                    deadline_s=60, seed=7)  # fmt: skip
+    work = Workload(
+        balancer.url, keys=6, messages=10_000, telegram=telegram, slack=slack, deadline_s=60, seed=7
+    )
     load = asyncio.create_task(work.run())
     try:
         for victim in (cluster.replicas[0], cluster.replicas[2]):
@@ -86,9 +88,11 @@ async def test_the_leader_killed_mid_sweep_leaves_every_key_reset_once(
 
         async def say(k: int, text: str) -> dict:
             for _ in range(50):
-                async with http.post(f"{balancer.url}/v1/messages",
-                                     json={"chat_id": f"idle{k}", "text": text},
-                                     headers={"Idempotency-Key": f"{text}-{k}"}) as resp:  # fmt: skip
+                async with http.post(
+                    f"{balancer.url}/v1/messages",
+                    json={"chat_id": f"idle{k}", "text": text},
+                    headers={"Idempotency-Key": f"{text}-{k}"},
+                ) as resp:
                     if resp.status == 200:
                         return await resp.json()
                 await asyncio.sleep(0.2)
@@ -127,8 +131,10 @@ async def test_the_leader_killed_mid_sweep_leaves_every_key_reset_once(
             await leader.start()
             await until(lambda: resets() >= keys, timeout=60, every=0.1)
             await asyncio.sleep(2.5)  # more sweeps: none may reset anything again
-            ended = Counter(str(r[0]) for r in conn.execute(
-                "SELECT session_key FROM sessions WHERE end_reason = 'idle'"))  # fmt: skip
+            ended = Counter(
+                str(r[0])
+                for r in conn.execute("SELECT session_key FROM sessions WHERE end_reason = 'idle'")
+            )
             live = live_sessions_per_key(cluster.dsn)
         assert set(ended) == set(sessions) and set(ended.values()) == {1}
         assert set(live.values()) <= {1}
@@ -143,8 +149,10 @@ async def test_the_leader_killed_mid_sweep_leaves_every_key_reset_once(
     untold = sorted(k for k in sessions if told[k] == 0)
     assert untold == [], f"{len(untold)} key(s) reset but never told: {untold[:5]}"
     assert cluster.tracebacks() == []
-    print(f"\nleader killed after {done_then} of {keys} idle resets ({caught} not written "
-          "back); the next leader did the rest")  # fmt: skip
+    print(
+        f"\nleader killed after {done_then} of {keys} idle resets ({caught} not written "
+        "back); the next leader did the rest"
+    )
 
 
 async def test_twenty_handoffs_requested_at_once_are_each_claimed_once(
@@ -185,8 +193,15 @@ async def test_twenty_handoffs_requested_at_once_are_each_claimed_once(
 
 def _slack_event(text: str, n: int) -> tuple[bytes, dict[str, str]]:
     ts = f"1600000000.{n:06d}"
-    ev = {"type": "message", "channel": "D00001", "user": "U00001", "text": text,
-          "ts": ts, "event_ts": ts, "channel_type": "im"}  # fmt: skip
+    ev = {
+        "type": "message",
+        "channel": "D00001",
+        "user": "U00001",
+        "text": text,
+        "ts": ts,
+        "event_ts": ts,
+        "channel_type": "im",
+    }
     return signed(event(ev, event_id=f"EvOrder{n}"))
 
 
@@ -199,8 +214,9 @@ async def test_a_replica_stalled_between_its_replys_commit_and_send_withholds_it
     reply would reach the chat twice, and after the newer one)."""
     cluster, _ = await start_cluster(2, start=False)
     r0, r1 = cluster.replicas
-    await r0.start(extra_env={"SWITCHBOARD_FAULT": "after_reply_commit",
-                              "SWITCHBOARD_FAULT_SIGNAL": "STOP"})  # fmt: skip
+    await r0.start(
+        extra_env={"SWITCHBOARD_FAULT": "after_reply_commit", "SWITCHBOARD_FAULT_SIGNAL": "STOP"}
+    )
     await r1.start()
     async with aiohttp.ClientSession() as http:
         body, headers = _slack_event("first", 1)
@@ -218,8 +234,10 @@ async def test_a_replica_stalled_between_its_replys_commit_and_send_withholds_it
             assert resp.status == 200
         posts = await slack.wait_posted(2, timeout=20)
         r0.resume()
-        await until(lambda: "was taken over during inbox row" in r0.log_text()
-                    or len(slack.posted()) > 2, timeout=20)  # withheld, or sent late
+        await until(
+            lambda: "was taken over during inbox row" in r0.log_text() or len(slack.posted()) > 2,
+            timeout=20,
+        )  # withheld, or sent late
     await asyncio.sleep(0.5)  # a late post would have reached the fake by now
     assert [p["text"] for p in slack.posted()] == ["echo: first", "echo: second"]
     assert [p["text"] for p in posts] == ["echo: first", "echo: second"]

@@ -61,8 +61,9 @@ async def test_one_replica_on_postgres_loses_nothing_through_kills(
     start_cluster: StartCluster, telegram: FakeTelegram, slack: FakeSlack
 ) -> None:
     cluster, balancer = await start_cluster(1)
-    work = Workload(balancer.url, keys=6, messages=200, telegram=telegram, slack=slack,
-                    deadline_s=90, seed=SEED)  # fmt: skip
+    work = Workload(
+        balancer.url, keys=6, messages=200, telegram=telegram, slack=slack, deadline_s=90, seed=SEED
+    )
     chaos = Chaos(cluster, kills=4, seed=SEED, interval_s=(0.8, 2.0))
     await under_chaos(work, chaos)
     problems = await check_finished(cluster, work)

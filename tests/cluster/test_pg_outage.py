@@ -38,15 +38,21 @@ def private_server() -> Iterator[pgserver.Cluster]:
         server.stop()
 
 
-async def _webhook(http: aiohttp.ClientSession, url: str, update: dict[str, object]
-                   ) -> tuple[int, str | None, float]:  # fmt: skip
+async def _webhook(
+    http: aiohttp.ClientSession, url: str, update: dict[str, object]
+) -> tuple[int, str | None, float]:
     began = time.monotonic()
-    async with http.post(f"{url}/telegram/webhook", json=update,
-                         headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}) as resp:  # fmt: skip
+    async with http.post(
+        f"{url}/telegram/webhook",
+        json=update,
+        headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET},
+    ) as resp:
         return resp.status, resp.headers.get("Retry-After"), time.monotonic() - began
 
 
-@pytest.mark.parametrize(("replicas", "fault"), [(1, "stop"), (1, "crash"), (2, "stop"), (2, "crash")])
+@pytest.mark.parametrize(
+    ("replicas", "fault"), [(1, "stop"), (1, "crash"), (2, "stop"), (2, "crash")]
+)
 async def test_the_database_going_away_costs_a_retry_and_nothing_else(
     private_server: pgserver.Cluster, tmp_path: Path, replicas: int, fault: str
 ) -> None:
@@ -56,8 +62,12 @@ async def test_the_database_going_away_costs_a_retry_and_nothing_else(
         webhook: list[tuple[int, str | None, float]] = []
         try:
             await cluster.start()
-            update = {"update_id": 9001, "message": telegram.message(
-                "while the database is away", telegram.dm_chat(41), user_id=41)}  # fmt: skip
+            update = {
+                "update_id": 9001,
+                "message": telegram.message(
+                    "while the database is away", telegram.dm_chat(41), user_id=41
+                ),
+            }
             go_down = private_server.down if fault == "stop" else private_server.crash
 
             async def fault_and_webhook() -> None:
@@ -66,9 +76,13 @@ async def test_the_database_going_away_costs_a_retry_and_nothing_else(
                     webhook.append(await _webhook(http, cluster.urls[-1], update))
 
             run = await outage.run(
-                cluster.urls, fault_and_webhook, lambda: asyncio.to_thread(private_server.up),
-                before_s=2.0, down_s=4.0, after_s=4.0,
-            )  # fmt: skip
+                cluster.urls,
+                fault_and_webhook,
+                lambda: asyncio.to_thread(private_server.up),
+                before_s=2.0,
+                down_s=4.0,
+                after_s=4.0,
+            )
             async with aiohttp.ClientSession() as http:
                 # Telegram delivers the refused update again until it is taken: answered once
                 for _ in range(100):
@@ -114,8 +128,11 @@ async def test_the_database_going_away_costs_a_retry_and_nothing_else(
     assert [m.mid for m in acked if m.reply != f"echo: {m.text}"] == []
     assert [m.mid for m in acked if users[m.text] != 1] == []  # stored once
     assert [m.mid for m in acked if stored_replies[m.text] != [f"echo: {m.text}"]] == []
-    assert [mid for mid, (status, reply) in again.items()
-            if status != 200 or reply is None or not reply.startswith("echo: ")] == []  # fmt: skip
+    assert [
+        mid
+        for mid, (status, reply) in again.items()
+        if status != 200 or reply is None or not reply.startswith("echo: ")
+    ] == []
     for chat in {m.chat for m in acked}:  # each chat's messages stored in the order sent
         sent = [m.text for m in run.messages if m.chat == chat and users[m.text]]
         assert sent == sorted(sent, key=lambda t: int(t.split()[1]))

@@ -30,11 +30,26 @@ async def mattermost() -> AsyncIterator[FakeMattermost]:
 
 @pytest.fixture
 async def trio(tmp_path: Path, db: str, mattermost: FakeMattermost) -> AsyncIterator[list[Replica]]:
-    extra = {"platforms": {"mattermost": {
-        "enabled": True, "allow_all_users": True, "url": mattermost.url,
-    }}}  # fmt: skip
-    group = [Replica.on(db, f"r{i}", tmp_path / f"r{i}", 3, extra_config=extra,
-                        env={"MATTERMOST_TOKEN": mattermost.token}) for i in (1, 2, 3)]  # fmt: skip
+    extra = {
+        "platforms": {
+            "mattermost": {
+                "enabled": True,
+                "allow_all_users": True,
+                "url": mattermost.url,
+            }
+        }
+    }
+    group = [
+        Replica.on(
+            db,
+            f"r{i}",
+            tmp_path / f"r{i}",
+            3,
+            extra_config=extra,
+            env={"MATTERMOST_TOKEN": mattermost.token},
+        )
+        for i in (1, 2, 3)
+    ]
     try:
         for r in group:
             await r.start()
@@ -45,16 +60,20 @@ async def trio(tmp_path: Path, db: str, mattermost: FakeMattermost) -> AsyncIter
 
 def _owner(db: str) -> str | None:
     """The replica whose current incarnation owns Mattermost's receiving connection."""
-    found = query(db, "SELECT r.name FROM platform_shards s JOIN replicas r "
-                  "ON r.incarnation = s.owner WHERE s.platform = 'mattermost'")  # fmt: skip
+    found = query(
+        db,
+        "SELECT r.name FROM platform_shards s JOIN replicas r "
+        "ON r.incarnation = s.owner WHERE s.platform = 'mattermost'",
+    )
     return str(found[0][0]) if found else None
 
 
 async def _receiving(group: list[Replica]) -> list[str]:
     """The replicas whose /health says they receive."""
     async with aiohttp.ClientSession() as http:
-        return [r.name for r in group
-                if (await r.health(http))["adapters"]["mattermost"]["receiving"]]  # fmt: skip
+        return [
+            r.name for r in group if (await r.health(http))["adapters"]["mattermost"]["receiving"]
+        ]
 
 
 def _answers(fake: FakeMattermost) -> list[str]:
@@ -116,8 +135,10 @@ async def test_a_replica_whose_connection_was_taken_closes_it(
     resumed = time.monotonic()
     # woken up, the stalled replica sees the epoch moved and closes its websocket
     await until(lambda: mattermost.sockets() == 1)
-    print(f"\nthe stalled replica closed its lost connection {time.monotonic() - resumed:.2f}s "
-          "after waking")  # fmt: skip
+    print(
+        f"\nthe stalled replica closed its lost connection {time.monotonic() - resumed:.2f}s "
+        "after waking"
+    )
     assert await _receiving(trio) == [_owner(db)]
     assert "no longer ours" in holder.log_text()
     await mattermost.say("once", DM)

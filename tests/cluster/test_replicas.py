@@ -44,8 +44,7 @@ async def replicas(tmp_path: Path, db: str, telegram: FakeTelegram) -> AsyncIter
     platforms = Platforms(telegram_base=telegram.base_url)
 
     async def make(n: int, env: dict[str, dict[str, str]] | None = None) -> list[Replica]:
-        group = [Replica.on(db, f"r{i}", tmp_path / f"r{i}", n, platforms)
-                 for i in range(1, n + 1)]  # fmt: skip
+        group = [Replica.on(db, f"r{i}", tmp_path / f"r{i}", n, platforms) for i in range(1, n + 1)]
         made.extend(group)
         # one at a time: the first migrates the fresh database
         for r in group:
@@ -68,14 +67,21 @@ async def test_messages_spread_over_three_replicas_are_answered_once_in_each_cha
 
         async def one_chat(c: int) -> list[tuple[int, dict[str, object]]]:
             # each message to the next replica, the next sent once the last was answered
-            return [await api_message(http, group[(c + i) % 3], f"c{c}", f"c{c}:{i}", f"m{i}")
-                    for i in range(per_chat)]  # fmt: skip
+            return [
+                await api_message(http, group[(c + i) % 3], f"c{c}", f"c{c}:{i}", f"m{i}")
+                for i in range(per_chat)
+            ]
 
         async def hot_burst() -> list[tuple[int, dict[str, object]]]:
             # one chat, 12 messages at once, over all replicas: they contend for one lease
-            return list(await asyncio.gather(*(
-                api_message(http, group[i % 3], "hot", f"hot:{i}", f"h{i}") for i in range(12)
-            )))  # fmt: skip
+            return list(
+                await asyncio.gather(
+                    *(
+                        api_message(http, group[i % 3], "hot", f"hot:{i}", f"h{i}")
+                        for i in range(12)
+                    )
+                )
+            )
 
         async def telegram_chat() -> list[int]:
             chat = telegram.dm_chat(42)
@@ -137,8 +143,10 @@ async def test_a_killed_replicas_pending_messages_are_answered_by_another(
             return inbox_states(db) == {"answered": len(taken)}
 
         took = await until(answered, timeout=30)
-        print(f"\n{len(taken)} pending message(s) of the killed replica answered by another "
-              f"{took:.2f}s after the kill")  # fmt: skip
+        print(
+            f"\n{len(taken)} pending message(s) of the killed replica answered by another "
+            f"{took:.2f}s after the kill"
+        )
         # each caller asks again (same Idempotency-Key) on the survivor: the stored answer
         for c in taken:
             status, body = await api_message(http, r2, c, f"pending {c}", f"p-{c}")
@@ -243,8 +251,9 @@ def test_a_configuration_replicas_cannot_share_exits_78_naming_the_key(
     home.mkdir()
     (home / "config.yaml").write_text(config)
     env = clean_env(SWITCHBOARD_PG_DSN=db, TELEGRAM_BOT_TOKEN="123:ABC")
-    proc = subprocess.run(switchboard(home, "run"), capture_output=True, text=True, timeout=60,
-                          env=env)  # fmt: skip
+    proc = subprocess.run(
+        switchboard(home, "run"), capture_output=True, text=True, timeout=60, env=env
+    )
     assert proc.returncode == 78, proc.stderr
     assert key in proc.stderr and "Traceback" not in proc.stderr
 

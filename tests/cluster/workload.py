@@ -134,8 +134,9 @@ class Workload:
         self._stop_at = time.monotonic() + self.deadline_s
         timeout = aiohttp.ClientTimeout(total=20)
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            await asyncio.gather(*(self._key(http, p, k) for p in self.platforms
-                                   for k in range(self.keys)))  # fmt: skip
+            await asyncio.gather(
+                *(self._key(http, p, k) for p in self.platforms for k in range(self.keys))
+            )
             if self._extra:
                 await asyncio.gather(*self._extra)
 
@@ -195,9 +196,11 @@ class Workload:
         return status
 
     async def _post_api(self, http: aiohttp.ClientSession, item: Sent) -> int:
-        async with http.post(f"{self.url}/v1/messages",
-                             json={"chat_id": item.chat, "text": item.text},
-                             headers={"Idempotency-Key": item.text}) as resp:  # fmt: skip
+        async with http.post(
+            f"{self.url}/v1/messages",
+            json={"chat_id": item.chat, "text": item.text},
+            headers={"Idempotency-Key": item.text},
+        ) as resp:
             if resp.status == 200:
                 item.api_replies.append(await resp.json())
             return resp.status
@@ -205,20 +208,36 @@ class Workload:
     async def _post_telegram(self, http: aiohttp.ClientSession, item: Sent) -> int:
         chat = int(item.chat)
         # one update per message: its ids are fixed, so a redelivery is the same update
-        update = {"update_id": 1_000_000 + item.key * 10_000 + item.i, "message": {
-            "message_id": 1 + item.i, "date": int(time.time()), "text": item.text,
-            "chat": {"id": chat, "type": "private", "first_name": f"u{item.key}"},
-            "from": {"id": chat, "is_bot": False, "first_name": f"u{item.key}"}}}  # fmt: skip
-        async with http.post(f"{self.url}/telegram/webhook", json=update,
-                             headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}) as resp:  # fmt: skip
+        update = {
+            "update_id": 1_000_000 + item.key * 10_000 + item.i,
+            "message": {
+                "message_id": 1 + item.i,
+                "date": int(time.time()),
+                "text": item.text,
+                "chat": {"id": chat, "type": "private", "first_name": f"u{item.key}"},
+                "from": {"id": chat, "is_bot": False, "first_name": f"u{item.key}"},
+            },
+        }
+        async with http.post(
+            f"{self.url}/telegram/webhook",
+            json=update,
+            headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET},
+        ) as resp:
             return resp.status
 
     async def _post_slack(self, http: aiohttp.ClientSession, item: Sent, retry: int) -> int:
         # before every ts the Slack fake gives the bot's posts (1700000000.*), as a user's
         # message precedes its reply: a resend reads the history after the message's ts
         ts = f"{1_600_000_000 + item.key}.{item.i:06d}"
-        ev = {"type": "message", "channel": item.chat, "user": f"U{item.key:05d}",
-              "text": item.text, "ts": ts, "event_ts": ts, "channel_type": "im"}  # fmt: skip
+        ev = {
+            "type": "message",
+            "channel": item.chat,
+            "user": f"U{item.key:05d}",
+            "text": item.text,
+            "ts": ts,
+            "event_ts": ts,
+            "channel_type": "im",
+        }
         body, headers = signed(event(ev, event_id=f"Ev{item.key}x{item.i}"))
         if retry:
             headers.update({"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_error"})
@@ -226,6 +245,9 @@ class Workload:
             return resp.status
 
     def figures(self) -> dict[str, int]:
-        return {"messages": len(self.sent), "acknowledged": len(self.acked),
-                "deliveries": sum(self.statuses.values()),
-                "not_2xx": sum(n for s, n in self.statuses.items() if not 200 <= s < 300)}  # fmt: skip
+        return {
+            "messages": len(self.sent),
+            "acknowledged": len(self.acked),
+            "deliveries": sum(self.statuses.values()),
+            "not_2xx": sum(n for s, n in self.statuses.items() if not 200 <= s < 300),
+        }

@@ -49,7 +49,9 @@ class FakeBlueBubbles:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def fail_next(self, status: int, detail: str = "", headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def fail_next(
+        self, status: int, detail: str = "", headers: dict[str, str] | None = None
+    ) -> None:
         self.failures.append((status, detail, headers or {}))
 
     def attempts(self) -> list[dict[str, Any]]:
@@ -86,22 +88,40 @@ class FakeBlueBubbles:
         q = request.query
         token = q.get("guid") or q.get("password") or q.get("token")
         if not token:
-            return error(401, "Authentication Error", "You are not authorized to access this "
-                         "resource", "Missing server password!")  # fmt: skip
+            return error(
+                401,
+                "Authentication Error",
+                "You are not authorized to access this resource",
+                "Missing server password!",
+            )
         if token.strip() != self.password:
-            return error(401, "Authentication Error", "You are not authorized to access this "
-                         "resource", "You are not authorized to access this resource")  # fmt: skip
+            return error(
+                401,
+                "Authentication Error",
+                "You are not authorized to access this resource",
+                "You are not authorized to access this resource",
+            )
         return None
 
     async def _info(self, request: web.Request) -> web.Response:
         self.calls.append(("GET", request.path, {}))
         if (refused := self._refused(request)) is not None:
             return refused
-        return web.json_response({"status": 200, "message": "Successfully fetched information!",
-                                  "data": {"computer_id": "fake-mac", "os_version": "15.1",
-                                           "server_version": "1.9.9", "private_api": self.private_api,
-                                           "helper_connected": self.private_api,
-                                           "detected_icloud": ACCOUNT, "detected_imessage": ACCOUNT}})  # fmt: skip
+        return web.json_response(
+            {
+                "status": 200,
+                "message": "Successfully fetched information!",
+                "data": {
+                    "computer_id": "fake-mac",
+                    "os_version": "15.1",
+                    "server_version": "1.9.9",
+                    "private_api": self.private_api,
+                    "helper_connected": self.private_api,
+                    "detected_icloud": ACCOUNT,
+                    "detected_imessage": ACCOUNT,
+                },
+            }
+        )
 
     async def _send_text(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -121,15 +141,23 @@ class FakeBlueBubbles:
         ):
             return error(400, "Validation Error", "bad request", "chatGuid is required")
         if method == "apple-script" and not temp:
-            return error(400, "Validation Error", "bad request",
-                         "A 'tempGuid' is required when sending via AppleScript")  # fmt: skip
+            return error(
+                400,
+                "Validation Error",
+                "bad request",
+                "A 'tempGuid' is required when sending via AppleScript",
+            )
         if method == "private-api" and not self.private_api:
             return error(500, "iMessage Error", "Message Send Error", "Private API is not enabled")
         if not body.get("message"):
             return error(400, "Validation Error", "bad request", "A 'message' is required")
         if temp in self._queued:
-            return error(400, "Validation Error", "bad request",
-                         f"Message is already queued to be sent! (Temp GUID: {temp})")  # fmt: skip
+            return error(
+                400,
+                "Validation Error",
+                "bad request",
+                f"Message is already queued to be sent! (Temp GUID: {temp})",
+            )
         self._queued.add(temp)
         try:
             await asyncio.sleep(self.send_delay_s)
@@ -137,10 +165,21 @@ class FakeBlueBubbles:
             self._delivered.append({**body, "guid": guid})
         finally:
             self._queued.discard(temp)
-        return web.json_response({"status": 200, "message": "Message sent!", "data": {
-            "guid": guid, "text": body["message"], "tempGuid": temp, "isFromMe": True,
-            "dateCreated": int(time.time() * 1000), "error": 0,
-            "chats": [{"guid": body["chatGuid"]}]}})  # fmt: skip
+        return web.json_response(
+            {
+                "status": 200,
+                "message": "Message sent!",
+                "data": {
+                    "guid": guid,
+                    "text": body["message"],
+                    "tempGuid": temp,
+                    "isFromMe": True,
+                    "dateCreated": int(time.time() * 1000),
+                    "error": 0,
+                    "chats": [{"guid": body["chatGuid"]}],
+                },
+            }
+        )
 
     async def _typing(self, request: web.Request) -> web.Response:
         self.calls.append((request.method, request.path, {}))
@@ -159,31 +198,75 @@ class FakeBlueBubbles:
 
 
 def new_message(
-    text: str | None, *, guid: str = "MSG-1", sender: str = ANN, chat: str = DM,
-    from_me: bool = False, age_s: float = 0.0, chat_name: str = "", attachments: int = 0,
+    text: str | None,
+    *,
+    guid: str = "MSG-1",
+    sender: str = ANN,
+    chat: str = DM,
+    from_me: bool = False,
+    age_s: float = 0.0,
+    chat_name: str = "",
+    attachments: int = 0,
     tapback: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """A `new-message` webhook with the fields a real one carries (the serialized message)."""
-    return {"type": "new-message", "data": {
-        "originalROWID": 4211, "guid": guid, "text": text, "attributedBody": None,
-        "handle": {"originalROWID": 12, "address": sender, "service": "iMessage",
-                   "country": "us", "uncanonicalizedId": None},
-        "handleId": 12, "otherHandle": 0,
-        "chats": [{"originalROWID": 7, "guid": chat, "style": 43 if ";+;" in chat else 45,
-                   "chatIdentifier": chat.rpartition(";")[2], "isArchived": False,
-                   "displayName": chat_name}],
-        "attachments": [{"guid": f"ATT-{i}", "mimeType": "image/jpeg", "transferName": "a.jpg"}
-                        for i in range(attachments)],
-        "subject": None, "error": 0, "dateCreated": int((time.time() - age_s) * 1000),
-        "dateRead": None, "dateDelivered": None, "isFromMe": from_me, "isDelayed": False,
-        "isAutoReply": False, "isSystemMessage": False, "isServiceMessage": False,
-        "isForward": False, "isArchived": False, "cacheRoomnames": None,
-        "isAudioMessage": False, "datePlayed": None, "itemType": 0, "groupTitle": None,
-        "groupActionType": 0, "isExpired": False, "balloonBundleId": None,
-        "associatedMessageGuid": f"p:0/{guid}" if tapback else None,
-        "associatedMessageType": tapback, "expressiveSendStyleId": None,
-        "threadOriginatorGuid": None, "hasPayloadData": False,
-    }}  # fmt: skip
+    return {
+        "type": "new-message",
+        "data": {
+            "originalROWID": 4211,
+            "guid": guid,
+            "text": text,
+            "attributedBody": None,
+            "handle": {
+                "originalROWID": 12,
+                "address": sender,
+                "service": "iMessage",
+                "country": "us",
+                "uncanonicalizedId": None,
+            },
+            "handleId": 12,
+            "otherHandle": 0,
+            "chats": [
+                {
+                    "originalROWID": 7,
+                    "guid": chat,
+                    "style": 43 if ";+;" in chat else 45,
+                    "chatIdentifier": chat.rpartition(";")[2],
+                    "isArchived": False,
+                    "displayName": chat_name,
+                }
+            ],
+            "attachments": [
+                {"guid": f"ATT-{i}", "mimeType": "image/jpeg", "transferName": "a.jpg"}
+                for i in range(attachments)
+            ],
+            "subject": None,
+            "error": 0,
+            "dateCreated": int((time.time() - age_s) * 1000),
+            "dateRead": None,
+            "dateDelivered": None,
+            "isFromMe": from_me,
+            "isDelayed": False,
+            "isAutoReply": False,
+            "isSystemMessage": False,
+            "isServiceMessage": False,
+            "isForward": False,
+            "isArchived": False,
+            "cacheRoomnames": None,
+            "isAudioMessage": False,
+            "datePlayed": None,
+            "itemType": 0,
+            "groupTitle": None,
+            "groupActionType": 0,
+            "isExpired": False,
+            "balloonBundleId": None,
+            "associatedMessageGuid": f"p:0/{guid}" if tapback else None,
+            "associatedMessageType": tapback,
+            "expressiveSendStyleId": None,
+            "threadOriginatorGuid": None,
+            "hasPayloadData": False,
+        },
+    }
 
 
 async def post_webhook(url: str, payload: dict[str, Any], secret: str | None = SECRET) -> int:

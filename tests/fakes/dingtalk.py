@@ -45,8 +45,13 @@ class FakeDingTalk:
     def webhook(self, session: str = "s1") -> str:
         return f"{self.base_url}/robot/sendBySession?session={session}"
 
-    def fail_next(self, kind: str, status: int, body: dict[str, Any] | None = None,
-                  headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def fail_next(
+        self,
+        kind: str,
+        status: int,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         """The next `kind` call ("webhook", "group", "dm") answers `status` with `body`."""
         self.failures.setdefault(kind, []).append((status, body or {}, headers or {}))
 
@@ -115,10 +120,19 @@ class FakeDingTalk:
 
     async def _frame(self, kind: str, topic: str, frame_id: str, data: dict[str, Any]) -> None:
         ws = await self.wait_connected(1)
-        headers = {"appId": "app-1", "connectionId": f"conn-{len(self.sockets)}", "contentType": "application/json",
-                   "messageId": frame_id, "time": str(int(time.time() * 1000)), "topic": topic}  # fmt: skip
-        await ws.send_str(json.dumps({"specVersion": "1.0", "type": kind, "headers": headers,
-                                      "data": json.dumps(data)}))  # fmt: skip
+        headers = {
+            "appId": "app-1",
+            "connectionId": f"conn-{len(self.sockets)}",
+            "contentType": "application/json",
+            "messageId": frame_id,
+            "time": str(int(time.time() * 1000)),
+            "topic": topic,
+        }
+        await ws.send_str(
+            json.dumps(
+                {"specVersion": "1.0", "type": kind, "headers": headers, "data": json.dumps(data)}
+            )
+        )
 
     async def _connect(self, request: web.Request) -> web.StreamResponse:
         if request.query.get("ticket") not in self._tickets:
@@ -145,8 +159,10 @@ class FakeDingTalk:
         body = await request.json()
         self.calls.append(("token", body))
         if (body.get("appKey"), body.get("appSecret")) != (CLIENT_ID, self.client_secret):
-            return web.json_response({"code": "invalidClientSecret", "message": "bad secret",
-                                      "requestid": "r1"}, status=400)  # fmt: skip
+            return web.json_response(
+                {"code": "invalidClientSecret", "message": "bad secret", "requestid": "r1"},
+                status=400,
+            )
         token = f"at-{len(self.tokens) + 1}"
         self.tokens.append(token)
         return web.json_response({"accessToken": token, "expireIn": 7200})
@@ -174,8 +190,12 @@ class FakeDingTalk:
 
     async def _webhook(self, request: web.Request) -> web.Response:
         body = await request.json()
-        record = {"chat": request.query.get("session"), "msgtype": body.get("msgtype"),
-                  "title": body["markdown"]["title"], "text": body["markdown"]["text"]}  # fmt: skip
+        record = {
+            "chat": request.query.get("session"),
+            "msgtype": body.get("msgtype"),
+            "title": body["markdown"]["title"],
+            "text": body["markdown"]["text"],
+        }
         self.calls.append(("webhook", record))
         refused = self._failure("webhook")
         if refused is not None:
@@ -186,8 +206,13 @@ class FakeDingTalk:
     async def _robot(self, request: web.Request, kind: str, chat: str) -> web.Response:
         body = await request.json()
         param = json.loads(body["msgParam"])
-        record = {"chat": chat, "robotCode": body.get("robotCode"), "msgKey": body.get("msgKey"),
-                  "title": param["title"], "text": param["text"]}  # fmt: skip
+        record = {
+            "chat": chat,
+            "robotCode": body.get("robotCode"),
+            "msgKey": body.get("msgKey"),
+            "title": param["title"],
+            "text": param["text"],
+        }
         self.calls.append((kind, record))
         if request.headers.get("x-acs-dingtalk-access-token") not in self.tokens:
             return web.json_response(
@@ -212,21 +237,39 @@ class FakeDingTalk:
 
 
 def robot_message(
-    text: str, *, fake: FakeDingTalk, conversation_type: str = "1", conversation_id: str = "cidDM1",
-    staff_id: str | None = "alice01", msg_id: str = "msg1", at_bot: bool = False,
-    session: str = "s1", expires_in_s: int = 3600, title: str = "Team",
-) -> dict[str, Any]:  # fmt: skip
+    text: str,
+    *,
+    fake: FakeDingTalk,
+    conversation_type: str = "1",
+    conversation_id: str = "cidDM1",
+    staff_id: str | None = "alice01",
+    msg_id: str = "msg1",
+    at_bot: bool = False,
+    session: str = "s1",
+    expires_in_s: int = 3600,
+    title: str = "Team",
+) -> dict[str, Any]:
     """A robot message as DingTalk puts it in a CALLBACK frame's data."""
     now_ms = int(time.time() * 1000)
     data: dict[str, Any] = {
-        "conversationId": conversation_id, "chatbotCorpId": "corp1", "chatbotUserId": BOT_ID,
-        "msgId": msg_id, "senderNick": "Alice", "isAdmin": False, "senderId": "$:LWCP_v1:$alice",
-        "sessionWebhookExpiredTime": now_ms + expires_in_s * 1000, "createAt": now_ms,
-        "senderCorpId": "corp1", "conversationType": conversation_type, "isInAtList": at_bot,
-        "sessionWebhook": fake.webhook(session), "robotCode": CLIENT_ID, "msgtype": "text",
+        "conversationId": conversation_id,
+        "chatbotCorpId": "corp1",
+        "chatbotUserId": BOT_ID,
+        "msgId": msg_id,
+        "senderNick": "Alice",
+        "isAdmin": False,
+        "senderId": "$:LWCP_v1:$alice",
+        "sessionWebhookExpiredTime": now_ms + expires_in_s * 1000,
+        "createAt": now_ms,
+        "senderCorpId": "corp1",
+        "conversationType": conversation_type,
+        "isInAtList": at_bot,
+        "sessionWebhook": fake.webhook(session),
+        "robotCode": CLIENT_ID,
+        "msgtype": "text",
         "text": {"content": text},
         "atUsers": [{"dingtalkId": BOT_ID}] if at_bot else [],
-    }  # fmt: skip
+    }
     if staff_id:
         data["senderStaffId"] = staff_id
     if conversation_type == "2":

@@ -96,12 +96,20 @@ class FakeDiscord:
 
     def shown(self, channel: str) -> list[str]:
         """What the bot's messages in a channel say, as a user scrolling it sees them."""
-        return [m["content"] for m in sorted(self.history.get(channel, []), key=lambda m: int(m["id"]))
-                if m["author"]["id"] == BOT_ID]  # fmt: skip
+        return [
+            m["content"]
+            for m in sorted(self.history.get(channel, []), key=lambda m: int(m["id"]))
+            if m["author"]["id"] == BOT_ID
+        ]
 
     def posted(self, channel: str | None = None) -> list[dict[str, Any]]:
-        return [b for verb, path, b in self.calls
-                if verb == "POST" and path.endswith("/messages") and (channel is None or f"/{channel}/" in path)]  # fmt: skip
+        return [
+            b
+            for verb, path, b in self.calls
+            if verb == "POST"
+            and path.endswith("/messages")
+            and (channel is None or f"/{channel}/" in path)
+        ]
 
     async def wait_posted(self, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
         return await wait_for_count(self.posted, n, timeout, "messages")
@@ -152,16 +160,34 @@ class FakeDiscord:
 
     # --- events ------------------------------------------------------------------------
 
-    def message(self, content: str, channel: str, *, user: str = "500000000000000001", name: str = "ann",
-                guild: bool = True, mention: bool = False, at: float | None = None,
-                guild_id: str = GUILD) -> dict[str, Any]:  # fmt: skip
+    def message(
+        self,
+        content: str,
+        channel: str,
+        *,
+        user: str = "500000000000000001",
+        name: str = "ann",
+        guild: bool = True,
+        mention: bool = False,
+        at: float | None = None,
+        guild_id: str = GUILD,
+    ) -> dict[str, Any]:
         sent = time.time() if at is None else at
         data: dict[str, Any] = {
-            "id": str(self.next_id(sent)), "type": 0, "content": content, "channel_id": channel,
-            "author": _user(user, name), "timestamp": datetime.fromtimestamp(sent, UTC).isoformat(),
-            "mentions": [BOT] if mention else [], "mention_roles": [], "attachments": [], "embeds": [],
-            "pinned": False, "mention_everyone": False, "tts": False,
-        }  # fmt: skip
+            "id": str(self.next_id(sent)),
+            "type": 0,
+            "content": content,
+            "channel_id": channel,
+            "author": _user(user, name),
+            "timestamp": datetime.fromtimestamp(sent, UTC).isoformat(),
+            "mentions": [BOT] if mention else [],
+            "mention_roles": [],
+            "attachments": [],
+            "embeds": [],
+            "pinned": False,
+            "mention_everyone": False,
+            "tts": False,
+        }
         if guild:
             data["guild_id"] = guild_id
             data["member"] = {
@@ -219,26 +245,112 @@ class FakeDiscord:
     def _guild(self, guild: str = GUILD) -> dict[str, Any]:
         if guild == GUILD2:
             return {
-                "id": GUILD2, "name": "Second Guild", "owner_id": BOT_ID, "unavailable": False, "member_count": 2,
-                "roles": [{"id": GUILD2, "name": "@everyone", "permissions": "0", "position": 0, "color": 0,
-                           "hoist": False, "managed": False, "mentionable": False, "flags": 0}],
-                "channels": [{"id": GENERAL2, "type": 0, "name": "lobby", "position": 0, "permission_overwrites": []}],
+                "id": GUILD2,
+                "name": "Second Guild",
+                "owner_id": BOT_ID,
+                "unavailable": False,
+                "member_count": 2,
+                "roles": [
+                    {
+                        "id": GUILD2,
+                        "name": "@everyone",
+                        "permissions": "0",
+                        "position": 0,
+                        "color": 0,
+                        "hoist": False,
+                        "managed": False,
+                        "mentionable": False,
+                        "flags": 0,
+                    }
+                ],
+                "channels": [
+                    {
+                        "id": GENERAL2,
+                        "type": 0,
+                        "name": "lobby",
+                        "position": 0,
+                        "permission_overwrites": [],
+                    }
+                ],
                 "threads": [],
-                "members": [{"user": BOT, "roles": [], "flags": 0, "joined_at": "2026-01-01T00:00:00+00:00", "deaf": False, "mute": False}],
-                "emojis": [], "stickers": [], "features": [], "voice_states": [], "presences": [],
-            }  # fmt: skip
+                "members": [
+                    {
+                        "user": BOT,
+                        "roles": [],
+                        "flags": 0,
+                        "joined_at": "2026-01-01T00:00:00+00:00",
+                        "deaf": False,
+                        "mute": False,
+                    }
+                ],
+                "emojis": [],
+                "stickers": [],
+                "features": [],
+                "voice_states": [],
+                "presences": [],
+            }
         return {
-            "id": GUILD, "name": "Fake Guild", "owner_id": BOT_ID, "unavailable": False, "member_count": 2,
-            "roles": [{"id": GUILD, "name": "@everyone", "permissions": "0", "position": 0, "color": 0,
-                       "hoist": False, "managed": False, "mentionable": False, "flags": 0}],
-            "channels": [{"id": GENERAL, "type": 0, "name": "general", "position": 0, "permission_overwrites": []}],
-            "threads": [{"id": THREAD, "type": 11, "parent_id": GENERAL, "owner_id": BOT_ID, "name": "ticket",
-                         "message_count": 0, "member_count": 1, "guild_id": GUILD,
-                         "thread_metadata": {"archived": False, "auto_archive_duration": 1440,
-                                             "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}],
-            "members": [{"user": BOT, "roles": [], "flags": 0, "joined_at": "2026-01-01T00:00:00+00:00", "deaf": False, "mute": False}],
-            "emojis": [], "stickers": [], "features": [], "voice_states": [], "presences": [],
-        }  # fmt: skip
+            "id": GUILD,
+            "name": "Fake Guild",
+            "owner_id": BOT_ID,
+            "unavailable": False,
+            "member_count": 2,
+            "roles": [
+                {
+                    "id": GUILD,
+                    "name": "@everyone",
+                    "permissions": "0",
+                    "position": 0,
+                    "color": 0,
+                    "hoist": False,
+                    "managed": False,
+                    "mentionable": False,
+                    "flags": 0,
+                }
+            ],
+            "channels": [
+                {
+                    "id": GENERAL,
+                    "type": 0,
+                    "name": "general",
+                    "position": 0,
+                    "permission_overwrites": [],
+                }
+            ],
+            "threads": [
+                {
+                    "id": THREAD,
+                    "type": 11,
+                    "parent_id": GENERAL,
+                    "owner_id": BOT_ID,
+                    "name": "ticket",
+                    "message_count": 0,
+                    "member_count": 1,
+                    "guild_id": GUILD,
+                    "thread_metadata": {
+                        "archived": False,
+                        "auto_archive_duration": 1440,
+                        "archive_timestamp": "2026-11-29T00:00:00+00:00",
+                        "locked": False,
+                    },
+                }
+            ],
+            "members": [
+                {
+                    "user": BOT,
+                    "roles": [],
+                    "flags": 0,
+                    "joined_at": "2026-01-01T00:00:00+00:00",
+                    "deaf": False,
+                    "mute": False,
+                }
+            ],
+            "emojis": [],
+            "stickers": [],
+            "features": [],
+            "voice_states": [],
+            "presences": [],
+        }
 
     async def _ws(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)
@@ -259,17 +371,29 @@ class FakeDiscord:
                     self.identified_twice.append((int(shard), int(count)))
                 self.shard_of[ws] = (int(shard), int(count))
                 mine = [g for g in self.guilds if self.shard_for({"guild_id": g}, count) == shard]
-                ready = {"v": 10, "user": BOT, "session_id": "fake-session", "resume_gateway_url": self.gateway,
-                         "application": {"id": BOT_ID, "flags": 0},
-                         "guilds": [{"id": g, "unavailable": True} for g in mine],
-                         "shard": [shard, count]}  # fmt: skip
+                ready = {
+                    "v": 10,
+                    "user": BOT,
+                    "session_id": "fake-session",
+                    "resume_gateway_url": self.gateway,
+                    "application": {"id": BOT_ID, "flags": 0},
+                    "guilds": [{"id": g, "unavailable": True} for g in mine],
+                    "shard": [shard, count],
+                }
                 await ws.send_str(
                     json.dumps({"op": 0, "s": next(self._seq), "t": "READY", "d": ready})
                 )
                 for guild in mine:
-                    await ws.send_str(json.dumps(
-                        {"op": 0, "s": next(self._seq), "t": "GUILD_CREATE", "d": self._guild(guild)}
-                    ))  # fmt: skip
+                    await ws.send_str(
+                        json.dumps(
+                            {
+                                "op": 0,
+                                "s": next(self._seq),
+                                "t": "GUILD_CREATE",
+                                "d": self._guild(guild),
+                            }
+                        )
+                    )
             elif op == 6:
                 self.resumes += 1
                 await ws.send_str(
@@ -294,11 +418,32 @@ class FakeDiscord:
         if path == "/users/@me":
             return self._json(BOT)
         if path == "/oauth2/applications/@me":
-            return self._json({"id": BOT_ID, "name": "switchboard", "description": "", "icon": None, "bot_public": True,
-                               "bot_require_code_grant": False, "verify_key": "k", "owner": BOT, "flags": 0})  # fmt: skip
+            return self._json(
+                {
+                    "id": BOT_ID,
+                    "name": "switchboard",
+                    "description": "",
+                    "icon": None,
+                    "bot_public": True,
+                    "bot_require_code_grant": False,
+                    "verify_key": "k",
+                    "owner": BOT,
+                    "flags": 0,
+                }
+            )
         if path == "/gateway/bot":
-            return self._json({"url": self.gateway, "shards": 1,
-                               "session_start_limit": {"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 1}})  # fmt: skip
+            return self._json(
+                {
+                    "url": self.gateway,
+                    "shards": 1,
+                    "session_start_limit": {
+                        "total": 1000,
+                        "remaining": 1000,
+                        "reset_after": 0,
+                        "max_concurrency": 1,
+                    },
+                }
+            )
         if request.method == "GET" and path.startswith("/channels/"):
             return self._channel_get(path, request.query)
         if path.endswith("/typing"):
@@ -308,10 +453,22 @@ class FakeDiscord:
                 return self._json({"message": "Missing Permissions", "code": 50013}, status=403)
             parent = path.split("/")[2]
             guild = GUILD2 if parent == GENERAL2 else GUILD
-            thread = {"id": str(next(self._ids)), "type": 11, "parent_id": parent, "owner_id": BOT_ID, "guild_id": guild,
-                      "name": (body or {}).get("name", ""), "message_count": 0, "member_count": 1,
-                      "thread_metadata": {"archived": False, "auto_archive_duration": (body or {}).get("auto_archive_duration", 1440),
-                                          "archive_timestamp": "2026-11-29T00:00:00+00:00", "locked": False}}  # fmt: skip
+            thread = {
+                "id": str(next(self._ids)),
+                "type": 11,
+                "parent_id": parent,
+                "owner_id": BOT_ID,
+                "guild_id": guild,
+                "name": (body or {}).get("name", ""),
+                "message_count": 0,
+                "member_count": 1,
+                "thread_metadata": {
+                    "archived": False,
+                    "auto_archive_duration": (body or {}).get("auto_archive_duration", 1440),
+                    "archive_timestamp": "2026-11-29T00:00:00+00:00",
+                    "locked": False,
+                },
+            }
             await self.dispatch(
                 "THREAD_CREATE", {**thread, "newly_created": True}
             )  # as Discord tells the bot
@@ -320,28 +477,47 @@ class FakeDiscord:
             self.rate_limit_next_post = False
             self.calls[-1] = ("POST-429", path, body)  # a refused attempt, not a delivered message
             return web.Response(
-                status=429, body=json.dumps({"message": "You are being rate limited.", "retry_after": 0.3, "global": False}).encode(),
+                status=429,
+                body=json.dumps(
+                    {"message": "You are being rate limited.", "retry_after": 0.3, "global": False}
+                ).encode(),
                 content_type="application/json",
                 # discord.py reads a 429 without Via as a Cloudflare ban; Discord's own carry it
                 headers={"Retry-After": "0.3", "X-RateLimit-Scope": "user", "Via": "1.1 google"},
-            )  # fmt: skip
+            )
         if path.endswith("/messages") and request.method == "POST":
             channel = path.split("/")[2]
             nonce = (body or {}).get("nonce")
             if nonce is not None and len(str(nonce)) > 25:
-                return self._json({"message": "Invalid Form Body", "code": 50035,
-                                   "errors": {"nonce": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH"}]}}},
-                                  status=400)  # fmt: skip
+                return self._json(
+                    {
+                        "message": "Invalid Form Body",
+                        "code": 50035,
+                        "errors": {"nonce": {"_errors": [{"code": "BASE_TYPE_MAX_LENGTH"}]}},
+                    },
+                    status=400,
+                )
             earlier = self._nonces.get(str(nonce)) if (body or {}).get("enforce_nonce") else None
             if earlier is not None and time.monotonic() - earlier[0] < self.nonce_window_s:
                 # Discord: the same author and nonce within a few minutes answers with the
                 # message made the first time, and makes no new one
                 self.calls[-1] = ("POST-DEDUPED", path, body)
                 return self._json(earlier[1])
-            sent = {"id": str(next(self._ids)), "type": 0, "content": (body or {}).get("content", ""),
-                    "channel_id": channel, "author": BOT, "timestamp": datetime.now(UTC).isoformat(),
-                    "mentions": [], "mention_roles": [], "attachments": [], "embeds": [], "pinned": False,
-                    "mention_everyone": False, "tts": False}  # fmt: skip
+            sent = {
+                "id": str(next(self._ids)),
+                "type": 0,
+                "content": (body or {}).get("content", ""),
+                "channel_id": channel,
+                "author": BOT,
+                "timestamp": datetime.now(UTC).isoformat(),
+                "mentions": [],
+                "mention_roles": [],
+                "attachments": [],
+                "embeds": [],
+                "pinned": False,
+                "mention_everyone": False,
+                "tts": False,
+            }
             if nonce is not None:
                 sent["nonce"] = nonce
                 self._nonces[str(nonce)] = (time.monotonic(), sent)
@@ -363,8 +539,14 @@ class FakeDiscord:
             if channel == GENERAL2 and GUILD2 in self.guilds:
                 return self._json({**self._guild(GUILD2)["channels"][0], "guild_id": GUILD2})
             if channel in self.dm_users:
-                return self._json({"id": channel, "type": 1, "recipients": [self.dm_users[channel]],
-                                   "last_message_id": None})  # fmt: skip
+                return self._json(
+                    {
+                        "id": channel,
+                        "type": 1,
+                        "recipients": [self.dm_users[channel]],
+                        "last_message_id": None,
+                    }
+                )
             return self._json({"message": "Unknown Channel", "code": 10003}, status=404)
         if parts[2:] != ["messages"]:
             return self._json({"message": "Unknown", "code": 0}, status=404)

@@ -103,9 +103,19 @@ class FakeFeishu:
         self.calls.append(("bot", {}))
         if not self._authorised(request):
             return web.json_response({"code": 99991663, "msg": "Invalid access token"}, status=400)
-        return web.json_response({"code": 0, "msg": "ok", "bot": {
-            "activate_status": 2, "app_name": "switchboard", "avatar_url": "",
-            "ip_white_list": [], "open_id": BOT_OPEN_ID}})  # fmt: skip
+        return web.json_response(
+            {
+                "code": 0,
+                "msg": "ok",
+                "bot": {
+                    "activate_status": 2,
+                    "app_name": "switchboard",
+                    "avatar_url": "",
+                    "ip_white_list": [],
+                    "open_id": BOT_OPEN_ID,
+                },
+            }
+        )
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         if not self._authorised(request):
@@ -121,17 +131,25 @@ class FakeFeishu:
         """The message as Feishu answers it; a uuid seen before answers the first message."""
         key = record.get("uuid")
         if key and len(key) > 50:
-            return web.json_response({"code": 99992402, "msg": "field validation failed: uuid "
-                                      "exceeds 50 characters"}, status=400)  # fmt: skip
+            return web.json_response(
+                {"code": 99992402, "msg": "field validation failed: uuid exceeds 50 characters"},
+                status=400,
+            )
         earlier = self._by_uuid.get(key) if key else None
         if earlier is not None and time.monotonic() - earlier[0] < self.uuid_window_s:
             record["deduped"] = True
             return web.json_response({"code": 0, "msg": "success", "data": earlier[1]})
         message_id = f"om_sent_{next(self._ids)}"
-        data = {"message_id": message_id, "chat_id": record["chat_id"], "msg_type": record["msg_type"],
-                "root_id": record.get("root_id"), "parent_id": record.get("parent_id"),
-                "thread_id": record.get("thread_id"), "create_time": str(int(time.time() * 1000)),
-                "body": {"content": record["content"]}}  # fmt: skip
+        data = {
+            "message_id": message_id,
+            "chat_id": record["chat_id"],
+            "msg_type": record["msg_type"],
+            "root_id": record.get("root_id"),
+            "parent_id": record.get("parent_id"),
+            "thread_id": record.get("thread_id"),
+            "create_time": str(int(time.time() * 1000)),
+            "body": {"content": record["content"]},
+        }
         record["message_id"] = message_id
         record["markdown"] = json.loads(record["content"])["elements"][0]["content"]
         self._messages[message_id] = data
@@ -141,8 +159,11 @@ class FakeFeishu:
 
     async def _create(self, request: web.Request) -> web.Response:
         body = await request.json()
-        record = {**body, "receive_id_type": request.query.get("receive_id_type"),
-                  "chat_id": body.get("receive_id")}  # fmt: skip
+        record = {
+            **body,
+            "receive_id_type": request.query.get("receive_id_type"),
+            "chat_id": body.get("receive_id"),
+        }
         self.calls.append(("create", record))
         return self._refusal(request) or self._store(record)
 
@@ -151,9 +172,13 @@ class FakeFeishu:
         parent = request.match_info["message_id"]
         known = self._messages.get(parent, {})
         root = known.get("root_id") or parent
-        record = {**body, "parent_id": parent, "root_id": root,
-                  "chat_id": known.get("chat_id") or "oc_unknown",
-                  "thread_id": f"omt_{root}" if body.get("reply_in_thread") else None}  # fmt: skip
+        record = {
+            **body,
+            "parent_id": parent,
+            "root_id": root,
+            "chat_id": known.get("chat_id") or "oc_unknown",
+            "thread_id": f"omt_{root}" if body.get("reply_in_thread") else None,
+        }
         self.calls.append(("reply", record))
         return self._refusal(request) or self._store(record)
 
@@ -162,28 +187,61 @@ class FakeFeishu:
 
 
 def message_event(
-    text: str, *, chat_id: str = "oc_dm", chat_type: str = "p2p", user: str = "ou_alice",
-    message_id: str = "om_1", event_id: str = "ev_1", mentions: list[dict[str, Any]] | None = None,
-    root_id: str | None = None, thread_id: str | None = None, message_type: str = "text",
-    content: dict[str, Any] | None = None, sender_type: str = "user",
-) -> dict[str, Any]:  # fmt: skip
+    text: str,
+    *,
+    chat_id: str = "oc_dm",
+    chat_type: str = "p2p",
+    user: str = "ou_alice",
+    message_id: str = "om_1",
+    event_id: str = "ev_1",
+    mentions: list[dict[str, Any]] | None = None,
+    root_id: str | None = None,
+    thread_id: str | None = None,
+    message_type: str = "text",
+    content: dict[str, Any] | None = None,
+    sender_type: str = "user",
+) -> dict[str, Any]:
     """An `im.message.receive_v1` event (schema 2.0) as Feishu sends it, before encryption."""
-    message = {"message_id": message_id, "root_id": root_id, "parent_id": root_id,
-               "create_time": str(int(time.time() * 1000)), "chat_id": chat_id,
-               "thread_id": thread_id, "chat_type": chat_type, "message_type": message_type,
-               "content": json.dumps(content if content is not None else {"text": text}),
-               "mentions": mentions or []}  # fmt: skip
-    return {"schema": "2.0", "header": {
-        "event_id": event_id, "event_type": "im.message.receive_v1", "create_time": message["create_time"],
-        "token": VERIFICATION_TOKEN, "app_id": APP_ID, "tenant_key": "tenant-1"},
-        "event": {"sender": {"sender_id": {"open_id": user, "union_id": f"on_{user}", "user_id": user},
-                             "sender_type": sender_type, "tenant_key": "tenant-1"},
-                  "message": message}}  # fmt: skip
+    message = {
+        "message_id": message_id,
+        "root_id": root_id,
+        "parent_id": root_id,
+        "create_time": str(int(time.time() * 1000)),
+        "chat_id": chat_id,
+        "thread_id": thread_id,
+        "chat_type": chat_type,
+        "message_type": message_type,
+        "content": json.dumps(content if content is not None else {"text": text}),
+        "mentions": mentions or [],
+    }
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": event_id,
+            "event_type": "im.message.receive_v1",
+            "create_time": message["create_time"],
+            "token": VERIFICATION_TOKEN,
+            "app_id": APP_ID,
+            "tenant_key": "tenant-1",
+        },
+        "event": {
+            "sender": {
+                "sender_id": {"open_id": user, "union_id": f"on_{user}", "user_id": user},
+                "sender_type": sender_type,
+                "tenant_key": "tenant-1",
+            },
+            "message": message,
+        },
+    }
 
 
 def mention(key: str, open_id: str = BOT_OPEN_ID, name: str = "switchboard") -> dict[str, Any]:
-    return {"key": key, "id": {"open_id": open_id, "union_id": f"on_{open_id}", "user_id": None},
-            "name": name, "tenant_key": "tenant-1"}  # fmt: skip
+    return {
+        "key": key,
+        "id": {"open_id": open_id, "union_id": f"on_{open_id}", "user_id": None},
+        "name": name,
+        "tenant_key": "tenant-1",
+    }
 
 
 def encrypt(plain: str, key: str = ENCRYPT_KEY) -> str:
@@ -198,9 +256,13 @@ def encrypt(plain: str, key: str = ENCRYPT_KEY) -> str:
 
 
 def signed(
-    payload: dict[str, Any], *, key: str = ENCRYPT_KEY, sign_key: str | None = None,
-    age_s: int = 0, signature: bool = True,
-) -> tuple[bytes, dict[str, str]]:  # fmt: skip
+    payload: dict[str, Any],
+    *,
+    key: str = ENCRYPT_KEY,
+    sign_key: str | None = None,
+    age_s: int = 0,
+    signature: bool = True,
+) -> tuple[bytes, dict[str, str]]:
     """The request Feishu makes: the payload encrypted with `key`, signed with `sign_key`
     (default `key`) at a timestamp `age_s` seconds ago."""
     body = json.dumps({"encrypt": encrypt(json.dumps(payload), key)}).encode()
@@ -208,6 +270,11 @@ def signed(
     if signature:
         ts, nonce = str(int(time.time()) - age_s), os.urandom(8).hex()
         digest = hashlib.sha256((ts + nonce + (sign_key or key)).encode() + body).hexdigest()
-        headers.update({"X-Lark-Request-Timestamp": ts, "X-Lark-Request-Nonce": nonce,
-                        "X-Lark-Signature": digest})  # fmt: skip
+        headers.update(
+            {
+                "X-Lark-Request-Timestamp": ts,
+                "X-Lark-Request-Nonce": nonce,
+                "X-Lark-Signature": digest,
+            }
+        )
     return body, headers

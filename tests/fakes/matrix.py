@@ -63,10 +63,18 @@ class FakeMatrix:
         """A room the bot has joined, with these other people in it."""
         self.rooms[room_id] = Room({BOT: BOT_NAME, **people}, name)
 
-    def event(self, room_id: str, sender: str, etype: str, content: dict[str, Any],
-              **extra: Any) -> dict[str, Any]:  # fmt: skip
-        ev = {"type": etype, "sender": sender, "content": content, "event_id": f"$ev{next(self._ids)}",
-              "origin_server_ts": int(time.time() * 1000), "unsigned": {"age": 1}, **extra}  # fmt: skip
+    def event(
+        self, room_id: str, sender: str, etype: str, content: dict[str, Any], **extra: Any
+    ) -> dict[str, Any]:
+        ev = {
+            "type": etype,
+            "sender": sender,
+            "content": content,
+            "event_id": f"$ev{next(self._ids)}",
+            "origin_server_ts": int(time.time() * 1000),
+            "unsigned": {"age": 1},
+            **extra,
+        }
         self.rooms[room_id].events.append(ev)
         self._append(("timeline", room_id, ev))
         return ev
@@ -82,10 +90,16 @@ class FakeMatrix:
 
     def invite(self, room_id: str, inviter: str, people: dict[str, str] | None = None) -> None:
         self.rooms[room_id] = Room(dict(people or {inviter: inviter[1:].split(":")[0]}))
-        state = {"events": [
-            {"type": "m.room.member", "state_key": BOT, "sender": inviter,
-             "content": {"membership": "invite", "is_direct": False}},
-        ]}  # fmt: skip
+        state = {
+            "events": [
+                {
+                    "type": "m.room.member",
+                    "state_key": BOT,
+                    "sender": inviter,
+                    "content": {"membership": "invite", "is_direct": False},
+                },
+            ]
+        }
         self.invites[room_id] = state
         self._append(("invite", room_id, state))
 
@@ -93,8 +107,13 @@ class FakeMatrix:
         self.account_data["m.direct"] = rooms
         self._append(("account", "m.direct", rooms))
 
-    def fail_next(self, kind: str, status: int, body: dict[str, Any] | None = None,
-                  headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def fail_next(
+        self,
+        kind: str,
+        status: int,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         """The next request of `kind` (send, sync, typing, join, whoami, ...) fails."""
         self.failures.setdefault(kind, []).append((status, body or {}, headers or {}))
 
@@ -103,9 +122,11 @@ class FakeMatrix:
         return [
             {**ev["content"], "room_id": r, "event_id": ev["event_id"]}
             for kind, r, ev in self.log
-            if kind == "timeline" and ev["sender"] == BOT and ev["type"] == "m.room.message"
+            if kind == "timeline"
+            and ev["sender"] == BOT
+            and ev["type"] == "m.room.message"
             and (room_id is None or r == room_id)
-        ]  # fmt: skip
+        ]
 
     async def wait_sends(
         self, n: int, room_id: str | None = None, timeout: float = 10.0
@@ -164,8 +185,14 @@ class FakeMatrix:
         body = await request.json() if request.can_read_body else None
         self.calls.append((kind, request.path_qs, body))
         if request.headers.get("Authorization") != f"Bearer {self.token}":
-            return web.json_response({"errcode": "M_UNKNOWN_TOKEN", "error": "Invalid access token passed.",
-                                      "soft_logout": False}, status=401)  # fmt: skip
+            return web.json_response(
+                {
+                    "errcode": "M_UNKNOWN_TOKEN",
+                    "error": "Invalid access token passed.",
+                    "soft_logout": False,
+                },
+                status=401,
+            )
         queued = self.failures.get(kind)
         if queued:
             status, payload, headers = queued.pop(0)
@@ -197,10 +224,19 @@ class FakeMatrix:
                 continue
             state = [_member(uid, name) for uid, name in room.members.items()]
             if room.name:
-                state.append({"type": "m.room.name", "state_key": "", "sender": BOT, "content": {"name": room.name},
-                              "event_id": f"$name{room_id}"})  # fmt: skip
-            join[room_id] = {"state": {"events": state},
-                             "timeline": {"events": room.events[-10:], "limited": True, "prev_batch": "p0"}}  # fmt: skip
+                state.append(
+                    {
+                        "type": "m.room.name",
+                        "state_key": "",
+                        "sender": BOT,
+                        "content": {"name": room.name},
+                        "event_id": f"$name{room_id}",
+                    }
+                )
+            join[room_id] = {
+                "state": {"events": state},
+                "timeline": {"events": room.events[-10:], "limited": True, "prev_batch": "p0"},
+            }
         return {
             "next_batch": f"s{len(self.log)}",
             "rooms": {
@@ -220,8 +256,14 @@ class FakeMatrix:
         account: list[dict[str, Any]] = []
         for pos, (kind, key, value) in enumerate(self.log[start:], start):
             if kind == "timeline":
-                room = join.setdefault(key, {"timeline": {"events": [], "limited": False},
-                                             "state": {"events": []}, "_pos": []})  # fmt: skip
+                room = join.setdefault(
+                    key,
+                    {
+                        "timeline": {"events": [], "limited": False},
+                        "state": {"events": []},
+                        "_pos": [],
+                    },
+                )
                 room["timeline"]["events"].append(value)
                 room["_pos"].append(pos)
             elif kind == "invite" and key in self.invites:
@@ -234,8 +276,11 @@ class FakeMatrix:
                 room["timeline"]["events"] = room["timeline"]["events"][-limit:]
                 room["timeline"]["limited"] = True
                 room["timeline"]["prev_batch"] = f"s{positions[-limit]}"
-        return {"next_batch": f"s{len(self.log)}", "rooms": {"join": join, "invite": invite},
-                "account_data": {"events": account}}  # fmt: skip
+        return {
+            "next_batch": f"s{len(self.log)}",
+            "rooms": {"join": join, "invite": invite},
+            "account_data": {"events": account},
+        }
 
     async def _messages(self, request: web.Request) -> web.Response:
         """Backwards pagination: the room's events before `from` and from `to` on."""
@@ -243,8 +288,11 @@ class FakeMatrix:
         assert q.get("dir") == "b", "the adapter only pages backwards"
         start, stop = int(q["from"].removeprefix("s")), int(q.get("to", "s0").removeprefix("s"))
         limit = int(q.get("limit", "10"))
-        found = [(pos, ev) for pos, (kind, key, ev) in enumerate(self.log)
-                 if kind == "timeline" and key == room_id and stop <= pos < start]  # fmt: skip
+        found = [
+            (pos, ev)
+            for pos, (kind, key, ev) in enumerate(self.log)
+            if kind == "timeline" and key == room_id and stop <= pos < start
+        ]
         page = list(reversed(found))[:limit]
         body: dict[str, Any] = {"chunk": [ev for _pos, ev in page], "start": q["from"]}
         if len(found) > len(page):
@@ -326,14 +374,29 @@ def _timeline_limit(filter_param: str | None) -> int:
 
 
 def _member(user_id: str, name: str) -> dict[str, Any]:
-    return {"type": "m.room.member", "state_key": user_id, "sender": user_id,
-            "content": {"membership": "join", "displayname": name}, "event_id": f"$m{user_id}"}  # fmt: skip
+    return {
+        "type": "m.room.member",
+        "state_key": user_id,
+        "sender": user_id,
+        "content": {"membership": "join", "displayname": name},
+        "event_id": f"$m{user_id}",
+    }
 
 
 def _kind(path: str) -> str:
     rest = path.removeprefix(PREFIX)
-    for kind in ("whoami", "sync", "send", "typing", "joined_members", "join", "messages", "event",
-                 "displayname", "account_data"):  # fmt: skip
+    for kind in (
+        "whoami",
+        "sync",
+        "send",
+        "typing",
+        "joined_members",
+        "join",
+        "messages",
+        "event",
+        "displayname",
+        "account_data",
+    ):
         if f"/{kind}" in rest:
             return kind
     return rest

@@ -45,8 +45,16 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 
 def _error(status: int, error_id: str, message: str) -> web.Response:
-    return _json({"id": error_id, "message": message, "detailed_error": "", "request_id": "req1",
-                  "status_code": status}, status)  # fmt: skip
+    return _json(
+        {
+            "id": error_id,
+            "message": message,
+            "detailed_error": "",
+            "request_id": "req1",
+            "status_code": status,
+        },
+        status,
+    )
 
 
 @dataclass
@@ -59,7 +67,9 @@ class FakeMattermost:
     failures: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
     actions: list[dict[str, Any]] = field(default_factory=list)
     accept_sockets: bool = True
-    keep_alive: bool = True  # False: every REST answer closes its connection (the next call connects)
+    keep_alive: bool = (
+        True  # False: every REST answer closes its connection (the next call connects)
+    )
     hellos: int = 0
     port: int = 0
     _sockets: dict[web.WebSocketResponse, itertools.count[int]] = field(default_factory=dict)
@@ -70,9 +80,17 @@ class FakeMattermost:
 
     def __post_init__(self) -> None:
         for cid, (ctype, name, display) in CHANNELS.items():
-            self.channels[cid] = {"id": cid, "type": ctype, "name": name, "display_name": display,
-                                  "team_id": "" if ctype in "DG" else TEAM, "last_post_at": 0,
-                                  "create_at": 1, "update_at": 1, "delete_at": 0}  # fmt: skip
+            self.channels[cid] = {
+                "id": cid,
+                "type": ctype,
+                "name": name,
+                "display_name": display,
+                "team_id": "" if ctype in "DG" else TEAM,
+                "last_post_at": 0,
+                "create_at": 1,
+                "update_at": 1,
+                "delete_at": 0,
+            }
 
     @property
     def url(self) -> str:
@@ -84,9 +102,17 @@ class FakeMattermost:
         """The next request to `route` ("POST /posts") answers `status` with `headers`."""
         self.failures.setdefault(route, []).append((status, headers or {}))
 
-    async def say(self, text: str, channel: str = DM, *, user: str = ANN, root_id: str = "",
-                  mentions: list[str] | None = None, post_type: str = "",
-                  props: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    async def say(
+        self,
+        text: str,
+        channel: str = DM,
+        *,
+        user: str = ANN,
+        root_id: str = "",
+        mentions: list[str] | None = None,
+        post_type: str = "",
+        props: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """A person posts: stored, and broadcast as `posted` to every connected socket (a
         post made while none is connected is only stored: the adapter has to catch up)."""
         post = self._create(channel, user, text, root_id, post_type, props or {})
@@ -105,15 +131,22 @@ class FakeMattermost:
 
     def since_reads(self) -> list[tuple[str, int]]:
         """(channel, since) of every GET /channels/{id}/posts?since= the adapter made."""
-        return [(path.split("/")[2], int(q["since"])) for verb, path, q in self.calls
-                if verb == "GET" and path.endswith("/posts") and "since" in (q or {})]  # fmt: skip
+        return [
+            (path.split("/")[2], int(q["since"]))
+            for verb, path, q in self.calls
+            if verb == "GET" and path.endswith("/posts") and "since" in (q or {})
+        ]
 
     def typing(self) -> list[dict[str, Any]]:
         return [a["data"] for a in self.actions if a.get("action") == "user_typing"]
 
     async def wait_connected(self, hellos: int = 1, timeout: float = 10.0) -> None:
-        await wait_for_count(lambda: list(range(self.hellos)) if self._sockets else [], hellos,
-                             timeout, "websocket hellos")  # fmt: skip
+        await wait_for_count(
+            lambda: list(range(self.hellos)) if self._sockets else [],
+            hellos,
+            timeout,
+            "websocket hellos",
+        )
 
     def sockets(self) -> int:
         """How many authenticated websockets are open now."""
@@ -144,31 +177,71 @@ class FakeMattermost:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    def _create(self, channel: str, user: str, text: str, root_id: str, post_type: str,
-                props: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    def _create(
+        self,
+        channel: str,
+        user: str,
+        text: str,
+        root_id: str,
+        post_type: str,
+        props: dict[str, Any],
+    ) -> dict[str, Any]:
         now = max(int(time.time() * 1000), self._last_ms + 1)
         self._last_ms = now
         pid = f"post{next(self._ids):022d}"
-        post = {"id": pid, "create_at": now, "update_at": now, "edit_at": 0, "delete_at": 0,
-                "is_pinned": False, "user_id": user, "channel_id": channel, "root_id": root_id,
-                "original_id": "", "message": text, "type": post_type, "props": props,
-                "hashtags": "", "pending_post_id": "", "reply_count": 0, "metadata": {}}  # fmt: skip
+        post = {
+            "id": pid,
+            "create_at": now,
+            "update_at": now,
+            "edit_at": 0,
+            "delete_at": 0,
+            "is_pinned": False,
+            "user_id": user,
+            "channel_id": channel,
+            "root_id": root_id,
+            "original_id": "",
+            "message": text,
+            "type": post_type,
+            "props": props,
+            "hashtags": "",
+            "pending_post_id": "",
+            "reply_count": 0,
+            "metadata": {},
+        }
         self.posts[pid] = post
         self.channels[channel]["last_post_at"] = now
         return post
 
     async def _broadcast(self, post: dict[str, Any], mentions: list[str] | None) -> None:
         ch = self.channels[post["channel_id"]]
-        data = {"channel_display_name": ch["display_name"], "channel_name": ch["name"],
-                "channel_type": ch["type"], "post": json.dumps(post),
-                "sender_name": "@" + USERS[post["user_id"]]["username"], "set_online": True,
-                "team_id": ch["team_id"]}  # fmt: skip
+        data = {
+            "channel_display_name": ch["display_name"],
+            "channel_name": ch["name"],
+            "channel_type": ch["type"],
+            "post": json.dumps(post),
+            "sender_name": "@" + USERS[post["user_id"]]["username"],
+            "set_online": True,
+            "team_id": ch["team_id"],
+        }
         if mentions:
             data["mentions"] = json.dumps(mentions)
         for ws, seq in list(self._sockets.items()):
             if not ws.closed:
-                await ws.send_str(json.dumps({"event": "posted", "data": data, "seq": next(seq),
-                    "broadcast": {"omit_users": None, "user_id": "", "channel_id": ch["id"], "team_id": ""}}))  # fmt: skip
+                await ws.send_str(
+                    json.dumps(
+                        {
+                            "event": "posted",
+                            "data": data,
+                            "seq": next(seq),
+                            "broadcast": {
+                                "omit_users": None,
+                                "user_id": "",
+                                "channel_id": ch["id"],
+                                "team_id": "",
+                            },
+                        }
+                    )
+                )
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
         self.calls.append(("WS", "/websocket", None))
@@ -184,16 +257,40 @@ class FakeMattermost:
             seq = msg.get("seq")
             if msg.get("action") == "authentication_challenge" and not authed:
                 if (msg.get("data") or {}).get("token") != self.token:
-                    await ws.send_str(json.dumps({"status": "FAIL", "seq_reply": seq, "error": {
-                        "id": "api.web_socket_router.not_authenticated.app_error",
-                        "message": "Invalid or expired session, please login again."}}))  # fmt: skip
+                    await ws.send_str(
+                        json.dumps(
+                            {
+                                "status": "FAIL",
+                                "seq_reply": seq,
+                                "error": {
+                                    "id": "api.web_socket_router.not_authenticated.app_error",
+                                    "message": "Invalid or expired session, please login again.",
+                                },
+                            }
+                        )
+                    )
                     await ws.close()
                     break
                 authed = True
                 await ws.send_str(json.dumps({"status": "OK", "seq_reply": seq}))
-                await ws.send_str(json.dumps({"event": "hello", "seq": 0,
-                    "data": {"connection_id": f"conn{self.hellos}", "server_version": "10.11.0.fake"},
-                    "broadcast": {"omit_users": None, "user_id": BOT_ID, "channel_id": "", "team_id": ""}}))  # fmt: skip
+                await ws.send_str(
+                    json.dumps(
+                        {
+                            "event": "hello",
+                            "seq": 0,
+                            "data": {
+                                "connection_id": f"conn{self.hellos}",
+                                "server_version": "10.11.0.fake",
+                            },
+                            "broadcast": {
+                                "omit_users": None,
+                                "user_id": BOT_ID,
+                                "channel_id": "",
+                                "team_id": "",
+                            },
+                        }
+                    )
+                )
                 self._sockets[ws] = itertools.count(1)
                 self.hellos += 1
             elif authed:
@@ -215,18 +312,24 @@ class FakeMattermost:
             body = await request.json()
         self.calls.append((request.method, path, body))
         if request.headers.get("Authorization") != f"Bearer {self.token}":
-            return _error(401, "api.context.session_expired.app_error",
-                          "Invalid or expired session, please login again.")  # fmt: skip
+            return _error(
+                401,
+                "api.context.session_expired.app_error",
+                "Invalid or expired session, please login again.",
+            )
         parts = path.strip("/").split("/")
         route = f"{request.method} /" + "/".join(
-            p if p in ("users", "channels", "posts", "config", "client", "thread", "typing", "me") else "{id}"
+            p
+            if p in ("users", "channels", "posts", "config", "client", "thread", "typing", "me")
+            else "{id}"
             for p in parts
-        )  # fmt: skip
+        )
         queued = self.failures.get(route)
         if queued:
             status, headers = queued.pop(0)
-            return web.Response(status=status, text="limit exceeded" if status == 429 else "error",
-                                headers=headers)  # fmt: skip
+            return web.Response(
+                status=status, text="limit exceeded" if status == 429 else "error", headers=headers
+            )
         return await self._answer(route, parts, request, body)
 
     async def _answer(
@@ -296,5 +399,10 @@ class FakeMattermost:
     @staticmethod
     def _post_list(posts: list[dict[str, Any]]) -> dict[str, Any]:
         newest_first = sorted(posts, key=lambda p: p["create_at"], reverse=True)
-        return {"order": [p["id"] for p in newest_first], "posts": {p["id"]: p for p in posts},
-                "next_post_id": "", "prev_post_id": "", "has_next": False}  # fmt: skip
+        return {
+            "order": [p["id"] for p in newest_first],
+            "posts": {p["id"]: p for p in posts},
+            "next_post_id": "",
+            "prev_post_id": "",
+            "has_next": False,
+        }

@@ -20,8 +20,14 @@ class FakeOpenAI:
     api_key: str | None = None  # set: GET /v1/models answers 401 to any other bearer key
     _runner: web.AppRunner | None = None
 
-    def reply(self, content: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
-              status: int = 200, headers: dict[str, str] | None = None, raw: Any = None) -> None:  # fmt: skip
+    def reply(
+        self,
+        content: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+        raw: Any = None,
+    ) -> None:
         if raw is not None or status != 200:
             self.script.append(
                 (status, raw if raw is not None else {"error": {"message": "nope"}}, headers or {})
@@ -30,8 +36,12 @@ class FakeOpenAI:
         msg: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             msg["tool_calls"] = tool_calls
-        body = {"id": "c1", "model": "fake-model", "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 5}}  # fmt: skip
+        body = {
+            "id": "c1",
+            "model": "fake-model",
+            "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 5},
+        }
         self.script.append((200, body, headers or {}))
 
     async def _handle(self, request: web.Request) -> web.Response:

@@ -48,9 +48,17 @@ def envelope(
     if group:
         msg["groupInfo"] = {"groupId": group, "groupName": "Team", "revision": 3, "type": "DELIVER"}
     msg.update(data)
-    env = {"source": number or uuid, "sourceNumber": number, "sourceUuid": uuid, "sourceName": name,
-           "sourceDevice": 1, "timestamp": ts, "serverReceivedTimestamp": ts + 5,
-           "serverDeliveredTimestamp": ts + 9, "dataMessage": msg}  # fmt: skip
+    env = {
+        "source": number or uuid,
+        "sourceNumber": number,
+        "sourceUuid": uuid,
+        "sourceName": name,
+        "sourceDevice": 1,
+        "timestamp": ts,
+        "serverReceivedTimestamp": ts + 5,
+        "serverDeliveredTimestamp": ts + 9,
+        "dataMessage": msg,
+    }
     return {"envelope": env, "account": account}
 
 
@@ -59,8 +67,16 @@ def mention(start: int, number: str = BOT, uuid: str = BOT_UUID) -> dict[str, An
 
 
 def attachment(content_type: str = "image/jpeg") -> dict[str, Any]:
-    return {"contentType": content_type, "filename": "photo.jpg", "id": "aBc123.jpg", "size": 4096,
-            "width": 640, "height": 480, "caption": None, "uploadTimestamp": None}  # fmt: skip
+    return {
+        "contentType": content_type,
+        "filename": "photo.jpg",
+        "id": "aBc123.jpg",
+        "size": 4096,
+        "width": 640,
+        "height": 480,
+        "caption": None,
+        "uploadTimestamp": None,
+    }
 
 
 @dataclass
@@ -196,8 +212,10 @@ class FakeSignal:
             if not params.get("message") or (not to and not params.get("groupId")):
                 return _error(rid, -1, "No recipients given")
             ts = next(_ts)
-            results = [{"recipientAddress": {"uuid": None, "number": n}, "type": "SUCCESS"}
-                       for n in (to if isinstance(to, list) else [to])]  # fmt: skip
+            results = [
+                {"recipientAddress": {"uuid": None, "number": n}, "type": "SUCCESS"}
+                for n in (to if isinstance(to, list) else [to])
+            ]
             result = {"timestamp": ts, "results": results}
         elif method in ("sendTyping", "sendReceipt"):
             result = {"timestamp": next(_ts), "results": []}
@@ -255,8 +273,14 @@ def _failure(rid: Any, kind: str, value: float, params: dict[str, Any]) -> Any:
         return int(value)
     to = params.get("recipient") or [params.get("groupId")]
     if kind == "rate_limit":
-        results = [{"recipientAddress": {"uuid": None, "number": n}, "type": "RATE_LIMIT_FAILURE",
-                    "retryAfterSeconds": int(value)} for n in to]  # fmt: skip
+        results = [
+            {
+                "recipientAddress": {"uuid": None, "number": n},
+                "type": "RATE_LIMIT_FAILURE",
+                "retryAfterSeconds": int(value),
+            }
+            for n in to
+        ]
         return _error(
             rid,
             -5,

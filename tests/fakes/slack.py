@@ -71,9 +71,14 @@ class FakeSlack:
     async def _send_envelope(
         self, payload: dict[str, Any], envelope_id: str, retry_attempt: int
     ) -> None:
-        envelope = {"envelope_id": envelope_id, "type": "events_api", "accepts_response_payload": False,
-                    "retry_attempt": retry_attempt, "retry_reason": "timeout" if retry_attempt else "",
-                    "payload": payload}  # fmt: skip
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": "events_api",
+            "accepts_response_payload": False,
+            "retry_attempt": retry_attempt,
+            "retry_reason": "timeout" if retry_attempt else "",
+            "payload": payload,
+        }
         for ws in [s for s in self.sockets if not s.closed]:
             with contextlib.suppress(ConnectionError, RuntimeError):  # a link dying under us
                 await ws.send_str(json.dumps(envelope))
@@ -87,18 +92,34 @@ class FakeSlack:
         await ws.prepare(request)
         async with self._sending:
             self.sockets.append(ws)
-            await ws.send_str(json.dumps({"type": "hello", "num_connections": 1,
-                                          "connection_info": {"app_id": "A1"}, "debug_info": {"host": "fake"}}))  # fmt: skip
+            await ws.send_str(
+                json.dumps(
+                    {
+                        "type": "hello",
+                        "num_connections": 1,
+                        "connection_info": {"app_id": "A1"},
+                        "debug_info": {"host": "fake"},
+                    }
+                )
+            )
             # what no connection acknowledged goes out again on this one, oldest first
             for old_id, (payload, attempt) in list(self.unacked.items()):
                 del self.unacked[old_id]
                 new_id = f"{old_id.split('~')[0]}~{attempt + 1}"
                 self.unacked[new_id] = (payload, attempt + 1)
                 with contextlib.suppress(ConnectionError, RuntimeError):
-                    await ws.send_str(json.dumps({"envelope_id": new_id, "type": "events_api",
-                                                  "accepts_response_payload": False,
-                                                  "retry_attempt": attempt + 1, "retry_reason": "timeout",
-                                                  "payload": payload}))  # fmt: skip
+                    await ws.send_str(
+                        json.dumps(
+                            {
+                                "envelope_id": new_id,
+                                "type": "events_api",
+                                "accepts_response_payload": False,
+                                "retry_attempt": attempt + 1,
+                                "retry_reason": "timeout",
+                                "payload": payload,
+                            }
+                        )
+                    )
         async for frame in ws:
             try:
                 data = json.loads(frame.data)
@@ -184,20 +205,30 @@ class FakeSlack:
     def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
         meta = params.get("metadata")
         if meta is not None and not (
-            isinstance(meta, dict) and isinstance(meta.get("event_type"), str)
+            isinstance(meta, dict)
+            and isinstance(meta.get("event_type"), str)
             and isinstance(meta.get("event_payload"), dict)
-        ):  # fmt: skip
+        ):
             return {"ok": False, "error": "invalid_metadata_format"}
         ts = f"{self.ts_base}.{next(self._ts):06d}"
-        message: dict[str, Any] = {"type": "message", "user": BOT_USER, "bot_id": "B1",
-                                   "text": params.get("text"), "ts": ts}  # fmt: skip
+        message: dict[str, Any] = {
+            "type": "message",
+            "user": BOT_USER,
+            "bot_id": "B1",
+            "text": params.get("text"),
+            "ts": ts,
+        }
         if params.get("thread_ts"):
             message["thread_ts"] = str(params["thread_ts"])
         if meta is not None:
             message["metadata"] = meta
         self.history.setdefault(str(params.get("channel")), []).append(message)
-        return {"ok": True, "channel": params.get("channel"), "ts": ts,
-                "message": {k: v for k, v in message.items() if k != "metadata"}}  # fmt: skip
+        return {
+            "ok": True,
+            "channel": params.get("channel"),
+            "ts": ts,
+            "message": {k: v for k, v in message.items() if k != "metadata"},
+        }
 
     def _read(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """conversations.history (top-level messages, newest first) or .replies (one
@@ -216,8 +247,12 @@ class FakeSlack:
         if str(params.get("include_all_metadata")).lower() not in ("1", "true"):
             page = [{k: v for k, v in m.items() if k != "metadata"} for m in page]
         more = start + limit < len(found)
-        return {"ok": True, "messages": page, "has_more": more,
-                "response_metadata": {"next_cursor": str(start + limit) if more else ""}}  # fmt: skip
+        return {
+            "ok": True,
+            "messages": page,
+            "has_more": more,
+            "response_metadata": {"next_cursor": str(start + limit) if more else ""},
+        }
 
     def shown(self, channel: str) -> list[str]:
         """What the bot's messages in a channel (threads included) say, oldest first."""
@@ -238,9 +273,15 @@ def signed(
 
 
 def event(ev: dict[str, Any], event_id: str = "Ev1") -> dict[str, Any]:
-    return {"type": "event_callback", "team_id": "T1", "api_app_id": "A1", "event_id": event_id,
-            "event_time": int(time.time()), "event": ev,
-            "authorizations": [{"team_id": "T1", "user_id": BOT_USER, "is_bot": True}]}  # fmt: skip
+    return {
+        "type": "event_callback",
+        "team_id": "T1",
+        "api_app_id": "A1",
+        "event_id": event_id,
+        "event_time": int(time.time()),
+        "event": ev,
+        "authorizations": [{"team_id": "T1", "user_id": BOT_USER, "is_bot": True}],
+    }
 
 
 @dataclass

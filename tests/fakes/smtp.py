@@ -40,11 +40,19 @@ class FakeSmtp:
         loop = asyncio.get_running_loop()
         starttls = self.tls if self.tls_mode == "starttls" else None
         self._server = await loop.create_server(
-            lambda: SMTP(self, hostname="fake-smtp.local", auth_require_tls=starttls is not None,
-                         tls_context=starttls, require_starttls=starttls is not None,
-                         authenticator=self._authenticate, loop=loop),
-            "127.0.0.1", 0, ssl=self.tls if self.tls_mode == "tls" else None,
-        )  # fmt: skip
+            lambda: SMTP(
+                self,
+                hostname="fake-smtp.local",
+                auth_require_tls=starttls is not None,
+                tls_context=starttls,
+                require_starttls=starttls is not None,
+                authenticator=self._authenticate,
+                loop=loop,
+            ),
+            "127.0.0.1",
+            0,
+            ssl=self.tls if self.tls_mode == "tls" else None,
+        )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -59,8 +67,9 @@ class FakeSmtp:
 
         login = data.login.decode() if hasattr(data, "login") else ""
         ok = (login, data.password.decode() if hasattr(data, "password") else "") == (
-            self.user, self.password,
-        )  # fmt: skip
+            self.user,
+            self.password,
+        )
         self.auth_attempts.append((login, ok))
         return AuthResult(success=ok, handled=False)  # aiosmtpd answers 235 or 535
 

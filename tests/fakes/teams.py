@@ -88,21 +88,39 @@ class FakeTeams:
 
     # --- playing the Bot Connector ---------------------------------------------------------
 
-    def token_for(self, activity: dict[str, Any], *, key: rsa.RSAPrivateKey | None = None,
-                  kid: str | None = None, age_s: int = 0, lifetime_s: int = 3600,
-                  **claims: Any) -> str:  # fmt: skip
+    def token_for(
+        self,
+        activity: dict[str, Any],
+        *,
+        key: rsa.RSAPrivateKey | None = None,
+        kid: str | None = None,
+        age_s: int = 0,
+        lifetime_s: int = 3600,
+        **claims: Any,
+    ) -> str:
         """A JWT as the Bot Connector signs one for `activity` (claims may be overridden):
         the service URL in the lowercase `serviceurl` claim, a `typ`, `kid` and `x5t` header."""
         now = int(time.time()) - age_s
-        body = {"serviceurl": activity.get("serviceUrl"), "nbf": now - 5,
-                "exp": now + lifetime_s, "iss": ISSUER, "aud": self.app_id}  # fmt: skip
+        body = {
+            "serviceurl": activity.get("serviceUrl"),
+            "nbf": now - 5,
+            "exp": now + lifetime_s,
+            "iss": ISSUER,
+            "aud": self.app_id,
+        }
         body.update(claims)
         kid = kid or self.kid
-        return jwt.encode(body, key or self.key, algorithm="RS256",
-                          headers={"typ": "JWT", "kid": kid, "x5t": kid})  # fmt: skip
+        return jwt.encode(
+            body, key or self.key, algorithm="RS256", headers={"typ": "JWT", "kid": kid, "x5t": kid}
+        )
 
-    async def deliver(self, url: str, activity: dict[str, Any], token: str | None = None,
-                      authorization: str | None = None) -> int:  # fmt: skip
+    async def deliver(
+        self,
+        url: str,
+        activity: dict[str, Any],
+        token: str | None = None,
+        authorization: str | None = None,
+    ) -> int:
         """POST an activity to the bot as the Bot Connector does; the HTTP status."""
         auth = (
             authorization
@@ -114,10 +132,20 @@ class FakeTeams:
             async with http.post(url, json=activity, headers=headers) as resp:
                 return resp.status
 
-    def activity(self, text: str, *, kind: str = "personal", conversation: str = "a:1personal",
-                 user: str = "29:1ann", name: str = "Ann", aad: str | None = "aad-ann",
-                 activity_id: str | None = None, mention: bool = False,
-                 channel: str | None = None, **extra: Any) -> dict[str, Any]:  # fmt: skip
+    def activity(
+        self,
+        text: str,
+        *,
+        kind: str = "personal",
+        conversation: str = "a:1personal",
+        user: str = "29:1ann",
+        name: str = "Ann",
+        aad: str | None = "aad-ann",
+        activity_id: str | None = None,
+        mention: bool = False,
+        channel: str | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         """A message activity as Teams sends it (`<at>` tag and mention entity when asked)."""
         aid = activity_id or str(next(self._ids))
         sender: dict[str, Any] = {"id": user, "name": name}
@@ -126,8 +154,13 @@ class FakeTeams:
         entities: list[dict[str, Any]] = [{"type": "clientInfo", "locale": "en-US"}]
         if mention:
             text = f"<at>Switchboard</at> {text}"
-            entities.append({"type": "mention", "text": "<at>Switchboard</at>",
-                             "mentioned": {"id": BOT_ID, "name": "Switchboard"}})  # fmt: skip
+            entities.append(
+                {
+                    "type": "mention",
+                    "text": "<at>Switchboard</at>",
+                    "mentioned": {"id": BOT_ID, "name": "Switchboard"},
+                }
+            )
         conv: dict[str, Any] = {"id": conversation, "conversationType": kind, "tenantId": TENANT}
         if kind != "personal":
             conv["isGroup"] = True
@@ -135,23 +168,45 @@ class FakeTeams:
         if kind == "channel":
             data["channel"] = {"id": channel or conversation.split(";")[0]}
             data["team"] = {"id": "19:team-general@thread.tacv2"}
-        body = {"type": "message", "id": aid, "timestamp": "2026-12-01T10:00:00.000Z",
-                "serviceUrl": self.service_url, "channelId": "msteams", "from": sender,
-                "conversation": conv, "recipient": {"id": BOT_ID, "name": "Switchboard"},
-                "textFormat": "plain", "text": text, "entities": entities, "channelData": data}  # fmt: skip
+        body = {
+            "type": "message",
+            "id": aid,
+            "timestamp": "2026-12-01T10:00:00.000Z",
+            "serviceUrl": self.service_url,
+            "channelId": "msteams",
+            "from": sender,
+            "conversation": conv,
+            "recipient": {"id": BOT_ID, "name": "Switchboard"},
+            "textFormat": "plain",
+            "text": text,
+            "entities": entities,
+            "channelData": data,
+        }
         body.update(extra)
         return body
 
     def installed(self, team_channel: str) -> dict[str, Any]:
         """The conversationUpdate Teams sends when the bot is added to a team."""
-        return {"type": "conversationUpdate", "id": f"f:{uuid.uuid4().hex}", "channelId": "msteams",
-                "serviceUrl": self.service_url, "recipient": {"id": BOT_ID, "name": "Switchboard"},
-                "from": {"id": "29:1ann", "aadObjectId": "aad-ann"},
-                "conversation": {"id": team_channel, "conversationType": "channel", "isGroup": True,
-                                 "tenantId": TENANT},
-                "membersAdded": [{"id": BOT_ID}],
-                "channelData": {"eventType": "teamMemberAdded", "tenant": {"id": TENANT},
-                                "team": {"id": team_channel, "name": "Ops"}}}  # fmt: skip
+        return {
+            "type": "conversationUpdate",
+            "id": f"f:{uuid.uuid4().hex}",
+            "channelId": "msteams",
+            "serviceUrl": self.service_url,
+            "recipient": {"id": BOT_ID, "name": "Switchboard"},
+            "from": {"id": "29:1ann", "aadObjectId": "aad-ann"},
+            "conversation": {
+                "id": team_channel,
+                "conversationType": "channel",
+                "isGroup": True,
+                "tenantId": TENANT,
+            },
+            "membersAdded": [{"id": BOT_ID}],
+            "channelData": {
+                "eventType": "teamMemberAdded",
+                "tenant": {"id": TENANT},
+                "team": {"id": team_channel, "name": "Ops"},
+            },
+        }
 
     # --- the server --------------------------------------------------------------------------
 
@@ -174,12 +229,15 @@ class FakeTeams:
             await self._runner.cleanup()
 
     async def _metadata(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "issuer": ISSUER, "authorization_endpoint": "https://invalid.botframework.com",
-            "jwks_uri": f"{self.root}/v1/.well-known/keys",
-            "id_token_signing_alg_values_supported": ["RS256"],
-            "token_endpoint_auth_methods_supported": ["private_key_jwt"],
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "issuer": ISSUER,
+                "authorization_endpoint": "https://invalid.botframework.com",
+                "jwks_uri": f"{self.root}/v1/.well-known/keys",
+                "id_token_signing_alg_values_supported": ["RS256"],
+                "token_endpoint_auth_methods_supported": ["private_key_jwt"],
+            }
+        )
 
     async def _keys(self, request: web.Request) -> web.Response:
         self.key_fetches += 1
@@ -192,8 +250,16 @@ class FakeTeams:
         if not queued:
             return None
         status, headers = queued.pop(0)
-        return web.json_response({"error": {"code": "Throttled" if status == 429 else "ServiceError",
-                                            "message": "fake failure"}}, status=status, headers=headers)  # fmt: skip
+        return web.json_response(
+            {
+                "error": {
+                    "code": "Throttled" if status == 429 else "ServiceError",
+                    "message": "fake failure",
+                }
+            },
+            status=status,
+            headers=headers,
+        )
 
     async def _token(self, request: web.Request) -> web.Response:
         form = dict(await request.post())
@@ -207,12 +273,23 @@ class FakeTeams:
         ):
             return web.json_response({"error": "invalid_request"}, status=400)
         if form.get("client_id") != self.app_id or form.get("client_secret") != self.password:
-            return web.json_response({"error": "invalid_client", "error_description":
-                                      "AADSTS7000215: Invalid client secret provided."}, status=401)  # fmt: skip
+            return web.json_response(
+                {
+                    "error": "invalid_client",
+                    "error_description": "AADSTS7000215: Invalid client secret provided.",
+                },
+                status=401,
+            )
         token = f"fake-bot-token-{uuid.uuid4().hex}"
         self.tokens.add(token)
-        return web.json_response({"token_type": "Bearer", "expires_in": 3599,
-                                  "ext_expires_in": 3599, "access_token": token})  # fmt: skip
+        return web.json_response(
+            {
+                "token_type": "Bearer",
+                "expires_in": 3599,
+                "ext_expires_in": 3599,
+                "access_token": token,
+            }
+        )
 
     def _authorised(self, request: web.Request) -> bool:
         header = request.headers.get("Authorization", "")

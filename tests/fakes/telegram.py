@@ -72,12 +72,22 @@ class FakeTelegram:
 
     # --- payload builders ---------------------------------------------------------------
 
-    def message(self, text: str, chat: dict[str, Any], user_id: int = 7, name: str = "Ann",
-                thread: int | None = None, **extra: Any) -> dict[str, Any]:  # fmt: skip
+    def message(
+        self,
+        text: str,
+        chat: dict[str, Any],
+        user_id: int = 7,
+        name: str = "Ann",
+        thread: int | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         msg: dict[str, Any] = {
-            "message_id": next(self._ids), "date": int(time.time()), "text": text, "chat": chat,
+            "message_id": next(self._ids),
+            "date": int(time.time()),
+            "text": text,
+            "chat": chat,
             "from": {"id": user_id, "is_bot": False, "first_name": name},
-        }  # fmt: skip
+        }
         if thread is not None:
             msg["message_thread_id"] = thread
             msg["is_topic_message"] = True
@@ -186,8 +196,13 @@ class FakeTelegram:
         return [u for u in self.updates if u["update_id"] >= offset]
 
     async def _m_sendMessage(self, params: dict[str, Any]) -> Any:
-        msg = {"message_id": next(self._ids), "date": int(time.time()), "text": params.get("text", ""),
-               "chat": {"id": int(params["chat_id"]), "type": "private"}, "from": BOT}  # fmt: skip
+        msg = {
+            "message_id": next(self._ids),
+            "date": int(time.time()),
+            "text": params.get("text", ""),
+            "chat": {"id": int(params["chat_id"]), "type": "private"},
+            "from": BOT,
+        }
         if params.get("message_thread_id"):
             msg["message_thread_id"] = params["message_thread_id"]
             msg["is_topic_message"] = True

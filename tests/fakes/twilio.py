@@ -23,8 +23,12 @@ PUBLIC_URL = "https://switchboard.example.com/sms/webhook"
 
 
 def twilio_error(status: int, code: int, message: str) -> dict[str, Any]:
-    return {"code": code, "message": message, "status": status,
-            "more_info": f"https://www.twilio.com/docs/errors/{code}"}  # fmt: skip
+    return {
+        "code": code,
+        "message": message,
+        "status": status,
+        "more_info": f"https://www.twilio.com/docs/errors/{code}",
+    }
 
 
 @dataclass
@@ -79,8 +83,14 @@ class FakeTwilio:
         self.calls.append(("GET", request.path, {}))
         if not self._authorised(request):
             return self._refused()
-        return web.json_response({"sid": ACCOUNT, "friendly_name": "Switchboard Test",
-                                  "status": "active", "type": "Full"})  # fmt: skip
+        return web.json_response(
+            {
+                "sid": ACCOUNT,
+                "friendly_name": "Switchboard Test",
+                "status": "active",
+                "type": "Full",
+            }
+        )
 
     async def _messages(self, request: web.Request) -> web.Response:
         params = {k: str(v) for k, v in (await request.post()).items()}
@@ -98,10 +108,20 @@ class FakeTwilio:
             )
         params["_accepted"] = "1"
         sid = f"SM{next(self._ids):032x}"
-        return web.json_response({"sid": sid, "account_sid": ACCOUNT, "to": params["To"],
-                                  "from": params["From"], "body": params["Body"], "status": "queued",
-                                  "num_segments": "1", "direction": "outbound-api",
-                                  "api_version": "2010-04-01"}, status=201)  # fmt: skip
+        return web.json_response(
+            {
+                "sid": sid,
+                "account_sid": ACCOUNT,
+                "to": params["To"],
+                "from": params["From"],
+                "body": params["Body"],
+                "status": "queued",
+                "num_segments": "1",
+                "direction": "outbound-api",
+                "api_version": "2010-04-01",
+            },
+            status=201,
+        )
 
     async def _unknown(self, request: web.Request) -> web.Response:
         print(f"FakeTwilio: unimplemented {request.method} {request.path}", flush=True)
@@ -111,13 +131,31 @@ class FakeTwilio:
 # --- inbound webhooks, as Twilio sends them ---------------------------------------------
 
 
-def inbound(body: str, sid: str = "SM1", sender: str = "+15551234567", media: int = 0) -> dict[str, str]:  # fmt: skip
+def inbound(
+    body: str, sid: str = "SM1", sender: str = "+15551234567", media: int = 0
+) -> dict[str, str]:
     """The form Twilio POSTs for an incoming SMS (the fields a real one carries)."""
-    return {"ToCountry": "US", "ToState": "CA", "SmsMessageSid": sid, "NumMedia": str(media),
-            "ToCity": "", "FromZip": "", "SmsSid": sid, "FromState": "CA", "SmsStatus": "received",
-            "FromCity": "", "Body": body, "FromCountry": "US", "To": FROM, "ToZip": "",
-            "NumSegments": "1", "MessageSid": sid, "AccountSid": ACCOUNT, "From": sender,
-            "ApiVersion": "2010-04-01"}  # fmt: skip
+    return {
+        "ToCountry": "US",
+        "ToState": "CA",
+        "SmsMessageSid": sid,
+        "NumMedia": str(media),
+        "ToCity": "",
+        "FromZip": "",
+        "SmsSid": sid,
+        "FromState": "CA",
+        "SmsStatus": "received",
+        "FromCity": "",
+        "Body": body,
+        "FromCountry": "US",
+        "To": FROM,
+        "ToZip": "",
+        "NumSegments": "1",
+        "MessageSid": sid,
+        "AccountSid": ACCOUNT,
+        "From": sender,
+        "ApiVersion": "2010-04-01",
+    }
 
 
 def sign(url: str, params: dict[str, str], token: str = AUTH_TOKEN) -> str:
@@ -125,8 +163,14 @@ def sign(url: str, params: dict[str, str], token: str = AUTH_TOKEN) -> str:
     return base64.b64encode(hmac.new(token.encode(), data.encode(), hashlib.sha1).digest()).decode()
 
 
-async def post_sms(url: str, params: dict[str, str], *, signed_url: str = PUBLIC_URL,
-                   token: str | None = AUTH_TOKEN, signature: str | None = None) -> int:  # fmt: skip
+async def post_sms(
+    url: str,
+    params: dict[str, str],
+    *,
+    signed_url: str = PUBLIC_URL,
+    token: str | None = AUTH_TOKEN,
+    signature: str | None = None,
+) -> int:
     """POST `params` to the daemon at `url`, signed over `signed_url` (the public URL Twilio
     was given, which a proxy forwards to `url`)."""
     headers = {}

@@ -27,9 +27,14 @@ def signature(secret: str, ts: int, body: bytes) -> str:
 
 
 async def post_signed(
-    url: str, payload: Any, *, secret: str | None = SECRET, ts: int | None = None,
-    header: str | None = None, raw: bytes | None = None,
-) -> tuple[int, Any]:  # fmt: skip
+    url: str,
+    payload: Any,
+    *,
+    secret: str | None = SECRET,
+    ts: int | None = None,
+    header: str | None = None,
+    raw: bytes | None = None,
+) -> tuple[int, Any]:
     """POST `payload` as JSON (or `raw` bytes) signed with `secret` at `ts` (now by default);
     `header` replaces the signature header as given; secret None sends none."""
     body = raw if raw is not None else json.dumps(payload).encode()

@@ -25,8 +25,14 @@ VERSION = "v23.0"
 
 
 def graph_error(code: int, message: str, status: int = 400) -> tuple[int, dict[str, Any]]:
-    return status, {"error": {"message": message, "type": "OAuthException", "code": code,
-                              "fbtrace_id": "AbCdEf"}}  # fmt: skip
+    return status, {
+        "error": {
+            "message": message,
+            "type": "OAuthException",
+            "code": code,
+            "fbtrace_id": "AbCdEf",
+        }
+    }
 
 
 @dataclass
@@ -44,14 +50,19 @@ class FakeGraph:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def fail_next(self, status: int, code: int, message: str = "", headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def fail_next(
+        self, status: int, code: int, message: str = "", headers: dict[str, str] | None = None
+    ) -> None:
         """The next send answers `status` with Graph error `code`."""
         self.failures.append((status, graph_error(code, message, status)[1], headers or {}))
 
     def sent(self) -> list[dict[str, Any]]:
         """Every text message accepted (typing indicators and refused sends left out)."""
-        return [b for m, p, b in self.calls if p.endswith("/messages") and b.get("type") == "text"
-                and b.get("_accepted")]  # fmt: skip
+        return [
+            b
+            for m, p, b in self.calls
+            if p.endswith("/messages") and b.get("type") == "text" and b.get("_accepted")
+        ]
 
     def typing(self) -> list[dict[str, Any]]:
         return [b for _m, p, b in self.calls if p.endswith("/messages") and "typing_indicator" in b]
@@ -89,8 +100,13 @@ class FakeGraph:
                 190, "Invalid OAuth access token - Cannot parse access token", 401
             )
             return web.json_response(body, status=status)
-        return web.json_response({"verified_name": "Switchboard Test", "id": PHONE_ID,
-                                  "display_phone_number": "+1 555-010-0000"})  # fmt: skip
+        return web.json_response(
+            {
+                "verified_name": "Switchboard Test",
+                "id": PHONE_ID,
+                "display_phone_number": "+1 555-010-0000",
+            }
+        )
 
     async def _messages(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -116,9 +132,13 @@ class FakeGraph:
             )
         body["_accepted"] = True
         wamid = f"wamid.OUT{next(self._ids):04d}"
-        return web.json_response({"messaging_product": "whatsapp",
-                                  "contacts": [{"input": body["to"], "wa_id": body["to"]}],
-                                  "messages": [{"id": wamid}]})  # fmt: skip
+        return web.json_response(
+            {
+                "messaging_product": "whatsapp",
+                "contacts": [{"input": body["to"], "wa_id": body["to"]}],
+                "messages": [{"id": wamid}],
+            }
+        )
 
     async def _unknown(self, request: web.Request) -> web.Response:
         print(f"FakeGraph: unimplemented {request.method} {request.path}", flush=True)
@@ -131,34 +151,56 @@ WINDOW = 131047
 # --- webhook deliveries, as Meta sends them --------------------------------------------
 
 
-def text_message(text: str, sender: str = "15551234567", wamid: str = "wamid.IN1",
-                 age_s: float = 0, context: str | None = None) -> dict[str, Any]:  # fmt: skip
-    msg: dict[str, Any] = {"from": sender, "id": wamid, "timestamp": str(int(time.time() - age_s)),
-                           "type": "text", "text": {"body": text}}  # fmt: skip
+def text_message(
+    text: str,
+    sender: str = "15551234567",
+    wamid: str = "wamid.IN1",
+    age_s: float = 0,
+    context: str | None = None,
+) -> dict[str, Any]:
+    msg: dict[str, Any] = {
+        "from": sender,
+        "id": wamid,
+        "timestamp": str(int(time.time() - age_s)),
+        "type": "text",
+        "text": {"body": text},
+    }
     if context:
         msg["context"] = {"from": "15550100000", "id": context}
     return msg
 
 
-def delivery(messages: list[dict[str, Any]] = (), statuses: list[dict[str, Any]] = (),  # type: ignore[assignment]
-             name: str = "Ann") -> dict[str, Any]:  # fmt: skip
-    value: dict[str, Any] = {"messaging_product": "whatsapp",
-                             "metadata": {"display_phone_number": "15550100000", "phone_number_id": PHONE_ID}}  # fmt: skip
+def delivery(
+    messages: list[dict[str, Any]] = (),
+    statuses: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    name: str = "Ann",
+) -> dict[str, Any]:
+    value: dict[str, Any] = {
+        "messaging_product": "whatsapp",
+        "metadata": {"display_phone_number": "15550100000", "phone_number_id": PHONE_ID},
+    }
     if messages:
         value["contacts"] = [{"profile": {"name": name}, "wa_id": m["from"]} for m in messages]
         value["messages"] = list(messages)
     if statuses:
         value["statuses"] = list(statuses)
-    return {"object": "whatsapp_business_account",
-            "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}]}  # fmt: skip
+    return {
+        "object": "whatsapp_business_account",
+        "entry": [{"id": "WABA1", "changes": [{"value": value, "field": "messages"}]}],
+    }
 
 
 def sign(body: bytes, secret: str = APP_SECRET) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-async def deliver(url: str, payload: dict[str, Any], *, secret: str | None = APP_SECRET,
-                  signature: str | None = None) -> int:  # fmt: skip
+async def deliver(
+    url: str,
+    payload: dict[str, Any],
+    *,
+    secret: str | None = APP_SECRET,
+    signature: str | None = None,
+) -> int:
     """POST a delivery to the daemon like Meta: compact JSON, signed (or not, or forged)."""
     body = json.dumps(payload, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json"}

@@ -44,15 +44,38 @@ from tests.fakes.twilio import FakeTwilio
 from tests.fakes.webhook_receiver import CallbackReceiver
 from tests.fakes.whatsapp import FakeGraph
 
-PLATFORMS = ["api", "telegram", "discord", "slack", "signal", "mattermost", "teams", "whatsapp",
-             "sms", "email", "feishu", "dingtalk", "matrix", "bluebubbles",
-             "webhook"]  # fmt: skip
+PLATFORMS = [
+    "api",
+    "telegram",
+    "discord",
+    "slack",
+    "signal",
+    "mattermost",
+    "teams",
+    "whatsapp",
+    "sms",
+    "email",
+    "feishu",
+    "dingtalk",
+    "matrix",
+    "bluebubbles",
+    "webhook",
+]
 FAKES: dict[str, type[Any]] = {
-    "telegram": FakeTelegram, "discord": FakeDiscord, "slack": FakeSlack, "signal": FakeSignal,
-    "mattermost": FakeMattermost, "teams": FakeTeams, "whatsapp": FakeGraph, "sms": FakeTwilio,
-    "feishu": FakeFeishu, "dingtalk": FakeDingTalk, "matrix": FakeMatrix,
-    "bluebubbles": FakeBlueBubbles, "webhook": CallbackReceiver,
-}  # fmt: skip
+    "telegram": FakeTelegram,
+    "discord": FakeDiscord,
+    "slack": FakeSlack,
+    "signal": FakeSignal,
+    "mattermost": FakeMattermost,
+    "teams": FakeTeams,
+    "whatsapp": FakeGraph,
+    "sms": FakeTwilio,
+    "feishu": FakeFeishu,
+    "dingtalk": FakeDingTalk,
+    "matrix": FakeMatrix,
+    "bluebubbles": FakeBlueBubbles,
+    "webhook": CallbackReceiver,
+}
 
 
 @pytest.fixture(params=PLATFORMS)
@@ -67,10 +90,15 @@ async def case(
         await imap.start()
         await smtp.start()
         try:
-            yield EmailAdapter(
-                imap.user, ImapAccount("127.0.0.1", imap.port, "plain", imap.user, imap.password),
-                SmtpAccount("127.0.0.1", smtp.port, "plain", smtp.user, smtp.password),
-            ), "alice@example.com", smtp  # fmt: skip
+            yield (
+                EmailAdapter(
+                    imap.user,
+                    ImapAccount("127.0.0.1", imap.port, "plain", imap.user, imap.password),
+                    SmtpAccount("127.0.0.1", smtp.port, "plain", smtp.user, smtp.password),
+                ),
+                "alice@example.com",
+                smtp,
+            )
         finally:
             await imap.stop()
             await smtp.stop()
@@ -92,24 +120,65 @@ async def case(
         elif isinstance(fake, FakeMattermost):
             yield MattermostAdapter(fake.token, fake.url), TOWN, fake
         elif isinstance(fake, FakeTeams):
-            yield TeamsAdapter(teams.APP_ID, teams.PASSWORD, metadata_url=fake.metadata_url,
-                               token_url=fake.token_url, service_url=fake.service_url
-                               ), "19:general@thread.tacv2", fake  # fmt: skip
+            yield (
+                TeamsAdapter(
+                    teams.APP_ID,
+                    teams.PASSWORD,
+                    metadata_url=fake.metadata_url,
+                    token_url=fake.token_url,
+                    service_url=fake.service_url,
+                ),
+                "19:general@thread.tacv2",
+                fake,
+            )
         elif isinstance(fake, FakeTwilio):
-            yield SmsAdapter(twilio.ACCOUNT, twilio.AUTH_TOKEN, twilio.FROM, twilio.PUBLIC_URL,
-                             base_url=fake.base_url), "+15551234567", fake  # fmt: skip
+            yield (
+                SmsAdapter(
+                    twilio.ACCOUNT,
+                    twilio.AUTH_TOKEN,
+                    twilio.FROM,
+                    twilio.PUBLIC_URL,
+                    base_url=fake.base_url,
+                ),
+                "+15551234567",
+                fake,
+            )
         elif isinstance(fake, FakeGraph):
-            yield WhatsAppAdapter(whatsapp.PHONE_ID, whatsapp.TOKEN, whatsapp.APP_SECRET,
-                                  whatsapp.VERIFY, base_url=fake.base_url), "15551234567", fake  # fmt: skip
+            yield (
+                WhatsAppAdapter(
+                    whatsapp.PHONE_ID,
+                    whatsapp.TOKEN,
+                    whatsapp.APP_SECRET,
+                    whatsapp.VERIFY,
+                    base_url=fake.base_url,
+                ),
+                "15551234567",
+                fake,
+            )
         elif isinstance(fake, FakeFeishu):
-            yield FeishuAdapter(feishu.APP_ID, feishu.APP_SECRET, feishu.ENCRYPT_KEY,
-                                feishu.VERIFICATION_TOKEN, domain=fake.base_url), "oc_grp", fake  # fmt: skip
+            yield (
+                FeishuAdapter(
+                    feishu.APP_ID,
+                    feishu.APP_SECRET,
+                    feishu.ENCRYPT_KEY,
+                    feishu.VERIFICATION_TOKEN,
+                    domain=fake.base_url,
+                ),
+                "oc_grp",
+                fake,
+            )
         elif isinstance(fake, FakeDingTalk):
-            yield DingTalkAdapter(dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET,
-                                  base_url=fake.base_url), "cidGROUP", fake  # fmt: skip
+            yield (
+                DingTalkAdapter(dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET, base_url=fake.base_url),
+                "cidGROUP",
+                fake,
+            )
         elif isinstance(fake, FakeBlueBubbles):
-            yield BlueBubblesAdapter(fake.base_url, bluebubbles.PASSWORD, bluebubbles.SECRET
-                                     ), bluebubbles.GROUP, fake  # fmt: skip
+            yield (
+                BlueBubblesAdapter(fake.base_url, bluebubbles.PASSWORD, bluebubbles.SECRET),
+                bluebubbles.GROUP,
+                fake,
+            )
         elif isinstance(fake, CallbackReceiver):
             yield WebhookAdapter([Endpoint("ci", fake.secret, "async", fake.url)]), "ci:ann", fake
         elif isinstance(fake, FakeMatrix):

@@ -134,13 +134,27 @@ async def test_a_refused_credential_fails_the_adapter_and_an_unreachable_platfor
 
     adapter = _Adapter()
     with pytest.raises(InvalidToken, match="^kitcloud rejected the api key$"):
-        await start_whoami(adapter, refuse, by="kitcloud", credential="api key",
-                           refused_as="bad key", unreachable="no answer", log=log)  # fmt: skip
+        await start_whoami(
+            adapter,
+            refuse,
+            by="kitcloud",
+            credential="api key",
+            refused_as="bad key",
+            unreachable="no answer",
+            log=log,
+        )
     assert adapter.state == "failed: bad key"
 
     adapter = _Adapter()
-    name = await start_whoami(adapter, away, by="kitcloud", credential="api key",
-                              refused_as="bad key", unreachable="no answer", log=log)  # fmt: skip
+    name = await start_whoami(
+        adapter,
+        away,
+        by="kitcloud",
+        credential="api key",
+        refused_as="bad key",
+        unreachable="no answer",
+        log=log,
+    )
     assert name is None
     assert (adapter.state, adapter.last_error) == (AdapterState.RUNNING, "connection refused")
 

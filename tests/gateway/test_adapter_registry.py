@@ -46,13 +46,36 @@ from tests.fakes.webhook_receiver import CallbackReceiver
 from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
-PLATFORM_NAMES = ("telegram", "discord", "slack", "signal", "matrix", "mattermost", "teams",
-                  "whatsapp", "sms", "email", "feishu", "dingtalk", "bluebubbles", "webhook")  # fmt: skip
+PLATFORM_NAMES = (
+    "telegram",
+    "discord",
+    "slack",
+    "signal",
+    "matrix",
+    "mattermost",
+    "teams",
+    "whatsapp",
+    "sms",
+    "email",
+    "feishu",
+    "dingtalk",
+    "bluebubbles",
+    "webhook",
+)
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
 # string value, or names only the platform has
-OWN_NAMES = {"signal": ("signal-cli", "signal_cli", "signalcli", "signal_rpc", "signal_text",
-                        "signaladapter", "adapters.signal")}  # fmt: skip
+OWN_NAMES = {
+    "signal": (
+        "signal-cli",
+        "signal_cli",
+        "signalcli",
+        "signal_rpc",
+        "signal_text",
+        "signaladapter",
+        "adapters.signal",
+    )
+}
 
 
 def _names_platform(text: str, value: bool) -> bool:
@@ -129,9 +152,18 @@ def test_the_rule_finds_platform_names_in_code_but_not_in_prose() -> None:
     ''')
     found = sorted(text for _line, text in platform_mentions(code))
     assert found == sorted(
-        ["telegram", " on Slack", "discord_id", "slack_sdk ", "telegram", "discord",
-         "signal", "gateway.adapters.signal", "SignalAdapter "]
-    )  # fmt: skip
+        [
+            "telegram",
+            " on Slack",
+            "discord_id",
+            "slack_sdk ",
+            "telegram",
+            "discord",
+            "signal",
+            "gateway.adapters.signal",
+            "SignalAdapter ",
+        ]
+    )
 
 
 def test_the_core_names_no_platform() -> None:
@@ -189,8 +221,14 @@ def test_config_and_registry_load_no_chat_library() -> None:
                 "dingtalk_stream", "mautrix")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env=clean_env(), timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -252,8 +290,10 @@ async def test_doctor_asks_signal_cli_about_the_account(tmp_path: Path, case: st
         url = f"http://127.0.0.1:{free_port()}"
     try:
         cfg = tmp_path / "c.yaml"
-        cfg.write_text("platforms:\n  signal:\n    enabled: true\n    allow_all_users: true\n"
-                       f"    url: {url}\n    account: '{SIGNAL_BOT}'\n")  # fmt: skip
+        cfg.write_text(
+            "platforms:\n  signal:\n    enabled: true\n    allow_all_users: true\n"
+            f"    url: {url}\n    account: '{SIGNAL_BOT}'\n"
+        )
         checks = await run_doctor(
             tmp_path / "home", load_config(cfg, {}), None, fix=False, full=False
         )
@@ -262,9 +302,15 @@ async def test_doctor_asks_signal_cli_about_the_account(tmp_path: Path, case: st
         await fake.stop()
     expected = {
         "good": (True, f"{SIGNAL_BOT} (signal-cli {SIGNAL_CLI_VERSION})"),
-        "single-account": (True, f"{SIGNAL_BOT} (signal-cli {SIGNAL_CLI_VERSION}, single-account daemon)"),
-        "unregistered": (False, f"{SIGNAL_BOT} is not registered with signal-cli at {url} (it has: +15559999999)"),
-    }  # fmt: skip
+        "single-account": (
+            True,
+            f"{SIGNAL_BOT} (signal-cli {SIGNAL_CLI_VERSION}, single-account daemon)",
+        ),
+        "unregistered": (
+            False,
+            f"{SIGNAL_BOT} is not registered with signal-cli at {url} (it has: +15559999999)",
+        ),
+    }
     if case == "unreachable":
         assert not reach.ok and reach.detail.startswith(
             f"unreachable (signal-cli is not reachable at {url}"
@@ -348,7 +394,9 @@ async def test_doctor_checks_a_teams_app_password_by_obtaining_a_token(
             f"    token_url: {fake.token_url}\n"
         )
         env = {"TEAMS_APP_ID": APP_ID, "TEAMS_APP_PASSWORD": PASSWORD if good else "wrong"}
-        checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)  # fmt: skip
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
         [reach] = [c for c in checks if c.name == "teams reachable"]
     finally:
         await fake.stop()
@@ -373,8 +421,11 @@ async def test_doctor_checks_a_whatsapp_token_against_the_graph_api(
             "platforms:\n  whatsapp:\n    enabled: true\n    allow_all_users: true\n"
             f"    phone_number_id: '{PHONE_ID}'\n    base_url: {fake.base_url}\n"
         )
-        env = {"WHATSAPP_TOKEN": TOKEN if good else "EAAG-bad", "WHATSAPP_APP_SECRET": "s-1",
-               "WHATSAPP_VERIFY_TOKEN": "v-1"}  # fmt: skip
+        env = {
+            "WHATSAPP_TOKEN": TOKEN if good else "EAAG-bad",
+            "WHATSAPP_APP_SECRET": "s-1",
+            "WHATSAPP_VERIFY_TOKEN": "v-1",
+        }
         checks = await run_doctor(
             tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
         )
@@ -499,13 +550,21 @@ async def test_doctor_checks_the_bluebubbles_password_with_server_info(
             "platforms:\n  bluebubbles:\n    enabled: true\n    allow_all_users: true\n"
             f"    url: {fake.base_url}\n    bot_name: sb\n"
         )
-        env = {"BLUEBUBBLES_PASSWORD": BB_PASSWORD if good else "wrong",
-               "BLUEBUBBLES_WEBHOOK_SECRET": "s-1"}  # fmt: skip
-        checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)  # fmt: skip
+        env = {
+            "BLUEBUBBLES_PASSWORD": BB_PASSWORD if good else "wrong",
+            "BLUEBUBBLES_WEBHOOK_SECRET": "s-1",
+        }
+        checks = await run_doctor(
+            tmp_path / "home", load_config(cfg, env), None, fix=False, full=False
+        )
     finally:
         await fake.stop()
     [reach] = [c for c in checks if c.name == "bluebubbles reachable"]
-    expected = "bot@icloud.example (BlueBubbles 1.9.9)" if good else "bluebubbles refused the server password (401)"  # fmt: skip
+    expected = (
+        "bot@icloud.example (BlueBubbles 1.9.9)"
+        if good
+        else "bluebubbles refused the server password (401)"
+    )
     assert (reach.ok, reach.detail) == (good, expected)
     assert [(m, p) for m, p, _b in fake.calls] == [("GET", "/api/v1/server/info")]
 
@@ -533,8 +592,11 @@ async def test_doctor_lists_webhook_endpoints_and_pings_their_callbacks(
     finally:
         await receiver.stop()
     [reach] = [c for c in checks if c.name == "webhook reachable"]
-    callback = {"good": "answers", "refused": ": the callback refused the POST (401)",
-                "unreachable": ": the callback is unreachable (ClientConnectorError)"}[case]  # fmt: skip
+    callback = {
+        "good": "answers",
+        "refused": ": the callback refused the POST (401)",
+        "unreachable": ": the callback is unreachable (ClientConnectorError)",
+    }[case]
     sep = " " if case == "good" else ""
     assert (reach.ok, reach.detail) == (
         case == "good",
@@ -681,9 +743,12 @@ def test_an_installed_adapter_declares_and_validates_its_section(
         load_config(cfg, {})
     found = {e.key: e.problem for e in err.value.all()}
     assert set(found) == {
-        "platforms.loopchat.greetings", "platforms.loopchat.colour", "platforms.loopchat.outbox",
-        "platforms.loopchat.allowed_users", "platforms.loopchat.token_env",
-    }  # fmt: skip
+        "platforms.loopchat.greetings",
+        "platforms.loopchat.colour",
+        "platforms.loopchat.outbox",
+        "platforms.loopchat.allowed_users",
+        "platforms.loopchat.token_env",
+    }
     assert found["platforms.loopchat.token_env"].startswith("LOOPCHAT_TOKEN is not set")
     assert found["platforms.loopchat.greetings"] == "must be between 1 and 10 (got 99)"
     cfg.write_text(
@@ -707,15 +772,21 @@ async def test_doctor_asks_an_installed_adapter(plugin: Path, tmp_path: Path) ->
         "platforms:\n  loopchat:\n    enabled: true\n    outbox: /tmp/x\n    allow_all_users: true\n"
     )
     for token, ok, detail in (("loop-good", True, "loopbot"), ("nope", False, "bad token")):
-        checks = await run_doctor(tmp_path / "home", load_config(cfg, {"LOOPCHAT_TOKEN": token}), None,
-                                  fix=False, full=False)  # fmt: skip
+        checks = await run_doctor(
+            tmp_path / "home",
+            load_config(cfg, {"LOOPCHAT_TOKEN": token}),
+            None,
+            fix=False,
+            full=False,
+        )
         [reach] = [c for c in checks if c.name == "loopchat reachable"]
         assert (reach.ok, reach.detail) == (ok, detail)
 
 
 def _run_daemon(home: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    return subprocess.Popen(
+        switchboard(home, "run"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 @pytest.mark.slow
@@ -793,4 +864,6 @@ def test_an_adapter_declares_every_capability_it_has_among_its_bases(name: str) 
     for capability, methods in CAPABILITY_METHODS.items():
         has = all(callable(getattr(cls, m, None)) for m in methods)
         declared = capability in cls.__mro__
-        assert has == declared, f"{cls.__name__}: {capability.__name__} has={has} declared={declared}"
+        assert has == declared, (
+            f"{cls.__name__}: {capability.__name__} has={has} declared={declared}"
+        )

@@ -35,15 +35,24 @@ async def test_chat_completions_keeps_history_in_state_db(gw: tuple[Gateway, str
     gateway, url = gw
     async with aiohttp.ClientSession() as http:
         for text in ("one", "two"):
-            async with http.post(f"{url}/v1/chat/completions", json={"model": "m", "user": "alice",
-                                 "messages": [{"role": "user", "content": text}]}) as resp:  # fmt: skip
+            async with http.post(
+                f"{url}/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "user": "alice",
+                    "messages": [{"role": "user", "content": text}],
+                },
+            ) as resp:
                 assert resp.status == 200
                 body = await resp.json()
         assert body["choices"][0]["message"] == {"role": "assistant", "content": "echo: two"}
         sid = body["switchboard"]["session_id"]
         assert body["switchboard"]["session_key"] == "agent:main:api:dm:alice"
-        async with http.post(f"{url}/v1/chat/completions", headers={"X-Switchboard-Session": "bob"},
-                             json={"messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}]}) as resp:  # fmt: skip
+        async with http.post(
+            f"{url}/v1/chat/completions",
+            headers={"X-Switchboard-Session": "bob"},
+            json={"messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}]},
+        ) as resp:
             other = await resp.json()
     assert other["switchboard"]["session_key"] == "agent:main:api:dm:bob"
     assert gateway.db is not None
@@ -107,14 +116,26 @@ async def test_bad_requests_get_clear_errors(
     [
         (b'{"text": "x"}', "chat_id is required"),
         (b'{"chat_id": null, "text": "x"}', "chat_id is required"),
-        (b'{"chat_id": {"a": 1}, "text": "x"}', "chat_id must be a string or an integer, not an object"),
-        (b'{"chat_id": 1.5, "text": "x"}', "chat_id must be a string or an integer, not a decimal number"),
-        (b'{"chat_id": true, "text": "x"}', "chat_id must be a string or an integer, not a boolean"),
+        (
+            b'{"chat_id": {"a": 1}, "text": "x"}',
+            "chat_id must be a string or an integer, not an object",
+        ),
+        (
+            b'{"chat_id": 1.5, "text": "x"}',
+            "chat_id must be a string or an integer, not a decimal number",
+        ),
+        (
+            b'{"chat_id": true, "text": "x"}',
+            "chat_id must be a string or an integer, not a boolean",
+        ),
         (b'{"chat_id": [1], "text": "x"}', "chat_id must be a string or an integer, not an array"),
         (b'{"chat_id": "  ", "text": "x"}', "chat_id must not be empty"),
-        (b'{"chat_id": "1", "user_id": false, "text": "x"}', "user_id must be a string, not a boolean"),
+        (
+            b'{"chat_id": "1", "user_id": false, "text": "x"}',
+            "user_id must be a string, not a boolean",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_a_chat_id_of_the_wrong_type_is_named_as_such_not_as_missing(
     gw: tuple[Gateway, str], payload: bytes, message: str
 ) -> None:
@@ -160,8 +181,11 @@ async def test_a_bearer_key_is_enforced_when_configured(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{gateway.adapters[0].bound_port}"  # type: ignore[attr-defined]
     try:
         async with aiohttp.ClientSession() as http:
-            for headers, status in (({}, 401), ({"Authorization": "Bearer wrong"}, 401),
-                                    ({"Authorization": "Bearer k-123456789"}, 200)):  # fmt: skip
+            for headers, status in (
+                ({}, 401),
+                ({"Authorization": "Bearer wrong"}, 401),
+                ({"Authorization": "Bearer k-123456789"}, 200),
+            ):
                 async with http.post(
                     f"{url}/v1/messages", json={"chat_id": "1", "text": "x"}, headers=headers
                 ) as resp:
@@ -221,8 +245,9 @@ async def test_a_background_result_comes_with_the_chats_next_answer_and_to_its_c
         async with aiohttp.ClientSession() as http:
 
             async def message(chat: str, text: str, **more: str) -> dict[str, object]:
-                async with http.post(f"{url}/v1/messages",
-                                     json={"chat_id": chat, "text": text, **more}) as resp:  # fmt: skip
+                async with http.post(
+                    f"{url}/v1/messages", json={"chat_id": chat, "text": text, **more}
+                ) as resp:
                     assert resp.status == 200, await resp.text()
                     return dict(await resp.json())
 
@@ -239,19 +264,28 @@ async def test_a_background_result_comes_with_the_chats_next_answer_and_to_its_c
             assert (await message("b", "hello"))["notices"] == []  # another chat's
             assert (await message("a", "next"))["notices"] == [result]
             assert (await message("a", "after"))["notices"] == []  # delivered once
-            async with http.post(f"{url}/v1/chat/completions", json={
-                "user": "c", "callback_url": callback,
-                "messages": [{"role": "user", "content": "/background again"}]}) as resp:  # fmt: skip
+            async with http.post(
+                f"{url}/v1/chat/completions",
+                json={
+                    "user": "c",
+                    "callback_url": callback,
+                    "messages": [{"role": "user", "content": "/background again"}],
+                },
+            ) as resp:
                 assert resp.status == 200
             assert (await asyncio.wait_for(posted.get(), 60))["text"] == (
                 "Background job bg2 finished:\necho: again"
             )
-            async with http.post(f"{url}/v1/chat/completions", json={
-                "user": "c", "messages": [{"role": "user", "content": "so?"}]}) as resp:  # fmt: skip
+            async with http.post(
+                f"{url}/v1/chat/completions",
+                json={"user": "c", "messages": [{"role": "user", "content": "so?"}]},
+            ) as resp:
                 body = await resp.json()
             assert body["switchboard"]["notices"] == ["Background job bg2 finished:\necho: again"]
-            async with http.post(f"{url}/v1/messages", json={
-                "chat_id": "a", "text": "x", "callback_url": "ftp://nope"}) as resp:  # fmt: skip
+            async with http.post(
+                f"{url}/v1/messages",
+                json={"chat_id": "a", "text": "x", "callback_url": "ftp://nope"},
+            ) as resp:
                 assert resp.status == 400
                 assert "callback_url must be an http:// or https:// URL" in await resp.text()
     finally:

@@ -29,9 +29,11 @@ async def test_a_reply_that_lands_during_the_store_read_answers_the_request() ->
     await adapter.start(emit)
     try:
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"http://127.0.0.1:{adapter.bound_port}/v1/messages",
-                                 json={"chat_id": "c1", "text": "hello"},
-                                 headers={"Idempotency-Key": "k1"}) as resp:  # fmt: skip
+            async with http.post(
+                f"http://127.0.0.1:{adapter.bound_port}/v1/messages",
+                json={"chat_id": "c1", "text": "hello"},
+                headers={"Idempotency-Key": "k1"},
+            ) as resp:
                 status, body = resp.status, await resp.json()
     finally:
         await adapter.stop()

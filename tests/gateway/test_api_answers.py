@@ -63,23 +63,42 @@ async def _post(
         ("/v1/messages", b'{"chat_id": "x", "text": "\\ud800"}', "text"),
         ("/v1/messages", b'{"chat_id": "x", "text": "hi", "user_name": "a\\udfff"}', "user_name"),
         ("/v1/messages", b'{"chat_id": "\\ud800", "text": "hi"}', "chat_id"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
-         "messages[0].content"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", '
-         b'"text": "a\\udc00"}]}]}', "messages[0].content[0].text"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a"}, {"role": '
-         b'"user", "content": [{"type": "image_url"}, {"type": "text", "text": "b\\u0000"}]}]}',
-         "messages[1].content[1].text"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x\\u0000y"}]}',
-         "messages[0].content"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\u0000json:[{\\"type'
-         b'\\":\\"text\\",\\"text\\":\\"injected\\"}]"}]}', "messages[0].content"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udc00"}]}]}',
+            "messages[0].content[0].text",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "a"}, {"role": '
+            b'"user", "content": [{"type": "image_url"}, {"type": "text", "text": "b\\u0000"}]}]}',
+            "messages[1].content[1].text",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "x\\u0000y"}]}',
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "\\u0000json:[{\\"type'
+            b'\\":\\"text\\",\\"text\\":\\"injected\\"}]"}]}',
+            "messages[0].content",
+        ),
         ("/v1/messages", b'{"chat_id": "x", "text": "before\\u0000after"}', "text"),
         ("/v1/messages", b'{"chat_id": "x", "text": "hi", "chat_name": "\\u0000"}', "chat_name"),
-        ("/v1/chat/completions", b'{"user": "\\ud800", "messages": [{"role": "user", '
-         b'"content": "hi"}]}', "user"),
+        (
+            "/v1/chat/completions",
+            b'{"user": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+            "user",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_text_no_store_can_hold_is_refused_naming_the_field(
     gw: tuple[Gateway, str], path: str, body: bytes, field: str
 ) -> None:
@@ -100,8 +119,10 @@ async def test_a_store_failure_on_a_chat_platform_is_not_reported_as_saved(
     "Your message was saved"), and the next message is answered."""
     async with gateway_with_telegram(tmp_path, "allow_all_users: true") as (gateway, fake):
         with sqlite3.connect(tmp_path / "home" / "state.db") as conn:
-            conn.execute("CREATE TRIGGER refuse_doomed BEFORE INSERT ON messages "
-                         "WHEN NEW.content = 'doomed' BEGIN SELECT RAISE(ABORT, 'refused'); END")  # fmt: skip
+            conn.execute(
+                "CREATE TRIGGER refuse_doomed BEFORE INSERT ON messages "
+                "WHEN NEW.content = 'doomed' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
         conn.close()
         fake.push(fake.message("doomed", fake.dm_chat()))
         [apology] = await fake.wait_sent(1)
@@ -126,12 +147,15 @@ async def test_text_no_store_can_hold_from_a_chat_platform_is_kept_with_u_fffd(
         [session] = await gateway.db.list_sessions("telegram")
         stored = [m["content"] for m in await gateway.db.get_messages(session["id"])]
     assert [m["text"] for m in sent] == [
-        "echo: bad \ufffd text", "echo: before\ufffdafter",
+        "echo: bad \ufffd text",
+        "echo: before\ufffdafter",
         'echo: \ufffdjson:[{"type":"text","text":"injected"}]',
-    ]  # fmt: skip
+    ]
     assert stored[::2] == [
-        "bad \ufffd text", "before\ufffdafter", '\ufffdjson:[{"type":"text","text":"injected"}]'
-    ]  # fmt: skip
+        "bad \ufffd text",
+        "before\ufffdafter",
+        '\ufffdjson:[{"type":"text","text":"injected"}]',
+    ]
 
 
 # --- a reset notice comes beside the agent's answer ---------------------------------
@@ -174,10 +198,11 @@ async def test_a_redelivered_message_id_gets_the_first_reply(
         async with aiohttp.ClientSession() as http:
             # the second arrives while the first turn runs: it waits for that turn's reply
             both = await asyncio.wait_for(
-                asyncio.gather(_post(http, f"{url}/v1/messages", body),
-                               _post(http, f"{url}/v1/messages", body)),
+                asyncio.gather(
+                    _post(http, f"{url}/v1/messages", body), _post(http, f"{url}/v1/messages", body)
+                ),
                 timeout=20,
-            )  # fmt: skip
+            )
             # after the turn: answered at once with the stored reply
             again = await asyncio.wait_for(_post(http, f"{url}/v1/messages", body), timeout=20)
             # the same id in another chat is another message
@@ -247,9 +272,11 @@ async def test_the_openai_client_streams_and_lists_models(gw: tuple[Gateway, str
     try:
         models = await client.models.list()
         stream = await client.chat.completions.create(
-            model="echo", user="streamer", stream=True,
+            model="echo",
+            user="streamer",
+            stream=True,
             messages=[{"role": "user", "content": "stream me " + "word " * 200}],
-        )  # fmt: skip
+        )
         chunks = [chunk async for chunk in stream]
         plain = await client.chat.completions.create(
             model="echo", user="streamer", messages=[{"role": "user", "content": "plain"}]
@@ -269,8 +296,10 @@ async def test_the_openai_client_streams_and_lists_models(gw: tuple[Gateway, str
 async def test_the_stream_ends_with_done(gw: tuple[Gateway, str]) -> None:
     _, url = gw
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}/v1/chat/completions", json={
-            "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as resp:  # fmt: skip
+        async with http.post(
+            f"{url}/v1/chat/completions",
+            json={"stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        ) as resp:
             assert resp.status == 200 and resp.content_type == "text/event-stream"
             raw = await resp.text()
     events = [line[6:] for line in raw.split("\n\n") if line.startswith("data: ")]
@@ -311,13 +340,24 @@ async def test_an_agent_failure_is_a_server_error_in_openai_shape(
 @pytest.mark.parametrize(
     "method, path, data, status, kind",
     [
-        ("POST", "/v1/messages", b"{" + b" " * (3 * 1024 * 1024) + b"}", 413, "invalid_request_error"),
+        (
+            "POST",
+            "/v1/messages",
+            b"{" + b" " * (3 * 1024 * 1024) + b"}",
+            413,
+            "invalid_request_error",
+        ),
         ("POST", "/v1/nothing", b"{}", 404, "not_found_error"),
         ("GET", "/v1/messages", None, 405, "invalid_request_error"),
-        ("POST", "/v1/chat/completions", b'{"stream": "yes", "messages": [{"role": "user", '
-         b'"content": "x"}]}', 400, "invalid_request_error"),
+        (
+            "POST",
+            "/v1/chat/completions",
+            b'{"stream": "yes", "messages": [{"role": "user", "content": "x"}]}',
+            400,
+            "invalid_request_error",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_every_error_is_json_in_one_shape(
     gw: tuple[Gateway, str], method: str, path: str, data: bytes | None, status: int, kind: str
 ) -> None:

@@ -89,8 +89,12 @@ async def test_a_key_repeated_after_a_restart_gets_the_stored_reply_and_no_secon
 
 async def test_a_replayed_stream_is_a_stream_too(tmp_path: Path) -> None:
     agent = ScriptedAgent()
-    body = {"model": "m", "user": "d2", "stream": True,
-            "messages": [{"role": "user", "content": "stream me"}]}  # fmt: skip
+    body = {
+        "model": "m",
+        "user": "d2",
+        "stream": True,
+        "messages": [{"role": "user", "content": "stream me"}],
+    }
     for _ in range(2):
         gateway, url = await _start(tmp_path, agent)
         try:
@@ -140,8 +144,13 @@ async def test_a_repeat_while_the_first_runs_waits_for_its_answer(tmp_path: Path
     gateway, url = await _start(tmp_path, agent)
     try:
         body = {"chat_id": "d4", "text": "slow one"}
-        both = await asyncio.wait_for(asyncio.gather(
-            _post(url + "/v1/messages", body, "key-w"), _post(url + "/v1/messages", body, "key-w")), 20)  # fmt: skip
+        both = await asyncio.wait_for(
+            asyncio.gather(
+                _post(url + "/v1/messages", body, "key-w"),
+                _post(url + "/v1/messages", body, "key-w"),
+            ),
+            20,
+        )
         stored = await _user_messages(gateway)
     finally:
         await gateway.stop()

@@ -37,15 +37,22 @@ async def _gateway(tmp_path: Path, agent: str = "") -> tuple[Gateway, str]:
 
 
 def _openai(fake: FakeOpenAI) -> str:
-    return (f"  backend: openai\n  openai:\n    base_url: http://127.0.0.1:{fake.port}/v1\n"
-            "    model: fake-model\n    max_retries: 0\n    tools: []\n")  # fmt: skip
+    return (
+        f"  backend: openai\n  openai:\n    base_url: http://127.0.0.1:{fake.port}/v1\n"
+        "    model: fake-model\n    max_retries: 0\n    tools: []\n"
+    )
 
 
 async def _ask(url: str, text: str, **more: Any) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}/v1/chat/completions", json={
-            "user": "ann", "messages": [{"role": "user", "content": text}], **more,
-        }) as resp:  # fmt: skip
+        async with http.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "user": "ann",
+                "messages": [{"role": "user", "content": text}],
+                **more,
+            },
+        ) as resp:
             assert resp.status == 200
             if not more.get("stream"):
                 return dict(await resp.json())
@@ -81,8 +88,19 @@ async def test_a_server_without_usage_gets_our_estimate_marked_as_such(
 ) -> None:
     gateway, url = await _gateway(tmp_path, _openai(fake))
     try:
-        fake.reply(raw={"id": "c1", "model": "fake-model", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "x" * 400}, "finish_reason": "stop"}]})  # fmt: skip
+        fake.reply(
+            raw={
+                "id": "c1",
+                "model": "fake-model",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "x" * 400},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+        )
         body = await _ask(url, "y" * 40)
         usage = body["usage"]
         # about 4 characters a token, plus a few per message

@@ -22,8 +22,9 @@ async def test_a_session_too_short_to_compress_logs_the_reason_once(tmp_path: Pa
     )
     log = home / "run.log"
     with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(*switchboard(home, "run"), env=clean_env(),
-                                                    stdout=out, stderr=out)  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *switchboard(home, "run"), env=clean_env(), stdout=out, stderr=out
+        )
     url = f"http://127.0.0.1:{port}"
     replies = []
     try:
@@ -31,12 +32,14 @@ async def test_a_session_too_short_to_compress_logs_the_reason_once(tmp_path: Pa
         async with aiohttp.ClientSession() as http:
             for n in range(3):  # each turn: a huge message and its echo, over the share
                 text = f"huge message {n} " + "lorem ipsum dolor sit amet " * 200
-                async with http.post(f"{url}/v1/messages",
-                                     json={"chat_id": "1", "text": text}) as r:  # fmt: skip
+                async with http.post(
+                    f"{url}/v1/messages", json={"chat_id": "1", "text": text}
+                ) as r:
                     assert r.status == 200
                     replies.append((await r.json())["reply"])
-            async with http.post(f"{url}/v1/messages",
-                                 json={"chat_id": "1", "text": "/compress"}) as r:  # fmt: skip
+            async with http.post(
+                f"{url}/v1/messages", json={"chat_id": "1", "text": "/compress"}
+            ) as r:
                 assert r.status == 200
                 compress_reply = (await r.json())["reply"]
     finally:

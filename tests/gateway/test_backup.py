@@ -23,8 +23,9 @@ from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, *args), capture_output=True, text=True,
-                          env=clean_env(), timeout=120)  # fmt: skip
+    return subprocess.run(
+        switchboard(home, *args), capture_output=True, text=True, env=clean_env(), timeout=120
+    )
 
 
 def _start(home: Path, port: int | None = None) -> subprocess.Popen[str]:
@@ -32,8 +33,13 @@ def _start(home: Path, port: int | None = None) -> subprocess.Popen[str]:
     home.mkdir(parents=True, exist_ok=True)
     if port is not None:
         (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n")
-    return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=clean_env())  # fmt: skip
+    return subprocess.Popen(
+        switchboard(home, "run"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
 
 
 async def _stop(proc: subprocess.Popen[str]) -> None:
@@ -75,8 +81,10 @@ async def test_a_restored_home_continues_each_chats_live_session(tmp_path: Path)
     try:
         await wait_healthy(url, proc)
         async with aiohttp.ClientSession() as http:
-            before = {c: (await _say(http, url, c, f"first from {c}"))["session_id"]
-                      for c in ("alice", "bob")}  # fmt: skip
+            before = {
+                c: (await _say(http, url, c, f"first from {c}"))["session_id"]
+                for c in ("alice", "bob")
+            }
             await _say(http, url, "alice", "/title Trip to Kyoto")
             done = await asyncio.to_thread(_cli, home, "backup", str(tmp_path / "b.tar.gz"))
         await _stop(proc)
@@ -161,8 +169,10 @@ async def test_backups_taken_under_load_are_consistent_snapshots(tmp_path: Path)
                 f"INSERT INTO {schema.FTS_TABLE}({schema.FTS_TABLE}, rank) "
                 "VALUES ('integrity-check', 1)"
             )
-            newest = max((r for rows in taken.values() for r in rows if r[0] == "user"),
-                         key=lambda r: (len(r[1]), r[1]))  # fmt: skip
+            newest = max(
+                (r for rows in taken.values() for r in rows if r[0] == "user"),
+                key=lambda r: (len(r[1]), r[1]),
+            )
             token = newest[1].split()[0]
             hits = conn.execute(
                 f"SELECT count(*) FROM {schema.FTS_TABLE} WHERE {schema.FTS_TABLE} MATCH ?",
@@ -225,8 +235,10 @@ def _home_with_a_message(tmp_path: Path) -> Path:
     conn = sqlite3.connect(home / "state.db", isolation_level=None)
     schema.migrate(conn, str(home / "state.db"))
     conn.execute("INSERT INTO sessions(id, source, started_at) VALUES ('s1', 'api', 1.0)")
-    conn.execute("INSERT INTO messages(session_id, role, content, timestamp) "
-                 "VALUES ('s1', 'user', 'hello', 1.0)")  # fmt: skip
+    conn.execute(
+        "INSERT INTO messages(session_id, role, content, timestamp) "
+        "VALUES ('s1', 'user', 'hello', 1.0)"
+    )
     conn.close()
     return home
 

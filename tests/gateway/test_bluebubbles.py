@@ -157,7 +157,11 @@ async def test_a_dm_is_answered_in_its_chat_with_a_fresh_temp_guid_per_part(
     gateway, url = gw
     assert await post_webhook(url, new_message("hello **imessage**", guid="A1")) == 200
     [sent] = await fake.wait_sent(1)
-    assert (sent["chatGuid"], sent["message"], sent["method"]) == (DM, "echo: hello imessage", "apple-script")  # fmt: skip
+    assert (sent["chatGuid"], sent["message"], sent["method"]) == (
+        DM,
+        "echo: hello imessage",
+        "apple-script",
+    )
     assert sent["tempGuid"].startswith("switchboard-")
     assert gateway.index is not None and gateway.index.get(KEY) is not None
     assert fake.typing() == []  # no Private API: no typing calls
@@ -211,7 +215,12 @@ async def test_a_bad_password_stops_the_adapter_while_the_daemon_runs(
 ) -> None:
     gw = await _gateway(tmp_path, fake, password="wrong")
     try:
-        refused_at_start(gw, "bluebubbles", "^bluebubbles rejected the server password$", ["platforms.bluebubbles.token_env", "platforms.bluebubbles.webhook_secret_env"])
+        refused_at_start(
+            gw,
+            "bluebubbles",
+            "^bluebubbles rejected the server password$",
+            ["platforms.bluebubbles.token_env", "platforms.bluebubbles.webhook_secret_env"],
+        )
     finally:
         await gw.stop()
 
@@ -238,7 +247,9 @@ async def test_a_handoff_lands_in_the_home_chat(tmp_path: Path, fake: FakeBlueBu
     try:
         assert gw.db is not None and gw.handoffs is not None
         gw.handoffs.poll_s = 0.05
-        await gw.db.set_meta(HOME_KEY.format("bluebubbles"), json.dumps({"chat_id": GROUP, "chat_type": "group"}))  # fmt: skip
+        await gw.db.set_meta(
+            HOME_KEY.format("bluebubbles"), json.dumps({"chat_id": GROUP, "chat_type": "group"})
+        )
         sid = await gw.db.create_session(source="cli", title="deploy plan")
         await gw.db.append_messages(sid, [{"role": "user", "content": "we must migrate"}])
         ok, why = await asyncio.wait_for(
@@ -338,8 +349,11 @@ def test_a_recorded_dm_translates_with_the_guid_as_message_id() -> None:
     src = msg.source
     assert (src.platform, src.chat_id, src.chat_type, src.user_id) == ("bluebubbles", DM, "dm", ANN)
     assert (msg.text, msg.platform_message_id, msg.received_at, msg.mentioned) == (
-        "Is the shop open?", "p:0/ABC-123", 1_700_000_000.0, True,
-    )  # fmt: skip
+        "Is the shop open?",
+        "p:0/ABC-123",
+        1_700_000_000.0,
+        True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -399,9 +413,13 @@ def test_addressed_strips_a_leading_mention_only() -> None:
 
 @pytest.mark.parametrize(
     "status, kind, detail",
-    [(429, RetryAfter, "rate limited"), (401, InvalidToken, "password"),
-     (502, TransientError, "502"), (400, AdapterError, "nope")],
-)  # fmt: skip
+    [
+        (429, RetryAfter, "rate limited"),
+        (401, InvalidToken, "password"),
+        (502, TransientError, "502"),
+        (400, AdapterError, "nope"),
+    ],
+)
 def test_api_errors(status: int, kind: type, detail: str) -> None:
     exc = api_error(status, {"status": status, "error": {"type": "x", "message": "nope"}})
     assert type(exc) is kind and detail in str(exc)
@@ -428,12 +446,19 @@ def test_the_section_needs_its_keys_and_refuses_placeholders(tmp_path: Path) -> 
     found = _problems(
         tmp_path, "  bluebubbles:\n    enabled: true\n    allow_all_users: true\n", env={}
     )
-    assert set(found) == {"platforms.bluebubbles.url", "platforms.bluebubbles.bot_name",
-                          "platforms.bluebubbles.token_env", "platforms.bluebubbles.webhook_secret_env"}  # fmt: skip
+    assert set(found) == {
+        "platforms.bluebubbles.url",
+        "platforms.bluebubbles.bot_name",
+        "platforms.bluebubbles.token_env",
+        "platforms.bluebubbles.webhook_secret_env",
+    }
     assert found["platforms.bluebubbles.token_env"].startswith("BLUEBUBBLES_PASSWORD is not set")
-    found = _problems(tmp_path, "  api:\n    enabled: false\n  bluebubbles:\n    enabled: true\n"
-                      "    allow_all_users: true\n    url: <your-server>\n    require_mention: false\n"
-                      "    method: private-api\n")  # fmt: skip
+    found = _problems(
+        tmp_path,
+        "  api:\n    enabled: false\n  bluebubbles:\n    enabled: true\n"
+        "    allow_all_users: true\n    url: <your-server>\n    require_mention: false\n"
+        "    method: private-api\n",
+    )
     assert "placeholder" in found["platforms.bluebubbles.url"]
     assert "private_api: true" in found["platforms.bluebubbles.method"]
     assert "enable platforms.api" in found["platforms.bluebubbles.enabled"]

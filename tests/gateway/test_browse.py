@@ -54,8 +54,14 @@ def test_filter_matches_title_preview_id_and_source() -> None:
 @pytest.mark.slow
 def test_without_a_terminal_a_numbered_list_resumes_the_choice(tmp_path: Path) -> None:
     ids = asyncio.run(_home(tmp_path / "home"))
-    proc = subprocess.run(switchboard(tmp_path / "home", "sessions", "browse"),
-                          input="2\n/quit\n", capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
+    proc = subprocess.run(
+        switchboard(tmp_path / "home", "sessions", "browse"),
+        input="2\n/quit\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "  1. tax return" in proc.stdout and "  2. kyoto trip" in proc.stdout
     assert "● plan a trip to kyoto" in proc.stdout  # `switchboard chat --resume` took over
@@ -71,8 +77,12 @@ def test_rows_line_up_whatever_the_script_of_their_titles(tmp_path: Path) -> Non
     async def make() -> list[str]:
         db = await SessionDB.open(tmp_path / "home" / "state.db")
         ids = []
-        for title in ("plain title", "项目计划讨论会议纪要和后续安排一二三四五六七八九十甲乙丙丁戊己庚辛",
-                      "🎉🎉 party plans", "日本語 mixed with latin"):  # fmt: skip
+        for title in (
+            "plain title",
+            "项目计划讨论会议纪要和后续安排一二三四五六七八九十甲乙丙丁戊己庚辛",
+            "🎉🎉 party plans",
+            "日本語 mixed with latin",
+        ):
             sid = await db.create_session(source="cli", title=title)
             await db.append_message(sid, "user", "hello")
             ids.append(sid)
@@ -80,8 +90,14 @@ def test_rows_line_up_whatever_the_script_of_their_titles(tmp_path: Path) -> Non
         return ids
 
     ids = asyncio.run(make())
-    proc = subprocess.run(switchboard(tmp_path / "home", "sessions", "browse"), input="\n",
-                          capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
+    proc = subprocess.run(
+        switchboard(tmp_path / "home", "sessions", "browse"),
+        input="\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [ln for ln in proc.stdout.splitlines() if any(ln.endswith(sid) for sid in ids)]
     assert len(rows) == 4, proc.stdout
@@ -170,8 +186,13 @@ def test_the_numbered_list_shows_stored_control_characters_instead_of_sending_th
     those characters as \\xNN; brackets and the rest stay as they are."""
     from gateway.cli.browse import pick_numbered
 
-    row = {"id": "20261101_100000_aaaaaaaa", "source": "api", "last_active": time.time(),
-           "title": "[bold]x[/] \x1b[2J\x00end", "preview": None}  # fmt: skip
+    row = {
+        "id": "20261101_100000_aaaaaaaa",
+        "source": "api",
+        "last_active": time.time(),
+        "title": "[bold]x[/] \x1b[2J\x00end",
+        "preview": None,
+    }
     written: list[str] = []
     assert pick_numbered([row], lambda: "1", written.append) is row
     assert written[0].startswith("  1. [bold]x[/] \\x1b[2J\\x00end")

@@ -27,8 +27,14 @@ from tests.daemon import clean_env, switchboard
 
 
 def chat(home: Path, lines: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, "chat", *args), input=lines, capture_output=True,
-                          text=True, timeout=60, env=clean_env(COLUMNS="120", **env))  # fmt: skip
+    return subprocess.run(
+        switchboard(home, "chat", *args),
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(COLUMNS="120", **env),
+    )
 
 
 @pytest.mark.slow
@@ -88,8 +94,14 @@ def test_a_terminal_session_on_a_postgres_home(tmp_path: Path, pg_server: str) -
             finally:
                 await db.close()
 
-        assert asyncio.run(stored()) == [(sid.group(1), "terminal work", "cli", [
-            "hello there", "echo: hello there", "one more", "echo: one more"])]  # fmt: skip
+        assert asyncio.run(stored()) == [
+            (
+                sid.group(1),
+                "terminal work",
+                "cli",
+                ["hello there", "echo: hello there", "one more", "echo: one more"],
+            )
+        ]
         assert not (home / "state.db").exists()
         unset = chat(home, "hi\n/quit\n")
         assert unset.returncode == 78 and "state.dsn_env" in unset.stderr, unset.stderr
@@ -128,8 +140,17 @@ def test_recap_folds_tool_calls_clips_and_hides_tool_results() -> None:
     msgs: list[dict] = [{"role": "system", "content": "hidden system prompt"}]
     for i in range(12):
         msgs.append({"role": "user", "content": f"question {i} " + "x" * 400})
-        msgs.append({"role": "assistant", "content": None, "tool_calls": [
-            {"function": {"name": "terminal"}}, {"function": {"name": "web_search"}}, {"function": {"name": "terminal"}}]})  # fmt: skip
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"function": {"name": "terminal"}},
+                    {"function": {"name": "web_search"}},
+                    {"function": {"name": "terminal"}},
+                ],
+            }
+        )
         msgs.append({"role": "tool", "content": "a tool result nobody wants to see"})
         msgs.append({"role": "assistant", "content": "line one\nline two\nline three\nline four"})
     text = _render(render_recap(msgs, "long chat"))
@@ -168,8 +189,15 @@ def test_the_resume_hint_is_quoted_and_works_as_printed(tmp_path: Path) -> None:
         ["switchboard", "--home", str(home), "chat", "--resume", "it's piped chat"]
     )
     env = clean_env(COLUMNS="120", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    pasted = subprocess.run(["sh", "-c", command], input="/status\n/quit\n", capture_output=True,
-                            text=True, timeout=60, env=env, cwd=tmp_path)  # fmt: skip
+    pasted = subprocess.run(
+        ["sh", "-c", command],
+        input="/status\n/quit\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert pasted.returncode == 0, pasted.stderr
     assert "Title: it's piped chat" in pasted.stdout and "Messages: 2" in pasted.stdout
 
@@ -265,9 +293,14 @@ def test_ctrl_c_cancels_the_turn_then_twice_at_the_prompt_leaves_with_the_summar
         f"    base_url: {model.url}\n    model: m\n    api_key_env: FAKE_MODEL_KEY\n"
         "    max_retries: 0\n    timeout_seconds: 60\n"
     )
-    proc = subprocess.Popen(switchboard(home, "chat"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=clean_env(COLUMNS="120", FAKE_MODEL_KEY="k-123456"))  # fmt: skip
+    proc = subprocess.Popen(
+        switchboard(home, "chat"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(COLUMNS="120", FAKE_MODEL_KEY="k-123456"),
+    )
     assert proc.stdin is not None
     out = Output(proc)
     try:
@@ -311,13 +344,19 @@ async def test_resuming_a_chats_live_session_continues_it_and_leaving_does_not_e
     url = f"http://127.0.0.1:{port}"
 
     def start() -> subprocess.Popen[str]:
-        return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, text=True, env=clean_env())  # fmt: skip
+        return subprocess.Popen(
+            switchboard(home, "run"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=clean_env(),
+        )
 
     async def say(text: str) -> str:
-        async with aiohttp.ClientSession() as http, http.post(
-            f"{url}/v1/messages", json={"chat_id": "a", "text": text}
-        ) as r:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{url}/v1/messages", json={"chat_id": "a", "text": text}) as r,
+        ):
             assert r.status == 200, await r.text()
             body = await r.json()
             assert body["reply"] == f"echo: {text}"
@@ -330,9 +369,11 @@ async def test_resuming_a_chats_live_session_continues_it_and_leaving_does_not_e
     def row(sid: str) -> tuple[object, ...]:
         conn = sqlite3.connect(home / "state.db")
         try:
-            return tuple(conn.execute(
-                "SELECT ended_at, end_reason, message_count FROM sessions WHERE id = ?", (sid,)
-            ).fetchone())  # fmt: skip
+            return tuple(
+                conn.execute(
+                    "SELECT ended_at, end_reason, message_count FROM sessions WHERE id = ?", (sid,)
+                ).fetchone()
+            )
         finally:
             conn.close()
 
@@ -344,18 +385,26 @@ async def test_resuming_a_chats_live_session_continues_it_and_leaving_does_not_e
             chat, home, "hello from the terminal\n/branch\n/quit\n", "-r", sid
         )
         assert here.returncode == 0, here.stderr
-        assert ("This session is live in api chat a; you continue it here, and leaving here "
-                "does not end it.") in here.stdout  # fmt: skip
+        assert (
+            "This session is live in api chat a; you continue it here, and leaving here "
+            "does not end it."
+        ) in here.stdout
         assert "◆ echo: hello from the terminal" in here.stdout
-        assert "Not done: this session is live in api chat a, and /branch would end it" in here.stdout
+        assert (
+            "Not done: this session is live in api chat a, and /branch would end it" in here.stdout
+        )
         assert "It stays live in api chat a." in here.stdout
         assert row(sid)[:2] == (None, None)
         assert await say("still here") == sid  # the chat goes on in the same session
         assert row(sid)[2] == 6
         doctor = await asyncio.to_thread(
-            subprocess.run, switchboard(home, "doctor"), capture_output=True, text=True,
-            timeout=60, env=clean_env(),
-        )  # fmt: skip
+            subprocess.run,
+            switchboard(home, "doctor"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(),
+        )
         assert "[ok  ] session index: 1 entries agree with state.db" in doctor.stdout, doctor.stdout
         await stop(proc)
         proc = start()
@@ -379,8 +428,13 @@ def test_a_terminal_chat_opens_saying_how_to_get_help_and_how_to_leave(tmp_path:
 
     home = tmp_path / "home"
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(switchboard(home, "chat"), stdin=follower, stdout=follower,
-                            stderr=follower, env=clean_env(COLUMNS="120"))  # fmt: skip
+    proc = subprocess.Popen(
+        switchboard(home, "chat"),
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=clean_env(COLUMNS="120"),
+    )
     os.close(follower)
     seen = b""
     try:

@@ -20,8 +20,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.yaml"
 
 
 def sb(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, *args), capture_output=True, text=True, timeout=60,
-                          env=clean_env(**env))  # fmt: skip
+    return subprocess.run(
+        switchboard(home, *args), capture_output=True, text=True, timeout=60, env=clean_env(**env)
+    )
 
 
 def _example_home(tmp_path: Path) -> tuple[Path, Path]:
@@ -33,8 +34,11 @@ def _example_home(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _changed_lines(before: str, after: str) -> list[str]:
-    return [ln for ln in difflib.unified_diff(before.splitlines(), after.splitlines(), n=0, lineterm="")
-            if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]  # fmt: skip
+    return [
+        ln
+        for ln in difflib.unified_diff(before.splitlines(), after.splitlines(), n=0, lineterm="")
+        if ln[:1] in "+-" and not ln.startswith(("+++", "---"))
+    ]
 
 
 def test_set_changes_one_line_and_keeps_every_comment_and_other_key(tmp_path: Path) -> None:
@@ -67,8 +71,10 @@ def test_an_unknown_key_exits_78_naming_it_and_writes_nothing(tmp_path: Path) ->
     before = cfg.read_bytes()
     proc = sb(home, "config", "set", "platforms.telegarm.enabled", "true")
     assert proc.returncode == 78
-    assert proc.stderr.startswith("switchboard: config error: platforms.telegarm: not a key of "
-                                  "the config schema (known here: api, telegram,")  # fmt: skip
+    assert proc.stderr.startswith(
+        "switchboard: config error: platforms.telegarm: not a key of "
+        "the config schema (known here: api, telegram,"
+    )
     assert sb(home, "config", "get", "agent.modle").returncode == 78
     assert sb(home, "config", "unset", "nope").returncode == 78
     assert cfg.read_bytes() == before
@@ -78,11 +84,20 @@ def test_a_value_of_the_wrong_type_exits_78_and_writes_nothing(tmp_path: Path) -
     home, cfg = _example_home(tmp_path)
     before = cfg.read_bytes()
     cases = {
-        ("platforms.api.port", "eighty"): "platforms.api.port: must be a whole number (got str 'eighty')",
-        ("platforms.api.port", "70000"): "platforms.api.port: must be between 0 and 65535 (got 70000)",
-        ("session_reset.mode", "weekly"): "session_reset.mode: must be one of none, idle, daily, both",
+        (
+            "platforms.api.port",
+            "eighty",
+        ): "platforms.api.port: must be a whole number (got str 'eighty')",
+        (
+            "platforms.api.port",
+            "70000",
+        ): "platforms.api.port: must be between 0 and 65535 (got 70000)",
+        (
+            "session_reset.mode",
+            "weekly",
+        ): "session_reset.mode: must be one of none, idle, daily, both",
         ("logging", "debug"): "logging: is a section; set its keys one at a time",
-    }  # fmt: skip
+    }
     for (key, value), message in cases.items():
         proc = sb(home, "config", "set", key, value)
         assert proc.returncode == 78, (key, proc.stderr)
@@ -156,9 +171,11 @@ async def test_a_running_daemon_reloads_and_the_command_says_what_needs_a_restar
     home.mkdir()
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}  # keep me\n")
     proc = await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(), stdout=asyncio.subprocess.DEVNULL,
+        *switchboard(home, "run"),
+        env=clean_env(),
+        stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         await wait_healthy(url, proc)

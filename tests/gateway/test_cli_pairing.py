@@ -19,15 +19,23 @@ CODE = re.compile(r"Pairing code: ([A-Z2-9]{4}-[A-Z2-9]{4})\n")
 
 
 async def sb(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(subprocess.run, switchboard(home, *args), capture_output=True,
-                                   text=True, timeout=60, env=clean_env())  # fmt: skip
+    return await asyncio.to_thread(
+        subprocess.run,
+        switchboard(home, *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
 
 
 async def _daemon(home: Path) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(), stdout=asyncio.subprocess.DEVNULL,
+        *switchboard(home, "run"),
+        env=clean_env(),
+        stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -159,8 +167,13 @@ async def _first_refused_user(fake: FakeTelegram) -> int:
 
 
 def test_pairing_help_explains_the_flow(tmp_path: Path) -> None:
-    shown = subprocess.run(switchboard(tmp_path, "pairing", "--help"), capture_output=True,
-                           text=True, timeout=60, env=clean_env()).stdout  # fmt: skip
+    shown = subprocess.run(
+        switchboard(tmp_path, "pairing", "--help"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    ).stdout
     assert "access.unknown_dm: pair" in shown and "approve" in shown and "revoke" in shown
 
 
@@ -183,7 +196,9 @@ async def test_on_postgres_an_approval_from_another_home_reaches_the_running_rep
             f"platforms:\n  api:\n    port: {port}\n  telegram:\n    enabled: true\n"
             f"    base_url: {fake.base_url}\n"
         )
-        (home / "switchboard.env").write_text(f"TELEGRAM_BOT_TOKEN={fake.token}\nSB_PAIR_DSN={dsn}\n")
+        (home / "switchboard.env").write_text(
+            f"TELEGRAM_BOT_TOKEN={fake.token}\nSB_PAIR_DSN={dsn}\n"
+        )
     proc = await _daemon(replica)
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", proc)

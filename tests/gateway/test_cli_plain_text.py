@@ -24,8 +24,14 @@ SAID = [
 
 
 def run(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, *args), capture_output=True, text=True, timeout=60,
-                          input=stdin, env=clean_env(COLUMNS="200"))  # fmt: skip
+    return subprocess.run(
+        switchboard(home, *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input=stdin,
+        env=clean_env(COLUMNS="200"),
+    )
 
 
 @pytest.fixture
@@ -87,16 +93,29 @@ def test_insights_print_stored_names_as_text() -> None:
     from gateway.cli.insights import render
 
     data = {
-        "days": 7, "source": None, "messages": 3, "sessions_active": 1, "sessions_started": 1,
-        "sessions_live": 0, "input_tokens": 5, "output_tokens": 6,
+        "days": 7,
+        "source": None,
+        "messages": 3,
+        "sessions_active": 1,
+        "sessions_started": 1,
+        "sessions_live": 0,
+        "input_tokens": 5,
+        "output_tokens": 6,
         "cost": {"estimated_usd": 0.0, "unpriced_models": ["[red]m[/red]"]},
         "per_day": [{"day": "2026-12-01", "sources": {"[b]plat[/b]": 3}}],
-        "models": [{"model": "[link=http://evil]gpt[/link]", "sessions": 1, "input_tokens": 5,
-                    "output_tokens": 6, "cost_usd": None}],
+        "models": [
+            {
+                "model": "[link=http://evil]gpt[/link]",
+                "sessions": 1,
+                "input_tokens": 5,
+                "output_tokens": 6,
+                "cost_usd": None,
+            }
+        ],
         "top_tools": [{"tool": "a[i] :smile:", "calls": 2}],
         "end_reasons": [{"reason": "[/x]", "sessions": 1}],
         "heatmap": [[0] * 24 for _ in range(7)],
-    }  # fmt: skip
+    }
     console = Console(width=200, highlight=False, emoji=False, color_system=None)
     with console.capture() as captured:
         render(data, console)

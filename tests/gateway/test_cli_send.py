@@ -19,11 +19,18 @@ from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.telegram import FakeTelegram
 
 
-async def sb(home: Path, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+async def sb(
+    home: Path, *args: str, stdin: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
-        subprocess.run, switchboard(home, *args), capture_output=True, text=True, timeout=90,
-        input=stdin, env=clean_env(**env),
-    )  # fmt: skip
+        subprocess.run,
+        switchboard(home, *args),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        input=stdin,
+        env=clean_env(**env),
+    )
 
 
 @pytest.fixture
@@ -64,8 +71,10 @@ async def test_text_comes_from_stdin_and_home_is_the_home_channel(
     assert proc.returncode == 0, proc.stderr
     sent = fake.sent()[-1]
     assert (sent["chat_id"], sent["message_thread_id"], sent["text"]) == (
-        -100200, 17, "disk 91% full\nplease look"
-    )  # fmt: skip
+        -100200,
+        17,
+        "disk 91% full\nplease look",
+    )
 
 
 async def test_bad_input_gets_the_documented_exit_codes(tmp_path: Path, fake: FakeTelegram) -> None:
@@ -118,9 +127,11 @@ async def test_with_a_daemon_running_the_daemon_sends_it(
     (home / "config.yaml").write_text(text)
     (home / "switchboard.env").write_text(f"TELEGRAM_BOT_TOKEN={fake.token}\nSB_API_KEY=k-123\n")
     proc = await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(), stdout=asyncio.subprocess.DEVNULL,
+        *switchboard(home, "run"),
+        env=clean_env(),
+        stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         await wait_healthy(url, proc)
@@ -161,9 +172,11 @@ async def test_a_send_the_platform_cannot_take_now_is_queued_and_sent_later(
     port = free_port()
     home = _home(tmp_path, fake, "outbox:\n  retry_seconds: 1\n", port=port)
     proc = await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(), stdout=asyncio.subprocess.DEVNULL,
+        *switchboard(home, "run"),
+        env=clean_env(),
+        stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", proc)
         for _ in range(8):

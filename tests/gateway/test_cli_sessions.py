@@ -19,8 +19,14 @@ DAY = 86400
 
 
 def sb(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, "sessions", *args), capture_output=True, text=True,
-                          timeout=60, input=stdin, env=clean_env(COLUMNS="200"))  # fmt: skip
+    return subprocess.run(
+        switchboard(home, "sessions", *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input=stdin,
+        env=clean_env(COLUMNS="200"),
+    )
 
 
 @pytest.fixture
@@ -33,8 +39,21 @@ async def home(tmp_path: Path) -> Path:
         title="trip plans",
         started_at=time.time() - 3 * DAY,
     )
-    await db.append_messages(trip, [{"role": "user", "content": "plan a trip to kyoto please", "timestamp": time.time() - 3 * DAY},
-                                    {"role": "assistant", "content": "sure, kyoto in spring", "timestamp": time.time() - 3 * DAY}])  # fmt: skip
+    await db.append_messages(
+        trip,
+        [
+            {
+                "role": "user",
+                "content": "plan a trip to kyoto please",
+                "timestamp": time.time() - 3 * DAY,
+            },
+            {
+                "role": "assistant",
+                "content": "sure, kyoto in spring",
+                "timestamp": time.time() - 3 * DAY,
+            },
+        ],
+    )
     await db.fork_session(
         trip, "compression", new_id="20261101_110000_bbbbbbbb", end_reason="compression"
     )
@@ -161,8 +180,13 @@ def test_export_import_round_trip_and_stats(home: Path, tmp_path: Path) -> None:
 def test_commands_work_while_the_daemon_runs(home: Path) -> None:
     port = free_port()
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n")
-    daemon = subprocess.Popen(switchboard(home, "run"), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, env=clean_env())  # fmt: skip
+    daemon = subprocess.Popen(
+        switchboard(home, "run"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
     try:
         deadline = time.time() + 20
         while time.time() < deadline:

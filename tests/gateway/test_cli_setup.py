@@ -21,8 +21,13 @@ from tests.fakes.telegram import FakeTelegram
 
 def _wizard(home: Path, fake: FakeTelegram) -> tuple[int, str]:
     """The conversation, typed into a pty the way a person over SSH would."""
-    child = pexpect.spawn(sys.executable, ["-m", "gateway", "--home", str(home), "setup"],
-                          env=clean_env(TERM="dumb", COLUMNS="200"), encoding="utf-8", timeout=60)  # fmt: skip
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "gateway", "--home", str(home), "setup"],
+        env=clean_env(TERM="dumb", COLUMNS="200"),
+        encoding="utf-8",
+        timeout=60,
+    )
     try:
         child.expect_exact("Agent backend (echo, openai) [echo]: ")
         child.sendline("")
@@ -74,14 +79,25 @@ async def test_the_wizard_over_a_terminal_checks_the_token_and_keeps_the_config(
     secrets = home / "switchboard.env"
     assert secrets.stat().st_mode & 0o777 == 0o600
     assert f"TELEGRAM_BOT_TOKEN={fake.token}" in secrets.read_text().splitlines()
-    again = await asyncio.to_thread(subprocess.run, switchboard(home, "check-config"),
-                                    capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
+    again = await asyncio.to_thread(
+        subprocess.run,
+        switchboard(home, "check-config"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
     assert again.returncode == 0, again.stderr  # the secrets file stands in for the service's env
 
 
 def sb(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, "setup", "--non-interactive", *args), capture_output=True,
-                          text=True, timeout=90, env=clean_env(**env))  # fmt: skip
+    return subprocess.run(
+        switchboard(home, "setup", "--non-interactive", *args),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=clean_env(**env),
+    )
 
 
 async def test_the_non_interactive_form_takes_flags_and_reruns_keep_what_was_there(
@@ -92,15 +108,22 @@ async def test_the_non_interactive_form_takes_flags_and_reruns_keep_what_was_the
     home = tmp_path / "home"
     try:
         first = await asyncio.to_thread(
-            sb, home, "--platform", "telegram", "--allow", "telegram=pair",
-            "--set", f"platforms.telegram.base_url={fake.base_url}",
+            sb,
+            home,
+            "--platform",
+            "telegram",
+            "--allow",
+            "telegram=pair",
+            "--set",
+            f"platforms.telegram.base_url={fake.base_url}",
             TELEGRAM_BOT_TOKEN=fake.token,
-        )  # fmt: skip
+        )
         assert first.returncode == 0, first.stdout + first.stderr
         cfg = home / "config.yaml"
         cfg.write_text(cfg.read_text() + "# added by hand\nsessions:\n  history_messages: 50\n")
-        second = await asyncio.to_thread(sb, home, "--agent", "echo",
-                                         "--set", "session_reset.mode=idle")  # fmt: skip
+        second = await asyncio.to_thread(
+            sb, home, "--agent", "echo", "--set", "session_reset.mode=idle"
+        )
         assert second.returncode == 0, second.stdout + second.stderr
     finally:
         await fake.stop()
@@ -111,14 +134,20 @@ async def test_the_non_interactive_form_takes_flags_and_reruns_keep_what_was_the
     assert f"TELEGRAM_BOT_TOKEN={fake.token}" in (home / "switchboard.env").read_text()
 
 
-@pytest.mark.parametrize(("args", "code", "message"), [
-    (("--platform", "telegarm"), 78, "platforms.telegarm: unknown platform 'telegarm'"),
-    (("--set", "agent.modle=x"), 78, "agent.modle: not a key of the config schema"),
-    (("--set", "platforms.api.port=eighty"), 78, "must be a whole number"),
-    (("--platform", "telegram", "--allow", "telegram=1"), 78,
-     "platforms.telegram.token_env: TELEGRAM_BOT_TOKEN is not set"),
-    (("--set",), 2, "expected one argument"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("--platform", "telegarm"), 78, "platforms.telegarm: unknown platform 'telegarm'"),
+        (("--set", "agent.modle=x"), 78, "agent.modle: not a key of the config schema"),
+        (("--set", "platforms.api.port=eighty"), 78, "must be a whole number"),
+        (
+            ("--platform", "telegram", "--allow", "telegram=1"),
+            78,
+            "platforms.telegram.token_env: TELEGRAM_BOT_TOKEN is not set",
+        ),
+        (("--set",), 2, "expected one argument"),
+    ],
+)
 def test_bad_input_is_one_line_with_its_exit_code_and_writes_nothing(
     tmp_path: Path, args: tuple[str, ...], code: int, message: str
 ) -> None:
@@ -135,10 +164,17 @@ async def test_a_token_the_platform_refuses_exits_77_and_writes_nothing(tmp_path
     home = tmp_path / "home"
     try:
         proc = await asyncio.to_thread(
-            sb, home, "--platform", "telegram", "--allow", "telegram=all",
-            "--set", f"platforms.telegram.base_url={fake.base_url}",
-            "--secret", "TELEGRAM_BOT_TOKEN=4242:wrong",
-        )  # fmt: skip
+            sb,
+            home,
+            "--platform",
+            "telegram",
+            "--allow",
+            "telegram=all",
+            "--set",
+            f"platforms.telegram.base_url={fake.base_url}",
+            "--secret",
+            "TELEGRAM_BOT_TOKEN=4242:wrong",
+        )
     finally:
         await fake.stop()
     assert proc.returncode == 77, proc.stdout + proc.stderr
@@ -147,8 +183,14 @@ async def test_a_token_the_platform_refuses_exits_77_and_writes_nothing(tmp_path
 
 
 def test_without_a_terminal_it_asks_for_the_non_interactive_form(tmp_path: Path) -> None:
-    proc = subprocess.run(switchboard(tmp_path, "setup"), capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL, env=clean_env())  # fmt: skip
+    proc = subprocess.run(
+        switchboard(tmp_path, "setup"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+    )
     assert proc.returncode == 2 and "--non-interactive" in proc.stderr
 
 

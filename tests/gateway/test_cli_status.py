@@ -16,13 +16,25 @@ from tests import pgserver
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.telegram import FakeTelegram
 
-TOP_KEYS = {"shape", "home", "cli_version", "checked_at", "daemon", "adapters", "queues",
-            "sessions", "store", "reset", "config_problems"}  # fmt: skip
+TOP_KEYS = {
+    "shape",
+    "home",
+    "cli_version",
+    "checked_at",
+    "daemon",
+    "adapters",
+    "queues",
+    "sessions",
+    "store",
+    "reset",
+    "config_problems",
+}
 
 
 def sb(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, *args), capture_output=True, text=True, timeout=60,
-                          env=clean_env(**env))  # fmt: skip
+    return subprocess.run(
+        switchboard(home, *args), capture_output=True, text=True, timeout=60, env=clean_env(**env)
+    )
 
 
 async def asb(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -57,9 +69,11 @@ async def test_a_running_daemon_is_shown_with_its_adapters_sessions_and_backup(
     )
     (home / "switchboard.env").write_text(f"TELEGRAM_BOT_TOKEN={fake.token}\n")
     proc = await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(TELEGRAM_BOT_TOKEN=fake.token),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        *switchboard(home, "run"),
+        env=clean_env(TELEGRAM_BOT_TOKEN=fake.token),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", proc)
         fake.push(fake.message("hello status", fake.dm_chat(5)))
@@ -73,8 +87,11 @@ async def test_a_running_daemon_is_shown_with_its_adapters_sessions_and_backup(
         report = json.loads((await asb(home, "status", "--json")).stdout)
         assert report["daemon"]["pid"] == proc.pid and report["daemon"]["health"] == "ok"
         assert report["daemon"]["version"] and report["daemon"]["uptime_seconds"] >= 0
-        assert report["adapters"]["telegram"] == {"enabled": True, "state": "running",
-                                                  "last_error": None}  # fmt: skip
+        assert report["adapters"]["telegram"] == {
+            "enabled": True,
+            "state": "running",
+            "last_error": None,
+        }
         assert report["queues"]["turns_in_flight"] == 0 and report["queues"]["writer"] == 0
         assert report["store"]["backend"] == "sqlite" and report["store"]["bytes"] > 0
         assert report["reset"]["next_sweep"] > report["checked_at"]
@@ -105,9 +122,11 @@ async def test_a_postgres_replica_is_named_with_its_leadership(
         f"platforms:\n  api:\n    port: {port}\n"
     )
     proc = await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(SB_STATUS_DSN=dsn),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        *switchboard(home, "run"),
+        env=clean_env(SB_STATUS_DSN=dsn),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", proc)
         for _ in range(100):
@@ -127,19 +146,48 @@ async def test_a_postgres_replica_is_named_with_its_leadership(
 
 def test_text_from_the_daemon_cannot_drive_the_terminal() -> None:
     """An adapter's last error is platform text: escapes print as text, not as commands."""
-    report = json.loads(json.dumps({
-        "cli_version": "1", "home": "/h", "config_problems": [],
-        "daemon": {"running": True, "pid": 1, "health": "degraded", "uptime_seconds": 5,
-                   "version": "1", "replica": None, "error": None, "last_error": None},
-        "adapters": {"telegram": {"enabled": True, "state": "failed",
-                                  "last_error": "bad\x1b[2J\x1b]0;owned\x07 token\nnext"}},
-        "queues": {"writer": 0, "turns_in_flight": 0, "unsent_replies": 0, "inbox": {},
-                   "outbox": 0},
-        "sessions": {"live": 0, "messages_today": 0},
-        "store": {"backend": "sqlite", "path": "/h/state.db", "bytes": 10, "error": None,
-                  "last_backup": None},
-        "reset": {"mode": "none", "sweep_seconds": 60, "next_sweep": None},
-    }))  # fmt: skip
+    report = json.loads(
+        json.dumps(
+            {
+                "cli_version": "1",
+                "home": "/h",
+                "config_problems": [],
+                "daemon": {
+                    "running": True,
+                    "pid": 1,
+                    "health": "degraded",
+                    "uptime_seconds": 5,
+                    "version": "1",
+                    "replica": None,
+                    "error": None,
+                    "last_error": None,
+                },
+                "adapters": {
+                    "telegram": {
+                        "enabled": True,
+                        "state": "failed",
+                        "last_error": "bad\x1b[2J\x1b]0;owned\x07 token\nnext",
+                    }
+                },
+                "queues": {
+                    "writer": 0,
+                    "turns_in_flight": 0,
+                    "unsent_replies": 0,
+                    "inbox": {},
+                    "outbox": 0,
+                },
+                "sessions": {"live": 0, "messages_today": 0},
+                "store": {
+                    "backend": "sqlite",
+                    "path": "/h/state.db",
+                    "bytes": 10,
+                    "error": None,
+                    "last_backup": None,
+                },
+                "reset": {"mode": "none", "sweep_seconds": 60, "next_sweep": None},
+            }
+        )
+    )
     screen = render(report)
     assert "\x1b" not in screen and "\x07" not in screen
     assert "last error: bad\\x1b[2J\\x1b]0;owned\\x07 token\\nnext" in screen

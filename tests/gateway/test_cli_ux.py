@@ -29,8 +29,14 @@ MANY = 400
 def sb(
     home: Path, *args: str, stdin: str | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, *args), capture_output=True, text=True, timeout=60,
-                          input=stdin, env=clean_env(**env))  # fmt: skip
+    return subprocess.run(
+        switchboard(home, *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        input=stdin,
+        env=clean_env(**env),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +89,39 @@ def test_global_options_work_after_the_subcommand_and_there_is_a_version(tmp_pat
     home.mkdir()
     (tmp_path / "c.yaml").write_text("agent:\n  backend: echo\n")
     module = [sys.executable, "-m", "gateway"]
-    after = subprocess.run([*module, "check-config", "--home", str(home), "--config",
-                            str(tmp_path / "c.yaml"), "--debug"],
-                           capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
+    after = subprocess.run(
+        [
+            *module,
+            "check-config",
+            "--home",
+            str(home),
+            "--config",
+            str(tmp_path / "c.yaml"),
+            "--debug",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
     assert after.returncode == 0, after.stderr
     assert f"config ok: {tmp_path / 'c.yaml'}" in after.stdout
-    listed = subprocess.run([*module, "sessions", "list", "--home", str(home)],
-                            capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
+    listed = subprocess.run(
+        [*module, "sessions", "list", "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
     assert listed.returncode == 0 and "No sessions." in listed.stdout
     assert (home / "state.db").exists()
-    run = subprocess.run([*module, "run", "--home", str(home), "--config", str(tmp_path / "bad.yaml")],
-                         capture_output=True, text=True, timeout=60, env=clean_env())  # fmt: skip
+    run = subprocess.run(
+        [*module, "run", "--home", str(home), "--config", str(tmp_path / "bad.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
     assert run.returncode == 78 and "bad.yaml" in run.stderr  # parsed, then the missing file named
     version = sb(home, "--version")
     assert version.returncode == 0 and version.stdout.startswith("switchboard ")
@@ -107,13 +135,19 @@ def test_export_into_a_missing_folder_is_one_line(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("args", [("sessions", "list", "--json", "--limit", "1000"),
-                                  ("sessions", "search", "kyoto", "--json", "--limit", "1000")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("sessions", "list", "--json", "--limit", "1000"),
+        ("sessions", "search", "kyoto", "--json", "--limit", "1000"),
+    ],
+)
 def test_a_reader_that_stops_early_gets_no_traceback(crowded: Path, args: tuple[str, ...]) -> None:
     """`... | head -c 100`. The output is larger than a pipe's buffer, so
     the writer is still writing when the reader goes."""
-    proc = subprocess.Popen(switchboard(crowded, *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=clean_env())  # fmt: skip
+    proc = subprocess.Popen(
+        switchboard(crowded, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env()
+    )
     assert proc.stdout is not None and proc.stderr is not None
     assert len(proc.stdout.read(100)) == 100
     proc.stdout.close()
@@ -135,8 +169,10 @@ def test_a_taken_api_port_is_one_line_naming_the_port_and_the_key(tmp_path: Path
         proc = sb(home, "run")
     assert proc.returncode == 78
     errors = [ln for ln in proc.stderr.splitlines() if "switchboard:" in ln]
-    assert errors == [f"switchboard: config error: platforms.api.port: port {port} on 127.0.0.1 "
-                      "is already in use by another program; stop it or choose another port"]  # fmt: skip
+    assert errors == [
+        f"switchboard: config error: platforms.api.port: port {port} on 127.0.0.1 "
+        "is already in use by another program; stop it or choose another port"
+    ]
     assert "Traceback" not in proc.stderr
 
 
@@ -149,8 +185,13 @@ def home(tmp_path: Path) -> Path:
         sid = await db.create_session(
             "20261101_100000_aaaaaaaa", source="telegram", title="trip plans"
         )
-        await db.append_messages(sid, [{"role": "user", "content": "plan a trip to kyoto"},
-                                       {"role": "assistant", "content": "kyoto in spring"}])  # fmt: skip
+        await db.append_messages(
+            sid,
+            [
+                {"role": "user", "content": "plan a trip to kyoto"},
+                {"role": "assistant", "content": "kyoto in spring"},
+            ],
+        )
         await db.close()
 
     asyncio.run(make())
@@ -163,8 +204,15 @@ def test_clearing_a_title_says_so(home: Path) -> None:
     assert "None" not in proc.stdout
 
 
-@pytest.mark.parametrize("args", [("list", "--limit", "0"), ("list", "--limit", "-1"),
-                                  ("search", "kyoto", "--limit", "0"), ("browse", "--limit", "0")])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("list", "--limit", "0"),
+        ("list", "--limit", "-1"),
+        ("search", "kyoto", "--limit", "0"),
+        ("browse", "--limit", "0"),
+    ],
+)
 def test_non_positive_limits_are_usage_errors(home: Path, args: tuple[str, ...]) -> None:
     proc = sb(home, "sessions", *args)
     assert proc.returncode == 2 and "--limit: must be 1 or more" in proc.stderr
@@ -231,8 +279,13 @@ def test_a_fresh_home_logs_one_line_about_it(tmp_path: Path) -> None:
     home, port = tmp_path / "home", free_port()
     home.mkdir()
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n")
-    proc = subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=clean_env())  # fmt: skip
+    proc = subprocess.Popen(
+        switchboard(home, "run"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
     try:
         asyncio.run(wait_healthy(f"http://127.0.0.1:{port}", proc))
     finally:
@@ -264,10 +317,12 @@ def test_an_older_database_still_logs_each_migration(
 
 async def test_echo_titles_use_each_word_once() -> None:
     """Never "Second topic cooking pasta second topic cooking"."""
-    title = await EchoAgent().suggest_title([
-        {"role": "user", "content": "Second topic: cooking pasta"},
-        {"role": "assistant", "content": "echo: Second topic: cooking pasta"},
-    ])  # fmt: skip
+    title = await EchoAgent().suggest_title(
+        [
+            {"role": "user", "content": "Second topic: cooking pasta"},
+            {"role": "assistant", "content": "echo: Second topic: cooking pasta"},
+        ]
+    )
     assert title == "Second topic cooking pasta"
     mixed = await EchoAgent().suggest_title([{"role": "user", "content": "Tea TEA tea, green tea"}])
     assert mixed == "Tea green"

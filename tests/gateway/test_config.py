@@ -97,7 +97,12 @@ def test_the_example_config_is_valid_with_its_env_vars(tmp_path: Path) -> None:
             "agent.openai.api_key_env",
             "OPENAI_API_KEY is not set",
         ),
-        ("runtime:\n  event_loop: libuv\n", {}, "runtime.event_loop", "must be one of auto, uvloop"),
+        (
+            "runtime:\n  event_loop: libuv\n",
+            {},
+            "runtime.event_loop",
+            "must be one of auto, uvloop",
+        ),
         ("- a\n- b\n", {}, "config", "mapping"),
         ("agent: [\n", {}, "", "not valid YAML"),
     ],
@@ -128,10 +133,31 @@ def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
-                    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(
-                        ["agent", "platforms", "api", "port", "backend", "sessions", "x", "enabled", "logging"]), kids, max_size=3)),
-       )  # fmt: skip
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+        lambda kids: (
+            st.lists(kids, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "agent",
+                        "platforms",
+                        "api",
+                        "port",
+                        "backend",
+                        "sessions",
+                        "x",
+                        "enabled",
+                        "logging",
+                    ]
+                ),
+                kids,
+                max_size=3,
+            )
+        ),
+    ),
+)
 def test_any_yaml_value_gives_a_config_or_a_config_error(
     tmp_path_factory: pytest.TempPathFactory, value: object
 ) -> None:
@@ -188,12 +214,18 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         _cfg(tmp_path, text)
     keys = [e.key for e in err.value.all()]
-    assert sorted(keys) == sorted([
-        "agent.backend", "agent.context_tokens", "sessions.histroy_messages",
-        "session_reset.by_platform.irc", "platforms.telegram.home_channel",
-        "platforms.discord.mode", "platforms.telegram.token_env",
-        "platforms.telegram.allowed_users",
-    ])  # fmt: skip
+    assert sorted(keys) == sorted(
+        [
+            "agent.backend",
+            "agent.context_tokens",
+            "sessions.histroy_messages",
+            "session_reset.by_platform.irc",
+            "platforms.telegram.home_channel",
+            "platforms.discord.mode",
+            "platforms.telegram.token_env",
+            "platforms.telegram.allowed_users",
+        ]
+    )
     assert err.value.exit_code == 78 and err.value.key == keys[0]
     assert all(f"{e.key}: " in str(err.value) for e in err.value.all())
 
@@ -252,20 +284,34 @@ def test_sections_are_frozen_typed_and_agree_with_data(tmp_path: Path) -> None:
     # each section is a frozen dataclass whose fields carry their declared types
     import dataclasses
 
-    cfg = _cfg(tmp_path, (
-        "agent:\n  reply_tokens: 99\n  openai:\n    tools: [session_search]\n"
-        "sessions:\n  auto_prune:\n    retention_days: 7\n"
-        "session_reset:\n  by_platform:\n    api: {mode: idle}\n"
-        "platforms:\n  api:\n    port: 0\n  discord:\n    admins: [5, '6']\n"
-    ))  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        (
+            "agent:\n  reply_tokens: 99\n  openai:\n    tools: [session_search]\n"
+            "sessions:\n  auto_prune:\n    retention_days: 7\n"
+            "session_reset:\n  by_platform:\n    api: {mode: idle}\n"
+            "platforms:\n  api:\n    port: 0\n  discord:\n    admins: [5, '6']\n"
+        ),
+    )
     assert cfg.agent.reply_tokens == 99 and cfg.agent.openai.tools == ("session_search",)
     assert cfg.sessions.auto_prune.retention_days == 7 and cfg.api.port == 0
     assert cfg.session_reset.by_platform == {"api": {"mode": "idle"}}
     assert cfg.platforms["discord"].admins == (5, "6")
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.agent.reply_tokens = 1  # type: ignore[misc]
-    sections = [("", getattr(cfg, n)) for n in ("logging", "state", "sessions", "agent", "access",
-                                                "display", "session_reset", "shutdown")]  # fmt: skip
+    sections = [
+        ("", getattr(cfg, n))
+        for n in (
+            "logging",
+            "state",
+            "sessions",
+            "agent",
+            "access",
+            "display",
+            "session_reset",
+            "shutdown",
+        )
+    ]
     sections += [(f"platforms.{n}.", s) for n, s in (("api", cfg.api), *cfg.platforms.items())]
     for prefix, section in sections:
         for key, value, kind in _typed_values(section):
@@ -290,9 +336,12 @@ def test_the_gateway_reads_typed_sections_not_dotted_gets() -> None:
         if path.name == "config.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("get", "platform")
-                    and ast.unparse(node.func.value).split(".")[-1] == "config"):  # fmt: skip
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "platform")
+                and ast.unparse(node.func.value).split(".")[-1] == "config"
+            ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
 

@@ -19,8 +19,13 @@ from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 def _start(home: Path, port: int, extra: str = "") -> subprocess.Popen[str]:
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {port}\n{extra}")
-    return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=clean_env())  # fmt: skip
+    return subprocess.Popen(
+        switchboard(home, "run"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
 
 
 @pytest.mark.slow
@@ -97,12 +102,20 @@ def test_a_bad_config_exits_78_naming_the_key(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("agent:\n  backend: telepathy\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "run"],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "run"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 78
     assert "agent.backend" in proc.stderr and "Traceback" not in proc.stderr
-    check = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
-                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    check = subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert check.returncode == 78 and "agent.backend" in check.stderr
 
 
@@ -112,8 +125,12 @@ def test_a_corrupt_state_db_exits_1_with_a_clear_line(tmp_path: Path) -> None:
     home.mkdir()
     (home / "state.db").write_bytes(b"garbage" * 100)
     (home / "config.yaml").write_text(f"platforms:\n  api:\n    port: {free_port()}\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "run"],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "run"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 1
     assert (
         "state.db" in proc.stderr
@@ -127,8 +144,12 @@ def test_check_config_lists_every_problem_and_run_refuses_duplicate_keys(tmp_pat
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("agent:\n  backend: telepathy\nlogging:\n  level: loud\n")
-    check = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
-                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    check = subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert check.returncode == 78
     lines = check.stderr.splitlines()
     assert [line.split(":")[1].strip() for line in lines] == ["config error"] * 2
@@ -138,8 +159,12 @@ def test_check_config_lists_every_problem_and_run_refuses_duplicate_keys(tmp_pat
     ]
     (home / "config.yaml").write_text("platforms:\n  api:\n    port: 0\n    port: 8642\n")
     for command in ("run", "check-config"):
-        proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), command],
-                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "gateway", "--home", str(home), command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert proc.returncode == 78, proc.stderr
         assert "platforms.api.port: duplicate key at line 4 (first at line 3)" in proc.stderr
         assert "Traceback" not in proc.stderr
@@ -158,15 +183,20 @@ async def test_a_started_daemon_freezes_its_start_up_heap_and_reports_the_collec
         await wait_healthy(url, proc)
         async with aiohttp.ClientSession() as http:
             for i in range(50):
-                async with http.post(f"{url}/v1/messages", json={"chat_id": "c", "text": f"m{i}"}) as r:
+                async with http.post(
+                    f"{url}/v1/messages", json={"chat_id": "c", "text": f"m{i}"}
+                ) as r:
                     assert r.status == 200
             async with http.get(f"{url}/metrics") as r:
                 text = await r.text()
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 20) == 0
-    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-              if line.startswith("switchboard_gc_")}  # fmt: skip
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("switchboard_gc_")
+    }
     assert values["switchboard_gc_frozen_objects"] > 10_000  # modules, config, adapters ...
     assert values["switchboard_gc_passes_total"] >= values["switchboard_gc_full_passes_total"] >= 0
     assert values["switchboard_gc_pause_seconds_total"] >= 0
@@ -202,7 +232,9 @@ async def test_the_daemon_runs_on_the_event_loop_its_config_names(tmp_path: Path
         try:
             await wait_healthy(url, proc)
             async with aiohttp.ClientSession() as http:
-                async with http.post(f"{url}/v1/messages", json={"chat_id": "c", "text": "hi"}) as r:
+                async with http.post(
+                    f"{url}/v1/messages", json={"chat_id": "c", "text": "hi"}
+                ) as r:
                     assert (await r.json())["reply"] == "echo: hi"
                 async with http.get(f"{url}/health") as r:
                     assert (await r.json())["event_loop"] == expected
@@ -256,9 +288,13 @@ async def test_a_clean_stop_then_a_start_logs_no_index_warning_after_other_proce
         db = await SessionDB.open(home / "state.db")  # another process: `sessions import`
         try:
             newer = await db.create_session(
-                source="api", session_key="agent:main:api:dm:a", chat_id="a", chat_type="dm",
-                user_id="a", started_at=time.time() + 60,
-            )  # fmt: skip
+                source="api",
+                session_key="agent:main:api:dm:a",
+                chat_id="a",
+                chat_type="dm",
+                user_id="a",
+                started_at=time.time() + 60,
+            )
         finally:
             await db.close()
         await stop(proc)

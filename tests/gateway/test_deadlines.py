@@ -24,9 +24,12 @@ async def test_only_the_awaits_that_overrun_get_timeout_error() -> None:
         return "unreachable"
 
     results = await asyncio.gather(
-        finishes(0.01), never_finishes(0.1), finishes(0.05), never_finishes(0.2),
+        finishes(0.01),
+        never_finishes(0.1),
+        finishes(0.05),
+        never_finishes(0.2),
         return_exceptions=True,
-    )  # fmt: skip
+    )
     assert results[0] == "done" and results[2] == "done"
     assert isinstance(results[1], TimeoutError) and isinstance(results[3], TimeoutError)
     assert len(deadlines) == 0

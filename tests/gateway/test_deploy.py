@@ -21,24 +21,49 @@ def test_service_install_writes_a_unit_for_this_installation(tmp_path: Path) -> 
     home.mkdir()
     (tmp_path / "unit").mkdir()
     target = tmp_path / "unit" / "switchboard.service"
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install", "--user",
-                           "--output", str(target)], capture_output=True, text=True, timeout=30)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--home",
+            str(home),
+            "service",
+            "install",
+            "--user",
+            "--output",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     # a unit outside the manager's search path is enabled by its path
     assert "systemctl --user daemon-reload" in proc.stdout
     assert f"systemctl --user enable --now {target}\n" in proc.stdout
     unit = target.read_text()
     for line in (
-        "Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure",
-        "RestartPreventExitStatus=78", "KillSignal=SIGTERM", "TimeoutStopSec=30",
-        f"ExecStart={sys.executable} -m gateway --home {home} run", "WantedBy=default.target",
-    ):  # fmt: skip
+        "Type=notify",
+        "NotifyAccess=main",
+        "WatchdogSec=30",
+        "Restart=on-failure",
+        "RestartPreventExitStatus=78",
+        "KillSignal=SIGTERM",
+        "TimeoutStopSec=30",
+        f"ExecStart={sys.executable} -m gateway --home {home} run",
+        "WantedBy=default.target",
+    ):
         assert line in unit.splitlines(), line
 
 
 def install(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install", *args],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "service", "install", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.mark.slow
@@ -71,9 +96,23 @@ def test_paths_with_dot_dot_print_plainly_and_the_log_command_names_the_written_
     (tmp_path / "x" / "sb").mkdir(parents=True)
     (tmp_path / "h1").mkdir()
     work = tmp_path / "x" / "sb"
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", "../../h1", "service", "install",
-                           "--output", "../unit.service"], capture_output=True, text=True, timeout=30,
-                          cwd=work)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--home",
+            "../../h1",
+            "service",
+            "install",
+            "--output",
+            "../unit.service",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=work,
+    )
     assert proc.returncode == 0, proc.stderr
     assert ".." not in proc.stdout, proc.stdout
     unit = tmp_path / "x" / "unit.service"
@@ -90,8 +129,13 @@ def test_the_user_manager_folder_is_created_and_enabled_by_name(tmp_path: Path) 
     home = tmp_path / "home"
     home.mkdir()
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install"],
-                          capture_output=True, text=True, timeout=30, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "service", "install"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "xdg" / "systemd" / "user" / "switchboard.service").is_file()
     assert "systemctl --user enable --now switchboard.service\n" in proc.stdout
@@ -102,16 +146,36 @@ def test_a_bad_config_refuses_to_install(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("agent:\n  backend: nope\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "service", "install",
-                           "--output", str(tmp_path / "u.service")], capture_output=True, text=True, timeout=30)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--home",
+            str(home),
+            "service",
+            "install",
+            "--output",
+            str(tmp_path / "u.service"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 78 and "agent.backend" in proc.stderr
     assert not (tmp_path / "u.service").exists()
 
 
 def test_the_system_unit_is_sandboxed_but_can_write_its_home() -> None:
     unit = (ROOT / "deploy" / "systemd" / "switchboard.service").read_text().splitlines()
-    for line in ("ProtectSystem=strict", "ReadWritePaths=/var/lib/switchboard", "NoNewPrivileges=true",
-                 "PrivateTmp=true", "RestartPreventExitStatus=78", "WantedBy=multi-user.target"):  # fmt: skip
+    for line in (
+        "ProtectSystem=strict",
+        "ReadWritePaths=/var/lib/switchboard",
+        "NoNewPrivileges=true",
+        "PrivateTmp=true",
+        "RestartPreventExitStatus=78",
+        "WantedBy=multi-user.target",
+    ):
         assert line in unit, line
 
 
@@ -168,13 +232,21 @@ def test_compose_file_keeps_state_on_a_volume_and_restarts() -> None:
 def test_systemd_accepts_the_nightly_backup_timer_and_its_service(tmp_path: Path) -> None:
     folder = ROOT / "deploy" / "systemd"
     for name in ("switchboard-backup.service", "switchboard-backup.timer"):
-        text = (folder / name).read_text().replace("/opt/switchboard/venv/bin/python", sys.executable)
+        text = (
+            (folder / name).read_text().replace("/opt/switchboard/venv/bin/python", sys.executable)
+        )
         (tmp_path / name).write_text(text)
     proc = subprocess.run(
-        ["systemd-analyze", "verify", str(tmp_path / "switchboard-backup.timer"),
-         str(tmp_path / "switchboard-backup.service")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            "systemd-analyze",
+            "verify",
+            str(tmp_path / "switchboard-backup.timer"),
+            str(tmp_path / "switchboard-backup.service"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     service = (folder / "switchboard-backup.service").read_text()
     assert "gateway --home /var/lib/switchboard backup" in service

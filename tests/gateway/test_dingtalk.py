@@ -81,11 +81,15 @@ async def test_a_dm_is_acked_and_answered_through_the_session_webhook(
     assert (await fake.wait_ack(frame))["code"] == 200
     [(kind, sent)] = await fake.wait_sent(1)
     assert (kind, sent["chat"], sent["title"], sent["text"]) == (
-        "webhook", "s1", "echo: hello dingtalk", "echo: hello dingtalk",
-    )  # fmt: skip
+        "webhook",
+        "s1",
+        "echo: hello dingtalk",
+        "echo: hello dingtalk",
+    )
     assert await _stored(gw, "agent:main:dingtalk:dm:alice01") == [
-        "hello dingtalk", "echo: hello dingtalk",
-    ]  # fmt: skip
+        "hello dingtalk",
+        "echo: hello dingtalk",
+    ]
     assert fake.subscriptions == [[{"type": "CALLBACK", "topic": TOPIC}]]
     assert gw.health()["adapters"]["dingtalk"]["state"] == "running"
 
@@ -105,8 +109,9 @@ async def test_group_messages_need_a_mention(gw: Gateway, fake: FakeDingTalk) ->
     texts = [p["text"] for _, p in sent]
     assert "echo: what time is it" in texts and any(t.startswith("Session: ") for t in texts)
     assert await _stored(gw, "agent:main:dingtalk:group:cidGROUP:alice01") == [
-        "what time is it", "echo: what time is it",
-    ]  # fmt: skip
+        "what time is it",
+        "echo: what time is it",
+    ]
 
 
 async def test_redeliveries_are_answered_once(gw: Gateway, fake: FakeDingTalk) -> None:
@@ -122,13 +127,23 @@ async def test_redeliveries_are_answered_once(gw: Gateway, fake: FakeDingTalk) -
 async def test_after_the_session_webhook_expires_replies_use_the_robot_api(
     gw: Gateway, fake: FakeDingTalk
 ) -> None:
-    group = robot_message("late", fake=fake, conversation_type="2", conversation_id="cidLATE",
-                          msg_id="l1", at_bot=True, expires_in_s=-5)  # fmt: skip
+    group = robot_message(
+        "late",
+        fake=fake,
+        conversation_type="2",
+        conversation_id="cidLATE",
+        msg_id="l1",
+        at_bot=True,
+        expires_in_s=-5,
+    )
     await fake.push(group)
     [(kind, sent)] = await fake.wait_sent(1)
     assert (kind, sent["chat"], sent["robotCode"], sent["msgKey"]) == (
-        "group", "cidLATE", CLIENT_ID, "sampleMarkdown",
-    )  # fmt: skip
+        "group",
+        "cidLATE",
+        CLIENT_ID,
+        "sampleMarkdown",
+    )
     assert sent["text"] == "echo: late"
     # a webhook DingTalk refuses (expired early) falls back the same way
     fake.fail_next("webhook", 200, {"errcode": 300001, "errmsg": "session expired"})
@@ -189,7 +204,12 @@ async def test_a_bad_client_secret_stops_the_adapter_while_the_daemon_runs(
     gateway = _gateway(tmp_path, fake, {**ENV, "DINGTALK_CLIENT_SECRET": "wrong"})
     try:
         await gateway.start()
-        refused_at_start(gateway, "dingtalk", "^dingtalk refused the client credentials: invalidClientSecret$", ["platforms.dingtalk.token_env", "platforms.dingtalk.client_id_env"])
+        refused_at_start(
+            gateway,
+            "dingtalk",
+            "^dingtalk refused the client credentials: invalidClientSecret$",
+            ["platforms.dingtalk.token_env", "platforms.dingtalk.client_id_env"],
+        )
     finally:
         await gateway.stop()
     assert [k for k, _ in fake.calls] == ["token"]
@@ -312,9 +332,15 @@ def test_translation_of_dms_and_groups() -> None:
         {k: v for k, v in _msg().items() if k != "msgId"},
         {**_msg(), "text": None},
         {**_msg(staff_id=None), "senderId": None},
-        {"msgtype": "text", "text": {"content": "x"}, "msgId": "m", "senderStaffId": "a", "conversationType": "2"},
+        {
+            "msgtype": "text",
+            "text": {"content": "x"},
+            "msgId": "m",
+            "senderStaffId": "a",
+            "conversationType": "2",
+        },
     ],
-)  # fmt: skip
+)
 def test_messages_without_text_or_ids_are_ignored(data: dict[str, Any]) -> None:
     assert to_inbound(data) is None
 

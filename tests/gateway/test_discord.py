@@ -183,9 +183,23 @@ def test_addressing_rules(fields: dict, addressed: bool) -> None:
     assert to_inbound({**fields, "kind": "text"}, free_channels=frozenset({"3"})).mentioned is True  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("fields", [{}, {"content": "x"}, {"id": 1, "content": "", "author_id": 2, "kind": "dm", "channel_id": 3},
-                                    {"id": 1, "content": "x", "author_id": 2, "kind": "dm", "channel_id": 3, "author_bot": True},
-                                    {"id": 1, "content": "x", "author_id": 2, "kind": "voice", "channel_id": 3}])  # fmt: skip
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"content": "x"},
+        {"id": 1, "content": "", "author_id": 2, "kind": "dm", "channel_id": 3},
+        {
+            "id": 1,
+            "content": "x",
+            "author_id": 2,
+            "kind": "dm",
+            "channel_id": 3,
+            "author_bot": True,
+        },
+        {"id": 1, "content": "x", "author_id": 2, "kind": "voice", "channel_id": 3},
+    ],
+)
 def test_ignored_messages(fields: dict) -> None:
     assert to_inbound(fields) is None
 
@@ -213,8 +227,10 @@ async def test_typing_shows_only_for_a_running_turn_and_stops_on_every_outcome(
     """Typing starts when the router runs a turn, never for a duplicate or a user
     who is not allowed, and stops after a reply, a drop or a failure."""
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("platforms:\n  api:\n    enabled: false\n  discord:\n"
-                   "    allowed_users: ['500000000000000001']\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  discord:\n"
+        "    allowed_users: ['500000000000000001']\n"
+    )
     agent = ScriptedAgent()
     agent.delay_on["slow"] = 0.5
     agent.fail_on.add("boom")

@@ -42,9 +42,12 @@ def _daemon(tmp_path: Path, fake: FakeDiscord, **catch_up: float) -> Gateway:
         "platforms:\n  api:\n    enabled: false\n  discord:\n    allow_all_users: true\n"
     )
     adapter = DiscordAdapter(
-        "fake-token", api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05,
+        "fake-token",
+        api_base=fake.api,
+        gateway_url=fake.gateway,
+        guild_ready_timeout_s=0.05,
         **catch_up,  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     return Gateway(config=load_config(cfg, {}), home=tmp_path / "home", adapters=[adapter])
 
 
@@ -151,9 +154,12 @@ async def test_a_position_moves_only_after_emit_took_the_message(
             raise NotAccepted("the store is busy")
 
     adapter = DiscordAdapter(
-        "fake-token", api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05,
+        "fake-token",
+        api_base=fake.api,
+        gateway_url=fake.gateway,
+        guild_ready_timeout_s=0.05,
         backoff=Backoff(initial_s=0.01, max_s=0.05),
-    )  # fmt: skip
+    )
     adapter.use_cursors(cursors)
     await adapter.start(emit)
     try:

@@ -51,9 +51,13 @@ async def test_one_daemon_runs_every_shard_and_each_message_is_answered_once(
         "platforms:\n  api:\n    enabled: false\n  discord:\n    allow_all_users: true\n"
     )
     adapter = DiscordAdapter(
-        "fake-token", api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05,
-        require_mention=False, shard_count=2,
-    )  # fmt: skip
+        "fake-token",
+        api_base=fake.api,
+        gateway_url=fake.gateway,
+        guild_ready_timeout_s=0.05,
+        require_mention=False,
+        shard_count=2,
+    )
     gw = Gateway(config=load_config(cfg, {}), home=tmp_path / "home", adapters=[adapter])
     await gw.start()
     try:
@@ -86,9 +90,13 @@ async def test_a_single_shard_connection_gets_every_guild_and_dm(fake: FakeDisco
             three.set()
 
     adapter = DiscordAdapter(
-        "fake-token", api_base=fake.api, gateway_url=fake.gateway, guild_ready_timeout_s=0.05,
-        require_mention=False, catch_up_messages=0,
-    )  # fmt: skip
+        "fake-token",
+        api_base=fake.api,
+        gateway_url=fake.gateway,
+        guild_ready_timeout_s=0.05,
+        require_mention=False,
+        catch_up_messages=0,
+    )
     await adapter.start(emit)
     try:
         assert fake.connected_shards() == [(0, 1)]

@@ -22,8 +22,12 @@ from tests.fakes.telegram import FakeTelegram
 
 
 def _doctor(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "doctor", "--offline", *args],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "doctor", "--offline", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 async def _home_with_sessions(home: Path) -> tuple[str, str]:
@@ -152,8 +156,9 @@ async def test_a_chat_the_daemon_has_not_written_yet_is_not_a_fault(tmp_path: Pa
         written = json.loads((home / "sessions" / "sessions.json").read_text())
         assert list(written) == ["agent:main:api:dm:1"]  # chat 2 is not written yet
         # the doctor looks at once (in this process, beside the running daemon)
-        checks = await run_doctor(home, gw.config, None, fix=False, full=False,
-                                  check_platforms=False)  # fmt: skip
+        checks = await run_doctor(
+            home, gw.config, None, fix=False, full=False, check_platforms=False
+        )
         assert exit_code(checks) == 0, [c.line() for c in checks]
         lines = [c.line() for c in checks]
         assert "[ok  ] session index: 2 entries agree with state.db" in lines
@@ -173,12 +178,22 @@ async def test_imported_live_sessions_are_a_warning_and_adopted_at_start(tmp_pat
     await db.close()
     dump = tmp_path / "dump.jsonl"
     cli = [sys.executable, "-m", "gateway"]
-    export = await asyncio.to_thread(subprocess.run, [*cli, "--home", str(source), "sessions", "export", str(dump)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    export = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "--home", str(source), "sessions", "export", str(dump)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert export.returncode == 0, export.stderr
     home = tmp_path / "home"
-    imported = await asyncio.to_thread(subprocess.run, [*cli, "--home", str(home), "sessions", "import", str(dump)],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    imported = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "--home", str(home), "sessions", "import", str(dump)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert imported.returncode == 0, imported.stderr
     proc = await asyncio.to_thread(_doctor, home)
     assert proc.returncode == 0 and "FAIL" not in proc.stdout, proc.stdout
@@ -217,9 +232,13 @@ async def test_doctor_on_postgresql_counts_each_running_daemon_once(
     made = [Replica.on(dsn, f"r{i}", tmp_path / f"r{i}", 2, Platforms()) for i in (1, 2)]
 
     def doctor(replica: Replica) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gateway", "--home", str(replica.home),
-                               "doctor", "--offline"], capture_output=True, text=True,
-                              timeout=60, env=replica.env)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "--home", str(replica.home), "doctor", "--offline"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=replica.env,
+        )
 
     try:
         await made[0].start()

@@ -45,10 +45,15 @@ ALICE = "alice@example.com"
 
 
 def mail(
-    text: str = "hello", *, sender: str = f"Alice <{ALICE}>", subject: str = "Hi",
-    headers: dict[str, str] | None = None, html: str | None = None, to: str = US,
+    text: str = "hello",
+    *,
+    sender: str = f"Alice <{ALICE}>",
+    subject: str = "Hi",
+    headers: dict[str, str] | None = None,
+    html: str | None = None,
+    to: str = US,
     message_id: str | None = None,
-) -> bytes:  # fmt: skip
+) -> bytes:
     m = EmailMessage()
     m["From"], m["To"], m["Subject"] = sender, to, subject
     m["Date"] = formatdate(localtime=False)
@@ -68,9 +73,12 @@ def mail(
 def reply_to(answer: EmailMessage, text: str, sender: str = f"Alice <{ALICE}>") -> bytes:
     """What a mail client sends when a person answers `answer`."""
     refs = f"{answer.get('References', '')} {answer['Message-ID']}".strip()
-    return mail(text + "\n\nOn some day, the agent wrote:\n> earlier words\n", sender=sender,
-                subject=f"Re: {answer['Subject']}",
-                headers={"In-Reply-To": str(answer["Message-ID"]), "References": refs})  # fmt: skip
+    return mail(
+        text + "\n\nOn some day, the agent wrote:\n> earlier words\n",
+        sender=sender,
+        subject=f"Re: {answer['Subject']}",
+        headers={"In-Reply-To": str(answer["Message-ID"]), "References": refs},
+    )
 
 
 def plain(msg: EmailMessage) -> str:
@@ -126,11 +134,13 @@ def test_a_recorded_reply_is_parsed_and_cleaned() -> None:
         ("Thanks!\n\n> quoted at the end\n> more", "Thanks!"),
         ("Thanks\n-- \nAlice Example\nCEO", "Thanks"),
         ("On it.\n\nSent from my iPhone", "On it."),
-        ("> first question\nfirst answer\n> second question\nsecond answer",
-         "> first question\nfirst answer\n> second question\nsecond answer"),  # interleaved: kept
+        (
+            "> first question\nfirst answer\n> second question\nsecond answer",
+            "> first question\nfirst answer\n> second question\nsecond answer",
+        ),  # interleaved: kept
         ("On Monday I wrote: a letter to my aunt.", "On Monday I wrote: a letter to my aunt."),
     ],
-)  # fmt: skip
+)
 def test_quoted_history_and_signatures_are_cut(body: str, expected: str) -> None:
     assert clean_text(body) == expected
 
@@ -228,17 +238,29 @@ def test_require_mention_wants_our_address_in_to_or_cc() -> None:
 
 @pytest.mark.parametrize(
     "subject, expected",
-    [("Trip", "Re: Trip"), ("Re: Trip", "Re: Trip"), ("RE: re: Aw: Trip", "Re: Trip"),
-     ("Re[2]: Trip", "Re: Trip"), ("Fwd: Trip", "Re: Fwd: Trip"), ("", "Re:")],
-)  # fmt: skip
+    [
+        ("Trip", "Re: Trip"),
+        ("Re: Trip", "Re: Trip"),
+        ("RE: re: Aw: Trip", "Re: Trip"),
+        ("Re[2]: Trip", "Re: Trip"),
+        ("Fwd: Trip", "Re: Fwd: Trip"),
+        ("", "Re:"),
+    ],
+)
 def test_reply_subjects_never_pile_up(subject: str, expected: str) -> None:
     assert reply_subject(subject) == expected
 
 
 def test_a_reply_keeps_the_thread_quotes_and_is_marked_automatic() -> None:
     refs = tuple(f"<r{i}@x>" for i in range(30))
-    original = Original("<m@x>", "Re: Trip", "Tue, 1 Dec 2026 10:00:00 +0100", "Alice <alice@example.com>",
-                        "line one\nline two", refs)  # fmt: skip
+    original = Original(
+        "<m@x>",
+        "Re: Trip",
+        "Tue, 1 Dec 2026 10:00:00 +0100",
+        "Alice <alice@example.com>",
+        "line one\nline two",
+        refs,
+    )
     msg = compose(
         sender=US, to=ALICE, text="**Yes** <b>not html</b>", subject="", original=original
     )
@@ -310,16 +332,27 @@ async def servers() -> AsyncIterator[tuple[FakeImap, FakeSmtp]]:
         await smtp.stop()
 
 
-def make_adapter(imap: FakeImap, smtp: FakeSmtp, *, password: str | None = None,
-                 smtp_password: str | None = None, poll_s: float = 0.2,
-                 allowed: tuple[str, ...] | None = None) -> EmailAdapter:  # fmt: skip
+def make_adapter(
+    imap: FakeImap,
+    smtp: FakeSmtp,
+    *,
+    password: str | None = None,
+    smtp_password: str | None = None,
+    poll_s: float = 0.2,
+    allowed: tuple[str, ...] | None = None,
+) -> EmailAdapter:
     from gateway.adapters.base import Backoff
 
     return EmailAdapter(
-        US, ImapAccount("127.0.0.1", imap.port, "plain", US, password or imap.password, timeout_s=5),
-        SmtpAccount("127.0.0.1", smtp.port, "plain", US, smtp_password or smtp.password, timeout_s=5),
-        poll_s=poll_s, allowed=allowed, backoff=Backoff(initial_s=0.05, max_s=0.2),
-    )  # fmt: skip
+        US,
+        ImapAccount("127.0.0.1", imap.port, "plain", US, password or imap.password, timeout_s=5),
+        SmtpAccount(
+            "127.0.0.1", smtp.port, "plain", US, smtp_password or smtp.password, timeout_s=5
+        ),
+        poll_s=poll_s,
+        allowed=allowed,
+        backoff=Backoff(initial_s=0.05, max_s=0.2),
+    )
 
 
 class Inbox:

@@ -125,11 +125,22 @@ async def test_group_messages_need_a_mention_and_the_answer_quotes_them(
             url, message_event("humans talking", message_id="om_a", event_id="e_a", **group)
         )
     )[0] == 200
-    mentioned = message_event("@_user_1 what time is it", message_id="om_b", event_id="e_b",
-                              mentions=[mention("@_user_1")], **group)  # fmt: skip
+    mentioned = message_event(
+        "@_user_1 what time is it",
+        message_id="om_b",
+        event_id="e_b",
+        mentions=[mention("@_user_1")],
+        **group,
+    )
     assert (await _post(url, mentioned))[0] == 200
-    status = message_event("@_user_1 /status", user="ou_bob", message_id="om_c", event_id="e_c",
-                           mentions=[mention("@_user_1")], **group)  # fmt: skip
+    status = message_event(
+        "@_user_1 /status",
+        user="ou_bob",
+        message_id="om_c",
+        event_id="e_c",
+        mentions=[mention("@_user_1")],
+        **group,
+    )
     assert (await _post(url, status))[0] == 200
     sent = await fake.wait_sent(2)
     await asyncio.sleep(0.2)
@@ -139,8 +150,9 @@ async def test_group_messages_need_a_mention_and_the_answer_quotes_them(
     assert by_parent["om_b"]["reply_in_thread"] is False
     assert by_parent["om_c"]["markdown"].startswith("Session: ")
     assert await _stored(gateway, "agent:main:feishu:group:oc_grp:ou_alice") == [
-        "what time is it", "echo: what time is it",
-    ]  # fmt: skip
+        "what time is it",
+        "echo: what time is it",
+    ]
 
 
 async def test_a_thread_is_one_shared_session_answered_in_the_thread(
@@ -148,8 +160,13 @@ async def test_a_thread_is_one_shared_session_answered_in_the_thread(
 ) -> None:
     gateway, url = gw
     thread = {"chat_id": "oc_grp", "chat_type": "group", "root_id": "om_root", "thread_id": "omt_1"}
-    first = message_event("@_user_1 start here", message_id="om_t1", event_id="e_t1",
-                          mentions=[mention("@_user_1")], **thread)  # fmt: skip
+    first = message_event(
+        "@_user_1 start here",
+        message_id="om_t1",
+        event_id="e_t1",
+        mentions=[mention("@_user_1")],
+        **thread,
+    )
     assert (await _post(url, first))[0] == 200
     await fake.wait_sent(1)
     second = message_event(
@@ -159,9 +176,11 @@ async def test_a_thread_is_one_shared_session_answered_in_the_thread(
     sent = await fake.wait_sent(2)
     assert all((s["parent_id"], s["reply_in_thread"]) == ("om_root", True) for s in sent)
     assert await _stored(gateway, "agent:main:feishu:group:oc_grp:t=om_root") == [
-        "[ou_alice] start here", "echo: [ou_alice] start here",
-        "[ou_bob] and me, no mention", "echo: [ou_bob] and me, no mention",
-    ]  # fmt: skip
+        "[ou_alice] start here",
+        "echo: [ou_alice] start here",
+        "[ou_bob] and me, no mention",
+        "echo: [ou_bob] and me, no mention",
+    ]
 
 
 async def test_redeliveries_are_answered_once(gw: tuple[Gateway, str], fake: FakeFeishu) -> None:
@@ -215,11 +234,23 @@ async def test_rate_limits_are_waited_out(gw: tuple[Gateway, str], fake: FakeFei
 async def test_an_invalid_app_secret_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeFeishu
 ) -> None:
-    gateway = Gateway(config=load_config(_config(tmp_path, fake), {**ENV, "FEISHU_APP_SECRET": "wrong"}),
-                      home=tmp_path / "home")  # fmt: skip
+    gateway = Gateway(
+        config=load_config(_config(tmp_path, fake), {**ENV, "FEISHU_APP_SECRET": "wrong"}),
+        home=tmp_path / "home",
+    )
     try:
         await gateway.start()
-        refused_at_start(gateway, "feishu", r"^feishu refused the app credentials: app secret invalid \(10014\)$", ["platforms.feishu.token_env", "platforms.feishu.app_id_env", "platforms.feishu.encrypt_key_env", "platforms.feishu.verification_token_env"])
+        refused_at_start(
+            gateway,
+            "feishu",
+            r"^feishu refused the app credentials: app secret invalid \(10014\)$",
+            [
+                "platforms.feishu.token_env",
+                "platforms.feishu.app_id_env",
+                "platforms.feishu.encrypt_key_env",
+                "platforms.feishu.verification_token_env",
+            ],
+        )
     finally:
         await gateway.stop()
 
@@ -237,8 +268,15 @@ async def test_create_thread_posts_a_root_and_the_handoff_text_opens_the_thread_
     opened = fake.sent()[1]
     assert (opened["parent_id"], opened["reply_in_thread"]) == (ref.thread_id, True)
     # someone answering in that thread needs no mention
-    reply = message_event("thanks", chat_id="oc_home", chat_type="group", root_id=ref.thread_id,
-                          thread_id=opened["thread_id"], message_id="om_h1", event_id="e_h1")  # fmt: skip
+    reply = message_event(
+        "thanks",
+        chat_id="oc_home",
+        chat_type="group",
+        root_id=ref.thread_id,
+        thread_id=opened["thread_id"],
+        message_id="om_h1",
+        event_id="e_h1",
+    )
     assert (await _post(url, reply))[0] == 200
     answer = (await fake.wait_sent(3))[2]
     assert (answer["parent_id"], answer["markdown"]) == (ref.thread_id, "echo: [ou_alice] thanks")
@@ -278,8 +316,13 @@ async def test_a_message_the_gateway_cannot_store_gets_503_and_its_redelivery_is
 
 def _open(payload: dict[str, Any], now: float | None = None, **kw: Any) -> Any:
     body, headers = signed(payload, **kw)
-    return open_request(headers, body, encrypt_key=ENCRYPT_KEY, verification_token=VERIFICATION_TOKEN,
-                        now=time.time() if now is None else now)  # fmt: skip
+    return open_request(
+        headers,
+        body,
+        encrypt_key=ENCRYPT_KEY,
+        verification_token=VERIFICATION_TOKEN,
+        now=time.time() if now is None else now,
+    )
 
 
 def test_a_signed_encrypted_event_opens_to_its_payload() -> None:
@@ -309,11 +352,17 @@ def test_a_correctly_signed_body_that_does_not_decrypt_is_a_bad_request() -> Non
     _, headers = signed({}, signature=True)
     from gateway.adapters.feishu_events import signature
 
-    headers["X-Lark-Signature"] = signature(headers["X-Lark-Request-Timestamp"],
-                                            headers["X-Lark-Request-Nonce"], ENCRYPT_KEY, body)  # fmt: skip
+    headers["X-Lark-Signature"] = signature(
+        headers["X-Lark-Request-Timestamp"], headers["X-Lark-Request-Nonce"], ENCRYPT_KEY, body
+    )
     with pytest.raises(Refused) as err:
-        open_request(headers, body, encrypt_key=ENCRYPT_KEY, verification_token=VERIFICATION_TOKEN,
-                     now=time.time())  # fmt: skip
+        open_request(
+            headers,
+            body,
+            encrypt_key=ENCRYPT_KEY,
+            verification_token=VERIFICATION_TOKEN,
+            now=time.time(),
+        )
     assert err.value.status == 400
 
 
@@ -331,8 +380,12 @@ def test_translation_of_dms_groups_threads_and_mentions() -> None:
     assert (dm.text, dm.platform_message_id, dm.mentioned) == ("hello", "om_1", True)
     plain = to_inbound(_event(chat_id="oc_g", chat_type="group"), BOT_OPEN_ID)
     assert plain is not None and not plain.mentioned and plain.source.thread_id is None
-    both = _event(text="@_user_1 ask @_user_2 about it", chat_id="oc_g", chat_type="group",
-                  mentions=[mention("@_user_1"), mention("@_user_2", "ou_bob", "Bob")])  # fmt: skip
+    both = _event(
+        text="@_user_1 ask @_user_2 about it",
+        chat_id="oc_g",
+        chat_type="group",
+        mentions=[mention("@_user_1"), mention("@_user_2", "ou_bob", "Bob")],
+    )
     msg = to_inbound(both, BOT_OPEN_ID)
     assert msg is not None and msg.mentioned and msg.text == "ask @Bob about it"
     only_bob = _event(
@@ -353,12 +406,27 @@ def test_translation_of_dms_groups_threads_and_mentions() -> None:
 
 
 def test_post_content_is_read_as_text() -> None:
-    post = {"title": "Plan", "content": [
-        [{"tag": "at", "user_id": "@_user_1", "user_name": "switchboard"}, {"tag": "text", "text": " read "},
-         {"tag": "a", "text": "this", "href": "https://x.io"}],
-        [{"tag": "img", "image_key": "k"}, {"tag": "text", "text": "then answer"}]]}  # fmt: skip
-    msg = to_inbound(_event(message_type="post", content=post, mentions=[mention("@_user_1")],
-                            chat_id="oc_g", chat_type="group"), BOT_OPEN_ID)  # fmt: skip
+    post = {
+        "title": "Plan",
+        "content": [
+            [
+                {"tag": "at", "user_id": "@_user_1", "user_name": "switchboard"},
+                {"tag": "text", "text": " read "},
+                {"tag": "a", "text": "this", "href": "https://x.io"},
+            ],
+            [{"tag": "img", "image_key": "k"}, {"tag": "text", "text": "then answer"}],
+        ],
+    }
+    msg = to_inbound(
+        _event(
+            message_type="post",
+            content=post,
+            mentions=[mention("@_user_1")],
+            chat_id="oc_g",
+            chat_type="group",
+        ),
+        BOT_OPEN_ID,
+    )
     assert msg is not None and msg.mentioned and msg.text == "Plan\nread this\nthen answer"
     localised = {"en_us": {"title": "", "content": [[{"tag": "text", "text": "hi there"}]]}}
     msg = to_inbound(_event(message_type="post", content=localised), BOT_OPEN_ID)
@@ -452,8 +520,15 @@ async def test_a_handoff_opens_a_thread_in_the_home_group_that_continues_the_ses
     root, confirm = await fake.wait_sent(2)
     assert (root["chat_id"], root["markdown"]) == ("oc_home", "deploy plan")
     assert (confirm["parent_id"], confirm["reply_in_thread"]) == (root["message_id"], True)
-    follow = message_event("follow-up", chat_id="oc_home", chat_type="group", root_id=root["message_id"],
-                           thread_id=confirm["thread_id"], message_id="om_f", event_id="e_f")  # fmt: skip
+    follow = message_event(
+        "follow-up",
+        chat_id="oc_home",
+        chat_type="group",
+        root_id=root["message_id"],
+        thread_id=confirm["thread_id"],
+        message_id="om_f",
+        event_id="e_f",
+    )
     assert (await _post(url, follow))[0] == 200
     await fake.wait_sent(3)
     assert [m["content"] for m in await gateway.db.get_messages(sid)][-2] == "[ou_alice] follow-up"

@@ -26,8 +26,13 @@ from tests.inprocess import gateway_with_telegram
 
 async def _terminal_session(db: SessionDB) -> str:
     sid = await db.create_session(source="cli", title="deploy plan")
-    await db.append_messages(sid, [{"role": "user", "content": "we must migrate the database"},
-                                   {"role": "assistant", "content": "echo: we must migrate the database"}])  # fmt: skip
+    await db.append_messages(
+        sid,
+        [
+            {"role": "user", "content": "we must migrate the database"},
+            {"role": "assistant", "content": "echo: we must migrate the database"},
+        ],
+    )
     return sid
 
 
@@ -165,8 +170,20 @@ async def test_slack_handoff_seeds_a_thread_that_continues_the_session(tmp_path:
         assert ok, message
         seed, confirm = await fake.wait_posted(2)
         assert seed["text"] == "deploy plan" and confirm["thread_ts"] == "1700000000.000001"
-        body, headers = signed(event({"type": "message", "channel": "C0GEN", "channel_type": "channel", "user": "U1",
-                                      "text": "follow-up", "ts": "9.1", "thread_ts": confirm["thread_ts"]}, "E77"))  # fmt: skip
+        body, headers = signed(
+            event(
+                {
+                    "type": "message",
+                    "channel": "C0GEN",
+                    "channel_type": "channel",
+                    "user": "U1",
+                    "text": "follow-up",
+                    "ts": "9.1",
+                    "thread_ts": confirm["thread_ts"],
+                },
+                "E77",
+            )
+        )
         url = f"http://127.0.0.1:{gw.adapters[0].bound_port}/slack/events"  # type: ignore[attr-defined]
         async with aiohttp.ClientSession() as http:
             async with http.post(url, data=body, headers=headers) as resp:

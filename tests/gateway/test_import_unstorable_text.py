@@ -17,8 +17,13 @@ from tests.daemon import clean_env, switchboard
 
 
 def sessions(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(switchboard(home, "sessions", *args), capture_output=True, text=True,
-                          timeout=60, env=clean_env(**env))  # fmt: skip
+    return subprocess.run(
+        switchboard(home, "sessions", *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(**env),
+    )
 
 
 def records(text: str) -> list[dict]:
@@ -31,14 +36,22 @@ async def old_home(tmp_path: Path) -> tuple[Path, str]:
     home = tmp_path / "old"
     db = await SessionDB.open(home / "state.db")
     sid = await db.create_session(source="telegram", user_id="u1")
-    await db.append_messages(sid, [{"role": "user", "content": "placeholder"},
-                                   {"role": "assistant", "content": "echo: fine"}])  # fmt: skip
+    await db.append_messages(
+        sid,
+        [
+            {"role": "user", "content": "placeholder"},
+            {"role": "assistant", "content": "echo: fine"},
+        ],
+    )
     await db.close()
     with sqlite3.connect(home / "state.db") as conn:
-        conn.execute("UPDATE messages SET content = 'before' || char(0) || 'after' "
-                     "WHERE role = 'user'")  # fmt: skip
-        conn.execute("UPDATE sessions SET user_id = 'u' || char(0) || '1', "
-                     "preview = 'before' || char(0) || 'after'")  # fmt: skip
+        conn.execute(
+            "UPDATE messages SET content = 'before' || char(0) || 'after' WHERE role = 'user'"
+        )
+        conn.execute(
+            "UPDATE sessions SET user_id = 'u' || char(0) || '1', "
+            "preview = 'before' || char(0) || 'after'"
+        )
     conn.close()
     return home, sid
 
@@ -53,8 +66,13 @@ def test_import_keeps_unstorable_characters_as_u_fffd_and_counts_them(
     [exported] = records(dump.stdout)
     assert exported["messages"][0]["content"] == "before\x00after"
     # a record written elsewhere may hold a lone surrogate (JSON's "\ud800")
-    extra = json.dumps({"format": 1, "session": {**exported["session"], "id": "20250101_000000_abcdef01",
-                        "title": None}, "messages": [{"role": "user", "content": "lone \ud800 one"}]})  # fmt: skip
+    extra = json.dumps(
+        {
+            "format": 1,
+            "session": {**exported["session"], "id": "20250101_000000_abcdef01", "title": None},
+            "messages": [{"role": "user", "content": "lone \ud800 one"}],
+        }
+    )
     (tmp_path / "dump.jsonl").write_text(dump.stdout + extra + "\n", encoding="utf-8")
     new, env, schema, server = tmp_path / "new", {}, None, ""
     new.mkdir()

@@ -61,8 +61,18 @@ async def test_the_file_always_says_what_the_entries_say(db: SessionDB, tmp_path
     index.touch("k2", 2_000_000_100)
     old = index.get("k3")
     assert old is not None
-    index.put("k3", IndexEntry("switched", old.created_at, old.updated_at, {"platform": "api",
-                               "chat_id": "1", "chat_name": 'Ann "the" 🦊'}, "Ann", "api", "group"))  # fmt: skip
+    index.put(
+        "k3",
+        IndexEntry(
+            "switched",
+            old.created_at,
+            old.updated_at,
+            {"platform": "api", "chat_id": "1", "chat_name": 'Ann "the" 🦊'},
+            "Ann",
+            "api",
+            "group",
+        ),
+    )
     index.touch("k3", 2_000_000_200)
     index.remove("k4")
     await index.close()
@@ -76,8 +86,13 @@ async def test_the_file_always_says_what_the_entries_say(db: SessionDB, tmp_path
 async def test_missing_or_corrupt_file_is_rebuilt_from_state_db(
     db: SessionDB, tmp_path: Path
 ) -> None:
-    live = await db.create_session(source="telegram", session_key="agent:main:telegram:dm:1", chat_id="1",
-                                   chat_type="dm", origin_json={"platform": "telegram", "chat_id": "1", "chat_name": "Ann"})  # fmt: skip
+    live = await db.create_session(
+        source="telegram",
+        session_key="agent:main:telegram:dm:1",
+        chat_id="1",
+        chat_type="dm",
+        origin_json={"platform": "telegram", "chat_id": "1", "chat_name": "Ann"},
+    )
     ended = await db.create_session(
         source="telegram", session_key="agent:main:telegram:dm:2", chat_id="2"
     )
@@ -107,9 +122,15 @@ async def test_entries_for_ended_sessions_are_healed_or_dropped(
     reset = await db.create_session(source="api", session_key="k2")
     await db.end_session(reset, "idle")
     path = tmp_path / "sessions.json"
-    path.write_text(json.dumps({
-        "k1": _entry(compressed).to_json(), "k2": _entry(reset).to_json(), "k3": _entry("gone").to_json(),
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "k1": _entry(compressed).to_json(),
+                "k2": _entry(reset).to_json(),
+                "k3": _entry("gone").to_json(),
+            }
+        )
+    )
     index = SessionIndex(path, db, 0.05)
     assert await index.load() == "loaded"
     assert {k: e.session_id for k, e in index.items()} == {"k1": tip}
@@ -124,8 +145,15 @@ async def test_a_file_behind_state_db_adopts_the_newest_live_session_per_key(
     keyless = await db.create_session(source="api")  # live, but no key: kept, not healed away
     still_live = await db.create_session(source="api", session_key="k5")
     path = tmp_path / "sessions.json"
-    path.write_text(json.dumps({"k1": _entry(old).to_json(), "k4": _entry(keyless).to_json(),
-                                "k5": _entry(still_live).to_json()}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "k1": _entry(old).to_json(),
+                "k4": _entry(keyless).to_json(),
+                "k5": _entry(still_live).to_json(),
+            }
+        )
+    )
     newest_k5 = await db.create_session(source="api", session_key="k5")  # both live: newest wins
     await db.end_session(old, "session_reset")
     await db.create_session(source="api", session_key="k1")  # superseded by the next one

@@ -51,9 +51,14 @@ FAST = Backoff(initial_s=0.01, max_s=0.05)
 
 
 def _ev(body: str, sender: str = ALICE, event_id: str = "$e1", **content: Any) -> dict[str, Any]:
-    return {"type": "m.room.message", "sender": sender, "event_id": event_id,
-            "origin_server_ts": 1_700_000_000_000, "unsigned": {"age": 5},
-            "content": {"msgtype": "m.text", "body": body, **content}}  # fmt: skip
+    return {
+        "type": "m.room.message",
+        "sender": sender,
+        "event_id": event_id,
+        "origin_server_ts": 1_700_000_000_000,
+        "unsigned": {"age": 5},
+        "content": {"msgtype": "m.text", "body": body, **content},
+    }
 
 
 DM_ROOM = RoomView(DM, True, None, {BOT: BOT_NAME, ALICE: "Alice"})
@@ -65,7 +70,11 @@ def test_a_dm_message_becomes_an_inbound_message() -> None:
     assert msg is not None and msg.mentioned
     assert msg.source == SessionSource("matrix", DM, ChatType.DM, ALICE, "Alice", None, None)
     assert (msg.text, msg.platform_message_id, msg.reply_to, msg.received_at) == (
-        "hello **there**", "$e1", "$e1", 1_700_000_000.0)  # fmt: skip
+        "hello **there**",
+        "$e1",
+        "$e1",
+        1_700_000_000.0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -76,12 +85,19 @@ def test_a_dm_message_becomes_an_inbound_message() -> None:
         ("SwitchBoard, status please", {}, True, "status please"),
         (f"{BOT} hi", {}, True, "hi"),
         ("hey you", {"m.mentions": {"user_ids": [BOT]}}, True, "hey you"),
-        ("ask the bot", {"format": "org.matrix.custom.html",
-                         "formatted_body": f'ask <a href="https://matrix.to/#/{BOT}">the bot</a>'}, True, "ask the bot"),
+        (
+            "ask the bot",
+            {
+                "format": "org.matrix.custom.html",
+                "formatted_body": f'ask <a href="https://matrix.to/#/{BOT}">the bot</a>',
+            },
+            True,
+            "ask the bot",
+        ),
         ("switchboards are old", {}, False, "switchboards are old"),  # a whole word only
         ("hey", {"m.mentions": {"user_ids": [BOB]}}, False, "hey"),
     ],
-)  # fmt: skip
+)
 def test_group_mentions(body: str, content: dict[str, Any], mentioned: bool, text: str) -> None:
     msg = to_inbound(_ev(body, **content), GROUP_ROOM, ME)
     assert msg is not None and (msg.mentioned, msg.text) == (mentioned, text)
@@ -91,8 +107,12 @@ def test_group_mentions(body: str, content: dict[str, Any], mentioned: bool, tex
 
 
 def test_a_thread_message_is_a_thread_session_addressed_when_the_bot_is_in_it() -> None:
-    rel = {"rel_type": "m.thread", "event_id": "$root", "is_falling_back": True,
-           "m.in_reply_to": {"event_id": "$latest"}}  # fmt: skip
+    rel = {
+        "rel_type": "m.thread",
+        "event_id": "$root",
+        "is_falling_back": True,
+        "m.in_reply_to": {"event_id": "$latest"},
+    }
     ev = _ev("and then?", sender=BOB, **{"m.relates_to": rel})
     assert relations(ev["content"]).reply_to is None  # the fallback is not a reply
     outside = to_inbound(ev, GROUP_ROOM, ME)
@@ -121,19 +141,38 @@ def test_a_reply_loses_its_quoted_fallback_and_addresses_the_bot_when_it_answers
         _ev("a bot notice", msgtype="m.notice"),
         _ev("waves", msgtype="m.emote"),
         _ev("cat.png", msgtype="m.image", url="mxc://fake.test/abc"),
-        _ev("* fixed", **{"m.new_content": {"msgtype": "m.text", "body": "fixed"},
-                          "m.relates_to": {"rel_type": "m.replace", "event_id": "$e0"}}),
-        {"type": "m.room.encrypted", "sender": ALICE, "event_id": "$x",
-         "content": {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "..."}},
-        {"type": "m.room.member", "sender": ALICE, "event_id": "$m", "state_key": ALICE,
-         "content": {"membership": "join"}},
+        _ev(
+            "* fixed",
+            **{
+                "m.new_content": {"msgtype": "m.text", "body": "fixed"},
+                "m.relates_to": {"rel_type": "m.replace", "event_id": "$e0"},
+            },
+        ),
+        {
+            "type": "m.room.encrypted",
+            "sender": ALICE,
+            "event_id": "$x",
+            "content": {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "..."},
+        },
+        {
+            "type": "m.room.member",
+            "sender": ALICE,
+            "event_id": "$m",
+            "state_key": ALICE,
+            "content": {"membership": "join"},
+        },
         {"type": "m.room.message", "sender": ALICE, "event_id": "$r", "content": {}},  # redacted
-        {"type": "m.room.message", "sender": ALICE, "event_id": "$n", "content": {"msgtype": "m.text", "body": 42}},
+        {
+            "type": "m.room.message",
+            "sender": ALICE,
+            "event_id": "$n",
+            "content": {"msgtype": "m.text", "body": 42},
+        },
         {"type": "m.room.message", "event_id": "$n", "content": {"msgtype": "m.text", "body": "x"}},
         {"type": "m.room.message", "sender": ALICE, "event_id": "$n", "content": "not a dict"},
         _ev("   "),
     ],
-)  # fmt: skip
+)
 def test_ignored_events(event: dict[str, Any]) -> None:
     assert to_inbound(event, GROUP_ROOM, ME) is None
 
@@ -141,22 +180,34 @@ def test_ignored_events(event: dict[str, Any]) -> None:
 def test_reply_content_in_a_thread_and_as_a_plain_reply() -> None:
     threaded = message_content("**done**", thread_id="$root", reply_to="$ask", reply_sender=ALICE)
     assert threaded == {
-        "msgtype": "m.text", "body": "**done**", "format": "org.matrix.custom.html",
+        "msgtype": "m.text",
+        "body": "**done**",
+        "format": "org.matrix.custom.html",
         "formatted_body": "<strong>done</strong>",
-        "m.relates_to": {"rel_type": "m.thread", "event_id": "$root", "is_falling_back": True,
-                         "m.in_reply_to": {"event_id": "$ask"}},
+        "m.relates_to": {
+            "rel_type": "m.thread",
+            "event_id": "$root",
+            "is_falling_back": True,
+            "m.in_reply_to": {"event_id": "$ask"},
+        },
         "m.mentions": {"user_ids": [ALICE]},
-    }  # fmt: skip
+    }
     reply = message_content("plain words", reply_to="$ask")
-    assert reply == {"msgtype": "m.text", "body": "plain words",
-                     "m.relates_to": {"m.in_reply_to": {"event_id": "$ask"}}, "m.mentions": {}}  # fmt: skip
+    assert reply == {
+        "msgtype": "m.text",
+        "body": "plain words",
+        "m.relates_to": {"m.in_reply_to": {"event_id": "$ask"}},
+        "m.mentions": {},
+    }
     assert message_content("note", notice=True)["msgtype"] == "m.notice"
 
 
 def test_markdown_becomes_safe_html() -> None:
-    text = ("# Plan\n\nSee [docs](https://x.io/a_b?q=1&r=2), **bold**, *it*, ~~old~~ and `a<b>`.\n\n"
-            "- one\n- two\n  - nested\n\n2. second\n3. third\n\n```py\nif a < b:\n    pass\n```\n\n"
-            "> quoted\n\n<script>alert(1)</script> [x](javascript:alert(1))")  # fmt: skip
+    text = (
+        "# Plan\n\nSee [docs](https://x.io/a_b?q=1&r=2), **bold**, *it*, ~~old~~ and `a<b>`.\n\n"
+        "- one\n- two\n  - nested\n\n2. second\n3. third\n\n```py\nif a < b:\n    pass\n```\n\n"
+        "> quoted\n\n<script>alert(1)</script> [x](javascript:alert(1))"
+    )
     assert to_html(text) == (
         "<h1>Plan</h1>"
         '<p>See <a href="https://x.io/a_b?q=1&amp;r=2">docs</a>, <strong>bold</strong>, <em>it</em>, '
@@ -169,13 +220,15 @@ def test_markdown_becomes_safe_html() -> None:
     )
     assert to_html("snake_case and 2*3*4") == "snake_case and 2*3*4"
     assert to_html("at https://x.io/_a_/b. and _this_") == (
-        'at <a href="https://x.io/_a_/b">https://x.io/_a_/b</a>. and <em>this</em>')  # fmt: skip
+        'at <a href="https://x.io/_a_/b">https://x.io/_a_/b</a>. and <em>this</em>'
+    )
     assert "formatted_body" not in message_content("nothing to format")
 
 
 _TAG = re.compile(r"</?(p|br|strong|em|del|code|pre|a|ul|ol|li|blockquote|h[1-6]|hr)( [^<>]*)?>")
-_MARKDOWNISH = st.text(alphabet=st.sampled_from(list("ab *_~`#>-1.[]()<>&\"'/:\n ")) | st.characters(),
-                       max_size=200)  # fmt: skip
+_MARKDOWNISH = st.text(
+    alphabet=st.sampled_from(list("ab *_~`#>-1.[]()<>&\"'/:\n ")) | st.characters(), max_size=200
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -198,8 +251,13 @@ _JSON = st.recursive(
 
 @pytest.mark.slow
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from(["type", "sender", "event_id", "content", "origin_server_ts",
-                                        "state_key"]), _JSON), _JSON)  # fmt: skip
+@given(
+    st.dictionaries(
+        st.sampled_from(["type", "sender", "event_id", "content", "origin_server_ts", "state_key"]),
+        _JSON,
+    ),
+    _JSON,
+)
 def test_no_event_makes_translation_raise(event: dict[str, Any], content: Any) -> None:
     for candidate in (event, {**event, "type": "m.room.message", "content": content}):
         msg = to_inbound(candidate, GROUP_ROOM, ME)
@@ -216,25 +274,41 @@ def test_long_replies_split_below_the_event_limit_even_when_html_grows() -> None
 
 
 def test_the_inviter_is_read_from_the_stripped_state() -> None:
-    state = {"events": [{"type": "m.room.name", "state_key": "", "sender": ALICE, "content": {"name": "x"}},
-                        {"type": "m.room.member", "state_key": BOT, "sender": ALICE,
-                         "content": {"membership": "invite"}}]}  # fmt: skip
+    state = {
+        "events": [
+            {"type": "m.room.name", "state_key": "", "sender": ALICE, "content": {"name": "x"}},
+            {
+                "type": "m.room.member",
+                "state_key": BOT,
+                "sender": ALICE,
+                "content": {"membership": "invite"},
+            },
+        ]
+    }
     assert inviter(state, BOT) == ALICE and inviter({"events": "junk"}, BOT) is None
 
 
 def test_config_needs_the_homeserver_and_user_id_and_checks_ids(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
-                   "    user_id: switchboard\n    home_channel: 'general'\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
+        "    user_id: switchboard\n    home_channel: 'general'\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(cfg, {"MATRIX_ACCESS_TOKEN": "syt_x"})
     found = {e.key: e.problem for e in err.value.all()}
-    assert set(found) == {"platforms.matrix.homeserver", "platforms.matrix.user_id",
-                          "platforms.matrix.home_channel"}  # fmt: skip
+    assert set(found) == {
+        "platforms.matrix.homeserver",
+        "platforms.matrix.user_id",
+        "platforms.matrix.home_channel",
+    }
     assert found["platforms.matrix.homeserver"].startswith("is required")
     # a room id holds a colon: the whole value is the room, not chat:thread
     assert configured_home("matrix", "!abc:example.org:8448") == {
-        "chat_id": "!abc:example.org:8448", "thread_id": None, "chat_type": "group"}  # fmt: skip
+        "chat_id": "!abc:example.org:8448",
+        "thread_id": None,
+        "chat_type": "group",
+    }
 
 
 def test_without_mautrix_installed_the_config_check_says_how_to_get_it(
@@ -244,12 +318,15 @@ def test_without_mautrix_installed_the_config_check_says_how_to_get_it(
 
     monkeypatch.setitem(sys.modules, "mautrix", None)  # what importlib sees when it is absent
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
-                   f"    homeserver: https://matrix.example.org\n    user_id: '{BOT}'\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
+        f"    homeserver: https://matrix.example.org\n    user_id: '{BOT}'\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(cfg, {"MATRIX_ACCESS_TOKEN": "syt_x"})
     assert [(e.key, e.problem) for e in err.value.all()] == [
-        ("platforms.matrix", "needs the mautrix package: pip install 'switchboard[matrix]'")]  # fmt: skip
+        ("platforms.matrix", "needs the mautrix package: pip install 'switchboard[matrix]'")
+    ]
     assert err.value.exit_code == 78
 
 
@@ -266,8 +343,12 @@ def test_library_errors_become_the_gateways() -> None:
         as_gateway_error(make_request_error(401, "", "M_UNKNOWN_TOKEN", "no")), InvalidToken
     )
     assert isinstance(as_gateway_error(make_request_error(401, "", None, None)), InvalidToken)
-    for exc in (make_request_error(504, "", None, None), MatrixConnectionError("refused"),
-                aiohttp.ClientConnectionError("reset"), TimeoutError()):  # fmt: skip
+    for exc in (
+        make_request_error(504, "", None, None),
+        MatrixConnectionError("refused"),
+        aiohttp.ClientConnectionError("reset"),
+        TimeoutError(),
+    ):
         assert isinstance(as_gateway_error(exc), TransientError)
     forbidden = make_request_error(403, "", "M_FORBIDDEN", "not in room")
     assert as_gateway_error(forbidden) is forbidden  # retrying cannot help: the caller decides
@@ -309,8 +390,9 @@ async def cursors(tmp_path: Path) -> AsyncIterator[StoreCursors]:
 
 
 def _adapter(fake: FakeMatrix, **kw: Any) -> MatrixAdapter:
-    return MatrixAdapter(fake.base_url, BOT, kw.pop("token", fake.token), poll_timeout_s=2,
-                         backoff=FAST, **kw)  # fmt: skip
+    return MatrixAdapter(
+        fake.base_url, BOT, kw.pop("token", fake.token), poll_timeout_s=2, backoff=FAST, **kw
+    )
 
 
 def _syncs(fake: FakeMatrix) -> list[dict[str, str]]:
@@ -550,7 +632,8 @@ async def test_a_thread_the_bot_started_is_recognised_after_a_restart(
         ref = await first.create_thread(GROUP, "Continued from the terminal")
         assert ref is not None and ref.thread_id == fake.sends()[0]["event_id"]
         assert MatrixAdapter.thread_source(ref) == SessionSource(
-            "matrix", GROUP, ChatType.THREAD, thread_id=ref.thread_id)  # fmt: skip
+            "matrix", GROUP, ChatType.THREAD, thread_id=ref.thread_id
+        )
         await _until(lambda: _since(first) == f"s{len(fake.log)}")  # its own echo synced too
     finally:
         await first.stop()
@@ -563,13 +646,19 @@ async def test_a_thread_the_bot_started_is_recognised_after_a_restart(
     second.use_cursors(cursors)
     await second.start(emit)
     try:
-        rel = {"rel_type": "m.thread", "event_id": ref.thread_id, "is_falling_back": True,
-               "m.in_reply_to": {"event_id": ref.thread_id}}  # fmt: skip
+        rel = {
+            "rel_type": "m.thread",
+            "event_id": ref.thread_id,
+            "is_falling_back": True,
+            "m.in_reply_to": {"event_id": ref.thread_id},
+        }
         fake.message(GROUP, BOB, "no mention needed here", **{"m.relates_to": rel})
         fake.message(GROUP, BOB, "nor a reply to anyone")
         await wait_for_count(lambda: got, 2, 10, "two messages")
         assert [(m.text, m.mentioned) for m in got] == [
-            ("no mention needed here", True), ("nor a reply to anyone", False)]  # fmt: skip
+            ("no mention needed here", True),
+            ("nor a reply to anyone", False),
+        ]
         assert got[0].source.thread_id == ref.thread_id
         assert [p for k, p, _ in fake.calls if k == "event"]  # GET .../event/{root}
     finally:
@@ -578,9 +667,11 @@ async def test_a_thread_the_bot_started_is_recognised_after_a_restart(
 
 def test_base_url_overrides_the_homeserver_for_requests(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
-                   f"    homeserver: https://matrix.example.org\n    user_id: '{BOT}'\n"
-                   "    base_url: http://127.0.0.1:8008\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  matrix:\n    enabled: true\n    allow_all_users: true\n"
+        f"    homeserver: https://matrix.example.org\n    user_id: '{BOT}'\n"
+        "    base_url: http://127.0.0.1:8008\n"
+    )
     config = load_config(cfg, {"MATRIX_ACCESS_TOKEN": "syt_x"})
     adapter = MatrixAdapter.from_config(
         config.platforms["matrix"], config.platform_secrets("matrix")
@@ -591,8 +682,14 @@ def test_base_url_overrides_the_homeserver_for_requests(tmp_path: Path) -> None:
 # --- the whole daemon ----------------------------------------------------------------------
 
 
-async def _gateway(tmp_path: Path, fake: FakeMatrix, *, token: str | None = None,
-                   access: str = "allow_all_users: true", agent: Any = None) -> Gateway:  # fmt: skip
+async def _gateway(
+    tmp_path: Path,
+    fake: FakeMatrix,
+    *,
+    token: str | None = None,
+    access: str = "allow_all_users: true",
+    agent: Any = None,
+) -> Gateway:
     cfg = tmp_path / "config.yaml"
     cfg.write_text(
         "platforms:\n  api:\n    enabled: false\n  matrix:\n    enabled: true\n"
@@ -615,8 +712,12 @@ async def gw(tmp_path: Path, fake: FakeMatrix) -> AsyncIterator[Gateway]:
         await gateway.stop()
 
 
-def _key(chat_id: str, chat_type: ChatType = ChatType.DM, user: str | None = None,
-         thread: str | None = None) -> str:  # fmt: skip
+def _key(
+    chat_id: str,
+    chat_type: ChatType = ChatType.DM,
+    user: str | None = None,
+    thread: str | None = None,
+) -> str:
     return build_key(SessionSource("matrix", chat_id, chat_type, user, thread_id=thread)).format()
 
 
@@ -672,8 +773,12 @@ async def test_a_thread_is_shared_and_continues_without_mentions(
     gw: Gateway, fake: FakeMatrix
 ) -> None:
     root = fake.message(GROUP, ALICE, "planning the release")
-    in_thread = {"rel_type": "m.thread", "event_id": root["event_id"], "is_falling_back": True,
-                 "m.in_reply_to": {"event_id": root["event_id"]}}  # fmt: skip
+    in_thread = {
+        "rel_type": "m.thread",
+        "event_id": root["event_id"],
+        "is_falling_back": True,
+        "m.in_reply_to": {"event_id": root["event_id"]},
+    }
     ask = fake.message(
         GROUP, ALICE, "switchboard: /title release talk", **{"m.relates_to": in_thread}
     )
@@ -722,9 +827,11 @@ async def test_a_restart_resumes_from_the_saved_since_token(
         resumed = _syncs(fake)[syncs_before]
         assert resumed == {"timeout": "30000", "since": saved}  # no initial sync
         assert await _stored(second, _key(DM)) == [
-            "before the restart", "echo: before the restart",
-            "while the daemon was down", "echo: while the daemon was down",
-        ]  # fmt: skip
+            "before the restart",
+            "echo: before the restart",
+            "while the daemon was down",
+            "echo: while the daemon was down",
+        ]
     finally:
         await second.stop()
 
@@ -752,8 +859,9 @@ async def test_an_invalid_token_at_start_stops_the_adapter_while_the_daemon_runs
     gw = Gateway(config=load_config(cfg, env), home=tmp_path / "home")
     try:
         await gw.start()
-        refused_at_start(gw, "matrix", "matrix rejected the access token",
-                         ["platforms.matrix.token_env"])  # fmt: skip
+        refused_at_start(
+            gw, "matrix", "matrix rejected the access token", ["platforms.matrix.token_env"]
+        )
     finally:
         await gw.stop()
 
@@ -806,8 +914,13 @@ async def test_sethome_and_a_handoff_open_a_thread_that_continues_the_session(
     assert ack["body"] == "Home channel for matrix set to this chat."
     assert json.loads(await gw.db.get_meta(HOME_KEY.format("matrix")) or "{}")["chat_id"] == GROUP
     sid = await gw.db.create_session(source="cli", title="deploy plan")
-    await gw.db.append_messages(sid, [{"role": "user", "content": "we must migrate"},
-                                      {"role": "assistant", "content": "echo: we must migrate"}])  # fmt: skip
+    await gw.db.append_messages(
+        sid,
+        [
+            {"role": "user", "content": "we must migrate"},
+            {"role": "assistant", "content": "echo: we must migrate"},
+        ],
+    )
     ok, message = await asyncio.wait_for(
         handoff_from_terminal(gw.db, sid, "matrix", enabled=True), 30
     )
@@ -816,8 +929,12 @@ async def test_sethome_and_a_handoff_open_a_thread_that_continues_the_session(
     assert (root["room_id"], root["body"]) == (GROUP, "deploy plan")
     assert confirm["m.relates_to"]["rel_type"] == "m.thread"
     assert confirm["m.relates_to"]["event_id"] == root["event_id"]
-    follow = {"rel_type": "m.thread", "event_id": root["event_id"], "is_falling_back": True,
-              "m.in_reply_to": {"event_id": confirm["event_id"]}}  # fmt: skip
+    follow = {
+        "rel_type": "m.thread",
+        "event_id": root["event_id"],
+        "is_falling_back": True,
+        "m.in_reply_to": {"event_id": confirm["event_id"]},
+    }
     fake.message(GROUP, BOB, "carry on", **{"m.relates_to": follow})  # no mention: the bot's thread
     await fake.wait_sends(4)
     contents = [m["content"] for m in await gw.db.get_messages(sid)]

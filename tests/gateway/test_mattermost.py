@@ -93,15 +93,35 @@ def _answers(fake: FakeMattermost, channel: str | None = None) -> list[str]:
 
 # --- translation, on recorded payloads ------------------------------------------------
 
-POST = {"id": "p1", "create_at": 1764590000123, "update_at": 1764590000123, "edit_at": 0, "delete_at": 0,
-        "user_id": ANN, "channel_id": TOWN, "root_id": "", "message": "hello", "type": "", "props": {},
-        "metadata": {}}  # fmt: skip
+POST = {
+    "id": "p1",
+    "create_at": 1764590000123,
+    "update_at": 1764590000123,
+    "edit_at": 0,
+    "delete_at": 0,
+    "user_id": ANN,
+    "channel_id": TOWN,
+    "root_id": "",
+    "message": "hello",
+    "type": "",
+    "props": {},
+    "metadata": {},
+}
 
 
 def _event(post: dict[str, Any], channel_type: str, **data: Any) -> dict[str, Any]:
-    return {"event": "posted", "seq": 4, "broadcast": {"channel_id": post["channel_id"]},
-            "data": {"channel_type": channel_type, "post": json.dumps(post), "sender_name": "@ann",
-                     "channel_display_name": "Town Square", **data}}  # fmt: skip
+    return {
+        "event": "posted",
+        "seq": 4,
+        "broadcast": {"channel_id": post["channel_id"]},
+        "data": {
+            "channel_type": channel_type,
+            "post": json.dumps(post),
+            "sender_name": "@ann",
+            "channel_display_name": "Town Square",
+            **data,
+        },
+    }
 
 
 def test_a_direct_message_is_a_dm_addressed_without_mention() -> None:
@@ -372,8 +392,10 @@ def test_without_the_client_library_the_config_check_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "mattermostautodriver", None)  # as if not installed
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("platforms:\n  mattermost:\n    enabled: true\n    url: https://chat.example.com\n"
-                   "    allow_all_users: true\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  mattermost:\n    enabled: true\n    url: https://chat.example.com\n"
+        "    allow_all_users: true\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(cfg, {"MATTERMOST_TOKEN": "tok"})
     assert str(err.value) == (
@@ -408,9 +430,11 @@ async def test_channels_need_a_mention_and_a_thread_is_shared(
     posts = await fake.wait_bot_posts(2)
     assert posts[1]["root_id"] == root["id"]
     assert await _stored(gw, f"agent:main:mattermost:group:{TOWN}:t={root['id']}") == [
-        "[ann] summarise please", "echo: [ann] summarise please",
-        "[bob] and one more thing", "echo: [bob] and one more thing",
-    ]  # fmt: skip
+        "[ann] summarise please",
+        "echo: [ann] summarise please",
+        "[bob] and one more thing",
+        "echo: [bob] and one more thing",
+    ]
     # a mention through the event's mentions list, in a private channel
     await fake.say("over here", SECRET_ROOM, mentions=[BOT_ID])
     posts = await fake.wait_bot_posts(3)

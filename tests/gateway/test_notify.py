@@ -45,8 +45,13 @@ def test_readiness_watchdog_and_stopping(tmp_path: Path) -> None:
     home.mkdir()
     (home / "config.yaml").write_text("platforms:\n  api:\n    port: 0\n")
     env = clean_env(NOTIFY_SOCKET=str(sock_path), WATCHDOG_USEC="200000")
-    proc = subprocess.Popen(switchboard(home, "run"), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        switchboard(home, "run"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         seen: list[tuple[str, int | None]] = []
         deadline = time.monotonic() + 20

@@ -104,8 +104,10 @@ async def test_tool_calls_run_session_search_and_feed_the_result_back(fake: Fake
 
     agent = _agent(fake)
     try:
-        reply = await agent.respond([{"role": "user", "content": "what about the kraken?"}],
-                                    TurnContext("s", "k", "api", None, run_tool))  # fmt: skip
+        reply = await agent.respond(
+            [{"role": "user", "content": "what about the kraken?"}],
+            TurnContext("s", "k", "api", None, run_tool),
+        )
     finally:
         await agent.close()
     assert reply.text == "found it" and seen == [("session_search", {"query": "kraken"})]

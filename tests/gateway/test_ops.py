@@ -16,8 +16,12 @@ from tests.fakes.telegram import FakeTelegram
 
 
 async def _start(home: Path, env_extra: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(*switchboard(home, "run"), env=clean_env(**env_extra),
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)  # fmt: skip
+    return await asyncio.create_subprocess_exec(
+        *switchboard(home, "run"),
+        env=clean_env(**env_extra),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 async def _ask(
@@ -120,8 +124,9 @@ async def test_a_restart_only_key_changed_back_before_the_next_sighup_needs_no_r
     running = f"platforms:\n  api:\n    port: {port}\n"
     cfg.write_text(running)
     with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(*switchboard(home, "run"), env=clean_env(),
-                                                    stdout=out, stderr=out)  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *switchboard(home, "run"), env=clean_env(), stdout=out, stderr=out
+        )
     url = f"http://127.0.0.1:{port}"
 
     async def reload(text: str, reloads: int) -> str:

@@ -77,16 +77,19 @@ async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 async def _blocked_by(server: str, pid: int) -> int:
     """How many backends wait for a lock the backend `pid` holds."""
     async with await psycopg.AsyncConnection.connect(server, autocommit=True) as watch:
-        cur = await watch.execute("SELECT count(*) FROM pg_stat_activity "
-                                  "WHERE %s = ANY(pg_blocking_pids(pid))", (pid,))  # fmt: skip
+        cur = await watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)
+        )
         return int((await cur.fetchone() or (0,))[0])
 
 
 def _kill_control(server: str, name: str) -> None:
     """What a SIGKILL (or a partition the keepalives noticed) does to a replica's locks."""
     with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE application_name = %s", (application_name(name),))  # fmt: skip
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (application_name(name),),
+        )
 
 
 async def test_a_key_held_by_a_live_replica_waits_and_is_taken_once_released(replica) -> None:
@@ -123,8 +126,9 @@ async def test_every_take_bumps_the_epoch_and_a_stale_fence_fails(replica) -> No
     store, a = await replica("a")
     _, b = await replica("b")
     sid = await store.create_session(source="api", session_key="k")
-    rid, _, _ = await store.accept_inbound("api", "1", "m1", {"text": "x"}, session_key="k",
-                                           replica=a.me)  # fmt: skip
+    rid, _, _ = await store.accept_inbound(
+        "api", "1", "m1", {"text": "x"}, session_key="k", replica=a.me
+    )
     async with a.lease("k", rid) as first:
         assert first is not None and [r["id"] for r in first.open] == [rid]
         old = first.fence
@@ -134,8 +138,7 @@ async def test_every_take_bumps_the_epoch_and_a_stale_fence_fails(replica) -> No
         with pytest.raises(LeaseLost):  # a's turn, resumed after b took over: refused
             await store.end_turn(rid, sid, [{"role": "assistant", "content": "late"}], fence=old)
         assert await store.message_count(sid) == 1  # the zombie's reply was not written
-        await store.end_turn(rid, sid, [{"role": "assistant", "content": "ok"}],
-                             fence=second.fence)  # fmt: skip
+        await store.end_turn(rid, sid, [{"role": "assistant", "content": "ok"}], fence=second.fence)
     assert await store.message_count(sid) == 2
 
 
@@ -144,8 +147,9 @@ async def test_a_dead_replicas_lease_is_free_at_once_and_its_rows_are_orphans(
 ) -> None:
     store, a = await replica("a")
     _, b = await replica("b")
-    rid, _, _ = await store.accept_inbound("api", "1", "m1", {"text": "x"}, session_key="k",
-                                           replica=a.me)  # fmt: skip
+    rid, _, _ = await store.accept_inbound(
+        "api", "1", "m1", {"text": "x"}, session_key="k", replica=a.me
+    )
     assert await b.orphaned_inbound() == []  # a is live and will run it
     got = asyncio.Event()
 
@@ -359,9 +363,14 @@ async def test_an_unannounced_reset_tells_nothing_when_its_policy_does_not_notif
 
 
 async def _router(
-    replica: Callable[[str], Awaitable[Replica]], name: str, now: list[float],
-    sent: list[OutboundMessage], hooks: list[str], *, notify: bool = True,
-) -> Router:  # fmt: skip
+    replica: Callable[[str], Awaitable[Replica]],
+    name: str,
+    now: list[float],
+    sent: list[OutboundMessage],
+    hooks: list[str],
+    *,
+    notify: bool = True,
+) -> Router:
     """A replica's router on its coordinator: the echo agent, replies into `sent`, an idle
     policy of 60 minutes with notices (unless `notify` is off), a pre-reset hook recording
     into `hooks`."""
@@ -381,9 +390,14 @@ async def _router(
         return Resetter(services, policies, hook=hook, clock=lambda: now[0])
 
     return Router(
-        store, coordinator.routes, EchoAgent(), send, clock=lambda: now[0],
-        topology=ReplicatedTopology(coordinator), resetter=resetter,
-    )  # fmt: skip
+        store,
+        coordinator.routes,
+        EchoAgent(),
+        send,
+        clock=lambda: now[0],
+        topology=ReplicatedTopology(coordinator),
+        resetter=resetter,
+    )
 
 
 async def test_a_row_left_open_before_replicas_is_run_by_the_takeover(replica) -> None:
@@ -400,7 +414,9 @@ async def test_a_row_left_open_before_replicas_is_run_by_the_takeover(replica) -
     assert (await router.services.db.inbox_counts()) == {"answered": 1}
 
 
-async def _three_accepted(store: PgStore, a: PgCoordinator) -> tuple[dict[str, str], dict[str, int]]:
+async def _three_accepted(
+    store: PgStore, a: PgCoordinator
+) -> tuple[dict[str, str], dict[str, int]]:
     """Keys k1-k3, each with a session and a row accepted by `a`: (sessions, inbox ids)."""
     sids, rows = {}, {}
     for key in ("k1", "k2", "k3"):
@@ -421,10 +437,12 @@ async def test_a_stale_fence_fails_only_its_own_write_in_a_batch(replica) -> Non
         stale = Fence("k2", a.me, l2.fence.epoch - 1)
         fences = {"k1": l1.fence, "k2": stale, "k3": l3.fence}
         got = await asyncio.gather(
-            *(store.begin_turn(rows[k], sids[k], {"role": "user", "content": k}, fence=fences[k])
-              for k in ("k1", "k2", "k3")),
+            *(
+                store.begin_turn(rows[k], sids[k], {"role": "user", "content": k}, fence=fences[k])
+                for k in ("k1", "k2", "k3")
+            ),
             return_exceptions=True,
-        )  # fmt: skip
+        )
     assert isinstance(got[1], LeaseLost)
     assert not isinstance(got[0], BaseException) and not isinstance(got[2], BaseException)
     assert [await store.message_count(sids[k]) for k in ("k1", "k2", "k3")] == [1, 0, 1]
@@ -442,11 +460,18 @@ async def test_turn_ends_that_free_their_leases_are_fenced_by_the_release(replic
         fences = {"k1": l1.fence, "k2": Fence("k2", a.me, l2.fence.epoch - 1), "k3": l3.fence}
         backs = {k: a.hand_back(leases[k]) for k in leases}
         got = await asyncio.gather(
-            *(store.end_turn(rows[k], sids[k], [{"role": "assistant", "content": k}],
-                             fence=fences[k], release=backs[k].plan())
-              for k in ("k1", "k2", "k3")),
+            *(
+                store.end_turn(
+                    rows[k],
+                    sids[k],
+                    [{"role": "assistant", "content": k}],
+                    fence=fences[k],
+                    release=backs[k].plan(),
+                )
+                for k in ("k1", "k2", "k3")
+            ),
             return_exceptions=True,
-        )  # fmt: skip
+        )
         assert isinstance(got[1], LeaseLost)
         assert not isinstance(got[0], BaseException) and not isinstance(got[2], BaseException)
         for k in ("k1", "k3"):
@@ -488,10 +513,17 @@ async def test_one_statement_accepts_takes_new_keys_and_releases_a_batchs_leases
         async with b.lease("kb") as held:  # b holds kb meanwhile
             assert held is not None
             async with conn.transaction():
-                done, wrote = await pg_cluster.turns_many(conn, [
-                    accept("kx", "x1"), accept("kb", "b1"), accept("k2", "m"),
-                    accept("kx", "x2"), accept("ky", "y1"),
-                ], [(fence, "end", end, (None, []))])  # fmt: skip
+                done, wrote = await pg_cluster.turns_many(
+                    conn,
+                    [
+                        accept("kx", "x1"),
+                        accept("kb", "b1"),
+                        accept("k2", "m"),
+                        accept("kx", "x2"),
+                        accept("ky", "y1"),
+                    ],
+                    [(fence, "end", end, (None, []))],
+                )
             assert len(wrote[0]) == 1  # the reply's message id
             new = [d[2] for d in done]
             assert new == [True, True, False, True, True]  # ("api", "k2", "m") was there
@@ -514,7 +546,7 @@ async def test_one_statement_accepts_takes_new_keys_and_releases_a_batchs_leases
             async with conn.transaction():
                 await pg_cluster.turns_many(
                     conn, [accept("kz", "z1")], [(stale, "end", end3, (None, []))]
-                )  # fmt: skip
+                )
         cur = await conn.execute("SELECT count(*) FROM inbox WHERE chat_id = 'kz'")
         assert (await cur.fetchone()) == (0,)
         cur = await conn.execute("SELECT lease_owner FROM session_routes WHERE session_key = 'k3'")
@@ -522,7 +554,9 @@ async def test_one_statement_accepts_takes_new_keys_and_releases_a_batchs_leases
     assert await store.message_count(sids["k1"]) == 1 and await store.message_count(sids["k3"]) == 0
 
 
-async def test_a_dead_runners_reply_is_sent_again_under_its_keys_lease(replica, server: str) -> None:
+async def test_a_dead_runners_reply_is_sent_again_under_its_keys_lease(
+    replica, server: str
+) -> None:
     """The takeover scan sends a dead runner's unconfirmed reply while holding the reply's
     key, so no other replica's turn of that chat can send its own reply in between (a
     replica that wants the key meanwhile waits until the old reply is out)."""
@@ -542,14 +576,20 @@ async def test_a_dead_runners_reply_is_sent_again_under_its_keys_lease(replica, 
     # a runner that committed the reply ('ready', not yet sent) and died holding the key
     d_store, d = await replica("d")
     sid = await d_store.create_session(source="api", session_key=key)
-    rid, _, _ = await d_store.accept_inbound("api", "7", "m7", msg.as_payload(),
-                                             session_key=key, replica=d.me)  # fmt: skip
+    rid, _, _ = await d_store.accept_inbound(
+        "api", "7", "m7", msg.as_payload(), session_key=key, replica=d.me
+    )
     route = await d_store.take_lease(key, d.me, d.link.space)
     assert route is not None
     fence = Fence(key, d.me, int(route["lease_epoch"]))
     await d_store.begin_turn(rid, sid, {"role": "user", "content": "hello"}, fence=fence)
-    await d_store.end_turn(rid, sid, [{"role": "assistant", "content": "echo: hello"}],
-                           reply_state="ready", fence=fence)  # fmt: skip
+    await d_store.end_turn(
+        rid,
+        sid,
+        [{"role": "assistant", "content": "echo: hello"}],
+        reply_state="ready",
+        fence=fence,
+    )
     _kill_control(server, d.link.name)
 
     _, b = await replica("b")
@@ -626,9 +666,11 @@ async def test_a_take_that_fails_locks_nothing(replica) -> None:
             async with await psycopg.AsyncConnection.connect(store._dsn, autocommit=True) as other:
                 await other.execute("SET lock_timeout = '2s'")
                 # what a's next fenced write does first: the row FOR SHARE
-                got = await (await other.execute(
-                    "SELECT lease_owner FROM session_routes WHERE session_key = 'k' FOR SHARE"
-                )).fetchall()  # fmt: skip
+                got = await (
+                    await other.execute(
+                        "SELECT lease_owner FROM session_routes WHERE session_key = 'k' FOR SHARE"
+                    )
+                ).fetchall()
             assert got == [(a.me,)]
             await conn.rollback()
 
@@ -665,16 +707,18 @@ async def test_a_row_taken_here_and_run_by_a_replica_that_died_is_answered_befor
     await d_store.begin_turn(x_id, sid, {"role": "user", "content": "X"}, fence=fence)
     async with await psycopg.AsyncConnection.connect(store._dsn) as blocker:
         # holds the route row, so a's next take (after its read that X is open) waits
-        await blocker.execute("SELECT 1 FROM session_routes WHERE session_key = %s FOR UPDATE",
-                              (key,))  # fmt: skip
+        await blocker.execute(
+            "SELECT 1 FROM session_routes WHERE session_key = %s FOR UPDATE", (key,)
+        )
         me = blocker.info.backend_pid
         tried = store.write_stats().operations
         _kill_control(server, d.link.name)  # d is gone: its lease is anyone's
         await _until(lambda: store.write_stats().operations >= tried + 2)  # a took twice
         assert not await _blocked_by(server, me)  # and waited for nobody
         # d's reply to X is committed meanwhile, not sent
-        await d_store.end_turn(x_id, sid, [{"role": "assistant", "content": "echo: X"}],
-                               reply_state="ready")  # fmt: skip
+        await d_store.end_turn(
+            x_id, sid, [{"role": "assistant", "content": "echo: X"}], reply_state="ready"
+        )
         await blocker.rollback()
     await _until(lambda: len(sent) == 2 and router.inflight == 0)
     assert sent == ["echo: X", "echo: Y"]
@@ -713,20 +757,27 @@ async def test_a_message_to_an_idle_key_begins_in_its_accept_unless_a_reset_is_d
     assert await _settled_operations(store) - before == 2
     assert sent[-1].text == "echo: again" and sent[-1].session_id == first
     assert [m["content"] for m in await store.get_messages(str(first))] == [
-        "hello", "echo: hello", "again", "echo: again"]  # fmt: skip
+        "hello",
+        "echo: hello",
+        "again",
+        "echo: again",
+    ]
     now[0] += 2 * 3600  # past the 60-minute idle policy
     await _said(router, sent, "later", "m3")
     assert [o.text for o in sent if o.notice] and "inactivity" in sent[-2].text
     assert sent[-1].text == "echo: later" and sent[-1].session_id != first
     assert [m["content"] for m in await store.get_messages(str(sent[-1].session_id))] == [
-        "later", "echo: later"]  # fmt: skip
+        "later",
+        "echo: later",
+    ]
 
 
 async def _route(store: PgStore, key: str) -> dict[str, Any]:
     async with await psycopg.AsyncConnection.connect(store._dsn) as conn:
         cur = await conn.execute(
-            "SELECT lease_owner, session_id, updated_at FROM session_routes "
-            "WHERE session_key = %s", (key,))  # fmt: skip
+            "SELECT lease_owner, session_id, updated_at FROM session_routes WHERE session_key = %s",
+            (key,),
+        )
         row = await cur.fetchone()
     assert row is not None
     return {"owner": row[0], "session_id": row[1], "updated_at": row[2]}
@@ -734,8 +785,9 @@ async def _route(store: PgStore, key: str) -> dict[str, Any]:
 
 async def _reply_state(store: PgStore, mid: str) -> str | None:
     async with await psycopg.AsyncConnection.connect(store._dsn) as conn:
-        cur = await conn.execute("SELECT reply_state FROM inbox WHERE platform_message_id = %s",
-                                 (mid,))  # fmt: skip
+        cur = await conn.execute(
+            "SELECT reply_state FROM inbox WHERE platform_message_id = %s", (mid,)
+        )
         row = await cur.fetchone()
     return None if row is None else row[0]
 
@@ -767,7 +819,11 @@ async def test_an_api_reply_frees_its_keys_lease_in_its_own_commit(replica) -> N
     route = await _route(store_b, "agent:main:api:dm:9")
     assert route["owner"] is None and route["updated_at"] > stamped  # the turn's touch written
     assert [m["content"] for m in await store_b.get_messages(str(first))] == [
-        "hello", "echo: hello", "again", "echo: again"]  # fmt: skip
+        "hello",
+        "echo: hello",
+        "again",
+        "echo: again",
+    ]
     # a chat platform: the reply is marked after its send and the lease freed after that
     await _said(a, sent, "hi", "t1", platform="telegram")
     before = await _settled_operations(store_a)

@@ -150,8 +150,11 @@ def _cut_off(server: str, link: ControlLink) -> None:
     """What a SIGKILL, or a partition the keepalives noticed, does to a replica's lock."""
     with psycopg.connect(server, autocommit=True) as conn:
         # the timeout waits until the backend is gone (and its lock with it)
-        conn.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
-                     "WHERE application_name = %s", (application_name(link.name),))  # fmt: skip
+        conn.execute(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (application_name(link.name),),
+        )
 
 
 async def test_one_replica_receives_and_a_gone_ones_connection_is_taken(server, replica) -> None:
@@ -161,8 +164,9 @@ async def test_one_replica_receives_and_a_gone_ones_connection_is_taken(server, 
     await b.sync()  # asking again changes nothing while the owner lives
     assert seen == ["a begins"]
     assert (a.health(), b.health()) == (
-        {"receiving": True, "receiver_epoch": 1}, {"receiving": False, "receiver_epoch": None}
-    )  # fmt: skip
+        {"receiving": True, "receiver_epoch": 1},
+        {"receiving": False, "receiver_epoch": None},
+    )
     _cut_off(server, a_link)
     await b.sync()
     assert seen == ["a begins", "b begins"]
@@ -214,8 +218,9 @@ async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
     """Two adapters on the fake, as two replicas: one websocket; the other adapter posts,
     and shows typing through REST; it opens the websocket once the first is cut off, and
     the first, rejoined, closes its own."""
-    pair = Pair(lambda: MattermostAdapter(mattermost.token, mattermost.url), "mattermost",
-                cursors=False)  # fmt: skip
+    pair = Pair(
+        lambda: MattermostAdapter(mattermost.token, mattermost.url), "mattermost", cursors=False
+    )
     got, links = pair.got, pair.links
     try:
         a, b = await pair.start(ledger)

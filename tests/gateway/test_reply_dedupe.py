@@ -41,16 +41,22 @@ def test_the_registry_knows_which_platforms_dedupe_replies() -> None:
 def test_a_nonce_is_stable_short_and_distinct() -> None:
     n = reply_nonce("sb-7", DM, 0)
     assert n == reply_nonce("sb-7", DM, 0) and len(n) <= 25
-    others = {reply_nonce("sb-8", DM, 0), reply_nonce("sb-7", DM, 1),
-              reply_nonce("sb-7", "600000000000000002", 0)}  # fmt: skip
+    others = {
+        reply_nonce("sb-8", DM, 0),
+        reply_nonce("sb-7", DM, 1),
+        reply_nonce("sb-7", "600000000000000002", 0),
+    }
     assert n not in others and len(others) == 3
 
 
 def test_a_feishu_uuid_is_stable_within_fifty_characters_and_distinct() -> None:
     u = reply_uuid("sb-7", "oc_dm", 0)
     assert u == reply_uuid("sb-7", "oc_dm", 0) and len(u) <= 50
-    others = {reply_uuid("sb-8", "oc_dm", 0), reply_uuid("sb-7", "oc_dm", 1),
-              reply_uuid("sb-7", "oc_group", 0)}  # fmt: skip
+    others = {
+        reply_uuid("sb-8", "oc_dm", 0),
+        reply_uuid("sb-7", "oc_dm", 1),
+        reply_uuid("sb-7", "oc_group", 0),
+    }
     assert u not in others and len(others) == 3
 
 
@@ -59,13 +65,35 @@ def test_a_feishu_uuid_is_stable_within_fifty_characters_and_distinct() -> None:
     [
         ({"metadata": reply_metadata("sb-3", 2)}, "sb-3", 2),
         ({"metadata": reply_metadata("sb-3", 2)}, "sb-4", None),  # another reply
-        ({"metadata": {"event_type": "other", "event_payload": {"key": "sb-3", "part": 0}}}, "sb-3", None),
-        ({"metadata": {"event_type": "switchboard_reply", "event_payload": {"key": "sb-3", "part": "0"}}}, "sb-3", None),
-        ({"metadata": {"event_type": "switchboard_reply", "event_payload": {"key": "sb-3", "part": True}}}, "sb-3", None),
+        (
+            {"metadata": {"event_type": "other", "event_payload": {"key": "sb-3", "part": 0}}},
+            "sb-3",
+            None,
+        ),
+        (
+            {
+                "metadata": {
+                    "event_type": "switchboard_reply",
+                    "event_payload": {"key": "sb-3", "part": "0"},
+                }
+            },
+            "sb-3",
+            None,
+        ),
+        (
+            {
+                "metadata": {
+                    "event_type": "switchboard_reply",
+                    "event_payload": {"key": "sb-3", "part": True},
+                }
+            },
+            "sb-3",
+            None,
+        ),
         ({"metadata": {"event_type": "switchboard_reply"}}, "sb-3", None),
         ({"text": "no metadata"}, "sb-3", None),
     ],
-)  # fmt: skip
+)
 def test_which_part_a_slack_message_is(message: dict, key: str, part: int | None) -> None:
     assert posted_part(message, key) == part
 
@@ -80,8 +108,13 @@ async def discord_bot(
     restore_discord_globals(monkeypatch)
     fake = FakeDiscord()
     await fake.start()
-    adapter = DiscordAdapter("fake-token", api_base=fake.api, gateway_url=fake.gateway,
-                             guild_ready_timeout_s=0.05, catch_up_messages=0)  # fmt: skip
+    adapter = DiscordAdapter(
+        "fake-token",
+        api_base=fake.api,
+        gateway_url=fake.gateway,
+        guild_ready_timeout_s=0.05,
+        catch_up_messages=0,
+    )
 
     async def emit(_msg: InboundMessage) -> None:
         raise AssertionError("no inbound message in these tests")
@@ -138,8 +171,13 @@ async def test_a_discord_reply_that_stood_still_on_its_way_out_stops_before_it_i
     restore_discord_globals(monkeypatch)
     fake = FakeDiscord(keep_alive=False)  # from the start: no pooled connection to reuse
     await fake.start()
-    adapter = DiscordAdapter("fake-token", api_base=fake.api, gateway_url=fake.gateway,
-                             guild_ready_timeout_s=0.05, catch_up_messages=0)  # fmt: skip
+    adapter = DiscordAdapter(
+        "fake-token",
+        api_base=fake.api,
+        gateway_url=fake.gateway,
+        guild_ready_timeout_s=0.05,
+        catch_up_messages=0,
+    )
 
     async def emit(_msg: InboundMessage) -> None:
         raise AssertionError("no inbound message in this test")
@@ -147,8 +185,9 @@ async def test_a_discord_reply_that_stood_still_on_its_way_out_stops_before_it_i
     try:
         await adapter.start(emit)
         try:
-            await stalled_then_on_time(lambda: adapter.send(_dc("once", "sb-12")),
-                                       lambda: fake.shown(DM))  # fmt: skip
+            await stalled_then_on_time(
+                lambda: adapter.send(_dc("once", "sb-12")), lambda: fake.shown(DM)
+            )
             assert len(fake.posted(DM)) == 1  # the stalled send never reached the server
         finally:
             await adapter.stop()
@@ -170,10 +209,22 @@ async def slack_bot() -> AsyncIterator[tuple[SlackAdapter, FakeSlack]]:
         await fake.stop()
 
 
-def _sl(text: str, key: str | None, resend: bool = False, thread: str | None = None,
-        channel: str = "D0DM") -> OutboundMessage:  # fmt: skip
-    return OutboundMessage("slack", channel, text, thread_id=thread, reply_to="1600000000.000100",
-                           dedupe_key=key, resend=resend)  # fmt: skip
+def _sl(
+    text: str,
+    key: str | None,
+    resend: bool = False,
+    thread: str | None = None,
+    channel: str = "D0DM",
+) -> OutboundMessage:
+    return OutboundMessage(
+        "slack",
+        channel,
+        text,
+        thread_id=thread,
+        reply_to="1600000000.000100",
+        dedupe_key=key,
+        resend=resend,
+    )
 
 
 async def test_slack_marks_each_part_and_a_resend_posts_none_twice(
@@ -205,8 +256,10 @@ async def test_a_slack_resend_posts_only_the_parts_missing_from_a_thread(
     shown = fake.shown("C0GEN")
     assert len(shown) == 3 and shown[2].startswith("b") and shown[1] == "unrelated"
     assert [m["metadata"]["event_payload"] for m in fake.history["C0GEN"]] == [
-        {"key": "sb-6", "part": 0}, {"key": "sb-7", "part": 0}, {"key": "sb-6", "part": 1},
-    ]  # fmt: skip
+        {"key": "sb-6", "part": 0},
+        {"key": "sb-7", "part": 0},
+        {"key": "sb-6", "part": 1},
+    ]
 
 
 async def test_a_first_send_does_not_read_and_a_keyless_one_carries_no_marker(
@@ -241,8 +294,9 @@ async def test_a_slack_reply_that_stood_still_on_its_way_out_stops_before_it_is_
 
     fake.keep_alive = False  # each call connects: the send waits for its connection
     async with started(adapter):
-        await stalled_then_on_time(lambda: adapter.send(_sl("once", "sb-11")),
-                                   lambda: fake.shown("D0DM"))  # fmt: skip
+        await stalled_then_on_time(
+            lambda: adapter.send(_sl("once", "sb-11")), lambda: fake.shown("D0DM")
+        )
 
 
 async def test_a_slack_resend_that_cannot_read_the_conversation_still_sends(
@@ -270,8 +324,13 @@ async def test_a_sending_reply_of_a_deduping_platform_is_resent_at_start_up(
     )
 
     def gateway() -> Gateway:
-        adapter = DiscordAdapter("fake-token", api_base=fake.api, gateway_url=fake.gateway,
-                                 guild_ready_timeout_s=0.05, catch_up_messages=0)  # fmt: skip
+        adapter = DiscordAdapter(
+            "fake-token",
+            api_base=fake.api,
+            gateway_url=fake.gateway,
+            guild_ready_timeout_s=0.05,
+            catch_up_messages=0,
+        )
         return Gateway(config=load_config(cfg, {}), home=tmp_path / "home", adapters=[adapter])
 
     async def deliver(_gw: Gateway) -> None:
@@ -391,8 +450,10 @@ async def test_a_sending_feishu_reply_is_resent_at_start_up_and_shown_once(
     """An outbox entry left 'sending' (the daemon died between the send and its mark) is
     sent again at start-up under its uuid: shown once, marked 'sent', not counted unsent."""
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("platforms:\n  api:\n    port: 0\n  feishu:\n    enabled: true\n"
-                   f"    allow_all_users: true\n    base_url: {feishu.base_url}\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  api:\n    port: 0\n  feishu:\n    enabled: true\n"
+        f"    allow_all_users: true\n    base_url: {feishu.base_url}\n"
+    )
 
     def gateway() -> Gateway:
         return Gateway(config=load_config(cfg, ENV), home=tmp_path / "home")

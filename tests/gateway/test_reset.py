@@ -115,11 +115,15 @@ async def _say(rig: RouterRig, msg) -> list[str]:  # noqa: ANN001
 
 def _arm(rig: RouterRig, policy: ResetPolicy, clock: Clock, hook=None) -> Resetter:  # noqa: ANN001
     rig.router = Router(
-        rig.db, rig.index, rig.agent, rig.outbox.send, clock=clock,
+        rig.db,
+        rig.index,
+        rig.agent,
+        rig.outbox.send,
+        clock=clock,
         resetter=lambda services: Resetter(
             services, PolicySet(default=policy), **({"hook": hook} if hook else {})
         ),
-    )  # fmt: skip
+    )
     assert rig.router.resetter is not None
     return rig.router.resetter
 

@@ -351,8 +351,12 @@ async def test_recovery_runs_a_turn_already_begun_before_an_older_row_of_its_key
     sent = await rig.outbox.wait(2)
     assert [m.text for m in sent] == ["echo: begun", "echo: waiting"]
     stored = [(m["role"], m["content"]) for m in await db.get_messages(entry.session_id)]
-    assert stored == [("user", "begun"), ("assistant", "echo: begun"),
-                      ("user", "waiting"), ("assistant", "echo: waiting")]  # fmt: skip
+    assert stored == [
+        ("user", "begun"),
+        ("assistant", "echo: begun"),
+        ("user", "waiting"),
+        ("assistant", "echo: waiting"),
+    ]
 
 
 async def test_messages_taken_while_recovery_runs_are_answered_once_each(rig: RouterRig) -> None:
@@ -361,8 +365,9 @@ async def test_messages_taken_while_recovery_runs_are_answered_once_each(rig: Ro
     reading a row this process just committed before its handler resumed, showed in
     test_crash.py's subprocess; in-process the timing rarely opens it.)"""
     await rig.router.hold_until_recovered()
-    taking = [asyncio.create_task(rig.router.handle(dm(f"m{i}", chat=str(i), mid="1")))
-              for i in range(20)]  # fmt: skip
+    taking = [
+        asyncio.create_task(rig.router.handle(dm(f"m{i}", chat=str(i), mid="1"))) for i in range(20)
+    ]
     await asyncio.gather(rig.router.recover(3600), *taking)
     sent = await rig.outbox.wait(20)
     await asyncio.sleep(0.2)  # a second answer would come within this
@@ -380,9 +385,19 @@ def test_an_early_begin_is_decided_from_the_route_row_the_policies_and_the_clock
     from gateway.vocab import ResetMode
 
     idle = PolicySet(default=ResetPolicy(mode=ResetMode.IDLE, idle_minutes=10))
-    route = {"open": [{"id": 7}], "unsent": [], "session_id": "s1", "route_found": True,
-             "route_ended": None, "pending_notice": None, "updated_at": 1000.0,
-             "created_at": 900.0, "platform": "api", "chat_type": "dm", "jobs": []}  # fmt: skip
+    route = {
+        "open": [{"id": 7}],
+        "unsent": [],
+        "session_id": "s1",
+        "route_found": True,
+        "route_ended": None,
+        "pending_notice": None,
+        "updated_at": 1000.0,
+        "created_at": 900.0,
+        "platform": "api",
+        "chat_type": "dm",
+        "jobs": [],
+    }
     soon, late = (lambda: 1000.0 + 60), (lambda: 1000.0 + 3600)
     assert begins_in(idle, soon, route, 7) == "s1"
     assert begins_in(idle, late, route, 7) is None

@@ -54,8 +54,13 @@ def standing_still_at(event: str) -> aiohttp.TraceConfig:
     return trace
 
 
-async def _send(url: str, *traces: aiohttp.TraceConfig, reuse: bool, tries: list[int],
-                budget: float = LATE_SEND_S) -> None:  # fmt: skip
+async def _send(
+    url: str,
+    *traces: aiohttp.TraceConfig,
+    reuse: bool,
+    tries: list[int],
+    budget: float = LATE_SEND_S,
+) -> None:
     """One reply's request, as a replica's turn sends it: SEND_BY `budget` ahead (LATE_SEND_S
     as a turn sets it; tests.fakes.ON_TIME_S for a request that must go however loaded the
     machine), through call_with_retry with a connection error taken for a transient one, as

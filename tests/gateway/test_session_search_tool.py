@@ -21,9 +21,13 @@ async def _chat(
     db: Store, user: str, title: str, lines: list[str], source: str = "telegram"
 ) -> str:
     sid = await db.create_session(source=source, user_id=user, chat_id="c1", title=title)
-    await db.append_messages(sid, [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": text} for i, text in enumerate(lines)
-    ])  # fmt: skip
+    await db.append_messages(
+        sid,
+        [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": text}
+            for i, text in enumerate(lines)
+        ],
+    )
     return sid
 
 
@@ -35,8 +39,12 @@ async def test_discover_dedupes_by_lineage_and_excludes_the_current_lineage(db: 
     lines = [f"line {i}" for i in range(30)]
     lines[15] = "we talked about the kraken migration"
     old = await _chat(db, "alice", "kraken", lines)
-    cont = await db.fork_session(old, "compression", seed_messages=[
-        {"role": "user", "content": "kraken migration continued"}], end_reason="compression")  # fmt: skip
+    cont = await db.fork_session(
+        old,
+        "compression",
+        seed_messages=[{"role": "user", "content": "kraken migration continued"}],
+        end_reason="compression",
+    )
     other = await _chat(db, "alice", "other", ["kraken again", "yes"])
     current = await _chat(db, "alice", "now", ["kraken in the current chat", "ok"])
     out = json.loads(

@@ -56,7 +56,12 @@ def test_a_dm_becomes_an_inbound_message_keyed_by_the_sender() -> None:
     assert msg is not None and msg.text == "hello there" and msg.mentioned
     src = msg.source
     assert (src.platform, src.chat_id, src.chat_type, src.user_id, src.user_name) == (
-        "signal", ALICE, "dm", ALICE, "Alice")  # fmt: skip
+        "signal",
+        ALICE,
+        "dm",
+        ALICE,
+        "Alice",
+    )
     assert msg.platform_message_id == f"{ALICE_UUID}:1700000000123" == msg.reply_to
     assert msg.received_at == pytest.approx(1700000000.123)
 
@@ -120,14 +125,34 @@ def test_mentions_of_people_read_as_at_names_and_offsets_count_utf16() -> None:
         envelope(None, group=GROUP) | {},  # a group update without text
         envelope(["not", "text"]),  # type: ignore[arg-type]
         envelope("x", number=None, uuid=None),
-        {"envelope": {"sourceNumber": ALICE, "timestamp": 1,
-                      "receiptMessage": {"when": 1, "isDelivery": True, "timestamps": [1]}}},
-        {"envelope": {"sourceNumber": ALICE, "timestamp": 1, "typingMessage": {"action": "STARTED"}}},
-        {"envelope": {"sourceNumber": BOT, "sourceUuid": BOT_UUID, "timestamp": 1,
-                      "syncMessage": {"sentMessage": {"destination": ALICE, "message": "hi"}}}},
-        {"account": BOT, "exception": {"message": "InvalidMessageException", "type": "ProtocolException"}},
+        {
+            "envelope": {
+                "sourceNumber": ALICE,
+                "timestamp": 1,
+                "receiptMessage": {"when": 1, "isDelivery": True, "timestamps": [1]},
+            }
+        },
+        {
+            "envelope": {
+                "sourceNumber": ALICE,
+                "timestamp": 1,
+                "typingMessage": {"action": "STARTED"},
+            }
+        },
+        {
+            "envelope": {
+                "sourceNumber": BOT,
+                "sourceUuid": BOT_UUID,
+                "timestamp": 1,
+                "syncMessage": {"sentMessage": {"destination": ALICE, "message": "hi"}},
+            }
+        },
+        {
+            "account": BOT,
+            "exception": {"message": "InvalidMessageException", "type": "ProtocolException"},
+        },
     ],
-)  # fmt: skip
+)
 def test_what_is_not_a_persons_text_message_is_ignored(payload: dict) -> None:
     assert to_inbound(payload, ME) is None
 
@@ -177,18 +202,37 @@ def test_server_sent_events_are_parsed_across_chunks() -> None:
 
 
 def test_signal_cli_errors_map_to_the_gateways() -> None:
-    limited = rpc_error({"code": -5, "message": "Failed to send message due to rate limiting",
-                         "data": {"response": {"timestamp": 1, "results": [
-                             {"type": "RATE_LIMIT_FAILURE", "retryAfterSeconds": 7},
-                             {"type": "RATE_LIMIT_FAILURE", "retryAfterSeconds": 3}]}}})  # fmt: skip
+    limited = rpc_error(
+        {
+            "code": -5,
+            "message": "Failed to send message due to rate limiting",
+            "data": {
+                "response": {
+                    "timestamp": 1,
+                    "results": [
+                        {"type": "RATE_LIMIT_FAILURE", "retryAfterSeconds": 7},
+                        {"type": "RATE_LIMIT_FAILURE", "retryAfterSeconds": 3},
+                    ],
+                }
+            },
+        }
+    )
     assert isinstance(limited, RetryAfter) and limited.seconds == 7
     assert isinstance(rpc_error({"code": -5, "message": "x", "data": None}), RetryAfter)
-    network = {"code": -1, "message": "Failed to send message",
-               "data": {"response": {"results": [{"type": "NETWORK_FAILURE"}]}}}  # fmt: skip
+    network = {
+        "code": -1,
+        "message": "Failed to send message",
+        "data": {"response": {"results": [{"type": "NETWORK_FAILURE"}]}},
+    }
     assert isinstance(rpc_error(network), TransientError)
     assert isinstance(rpc_error({"code": -3, "message": "io"}), TransientError)
-    unregistered = rpc_error({"code": -1, "message": "Failed to send message",
-                              "data": {"response": {"results": [{"type": "UNREGISTERED_FAILURE"}]}}})  # fmt: skip
+    unregistered = rpc_error(
+        {
+            "code": -1,
+            "message": "Failed to send message",
+            "data": {"response": {"results": [{"type": "UNREGISTERED_FAILURE"}]}},
+        }
+    )
     assert type(unregistered).__name__ == "SignalCliError" and not isinstance(
         unregistered, TransientError
     )
@@ -196,8 +240,10 @@ def test_signal_cli_errors_map_to_the_gateways() -> None:
 
 def test_the_config_section_names_its_problems(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("platforms:\n  signal:\n    enabled: true\n    allow_all_users: true\n"
-                   "    url: ftp://x\n    base_url: http://127.0.0.1:1\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  signal:\n    enabled: true\n    allow_all_users: true\n"
+        "    url: ftp://x\n    base_url: http://127.0.0.1:1\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(cfg, {})
     found = {e.key for e in err.value.all()}
@@ -211,17 +257,27 @@ def test_the_config_section_names_its_problems(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="international form"):
         load_config(cfg, {})
-    cfg.write_text("platforms:\n  signal:\n    enabled: true\n    account: +15551234567\n"
-                   "    allowed_users: [+15557654321, '+15550000002']\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  signal:\n    enabled: true\n    account: +15551234567\n"
+        "    allowed_users: [+15557654321, '+15550000002']\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(cfg, {})
     unquoted = [(e.key, e.problem) for e in err.value.all()]
-    assert unquoted[0] == ("platforms.signal.account", "YAML read 15551234567 as a number "
-                           "(dropping any +): quote phone numbers, e.g. '+15551234567'")  # fmt: skip
-    assert ("platforms.signal.allowed_users", "YAML read 15557654321 as a number "
-            "(dropping any +): quote phone numbers, e.g. '+15557654321'") in unquoted  # fmt: skip
-    cfg.write_text(f"platforms:\n  signal:\n    enabled: true\n    allowed_users: ['{ALICE}']\n"
-                   f"    account: '{BOT}'\n    token_env: PROXY_TOKEN\n")  # fmt: skip
+    assert unquoted[0] == (
+        "platforms.signal.account",
+        "YAML read 15551234567 as a number "
+        "(dropping any +): quote phone numbers, e.g. '+15551234567'",
+    )
+    assert (
+        "platforms.signal.allowed_users",
+        "YAML read 15557654321 as a number "
+        "(dropping any +): quote phone numbers, e.g. '+15557654321'",
+    ) in unquoted
+    cfg.write_text(
+        f"platforms:\n  signal:\n    enabled: true\n    allowed_users: ['{ALICE}']\n"
+        f"    account: '{BOT}'\n    token_env: PROXY_TOKEN\n"
+    )
     with pytest.raises(ConfigError, match="PROXY_TOKEN is not set"):
         load_config(cfg, {})
     assert load_config(cfg, {"PROXY_TOKEN": "t0k3n"}).platform_secrets("signal") == {
@@ -363,14 +419,19 @@ async def test_a_signal_reply_that_stood_still_on_its_way_out_stops_before_it_is
 
 def _config(tmp_path: Path, url: str, extra: str = "    allow_all_users: true\n") -> Path:
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("platforms:\n  api:\n    enabled: false\n  signal:\n    enabled: true\n"
-                   f"    url: {url}\n    account: '{BOT}'\n    bot_name: Switchboard\n{extra}")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  signal:\n    enabled: true\n"
+        f"    url: {url}\n    account: '{BOT}'\n    bot_name: Switchboard\n{extra}"
+    )
     return cfg
 
 
 @contextlib.asynccontextmanager
-async def _gateway(tmp_path: Path, fake: FakeSignal, extra: str = "    allow_all_users: true\n",
-                   ) -> AsyncIterator[Gateway]:  # fmt: skip
+async def _gateway(
+    tmp_path: Path,
+    fake: FakeSignal,
+    extra: str = "    allow_all_users: true\n",
+) -> AsyncIterator[Gateway]:
     gw = Gateway(config=load_config(_config(tmp_path, fake.url, extra), {}), home=tmp_path / "home")
     connections = len(fake.last_event_ids)
     try:
@@ -412,15 +473,25 @@ async def test_groups_need_a_mention_are_per_user_and_take_commands(
     async with _gateway(tmp_path, fake) as gw:
         await fake.push(envelope("just humans talking", group=GROUP))
         await fake.push(envelope("\ufffc what time is it", group=GROUP, mentions=[mention(0)]))
-        await fake.push(envelope("\ufffc /status", group=GROUP, number=BOB, uuid=BOB_UUID, name="Bob",
-                                 mentions=[mention(0)]))  # fmt: skip
+        await fake.push(
+            envelope(
+                "\ufffc /status",
+                group=GROUP,
+                number=BOB,
+                uuid=BOB_UUID,
+                name="Bob",
+                mentions=[mention(0)],
+            )
+        )
         sent = await fake.wait_sent(2)
         await asyncio.sleep(0.3)
         assert len(fake.delivered()) == 2 and all(s["groupId"] == GROUP for s in sent)
         texts = sorted(s["message"] for s in sent)
         assert texts[0].startswith("Session: ") and texts[1] == "echo: what time is it"
         assert await _stored(gw, f"agent:main:signal:group:{GROUP[:-1]}%3D:{ALICE}") == [
-            "what time is it", "echo: what time is it"]  # fmt: skip
+            "what time is it",
+            "echo: what time is it",
+        ]
 
 
 async def test_a_redelivered_message_is_answered_once(tmp_path: Path, fake: FakeSignal) -> None:
@@ -495,7 +566,9 @@ async def test_an_unreachable_daemon_is_retried_with_one_clear_line_per_attempt(
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     gw = Gateway(config=load_config(_config(tmp_path, url), {}), home=tmp_path / "home")
-    hint = f"signal-cli is not reachable at {url}; start it with `signal-cli -a {BOT} daemon --http`"
+    hint = (
+        f"signal-cli is not reachable at {url}; start it with `signal-cli -a {BOT} daemon --http`"
+    )
     try:
         await gw.start()
         signal = gw.health()["adapters"]["signal"]
@@ -514,8 +587,9 @@ async def test_an_unregistered_account_stops_the_adapter(tmp_path: Path, fake: F
         await gw.start()  # the rest of the daemon runs
         signal = gw.health()["adapters"]["signal"]
         assert signal["state"].startswith("failed: ") and gw.health()["status"] == "degraded"
-        assert re.search(rf"\{BOT} is not registered with signal-cli .* \+15559999999",
-                         signal["last_error"])  # fmt: skip
+        assert re.search(
+            rf"\{BOT} is not registered with signal-cli .* \+15559999999", signal["last_error"]
+        )
     finally:
         await gw.stop()
 
@@ -589,8 +663,18 @@ _json = st.recursive(
     ),
     max_leaves=30,
 )
-_data_keys = st.sampled_from(["message", "timestamp", "groupInfo", "mentions", "quote", "attachments",
-                              "reaction", "remoteDelete"])  # fmt: skip
+_data_keys = st.sampled_from(
+    [
+        "message",
+        "timestamp",
+        "groupInfo",
+        "mentions",
+        "quote",
+        "attachments",
+        "reaction",
+        "remoteDelete",
+    ]
+)
 
 
 @pytest.mark.slow
@@ -601,7 +685,7 @@ _data_keys = st.sampled_from(["message", "timestamp", "groupInfo", "mentions", "
             ["source", "sourceNumber", "sourceUuid", "timestamp", "dataMessage", "syncMessage"]
         ),
         _json,
-    ),  # fmt: skip
+    ),
     data=st.dictionaries(_data_keys, _json),
 )
 def test_any_payload_is_read_or_refused_never_raised(env: dict, data: dict) -> None:

@@ -57,8 +57,15 @@ def msg(
     ts: str = "1700000001.000100",
     **extra: object,
 ) -> dict:
-    ev = {"type": "message", "channel": channel, "user": user, "text": text, "ts": ts, "event_ts": ts,
-          "channel_type": "im" if channel.startswith("D") else "channel"}  # fmt: skip
+    ev = {
+        "type": "message",
+        "channel": channel,
+        "user": user,
+        "text": text,
+        "ts": ts,
+        "event_ts": ts,
+        "channel_type": "im" if channel.startswith("D") else "channel",
+    }
     ev.update(extra)
     return ev
 

@@ -32,8 +32,15 @@ async def fake() -> AsyncIterator[FakeSlack]:
 
 
 def dm(text: str, ts: str) -> dict:
-    return {"type": "message", "channel": "D0DM", "user": "U1", "text": text, "ts": ts,
-            "event_ts": ts, "channel_type": "im"}  # fmt: skip
+    return {
+        "type": "message",
+        "channel": "D0DM",
+        "user": "U1",
+        "text": text,
+        "ts": ts,
+        "event_ts": ts,
+        "channel_type": "im",
+    }
 
 
 async def _post(url: str, payload: dict, retry: int | None = None) -> int:

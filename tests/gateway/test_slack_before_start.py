@@ -31,8 +31,15 @@ async def test_an_event_before_start_and_after_stop_is_refused_then_taken_once_r
     server = ApiAdapter(port=0, routes=dict(adapter.routes()))
     await server.start(emit)
     url = f"http://127.0.0.1:{server.bound_port}/slack/events"
-    ev = {"type": "message", "channel": "D0DM", "user": "U1", "text": "early", "ts": "5.1",
-          "event_ts": "5.1", "channel_type": "im"}  # fmt: skip
+    ev = {
+        "type": "message",
+        "channel": "D0DM",
+        "user": "U1",
+        "text": "early",
+        "ts": "5.1",
+        "event_ts": "5.1",
+        "channel_type": "im",
+    }
     try:
         assert await _post(url, event(ev, "E1")) == 503  # not started: Slack retries
         await adapter.start(emit)

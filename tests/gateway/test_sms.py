@@ -176,7 +176,9 @@ async def test_invalid_credentials_stop_the_adapter_while_the_daemon_runs(
 ) -> None:
     gw = await _gateway(tmp_path, fake, token="wrong-token")
     try:
-        refused_at_start(gw, "sms", "rejected the account SID or auth token", ["platforms.sms.token_env"])
+        refused_at_start(
+            gw, "sms", "rejected the account SID or auth token", ["platforms.sms.token_env"]
+        )
     finally:
         await gw.stop()
 
@@ -246,8 +248,11 @@ def test_a_recorded_form_translates_to_a_dm_per_phone_number() -> None:
     msg = to_inbound(inbound("Is the shop open?", sid="SM8f3a"), now=1700000000.0)
     assert msg is not None
     assert (msg.source.platform, msg.source.chat_id, msg.source.chat_type, msg.source.user_id) == (
-        "sms", ANN, "dm", ANN,
-    )  # fmt: skip
+        "sms",
+        ANN,
+        "dm",
+        ANN,
+    )
     assert (msg.text, msg.platform_message_id, msg.received_at) == (
         "Is the shop open?",
         "SM8f3a",
@@ -273,9 +278,16 @@ def test_forms(form: dict[str, str], text: str | None) -> None:
 
 @pytest.mark.parametrize(
     "text, word",
-    [("STOP", "STOP"), (" stop ", "STOP"), ("Help!", "HELP"), ("start", "START"),
-     ("stop the music", None), ("helpful", None), ("", None)],
-)  # fmt: skip
+    [
+        ("STOP", "STOP"),
+        (" stop ", "STOP"),
+        ("Help!", "HELP"),
+        ("start", "START"),
+        ("stop the music", None),
+        ("helpful", None),
+        ("", None),
+    ],
+)
 def test_keywords(text: str, word: str | None) -> None:
     assert keyword(text) == word
 
@@ -324,12 +336,19 @@ def _problems(tmp_path: Path, section: str, env: dict[str, str] | None = None) -
 
 def test_the_section_needs_its_keys_and_refuses_placeholders(tmp_path: Path) -> None:
     found = _problems(tmp_path, "  sms:\n    enabled: true\n    allow_all_users: true\n", env={})
-    assert set(found) == {"platforms.sms.account_sid", "platforms.sms.from_number",
-                          "platforms.sms.webhook_url", "platforms.sms.token_env"}  # fmt: skip
+    assert set(found) == {
+        "platforms.sms.account_sid",
+        "platforms.sms.from_number",
+        "platforms.sms.webhook_url",
+        "platforms.sms.token_env",
+    }
     assert found["platforms.sms.token_env"].startswith("TWILIO_AUTH_TOKEN is not set")
-    found = _problems(tmp_path, "  api:\n    enabled: false\n  sms:\n    enabled: true\n"
-                      "    allow_all_users: true\n    account_sid: ACxxxxxxxxxxxxxxxx\n"
-                      "    from_number: '5551234'\n    webhook_url: <your-url>\n")  # fmt: skip
+    found = _problems(
+        tmp_path,
+        "  api:\n    enabled: false\n  sms:\n    enabled: true\n"
+        "    allow_all_users: true\n    account_sid: ACxxxxxxxxxxxxxxxx\n"
+        "    from_number: '5551234'\n    webhook_url: <your-url>\n",
+    )
     assert "must be an AC" in found["platforms.sms.account_sid"]
     assert "E.164" in found["platforms.sms.from_number"]
     assert "placeholder" in found["platforms.sms.webhook_url"]
@@ -340,6 +359,9 @@ def test_a_missing_twilio_package_is_a_config_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "twilio", None)  # what an uninstalled package looks like
-    found = _problems(tmp_path, f"  sms:\n    enabled: true\n    allow_all_users: true\n"
-                      f"    account_sid: {ACCOUNT}\n    from_number: '{FROM}'\n    webhook_url: {PUBLIC_URL}\n")  # fmt: skip
+    found = _problems(
+        tmp_path,
+        f"  sms:\n    enabled: true\n    allow_all_users: true\n"
+        f"    account_sid: {ACCOUNT}\n    from_number: '{FROM}'\n    webhook_url: {PUBLIC_URL}\n",
+    )
     assert found == {"platforms.sms": "needs the twilio package: pip install 'switchboard[sms]'"}

@@ -76,12 +76,25 @@ async def test_an_activity_with_a_token_shaped_like_the_connectors_is_accepted_a
     serviceurl (lowercase), nbf, exp, iss (https://api.botframework.com) and aud (app id)."""
     act = fake.activity("hello from teams")
     now = int(time.time())
-    claims = {"serviceurl": act["serviceUrl"], "nbf": now - 300, "exp": now + 3600,
-              "iss": "https://api.botframework.com", "aud": APP_ID}  # fmt: skip
-    token = jwt.encode(claims, fake.key, algorithm="RS256",
-                       headers={"typ": "JWT", "kid": fake.kid, "x5t": fake.kid})  # fmt: skip
-    assert jwt.get_unverified_header(token) == {"alg": "RS256", "typ": "JWT", "kid": fake.kid,
-                                                "x5t": fake.kid}  # fmt: skip
+    claims = {
+        "serviceurl": act["serviceUrl"],
+        "nbf": now - 300,
+        "exp": now + 3600,
+        "iss": "https://api.botframework.com",
+        "aud": APP_ID,
+    }
+    token = jwt.encode(
+        claims,
+        fake.key,
+        algorithm="RS256",
+        headers={"typ": "JWT", "kid": fake.kid, "x5t": fake.kid},
+    )
+    assert jwt.get_unverified_header(token) == {
+        "alg": "RS256",
+        "typ": "JWT",
+        "kid": fake.kid,
+        "x5t": fake.kid,
+    }
     assert await fake.deliver(gw.url, act, token) == 200
     [reply] = await fake.wait_posted(1)
     assert reply["text"] == "echo: hello from teams"
@@ -124,9 +137,16 @@ async def test_in_a_group_chat_only_a_mention_of_the_bot_is_answered(
     group = {"kind": "groupChat", "conversation": "19:group-chat@thread.v2"}
     assert await fake.deliver(gw.url, fake.activity("just people talking", **group)) == 200
     other = fake.activity(
-        "<at>Bob</at> what do you think", **group,
-        entities=[{"type": "mention", "text": "<at>Bob</at>", "mentioned": {"id": "29:1bob", "name": "Bob"}}],
-    )  # fmt: skip
+        "<at>Bob</at> what do you think",
+        **group,
+        entities=[
+            {
+                "type": "mention",
+                "text": "<at>Bob</at>",
+                "mentioned": {"id": "29:1bob", "name": "Bob"},
+            }
+        ],
+    )
     assert await fake.deliver(gw.url, other) == 200
     assert (
         await fake.deliver(gw.url, fake.activity("summarise please", mention=True, **group)) == 200
@@ -142,29 +162,47 @@ async def test_in_a_group_chat_only_a_mention_of_the_bot_is_answered(
 async def test_a_channel_thread_is_one_session_shared_by_everyone_in_it(
     gw: Daemon, fake: FakeTeams
 ) -> None:
-    root = fake.activity("plan the release", kind="channel", conversation=CHANNEL + ";messageid=500",
-                         activity_id="500", mention=True)  # fmt: skip
+    root = fake.activity(
+        "plan the release",
+        kind="channel",
+        conversation=CHANNEL + ";messageid=500",
+        activity_id="500",
+        mention=True,
+    )
     assert await fake.deliver(gw.url, root) == 200
     [first] = await fake.wait_posted(1)
     assert first["_conversation"] == CHANNEL + ";messageid=500"
     assert first["text"] == "echo: [Ann] plan the release"
-    reply = fake.activity("and the changelog", kind="channel", conversation=CHANNEL + ";messageid=500",
-                          activity_id="501", user="29:1bob", name="Bob", aad="aad-bob")  # fmt: skip
+    reply = fake.activity(
+        "and the changelog",
+        kind="channel",
+        conversation=CHANNEL + ";messageid=500",
+        activity_id="501",
+        user="29:1bob",
+        name="Bob",
+        aad="aad-bob",
+    )
     assert await fake.deliver(gw.url, reply) == 200  # no mention: the bot takes part here
     posts = await fake.wait_posted(2)
     assert posts[1]["_conversation"] == CHANNEL + ";messageid=500"
     assert posts[1]["text"] == "echo: [Bob] and the changelog"
     assert gw.key("agent:main:teams:channel:19%3Aops-channel@thread.tacv2:t=500") is not None
-    elsewhere = fake.activity("unrelated", kind="channel", conversation=CHANNEL + ";messageid=900",
-                              activity_id="901")  # fmt: skip
+    elsewhere = fake.activity(
+        "unrelated", kind="channel", conversation=CHANNEL + ";messageid=900", activity_id="901"
+    )
     assert await fake.deliver(gw.url, elsewhere) == 200
     await asyncio.sleep(0.3)
     assert len(fake.posted()) == 2  # another thread, no mention: not for the bot
 
 
 async def test_a_chat_command_is_answered_in_a_channel_thread(gw: Daemon, fake: FakeTeams) -> None:
-    act = fake.activity("/help", kind="channel", conversation=CHANNEL + ";messageid=700",
-                        activity_id="700", mention=True)  # fmt: skip
+    act = fake.activity(
+        "/help",
+        kind="channel",
+        conversation=CHANNEL + ";messageid=700",
+        activity_id="700",
+        mention=True,
+    )
     assert await fake.deliver(gw.url, act) == 200
     [reply] = await fake.wait_posted(1)
     assert "/status" in reply["text"] and reply["_conversation"] == CHANNEL + ";messageid=700"
@@ -184,9 +222,17 @@ async def test_a_redelivered_or_replayed_activity_is_answered_once(
 
 
 def _alg_none(act: dict[str, Any], fake: FakeTeams) -> str:
-    return jwt.encode({"iss": "https://api.botframework.com", "aud": APP_ID, "exp": 4102444800,
-                       "serviceurl": act["serviceUrl"]}, None, algorithm="none",
-                      headers={"kid": fake.kid})  # fmt: skip
+    return jwt.encode(
+        {
+            "iss": "https://api.botframework.com",
+            "aud": APP_ID,
+            "exp": 4102444800,
+            "serviceurl": act["serviceUrl"],
+        },
+        None,
+        algorithm="none",
+        headers={"kid": fake.kid},
+    )
 
 
 @pytest.mark.parametrize(
@@ -244,8 +290,9 @@ async def test_a_rate_limit_is_waited_out_and_a_server_error_retried(
     fake.fail_next("message", 429, {"Retry-After": "1"})
     fake.fail_next("message", 503)
     assert await fake.deliver(gw.url, fake.activity("patience")) == 200
-    posts = await wait_for_count(lambda: [p for p in fake.posted() if not p.get("_failed")], 1, 20,
-                                 "a delivered reply")  # fmt: skip
+    posts = await wait_for_count(
+        lambda: [p for p in fake.posted() if not p.get("_failed")], 1, 20, "a delivered reply"
+    )
     assert posts[0]["text"] == "echo: patience"
     assert sum(1 for p in fake.posted() if p.get("_failed")) == 2
 
@@ -261,8 +308,13 @@ async def test_replies_reach_a_conversation_after_a_restart(
     try:
         d = Daemon(first)
         assert await fake.deliver(d.url, fake.activity("remember me")) == 200
-        thread = fake.activity("and this thread", kind="channel", conversation=CHANNEL + ";messageid=42",
-                               activity_id="42", mention=True)  # fmt: skip
+        thread = fake.activity(
+            "and this thread",
+            kind="channel",
+            conversation=CHANNEL + ";messageid=42",
+            activity_id="42",
+            mention=True,
+        )
         assert await fake.deliver(d.url, thread) == 200
         await fake.wait_posted(2)
     finally:
@@ -274,14 +326,26 @@ async def test_replies_reach_a_conversation_after_a_restart(
         await d.adapter.send(OutboundMessage("teams", "a:1personal", "still here"))
         [_, _, proactive] = await fake.wait_posted(3)
         assert (proactive["_conversation"], proactive["_reply_to"], proactive["text"]) == (
-            "a:1personal", None, "still here")  # fmt: skip
+            "a:1personal",
+            None,
+            "still here",
+        )
         assert proactive["from"] == {"id": BOT_ID}
-        later = fake.activity("no mention needed", kind="channel", conversation=CHANNEL + ";messageid=42",
-                              activity_id="43", user="29:1bob", name="Bob", aad="aad-bob")  # fmt: skip
+        later = fake.activity(
+            "no mention needed",
+            kind="channel",
+            conversation=CHANNEL + ";messageid=42",
+            activity_id="43",
+            user="29:1bob",
+            name="Bob",
+            aad="aad-bob",
+        )
         assert await fake.deliver(d.url, later) == 200  # a thread it answered in before the restart
         posts = await fake.wait_posted(4)
         assert (posts[3]["_conversation"], posts[3]["text"]) == (
-            CHANNEL + ";messageid=42", "echo: [Bob] no mention needed")  # fmt: skip
+            CHANNEL + ";messageid=42",
+            "echo: [Bob] no mention needed",
+        )
     finally:
         await second.stop()
 
@@ -299,8 +363,10 @@ async def test_handoff_opens_a_new_thread_in_the_home_channel_that_continues_the
         assert await fake.deliver(d.url, fake.installed(CHANNEL)) == 200  # the bot joins the team
         sid = await gateway.db.create_session(source="cli", title="deploy plan")
         await gateway.db.append_messages(sid, [{"role": "user", "content": "migrate the database"}])
-        ok, message = await asyncio.wait_for(handoff_from_terminal(
-            gateway.db, sid, "teams", enabled=True, configured_home=CHANNEL), 30)  # fmt: skip
+        ok, message = await asyncio.wait_for(
+            handoff_from_terminal(gateway.db, sid, "teams", enabled=True, configured_home=CHANNEL),
+            30,
+        )
         assert ok, message
         [created] = fake.created()
         assert created["isGroup"] is True and created["channelData"]["channel"]["id"] == CHANNEL
@@ -310,8 +376,15 @@ async def test_handoff_opens_a_new_thread_in_the_home_channel_that_continues_the
         conv = confirm["_conversation"]
         assert conv.startswith(CHANNEL + ";messageid=") and "Continuing here" in confirm["text"]
         root = conv.split("=")[-1]
-        follow = fake.activity("carry on", kind="channel", conversation=conv, activity_id="9001",
-                               user="29:1bob", name="Bob", aad="aad-bob")  # fmt: skip
+        follow = fake.activity(
+            "carry on",
+            kind="channel",
+            conversation=conv,
+            activity_id="9001",
+            user="29:1bob",
+            name="Bob",
+            aad="aad-bob",
+        )
         assert await fake.deliver(d.url, follow) == 200  # no mention needed in the bot's thread
         posts = await fake.wait_posted(2)
         assert posts[1]["_conversation"] == conv
@@ -334,8 +407,12 @@ async def test_a_refused_app_password_stops_the_adapter_with_one_clear_line(
     gateway = Gateway(config=config, home=tmp_path / "home")
     try:
         await gateway.start()
-        refused_at_start(gateway, "teams", "rejected the bot's app id or password",
-                         ["platforms.teams.token_env", "platforms.teams.app_id_env"])  # fmt: skip
+        refused_at_start(
+            gateway,
+            "teams",
+            "rejected the bot's app id or password",
+            ["platforms.teams.token_env", "platforms.teams.app_id_env"],
+        )
     finally:
         await gateway.stop()
     lines = [r.getMessage() for r in caplog.records if r.name == "gateway.adapters.teams"]
@@ -371,8 +448,13 @@ async def test_a_teams_reply_that_stood_still_on_its_way_out_stops_before_it_is_
     began and before its Connector request left. Once the request has its connection it
     finds its SEND_BY passed and stops unsent (SetOutLate), so the turn can ask its lease
     first (gateway/turns.py's send_checked). On time, it is posted once."""
-    adapter = TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url,
-                           token_url=fake.token_url, service_url=fake.service_url)  # fmt: skip
+    adapter = TeamsAdapter(
+        APP_ID,
+        PASSWORD,
+        metadata_url=fake.metadata_url,
+        token_url=fake.token_url,
+        service_url=fake.service_url,
+    )
 
     fake.keep_alive = False  # each call connects: the send waits for its connection
     async with started(adapter):  # the bot token is fetched here, before the sends
@@ -399,8 +481,13 @@ async def test_an_activity_the_gateway_could_not_store_is_answered_503_and_taken
             raise NotAccepted("the store is full")
         taken.append(msg)
 
-    adapter = TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url,
-                           token_url=fake.token_url, service_url=fake.service_url)  # fmt: skip
+    adapter = TeamsAdapter(
+        APP_ID,
+        PASSWORD,
+        metadata_url=fake.metadata_url,
+        token_url=fake.token_url,
+        service_url=fake.service_url,
+    )
     api = ApiAdapter(port=0, routes=dict(adapter.routes()))
     await adapter.start(emit)
     await api.start(emit)
@@ -420,22 +507,43 @@ async def test_an_activity_the_gateway_could_not_store_is_answered_503_and_taken
 
 RECORDED_CHANNEL_REPLY = {
     "text": "<at>Switchboard</at> can you ask <at>Bob Lee</at>?\n",
-    "textFormat": "plain", "type": "message", "timestamp": "2026-11-30T09:15:02.123Z",
-    "id": "1764494102123", "channelId": "msteams", "serviceUrl": "https://smba.trafficmanager.net/amer/",
+    "textFormat": "plain",
+    "type": "message",
+    "timestamp": "2026-11-30T09:15:02.123Z",
+    "id": "1764494102123",
+    "channelId": "msteams",
+    "serviceUrl": "https://smba.trafficmanager.net/amer/",
     "from": {"id": "29:1ann", "name": "Ann Ito", "aadObjectId": "aad-ann"},
-    "conversation": {"isGroup": True, "conversationType": "channel", "tenantId": "t1",
-                     "id": "19:abc@thread.tacv2;messageid=1764494000000"},
+    "conversation": {
+        "isGroup": True,
+        "conversationType": "channel",
+        "tenantId": "t1",
+        "id": "19:abc@thread.tacv2;messageid=1764494000000",
+    },
     "recipient": {"id": BOT_ID, "name": "Switchboard"},
     "entities": [
-        {"mentioned": {"id": BOT_ID, "name": "Switchboard"}, "text": "<at>Switchboard</at>", "type": "mention"},
-        {"mentioned": {"id": "29:1bob", "name": "Bob Lee"}, "text": "<at>Bob Lee</at>", "type": "mention"},
+        {
+            "mentioned": {"id": BOT_ID, "name": "Switchboard"},
+            "text": "<at>Switchboard</at>",
+            "type": "mention",
+        },
+        {
+            "mentioned": {"id": "29:1bob", "name": "Bob Lee"},
+            "text": "<at>Bob Lee</at>",
+            "type": "mention",
+        },
         {"locale": "en-US", "country": "US", "platform": "Web", "type": "clientInfo"},
     ],
-    "channelData": {"teamsChannelId": "19:abc@thread.tacv2", "teamsTeamId": "19:team@thread.tacv2",
-                    "channel": {"id": "19:abc@thread.tacv2"}, "team": {"id": "19:team@thread.tacv2"},
-                    "tenant": {"id": "t1"}},
-    "replyToId": "1764494000000", "locale": "en-US",
-}  # fmt: skip
+    "channelData": {
+        "teamsChannelId": "19:abc@thread.tacv2",
+        "teamsTeamId": "19:team@thread.tacv2",
+        "channel": {"id": "19:abc@thread.tacv2"},
+        "team": {"id": "19:team@thread.tacv2"},
+        "tenant": {"id": "t1"},
+    },
+    "replyToId": "1764494000000",
+    "locale": "en-US",
+}
 
 
 def test_a_recorded_channel_reply_becomes_a_shared_channel_thread_message() -> None:
@@ -471,8 +579,11 @@ def test_activities_that_are_not_a_message_for_the_bot_translate_to_none(activit
 
 
 def test_a_group_chat_mention_of_someone_else_does_not_address_the_bot() -> None:
-    act = {**RECORDED_CHANNEL_REPLY, "conversation": {"id": "19:g@thread.v2", "conversationType": "groupChat"},
-           "entities": RECORDED_CHANNEL_REPLY["entities"][1:]}  # fmt: skip
+    act = {
+        **RECORDED_CHANNEL_REPLY,
+        "conversation": {"id": "19:g@thread.v2", "conversationType": "groupChat"},
+        "entities": RECORDED_CHANNEL_REPLY["entities"][1:],
+    }
     msg = to_inbound(act, {BOT_ID})
     assert msg is not None and not msg.mentioned and msg.source.chat_type == "group"
     assert to_inbound(act, {BOT_ID}, require_mention=False).mentioned  # type: ignore[union-attr]

@@ -96,8 +96,13 @@ async def test_a_token_endpoint_refusal_is_invalid_token_and_a_429_waits(fake: F
 async def test_create_thread_in_a_group_chat_is_none_and_in_a_channel_a_root_id(
     fake: FakeTeams,
 ) -> None:
-    adapter = TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url,
-                           token_url=fake.token_url, service_url=fake.service_url)  # fmt: skip
+    adapter = TeamsAdapter(
+        APP_ID,
+        PASSWORD,
+        metadata_url=fake.metadata_url,
+        token_url=fake.token_url,
+        service_url=fake.service_url,
+    )
 
     async def emit(msg: object) -> None:
         return None
@@ -116,7 +121,10 @@ async def test_create_thread_in_a_group_chat_is_none_and_in_a_channel_a_root_id(
 
 def test_a_home_channel_is_a_teams_conversation_id() -> None:
     assert configured_home("teams", "19:abc@thread.tacv2") == {
-        "chat_id": "19:abc@thread.tacv2", "thread_id": None, "chat_type": "group"}  # fmt: skip
+        "chat_id": "19:abc@thread.tacv2",
+        "thread_id": None,
+        "chat_type": "group",
+    }
     assert configured_home("teams", "19:abc@thread.tacv2;messageid=17")["thread_id"] == "17"  # type: ignore[index]
     assert configured_home("teams", "a:1xyz")["chat_type"] == "dm"  # type: ignore[index]
 
@@ -131,7 +139,10 @@ def test_the_section_needs_the_api_server_and_both_secrets(tmp_path: Path) -> No
         load_config(cfg, {"TEAMS_APP_PASSWORD": "changeme"})
     found = {e.key: e.problem for e in err.value.all()}
     assert set(found) == {
-        "platforms.teams.enabled", "platforms.teams.token_env", "platforms.teams.app_id_env"}  # fmt: skip
+        "platforms.teams.enabled",
+        "platforms.teams.token_env",
+        "platforms.teams.app_id_env",
+    }
     assert "enable platforms.api" in found["platforms.teams.enabled"]
     assert "placeholder" in found["platforms.teams.token_env"]
     assert found["platforms.teams.app_id_env"].startswith("TEAMS_APP_ID is not set")
@@ -142,8 +153,13 @@ async def test_a_password_revoked_while_running_stops_the_adapter(
 ) -> None:
     from gateway.errors import AdapterError
 
-    adapter = TeamsAdapter(APP_ID, PASSWORD, metadata_url=fake.metadata_url,
-                           token_url=fake.token_url, service_url=fake.service_url)  # fmt: skip
+    adapter = TeamsAdapter(
+        APP_ID,
+        PASSWORD,
+        metadata_url=fake.metadata_url,
+        token_url=fake.token_url,
+        service_url=fake.service_url,
+    )
 
     async def emit(msg: object) -> None:
         return None
@@ -155,7 +171,9 @@ async def test_a_password_revoked_while_running_stops_the_adapter(
             await adapter.send(OutboundMessage("teams", "a:1personal", "hello?"))
         assert adapter.health()["state"] == "failed: invalid app password"
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-        assert errors == ["teams: the token endpoint refused the app id or password "
-                          "(invalid_client); the adapter is stopped"]  # fmt: skip
+        assert errors == [
+            "teams: the token endpoint refused the app id or password "
+            "(invalid_client); the adapter is stopped"
+        ]
     finally:
         await adapter.stop()

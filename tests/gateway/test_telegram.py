@@ -177,7 +177,7 @@ async def test_an_invalid_token_stops_the_adapter_while_the_daemon_runs(
                 "chat": {"id": 5, "type": "private"},
                 "from": {"id": 9, "is_bot": True},
             },
-        },  # fmt: skip
+        },
         {
             "update_id": 1,
             "edited_message": {"message_id": 1, "text": "x", "chat": {"id": 5, "type": "private"}},
@@ -193,8 +193,12 @@ def test_malformed_or_irrelevant_updates_are_ignored(update: dict) -> None:
 
 
 def test_general_topic_and_reply_chains_are_not_threads() -> None:
-    base = {"message_id": 5, "text": "@switchboard_bot hi", "chat": {"id": -1, "type": "supergroup", "is_forum": True},
-            "from": {"id": 3, "is_bot": False, "first_name": "A"}}  # fmt: skip
+    base = {
+        "message_id": 5,
+        "text": "@switchboard_bot hi",
+        "chat": {"id": -1, "type": "supergroup", "is_forum": True},
+        "from": {"id": 3, "is_bot": False, "first_name": "A"},
+    }
     general = to_inbound({"update_id": 1, "message": base}, "switchboard_bot")
     chain = to_inbound(
         {"update_id": 2, "message": {**base, "message_thread_id": 4}}, "switchboard_bot"
@@ -268,8 +272,11 @@ async def test_typing_shows_only_for_a_running_turn(tmp_path: Path, fake: FakeTe
     )
     agent = ScriptedAgent()
     agent.delay_on["slow"] = 1.5
-    gateway = Gateway(config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": "123:ABC"}),
-                      home=tmp_path / "home", agent=agent)  # fmt: skip
+    gateway = Gateway(
+        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": "123:ABC"}),
+        home=tmp_path / "home",
+        agent=agent,
+    )
     await gateway.start()
 
     def typed(chat: int) -> list[dict[str, object]]:

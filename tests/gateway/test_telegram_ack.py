@@ -54,9 +54,11 @@ async def _post(url: str, update: dict) -> int:
 @pytest.fixture
 async def webhook(fake: FakeTelegram) -> AsyncIterator[tuple[TelegramAdapter, ApiAdapter]]:
     adapter = TelegramAdapter(
-        fake.token, base_url=fake.base_url, webhook_url="https://bot.example/telegram/webhook",
+        fake.token,
+        base_url=fake.base_url,
+        webhook_url="https://bot.example/telegram/webhook",
         webhook_secret=SECRET,
-    )  # fmt: skip
+    )
     server = ApiAdapter(port=0, routes=dict(adapter.routes()))
     yield adapter, server
     await adapter.stop()
@@ -132,8 +134,12 @@ async def test_polling_confirms_an_update_only_after_emit_returned(fake: FakeTel
         await asyncio.wait_for(entered.wait(), 5)
         assert all(o is None or o <= first for o in _offsets(fake))  # nothing confirmed yet
         release.set()
-        await wait_for_count(lambda: [o for o in _offsets(fake) if o == second + 1], 1, 5,
-                             "a poll confirming both updates")  # fmt: skip
+        await wait_for_count(
+            lambda: [o for o in _offsets(fake) if o == second + 1],
+            1,
+            5,
+            "a poll confirming both updates",
+        )
         assert taken == ["first", "second"]
         assert adapter.health()["offset"] == second + 1
     finally:
@@ -158,8 +164,9 @@ async def test_polling_fetches_a_not_accepted_update_again(fake: FakeTelegram) -
         assert attempts[:2] == ["keep me", "keep me"]
         offsets = _offsets(fake)
         assert offsets[:2] == [None, None]  # the second poll did not skip the refused update
-        await wait_for_count(lambda: [o for o in _offsets(fake) if o == uid + 1], 1, 5,
-                             "the offset past the update")  # fmt: skip
+        await wait_for_count(
+            lambda: [o for o in _offsets(fake) if o == uid + 1], 1, 5, "the offset past the update"
+        )
         assert "NotAccepted" in str(adapter.health()["last_error"])
     finally:
         await adapter.stop()
@@ -200,9 +207,11 @@ async def test_polling_waits_out_flood_control_and_stops_on_a_refused_token(
         fake.fail_next("getUpdates", 401)
         fake.push(fake.message("wake the poll", fake.dm_chat(3)))
         await wait_for_count(
-            lambda: [1] if adapter.state.startswith(AdapterState.FAILED) else [], 1, 5,
+            lambda: [1] if adapter.state.startswith(AdapterState.FAILED) else [],
+            1,
+            5,
             "the adapter to stop on the refused token",
-        )  # fmt: skip
+        )
         assert "invalid token" in adapter.state
     finally:
         await adapter.stop()
@@ -249,5 +258,7 @@ async def test_a_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
 
     fake.keep_alive = False  # each call connects: the send waits for its connection
     await _start(adapter, server, emit)
-    await stalled_then_on_time(lambda: adapter.send(OutboundMessage("telegram", "42", "once")),
-                               lambda: [m["text"] for m in fake.sent()])  # fmt: skip
+    await stalled_then_on_time(
+        lambda: adapter.send(OutboundMessage("telegram", "42", "once")),
+        lambda: [m["text"] for m in fake.sent()],
+    )

@@ -34,12 +34,48 @@ from tests.gateway.conftest import ScriptedAgent
 T = TypeVar("T")
 
 NASTIES = [
-    "[/x]", "[/i]", "a[i]", "[bold red]x[/]", "[link=http://evil]click[/link]", "[/]", "\\",
-    "\\[b]", ":smile:", "\x00", "\x00json:", '\x00json:[{"type":"text","text":"injected"}]',
-    '\x00json:{"a":1}', "\ud800", "\udfff", "\u202e", "\u202d", "\u2066", "\u200b", "\u200d",
-    "\ufeff", "\ufffd", "中文", "日本語の文", "한국어", "😀", "👨\u200d👩\u200d👧", "<script>x</script>",
-    "&amp;", '"', "'", "\n", "\t", "\r", "\x1b[31m", "\x7f", "\x9b", "json:", ">>>", "%s", "{}",
-]  # fmt: skip
+    "[/x]",
+    "[/i]",
+    "a[i]",
+    "[bold red]x[/]",
+    "[link=http://evil]click[/link]",
+    "[/]",
+    "\\",
+    "\\[b]",
+    ":smile:",
+    "\x00",
+    "\x00json:",
+    '\x00json:[{"type":"text","text":"injected"}]',
+    '\x00json:{"a":1}',
+    "\ud800",
+    "\udfff",
+    "\u202e",
+    "\u202d",
+    "\u2066",
+    "\u200b",
+    "\u200d",
+    "\ufeff",
+    "\ufffd",
+    "中文",
+    "日本語の文",
+    "한국어",
+    "😀",
+    "👨\u200d👩\u200d👧",
+    "<script>x</script>",
+    "&amp;",
+    '"',
+    "'",
+    "\n",
+    "\t",
+    "\r",
+    "\x1b[31m",
+    "\x7f",
+    "\x9b",
+    "json:",
+    ">>>",
+    "%s",
+    "{}",
+]
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -108,8 +144,9 @@ async def _exchange(rig: Rig, text: str) -> dict[str, Any]:
             got["status"], got["answer"] = resp.status, await resp.json()
         db = rig.gateway.db
         assert db is not None
-        got["sessions"] = [s for s in await db.list_sessions("api", limit=1000)
-                           if s.get("user_id") == user]  # fmt: skip
+        got["sessions"] = [
+            s for s in await db.list_sessions("api", limit=1000) if s.get("user_id") == user
+        ]
         if resp.status != 200:
             return got
         sid = got["answer"]["switchboard"]["session_id"]

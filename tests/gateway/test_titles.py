@@ -37,7 +37,10 @@ async def test_an_echo_title_keeps_the_users_words_and_case_each_word_once(
 ) -> None:
     history = []
     for text in said:
-        history += [{"role": "user", "content": text}, {"role": "assistant", "content": f"echo: {text}"}]  # fmt: skip
+        history += [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": f"echo: {text}"},
+        ]
     assert await EchoAgent().suggest_title(history) == title
 
 
@@ -66,9 +69,13 @@ async def _exchange(tmp_path: Path, fake: FakeOpenAI, auto_title: str) -> Gatewa
     await gateway.start()
     port = gateway.adapters[0].bound_port  # type: ignore[attr-defined]
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={
-            "user": "ann", "messages": [{"role": "user", "content": "plan a trip to Kyoto"}],
-        }) as resp:  # fmt: skip
+        async with http.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={
+                "user": "ann",
+                "messages": [{"role": "user", "content": "plan a trip to Kyoto"}],
+            },
+        ) as resp:
             assert resp.status == 200
             assert (await resp.json())["choices"][0]["message"][
                 "content"

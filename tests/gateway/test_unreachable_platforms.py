@@ -65,9 +65,13 @@ async def _until(
 
 
 def _run(home: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(switchboard(home, "run"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=clean_env(TELEGRAM_BOT_TOKEN=TOKEN))  # fmt: skip
+    return subprocess.Popen(
+        switchboard(home, "run"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(TELEGRAM_BOT_TOKEN=TOKEN),
+    )
 
 
 def _telegram(body: dict[str, Any]) -> dict[str, Any]:
@@ -131,8 +135,12 @@ async def test_sigterm_while_a_platform_is_still_unreachable_exits_0_without_a_t
     )
     proc = _run(home)
     try:
-        await _until(f"http://127.0.0.1:{api_port}", proc,
-                     lambda b: _telegram(b)["state"] == "retrying", "telegram retrying")  # fmt: skip
+        await _until(
+            f"http://127.0.0.1:{api_port}",
+            proc,
+            lambda b: _telegram(b)["state"] == "retrying",
+            "telegram retrying",
+        )
         proc.send_signal(signal.SIGTERM)
         out, err = await asyncio.to_thread(proc.communicate, timeout=60)
     finally:
@@ -153,8 +161,9 @@ async def test_a_refused_token_stops_that_adapter_alone_with_one_line_naming_the
         "platforms:\n  api:\n    port: 0\n  telegram:\n    enabled: true\n"
         f"    allow_all_users: true\n    base_url: {fake.base_url}\n"
     )
-    gateway = Gateway(config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": "999:WRONG"}),
-                      home=tmp_path / "home")  # fmt: skip
+    gateway = Gateway(
+        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": "999:WRONG"}), home=tmp_path / "home"
+    )
     try:
         with caplog.at_level(logging.INFO):
             await gateway.start()
@@ -182,17 +191,25 @@ def _closed(platform: str, port: int) -> Adapter:
     url = f"http://127.0.0.1:{port}"
     made: dict[str, Callable[[], Adapter]] = {
         "telegram": lambda: TelegramAdapter(TOKEN, base_url=f"{url}/bot", backoff=FAST),
-        "discord": lambda: DiscordAdapter("tok", api_base=f"{url}/api/v10",
-                                          gateway_url=f"ws://127.0.0.1:{port}/gw", backoff=FAST),
+        "discord": lambda: DiscordAdapter(
+            "tok", api_base=f"{url}/api/v10", gateway_url=f"ws://127.0.0.1:{port}/gw", backoff=FAST
+        ),
         "slack": lambda: SlackAdapter("xoxb-fake", "secret", base_url=f"{url}/api/", backoff=FAST),
         "signal": lambda: SignalAdapter(url, "+15550001", backoff=FAST),
         "mattermost": lambda: MattermostAdapter("tok", url, backoff=FAST),
-        "feishu": lambda: FeishuAdapter(feishu.APP_ID, feishu.APP_SECRET, feishu.ENCRYPT_KEY,
-                                        feishu.VERIFICATION_TOKEN, domain=url, backoff=FAST),
-        "dingtalk": lambda: DingTalkAdapter(dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET,
-                                            base_url=url, backoff=FAST),
+        "feishu": lambda: FeishuAdapter(
+            feishu.APP_ID,
+            feishu.APP_SECRET,
+            feishu.ENCRYPT_KEY,
+            feishu.VERIFICATION_TOKEN,
+            domain=url,
+            backoff=FAST,
+        ),
+        "dingtalk": lambda: DingTalkAdapter(
+            dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET, base_url=url, backoff=FAST
+        ),
         "matrix": lambda: MatrixAdapter(url, matrix.BOT, "syt_tok", poll_timeout_s=1, backoff=FAST),
-    }  # fmt: skip
+    }
     return made[platform]()
 
 

@@ -41,7 +41,7 @@ async def gw(tmp_path: Path, pg_server: str) -> AsyncIterator[tuple[Gateway, str
         "platforms:\n  api:\n    port: 0\n  webhook:\n    enabled: true\n    allow_all_users: true\n"
         "    endpoints:\n      ci:\n        secret_env: SB_HOOK_SECRET\n"
         "state:\n  backend: postgres\n  dsn_env: SB_DSN\n"
-    )  # fmt: skip
+    )
     env = {"SB_DSN": dsn, "SB_HOOK_SECRET": SECRET}
     gateway = Gateway(config=load_config(tmp_path / "config.yaml", env), home=tmp_path / "home")
     await gateway.start()
@@ -75,8 +75,11 @@ async def test_a_value_the_database_refuses_as_data_is_answered_400_not_503(
         assert body["error"]["code"] == "unstorable_input"
     assert after[0] == 200 and after[1]["reply"] == "echo: still here"
     assert gateway.db is not None
-    contents = [m["content"] for s in await gateway.db.list_sessions("api", limit=50)
-                for m in await gateway.db.get_messages(s["id"])]  # fmt: skip
+    contents = [
+        m["content"]
+        for s in await gateway.db.list_sessions("api", limit=50)
+        for m in await gateway.db.get_messages(s["id"])
+    ]
     assert "doomed" not in contents
 
 
@@ -100,9 +103,14 @@ async def test_an_id_too_long_for_the_databases_index_is_answered_400_not_503(
     connection, is refused as data, never taken for a lost connection and answered 503."""
     gateway, url = gw
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}/v1/messages", json={
-            "chat_id": "c", "text": "a long id", "message_id": secrets.token_hex(10_000),
-        }) as resp:  # fmt: skip
+        async with http.post(
+            f"{url}/v1/messages",
+            json={
+                "chat_id": "c",
+                "text": "a long id",
+                "message_id": secrets.token_hex(10_000),
+            },
+        ) as resp:
             status, body = resp.status, await resp.json()
         after = await _say(http, url, "c", "still here")
     assert status == 400, body

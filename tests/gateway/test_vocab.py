@@ -23,8 +23,14 @@ def test_the_values_are_the_strings_already_stored_and_configured() -> None:
     # rows written by earlier versions (and Hermes) carry exactly these strings
     assert [*ChildKind] == ["compression", "branch", "reset", "delegate"]
     assert [*EndReason] == [
-        "user_exit", "compression", "branched", "session_switch", "session_reset", "idle", "daily",
-    ]  # fmt: skip
+        "user_exit",
+        "compression",
+        "branched",
+        "session_switch",
+        "session_reset",
+        "idle",
+        "daily",
+    ]
     assert [*ResetMode] == ["none", "idle", "daily", "both"]
     assert CHAT_TYPES == ("dm", "group", "channel", "thread")
     assert [*AdapterState] == ["stopped", "running", "retrying", "failed"]

@@ -130,7 +130,10 @@ async def test_a_replayed_request_is_answered_once(gw: tuple[Gateway, str]) -> N
     assert (status, again["reply"], again["duplicate"]) == (200, "echo: once please", True)
     status, resent = await post_signed(url, _msg("once please", mid="r-1"))  # signed anew
     assert (status, resent["duplicate"]) == (200, True)
-    assert [m["content"] for m in await _messages(gateway, KEY)] == ["once please", "echo: once please"]  # fmt: skip
+    assert [m["content"] for m in await _messages(gateway, KEY)] == [
+        "once please",
+        "echo: once please",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -139,15 +142,27 @@ async def test_a_replayed_request_is_answered_once(gw: tuple[Gateway, str]) -> N
         (b"{not json", "the body must be JSON"),
         (b"[1, 2]", "the body must be a JSON object"),
         (json.dumps({"user": "ann", "text": "x"}).encode(), "id must be a non-empty string"),
-        (json.dumps({"id": "1", "user": "ann", "text": "  "}).encode(), "text must be a non-empty string"),
+        (
+            json.dumps({"id": "1", "user": "ann", "text": "  "}).encode(),
+            "text must be a non-empty string",
+        ),
         (json.dumps({"id": "1", "text": "x"}).encode(), "user must be a non-empty string"),
-        (json.dumps({"id": "1", "user": "a", "text": "x", "thread": "t"}).encode(), "thread needs chat"),
-        (json.dumps({"id": "1", "user": "a", "text": "x", "room": "r"}).encode(), "unknown field 'room'"),
+        (
+            json.dumps({"id": "1", "user": "a", "text": "x", "thread": "t"}).encode(),
+            "thread needs chat",
+        ),
+        (
+            json.dumps({"id": "1", "user": "a", "text": "x", "room": "r"}).encode(),
+            "unknown field 'room'",
+        ),
         (json.dumps({"id": "1", "user": "a" * 201, "text": "x"}).encode(), "at most 200"),
-        (json.dumps({"id": "1", "user": "a", "text": "a\x00b"}).encode(), "text contains U+0000 (NUL)"),
+        (
+            json.dumps({"id": "1", "user": "a", "text": "a\x00b"}).encode(),
+            "text contains U+0000 (NUL)",
+        ),
         (b'{"id": "1", "user": "a\\ud800", "text": "x"}', "user contains a lone surrogate U+D800"),
     ],
-)  # fmt: skip
+)
 async def test_bad_bodies_get_a_clear_400(gw: tuple[Gateway, str], raw: bytes, why: str) -> None:
     gateway, base = gw
     status, answer = await post_signed(f"{base}/webhooks/ci", None, raw=raw)
@@ -216,15 +231,22 @@ async def test_async_mode_accepts_at_once_and_posts_a_signed_reply(
 ) -> None:
     gateway, base = gw
     receiver.secret = DEPLOY_SECRET
-    status, answer = await post_signed(f"{base}/webhooks/deploy", _msg("ship it", mid="a-1", chat="prod"), secret=DEPLOY_SECRET)  # fmt: skip
+    status, answer = await post_signed(
+        f"{base}/webhooks/deploy", _msg("ship it", mid="a-1", chat="prod"), secret=DEPLOY_SECRET
+    )
     assert (status, answer) == (202, {"id": "a-1", "status": "accepted", "duplicate": False})
     [reply] = await receiver.wait_replies(1)
     assert reply["type"] == "reply" and reply["endpoint"] == "deploy"
     assert (reply["chat_id"], reply["chat"], reply["reply_to"], reply["text"]) == (
-        "deploy:prod", "prod", "a-1", "echo: ship it",
-    )  # fmt: skip
+        "deploy:prod",
+        "prod",
+        "a-1",
+        "echo: ship it",
+    )
     assert receiver.refused == []  # our signature verified with the endpoint's secret
-    status, again = await post_signed(f"{base}/webhooks/deploy", _msg("ship it", mid="a-1", chat="prod"), secret=DEPLOY_SECRET)  # fmt: skip
+    status, again = await post_signed(
+        f"{base}/webhooks/deploy", _msg("ship it", mid="a-1", chat="prod"), secret=DEPLOY_SECRET
+    )
     assert (status, again["duplicate"]) == (202, True)
 
 
@@ -235,7 +257,9 @@ async def test_a_rate_limited_callback_is_waited_out(
     receiver.secret = DEPLOY_SECRET
     receiver.fail_next(429, {"Retry-After": "1"})
     receiver.fail_next(503)
-    status, _ = await post_signed(f"{base}/webhooks/deploy", _msg("patience", mid="p-1"), secret=DEPLOY_SECRET)  # fmt: skip
+    status, _ = await post_signed(
+        f"{base}/webhooks/deploy", _msg("patience", mid="p-1"), secret=DEPLOY_SECRET
+    )
     assert status == 202
     [reply] = await receiver.wait_replies(1, timeout=15)
     assert reply["text"] == "echo: patience" and receiver.failures == []
@@ -248,7 +272,9 @@ async def test_a_handoff_posts_to_the_endpoint_callback(
     assert gateway.db is not None and gateway.handoffs is not None
     receiver.secret = DEPLOY_SECRET
     gateway.handoffs.poll_s = 0.05
-    await gateway.db.set_meta(HOME_KEY.format("webhook"), json.dumps({"chat_id": "deploy:ops", "chat_type": "dm"}))  # fmt: skip
+    await gateway.db.set_meta(
+        HOME_KEY.format("webhook"), json.dumps({"chat_id": "deploy:ops", "chat_type": "dm"})
+    )
     sid = await gateway.db.create_session(source="cli", title="deploy plan")
     await gateway.db.append_messages(sid, [{"role": "user", "content": "we must migrate"}])
     ok, why = await asyncio.wait_for(
@@ -263,7 +289,9 @@ async def test_a_handoff_posts_to_the_endpoint_callback(
 
 async def test_an_uncommitted_message_is_not_acknowledged(receiver: CallbackReceiver) -> None:
     """Inbox before ack: emit raising NotAccepted answers 503 in both modes; the retry runs."""
-    adapter = WebhookAdapter([Endpoint("ci", SECRET), Endpoint("deploy", SECRET, "async", receiver.url)])  # fmt: skip
+    adapter = WebhookAdapter(
+        [Endpoint("ci", SECRET), Endpoint("deploy", SECRET, "async", receiver.url)]
+    )
     server = ApiAdapter(port=0, routes=dict(adapter.routes()))
     store_up = False
     seen: list[InboundMessage] = []
@@ -291,8 +319,10 @@ async def test_a_callback_that_refuses_is_not_retried(receiver: CallbackReceiver
     from gateway.errors import AdapterError
     from gateway.messages import OutboundMessage
 
-    adapter = WebhookAdapter([Endpoint("ci", "a-different-secret", "async", receiver.url)],
-                             backoff=Backoff(initial_s=0.01, max_s=0.05))  # fmt: skip
+    adapter = WebhookAdapter(
+        [Endpoint("ci", "a-different-secret", "async", receiver.url)],
+        backoff=Backoff(initial_s=0.01, max_s=0.05),
+    )
     try:
         with pytest.raises(AdapterError, match=r"refused the POST \(401\)"):
             await adapter.send(OutboundMessage("webhook", "ci:ann", "x"))
@@ -338,8 +368,14 @@ def _recipe() -> str:
 async def test_the_documented_curl_and_openssl_recipe_verifies(gw: tuple[Gateway, str]) -> None:
     gateway, base = gw
     env = {**os.environ, "WEBHOOK_CI_SECRET": SECRET, "SWITCHBOARD_URL": base}
-    out = await asyncio.to_thread(subprocess.run, ["bash", "-euc", _recipe()], env=env,
-                                  capture_output=True, text=True, timeout=30)  # fmt: skip
+    out = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euc", _recipe()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
     assert answer["reply"] == "echo: hello from curl" and answer["duplicate"] is False
@@ -376,12 +412,27 @@ def test_verify(header: str | None, now: int, status: int | None) -> None:
 
 
 def test_a_body_translates_into_the_endpoint_key_space() -> None:
-    msg = to_inbound("ci", {"id": 7, "user": "ann", "text": "hi", "chat": "ops", "thread": "t1",
-                            "user_name": "Ann"}, 1.5)  # fmt: skip
+    msg = to_inbound(
+        "ci",
+        {"id": 7, "user": "ann", "text": "hi", "chat": "ops", "thread": "t1", "user_name": "Ann"},
+        1.5,
+    )
     src = msg.source
-    assert (src.platform, src.chat_id, src.chat_type, src.user_id, src.user_name, src.thread_id) == (
-        "webhook", "ci:ops", "group", "ann", "Ann", "t1",
-    )  # fmt: skip
+    assert (
+        src.platform,
+        src.chat_id,
+        src.chat_type,
+        src.user_id,
+        src.user_name,
+        src.thread_id,
+    ) == (
+        "webhook",
+        "ci:ops",
+        "group",
+        "ann",
+        "Ann",
+        "t1",
+    )
     assert (msg.text, msg.platform_message_id, msg.received_at, msg.mentioned) == (
         "hi",
         "7",
@@ -418,17 +469,23 @@ def test_the_section_checks_endpoints_and_their_secrets(tmp_path: Path) -> None:
     assert found["platforms.webhook.endpoints.deploy.secret_env"].startswith(
         "WEBHOOK_DEPLOY_SECRET is not set"
     )
-    cfg.write_text("platforms:\n  api:\n    enabled: false\n  webhook:\n    enabled: true\n"
-                   "    allow_all_users: true\n    token_env: X\n")  # fmt: skip
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  webhook:\n    enabled: true\n"
+        "    allow_all_users: true\n    token_env: X\n"
+    )
     with pytest.raises(ConfigError) as err:
         load_config(cfg, {"X": "y"})
     found = {e.key: e.problem for e in err.value.all()}
-    assert set(found) == {"platforms.webhook.enabled", "platforms.webhook.endpoints",
-                          "platforms.webhook.token_env"}  # fmt: skip
+    assert set(found) == {
+        "platforms.webhook.enabled",
+        "platforms.webhook.endpoints",
+        "platforms.webhook.token_env",
+    }
     config = load_config(_write(tmp_path, _section("http://127.0.0.1:9/hook")), ENV)
     assert config.platform_secrets("webhook") == {
-        "endpoints.ci.secret_env": SECRET, "endpoints.deploy.secret_env": DEPLOY_SECRET,
-    }  # fmt: skip
+        "endpoints.ci.secret_env": SECRET,
+        "endpoints.deploy.secret_env": DEPLOY_SECRET,
+    }
 
 
 def _write(tmp_path: Path, section: str) -> Path:

@@ -68,8 +68,11 @@ async def _gateway(tmp_path: Path, fake: FakeGraph, token: str = TOKEN) -> Gatew
         "platforms:\n  api:\n    port: 0\n  whatsapp:\n    enabled: true\n    allow_all_users: true\n"
         f"    phone_number_id: '{PHONE_ID}'\n    base_url: {fake.base_url}\n    max_age_seconds: 600\n"
     )
-    env = {"WHATSAPP_TOKEN": token, "WHATSAPP_APP_SECRET": APP_SECRET,
-           "WHATSAPP_VERIFY_TOKEN": VERIFY}  # fmt: skip
+    env = {
+        "WHATSAPP_TOKEN": token,
+        "WHATSAPP_APP_SECRET": APP_SECRET,
+        "WHATSAPP_VERIFY_TOKEN": VERIFY,
+    }
     gateway = Gateway(config=load_config(cfg, env), home=tmp_path / "home")
     await gateway.start()
     return gateway
@@ -214,8 +217,10 @@ async def test_a_closed_24_hour_window_is_reported_and_not_retried(
     assert len(attempts) == 1  # one refusal, no retry (the core's apology would hit it too)
     await wait_for_count(
         lambda: [gateway.router.last_error] if gateway.router and gateway.router.last_error else [],
-        1, 10, "a recorded send error",
-    )  # fmt: skip
+        1,
+        10,
+        "a recorded send error",
+    )
     assert "24-hour customer-service window" in str(gateway.router.last_error)  # type: ignore[union-attr]
 
 
@@ -223,8 +228,13 @@ async def test_a_failed_status_callback_is_logged_and_starts_no_turn(
     gw: tuple[Gateway, str], fake: FakeGraph
 ) -> None:
     gateway, url = gw
-    failed = {"id": "wamid.OUT9", "status": "failed", "timestamp": "1", "recipient_id": ANN,
-              "errors": [{"code": 131047, "title": "Re-engagement message"}]}  # fmt: skip
+    failed = {
+        "id": "wamid.OUT9",
+        "status": "failed",
+        "timestamp": "1",
+        "recipient_id": ANN,
+        "errors": [{"code": 131047, "title": "Re-engagement message"}],
+    }
     delivered = {"id": "wamid.OUT8", "status": "delivered", "timestamp": "1", "recipient_id": ANN}
     assert await deliver(url, delivery(statuses=[delivered, failed])) == 200
     assert _adapter(gateway).health()["window_closed"] == 1
@@ -238,7 +248,16 @@ async def test_an_invalid_token_stops_the_adapter_while_the_daemon_runs(
 ) -> None:
     gw = await _gateway(tmp_path, fake, token="EAAG-wrong")
     try:
-        refused_at_start(gw, "whatsapp", "rejected the access token", ["platforms.whatsapp.token_env", "platforms.whatsapp.app_secret_env", "platforms.whatsapp.verify_token_env"])
+        refused_at_start(
+            gw,
+            "whatsapp",
+            "rejected the access token",
+            [
+                "platforms.whatsapp.token_env",
+                "platforms.whatsapp.app_secret_env",
+                "platforms.whatsapp.verify_token_env",
+            ],
+        )
     finally:
         await gw.stop()
 
@@ -306,18 +325,52 @@ async def test_a_whatsapp_reply_that_stood_still_on_its_way_out_stops_before_it_
 
 RECORDED = {  # a delivery as Meta's webhook reference shows it, two messages in one batch
     "object": "whatsapp_business_account",
-    "entry": [{"id": "102290129340398", "changes": [{"field": "messages", "value": {
-        "messaging_product": "whatsapp",
-        "metadata": {"display_phone_number": "15550783881", "phone_number_id": "106540352242922"},
-        "contacts": [{"profile": {"name": "Sheena Nelson"}, "wa_id": "16505551234"}],
-        "messages": [
-            {"from": "16505551234", "id": "wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA=",
-             "timestamp": "1749416383", "type": "text", "text": {"body": "Does it come in another color?"},
-             "context": {"from": "15550783881", "id": "wamid.HBgLMTY0NjcwNDM1OTUVAgARGBI1RjQyNUE3NEYxMzAzMzQ5MkEA"}},
-            {"from": "16505551234", "id": "wamid.IMG", "timestamp": "1749416390", "type": "image",
-             "image": {"caption": "this one", "mime_type": "image/jpeg", "sha256": "x", "id": "1003383421387256"}},
-        ]}}]}],
-}  # fmt: skip
+    "entry": [
+        {
+            "id": "102290129340398",
+            "changes": [
+                {
+                    "field": "messages",
+                    "value": {
+                        "messaging_product": "whatsapp",
+                        "metadata": {
+                            "display_phone_number": "15550783881",
+                            "phone_number_id": "106540352242922",
+                        },
+                        "contacts": [
+                            {"profile": {"name": "Sheena Nelson"}, "wa_id": "16505551234"}
+                        ],
+                        "messages": [
+                            {
+                                "from": "16505551234",
+                                "id": "wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA=",
+                                "timestamp": "1749416383",
+                                "type": "text",
+                                "text": {"body": "Does it come in another color?"},
+                                "context": {
+                                    "from": "15550783881",
+                                    "id": "wamid.HBgLMTY0NjcwNDM1OTUVAgARGBI1RjQyNUE3NEYxMzAzMzQ5MkEA",
+                                },
+                            },
+                            {
+                                "from": "16505551234",
+                                "id": "wamid.IMG",
+                                "timestamp": "1749416390",
+                                "type": "image",
+                                "image": {
+                                    "caption": "this one",
+                                    "mime_type": "image/jpeg",
+                                    "sha256": "x",
+                                    "id": "1003383421387256",
+                                },
+                            },
+                        ],
+                    },
+                }
+            ],
+        }
+    ],
+}
 
 
 def test_a_recorded_delivery_translates_to_dm_messages_with_names_and_reply_links() -> None:
@@ -375,10 +428,17 @@ def test_message_types(message: dict[str, Any], text: str | None) -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [{}, {"object": "page", "entry": []}, {"object": "whatsapp_business_account", "entry": [{}]},
-     {"object": "whatsapp_business_account", "entry": [{"changes": [{"value": None}]}]},
-     {"object": "whatsapp_business_account", "entry": [{"changes": [{"value": {"messages": ["x"]}}]}]}],
-)  # fmt: skip
+    [
+        {},
+        {"object": "page", "entry": []},
+        {"object": "whatsapp_business_account", "entry": [{}]},
+        {"object": "whatsapp_business_account", "entry": [{"changes": [{"value": None}]}]},
+        {
+            "object": "whatsapp_business_account",
+            "entry": [{"changes": [{"value": {"messages": ["x"]}}]}],
+        },
+    ],
+)
 def test_deliveries_without_messages_yield_nothing(payload: dict[str, Any]) -> None:
     assert messages_of(payload) == []
 
@@ -434,10 +494,13 @@ def test_the_section_needs_its_keys_and_the_api_server(tmp_path: Path) -> None:
         load_config(cfg, {"WHATSAPP_TOKEN": "changeme"})
     found = {e.key: e.problem for e in err.value.all()}
     assert set(found) == {
-        "platforms.whatsapp.enabled", "platforms.whatsapp.phone_number_id",
-        "platforms.whatsapp.api_version", "platforms.whatsapp.max_age_seconds",
-        "platforms.whatsapp.token_env", "platforms.whatsapp.app_secret_env",
+        "platforms.whatsapp.enabled",
+        "platforms.whatsapp.phone_number_id",
+        "platforms.whatsapp.api_version",
+        "platforms.whatsapp.max_age_seconds",
+        "platforms.whatsapp.token_env",
+        "platforms.whatsapp.app_secret_env",
         "platforms.whatsapp.verify_token_env",
-    }  # fmt: skip
+    }
     assert "placeholder" in found["platforms.whatsapp.token_env"]
     assert found["platforms.whatsapp.app_secret_env"].startswith("WHATSAPP_APP_SECRET is not set")

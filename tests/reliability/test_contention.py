@@ -26,9 +26,13 @@ HANG_S = 300
 
 
 async def _cli(home: Path, *args: str, stdin: str = "") -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(*switchboard(home, *args), stdin=asyncio.subprocess.PIPE,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                env=clean_env())  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *switchboard(home, *args),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean_env(),
+    )
     out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), 120)
     return int(proc.returncode or 0), out.decode() + err.decode()
 

@@ -36,8 +36,12 @@ TELEGRAM_CHATS = (201, 202, 203)
 
 
 async def start_daemon(home: Path, token: str = "") -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(*switchboard(home, "run"), env=clean_env(TELEGRAM_BOT_TOKEN=token),
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    return await asyncio.create_subprocess_exec(
+        *switchboard(home, "run"),
+        env=clean_env(TELEGRAM_BOT_TOKEN=token),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
 
 
 def check_home(home: Path, acknowledged: list[str]) -> int:
@@ -93,9 +97,10 @@ class Client:
             key = self.sent[-1]
             try:
                 async with http.post(
-                    f"{url}/v1/messages", json={"chat_id": self.chat, "text": key},
+                    f"{url}/v1/messages",
+                    json={"chat_id": self.chat, "text": key},
                     headers={"Idempotency-Key": key},
-                ) as r:  # fmt: skip
+                ) as r:
                     if r.status == 200:
                         self.replies.setdefault(key, []).append((await r.json())["reply"])
                         continue
@@ -203,8 +208,11 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> 
     assert index == live
     assert checked > 50  # the load really ran
     stored: dict[str, list[tuple[str, str]]] = {}
-    for chat, role, content in _read(home, "SELECT s.chat_id, m.role, m.content FROM messages m "
-                                           "JOIN sessions s ON s.id = m.session_id ORDER BY m.id"):  # fmt: skip
+    for chat, role, content in _read(
+        home,
+        "SELECT s.chat_id, m.role, m.content FROM messages m "
+        "JOIN sessions s ON s.id = m.session_id ORDER BY m.id",
+    ):
         stored.setdefault(chat, []).append((role, content))
     assert {s for (s,) in _read(home, "SELECT state FROM inbox")} == {"answered"}
 
@@ -226,9 +234,15 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> 
 
     # Telegram: every pushed message stored once, in order, with its reply; the chat shows
     # each reply at most once and in order, missing only replies left 'unconfirmed'
-    unconfirmed = {r for (r,) in _read(home, "SELECT m.content FROM inbox i JOIN messages m "
-                                             "ON m.id = i.reply_message_id "
-                                             "WHERE i.reply_state = 'unconfirmed'")}  # fmt: skip
+    unconfirmed = {
+        r
+        for (r,) in _read(
+            home,
+            "SELECT m.content FROM inbox i JOIN messages m "
+            "ON m.id = i.reply_message_id "
+            "WHERE i.reply_state = 'unconfirmed'",
+        )
+    }
     shown_total = 0
     for chat, texts in pushed.items():
         assert stored[str(chat)] == [
@@ -243,6 +257,8 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> 
     assert health["unsent_replies"] == sending  # what the last start found unconfirmed
     telegram = sum(len(t) for t in pushed.values())
     FIGURES.update(kill_points=KILL_POINTS, messages_checked=checked + telegram)
-    print(f"\nreliability: survived {KILL_POINTS} SIGKILLs; {len(answered)} HTTP API keys answered "
-          f"once each; {telegram} Telegram messages stored once, {shown_total} replies shown, "
-          f"{len(unconfirmed)} unconfirmed")  # fmt: skip
+    print(
+        f"\nreliability: survived {KILL_POINTS} SIGKILLs; {len(answered)} HTTP API keys answered "
+        f"once each; {telegram} Telegram messages stored once, {shown_total} replies shown, "
+        f"{len(unconfirmed)} unconfirmed"
+    )

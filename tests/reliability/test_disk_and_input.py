@@ -196,11 +196,33 @@ async def test_an_id_holding_a_nul_is_refused_naming_it(
     assert status == 400 and body["error"]["message"].startswith("chat_id contains U+0000")
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                           lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=6),
-                           max_leaves=20)  # fmt: skip
-payload_keys = st.sampled_from(["message", "channel_post", "text", "chat", "from", "type", "channel", "user", "ts",
-                                "thread_ts", "subtype", "id", "content", "author_id", "kind", "channel_id"])  # fmt: skip
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=6)
+    ),
+    max_leaves=20,
+)
+payload_keys = st.sampled_from(
+    [
+        "message",
+        "channel_post",
+        "text",
+        "chat",
+        "from",
+        "type",
+        "channel",
+        "user",
+        "ts",
+        "thread_ts",
+        "subtype",
+        "id",
+        "content",
+        "author_id",
+        "kind",
+        "channel_id",
+    ]
+)
 payloads = st.dictionaries(payload_keys, json_values, max_size=8)
 
 
@@ -335,8 +357,9 @@ def small_filesystem() -> Iterator[Path]:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a small filesystem needs root")
     mnt = Path(tempfile.mkdtemp(prefix="switchboard-full-", dir="/tmp"))
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         mnt.rmdir()
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")

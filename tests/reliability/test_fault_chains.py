@@ -99,8 +99,10 @@ class TelegramPolling:
         await self.fake.start()
 
     def config(self, port: int) -> str:
-        return (f"  telegram:\n    enabled: true\n    allow_all_users: true\n"
-                f"    base_url: {self.fake.base_url}\n")  # fmt: skip
+        return (
+            f"  telegram:\n    enabled: true\n    allow_all_users: true\n"
+            f"    base_url: {self.fake.base_url}\n"
+        )
 
     def env(self) -> dict[str, str]:
         return {"TELEGRAM_BOT_TOKEN": self.fake.token}
@@ -151,8 +153,10 @@ class SlackEvents:
         self.delivery = EventsDelivery(f"http://127.0.0.1:{port}/slack/events")
 
     def config(self, port: int) -> str:
-        return (f"  slack:\n    enabled: true\n    allow_all_users: true\n"
-                f"    base_url: {self.fake.base_url}\n")  # fmt: skip
+        return (
+            f"  slack:\n    enabled: true\n    allow_all_users: true\n"
+            f"    base_url: {self.fake.base_url}\n"
+        )
 
     def env(self) -> dict[str, str]:
         return {"SLACK_BOT_TOKEN": "xoxb-fake-token", "SLACK_SIGNING_SECRET": SECRET}
@@ -166,8 +170,15 @@ class SlackEvents:
     def _event(self, chat: int, text: str) -> dict:  # type: ignore[type-arg]
         n = next(self._seq)
         ts = f"{self.fake.ts_base - 100}.{n:06d}"  # before every reply's ts, as on Slack
-        ev = {"type": "message", "channel": self.chat_id(chat), "channel_type": "im",
-              "user": f"U{chat}", "text": text, "ts": ts, "event_ts": ts}  # fmt: skip
+        ev = {
+            "type": "message",
+            "channel": self.chat_id(chat),
+            "channel_type": "im",
+            "user": f"U{chat}",
+            "text": text,
+            "ts": ts,
+            "event_ts": ts,
+        }
         return event(ev, f"Ev{n}")
 
     async def send(self, chat: int, text: str) -> None:
@@ -223,8 +234,10 @@ class Discord:
         await self.fake.start()
 
     def config(self, port: int) -> str:
-        return (f"  discord:\n    enabled: true\n    allow_all_users: true\n"
-                f"    base_url: {self.fake.api}\n    gateway_url: {self.fake.gateway}\n")  # fmt: skip
+        return (
+            f"  discord:\n    enabled: true\n    allow_all_users: true\n"
+            f"    base_url: {self.fake.api}\n    gateway_url: {self.fake.gateway}\n"
+        )
 
     def env(self) -> dict[str, str]:
         return {"DISCORD_BOT_TOKEN": self.fake.token}
@@ -306,9 +319,10 @@ class HttpApi:
                 for _ in range(1200):  # bounded: 60 s of retries
                     try:
                         async with self.http.post(
-                            self.url, json={"chat_id": self.chat_id(chat), "text": text},
+                            self.url,
+                            json={"chat_id": self.chat_id(chat), "text": text},
                             headers={"Idempotency-Key": text},
-                        ) as resp:  # fmt: skip
+                        ) as resp:
                             if resp.status == 200:
                                 self.replies.setdefault(chat, []).append(
                                     (await resp.json())["reply"]
@@ -369,8 +383,11 @@ def _read(home: Path, sql: str) -> list[tuple]:  # type: ignore[type-arg]
 def _sessions(home: Path) -> dict[str, list[tuple[str, str]]]:
     """Each chat's stored messages, in the order they were stored."""
     out: dict[str, list[tuple[str, str]]] = {}
-    for chat, role, content in _read(home, "SELECT s.chat_id, m.role, m.content FROM messages m "
-                                           "JOIN sessions s ON s.id = m.session_id ORDER BY m.id"):  # fmt: skip
+    for chat, role, content in _read(
+        home,
+        "SELECT s.chat_id, m.role, m.content FROM messages m "
+        "JOIN sessions s ON s.id = m.session_id ORDER BY m.id",
+    ):
         out.setdefault(chat, []).append((role, content))
     return out
 
@@ -412,9 +429,11 @@ async def _start(home: Path, platform: Platform, **env: str) -> asyncio.subproce
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         return await asyncio.create_subprocess_exec(
-            *switchboard(home, "run"), env=clean_env(**platform.env(), **env),
-            stdout=asyncio.subprocess.DEVNULL, stderr=fd,
-        )  # fmt: skip
+            *switchboard(home, "run"),
+            env=clean_env(**platform.env(), **env),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=fd,
+        )
     finally:
         os.close(fd)
 
@@ -446,8 +465,9 @@ async def test_killed_at_every_fault_point_each_message_is_stored_and_answered_o
             # the first daemon answers a message in each chat first (Discord catches up
             # only channels it answered in): those pass every point once more
             at += CHATS if n == 0 else 0
-            proc = await _start(home, platform, SWITCHBOARD_FAULT=point,
-                                SWITCHBOARD_FAULT_AT=str(at))  # fmt: skip
+            proc = await _start(
+                home, platform, SWITCHBOARD_FAULT=point, SWITCHBOARD_FAULT_AT=str(at)
+            )
             try:
                 if not await _up(url, proc):
                     assert n > 0 and proc.returncode == -signal.SIGKILL, proc.returncode
@@ -499,9 +519,15 @@ async def test_killed_at_every_fault_point_each_message_is_stored_and_answered_o
         )
     states = _read(home, "SELECT state, reply_state FROM inbox")
     assert len(states) == total and {s for s, _ in states} == {"answered"}
-    unconfirmed = {r[0] for r in _read(home, "SELECT m.content FROM inbox i JOIN messages m "
-                                             "ON m.id = i.reply_message_id "
-                                             "WHERE i.reply_state = 'unconfirmed'")}  # fmt: skip
+    unconfirmed = {
+        r[0]
+        for r in _read(
+            home,
+            "SELECT m.content FROM inbox i JOIN messages m "
+            "ON m.id = i.reply_message_id "
+            "WHERE i.reply_state = 'unconfirmed'",
+        )
+    }
     # what each chat shows
     for c in range(CHATS):
         replies = [f"echo: {t}" for t in sent[c]]
@@ -514,8 +540,10 @@ async def test_killed_at_every_fault_point_each_message_is_stored_and_answered_o
             assert set(missing) <= unconfirmed, f"chat {c}: lost replies {missing}"
         else:
             assert list(dict.fromkeys(shown)) == replies, f"chat {c}"
-    print(f"\n{name}: {len(chain)} fault-point SIGKILLs ({killed_early} while recovering), "
-          f"{total} messages stored and answered once, {len(unconfirmed)} replies unconfirmed")  # fmt: skip
+    print(
+        f"\n{name}: {len(chain)} fault-point SIGKILLs ({killed_early} while recovering), "
+        f"{total} messages stored and answered once, {len(unconfirmed)} replies unconfirmed"
+    )
     if platform.promise in ("at_most", "replayed"):
         assert health["unsent_replies"] == sending  # the last start counted what it found
     else:

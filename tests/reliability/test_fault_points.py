@@ -17,9 +17,11 @@ from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 async def _run(home: Path, **env: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(**env),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        *switchboard(home, "run"),
+        env=clean_env(**env),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
 
 
 async def _post(url: str, text: str, message_id: str) -> int | None:
@@ -113,7 +115,13 @@ async def test_doctor_reports_a_turn_a_crash_left_open(tmp_path: Path) -> None:
     await wait_healthy(url, proc)
     assert await _post(url, "hello", "m1") is None
     await proc.wait()
-    checks = await run_doctor(home, load_config(home / "config.yaml", {}), None,
-                              fix=False, full=False, check_platforms=False)  # fmt: skip
+    checks = await run_doctor(
+        home,
+        load_config(home / "config.yaml", {}),
+        None,
+        fix=False,
+        full=False,
+        check_platforms=False,
+    )
     [inbox] = [c for c in checks if c.name == "inbox"]
     assert inbox.warn and inbox.detail.startswith("1 turn(s) open (1 started)")

@@ -22,9 +22,11 @@ from tests.fakes.slack import SECRET, FakeSlack, event, signed
 
 async def _daemon(home: Path, **env: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(**env),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        *switchboard(home, "run"),
+        env=clean_env(**env),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
 
 
 def _home(tmp_path: Path, platform: str) -> tuple[Path, str]:
@@ -64,11 +66,15 @@ async def _until_sent(home: Path, shown: Callable[[], list[str]]) -> None:
 async def test_discord_a_reply_resent_after_a_kill_is_shown_once(tmp_path: Path) -> None:
     fake = FakeDiscord()
     await fake.start()
-    home, url = _home(tmp_path, "  discord:\n    enabled: true\n    allow_all_users: true\n"
-                                f"    base_url: {fake.api}\n    gateway_url: {fake.gateway}\n")  # fmt: skip
+    home, url = _home(
+        tmp_path,
+        "  discord:\n    enabled: true\n    allow_all_users: true\n"
+        f"    base_url: {fake.api}\n    gateway_url: {fake.gateway}\n",
+    )
     try:
-        proc = await _daemon(home, DISCORD_BOT_TOKEN=fake.token,
-                             SWITCHBOARD_FAULT="after_send_before_mark")  # fmt: skip
+        proc = await _daemon(
+            home, DISCORD_BOT_TOKEN=fake.token, SWITCHBOARD_FAULT="after_send_before_mark"
+        )
         await wait_healthy(url, proc)
         await fake.wait_connected()
         await fake.dispatch("MESSAGE_CREATE", fake.message("hello", DM, guild=False))
@@ -95,12 +101,21 @@ async def test_slack_a_reply_resent_after_a_kill_is_shown_once(tmp_path: Path) -
     now = int(time.time())
     fake = FakeSlack(ts_base=now + 1)  # the replies' ts come after the message's, as on Slack
     await fake.start()
-    home, url = _home(tmp_path, "  slack:\n    enabled: true\n    allow_all_users: true\n"
-                                f"    base_url: {fake.base_url}\n")  # fmt: skip
+    home, url = _home(
+        tmp_path,
+        f"  slack:\n    enabled: true\n    allow_all_users: true\n    base_url: {fake.base_url}\n",
+    )
     env = {"SLACK_BOT_TOKEN": "xoxb-fake-token", "SLACK_SIGNING_SECRET": SECRET}
     ts = f"{now}.000100"
-    ev = {"type": "message", "channel": "D0DM", "channel_type": "im", "user": "U1",
-          "text": "hello", "ts": ts, "event_ts": ts}  # fmt: skip
+    ev = {
+        "type": "message",
+        "channel": "D0DM",
+        "channel_type": "im",
+        "user": "U1",
+        "text": "hello",
+        "ts": ts,
+        "event_ts": ts,
+    }
     try:
         proc = await _daemon(home, SWITCHBOARD_FAULT="after_send_before_mark", **env)
         await wait_healthy(url, proc)

@@ -20,9 +20,11 @@ from tests.fakes.telegram import FakeTelegram
 
 async def _daemon(home: Path, fake: FakeTelegram, **env: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        *switchboard(home, "run"), env=clean_env(TELEGRAM_BOT_TOKEN=fake.token, **env),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        *switchboard(home, "run"),
+        env=clean_env(TELEGRAM_BOT_TOKEN=fake.token, **env),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
 
 
 def _stored(home: Path) -> list[tuple[str, str]]:

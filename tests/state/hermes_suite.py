@@ -69,7 +69,7 @@ def run(workdir: Path, timeout_s: float = 1800) -> dict[str, str]:
             "-c",
             str(workdir / "pytest.ini"),
             *deselect,
-        ],  # fmt: skip
+        ],
         cwd=workdir,
         env=env,
         capture_output=True,

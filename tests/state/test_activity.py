@@ -56,7 +56,7 @@ async def _fill(db: SessionDB) -> None:
                 f"m{i}",
                 tool_name="shell",
                 timestamp=13 * H + i * 600,
-            )  # fmt: skip
+            )
             for i in range(30)
         )
     )
@@ -95,9 +95,12 @@ async def test_rows_another_program_writes_and_deletes_are_counted(
     )
     hermes.executemany(
         "INSERT INTO messages(session_id, role, content, tool_name, timestamp) VALUES (?,?,?,?,?)",
-        [("theirs", "user", "hi", None, 10 * H + 1), ("theirs", "tool", "r", "grep", 11 * H),
-         ("ours", "assistant", "reply", None, 10 * H + 2)],
-    )  # fmt: skip
+        [
+            ("theirs", "user", "hi", None, 10 * H + 1),
+            ("theirs", "tool", "r", "grep", 11 * H),
+            ("ours", "assistant", "reply", None, 10 * H + 2),
+        ],
+    )
     hermes.commit()
     await db.append_message(sid, "user", "next", timestamp=11 * H)  # absorbs the queue
     kept, recount = tallies(path)
@@ -128,9 +131,13 @@ async def test_an_existing_file_is_tallied_by_the_migration(tmp_path: Path) -> N
         conn.executemany(
             "INSERT INTO messages(session_id, role, content, tool_name, timestamp, sb_written) "
             "VALUES (?, ?, 'x', ?, ?, 1)",
-            [(f"s{i}", "user", None, 10 * H + i), (f"s{i}", "tool", "web", 11 * H + 5),
-             (f"s{i}", "tool", None, 12 * H), (f"s{i}", "user", None, 13 * H + 1500)],
-        )  # fmt: skip
+            [
+                (f"s{i}", "user", None, 10 * H + i),
+                (f"s{i}", "tool", "web", 11 * H + 5),
+                (f"s{i}", "tool", None, 12 * H),
+                (f"s{i}", "user", None, 13 * H + 1500),
+            ],
+        )
     conn.commit()
     assert (
         conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'activity_hourly'").fetchone()

@@ -48,18 +48,26 @@ async def test_per_model_usage_and_workspace(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     sync = SyncSessionDB(path)
     sync.create_session("s", "cli", model="small")
-    sync.update_token_counts("s", input_tokens=10, output_tokens=5, billing_provider="p1",
-                             api_call_count=1)  # fmt: skip
+    sync.update_token_counts(
+        "s", input_tokens=10, output_tokens=5, billing_provider="p1", api_call_count=1
+    )
     sync.update_session_model("s", "big")
-    sync.update_token_counts("s", input_tokens=100, output_tokens=50, model="big",
-                             billing_provider="p1", api_call_count=1)  # fmt: skip
+    sync.update_token_counts(
+        "s",
+        input_tokens=100,
+        output_tokens=50,
+        model="big",
+        billing_provider="p1",
+        api_call_count=1,
+    )
     sync.close()
     db = await SessionDB.open(path)
     try:
         rows = await db.model_usage("s")
         assert [(r["model"], r["input_tokens"], r["api_call_count"]) for r in rows] == [
-            ("big", 100, 1), ("small", 10, 1),
-        ]  # fmt: skip
+            ("big", 100, 1),
+            ("small", 10, 1),
+        ]
         session = await db.require_session("s")
         assert (session["input_tokens"], session["api_call_count"]) == (110, 2)
         await db.update_session_cwd("s", "/work/repo", git_branch="main", git_repo_root=" ")
@@ -82,13 +90,21 @@ async def test_the_async_store_records_per_model_usage_like_the_facade(tmp_path:
     db = await SessionDB.open(tmp_path / "state.db")
     try:
         sid = await db.create_session("telegram", model="small")
-        await db.update_token_counts(sid, input_tokens=10, output_tokens=5,
-                                     billing_provider="p1", api_call_count=1)  # fmt: skip
-        await db.update_token_counts(sid, input_tokens=100, model="big", billing_provider="p2",
-                                     api_call_count=2, estimated_cost_usd=0.25)  # fmt: skip
+        await db.update_token_counts(
+            sid, input_tokens=10, output_tokens=5, billing_provider="p1", api_call_count=1
+        )
+        await db.update_token_counts(
+            sid,
+            input_tokens=100,
+            model="big",
+            billing_provider="p2",
+            api_call_count=2,
+            estimated_cost_usd=0.25,
+        )
         await db.update_token_counts(sid, input_tokens=7, absolute=True)  # totals only
-        await db.append_messages(sid, [{"role": "assistant", "content": "hi"}],
-                                 input_tokens=3, output_tokens=4)  # fmt: skip
+        await db.append_messages(
+            sid, [{"role": "assistant", "content": "hi"}], input_tokens=3, output_tokens=4
+        )
         rows = {(r["model"], r["billing_provider"]): r for r in await db.model_usage(sid)}
         assert set(rows) == {("small", "p1"), ("big", "p2")}
         assert (rows["small", "p1"]["input_tokens"], rows["small", "p1"]["output_tokens"]) == (
@@ -120,8 +136,9 @@ async def test_batched_turn_tokens_account_like_one_call_at_a_time(tmp_path: Pat
         try:
             plain = await db.create_session("plain", "telegram")
             routed = await db.create_session("routed", "telegram", model="m1")
-            await db.update_token_counts(routed, input_tokens=1, billing_provider="p",
-                                         api_call_count=1)  # fmt: skip
+            await db.update_token_counts(
+                routed, input_tokens=1, billing_provider="p", api_call_count=1
+            )
             calls = [
                 (sid, [{"role": "assistant", "content": f"r{i}"}], i + 1, 2 * i)
                 for i, sid in enumerate([plain, routed, plain, routed, plain])
@@ -130,10 +147,12 @@ async def test_batched_turn_tokens_account_like_one_call_at_a_time(tmp_path: Pat
                 for sid, batch, tin, tout in calls:
                     await db.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
             else:
-                await asyncio.gather(*(
-                    db.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
-                    for sid, batch, tin, tout in calls
-                ))  # fmt: skip
+                await asyncio.gather(
+                    *(
+                        db.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
+                        for sid, batch, tin, tout in calls
+                    )
+                )
                 assert db.write_stats().batches < len(calls) + 3  # they did share commits
             state = []
             for sid in (plain, routed):
@@ -142,8 +161,15 @@ async def test_batched_turn_tokens_account_like_one_call_at_a_time(tmp_path: Pat
                     (r["model"], r["billing_provider"], r["input_tokens"], r["output_tokens"])
                     for r in await db.model_usage(sid)
                 )
-                state.append((row["input_tokens"], row["output_tokens"], row["api_call_count"],
-                              row["estimated_cost_usd"], usage))  # fmt: skip
+                state.append(
+                    (
+                        row["input_tokens"],
+                        row["output_tokens"],
+                        row["api_call_count"],
+                        row["estimated_cost_usd"],
+                        usage,
+                    )
+                )
             results.append(state)
         finally:
             await db.close()

@@ -20,11 +20,46 @@ from state.pg.search import RARE_SHARE
 from tests import pgserver
 
 WORDS = [
-    "deploy", "deployment", "deployed", "prod", "outage", "db", "red", "alert", "the", "and",
-    "café", "cafe", "crème", "brûlée", "服务", "服务端", "東京", "タワー", "서울", "🎉", "🍕",
-    "P2.2", "user@host", "a/b", "C++", "50%", "it's", "hello", "world", "NOT", "OR", "x",
-    "100%完成", "修改youer", "TODO:", "#42", "gateway/run.py", "Straße", "ǅemal",
-]  # fmt: skip
+    "deploy",
+    "deployment",
+    "deployed",
+    "prod",
+    "outage",
+    "db",
+    "red",
+    "alert",
+    "the",
+    "and",
+    "café",
+    "cafe",
+    "crème",
+    "brûlée",
+    "服务",
+    "服务端",
+    "東京",
+    "タワー",
+    "서울",
+    "🎉",
+    "🍕",
+    "P2.2",
+    "user@host",
+    "a/b",
+    "C++",
+    "50%",
+    "it's",
+    "hello",
+    "world",
+    "NOT",
+    "OR",
+    "x",
+    "100%完成",
+    "修改youer",
+    "TODO:",
+    "#42",
+    "gateway/run.py",
+    "Straße",
+    "ǅemal",
+]
 SEPARATORS = [" ", " ", " ", ", ", ". ", "\n", " - "]
 QUERY_PARTS = st.one_of(
     st.sampled_from(WORDS),
@@ -45,7 +80,7 @@ QUERY_PARTS = st.one_of(
             "🎉 party",
             "-x",
         ]
-    ),  # fmt: skip
+    ),
 )
 T0 = 1_700_000_000.0
 
@@ -59,21 +94,42 @@ def _corpus() -> list[dict[str, Any]]:
             words = rnd.choices(WORDS, k=rnd.randint(1, 10))
             text = "".join(w + rnd.choice(SEPARATORS) for w in words).strip()
             if m % 5 == 4:
-                msgs.append({"role": "tool", "content": text, "tool_name": rnd.choice(["shell", "db_query"]),
-                             "tool_calls": [{"arguments": rnd.choice(WORDS)}],
-                             "timestamp": T0 + s * 600 + m})  # fmt: skip
+                msgs.append(
+                    {
+                        "role": "tool",
+                        "content": text,
+                        "tool_name": rnd.choice(["shell", "db_query"]),
+                        "tool_calls": [{"arguments": rnd.choice(WORDS)}],
+                        "timestamp": T0 + s * 600 + m,
+                    }
+                )
             else:
-                msgs.append({"role": ("user", "assistant")[m % 2], "content": text,
-                             "timestamp": T0 + s * 600 + m})  # fmt: skip
-        sessions.append({"source": ("telegram", "slack", "api")[s % 3], "title": f"s{s}",
-                         "chat_id": str(s % 4), "messages": msgs})  # fmt: skip
+                msgs.append(
+                    {
+                        "role": ("user", "assistant")[m % 2],
+                        "content": text,
+                        "timestamp": T0 + s * 600 + m,
+                    }
+                )
+        sessions.append(
+            {
+                "source": ("telegram", "slack", "api")[s % 3],
+                "title": f"s{s}",
+                "chat_id": str(s % 4),
+                "messages": msgs,
+            }
+        )
     return sessions
 
 
 async def _seed(store: Store, corpus: list[dict[str, Any]]) -> None:
     for i, sess in enumerate(corpus):
-        sid = await store.create_session(source=sess["source"], title=sess["title"],
-                                         chat_id=sess["chat_id"], started_at=T0 + i * 600)  # fmt: skip
+        sid = await store.create_session(
+            source=sess["source"],
+            title=sess["title"],
+            chat_id=sess["chat_id"],
+            started_at=T0 + i * 600,
+        )
         for msg in sess["messages"]:
             await store.append_messages(sid, [msg])
 
@@ -105,10 +161,18 @@ def _outcome(loop: asyncio.AbstractEventLoop, store: Store, query: str, **kw: An
     except QueryError:
         return "QueryError"
     return [
-        (h["id"], h["role"], h["title"], h["source"], h["timestamp"], h["snippet"],
-         (h["context_before"] or {}).get("id"), (h["context_after"] or {}).get("id"))
+        (
+            h["id"],
+            h["role"],
+            h["title"],
+            h["source"],
+            h["timestamp"],
+            h["snippet"],
+            (h["context_before"] or {}).get("id"),
+            (h["context_after"] or {}).get("id"),
+        )
         for h in hits
-    ]  # fmt: skip
+    ]
 
 
 @settings(
@@ -153,24 +217,40 @@ async def test_ranking_windows_agree_when_matches_outnumber_the_window(
     try:
         rnd = random.Random(5)
         for store in (lite, pg):
-            sids = [await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
-                    for i in range(10)]  # fmt: skip
+            sids = [
+                await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
+                for i in range(10)
+            ]
             for chunk in range(26):
-                batch = [{"role": "user", "timestamp": T0 + chunk * 50 + k,
-                          "content": " ".join(rnd.choices(["alpha"] * 6 + ["beta"] * 3 + ["gamma", "the"] + WORDS,
-                                                          k=rnd.randint(3, 30)))}
-                         for k in range(50)]  # fmt: skip
+                batch = [
+                    {
+                        "role": "user",
+                        "timestamp": T0 + chunk * 50 + k,
+                        "content": " ".join(
+                            rnd.choices(
+                                ["alpha"] * 6 + ["beta"] * 3 + ["gamma", "the"] + WORDS,
+                                k=rnd.randint(3, 30),
+                            )
+                        ),
+                    }
+                    for k in range(50)
+                ]
                 await store.append_messages(sids[chunk % 10], batch)
             rnd = random.Random(5)  # the same corpus for the second store
-        for query, kw in (("alpha", {}), ("alpha beta", {}), ("gamma", {"offset": 200}),
-                          ("alpha", {"sources": ["slack"], "offset": 100}),
-                          ("beta", {"sort": "oldest", "offset": 250})):  # fmt: skip
+        for query, kw in (
+            ("alpha", {}),
+            ("alpha beta", {}),
+            ("gamma", {"offset": 200}),
+            ("alpha", {"sources": ["slack"], "offset": 100}),
+            ("beta", {"sort": "oldest", "offset": 250}),
+        ):
             want = [(h["id"], h["snippet"]) for h in await lite.search_messages(query, **kw)]
             got = [(h["id"], h["snippet"]) for h in await pg.search_messages(query, **kw)]
             assert got == want and len(want) == 20, (query, kw)
         tail = [h["id"] for h in await pg.search_messages("alpha", limit=100, offset=1000)]
-        assert tail and tail == [h["id"] for h in await lite.search_messages("alpha", limit=100,
-                                                                               offset=1000)]  # fmt: skip
+        assert tail and tail == [
+            h["id"] for h in await lite.search_messages("alpha", limit=100, offset=1000)
+        ]
     finally:
         await lite.close()
         await pg.close()
@@ -189,24 +269,55 @@ async def test_phrases_past_the_first_probe_agree(
     schema = pgserver.fresh_schema(pg_dsn)
     lite = await open_store({"backend": "sqlite"}, tmp_path_factory.mktemp("pairs"))
     pg = await open_store({"backend": "postgres", "dsn": pgserver.with_schema(pg_dsn, schema)}, ".")
-    vocab = ["red", "alert", "the", "server", "fix", "東京", "タワー", "服务端", "🎉", "party",
-             "hello", "world", "user@host", "x"]  # fmt: skip
+    vocab = [
+        "red",
+        "alert",
+        "the",
+        "server",
+        "fix",
+        "東京",
+        "タワー",
+        "服务端",
+        "🎉",
+        "party",
+        "hello",
+        "world",
+        "user@host",
+        "x",
+    ]
     dsn = pgserver.with_schema(pg_dsn, schema)
     with psycopg.connect(dsn, autocommit=True) as conn:  # no ANALYZE but the test's own
         conn.execute("ALTER TABLE messages SET (autovacuum_enabled = off)")
     try:
         for store in (lite, pg):
             rnd = random.Random(7)  # the same corpus for both stores
-            sids = [await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
-                    for i in range(6)]  # fmt: skip
+            sids = [
+                await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
+                for i in range(6)
+            ]
             for chunk in range(60):
-                batch = [{"role": ("user", "assistant")[k % 2], "timestamp": T0 + chunk * 100 + k,
-                          "content": " ".join(rnd.choices(vocab, k=rnd.randint(1, 5)))}
-                         for k in range(100)]  # fmt: skip
+                batch = [
+                    {
+                        "role": ("user", "assistant")[k % 2],
+                        "timestamp": T0 + chunk * 100 + k,
+                        "content": " ".join(rnd.choices(vocab, k=rnd.randint(1, 5))),
+                    }
+                    for k in range(100)
+                ]
                 await store.append_messages(sids[chunk % 6], batch)
-        queries = ['"red alert"', '"alert red"', '"the server" fix', '"fix the server"', "東京タワー",
-                   "服务端", '"hello world" NOT party', '"red alert" OR "the server"',
-                   "user@ho*", "🎉 party", '"user host"']  # fmt: skip
+        queries = [
+            '"red alert"',
+            '"alert red"',
+            '"the server" fix',
+            '"fix the server"',
+            "東京タワー",
+            "服务端",
+            '"hello world" NOT party',
+            '"red alert" OR "the server"',
+            "user@ho*",
+            "🎉 party",
+            '"user host"',
+        ]
         for analyzed in (False, True):
             if analyzed:
                 with psycopg.connect(dsn, autocommit=True) as conn:
@@ -215,10 +326,14 @@ async def test_phrases_past_the_first_probe_agree(
                 pg = await open_store({"backend": "postgres", "dsn": dsn}, ".")  # fresh caches
             for query in queries:
                 for kw in ({}, {"sort": "oldest"}, {"sort": "newest", "offset": 5}):
-                    want = [(h["id"], h["snippet"])
-                            for h in await lite.search_messages(query, limit=20, **kw)]  # fmt: skip
-                    got = [(h["id"], h["snippet"])
-                           for h in await pg.search_messages(query, limit=20, **kw)]  # fmt: skip
+                    want = [
+                        (h["id"], h["snippet"])
+                        for h in await lite.search_messages(query, limit=20, **kw)
+                    ]
+                    got = [
+                        (h["id"], h["snippet"])
+                        for h in await pg.search_messages(query, limit=20, **kw)
+                    ]
                     assert got == want and (want or kw), (query, kw, analyzed)  # page 1 finds rows
     finally:
         await lite.close()
@@ -240,8 +355,10 @@ async def test_phrases_found_through_their_rarest_word_agree(
     try:
         for store in (lite, pg):
             rnd = random.Random(11)  # the same corpus for both stores
-            sids = [await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
-                    for i in range(6)]  # fmt: skip
+            sids = [
+                await store.create_session(source=("telegram", "slack")[i % 2], started_at=T0)
+                for i in range(6)
+            ]
             for chunk in range(50):
                 batch = []
                 for k in range(100):
@@ -249,19 +366,33 @@ async def test_phrases_found_through_their_rarest_word_agree(
                     if rnd.random() < 0.04:  # "server" in about 4% of the rows, anywhere
                         at = rnd.randrange(len(words) + 1)
                         words[at:at] = ["the", "server"] if rnd.random() < 0.5 else ["server"]
-                    batch.append({"role": ("user", "assistant")[k % 2], "content": " ".join(words),
-                                  "timestamp": T0 + chunk * 100 + k})  # fmt: skip
+                    batch.append(
+                        {
+                            "role": ("user", "assistant")[k % 2],
+                            "content": " ".join(words),
+                            "timestamp": T0 + chunk * 100 + k,
+                        }
+                    )
                 await store.append_messages(sids[chunk % 6], batch)
         with psycopg.connect(pgserver.with_schema(pg_dsn, schema), autocommit=True) as conn:
             conn.execute("ANALYZE messages")
             found = conn.execute(
                 "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats "
-                "WHERE schemaname = %s AND tablename = 'messages' AND attname = 'tsv'", (schema,)
-            ).fetchone()  # fmt: skip
+                "WHERE schemaname = %s AND tablename = 'messages' AND attname = 'tsv'",
+                (schema,),
+            ).fetchone()
         shares = dict(zip(found[0], found[1], strict=False)) if found else {}
         assert shares.get("the", 0) > 0.5 and shares.get("server", 0) < RARE_SHARE  # the path taken
-        queries = ['"the server"', '"server the"', '"fix the server"', '"the server" alert',
-                   '"red alert" server', '"the server" NOT fix', '"the serv"*', '"of the"']  # fmt: skip
+        queries = [
+            '"the server"',
+            '"server the"',
+            '"fix the server"',
+            '"the server" alert',
+            '"red alert" server',
+            '"the server" NOT fix',
+            '"the serv"*',
+            '"of the"',
+        ]
         for query in queries:
             for kw in ({}, {"sort": "oldest"}, {"sort": "newest", "offset": 30}, {"limit": 40}):
                 want = [(h["id"], h["snippet"]) for h in await lite.search_messages(query, **kw)]

@@ -48,8 +48,12 @@ def test_check_config_exits_78_naming_state_backend(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("state:\n  backend: mongodb\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 78
     assert "state.backend" in proc.stderr and "Traceback" not in proc.stderr
 

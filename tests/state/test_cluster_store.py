@@ -52,7 +52,7 @@ async def test_a_lease_is_one_replicas_at_a_time_and_a_taken_over_fence_no_longe
         assert a.joined and b.joined and a.space == b.space
         inbox_id, _state, new = await store.accept_inbound(
             "api", "c1", "m1", {"text": "hi"}, session_key="k", replica=a.incarnation
-        )  # fmt: skip
+        )
         route = await store.take_lease("k", a.incarnation, a.space)
         assert route is not None and [r["id"] for r in route["open"]] == [inbox_id]
         fence = Fence("k", a.incarnation, int(route["lease_epoch"]))

@@ -12,8 +12,12 @@ from state.hermes.compat import SessionDB
 def test_a_percent_sign_in_a_short_cjk_query_is_literal(tmp_path: Path) -> None:
     db = SessionDB(tmp_path / "state.db")
     try:
-        for sid, text in (("s1", "达成100%完成率"), ("s2", "达成100完成率是目标"),
-                          ("s3", "字段a_b名"), ("s4", "字段axb名")):  # fmt: skip
+        for sid, text in (
+            ("s1", "达成100%完成率"),
+            ("s2", "达成100完成率是目标"),
+            ("s3", "字段a_b名"),
+            ("s4", "字段axb名"),
+        ):
             db.create_session(sid, "cli")
             db.append_message(sid, "user", text)
         assert [h["session_id"] for h in db.search_messages("100%完成")] == ["s1"]

@@ -50,12 +50,25 @@ async def test_each_turn_reads_what_a_full_read_gives(store: Store) -> None:
         reply = None
         if rng.random() < 0.2:
             reply = [
-                {"role": "assistant", "content": None,
-                 "tool_calls": [{"id": f"t{n}", "type": "function",
-                                 "function": {"name": "f", "arguments": "{}"}}]},
-                {"role": "tool", "content": f"result {n}", "tool_call_id": f"t{n}", "tool_name": "f"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"t{n}",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {
+                    "role": "tool",
+                    "content": f"result {n}",
+                    "tool_call_id": f"t{n}",
+                    "tool_name": "f",
+                },
                 {"role": "assistant", "content": f"answer {n}"},
-            ]  # fmt: skip
+            ]
         history = await _turn(store, sid, n, last=7, reply=reply)
         whole = await store.get_messages_as_conversation(sid)
         upto = next(i for i, m in enumerate(whole) if m.get("content") == f"question {n}")
@@ -69,8 +82,10 @@ async def test_a_caller_editing_its_history_does_not_edit_the_next(store: Store)
     first.append({"role": "system", "content": "appended by an agent"})
     second = await _turn(store, sid, 2, last=10)
     assert _plain(second) == [
-        ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2"),
-    ]  # fmt: skip
+        ("user", "question 1"),
+        ("assistant", "answer 1"),
+        ("user", "question 2"),
+    ]
 
 
 def _windows(db: SessionDB) -> Any:
@@ -100,13 +115,19 @@ async def test_another_program_editing_or_deleting_a_message_is_seen(
             "UPDATE messages SET content = 'rewritten' WHERE session_id = ? AND content = 'answer 0'",
             (sid,),
         )
-        other.execute("DELETE FROM messages WHERE session_id = ? AND content = 'question 1'", (sid,))
+        other.execute(
+            "DELETE FROM messages WHERE session_id = ? AND content = 'question 1'", (sid,)
+        )
     other.close()
     history = await _turn(db, sid, 3, last=10)
     assert _plain(history) == [
-        ("user", "question 0"), ("assistant", "rewritten"), ("assistant", "answer 1"),
-        ("user", "question 2"), ("assistant", "answer 2"), ("user", "question 3"),
-    ]  # fmt: skip
+        ("user", "question 0"),
+        ("assistant", "rewritten"),
+        ("assistant", "answer 1"),
+        ("user", "question 2"),
+        ("assistant", "answer 2"),
+        ("user", "question 3"),
+    ]
 
 
 async def test_an_operation_that_is_not_an_append_forgets_the_windows(db: SessionDB) -> None:
@@ -134,8 +155,10 @@ async def test_a_failed_batch_forgets_the_windows(db: SessionDB) -> None:
         await db._writer.submit(boom)
     assert len(windows) == 0
     assert _plain(await _turn(db, sid, 1, last=10)) == [
-        ("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"),
-    ]  # fmt: skip
+        ("user", "question 0"),
+        ("assistant", "answer 0"),
+        ("user", "question 1"),
+    ]
 
 
 def test_the_windows_stay_within_their_budget() -> None:
@@ -172,7 +195,9 @@ def test_a_batch_advances_every_window_it_was_promised_before_any_is_evicted() -
     promised = {sid: windows.since(sid, 20) for sid in "abcde"}
     assert list(promised.values()) == [1, 2, 3, 4, 5]
     for sid, after in promised.items():  # 4 more each: over the budget from the third on
-        got = windows.advance(sid, 20, after, after + 10, [{"role": "user", "content": "y" * 10}] * 4)
+        got = windows.advance(
+            sid, 20, after, after + 10, [{"role": "user", "content": "y" * 10}] * 4
+        )
         assert len(got) == 18 and got[-1]["content"] == "y" * 10
     windows.trim()  # 90 messages: the least recently advanced goes
     assert len(windows) == 4 and windows.since("a", 20) == 0 and windows.since("e", 20) == 15

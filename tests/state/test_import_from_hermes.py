@@ -60,8 +60,11 @@ async def _home_arrived(db: Store) -> None:
 def _cli(home: Path, *args: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", "--home", str(home), "import", *args],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -170,12 +173,16 @@ async def test_hermes_gateway_keys_and_home_channel_come_over_into_the_index(
     try:
         home_channel = json.loads(await db.get_meta("home_channel.telegram") or "{}")
         assert (home_channel["chat_id"], home_channel["thread_id"], home_channel["chat_type"]) == (
-            "-100777", "42", "group",
-        )  # fmt: skip
+            "-100777",
+            "42",
+            "group",
+        )
         topic = await db.require_session(hermes["topic"])
         assert (topic["session_key"], topic["chat_type"], topic["thread_id"]) == (
-            _EXPECTED_KEYS["topic"], "group", "42",
-        )  # fmt: skip
+            _EXPECTED_KEYS["topic"],
+            "group",
+            "42",
+        )
     finally:
         await db.close()
 
@@ -189,8 +196,9 @@ async def test_a_key_already_live_in_switchboard_keeps_its_session(tmp_path: Pat
     hermes_home, hermes = _hermes_gateway_home(tmp_path)
     home = tmp_path / "switchboard"
     db = await SessionDB.open(home / "state.db")
-    mine = await db.create_session("telegram", session_key=_EXPECTED_KEYS["dm"], chat_id="555",
-                                   chat_type="dm")  # fmt: skip
+    mine = await db.create_session(
+        "telegram", session_key=_EXPECTED_KEYS["dm"], chat_id="555", chat_type="dm"
+    )
     await db.close()
 
     out = _cli(home, "--from-hermes", str(hermes_home))
@@ -306,8 +314,9 @@ async def test_a_key_already_live_on_postgres_keeps_its_session(
     hermes_home, hermes = _hermes_gateway_home(tmp_path)
     db = await pg_home.store()
     try:
-        mine = await db.create_session(source="telegram", session_key=_EXPECTED_KEYS["dm"],
-                                       chat_id="555", chat_type="dm")  # fmt: skip
+        mine = await db.create_session(
+            source="telegram", session_key=_EXPECTED_KEYS["dm"], chat_id="555", chat_type="dm"
+        )
     finally:
         await db.close()
     out = _cli(pg_home.path, "--from-hermes", str(hermes_home), env=pg_home.env)

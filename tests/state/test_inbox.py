@@ -21,8 +21,10 @@ async def test_a_new_message_is_new_and_a_repeat_returns_its_row_storing_nothing
     rid, state, new = await store.accept_inbound("telegram", "c1", "m1", {"text": "hello"})
     assert (state, new) == ("received", True)
     assert await store.accept_inbound("telegram", "c1", "m1", {"text": "other"}) == (
-        rid, "received", False,
-    )  # fmt: skip
+        rid,
+        "received",
+        False,
+    )
     # the key is (platform, chat, platform id): the same id elsewhere is another message
     elsewhere = [
         await store.accept_inbound("telegram", "c2", "m1", {"text": "x"}),
@@ -35,8 +37,10 @@ async def test_a_new_message_is_new_and_a_repeat_returns_its_row_storing_nothing
     assert [r["id"] for r in rows][0] == rid
     assert json.loads(rows[0]["payload"]) == {"text": "hello"}  # the first delivery's
     assert (rows[0]["platform"], rows[0]["chat_id"], rows[0]["platform_message_id"]) == (
-        "telegram", "c1", "m1",
-    )  # fmt: skip
+        "telegram",
+        "c1",
+        "m1",
+    )
 
 
 async def test_a_message_without_a_platform_id_is_always_new(store: Store) -> None:
@@ -63,10 +67,15 @@ async def test_begin_turn_stores_the_message_once_and_reads_history_up_to_it(
     store: Store,
 ) -> None:
     sid = await _chat_session(store)
-    await store.append_messages(sid, [
-        {"role": "user", "content": "first"}, {"role": "assistant", "content": "one"},
-        {"role": "user", "content": "second"}, {"role": "assistant", "content": "two"},
-    ])  # fmt: skip
+    await store.append_messages(
+        sid,
+        [
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "one"},
+            {"role": "user", "content": "second"},
+            {"role": "assistant", "content": "two"},
+        ],
+    )
     rid, _, _ = await store.accept_inbound("telegram", "c1", "m1", {"text": "third"})
     msg = {"role": "user", "content": "third", "platform_message_id": "m1"}
     mid, history = await store.begin_turn(rid, sid, msg, last=3)
@@ -106,18 +115,24 @@ async def test_end_turn_stores_the_reply_and_a_repeat_is_then_a_closed_duplicate
     rid, _, _ = await store.accept_inbound("telegram", "c1", "m1", {"text": "hi"})
     mid, _ = await store.begin_turn(rid, sid, {"role": "user", "content": "hi"})
     ids = await store.end_turn(
-        rid, sid,
-        [{"role": "assistant", "content": None, "tool_calls": [{"id": "t1"}]},
-         {"role": "tool", "content": "42", "tool_call_id": "t1"},
-         {"role": "assistant", "content": "hello back"}],
-        input_tokens=12, output_tokens=5,
-    )  # fmt: skip
+        rid,
+        sid,
+        [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "t1"}]},
+            {"role": "tool", "content": "42", "tool_call_id": "t1"},
+            {"role": "assistant", "content": "hello back"},
+        ],
+        input_tokens=12,
+        output_tokens=5,
+    )
     assert len(ids) == 3 and mid < ids[0] < ids[1] < ids[2]
     assert await store.inbox_counts() == {"answered": 1}
     assert await store.open_inbound() == []
     assert await store.accept_inbound("telegram", "c1", "m1", {"text": "hi"}) == (
-        rid, "answered", False,
-    )  # fmt: skip
+        rid,
+        "answered",
+        False,
+    )
     row = await store.require_session(sid)
     assert (row["message_count"], row["tool_call_count"]) == (4, 1)
     assert (row["input_tokens"], row["output_tokens"]) == (12, 5)
@@ -145,8 +160,11 @@ async def test_open_inbound_lists_received_and_started_rows_oldest_first(store: 
     ]
     assert all(isinstance(r["received_at"], float) and r["received_at"] >= before for r in rows)
     assert await store.inbox_counts() == {
-        "received": 1, "started": 1, "dropped": 1, "answered": 1,
-    }  # fmt: skip
+        "received": 1,
+        "started": 1,
+        "dropped": 1,
+        "answered": 1,
+    }
     # a dropped row stays closed for a redelivery too
     assert await store.accept_inbound("telegram", "c1", "c", {}) == (c, "dropped", False)
 
@@ -169,8 +187,10 @@ async def test_prune_forgets_only_closed_rows_older_than_the_cut(store: Store) -
     # a forgotten row no longer dedupes; the open and the recent ones still do
     assert (await store.accept_inbound("telegram", "c1", "m1", {}))[2] is True
     assert await store.accept_inbound("telegram", "c1", "m3", {}) == (
-        still_open, "received", False,
-    )  # fmt: skip
+        still_open,
+        "received",
+        False,
+    )
     assert await store.accept_inbound("telegram", "c1", "m4", {}) == (recent, "answered", False)
 
 
@@ -182,16 +202,19 @@ async def test_the_outbox_keeps_a_reply_until_it_is_marked(store: Store) -> None
     rows = []
     for pmid, state in (("a", "ready"), ("b", "sending"), ("c", "ready")):
         rid, _, _ = await store.accept_inbound("telegram", "c1", pmid, {"text": pmid})
-        await store.begin_turn(rid, sid, {"role": "user", "content": pmid,
-                                          "platform_message_id": pmid})  # fmt: skip
-        await store.end_turn(rid, sid, [{"role": "assistant", "content": f"re {pmid}"}],
-                             reply_state=state)  # fmt: skip
+        await store.begin_turn(
+            rid, sid, {"role": "user", "content": pmid, "platform_message_id": pmid}
+        )
+        await store.end_turn(
+            rid, sid, [{"role": "assistant", "content": f"re {pmid}"}], reply_state=state
+        )
         rows.append(rid)
     await store.mark_reply(rows[2], "sent", '["99"]')
     unsent = await store.unsent_replies()
     assert [(r["id"], r["reply_state"], r["content"]) for r in unsent] == [
-        (rows[0], "ready", "re a"), (rows[1], "sending", "re b"),
-    ]  # fmt: skip
+        (rows[0], "ready", "re a"),
+        (rows[1], "sending", "re b"),
+    ]
     assert all(r["session_id"] == sid for r in unsent)
     await store.mark_reply(rows[0], "failed")
     await store.mark_reply(rows[1], "unconfirmed")

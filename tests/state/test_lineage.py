@@ -93,9 +93,14 @@ async def test_deleting_a_parent_orphans_its_children(store: Store) -> None:
     ],
 )
 async def test_prune_rules(
-    store: Store, ended: bool, idle_days: float, source: str, older_than: float,
-    prune_source: str | None, pruned: bool,
-) -> None:  # fmt: skip
+    store: Store,
+    ended: bool,
+    idle_days: float,
+    source: str,
+    older_than: float,
+    prune_source: str | None,
+    pruned: bool,
+) -> None:
     now = time.time()
     sid = await store.create_session(source=source, started_at=now - idle_days * DAY)
     await store.append_message(sid, "user", "hi", timestamp=now - idle_days * DAY)
@@ -274,10 +279,16 @@ async def test_untold_resets_are_the_empty_reset_children_of_idle_or_daily_sessi
     untold_child = await store.fork_session(untold, "reset", end_reason="daily")
     await store.fork_session(branched, "branch", end_reason="branched")
     await store.fork_session(other, "reset", end_reason="deleted_by_user")
-    assert await store.untold_resets() == [{
-        "session_key": "k1", "session_id": untold_child, "old_id": untold, "old_title": "t1",
-        "old_messages": 1, "end_reason": "daily",
-    }]  # fmt: skip
+    assert await store.untold_resets() == [
+        {
+            "session_key": "k1",
+            "session_id": untold_child,
+            "old_id": untold,
+            "old_title": "t1",
+            "old_messages": 1,
+            "end_reason": "daily",
+        }
+    ]
 
 
 async def _default_listings(store: Store) -> tuple[list[str], list[str]]:
@@ -294,8 +305,9 @@ async def test_every_live_session_shows_in_the_default_listings(store: Store) ->
     lineage; an ended compression chain shows as its tip."""
     chat = {"session_key": "agent:main:telegram:dm:1", "chat_id": "1"}
     first = await store.create_session(source="telegram", started_at=1.0, **chat)
-    osaka = await store.fork_session(first, "reset", title="Osaka food 🍜",
-                                     end_reason="session_reset")  # fmt: skip
+    osaka = await store.fork_session(
+        first, "reset", title="Osaka food 🍜", end_reason="session_reset"
+    )
     assert await _default_listings(store) == ([osaka, first], [osaka, first])
     compressed = await store.fork_session(osaka, "compression", end_reason="compression")
     assert await _default_listings(store) == ([compressed, first], [compressed, first])

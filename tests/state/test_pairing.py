@@ -30,11 +30,25 @@ async def test_the_platform_limit_and_a_taken_code(store: Store) -> None:
 async def test_a_code_works_once_and_not_after_it_expired(store: Store) -> None:
     offer, limits = store.pairing_offer, {**LIMITS, "max_pending": 3}
     for user, code in (("7", "APPROVE1"), ("8", "DENYME01"), ("9", "LATE0001")):
-        assert await offer("telegram", user, "Ann" if user == "7" else None, f"{user}0", code,
-                           now=100, **limits) == code  # fmt: skip
+        assert (
+            await offer(
+                "telegram",
+                user,
+                "Ann" if user == "7" else None,
+                f"{user}0",
+                code,
+                now=100,
+                **limits,
+            )
+            == code
+        )
     done = await store.pairing_decide("APPROVE1", APPROVED, now=200)
-    assert done is not None and (done["platform"], done["user_id"], done["user_name"],
-                                 done["chat_id"]) == ("telegram", "7", "Ann", "70")  # fmt: skip
+    assert done is not None and (
+        done["platform"],
+        done["user_id"],
+        done["user_name"],
+        done["chat_id"],
+    ) == ("telegram", "7", "Ann", "70")
     assert await store.pairing_decide("APPROVE1", APPROVED, now=201) is None
     assert await store.pairing_decide("DENYME01", DENIED, now=201) is not None
     assert await store.pairing_decide("LATE0001", APPROVED, now=701) is None

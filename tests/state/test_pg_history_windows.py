@@ -82,12 +82,20 @@ async def test_messages_cleared_or_appended_by_another_replica_are_seen(
     await b.clear_messages(sid)  # /new's history wipe, or a terminal command
     assert _plain(await _turn(a, sid, 3, last=10)) == [("user", "question 3")]
     # a background job's messages, stored by the other replica without the key's lease
-    await b.append_messages(sid, [{"role": "user", "content": "[background] q"},
-                                  {"role": "assistant", "content": "[background] a"}])  # fmt: skip
+    await b.append_messages(
+        sid,
+        [
+            {"role": "user", "content": "[background] q"},
+            {"role": "assistant", "content": "[background] a"},
+        ],
+    )
     assert _plain(await _turn(a, sid, 4, last=10)) == [
-        ("user", "question 3"), ("assistant", "answer 3"), ("user", "[background] q"),
-        ("assistant", "[background] a"), ("user", "question 4"),
-    ]  # fmt: skip
+        ("user", "question 3"),
+        ("assistant", "answer 3"),
+        ("user", "[background] q"),
+        ("assistant", "[background] a"),
+        ("user", "question 4"),
+    ]
 
 
 async def test_a_message_committed_late_with_an_older_id_is_seen(
@@ -107,16 +115,21 @@ async def test_a_message_committed_late_with_an_older_id_is_seen(
         with late.transaction():
             late.execute(
                 "INSERT INTO messages (id, session_id, role, content, timestamp) "
-                "VALUES (%s, %s, 'user', 'late', %s)", (early_id, sid, time.time()),
-            )  # fmt: skip
+                "VALUES (%s, %s, 'user', 'late', %s)",
+                (early_id, sid, time.time()),
+            )
             late.execute(
                 "UPDATE sessions SET message_count = message_count + 1 WHERE id = %s", (sid,)
             )
     history = await _turn(store, sid, 2, last=10)
     assert _plain(history) == [
-        ("user", "question 0"), ("assistant", "answer 0"), ("user", "late"),
-        ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2"),
-    ]  # fmt: skip
+        ("user", "question 0"),
+        ("assistant", "answer 0"),
+        ("user", "late"),
+        ("user", "question 1"),
+        ("assistant", "answer 1"),
+        ("user", "question 2"),
+    ]
     assert _plain(history) == await _whole(store, sid, "question 2", 10)
 
 
@@ -146,5 +159,7 @@ async def test_a_failed_operation_forgets_the_windows(open_test_store: OpenStore
         await store._writer.submit(boom)
     assert len(windows) == 0
     assert _plain(await _turn(store, sid, 1, last=10)) == [
-        ("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"),
-    ]  # fmt: skip
+        ("user", "question 0"),
+        ("assistant", "answer 0"),
+        ("user", "question 1"),
+    ]

@@ -85,8 +85,12 @@ def test_check_config_exits_78_naming_state_dsn_env(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("state:\n  backend: postgres\n  dsn_env: SB_UNSET_DSN\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "--home", str(home), "check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 78
     assert "state.dsn_env" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -137,14 +141,17 @@ async def test_a_title_in_any_case_is_won_by_exactly_one_of_two_daemons(
     a, b = two
     ids = [await a.create_session(source="api") for _ in range(10)]
     results = await asyncio.gather(
-        *(s.set_session_title(sid, "Plan" if i % 2 else "PLAN") for i, (s, sid) in
-          enumerate(zip([a, b] * 5, ids, strict=True))),
+        *(
+            s.set_session_title(sid, "Plan" if i % 2 else "PLAN")
+            for i, (s, sid) in enumerate(zip([a, b] * 5, ids, strict=True))
+        ),
         return_exceptions=True,
-    )  # fmt: skip
+    )
     won = [r for r in results if isinstance(r, str)]
     assert len(won) == 1 and all(isinstance(r, TitleTaken) for r in results if r not in won)
-    auto = await asyncio.gather(*(s.set_title_if_unset(sid, "plan") for s, sid in
-                                  zip([b, a] * 5, ids, strict=True)))  # fmt: skip
+    auto = await asyncio.gather(
+        *(s.set_title_if_unset(sid, "plan") for s, sid in zip([b, a] * 5, ids, strict=True))
+    )
     titles = [t for t in auto if t is not None]
     assert len(titles) == 9 and len({t.casefold() for t in titles}) == 9  # numbered, unique
 
@@ -172,8 +179,9 @@ async def test_a_platform_message_is_stored_once_across_daemons(two: tuple[Store
     a, b = two
     sid = await a.create_session(source="telegram", chat_id="42")
     msg = {"role": "user", "content": "hello", "platform_message_id": "7"}
-    got = await asyncio.gather(*(s.append_messages(sid, [msg], dedupe=("telegram", "42"))
-                                 for s in (a, b, a, b)))  # fmt: skip
+    got = await asyncio.gather(
+        *(s.append_messages(sid, [msg], dedupe=("telegram", "42")) for s in (a, b, a, b))
+    )
     assert sorted(len(ids) for ids in got) == [0, 0, 0, 1]
     assert await a.message_count(sid) == 1 and (await b.require_session(sid))["message_count"] == 1
     assert await b.has_platform_message("telegram", "42", "7") is True
@@ -314,8 +322,10 @@ async def test_a_schema_5_databases_shards_keep_their_owners_and_epochs(schema_d
     keep their owner and epoch, and claims go on from them."""
     old = await PgStore.open(schema_dsn, schema_target=5)
     async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
-        await conn.execute("INSERT INTO platform_shards (platform, shard_count, shard_id, owner, "
-                           "epoch) VALUES ('discord', 2, 0, 77, 4), ('discord', 2, 1, NULL, 0)")  # fmt: skip
+        await conn.execute(
+            "INSERT INTO platform_shards (platform, shard_count, shard_id, owner, "
+            "epoch) VALUES ('discord', 2, 0, 77, 4), ('discord', 2, 1, NULL, 0)"
+        )
     await old.close()
     store = await PgStore.open(schema_dsn)
     try:
@@ -420,8 +430,9 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
     from gateway.app import Gateway
 
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("state:\n  backend: postgres\n  dsn_env: SB_E2E_DSN\n"
-                   "platforms:\n  api:\n    port: 0\n")  # fmt: skip
+    cfg.write_text(
+        "state:\n  backend: postgres\n  dsn_env: SB_E2E_DSN\nplatforms:\n  api:\n    port: 0\n"
+    )
     gateway = Gateway(config=load_config(cfg, {"SB_E2E_DSN": schema_dsn}), home=tmp_path / "home")
     await gateway.start()
     try:
@@ -440,8 +451,9 @@ async def test_the_daemon_runs_turns_on_postgres(schema_dsn: str, tmp_path: Path
                 async with http.post(f"{url}/v1/messages", json=payload) as resp:
                     assert resp.status == 200
                     replies.append(await resp.json())
-            async with http.post(f"{url}/v1/messages", json={"chat_id": "42", "text": "again",
-                                                             "message_id": "m-0"}) as resp:  # fmt: skip
+            async with http.post(
+                f"{url}/v1/messages", json={"chat_id": "42", "text": "again", "message_id": "m-0"}
+            ) as resp:
                 duplicate = await resp.json()
         assert replies[0]["reply"] == "echo: hello postgres"
         assert duplicate["duplicate"] is True
@@ -501,15 +513,22 @@ async def test_a_state_db_moves_to_postgres_by_export_and_import(
     old.mkdir()
     new.mkdir()
     (old / "config.yaml").write_text("platforms:\n  api:\n    port: 0\n")
-    (new / "config.yaml").write_text("state:\n  backend: postgres\n  dsn_env: SB_MOVE_DSN\n"
-                                     "platforms:\n  api:\n    port: 0\n")  # fmt: skip
-    before = await say(old / "config.yaml", old, {}, ["first", "/title moving day", "/branch",
-                                                      "on the branch"])  # fmt: skip
+    (new / "config.yaml").write_text(
+        "state:\n  backend: postgres\n  dsn_env: SB_MOVE_DSN\nplatforms:\n  api:\n    port: 0\n"
+    )
+    before = await say(
+        old / "config.yaml", old, {}, ["first", "/title moving day", "/branch", "on the branch"]
+    )
     env = {**os.environ, "SB_MOVE_DSN": schema_dsn}
 
     def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "sessions",
-                               *args], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "--home", str(home), "sessions", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert done.returncode == 0, done.stderr
         return done
 
@@ -551,8 +570,14 @@ async def test_doctor_checks_a_postgres_home(schema_dsn: str, tmp_path: Path) ->
     store = await open_store({"backend": "postgres", "dsn": schema_dsn}, home)
     stray = await store.create_session(source="api", parent_session_id="20200101_000000_deadbeef")
     await store.close()
-    checks = await run_doctor(home, load_config(cfg, {"SB_DOC_DSN": schema_dsn}), None,
-                              fix=True, full=False, check_platforms=False)  # fmt: skip
+    checks = await run_doctor(
+        home,
+        load_config(cfg, {"SB_DOC_DSN": schema_dsn}),
+        None,
+        fix=True,
+        full=False,
+        check_platforms=False,
+    )
     by_name = {c.name: c for c in checks}
     assert by_name["PostgreSQL"].ok and by_name["schema"].ok
     replication = by_name["PostgreSQL replication"]
@@ -565,8 +590,14 @@ async def test_doctor_checks_a_postgres_home(schema_dsn: str, tmp_path: Path) ->
     assert (await store.require_session(stray))["parent_session_id"] is None
     await store.close()
     dead = f"host=127.0.0.1 port={pgserver.free_port()} user=u password=hunter2 connect_timeout=2"
-    checks = await run_doctor(home, load_config(cfg, {"SB_DOC_DSN": dead}), None,
-                              fix=False, full=False, check_platforms=False)  # fmt: skip
+    checks = await run_doctor(
+        home,
+        load_config(cfg, {"SB_DOC_DSN": dead}),
+        None,
+        fix=False,
+        full=False,
+        check_platforms=False,
+    )
     failed = [c for c in checks if not c.ok]
     assert [c.name for c in failed] == ["PostgreSQL"] and "hunter2" not in failed[0].detail
 
@@ -585,8 +616,13 @@ async def test_switchboard_sessions_works_on_a_postgres_home(
     env = {**os.environ, "SB_CLI_DSN": schema_dsn}
 
     def cli(*args: str, env: dict[str, str] = env) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gateway", "--home", str(home), "sessions", *args],
-                              capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "--home", str(home), "sessions", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
 
     listed = cli("list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -618,22 +654,35 @@ async def test_one_commits_begins_and_ends_update_their_rows_in_one_statement(
         nxt, _s, _n = await store.accept_inbound("telegram", "1", "m2", {"text": "b"})
         await store.finish_inbound(nxt, "received", "kept")  # a reason the begin must keep
         async with await psycopg.AsyncConnection.connect(schema_dsn) as conn:
-            got = await pg_inbox.turn_writes_many(conn, [
-                (pg_inbox.BEGIN, (nxt, sid, {"role": "user", "content": "b"}, None)),
-                (pg_inbox.END, (done, sid, [{"role": "assistant", "content": "A"}], None, "ready")),
-            ], runners=[7, None])  # fmt: skip
+            got = await pg_inbox.turn_writes_many(
+                conn,
+                [
+                    (pg_inbox.BEGIN, (nxt, sid, {"role": "user", "content": "b"}, None)),
+                    (
+                        pg_inbox.END,
+                        (done, sid, [{"role": "assistant", "content": "A"}], None, "ready"),
+                    ),
+                ],
+                runners=[7, None],
+            )
             await conn.commit()
         (begun_mid, history), ended = got
         assert [m["content"] for m in history] == ["a", "b"] and len(ended) == 1
         async with await psycopg.AsyncConnection.connect(schema_dsn) as conn:
             cur = await conn.execute(
                 "SELECT id, state, session_id, message_id, runner, reason, reply_state, "
-                "reply_message_id FROM inbox ORDER BY id")  # fmt: skip
+                "reply_message_id FROM inbox ORDER BY id"
+            )
             rows = {r[0]: r[1:] for r in await cur.fetchall()}
         assert rows[nxt] == ("started", sid, begun_mid, 7, "kept", None, None)
         state, session, message, runner, reason, reply_state, reply_mid = rows[done]
         assert (state, session, reason, reply_state, reply_mid) == (
-            "answered", sid, None, "ready", ended[0])  # fmt: skip
+            "answered",
+            sid,
+            None,
+            "ready",
+            ended[0],
+        )
         assert message is not None and runner is None
     finally:
         await store.close()

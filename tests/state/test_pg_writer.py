@@ -85,11 +85,18 @@ async def test_a_connection_the_server_drops_costs_no_write(pg: PgStore, pg_dsn:
 
 async def test_merged_appends_return_the_ids_the_rows_really_got(pg: PgStore) -> None:
     sids = [await pg.create_session(source="api") for _ in range(5)]
-    results = await asyncio.gather(*(
-        pg.append_messages(sids[i % 5], [{"role": "user", "content": f"c{i} a"},
-                                         {"role": "assistant", "content": f"c{i} b"}])
-        for i in range(100)
-    ))  # fmt: skip
+    results = await asyncio.gather(
+        *(
+            pg.append_messages(
+                sids[i % 5],
+                [
+                    {"role": "user", "content": f"c{i} a"},
+                    {"role": "assistant", "content": f"c{i} b"},
+                ],
+            )
+            for i in range(100)
+        )
+    )
     for i, ids in enumerate(results):
         rows = await pg.get_messages_around(sids[i % 5], ids[0], 0)
         assert [r["content"] for r in rows] == [f"c{i} a"]
@@ -107,18 +114,27 @@ async def test_merged_appends_claim_platform_ids_under_their_sessions_chats(pg: 
     a = await pg.create_session(source="telegram", chat_id="ca")
     b = await pg.create_session(source="api")  # no chat: its platform ids are not claimed
     results = await asyncio.gather(
-        pg.append_messages(a, [{"role": "user", "content": "x", "platform_message_id": "p1"},
-                               {"role": "assistant", "content": "y"}]),
+        pg.append_messages(
+            a,
+            [
+                {"role": "user", "content": "x", "platform_message_id": "p1"},
+                {"role": "assistant", "content": "y"},
+            ],
+        ),
         pg.append_messages(b, [{"role": "user", "content": "z", "platform_message_id": "p2"}]),
         pg.append_messages(a, [{"role": "user", "content": "w", "platform_message_id": "p3"}]),
-    )  # fmt: skip
+    )
     assert [len(r) for r in results] == [2, 1, 1]
     assert pg._writer.stats.fallbacks == 0 and max(pg._writer.stats.batch_sizes) > 1
     async with pg._pool.connection() as conn:
-        cur = await conn.execute("SELECT source, chat_id, platform_message_id, message_id "
-                                 "FROM platform_messages ORDER BY platform_message_id")  # fmt: skip
-        assert await cur.fetchall() == [("telegram", "ca", "p1", results[0][0]),
-                                        ("telegram", "ca", "p3", results[2][0])]  # fmt: skip
+        cur = await conn.execute(
+            "SELECT source, chat_id, platform_message_id, message_id "
+            "FROM platform_messages ORDER BY platform_message_id"
+        )
+        assert await cur.fetchall() == [
+            ("telegram", "ca", "p1", results[0][0]),
+            ("telegram", "ca", "p3", results[2][0]),
+        ]
 
     got = await asyncio.gather(
         pg.append_messages(a, [{"role": "user", "content": "v"}]),
@@ -136,8 +152,12 @@ async def test_merged_appends_dedupe_and_count_tokens(pg: PgStore) -> None:
     sid = await pg.create_session(source="telegram", chat_id="c1")
     msg = {"role": "user", "content": "hi", "platform_message_id": "p1"}
     calls = [pg.append_messages(sid, [msg], dedupe=("telegram", "c1")) for _ in range(3)]
-    calls += [pg.append_messages(sid, [{"role": "assistant", "content": "r"}], input_tokens=2,
-                                 output_tokens=3) for _ in range(4)]  # fmt: skip
+    calls += [
+        pg.append_messages(
+            sid, [{"role": "assistant", "content": "r"}], input_tokens=2, output_tokens=3
+        )
+        for _ in range(4)
+    ]
     results = await asyncio.gather(*calls)
     assert sum(1 for r in results[:3] if r) == 1
     assert all(len(r) == 1 for r in results[3:])
@@ -170,7 +190,8 @@ async def test_tokens_without_messages_count_like_update_token_counts(pg: PgStor
         async with pg._pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT model, billing_provider, input_tokens, output_tokens, api_call_count "
-                "FROM session_model_usage WHERE session_id = %s ORDER BY 1, 2", (sid,)
+                "FROM session_model_usage WHERE session_id = %s ORDER BY 1, 2",
+                (sid,),
             )
             usage = [tuple(r) for r in await cur.fetchall()]
         found.append(((row["input_tokens"], row["output_tokens"]), usage))
@@ -193,9 +214,11 @@ async def test_append_and_read_returns_the_history_of_its_own_transaction(pg: Pg
         )
 
     (ids_a, hist_a), (ids_b, hist_b), (ids_dup, hist_dup), (_, hist_later) = await asyncio.gather(
-        turn(a, "new a", "ca", 2), turn(b, "new b", "cb", 10), turn(a, "again", "ca", 2),
+        turn(a, "new a", "ca", 2),
+        turn(b, "new b", "cb", 10),
+        turn(a, "again", "ca", 2),
         turn(a, "later a", None, 3),
-    )  # fmt: skip
+    )
     assert max(pg._writer.stats.batch_sizes) == 4  # all four merged into one batch
     assert len(ids_a) == 1 and [m["content"] for m in hist_a] == ["reply", "new a"]
     assert [m["content"] for m in hist_later] == ["reply", "new a", "later a"]
@@ -235,8 +258,9 @@ async def test_batched_turn_tokens_account_like_one_call_at_a_time(pg_dsn: str) 
         try:
             plain = await store.create_session(session_id="plain", source="telegram")
             routed = await store.create_session(session_id="routed", source="telegram", model="m1")
-            await store.update_token_counts(routed, input_tokens=1, billing_provider="p",
-                                            api_call_count=1)  # fmt: skip
+            await store.update_token_counts(
+                routed, input_tokens=1, billing_provider="p", api_call_count=1
+            )
             calls = [
                 (sid, [{"role": "assistant", "content": f"r{i}"}], i + 1, 2 * i)
                 for i, sid in enumerate([plain, routed, plain, routed, plain])
@@ -245,10 +269,12 @@ async def test_batched_turn_tokens_account_like_one_call_at_a_time(pg_dsn: str) 
                 for sid, batch, tin, tout in calls:
                     await store.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
             else:
-                await asyncio.gather(*(
-                    store.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
-                    for sid, batch, tin, tout in calls
-                ))  # fmt: skip
+                await asyncio.gather(
+                    *(
+                        store.append_messages(sid, batch, input_tokens=tin, output_tokens=tout)
+                        for sid, batch, tin, tout in calls
+                    )
+                )
                 assert max(store._writer.stats.batch_sizes) > 1  # they did share commits
                 assert store._writer.stats.fallbacks == 0
         finally:
@@ -315,8 +341,14 @@ async def test_placed_operations_run_first_or_last_merged_and_answer_their_own_c
     writer = pg._writer
     _RAN.clear()
     before = pg.write_stats()
-    calls = [(_plain, "p1"), (_last, "l1"), (_first, "f1"), (_plain, "p2"), (_first, "f2"),
-             (_last, "l2")]  # fmt: skip
+    calls = [
+        (_plain, "p1"),
+        (_last, "l1"),
+        (_first, "f1"),
+        (_plain, "p2"),
+        (_first, "f2"),
+        (_last, "l2"),
+    ]
     got = await asyncio.gather(*(writer.submit(fn, tag) for fn, tag in calls))
     assert pg.write_stats().batches - before.batches == 1  # one batch, as queued together
     assert got == ["Pp1", "Ll1", "Ff1", "Pp2", "Ff2", "Ll2"]
@@ -362,14 +394,17 @@ async def test_a_platform_id_another_writer_claims_mid_append_redoes_it_as_a_dup
         sid = await store.create_session(source="telegram", chat_id="c1")
         (mid,) = await store.append_messages(sid, [{"role": "user", "content": "first"}])
         await other.execute("BEGIN")
-        await other.execute("INSERT INTO platform_messages VALUES ('telegram', 'c1', 'p9', %s)",
-                            (mid,))  # fmt: skip
+        await other.execute(
+            "INSERT INTO platform_messages VALUES ('telegram', 'c1', 'p9', %s)", (mid,)
+        )
         msg = {"role": "user", "content": "again", "platform_message_id": "p9"}
         # two appends queued together: one batch, which the merged path takes
-        task = asyncio.ensure_future(asyncio.gather(
-            store.append_messages(sid, [msg], dedupe=("telegram", "c1")),
-            store.append_messages(sid, [{"role": "assistant", "content": "reply"}]),
-        ))  # fmt: skip
+        task = asyncio.ensure_future(
+            asyncio.gather(
+                store.append_messages(sid, [msg], dedupe=("telegram", "c1")),
+                store.append_messages(sid, [{"role": "assistant", "content": "reply"}]),
+            )
+        )
         writer_pid = store._writer._conn.info.backend_pid  # type: ignore[union-attr]
         # until the writer's claim waits for the other's row
         await pgserver.until_waiting_on_a_lock(other, writer_pid, task)
@@ -394,8 +429,9 @@ async def test_the_writers_generic_plan_probes_routes_by_key_not_by_a_scan(pg: P
     under the default random_page_cost (4) the plan scans them (tried)."""
     from state.pg import cluster
 
-    take = (f"WITH {cluster._take_ctes('$1::text[]')} SELECT session_key FROM taken"
-            .replace("%(me)s", "$2").replace("%(space)s", "$3"))  # fmt: skip
+    take = f"WITH {cluster._take_ctes('$1::text[]')} SELECT session_key FROM taken".replace(
+        "%(me)s", "$2"
+    ).replace("%(space)s", "$3")
 
     async def plan(conn: psycopg.AsyncConnection) -> str:
         await conn.execute(

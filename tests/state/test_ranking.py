@@ -61,9 +61,12 @@ def test_phrase_counts_agree_with_fts5(
         1
         for i in range(len(tokens) - len(want) + 1)
         if tokens[i : i + len(want) - 1] == list(want[:-1])
-        and (tokens[i + len(want) - 1].startswith(want[-1]) if prefix
-             else tokens[i + len(want) - 1] == want[-1])
-    )  # fmt: skip
+        and (
+            tokens[i + len(want) - 1].startswith(want[-1])
+            if prefix
+            else tokens[i + len(want) - 1] == want[-1]
+        )
+    )
     # non-overlapping occurrences: a phrase whose ends overlap ("a a" in "a a a") counts once
     assert count <= by_tokens and (count == 0) == (by_tokens == 0)
 

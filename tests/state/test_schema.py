@@ -208,9 +208,13 @@ async def test_hermes_state_db_opens_works_and_keeps_all_its_data(tmp_path: Path
     assert after["messages"][: len(before["messages"])] == before["messages"]
     # Hermes' index and triggers are left as they were; switchboard's have names of their own
     assert sorted(t[0] for t in triggers) == [
-        "messages_fts_delete", "messages_fts_insert", "messages_fts_update",
-        "sb_messages_fts_ad", "sb_messages_fts_ai", "sb_messages_fts_au",
-    ]  # fmt: skip
+        "messages_fts_delete",
+        "messages_fts_insert",
+        "messages_fts_update",
+        "sb_messages_fts_ad",
+        "sb_messages_fts_ai",
+        "sb_messages_fts_au",
+    ]
     assert after["fts"] == before["fts"]
     # Writes go through Hermes' existing FTS triggers exactly once.
     db = await SessionDB.open(path)

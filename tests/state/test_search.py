@@ -129,11 +129,14 @@ async def test_query_finds_exactly(
 
 async def test_hits_carry_snippet_context_and_session_fields(store: Store) -> None:
     sid = await store.create_session(source="discord", model="gpt-x", title="ctx")
-    await store.append_messages(sid, [
-        {"role": "user", "content": "before words"},
-        {"role": "assistant", "content": "the needle is here"},
-        {"role": "user", "content": "after words " + "z" * 400},
-    ])  # fmt: skip
+    await store.append_messages(
+        sid,
+        [
+            {"role": "user", "content": "before words"},
+            {"role": "assistant", "content": "the needle is here"},
+            {"role": "user", "content": "after words " + "z" * 400},
+        ],
+    )
     [hit] = await store.search_messages("needle")
     assert hit["snippet"] == "the >>>needle<<< is here"
     assert hit["context_before"]["content"] == "before words"
@@ -170,9 +173,18 @@ async def test_tool_names_and_arguments_are_found_only_when_tool_role_is_asked(
     store: Store,
 ) -> None:
     sid = await store.create_session(source="cli")
-    await store.append_message(sid, "assistant", None, tool_calls=[
-        {"id": "1", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "zanzibar weather"}'}}
-    ])  # fmt: skip
+    await store.append_message(
+        sid,
+        "assistant",
+        None,
+        tool_calls=[
+            {
+                "id": "1",
+                "type": "function",
+                "function": {"name": "web_search", "arguments": '{"q": "zanzibar weather"}'},
+            }
+        ],
+    )
     await store.append_message(sid, "tool", "sunny", tool_name="web_search", tool_call_id="1")
     assert await store.search_messages("zanzibar") == []
     hits = await store.search_messages("zanzibar", roles=["user", "assistant", "tool"])
@@ -315,8 +327,15 @@ async def test_a_dangling_operator_does_not_become_a_required_word(store: Store)
     )
     everything = {h["id"] for h in await store.search_messages("outage", limit=100)}
     assert len(everything) == 30
-    for query in ["outage AND", "AND outage", "outage OR", "outage NOT", "(outage OR)",
-                  "outage AND AND", "OR OR outage AND NOT"]:  # fmt: skip
+    for query in [
+        "outage AND",
+        "AND outage",
+        "outage OR",
+        "outage NOT",
+        "(outage OR)",
+        "outage AND AND",
+        "OR OR outage AND NOT",
+    ]:
         assert {h["id"] for h in await store.search_messages(query, limit=100)} == everything, query
 
 

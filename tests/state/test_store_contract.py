@@ -23,8 +23,10 @@ async def test_handoff_moves_pending_running_completed_and_one_claim_wins(store:
     assert await store.finish_handoff(sid, "completed", expect="running") is True
     row = await store.require_session(sid)
     assert (row["handoff_state"], row["handoff_platform"], row["handoff_error"]) == (
-        "completed", "telegram", None,
-    )  # fmt: skip
+        "completed",
+        "telegram",
+        None,
+    )
     assert await store.request_handoff(sid, "slack") is True  # a finished one may go again
     with pytest.raises(SessionNotFound):
         await store.request_handoff("missing", "telegram")
@@ -103,12 +105,24 @@ async def test_the_reply_to_a_platform_message_is_its_turns_final_answer(store: 
     await store.append_messages(
         sid, [{"role": "user", "content": "one", "platform_message_id": "key-1"}]
     )
-    await store.append_messages(sid, [
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "t", "type": "function",
-         "function": {"name": "session_search", "arguments": "{}"}}]},
-        {"role": "tool", "content": "found nothing", "tool_call_id": "t"},
-        {"role": "assistant", "content": "the answer to one"},
-    ])  # fmt: skip
+    await store.append_messages(
+        sid,
+        [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "t",
+                        "type": "function",
+                        "function": {"name": "session_search", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "content": "found nothing", "tool_call_id": "t"},
+            {"role": "assistant", "content": "the answer to one"},
+        ],
+    )
     await store.append_messages(
         sid, [{"role": "user", "content": "two", "platform_message_id": "key-2"}]
     )
@@ -127,8 +141,13 @@ async def test_the_reply_to_a_platform_message_is_its_turns_final_answer(store: 
     # the chat's later session (after a reset) still answers for its own ids
     await store.end_session(sid, "new")
     new = await store.create_session(source="api", session_key="k:api:c1", chat_id="c1")
-    await store.append_messages(new, [{"role": "user", "content": "three", "platform_message_id": "key-3"},
-                                      {"role": "assistant", "content": "the answer to three"}])  # fmt: skip
+    await store.append_messages(
+        new,
+        [
+            {"role": "user", "content": "three", "platform_message_id": "key-3"},
+            {"role": "assistant", "content": "the answer to three"},
+        ],
+    )
     assert (await store.reply_to_platform_message("api", "c1", "key-3")).session_id == new  # type: ignore[union-attr]
     assert (await store.reply_to_platform_message("api", "c1", "key-1")).session_id == sid  # type: ignore[union-attr]
 

@@ -33,8 +33,9 @@ def test_a_string_reads_back_as_the_same_string_whatever_it_starts_with(text: st
 
 
 def test_structured_content_keeps_its_encoding() -> None:
-    assert encode_content(PARTS) == SENTINEL + json.dumps(PARTS, ensure_ascii=False,
-                                                          separators=(",", ":"))  # fmt: skip
+    assert encode_content(PARTS) == SENTINEL + json.dumps(
+        PARTS, ensure_ascii=False, separators=(",", ":")
+    )
     assert decode_content(encode_content(PARTS)) == PARTS
     assert encode_content("no nul here") == "no nul here"
 
@@ -64,10 +65,14 @@ async def test_rows_written_before_read_back_as_they_did(tmp_path: Path) -> None
     finally:
         await store.close()
     with sqlite3.connect(tmp_path / "state.db") as conn:
-        conn.execute("UPDATE messages SET content = ? WHERE session_id = ?",
-                     (SENTINEL + json.dumps(PARTS), sid))  # fmt: skip
-        conn.execute("INSERT INTO messages (session_id, role, content, timestamp) "
-                     "VALUES (?, 'user', ?, 1)", (sid, "old\x00row"))  # fmt: skip
+        conn.execute(
+            "UPDATE messages SET content = ? WHERE session_id = ?",
+            (SENTINEL + json.dumps(PARTS), sid),
+        )
+        conn.execute(
+            "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'user', ?, 1)",
+            (sid, "old\x00row"),
+        )
     conn.close()
     store = await open_store({"backend": "sqlite"}, tmp_path)
     try:

@@ -114,8 +114,12 @@ async def test_automatic_titles_number_a_long_lineage_and_skip_foreign_titles(
     titles = [await db.set_title_if_unset(s, "hello") for s in sids[:60]]
     assert titles == ["hello"] + [f"hello #{n}" for n in range(2, 61)]
     foreign = await db.create_session(source="api")
-    await db.writer.submit(lambda c: c.execute(
-        "UPDATE sessions SET title = 'hello #61', title_key = 'hello #61' WHERE id = ?", (foreign,)))  # fmt: skip
+    await db.writer.submit(
+        lambda c: c.execute(
+            "UPDATE sessions SET title = 'hello #61', title_key = 'hello #61' WHERE id = ?",
+            (foreign,),
+        )
+    )
     assert await db.set_title_if_unset(sids[60], "hello") == "hello #62"
     assert await db.resolve_session_by_title("hello") == sids[60]
     assert await db.set_title_if_unset(sids[0], "other") is None  # never overwrites

@@ -15,16 +15,31 @@ from tests.state.conftest import OpenStore
 
 async def _populate(db: Store) -> tuple[str, str, str]:
     root = await db.create_session(source="telegram", title="trip", user_id="u1", chat_id="c1")
-    await db.append_messages(root, [
-        {"role": "user", "content": "plan a trip to 京都 🎌"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "t1", "function": {"name": "web_search"}}]},
-        {"role": "tool", "content": "results", "tool_call_id": "t1", "tool_name": "web_search"},
-        {"role": "assistant", "content": "Here is a plan", "reasoning": "thought",
-         "reasoning_details": [{"type": "summary", "text": "s"}]},
-    ])  # fmt: skip
+    await db.append_messages(
+        root,
+        [
+            {"role": "user", "content": "plan a trip to 京都 🎌"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "t1", "function": {"name": "web_search"}}],
+            },
+            {"role": "tool", "content": "results", "tool_call_id": "t1", "tool_name": "web_search"},
+            {
+                "role": "assistant",
+                "content": "Here is a plan",
+                "reasoning": "thought",
+                "reasoning_details": [{"type": "summary", "text": "s"}],
+            },
+        ],
+    )
     await db.update_token_counts(root, input_tokens=42, output_tokens=7)
-    child = await db.fork_session(root, "compression", seed_messages=[{"role": "system", "content": "sum"}],
-                                  end_reason="compression")  # fmt: skip
+    child = await db.fork_session(
+        root,
+        "compression",
+        seed_messages=[{"role": "system", "content": "sum"}],
+        end_reason="compression",
+    )
     other = await db.create_session(source="cli")
     await db.append_message(other, "user", "unrelated")
     return root, child, other

@@ -385,8 +385,11 @@ async def test_the_wal_restarts_under_continuous_writes_without_sqlites_own_chec
     """The background checkpointer copies frames back; the writer finishes between batches,
     so the WAL starts over long before SQLite's in-commit checkpoint (the safety net, here
     out of reach) would act. Without the hand-off the WAL grows with every write."""
-    common = {"checkpoint_every_s": 0.02, "checkpoint_wal_bytes": 0,
-              "writer_checkpoint_pages": 1_000_000}  # fmt: skip
+    common = {
+        "checkpoint_every_s": 0.02,
+        "checkpoint_wal_bytes": 0,
+        "writer_checkpoint_pages": 1_000_000,
+    }
     bounded, restarts = await _write_until_checkpointed(
         tmp_path / "a.db", WriterConfig(restart_wal_frames=100, **common)
     )

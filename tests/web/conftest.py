@@ -27,20 +27,32 @@ class Site:
 
 
 async def start_site(
-    tmp_path: Path, key: str | None = KEY, live: set[str] | None = None, *,
-    store: Store | None = None, **settings: object,
-) -> tuple[Site, TestServer]:  # fmt: skip
+    tmp_path: Path,
+    key: str | None = KEY,
+    live: set[str] | None = None,
+    *,
+    store: Store | None = None,
+    **settings: object,
+) -> tuple[Site, TestServer]:
     """The dashboard on the real api adapter over a seeded store (a SQLite file under
     `tmp_path` unless `store` is given)."""
     db = store or await SessionDB.open(tmp_path / "state.db")
     seeded = await seed(db, time.time())
     live_ids = live if live is not None else set()
     dash = Dashboard(
-        db, DashboardSettings(key=key, prices={"gpt-4o-mini": (0.15, 0.6)}, **settings),  # type: ignore[arg-type]
-        health=lambda: {"status": "ok", "adapters": {"api": {"state": "running"}}, "writer_queue_depth": 0,
-                        "sessions": 1, "turns_in_flight": 0, "last_error": None, "uptime_seconds": 1.0},
+        db,
+        DashboardSettings(key=key, prices={"gpt-4o-mini": (0.15, 0.6)}, **settings),  # type: ignore[arg-type]
+        health=lambda: {
+            "status": "ok",
+            "adapters": {"api": {"state": "running"}},
+            "writer_queue_depth": 0,
+            "sessions": 1,
+            "turns_in_flight": 0,
+            "last_error": None,
+            "uptime_seconds": 1.0,
+        },
         live_ids=lambda: set(live_ids),
-    )  # fmt: skip
+    )
     # the real api adapter's app, so mounting and its own bearer check are exercised too
     adapter = ApiAdapter(key=key, subapps=dash.subapps())
     server = TestServer(adapter.app(), host="127.0.0.1")
@@ -60,8 +72,9 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
 
 async def sign_in(http: aiohttp.ClientSession, base: str, key: str = KEY) -> str:
     """Sign in through the form; returns the CSRF token from the next page."""
-    async with http.post(f"{base}/ui/login", data={"key": key, "next": "/ui/ops"},
-                         headers={"Origin": base}) as resp:  # fmt: skip
+    async with http.post(
+        f"{base}/ui/login", data={"key": key, "next": "/ui/ops"}, headers={"Origin": base}
+    ) as resp:
         assert resp.status == 200, await resp.text()
         page = await resp.text()
     marker = 'name="csrf" value="'

@@ -67,8 +67,11 @@ def _run(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", "--home", str(home.path), "insights", *args],
-        capture_output=True, text=True, timeout=120, env=home.env if env is None else env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=home.env if env is None else env,
+    )
 
 
 def test_sparkline_scales_to_the_largest_value() -> None:
@@ -94,8 +97,16 @@ def test_insights_tables_and_sparklines(home: Home) -> None:
     done = _run(home, "--days", "30")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for phrase in ("messages per day", "estimated cost", "$0.45", "session_search", "busiest hours",
-                   "telegram", "how sessions ended", "no price configured (dashboard.prices) for: claude-x"):  # fmt: skip
+    for phrase in (
+        "messages per day",
+        "estimated cost",
+        "$0.45",
+        "session_search",
+        "busiest hours",
+        "telegram",
+        "how sessions ended",
+        "no price configured (dashboard.prices) for: claude-x",
+    ):
         assert phrase in out, phrase
     assert any(ch in out for ch in "▁▂▃▄▅▆▇█")
 
@@ -131,8 +142,9 @@ async def _with_recorded_costs(opening: Any) -> None:
             source="cli", model="imported-model", started_at=now - 40
         )
         await db.append_message(recorded, "user", "hi", timestamp=now - 30)
-        await db.update_token_counts(recorded, input_tokens=500, output_tokens=500,
-                                     estimated_cost_usd=0.0012)  # fmt: skip
+        await db.update_token_counts(
+            recorded, input_tokens=500, output_tokens=500, estimated_cost_usd=0.0012
+        )
         neither = await db.create_session(source="discord", model="claude-x", started_at=now - 20)
         await db.append_message(neither, "user", "hey", timestamp=now - 10)
         await db.update_token_counts(neither, input_tokens=10, output_tokens=10)
@@ -163,8 +175,13 @@ def test_sessions_stats_and_insights_print_the_same_cost(
         )
 
     def run(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "gateway", "--home", str(path), *args],
-                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "--home", str(path), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -187,8 +204,13 @@ def test_the_cost_needs_only_the_prices_from_the_config(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TELEGRAM_BOT_TOKEN"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gateway", "--home", str(path), *args],
-                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "--home", str(path), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
 
     config.write_text(PRICES + "platforms:\n  telegram:\n    enabled: true\n")
     for args in (("sessions", "stats"), ("insights",)):

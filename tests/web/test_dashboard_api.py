@@ -49,7 +49,9 @@ def test_the_openapi_document_is_a_valid_openapi_3_0_document() -> None:
     """The whole document, as served (JSON), passes openapi-spec-validator's 3.0 checks."""
     from openapi_spec_validator import OpenAPIV30SpecValidator
 
-    errors = [e.message for e in OpenAPIV30SpecValidator(json.loads(json.dumps(document()))).iter_errors()]  # fmt: skip
+    errors = [
+        e.message for e in OpenAPIV30SpecValidator(json.loads(json.dumps(document()))).iter_errors()
+    ]
     assert errors == []
 
 
@@ -93,8 +95,12 @@ async def test_sign_in_sets_an_httponly_samesite_strict_cookie(site: Site) -> No
             f"{site.base}/ui/login", data={"key": KEY}, allow_redirects=False
         ) as resp:
             assert resp.status == 403  # no Origin: a login from nowhere is refused
-        async with http.post(f"{site.base}/ui/login", data={"key": KEY, "next": "//evil.example/x"},
-                             headers={"Origin": site.base}, allow_redirects=False) as resp:  # fmt: skip
+        async with http.post(
+            f"{site.base}/ui/login",
+            data={"key": KEY, "next": "//evil.example/x"},
+            headers={"Origin": site.base},
+            allow_redirects=False,
+        ) as resp:
             assert resp.status == 303 and resp.headers["Location"] == "/ui/sessions"
             cookie = resp.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
@@ -104,8 +110,15 @@ async def test_sign_in_sets_an_httponly_samesite_strict_cookie(site: Site) -> No
 async def test_secure_cookie_setting_marks_the_cookie_secure(tmp_path: Path) -> None:
     s, server = await start_site(tmp_path, secure_cookie=True)
     try:
-        async with _http() as http, http.post(f"{s.base}/ui/login", data={"key": KEY},
-                                              headers={"Origin": s.base}, allow_redirects=False) as resp:  # fmt: skip
+        async with (
+            _http() as http,
+            http.post(
+                f"{s.base}/ui/login",
+                data={"key": KEY},
+                headers={"Origin": s.base},
+                allow_redirects=False,
+            ) as resp,
+        ):
             assert "Secure" in resp.headers["Set-Cookie"]
     finally:
         await server.close()
@@ -142,11 +155,17 @@ async def test_csrf_token_and_origin_are_required_for_cookie_mutations(site: Sit
         async with http.delete(url, headers={"X-CSRF-Token": csrf}) as resp:
             assert resp.status == 403  # neither Origin nor Referer
         # a forged form: right cookie, no token
-        async with http.post(f"{site.base}/ui/sessions/{sid}/delete", data={"confirm": "yes"},
-                             headers={"Origin": site.base}) as resp:  # fmt: skip
+        async with http.post(
+            f"{site.base}/ui/sessions/{sid}/delete",
+            data={"confirm": "yes"},
+            headers={"Origin": site.base},
+        ) as resp:
             assert resp.status == 403
-        async with http.post(f"{site.base}/ui/sessions/{sid}/delete", data={"confirm": "yes", "csrf": "x"},
-                             headers={"Origin": site.base}) as resp:  # fmt: skip
+        async with http.post(
+            f"{site.base}/ui/sessions/{sid}/delete",
+            data={"confirm": "yes", "csrf": "x"},
+            headers={"Origin": site.base},
+        ) as resp:
             assert resp.status == 403
         assert await site.db.get_session(sid) is not None
         async with http.delete(url, headers={"Origin": site.base, "X-CSRF-Token": csrf}) as resp:
@@ -156,8 +175,14 @@ async def test_csrf_token_and_origin_are_required_for_cookie_mutations(site: Sit
 
 async def test_security_headers_on_pages_api_errors_and_assets(site: Site) -> None:
     async with _http() as http:
-        for path, headers in (("/ui/login", {}), ("/api/sessions", {}), ("/api/sessions", BEARER),
-                              ("/ui/static/app.js", {}), ("/ui/sessions", {}), ("/api/sessions/nope", BEARER)):  # fmt: skip
+        for path, headers in (
+            ("/ui/login", {}),
+            ("/api/sessions", {}),
+            ("/api/sessions", BEARER),
+            ("/ui/static/app.js", {}),
+            ("/ui/sessions", {}),
+            ("/api/sessions/nope", BEARER),
+        ):
             async with http.get(site.base + path, headers=headers, allow_redirects=False) as resp:
                 csp = resp.headers.get("Content-Security-Policy", "")
                 assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp, path
@@ -170,8 +195,14 @@ async def test_hostile_titles_and_messages_reach_pages_only_as_text(site: Site) 
     async with _http() as http:
         await sign_in(http, site.base)
         pages = []
-        for path in ("/ui/sessions", f"/ui/sessions/{h}", "/ui/search?q=needle", f"/ui/sessions/{h}/rename",
-                     f"/ui/sessions/{h}/delete", "/ui/insights"):  # fmt: skip
+        for path in (
+            "/ui/sessions",
+            f"/ui/sessions/{h}",
+            "/ui/search?q=needle",
+            f"/ui/sessions/{h}/rename",
+            f"/ui/sessions/{h}/delete",
+            "/ui/insights",
+        ):
             status, text = await _get(http, site.base + path)
             assert status == 200, path
             pages.append(text)
@@ -214,16 +245,25 @@ async def test_listing_filters_sort_and_keyset_paging(site: Site) -> None:
             seen: list[str] = []
             cursor = None
             while True:
-                status, body = await _get(http, f"{site.base}/api/sessions?{sort}&children=1&limit=2"
-                                          + (f"&after={cursor}" if cursor else ""), headers=BEARER)  # fmt: skip
+                status, body = await _get(
+                    http,
+                    f"{site.base}/api/sessions?{sort}&children=1&limit=2"
+                    + (f"&after={cursor}" if cursor else ""),
+                    headers=BEARER,
+                )
                 seen += [r["id"] for r in body["sessions"]]
                 cursor = body["next"]
                 if cursor is None:
                     break
             assert seen == await ids(f"{sort}&children=1&limit=500")
             assert len(seen) == len(set(seen)) == len(everything)
-        for bad, name in (("platform=irc", "platform"), ("from=yesterday", "from"), ("after=zzz", "after"),
-                          ("limit=0", "limit"), ("sort=size", "sort")):  # fmt: skip
+        for bad, name in (
+            ("platform=irc", "platform"),
+            ("from=yesterday", "from"),
+            ("after=zzz", "after"),
+            ("limit=0", "limit"),
+            ("sort=size", "sort"),
+        ):
             status, body = await _get(http, f"{site.base}/api/sessions?{bad}", headers=BEARER)
             assert status == 400 and name in body["error"]["message"]
 
@@ -321,11 +361,17 @@ async def test_rename_delete_live_refusal_prune_and_empty_sessions(tmp_path: Pat
 async def rename_delete_live_refusal_prune_and_empty(s: Site) -> None:
     """The operations over the API on a site whose seeded Discord session is live."""
     async with _http() as http:
-        async with http.post(f"{s.base}/api/sessions/{s.seeded.root}/title", json={"title": "renamed <b>"},
-                             headers=BEARER) as resp:  # fmt: skip
+        async with http.post(
+            f"{s.base}/api/sessions/{s.seeded.root}/title",
+            json={"title": "renamed <b>"},
+            headers=BEARER,
+        ) as resp:
             assert resp.status == 200 and (await resp.json())["title"] == "renamed <b>"
-        async with http.post(f"{s.base}/api/sessions/{s.seeded.discord}/title", json={"title": "slack standup"},
-                             headers=BEARER) as resp:  # fmt: skip
+        async with http.post(
+            f"{s.base}/api/sessions/{s.seeded.discord}/title",
+            json={"title": "slack standup"},
+            headers=BEARER,
+        ) as resp:
             assert resp.status == 400 and "slack standup" in (await resp.json())["error"]["message"]
         async with http.delete(f"{s.base}/api/sessions/{s.seeded.discord}", headers=BEARER) as resp:
             assert resp.status == 409
@@ -370,14 +416,25 @@ async def test_page_actions_confirm_first(site: Site) -> None:
             assert "Deleted 1 empty session" in await resp.text()
         status, page = await _get(http, f"{site.base}/ui/ops/prune?days=7")
         assert 'id="prune-count">1<' in page
-        async with http.post(f"{site.base}/ui/ops/prune", data={"csrf": csrf, "confirm": "yes", "days": "7"},
-                             headers=origin) as resp:  # fmt: skip
+        async with http.post(
+            f"{site.base}/ui/ops/prune",
+            data={"csrf": csrf, "confirm": "yes", "days": "7"},
+            headers=origin,
+        ) as resp:
             assert "Pruned 1 session" in await resp.text()
-        async with http.post(f"{site.base}/ui/sessions/{s.branch}/rename", data={"csrf": csrf, "title": "new name"},
-                             headers=origin, allow_redirects=False) as resp:  # fmt: skip
+        async with http.post(
+            f"{site.base}/ui/sessions/{s.branch}/rename",
+            data={"csrf": csrf, "title": "new name"},
+            headers=origin,
+            allow_redirects=False,
+        ) as resp:
             assert resp.status == 303
-        async with http.post(f"{site.base}/ui/sessions/{s.branch}/delete", data={"csrf": csrf, "confirm": "yes"},
-                             headers=origin, allow_redirects=False) as resp:  # fmt: skip
+        async with http.post(
+            f"{site.base}/ui/sessions/{s.branch}/delete",
+            data={"csrf": csrf, "confirm": "yes"},
+            headers=origin,
+            allow_redirects=False,
+        ) as resp:
             assert resp.status == 303 and "deleted=" in resp.headers["Location"]
         status, page = await _get(http, f"{site.base}/ui/ops")
         assert 'id="health"' in page and "running" in page
@@ -404,8 +461,11 @@ async def test_export_then_import_through_the_api(site: Site, tmp_path: Path) ->
             if await other.db.get_session(sid) is not None:
                 await other.db.delete_session(sid)
         async with _http() as http:
-            async with http.post(f"{other.base}/api/import", data=dump + b"not json\n",
-                                 headers={**BEARER, "Content-Type": "application/x-ndjson"}) as resp:  # fmt: skip
+            async with http.post(
+                f"{other.base}/api/import",
+                data=dump + b"not json\n",
+                headers={**BEARER, "Content-Type": "application/x-ndjson"},
+            ) as resp:
                 report = await resp.json()
         assert report["imported"] == 9 and report["errors"] == ["line 10: not JSON; skipped"]
         assert (await other.db.get_session(site.seeded.hostile))["title"] == HOSTILE_TITLE
@@ -422,8 +482,10 @@ async def test_without_a_key_only_loopback_host_names_are_answered(tmp_path: Pat
             assert status == 200  # loopback, no key: no sign-in
             status, _ = await _get(http, f"{s.base}/api/sessions", headers={"Host": "evil.example"})
             assert status == 403  # a DNS-rebinding page would arrive with its own host name
-            async with http.delete(f"{s.base}/api/sessions/{s.seeded.branch}",
-                                   headers={"Origin": "http://evil.example"}) as resp:  # fmt: skip
+            async with http.delete(
+                f"{s.base}/api/sessions/{s.seeded.branch}",
+                headers={"Origin": "http://evil.example"},
+            ) as resp:
                 assert resp.status == 403
             async with http.get(f"{s.base}/ui/sessions") as resp:  # signed in without a form
                 assert resp.status == 200 and str(resp.url).endswith("/ui/sessions")
@@ -486,12 +548,17 @@ async def test_import_page_checks_the_token_and_confirmation_before_reading_the_
 async def test_sign_in_is_refused_with_retry_after_after_ten_wrong_keys(site: Site) -> None:
     async with _http() as http:
         for _ in range(10):
-            async with http.post(f"{site.base}/ui/login", data={"key": "guess"},
-                                 headers={"Origin": site.base}) as resp:  # fmt: skip
+            async with http.post(
+                f"{site.base}/ui/login", data={"key": "guess"}, headers={"Origin": site.base}
+            ) as resp:
                 assert resp.status == 401
         # now even the right key is refused, so a lucky guess cannot be told apart
-        async with http.post(f"{site.base}/ui/login", data={"key": KEY},
-                             headers={"Origin": site.base}, allow_redirects=False) as resp:  # fmt: skip
+        async with http.post(
+            f"{site.base}/ui/login",
+            data={"key": KEY},
+            headers={"Origin": site.base},
+            allow_redirects=False,
+        ) as resp:
             assert resp.status == 429
             assert 1 <= int(resp.headers["Retry-After"]) <= 300
             assert "Too many wrong keys" in await resp.text()

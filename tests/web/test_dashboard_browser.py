@@ -25,8 +25,16 @@ from tests.web_seed import HOSTILE_TITLE, RTL_TEXT, SCRIPT_TEXT
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
 )
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
@@ -168,8 +176,10 @@ async def test_the_sessions_page_shows_live_sessions_and_a_control_unfolds_linea
     listed = page.locator("#sessions tbody a")
 
     async def shown() -> set[str]:
-        return {str(h).rsplit("/", 1)[1] for h in await listed.evaluate_all(
-            "links => links.map(a => a.getAttribute('href'))")}  # fmt: skip
+        return {
+            str(h).rsplit("/", 1)[1]
+            for h in await listed.evaluate_all("links => links.map(a => a.getAttribute('href'))")
+        }
 
     folded = await shown()
     assert s.reset in folded and s.compressed2 in folded and s.branch in folded
@@ -263,10 +273,14 @@ async def test_forged_forms_are_refused(browser_site: tuple[Site, Any, Path]) ->
     evil = web.Application()
 
     async def attack(request: web.Request) -> web.Response:
-        return web.Response(content_type="text/html", text=(
-            f'<form id="f" method="post" action="{site.base}/ui/sessions/{victim}/delete">'
-            '<input name="confirm" value="yes"><input name="csrf" value="guess"></form>'
-            "<script>document.getElementById('f').submit()</script>"))  # fmt: skip
+        return web.Response(
+            content_type="text/html",
+            text=(
+                f'<form id="f" method="post" action="{site.base}/ui/sessions/{victim}/delete">'
+                '<input name="confirm" value="yes"><input name="csrf" value="guess"></form>'
+                "<script>document.getElementById('f').submit()</script>"
+            ),
+        )
 
     evil.router.add_get("/", attack)
     server = TestServer(evil, host="127.0.0.1")

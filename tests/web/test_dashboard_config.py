@@ -30,8 +30,12 @@ def test_the_example_documents_every_dashboard_key_with_its_default() -> None:
 
 
 def test_settings_follow_the_config(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, "dashboard:\n  key_env: DASH_KEY\n  session_hours: 2\n  secure_cookie: true\n"
-               "  prices: {m1: {input: 1.5, output: 3}}\n", {"DASH_KEY": "k-123456"})  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        "dashboard:\n  key_env: DASH_KEY\n  session_hours: 2\n  secure_cookie: true\n"
+        "  prices: {m1: {input: 1.5, output: 3}}\n",
+        {"DASH_KEY": "k-123456"},
+    )
     s = settings_from(cfg)
     assert s is not None
     assert (s.key, s.session_hours, s.secure_cookie, dict(s.prices)) == (
@@ -81,8 +85,11 @@ async def test_the_daemon_serves_the_dashboard_beside_its_api(tmp_path: Path) ->
     try:
         base = f"http://127.0.0.1:{gw.adapters[0].bound_port}"  # type: ignore[attr-defined]
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-            async with http.post(f"{base}/v1/messages", json={"chat_id": "c1", "text": "hello dashboard"},
-                                 headers={"Authorization": "Bearer a-123456"}) as resp:  # fmt: skip
+            async with http.post(
+                f"{base}/v1/messages",
+                json={"chat_id": "c1", "text": "hello dashboard"},
+                headers={"Authorization": "Bearer a-123456"},
+            ) as resp:
                 sid = (await resp.json())["session_id"]
             async with http.get(f"{base}/api/sessions") as resp:
                 assert resp.status == 401
@@ -104,8 +111,11 @@ async def test_the_daemon_serves_the_dashboard_beside_its_api(tmp_path: Path) ->
 
 async def test_off_loopback_without_a_key_there_is_no_dashboard(tmp_path: Path) -> None:
     # the api server itself needs a key off loopback, so this is the dashboard's own switch
-    cfg = _cfg(tmp_path, "platforms:\n  api:\n    host: 0.0.0.0\n    port: 0\n    key_env: API_KEY\n",
-               {"API_KEY": "a-123456"})  # fmt: skip
+    cfg = _cfg(
+        tmp_path,
+        "platforms:\n  api:\n    host: 0.0.0.0\n    port: 0\n    key_env: API_KEY\n",
+        {"API_KEY": "a-123456"},
+    )
     assert settings_from(cfg) is not None
     data = {**cfg.data}
     no_key = type(cfg)(data=data, secrets={}, path=None)

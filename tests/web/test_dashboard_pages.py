@@ -26,10 +26,20 @@ def _http() -> aiohttp.ClientSession:
 
 
 async def _named_chat(db: SessionDB) -> str:
-    origin = {"platform": "api", "chat_id": "team-7", "chat_type": "group",
-              "chat_name": "Release crew", "user_id": "u9"}  # fmt: skip
-    sid = await db.create_session(source="api", title="named chat", chat_id="team-7",
-                                  chat_type="group", origin_json=json.dumps(origin))  # fmt: skip
+    origin = {
+        "platform": "api",
+        "chat_id": "team-7",
+        "chat_type": "group",
+        "chat_name": "Release crew",
+        "user_id": "u9",
+    }
+    sid = await db.create_session(
+        source="api",
+        title="named chat",
+        chat_id="team-7",
+        chat_type="group",
+        origin_json=json.dumps(origin),
+    )
     await db.append_message(sid, "user", "ship it")
     return sid
 
@@ -44,8 +54,9 @@ async def test_the_chat_column_shows_the_chats_name_in_the_dashboard_and_the_cli
             await sign_in(http, site.base)
             async with http.get(f"{site.base}/ui/sessions") as resp:
                 html = await resp.text()
-            async with http.get(f"{site.base}/api/sessions",
-                                headers={"Authorization": f"Bearer {KEY}"}) as resp:  # fmt: skip
+            async with http.get(
+                f"{site.base}/api/sessions", headers={"Authorization": f"Bearer {KEY}"}
+            ) as resp:
                 listed = (await resp.json())["sessions"]
     finally:
         await server.close()
@@ -59,9 +70,12 @@ async def test_the_chat_column_shows_the_chats_name_in_the_dashboard_and_the_cli
     seeded = re.search(r'<td class="chat">100<div class="sub">dm</div></td>', html)
     assert seeded, html
     done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "gateway", "--home", str(tmp_path), "sessions", "list"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        subprocess.run,
+        [sys.executable, "-m", "gateway", "--home", str(tmp_path), "sessions", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     line = next(ln for ln in done.stdout.splitlines() if named in ln)
     assert "Release crew" in line
@@ -123,14 +137,18 @@ async def test_empty_fields_are_marked_for_eyes_and_screen_readers(tmp_path: Pat
 def test_a_quiet_day_beside_a_busy_one_is_visible_on_the_per_day_chart() -> None:
     """Square-root scale with a least height: a 1-message day beside a 1,000-message day
     is a bar of at least 3 units, and a day four times busier is twice as tall."""
-    days = [{"day": "2026-01-01", "sources": {"api": 1000}},
-            {"day": "2026-01-02", "sources": {"api": 1}},
-            {"day": "2026-01-03", "sources": {"api": 250}},
-            {"day": "2026-01-04", "sources": {}}]  # fmt: skip
+    days = [
+        {"day": "2026-01-01", "sources": {"api": 1000}},
+        {"day": "2026-01-02", "sources": {"api": 1}},
+        {"day": "2026-01-03", "sources": {"api": 250}},
+        {"day": "2026-01-04", "sources": {}},
+    ]
     svg = per_day_chart(days, ["api"])
     heights = {
         day: float(h)
-        for h, day in re.findall(r'<rect class="bar[^"]*"[^>]*height="([0-9.]+)" data-day="([^"]+)"', svg)
+        for h, day in re.findall(
+            r'<rect class="bar[^"]*"[^>]*height="([0-9.]+)" data-day="([^"]+)"', svg
+        )
     }
     plot_h = HEIGHT - PAD_B - PAD_T
     assert heights["2026-01-01"] == plot_h
@@ -146,8 +164,11 @@ async def test_a_forged_form_is_refused_with_a_page_and_a_way_back(tmp_path: Pat
         async with _http() as http:
             await sign_in(http, site.base)
             came_from = f"{site.base}/ui/sessions/{site.seeded.slack}/delete"
-            async with http.post(came_from, data={"confirm": "yes", "csrf": "forged"},
-                                 headers={"Origin": site.base, "Referer": came_from}) as resp:  # fmt: skip
+            async with http.post(
+                came_from,
+                data={"confirm": "yes", "csrf": "forged"},
+                headers={"Origin": site.base, "Referer": came_from},
+            ) as resp:
                 assert resp.status == 403
                 assert resp.content_type == "text/html"
                 html = await resp.text()

@@ -35,12 +35,22 @@ async def test_markup_looking_text_is_exact_in_the_json_api_and_escaped_in_the_p
 async def test_an_import_keeps_unstorable_characters_as_u_fffd_and_counts_them(
     site: Site, tmp_path: Path
 ) -> None:
-    record = {"format": 1, "session": {"id": "20250101_000000_feedbeef", "source": "api",
-              "user_id": "u\x00v", "started_at": 1.0},
-              "messages": [{"role": "user", "content": "before\x00after \ud800"}]}  # fmt: skip
+    record = {
+        "format": 1,
+        "session": {
+            "id": "20250101_000000_feedbeef",
+            "source": "api",
+            "user_id": "u\x00v",
+            "started_at": 1.0,
+        },
+        "messages": [{"role": "user", "content": "before\x00after \ud800"}],
+    }
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{site.base}/api/import", data=json.dumps(record).encode() + b"\n",
-                             headers={**BEARER, "Content-Type": "application/x-ndjson"}) as resp:  # fmt: skip
+        async with http.post(
+            f"{site.base}/api/import",
+            data=json.dumps(record).encode() + b"\n",
+            headers={**BEARER, "Content-Type": "application/x-ndjson"},
+        ) as resp:
             report = await resp.json()
     assert report["imported"] == 1 and report["replaced_characters"] == 3, report
     [message] = await site.db.get_messages("20250101_000000_feedbeef")

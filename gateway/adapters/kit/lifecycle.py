@@ -62,8 +62,9 @@ async def start_whoami(
     try:
         found = await whoami()
     except InvalidToken as exc:
-        raise refused(adapter, exc, by=by, credential=credential, refused_as=refused_as,
-                      log=log) from exc  # fmt: skip
+        raise refused(
+            adapter, exc, by=by, credential=credential, refused_as=refused_as, log=log
+        ) from exc
     except AdapterError as exc:
         adapter.last_error = str(exc)
         log.warning("%s: %s: %s", adapter.platform, unreachable, exc)

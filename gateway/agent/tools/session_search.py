@@ -216,31 +216,46 @@ async def _scroll(db: Store, caller: Caller, args: dict[str, Any]) -> str:
     msgs = await db.get_messages_around(row["id"], mid, window)
     if not msgs:
         return _error("no such message in that session")
-    return json.dumps({
-        "success": True,
-        "session_id": row["id"],
-        "title": row.get("title"),
-        "messages": [_msg(m, mid) for m in msgs],
-        # The edge ids repeat in the next page, so paging forward or back never skips.
-        "first_message_id": msgs[0]["id"],
-        "last_message_id": msgs[-1]["id"],
-    }, ensure_ascii=False)  # fmt: skip
+    return json.dumps(
+        {
+            "success": True,
+            "session_id": row["id"],
+            "title": row.get("title"),
+            "messages": [_msg(m, mid) for m in msgs],
+            # The edge ids repeat in the next page, so paging forward or back never skips.
+            "first_message_id": msgs[0]["id"],
+            "last_message_id": msgs[-1]["id"],
+        },
+        ensure_ascii=False,
+    )
 
 
 async def _browse(db: Store, caller: Caller, args: dict[str, Any]) -> str:
     limit = _int_arg(args, "limit", 10, 1, 50)
     scope = caller.scope
     listing = SessionFilter(
-        source=scope.source, sources=scope.sources, exclude_sources=scope.exclude_sources,
-        user_id=scope.user_id, chat_id=scope.chat_id, thread_id=scope.thread_id,
-    )  # fmt: skip
+        source=scope.source,
+        sources=scope.sources,
+        exclude_sources=scope.exclude_sources,
+        user_id=scope.user_id,
+        chat_id=scope.chat_id,
+        thread_id=scope.thread_id,
+    )
     rows = await db.list_filtered(listing, limit=limit)
-    return json.dumps({
-        "success": True,
-        "sessions": [
-            {"session_id": r["id"], "title": r.get("title"), "preview": r.get("preview"),
-             "source": r["source"], "last_active": r.get("last_active"),
-             "current": r["id"] == caller.current_session_id}
-            for r in rows
-        ],
-    }, ensure_ascii=False)  # fmt: skip
+    return json.dumps(
+        {
+            "success": True,
+            "sessions": [
+                {
+                    "session_id": r["id"],
+                    "title": r.get("title"),
+                    "preview": r.get("preview"),
+                    "source": r["source"],
+                    "last_active": r.get("last_active"),
+                    "current": r["id"] == caller.current_session_id,
+                }
+                for r in rows
+            ],
+        },
+        ensure_ascii=False,
+    )
