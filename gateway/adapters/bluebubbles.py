@@ -27,7 +27,9 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    Outbound,
     Route,
+    SetupSteps,
     Typing,
     ask_whoami,
     call_with_retry,
@@ -177,7 +179,7 @@ def already_queued(exc: AdapterError) -> bool:
 # --- the adapter ------------------------------------------------------------------------
 
 
-class BlueBubblesAdapter(Typing):
+class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
     platform: ClassVar[str] = "bluebubbles"
     settings: ClassVar[type[BlueBubblesSettings]] = BlueBubblesSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -240,6 +242,16 @@ class BlueBubblesAdapter(Typing):
             max_age_s=settings.max_age_seconds,
         )
 
+    @classmethod
+    def setup_steps(cls, settings: BlueBubblesSettings) -> list[str]:
+        """What to do on bluebubbles's side (`switchboard setup` prints it)."""
+        return [
+            "BlueBubbles Server on a Mac signed in to Messages: set its server password "
+            "(BLUEBUBBLES_PASSWORD) and make its REST API reachable at url",
+            "add a webhook for New Messages at the URL below with "
+            "?secret=<BLUEBUBBLES_WEBHOOK_SECRET> appended (a long random value of yours)",
+        ]
+
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook}
 
@@ -298,6 +310,12 @@ class BlueBubblesAdapter(Typing):
         self.stale_dropped = 0
 
     # --- lifecycle ------------------------------------------------------------------
+
+    async def open_outbound(self) -> str:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
+        webhook is served only by the daemon): the server's account, which a refused credential or an
+        unreachable platform fails."""
+        return await self._whoami()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

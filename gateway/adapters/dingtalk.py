@@ -24,7 +24,9 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    Outbound,
     Route,
+    SetupSteps,
     call_with_retry,
     failed,
     split_message,
@@ -119,7 +121,7 @@ class _QuietPings(logging.Filter):
 QUIET_PINGS = _QuietPings()
 
 
-class DingTalkAdapter:
+class DingTalkAdapter(Outbound, SetupSteps):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[DingTalkSettings]] = DingTalkSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("dingtalk_stream",)
@@ -153,6 +155,16 @@ class DingTalkAdapter:
             base_url=settings.base_url,
             require_mention=settings.require_mention,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: DingTalkSettings) -> list[str]:
+        """What to do on dingtalk's side (`switchboard setup` prints it)."""
+        return [
+            "open-dev.dingtalk.com: an internal app; copy its Client ID and Client Secret "
+            "(DINGTALK_CLIENT_ID, DINGTALK_CLIENT_SECRET)",
+            "add the Robot capability with Stream mode (nothing to expose: the daemon "
+            "connects out), grant robot message sending, publish, add the robot to groups",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {}
@@ -209,6 +221,11 @@ class DingTalkAdapter:
         self.connections = 0
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
+
+    async def open_outbound(self) -> str:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): an
+        access token, no Stream connection."""
+        return await self.api.access_token()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

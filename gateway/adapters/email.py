@@ -27,7 +27,9 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    Outbound,
     Route,
+    SetupSteps,
     UsesCursors,
     UsesShards,
     call_with_retry,
@@ -131,7 +133,7 @@ def is_our_thread(message_id: str, our_address: str) -> bool:
     )
 
 
-class EmailAdapter(UsesCursors, UsesShards):
+class EmailAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "email"
     settings: ClassVar[type[EmailSettings]] = EmailSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("aioimaplib", "aiosmtplib")
@@ -193,6 +195,16 @@ class EmailAdapter(UsesCursors, UsesShards):
             require_mention=settings.require_mention,
             allowed=allowed,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: EmailSettings) -> list[str]:
+        """What to do on email's side (`switchboard setup` prints it)."""
+        return [
+            "a mailbox for the agent with IMAP and SMTP access; many providers want an app "
+            "password (EMAIL_PASSWORD) rather than the account password",
+            "have the mail server check SPF, DKIM and DMARC: whoever controls a From header "
+            "can write as an allowed sender",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {}
@@ -269,6 +281,11 @@ class EmailAdapter(UsesCursors, UsesShards):
     def use_shards(self, ledger: ShardLedger) -> None:
         """Among replicas: watch the folder only while this replica owns the watch."""
         self._receiver.use(ledger)
+
+    async def open_outbound(self) -> None:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): the
+        SMTP login, no IMAP watch."""
+        await _smtp_login(self.smtp)
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

@@ -31,7 +31,9 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    Outbound,
     Route,
+    SetupSteps,
     call_with_retry,
     failed,
     split_message,
@@ -90,7 +92,7 @@ def reply_uuid(dedupe_key: str, chat_id: str, part: int) -> str:
     return hashlib.blake2b(seed, digest_size=16).hexdigest()
 
 
-class FeishuAdapter:
+class FeishuAdapter(Outbound, SetupSteps):
     platform: ClassVar[str] = "feishu"
     idempotent_replies: ClassVar[bool] = True  # a uuid per part, derived from the reply's key
     settings: ClassVar[type[FeishuSettings]] = FeishuSettings
@@ -143,6 +145,17 @@ class FeishuAdapter:
             domain=settings.base_url,
             require_mention=settings.require_mention,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: FeishuSettings) -> list[str]:
+        """What to do on feishu's side (`switchboard setup` prints it)."""
+        return [
+            "open.feishu.cn (or open.larksuite.com): a custom app with the Bot feature; copy "
+            "the App ID and App Secret (FEISHU_APP_ID, FEISHU_APP_SECRET)",
+            "Events & Callbacks: set an Encrypt Key (FEISHU_ENCRYPT_KEY), copy the "
+            "Verification Token (FEISHU_VERIFICATION_TOKEN), send events to the URL below "
+            "and add im.message.receive_v1; grant read and send message scopes; publish",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {EVENTS_PATH: self.handle_events}
@@ -208,6 +221,11 @@ class FeishuAdapter:
         self.bot_open_id: str | None = None
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
+
+    async def open_outbound(self) -> dict[str, Any]:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon; events
+        are posted to the daemon's route): a tenant token and the bot's info."""
+        return await self._bot_info()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

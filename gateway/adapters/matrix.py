@@ -28,7 +28,9 @@ from gateway.adapters.base import (
     Cursors,
     Emit,
     HomeIds,
+    Outbound,
     Route,
+    SetupSteps,
     Typing,
     UsesCursors,
     UsesShards,
@@ -99,7 +101,7 @@ class MatrixSettings(PlatformSettings):
     user_id: str | None = setting(None, _user_id, "the bot's Matrix user id")
 
 
-class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
+class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSteps):
     platform: ClassVar[str] = "matrix"
     settings: ClassVar[type[MatrixSettings]] = MatrixSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("mau",)
@@ -146,6 +148,16 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
             allowed={str(u) for u in (*settings.allowed_users, *settings.admins)},
             allow_all=settings.allow_all_users,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: MatrixSettings) -> list[str]:
+        """What to do on matrix's side (`switchboard setup` prints it)."""
+        return [
+            "register an account for the bot on the homeserver and log in once to get its "
+            "access token (MATRIX_ACCESS_TOKEN); logging that session out ends the token",
+            "invite the bot to rooms or open a DM with it: it accepts invites from "
+            "allowed_users and admins",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {}
@@ -237,12 +249,13 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
         """Among replicas: sync only while this replica owns the receiving connection."""
         self._receiver.use(ledger)
 
-    async def start(self, emit: Emit) -> None:
+    async def open_outbound(self) -> None:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): the
+        client and its whoami, never syncing."""
         from mautrix.client import ClientAPI
 
         from gateway.adapters.matrix_http import mapped, new_api
 
-        self._emit = emit
         self._client = ClientAPI(
             self.user_id, api=new_api(self.homeserver, self._token, self._poll_timeout_s + 30)
         )
@@ -262,6 +275,10 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds):
             name = await mapped(lambda: self._client.get_displayname(self.user_id))
             self._me = Me(self.user_id, name or None, self._require_mention)
         self._rooms.set_direct(await self._direct_content())
+
+    async def start(self, emit: Emit) -> None:
+        self._emit = emit
+        await self.open_outbound()
         await self._receiver.start()
         self.state = AdapterState.RUNNING
         log.info(

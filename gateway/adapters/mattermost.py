@@ -25,7 +25,9 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    Outbound,
     Route,
+    SetupSteps,
     Typing,
     UsesCursors,
     UsesShards,
@@ -77,7 +79,7 @@ def split_url(url: str) -> tuple[str, str, int]:
     return scheme, parts.hostname or "localhost", port
 
 
-class MattermostAdapter(Typing, UsesCursors, UsesShards):
+class MattermostAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "mattermost"
     settings: ClassVar[type[MattermostSettings]] = MattermostSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("mattermostautodriver",)
@@ -121,6 +123,16 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
             require_mention=settings.require_mention,
             catch_up_hours=settings.catch_up_hours,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: MattermostSettings) -> list[str]:
+        """What to do on mattermost's side (`switchboard setup` prints it)."""
+        return [
+            "System Console > Integrations > Bot Accounts: enable bot accounts, add one and "
+            "copy its token (MATTERMOST_TOKEN)",
+            "add the bot to the teams and channels it serves; allowlists take user ids "
+            "(a profile's Copy ID), not usernames",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {}  # events arrive over the websocket the adapter opens
@@ -206,8 +218,9 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
         """Among replicas: hold the websocket only while this replica owns it."""
         self._receiver.use(ledger)
 
-    async def start(self, emit: Emit) -> None:
-        self._emit = emit
+    async def open_outbound(self) -> None:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): the
+        driver logged in (GET /users/me), no websocket."""
         self._driver = _driver(self._url, self._token, self._timeout)
         try:
             me = await self._call(self._driver.login)
@@ -220,6 +233,10 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards):
             raise InvalidToken("mattermost rejected the token") from exc
         self.bot_id, self.bot_username = str(me["id"]), me.get("username")
         self.max_post_size = await self._max_post_size()
+
+    async def start(self, emit: Emit) -> None:
+        self._emit = emit
+        await self.open_outbound()
         await self._receiver.start()
         if self._stream is not None and self._stream.refused:
             await self.stop()

@@ -25,7 +25,9 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    Outbound,
     Route,
+    SetupSteps,
     TransientError,
     Typing,
     UsesCursors,
@@ -98,7 +100,7 @@ def _inbound(got: Incoming) -> InboundMessage:
     )
 
 
-class SignalAdapter(Typing, UsesCursors, UsesShards):
+class SignalAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "signal"
     settings: ClassVar[type[SignalSettings]] = SignalSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()  # plain aiohttp, no client library
@@ -146,6 +148,17 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
             listed=frozenset(str(u) for u in (*settings.allowed_users, *settings.admins)),
             allow_all=settings.allow_all_users,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: SignalSettings) -> list[str]:
+        """What to do on signal's side (`switchboard setup` prints it)."""
+        return [
+            "signal-cli: register a number for the bot (`signal-cli -a NUMBER register`, then "
+            "`verify CODE`) or link it to a phone (`signal-cli link -n switchboard`)",
+            f"run `signal-cli -a {settings.account or 'NUMBER'} daemon --http "
+            f"{settings.url.split('://', 1)[-1]} --receive-mode on-connection` as a service "
+            "that starts before the gateway",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {}
@@ -219,8 +232,10 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
         """Among replicas: follow the event stream only while this replica owns it."""
         self._receiver.use(ledger)
 
-    async def start(self, emit: Emit) -> None:
-        self._emit = emit
+    async def open_outbound(self) -> str:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon): the
+        JSON-RPC link and the account check, no receive loop. Returns what signal-cli said
+        of the account."""
         await self.rpc.open()
         try:
             detail = await _ask_about_account(self.rpc)
@@ -232,6 +247,11 @@ class SignalAdapter(Typing, UsesCursors, UsesShards):
             ) from exc
         except AdapterError as exc:
             await self._fail(str(exc), exc)
+        return detail
+
+    async def start(self, emit: Emit) -> None:
+        self._emit = emit
+        detail = await self.open_outbound()
         await self._receiver.start()
         self.state = AdapterState.RUNNING
         log.info(

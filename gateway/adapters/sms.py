@@ -21,7 +21,9 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    Outbound,
     Route,
+    SetupSteps,
     ask_whoami,
     call_with_retry,
     send_by_trace,
@@ -149,7 +151,7 @@ def plain_text(markdown: str) -> str:
 # --- the adapter ------------------------------------------------------------------------
 
 
-class SmsAdapter:
+class SmsAdapter(Outbound, SetupSteps):
     platform: ClassVar[str] = "sms"
     settings: ClassVar[type[SmsSettings]] = SmsSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("twilio",)
@@ -192,6 +194,16 @@ class SmsAdapter:
             str(settings.webhook_url),
             base_url=settings.base_url,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: SmsSettings) -> list[str]:
+        """What to do on sms's side (`switchboard setup` prints it)."""
+        return [
+            "Twilio console: copy the Account SID (account_sid) and Auth Token "
+            "(TWILIO_AUTH_TOKEN); the number's E.164 form is from_number",
+            "Phone Numbers > Active numbers > the number > Messaging: 'A message comes in' "
+            "-> Webhook, HTTP POST, the URL below (US numbers need A2P 10DLC registration)",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook}
@@ -267,6 +279,12 @@ class SmsAdapter:
     async def _whoami(self) -> str:
         account = await self._rest(lambda c: c.api.v2010.accounts(self._sid).fetch_async())
         return str(account.friendly_name or self._sid)
+
+    async def open_outbound(self) -> str:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
+        webhook is served only by the daemon): the Twilio account's name, which a refused credential or an
+        unreachable platform fails."""
+        return await self._whoami()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

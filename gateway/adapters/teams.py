@@ -26,7 +26,9 @@ from gateway.adapters.base import (
     Cursors,
     Emit,
     HomeIds,
+    Outbound,
     Route,
+    SetupSteps,
     Typing,
     UsesCursors,
     failed,
@@ -177,7 +179,7 @@ def to_inbound(
         return None
 
 
-class TeamsAdapter(Typing, UsesCursors, HomeIds):
+class TeamsAdapter(Typing, UsesCursors, HomeIds, Outbound, SetupSteps):
     platform: ClassVar[str] = "teams"
     settings: ClassVar[type[TeamsSettings]] = TeamsSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("jwt",)
@@ -223,6 +225,16 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds):
             service_url=settings.base_url or DEFAULT_SERVICE_URL,
             require_mention=settings.require_mention,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: TeamsSettings) -> list[str]:
+        """What to do on teams's side (`switchboard setup` prints it)."""
+        return [
+            "Azure portal: create an Azure Bot; note its Microsoft App ID (TEAMS_APP_ID) and "
+            "create a client secret (TEAMS_APP_PASSWORD)",
+            "set the bot's messaging endpoint to the URL below; under Channels add "
+            "Microsoft Teams; install a Teams app manifest with the bot for its users",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {MESSAGES_PATH: self.handle_activity}
@@ -304,10 +316,11 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds):
         """Conversation references live here (`conv:<chat id>`), so replies survive a restart."""
         self._cursors = cursors
 
-    async def start(self, emit: Emit) -> None:
+    async def open_outbound(self) -> None:
+        """Ready to send (`switchboard send` without a daemon; the daemon's start is the
+        same, its webhook route then taking activities): the HTTP session and a bot token."""
         import aiohttp
 
-        self._emit = emit
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=30),
             trace_configs=[send_by_trace()],  # a reply that set out late stops here
@@ -324,6 +337,10 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds):
         except AdapterError as exc:  # network trouble never ends the daemon: fetched again on use
             self.last_error = str(exc)
             log.warning("teams: no bot token yet (%s); retrying when one is needed", exc)
+
+    async def start(self, emit: Emit) -> None:
+        self._emit = emit
+        await self.open_outbound()
         self.state = AdapterState.RUNNING
         log.info("teams listening on %s for app %s", MESSAGES_PATH, self.app_id)
 

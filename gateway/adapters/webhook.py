@@ -23,7 +23,9 @@ from gateway.adapters.base import (
     Backoff,
     Emit,
     HomeIds,
+    Outbound,
     Route,
+    SetupSteps,
     TurnHooks,
     call_with_retry,
     send_by_trace,
@@ -92,7 +94,7 @@ class _Exchange:
     late: bool = False  # the request gave up waiting: the reply goes to the callback
 
 
-class WebhookAdapter(TurnHooks, HomeIds):
+class WebhookAdapter(TurnHooks, HomeIds, Outbound, SetupSteps):
     platform: ClassVar[str] = "webhook"
     settings: ClassVar[type[WebhookSettings]] = WebhookSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -148,6 +150,15 @@ class WebhookAdapter(TurnHooks, HomeIds):
     @classmethod
     def from_config(cls, settings: WebhookSettings, secrets: Mapping[str, str]) -> WebhookAdapter:
         return cls(cls.endpoints_of(settings, secrets), tolerance_s=settings.tolerance_seconds)
+
+    @classmethod
+    def setup_steps(cls, settings: WebhookSettings) -> list[str]:
+        """What to do on webhook's side (`switchboard setup` prints it)."""
+        return [
+            "give each caller its endpoint's secret: requests are signed with HMAC-SHA256 "
+            "over the body (docs: platforms/webhook)",
+            "an endpoint in async mode needs a callback_url that takes the replies",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {PATH.format(name): partial(self.handle, name) for name in self._endpoints}
@@ -215,6 +226,10 @@ class WebhookAdapter(TurnHooks, HomeIds):
         self.refused = 0  # requests refused for their signature
 
     # --- lifecycle ------------------------------------------------------------------
+
+    async def open_outbound(self) -> None:
+        """Ready to send (`switchboard send` without a daemon): an endpoint's sends are
+        posts to its callback_url, which need nothing opened first."""
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

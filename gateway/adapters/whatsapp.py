@@ -24,7 +24,9 @@ from gateway.adapters.base import (
     DEFAULT_BACKOFF,
     Backoff,
     Emit,
+    Outbound,
     Route,
+    SetupSteps,
     Typing,
     ask_whoami,
     call_with_retry,
@@ -74,7 +76,7 @@ class WhatsAppSettings(PlatformSettings):
 # --- the adapter ------------------------------------------------------------------------
 
 
-class WhatsAppAdapter(Typing):
+class WhatsAppAdapter(Typing, Outbound, SetupSteps):
     platform: ClassVar[str] = "whatsapp"
     settings: ClassVar[type[WhatsAppSettings]] = WhatsAppSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -117,6 +119,18 @@ class WhatsAppAdapter(Typing):
             base_url=settings.base_url,
             max_age_s=settings.max_age_seconds,
         )
+
+    @classmethod
+    def setup_steps(cls, settings: WhatsAppSettings) -> list[str]:
+        """What to do on whatsapp's side (`switchboard setup` prints it)."""
+        return [
+            "developers.facebook.com: a Business app with the WhatsApp product; note the "
+            "phone number ID; a system user's permanent token (WHATSAPP_TOKEN); the app "
+            "secret (WHATSAPP_APP_SECRET)",
+            "WhatsApp > Configuration: the callback URL below with your verify token "
+            "(WHATSAPP_VERIFY_TOKEN), subscribed to the messages field; the daemon must run "
+            "when you save (Meta checks the URL)",
+        ]
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook, f"GET {WEBHOOK_PATH}": self.handle_handshake}
@@ -166,6 +180,12 @@ class WhatsAppAdapter(Typing):
         self.stale_dropped = 0
 
     # --- lifecycle ------------------------------------------------------------------
+
+    async def open_outbound(self) -> str:
+        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
+        webhook is served only by the daemon): the business number's name, which a refused credential or an
+        unreachable platform fails."""
+        return await self._whoami()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
