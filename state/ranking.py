@@ -24,8 +24,10 @@ import math
 import re
 import sqlite3
 import unicodedata
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from .textindex import PerChar
 
@@ -61,6 +63,7 @@ class Phrase:
     prefix: bool
     match: str  # the FTS5 MATCH text for this term alone (for document frequency)
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _joined: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # whole tokens, any run of separators between them, the last one open with a prefix
@@ -69,6 +72,9 @@ class Phrase:
         # (no look-behind: a pattern that starts with a literal is searched for fast; the
         # token boundary before a match is checked by hand)
         object.__setattr__(self, "_pattern", re.compile(rf"{body}{tail}(?![^\W_])"))
+        # the same over many rows joined by NUL: no run of separators crosses a NUL
+        between = r"(?:[^\w\x00]|_)+".join(re.escape(t) for t in self.tokens)
+        object.__setattr__(self, "_joined", re.compile(rf"{between}{tail}(?![^\W_])"))
 
     def count_in(self, folded: str) -> int:
         """Occurrences in a text already passed through `fold`."""
@@ -79,13 +85,26 @@ class Phrase:
                 n += 1
         return n
 
+    def count_each(self, joined: str, starts: Sequence[int], counts: list[int]) -> None:
+        """Adds to counts[i] the occurrences in row i of `joined`: folded rows joined by
+        NUL, row i starting at starts[i]."""
+        for m in self._joined.finditer(joined):
+            start = m.start()
+            if start == 0 or not joined[start - 1].isalnum():
+                counts[bisect_right(starts, start) - 1] += 1
+
 
 def index_totals(conn: sqlite3.Connection, table: str) -> tuple[int, float]:
     """(rows, average tokens per row over all columns) from the FTS5 averages record."""
     row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
-    if row is None or not row[0]:
+    return totals_of(row[0] if row else None)
+
+
+def totals_of(block: bytes | None) -> tuple[int, float]:
+    """(rows, average tokens per row) from an FTS5 averages record (`{table}_data` id 1)."""
+    if not block:
         return 0, 1.0
-    values = _varints(row[0])
+    values = _varints(block)
     rows = values[0] if values else 0
     tokens = sum(values[1:])
     return rows, (tokens / rows if rows else 1.0) or 1.0
@@ -115,17 +134,26 @@ def estimate_df(
 ) -> int:
     """How many rows of `table` match `match`: exact below DF_SAMPLE matches, otherwise
     extrapolated from how far back the DF_SAMPLE-th newest match lies."""
-    found = conn.execute(
-        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-        (match, DF_SAMPLE - 1),
-    ).fetchone()
-    if found is None:
-        (n,) = conn.execute(
-            f"SELECT COUNT(*) FROM (SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?)",
-            (match, DF_SAMPLE),
-        ).fetchone()
+    n, low = conn.execute(*df_sample_sql(table, [match])).fetchone()
+    return df_of_sample(n, low, rows, id_range)
+
+
+def df_sample_sql(table: str, matches: Sequence[str]) -> tuple[str, list[object]]:
+    """One statement answering, for each MATCH text in turn, how many of its newest
+    DF_SAMPLE matches there are and the oldest of those rowids: one row (n, low, n, low...)."""
+    walks = ", ".join(
+        f"(SELECT COUNT(*), MIN(rid) FROM (SELECT rowid AS rid FROM {table} "
+        f"WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT {DF_SAMPLE}))"
+        for _ in matches
+    )
+    return f"SELECT * FROM {walks}", list(matches)
+
+
+def df_of_sample(n: int, low: int | None, rows: int, id_range: tuple[int, int]) -> int:
+    """Document frequency from a term's newest DF_SAMPLE matches: all of them when fewer."""
+    if n < DF_SAMPLE or low is None:
         return int(n)
-    return extrapolate_df(rows, found[0], id_range)
+    return extrapolate_df(rows, low, id_range)
 
 
 def extrapolate_df(rows: int, found: int, id_range: tuple[int, int]) -> int:
@@ -169,13 +197,35 @@ def bm25_of_length(
     avgdl: float,
 ) -> float:
     """The score of one row of `length` tokens (a store that counts tokens itself)."""
-    if not text:
-        return 0.0
-    folded = fold(text)
-    norm = K1 * (1 - B + B * length / avgdl)
-    score = 0.0
-    for phrase, weight in zip(phrases, weights, strict=True):
-        tf = phrase.count_in(folded)
-        if tf:
-            score += weight * tf * (K1 + 1) / (tf + norm)
-    return score
+    return bm25_many([text], [length], phrases, weights, avgdl)[0]
+
+
+def bm25_many(
+    texts: Sequence[str | None],
+    lengths: Sequence[int],
+    phrases: Sequence[Phrase],
+    weights: Sequence[float],
+    avgdl: float,
+) -> list[float]:
+    """The scores of many rows, each of lengths[i] tokens: the rows are folded and joined
+    by NUL (a NUL inside a row becomes a space, a separator either way), so each phrase is
+    counted in one scan over them all."""
+    folded = [fold(t).replace("\x00", " ") if t else "" for t in texts]
+    starts = list(accumulate((len(f) + 1 for f in folded[:-1]), initial=0))
+    joined = "\x00".join(folded)
+    tfs = []
+    for phrase in phrases:
+        counts = [0] * len(folded)
+        phrase.count_each(joined, starts, counts)
+        tfs.append(counts)
+    scores = []
+    for i, length in enumerate(lengths):
+        score = 0.0
+        if folded[i]:
+            norm = K1 * (1 - B + B * length / avgdl)
+            for counts, weight in zip(tfs, weights, strict=True):
+                tf = counts[i]
+                if tf:
+                    score += weight * tf * (K1 + 1) / (tf + norm)
+        scores.append(score)
+    return scores

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..content import content_text, decode_content
 from ..errors import QueryError
+from ..records import SearchHit
 from ..rows import Row
 from ..sqlite import search
 
@@ -24,19 +25,34 @@ def _context_text(stored: Any) -> str:
     return (content_text(stored) or "[multimodal content]")[:CONTEXT_CHARS]
 
 
-def _neighbours(conn: sqlite3.Connection, hit: Row) -> list[dict[str, Any]]:
-    """The previous message, the hit and the next one of the same session. Neighbours are
-    by id, switchboard's conversation order (an index lookup each)."""
-    sid, mid = hit["session_id"], hit["id"]
+def _neighbours(
+    conn: sqlite3.Connection, hits: Sequence[SearchHit]
+) -> dict[int, tuple[str | None, list[dict[str, Any]]]]:
+    """For each hit: its tool name, and the previous message, the hit and the next one of
+    the same session, in one statement for the page. Neighbours are by id, switchboard's
+    conversation order (an index lookup each)."""
+    if not hits:
+        return {}
+    values = ", ".join("(?, ?)" for _ in hits)
     rows = conn.execute(
-        "SELECT role, content FROM (SELECT id, role, content FROM messages "
-        "WHERE session_id = ?1 AND id < ?2 ORDER BY id DESC LIMIT 1) "
-        "UNION ALL SELECT role, content FROM messages WHERE id = ?2 "
-        "UNION ALL SELECT role, content FROM (SELECT id, role, content FROM messages "
-        "WHERE session_id = ?1 AND id > ?2 ORDER BY id LIMIT 1)",
-        (sid, mid),
+        f"WITH hits(hid, sid) AS (VALUES {values}) "
+        "SELECT hid, 0, p.role, p.content, NULL FROM hits JOIN messages p ON p.id = "
+        "(SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
+        "UNION ALL SELECT hid, 1, p.role, p.content, p.tool_name FROM hits "
+        "JOIN messages p ON p.id = hid "
+        "UNION ALL SELECT hid, 2, p.role, p.content, NULL FROM hits JOIN messages p ON p.id = "
+        "(SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid)",
+        [x for h in hits for x in (h["id"], h["session_id"])],
     ).fetchall()
-    return [{"role": r, "content": _context_text(c)} for r, c in rows]
+    found: dict[int, list[tuple[int, str, Any, str | None]]] = {}
+    for hid, place, role, content, tool in rows:
+        found.setdefault(hid, []).append((place, role, content, tool))
+    out: dict[int, tuple[str | None, list[dict[str, Any]]]] = {}
+    for hid, near in found.items():
+        near.sort(key=lambda n: n[0])
+        tool = next((n[3] for n in near if n[0] == 1), None)
+        out[hid] = (tool, [{"role": n[1], "content": _context_text(n[2])} for n in near])
+    return out
 
 
 def search_messages(
@@ -71,8 +87,9 @@ def search_messages(
     except (QueryError, sqlite3.OperationalError):
         return []
     out = []
+    near = _neighbours(conn, hits)
     for h in hits:
-        tool = conn.execute("SELECT tool_name FROM messages WHERE id = ?", (h["id"],)).fetchone()
+        tool, context = near.get(h["id"], (None, []))
         out.append(
             {
                 "id": h["id"],
@@ -80,11 +97,11 @@ def search_messages(
                 "role": h["role"],
                 "snippet": h.get("snippet"),
                 "timestamp": h["timestamp"],
-                "tool_name": tool[0] if tool else None,
+                "tool_name": tool,
                 "source": h.get("source"),
                 "model": h.get("model"),
                 "session_started": h.get("started_at"),
-                "context": _neighbours(conn, h),
+                "context": context,
             }
         )
     return out

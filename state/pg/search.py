@@ -337,16 +337,18 @@ async def _rank(
                 )
                 for p in phrases
             ]
+        texts: list[str | None] = []
+        lengths: list[int] = []
         for r in mine:
             stored = from_pg(r["content"], r["content_enc"])
             if br.side:
-                text, length = (
-                    side_text(stored, r["tool_name"], r["tool_calls"]),
-                    r["aux_ntok"] or 0,
-                )
+                texts.append(side_text(stored, r["tool_name"], r["tool_calls"]))
+                lengths.append(r["aux_ntok"] or 0)
             else:
-                text, length = stored, r["ntok"] or 0
-            score = ranking.bm25_of_length(text, length, phrases, weights, avgdl)
+                texts.append(stored)
+                lengths.append(r["ntok"] or 0)
+        found = ranking.bm25_many(texts, lengths, phrases, weights, avgdl)
+        for r, score in zip(mine, found, strict=True):
             scores[r["id"]] = blend(score, r["timestamp"], now)
     return sorted(rows, key=lambda r: (scores.get(r["id"], 0.0), r["id"]), reverse=True)
 

@@ -222,8 +222,8 @@ def search(
             names = [d[0] for d in cur.description]
             rows = cur.fetchall()
             # relevance: enough candidates for the page; otherwise the page itself is full
-            if len(rows) >= (need if relevance else max(1, req.limit)) or all(
-                _matches_fewer_than(conn, br, window) for br in branches
+            if len(rows) >= (need if relevance else max(1, req.limit)) or _all_fewer_than(
+                conn, branches, window
             ):
                 break
         except sqlite3.OperationalError as exc:
@@ -263,29 +263,37 @@ def _rank(
         col["timestamp"],
         col["id"],
     )
+    if len(rows) < 2:  # nothing to order
+        return rows
     scores: dict[int, float] = {}
     for br in branches:
         mine = [r for r in rows if r[i_fts] == br.table]
         if not mine:
             continue
         phrases = br.phrases(tree)
-        indexed, avgdl = ranking.index_totals(conn, br.table)
+        # the index's totals and, for IDF, the id range: one statement (two subqueries for
+        # the range: SQLite answers MIN or MAX alone from the index, both at once by a scan)
+        table, key = ("messages_aux", "message_id") if br.aux else ("messages", "id")
+        block, low, high = conn.execute(
+            f"SELECT (SELECT block FROM {br.table}_data WHERE id = 1), "
+            f"(SELECT MIN({key}) FROM {table}), (SELECT MAX({key}) FROM {table})"
+        ).fetchone()
+        indexed, avgdl = ranking.totals_of(block)
         weights = [1.0] * len(phrases)
         if len(phrases) > 1:  # a single term's IDF scales every score alike
-            # (two subqueries: SQLite answers MIN or MAX alone from the index, both at once
-            # by a full scan)
-            table, key = ("messages_aux", "message_id") if br.aux else ("messages", "id")
-            id_range = conn.execute(
-                f"SELECT (SELECT MIN({key}) FROM {table}), (SELECT MAX({key}) FROM {table})"
+            sample = conn.execute(
+                *ranking.df_sample_sql(br.table, [p.match for p in phrases])
             ).fetchone()
             weights = [
                 ranking.idf(
-                    indexed, ranking.estimate_df(conn, br.table, p.match, indexed, id_range)
+                    indexed,
+                    ranking.df_of_sample(sample[2 * i], sample[2 * i + 1], indexed, (low, high)),
                 )
-                for p in phrases
+                for i in range(len(phrases))
             ]
-        for r in mine:
-            score = ranking.bm25(r[i_body], r[i_size], phrases, weights, avgdl)
+        lengths = [ranking.doc_length(r[i_size]) for r in mine]
+        found = ranking.bm25_many([r[i_body] for r in mine], lengths, phrases, weights, avgdl)
+        for r, score in zip(mine, found, strict=True):
             scores[r[i_id]] = blend(score, r[i_ts], now)
     return sorted(rows, key=lambda r: (scores.get(r[i_id], 0.0), r[i_id]), reverse=True)
 
@@ -305,13 +313,18 @@ def _add_sessions(conn: sqlite3.Connection, hits: list[Row]) -> None:
         h.update(zip(_SESSION_COLUMNS, by_id.get(h["session_id"], (None,) * 4), strict=True))
 
 
-def _matches_fewer_than(conn: sqlite3.Connection, br: _Branch, window: int) -> bool:
-    n = conn.execute(
-        f"SELECT COUNT(*) FROM (SELECT rowid FROM {br.table} WHERE {br.table} MATCH ? "
-        "ORDER BY rowid DESC LIMIT ?)",
-        (br.match, window),
-    ).fetchone()[0]
-    return bool(n < window)
+def _all_fewer_than(conn: sqlite3.Connection, branches: list[_Branch], window: int) -> bool:
+    """Whether every branch's index has fewer than `window` matches (the window saw them
+    all): one statement for all branches."""
+    counts = ", ".join(
+        f"(SELECT COUNT(*) FROM (SELECT rowid FROM {br.table} WHERE {br.table} MATCH ? "
+        "ORDER BY rowid DESC LIMIT ?))"
+        for br in branches
+    )
+    found = conn.execute(
+        f"SELECT {counts}", [x for br in branches for x in (br.match, window)]
+    ).fetchone()
+    return all(n < window for n in found)
 
 
 def _add_context(conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term]) -> None:
