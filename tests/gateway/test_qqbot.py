@@ -20,11 +20,11 @@ from gateway.adapters.qqbot_api import QQApi
 from gateway.adapters.qqbot_gateway import GROUP_AND_C2C_EVENT
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import NotAccepted, PlatformRefused, RetryAfter
+from gateway.errors import ConfigError, NotAccepted, PlatformRefused, RetryAfter
 from gateway.handoff import handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
-from tests.fakes import wait_for_count
+from tests.fakes import stalled_then_on_time, started, wait_for_count
 from tests.fakes.qqbot import (
     ALICE,
     APP_ID,
@@ -348,6 +348,25 @@ async def test_the_sequence_number_moves_only_after_emit_and_a_refused_message_c
     assert adapter.health()["state"] == "stopped"
 
 
+async def test_a_qq_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
+    fake: FakeQQ,
+) -> None:
+    """Replicas: the process stands still after a reply's send began and before its request
+    left. Once the request has its connection it finds its SEND_BY passed and stops unsent
+    (SetOutLate), so the turn can ask its lease first. On time, it is sent once."""
+    adapter = QQBotAdapter(
+        APP_ID, fake.secret, api_base=fake.api_url, token_base=fake.token_url, backoff=FAST
+    )
+    async with started(adapter):
+        await fake.wait_ready(1)
+        fake.keep_alive = False  # each call connects: the send waits for its connection
+        reply = OutboundMessage("qqbot", ALICE, "once", reply_to="ROBOT1.0_so1")
+        await stalled_then_on_time(
+            lambda: adapter.send(reply), lambda: [p["text"] for k, p in fake.calls if k == "send"]
+        )
+        assert [(p["text"], p["msg_seq"]) for p in fake.sent()] == [("once", 2)]
+
+
 # --- a real daemon ---------------------------------------------------------------------------
 
 
@@ -448,3 +467,26 @@ async def test_the_access_token_is_fetched_again_before_it_expires(fake: FakeQQ)
     assert json.dumps(fake.calls[0][1]) == json.dumps(
         {"appId": APP_ID, "clientSecret": fake.secret}
     )
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra, env, key",
+    [
+        ("    token_url: ftp://bots.example\n", ENV, "platforms.qqbot.token_url"),
+        ("    base_url: api.sgroup.qq.com\n", ENV, "platforms.qqbot.base_url"),
+        ("    markdown: maybe\n", ENV, "platforms.qqbot.markdown"),
+        ("", {"QQBOT_CLIENT_SECRET": "s"}, "platforms.qqbot.app_id_env"),
+        ("", {"QQBOT_APP_ID": "1"}, "platforms.qqbot.token_env"),
+    ],
+)
+def test_bad_config_names_the_key(
+    tmp_path: Path, extra: str, env: dict[str, str], key: str
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("platforms:\n  qqbot:\n    enabled: true\n    allow_all_users: true\n" + extra)
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, env)
+    assert key in str(err.value) and err.value.exit_code == 78
