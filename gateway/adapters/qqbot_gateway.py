@@ -66,6 +66,7 @@ class QQGateway:
         self.last_error: str | None = None
         self._acked = True  # the last heartbeat's ack came
         self._ready = False  # the session is ready (or resumed) on this connection
+        self._kept_session: str | None = None  # the session id last written to the store
         self._ws: aiohttp.ClientWebSocketResponse | None = None
 
     async def load(self) -> None:
@@ -75,11 +76,16 @@ class QQGateway:
         session, seq = await self._cursors.get(SESSION_CURSOR), await self._cursors.get(SEQ_CURSOR)
         if session and seq and seq.isdigit():
             self.session_id, self.seq = session, int(seq)
+            self._kept_session = session
 
     async def _keep(self) -> None:
-        if self._cursors is not None:
+        """The session id (when it changed) and the sequence number, into the store."""
+        if self._cursors is None:
+            return
+        if self.session_id != self._kept_session:
             await self._cursors.set(SESSION_CURSOR, self.session_id or "")
-            await self._cursors.set(SEQ_CURSOR, "" if self.seq is None else str(self.seq))
+            self._kept_session = self.session_id
+        await self._cursors.set(SEQ_CURSOR, "" if self.seq is None else str(self.seq))
 
     def _forget_session(self) -> None:
         self.session_id, self.seq = None, None

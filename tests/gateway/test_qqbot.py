@@ -279,6 +279,35 @@ async def test_the_gateway_resumes_after_a_reconnect_request_and_a_drop(
     assert _adapter(gw).gateway.resumes == 2  # type: ignore[union-attr]
 
 
+async def test_a_restarted_daemon_resumes_its_session_and_answers_what_came_meanwhile(
+    tmp_path: Path, fake: FakeQQ
+) -> None:
+    first = _gateway(tmp_path, fake)
+    await first.start()
+    try:
+        await fake.wait_ready(1)
+        await fake.c2c("before the restart")
+        await fake.wait_sent(1)
+    finally:
+        await first.stop()
+    await fake.c2c("while it was down")
+    second = _gateway(tmp_path, fake)
+    await second.start()
+    try:
+        await fake.wait_sent(2)
+        assert fake.resumes[-1]["session_id"] == "session-1" and len(fake.identifies) == 1
+        await asyncio.sleep(0.2)
+        assert fake.texts() == ["echo: before the restart", "echo: while it was down"]
+        assert await _stored(second, DM_KEY) == [
+            "before the restart",
+            "echo: before the restart",
+            "while it was down",
+            "echo: while it was down",
+        ]
+    finally:
+        await second.stop()
+
+
 async def test_heartbeats_name_the_last_sequence_number_taken(gw: Gateway, fake: FakeQQ) -> None:
     seq_before = len(fake.events)
     await fake.c2c("beat")
