@@ -407,17 +407,26 @@ async def test_a_daemon_running_qqbot_exits_0_on_sigterm_and_send_names_qqs_refu
     (home / "config.yaml").write_text(
         _config(fake).replace("  api:\n    enabled: false\n", f"  api:\n    port: {port}\n")
     )
+
+    def send(text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            switchboard(home, "send", "qqbot", BOB, text),
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=clean_env(**ENV),
+        )
+
+    went = await asyncio.to_thread(send, "release notes")  # no daemon: sent actively
+    assert went.returncode == 0, went.stderr
+    assert [(p["chat"], p["text"], p["msg_id"]) for p in fake.sent()] == [
+        (BOB, "release notes", None)
+    ]
+    assert not fake.sockets  # sending only: the gateway was never opened
     fake.allow_active = False
-    sent = await asyncio.to_thread(
-        subprocess.run,
-        switchboard(home, "send", "qqbot", BOB, "nightly report"),
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=clean_env(**ENV),
-    )
-    assert sent.returncode == 77, sent.stderr
-    assert "主动消息失败, 无权限 (code 40034102)" in sent.stderr
+    refused = await asyncio.to_thread(send, "nightly report")
+    assert refused.returncode == 77, refused.stderr
+    assert "主动消息失败, 无权限 (code 40034102)" in refused.stderr
     proc = await asyncio.create_subprocess_exec(
         *switchboard(home, "run"),
         env=clean_env(**ENV),
@@ -428,7 +437,7 @@ async def test_a_daemon_running_qqbot_exits_0_on_sigterm_and_send_names_qqs_refu
         await wait_healthy(f"http://127.0.0.1:{port}", proc)
         await fake.wait_ready(1, timeout=30)
         await fake.c2c("through the daemon")
-        await fake.wait_sent(1, timeout=30)
+        await fake.wait_sent(2, timeout=30)
     finally:
         proc.send_signal(signal.SIGTERM)
         _out, err = await asyncio.wait_for(proc.communicate(), 30)
