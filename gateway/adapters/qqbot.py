@@ -41,13 +41,15 @@ from gateway.adapters.base import (
     stop_task,
 )
 from gateway.adapters.qqbot_api import (
+    CHANNEL_PREFIX,
     GROUP_PREFIX,
     DuplicateSeq,
     QQApi,
     ReplyGone,
+    is_channel,
     is_group,
 )
-from gateway.adapters.qqbot_gateway import GROUP_AND_C2C_EVENT, QQGateway
+from gateway.adapters.qqbot_gateway import GROUP_AND_C2C_EVENT, PUBLIC_GUILD_MESSAGES, QQGateway
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -85,6 +87,7 @@ class QQBotSettings(PlatformSettings):
     app_id_env: str | None = setting(None, env_name, "env var holding the bot's AppID")
     markdown: bool = setting(False, doc="send markdown (msg_type 2); needs QQ's permission")
     token_url: str | None = setting(None, _url, "the access token service's origin")
+    guild_messages: bool = setting(False, doc="also answer @-messages in guild channels")
 
 
 def _received(value: Any) -> float:
@@ -94,10 +97,13 @@ def _received(value: Any) -> float:
         return time.time()
 
 
+_MENTION = re.compile(r"<@!?[^>\s]+>")
+
+
 def to_inbound(kind: str, data: Mapping[str, Any]) -> InboundMessage | None:
-    """A C2C_MESSAGE_CREATE or GROUP_AT_MESSAGE_CREATE dispatch as an InboundMessage, or
-    None (another event, no text, no ids). A group message reaches the bot only when it
-    @-mentions it, so it is addressed."""
+    """A C2C_MESSAGE_CREATE, GROUP_AT_MESSAGE_CREATE or (guild) AT_MESSAGE_CREATE dispatch
+    as an InboundMessage, or None (another event, no text, no ids). A group or channel
+    message reaches the bot only when it @-mentions it, so it is addressed."""
     try:
         author = data.get("author") or {}
         text = str(data.get("content") or "").strip()
@@ -111,6 +117,17 @@ def to_inbound(kind: str, data: Mapping[str, Any]) -> InboundMessage | None:
             source = (
                 SessionSource(PLATFORM, GROUP_PREFIX + group, ChatType.GROUP, user)
                 if user and group
+                else None
+            )
+        elif kind == "AT_MESSAGE_CREATE":
+            user = str(author.get("id") or "")
+            channel = str(data.get("channel_id") or "")
+            text = _MENTION.sub("", text).strip()  # the bot's <@!id> stays in a guild's text
+            source = (
+                SessionSource(
+                    PLATFORM, CHANNEL_PREFIX + channel, ChatType.GROUP, user, author.get("username")
+                )
+                if user and channel
                 else None
             )
         else:
@@ -157,6 +174,7 @@ class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
             api_base=settings.base_url,
             token_base=settings.token_url,
             markdown=settings.markdown,
+            intents=GROUP_AND_C2C_EVENT | (PUBLIC_GUILD_MESSAGES if settings.guild_messages else 0),
         )
 
     def routes(self) -> Mapping[str, Route]:
@@ -195,13 +213,14 @@ class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
 
     @classmethod
     def home_chat_type(cls, chat_id: str) -> str:
-        """`group-<group_openid>` is a group; anything else a user's openid."""
-        return "group" if is_group(chat_id) else "dm"
+        """`group-<group_openid>` and `channel-<channel_id>` are groups; anything else a
+        user's openid."""
+        return "group" if is_group(chat_id) or is_channel(chat_id) else "dm"
 
     @classmethod
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """QQ has no threads; a handoff lands in the home chat itself."""
-        kind = ChatType.GROUP if is_group(thread.chat_id) else ChatType.DM
+        kind = ChatType(cls.home_chat_type(thread.chat_id))
         return SessionSource(cls.platform, thread.chat_id, kind)
 
     # --- one running bot --------------------------------------------------------------
@@ -333,7 +352,9 @@ class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
             self._seqs.popitem(last=False)
         return seq
 
-    def _body(self, text: str) -> dict[str, Any]:
+    def _body(self, chat_id: str, text: str) -> dict[str, Any]:
+        if is_channel(chat_id):  # a guild channel's message has no msg_type
+            return {"markdown": {"content": text}} if self.markdown else {"content": text}
         if self.markdown:
             return {"msg_type": 2, "markdown": {"content": text}}
         return {"msg_type": 0, "content": text}
@@ -343,16 +364,19 @@ class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
         each part), else an active message. A retry QQ calls a duplicate of an attempt that
         got no answer went through the first time."""
         msg_id = reply_to
-        seq = self._next_seq(msg_id) if msg_id else 0
+        numbered = not is_channel(chat_id)  # a guild channel's reply names only msg_id
+        seq = self._next_seq(msg_id) if msg_id and numbered else 0
         if seq > MAX_REPLIES:
             msg_id = None
         unanswered: set[int] = set()  # msg_seqs tried without an answer
 
         async def once() -> str:
             nonlocal msg_id, seq
-            body = self._body(text)
+            body = self._body(chat_id, text)
             if msg_id:
-                body.update(msg_id=msg_id, msg_seq=seq)
+                body["msg_id"] = msg_id
+                if numbered:
+                    body["msg_seq"] = seq
             try:
                 return await self.api.send(chat_id, body)
             except DuplicateSeq:

@@ -37,6 +37,7 @@ DUPLICATE_SEQ = 40054005  # "消息被去重": this msg_id + msg_seq was sent al
 REPLY_GONE = frozenset({304026, 304027, 40034024, 40034025})
 TIMEOUT = aiohttp.ClientTimeout(total=20)
 GROUP_PREFIX = "group-"  # a group chat's id is this before its group_openid
+CHANNEL_PREFIX = "channel-"  # a guild text channel's id is this before its channel_id
 
 
 class QQError(AdapterError):
@@ -71,10 +72,17 @@ def is_group(chat_id: str) -> bool:
     return chat_id.startswith(GROUP_PREFIX)
 
 
+def is_channel(chat_id: str) -> bool:
+    return chat_id.startswith(CHANNEL_PREFIX)
+
+
 def send_path(chat_id: str) -> str:
-    """The send call's path for a chat id: `group-<group_openid>` or a user's openid."""
+    """The send call's path for a chat id: `group-<group_openid>`, `channel-<channel_id>`
+    (a guild text channel) or a user's openid."""
     if is_group(chat_id):
         return f"/v2/groups/{chat_id[len(GROUP_PREFIX) :]}/messages"
+    if is_channel(chat_id):
+        return f"/channels/{chat_id[len(CHANNEL_PREFIX) :]}/messages"
     return f"/v2/users/{chat_id}/messages"
 
 

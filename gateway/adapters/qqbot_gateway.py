@@ -29,6 +29,7 @@ from gateway.errors import InvalidToken, NotAccepted, TransientError
 log = logging.getLogger("gateway.adapters.qqbot")
 
 GROUP_AND_C2C_EVENT = 1 << 25  # C2C_MESSAGE_CREATE, GROUP_AT_MESSAGE_CREATE
+PUBLIC_GUILD_MESSAGES = 1 << 30  # AT_MESSAGE_CREATE: a guild channel's @-messages
 HELLO_TIMEOUT_S = 30.0
 SESSION_CURSOR, SEQ_CURSOR = "session_id", "seq"
 AUTH_FAILED = 4004  # the token in Identify / Resume was refused

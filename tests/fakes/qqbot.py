@@ -24,6 +24,7 @@ BOT_NAME = "switchboard-bot"
 ALICE = "A1B2C3D4E5F60718293A4B5C6D7E8F90"
 BOB = "B0B0B0B0B0B0B0B0B0B0B0B0B0B0B0B0"
 GROUP = "9F8E7D6C5B4A39281706F5E4D3C2B1A0"
+CHANNEL = "634100987"
 ACTIVE_REFUSED = {"code": 40034102, "message": "主动消息失败, 无权限"}
 DEDUPED = {"code": 40054005, "message": "消息被去重，请检查请求msgseq"}
 RATE_LIMITED = {"code": 22009, "message": "msg limit exceed"}
@@ -93,6 +94,7 @@ class FakeQQ:
         app.router.add_get("/websocket", self._socket)
         app.router.add_post("/v2/users/{openid}/messages", self._send)
         app.router.add_post("/v2/groups/{openid}/messages", self._send)
+        app.router.add_post("/channels/{openid}/messages", self._send)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -127,6 +129,11 @@ class FakeQQ:
     async def group_at(self, text: str, member: str = ALICE, group: str = GROUP) -> str:
         msg_id = f"ROBOT1.0_grp{next(self._ids)}"
         await self.push("GROUP_AT_MESSAGE_CREATE", group_message(text, member, group, msg_id))
+        return msg_id
+
+    async def guild_at(self, text: str, author: str = "10001", channel: str = CHANNEL) -> str:
+        msg_id = f"08guild{next(self._ids)}"
+        await self.push("AT_MESSAGE_CREATE", guild_message(text, author, channel, msg_id))
         return msg_id
 
     async def op(self, op: int, d: Any = None) -> None:
@@ -224,11 +231,13 @@ class FakeQQ:
     async def _send(self, request: web.Request) -> web.Response:
         body = await request.json()
         openid = request.match_info["openid"]
-        group = "/groups/" in request.path
-        text = (body.get("markdown") or {}).get("content") if body.get("msg_type") == 2 else None
+        kind = "group" if "/groups/" in request.path else "c2c"
+        kind = "channel" if request.path.startswith("/channels/") else kind
+        markdown = body.get("msg_type") == 2 or (kind == "channel" and "markdown" in body)
+        text = (body.get("markdown") or {}).get("content") if markdown else None
         record: dict[str, Any] = {
-            "chat": ("group-" if group else "") + openid,
-            "kind": "group" if group else "c2c",
+            "chat": {"group": "group-", "channel": "channel-"}.get(kind, "") + openid,
+            "kind": kind,
             "text": text if text is not None else body.get("content"),
             "msg_type": body.get("msg_type"),
             "msg_id": body.get("msg_id"),
@@ -243,7 +252,7 @@ class FakeQQ:
         if not record["text"]:
             return self._error(400, {"code": 50006, "message": "消息为空"})
         msg_id = body.get("msg_id")
-        if msg_id:
+        if msg_id and kind != "channel":  # a guild channel's reply has no msg_seq
             seq = int(body.get("msg_seq") or 1)
             if (msg_id, seq) in self._used:
                 return self._error(400, DEDUPED)
@@ -282,4 +291,21 @@ def group_message(
         "group_id": group,
         "id": msg_id,
         "timestamp": "2026-12-06T09:58:00+08:00",
+    }
+
+
+def guild_message(
+    text: str, author: str = "10001", channel: str = CHANNEL, msg_id: str = "08guild"
+) -> dict[str, Any]:
+    """An AT_MESSAGE_CREATE dispatch's data: a guild channel keeps the bot's <@!id>."""
+    return {
+        "author": {"id": author, "username": "alice", "bot": False, "avatar": ""},
+        "channel_id": channel,
+        "guild_id": "7700112233",
+        "content": f"<@!5544332211> {text}",
+        "id": msg_id,
+        "member": {"nick": "alice", "roles": ["1"]},
+        "timestamp": "2026-12-06T09:58:00+08:00",
+        "seq": 12,
+        "seq_in_channel": "12",
     }

@@ -30,12 +30,14 @@ from tests.fakes.qqbot import (
     APP_ID,
     BOB,
     BOT_NAME,
+    CHANNEL,
     ENV,
     GROUP,
     RATE_LIMITED,
     FakeQQ,
     c2c_message,
     group_message,
+    guild_message,
 )
 from tests.gateway.conftest import refused_at_start
 
@@ -210,14 +212,32 @@ async def test_a_taken_msg_seq_moves_on_and_a_lost_answer_is_not_sent_twice(
     assert ref.message_ids == () and len(fake.sent()) == 2
 
 
-async def test_markdown_goes_as_msg_type_2(tmp_path: Path, fake: FakeQQ) -> None:
-    gateway = _gateway(tmp_path, fake, extra="    markdown: true\n")
+async def test_markdown_goes_as_msg_type_2_and_guild_at_messages_when_asked_for(
+    tmp_path: Path, fake: FakeQQ
+) -> None:
+    extra = "    markdown: true\n    guild_messages: true\n"
+    gateway = _gateway(tmp_path, fake, extra=extra)
     await gateway.start()
     try:
         await fake.wait_ready(1)
+        assert fake.identifies[0]["intents"] == (1 << 25) | (1 << 30)
         await fake.c2c("**bold**")
         [sent] = await fake.wait_sent(1)
         assert (sent["msg_type"], sent["text"]) == (2, "echo: **bold**")
+        asked = await fake.guild_at("status of the build")
+        answer = (await fake.wait_sent(2))[1]
+        assert (answer["kind"], answer["chat"], answer["msg_id"], answer["msg_seq"]) == (
+            "channel",
+            f"channel-{CHANNEL}",
+            asked,
+            None,
+        )
+        assert answer["text"] == "echo: status of the build"  # the bot's <@!id> left out
+        key = f"agent:main:qqbot:group:channel-{CHANNEL}:10001"
+        assert await _stored(gateway, key) == [
+            "status of the build",
+            "echo: status of the build",
+        ]
     finally:
         await gateway.stop()
 
@@ -459,6 +479,14 @@ def test_translation_of_c2c_and_group_messages() -> None:
     )
     assert (dm.platform_message_id, dm.reply_to, dm.mentioned) == ("m1", "m1", True)
     assert dm.received_at == 1796522280.0  # 2026-12-06T09:58:00+08:00
+    guild = to_inbound("AT_MESSAGE_CREATE", guild_message("<@!42> hi there", "10001"))
+    assert guild is not None
+    assert (guild.source.chat_id, guild.source.user_id, guild.source.user_name, guild.text) == (
+        f"channel-{CHANNEL}",
+        "10001",
+        "alice",
+        "hi there",
+    )
     group = to_inbound("GROUP_AT_MESSAGE_CREATE", group_message("hi all", BOB, GROUP, "g1"))
     assert group is not None
     assert (group.source.chat_type, group.source.chat_id, group.source.user_id, group.text) == (
@@ -476,7 +504,8 @@ def test_translation_of_c2c_and_group_messages() -> None:
         ("C2C_MESSAGE_CREATE", {**c2c_message("x"), "author": {}}),
         ("C2C_MESSAGE_CREATE", {k: v for k, v in c2c_message("x").items() if k != "id"}),
         ("GROUP_AT_MESSAGE_CREATE", {**group_message("x"), "group_openid": None}),
-        ("AT_MESSAGE_CREATE", c2c_message("a guild message")),
+        ("AT_MESSAGE_CREATE", c2c_message("a guild message without a channel")),
+        ("MESSAGE_CREATE", c2c_message("a guild's every message")),
         ("C2C_MESSAGE_CREATE", {**c2c_message("x"), "author": "nobody"}),
     ],
 )
@@ -486,6 +515,7 @@ def test_events_without_text_or_ids_are_passed_over(kind: str, data: dict[str, o
 
 def test_the_home_chat_type_and_thread_source() -> None:
     assert QQBotAdapter.home_chat_type(f"group-{GROUP}") == "group"
+    assert QQBotAdapter.home_chat_type(f"channel-{CHANNEL}") == "group"
     assert QQBotAdapter.home_chat_type(ALICE) == "dm"
     home = QQBotAdapter.thread_source(ThreadRef("qqbot", f"group-{GROUP}", f"group-{GROUP}"))
     assert (home.chat_type, home.thread_id) == ("group", None)
