@@ -6,8 +6,9 @@ and a `msg_seq` that differs for each reply to it, within 60 minutes of a C2C me
 5 minutes of a group message, at most 5 replies each. A reply past that, a handoff or
 `switchboard send` is an active message, which QQ limits (or refuses: its reason is raised
 as PlatformRefused). A send without a message to answer uses the chat's latest one while it
-is still inside its window. Group chats are `group-<group_openid>`; a user's C2C chat is
-their openid. QQ has no threads and no typing signal for bots.
+is still inside its window. Group chats are `group-<group_openid>`, guild text channels
+(with `guild_messages`) `channel-<channel_id>`; a user's C2C chat is their openid. QQ has
+no threads and no typing signal for bots.
 
 QQ sends every event to the bot's session, so among replicas one receives
 (gateway.shards.Receiver), resuming the session the last receiver left in the store.
@@ -260,9 +261,8 @@ class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
         """Ready to send, receiving nothing (`switchboard send` without a daemon)."""
         try:
             await call_with_retry(self.api.access_token, backoff=self._backoff, log=log)
-        except InvalidToken as exc:
+        except InvalidToken:  # the daemon's start says so in one line naming the keys
             self.state = failed("invalid app secret")
-            log.error("%s; the adapter is stopped", exc)
             await self.api.close()
             raise
 

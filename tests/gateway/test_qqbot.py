@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import subprocess
 from collections.abc import AsyncIterator
@@ -338,11 +339,14 @@ async def test_heartbeats_name_the_last_sequence_number_taken(gw: Gateway, fake:
 
 
 async def test_a_bad_app_secret_stops_the_adapter_while_the_daemon_runs(
-    tmp_path: Path, fake: FakeQQ
+    tmp_path: Path, fake: FakeQQ, caplog: pytest.LogCaptureFixture
 ) -> None:
     gateway = _gateway(tmp_path, fake, {**ENV, "QQBOT_CLIENT_SECRET": "wrong"})
     try:
-        await gateway.start()
+        with caplog.at_level(logging.INFO):
+            await gateway.start()
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "platforms.qqbot.token_env" in errors[0], errors
         refused_at_start(
             gateway,
             "qqbot",
