@@ -243,6 +243,7 @@ async def test_markdown_goes_as_msg_type_2_and_guild_at_messages_when_asked_for(
         await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_rate_limits_are_waited_out(gw: Gateway, fake: FakeQQ) -> None:
     api = _adapter(gw).api
     fake.fail_next(400, RATE_LIMITED)
@@ -423,6 +424,7 @@ async def test_a_qq_reply_that_stood_still_on_its_way_out_stops_before_it_is_sen
 # --- a real daemon ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_daemon_running_qqbot_exits_0_on_sigterm_and_send_names_qqs_refusal(
     tmp_path: Path, fake: FakeQQ
 ) -> None:
