@@ -471,6 +471,39 @@ async def test_a_daemon_running_qqbot_exits_0_on_sigterm_and_send_names_qqs_refu
     assert "Traceback" not in err.decode()
 
 
+@pytest.mark.slow
+async def test_setup_checks_the_app_secret_with_qq_and_shows_the_console_steps(
+    tmp_path: Path, fake: FakeQQ
+) -> None:
+    def setup(secret: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                *switchboard(tmp_path / secret, "setup", "--non-interactive"),
+                *("--agent", "echo", "--platform", "qqbot", "--allow", "qqbot=all"),
+                *(
+                    "--secret",
+                    f"QQBOT_APP_ID={APP_ID}",
+                    "--secret",
+                    f"QQBOT_CLIENT_SECRET={secret}",
+                ),
+                *("--set", f"platforms.qqbot.base_url={fake.api_url}"),
+                *("--set", f"platforms.qqbot.token_url={fake.token_url}"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=clean_env(),
+        )
+
+    done = await asyncio.to_thread(setup, fake.secret)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"qqbot: the token is accepted ({BOT_NAME})" in done.stdout
+    assert "q.qq.com: create a bot" in done.stdout and "IP allowlist" in done.stdout
+    refused = await asyncio.to_thread(setup, "wrong")
+    assert refused.returncode != 0
+    assert "invalid appid or secret (code 100016)" in refused.stdout + refused.stderr
+
+
 # --- pure ------------------------------------------------------------------------------------
 
 
