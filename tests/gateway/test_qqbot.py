@@ -330,6 +330,27 @@ async def test_a_restarted_daemon_resumes_its_session_and_answers_what_came_mean
         await second.stop()
 
 
+async def test_qqs_close_codes_decide_between_resume_identify_and_stop(
+    gw: Gateway, fake: FakeQQ
+) -> None:
+    await fake.close_with(4009)  # the session timed out: a new one is identified
+    await wait_for_count(lambda: fake.identifies, 2, 10, "identifies")
+    await fake.wait_ready(2)
+    assert fake.resumes == []
+    await fake.close_with(4004)  # the token was refused: a fresh one, a new session
+    await wait_for_count(lambda: fake.identifies, 3, 10, "identifies")
+    assert fake.identifies[-1]["token"] == f"QQBot {fake.tokens[-1]}" and len(fake.tokens) == 2
+    await fake.wait_ready(3)
+    await fake.close_with(4915)  # the bot is banned: the adapter stops, the daemon runs
+    adapter = _adapter(gw)
+    await wait_for_count(
+        lambda: [1] if str(adapter.health()["state"]).startswith("failed") else [], 1, 10, "failed"
+    )
+    assert adapter.health()["last_error"] == "qq closed the gateway: the bot is banned (code 4915)"
+    await asyncio.sleep(0.3)
+    assert len(fake.identifies) + len(fake.resumes) == 3  # no connection after it
+
+
 async def test_heartbeats_name_the_last_sequence_number_taken(gw: Gateway, fake: FakeQQ) -> None:
     seq_before = len(fake.events)
     await fake.c2c("beat")
