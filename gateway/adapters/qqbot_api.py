@@ -161,8 +161,8 @@ class QQApi:
     async def _get(self, path: str) -> dict[str, Any]:
         status, data, _resp = await self._call("GET", self.api_base + path, None, True)
         if status == 401 or _code(data) in TOKEN_EXPIRED:
-            self.forget_token()
-            raise InvalidToken(f"qq refused the access token: {data.get('message') or status}")
+            self.forget_token()  # expired early: the retry fetches another
+            raise TransientError(f"qq refused the access token: {data.get('message') or status}")
         if status == 429 or _code(data) in RATE_LIMITED:
             raise RetryAfter(RATE_LIMIT_WAIT_S)
         if status != 200:

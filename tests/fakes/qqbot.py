@@ -45,6 +45,7 @@ class FakeQQ:
     failures: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # every dispatch, in order
     session_id: str | None = None
+    revoked: set[str] = field(default_factory=set)  # tokens QQ stopped taking before expiry
     port: int = 0
     _used: set[tuple[str, int]] = field(default_factory=set)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -164,7 +165,7 @@ class FakeQQ:
             await ws.send_json({"op": 11})
         elif op == 2:
             self.identifies.append(d)
-            if d.get("token") not in [f"QQBot {t}" for t in self.tokens]:
+            if d.get("token") not in self.valid():
                 await ws.close(code=4004)
                 return
             self.session_id = f"session-{len(self.identifies)}"
@@ -179,9 +180,7 @@ class FakeQQ:
             ws._qq_ready = True  # type: ignore[attr-defined]
         elif op == 6:
             self.resumes.append(d)
-            if d.get("session_id") != self.session_id or d.get("token") not in [
-                f"QQBot {t}" for t in self.tokens
-            ]:
+            if d.get("session_id") != self.session_id or d.get("token") not in self.valid():
                 await ws.send_json({"op": 9, "d": False})
                 return
             for event in self.events[int(d.get("seq") or 0) :]:
@@ -197,11 +196,13 @@ class FakeQQ:
             {**body, "err_code": code, "trace_id": f"trace-{next(self._ids)}"}, status=status
         )
 
+    def valid(self) -> list[str]:
+        """The Authorization values QQ takes now."""
+        return [f"QQBot {t}" for t in self.tokens if t not in self.revoked]
+
     def _authorized(self, request: web.Request) -> bool:
         header = request.headers.get("Authorization", "")
-        return header in [f"QQBot {t}" for t in self.tokens] and (
-            request.headers.get("X-Union-Appid") == APP_ID
-        )
+        return header in self.valid() and request.headers.get("X-Union-Appid") == APP_ID
 
     async def _unknown(self, request: web.Request) -> web.Response:
         print(f"FakeQQ: unimplemented {request.method} {request.path}", flush=True)

@@ -351,6 +351,18 @@ async def test_qqs_close_codes_decide_between_resume_identify_and_stop(
     assert len(fake.identifies) + len(fake.resumes) == 3  # no connection after it
 
 
+async def test_a_token_qq_stops_taking_early_is_fetched_again(gw: Gateway, fake: FakeQQ) -> None:
+    _adapter(gw)._backoff = FAST
+    fake.revoked.update(fake.tokens)
+    await fake.op(7)  # the next connection's /gateway call is refused once, then resumes
+    await fake.wait_ready(2)
+    assert fake.resumes[-1]["token"] == f"QQBot {fake.tokens[-1]}" and len(fake.tokens) == 2
+    fake.revoked.update(fake.tokens)
+    await _adapter(gw).send(OutboundMessage("qqbot", ALICE, "still here", reply_to="ROBOT1.0_t"))
+    assert fake.texts() == ["still here"] and len(fake.tokens) == 3
+    assert gw.health()["adapters"]["qqbot"]["state"] == "running"
+
+
 async def test_heartbeats_name_the_last_sequence_number_taken(gw: Gateway, fake: FakeQQ) -> None:
     seq_before = len(fake.events)
     await fake.c2c("beat")
