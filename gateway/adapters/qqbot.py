@@ -45,6 +45,7 @@ from gateway.adapters.qqbot_api import (
     CHANNEL_PREFIX,
     GROUP_PREFIX,
     DuplicateSeq,
+    MarkdownRefused,
     QQApi,
     ReplyGone,
     is_channel,
@@ -384,6 +385,15 @@ class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
                     return ""  # the earlier attempt was taken
                 seq = self._next_seq(str(msg_id))  # another sender used this one
                 raise TransientError("msg_seq taken; the next one") from None
+            except MarkdownRefused as exc:
+                if self.markdown:
+                    self.markdown = False
+                    log.warning(
+                        "qq refuses this bot's markdown (%s); sending plain text from now on "
+                        "(set platforms.qqbot.markdown: false)",
+                        exc,
+                    )
+                raise TransientError("markdown refused; as text") from None
             except ReplyGone as exc:
                 log.info("qq: %s is past replying to (%s); sending actively", msg_id, exc)
                 msg_id = None

@@ -35,6 +35,8 @@ TOKEN_EXPIRED = frozenset({11244})
 DUPLICATE_SEQ = 40054005  # "消息被去重": this msg_id + msg_seq was sent already
 # the replied-to message is unknown or too old for a passive reply
 REPLY_GONE = frozenset({304026, 304027, 40034024, 40034025})
+# markdown the bot may not send: invalid or not allowed content, no markdown permission
+MARKDOWN_REFUSED = frozenset({50055, 50056, 304036})
 TIMEOUT = aiohttp.ClientTimeout(total=20)
 GROUP_PREFIX = "group-"  # a group chat's id is this before its group_openid
 CHANNEL_PREFIX = "channel-"  # a guild text channel's id is this before its channel_id
@@ -57,6 +59,10 @@ class DuplicateSeq(QQError):
 
 class ReplyGone(QQError):
     """The message a passive reply names is unknown to QQ or past its reply window."""
+
+
+class MarkdownRefused(QQError):
+    """QQ does not take markdown from this bot (no permission, or content it refuses)."""
 
 
 def _code(body: Mapping[str, Any]) -> int:
@@ -199,6 +205,8 @@ class QQApi:
             raise DuplicateSeq(status, code, message)
         if code in REPLY_GONE:
             raise ReplyGone(status, code, message)
+        if code in MARKDOWN_REFUSED and "markdown" in body:
+            raise MarkdownRefused(status, code, message)
         if 200 <= status < 300:
             return str(data.get("id") or "")  # accepted (held for review): no id yet
         raise PlatformRefused(

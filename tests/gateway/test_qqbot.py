@@ -234,6 +234,12 @@ async def test_markdown_goes_as_msg_type_2_and_guild_at_messages_when_asked_for(
             None,
         )
         assert answer["text"] == "echo: status of the build"  # the bot's <@!id> left out
+        # markdown QQ refuses (no permission) goes again as text, and so does what follows
+        fake.fail_next(400, {"code": 50056, "message": "不允许发送markdown content"})
+        await fake.c2c("plain please")
+        third = (await fake.wait_sent(3))[2]
+        assert (third["msg_type"], third["text"], third["msg_seq"]) == (0, "echo: plain please", 1)
+        assert not _adapter(gateway).markdown
         key = f"agent:main:qqbot:group:channel-{CHANNEL}:10001"
         assert await _stored(gateway, key) == [
             "status of the build",
