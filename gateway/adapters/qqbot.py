@@ -100,6 +100,7 @@ def _received(value: Any) -> float:
 
 
 _MENTION = re.compile(r"<@!?[^>\s]+>")
+ATTACHMENT_NOTE = "(an attachment: only text is read here)"
 
 
 def to_inbound(kind: str, data: Mapping[str, Any]) -> InboundMessage | None:
@@ -134,6 +135,8 @@ def to_inbound(kind: str, data: Mapping[str, Any]) -> InboundMessage | None:
             )
         else:
             return None
+        if data.get("attachments"):  # an image, a file: said, so the message is not lost
+            text = f"{ATTACHMENT_NOTE} {text}".strip()
         if source is None or not text or not msg_id:
             return None
         return InboundMessage(

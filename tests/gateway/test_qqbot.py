@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gateway.adapters.base import Backoff
-from gateway.adapters.qqbot import LIMIT, QQBotAdapter, to_inbound
+from gateway.adapters.qqbot import ATTACHMENT_NOTE, LIMIT, QQBotAdapter, to_inbound
 from gateway.adapters.qqbot_api import QQApi
 from gateway.adapters.qqbot_gateway import GROUP_AND_C2C_EVENT
 from gateway.app import Gateway
@@ -557,6 +557,8 @@ def test_translation_of_c2c_and_group_messages() -> None:
     )
     assert (dm.platform_message_id, dm.reply_to, dm.mentioned) == ("m1", "m1", True)
     assert dm.received_at == 1796522280.0  # 2026-12-06T09:58:00+08:00
+    picture = {**c2c_message(""), "attachments": [{"content_type": "image/png", "url": "u"}]}
+    assert to_inbound("C2C_MESSAGE_CREATE", picture).text == ATTACHMENT_NOTE  # type: ignore[union-attr]
     guild = to_inbound("AT_MESSAGE_CREATE", guild_message("<@!42> hi there", "10001"))
     assert guild is not None
     assert (guild.source.chat_id, guild.source.user_id, guild.source.user_name, guild.text) == (
