@@ -19,6 +19,7 @@ from gateway.adapters.email_imap import ImapAccount
 from gateway.adapters.feishu import FeishuAdapter
 from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.qqbot import QQBotAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.sms import SmsAdapter
@@ -35,6 +36,8 @@ from tests.fakes.feishu import FakeFeishu
 from tests.fakes.imap import FakeImap
 from tests.fakes.matrix import FakeMatrix
 from tests.fakes.mattermost import TOWN, FakeMattermost
+from tests.fakes.qqbot import GROUP as QQ_GROUP
+from tests.fakes.qqbot import FakeQQ
 from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.slack import SECRET, FakeSlack
 from tests.fakes.smtp import FakeSmtp
@@ -57,6 +60,7 @@ PLATFORMS = [
     "email",
     "feishu",
     "dingtalk",
+    "qqbot",
     "matrix",
     "bluebubbles",
     "webhook",
@@ -72,6 +76,7 @@ FAKES: dict[str, type[Any]] = {
     "sms": FakeTwilio,
     "feishu": FakeFeishu,
     "dingtalk": FakeDingTalk,
+    "qqbot": FakeQQ,
     "matrix": FakeMatrix,
     "bluebubbles": FakeBlueBubbles,
     "webhook": CallbackReceiver,
@@ -173,6 +178,14 @@ async def case(
                 "cidGROUP",
                 fake,
             )
+        elif isinstance(fake, FakeQQ):
+            yield (
+                QQBotAdapter(
+                    "102000001", fake.secret, api_base=fake.api_url, token_base=fake.token_url
+                ),
+                f"group-{QQ_GROUP}",
+                fake,
+            )
         elif isinstance(fake, FakeBlueBubbles):
             yield (
                 BlueBubblesAdapter(fake.base_url, bluebubbles.PASSWORD, bluebubbles.SECRET),
@@ -213,6 +226,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["markdown"])
     if isinstance(fake, FakeDingTalk):
         return str(fake.sent()[0][1]["text"])
+    if isinstance(fake, FakeQQ):
+        return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeTelegram):
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):

@@ -33,6 +33,8 @@ from tests.fakes.feishu import ENV as FEISHU_ENV
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.imap import FakeImap
 from tests.fakes.mattermost import FakeMattermost
+from tests.fakes.qqbot import ENV as QQBOT_ENV
+from tests.fakes.qqbot import FakeQQ
 from tests.fakes.signal import BOT as SIGNAL_BOT
 from tests.fakes.signal import VERSION as SIGNAL_CLI_VERSION
 from tests.fakes.signal import FakeSignal
@@ -59,6 +61,7 @@ PLATFORM_NAMES = (
     "email",
     "feishu",
     "dingtalk",
+    "qqbot",
     "bluebubbles",
     "webhook",
 )
@@ -195,7 +198,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "FEISHU_VERIFICATION_TOKEN": "v", "DINGTALK_CLIENT_ID": "dingid",
                "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m",
                "BLUEBUBBLES_PASSWORD": "b", "BLUEBUBBLES_WEBHOOK_SECRET": "b",
-               "WEBHOOK_CI_SECRET": "w"}
+               "WEBHOOK_CI_SECRET": "w", "QQBOT_APP_ID": "1", "QQBOT_CLIENT_SECRET": "q"}
         required = {  # keys a section cannot do without
             "signal": "    account: '+15550000001'\\n",
             "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
@@ -867,3 +870,30 @@ def test_an_adapter_declares_every_capability_it_has_among_its_bases(name: str) 
         assert has == declared, (
             f"{cls.__name__}: {capability.__name__} has={has} declared={declared}"
         )
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_qqbot_credentials_by_getting_an_access_token(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeQQ()
+    await fake.start()
+    try:
+        env = {**QQBOT_ENV, **({} if good else {"QQBOT_CLIENT_SECRET": "wrong"})}
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "platforms:\n  qqbot:\n    enabled: true\n    allow_all_users: true\n"
+            f"    base_url: {fake.api_url}\n    token_url: {fake.token_url}\n"
+        )
+        config = load_config(cfg, env)
+        checks = await run_doctor(tmp_path / "home", config, None, fix=False, full=False)
+    finally:
+        await fake.stop()
+    [reach] = [c for c in checks if c.name == "qqbot reachable"]
+    expected = (
+        "switchboard-bot"
+        if good
+        else "qq refused the app credentials: invalid appid or secret (code 100016)"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [m for m, _ in fake.calls] == (["token", "me"] if good else ["token"])

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.adapters.email_imap import Place
 from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.qqbot import QQBotAdapter
 from gateway.adapters.signal import CURSOR, SignalAdapter
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.session_keys import SessionSource
@@ -27,6 +28,9 @@ from tests.fakes import running, wait_for_count
 from tests.fakes.imap import FakeImap
 from tests.fakes.matrix import FakeMatrix
 from tests.fakes.mattermost import DM, FakeMattermost
+from tests.fakes.qqbot import ALICE as QQ_ALICE
+from tests.fakes.qqbot import APP_ID as QQ_APP_ID
+from tests.fakes.qqbot import FakeQQ
 from tests.fakes.signal import ALICE as SIGNAL_ALICE
 from tests.fakes.signal import BOT as SIGNAL_BOT
 from tests.fakes.signal import FakeSignal, envelope
@@ -366,5 +370,44 @@ async def test_a_matrix_replica_taking_over_syncs_from_the_token_the_last_one_st
         matrix.message(MATRIX_DM, MATRIX_ALICE, "after")
         await wait_for_count(lambda: got["b"], 2, 10, "messages on b")
         assert got == {"a": ["one"], "b": ["in the gap", "after"]}
+    finally:
+        await pair.stop()
+
+
+@pytest.fixture
+async def qq() -> AsyncIterator[FakeQQ]:
+    async with running(FakeQQ()) as fake:
+        yield fake
+
+
+async def test_a_qqbot_replica_taking_over_resumes_the_session_the_last_one_stored(
+    server, ledger, qq: FakeQQ
+) -> None:
+    """One gateway connection between two replicas; the next receiver resumes the session
+    from the id and sequence number in the shared store, so QQ replays the message that
+    came while nobody was connected, and not the one already taken."""
+    pair = Pair(
+        lambda: QQBotAdapter(QQ_APP_ID, qq.secret, api_base=qq.api_url, token_base=qq.token_url),
+        "qqbot",
+    )
+    got, links = pair.got, pair.links
+    try:
+        a, b = await pair.start(ledger)
+        await qq.wait_ready(1)
+        assert len(qq.sockets) == 1  # b did not connect
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        await qq.c2c("one")
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        await a.stop()
+        await links["a"].close()
+        gap = await qq.c2c("in the gap")
+        await b._receiver.sync()
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        assert len(qq.identifies) == 1 and qq.resumes[-1]["session_id"] == "session-1"
+        await qq.c2c("after")
+        await wait_for_count(lambda: got["b"], 2, 10, "messages on b")
+        assert got == {"a": ["one"], "b": ["in the gap", "after"]}
+        await b.send(OutboundMessage("qqbot", QQ_ALICE, "answer", reply_to=gap))
+        assert [(m["text"], m["msg_id"]) for m in qq.sent()] == [("answer", gap)]
     finally:
         await pair.stop()

@@ -27,6 +27,7 @@ from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.feishu import FeishuAdapter
 from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.mattermost import MattermostAdapter
+from gateway.adapters.qqbot import QQBotAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
@@ -209,13 +210,24 @@ def _closed(platform: str, port: int) -> Adapter:
             dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET, base_url=url, backoff=FAST
         ),
         "matrix": lambda: MatrixAdapter(url, matrix.BOT, "syt_tok", poll_timeout_s=1, backoff=FAST),
+        "qqbot": lambda: QQBotAdapter("1", "secret", api_base=url, token_base=url, backoff=FAST),
     }
     return made[platform]()
 
 
 @pytest.mark.parametrize(
     "platform",
-    ["telegram", "discord", "slack", "signal", "mattermost", "feishu", "dingtalk", "matrix"],
+    [
+        "telegram",
+        "discord",
+        "slack",
+        "signal",
+        "mattermost",
+        "feishu",
+        "dingtalk",
+        "matrix",
+        "qqbot",
+    ],
 )
 async def test_every_adapter_whose_platform_is_unreachable_at_start_retries_without_ending_the_start(
     tmp_path: Path, platform: str, monkeypatch: pytest.MonkeyPatch
