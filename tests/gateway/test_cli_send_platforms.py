@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 from tests.daemon import clean_env, switchboard
-from tests.fakes import bluebubbles, dingtalk, feishu, matrix, teams, twilio, whatsapp
+from tests.fakes import bluebubbles, dingtalk, feishu, matrix, qqbot, teams, twilio, whatsapp
 from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.imap import FakeImap
 from tests.fakes.matrix import FakeMatrix
 from tests.fakes.mattermost import TOWN, FakeMattermost
+from tests.fakes.qqbot import FakeQQ
 from tests.fakes.signal import ALICE, BOT, FakeSignal
 from tests.fakes.smtp import FakeSmtp
 from tests.fakes.teams import FakeTeams
@@ -109,6 +110,8 @@ async def _case(platform: str) -> AsyncIterator[Case]:
         fake = FakeDingTalk()
     elif platform == "bluebubbles":
         fake = FakeBlueBubbles()
+    elif platform == "qqbot":
+        fake = FakeQQ()
     else:
         fake = CallbackReceiver()
     await fake.start()
@@ -214,6 +217,15 @@ def _addressed(platform: str, fake: Any) -> Case:
             lambda: [str(m["message"]) for m in fake.sent()],
             None,  # events only arrive at the daemon's route
         )
+    if platform == "qqbot":
+        return Case(
+            f"base_url: {fake.api_url}\ntoken_url: {fake.token_url}",
+            dict(qqbot.ENV),
+            {**qqbot.ENV, "QQBOT_CLIENT_SECRET": "wrong"},
+            qqbot.BOB,
+            lambda: [str(p["text"]) for p in fake.sent()],
+            lambda: not fake.sockets,
+        )
     return Case(
         f"endpoints:\n  ci:\n    secret_env: WEBHOOK_CI_SECRET\n    mode: async\n"
         f"    callback_url: {fake.url}",
@@ -236,6 +248,7 @@ PLATFORMS = [
     "feishu",
     "dingtalk",
     "bluebubbles",
+    "qqbot",
     "webhook",
 ]
 
