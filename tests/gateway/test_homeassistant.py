@@ -10,6 +10,8 @@ import asyncio
 import json
 import logging
 import re
+import signal
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,11 @@ from gateway.errors import ConfigError, NotAccepted, PlatformRefused
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
-from tests.daemon import free_port
+from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes import wait_for_count
 from tests.fakes.homeassistant import ENV, TOKEN, FakeHomeAssistant
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.test_receiver import Pair, _cut_off, ledger, server  # noqa: F401
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 ALICE = "6a1b2c3d4e5f60718293a4b5c6d7e8f9"  # a Home Assistant user id
@@ -37,12 +40,12 @@ KITCHEN = "d41d8cd98f00b204e9800998ecf8427e"  # a voice satellite's device id
 
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeHomeAssistant]:
-    server = FakeHomeAssistant()
-    await server.start()
+    home = FakeHomeAssistant()
+    await home.start()
     try:
-        yield server
+        yield home
     finally:
-        await server.stop()
+        await home.stop()
 
 
 def _gateway(
@@ -417,6 +420,89 @@ async def test_a_sending_only_adapter_subscribes_to_nothing(fake: FakeHomeAssist
         await adapter.stop()
 
 
+# --- replicas and the daemon process --------------------------------------------------------
+
+
+async def test_among_replicas_one_subscribes_and_any_replica_sends(
+    server: str,  # noqa: F811
+    ledger: Any,  # noqa: F811
+    fake: FakeHomeAssistant,
+) -> None:
+    """Two adapters on one PostgreSQL ledger, as two replicas: both connect (each sends
+    over its own websocket), one subscribes; when it is cut off the other subscribes, and
+    the first, rejoined, unsubscribes."""
+    pair = Pair(
+        lambda: HomeAssistantAdapter(TOKEN, fake.url, backoff=FAST), "homeassistant", cursors=False
+    )
+    got, links = pair.got, pair.links
+    try:
+        a, b = await pair.start(ledger)
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        assert fake.open_sockets() == 2 and len(fake.subscribed("switchboard_conversation")) == 1
+        await fake.fire({"text": "hello", "user": "bob"})
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        await b.send(OutboundMessage("homeassistant", "user.bob", "from b"))
+        assert [r["text"] for r in fake.replies()] == ["from b"]
+
+        _cut_off(server, links["a"])
+        await b._receiver.sync()
+        assert b.health()["receiving"] is True
+        await fake.wait_subscribed(n=2)
+        await links["a"].close()
+        await links["a"].open()
+        await a._receiver.sync()
+        assert a.health()["receiving"] is False
+        await wait_for_count(
+            lambda: [1] if len(fake.subscribed("switchboard_conversation")) == 1 else [],
+            1,
+            10,
+            "one subscription",
+        )
+        await fake.fire({"text": "again", "user": "bob"})
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        assert got == {"a": ["hello"], "b": ["again"]}
+        _ids_grow(fake)
+    finally:
+        await pair.stop()
+
+
+def _daemon(home: Path, port: int, url: str) -> subprocess.Popen[str]:
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"platforms:\n  api:\n    port: {port}\n  homeassistant:\n    enabled: true\n"
+        f"    allow_all_users: true\n    url: {url}\n"
+    )
+    return subprocess.Popen(
+        switchboard(home, "run"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(**ENV),
+    )
+
+
+@pytest.mark.slow
+async def test_sigterm_of_a_daemon_running_the_adapter_exits_zero(
+    tmp_path: Path, fake: FakeHomeAssistant
+) -> None:
+    port = free_port()
+    proc = _daemon(tmp_path / "home", port, fake.url)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", proc)
+        await fake.wait_subscribed(timeout=30)
+        await fake.fire({"text": "before the stop", "user": "bob"})
+        [reply] = await fake.wait_replies(1, timeout=30)
+        assert reply["text"] == "echo: before the stop"
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _out, err = proc.communicate()
+    assert rc == 0, err
+    await wait_for_count(lambda: [1] if fake.open_sockets() == 0 else [], 1, 10, "closed")
+
+
 # --- pure ----------------------------------------------------------------------------------
 
 
@@ -527,28 +613,6 @@ def test_a_working_config_loads(tmp_path: Path) -> None:
         "    notify_service: notify.mobile_app_bob\n    watch_entities: [lock.door]\n"
         "    home_channel: notify.mobile_app_bob\n",
     )
-
-
-@pytest.mark.parametrize("good", [True, False])
-async def test_doctor_authenticates_and_names_the_home(
-    tmp_path: Path, fake: FakeHomeAssistant, good: bool
-) -> None:
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        "platforms:\n  homeassistant:\n    enabled: true\n    allow_all_users: true\n"
-        f"    url: {fake.url}\n"
-    )
-    env = ENV if good else {"HOMEASSISTANT_TOKEN": "wrong"}
-    checks = await run_doctor(tmp_path / "home", load_config(cfg, env), None, fix=False, full=False)
-    [reach] = [c for c in checks if c.name == "homeassistant reachable"]
-    expected = (
-        (True, "Home (Home Assistant 2026.11.3)")
-        if good
-        else (False, "home assistant refused the access token: Invalid access token")
-    )
-    assert (reach.ok, reach.detail) == expected
-    assert fake.subs == []
-    await wait_for_count(lambda: [1] if fake.open_sockets() == 0 else [], 1, 10, "closed")
 
 
 async def test_doctor_reports_an_unreachable_home_assistant(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from gateway.adapters.base import Adapter, Backoff, StartFailure, start_failure
 from gateway.adapters.dingtalk import DingTalkAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.feishu import FeishuAdapter
+from gateway.adapters.homeassistant import HomeAssistantAdapter
 from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.signal import SignalAdapter
@@ -209,13 +210,24 @@ def _closed(platform: str, port: int) -> Adapter:
             dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET, base_url=url, backoff=FAST
         ),
         "matrix": lambda: MatrixAdapter(url, matrix.BOT, "syt_tok", poll_timeout_s=1, backoff=FAST),
+        "homeassistant": lambda: HomeAssistantAdapter("tok", url, backoff=FAST),
     }
     return made[platform]()
 
 
 @pytest.mark.parametrize(
     "platform",
-    ["telegram", "discord", "slack", "signal", "mattermost", "feishu", "dingtalk", "matrix"],
+    [
+        "telegram",
+        "discord",
+        "slack",
+        "signal",
+        "mattermost",
+        "feishu",
+        "dingtalk",
+        "matrix",
+        "homeassistant",
+    ],
 )
 async def test_every_adapter_whose_platform_is_unreachable_at_start_retries_without_ending_the_start(
     tmp_path: Path, platform: str, monkeypatch: pytest.MonkeyPatch
