@@ -281,9 +281,8 @@ class HomeAssistantAdapter(UsesShards, Outbound, SetupSteps):
         )
         try:
             await self._socket.open()
-        except InvalidToken as exc:
+        except InvalidToken:  # said once, naming the key, by whoever started it
             self.state = failed("invalid token")
-            log.error("%s; the adapter is stopped", exc)
             await self._socket.close()
             raise
         return self._socket

@@ -157,7 +157,12 @@ class HaSocket:
         frame = await ws.receive()
         if frame.type != aiohttp.WSMsgType.TEXT:
             raise TransientError(f"the websocket closed during authentication ({frame.type!r})")
-        found = json.loads(frame.data)
+        try:
+            found = json.loads(frame.data)
+        except ValueError as exc:
+            raise TransientError(
+                "not a Home Assistant websocket (a frame that is not JSON)"
+            ) from exc
         return found if isinstance(found, dict) else {}
 
     def _attach(self, ws: aiohttp.ClientWebSocketResponse) -> asyncio.Task[None]:
@@ -172,7 +177,6 @@ class HaSocket:
         attempt = 0
         while True:
             if reader is not None:
-                attempt = 0
                 await asyncio.gather(reader, return_exceptions=True)
                 self._lost()
                 log.warning("home assistant websocket closed; reconnecting")
@@ -192,6 +196,7 @@ class HaSocket:
             try:
                 for sub in list(self._wanted):
                     await self._subscribe_now(sub)
+                attempt = 0  # back in business: the next drop starts the backoff afresh
             except (TransientError, CommandFailed) as exc:
                 self.last_error = str(exc)
                 log.warning("home assistant: could not subscribe again: %s", exc)

@@ -315,8 +315,8 @@ async def test_a_bad_token_stops_the_adapter_while_the_daemon_runs(
             "^home assistant refused the access token: Invalid access token$",
             ["platforms.homeassistant.token_env"],
         )
-        lines = [r for r in caplog.records if "platforms.homeassistant.token_env" in r.message]
-        assert len(lines) == 1
+        lines = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(lines) == 1 and "platforms.homeassistant.token_env" in lines[0].getMessage()
     finally:
         await gateway.stop()
     assert fake.auths == [False]
