@@ -12,6 +12,7 @@ import logging
 import re
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import ConfigError, NotAccepted, PlatformRefused
 from gateway.handoff import HOME_KEY, handoff_from_terminal
-from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
+from gateway.messages import SEND_BY, InboundMessage, OutboundMessage, SetOutLate, ThreadRef
 from gateway.ops.doctor import run_doctor
+from gateway.pipeline import REFUSAL
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes import wait_for_count
 from tests.fakes.homeassistant import ENV, TOKEN, FakeHomeAssistant
@@ -350,6 +352,46 @@ async def test_a_token_revoked_while_running_stops_the_reconnects(
     assert gw.health()["adapters"]["homeassistant"]["state"] == "failed: invalid token"
 
 
+async def test_allowlists_are_by_the_user_or_device_the_event_names(
+    tmp_path: Path, fake: FakeHomeAssistant
+) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  homeassistant:\n    enabled: true\n"
+        f"    allowed_users: [{ALICE}, {KITCHEN}]\n    url: {fake.url}\n"
+    )
+    gateway = Gateway(config=load_config(cfg, ENV), home=tmp_path / "home")
+    await gateway.start()
+    try:
+        await fake.wait_subscribed()
+        await fake.fire({"text": "from alice"}, context=fake.context(ALICE))
+        await fake.fire({"text": "from the kitchen", "device_id": KITCHEN})
+        await fake.fire({"text": "from a stranger", "user": "mallory"})
+        replies = await fake.wait_replies(3)
+        assert sorted((r["conversation_id"], r["text"]) for r in replies) == [
+            (f"device.{KITCHEN}", "echo: from the kitchen"),
+            (f"user.{ALICE}", "echo: from alice"),
+            ("user.mallory", REFUSAL),
+        ]
+    finally:
+        await gateway.stop()
+
+
+async def test_a_reply_past_its_send_by_is_not_sent(gw: Gateway, fake: FakeHomeAssistant) -> None:
+    """A replica that stood still before its reply went out finds its SEND_BY passed
+    just before the frame is written, and the reply stays unsent (SetOutLate)."""
+    adapter = _adapter(gw)
+    limit = SEND_BY.set(time.monotonic() - 1.0)
+    try:
+        with pytest.raises(SetOutLate):
+            await adapter.send(OutboundMessage("homeassistant", "user.bob", "too late"))
+    finally:
+        SEND_BY.reset(limit)
+    assert fake.replies() == [] and fake.calls == []
+    await adapter.send(OutboundMessage("homeassistant", "user.bob", "on time"))
+    assert [r["text"] for r in fake.replies()] == ["on time"]
+
+
 # --- inbox before ack, with the adapter alone ---------------------------------------------
 
 
@@ -546,6 +588,12 @@ def test_translation_keys_sessions_by_conversation_device_or_user() -> None:
 )
 def test_events_without_text_id_or_sender_are_ignored(event: dict[str, Any]) -> None:
     assert to_inbound(event) is None
+
+
+def test_setup_steps_say_what_to_create_in_home_assistant() -> None:
+    steps = HomeAssistantAdapter.setup_steps(HomeAssistantAdapter.settings())
+    assert "administrator" in steps[0] and "'switchboard_conversation'" in steps[1]
+    assert "'switchboard_reply'" in steps[2]
 
 
 def test_chats_and_handoffs_stay_where_they_are() -> None:
