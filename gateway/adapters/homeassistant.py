@@ -207,7 +207,7 @@ class HomeAssistantAdapter(UsesShards, Outbound, SetupSteps):
         except InvalidToken as exc:
             return False, str(exc)
         except AdapterError as exc:
-            return False, f"unreachable ({exc})"
+            return False, f"unreachable ({type(exc.__cause__ or exc).__name__})"
         finally:
             await adapter.stop()
 

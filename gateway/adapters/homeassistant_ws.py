@@ -278,12 +278,17 @@ class HaSocket:
                 self._wanted.remove(sub)
                 raise
 
-    async def unsubscribe_all(self) -> None:
+    async def unsubscribe_all(self, timeout_s: float = 5.0) -> None:
+        """No more subscriptions: those active are ended on the connection (when it is up;
+        a dropped connection ended them already), none is made again."""
         self._wanted.clear()
         active, self._active = dict(self._active), {}
-        for sub_id in active:
-            with contextlib.suppress(AdapterError):
-                await self.command({"type": "unsubscribe_events", "subscription": sub_id})
+        if not self.connected:
+            return
+        with contextlib.suppress(AdapterError, TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                for sub_id in active:
+                    await self.command({"type": "unsubscribe_events", "subscription": sub_id})
 
     async def _subscribe_now(self, sub: Subscription) -> None:
         """The command's id becomes the subscription's: registered before it is sent, so
