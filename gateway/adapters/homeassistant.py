@@ -272,6 +272,8 @@ class HomeAssistantAdapter(UsesShards, Outbound, SetupSteps):
         return self._socket
 
     async def _open(self) -> HaSocket:
+        if self._socket is not None:  # what an earlier attempt left
+            await self._socket.close()
         self._socket = HaSocket(
             self.url,
             self._token,
@@ -283,6 +285,9 @@ class HomeAssistantAdapter(UsesShards, Outbound, SetupSteps):
             await self._socket.open()
         except InvalidToken:  # said once, naming the key, by whoever started it
             self.state = failed("invalid token")
+            await self._socket.close()
+            raise
+        except BaseException:  # unreachable: the start is tried again from scratch
             await self._socket.close()
             raise
         return self._socket
