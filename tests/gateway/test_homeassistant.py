@@ -7,7 +7,6 @@ the adapter alone; translation as pure functions; config and doctor."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import subprocess
@@ -242,19 +241,32 @@ async def test_title_resume_and_sethome_then_handoff_work_in_a_conversation(
     assert (await gw.db.get_session(sid))["chat_id"] == f"device.{KITCHEN}"  # type: ignore[index]
 
 
-async def test_a_handoff_to_a_notify_target_continues_when_it_is_named(
-    gw: Gateway, fake: FakeHomeAssistant
+async def test_a_handoff_to_the_configured_notify_target_continues_when_it_is_named(
+    tmp_path: Path, fake: FakeHomeAssistant
 ) -> None:
     """A home channel is a notify target: the handoff goes to the phone, and an event
     naming that target as its conversation_id continues the handed-off session."""
+    target = "notify.mobile_app_alice_phone"
+    gw = _gateway(tmp_path, fake, f"    home_channel: {target}\n")
+    await gw.start()
+    try:
+        await fake.wait_subscribed()
+        await _handed_off_to_a_phone(gw, fake, target)
+    finally:
+        await gw.stop()
+
+
+async def _handed_off_to_a_phone(gw: Gateway, fake: FakeHomeAssistant, target: str) -> None:
     assert gw.db is not None and gw.handoffs is not None
     gw.handoffs.poll_s = 0.05
-    home = {"chat_id": "notify.mobile_app_alice_phone", "chat_type": "dm"}
-    await gw.db.set_meta(HOME_KEY.format("homeassistant"), json.dumps(home))
+    assert await gw.db.get_meta(HOME_KEY.format("homeassistant")) is None  # no /sethome
     sid = await gw.db.create_session(source="cli", title="garden")
     await gw.db.append_messages(sid, [{"role": "user", "content": "water the roses"}])
     ok, why = await asyncio.wait_for(
-        handoff_from_terminal(gw.db, sid, "homeassistant", enabled=True, poll_s=0.05), 30
+        handoff_from_terminal(
+            gw.db, sid, "homeassistant", enabled=True, configured_home=target, poll_s=0.05
+        ),
+        30,
     )
     assert ok, why
     [push] = fake.notified("notify.mobile_app_alice_phone")
