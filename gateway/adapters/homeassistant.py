@@ -197,14 +197,30 @@ class HomeAssistantAdapter(UsesShards, Outbound, SetupSteps):
     async def check_credentials(
         cls, settings: HomeAssistantSettings, secrets: Mapping[str, str]
     ) -> tuple[bool, str]:
+        """Authenticate, then ask who the token's user is (an administrator is needed to
+        subscribe to the conversation events) and whether the notify service exists."""
         adapter = cls.from_config(settings, secrets)
         try:
             await adapter.open_outbound()
-            found = await adapter._socket_or_fail().command({"type": "get_config"})
-            name = found.get("location_name") if isinstance(found, Mapping) else None
+            socket = adapter._socket_or_fail()
+            found = await socket.command({"type": "get_config"})
+            home = found.get("location_name") if isinstance(found, Mapping) else None
+            user = await socket.command({"type": "auth/current_user"})
+            who = user.get("name") if isinstance(user, Mapping) else None
+            if not (isinstance(user, Mapping) and user.get("is_admin")):
+                return False, (
+                    f"the token's user ({who or 'unknown'}) is not an administrator: "
+                    f"subscribing to {settings.event_type!r} needs one"
+                )
+            service = _service(settings.notify_service) if settings.notify_service else None
+            if service:
+                services = await socket.command({"type": "get_services"})
+                notify = services.get("notify") if isinstance(services, Mapping) else None
+                if not isinstance(notify, Mapping) or service not in notify:
+                    return False, f"Home Assistant has no notify.{service} (notify_service)"
             version = adapter.ha_version or "?"
-            return True, f"{name or 'Home Assistant'} (Home Assistant {version})"
-        except InvalidToken as exc:
+            return True, f"{home or 'Home Assistant'} (Home Assistant {version}) as {who}"
+        except (InvalidToken, CommandFailed) as exc:
             return False, str(exc)
         except AdapterError as exc:
             return False, f"unreachable ({type(exc.__cause__ or exc).__name__})"

@@ -256,6 +256,15 @@ class FakeHomeAssistant:
             )
         elif kind == "call_service":
             await self._call_service(ws, msg_id, msg)
+        elif kind == "auth/current_user":
+            user = {"id": ADMIN_USER, "name": "Alice", "is_owner": self.admin}
+            await self._result(ws, msg_id, {**user, "is_admin": self.admin})
+        elif kind == "get_services":
+            found: dict[str, dict[str, Any]] = {}
+            for name in self.services:
+                domain, _, service = name.partition(".")
+                found.setdefault(domain, {})[service] = {"fields": {}}
+            await self._result(ws, msg_id, found)
         elif kind == "get_config":
             await self._result(ws, msg_id, {"location_name": self.location, "version": VERSION})
         else:

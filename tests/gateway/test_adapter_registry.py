@@ -554,13 +554,14 @@ async def test_doctor_checks_a_home_assistant_token_by_authenticating_on_the_web
     finally:
         await fake.stop()
     expected = (
-        "Home (Home Assistant 2026.11.3)"
+        "Home (Home Assistant 2026.11.3) as Alice"
         if good
         else "home assistant refused the access token: Invalid access token"
     )
     assert (reach.ok, reach.detail) == (good, expected)
     assert fake.auths == [good] and fake.subs == []
-    assert [c["type"] for c in fake.commands] == (["get_config"] if good else [])
+    asked = ["get_config", "auth/current_user"]
+    assert [c["type"] for c in fake.commands] == (asked if good else [])
 
 
 @pytest.mark.parametrize("good", [True, False])

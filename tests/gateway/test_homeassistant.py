@@ -674,6 +674,35 @@ def test_a_working_config_loads(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("case", ["not an admin", "no such notify service", "good"])
+async def test_doctor_says_what_the_token_or_the_notify_service_lacks(
+    tmp_path: Path, fake: FakeHomeAssistant, case: str
+) -> None:
+    fake.admin = case != "not an admin"
+    service = (
+        "mobile_app_carol_phone" if case == "no such notify service" else "mobile_app_bob_phone"
+    )
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  homeassistant:\n    enabled: true\n    allow_all_users: true\n"
+        f"    url: {fake.url}\n    notify_service: {service}\n"
+    )
+    checks = await run_doctor(tmp_path / "home", load_config(cfg, ENV), None, fix=False, full=False)
+    [reach] = [c for c in checks if c.name == "homeassistant reachable"]
+    assert (reach.ok, reach.detail) == {
+        "not an admin": (
+            False,
+            "the token's user (Alice) is not an administrator: "
+            "subscribing to 'switchboard_conversation' needs one",
+        ),
+        "no such notify service": (
+            False,
+            "Home Assistant has no notify.mobile_app_carol_phone (notify_service)",
+        ),
+        "good": (True, "Home (Home Assistant 2026.11.3) as Alice"),
+    }[case]
+
+
 async def test_doctor_reports_an_unreachable_home_assistant(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
