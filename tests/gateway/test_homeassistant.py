@@ -556,6 +556,53 @@ async def test_sigterm_of_a_daemon_running_the_adapter_exits_zero(
     await wait_for_count(lambda: [1] if fake.open_sockets() == 0 else [], 1, 10, "closed")
 
 
+def _cli_home(home: Path, url: str, token: str) -> Path:
+    home.mkdir(exist_ok=True)
+    (home / "config.yaml").write_text(
+        "platforms:\n  homeassistant:\n    enabled: true\n    allow_all_users: true\n"
+        f"    url: {url}\n"
+    )
+    (home / "switchboard.env").write_text(f"HOMEASSISTANT_TOKEN={token}\n")
+    return home
+
+
+async def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        switchboard(home, *args),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
+
+
+async def test_switchboard_send_without_a_daemon_subscribes_to_nothing(
+    tmp_path: Path, fake: FakeHomeAssistant
+) -> None:
+    home = _cli_home(tmp_path / "home", fake.url, TOKEN)
+    sent = await _cli(home, "send", "homeassistant", "user.bob", "release 2.4 is out")
+    assert sent.returncode == 0, sent.stderr
+    assert [(r["user"], r["text"]) for r in fake.replies()] == [("bob", "release 2.4 is out")]
+    assert not [c for c in fake.commands if str(c["type"]).startswith("subscribe")]
+    _cli_home(home, fake.url, "wrong")
+    refused = await _cli(home, "send", "homeassistant", "user.bob", "again")
+    assert refused.returncode == 77, refused.stderr
+    assert "refused the access token" in refused.stderr and len(fake.replies()) == 1
+
+
+async def test_setup_checks_the_token_live_and_shows_the_steps_in_home_assistant(
+    tmp_path: Path, fake: FakeHomeAssistant
+) -> None:
+    home = _cli_home(tmp_path / "home", fake.url, TOKEN)
+    proc = await _cli(home, "setup", "--non-interactive", "--platform", "homeassistant")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the token is accepted (Home (Home Assistant 2026.11.3) as Alice)" in proc.stdout
+    _, header, after = proc.stdout.partition("On homeassistant's side:\n")
+    steps = [line for line in after.splitlines() if line.startswith("  - ")]
+    assert header and len(steps) == 3 and "administrator" in steps[0]
+
+
 # --- pure ----------------------------------------------------------------------------------
 
 
