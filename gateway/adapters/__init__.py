@@ -33,6 +33,7 @@ BUILTIN = {
     "qqbot": "gateway.adapters.qqbot:QQBotAdapter",
     "bluebubbles": "gateway.adapters.bluebubbles:BlueBubblesAdapter",
     "webhook": "gateway.adapters.webhook:WebhookAdapter",
+    "homeassistant": "gateway.adapters.homeassistant:HomeAssistantAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 CORE = {"api": "gateway.adapters.api:ApiAdapter"}  # the core's own adapters (not platforms)

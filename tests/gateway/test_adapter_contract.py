@@ -17,6 +17,7 @@ from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.email import EmailAdapter, SmtpAccount
 from gateway.adapters.email_imap import ImapAccount
 from gateway.adapters.feishu import FeishuAdapter
+from gateway.adapters.homeassistant import HomeAssistantAdapter
 from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.qqbot import QQBotAdapter
@@ -33,6 +34,7 @@ from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
 from tests.fakes.feishu import FakeFeishu
+from tests.fakes.homeassistant import FakeHomeAssistant
 from tests.fakes.imap import FakeImap
 from tests.fakes.matrix import FakeMatrix
 from tests.fakes.mattermost import TOWN, FakeMattermost
@@ -64,6 +66,7 @@ PLATFORMS = [
     "matrix",
     "bluebubbles",
     "webhook",
+    "homeassistant",
 ]
 FAKES: dict[str, type[Any]] = {
     "telegram": FakeTelegram,
@@ -80,6 +83,7 @@ FAKES: dict[str, type[Any]] = {
     "matrix": FakeMatrix,
     "bluebubbles": FakeBlueBubbles,
     "webhook": CallbackReceiver,
+    "homeassistant": FakeHomeAssistant,
 }
 
 
@@ -192,6 +196,8 @@ async def case(
                 bluebubbles.GROUP,
                 fake,
             )
+        elif isinstance(fake, FakeHomeAssistant):
+            yield HomeAssistantAdapter(fake.token, fake.url), "user.alice", fake
         elif isinstance(fake, CallbackReceiver):
             yield WebhookAdapter([Endpoint("ci", fake.secret, "async", fake.url)]), "ci:ann", fake
         elif isinstance(fake, FakeMatrix):
@@ -237,6 +243,8 @@ def _delivered(fake: Any) -> str:
     if isinstance(fake, FakeBlueBubbles):
         return str(fake.sent()[0]["message"])
     if isinstance(fake, CallbackReceiver):
+        return str(fake.replies()[0]["text"])
+    if isinstance(fake, FakeHomeAssistant):
         return str(fake.replies()[0]["text"])
     return str(fake.posted()[0]["text"])
 

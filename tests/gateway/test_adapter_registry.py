@@ -31,6 +31,8 @@ from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import FakeDiscord, restore_discord_globals
 from tests.fakes.feishu import ENV as FEISHU_ENV
 from tests.fakes.feishu import FakeFeishu
+from tests.fakes.homeassistant import ENV as HOMEASSISTANT_ENV
+from tests.fakes.homeassistant import FakeHomeAssistant
 from tests.fakes.imap import FakeImap
 from tests.fakes.mattermost import FakeMattermost
 from tests.fakes.qqbot import ENV as QQBOT_ENV
@@ -64,6 +66,7 @@ PLATFORM_NAMES = (
     "qqbot",
     "bluebubbles",
     "webhook",
+    "homeassistant",
 )
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
@@ -198,7 +201,8 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "FEISHU_VERIFICATION_TOKEN": "v", "DINGTALK_CLIENT_ID": "dingid",
                "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m",
                "BLUEBUBBLES_PASSWORD": "b", "BLUEBUBBLES_WEBHOOK_SECRET": "b",
-               "WEBHOOK_CI_SECRET": "w", "QQBOT_APP_ID": "1", "QQBOT_CLIENT_SECRET": "q"}
+               "WEBHOOK_CI_SECRET": "w", "QQBOT_APP_ID": "1", "QQBOT_CLIENT_SECRET": "q",
+               "HOMEASSISTANT_TOKEN": "h"}
         required = {  # keys a section cannot do without
             "signal": "    account: '+15550000001'\\n",
             "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
@@ -210,6 +214,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
                      "    smtp_host: smtp.example.com\\n",
             "bluebubbles": "    url: http://mac.example:1234\\n    bot_name: sb\\n",
             "webhook": "    endpoints:\\n      ci: {secret_env: WEBHOOK_CI_SECRET}\\n",
+            "homeassistant": "    url: http://ha.example:8123\\n",
         }
         import pathlib, tempfile
         path = pathlib.Path(tempfile.mkdtemp()) / "c.yaml"
@@ -539,6 +544,28 @@ async def test_doctor_checks_dingtalk_credentials_by_getting_an_access_token(
     )
     assert (reach.ok, reach.detail) == (good, expected)
     assert [m for m, _ in fake.calls] == ["token"]
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_a_home_assistant_token_by_authenticating_on_the_websocket(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeHomeAssistant()
+    await fake.start()
+    try:
+        env = HOMEASSISTANT_ENV if good else {"HOMEASSISTANT_TOKEN": "wrong"}
+        reach = await _reach(tmp_path, "homeassistant", fake.url, env)
+    finally:
+        await fake.stop()
+    expected = (
+        "Home (Home Assistant 2026.11.3) as Alice"
+        if good
+        else "home assistant refused the access token: Invalid access token"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert fake.auths == [good] and fake.subs == []
+    asked = ["get_config", "auth/current_user"]
+    assert [c["type"] for c in fake.commands] == (asked if good else [])
 
 
 @pytest.mark.parametrize("good", [True, False])

@@ -15,10 +15,21 @@ from typing import Any
 import pytest
 
 from tests.daemon import clean_env, switchboard
-from tests.fakes import bluebubbles, dingtalk, feishu, matrix, qqbot, teams, twilio, whatsapp
+from tests.fakes import (
+    bluebubbles,
+    dingtalk,
+    feishu,
+    homeassistant,
+    matrix,
+    qqbot,
+    teams,
+    twilio,
+    whatsapp,
+)
 from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.feishu import FakeFeishu
+from tests.fakes.homeassistant import FakeHomeAssistant
 from tests.fakes.imap import FakeImap
 from tests.fakes.matrix import FakeMatrix
 from tests.fakes.mattermost import TOWN, FakeMattermost
@@ -112,6 +123,8 @@ async def _case(platform: str) -> AsyncIterator[Case]:
         fake = FakeBlueBubbles()
     elif platform == "qqbot":
         fake = FakeQQ()
+    elif platform == "homeassistant":
+        fake = FakeHomeAssistant()
     else:
         fake = CallbackReceiver()
     await fake.start()
@@ -217,6 +230,15 @@ def _addressed(platform: str, fake: Any) -> Case:
             lambda: [str(m["message"]) for m in fake.sent()],
             None,  # events only arrive at the daemon's route
         )
+    if platform == "homeassistant":
+        return Case(
+            f"url: {fake.url}",
+            dict(homeassistant.ENV),
+            {"HOMEASSISTANT_TOKEN": "wrong"},
+            "user.bob",
+            lambda: [str(r["text"]) for r in fake.replies()],
+            lambda: not fake.subs,
+        )
     if platform == "qqbot":
         return Case(
             f"base_url: {fake.api_url}\ntoken_url: {fake.token_url}",
@@ -249,6 +271,7 @@ PLATFORMS = [
     "dingtalk",
     "bluebubbles",
     "qqbot",
+    "homeassistant",
     "webhook",
 ]
 

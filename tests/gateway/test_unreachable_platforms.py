@@ -25,6 +25,7 @@ from gateway.adapters.base import Adapter, Backoff, StartFailure, start_failure
 from gateway.adapters.dingtalk import DingTalkAdapter
 from gateway.adapters.discord import DiscordAdapter
 from gateway.adapters.feishu import FeishuAdapter
+from gateway.adapters.homeassistant import HomeAssistantAdapter
 from gateway.adapters.matrix import MatrixAdapter
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.qqbot import QQBotAdapter
@@ -211,6 +212,7 @@ def _closed(platform: str, port: int) -> Adapter:
         ),
         "matrix": lambda: MatrixAdapter(url, matrix.BOT, "syt_tok", poll_timeout_s=1, backoff=FAST),
         "qqbot": lambda: QQBotAdapter("1", "secret", api_base=url, token_base=url, backoff=FAST),
+        "homeassistant": lambda: HomeAssistantAdapter("tok", url, backoff=FAST),
     }
     return made[platform]()
 
@@ -227,6 +229,7 @@ def _closed(platform: str, port: int) -> Adapter:
         "dingtalk",
         "matrix",
         "qqbot",
+        "homeassistant",
     ],
 )
 async def test_every_adapter_whose_platform_is_unreachable_at_start_retries_without_ending_the_start(
