@@ -30,6 +30,7 @@ BUILTIN = {
     "email": "gateway.adapters.email:EmailAdapter",
     "feishu": "gateway.adapters.feishu:FeishuAdapter",
     "dingtalk": "gateway.adapters.dingtalk:DingTalkAdapter",
+    "wecom": "gateway.adapters.wecom:WeComAdapter",
     "bluebubbles": "gateway.adapters.bluebubbles:BlueBubblesAdapter",
     "webhook": "gateway.adapters.webhook:WebhookAdapter",
 }
