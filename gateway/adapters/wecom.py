@@ -188,7 +188,10 @@ class WeComAdapter(UsesShards, Outbound, SetupSteps):
     async def open_outbound(self) -> None:
         """Ready to send without the daemon: the bot's connection, opened and subscribed
         for the send (a callback arriving meanwhile is not taken: no daemon stores it)."""
-        self._link = await self._open()
+        link = self._link = await self._open()
+        self._loop = asyncio.create_task(
+            link.serve(self._on_message, self._on_event), name="wecom.outbound"
+        )
 
     async def _open(self) -> Link:
         link = Link(self.url, self.bot_id, self._secret, heartbeat_s=self._heartbeat_s)
@@ -265,7 +268,12 @@ class WeComAdapter(UsesShards, Outbound, SetupSteps):
         body = data.get("body")
         msg = to_inbound(body) if isinstance(body, Mapping) else None
         emit = self._emit
-        if msg is None or emit is None:
+        if msg is None:
+            return
+        if emit is None:
+            log.warning(
+                "wecom message %s arrived while only sending; not taken", msg.platform_message_id
+            )
             return
         assert msg.platform_message_id is not None
         self._req_ids[msg.platform_message_id] = req_id_of(data)

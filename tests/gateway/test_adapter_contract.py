@@ -25,9 +25,10 @@ from gateway.adapters.sms import SmsAdapter
 from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.webhook import Endpoint, WebhookAdapter
+from gateway.adapters.wecom import WeComAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from tests.fakes import bluebubbles, dingtalk, feishu, matrix, teams, twilio, whatsapp
+from tests.fakes import bluebubbles, dingtalk, feishu, matrix, teams, twilio, wecom, whatsapp
 from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
@@ -42,6 +43,7 @@ from tests.fakes.teams import FakeTeams
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
 from tests.fakes.webhook_receiver import CallbackReceiver
+from tests.fakes.wecom import FakeWeCom
 from tests.fakes.whatsapp import FakeGraph
 
 PLATFORMS = [
@@ -57,6 +59,7 @@ PLATFORMS = [
     "email",
     "feishu",
     "dingtalk",
+    "wecom",
     "matrix",
     "bluebubbles",
     "webhook",
@@ -72,6 +75,7 @@ FAKES: dict[str, type[Any]] = {
     "sms": FakeTwilio,
     "feishu": FakeFeishu,
     "dingtalk": FakeDingTalk,
+    "wecom": FakeWeCom,
     "matrix": FakeMatrix,
     "bluebubbles": FakeBlueBubbles,
     "webhook": CallbackReceiver,
@@ -173,6 +177,8 @@ async def case(
                 "cidGROUP",
                 fake,
             )
+        elif isinstance(fake, FakeWeCom):
+            yield WeComAdapter(wecom.BOT_ID, wecom.SECRET, url=fake.url), "wrGROUP", fake
         elif isinstance(fake, FakeBlueBubbles):
             yield (
                 BlueBubblesAdapter(fake.base_url, bluebubbles.PASSWORD, bluebubbles.SECRET),
@@ -213,6 +219,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["markdown"])
     if isinstance(fake, FakeDingTalk):
         return str(fake.sent()[0][1]["text"])
+    if isinstance(fake, FakeWeCom):
+        return fake.sent()[0][2]
     if isinstance(fake, FakeTelegram):
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):

@@ -30,11 +30,12 @@ from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
+from gateway.adapters.wecom import WeComAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import AdapterError, InvalidToken, TransientError
 from tests.daemon import clean_env, free_port, switchboard
-from tests.fakes import dingtalk, feishu, matrix
+from tests.fakes import dingtalk, feishu, matrix, wecom
 from tests.fakes.discord import restore_discord_globals
 from tests.fakes.telegram import FakeTelegram
 
@@ -209,13 +210,26 @@ def _closed(platform: str, port: int) -> Adapter:
             dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET, base_url=url, backoff=FAST
         ),
         "matrix": lambda: MatrixAdapter(url, matrix.BOT, "syt_tok", poll_timeout_s=1, backoff=FAST),
+        "wecom": lambda: WeComAdapter(
+            wecom.BOT_ID, wecom.SECRET, url=f"ws://127.0.0.1:{port}/", backoff=FAST
+        ),
     }
     return made[platform]()
 
 
 @pytest.mark.parametrize(
     "platform",
-    ["telegram", "discord", "slack", "signal", "mattermost", "feishu", "dingtalk", "matrix"],
+    [
+        "telegram",
+        "discord",
+        "slack",
+        "signal",
+        "mattermost",
+        "feishu",
+        "dingtalk",
+        "matrix",
+        "wecom",
+    ],
 )
 async def test_every_adapter_whose_platform_is_unreachable_at_start_retries_without_ending_the_start(
     tmp_path: Path, platform: str, monkeypatch: pytest.MonkeyPatch

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted,
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
-from tests.daemon import free_port
+from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes import started, wait_for_count
 from tests.fakes.wecom import BOT_ID, ENV, SECRET, FakeWeCom, text_message
 from tests.gateway.conftest import refused_at_start
@@ -381,3 +383,48 @@ async def test_doctor_reports_an_unreachable_wecom_in_one_word(tmp_path: Path) -
     checks = await run_doctor(tmp_path / "home", load_config(cfg, ENV), None, fix=False, full=False)
     [reach] = [c for c in checks if c.name == "wecom reachable"]
     assert (reach.ok, reach.detail) == (False, "unreachable (ClientConnectorError)")
+
+
+# --- a real daemon, and `switchboard send` without one ------------------------------------
+
+
+async def test_a_daemon_answers_wecom_exits_0_on_sigterm_and_send_then_goes_direct(
+    tmp_path: Path, fake: FakeWeCom
+) -> None:
+    home, port = tmp_path / "home", free_port()
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"platforms:\n  api:\n    port: {port}\n  wecom:\n    enabled: true\n"
+        f"    allow_all_users: true\n    base_url: {fake.url}\n"
+    )
+    (home / "switchboard.env").write_text(f"WECOM_BOT_ID={BOT_ID}\nWECOM_SECRET={SECRET}\n")
+    log = tmp_path / "daemon.log"
+    with log.open("w") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *switchboard(home, "run"),
+            env=clean_env(),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            await wait_healthy(f"http://127.0.0.1:{port}", proc)
+            await fake.wait_connected(1)
+            req = await fake.push(text_message("hello daemon", msg_id="d1"))
+            [(how, where, text)] = await fake.wait_sent(1, timeout=30)
+            assert (how, where) == ("reply", req) and "hello daemon" in text
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(proc.wait(), 30)
+    assert code == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
+    sent = await asyncio.to_thread(
+        subprocess.run,
+        switchboard(home, "send", "wecom", "alice", "backup finished"),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=clean_env(),
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert "directly" in sent.stdout
+    assert fake.sent()[-1] == ("send", "alice", "backup finished")
