@@ -64,7 +64,7 @@ from gateway.errors import (
 from gateway.messages import OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, setting
 from gateway.session_keys import SessionSource
-from gateway.shards import Receiver, ShardLedger
+from gateway.shards import CLAIM_EVERY_S, Receiver, ShardLedger
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.wecom")
@@ -247,8 +247,10 @@ class WeComAdapter(UsesShards, Outbound, SetupSteps):
                 self.last_error = "another connection of this bot took over"
                 log.warning(
                     "wecom closed this connection for a newer one of the same bot (another "
-                    "daemon, doctor or `switchboard send`); reconnecting"
+                    "replica or daemon, doctor or `switchboard send`); reconnecting"
                 )
+                if self._sharded:  # another replica's takeover ends this loop (Receiver)
+                    await asyncio.sleep(2 * CLAIM_EVERY_S)
             else:
                 self.last_error = "the connection closed"
                 log.warning("the wecom connection closed; reconnecting")
