@@ -68,10 +68,16 @@ class Link:
 
     async def open(self) -> None:
         """Connect and subscribe; the subscription's answer is read here, before `serve`."""
-        self._http = aiohttp.ClientSession(trace_configs=[send_by_trace()])
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+            trace_configs=[send_by_trace()],
+        )
         try:
-            self._ws = await self._http.ws_connect(
-                self.url, timeout=aiohttp.ClientWSTimeout(ws_close=5.0), max_msg_size=0
+            self._ws = await asyncio.wait_for(
+                self._http.ws_connect(
+                    self.url, timeout=aiohttp.ClientWSTimeout(ws_close=5.0), max_msg_size=0
+                ),
+                CONNECT_TIMEOUT_S,
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             await self.close()

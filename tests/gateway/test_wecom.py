@@ -428,3 +428,28 @@ async def test_a_daemon_answers_wecom_exits_0_on_sigterm_and_send_then_goes_dire
     assert sent.returncode == 0, sent.stderr
     assert "directly" in sent.stdout
     assert fake.sent()[-1] == ("send", "alice", "backup finished")
+
+
+async def test_a_reply_that_stood_still_past_its_send_by_is_not_sent(fake: FakeWeCom) -> None:
+    """Replicas: a reply whose turn's lease check is too long ago (the process stood
+    still) stops before its frame is written (SetOutLate); on time, it goes."""
+    import time
+
+    from gateway.messages import SEND_BY, SetOutLate
+
+    adapter = WeComAdapter(BOT_ID, SECRET, url=fake.url, backoff=FAST)
+    async with started(adapter):
+        await fake.wait_connected(1)
+        late = SEND_BY.set(time.monotonic() - 1)
+        try:
+            with pytest.raises(SetOutLate):
+                await adapter.send(OutboundMessage("wecom", "alice", "too late"))
+        finally:
+            SEND_BY.reset(late)
+        assert [c["cmd"] for c in fake.calls] == ["aibot_subscribe"]
+        on_time = SEND_BY.set(time.monotonic() + 30)
+        try:
+            await adapter.send(OutboundMessage("wecom", "alice", "on time"))
+        finally:
+            SEND_BY.reset(on_time)
+        assert fake.sent() == [("send", "alice", "on time")]

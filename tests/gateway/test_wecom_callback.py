@@ -286,3 +286,18 @@ def test_callback_mode_names_the_missing_library(
         "platforms.wecom.mode: callback mode needs the cryptography package: "
         "pip install 'switchboard[wecom]'"
     )
+
+
+async def test_switchboard_send_without_the_daemon_uses_the_app_api(api: FakeWeComApi) -> None:
+    from gateway.adapters.wecom import AppMode
+    from gateway.adapters.wecom_app import AppApi
+
+    app_api = AppApi(CORP_ID, ENV["WECOM_SECRET"], AGENT_ID, api.base_url)
+    adapter = WeComAdapter("", "", app=AppMode(app_api, ENV["WECOM_CALLBACK_TOKEN"], AES_KEY))
+    try:
+        await adapter.open_outbound()
+        ref = await adapter.send(OutboundMessage("wecom", "bob", "nightly report"))
+    finally:
+        await adapter.stop()
+    assert [s["markdown"]["content"] for s in api.sent()] == ["nightly report"]
+    assert ref.message_ids and [k for k, _ in api.calls] == ["token", "send"]
