@@ -453,3 +453,31 @@ async def test_a_reply_that_stood_still_past_its_send_by_is_not_sent(fake: FakeW
         finally:
             SEND_BY.reset(on_time)
         assert fake.sent() == [("send", "alice", "on time")]
+
+
+async def test_send_with_a_refused_secret_exits_77_and_setup_shows_the_console_steps(
+    tmp_path: Path, fake: FakeWeCom
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        "platforms:\n  wecom:\n    enabled: true\n    allow_all_users: true\n"
+        f"    base_url: {fake.url}\n"
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            switchboard(home, *args), capture_output=True, text=True, timeout=120, env=clean_env()
+        )
+
+    (home / "switchboard.env").write_text(f"WECOM_BOT_ID={BOT_ID}\nWECOM_SECRET=wrong\n")
+    refused = await asyncio.to_thread(run, "send", "wecom", "alice", "hi")
+    assert refused.returncode == 77, (refused.returncode, refused.stderr)
+    assert fake.sent() == []
+    (home / "switchboard.env").write_text(f"WECOM_BOT_ID={BOT_ID}\nWECOM_SECRET={SECRET}\n")
+    setup = await asyncio.to_thread(run, "setup", "--non-interactive", "--platform", "wecom")
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    _, header, after = setup.stdout.partition("On wecom's side:\n")
+    assert header, setup.stdout
+    steps = [line for line in after.splitlines() if line.startswith("  - ")]
+    assert len(steps) >= 2 and any("WECOM_BOT_ID" in s for s in steps), setup.stdout
