@@ -481,3 +481,34 @@ async def test_send_with_a_refused_secret_exits_77_and_setup_shows_the_console_s
     assert header, setup.stdout
     steps = [line for line in after.splitlines() if line.startswith("  - ")]
     assert len(steps) >= 2 and any("WECOM_BOT_ID" in s for s in steps), setup.stdout
+
+
+async def test_allowed_users_and_a_configured_home_channel(tmp_path: Path, fake: FakeWeCom) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  wecom:\n    enabled: true\n"
+        f"    allowed_users: [alice]\n    home_channel: wrCONF\n    base_url: {fake.url}\n"
+    )
+    gateway = Gateway(config=load_config(cfg, ENV), home=tmp_path / "home")
+    await gateway.start()
+    try:
+        await fake.wait_connected(1)
+        other = await fake.push(text_message("me too", msg_id="a1", user="mallory"))
+        hi = await fake.push(text_message("hi", msg_id="a2"))
+        sent = {where: text for _, where, text in await fake.wait_sent(2)}
+        assert sent[hi] == "echo: hi"
+        assert sent[other] == "Sorry, you are not authorised to use this bot."
+        assert gateway.db is not None and gateway.handoffs is not None
+        gateway.handoffs.poll_s = 0.05
+        sid = await gateway.db.create_session(source="cli", title="release")
+        ok, why = await asyncio.wait_for(
+            handoff_from_terminal(
+                gateway.db, sid, "wecom", enabled=True, configured_home="wrCONF", poll_s=0.05
+            ),
+            30,
+        )
+        assert ok, why
+        how, where, text = (await fake.wait_sent(3))[2]
+        assert (how, where) == ("send", "wrCONF") and text.startswith("Continuing here")
+    finally:
+        await gateway.stop()
