@@ -31,6 +31,7 @@ BUILTIN = {
     "feishu": "gateway.adapters.feishu:FeishuAdapter",
     "dingtalk": "gateway.adapters.dingtalk:DingTalkAdapter",
     "qqbot": "gateway.adapters.qqbot:QQBotAdapter",
+    "wecom": "gateway.adapters.wecom:WeComAdapter",
     "bluebubbles": "gateway.adapters.bluebubbles:BlueBubblesAdapter",
     "webhook": "gateway.adapters.webhook:WebhookAdapter",
     "homeassistant": "gateway.adapters.homeassistant:HomeAssistantAdapter",

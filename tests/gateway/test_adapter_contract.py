@@ -27,9 +27,10 @@ from gateway.adapters.sms import SmsAdapter
 from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.webhook import Endpoint, WebhookAdapter
+from gateway.adapters.wecom import WeComAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from tests.fakes import bluebubbles, dingtalk, feishu, matrix, teams, twilio, whatsapp
+from tests.fakes import bluebubbles, dingtalk, feishu, matrix, teams, twilio, wecom, whatsapp
 from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
@@ -47,6 +48,7 @@ from tests.fakes.teams import FakeTeams
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
 from tests.fakes.webhook_receiver import CallbackReceiver
+from tests.fakes.wecom import FakeWeCom
 from tests.fakes.whatsapp import FakeGraph
 
 PLATFORMS = [
@@ -63,6 +65,7 @@ PLATFORMS = [
     "feishu",
     "dingtalk",
     "qqbot",
+    "wecom",
     "matrix",
     "bluebubbles",
     "webhook",
@@ -80,6 +83,7 @@ FAKES: dict[str, type[Any]] = {
     "feishu": FakeFeishu,
     "dingtalk": FakeDingTalk,
     "qqbot": FakeQQ,
+    "wecom": FakeWeCom,
     "matrix": FakeMatrix,
     "bluebubbles": FakeBlueBubbles,
     "webhook": CallbackReceiver,
@@ -190,6 +194,8 @@ async def case(
                 f"group-{QQ_GROUP}",
                 fake,
             )
+        elif isinstance(fake, FakeWeCom):
+            yield WeComAdapter(wecom.BOT_ID, wecom.SECRET, url=fake.url), "wrGROUP", fake
         elif isinstance(fake, FakeBlueBubbles):
             yield (
                 BlueBubblesAdapter(fake.base_url, bluebubbles.PASSWORD, bluebubbles.SECRET),
@@ -234,6 +240,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0][1]["text"])
     if isinstance(fake, FakeQQ):
         return str(fake.sent()[0]["text"])
+    if isinstance(fake, FakeWeCom):
+        return fake.sent()[0][2]
     if isinstance(fake, FakeTelegram):
         return str(fake.sent()[0]["text"])
     if isinstance(fake, FakeDiscord):

@@ -47,6 +47,8 @@ from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, FakeTwilio
 from tests.fakes.webhook_receiver import SECRET as WEBHOOK_SECRET
 from tests.fakes.webhook_receiver import CallbackReceiver
+from tests.fakes.wecom import ENV as WECOM_ENV
+from tests.fakes.wecom import FakeWeCom
 from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +66,7 @@ PLATFORM_NAMES = (
     "feishu",
     "dingtalk",
     "qqbot",
+    "wecom",
     "bluebubbles",
     "webhook",
     "homeassistant",
@@ -202,7 +205,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m",
                "BLUEBUBBLES_PASSWORD": "b", "BLUEBUBBLES_WEBHOOK_SECRET": "b",
                "WEBHOOK_CI_SECRET": "w", "QQBOT_APP_ID": "1", "QQBOT_CLIENT_SECRET": "q",
-               "HOMEASSISTANT_TOKEN": "h"}
+               "HOMEASSISTANT_TOKEN": "h", "WECOM_BOT_ID": "aib", "WECOM_SECRET": "w"}
         required = {  # keys a section cannot do without
             "signal": "    account: '+15550000001'\\n",
             "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
@@ -566,6 +569,23 @@ async def test_doctor_checks_a_home_assistant_token_by_authenticating_on_the_web
     assert fake.auths == [good] and fake.subs == []
     asked = ["get_config", "auth/current_user"]
     assert [c["type"] for c in fake.commands] == (asked if good else [])
+
+
+@pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_wecom_credentials_by_subscribing_once(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeWeCom()
+    await fake.start()
+    try:
+        env = {**WECOM_ENV, **({} if good else {"WECOM_SECRET": "wrong"})}
+        reach = await _reach(tmp_path, "wecom", fake.url, env)
+    finally:
+        await fake.stop()
+    expected = "aibFAKEbot" if good else "wecom refused the bot id or secret: invalid secret"
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [c["cmd"] for c in fake.calls] == ["aibot_subscribe"]
+    assert fake.subscribed == [] or fake.subscribed[0].closed  # closed after the check
 
 
 @pytest.mark.parametrize("good", [True, False])

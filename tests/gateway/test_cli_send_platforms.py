@@ -24,6 +24,7 @@ from tests.fakes import (
     qqbot,
     teams,
     twilio,
+    wecom,
     whatsapp,
 )
 from tests.fakes.bluebubbles import FakeBlueBubbles
@@ -39,6 +40,7 @@ from tests.fakes.smtp import FakeSmtp
 from tests.fakes.teams import FakeTeams
 from tests.fakes.twilio import FakeTwilio
 from tests.fakes.webhook_receiver import CallbackReceiver
+from tests.fakes.wecom import FakeWeCom
 from tests.fakes.whatsapp import FakeGraph
 
 TEXT = "release 2.4 is out <b>not markup</b>"
@@ -125,6 +127,8 @@ async def _case(platform: str) -> AsyncIterator[Case]:
         fake = FakeQQ()
     elif platform == "homeassistant":
         fake = FakeHomeAssistant()
+    elif platform == "wecom":
+        fake = FakeWeCom()
     else:
         fake = CallbackReceiver()
     await fake.start()
@@ -230,6 +234,15 @@ def _addressed(platform: str, fake: Any) -> Case:
             lambda: [str(m["message"]) for m in fake.sent()],
             None,  # events only arrive at the daemon's route
         )
+    if platform == "wecom":
+        return Case(
+            f"base_url: {fake.url}",
+            dict(wecom.ENV),
+            {**wecom.ENV, "WECOM_SECRET": "wrong"},
+            "wrGROUP",
+            lambda: [t for _h, _w, t in fake.sent()],
+            None,  # the bot's one connection is taken for the send: nothing arrives on it
+        )
     if platform == "homeassistant":
         return Case(
             f"url: {fake.url}",
@@ -272,6 +285,7 @@ PLATFORMS = [
     "bluebubbles",
     "qqbot",
     "homeassistant",
+    "wecom",
     "webhook",
 ]
 

@@ -16,6 +16,8 @@ from gateway.adapters.email_imap import Place
 from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.qqbot import QQBotAdapter
 from gateway.adapters.signal import CURSOR, SignalAdapter
+from gateway.adapters.wecom import WeComAdapter
+from gateway.errors import AdapterError
 from gateway.messages import InboundMessage, OutboundMessage
 from gateway.session_keys import SessionSource
 from gateway.shards import PgShardLedger, Receiver
@@ -35,6 +37,9 @@ from tests.fakes.signal import ALICE as SIGNAL_ALICE
 from tests.fakes.signal import BOT as SIGNAL_BOT
 from tests.fakes.signal import FakeSignal, envelope
 from tests.fakes.smtp import FakeSmtp
+from tests.fakes.wecom import BOT_ID as WECOM_BOT
+from tests.fakes.wecom import SECRET as WECOM_SECRET
+from tests.fakes.wecom import FakeWeCom, text_message
 from tests.gateway.test_email import US, mail, make_adapter
 from tests.gateway.test_matrix import ALICE as MATRIX_ALICE
 from tests.gateway.test_matrix import DM as MATRIX_DM
@@ -255,6 +260,50 @@ async def test_a_mattermost_replica_that_does_not_receive_still_sends_and_types(
         assert got == {"a": ["hello"], "b": ["again"]}
     finally:
         await pair.stop()
+
+
+async def test_a_wecom_replica_holds_the_bots_one_connection_and_only_it_sends(
+    server, ledger
+) -> None:
+    """WeCom keeps one connection per bot and every send goes over it: one replica holds
+    it; the other opens none (it would take the connection over) and cannot send; after a
+    takeover the new holder receives and sends, and the old one, rejoined, stays off."""
+    from gateway.adapters.base import Backoff
+
+    fast = Backoff(initial_s=0.05, max_s=0.2)
+    async with running(FakeWeCom()) as fake:
+        pair = Pair(
+            lambda: WeComAdapter(WECOM_BOT, WECOM_SECRET, url=fake.url, backoff=fast),
+            "wecom",
+            cursors=False,
+        )
+        got, links = pair.got, pair.links
+        try:
+            a, b = await pair.start(ledger)
+            await fake.wait_connected(1)
+            assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+            assert len(fake.sockets) == 1
+            await fake.push(text_message("hello", msg_id="r1"))
+            await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+            await a.send(OutboundMessage("wecom", "alice", "from a"))
+            with pytest.raises(AdapterError, match="another replica holds"):
+                await b.send(OutboundMessage("wecom", "alice", "from b"))
+
+            _cut_off(server, links["a"])
+            await b._receiver.sync()
+            assert b.health()["receiving"] is True
+            await fake.wait_connected(2)  # WeCom closed a's connection for b's
+            await links["a"].close()
+            await links["a"].open()
+            await a._receiver.sync()
+            assert a.health()["receiving"] is False and len(fake.subscribed) == 2
+            await fake.push(text_message("again", msg_id="r2"))
+            await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+            await b.send(OutboundMessage("wecom", "alice", "from b"))
+            assert got == {"a": ["hello"], "b": ["again"]}
+            assert [t for _, _, t in fake.sent()] == ["from a", "from b"]
+        finally:
+            await pair.stop()
 
 
 @pytest.fixture

@@ -32,11 +32,12 @@ from gateway.adapters.qqbot import QQBotAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
+from gateway.adapters.wecom import WeComAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import AdapterError, InvalidToken, TransientError
 from tests.daemon import clean_env, free_port, switchboard
-from tests.fakes import dingtalk, feishu, matrix
+from tests.fakes import dingtalk, feishu, matrix, wecom
 from tests.fakes.discord import restore_discord_globals
 from tests.fakes.telegram import FakeTelegram
 
@@ -213,6 +214,9 @@ def _closed(platform: str, port: int) -> Adapter:
         "matrix": lambda: MatrixAdapter(url, matrix.BOT, "syt_tok", poll_timeout_s=1, backoff=FAST),
         "qqbot": lambda: QQBotAdapter("1", "secret", api_base=url, token_base=url, backoff=FAST),
         "homeassistant": lambda: HomeAssistantAdapter("tok", url, backoff=FAST),
+        "wecom": lambda: WeComAdapter(
+            wecom.BOT_ID, wecom.SECRET, url=f"ws://127.0.0.1:{port}/", backoff=FAST
+        ),
     }
     return made[platform]()
 
@@ -230,6 +234,7 @@ def _closed(platform: str, port: int) -> Adapter:
         "matrix",
         "qqbot",
         "homeassistant",
+        "wecom",
     ],
 )
 async def test_every_adapter_whose_platform_is_unreachable_at_start_retries_without_ending_the_start(
