@@ -54,7 +54,7 @@ from gateway.wiring import (
 from state import StateError, Store, StoredReply, open_store
 
 if TYPE_CHECKING:
-    from gateway.cluster import PgCoordinator
+    from gateway.topology.cluster import PgCoordinator
 
 log = logging.getLogger("gateway.app")
 TAKEOVER_SCAN_S = 1.0  # replicas: how often inbox rows of dead replicas are looked for

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from gateway.agent.base import Agent
-from gateway.coordinator import Coordinator, LocalCoordinator
 from gateway.deadlines import Deadlines
 from gateway.index import RouteIndex
 from gateway.messages import (
@@ -32,6 +31,7 @@ from gateway.ops.metrics import Metrics
 from gateway.pairing import PairingRules
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
+from gateway.topology.coordinator import Coordinator, LocalCoordinator
 from state import Store
 
 log = logging.getLogger("gateway.router")  # replies and drains log as the router did

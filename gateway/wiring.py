@@ -13,12 +13,12 @@ from gateway import adapters as registry
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import Config
-from gateway.coordinator import LocalCoordinator
 from gateway.index import SessionIndex
 from gateway.pairing import PairingRules
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.services import AccessRules, RouterSettings
 from gateway.session_keys import KeySettings
+from gateway.topology.coordinator import LocalCoordinator
 from gateway.topology.local import LocalTopology
 from state import Store
 
@@ -70,11 +70,11 @@ async def open_topology(
 
 
 async def _join_cluster(config: Config, db: Store) -> ReplicatedTopology:
-    """PostgreSQL: this daemon is one replica of possibly several (gateway/cluster.py):
+    """PostgreSQL: this daemon is one replica of possibly several (gateway/topology/cluster.py):
     its control connection, the shared route table, the lease coordinator."""
-    from gateway.cluster import PgCoordinator
-    from gateway.routes import PgRouteIndex
+    from gateway.topology.cluster import PgCoordinator
     from gateway.topology.replicated import ReplicatedTopology
+    from gateway.topology.routes import PgRouteIndex
     from state import ClusterStore, default_replica_name
 
     assert isinstance(db, ClusterStore)

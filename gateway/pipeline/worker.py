@@ -16,7 +16,6 @@ from typing import Any
 
 from gateway.commands import CommandContext, CommandRegistry, no_reset_policy, parse_command
 from gateway.index import IndexEntry
-from gateway.leases import Stored
 from gateway.messages import InboundMessage
 from gateway.pipeline.inflight import InFlight
 from gateway.pipeline.outbox import Outbox, too_old_apology
@@ -24,6 +23,7 @@ from gateway.reset import Resetter
 from gateway.services import Services
 from gateway.session_keys import SessionKey, build_key
 from gateway.topology.base import KeyLease, Topology
+from gateway.topology.leases import Stored
 from gateway.turns import APOLOGY, TurnProgress, agent_turn, may_send, send_checked
 from state import (
     ANSWERED,

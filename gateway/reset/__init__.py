@@ -140,7 +140,7 @@ class Resetter:
         """The line a reset of `entry`'s chat owes it: why, and how to go back to the `old`
         session row (its title, else its id). None when the chat's policy does not notify
         or the old session had no messages. Replicas also word it for a reset whose replica
-        died before writing the route back (gateway/routes.py), so both say the same."""
+        died before writing the route back (gateway/topology/routes.py), so both say the same."""
         if not self.policy_for(entry).notify or not (old.get("message_count") or 0):
             return None
         handle = old.get("title") or old["id"]
@@ -156,7 +156,7 @@ class Resetter:
         still empty and still the key's indexed session is owed its line; if the chat's
         next message before the restart was a command (which stores nothing), the line is
         told again: at least once, never lost. Replicas derive the same from the route
-        (gateway/routes.py). Returns how many notices were restored."""
+        (gateway/topology/routes.py). Returns how many notices were restored."""
         restored = 0
         for row in await self.services.db.untold_resets():
             key = row["session_key"]

@@ -3,7 +3,7 @@ unconfirmed replies), what a key's lease holds (`KeyLease`) and what a turn hold
 runs (`TurnLease`). On one daemon the lease is the in-process key lock, which nothing can
 take away (`LOCAL_LEASE`: no fence, always held); on replicas it is the key's lease on
 PostgreSQL, whose fence every turn write carries and which a stalled process may lose
-(gateway.cluster)."""
+(gateway.topology.cluster)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.coordinator import Coordinator
 from gateway.index import RouteIndex
-from gateway.leases import BeginsIn, HandBack, ResetNotice, Stored
 from gateway.shards import ShardLedger
+from gateway.topology.coordinator import Coordinator
+from gateway.topology.leases import BeginsIn, HandBack, ResetNotice, Stored
 from state import Fence
 
 if TYPE_CHECKING:

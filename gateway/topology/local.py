@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.coordinator import KeyHold, LocalCoordinator
 from gateway.index import RouteIndex
-from gateway.leases import ResetNotice, Stored
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionKey
 from gateway.topology.base import LOCAL_LEASE, KeyLease, PlanBegin, ResendRow, TurnLease
+from gateway.topology.coordinator import KeyHold, LocalCoordinator
+from gateway.topology.leases import ResetNotice, Stored
 from state import STARTED, Store
 
 

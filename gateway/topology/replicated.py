@@ -1,6 +1,6 @@
 """Several replicas on one PostgreSQL database: a key's lease is its row in
-`session_routes` with a fence (gateway.cluster's `PgCoordinator`), the index is the shared
-route table (gateway.routes' `PgRouteIndex`), and recovery is the takeover scan of rows
+`session_routes` with a fence (gateway.topology.cluster's `PgCoordinator`), the index is the shared
+route table (gateway.topology.routes' `PgRouteIndex`), and recovery is the takeover scan of rows
 whose replica is gone, each run under its key's lease."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from gateway.cluster import PgCoordinator
-from gateway.leases import Lease, ResetNotice, Stored
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionKey
 from gateway.shards import PgShardLedger
 from gateway.topology.base import PlanBegin, ResendRow, TurnLease
+from gateway.topology.cluster import PgCoordinator
+from gateway.topology.leases import Lease, ResetNotice, Stored
 
 
 class ReplicatedTopology:

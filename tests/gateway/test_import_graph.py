@@ -127,7 +127,7 @@ def test_no_import_cycles() -> None:
 def test_the_coordinator_and_the_vocabulary_are_leaves() -> None:
     """Anything may import them (a replicated coordinator swaps in without new edges)."""
     graph = import_graph()
-    assert graph["gateway.coordinator"] == set()
+    assert graph["gateway.topology.coordinator"] == set()
     assert graph["gateway.vocab"] == set()
 
 
@@ -171,11 +171,7 @@ LAYER_OF: dict[str, str] = {
     "gateway.handoff": "pipeline",
     "gateway.reset": "pipeline",
     "gateway.access": "pipeline",
-    "gateway.topology": "topology",
-    "gateway.coordinator": "topology",
-    "gateway.leases": "topology",
-    "gateway.cluster": "topology",
-    "gateway.routes": "topology",
+    "gateway.topology": "topology",  # the coordinators, leases and routes among them
     "gateway.index": "topology",
     "gateway.agent": "agent",
     "gateway.adapters": "adapters",

@@ -2,7 +2,7 @@
 memory, the `/resume N` listings and pending reset notices.
 
 `Coordinator` is the interface; `LocalCoordinator` keeps it all in this process's memory,
-which is exact for one daemon. gateway/leases.py's `SharedCoordinator` adds what several
+which is exact for one daemon. gateway/topology/leases.py's `SharedCoordinator` adds what several
 replicas need. This module imports nothing from the project.
 """
 

@@ -1,6 +1,6 @@
 """What a coordinator of several replicas adds to `Coordinator`: key leases carrying a
 `Fence`, the open inbox rows a lease holder runs, the takeover of orphaned rows and the
-leader flag. gateway/cluster.py implements it on PostgreSQL; gateway.topology.replicated
+leader flag. gateway/topology/cluster.py implements it on PostgreSQL; gateway.topology.replicated
 is the pipeline's view of it.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.coordinator import Coordinator
 from gateway.index import IndexEntry
+from gateway.topology.coordinator import Coordinator
 from state import Fence, Release
 
 # How a reset is worded for its chat: (the key's entry, the end reason, the old session's
