@@ -22,9 +22,10 @@ log = logging.getLogger("gateway.cli")
 
 def cmd_run(args: argparse.Namespace) -> int:
     from gateway import event_loops
-    from gateway.app import Gateway, run_until_signalled
+    from gateway.app import Gateway
     from gateway.config import load_config
     from gateway.ops.logs import setup_logging
+    from gateway.run import run_until_signalled
 
     home = _home(args)
     config = load_config(_config_path(args, home), _environment(home))

@@ -155,6 +155,8 @@ LAYER_OF: dict[str, str] = {
     "gateway.ops": "top",
     "gateway.web": "web",
     "gateway.app": "app",
+    "gateway.run": "app",
+    "gateway.health": "app",
     "gateway.wiring": "app",
     "gateway.home": "app",
     "gateway.ops.envfile": "app",  # the daemon's helpers among the operator's tools
