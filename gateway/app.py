@@ -63,7 +63,7 @@ class Gateway:
     home: Path
     agent: Agent | None = None
     adapters: list[Adapter] = field(default_factory=list)
-    notify: Callable[[str], None] = lambda _state: None  # systemd notify hook
+    notify: Callable[[str], object] = lambda _state: None  # systemd notify hook
     db: Store | None = None
     router: Router | None = None
     metrics: Metrics = field(default_factory=Metrics)
@@ -235,7 +235,7 @@ class Gateway:
         assert self.cluster is not None
         others = self.cluster.link.live > 1
         self._linger_ms = self.config.cluster.commit_linger_ms if others else 0
-        self.db.linger(self._linger_ms / 1000)  # type: ignore[union-attr]
+        self.cluster.store.linger(self._linger_ms / 1000)
 
     def _default_adapters(self) -> list[Adapter]:
         """Platform adapters first, each built by its registered class from its section;

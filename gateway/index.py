@@ -264,7 +264,7 @@ class SessionIndex:
         return how
 
     async def rebuild(self) -> None:
-        entries: dict[str, IndexEntry] = {}
+        entries: dict[str, IndexEntry | dict[str, Any]] = {}
         for row in await self.db.live_sessions_by_key():
             origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
             entries[row["session_key"]] = IndexEntry(

@@ -20,6 +20,7 @@ from gateway.services import AccessRules, RouterSettings
 from gateway.session_keys import KeySettings
 from gateway.topology.coordinator import LocalCoordinator
 from gateway.topology.local import LocalTopology
+from gateway.vocab import ResetMode
 from state import Store
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ def restart_keys(old: Any, new: Any) -> list[str]:
 def reset_policies(config: Config) -> PolicySet:
     r = config.session_reset
     base = ResetPolicy(
-        mode=r.mode,
+        mode=ResetMode(r.mode),  # validated as one of them by the config
         idle_minutes=r.idle_minutes,
         at_hour=r.at_hour,
         timezone=r.timezone,

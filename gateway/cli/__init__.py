@@ -164,7 +164,7 @@ def global_options(*, suppress: bool) -> argparse.ArgumentParser:
     """--home, --config and --debug, accepted before the subcommand and after it. On a
     subcommand they default to SUPPRESS so an absent one keeps the value given before."""
     common = argparse.ArgumentParser(add_help=False)
-    unset = {"default": argparse.SUPPRESS} if suppress else {}
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
     common.add_argument(
         "--home", help="home directory (default $SWITCHBOARD_HOME or ~/.switchboard)", **unset
     )

@@ -131,6 +131,7 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     out.print(styled(plain(row.get("title") or "(untitled)", "bold"), "  ", plain(sid)))
+    fields: Mapping[str, object] = row  # read by name below
     for label, key in (
         ("source", "source"),
         ("model", "model"),
@@ -140,8 +141,8 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
         ("messages", "message_count"),
         ("tool calls", "tool_call_count"),
     ):
-        if row.get(key) is not None:
-            out.print(styled(f"  {label:<11}", plain(row[key])))
+        if (value := fields.get(key)) is not None:
+            out.print(styled(f"  {label:<11}", plain(value)))
     out.print(f"  {'started':<11}{_when(row.get('started_at'))}")
     reason = row.get("end_reason")
     out.print(

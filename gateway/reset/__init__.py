@@ -20,7 +20,7 @@ from gateway.index import IndexEntry
 from gateway.reset.policy import PolicySet, ResetDecision, ResetPolicy, decide
 from gateway.services import Services
 from gateway.session_keys import SessionSource, parse_key
-from state import EndReason
+from state import EndReason, SessionRow
 
 log = logging.getLogger("gateway.reset")
 PreResetHook = Callable[[str, str], Awaitable[None]]
@@ -64,7 +64,7 @@ class Resetter:
 
     async def _due(
         self, entry: IndexEntry, now: float, *, known_empty: bool = True
-    ) -> tuple[EndReason, dict[str, Any]] | None:
+    ) -> tuple[EndReason, SessionRow] | None:
         """The reason to reset `entry` now and its session row, or None. state.db is asked
         only once the policy says a reset is due: an empty session (or one that no longer
         exists) is never reset, else every idle chat would grow a chain of empty sessions.
@@ -115,7 +115,7 @@ class Resetter:
         return await self._reset(key, entry, *due)
 
     async def _reset(
-        self, key: str, entry: IndexEntry, reason: EndReason, old: dict[str, Any]
+        self, key: str, entry: IndexEntry, reason: EndReason, old: SessionRow
     ) -> IndexEntry:
         started = time.monotonic()
         try:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from gateway.topology.coordinator import LocalCoordinator, MessageKey
-from gateway.topology.leases import HandBack, Lease, ResetNotice, Stored
+from gateway.topology.leases import HandBack, InboxRow, Lease, ReplyRow, ResetNotice, Stored
 from gateway.topology.routes import PgRouteIndex
 from state import (
     OPEN_STATES,
@@ -312,10 +312,10 @@ class PgCoordinator:
 
     # --- takeover -----------------------------------------------------------------------
 
-    async def orphaned_inbound(self) -> list[dict[str, Any]]:
+    async def orphaned_inbound(self) -> Sequence[InboxRow]:
         return await self.store.orphaned_inbound(self.link.space, self.me)
 
-    async def orphaned_replies(self) -> list[dict[str, Any]]:
+    async def orphaned_replies(self) -> Sequence[ReplyRow]:
         return await self.store.orphaned_replies(self.link.space)
 
     async def claim_reply(self, inbox_id: int) -> bool:
