@@ -1,7 +1,8 @@
 """Stored and user text on the terminal: printed as the characters it holds, never read as
 rich markup or emoji codes, with control characters shown rather than sent, so no message,
 title or id can restyle the terminal, make a link, move the cursor or crash a command.
-Our own styling goes around such text as `Text` spans; the text itself is never parsed."""
+Our own styling goes around such text as `Text` spans; the text itself is never parsed.
+`out` and `err` are the consoles the `sessions` subcommands print on."""
 
 from __future__ import annotations
 

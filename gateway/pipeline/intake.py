@@ -36,14 +36,7 @@ from gateway.topology.local import LocalTopology
 from gateway.topology.routes import entry_from_route
 from gateway.turns import user_message
 from gateway.vocab import ChatType
-from state import (
-    OPEN_STATES,
-    BeginPlan,
-    SessionNotFound,
-    StateError,
-    Store,
-    UnstorableData,
-)
+from state import OPEN_STATES, BeginPlan, SessionNotFound, StateError, Store, UnstorableData
 
 log = logging.getLogger("gateway.router")
 
