@@ -1,22 +1,20 @@
 """The daemon's lifecycle: start in order (home and lock, state, index, router, adapters),
 stop in reverse (stop intake, drain turns within a budget, stop adapters, flush the index,
-close the store)."""
+close the store), and a SIGHUP's reload. Its run loop is gateway/run.py; what it reports
+(/health, the gauges) is gateway/health.py."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import logging
-import os
-import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway import adapters as registry
-from gateway import event_loops
 from gateway.adapters.base import (
     Adapter,
     Listens,
@@ -31,16 +29,15 @@ from gateway.agent.base import Agent
 from gateway.config import Config
 from gateway.errors import GatewayError, NotAccepted, PortInUse
 from gateway.handoff import HandoffWatcher
-from gateway.home import HomeLock, version
+from gateway.health import health_report, register_gauges, replica_health
+from gateway.home import HomeLock
 from gateway.index import RouteIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from gateway.ops import heap
 from gateway.ops.metrics import Metrics
 from gateway.pipeline import Router
 from gateway.reset import Resetter
 from gateway.reset.scheduler import ResetScheduler
 from gateway.services import Services
-from gateway.vocab import AdapterState
 from gateway.wiring import (
     StoreCursors,
     build_agent,
@@ -54,7 +51,7 @@ from gateway.wiring import (
 from state import StateError, Store, StoredReply, open_store
 
 if TYPE_CHECKING:
-    from gateway.cluster import PgCoordinator
+    from gateway.topology.cluster import PgCoordinator
 
 log = logging.getLogger("gateway.app")
 TAKEOVER_SCAN_S = 1.0  # replicas: how often inbox rows of dead replicas are looked for
@@ -66,7 +63,7 @@ class Gateway:
     home: Path
     agent: Agent | None = None
     adapters: list[Adapter] = field(default_factory=list)
-    notify: Callable[[str], None] = lambda _state: None  # systemd notify hook
+    notify: Callable[[str], object] = lambda _state: None  # systemd notify hook
     db: Store | None = None
     router: Router | None = None
     metrics: Metrics = field(default_factory=Metrics)
@@ -128,7 +125,7 @@ class Gateway:
         assert self.router.resetter is not None
         if coordinator is None:  # one daemon: its notices were in memory (replicas: routes)
             await self.router.resetter.restore_notices()
-        self._register_gauges()
+        register_gauges(self.metrics, self.db, self.index, self.router)
         prune = self.config.sessions.auto_prune
         db = self.db
 
@@ -238,7 +235,7 @@ class Gateway:
         assert self.cluster is not None
         others = self.cluster.link.live > 1
         self._linger_ms = self.config.cluster.commit_linger_ms if others else 0
-        self.db.linger(self._linger_ms / 1000)  # type: ignore[union-attr]
+        self.cluster.store.linger(self._linger_ms / 1000)
 
     def _default_adapters(self) -> list[Adapter]:
         """Platform adapters first, each built by its registered class from its section;
@@ -400,57 +397,6 @@ class Gateway:
             is_live=lambda sid: bool(index.keys_for_session(sid)),
         ).subapps()
 
-    def _register_gauges(self) -> None:
-        assert self.db is not None and self.index is not None and self.router is not None
-        db, index, router = self.db, self.index, self.router
-        self.metrics.gauge(
-            "switchboard_writer_queue_depth",
-            "Writes waiting for the writer",
-            lambda: db.write_stats().queue_depth,
-        )
-        self.metrics.gauge(
-            "switchboard_writer_last_batch_size",
-            "Operations in the last commit",
-            lambda: db.write_stats().last_batch_size,
-        )
-        self.metrics.gauge(
-            "switchboard_writer_last_commit_ms",
-            "Duration of the last commit",
-            lambda: db.write_stats().last_commit_ms,
-        )
-        self.metrics.gauge(
-            "switchboard_writer_batches_total",
-            "Commits so far",
-            lambda: db.write_stats().batches,
-            kind="counter",
-        )
-
-        def quantile(values: Sequence[float], q: float) -> float:
-            ordered = sorted(values[-512:])
-            return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
-
-        self.metrics.gauge(
-            "switchboard_writer_commit_ms_p50",
-            "Median commit time, recent batches",
-            lambda: quantile(db.write_stats().recent_commit_ms, 0.5),
-        )
-        self.metrics.gauge(
-            "switchboard_writer_commit_ms_p99",
-            "99th percentile commit time, recent batches",
-            lambda: quantile(db.write_stats().recent_commit_ms, 0.99),
-        )
-        self.metrics.gauge(
-            "switchboard_writer_batch_size_p50",
-            "Median operations per commit, recent batches",
-            lambda: quantile([float(b) for b in db.write_stats().recent_batch_sizes], 0.5),
-        )
-        self.metrics.gauge(
-            "switchboard_sessions_live", "Entries in the session index", lambda: len(index)
-        )
-        self.metrics.gauge(
-            "switchboard_turns_in_flight", "Turns running or queued", lambda: router.inflight
-        )
-
     async def _send(self, msg: OutboundMessage) -> SentRef | None:
         adapter = self._adapters_by_platform.get(msg.platform)
         if adapter is None:
@@ -494,43 +440,16 @@ class Gateway:
             a.platform: (self._starts[a.platform] if a.platform in self._starts else a).health()
             for a in self.adapters
         }
-        ok = self.db is not None and all(
-            h.get("state") == AdapterState.RUNNING for h in adapters.values()
+        return health_report(
+            adapters,
+            db=self.db,
+            index=self.index,
+            router=self.router,
+            scheduler=self.scheduler,
+            metrics=self.metrics,
+            started_at=self.started_at,
+            replica=None if self.cluster is None else replica_health(self.cluster, self._linger_ms),
         )
-        return {
-            "status": "ok" if ok else "degraded",
-            "pid": os.getpid(),
-            "version": version(),
-            "uptime_seconds": round(time.time() - self.started_at, 1),
-            "next_reset_sweep": self.scheduler.next_sweep() if self.scheduler else None,
-            "event_loop": event_loops.running(),
-            "adapters": adapters,
-            "writer_queue_depth": self.db.write_stats().queue_depth if self.db else None,
-            "sessions": len(self.index) if self.index else 0,
-            "turns_in_flight": self.router.inflight if self.router else 0,
-            "recovered_turns": {
-                outcome: int(n)
-                for (((_label, outcome),), n) in self.metrics.recovered.values.items()
-            },
-            "unsent_replies": int(self.metrics.unsent.total()),
-            "failed_sends": int(self.metrics.errors.values.get((("kind", "send"),), 0)),
-            "last_error": self.router.last_error if self.router else None,
-            **self._replica_health(),
-        }
-
-    def _replica_health(self) -> dict[str, Any]:
-        if self.cluster is None:
-            return {}
-        link = self.cluster.link
-        return {
-            "replica": {
-                "name": link.name,
-                "incarnation": link.incarnation,
-                "leader": bool(link.leading),
-                "live_replicas": link.live,
-                "commit_linger_ms": self._linger_ms,
-            }
-        }
 
     async def stop(self) -> None:
         """Reverse order; safe to call on a partly started gateway."""
@@ -577,59 +496,3 @@ class Gateway:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-
-
-def _reload_from_disk(gateway: Gateway) -> None:
-    """SIGHUP: re-read the config file; a broken file is reported and ignored."""
-    from gateway.config import load_config
-    from gateway.errors import ConfigError
-    from gateway.ops.envfile import environment
-
-    gateway.notify("RELOADING=1")
-    try:
-        new = load_config(gateway.config.path, environment(gateway.home))
-    except ConfigError as exc:
-        log.error("reload refused, keeping the running configuration: %s", exc)
-    else:
-        restart = gateway.reload(new)
-        log.info("configuration reloaded (allowlists, admins, reset policy, log level)")
-        if restart:
-            log.warning("these changes need a restart to take effect: %s", ", ".join(restart))
-    gateway.notify("READY=1")
-
-
-async def run_until_signalled(gateway: Gateway) -> None:
-    """Start, tell systemd we are ready, ping its watchdog from the loop, wait for
-    SIGTERM/SIGINT, drain, stop."""
-    from gateway.ops.notify import watchdog, watchdog_interval
-
-    heap.tune_interpreter()
-    pauses = heap.Pauses()
-    pauses.install()
-    heap.watch(gateway.metrics, pauses)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, _reload_from_disk, gateway)
-    dog: asyncio.Task[None] | None = None
-    try:
-        await gateway.start()
-        log.debug("collector settled: %d objects frozen", heap.settle())
-        gateway.notify(
-            f"READY=1\nSTATUS=running ({', '.join(a.platform for a in gateway.adapters)})"
-        )
-        interval = watchdog_interval()
-        if interval is not None:
-            dog = asyncio.create_task(watchdog(interval), name="systemd.watchdog")
-        await stop.wait()
-        log.info("signal received; draining")
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
-        if dog is not None:
-            dog.cancel()
-            await asyncio.gather(dog, return_exceptions=True)
-        await gateway.stop()
-        pauses.remove()

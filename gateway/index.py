@@ -2,8 +2,8 @@
 held in memory (`SessionIndex`, also named `JsonRouteIndex`).
 
 `RouteIndex` is what the router, sessions, commands and the Resetter use; several replicas
-on PostgreSQL use gateway/routes.py's `PgRouteIndex` instead. In sessions.json, lookups never
-touch the disk. Changes mark the index dirty and a debounced flush writes the
+on PostgreSQL use gateway/topology/routes.py's `PgRouteIndex` instead. In sessions.json,
+lookups never touch the disk. Changes mark the index dirty and a debounced flush writes the
 whole file atomically (temp file, fsync, rename) at most once per interval, off the event
 loop, so a burst of messages costs one write and the cost never depends on message count.
 state.db is the source of truth: a missing or corrupt file is rebuilt from it.
@@ -264,7 +264,7 @@ class SessionIndex:
         return how
 
     async def rebuild(self) -> None:
-        entries: dict[str, IndexEntry] = {}
+        entries: dict[str, IndexEntry | dict[str, Any]] = {}
         for row in await self.db.live_sessions_by_key():
             origin = json.loads(row["origin_json"]) if row["origin_json"] else {}
             entries[row["session_key"]] = IndexEntry(

@@ -13,10 +13,13 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 Check = Callable[[Any], "str | None"]
-S = TypeVar("S")
+S = TypeVar("S", bound="DataclassInstance")  # a section class: a dataclass
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,10 @@ def _schema_of(cls: Any) -> Schema:
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         else:
-            default = f.default_factory()  # type: ignore[misc,operator]
+            raise TypeError(f"{cls.__name__}.{f.name}: a section's field needs a default")
         if isinstance(default, tuple):
             default = list(default)
         out[f.name] = Field(
@@ -166,7 +171,7 @@ def build(cls: type[S], data: Mapping[str, Any]) -> S:
     """The frozen section from its validated mapping (lists become tuples)."""
     hints = _hints(typing.cast(Any, cls))
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         value = data[f.name]
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):

@@ -14,10 +14,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gateway.agent.base import Agent
-from gateway.coordinator import Coordinator, LocalCoordinator
 from gateway.deadlines import Deadlines
 from gateway.index import RouteIndex
 from gateway.messages import (
@@ -32,9 +31,11 @@ from gateway.ops.metrics import Metrics
 from gateway.pairing import PairingRules
 from gateway.session_keys import KeySettings, SessionKey, SessionSource
 from gateway.sessions import SessionManager
+from gateway.topology.coordinator import Coordinator, LocalCoordinator
 from state import Store
 
 log = logging.getLogger("gateway.router")  # replies and drains log as the router did
+T = TypeVar("T")
 
 Sender = Callable[[OutboundMessage], Awaitable[SentRef | None]]
 
@@ -168,9 +169,9 @@ class TaskSet:
     shutdown can let them finish within a budget."""
 
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    def start(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    def start(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

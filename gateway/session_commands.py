@@ -127,7 +127,7 @@ async def cmd_resume(ctx: CommandContext) -> str:
         services.coordinator.remember_listing(ctx.key.format(), [str(r["id"]) for r in rows])
         now = time.time()
         lines = [
-            f"{i}. {_label(r)} ({r.get('message_count') or 0} messages, {ago(r.get('last_active'), now)})"  # type: ignore[arg-type]
+            f"{i}. {_label(r)} ({r.get('message_count') or 0} messages, {ago(r.get('last_active'), now)})"
             for i, r in enumerate(rows, 1)
         ]
         return (

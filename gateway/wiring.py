@@ -13,13 +13,14 @@ from gateway import adapters as registry
 from gateway.agent.base import Agent
 from gateway.agent.echo import EchoAgent
 from gateway.config import Config
-from gateway.coordinator import LocalCoordinator
 from gateway.index import SessionIndex
 from gateway.pairing import PairingRules
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.services import AccessRules, RouterSettings
 from gateway.session_keys import KeySettings
+from gateway.topology.coordinator import LocalCoordinator
 from gateway.topology.local import LocalTopology
+from gateway.vocab import ResetMode
 from state import Store
 
 if TYPE_CHECKING:
@@ -70,11 +71,11 @@ async def open_topology(
 
 
 async def _join_cluster(config: Config, db: Store) -> ReplicatedTopology:
-    """PostgreSQL: this daemon is one replica of possibly several (gateway/cluster.py):
+    """PostgreSQL: this daemon is one replica of possibly several (gateway/topology/cluster.py):
     its control connection, the shared route table, the lease coordinator."""
-    from gateway.cluster import PgCoordinator
-    from gateway.routes import PgRouteIndex
+    from gateway.topology.cluster import PgCoordinator
     from gateway.topology.replicated import ReplicatedTopology
+    from gateway.topology.routes import PgRouteIndex
     from state import ClusterStore, default_replica_name
 
     assert isinstance(db, ClusterStore)
@@ -139,7 +140,7 @@ def restart_keys(old: Any, new: Any) -> list[str]:
 def reset_policies(config: Config) -> PolicySet:
     r = config.session_reset
     base = ResetPolicy(
-        mode=r.mode,
+        mode=ResetMode(r.mode),  # validated as one of them by the config
         idle_minutes=r.idle_minutes,
         at_hour=r.at_hour,
         timezone=r.timezone,

@@ -135,6 +135,8 @@ class Outbound(Protocol):
 
     async def open_outbound(self) -> Any: ...
 
+    async def stop(self) -> None: ...
+
 
 @runtime_checkable
 class HomeIds(Protocol):

@@ -11,6 +11,7 @@ else the robot API (dingtalk_api). DingTalk has no threads and no typing signal.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -249,7 +250,7 @@ class DingTalkAdapter(Outbound, SetupSteps):
         )
         adapter = self
 
-        class RobotMessages(dingtalk_stream.CallbackHandler):  # type: ignore[misc]
+        class RobotMessages(dingtalk_stream.CallbackHandler):
             async def process(self, message: Any) -> tuple[int, str]:
                 return await adapter._on_message(message.data)
 
@@ -349,7 +350,7 @@ class DingTalkAdapter(Outbound, SetupSteps):
         for part in split_message(msg.text, LIMIT):
             try:
                 sent = await call_with_retry(
-                    lambda p=part: self._send_one(msg, p),  # type: ignore[misc]
+                    functools.partial(self._send_one, msg, part),
                     backoff=self._backoff,
                     log=log,
                 )

@@ -158,7 +158,9 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     @classmethod
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """A Discord thread is its own channel."""
-        return SessionSource(cls.platform, thread.thread_id, "thread", thread_id=thread.thread_id)
+        return SessionSource(
+            cls.platform, thread.thread_id, ChatType.THREAD, thread_id=thread.thread_id
+        )
 
     # --- one running bot --------------------------------------------------------------
 

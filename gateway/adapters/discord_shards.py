@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ class Shards:
         *,
         new_client: Callable[[int, asyncio.Event], Any],
         login: Callable[[Any], Awaitable[None]],
-        connect: Callable[[Any], Awaitable[None]],
+        connect: Callable[[Any], Coroutine[Any, Any, None]],
         note: Callable[[str], None],
         stopping: Callable[[], bool],
     ) -> None:

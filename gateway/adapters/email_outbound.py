@@ -181,6 +181,7 @@ def markdown_to_html(text: str) -> str:
             if para or (items and list_tag != tag):
                 flush()
             list_tag = tag
+            # m2 is the numbered match whenever m is None (mypy cannot follow the `or`)
             items.append(_inline((m or m2).group(1)))  # type: ignore[union-attr]
         elif line.startswith(">"):
             flush()

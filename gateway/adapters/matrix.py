@@ -253,11 +253,13 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSte
         """Ready to send, receiving nothing (`switchboard send` without a daemon): the
         client and its whoami, never syncing."""
         from mautrix.client import ClientAPI
+        from mautrix.types import UserID
 
         from gateway.adapters.matrix_http import mapped, new_api
 
         self._client = ClientAPI(
-            self.user_id, api=new_api(self.homeserver, self._token, self._poll_timeout_s + 30)
+            UserID(self.user_id),
+            api=new_api(self.homeserver, self._token, self._poll_timeout_s + 30),
         )
         try:
             who = await self._call(lambda: mapped(self._client.whoami))
@@ -405,7 +407,7 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSte
         for ev in _events(data.get("account_data")):
             if ev.get("type") == "m.direct" and isinstance(ev.get("content"), Mapping):
                 self._rooms.set_direct(ev["content"])
-        rooms = data.get("rooms") if isinstance(data.get("rooms"), Mapping) else {}
+        rooms = found if isinstance(found := data.get("rooms"), Mapping) else {}
         for room_id, room in _items(rooms.get("invite")):
             await self._on_invite(room_id, room.get("invite_state") or {})
         for room_id, _room in _items(rooms.get("leave")):
@@ -413,7 +415,7 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSte
         for room_id, room in _items(rooms.get("join")):
             for ev in _events(room.get("state")):
                 self._rooms.on_state(room_id, ev)
-            timeline = room.get("timeline") if isinstance(room.get("timeline"), Mapping) else {}
+            timeline = line if isinstance(line := room.get("timeline"), Mapping) else {}
             events = _events(timeline)
             if deliver and timeline.get("limited") and self._since:
                 events = await self._gap(room_id, timeline.get("prev_batch"), self._since) + events

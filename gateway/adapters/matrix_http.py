@@ -8,6 +8,7 @@ Imported only when the adapter starts or checks a token.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -49,6 +50,7 @@ class RateAwareHTTPAPI(HTTPAPI):
                 errcode=errcode if isinstance(errcode, str) else None,
                 message=message if isinstance(message, str) else None,
             )
+            # our own attribute on mautrix's error (its class declares none): mapped() reads it
             exc.retry_after_s = _retry_after(data, response.headers)  # type: ignore[attr-defined]
             raise exc
 
@@ -155,8 +157,8 @@ async def events_between(
     for _page in range(GAP_PAGES):
         query = {"dir": "b", "from": token, "to": stop, "limit": str(GAP_PAGE_SIZE)}
         page = await mapped(
-            lambda q=query: client.api.request(
-                Method.GET, Path.v3.rooms[room_id].messages, query_params=q
+            functools.partial(
+                client.api.request, Method.GET, Path.v3.rooms[room_id].messages, query_params=query
             )
         )
         chunk = page.get("chunk") if isinstance(page, Mapping) else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import re
 from collections import OrderedDict
@@ -43,7 +44,7 @@ from gateway.adapters.signal_text import Incoming, Me, is_direct, parse_envelope
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
 from gateway.messages import SEND_BY, InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
-from gateway.session_keys import SessionSource
+from gateway.session_keys import SessionSource, as_chat_type
 from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState
 
@@ -186,7 +187,8 @@ class SignalAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     @classmethod
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """Signal has no threads (create_thread returns None); a chat stands for itself."""
-        return SessionSource(cls.platform, thread.chat_id, cls.home_chat_type(thread.chat_id))
+        chat_type = as_chat_type(cls.home_chat_type(thread.chat_id))
+        return SessionSource(cls.platform, thread.chat_id, chat_type)
 
     # --- one running bot --------------------------------------------------------------
 
@@ -441,7 +443,7 @@ class SignalAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
                     params.update(quoteTimestamp=int(ts), quoteAuthor=author)
             try:
                 result = await call_with_retry(
-                    lambda p=params: self.rpc.call("send", p), backoff=self._backoff, log=log
+                    functools.partial(self.rpc.call, "send", params), backoff=self._backoff, log=log
                 )
             except AdapterError as exc:
                 self.last_error = str(exc)

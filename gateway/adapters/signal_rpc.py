@@ -36,10 +36,10 @@ def rpc_error(error: Mapping[str, Any]) -> AdapterError:
     """The gateway error for a JSON-RPC `error` object from signal-cli. A send's per-
     recipient results come in `data.response.results`: a rate limit names its wait in
     `retryAfterSeconds`, a network failure is worth retrying."""
-    code = error.get("code") if isinstance(error.get("code"), int) else 0
+    code = given if isinstance(given := error.get("code"), int) else 0
     message = str(error.get("message") or "")
-    data = error.get("data") if isinstance(error.get("data"), Mapping) else {}
-    response = data.get("response") if isinstance(data.get("response"), Mapping) else {}
+    data = found if isinstance(found := error.get("data"), Mapping) else {}
+    response = inner if isinstance(inner := data.get("response"), Mapping) else {}
     results = [r for r in response.get("results") or [] if isinstance(r, Mapping)]
     types = {r.get("type") for r in results}
     if code == RATELIMIT_ERROR or (results and types == {"RATE_LIMIT_FAILURE"}):

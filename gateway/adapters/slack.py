@@ -227,7 +227,9 @@ class SlackAdapter(Outbound, SetupSteps):
     @classmethod
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """A thread is a seed message's ts in its channel."""
-        return SessionSource(cls.platform, thread.chat_id, "group", thread_id=thread.thread_id)
+        return SessionSource(
+            cls.platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id
+        )
 
     # --- one running bot --------------------------------------------------------------
 
@@ -248,7 +250,7 @@ class SlackAdapter(Outbound, SetupSteps):
         from slack_bolt.async_app import AsyncApp
         from slack_sdk.web.async_client import AsyncWebClient
 
-        kwargs = {"base_url": base_url} if base_url else {}
+        kwargs: dict[str, Any] = {"base_url": base_url} if base_url else {}
         self.client = AsyncWebClient(token=token, **kwargs)
         # Socket Mode requests are not signed; Bolt still wants a secret to hold
         secret = signing_secret or ("socket-mode" if app_token else "")

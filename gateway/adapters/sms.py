@@ -9,6 +9,7 @@ carriers' to answer, never the agent's. Replies are plain text: markdown is stri
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import re
@@ -352,10 +353,11 @@ class SmsAdapter(Outbound, SetupSteps):
         for part in split_message(plain_text(msg.text), LIMIT):
             try:
                 sent = await call_with_retry(
-                    lambda part=part: self._rest(
-                        lambda c: c.messages.create_async(
+                    functools.partial(
+                        self._rest,
+                        lambda c, part=part: c.messages.create_async(
                             to=msg.chat_id, from_=self._from, body=part
-                        )
+                        ),
                     ),
                     backoff=self._backoff,
                     log=log,

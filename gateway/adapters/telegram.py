@@ -258,7 +258,9 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
     @classmethod
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """A forum topic is a thread of its group."""
-        return SessionSource(cls.platform, thread.chat_id, "group", thread_id=thread.thread_id)
+        return SessionSource(
+            cls.platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id
+        )
 
     # --- one running bot --------------------------------------------------------------
 

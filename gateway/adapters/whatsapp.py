@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -337,7 +338,7 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
                 body["context"] = {"message_id": msg.reply_to}
             try:
                 data = await call_with_retry(
-                    lambda body=body: self._call("POST", f"{self._number}/messages", body),
+                    functools.partial(self._call, "POST", f"{self._number}/messages", body),
                     backoff=self._backoff,
                     log=log,
                 )

@@ -105,7 +105,8 @@ def graph_error(status: int, body: Any, retry_after: str | None = None) -> Excep
     """The gateway error for a failed Graph API call (errors come as `{"error": {code}}`)."""
     error = body.get("error") if isinstance(body, dict) else None
     error = error if isinstance(error, dict) else {}
-    code, text = error.get("code"), str(error.get("message") or f"HTTP {status}")
+    code: Any = error.get("code")  # an int from Graph; whatever the JSON held otherwise
+    text = str(error.get("message") or f"HTTP {status}")
     if code == WINDOW_CLOSED:
         return WindowClosed(text)
     if status == 429 or code in RATE_LIMITED:

@@ -187,7 +187,7 @@ class OpenAIAgent:
                     args = json.loads(fn.get("arguments") or "{}")
                     if not isinstance(args, dict):
                         raise ValueError("arguments must be an object")
-                    result = await ctx.run_tool(name, args) if ctx.run_tool else "{}"  # type: ignore[misc]
+                    result = await ctx.run_tool(name, args) if ctx.run_tool else "{}"
                 except ValueError as exc:
                     result = json.dumps({"success": False, "error": f"bad arguments: {exc}"})
                 reply = {

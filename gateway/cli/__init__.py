@@ -22,9 +22,10 @@ log = logging.getLogger("gateway.cli")
 
 def cmd_run(args: argparse.Namespace) -> int:
     from gateway import event_loops
-    from gateway.app import Gateway, run_until_signalled
+    from gateway.app import Gateway
     from gateway.config import load_config
     from gateway.ops.logs import setup_logging
+    from gateway.run import run_until_signalled
 
     home = _home(args)
     config = load_config(_config_path(args, home), _environment(home))
@@ -163,7 +164,7 @@ def global_options(*, suppress: bool) -> argparse.ArgumentParser:
     """--home, --config and --debug, accepted before the subcommand and after it. On a
     subcommand they default to SUPPRESS so an absent one keeps the value given before."""
     common = argparse.ArgumentParser(add_help=False)
-    unset = {"default": argparse.SUPPRESS} if suppress else {}
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
     common.add_argument(
         "--home", help="home directory (default $SWITCHBOARD_HOME or ~/.switchboard)", **unset
     )

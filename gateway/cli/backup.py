@@ -70,13 +70,14 @@ def cmd_backup(args: argparse.Namespace) -> int:
         print(f"switchboard: {PG_RECIPE}", file=sys.stderr)
         return EXIT_FAILURE
     settings = load_config(config_file).backup
-    if args.file is None and settings.directory is None:
+    chosen: str | None = args.file or settings.directory
+    if chosen is None:
         print(
             "switchboard: name a FILE or DIRECTORY, or set backup.directory in the config",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    target = Path(args.file or settings.directory).expanduser()
+    target = Path(chosen).expanduser()
     keep = settings.keep if args.keep is None else args.keep
     as_dir = args.file is None or args.file.endswith(os.sep) or target.is_dir()
     directory = target if as_dir else None

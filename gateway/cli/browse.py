@@ -14,15 +14,16 @@ import curses
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from rich.cells import set_cell_size
 
 from gateway.cli.plain import shown
 from gateway.timefmt import ago
 
-Row = dict[str, Any]
+Row = Mapping[str, Any]  # a session as list_sessions gives it
+R = TypeVar("R", bound=Row)
 TITLE_CELLS = 50
 
 
@@ -41,8 +42,8 @@ def label(row: Row, now: float) -> str:
 
 
 def pick_numbered(
-    rows: Sequence[Row], read: Callable[[], str], write: Callable[[str], None]
-) -> Row | None:
+    rows: Sequence[R], read: Callable[[], str], write: Callable[[str], None]
+) -> R | None:
     now = time.time()
     for i, row in enumerate(rows, 1):
         write(f"{i:>3}. {label(row, now)}")
@@ -57,14 +58,14 @@ DELETE_KEYS = (curses.KEY_DC, "\x04")  # Delete, ctrl-d: never part of a typed w
 HINT = "type to filter · ↑↓ move · Enter resume · Del/ctrl-d delete · Esc quit"
 
 
-def pick_curses(rows: list[Row], delete: Callable[[Row], str | None]) -> Row | None:
+def pick_curses(rows: list[R], delete: Callable[[R], str | None]) -> R | None:
     """The interactive picker; returns the chosen row (None when cancelled). `delete`
     deletes a row, or says why not (a live session is kept)."""
 
-    def ui(screen: Any) -> Row | None:
+    def ui(screen: Any) -> R | None:
         curses.curs_set(0)
         needle, pos, message = "", 0, ""
-        asking: Row | None = None  # the row whose deletion awaits a second Delete
+        asking: R | None = None  # the row whose deletion awaits a second Delete
         while True:
             shown = [r for r in rows if matches(r, needle)]
             pos = max(0, min(pos, len(shown) - 1))

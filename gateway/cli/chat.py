@@ -56,7 +56,7 @@ def _clip(text: str, chars: int, lines: int | None = None) -> str:
     return flat if len(flat) <= chars else flat[: chars - 1] + "…"
 
 
-def _said(m: dict[str, Any]) -> str:
+def _said(m: Mapping[str, Any]) -> str:
     """A message's text: its text parts when it is structured content."""
     content = m.get("content")
     if content is None or isinstance(content, str):
@@ -64,7 +64,9 @@ def _said(m: dict[str, Any]) -> str:
     return content_text(encode_content(content)) or "[structured content]"
 
 
-def render_recap(messages: Sequence[dict[str, Any]], title: str | None, mode: str = "full") -> Any:
+def render_recap(
+    messages: Sequence[Mapping[str, Any]], title: str | None, mode: str = "full"
+) -> Any:
     """What was said, before the prompt: the last exchanges, dimmed."""
     said = [m for m in messages if m.get("role") in ("user", "assistant")]
     if mode == "minimal":

@@ -35,19 +35,20 @@ from gateway.config import Config
 from gateway.errors import EXIT_FAILURE, EXIT_OK, AlreadyRunning
 from gateway.handoff import HOME_KEY, configured_home
 from gateway.session_keys import KeySettings, SessionSource, build_key
+from gateway.vocab import ChatType
 from state import HermesImport, ImportReport, SessionDB, Store, open_store
 from state import HermesRouting as Routing
 from state import read_hermes_routing as read_routing
 
 DEFAULT_HERMES_HOME = "~/.hermes"
 _CHAT_TYPES = {
-    "dm": "dm",
-    "group": "group",
-    "channel": "channel",
-    "thread": "thread",
-    "forum": "group",
-    "supergroup": "group",
-    "private": "dm",
+    "dm": ChatType.DM,
+    "group": ChatType.GROUP,
+    "channel": ChatType.CHANNEL,
+    "thread": ChatType.THREAD,
+    "forum": ChatType.GROUP,
+    "supergroup": ChatType.GROUP,
+    "private": ChatType.DM,
 }
 
 
@@ -126,7 +127,7 @@ def hermes_source(
     raw_type = _text(origin.get("chat_type")) or _text(row.get("chat_type"))
     if raw_type is None and len(parts) > 3:
         raw_type = parts[3]
-    chat_type = _CHAT_TYPES.get(raw_type or "", "group")
+    chat_type = _CHAT_TYPES.get(raw_type or "", ChatType.GROUP)
     chat_id = _text(origin.get("chat_id")) or _text(row.get("chat_id"))
     if chat_id is None and len(parts) > 4:
         chat_id = parts[4]

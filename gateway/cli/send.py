@@ -198,9 +198,10 @@ async def _home_channel(home: Path, config: Any, platform: str) -> dict[str, Any
 
     from gateway.handoff import configured_home, home_channel
     from gateway.wiring import replicated
-    from state import SessionDB, open_store
+    from state import SessionDB, Store, open_store
 
     configured = config.platforms[platform].home_channel
+    db: Store
     if not replicated(config.state.backend):
         if not (home / "state.db").exists():
             return configured_home(platform, configured)

@@ -1,7 +1,8 @@
 """`switchboard sessions ...`: list, show, search, rename, delete, prune, stats, export,
 import, optimize. Thin shells over the `state.Store` the home's config names (state.db, or
 PostgreSQL); every one works while the daemon runs on the same store (SQLite's waits out
-the daemon's write lock). `optimize` is SQLite's."""
+the daemon's write lock). `optimize` is SQLite's; `export` and `import` are
+gateway/cli/transfer.py's."""
 
 from __future__ import annotations
 
@@ -10,23 +11,20 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
 from gateway import adapters
 from gateway.cli.paths import configured_prices, home_of, open_configured
-from gateway.cli.plain import plain, styled
+from gateway.cli.plain import err, out, plain, styled
+from gateway.cli.transfer import cmd_export, cmd_import
 from gateway.errors import EXIT_FAILURE, EXIT_IN_USE, EXIT_OK, EXIT_USAGE
-from gateway.ops.status import BACKUP_META
 from gateway.timefmt import ago
 from gateway.wiring import replicated
 from gateway.wording import plural
@@ -40,15 +38,6 @@ from state import (
     content_text,
     encode_content,
 )
-
-# Piped output is for reading whole lines (grep, a file, a pager): no width to wrap at, so
-# a table row stays one line however long its title.
-# Stored text reaches these consoles only as gateway.cli.plain spans; stderr carries no
-# markup of ours at all, so whatever an error message quotes is printed as it is.
-out = Console(
-    highlight=False, emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000
-)
-err = Console(stderr=True, highlight=False, emoji=False, markup=False, soft_wrap=True)
 
 
 def _when(ts: float | None) -> str:
@@ -142,6 +131,7 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     out.print(styled(plain(row.get("title") or "(untitled)", "bold"), "  ", plain(sid)))
+    fields: Mapping[str, object] = row  # read by name below
     for label, key in (
         ("source", "source"),
         ("model", "model"),
@@ -151,8 +141,8 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
         ("messages", "message_count"),
         ("tool calls", "tool_call_count"),
     ):
-        if row.get(key) is not None:
-            out.print(styled(f"  {label:<11}", plain(row[key])))
+        if (value := fields.get(key)) is not None:
+            out.print(styled(f"  {label:<11}", plain(value)))
     out.print(f"  {'started':<11}{_when(row.get('started_at'))}")
     reason = row.get("end_reason")
     out.print(
@@ -328,101 +318,6 @@ async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
             str(p["output_tokens"]),
         )
     out.print(table)
-    return EXIT_OK
-
-
-async def _export(db: Store, fh: Any, args: argparse.Namespace, ids: list[str] | None) -> int:
-    total = len(ids) if ids else await db.session_count(args.source)
-    n = 0
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task("exporting", total=total)
-        async for rec in db.export_all(source=args.source, session_ids=ids):
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            n += 1
-            progress.update(task, advance=1)
-    return n
-
-
-async def cmd_export(db: Store, args: argparse.Namespace) -> int:
-    ids = [await _resolve(db, args.session_id)] if args.session_id else None
-    if args.file == "-":
-        n = await _export(db, sys.stdout, args, ids)
-        sys.stdout.flush()
-        err.print(f"exported {plural(n, 'session')}")
-        return EXIT_OK
-    try:
-        fh = open(args.file, "w", encoding="utf-8")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        err.print(f"switchboard: cannot write {args.file}: {exc.strerror}")
-        return EXIT_FAILURE
-    with fh:
-        n = await _export(db, fh, args, ids)
-    if ids is None and args.source is None:  # the whole store: `switchboard status` shows it
-        backup = {"at": time.time(), "sessions": n, "file": str(Path(args.file).absolute())}
-        await db.set_meta(BACKUP_META, json.dumps(backup))
-    err.print(f"exported {plural(n, 'session')} to {args.file}")
-    return EXIT_OK
-
-
-class _LineCounter:
-    """Lines of an import that could not be used, for the final count."""
-
-    def __init__(self) -> None:
-        self.bad = 0
-
-
-def _records(
-    fh: Any, name: str, size: int | None, progress: Progress, bad: _LineCounter
-) -> Iterator[dict[str, Any]]:
-    task = progress.add_task(f"importing {escape(name)}", total=size)
-    for n, line in enumerate(fh, 1):
-        progress.update(task, advance=len(line))
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            err.print(f"line {n}: not JSON; skipped")
-            bad.bad += 1
-            continue
-        if isinstance(rec, dict):
-            yield rec
-        else:
-            err.print(f"line {n}: not a JSON object; skipped")
-            bad.bad += 1
-
-
-async def cmd_import(db: Store, args: argparse.Namespace) -> int:
-    bad = _LineCounter()
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
-        if args.file == "-":
-            records = _records(sys.stdin.buffer, "stdin", None, progress, bad)
-            report = await db.import_records(records)
-        else:
-            path = Path(args.file)
-            if not path.is_file():
-                err.print(f"switchboard: not found: {path}")
-                return EXIT_FAILURE
-            with path.open("rb") as fh:
-                records = _records(fh, path.name, path.stat().st_size, progress, bad)
-                report = await db.import_records(records)
-    for old, new in report.renamed_titles:
-        err.print(f"  title {old!r} was taken; kept as {new!r}")
-    for problem in report.errors:
-        err.print(f"  {problem}")
-    if report.replaced:
-        err.print(
-            f"  {plural(report.replaced, 'character')} no store can hold (NUL, lone "
-            "surrogates) kept as U+FFFD"
-        )
-    err.print(
-        f"imported {plural(report.imported, 'session')}, {plural(report.messages, 'message')}; "
-        f"{report.skipped_existing} already present"
-    )
-    rejected = bad.bad + len(report.errors)
-    if rejected:
-        err.print(f"switchboard: {plural(rejected, 'record')} could not be imported (see above)")
-        return EXIT_FAILURE
     return EXIT_OK
 
 

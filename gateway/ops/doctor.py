@@ -16,7 +16,7 @@ from gateway.adapters import adapter_class
 from gateway.config import Config
 from gateway.errors import AlreadyRunning
 from gateway.wiring import replicated, store_settings
-from state import Maintenance, SessionDB, Store, open_store
+from state import ClusterStore, Maintenance, SessionDB, Store, open_store
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ async def _index_check(home: Path, db: Store, flush_s: float = 2.0) -> tuple[Che
 async def _routes_check(db: Store) -> Check:
     """PostgreSQL: session_routes and the replicas. Stale routes heal when their key is next
     leased and dead replicas' leases are taken over, so neither fails the check."""
-    report = await db.cluster_report()  # type: ignore[attr-defined]
+    assert isinstance(db, ClusterStore)  # replicated(db.backend): the PostgreSQL store
+    report = await db.cluster_report()
     detail = (
         f"{report['routes']} routes, {report['live_replicas']} live replica(s)"
         + (
@@ -163,6 +164,7 @@ async def _replication_check(db: Store) -> Check:
     """Where PostgreSQL reports it: the round trip, and how far replication is behind."""
     started = time.perf_counter()
     try:
+        # PgStore's alone: state.api declares it on no protocol (this check runs on it only)
         status = await db.server_status()  # type: ignore[attr-defined]
     except Exception as exc:  # a server that answered the connect but not this: report it
         return Check("PostgreSQL replication", False, f"not readable ({exc})", warn=True)
@@ -294,8 +296,9 @@ async def _state_checks(
         if version >= 12 or not isinstance(db, SessionDB):
             checks.append(await _inbox_check(db))
         flush_s = config.sessions.index_flush_seconds if config is not None else 2.0
+        index_problems: list[str] = []
         if replicated(db.backend):  # no sessions.json: the routes table, per lease
-            index_check, index_problems = await _routes_check(db), []
+            index_check = await _routes_check(db)
         else:
             index_check, index_problems = await _index_check(home, db, flush_s)
         if index_problems and fix:

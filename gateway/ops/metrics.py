@@ -110,7 +110,7 @@ class Metrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        for metric in (
+        metrics: tuple[Counter | Histogram | Gauge, ...] = (
             self.messages_in,
             self.messages_out,
             self.turns,
@@ -122,6 +122,7 @@ class Metrics:
             self.unsent,
             self.turn_latency,
             *self.gauges,
-        ):
+        )
+        for metric in metrics:
             lines += metric.render()
         return "\n".join(lines) + "\n"

@@ -62,7 +62,7 @@ async def _store_part(
     from gateway.config import StateSettings
     from gateway.sections import build
     from gateway.wiring import replicated
-    from state import SessionDB, open_store
+    from state import SessionDB, Store, open_store
 
     backend = data["state"]["backend"]
     store: dict[str, Any] = {
@@ -79,6 +79,7 @@ async def _store_part(
         if not path.exists():
             store["error"] = "no state.db yet (the daemon creates it at its first start)"
             return store, sessions, None
+    db: Store
     try:
         if not replicated(backend):
             db = await SessionDB.open(home / "state.db")

@@ -7,9 +7,10 @@ Intake, the worker and recovery each hold the one `InFlight`; it decides nothing
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from gateway.messages import InboundMessage
+from gateway.topology.leases import InboxRow
 
 
 class InFlight:
@@ -24,7 +25,7 @@ class InFlight:
         self.pending: dict[str, int] = {}
         # inbox id -> message taken while start-up recovery has not run yet (None: not held)
         self.held: dict[int, InboundMessage] | None = None
-        self.crashed: list[dict[str, Any]] | None = None  # open rows read before intake
+        self.crashed: Sequence[InboxRow] | None = None  # open rows read before intake
         self.max_age_s: float | None = None  # recovery.max_age_seconds, once recovery ran
 
     def pend(self, k: str) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 from gateway import faults, pairing, session_commands
 from gateway.agent.base import Agent
 from gateway.commands import CommandRegistry, builtin_commands, parse_command
-from gateway.coordinator import LocalCoordinator
 from gateway.errors import NotAccepted
 from gateway.index import IndexEntry, RouteIndex
 from gateway.messages import InboundMessage
@@ -28,15 +27,16 @@ from gateway.pipeline.recovery import Recovery
 from gateway.pipeline.worker import Worker
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, decide
-from gateway.routes import entry_from_route
 from gateway.services import RouterSettings, Sender, Services, TurnEvents
 from gateway.session_keys import SessionKey
 from gateway.sessions import SessionManager
-from gateway.topology.base import BeginPlan, Topology
+from gateway.topology.base import Topology
+from gateway.topology.coordinator import LocalCoordinator
 from gateway.topology.local import LocalTopology
+from gateway.topology.routes import entry_from_route
 from gateway.turns import user_message
 from gateway.vocab import ChatType
-from state import OPEN_STATES, SessionNotFound, StateError, Store, UnstorableData
+from state import OPEN_STATES, BeginPlan, SessionNotFound, StateError, Store, UnstorableData
 
 log = logging.getLogger("gateway.router")
 
@@ -256,7 +256,7 @@ class Router:
             resetter.policies if resetter is not None else None,
             resetter.clock if resetter is not None else s.clock,
         )
-        return user_message(msg, key), s.settings.history_messages, test
+        return BeginPlan(user_message(msg, key), s.settings.history_messages, test)
 
     def _idle_entry(
         self, msg: InboundMessage, key: SessionKey

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 from gateway.adapters import idempotent_replies
 from gateway.messages import InboundMessage
 from gateway.services import Services
 from gateway.topology.base import Topology
+from gateway.topology.leases import ReplyRow
 from gateway.turns import APOLOGY, mark_reply, reply_key
 from state import content_text
 
@@ -45,7 +45,7 @@ class Outbox:
         the platform's adapter shows a reply sent again under its key once (exactly once)."""
         await self._topology.resend_unconfirmed(self.resend_row)
 
-    async def resend_row(self, row: dict[str, Any]) -> None:
+    async def resend_row(self, row: ReplyRow) -> None:
         """One unconfirmed reply (a row of unsent_replies' shape), claimed first on replicas.
         No turn of this process is sending it: one daemon reads them before any turn runs,
         and a replica gets a dead runner's under the key's lease and local lock. (A task

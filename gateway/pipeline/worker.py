@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from gateway.commands import CommandContext, CommandRegistry, no_reset_policy, parse_command
 from gateway.index import IndexEntry
-from gateway.leases import Stored
 from gateway.messages import InboundMessage
 from gateway.pipeline.inflight import InFlight
 from gateway.pipeline.outbox import Outbox, too_old_apology
@@ -24,6 +22,7 @@ from gateway.reset import Resetter
 from gateway.services import Services
 from gateway.session_keys import SessionKey, build_key
 from gateway.topology.base import KeyLease, Topology
+from gateway.topology.leases import InboxRow, Stored
 from gateway.turns import APOLOGY, TurnProgress, agent_turn, may_send, send_checked
 from state import (
     ANSWERED,
@@ -39,7 +38,7 @@ log = logging.getLogger("gateway.router")
 
 # A fast-path turn handed to its task: the key, its entry, begin_turn's result (the user's
 # message id and the history) and the release of the key's lock, which the task now owns.
-Begun = tuple[SessionKey, IndexEntry, tuple[int, list[dict[str, Any]]], Callable[[], None]]
+Begun = tuple[SessionKey, IndexEntry, Stored, Callable[[], None]]
 
 STORAGE_APOLOGY = (
     "Sorry, I could not store your message just now; please send it again in a moment."
@@ -47,7 +46,7 @@ STORAGE_APOLOGY = (
 UNSTORABLE_APOLOGY = "Sorry, I cannot store that message: it holds text I cannot keep."
 
 
-def _has_row(rows: list[dict[str, Any]], inbox_id: int) -> bool:
+def _has_row(rows: Sequence[InboxRow], inbox_id: int) -> bool:
     for row in rows:
         if int(row["id"]) == inbox_id:
             return True
@@ -280,7 +279,7 @@ class Worker:
         except Exception as exc:  # nothing may escape into the event loop
             await self._failed(msg, turn, exc)
 
-    async def _too_old(self, msg: InboundMessage, row: dict[str, Any], turn: TurnProgress) -> None:
+    async def _too_old(self, msg: InboundMessage, row: InboxRow, turn: TurnProgress) -> None:
         s = self.services
         await s.replies.reply(msg, row.get("session_id"), too_old_apology(msg.text))
         await s.db.finish_inbound(turn.inbox_id, DROPPED, "too_old", fence=turn.lease.fence)

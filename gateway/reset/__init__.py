@@ -20,7 +20,7 @@ from gateway.index import IndexEntry
 from gateway.reset.policy import PolicySet, ResetDecision, ResetPolicy, decide
 from gateway.services import Services
 from gateway.session_keys import SessionSource, parse_key
-from state import EndReason
+from state import EndReason, SessionRow
 
 log = logging.getLogger("gateway.reset")
 PreResetHook = Callable[[str, str], Awaitable[None]]
@@ -64,7 +64,7 @@ class Resetter:
 
     async def _due(
         self, entry: IndexEntry, now: float, *, known_empty: bool = True
-    ) -> tuple[EndReason, dict[str, Any]] | None:
+    ) -> tuple[EndReason, SessionRow] | None:
         """The reason to reset `entry` now and its session row, or None. state.db is asked
         only once the policy says a reset is due: an empty session (or one that no longer
         exists) is never reset, else every idle chat would grow a chain of empty sessions.
@@ -115,7 +115,7 @@ class Resetter:
         return await self._reset(key, entry, *due)
 
     async def _reset(
-        self, key: str, entry: IndexEntry, reason: EndReason, old: dict[str, Any]
+        self, key: str, entry: IndexEntry, reason: EndReason, old: SessionRow
     ) -> IndexEntry:
         started = time.monotonic()
         try:
@@ -140,7 +140,7 @@ class Resetter:
         """The line a reset of `entry`'s chat owes it: why, and how to go back to the `old`
         session row (its title, else its id). None when the chat's policy does not notify
         or the old session had no messages. Replicas also word it for a reset whose replica
-        died before writing the route back (gateway/routes.py), so both say the same."""
+        died before writing the route back (gateway/topology/routes.py), so both say the same."""
         if not self.policy_for(entry).notify or not (old.get("message_count") or 0):
             return None
         handle = old.get("title") or old["id"]
@@ -156,7 +156,7 @@ class Resetter:
         still empty and still the key's indexed session is owed its line; if the chat's
         next message before the restart was a command (which stores nothing), the line is
         told again: at least once, never lost. Replicas derive the same from the route
-        (gateway/routes.py). Returns how many notices were restored."""
+        (gateway/topology/routes.py). Returns how many notices were restored."""
         restored = 0
         for row in await self.services.db.untold_resets():
             key = row["session_key"]

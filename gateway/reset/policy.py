@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from gateway.vocab import ResetMode
@@ -124,6 +125,6 @@ def decide(
     return ResetDecision(reason, due_at=when)
 
 
-def merge(base: ResetPolicy, override: Mapping[str, object]) -> ResetPolicy:
-    """An override inherits every key it does not set."""
-    return replace(base, **override)  # type: ignore[arg-type]
+def merge(base: ResetPolicy, override: Mapping[str, Any]) -> ResetPolicy:
+    """An override (validated by the config's schema) inherits every key it does not set."""
+    return replace(base, **override)

@@ -39,7 +39,7 @@ class ResetScheduler:
     async def _guarded(self, job: Job, name: str) -> None:
         task = asyncio.current_task()
         if task is not None:
-            self._running.add(task)  # type: ignore[arg-type]
+            self._running.add(task)
         try:
             await job()
             self.runs += 1
@@ -47,7 +47,7 @@ class ResetScheduler:
             log.exception("scheduled %s failed", name)
         finally:
             if task is not None:
-                self._running.discard(task)  # type: ignore[arg-type]
+                self._running.discard(task)
 
     def start(self) -> None:
         """Start inside the running loop (AsyncIOScheduler needs it)."""

@@ -3,19 +3,19 @@ unconfirmed replies), what a key's lease holds (`KeyLease`) and what a turn hold
 runs (`TurnLease`). On one daemon the lease is the in-process key lock, which nothing can
 take away (`LOCAL_LEASE`: no fence, always held); on replicas it is the key's lease on
 PostgreSQL, whose fence every turn write carries and which a stalled process may lose
-(gateway.cluster)."""
+(gateway.topology.cluster)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
-from gateway.coordinator import Coordinator
 from gateway.index import RouteIndex
-from gateway.leases import BeginsIn, HandBack, ResetNotice, Stored
 from gateway.shards import ShardLedger
-from state import Fence
+from gateway.topology.coordinator import Coordinator
+from gateway.topology.leases import HandBack, InboxRow, ReplyRow, ResetNotice, Stored
+from state import BeginPlan, Fence
 
 if TYPE_CHECKING:
     from gateway.messages import InboundMessage
@@ -31,7 +31,7 @@ class TurnLease:
         self,
         fence: Fence | None = None,
         ask: Callable[[], Awaitable[bool]] | None = None,
-        begun: tuple[int, list[dict[str, Any]]] | None = None,
+        begun: Stored | None = None,
     ) -> None:
         self.fence = fence  # what the turn's writes carry (None: nothing can take the key)
         self._ask = ask  # reads whether the lease still holds
@@ -55,11 +55,10 @@ LOCAL_LEASE = TurnLease()  # one daemon: the key's in-process lock (never change
 
 
 # one unconfirmed reply (a row of unsent_replies' shape) -> sent again, or left
-ResendRow = Callable[[dict[str, Any]], Awaitable[None]]
-# a turn's begin within its accept's commit: the user's message, the history's length and
-# where it may begin (gateway.pipeline.intake.begins_in)
-BeginPlan = tuple[Mapping[str, Any], "int | None", BeginsIn]
-# asked by `accept` only where the lease can come with the commit
+ResendRow = Callable[[ReplyRow], Awaitable[None]]
+# asked by `accept` only where the lease can come with the commit: a turn's begin within
+# its accept's commit (state.BeginPlan: the user's message, the history's length and where
+# it may begin, gateway.pipeline.intake.begins_in)
 PlanBegin = Callable[["InboundMessage", "SessionKey"], "BeginPlan | None"]
 
 
@@ -72,21 +71,27 @@ class KeyLease(Protocol):
     def fence(self) -> Fence | None: ...
 
     @property
-    def open(self) -> list[dict[str, Any]]: ...
+    def open(self) -> list[InboxRow]: ...
 
     @property
-    def unsent(self) -> list[dict[str, Any]]: ...
+    def unsent(self) -> Sequence[ReplyRow]: ...
 
 
 class Topology(Protocol):
     """Where a key's work may run (see the module docstring): the pipeline's only view of
     one daemon or several replicas."""
 
-    index: RouteIndex
-    coordinator: Coordinator
-    # is a recovered row's age judged under its key's lease (another replica may answer it
-    # meanwhile), rather than at the recovery scan?
-    ages_under_lease: bool
+    @property
+    def index(self) -> RouteIndex: ...
+
+    @property
+    def coordinator(self) -> Coordinator: ...
+
+    @property
+    def ages_under_lease(self) -> bool:
+        """Is a recovered row's age judged under its key's lease (another replica may
+        answer it meanwhile), rather than at the recovery scan?"""
+        ...
 
     async def accept(
         self, k: str, key: SessionKey, msg: InboundMessage, *, lease: bool, begin: PlanBegin
@@ -110,13 +115,13 @@ class Topology(Protocol):
         ...
 
     def turn_lease(
-        self, lease: KeyLease, row: dict[str, Any], last: bool, stored: Stored | None
+        self, lease: KeyLease, row: InboxRow, last: bool, stored: Stored | None
     ) -> TurnLease:
         """What one row's turn carries under `lease` (`last`: the last row it runs, whose
         reply's commit may free it; `stored`: the row's turn began in its accept)."""
         ...
 
-    def ran(self, lease: KeyLease, row: dict[str, Any]) -> None:
+    def ran(self, lease: KeyLease, row: InboxRow) -> None:
         """`row` was answered under `lease` (replicas wake the replica that took it)."""
         ...
 
@@ -133,12 +138,12 @@ class Topology(Protocol):
         them all)."""
         ...
 
-    async def startup_rows(self) -> list[dict[str, Any]] | None:
+    async def startup_rows(self) -> Sequence[InboxRow] | None:
         """The open inbox rows a crash left, read before intake starts (None: they are
         read by `orphans` instead)."""
         ...
 
-    async def orphans(self, read_early: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    async def orphans(self, read_early: Sequence[InboxRow] | None) -> Sequence[InboxRow]:
         """The rows recovery runs again, in the order it runs them."""
         ...
 

@@ -4,15 +4,14 @@ start-up, before intake."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from gateway.coordinator import KeyHold, LocalCoordinator
 from gateway.index import RouteIndex
-from gateway.leases import ResetNotice, Stored
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionKey
 from gateway.topology.base import LOCAL_LEASE, KeyLease, PlanBegin, ResendRow, TurnLease
+from gateway.topology.coordinator import KeyHold, LocalCoordinator
+from gateway.topology.leases import InboxRow, ResetNotice, Stored
 from state import STARTED, Store
 
 
@@ -43,11 +42,11 @@ class LocalTopology:
         return inbox_id, state, new, None
 
     def turn_lease(
-        self, lease: KeyLease, row: dict[str, Any], last: bool, stored: Stored | None
+        self, lease: KeyLease, row: InboxRow, last: bool, stored: Stored | None
     ) -> TurnLease:
         return LOCAL_LEASE  # the key's lock: nothing to fence, nothing to ask
 
-    def ran(self, lease: KeyLease, row: dict[str, Any]) -> None:
+    def ran(self, lease: KeyLease, row: InboxRow) -> None:
         """Nothing to tell: no other process took the row."""
 
     async def row_open(self, inbox_id: int) -> bool:
@@ -59,10 +58,10 @@ class LocalTopology:
     def use_reset_notice(self, notice: ResetNotice) -> None:
         """Notices live in this process's memory (the Resetter words them at the reset)."""
 
-    async def startup_rows(self) -> list[dict[str, Any]] | None:
+    async def startup_rows(self) -> Sequence[InboxRow] | None:
         return await self.db.open_inbound()
 
-    async def orphans(self, read_early: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    async def orphans(self, read_early: Sequence[InboxRow] | None) -> Sequence[InboxRow]:
         """A key's begun turn (its message stored: at most one per key) held the key's lock
         when the crash came, so it goes first: inbox ids follow the commits, and a message
         to an idle key takes the lock before its commit, which may land after a waiting

@@ -1,21 +1,20 @@
 """Several replicas on one PostgreSQL database: a key's lease is its row in
-`session_routes` with a fence (gateway.cluster's `PgCoordinator`), the index is the shared
-route table (gateway.routes' `PgRouteIndex`), and recovery is the takeover scan of rows
+`session_routes` with a fence (gateway.topology.cluster's `PgCoordinator`), the index is the shared
+route table (gateway.topology.routes' `PgRouteIndex`), and recovery is the takeover scan of rows
 whose replica is gone, each run under its key's lease."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from gateway.cluster import PgCoordinator
-from gateway.leases import Lease, ResetNotice, Stored
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionKey
 from gateway.shards import PgShardLedger
-from gateway.topology.base import PlanBegin, ResendRow, TurnLease
+from gateway.topology.base import KeyLease, PlanBegin, ResendRow, TurnLease
+from gateway.topology.cluster import PgCoordinator
+from gateway.topology.leases import InboxRow, Lease, ResetNotice, Stored
 
 
 class ReplicatedTopology:
@@ -52,25 +51,20 @@ class ReplicatedTopology:
         return self.cluster.lease(k, inbox_id)
 
     def turn_lease(
-        self, lease: Lease, row: dict[str, Any], last: bool, stored: Stored | None
+        self, lease: KeyLease, row: InboxRow, last: bool, stored: Stored | None
     ) -> TurnLease:
         """The lease's fence, a read of whether it still holds, and for the last row the
         hand-back that frees the lease with its reply's commit."""
-        held = TurnLease(lease.fence, functools.partial(self.cluster.holds, lease.fence), stored)
+        own = _own(lease)
+        held = TurnLease(own.fence, functools.partial(self.cluster.holds, own.fence), stored)
         if last:
-            origin = row.get("replica")
-            elsewhere = origin is not None and int(origin) != self.cluster.me
-            held.hand_back = self.cluster.hand_back(
-                lease, [(int(origin), int(row["id"]))] if elsewhere else []
-            )
+            held.hand_back = self.cluster.hand_back(own, _taken_elsewhere(row, self.cluster.me))
         return held
 
-    def ran(self, lease: Lease, row: dict[str, Any]) -> None:
+    def ran(self, lease: KeyLease, row: InboxRow) -> None:
         """A row another replica took is recorded, so the lease's release wakes it to
         answer its caller."""
-        origin = row.get("replica")
-        if origin is not None and int(origin) != self.cluster.me:
-            lease.answered.append((int(origin), int(row["id"])))
+        _own(lease).answered.extend(_taken_elsewhere(row, self.cluster.me))
 
     async def row_open(self, inbox_id: int) -> bool:
         return await self.cluster.row_open(inbox_id)
@@ -82,10 +76,10 @@ class ReplicatedTopology:
     def use_reset_notice(self, notice: ResetNotice) -> None:
         self.cluster.use_reset_notice(notice)
 
-    async def startup_rows(self) -> list[dict[str, Any]] | None:
+    async def startup_rows(self) -> Sequence[InboxRow] | None:
         return None  # read in the takeover scan
 
-    async def orphans(self, read_early: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    async def orphans(self, read_early: Sequence[InboxRow] | None) -> Sequence[InboxRow]:
         return await self.cluster.orphaned_inbound()
 
     async def resend_unconfirmed(self, resend: ResendRow) -> None:
@@ -108,3 +102,16 @@ class ReplicatedTopology:
 
     async def claim_reply(self, inbox_id: int) -> bool:
         return await self.cluster.claim_reply(inbox_id)
+
+
+def _own(lease: KeyLease) -> Lease:
+    """A lease the pipeline hands back: one this topology's `lease` gave it."""
+    assert isinstance(lease, Lease), f"not a replica's lease: {lease!r}"
+    return lease
+
+
+def _taken_elsewhere(row: InboxRow, me: int) -> list[tuple[int, int]]:
+    """(the replica that took the row, its inbox id) when that is another replica, whose
+    caller waits for the answer: the lease's release wakes it."""
+    origin = row.get("replica")
+    return [(int(origin), int(row["id"]))] if origin is not None and int(origin) != me else []

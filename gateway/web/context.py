@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gateway.web import auth
 from gateway.web.ratelimit import FailureLimiter
-from state import SessionDB
+from state import Store
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class DashboardState:
 
     def __init__(
         self,
-        db: SessionDB,
+        db: Store,
         settings: DashboardSettings,
         *,
         health: Callable[[], dict[str, Any]] | None = None,

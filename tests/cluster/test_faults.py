@@ -143,7 +143,7 @@ async def test_the_leader_killed_mid_sweep_leaves_every_key_reset_once(
     told = Counter(r["session_key"] for r in after for n in r["notices"] if "inactivity" in n)
     # told exactly once, by whichever replica took the message: also a key the killed leader
     # reset and died before writing its route back (the next lease derives the notice from
-    # the reset's commit, gateway/routes.py)
+    # the reset's commit, gateway/topology/routes.py)
     twice = sorted(k for k in sessions if told[k] > 1)
     assert twice == [], f"{len(twice)} key(s) told more than once: {twice[:5]}"
     untold = sorted(k for k in sessions if told[k] == 0)

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway import coordinator as coordinator_module
-from gateway.coordinator import Coordinator, LocalCoordinator
+from gateway.topology import coordinator as coordinator_module
+from gateway.topology.coordinator import Coordinator, LocalCoordinator
 
 
 @pytest.fixture(params=["local"])

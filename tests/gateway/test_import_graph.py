@@ -127,7 +127,7 @@ def test_no_import_cycles() -> None:
 def test_the_coordinator_and_the_vocabulary_are_leaves() -> None:
     """Anything may import them (a replicated coordinator swaps in without new edges)."""
     graph = import_graph()
-    assert graph["gateway.coordinator"] == set()
+    assert graph["gateway.topology.coordinator"] == set()
     assert graph["gateway.vocab"] == set()
 
 
@@ -155,6 +155,8 @@ LAYER_OF: dict[str, str] = {
     "gateway.ops": "top",
     "gateway.web": "web",
     "gateway.app": "app",
+    "gateway.run": "app",
+    "gateway.health": "app",
     "gateway.wiring": "app",
     "gateway.home": "app",
     "gateway.ops.envfile": "app",  # the daemon's helpers among the operator's tools
@@ -171,11 +173,7 @@ LAYER_OF: dict[str, str] = {
     "gateway.handoff": "pipeline",
     "gateway.reset": "pipeline",
     "gateway.access": "pipeline",
-    "gateway.topology": "topology",
-    "gateway.coordinator": "topology",
-    "gateway.leases": "topology",
-    "gateway.cluster": "topology",
-    "gateway.routes": "topology",
+    "gateway.topology": "topology",  # the coordinators, leases and routes among them
     "gateway.index": "topology",
     "gateway.agent": "agent",
     "gateway.adapters": "adapters",

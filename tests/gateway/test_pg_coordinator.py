@@ -1,4 +1,4 @@
-"""PgCoordinator (gateway/cluster.py) against a real PostgreSQL: two coordinators, each on
+"""PgCoordinator (gateway/topology/cluster.py) against a real PostgreSQL: two coordinators, each on
 its own store and control connection, as two replicas would be."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import psycopg
 import pytest
 
 from gateway.agent.echo import EchoAgent
-from gateway.cluster import PgCoordinator
 from gateway.index import IndexEntry
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.pipeline import Router
 from gateway.reset import Resetter
 from gateway.reset.policy import PolicySet, ResetPolicy
-from gateway.routes import PgRouteIndex
 from gateway.services import Services
 from gateway.session_keys import SessionSource
 from gateway.sessions import CompressionSettings
+from gateway.topology.cluster import PgCoordinator
 from gateway.topology.replicated import ReplicatedTopology
+from gateway.topology.routes import PgRouteIndex
 from state import ChildKind, EndReason, Fence, LeaseLost, StoreConfigError
 from state.pg.control import application_name
 from state.pg.store import PgStore

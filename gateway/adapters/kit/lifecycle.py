@@ -18,9 +18,12 @@ def failed(why: str) -> str:
 
 
 class Reports(Protocol):
-    """The two fields /health shows of every adapter."""
+    """The two fields /health shows of every adapter, and its platform (a class
+    attribute of each adapter, only read here)."""
 
-    platform: str
+    @property
+    def platform(self) -> str: ...
+
     state: str
     last_error: str | None
 

@@ -2,7 +2,7 @@
 `session_routes` table (state/pg/cluster.py).
 
 Every change to a route happens under its key's lease, and taking the lease refreshes the
-key's entry from the table (gateway/cluster.py), so while this replica holds a key its
+key's entry from the table (gateway/topology/cluster.py), so while this replica holds a key its
 entry here is exact and `get()` stays a dict lookup. Changes (a new session, activity, the
 pending notice, the `/resume N` listing) are written back in the statement that frees the
 lease. Keys this replica does not hold may be stale here; the reset sweep re-reads all of
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.index import IndexEntry
-from gateway.leases import ResetNotice
+from gateway.topology.leases import ResetNotice
 from state import ChildKind, EndReason
 
 log = logging.getLogger("gateway.routes")

@@ -1,6 +1,6 @@
 """What a coordinator of several replicas adds to `Coordinator`: key leases carrying a
 `Fence`, the open inbox rows a lease holder runs, the takeover of orphaned rows and the
-leader flag. gateway/cluster.py implements it on PostgreSQL; gateway.topology.replicated
+leader flag. gateway/topology/cluster.py implements it on PostgreSQL; gateway.topology.replicated
 is the pipeline's view of it.
 """
 
@@ -11,9 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.coordinator import Coordinator
 from gateway.index import IndexEntry
-from state import Fence, Release
+from gateway.topology.coordinator import Coordinator
+from state import BeginPlan, Fence, Release
+
+# An open inbox row and an unconfirmed reply as the store hands them over: the fields of
+# state.records' InboxEntry and UnsentReply (the store's plain reads give them as dicts)
+InboxRow = Mapping[str, Any]
+ReplyRow = Mapping[str, Any]
 
 # How a reset is worded for its chat: (the key's entry, the end reason, the old session's
 # row with `id`, `title`, `message_count`) -> the notice, or None when its policy says none.
@@ -27,12 +32,12 @@ class Lease:
     that another replica took (so that replica is woken to answer its caller)."""
 
     fence: Fence
-    open: list[dict[str, Any]]
+    open: list[InboxRow]
     answered: list[tuple[int, int]] = field(default_factory=list)  # (origin, inbox id)
     # replies of the key committed by a replica that died before confirming them sent (the
     # shape of orphaned_replies): the holder sends them before running `open`, so a chat's
     # replies keep their order across a takeover
-    unsent: list[dict[str, Any]] = field(default_factory=list)
+    unsent: list[ReplyRow] = field(default_factory=list)
     freed: bool = False  # freed with a turn's last write (HandBack), not when left
 
 
@@ -49,9 +54,6 @@ class HandBack:
     done: Callable[[], None]
 
 
-# the route a take returned and the new inbox id -> the session the turn may begin in
-# within the accept's commit, or None
-BeginsIn = Callable[[Mapping[str, Any], int], "str | None"]
 Stored = tuple[int, list[dict[str, Any]]]  # a turn begun in its accept: message id, history
 
 
@@ -77,7 +79,7 @@ class SharedCoordinator(Coordinator, Protocol):
         payload: object,
         *,
         lease: bool,
-        begin: tuple[Mapping[str, Any], int | None, BeginsIn] | None = None,
+        begin: BeginPlan | None = None,
     ) -> tuple[int, str, bool, Stored | None]:
         """Commit an inbound message for `key` (inbox id, state, new, begun); with `lease`,
         the key's lease may come with the commit, for `lease(key, inbox_id)` to adopt, and
@@ -110,11 +112,11 @@ class SharedCoordinator(Coordinator, Protocol):
         cannot tell (the reply goes, as it would without the question)."""
         ...
 
-    async def orphaned_inbound(self) -> list[dict[str, Any]]:
+    async def orphaned_inbound(self) -> Sequence[InboxRow]:
         """Open inbox rows no live replica works on (the takeover scan)."""
         ...
 
-    async def orphaned_replies(self) -> list[dict[str, Any]]:
+    async def orphaned_replies(self) -> Sequence[ReplyRow]:
         """Unconfirmed replies whose turn ran on a replica that is gone."""
         ...
 

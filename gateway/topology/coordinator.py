@@ -2,7 +2,7 @@
 memory, the `/resume N` listings and pending reset notices.
 
 `Coordinator` is the interface; `LocalCoordinator` keeps it all in this process's memory,
-which is exact for one daemon. gateway/leases.py's `SharedCoordinator` adds what several
+which is exact for one daemon. gateway/topology/leases.py's `SharedCoordinator` adds what several
 replicas need. This module imports nothing from the project.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
 
 DEDUPE_MEMORY = 50_000  # redelivered platform message ids remembered
 LISTING_MEMORY = 10_000  # chats whose last listing `/resume N` can still refer to
@@ -121,12 +121,12 @@ class KeyHold:
     __slots__ = ("_coordinator", "_key", "_lock", "open")
 
     fence = None
-    unsent: list[dict[str, object]] = []  # never appended to
+    unsent: list[Mapping[str, Any]] = []  # never appended to
 
     def __init__(self, coordinator: LocalCoordinator, key: str, inbox_id: int) -> None:
         self._coordinator = coordinator
         self._key = key
-        self.open = [{"id": inbox_id}]
+        self.open: list[Mapping[str, Any]] = [{"id": inbox_id}]  # an inbox row's id alone
 
     async def __aenter__(self) -> KeyHold:
         c = self._coordinator

@@ -8,7 +8,7 @@ A replica waiting for a key sleeps until a NOTIFY on its own channel (the lease 
 with its rows open, or one of its rows was answered elsewhere) or a short poll. Whoever
 holds a key runs the key's open inbox rows in id order, so a message taken by another
 replica meanwhile is not overtaken. Turn writes carry the lease's `Fence`. Listings and
-notices live in the route (gateway/routes.py); background jobs in `live_jobs`.
+notices live in the route (gateway/topology/routes.py); background jobs in `live_jobs`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from gateway.coordinator import LocalCoordinator, MessageKey
-from gateway.leases import HandBack, Lease, ResetNotice, Stored
-from gateway.routes import PgRouteIndex
+from gateway.topology.coordinator import LocalCoordinator, MessageKey
+from gateway.topology.leases import HandBack, InboxRow, Lease, ReplyRow, ResetNotice, Stored
+from gateway.topology.routes import PgRouteIndex
 from state import (
     OPEN_STATES,
     BeginPlan,
@@ -312,10 +312,10 @@ class PgCoordinator:
 
     # --- takeover -----------------------------------------------------------------------
 
-    async def orphaned_inbound(self) -> list[dict[str, Any]]:
+    async def orphaned_inbound(self) -> Sequence[InboxRow]:
         return await self.store.orphaned_inbound(self.link.space, self.me)
 
-    async def orphaned_replies(self) -> list[dict[str, Any]]:
+    async def orphaned_replies(self) -> Sequence[ReplyRow]:
         return await self.store.orphaned_replies(self.link.space)
 
     async def claim_reply(self, inbox_id: int) -> bool:
