@@ -39,10 +39,12 @@ so without `/version` it would probe four more URLs on every turn. Every other p
 
 The work: N turns over N / --per-session sessions (10 turns each by default, so both
 gateways see the same history lengths however many turns each runs), --concurrency requests
-in flight, never two of one session at once; the client sends only the new user message.
-A warm-up of --warmup turns in sessions of their own comes first (Hermes's first turn
-imports most of its code). Three rounds, alternating which gateway goes first, since this
-machine's speed drifts; each round starts both on fresh homes.
+in flight, never two of one session at once; the client sends only the new user message. A
+warm-up of --warmup turns in sessions of their own comes first (Hermes's first turn imports
+most of its code). Three rounds, alternating which gateway goes first, since this machine's
+speed drifts; each round starts both on fresh homes. --hermes-env NAME=VALUE adds a variable
+to Hermes's environment (for example HERMES_SKIP_SSL_GUARD=1, which skips the CA bundle
+check each of its agents makes when it is built, once per turn).
 
 Per gateway and round: turns per second over the measured turns; CPU per turn, the gateway
 process's user + system time from /proc/<pid>/stat with its children's (live descendants'
@@ -369,9 +371,9 @@ class Gateway:
 class Hermes(Gateway):
     name = "Hermes"
 
-    def __init__(self, home: Path, model_url: str, hermes: Path) -> None:
+    def __init__(self, home: Path, model_url: str, hermes: Path, extra_env: dict[str, str]) -> None:
         super().__init__(home, model_url)
-        self.hermes = hermes
+        self.hermes, self.extra_env = hermes, extra_env
         self.hermes_home = home / "hermes-home"
 
     def command(self) -> tuple[list[str], dict[str, str]]:
@@ -402,6 +404,7 @@ class Hermes(Gateway):
             "API_SERVER_KEY": self.key,
             "API_SERVER_HOST": "127.0.0.1",
             "API_SERVER_PORT": str(self.port),
+            **self.extra_env,
         }
         return [str(self.hermes), "gateway", "run"], env
 
@@ -566,7 +569,8 @@ def describe(r: Result) -> str:
         f"{'' if r.store_ok else '  <- INCOMPLETE'}\n"
         f"              per turn: {m.chat / r.turns:.2f} model calls ({m.streamed} streamed, "
         f"{m.with_tools} with tools), {m.other / r.turns:.2f} other requests to the model server;"
-        f" started in {r.extra['start_s']:.1f} s, exit {r.extra['exit']}"
+        f" started in {r.extra['start_s']:.1f} s, exit {r.extra['exit']} after SIGTERM"
+        + (" (Hermes's choice: so systemd restarts it)" if r.name == "Hermes" else "")
     )
 
 
@@ -588,9 +592,20 @@ async def main() -> None:
     ap.add_argument("--warmup", type=int, default=20, help="warm-up turns per gateway (20)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, alternating the order (3)")
     ap.add_argument(
+        "--hermes-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more variable in Hermes's environment (repeatable), e.g. HERMES_SKIP_SSL_GUARD=1",
+    )
+    ap.add_argument(
         "--keep", action="store_true", help="keep the homes (and logs) under bench/out/"
     )
     args = ap.parse_args()
+    bad = [e for e in args.hermes_env if "=" not in e or not e.partition("=")[0]]
+    if bad:
+        ap.error(f"--hermes-env takes NAME=VALUE (got {bad[0]!r})")
+    hermes_env = dict(e.partition("=")[::2] for e in args.hermes_env)
     hermes = hermes_bin()
     if hermes is None:
         print("Hermes Agent is not available: nothing compared.")
@@ -599,7 +614,8 @@ async def main() -> None:
         f"switchboard beside Hermes Agent {HERMES_VERSION}, end to end: `{' '.join(sys.argv)}`; "
         f"{args.per_session} turns per session, {args.concurrency} in flight, "
         f"{args.warmup} warm-up turns, {os.cpu_count()} cores, load average "
-        f"{os.getloadavg()[0]:.1f}",
+        f"{os.getloadavg()[0]:.1f}"
+        + (f"; Hermes's environment also {hermes_env}" if hermes_env else ""),
         flush=True,
     )
     fake = FakeModel()
@@ -618,7 +634,7 @@ async def main() -> None:
                     else:
                         home = Path(stack.enter_context(tempfile.TemporaryDirectory()))
                     if kind == "hermes":
-                        gw: Gateway = Hermes(home, fake.url, hermes)
+                        gw: Gateway = Hermes(home, fake.url, hermes, hermes_env)
                         turns = args.hermes_turns
                     else:
                         gw = Switchboard(home / "sb", fake.url)
