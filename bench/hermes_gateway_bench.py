@@ -499,22 +499,24 @@ def plan(prefix: str, turns: int, per_session: int) -> list[tuple[str, str]]:
 
 
 def check_store(rows: list[tuple[str, str, str]], turns: list[tuple[str, str]]) -> tuple[str, bool]:
-    where: dict[tuple[str, str], set[str]] = {}
+    """Every turn's user message and reply stored exactly once, and each bench session's
+    messages in one stored session of their own."""
+    where: dict[tuple[str, str], list[str]] = {}
     for sid, role, content in rows:
-        where.setdefault((role, content), set()).add(sid)
+        where.setdefault((role, content), []).append(sid)
     users = replies = 0
     sessions: dict[str, set[str]] = {}
     for session, token in turns:
-        u = where.get(("user", text_for(token)), set())
-        a = where.get(("assistant", answer_for(token)), set())
+        u = where.get(("user", text_for(token)), [])
+        a = where.get(("assistant", answer_for(token)), [])
         users += len(u) == 1
         replies += len(a) == 1
-        sessions.setdefault(session, set()).update(u | a)
+        sessions.setdefault(session, set()).update(u + a)
     one_each = sum(len(s) == 1 for s in sessions.values())
     distinct = len({next(iter(s)) for s in sessions.values() if len(s) == 1}) == one_each
     ok = users == replies == len(turns) and one_each == len(sessions) and distinct
     text = (
-        f"store: {users}/{len(turns)} user messages, {replies}/{len(turns)} replies, "
+        f"stored once: {users}/{len(turns)} user messages, {replies}/{len(turns)} replies; "
         f"{one_each}/{len(sessions)} sessions each in one stored session"
         f"{'' if distinct else ' (some share one)'}"
     )
@@ -664,7 +666,7 @@ async def main() -> None:
         if r.answered != r.turns or not r.store_ok
     ]
     print(
-        "  every reply right and every message and reply stored"
+        "  every reply right and every message and reply stored once"
         if not bad
         else f"  NOT every reply right or stored: {', '.join(bad)}"
     )
