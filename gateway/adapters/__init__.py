@@ -32,6 +32,7 @@ BUILTIN = {
     "dingtalk": "gateway.adapters.dingtalk:DingTalkAdapter",
     "bluebubbles": "gateway.adapters.bluebubbles:BlueBubblesAdapter",
     "webhook": "gateway.adapters.webhook:WebhookAdapter",
+    "weixin": "gateway.adapters.weixin:WeixinAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 CORE = {"api": "gateway.adapters.api:ApiAdapter"}  # the core's own adapters (not platforms)
