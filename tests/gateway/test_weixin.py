@@ -9,7 +9,6 @@ import asyncio
 import os
 import signal
 import stat
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,11 @@ from state import SessionDB
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes import stalled_then_on_time, started, wait_for_count
 from tests.fakes.weixin import ALICE, BOB, BOT_ID, ENV, OWNER, TOKEN, FakeWeixin
+from tests.gateway import test_receiver as replicas
 from tests.gateway.conftest import refused_at_start
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
+server, ledger = replicas.server, replicas.ledger  # PostgreSQL replicas' fixtures, shared
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -149,6 +150,7 @@ async def test_a_user_who_never_wrote_cannot_be_messaged(gw: Gateway, fake: Fake
     assert fake.sent() == [] and not [c for c, _ in fake.calls if c == "sendmessage"]
 
 
+@pytest.mark.slow
 async def test_a_refused_context_token_is_a_permanent_refusal(
     gw: Gateway, fake: FakeWeixin
 ) -> None:
@@ -301,6 +303,7 @@ async def test_a_weixin_reply_that_stood_still_on_its_way_out_stops_before_it_is
 # --- real subprocesses -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_sigterm_exits_0_and_a_restart_neither_reanswers_nor_skips(
     tmp_path: Path, fake: FakeWeixin
 ) -> None:
@@ -313,11 +316,10 @@ async def test_sigterm_exits_0_and_a_restart_neither_reanswers_nor_skips(
     env = clean_env(WEIXIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
 
     async def run_once(expect: int) -> None:
-        proc = subprocess.Popen(
-            switchboard(home, "run"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        proc = await asyncio.create_subprocess_exec(
+            *switchboard(home, "run"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             env=env,
         )
         try:
@@ -325,13 +327,15 @@ async def test_sigterm_exits_0_and_a_restart_neither_reanswers_nor_skips(
             await fake.wait_sent(expect, timeout=30)
         finally:
             proc.send_signal(signal.SIGTERM)
-            _out, err = await asyncio.to_thread(proc.communicate, timeout=30)
-        assert proc.returncode == 0, err
+            _out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, err.decode()
 
     fake.say(ALICE, "first")
     await run_once(1)
     fake.say(ALICE, "while the daemon was down")
+    polled = len(fake.polls)
     await run_once(2)
+    assert fake.polls[polled] == "buf-1"  # from the cursor the first daemon stored
     await asyncio.sleep(0.3)
     assert fake.texts() == ["echo: first", "echo: while the daemon was down"]
 
@@ -348,6 +352,7 @@ async def _login(home: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.slow
 async def test_weixin_login_prints_the_qr_code_and_stores_the_token(
     tmp_path: Path, fake: FakeWeixin
 ) -> None:
@@ -386,6 +391,7 @@ async def test_weixin_login_prints_the_qr_code_and_stores_the_token(
     assert (ok, detail) == (True, f"bot token accepted by {fake.base_url}")
 
 
+@pytest.mark.slow
 async def test_weixin_login_gives_up_on_codes_that_keep_expiring(
     tmp_path: Path, fake: FakeWeixin
 ) -> None:
@@ -452,3 +458,38 @@ def test_home_and_threads() -> None:
     assert WeixinAdapter.home_chat_type(ALICE) == "dm"
     home = WeixinAdapter.thread_source(ThreadRef("weixin", ALICE, ALICE))
     assert (home.chat_id, home.chat_type, home.thread_id) == (ALICE, "dm", None)
+
+
+# --- replicas on PostgreSQL: one polls, any sends -------------------------------------------
+
+
+async def test_one_replica_polls_and_the_other_sends_and_takes_over(
+    server: str, ledger: Any, fake: FakeWeixin
+) -> None:
+    pair = replicas.Pair(
+        lambda: WeixinAdapter(TOKEN, base_url=fake.base_url, poll_timeout_s=5, backoff=FAST),
+        "weixin",
+    )
+    got, links = pair.got, pair.links
+    try:
+        a, b = await pair.start(ledger)
+        assert (a.health()["receiving"], b.health()["receiving"]) == (True, False)
+        fake.say(ALICE, "hello")
+        await wait_for_count(lambda: got["a"], 1, 10, "messages on a")
+        # b never polled, yet it knows Alice's context_token from the shared store
+        await b.send(OutboundMessage("weixin", ALICE, "from b"))
+        assert fake.sent()[-1]["context_token"] == fake.contexts[ALICE]
+        assert b.health()["polls"] == 0
+        replicas._cut_off(server, links["a"])
+        await b._receiver.sync()
+        assert b.health()["receiving"] is True
+        await links["a"].close()
+        await links["a"].open()
+        await a._receiver.sync()
+        assert a.health()["receiving"] is False
+        fake.say(BOB, "again")
+        await wait_for_count(lambda: got["b"], 1, 10, "messages on b")
+        await asyncio.sleep(0.3)
+        assert got == {"a": ["hello"], "b": ["again"]}  # b went on from a's cursor
+    finally:
+        await pair.stop()
