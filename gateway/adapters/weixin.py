@@ -1,5 +1,5 @@
 """Weixin (personal WeChat) through Tencent's iLink Bot API (weixin_api): a `getupdates` long
-poll in, `sendmessage` out, the bot token from `switchboard weixin login` (weixin_login).
+poll in, `sendmessage` out, the bot token from `switchboard login weixin` (weixin_login).
 
 Inbox before ack: the poll's cursor (`get_updates_buf`) is kept in the store and moved past
 a batch only once `emit` returned for each of its messages; a message the gateway could not
@@ -26,6 +26,8 @@ from gateway.adapters.base import (
     Backoff,
     Cursors,
     Emit,
+    Login,
+    LoginResult,
     Route,
     SetupSteps,
     UsesCursors,
@@ -107,7 +109,7 @@ def to_inbound(msg: Mapping[str, Any], require_mention: bool = True) -> InboundM
         return None
 
 
-class WeixinAdapter(UsesCursors, UsesShards, SetupSteps):
+class WeixinAdapter(UsesCursors, UsesShards, SetupSteps, Login):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[WeixinSettings]] = WeixinSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -118,7 +120,7 @@ class WeixinAdapter(UsesCursors, UsesShards, SetupSteps):
     def secrets_needed(cls, settings: WeixinSettings) -> list[SecretNeed]:
         return [
             SecretNeed(
-                "token_env", "WEIXIN_TOKEN", "the bot token `switchboard weixin login` stores"
+                "token_env", "WEIXIN_TOKEN", "the bot token `switchboard login weixin` stores"
             )
         ]
 
@@ -165,12 +167,31 @@ class WeixinAdapter(UsesCursors, UsesShards, SetupSteps):
     @classmethod
     def setup_steps(cls, settings: WeixinSettings) -> list[str]:
         return [
-            "run `switchboard weixin login` and scan the QR code it prints with WeChat, then "
+            "run `switchboard login weixin` and scan the QR code it prints with WeChat, then "
             "confirm on the phone: it stores the bot token in the secrets file and the base "
             "URL in config.yaml",
             "the bot answers a user only after that user wrote to it (each reply echoes the "
             "user's latest context_token)",
         ]
+
+    @classmethod
+    async def login(
+        cls, settings: WeixinSettings, base_url: str | None, timeout_s: float, out: Any
+    ) -> LoginResult:
+        """The QR login (weixin_login): the bot token, and the base URL iLink gave."""
+        from gateway.adapters.weixin_api import DEFAULT_BASE_URL
+        from gateway.adapters.weixin_login import qr_login
+
+        got = await qr_login(base_url or settings.base_url or DEFAULT_BASE_URL, timeout_s, out)
+        return LoginResult(
+            secrets={"token_env": got["token"]},
+            settings={"base_url": got["base_url"]},
+            notes=[
+                f"logged in as {got['bot_id'] or 'the bot'}; scanned by WeChat user "
+                f"{got['user_id'] or '?'} (add it to platforms.weixin.allowed_users to let "
+                "them talk to the bot)"
+            ],
+        )
 
     # --- one running bot --------------------------------------------------------------
 

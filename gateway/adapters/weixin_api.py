@@ -192,7 +192,7 @@ def _answer(path: str, status: int, text: str, retry_after: str | None) -> dict[
     if code == SESSION_EXPIRED:
         raise InvalidToken(
             f"weixin refused the bot token: the session expired ({_why(data)}); "
-            "log in again with `switchboard weixin login`"
+            "log in again with `switchboard login weixin`"
         )
     if code == FREQUENCY_LIMIT:
         raise RetryAfter(FREQUENCY_WAIT_S)

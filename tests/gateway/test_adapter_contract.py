@@ -25,9 +25,19 @@ from gateway.adapters.sms import SmsAdapter
 from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.webhook import Endpoint, WebhookAdapter
+from gateway.adapters.weixin import WeixinAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from tests.fakes import bluebubbles, dingtalk, feishu, matrix, teams, twilio, whatsapp
+from tests.fakes import (
+    bluebubbles,
+    dingtalk,
+    feishu,
+    matrix,
+    teams,
+    twilio,
+    wait_for_count,
+    whatsapp,
+)
 from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
@@ -42,6 +52,8 @@ from tests.fakes.teams import FakeTeams
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
 from tests.fakes.webhook_receiver import CallbackReceiver
+from tests.fakes.weixin import ALICE as WEIXIN_ALICE
+from tests.fakes.weixin import FakeWeixin
 from tests.fakes.whatsapp import FakeGraph
 
 PLATFORMS = [
@@ -60,6 +72,7 @@ PLATFORMS = [
     "matrix",
     "bluebubbles",
     "webhook",
+    "weixin",
 ]
 FAKES: dict[str, type[Any]] = {
     "telegram": FakeTelegram,
@@ -75,6 +88,7 @@ FAKES: dict[str, type[Any]] = {
     "matrix": FakeMatrix,
     "bluebubbles": FakeBlueBubbles,
     "webhook": CallbackReceiver,
+    "weixin": FakeWeixin,
 }
 
 
@@ -179,6 +193,8 @@ async def case(
                 bluebubbles.GROUP,
                 fake,
             )
+        elif isinstance(fake, FakeWeixin):
+            yield WeixinAdapter(fake.token, base_url=fake.base_url), WEIXIN_ALICE, fake
         elif isinstance(fake, CallbackReceiver):
             yield WebhookAdapter([Endpoint("ci", fake.secret, "async", fake.url)]), "ci:ann", fake
         elif isinstance(fake, FakeMatrix):
@@ -223,6 +239,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.sent()[0]["message"])
     if isinstance(fake, CallbackReceiver):
         return str(fake.replies()[0]["text"])
+    if isinstance(fake, FakeWeixin):
+        return fake.texts()[0]
     return str(fake.posted()[0]["text"])
 
 
@@ -237,6 +255,9 @@ async def test_adapter_contract(case: tuple[Any, str, Any]) -> None:
     await adapter.start(emit)
     try:
         assert adapter.health()["state"] == "running"
+        if isinstance(fake, FakeWeixin):  # a Weixin reply needs the peer's context_token
+            fake.say(chat_id, "hi")
+            await wait_for_count(lambda: seen, 1, 10, "the peer's message")
         ref = await adapter.send(OutboundMessage(adapter.platform, chat_id, "hello"))
         assert (
             isinstance(ref, SentRef) and ref.platform == adapter.platform and ref.chat_id == chat_id

@@ -30,6 +30,7 @@ from gateway.adapters.mattermost import MattermostAdapter
 from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
+from gateway.adapters.weixin import WeixinAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import AdapterError, InvalidToken, TransientError
@@ -209,13 +210,24 @@ def _closed(platform: str, port: int) -> Adapter:
             dingtalk.CLIENT_ID, dingtalk.CLIENT_SECRET, base_url=url, backoff=FAST
         ),
         "matrix": lambda: MatrixAdapter(url, matrix.BOT, "syt_tok", poll_timeout_s=1, backoff=FAST),
+        "weixin": lambda: WeixinAdapter("tok", base_url=url, backoff=FAST),
     }
     return made[platform]()
 
 
 @pytest.mark.parametrize(
     "platform",
-    ["telegram", "discord", "slack", "signal", "mattermost", "feishu", "dingtalk", "matrix"],
+    [
+        "telegram",
+        "discord",
+        "slack",
+        "signal",
+        "mattermost",
+        "feishu",
+        "dingtalk",
+        "matrix",
+        "weixin",
+    ],
 )
 async def test_every_adapter_whose_platform_is_unreachable_at_start_retries_without_ending_the_start(
     tmp_path: Path, platform: str, monkeypatch: pytest.MonkeyPatch

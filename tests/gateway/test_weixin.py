@@ -1,7 +1,7 @@
 """Weixin through the whole daemon: the adapter's aiohttp client long-polling a loopback fake
 of the iLink Bot API (its headers, cursor and context_token checked by the fake), replies
 through sendmessage; the cursor and inbox-before-ack with the adapter alone; `switchboard
-run` and `switchboard weixin login` as real subprocesses; translation as pure functions."""
+run` and `switchboard login weixin` as real subprocesses; translation as pure functions."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import stat
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from gateway.adapters.base import Backoff
 from gateway.adapters.weixin import LIMIT, WeixinAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import NotAccepted, PlatformRefused
+from gateway.errors import ConfigError, NotAccepted, PlatformRefused
 from gateway.handoff import handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops import envfile
@@ -342,7 +343,7 @@ async def test_sigterm_exits_0_and_a_restart_neither_reanswers_nor_skips(
 
 async def _login(home: Path, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        *switchboard(home, "weixin", "login", *args),
+        *switchboard(home, "login", "weixin", *args),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=clean_env(PYTHONPATH=str(ROOT)),
@@ -493,3 +494,44 @@ async def test_one_replica_polls_and_the_other_sends_and_takes_over(
         assert got == {"a": ["hello"], "b": ["again"]}  # b went on from a's cursor
     finally:
         await pair.stop()
+
+
+# --- configuration, and what cannot be done ---------------------------------------------------
+
+
+def test_a_bad_poll_timeout_names_its_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  weixin:\n    enabled: true\n    allow_all_users: true\n"
+        "    poll_timeout_seconds: 1\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, ENV)
+    assert str(err.value).startswith("platforms.weixin.poll_timeout_seconds: must be between 5")
+    cfg.write_text("platforms:\n  weixin:\n    enabled: true\n    allow_all_users: true\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, {})
+    assert "WEIXIN_TOKEN" in str(err.value) and "platforms.weixin.token_env" in str(err.value)
+
+
+def test_login_and_send_say_what_they_cannot_do(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        "platforms:\n  weixin:\n    enabled: true\n    allow_all_users: true\n"
+    )
+    env = clean_env(PYTHONPATH=str(ROOT), WEIXIN_TOKEN=TOKEN)
+    other = subprocess.run(
+        switchboard(home, "login", "telegram"), capture_output=True, text=True, env=env, timeout=60
+    )
+    assert other.returncode == 78
+    assert "telegram has no terminal login" in other.stderr
+    direct = subprocess.run(
+        switchboard(home, "send", "weixin", ALICE, "hi", "--direct"),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert direct.returncode == 1
+    assert "weixin cannot send without the daemon" in direct.stderr
