@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -30,6 +31,7 @@ from gateway.adapters.base import (
     LoginResult,
     Route,
     SetupSteps,
+    Typing,
     UsesCursors,
     UsesShards,
     call_with_retry,
@@ -37,6 +39,7 @@ from gateway.adapters.base import (
     split_message,
     stop_task,
 )
+from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.weixin_api import BOT_MESSAGE, ITEM_TEXT, WeixinApi
 from gateway.errors import (
     AdapterError,
@@ -58,6 +61,8 @@ PLATFORM = "weixin"
 LIMIT = 2_000  # characters per text message (iLink cuts longer ones at about 2,048)
 CURSOR = "get_updates_buf"
 CONTEXT = "ctx:{}"  # the cursor holding a peer's latest context_token
+TYPING_EVERY_S = 5.0  # a Weixin typing indicator is renewed this often while a turn runs
+TICKET_FOR_S = 600.0  # a typing ticket is asked for again after this long
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ def to_inbound(msg: Mapping[str, Any], require_mention: bool = True) -> InboundM
         return None
 
 
-class WeixinAdapter(UsesCursors, UsesShards, SetupSteps, Login):
+class WeixinAdapter(Typing, UsesCursors, UsesShards, SetupSteps, Login):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[WeixinSettings]] = WeixinSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -214,6 +219,10 @@ class WeixinAdapter(UsesCursors, UsesShards, SetupSteps, Login):
         self._emit: Emit | None = None
         self._poller: asyncio.Task[None] | None = None
         self._receiver = Receiver(PLATFORM, self._start_polling, self._stop_polling)
+        self._tickets: dict[str, tuple[str, float]] = {}  # peer -> (typing ticket, got at)
+        self._typing = TypingLoops(
+            "weixin.typing", self._typing_on, every_s=TYPING_EVERY_S, withdraw=self._typing_off
+        )
         self.polls = 0
         self.state: str = AdapterState.STOPPED
         self.last_error: str | None = None
@@ -245,6 +254,7 @@ class WeixinAdapter(UsesCursors, UsesShards, SetupSteps, Login):
     async def stop(self) -> None:
         await self._receiver.stop()
         await self._stop_polling()
+        await self._typing.close()
         self._emit = None
         await self.api.close()
         self.state = AdapterState.STOPPED
@@ -323,10 +333,40 @@ class WeixinAdapter(UsesCursors, UsesShards, SetupSteps, Login):
             return await self._cursors.get(CONTEXT.format(peer))
         return self._contexts.get(peer)
 
+    # --- typing: a ticket per peer from getconfig, then sendtyping ---------------------------
+
+    def turn_started(self, msg: InboundMessage) -> None:
+        if msg.source.chat_type == ChatType.DM:
+            self._typing.start(msg.source.chat_id)
+
+    def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
+        self._typing.stop(msg.source.chat_id)
+
+    async def _ticket(self, peer: str) -> str | None:
+        found = self._tickets.get(peer)
+        if found and time.monotonic() - found[1] < TICKET_FOR_S:
+            return found[0]
+        token = await self._context_of(peer)
+        ticket = await self.api.typing_ticket(peer, token) if token else None
+        if ticket:
+            self._tickets[peer] = (ticket, time.monotonic())
+        return ticket
+
+    async def _typing_on(self, peer: str) -> None:
+        ticket = await self._ticket(peer)
+        if ticket:
+            await self.api.send_typing(peer, ticket, on=True)
+
+    async def _typing_off(self, peer: str) -> None:
+        found = self._tickets.get(peer)
+        if found:
+            await self.api.send_typing(peer, found[0], on=False)
+
     # --- sending --------------------------------------------------------------------------
 
     async def send(self, msg: OutboundMessage) -> SentRef:
         """Each part (split under LIMIT) through sendmessage with the peer's context_token."""
+        self._typing.stop(msg.chat_id)
         token = await self._context_of(msg.chat_id)
         if not token:
             raise PlatformRefused(

@@ -1,5 +1,6 @@
 """Weixin's iLink Bot API over aiohttp: the `getupdates` long poll, `sendmessage`,
-`getconfig` (the credential check) and the two QR login calls, with failures typed.
+`getconfig` (the credential check and the typing ticket), `sendtyping` and the two QR login
+calls, with failures typed.
 
 Every business call is a JSON POST under `<base_url>/ilink/bot/` carrying the bot token
 (`AuthorizationType: ilink_bot_token`, `Authorization: Bearer <token>`), a random
@@ -29,6 +30,7 @@ DEFAULT_BASE_URL = "https://ilinkai.weixin.qq.com"
 GET_UPDATES = "ilink/bot/getupdates"
 SEND_MESSAGE = "ilink/bot/sendmessage"
 GET_CONFIG = "ilink/bot/getconfig"
+SEND_TYPING = "ilink/bot/sendtyping"
 GET_BOT_QRCODE = "ilink/bot/get_bot_qrcode"
 GET_QRCODE_STATUS = "ilink/bot/get_qrcode_status"
 APP_ID = "bot"  # the iLink-App-Id of a bot client
@@ -37,6 +39,7 @@ CLIENT_VERSION = str((2 << 16) | (2 << 8))  # iLink-App-ClientVersion: 2.2.0 pac
 SESSION_EXPIRED = -14
 FREQUENCY_LIMIT = -2
 FREQUENCY_WAIT_S = 2.0  # iLink's frequency limit names no wait
+TYPING, TYPING_STOPPED = 1, 2  # sendtyping's status
 ITEM_TEXT = 1  # item_list entry types; 2 image, 3 voice, 4 file, 5 video
 BOT_MESSAGE = 2  # message_type: 1 a user's, 2 a bot's
 FINISHED = 2  # message_state of a complete (not streaming) message
@@ -155,6 +158,18 @@ class WeixinApi:
         """A call with no side effect that iLink answers -14 for an expired or unknown
         token: getconfig (whose typing ticket is not used)."""
         return await self.post(GET_CONFIG, {"ilink_user_id": ""})
+
+    async def typing_ticket(self, user: str, context_token: str) -> str | None:
+        """The ticket sendtyping takes for `user` (getconfig's typing_ticket)."""
+        data = await self.post(GET_CONFIG, {"ilink_user_id": user, "context_token": context_token})
+        ticket = data.get("typing_ticket")
+        return str(ticket) if ticket and not _code(data) else None
+
+    async def send_typing(self, user: str, ticket: str, on: bool) -> None:
+        status = TYPING if on else TYPING_STOPPED
+        await self.post(
+            SEND_TYPING, {"ilink_user_id": user, "typing_ticket": ticket, "status": status}
+        )
 
     async def send_text(self, to: str, text: str, context_token: str) -> str:
         """One text message to `to`, echoing the peer's context_token; our client_id back

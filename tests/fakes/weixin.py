@@ -1,7 +1,7 @@
 """A loopback fake of Tencent's iLink Bot API for the Weixin adapter: the `getupdates` long
 poll over a cursor (`get_updates_buf`, "buf-<position>" in the fake's message log), held
 until a message comes or `hold_s` passes; `sendmessage`, which takes a message only with
-a context_token given to that peer; `getconfig`; and the QR login's two GETs, whose
+a context_token given to that peer; `getconfig` (a typing ticket per user) and `sendtyping`; and the QR login's two GETs, whose
 statuses are scripted. Every business call must carry the iLink headers (a bad token is
 answered ret -14, as iLink does for an expired session)."""
 
@@ -41,6 +41,7 @@ class FakeWeixin:
     failures: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     qr_statuses: list[dict[str, Any]] = field(default_factory=list)
     qr_issued: list[str] = field(default_factory=list)
+    typing: list[tuple[str, int]] = field(default_factory=list)  # (peer, 1 on / 2 off)
     port: int = 0
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(7_000_001))
     _new: asyncio.Event = field(default_factory=asyncio.Event)
@@ -107,6 +108,7 @@ class FakeWeixin:
         app.router.add_post("/ilink/bot/getupdates", self._getupdates)
         app.router.add_post("/ilink/bot/sendmessage", self._sendmessage)
         app.router.add_post("/ilink/bot/getconfig", self._getconfig)
+        app.router.add_post("/ilink/bot/sendtyping", self._sendtyping)
         app.router.add_get("/ilink/bot/get_bot_qrcode", self._qrcode)
         app.router.add_get("/ilink/bot/get_qrcode_status", self._qrcode_status)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
@@ -197,10 +199,23 @@ class FakeWeixin:
         return web.json_response({"ret": 0})
 
     async def _getconfig(self, request: web.Request) -> web.Response:
-        _body, refused = await self._business(request, "getconfig")
+        body, refused = await self._business(request, "getconfig")
         if refused is not None:
             return refused
-        return web.json_response({"ret": 0, "typing_ticket": "ticket-1"})
+        user = body.get("ilink_user_id") or ""
+        return web.json_response({"ret": 0, "typing_ticket": f"ticket-{user.split('@')[0]}"})
+
+    async def _sendtyping(self, request: web.Request) -> web.Response:
+        body, refused = await self._business(request, "sendtyping")
+        if refused is not None:
+            return refused
+        user = str(body.get("ilink_user_id") or "")
+        if body.get("typing_ticket") != f"ticket-{user.split('@')[0]}" or body.get(
+            "status"
+        ) not in (1, 2):
+            return web.json_response({"ret": -1, "errmsg": "bad typing ticket or status"})
+        self.typing.append((user, int(body["status"])))
+        return web.json_response({"ret": 0})
 
     async def _qrcode(self, request: web.Request) -> web.Response:
         self.calls.append(("get_bot_qrcode", dict(request.query)))

@@ -266,6 +266,26 @@ async def test_the_cursor_moves_only_after_emit_and_survives_a_restart(
         await db.close()
 
 
+async def test_a_poll_held_past_its_timeout_is_asked_again_from_the_same_cursor(
+    fake: FakeWeixin,
+) -> None:
+    fake.hold_s = 2.0  # iLink holds the poll longer than the adapter waits
+    adapter = WeixinAdapter(TOKEN, base_url=fake.base_url, poll_timeout_s=0.3, backoff=FAST)
+    seen: list[InboundMessage] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        seen.append(msg)
+
+    await adapter.start(emit)
+    try:
+        await fake.wait_polls(3)
+        assert set(fake.polls) == {""} and adapter.health()["last_error"] is None
+        fake.say(ALICE, "still there?")
+        await wait_for_count(lambda: seen, 1, 10, "the message")
+    finally:
+        await adapter.stop()
+
+
 async def test_a_token_that_expires_while_polling_stops_the_poll(fake: FakeWeixin) -> None:
     adapter = WeixinAdapter(TOKEN, base_url=fake.base_url, poll_timeout_s=5, backoff=FAST)
     async with started(adapter):
@@ -535,3 +555,26 @@ def test_login_and_send_say_what_they_cannot_do(tmp_path: Path) -> None:
     )
     assert direct.returncode == 1
     assert "weixin cannot send without the daemon" in direct.stderr
+
+
+async def test_typing_shows_while_a_turn_runs_and_stops_with_the_reply(fake: FakeWeixin) -> None:
+    adapter = WeixinAdapter(TOKEN, base_url=fake.base_url, poll_timeout_s=5, backoff=FAST)
+    seen: list[InboundMessage] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        seen.append(msg)
+
+    await adapter.start(emit)
+    try:
+        fake.say(ALICE, "think about it")
+        [msg] = await wait_for_count(lambda: seen, 1, 10, "the message")
+        adapter.turn_started(msg)
+        await wait_for_count(lambda: fake.typing, 1, 10, "typing shown")
+        await adapter.send(OutboundMessage("weixin", ALICE, "done thinking"))
+        adapter.turn_ended(msg, None)
+        await wait_for_count(lambda: fake.typing, 2, 10, "typing withdrawn")
+        assert fake.typing == [(ALICE, 1), (ALICE, 2)] and fake.texts() == ["done thinking"]
+        tickets = [b for c, b in fake.calls if c == "getconfig" and b.get("ilink_user_id")]
+        assert [t["context_token"] for t in tickets] == [fake.contexts[ALICE]]
+    finally:
+        await adapter.stop()
