@@ -318,8 +318,8 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, SetupSteps, Login):
         if msg is None:
             return
         token = raw.get("context_token")
-        if token and isinstance(token, str) and msg.source.user_id:
-            await self._remember(msg.source.user_id, token)
+        if token and isinstance(token, str):
+            await self._remember(msg.source.chat_id, token)
         await self._emit(msg)  # NotAccepted leaves the cursor where it was
 
     async def _remember(self, peer: str, token: str) -> None:

@@ -36,8 +36,8 @@ class FakeWeixin:
     polls: list[str] = field(default_factory=list)  # the cursor of each getupdates
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     header_problems: list[str] = field(default_factory=list)
-    contexts: dict[str, str] = field(default_factory=dict)  # peer -> latest context_token
-    issued: dict[str, set[str]] = field(default_factory=dict)  # peer -> every token given
+    contexts: dict[str, str] = field(default_factory=dict)  # chat -> latest context_token
+    issued: dict[str, set[str]] = field(default_factory=dict)  # chat -> every token given
     failures: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     qr_statuses: list[dict[str, Any]] = field(default_factory=list)
     qr_issued: list[str] = field(default_factory=list)
@@ -60,8 +60,9 @@ class FakeWeixin:
         with a fresh context_token for that user. The same `msg_id` again is a redelivery."""
         number = msg_id if msg_id is not None else next(self._ids)
         token = f"ctx-{user.split('@')[0]}-{number}-{len(self.log)}"
-        self.contexts[user] = token
-        self.issued.setdefault(user, set()).add(token)
+        chat = group or user  # where a reply to it goes
+        self.contexts[chat] = token
+        self.issued.setdefault(chat, set()).add(token)
         msg: dict[str, Any] = {
             "seq": len(self.log) + 1,
             "message_id": number,

@@ -121,7 +121,29 @@ async def test_group_messages_are_not_addressed_to_the_bot(gw: Gateway, fake: Fa
     [reply] = await fake.wait_sent(1)
     await asyncio.sleep(0.5)
     assert len(fake.sent()) == 1 and reply["to_user_id"] == BOB
-    assert gw.index is not None and gw.index.get(f"agent:main:weixin:dm:{ALICE}") is None
+    assert gw.index is not None
+    assert gw.index.get(f"agent:main:weixin:group:grp1@chatroom:{ALICE}") is None
+
+
+async def test_without_require_mention_a_group_message_is_answered_in_the_group(
+    tmp_path: Path, fake: FakeWeixin
+) -> None:
+    cfg = _config(tmp_path, fake, "    require_mention: false\n")
+    gateway = Gateway(config=load_config(cfg, ENV), home=tmp_path / "home")
+    await gateway.start()
+    try:
+        said = fake.say(ALICE, "anyone?", group="grp1@chatroom")
+        [reply] = await fake.wait_sent(1)
+        assert (reply["to_user_id"], reply["context_token"]) == (
+            "grp1@chatroom",
+            said["context_token"],
+        )
+        assert await _stored(gateway, f"agent:main:weixin:group:grp1@chatroom:{ALICE}") == [
+            "anyone?",
+            "echo: anyone?",
+        ]
+    finally:
+        await gateway.stop()
 
 
 async def test_a_redelivered_message_is_answered_once(gw: Gateway, fake: FakeWeixin) -> None:
