@@ -238,9 +238,8 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, SetupSteps, Login):
         self._emit = emit
         try:
             await call_with_retry(self.api.check_token, backoff=self._backoff, attempts=2, log=log)
-        except InvalidToken as exc:
+        except InvalidToken:  # the daemon's start logs it, naming token_env
             self.state = failed("invalid bot token")
-            log.error("%s; the weixin adapter is stopped", exc)
             await self.api.close()
             raise
         await self._receiver.start()

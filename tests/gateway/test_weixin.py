@@ -6,6 +6,7 @@ run` and `switchboard login weixin` as real subprocesses; translation as pure fu
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import stat
@@ -220,11 +221,15 @@ async def test_title_resume_sethome_and_a_handoff(gw: Gateway, fake: FakeWeixin)
 
 
 async def test_a_bad_token_stops_the_adapter_while_the_daemon_runs(
-    tmp_path: Path, fake: FakeWeixin
+    tmp_path: Path, fake: FakeWeixin, caplog: pytest.LogCaptureFixture
 ) -> None:
     gateway = _gateway(tmp_path, fake, {"WEIXIN_TOKEN": "wrong"})
     try:
-        await gateway.start()
+        with caplog.at_level(logging.INFO):
+            await gateway.start()
+        [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert line.startswith("platforms.weixin.token_env: weixin refused the bot token")
+        assert line.endswith("the weixin adapter is stopped (the rest of the gateway runs)")
         refused_at_start(
             gateway,
             "weixin",
@@ -358,7 +363,18 @@ async def test_sigterm_exits_0_and_a_restart_neither_reanswers_nor_skips(
     )
     env = clean_env(WEIXIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
 
-    async def run_once(expect: int) -> None:
+    async def send(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *switchboard(home, "send", "weixin", *args),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, (out + err).decode()
+
+    async def run_once(expect: int, sends: bool = False) -> None:
         proc = await asyncio.create_subprocess_exec(
             *switchboard(home, "run"),
             stdout=asyncio.subprocess.PIPE,
@@ -368,19 +384,24 @@ async def test_sigterm_exits_0_and_a_restart_neither_reanswers_nor_skips(
         try:
             await wait_healthy(f"http://127.0.0.1:{port}", proc)
             await fake.wait_sent(expect, timeout=30)
+            if sends:  # through the daemon: a user who wrote is reached, a stranger is not
+                code, said = await send(ALICE, "from a script")
+                assert code == 0 and "through the daemon" in said, said
+                code, said = await send("o9cq80stranger@im.wechat", "hello?")
+                assert code == 77 and "that user has not written to the bot" in said, said
         finally:
             proc.send_signal(signal.SIGTERM)
             _out, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0, err.decode()
 
     fake.say(ALICE, "first")
-    await run_once(1)
+    await run_once(1, sends=True)
     fake.say(ALICE, "while the daemon was down")
     polled = len(fake.polls)
-    await run_once(2)
+    await run_once(3)
     assert fake.polls[polled] == "buf-1"  # from the cursor the first daemon stored
     await asyncio.sleep(0.3)
-    assert fake.texts() == ["echo: first", "echo: while the daemon was down"]
+    assert fake.texts() == ["echo: first", "from a script", "echo: while the daemon was down"]
 
 
 async def _login(home: Path, *args: str) -> tuple[int, str, str]:
