@@ -4,12 +4,13 @@ poll in, `sendmessage` out, the bot token from `switchboard login weixin` (weixi
 Inbox before ack: the poll's cursor (`get_updates_buf`) is kept in the store and moved past
 a batch only once `emit` returned for each of its messages; a message the gateway could not
 take leaves it where it was, so the next poll delivers the batch again (the core answers a
-redelivery once). Every reply must echo the peer's latest `context_token`: the adapter
-keeps each peer's in the store too (a cursor named `ctx:<user id>`), written before the
+redelivery once). Every reply must echo the chat's latest `context_token`: the adapter
+keeps each chat's in the store too (a cursor named `ctx:<chat id>`), written before the
 message is handed over, so a reply after a restart, from another replica, a `/handoff` or
-`switchboard send` through the daemon reaches a peer who wrote before; a peer who never
+`switchboard send` through the daemon reaches a user who wrote before; a user who never
 wrote has no token, and such a send is refused with a clear error. iLink delivers 1:1 chats;
-a message that names a group is taken as not addressed to the bot (iLink gives no mention).
+a message that names a group is taken as not addressed to the bot unless require_mention is
+off (iLink marks no mentions).
 Among replicas one polls (gateway.shards.Receiver) and any replica sends.
 """
 
@@ -60,7 +61,7 @@ log = logging.getLogger("gateway.adapters.weixin")
 PLATFORM = "weixin"
 LIMIT = 2_000  # characters per text message (iLink cuts longer ones at about 2,048)
 CURSOR = "get_updates_buf"
-CONTEXT = "ctx:{}"  # the cursor holding a peer's latest context_token
+CONTEXT = "ctx:{}"  # the cursor holding a chat's latest context_token
 TYPING_EVERY_S = 5.0  # a Weixin typing indicator is renewed this often while a turn runs
 TICKET_FOR_S = 600.0  # a typing ticket is asked for again after this long
 
@@ -214,7 +215,7 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, SetupSteps, Login):
         self._poll_timeout = poll_timeout_s
         self._backoff = backoff
         self._cursors: Cursors | None = None
-        self._contexts: dict[str, str] = {}  # peer -> latest context_token, without a store
+        self._contexts: dict[str, str] = {}  # chat -> latest context_token, without a store
         self._cursor = ""
         self._emit: Emit | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -321,16 +322,16 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, SetupSteps, Login):
             await self._remember(msg.source.chat_id, token)
         await self._emit(msg)  # NotAccepted leaves the cursor where it was
 
-    async def _remember(self, peer: str, token: str) -> None:
+    async def _remember(self, chat: str, token: str) -> None:
         if self._cursors is not None:
-            await self._cursors.set(CONTEXT.format(peer), token)
+            await self._cursors.set(CONTEXT.format(chat), token)
         else:
-            self._contexts[peer] = token
+            self._contexts[chat] = token
 
-    async def _context_of(self, peer: str) -> str | None:
+    async def _context_of(self, chat: str) -> str | None:
         if self._cursors is not None:
-            return await self._cursors.get(CONTEXT.format(peer))
-        return self._contexts.get(peer)
+            return await self._cursors.get(CONTEXT.format(chat))
+        return self._contexts.get(chat)
 
     # --- typing: a ticket per peer from getconfig, then sendtyping ---------------------------
 
@@ -384,7 +385,10 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, SetupSteps, Login):
                 raise
             except AdapterError as exc:
                 self.last_error = str(exc)
-                raise PlatformRefused(str(exc)) from exc
+                raise PlatformRefused(
+                    f"{exc} (when the user's context_token has grown too old for iLink, "
+                    "the user has to write to the bot again)"
+                ) from exc
             ids.append(sent)
         return SentRef(self.platform, msg.chat_id, tuple(ids))
 
