@@ -466,6 +466,15 @@ async def test_weixin_login_gives_up_on_codes_that_keep_expiring(
     assert not envfile.path_of(home).exists()
     code, _out, err = await _login(home, "--base-url", f"http://127.0.0.1:{free_port()}")
     assert code == 69 and "weixin unreachable" in err
+    # with no config file yet: the token under the default variable, a config with the URL
+    fake.qr_statuses = [{"status": "confirmed"}]
+    code, out, err = await _login(home, "--base-url", fake.base_url, "--timeout", "30")
+    assert code == 0, err
+    assert envfile.read(envfile.path_of(home)) == {"WEIXIN_TOKEN": TOKEN}
+    assert (home / "config.yaml").read_text() == (
+        f"platforms:\n  weixin:\n    base_url: {fake.base_url}\n"
+    )
+    assert "next: switchboard config set platforms.weixin.enabled true" in out
 
 
 # --- pure ------------------------------------------------------------------------------------
