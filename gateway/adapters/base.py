@@ -204,6 +204,10 @@ class PlatformAdapter(Adapter, Protocol):
     response to its own request (the HTTP API): no reply of the chat can overtake another,
     and a repeated request reads its answer from the store (see
     gateway.adapters.replies_in_request).
+    Optional: `cursors_to_send: ClassVar[bool] = True` declares that a send needs what the
+    adapter keeps per chat among its cursors (Weixin's reply tokens): `switchboard send`
+    without the daemon opens the store and hands the adapter its cursors before
+    `open_outbound`.
     Further capabilities are the Protocols above (Typing, UsesCursors, HomeIds,
     ReplicaLimits...), declared among the adapter's bases."""
 

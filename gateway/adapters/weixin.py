@@ -7,7 +7,8 @@ take leaves it where it was, so the next poll delivers the batch again (the core
 redelivery once). Every reply must echo the chat's latest `context_token`: the adapter
 keeps each chat's in the store too (a cursor named `ctx:<chat id>`), written before the
 message is handed over, so a reply after a restart, from another replica, a `/handoff` or
-`switchboard send` through the daemon reaches a user who wrote before; a user who never
+`switchboard send` (with or without the daemon: `cursors_to_send`) reaches a user who
+wrote before; a user who never
 wrote has no token, and such a send is refused with a clear error. iLink delivers 1:1 chats;
 a message that names a group is taken as not addressed to the bot unless require_mention is
 off (iLink marks no mentions).
@@ -30,6 +31,7 @@ from gateway.adapters.base import (
     Emit,
     Login,
     LoginResult,
+    Outbound,
     Route,
     SetupSteps,
     Typing,
@@ -115,10 +117,11 @@ def to_inbound(msg: Mapping[str, Any], require_mention: bool = True) -> InboundM
         return None
 
 
-class WeixinAdapter(Typing, UsesCursors, UsesShards, SetupSteps, Login):
+class WeixinAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps, Login):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[WeixinSettings]] = WeixinSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
+    cursors_to_send: ClassVar[bool] = True  # the chats' context tokens are in the store
 
     # --- the platform, as the core sees it -------------------------------------------
 
@@ -234,6 +237,15 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, SetupSteps, Login):
     def use_shards(self, ledger: ShardLedger) -> None:
         """Among replicas: poll only while this replica owns the receiving connection."""
         self._receiver.use(ledger)
+
+    async def open_outbound(self) -> None:
+        """Ready to send, polling nothing (`switchboard send` without a daemon): the token
+        checked; the chats' context tokens come from the store's cursors."""
+        try:
+            await self.api.check_token()
+        except AdapterError:
+            await self.api.close()
+            raise
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

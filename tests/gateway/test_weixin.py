@@ -352,7 +352,7 @@ async def test_a_weixin_reply_that_stood_still_on_its_way_out_stops_before_it_is
 
 
 @pytest.mark.slow
-async def test_sigterm_exits_0_and_a_restart_neither_reanswers_nor_skips(
+async def test_sigterm_exits_0_a_restart_neither_reanswers_nor_skips_and_send_reaches_users(
     tmp_path: Path, fake: FakeWeixin
 ) -> None:
     home, port = tmp_path / "home", free_port()
@@ -400,8 +400,17 @@ async def test_sigterm_exits_0_and_a_restart_neither_reanswers_nor_skips(
     polled = len(fake.polls)
     await run_once(3)
     assert fake.polls[polled] == "buf-1"  # from the cursor the first daemon stored
+    polls_when_stopped = len(fake.polls)
     await asyncio.sleep(0.3)
     assert fake.texts() == ["echo: first", "from a script", "echo: while the daemon was down"]
+    # no daemon: the adapter opens for sending only, with the context tokens in the store
+    code, said = await send(ALICE, "without the daemon")
+    assert code == 0 and "directly" in said, said
+    last = fake.sent()[-1]
+    assert (last["to_user_id"], last["context_token"]) == (ALICE, fake.contexts[ALICE])
+    code, said = await send("o9cq80stranger@im.wechat", "hello?")
+    assert code == 77 and "that user has not written to the bot" in said, said
+    assert len(fake.polls) == polls_when_stopped  # sending alone never polls
 
 
 async def _login(home: Path, *args: str) -> tuple[int, str, str]:
@@ -586,7 +595,7 @@ def test_a_bad_poll_timeout_names_its_key(tmp_path: Path) -> None:
     assert "WEIXIN_TOKEN" in str(err.value) and "platforms.weixin.token_env" in str(err.value)
 
 
-def test_login_and_send_say_what_they_cannot_do(tmp_path: Path) -> None:
+def test_login_says_which_platforms_have_none(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(
@@ -598,15 +607,6 @@ def test_login_and_send_say_what_they_cannot_do(tmp_path: Path) -> None:
     )
     assert other.returncode == 78
     assert "telegram has no terminal login" in other.stderr
-    direct = subprocess.run(
-        switchboard(home, "send", "weixin", ALICE, "hi", "--direct"),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert direct.returncode == 1
-    assert "weixin cannot send without the daemon" in direct.stderr
 
 
 async def test_typing_shows_while_a_turn_runs_and_stops_with_the_reply(fake: FakeWeixin) -> None:
