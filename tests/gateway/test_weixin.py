@@ -630,3 +630,26 @@ async def test_typing_shows_while_a_turn_runs_and_stops_with_the_reply(fake: Fak
         assert [t["context_token"] for t in tickets] == [fake.contexts[ALICE]]
     finally:
         await adapter.stop()
+
+
+@pytest.mark.slow
+async def test_setup_checks_the_token_live_and_points_at_the_login(
+    tmp_path: Path, fake: FakeWeixin
+) -> None:
+    home = tmp_path / "home"
+    args = ["setup", "--non-interactive", "--platform", "weixin", "--allow", f"weixin={ALICE}"]
+    args += ["--set", f"platforms.weixin.base_url={fake.base_url}"]
+    proc = await asyncio.create_subprocess_exec(
+        *switchboard(home, *args),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean_env(PYTHONPATH=str(ROOT), WEIXIN_TOKEN=TOKEN),
+    )
+    out_b, err_b = await asyncio.wait_for(proc.communicate(), 120)
+    out = out_b.decode()
+    assert proc.returncode == 0, out + err_b.decode()
+    _, header, after = out.partition("On weixin's side:\n")
+    assert header, out
+    assert "`switchboard login weixin`" in after
+    assert "getconfig" in [c for c, _ in fake.calls]  # the live check
+    assert envfile.read(envfile.path_of(home)) == {"WEIXIN_TOKEN": TOKEN}
