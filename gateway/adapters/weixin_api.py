@@ -123,13 +123,17 @@ class WeixinApi:
             ensure_ascii=False,
             separators=(",", ":"),
         ).encode()
-        http = self._session(polling=path == GET_UPDATES)
+        polling = path == GET_UPDATES
+        http = self._session(polling)
+        # a long poll: connecting gets the usual time, the held answer `timeout_s`
+        timeout = (
+            aiohttp.ClientTimeout(total=None, sock_connect=CALL_TIMEOUT_S, sock_read=timeout_s)
+            if polling
+            else aiohttp.ClientTimeout(total=timeout_s)
+        )
         try:
             async with http.post(
-                f"{self.base}/{path}",
-                data=body,
-                headers=self.headers(body),
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                f"{self.base}/{path}", data=body, headers=self.headers(body), timeout=timeout
             ) as resp:
                 status, text = resp.status, await resp.text()
                 retry_after = resp.headers.get("Retry-After")
@@ -138,12 +142,13 @@ class WeixinApi:
         return _answer(path, status, text, retry_after)
 
     async def get_updates(self, cursor: str, timeout_s: float) -> Updates:
-        """One long poll from `cursor` ("" at first). A poll that outlasts `timeout_s` on
-        our side is an empty answer: the same cursor is asked again."""
+        """One long poll from `cursor` ("" at first). An answer held past `timeout_s` is
+        an empty one: the same cursor is asked again (a connection that cannot be made in
+        time is TransientError, as any other)."""
         try:
             data = await self.post(GET_UPDATES, {"get_updates_buf": cursor}, timeout_s)
         except TransientError as exc:
-            if isinstance(exc.__cause__, TimeoutError):
+            if isinstance(exc.__cause__, aiohttp.SocketTimeoutError):
                 return Updates([], cursor, None)
             raise
         msgs = data.get("msgs") or []
