@@ -309,7 +309,11 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps, Login
                 continue
             except InvalidToken as exc:
                 self.state, self.last_error = failed("bot token refused"), str(exc)
-                log.error("%s; weixin polling stopped", exc)
+                log.error(
+                    "platforms.weixin.token_env: %s; weixin polling stopped (the rest of the "
+                    "gateway runs)",
+                    exc,
+                )
                 return
             except NotAccepted as exc:
                 self.last_error = f"a message was not accepted: {exc}"

@@ -313,7 +313,9 @@ async def test_a_poll_held_past_its_timeout_is_asked_again_from_the_same_cursor(
         await adapter.stop()
 
 
-async def test_a_token_that_expires_while_polling_stops_the_poll(fake: FakeWeixin) -> None:
+async def test_a_token_that_expires_while_polling_stops_the_poll(
+    fake: FakeWeixin, caplog: pytest.LogCaptureFixture
+) -> None:
     adapter = WeixinAdapter(TOKEN, base_url=fake.base_url, poll_timeout_s=5, backoff=FAST)
     async with started(adapter):
         await fake.wait_polls(1)
@@ -325,6 +327,8 @@ async def test_a_token_that_expires_while_polling_stops_the_poll(fake: FakeWeixi
             "the poll stopped",
         )
         assert "session expired" in str(adapter.health()["last_error"])
+        [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert line.startswith("platforms.weixin.token_env: weixin refused the bot token")
 
 
 async def test_a_weixin_reply_that_stood_still_on_its_way_out_stops_before_it_is_sent(
