@@ -43,7 +43,7 @@ from gateway.adapters.base import (
     stop_task,
 )
 from gateway.adapters.kit.typing import TypingLoops
-from gateway.adapters.weixin_api import BOT_MESSAGE, ITEM_TEXT, WeixinApi
+from gateway.adapters.weixin_api import BOT_MESSAGE, ITEM_TEXT, ITEM_VOICE, WeixinApi
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -77,16 +77,29 @@ class WeixinSettings(PlatformSettings):
     )
 
 
+VOICE_NOTE = "[a voice message, as WeChat transcribed it]"
+
+
 def message_text(items: Any) -> str | None:
-    """The text of a message's item_list (its text items, joined); None without any."""
+    """The text of a message's item_list: its text items, joined; else the transcript
+    WeChat made of a voice message, marked as one; None without either."""
     if not isinstance(items, list):
         return None
+    kept = [item for item in items if isinstance(item, dict)]
     parts = [
-        str((item.get("text_item") or {}).get("text") or "")
-        for item in items
-        if isinstance(item, dict) and item.get("type") == ITEM_TEXT
+        str((item.get("text_item") or {}).get("text") or "").strip()
+        for item in kept
+        if item.get("type") == ITEM_TEXT
     ]
-    return "\n".join(p for p in parts if p) or None
+    if any(parts):
+        return "\n".join(p for p in parts if p)
+    voice = [
+        str((item.get("voice_item") or {}).get("text") or "").strip()
+        for item in kept
+        if item.get("type") == ITEM_VOICE
+    ]
+    said = " ".join(v for v in voice if v)
+    return f"{VOICE_NOTE}\n{said}" if said else None
 
 
 def to_inbound(msg: Mapping[str, Any], require_mention: bool = True) -> InboundMessage | None:

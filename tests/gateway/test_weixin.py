@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gateway.adapters.base import Backoff
-from gateway.adapters.weixin import LIMIT, WeixinAdapter, to_inbound
+from gateway.adapters.weixin import LIMIT, VOICE_NOTE, WeixinAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import ConfigError, NotAccepted, PlatformRefused
@@ -522,13 +522,15 @@ def test_translation() -> None:
     assert to_inbound(_wire(group_id="g@chatroom"), require_mention=False).mentioned  # type: ignore[union-attr]
     two = _wire(item_list=[{"type": 2, "image_item": {}}, {"type": 1, "text_item": {"text": "x"}}])
     assert to_inbound(two).text == "x"  # type: ignore[union-attr]
+    voice = to_inbound(_wire(item_list=[{"type": 3, "voice_item": {"text": " call me "}}]))
+    assert voice is not None and voice.text == f"{VOICE_NOTE}\ncall me"
 
 
 @pytest.mark.parametrize(
     "wire",
     [
         _wire(message_type=2),  # the bot's own
-        _wire(item_list=[{"type": 3, "voice_item": {}}]),
+        _wire(item_list=[{"type": 3, "voice_item": {}}]),  # a voice message with no transcript
         _wire(item_list=[{"type": 1, "text_item": {"text": "   "}}]),
         _wire(from_user_id=""),
         _wire(message_id=None),
