@@ -35,6 +35,7 @@ BUILTIN = {
     "bluebubbles": "gateway.adapters.bluebubbles:BlueBubblesAdapter",
     "webhook": "gateway.adapters.webhook:WebhookAdapter",
     "homeassistant": "gateway.adapters.homeassistant:HomeAssistantAdapter",
+    "weixin": "gateway.adapters.weixin:WeixinAdapter",
 }
 RESERVED = frozenset({"api", "cli"})  # sources of the core, never a chat platform
 CORE = {"api": "gateway.adapters.api:ApiAdapter"}  # the core's own adapters (not platforms)

@@ -155,6 +155,28 @@ class SetupSteps(Protocol):
     def setup_steps(cls, settings: Any) -> list[str]: ...
 
 
+@dataclass(frozen=True)
+class LoginResult:
+    """What a terminal login yields: `secrets` maps the section's `*_env` keys to values
+    (written to the secrets file under the variables they name), `settings` maps its other
+    keys to values for config.yaml, `notes` are lines for the person who logged in."""
+
+    secrets: Mapping[str, str]
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    notes: Sequence[str] = ()
+
+
+@runtime_checkable
+class Login(Protocol):
+    """Logs its bot in from the terminal (`switchboard login <platform>`, a QR code to
+    scan, say) instead of taking a token pasted from a console."""
+
+    @classmethod
+    async def login(
+        cls, settings: Any, base_url: str | None, timeout_s: float, out: Any
+    ) -> LoginResult: ...
+
+
 @runtime_checkable
 class ReplicaLimits(Protocol):
     """Has a mode that several replicas cannot share (Telegram's polling): names its keys,
@@ -184,6 +206,10 @@ class PlatformAdapter(Adapter, Protocol):
     response to its own request (the HTTP API): no reply of the chat can overtake another,
     and a repeated request reads its answer from the store (see
     gateway.adapters.replies_in_request).
+    Optional: `cursors_to_send: ClassVar[bool] = True` declares that a send needs what the
+    adapter keeps per chat among its cursors (Weixin's reply tokens): `switchboard send`
+    without the daemon opens the store and hands the adapter its cursors before
+    `open_outbound`.
     Further capabilities are the Protocols above (Typing, UsesCursors, HomeIds,
     ReplicaLimits...), declared among the adapter's bases."""
 

@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.cli.backup import add_parsers as add_backup
 
     add_backup(sub, add_command)
+    from gateway.cli.login import add_parser as add_login
+
+    add_login(sub, add_command)
     p = add_command(sub, "chat", "talk to the agent from the terminal")
     p.add_argument(
         "-c",

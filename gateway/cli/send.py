@@ -185,29 +185,46 @@ async def _directly(
         chat_id, thread_id = home_target(await _home_channel(home, config, platform), platform)
     else:
         chat_id, thread_id = split_target(platform, target)
-    adapter = adapters.adapter_class(platform).from_config(
-        config.platforms[platform], config.platform_secrets(platform)
-    )
-    sent = await send_direct(adapter, platform, chat_id, thread_id, text, timeout_s)
+    from gateway.adapters.base import UsesCursors
+    from gateway.wiring import StoreCursors
+
+    cls = adapters.adapter_class(platform)
+    adapter = cls.from_config(config.platforms[platform], config.platform_secrets(platform))
+    db = None
+    if getattr(cls, "cursors_to_send", False) and isinstance(adapter, UsesCursors):
+        db = await _existing_store(home, config)  # what it keeps per chat, to send with
+        if db is not None:
+            adapter.use_cursors(StoreCursors(db, platform))
+    try:
+        sent = await send_direct(adapter, platform, chat_id, thread_id, text, timeout_s)
+    finally:
+        if db is not None:
+            await db.close()
     return {"chat_id": sent.chat_id, "message_ids": list(sent.message_ids)}
+
+
+async def _existing_store(home: Path, config: Any) -> Any:
+    """The configured store, or None when it is a SQLite file not made yet."""
+    from dataclasses import asdict
+
+    from gateway.wiring import replicated
+    from state import SessionDB, open_store
+
+    if not replicated(config.state.backend):
+        if not (home / "state.db").exists():
+            return None
+        return await SessionDB.open(home / "state.db")
+    return await open_store({**asdict(config.state), "dsn": config.secret("state.dsn_env")}, home)
 
 
 async def _home_channel(home: Path, config: Any, platform: str) -> dict[str, Any] | None:
     """/sethome's chat from the store (when there is one yet), else the config's."""
-    from dataclasses import asdict
-
     from gateway.handoff import configured_home, home_channel
-    from gateway.wiring import replicated
-    from state import SessionDB, Store, open_store
 
     configured = config.platforms[platform].home_channel
-    db: Store
-    if not replicated(config.state.backend):
-        if not (home / "state.db").exists():
-            return configured_home(platform, configured)
-        db = await SessionDB.open(home / "state.db")
-    else:
-        db = await open_store({**asdict(config.state), "dsn": config.secret("state.dsn_env")}, home)
+    db = await _existing_store(home, config)
+    if db is None:
+        return configured_home(platform, configured)
     try:
         return await home_channel(db, platform, configured)
     finally:

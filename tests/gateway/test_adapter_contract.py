@@ -28,9 +28,20 @@ from gateway.adapters.teams import TeamsAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.webhook import Endpoint, WebhookAdapter
 from gateway.adapters.wecom import WeComAdapter
+from gateway.adapters.weixin import WeixinAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
-from tests.fakes import bluebubbles, dingtalk, feishu, matrix, teams, twilio, wecom, whatsapp
+from tests.fakes import (
+    bluebubbles,
+    dingtalk,
+    feishu,
+    matrix,
+    teams,
+    twilio,
+    wait_for_count,
+    wecom,
+    whatsapp,
+)
 from tests.fakes.bluebubbles import FakeBlueBubbles
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.discord import GENERAL, FakeDiscord, restore_discord_globals
@@ -49,6 +60,8 @@ from tests.fakes.telegram import FakeTelegram
 from tests.fakes.twilio import FakeTwilio
 from tests.fakes.webhook_receiver import CallbackReceiver
 from tests.fakes.wecom import FakeWeCom
+from tests.fakes.weixin import ALICE as WEIXIN_ALICE
+from tests.fakes.weixin import FakeWeixin
 from tests.fakes.whatsapp import FakeGraph
 
 PLATFORMS = [
@@ -70,6 +83,7 @@ PLATFORMS = [
     "bluebubbles",
     "webhook",
     "homeassistant",
+    "weixin",
 ]
 FAKES: dict[str, type[Any]] = {
     "telegram": FakeTelegram,
@@ -88,6 +102,7 @@ FAKES: dict[str, type[Any]] = {
     "bluebubbles": FakeBlueBubbles,
     "webhook": CallbackReceiver,
     "homeassistant": FakeHomeAssistant,
+    "weixin": FakeWeixin,
 }
 
 
@@ -204,6 +219,8 @@ async def case(
             )
         elif isinstance(fake, FakeHomeAssistant):
             yield HomeAssistantAdapter(fake.token, fake.url), "user.alice", fake
+        elif isinstance(fake, FakeWeixin):
+            yield WeixinAdapter(fake.token, base_url=fake.base_url), WEIXIN_ALICE, fake
         elif isinstance(fake, CallbackReceiver):
             yield WebhookAdapter([Endpoint("ci", fake.secret, "async", fake.url)]), "ci:ann", fake
         elif isinstance(fake, FakeMatrix):
@@ -254,6 +271,8 @@ def _delivered(fake: Any) -> str:
         return str(fake.replies()[0]["text"])
     if isinstance(fake, FakeHomeAssistant):
         return str(fake.replies()[0]["text"])
+    if isinstance(fake, FakeWeixin):
+        return fake.texts()[0]
     return str(fake.posted()[0]["text"])
 
 
@@ -268,6 +287,9 @@ async def test_adapter_contract(case: tuple[Any, str, Any]) -> None:
     await adapter.start(emit)
     try:
         assert adapter.health()["state"] == "running"
+        if isinstance(fake, FakeWeixin):  # a Weixin reply needs the peer's context_token
+            fake.say(chat_id, "hi")
+            await wait_for_count(lambda: seen, 1, 10, "the peer's message")
         ref = await adapter.send(OutboundMessage(adapter.platform, chat_id, "hello"))
         assert (
             isinstance(ref, SentRef) and ref.platform == adapter.platform and ref.chat_id == chat_id

@@ -49,6 +49,8 @@ from tests.fakes.webhook_receiver import SECRET as WEBHOOK_SECRET
 from tests.fakes.webhook_receiver import CallbackReceiver
 from tests.fakes.wecom import ENV as WECOM_ENV
 from tests.fakes.wecom import FakeWeCom
+from tests.fakes.weixin import TOKEN as WEIXIN_TOKEN
+from tests.fakes.weixin import FakeWeixin
 from tests.fakes.whatsapp import PHONE_ID, TOKEN, FakeGraph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,6 +72,7 @@ PLATFORM_NAMES = (
     "bluebubbles",
     "webhook",
     "homeassistant",
+    "weixin",
 )
 # "signal" is also the operating system's word (the stdlib module, SIGTERM handling, the
 # core's turn signals), so for it the rule looks for the platform itself: the bare name as a
@@ -205,7 +208,8 @@ def test_config_and_registry_load_no_chat_library() -> None:
                "DINGTALK_CLIENT_SECRET": "ds", "MATRIX_ACCESS_TOKEN": "m",
                "BLUEBUBBLES_PASSWORD": "b", "BLUEBUBBLES_WEBHOOK_SECRET": "b",
                "WEBHOOK_CI_SECRET": "w", "QQBOT_APP_ID": "1", "QQBOT_CLIENT_SECRET": "q",
-               "HOMEASSISTANT_TOKEN": "h", "WECOM_BOT_ID": "aib", "WECOM_SECRET": "w"}
+               "HOMEASSISTANT_TOKEN": "h", "WECOM_BOT_ID": "aib", "WECOM_SECRET": "w",
+               "WEIXIN_TOKEN": "wx"}
         required = {  # keys a section cannot do without
             "signal": "    account: '+15550000001'\\n",
             "matrix": "    homeserver: https://m.example.org\\n    user_id: '@b:m.example.org'\\n",
@@ -229,7 +233,7 @@ def test_config_and_registry_load_no_chat_library() -> None:
         configured_home(adapters.names()[0], "42")
         libs = ("telegram", "discord", "slack_sdk", "slack_bolt", "mattermostautodriver", "jwt",
                 "cryptography", "twilio", "aioimaplib", "aiosmtplib", "lark_oapi",
-                "dingtalk_stream", "mautrix")
+                "dingtalk_stream", "mautrix", "qrcode")
         print(sorted(m for m in sys.modules if m.split(".")[0] in libs))
     """)
     out = subprocess.run(
@@ -589,6 +593,27 @@ async def test_doctor_checks_wecom_credentials_by_subscribing_once(
 
 
 @pytest.mark.parametrize("good", [True, False])
+async def test_doctor_checks_the_weixin_bot_token_with_getconfig(
+    tmp_path: Path, good: bool
+) -> None:
+    fake = FakeWeixin()
+    await fake.start()
+    try:
+        env = {"WEIXIN_TOKEN": WEIXIN_TOKEN if good else "wrong"}
+        reach = await _reach(tmp_path, "weixin", fake.base_url, env)
+    finally:
+        await fake.stop()
+    expected = (
+        f"bot token accepted by {fake.base_url}"
+        if good
+        else "weixin refused the bot token: the session expired (-14 session timeout); "
+        "log in again with `switchboard login weixin`"
+    )
+    assert (reach.ok, reach.detail) == (good, expected)
+    assert [c for c, _ in fake.calls] == ["getconfig"] and fake.header_problems == []
+
+
+@pytest.mark.parametrize("good", [True, False])
 async def test_doctor_checks_the_bluebubbles_password_with_server_info(
     tmp_path: Path, good: bool
 ) -> None:
@@ -902,6 +927,7 @@ CAPABILITY_METHODS = {
     base.HomeIds: ("split_home",),
     base.SetupSteps: ("setup_steps",),
     base.ReplicaLimits: ("replica_problems",),
+    base.Login: ("login",),
 }
 
 

@@ -1,7 +1,9 @@
 """`switchboard send` without a daemon on every platform: the adapter opens for sending
 only (its receiving side never starts), the platform's fake shows the message, and a
 refused credential exits 77. Each case runs the real command in a subprocess against the
-platform's loopback fake."""
+platform's loopback fake. Telegram, Slack and Discord are in tests/gateway/test_cli_send.py;
+Weixin, which can only answer a chat that wrote first (its reply token), in
+tests/gateway/test_weixin.py."""
 
 from __future__ import annotations
 

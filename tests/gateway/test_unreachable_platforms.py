@@ -33,6 +33,7 @@ from gateway.adapters.signal import SignalAdapter
 from gateway.adapters.slack import SlackAdapter
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.wecom import WeComAdapter
+from gateway.adapters.weixin import WeixinAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import AdapterError, InvalidToken, TransientError
@@ -217,6 +218,7 @@ def _closed(platform: str, port: int) -> Adapter:
         "wecom": lambda: WeComAdapter(
             wecom.BOT_ID, wecom.SECRET, url=f"ws://127.0.0.1:{port}/", backoff=FAST
         ),
+        "weixin": lambda: WeixinAdapter("tok", base_url=url, backoff=FAST),
     }
     return made[platform]()
 
@@ -235,6 +237,7 @@ def _closed(platform: str, port: int) -> Adapter:
         "qqbot",
         "homeassistant",
         "wecom",
+        "weixin",
     ],
 )
 async def test_every_adapter_whose_platform_is_unreachable_at_start_retries_without_ending_the_start(
