@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Iterable
 
 from ..columns import AUTO_PRUNE_KEY, PRUNE_CHUNK  # noqa: F401
 from ..errors import SessionNotFound
-from ..records import SourceUsage, UsageStats
+from ..records import AutoPruneResult, SourceUsage, UsageStats
 from . import schema
+from .dispatch import Dispatch
 
 
 def delete_sessions(conn: sqlite3.Connection, ids: list[str]) -> int:
@@ -223,3 +225,116 @@ def stats(conn: sqlite3.Connection, path: str) -> UsageStats:
         "wal_bytes": sizes["file-wal"],
         "computed_at": time.time(),
     }
+
+
+class MaintenanceOps(Dispatch):
+    """SessionDB's `Maintenance`: delete, prune, vacuum, meta, checkpoints, index and integrity checks."""
+
+    async def stats(self) -> UsageStats:
+        """Totals over the store (sessions, messages, tokens, cost, file sizes)."""
+        return await self._read(stats, str(self.path))
+
+    async def delete_session(self, session_id: str) -> None:
+        """Delete a session and its messages; its children become roots."""
+        await self._write(delete_session, session_id)
+
+    async def prune_sessions(
+        self,
+        older_than_days: float = 90,
+        source: str | None = None,
+        *,
+        now: float | None = None,
+        protected: Iterable[str] = (),
+    ) -> int:
+        """Delete ended sessions idle for longer than `older_than_days`; returns the count.
+        Runs in small transactions so live traffic keeps flowing during a large prune."""
+        at = time.time() if now is None else now
+        keep = frozenset(protected)
+        total = 0
+        while True:
+            n = await self._write(prune_chunk, older_than_days, source, at, keep)
+            total += n
+            if n < PRUNE_CHUNK:
+                return total
+
+    async def prune_candidates(
+        self,
+        older_than_days: float,
+        source: str | None = None,
+        *,
+        now: float | None = None,
+        limit: int = 1000,
+    ) -> list[str]:
+        at = time.time() if now is None else now
+        return await self._read(prune_candidates, older_than_days, source, at, limit)
+
+    async def vacuum(self) -> tuple[int, int]:
+        """VACUUM; returns the file size in bytes before and after."""
+        return await self._writer.exclusive(vacuum)
+
+    async def maybe_auto_prune_and_vacuum(
+        self,
+        retention_days: float = 90,
+        min_interval_hours: float = 24,
+        vacuum: bool = True,
+        *,
+        now: float | None = None,
+        min_vacuum_bytes: int = 8 * 1024 * 1024,
+        min_vacuum_share: float = 0.2,
+    ) -> AutoPruneResult:
+        """Prune at most once per interval across every process sharing the file (the
+        stamp lives in state_meta); VACUUM only when that frees a worthwhile amount."""
+        at = time.time() if now is None else now
+        due = await self._write(claim_meta_stamp, AUTO_PRUNE_KEY, min_interval_hours * 3600, at)
+        if not due:
+            return {"ran": False, "pruned": 0, "vacuumed": False}
+        pruned = await self.prune_sessions(retention_days, now=at)
+        vacuumed = False
+        if vacuum and pruned:
+            free, total = await self._read(freeable_bytes)
+            if free >= min_vacuum_bytes or (total and free / total >= min_vacuum_share):
+                await self.vacuum()
+                vacuumed = True
+        return {"ran": True, "pruned": pruned, "vacuumed": vacuumed}
+
+    async def get_meta(self, key: str) -> str | None:
+        return await self._read(get_meta, key)
+
+    async def set_meta(self, key: str, value: str | None) -> None:
+        await self._write(set_meta, key, value)
+
+    async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """Copy WAL frames back into the file: (busy, frames in the WAL, frames copied)."""
+        if mode not in CHECKPOINT_MODES:
+            raise ValueError("checkpoint mode must be PASSIVE, FULL, RESTART or TRUNCATE")
+        return await self._writer.exclusive(checkpoint, mode)
+
+    async def rebuild_search_index(self) -> int:
+        """Rebuild both FTS indexes from the messages table; returns the aux row count."""
+        return await self._write(rebuild_search_index)
+
+    async def optimize_search_index(self) -> None:
+        await self._write(optimize_search_index)
+
+    async def check_search_index(self) -> list[str]:
+        """FTS integrity checks; returns a list of problems (empty when healthy)."""
+        return await self._write(check_search_index)
+
+    async def integrity_check(self, quick: bool = True) -> list[str]:
+        return await self._read(integrity_check, quick)
+
+    async def schema_version(self) -> int:
+        """The schema version the file is at (0 for a file switchboard never migrated)."""
+        return await self._read(schema.current_version)
+
+    def latest_schema_version(self) -> int:
+        """The newest schema version this switchboard knows (and migrates files to)."""
+        return schema.LATEST
+
+    async def count_dangling_parents(self) -> int:
+        """Sessions whose parent no longer exists (written by another program)."""
+        return await self._read(count_dangling_parents)
+
+    async def clear_dangling_parents(self) -> int:
+        """Make those sessions roots; returns how many were changed."""
+        return await self._write(clear_dangling_parents)

@@ -27,6 +27,7 @@ from ..titles import (  # sanitize_title stays importable from here
     title_key,
 )
 from ..vocab import CHILD_KINDS, END_REASONS, ChildKind, EndReason  # noqa: F401
+from .dispatch import Dispatch
 
 
 def insert_session(
@@ -278,3 +279,125 @@ def count_sessions(conn: sqlite3.Connection, source: str | None = None) -> int:
     else:
         (n,) = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
     return int(n)
+
+
+class SessionOps(Dispatch):
+    """SessionDB's sessions: create, read, end/reopen, resolve references, titles."""
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        source: str = "cli",
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None,
+        system_prompt: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        child_kind: str | None = None,
+        title: str | None = None,
+        started_at: float | None = None,
+        **routing: Any,
+    ) -> str:
+        """Create a session (under a generated id unless one is given; a given id that
+        exists raises SessionExists). Routing columns go in `routing`."""
+        fields = session_fields(
+            session_id or "",
+            source,
+            model,
+            model_config,
+            system_prompt,
+            user_id,
+            parent_session_id,
+            child_kind,
+            title,
+            started_at,
+            routing,
+        )
+        if not session_id:
+            return await self._write(insert_new_session, fields, source == "cli")
+        await self._write(insert_session, fields)
+        return session_id
+
+    async def ensure_session(
+        self,
+        session_id: str,
+        source: str = "cli",
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | str | None = None,
+        system_prompt: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        child_kind: str | None = None,
+        **routing: Any,
+    ) -> bool:
+        """Create the session unless it exists. Returns True when it was created."""
+        fields = session_fields(
+            session_id,
+            source,
+            model,
+            model_config,
+            system_prompt,
+            user_id,
+            parent_session_id,
+            child_kind,
+            None,
+            None,
+            routing,
+        )
+        return await self._write(lambda c: insert_session(c, fields, if_missing=True))
+
+    async def get_session(self, session_id: str) -> SessionRow | None:
+        return await self._read(get_session, session_id)
+
+    async def require_session(self, session_id: str) -> SessionRow:
+        row = await self.get_session(session_id)
+        if row is None:
+            raise SessionNotFound(session_id)
+        return row
+
+    async def end_session(self, session_id: str, reason: str, *, now: float | None = None) -> bool:
+        return await self._write(end_session, session_id, reason, now)
+
+    async def reopen_session(self, session_id: str) -> bool:
+        return await self._write(reopen_session, session_id)
+
+    async def resolve_session_id(self, ref: str) -> str:
+        """Exact id or unique prefix (raises SessionNotFound / AmbiguousSession)."""
+        return await self._read(resolve_id, ref)
+
+    async def resolve_session_ref(self, ref: str) -> str:
+        """Id, unique id prefix, or title (newest of its lineage)."""
+        return await self._read(resolve_ref, ref)
+
+    async def update_system_prompt(self, session_id: str, prompt: str | None) -> None:
+        await self._write(update_system_prompt, session_id, prompt)
+
+    async def update_session(self, session_id: str, **fields: Any) -> None:
+        """Set routing/handoff/billing columns (see ROUTING_FIELDS)."""
+        await self._write(update_fields, session_id, fields)
+
+    async def session_count(self, source: str | None = None) -> int:
+        return await self._read(count_sessions, source)
+
+    async def set_session_title(self, session_id: str, title: str | None) -> str | None:
+        """Set (or clear with None/'') the title; raises TitleTooLong/TitleTaken/TitleEmpty."""
+        return await self._write(set_title, session_id, title)
+
+    async def set_title_if_unset(self, session_id: str, title: str) -> str | None:
+        """Set an automatic title unless one is set; numbered when taken."""
+        return await self._write(set_title_if_unset, session_id, title)
+
+    async def get_session_title(self, session_id: str) -> str | None:
+        row = await self.get_session(session_id)
+        return None if row is None else row.get("title")
+
+    async def get_session_by_title(self, title: str) -> SessionRow | None:
+        return await self._read(get_by_title, title)
+
+    async def resolve_session_by_title(self, title: str) -> str | None:
+        return await self._read(resolve_title, title)
+
+    async def get_next_title_in_lineage(self, title: str) -> str:
+        return await self._read(next_title_in_lineage, title)
