@@ -23,7 +23,7 @@ from .windows import histories
 from .writer import register_batched
 
 # The rows' ids drawn in call order (`n`) and the rows inserted (`ins`: their ids and keys),
-# as common table expressions: accept_many's statement, and cluster.turns_many's, which
+# as common table expressions: accept_many's statement, and turns.turns_many's, which
 # takes the inserted rows' keys in the same statement. Each drawn id, and whether its row
 # went in, is _ACCEPTED's select (cluster.py widens it with the take's columns).
 ACCEPT_CTES = (
@@ -343,40 +343,6 @@ async def finish_many(
 
 
 register_batched(finish, finish_many)
-
-
-async def mark_reply(
-    conn: AsyncConnection, inbox_id: int, reply_state: str, ref: str | None
-) -> None:
-    """The reply's fate after the send: 'sent' (with the platform's ids) or 'failed'."""
-    await mark_replies_many(conn, [(inbox_id, reply_state, ref)])
-
-
-async def mark_replies_many(
-    conn: AsyncConnection, calls: Sequence[tuple[int, str, str | None]]
-) -> list[None]:
-    final = {c[0]: c for c in calls}  # a row marked twice in one batch: the last call wins
-    await db.run(
-        conn,
-        "UPDATE inbox SET reply_state = u.rs, reply_ref = u.ref "
-        "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, rs, ref) "
-        "WHERE inbox.id = u.id",
-        (list(final), [c[1] for c in final.values()], [c[2] for c in final.values()]),
-    )
-    return [None] * len(calls)
-
-
-register_batched(mark_reply, mark_replies_many, place=1)  # a fate: nothing reads it back
-
-
-async def unsent_replies(conn: AsyncConnection) -> list[dict[str, Any]]:
-    """Replies committed but not confirmed sent, oldest first, with their text."""
-    return await db.rows(
-        conn,
-        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
-        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
-        "WHERE i.reply_state IN ('ready', 'sending') ORDER BY i.id",
-    )
 
 
 async def open_rows(conn: AsyncConnection) -> list[dict[str, Any]]:

@@ -10,7 +10,8 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from ..accounting import TOKEN_KINDS, totals_set, usage_route
-from . import db
+from . import db, sessions
+from .dispatch import Dispatch
 
 # Both usage inserts: the row's columns up to its costs, its key, and on a conflict the
 # counters and costs adding up
@@ -216,3 +217,63 @@ async def add_tokens_many(conn: AsyncConnection, deltas: Sequence[tuple[str, int
             now,
         ),
     )
+
+
+class UsageOps(Dispatch):
+    """PgStore's token and cost counters."""
+
+    async def update_token_counts(
+        self,
+        session_id: str,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        estimated_cost_usd: float | None = None,
+        actual_cost_usd: float | None = None,
+        absolute: bool = False,
+        model: str | None = None,
+        api_call_count: int = 0,
+        billing_provider: str | None = None,
+        billing_base_url: str | None = None,
+        billing_mode: str | None = None,
+        cost_status: str | None = None,
+        cost_source: str | None = None,
+        pricing_version: str | None = None,
+    ) -> None:
+        counts = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_read_tokens": cache_read_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "reasoning_tokens": reasoning_tokens,
+        }
+        route = {
+            "billing_provider": billing_provider,
+            "billing_base_url": billing_base_url,
+            "billing_mode": billing_mode,
+        }
+        cost = {
+            "cost_status": cost_status,
+            "cost_source": cost_source,
+            "pricing_version": pricing_version,
+        }
+
+        async def write(conn: AsyncConnection) -> None:
+            await sessions.require_session(conn, session_id)
+            await update_token_counts(
+                conn,
+                session_id,
+                counts,
+                model=model,
+                estimated_cost_usd=estimated_cost_usd,
+                actual_cost_usd=actual_cost_usd,
+                api_call_count=api_call_count,
+                absolute=absolute,
+                route=route,
+                cost=cost,
+            )
+
+        await self._write(write)

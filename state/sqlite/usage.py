@@ -231,7 +231,7 @@ class UsageOps(Dispatch):
         pricing_version: str | None = None,
     ) -> None:
         """Add to the counters (default), or set them (`absolute=True`), with the billing
-        route and per-model usage rules of state/sqlite/py (the facade's one code path)."""
+        route and per-model usage rules above (the facade's one code path)."""
         counts = {
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
