@@ -22,6 +22,7 @@ from ..records import (
 )
 from . import schema, sessions
 from .archive import ArchiveOps
+from .connection import connect_writer, error_code, is_busy
 from .handoffs import HandoffOps
 from .inbox import InboxOps
 from .keyset import DashboardOps
@@ -39,7 +40,7 @@ from .sessions import SessionOps
 from .settings import WriterConfig
 from .transfer import TransferOps
 from .usage import UsageOps
-from .writer import Writer, connect_writer, error_code, is_busy
+from .writer import Writer
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 
