@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, TypeVarTuple, Unpack, cast
 
 from ..sqlite import schema, store
 from ..sqlite import writer as writer_mod
@@ -23,6 +23,7 @@ from . import (
 )
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class Suspended(RuntimeError):
@@ -35,7 +36,7 @@ def drive(coro: Coroutine[Any, Any, T]) -> T:
     try:
         coro.send(None)
     except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+        return cast(T, stop.value)
     coro.close()
     raise Suspended("a store operation waited on an event loop")
 
@@ -67,11 +68,11 @@ class DirectStore(store.SessionDB):
         self._writer = DirectExclusive(self)  # type: ignore[assignment]
         self._readers = None  # type: ignore[assignment]
 
-    async def _read(self, fn: Any, *args: Any) -> Any:
+    async def _read(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         with self.lock:
             return fn(self.conn, *args)
 
-    async def _write(self, fn: Any, *args: Any) -> Any:
+    async def _write(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         with self.lock:
             conn = self.conn
             conn.execute("BEGIN IMMEDIATE")
@@ -122,10 +123,10 @@ class Facade:
 
     def _w(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(conn, *args) in one write transaction."""
-        return drive(self._db._write(fn, *args))  # type: ignore[no-any-return]
+        return drive(self._db._write(fn, *args))
 
     def _r(self, fn: Callable[..., T], *args: Any) -> T:
-        return drive(self._db._read(fn, *args))  # type: ignore[no-any-return]
+        return drive(self._db._read(fn, *args))
 
     def _execute_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run fn(conn) in one write transaction (Hermes's private helper, used by callers

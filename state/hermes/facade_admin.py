@@ -1,4 +1,4 @@
-"""The Hermes facade's export, delete, prune, archive, meta, search index upkeep and VACUUM.
+"""The Hermes facade's export (of a session or its compression lineage) and import, delete, prune, archive, meta, search index upkeep and VACUUM.
 
 One part of `state.hermes.compat.SessionDB` (Hermes Agent's method names and semantics over
 switchboard's store); every part runs its operations through `Facade` (direct.py).
@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import SessionNotFound
 from ..rows import Row
 from ..sqlite import archive, maintenance, schema
-from . import hermes_sessions
+from . import hermes_sessions, hermes_transfer
 from .direct import Facade
 
 # The state_meta key of the last automatic prune (Hermes Agent's own name for it).
@@ -167,3 +167,26 @@ class AdminPart(Facade):
         except Exception as exc:  # noqa: BLE001 - maintenance must never break a start-up
             result["error"] = str(exc)
         return result
+
+    def get_compression_lineage(self, session_id: str) -> list[str]:
+        return self._r(hermes_sessions.compression_lineage, session_id)
+
+    def export_session_lineage(self, session_id: str) -> Row | None:
+        """The tip's export plus every segment of its compression chain, in order."""
+        ids = self.get_compression_lineage(session_id)
+        if not ids:
+            return None
+        segments = [s for s in (self.export_session(i) for i in ids) if s is not None]
+        tip = dict(segments[-1])
+        tip["segments"] = segments
+        tip["lineage_session_ids"] = ids
+        tip["messages"] = [m for seg in segments for m in seg["messages"]]
+        tip["message_count"] = len(tip["messages"])
+        return tip
+
+    def import_sessions(self, sessions: list[dict[str, Any]]) -> dict[str, Any]:
+        """Import exported sessions; a batch with any invalid entry imports nothing."""
+        errors = hermes_transfer.validate(sessions)
+        if errors:
+            return {"ok": False, "imported": 0, "skipped": 0, "detached": 0, "errors": errors}
+        return self._w(hermes_transfer.import_batch, sessions)

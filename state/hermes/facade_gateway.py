@@ -1,4 +1,4 @@
-"""The Hermes facade's gateway sessions (peers, origins, expiry), compression leases, and the lineage's export and import.
+"""The Hermes facade's gateway sessions (peers, origins, expiry) and compression leases.
 
 One part of `state.hermes.compat.SessionDB` (Hermes Agent's method names and semantics over
 switchboard's store); every part runs its operations through `Facade` (direct.py).
@@ -7,11 +7,10 @@ switchboard's store); every part runs its operations through `Facade` (direct.py
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 from ..errors import StateError
 from ..rows import Row
-from . import hermes_gateway, hermes_sessions, hermes_transfer, locks
+from . import hermes_gateway, locks
 from .direct import Facade
 
 
@@ -82,29 +81,6 @@ class GatewayPart(Facade):
         user_id: str | None = None,
     ) -> str | None:
         return self._r(hermes_gateway.by_origin, platform, chat_id, thread_id, user_id)
-
-    def get_compression_lineage(self, session_id: str) -> list[str]:
-        return self._r(hermes_sessions.compression_lineage, session_id)
-
-    def export_session_lineage(self, session_id: str) -> Row | None:
-        """The tip's export plus every segment of its compression chain, in order."""
-        ids = self.get_compression_lineage(session_id)
-        if not ids:
-            return None
-        segments = [s for s in (self.export_session(i) for i in ids) if s is not None]
-        tip = dict(segments[-1])
-        tip["segments"] = segments
-        tip["lineage_session_ids"] = ids
-        tip["messages"] = [m for seg in segments for m in seg["messages"]]
-        tip["message_count"] = len(tip["messages"])
-        return tip
-
-    def import_sessions(self, sessions: list[dict[str, Any]]) -> dict[str, Any]:
-        """Import exported sessions; a batch with any invalid entry imports nothing."""
-        errors = hermes_transfer.validate(sessions)
-        if errors:
-            return {"ok": False, "imported": 0, "skipped": 0, "detached": 0, "errors": errors}
-        return self._w(hermes_transfer.import_batch, sessions)
 
     def try_acquire_compression_lock(
         self, session_id: str, holder: str, ttl_seconds: float = 300.0

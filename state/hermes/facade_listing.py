@@ -6,6 +6,7 @@ switchboard's store); every part runs its operations through `Facade` (direct.py
 
 from __future__ import annotations
 
+from ..records import SessionRow
 from ..rows import Row
 from . import hermes_listing, hermes_search
 from .direct import Facade
@@ -72,7 +73,7 @@ class ListingPart(Facade):
 
     def search_sessions(
         self, source: str | None = None, limit: int = 20, offset: int = 0
-    ) -> list[Row]:
+    ) -> list[SessionRow]:
         """Hermes Agent's name for listing sessions by start time (all of them, children
         included), optionally of one source."""
         return self._run(self._db.sessions_by_start(source, limit, offset))

@@ -149,7 +149,8 @@ class MessagePart(Facade):
         exclude_children: bool = False,
         exclude_sources: list[str] | None = None,
     ) -> int:
-        sql, params = "SELECT COUNT(*) FROM sessions WHERE 1", []  # type: list[Any]
+        sql = "SELECT COUNT(*) FROM sessions WHERE 1"
+        params: list[Any] = []
         if source:
             sql += " AND source = ?"
             params.append(source)

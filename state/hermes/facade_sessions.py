@@ -11,6 +11,7 @@ import sqlite3
 from typing import Any
 
 from ..errors import AmbiguousSession, SessionNotFound, TitleError
+from ..records import SessionRow
 from ..rows import Row
 from ..sqlite import sessions as sessions_mod
 from ..sqlite import usage
@@ -130,7 +131,7 @@ class SessionPart(Facade):
         }
         self._w(usage.add_usage, session_id, task, route, counts, 1, estimated_cost_usd, None)
 
-    def get_session(self, session_id: str) -> Row | None:
+    def get_session(self, session_id: str) -> SessionRow | None:
         return self._run(self._db.get_session(session_id))
 
     def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
@@ -220,7 +221,7 @@ class SessionPart(Facade):
     def get_session_title(self, session_id: str) -> str | None:
         return self._run(self._db.get_session_title(session_id))
 
-    def get_session_by_title(self, title: str) -> Row | None:
+    def get_session_by_title(self, title: str) -> SessionRow | None:
         return self._run(self._db.get_session_by_title(title))
 
     def resolve_session_by_title(self, title: str) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..content import content_text, decode_content
 from ..errors import QueryError
+from ..records import SearchHit
 from ..rows import Row
 from ..sqlite import search
 
@@ -24,7 +25,7 @@ def _context_text(stored: Any) -> str:
     return (content_text(stored) or "[multimodal content]")[:CONTEXT_CHARS]
 
 
-def _neighbours(conn: sqlite3.Connection, hit: Row) -> list[dict[str, Any]]:
+def _neighbours(conn: sqlite3.Connection, hit: SearchHit) -> list[dict[str, Any]]:
     """The previous message, the hit and the next one of the same session. Neighbours are
     by id, switchboard's conversation order (an index lookup each)."""
     sid, mid = hit["session_id"], hit["id"]

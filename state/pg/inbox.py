@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from psycopg import AsyncConnection
 
@@ -207,12 +207,12 @@ async def turn_writes_many(
     # the ended rows answered (finish_many's columns) with their replies in the outbox; a
     # row ended twice in one batch: the last call wins
     final = {
-        c[0]: (c[4], stored[i][-1] if stored[i] else None)
+        c[0]: (cast(End, c)[4], stored[i][-1] if stored[i] else None)
         for i, (kind, c) in enumerate(calls)
         if kind == END
     }
     # id, begun, sid, mid, runner, reply state, reply message id (_TURN_ROWS's columns)
-    begun = [
+    begun: list[tuple[Any, ...]] = [
         (
             rid,
             True,
@@ -224,7 +224,9 @@ async def turn_writes_many(
         )
         for rid, i in last_call.items()
     ]
-    ended = [(rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()]
+    ended: list[tuple[Any, ...]] = [
+        (rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()
+    ]
     # one statement for both kinds; a row begun and ended in one batch: begun first
     parts = [begun, ended] if set(last_call) & set(final) else [begun + ended]
     updates = [

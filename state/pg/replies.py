@@ -85,6 +85,8 @@ async def unsent_replies(conn: AsyncConnection) -> list[dict[str, Any]]:
 class ReplyOps(Dispatch):
     """PgStore's replies after their turn: marks of their sends, the unsent, stored replies."""
 
+    _posted: set[asyncio.Task[None]]  # mark_reply_soon's writes, awaited at close
+
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
         await self._write(mark_reply, inbox_id, reply_state, ref)
 

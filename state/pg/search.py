@@ -343,6 +343,7 @@ async def _rank(
             ]
         for r in mine:
             stored = from_pg(r["content"], r["content_enc"])
+            text: str | None
             if br.side:
                 text, length = (
                     side_text(stored, r["tool_name"], r["tool_calls"]),
@@ -455,6 +456,8 @@ async def _add_context(
 
 class SearchOps(Dispatch):
     """PgStore's message search."""
+
+    _totals: Totals  # the corpus figures ranking uses, kept between searches
 
     async def search_messages(
         self,

@@ -90,6 +90,7 @@ class PgStore(
     connections."""
 
     backend = "postgres"
+    _writer: PgWriter  # the parts see only its `submit` (dispatch.Submits)
 
     def __init__(self, where: str, writer: PgWriter, pool: ReadPool, dsn: str = "") -> None:
         self.where = where

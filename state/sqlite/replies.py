@@ -93,6 +93,8 @@ def unsent_replies(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 class ReplyOps(Dispatch):
     """SessionDB's replies after their turn: marks of their sends, the unsent, stored replies."""
 
+    _marks: list[tuple[int, str, str | None]]  # mark_reply_soon's, not yet posted
+
     async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
         """After the send: 'sent' (with the platform's message ids) or 'failed'."""
         await self._write(mark_reply, inbox_id, reply_state, ref)

@@ -126,7 +126,7 @@ def import_records(
         for msg in messages:
             if not isinstance(msg, Mapping) or "role" not in msg:
                 continue
-            row = {
+            row: dict[str, Any] = {
                 k: (
                     to_json_text(v)
                     if k in ("tool_calls", "reasoning_details", "codex_reasoning_items")

@@ -352,7 +352,12 @@ class Writer:
             if left:
                 self._post(left, [(False, WriterClosed("the writer has stopped"))] * len(left))
             stopped = self._stopped
-            self._loop.call_soon_threadsafe(lambda: stopped.done() or stopped.set_result(None))
+
+            def finish() -> None:
+                if not stopped.done():
+                    stopped.set_result(None)
+
+            self._loop.call_soon_threadsafe(finish)
         except RuntimeError:  # the event loop is gone; nobody is waiting
             pass
 
