@@ -10,6 +10,7 @@ import contextlib
 import sqlite3
 from typing import Any
 
+from ..accounting import token_update
 from ..errors import AmbiguousSession, SessionNotFound, TitleError
 from ..records import SessionRow
 from ..rows import Row
@@ -160,38 +161,30 @@ class SessionPart(Facade):
         api_call_count: int = 0,
         absolute: bool = False,
     ) -> None:
-        counts = {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "cache_read_tokens": cache_read_tokens,
-            "cache_write_tokens": cache_write_tokens,
-            "reasoning_tokens": reasoning_tokens,
-        }
-        route = {
-            "billing_provider": billing_provider,
-            "billing_base_url": billing_base_url,
-            "billing_mode": billing_mode,
-        }
-        cost = {
-            "cost_status": cost_status,
-            "cost_source": cost_source,
-            "pricing_version": pricing_version,
-        }
+        update = token_update(
+            {
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "model": model,
+                "cache_read_tokens": cache_read_tokens,
+                "cache_write_tokens": cache_write_tokens,
+                "reasoning_tokens": reasoning_tokens,
+                "estimated_cost_usd": estimated_cost_usd,
+                "actual_cost_usd": actual_cost_usd,
+                "cost_status": cost_status,
+                "cost_source": cost_source,
+                "pricing_version": pricing_version,
+                "billing_provider": billing_provider,
+                "billing_base_url": billing_base_url,
+                "billing_mode": billing_mode,
+                "api_call_count": api_call_count,
+                "absolute": absolute,
+            }
+        )
 
-        def write(conn: sqlite3.Connection) -> None:
+        def write(conn: sqlite3.Connection) -> None:  # a session Hermes never created: made
             hermes_sessions.upsert(conn, {"id": session_id, "source": "unknown"})
-            usage.update_token_counts(
-                conn,
-                session_id,
-                counts,
-                model=model,
-                estimated_cost_usd=estimated_cost_usd,
-                actual_cost_usd=actual_cost_usd,
-                api_call_count=api_call_count,
-                absolute=absolute,
-                route=route,
-                cost=cost,
-            )
+            usage.update_token_counts(conn, session_id, **update)
 
         self._w(write)
 

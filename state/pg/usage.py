@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from psycopg import AsyncConnection
 
-from ..accounting import TOKEN_KINDS, totals_set, usage_route
+from ..accounting import TOKEN_KINDS, TokenUsage, token_update, totals_set, usage_route
 from . import db, sessions
 from .dispatch import Dispatch
 
@@ -222,58 +222,13 @@ async def add_tokens_many(conn: AsyncConnection, deltas: Sequence[tuple[str, int
 class UsageOps(Dispatch):
     """PgStore's token and cost counters."""
 
-    async def update_token_counts(
-        self,
-        session_id: str,
-        *,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        estimated_cost_usd: float | None = None,
-        actual_cost_usd: float | None = None,
-        absolute: bool = False,
-        model: str | None = None,
-        api_call_count: int = 0,
-        billing_provider: str | None = None,
-        billing_base_url: str | None = None,
-        billing_mode: str | None = None,
-        cost_status: str | None = None,
-        cost_source: str | None = None,
-        pricing_version: str | None = None,
-    ) -> None:
-        counts = {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "cache_read_tokens": cache_read_tokens,
-            "cache_write_tokens": cache_write_tokens,
-            "reasoning_tokens": reasoning_tokens,
-        }
-        route = {
-            "billing_provider": billing_provider,
-            "billing_base_url": billing_base_url,
-            "billing_mode": billing_mode,
-        }
-        cost = {
-            "cost_status": cost_status,
-            "cost_source": cost_source,
-            "pricing_version": pricing_version,
-        }
+    async def update_token_counts(self, session_id: str, **usage: Unpack[TokenUsage]) -> None:
+        """Add to the counters (default), or set them (`absolute=True`): state/accounting.py's
+        reading of the call, the rules of update_token_counts above."""
+        update = token_update(usage)
 
         async def write(conn: AsyncConnection) -> None:
             await sessions.require_session(conn, session_id)
-            await update_token_counts(
-                conn,
-                session_id,
-                counts,
-                model=model,
-                estimated_cost_usd=estimated_cost_usd,
-                actual_cost_usd=actual_cost_usd,
-                api_call_count=api_call_count,
-                absolute=absolute,
-                route=route,
-                cost=cost,
-            )
+            await update_token_counts(conn, session_id, **update)
 
         await self._write(write)

@@ -17,9 +17,9 @@ import json
 import sqlite3
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
-from ..accounting import TOKEN_KINDS, totals_set, usage_route  # noqa: F401
+from ..accounting import TOKEN_KINDS, TokenUsage, token_update, totals_set, usage_route  # noqa: F401
 from . import sessions
 from .dispatch import Dispatch
 
@@ -209,61 +209,14 @@ def model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any
 class UsageOps(Dispatch):
     """SessionDB's token and cost counters and per-model usage."""
 
-    async def update_token_counts(
-        self,
-        session_id: str,
-        *,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        estimated_cost_usd: float | None = None,
-        actual_cost_usd: float | None = None,
-        absolute: bool = False,
-        model: str | None = None,
-        api_call_count: int = 0,
-        billing_provider: str | None = None,
-        billing_base_url: str | None = None,
-        billing_mode: str | None = None,
-        cost_status: str | None = None,
-        cost_source: str | None = None,
-        pricing_version: str | None = None,
-    ) -> None:
+    async def update_token_counts(self, session_id: str, **usage: Unpack[TokenUsage]) -> None:
         """Add to the counters (default), or set them (`absolute=True`), with the billing
         route and per-model usage rules above (the facade's one code path)."""
-        counts = {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "cache_read_tokens": cache_read_tokens,
-            "cache_write_tokens": cache_write_tokens,
-            "reasoning_tokens": reasoning_tokens,
-        }
-        route = {
-            "billing_provider": billing_provider,
-            "billing_base_url": billing_base_url,
-            "billing_mode": billing_mode,
-        }
-        cost = {
-            "cost_status": cost_status,
-            "cost_source": cost_source,
-            "pricing_version": pricing_version,
-        }
+        update = token_update(usage)
 
         def write(conn: sqlite3.Connection) -> None:
             sessions.require_session(conn, session_id)
-            update_token_counts(
-                conn,
-                session_id,
-                counts,
-                model=model,
-                estimated_cost_usd=estimated_cost_usd,
-                actual_cost_usd=actual_cost_usd,
-                api_call_count=api_call_count,
-                absolute=absolute,
-                route=route,
-                cost=cost,
-            )
+            update_token_counts(conn, session_id, **update)
 
         await self._write(write)
 
