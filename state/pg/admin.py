@@ -4,15 +4,14 @@ status on PostgreSQL (the rules of state/sqlite/maintenance.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from psycopg import AsyncConnection
 
-from ..columns import AUTO_PRUNE_KEY, PRUNE_CHUNK
+from ..columns import PRUNE_CHUNK
 from ..errors import SessionNotFound
+from ..pruning import Pruning
 from ..records import (
-    AutoPruneResult,
     SourceUsage,
     UsageStats,
 )
@@ -209,8 +208,27 @@ async def server_status(conn: AsyncConnection) -> dict[str, Any]:
     }
 
 
-class AdminOps(Dispatch):
+class AdminOps(Pruning, Dispatch):
     """PgStore's delete, prune, meta, lineage repair, statistics and schema version."""
+
+    async def _prune_chunk(
+        self, older_than_days: float, source: str | None, now: float, keep: frozenset[str]
+    ) -> int:
+        return await self._write(prune_chunk, older_than_days, source, now, keep)
+
+    async def _prune_candidates(
+        self, older_than_days: float, source: str | None, now: float, limit: int
+    ) -> list[str]:
+        return await self._read(prune_candidates, older_than_days, source, now, limit)
+
+    async def _claim_meta_stamp(self, key: str, interval_s: float, now: float) -> bool:
+        return await self._write(claim_meta_stamp, key, interval_s, now)
+
+    async def _vacuum_after_prune(self, min_bytes: int, min_share: float) -> bool:
+        """A plain VACUUM of the pruned tables, always: unlike SQLite's it rewrites nothing
+        and blocks no writer, so it needs no size threshold (`min_*` are SQLite's)."""
+        await self._read(vacuum_pruned)
+        return True
 
     async def stats(self) -> UsageStats:
         return await self._read(stats)
@@ -221,57 +239,6 @@ class AdminOps(Dispatch):
 
     async def delete_session(self, session_id: str) -> None:
         await self._write(delete_session, session_id)
-
-    async def prune_sessions(
-        self,
-        older_than_days: float = 90,
-        source: str | None = None,
-        *,
-        now: float | None = None,
-        protected: Iterable[str] = (),
-    ) -> int:
-        at = time.time() if now is None else now
-        keep = frozenset(protected)
-        total = 0
-        while True:
-            n = await self._write(prune_chunk, older_than_days, source, at, keep)
-            total += n
-            if n < PRUNE_CHUNK:
-                return total
-
-    async def prune_candidates(
-        self,
-        older_than_days: float,
-        source: str | None = None,
-        *,
-        now: float | None = None,
-        limit: int = 1000,
-    ) -> list[str]:
-        at = time.time() if now is None else now
-        return await self._read(prune_candidates, older_than_days, source, at, limit)
-
-    async def maybe_auto_prune_and_vacuum(
-        self,
-        retention_days: float = 90,
-        min_interval_hours: float = 24,
-        vacuum: bool = True,
-        *,
-        now: float | None = None,
-        min_vacuum_bytes: int = 8 * 1024 * 1024,
-        min_vacuum_share: float = 0.2,
-    ) -> AutoPruneResult:
-        """Prune at most once per interval across every process, then (if it pruned and
-        `vacuum`) a plain VACUUM of the pruned tables. Unlike SQLite's, it rewrites nothing
-        and blocks no writer, so it needs no size threshold: the `min_vacuum_*` arguments
-        are SQLite's and ignored here."""
-        at = time.time() if now is None else now
-        due = await self._write(claim_meta_stamp, AUTO_PRUNE_KEY, min_interval_hours * 3600, at)
-        if not due:
-            return {"ran": False, "pruned": 0, "vacuumed": False}
-        pruned = await self.prune_sessions(retention_days, now=at)
-        if vacuum and pruned:
-            await self._read(vacuum_pruned)
-        return {"ran": True, "pruned": pruned, "vacuumed": bool(vacuum and pruned)}
 
     async def get_meta(self, key: str) -> str | None:
         return await self._read(get_meta, key)

@@ -13,6 +13,7 @@ from psycopg import AsyncConnection
 
 from ..accounting import RECORDED_COST
 from ..columns import PRUNE_CHUNK
+from ..pruning import in_chunks
 from ..records import Period
 from ..rows import Row
 from ..sqlite.family import build_tree
@@ -102,12 +103,12 @@ class DashboardOps(Dispatch):
 
     async def delete_empty_sessions(self, protected: Iterable[str] = ()) -> int:
         """Delete ended sessions that have no messages, a chunk per transaction."""
-        keep, total = frozenset(protected), 0
-        while True:
-            n = await self._write(delete_empty_chunk, keep)
-            total += n
-            if n < PRUNE_CHUNK:
-                return total
+        keep = frozenset(protected)
+
+        async def chunk() -> int:
+            return await self._write(delete_empty_chunk, keep)
+
+        return await in_chunks(chunk)
 
     async def insights(self, since: float, until: float, source: str | None = None) -> Row:
         """Activity figures for [since, until) (see state/sqlite/insights.py)."""

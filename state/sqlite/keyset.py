@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..pruning import in_chunks
 from ..rows import Row, row_dict
-from . import maintenance
 from .dispatch import Dispatch
 from .listing import LIST_COLUMNS, folded_lineage, with_chat_name
 
@@ -116,12 +116,12 @@ class DashboardOps(Dispatch):
         """Delete ended sessions that have no messages, a chunk per transaction."""
         from . import cleanup
 
-        keep, total = frozenset(protected), 0
-        while True:
-            n = int(await self._write(cleanup.delete_empty_chunk, keep))
-            total += n
-            if n < maintenance.PRUNE_CHUNK:
-                return total
+        keep = frozenset(protected)
+
+        async def chunk() -> int:
+            return int(await self._write(cleanup.delete_empty_chunk, keep))
+
+        return await in_chunks(chunk)
 
     async def insights(self, since: float, until: float, source: str | None = None) -> Row:
         """Activity figures for [since, until) (see state/sqlite/insights.py)."""

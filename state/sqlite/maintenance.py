@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterable
 
 from ..columns import AUTO_PRUNE_KEY, PRUNE_CHUNK  # noqa: F401
 from ..errors import SessionNotFound
-from ..records import AutoPruneResult, SourceUsage, UsageStats
+from ..pruning import Pruning
+from ..records import SourceUsage, UsageStats
 from . import schema
 from .dispatch import Dispatch
 
@@ -227,8 +227,30 @@ def stats(conn: sqlite3.Connection, path: str) -> UsageStats:
     }
 
 
-class MaintenanceOps(Dispatch):
+class MaintenanceOps(Pruning, Dispatch):
     """SessionDB's `Maintenance`: delete, prune, vacuum, meta, checkpoints, index and integrity checks."""
+
+    async def _prune_chunk(
+        self, older_than_days: float, source: str | None, now: float, keep: frozenset[str]
+    ) -> int:
+        return await self._write(prune_chunk, older_than_days, source, now, keep)
+
+    async def _prune_candidates(
+        self, older_than_days: float, source: str | None, now: float, limit: int
+    ) -> list[str]:
+        return await self._read(prune_candidates, older_than_days, source, now, limit)
+
+    async def _claim_meta_stamp(self, key: str, interval_s: float, now: float) -> bool:
+        return await self._write(claim_meta_stamp, key, interval_s, now)
+
+    async def _vacuum_after_prune(self, min_bytes: int, min_share: float) -> bool:
+        """VACUUM rewrites the whole file and holds the write lock meanwhile: only when it
+        frees `min_bytes`, or `min_share` of the file."""
+        free, total = await self._read(freeable_bytes)
+        if free >= min_bytes or (total and free / total >= min_share):
+            await self.vacuum()
+            return True
+        return False
 
     async def stats(self) -> UsageStats:
         """Totals over the store (sessions, messages, tokens, cost, file sizes)."""
@@ -238,64 +260,9 @@ class MaintenanceOps(Dispatch):
         """Delete a session and its messages; its children become roots."""
         await self._write(delete_session, session_id)
 
-    async def prune_sessions(
-        self,
-        older_than_days: float = 90,
-        source: str | None = None,
-        *,
-        now: float | None = None,
-        protected: Iterable[str] = (),
-    ) -> int:
-        """Delete ended sessions idle for longer than `older_than_days`; returns the count.
-        Runs in small transactions so live traffic keeps flowing during a large prune."""
-        at = time.time() if now is None else now
-        keep = frozenset(protected)
-        total = 0
-        while True:
-            n = await self._write(prune_chunk, older_than_days, source, at, keep)
-            total += n
-            if n < PRUNE_CHUNK:
-                return total
-
-    async def prune_candidates(
-        self,
-        older_than_days: float,
-        source: str | None = None,
-        *,
-        now: float | None = None,
-        limit: int = 1000,
-    ) -> list[str]:
-        at = time.time() if now is None else now
-        return await self._read(prune_candidates, older_than_days, source, at, limit)
-
     async def vacuum(self) -> tuple[int, int]:
         """VACUUM; returns the file size in bytes before and after."""
         return await self._writer.exclusive(vacuum)
-
-    async def maybe_auto_prune_and_vacuum(
-        self,
-        retention_days: float = 90,
-        min_interval_hours: float = 24,
-        vacuum: bool = True,
-        *,
-        now: float | None = None,
-        min_vacuum_bytes: int = 8 * 1024 * 1024,
-        min_vacuum_share: float = 0.2,
-    ) -> AutoPruneResult:
-        """Prune at most once per interval across every process sharing the file (the
-        stamp lives in state_meta); VACUUM only when that frees a worthwhile amount."""
-        at = time.time() if now is None else now
-        due = await self._write(claim_meta_stamp, AUTO_PRUNE_KEY, min_interval_hours * 3600, at)
-        if not due:
-            return {"ran": False, "pruned": 0, "vacuumed": False}
-        pruned = await self.prune_sessions(retention_days, now=at)
-        vacuumed = False
-        if vacuum and pruned:
-            free, total = await self._read(freeable_bytes)
-            if free >= min_vacuum_bytes or (total and free / total >= min_vacuum_share):
-                await self.vacuum()
-                vacuumed = True
-        return {"ran": True, "pruned": pruned, "vacuumed": vacuumed}
 
     async def get_meta(self, key: str) -> str | None:
         return await self._read(get_meta, key)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import IO, Any, cast
+from collections.abc import Mapping
+from typing import Any, cast
 
 from ..content import content_text, encode_content
-from ..errors import SessionNotFound, TitleTaken
+from ..errors import TitleTaken
 from ..message_rows import decode_message
 from ..records import (
     DERIVED_SESSION_COLUMNS,
@@ -24,6 +24,7 @@ from ..records import (
 )
 from ..rows import row_dict, to_json_text
 from ..textindex import aux_row
+from ..transfer import Transfer
 from . import activity
 from .dispatch import Dispatch
 from .sessions import set_title, title_owner
@@ -189,64 +190,21 @@ def orphan_dangling(conn: sqlite3.Connection, ids: list[str]) -> int:
     ).rowcount
 
 
-class TransferOps(Dispatch):
-    """SessionDB's export and import of JSONL records."""
+class TransferOps(Transfer, Dispatch):
+    """SessionDB's export and import (state/transfer.py's paging and batching) over the SQL
+    above."""
 
-    async def export_session(self, session_id: str) -> ExportRecord:
-        page = await self._read(export_page, None, 1, None, [session_id])
-        if not page:
-            raise SessionNotFound(session_id)
-        return page[0]
-
-    async def export_all(
+    async def _export_page(
         self,
-        source: str | None = None,
-        *,
-        session_ids: list[str] | None = None,
-        page_size: int = 50,
-    ) -> AsyncIterator[ExportRecord]:
-        """Stream sessions (each with its messages), oldest first, a page at a time."""
-        after: tuple[float, str] | None = None
-        while True:
-            page = await self._read(export_page, after, page_size, source, session_ids)
-            for rec in page:
-                yield rec
-            if len(page) < page_size:
-                return
-            last = page[-1]["session"]
-            after = (last["started_at"], last["id"])
+        after: tuple[float, str] | None,
+        limit: int,
+        source: str | None,
+        session_ids: list[str] | None,
+    ) -> list[ExportRecord]:
+        return await self._read(export_page, after, limit, source, session_ids)
 
-    async def write_jsonl(self, fh: IO[str], **kwargs: Any) -> int:
-        """Export to a text file object as JSONL; returns the number of sessions."""
-        n = 0
-        async for rec in self.export_all(**kwargs):
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            n += 1
-        return n
+    async def _import_batch(self, records: list[Mapping[str, Any]], report: ImportReport) -> None:
+        await self._write(import_records, records, report)
 
-    async def import_records(
-        self, records: Iterable[Mapping[str, Any]], *, batch: int = 100
-    ) -> ImportReport:
-        """Import exported records; sessions that already exist are skipped."""
-        report = ImportReport()
-        pending: list[Mapping[str, Any]] = []
-        ids: list[str] = []
-
-        async def flush() -> None:
-            if pending:
-                chunk = list(pending)
-                pending.clear()
-                await self._write(import_records, chunk, report)
-
-        for rec in records:
-            rec = report.storable(rec)
-            pending.append(rec)
-            sess = rec.get("session") if isinstance(rec, Mapping) else None
-            if isinstance(sess, Mapping) and isinstance(sess.get("id"), str):
-                ids.append(sess["id"])
-            if len(pending) >= batch:
-                await flush()
-        await flush()
-        for i in range(0, len(ids), 500):
-            await self._write(orphan_dangling, ids[i : i + 500])
-        return report
+    async def _orphan_dangling(self, ids: list[str]) -> int:
+        return await self._write(orphan_dangling, ids)
