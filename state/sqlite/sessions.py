@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from ..columns import ROUTING_FIELDS, TOKEN_FIELDS, session_fields  # noqa: F401
+from ..creation import Creation
 from ..errors import SessionExists, SessionNotFound, TitleEmpty, TitleTaken, TitleTooLong
 from ..ids import new_session_id
 from ..records import SessionRow
@@ -281,81 +282,23 @@ def count_sessions(conn: sqlite3.Connection, source: str | None = None) -> int:
     return int(n)
 
 
-class SessionOps(Dispatch):
+class SessionOps(Creation, Dispatch):
     """SessionDB's sessions: create, read, end/reopen, resolve references, titles."""
 
-    async def create_session(
-        self,
-        session_id: str | None = None,
-        source: str = "cli",
-        *,
-        model: str | None = None,
-        model_config: Mapping[str, Any] | str | None = None,
-        system_prompt: str | None = None,
-        user_id: str | None = None,
-        parent_session_id: str | None = None,
-        child_kind: str | None = None,
-        title: str | None = None,
-        started_at: float | None = None,
-        **routing: Any,
-    ) -> str:
-        """Create a session (under a generated id unless one is given; a given id that
-        exists raises SessionExists). Routing columns go in `routing`."""
-        fields = session_fields(
-            session_id or "",
-            source,
-            model,
-            model_config,
-            system_prompt,
-            user_id,
-            parent_session_id,
-            child_kind,
-            title,
-            started_at,
-            routing,
-        )
-        if not session_id:
-            return await self._write(insert_new_session, fields, source == "cli")
+    async def _insert(self, fields: dict[str, Any]) -> None:
         await self._write(insert_session, fields)
-        return session_id
 
-    async def ensure_session(
-        self,
-        session_id: str,
-        source: str = "cli",
-        *,
-        model: str | None = None,
-        model_config: Mapping[str, Any] | str | None = None,
-        system_prompt: str | None = None,
-        user_id: str | None = None,
-        parent_session_id: str | None = None,
-        child_kind: str | None = None,
-        **routing: Any,
-    ) -> bool:
-        """Create the session unless it exists. Returns True when it was created."""
-        fields = session_fields(
-            session_id,
-            source,
-            model,
-            model_config,
-            system_prompt,
-            user_id,
-            parent_session_id,
-            child_kind,
-            None,
-            None,
-            routing,
-        )
-        return await self._write(lambda c: insert_session(c, fields, if_missing=True))
+    async def _insert_new(self, fields: dict[str, Any], cli: bool) -> str:
+        return await self._write(insert_new_session, fields, cli)
+
+    async def _insert_if_missing(self, fields: dict[str, Any]) -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
+            return insert_session(conn, fields, if_missing=True)
+
+        return await self._write(write)
 
     async def get_session(self, session_id: str) -> SessionRow | None:
         return await self._read(get_session, session_id)
-
-    async def require_session(self, session_id: str) -> SessionRow:
-        row = await self.get_session(session_id)
-        if row is None:
-            raise SessionNotFound(session_id)
-        return row
 
     async def end_session(self, session_id: str, reason: str, *, now: float | None = None) -> bool:
         return await self._write(end_session, session_id, reason, now)
@@ -388,10 +331,6 @@ class SessionOps(Dispatch):
     async def set_title_if_unset(self, session_id: str, title: str) -> str | None:
         """Set an automatic title unless one is set; numbered when taken."""
         return await self._write(set_title_if_unset, session_id, title)
-
-    async def get_session_title(self, session_id: str) -> str | None:
-        row = await self.get_session(session_id)
-        return None if row is None else row.get("title")
 
     async def get_session_by_title(self, title: str) -> SessionRow | None:
         return await self._read(get_by_title, title)
