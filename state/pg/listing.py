@@ -4,13 +4,12 @@ within a filter's scope."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import cast
 
 from psycopg import AsyncConnection
 
 from ..errors import AmbiguousSession
-from ..filters import LIST_COLUMNS, SessionFilter, with_chat_name
+from ..filters import LIST_COLUMNS, Listing, SessionFilter, with_chat_name
 from ..records import (
     SessionRow,
 )
@@ -90,32 +89,8 @@ async def resolve_in_scope(conn: AsyncConnection, ref: str, flt: SessionFilter) 
     return str(found) if found is not None else None
 
 
-class ListingOps(Dispatch):
+class ListingOps(Listing, Dispatch):
     """PgStore's listings of sessions for people."""
-
-    async def list_sessions(
-        self,
-        source: str | None = None,
-        *,
-        exclude_sources: Iterable[str] = (),
-        user_id: str | None = None,
-        chat_id: str | None = None,
-        include_children: bool = False,
-        include_archived: bool = False,
-        titled_only: bool = False,
-        limit: int = 20,
-        offset: int = 0,
-    ) -> list[SessionRow]:
-        flt = SessionFilter(
-            source=source,
-            exclude_sources=tuple(exclude_sources),
-            user_id=user_id,
-            chat_id=chat_id,
-            include_children=include_children,
-            include_archived=include_archived,
-            titled_only=titled_only,
-        )
-        return await self._read(list_sessions, flt, limit, offset)
 
     async def sessions_by_start(
         self, source: str | None = None, limit: int = 20, offset: int = 0

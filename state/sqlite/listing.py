@@ -7,10 +7,9 @@ page, so its cost follows the page size, not the number of sessions or messages.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
 from typing import cast
 
-from ..filters import LIST_COLUMNS, SessionFilter, folded_lineage, with_chat_name  # noqa: F401
+from ..filters import LIST_COLUMNS, Listing, SessionFilter, folded_lineage, with_chat_name  # noqa: F401
 from ..records import SessionRow
 from ..rows import row_dict
 from .dispatch import Dispatch
@@ -94,33 +93,8 @@ def count_sessions(conn: sqlite3.Connection, flt: SessionFilter) -> int:
     return int(conn.execute(f"SELECT COUNT(*) FROM sessions WHERE {where}", params).fetchone()[0])
 
 
-class ListingOps(Dispatch):
+class ListingOps(Listing, Dispatch):
     """SessionDB's listings of sessions for people."""
-
-    async def list_sessions(
-        self,
-        source: str | None = None,
-        *,
-        exclude_sources: Iterable[str] = (),
-        user_id: str | None = None,
-        chat_id: str | None = None,
-        include_children: bool = False,
-        include_archived: bool = False,
-        titled_only: bool = False,
-        limit: int = 20,
-        offset: int = 0,
-    ) -> list[SessionRow]:
-        """Newest activity first, each row with `last_active` and a 60-char `preview`."""
-        flt = SessionFilter(
-            source=source,
-            exclude_sources=tuple(exclude_sources),
-            user_id=user_id,
-            chat_id=chat_id,
-            include_children=include_children,
-            include_archived=include_archived,
-            titled_only=titled_only,
-        )
-        return await self._read(list_sessions, flt, limit, offset)
 
     async def sessions_by_start(
         self, source: str | None = None, limit: int = 20, offset: int = 0

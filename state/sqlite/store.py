@@ -189,15 +189,4 @@ class SessionDB(
 
     def write_stats(self) -> WriteStats:
         """A snapshot of the write queue and recent commits (no I/O)."""
-        st = self._writer.stats
-        return WriteStats(
-            queue_depth=self._writer.queue_depth,
-            batches=st.batches,
-            operations=st.operations,
-            failed_operations=st.failed_operations,
-            busy_retries=st.busy_retries,
-            last_batch_size=st.last_batch_size,
-            last_commit_ms=st.last_commit_ms,
-            recent_commit_ms=tuple(st.commit_ms),
-            recent_batch_sizes=tuple(st.batch_sizes),
-        )
+        return self._writer.stats.snapshot(self._writer.queue_depth)
