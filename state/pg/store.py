@@ -3,31 +3,23 @@
 It owns one group-commit writer (state/pg/writer.py, one connection) and a read pool. The
 class is composed of one part per area, each defined in the module holding that area's SQL
 (`SessionOps` in sessions.py, `InboxOps` in turns.py, `ClusterOps` in cluster.py, ...),
-all running their functions through `Dispatch` (dispatch.py). It does not implement `Maintenance`:
-PostgreSQL runs its own VACUUM and has no WAL file for the store to checkpoint, so callers
-see the capability as absent.
+all running their functions through `Dispatch` (dispatch.py). It does not implement
+`Maintenance`: PostgreSQL runs its own VACUUM and has no WAL file for the store to
+checkpoint, so callers see the capability as absent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
 
 from ..errors import DatabaseError
 from ..history import HistoryWindows
-from ..records import (
-    WriteStats,
-)
+from ..records import WriteStats
 from . import appends as _appends  # noqa: F401  (registers the writer's merged appends)
-from . import (
-    db,
-    schema,
-    search,
-)
+from . import db, schema, search
 from .admin import AdminOps
 from .cluster import ClusterOps
 from .control import ControlLink
@@ -49,10 +41,6 @@ from .turns import InboxOps
 from .usage import UsageOps
 from .windows import WriterConnection
 from .writer import PgWriter, PgWriterConfig
-
-log = logging.getLogger("state.pg")
-
-T = TypeVar("T")
 
 
 def redact(dsn: str) -> str:

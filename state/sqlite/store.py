@@ -17,9 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import DatabaseBusy, DatabaseError, StateError
-from ..records import (
-    WriteStats,
-)
+from ..records import WriteStats
 from . import schema, sessions
 from .archive import ArchiveOps
 from .connection import connect_writer, error_code, is_busy
