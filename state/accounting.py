@@ -6,7 +6,7 @@ backend's (state/sqlite/usage.py, state/pg/usage.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 # what the agent or its provider reported for a session: the actual cost when known
 RECORDED_COST = "COALESCE(NULLIF(actual_cost_usd, 0), estimated_cost_usd, 0)"
@@ -18,6 +18,61 @@ TOKEN_KINDS = (
     "cache_write_tokens",
     "reasoning_tokens",
 )
+BILLING_ROUTE = ("billing_provider", "billing_base_url", "billing_mode")
+COST_FACTS = ("cost_status", "cost_source", "pricing_version")
+
+
+class TokenUsage(TypedDict, total=False):
+    """What a caller of `update_token_counts` reports (every key optional): token counts
+    (added, or set with `absolute`), costs, the model, the call count, the billing route
+    and where the cost figure came from."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    reasoning_tokens: int
+    estimated_cost_usd: float | None
+    actual_cost_usd: float | None
+    absolute: bool
+    model: str | None
+    api_call_count: int
+    billing_provider: str | None
+    billing_base_url: str | None
+    billing_mode: str | None
+    cost_status: str | None
+    cost_source: str | None
+    pricing_version: str | None
+
+
+class TokenUpdate(TypedDict):
+    """A TokenUsage in the shape each backend's SQL takes (state/sqlite/usage.py's and
+    state/pg/usage.py's `update_token_counts`, after the session id)."""
+
+    counts: dict[str, int]
+    model: str | None
+    estimated_cost_usd: float | None
+    actual_cost_usd: float | None
+    api_call_count: int
+    absolute: bool
+    route: dict[str, Any]
+    cost: dict[str, Any]
+
+
+def token_update(usage: TokenUsage) -> TokenUpdate:
+    """The one reading of a TokenUsage: absent counts are 0, absent route and cost facts
+    None, an absent `absolute` is an increment."""
+    given: Mapping[str, Any] = usage
+    return {
+        "counts": {k: given.get(k, 0) for k in TOKEN_KINDS},
+        "model": usage.get("model"),
+        "estimated_cost_usd": usage.get("estimated_cost_usd"),
+        "actual_cost_usd": usage.get("actual_cost_usd"),
+        "api_call_count": usage.get("api_call_count", 0),
+        "absolute": usage.get("absolute", False),
+        "route": {k: given.get(k) for k in BILLING_ROUTE},
+        "cost": {k: given.get(k) for k in COST_FACTS},
+    }
 
 
 def totals_set(

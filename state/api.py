@@ -14,8 +14,9 @@ import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, Unpack, runtime_checkable
 
+from .accounting import TokenUsage
 from .errors import StoreConfigError, UnknownBackend
 from .filters import SessionFilter
 from .records import (
@@ -95,27 +96,7 @@ class Store(Protocol):
     async def resolve_session_ref(self, ref: str) -> str: ...
     async def update_system_prompt(self, session_id: str, prompt: str | None) -> None: ...
     async def update_session(self, session_id: str, **fields: Any) -> None: ...
-    async def update_token_counts(
-        self,
-        session_id: str,
-        *,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        estimated_cost_usd: float | None = None,
-        actual_cost_usd: float | None = None,
-        absolute: bool = False,
-        model: str | None = None,
-        api_call_count: int = 0,
-        billing_provider: str | None = None,
-        billing_base_url: str | None = None,
-        billing_mode: str | None = None,
-        cost_status: str | None = None,
-        cost_source: str | None = None,
-        pricing_version: str | None = None,
-    ) -> None: ...
+    async def update_token_counts(self, session_id: str, **usage: Unpack[TokenUsage]) -> None: ...
     async def session_count(self, source: str | None = None) -> int: ...
     async def message_count(self, session_id: str | None = None) -> int: ...
     async def stats(self) -> UsageStats: ...

@@ -6,10 +6,11 @@ caller's (`?` for SQLite, `%s` for PostgreSQL)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .records import SessionRow
 from .vocab import ChildKind, EndReason
 
 LIST_COLUMNS = (
@@ -101,3 +102,38 @@ def folded_lineage(alias: str = "", kinds: Sequence[str] = (ChildKind.BRANCH,)) 
         f"({p}ended_at IS NULL OR (({p}parent_session_id IS NULL OR {p}child_kind IN ({names})) "
         f"AND NOT ({continued})))"
     )
+
+
+class Listing:
+    """`list_sessions` for both stores: its arguments read as a SessionFilter, then the
+    backend's `list_filtered` (its SQL, in state/sqlite/listing.py or state/pg/listing.py)."""
+
+    async def list_filtered(
+        self, flt: SessionFilter, limit: int = 20, offset: int = 0
+    ) -> list[SessionRow]:
+        raise NotImplementedError
+
+    async def list_sessions(
+        self,
+        source: str | None = None,
+        *,
+        exclude_sources: Iterable[str] = (),
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        include_children: bool = False,
+        include_archived: bool = False,
+        titled_only: bool = False,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[SessionRow]:
+        """Newest activity first, each row with `last_active` and a 60-char `preview`."""
+        flt = SessionFilter(
+            source=source,
+            exclude_sources=tuple(exclude_sources),
+            user_id=user_id,
+            chat_id=chat_id,
+            include_children=include_children,
+            include_archived=include_archived,
+            titled_only=titled_only,
+        )
+        return await self.list_filtered(flt, limit, offset)

@@ -396,3 +396,17 @@ class WriterStats:
         if len(self.batch_sizes) > 1024:
             del self.batch_sizes[:512]
             del self.commit_ms[:512]
+
+    def snapshot(self, queue_depth: int) -> WriteStats:
+        """The counters as the store reports them (`write_stats`), with the queue's depth."""
+        return WriteStats(
+            queue_depth=queue_depth,
+            batches=self.batches,
+            operations=self.operations,
+            failed_operations=self.failed_operations,
+            busy_retries=self.busy_retries,
+            last_batch_size=self.last_batch_size,
+            last_commit_ms=self.last_commit_ms,
+            recent_commit_ms=tuple(self.commit_ms),
+            recent_batch_sizes=tuple(self.batch_sizes),
+        )

@@ -122,7 +122,7 @@ def validate(batch: Any) -> list[dict[str, Any]]:
                 err = {"index": i, "session_id": sid, "error": problem}
             errors.append(err)
             continue
-        seen.add(sid)
+        seen.add(str(sid))  # a valid record's id is a string (_session_error)
         total_messages += len(rec.get("messages") or [])
         total_bytes += len(json.dumps(rec, default=str).encode("utf-8", "surrogatepass"))
     if not errors and total_messages > MAX_MESSAGES_TOTAL:

@@ -1,100 +1,22 @@
-"""Listings, delete and prune, the key/value meta table, lineage repair, statistics and
-export/import on PostgreSQL (the rules of state/sqlite/listing.py, maintenance.py, transfer.py)."""
+"""Delete and prune, the key/value meta table, lineage repair, statistics and the server's
+status on PostgreSQL (the rules of state/sqlite/maintenance.py)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from psycopg import AsyncConnection
 
 from ..columns import PRUNE_CHUNK
-from ..errors import AmbiguousSession, SessionNotFound, TitleTaken
-from ..filters import LIST_COLUMNS, SessionFilter, with_chat_name
+from ..errors import SessionNotFound
+from ..pruning import Pruning
 from ..records import (
-    DERIVED_SESSION_COLUMNS,
-    FORMAT_VERSION,
-    ExportRecord,
-    ImportReport,
-    SessionRow,
     SourceUsage,
     UsageStats,
 )
-from ..rows import like_escape, to_json_text
-from ..titles import clean_title, split_lineage, title_key
-from . import db, messages, sessions
-
-# --- listings ------------------------------------------------------------------------
-
-
-async def list_sessions(
-    conn: AsyncConnection, flt: SessionFilter, limit: int, offset: int
-) -> list[SessionRow]:
-    where, params = flt.where(mark="%s")
-    found = await db.rows(
-        conn,
-        f"SELECT {LIST_COLUMNS} FROM sessions WHERE {where} "
-        "ORDER BY last_active DESC NULLS LAST, id DESC LIMIT %s OFFSET %s",
-        (*params, max(0, limit), max(0, offset)),
-    )
-    return cast(list[SessionRow], [with_chat_name(r) for r in found])
-
-
-async def sessions_by_start(
-    conn: AsyncConnection, source: str | None, limit: int, offset: int
-) -> list[SessionRow]:
-    where, params = ("WHERE source = %s ", [source]) if source else ("", [])
-    found = await db.rows(
-        conn,
-        f"SELECT * FROM sessions {where}ORDER BY started_at DESC, id DESC LIMIT %s OFFSET %s",
-        [*params, max(0, limit), max(0, offset)],
-    )
-    return cast(list[SessionRow], found)
-
-
-async def count_filtered(conn: AsyncConnection, flt: SessionFilter) -> int:
-    where, params = flt.where(mark="%s")
-    return int(await db.value(conn, f"SELECT COUNT(*) FROM sessions WHERE {where}", params))
-
-
-async def resolve_in_scope(conn: AsyncConnection, ref: str, flt: SessionFilter) -> str | None:
-    ref = ref.strip()
-    if not ref:
-        return None
-    where, params = flt.where(mark="%s")
-    found = await db.value(
-        conn, f"SELECT id FROM sessions WHERE id = %s AND {where}", (ref, *params)
-    )
-    if found is not None:
-        return str(found)
-    prefixed = await db.tuples(
-        conn,
-        f"SELECT id FROM sessions WHERE id LIKE %s ESCAPE '\\' AND {where} ORDER BY id LIMIT 6",
-        (like_escape(ref) + "%", *params),
-    )
-    if len(prefixed) > 1:
-        raise AmbiguousSession(ref, [r[0] for r in prefixed])
-    if prefixed:
-        return str(prefixed[0][0])
-    title = clean_title(ref)
-    if not title:
-        return None
-    base, _ = split_lineage(title)
-    by_key = f"SELECT id FROM sessions WHERE title_key = %s AND {where}"
-    if title != base:
-        found = await db.value(conn, by_key, (title_key(title), *params))
-        return str(found) if found is not None else None
-    found = await db.value(
-        conn,
-        f"SELECT id FROM sessions WHERE title_base = %s AND {where} "
-        "ORDER BY title_number DESC, started_at DESC LIMIT 1",
-        (title_key(base), *params),
-    )
-    if found is None:
-        found = await db.value(conn, by_key, (title_key(title), *params))
-    return str(found) if found is not None else None
-
+from . import db, schema
+from .dispatch import Dispatch
 
 # --- delete, prune, meta ------------------------------------------------------------------
 
@@ -260,124 +182,6 @@ async def stats(conn: AsyncConnection) -> UsageStats:
     }
 
 
-# --- export / import ---------------------------------------------------------------------
-
-
-async def export_page(
-    conn: AsyncConnection,
-    after: tuple[float, str] | None,
-    limit: int,
-    source: str | None,
-    session_ids: list[str] | None,
-) -> list[ExportRecord]:
-    sql = "SELECT * FROM sessions WHERE TRUE"
-    params: list[object] = []
-    if after is not None:
-        sql += " AND (started_at, id) > (%s, %s)"
-        params += [after[0], after[1]]
-    if source:
-        sql += " AND source = %s"
-        params.append(source)
-    if session_ids:
-        sql += " AND id = ANY(%s)"
-        params.append(session_ids)
-    found = await db.rows(conn, sql + " ORDER BY started_at, id LIMIT %s", (*params, limit))
-    out: list[ExportRecord] = []
-    for s in found:
-        msgs = await messages.get_messages(conn, s["id"])
-        for m in msgs:
-            m.pop("session_id", None)
-        session = cast(SessionRow, {k: v for k, v in s.items() if k not in DERIVED_SESSION_COLUMNS})
-        out.append({"format": FORMAT_VERSION, "session": session, "messages": msgs})
-    return out
-
-
-async def _free_title(conn: AsyncConnection, title: str, session_id: str) -> str:
-    owner = await sessions.title_owner(conn, title)
-    if owner is None or owner == session_id:
-        return title
-    n = 1
-    while True:
-        candidate = f"{title} (imported)" if n == 1 else f"{title} (imported {n})"
-        candidate = candidate[-100:] if len(candidate) > 100 else candidate
-        if await sessions.title_owner(conn, candidate) is None:
-            return candidate
-        n += 1
-
-
-async def _columns(conn: AsyncConnection, table: str) -> set[str]:
-    found = await db.tuples(
-        conn,
-        "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-        "AND table_schema = current_schema()",
-        (table,),
-    )
-    return {r[0] for r in found}
-
-
-async def import_records(
-    conn: AsyncConnection, records: list[Mapping[str, Any]], report: ImportReport
-) -> None:
-    session_cols = await _columns(conn, "sessions")
-    message_cols = set(messages.MESSAGE_FIELDS)
-    for rec in records:
-        sess = rec.get("session")
-        if not isinstance(sess, Mapping) or not isinstance(sess.get("id"), str):
-            report.errors.append("a line without a session id was skipped")
-            continue
-        sid = sess["id"]
-        if await db.value(conn, "SELECT 1 FROM sessions WHERE id = %s", (sid,)):
-            report.skipped_existing += 1
-            continue
-        if not sess.get("source") or sess.get("started_at") is None:
-            report.errors.append(f"{sid}: missing source or started_at; skipped")
-            continue
-        fields = {
-            k: (to_json_text(v) if isinstance(v, (dict, list)) else v)
-            for k, v in sess.items()
-            if k in session_cols
-            and k not in DERIVED_SESSION_COLUMNS
-            and k != "title"
-            and k not in ("message_count", "tool_call_count", "preview")
-        }
-        await sessions.insert_session(conn, fields)
-        title = sess.get("title")
-        if isinstance(title, str) and title.strip():
-            free = await _free_title(conn, title, sid)
-            try:
-                await sessions.set_title(conn, sid, free)
-            except TitleTaken:
-                report.errors.append(f"{sid}: title {title!r} could not be kept")
-            if free != title:
-                report.renamed_titles.append((title, free))
-        batch = []
-        for msg in rec.get("messages") or []:
-            if not isinstance(msg, Mapping) or "role" not in msg:
-                continue
-            row = {k: v for k, v in msg.items() if k in message_cols}
-            row.setdefault("timestamp", sess["started_at"])
-            batch.append(row)  # append_messages encodes structured content
-        if batch:
-            await messages.append_messages(conn, sid, batch)
-        report.messages += len(batch)
-        await db.run(
-            conn,
-            "UPDATE sessions SET preview = %s, last_active = %s WHERE id = %s",
-            (sess.get("preview"), sess.get("last_active") or sess["started_at"], sid),
-        )
-        report.imported += 1
-
-
-async def orphan_dangling(conn: AsyncConnection, ids: list[str]) -> int:
-    return await db.run(
-        conn,
-        "UPDATE sessions c SET parent_session_id = NULL WHERE c.id = ANY(%s) "
-        "AND c.parent_session_id IS NOT NULL "
-        "AND NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = c.parent_session_id)",
-        (ids,),
-    )
-
-
 # --- the server, for doctor ------------------------------------------------------------
 
 
@@ -402,3 +206,54 @@ async def server_status(conn: AsyncConnection) -> dict[str, Any]:
         "replay_behind": behind,
         "standbys": [dict(r) for r in standbys],
     }
+
+
+class AdminOps(Pruning, Dispatch):
+    """PgStore's delete, prune, meta, lineage repair, statistics and schema version."""
+
+    async def _prune_chunk(
+        self, older_than_days: float, source: str | None, now: float, keep: frozenset[str]
+    ) -> int:
+        return await self._write(prune_chunk, older_than_days, source, now, keep)
+
+    async def _prune_candidates(
+        self, older_than_days: float, source: str | None, now: float, limit: int
+    ) -> list[str]:
+        return await self._read(prune_candidates, older_than_days, source, now, limit)
+
+    async def _claim_meta_stamp(self, key: str, interval_s: float, now: float) -> bool:
+        return await self._write(claim_meta_stamp, key, interval_s, now)
+
+    async def _vacuum_after_prune(self, min_bytes: int, min_share: float) -> bool:
+        """A plain VACUUM of the pruned tables, always: unlike SQLite's it rewrites nothing
+        and blocks no writer, so it needs no size threshold (`min_*` are SQLite's)."""
+        await self._read(vacuum_pruned)
+        return True
+
+    async def stats(self) -> UsageStats:
+        return await self._read(stats)
+
+    async def server_status(self) -> dict[str, Any]:
+        """The server's version and replication state (server_status above), for doctor."""
+        return await self._read(server_status)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._write(delete_session, session_id)
+
+    async def get_meta(self, key: str) -> str | None:
+        return await self._read(get_meta, key)
+
+    async def set_meta(self, key: str, value: str | None) -> None:
+        await self._write(set_meta, key, value)
+
+    async def schema_version(self) -> int:
+        return await self._read(schema.current_version)
+
+    def latest_schema_version(self) -> int:
+        return schema.LATEST
+
+    async def count_dangling_parents(self) -> int:
+        return await self._read(count_dangling_parents)
+
+    async def clear_dangling_parents(self) -> int:
+        return await self._write(clear_dangling_parents)

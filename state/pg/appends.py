@@ -164,7 +164,7 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
             a[4] += int(tokens.get("input_tokens", 0))
             a[5] += int(tokens.get("output_tokens", 0))
     ids: list[int] = []
-    tokens = {sid: (a[4], a[5]) for sid, a in agg.items() if a[4] or a[5]}
+    totals = {sid: (a[4], a[5]) for sid, a in agg.items() if a[4] or a[5]}
     if rows:  # then every session in `live` has rows, and every one with rows is in it
         live = [(sid, a) for sid, a in agg.items() if a[0]]
         claims = _platform_claims(calls, per_call, chats)
@@ -192,7 +192,7 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
         got = {int(r[2]) for r in found if r[0] == 1}
         if any(c[4] and ids[c[3] - 1] not in got for c in claims):
             raise _Redo()  # another writer stored one of these platform ids since the check
-    rest = sorted((sid, *t) for sid, t in tokens.items() if not agg[sid][0])
+    rest = sorted((sid, *t) for sid, t in totals.items() if not agg[sid][0])
     if rest:  # tokens of calls whose messages were all duplicates
         await usage.add_tokens_many(conn, rest)
     out: list[list[int]] = []

@@ -14,18 +14,19 @@ side (which key to lease when, what runs under it) is gateway/cluster.py's.
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from psycopg import AsyncConnection
 
 from ..errors import LeaseLost
-from ..records import Accepted, BeginPlan, Fence, Release
+from ..records import Fence
 from ..vocab import OPEN_STATES
-from . import db, inbox
-from .writer import register_batched, register_merged
+from . import db
+from .dispatch import Dispatch
+from .writer import register_batched
 
 # Incarnations whose control connection holds its lock, i.e. the live replicas.
 LIVE = (
@@ -73,7 +74,7 @@ free AS (
 
 
 # What a take returns of each taken route (session_routes' 12 columns, then 16 more)
-_TAKEN_COLUMNS = f"""t.*, rs.ended_at AS route_ended, rs.id AS route_found,
+TAKEN_COLUMNS = f"""t.*, rs.ended_at AS route_ended, rs.id AS route_found,
        rs.end_reason AS route_end_reason, rs.title AS route_title,
        rs.message_count AS route_messages,
        ls.id AS live_id, ls.origin_json AS live_origin, ls.started_at AS live_started,
@@ -83,14 +84,14 @@ _TAKEN_COLUMNS = f"""t.*, rs.ended_at AS route_ended, rs.id AS route_found,
        COALESCE(rs.last_active, 0) AS route_active,
        ARRAY(SELECT j.name FROM live_jobs j WHERE j.session_id = COALESCE(t.session_id, ls.id)
              AND j.owner IN ({LIVE}) ORDER BY j.name) AS jobs"""
-_TAKEN_WIDTH = 28  # a column more in session_routes: one more here (the UNION says so)
-_TAKEN_FROM = """
+TAKEN_WIDTH = 28  # a column more in session_routes: one more here (the UNION says so)
+TAKEN_FROM = """
 FROM taken t
 LEFT JOIN sessions rs ON rs.id = t.session_id
 LEFT JOIN LATERAL (SELECT * FROM sessions s WHERE s.session_key = t.session_key
                    AND s.ended_at IS NULL) ls ON true
 """
-_TAKE = f"WITH {_take_ctes('%(keys)s::text[]')}\nSELECT {_TAKEN_COLUMNS}{_TAKEN_FROM}"
+_TAKE = f"WITH {_take_ctes('%(keys)s::text[]')}\nSELECT {TAKEN_COLUMNS}{TAKEN_FROM}"
 # The key's live session is a LATERAL lookup so it is read by its index for each taken key:
 # a plain join let the planner hash every live session of the database, per take.
 # The open rows and a dead runner's unsent replies are a statement of their own: a take
@@ -148,12 +149,12 @@ async def take_leases_many(
             str(r["session_key"]): dict(r)
             for r in await db.rows(conn, _TAKE, {"keys": list(first), "me": me, "space": space})
         }
-        for key, route in (await _with_open(conn, found, space)).items():
+        for key, route in (await with_open(conn, found, space)).items():
             out[first[key]] = route
     return out
 
 
-async def _with_open(
+async def with_open(
     conn: AsyncConnection, found: dict[str, dict[str, Any]], space: int
 ) -> dict[str, dict[str, Any]]:
     """The taken routes (by key) with their keys' open rows and unsent replies, read by a
@@ -176,185 +177,6 @@ async def _with_open(
 
 
 register_batched(take_lease, take_leases_many)
-
-
-class AcceptTake(NamedTuple):
-    """accept_take's arguments, as the writer hands a batch of them to turns_many: the
-    first seven are inbox.accept's."""
-
-    platform: str
-    chat_id: str
-    pmid: str | None
-    payload: str
-    now: float
-    key: str
-    me: int
-    space: int
-    begin: BeginPlan | None
-
-
-# turn_write_fenced's arguments
-FencedWrite = tuple[Fence, str, "inbox.Begin | inbox.End", "Release | None"]
-
-
-async def accept_take(
-    conn: AsyncConnection,
-    platform: str,
-    chat_id: str,
-    pmid: str | None,
-    payload: str,
-    now: float,
-    key: str,
-    me: int,
-    space: int,
-    begin: BeginPlan | None = None,
-) -> Accepted:
-    """`inbox.accept` for replica `me` and, when the row is new, `take_lease` on its key in
-    the same transaction: (inbox id, state, new, the take's route or None, begun). The
-    message's turn then starts under the lease without a write of its own to take it. With
-    `begin`, when its test names a session for the taken route, the turn's begin too (the
-    message stored in that session, the row started, the history read: `begun`, as
-    begin_turn returns it), so the turn waits for one commit less."""
-    call = AcceptTake(platform, chat_id, pmid, payload, now, key, me, space, begin)
-    return (await turns_many(conn, [call], ()))[0][0]
-
-
-@functools.cache
-def _accepts_taking(release: bool) -> str:
-    """One statement for a batch's accepts and the takes of the keys of the rows that went
-    in (and, with `release`, the batch's lease releases, whose keys no accept here takes):
-    three of a batch's round trips in one. Each row says what it is: 0 an accept's drawn
-    id and whether its row went in (as inbox._ACCEPTED), 1 a route released, 2 a route
-    taken (as _TAKE's, after four columns), 3 a wake-up sent. The keys' open rows are still
-    read by a statement of their own (_OPEN_AND_UNSENT says why). A mixed batch commits in
-    8 round trips instead of 10; its CPU, alternated with the three statements this
-    replaces (docs/benchmarks.md), moved less than the runs' spread."""
-    pad = ", NULL" * (_TAKEN_WIDTH - 1)
-    keys = "ARRAY(SELECT DISTINCT session_key FROM ins WHERE session_key IS NOT NULL)"
-    parts = [
-        f"SELECT 2 AS kind, NULL::bigint AS n, NULL::bigint AS drawn, NULL::boolean AS fresh, "
-        f"{_TAKEN_COLUMNS}{_TAKEN_FROM}",
-        f"SELECT 0, ids.n, ids.i, ins.id IS NOT NULL, NULL{pad} "
-        "FROM ids LEFT JOIN ins ON ins.id = ids.i",
-    ]
-    if release:
-        parts.append(f"SELECT 1, NULL, NULL, NULL, session_key{pad} FROM rel")
-        parts.append(f"SELECT 3, NULL, NULL, NULL, NULL{pad} {_NOTIFY}")
-    ctes = ([_RELEASE_CTES] if release else []) + [inbox.ACCEPT_CTES, _take_ctes(keys)]
-    return f"WITH {', '.join(ctes)}\n" + "\nUNION ALL ".join(parts)
-
-
-async def _accept_take_release(
-    conn: AsyncConnection,
-    accepts: Sequence[AcceptTake],
-    frees: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
-) -> tuple[list[tuple[int, str, bool]], dict[int, dict[str, Any] | None], list[bool]]:
-    """The accepts (one replica's: one `me`, one `space`), the takes of the keys of the rows
-    that went in and the releases `frees`, in one statement (_accepts_taking): the accepts'
-    results, the route each new row's call took (the first call of each key) and whether
-    each release freed its lease."""
-    me, space = accepts[0].me, accepts[0].space
-    params = inbox.accept_params([c[:7] for c in accepts])
-    params.update(me=me, space=space)
-    if frees:
-        params.update(_release_params(frees))
-    drawn: dict[int, tuple[int, bool]] = {}
-    found: dict[str, dict[str, Any]] = {}
-    freed: set[str] = set()
-    for row in await db.rows(conn, _accepts_taking(bool(frees)), params):
-        kind = row.pop("kind")
-        if kind == 0:
-            drawn[int(row["n"])] = (int(row["drawn"]), bool(row["fresh"]))
-        elif kind == 1:
-            freed.add(str(row["session_key"]))
-        elif kind == 2:
-            for name in ("n", "drawn", "fresh"):
-                del row[name]
-            found[str(row["session_key"])] = row
-    accepted = await inbox.accept_many(
-        conn, [c[:7] for c in accepts], [drawn[n] for n in range(1, len(accepts) + 1)]
-    )
-    routes = await _with_open(conn, found, space)
-    route_of: dict[int, dict[str, Any] | None] = {}
-    for i, (_id, _state, new) in enumerate(accepted):
-        if new:  # a key's route goes to its first call; a later one's turn takes it later
-            route_of[i] = routes.pop(accepts[i].key, None)
-    return accepted, route_of, [f[0].session_key in freed for f in frees]
-
-
-async def turns_many(
-    conn: AsyncConnection,
-    accepts: Sequence[AcceptTake],
-    fenced: Sequence[FencedWrite],
-) -> tuple[list[Accepted], list[Any]]:
-    """A batch's accept_take and turn_write_fenced calls at once, so the turns they begin
-    and end share one append and one inbox update of each kind: the fences checked, the
-    rows accepted and their keys taken, the begins and the fenced writes, then the leases
-    those writes free (or, when every one frees its lease, those freed first instead of
-    the check, in the accepts' statement when there are accepts: _accepts_taking). (The
-    accepts' takes only meet keys no fence here holds: a replica takes a key in an
-    accept only while no work of its own holds it.)"""
-    frees = [(c[0], *c[3]) for c in fenced if c[3] is not None]
-    # every fenced write frees its lease (the HTTP API's turns): the release is the fence
-    # check, done first (its row locks hold to the commit as FOR SHARE's would): one
-    # statement less, and none with accepts, whose statement releases too. A lease lost
-    # fails the batch, as the check would.
-    free_first = bool(fenced) and len(frees) == len(fenced)
-    if fenced and not free_first:
-        await check_fences(conn, [c[0] for c in fenced])
-    route_of: dict[int, dict[str, Any] | None] = {}
-    freed: list[bool] = []
-    if accepts and len({(c.me, c.space) for c in accepts}) == 1:
-        accepted, route_of, freed = await _accept_take_release(
-            conn, accepts, frees if free_first else ()
-        )
-    else:
-        if free_first:
-            freed = await release_leases_many(conn, frees)
-        accepted = await inbox.accept_many(conn, [c[:7] for c in accepts]) if accepts else []
-        fresh = [i for i, (_id, _state, new) in enumerate(accepted) if new]
-        calls = [(accepts[i].key, accepts[i].me, accepts[i].space) for i in fresh]
-        routes = await take_leases_many(conn, calls) if fresh else []
-        route_of = dict(zip(fresh, routes, strict=True))
-    if free_first:
-        lost = next((c[0] for c, ok in zip(fenced, freed, strict=True) if not ok), None)
-        if lost is not None:
-            raise LeaseLost(lost.session_key, lost.epoch)
-    begins: list[tuple[int, inbox.Begin]] = []
-    for i, route in route_of.items():
-        plan = accepts[i].begin
-        if route is None or plan is None:
-            continue
-        message, last, begins_in = plan
-        sid = begins_in(route, accepted[i][0])
-        if sid is not None:
-            begins.append((i, (accepted[i][0], sid, dict(message), last)))
-    writes: list[tuple[str, inbox.Begin | inbox.End]] = [(c[1], c[2]) for c in fenced]
-    writes += [(inbox.BEGIN, b) for _i, b in begins]
-    runners = [c[0].owner for c in fenced] + [accepts[i].me for i, _b in begins]
-    got = (
-        await inbox.turn_writes_many(
-            conn, writes, runners=runners, inserted=[b[0] for _i, b in begins]
-        )
-        if writes
-        else []
-    )
-    begun = {i: g for (i, _b), g in zip(begins, got[len(fenced) :], strict=True)}
-    if frees and not free_first:  # the fences hold (checked above, rows locked): all freed
-        await release_leases_many(conn, frees)
-    done = [Accepted(*a, route_of.get(i), begun.get(i)) for i, a in enumerate(accepted)]
-    return done, got[: len(fenced)]
-
-
-async def _turns_merged(
-    conn: AsyncConnection, items: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]
-) -> list[Any]:
-    """The writer's merged run of accept_take and turn_write_fenced calls (turns_many)."""
-    accepts = [AcceptTake(*args) for fn, args in items if fn is accept_take]
-    fenced = [_fenced_args(*args) for fn, args in items if fn is not accept_take]
-    done, wrote = await turns_many(conn, accepts, fenced)
-    a, w = iter(done), iter(wrote)
-    return [next(a) if fn is accept_take else next(w) for fn, _args in items]
 
 
 async def open_for_key(conn: AsyncConnection, key: str) -> list[dict[str, Any]]:
@@ -412,7 +234,7 @@ CHANNEL = "switchboard_replica_"  # + an incarnation: the channel it LISTENs on
 # same statement the wake-ups: each replica with a row still open for a freed key
 # (`k:<key>`) and the given ones (`d:<inbox id>`). One statement, not three: every turn's
 # end frees a lease, and a batch's round trips are most of a replica's cost.
-_RELEASE_CTES = (
+RELEASE_CTES = (
     "rel AS (UPDATE session_routes r SET lease_owner = NULL, "
     + ", ".join(f"{c} = CASE WHEN u.w THEN u.{c} ELSE r.{c} END" for c in _ROUTE_COLUMNS)
     + " FROM unnest(%(r_k)s::text[], %(r_o)s::bigint[], %(r_e)s::bigint[], %(r_w)s::boolean[], "
@@ -427,8 +249,8 @@ _RELEASE_CTES = (
     "WHERE i.state IN ('received', 'started') AND i.replica IS NOT NULL AND i.replica <> f.owner "
     "UNION SELECT * FROM unnest(%(r_wc)s::text[], %(r_wp)s::text[]))"
 )
-_NOTIFY = "FROM wake, LATERAL pg_notify(wake.c, wake.p)"
-_RELEASE = f"WITH {_RELEASE_CTES} SELECT session_key FROM rel UNION ALL SELECT NULL {_NOTIFY}"
+NOTIFY = "FROM wake, LATERAL pg_notify(wake.c, wake.p)"
+_RELEASE = f"WITH {RELEASE_CTES} SELECT session_key FROM rel UNION ALL SELECT NULL {NOTIFY}"
 
 
 async def release_lease(
@@ -451,16 +273,16 @@ async def release_leases_many(
     """Many releases in one statement (their wake-ups with them)."""
     freed = {
         str(r[0])
-        for r in await db.tuples(conn, _RELEASE, _release_params(calls))
+        for r in await db.tuples(conn, _RELEASE, release_params(calls))
         if r[0] is not None
     }
     return [c[0].session_key in freed for c in calls]
 
 
-def _release_params(
+def release_params(
     calls: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
 ) -> dict[str, Any]:
-    """_RELEASE_CTES's parameters: the routes in key order, and the wake-ups of the rows
+    """RELEASE_CTES's parameters: the routes in key order, and the wake-ups of the rows
     answered here that other replicas took (`d:<inbox id>`)."""
     order = sorted(calls, key=lambda c: c[0].session_key)
     params: dict[str, Any] = {
@@ -546,53 +368,6 @@ async def row_states(conn: AsyncConnection, ids: Sequence[int]) -> dict[int, str
     }
 
 
-# --- fenced forms of the turn's writes (state/pg/inbox.py's, after check_fence) ----------
-
-
-async def turn_write_fenced(
-    conn: AsyncConnection,
-    fence: Fence,
-    kind: str,
-    call: inbox.Begin | inbox.End,
-    release: Release | None = None,
-) -> Any:
-    """inbox.begin_turn (kind BEGIN) or inbox.end_turn (END) while `fence` holds, and with
-    `release` the lease freed in the same commit. One function for all, so the writer
-    merges a batch's begins, ends and such releases (and its accept_takes, turns_many)
-    into one fence check, one append and one release. One lost fence fails the batch; the
-    writer then redoes it one call at a time. Each begun row records its runner (whose
-    turn started it)."""
-    return (await turns_many(conn, (), [(fence, kind, call, release)]))[1][0]
-
-
-def _fenced_args(
-    fence: Fence, kind: str, call: inbox.Begin | inbox.End, release: Release | None = None
-) -> FencedWrite:
-    return fence, kind, call, release
-
-
-# A turn's writes (under its key's lease; what they depend on committed before they were
-# queued) and the accepts that take an idle key (a key no work of this replica holds) go
-# first in their batch, merged into one run (turns_many)
-register_merged((turn_write_fenced, accept_take), _turns_merged, place=-1)
-
-
-async def finish_fenced(
-    conn: AsyncConnection, fence: Fence, inbox_id: int, state: str, reason: str | None
-) -> None:
-    await finish_fenced_many(conn, [(fence, inbox_id, state, reason)])
-
-
-async def finish_fenced_many(
-    conn: AsyncConnection, calls: Sequence[tuple[Fence, int, str, str | None]]
-) -> list[None]:
-    await check_fences(conn, [c[0] for c in calls])
-    return await inbox.finish_many(conn, [c[1:] for c in calls])
-
-
-register_batched(finish_fenced, finish_fenced_many)
-
-
 def route_fields(
     session_id: str | None,
     origin: Mapping[str, Any] | None,
@@ -619,3 +394,39 @@ def route_fields(
 
 
 __all__ = ["LEADER", "LIVE", "OPEN_STATES", "channel"]
+
+
+class ClusterOps(Dispatch):
+    """PgStore's replica operations: leases, routes, live jobs, row states."""
+
+    async def take_lease(self, key: str, me: int, space: int) -> dict[str, Any] | None:
+        return await self._write(take_lease, key, me, space)
+
+    async def release_lease(
+        self,
+        fence: Fence,
+        route: Mapping[str, Any] | None,
+        answered: Sequence[tuple[int, int]] = (),
+    ) -> bool:
+        return await self._write(release_lease, fence, route, list(answered))
+
+    async def open_for_key(self, key: str) -> list[dict[str, Any]]:
+        return await self._read(open_for_key, key)
+
+    async def routes(self, space: int) -> list[dict[str, Any]]:
+        return await self._read(routes, space)
+
+    async def live_jobs(self, space: int) -> list[tuple[str, str]]:
+        return await self._read(live_jobs, space)
+
+    async def add_job(self, session_id: str, name: str, owner: int) -> None:
+        await self._write(add_job, session_id, name, owner, time.time())
+
+    async def drop_job(self, session_id: str, name: str) -> None:
+        await self._write(drop_job, session_id, name)
+
+    async def lease_holds(self, fence: Fence) -> bool:
+        return await self._read(lease_holds, fence)
+
+    async def inbox_states(self, ids: Sequence[int]) -> dict[int, str]:
+        return await self._read(row_states, ids)

@@ -17,6 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
@@ -32,7 +33,7 @@ log = logging.getLogger("state.pg.control")
 # figures as the session's settings for the server's (whose own default is the kernel's,
 # two hours), so a replica whose host froze or was cut off loses its leases in about 11 s.
 # (A replica stopped on a live host keeps them: its kernel still answers the probes.)
-KEEPALIVES = {
+KEEPALIVES: dict[str, Any] = {  # libpq connection parameters, passed to connect()
     "keepalives": 1,
     "keepalives_idle": 5,
     "keepalives_interval": 2,

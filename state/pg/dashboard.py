@@ -6,18 +6,21 @@ messages instead of its hours."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from psycopg import AsyncConnection
 
 from ..accounting import RECORDED_COST
 from ..columns import PRUNE_CHUNK
+from ..pruning import in_chunks
 from ..records import Period
 from ..rows import Row
 from ..sqlite.family import build_tree
 from ..sqlite.insights import assemble
 from ..sqlite.keyset import PageQuery, cut_page, page_sql
 from . import admin, db, lineage
+from .dispatch import Dispatch
 
 _EMPTY = (
     "FROM sessions s WHERE ended_at IS NOT NULL AND COALESCE(archived, 0) = 0 "
@@ -83,3 +86,30 @@ async def insights(conn: AsyncConnection, p: Period) -> dict[str, Any]:
     )
     rows = [(int(h), s, t, int(n)) for h, s, t, n in messages]
     return assemble(p, rows, models, by_end)
+
+
+class DashboardOps(Dispatch):
+    """PgStore's dashboard queries: keyset pages, lineage trees, empty sessions, insights."""
+
+    async def session_page(self, q: Any) -> tuple[list[Row], tuple[float, str] | None]:
+        """One keyset page of sessions (a `state.sqlite.keyset.PageQuery`) and the next cursor."""
+        return await self._read(session_page, q)
+
+    async def lineage_tree(self, session_id: str) -> Row | None:
+        return await self._read(lineage_tree, session_id)
+
+    async def count_empty_sessions(self) -> int:
+        return await self._read(count_empty)
+
+    async def delete_empty_sessions(self, protected: Iterable[str] = ()) -> int:
+        """Delete ended sessions that have no messages, a chunk per transaction."""
+        keep = frozenset(protected)
+
+        async def chunk() -> int:
+            return await self._write(delete_empty_chunk, keep)
+
+        return await in_chunks(chunk)
+
+    async def insights(self, since: float, until: float, source: str | None = None) -> Row:
+        """Activity figures for [since, until) (see state/sqlite/insights.py)."""
+        return await self._read(insights, Period(since, until, source))

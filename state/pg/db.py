@@ -3,7 +3,7 @@ mapping of PostgreSQL's unique violations to the store's errors."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection, errors
@@ -12,7 +12,7 @@ from psycopg.types.array import ListBinaryDumper
 
 from ..rows import Row
 
-Params = Sequence[Any] | None
+Params = Sequence[Any] | Mapping[str, Any] | None  # positional (%s) or named (%(name)s)
 
 
 def binary_lists(conn: AsyncConnection) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from psycopg import AsyncConnection
 
@@ -23,7 +23,7 @@ from .windows import histories
 from .writer import register_batched
 
 # The rows' ids drawn in call order (`n`) and the rows inserted (`ins`: their ids and keys),
-# as common table expressions: accept_many's statement, and cluster.turns_many's, which
+# as common table expressions: accept_many's statement, and turns.turns_many's, which
 # takes the inserted rows' keys in the same statement. Each drawn id, and whether its row
 # went in, is _ACCEPTED's select (cluster.py widens it with the take's columns).
 ACCEPT_CTES = (
@@ -207,12 +207,12 @@ async def turn_writes_many(
     # the ended rows answered (finish_many's columns) with their replies in the outbox; a
     # row ended twice in one batch: the last call wins
     final = {
-        c[0]: (c[4], stored[i][-1] if stored[i] else None)
+        c[0]: (cast(End, c)[4], stored[i][-1] if stored[i] else None)
         for i, (kind, c) in enumerate(calls)
         if kind == END
     }
     # id, begun, sid, mid, runner, reply state, reply message id (_TURN_ROWS's columns)
-    begun = [
+    begun: list[tuple[Any, ...]] = [
         (
             rid,
             True,
@@ -224,7 +224,9 @@ async def turn_writes_many(
         )
         for rid, i in last_call.items()
     ]
-    ended = [(rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()]
+    ended: list[tuple[Any, ...]] = [
+        (rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()
+    ]
     # one statement for both kinds; a row begun and ended in one batch: begun first
     parts = [begun, ended] if set(last_call) & set(final) else [begun + ended]
     updates = [
@@ -343,40 +345,6 @@ async def finish_many(
 
 
 register_batched(finish, finish_many)
-
-
-async def mark_reply(
-    conn: AsyncConnection, inbox_id: int, reply_state: str, ref: str | None
-) -> None:
-    """The reply's fate after the send: 'sent' (with the platform's ids) or 'failed'."""
-    await mark_replies_many(conn, [(inbox_id, reply_state, ref)])
-
-
-async def mark_replies_many(
-    conn: AsyncConnection, calls: Sequence[tuple[int, str, str | None]]
-) -> list[None]:
-    final = {c[0]: c for c in calls}  # a row marked twice in one batch: the last call wins
-    await db.run(
-        conn,
-        "UPDATE inbox SET reply_state = u.rs, reply_ref = u.ref "
-        "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, rs, ref) "
-        "WHERE inbox.id = u.id",
-        (list(final), [c[1] for c in final.values()], [c[2] for c in final.values()]),
-    )
-    return [None] * len(calls)
-
-
-register_batched(mark_reply, mark_replies_many, place=1)  # a fate: nothing reads it back
-
-
-async def unsent_replies(conn: AsyncConnection) -> list[dict[str, Any]]:
-    """Replies committed but not confirmed sent, oldest first, with their text."""
-    return await db.rows(
-        conn,
-        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
-        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
-        "WHERE i.reply_state IN ('ready', 'sending') ORDER BY i.id",
-    )
 
 
 async def open_rows(conn: AsyncConnection) -> list[dict[str, Any]]:

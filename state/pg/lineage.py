@@ -3,7 +3,7 @@ replaying a conversation across its ancestors (state/sqlite/lineage.py's rules).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from psycopg import AsyncConnection
@@ -12,6 +12,7 @@ from ..errors import SessionNotFound
 from ..records import SessionRow
 from ..vocab import INHERITED_COLUMNS, MAX_LINEAGE_DEPTH, ChildKind, is_compression_child
 from . import db, messages, sessions
+from .dispatch import Dispatch
 
 
 async def ancestors(conn: AsyncConnection, session_id: str) -> list[SessionRow]:
@@ -136,3 +137,51 @@ async def conversation(
             out.extend(await messages.conversation(conn, anc["id"]))
     out.extend(await messages.conversation(conn, session_id, last))
     return out
+
+
+class LineageOps(Dispatch):
+    """PgStore's lineage: ancestors, descendants, children, the compression tip, forks."""
+
+    async def get_messages_as_conversation(
+        self, session_id: str, *, include_ancestors: bool = False, last: int | None = None
+    ) -> list[dict[str, Any]]:
+        return await self._read(conversation, session_id, include_ancestors, last)
+
+    async def get_ancestors(self, session_id: str) -> list[SessionRow]:
+        return await self._read(ancestors, session_id)
+
+    async def get_descendants(self, session_id: str) -> list[SessionRow]:
+        return await self._read(descendants, session_id)
+
+    async def get_children(self, session_id: str, kind: str | None = None) -> list[SessionRow]:
+        return await self._read(children, session_id, kind)
+
+    async def get_compression_tip(self, session_id: str) -> str:
+        return await self._read(compression_tip, session_id)
+
+    async def resolve_resume_session_id(self, session_id: str) -> str:
+        return await self._read(compression_tip, session_id)
+
+    async def fork_session(
+        self,
+        parent_id: str,
+        kind: str,
+        *,
+        new_id: str | None = None,
+        title: str | None = None,
+        copy_messages: bool = False,
+        seed_messages: Iterable[Mapping[str, Any]] = (),
+        end_reason: str | None = None,
+        **routing: Any,
+    ) -> str:
+        return await self._write(
+            fork,
+            parent_id,
+            kind,
+            new_id,
+            title,
+            copy_messages,
+            list(seed_messages),
+            end_reason,
+            routing,
+        )

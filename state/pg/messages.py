@@ -29,6 +29,7 @@ from ..message_rows import (
 from ..records import MessageRow
 from ..rows import from_json_text, make_preview
 from . import db, usage
+from .dispatch import Dispatch
 from .tsearch import index_text
 
 __all__ = ["MESSAGE_FIELDS"]
@@ -310,3 +311,75 @@ async def clear_messages(conn: AsyncConnection, session_id: str) -> int:
 
 def rows_for_copy(history: list[MessageRow]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if k in MESSAGE_FIELDS} for m in history]
+
+
+class MessageOps(Dispatch):
+    """PgStore's messages: appends (the hot path), reads in order, counts."""
+
+    async def append_message(
+        self, session_id: str, role: str, content: str | None = None, **fields: Any
+    ) -> int:
+        bad = [k for k in fields if k not in MESSAGE_FIELDS]
+        if bad:
+            raise TypeError(f"unknown message field(s): {', '.join(bad)}")
+        msg = {"role": role, "content": content, **fields}
+        ids = await self._write(append_messages, session_id, (msg,))
+        return ids[0]
+
+    async def append_messages(
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+    ) -> list[int]:
+        tokens = None
+        if input_tokens or output_tokens:
+            tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        return await self._write(append_messages, session_id, list(batch), dedupe, tokens)
+
+    async def append_and_read(
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        last: int | None = None,
+    ) -> tuple[list[int], list[dict[str, Any]]]:
+        return await self._write(append_and_read, session_id, list(batch), dedupe, last)
+
+    async def get_messages(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after_id: int | None = None,
+        last: int | None = None,
+    ) -> list[MessageRow]:
+        async def read(conn: AsyncConnection) -> list[MessageRow]:
+            return await get_messages(conn, session_id, limit=limit, after_id=after_id, last=last)
+
+        return await self._read(read)
+
+    async def get_messages_around(
+        self, session_id: str, message_id: int, window: int = 5
+    ) -> list[MessageRow]:
+        return await self._read(get_messages_around, session_id, message_id, window)
+
+    async def count_messages_outside(
+        self, session_id: str, first_id: int, last_id: int
+    ) -> tuple[int, int]:
+        return await self._read(count_outside, session_id, first_id, last_id)
+
+    async def clear_messages(self, session_id: str) -> int:
+        return await self._write(clear_messages, session_id)
+
+    async def message_count(self, session_id: str | None = None) -> int:
+        return await self._read(count_messages, session_id)
+
+    async def has_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> bool:
+        return await self._read(is_stored, source, chat_id, platform_message_id)

@@ -15,6 +15,7 @@ from ..records import PAIRING_COLUMNS as COLUMNS
 from ..vocab import APPROVED, REVOKED, TAKEN
 from ..vocab import PAIRING_PENDING as PENDING
 from . import db
+from .dispatch import Dispatch
 
 CREATE_SQL = """
 CREATE TABLE pairing (
@@ -115,3 +116,45 @@ async def listing(conn: AsyncConnection, now: float) -> list[dict[str, Any]]:
         "ORDER BY requested_at, platform, user_id",
         (APPROVED, PENDING, now),
     )
+
+
+class PairingOps(Dispatch):
+    """PgStore's DM pairing."""
+
+    async def pairing_offer(
+        self,
+        platform: str,
+        user_id: str,
+        user_name: str | None,
+        chat_id: str,
+        code: str,
+        *,
+        now: float,
+        ttl_s: float,
+        user_interval_s: float,
+        max_pending: int,
+    ) -> str | None:
+        return await self._write(
+            offer,
+            platform,
+            user_id,
+            user_name,
+            chat_id,
+            code,
+            now,
+            ttl_s,
+            user_interval_s,
+            max_pending,
+        )
+
+    async def pairing_decide(self, code: str, state: str, now: float) -> dict[str, Any] | None:
+        return await self._write(decide, code, state, now)
+
+    async def pairing_revoke(self, platform: str, user_id: str, now: float) -> bool:
+        return await self._write(revoke, platform, user_id, now)
+
+    async def pairing_approved(self, platform: str, user_id: str) -> bool:
+        return await self._read(approved, platform, user_id)
+
+    async def pairing_list(self, now: float) -> list[dict[str, Any]]:
+        return await self._read(listing, now)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,7 +24,9 @@ from psycopg import AsyncConnection
 from .. import query as q
 from .. import ranking
 from ..errors import QueryError
+from ..filters import SessionFilter
 from ..records import SearchHit
+from ..sqlite import search as sqlite_search
 from ..sqlite.search import (
     CONTEXT_CHARS,
     FIRST_WINDOW,
@@ -38,6 +41,7 @@ from ..sqlite.search import (
 )
 from ..textindex import segment
 from . import db
+from .dispatch import Dispatch
 from .messages import from_pg
 from .tsearch import (
     lexeme_query,
@@ -449,3 +453,35 @@ async def _add_context(
                 "content": None if text is None else text[:CONTEXT_CHARS],
             }
         h["snippet"] = make_snippet(from_pg(r[9], r[10]) or "", marks)
+
+
+class SearchOps(Dispatch):
+    """PgStore's message search."""
+
+    _totals: Totals  # the corpus figures ranking uses, kept between searches
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        sources: Iterable[str] = (),
+        exclude_sources: Iterable[str] = (),
+        roles: Iterable[str] = (),
+        scope: SessionFilter | None = None,
+        exclude_session_ids: Iterable[str] = (),
+        sort: str = "relevance",
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[SearchHit]:
+        req = sqlite_search.SearchRequest(
+            query=query,
+            sources=tuple(sources),
+            exclude_sources=tuple(exclude_sources),
+            roles=tuple(roles),
+            scope=scope or SessionFilter(include_children=True),
+            exclude_session_ids=tuple(exclude_session_ids),
+            sort=sort,
+            limit=limit,
+            offset=offset,
+        )
+        return await self._read(search, req, self._totals)

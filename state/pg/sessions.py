@@ -1,5 +1,4 @@
-"""Sessions on PostgreSQL: create, end/reopen, routing fields, titles, handoffs and the
-index's source queries. Each function runs inside the writer's transaction (writes) or on
+"""Sessions on PostgreSQL: create, end/reopen, routing fields, titles, references. Each function runs inside the writer's transaction (writes) or on
 a pooled connection (reads); the rules are state/sqlite/sessions.py's and state/titles.py's, and
 uniqueness is the constraints' job, so two processes cannot both win."""
 
@@ -7,12 +6,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, cast
 
 from psycopg import AsyncConnection, errors
 
 from ..columns import ROUTING_FIELDS, TOKEN_FIELDS
+from ..creation import Creation
 from ..errors import (
     AmbiguousSession,
     LiveSessionExists,
@@ -23,7 +23,7 @@ from ..errors import (
     TitleTooLong,
 )
 from ..ids import new_session_id
-from ..records import HandoffClaim, LiveSession, SessionRow, UntoldReset
+from ..records import SessionRow
 from ..rows import like_escape
 from ..titles import (
     MAX_TITLE_LENGTH,
@@ -34,8 +34,9 @@ from ..titles import (
     split_lineage,
     title_key,
 )
-from ..vocab import CHILD_KINDS, STALE_ERROR
+from ..vocab import CHILD_KINDS
 from . import db
+from .dispatch import Dispatch
 from .schema import LIVE_KEY_INDEX, TITLE_INDEX
 
 
@@ -314,126 +315,56 @@ async def count_sessions(conn: AsyncConnection, source: str | None = None) -> in
     return int(await db.value(conn, "SELECT COUNT(*) FROM sessions"))
 
 
-# --- handoffs (state/sqlite/handoffs.py's state machine) --------------------------------------
+class SessionOps(Creation, Dispatch):
+    """PgStore's sessions: create, read, end/reopen, resolve references, titles."""
 
+    async def _insert(self, fields: dict[str, Any]) -> None:
+        await self._write(insert_session, fields)
 
-async def request_handoff(
-    conn: AsyncConnection, session_id: str, platform: str, now: float
-) -> bool:
-    n = await db.run(
-        conn,
-        "UPDATE sessions SET handoff_state = 'pending', handoff_platform = %s, handoff_error = NULL, "
-        "handoff_updated_at = %s WHERE id = %s "
-        "AND COALESCE(handoff_state, '') NOT IN ('pending', 'running')",
-        (platform, now, session_id),
-    )
-    if n == 0:
-        await require_session(conn, session_id)
-    return n == 1
+    async def _insert_new(self, fields: dict[str, Any], cli: bool) -> str:
+        return await self._write(insert_new_session, fields, cli)
 
+    async def _insert_if_missing(self, fields: dict[str, Any]) -> bool:
+        async def write(conn: AsyncConnection) -> bool:
+            return await insert_session(conn, fields, if_missing=True)
 
-# Under READ COMMITTED a plain `WHERE id = (SELECT ... LIMIT 1)` lets two claimers pick the
-# same row and both update it (the second re-checks only `id`). SKIP LOCKED makes the second
-# pass over a row the first holds, and the outer state check refuses a row that changed.
-_CLAIM = (
-    "UPDATE sessions SET handoff_state = 'running', handoff_updated_at = %s WHERE id = ("
-    "SELECT id FROM sessions WHERE handoff_state = 'pending' AND handoff_platform = ANY(%s) "
-    "ORDER BY handoff_updated_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
-    "AND handoff_state = 'pending' RETURNING id, handoff_platform"
-)
+        return await self._write(write)
 
+    async def get_session(self, session_id: str) -> SessionRow | None:
+        return await self._read(get_session, session_id)
 
-async def claim_handoff(
-    conn: AsyncConnection, platforms: Sequence[str], now: float
-) -> HandoffClaim | None:
-    found = await db.tuples(conn, _CLAIM, (now, list(platforms)))
-    return {"id": found[0][0], "platform": found[0][1]} if found else None
+    async def end_session(self, session_id: str, reason: str, *, now: float | None = None) -> bool:
+        return await self._write(end_session, session_id, reason, now)
 
+    async def reopen_session(self, session_id: str) -> bool:
+        return await self._write(reopen_session, session_id)
 
-async def finish_handoff(
-    conn: AsyncConnection, session_id: str, state: str | None, error: str | None, expect: str | None
-) -> bool:
-    sql = (
-        "UPDATE sessions SET handoff_state = %s, handoff_error = %s, handoff_updated_at = %s "
-        "WHERE id = %s"
-    )
-    params: list[object] = [state, error, time.time(), session_id]
-    if expect is not None:
-        sql += " AND handoff_state = %s"
-        params.append(expect)
-    return await db.run(conn, sql, params) == 1
+    async def resolve_session_id(self, ref: str) -> str:
+        return await self._read(resolve_id, ref)
 
+    async def resolve_session_ref(self, ref: str) -> str:
+        return await self._read(resolve_ref, ref)
 
-async def fail_stale_handoffs(conn: AsyncConnection, older_than_s: float, now: float) -> list[str]:
-    found = await db.tuples(
-        conn,
-        "UPDATE sessions SET handoff_state = 'failed', handoff_error = %s, handoff_updated_at = %s "
-        "WHERE handoff_state = 'running' AND handoff_updated_at < %s RETURNING id",
-        (STALE_ERROR, now, now - older_than_s),
-    )
-    return sorted(r[0] for r in found)
+    async def update_system_prompt(self, session_id: str, prompt: str | None) -> None:
+        await self._write(update_system_prompt, session_id, prompt)
 
+    async def update_session(self, session_id: str, **fields: Any) -> None:
+        await self._write(update_fields, session_id, fields)
 
-# --- the gateway index's source queries (state/sqlite/routing.py) ------------------------------
+    async def session_count(self, source: str | None = None) -> int:
+        return await self._read(count_sessions, source)
 
-_LIVE = "session_key, id, started_at, last_active, origin_json, source, chat_type"
+    async def set_session_title(self, session_id: str, title: str | None) -> str | None:
+        return await self._write(set_title, session_id, title)
 
+    async def set_title_if_unset(self, session_id: str, title: str) -> str | None:
+        return await self._write(set_title_if_unset, session_id, title)
 
-async def live_sessions_by_key(conn: AsyncConnection) -> list[LiveSession]:
-    found = await db.rows(
-        conn,
-        f"SELECT {_LIVE} FROM sessions WHERE session_key IS NOT NULL AND ended_at IS NULL "
-        "ORDER BY started_at, id",
-    )
-    return cast(list[LiveSession], found)
+    async def get_session_by_title(self, title: str) -> SessionRow | None:
+        return await self._read(get_by_title, title)
 
+    async def resolve_session_by_title(self, title: str) -> str | None:
+        return await self._read(resolve_title, title)
 
-async def live_session_for_key(conn: AsyncConnection, key: str) -> LiveSession | None:
-    found = await db.row(
-        conn,
-        f"SELECT {_LIVE} FROM sessions WHERE session_key = %s AND ended_at IS NULL "
-        "ORDER BY started_at DESC, id DESC LIMIT 1",
-        (key,),
-    )
-    return cast(LiveSession | None, found)
-
-
-async def newest_live_session_by_key(conn: AsyncConnection) -> dict[str, str]:
-    found = await db.tuples(
-        conn,
-        "SELECT DISTINCT ON (session_key) session_key, id FROM sessions "
-        "WHERE session_key IS NOT NULL AND ended_at IS NULL "
-        "ORDER BY session_key, started_at DESC, id DESC",
-    )
-    return {k: v for k, v in found}
-
-
-async def session_states(
-    conn: AsyncConnection, ids: list[str]
-) -> dict[str, tuple[float | None, str | None]]:
-    found = await db.tuples(
-        conn, "SELECT id, ended_at, end_reason FROM sessions WHERE id = ANY(%s)", (ids,)
-    )
-    return {r[0]: (r[1], r[2]) for r in found}
-
-
-async def untold_resets(conn: AsyncConnection) -> list[UntoldReset]:
-    """See state.sqlite.routing.untold_resets."""
-    found = await db.tuples(
-        conn,
-        "SELECT c.session_key, c.id, p.id, p.title, p.message_count, p.end_reason "
-        "FROM sessions c JOIN sessions p ON p.id = c.parent_session_id "
-        "WHERE c.ended_at IS NULL AND c.session_key IS NOT NULL AND c.child_kind = 'reset' "
-        "AND COALESCE(c.message_count, 0) = 0 AND p.end_reason IN ('idle', 'daily')",
-    )
-    return [
-        {
-            "session_key": r[0],
-            "session_id": r[1],
-            "old_id": r[2],
-            "old_title": r[3],
-            "old_messages": int(r[4] or 0),
-            "end_reason": r[5],
-        }
-        for r in found
-    ]
+    async def get_next_title_in_lineage(self, title: str) -> str:
+        return await self._read(next_title_in_lineage, title)

@@ -26,6 +26,7 @@ from psycopg import AsyncConnection
 
 from . import db
 from .cluster import LIVE
+from .dispatch import Dispatch
 
 MEMBER_ROUNDS = 3  # a member that has not claimed for this many rounds takes no share
 RESERVE_ROUNDS = 2  # a released shard waits this many rounds for a replica under quota
@@ -178,3 +179,18 @@ async def release(
             "epochs": [shards[s] for s in shards],
         },
     )
+
+
+class ShardOps(Dispatch):
+    """PgStore's shard ledger."""
+
+    async def claim_shards(
+        self, platform: str, count: int, me: int, space: int, every_s: float
+    ) -> tuple[dict[int, int], int]:
+        """The shards `me` owns after its claim (id -> epoch), and how many to hand over."""
+        return await self._write(claim, platform, count, me, space, every_s)
+
+    async def release_shards(
+        self, platform: str, count: int, me: int, owned: Mapping[int, int]
+    ) -> int:
+        return await self._write(release, platform, count, me, owned)

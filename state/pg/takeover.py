@@ -10,6 +10,7 @@ from psycopg import AsyncConnection
 from ..records import InboxEntry, UnsentReply
 from . import db
 from .cluster import LEADER, LIVE
+from .dispatch import Dispatch
 
 
 async def orphans(
@@ -38,7 +39,7 @@ async def orphans(
 async def orphan_replies(conn: AsyncConnection, space: int) -> list[UnsentReply]:
     """Replies committed but not confirmed sent whose turn ran on a replica that is gone,
     of keys no live replica leases (a holder sends its key's first: the take returns them):
-    the shape of inbox.unsent_replies, with the row's `session_key`."""
+    the shape of replies.unsent_replies, with the row's `session_key`."""
     return await db.rows(  # type: ignore[return-value]  # rows of that shape
         conn,
         f"WITH live AS ({LIVE}) "
@@ -100,3 +101,19 @@ async def report(conn: AsyncConnection) -> dict[str, int]:
         "dead_leases": int(dead),
         "orphaned_rows": len(await orphans(conn, space)),
     }
+
+
+class TakeoverOps(Dispatch):
+    """PgStore's takeover of what a gone replica left, and the replicas' report."""
+
+    async def orphaned_inbound(self, space: int, me: int | None = None) -> list[InboxEntry]:
+        return await self._read(orphans, space, me)
+
+    async def orphaned_replies(self, space: int) -> list[UnsentReply]:
+        return await self._read(orphan_replies, space)
+
+    async def claim_orphaned_reply(self, space: int, inbox_id: int, me: int) -> bool:
+        return await self._write(claim_reply, space, inbox_id, me)
+
+    async def cluster_report(self) -> dict[str, int]:
+        return await self._read(report)

@@ -119,10 +119,10 @@ def to_tsquery(node: q.Node, *, segmented: bool) -> str | None:
             if inner is not None:
                 parts.append(f"!{inner}")
             continue
-        got = to_tsquery(item, segmented=segmented)
-        if got is None:
+        part = to_tsquery(item, segmented=segmented)
+        if part is None:
             return None
-        parts.append(got)
+        parts.append(part)
     return "(" + " & ".join(parts) + ")"
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from psycopg import AsyncConnection
 
-from ..accounting import TOKEN_KINDS, totals_set, usage_route
-from . import db
+from ..accounting import TOKEN_KINDS, TokenUsage, token_update, totals_set, usage_route
+from . import db, sessions
+from .dispatch import Dispatch
 
 # Both usage inserts: the row's columns up to its costs, its key, and on a conflict the
 # counters and costs adding up
@@ -216,3 +217,18 @@ async def add_tokens_many(conn: AsyncConnection, deltas: Sequence[tuple[str, int
             now,
         ),
     )
+
+
+class UsageOps(Dispatch):
+    """PgStore's token and cost counters."""
+
+    async def update_token_counts(self, session_id: str, **usage: Unpack[TokenUsage]) -> None:
+        """Add to the counters (default), or set them (`absolute=True`): state/accounting.py's
+        reading of the call, the rules of update_token_counts above."""
+        update = token_update(usage)
+
+        async def write(conn: AsyncConnection) -> None:
+            await sessions.require_session(conn, session_id)
+            await update_token_counts(conn, session_id, **update)
+
+        await self._write(write)

@@ -8,13 +8,17 @@ Deleting a session also deletes its usage rows and the subagent sessions it dele
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+from ..hermes import hermes_import, hermes_sessions
 from ..hermes.hermes_sessions import compression_family, cwd_prefix_clause
 from ..rows import Row
 from . import maintenance
+from .dispatch import Dispatch
 
 FILTERS = frozenset(
     {
@@ -174,3 +178,35 @@ def archive_many(conn: sqlite3.Connection, ids: Iterable[str]) -> int:
         conn.execute(f"UPDATE sessions SET archived = 1 WHERE id IN ({marks})", family)
         count += 1
     return count
+
+
+class ArchiveOps(Dispatch):
+    """SessionDB's archive, bulk delete, workspace columns and the Hermes import."""
+
+    async def set_session_archived(self, session_id: str, archived: bool = True) -> bool:
+        """Archive (or restore) a session with its compression ancestors and continuations."""
+        return bool(await self._write(hermes_sessions.set_archived, session_id, archived))
+
+    async def delete_sessions(self, session_ids: list[str]) -> list[str]:
+        """Delete many sessions in one transaction (with their delegate subagents)."""
+        return list(await self._write(delete_many, session_ids))
+
+    async def update_session_cwd(
+        self,
+        session_id: str,
+        cwd: str,
+        git_branch: str | None = None,
+        git_repo_root: str | None = None,
+    ) -> None:
+        await self._write(hermes_sessions.update_cwd, session_id, cwd, git_branch, git_repo_root)
+
+    async def import_hermes(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        dry_run: bool = False,
+        routing: hermes_import.Routing | None = None,
+    ) -> Any:
+        """Copy a Hermes Agent state.db's sessions, messages, titles and usage in (once);
+        `routing` gives the imported rows switchboard's session keys (state/hermes/hermes_import.py)."""
+        return await self._writer.exclusive(hermes_import.import_db, Path(source), dry_run, routing)

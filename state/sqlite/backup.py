@@ -31,11 +31,11 @@ class SnapshotSummary:
 def snapshot(source: Path, dest: Path) -> None:
     """Copy `source` (a state.db, live or not) to `dest` as one consistent image."""
     if not source.is_file():
-        raise DatabaseError(f"{source} does not exist")
+        raise DatabaseError(str(source), "does not exist")
     try:
         src = sqlite3.connect(source, timeout=30)
     except sqlite3.Error as exc:
-        raise DatabaseError(f"{source}: {exc}") from exc
+        raise DatabaseError(str(source), str(exc)) from exc
     try:
         dst = sqlite3.connect(dest)
         try:
@@ -45,7 +45,7 @@ def snapshot(source: Path, dest: Path) -> None:
         finally:
             dst.close()
     except sqlite3.Error as exc:
-        raise DatabaseError(f"backing up {source}: {exc}") from exc
+        raise DatabaseError(str(source), f"cannot be backed up: {exc}") from exc
     finally:
         src.close()
 
@@ -56,7 +56,7 @@ def verify(path: Path) -> SnapshotSummary:
     try:
         conn = sqlite3.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
-        raise DatabaseError(f"{path}: {exc}") from exc
+        raise DatabaseError(str(path), str(exc)) from exc
     try:
         problems = maintenance.integrity_check(conn, quick=False)
         version = schema.current_version(conn)

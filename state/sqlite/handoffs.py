@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..records import HandoffClaim
 from ..vocab import STALE_ERROR  # noqa: F401
+from .dispatch import Dispatch
 from .sessions import require_session
 
 
@@ -66,3 +67,43 @@ def fail_stale(conn: sqlite3.Connection, older_than_s: float, now: float) -> lis
         (STALE_ERROR, now, now - older_than_s),
     ).fetchall()
     return [r[0] for r in rows]
+
+
+class HandoffOps(Dispatch):
+    """SessionDB's terminal-to-chat handoffs."""
+
+    async def request_handoff(
+        self, session_id: str, platform: str, *, now: float | None = None
+    ) -> bool:
+        """Mark a session `pending` for `platform`; False if a handoff is already in flight."""
+        at = time.time() if now is None else now
+        return await self._write(request, session_id, platform, at)
+
+    async def claim_handoff(
+        self, platforms: Iterable[str], *, now: float | None = None
+    ) -> HandoffClaim | None:
+        """Atomically take the oldest pending handoff for one of `platforms` (pending ->
+        running). Of two daemons sharing the file, one wins."""
+        wanted = list(platforms)
+        if not wanted:
+            return None
+        at = time.time() if now is None else now
+        return await self._write(claim, wanted, at)
+
+    async def finish_handoff(
+        self,
+        session_id: str,
+        state: str | None,
+        error: str | None = None,
+        *,
+        expect: str | None = None,
+    ) -> bool:
+        """Set the handoff's final (or reset) state; with `expect`, only from that state."""
+        return await self._write(finish, session_id, state, error, expect)
+
+    async def fail_stale_handoffs(
+        self, older_than_s: float, *, now: float | None = None
+    ) -> list[str]:
+        """`running` handoffs whose daemon went away: failed, never stuck."""
+        at = time.time() if now is None else now
+        return await self._write(fail_stale, older_than_s, at)

@@ -16,12 +16,17 @@ import json
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..records import Accept  # noqa: F401
+from ..records import (
+    Accept,  # noqa: F401
+    Fence,
+    Release,
+)
 from ..rows import payload_of  # noqa: F401
 from ..vocab import ANSWERED, DROPPED, OPEN_STATES, RECEIVED, STARTED  # noqa: F401
+from .dispatch import Dispatch
 from .messages import append_many, conversations_after
 from .windows import keeps_windows, windows_of
 from .writer import register_batched
@@ -334,38 +339,6 @@ _OPEN_ROWS = (
 )
 
 
-def mark_reply(conn: sqlite3.Connection, inbox_id: int, reply_state: str, ref: str | None) -> None:
-    """The reply's fate after the send: 'sent' (with the platform's ids) or 'failed'."""
-    mark_replies_many(conn, [(inbox_id, reply_state, ref)])
-
-
-def mark_replies_many(
-    conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]
-) -> list[None]:
-    conn.execute(
-        "UPDATE inbox SET reply_state = json_extract(j.value, '$[1]'), "
-        "reply_ref = json_extract(j.value, '$[2]') "
-        "FROM json_each(?) j WHERE inbox.id = json_extract(j.value, '$[0]')",
-        (json.dumps([list(c) for c in calls]),),
-    )
-    return [None] * len(calls)
-
-
-register_batched(mark_reply, mark_replies_many)
-
-
-def unsent_replies(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    """Replies committed but not confirmed sent, oldest first, with their text: 'ready'
-    ones are sent at start-up, 'sending' ones (the send may have happened) only counted."""
-    cur = conn.execute(
-        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
-        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
-        "WHERE i.reply_state IN ('ready', 'sending') ORDER BY i.id"
-    )
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
 def open_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Rows a crash left open, oldest first; `started` (with its session and message) when
     the turn's message is stored, else `received`."""
@@ -422,6 +395,116 @@ keeps_windows(
     end_turns_many,
     finish,
     finish_many,
-    mark_reply,
-    mark_replies_many,
 )
+
+
+class InboxOps(Dispatch):
+    """SessionDB's inbox: inbound messages committed before the ack, and their turns."""
+
+    async def accept_inbound(
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        *,
+        session_key: str | None = None,
+        replica: int | None = None,
+    ) -> tuple[int, str, bool]:
+        """Commit an inbound message before its platform is acknowledged: (inbox id, state,
+        whether it is new). A platform id taken before returns that row, storing nothing.
+        (`session_key`/`replica` are for stores replicas share: one file has one daemon.)"""
+        return await self._write(
+            accept,
+            platform,
+            chat_id,
+            platform_message_id,
+            payload_of(payload),
+            time.time(),
+        )
+
+    async def accept_and_begin(
+        self,
+        platform: str,
+        chat_id: str,
+        platform_message_id: str | None,
+        payload: object,
+        session_id: str,
+        message: Mapping[str, Any],
+        *,
+        last: int | None = None,
+    ) -> tuple[int, str, bool, tuple[int, list[dict[str, Any]]] | None]:
+        """`accept_inbound` and, when the row is new, `begin_turn` in one transaction:
+        (inbox id, state, whether new, begin_turn's result or None)."""
+        return await self._write(
+            accept_begin,
+            platform,
+            chat_id,
+            platform_message_id,
+            payload_of(payload),
+            time.time(),
+            session_id,
+            dict(message),
+            last,
+        )
+
+    async def begin_turn(
+        self,
+        inbox_id: int,
+        session_id: str,
+        message: Mapping[str, Any],
+        *,
+        last: int | None = None,
+        fence: Fence | None = None,
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """The user's message into its session, once (a turn a crash interrupted finds it
+        there), and the newest `last` messages up to it in OpenAI chat format: (the
+        message's id, the history). The inbox row counts as `started` from here."""
+        return await self._write(begin_turn, inbox_id, session_id, dict(message), last)
+
+    async def end_turn(
+        self,
+        inbox_id: int,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        reply_state: str = "ready",
+        fence: Fence | None = None,
+        release: Release | None = None,
+    ) -> list[int]:
+        """The reply into the session, the row `answered` and the reply in the outbox as
+        `reply_state` ('ready', 'sending', or 'sent' for a reply given as its request's
+        response), in one transaction. (No fences or leases here: one home, one daemon.)"""
+        if release is not None:
+            raise ValueError("a lease can only be freed by a fenced write (replicas)")
+        tokens = (
+            {"input_tokens": input_tokens, "output_tokens": output_tokens}
+            if input_tokens or output_tokens
+            else None
+        )
+        return await self._write(end_turn, inbox_id, session_id, list(batch), tokens, reply_state)
+
+    async def finish_inbound(
+        self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None
+    ) -> None:
+        """Close an inbox row without an agent reply (a command answered, or dropped)."""
+        await self._write(finish, inbox_id, state, reason)
+
+    async def open_inbound(self) -> list[dict[str, Any]]:
+        """Rows a crash left `received`/`started`, oldest first."""
+        return await self._read(open_rows)
+
+    async def inbox_counts(self) -> dict[str, int]:
+        """Rows per state, with `started` (open rows whose message is in a session) apart."""
+        found = await self._read(counts)
+        started = await self._read(started_rows)
+        if started:
+            found["received"] = found.get("received", 0) - started
+            found["started"] = started
+        return {k: v for k, v in found.items() if v}
+
+    async def prune_inbox(self, older_than: float) -> int:
+        """Forget closed inbox rows last touched before `older_than` (never a message)."""
+        return await self._write(prune, older_than)

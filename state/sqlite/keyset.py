@@ -8,9 +8,13 @@ filters a person browsing every session wants (chat type, titled, live/ended, da
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from ..pruning import in_chunks
 from ..rows import Row, row_dict
+from .dispatch import Dispatch
 from .listing import LIST_COLUMNS, folded_lineage, with_chat_name
 
 SORTS = {"active": "last_active", "started": "started_at"}
@@ -87,3 +91,40 @@ def cut_page(rows: list[Row], col: str, limit: int) -> tuple[list[Row], tuple[fl
     rows = rows[:limit]
     cursor = (float(rows[-1][col]), str(rows[-1]["id"])) if more and rows else None
     return rows, cursor
+
+
+class DashboardOps(Dispatch):
+    """SessionDB's dashboard queries: keyset pages, lineage trees, empty sessions, insights."""
+
+    async def session_page(self, q: Any) -> tuple[list[Row], tuple[float, str] | None]:
+        """One keyset page of sessions (a `state.sqlite.PageQuery`) and the next cursor."""
+
+        rows, cursor = await self._read(page, q)
+        return list(rows), cursor
+
+    async def lineage_tree(self, session_id: str) -> Row | None:
+        from . import family
+
+        return await self._read(family.lineage_tree, session_id)
+
+    async def count_empty_sessions(self) -> int:
+        from . import cleanup
+
+        return int(await self._read(cleanup.count_empty))
+
+    async def delete_empty_sessions(self, protected: Iterable[str] = ()) -> int:
+        """Delete ended sessions that have no messages, a chunk per transaction."""
+        from . import cleanup
+
+        keep = frozenset(protected)
+
+        async def chunk() -> int:
+            return int(await self._write(cleanup.delete_empty_chunk, keep))
+
+        return await in_chunks(chunk)
+
+    async def insights(self, since: float, until: float, source: str | None = None) -> Row:
+        """Activity figures for [since, until) (see state/sqlite/insights.py)."""
+        from . import insights
+
+        return dict(await self._read(insights.insights, insights.Period(since, until, source)))

@@ -4,7 +4,7 @@ child (branch, compression, reset) and replaying a conversation across its ances
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from ..errors import SessionNotFound
@@ -12,6 +12,7 @@ from ..records import SessionRow
 from ..rows import row_dict
 from ..vocab import INHERITED_COLUMNS, MAX_LINEAGE_DEPTH, ChildKind, is_compression_child
 from . import messages, sessions
+from .dispatch import Dispatch
 
 
 def ancestors(conn: sqlite3.Connection, session_id: str) -> list[SessionRow]:
@@ -149,3 +150,54 @@ def conversation(
             rows.extend(messages.conversation(conn, anc["id"]))
     rows.extend(messages.conversation(conn, session_id, last))
     return rows
+
+
+class LineageOps(Dispatch):
+    """SessionDB's lineage: ancestors, descendants, children, the compression tip, forks."""
+
+    async def get_messages_as_conversation(
+        self, session_id: str, *, include_ancestors: bool = False, last: int | None = None
+    ) -> list[dict[str, Any]]:
+        return await self._read(conversation, session_id, include_ancestors, last)
+
+    async def get_ancestors(self, session_id: str) -> list[SessionRow]:
+        return await self._read(ancestors, session_id)
+
+    async def get_descendants(self, session_id: str) -> list[SessionRow]:
+        return await self._read(descendants, session_id)
+
+    async def get_children(self, session_id: str, kind: str | None = None) -> list[SessionRow]:
+        return await self._read(children, session_id, kind)
+
+    async def get_compression_tip(self, session_id: str) -> str:
+        return await self._read(compression_tip, session_id)
+
+    async def resolve_resume_session_id(self, session_id: str) -> str:
+        return await self._read(resume_target, session_id)
+
+    async def fork_session(
+        self,
+        parent_id: str,
+        kind: str,
+        *,
+        new_id: str | None = None,
+        title: str | None = None,
+        copy_messages: bool = False,
+        seed_messages: Iterable[Mapping[str, Any]] = (),
+        end_reason: str | None = None,
+        **routing: Any,
+    ) -> str:
+        """Create a child of `parent_id` in one transaction: copy or seed its messages,
+        title it (an explicit title, else the next `#N` of the parent's title for
+        compression/branch), and end the parent with `end_reason`."""
+        return await self._write(
+            fork,
+            parent_id,
+            kind,
+            new_id,
+            title,
+            copy_messages,
+            list(seed_messages),
+            end_reason,
+            routing,
+        )

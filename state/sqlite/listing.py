@@ -9,9 +9,10 @@ from __future__ import annotations
 import sqlite3
 from typing import cast
 
-from ..filters import LIST_COLUMNS, SessionFilter, folded_lineage, with_chat_name  # noqa: F401
+from ..filters import LIST_COLUMNS, Listing, SessionFilter, folded_lineage, with_chat_name  # noqa: F401
 from ..records import SessionRow
 from ..rows import row_dict
+from .dispatch import Dispatch
 
 
 def list_sessions(
@@ -90,3 +91,25 @@ def resolve_in_scope(conn: sqlite3.Connection, ref: str, flt: SessionFilter) -> 
 def count_sessions(conn: sqlite3.Connection, flt: SessionFilter) -> int:
     where, params = flt.where()
     return int(conn.execute(f"SELECT COUNT(*) FROM sessions WHERE {where}", params).fetchone()[0])
+
+
+class ListingOps(Listing, Dispatch):
+    """SessionDB's listings of sessions for people."""
+
+    async def sessions_by_start(
+        self, source: str | None = None, limit: int = 20, offset: int = 0
+    ) -> list[SessionRow]:
+        """Every session, children included, newest start first, with all its columns."""
+        return await self._read(sessions_by_start, source, limit, offset)
+
+    async def resolve_in_scope(self, ref: str, flt: SessionFilter) -> str | None:
+        """Id, unique prefix or title, among the sessions `flt` allows (None if none)."""
+        return await self._read(resolve_in_scope, ref, flt)
+
+    async def list_filtered(
+        self, flt: SessionFilter, limit: int = 20, offset: int = 0
+    ) -> list[SessionRow]:
+        return await self._read(list_sessions, flt, limit, offset)
+
+    async def count_filtered(self, flt: SessionFilter) -> int:
+        return await self._read(count_sessions, flt)

@@ -9,8 +9,10 @@ import time
 
 from ..columns import AUTO_PRUNE_KEY, PRUNE_CHUNK  # noqa: F401
 from ..errors import SessionNotFound
+from ..pruning import Pruning
 from ..records import SourceUsage, UsageStats
 from . import schema
+from .dispatch import Dispatch
 
 
 def delete_sessions(conn: sqlite3.Connection, ids: list[str]) -> int:
@@ -223,3 +225,83 @@ def stats(conn: sqlite3.Connection, path: str) -> UsageStats:
         "wal_bytes": sizes["file-wal"],
         "computed_at": time.time(),
     }
+
+
+class MaintenanceOps(Pruning, Dispatch):
+    """SessionDB's `Maintenance`: delete, prune, vacuum, meta, checkpoints, index and integrity checks."""
+
+    async def _prune_chunk(
+        self, older_than_days: float, source: str | None, now: float, keep: frozenset[str]
+    ) -> int:
+        return await self._write(prune_chunk, older_than_days, source, now, keep)
+
+    async def _prune_candidates(
+        self, older_than_days: float, source: str | None, now: float, limit: int
+    ) -> list[str]:
+        return await self._read(prune_candidates, older_than_days, source, now, limit)
+
+    async def _claim_meta_stamp(self, key: str, interval_s: float, now: float) -> bool:
+        return await self._write(claim_meta_stamp, key, interval_s, now)
+
+    async def _vacuum_after_prune(self, min_bytes: int, min_share: float) -> bool:
+        """VACUUM rewrites the whole file and holds the write lock meanwhile: only when it
+        frees `min_bytes`, or `min_share` of the file."""
+        free, total = await self._read(freeable_bytes)
+        if free >= min_bytes or (total and free / total >= min_share):
+            await self.vacuum()
+            return True
+        return False
+
+    async def stats(self) -> UsageStats:
+        """Totals over the store (sessions, messages, tokens, cost, file sizes)."""
+        return await self._read(stats, str(self.path))
+
+    async def delete_session(self, session_id: str) -> None:
+        """Delete a session and its messages; its children become roots."""
+        await self._write(delete_session, session_id)
+
+    async def vacuum(self) -> tuple[int, int]:
+        """VACUUM; returns the file size in bytes before and after."""
+        return await self._writer.exclusive(vacuum)
+
+    async def get_meta(self, key: str) -> str | None:
+        return await self._read(get_meta, key)
+
+    async def set_meta(self, key: str, value: str | None) -> None:
+        await self._write(set_meta, key, value)
+
+    async def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """Copy WAL frames back into the file: (busy, frames in the WAL, frames copied)."""
+        if mode not in CHECKPOINT_MODES:
+            raise ValueError("checkpoint mode must be PASSIVE, FULL, RESTART or TRUNCATE")
+        return await self._writer.exclusive(checkpoint, mode)
+
+    async def rebuild_search_index(self) -> int:
+        """Rebuild both FTS indexes from the messages table; returns the aux row count."""
+        return await self._write(rebuild_search_index)
+
+    async def optimize_search_index(self) -> None:
+        await self._write(optimize_search_index)
+
+    async def check_search_index(self) -> list[str]:
+        """FTS integrity checks; returns a list of problems (empty when healthy)."""
+        return await self._write(check_search_index)
+
+    async def integrity_check(self, quick: bool = True) -> list[str]:
+        return await self._read(integrity_check, quick)
+
+    async def schema_version(self) -> int:
+        """The schema version the file is at (0 for a file switchboard never migrated)."""
+        return await self._read(schema.current_version)
+
+    def latest_schema_version(self) -> int:
+        """The newest schema version this switchboard knows (and migrates files to)."""
+        return schema.LATEST
+
+    async def count_dangling_parents(self) -> int:
+        """Sessions whose parent no longer exists (written by another program)."""
+        return await self._read(count_dangling_parents)
+
+    async def clear_dangling_parents(self) -> int:
+        """Make those sessions roots; returns how many were changed."""
+        return await self._write(clear_dangling_parents)

@@ -27,6 +27,7 @@ from ..records import MessageRow
 from ..rows import make_preview, row_dict
 from ..textindex import aux_row
 from . import activity, usage
+from .dispatch import Dispatch
 from .writer import register_batched
 
 _INSERT = (
@@ -474,3 +475,86 @@ def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
     if upd.rowcount == 0:
         raise SessionNotFound(session_id)
     return cur.rowcount
+
+
+class MessageOps(Dispatch):
+    """SessionDB's messages: appends (the hot path), reads in order, counts."""
+
+    async def append_message(
+        self, session_id: str, role: str, content: str | None = None, **fields: Any
+    ) -> int:
+        """Append one message; returns its id once it is committed."""
+        msg = {"role": role, "content": content, **fields}
+        bad = [k for k in fields if k not in MESSAGE_FIELDS]
+        if bad:
+            raise TypeError(f"unknown message field(s): {', '.join(bad)}")
+        ids = await self._write(append_messages, session_id, (msg,))
+        return ids[0]
+
+    async def append_messages(
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+    ) -> list[int]:
+        """Append several messages atomically, in order.
+
+        `dedupe=(source, chat_id)`: store nothing and return [] if a message's
+        platform_message_id was already stored for that chat (checked in the same
+        transaction). Token counts, if given, are added in the same transaction."""
+        tokens = None
+        if input_tokens or output_tokens:
+            tokens = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        if dedupe is None and tokens is None:
+            return await self._write(append_messages, session_id, list(batch))
+        return await self._write(append_messages, session_id, list(batch), dedupe, tokens)
+
+    async def append_and_read(
+        self,
+        session_id: str,
+        batch: Iterable[Mapping[str, Any]],
+        *,
+        dedupe: tuple[str, str] | None = None,
+        last: int | None = None,
+    ) -> tuple[list[int], list[dict[str, Any]]]:
+        """Append messages and return (their ids, the newest `last` messages in OpenAI chat
+        format) from the same transaction. With `dedupe`, a duplicate returns ([], [])."""
+        return await self._write(append_and_read, session_id, list(batch), dedupe, last)
+
+    async def get_messages(
+        self,
+        session_id: str,
+        *,
+        limit: int | None = None,
+        after_id: int | None = None,
+        last: int | None = None,
+    ) -> list[MessageRow]:
+        return await self._read(
+            lambda c: get_messages(c, session_id, limit=limit, after_id=after_id, last=last)
+        )
+
+    async def get_messages_around(
+        self, session_id: str, message_id: int, window: int = 5
+    ) -> list[MessageRow]:
+        return await self._read(get_messages_around, session_id, message_id, window)
+
+    async def count_messages_outside(
+        self, session_id: str, first_id: int, last_id: int
+    ) -> tuple[int, int]:
+        """How many messages of the session come before `first_id` and after `last_id`."""
+        return await self._read(count_outside, session_id, first_id, last_id)
+
+    async def clear_messages(self, session_id: str) -> int:
+        return await self._write(clear_messages, session_id)
+
+    async def message_count(self, session_id: str | None = None) -> int:
+        return await self._read(count_messages, session_id)
+
+    async def has_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> bool:
+        """True if a message with this platform id was already stored for that chat."""
+        return await self._read(is_stored, source, chat_id, platform_message_id)

@@ -16,6 +16,7 @@ from typing import Any
 from ..records import PAIRING_COLUMNS as COLUMNS
 from ..vocab import APPROVED, DENIED, REVOKED, TAKEN  # noqa: F401
 from ..vocab import PAIRING_PENDING as PENDING
+from .dispatch import Dispatch
 
 CREATE_SQL = """
 CREATE TABLE IF NOT EXISTS pairing (
@@ -124,3 +125,48 @@ def listing(conn: sqlite3.Connection, now: float) -> list[dict[str, Any]]:
             (APPROVED, PENDING, now),
         )
     ]
+
+
+class PairingOps(Dispatch):
+    """SessionDB's DM pairing."""
+
+    async def pairing_offer(
+        self,
+        platform: str,
+        user_id: str,
+        user_name: str | None,
+        chat_id: str,
+        code: str,
+        *,
+        now: float,
+        ttl_s: float,
+        user_interval_s: float,
+        max_pending: int,
+    ) -> str | None:
+        """Record `code` as the user's pending pairing code within the limits; the code,
+        None when the user may not have one now, or TAKEN (draw another)."""
+        return await self._write(
+            offer,
+            platform,
+            user_id,
+            user_name,
+            chat_id,
+            code,
+            now,
+            ttl_s,
+            user_interval_s,
+            max_pending,
+        )
+
+    async def pairing_decide(self, code: str, state: str, now: float) -> dict[str, Any] | None:
+        """Approve or deny the pending request holding `code` (single use); None if none."""
+        return await self._write(decide, code, state, now)
+
+    async def pairing_revoke(self, platform: str, user_id: str, now: float) -> bool:
+        return await self._write(revoke, platform, user_id, now)
+
+    async def pairing_approved(self, platform: str, user_id: str) -> bool:
+        return await self._read(approved, platform, user_id)
+
+    async def pairing_list(self, now: float) -> list[dict[str, Any]]:
+        return await self._read(listing, now)

@@ -1,15 +1,27 @@
-"""The stored reply to one platform message: what an idempotent client (the HTTP API's
-`Idempotency-Key`) is given again instead of a second turn. It finds the user message by
-(source, chat_id, platform_message_id) across the chat's sessions and the turn's final
-assistant text after it; it never writes.
+"""Replies after their turn: the fate of a reply's send ('sent' with the platform's ids,
+or 'failed'), the replies committed but not confirmed sent, and the stored reply to one
+platform message: what an idempotent client (the HTTP API's `Idempotency-Key`) is given
+again instead of a second turn. That one finds the user message by (source, chat_id,
+platform_message_id) across the chat's sessions and the turn's final assistant text after
+it; it never writes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import sqlite3
+from typing import Any
 
 from ..content import content_text
+from ..errors import WriterClosed
 from ..records import StoredReply
+from .dispatch import Dispatch
+from .windows import keeps_windows
+from .writer import register_batched
+
+log = logging.getLogger("state.store")
 
 # The chat's sessions first, then (session_id, platform_message_id), as the duplicate
 # check in state/sqlite/messages.py does: platform ids repeat across chats.
@@ -42,3 +54,75 @@ def reply_to(
     found = conn.execute(_REPLY, (session_id, message_id, bound)).fetchone()
     text = content_text(found[0]) if found is not None else None
     return StoredReply(session_id, session_key, message_id, text or None)
+
+
+def mark_reply(conn: sqlite3.Connection, inbox_id: int, reply_state: str, ref: str | None) -> None:
+    """The reply's fate after the send: 'sent' (with the platform's ids) or 'failed'."""
+    mark_replies_many(conn, [(inbox_id, reply_state, ref)])
+
+
+def mark_replies_many(
+    conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]
+) -> list[None]:
+    conn.execute(
+        "UPDATE inbox SET reply_state = json_extract(j.value, '$[1]'), "
+        "reply_ref = json_extract(j.value, '$[2]') "
+        "FROM json_each(?) j WHERE inbox.id = json_extract(j.value, '$[0]')",
+        (json.dumps([list(c) for c in calls]),),
+    )
+    return [None] * len(calls)
+
+
+register_batched(mark_reply, mark_replies_many)
+# a reply's fate leaves the history windows the writer keeps as they are (state.sqlite.windows)
+keeps_windows(mark_reply, mark_replies_many)
+
+
+def unsent_replies(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Replies committed but not confirmed sent, oldest first, with their text: 'ready'
+    ones are sent at start-up, 'sending' ones (the send may have happened) only counted."""
+    cur = conn.execute(
+        "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
+        "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
+        "WHERE i.reply_state IN ('ready', 'sending') ORDER BY i.id"
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+class ReplyOps(Dispatch):
+    """SessionDB's replies after their turn: marks of their sends, the unsent, stored replies."""
+
+    _marks: list[tuple[int, str, str | None]]  # mark_reply_soon's, not yet posted
+
+    async def mark_reply(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
+        """After the send: 'sent' (with the platform's message ids) or 'failed'."""
+        await self._write(mark_reply, inbox_id, reply_state, ref)
+
+    def mark_reply_soon(self, inbox_id: int, reply_state: str, ref: str | None = None) -> None:
+        """`mark_reply` posted to the writer: no future, no task (one per turn otherwise),
+        and the marks of one turn of the event loop go as one operation (each operation
+        queued wakes the writer's thread)."""
+        if self._closed:
+            raise WriterClosed("the store is closed")
+        self._marks.append((inbox_id, reply_state, ref))
+        if len(self._marks) == 1:
+            asyncio.get_running_loop().call_soon(self._post_marks)
+
+    def _post_marks(self) -> None:
+        marks, self._marks = self._marks, []
+        if not marks:
+            return
+        try:
+            self._writer.post(mark_replies_many, marks)
+        except WriterClosed as exc:  # the rows stay unconfirmed, as after a crash
+            log.warning("%d sent mark(s) not stored: %s", len(marks), exc)
+
+    async def unsent_replies(self) -> list[dict[str, Any]]:
+        """Replies committed but not confirmed sent ('ready' and 'sending'), oldest first."""
+        return await self._read(unsent_replies)
+
+    async def reply_to_platform_message(
+        self, source: str, chat_id: str, platform_message_id: str
+    ) -> StoredReply | None:
+        return await self._read(reply_to, source, chat_id, platform_message_id)

@@ -11,6 +11,7 @@ import json
 import sqlite3
 
 from ..records import LiveSession, UntoldReset
+from .dispatch import Dispatch
 
 _LIVE_COLUMNS = (
     "session_key",
@@ -114,3 +115,28 @@ def untold_resets(conn: sqlite3.Connection) -> list[UntoldReset]:
         }
         for r in conn.execute(_UNTOLD_RESETS)
     ]
+
+
+class RoutingOps(Dispatch):
+    """SessionDB's queries the gateway's session index is built and checked from."""
+
+    async def live_sessions_by_key(self) -> list[LiveSession]:
+        """The newest live (not ended) session per session_key: the index's source of truth."""
+        return await self._read(live_sessions_by_key)
+
+    async def live_session_for_key(self, key: str) -> LiveSession | None:
+        """The newest live session with this session_key, or None."""
+        return await self._read(live_session_for_key, key)
+
+    async def newest_live_session_by_key(self) -> dict[str, str]:
+        """session_key -> id of its newest live session: what the index checks itself
+        against at start-up."""
+        return await self._read(newest_live_session_by_key)
+
+    async def session_states(self, ids: list[str]) -> dict[str, tuple[float | None, str | None]]:
+        """id -> (ended_at, end_reason) for the ids that exist."""
+        return await self._read(session_states, ids)
+
+    async def untold_resets(self) -> list[UntoldReset]:
+        """Live, still empty reset children and the idle/daily sessions they replaced."""
+        return await self._read(untold_resets)

@@ -14,7 +14,7 @@ import re
 import sqlite3
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -24,6 +24,8 @@ from ..errors import QueryError
 from ..records import SearchHit
 from ..rows import Row
 from ..textindex import is_cjk, is_symbol, segment
+from . import listing
+from .dispatch import Dispatch
 from .listing import SessionFilter
 from .schema import FTS_TABLE
 
@@ -397,3 +399,34 @@ def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> 
         cursor = b
     out.append(text[cursor:end])
     return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
+
+
+class SearchOps(Dispatch):
+    """SessionDB's message search."""
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        sources: Iterable[str] = (),
+        exclude_sources: Iterable[str] = (),
+        roles: Iterable[str] = (),
+        scope: listing.SessionFilter | None = None,
+        exclude_session_ids: Iterable[str] = (),
+        sort: str = "relevance",
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[SearchHit]:
+        """Search every message (see state.sqlite.search); raises QueryError for unusable queries."""
+        req = SearchRequest(
+            query=query,
+            sources=tuple(sources),
+            exclude_sources=tuple(exclude_sources),
+            roles=tuple(roles),
+            scope=scope or listing.SessionFilter(include_children=True),
+            exclude_session_ids=tuple(exclude_session_ids),
+            sort=sort,
+            limit=limit,
+            offset=offset,
+        )
+        return await self._read(search, req)

@@ -18,6 +18,7 @@ from ..records import outbox_item as row_of
 from ..vocab import SEND_FAILED as FAILED  # noqa: F401
 from ..vocab import SEND_PENDING as PENDING
 from ..vocab import SEND_SENT as SENT  # noqa: F401
+from .dispatch import Dispatch
 
 CREATE_SQL = """
 CREATE TABLE IF NOT EXISTS sends (
@@ -95,3 +96,27 @@ def claim_due(
 
 def pending_count(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT COUNT(*) FROM sends WHERE state = ?", (PENDING,)).fetchone()[0])
+
+
+class SendOps(Dispatch):
+    """SessionDB's outbox of one-off sends."""
+
+    async def send_add(
+        self, platform: str, chat_id: str, thread_id: str | None, text: str, now: float
+    ) -> int:
+        """A one-off message, stored `pending` before it is sent; its row id."""
+        return await self._write(add, platform, chat_id, thread_id, text, now)
+
+    async def send_finish(
+        self, send_id: int, state: str, error: str | None, message_ids: Sequence[str], now: float
+    ) -> None:
+        await self._write(finish, send_id, state, error, message_ids, now)
+
+    async def sends_claim_due(
+        self, before: float, now: float, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Take pending sends last tried before `before` (stamped `now`) to try again."""
+        return await self._write(claim_due, before, now, limit)
+
+    async def sends_pending(self) -> int:
+        return await self._read(pending_count)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from ..columns import ROUTING_FIELDS, TOKEN_FIELDS, session_fields  # noqa: F401
+from ..creation import Creation
 from ..errors import SessionExists, SessionNotFound, TitleEmpty, TitleTaken, TitleTooLong
 from ..ids import new_session_id
 from ..records import SessionRow
@@ -27,6 +28,7 @@ from ..titles import (  # sanitize_title stays importable from here
     title_key,
 )
 from ..vocab import CHILD_KINDS, END_REASONS, ChildKind, EndReason  # noqa: F401
+from .dispatch import Dispatch
 
 
 def insert_session(
@@ -278,3 +280,63 @@ def count_sessions(conn: sqlite3.Connection, source: str | None = None) -> int:
     else:
         (n,) = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()
     return int(n)
+
+
+class SessionOps(Creation, Dispatch):
+    """SessionDB's sessions: create, read, end/reopen, resolve references, titles."""
+
+    async def _insert(self, fields: dict[str, Any]) -> None:
+        await self._write(insert_session, fields)
+
+    async def _insert_new(self, fields: dict[str, Any], cli: bool) -> str:
+        return await self._write(insert_new_session, fields, cli)
+
+    async def _insert_if_missing(self, fields: dict[str, Any]) -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
+            return insert_session(conn, fields, if_missing=True)
+
+        return await self._write(write)
+
+    async def get_session(self, session_id: str) -> SessionRow | None:
+        return await self._read(get_session, session_id)
+
+    async def end_session(self, session_id: str, reason: str, *, now: float | None = None) -> bool:
+        return await self._write(end_session, session_id, reason, now)
+
+    async def reopen_session(self, session_id: str) -> bool:
+        return await self._write(reopen_session, session_id)
+
+    async def resolve_session_id(self, ref: str) -> str:
+        """Exact id or unique prefix (raises SessionNotFound / AmbiguousSession)."""
+        return await self._read(resolve_id, ref)
+
+    async def resolve_session_ref(self, ref: str) -> str:
+        """Id, unique id prefix, or title (newest of its lineage)."""
+        return await self._read(resolve_ref, ref)
+
+    async def update_system_prompt(self, session_id: str, prompt: str | None) -> None:
+        await self._write(update_system_prompt, session_id, prompt)
+
+    async def update_session(self, session_id: str, **fields: Any) -> None:
+        """Set routing/handoff/billing columns (see ROUTING_FIELDS)."""
+        await self._write(update_fields, session_id, fields)
+
+    async def session_count(self, source: str | None = None) -> int:
+        return await self._read(count_sessions, source)
+
+    async def set_session_title(self, session_id: str, title: str | None) -> str | None:
+        """Set (or clear with None/'') the title; raises TitleTooLong/TitleTaken/TitleEmpty."""
+        return await self._write(set_title, session_id, title)
+
+    async def set_title_if_unset(self, session_id: str, title: str) -> str | None:
+        """Set an automatic title unless one is set; numbered when taken."""
+        return await self._write(set_title_if_unset, session_id, title)
+
+    async def get_session_by_title(self, title: str) -> SessionRow | None:
+        return await self._read(get_by_title, title)
+
+    async def resolve_session_by_title(self, title: str) -> str | None:
+        return await self._read(resolve_title, title)
+
+    async def get_next_title_in_lineage(self, title: str) -> str:
+        return await self._read(next_title_in_lineage, title)

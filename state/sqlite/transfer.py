@@ -24,7 +24,9 @@ from ..records import (
 )
 from ..rows import row_dict, to_json_text
 from ..textindex import aux_row
+from ..transfer import Transfer
 from . import activity
+from .dispatch import Dispatch
 from .sessions import set_title, title_owner
 
 
@@ -125,7 +127,7 @@ def import_records(
         for msg in messages:
             if not isinstance(msg, Mapping) or "role" not in msg:
                 continue
-            row = {
+            row: dict[str, Any] = {
                 k: (
                     to_json_text(v)
                     if k in ("tool_calls", "reasoning_details", "codex_reasoning_items")
@@ -186,3 +188,23 @@ def orphan_dangling(conn: sqlite3.Connection, ids: list[str]) -> int:
         "AND parent_session_id NOT IN (SELECT id FROM sessions)",
         ids,
     ).rowcount
+
+
+class TransferOps(Transfer, Dispatch):
+    """SessionDB's export and import (state/transfer.py's paging and batching) over the SQL
+    above."""
+
+    async def _export_page(
+        self,
+        after: tuple[float, str] | None,
+        limit: int,
+        source: str | None,
+        session_ids: list[str] | None,
+    ) -> list[ExportRecord]:
+        return await self._read(export_page, after, limit, source, session_ids)
+
+    async def _import_batch(self, records: list[Mapping[str, Any]], report: ImportReport) -> None:
+        await self._write(import_records, records, report)
+
+    async def _orphan_dangling(self, ids: list[str]) -> int:
+        return await self._write(orphan_dangling, ids)

@@ -17,9 +17,11 @@ import json
 import sqlite3
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
-from ..accounting import TOKEN_KINDS, totals_set, usage_route  # noqa: F401
+from ..accounting import TOKEN_KINDS, TokenUsage, token_update, totals_set, usage_route  # noqa: F401
+from . import sessions
+from .dispatch import Dispatch
 
 
 def _route_fill(
@@ -202,3 +204,22 @@ def model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any
     )
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+class UsageOps(Dispatch):
+    """SessionDB's token and cost counters and per-model usage."""
+
+    async def update_token_counts(self, session_id: str, **usage: Unpack[TokenUsage]) -> None:
+        """Add to the counters (default), or set them (`absolute=True`), with the billing
+        route and per-model usage rules above (the facade's one code path)."""
+        update = token_update(usage)
+
+        def write(conn: sqlite3.Connection) -> None:
+            sessions.require_session(conn, session_id)
+            update_token_counts(conn, session_id, **update)
+
+        await self._write(write)
+
+    async def model_usage(self, session_id: str) -> list[dict[str, Any]]:
+        """What the session spent per model, billing route and task."""
+        return list(await self._read(model_usage, session_id))

@@ -27,8 +27,9 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from ..errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
 from ..records import WriterStats
+from .connection import close_quietly, connect_writer, identity, is_busy, translate_error
 from .settings import SYNCHRONOUS_MODES, WriterConfig
-from .windows import WriterConnection, keeps, windows_of
+from .windows import keeps, windows_of
 
 log = logging.getLogger("state.writer")
 T = TypeVar("T")
@@ -119,38 +120,6 @@ def before_batch(conn: sqlite3.Connection) -> None:
         fn(conn)
 
 
-def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite3.Connection:
-    conn = sqlite3.connect(
-        path,
-        isolation_level=None,
-        check_same_thread=False,
-        timeout=busy_timeout_s,
-        factory=WriterConnection,
-    )
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-    # The WAL file keeps its largest size unless told otherwise; cap what stays after a reset.
-    conn.execute("PRAGMA journal_size_limit=16777216")
-    return conn
-
-
-def error_code(exc: BaseException) -> int | None:
-    """SQLite's primary result code of an sqlite3 error (extended codes folded), or None."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code & 0xFF if isinstance(code, int) else None
-
-
-def is_busy(exc: BaseException) -> bool:
-    """Another connection holds the lock (SQLITE_BUSY / SQLITE_LOCKED): worth retrying."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = error_code(exc)
-    if code is None:  # raised by hand, not by SQLite: only its text can tell
-        return "locked" in str(exc)
-    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-
-
 class Writer:
     """Owns the write connection. Use `submit` for transactional work, `exclusive` for
     statements that cannot run inside a transaction (VACUUM, checkpoints)."""
@@ -196,7 +165,7 @@ class Writer:
             )
 
         self._conn = await loop.run_in_executor(self._executor, _open)
-        self._identity = _identity(self.path)
+        self._identity = identity(self.path)
         self._loop = loop
         # A WAL can only start over when a checkpoint completes between two write
         # transactions, which only the writer can arrange under continuous writes. The
@@ -251,7 +220,7 @@ class Writer:
         ckpt, self._ckpt_conn = self._ckpt_conn, None
         if ckpt is not None:
             await asyncio.get_running_loop().run_in_executor(
-                self._ckpt_executor, _close_quietly, ckpt
+                self._ckpt_executor, close_quietly, ckpt
             )
         self._ckpt_executor.shutdown(wait=True)
         try:
@@ -260,7 +229,7 @@ class Writer:
             conn, self._conn = self._conn, None
             if conn is not None:
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self._executor, _close_quietly, conn, True)
+                await loop.run_in_executor(self._executor, close_quietly, conn, True)
             self._executor.shutdown(wait=True)
 
     async def _checkpoint_loop(self) -> None:
@@ -383,7 +352,12 @@ class Writer:
             if left:
                 self._post(left, [(False, WriterClosed("the writer has stopped"))] * len(left))
             stopped = self._stopped
-            self._loop.call_soon_threadsafe(lambda: stopped.done() or stopped.set_result(None))
+
+            def finish() -> None:
+                if not stopped.done():
+                    stopped.set_result(None)
+
+            self._loop.call_soon_threadsafe(finish)
         except RuntimeError:  # the event loop is gone; nobody is waiting
             pass
 
@@ -406,7 +380,7 @@ class Writer:
         """Refuse to write when the path no longer names the file this writer opened (moved,
         deleted or replaced underneath the daemon): what it wrote would go to a file nobody
         opens again. A restart opens whatever the path names then."""
-        if self._identity is None or _identity(self.path) == self._identity:
+        if self._identity is None or identity(self.path) == self._identity:
             return
         if not self._replaced_said:
             self._replaced_said = True
@@ -573,41 +547,3 @@ def _forget_windows(conn: sqlite3.Connection | None) -> None:
     windows = windows_of(conn) if conn is not None else None
     if windows is not None:
         windows.clear()
-
-
-def _close_quietly(conn: sqlite3.Connection, optimize: bool = False) -> None:
-    if optimize:
-        try:
-            # best effort: refresh planner statistics where they drifted; another process
-            # holding the write lock just means "next time"
-            conn.execute("PRAGMA busy_timeout=200")
-            conn.execute("PRAGMA optimize")
-        except sqlite3.Error as exc:
-            log.debug("PRAGMA optimize skipped at close: %s", exc)
-    try:
-        conn.close()
-    except sqlite3.Error as exc:
-        log.warning("closing the write connection: %s", exc)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def translate_error(exc: BaseException, path: str) -> BaseException:
-    """Map raw sqlite3 errors to typed store errors; leave ours alone."""
-    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.IntegrityError):
-        code = error_code(exc)
-        if code == sqlite3.SQLITE_FULL:
-            return DatabaseError(path, "the disk is full; nothing was written")
-        if code == sqlite3.SQLITE_READONLY:
-            return DatabaseError(path, "the database is read-only; nothing was written")
-        if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-            return DatabaseError(path, f"the database is damaged: {exc}")
-        if code == sqlite3.SQLITE_IOERR:
-            return DatabaseError(path, f"disk I/O error: {exc}")
-    return exc

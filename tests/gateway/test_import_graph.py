@@ -438,19 +438,12 @@ def test_the_sqlite_backend_never_imports_the_postgresql_one() -> None:
 
 
 MAX_STATE_MODULE_LINES = 600
-# The two store classes and the Hermes facade, still past the limit: each is one class
-# of one-line forwards to the operation modules. The list only shrinks: a module listed
-# here that fits fails the test below until it is taken off.
-STATE_MODULES_STILL_OVER = frozenset(
-    {"state/sqlite/store.py", "state/pg/store.py", "state/hermes/compat.py"}
-)
 
 
 def test_no_module_in_state_is_over_600_lines() -> None:
-    sizes = {
-        str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
-        for path in (ROOT / "state").rglob("*.py")
+    too_long = {
+        str(path.relative_to(ROOT)): n
+        for path in sorted((ROOT / "state").rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_STATE_MODULE_LINES
     }
-    over = {name for name, lines in sizes.items() if lines > MAX_STATE_MODULE_LINES}
-    assert sorted(over - STATE_MODULES_STILL_OVER) == [], "modules over 600 lines"
-    assert sorted(STATE_MODULES_STILL_OVER - over) == [], "listed as over, but they fit now"
+    assert too_long == {}

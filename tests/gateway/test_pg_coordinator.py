@@ -493,14 +493,15 @@ async def test_one_statement_accepts_takes_new_keys_and_releases_a_batchs_leases
     none of it."""
     from state.pg import cluster as pg_cluster
     from state.pg import db as pg_db
+    from state.pg import turns as pg_turns
 
     store, a = await replica("a")
     _, b = await replica("b")
     sids, rows = await _three_accepted(store, a)
     space, now = a.link.space, time.time()
 
-    def accept(key: str, pmid: str) -> pg_cluster.AcceptTake:
-        return pg_cluster.AcceptTake("api", key, pmid, '{"text": "x"}', now, key, a.me, space, None)
+    def accept(key: str, pmid: str) -> pg_turns.AcceptTake:
+        return pg_turns.AcceptTake("api", key, pmid, '{"text": "x"}', now, key, a.me, space, None)
 
     async with await psycopg.AsyncConnection.connect(store._dsn, autocommit=True) as conn:
         pg_db.binary_lists(conn)
@@ -513,7 +514,7 @@ async def test_one_statement_accepts_takes_new_keys_and_releases_a_batchs_leases
         async with b.lease("kb") as held:  # b holds kb meanwhile
             assert held is not None
             async with conn.transaction():
-                done, wrote = await pg_cluster.turns_many(
+                done, wrote = await pg_turns.turns_many(
                     conn,
                     [
                         accept("kx", "x1"),
@@ -544,7 +545,7 @@ async def test_one_statement_accepts_takes_new_keys_and_releases_a_batchs_leases
         end3 = (rows["k3"], sids["k3"], [{"role": "assistant", "content": "x"}], None, "ready")
         with pytest.raises(LeaseLost):
             async with conn.transaction():
-                await pg_cluster.turns_many(
+                await pg_turns.turns_many(
                     conn, [accept("kz", "z1")], [(stale, "end", end3, (None, []))]
                 )
         cur = await conn.execute("SELECT count(*) FROM inbox WHERE chat_id = 'kz'")

@@ -31,7 +31,7 @@ from state import (
 )
 from state.errors import LiveSessionExists, StoreConfigError
 from state.pg import inbox as pg_inbox
-from state.pg import sessions as pg_sessions
+from state.pg import routing as pg_routing
 from state.pg.cluster import route_fields
 from state.pg.store import PgStore
 from tests import pgserver
@@ -225,7 +225,7 @@ async def test_two_concurrent_claimers_get_one_claim(schema_dsn: str) -> None:
         await store.request_handoff(sid, "telegram", now=100.0)
 
         async def claim(conn: psycopg.AsyncConnection) -> object:
-            return await pg_sessions.claim_handoff(conn, ["telegram"], 101.0)
+            return await pg_routing.claim_handoff(conn, ["telegram"], 101.0)
 
         assert await _race(schema_dsn, claim) == [{"id": sid, "platform": "telegram"}, None]
         assert (await store.require_session(sid))["handoff_state"] == "running"
