@@ -217,12 +217,20 @@ class BackupSettings:
     )
 
 
+def _max_ages(v: Any) -> str | None:
+    bad = [p for p, m in v.items() if isinstance(m, bool) or not isinstance(m, (int, float))]
+    bad += [p for p, m in v.items() if p not in bad and not 0 < m <= 43_200]
+    return f"{bad[0]}: must be minutes between 0 and 43200" if bad else None
+
+
 @dataclass(frozen=True)
 class OutboxSettings:
-    retry_seconds: int | float = setting(
-        60, in_range(1, 3600), "a send the platform did not take: next try after; each try's limit"
-    )
-    give_up_hours: int | float = setting(24, in_range(0.01, 720), "then it is marked failed")
+    retry_seconds: int | float = setting(60, in_range(1, 3600), "the longest wait between tries")
+    first_retry_seconds: int | float = setting(2, in_range(0.01, 3600), "doubled up to the above")
+    max_age_minutes: int | float = setting(60, in_range(0.01, 43_200), "then a reply expires")
+    # platform -> minutes: max_age_minutes for that platform's replies
+    max_age_by_platform: Mapping[str, int | float] = setting({}, _max_ages)
+    give_up_hours: int | float = setting(24, in_range(0.01, 720), "then a one-off send expires")
 
 
 @dataclass(frozen=True)

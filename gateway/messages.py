@@ -161,6 +161,24 @@ class SentRef:
 
 
 @dataclass(frozen=True)
+class OutboxRef(SentRef):
+    """A reply whose fate the outbox records in its inbox row (gateway.pipeline.backlog),
+    so its turn does not."""
+
+
+@dataclass(frozen=True)
+class HeldRef(OutboxRef):
+    """A reply the platform has not taken yet: the outbox holds it (behind the chat's
+    earlier replies, or after a failed send) and delivers it when the platform is back,
+    until it expires."""
+
+
+@dataclass(frozen=True)
+class RefusedRef(OutboxRef):
+    """A reply the platform refused for good: recorded with its reason, never retried."""
+
+
+@dataclass(frozen=True)
 class ThreadRef:
     platform: str
     chat_id: str

@@ -178,6 +178,9 @@ class PlatformAdapter(Adapter, Protocol):
     Optional: `idempotent_replies: ClassVar[bool] = True` declares that a send carrying an
     `OutboundMessage.dedupe_key` already sent is never shown twice in the chat; the outbox
     then sends such replies again after a crash (exactly once instead of at most once).
+    Optional: `reply_window_s: ClassVar[float]` declares how long after the user's message
+    the platform accepts a reply (WhatsApp's 24 hours): the outbox lets a reply it holds
+    expire then.
     Optional: `replies_in_request: ClassVar[bool] = True` declares that each reply is the
     response to its own request (the HTTP API): no reply of the chat can overtake another,
     and a repeated request reads its answer from the store (see

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import Any
 
 
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:
@@ -103,6 +104,7 @@ class Metrics:
             (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
         self.gauges: list[Gauge] = []
+        self.extra: list[Any] = []  # anything else with a render() -> lines (the outbox's)
         self.last_error: str | None = None  # the latest failure handling a message (/health)
 
     def gauge(self, name: str, help_: str, read: Callable[[], float], kind: str = "gauge") -> None:
@@ -122,6 +124,7 @@ class Metrics:
             self.unsent,
             self.turn_latency,
             *self.gauges,
+            *self.extra,
         ):
             lines += metric.render()
         return "\n".join(lines) + "\n"

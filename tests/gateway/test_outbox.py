@@ -1,0 +1,169 @@
+"""The outbox keeps a reply the platform did not take: an in-process gateway whose Telegram
+adapter (python-telegram-bot) talks to the loopback FakeTelegram with its send path down,
+then back; a permanent refusal; the expiry notice; /health and /metrics figures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.adapters.base import Backoff
+from gateway.adapters.telegram import TelegramAdapter
+from gateway.app import Gateway
+from gateway.config import load_config
+from gateway.services import EXPIRY_NOTICE
+from tests.fakes.telegram import FakeTelegram
+
+QUICK = Backoff(initial_s=0.01, factor=2.0, max_s=0.02, jitter=0.0)  # the adapter's own tries
+
+
+@contextlib.asynccontextmanager
+async def outbox_gateway(
+    tmp_path: Path, outbox: str = ""
+) -> AsyncIterator[tuple[Gateway, FakeTelegram]]:
+    """A gateway on FakeTelegram; `outbox`: extra lines of the outbox section."""
+    fake = FakeTelegram()
+    await fake.start()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "platforms:\n  api:\n    enabled: false\n  telegram:\n    enabled: true\n"
+        f"    allow_all_users: true\n    base_url: {fake.base_url}\n"
+        "outbox:\n  first_retry_seconds: 0.05\n  retry_seconds: 1\n"
+        + "".join(f"  {line}\n" for line in outbox.splitlines())
+    )
+    adapter = TelegramAdapter(fake.token, base_url=fake.base_url, poll_timeout_s=1, backoff=QUICK)
+    gateway = Gateway(
+        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": fake.token}),
+        home=tmp_path / "home",
+        adapters=[adapter],
+    )
+    try:
+        await gateway.start()
+        yield gateway, fake
+    finally:
+        await gateway.stop()
+        await fake.stop()
+
+
+async def until(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Poll until `check()` is truthy (a bounded wait; nothing is measured)."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+    return found
+
+
+def reply_states(home: Path) -> list[tuple[str, str | None]]:
+    with sqlite3.connect(home / "state.db") as conn:
+        return [
+            (str(s), r)
+            for s, r in conn.execute(
+                "SELECT reply_state, reply_ref FROM inbox WHERE reply_state IS NOT NULL ORDER BY id"
+            )
+        ]
+
+
+def texts(fake: FakeTelegram) -> list[str]:
+    return [str(p["text"]) for p in fake.sent()]
+
+
+def say(fake: FakeTelegram, text: str) -> None:
+    fake.push(fake.message(text, fake.dm_chat()))
+
+
+async def test_replies_outlive_an_outage_and_arrive_in_order(tmp_path: Path) -> None:
+    async with outbox_gateway(tmp_path) as (gw, fake):
+        fake.outage.down("502")
+        say(fake, "one")
+        await until(lambda: gw.health()["outbox"]["pending"].get("telegram") == 1, "one held")
+        say(fake, "two")
+        await until(lambda: gw.health()["outbox"]["pending"].get("telegram") == 2, "two held")
+        health = gw.health()["outbox"]
+        assert "Bad Gateway" in health["failing"]["telegram"]["error"]
+        # held: 'ready' (sent again after a restart), 'sending' during a try
+        assert {s for s, _ in reply_states(gw.home)} <= {"ready", "sending"}
+        assert len(reply_states(gw.home)) == 2
+        assert 'switchboard_outbox_pending{platform="telegram"} 2' in gw.metrics.render()
+        assert texts(fake) == []  # nothing reached the chat while it was down
+        tries = fake.outage.failed
+        await until(lambda: fake.outage.failed > tries, "a try while down")  # still trying
+        fake.outage.up()
+        await fake.wait_sent(2)
+        await until(lambda: not gw.health()["outbox"]["pending"], "the backlog drained")
+        assert texts(fake) == ["echo: one", "echo: two"]  # oldest first, each once
+        await until(
+            lambda: [s for s, _ in reply_states(gw.home)] == ["sent", "sent"], "both marked sent"
+        )
+        assert 'switchboard_outbox_delivered_total{platform="telegram"} 2' in gw.metrics.render()
+
+
+async def test_a_reset_and_a_429_are_held_too(tmp_path: Path) -> None:
+    async with outbox_gateway(tmp_path) as (gw, fake):
+        fake.outage.down("reset")
+        say(fake, "one")
+        await until(lambda: gw.health()["outbox"]["pending"].get("telegram") == 1, "one held")
+        fake.outage.up()
+        fake.outage.fail(*["429:0"] * 8)  # more than the adapter's own tries
+        await fake.wait_sent(1)
+        await until(lambda: [s for s, _ in reply_states(gw.home)] == ["sent"], "sent")
+        assert texts(fake) == ["echo: one"]
+
+
+async def test_a_permanent_refusal_is_recorded_and_not_retried(tmp_path: Path) -> None:
+    async with outbox_gateway(tmp_path) as (gw, fake):
+        fake.outage.fail("403")
+        say(fake, "blocked")
+        await until(
+            lambda: reply_states(gw.home) and reply_states(gw.home)[0][0] == "refused", "refused"
+        )
+        state, reason = reply_states(gw.home)[0]
+        assert reason is not None and "blocked" in reason
+        assert gw.health()["outbox"]["pending"] == {}
+        say(fake, "again")  # the chat is not held behind a refused reply
+        await fake.wait_sent(1)
+        assert texts(fake) == ["echo: again"]
+        assert fake.outage.failed == 1  # the refused reply was tried once
+        assert 'switchboard_outbox_refused_total{platform="telegram"} 1' in gw.metrics.render()
+
+
+async def test_an_expired_reply_leaves_one_notice_on_the_next_message(tmp_path: Path) -> None:
+    async with outbox_gateway(tmp_path, "max_age_minutes: 0.01") as (gw, fake):
+        fake.outage.down("503")
+        say(fake, "lost")
+        await until(lambda: gw.health()["outbox"]["expired"].get("telegram") == 1, "expiry")
+        assert reply_states(gw.home)[0][0] == "expired"
+        assert 'switchboard_outbox_expired_total{platform="telegram"} 1' in gw.metrics.render()
+        fake.outage.up()
+        say(fake, "next")
+        await fake.wait_sent(2)
+        say(fake, "after")
+        await fake.wait_sent(3)
+        assert texts(fake) == [EXPIRY_NOTICE, "echo: next", "echo: after"]  # one notice
+        # the expired reply stays in its session
+        with sqlite3.connect(gw.home / "state.db") as conn:
+            stored = [r[0] for r in conn.execute("SELECT content FROM messages ORDER BY id")]
+        assert "echo: lost" in stored
+
+
+async def test_a_one_off_send_waits_behind_the_chats_held_replies(tmp_path: Path) -> None:
+    async with outbox_gateway(tmp_path) as (gw, fake):
+        fake.outage.down("502")
+        say(fake, "first")
+        await until(lambda: gw.health()["outbox"]["pending"].get("telegram") == 1, "held")
+        answer = await gw.send_one("telegram", "7", "a notice from ops")
+        assert answer["state"] == "pending"
+        fake.outage.up()
+        await fake.wait_sent(2)
+        assert texts(fake) == ["echo: first", "a notice from ops"]
+        with sqlite3.connect(gw.home / "state.db") as conn:
+            await until(
+                lambda: conn.execute("SELECT state FROM sends").fetchall() == [("sent",)],
+                "the send row marked sent",
+            )
