@@ -480,7 +480,7 @@ class Gateway:
             if cancelled:
                 self.metrics.errors.inc(cancelled, kind="cancelled_on_shutdown")
         if self.backlog is not None:  # what it holds stays in the store for the next start
-            await self.backlog.stop()
+            await self.backlog.stop(self.config.shutdown.drain_seconds)
         for start in self._starts.values():  # no retry may start an adapter from here on
             await start.stop()
         for adapter in reversed(self.adapters):

@@ -16,6 +16,9 @@ LATE_SEND_S = 0.25  # see OutboundMessage.late (gateway/turns.py's RECHECK_AFTER
 # a request has its connection, the last await before the request is written
 # (gateway.adapters.base.send_by_trace), and raises SetOutLate past it.
 SEND_BY: ContextVar[float | None] = ContextVar("send_by", default=None)
+# True in the outbox's drain: a platform call is tried once and its failure raised as it
+# came (a RetryAfter too), since the outbox spaces the tries of what it holds itself
+ONE_TRY: ContextVar[bool] = ContextVar("one_try", default=False)
 
 
 class SetOutLate(Exception):

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 from gateway.adapters.kit.lifecycle import failed
 from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
 from gateway.messages import (
+    ONE_TRY,
     SEND_BY,
     InboundMessage,
     OutboundMessage,
@@ -263,7 +264,10 @@ async def call_with_retry(
     log: logging.Logger | None = None,
 ) -> T:
     """Run a platform call: wait out RetryAfter (never dropping the message), back off on
-    transient errors, and give up at once on an invalid token."""
+    transient errors, and give up at once on an invalid token. In the outbox's drain
+    (ONE_TRY) the call is tried once: the outbox spaces its tries itself."""
+    if ONE_TRY.get():
+        return await _unwrapped_late(call)
     for attempt in range(attempts):
         try:
             return await _unwrapped_late(call)

@@ -34,7 +34,7 @@ from typing import Any
 
 from gateway.adapters import idempotent_replies, reply_window_s
 from gateway.errors import SEND_REFUSED, SEND_RETRY_AFTER, TransientError, send_failure
-from gateway.messages import OutboundMessage, SentRef
+from gateway.messages import ONE_TRY, OutboundMessage, SentRef
 from gateway.ops.metrics import Counter, Metrics
 from state import SEND_FAILED, SEND_PENDING, SEND_SENT, Store
 
@@ -111,6 +111,7 @@ class Backlog:
         self._failures: dict[str, int] = {}  # platform -> failed tries in a row
         self._owed: set[Chat] = set()  # chats owed the expiry notice
         self._drains: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
         self._seq = 0
         self.last_failure: dict[str, tuple[float, str]] = {}  # platform -> (when, error)
         self.delivered = Counter(
@@ -219,9 +220,14 @@ class Backlog:
             raw = await self.db.get_meta(EXPIRED_CHATS_META)
             self._owed = {(str(p), str(c)) for p, c in json.loads(raw or "[]")}
 
-    async def stop(self) -> None:
-        """End the drains; what they hold stays in the store for the next start."""
+    async def stop(self, budget_s: float = 10.0) -> None:
+        """End the drains: a try under way may finish within `budget_s` (so its reply's
+        fate is known), then they are cancelled; what they hold stays in the store for the
+        next start."""
+        self._stopping.set()
         tasks, self._drains = list(self._drains.values()), {}
+        if tasks:
+            await asyncio.wait(tasks, timeout=budget_s)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -234,6 +240,8 @@ class Backlog:
         self._chats.setdefault(item.chat, deque()).append(item)
         platform = item.out.platform
         task = self._drains.get(platform)
+        if self._stopping.is_set():
+            return  # stopping: kept in the store for the next start
         if task is None or task.done():
             self._drains[platform] = asyncio.get_running_loop().create_task(
                 self._drain(platform), name=f"outbox:{platform}"
@@ -251,10 +259,12 @@ class Backlog:
                 del self._chats[item.chat]
 
     async def _drain(self, platform: str) -> None:
-        while (item := self._head(platform)) is not None:
+        ONE_TRY.set(True)  # this task's sends: one request each, spaced here
+        while not self._stopping.is_set() and (item := self._head(platform)) is not None:
             wait = self._blocked.get(platform, 0.0) - self.clock()
             if wait > 0:
-                await asyncio.sleep(min(wait, 1.0))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), min(wait, 1.0))
                 continue
             try:
                 if self.clock() > item.horizon:

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sqlite3
+import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+import pytest
 
 from gateway.adapters.base import Backoff
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.services import EXPIRY_NOTICE
+from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.telegram import FakeTelegram
 
 QUICK = Backoff(initial_s=0.01, factor=2.0, max_s=0.02, jitter=0.0)  # the adapter's own tries
@@ -167,3 +173,73 @@ async def test_a_one_off_send_waits_behind_the_chats_held_replies(tmp_path: Path
                 lambda: conn.execute("SELECT state FROM sends").fetchall() == [("sent",)],
                 "the send row marked sent",
             )
+
+
+def _daemon(home: Path, port: int, fake: FakeTelegram) -> subprocess.Popen[str]:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.yaml").write_text(
+        f"platforms:\n  api:\n    port: {port}\n  telegram:\n    enabled: true\n"
+        f"    allow_all_users: true\n    base_url: {fake.base_url}\n"
+        # a held reply's next try is far off: the stop finds it held, not mid-try
+        "outbox:\n  first_retry_seconds: 600\n  retry_seconds: 600\n"
+    )
+    return subprocess.Popen(
+        switchboard(home, "run"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(TELEGRAM_BOT_TOKEN=fake.token),
+    )
+
+
+async def _health(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/health") as resp:
+        return dict(await resp.json())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+async def test_held_replies_are_delivered_once_after_a_restart(tmp_path: Path, stop: str) -> None:
+    """Down while the daemon runs, two replies held; stopped (cleanly or killed), started
+    again with the platform back: each reply reaches the chat once, in order."""
+    fake = FakeTelegram()
+    await fake.start()
+    home, port = tmp_path / "home", free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _daemon(home, port, fake)
+    try:
+        await wait_healthy(url, proc)
+        fake.outage.down("502")
+        say(fake, "one")
+        await until_async(lambda: _pending(url, 1), "one held", 60)
+        say(fake, "two")
+        await until_async(lambda: _pending(url, 2), "two held", 30)
+        proc.send_signal(signal.SIGTERM if stop == "sigterm" else signal.SIGKILL)
+        rc = await asyncio.to_thread(proc.wait, 30)
+        assert rc == (0 if stop == "sigterm" else -signal.SIGKILL)
+        assert [s for s, _ in reply_states(home)] == ["ready", "ready"]
+        assert texts(fake) == []
+        fake.outage.up()
+        proc = _daemon(home, port, fake)
+        await wait_healthy(url, proc)
+        await fake.wait_sent(2, timeout=30)
+        await until(lambda: [s for s, _ in reply_states(home)] == ["sent", "sent"], "marked sent")
+        assert texts(fake) == ["echo: one", "echo: two"]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(proc.wait, 30)
+        await fake.stop()
+    assert texts(fake) == ["echo: one", "echo: two"]  # nothing sent twice
+
+
+async def _pending(url: str, n: int) -> bool:
+    return bool((await _health(url))["outbox"]["pending"].get("telegram") == n)
+
+
+async def until_async(check: Callable[[], Awaitable[bool]], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
