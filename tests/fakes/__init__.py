@@ -108,11 +108,15 @@ def connection_closer(fake: Any) -> Any:
 # (rate limited, retry after s seconds), "403" (refused for good), "reset" (the connection
 # closes without an answer) or "timeout:<s>" (no answer for s seconds, then a 504).
 Failure = str
-# (status, retry-after seconds or None) -> the platform's own error answer
-ErrorBody = Callable[[int, "float | None"], web.StreamResponse]
+# (status, retry-after seconds or None, the request) -> the platform's own error answer
+ErrorBody = Callable[[int, "float | None", web.Request], Awaitable[web.StreamResponse]]
+# is this request a send? (a bool, or awaited for one that reads the body)
+IsSend = Callable[[web.Request], "bool | Awaitable[bool]"]
 
 
-def json_error(status: int, retry_after: float | None) -> web.StreamResponse:
+async def json_error(
+    status: int, retry_after: float | None, _request: web.Request
+) -> web.StreamResponse:
     """A plain JSON error with a Retry-After header on 429 (most HTTP platforms)."""
     headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else {}
     body = {"error": f"injected {status}", "message": f"injected {status}", "code": status}
@@ -159,20 +163,21 @@ class Outage:
             return web.Response(status=500)
         if kind == "timeout":
             await asyncio.sleep(float(arg or 30))
-            return body(504, None)
+            return await body(504, None, request)
         status = int(kind)
-        return body(status, float(arg or 1) if status == 429 else None)
+        return await body(status, float(arg or 1) if status == 429 else None, request)
 
-    def middleware(
-        self, is_send: Callable[[web.Request], bool], body: ErrorBody = json_error
-    ) -> Any:
+    def middleware(self, is_send: IsSend, body: ErrorBody = json_error) -> Any:
         """An aiohttp middleware failing the requests `is_send` picks as scripted."""
         outage = self
 
         @web.middleware
         async def injecting(request: web.Request, handler: Any) -> web.StreamResponse:
-            if is_send(request):
-                failed = await outage.answer(request, body)
+            if outage.script or outage.mode:
+                picked = is_send(request)
+                if not isinstance(picked, bool):
+                    picked = await picked
+                failed = await outage.answer(request, body) if picked else None
                 if failed is not None:
                     return failed
             response: web.StreamResponse = await handler(request)

@@ -131,7 +131,9 @@ class FakeTelegram:
             await self._runner.cleanup()
 
     @classmethod
-    def _error_answer(cls, status: int, retry_after: float | None) -> web.Response:
+    async def _error_answer(
+        cls, status: int, retry_after: float | None, _request: web.Request
+    ) -> web.Response:
         """An injected failure as the Bot API words it (429: parameters.retry_after)."""
         words = {403: "Forbidden: bot was blocked by the user", 429: "Too Many Requests"}
         body: dict[str, Any] = {
