@@ -24,6 +24,7 @@ from gateway import adapters, event_loops
 from gateway.adapters.base import ReplicaLimits
 from gateway.errors import ConfigError, ConfigErrors
 from gateway.sections import (
+    Check,
     Field,
     PlatformSettings,
     Schema,
@@ -217,10 +218,12 @@ class BackupSettings:
     )
 
 
-def _max_ages(v: Any) -> str | None:
-    bad = [p for p, m in v.items() if isinstance(m, bool) or not isinstance(m, (int, float))]
-    bad += [p for p, m in v.items() if p not in bad and not 0 < m <= 43_200]
-    return f"{bad[0]}: must be minutes between 0 and 43200" if bad else None
+def _per_platform(unit: str, hi: float) -> Check:
+    def check(v: Any) -> str | None:
+        bad = [p for p, n in v.items() if type(n) not in (int, float) or not 0 < n <= hi]
+        return f"{bad[0]}: must be {unit} between 0 and {hi:g}" if bad else None
+
+    return check
 
 
 @dataclass(frozen=True)
@@ -228,9 +231,9 @@ class OutboxSettings:
     retry_seconds: int | float = setting(60, in_range(1, 3600), "the longest wait between tries")
     first_retry_seconds: int | float = setting(2, in_range(0.01, 3600), "doubled up to the above")
     max_age_minutes: int | float = setting(60, in_range(0.01, 43_200), "then a reply expires")
-    # platform -> minutes: max_age_minutes for that platform's replies
-    max_age_by_platform: Mapping[str, int | float] = setting({}, _max_ages)
+    max_age_by_platform: Mapping[str, int | float] = setting({}, _per_platform("minutes", 43_200))
     give_up_hours: int | float = setting(24, in_range(0.01, 720), "then a one-off send expires")
+    drain_per_second: Mapping[str, int | float] = setting({}, _per_platform("messages/s", 1e4))
 
 
 @dataclass(frozen=True)

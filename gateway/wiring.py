@@ -207,4 +207,5 @@ def delivery_rules(config: Config) -> DeliveryRules:
         first_retry_s=float(o.first_retry_seconds),
         retry_cap_s=float(max(o.retry_seconds, o.first_retry_seconds)),
         sends_give_up_s=float(o.give_up_hours) * 3600,
+        drain_per_second={p: float(r) for p, r in o.drain_per_second.items()},
     )

@@ -50,6 +50,24 @@ REFUSED, EXPIRED = "refused", "expired"
 EXPIRED_CHATS_META = "outbox.expired_chats"  # chats owed the expiry notice (a JSON list)
 
 
+# How fast a platform's backlog drains (messages a second, the whole platform), unless
+# outbox.drain_per_second says otherwise: under each platform's published limit for a bot
+# where it has one (Telegram about 30 a second across chats, Discord 5 per 5 seconds in a
+# channel, Slack about 1 a second in a channel, a Twilio long code 1 a second, WhatsApp
+# Cloud API 80 a second), cautious elsewhere. A 429 beyond it is waited out as asked.
+DRAIN_PER_SECOND: Mapping[str, float] = {
+    "telegram": 25.0,
+    "discord": 1.0,
+    "slack": 1.0,
+    "sms": 1.0,
+    "whatsapp": 50.0,
+    "signal": 2.0,
+    "dingtalk": 0.3,
+    "email": 2.0,
+}
+DEFAULT_DRAIN_PER_SECOND = 5.0
+
+
 @dataclass(frozen=True)
 class DeliveryRules:
     """How long held items live and how their tries are spaced (the `outbox:` section)."""
@@ -59,6 +77,14 @@ class DeliveryRules:
     first_retry_s: float = 2.0
     retry_cap_s: float = 60.0
     sends_give_up_s: float = 86400.0
+    drain_per_second: Mapping[str, float] = field(default_factory=dict)
+
+    def spacing(self, platform: str) -> float:
+        """The least time between two sends of a draining backlog on `platform`."""
+        rate = self.drain_per_second.get(platform) or DRAIN_PER_SECOND.get(
+            platform, DEFAULT_DRAIN_PER_SECOND
+        )
+        return 1.0 / rate
 
     def backoff(self, failures: int) -> float:
         """The wait after the `failures`th failed try in a row (1: the first)."""
@@ -108,6 +134,7 @@ class Backlog:
         self.clock = clock
         self._chats: dict[Chat, deque[Held]] = {}
         self._blocked: dict[str, float] = {}  # platform -> no try before (the clock's time)
+        self._paced: dict[str, float] = {}  # platform -> next send of a drain (monotonic)
         self._failures: dict[str, int] = {}  # platform -> failed tries in a row
         self._owed: set[Chat] = set()  # chats owed the expiry notice
         self._drains: dict[str, asyncio.Task[None]] = {}
@@ -261,7 +288,10 @@ class Backlog:
     async def _drain(self, platform: str) -> None:
         ONE_TRY.set(True)  # this task's sends: one request each, spaced here
         while not self._stopping.is_set() and (item := self._head(platform)) is not None:
-            wait = self._blocked.get(platform, 0.0) - self.clock()
+            wait = max(
+                self._blocked.get(platform, 0.0) - self.clock(),
+                self._paced.get(platform, 0.0) - time.monotonic(),
+            )
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), min(wait, 1.0))
@@ -277,6 +307,7 @@ class Backlog:
 
     async def _try(self, item: Held) -> None:
         platform = item.out.platform
+        self._paced[platform] = time.monotonic() + self.rules.spacing(platform)
         careful = item.inbox_id is not None and not idempotent_replies(platform)
         if careful:  # a crash during the try leaves it unconfirmed (at most once)
             await self._mark(item.inbox_id, SENDING)
