@@ -48,6 +48,8 @@ Send = Callable[[OutboundMessage], Awaitable["SentRef | None"]]
 READY, SENDING, SENT = "ready", "sending", "sent"
 REFUSED, EXPIRED = "refused", "expired"
 EXPIRED_CHATS_META = "outbox.expired_chats"  # chats owed the expiry notice (a JSON list)
+# platforms whose sends are failing now: {platform: {"since", "error"}} (for `doctor`)
+FAILING_META = "outbox.failing"
 
 
 # How fast a platform's backlog drains (messages a second, the whole platform), unless
@@ -141,6 +143,9 @@ class Backlog:
         self._stopping = asyncio.Event()
         self._seq = 0
         self.last_failure: dict[str, tuple[float, str]] = {}  # platform -> (when, error)
+        self.failing_since: dict[str, float] = {}  # platform -> time.time() it began failing
+        self._noting: asyncio.Task[None] | None = None
+        self._failing_changed = False
         self.delivered = Counter(
             "switchboard_outbox_delivered_total", "Held replies and sends delivered, by platform"
         )
@@ -258,6 +263,8 @@ class Backlog:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._noting is not None:
+            await asyncio.gather(self._noting, return_exceptions=True)
 
     # --- the drain ------------------------------------------------------------------------
 
@@ -322,7 +329,9 @@ class Backlog:
             return
         self._pop(item)
         self._blocked.pop(platform, None)
-        self._failures.pop(platform, None)
+        if self._failures.pop(platform, None) is not None:
+            self.failing_since.pop(platform, None)
+            self._note_failing()
         self.delivered.inc(platform=platform)
         self.metrics.messages_out.inc(platform=platform)
         ids = list(ref.message_ids)
@@ -356,6 +365,9 @@ class Backlog:
 
     def _failed(self, platform: str, exc: BaseException) -> None:
         kind, seconds = send_failure(exc)
+        if platform not in self._failures:  # it starts failing: `doctor` names it
+            self.failing_since[platform] = time.time()
+            self._note_failing()
         failures = self._failures[platform] = self._failures.get(platform, 0) + 1
         wait = seconds if kind == SEND_RETRY_AFTER else self.rules.backoff(failures)
         self._blocked[platform] = self.clock() + wait
@@ -387,6 +399,26 @@ class Backlog:
     async def _mark(self, inbox_id: int | None, state: str, ref: str | None = None) -> None:
         if inbox_id is not None:
             await self.db.mark_reply(inbox_id, state, ref)
+
+    def _note_failing(self) -> None:
+        """Store which platforms are failing (after this moment's changes), in the
+        background: `doctor` reads it from the store."""
+        self._failing_changed = True
+        if self._noting is None or self._noting.done():
+            self._noting = asyncio.get_running_loop().create_task(self._save_failing())
+
+    async def _save_failing(self) -> None:
+        await asyncio.sleep(0)  # the failure's own bookkeeping first
+        while self._failing_changed:
+            self._failing_changed = False
+            failing = {
+                p: {"since": since, "error": self.last_failure.get(p, (0.0, ""))[1]}
+                for p, since in self.failing_since.items()
+            }
+            try:
+                await self.db.set_meta(FAILING_META, json.dumps(failing) if failing else None)
+            except Exception as exc:
+                log.warning("outbox: the failing platforms could not be stored (%s)", exc)
 
     async def _save_owed(self) -> None:
         value = json.dumps(sorted(self._owed)) if self._owed else None
