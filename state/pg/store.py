@@ -53,6 +53,7 @@ from . import (
     inbox,
     lineage,
     messages,
+    outbox,
     pairing,
     replies,
     schema,
@@ -824,6 +825,9 @@ class PgStore:
 
     async def unsent_replies(self) -> list[dict[str, Any]]:
         return await self._read(inbox.unsent_replies)
+
+    async def undelivered_replies(self, session_id: str) -> dict[int, tuple[str, str | None]]:
+        return await self._read(outbox.undelivered_replies, session_id)
 
     async def finish_inbound(
         self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None

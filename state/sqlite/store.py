@@ -43,6 +43,7 @@ from . import (
     listing,
     maintenance,
     messages,
+    outbox,
     pairing,
     replies,
     routing,
@@ -819,6 +820,10 @@ class SessionDB:
     async def unsent_replies(self) -> list[dict[str, Any]]:
         """Replies committed but not confirmed sent ('ready' and 'sending'), oldest first."""
         return await self._read(inbox.unsent_replies)
+
+    async def undelivered_replies(self, session_id: str) -> dict[int, tuple[str, str | None]]:
+        """The session's replies not delivered: message id -> (reply_state, reason)."""
+        return await self._read(outbox.undelivered_replies, session_id)
 
     async def finish_inbound(
         self, inbox_id: int, state: str, reason: str | None = None, *, fence: Fence | None = None

@@ -21,6 +21,7 @@ from gateway.adapters.base import Backoff
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
+from gateway.ops.doctor import run_doctor
 from gateway.services import EXPIRY_NOTICE
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.telegram import FakeTelegram
@@ -28,26 +29,37 @@ from tests.fakes.telegram import FakeTelegram
 QUICK = Backoff(initial_s=0.01, factor=2.0, max_s=0.02, jitter=0.0)  # the adapter's own tries
 
 
+class QuickTelegram(Gateway):
+    """The configured gateway (the api server with its dashboard), its Telegram adapter
+    with quick retries of its own."""
+
+    telegram: TelegramAdapter | None = None
+
+    def _default_adapters(self) -> list[Any]:
+        return [
+            self.telegram if a.platform == "telegram" else a for a in super()._default_adapters()
+        ]
+
+
 @contextlib.asynccontextmanager
 async def outbox_gateway(
     tmp_path: Path, outbox: str = ""
-) -> AsyncIterator[tuple[Gateway, FakeTelegram]]:
+) -> AsyncIterator[tuple[QuickTelegram, FakeTelegram]]:
     """A gateway on FakeTelegram; `outbox`: extra lines of the outbox section."""
     fake = FakeTelegram()
     await fake.start()
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
-        "platforms:\n  api:\n    enabled: false\n  telegram:\n    enabled: true\n"
+        f"platforms:\n  api:\n    port: {free_port()}\n  telegram:\n    enabled: true\n"
         f"    allow_all_users: true\n    base_url: {fake.base_url}\n"
         "outbox:\n  first_retry_seconds: 0.05\n  retry_seconds: 1\n"
         + "".join(f"  {line}\n" for line in outbox.splitlines())
     )
     adapter = TelegramAdapter(fake.token, base_url=fake.base_url, poll_timeout_s=1, backoff=QUICK)
-    gateway = Gateway(
-        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": fake.token}),
-        home=tmp_path / "home",
-        adapters=[adapter],
+    gateway = QuickTelegram(
+        config=load_config(cfg, {"TELEGRAM_BOT_TOKEN": fake.token}), home=tmp_path / "home"
     )
+    gateway.telegram = adapter
     try:
         await gateway.start()
         yield gateway, fake
@@ -98,6 +110,8 @@ async def test_replies_outlive_an_outage_and_arrive_in_order(tmp_path: Path) -> 
         assert len(reply_states(gw.home)) == 2
         assert 'switchboard_outbox_pending{platform="telegram"} 2' in gw.metrics.render()
         assert texts(fake) == []  # nothing reached the chat while it was down
+        outbox = await until_async(lambda: _doctor_outbox(gw, ok=False), "doctor names it", 10)
+        assert "telegram" in outbox.detail and "Bad Gateway" in outbox.detail
         tries = fake.outage.failed
         await until(lambda: fake.outage.failed > tries, "a try while down")  # still trying
         fake.outage.up()
@@ -108,6 +122,7 @@ async def test_replies_outlive_an_outage_and_arrive_in_order(tmp_path: Path) -> 
             lambda: [s for s, _ in reply_states(gw.home)] == ["sent", "sent"], "both marked sent"
         )
         assert 'switchboard_outbox_delivered_total{platform="telegram"} 2' in gw.metrics.render()
+        await until_async(lambda: _doctor_outbox(gw, ok=True), "doctor clears it", 10)
 
 
 async def test_a_reset_and_a_429_are_held_too(tmp_path: Path) -> None:
@@ -137,6 +152,11 @@ async def test_a_permanent_refusal_is_recorded_and_not_retried(tmp_path: Path) -
         assert texts(fake) == ["echo: again"]
         assert fake.outage.failed == 1  # the refused reply was tried once
         assert 'switchboard_outbox_refused_total{platform="telegram"} 1' in gw.metrics.render()
+        page, detail = await _session_page(gw)
+        assert page.count('class="undelivered"') == 1
+        assert "the platform refused it" in page and "bot was blocked" in page
+        marks = list(detail["undelivered"].values())
+        assert [m["state"] for m in marks] == ["refused"]
 
 
 async def test_an_expired_reply_leaves_one_notice_on_the_next_message(tmp_path: Path) -> None:
@@ -156,6 +176,8 @@ async def test_an_expired_reply_leaves_one_notice_on_the_next_message(tmp_path: 
         with sqlite3.connect(gw.home / "state.db") as conn:
             stored = [r[0] for r in conn.execute("SELECT content FROM messages ORDER BY id")]
         assert "echo: lost" in stored
+        page, _detail = await _session_page(gw)
+        assert "it expired in the outbox" in page
 
 
 async def test_a_one_off_send_waits_behind_the_chats_held_replies(tmp_path: Path) -> None:
@@ -233,13 +255,37 @@ async def test_held_replies_are_delivered_once_after_a_restart(tmp_path: Path, s
     assert texts(fake) == ["echo: one", "echo: two"]  # nothing sent twice
 
 
+async def _doctor_outbox(gw: Gateway, ok: bool) -> Any:
+    checks = await run_doctor(
+        gw.home, gw.config, None, fix=False, full=False, check_platforms=False
+    )
+    found = next(c for c in checks if c.name == "outbox")
+    return found if found.ok is ok else None
+
+
+async def _session_page(gw: Gateway) -> tuple[str, dict[str, Any]]:
+    """The dashboard's page of the chat's session and its JSON (loopback: no sign-in)."""
+    with sqlite3.connect(gw.home / "state.db") as conn:
+        (sid,) = conn.execute("SELECT id FROM sessions").fetchone()
+    base = f"http://127.0.0.1:{gw.config.api.port}"
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get(f"{base}/ui/sessions/{sid}") as resp:
+            assert resp.status == 200
+            page = await resp.text()
+        async with http.get(f"{base}/api/sessions/{sid}") as resp:
+            assert resp.status == 200
+            detail = await resp.json()
+    return page, detail
+
+
 async def _pending(url: str, n: int) -> bool:
     return bool((await _health(url))["outbox"]["pending"].get("telegram") == n)
 
 
-async def until_async(check: Callable[[], Awaitable[bool]], what: str, timeout: float) -> None:
+async def until_async(check: Callable[[], Awaitable[Any]], what: str, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
-    while not await check():
+    while not (found := await check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.1)
+    return found
