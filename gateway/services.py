@@ -193,10 +193,10 @@ class Replier:
         )
         backlog = self.backlog if not replies_in_request(src.platform) else None
         if backlog is not None:
-            if await backlog.owed_notice(src.platform, src.chat_id):
-                await self._notice(msg, session_id, key)
             if backlog.waiting(src.platform, src.chat_id):
                 return await self._hold(backlog, out, msg, inbox_id, None, due)
+            if await backlog.owed_notice(src.platform, src.chat_id):  # the platform is up
+                await self._notice(msg, session_id, key)
         try:
             ref = await self.send(out)
             self.metrics.messages_out.inc(platform=src.platform)

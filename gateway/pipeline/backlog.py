@@ -36,6 +36,7 @@ from gateway.adapters import idempotent_replies, reply_window_s
 from gateway.errors import SEND_REFUSED, SEND_RETRY_AFTER, TransientError, send_failure
 from gateway.messages import ONE_TRY, OutboundMessage, SentRef
 from gateway.ops.metrics import Counter, Metrics
+from gateway.services import EXPIRY_NOTICE
 from state import SEND_FAILED, SEND_PENDING, SEND_SENT, Store
 
 log = logging.getLogger("gateway.outbox")
@@ -319,6 +320,8 @@ class Backlog:
         if careful:  # a crash during the try leaves it unconfirmed (at most once)
             await self._mark(item.inbox_id, SENDING)
         try:
+            if item.inbox_id is not None and item.chat in self._owed:
+                await self._send_notice(item)  # the expiry notice goes first, once
             ref = await self._send(item.out)
             if ref is None:
                 raise TransientError(f"no {platform} adapter is running")
@@ -340,6 +343,21 @@ class Backlog:
         if item.send_id is not None:
             await self.db.send_finish(item.send_id, SEND_SENT, None, ids, self.clock())
         log.info("outbox: delivered a held %s to %s chat %s", _kind(item), *item.chat)
+
+    async def _send_notice(self, item: Held) -> None:
+        out = item.out
+        notice = OutboundMessage(
+            out.platform,
+            out.chat_id,
+            EXPIRY_NOTICE,
+            thread_id=out.thread_id,
+            session_id=out.session_id,
+            session_key=out.session_key,
+            notice=True,
+        )
+        await self._send(notice)  # a failure: the reply is held, the notice still owed
+        self._owed.discard(item.chat)
+        await self._save_owed()
 
     async def _after_failure(self, item: Held, exc: BaseException, careful: bool) -> None:
         platform = item.out.platform

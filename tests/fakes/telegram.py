@@ -142,7 +142,7 @@ class FakeTelegram:
             "description": words.get(status, "Bad Gateway"),
         }
         if retry_after is not None:
-            body["parameters"] = {"retry_after": retry_after}
+            body["parameters"] = {"retry_after": max(1, round(retry_after))}  # whole seconds
         return cls._reply(status, body)
 
     @staticmethod

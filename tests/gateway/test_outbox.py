@@ -131,10 +131,11 @@ async def test_a_reset_and_a_429_are_held_too(tmp_path: Path) -> None:
         say(fake, "one")
         await until(lambda: gw.health()["outbox"]["pending"].get("telegram") == 1, "one held")
         fake.outage.up()
-        fake.outage.fail(*["429:0"] * 8)  # more than the adapter's own tries
+        fake.outage.fail("429:1", "429:1")  # the drain waits each out as asked
         await fake.wait_sent(1)
         await until(lambda: [s for s, _ in reply_states(gw.home)] == ["sent"], "sent")
         assert texts(fake) == ["echo: one"]
+        assert fake.outage.failed >= 3  # the resets, then both 429s, before it went
 
 
 async def test_a_permanent_refusal_is_recorded_and_not_retried(tmp_path: Path) -> None:
