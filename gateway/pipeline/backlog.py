@@ -35,7 +35,7 @@ from typing import Any
 from gateway.adapters import idempotent_replies, reply_window_s
 from gateway.errors import SEND_REFUSED, SEND_RETRY_AFTER, TransientError, send_failure
 from gateway.messages import ONE_TRY, OutboundMessage, SentRef
-from gateway.ops.metrics import Counter, Metrics
+from gateway.ops.metrics import Metrics
 from gateway.services import EXPIRY_NOTICE
 from state import SEND_FAILED, SEND_PENDING, SEND_SENT, Store
 
@@ -147,16 +147,7 @@ class Backlog:
         self.failing_since: dict[str, float] = {}  # platform -> time.time() it began failing
         self._noting: asyncio.Task[None] | None = None
         self._failing_changed = False
-        self.delivered = Counter(
-            "switchboard_outbox_delivered_total", "Held replies and sends delivered, by platform"
-        )
-        self.expired = Counter(
-            "switchboard_outbox_expired_total", "Held replies and sends that expired, by platform"
-        )
-        self.refused = Counter(
-            "switchboard_outbox_refused_total", "Sends the platform refused for good, by platform"
-        )
-        metrics.extra.extend([self.delivered, self.expired, self.refused, self._pending_metric()])
+        metrics.outbox_pending.read = self.pending
 
     # --- what the reply path asks ---------------------------------------------------------
 
@@ -223,7 +214,7 @@ class Backlog:
         """A turn's reply the platform refused for good at its first send: recorded with
         its reason (False when the store could not record it)."""
         item = Held(out, self.clock(), 0.0, inbox_id=inbox_id, error=_one_line(exc))
-        self.refused.inc(platform=out.platform)
+        self.metrics.outbox_refused.inc(platform=out.platform)
         try:
             await self._end(item, REFUSED, f"refused: {item.error}")
         except Exception as store_exc:
@@ -335,7 +326,7 @@ class Backlog:
         if self._failures.pop(platform, None) is not None:
             self.failing_since.pop(platform, None)
             self._note_failing()
-        self.delivered.inc(platform=platform)
+        self.metrics.outbox_delivered.inc(platform=platform)
         self.metrics.messages_out.inc(platform=platform)
         ids = list(ref.message_ids)
         if item.inbox_id is not None:
@@ -365,7 +356,7 @@ class Backlog:
         item.error = _one_line(exc)
         if kind == SEND_REFUSED:
             self._pop(item)
-            self.refused.inc(platform=platform)
+            self.metrics.outbox_refused.inc(platform=platform)
             log.warning(
                 "outbox: %s refused the %s to chat %s for good: %s",
                 platform,
@@ -400,7 +391,7 @@ class Backlog:
     async def _expire(self, item: Held) -> None:
         platform = item.out.platform
         self._pop(item)
-        self.expired.inc(platform=platform)
+        self.metrics.outbox_expired.inc(platform=platform)
         reason = f"expired: not delivered in time (last error: {item.error or 'none'})"
         log.warning("outbox: a held %s to %s chat %s %s", _kind(item), *item.chat, reason)
         await self._end(item, EXPIRED, reason)
@@ -445,22 +436,6 @@ class Backlog:
         except Exception as exc:  # kept in memory: told while this process runs
             log.warning("outbox: the chats owed a notice could not be stored (%s)", exc)
 
-    def _pending_metric(self) -> Any:
-        backlog = self
-
-        class Pending:
-            def render(self) -> list[str]:
-                name = "switchboard_outbox_pending"
-                lines = [
-                    f"# HELP {name} Replies and sends held for delivery, by platform",
-                    f"# TYPE {name} gauge",
-                ]
-                counts = backlog.pending()
-                lines += [f'{name}{{platform="{p}"}} {n}' for p, n in sorted(counts.items())]
-                return lines if counts else [*lines, f"{name} 0"]
-
-        return Pending()
-
     def health(self) -> dict[str, Any]:
         """/health's `outbox`: held and expired per platform, and each failing platform's
         last error."""
@@ -470,7 +445,7 @@ class Backlog:
             for p, (when, err) in self.last_failure.items()
             if p in self._failures
         }
-        expired = {str(k[0][1]): int(v) for k, v in self.expired.values.items() if k}
+        expired = {str(k[0][1]): int(v) for k, v in self.metrics.outbox_expired.values.items() if k}
         return {"pending": self.pending(), "expired": expired, "failing": failing}
 
 
