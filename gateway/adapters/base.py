@@ -265,7 +265,8 @@ async def call_with_retry(
 ) -> T:
     """Run a platform call: wait out RetryAfter (never dropping the message), back off on
     transient errors, and give up at once on an invalid token. In the outbox's drain
-    (ONE_TRY) the call is tried once: the outbox spaces its tries itself."""
+    (ONE_TRY) the call is tried once: the outbox spaces its tries itself; a retry that
+    would start past the task's SEND_BY raises the failure instead (the outbox keeps it)."""
     if ONE_TRY.get():
         return await _unwrapped_late(call)
     for attempt in range(attempts):
@@ -275,6 +276,8 @@ async def call_with_retry(
             raise
         except RetryAfter as exc:
             wait = min(exc.seconds, max_retry_after_s)
+            if _past_send_by(wait):
+                raise  # the retry would set out late: the outbox keeps the reply instead
             if log:
                 log.warning("rate limited; waiting %.1fs before retrying", wait)
             await asyncio.sleep(wait)
@@ -282,10 +285,20 @@ async def call_with_retry(
             if attempt == attempts - 1:
                 raise
             wait = backoff.delay(attempt)
+            if _past_send_by(wait):
+                raise  # the retry would set out late: the outbox keeps the reply instead
             if log:
                 log.warning("transient error (%s); retrying in %.1fs", exc, wait)
             await asyncio.sleep(wait)
     return await _unwrapped_late(call)
+
+
+def _past_send_by(wait: float) -> bool:
+    """Would a retry after `wait` start past the sending task's SEND_BY (a replica's turn)?
+    Then the failure is raised as it came: the reply was not sent, and the outbox holds it,
+    rather than the retry stopping unsent (SetOutLate) and the turn sending it again."""
+    by = SEND_BY.get()
+    return by is not None and time.monotonic() + wait > by
 
 
 async def _unwrapped_late(call: Callable[[], Awaitable[T]]) -> T:

@@ -41,6 +41,7 @@ from gateway.errors import (
     AdapterError,
     ConfigError,
     InvalidToken,
+    PlatformRefused,
     RetryAfter,
     TransientError,
 )
@@ -166,7 +167,7 @@ def api_error(status: int, body: Any, retry_after: str | None = None) -> Excepti
         return InvalidToken(f"bluebubbles refused the server password ({status})")
     if status >= 500:
         return TransientError(f"bluebubbles answered {status}: {detail}")
-    return AdapterError(f"bluebubbles refused the call ({status}): {detail}")
+    return PlatformRefused(f"bluebubbles refused the call ({status}): {detail}")
 
 
 def already_queued(exc: AdapterError) -> bool:

@@ -21,7 +21,18 @@ from gateway.adapters.base import Backoff
 from gateway.adapters.telegram import TelegramAdapter
 from gateway.app import Gateway
 from gateway.config import load_config
+from gateway.errors import (
+    SEND_REFUSED,
+    SEND_RETRY_AFTER,
+    SEND_TRANSIENT,
+    InvalidToken,
+    PlatformRefused,
+    RetryAfter,
+    TransientError,
+    send_failure,
+)
 from gateway.ops.doctor import run_doctor
+from gateway.pipeline.backlog import DeliveryRules
 from gateway.services import EXPIRY_NOTICE
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 from tests.fakes.telegram import FakeTelegram
@@ -290,3 +301,22 @@ async def until_async(check: Callable[[], Awaitable[Any]], what: str, timeout: f
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.1)
     return found
+
+
+def test_a_whatsapp_reply_expires_when_its_24_hour_window_closes() -> None:
+    rules = DeliveryRules(max_age_s=48 * 3600.0, max_age_by_platform={"telegram": 600.0})
+    received = 1_000_000.0
+    due = received + 23 * 3600  # a reply first due 23 h after the user's message
+    assert rules.reply_horizon("whatsapp", due, received) == received + 24 * 3600
+    assert rules.reply_horizon("slack", due, received) == due + 48 * 3600
+    assert rules.reply_horizon("telegram", due, received) == due + 600
+
+
+def test_failures_are_sorted_into_kept_and_refused() -> None:
+    assert send_failure(TransientError("Bad Gateway")) == (SEND_TRANSIENT, 0.0)
+    assert send_failure(RetryAfter(3.0)) == (SEND_RETRY_AFTER, 3.0)
+    assert send_failure(InvalidToken("revoked"))[0] == SEND_TRANSIENT  # kept for the fix
+    assert send_failure(PlatformRefused("bot was blocked"))[0] == SEND_REFUSED
+    assert send_failure(ConnectionResetError())[0] == SEND_TRANSIENT
+    assert send_failure(TimeoutError())[0] == SEND_TRANSIENT
+    assert send_failure(ValueError("not a chat id"))[0] == SEND_REFUSED
