@@ -287,22 +287,27 @@ class Backlog:
     async def _drain(self, platform: str) -> None:
         ONE_TRY.set(True)  # this task's sends: one request each, spaced here
         while not self._stopping.is_set() and (item := self._head(platform)) is not None:
-            wait = max(
-                self._blocked.get(platform, 0.0) - self.clock(),
-                self._paced.get(platform, 0.0) - time.monotonic(),
+            expired = self.clock() > item.horizon  # expires at once, blocked or not
+            wait = (
+                0.0
+                if expired
+                else max(
+                    self._blocked.get(platform, 0.0) - self.clock(),
+                    self._paced.get(platform, 0.0) - time.monotonic(),
+                )
             )
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), min(wait, 1.0))
                 continue
             try:
-                if self.clock() > item.horizon:
-                    await self._expire(item)
-                else:
-                    await self._try(item)
+                await (self._expire(item) if expired else self._try(item))
             except Exception as exc:  # the store failed: the item stays, tried later
                 log.warning("outbox: %s item kept after a failure (%s)", platform, exc)
                 self._failed(platform, exc)
+                with contextlib.suppress(TimeoutError):  # an expiry waits too
+                    pause = self.rules.backoff(self._failures.get(platform, 1))
+                    await asyncio.wait_for(self._stopping.wait(), pause)
 
     async def _try(self, item: Held) -> None:
         platform = item.out.platform
@@ -392,7 +397,8 @@ class Backlog:
         platform = item.out.platform
         self._pop(item)
         self.metrics.outbox_expired.inc(platform=platform)
-        reason = f"expired: not delivered in time (last error: {item.error or 'none'})"
+        last = item.error or self.last_failure.get(platform, (0.0, ""))[1] or "none"
+        reason = f"expired: not delivered in time (last error: {last})"
         log.warning("outbox: a held %s to %s chat %s %s", _kind(item), *item.chat, reason)
         await self._end(item, EXPIRED, reason)
         if item.inbox_id is not None and not item.out.notice:

@@ -135,7 +135,12 @@ class FakeTelegram:
         cls, status: int, retry_after: float | None, _request: web.Request
     ) -> web.Response:
         """An injected failure as the Bot API words it (429: parameters.retry_after)."""
-        words = {403: "Forbidden: bot was blocked by the user", 429: "Too Many Requests"}
+        words = {
+            403: "Forbidden: bot was blocked by the user",
+            429: "Too Many Requests",
+            503: "Service Unavailable",
+            504: "Gateway Timeout",
+        }
         body: dict[str, Any] = {
             "ok": False,
             "error_code": status,

@@ -175,9 +175,12 @@ async def test_an_expired_reply_leaves_one_notice_on_the_next_message(tmp_path: 
     async with outbox_gateway(tmp_path, "max_age_minutes: 0.01") as (gw, fake):
         fake.outage.down("503")
         say(fake, "lost")
-        await until(lambda: gw.health()["outbox"]["expired"].get("telegram") == 1, "expiry")
-        assert reply_states(gw.home)[0][0] == "expired"
-        assert 'switchboard_outbox_expired_total{platform="telegram"} 1' in gw.metrics.render()
+        await until(lambda: gw.health()["outbox"]["pending"].get("telegram"), "held")
+        say(fake, "lost too")
+        await until(lambda: gw.health()["outbox"]["expired"].get("telegram") == 2, "expiry")
+        assert [s for s, _ in reply_states(gw.home)] == ["expired", "expired"]
+        assert all("Service Unavailable" in (r or "") for _, r in reply_states(gw.home))
+        assert 'switchboard_outbox_expired_total{platform="telegram"} 2' in gw.metrics.render()
         fake.outage.up()
         say(fake, "next")
         await fake.wait_sent(2)
@@ -187,7 +190,7 @@ async def test_an_expired_reply_leaves_one_notice_on_the_next_message(tmp_path: 
         # the expired reply stays in its session
         with sqlite3.connect(gw.home / "state.db") as conn:
             stored = [r[0] for r in conn.execute("SELECT content FROM messages ORDER BY id")]
-        assert "echo: lost" in stored
+        assert "echo: lost" in stored and "echo: lost too" in stored
         page, _detail = await _session_page(gw)
         assert "it expired in the outbox" in page
 
