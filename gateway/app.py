@@ -209,9 +209,12 @@ class Gateway:
             configured_homes={p: s.home_channel for p, s in self.config.platforms.items()},
         )
         self.handoffs.start()
-        self._outbox = asyncio.create_task(self.sends.scan(), name="gateway.outbox")
         self.notify("STATUS=recovering interrupted turns")
         await self.router.recover(self.config.inbox.recovery_max_age_seconds)
+        # after the replies a stop left: a chat's held messages follow its held replies
+        self._outbox = asyncio.create_task(
+            self.sends.scan(alone=self.cluster is None), name="gateway.outbox"
+        )
         if self.cluster is not None:
             self._takeover = asyncio.create_task(self._take_over(), name="gateway.takeover")
         log.info(

@@ -203,15 +203,19 @@ class OneOffSends:
         self.metrics.messages_out.inc(platform=platform)
         return {**answer, "state": SEND_SENT, "message_ids": list(sent.message_ids)}
 
-    async def scan(self) -> None:
+    async def scan(self, alone: bool = False) -> None:
         """Every little while, on the leader: pending rows nobody tried for
-        outbox.retry_seconds join the backlog (the backlog stamps each try)."""
+        outbox.retry_seconds join the backlog (the backlog stamps each try). `alone` (one
+        daemon: no other process holds any): the first pass takes every pending row."""
+        first = alone
         while True:
             every = self._config().outbox.retry_seconds
             if self._leads():
                 try:
                     now = time.time()
-                    for row in await self.db.sends_claim_due(now - every, now):
+                    before = now + 1 if first else now - every
+                    first = False
+                    for row in await self.db.sends_claim_due(before, now):
                         if self.backlog.adopt_send(row):
                             log.info("outbox send %d to %s held again", row["id"], row["platform"])
                 except Exception as exc:

@@ -237,8 +237,9 @@ async def _health(url: str) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
 async def test_held_replies_are_delivered_once_after_a_restart(tmp_path: Path, stop: str) -> None:
-    """Down while the daemon runs, two replies held; stopped (cleanly or killed), started
-    again with the platform back: each reply reaches the chat once, in order."""
+    """Down while the daemon runs, two replies and a `switchboard send` message held;
+    stopped (cleanly or killed), started again with the platform back: each reaches the
+    chat once, in order."""
     fake = FakeTelegram()
     await fake.start()
     home, port = tmp_path / "home", free_port()
@@ -251,6 +252,11 @@ async def test_held_replies_are_delivered_once_after_a_restart(tmp_path: Path, s
         await until_async(lambda: _pending(url, 1), "one held", 60)
         say(fake, "two")
         await until_async(lambda: _pending(url, 2), "two held", 30)
+        async with aiohttp.ClientSession() as http:  # `switchboard send`'s way in
+            body = {"platform": "telegram", "target": "7", "text": "from ops"}
+            async with http.post(f"{url}/v1/send", json=body) as resp:
+                assert resp.status == 202 and (await resp.json())["state"] == "pending"
+        await until_async(lambda: _pending(url, 3), "the send held behind them", 30)
         proc.send_signal(signal.SIGTERM if stop == "sigterm" else signal.SIGKILL)
         rc = await asyncio.to_thread(proc.wait, 30)
         assert rc == (0 if stop == "sigterm" else -signal.SIGKILL)
@@ -259,15 +265,15 @@ async def test_held_replies_are_delivered_once_after_a_restart(tmp_path: Path, s
         fake.outage.up()
         proc = _daemon(home, port, fake)
         await wait_healthy(url, proc)
-        await fake.wait_sent(2, timeout=30)
+        await fake.wait_sent(3, timeout=30)
         await until(lambda: [s for s, _ in reply_states(home)] == ["sent", "sent"], "marked sent")
-        assert texts(fake) == ["echo: one", "echo: two"]
+        assert texts(fake) == ["echo: one", "echo: two", "from ops"]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             await asyncio.to_thread(proc.wait, 30)
         await fake.stop()
-    assert texts(fake) == ["echo: one", "echo: two"]  # nothing sent twice
+    assert texts(fake) == ["echo: one", "echo: two", "from ops"]  # nothing sent twice
 
 
 async def _doctor_outbox(gw: Gateway, ok: bool) -> Any:
