@@ -234,7 +234,7 @@ class Replier:
                 failure=failure,
                 due=due,
             )
-        except Exception as exc:  # the store refused: as before the outbox, not kept
+        except Exception as exc:  # the store refused: logged, and the reply is not kept
             log.error("the outbox could not keep a reply to %s: %s", out.platform, exc)
             return None
         return HeldRef(out.platform, out.chat_id)
