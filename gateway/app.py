@@ -26,6 +26,7 @@ from gateway.adapters.base import (
     Typing,
     UsesCursors,
     UsesShards,
+    end_retries,
 )
 from gateway.agent.base import Agent
 from gateway.config import Config
@@ -90,6 +91,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.started_at = time.time()
+        end_retries(False)
         self._started_with = self.config.data
         fresh = not (self.home / home_marker(self.config)).exists()
         self.home.mkdir(parents=True, exist_ok=True)
@@ -462,6 +464,12 @@ class Gateway:
 
     async def stop(self) -> None:
         """Reverse order; safe to call on a partly started gateway."""
+        try:
+            await self._stop()
+        finally:
+            end_retries(False)  # only while this stop ran (other code in the process retries)
+
+    async def _stop(self) -> None:
         self.notify("STOPPING=1")
         if self.handoffs is not None:
             await self.handoffs.stop()
@@ -478,6 +486,7 @@ class Gateway:
             await self.scheduler.stop(self.config.shutdown.drain_seconds)
             self.scheduler = None
         if self.router is not None:
+            end_retries()  # a send waiting to retry ends unsent: the outbox keeps it
             self.router.stop_intake()
             cancelled = await self.router.drain(self.config.shutdown.drain_seconds)
             if cancelled:

@@ -280,7 +280,8 @@ async def call_with_retry(
                 raise  # the retry would set out late: the outbox keeps the reply instead
             if log:
                 log.warning("rate limited; waiting %.1fs before retrying", wait)
-            await asyncio.sleep(wait)
+            if not await _waited(wait):
+                raise  # the daemon is stopping: the outbox keeps the reply for the next start
         except TransientError as exc:
             if attempt == attempts - 1:
                 raise
@@ -289,8 +290,31 @@ async def call_with_retry(
                 raise  # the retry would set out late: the outbox keeps the reply instead
             if log:
                 log.warning("transient error (%s); retrying in %.1fs", exc, wait)
-            await asyncio.sleep(wait)
+            if not await _waited(wait):
+                raise  # the daemon is stopping: the outbox keeps the reply for the next start
     return await _unwrapped_late(call)
+
+
+_stopping = [False]  # end_retries: the daemon is stopping
+
+
+def end_retries(stopping: bool = True) -> None:
+    """The daemon is stopping (True; False: running). A call_with_retry waiting for its
+    next try then raises the failure it met at once: a reply's send ends known unsent, and
+    the outbox keeps it for the next start, rather than the stop's drain cancelling it in
+    the wait (on a platform that cannot deduplicate it would be left unconfirmed)."""
+    _stopping[0] = stopping
+
+
+async def _waited(wait: float) -> bool:
+    """Sleep `wait` seconds; False, at once, if the daemon begins to stop meanwhile."""
+    end = time.monotonic() + wait
+    while not _stopping[0]:
+        left = end - time.monotonic()
+        if left <= 0:
+            return True
+        await asyncio.sleep(min(left, 0.1))
+    return False
 
 
 def _past_send_by(wait: float) -> bool:

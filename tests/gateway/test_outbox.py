@@ -329,3 +329,34 @@ def test_failures_are_sorted_into_kept_and_refused() -> None:
     assert send_failure(ConnectionResetError())[0] == SEND_TRANSIENT
     assert send_failure(TimeoutError())[0] == SEND_TRANSIENT
     assert send_failure(ValueError("not a chat id"))[0] == SEND_REFUSED
+
+
+@pytest.mark.slow
+async def test_a_stop_during_the_adapters_own_retries_keeps_the_reply(tmp_path: Path) -> None:
+    """SIGTERM while a reply's first send is between the adapter's own retries (Telegram
+    cannot deduplicate, so a send cut off there could not be sent again): the wait ends at
+    once, the reply is held, and the restart delivers it once."""
+    fake = FakeTelegram()
+    await fake.start()
+    home, port = tmp_path / "home", free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _daemon(home, port, fake)
+    try:
+        await wait_healthy(url, proc)
+        fake.outage.down("502")
+        say(fake, "mid-retry")
+        await until(lambda: fake.outage.failed >= 1, "the first try failed")
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+        assert [s for s, _ in reply_states(home)] == ["ready"]  # held, not unconfirmed
+        fake.outage.up()
+        proc = _daemon(home, port, fake)
+        await wait_healthy(url, proc)
+        await fake.wait_sent(1, timeout=30)
+        await until(lambda: [s for s, _ in reply_states(home)] == ["sent"], "marked sent")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(proc.wait, 30)
+        await fake.stop()
+    assert texts(fake) == ["echo: mid-retry"]
