@@ -194,6 +194,7 @@ def openapi_reference() -> str:
 # --- the metrics ----------------------------------------------------------------------
 
 _DECLARED = re.compile(r'self\.(\w+)\s*=\s*(Counter|Histogram)\(\s*"(\w+)",\s*"([^"]+)"')
+_LABELLED = re.compile(r'LabelledGauge\(\s*"(\w+)",\s*"([^"]+)",\s*"(\w+)"')
 _INC = re.compile(r"metrics\.(\w+)\.inc\(([^)]*)\)")
 _LABEL = re.compile(r'(\w+)=("([^"]*)"|[\w.]+)')
 
@@ -224,6 +225,9 @@ def metric_series() -> list[dict[str, Any]]:
     for attr, kind, name, help_ in _DECLARED.findall(sources[ROOT / "gateway/ops/metrics.py"]):
         attrs[attr] = name
         found[name] = {"name": name, "type": kind.lower(), "help": help_, "labels": {}}
+    for name, help_, label in _LABELLED.findall(sources[ROOT / "gateway/ops/metrics.py"]):
+        found[name] = {"name": name, "type": "gauge", "help": help_, "labels": {}}
+        found[name]["labels"][label] = {f"the {label}"}
     for text in sources.values():
         for match in re.finditer(r"\.gauge\(", text):
             call = _call_text(text, match.end() - 1)

@@ -24,23 +24,27 @@ from gateway.adapters.base import (
     Typing,
     UsesCursors,
     UsesShards,
+    end_retries,
 )
 from gateway.agent.base import Agent
 from gateway.config import Config
-from gateway.errors import GatewayError, NotAccepted, PortInUse
+from gateway.errors import NotAccepted, PortInUse
 from gateway.handoff import HandoffWatcher
 from gateway.health import health_report, register_gauges, replica_health
 from gateway.home import HomeLock
 from gateway.index import RouteIndex
 from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.ops.metrics import Metrics
+from gateway.ops.send import OneOffSends
 from gateway.pipeline import Router
+from gateway.pipeline.backlog import Backlog
 from gateway.reset import Resetter
 from gateway.reset.scheduler import ResetScheduler
 from gateway.services import Services
 from gateway.wiring import (
     StoreCursors,
     build_agent,
+    delivery_rules,
     home_marker,
     open_topology,
     reset_policies,
@@ -73,7 +77,9 @@ class Gateway:
     index: RouteIndex | None = None
     cluster: PgCoordinator | None = None  # replicas: the lease coordinator
     _takeover: asyncio.Task[None] | None = None
-    _outbox: asyncio.Task[None] | None = None  # one-off sends tried again (gateway._resend)
+    backlog: Backlog | None = None  # the outbox's undelivered replies and sends
+    sends: OneOffSends | None = None
+    _outbox: asyncio.Task[None] | None = None  # the scan of pending one-off sends
     _linger_ms: int | float = 0  # what _pace_commits last set
     _lock: HomeLock | None = None
     _started_with: Mapping[str, Any] | None = None  # the config data the daemon started with
@@ -82,6 +88,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.started_at = time.time()
+        end_retries(False)
         self._started_with = self.config.data
         fresh = not (self.home / home_marker(self.config)).exists()
         self.home.mkdir(parents=True, exist_ok=True)
@@ -123,6 +130,17 @@ class Gateway:
             topology=topology,
         )
         assert self.router.resetter is not None
+        self.backlog = Backlog(self.db, self._send, self.metrics, delivery_rules(self.config))
+        await self.backlog.restore()
+        self.router.services.replies.backlog = self.backlog
+        self.sends = OneOffSends(
+            self.db,
+            self.backlog,
+            self._adapters_by_platform,
+            lambda: self.config,
+            self.metrics,
+            self._leads,
+        )
         if coordinator is None:  # one daemon: its notices were in memory (replicas: routes)
             await self.router.resetter.restore_notices()
         register_gauges(self.metrics, self.db, self.index, self.router)
@@ -190,9 +208,12 @@ class Gateway:
             configured_homes={p: s.home_channel for p, s in self.config.platforms.items()},
         )
         self.handoffs.start()
-        self._outbox = asyncio.create_task(self._resend(), name="gateway.outbox")
         self.notify("STATUS=recovering interrupted turns")
         await self.router.recover(self.config.inbox.recovery_max_age_seconds)
+        # after the replies a stop left: a chat's held messages follow its held replies
+        self._outbox = asyncio.create_task(
+            self.sends.scan(alone=self.cluster is None), name="gateway.outbox"
+        )
         if self.cluster is not None:
             self._takeover = asyncio.create_task(self._take_over(), name="gateway.takeover")
         log.info(
@@ -272,104 +293,12 @@ class Gateway:
         return adapters
 
     async def send_one(self, platform: str, target: str | None, text: str) -> dict[str, Any]:
-        """One message to a chat of a running adapter (`switchboard send` through the
-        daemon): `target` is a chat id or chat_id:thread_id, None for the home channel. The
-        message is stored in the outbox first; one the platform does not take now stays
-        there and is sent again later (`outbox.retry_seconds`)."""
-        from gateway.errors import ConfigError
-        from gateway.handoff import home_channel
-        from gateway.ops.send import home_target, split_target
+        """`switchboard send` through the daemon (gateway.pipeline.sends)."""
+        if self.sends is None:
+            from gateway.errors import ConfigError
 
-        adapter = self._adapters_by_platform.get(platform)
-        if adapter is None or platform == "api" or self.db is None:
-            raise ConfigError(
-                f"platforms.{platform}",
-                "is not running on this daemon (not enabled in its config, or not a chat platform)",
-            )
-        if target is None:
-            configured = self.config.platforms[platform].home_channel
-            chat_id, thread_id = home_target(
-                await home_channel(self.db, platform, configured), platform
-            )
-        else:
-            chat_id, thread_id = split_target(platform, target)
-        send_id = await self.db.send_add(platform, chat_id, thread_id, text, time.time())
-        row = {
-            "id": send_id,
-            "platform": platform,
-            "chat_id": chat_id,
-            "thread_id": thread_id,
-            "text": text,
-        }
-        return await self._attempt_send(row, raise_refusal=True)
-
-    async def _attempt_send(self, row: dict[str, Any], *, raise_refusal: bool) -> dict[str, Any]:
-        """One try of an outbox row: `sent`, `failed` (refused: raised when asked), or still
-        `pending` when the platform could not be reached in time (tried again later)."""
-        from gateway.errors import PlatformUnreachable
-        from gateway.ops.send import deliver
-        from state import SEND_FAILED as FAILED
-        from state import SEND_PENDING as PENDING
-        from state import SEND_SENT as SENT
-
-        assert self.db is not None
-        platform = row["platform"]
-        adapter = self._adapters_by_platform.get(platform)
-        msg = OutboundMessage(platform, row["chat_id"], row["text"], thread_id=row["thread_id"])
-        answer = {
-            "id": row["id"],
-            "platform": platform,
-            "chat_id": row["chat_id"],
-            "message_ids": [],
-            "state": PENDING,
-        }
-        try:
-            if adapter is None:
-                raise PlatformUnreachable(f"{platform} is not running on this daemon")
-            sent = await deliver(adapter, msg, self.config.outbox.retry_seconds)
-        except PlatformUnreachable as exc:
-            await self.db.send_finish(row["id"], PENDING, str(exc), (), time.time())
-            answer["error"] = str(exc)
-            return answer
-        except GatewayError as exc:
-            await self.db.send_finish(row["id"], FAILED, str(exc), (), time.time())
-            log.warning("outbox send %d to %s refused: %s", row["id"], platform, exc)
-            if raise_refusal:
-                raise
-            return {**answer, "state": FAILED, "error": str(exc)}
-        await self.db.send_finish(row["id"], SENT, None, sent.message_ids, time.time())
-        self.metrics.messages_out.inc(platform=platform)
-        return {**answer, "state": SENT, "message_ids": list(sent.message_ids)}
-
-    async def _resend(self) -> None:
-        """Every little while, on the leader: outbox rows whose last try is older than
-        `outbox.retry_seconds` are tried again; past `outbox.give_up_hours`, failed."""
-        from state import SEND_FAILED as FAILED
-
-        assert self.db is not None
-        every = self.config.outbox.retry_seconds
-        while True:
-            await asyncio.sleep(min(30.0, max(0.2, every / 4)))
-            if not self._leads():
-                continue
-            try:
-                now = time.time()
-                for row in await self.db.sends_claim_due(now - every, now):
-                    if now - row["created_at"] > self.config.outbox.give_up_hours * 3600:
-                        await self.db.send_finish(
-                            row["id"], FAILED, "gave up: not sent in outbox.give_up_hours", (), now
-                        )
-                        log.warning("outbox send %d to %s given up", row["id"], row["platform"])
-                        continue
-                    done = await self._attempt_send(row, raise_refusal=False)
-                    log.info(
-                        "outbox send %d to %s tried again: %s",
-                        row["id"],
-                        row["platform"],
-                        done["state"],
-                    )
-            except Exception as exc:
-                log.warning("outbox scan failed: %s", exc)
+            raise ConfigError(f"platforms.{platform}", "is not running on this daemon")
+        return await self.sends.send_one(platform, target, text)
 
     async def _stored_api_reply(self, chat_id: str, key: str) -> StoredReply | None:
         """The HTTP API's idempotent repeats: the stored answer to a message id. A store
@@ -449,10 +378,17 @@ class Gateway:
             metrics=self.metrics,
             started_at=self.started_at,
             replica=None if self.cluster is None else replica_health(self.cluster, self._linger_ms),
+            outbox=self.backlog.health() if self.backlog else None,
         )
 
     async def stop(self) -> None:
         """Reverse order; safe to call on a partly started gateway."""
+        try:
+            await self._stop()
+        finally:
+            end_retries(False)  # only while this stop ran (other code in the process retries)
+
+    async def _stop(self) -> None:
         self.notify("STOPPING=1")
         if self.handoffs is not None:
             await self.handoffs.stop()
@@ -469,10 +405,13 @@ class Gateway:
             await self.scheduler.stop(self.config.shutdown.drain_seconds)
             self.scheduler = None
         if self.router is not None:
+            end_retries()  # a send waiting to retry ends unsent: the outbox keeps it
             self.router.stop_intake()
             cancelled = await self.router.drain(self.config.shutdown.drain_seconds)
             if cancelled:
                 self.metrics.errors.inc(cancelled, kind="cancelled_on_shutdown")
+        if self.backlog is not None:  # what it holds stays in the store for the next start
+            await self.backlog.stop(self.config.shutdown.drain_seconds)
         for start in self._starts.values():  # no retry may start an adapter from here on
             await start.stop()
         for adapter in reversed(self.adapters):

@@ -24,6 +24,7 @@ from gateway import adapters, event_loops
 from gateway.adapters.base import ReplicaLimits
 from gateway.errors import ConfigError, ConfigErrors
 from gateway.sections import (
+    Check,
     Field,
     PlatformSettings,
     Schema,
@@ -217,12 +218,22 @@ class BackupSettings:
     )
 
 
+def _per_platform(unit: str, hi: float) -> Check:
+    def check(v: Any) -> str | None:
+        bad = [p for p, n in v.items() if type(n) not in (int, float) or not 0 < n <= hi]
+        return f"{bad[0]}: must be {unit} between 0 and {hi:g}" if bad else None
+
+    return check
+
+
 @dataclass(frozen=True)
 class OutboxSettings:
-    retry_seconds: int | float = setting(
-        60, in_range(1, 3600), "a send the platform did not take: next try after; each try's limit"
-    )
-    give_up_hours: int | float = setting(24, in_range(0.01, 720), "then it is marked failed")
+    retry_seconds: int | float = setting(60, in_range(1, 3600), "the longest wait between tries")
+    first_retry_seconds: int | float = setting(2, in_range(0.01, 3600), "doubled up to the above")
+    max_age_minutes: int | float = setting(60, in_range(0.01, 43_200), "then a reply expires")
+    max_age_by_platform: Mapping[str, int | float] = setting({}, _per_platform("minutes", 43_200))
+    give_up_hours: int | float = setting(24, in_range(0.01, 720), "then a one-off send expires")
+    drain_per_second: Mapping[str, int | float] = setting({}, _per_platform("messages/s", 1e4))
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@
     ├── AdapterError       a platform call failed after retries
     │   ├── InvalidToken   the platform refused our credentials
     │   ├── RetryAfter     rate limited: wait `seconds`, then retry (never drop)
-    │   └── TransientError a network or server problem worth retrying
-    │       └── NotAccepted  an inbound message could not be committed: do not ack it
-    ├── PlatformRefused    a one-off send the platform refused (exit 77)
+    │   ├── TransientError a network or server problem worth retrying
+    │   │   └── NotAccepted  an inbound message could not be committed: do not ack it
+    │   └── PlatformRefused the platform refused a send for good (exit 77)
     ├── PlatformUnreachable a one-off send that could not reach the platform (exit 69)
     ├── NothingToCompress  /compress on a session too short to summarise
     └── NoHomeChannel      /handoff to a platform with no home channel
@@ -116,9 +116,10 @@ class NotAccepted(TransientError):
         self.reason = reason
 
 
-class PlatformRefused(GatewayError):
-    """`switchboard send`: the platform answered no (its token, the chat, a permission):
-    sending the same again will not help."""
+class PlatformRefused(AdapterError):
+    """The platform answered no to a send (the chat is gone, the bot was blocked or
+    removed, a 400 for the text, a permission): sending the same again will not help. The
+    outbox records it with its reason and never retries it; `switchboard send` exits 77."""
 
     exit_code = EXIT_REFUSED
 
@@ -143,3 +144,46 @@ class NoHomeChannel(GatewayError):
             f"handoffs (or set platforms.{platform}.home_channel)"
         )
         self.platform = platform
+
+
+# What the outbox does after a failed send (send_failure)
+SEND_TRANSIENT = "transient"  # kept and tried again with backoff, until it expires
+SEND_RETRY_AFTER = "retry_after"  # kept; the platform said when to try again
+SEND_REFUSED = "refused"  # recorded with its reason, never tried again
+
+
+def send_failure(exc: BaseException) -> tuple[str, float]:
+    """How a failed send is treated, and the wait the platform asked for (retry_after).
+
+    The typed errors say it: RetryAfter, TransientError (5xx, resets, timeouts) and
+    InvalidToken (the credentials may be restored: the reply waits for them) and
+    PlatformUnreachable are kept;
+    PlatformRefused and any other AdapterError are refusals. An untyped error is read along
+    its causes: a network error (OSError, a timeout, aiohttp's connection errors) or an HTTP
+    status of 5xx is transient, 429 is a retry-after; anything else is a refusal (a bug in
+    a send does not heal by waiting)."""
+    if isinstance(exc, RetryAfter):
+        return SEND_RETRY_AFTER, exc.seconds
+    if isinstance(exc, (TransientError, InvalidToken, PlatformUnreachable)):
+        return SEND_TRANSIENT, 0.0
+    if isinstance(exc, GatewayError):
+        return SEND_REFUSED, 0.0
+    import aiohttp
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, RetryAfter):
+            return SEND_RETRY_AFTER, cause.seconds
+        if isinstance(cause, (TransientError, OSError, TimeoutError)):
+            return SEND_TRANSIENT, 0.0
+        if isinstance(cause, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):
+            return SEND_TRANSIENT, 0.0
+        status = getattr(cause, "status", None)
+        if isinstance(status, int) and status >= 500:
+            return SEND_TRANSIENT, 0.0
+        if status == 429:
+            return SEND_RETRY_AFTER, 1.0
+        cause = cause.__cause__ or cause.__context__
+    return SEND_REFUSED, 0.0

@@ -34,10 +34,12 @@ def health_report(
     metrics: Metrics,
     started_at: float,
     replica: Mapping[str, Any] | None,
+    outbox: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """/health's document: `ok` while the store is open and every adapter runs, else
     `degraded`; `adapters` maps each platform to its adapter's (or its start's) health,
-    `replica` is this replica's place among the others (absent on one daemon)."""
+    `replica` is this replica's place among the others (absent on one daemon), `outbox` the
+    replies and sends held per platform."""
     ok = db is not None and all(h.get("state") == AdapterState.RUNNING for h in adapters.values())
     return {
         "status": "ok" if ok else "degraded",
@@ -54,6 +56,7 @@ def health_report(
             outcome: int(n) for (((_label, outcome),), n) in metrics.recovered.values.items()
         },
         "unsent_replies": int(metrics.unsent.total()),
+        "outbox": dict(outbox) if outbox is not None else None,
         "failed_sends": int(metrics.errors.values.get((("kind", "send"),), 0)),
         "last_error": router.last_error if router else None,
         **({"replica": dict(replica)} if replica is not None else {}),

@@ -16,6 +16,9 @@ LATE_SEND_S = 0.25  # see OutboundMessage.late (gateway/turns.py's RECHECK_AFTER
 # a request has its connection, the last await before the request is written
 # (gateway.adapters.base.send_by_trace), and raises SetOutLate past it.
 SEND_BY: ContextVar[float | None] = ContextVar("send_by", default=None)
+# True in the outbox's drain: a platform call is tried once and its failure raised as it
+# came (a RetryAfter too), since the outbox spaces the tries of what it holds itself
+ONE_TRY: ContextVar[bool] = ContextVar("one_try", default=False)
 
 
 class SetOutLate(Exception):
@@ -158,6 +161,24 @@ class SentRef:
     platform: str
     chat_id: str
     message_ids: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class OutboxRef(SentRef):
+    """A reply whose fate the outbox records in its inbox row (gateway.pipeline.backlog),
+    so its turn does not."""
+
+
+@dataclass(frozen=True)
+class HeldRef(OutboxRef):
+    """A reply the platform has not taken yet: the outbox holds it (behind the chat's
+    earlier replies, or after a failed send) and delivers it when the platform is back,
+    until it expires."""
+
+
+@dataclass(frozen=True)
+class RefusedRef(OutboxRef):
+    """A reply the platform refused for good: recorded with its reason, never retried."""
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,16 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar
 
+from gateway.adapters import replies_in_request
 from gateway.agent.base import Agent
 from gateway.deadlines import Deadlines
+from gateway.errors import SEND_REFUSED, send_failure
 from gateway.index import RouteIndex
 from gateway.messages import (
+    HeldRef,
     InboundMessage,
     OutboundMessage,
+    RefusedRef,
     SentRef,
     SetOutLate,
     TokenUsage,
@@ -36,6 +40,13 @@ from state import Store
 
 log = logging.getLogger("gateway.router")  # replies and drains log as the router did
 T = TypeVar("T")
+
+# ahead of a chat's next reply, once, after a reply to it expired undelivered in the outbox
+EXPIRY_NOTICE = (
+    "Sorry, an earlier reply of mine could not be delivered in time (the chat service did "
+    "not take it) and was given up. It is kept in this conversation; ask me again if it "
+    "still matters."
+)
 
 Sender = Callable[[OutboundMessage], Awaitable[SentRef | None]]
 
@@ -110,13 +121,40 @@ class TurnSignals:
                 log.exception("turn_ended failed on %s", msg.source.platform)
 
 
+class Backlog(Protocol):
+    """The outbox's backlog as the reply path sees it (gateway.pipeline.backlog)."""
+
+    def waiting(self, platform: str, chat_id: str) -> bool: ...
+
+    async def owed_notice(self, platform: str, chat_id: str) -> bool: ...
+
+    async def hold(
+        self,
+        out: OutboundMessage,
+        *,
+        inbox_id: int | None = None,
+        received: float | None = None,
+        failure: BaseException | None = None,
+        due: float | None = None,
+    ) -> None: ...
+
+    async def refuse(self, out: OutboundMessage, inbox_id: int, exc: BaseException) -> bool: ...
+
+    def reply_horizon(self, platform: str, due: float, received: float | None) -> float: ...
+
+    async def expire_unsent(self, inbox_id: int, platform: str, chat_id: str) -> None: ...
+
+
 class Replier:
     """Sends a reply to the chat a message came from and counts it; a failed send is
-    logged and counted, never raised (the turn is stored either way)."""
+    logged and counted, never raised (the turn is stored either way). With the outbox's
+    backlog, a reply to a chat that has undelivered ones waits behind them, and one whose
+    send fails transiently is held there until it is delivered or expires (HeldRef)."""
 
     def __init__(self, send: Sender, metrics: Metrics) -> None:
         self.send = send
         self.metrics = metrics
+        self.backlog: Backlog | None = None  # set by the daemon (gateway.app)
 
     async def reply(
         self,
@@ -130,9 +168,14 @@ class Replier:
         resend: bool = False,
         since: float | None = None,
         usage: TokenUsage | None = None,
+        inbox_id: int | None = None,
+        due: float | None = None,
     ) -> SentRef | None:
-        """Send; the platform's reference, or None when the send failed (logged, counted).
-        `dedupe_key` names the reply across sends; `resend` marks a start-up resend."""
+        """Send; the platform's reference, a HeldRef when the outbox holds it, or None
+        when the send failed for good (logged, counted). `dedupe_key` names the reply
+        across sends; `resend` marks a start-up resend; `inbox_id`: the inbox row whose
+        turn's reply this is (its row records the reply's fate); `due`: when the reply was
+        first to go (a resend after a restart: its expiry counts from then)."""
         src = msg.source
         out = OutboundMessage(
             platform=src.platform,
@@ -149,6 +192,12 @@ class Replier:
             since=since,
             usage=usage,
         )
+        backlog = self.backlog if not replies_in_request(src.platform) else None
+        if backlog is not None:
+            if backlog.waiting(src.platform, src.chat_id):
+                return await self._hold(backlog, out, msg, inbox_id, None, due)
+            if await backlog.owed_notice(src.platform, src.chat_id):  # the platform is up
+                await self._notice(msg, session_id, key)
         try:
             ref = await self.send(out)
             self.metrics.messages_out.inc(platform=src.platform)
@@ -161,7 +210,57 @@ class Replier:
             self.metrics.last_error = f"send: {type(exc).__name__}: {exc}"
             self.metrics.errors.inc(kind="send")
             log.error("sending to %s chat %s failed: %s", src.platform, src.chat_id, exc)
+            if backlog is None:
+                return None
+            if send_failure(exc)[0] != SEND_REFUSED:
+                return await self._hold(backlog, out, msg, inbox_id, exc, due)
+            if inbox_id is not None and await backlog.refuse(out, inbox_id, exc):
+                return RefusedRef(out.platform, out.chat_id)
             return None
+
+    async def _hold(
+        self,
+        backlog: Backlog,
+        out: OutboundMessage,
+        msg: InboundMessage,
+        inbox_id: int | None,
+        failure: BaseException | None,
+        due: float | None,
+    ) -> SentRef | None:
+        try:
+            await backlog.hold(
+                out,
+                inbox_id=inbox_id,
+                received=msg.received_at or None,
+                failure=failure,
+                due=due,
+            )
+        except Exception as exc:  # the store refused: logged, and the reply is not kept
+            log.error("the outbox could not keep a reply to %s: %s", out.platform, exc)
+            return None
+        return HeldRef(out.platform, out.chat_id)
+
+    async def _notice(
+        self, msg: InboundMessage, session_id: str | None, key: SessionKey | None
+    ) -> None:
+        """The expiry notice, ahead of the chat's next reply."""
+        src = msg.source
+        out = OutboundMessage(
+            src.platform,
+            src.chat_id,
+            EXPIRY_NOTICE,
+            thread_id=src.thread_id,
+            session_id=session_id,
+            session_key=key.format() if key else None,
+            notice=True,
+        )
+        try:
+            await self.send(out)
+            self.metrics.messages_out.inc(platform=src.platform)
+        except Exception as exc:
+            log.warning(
+                "the expiry notice to %s chat %s failed: %s", src.platform, src.chat_id, exc
+            )
 
 
 class TaskSet:

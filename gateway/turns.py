@@ -21,7 +21,15 @@ from gateway.adapters import idempotent_replies, replies_in_request
 from gateway.agent.base import AgentReply, ChatMessage, TurnContext, estimate_tokens, window
 from gateway.agent.tools.session_search import Caller, session_search
 from gateway.index import IndexEntry
-from gateway.messages import LATE_SEND_S, SEND_BY, InboundMessage, SentRef, SetOutLate, TokenUsage
+from gateway.messages import (
+    LATE_SEND_S,
+    SEND_BY,
+    InboundMessage,
+    OutboxRef,
+    SentRef,
+    SetOutLate,
+    TokenUsage,
+)
 from gateway.services import Services
 from gateway.session_keys import SessionKey
 from gateway.topology.base import LOCAL_LEASE, TurnLease
@@ -172,10 +180,11 @@ async def agent_turn(
                 since=since,
                 resend=again,
                 usage=usage,
+                inbox_id=turn.inbox_id,
             ),
         )
         faults.point("after_send_before_mark")
-        if not in_request:
+        if not in_request and not isinstance(ref, OutboxRef):  # held or refused: the outbox's
             mark_reply_soon(s, turn.inbox_id, ref)
         if s.settings.auto_title and _first_exchange(after):
             s.tasks.start(auto_title(s, sid, after), f"title:{sid}")

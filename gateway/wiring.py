@@ -15,6 +15,7 @@ from gateway.agent.echo import EchoAgent
 from gateway.config import Config
 from gateway.index import SessionIndex
 from gateway.pairing import PairingRules
+from gateway.pipeline.backlog import DeliveryRules
 from gateway.reset.policy import PolicySet, ResetPolicy, merge
 from gateway.services import AccessRules, RouterSettings
 from gateway.session_keys import KeySettings
@@ -196,3 +197,16 @@ class StoreCursors:
 
     async def set(self, name: str, value: str) -> None:
         await self.db.set_meta(f"cursor:{self.platform}:{name}", value)
+
+
+def delivery_rules(config: Config) -> DeliveryRules:
+    """The `outbox:` section as the backlog's rules."""
+    o = config.outbox
+    return DeliveryRules(
+        max_age_s=float(o.max_age_minutes) * 60,
+        max_age_by_platform={p: float(m) * 60 for p, m in o.max_age_by_platform.items()},
+        first_retry_s=float(o.first_retry_seconds),
+        retry_cap_s=float(max(o.retry_seconds, o.first_retry_seconds)),
+        sends_give_up_s=float(o.give_up_hours) * 3600,
+        drain_per_second={p: float(r) for p, r in o.drain_per_second.items()},
+    )

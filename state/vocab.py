@@ -1,5 +1,5 @@
 """The states both backends store and the gateway reads: an inbox row's turn, a one-off
-send's, a pairing request's, a stale handoff's error, how a session ended or was forked,
+send's, a reply's delivery, a pairing request's, a stale handoff's error, how a session ended or was forked,
 and the lineage rules that follow from it (depth guard, inherited columns, what counts as
 a compression child). Plain strings and two enums; no SQL."""
 
@@ -10,6 +10,10 @@ from enum import StrEnum
 # an inbox row: taken, its turn begun, answered (the reply stored) or dropped unanswered
 RECEIVED, STARTED, ANSWERED, DROPPED = "received", "started", "answered", "dropped"
 OPEN_STATES = (RECEIVED, STARTED)
+
+# a reply's delivery states that mean it has not reached its chat (ready / sending while
+# the outbox holds it, unconfirmed after a crash, failed, refused or expired for good)
+UNDELIVERED = ("ready", "sending", "unconfirmed", "failed", "refused", "expired")
 
 # a one-off send in the outbox (`switchboard send` through the daemon)
 SEND_PENDING, SEND_SENT, SEND_FAILED = "pending", "sent", "failed"

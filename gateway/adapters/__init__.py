@@ -88,6 +88,18 @@ def idempotent_replies(name: str) -> bool:
         return False
 
 
+@cache
+def reply_window_s(name: str) -> float | None:
+    """How long after the user's message the platform lets a reply go, when its adapter
+    class declares `reply_window_s` (WhatsApp's customer-service window); None for no
+    such rule. The outbox lets a held reply expire at the window's end."""
+    try:
+        window = getattr(adapter_class(name), "reply_window_s", None)
+    except GatewayError:
+        return None
+    return float(window) if window else None
+
+
 @cache  # asked on every turn
 def replies_in_request(name: str) -> bool:
     """Whether the platform's adapter class declares `replies_in_request`: each reply is
@@ -119,3 +131,4 @@ def rescan() -> None:
     _targets.cache_clear()
     _load.cache_clear()
     idempotent_replies.cache_clear()
+    reply_window_s.cache_clear()

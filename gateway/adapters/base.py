@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 from gateway.adapters.kit.lifecycle import failed
 from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
 from gateway.messages import (
+    ONE_TRY,
     SEND_BY,
     InboundMessage,
     OutboundMessage,
@@ -202,6 +203,9 @@ class PlatformAdapter(Adapter, Protocol):
     Optional: `idempotent_replies: ClassVar[bool] = True` declares that a send carrying an
     `OutboundMessage.dedupe_key` already sent is never shown twice in the chat; the outbox
     then sends such replies again after a crash (exactly once instead of at most once).
+    Optional: `reply_window_s: ClassVar[float]` declares how long after the user's message
+    the platform accepts a reply (WhatsApp's 24 hours): the outbox lets a reply it holds
+    expire then.
     Optional: `replies_in_request: ClassVar[bool] = True` declares that each reply is the
     response to its own request (the HTTP API): no reply of the chat can overtake another,
     and a repeated request reads its answer from the store (see
@@ -288,7 +292,11 @@ async def call_with_retry(
     log: logging.Logger | None = None,
 ) -> T:
     """Run a platform call: wait out RetryAfter (never dropping the message), back off on
-    transient errors, and give up at once on an invalid token."""
+    transient errors, and give up at once on an invalid token. In the outbox's drain
+    (ONE_TRY) the call is tried once: the outbox spaces its tries itself; a retry that
+    would start past the task's SEND_BY raises the failure instead (the outbox keeps it)."""
+    if ONE_TRY.get():
+        return await _unwrapped_late(call)
     for attempt in range(attempts):
         try:
             return await _unwrapped_late(call)
@@ -296,17 +304,53 @@ async def call_with_retry(
             raise
         except RetryAfter as exc:
             wait = min(exc.seconds, max_retry_after_s)
+            if _past_send_by(wait):
+                raise  # the retry would set out late: the outbox keeps the reply instead
             if log:
                 log.warning("rate limited; waiting %.1fs before retrying", wait)
-            await asyncio.sleep(wait)
+            if not await _waited(wait):
+                raise  # the daemon is stopping: the outbox keeps the reply for the next start
         except TransientError as exc:
             if attempt == attempts - 1:
                 raise
             wait = backoff.delay(attempt)
+            if _past_send_by(wait):
+                raise  # the retry would set out late: the outbox keeps the reply instead
             if log:
                 log.warning("transient error (%s); retrying in %.1fs", exc, wait)
-            await asyncio.sleep(wait)
+            if not await _waited(wait):
+                raise  # the daemon is stopping: the outbox keeps the reply for the next start
     return await _unwrapped_late(call)
+
+
+_stopping = [False]  # end_retries: the daemon is stopping
+
+
+def end_retries(stopping: bool = True) -> None:
+    """The daemon is stopping (True; False: running). A call_with_retry waiting for its
+    next try then raises the failure it met at once: a reply's send ends known unsent, and
+    the outbox keeps it for the next start, rather than the stop's drain cancelling it in
+    the wait (on a platform that cannot deduplicate it would be left unconfirmed)."""
+    _stopping[0] = stopping
+
+
+async def _waited(wait: float) -> bool:
+    """Sleep `wait` seconds; False, at once, if the daemon begins to stop meanwhile."""
+    end = time.monotonic() + wait
+    while not _stopping[0]:
+        left = end - time.monotonic()
+        if left <= 0:
+            return True
+        await asyncio.sleep(min(left, 0.1))
+    return False
+
+
+def _past_send_by(wait: float) -> bool:
+    """Would a retry after `wait` start past the sending task's SEND_BY (a replica's turn)?
+    Then the failure is raised as it came: the reply was not sent, and the outbox holds it,
+    rather than the retry stopping unsent (SetOutLate) and the turn sending it again."""
+    by = SEND_BY.get()
+    return by is not None and time.monotonic() + wait > by
 
 
 async def _unwrapped_late(call: Callable[[], Awaitable[T]]) -> T:

@@ -43,6 +43,7 @@ from gateway.errors import (
     AdapterError,
     ConfigError,
     InvalidToken,
+    PlatformRefused,
     RetryAfter,
     TransientError,
 )
@@ -168,7 +169,7 @@ def api_error(status: int, body: Any, retry_after: str | None = None) -> Excepti
         return InvalidToken(f"bluebubbles refused the server password ({status})")
     if status >= 500:
         return TransientError(f"bluebubbles answered {status}: {detail}")
-    return AdapterError(f"bluebubbles refused the call ({status}): {detail}")
+    return PlatformRefused(f"bluebubbles refused the call ({status}): {detail}")
 
 
 def already_queued(exc: AdapterError) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from gateway.adapters.base import send_by_trace
-from gateway.errors import AdapterError, InvalidToken, RetryAfter, TransientError
+from gateway.errors import InvalidToken, PlatformRefused, RetryAfter, TransientError
 
 DEFAULT_API = "https://api.dingtalk.com"
 TOKEN_PATH = "/v1.0/oauth2/accessToken"
@@ -149,5 +149,5 @@ class DingTalkApi:
             raise TransientError("the access token was refused")
         if status != 200 or chat_id in (data.get("invalidStaffIdList") or []):
             why = data.get("code") or data.get("message") or f"HTTP {status}"
-            raise AdapterError(f"dingtalk refused the message: {why}")
+            raise PlatformRefused(f"dingtalk refused the message: {why}")
         return str(data.get("processQueryKey") or "")

@@ -47,7 +47,7 @@ from gateway.adapters.discord_shards import Shards
 from gateway.adapters.discord_wire import fields_of, reply_nonce, to_inbound
 from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.kit.typing import TypingLoops
-from gateway.errors import AdapterError, ConfigError, NotAccepted
+from gateway.errors import AdapterError, ConfigError, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, id_list, in_range, setting
 from gateway.session_keys import SessionSource
@@ -538,7 +538,7 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
                 sent = await call_with_retry(attempt, backoff=self._backoff, log=log)
             except discord.HTTPException as exc:
                 self.last_error = f"{exc.status}: {exc.text}"
-                raise AdapterError(f"discord refused the message ({exc.status})") from exc
+                raise PlatformRefused(f"discord refused the message ({exc.status})") from exc
             ids.append(str(sent.id))
         if msg.thread_id:
             self._threads.add(msg.thread_id)

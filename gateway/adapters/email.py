@@ -40,7 +40,7 @@ from gateway.adapters.base import (
 from gateway.adapters.email_imap import ImapAccount, Watcher
 from gateway.adapters.email_inbound import THREAD_MARK, Mail, parse_mail, received_at
 from gateway.adapters.email_outbound import Original, compose
-from gateway.errors import AdapterError, ConfigError, InvalidToken, TransientError
+from gateway.errors import AdapterError, ConfigError, InvalidToken, PlatformRefused, TransientError
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, in_range, one_of, setting
 from gateway.session_keys import SessionSource
@@ -510,12 +510,12 @@ async def _smtp_call(call: Any, a: SmtpAccount) -> Any:
     except aiosmtplib.SMTPResponseException as exc:
         if 400 <= exc.code < 500:
             raise TransientError(f"SMTP answered {exc.code} {exc.message}") from exc
-        raise AdapterError(f"SMTP refused the mail: {exc.code} {exc.message}") from exc
+        raise PlatformRefused(f"SMTP refused the mail: {exc.code} {exc.message}") from exc
     except aiosmtplib.SMTPRecipientsRefused as exc:
         codes = [e.code for e in exc.recipients]
         if codes and all(400 <= c < 500 for c in codes):
             raise TransientError(f"SMTP deferred the recipient ({codes})") from exc
-        raise AdapterError(f"SMTP refused the recipient ({codes})") from exc
+        raise PlatformRefused(f"SMTP refused the recipient ({codes})") from exc
     except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
         raise TransientError(
             f"SMTP {a.host}:{a.port} unreachable ({type(exc).__name__}: {exc})"

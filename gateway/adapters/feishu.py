@@ -44,6 +44,7 @@ from gateway.errors import (
     AdapterError,
     ConfigError,
     InvalidToken,
+    PlatformRefused,
     RetryAfter,
     TransientError,
 )
@@ -368,7 +369,7 @@ class FeishuAdapter(Outbound, SetupSteps):
         )
         if resp.code != 0:
             self.last_error = f"{resp.msg} ({resp.code})"
-            raise AdapterError(f"feishu refused the call: {self.last_error}")
+            raise PlatformRefused(f"feishu refused the call: {self.last_error}")
         return resp
 
     async def _bot_info(self) -> dict[str, Any]:

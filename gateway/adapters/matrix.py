@@ -56,6 +56,7 @@ from gateway.errors import (
     ConfigError,
     InvalidToken,
     NotAccepted,
+    PlatformRefused,
     RetryAfter,
     TransientError,
 )
@@ -512,7 +513,7 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSte
         from gateway.adapters.matrix_http import errcode, mapped
 
         if self._client is None:
-            raise AdapterError("matrix is not running")
+            raise TransientError("matrix is not running")
         txn = f"sb{uuid.uuid4().hex}"  # the same for every retry: the server sends it once
         try:
             event_id = await self._call(
@@ -524,7 +525,7 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSte
             )
         except MatrixRequestError as exc:
             self.last_error = errcode(exc) or f"HTTP {getattr(exc, 'http_status', '?')}"
-            raise AdapterError(f"matrix refused the message: {self.last_error}") from exc
+            raise PlatformRefused(f"matrix refused the message: {self.last_error}") from exc
         except (TransientError, InvalidToken) as exc:
             self.last_error = str(exc)
             raise

@@ -39,7 +39,13 @@ from gateway.adapters.base import (
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.mattermost_posts import to_inbound
 from gateway.adapters.mattermost_stream import EventStream, ServerCalls
-from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
+from gateway.errors import (
+    ConfigError,
+    InvalidToken,
+    PlatformRefused,
+    RetryAfter,
+    TransientError,
+)
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, in_range, setting
 from gateway.session_keys import SessionSource
@@ -448,7 +454,7 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
             raise
         except (MattermostError, InvalidMattermostError) as exc:
             self.last_error = f"HTTP {getattr(exc, 'status_code', '?')}: {exc}"
-            raise AdapterError(
+            raise PlatformRefused(
                 f"mattermost refused the post ({getattr(exc, 'status_code', '?')})"
             ) from exc
         return post

@@ -41,7 +41,14 @@ from gateway.adapters.base import (
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.signal_rpc import METHOD_NOT_FOUND, SignalCliError, SignalRpc, SseParser
 from gateway.adapters.signal_text import Incoming, Me, is_direct, parse_envelope, to_plain
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
+from gateway.errors import (
+    AdapterError,
+    ConfigError,
+    InvalidToken,
+    NotAccepted,
+    PlatformRefused,
+    RetryAfter,
+)
 from gateway.messages import SEND_BY, InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
 from gateway.session_keys import SessionSource, as_chat_type
@@ -445,9 +452,12 @@ class SignalAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
                 result = await call_with_retry(
                     functools.partial(self.rpc.call, "send", params), backoff=self._backoff, log=log
                 )
+            except (TransientError, RetryAfter, InvalidToken) as exc:
+                self.last_error = str(exc)
+                raise  # the outbox keeps the reply and tries again
             except AdapterError as exc:
                 self.last_error = str(exc)
-                raise AdapterError(f"signal-cli did not send the message: {exc}") from exc
+                raise PlatformRefused(f"signal-cli did not send the message: {exc}") from exc
             ids.append(str((result or {}).get("timestamp", "")))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
 

@@ -33,7 +33,7 @@ from gateway.adapters.base import (
     send_by_trace,
     split_message,
 )
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
+from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
 from gateway.session_keys import SessionSource
@@ -433,7 +433,7 @@ class SlackAdapter(Outbound, SetupSteps):
                 resp = await self._post(**kwargs)
             except SlackApiError as exc:
                 self.last_error = str(exc.response.get("error"))
-                raise AdapterError(f"slack refused the message: {self.last_error}") from exc
+                raise PlatformRefused(f"slack refused the message: {self.last_error}") from exc
             ids.append(str(resp.get("ts")))
         if msg.thread_id:
             self._active_threads.add((msg.chat_id, msg.thread_id))

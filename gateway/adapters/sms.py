@@ -36,6 +36,7 @@ from gateway.errors import (
     AdapterError,
     ConfigError,
     InvalidToken,
+    PlatformRefused,
     RetryAfter,
     TransientError,
 )
@@ -121,8 +122,8 @@ def twilio_error(status: int, code: int | None, text: str) -> Exception:
     if status >= 500:
         return TransientError(f"twilio answered {status}")
     if code == 21610:
-        return AdapterError(f"sms: the recipient has opted out with STOP (21610): {text}")
-    return AdapterError(f"twilio refused the message ({code or status}): {text}")
+        return PlatformRefused(f"sms: the recipient has opted out with STOP (21610): {text}")
+    return PlatformRefused(f"twilio refused the message ({code or status}): {text}")
 
 
 _FENCE = re.compile(r"^\s*```[^\n]*$", re.M)

@@ -470,7 +470,7 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds, Outbound, SetupSteps):
 
     async def send(self, msg: OutboundMessage) -> SentRef:
         if self._connector is None:
-            raise AdapterError("teams is not running")
+            raise TransientError("teams is not running")
         conv = conversation_of(msg.chat_id, msg.thread_id)
         self._typing.stop((msg.chat_id, msg.thread_id))
         ref = await self._ref(msg.chat_id)
@@ -496,7 +496,7 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds, Outbound, SetupSteps):
         """A new conversation in the channel (its first message is `name`); its root message
         id is the thread. Personal and group chats have no threads: None."""
         if self._connector is None:
-            raise AdapterError("teams is not running")
+            raise TransientError("teams is not running")
         ref = await self._ref(chat_id)
         is_channel = (
             ref.kind == "channel"

@@ -35,7 +35,7 @@ from gateway.adapters.base import (
 from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted
+from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
 from gateway.session_keys import SessionSource
@@ -488,7 +488,7 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
                 )
             except tg_error.TelegramError as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                raise AdapterError(f"telegram refused the message: {exc}") from exc
+                raise PlatformRefused(f"telegram refused the message: {exc}") from exc
             ids.append(str(sent.message_id))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
 

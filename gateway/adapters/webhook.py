@@ -39,12 +39,7 @@ from gateway.adapters.webhook_wire import (
     to_inbound,
     verify,
 )
-from gateway.errors import (
-    AdapterError,
-    ConfigError,
-    RetryAfter,
-    TransientError,
-)
+from gateway.errors import AdapterError, ConfigError, PlatformRefused, RetryAfter, TransientError
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, in_range, setting
 from gateway.session_keys import SessionSource
@@ -442,6 +437,6 @@ class WebhookAdapter(TurnHooks, HomeIds, Outbound, SetupSteps):
                 if resp.status >= 500:
                     raise TransientError(f"the callback answered {resp.status}")
                 if resp.status >= 300:
-                    raise AdapterError(f"the callback refused the POST ({resp.status})")
+                    raise PlatformRefused(f"the callback refused the POST ({resp.status})")
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise TransientError(f"the callback is unreachable ({type(exc).__name__})") from exc

@@ -81,6 +81,9 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
     platform: ClassVar[str] = "whatsapp"
     settings: ClassVar[type[WhatsAppSettings]] = WhatsAppSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
+    # a free-form reply may go within 24 hours of the user's last message (the
+    # customer-service window); later the Cloud API refuses it
+    reply_window_s: ClassVar[float] = 24 * 3600.0
 
     @classmethod
     def secrets_needed(cls, settings: WhatsAppSettings) -> list[SecretNeed]:

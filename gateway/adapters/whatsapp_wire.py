@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import AdapterError, InvalidToken, RetryAfter, TransientError
+from gateway.errors import AdapterError, InvalidToken, PlatformRefused, RetryAfter, TransientError
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionSource
 from gateway.vocab import ChatType
@@ -119,7 +119,7 @@ def graph_error(status: int, body: Any, retry_after: str | None = None) -> Excep
         return InvalidToken(f"whatsapp refused the access token ({code or status}): {text}")
     if status >= 500:
         return TransientError(f"whatsapp answered {status}")
-    return AdapterError(f"whatsapp refused the call ({code or status}): {text}")
+    return PlatformRefused(f"whatsapp refused the call ({code or status}): {text}")
 
 
 class WindowClosed(AdapterError):

@@ -213,6 +213,24 @@ async def _inbox_check(db: Store) -> Check:
     )
 
 
+async def _outbox_check(db: Store, now: float | None = None) -> Check:
+    """Platforms whose sends the running daemon's outbox saw failing (it stores them as
+    they start and stop failing): their replies are held, not lost, until they expire."""
+    try:
+        failing = json.loads(await db.get_meta("outbox.failing") or "{}")
+    except ValueError:
+        failing = {}
+    if not failing:
+        return Check("outbox", True, "no platform's sends are failing")
+    now = time.time() if now is None else now
+    named = "; ".join(
+        f"{p}: sends failing for {max(0, int(now - float(v.get('since', now))))} s "
+        f"({v.get('error') or 'no detail'})"
+        for p, v in sorted(failing.items())
+    )
+    return Check("outbox", False, named + "; replies are held until delivered or expired")
+
+
 async def run_doctor(
     home: Path,
     config: Config | None,
@@ -295,6 +313,7 @@ async def _state_checks(
             )
         if version >= 12 or not isinstance(db, SessionDB):
             checks.append(await _inbox_check(db))
+            checks.append(await _outbox_check(db))
         flush_s = config.sessions.index_flush_seconds if config is not None else 2.0
         index_problems: list[str] = []
         if replicated(db.backend):  # no sessions.json: the routes table, per lease

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 
 def _labels(labels: tuple[tuple[str, str], ...]) -> str:
@@ -51,6 +51,23 @@ class Gauge:
             f"# TYPE {self.name} {self.kind}",
             f"{self.name} {self.read():g}",
         ]
+
+
+class LabelledGauge:
+    """A gauge per value of one label, read when rendered: `read` returns {value: number}
+    (set by the part that knows, e.g. the outbox's held items per platform)."""
+
+    def __init__(self, name: str, help_: str, label: str) -> None:
+        self.name, self.help, self.label = name, help_, label
+        self.read: Callable[[], Mapping[str, float]] = dict
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge"]
+        values = self.read()
+        lines += [
+            f"{self.name}{_labels(((self.label, k),))} {v:g}" for k, v in sorted(values.items())
+        ]
+        return lines if values else [*lines, f"{self.name} 0"]
 
 
 class Histogram:
@@ -102,6 +119,22 @@ class Metrics:
             "Inbound to reply latency",
             (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
+        self.outbox_pending = LabelledGauge(
+            "switchboard_outbox_pending",
+            "Replies and sends held in the outbox for delivery, by platform",
+            "platform",
+        )
+        self.outbox_delivered = Counter(
+            "switchboard_outbox_delivered_total", "Held replies and sends delivered, by platform"
+        )
+        self.outbox_expired = Counter(
+            "switchboard_outbox_expired_total",
+            "Held replies and sends that expired undelivered, by platform",
+        )
+        self.outbox_refused = Counter(
+            "switchboard_outbox_refused_total",
+            "Replies and sends the platform refused for good, by platform",
+        )
         self.gauges: list[Gauge] = []
         self.last_error: str | None = None  # the latest failure handling a message (/health)
 
@@ -110,7 +143,7 @@ class Metrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        metrics: tuple[Counter | Histogram | Gauge, ...] = (
+        every: tuple[Counter | LabelledGauge | Histogram | Gauge, ...] = (
             self.messages_in,
             self.messages_out,
             self.turns,
@@ -120,9 +153,13 @@ class Metrics:
             self.handoffs,
             self.recovered,
             self.unsent,
+            self.outbox_pending,
+            self.outbox_delivered,
+            self.outbox_expired,
+            self.outbox_refused,
             self.turn_latency,
             *self.gauges,
         )
-        for metric in metrics:
+        for metric in every:
             lines += metric.render()
         return "\n".join(lines) + "\n"

@@ -2,13 +2,21 @@
 `POST /v1/send`): the target resolved (a chat id, `chat_id:thread_id`, or the platform's
 home channel), the text sent through the platform adapter's own send path (its splitting,
 rate limits and retries), and a failure sorted into "refused" (sending again will not
-help) or "unreachable" (try later), each with its own exit code."""
+help) or "unreachable" (try later), each with its own exit code.
+
+Through the daemon (`OneOffSends`), each message is a `sends` row before it goes out; one
+the platform does not take now joins the outbox's backlog (gateway.pipeline.backlog),
+which delivers it with the same rule as replies, behind the chat's held replies. On the
+leader, a scan every little while adopts the pending rows nobody holds (a stop or a crash
+left them, or a replica that is gone)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gateway.adapters.base import Outbound
 from gateway.errors import (
@@ -22,6 +30,14 @@ from gateway.errors import (
     TransientError,
 )
 from gateway.messages import OutboundMessage, SentRef
+from gateway.ops.metrics import Metrics
+from gateway.pipeline.backlog import Backlog
+from state import SEND_FAILED, SEND_PENDING, SEND_SENT, Store
+
+if TYPE_CHECKING:
+    from gateway.config import Config
+
+log = logging.getLogger("gateway.outbox")
 
 DEFAULT_TIMEOUT_S = 60.0
 HOME = "home"  # the target that names the platform's home channel
@@ -109,3 +125,99 @@ async def send_direct(
         return await deliver(adapter, msg, timeout_s)
     finally:
         await adapter.stop()
+
+
+class OneOffSends:
+    """`send_one` and the leader's scan of pending rows (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: Store,
+        backlog: Backlog,
+        adapters: Mapping[str, Any],
+        config: Callable[[], Config],
+        metrics: Metrics,
+        leads: Callable[[], bool],
+    ) -> None:
+        self.db = db
+        self.backlog = backlog
+        self._adapters = adapters
+        self._config = config
+        self.metrics = metrics
+        self._leads = leads
+
+    async def send_one(self, platform: str, target: str | None, text: str) -> dict[str, Any]:
+        """One message to a chat of a running adapter: `target` is a chat id or
+        chat_id:thread_id, None for the home channel. Stored first; one the platform does
+        not take now (or that must wait behind the chat's held replies) stays in the
+        outbox and is delivered later."""
+        from gateway.handoff import home_channel
+
+        adapter = self._adapters.get(platform)
+        if adapter is None or platform == "api":
+            from gateway.errors import ConfigError
+
+            raise ConfigError(
+                f"platforms.{platform}",
+                "is not running on this daemon (not enabled in its config, or not a chat platform)",
+            )
+        config = self._config()
+        if target is None:
+            configured = config.platforms[platform].home_channel
+            chat_id, thread_id = home_target(
+                await home_channel(self.db, platform, configured), platform
+            )
+        else:
+            chat_id, thread_id = split_target(platform, target)
+        send_id = await self.db.send_add(platform, chat_id, thread_id, text, time.time())
+        row = {
+            "id": send_id,
+            "platform": platform,
+            "chat_id": chat_id,
+            "thread_id": thread_id,
+            "text": text,
+            "created_at": time.time(),
+        }
+        answer: dict[str, Any] = {
+            "id": send_id,
+            "platform": platform,
+            "chat_id": chat_id,
+            "message_ids": [],
+            "state": SEND_PENDING,
+        }
+        if self.backlog.waiting(platform, chat_id):  # behind the chat's held items
+            self.backlog.adopt_send(row)
+            return {**answer, "error": "waiting behind earlier undelivered messages"}
+        msg = OutboundMessage(platform, chat_id, text, thread_id=thread_id)
+        try:
+            sent = await deliver(adapter, msg, config.outbox.retry_seconds)
+        except PlatformUnreachable as exc:
+            await self.db.send_finish(send_id, SEND_PENDING, str(exc), (), time.time())
+            self.backlog.adopt_send({**row, "error": str(exc)}, failure=exc)
+            return {**answer, "error": str(exc)}
+        except GatewayError as exc:
+            await self.db.send_finish(send_id, SEND_FAILED, str(exc), (), time.time())
+            log.warning("outbox send %d to %s refused: %s", send_id, platform, exc)
+            raise
+        await self.db.send_finish(send_id, SEND_SENT, None, sent.message_ids, time.time())
+        self.metrics.messages_out.inc(platform=platform)
+        return {**answer, "state": SEND_SENT, "message_ids": list(sent.message_ids)}
+
+    async def scan(self, alone: bool = False) -> None:
+        """Every little while, on the leader: pending rows nobody tried for
+        outbox.retry_seconds join the backlog (the backlog stamps each try). `alone` (one
+        daemon: no other process holds any): the first pass takes every pending row."""
+        first = alone
+        while True:
+            every = self._config().outbox.retry_seconds
+            if self._leads():
+                try:
+                    now = time.time()
+                    before = now + 1 if first else now - every
+                    first = False
+                    for row in await self.db.sends_claim_due(before, now):
+                        if self.backlog.adopt_send(row):
+                            log.info("outbox send %d to %s held again", row["id"], row["platform"])
+                except Exception as exc:
+                    log.warning("outbox scan failed: %s", exc)
+            await asyncio.sleep(min(30.0, max(0.2, every / 4)))

@@ -165,6 +165,8 @@ async def collect(
             "writer": (health or {}).get("writer_queue_depth"),
             "turns_in_flight": (health or {}).get("turns_in_flight"),
             "unsent_replies": (health or {}).get("unsent_replies"),
+            # replies and sends the daemon's outbox holds for a platform that is not taking them
+            "held": _held((health or {}).get("outbox")),
             "inbox": inbox,
             "outbox": outbox,
         },
@@ -267,6 +269,7 @@ def render(report: Mapping[str, Any]) -> str:
                 f"inbox open {waiting}",
                 f"unsent replies {q['unsent_replies'] if q['unsent_replies'] is not None else '-'}",
                 f"outbox {q['outbox'] if q['outbox'] is not None else '-'}",
+                f"held {q['held'] if q.get('held') is not None else '-'}",
             ]
         ),
     ]
@@ -293,3 +296,10 @@ def render(report: Mapping[str, Any]) -> str:
     for problem in report["config_problems"]:
         lines.append(f"config     {_clean(problem)}")
     return "\n".join(lines)
+
+
+def _held(outbox: Any) -> int | None:
+    """The outbox's held items, all platforms (None: no daemon answered)."""
+    if not isinstance(outbox, dict) or not isinstance(outbox.get("pending"), dict):
+        return None
+    return sum(int(n) for n in outbox["pending"].values())

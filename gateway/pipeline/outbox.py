@@ -1,5 +1,7 @@
-"""Stored replies sent again: the ones a crash left unconfirmed (at start-up, and a dead
-replica's under its key's lease), and the apology for a message too old to answer.
+"""Stored replies sent again: the ones a crash left unconfirmed or a stop left held
+(at start-up, and a dead replica's under its key's lease), and the apology for a message
+too old to answer. A reply past the outbox's horizon expires instead (gateway.pipeline.
+backlog holds and delivers what fails again).
 
 The worker and recovery call it; it never starts a turn.
 """
@@ -10,7 +12,7 @@ import json
 import logging
 
 from gateway.adapters import idempotent_replies
-from gateway.messages import InboundMessage
+from gateway.messages import InboundMessage, OutboxRef
 from gateway.services import Services
 from gateway.topology.base import Topology
 from gateway.topology.leases import ReplyRow
@@ -70,9 +72,24 @@ class Outbox:
             )
             await s.db.mark_reply(inbox_id, "unconfirmed")
             return
+        backlog = s.replies.backlog
+        received = float(row.get("received_at") or 0.0) or msg.received_at or s.clock()
+        src = msg.source
+        if backlog is not None and s.clock() > backlog.reply_horizon(
+            src.platform, received, received
+        ):
+            await backlog.expire_unsent(inbox_id, src.platform, src.chat_id)
+            return
         text = content_text(row["content"]) or APOLOGY
         ref = await s.replies.reply(
-            msg, row["session_id"], text, dedupe_key=reply_key(inbox_id), resend=True
+            msg,
+            row["session_id"],
+            text,
+            dedupe_key=reply_key(inbox_id),
+            resend=True,
+            inbox_id=inbox_id,
+            due=received,
         )
         s.metrics.recovered.inc(outcome="reply_resent")
-        await mark_reply(s, inbox_id, ref)
+        if not isinstance(ref, OutboxRef):  # held or refused: the outbox's from here
+            await mark_reply(s, inbox_id, ref)

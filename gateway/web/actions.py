@@ -38,6 +38,11 @@ async def session_detail(
         "next_after": int(msgs[-1]["id"]) if more and msgs else None,
         "from_start": not after_id,
         "lineage": await d.db.lineage_tree(session_id),
+        # replies that did not reach the chat: message id -> their state and reason
+        "undelivered": {
+            mid: {"state": state, "reason": reason}
+            for mid, (state, reason) in (await d.db.undelivered_replies(session_id)).items()
+        },
     }
 
 

@@ -211,7 +211,30 @@ def _content(text: str | None) -> Safe:
     )
 
 
-def _message(m: Mapping[str, Any], target: int | None) -> Safe:
+UNDELIVERED_WORDS = {
+    "ready": "not delivered yet: held in the outbox",
+    "sending": "not delivered yet: held in the outbox",
+    "unconfirmed": "may not have reached the chat (the daemon stopped while sending it)",
+    "failed": "not delivered",
+    "refused": "not delivered: the platform refused it",
+    "expired": "not delivered: it expired in the outbox",
+}
+
+
+def _undelivered(mark: Mapping[str, Any] | None) -> Safe | str:
+    if mark is None:
+        return ""
+    state, reason = str(mark["state"]), mark.get("reason")
+    return t(
+        '<p class="undelivered" title="{}">{}</p>',
+        reason or state,
+        UNDELIVERED_WORDS.get(state, "not delivered"),
+    )
+
+
+def _message(
+    m: Mapping[str, Any], target: int | None, undelivered: Mapping[int, Any] | None = None
+) -> Safe:
     role = str(m.get("role") or "")
     calls = m.get("tool_calls")
     folded: list[Safe] = []
@@ -240,13 +263,14 @@ def _message(m: Mapping[str, Any], target: int | None) -> Safe:
     mark = " target" if target is not None and m["id"] == target else ""
     return t(
         '<article class="msg role-{}{}" id="m{}"><header><span class="role">{}</span> '
-        '<a class="when" href="#m{}">{}</a></header>{}{}</article>',
+        '<a class="when" href="#m{}">{}</a></header>{}{}{}</article>',
         role,
         mark,
         m["id"],
         role,
         m["id"],
         when(m.get("timestamp")),
+        _undelivered((undelivered or {}).get(int(m["id"]))),
         body,
         join(folded),
     )
@@ -297,7 +321,8 @@ async def session_view(request: web.Request) -> web.StreamResponse:
     tree = detail["lineage"]
     on_path = set(_path_to(tree, sid) or []) if tree else set()
     lineage = t('<ul class="tree" id="lineage">{}</ul>', _tree(tree, sid, on_path)) if tree else ""
-    transcript = join(_message(m, at) for m in detail["messages"])
+    undelivered = detail.get("undelivered") or {}
+    transcript = join(_message(m, at, undelivered) for m in detail["messages"])
     nav = []
     if not detail["from_start"]:
         nav.append(t('<a href="{}">← From the start</a>', url("/ui/sessions", sid)))

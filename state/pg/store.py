@@ -27,6 +27,7 @@ from .dashboard import DashboardOps
 from .lineage import LineageOps
 from .listing import ListingOps
 from .messages import MessageOps
+from .outbox import OutboxOps
 from .pairing import PairingOps
 from .readers import CONNECT_TIMEOUT_S, ReadPool
 from .replies import ReplyOps
@@ -63,6 +64,7 @@ class PgStore(
     AdminOps,
     InboxOps,
     ReplyOps,
+    OutboxOps,
     ClusterOps,
     TakeoverOps,
     ShardOps,

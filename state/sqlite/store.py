@@ -28,6 +28,7 @@ from .lineage import LineageOps
 from .listing import ListingOps
 from .maintenance import MaintenanceOps
 from .messages import MessageOps
+from .outbox import OutboxOps
 from .pairing import PairingOps
 from .readers import ReaderPool
 from .replies import ReplyOps
@@ -107,6 +108,7 @@ class SessionDB(
     MaintenanceOps,
     InboxOps,
     ReplyOps,
+    OutboxOps,
     PairingOps,
     SendOps,
     TransferOps,

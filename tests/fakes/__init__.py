@@ -100,3 +100,87 @@ def connection_closer(fake: Any) -> Any:
         return response
 
     return closing
+
+
+# --- failure injection on a fake's send path ------------------------------------------
+
+# What an Outage can do to one send request: a status ("502", "503", "500"), "429:<s>"
+# (rate limited, retry after s seconds), "403" (refused for good), "reset" (the connection
+# closes without an answer) or "timeout:<s>" (no answer for s seconds, then a 504).
+Failure = str
+# (status, retry-after seconds or None, the request) -> the platform's own error answer
+ErrorBody = Callable[[int, "float | None", web.Request], Awaitable[web.StreamResponse]]
+# is this request a send? (a bool, or awaited for one that reads the body)
+IsSend = Callable[[web.Request], "bool | Awaitable[bool]"]
+
+
+async def json_error(
+    status: int, retry_after: float | None, _request: web.Request
+) -> web.StreamResponse:
+    """A plain JSON error with a Retry-After header on 429 (most HTTP platforms)."""
+    headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else {}
+    body = {"error": f"injected {status}", "message": f"injected {status}", "code": status}
+    if retry_after is not None:
+        body["retry_after"] = retry_after
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Outage:
+    """The failure-injection switch every platform fake carries (`fake.outage`): `fail(*f)`
+    scripts the next send requests' failures, one each; `down(f)` fails every send with `f`
+    until `up()`. `failed` counts the requests it failed. A fake installs `middleware`,
+    saying which requests are sends and how its platform words an error."""
+
+    def __init__(self) -> None:
+        self.script: list[Failure] = []
+        self.mode: Failure | None = None
+        self.failed = 0
+
+    def fail(self, *failures: Failure) -> None:
+        self.script.extend(failures)
+
+    def down(self, failure: Failure = "502") -> None:
+        self.mode = failure
+
+    def up(self) -> None:
+        self.mode, self.script = None, []
+
+    def take(self) -> Failure | None:
+        if self.script:
+            return self.script.pop(0)
+        return self.mode
+
+    async def answer(self, request: web.Request, body: ErrorBody) -> web.StreamResponse | None:
+        """The injected failure for this send request, or None to let it through."""
+        failure = self.take()
+        if failure is None:
+            return None
+        self.failed += 1
+        kind, _, arg = failure.partition(":")
+        if kind == "reset":
+            if request.transport is not None:
+                request.transport.abort()  # the client sees the connection drop unanswered
+            return web.Response(status=500)
+        if kind == "timeout":
+            await asyncio.sleep(float(arg or 30))
+            return await body(504, None, request)
+        status = int(kind)
+        return await body(status, float(arg or 1) if status == 429 else None, request)
+
+    def middleware(self, is_send: IsSend, body: ErrorBody = json_error) -> Any:
+        """An aiohttp middleware failing the requests `is_send` picks as scripted."""
+        outage = self
+
+        @web.middleware
+        async def injecting(request: web.Request, handler: Any) -> web.StreamResponse:
+            if outage.script or outage.mode:
+                picked = is_send(request)
+                if not isinstance(picked, bool):
+                    picked = await picked
+                failed = await outage.answer(request, body) if picked else None
+                if failed is not None:
+                    return failed
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        return injecting

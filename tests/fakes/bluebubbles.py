@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import connection_closer, wait_for_count
+from tests.fakes import Outage, connection_closer, wait_for_count
 
 PASSWORD = "fake-bluebubbles-password"
 SECRET = "fake-webhook-secret"
@@ -33,6 +33,7 @@ def error(status: int, kind: str, message: str, detail: str) -> web.Response:
 
 @dataclass
 class FakeBlueBubbles:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     password: str = PASSWORD
     private_api: bool = False
     send_delay_s: float = 0.0  # how long a send takes (Messages.app can be slow)
@@ -68,7 +69,12 @@ class FakeBlueBubbles:
         return await wait_for_count(self.sent, n, timeout, "iMessage sends")
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[connection_closer(self)])
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(lambda r: r.path == "/api/v1/message/text"),
+                connection_closer(self),
+            ]
+        )
         app.router.add_get("/api/v1/server/info", self._info)
         app.router.add_post("/api/v1/message/text", self._send_text)
         app.router.add_route("*", "/api/v1/chat/{guid}/typing", self._typing)

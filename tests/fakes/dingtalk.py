@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 CLIENT_ID = "dingfakeclientid"
 CLIENT_SECRET = "fake-client-secret"
@@ -21,8 +21,16 @@ TOPIC = "/v1.0/im/bot/messages/get"
 ENV = {"DINGTALK_CLIENT_ID": CLIENT_ID, "DINGTALK_CLIENT_SECRET": CLIENT_SECRET}
 
 
+SEND_PATHS = (
+    "/robot/sendBySession",
+    "/v1.0/robot/groupMessages/send",
+    "/v1.0/robot/oToMessages/batchSend",
+)
+
+
 @dataclass
 class FakeDingTalk:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     client_secret: str = CLIENT_SECRET
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     failures: dict[str, list[tuple[int, dict[str, Any], dict[str, str]]]] = field(
@@ -77,7 +85,9 @@ class FakeDingTalk:
         return self.acks[message_id]
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._closing])
+        app = web.Application(
+            middlewares=[self.outage.middleware(lambda r: r.path in SEND_PATHS), self._closing]
+        )
         app.router.add_post("/v1.0/oauth2/accessToken", self._token)
         app.router.add_post("/v1.0/gateway/connections/open", self._open)
         app.router.add_get("/connect", self._connect)

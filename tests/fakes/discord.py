@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from tests.fakes import connection_closer, wait_for_count
+from tests.fakes import Outage, connection_closer, wait_for_count
 
 
 def restore_discord_globals(monkeypatch: Any) -> None:
@@ -59,6 +59,7 @@ def _user(uid: str, name: str) -> dict[str, Any]:
 
 @dataclass
 class FakeDiscord:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     port: int = 0
     refuse_threads: bool = False
@@ -221,7 +222,14 @@ class FakeDiscord:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/gateway", self._ws)
-        rest = web.Application(middlewares=[connection_closer(self)])
+        rest = web.Application(
+            middlewares=[
+                self.outage.middleware(
+                    lambda r: r.method == "POST" and r.path.endswith("/messages")
+                ),
+                connection_closer(self),
+            ]
+        )
         rest.router.add_route("*", "/{tail:.*}", self._rest)
         app.add_subapp("/api/v10", rest)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 APP_ID = "cli_fake_app"
 APP_SECRET = "fake-app-secret"
@@ -33,6 +33,7 @@ ENV = {
 
 @dataclass
 class FakeFeishu:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     app_secret: str = APP_SECRET
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     failures: list[tuple[int, int, dict[str, str]]] = field(default_factory=list)
@@ -64,7 +65,13 @@ class FakeFeishu:
         return await wait_for_count(self.sent, n, timeout, "Feishu messages")
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(
+                    lambda r: r.method == "POST" and r.path.startswith("/open-apis/im/v1/messages")
+                )
+            ]
+        )
         app.router.add_post("/open-apis/auth/v3/tenant_access_token/internal", self._token)
         app.router.add_get("/open-apis/bot/v3/info", self._bot)
         app.router.add_post("/open-apis/im/v1/messages", self._create)

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 BOT = "@switchboard:fake.test"
 BOT_NAME = "switchboard"
@@ -36,6 +36,7 @@ class Room:
 
 @dataclass
 class FakeMatrix:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     token: str = TOKEN
     port: int = 0
     rooms: dict[str, Room] = field(default_factory=dict)
@@ -150,7 +151,12 @@ class FakeMatrix:
 
     async def start(self) -> None:
         self._grew = asyncio.Condition()
-        app = web.Application(middlewares=[self._guard])
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(lambda r: r.method == "PUT" and "/send/" in r.path),
+                self._guard,
+            ]
+        )
         r = app.router
         r.add_get(f"{PREFIX}/account/whoami", self._whoami)
         r.add_get(f"{PREFIX}/sync", self._sync)

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 TEAM = "team0000000000000000000001"
 BOT_ID = "bot00000000000000000000001"
@@ -59,6 +59,7 @@ def _error(status: int, error_id: str, message: str) -> web.Response:
 
 @dataclass
 class FakeMattermost:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     token: str = "mm-good-token"
     max_post_size: int | None = 16_383  # None: the client config does not expose it
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
@@ -163,7 +164,11 @@ class FakeMattermost:
     # --- server ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(lambda r: r.method == "POST" and r.path.endswith("/posts"))
+            ]
+        )
         app.router.add_get("/api/v4/websocket", self._websocket)
         app.router.add_route("*", "/api/v4/{tail:.*}", self._rest)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)

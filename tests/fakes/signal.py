@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 BOT = "+15550000001"
 BOT_UUID = "00000000-0000-4000-8000-0000000000b0"
@@ -79,8 +79,19 @@ def attachment(content_type: str = "image/jpeg") -> dict[str, Any]:
     }
 
 
+async def _is_send(request: web.Request) -> bool:
+    """A JSON-RPC `send` call (the body is read again by the handler: aiohttp keeps it)."""
+    if request.path != "/api/v1/rpc":
+        return False
+    try:
+        return bool((await request.json()).get("method") == "send")
+    except ValueError:
+        return False
+
+
 @dataclass
 class FakeSignal:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     accounts: list[str] = field(default_factory=lambda: [BOT])
     multi_account: bool = True  # False: a `-a NUMBER` daemon, which has no listAccounts
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -141,7 +152,7 @@ class FakeSignal:
     # --- the server ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self.outage.middleware(_is_send, _error_answer)])
         app.router.add_post("/api/v1/rpc", self._rpc)
         app.router.add_get("/api/v1/events", self._events)
         app.router.add_get("/api/v1/check", self._check)
@@ -266,6 +277,33 @@ class _quiet:
 
 def _error(rid: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "error": {"code": code, "message": message, "data": data}, "id": rid}
+
+
+async def _error_answer(
+    status: int, retry_after: float | None, request: web.Request
+) -> web.StreamResponse:
+    """An injected failure as signal-cli words it: Signal's rate limit and a recipient
+    Signal refuses (not registered) are JSON-RPC errors of the send; a 5xx is the HTTP
+    server's own."""
+    if status not in (429, 403):
+        return web.Response(status=status)
+    req = await request.json()
+    params = dict(req.get("params") or {})
+    if status == 429:
+        return web.json_response(_failure(req.get("id"), "rate_limit", retry_after or 1, params))
+    to = params.get("recipient") or [params.get("groupId")]
+    results = [
+        {"recipientAddress": {"uuid": None, "number": n}, "type": "UNREGISTERED_FAILURE"}
+        for n in to
+    ]
+    return web.json_response(
+        _error(
+            req.get("id"),
+            -1,
+            "Failed to send message: the recipient is not registered",
+            {"response": {"timestamp": next(_ts), "results": results}},
+        )
+    )
 
 
 def _failure(rid: Any, kind: str, value: float, params: dict[str, Any]) -> Any:

@@ -19,7 +19,7 @@ import aiohttp
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 BOT_USER = "U0BOT"
 SECRET = "fake-signing-secret"
@@ -27,6 +27,7 @@ SECRET = "fake-signing-secret"
 
 @dataclass
 class FakeSlack:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     failures: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
     port: int = 0
@@ -144,7 +145,9 @@ class FakeSlack:
         return await wait_for_count(self.posted, n, timeout, "posts")
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(
+            middlewares=[self.outage.middleware(lambda r: r.path == "/api/chat.postMessage")]
+        )
         app.router.add_route("*", "/api/{method}", self._handle)
         app.router.add_get("/link", self._link)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)

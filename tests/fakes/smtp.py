@@ -12,7 +12,7 @@ from email import message_from_bytes, policy
 from email.message import EmailMessage
 from typing import Any
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 
 @dataclass
@@ -29,6 +29,9 @@ class FakeSmtp:
     accepted: list[Accepted] = field(default_factory=list)
     auth_attempts: list[tuple[str, bool]] = field(default_factory=list)
     fail_next: int = 0  # answer this many DATA commands with 451
+    outage: Outage = field(
+        default_factory=Outage
+    )  # failures injected into DATA, as SMTP words them
     port: int = 0
     tls: ssl.SSLContext | None = None
     tls_mode: str = "starttls"  # with `tls`: "starttls" (required) or "tls" (implicit)
@@ -74,6 +77,25 @@ class FakeSmtp:
         return AuthResult(success=ok, handled=False)  # aiosmtpd answers 235 or 535
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        failure = self.outage.take()
+        if failure is not None:
+            self.outage.failed += 1
+            kind = failure.partition(":")[0]
+            if kind == "reset":
+                server.transport.abort()
+                return "421 4.3.2 closing"  # never reaches the client
+            if kind == "timeout":
+                await asyncio.sleep(float(failure.partition(":")[2] or 30))
+            # SMTP has no rate-limit answer with a wait: a 429 is a 451 (try later)
+            return {
+                "403": "550 5.7.1 message refused",
+                "400": "554 5.6.0 message content refused",
+            }.get(
+                kind,
+                "421 4.3.2 service not available"
+                if kind.startswith("5")
+                else "451 4.7.1 try again later",
+            )
         if self.fail_next > 0:
             self.fail_next -= 1
             return "451 4.3.0 try again later"

@@ -16,7 +16,7 @@ import jwt
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.fakes import connection_closer, wait_for_count
+from tests.fakes import Outage, connection_closer, wait_for_count
 
 APP_ID = "6f1c2b9e-0000-4000-8000-00000000b07"
 PASSWORD = "fake-app-password"
@@ -31,6 +31,7 @@ def _rsa() -> rsa.RSAPrivateKey:
 
 @dataclass
 class FakeTeams:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     app_id: str = APP_ID
     password: str = PASSWORD
     port: int = 0
@@ -211,7 +212,12 @@ class FakeTeams:
     # --- the server --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[connection_closer(self)])
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(lambda r: r.method == "POST" and "/activities" in r.path),
+                connection_closer(self),
+            ]
+        )
         app.router.add_get("/v1/.well-known/openidconfiguration", self._metadata)
         app.router.add_get("/v1/.well-known/keys", self._keys)
         app.router.add_post("/botframework.com/oauth2/v2.0/token", self._token)

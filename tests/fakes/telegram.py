@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 BOT = {"id": 4242, "is_bot": True, "first_name": "Switchboard", "username": "switchboard_bot"}
 
@@ -42,6 +42,7 @@ class FakeTelegram:
     webhook_attempts: list[tuple[int, int | None]] = field(default_factory=list)
     _deliverer: asyncio.Task[None] | None = None
     keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
+    outage: Outage = field(default_factory=Outage)  # failures injected into sendMessage
 
     # --- driving -----------------------------------------------------------------------
 
@@ -105,7 +106,13 @@ class FakeTelegram:
     # --- server ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(
+                    lambda r: r.path.endswith("/sendMessage"), self._error_answer
+                )
+            ]
+        )
         app.router.add_post("/bot{token}/{method}", self._handle)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -122,6 +129,26 @@ class FakeTelegram:
                 await self._deliverer
         if self._runner is not None:
             await self._runner.cleanup()
+
+    @classmethod
+    async def _error_answer(
+        cls, status: int, retry_after: float | None, _request: web.Request
+    ) -> web.Response:
+        """An injected failure as the Bot API words it (429: parameters.retry_after)."""
+        words = {
+            403: "Forbidden: bot was blocked by the user",
+            429: "Too Many Requests",
+            503: "Service Unavailable",
+            504: "Gateway Timeout",
+        }
+        body: dict[str, Any] = {
+            "ok": False,
+            "error_code": status,
+            "description": words.get(status, "Bad Gateway"),
+        }
+        if retry_after is not None:
+            body["parameters"] = {"retry_after": max(1, round(retry_after))}  # whole seconds
+        return cls._reply(status, body)
 
     @staticmethod
     def _reply(status: int, body: dict[str, Any]) -> web.Response:

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import connection_closer, wait_for_count
+from tests.fakes import Outage, connection_closer, wait_for_count
 
 ACCOUNT = "AC0123456789abcdef0123456789abcdef"
 AUTH_TOKEN = "fake-twilio-auth-token"
@@ -33,6 +33,7 @@ def twilio_error(status: int, code: int, message: str) -> dict[str, Any]:
 
 @dataclass
 class FakeTwilio:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     token: str = AUTH_TOKEN
     calls: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     failures: list[tuple[int, int, str]] = field(default_factory=list)
@@ -58,7 +59,14 @@ class FakeTwilio:
         return await wait_for_count(self.sent, n, timeout, "SMS sends")
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[connection_closer(self)])
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(
+                    lambda r: r.method == "POST" and r.path.endswith("/Messages.json")
+                ),
+                connection_closer(self),
+            ]
+        )
         app.router.add_get(f"/2010-04-01/Accounts/{ACCOUNT}.json", self._account)
         app.router.add_post(f"/2010-04-01/Accounts/{ACCOUNT}/Messages.json", self._messages)
         app.router.add_route("*", "/{tail:.*}", self._unknown)

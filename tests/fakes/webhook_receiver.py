@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import connection_closer, wait_for_count
+from tests.fakes import Outage, connection_closer, wait_for_count
 
 SECRET = "fake-webhook-signing-secret"
 HEADER = "X-Switchboard-Signature"
@@ -52,6 +52,7 @@ async def post_signed(
 
 @dataclass
 class CallbackReceiver:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     secret: str = SECRET
     tolerance_s: float = 300.0
     received: list[dict[str, Any]] = field(default_factory=list)  # verified deliveries
@@ -75,7 +76,12 @@ class CallbackReceiver:
         return await wait_for_count(self.replies, n, timeout, "callback replies")
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[connection_closer(self)])
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(lambda r: r.path == "/hook"),
+                connection_closer(self),
+            ]
+        )
         app.router.add_post("/hook", self._hook)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self._runner.setup()

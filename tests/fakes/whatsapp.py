@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 PHONE_ID = "109876543210"
 TOKEN = "EAAG-fake-token"
@@ -37,6 +37,7 @@ def graph_error(code: int, message: str, status: int = 400) -> tuple[int, dict[s
 
 @dataclass
 class FakeGraph:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     token: str = TOKEN
     calls: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     failures: list[tuple[int, dict[str, Any], dict[str, str]]] = field(default_factory=list)
@@ -71,7 +72,13 @@ class FakeGraph:
         return await wait_for_count(self.sent, n, timeout, "WhatsApp sends")
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(
+            middlewares=[
+                self.outage.middleware(
+                    lambda r: r.method == "POST" and r.path.endswith("/messages")
+                )
+            ]
+        )
         app.router.add_get(f"/{{version}}/{PHONE_ID}", self._number)
         app.router.add_post(f"/{{version}}/{PHONE_ID}/messages", self._messages)
         app.router.add_route("*", "/{tail:.*}", self._unknown)

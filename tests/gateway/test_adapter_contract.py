@@ -30,7 +30,8 @@ from gateway.adapters.webhook import Endpoint, WebhookAdapter
 from gateway.adapters.wecom import WeComAdapter
 from gateway.adapters.weixin import WeixinAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
-from gateway.messages import InboundMessage, OutboundMessage, SentRef
+from gateway.errors import SEND_REFUSED, SEND_RETRY_AFTER, SEND_TRANSIENT, send_failure
+from gateway.messages import ONE_TRY, InboundMessage, OutboundMessage, SentRef
 from tests.fakes import (
     bluebubbles,
     dingtalk,
@@ -306,3 +307,51 @@ async def test_adapter_contract(case: tuple[Any, str, Any]) -> None:
         await adapter.stop()
         await adapter.stop()
     assert adapter.health()["state"] == "stopped"
+
+
+# Each failure a platform's send path can meet, and what the outbox must make of it: a
+# 5xx, a connection reset and a 429 are kept and tried again; a 403 is refused for good.
+INJECTED = [
+    ("503", SEND_TRANSIENT),
+    ("reset", SEND_TRANSIENT),
+    ("429:1", SEND_RETRY_AFTER),
+    ("403", SEND_REFUSED),
+]
+# a platform whose 403 means our credentials (kept until they are restored): its refusal
+# of the message itself is a 400
+REFUSAL = {"bluebubbles": "400"}
+# SMTP has no rate-limit answer with a wait (the fake answers 451, try later)
+EXPECTED = {"email": {"429:1": SEND_TRANSIENT}}
+
+
+async def test_send_failures_map_onto_the_outbox_rule(case: tuple[Any, str, Any]) -> None:
+    """The platform's fake fails every send with each injected failure in turn; the
+    adapter's error says what the outbox does (gateway.errors.send_failure), and once the
+    platform is back the adapter sends again. Tried once per send, as the outbox's drain
+    tries (ONE_TRY)."""
+    adapter, chat_id, fake = case
+    if fake is None or not hasattr(fake, "outage"):
+        pytest.skip("no platform server to fail (the api answers in the request; email: SMTP)")
+    await adapter.start(_ignore)
+    one_try = ONE_TRY.set(True)
+    try:
+        seen: dict[str, str] = {}
+        for failure, _expected in INJECTED:
+            fake.outage.down(REFUSAL.get(adapter.platform, "403") if failure == "403" else failure)
+            try:
+                await adapter.send(OutboundMessage(adapter.platform, chat_id, "hello"))
+            except Exception as exc:
+                seen[failure] = send_failure(exc)[0]
+            else:
+                seen[failure] = "delivered"
+            fake.outage.up()
+        assert seen == dict(INJECTED) | EXPECTED.get(adapter.platform, {})
+        ref = await adapter.send(OutboundMessage(adapter.platform, chat_id, "back"))
+        assert ref.platform == adapter.platform and ref.chat_id == chat_id
+    finally:
+        ONE_TRY.reset(one_try)
+        await adapter.stop()
+
+
+async def _ignore(_msg: InboundMessage) -> None:
+    return None

@@ -29,6 +29,7 @@ from gateway.errors import (
     ConfigError,
     InvalidToken,
     NotAccepted,
+    PlatformRefused,
     RetryAfter,
     TransientError,
 )
@@ -417,7 +418,7 @@ def test_addressed_strips_a_leading_mention_only() -> None:
         (429, RetryAfter, "rate limited"),
         (401, InvalidToken, "password"),
         (502, TransientError, "502"),
-        (400, AdapterError, "nope"),
+        (400, PlatformRefused, "nope"),
     ],
 )
 def test_api_errors(status: int, kind: type, detail: str) -> None:

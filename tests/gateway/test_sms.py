@@ -27,6 +27,7 @@ from gateway.errors import (
     ConfigError,
     InvalidToken,
     NotAccepted,
+    PlatformRefused,
     RetryAfter,
     TransientError,
 )
@@ -298,8 +299,8 @@ def test_keywords(text: str, word: str | None) -> None:
         (429, 20429, RetryAfter, "rate limited"),
         (401, 20003, InvalidToken, "20003"),
         (503, None, TransientError, "503"),
-        (400, 21610, AdapterError, "STOP"),
-        (400, 21211, AdapterError, "21211"),
+        (400, 21610, PlatformRefused, "STOP"),
+        (400, 21211, PlatformRefused, "21211"),
     ],
 )
 def test_twilio_errors(status: int, code: int | None, kind: type, detail: str) -> None:

@@ -30,6 +30,7 @@ from gateway.errors import (
     ConfigError,
     InvalidToken,
     NotAccepted,
+    PlatformRefused,
     RetryAfter,
     TransientError,
 )
@@ -468,7 +469,7 @@ def test_signature_check() -> None:
         (401, 190, None, InvalidToken, "190"),
         (400, 190, None, InvalidToken, "190"),
         (503, 1, None, TransientError, "503"),
-        (400, 100, None, AdapterError, "(100)"),
+        (400, 100, None, PlatformRefused, "(100)"),
     ],
 )
 def test_graph_errors(
