@@ -34,9 +34,9 @@ from gateway.adapters.base import (
     ask_whoami,
     call_with_retry,
     send_by_trace,
-    split_message,
 )
 from gateway.adapters.kit.lifecycle import start_whoami
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
 from gateway.adapters.sms import plain_text
 from gateway.errors import (

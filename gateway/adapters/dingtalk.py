@@ -30,9 +30,9 @@ from gateway.adapters.base import (
     SetupSteps,
     call_with_retry,
     failed,
-    split_message,
 )
 from gateway.adapters.dingtalk_api import DingTalkApi
+from gateway.adapters.kit.split import split_message
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted, TransientError
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, setting

@@ -40,12 +40,12 @@ from gateway.adapters.base import (
     call_with_retry,
     failed,
     send_by_trace,
-    split_message,
 )
 from gateway.adapters.discord_catchup import Positions, missed
 from gateway.adapters.discord_shards import Shards
 from gateway.adapters.discord_wire import fields_of, reply_nonce, to_inbound
 from gateway.adapters.kit.lifecycle import refused
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.errors import AdapterError, ConfigError, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef

@@ -36,9 +36,9 @@ from gateway.adapters.base import (
     SetupSteps,
     call_with_retry,
     failed,
-    split_message,
 )
 from gateway.adapters.feishu_events import Refused, card, card_size, open_request, to_inbound
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.webhook import WebhookReplies, committed
 from gateway.errors import (
     AdapterError,

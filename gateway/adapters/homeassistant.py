@@ -33,7 +33,6 @@ from gateway.adapters.base import (
     UsesShards,
     call_with_retry,
     failed,
-    split_message,
 )
 from gateway.adapters.homeassistant_events import (
     NOTES_CHAT,
@@ -47,6 +46,7 @@ from gateway.adapters.homeassistant_ws import (
     HaSocket,
     Subscription,
 )
+from gateway.adapters.kit.split import split_message
 from gateway.errors import (
     AdapterError,
     ConfigError,

@@ -36,10 +36,10 @@ from gateway.adapters.base import (
     UsesShards,
     call_with_retry,
     failed,
-    split_message,
     stop_task,
 )
 from gateway.adapters.kit.lifecycle import refused
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.matrix_events import (
     PART_BYTES,

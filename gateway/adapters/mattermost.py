@@ -34,8 +34,8 @@ from gateway.adapters.base import (
     call_with_retry,
     failed,
     send_by_transport,
-    split_message,
 )
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.mattermost_posts import to_inbound
 from gateway.adapters.mattermost_stream import EventStream, ServerCalls

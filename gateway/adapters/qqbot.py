@@ -38,9 +38,9 @@ from gateway.adapters.base import (
     UsesShards,
     call_with_retry,
     failed,
-    split_message,
     stop_task,
 )
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.qqbot_api import (
     CHANNEL_PREFIX,
     GROUP_PREFIX,

@@ -35,9 +35,9 @@ from gateway.adapters.base import (
     UsesShards,
     call_with_retry,
     failed,
-    split_message,
     stop_task,
 )
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.signal_rpc import METHOD_NOT_FOUND, SignalCliError, SignalRpc, SseParser
 from gateway.adapters.signal_text import Incoming, Me, is_direct, parse_envelope, to_plain

@@ -31,8 +31,8 @@ from gateway.adapters.base import (
     call_with_retry,
     failed,
     send_by_trace,
-    split_message,
 )
+from gateway.adapters.kit.split import split_message
 from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting

@@ -33,9 +33,8 @@ from gateway.adapters.base import (
     UsesCursors,
     failed,
     send_by_trace,
-    split_message,
-    utf16_len,
 )
+from gateway.adapters.kit.split import split_message, utf16_len
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.kit.webhook import WebhookReplies, committed
 from gateway.adapters.teams_auth import DEFAULT_METADATA_URL, BotFrameworkAuth, TokenRefused

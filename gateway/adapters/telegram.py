@@ -29,10 +29,9 @@ from gateway.adapters.base import (
     Typing,
     call_with_retry,
     failed,
-    split_message,
-    utf16_len,
 )
 from gateway.adapters.kit.lifecycle import refused
+from gateway.adapters.kit.split import split_message, utf16_len
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
 from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused

@@ -42,8 +42,8 @@ from gateway.adapters.base import (
     UsesShards,
     call_with_retry,
     failed,
-    split_message,
 )
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
 from gateway.adapters.wecom_app import (
     APP_MARKDOWN_BYTES,

@@ -39,9 +39,9 @@ from gateway.adapters.base import (
     UsesShards,
     call_with_retry,
     failed,
-    split_message,
     stop_task,
 )
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.weixin_api import BOT_MESSAGE, ITEM_TEXT, ITEM_VOICE, WeixinApi
 from gateway.errors import (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.adapters.api import ApiAdapter
-from gateway.adapters.base import Backoff, split_message
+from gateway.adapters.base import Backoff
 from gateway.adapters.bluebubbles import (
     ATTACHMENT_NOTE,
     LIMIT,
@@ -22,6 +22,7 @@ from gateway.adapters.bluebubbles import (
     api_error,
     to_inbound,
 )
+from gateway.adapters.kit.split import split_message
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import (

@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 
 from gateway.adapters.api import ApiAdapter
-from gateway.adapters.base import split_message
 from gateway.adapters.feishu import LIMIT, FeishuAdapter
 from gateway.adapters.feishu_events import Refused, card_size, open_request, to_inbound
+from gateway.adapters.kit.split import split_message
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.errors import ConfigError, NotAccepted

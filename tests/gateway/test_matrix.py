@@ -265,7 +265,7 @@ def test_no_event_makes_translation_raise(event: dict[str, Any], content: Any) -
 
 
 def test_long_replies_split_below_the_event_limit_even_when_html_grows() -> None:
-    from gateway.adapters.base import split_message
+    from gateway.adapters.kit.split import split_message
 
     text = "\n\n".join(f"para {i}: " + "<tag> & é " * 300 for i in range(40))  # escaping doubles it
     parts = split_message(text, PART_BYTES, part_size)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.adapters.api import ApiAdapter
-from gateway.adapters.base import split_message
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.sms import (
     SmsAdapter,
     keyword,

@@ -6,14 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.adapters.base import (
-    Backoff,
-    RetryAfter,
-    TransientError,
-    call_with_retry,
-    split_message,
-    utf16_len,
-)
+from gateway.adapters.base import Backoff, RetryAfter, TransientError, call_with_retry
+from gateway.adapters.kit.split import split_message, utf16_len
 from gateway.errors import InvalidToken
 
 

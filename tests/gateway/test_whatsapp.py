@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from gateway.adapters.api import ApiAdapter
-from gateway.adapters.base import split_message
+from gateway.adapters.kit.split import split_message
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.adapters.whatsapp_wire import (
     WindowClosed,
