@@ -22,7 +22,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from ..errors import LeaseLost
-from ..records import Fence
+from ..records import Fence, InboxEntry
 from ..vocab import OPEN_STATES
 from . import db
 from .dispatch import Dispatch
@@ -179,9 +179,9 @@ async def with_open(
 register_batched(take_lease, take_leases_many)
 
 
-async def open_for_key(conn: AsyncConnection, key: str) -> list[dict[str, Any]]:
+async def open_for_key(conn: AsyncConnection, key: str) -> list[InboxEntry]:
     """The key's open inbox rows, oldest first (what the lease holder runs next)."""
-    return await db.rows(conn, _OPEN_FOR_KEY, ([key],))
+    return await db.rows_as(InboxEntry, conn, _OPEN_FOR_KEY, ([key],))
 
 
 async def check_fence(conn: AsyncConnection, fence: Fence) -> None:
@@ -410,7 +410,7 @@ class ClusterOps(Dispatch):
     ) -> bool:
         return await self._write(release_lease, fence, route, list(answered))
 
-    async def open_for_key(self, key: str) -> list[dict[str, Any]]:
+    async def open_for_key(self, key: str) -> list[InboxEntry]:
         return await self._read(open_for_key, key)
 
     async def routes(self, space: int) -> list[dict[str, Any]]:

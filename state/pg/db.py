@@ -4,13 +4,15 @@ mapping of PostgreSQL's unique violations to the store's errors."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from psycopg import AsyncConnection, errors
 from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
 
 from ..rows import Row
+
+R = TypeVar("R")  # a record shape rows_as types its rows as
 
 Params = Sequence[Any] | Mapping[str, Any] | None  # positional (%s) or named (%(name)s)
 
@@ -57,6 +59,13 @@ async def rows(conn: AsyncConnection, sql: str, params: Params = None) -> list[R
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql.encode(), params)
         return list(await cur.fetchall())
+
+
+async def rows_as(
+    shape: type[R], conn: AsyncConnection, sql: str, params: Params = None
+) -> list[R]:
+    """`rows`, typed as the record `shape` (a TypedDict whose keys the query's columns name)."""
+    return cast(list[R], await rows(conn, sql, params))
 
 
 async def row(conn: AsyncConnection, sql: str, params: Params = None) -> Row | None:

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from psycopg import AsyncConnection
 
-from ..records import Accept
+from ..records import Accept, InboxEntry
 from ..vocab import ANSWERED, RECEIVED, STARTED
 from . import db
 from .appends import append_many
@@ -347,9 +347,10 @@ async def finish_many(
 register_batched(finish, finish_many)
 
 
-async def open_rows(conn: AsyncConnection) -> list[dict[str, Any]]:
+async def open_rows(conn: AsyncConnection) -> list[InboxEntry]:
     """Rows a crash left `received`/`started`, oldest first."""
-    return await db.rows(
+    return await db.rows_as(
+        InboxEntry,
         conn,
         "SELECT id, platform, chat_id, platform_message_id, payload, state, session_id, "
         "message_id, received_at FROM inbox WHERE state IN ('received', 'started') ORDER BY id",

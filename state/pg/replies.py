@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from psycopg import AsyncConnection
 
 from ..content import content_text
-from ..records import StoredReply
+from ..records import StoredReply, UnsentReply
 from . import db
 from .dispatch import Dispatch
 from .writer import register_batched
@@ -72,9 +71,10 @@ async def mark_replies_many(
 register_batched(mark_reply, mark_replies_many, place=1)  # a fate: nothing reads it back
 
 
-async def unsent_replies(conn: AsyncConnection) -> list[dict[str, Any]]:
+async def unsent_replies(conn: AsyncConnection) -> list[UnsentReply]:
     """Replies committed but not confirmed sent, oldest first, with their text."""
-    return await db.rows(
+    return await db.rows_as(
+        UnsentReply,
         conn,
         "SELECT i.id, i.payload, i.reply_state, i.reply_message_id, i.received_at, "
         "m.session_id, m.content FROM inbox i LEFT JOIN messages m ON m.id = i.reply_message_id "
@@ -102,7 +102,7 @@ class ReplyOps(Dispatch):
         except Exception as exc:  # the row stays unconfirmed: counted at the next start
             log.warning("inbox row %d: the reply's fate could not be stored (%s)", inbox_id, exc)
 
-    async def unsent_replies(self) -> list[dict[str, Any]]:
+    async def unsent_replies(self) -> list[UnsentReply]:
         return await self._read(unsent_replies)
 
     async def reply_to_platform_message(

@@ -15,7 +15,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from ..errors import DatabaseError, LeaseLost
-from ..records import Accepted, BeginPlan, Fence, Release
+from ..records import Accepted, BeginPlan, Fence, InboxEntry, Release
 from ..rows import payload_of
 from . import cluster, db, inbox
 from .dispatch import Dispatch
@@ -405,7 +405,7 @@ class InboxOps(Dispatch):
             return
         await self._write(inbox.finish, inbox_id, state, reason)
 
-    async def open_inbound(self) -> list[dict[str, Any]]:
+    async def open_inbound(self) -> list[InboxEntry]:
         """Rows a crash left `received`/`started`, oldest first."""
         return await self._read(inbox.open_rows)
 

@@ -20,8 +20,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..records import (
-    Accept,  # noqa: F401
+    Accept,
+    # noqa: F401
     Fence,
+    InboxEntry,
     Release,
 )
 from ..rows import payload_of  # noqa: F401
@@ -339,7 +341,7 @@ _OPEN_ROWS = (
 )
 
 
-def open_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def open_rows(conn: sqlite3.Connection) -> list[InboxEntry]:
     """Rows a crash left open, oldest first; `started` (with its session and message) when
     the turn's message is stored, else `received`."""
     return [
@@ -492,7 +494,7 @@ class InboxOps(Dispatch):
         """Close an inbox row without an agent reply (a command answered, or dropped)."""
         await self._write(finish, inbox_id, state, reason)
 
-    async def open_inbound(self) -> list[dict[str, Any]]:
+    async def open_inbound(self) -> list[InboxEntry]:
         """Rows a crash left `received`/`started`, oldest first."""
         return await self._read(open_rows)
 

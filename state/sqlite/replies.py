@@ -12,11 +12,11 @@ import asyncio
 import json
 import logging
 import sqlite3
-from typing import Any
+from typing import cast
 
 from ..content import content_text
 from ..errors import WriterClosed
-from ..records import StoredReply
+from ..records import StoredReply, UnsentReply
 from .dispatch import Dispatch
 from .windows import keeps_windows
 from .writer import register_batched
@@ -78,7 +78,7 @@ register_batched(mark_reply, mark_replies_many)
 keeps_windows(mark_reply, mark_replies_many)
 
 
-def unsent_replies(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def unsent_replies(conn: sqlite3.Connection) -> list[UnsentReply]:
     """Replies committed but not confirmed sent, oldest first, with their text: 'ready'
     ones are sent at start-up, 'sending' ones (the send may have happened) only counted."""
     cur = conn.execute(
@@ -87,7 +87,7 @@ def unsent_replies(conn: sqlite3.Connection) -> list[dict[str, Any]]:
         "WHERE i.reply_state IN ('ready', 'sending') ORDER BY i.id"
     )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    return [cast(UnsentReply, dict(zip(names, row, strict=True))) for row in cur.fetchall()]
 
 
 class ReplyOps(Dispatch):
@@ -118,7 +118,7 @@ class ReplyOps(Dispatch):
         except WriterClosed as exc:  # the rows stay unconfirmed, as after a crash
             log.warning("%d sent mark(s) not stored: %s", len(marks), exc)
 
-    async def unsent_replies(self) -> list[dict[str, Any]]:
+    async def unsent_replies(self) -> list[UnsentReply]:
         """Replies committed but not confirmed sent ('ready' and 'sending'), oldest first."""
         return await self._read(unsent_replies)
 
