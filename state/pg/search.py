@@ -327,6 +327,9 @@ async def _rank(
     id_range: tuple[int, int],
 ) -> list[dict[str, Any]]:
     scores: dict[int, float] = {}
+    if len(rows) < 2:  # nothing to order
+        return rows
+    mixed = len({r["_side"] for r in rows})
     for br in branches:
         mine = [r for r in rows if r["_side"] == br.side]
         if not mine:
@@ -334,13 +337,14 @@ async def _rank(
         phrases = br.phrases(tree)
         indexed, avgdl = await totals.get(conn, br.side)
         weights = [1.0] * len(phrases)
-        if len(phrases) > 1:
-            weights = [
-                ranking.idf(
-                    indexed, await _estimate_df(conn, br.side, p, indexed, id_range, totals)
-                )
-                for p in phrases
-            ]
+        if ranking.weighted(indexed, len(phrases), mixed):
+            if ranking.exact_df(indexed):
+                dfs = await _exact_dfs(conn, br.side, phrases)
+            else:
+                dfs = [
+                    await _estimate_df(conn, br.side, p, indexed, id_range, totals) for p in phrases
+                ]
+            weights = [ranking.idf(indexed, df) for df in dfs]
         texts: list[str | None] = []
         lengths: list[int] = []
         for r in mine:
@@ -355,6 +359,17 @@ async def _rank(
         for r, score in zip(mine, found, strict=True):
             scores[r["id"]] = blend(score, r["timestamp"], now)
     return sorted(rows, key=lambda r: (scores.get(r["id"], 0.0), r["id"]), reverse=True)
+
+
+async def _exact_dfs(conn: AsyncConnection, side: bool, phrases: list[ranking.Phrase]) -> list[int]:
+    """Each phrase's document frequency, counted (a small store: ranking.EXACT_DF_BELOW),
+    in one statement."""
+    column = "seg_tsv" if side else "tsv"
+    counts = ", ".join(
+        f"(SELECT COUNT(*) FROM messages WHERE {column} @@ %s::tsquery)" for _ in phrases
+    )
+    found = await db.tuples(conn, f"SELECT {counts}", tuple(p.match for p in phrases))
+    return [int(n) for n in found[0]]
 
 
 async def _estimate_df(

@@ -10,6 +10,8 @@ similar messages.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 import sqlite3
 import time
@@ -32,6 +34,7 @@ from .schema import FTS_TABLE
 SORTS = ("relevance", "newest", "oldest")
 CONTEXT_CHARS = 200
 RECENCY_HALF_LIFE_DAYS = 30.0
+HALF_LIFE_S = RECENCY_HALF_LIFE_DAYS * 86400
 MARK_OPEN, MARK_CLOSE = ">>>", "<<<"
 
 
@@ -80,14 +83,15 @@ def filters(req: SearchRequest, mark: str = "?") -> tuple[str, list[object], boo
     return where, params, scoped
 
 
-def _order(sort: str) -> str:
-    return "timestamp DESC, id DESC" if sort == "newest" else "timestamp ASC, id ASC"
+def _order(sort: str, of: str = "") -> str:
+    way = "DESC" if sort == "newest" else "ASC"
+    return f"{of}timestamp {way}, {of}id {way}"
 
 
 def blend(score: float, timestamp: float, now: float) -> float:
     """Dividing by (1 + age/half-life) pulls old hits down, so between two equally relevant
     hits the newer one wins."""
-    return score / (1.0 + max(0.0, now - timestamp) / (RECENCY_HALF_LIFE_DAYS * 86400))
+    return score / (1.0 + max(0.0, now - timestamp) / HALF_LIFE_S)
 
 
 _HIT_COLUMNS = "m.id AS id, m.session_id AS session_id, m.role AS role, m.timestamp AS timestamp"
@@ -103,6 +107,9 @@ class _Branch:
     match: str
     extra_where: str = ""
     extra_params: tuple[str, ...] = ()
+    # the side index with tools: the seg_text and tool_text halves of `match`
+    seg_match: str = ""
+    tool_match: str = ""
 
     @property
     def aux(self) -> bool:
@@ -146,13 +153,65 @@ def _branches(tree: q.Node, roles: Sequence[str], include_tools: bool = False) -
                 " AND NOT EXISTS (SELECT 1 FROM messages_aux a WHERE a.message_id = m.id AND a.seg_text IS NOT NULL)",
             )
         )
-    aux = "{seg_text} : " + q.to_fts(tree, segmented=True)
+    seg = aux = "{seg_text} : " + q.to_fts(tree, segmented=True)
     tools = "tool" in roles or include_tools
+    tool = f"{{tool_text}} : {q.to_fts(tree, segmented=False)}" if tools else ""
     if tools:
-        aux = f"({aux}) OR ({{tool_text}} : {q.to_fts(tree, segmented=False)})"
+        aux = f"({seg}) OR ({tool})"
     literal, params = literal_where(tree, tools)
-    out.append(_Branch("messages_aux_fts", aux, literal, params))
+    out.append(_Branch("messages_aux_fts", aux, literal, params, seg, tool))
     return out
+
+
+def _live(
+    conn: sqlite3.Connection, branches: tuple[_Planned, ...]
+) -> tuple[tuple[_Planned, ...], int]:
+    """The branches that can match, and the main index's rows. A column of the side index
+    that holds no token at all (no message with CJK/emoji, or none with tool calls: its
+    averages record says so) is left out of the MATCH, which FTS5 would otherwise look up
+    term by term in every segment."""
+    main, side = conn.execute(
+        f"SELECT (SELECT block FROM {FTS_TABLE}_data WHERE id = 1), "
+        "(SELECT block FROM messages_aux_fts_data WHERE id = 1)"
+    ).fetchone()
+    rows = ranking.totals_of(main)[0]
+    seg, tool = (ranking.column_totals(side) + [0, 0])[:2]
+    out = []
+    for br, phrases in branches:
+        if br.aux and (not seg or (br.tool_match and not tool)):
+            if not seg and not (br.tool_match and tool):
+                continue  # nothing in the side index can match
+            match = br.tool_match if not seg else br.seg_match
+            br = dataclasses.replace(br, match=match)
+        out.append((br, phrases))
+    return tuple(out), rows
+
+
+_Planned = tuple[_Branch, list[ranking.Phrase]]
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(
+    query: str, roles: tuple[str, ...], include_tools: bool
+) -> tuple[tuple[_Planned, ...], list[q.Term], bool]:
+    """What a query asks of the indexes (a pure function of its text, so repeated and
+    paged searches parse once): each branch with its ranking phrases, the terms snippets
+    mark, and whether FTS5's own bm25() scores the main index's hits: when it gives
+    ranking.py's score there (its phrases are exactly the query's terms: no NOT, whose
+    phrases bm25() counts too, and every term makes tokens) and its document counts are
+    worth their walk (several phrases need them; a lone phrase of several words would be
+    checked word position by word position in every row holding its words, for an IDF
+    that scales every score alike)."""
+    tree = q.parse(query)
+    branches = tuple((br, br.phrases(tree)) for br in _branches(tree, roles, include_tools))
+    terms = q.terms(tree)
+    phrases = branches[0][1]
+    native = (
+        len(q.positive_terms(tree)) == len(terms)
+        and all(ranking.fts_tokens(t.text) for t in terms)
+        and (len(phrases) > 1 or (len(phrases) == 1 and len(phrases[0].tokens) == 1))
+    )
+    return branches, q.positive_terms(tree), native
 
 
 def _like(piece: str) -> str:
@@ -182,117 +241,153 @@ def literal_where(
 
 
 def search(
-    conn: sqlite3.Connection, req: SearchRequest, now: float | None = None
+    conn: sqlite3.Connection,
+    req: SearchRequest,
+    now: float | None = None,
+    neighbours: bool = False,
 ) -> list[SearchHit]:
     """Ranked hits for one page.
 
     Ranking looks at the newest N matches of each index (rowid order is arrival order, and
     FTS5 walks it without scoring everything), N starting at 500 and growing fourfold until
     the page fills or the matches run out. So cost follows the page, not the number of
-    matches, and relevance is judged among recent matches first."""
+    matches, and relevance is judged among recent matches first. One statement takes each
+    index's window, its size and the candidates in it; one more adds the page's sessions,
+    snippets and neighbours (`neighbours`: also the hit's tool name and its neighbours'
+    whole content under `_near`, for the Hermes-shaped answer)."""
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
-    tree = q.parse(req.query)
+    branches, marks, native = _plan(req.query, tuple(req.roles), req.include_tools)
     where, fparams, scoped = filters(req)
     # Candidates meet sessions only when the scope filters on them.
     join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
-    branches = _branches(tree, req.roles, req.include_tools)
     relevance = req.sort == "relevance"
-    need = max(1, req.limit) + max(0, req.offset)
+    limit, offset = max(1, req.limit), max(0, req.offset)
+    need = limit + offset
     direction = "ASC" if req.sort == "oldest" else "DESC"
     window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
+    branches, indexed = _live(conn, branches)
+    if not branches:
+        return []
+    nb = len(branches)
+    # FTS5's bm25() ranks the main index's window when it equals ranking.py's score there
+    c_rank = relevance and native and not branches[0][0].aux and _c_bm25(indexed)
+    at = time.time() if now is None else now
     while True:
-        parts, params = [], []
-        for br in branches:
-            body = br.body if relevance else "NULL AS body, NULL AS size"
-            parts.append(
-                f"SELECT {_HIT_COLUMNS}, {body}, '{br.table}' AS fts FROM ("
-                f"SELECT rowid AS rid FROM {br.table} "
-                f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT ?) f "
-                f"JOIN messages m ON m.id = f.rid{join} WHERE {where}{br.extra_where}"
+        ctes: list[str] = []
+        parts: list[str] = []
+        params: list[object] = []
+        inner: list[object] = []
+        for i, (br, _) in enumerate(branches):
+            native_i = c_rank and i == 0
+            body = br.body if relevance and not native_i else "NULL AS body, NULL AS size"
+            score = ", bm25(" + br.table + ") AS sc" if native_i else ""
+            ctes.append(
+                f"w{i} AS MATERIALIZED (SELECT rowid AS rid{score} FROM {br.table} "
+                f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT {int(window)})"
             )
-            params += [br.match, window, *fparams, *br.extra_params]
-        union = " UNION ALL ".join(parts)
-        try:
-            if relevance:  # every candidate in the window; ranked below
-                cur = conn.execute(union, params)
-            else:
-                cur = conn.execute(
-                    f"SELECT * FROM ({union}) ORDER BY {_order(req.sort)} LIMIT ? OFFSET ?",
-                    (*params, max(1, req.limit), max(0, req.offset)),
+            # (LEFT JOIN: for an inner join of the window the planner builds a Bloom filter
+            # over every message first, 20 ms on 100,000 of them; an index row without its
+            # message, which triggers never leave, would come as a NULL id, dropped below)
+            params.append(br.match)
+            part = (
+                f"SELECT {_HIT_COLUMNS}, {body}, "
+                + (
+                    f"-f.sc / (1.0 + max(0.0, ? - m.timestamp) / {HALF_LIFE_S!r}) AS score"
+                    if native_i
+                    else "NULL AS score"
                 )
-            names = [d[0] for d in cur.description]
-            rows = cur.fetchall()
-            # relevance: enough candidates for the page; otherwise the page itself is full
-            if len(rows) >= (need if relevance else max(1, req.limit)) or _all_fewer_than(
-                conn, branches, window
-            ):
-                break
+                + f", '{br.table}' AS fts FROM w{i} f "
+                f"LEFT JOIN messages m ON m.id = f.rid{join} WHERE {where}{br.extra_where}"
+            )
+            if native_i:  # the best `need` of this index: no other can rank above them
+                part = f"SELECT * FROM ({part} ORDER BY score DESC, id DESC LIMIT {need})"
+                inner.append(at)
+            parts.append(part)
+            inner += [*fparams, *br.extra_params]
+        union = " UNION ALL ".join(parts)
+        if not relevance:  # the page itself, in its order
+            union = f"SELECT * FROM ({union}) ORDER BY {_order(req.sort)} LIMIT ? OFFSET ?"
+            inner += [limit, offset]
+        # one row of each window's size and index totals, joined to every candidate (or
+        # to none: NULLs)
+        counts = ", ".join(
+            f"(SELECT COUNT(*) FROM w{i}), (SELECT block FROM {br.table}_data WHERE id = 1)"
+            for i, (br, _) in enumerate(branches)
+        )
+        sql = (
+            f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
+            f"LEFT JOIN ({union}) p ON 1"
+            + ("" if relevance else f" ORDER BY {_order(req.sort, 'p.')}")
+        )
+        try:
+            cur = conn.execute(sql, params + inner)
+            names = [d[0] for d in cur.description][2 * nb :]
+            found = cur.fetchall()
         except sqlite3.OperationalError as exc:
             # Every term is quoted, so this means FTS5 refused something we did not
             # foresee; report it as a query problem, never as an SQL error.
             if "fts5" in str(exc) or "syntax" in str(exc) or "malformed MATCH" in str(exc):
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
+        head: tuple[Any, ...] = found[0][: 2 * nb] if found else (0, None) * nb
+        rows = [r[2 * nb :] for r in found if r[2 * nb] is not None]
+        # relevance: enough candidates for the page; otherwise the page itself is full
+        if len(rows) >= (need if relevance else limit) or all(n < window for n in head[0::2]):
+            break
         window *= WINDOW_GROWTH
     if relevance:
-        rows = _rank(conn, rows, names, tree, branches, time.time() if now is None else now)
-        rows = rows[max(0, req.offset) : max(0, req.offset) + max(1, req.limit)]
+        rows = _rank(conn, rows, names, branches, head[1::2], at)
+        rows = rows[offset : offset + limit]
     hits = [dict(zip(names, row, strict=True)) for row in rows]
-    _add_sessions(conn, hits)
-    _add_context(conn, hits, q.positive_terms(tree))
+    _add_page(conn, hits, marks, neighbours)
     for h in hits:
-        for key in ("fts", "body", "size"):
+        for key in ("fts", "body", "size", "score"):
             h.pop(key, None)
     return cast(list[SearchHit], hits)
+
+
+def _c_bm25(indexed: int) -> bool:
+    """Whether the main index is small enough for FTS5's bm25() (ranking.EXACT_DF_BELOW)."""
+    return ranking.exact_df(indexed)
 
 
 def _rank(
     conn: sqlite3.Connection,
     rows: list[tuple[Any, ...]],
     names: list[str],
-    tree: q.Node,
-    branches: list[_Branch],
+    branches: Sequence[_Planned],
+    blocks: Sequence[bytes | None],
     now: float,
 ) -> list[tuple[Any, ...]]:
     """BM25 (ranking.py) of each candidate against its own index, blended with recency;
-    best first, newer first among equals. (Tuples: only the page becomes dicts.)"""
+    best first, newer first among equals. Rows FTS5's bm25() scored come scored.
+    (Tuples: only the page becomes dicts.)"""
     col = {name: i for i, name in enumerate(names)}
-    i_fts, i_body, i_size, i_ts, i_id = (
+    i_fts, i_body, i_size, i_ts, i_id, i_sc = (
         col["fts"],
         col["body"],
         col["size"],
         col["timestamp"],
         col["id"],
+        col["score"],
     )
     if len(rows) < 2:  # nothing to order
         return rows
     scores: dict[int, float] = {}
-    for br in branches:
+    mixed = len({r[i_fts] for r in rows})
+    for (br, phrases), block in zip(branches, blocks, strict=True):
         mine = [r for r in rows if r[i_fts] == br.table]
         if not mine:
             continue
-        phrases = br.phrases(tree)
-        # the index's totals and, for IDF, the id range: one statement (two subqueries for
-        # the range: SQLite answers MIN or MAX alone from the index, both at once by a scan)
-        table, key = ("messages_aux", "message_id") if br.aux else ("messages", "id")
-        block, low, high = conn.execute(
-            f"SELECT (SELECT block FROM {br.table}_data WHERE id = 1), "
-            f"(SELECT MIN({key}) FROM {table}), (SELECT MAX({key}) FROM {table})"
-        ).fetchone()
+        if mine[0][i_sc] is not None:  # FTS5's bm25(), blended in the statement
+            for r in mine:
+                scores[r[i_id]] = r[i_sc]
+            continue
         indexed, avgdl = ranking.totals_of(block)
         weights = [1.0] * len(phrases)
-        if len(phrases) > 1:  # a single term's IDF scales every score alike
-            sample = conn.execute(
-                *ranking.df_sample_sql(br.table, [p.match for p in phrases])
-            ).fetchone()
-            weights = [
-                ranking.idf(
-                    indexed,
-                    ranking.df_of_sample(sample[2 * i], sample[2 * i + 1], indexed, (low, high)),
-                )
-                for i in range(len(phrases))
-            ]
+        if ranking.weighted(indexed, len(phrases), mixed):
+            weights = [ranking.idf(indexed, df) for df in _dfs(conn, br, phrases, indexed)]
         lengths = [ranking.doc_length(r[i_size]) for r in mine]
         found = ranking.bm25_many([r[i_body] for r in mine], lengths, phrases, weights, avgdl)
         for r, score in zip(mine, found, strict=True):
@@ -300,63 +395,76 @@ def _rank(
     return sorted(rows, key=lambda r: (scores.get(r[i_id], 0.0), r[i_id]), reverse=True)
 
 
-def _add_sessions(conn: sqlite3.Connection, hits: list[Row]) -> None:
-    """Each hit's session columns, in one query for the page."""
-    wanted = sorted({h["session_id"] for h in hits})
-    if not wanted:
-        return
-    rows = conn.execute(
-        f"SELECT id, {', '.join(_SESSION_COLUMNS)} FROM sessions "
-        f"WHERE id IN ({', '.join('?' for _ in wanted)})",
-        wanted,
-    ).fetchall()
-    by_id = {r[0]: r[1:] for r in rows}
-    for h in hits:
-        h.update(zip(_SESSION_COLUMNS, by_id.get(h["session_id"], (None,) * 4), strict=True))
-
-
-def _all_fewer_than(conn: sqlite3.Connection, branches: list[_Branch], window: int) -> bool:
-    """Whether every branch's index has fewer than `window` matches (the window saw them
-    all): one statement for all branches."""
-    counts = ", ".join(
-        f"(SELECT COUNT(*) FROM (SELECT rowid FROM {br.table} WHERE {br.table} MATCH ? "
-        "ORDER BY rowid DESC LIMIT ?))"
-        for br in branches
-    )
-    found = conn.execute(
-        f"SELECT {counts}", [x for br in branches for x in (br.match, window)]
+def _dfs(
+    conn: sqlite3.Connection, br: _Branch, phrases: list[ranking.Phrase], indexed: int
+) -> list[int]:
+    """Each phrase's document frequency in the branch's index: counted on a small index,
+    else estimated from its newest matches (ranking.py), in one statement."""
+    matches = [p.match for p in phrases]
+    if ranking.exact_df(indexed):
+        walks = ", ".join(
+            f"(SELECT COUNT(*) FROM {br.table} WHERE {br.table} MATCH ?)" for _ in matches
+        )
+        return list(conn.execute(f"SELECT {walks}", matches).fetchone())
+    # the id range: two subqueries (SQLite answers MIN or MAX alone from the index, both
+    # at once by a scan)
+    table, key = ("messages_aux", "message_id") if br.aux else ("messages", "id")
+    sql, params = ranking.df_sample_sql(br.table, matches)
+    sample = conn.execute(
+        f"SELECT (SELECT MIN({key}) FROM {table}), (SELECT MAX({key}) FROM {table}), "
+        + sql.removeprefix("SELECT "),
+        params,
     ).fetchone()
-    return all(n < window for n in found)
+    low, high = sample[0], sample[1]
+    return [
+        ranking.df_of_sample(sample[2 + 2 * i], sample[3 + 2 * i], indexed, (low, high))
+        for i in range(len(matches))
+    ]
 
 
-def _add_context(conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term]) -> None:
-    """Fill content-derived fields for a page of hits with two queries in total."""
+def _add_page(
+    conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term], neighbours: bool
+) -> None:
+    """Each hit's session columns, snippet and neighbours in one statement for the page."""
     if not hits:
         return
     values = ", ".join("(?, ?)" for _ in hits)
     params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
+    before_sql = "p.content" if neighbours else f"substr(p.content, 1, {CONTEXT_CHARS})"
+    after_sql = before_sql.replace("p.", "n.")
     rows = conn.execute(
         f"WITH hits(hid, sid) AS (VALUES {values}) "
-        "SELECT hid, 'before', p.id, p.role, substr(p.content, 1, ?) FROM hits "
-        "JOIN messages p ON p.id = (SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
-        "UNION ALL SELECT hid, 'after', p.id, p.role, substr(p.content, 1, ?) FROM hits "
-        "JOIN messages p ON p.id = (SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid) "
-        "UNION ALL SELECT hid, 'self', p.id, p.role, p.content FROM hits "
-        "JOIN messages p ON p.id = hid",
-        (*params, CONTEXT_CHARS, CONTEXT_CHARS),
+        f"SELECT hid, {', '.join('s.' + c for c in _SESSION_COLUMNS)}, o.content, o.tool_name, "
+        f"p.id, p.role, {before_sql}, n.id, n.role, {after_sql} FROM hits "
+        "LEFT JOIN sessions s ON s.id = sid LEFT JOIN messages o ON o.id = hid "
+        "LEFT JOIN messages p ON p.id = "
+        "(SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
+        "LEFT JOIN messages n ON n.id = "
+        "(SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid)",
+        params,
     ).fetchall()
-    by_hit: dict[int, dict[str, object]] = {}
-    for hid, which, mid, role, content in rows:
-        by_hit.setdefault(hid, {})[which] = (mid, role, content)
+    by_hit = {r[0]: r for r in rows}
     for h in hits:
-        ctx = by_hit.get(h["id"], {})
-        for which in ("before", "after"):
-            found = ctx.get(which)
-            h[f"context_{which}"] = (
-                {"id": found[0], "role": found[1], "content": found[2]} if found else None  # type: ignore[index]
-            )
-        own = ctx.get("self")
-        h["snippet"] = make_snippet(own[2] if own else "", marks)  # type: ignore[index]
+        r = by_hit[h["id"]]
+        h.update(zip(_SESSION_COLUMNS, r[1:5], strict=True))
+        h["snippet"] = make_snippet(r[5] or "", marks)
+        if neighbours:  # the hit's tool name; whole contents, decoded by the caller
+            near = [(r[8], r[9])] if r[7] is not None else []
+            near.append((h["role"], r[5]))
+            near += [(r[11], r[12])] if r[10] is not None else []
+            h["_near"] = (r[6], near)
+        before, after_ = (
+            None
+            if r[i] is None
+            else {"id": r[i], "role": r[i + 1], "content": _cut(r[i + 2], neighbours)}
+            for i in (7, 10)
+        )
+        h["context_before"], h["context_after"] = before, after_
+
+
+def _cut(content: Any, whole: bool) -> Any:
+    """A neighbour's content as the native answer has it: its first CONTEXT_CHARS."""
+    return content[:CONTEXT_CHARS] if whole and isinstance(content, str) else content
 
 
 def _fold(text: str) -> tuple[str, list[int]]:

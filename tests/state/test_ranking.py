@@ -4,6 +4,7 @@ agrees with the index it scores against, and ranks the way BM25 should."""
 from __future__ import annotations
 
 import math
+import random
 import sqlite3
 import time
 
@@ -135,3 +136,49 @@ async def test_document_frequency_is_exact_when_small_and_close_when_large(
     assert abs(got - 750) / 750 < 0.1, got  # every 4th of 3,000 rows
     assert ranking.idf(3007, 7) > ranking.idf(3007, got) > 0
     assert math.isclose(ranking.idf(10, 10), 1e-6)
+
+
+async def test_fts5_bm25_and_this_module_rank_alike(
+    db: SessionDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a small index search ranks the main index's window with FTS5's own bm25(); the
+    scores here, with counted document frequencies, must order every hit the same way
+    (PostgreSQL only has these). Many equal timestamps: ties must fall alike too."""
+    from state.sqlite import search
+
+    rnd = random.Random(9)
+    words = ["alpha", "beta", "gamma", "delta", "café", "cafe", "the", "x"] + [
+        f"w{i}" for i in range(30)
+    ]
+    sid = await db.create_session(source="api")
+    now = time.time()
+    rows = [
+        {
+            "role": "user",
+            "timestamp": now - rnd.choice([0, 0, 0, 3600, 86400 * rnd.randint(1, 90)]),
+            "content": " ".join(rnd.choices(words, k=rnd.randint(1, 30))),
+        }
+        for _ in range(900)
+    ]
+    for i in range(0, len(rows), 100):
+        await db.append_messages(sid, rows[i : i + 100])
+    queries = [
+        "alpha",
+        "alpha beta",
+        "alpha OR beta",
+        "alpha OR beta OR w3",
+        '"alpha beta"',
+        "alph*",
+        "cafe the",
+        "alpha alpha",
+        "(alpha OR gamma) delta",
+        "w1 OR w2 OR w3 OR the",
+    ]
+    native = {q: [h["id"] for h in await db.search_messages(q, limit=300)] for q in queries}
+    calls = []
+    original = search._c_bm25
+    monkeypatch.setattr(search, "_c_bm25", lambda rows: calls.append(original(rows)) and False)
+    for q in queries:
+        ours = [h["id"] for h in await db.search_messages(q, limit=300)]
+        assert ours == native[q] and len(ours) > 5, q
+    assert calls and all(calls)  # the index was small: bm25() ranked the first pass
