@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gateway.adapters.base import DEFAULT_BACKOFF, Backoff, call_with_retry
-from gateway.errors import AdapterError, InvalidToken, RetryAfter, TransientError
+from gateway.errors import AdapterError, InvalidToken, PlatformRefused, RetryAfter, TransientError
 
 log = logging.getLogger("gateway.adapters.teams")
 DEFAULT_TOKEN_URL = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
@@ -229,7 +229,7 @@ class Connector:
         return await call_with_retry(attempt, backoff=self._backoff, log=log)
 
 
-class ConnectorRefused(AdapterError):
+class ConnectorRefused(PlatformRefused):
     """The Connector refused a call for good (403: not in that conversation, 404 ...)."""
 
     def __init__(self, status: int, detail: str) -> None:

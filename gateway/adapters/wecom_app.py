@@ -22,7 +22,7 @@ import aiohttp
 from gateway.adapters.base import send_by_trace
 from gateway.adapters.wecom_crypto import Refused, check_signature, decrypt, xml_fields
 from gateway.adapters.wecom_wire import PLATFORM, answer_error
-from gateway.errors import AdapterError, InvalidToken, TransientError
+from gateway.errors import InvalidToken, PlatformRefused, TransientError
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionSource
 from gateway.vocab import ChatType
@@ -159,7 +159,7 @@ class AppApi:
         if error is not None:
             raise error
         if data.get("invaliduser"):
-            raise AdapterError(f"wecom refused the message: no such user {data['invaliduser']}")
+            raise PlatformRefused(f"wecom refused the message: no such user {data['invaliduser']}")
         return str(data.get("msgid") or "")
 
 

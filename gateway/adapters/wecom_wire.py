@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import AdapterError, InvalidToken, RetryAfter, TransientError
+from gateway.errors import AdapterError, InvalidToken, PlatformRefused, RetryAfter, TransientError
 from gateway.messages import InboundMessage
 from gateway.session_keys import SessionSource
 from gateway.vocab import ChatType
@@ -91,7 +91,7 @@ def answer_error(answer: Mapping[str, Any], what: str) -> AdapterError | None:
         return TransientError(f"wecom is busy: {why}")
     if code in CREDENTIALS:
         return InvalidToken(f"wecom refused the bot id or secret: {why}")
-    return AdapterError(f"wecom refused {what}: {why}")
+    return PlatformRefused(f"wecom refused {what}: {why}")
 
 
 _MENTION = re.compile(r"^\s*@\S+\s*")

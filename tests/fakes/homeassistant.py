@@ -3,7 +3,16 @@ phase (auth_required, auth, auth_ok / auth_invalid), numbered commands answered 
 `result` (subscribe_events, subscribe_trigger for state triggers, unsubscribe_events,
 fire_event, call_service, get_config, ping), ids that must grow within a connection (an id
 that does not is answered `id_reuse`, as Home Assistant does), events delivered to the
-subscriptions of their type, and a restart that drops every connection."""
+subscriptions of their type, and a restart that drops every connection.
+
+`outage` (the shared failure-injection switch) fails the commands that send (fire_event,
+call_service). A websocket carries no HTTP status, so each injected failure is what Home
+Assistant really answers: `success: false` with the error code it gives, a 500 as
+`unknown_error`, another 5xx as `home_assistant_error` (an integration's failure), a 429 as
+`home_assistant_error` too (Home Assistant has no rate-limit answer and names no wait: a
+notify service over its limit fails so), a 403 as `unauthorized`, a 400 as
+`invalid_format`; a reset drops the connection with the command unanswered, and a timeout
+answers nothing for the seconds given, then `timeout`."""
 
 from __future__ import annotations
 
@@ -16,12 +25,23 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 TOKEN = "ha-long-lived-token"
 ENV = {"HOMEASSISTANT_TOKEN": TOKEN}
 VERSION = "2026.11.3"
 ADMIN_USER = "9f0c8a6b2d1e4c7f8a3b5d6e7f809a1b"
+
+
+SENDS = ("fire_event", "call_service")
+# the result's error (code, message) for an injected status
+INJECTED = {
+    500: ("unknown_error", "Unknown error"),
+    429: ("home_assistant_error", "Rate limit exceeded"),
+    403: ("unauthorized", "Unauthorized"),
+    400: ("invalid_format", "Message incorrectly formatted."),
+}
+SERVER_FAULT = ("home_assistant_error", "Service unavailable")
 
 
 @dataclass
@@ -35,6 +55,7 @@ class Sub:
 
 @dataclass
 class FakeHomeAssistant:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     token: str = TOKEN
     admin: bool = True  # False: custom event subscriptions and fire_event are refused
     services: set[str] = field(
@@ -57,6 +78,7 @@ class FakeHomeAssistant:
     port: int = 0
     _contexts: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
+    _transports: dict[web.WebSocketResponse, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -174,6 +196,7 @@ class FakeHomeAssistant:
         ws = web.WebSocketResponse(autoping=True)
         await ws.prepare(request)
         self.sockets.append(ws)
+        self._transports[ws] = request.transport
         await self._send(ws, {"type": "auth_required", "ha_version": VERSION})
         first = await ws.receive()
         try:
@@ -220,6 +243,8 @@ class FakeHomeAssistant:
 
     async def _command(self, ws: web.WebSocketResponse, msg_id: int, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
+        if kind in SENDS and await self._injected(ws, msg_id):
+            return
         if kind == "ping":
             await self._send(ws, {"id": msg_id, "type": "pong"})
         elif kind == "subscribe_events":
@@ -269,6 +294,25 @@ class FakeHomeAssistant:
             await self._result(ws, msg_id, {"location_name": self.location, "version": VERSION})
         else:
             await self._result(ws, msg_id, error=("unknown_command", "Unknown command."))
+
+    async def _injected(self, ws: web.WebSocketResponse, msg_id: int) -> bool:
+        """Answer this send command with the outage's failure; False when there is none."""
+        failure = self.outage.take()
+        if failure is None:
+            return False
+        self.outage.failed += 1
+        kind, _, arg = failure.partition(":")
+        if kind == "reset":
+            transport = self._transports.get(ws)
+            if transport is not None:
+                transport.abort()  # the connection drops, the command unanswered
+            return True
+        if kind == "timeout":
+            await asyncio.sleep(float(arg or 30))
+            await self._result(ws, msg_id, error=("timeout", "Timeout"))
+            return True
+        await self._result(ws, msg_id, error=INJECTED.get(int(kind), SERVER_FAULT))
+        return True
 
     async def _call_service(
         self, ws: web.WebSocketResponse, msg_id: int, msg: dict[str, Any]

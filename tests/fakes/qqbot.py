@@ -3,19 +3,26 @@
 and their acks, dispatches with sequence numbers, a Resume replaying what came after the
 number it names, Reconnect and Invalid Session on request), and the two send calls with
 QQ's rules: msg_id + msg_seq once, five passive replies per message, active messages
-refused unless allowed, error answers as `{"code", "message", "err_code", "trace_id"}`."""
+refused unless allowed, error answers as `{"code", "message", "err_code", "trace_id"}`.
+
+`outage` (the shared failure-injection switch) fails the send calls as QQ's API answers:
+a 5xx with QQ's error body (the code is the status, as QQ's gateway gives for a server
+fault), a 429 with the code of "msg limit exceed" (22009; QQ names no wait), a 403 or 400
+with a refusal of the message (no permission, an invalid request), a reset as a dropped
+connection and a timeout as no answer, then a 504."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from tests.fakes import connection_closer, wait_for_count
+from tests.fakes import Outage, connection_closer, wait_for_count
 
 APP_ID = "102000001"
 SECRET = "fake-app-secret"
@@ -30,8 +37,29 @@ DEDUPED = {"code": 40054005, "message": "消息被去重，请检查请求msgseq
 RATE_LIMITED = {"code": 22009, "message": "msg limit exceed"}
 
 
+SEND_PATH = re.compile(r"^/(v2/users|v2/groups|channels)/[^/]+/messages$")
+# what QQ answers to a refused send, per injected status
+REFUSALS = {
+    403: {"code": 11253, "message": "check app privilege not pass"},
+    400: {"code": 40034001, "message": "invalid request"},
+}
+
+
+async def _error_answer(
+    status: int, _retry_after: float | None, _request: web.Request
+) -> web.StreamResponse:
+    """An injected failure in QQ's error shape."""
+    if status == 429:
+        body: dict[str, Any] = dict(RATE_LIMITED)
+    else:
+        body = REFUSALS.get(status, {"code": status, "message": "internal server error"})
+    trace = f"trace-injected-{status}"
+    return web.json_response({**body, "err_code": body["code"], "trace_id": trace}, status=status)
+
+
 @dataclass
 class FakeQQ:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     secret: str = SECRET
     heartbeat_ms: int = 200
     allow_active: bool = True
@@ -88,7 +116,10 @@ class FakeQQ:
         return bool(getattr(ws, "_qq_ready", False))
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[connection_closer(self)])
+        injecting = self.outage.middleware(
+            lambda r: r.method == "POST" and SEND_PATH.match(r.path) is not None, _error_answer
+        )
+        app = web.Application(middlewares=[injecting, connection_closer(self)])
         app.router.add_post("/app/getAppAccessToken", self._token)
         app.router.add_get("/gateway", self._gateway)
         app.router.add_get("/users/@me", self._me)

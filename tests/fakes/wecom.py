@@ -2,10 +2,19 @@
 (`aibot_subscribe` checked against the bot id and secret, `ping`, `aibot_respond_msg`
 under a callback's req_id, `aibot_send_msg`), pushing `aibot_msg_callback` frames, and,
 as WeCom does, closing an older connection of the bot with a `disconnected_event` when a
-newer one subscribes."""
+newer one subscribes.
+
+`outage` (the shared failure-injection switch) fails the two send frames. A websocket
+carries no HTTP status, so each injected failure is what WeCom really does on the long
+connection: a 5xx is the answer frame's errcode -1 ("system busy"), a 429 errcode 45009
+("api freq out of limit"; WeCom names no wait), a 403 errcode 60011 (no privilege), a 400
+errcode 40008 (invalid message type), a reset the connection dropped with no answer (the
+bot reconnects and subscribes again), and a timeout no answer for the seconds given, then
+errcode -1."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -14,13 +23,21 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 BOT_ID = "aibFAKEbot"
 SECRET = "fake-wecom-secret"
 ENV = {"WECOM_BOT_ID": BOT_ID, "WECOM_SECRET": SECRET}
 BAD_CREDENTIALS = 40001
 REQ_ID_GONE = 600039  # the fake's answer to a reply under a req_id it no longer takes
+SENDS = ("aibot_respond_msg", "aibot_send_msg")
+SYSTEM_BUSY = (-1, "system busy")
+# the answer frame's (errcode, errmsg) for an injected status
+INJECTED = {
+    429: (45009, "api freq out of limit"),
+    403: (60011, "no privilege to access/modify contact/party/agent"),
+    400: (40008, "invalid message type"),
+}
 
 
 def text_message(
@@ -49,6 +66,7 @@ def text_message(
 
 @dataclass
 class FakeWeCom:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sends
     secret: str = SECRET
     answer_pings: bool = True
     port: int = 0
@@ -60,6 +78,7 @@ class FakeWeCom:
     callbacks: set[str] = field(default_factory=set)  # req_ids the bot may reply under
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
+    _transports: dict[web.WebSocketResponse, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -136,6 +155,7 @@ class FakeWeCom:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         self.sockets.append(ws)
+        self._transports[ws] = request.transport
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
                 break
@@ -185,6 +205,9 @@ class FakeWeCom:
         if ws not in self.subscribed:
             await self._answer(ws, req_id, 40001, "not subscribed")
             return
+        if cmd in SENDS and await self._injected(ws, req_id):
+            data["ok"] = False
+            return
         failures = self.failures.get(str(cmd))
         if failures:
             data["ok"] = False
@@ -196,3 +219,22 @@ class FakeWeCom:
             return
         data["ok"] = cmd in ("aibot_respond_msg", "aibot_send_msg")
         await self._answer(ws, req_id, 0 if data["ok"] else 40008, "ok" if data["ok"] else "?")
+
+    async def _injected(self, ws: web.WebSocketResponse, req_id: str) -> bool:
+        """Answer this send frame with the outage's failure; False when there is none."""
+        failure = self.outage.take()
+        if failure is None:
+            return False
+        self.outage.failed += 1
+        kind, _, arg = failure.partition(":")
+        if kind == "reset":
+            transport = self._transports.get(ws)
+            if transport is not None:
+                transport.abort()  # the connection drops, the frame unanswered
+            return True
+        if kind == "timeout":
+            await asyncio.sleep(float(arg or 30))
+            await self._answer(ws, req_id, *SYSTEM_BUSY)
+            return True
+        await self._answer(ws, req_id, *INJECTED.get(int(kind), SYSTEM_BUSY))
+        return True

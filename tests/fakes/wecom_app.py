@@ -2,7 +2,12 @@
 corp id and the app's secret, `cgi-bin/message/send`), and what WeCom's callbacks look
 like: XML whose `Encrypt` is AES-256-CBC with the EncodingAESKey, signed with the Token.
 The fake's encryption is written apart from the adapter's decryption (its own padding
-through `cryptography`'s PKCS7), so the two only meet in what they put on the wire."""
+through `cryptography`'s PKCS7), so the two only meet in what they put on the wire.
+
+`outage` (the shared failure-injection switch) fails `message/send` as WeCom's REST API
+answers: a 5xx as that HTTP status, and otherwise HTTP 200 with an errcode, as WeCom
+words its errors: 45009 for a 429 (WeCom names no wait), 60011 (no privilege) for a 403,
+40008 (invalid message type) for a 400; a reset drops the connection unanswered."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from tests.fakes import wait_for_count
+from tests.fakes import Outage, wait_for_count
 
 CORP_ID = "wwFAKEcorp0001"
 AGENT_ID = 1000002
@@ -96,8 +101,24 @@ def text_xml(text: str, *, msg_id: str = "7001", user: str = "alice", kind: str 
     )
 
 
+# the errcode WeCom answers (with HTTP 200) for an injected status
+INJECTED = {
+    429: (45009, "api freq out of limit"),
+    403: (60011, "no privilege to access/modify contact/party/agent"),
+    400: (40008, "invalid message type"),
+}
+
+
+async def _error(status: int, _retry_after: float | None, _request: web.Request) -> web.Response:
+    if status >= 500:
+        return web.json_response({"errcode": -1, "errmsg": "system busy"}, status=status)
+    errcode, errmsg = INJECTED.get(status, (-1, "system busy"))
+    return web.json_response({"errcode": errcode, "errmsg": errmsg})
+
+
 @dataclass
 class FakeWeComApi:
+    outage: Outage = field(default_factory=Outage)  # failures injected into message/send
     secret: str = APP_SECRET
     port: int = 0
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -121,7 +142,8 @@ class FakeWeComApi:
         return await wait_for_count(self.sent, n, timeout, "WeCom app messages")
 
     async def start(self) -> None:
-        app = web.Application()
+        injecting = self.outage.middleware(lambda r: r.path == "/cgi-bin/message/send", _error)
+        app = web.Application(middlewares=[injecting])
         app.router.add_get("/cgi-bin/gettoken", self._token)
         app.router.add_post("/cgi-bin/message/send", self._send)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)

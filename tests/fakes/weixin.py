@@ -3,7 +3,12 @@ poll over a cursor (`get_updates_buf`, "buf-<position>" in the fake's message lo
 until a message comes or `hold_s` passes; `sendmessage`, which takes a message only with
 a context_token given to that peer; `getconfig` (a typing ticket per user) and `sendtyping`; and the QR login's two GETs, whose
 statuses are scripted. Every business call must carry the iLink headers (a bad token is
-answered ret -14, as iLink does for an expired session)."""
+answered ret -14, as iLink does for an expired session).
+
+`outage` (the shared failure-injection switch) fails `sendmessage` as iLink answers: a 5xx
+as that HTTP status; its business errors as HTTP 200 with a nonzero `ret`, so a 429 is
+ret -2 (iLink's frequency limit, which names no wait) and a 403 or 400 is ret -1 with the
+reason (the message refused); a reset drops the connection unanswered."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes import connection_closer, wait_for_count
+from tests.fakes import Outage, connection_closer, wait_for_count
 
 TOKEN = "fake-ilink-bot-token"
 BOT_ID = "b0f5e7c1@im.bot"
@@ -26,8 +31,23 @@ ALICE = "o9cq80alice@im.wechat"
 BOB = "o9cq80bob@im.wechat"
 
 
+# iLink's answer (HTTP 200) for an injected status below 500
+INJECTED = {
+    429: {"ret": -2, "errmsg": "frequency limit"},
+    403: {"ret": -1, "errmsg": "no permission to message this user"},
+    400: {"ret": -1, "errmsg": "bad msg"},
+}
+
+
+async def _error(status: int, _retry_after: float | None, _request: web.Request) -> web.Response:
+    if status >= 500:
+        return web.json_response({"ret": -1, "errmsg": "system error"}, status=status)
+    return web.json_response(INJECTED.get(status, {"ret": -1, "errmsg": f"error {status}"}))
+
+
 @dataclass
 class FakeWeixin:
+    outage: Outage = field(default_factory=Outage)  # failures injected into sendmessage
     token: str = TOKEN
     hold_s: float = 0.5  # how long a getupdates with nothing new is held
     batch: int = 10  # messages per getupdates answer at most
@@ -105,7 +125,8 @@ class FakeWeixin:
     # --- the server ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[connection_closer(self)])
+        injecting = self.outage.middleware(lambda r: r.path == "/ilink/bot/sendmessage", _error)
+        app = web.Application(middlewares=[injecting, connection_closer(self)])
         app.router.add_post("/ilink/bot/getupdates", self._getupdates)
         app.router.add_post("/ilink/bot/sendmessage", self._sendmessage)
         app.router.add_post("/ilink/bot/getconfig", self._getconfig)

@@ -30,7 +30,13 @@ from gateway.adapters.webhook import Endpoint, WebhookAdapter
 from gateway.adapters.wecom import WeComAdapter
 from gateway.adapters.weixin import WeixinAdapter
 from gateway.adapters.whatsapp import WhatsAppAdapter
-from gateway.errors import SEND_REFUSED, SEND_RETRY_AFTER, SEND_TRANSIENT, send_failure
+from gateway.errors import (
+    SEND_REFUSED,
+    SEND_RETRY_AFTER,
+    SEND_TRANSIENT,
+    PlatformRefused,
+    send_failure,
+)
 from gateway.messages import ONE_TRY, InboundMessage, OutboundMessage, SentRef
 from tests.fakes import (
     bluebubbles,
@@ -310,42 +316,76 @@ async def test_adapter_contract(case: tuple[Any, str, Any]) -> None:
 
 
 # Each failure a platform's send path can meet, and what the outbox must make of it: a
-# 5xx, a connection reset and a 429 are kept and tried again; a 403 is refused for good.
+# 5xx, a connection reset, an answer that is late (then a 504 or the platform's own word
+# for a timeout) and a 429 are kept and tried again; a 403 is refused for good, and says
+# so as PlatformRefused (what `switchboard send` exits 77 on).
 INJECTED = [
     ("503", SEND_TRANSIENT),
     ("reset", SEND_TRANSIENT),
+    ("timeout:0.2", SEND_TRANSIENT),
     ("429:1", SEND_RETRY_AFTER),
     ("403", SEND_REFUSED),
 ]
 # a platform whose 403 means our credentials (kept until they are restored): its refusal
 # of the message itself is a 400
 REFUSAL = {"bluebubbles": "400"}
-# SMTP has no rate-limit answer with a wait (the fake answers 451, try later)
-EXPECTED = {"email": {"429:1": SEND_TRANSIENT}}
+EXPECTED = {
+    # SMTP has no rate-limit answer with a wait (the fake answers 451, try later)
+    "email": {"429:1": SEND_TRANSIENT},
+    # Home Assistant has no rate-limit answer either: a service over its limit fails as
+    # home_assistant_error, kept and tried again with backoff
+    "homeassistant": {"429:1": SEND_TRANSIENT},
+}
+# the platforms with no platform server to fail: the api answers in the caller's request
+NO_SERVER = {"api"}
+RECONNECT_S = 30.0  # a websocket platform's adapter connects again after a dropped one
+
+
+async def _connected_again(adapter: Any) -> None:
+    """A platform whose sends go over one connection (its health says "connected") has it
+    back before the next send: a send while it reconnects is kept, whatever the failure."""
+    if "connected" not in adapter.health():
+        return
+    await wait_for_count(
+        lambda: [1] if adapter.health()["connected"] else [], 1, RECONNECT_S, "a connection"
+    )
 
 
 async def test_send_failures_map_onto_the_outbox_rule(case: tuple[Any, str, Any]) -> None:
     """The platform's fake fails every send with each injected failure in turn; the
     adapter's error says what the outbox does (gateway.errors.send_failure), and once the
     platform is back the adapter sends again. Tried once per send, as the outbox's drain
-    tries (ONE_TRY)."""
+    tries (ONE_TRY). Every platform with a server carries the fake's `outage` switch."""
     adapter, chat_id, fake = case
-    if fake is None or not hasattr(fake, "outage"):
-        pytest.skip("no platform server to fail (the api answers in the request; email: SMTP)")
-    await adapter.start(_ignore)
+    if adapter.platform in NO_SERVER:
+        pytest.skip("no platform server to fail: the api answers in the caller's request")
+    assert hasattr(fake, "outage"), f"the {adapter.platform} fake has no outage switch"
+    seen_in: list[InboundMessage] = []
+
+    async def emit(msg: InboundMessage) -> None:
+        seen_in.append(msg)
+
+    await adapter.start(emit)
     one_try = ONE_TRY.set(True)
     try:
+        if isinstance(fake, FakeWeixin):  # a Weixin reply needs the peer's context_token
+            fake.say(chat_id, "hi")
+            await wait_for_count(lambda: seen_in, 1, 10, "the peer's message")
         seen: dict[str, str] = {}
         for failure, _expected in INJECTED:
+            await _connected_again(adapter)
             fake.outage.down(REFUSAL.get(adapter.platform, "403") if failure == "403" else failure)
             try:
                 await adapter.send(OutboundMessage(adapter.platform, chat_id, "hello"))
             except Exception as exc:
                 seen[failure] = send_failure(exc)[0]
+                if seen[failure] == SEND_REFUSED:
+                    assert isinstance(exc, PlatformRefused), f"{failure}: {exc!r}"
             else:
                 seen[failure] = "delivered"
             fake.outage.up()
         assert seen == dict(INJECTED) | EXPECTED.get(adapter.platform, {})
+        await _connected_again(adapter)
         ref = await adapter.send(OutboundMessage(adapter.platform, chat_id, "back"))
         assert ref.platform == adapter.platform and ref.chat_id == chat_id
     finally:

@@ -20,7 +20,14 @@ from gateway.adapters.wecom import WeComAdapter
 from gateway.adapters.wecom_wire import MARKDOWN_BYTES, answer_error, to_inbound, utf8_len
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted, RetryAfter
+from gateway.errors import (
+    AdapterError,
+    ConfigError,
+    InvalidToken,
+    NotAccepted,
+    PlatformRefused,
+    RetryAfter,
+)
 from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
@@ -354,7 +361,7 @@ def test_errcodes_are_typed() -> None:
     busy = answer_error({"errcode": -1, "errmsg": "system busy"}, "x")
     assert type(busy).__name__ == "TransientError"
     refused = answer_error({"errcode": 93004, "errmsg": "no"}, "the message")
-    assert type(refused) is AdapterError and "the message" in str(refused)
+    assert type(refused) is PlatformRefused and "the message" in str(refused)
     assert WeComAdapter.home_chat_type("wrABC") == "group"
     home = WeComAdapter.thread_source(ThreadRef("wecom", "wrABC", "wrABC"))
     assert (home.chat_id, home.chat_type, home.thread_id) == ("wrABC", "group", None)

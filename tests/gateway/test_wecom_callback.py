@@ -21,8 +21,17 @@ from gateway.adapters.wecom_crypto import Refused, aes_key, decrypt, xml_fields
 from gateway.adapters.wecom_wire import utf8_len
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.errors import ConfigError, NotAccepted
-from gateway.messages import InboundMessage, OutboundMessage
+from gateway.errors import (
+    SEND_REFUSED,
+    SEND_RETRY_AFTER,
+    SEND_TRANSIENT,
+    AdapterError,
+    ConfigError,
+    NotAccepted,
+    PlatformRefused,
+    send_failure,
+)
+from gateway.messages import ONE_TRY, InboundMessage, OutboundMessage
 from gateway.ops.doctor import run_doctor
 from tests.fakes.wecom_app import (
     AES_KEY,
@@ -301,3 +310,40 @@ async def test_switchboard_send_without_the_daemon_uses_the_app_api(api: FakeWeC
         await adapter.stop()
     assert [s["markdown"]["content"] for s in api.sent()] == ["nightly report"]
     assert ref.message_ids and [k for k, _ in api.calls] == ["token", "send"]
+
+
+async def test_app_send_failures_map_onto_the_outbox_rule(api: FakeWeComApi) -> None:
+    """Callback mode's REST sends, failed by the fake's outage switch as WeCom answers:
+    a 5xx, a reset and a late answer are kept, errcode 45009 is waited out, errcodes 60011
+    and 40008 are refused for good (PlatformRefused); once WeCom is back the reply goes."""
+    from gateway.adapters.wecom import AppMode
+    from gateway.adapters.wecom_app import AppApi
+
+    app_api = AppApi(CORP_ID, ENV["WECOM_SECRET"], AGENT_ID, api.base_url)
+    adapter = WeComAdapter("", "", app=AppMode(app_api, ENV["WECOM_CALLBACK_TOKEN"], AES_KEY))
+    expected = {
+        "502": SEND_TRANSIENT,
+        "reset": SEND_TRANSIENT,
+        "timeout:0.2": SEND_TRANSIENT,
+        "429:1": SEND_RETRY_AFTER,
+        "403": SEND_REFUSED,
+        "400": SEND_REFUSED,
+    }
+    seen: dict[str, str] = {}
+    one_try = ONE_TRY.set(True)
+    try:
+        await adapter.open_outbound()
+        for failure in expected:
+            api.outage.down(failure)
+            with pytest.raises(AdapterError) as err:
+                await adapter.send(OutboundMessage("wecom", "bob", "hello"))
+            seen[failure] = send_failure(err.value)[0]
+            if seen[failure] == SEND_REFUSED:
+                assert isinstance(err.value, PlatformRefused), failure
+            api.outage.up()
+        ref = await adapter.send(OutboundMessage("wecom", "bob", "back"))
+    finally:
+        ONE_TRY.reset(one_try)
+        await adapter.stop()
+    assert seen == expected and api.outage.failed == len(expected)
+    assert [s["markdown"]["content"] for s in api.sent()] == ["back"] and ref.message_ids
