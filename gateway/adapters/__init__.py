@@ -100,6 +100,21 @@ def reply_window_s(name: str) -> float | None:
     return float(window) if window else None
 
 
+DEFAULT_DRAIN_PER_SECOND = 5.0
+
+
+@cache
+def drain_per_second(name: str) -> float:
+    """How fast the outbox drains the platform's backlog (messages a second, the whole
+    platform), as its adapter class declares `drain_per_second` (under the platform's
+    published limit for a bot); DEFAULT_DRAIN_PER_SECOND where it declares none."""
+    try:
+        rate = getattr(adapter_class(name), "drain_per_second", None)
+    except GatewayError:
+        return DEFAULT_DRAIN_PER_SECOND
+    return float(rate) if rate else DEFAULT_DRAIN_PER_SECOND
+
+
 @cache  # asked on every turn
 def replies_in_request(name: str) -> bool:
     """Whether the platform's adapter class declares `replies_in_request`: each reply is

@@ -205,6 +205,8 @@ class PlatformAdapter(Adapter, Protocol):
     Optional: `reply_window_s: ClassVar[float]` declares how long after the user's message
     the platform accepts a reply (WhatsApp's 24 hours): the outbox lets a reply it holds
     expire then.
+    Optional: `drain_per_second: ClassVar[float]` declares how fast the outbox sends the
+    platform's backlog after an outage (under its published limit for a bot; 5 without).
     Optional: `replies_in_request: ClassVar[bool] = True` declares that each reply is the
     response to its own request (the HTTP API): no reply of the chat can overtake another,
     and a repeated request reads its answer from the store (see

@@ -125,6 +125,9 @@ QUIET_PINGS = _QuietPings()
 class DingTalkAdapter(Outbound, SetupSteps):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[DingTalkSettings]] = DingTalkSettings
+    drain_per_second: ClassVar[float] = (
+        0.3  # the outbox's backlog pace (DingTalk: 20 a minute per robot)
+    )
     library_loggers: ClassVar[tuple[str, ...]] = ("dingtalk_stream",)
 
     # --- the platform, as the core sees it -------------------------------------------

@@ -91,6 +91,9 @@ class DiscordAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "discord"
     idempotent_replies: ClassVar[bool] = True  # nonce + enforce_nonce on every part
     settings: ClassVar[type[DiscordSettings]] = DiscordSettings
+    drain_per_second: ClassVar[float] = (
+        1.0  # the outbox's backlog pace (Discord: 5 per 5 seconds in a channel)
+    )
     library_loggers: ClassVar[tuple[str, ...]] = ("discord",)
 
     # --- the platform, as the core sees it -------------------------------------------

@@ -136,6 +136,9 @@ def is_our_thread(message_id: str, our_address: str) -> bool:
 class EmailAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "email"
     settings: ClassVar[type[EmailSettings]] = EmailSettings
+    drain_per_second: ClassVar[float] = (
+        2.0  # the outbox's backlog pace (email: cautious, mail servers throttle bursts)
+    )
     library_loggers: ClassVar[tuple[str, ...]] = ("aioimaplib", "aiosmtplib")
 
     # --- the platform, as the core sees it -------------------------------------------

@@ -111,6 +111,9 @@ def _inbound(got: Incoming) -> InboundMessage:
 class SignalAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "signal"
     settings: ClassVar[type[SignalSettings]] = SignalSettings
+    drain_per_second: ClassVar[float] = (
+        2.0  # the outbox's backlog pace (signal-cli: cautious, Signal rate-limits bursts)
+    )
     library_loggers: ClassVar[tuple[str, ...]] = ()  # plain aiohttp, no client library
 
     # --- the platform, as the core sees it -------------------------------------------

@@ -146,6 +146,9 @@ class SlackAdapter(Outbound, SetupSteps):
     platform: ClassVar[str] = "slack"
     idempotent_replies: ClassVar[bool] = True  # a resend skips parts marked in metadata
     settings: ClassVar[type[SlackSettings]] = SlackSettings
+    drain_per_second: ClassVar[float] = (
+        1.0  # the outbox's backlog pace (Slack: about 1 a second in a channel)
+    )
     library_loggers: ClassVar[tuple[str, ...]] = ("slack_bolt",)
 
     # --- the platform, as the core sees it -------------------------------------------

@@ -156,6 +156,9 @@ def plain_text(markdown: str) -> str:
 class SmsAdapter(Outbound, SetupSteps):
     platform: ClassVar[str] = "sms"
     settings: ClassVar[type[SmsSettings]] = SmsSettings
+    drain_per_second: ClassVar[float] = (
+        1.0  # the outbox's backlog pace (a Twilio long code: 1 a second)
+    )
     library_loggers: ClassVar[tuple[str, ...]] = ("twilio",)
 
     @classmethod

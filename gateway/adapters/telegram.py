@@ -148,6 +148,9 @@ def _strip_mention(text: str, bot_username: str | None) -> str:
 class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
     platform: ClassVar[str] = "telegram"
     settings: ClassVar[type[TelegramSettings]] = TelegramSettings
+    drain_per_second: ClassVar[float] = (
+        25.0  # the outbox's backlog pace (Telegram: about 30 a second across chats)
+    )
     library_loggers: ClassVar[tuple[str, ...]] = ("telegram",)
 
     # --- the platform, as the core sees it -------------------------------------------

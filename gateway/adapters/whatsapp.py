@@ -80,6 +80,9 @@ class WhatsAppSettings(PlatformSettings):
 class WhatsAppAdapter(Typing, Outbound, SetupSteps):
     platform: ClassVar[str] = "whatsapp"
     settings: ClassVar[type[WhatsAppSettings]] = WhatsAppSettings
+    drain_per_second: ClassVar[float] = (
+        50.0  # the outbox's backlog pace (the WhatsApp Cloud API: 80 a second)
+    )
     library_loggers: ClassVar[tuple[str, ...]] = ()
     # a free-form reply may go within 24 hours of the user's last message (the
     # customer-service window); later the Cloud API refuses it

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.adapters import idempotent_replies, reply_window_s
+from gateway.adapters import drain_per_second, idempotent_replies, reply_window_s
 from gateway.errors import SEND_REFUSED, SEND_RETRY_AFTER, TransientError, send_failure
 from gateway.messages import ONE_TRY, OutboundMessage, SentRef
 from gateway.ops.metrics import Metrics
@@ -53,24 +53,6 @@ EXPIRED_CHATS_META = "outbox.expired_chats"  # chats owed the expiry notice (a J
 FAILING_META = "outbox.failing"
 
 
-# How fast a platform's backlog drains (messages a second, the whole platform), unless
-# outbox.drain_per_second says otherwise: under each platform's published limit for a bot
-# where it has one (Telegram about 30 a second across chats, Discord 5 per 5 seconds in a
-# channel, Slack about 1 a second in a channel, a Twilio long code 1 a second, WhatsApp
-# Cloud API 80 a second), cautious elsewhere. A 429 beyond it is waited out as asked.
-DRAIN_PER_SECOND: Mapping[str, float] = {
-    "telegram": 25.0,
-    "discord": 1.0,
-    "slack": 1.0,
-    "sms": 1.0,
-    "whatsapp": 50.0,
-    "signal": 2.0,
-    "dingtalk": 0.3,
-    "email": 2.0,
-}
-DEFAULT_DRAIN_PER_SECOND = 5.0
-
-
 @dataclass(frozen=True)
 class DeliveryRules:
     """How long held items live and how their tries are spaced (the `outbox:` section)."""
@@ -84,10 +66,8 @@ class DeliveryRules:
 
     def spacing(self, platform: str) -> float:
         """The least time between two sends of a draining backlog on `platform`."""
-        rate = self.drain_per_second.get(platform) or DRAIN_PER_SECOND.get(
-            platform, DEFAULT_DRAIN_PER_SECOND
-        )
-        return 1.0 / rate
+        configured = self.drain_per_second.get(platform)
+        return 1.0 / (configured or drain_per_second(platform))
 
     def backoff(self, failures: int) -> float:
         """The wait after the `failures`th failed try in a row (1: the first)."""
