@@ -228,6 +228,11 @@ async def callgrind(args: argparse.Namespace, root: Path) -> None:
                 server = sum(cpu_s(p) - v for p, v in before.items())
             assert got == warm + measured, f"{warm + measured - got} messages not answered"
             irs[measured] = [total_ir(Path(f"{out}-r{k}.out")) for k in range(args.replicas)]
+            if args.keep:
+                for k in range(args.replicas):
+                    Path(f"{out}-r{k}.out").replace(
+                        Path(args.keep) / f"cg{rep_i}-{measured}-r{k}.out"
+                    )
             if measured:
                 extra = (
                     f"; PostgreSQL backends {server / n * 1e3:.2f} ms CPU/msg over the "
@@ -353,6 +358,9 @@ async def main() -> None:
         "--hop", action="store_true", help="each chat's next message to the next replica"
     )
     ap.add_argument("--only", choices=("callgrind", "cpu"), help="one of the two figures")
+    ap.add_argument(
+        "--keep", metavar="DIR", help="keep callgrind's output files there (callgrind_annotate)"
+    )
     ap.add_argument("--py-spy", choices=("top",), help="sample round 1 with py-spy, print the top")
     args = ap.parse_args()
     print(
@@ -360,6 +368,8 @@ async def main() -> None:
         f"{args.replicas} daemon(s) on {'SQLite' if args.replicas == 1 else 'PostgreSQL'}, "
         f"{os.cpu_count()} cores"
     )
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sb-instr-") as tmp:
         args.py_spy_raw = str(Path(tmp) / "py-spy.txt")
         if args.only in (None, "callgrind"):
