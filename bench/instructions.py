@@ -151,7 +151,7 @@ class Run:
         for rep in self.replicas:
             with contextlib.suppress(AssertionError):
                 code = await rep.stop(timeout=1800)
-                if code != 0:
+                if code != 0 and not rep.kills:  # (--window kills them on purpose)
                     print(f"  ! {rep.name} exited {code}; its log: {rep.logs[-1]}")
         await self.fake.stop()
         if self.db is not None:
