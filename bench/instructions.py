@@ -151,7 +151,7 @@ class Run:
         for rep in self.replicas:
             with contextlib.suppress(AssertionError):
                 code = await rep.stop(timeout=1800)
-                if code != 0:
+                if code != 0 and not rep.kills:  # (--window kills them on purpose)
                     print(f"  ! {rep.name} exited {code}; its log: {rep.logs[-1]}")
         await self.fake.stop()
         if self.db is not None:
@@ -214,6 +214,10 @@ async def callgrind(args: argparse.Namespace, root: Path) -> None:
     warm = chats * WARM_PER_CHAT
     per_run: dict[int, list[float]] = collections.defaultdict(list)
     for rep_i in range(args.repeat):
+        if args.window:
+            for k, per_msg in enumerate(await window_run(args, root, rep_i)):
+                per_run[k].append(per_msg)
+            continue
         irs: dict[int, list[int]] = {}
         for measured in (0, n):
             out = root / f"cg{rep_i}-{measured}"
@@ -228,6 +232,11 @@ async def callgrind(args: argparse.Namespace, root: Path) -> None:
                 server = sum(cpu_s(p) - v for p, v in before.items())
             assert got == warm + measured, f"{warm + measured - got} messages not answered"
             irs[measured] = [total_ir(Path(f"{out}-r{k}.out")) for k in range(args.replicas)]
+            if args.keep:
+                for k in range(args.replicas):
+                    Path(f"{out}-r{k}.out").replace(
+                        Path(args.keep) / f"cg{rep_i}-{measured}-r{k}.out"
+                    )
             if measured:
                 extra = (
                     f"; PostgreSQL backends {server / n * 1e3:.2f} ms CPU/msg over the "
@@ -246,10 +255,48 @@ async def callgrind(args: argparse.Namespace, root: Path) -> None:
     print(
         f"instructions per answered message{label}: {spread(total, 1e-6)} M Ir "
         f"[N={n} after a warm-up of {warm}, {chats} chats, {args.concurrency} in flight, "
-        f"{args.repeat} run pair(s)]"
+        f"{args.repeat} {'run(s), counters zeroed and dumped' if args.window else 'run pair(s)'}]"
     )
     for k in per_run if args.replicas > 1 else ():
         print(f"  replica r{k}: {spread(per_run[k], 1e-6)} M Ir per message of the run")
+
+
+async def control(pid: int, flag: str) -> None:
+    """callgrind_control `flag` (-z: zero the counters, -d: dump them) on a daemon."""
+    proc = await asyncio.create_subprocess_exec(
+        "callgrind_control", flag, str(pid), stdout=DEVNULL, stderr=DEVNULL
+    )
+    assert await proc.wait() == 0, f"callgrind_control {flag} {pid} failed"
+
+
+async def window_run(args: argparse.Namespace, root: Path, rep_i: int) -> list[float]:
+    """--window: one run per daemon, its counters zeroed after the warm-up and dumped after
+    the N measured messages (callgrind_control), so neither start-up nor the SIGTERM drain
+    is in the figure: Ir of the dump / N, per daemon."""
+    chats, n = args.chats, args.chats * MEASURED_PER_CHAT
+    out = root / f"cg{rep_i}-window"
+
+    def prefix(k: int) -> list[str]:
+        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}-r{k}.out"]
+
+    async with Run(args, out, prefix) as run:
+        got = await run.send(0, chats * WARM_PER_CHAT, chats)
+        for pid in run.pids():
+            await control(pid, "-z")
+        got += await run.send(chats * WARM_PER_CHAT, n, chats)
+        for pid in run.pids():
+            await control(pid, "-d")
+        dumps = [sorted(root.glob(f"{out.name}-r{k}.out.*")) for k in range(args.replicas)]
+        assert all(dumps), f"no dump of callgrind's counters in {root}"
+        irs = [total_ir(d[-1]) for d in dumps]
+        if args.keep:
+            for k, d in enumerate(dumps):
+                d[-1].replace(Path(args.keep) / f"cg{rep_i}-window-r{k}.out")
+        print(f"  run {rep_i + 1}: Ir {' + '.join(f'{v:,}' for v in irs)} (+{n} messages)")
+        for rep in run.replicas:  # the figure is taken: no drain to wait for under valgrind
+            await rep.kill()
+    assert got == chats * (WARM_PER_CHAT + MEASURED_PER_CHAT), "messages not answered"
+    return [ir / n for ir in irs]
 
 
 async def cpu(args: argparse.Namespace, root: Path) -> None:
@@ -353,6 +400,15 @@ async def main() -> None:
         "--hop", action="store_true", help="each chat's next message to the next replica"
     )
     ap.add_argument("--only", choices=("callgrind", "cpu"), help="one of the two figures")
+    ap.add_argument(
+        "--window",
+        action="store_true",
+        help="callgrind: one run per pair, counters zeroed after the warm-up and dumped after "
+        "the measured messages (start-up and shutdown left out)",
+    )
+    ap.add_argument(
+        "--keep", metavar="DIR", help="keep callgrind's output files there (callgrind_annotate)"
+    )
     ap.add_argument("--py-spy", choices=("top",), help="sample round 1 with py-spy, print the top")
     args = ap.parse_args()
     print(
@@ -360,6 +416,8 @@ async def main() -> None:
         f"{args.replicas} daemon(s) on {'SQLite' if args.replicas == 1 else 'PostgreSQL'}, "
         f"{os.cpu_count()} cores"
     )
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sb-instr-") as tmp:
         args.py_spy_raw = str(Path(tmp) / "py-spy.txt")
         if args.only in (None, "callgrind"):

@@ -84,6 +84,8 @@ class Gateway:
     _lock: HomeLock | None = None
     _started_with: Mapping[str, Any] | None = None  # the config data the daemon started with
     _adapters_by_platform: dict[str, Adapter] = field(default_factory=dict)
+    _on_start: dict[str, Callable[[InboundMessage], None]] = field(default_factory=dict)
+    _on_end: dict[str, Callable[[InboundMessage, str | None], None]] = field(default_factory=dict)
     _starts: dict[str, SupervisedStart] = field(default_factory=dict)  # platform adapters
 
     async def start(self) -> None:
@@ -184,6 +186,10 @@ class Gateway:
         await self.router.hold_until_recovered()
         for adapter in self.adapters:
             self._adapters_by_platform[adapter.platform] = adapter
+            if isinstance(adapter, Typing):  # looked up once: no protocol check per message
+                self._on_start[adapter.platform] = adapter.turn_started
+            if isinstance(adapter, TurnHooks):
+                self._on_end[adapter.platform] = adapter.turn_ended
             if isinstance(adapter, UsesCursors):
                 adapter.use_cursors(StoreCursors(self.db, adapter.platform))
             if isinstance(adapter, UsesShards):
@@ -340,12 +346,12 @@ class Gateway:
     # TurnEvents for the router: passed on to the message's adapter when it declares them
     # (Discord shows typing for a running turn; the api answers a dropped request at once)
     def turn_started(self, msg: InboundMessage) -> None:
-        if isinstance(adapter := self._adapters_by_platform.get(msg.source.platform), Typing):
-            adapter.turn_started(msg)
+        if (hook := self._on_start.get(msg.source.platform)) is not None:
+            hook(msg)
 
     def turn_ended(self, msg: InboundMessage, dropped: str | None) -> None:
-        if isinstance(adapter := self._adapters_by_platform.get(msg.source.platform), TurnHooks):
-            adapter.turn_ended(msg, dropped)
+        if (hook := self._on_end.get(msg.source.platform)) is not None:
+            hook(msg, dropped)
 
     def reload(self, new: Config) -> list[str]:
         """Apply what can change without a restart (allowlists, admins, the reset policy,

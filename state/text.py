@@ -20,6 +20,8 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 def unstorable(text: str) -> str | None:
     """Why `text` cannot be stored as it is (naming its first such character), or None."""
+    if text.isascii() and "\x00" not in text:  # most text: two scans in C, no regex
+        return None
     found = _UNSTORABLE.search(text)
     if found is None:
         return None
@@ -30,7 +32,7 @@ def unstorable(text: str) -> str | None:
 
 def storable(text: str) -> tuple[str, int]:
     """`text` with each NUL and lone surrogate replaced by U+FFFD, and how many were."""
-    if _UNSTORABLE.search(text) is None:
+    if (text.isascii() and "\x00" not in text) or _UNSTORABLE.search(text) is None:
         return text, 0
     return _UNSTORABLE.subn(REPLACEMENT, text)
 

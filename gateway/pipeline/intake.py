@@ -216,7 +216,7 @@ class Router:
                     self._run(msg, inbox_id, (key, entry, begun, release))
                     return
                 release()
-                self._after_accept(msg, seen_key, inbox_id, state, new)
+                self._after_accept(msg, seen_key, inbox_id, state, new, key)
                 return
         k = key.format()
         # While this message commits, no later message of the key may take the fast path
@@ -235,9 +235,9 @@ class Router:
                 if seen_key is not None:
                     s.coordinator.remember(seen_key)
                 faults.point("after_inbox_commit")
-                self._run(msg, inbox_id, stored=stored)
+                self._run(msg, inbox_id, stored=stored, key=key)
                 return
-            self._after_accept(msg, seen_key, inbox_id, state, new)
+            self._after_accept(msg, seen_key, inbox_id, state, new, key)
         except StateError as exc:
             self._refuse(msg, exc)
         finally:
@@ -308,6 +308,7 @@ class Router:
         inbox_id: int,
         state: str,
         new: bool,
+        key: SessionKey | None = None,
     ) -> None:
         s = self.services
         if seen_key is not None:
@@ -322,7 +323,7 @@ class Router:
             self._flight.held[inbox_id] = msg
             self._inflight.add(inbox_id)
             return
-        self._run(msg, inbox_id)
+        self._run(msg, inbox_id, key=key)
 
     def _authorised(self, msg: InboundMessage) -> bool:
         """The config's allowlist (and admins) let the sender in."""

@@ -89,30 +89,35 @@ class Worker:
         begun: Begun | None = None,
         *,
         stored: Stored | None = None,
+        key: SessionKey | None = None,
     ) -> None:
         """The message's turn as a task. `begun`: one daemon's fast path (locked, stored);
-        `stored`: an accept that took the key's lease also began the turn."""
+        `stored`: an accept that took the key's lease also began the turn; `key`: the
+        message's key when the caller has it."""
         self._inflight.add(inbox_id)
         src = msg.source
         if begun is None:
+            key = key or self.key_for(msg)
             # Until its task is queued on the key's lock, no later message of the key may
             # take the fast path past it.
-            self._flight.pend(self.key_for(msg).format())
+            self._flight.pend(key.format())
         self.services.tasks.start(
-            self._process(msg, inbox_id, stored)
+            self._process(msg, inbox_id, stored, key)
             if begun is None
             else self._process_begun(msg, inbox_id, begun),
             f"turn:{src.platform}:{src.chat_id}",
         )
 
-    async def _process(self, msg: InboundMessage, inbox_id: int, stored: Stored | None) -> None:
+    async def _process(
+        self, msg: InboundMessage, inbox_id: int, stored: Stored | None, key: SessionKey | None
+    ) -> None:
         """Take the key's lease (one daemon: its lock), then run the key's open inbox rows
         in id order: this message's, and on replicas any another replica took meanwhile,
         so neither overtakes the other. A row answered elsewhere while waiting only tells
         the platform side."""
         s = self.services
         started = s.clock()
-        key = self.key_for(msg)
+        key = key or self.key_for(msg)
         k = key.format()
         topology = self._topology
         self._flight.unpend(k)  # no await from here into the lock's queue

@@ -98,14 +98,18 @@ class SessionKey:
     user_id: str | None = None
 
     def format(self) -> str:
-        parts = [PREFIX, _enc(self.platform), self.scope, _enc(self.chat_id)]
-        if self.scope == "dm":
-            return ":".join(parts)
-        if self.thread_id is not None:
-            parts.append("t=" + _enc(self.thread_id))
-        if self.user_id is not None:
-            parts.append(_enc(self.user_id))
-        return ":".join(parts)
+        """The key's text, built once per key (a message's path asks for it several times)."""
+        text: str | None = self.__dict__.get("_text")
+        if text is None:
+            parts = [PREFIX, _enc(self.platform), self.scope, _enc(self.chat_id)]
+            if self.scope != "dm":
+                if self.thread_id is not None:
+                    parts.append("t=" + _enc(self.thread_id))
+                if self.user_id is not None:
+                    parts.append(_enc(self.user_id))
+            text = ":".join(parts)
+            object.__setattr__(self, "_text", text)  # not a field: eq, hash and repr ignore it
+        return text
 
     @property
     def shared(self) -> bool:
