@@ -980,6 +980,10 @@ class PgStore:
     def latest_schema_version(self) -> int:
         return schema.LATEST
 
+    async def catch_up(self) -> int:
+        """Nothing waits: every program writes PostgreSQL through switchboard's store."""
+        return 0
+
     # --- export / import, search -----------------------------------------------------
 
     async def export_session(self, session_id: str) -> ExportRecord:

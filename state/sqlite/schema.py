@@ -474,6 +474,15 @@ def _migration_13(conn: sqlite3.Connection) -> None:
     exec_script(conn, sends.CREATE_SQL)
 
 
+def _migration_14(conn: sqlite3.Connection) -> None:
+    """The live sessions with a key, indexed apart: start-up reads them (the session index,
+    the untold resets) in time that grows with the live sessions, not the stored ones."""
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_sessions_live ON sessions(session_key, started_at) "
+        "WHERE session_key IS NOT NULL AND ended_at IS NULL"
+    )
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
@@ -488,6 +497,7 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (11, _migration_11),
     (12, _migration_12),
     (13, _migration_13),
+    (14, _migration_14),
 ]
 LATEST = MIGRATIONS[-1][0]
 
@@ -515,8 +525,12 @@ def current_version(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int:
+def migrate(
+    conn: sqlite3.Connection, path: str, *, target: int = LATEST, absorb_limit: int | None = None
+) -> int:
     """Bring the file up to `target` inside one IMMEDIATE transaction. Returns the version.
+    Rows another program wrote get their derived values: every title, and the messages up
+    to `absorb_limit` (None: all; the rest wait for later write batches).
 
     The caller holds no transaction. Raises SchemaTooNew for files from a newer switchboard.
     """
@@ -554,7 +568,8 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
             # Hermes's inserts may leave `active` NULL on legacy columns without a default.
             conn.execute("UPDATE messages SET active = 1 WHERE active IS NULL")
         if target >= 9:
-            foreign.absorb(conn, limit=None)
+            foreign.absorb(conn, limit=None, kind="title")
+            foreign.absorb(conn, limit=absorb_limit, kind="message")
         conn.execute("COMMIT")
         return max(found, target)
     except BaseException:
