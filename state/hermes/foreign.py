@@ -29,11 +29,12 @@ from ..titles import lineage_key, title_key
 log = logging.getLogger("state.foreign")
 
 # Rows absorbed per write batch: a large foreign import is caught up over several batches
-# instead of stalling one caller's write.
-BATCH_LIMIT = 2000
+# instead of stalling one caller's write (500 adds a few tens of milliseconds to a batch;
+# a turn's writes take several batches while a backlog lasts).
+BATCH_LIMIT = 500
 # Messages a daemon absorbs at open before it serves (a fraction of a second of work); a larger
 # backlog (a store another program filled, restored or moved in) is caught up after.
-OPEN_LIMIT = BATCH_LIMIT
+OPEN_LIMIT = 2000
 
 TRIGGERS_SQL = """
 CREATE TABLE IF NOT EXISTS sb_pending (

@@ -194,7 +194,7 @@ class SessionDB:
         await self._writer.close()
 
     async def catch_up(self) -> int:
-        """Give the rows other programs wrote their derived values, a few thousand per write
+        """Give the rows other programs wrote their derived values, up to a thousand per write
         batch, each queued behind the writes already waiting, until none wait. Returns how
         many waited when it began."""
         waiting = await self._read(foreign.count_pending)
