@@ -2,6 +2,7 @@
 Prints figures; asserts nothing.
 
   python bench/startup_bench.py [--runs 3] [--sessions 100000] [--messages 1000000]
+                                [--db PATH]
 
 Each run copies the state.db that bench/corpus.py builds (once, into bench/out/) into a fresh
 home with no sessions.json, as an operator restoring a backup or moving a store meets it,
@@ -54,7 +55,7 @@ async def one(
     try:
         await daemon.turns(["first-user"], concurrency=1)
         served = time.perf_counter() - t
-        if db is not None:
+        if db is not None and queued(home / "state.db"):
             latencies = []
             while queued(home / "state.db"):
                 t1 = time.perf_counter()
@@ -81,8 +82,9 @@ async def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sessions", type=int, default=100_000)
     ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--db", type=Path, help="time this state.db (copied) instead of the corpus")
     args = ap.parse_args()
-    corpus = corpus_db(OUT, args.sessions, args.messages, 0.05)
+    corpus = args.db or corpus_db(OUT, args.sessions, args.messages, 0.05)
     results: dict[str, list[tuple[float, float]]] = {"empty store": [], "corpus": []}
     behind: list[tuple[float, list[float]]] = []
     with tempfile.TemporaryDirectory() as d:
@@ -93,7 +95,7 @@ async def main() -> None:
                 shutil.rmtree(home)
     print(f"start-up, {args.runs} runs each (seconds from spawn)")
     spread("empty store", results["empty store"])
-    spread(f"{args.messages:,} messages", results["corpus"])
+    spread(args.db.name if args.db else f"{args.messages:,} messages", results["corpus"])
     for done, lat in behind:
         lat.sort()
         print(
