@@ -504,18 +504,21 @@ LATEST = MIGRATIONS[-1][0]
 
 def _refresh_stale_statistics(conn: sqlite3.Connection) -> None:
     """If planner statistics exist but miss an index (one added after the last ANALYZE),
-    the planner can prefer that index blindly; re-analyse the tables concerned."""
+    the planner can prefer that index blindly; analyse those indexes. One index at a time,
+    not its table: the work is the index's size (a partial index's few rows), not every
+    message in the store."""
     if not _table_exists(conn, "sqlite_stat1"):
         return
     stale = conn.execute(
-        "SELECT DISTINCT m.tbl_name FROM sqlite_master m WHERE m.type = 'index' "
+        "SELECT m.name FROM sqlite_master m WHERE m.type = 'index' "
         "AND m.tbl_name IN ('sessions', 'messages') "
         "AND m.tbl_name IN (SELECT tbl FROM sqlite_stat1) "
         "AND m.name NOT IN (SELECT idx FROM sqlite_stat1 WHERE idx IS NOT NULL)"
     ).fetchall()
-    for (table,) in stale:
-        log.info("refreshing planner statistics for %s", table)
-        conn.execute(f"ANALYZE {table}")
+    if stale:
+        log.debug("refreshing planner statistics for %s", ", ".join(i for (i,) in stale))
+    for (index,) in stale:
+        conn.execute(f'ANALYZE "{index}"')
 
 
 def current_version(conn: sqlite3.Connection) -> int:

@@ -198,6 +198,10 @@ class SessionDB:
         batch, each queued behind the writes already waiting, until none wait. Returns how
         many waited when it began."""
         waiting = await self._read(foreign.count_pending)
+        if waiting:
+            log.info(
+                "indexing %d row(s) other programs wrote, behind this process's writes", waiting
+            )
         while await self._write(foreign.absorb):
             pass
         return waiting
