@@ -80,6 +80,7 @@ class Gateway:
     backlog: Backlog | None = None  # the outbox's undelivered replies and sends
     sends: OneOffSends | None = None
     _outbox: asyncio.Task[None] | None = None  # the scan of pending one-off sends
+    _catch_up: asyncio.Task[None] | None = None  # rows other programs wrote, indexed late
     _linger_ms: int | float = 0  # what _pace_commits last set
     _lock: HomeLock | None = None
     _started_with: Mapping[str, Any] | None = None  # the config data the daemon started with
@@ -106,7 +107,8 @@ class Gateway:
 
     async def _start_inner(self) -> None:
         self.notify("STATUS=opening state.db")
-        self.db = await open_store(store_settings(self.config), self.home)
+        # bounded: a backlog of rows other programs wrote is indexed once the daemon serves
+        self.db = await open_store(store_settings(self.config), self.home, serving=True)
         topology = await open_topology(self.config, self.home, self.db)
         self.index, self.cluster = topology.index, topology.cluster
         coordinator = topology.cluster
@@ -222,11 +224,24 @@ class Gateway:
         )
         if self.cluster is not None:
             self._takeover = asyncio.create_task(self._take_over(), name="gateway.takeover")
+        self._catch_up = asyncio.create_task(self._index_backlog(), name="gateway.catch_up")
         log.info(
             "switchboard is running (home %s; adapters: %s)",
             self.home,
             ", ".join(a.platform for a in self.adapters) or "none",
         )
+
+    async def _index_backlog(self) -> None:
+        """Index what other programs wrote into the store and start-up left (write batches
+        behind the turns' own writes); search and previews see those rows once it ends."""
+        assert self.db is not None
+        try:
+            waited = await self.db.catch_up()
+        except Exception as exc:  # the next write batches catch up all the same
+            log.warning("indexing rows other programs wrote failed: %s", exc)
+            return
+        if waited:
+            log.info("indexed %d row(s) other programs wrote into the store", waited)
 
     def _credential_keys(self, platform: str) -> list[str]:
         """The config keys naming a platform's secrets (`platforms.telegram.token_env`)."""
@@ -403,10 +418,11 @@ class Gateway:
             self._takeover.cancel()
             await asyncio.gather(self._takeover, return_exceptions=True)
             self._takeover = None
-        if self._outbox is not None:
-            self._outbox.cancel()
-            await asyncio.gather(self._outbox, return_exceptions=True)
-            self._outbox = None
+        for task in (self._outbox, self._catch_up):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._outbox = self._catch_up = None
         if self.scheduler is not None:
             await self.scheduler.stop(self.config.shutdown.drain_seconds)
             self.scheduler = None

@@ -369,6 +369,11 @@ class Store(Protocol):
     async def set_meta(self, key: str, value: str | None) -> None: ...
     async def schema_version(self) -> int: ...
     def latest_schema_version(self) -> int: ...
+    async def catch_up(self) -> int:
+        """Derive what rows other programs wrote into the store lack (SQLite: previews,
+        the side index), in write batches until none wait; returns how many waited. What
+        `open_store(..., serving=True)` leaves for after the daemon serves."""
+        ...
 
     # --- the dashboard's queries (state/sqlite/keyset.py, family.py, cleanup.py, insights.py)
     async def session_page(
@@ -536,11 +541,15 @@ def check_postgres(dsn: str, var: str) -> StoreConfigError | None:
     return None
 
 
-async def open_store(settings: Mapping[str, Any], home: str | os.PathLike[str]) -> Store:
+async def open_store(
+    settings: Mapping[str, Any], home: str | os.PathLike[str], *, serving: bool = False
+) -> Store:
     """Open the store that `settings` (the validated `state` config section) names.
     `home` is the switchboard home; the SQLite backend keeps state.db there. The
     PostgreSQL backend reads its DSN from the variable `dsn_env` names (or, for tests and
-    tools, from a `dsn` entry) and raises StoreConfigError (exit 78) when it cannot."""
+    tools, from a `dsn` entry) and raises StoreConfigError (exit 78) when it cannot.
+    `serving`: the daemon's store, opened in bounded time: a backlog of rows other
+    programs wrote is left to `Store.catch_up`, which the daemon runs once it serves."""
     backend = settings.get("backend", "sqlite")
     if backend == "sqlite":
         from .sqlite.settings import WriterConfig
@@ -549,7 +558,11 @@ async def open_store(settings: Mapping[str, Any], home: str | os.PathLike[str]) 
         writer = WriterConfig(
             **{k: settings[k] for k in ("synchronous", "queue_size") if k in settings}
         )
-        return await SessionDB.open(Path(home) / DB_FILE, config=writer)
+        from .hermes.foreign import OPEN_LIMIT
+
+        return await SessionDB.open(
+            Path(home) / DB_FILE, config=writer, absorb_at_open=OPEN_LIMIT if serving else None
+        )
     if backend == "postgres":
         var = settings.get("dsn_env") or DSN_ENV
         dsn = settings.get("dsn") or os.environ.get(var, "")

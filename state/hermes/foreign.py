@@ -6,7 +6,9 @@ program writing the same file fills none of them, so:
 
 * SQL triggers (they fire on every connection, whoever writes) keep `last_active` right at
   once and queue the rows whose derived values need Python in `sb_pending`;
-* `absorb` computes those values from the queue: at open and before every write batch.
+* `absorb` computes those values from the queue: before every write batch, and at open, where
+  the titles are all done and the messages up to the opener's bound (a daemon opens with one
+  and indexes the rest in write batches after it serves: `SessionDB.catch_up`).
 
 A message row switchboard writes carries `sb_written = 1`; the triggers skip those (their
 values are computed inline), so switchboard's own appends pay nothing extra. The triggers
@@ -27,8 +29,12 @@ from ..titles import lineage_key, title_key
 log = logging.getLogger("state.foreign")
 
 # Rows absorbed per write batch: a large foreign import is caught up over several batches
-# instead of stalling one caller's write.
-BATCH_LIMIT = 2000
+# instead of stalling one caller's write (500 adds a few tens of milliseconds to a batch;
+# a turn's writes take several batches while a backlog lasts).
+BATCH_LIMIT = 500
+# Messages a daemon absorbs at open before it serves (a fraction of a second of work); a larger
+# backlog (a store another program filled, restored or moved in) is caught up after.
+OPEN_LIMIT = 2000
 
 TRIGGERS_SQL = """
 CREATE TABLE IF NOT EXISTS sb_pending (
@@ -110,8 +116,11 @@ def _absorb_title(conn: sqlite3.Connection, session_id: str) -> None:
     )
 
 
-def absorb(conn: sqlite3.Connection, limit: int | None = BATCH_LIMIT) -> int:
-    """Compute derived values for queued foreign rows, in the caller's transaction.
+def absorb(
+    conn: sqlite3.Connection, limit: int | None = BATCH_LIMIT, kind: str | None = None
+) -> int:
+    """Compute derived values for queued foreign rows (of one `kind`, 'message' or 'title',
+    or both), in the caller's transaction.
 
     Returns how many queue entries were handled. A failure here is logged and rolled back
     to a savepoint: catching up on another program's rows must never fail our own write.
@@ -121,17 +130,20 @@ def absorb(conn: sqlite3.Connection, limit: int | None = BATCH_LIMIT) -> int:
             return 0
     except sqlite3.OperationalError:
         return 0  # not migrated yet (the open path runs absorb after migrating)
-    sql = "SELECT kind, ref FROM sb_pending ORDER BY kind, ref"
+    sql = "SELECT kind, ref FROM sb_pending"
+    if kind is not None:
+        sql += " WHERE kind = ?"
+    sql += " ORDER BY kind, ref"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     conn.execute("SAVEPOINT sb_absorb")
     try:
-        items = conn.execute(sql).fetchall()
-        messages = sorted(int(ref) for kind, ref in items if kind == "message")
+        items = conn.execute(sql, () if kind is None else (kind,)).fetchall()
+        messages = sorted(int(ref) for what, ref in items if what == "message")
         for mid in messages:
             _absorb_message(conn, mid)
-        for kind, ref in items:
-            if kind == "title":
+        for what, ref in items:
+            if what == "title":
                 _absorb_title(conn, ref)
         conn.executemany("DELETE FROM sb_pending WHERE kind = ? AND ref = ?", items)
     except sqlite3.Error:
@@ -141,6 +153,14 @@ def absorb(conn: sqlite3.Connection, limit: int | None = BATCH_LIMIT) -> int:
         return 0
     conn.execute("RELEASE sb_absorb")
     return len(items)
+
+
+def count_pending(conn: sqlite3.Connection) -> int:
+    """How many rows another program wrote wait for their derived values."""
+    try:
+        return int(conn.execute("SELECT count(*) FROM sb_pending").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0  # a file from before the queue existed
 
 
 register_before_batch(absorb)

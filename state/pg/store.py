@@ -161,6 +161,10 @@ class PgStore(
     def write_stats(self) -> WriteStats:
         return self._writer.stats.snapshot(self._writer.queue_depth)
 
+    async def catch_up(self) -> int:
+        """Nothing waits: every program writes PostgreSQL through switchboard's store."""
+        return 0
+
     def control_link(self, name: str) -> ControlLink:
         """A replica's control connection (not yet open) to this store's database."""
         return ControlLink(self._dsn, self.where, name)

@@ -474,6 +474,15 @@ def _migration_13(conn: sqlite3.Connection) -> None:
     exec_script(conn, sends.CREATE_SQL)
 
 
+def _migration_14(conn: sqlite3.Connection) -> None:
+    """The live sessions with a key, indexed apart: start-up reads them (the session index,
+    the untold resets) in time that grows with the live sessions, not the stored ones."""
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_sessions_live ON sessions(session_key, started_at) "
+        "WHERE session_key IS NOT NULL AND ended_at IS NULL"
+    )
+
+
 MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (1, _migration_1),
     (2, _migration_2),
@@ -488,24 +497,28 @@ MIGRATIONS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
     (11, _migration_11),
     (12, _migration_12),
     (13, _migration_13),
+    (14, _migration_14),
 ]
 LATEST = MIGRATIONS[-1][0]
 
 
 def _refresh_stale_statistics(conn: sqlite3.Connection) -> None:
     """If planner statistics exist but miss an index (one added after the last ANALYZE),
-    the planner can prefer that index blindly; re-analyse the tables concerned."""
+    the planner can prefer that index blindly; analyse those indexes. One index at a time,
+    not its table: the work is the index's size (a partial index's few rows), not every
+    message in the store."""
     if not _table_exists(conn, "sqlite_stat1"):
         return
     stale = conn.execute(
-        "SELECT DISTINCT m.tbl_name FROM sqlite_master m WHERE m.type = 'index' "
+        "SELECT m.name FROM sqlite_master m WHERE m.type = 'index' "
         "AND m.tbl_name IN ('sessions', 'messages') "
         "AND m.tbl_name IN (SELECT tbl FROM sqlite_stat1) "
         "AND m.name NOT IN (SELECT idx FROM sqlite_stat1 WHERE idx IS NOT NULL)"
     ).fetchall()
-    for (table,) in stale:
-        log.info("refreshing planner statistics for %s", table)
-        conn.execute(f"ANALYZE {table}")
+    if stale:
+        log.debug("refreshing planner statistics for %s", ", ".join(i for (i,) in stale))
+    for (index,) in stale:
+        conn.execute(f'ANALYZE "{index}"')
 
 
 def current_version(conn: sqlite3.Connection) -> int:
@@ -515,8 +528,12 @@ def current_version(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int:
+def migrate(
+    conn: sqlite3.Connection, path: str, *, target: int = LATEST, absorb_limit: int | None = None
+) -> int:
     """Bring the file up to `target` inside one IMMEDIATE transaction. Returns the version.
+    Rows another program wrote get their derived values: every title, and the messages up
+    to `absorb_limit` (None: all; the rest wait for later write batches).
 
     The caller holds no transaction. Raises SchemaTooNew for files from a newer switchboard.
     """
@@ -554,7 +571,8 @@ def migrate(conn: sqlite3.Connection, path: str, *, target: int = LATEST) -> int
             # Hermes's inserts may leave `active` NULL on legacy columns without a default.
             conn.execute("UPDATE messages SET active = 1 WHERE active IS NULL")
         if target >= 9:
-            foreign.absorb(conn, limit=None)
+            foreign.absorb(conn, limit=None, kind="title")
+            foreign.absorb(conn, limit=absorb_limit, kind="message")
         conn.execute("COMMIT")
         return max(found, target)
     except BaseException:

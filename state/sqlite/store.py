@@ -11,12 +11,14 @@ functions through `Dispatch` (dispatch.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 import time
 from pathlib import Path
 
 from ..errors import DatabaseBusy, DatabaseError, StateError
+from ..hermes import foreign
 from ..records import WriteStats
 from . import schema, sessions
 from .archive import ArchiveOps
@@ -42,6 +44,8 @@ from .usage import UsageOps
 from .writer import Writer
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+
+log = logging.getLogger("state.store")
 
 
 def check_file(path: Path) -> None:
@@ -70,7 +74,11 @@ def _database_error(path: str, exc: sqlite3.DatabaseError, what: str) -> Databas
 
 
 def open_and_migrate(
-    path: str, cfg: WriterConfig, target: int, lock_budget_s: float
+    path: str,
+    cfg: WriterConfig,
+    target: int,
+    lock_budget_s: float,
+    absorb_limit: int | None = None,
 ) -> sqlite3.Connection:
     deadline = time.monotonic() + lock_budget_s
     while True:
@@ -79,7 +87,7 @@ def open_and_migrate(
         except sqlite3.DatabaseError as exc:
             raise _database_error(path, exc, "is damaged or not an SQLite database") from exc
         try:
-            schema.migrate(conn, path, target=target)
+            schema.migrate(conn, path, target=target, absorb_limit=absorb_limit)
             return conn
         except StateError:
             conn.close()
@@ -139,7 +147,12 @@ class SessionDB(
         config: WriterConfig | None = None,
         readers: int = 3,
         schema_target: int = schema.LATEST,
+        absorb_at_open: int | None = None,
     ) -> SessionDB:
+        """`absorb_at_open`: how many messages other programs wrote get their derived values
+        (preview, side index) before this returns; None: all of them. A daemon bounds it
+        and runs `catch_up` once it serves."""
+
         def _prepare() -> Path:
             p = Path(path).expanduser().absolute()
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +164,13 @@ class SessionDB(
         writer = Writer(str(p), cfg)
         try:
             conn = await asyncio.get_running_loop().run_in_executor(
-                writer._executor, open_and_migrate, str(p), cfg, schema_target, cfg.lock_budget_s
+                writer._executor,
+                open_and_migrate,
+                str(p),
+                cfg,
+                schema_target,
+                cfg.lock_budget_s,
+                absorb_at_open,
             )
         except BaseException:
             await writer.close()
@@ -175,6 +194,19 @@ class SessionDB(
         # and only the (read-write) writer connection can do that.
         await self._readers.close()
         await self._writer.close()
+
+    async def catch_up(self) -> int:
+        """Give the rows other programs wrote their derived values, up to a thousand per write
+        batch, each queued behind the writes already waiting, until none wait. Returns how
+        many waited when it began."""
+        waiting = await self._read(foreign.count_pending)
+        if waiting:
+            log.info(
+                "indexing %d row(s) other programs wrote, behind this process's writes", waiting
+            )
+        while await self._write(foreign.absorb):
+            pass
+        return waiting
 
     async def __aenter__(self) -> SessionDB:
         return self

@@ -13,6 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from state import SessionDB
+from state.hermes import foreign
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
 
 
@@ -310,3 +312,58 @@ async def test_a_clean_stop_then_a_start_logs_no_index_warning_after_other_proce
             proc.kill()
     assert "gateway.index" not in "\n".join(ln for ln in log.splitlines() if "WARNING" in ln), log
     assert "behind state.db" not in log and "points at a missing session" not in log
+
+
+@pytest.mark.slow
+async def test_a_store_another_program_filled_is_served_then_indexed_behind(
+    tmp_path: Path,
+) -> None:
+    """A state.db moved in with far more rows than start-up indexes (another program wrote
+    them: no previews, no side index yet): the daemon answers a turn and indexes them all
+    behind it, without a write of its own asking for it."""
+    home, port = tmp_path / "home", free_port()
+    home.mkdir()
+    await (await SessionDB.open(home / "state.db")).close()
+    n = 10 * foreign.OPEN_LIMIT
+    conn = sqlite3.connect(home / "state.db")
+    conn.executemany(
+        "INSERT INTO sessions(id, source, started_at) VALUES (?, 'cli', ?)",
+        [(f"o{i}", 1000.0 + i) for i in range(n)],
+    )
+    conn.executemany(
+        "INSERT INTO messages(session_id, role, content, timestamp) VALUES (?, 'user', ?, ?)",
+        [(f"o{i}", f"moved in {i}", 1000.0 + i) for i in range(n)],
+    )
+    conn.commit()
+    conn.close()
+    proc = _start(home, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_healthy(url, proc, timeout=60)
+        async with aiohttp.ClientSession() as http:
+            body = {"chat_id": "c1", "text": "hello"}
+            async with http.post(f"{url}/v1/messages", json=body) as resp:
+                assert resp.status == 200 and (await resp.json())["reply"] == "echo: hello"
+        missing = n
+        for _ in range(1200):  # the bound only catches a hang
+            conn = sqlite3.connect(home / "state.db")
+            (missing,) = conn.execute(
+                "SELECT count(*) FROM sessions WHERE id LIKE 'o%' AND preview IS NULL"
+            ).fetchone()
+            conn.close()
+            if missing == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert missing == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 30)
+    err = proc.stderr.read() if proc.stderr else ""
+    assert rc == 0, err
+    assert "row(s) other programs wrote into the store" in err
+    conn = sqlite3.connect(home / "state.db")
+    assert conn.execute("SELECT count(*) FROM sb_pending").fetchone() == (0,)
+    assert conn.execute("SELECT preview FROM sessions WHERE id = ?", (f"o{n - 1}",)).fetchone() == (
+        f"moved in {n - 1}",
+    )
+    conn.close()

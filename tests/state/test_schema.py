@@ -4,12 +4,13 @@ and files that are not (or no longer) databases."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from state import DatabaseError, SchemaTooNew, SessionDB
-from state.sqlite import schema
+from state.sqlite import routing, schema
 from tests.state.legacy_files import make_switchboard_8_file
 
 HERMES_SCHEMA = """
@@ -333,3 +334,92 @@ async def test_planner_statistics_are_refreshed_after_a_migration_not_on_every_o
             await db.create_session(source="telegram")
         await db.close()
     assert _stat(path, "idx_sessions_started") == before
+
+
+def _another_program_writes(path: Path, sessions: int, titled: int) -> None:
+    """sqlite3 alone, knowing nothing of switchboard: one user message per session, and a
+    title on the first `titled` sessions."""
+    conn = sqlite3.connect(path)
+    for i in range(sessions):
+        conn.execute(
+            "INSERT INTO sessions(id, source, started_at, title) VALUES (?, 'cli', ?, ?)",
+            (f"o{i}", 1000.0 + i, f"Other Title {i}" if i < titled else None),
+        )
+        conn.execute(
+            "INSERT INTO messages(session_id, role, content, timestamp) VALUES (?, 'user', ?, ?)",
+            (f"o{i}", f"question number {i}", 1000.0 + i),
+        )
+    conn.commit()
+    conn.close()
+
+
+async def test_a_backlog_other_programs_wrote_is_indexed_after_open_not_during(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    await (await SessionDB.open(path)).close()
+    _another_program_writes(path, sessions=30, titled=5)
+    db = await SessionDB.open(path, absorb_at_open=10)
+    try:
+        previews = {r["id"]: r["preview"] for r in await db.list_sessions(limit=100)}
+        assert sum(p is not None for p in previews.values()) == 10  # the open's bound
+        for i in range(5):  # every title is resolved before open returns, whatever the bound
+            assert await db.resolve_session_by_title(f"other title {i}") == f"o{i}"
+        assert await db.catch_up() == 20
+        previews = {r["id"]: r["preview"] for r in await db.list_sessions(limit=100)}
+        assert previews == {f"o{i}": f"question number {i}" for i in range(30)}
+        assert await db.check_search_index() == []
+        assert await db.catch_up() == 0
+    finally:
+        await db.close()
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "INSERT INTO messages(session_id, role, content, timestamp) VALUES "
+        "('o0', 'tool', 'x', 2000), ('o1', 'tool', 'y', 2001)"
+    )
+    conn.commit()
+    conn.close()
+    db = await SessionDB.open(path)  # without a bound, open indexes all of it itself
+    try:
+        assert await db.catch_up() == 0
+    finally:
+        await db.close()
+
+
+def _vm_steps(path: Path, fn: Callable[[sqlite3.Connection], object]) -> int:
+    """How much work SQLite does for `fn` (virtual-machine steps, counted per 10)."""
+    conn = sqlite3.connect(path)
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    conn.set_progress_handler(count, 10)
+    fn(conn)
+    conn.close()
+    return steps
+
+
+async def test_start_up_reads_the_live_sessions_without_reading_the_ended_ones(
+    tmp_path: Path,
+) -> None:
+    """The session index and the untold resets read at start-up do work in proportion to
+    the live sessions: 3,000 ended sessions beside the same 20 live ones add nothing."""
+    small, large = tmp_path / "small.db", tmp_path / "large.db"
+    for path, ended in ((small, 0), (large, 3000)):
+        db = await SessionDB.open(path)
+        for i in range(ended):
+            await db.create_session(f"e{i}", "api", session_key=f"agent:main:api:dm:{i % 40}")
+            await db.end_session(f"e{i}", "idle")
+        for i in range(20):
+            await db.create_session(f"l{i}", "api", session_key=f"agent:main:api:dm:{i}")
+        await db.close()
+    for fn in (
+        routing.live_sessions_by_key,
+        routing.newest_live_session_by_key,
+        routing.untold_resets,
+    ):
+        assert len(fn(sqlite3.connect(large))) == len(fn(sqlite3.connect(small)))
+        assert _vm_steps(large, fn) <= 2 * _vm_steps(small, fn) + 20, fn.__name__

@@ -85,6 +85,13 @@ async def test_a_fresh_store_is_at_the_latest_schema_version(store: Store) -> No
     assert await store.schema_version() == store.latest_schema_version() > 0
 
 
+async def test_a_store_only_switchboard_wrote_has_nothing_to_catch_up(store: Store) -> None:
+    sid = await store.create_session(None, "api", title="mine")
+    await store.append_message(sid, "user", "a question of its own")
+    assert await store.catch_up() == 0
+    assert [h["session_id"] for h in await store.search_messages("question")] == [sid]
+
+
 async def test_write_stats_count_committed_operations(store: Store) -> None:
     before = store.write_stats()
     sid = await store.create_session(source="api")
