@@ -111,12 +111,16 @@ NOT_IN_TERMINAL = frozenset({"sethome"})
 
 
 def handoff_usage() -> str:
-    return f"/handoff {'|'.join(adapters.names())}"
+    """The usage line: one word stands for the platform (the list is long), then the list."""
+    return f"/handoff PLATFORM (one of: {', '.join(adapters.names())})"
 
 
 def terminal_commands() -> tuple[tuple[str, str], ...]:
     return (
-        (handoff_usage(), "continue this session in a thread on that platform"),
+        (
+            "/handoff PLATFORM",
+            f"continue this session in a thread on PLATFORM ({', '.join(adapters.names())})",
+        ),
         ("/quit", "leave (also Ctrl-D, or Ctrl-C twice at the prompt); prints how to come back"),
     )
 

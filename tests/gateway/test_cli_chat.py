@@ -126,7 +126,7 @@ def test_handoff_refusals_keep_the_terminal_session(tmp_path: Path) -> None:
     home = tmp_path / "home"
     r = chat(home, "hi\n/handoff telegram\n/handoff pigeon\nstill here\n/quit\n")
     assert "Not handed off: telegram is not enabled" in r.stdout
-    assert "Usage: /handoff telegram|discord|slack" in r.stdout
+    assert "Usage: /handoff PLATFORM (one of: telegram, discord, slack" in r.stdout
     assert "◆ echo: still here" in r.stdout and r.returncode == 0
 
 
@@ -209,7 +209,8 @@ def test_leaving_without_a_word_keeps_no_session_and_help_fits_the_terminal(tmp_
     home = tmp_path / "home"
     helped = chat(home, "/help\n/status\n/quit\n")
     assert helped.returncode == 0, helped.stderr
-    assert "/handoff telegram|discord|slack" in helped.stdout and "/quit" in helped.stdout
+    assert "/handoff PLATFORM" in helped.stdout and "/quit" in helped.stdout
+    assert "on PLATFORM (telegram, discord, slack," in " ".join(helped.stdout.split())
     assert "/sethome" not in helped.stdout and "/resume" in helped.stdout
     assert "Nothing was said; no session kept." in helped.stdout
     assert chat(home, "").returncode == 0
