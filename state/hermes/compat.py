@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time  # noqa: F401  (Hermes's tests patch hermes_state.time.time, as its module has it)
 from pathlib import Path
 from typing import TypeVar
 
