@@ -211,7 +211,7 @@ def _plan(
         and all(ranking.fts_tokens(t.text) for t in terms)
         and (len(phrases) > 1 or (len(phrases) == 1 and len(phrases[0].tokens) == 1))
         # a term given twice is one phrase to bm25()'s IDF but two to the Python scoring
-        and len({p.match for p in phrases}) == len(phrases)
+        and len({(p.tokens, p.prefix) for p in phrases}) == len(phrases)
     )
     return branches, q.positive_terms(tree), native
 
