@@ -82,13 +82,10 @@ def sorted_error(exc: BaseException, platform: str) -> GatewayError:
         return PlatformUnreachable(f"{platform} could not be reached ({why})")
     if isinstance(exc, ValueError):
         return BadTarget(f"not a chat id {platform} can address ({exc})")
-    try:
-        import aiohttp
+    import aiohttp
 
-        if isinstance(exc, aiohttp.ClientError):
-            return PlatformUnreachable(f"{platform} could not be reached ({type(exc).__name__})")
-    except ImportError:  # pragma: no cover - aiohttp is a dependency
-        pass
+    if isinstance(exc, aiohttp.ClientError):
+        return PlatformUnreachable(f"{platform} could not be reached ({type(exc).__name__})")
     return PlatformRefused(f"{platform} did not take the message ({type(exc).__name__}: {exc})")
 
 

@@ -196,8 +196,8 @@ class SessionDB(
         await self._writer.close()
 
     async def catch_up(self) -> int:
-        """Give the rows other programs wrote their derived values, up to a thousand per write
-        batch, each queued behind the writes already waiting, until none wait. Returns how
+        """Give the rows other programs wrote their derived values, foreign.BATCH_LIMIT (500) per
+        write batch, each queued behind the writes already waiting, until none wait. Returns how
         many waited when it began."""
         waiting = await self._read(foreign.count_pending)
         if waiting:
