@@ -81,6 +81,7 @@ class Gateway:
     sends: OneOffSends | None = None
     _outbox: asyncio.Task[None] | None = None  # the scan of pending one-off sends
     _catch_up: asyncio.Task[None] | None = None  # rows other programs wrote, indexed late
+    indexing_backlog: int | None = None  # how many of those still wait (None: not counted yet)
     _linger_ms: int | float = 0  # what _pace_commits last set
     _lock: HomeLock | None = None
     _started_with: Mapping[str, Any] | None = None  # the config data the daemon started with
@@ -236,12 +237,15 @@ class Gateway:
         behind the turns' own writes); search and previews see those rows once it ends."""
         assert self.db is not None
         try:
-            waited = await self.db.catch_up()
+            waited = await self.db.catch_up(self._backlog_left)
         except Exception as exc:  # the next write batches catch up all the same
             log.warning("indexing rows other programs wrote failed: %s", exc)
             return
         if waited:
             log.info("indexed %d row(s) other programs wrote into the store", waited)
+
+    def _backlog_left(self, rows: int) -> None:
+        self.indexing_backlog = rows
 
     def _credential_keys(self, platform: str) -> list[str]:
         """The config keys naming a platform's secrets (`platforms.telegram.token_env`)."""
@@ -400,6 +404,7 @@ class Gateway:
             started_at=self.started_at,
             replica=None if self.cluster is None else replica_health(self.cluster, self._linger_ms),
             outbox=self.backlog.health() if self.backlog else None,
+            indexing_backlog=self.indexing_backlog,
         )
 
     async def stop(self) -> None:

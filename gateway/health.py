@@ -35,11 +35,14 @@ def health_report(
     started_at: float,
     replica: Mapping[str, Any] | None,
     outbox: Mapping[str, Any] | None = None,
+    indexing_backlog: int | None = None,
 ) -> dict[str, Any]:
     """/health's document: `ok` while the store is open and every adapter runs, else
     `degraded`; `adapters` maps each platform to its adapter's (or its start's) health,
     `replica` is this replica's place among the others (absent on one daemon), `outbox` the
-    replies and sends held per platform."""
+    replies and sends held per platform, `indexing_backlog` how many rows other programs
+    wrote into the store still wait to be indexed for search and previews (None until
+    counted after start-up)."""
     ok = db is not None and all(h.get("state") == AdapterState.RUNNING for h in adapters.values())
     return {
         "status": "ok" if ok else "degraded",
@@ -57,6 +60,7 @@ def health_report(
         },
         "unsent_replies": int(metrics.unsent.total()),
         "outbox": dict(outbox) if outbox is not None else None,
+        "indexing_backlog": indexing_backlog,
         "failed_sends": int(metrics.errors.values.get((("kind", "send"),), 0)),
         "last_error": router.last_error if router else None,
         **({"replica": dict(replica)} if replica is not None else {}),

@@ -369,10 +369,11 @@ class Store(Protocol):
     async def set_meta(self, key: str, value: str | None) -> None: ...
     async def schema_version(self) -> int: ...
     def latest_schema_version(self) -> int: ...
-    async def catch_up(self) -> int:
+    async def catch_up(self, left: Callable[[int], None] | None = None) -> int:
         """Derive what rows other programs wrote into the store lack (SQLite: previews,
         the side index), in write batches until none wait; returns how many waited. What
-        `open_store(..., serving=True)` leaves for after the daemon serves."""
+        `open_store(..., serving=True)` leaves for after the daemon serves. `left` is told
+        how many still wait, first before any batch and then after each one."""
         ...
 
     # --- the dashboard's queries (state/sqlite/keyset.py, family.py, cleanup.py, insights.py)

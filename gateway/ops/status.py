@@ -165,6 +165,8 @@ async def collect(
             "writer": (health or {}).get("writer_queue_depth"),
             "turns_in_flight": (health or {}).get("turns_in_flight"),
             "unsent_replies": (health or {}).get("unsent_replies"),
+            # rows other programs wrote into the store that search does not see yet
+            "indexing": (health or {}).get("indexing_backlog"),
             # replies and sends the daemon's outbox holds for a platform that is not taking them
             "held": _held((health or {}).get("outbox")),
             "inbox": inbox,
@@ -271,6 +273,7 @@ def render(report: Mapping[str, Any]) -> str:
                 f"outbox {q['outbox'] if q['outbox'] is not None else '-'}",
                 f"held {q['held'] if q.get('held') is not None else '-'}",
             ]
+            + ([f"indexing {q['indexing']}"] if q.get("indexing") else [])
         ),
     ]
     s = report["sessions"]

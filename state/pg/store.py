@@ -11,6 +11,7 @@ checkpoint, so callers see the capability as absent.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import psycopg
 from psycopg import AsyncConnection
@@ -161,8 +162,10 @@ class PgStore(
     def write_stats(self) -> WriteStats:
         return self._writer.stats.snapshot(self._writer.queue_depth)
 
-    async def catch_up(self) -> int:
+    async def catch_up(self, left: Callable[[int], None] | None = None) -> int:
         """Nothing waits: every program writes PostgreSQL through switchboard's store."""
+        if left is not None:
+            left(0)
         return 0
 
     def control_link(self, name: str) -> ControlLink:

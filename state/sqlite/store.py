@@ -15,6 +15,7 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DatabaseBusy, DatabaseError, StateError
@@ -195,17 +196,23 @@ class SessionDB(
         await self._readers.close()
         await self._writer.close()
 
-    async def catch_up(self) -> int:
+    async def catch_up(self, left: Callable[[int], None] | None = None) -> int:
         """Give the rows other programs wrote their derived values, foreign.BATCH_LIMIT (500) per
         write batch, each queued behind the writes already waiting, until none wait. Returns how
-        many waited when it began."""
+        many waited when it began; `left` hears how many still wait before and after each
+        batch (rows another program adds meanwhile count too), and 0 at the end."""
         waiting = await self._read(foreign.count_pending)
+        if left is not None:
+            left(waiting)
         if waiting:
             log.info(
                 "indexing %d row(s) other programs wrote, behind this process's writes", waiting
             )
         while await self._write(foreign.absorb):
-            pass
+            if left is not None:
+                left(await self._read(foreign.count_pending))
+        if left is not None:
+            left(0)  # absorb found none waiting
         return waiting
 
     async def __aenter__(self) -> SessionDB:

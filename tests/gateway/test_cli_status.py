@@ -191,3 +191,6 @@ def test_text_from_the_daemon_cannot_drive_the_terminal() -> None:
     screen = render(report)
     assert "\x1b" not in screen and "\x07" not in screen
     assert "last error: bad\\x1b[2J\\x1b]0;owned\\x07 token\\nnext" in screen
+    assert "indexing" not in screen  # said only while rows wait
+    report["queues"]["indexing"] = 1200
+    assert "held -, indexing 1200" in render(report)

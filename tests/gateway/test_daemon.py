@@ -355,6 +355,15 @@ async def test_a_store_another_program_filled_is_served_then_indexed_behind(
                 break
             await asyncio.sleep(0.1)
         assert missing == 0
+        async with aiohttp.ClientSession() as http:
+            backlog = None
+            for _ in range(100):  # /health says so once the last batch is in
+                async with http.get(f"{url}/health") as resp:
+                    backlog = (await resp.json())["indexing_backlog"]
+                if backlog == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert backlog == 0
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = await asyncio.to_thread(proc.wait, 30)

@@ -365,7 +365,10 @@ async def test_a_backlog_other_programs_wrote_is_indexed_after_open_not_during(
         assert sum(p is not None for p in previews.values()) == 10  # the open's bound
         for i in range(5):  # every title is resolved before open returns, whatever the bound
             assert await db.resolve_session_by_title(f"other title {i}") == f"o{i}"
-        assert await db.catch_up() == 20
+        left: list[int] = []
+        assert await db.catch_up(left.append) == 20
+        # told before the first batch, after each, and at the end
+        assert left[0] == 20 and left[-1] == 0 and left == sorted(left, reverse=True)
         previews = {r["id"]: r["preview"] for r in await db.list_sessions(limit=100)}
         assert previews == {f"o{i}": f"question number {i}" for i in range(30)}
         assert await db.check_search_index() == []
