@@ -49,7 +49,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loops import LeanHttp, backend_pids, cpu_s, thread_cpu_s  # noqa: E402
+from bench.loops import LeanHttp, backend_pids, cpu_s  # noqa: E402
 from tests.cluster.harness import DSN_ENV, Replica, drop_database, fresh_database  # noqa: E402
 from tests.daemon import clean_env, free_port  # noqa: E402
 from tests.fakes.openai import FakeOpenAI  # noqa: E402
@@ -305,13 +305,11 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
     warm = chats * WARM_PER_CHAT
     daemons: list[float] = []
     servers: list[float] = []
-    by_thread: dict[str, list[float]] = {}
     for rnd in range(args.rounds):
         async with Run(args, root / f"cpu{rnd}") as run:
             assert await run.send(0, warm, chats) == warm, "warm-up messages not answered"
             pids = run.pids()
             before = {p: cpu_s(p) for p in pids}
-            threads_before = thread_cpu_s(pids[0])
             server_before = run.server_cpu()
             spy = (
                 await asyncio.create_subprocess_exec(
@@ -334,8 +332,6 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
             )
             got = await run.send(warm, n, chats)
             daemons.append(sum(cpu_s(p) - before[p] for p in pids) / n)
-            for name, used in thread_cpu_s(pids[0]).items():
-                by_thread.setdefault(name, []).append((used - threads_before.get(name, 0.0)) / n)
             servers.append(sum(cpu_s(p) - v for p, v in server_before.items()) / n)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
@@ -347,10 +343,6 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
         f"[N={n} after a warm-up of {warm}, {chats} chats, {args.concurrency} in flight, "
         f"{args.rounds} rounds]"
     )
-    print(f"  by thread of {'the daemon' if args.replicas == 1 else 'the first replica'}:")
-    for name, used in sorted(by_thread.items(), key=lambda kv: -max(kv[1])):
-        if max(used) * 1e3 >= 0.005:
-            print(f"    {name:<16} {spread(used, 1e3)}")
     if args.replicas > 1:
         print(f"  per replica: {spread([d / args.replicas for d in daemons], 1e3)}")
         print(f"  PostgreSQL backends beside them: {spread(servers, 1e3)}")

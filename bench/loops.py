@@ -47,27 +47,6 @@ def cpu_s(pid: int) -> float:
         return 0.0
 
 
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """User + system CPU seconds of each of a process's threads so far, summed by thread
-    name (/proc/<pid>/task/*/comm and stat); empty when the process is gone."""
-    out: dict[str, float] = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
-                name = fh.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                fields = fh.read().rpartition(")")[2].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        out[name] = out.get(name, 0.0) + used
-    return out
-
-
 def backend_pids(dsn: str) -> list[int]:
     """The PostgreSQL backends connected to this DSN's database (the server on this
     machine: their CPU is read from /proc)."""
