@@ -31,10 +31,10 @@ from gateway.adapters.base import (
     Route,
     SetupSteps,
     Typing,
-    ask_whoami,
     call_with_retry,
     send_by_trace,
 )
+from gateway.adapters.kit.chats import AsksWhoami, NoThreads
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
@@ -180,7 +180,7 @@ def already_queued(exc: AdapterError) -> bool:
 # --- the adapter ------------------------------------------------------------------------
 
 
-class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
+class BlueBubblesAdapter(NoThreads, AsksWhoami, Typing, Outbound, SetupSteps):
     platform: ClassVar[str] = "bluebubbles"
     settings: ClassVar[type[BlueBubblesSettings]] = BlueBubblesSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -255,12 +255,6 @@ class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook}
-
-    @classmethod
-    async def check_credentials(
-        cls, settings: BlueBubblesSettings, secrets: Mapping[str, str]
-    ) -> tuple[bool, str]:
-        return await ask_whoami(cls.from_config(settings, secrets))
 
     @classmethod
     def home_chat_type(cls, chat_id: str) -> str:
@@ -451,10 +445,6 @@ class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
             sent = data.get("data") if isinstance(data, dict) else None
             ids.append(str((sent or {}).get("guid") or body["tempGuid"]))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """iMessage has no threads: a handoff goes to the home chat."""
-        return None
 
     # Typing needs the server's Private API; without it the calls would only fail.
     def turn_started(self, msg: InboundMessage) -> None:

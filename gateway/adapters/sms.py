@@ -25,10 +25,10 @@ from gateway.adapters.base import (
     Outbound,
     Route,
     SetupSteps,
-    ask_whoami,
     call_with_retry,
     send_by_trace,
 )
+from gateway.adapters.kit.chats import AsksWhoami, DirectOnly
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
@@ -40,7 +40,7 @@ from gateway.errors import (
     RetryAfter,
     TransientError,
 )
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
@@ -153,7 +153,10 @@ def plain_text(markdown: str) -> str:
 # --- the adapter ------------------------------------------------------------------------
 
 
-class SmsAdapter(Outbound, SetupSteps):
+class SmsAdapter(DirectOnly, AsksWhoami, Outbound, SetupSteps):
+    """An SMS conversation is always with one phone number, and has no threads: a handoff
+    lands in the home number's conversation."""
+
     platform: ClassVar[str] = "sms"
     settings: ClassVar[type[SmsSettings]] = SmsSettings
     drain_per_second: ClassVar[float] = (
@@ -212,22 +215,6 @@ class SmsAdapter(Outbound, SetupSteps):
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook}
-
-    @classmethod
-    async def check_credentials(
-        cls, settings: SmsSettings, secrets: Mapping[str, str]
-    ) -> tuple[bool, str]:
-        return await ask_whoami(cls.from_config(settings, secrets))
-
-    @classmethod
-    def home_chat_type(cls, chat_id: str) -> str:
-        """An SMS conversation is always with one phone number."""
-        return "dm"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """There are no threads; a handoff lands in the home number's conversation."""
-        return SessionSource(cls.platform, thread.chat_id, ChatType.DM, thread.chat_id)
 
     def __init__(
         self,
@@ -375,7 +362,3 @@ class SmsAdapter(Outbound, SetupSteps):
                 raise
             ids.append(str(sent.sid))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """SMS has no threads: a handoff goes to the home number's conversation."""
-        return None

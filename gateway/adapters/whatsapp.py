@@ -29,10 +29,10 @@ from gateway.adapters.base import (
     Route,
     SetupSteps,
     Typing,
-    ask_whoami,
     call_with_retry,
     send_by_trace,
 )
+from gateway.adapters.kit.chats import AsksWhoami, DirectOnly
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
@@ -47,10 +47,9 @@ from gateway.adapters.whatsapp_wire import (
     to_whatsapp,
 )
 from gateway.errors import AdapterError, ConfigError, InvalidToken, TransientError
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, in_range, setting
-from gateway.session_keys import SessionSource
-from gateway.vocab import AdapterState, ChatType
+from gateway.vocab import AdapterState
 
 log = logging.getLogger("gateway.adapters.whatsapp")
 REPLIES = WebhookReplies()  # text/plain refusals
@@ -77,7 +76,10 @@ class WhatsAppSettings(PlatformSettings):
 # --- the adapter ------------------------------------------------------------------------
 
 
-class WhatsAppAdapter(Typing, Outbound, SetupSteps):
+class WhatsAppAdapter(DirectOnly, AsksWhoami, Typing, Outbound, SetupSteps):
+    """Cloud API chats are 1:1 with a phone number, and have no threads: a handoff lands in
+    the home number's own chat."""
+
     platform: ClassVar[str] = "whatsapp"
     settings: ClassVar[type[WhatsAppSettings]] = WhatsAppSettings
     drain_per_second: ClassVar[float] = (
@@ -141,22 +143,6 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook, f"GET {WEBHOOK_PATH}": self.handle_handshake}
-
-    @classmethod
-    async def check_credentials(
-        cls, settings: WhatsAppSettings, secrets: Mapping[str, str]
-    ) -> tuple[bool, str]:
-        return await ask_whoami(cls.from_config(settings, secrets))
-
-    @classmethod
-    def home_chat_type(cls, chat_id: str) -> str:
-        """Cloud API chats are 1:1 with a phone number."""
-        return "dm"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """There are no threads; a handoff lands in the home number's own chat."""
-        return SessionSource(cls.platform, thread.chat_id, ChatType.DM, thread.chat_id)
 
     def __init__(
         self,
@@ -364,10 +350,6 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
                 raise
             ids += [str(m.get("id")) for m in (data or {}).get("messages") or []]
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """WhatsApp has no threads: a handoff goes to the home number's chat."""
-        return None
 
     # The typing indicator marks the user's message read and shows "typing..." until the
     # reply arrives or 25 s pass (Meta's limit); one call per turn is enough.
