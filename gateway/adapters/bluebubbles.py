@@ -306,12 +306,6 @@ class BlueBubblesAdapter(NoThreads, AsksWhoami, Typing, Outbound, SetupSteps):
 
     # --- lifecycle ------------------------------------------------------------------
 
-    async def open_outbound(self) -> str:
-        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
-        webhook is served only by the daemon): the server's account, which a refused credential or an
-        unreachable platform fails."""
-        return await self._whoami()
-
     async def start(self, emit: Emit) -> None:
         self._emit = emit
         self.account = await start_whoami(
@@ -404,6 +398,7 @@ class BlueBubblesAdapter(NoThreads, AsksWhoami, Typing, Outbound, SetupSteps):
             raise TransientError(f"bluebubbles unreachable ({type(exc).__name__})") from exc
 
     async def _whoami(self) -> str:
+        """Who the credentials belong to: the server's account."""
         data = await self._call("GET", "server/info")
         info = data.get("data") if isinstance(data, dict) else None
         info = info if isinstance(info, dict) else {}

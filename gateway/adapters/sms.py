@@ -269,14 +269,9 @@ class SmsAdapter(DirectOnly, AsksWhoami, Outbound, SetupSteps):
             raise TransientError(f"twilio unreachable ({type(exc).__name__})") from exc
 
     async def _whoami(self) -> str:
+        """Who the credentials belong to: the Twilio account's name."""
         account = await self._rest(lambda c: c.api.v2010.accounts(self._sid).fetch_async())
         return str(account.friendly_name or self._sid)
-
-    async def open_outbound(self) -> str:
-        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
-        webhook is served only by the daemon): the Twilio account's name, which a refused credential or an
-        unreachable platform fails."""
-        return await self._whoami()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit

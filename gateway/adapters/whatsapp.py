@@ -174,12 +174,6 @@ class WhatsAppAdapter(DirectOnly, AsksWhoami, Typing, Outbound, SetupSteps):
 
     # --- lifecycle ------------------------------------------------------------------
 
-    async def open_outbound(self) -> str:
-        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
-        webhook is served only by the daemon): the business number's name, which a refused credential or an
-        unreachable platform fails."""
-        return await self._whoami()
-
     async def start(self, emit: Emit) -> None:
         self._emit = emit
         self.number_name = await start_whoami(
@@ -311,6 +305,7 @@ class WhatsAppAdapter(DirectOnly, AsksWhoami, Typing, Outbound, SetupSteps):
             raise TransientError(f"whatsapp unreachable ({type(exc).__name__})") from exc
 
     async def _whoami(self) -> str:
+        """Who the credentials belong to: the business number's name."""
         data = await self._call("GET", f"{self._number}?fields=verified_name,display_phone_number")
         data = data if isinstance(data, dict) else {}
         return str(data.get("verified_name") or data.get("display_phone_number") or self._number)

@@ -1,13 +1,16 @@
 """How a platform's chats take a handoff, and the credential check of an adapter that asks
 its platform who it is: the `PlatformAdapter` members most adapters answer alike, as bases
-an adapter names beside its capabilities (`class SmsAdapter(DirectOnly, AsksWhoami, ...)`).
+an adapter names beside its capabilities (`class SmsAdapter(DirectOnly, AsksWhoami, ...)`),
+before them: a capability Protocol named first would answer with its own empty stub
+(Outbound's `open_outbound`).
 
 - `NoThreads`: the platform opens no threads; a handoff lands in the home chat itself, a
   DM or a group as the adapter's `home_chat_type` says.
 - `DirectOnly`: every chat is one-to-one, its id the user's (a phone number, a user id).
 - `OpensThreads`: a handoff opens a thread in the home chat, addressed by the chat and the
   thread's id; `thread_chat_type` says what kind of chat holds it.
-- `AsksWhoami`: `check_credentials` builds the adapter and asks `_whoami()`."""
+- `AsksWhoami`: `check_credentials` builds the adapter and asks `_whoami()`;
+  `open_outbound` asks it too."""
 
 from __future__ import annotations
 
@@ -95,7 +98,13 @@ async def ask_whoami(adapter: _Whoami) -> tuple[bool, str]:
 
 class AsksWhoami:
     """`check_credentials` is the adapter built from the section asking `_whoami()`, the
-    same question its `start` asks."""
+    same question its `start` asks; `open_outbound` (`switchboard send` without a daemon,
+    whose webhooks only the daemon serves) asks it too, so a refused credential or an
+    unreachable platform fails it."""
+
+    async def open_outbound(self: _Whoami) -> str:
+        """Ready to send, receiving nothing: the name the platform gave."""
+        return await self._whoami()
 
     @classmethod
     async def check_credentials(
