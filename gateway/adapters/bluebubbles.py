@@ -37,7 +37,7 @@ from gateway.adapters.base import (
 from gateway.adapters.kit.chats import AsksWhoami, NoThreads
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.adapters.sms import plain_text
 from gateway.errors import (
     AdapterError,
@@ -196,14 +196,7 @@ class BlueBubblesAdapter(NoThreads, AsksWhoami, Typing, Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: BlueBubblesSettings, api_enabled: bool) -> list[ConfigError]:
-        out = []
-        if not api_enabled:
-            out.append(
-                ConfigError(
-                    "platforms.bluebubbles.enabled",
-                    "the webhook is served by the api server: enable platforms.api",
-                )
-            )
+        out = api_server_off(cls.platform, api_enabled)
         if not settings.url:
             out.append(
                 ConfigError(

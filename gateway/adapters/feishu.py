@@ -40,7 +40,7 @@ from gateway.adapters.base import (
 from gateway.adapters.feishu_events import Refused, card, card_size, open_request, to_inbound
 from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -129,13 +129,7 @@ class FeishuAdapter(OpensThreads, Outbound, SetupSteps):
                     f"must be an https origin such as {LARK_DOMAIN} (got {settings.base_url!r})",
                 )
             )
-        if not api_enabled:
-            found.append(
-                ConfigError(
-                    "platforms.feishu.enabled",
-                    "Feishu events are served by the api server: enable platforms.api",
-                )
-            )
+        found += api_server_off(cls.platform, api_enabled, served="Feishu events are")
         return found
 
     @classmethod

@@ -34,6 +34,7 @@ from gateway.adapters.base import (
 )
 from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.split import split_message
+from gateway.adapters.kit.webhook import api_server_off
 from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
@@ -169,14 +170,9 @@ class SlackAdapter(OpensThreads, Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: SlackSettings, api_enabled: bool) -> list[ConfigError]:
-        if settings.mode != "socket" and not api_enabled:
-            return [
-                ConfigError(
-                    "platforms.slack.enabled",
-                    "Slack's Events API is served by the api server: enable platforms.api",
-                )
-            ]
-        return []
+        if settings.mode == "socket":
+            return []
+        return api_server_off(cls.platform, api_enabled, served="Slack's Events API is")
 
     @classmethod
     def from_config(cls, settings: SlackSettings, secrets: Mapping[str, str]) -> SlackAdapter:

@@ -31,7 +31,7 @@ from gateway.adapters.base import (
 from gateway.adapters.kit.chats import AsksWhoami, DirectOnly
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -170,14 +170,7 @@ class SmsAdapter(DirectOnly, AsksWhoami, Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: SmsSettings, api_enabled: bool) -> list[ConfigError]:
-        out = []
-        if not api_enabled:
-            out.append(
-                ConfigError(
-                    "platforms.sms.enabled",
-                    "the webhook is served by the api server: enable platforms.api",
-                )
-            )
+        out = api_server_off(cls.platform, api_enabled)
         for key, hint in (
             ("account_sid", "Twilio console: Account Info"),
             ("from_number", "your Twilio phone number"),

@@ -34,6 +34,7 @@ from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.kit.split import split_message, utf16_len
 from gateway.adapters.kit.typing import TypingLoops
+from gateway.adapters.kit.webhook import api_server_off
 from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
 from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
@@ -171,13 +172,7 @@ class TelegramAdapter(OpensThreads, Typing, Outbound, SetupSteps, ReplicaLimits)
     def problems(cls, settings: TelegramSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if settings.mode == "webhook":
-            if not api_enabled:
-                out.append(
-                    ConfigError(
-                        "platforms.telegram.mode",
-                        "the webhook is served by the api server: enable platforms.api",
-                    )
-                )
+            out += api_server_off(cls.platform, api_enabled, key="mode")
             if not settings.webhook_url:
                 out.append(
                     ConfigError("platforms.telegram.webhook_url", "is required in webhook mode")

@@ -45,7 +45,7 @@ from gateway.adapters.base import (
 )
 from gateway.adapters.kit.chats import NoThreads
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.adapters.wecom_app import (
     APP_MARKDOWN_BYTES,
     CALLBACK_PATH,
@@ -171,13 +171,7 @@ class WeComAdapter(NoThreads, UsesShards, Outbound, SetupSteps):
             found.append(ConfigError("platforms.wecom.agent_id", "is required in callback mode"))
         if settings.base_url and (bad := api_origin(settings.base_url)):
             found.append(ConfigError("platforms.wecom.base_url", bad))
-        if not api_enabled:
-            found.append(
-                ConfigError(
-                    "platforms.wecom.mode",
-                    "callback mode is served by the api server: enable platforms.api",
-                )
-            )
+        found += api_server_off(cls.platform, api_enabled, key="mode", served="callback mode is")
         return found
 
     @classmethod

@@ -35,7 +35,7 @@ from gateway.adapters.base import (
 from gateway.adapters.kit.chats import AsksWhoami, DirectOnly
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.adapters.whatsapp_wire import (
     WINDOW_CLOSED,
     WindowClosed,
@@ -100,14 +100,7 @@ class WhatsAppAdapter(DirectOnly, AsksWhoami, Typing, Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: WhatsAppSettings, api_enabled: bool) -> list[ConfigError]:
-        out = []
-        if not api_enabled:
-            out.append(
-                ConfigError(
-                    "platforms.whatsapp.enabled",
-                    "the webhook is served by the api server: enable platforms.api",
-                )
-            )
+        out = api_server_off(cls.platform, api_enabled)
         if not settings.phone_number_id:
             out.append(
                 ConfigError(

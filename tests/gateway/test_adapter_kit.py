@@ -13,7 +13,7 @@ from gateway.adapters.kit import chats
 from gateway.adapters.kit.chats import AsksWhoami, DirectOnly, NoThreads, OpensThreads
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.typing import TypingLoops
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.errors import AdapterError, InvalidToken, NotAccepted
 from gateway.messages import InboundMessage, ThreadRef
 from gateway.session_keys import SessionSource
@@ -184,6 +184,20 @@ async def test_typing_counted_per_turn_is_withdrawn_only_when_the_last_turn_ends
     await _until(lambda: withdrawn == ["r1"], "withdrawn with the last turn")
     assert "r1" not in loops
     await loops.close()
+
+
+def test_a_webhook_platform_asks_for_the_api_server_only_while_it_is_off() -> None:
+    assert api_server_off("kit", True) == []
+    [problem] = api_server_off("kit", False)
+    assert (problem.key, problem.problem) == (
+        "platforms.kit.enabled",
+        "the webhook is served by the api server: enable platforms.api",
+    )
+    [problem] = api_server_off("kit", False, key="mode", served="callback mode is")
+    assert (problem.key, problem.problem) == (
+        "platforms.kit.mode",
+        "callback mode is served by the api server: enable platforms.api",
+    )
 
 
 class _Whoami(AsksWhoami):
