@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from gateway.adapters.kit.lifecycle import failed
-from gateway.errors import AdapterError, ConfigError, InvalidToken, RetryAfter, TransientError
+from gateway.errors import ConfigError, InvalidToken, RetryAfter, TransientError
 from gateway.messages import (
     ONE_TRY,
     SEND_BY,
@@ -256,17 +256,6 @@ class PlatformAdapter(Adapter, Protocol):
     def thread_source(cls, thread: ThreadRef) -> SessionSource:
         """Where a session handed off into `thread` lives, as a message there will say."""
         ...
-
-
-async def ask_whoami(adapter: Any) -> tuple[bool, str]:
-    """`check_credentials` for an adapter whose `_whoami()` asks the platform who its
-    credentials belong to (over its own HTTP session): (accepted, the name or why not)."""
-    try:
-        return True, await adapter._whoami()
-    except AdapterError as exc:  # InvalidToken included
-        return False, str(exc)
-    finally:
-        await adapter.stop()
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,13 @@ from gateway.adapters.base import (
     Route,
     SetupSteps,
     Typing,
-    ask_whoami,
     call_with_retry,
     send_by_trace,
 )
+from gateway.adapters.kit.chats import AsksWhoami, NoThreads
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.adapters.sms import plain_text
 from gateway.errors import (
     AdapterError,
@@ -180,7 +180,7 @@ def already_queued(exc: AdapterError) -> bool:
 # --- the adapter ------------------------------------------------------------------------
 
 
-class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
+class BlueBubblesAdapter(NoThreads, AsksWhoami, Typing, Outbound, SetupSteps):
     platform: ClassVar[str] = "bluebubbles"
     settings: ClassVar[type[BlueBubblesSettings]] = BlueBubblesSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -196,14 +196,7 @@ class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: BlueBubblesSettings, api_enabled: bool) -> list[ConfigError]:
-        out = []
-        if not api_enabled:
-            out.append(
-                ConfigError(
-                    "platforms.bluebubbles.enabled",
-                    "the webhook is served by the api server: enable platforms.api",
-                )
-            )
+        out = api_server_off(cls.platform, api_enabled)
         if not settings.url:
             out.append(
                 ConfigError(
@@ -257,12 +250,6 @@ class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
         return {WEBHOOK_PATH: self.handle_webhook}
 
     @classmethod
-    async def check_credentials(
-        cls, settings: BlueBubblesSettings, secrets: Mapping[str, str]
-    ) -> tuple[bool, str]:
-        return await ask_whoami(cls.from_config(settings, secrets))
-
-    @classmethod
     def home_chat_type(cls, chat_id: str) -> str:
         return "group" if is_group(chat_id) else "dm"
 
@@ -311,12 +298,6 @@ class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
         self.stale_dropped = 0
 
     # --- lifecycle ------------------------------------------------------------------
-
-    async def open_outbound(self) -> str:
-        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
-        webhook is served only by the daemon): the server's account, which a refused credential or an
-        unreachable platform fails."""
-        return await self._whoami()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
@@ -410,6 +391,7 @@ class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
             raise TransientError(f"bluebubbles unreachable ({type(exc).__name__})") from exc
 
     async def _whoami(self) -> str:
+        """Who the credentials belong to: the server's account."""
         data = await self._call("GET", "server/info")
         info = data.get("data") if isinstance(data, dict) else None
         info = info if isinstance(info, dict) else {}
@@ -451,10 +433,6 @@ class BlueBubblesAdapter(Typing, Outbound, SetupSteps):
             sent = data.get("data") if isinstance(data, dict) else None
             ids.append(str((sent or {}).get("guid") or body["tempGuid"]))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """iMessage has no threads: a handoff goes to the home chat."""
-        return None
 
     # Typing needs the server's Private API; without it the calls would only fail.
     def turn_started(self, msg: InboundMessage) -> None:

@@ -32,9 +32,10 @@ from gateway.adapters.base import (
     failed,
 )
 from gateway.adapters.dingtalk_api import DingTalkApi
+from gateway.adapters.kit.chats import NoThreads
 from gateway.adapters.kit.split import split_message
 from gateway.errors import AdapterError, ConfigError, InvalidToken, NotAccepted, TransientError
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
@@ -122,7 +123,7 @@ class _QuietPings(logging.Filter):
 QUIET_PINGS = _QuietPings()
 
 
-class DingTalkAdapter(Outbound, SetupSteps):
+class DingTalkAdapter(NoThreads, Outbound, SetupSteps):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[DingTalkSettings]] = DingTalkSettings
     drain_per_second: ClassVar[float] = (
@@ -194,12 +195,6 @@ class DingTalkAdapter(Outbound, SetupSteps):
     def home_chat_type(cls, chat_id: str) -> str:
         """Group conversations are cid...; anything else is a user's staff id."""
         return "group" if chat_id.startswith("cid") else "dm"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """DingTalk has no threads; a handoff lands in the home chat itself."""
-        kind = ChatType.GROUP if thread.chat_id.startswith("cid") else ChatType.DM
-        return SessionSource(cls.platform, thread.chat_id, kind)
 
     # --- one running bot --------------------------------------------------------------
 
@@ -363,7 +358,3 @@ class DingTalkAdapter(Outbound, SetupSteps):
             if sent:
                 ids.append(sent)
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """DingTalk has no threads: a handoff goes to the home chat itself."""
-        return None

@@ -38,8 +38,9 @@ from gateway.adapters.base import (
     failed,
 )
 from gateway.adapters.feishu_events import Refused, card, card_size, open_request, to_inbound
+from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -50,7 +51,6 @@ from gateway.errors import (
 )
 from gateway.messages import OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, setting
-from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.feishu")
@@ -93,8 +93,10 @@ def reply_uuid(dedupe_key: str, chat_id: str, part: int) -> str:
     return hashlib.blake2b(seed, digest_size=16).hexdigest()
 
 
-class FeishuAdapter(Outbound, SetupSteps):
+class FeishuAdapter(OpensThreads, Outbound, SetupSteps):
     platform: ClassVar[str] = "feishu"
+    # a thread is keyed by its root message's id in its chat
+    thread_chat_type: ClassVar[ChatType] = ChatType.GROUP
     idempotent_replies: ClassVar[bool] = True  # a uuid per part, derived from the reply's key
     settings: ClassVar[type[FeishuSettings]] = FeishuSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("Lark",)
@@ -127,13 +129,7 @@ class FeishuAdapter(Outbound, SetupSteps):
                     f"must be an https origin such as {LARK_DOMAIN} (got {settings.base_url!r})",
                 )
             )
-        if not api_enabled:
-            found.append(
-                ConfigError(
-                    "platforms.feishu.enabled",
-                    "Feishu events are served by the api server: enable platforms.api",
-                )
-            )
+        found += api_server_off(cls.platform, api_enabled, served="Feishu events are")
         return found
 
     @classmethod
@@ -185,13 +181,6 @@ class FeishuAdapter(Outbound, SetupSteps):
     def home_chat_type(cls, chat_id: str) -> str:
         """A user's open_id (ou_...) is a DM; a chat_id (oc_...) is taken as a group."""
         return "dm" if chat_id.startswith(("ou_", "on_")) else "group"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """A thread is keyed by its root message's id in its chat."""
-        return SessionSource(
-            cls.platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id
-        )
 
     # --- one running bot --------------------------------------------------------------
 

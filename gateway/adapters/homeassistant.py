@@ -46,6 +46,7 @@ from gateway.adapters.homeassistant_ws import (
     HaSocket,
     Subscription,
 )
+from gateway.adapters.kit.chats import NoThreads
 from gateway.adapters.kit.split import split_message
 from gateway.errors import (
     AdapterError,
@@ -55,11 +56,10 @@ from gateway.errors import (
     PlatformRefused,
     TransientError,
 )
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, in_range, setting
-from gateway.session_keys import SessionSource
 from gateway.shards import Receiver, ShardLedger
-from gateway.vocab import AdapterState, ChatType
+from gateway.vocab import AdapterState
 
 log = logging.getLogger("gateway.adapters.homeassistant")
 NOTIFY_LIMIT = 2_000  # characters per notify call: phone pushes cut long payloads
@@ -117,7 +117,7 @@ def _context_id(result: Any) -> str:
     return str(context.get("id") or "") if isinstance(context, Mapping) else ""
 
 
-class HomeAssistantAdapter(UsesShards, Outbound, SetupSteps):
+class HomeAssistantAdapter(NoThreads, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[HomeAssistantSettings]] = HomeAssistantSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -231,11 +231,6 @@ class HomeAssistantAdapter(UsesShards, Outbound, SetupSteps):
     def home_chat_type(cls, chat_id: str) -> str:
         """Every Home Assistant conversation is one user's or one device's."""
         return "dm"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """No threads: a handed-off session lives at the home target itself."""
-        return SessionSource(cls.platform, thread.chat_id, ChatType.DM)
 
     # --- one running connection -------------------------------------------------------
 
@@ -503,7 +498,3 @@ class HomeAssistantAdapter(UsesShards, Outbound, SetupSteps):
             self.last_error = str(exc)
             raise
         return SentRef(self.platform, chat, tuple(i for i in ids if i))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """No threads: a handoff continues at the home target itself."""
-        return None

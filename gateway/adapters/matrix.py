@@ -38,6 +38,7 @@ from gateway.adapters.base import (
     failed,
     stop_task,
 )
+from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
@@ -62,7 +63,6 @@ from gateway.errors import (
 )
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
-from gateway.session_keys import SessionSource
 from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState, ChatType
 
@@ -102,8 +102,10 @@ class MatrixSettings(PlatformSettings):
     user_id: str | None = setting(None, _user_id, "the bot's Matrix user id")
 
 
-class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSteps):
+class MatrixAdapter(OpensThreads, Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSteps):
     platform: ClassVar[str] = "matrix"
+    # a thread is its root event in the room; messages in it are a shared session
+    thread_chat_type: ClassVar[ChatType] = ChatType.THREAD
     settings: ClassVar[type[MatrixSettings]] = MatrixSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("mau",)
 
@@ -196,13 +198,6 @@ class MatrixAdapter(Typing, UsesCursors, UsesShards, HomeIds, Outbound, SetupSte
     def split_home(cls, value: str) -> tuple[str, str | None]:
         """A room id holds a colon (`!abc:example.org`): the whole value is the room."""
         return value.strip(), None
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """A thread is its root event in the room; messages in it are a shared session."""
-        return SessionSource(
-            cls.platform, thread.chat_id, ChatType.THREAD, thread_id=thread.thread_id
-        )
 
     # --- one running bot --------------------------------------------------------------
 

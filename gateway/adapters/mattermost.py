@@ -35,6 +35,7 @@ from gateway.adapters.base import (
     failed,
     send_by_transport,
 )
+from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.mattermost_posts import to_inbound
@@ -48,7 +49,6 @@ from gateway.errors import (
 )
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, in_range, setting
-from gateway.session_keys import SessionSource
 from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState, ChatType
 
@@ -85,8 +85,10 @@ def split_url(url: str) -> tuple[str, str, int]:
     return scheme, parts.hostname or "localhost", port
 
 
-class MattermostAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
+class MattermostAdapter(OpensThreads, Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "mattermost"
+    # a thread is its root post's id in its channel
+    thread_chat_type: ClassVar[ChatType] = ChatType.GROUP
     settings: ClassVar[type[MattermostSettings]] = MattermostSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("mattermostautodriver",)
 
@@ -170,13 +172,6 @@ class MattermostAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
         """Channel ids are opaque (a DM's looks like any other): a configured home is a
         channel, where handoffs open threads."""
         return "group"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """A thread is its root post's id in its channel."""
-        return SessionSource(
-            cls.platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id
-        )
 
     # --- one running bot --------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from gateway.adapters.base import (
     failed,
     stop_task,
 )
+from gateway.adapters.kit.chats import NoThreads
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.qqbot_api import (
     CHANNEL_PREFIX,
@@ -60,7 +61,7 @@ from gateway.errors import (
     PlatformRefused,
     TransientError,
 )
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, setting
 from gateway.session_keys import SessionSource
 from gateway.shards import Receiver, ShardLedger
@@ -152,7 +153,7 @@ def to_inbound(kind: str, data: Mapping[str, Any]) -> InboundMessage | None:
         return None
 
 
-class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
+class QQBotAdapter(NoThreads, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[QQBotSettings]] = QQBotSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()  # plain aiohttp, no client library
@@ -221,12 +222,6 @@ class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
         """`group-<group_openid>` and `channel-<channel_id>` are groups; anything else a
         user's openid."""
         return "group" if is_group(chat_id) or is_channel(chat_id) else "dm"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """QQ has no threads; a handoff lands in the home chat itself."""
-        kind = ChatType(cls.home_chat_type(thread.chat_id))
-        return SessionSource(cls.platform, thread.chat_id, kind)
 
     # --- one running bot --------------------------------------------------------------
 
@@ -425,7 +420,3 @@ class QQBotAdapter(UsesCursors, UsesShards, Outbound, SetupSteps):
             if sent:
                 ids.append(sent)
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """QQ has no threads: a handoff goes to the home chat itself."""
-        return None

@@ -37,6 +37,7 @@ from gateway.adapters.base import (
     failed,
     stop_task,
 )
+from gateway.adapters.kit.chats import NoThreads
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.signal_rpc import METHOD_NOT_FOUND, SignalCliError, SignalRpc, SseParser
@@ -49,9 +50,8 @@ from gateway.errors import (
     PlatformRefused,
     RetryAfter,
 )
-from gateway.messages import SEND_BY, InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import SEND_BY, InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
-from gateway.session_keys import SessionSource, as_chat_type
 from gateway.shards import Receiver, ShardLedger
 from gateway.vocab import AdapterState
 
@@ -108,7 +108,7 @@ def _inbound(got: Incoming) -> InboundMessage:
     )
 
 
-class SignalAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
+class SignalAdapter(NoThreads, Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = "signal"
     settings: ClassVar[type[SignalSettings]] = SignalSettings
     drain_per_second: ClassVar[float] = (
@@ -193,12 +193,6 @@ class SignalAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
     def home_chat_type(cls, chat_id: str) -> str:
         """A +number or a UUID is a person (a DM); anything else is a group id."""
         return "dm" if is_direct(chat_id) else "group"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """Signal has no threads (create_thread returns None); a chat stands for itself."""
-        chat_type = as_chat_type(cls.home_chat_type(thread.chat_id))
-        return SessionSource(cls.platform, thread.chat_id, chat_type)
 
     # --- one running bot --------------------------------------------------------------
 
@@ -463,10 +457,6 @@ class SignalAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps):
                 raise PlatformRefused(f"signal-cli did not send the message: {exc}") from exc
             ids.append(str((result or {}).get("timestamp", "")))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """Signal has no threads: a handoff goes to the home chat itself."""
-        return None
 
 
 def _target(chat_id: str) -> dict[str, Any]:

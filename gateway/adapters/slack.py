@@ -32,7 +32,9 @@ from gateway.adapters.base import (
     failed,
     send_by_trace,
 )
+from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.split import split_message
+from gateway.adapters.kit.webhook import api_server_off
 from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
@@ -142,8 +144,10 @@ def to_mrkdwn(text: str) -> str:
     return "```".join(out)
 
 
-class SlackAdapter(Outbound, SetupSteps):
+class SlackAdapter(OpensThreads, Outbound, SetupSteps):
     platform: ClassVar[str] = "slack"
+    # a thread is a seed message's ts in its channel
+    thread_chat_type: ClassVar[ChatType] = ChatType.GROUP
     idempotent_replies: ClassVar[bool] = True  # a resend skips parts marked in metadata
     settings: ClassVar[type[SlackSettings]] = SlackSettings
     drain_per_second: ClassVar[float] = (
@@ -166,14 +170,9 @@ class SlackAdapter(Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: SlackSettings, api_enabled: bool) -> list[ConfigError]:
-        if settings.mode != "socket" and not api_enabled:
-            return [
-                ConfigError(
-                    "platforms.slack.enabled",
-                    "Slack's Events API is served by the api server: enable platforms.api",
-                )
-            ]
-        return []
+        if settings.mode == "socket":
+            return []
+        return api_server_off(cls.platform, api_enabled, served="Slack's Events API is")
 
     @classmethod
     def from_config(cls, settings: SlackSettings, secrets: Mapping[str, str]) -> SlackAdapter:
@@ -226,13 +225,6 @@ class SlackAdapter(Outbound, SetupSteps):
     def home_chat_type(cls, chat_id: str) -> str:
         """Slack's DM channel ids start with D."""
         return "dm" if chat_id.startswith("D") else "group"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """A thread is a seed message's ts in its channel."""
-        return SessionSource(
-            cls.platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id
-        )
 
     # --- one running bot --------------------------------------------------------------
 

@@ -25,13 +25,13 @@ from gateway.adapters.base import (
     Outbound,
     Route,
     SetupSteps,
-    ask_whoami,
     call_with_retry,
     send_by_trace,
 )
+from gateway.adapters.kit.chats import AsksWhoami, DirectOnly
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.errors import (
     AdapterError,
     ConfigError,
@@ -40,7 +40,7 @@ from gateway.errors import (
     RetryAfter,
     TransientError,
 )
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, setting
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
@@ -153,7 +153,10 @@ def plain_text(markdown: str) -> str:
 # --- the adapter ------------------------------------------------------------------------
 
 
-class SmsAdapter(Outbound, SetupSteps):
+class SmsAdapter(DirectOnly, AsksWhoami, Outbound, SetupSteps):
+    """An SMS conversation is always with one phone number, and has no threads: a handoff
+    lands in the home number's conversation."""
+
     platform: ClassVar[str] = "sms"
     settings: ClassVar[type[SmsSettings]] = SmsSettings
     drain_per_second: ClassVar[float] = (
@@ -167,14 +170,7 @@ class SmsAdapter(Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: SmsSettings, api_enabled: bool) -> list[ConfigError]:
-        out = []
-        if not api_enabled:
-            out.append(
-                ConfigError(
-                    "platforms.sms.enabled",
-                    "the webhook is served by the api server: enable platforms.api",
-                )
-            )
+        out = api_server_off(cls.platform, api_enabled)
         for key, hint in (
             ("account_sid", "Twilio console: Account Info"),
             ("from_number", "your Twilio phone number"),
@@ -212,22 +208,6 @@ class SmsAdapter(Outbound, SetupSteps):
 
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook}
-
-    @classmethod
-    async def check_credentials(
-        cls, settings: SmsSettings, secrets: Mapping[str, str]
-    ) -> tuple[bool, str]:
-        return await ask_whoami(cls.from_config(settings, secrets))
-
-    @classmethod
-    def home_chat_type(cls, chat_id: str) -> str:
-        """An SMS conversation is always with one phone number."""
-        return "dm"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """There are no threads; a handoff lands in the home number's conversation."""
-        return SessionSource(cls.platform, thread.chat_id, ChatType.DM, thread.chat_id)
 
     def __init__(
         self,
@@ -282,14 +262,9 @@ class SmsAdapter(Outbound, SetupSteps):
             raise TransientError(f"twilio unreachable ({type(exc).__name__})") from exc
 
     async def _whoami(self) -> str:
+        """Who the credentials belong to: the Twilio account's name."""
         account = await self._rest(lambda c: c.api.v2010.accounts(self._sid).fetch_async())
         return str(account.friendly_name or self._sid)
-
-    async def open_outbound(self) -> str:
-        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
-        webhook is served only by the daemon): the Twilio account's name, which a refused credential or an
-        unreachable platform fails."""
-        return await self._whoami()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
@@ -375,7 +350,3 @@ class SmsAdapter(Outbound, SetupSteps):
                 raise
             ids.append(str(sent.sid))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """SMS has no threads: a handoff goes to the home number's conversation."""
-        return None

@@ -34,6 +34,7 @@ from gateway.adapters.base import (
     failed,
     send_by_trace,
 )
+from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.split import split_message, utf16_len
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.kit.webhook import WebhookReplies, committed
@@ -178,8 +179,10 @@ def to_inbound(
         return None
 
 
-class TeamsAdapter(Typing, UsesCursors, HomeIds, Outbound, SetupSteps):
+class TeamsAdapter(OpensThreads, Typing, UsesCursors, HomeIds, Outbound, SetupSteps):
     platform: ClassVar[str] = "teams"
+    # a thread is a channel's root message id
+    thread_chat_type: ClassVar[ChatType] = ChatType.CHANNEL
     settings: ClassVar[type[TeamsSettings]] = TeamsSettings
     library_loggers: ClassVar[tuple[str, ...]] = ("jwt",)
 
@@ -267,13 +270,6 @@ class TeamsAdapter(Typing, UsesCursors, HomeIds, Outbound, SetupSteps):
     def split_home(cls, value: str) -> tuple[str, str | None]:
         """A home channel is a conversation id: `<channel>;messageid=<thread>` names a thread."""
         return split_conversation(value)
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """A thread is a channel's root message id."""
-        return SessionSource(
-            cls.platform, thread.chat_id, ChatType.CHANNEL, thread_id=thread.thread_id
-        )
 
     # --- one running bot --------------------------------------------------------------
 

@@ -30,9 +30,11 @@ from gateway.adapters.base import (
     call_with_retry,
     failed,
 )
+from gateway.adapters.kit.chats import OpensThreads
 from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.kit.split import split_message, utf16_len
 from gateway.adapters.kit.typing import TypingLoops
+from gateway.adapters.kit.webhook import api_server_off
 from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
 from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
@@ -145,8 +147,10 @@ def _strip_mention(text: str, bot_username: str | None) -> str:
     return text
 
 
-class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
+class TelegramAdapter(OpensThreads, Typing, Outbound, SetupSteps, ReplicaLimits):
     platform: ClassVar[str] = "telegram"
+    # a forum topic is a thread of its group
+    thread_chat_type: ClassVar[ChatType] = ChatType.GROUP
     settings: ClassVar[type[TelegramSettings]] = TelegramSettings
     drain_per_second: ClassVar[float] = (
         25.0  # the outbox's backlog pace (Telegram: about 30 a second across chats)
@@ -168,13 +172,7 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
     def problems(cls, settings: TelegramSettings, api_enabled: bool) -> list[ConfigError]:
         out = []
         if settings.mode == "webhook":
-            if not api_enabled:
-                out.append(
-                    ConfigError(
-                        "platforms.telegram.mode",
-                        "the webhook is served by the api server: enable platforms.api",
-                    )
-                )
+            out += api_server_off(cls.platform, api_enabled, key="mode")
             if not settings.webhook_url:
                 out.append(
                     ConfigError("platforms.telegram.webhook_url", "is required in webhook mode")
@@ -256,13 +254,6 @@ class TelegramAdapter(Typing, Outbound, SetupSteps, ReplicaLimits):
     def home_chat_type(cls, chat_id: str) -> str:
         """A user id (positive) is the bot's DM with that user; groups are negative."""
         return "dm" if chat_id.isdigit() else "group"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """A forum topic is a thread of its group."""
-        return SessionSource(
-            cls.platform, thread.chat_id, ChatType.GROUP, thread_id=thread.thread_id
-        )
 
     # --- one running bot --------------------------------------------------------------
 

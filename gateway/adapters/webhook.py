@@ -30,7 +30,7 @@ from gateway.adapters.base import (
     call_with_retry,
     send_by_trace,
 )
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.adapters.webhook_wire import (
     HEADER,
     endpoints_problem,
@@ -109,14 +109,7 @@ class WebhookAdapter(TurnHooks, HomeIds, Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: WebhookSettings, api_enabled: bool) -> list[ConfigError]:
-        out = []
-        if not api_enabled:
-            out.append(
-                ConfigError(
-                    "platforms.webhook.enabled",
-                    "the endpoints are served by the api server: enable platforms.api",
-                )
-            )
+        out = api_server_off(cls.platform, api_enabled, served="the endpoints are")
         if not settings.endpoints:
             out.append(ConfigError("platforms.webhook.endpoints", "needs at least one endpoint"))
         for key in ("token_env", "base_url"):

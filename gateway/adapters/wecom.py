@@ -43,8 +43,9 @@ from gateway.adapters.base import (
     call_with_retry,
     failed,
 )
+from gateway.adapters.kit.chats import NoThreads
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.adapters.wecom_app import (
     APP_MARKDOWN_BYTES,
     CALLBACK_PATH,
@@ -76,7 +77,7 @@ from gateway.errors import (
     RetryAfter,
     TransientError,
 )
-from gateway.messages import OutboundMessage, SentRef, ThreadRef
+from gateway.messages import OutboundMessage, SentRef
 from gateway.sections import (
     PlatformSettings,
     SecretNeed,
@@ -85,9 +86,8 @@ from gateway.sections import (
     platform_mode,
     setting,
 )
-from gateway.session_keys import SessionSource
 from gateway.shards import CLAIM_EVERY_S, Receiver, ShardLedger
-from gateway.vocab import AdapterState, ChatType
+from gateway.vocab import AdapterState
 
 log = logging.getLogger("gateway.adapters.wecom")
 REPLY_IDS = 5_000  # msgid -> req_id of the callbacks most recently taken
@@ -130,7 +130,7 @@ class AppMode:
     encoding_aes_key: str
 
 
-class WeComAdapter(UsesShards, Outbound, SetupSteps):
+class WeComAdapter(NoThreads, UsesShards, Outbound, SetupSteps):
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[WeComSettings]] = WeComSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -171,13 +171,7 @@ class WeComAdapter(UsesShards, Outbound, SetupSteps):
             found.append(ConfigError("platforms.wecom.agent_id", "is required in callback mode"))
         if settings.base_url and (bad := api_origin(settings.base_url)):
             found.append(ConfigError("platforms.wecom.base_url", bad))
-        if not api_enabled:
-            found.append(
-                ConfigError(
-                    "platforms.wecom.mode",
-                    "callback mode is served by the api server: enable platforms.api",
-                )
-            )
+        found += api_server_off(cls.platform, api_enabled, key="mode", served="callback mode is")
         return found
 
     @classmethod
@@ -257,11 +251,6 @@ class WeComAdapter(UsesShards, Outbound, SetupSteps):
         """A user's id and a group's chatid look alike: a configured home channel is taken
         as a group (/sethome in a DM records that chat as a DM)."""
         return "group"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """WeCom has no threads; a handoff lands in the home chat itself."""
-        return SessionSource(cls.platform, thread.chat_id, ChatType.GROUP)
 
     # --- one running bot --------------------------------------------------------------
 
@@ -494,10 +483,6 @@ class WeComAdapter(UsesShards, Outbound, SetupSteps):
             if sent:
                 ids.append(sent)
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """WeCom has no threads: a handoff goes to the home chat itself."""
-        return None
 
 
 REPLIES = WebhookReplies()

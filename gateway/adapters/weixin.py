@@ -41,6 +41,7 @@ from gateway.adapters.base import (
     failed,
     stop_task,
 )
+from gateway.adapters.kit.chats import DirectOnly
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.weixin_api import BOT_MESSAGE, ITEM_TEXT, ITEM_VOICE, WeixinApi
@@ -53,7 +54,7 @@ from gateway.errors import (
     RetryAfter,
     TransientError,
 )
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, in_range, setting
 from gateway.session_keys import SessionSource
 from gateway.shards import Receiver, ShardLedger
@@ -130,7 +131,10 @@ def to_inbound(msg: Mapping[str, Any], require_mention: bool = True) -> InboundM
         return None
 
 
-class WeixinAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps, Login):
+class WeixinAdapter(DirectOnly, Typing, UsesCursors, UsesShards, Outbound, SetupSteps, Login):
+    """iLink delivers 1:1 chats: a home channel is a user. Weixin has no threads: a handoff
+    lands in the home chat itself."""
+
     platform: ClassVar[str] = PLATFORM
     settings: ClassVar[type[WeixinSettings]] = WeixinSettings
     library_loggers: ClassVar[tuple[str, ...]] = ()
@@ -176,15 +180,6 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps, Login
         finally:
             await api.close()
         return True, f"bot token accepted by {api.base}"
-
-    @classmethod
-    def home_chat_type(cls, chat_id: str) -> str:
-        return "dm"  # iLink delivers 1:1 chats: a home channel is a user
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """Weixin has no threads; a handoff lands in the home chat itself."""
-        return SessionSource(cls.platform, thread.chat_id, ChatType.DM, thread.chat_id)
 
     @classmethod
     def setup_steps(cls, settings: WeixinSettings) -> list[str]:
@@ -420,7 +415,3 @@ class WeixinAdapter(Typing, UsesCursors, UsesShards, Outbound, SetupSteps, Login
                 ) from exc
             ids.append(sent)
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """Weixin has no threads: a handoff goes to the home chat itself."""
-        return None

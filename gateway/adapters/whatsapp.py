@@ -29,13 +29,13 @@ from gateway.adapters.base import (
     Route,
     SetupSteps,
     Typing,
-    ask_whoami,
     call_with_retry,
     send_by_trace,
 )
+from gateway.adapters.kit.chats import AsksWhoami, DirectOnly
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.split import split_message
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.adapters.whatsapp_wire import (
     WINDOW_CLOSED,
     WindowClosed,
@@ -47,10 +47,9 @@ from gateway.adapters.whatsapp_wire import (
     to_whatsapp,
 )
 from gateway.errors import AdapterError, ConfigError, InvalidToken, TransientError
-from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
+from gateway.messages import InboundMessage, OutboundMessage, SentRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, in_range, setting
-from gateway.session_keys import SessionSource
-from gateway.vocab import AdapterState, ChatType
+from gateway.vocab import AdapterState
 
 log = logging.getLogger("gateway.adapters.whatsapp")
 REPLIES = WebhookReplies()  # text/plain refusals
@@ -77,7 +76,10 @@ class WhatsAppSettings(PlatformSettings):
 # --- the adapter ------------------------------------------------------------------------
 
 
-class WhatsAppAdapter(Typing, Outbound, SetupSteps):
+class WhatsAppAdapter(DirectOnly, AsksWhoami, Typing, Outbound, SetupSteps):
+    """Cloud API chats are 1:1 with a phone number, and have no threads: a handoff lands in
+    the home number's own chat."""
+
     platform: ClassVar[str] = "whatsapp"
     settings: ClassVar[type[WhatsAppSettings]] = WhatsAppSettings
     drain_per_second: ClassVar[float] = (
@@ -98,14 +100,7 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
 
     @classmethod
     def problems(cls, settings: WhatsAppSettings, api_enabled: bool) -> list[ConfigError]:
-        out = []
-        if not api_enabled:
-            out.append(
-                ConfigError(
-                    "platforms.whatsapp.enabled",
-                    "the webhook is served by the api server: enable platforms.api",
-                )
-            )
+        out = api_server_off(cls.platform, api_enabled)
         if not settings.phone_number_id:
             out.append(
                 ConfigError(
@@ -142,22 +137,6 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
     def routes(self) -> Mapping[str, Route]:
         return {WEBHOOK_PATH: self.handle_webhook, f"GET {WEBHOOK_PATH}": self.handle_handshake}
 
-    @classmethod
-    async def check_credentials(
-        cls, settings: WhatsAppSettings, secrets: Mapping[str, str]
-    ) -> tuple[bool, str]:
-        return await ask_whoami(cls.from_config(settings, secrets))
-
-    @classmethod
-    def home_chat_type(cls, chat_id: str) -> str:
-        """Cloud API chats are 1:1 with a phone number."""
-        return "dm"
-
-    @classmethod
-    def thread_source(cls, thread: ThreadRef) -> SessionSource:
-        """There are no threads; a handoff lands in the home number's own chat."""
-        return SessionSource(cls.platform, thread.chat_id, ChatType.DM, thread.chat_id)
-
     def __init__(
         self,
         phone_number_id: str,
@@ -187,12 +166,6 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
         self.stale_dropped = 0
 
     # --- lifecycle ------------------------------------------------------------------
-
-    async def open_outbound(self) -> str:
-        """Ready to send, receiving nothing (`switchboard send` without a daemon; its
-        webhook is served only by the daemon): the business number's name, which a refused credential or an
-        unreachable platform fails."""
-        return await self._whoami()
 
     async def start(self, emit: Emit) -> None:
         self._emit = emit
@@ -325,6 +298,7 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
             raise TransientError(f"whatsapp unreachable ({type(exc).__name__})") from exc
 
     async def _whoami(self) -> str:
+        """Who the credentials belong to: the business number's name."""
         data = await self._call("GET", f"{self._number}?fields=verified_name,display_phone_number")
         data = data if isinstance(data, dict) else {}
         return str(data.get("verified_name") or data.get("display_phone_number") or self._number)
@@ -364,10 +338,6 @@ class WhatsAppAdapter(Typing, Outbound, SetupSteps):
                 raise
             ids += [str(m.get("id")) for m in (data or {}).get("messages") or []]
         return SentRef(self.platform, msg.chat_id, tuple(ids))
-
-    async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
-        """WhatsApp has no threads: a handoff goes to the home number's chat."""
-        return None
 
     # The typing indicator marks the user's message read and shows "typing..." until the
     # reply arrives or 25 s pass (Meta's limit); one call per turn is enough.

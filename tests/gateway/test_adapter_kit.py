@@ -1,18 +1,21 @@
-"""The adapter kit on its own: typing loops, the webhook's acknowledge-after-commit and the
-whoami start, driven on a real event loop with recording callbacks (the platform side)."""
+"""The adapter kit on its own: typing loops, the webhook's acknowledge-after-commit, the
+whoami start and the chats bases, driven on a real event loop with recording callbacks (the platform side)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import pytest
 
+from gateway.adapters import adapter_class, names
+from gateway.adapters.kit import chats
+from gateway.adapters.kit.chats import AsksWhoami, DirectOnly, NoThreads, OpensThreads
 from gateway.adapters.kit.lifecycle import start_whoami
 from gateway.adapters.kit.typing import TypingLoops
-from gateway.adapters.kit.webhook import WebhookReplies, committed, taking
+from gateway.adapters.kit.webhook import WebhookReplies, api_server_off, committed, taking
 from gateway.errors import AdapterError, InvalidToken, NotAccepted
-from gateway.messages import InboundMessage
+from gateway.messages import InboundMessage, ThreadRef
 from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 from tests.fakes import wait_for_count
@@ -181,3 +184,92 @@ async def test_typing_counted_per_turn_is_withdrawn_only_when_the_last_turn_ends
     await _until(lambda: withdrawn == ["r1"], "withdrawn with the last turn")
     assert "r1" not in loops
     await loops.close()
+
+
+def test_a_webhook_platform_asks_for_the_api_server_only_while_it_is_off() -> None:
+    assert api_server_off("kit", True) == []
+    [problem] = api_server_off("kit", False)
+    assert (problem.key, problem.problem) == (
+        "platforms.kit.enabled",
+        "the webhook is served by the api server: enable platforms.api",
+    )
+    [problem] = api_server_off("kit", False, key="mode", served="callback mode is")
+    assert (problem.key, problem.problem) == (
+        "platforms.kit.mode",
+        "callback mode is served by the api server: enable platforms.api",
+    )
+
+
+class _Whoami(AsksWhoami):
+    """A platform whose whoami answers `name`, or raises `error`; counts its stops."""
+
+    def __init__(self, name: str = "", error: AdapterError | None = None) -> None:
+        self.name, self.error, self.stops = name, error, 0
+
+    @classmethod
+    def from_config(cls, settings: object, secrets: Mapping[str, str]) -> _Whoami:
+        return cls(secrets.get("name", ""), InvalidToken("refused") if not secrets else None)
+
+    async def _whoami(self) -> str:
+        if self.error is not None:
+            raise self.error
+        return self.name
+
+    async def stop(self) -> None:
+        self.stops += 1
+
+
+async def test_the_chats_bases_address_a_handoff_as_their_kind_of_chat_says() -> None:
+    class Direct(DirectOnly):
+        platform = "kit"
+
+    class Homes(NoThreads):
+        platform = "kit"
+
+        @classmethod
+        def home_chat_type(cls, chat_id: str) -> str:
+            return "group" if chat_id.startswith("g") else "dm"
+
+    class Threads(OpensThreads):
+        platform = "kit"
+        thread_chat_type = ChatType.CHANNEL
+
+    assert Direct.home_chat_type("+1555") == "dm"
+    assert Direct.thread_source(ThreadRef("kit", "+1555", "+1555")) == SessionSource(
+        "kit", "+1555", ChatType.DM, "+1555"
+    )
+    assert await Direct().create_thread("+1555", "plan") is None
+    assert Homes.thread_source(ThreadRef("kit", "g1", "g1")) == SessionSource(
+        "kit", "g1", ChatType.GROUP
+    )
+    assert Homes.thread_source(ThreadRef("kit", "u1", "u1")) == SessionSource(
+        "kit", "u1", ChatType.DM
+    )
+    assert Threads.thread_source(ThreadRef("kit", "c1", "t9")) == SessionSource(
+        "kit", "c1", ChatType.CHANNEL, thread_id="t9"
+    )
+
+
+async def test_the_whoami_check_answers_the_name_or_why_not_and_stops_the_adapter() -> None:
+    assert await _Whoami.check_credentials(None, {"name": "Ann's bot"}) == (True, "Ann's bot")
+    assert await _Whoami.check_credentials(None, {}) == (False, "refused")
+    adapter = _Whoami("Ann's bot")
+    assert await adapter.open_outbound() == "Ann's bot"
+    assert await chats.ask_whoami(adapter) == (True, "Ann's bot") and adapter.stops == 1
+
+
+@pytest.mark.parametrize("platform", names())
+def test_a_chats_base_is_named_before_the_capabilities_whose_stubs_it_would_lose_to(
+    platform: str,
+) -> None:
+    """A capability Protocol named first would answer with its empty stub (Outbound's
+    open_outbound returns None): what a chats base gives, the adapter or the base answers."""
+    cls = adapter_class(platform)
+    for base in (NoThreads, DirectOnly, OpensThreads, AsksWhoami):
+        if not issubclass(cls, base):
+            continue
+        for member in vars(base):
+            if member.startswith("__"):
+                continue
+            owner = next(k for k in cls.__mro__ if member in vars(k))
+            assert owner is cls or owner.__module__ == chats.__name__, (platform, member, owner)

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from gateway.adapters.api import ApiAdapter
 from gateway.adapters.base import Backoff
 from gateway.adapters.bluebubbles import (
     ATTACHMENT_NOTE,
@@ -24,19 +23,16 @@ from gateway.adapters.bluebubbles import (
 )
 from gateway.adapters.kit.split import split_message
 from gateway.app import Gateway
-from gateway.config import load_config
 from gateway.errors import (
     AdapterError,
-    ConfigError,
     InvalidToken,
-    NotAccepted,
     PlatformRefused,
     RetryAfter,
     TransientError,
 )
 from gateway.handoff import HOME_KEY, handoff_from_terminal
-from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import stalled_then_on_time, started, wait_for_count
+from gateway.messages import OutboundMessage
+from tests.fakes import running, stalled_then_on_time, started, wait_for_count
 from tests.fakes.bluebubbles import (
     ANN,
     DM,
@@ -48,54 +44,35 @@ from tests.fakes.bluebubbles import (
     post_webhook,
 )
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.platform_rig import (
+    StoreDown,
+    adapter_of,
+    config_problems,
+    fake_fixture,
+    platform_daemon,
+    webhook_alone,
+    webhook_url,
+)
 
 KEY = f"agent:main:bluebubbles:dm:{DM.replace(':', '%3A')}"
 FAST = Backoff(initial_s=0.01, max_s=0.05)
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeBlueBubbles]:
-    server = FakeBlueBubbles()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
+fake = fake_fixture(FakeBlueBubbles)
 
 
-def _config(tmp_path: Path, fake: FakeBlueBubbles, extra: str = "") -> Path:
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(
-        "platforms:\n  api:\n    port: 0\n  bluebubbles:\n    enabled: true\n"
-        f"    allow_all_users: true\n    url: {fake.base_url}\n    bot_name: Switchboard\n"
-        f"    max_age_seconds: 600\n{extra}"
-    )
-    return cfg
-
-
-async def _gateway(
+def _gateway(
     tmp_path: Path, fake: FakeBlueBubbles, password: str = PASSWORD, extra: str = ""
 ) -> Gateway:
+    keys = f"    url: {fake.base_url}\n    bot_name: Switchboard\n    max_age_seconds: 600\n{extra}"
     env = {"BLUEBUBBLES_PASSWORD": password, "BLUEBUBBLES_WEBHOOK_SECRET": SECRET}
-    gateway = Gateway(
-        config=load_config(_config(tmp_path, fake, extra), env), home=tmp_path / "home"
-    )
-    await gateway.start()
-    return gateway
+    return platform_daemon(tmp_path, "bluebubbles", keys, env, api=True)
 
 
 @pytest.fixture
 async def gw(tmp_path: Path, fake: FakeBlueBubbles) -> AsyncIterator[tuple[Gateway, str]]:
-    gateway = await _gateway(tmp_path, fake)
-    api = next(a for a in gateway.adapters if a.platform == "api")
-    try:
-        yield gateway, f"http://127.0.0.1:{api.bound_port}/bluebubbles/webhook"  # type: ignore[attr-defined]
-    finally:
-        await gateway.stop()
-
-
-def _adapter(gateway: Gateway) -> BlueBubblesAdapter:
-    return next(a for a in gateway.adapters if isinstance(a, BlueBubblesAdapter))
+    async with running(_gateway(tmp_path, fake)) as gateway:
+        yield gateway, webhook_url(gateway, "/bluebubbles/webhook")
 
 
 # --- the webhook's secret, replays and stale messages -------------------------------------
@@ -135,7 +112,7 @@ async def test_a_stale_message_is_acknowledged_and_dropped(
     assert await post_webhook(url, new_message("fresh", guid="S2")) == 200
     [sent] = await fake.wait_sent(1)
     assert sent["message"] == "echo: fresh"
-    assert _adapter(gateway).health()["stale_dropped"] == 1
+    assert adapter_of(gateway, BlueBubblesAdapter).health()["stale_dropped"] == 1
 
 
 async def test_own_messages_and_tapbacks_start_no_turn(
@@ -215,7 +192,8 @@ async def test_a_rate_limit_is_waited_out(gw: tuple[Gateway, str], fake: FakeBlu
 async def test_a_bad_password_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeBlueBubbles
 ) -> None:
-    gw = await _gateway(tmp_path, fake, password="wrong")
+    gw = _gateway(tmp_path, fake, password="wrong")
+    await gw.start()
     try:
         refused_at_start(
             gw,
@@ -231,10 +209,10 @@ async def test_typing_shows_through_the_private_api_only_when_enabled(
     tmp_path: Path, fake: FakeBlueBubbles
 ) -> None:
     fake.private_api = True
-    gateway = await _gateway(tmp_path, fake, extra="    private_api: true\n")
-    api = next(a for a in gateway.adapters if a.platform == "api")
+    gateway = _gateway(tmp_path, fake, extra="    private_api: true\n")
+    await gateway.start()
     try:
-        url = f"http://127.0.0.1:{api.bound_port}/bluebubbles/webhook"  # type: ignore[attr-defined]
+        url = webhook_url(gateway, "/bluebubbles/webhook")
         assert await post_webhook(url, new_message("type for me", guid="T1")) == 200
         await fake.wait_sent(1)
         typing = await wait_for_count(fake.typing, 2, 5, "typing calls")
@@ -245,7 +223,8 @@ async def test_typing_shows_through_the_private_api_only_when_enabled(
 
 
 async def test_a_handoff_lands_in_the_home_chat(tmp_path: Path, fake: FakeBlueBubbles) -> None:
-    gw = await _gateway(tmp_path, fake)
+    gw = _gateway(tmp_path, fake)
+    await gw.start()
     try:
         assert gw.db is not None and gw.handoffs is not None
         gw.handoffs.poll_s = 0.05
@@ -268,26 +247,12 @@ async def test_a_handoff_lands_in_the_home_chat(tmp_path: Path, fake: FakeBlueBu
 async def test_an_uncommitted_message_is_not_acknowledged(fake: FakeBlueBubbles) -> None:
     """Inbox before ack: emit raising NotAccepted answers 503, so BlueBubbles sends it again."""
     adapter = BlueBubblesAdapter(fake.base_url, PASSWORD, SECRET)
-    server = ApiAdapter(port=0, routes=dict(adapter.routes()))
-    store_up = False
-    seen: list[InboundMessage] = []
-
-    async def emit(msg: InboundMessage) -> None:
-        if not store_up:
-            raise NotAccepted("the store is down")
-        seen.append(msg)
-
-    await server.start(emit)
-    await adapter.start(emit)
-    try:
-        url = f"http://127.0.0.1:{server.bound_port}/bluebubbles/webhook"
+    store = StoreDown()
+    async with webhook_alone(adapter, "/bluebubbles/webhook", store.emit) as url:
         assert await post_webhook(url, new_message("keep me", guid="N1")) == 503
-        store_up = True
+        store.up = True
         assert await post_webhook(url, new_message("keep me", guid="N1")) == 200
-        assert [(m.text, m.platform_message_id) for m in seen] == [("keep me", "N1")]
-    finally:
-        await adapter.stop()
-        await server.stop()
+        assert [(m.text, m.platform_message_id) for m in store.seen] == [("keep me", "N1")]
 
 
 async def test_a_retry_after_a_timed_out_send_is_not_sent_twice(fake: FakeBlueBubbles) -> None:
@@ -431,17 +396,8 @@ def test_api_errors(status: int, kind: type, detail: str) -> None:
 
 
 def _problems(tmp_path: Path, section: str, env: dict[str, str] | None = None) -> dict[str, str]:
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("platforms:\n" + section)
     default = {"BLUEBUBBLES_PASSWORD": PASSWORD, "BLUEBUBBLES_WEBHOOK_SECRET": SECRET}
-    try:
-        load_config(cfg, default if env is None else env)
-    except ConfigError as exc:
-        found: dict[str, str] = {}
-        for e in exc.all():  # a refused value also counts as missing: keep both problems
-            found[e.key] = f"{found[e.key]}; {e.problem}" if e.key in found else e.problem
-        return found
-    return {}
+    return config_problems(tmp_path, section, default if env is None else env)
 
 
 def test_the_section_needs_its_keys_and_refuses_placeholders(tmp_path: Path) -> None:

@@ -23,52 +23,26 @@ from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
 from tests.daemon import free_port
-from tests.fakes import stalled_then_on_time, started
+from tests.fakes import running, stalled_then_on_time, started
 from tests.fakes.dingtalk import BOT_ID, CLIENT_ID, ENV, TOPIC, FakeDingTalk, robot_message
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.platform_rig import adapter_of, fake_fixture, platform_daemon, stored
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeDingTalk]:
-    server = FakeDingTalk()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
+fake = fake_fixture(FakeDingTalk)
 
 
 def _gateway(tmp_path: Path, fake: FakeDingTalk, env: dict[str, str] | None = None) -> Gateway:
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(
-        "platforms:\n  api:\n    enabled: false\n  dingtalk:\n    enabled: true\n"
-        f"    allow_all_users: true\n    base_url: {fake.base_url}\n"
-    )
-    return Gateway(config=load_config(cfg, env or ENV), home=tmp_path / "home")
+    return platform_daemon(tmp_path, "dingtalk", f"    base_url: {fake.base_url}\n", env or ENV)
 
 
 @pytest.fixture
 async def gw(tmp_path: Path, fake: FakeDingTalk) -> AsyncIterator[Gateway]:
-    gateway = _gateway(tmp_path, fake)
-    await gateway.start()
-    try:
+    async with running(_gateway(tmp_path, fake)) as gateway:
         await fake.wait_connected(1)
         yield gateway
-    finally:
-        await gateway.stop()
-
-
-async def _stored(gw: Gateway, key: str) -> list[str]:
-    assert gw.index is not None and gw.db is not None
-    entry = gw.index.get(key)
-    assert entry is not None, key
-    return [m["content"] for m in await gw.db.get_messages(entry.session_id)]
-
-
-def _adapter(gw: Gateway) -> DingTalkAdapter:
-    return next(a for a in gw.adapters if isinstance(a, DingTalkAdapter))
 
 
 # --- through the daemon ------------------------------------------------------------------
@@ -86,7 +60,7 @@ async def test_a_dm_is_acked_and_answered_through_the_session_webhook(
         "echo: hello dingtalk",
         "echo: hello dingtalk",
     )
-    assert await _stored(gw, "agent:main:dingtalk:dm:alice01") == [
+    assert await stored(gw, "agent:main:dingtalk:dm:alice01") == [
         "hello dingtalk",
         "echo: hello dingtalk",
     ]
@@ -108,7 +82,7 @@ async def test_group_messages_need_a_mention(gw: Gateway, fake: FakeDingTalk) ->
     assert len(fake.sent()) == 2
     texts = [p["text"] for _, p in sent]
     assert "echo: what time is it" in texts and any(t.startswith("Session: ") for t in texts)
-    assert await _stored(gw, "agent:main:dingtalk:group:cidGROUP:alice01") == [
+    assert await stored(gw, "agent:main:dingtalk:group:cidGROUP:alice01") == [
         "what time is it",
         "echo: what time is it",
     ]
@@ -153,7 +127,7 @@ async def test_after_the_session_webhook_expires_replies_use_the_robot_api(
 
 
 async def test_proactive_messages_go_through_the_robot_api(gw: Gateway, fake: FakeDingTalk) -> None:
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, DingTalkAdapter)
     ref = await adapter.send(OutboundMessage("dingtalk", "alice01", "**hello** from the terminal"))
     [(kind, sent)] = fake.sent()
     assert (kind, sent["chat"], sent["title"]) == ("dm", "alice01", "hello from the terminal")
@@ -178,7 +152,7 @@ async def test_rate_limits_are_waited_out(gw: Gateway, fake: FakeDingTalk) -> No
     fake.fail_next(
         "dm", 429, {"code": "Forbidden.AccessDenied.QpsLimitForApi"}, {"Retry-After": "1"}
     )
-    await _adapter(gw).send(OutboundMessage("dingtalk", "alice01", "proactive"))
+    await adapter_of(gw, DingTalkAdapter).send(OutboundMessage("dingtalk", "alice01", "proactive"))
     assert fake.sent()[-1][1]["text"] == "proactive"
 
 
@@ -195,7 +169,10 @@ async def test_the_stream_reconnects_when_dingtalk_asks_and_answers_pings(
     frame = await fake.push(robot_message("after the reconnect", fake=fake, msg_id="rc1"))
     assert (await fake.wait_ack(frame))["code"] == 200
     [(_, sent)] = await fake.wait_sent(1)
-    assert sent["text"] == "echo: after the reconnect" and _adapter(gw).connections == 2
+    assert (
+        sent["text"] == "echo: after the reconnect"
+        and adapter_of(gw, DingTalkAdapter).connections == 2
+    )
 
 
 async def test_a_bad_client_secret_stops_the_adapter_while_the_daemon_runs(

@@ -28,9 +28,10 @@ from gateway.messages import SEND_BY, InboundMessage, OutboundMessage, SetOutLat
 from gateway.ops.doctor import run_doctor
 from gateway.pipeline import REFUSAL
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
-from tests.fakes import wait_for_count
+from tests.fakes import running, wait_for_count
 from tests.fakes.homeassistant import ENV, TOKEN, FakeHomeAssistant
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.platform_rig import adapter_of, fake_fixture, platform_daemon, stored
 from tests.gateway.test_receiver import Pair, _cut_off, ledger, server  # noqa: F401
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
@@ -38,47 +39,20 @@ ALICE = "6a1b2c3d4e5f60718293a4b5c6d7e8f9"  # a Home Assistant user id
 KITCHEN = "d41d8cd98f00b204e9800998ecf8427e"  # a voice satellite's device id
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeHomeAssistant]:
-    home = FakeHomeAssistant()
-    await home.start()
-    try:
-        yield home
-    finally:
-        await home.stop()
+fake = fake_fixture(FakeHomeAssistant)
 
 
 def _gateway(
     tmp_path: Path, fake: FakeHomeAssistant, extra: str = "", env: dict[str, str] | None = None
 ) -> Gateway:
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(
-        "platforms:\n  api:\n    enabled: false\n  homeassistant:\n    enabled: true\n"
-        f"    allow_all_users: true\n    url: {fake.url}\n{extra}"
-    )
-    return Gateway(config=load_config(cfg, env or ENV), home=tmp_path / "home")
+    return platform_daemon(tmp_path, "homeassistant", f"    url: {fake.url}\n{extra}", env or ENV)
 
 
 @pytest.fixture
 async def gw(tmp_path: Path, fake: FakeHomeAssistant) -> AsyncIterator[Gateway]:
-    gateway = _gateway(tmp_path, fake)
-    await gateway.start()
-    try:
+    async with running(_gateway(tmp_path, fake)) as gateway:
         await fake.wait_subscribed()
         yield gateway
-    finally:
-        await gateway.stop()
-
-
-async def _stored(gw: Gateway, key: str) -> list[str]:
-    assert gw.index is not None and gw.db is not None
-    entry = gw.index.get(key)
-    assert entry is not None, key
-    return [m["content"] for m in await gw.db.get_messages(entry.session_id)]
-
-
-def _adapter(gw: Gateway) -> HomeAssistantAdapter:
-    return next(a for a in gw.adapters if isinstance(a, HomeAssistantAdapter))
 
 
 def _ids_grow(fake: FakeHomeAssistant) -> None:
@@ -103,11 +77,11 @@ async def test_two_users_and_a_device_each_get_a_session_of_their_own(
     }
     assert by_chat[f"device.{KITCHEN}"]["device_id"] == KITCHEN
     assert by_chat["user.bob"]["user"] == "bob"
-    assert await _stored(gw, f"agent:main:homeassistant:dm:user.{ALICE}") == [
+    assert await stored(gw, f"agent:main:homeassistant:dm:user.{ALICE}") == [
         "hello from alice",
         "echo: hello from alice",
     ]
-    assert await _stored(gw, "agent:main:homeassistant:dm:user.bob") == [
+    assert await stored(gw, "agent:main:homeassistant:dm:user.bob") == [
         "hello from bob",
         "echo: hello from bob",
     ]
@@ -146,7 +120,7 @@ async def test_an_event_delivered_again_after_a_reconnect_is_answered_once(
     await asyncio.sleep(0.2)
     assert [r["text"] for r in fake.replies()] == ["echo: only once", "echo: after the restart"]
     assert [r["text"] for r in replies] == ["echo: only once", "echo: after the restart"]
-    assert _adapter(gw).health()["connections"] == 2
+    assert adapter_of(gw, HomeAssistantAdapter).health()["connections"] == 2
     _ids_grow(fake)
 
 
@@ -156,7 +130,10 @@ async def test_while_home_assistant_is_down_the_adapter_keeps_trying(
     fake.accept = False
     await fake.restart()
     await wait_for_count(
-        lambda: [1] if not _adapter(gw).health()["connected"] else [], 1, 10, "a lost connection"
+        lambda: [1] if not adapter_of(gw, HomeAssistantAdapter).health()["connected"] else [],
+        1,
+        10,
+        "a lost connection",
     )
     await asyncio.sleep(0.3)  # several refused attempts
     assert gw.health()["adapters"]["homeassistant"]["state"] == "running"
@@ -194,7 +171,7 @@ async def test_replies_also_go_to_the_notify_service_and_a_persistent_notificati
 async def test_sending_to_a_notify_target_splits_long_text_and_maps_refusals(
     gw: Gateway, fake: FakeHomeAssistant
 ) -> None:
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, HomeAssistantAdapter)
     long = "\n\n".join(f"paragraph {i} " + "word " * 100 for i in range(8))  # ~4,100 chars
     ref = await adapter.send(OutboundMessage("homeassistant", "notify.mobile_app_bob_phone", long))
     parts = [d["message"] for d in fake.notified("notify.mobile_app_bob_phone")]
@@ -391,7 +368,7 @@ async def test_allowlists_are_by_the_user_or_device_the_event_names(
 async def test_a_reply_past_its_send_by_is_not_sent(gw: Gateway, fake: FakeHomeAssistant) -> None:
     """A replica that stood still before its reply went out finds its SEND_BY passed
     just before the frame is written, and the reply stays unsent (SetOutLate)."""
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, HomeAssistantAdapter)
     limit = SEND_BY.set(time.monotonic() - 1.0)
     try:
         with pytest.raises(SetOutLate):

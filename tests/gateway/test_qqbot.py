@@ -25,7 +25,7 @@ from gateway.errors import ConfigError, NotAccepted, PlatformRefused, RetryAfter
 from gateway.handoff import handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
-from tests.fakes import stalled_then_on_time, started, wait_for_count
+from tests.fakes import running, stalled_then_on_time, started, wait_for_count
 from tests.fakes.qqbot import (
     ALICE,
     APP_ID,
@@ -41,19 +41,13 @@ from tests.fakes.qqbot import (
     guild_message,
 )
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.platform_rig import adapter_of, fake_fixture, stored
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 DM_KEY = f"agent:main:qqbot:dm:{ALICE}"
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeQQ]:
-    server = FakeQQ()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
+fake = fake_fixture(FakeQQ)
 
 
 def _config(fake: FakeQQ, extra: str = "") -> str:
@@ -74,24 +68,9 @@ def _gateway(
 
 @pytest.fixture
 async def gw(tmp_path: Path, fake: FakeQQ) -> AsyncIterator[Gateway]:
-    gateway = _gateway(tmp_path, fake)
-    await gateway.start()
-    try:
+    async with running(_gateway(tmp_path, fake)) as gateway:
         await fake.wait_ready(1)
         yield gateway
-    finally:
-        await gateway.stop()
-
-
-async def _stored(gw: Gateway, key: str) -> list[str]:
-    assert gw.index is not None and gw.db is not None
-    entry = gw.index.get(key)
-    assert entry is not None, key
-    return [m["content"] for m in await gw.db.get_messages(entry.session_id)]
-
-
-def _adapter(gw: Gateway) -> QQBotAdapter:
-    return next(a for a in gw.adapters if isinstance(a, QQBotAdapter))
 
 
 # --- through the daemon ------------------------------------------------------------------
@@ -107,7 +86,7 @@ async def test_a_c2c_message_is_answered_as_a_passive_reply(gw: Gateway, fake: F
         0,
     )
     assert (sent["msg_id"], sent["msg_seq"]) == (msg_id, 1)
-    assert await _stored(gw, DM_KEY) == ["hello qq", "echo: hello qq"]
+    assert await stored(gw, DM_KEY) == ["hello qq", "echo: hello qq"]
     [identify] = fake.identifies
     assert identify["token"] == f"QQBot {fake.tokens[0]}"
     assert identify["intents"] == GROUP_AND_C2C_EVENT == 1 << 25
@@ -129,9 +108,9 @@ async def test_two_users_get_two_sessions_and_a_group_at_message_its_own(
     assert by_chat[f"group-{GROUP}"]["kind"] == "group"
     assert by_chat[f"group-{GROUP}"]["msg_id"] == group_msg
     assert by_chat[f"group-{GROUP}"]["text"] == "echo: what time is it"  # the @ space stripped
-    alice = await _stored(gw, DM_KEY)
-    bob = await _stored(gw, f"agent:main:qqbot:dm:{BOB}")
-    group = await _stored(gw, f"agent:main:qqbot:group:group-{GROUP}:{BOB}")
+    alice = await stored(gw, DM_KEY)
+    bob = await stored(gw, f"agent:main:qqbot:dm:{BOB}")
+    group = await stored(gw, f"agent:main:qqbot:group:group-{GROUP}:{BOB}")
     assert (alice, bob, group) == (
         ["from alice", "echo: from alice"],
         ["from bob", "echo: from bob"],
@@ -182,7 +161,7 @@ async def test_title_resume_and_a_handoff_to_the_home_group(gw: Gateway, fake: F
 
 
 async def test_long_replies_take_a_fresh_msg_seq_per_part(gw: Gateway, fake: FakeQQ) -> None:
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, QQBotAdapter)
     long = "\n\n".join(f"paragraph {i} " + "word " * 80 for i in range(12))  # ~5,000 chars
     ref = await adapter.send(OutboundMessage("qqbot", ALICE, long, reply_to="ROBOT1.0_q1"))
     parts = fake.sent()
@@ -200,7 +179,7 @@ async def test_long_replies_take_a_fresh_msg_seq_per_part(gw: Gateway, fake: Fak
 async def test_a_taken_msg_seq_moves_on_and_a_lost_answer_is_not_sent_twice(
     gw: Gateway, fake: FakeQQ
 ) -> None:
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, QQBotAdapter)
     adapter._backoff = FAST
     await adapter.send(OutboundMessage("qqbot", ALICE, "first", reply_to="ROBOT1.0_s"))
     adapter._seqs.clear()  # as another replica would: it has not used this message yet
@@ -239,9 +218,9 @@ async def test_markdown_goes_as_msg_type_2_and_guild_at_messages_when_asked_for(
         await fake.c2c("plain please")
         third = (await fake.wait_sent(3))[2]
         assert (third["msg_type"], third["text"], third["msg_seq"]) == (0, "echo: plain please", 1)
-        assert not _adapter(gateway).markdown
+        assert not adapter_of(gateway, QQBotAdapter).markdown
         key = f"agent:main:qqbot:group:channel-{CHANNEL}:10001"
-        assert await _stored(gateway, key) == [
+        assert await stored(gateway, key) == [
             "status of the build",
             "echo: status of the build",
         ]
@@ -251,7 +230,7 @@ async def test_markdown_goes_as_msg_type_2_and_guild_at_messages_when_asked_for(
 
 @pytest.mark.slow
 async def test_rate_limits_are_waited_out(gw: Gateway, fake: FakeQQ) -> None:
-    api = _adapter(gw).api
+    api = adapter_of(gw, QQBotAdapter).api
     fake.fail_next(400, RATE_LIMITED)
     with pytest.raises(RetryAfter):
         await api.send(ALICE, {"msg_type": 0, "content": "x", "msg_id": "m", "msg_seq": 1})
@@ -269,7 +248,7 @@ async def test_an_active_message_qq_refuses_is_refused_with_its_reason(
     gw: Gateway, fake: FakeQQ
 ) -> None:
     fake.allow_active = False
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, QQBotAdapter)
     with pytest.raises(PlatformRefused) as err:
         await adapter.send(OutboundMessage("qqbot", BOB, "unprompted"))
     assert "主动消息失败, 无权限 (code 40034102)" in str(err.value)
@@ -304,7 +283,7 @@ async def test_the_gateway_resumes_after_a_reconnect_request_and_a_drop(
     await fake.wait_ready(4)
     await fake.c2c("after")
     await fake.wait_sent(3)
-    assert _adapter(gw).gateway.resumes == 2  # type: ignore[union-attr]
+    assert adapter_of(gw, QQBotAdapter).gateway.resumes == 2  # type: ignore[union-attr]
 
 
 async def test_a_restarted_daemon_resumes_its_session_and_answers_what_came_meanwhile(
@@ -326,7 +305,7 @@ async def test_a_restarted_daemon_resumes_its_session_and_answers_what_came_mean
         assert fake.resumes[-1]["session_id"] == "session-1" and len(fake.identifies) == 1
         await asyncio.sleep(0.2)
         assert fake.texts() == ["echo: before the restart", "echo: while it was down"]
-        assert await _stored(second, DM_KEY) == [
+        assert await stored(second, DM_KEY) == [
             "before the restart",
             "echo: before the restart",
             "while it was down",
@@ -348,7 +327,7 @@ async def test_qqs_close_codes_decide_between_resume_identify_and_stop(
     assert fake.identifies[-1]["token"] == f"QQBot {fake.tokens[-1]}" and len(fake.tokens) == 2
     await fake.wait_ready(3)
     await fake.close_with(4915)  # the bot is banned: the adapter stops, the daemon runs
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, QQBotAdapter)
     await wait_for_count(
         lambda: [1] if str(adapter.health()["state"]).startswith("failed") else [], 1, 10, "failed"
     )
@@ -358,13 +337,15 @@ async def test_qqs_close_codes_decide_between_resume_identify_and_stop(
 
 
 async def test_a_token_qq_stops_taking_early_is_fetched_again(gw: Gateway, fake: FakeQQ) -> None:
-    _adapter(gw)._backoff = FAST
+    adapter_of(gw, QQBotAdapter)._backoff = FAST
     fake.revoked.update(fake.tokens)
     await fake.op(7)  # the next connection's /gateway call is refused once, then resumes
     await fake.wait_ready(2)
     assert fake.resumes[-1]["token"] == f"QQBot {fake.tokens[-1]}" and len(fake.tokens) == 2
     fake.revoked.update(fake.tokens)
-    await _adapter(gw).send(OutboundMessage("qqbot", ALICE, "still here", reply_to="ROBOT1.0_t"))
+    await adapter_of(gw, QQBotAdapter).send(
+        OutboundMessage("qqbot", ALICE, "still here", reply_to="ROBOT1.0_t")
+    )
     assert fake.texts() == ["still here"] and len(fake.tokens) == 3
     assert gw.health()["adapters"]["qqbot"]["state"] == "running"
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.adapters.api import ApiAdapter
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.sms import (
     SmsAdapter,
@@ -21,18 +20,15 @@ from gateway.adapters.sms import (
     twilio_error,
 )
 from gateway.app import Gateway
-from gateway.config import load_config
 from gateway.errors import (
     AdapterError,
-    ConfigError,
     InvalidToken,
-    NotAccepted,
     PlatformRefused,
     RetryAfter,
     TransientError,
 )
-from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import stalled_then_on_time
+from gateway.messages import OutboundMessage
+from tests.fakes import running, stalled_then_on_time
 from tests.fakes.twilio import (
     ACCOUNT,
     AUTH_TOKEN,
@@ -44,45 +40,35 @@ from tests.fakes.twilio import (
     sign,
 )
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.platform_rig import (
+    StoreDown,
+    adapter_of,
+    config_problems,
+    fake_fixture,
+    platform_daemon,
+    webhook_alone,
+    webhook_url,
+)
 
 ANN = "+15551234567"
 KEY = f"agent:main:sms:dm:{ANN}"
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeTwilio]:
-    server = FakeTwilio()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
+fake = fake_fixture(FakeTwilio)
 
 
-async def _gateway(tmp_path: Path, fake: FakeTwilio, token: str = AUTH_TOKEN) -> Gateway:
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(
-        "platforms:\n  api:\n    port: 0\n  sms:\n    enabled: true\n    allow_all_users: true\n"
+def _gateway(tmp_path: Path, fake: FakeTwilio, token: str = AUTH_TOKEN) -> Gateway:
+    keys = (
         f"    account_sid: {ACCOUNT}\n    from_number: '{FROM}'\n    webhook_url: {PUBLIC_URL}\n"
         f"    base_url: {fake.base_url}\n"
     )
-    gateway = Gateway(config=load_config(cfg, {"TWILIO_AUTH_TOKEN": token}), home=tmp_path / "home")
-    await gateway.start()
-    return gateway
+    return platform_daemon(tmp_path, "sms", keys, {"TWILIO_AUTH_TOKEN": token}, api=True)
 
 
 @pytest.fixture
 async def gw(tmp_path: Path, fake: FakeTwilio) -> AsyncIterator[tuple[Gateway, str]]:
-    gateway = await _gateway(tmp_path, fake)
-    api = next(a for a in gateway.adapters if a.platform == "api")
-    try:
-        yield gateway, f"http://127.0.0.1:{api.bound_port}/sms/webhook"  # type: ignore[attr-defined]
-    finally:
-        await gateway.stop()
-
-
-def _adapter(gateway: Gateway) -> SmsAdapter:
-    return next(a for a in gateway.adapters if isinstance(a, SmsAdapter))
+    async with running(_gateway(tmp_path, fake)) as gateway:
+        yield gateway, webhook_url(gateway, "/sms/webhook")
 
 
 # --- signatures -----------------------------------------------------------------------------
@@ -149,7 +135,7 @@ async def test_carrier_keywords_are_left_to_twilio(
     assert await post_sms(url, inbound("a real question", sid="SMK2")) == 200
     [sent] = await fake.wait_sent(1)  # the only reply: the keyword got none
     assert sent["Body"] == "echo: a real question"
-    assert _adapter(gateway).health()["keywords_dropped"] == 1
+    assert adapter_of(gateway, SmsAdapter).health()["keywords_dropped"] == 1
 
 
 async def test_a_long_reply_is_split_under_the_limit(
@@ -175,7 +161,8 @@ async def test_a_rate_limit_is_waited_out(gw: tuple[Gateway, str], fake: FakeTwi
 async def test_invalid_credentials_stop_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeTwilio
 ) -> None:
-    gw = await _gateway(tmp_path, fake, token="wrong-token")
+    gw = _gateway(tmp_path, fake, token="wrong-token")
+    await gw.start()
     try:
         refused_at_start(
             gw, "sms", "rejected the account SID or auth token", ["platforms.sms.token_env"]
@@ -187,26 +174,12 @@ async def test_invalid_credentials_stop_the_adapter_while_the_daemon_runs(
 async def test_an_uncommitted_message_is_not_acknowledged(fake: FakeTwilio) -> None:
     """Inbox before ack: emit raising NotAccepted answers 503."""
     adapter = SmsAdapter(ACCOUNT, AUTH_TOKEN, FROM, PUBLIC_URL, base_url=fake.base_url)
-    server = ApiAdapter(port=0, routes=dict(adapter.routes()))
-    store_up = False
-    seen: list[InboundMessage] = []
-
-    async def emit(msg: InboundMessage) -> None:
-        if not store_up:
-            raise NotAccepted("the store is down")
-        seen.append(msg)
-
-    await server.start(emit)
-    await adapter.start(emit)
-    try:
-        url = f"http://127.0.0.1:{server.bound_port}/sms/webhook"
+    store = StoreDown()
+    async with webhook_alone(adapter, "/sms/webhook", store.emit) as url:
         assert await post_sms(url, inbound("keep me", sid="SMN1")) == 503
-        store_up = True
+        store.up = True
         assert await post_sms(url, inbound("keep me", sid="SMN1")) == 200
-        assert [(m.text, m.platform_message_id) for m in seen] == [("keep me", "SMN1")]
-    finally:
-        await adapter.stop()
-        await server.stop()
+        assert [(m.text, m.platform_message_id) for m in store.seen] == [("keep me", "SMN1")]
 
 
 async def test_send_errors_map_to_the_gateway_errors(fake: FakeTwilio) -> None:
@@ -323,16 +296,9 @@ def test_markdown_becomes_plain_text() -> None:
 
 
 def _problems(tmp_path: Path, section: str, env: dict[str, str] | None = None) -> dict[str, str]:
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("platforms:\n" + section)
-    try:
-        load_config(cfg, {"TWILIO_AUTH_TOKEN": AUTH_TOKEN} if env is None else env)
-    except ConfigError as exc:
-        found: dict[str, str] = {}
-        for e in exc.all():  # a refused value also counts as missing: keep both problems
-            found[e.key] = f"{found[e.key]}; {e.problem}" if e.key in found else e.problem
-        return found
-    return {}
+    return config_problems(
+        tmp_path, section, {"TWILIO_AUTH_TOKEN": AUTH_TOKEN} if env is None else env
+    )
 
 
 def test_the_section_needs_its_keys_and_refuses_placeholders(tmp_path: Path) -> None:

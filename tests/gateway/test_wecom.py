@@ -32,53 +32,27 @@ from gateway.handoff import HOME_KEY, handoff_from_terminal
 from gateway.messages import InboundMessage, OutboundMessage, ThreadRef
 from gateway.ops.doctor import run_doctor
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
-from tests.fakes import started, wait_for_count
+from tests.fakes import running, started, wait_for_count
 from tests.fakes.wecom import BOT_ID, ENV, SECRET, FakeWeCom, text_message
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.platform_rig import adapter_of, fake_fixture, platform_daemon, stored
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeWeCom]:
-    server = FakeWeCom()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
+fake = fake_fixture(FakeWeCom)
 
 
 def _gateway(tmp_path: Path, fake: FakeWeCom, env: dict[str, str] | None = None) -> Gateway:
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(
-        "platforms:\n  api:\n    enabled: false\n  wecom:\n    enabled: true\n"
-        f"    allow_all_users: true\n    base_url: {fake.url}\n"
-    )
-    return Gateway(config=load_config(cfg, env or ENV), home=tmp_path / "home")
+    return platform_daemon(tmp_path, "wecom", f"    base_url: {fake.url}\n", env or ENV)
 
 
 @pytest.fixture
 async def gw(tmp_path: Path, fake: FakeWeCom) -> AsyncIterator[Gateway]:
-    gateway = _gateway(tmp_path, fake)
-    await gateway.start()
-    try:
+    async with running(_gateway(tmp_path, fake)) as gateway:
         await fake.wait_connected(1)
-        _adapter(gateway)._backoff = FAST
+        adapter_of(gateway, WeComAdapter)._backoff = FAST
         yield gateway
-    finally:
-        await gateway.stop()
-
-
-async def _stored(gw: Gateway, key: str) -> list[str]:
-    assert gw.index is not None and gw.db is not None
-    entry = gw.index.get(key)
-    assert entry is not None, key
-    return [m["content"] for m in await gw.db.get_messages(entry.session_id)]
-
-
-def _adapter(gw: Gateway) -> WeComAdapter:
-    return next(a for a in gw.adapters if isinstance(a, WeComAdapter))
 
 
 # --- through the daemon ------------------------------------------------------------------
@@ -91,7 +65,7 @@ async def test_a_dm_is_answered_under_its_callback_as_a_finished_stream(
     assert await fake.wait_sent(1) == [("reply", req, "echo: hello wecom")]
     [reply] = [c for c in fake.calls if c["cmd"] == "aibot_respond_msg"]
     assert reply["body"]["msgtype"] == "stream" and reply["body"]["stream"]["finish"] is True
-    assert await _stored(gw, "agent:main:wecom:dm:alice") == ["hello wecom", "echo: hello wecom"]
+    assert await stored(gw, "agent:main:wecom:dm:alice") == ["hello wecom", "echo: hello wecom"]
     subscribe = fake.calls[0]
     assert subscribe["body"] == {"bot_id": BOT_ID, "secret": SECRET}
     assert gw.health()["adapters"]["wecom"]["state"] == "running"
@@ -106,11 +80,11 @@ async def test_two_users_of_a_group_have_two_sessions_and_the_mention_is_taken_o
     assert sorted(sent) == sorted(
         [("reply", a, "echo: plan the trip"), ("reply", b, "echo: plan dinner")]
     )
-    assert await _stored(gw, "agent:main:wecom:group:wrGROUP:alice") == [
+    assert await stored(gw, "agent:main:wecom:group:wrGROUP:alice") == [
         "plan the trip",
         "echo: plan the trip",
     ]
-    assert await _stored(gw, "agent:main:wecom:group:wrGROUP:bob") == [
+    assert await stored(gw, "agent:main:wecom:group:wrGROUP:bob") == [
         "plan dinner",
         "echo: plan dinner",
     ]
@@ -170,7 +144,7 @@ async def test_a_redelivery_after_a_dropped_connection_is_answered_once(
     sent = await fake.wait_sent(2)
     await asyncio.sleep(0.3)
     assert [t for _, _, t in fake.sent()] == ["echo: once please", "echo: after the drop"]
-    assert sent[1][0] == "reply" and _adapter(gw).connections == 2
+    assert sent[1][0] == "reply" and adapter_of(gw, WeComAdapter).connections == 2
 
 
 async def test_a_newer_connection_takes_over_and_the_adapter_comes_back(
@@ -184,7 +158,10 @@ async def test_a_newer_connection_takes_over_and_the_adapter_comes_back(
     await fake.wait_connected(3, timeout=15)  # and the daemon took it back
     req = await fake.push(text_message("still here", msg_id="n1"))
     assert (await fake.wait_sent(1))[0] == ("reply", req, "echo: still here")
-    assert _adapter(gw).health()["last_error"] == "another connection of this bot took over"
+    assert (
+        adapter_of(gw, WeComAdapter).health()["last_error"]
+        == "another connection of this bot took over"
+    )
 
 
 async def test_pings_keep_the_connection_and_unanswered_pings_end_it(
@@ -204,7 +181,7 @@ async def test_pings_keep_the_connection_and_unanswered_pings_end_it(
 async def test_replies_fall_back_to_active_messages_and_long_ones_are_split(
     gw: Gateway, fake: FakeWeCom
 ) -> None:
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, WeComAdapter)
     await adapter.send(OutboundMessage("wecom", "alice", "a reply to nothing", reply_to="gone"))
     assert fake.sent() == [("send", "alice", "a reply to nothing")]
     req = await fake.push(text_message("hi", msg_id="f1"))
@@ -222,7 +199,7 @@ async def test_replies_fall_back_to_active_messages_and_long_ones_are_split(
 async def test_rate_limits_are_waited_out_and_refusals_are_reported(
     gw: Gateway, fake: FakeWeCom
 ) -> None:
-    adapter = _adapter(gw)
+    adapter = adapter_of(gw, WeComAdapter)
     fake.fail_next("aibot_send_msg", 45009, "api freq out of limit")
     await adapter.send(OutboundMessage("wecom", "alice", "patience"))
     assert fake.sent() == [("send", "alice", "patience")]

@@ -28,60 +28,32 @@ from gateway.ops import envfile
 from gateway.wiring import StoreCursors
 from state import SessionDB
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy
-from tests.fakes import stalled_then_on_time, started, wait_for_count
+from tests.fakes import running, stalled_then_on_time, started, wait_for_count
 from tests.fakes.weixin import ALICE, BOB, BOT_ID, ENV, OWNER, TOKEN, FakeWeixin
 from tests.gateway import test_receiver as replicas
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.platform_rig import adapter_of, fake_fixture, platform_daemon, stored
 
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 server, ledger = replicas.server, replicas.ledger  # PostgreSQL replicas' fixtures, shared
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeWeixin]:
-    server = FakeWeixin()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
+fake = fake_fixture(FakeWeixin)
 
 
-def _config(tmp_path: Path, fake: FakeWeixin, extra: str = "") -> Path:
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(
-        "platforms:\n  api:\n    enabled: false\n  weixin:\n    enabled: true\n"
-        f"    allow_all_users: true\n    base_url: {fake.base_url}\n"
-        f"    poll_timeout_seconds: 5\n{extra}"
-    )
-    return cfg
-
-
-def _gateway(tmp_path: Path, fake: FakeWeixin, env: dict[str, str] | None = None) -> Gateway:
-    return Gateway(config=load_config(_config(tmp_path, fake), env or ENV), home=tmp_path / "home")
+def _gateway(
+    tmp_path: Path, fake: FakeWeixin, env: dict[str, str] | None = None, extra: str = ""
+) -> Gateway:
+    keys = f"    base_url: {fake.base_url}\n    poll_timeout_seconds: 5\n{extra}"
+    return platform_daemon(tmp_path, "weixin", keys, env or ENV)
 
 
 @pytest.fixture
 async def gw(tmp_path: Path, fake: FakeWeixin) -> AsyncIterator[Gateway]:
-    gateway = _gateway(tmp_path, fake)
-    await gateway.start()
-    try:
+    async with running(_gateway(tmp_path, fake)) as gateway:
         await fake.wait_polls(1)
         yield gateway
-    finally:
-        await gateway.stop()
-
-
-async def _stored(gw: Gateway, key: str) -> list[str]:
-    assert gw.index is not None and gw.db is not None
-    entry = gw.index.get(key)
-    assert entry is not None, key
-    return [m["content"] for m in await gw.db.get_messages(entry.session_id)]
-
-
-def _adapter(gw: Gateway) -> WeixinAdapter:
-    return next(a for a in gw.adapters if isinstance(a, WeixinAdapter))
 
 
 # --- through the daemon ------------------------------------------------------------------
@@ -100,11 +72,11 @@ async def test_two_users_get_two_sessions_and_replies_echo_their_context_token(
         "echo: hello from alice",
         "echo: hello from bob",
     }
-    assert await _stored(gw, f"agent:main:weixin:dm:{ALICE}") == [
+    assert await stored(gw, f"agent:main:weixin:dm:{ALICE}") == [
         "hello from alice",
         "echo: hello from alice",
     ]
-    assert await _stored(gw, f"agent:main:weixin:dm:{BOB}") == [
+    assert await stored(gw, f"agent:main:weixin:dm:{BOB}") == [
         "hello from bob",
         "echo: hello from bob",
     ]
@@ -129,8 +101,7 @@ async def test_group_messages_are_not_addressed_to_the_bot(gw: Gateway, fake: Fa
 async def test_without_require_mention_a_group_message_is_answered_in_the_group(
     tmp_path: Path, fake: FakeWeixin
 ) -> None:
-    cfg = _config(tmp_path, fake, "    require_mention: false\n")
-    gateway = Gateway(config=load_config(cfg, ENV), home=tmp_path / "home")
+    gateway = _gateway(tmp_path, fake, extra="    require_mention: false\n")
     await gateway.start()
     try:
         said = fake.say(ALICE, "anyone?", group="grp1@chatroom")
@@ -139,7 +110,7 @@ async def test_without_require_mention_a_group_message_is_answered_in_the_group(
             "grp1@chatroom",
             said["context_token"],
         )
-        assert await _stored(gateway, f"agent:main:weixin:group:grp1@chatroom:{ALICE}") == [
+        assert await stored(gateway, f"agent:main:weixin:group:grp1@chatroom:{ALICE}") == [
             "anyone?",
             "echo: anyone?",
         ]
@@ -161,7 +132,7 @@ async def test_long_replies_are_split_under_the_limit(gw: Gateway, fake: FakeWei
     fake.say(ALICE, "hi")
     await fake.wait_sent(1)
     long = "\n\n".join(f"paragraph {i} " + "word " * 100 for i in range(12))  # ~6,000 chars
-    ref = await _adapter(gw).send(OutboundMessage("weixin", ALICE, long))
+    ref = await adapter_of(gw, WeixinAdapter).send(OutboundMessage("weixin", ALICE, long))
     parts = fake.texts()[1:]
     assert len(parts) == len(ref.message_ids) == 4 and all(len(p) <= LIMIT for p in parts)
     assert all(p.startswith("paragraph ") for p in parts)  # cut between paragraphs
@@ -170,7 +141,9 @@ async def test_long_replies_are_split_under_the_limit(gw: Gateway, fake: FakeWei
 
 async def test_a_user_who_never_wrote_cannot_be_messaged(gw: Gateway, fake: FakeWeixin) -> None:
     with pytest.raises(PlatformRefused, match="has not written to the bot"):
-        await _adapter(gw).send(OutboundMessage("weixin", "o9cq80stranger@im.wechat", "hi"))
+        await adapter_of(gw, WeixinAdapter).send(
+            OutboundMessage("weixin", "o9cq80stranger@im.wechat", "hi")
+        )
     assert fake.sent() == [] and not [c for c, _ in fake.calls if c == "sendmessage"]
 
 
@@ -182,10 +155,12 @@ async def test_a_refused_context_token_is_a_permanent_refusal(
     await fake.wait_sent(1)
     fake.fail_next("sendmessage", 200, {"ret": -1, "errmsg": "context token expired"})
     with pytest.raises(PlatformRefused, match="-1 context token expired"):
-        await _adapter(gw).send(OutboundMessage("weixin", ALICE, "late"))
+        await adapter_of(gw, WeixinAdapter).send(OutboundMessage("weixin", ALICE, "late"))
     fake.fail_next("sendmessage", 503)
     fake.fail_next("sendmessage", 200, {"ret": -2, "errmsg": "frequency limit"})
-    await _adapter(gw).send(OutboundMessage("weixin", ALICE, "after a 503 and a limit"))
+    await adapter_of(gw, WeixinAdapter).send(
+        OutboundMessage("weixin", ALICE, "after a 503 and a limit")
+    )
     assert fake.texts()[-1] == "after a 503 and a limit"
 
 

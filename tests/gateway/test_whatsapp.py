@@ -12,7 +12,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.adapters.api import ApiAdapter
 from gateway.adapters.kit.split import split_message
 from gateway.adapters.whatsapp import WhatsAppAdapter
 from gateway.adapters.whatsapp_wire import (
@@ -29,13 +28,12 @@ from gateway.errors import (
     AdapterError,
     ConfigError,
     InvalidToken,
-    NotAccepted,
     PlatformRefused,
     RetryAfter,
     TransientError,
 )
-from gateway.messages import InboundMessage, OutboundMessage
-from tests.fakes import stalled_then_on_time, started, wait_for_count
+from gateway.messages import OutboundMessage
+from tests.fakes import running, stalled_then_on_time, started, wait_for_count
 from tests.fakes.whatsapp import (
     APP_SECRET,
     PHONE_ID,
@@ -48,49 +46,36 @@ from tests.fakes.whatsapp import (
     text_message,
 )
 from tests.gateway.conftest import refused_at_start
+from tests.gateway.platform_rig import (
+    StoreDown,
+    adapter_of,
+    fake_fixture,
+    platform_daemon,
+    webhook_alone,
+    webhook_url,
+)
 
 ANN = "15551234567"
 KEY = f"agent:main:whatsapp:dm:{ANN}"
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeGraph]:
-    server = FakeGraph()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
+fake = fake_fixture(FakeGraph)
 
 
-async def _gateway(tmp_path: Path, fake: FakeGraph, token: str = TOKEN) -> Gateway:
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(
-        "platforms:\n  api:\n    port: 0\n  whatsapp:\n    enabled: true\n    allow_all_users: true\n"
-        f"    phone_number_id: '{PHONE_ID}'\n    base_url: {fake.base_url}\n    max_age_seconds: 600\n"
-    )
+def _gateway(tmp_path: Path, fake: FakeGraph, token: str = TOKEN) -> Gateway:
+    keys = f"    phone_number_id: '{PHONE_ID}'\n    base_url: {fake.base_url}\n    max_age_seconds: 600\n"
     env = {
         "WHATSAPP_TOKEN": token,
         "WHATSAPP_APP_SECRET": APP_SECRET,
         "WHATSAPP_VERIFY_TOKEN": VERIFY,
     }
-    gateway = Gateway(config=load_config(cfg, env), home=tmp_path / "home")
-    await gateway.start()
-    return gateway
+    return platform_daemon(tmp_path, "whatsapp", keys, env, api=True)
 
 
 @pytest.fixture
 async def gw(tmp_path: Path, fake: FakeGraph) -> AsyncIterator[tuple[Gateway, str]]:
-    gateway = await _gateway(tmp_path, fake)
-    api = next(a for a in gateway.adapters if a.platform == "api")
-    try:
-        yield gateway, f"http://127.0.0.1:{api.bound_port}/whatsapp/webhook"  # type: ignore[attr-defined]
-    finally:
-        await gateway.stop()
-
-
-def _adapter(gateway: Gateway) -> WhatsAppAdapter:
-    return next(a for a in gateway.adapters if isinstance(a, WhatsAppAdapter))
+    async with running(_gateway(tmp_path, fake)) as gateway:
+        yield gateway, webhook_url(gateway, "/whatsapp/webhook")
 
 
 # --- the handshake and signatures --------------------------------------------------------
@@ -154,7 +139,7 @@ async def test_a_stale_message_is_acknowledged_and_dropped(
     assert await deliver(url, delivery([text_message("fresh", wamid="wamid.S2")])) == 200
     [sent] = await fake.wait_sent(1)
     assert sent["text"]["body"] == "echo: fresh"
-    assert _adapter(gateway).health()["stale_dropped"] == 1
+    assert adapter_of(gateway, WhatsAppAdapter).health()["stale_dropped"] == 1
 
 
 # --- conversations -------------------------------------------------------------------------
@@ -212,7 +197,7 @@ async def test_a_closed_24_hour_window_is_reported_and_not_retried(
     gateway, url = gw
     fake.window_closed.add(ANN)
     assert await deliver(url, delivery([text_message("late", wamid="wamid.W1")])) == 200
-    adapter = _adapter(gateway)
+    adapter = adapter_of(gateway, WhatsAppAdapter)
     await wait_for_count(lambda: [1] * int(adapter.health()["window_closed"]), 1, 10, "refusals")  # type: ignore[call-overload]
     attempts = [b for _m, p, b in fake.calls if p.endswith("/messages") and b.get("type") == "text"]
     assert len(attempts) == 1  # one refusal, no retry (the core's apology would hit it too)
@@ -238,7 +223,7 @@ async def test_a_failed_status_callback_is_logged_and_starts_no_turn(
     }
     delivered = {"id": "wamid.OUT8", "status": "delivered", "timestamp": "1", "recipient_id": ANN}
     assert await deliver(url, delivery(statuses=[delivered, failed])) == 200
-    assert _adapter(gateway).health()["window_closed"] == 1
+    assert adapter_of(gateway, WhatsAppAdapter).health()["window_closed"] == 1
     assert await deliver(url, delivery([text_message("still here", wamid="wamid.T1")])) == 200
     [sent] = await fake.wait_sent(1)  # the only send: the statuses started nothing
     assert sent["text"]["body"] == "echo: still here"
@@ -247,7 +232,8 @@ async def test_a_failed_status_callback_is_logged_and_starts_no_turn(
 async def test_an_invalid_token_stops_the_adapter_while_the_daemon_runs(
     tmp_path: Path, fake: FakeGraph
 ) -> None:
-    gw = await _gateway(tmp_path, fake, token="EAAG-wrong")
+    gw = _gateway(tmp_path, fake, token="EAAG-wrong")
+    await gw.start()
     try:
         refused_at_start(
             gw,
@@ -266,27 +252,13 @@ async def test_an_invalid_token_stops_the_adapter_while_the_daemon_runs(
 async def test_an_uncommitted_message_is_not_acknowledged(fake: FakeGraph) -> None:
     """Inbox before ack: emit raising NotAccepted answers 503, so Meta delivers it again."""
     adapter = WhatsAppAdapter(PHONE_ID, TOKEN, APP_SECRET, VERIFY, base_url=fake.base_url)
-    server = ApiAdapter(port=0, routes=dict(adapter.routes()))
-    store_up = False
-    seen: list[InboundMessage] = []
-
-    async def emit(msg: InboundMessage) -> None:
-        if not store_up:
-            raise NotAccepted("the store is down")
-        seen.append(msg)
-
-    await server.start(emit)
-    await adapter.start(emit)
-    try:
-        url = f"http://127.0.0.1:{server.bound_port}/whatsapp/webhook"
+    store = StoreDown()
+    async with webhook_alone(adapter, "/whatsapp/webhook", store.emit) as url:
         payload = delivery([text_message("keep me", wamid="wamid.N1")])
         assert await deliver(url, payload) == 503
-        store_up = True
+        store.up = True
         assert await deliver(url, payload) == 200
-        assert [m.text for m in seen] == ["keep me"]
-    finally:
-        await adapter.stop()
-        await server.stop()
+        assert [m.text for m in store.seen] == ["keep me"]
 
 
 async def test_send_errors_map_to_the_gateway_errors(fake: FakeGraph) -> None:

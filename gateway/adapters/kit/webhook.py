@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import NotAccepted
+from gateway.errors import ConfigError, NotAccepted
 from gateway.messages import InboundMessage
 from gateway.vocab import AdapterState
 
@@ -40,6 +40,18 @@ class WebhookReplies:
     def again(self) -> Any:
         """503: a message was not stored; the platform delivers the request again."""
         return self.refuse(503, self.deliver_again)
+
+
+def api_server_off(
+    platform: str, api_enabled: bool, *, key: str = "enabled", served: str = "the webhook is"
+) -> list[ConfigError]:
+    """The config problem of a platform whose webhooks the api server serves while that
+    server is off (`served` says what it would serve, `key` which of the platform's keys
+    asks for it); none while it is on."""
+    if api_enabled:
+        return []
+    why = f"{served} served by the api server: enable platforms.api"
+    return [ConfigError(f"platforms.{platform}.{key}", why)]
 
 
 def taking(emit: Emit | None, state: str) -> Emit | None:
