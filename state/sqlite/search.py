@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 import sqlite3
 import time
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -29,13 +27,16 @@ from ..textindex import is_cjk, is_symbol, segment
 from . import listing
 from .dispatch import Dispatch
 from .listing import SessionFilter
+from .readers import heavy
 from .schema import FTS_TABLE
+from .snippets import MARK_CLOSE as MARK_CLOSE
+from .snippets import MARK_OPEN as MARK_OPEN
+from .snippets import make_snippet
 
 SORTS = ("relevance", "newest", "oldest")
 CONTEXT_CHARS = 200
 RECENCY_HALF_LIFE_DAYS = 30.0
 HALF_LIFE_S = RECENCY_HALF_LIFE_DAYS * 86400
-MARK_OPEN, MARK_CLOSE = ">>>", "<<<"
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,10 @@ _SESSION_COLUMNS = ("source", "model", "title", "started_at")  # added for the p
 FIRST_WINDOW = 500
 WINDOW_PER_RESULT = 25
 WINDOW_GROWTH = 4
+NARROW_EXTRA = 10  # bm25()'s best 2 * page + this many meet their messages first
+# Scoring more candidates than this in Python (ranking.py) is work for a reader thread, not
+# for the event loop's (readers.heavy)
+INLINE_SCORED = 100
 
 
 @dataclass(frozen=True)
@@ -275,11 +280,16 @@ def search(
     # FTS5's bm25() ranks the main index's window when it equals ranking.py's score there
     c_rank = relevance and native and not branches[0][0].aux and _c_bm25(indexed)
     at = time.time() if now is None else now
+    # bm25() and a message's age give its score: first only the NARROW best by bm25 alone
+    # meet their messages (the age only lowers a score), which settles the page when the
+    # worst score on it still beats the best bm25 left out; else the whole window
+    narrow = c_rank
     while True:
         ctes: list[str] = []
         parts: list[str] = []
         params: list[object] = []
         inner: list[object] = []
+        cut = NARROW_EXTRA + 2 * need if narrow else 0
         for i, (br, _) in enumerate(branches):
             native_i = c_rank and i == 0
             body = br.body if relevance and not native_i else "NULL AS body, NULL AS size"
@@ -292,6 +302,9 @@ def search(
             # over every message first, 20 ms on 100,000 of them; an index row without its
             # message, which triggers never leave, would come as a NULL id, dropped below)
             params.append(br.match)
+            source = (
+                f"(SELECT * FROM w{i} ORDER BY sc LIMIT {cut})" if native_i and cut else f"w{i}"
+            )
             part = (
                 f"SELECT {_HIT_COLUMNS}, {body}, "
                 + (
@@ -299,7 +312,7 @@ def search(
                     if native_i
                     else "NULL AS score"
                 )
-                + f", '{br.table}' AS fts FROM w{i} f "
+                + f", '{br.table}' AS fts FROM {source} f "
                 f"LEFT JOIN messages m ON m.id = f.rid{join} WHERE {where}{br.extra_where}"
             )
             if native_i:  # the best `need` of this index: no other can rank above them
@@ -311,20 +324,22 @@ def search(
         if not relevance:  # the page itself, in its order
             union = f"SELECT * FROM ({union}) ORDER BY {_order(req.sort)} LIMIT ? OFFSET ?"
             inner += [limit, offset]
-        # one row of each window's size and index totals, joined to every candidate (or
-        # to none: NULLs)
+        # one row of each window's size and index totals, and the best bm25 left out,
+        # joined to every candidate (or to none: NULLs)
         counts = ", ".join(
             f"(SELECT COUNT(*) FROM w{i}), (SELECT block FROM {br.table}_data WHERE id = 1)"
             for i, (br, _) in enumerate(branches)
         )
+        counts += f", (SELECT -sc FROM w0 ORDER BY sc LIMIT 1 OFFSET {cut})" if cut else ", NULL"
         sql = (
             f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
             f"LEFT JOIN ({union}) p ON 1"
             + ("" if relevance else f" ORDER BY {_order(req.sort, 'p.')}")
         )
+        w = 2 * nb + 1  # the head's width
         try:
             cur = conn.execute(sql, params + inner)
-            names = [d[0] for d in cur.description][2 * nb :]
+            names = [d[0] for d in cur.description][w:]
             found = cur.fetchall()
         except sqlite3.OperationalError as exc:
             # Every term is quoted, so this means FTS5 refused something we did not
@@ -332,14 +347,22 @@ def search(
             if "fts5" in str(exc) or "syntax" in str(exc) or "malformed MATCH" in str(exc):
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
-        head: tuple[Any, ...] = found[0][: 2 * nb] if found else (0, None) * nb
-        rows = [r[2 * nb :] for r in found if r[2 * nb] is not None]
+        head: tuple[Any, ...] = found[0][:w] if found else (0, None) * nb + (None,)
+        rows = [r[w:] for r in found if r[w] is not None]
+        if narrow and head[-1] is not None:
+            narrow = False
+            # bm25() is negative, so -sc and its age-damped score are positive, the
+            # latter never above the former: a page whose worst beats the best left out
+            # is the page of the whole window
+            scored = [r[6] for r in rows if r[7] == FTS_TABLE]
+            if len(scored) < need or min(scored) <= head[-1]:
+                continue
         # relevance: enough candidates for the page; otherwise the page itself is full
-        if len(rows) >= (need if relevance else limit) or all(n < window for n in head[0::2]):
+        if len(rows) >= (need if relevance else limit) or all(n < window for n in head[0:-1:2]):
             break
         window *= WINDOW_GROWTH
     if relevance:
-        rows = _rank(conn, rows, names, branches, head[1::2], at)
+        rows = _rank(conn, rows, names, branches, head[1:-1:2], at)
         rows = rows[offset : offset + limit]
     hits = [dict(zip(names, row, strict=True)) for row in rows]
     _add_page(conn, hits, marks, neighbours)
@@ -386,6 +409,8 @@ def _rank(
             for r in mine:
                 scores[r[i_id]] = r[i_sc]
             continue
+        if len(mine) > INLINE_SCORED:
+            heavy(conn)
         indexed, avgdl = ranking.totals_of(block)
         weights = [1.0] * len(phrases)
         if ranking.weighted(indexed, len(phrases), mixed):
@@ -469,48 +494,6 @@ def _cut(content: Any, whole: bool) -> Any:
     return content[:CONTEXT_CHARS] if whole and isinstance(content, str) else content
 
 
-def _fold(text: str) -> tuple[str, list[int]]:
-    """Lower-case, accent-free text plus, for each folded char, its index in `text`."""
-    if text.isascii():
-        return text.lower(), list(range(len(text)))
-    out: list[str] = []
-    pos: list[int] = []
-    for i, ch in enumerate(text):
-        for f in unicodedata.normalize("NFKD", ch.casefold()):
-            if not unicodedata.combining(f):
-                out.append(f)
-                pos.append(i)
-    return "".join(out), pos
-
-
-def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> str:
-    """A window of `content` around the first match, matches wrapped in >>> <<<.
-    Matching ignores case and accents, as the index does."""
-    text = " ".join((content or "").split())
-    if not text:
-        return ""
-    folded, pos = _fold(text)
-    words = sorted(
-        {_fold(t.text.strip())[0] for t in marks if t.text.strip()}, key=len, reverse=True
-    )
-    spans: list[tuple[int, int]] = []
-    if words:
-        pattern = re.compile("|".join(re.escape(w) for w in words if w))
-        for m in pattern.finditer(folded):
-            if m.end() > m.start():
-                spans.append((pos[m.start()], pos[m.end() - 1] + 1))
-    start = 0 if not spans else max(0, spans[0][0] - width // 3)
-    end = min(len(text), start + width)
-    out, cursor = [], start
-    for a, b in spans:
-        if a < cursor or b > end:
-            continue
-        out.append(text[cursor:a] + MARK_OPEN + text[a:b] + MARK_CLOSE)
-        cursor = b
-    out.append(text[cursor:end])
-    return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
-
-
 class SearchOps(Dispatch):
     """SessionDB's message search."""
 
@@ -539,4 +522,4 @@ class SearchOps(Dispatch):
             limit=limit,
             offset=offset,
         )
-        return await self._read(search, req)
+        return await self._read_short(search, req)
