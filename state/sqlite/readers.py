@@ -9,7 +9,9 @@ threads cost more CPU than such a read itself: `run_short` runs it on the event 
 thread over a connection of its own, under a budget of INLINE_BUDGET_S. SQLite stops a
 statement that outlasts it (a progress handler), a lock held elsewhere stops it at once
 (no busy timeout), and a read about to do much work in Python says so (`heavy`); each of
-these runs it again on a reader thread, so the loop waits about the budget at most.
+these runs it again on a reader thread, so the loop waits about the budget at most (SQLite
+looks at the clock between the steps of its virtual machine, not inside FTS5's calls). The
+same read (function and arguments) asked again goes to a reader thread at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 _STOP = object()
 INLINE_BUDGET_S = 0.002
+LONG_KEPT = 256  # reads remembered as too long for the loop: they go to a thread at once
 _CHECK_EVERY = 1000  # SQLite virtual machine steps between two looks at the clock
 
 
@@ -78,8 +81,9 @@ class _Inline:
         self.conn: _LoopConnection | None = None
         self.lock = threading.Lock()  # a second thread with a loop of its own takes the hop
 
-    def attempt(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, T | None]:
-        """(True, what fn returned) or (False, None): run it on a reader thread."""
+    def attempt(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[str, T | None]:
+        """("done", what fn returned), or ("long", None) / ("busy", None): run it on a
+        reader thread (it outlasted the budget or said it would / a lock stopped it)."""
         conn = self.conn
         if conn is None:
             conn = self.conn = connect_reader(self.path, _LoopConnection)
@@ -91,18 +95,18 @@ class _Inline:
             conn.execute("BEGIN")
             value = fn(conn, *args)
         except _Moved:
-            return False, None
+            return "long", None
         except sqlite3.OperationalError as exc:
             if conn.over or is_busy(exc):
-                return False, None
+                return "long" if conn.over else "busy", None
             raise
         finally:
             conn.deadline = float("inf")
             if conn.in_transaction:
                 conn.execute("COMMIT")
         if conn.over:  # fn caught the interruption: its answer is not whole
-            return False, None
-        return True, value
+            return "long", None
+        return "done", value
 
     def close(self) -> None:
         with self.lock:
@@ -167,6 +171,7 @@ class ReaderPool:
         # the slot used last goes first: its connection's page cache is the warm one
         self._free: asyncio.Queue[_Slot] = asyncio.LifoQueue()
         self._inline = _Inline(path)
+        self._long: dict[Any, None] = {}  # reads that outlasted the budget, oldest first
         for slot in self._slots:
             self._free.put_nowait(slot)
         self._closed = False
@@ -198,14 +203,23 @@ class ReaderPool:
         may run twice: it must only read."""
         if self._closed:
             raise RuntimeError("the reader pool is closed")
+        try:
+            key: Any = (fn, args)
+            long = key in self._long
+        except TypeError:  # arguments that cannot be hashed are not remembered
+            key, long = None, False
         inline = self._inline
-        if inline.lock.acquire(blocking=False):
+        if not long and inline.lock.acquire(blocking=False):
             try:
-                ok, value = inline.attempt(fn, args)
+                outcome, value = inline.attempt(fn, args)
             finally:
                 inline.lock.release()
-            if ok:
+            if outcome == "done":
                 return cast(T, value)
+            if outcome == "long" and key is not None:
+                self._long[key] = None
+                if len(self._long) > LONG_KEPT:
+                    del self._long[next(iter(self._long))]
         return await self.run(fn, *args)
 
     def _release_later(self, slot: _Slot, fut: asyncio.Future[Any]) -> None:

@@ -1,28 +1,61 @@
-"""A search hit's snippet: a window of its text around the first match, the query's terms
-marked, matched as the index matches them (case and accents ignored)."""
+"""A search page's finish: each hit's session columns, neighbours and snippet (a window of
+its text around the first match, the query's terms marked, matched as the index matches
+them: case and accents ignored)."""
 
 from __future__ import annotations
 
 import functools
 import re
+import sqlite3
 import unicodedata
+from typing import Any
 
 from .. import query as q
+from ..rows import Row
 
 MARK_OPEN, MARK_CLOSE = ">>>", "<<<"
+CONTEXT_CHARS = 200
+_SESSION_COLUMNS = ("source", "model", "title", "started_at")  # added for the page only
 
 
-def _fold(text: str) -> tuple[str, list[int]]:
-    """Lower-case, accent-free text plus, for each folded char, its index in `text`."""
+def _fold_char(ch: str) -> str:
+    return "".join(
+        f for f in unicodedata.normalize("NFKD", ch.casefold()) if not unicodedata.combining(f)
+    )
+
+
+# each character met (up to _KEPT of them): what it folds to (for str.translate), and
+# those that fold to other than exactly one character (then positions shift)
+_FOLDED: dict[int, str] = {}
+_SEEN: set[str] = set()
+_UNEVEN: set[str] = set()
+_KEPT = 20_000
+
+
+def _fold(text: str) -> tuple[str, list[int] | None]:
+    """Lower-case, accent-free text plus, for each folded char, its index in `text` (None:
+    the same index, every char folding to one)."""
     if text.isascii():
-        return text.lower(), list(range(len(text)))
+        return text.lower(), None
+    chars = set(text)
+    kept = True
+    for ch in chars - _SEEN:
+        if len(_FOLDED) >= _KEPT:
+            kept = False
+            break
+        folded = _fold_char(ch)
+        if len(folded) != 1:
+            _UNEVEN.add(ch)
+        _FOLDED[ord(ch)] = folded
+        _SEEN.add(ch)
+    if kept and chars.isdisjoint(_UNEVEN):
+        return text.translate(_FOLDED), None
     out: list[str] = []
     pos: list[int] = []
     for i, ch in enumerate(text):
-        for f in unicodedata.normalize("NFKD", ch.casefold()):
-            if not unicodedata.combining(f):
-                out.append(f)
-                pos.append(i)
+        for f in _FOLDED.get(ord(ch)) or _fold_char(ch):
+            out.append(f)
+            pos.append(i)
     return "".join(out), pos
 
 
@@ -58,7 +91,8 @@ def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> 
         folded, pos = _fold(text)
         for m in full.finditer(folded):
             if m.end() > m.start():
-                spans.append((pos[m.start()], pos[m.end() - 1] + 1))
+                a, b = m.span()
+                spans.append((a, b) if pos is None else (pos[a], pos[b - 1] + 1))
     start = 0 if not spans else max(0, spans[0][0] - width // 3)
     end = min(len(text), start + width)
     out, cursor = [], start
@@ -69,3 +103,48 @@ def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> 
         cursor = b
     out.append(text[cursor:end])
     return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
+
+
+def add_page(
+    conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term], neighbours: bool
+) -> None:
+    """Each hit's session columns, snippet and neighbours in one statement for the page."""
+    if not hits:
+        return
+    values = ", ".join("(?, ?)" for _ in hits)
+    params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
+    before_sql = "p.content" if neighbours else f"substr(p.content, 1, {CONTEXT_CHARS})"
+    after_sql = before_sql.replace("p.", "n.")
+    rows = conn.execute(
+        f"WITH hits(hid, sid) AS (VALUES {values}) "
+        f"SELECT hid, {', '.join('s.' + c for c in _SESSION_COLUMNS)}, o.content, o.tool_name, "
+        f"p.id, p.role, {before_sql}, n.id, n.role, {after_sql} FROM hits "
+        "LEFT JOIN sessions s ON s.id = sid LEFT JOIN messages o ON o.id = hid "
+        "LEFT JOIN messages p ON p.id = "
+        "(SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
+        "LEFT JOIN messages n ON n.id = "
+        "(SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid)",
+        params,
+    ).fetchall()
+    by_hit = {r[0]: r for r in rows}
+    for h in hits:
+        r = by_hit[h["id"]]
+        h.update(zip(_SESSION_COLUMNS, r[1:5], strict=True))
+        h["snippet"] = make_snippet(r[5] or "", marks)
+        if neighbours:  # the hit's tool name; whole contents, decoded by the caller
+            near = [(r[8], r[9])] if r[7] is not None else []
+            near.append((h["role"], r[5]))
+            near += [(r[11], r[12])] if r[10] is not None else []
+            h["_near"] = (r[6], near)
+        before, after_ = (
+            None
+            if r[i] is None
+            else {"id": r[i], "role": r[i + 1], "content": _cut(r[i + 2], neighbours)}
+            for i in (7, 10)
+        )
+        h["context_before"], h["context_after"] = before, after_
+
+
+def _cut(content: Any, whole: bool) -> Any:
+    """A neighbour's content as the native answer has it: its first CONTEXT_CHARS."""
+    return content[:CONTEXT_CHARS] if whole and isinstance(content, str) else content

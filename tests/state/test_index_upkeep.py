@@ -186,6 +186,23 @@ async def test_a_short_read_runs_on_the_loop_thread_and_a_long_one_on_a_reader(
     assert await pool.run_short(where) == loop_thread  # the loop's connection still serves
 
 
+async def test_a_read_too_long_for_the_loop_once_goes_to_a_reader_at_once(db: SessionDB) -> None:
+    threads: list[int] = []
+
+    def long_read(conn: sqlite3.Connection, upto: int) -> int:
+        threads.append(threading.get_ident())
+        return int(conn.execute(LONG_READ.replace("2000000", str(upto))).fetchone()[0])
+
+    assert await db._readers.run_short(long_read, 2000000) == 2000000
+    assert len(threads) == 2 and threads[0] == threading.get_ident() != threads[1]
+    threads.clear()
+    assert await db._readers.run_short(long_read, 2000000) == 2000000
+    assert len(threads) == 1 and threads[0] != threading.get_ident()
+    threads.clear()
+    assert await db._readers.run_short(long_read, 10) == 10  # other arguments: on the loop
+    assert threads == [threading.get_ident()]
+
+
 async def test_a_search_cut_short_on_the_loop_answers_the_same_from_a_reader(
     db: SessionDB, monkeypatch: pytest.MonkeyPatch
 ) -> None:
