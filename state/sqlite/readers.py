@@ -35,7 +35,9 @@ LONG_KEPT = 256  # reads remembered as too long for the loop: they go to a threa
 _CHECK_EVERY = 1000  # SQLite virtual machine steps between two looks at the clock
 
 
-def connect_reader(path: str, factory: type[sqlite3.Connection] = sqlite3.Connection) -> Any:
+def connect_reader(
+    path: str, factory: type[sqlite3.Connection] = sqlite3.Connection
+) -> sqlite3.Connection:
     conn = sqlite3.connect(
         f"file:{quote(path)}?mode=ro",
         uri=True,
@@ -86,7 +88,7 @@ class _Inline:
         reader thread (it outlasted the budget or said it would / a lock stopped it)."""
         conn = self.conn
         if conn is None:
-            conn = self.conn = connect_reader(self.path, _LoopConnection)
+            conn = self.conn = cast(_LoopConnection, connect_reader(self.path, _LoopConnection))
             conn.execute("PRAGMA busy_timeout=0")
             conn.set_progress_handler(conn.check_clock, _CHECK_EVERY)
         conn.over = False

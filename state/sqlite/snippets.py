@@ -60,20 +60,13 @@ def _fold(text: str) -> tuple[str, list[int] | None]:
 
 
 @functools.lru_cache(maxsize=256)
-def _patterns(marks: tuple[q.Term, ...]) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None]:
-    """The marked terms folded, longest first: a pattern over folded text, and one of the
-    lower-case ASCII ones for ASCII text, matched ignoring ASCII case (which is what
-    folding ASCII text does; no other term can match folded ASCII text)."""
+def _pattern(marks: tuple[q.Term, ...]) -> re.Pattern[str] | None:
+    """The marked terms folded, longest first, as one pattern over folded text."""
     words = sorted(
         {_fold(t.text.strip())[0] for t in marks if t.text.strip()}, key=len, reverse=True
     )
     words = [w for w in words if w]
-    if not words:
-        return None, None
-    full = re.compile("|".join(re.escape(w) for w in words))
-    plain = [w for w in words if w.isascii() and w == w.lower()]
-    fast = re.compile("|".join(re.escape(w) for w in plain), re.I | re.A) if plain else None
-    return full, fast
+    return re.compile("|".join(re.escape(w) for w in words)) if words else None
 
 
 def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> str:
@@ -82,16 +75,13 @@ def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> 
     text = " ".join((content or "").split())
     if not text:
         return ""
-    full, fast = _patterns(tuple(marks))
+    pattern = _pattern(tuple(marks))
     spans: list[tuple[int, int]] = []
-    if text.isascii():
-        if fast is not None:
-            spans = [m.span() for m in fast.finditer(text) if m.end() > m.start()]
-    elif full is not None:
+    if pattern is not None:
         folded, pos = _fold(text)
-        for m in full.finditer(folded):
-            if m.end() > m.start():
-                a, b = m.span()
+        for m in pattern.finditer(folded):
+            a, b = m.span()
+            if b > a:
                 spans.append((a, b) if pos is None else (pos[a], pos[b - 1] + 1))
     start = 0 if not spans else max(0, spans[0][0] - width // 3)
     end = min(len(text), start + width)
