@@ -372,6 +372,9 @@ class Writer:
                     return
                 self._merge_tables, worked = done
                 self.merge_steps += 1
+                if self._restart_wanted:  # a long merge is continuous writing too
+                    self._restart_wanted = False
+                    self._finish_checkpoint()
                 if not worked:
                     self._merge_due = False
                     return
