@@ -5,7 +5,6 @@ them: case and accents ignored)."""
 from __future__ import annotations
 
 import functools
-import re
 import sqlite3
 import unicodedata
 from typing import Any
@@ -60,13 +59,33 @@ def _fold(text: str) -> tuple[str, list[int] | None]:
 
 
 @functools.lru_cache(maxsize=256)
-def _pattern(marks: tuple[q.Term, ...]) -> re.Pattern[str] | None:
-    """The marked terms folded, longest first, as one pattern over folded text."""
-    words = sorted(
-        {_fold(t.text.strip())[0] for t in marks if t.text.strip()}, key=len, reverse=True
-    )
-    words = [w for w in words if w]
-    return re.compile("|".join(re.escape(w) for w in words)) if words else None
+def _words(marks: tuple[q.Term, ...]) -> tuple[str, ...]:
+    """The marked terms folded, longest first."""
+    words = {_fold(t.text.strip())[0] for t in marks if t.text.strip()}
+    return tuple(sorted((w for w in words if w), key=len, reverse=True))
+
+
+def _matches(folded: str, words: tuple[str, ...], width: int) -> list[tuple[int, int]]:
+    """Where the words occur in `folded`, as a regular expression of them, longest first,
+    would find them (leftmost; at one place the longest; never overlapping), up to the
+    end of the snippet's window."""
+    out: list[tuple[int, int]] = []
+    at = {w: folded.find(w) for w in words}
+    i, stop = 0, len(folded)
+    while True:
+        first, word = -1, ""
+        for w in words:
+            a = at[w]
+            if 0 <= a < i:
+                a = at[w] = folded.find(w, i)
+            if a >= 0 and (first < 0 or a < first):
+                first, word = a, w
+        if first < 0 or first >= stop:
+            return out
+        if not out:
+            stop = max(0, first - width // 3) + width
+        out.append((first, first + len(word)))
+        i = first + len(word)
 
 
 def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> str:
@@ -75,14 +94,12 @@ def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> 
     text = " ".join((content or "").split())
     if not text:
         return ""
-    pattern = _pattern(tuple(marks))
+    words = _words(tuple(marks))
     spans: list[tuple[int, int]] = []
-    if pattern is not None:
+    if words:
         folded, pos = _fold(text)
-        for m in pattern.finditer(folded):
-            a, b = m.span()
-            if b > a:
-                spans.append((a, b) if pos is None else (pos[a], pos[b - 1] + 1))
+        for a, b in _matches(folded, words, width if pos is None else len(folded)):
+            spans.append((a, b) if pos is None else (pos[a], pos[b - 1] + 1))
     start = 0 if not spans else max(0, spans[0][0] - width // 3)
     end = min(len(text), start + width)
     out, cursor = [], start
@@ -101,21 +118,8 @@ def add_page(
     """Each hit's session columns, snippet and neighbours in one statement for the page."""
     if not hits:
         return
-    values = ", ".join("(?, ?)" for _ in hits)
     params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
-    before_sql = "p.content" if neighbours else f"substr(p.content, 1, {CONTEXT_CHARS})"
-    after_sql = before_sql.replace("p.", "n.")
-    rows = conn.execute(
-        f"WITH hits(hid, sid) AS (VALUES {values}) "
-        f"SELECT hid, {', '.join('s.' + c for c in _SESSION_COLUMNS)}, o.content, o.tool_name, "
-        f"p.id, p.role, {before_sql}, n.id, n.role, {after_sql} FROM hits "
-        "LEFT JOIN sessions s ON s.id = sid LEFT JOIN messages o ON o.id = hid "
-        "LEFT JOIN messages p ON p.id = "
-        "(SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
-        "LEFT JOIN messages n ON n.id = "
-        "(SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid)",
-        params,
-    ).fetchall()
+    rows = conn.execute(_page_sql(len(hits), neighbours), params).fetchall()
     by_hit = {r[0]: r for r in rows}
     for h in hits:
         r = by_hit[h["id"]]
@@ -133,6 +137,23 @@ def add_page(
             for i in (7, 10)
         )
         h["context_before"], h["context_after"] = before, after_
+
+
+@functools.lru_cache(maxsize=128)
+def _page_sql(hits: int, neighbours: bool) -> str:
+    values = ", ".join("(?, ?)" for _ in range(hits))
+    before_sql = "p.content" if neighbours else f"substr(p.content, 1, {CONTEXT_CHARS})"
+    after_sql = before_sql.replace("p.", "n.")
+    return (
+        f"WITH hits(hid, sid) AS (VALUES {values}) "
+        f"SELECT hid, {', '.join('s.' + c for c in _SESSION_COLUMNS)}, o.content, o.tool_name, "
+        f"p.id, p.role, {before_sql}, n.id, n.role, {after_sql} FROM hits "
+        "LEFT JOIN sessions s ON s.id = sid LEFT JOIN messages o ON o.id = hid "
+        "LEFT JOIN messages p ON p.id = "
+        "(SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
+        "LEFT JOIN messages n ON n.id = "
+        "(SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid)"
+    )
 
 
 def _cut(content: Any, whole: bool) -> Any:
