@@ -6,12 +6,13 @@ caller interrupts its query; the connection goes back to the pool when the query
 
 A read that is usually short (a search's page) can skip the hop, whose handoffs between
 threads cost more CPU than such a read itself: `run_short` runs it on the event loop's
-thread over a connection of its own, under a budget of INLINE_BUDGET_S. SQLite stops a
-statement that outlasts it (a progress handler), a lock held elsewhere stops it at once
-(no busy timeout), and a read about to do much work in Python says so (`heavy`); each of
-these runs it again on a reader thread, so the loop waits about the budget at most (SQLite
-looks at the clock between the steps of its virtual machine, not inside FTS5's calls). The
-same read (function and arguments) asked again goes to a reader thread at once.
+thread over a connection of its own, within INLINE_BUDGET_S of that thread's CPU time (and
+INLINE_WALL_S of wall time: a machine too busy to run it, a disk that makes it wait). SQLite
+stops a statement past it (a progress handler), a lock held elsewhere stops it at once (no
+busy timeout), and a read about to do much work in Python says so (`heavy`); each of these
+runs it again on a reader thread, so the loop waits about the budget at most (SQLite looks
+at the clocks between the steps of its virtual machine, not inside FTS5's calls). The same
+read (function and arguments) asked again goes to a reader thread at once.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from .connection import is_busy
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 _STOP = object()
-INLINE_BUDGET_S = 0.002
+INLINE_BUDGET_S = 0.002  # of the loop thread's CPU time
+INLINE_WALL_S = 0.008  # of wall time (a thread the machine does not run, a disk that waits)
 LONG_KEPT = 256  # reads remembered as too long for the loop: they go to a thread at once
 _CHECK_EVERY = 1000  # SQLite virtual machine steps between two looks at the clock
 
@@ -57,11 +59,12 @@ class _Moved(Exception):
 class _LoopConnection(sqlite3.Connection):
     """The connection `run_short` reads on, on the event loop's thread."""
 
-    deadline = 0.0
+    deadline = 0.0  # time.thread_time()
+    wall_deadline = 0.0  # time.perf_counter()
     over = False
 
     def check_clock(self) -> int:
-        if time.perf_counter() > self.deadline:
+        if time.thread_time() > self.deadline or time.perf_counter() > self.wall_deadline:
             self.over = True
             return 1  # SQLite interrupts the statement
         return 0
@@ -92,7 +95,8 @@ class _Inline:
             conn.execute("PRAGMA busy_timeout=0")
             conn.set_progress_handler(conn.check_clock, _CHECK_EVERY)
         conn.over = False
-        conn.deadline = time.perf_counter() + INLINE_BUDGET_S
+        conn.deadline = time.thread_time() + INLINE_BUDGET_S
+        conn.wall_deadline = time.perf_counter() + INLINE_WALL_S
         try:
             conn.execute("BEGIN")
             value = fn(conn, *args)
@@ -103,7 +107,7 @@ class _Inline:
                 return "long" if conn.over else "busy", None
             raise
         finally:
-            conn.deadline = float("inf")
+            conn.deadline = conn.wall_deadline = float("inf")
             if conn.in_transaction:
                 conn.execute("COMMIT")
         if conn.over:  # fn caught the interruption: its answer is not whole
