@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Self, TypeVar, TypeVarTuple, Unpack, cast
 
-from ..sqlite import schema, store
+from ..sqlite import compaction, schema, store
 from ..sqlite import writer as writer_mod
 from ..sqlite.connection import translate_error
 from ..sqlite.settings import WriterConfig
@@ -24,6 +24,9 @@ from . import (
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
+# Merging the search indexes at close, paid for by the writes made (compaction.py): about
+# what keeps an index written one message per transaction compact.
+MERGE_PAGES_PER_WRITE = 2
 
 
 class Suspended(RuntimeError):
@@ -60,17 +63,21 @@ class DirectStore(store.SessionDB):
     thread hand-offs. Other processes and the daemon share the file through SQLite's locks.
     """
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:  # noqa: D107
+    def __init__(self, path: Path, conn: sqlite3.Connection, read_only: bool = False) -> None:  # noqa: D107
         self.path = path
         self.conn = conn
         self.lock = threading.RLock()
         self._closed = False
+        self._read_only = read_only
+        self.writes = 0  # write transactions committed: they pay for merging at close
         self._writer = DirectExclusive(self)  # type: ignore[assignment]
         self._readers = None  # type: ignore[assignment]
 
     async def _read(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         with self.lock:
             return fn(self.conn, *args)
+
+    _read_short = _read
 
     async def _write(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         with self.lock:
@@ -87,11 +94,35 @@ class DirectStore(store.SessionDB):
                     raise
                 raise translated from exc
             conn.execute("COMMIT")
+            self.writes += 1
             return result
+
+    def compact(self) -> int:
+        """Merge the search indexes' segments (state/sqlite/compaction.py) for at most
+        MERGE_PAGES_PER_WRITE pages per write made since the last call; returns the steps
+        taken. A file another process is writing is left as it is."""
+        budget, self.writes = self.writes * MERGE_PAGES_PER_WRITE, 0
+        steps, tables = 0, None
+        with self.lock:
+            while budget > 0:
+                pages = min(budget, compaction.STEP_PAGES)
+                try:
+                    done = compaction.run_step(self.conn, tables, pages)
+                except sqlite3.Error:
+                    return steps  # a damaged index: left to the search index check
+                if done is None:
+                    return steps
+                steps, budget = steps + 1, budget - pages
+                tables, worked = done
+                if not worked:
+                    break
+        return steps
 
     async def close(self) -> None:
         if self._closed:
             return
+        if not self._read_only:
+            self.compact()
         self._closed = True
         with self.lock:
             self.conn.close()
@@ -102,7 +133,7 @@ def open_direct(path: Path, read_only: bool) -> DirectStore:
         conn = sqlite3.connect(
             f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
         )
-        return DirectStore(path, conn)
+        return DirectStore(path, conn, read_only=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     store.check_file(path)
     cfg = WriterConfig()

@@ -31,5 +31,10 @@ class Dispatch:
     async def _read(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._readers.run(fn, *args)
 
+    async def _read_short(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
+        """`_read` for a read that is usually short: on the event loop's thread while it
+        stays within a budget, else on a reader thread (ReaderPool.run_short)."""
+        return await self._readers.run_short(fn, *args)
+
     async def _write(self, fn: Callable[[sqlite3.Connection, Unpack[Ts]], T], *args: *Ts) -> T:
         return await self._writer.submit(fn, *args)

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 import sqlite3
 import time
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -24,18 +22,21 @@ from .. import query as q
 from .. import ranking
 from ..errors import QueryError
 from ..records import SearchHit
-from ..rows import Row
 from ..textindex import is_cjk, is_symbol, segment
 from . import listing
 from .dispatch import Dispatch
 from .listing import SessionFilter
+from .readers import heavy
 from .schema import FTS_TABLE
+from .snippets import CONTEXT_CHARS as CONTEXT_CHARS
+from .snippets import MARK_CLOSE as MARK_CLOSE
+from .snippets import MARK_OPEN as MARK_OPEN
+from .snippets import add_page
+from .snippets import make_snippet as make_snippet
 
 SORTS = ("relevance", "newest", "oldest")
-CONTEXT_CHARS = 200
 RECENCY_HALF_LIFE_DAYS = 30.0
 HALF_LIFE_S = RECENCY_HALF_LIFE_DAYS * 86400
-MARK_OPEN, MARK_CLOSE = ">>>", "<<<"
 
 
 @dataclass(frozen=True)
@@ -58,29 +59,55 @@ class SearchRequest:
 def filters(req: SearchRequest, mark: str = "?") -> tuple[str, list[object], bool]:
     """(WHERE text over `m` and `s`, its parameters, whether it filters on sessions);
     `mark` is the placeholder (`%s` for PostgreSQL)."""
+    key = (
+        req.scope,
+        tuple(req.sources),
+        tuple(req.exclude_sources),
+        tuple(req.roles),
+        req.include_inactive,
+        tuple(req.exclude_session_ids),
+        mark,
+    )
+    try:
+        where, params, scoped = _filters(*key)
+    except TypeError:  # a scope holding lists: not hashable, not cached
+        where, params, scoped = _filters.__wrapped__(*key)
+    return where, list(params), scoped
+
+
+@functools.lru_cache(maxsize=256)
+def _filters(
+    within: SessionFilter,
+    sources: tuple[str, ...],
+    exclude_sources: tuple[str, ...],
+    roles: tuple[str, ...],
+    include_inactive: bool,
+    exclude_session_ids: tuple[str, ...],
+    mark: str,
+) -> tuple[str, tuple[object, ...], bool]:
     scope = SessionFilter(
-        source=req.scope.source,
-        sources=tuple(req.scope.sources) + tuple(req.sources),
-        exclude_sources=tuple(req.scope.exclude_sources) + tuple(req.exclude_sources),
-        user_id=req.scope.user_id,
-        chat_id=req.scope.chat_id,
-        thread_id=req.scope.thread_id,
+        source=within.source,
+        sources=tuple(within.sources) + sources,
+        exclude_sources=tuple(within.exclude_sources) + exclude_sources,
+        user_id=within.user_id,
+        chat_id=within.chat_id,
+        thread_id=within.thread_id,
         include_children=True,
         include_archived=True,
-        thread_exact=req.scope.thread_exact,
-        routed_only=req.scope.routed_only,
+        thread_exact=within.thread_exact,
+        routed_only=within.routed_only,
     )
     where, params = scope.where("s", mark)
     scoped = where not in ("1", "TRUE")  # what SessionFilter.where says for no clause
-    if req.roles:
-        where += f" AND m.role IN ({', '.join(mark for _ in req.roles)})"
-        params += list(req.roles)
-    if not req.include_inactive:
+    if roles:
+        where += f" AND m.role IN ({', '.join(mark for _ in roles)})"
+        params += list(roles)
+    if not include_inactive:
         where += " AND NOT (COALESCE(m.active, 1) = 0 AND COALESCE(m.compacted, 0) = 0)"
-    if req.exclude_session_ids:
-        where += f" AND m.session_id NOT IN ({', '.join(mark for _ in req.exclude_session_ids)})"
-        params += list(req.exclude_session_ids)
-    return where, params, scoped
+    if exclude_session_ids:
+        where += f" AND m.session_id NOT IN ({', '.join(mark for _ in exclude_session_ids)})"
+        params += list(exclude_session_ids)
+    return where, tuple(params), scoped
 
 
 def _order(sort: str, of: str = "") -> str:
@@ -95,10 +122,13 @@ def blend(score: float, timestamp: float, now: float) -> float:
 
 
 _HIT_COLUMNS = "m.id AS id, m.session_id AS session_id, m.role AS role, m.timestamp AS timestamp"
-_SESSION_COLUMNS = ("source", "model", "title", "started_at")  # added for the page only
 FIRST_WINDOW = 500
 WINDOW_PER_RESULT = 25
 WINDOW_GROWTH = 4
+NARROW_EXTRA = 10  # bm25()'s best 2 * page + this many meet their messages first
+# Scoring more candidates than this in Python (ranking.py, about a millisecond) is work for
+# a reader thread, not for the event loop's (readers.heavy)
+INLINE_SCORED = 500
 
 
 @dataclass(frozen=True)
@@ -163,19 +193,34 @@ def _branches(tree: q.Node, roles: Sequence[str], include_tools: bool = False) -
     return out
 
 
-def _live(
-    conn: sqlite3.Connection, branches: tuple[_Planned, ...]
-) -> tuple[tuple[_Planned, ...], int]:
-    """The branches that can match, and the main index's rows. A column of the side index
-    that holds no token at all (no message with CJK/emoji, or none with tool calls: its
-    averages record says so) is left out of the MATCH, which FTS5 would otherwise look up
-    term by term in every segment."""
-    main, side = conn.execute(
-        f"SELECT (SELECT block FROM {FTS_TABLE}_data WHERE id = 1), "
-        "(SELECT block FROM messages_aux_fts_data WHERE id = 1)"
-    ).fetchone()
-    rows = ranking.totals_of(main)[0]
+_BLOCKS = (
+    f"SELECT (SELECT block FROM {FTS_TABLE}_data WHERE id = 1), "
+    "(SELECT block FROM messages_aux_fts_data WHERE id = 1)"
+)
+# What a plan depends on in the indexes' averages records: the side index's columns hold
+# any token (seg_text, tool_text), FTS5's bm25() may rank the main one. The last search's
+# finding is each search's guess, checked against the records its own statement reads
+# (the same snapshot): a wrong guess runs the statement again.
+_Indexes = tuple[bool, bool, bool]
+_last: list[_Indexes] = [(True, True, True)]
+
+
+def _indexes(main: bytes | None, side: bytes | None) -> _Indexes:
+    rows, seg, tool = _totals(main, side)
+    return seg, tool, _c_bm25(rows)
+
+
+@functools.lru_cache(maxsize=16)
+def _totals(main: bytes | None, side: bytes | None) -> tuple[int, bool, bool]:
     seg, tool = (ranking.column_totals(side) + [0, 0])[:2]
+    return ranking.totals_of(main)[0], bool(seg), bool(tool)
+
+
+def _live(branches: tuple[_Planned, ...], seg: bool, tool: bool) -> tuple[_Planned, ...]:
+    """The branches that can match. A column of the side index that holds no token at
+    all (no message with CJK/emoji, or none with tool calls: its averages record says so)
+    is left out of the MATCH, which FTS5 would otherwise look up term by term in every
+    segment."""
     out = []
     for br, phrases in branches:
         if br.aux and (not seg or (br.tool_match and not tool)):
@@ -184,7 +229,7 @@ def _live(
             match = br.tool_match if not seg else br.seg_match
             br = dataclasses.replace(br, match=match)
         out.append((br, phrases))
-    return tuple(out), rows
+    return tuple(out)
 
 
 _Planned = tuple[_Branch, list[ranking.Phrase]]
@@ -193,7 +238,7 @@ _Planned = tuple[_Branch, list[ranking.Phrase]]
 @functools.lru_cache(maxsize=256)
 def _plan(
     query: str, roles: tuple[str, ...], include_tools: bool
-) -> tuple[tuple[_Planned, ...], list[q.Term], bool]:
+) -> tuple[tuple[_Planned, ...], list[q.Term], bool, bool]:
     """What a query asks of the indexes (a pure function of its text, so repeated and
     paged searches parse once): each branch with its ranking phrases, the terms snippets
     mark, and whether FTS5's own bm25() scores the main index's hits: when it gives
@@ -201,7 +246,7 @@ def _plan(
     phrases bm25() counts too, and every term makes tokens) and its document counts are
     worth their walk (several phrases need them; a lone phrase of several words would be
     checked word position by word position in every row holding its words, for an IDF
-    that scales every score alike)."""
+    that scales every score alike); last, whether a term is a prefix."""
     tree = q.parse(query)
     branches = tuple((br, br.phrases(tree)) for br in _branches(tree, roles, include_tools))
     terms = q.terms(tree)
@@ -213,7 +258,7 @@ def _plan(
         # a term given twice is one phrase to bm25()'s IDF but two to the Python scoring
         and len({(p.tokens, p.prefix) for p in phrases}) == len(phrases)
     )
-    return branches, q.positive_terms(tree), native
+    return branches, q.positive_terms(tree), native, any(t.prefix for t in terms)
 
 
 def _like(piece: str) -> str:
@@ -259,94 +304,154 @@ def search(
     whole content under `_near`, for the Hermes-shaped answer)."""
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
-    branches, marks, native = _plan(req.query, tuple(req.roles), req.include_tools)
-    where, fparams, scoped = filters(req)
-    # Candidates meet sessions only when the scope filters on them.
-    join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
+    planned, marks, native, prefixed = _plan(req.query, tuple(req.roles), req.include_tools)
+    if prefixed:
+        heavy(conn)  # FTS5 gathers a prefix's terms in one call, which no handler stops
+    relevance = req.sort == "relevance"
+    limit, offset = max(1, req.limit), max(0, req.offset)
+    at = time.time() if now is None else now
+    guess = _last[0]
+    while True:
+        branches = _live(planned, guess[0], guess[1])
+        if not branches:  # nothing can match, if the guess holds
+            found_out = _indexes(*conn.execute(_BLOCKS).fetchone())
+            if found_out == guess:
+                return []
+        else:
+            # FTS5's bm25() ranks the main index's window when it equals ranking.py's score
+            c_rank = relevance and native and not branches[0][0].aux and guess[2]
+            rows, names, head = _candidates(conn, req, branches, c_rank, filters(req), at)
+            found_out = _indexes(head[-3], head[-2])
+            if found_out == guess:
+                break
+        guess = _last[0] = found_out
+    if relevance:
+        blocks = [head[-2] if br.aux else head[-3] for br, _ in branches]
+        rows = _rank(conn, rows, names, branches, blocks, at)
+        rows = rows[offset : offset + limit]
+    hits = [dict(zip(names, row, strict=True)) for row in rows]
+    add_page(conn, hits, marks, neighbours)
+    for h in hits:
+        for key in ("fts", "body", "size", "score"):
+            h.pop(key, None)
+    return cast(list[SearchHit], hits)
+
+
+def _candidates(
+    conn: sqlite3.Connection,
+    req: SearchRequest,
+    branches: tuple[_Planned, ...],
+    c_rank: bool,
+    where_params_scoped: tuple[str, list[object], bool],
+    at: float,
+) -> tuple[list[tuple[Any, ...]], list[str], tuple[Any, ...]]:
+    """The candidates from each index's window (see `search`), their column names, and the
+    head: each window's size, the two averages records, the best bm25 left out."""
+    where, fparams, scoped = where_params_scoped
     relevance = req.sort == "relevance"
     limit, offset = max(1, req.limit), max(0, req.offset)
     need = limit + offset
-    direction = "ASC" if req.sort == "oldest" else "DESC"
     window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
-    branches, indexed = _live(conn, branches)
-    if not branches:
-        return []
     nb = len(branches)
-    # FTS5's bm25() ranks the main index's window when it equals ranking.py's score there
-    c_rank = relevance and native and not branches[0][0].aux and _c_bm25(indexed)
-    at = time.time() if now is None else now
+    # bm25() and a message's age give its score: first only the NARROW best by bm25 alone
+    # meet their messages (the age only lowers a score), which settles the page when the
+    # worst score on it still beats the best bm25 left out; else the whole window
+    narrow = c_rank
     while True:
-        ctes: list[str] = []
-        parts: list[str] = []
-        params: list[object] = []
-        inner: list[object] = []
+        cut = NARROW_EXTRA + 2 * need if narrow else 0
+        sql, names = _window_sql(
+            tuple(br for br, _ in branches), c_rank, cut, window, need, req.sort, where, scoped
+        )
+        params: list[object] = [br.match for br, _ in branches]
         for i, (br, _) in enumerate(branches):
-            native_i = c_rank and i == 0
-            body = br.body if relevance and not native_i else "NULL AS body, NULL AS size"
-            score = ", bm25(" + br.table + ") AS sc" if native_i else ""
-            ctes.append(
-                f"w{i} AS MATERIALIZED (SELECT rowid AS rid{score} FROM {br.table} "
-                f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT {int(window)})"
-            )
-            # (LEFT JOIN: for an inner join of the window the planner builds a Bloom filter
-            # over every message first, 20 ms on 100,000 of them; an index row without its
-            # message, which triggers never leave, would come as a NULL id, dropped below)
-            params.append(br.match)
-            part = (
-                f"SELECT {_HIT_COLUMNS}, {body}, "
-                + (
-                    f"-f.sc / (1.0 + max(0.0, ? - m.timestamp) / {HALF_LIFE_S!r}) AS score"
-                    if native_i
-                    else "NULL AS score"
-                )
-                + f", '{br.table}' AS fts FROM w{i} f "
-                f"LEFT JOIN messages m ON m.id = f.rid{join} WHERE {where}{br.extra_where}"
-            )
-            if native_i:  # the best `need` of this index: no other can rank above them
-                part = f"SELECT * FROM ({part} ORDER BY score DESC, id DESC LIMIT {need})"
-                inner.append(at)
-            parts.append(part)
-            inner += [*fparams, *br.extra_params]
-        union = " UNION ALL ".join(parts)
-        if not relevance:  # the page itself, in its order
-            union = f"SELECT * FROM ({union}) ORDER BY {_order(req.sort)} LIMIT ? OFFSET ?"
-            inner += [limit, offset]
-        # one row of each window's size and index totals, joined to every candidate (or
-        # to none: NULLs)
-        counts = ", ".join(
-            f"(SELECT COUNT(*) FROM w{i}), (SELECT block FROM {br.table}_data WHERE id = 1)"
-            for i, (br, _) in enumerate(branches)
-        )
-        sql = (
-            f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
-            f"LEFT JOIN ({union}) p ON 1"
-            + ("" if relevance else f" ORDER BY {_order(req.sort, 'p.')}")
-        )
+            if c_rank and i == 0:
+                params.append(at)
+            params += [*fparams, *br.extra_params]
+        if not relevance:
+            params += [limit, offset]
         try:
-            cur = conn.execute(sql, params + inner)
-            names = [d[0] for d in cur.description][2 * nb :]
-            found = cur.fetchall()
+            found = conn.execute(sql, params).fetchall()
         except sqlite3.OperationalError as exc:
             # Every term is quoted, so this means FTS5 refused something we did not
             # foresee; report it as a query problem, never as an SQL error.
             if "fts5" in str(exc) or "syntax" in str(exc) or "malformed MATCH" in str(exc):
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
-        head: tuple[Any, ...] = found[0][: 2 * nb] if found else (0, None) * nb
-        rows = [r[2 * nb :] for r in found if r[2 * nb] is not None]
+        w = nb + 3  # the head's width
+        head: tuple[Any, ...] = found[0][:w]
+        rows = [r[w:] for r in found if r[w] is not None]
+        if narrow and head[-1] is not None:
+            narrow = False
+            # bm25() is negative, so -sc and its age-damped score are positive, the
+            # latter never above the former: a page whose worst beats the best left out
+            # is the page of the whole window
+            scored = [r[6] for r in rows if r[7] == FTS_TABLE]
+            if len(scored) < need or min(scored) <= head[-1]:
+                continue
         # relevance: enough candidates for the page; otherwise the page itself is full
-        if len(rows) >= (need if relevance else limit) or all(n < window for n in head[0::2]):
-            break
+        if len(rows) >= (need if relevance else limit) or all(n < window for n in head[:nb]):
+            return rows, names, head
         window *= WINDOW_GROWTH
-    if relevance:
-        rows = _rank(conn, rows, names, branches, head[1::2], at)
-        rows = rows[offset : offset + limit]
-    hits = [dict(zip(names, row, strict=True)) for row in rows]
-    _add_page(conn, hits, marks, neighbours)
-    for h in hits:
-        for key in ("fts", "body", "size", "score"):
-            h.pop(key, None)
-    return cast(list[SearchHit], hits)
+
+
+@functools.lru_cache(maxsize=512)
+def _window_sql(
+    branches: tuple[_Branch, ...],
+    c_rank: bool,
+    cut: int,
+    window: int,
+    need: int,
+    sort: str,
+    where: str,
+    scoped: bool,
+) -> tuple[str, list[str]]:
+    """The statement of `_candidates` and its candidates' column names. Parameters: each
+    branch's MATCH, then per branch (the time, for the bm25() one) the filters' and its
+    own, then (not by relevance) LIMIT and OFFSET."""
+    relevance = sort == "relevance"
+    direction = "ASC" if sort == "oldest" else "DESC"
+    # Candidates meet sessions only when the scope filters on them.
+    join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
+    ctes: list[str] = []
+    parts: list[str] = []
+    for i, br in enumerate(branches):
+        native_i = c_rank and i == 0
+        body = br.body if relevance and not native_i else "NULL AS body, NULL AS size"
+        score = ", bm25(" + br.table + ") AS sc" if native_i else ""
+        ctes.append(
+            f"w{i} AS MATERIALIZED (SELECT rowid AS rid{score} FROM {br.table} "
+            f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT {int(window)})"
+        )
+        # (LEFT JOIN: for an inner join of the window the planner builds a Bloom filter
+        # over every message first, 20 ms on 100,000 of them; an index row without its
+        # message, which triggers never leave, would come as a NULL id, dropped below)
+        source = f"(SELECT * FROM w{i} ORDER BY sc LIMIT {cut})" if native_i and cut else f"w{i}"
+        part = (
+            f"SELECT {_HIT_COLUMNS}, {body}, "
+            + (
+                f"-f.sc / (1.0 + max(0.0, ? - m.timestamp) / {HALF_LIFE_S!r}) AS score"
+                if native_i
+                else "NULL AS score"
+            )
+            + f", '{br.table}' AS fts FROM {source} f "
+            f"LEFT JOIN messages m ON m.id = f.rid{join} WHERE {where}{br.extra_where}"
+        )
+        if native_i:  # the best `need` of this index: no other can rank above them
+            part = f"SELECT * FROM ({part} ORDER BY score DESC, id DESC LIMIT {need})"
+        parts.append(part)
+    union = " UNION ALL ".join(parts)
+    if not relevance:  # the page itself, in its order
+        union = f"SELECT * FROM ({union}) ORDER BY {_order(sort)} LIMIT ? OFFSET ?"
+    # one row of each window's size, both averages records and the best bm25 left out,
+    # joined to every candidate (or to none: NULLs)
+    counts = "".join(f"(SELECT COUNT(*) FROM w{i}), " for i in range(len(branches)))
+    counts += _BLOCKS.removeprefix("SELECT ")
+    counts += f", (SELECT -sc FROM w0 ORDER BY sc LIMIT 1 OFFSET {cut})" if cut else ", NULL"
+    sql = (
+        f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
+        f"LEFT JOIN ({union}) p ON 1" + ("" if relevance else f" ORDER BY {_order(sort, 'p.')}")
+    )
+    return sql, ["id", "session_id", "role", "timestamp", "body", "size", "score", "fts"]
 
 
 def _c_bm25(indexed: int) -> bool:
@@ -386,6 +491,8 @@ def _rank(
             for r in mine:
                 scores[r[i_id]] = r[i_sc]
             continue
+        if len(mine) > INLINE_SCORED:
+            heavy(conn)
         indexed, avgdl = ranking.totals_of(block)
         weights = [1.0] * len(phrases)
         if ranking.weighted(indexed, len(phrases), mixed):
@@ -424,93 +531,6 @@ def _dfs(
     ]
 
 
-def _add_page(
-    conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term], neighbours: bool
-) -> None:
-    """Each hit's session columns, snippet and neighbours in one statement for the page."""
-    if not hits:
-        return
-    values = ", ".join("(?, ?)" for _ in hits)
-    params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
-    before_sql = "p.content" if neighbours else f"substr(p.content, 1, {CONTEXT_CHARS})"
-    after_sql = before_sql.replace("p.", "n.")
-    rows = conn.execute(
-        f"WITH hits(hid, sid) AS (VALUES {values}) "
-        f"SELECT hid, {', '.join('s.' + c for c in _SESSION_COLUMNS)}, o.content, o.tool_name, "
-        f"p.id, p.role, {before_sql}, n.id, n.role, {after_sql} FROM hits "
-        "LEFT JOIN sessions s ON s.id = sid LEFT JOIN messages o ON o.id = hid "
-        "LEFT JOIN messages p ON p.id = "
-        "(SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
-        "LEFT JOIN messages n ON n.id = "
-        "(SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid)",
-        params,
-    ).fetchall()
-    by_hit = {r[0]: r for r in rows}
-    for h in hits:
-        r = by_hit[h["id"]]
-        h.update(zip(_SESSION_COLUMNS, r[1:5], strict=True))
-        h["snippet"] = make_snippet(r[5] or "", marks)
-        if neighbours:  # the hit's tool name; whole contents, decoded by the caller
-            near = [(r[8], r[9])] if r[7] is not None else []
-            near.append((h["role"], r[5]))
-            near += [(r[11], r[12])] if r[10] is not None else []
-            h["_near"] = (r[6], near)
-        before, after_ = (
-            None
-            if r[i] is None
-            else {"id": r[i], "role": r[i + 1], "content": _cut(r[i + 2], neighbours)}
-            for i in (7, 10)
-        )
-        h["context_before"], h["context_after"] = before, after_
-
-
-def _cut(content: Any, whole: bool) -> Any:
-    """A neighbour's content as the native answer has it: its first CONTEXT_CHARS."""
-    return content[:CONTEXT_CHARS] if whole and isinstance(content, str) else content
-
-
-def _fold(text: str) -> tuple[str, list[int]]:
-    """Lower-case, accent-free text plus, for each folded char, its index in `text`."""
-    if text.isascii():
-        return text.lower(), list(range(len(text)))
-    out: list[str] = []
-    pos: list[int] = []
-    for i, ch in enumerate(text):
-        for f in unicodedata.normalize("NFKD", ch.casefold()):
-            if not unicodedata.combining(f):
-                out.append(f)
-                pos.append(i)
-    return "".join(out), pos
-
-
-def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> str:
-    """A window of `content` around the first match, matches wrapped in >>> <<<.
-    Matching ignores case and accents, as the index does."""
-    text = " ".join((content or "").split())
-    if not text:
-        return ""
-    folded, pos = _fold(text)
-    words = sorted(
-        {_fold(t.text.strip())[0] for t in marks if t.text.strip()}, key=len, reverse=True
-    )
-    spans: list[tuple[int, int]] = []
-    if words:
-        pattern = re.compile("|".join(re.escape(w) for w in words if w))
-        for m in pattern.finditer(folded):
-            if m.end() > m.start():
-                spans.append((pos[m.start()], pos[m.end() - 1] + 1))
-    start = 0 if not spans else max(0, spans[0][0] - width // 3)
-    end = min(len(text), start + width)
-    out, cursor = [], start
-    for a, b in spans:
-        if a < cursor or b > end:
-            continue
-        out.append(text[cursor:a] + MARK_OPEN + text[a:b] + MARK_CLOSE)
-        cursor = b
-    out.append(text[cursor:end])
-    return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
-
-
 class SearchOps(Dispatch):
     """SessionDB's message search."""
 
@@ -539,4 +559,4 @@ class SearchOps(Dispatch):
             limit=limit,
             offset=offset,
         )
-        return await self._read(search, req)
+        return await self._read_short(search, req)

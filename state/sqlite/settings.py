@@ -19,3 +19,7 @@ class WriterConfig:
     checkpoint_wal_bytes: int = 1024 * 1024  # ... once the WAL file has grown past this size
     restart_wal_frames: int = 1000  # past this many frames (4 MB) the writer restarts the WAL
     writer_checkpoint_pages: int = 16000  # safety net: SQLite's own checkpoint in the writer
+    # The search indexes are merged in steps of `merge_pages` once the queue has been empty
+    # this long (state/sqlite/compaction.py); None: never.
+    merge_idle_s: float | None = 0.5
+    merge_pages: int = 32

@@ -27,6 +27,7 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from ..errors import DatabaseBusy, DatabaseError, StateError, WriterClosed
 from ..records import WriterStats
+from . import compaction
 from .connection import close_quietly, connect_writer, identity, is_busy, translate_error
 from .settings import SYNCHRONOUS_MODES, WriterConfig
 from .windows import keeps, windows_of
@@ -149,11 +150,20 @@ class Writer:
         self._replaced_said = False
         self.checkpoints = 0
         self.wal_restarts = 0
+        # the search indexes may hold segments to merge (a file opened may, any write may)
+        self._merge_due = True
+        self._merge_tables: tuple[str, ...] | None = None  # known once usermerge is set
+        self.merge_steps = 0
 
     @property
     def queue_depth(self) -> int:
         """Operations waiting for the writer (not counting the batch it is running)."""
         return self._inbox.qsize()
+
+    @property
+    def merge_pending(self) -> bool:
+        """Whether the search indexes may still have segments to merge when idle."""
+        return self._merge_due and self.config.merge_idle_s is not None
 
     async def start(self, conn: sqlite3.Connection | None = None) -> None:
         """Adopt `conn` (already migrated) or open a new one, then start the task."""
@@ -313,7 +323,7 @@ class Writer:
         stop = False
         try:
             while not stop:
-                first, held = (held if held is not None else self._inbox.get()), None
+                first, held = (held if held is not None else self._next()), None
                 if first is _STOP:
                     break
                 batch: list[_Op] = [first]
@@ -330,11 +340,47 @@ class Writer:
                         break
                     batch.append(nxt)
                 self._post(batch, self._execute(batch))
+                self._merge_due = True
                 if self._restart_wanted:
                     self._restart_wanted = False
                     self._finish_checkpoint()
         finally:
             self._drain_after_stop(held)
+
+    def _next(self) -> Any:
+        """The next queued item. While the search indexes may need merging, each time the
+        queue stays empty for `merge_idle_s` they are merged step by step until they are
+        compact or something is queued, which then goes first."""
+        idle = self.config.merge_idle_s
+        while self._merge_due and idle is not None:
+            try:
+                return self._inbox.get(timeout=idle)
+            except queue.Empty:
+                self._compact()
+        return self._inbox.get()
+
+    def _compact(self) -> None:
+        """Merge steps while nothing is queued (compaction.py): one step is the longest a
+        write arriving meanwhile waits; another process holding the lock defers them."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            self._check_same_file()
+            while self._inbox.empty():
+                done = compaction.run_step(conn, self._merge_tables, self.config.merge_pages)
+                if done is None:  # busy: tried again at the next idle moment
+                    return
+                self._merge_tables, worked = done
+                self.merge_steps += 1
+                if self._restart_wanted:  # a long merge is continuous writing too
+                    self._restart_wanted = False
+                    self._finish_checkpoint()
+                if not worked:
+                    self._merge_due = False
+                    return
+        except (sqlite3.Error, DatabaseError) as exc:
+            log.warning("merging the search indexes failed: %s", exc)
+            self._merge_due = False
 
     def _drain_after_stop(self, held: Any) -> None:
         """Refuse whatever is still queued (only a crash of the loop above leaves any), then

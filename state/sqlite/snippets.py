@@ -1,0 +1,161 @@
+"""A search page's finish: each hit's session columns, neighbours and snippet (a window of
+its text around the first match, the query's terms marked, matched as the index matches
+them: case and accents ignored)."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import unicodedata
+from typing import Any
+
+from .. import query as q
+from ..rows import Row
+
+MARK_OPEN, MARK_CLOSE = ">>>", "<<<"
+CONTEXT_CHARS = 200
+_SESSION_COLUMNS = ("source", "model", "title", "started_at")  # added for the page only
+
+
+def _fold_char(ch: str) -> str:
+    return "".join(
+        f for f in unicodedata.normalize("NFKD", ch.casefold()) if not unicodedata.combining(f)
+    )
+
+
+# each character met (up to _KEPT of them): what it folds to (for str.translate), and
+# those that fold to other than exactly one character (then positions shift)
+_FOLDED: dict[int, str] = {}
+_SEEN: set[str] = set()
+_UNEVEN: set[str] = set()
+_KEPT = 20_000
+
+
+def _fold(text: str) -> tuple[str, list[int] | None]:
+    """Lower-case, accent-free text plus, for each folded char, its index in `text` (None:
+    the same index, every char folding to one)."""
+    if text.isascii():
+        return text.lower(), None
+    chars = set(text)
+    kept = True
+    for ch in chars - _SEEN:
+        if len(_FOLDED) >= _KEPT:
+            kept = False
+            break
+        folded = _fold_char(ch)
+        if len(folded) != 1:
+            _UNEVEN.add(ch)
+        _FOLDED[ord(ch)] = folded
+        _SEEN.add(ch)
+    if kept and chars.isdisjoint(_UNEVEN):
+        return text.translate(_FOLDED), None
+    out: list[str] = []
+    pos: list[int] = []
+    for i, ch in enumerate(text):
+        for f in _FOLDED.get(ord(ch)) or _fold_char(ch):
+            out.append(f)
+            pos.append(i)
+    return "".join(out), pos
+
+
+@functools.lru_cache(maxsize=256)
+def _words(marks: tuple[q.Term, ...]) -> tuple[str, ...]:
+    """The marked terms folded, longest first."""
+    words = {_fold(t.text.strip())[0] for t in marks if t.text.strip()}
+    return tuple(sorted((w for w in words if w), key=len, reverse=True))
+
+
+def _matches(folded: str, words: tuple[str, ...], width: int) -> list[tuple[int, int]]:
+    """Where the words occur in `folded`, as a regular expression of them, longest first,
+    would find them (leftmost; at one place the longest; never overlapping), up to the
+    end of the snippet's window."""
+    out: list[tuple[int, int]] = []
+    at = {w: folded.find(w) for w in words}
+    i, stop = 0, len(folded)
+    while True:
+        first, word = -1, ""
+        for w in words:
+            a = at[w]
+            if 0 <= a < i:
+                a = at[w] = folded.find(w, i)
+            if a >= 0 and (first < 0 or a < first):
+                first, word = a, w
+        if first < 0 or first >= stop:
+            return out
+        if not out:
+            stop = max(0, first - width // 3) + width
+        out.append((first, first + len(word)))
+        i = first + len(word)
+
+
+def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> str:
+    """A window of `content` around the first match, matches wrapped in >>> <<<.
+    Matching ignores case and accents, as the index does."""
+    text = " ".join((content or "").split())
+    if not text:
+        return ""
+    words = _words(tuple(marks))
+    spans: list[tuple[int, int]] = []
+    if words:
+        folded, pos = _fold(text)
+        for a, b in _matches(folded, words, width if pos is None else len(folded)):
+            spans.append((a, b) if pos is None else (pos[a], pos[b - 1] + 1))
+    start = 0 if not spans else max(0, spans[0][0] - width // 3)
+    end = min(len(text), start + width)
+    out, cursor = [], start
+    for a, b in spans:
+        if a < cursor or b > end:
+            continue
+        out.append(text[cursor:a] + MARK_OPEN + text[a:b] + MARK_CLOSE)
+        cursor = b
+    out.append(text[cursor:end])
+    return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
+
+
+def add_page(
+    conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term], neighbours: bool
+) -> None:
+    """Each hit's session columns, snippet and neighbours in one statement for the page."""
+    if not hits:
+        return
+    params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
+    rows = conn.execute(_page_sql(len(hits), neighbours), params).fetchall()
+    by_hit = {r[0]: r for r in rows}
+    for h in hits:
+        r = by_hit[h["id"]]
+        h.update(zip(_SESSION_COLUMNS, r[1:5], strict=True))
+        h["snippet"] = make_snippet(r[5] or "", marks)
+        if neighbours:  # the hit's tool name; whole contents, decoded by the caller
+            near = [(r[8], r[9])] if r[7] is not None else []
+            near.append((h["role"], r[5]))
+            near += [(r[11], r[12])] if r[10] is not None else []
+            h["_near"] = (r[6], near)
+        before, after_ = (
+            None
+            if r[i] is None
+            else {"id": r[i], "role": r[i + 1], "content": _cut(r[i + 2], neighbours)}
+            for i in (7, 10)
+        )
+        h["context_before"], h["context_after"] = before, after_
+
+
+@functools.lru_cache(maxsize=128)
+def _page_sql(hits: int, neighbours: bool) -> str:
+    values = ", ".join("(?, ?)" for _ in range(hits))
+    before_sql = "p.content" if neighbours else f"substr(p.content, 1, {CONTEXT_CHARS})"
+    after_sql = before_sql.replace("p.", "n.")
+    return (
+        f"WITH hits(hid, sid) AS (VALUES {values}) "
+        f"SELECT hid, {', '.join('s.' + c for c in _SESSION_COLUMNS)}, o.content, o.tool_name, "
+        f"p.id, p.role, {before_sql}, n.id, n.role, {after_sql} FROM hits "
+        "LEFT JOIN sessions s ON s.id = sid LEFT JOIN messages o ON o.id = hid "
+        "LEFT JOIN messages p ON p.id = "
+        "(SELECT MAX(id) FROM messages WHERE session_id = sid AND id < hid) "
+        "LEFT JOIN messages n ON n.id = "
+        "(SELECT MIN(id) FROM messages WHERE session_id = sid AND id > hid)"
+    )
+
+
+def _cut(content: Any, whole: bool) -> Any:
+    """A neighbour's content as the native answer has it: its first CONTEXT_CHARS."""
+    return content[:CONTEXT_CHARS] if whole and isinstance(content, str) else content
