@@ -88,7 +88,8 @@ def sdist_tests() -> Path:
                 ]
                 for m in members:
                     m.name = "tests/" + Path(m.name).name
-                tar.extractall(root, members=members, filter="data")
+                safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # 3.11.4+
+                tar.extractall(root, members=members, **safe)
     return tests
 
 
