@@ -25,6 +25,11 @@ from .connection import is_busy
 TABLES = ("sb_messages_fts", "messages_aux_fts")
 USERMERGE = 2
 STEP_PAGES = 32  # pages one step merges per index: about a millisecond of work
+# After each step the writer rests this many times as long as the step took: a first merge
+# of a large, fragmented index rewrites much of it, and spread out it takes at most a fifth
+# of a core from the searches running meanwhile.
+REST = 4
+REST_MIN_S = 0.001
 
 
 def prepare(conn: sqlite3.Connection) -> tuple[str, ...]:

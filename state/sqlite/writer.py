@@ -348,39 +348,44 @@ class Writer:
             self._drain_after_stop(held)
 
     def _next(self) -> Any:
-        """The next queued item. While the search indexes may need merging, each time the
-        queue stays empty for `merge_idle_s` they are merged step by step until they are
-        compact or something is queued, which then goes first."""
+        """The next queued item. While the search indexes may need merging, once the queue
+        has stayed empty for `merge_idle_s` they are merged step by step, with a rest after
+        each (compaction.REST), until they are compact. Anything queued goes first, at the
+        end of the step or the rest it arrives in."""
         idle = self.config.merge_idle_s
+        wait = idle
         while self._merge_due and idle is not None:
             try:
-                return self._inbox.get(timeout=idle)
+                return self._inbox.get(timeout=wait)
             except queue.Empty:
-                self._compact()
+                took = self._compact_step()
+                wait = idle if took is None else max(took * compaction.REST, compaction.REST_MIN_S)
         return self._inbox.get()
 
-    def _compact(self) -> None:
-        """Merge steps while nothing is queued (compaction.py): one step is the longest a
-        write arriving meanwhile waits; another process holding the lock defers them."""
+    def _compact_step(self) -> float | None:
+        """One merge step (compaction.py): the seconds it took, or None (nothing left to
+        merge, the merge failed, or another process holds the lock: next idle moment)."""
         conn = self._conn
         assert conn is not None
+        started = time.perf_counter()
         try:
             self._check_same_file()
-            while self._inbox.empty():
-                done = compaction.run_step(conn, self._merge_tables, self.config.merge_pages)
-                if done is None:  # busy: tried again at the next idle moment
-                    return
-                self._merge_tables, worked = done
-                self.merge_steps += 1
-                if self._restart_wanted:  # a long merge is continuous writing too
-                    self._restart_wanted = False
-                    self._finish_checkpoint()
-                if not worked:
-                    self._merge_due = False
-                    return
+            done = compaction.run_step(conn, self._merge_tables, self.config.merge_pages)
+            if done is None:
+                return None
+            self._merge_tables, worked = done
+            self.merge_steps += 1
+            if self._restart_wanted:  # a long merge is continuous writing too
+                self._restart_wanted = False
+                self._finish_checkpoint()
+            if not worked:
+                self._merge_due = False
+                return None
         except (sqlite3.Error, DatabaseError) as exc:
             log.warning("merging the search indexes failed: %s", exc)
             self._merge_due = False
+            return None
+        return time.perf_counter() - started
 
     def _drain_after_stop(self, held: Any) -> None:
         """Refuse whatever is still queued (only a crash of the loop above leaves any), then
