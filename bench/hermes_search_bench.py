@@ -2,13 +2,17 @@
 asserts nothing.
 
   python bench/hermes_search_bench.py [--messages 15000] [--queries 40] [--rounds 3]
+                                      [--dsn DSN | --no-postgres]
 
 Both stores get the same messages (English-like chat text on a dense vocabulary, 5% CJK, in
 sessions of 50) through their own append call, each in a fresh file in its own subprocess
 (Hermes from the registry, installed into the test cache by tests/hermes_pkg.py). Then the
 same queries of each kind run through `search_messages(query, limit=20)`: Hermes's own, and
 switchboard's through its Hermes-compatible facade (the same call and answer shape, with
-the neighbouring messages) and through the native store the gateway uses. Each query runs
+the neighbouring messages), through the native store the gateway uses, and through the
+PostgreSQL store on a fresh database of the server `--dsn` names (its own append call; the
+server's CPU for each query is added to the client's, read from the backend's /proc
+entry, so the figure is the whole work of a query on this machine). Each query runs
 once to warm the page cache, then once measured as CPU time (time.process_time: the
 store's work in this process, which other work on the machine disturbs less than it does a
 wall clock); a kind's figure is the median per query, then the median over rounds. The rounds alternate the programs, since this machine's speed
@@ -36,7 +40,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.corpus import COMMON, TextGen  # noqa: E402
 from state.textindex import is_cjk  # noqa: E402
+from tests.cluster.harness import drop_database, fresh_database  # noqa: E402
 from tests.hermes_pkg import installed  # noqa: E402
+
+DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
 KINDS = ("two common words", "two words", "phrase", "cjk 3-char", "cjk 2-char")
 
@@ -101,6 +108,79 @@ asyncio.run(main())
 """
 
 
+BUILD_PG = """
+import asyncio, json, sys
+from pathlib import Path
+from state.pg.store import PgStore
+
+async def main():
+    dsn, corpus = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
+    db = await PgStore.open(dsn)
+    for i, text in enumerate(corpus["texts"]):
+        sid = f"s{i // 50}"
+        if i % 50 == 0:
+            await db.create_session(sid, "cli")
+        await db.append_message(sid, "user" if i % 2 == 0 else "assistant", text)
+    await db.close()
+
+asyncio.run(main())
+"""
+
+QUERY_PG = """
+import asyncio, json, os, statistics, sys, time
+from pathlib import Path
+from state.pg.store import PgStore
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+def backends(dsn):
+    import psycopg
+    with psycopg.connect(dsn) as conn:
+        me = conn.info.backend_pid
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> %s",
+            (me,),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+def server_cpu(pids):
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                f = fh.read().rpartition(")")[2].split()
+            total += (int(f[11]) + int(f[12])) / TICK
+        except OSError:
+            pass
+    return total
+
+async def main():
+    dsn, corpus = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
+    db = await PgStore.open(dsn)
+    pids = backends(dsn)
+    out, hits = {}, {}
+    for kind, queries in corpus["queries"].items():
+        for q in queries:
+            await db.search_messages(q, limit=20)
+        # the server's ticks are coarse (10 ms): its CPU is read over the kind's queries
+        # and shared out by the client's time per query
+        times, found = [], 0
+        server = server_cpu(pids)
+        for q in queries:
+            t = time.process_time()
+            found += len(await db.search_messages(q, limit=20))
+            times.append(time.process_time() - t)
+        server = server_cpu(pids) - server
+        share = server / max(sum(times), 1e-9)
+        out[kind] = statistics.median(times) * (1 + share)
+        hits[kind] = found / len(queries)
+    await db.close()
+    print(json.dumps({"times": out, "hits": hits}))
+
+asyncio.run(main())
+"""
+
+
 def corpus(n: int, per_kind: int, seed: int = 11) -> dict[str, object]:
     gen = TextGen()
     rng = random.Random(seed)
@@ -132,10 +212,12 @@ def corpus(n: int, per_kind: int, seed: int = 11) -> dict[str, object]:
     return {"texts": texts, "queries": queries}
 
 
-def _run(script: str, pythonpath: str, *args: str) -> dict[str, dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": pythonpath, "HERMES_HOME": str(Path(args[0]).parent)}
+def _run(
+    script: str, pythonpath: str, where: str, data: str, home: Path
+) -> dict[str, dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": pythonpath, "HERMES_HOME": str(home)}
     proc = subprocess.run(
-        [sys.executable, "-c", script, *args],
+        [sys.executable, "-c", script, where, data],
         capture_output=True,
         text=True,
         env=env,
@@ -150,6 +232,12 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=15_000)
     ap.add_argument("--queries", type=int, default=40, help="per kind")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--dsn",
+        default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN),
+        help="the PostgreSQL server for the PostgreSQL store's column (a fresh database on it)",
+    )
+    ap.add_argument("--no-postgres", action="store_true", help="leave the PostgreSQL column out")
     args = ap.parse_args()
     hermes = str(installed())
     programs = {
@@ -161,23 +249,57 @@ def main() -> None:
         ),
         "switchboard (native)": ("state.hermes.compat", str(ROOT), QUERY_NATIVE),
     }
+    pg: tuple[str, str] | None = None
+    if not args.no_postgres:
+        pg = fresh_database(args.dsn)
+        programs["switchboard (PostgreSQL)"] = ("postgres", str(ROOT), QUERY_PG)
     results: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in programs}
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        data = tmp / "corpus.json"
-        data.write_text(json.dumps(corpus(args.messages, args.queries)))
-        built: dict[str, Path] = {}
-        for module, path in (("hermes_state", hermes), ("state.hermes.compat", str(ROOT))):
-            db = tmp / f"{module}.db"
-            subprocess.run(
-                [sys.executable, "-c", BUILD.format(module=module), str(db), str(data)],
-                env={**os.environ, "PYTHONPATH": path, "HERMES_HOME": str(tmp)},
-                check=True,
-            )
-            built[module] = db
-        for _ in range(args.rounds):
-            for name, (module, path, script) in programs.items():
-                results[name].append(_run(script, path, str(built[module]), str(data)))
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            run_rounds(args, programs, results, hermes, pg, Path(d))
+    finally:
+        if pg is not None:
+            drop_database(args.dsn, pg[0])
+    report(args, programs, results)
+
+
+def run_rounds(
+    args: argparse.Namespace,
+    programs: dict[str, tuple[str, str, str]],
+    results: dict[str, list[dict[str, dict[str, float]]]],
+    hermes: str,
+    pg: tuple[str, str] | None,
+    tmp: Path,
+) -> None:
+    data = tmp / "corpus.json"
+    data.write_text(json.dumps(corpus(args.messages, args.queries)))
+    built: dict[str, Path] = {}
+    for module, path in (("hermes_state", hermes), ("state.hermes.compat", str(ROOT))):
+        db = tmp / f"{module}.db"
+        subprocess.run(
+            [sys.executable, "-c", BUILD.format(module=module), str(db), str(data)],
+            env={**os.environ, "PYTHONPATH": path, "HERMES_HOME": str(tmp)},
+            check=True,
+        )
+        built[module] = db
+    where = {module: str(db) for module, db in built.items()}
+    if pg is not None:
+        subprocess.run(
+            [sys.executable, "-c", BUILD_PG, pg[1], str(data)],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            check=True,
+        )
+        where["postgres"] = pg[1]
+    for _ in range(args.rounds):
+        for name, (module, path, script) in programs.items():
+            results[name].append(_run(script, path, where[module], str(data), tmp))
+
+
+def report(
+    args: argparse.Namespace,
+    programs: dict[str, tuple[str, str, str]],
+    results: dict[str, list[dict[str, dict[str, float]]]],
+) -> None:
     print(
         f"{args.messages} messages, {args.queries} queries per kind, CPU time per query "
         f"(median of {args.rounds} rounds; in brackets the spread over rounds and the mean "
@@ -193,9 +315,16 @@ def main() -> None:
             medians.append(med)
             hits = results[name][0]["hits"][kind]
             cells.append(f"{med:8.2f} ms ({min(values):.2f}-{max(values):.2f}, {hits:4.1f})")
-        ratio = medians[2] / medians[0]
-        print(f"{kind:<18}" + "".join(f"{c:>34}" for c in cells) + f"{ratio:>10.2f}")
-    print("ratio: switchboard's native search time over Hermes's (1.00 = the same time)")
+        ratios = "".join(f"{m / medians[0]:>10.2f}" for m in medians[2:])
+        print(f"{kind:<18}" + "".join(f"{c:>34}" for c in cells) + ratios)
+    print(
+        "ratio: switchboard's native search time over Hermes's (1.00 = the same time)"
+        + (
+            "; then the PostgreSQL store's (client and server CPU) over Hermes's"
+            if len(names) > 3
+            else ""
+        )
+    )
 
 
 if __name__ == "__main__":
