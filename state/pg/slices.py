@@ -87,7 +87,8 @@ class Branch:
 
 class Totals:
     """Rows and average length of each index, for BM25: recounted per search on a small
-    table, reused for TOTALS_TTL_S on a big one (a count is a scan of the table). Also the
+    table, reused for TOTALS_TTL_S on a big one or a big index (a count is a scan of the
+    table). Also the
     share of rows holding each common word of the main index, from the planner's
     statistics, and the id range the last search found."""
 
@@ -116,12 +117,9 @@ class Totals:
     def fresh(self, side: bool) -> tuple[int, float] | None:
         """The index's totals when they need no recount."""
         hit, table = self._cache.get(side), self._cache.get(False)
-        if (
-            hit is not None
-            and table is not None
-            and table[1] >= EXACT_TOTALS_BELOW
-            and time.monotonic() - hit[0] < TOTALS_TTL_S
-        ):
+        if hit is None or time.monotonic() - hit[0] >= TOTALS_TTL_S:
+            return None
+        if hit[1] >= EXACT_TOTALS_BELOW or (table is not None and table[1] >= EXACT_TOTALS_BELOW):
             return hit[1], hit[2]
         return None
 
@@ -169,7 +167,6 @@ class Walk:
     walked: int = 0  # ids of the table's range covered so far
     span: int = 0
     floor: float = FIRST_FLOOR
-    done: bool = False
 
     def first(self, guess: tuple[int, int]) -> tuple[str, tuple[Any, ...]]:
         """The first slice's id condition: from the guessed end of the range, open beyond it."""
@@ -188,7 +185,6 @@ class Walk:
         walked = (self.edge - low + 1) if self.ascending else (high - self.edge + 1)
         self.walked = max(0, min(walked, high - low + 1))
         if self.whole or len(self.ids) >= self.window or self.walked > high - low:
-            self.done = True
             return None
         if not self.walked:  # the guess was past the range: start again from its end
             self.edge = low - 1 if self.ascending else high + 1
