@@ -3,20 +3,15 @@ language (state/query.py compiled to tsquery by state/pg/tsearch.py), the same s
 between the main index and the segmented CJK/emoji side index, the same newest-window
 evaluation and BM25 (state/ranking.py) blended with recency, the same snippets.
 
-The window is the newest N matches of each index. Asking PostgreSQL for `ORDER BY id DESC
-LIMIT N` of a GIN match lets the planner walk the primary key backwards through every
-row, so the window is taken from slices of ids: the newest 4N ids first, then each next
-slice where the matches' density so far says the rest of the window lies, none read
-twice. GIN keeps no positions: a phrase's candidates are the rows holding its words (its
-rarest word's, by the planner's statistics), checked on the rows of one slice.
+The newest-window walk is state/pg/slices.py's. A search is two statements when the
+window's first slices hold it: every branch's first slice with its rows, the id range and
+what ranking counts; then the page's sessions, neighbours and snippet texts.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, cast
 
 from psycopg import AsyncConnection
@@ -39,66 +34,30 @@ from ..sqlite.search import (
     literal_where,
     make_snippet,
 )
-from ..textindex import segment
-from . import db
+from . import db, slices
 from .dispatch import Dispatch
 from .messages import from_pg
+from .slices import Branch, Keep, Totals
 from .tsearch import (
-    lexeme_query,
     required_pairs,
     required_words,
     side_text,
-    term_query,
     to_tsquery,
     token_pairs,
     whole_tokens,
 )
 
-SPAN_GROWTH = 4  # the first slice of ids: this many times the window
-SLICE_MARGIN = 1.25  # later slices: the ids the density so far predicts, times this
-FIRST_FLOOR = 0.125  # and at least this share of the ids walked, doubling per slice
-RARE_SHARE = 0.05  # a phrase's candidates come from its rarest word when in fewer rows
-TOTALS_TTL_S = 30.0  # how long index totals (rows, average length) are reused on a big store
-SHARES_TTL_S = 300.0  # how long the planner's word statistics are reused
-EXACT_TOTALS_BELOW = 10_000  # rows under which totals are recounted for every search
+__all__ = ["SearchOps", "Totals", "search"]
 
 
-@dataclass(frozen=True)
-class _Branch:
-    side: bool  # the segmented side index (seg_tsv/tool_tsv) rather than the main tsv
-    cond: str  # over messages, unqualified
-    params: tuple[Any, ...]
-    extra_where: str = ""
-    extra_params: tuple[Any, ...] = ()
-    # Adjacent token pairs every match holds, and the vector whose `sb_pairs` index has
-    # them (state/pg/schema.py): empty when the query has no phrase to narrow by.
-    pairs: tuple[str, ...] = ()
-    pairs_of: str = ""
-    words: tuple[str, ...] = ()  # tokens every match of the main index holds
-
-    @property
-    def phrase(self) -> bool:
-        """Whether the match holds a phrase (GIN only knows which rows hold its words)."""
-        return any("<->" in p for p in self.params)
-
-    def phrases(self, tree: q.Node) -> list[ranking.Phrase]:
-        out = []
-        for term in q.positive_terms(tree):
-            tokens = tuple(ranking.fts_tokens(segment(term.text) if self.side else term.text))
-            match = term_query(term, segmented=self.side)
-            if tokens and match is not None:
-                out.append(ranking.Phrase(tokens, term.prefix, match))
-        return out
-
-
-def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
+def _branches(tree: q.Node, req: SearchRequest) -> list[Branch]:
     out = []
     if not q.needs_aux(tree):
         main = to_tsquery(tree, segmented=False)
         if main is not None:
             # no pair index on tsv (see state/pg/schema.py, migration 5)
             out.append(
-                _Branch(
+                Branch(
                     False,
                     "tsv @@ %s::tsquery",
                     (main,),
@@ -121,7 +80,7 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
         # tool_tsv has no pair index: narrow by pairs only when seg_tsv is all there is
         pairs = tuple(required_pairs(tree, segmented=True)) if tool is None else ()
         out.append(
-            _Branch(
+            Branch(
                 True,
                 "(" + " OR ".join(conds) + ")",
                 tuple(params),
@@ -134,139 +93,6 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[_Branch]:
     return out
 
 
-class Totals:
-    """Rows and average length of each index, for BM25: recounted per search on a small
-    store, reused for TOTALS_TTL_S on a big one (a count is a scan). Also the share of rows
-    holding each common word of the main index, from the planner's statistics."""
-
-    def __init__(self) -> None:
-        self._cache: dict[bool, tuple[float, int, float]] = {}
-        self._shares: tuple[float, dict[str, float]] | None = None
-
-    async def shares(self, conn: AsyncConnection) -> dict[str, float]:
-        """Word -> share of rows for the words ANALYZE found most common in `tsv` (the
-        rest are rarer than all of them); empty before the first ANALYZE."""
-        if self._shares is not None:
-            ttl = SHARES_TTL_S if self._shares[1] else TOTALS_TTL_S  # soon after an ANALYZE
-            if time.monotonic() - self._shares[0] < ttl:
-                return self._shares[1]
-        found = await db.tuples(
-            conn,
-            "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs FROM pg_stats s "
-            "JOIN pg_class c ON c.relname = s.tablename JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "AND n.nspname = s.schemaname WHERE c.oid = 'messages'::regclass AND s.attname = 'tsv'",
-        )
-        words, freqs = found[0] if found and found[0][0] is not None else ([], [])
-        self._shares = (time.monotonic(), dict(zip(words, freqs, strict=False)))
-        return self._shares[1]
-
-    async def get(self, conn: AsyncConnection, side: bool) -> tuple[int, float]:
-        hit = self._cache.get(side)
-        if (
-            hit is not None
-            and hit[1] >= EXACT_TOTALS_BELOW
-            and time.monotonic() - hit[0] < TOTALS_TTL_S
-        ):
-            return hit[1], hit[2]
-        col = "aux_ntok" if side else "ntok"
-        found = (
-            await db.tuples(
-                conn,
-                f"SELECT COUNT(*), COALESCE(SUM({col}), 0) FROM messages WHERE {col} IS NOT NULL",
-            )
-        )[0]
-        rows = int(found[0])
-        avg = (int(found[1]) / rows if rows else 1.0) or 1.0
-        self._cache[side] = (time.monotonic(), rows, avg)
-        return rows, avg
-
-
-async def _window(
-    conn: AsyncConnection,
-    br: _Branch,
-    window: int,
-    ascending: bool,
-    bounds: tuple[int, int],
-    totals: Totals,
-) -> list[int]:
-    """The ids of the newest (oldest) `window` matches of a branch, taken slice by slice of
-    the id range: each slice starts where the one before ended, so no row is read twice."""
-    low, high = bounds
-    order = "ASC" if ascending else "DESC"
-    ids: list[int] = []
-    span, floor = window * SPAN_GROWTH, FIRST_FLOOR
-    walked = 0  # ids covered so far
-    cond, cparams = br.cond, br.params
-    # Before the table's first ANALYZE the planner takes any match for one row, and its
-    # custom plans bound a slice by reading every candidate in the table: phrases are then
-    # not fenced and statements are left to psycopg's preparing (see below).
-    shares = await totals.shares(conn)
-    fenced = bool(shares) and br.phrase
-    if fenced and br.words:
-        # GIN answers a phrase with the rows holding all its words, walking every word's
-        # list: the rarest word's rows alone are nearly the same rows for less (the phrase
-        # is then checked as a plain function, which no index takes).
-        rarest = min(br.words, key=lambda w: shares.get(w, 0.0))
-        if shares.get(rarest, 0.0) < RARE_SHARE:
-            cond = "tsv @@ %s::tsquery AND ts_match_vq(tsv, %s::tsquery)"
-            cparams = (lexeme_query(rarest), *br.params)
-    while True:
-        first, last = (
-            (low + walked, low + walked + span - 1)
-            if ascending
-            else (high - walked - span + 1, high - walked)
-        )
-        limit = window - len(ids)
-        if br.pairs and walked:
-            # The phrase check reads each candidate's vector, and GIN alone offers every row
-            # holding the words anywhere: take the candidates from the pair index instead.
-            holds = ", ".join("hashtext(%s)" for _ in br.pairs)
-            sql = (
-                f"SELECT id FROM (SELECT id, {br.pairs_of} FROM messages WHERE sb_pairs({br.pairs_of}) "
-                f"@> ARRAY[{holds}] AND id BETWEEN %s AND %s OFFSET 0) m WHERE {br.cond} "
-                f"ORDER BY id {order} LIMIT %s"
-            )
-            params: tuple[Any, ...] = (*br.pairs, first, last, *br.params, limit)
-        elif fenced:
-            # With `ORDER BY id LIMIT n` the planner walks the primary key and checks every
-            # row of the slice, thinking it will stop early: it takes a phrase to match as
-            # many rows as hold its words. Fenced (OFFSET 0) and unordered, the slice's
-            # candidates come from the word index when they are few.
-            sql = (
-                f"SELECT id FROM (SELECT id FROM messages WHERE {cond} AND id BETWEEN %s AND %s "
-                f"OFFSET 0) m ORDER BY id {order} LIMIT %s"
-            )
-            params = (*cparams, first, last, limit)
-        else:
-            sql = (
-                f"SELECT id FROM messages WHERE {br.cond} AND id BETWEEN %s AND %s "
-                f"ORDER BY id {order} LIMIT %s"
-            )
-            params = (*br.params, first, last, limit)
-        # Not prepared: psycopg prepares a statement after five runs, and PostgreSQL's
-        # generic plan then serves every slice alike (rating `id BETWEEN` as a few rows, it
-        # walked all 1M ids back for a slice with no match: 400-1,000 ms word searches).
-        # Without statistics that generic plan is the better one (the primary key bounds
-        # the slice), so there psycopg prepares as it does everywhere else.
-        found = await db.tuples(conn, sql, params, prepare=False if shares else None)
-        ids.extend(int(r[0]) for r in found)
-        walked += span
-        if len(ids) >= window or walked > high - low:
-            return ids
-        # the next slice: where the density so far says the rest lies, with a margin (and
-        # at least a share of the walk so far that doubles each time, so a density that
-        # falls off further back still takes few slices); with no match yet, all of it
-        span = (
-            walked * window
-            if not ids
-            else max(
-                math.ceil((window - len(ids)) * walked * SLICE_MARGIN / len(ids)),
-                math.ceil(walked * floor),
-            )
-        )
-        floor *= 2
-
-
 async def search(
     conn: AsyncConnection, req: SearchRequest, totals: Totals, now: float | None = None
 ) -> list[SearchHit]:
@@ -274,72 +100,133 @@ async def search(
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
     tree = q.parse(req.query)
     where, fparams, scoped = filters(req, mark="%s")
-    join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
+    keep = Keep(" JOIN sessions s ON s.id = m.session_id" if scoped else "", where, tuple(fparams))
     branches = _branches(tree, req)
-    bounds = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
-    if not branches or bounds[0] is None:
+    if not branches:
         return []
-    id_range = (int(bounds[0]), int(bounds[1]))
+    if totals.bounds is None:  # the first search: no id range to start the slices from
+        found = (await db.tuples(conn, "SELECT MIN(id), MAX(id) FROM messages"))[0]
+        if found[0] is None:
+            return []
+        totals.bounds = (int(found[0]), int(found[1]))
     relevance = req.sort == "relevance"
     limit, offset = max(1, req.limit), max(0, req.offset)
     need = limit + offset
     window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
-    body = "m.content, m.content_enc, m.tool_name, m.tool_calls, m.ntok, m.aux_ntok"
+    phrases = [br.phrases(tree) for br in branches]
+    counted: dict[tuple[str, bool], Any] = {}  # ("totals" | "dfs", side) -> what was counted
     while True:
-        rows: list[dict[str, Any]] = []
-        exhausted = True
-        for br in branches:
-            ids = await _window(conn, br, window, req.sort == "oldest", id_range, totals)
-            exhausted &= len(ids) < window
-            if not ids:
-                continue
-            found = await db.rows(
-                conn,
-                f"SELECT m.id, m.session_id, m.role, m.timestamp, {body} FROM messages m{join} "
-                f"WHERE m.id = ANY(%s) AND {where}{br.extra_where}",
-                (ids, *fparams, *br.extra_params),
-            )
-            for r in found:
-                r["_side"] = br.side
-            rows.extend(found)
+        walks = [
+            await slices.start(conn, br, window, req.sort == "oldest", totals) for br in branches
+        ]
+        ctes, extras, read = _counts(branches, phrases, totals) if relevance else ([], [], None)
+        head = await slices.first(conn, walks, totals.bounds, keep, ctes, extras)
+        if head[0] is None or head[1] is None:
+            totals.bounds = None
+            return []
+        id_range = totals.bounds = (int(head[0]), int(head[1]))
+        if read is not None:
+            counted = read(head[2:])
+            read = None
+        for walk in walks:
+            await slices.finish(conn, walk, id_range, keep)
+        rows = [r for walk in walks for r in walk.rows]
+        exhausted = all(len(walk.ids) < window for walk in walks)
         if len(rows) >= (need if relevance else limit) or exhausted:
             break
         window *= WINDOW_GROWTH
     if relevance:
         now = time.time() if now is None else now
-        rows = await _rank(conn, rows, tree, branches, totals, now, id_range)
+        rows = await _rank(conn, rows, branches, phrases, totals, now, id_range, counted)
     else:
         rows.sort(key=lambda r: (r["timestamp"], r["id"]), reverse=req.sort == "newest")
     page = rows[offset : offset + limit]
     hits = [{k: r[k] for k in ("id", "session_id", "role", "timestamp")} for r in page]
-    await _add_sessions(conn, hits)
-    await _add_context(conn, hits, q.positive_terms(tree))
+    await _finish_page(conn, hits, q.positive_terms(tree))
     return cast(list[SearchHit], hits)
+
+
+def _counts(
+    branches: list[Branch], phrases: list[list[ranking.Phrase]], totals: Totals
+) -> tuple[list[str], list[tuple[str, tuple[Any, ...]]], Any]:
+    """What the first statement counts for ranking, each only when its slices keep what
+    `_rank` will count it for (a count is evaluated only when its CASE reaches it): the
+    totals of an index with hits when there are two hits or more and its cached ones need a
+    recount, and the phrases' rows on a small store when IDF weights enter the scores.
+    Returns the CTEs, the expressions and the reader of their values."""
+    ctes: list[str] = []
+    extras: list[tuple[str, tuple[Any, ...]]] = []
+    slots: list[tuple[str, bool, int]] = []
+    ns = [f"n{i}" for i in range(len(branches))]
+    several = f"{' + '.join(ns)} >= 2"
+    for i, (br, mine) in enumerate(zip(branches, phrases, strict=True)):
+        ranked = f"n{i} >= 1 AND {several}"
+        if totals.fresh(br.side) is None:
+            t = f"t{i}"
+            ctes.append(f"{t} AS ({slices.totals_sql(br.side)})")
+            # counted whatever the hits when not counted lately: its size also says
+            # whether a walk of it takes one slice (state/pg/slices.py)
+            when = "TRUE" if totals.known_rows(br.side) is None else ranked
+            for col in ("count", "coalesce"):
+                extras.append((f"CASE WHEN {when} THEN (SELECT {col} FROM {t}) END", ()))
+            slots.append(("totals", br.side, 2))
+        known = totals.known_rows(br.side)
+        if not mine or (known is not None and not ranking.exact_df(known)):
+            continue
+        if len(mine) > 1:
+            when = ranked
+        elif len(branches) > 1:
+            when = " AND ".join(f"{n} >= 1" for n in ns)  # hits from both indexes
+        else:
+            continue
+        for p in mine:
+            extras.append(
+                (
+                    f"CASE WHEN {when} THEN (SELECT COUNT(*) FROM messages "
+                    f"WHERE {br.column} @@ %s::tsquery) END",
+                    (p.match,),
+                )
+            )
+        slots.append(("dfs", br.side, len(mine)))
+
+    def read(values: list[int | None]) -> dict[tuple[str, bool], Any]:
+        out: dict[tuple[str, bool], Any] = {}
+        for kind, side, n in slots:
+            got, values = values[:n], values[n:]
+            if any(v is None for v in got):
+                continue
+            if kind == "totals":
+                out[kind, side] = totals.put(side, int(cast(int, got[0])), int(cast(int, got[1])))
+            else:
+                out[kind, side] = [int(cast(int, v)) for v in got]
+        return out
+
+    return ctes, extras, read
 
 
 async def _rank(
     conn: AsyncConnection,
     rows: list[dict[str, Any]],
-    tree: q.Node,
-    branches: list[_Branch],
+    branches: list[Branch],
+    all_phrases: list[list[ranking.Phrase]],
     totals: Totals,
     now: float,
     id_range: tuple[int, int],
+    counted: dict[tuple[str, bool], Any],
 ) -> list[dict[str, Any]]:
     scores: dict[int, float] = {}
     if len(rows) < 2:  # nothing to order
         return rows
     mixed = len({r["_side"] for r in rows})
-    for br in branches:
+    for br, phrases in zip(branches, all_phrases, strict=True):
         mine = [r for r in rows if r["_side"] == br.side]
         if not mine:
             continue
-        phrases = br.phrases(tree)
-        indexed, avgdl = await totals.get(conn, br.side)
+        indexed, avgdl = counted.get(("totals", br.side)) or await totals.get(conn, br.side)
         weights = [1.0] * len(phrases)
         if ranking.weighted(indexed, len(phrases), mixed):
             if ranking.exact_df(indexed):
-                dfs = await _exact_dfs(conn, br.side, phrases)
+                dfs = counted.get(("dfs", br.side)) or await _exact_dfs(conn, br.side, phrases)
             else:
                 dfs = [
                     await _estimate_df(conn, br.side, p, indexed, id_range, totals) for p in phrases
@@ -386,7 +273,7 @@ async def _estimate_df(
     column = "seg_tsv" if side else "tsv"
     if len(phrase.tokens) > 1:
         if side:
-            term = _Branch(
+            term = Branch(
                 True,
                 f"{column} @@ %s::tsquery",
                 (phrase.match,),
@@ -394,13 +281,16 @@ async def _estimate_df(
                 pairs_of=column,
             )
         else:
-            term = _Branch(
+            term = Branch(
                 False,
                 f"{column} @@ %s::tsquery",
                 (phrase.match,),
                 words=tuple(whole_tokens(phrase.tokens, phrase.prefix)),
             )
-        ids = await _window(conn, term, ranking.DF_SAMPLE, False, id_range, totals)
+        walk = await slices.start(conn, term, ranking.DF_SAMPLE, False, totals)
+        await slices.run(conn, walk, walk.first(id_range), None)
+        await slices.finish(conn, walk, id_range, None)
+        ids = walk.ids
         found = ids[-1] if len(ids) >= ranking.DF_SAMPLE else None
         if found is None:
             return len(ids)
@@ -421,42 +311,29 @@ async def _estimate_df(
     return ranking.extrapolate_df(rows, int(found), id_range)
 
 
-async def _add_sessions(conn: AsyncConnection, hits: list[dict[str, Any]]) -> None:
-    wanted = sorted({h["session_id"] for h in hits})
-    if not wanted:
-        return
-    found = await db.rows(
-        conn,
-        "SELECT id, source, model, title, started_at FROM sessions WHERE id = ANY(%s)",
-        (wanted,),
-    )
-    by_id = {r.pop("id"): r for r in found}
-    for h in hits:
-        h.update(
-            by_id.get(h["session_id"], dict.fromkeys(("source", "model", "title", "started_at")))
-        )
-
-
-async def _add_context(
+async def _finish_page(
     conn: AsyncConnection, hits: list[dict[str, Any]], marks: list[q.Term]
 ) -> None:
+    """The page's sessions, each hit's neighbours in its session and its snippet: one
+    statement."""
     if not hits:
         return
     found = await db.tuples(
         conn,
         "SELECT h.hid, b.id, b.role, b.content, b.content_enc, a.id, a.role, a.content, "
-        "a.content_enc, o.content, o.content_enc "
+        "a.content_enc, o.content, o.content_enc, s.source, s.model, s.title, s.started_at "
         "FROM unnest(%s::bigint[], %s::text[]) AS h(hid, sid) "
         "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
         "WHERE session_id = h.sid AND id < h.hid ORDER BY id DESC LIMIT 1) b ON TRUE "
         "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
         "WHERE session_id = h.sid AND id > h.hid ORDER BY id LIMIT 1) a ON TRUE "
-        "LEFT JOIN messages o ON o.id = h.hid",
+        "LEFT JOIN messages o ON o.id = h.hid LEFT JOIN sessions s ON s.id = h.sid",
         ([h["id"] for h in hits], [h["session_id"] for h in hits]),
     )
     by_hit = {r[0]: r for r in found}
     for h in hits:
         r = by_hit[h["id"]]
+        h.update(zip(("source", "model", "title", "started_at"), r[11:15], strict=True))
         for which, at in (("before", 1), ("after", 5)):
             if r[at] is None:
                 h[f"context_{which}"] = None

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from state import QueryError, SessionFilter, Store, open_store
-from state.pg.search import RARE_SHARE
+from state.pg.slices import RARE_SHARE
 from tests import pgserver
 
 WORDS = [

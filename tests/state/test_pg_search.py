@@ -1,0 +1,69 @@
+"""What only the PostgreSQL store's search has to show: how many round trips to the server
+a search takes (libpq's protocol trace of a real connection counts them)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from psycopg import pq
+
+from state.pg import search as pg_search
+from state.pg.store import PgStore
+from state.sqlite.search import SearchRequest
+from tests import pgserver
+
+
+@pytest.fixture
+async def schema_dsn(pg_dsn: str) -> AsyncIterator[str]:
+    name = pgserver.fresh_schema(pg_dsn)
+    try:
+        yield pgserver.with_schema(pg_dsn, name)
+    finally:
+        pgserver.drop_schema(pg_dsn, name)
+
+
+async def _traced(
+    conn: psycopg.AsyncConnection, req: SearchRequest, totals: pg_search.Totals
+) -> tuple[list[int], int]:
+    """A search's hit ids and the statements it sent (a Sync each)."""
+    with tempfile.TemporaryFile("w+") as fh:
+        conn.pgconn.trace(fh.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            hits = await pg_search.search(conn, req, totals)
+        finally:
+            conn.pgconn.untrace()
+        fh.seek(0)
+        syncs = sum(1 for line in fh if line.split("\t")[:1] == ["F"] and "Sync" in line)
+    return [h["id"] for h in hits], syncs
+
+
+async def test_a_search_on_a_small_store_is_two_round_trips_new_messages_included(
+    schema_dsn: str,
+) -> None:
+    """Each index's window, its rows, the id range and what ranking counts come in one
+    statement, the page's sessions, neighbours and snippet texts in another; messages
+    written after a search are in the next one's first statement."""
+    store = await PgStore.open(schema_dsn)
+    try:
+        for s in range(4):
+            sid = await store.create_session(f"s{s}", "cli")
+            for i in range(10):
+                text = f"deploy the gateway {s}-{i}" if i % 3 == 0 else f"chat {s} {i} 北京天气"
+                await store.append_message(sid, "user", text)
+        req = SearchRequest(query="deploy gateway", limit=5)
+        expected = [h["id"] for h in await store.search_messages("deploy gateway", limit=5)]
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            totals = pg_search.Totals()
+            await pg_search.search(conn, req, totals)  # the id range and totals are learnt
+            assert await _traced(conn, req, totals) == (expected, 2)
+            newest = await store.append_message("s0", "user", "deploy the gateway again")
+            ids, syncs = await _traced(conn, req, totals)
+            assert ids[0] == newest and syncs == 2
+            side = await _traced(conn, SearchRequest(query="北京", limit=5), totals)
+            assert len(side[0]) == 5 and side[1] == 2
+    finally:
+        await store.close()
