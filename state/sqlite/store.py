@@ -208,9 +208,14 @@ class SessionDB(
             log.info(
                 "indexing %d row(s) other programs wrote, behind this process's writes", waiting
             )
-        while await self._write(foreign.absorb):
-            if left is not None:
-                left(await self._read(foreign.count_pending))
+        remaining = waiting
+        while handled := await self._write(foreign.absorb):
+            if left is None:
+                continue
+            remaining -= handled
+            if remaining <= 0:  # another program wrote more meanwhile: counted again
+                remaining = await self._read(foreign.count_pending)
+            left(remaining)
         if left is not None:
             left(0)  # absorb found none waiting
         return waiting
