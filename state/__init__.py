@@ -91,9 +91,9 @@ from .records import (
 from .sqlite import backup as snapshots
 from .sqlite.keyset import SORTS as PAGE_SORTS
 from .sqlite.keyset import PageQuery
-from .sqlite.search import MARK_CLOSE, MARK_OPEN
 from .sqlite.search import SORTS as SEARCH_SORTS
 from .sqlite.settings import WriterConfig
+from .sqlite.snippets import MARK_CLOSE, MARK_OPEN
 from .sqlite.store import SessionDB
 from .text import storable, unstorable
 from .vocab import (

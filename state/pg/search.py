@@ -23,7 +23,6 @@ from ..filters import SessionFilter
 from ..records import SearchHit
 from ..sqlite import search as sqlite_search
 from ..sqlite.search import (
-    CONTEXT_CHARS,
     FIRST_WINDOW,
     SORTS,
     WINDOW_GROWTH,
@@ -32,8 +31,8 @@ from ..sqlite.search import (
     blend,
     filters,
     literal_where,
-    make_snippet,
 )
+from ..sqlite.snippets import CONTEXT_CHARS, make_snippet
 from . import db, slices
 from .dispatch import Dispatch
 from .messages import from_pg

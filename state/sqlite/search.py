@@ -28,11 +28,7 @@ from .dispatch import Dispatch
 from .listing import SessionFilter
 from .readers import heavy
 from .schema import FTS_TABLE
-from .snippets import CONTEXT_CHARS as CONTEXT_CHARS
-from .snippets import MARK_CLOSE as MARK_CLOSE
-from .snippets import MARK_OPEN as MARK_OPEN
 from .snippets import add_page
-from .snippets import make_snippet as make_snippet
 
 SORTS = ("relevance", "newest", "oldest")
 RECENCY_HALF_LIFE_DAYS = 30.0
