@@ -175,6 +175,9 @@ async def test_pings_keep_the_connection_and_unanswered_pings_end_it(
         fake.answer_pings = False
         await fake.wait_connected(2, timeout=15)  # two unanswered: closed and reopened
         fake.answer_pings = True
+        # the adapter counts a connection once its subscription is answered, after the
+        # fake saw the socket open
+        await wait_for_count(lambda: [1] * adapter.connections, 2, 10, "a second connection")
         assert adapter.connections >= 2
 
 
