@@ -137,6 +137,9 @@ class Run:
                 self.args.replicas,
                 paced=self.prefix(k) != [],
             )
+            if self.args.commit_linger_ms is not None:
+                section = "cluster" if self.args.replicas > 1 else "state"
+                cfg.setdefault(section, {})["commit_linger_ms"] = self.args.commit_linger_ms
             (home / "config.yaml").write_text(yaml.safe_dump(cfg))
             rep = Replica(name, home, port, clean_env(**env))
             rep.python = [*self.prefix(k), sys.executable, "-m", "gateway"]
@@ -394,6 +397,12 @@ async def main() -> None:
     )
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight (8)")
     ap.add_argument("--repeat", type=int, default=1, help="callgrind run pairs (1)")
+    ap.add_argument(
+        "--commit-linger-ms",
+        type=float,
+        help="state.commit_linger_ms (cluster.commit_linger_ms with --replicas); default: "
+        "the config's default",
+    )
     ap.add_argument("--cpu-messages", type=int, default=3000, help="N outside valgrind (3000)")
     ap.add_argument("--rounds", type=int, default=3, help="CPU rounds (3)")
     ap.add_argument(

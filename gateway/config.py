@@ -79,6 +79,9 @@ class StateSettings:
     backend: str = setting("sqlite", one_of(*STORE_BACKENDS), "which store holds sessions")
     synchronous: str = setting("NORMAL", one_of("OFF", "NORMAL", "FULL", "EXTRA"))
     queue_size: int = setting(10_000, in_range(10, 1_000_000))
+    commit_linger_ms: int | float = setting(
+        1, in_range(0, 50), "while writes queue up: how long each SQLite commit waits to fill"
+    )
     dsn_env: str = setting("SWITCHBOARD_PG_DSN", env_name, "env var holding the PostgreSQL DSN")
 
 

@@ -557,7 +557,12 @@ async def open_store(
         from .sqlite.store import SessionDB
 
         writer = WriterConfig(
-            **{k: settings[k] for k in ("synchronous", "queue_size") if k in settings}
+            **{k: settings[k] for k in ("synchronous", "queue_size") if k in settings},
+            **(
+                {"commit_linger_s": settings["commit_linger_ms"] / 1000}
+                if "commit_linger_ms" in settings
+                else {}
+            ),
         )
         from .hermes.foreign import OPEN_LIMIT
 

@@ -13,6 +13,8 @@ from typing import Any
 # others sooner.
 BUDGET = 16_000_000
 PER_MESSAGE = 300
+# Sessions whose facts (source, last activity) are kept beside the windows: about 10 MB.
+FACTS_KEPT = 50_000
 
 Message = dict[str, Any]
 
@@ -37,6 +39,11 @@ class HistoryWindows:
         self._version: int | None = None
         self.hits = 0
         self.misses = 0
+        # Facts about sessions the writer met, valid exactly as long as the windows (cleared
+        # with them): a session's source (fixed at creation), and the last_active it was
+        # seen or set at (it only moves forward).
+        self.sources: dict[str, str] = {}
+        self.active_at: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -45,6 +52,8 @@ class HistoryWindows:
         if self._entries:
             self._entries.clear()
         self._used = 0
+        self.sources.clear()
+        self.active_at.clear()
 
     def check(self, conn: sqlite3.Connection) -> None:
         """Forget everything when another connection committed since the last check (the
@@ -62,6 +71,10 @@ class HistoryWindows:
         while self._used > self._budget:
             _sid, (_u, _n, _w, freed, _m) = self._entries.popitem(last=False)
             self._used -= freed
+        if len(self.sources) > FACTS_KEPT:
+            self.sources.clear()
+        if len(self.active_at) > FACTS_KEPT:
+            self.active_at.clear()
 
     def since(self, session_id: str, length: int) -> int:
         """The newest message id whose window (of `length`) is kept, else 0."""

@@ -380,7 +380,8 @@ class ApiAdapter(TurnHooks, Listens):
                             )
                             ex.done.set_result(None)
             # shielded: a duplicate request that gives up must not cancel the first one's wait
-            out = await asyncio.wait_for(asyncio.shield(ex.done), self._reply_timeout)
+            async with asyncio.timeout(self._reply_timeout):
+                out = await asyncio.shield(ex.done)
         except TimeoutError:
             return error(504, "no reply in time; the message was stored", "timeout")
         except asyncio.CancelledError:

@@ -5,8 +5,8 @@ OpenAI shapes; the turn itself is ApiAdapter.turn's."""
 from __future__ import annotations
 
 import json
+import os
 import time
-import uuid
 from typing import Any
 
 from aiohttp import web
@@ -102,7 +102,7 @@ async def chat_completions(
         return refusal
     if out.error == "agent":  # the chat platforms get an apology; an API client an error
         return error(502, "the agent failed to answer; the message was stored", "agent_error")
-    ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    ident, created = f"chatcmpl-{os.urandom(12).hex()}", int(time.time())
     counts, counted_by = usage(out)
     extra = {
         "session_id": out.session_id,

@@ -28,6 +28,7 @@ from ..rows import make_preview, row_dict
 from ..textindex import aux_row
 from . import activity, usage
 from .dispatch import Dispatch
+from .windows import windows_of
 from .writer import register_batched
 
 _INSERT = (
@@ -188,8 +189,53 @@ _MOVE_LAST_ACTIVE_JSON = (
     "UPDATE sessions SET last_active = j.ts "
     "FROM (SELECT json_extract(value, '$[0]') AS sid, json_extract(value, '$[3]') AS ts "
     "FROM json_each(?1)) AS j "
-    f"WHERE sessions.id = j.sid AND COALESCE(sessions.last_active, 0) <= j.ts - {LAST_ACTIVE_RESOLUTION_S}"
+    f"WHERE sessions.id = j.sid AND COALESCE(sessions.last_active, 0) <= j.ts - {LAST_ACTIVE_RESOLUTION_S} "
+    "RETURNING sessions.id, sessions.last_active"
 )
+
+
+def _sources(conn: sqlite3.Connection, wanted: set[str]) -> dict[str, str]:
+    """Each session's source; raises SessionNotFound for one that does not exist. The
+    writer's connection remembers them beside its history windows (valid as long as they
+    are: state/sqlite/windows.py), so a session met before costs no statement."""
+    windows = windows_of(conn)
+    known: dict[str, str] = {}
+    if windows is not None:
+        windows.check(conn)
+        known = windows.sources
+        if all(sid in known for sid in wanted):
+            return known
+    missing = sorted(wanted.difference(known))
+    found = dict(
+        conn.execute(
+            "SELECT id, source FROM sessions WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(missing),),
+        ).fetchall()
+    )
+    for sid in missing:
+        if sid not in found:
+            raise SessionNotFound(sid)
+    if windows is None:
+        return found
+    known.update(found)
+    return known
+
+
+def _move_last_active(conn: sqlite3.Connection, updates: list[list[Any]], encoded: str) -> None:
+    """Move each session's last_active to its newest message when that is at least
+    LAST_ACTIVE_RESOLUTION_S later (every index on last_active is rewritten when it moves).
+    Skipped when the writer saw every one of them active within that time already."""
+    windows = windows_of(conn)
+    if windows is None:
+        conn.execute(_MOVE_LAST_ACTIVE_JSON, (encoded,)).fetchall()
+        return
+    seen = windows.active_at
+    if all(seen.get(u[0], 0.0) > u[3] - LAST_ACTIVE_RESOLUTION_S for u in updates):
+        return
+    for sid, moved_to in conn.execute(_MOVE_LAST_ACTIVE_JSON, (encoded,)):
+        seen[sid] = moved_to
+
+
 # Duplicate checks walk the chat's sessions, then (session_id, platform_message_id): platform
 # ids repeat across chats, so starting from the id would visit every chat that used it.
 _DUPLICATE_IN_CHAT = (
@@ -212,17 +258,7 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
     appends. Raises (so the writer falls back to one savepoint per call) if any session is
     missing."""
     now = time.time()
-    wanted = sorted({call[0] for call in calls})
-    source_of: dict[str, str] = dict(
-        conn.execute(
-            "SELECT id, source FROM sessions WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps(wanted),),
-        ).fetchall()
-    )
-    if len(source_of) != len(wanted):
-        for sid in wanted:
-            if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is None:
-                raise SessionNotFound(sid)
+    source_of = _sources(conn, {call[0] for call in calls})
     # Duplicates (a platform id already stored for that chat), found in one query.
     probes = [
         (call[2][0], call[2][1], str(m["platform_message_id"]), i)
@@ -266,7 +302,8 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
     ids: list[int] = []
     if rows:
         # Under the write lock AUTOINCREMENT hands out consecutive ids, starting one past
-        # the larger of the sequence and the current maximum.
+        # the larger of the sequence and the current maximum (one statement more is
+        # cheaper than RETURNING's row per message).
         first = conn.execute(
             "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0), "
             "COALESCE((SELECT MAX(id) FROM messages), 0)) + 1"
@@ -295,7 +332,7 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
     if updates:
         encoded = json.dumps(updates, ensure_ascii=False)
         conn.execute(_UPDATE_SESSIONS_JSON, (encoded,))
-        conn.execute(_MOVE_LAST_ACTIVE_JSON, (encoded,))
+        _move_last_active(conn, updates, encoded)
     usage.add_turn_usage(conn, [(sid, vals[4], vals[5]) for sid, vals in agg.items()])
     out: list[list[int]] = []
     pos = 0

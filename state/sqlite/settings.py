@@ -13,6 +13,9 @@ class WriterConfig:
     synchronous: str = "NORMAL"
     queue_size: int = 10_000
     max_batch: int = 1_000
+    # While writes queue up (the last batch held more than one operation or left some
+    # waiting), each batch waits this long for more before it commits; 0: never.
+    commit_linger_s: float = 0.001
     busy_timeout_s: float = 2.0  # per attempt, inside SQLite
     lock_budget_s: float = 60.0  # total time a batch may wait for another process
     checkpoint_every_s: float = 0.1  # how often the background checkpointer copies frames back

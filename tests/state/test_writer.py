@@ -8,12 +8,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 from state import DatabaseBusy, SessionDB, SessionNotFound, WriterClosed, WriterConfig
-from state.sqlite.writer import _Room
+from state.sqlite.backpressure import Room
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +81,7 @@ async def test_producers_wait_when_the_queue_is_full(tmp_path: Path) -> None:
 
 
 async def test_queue_places_go_to_waiters_in_order_and_a_cancelled_one_is_passed_on() -> None:
-    room = _Room(1)
+    room = Room(1)
     await room.take()
     order: list[int] = []
 
@@ -102,6 +103,91 @@ async def test_queue_places_go_to_waiters_in_order_and_a_cancelled_one_is_passed
     assert room.free == 1
     await room.take()  # a newcomer with nobody waiting goes straight through
     assert room.free == 0
+
+
+def _noop(conn: sqlite3.Connection, n: int) -> int:
+    conn.execute("SELECT 1")
+    return n
+
+
+async def test_a_caller_writing_one_thing_at_a_time_never_waits_for_company(
+    tmp_path: Path,
+) -> None:
+    db = await SessionDB.open(tmp_path / "s.db", config=WriterConfig(commit_linger_s=0.05))
+    pauses: list[float] = []
+    db.writer.pause = pauses.append
+    try:
+        for n in range(20):
+            assert await db.writer.submit(_noop, n) == n
+        assert pauses == []
+        assert db.writer.stats.batch_sizes[-20:] == [1] * 20
+    finally:
+        await db.close()
+
+
+async def test_writes_that_arrive_while_a_busy_writer_lingers_share_its_commit(
+    tmp_path: Path,
+) -> None:
+    """Under load (the last batch left writes queued) the next batch pauses before it
+    runs; what arrives during the pause joins that batch's commit."""
+    db = await SessionDB.open(tmp_path / "s.db", config=WriterConfig(commit_linger_s=0.05))
+    loop = asyncio.get_running_loop()
+    release, queued = threading.Event(), threading.Event()
+    late: list[asyncio.Task[int]] = []
+    pauses: list[float] = []
+
+    started = threading.Event()
+
+    def block(conn: sqlite3.Connection) -> int:
+        started.set()
+        release.wait(10)
+        return 0
+
+    def pause(seconds: float) -> None:  # on the writer thread, as the real sleep would be
+        pauses.append(seconds)
+
+        def submit_late() -> None:
+            late.append(loop.create_task(db.writer.submit(_noop, 4)))
+            loop.call_soon(queued.set)  # the task has queued its write by its first step
+
+        loop.call_soon_threadsafe(submit_late)
+        assert queued.wait(10)
+
+    db.writer.pause = pause
+    try:
+        first = asyncio.create_task(db.writer.submit(block))
+        assert await asyncio.to_thread(started.wait, 10)  # the writer is inside `block`
+        queued_meanwhile = [asyncio.create_task(db.writer.submit(_noop, n)) for n in (2, 3)]
+        await asyncio.sleep(0)
+        before = db.writer.stats.batches
+        release.set()
+        assert await first == 0
+        assert await asyncio.gather(*queued_meanwhile) == [2, 3]
+        assert await late[0] == 4
+        assert pauses == [0.05]
+        assert db.writer.stats.batches - before == 2
+        assert db.writer.stats.batch_sizes[-2:] == [1, 3]
+    finally:
+        await db.close()
+
+
+async def test_a_session_another_program_deleted_takes_no_more_messages(tmp_path: Path) -> None:
+    """The writer remembers the sessions it appended to; a deletion committed by another
+    connection makes it forget them, so the next append finds the session gone."""
+    db = await SessionDB.open(tmp_path / "s.db")
+    try:
+        sid = await db.create_session(source="api")
+        await db.append_message(sid, "user", "one")
+        other = sqlite3.connect(tmp_path / "s.db")
+        with other:
+            other.execute("DELETE FROM messages WHERE session_id = ?", (sid,))
+            other.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+        other.close()
+        with pytest.raises(SessionNotFound):
+            await db.append_message(sid, "user", "two")
+        assert await db.message_count() == 0
+    finally:
+        await db.close()
 
 
 async def test_close_drains_queued_writes_then_refuses_new_ones(tmp_path: Path) -> None:
