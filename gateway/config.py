@@ -79,9 +79,7 @@ class StateSettings:
     backend: str = setting("sqlite", one_of(*STORE_BACKENDS), "which store holds sessions")
     synchronous: str = setting("NORMAL", one_of("OFF", "NORMAL", "FULL", "EXTRA"))
     queue_size: int = setting(10_000, in_range(10, 1_000_000))
-    commit_linger_ms: int | float = setting(
-        1, in_range(0, 50), "while writes queue up: how long each SQLite commit waits to fill"
-    )
+    commit_linger_ms: int | float = setting(1, in_range(0, 50), "a busy SQLite commit's wait")
     dsn_env: str = setting("SWITCHBOARD_PG_DSN", env_name, "env var holding the PostgreSQL DSN")
 
 
@@ -99,9 +97,7 @@ class ClusterSettings:
         1, in_range(1, 1000), "how many replicas share the store (more than one: postgres)"
     )
     replica_id: str | None = setting(None, _replica_id, "this replica's name (host-pid)")
-    commit_linger_ms: int | float = setting(
-        2, in_range(0, 50), "while other replicas are live: how long each commit waits to fill"
-    )
+    commit_linger_ms: int | float = setting(2, in_range(0, 50), "a commit's wait beside others")
 
 
 @dataclass(frozen=True)
