@@ -123,20 +123,21 @@ def add_page(
     by_hit = {r[0]: r for r in rows}
     for h in hits:
         r = by_hit[h["id"]]
-        h.update(zip(_SESSION_COLUMNS, r[1:5], strict=True))
+        h["source"], h["model"], h["title"], h["started_at"] = r[1], r[2], r[3], r[4]
         h["snippet"] = make_snippet(r[5] or "", marks)
         if neighbours:  # the hit's tool name; whole contents, decoded by the caller
             near = [(r[8], r[9])] if r[7] is not None else []
             near.append((h["role"], r[5]))
             near += [(r[11], r[12])] if r[10] is not None else []
             h["_near"] = (r[6], near)
-        before, after_ = (
-            None
-            if r[i] is None
-            else {"id": r[i], "role": r[i + 1], "content": _cut(r[i + 2], neighbours)}
-            for i in (7, 10)
+        h["context_before"] = (
+            None if r[7] is None else {"id": r[7], "role": r[8], "content": _cut(r[9], neighbours)}
         )
-        h["context_before"], h["context_after"] = before, after_
+        h["context_after"] = (
+            None
+            if r[10] is None
+            else {"id": r[10], "role": r[11], "content": _cut(r[12], neighbours)}
+        )
 
 
 @functools.lru_cache(maxsize=128)
