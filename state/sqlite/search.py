@@ -339,8 +339,7 @@ def _candidates(
     at: float,
 ) -> tuple[list[tuple[Any, ...]], list[str], tuple[Any, ...]]:
     """The candidates from each index's window (see `search`), their column names, and the
-    head: each window's size, the two averages records, the best bm25 left out (the row
-    whose first column is set; the candidates' rows have their head columns NULL)."""
+    head: each window's size, the two averages records, the best bm25 left out."""
     where, fparams, scoped = where_params_scoped
     relevance = req.sort == "relevance"
     limit, offset = max(1, req.limit), max(0, req.offset)
@@ -372,7 +371,7 @@ def _candidates(
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
         w = nb + 3  # the head's width
-        head: tuple[Any, ...] = next(r for r in found if r[0] is not None)[:w]
+        head: tuple[Any, ...] = found[0][:w]
         rows = [r[w:] for r in found if r[w] is not None]
         if narrow and head[-1] is not None:
             narrow = False
@@ -443,14 +442,9 @@ def _window_sql(
     counts = "".join(f"(SELECT COUNT(*) FROM w{i}), " for i in range(len(branches)))
     counts += _BLOCKS.removeprefix("SELECT ")
     counts += f", (SELECT -sc FROM n0 ORDER BY sc LIMIT 1 OFFSET {cut})" if cut else ", NULL"
-    # (a row of its own, not joined to each candidate: a join would hold the candidates in a
-    # table of their own first)
-    width = len(branches) + 3
-    way = "DESC" if sort == "newest" else "ASC"
-    order = "" if relevance else f" ORDER BY {width + 4} {way}, {width + 1} {way}"
     sql = (
-        f"WITH {', '.join(ctes)} SELECT {counts}{', NULL' * len(_NAMES)} "
-        f"UNION ALL SELECT {', '.join(['NULL'] * width)}, p.* FROM ({union}) p{order}"
+        f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
+        f"LEFT JOIN ({union}) p ON 1" + ("" if relevance else f" ORDER BY {_order(sort, 'p.')}")
     )
     return sql, _NAMES
 
