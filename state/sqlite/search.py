@@ -325,11 +325,8 @@ def search(
         blocks = [head[-2] if br.aux else head[-3] for br, _ in branches]
         rows = _rank(conn, rows, names, branches, blocks, at)
         rows = rows[offset : offset + limit]
-    hits = [dict(zip(names, row, strict=True)) for row in rows]
+    hits = [{"id": r[0], "session_id": r[1], "role": r[2], "timestamp": r[3]} for r in rows]
     add_page(conn, hits, marks, neighbours)
-    for h in hits:
-        for key in ("fts", "body", "size", "score"):
-            h.pop(key, None)
     return cast(list[SearchHit], hits)
 
 
@@ -418,10 +415,12 @@ def _window_sql(
             f"w{i} AS MATERIALIZED (SELECT rowid AS rid{score} FROM {br.table} "
             f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT {int(window)})"
         )
+        if native_i and cut:  # the best cut + 1 by bm25, sorted once: the cut and the next
+            ctes.append(f"n{i} AS MATERIALIZED (SELECT * FROM w{i} ORDER BY sc LIMIT {cut + 1})")
         # (LEFT JOIN: for an inner join of the window the planner builds a Bloom filter
         # over every message first, 20 ms on 100,000 of them; an index row without its
         # message, which triggers never leave, would come as a NULL id, dropped below)
-        source = f"(SELECT * FROM w{i} ORDER BY sc LIMIT {cut})" if native_i and cut else f"w{i}"
+        source = f"(SELECT * FROM n{i} ORDER BY sc LIMIT {cut})" if native_i and cut else f"w{i}"
         part = (
             f"SELECT {_HIT_COLUMNS}, {body}, "
             + (
@@ -442,12 +441,16 @@ def _window_sql(
     # joined to every candidate (or to none: NULLs)
     counts = "".join(f"(SELECT COUNT(*) FROM w{i}), " for i in range(len(branches)))
     counts += _BLOCKS.removeprefix("SELECT ")
-    counts += f", (SELECT -sc FROM w0 ORDER BY sc LIMIT 1 OFFSET {cut})" if cut else ", NULL"
+    counts += f", (SELECT -sc FROM n0 ORDER BY sc LIMIT 1 OFFSET {cut})" if cut else ", NULL"
     sql = (
         f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
         f"LEFT JOIN ({union}) p ON 1" + ("" if relevance else f" ORDER BY {_order(sort, 'p.')}")
     )
-    return sql, ["id", "session_id", "role", "timestamp", "body", "size", "score", "fts"]
+    return sql, _NAMES
+
+
+# the candidates' columns; a hit is the first four
+_NAMES = ["id", "session_id", "role", "timestamp", "body", "size", "score", "fts"]
 
 
 def _c_bm25(indexed: int) -> bool:
@@ -527,6 +530,9 @@ def _dfs(
     ]
 
 
+_EVERY_SESSION = SessionFilter(include_children=True)
+
+
 class SearchOps(Dispatch):
     """SessionDB's message search."""
 
@@ -549,7 +555,7 @@ class SearchOps(Dispatch):
             sources=tuple(sources),
             exclude_sources=tuple(exclude_sources),
             roles=tuple(roles),
-            scope=scope or listing.SessionFilter(include_children=True),
+            scope=scope or _EVERY_SESSION,
             exclude_session_ids=tuple(exclude_session_ids),
             sort=sort,
             limit=limit,

@@ -91,10 +91,18 @@ def _matches(folded: str, words: tuple[str, ...], width: int) -> list[tuple[int,
 def make_snippet(content: str | None, marks: list[q.Term], width: int = 120) -> str:
     """A window of `content` around the first match, matches wrapped in >>> <<<.
     Matching ignores case and accents, as the index does."""
-    text = " ".join((content or "").split())
+    return _snippet(content, _words(tuple(marks)), width)
+
+
+def _snippet(content: str | None, words: tuple[str, ...], width: int = 120) -> str:
+    """make_snippet with the marked terms folded (`_words`)."""
+    text = content or ""
+    # whitespace runs become one space: a text without any (every whitespace character
+    # but the space is unprintable) is left as it is, not split into words and joined
+    if not (text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "):
+        text = " ".join(text.split())
     if not text:
         return ""
-    words = _words(tuple(marks))
     spans: list[tuple[int, int]] = []
     if words:
         folded, pos = _fold(text)
@@ -121,22 +129,24 @@ def add_page(
     params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
     rows = conn.execute(_page_sql(len(hits), neighbours), params).fetchall()
     by_hit = {r[0]: r for r in rows}
+    words = _words(tuple(marks))
     for h in hits:
         r = by_hit[h["id"]]
-        h.update(zip(_SESSION_COLUMNS, r[1:5], strict=True))
-        h["snippet"] = make_snippet(r[5] or "", marks)
+        h["source"], h["model"], h["title"], h["started_at"] = r[1], r[2], r[3], r[4]
+        h["snippet"] = _snippet(r[5], words)
         if neighbours:  # the hit's tool name; whole contents, decoded by the caller
             near = [(r[8], r[9])] if r[7] is not None else []
             near.append((h["role"], r[5]))
             near += [(r[11], r[12])] if r[10] is not None else []
             h["_near"] = (r[6], near)
-        before, after_ = (
-            None
-            if r[i] is None
-            else {"id": r[i], "role": r[i + 1], "content": _cut(r[i + 2], neighbours)}
-            for i in (7, 10)
+        h["context_before"] = (
+            None if r[7] is None else {"id": r[7], "role": r[8], "content": _cut(r[9], neighbours)}
         )
-        h["context_before"], h["context_after"] = before, after_
+        h["context_after"] = (
+            None
+            if r[10] is None
+            else {"id": r[10], "role": r[11], "content": _cut(r[12], neighbours)}
+        )
 
 
 @functools.lru_cache(maxsize=128)
