@@ -1,7 +1,10 @@
 """Instructions and CPU per answered message of the real daemon, through
-`POST /v1/chat/completions`. Prints figures; asserts nothing.
+`POST /v1/chat/completions`, a Telegram webhook or Slack's Events API. Prints figures;
+asserts nothing.
 
   python bench/instructions.py                 # 1 daemon on SQLite, the openai agent
+  python bench/instructions.py --via telegram  # ... the messages as Telegram webhook updates
+  python bench/instructions.py --via slack     # ... as Slack Events API requests
   python bench/instructions.py --agent echo    # ... the echo agent instead
   python bench/instructions.py --replicas 2    # 2 replicas on a fresh PostgreSQL database
   python bench/instructions.py --py-spy top    # ... and where the daemon's CPU goes
@@ -24,6 +27,16 @@ i % chats with a fixed text; two messages per chat warm up (each session created
 titled), six more per chat are measured: every figure covers a chat's 3rd to 8th turn.
 With replicas, chat c's messages go to replica c % replicas (a balancer with session
 affinity; --hop: each to the next). Each daemon runs with PYTHONHASHSEED=0.
+
+--via picks the path the messages arrive by (bench/platforms.py): `api` (the default) is
+`POST /v1/chat/completions`, a message answered with its response. `telegram` is the
+Telegram adapter in webhook mode: each message a private chat's update POSTed to
+/telegram/webhook with the `X-Telegram-Bot-Api-Secret-Token` header, the reply a
+sendMessage to tests/fakes/telegram.py's Bot API in this process. `slack` is the Slack
+adapter on the Events API: each message a DM's event callback POSTed to /slack/events,
+signed (`X-Slack-Signature`, `X-Slack-Request-Timestamp`), the reply a chat.postMessage to
+tests/fakes/slack.py's Web API in this process. On those two a message is answered when its
+reply reaches the fake, and 8 in flight are 8 messages sent whose replies have not arrived.
 """
 
 from __future__ import annotations
@@ -49,6 +62,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import platforms  # noqa: E402
 from bench.loops import LeanHttp, backend_pids, cpu_s  # noqa: E402
 from tests.cluster.harness import DSN_ENV, Replica, drop_database, fresh_database  # noqa: E402
 from tests.daemon import clean_env, free_port  # noqa: E402
@@ -73,6 +87,13 @@ BODY = json.dumps(
 ).encode()
 
 
+VIA = {
+    "api": "the HTTP API (POST /v1/chat/completions)",
+    "telegram": "Telegram webhook updates (POST /telegram/webhook, replies to a fake Bot API)",
+    "slack": "the Slack Events API (POST /slack/events, replies to a fake Web API)",
+}
+
+
 def text_of(i: int, chats: int) -> str:
     return f"message {i} in chat {i % chats}: what should I cook tonight with rice and beans?"
 
@@ -86,8 +107,15 @@ class Fake(FakeOpenAI):
 
 
 def config(
-    port: int, agent: str, fake_url: str, name: str, replicas: int, paced: bool
+    port: int,
+    agent: str,
+    fake_url: str,
+    name: str,
+    replicas: int,
+    paced: bool,
+    platform: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A daemon's config.yaml; `platform`: `platforms.<via>` beside the api server."""
     cfg: dict[str, Any] = {
         "platforms": {"api": {"port": port}},
         "shutdown": {"drain_seconds": 5},
@@ -105,6 +133,8 @@ def config(
     if replicas > 1:
         cfg["state"] = {"backend": "postgres", "dsn_env": DSN_ENV}
         cfg["cluster"] = {"replicas": replicas, "replica_id": name}
+    if platform is not None:
+        cfg["platforms"].update(platform)
     return cfg
 
 
@@ -119,10 +149,31 @@ class Run:
         self.fake, self.http = Fake(), LeanHttp(timeout_s=600)
         self.replicas: list[Replica] = []
         self.db: tuple[str, str] | None = None
+        self.replies = platforms.Replies()  # what reaches the platform fake of --via
+        self.telegram = (
+            platforms.RepliedTelegram(replies=self.replies) if args.via == "telegram" else None
+        )
+        self.slack = platforms.RepliedSlack(replies=self.replies) if args.via == "slack" else None
+        self.update_ids = 0
+
+    def platform(self, url: str) -> dict[str, Any] | None:
+        """`platforms.<via>` of the daemon serving the api at `url` (None for the api)."""
+        if self.telegram is not None:
+            tg = platforms.telegram_config(self.telegram.base_url, f"{url}{platforms.WEBHOOK_PATH}")
+            return {"telegram": tg}
+        if self.slack is not None:
+            return {"slack": platforms.slack_config(self.slack.base_url)}
+        return None
 
     async def __aenter__(self) -> Run:
         fake_url = await self.fake.start()
         env = {"OPENAI_API_KEY": "bench-key", "PYTHONHASHSEED": "0"}
+        if self.telegram is not None:
+            await self.telegram.start()
+            env |= platforms.telegram_env(self.telegram)
+        if self.slack is not None:
+            await self.slack.start()
+            env |= platforms.slack_env()
         if self.args.replicas > 1:
             self.db = fresh_database(self.args.dsn)
             env[DSN_ENV] = self.db[1]
@@ -136,6 +187,7 @@ class Run:
                 name,
                 self.args.replicas,
                 paced=self.prefix(k) != [],
+                platform=self.platform(f"http://127.0.0.1:{port}"),
             )
             if self.args.commit_linger_ms is not None:
                 section = "cluster" if self.args.replicas > 1 else "state"
@@ -156,7 +208,12 @@ class Run:
                 code = await rep.stop(timeout=1800)
                 if code != 0 and not rep.kills:  # (--window kills them on purpose)
                     print(f"  ! {rep.name} exited {code}; its log: {rep.logs[-1]}")
+        if self.replies.unexpected:
+            print(f"  ! {self.replies.unexpected} replies reached the fake for no message sent")
         await self.fake.stop()
+        for fake in (self.telegram, self.slack):
+            if fake is not None:
+                await fake.stop()
         if self.db is not None:
             drop_database(self.args.dsn, self.db[0])
 
@@ -170,22 +227,42 @@ class Run:
             for i in seq:
                 chat, k = i % chats, i // chats
                 r = (chat + k if self.args.hop else chat) % len(self.replicas)
-                body = {
-                    "model": "fake-model",
-                    "user": f"chat{chat}",
-                    "messages": [{"role": "user", "content": text_of(i, chats)}],
-                }
-                status, out = await self.http.post_json(
-                    f"{self.replicas[r].url}/v1/chat/completions", body
-                )
-                if status == 200 and json.loads(out)["choices"][0]["message"]["content"] in (
-                    ANSWER,
-                    f"echo: {text_of(i, chats)}",
-                ):
+                reply = await self.one(self.replicas[r].url, i, chat, text_of(i, chats))
+                if reply in (ANSWER, f"echo: {text_of(i, chats)}"):
                     answered += 1
 
         await asyncio.gather(*(worker() for _ in range(self.args.concurrency)))
         return answered
+
+    async def one(self, url: str, i: int, chat: int, text: str) -> str | None:
+        """Message i to the daemon at `url` by the --via path; its reply (None: none)."""
+        if self.telegram is None and self.slack is None:
+            body = {
+                "model": "fake-model",
+                "user": f"chat{chat}",
+                "messages": [{"role": "user", "content": text}],
+            }
+            status, out = await self.http.post_json(f"{url}/v1/chat/completions", body)
+            return (
+                str(json.loads(out)["choices"][0]["message"]["content"]) if status == 200 else None
+            )
+        if self.telegram is not None:
+            key = str(1_000_000 + chat)  # a private chat's id is its user's
+            self.update_ids += 1
+            data, headers = platforms.telegram_update(
+                self.telegram, self.update_ids, int(key), text
+            )
+            path = platforms.WEBHOOK_PATH
+        else:
+            key = f"D{chat:07d}"
+            data, headers = platforms.slack_event(i, key, f"U{chat:07d}", text)
+            path = platforms.EVENTS_PATH
+        reply = self.replies.expect(key)
+        status, _ = await self.http.post(f"{url}{path}", data, headers)
+        if status != 200:
+            self.replies.forget(key, reply)
+            return None
+        return await asyncio.wait_for(reply, self.http.timeout_s)
 
     def pids(self) -> list[int]:
         return [r.proc.pid for r in self.replicas if r.proc is not None]
@@ -342,7 +419,7 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
             assert got == n, f"{n - got} messages not answered"
     label = "daemon" if args.replicas == 1 else f"{args.replicas} replicas together"
     print(
-        f"CPU ms per answered message, {label}: {spread(daemons, 1e3)} "
+        f"CPU ms per answered message via {args.via}, {label}: {spread(daemons, 1e3)} "
         f"[N={n} after a warm-up of {warm}, {chats} chats, {args.concurrency} in flight, "
         f"{args.rounds} rounds]"
     )
@@ -383,6 +460,13 @@ async def main() -> None:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     ap.add_argument("--agent", choices=("openai", "echo"), default="openai")
+    ap.add_argument(
+        "--via",
+        choices=("api", "telegram", "slack"),
+        default="api",
+        help="how the messages arrive: the HTTP API's /v1/chat/completions (default), "
+        "Telegram webhook updates, Slack Events API requests",
+    )
     ap.add_argument("--replicas", type=int, default=1, help="2+: PostgreSQL (default 1: SQLite)")
     ap.add_argument(
         "--dsn",
@@ -423,7 +507,8 @@ async def main() -> None:
     ap.add_argument("--py-spy", choices=("top",), help="sample round 1 with py-spy, print the top")
     args = ap.parse_args()
     print(
-        f"switchboard instructions bench: `{' '.join(sys.argv)}`; agent {args.agent}, "
+        f"switchboard instructions bench: `{' '.join(sys.argv)}`; via {VIA[args.via]}, "
+        f"agent {args.agent}, "
         f"{args.replicas} daemon(s) on {'SQLite' if args.replicas == 1 else 'PostgreSQL'}, "
         f"{os.cpu_count()} cores"
     )

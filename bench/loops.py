@@ -121,14 +121,24 @@ class LeanHttp:
 
     async def post_json(self, url: str, body: object) -> tuple[int, bytes]:
         """POST `body` as JSON to `url` (http://host:port/path); (status, body)."""
+        return await self.post(url, json.dumps(body).encode())
+
+    async def post(
+        self, url: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """POST `data` to `url` with `headers` (default: a JSON Content-Type); (status,
+        body)."""
         rest = url.removeprefix("http://")
         hostport, _, path = rest.partition("/")
         host, _, port = hostport.partition(":")
         key = (host, int(port or 80))
-        data = json.dumps(body).encode()
+        lines = "".join(
+            f"{name}: {value}\r\n"
+            for name, value in (headers or {"Content-Type": "application/json"}).items()
+        )
         request = (
-            f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: "
-            f"application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+            f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\n{lines}"
+            f"Content-Length: {len(data)}\r\n\r\n"
         ).encode() + data
         idle = self._idle.setdefault(key, [])
         while idle and idle[-1].closed:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sqlite3
@@ -43,16 +42,22 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import pct  # noqa: E402
 from bench.loops import cpu_seconds  # noqa: E402
+from bench.platforms import (  # noqa: E402
+    WEBHOOK_PATH,
+    telegram_config,
+    telegram_env,
+    telegram_update,
+)
 from tests.daemon import clean_env, free_port, switchboard, wait_healthy  # noqa: E402
 from tests.fakes.telegram import FakeTelegram  # noqa: E402
 
-SECRET = "soak-webhook-secret"
 WEBHOOK_CONNECTIONS = 40  # Telegram's default setWebhook max_connections
 API_CONNECTIONS = 256
 COLUMNS = (
@@ -154,17 +159,11 @@ class Load:
                 await asyncio.wait(set(self.tasks))
 
     async def _webhook(self, http: aiohttp.ClientSession, i: int) -> None:
-        chat = self.fake.dm_chat(1_000_000 + (i // 2) % self.chats)
-        update = {"update_id": i + 1, "message": self.fake.message(f"soak {i}", chat)}
+        data, headers = telegram_update(
+            self.fake, i + 1, 1_000_000 + (i // 2) % self.chats, f"soak {i}"
+        )
         try:
-            async with http.post(
-                f"{self.base}/telegram/webhook",
-                data=json.dumps(update),
-                headers={
-                    "X-Telegram-Bot-Api-Secret-Token": SECRET,
-                    "Content-Type": "application/json",
-                },
-            ) as resp:
+            async with http.post(f"{self.base}{WEBHOOK_PATH}", data=data, headers=headers) as resp:
                 await resp.read()
                 if resp.status != 200:
                     self.refused[f"telegram {resp.status}"] += 1
@@ -431,10 +430,10 @@ def summary(
     print(f"daemon exit code after SIGTERM: {rc}", flush=True)
 
 
-def start_daemon(home: Path, token: str) -> subprocess.Popen[bytes]:
+def start_daemon(home: Path, fake: FakeTelegram) -> subprocess.Popen[bytes]:
     """`switchboard run` on `home`, its output in daemon.log beside it (a pipe nobody reads
     would fill up and stall it)."""
-    env = clean_env(TELEGRAM_BOT_TOKEN=token, TELEGRAM_WEBHOOK_SECRET=SECRET)
+    env = clean_env(**telegram_env(fake))
     with open(home.parent / "daemon.log", "wb") as log:
         return subprocess.Popen(switchboard(home, "run"), stdout=log, stderr=log, env=env)
 
@@ -445,12 +444,11 @@ async def soak(minutes: float, rate: float, chats: int, every: float, drain: flo
     with tempfile.TemporaryDirectory(prefix="switchboard-soak-") as tmp:
         home, port = Path(tmp) / "home", free_port()
         home.mkdir()
+        tg = telegram_config(fake.base_url, f"https://bot.example{WEBHOOK_PATH}")
         (home / "config.yaml").write_text(
-            f"platforms:\n  api:\n    port: {port}\n  telegram:\n    enabled: true\n"
-            f"    allow_all_users: true\n    base_url: {fake.base_url}\n    mode: webhook\n"
-            "    webhook_url: https://bot.example/telegram/webhook\n"
+            yaml.safe_dump({"platforms": {"api": {"port": port}, "telegram": tg}})
         )
-        proc = start_daemon(home, fake.token)
+        proc = start_daemon(home, fake)
         base, rc = f"http://127.0.0.1:{port}", None
         try:
             await wait_healthy(base, proc, timeout=60)
