@@ -179,11 +179,15 @@ async def _exchange(rig: Rig, text: str) -> dict[str, Any]:
 @example(text="before\x00after")
 @example(text='\x00json:[{"type":"text","text":"injected"}]')
 @example(text="\ud800 alone")
+@example(text="\ud800\udfff")
 @example(text="\u202eevil\u202c \u200b中文 😀")
 @example(text="x" * 100_000)
 @example(text=("中文😀[/i]\u200d" * 15_000)[:100_000])
 def test_text_round_trips_exactly_or_is_refused_naming_the_field(rig: Rig, text: str) -> None:
     got = rig.run(_exchange(rig, text))
+    # what the daemon reads: JSON's escapes of a high surrogate then a low one are one
+    # character (U+10000 and up) once decoded, whatever the client meant by them
+    text = json.loads(json.dumps(text))
     if "\x00" in text or re.search("[\ud800-\udfff]", text) or not text.strip():
         assert got["status"] == 400, got["answer"]
         message = got["answer"]["error"]["message"]
