@@ -125,7 +125,7 @@ async def search(
             return []
         id_range = totals.bounds = (int(head[0]), int(head[1]))
         if read is not None:
-            counted = read(head[2:])
+            counted = read(head[2:], id_range[1])
             read = None
         for walk in walks:
             await slices.finish(conn, walk, id_range, keep)
@@ -147,22 +147,26 @@ async def search(
 
 def _counts(
     branches: list[Branch], phrases: list[list[ranking.Phrase]], totals: Totals
-) -> tuple[list[str], list[tuple[str, tuple[Any, ...]]], Any]:
+) -> tuple[list[tuple[str, tuple[Any, ...]]], list[tuple[str, tuple[Any, ...]]], Any]:
     """What the first statement counts for ranking, each only when its slices keep what
     `_rank` will count it for (a count is evaluated only when its CASE reaches it): the
     totals of an index with hits when there are two hits or more and its cached ones need a
-    recount, and the phrases' rows on a small store when IDF weights enter the scores.
-    Returns the CTEs, the expressions and the reader of their values."""
-    ctes: list[str] = []
+    recount, and the phrases' rows on a small store when IDF weights enter the scores (on a
+    table whose totals are kept, a phrase counted lately gets the rows written since its
+    count added: Totals.df_since). Returns the CTEs, the expressions and the reader of
+    their values (given the table's highest id, read in the same statement)."""
+    ctes: list[tuple[str, tuple[Any, ...]]] = []
     extras: list[tuple[str, tuple[Any, ...]]] = []
     slots: list[tuple[str, bool, int]] = []
+    kept: list[tuple[str, str, int | None]] = []  # each counted phrase: column, match, base
     ns = [f"n{i}" for i in range(len(branches))]
     several = f"{' + '.join(ns)} >= 2"
+    since: int | None = None
     for i, (br, mine) in enumerate(zip(branches, phrases, strict=True)):
         ranked = f"n{i} >= 1 AND {several}"
         if totals.fresh(br.side) is None:
             t = f"t{i}"
-            ctes.append(f"{t} AS ({slices.totals_sql(br.side)})")
+            ctes.append((f"{t} AS ({slices.totals_sql(br.side)})", ()))
             # counted whatever the hits when not counted lately: its size also says
             # whether a walk of it takes one slice (state/pg/slices.py)
             when = "TRUE" if totals.known_rows(br.side) is None else ranked
@@ -179,25 +183,46 @@ def _counts(
         else:
             continue
         for p in mine:
-            extras.append(
-                (
-                    f"CASE WHEN {when} THEN (SELECT COUNT(*) FROM messages "
-                    f"WHERE {br.column} @@ %s::tsquery) END",
-                    (p.match,),
-                )
-            )
+            base = totals.df_since(br.column, p.match)
+            if base is None:
+                count = f"SELECT COUNT(*) FROM messages WHERE {br.column} @@ %s::tsquery"
+                extras.append((f"CASE WHEN {when} THEN ({count}) END", (p.match,)))
+                kept.append((br.column, p.match, None))
+                continue
+            since = base[1] if since is None else min(since, base[1])
+            count = f"SELECT COUNT(*) FROM late WHERE id > %s AND {br.column} @@ %s::tsquery"
+            extras.append((f"CASE WHEN {when} THEN ({count}) END", (base[1], p.match)))
+            kept.append((br.column, p.match, base[0]))
         slots.append(("dfs", br.side, len(mine)))
+    if since is not None:
+        # the rows written since the oldest kept count, read once for all (a range of the
+        # primary key, which the planner takes for few rows with or without statistics)
+        ctes.append(
+            (
+                "late AS MATERIALIZED (SELECT id, tsv, seg_tsv FROM messages "
+                "WHERE id BETWEEN %s AND 9223372036854775807)",
+                (since + 1,),
+            )
+        )
 
-    def read(values: list[int | None]) -> dict[tuple[str, bool], Any]:
+    def read(values: list[int | None], top: int) -> dict[tuple[str, bool], Any]:
         out: dict[tuple[str, bool], Any] = {}
+        at = 0
         for kind, side, n in slots:
             got, values = values[:n], values[n:]
+            if kind == "dfs":
+                mine, at = kept[at : at + n], at + n
             if any(v is None for v in got):
                 continue
             if kind == "totals":
                 out[kind, side] = totals.put(side, int(cast(int, got[0])), int(cast(int, got[1])))
-            else:
-                out[kind, side] = [int(cast(int, v)) for v in got]
+                continue
+            dfs = []
+            for (column, match, base), v in zip(mine, got, strict=True):
+                df = int(cast(int, v)) + (base or 0)
+                totals.put_df(column, match, df, top, base is not None)
+                dfs.append(df)
+            out[kind, side] = dfs
         return out
 
     return ctes, extras, read
