@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, cast
 
 from psycopg import AsyncConnection
@@ -113,6 +114,8 @@ async def search(
     need = limit + offset
     window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
     phrases = [br.phrases(tree) for br in branches]
+    if relevance:
+        branches = [_counted(br, mine) for br, mine in zip(branches, phrases, strict=True)]
     counted: dict[tuple[str, bool], Any] = {}  # ("totals" | "dfs", side) -> what was counted
     while True:
         walks = [
@@ -143,6 +146,14 @@ async def search(
     hits = [{k: r[k] for k in ("id", "session_id", "role", "timestamp")} for r in page]
     await _finish_page(conn, hits, q.positive_terms(tree))
     return cast(list[SearchHit], hits)
+
+
+def _counted(br: Branch, phrases: list[ranking.Phrase]) -> Branch:
+    """The main index's branch with the server counting its terms in the window's rows,
+    when every term is one whole word (slices.COUNTED_BELOW)."""
+    if br.side or not phrases or any(len(p.tokens) > 1 or p.prefix for p in phrases):
+        return br
+    return replace(br, counted=tuple(p.match for p in phrases))
 
 
 def _counts(
@@ -256,6 +267,15 @@ async def _rank(
                     await _estimate_df(conn, br.side, p, indexed, id_range, totals) for p in phrases
                 ]
             weights = [ranking.idf(indexed, df) for df in dfs]
+        if br.counted:  # the server's counts, but for rows that came with their text
+            read = [r for r in mine if r["content"] is None and r["tfs"] is not None]
+            tfs = [[r["tfs"][p] for r in read] for p in range(len(phrases))]
+            found = ranking.bm25_counted(
+                tfs, [r["ntok"] or 0 for r in read], weights, avgdl, [True] * len(read)
+            )
+            for r, score in zip(read, found, strict=True):
+                scores[r["id"]] = blend(score, r["timestamp"], now)
+            mine = [r for r in mine if r["content"] is not None or r["tfs"] is None]
         texts: list[str | None] = []
         lengths: list[int] = []
         for r in mine:

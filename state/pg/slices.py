@@ -51,10 +51,17 @@ DF_SINCE_MAX = 2_000
 DF_KEPT = 4_096  # terms whose counts are kept
 
 BODY = "m.content, m.content_enc, m.tool_name, m.tool_calls, m.ntok, m.aux_ntok"
-# a slice's columns: the window's id, then its row's (NULL when the filters leave it out)
-ROW_COLUMNS = ("wid", "id", "session_id", "role", "timestamp") + tuple(
-    c.removeprefix("m.") for c in BODY.split(", ")
+# a slice's columns: the window's id, then its row's (NULL when the filters leave it out),
+# then the terms' counts in it when the server counts them (Branch.counted)
+ROW_COLUMNS = (
+    ("wid", "id", "session_id", "role", "timestamp")
+    + tuple(c.removeprefix("m.") for c in BODY.split(", "))
+    + ("tfs",)
 )
+# A vector keeps at most 256 positions of a word: in a row of fewer tokens the count of a
+# word's positions is its count in the text. ts_rank_cd with every weight 1 is that count
+# for a one-word query (each occurrence is a cover of one word, worth 1).
+COUNTED_BELOW = 256
 FIRST_COLUMNS = ("_walk", *ROW_COLUMNS, "_head")  # the first statement's
 
 
@@ -70,6 +77,10 @@ class Branch:
     pairs: tuple[str, ...] = ()
     pairs_of: str = ""
     words: tuple[str, ...] = ()  # tokens every match of the main index holds
+    # One-word tsqueries whose occurrences the server counts in each row of the window (the
+    # main index, ranking's terms all single words): such a row comes without its text
+    # unless it holds COUNTED_BELOW tokens or more.
+    counted: tuple[str, ...] = ()
 
     @property
     def phrase(self) -> bool:
@@ -329,11 +340,20 @@ def with_rows(
     if keep is None:
         return sql, params
     rows = f"(messages m{keep.join})" if keep.join else "messages m"
+    body, counted = BODY, walk.br.counted
+    if counted:
+        tfs = ", ".join("ts_rank_cd('{1,1,1,1}', m.tsv, %s::tsquery)::int" for _ in counted)
+        body = BODY.replace(
+            "m.content,", f"CASE WHEN m.ntok >= {COUNTED_BELOW} THEN m.content END,"
+        )
+        body += f", ARRAY[{tfs}]"
+    else:
+        body += ", NULL::int[]"
     return (
-        f"SELECT w.id AS wid, m.id AS mid, m.session_id, m.role, m.timestamp, {BODY} "
+        f"SELECT w.id AS wid, m.id AS mid, m.session_id, m.role, m.timestamp, {body} "
         f"FROM ({sql}) w LEFT JOIN {rows} ON m.id = w.id "
         f"AND {keep.where}{walk.br.extra_where}",
-        (*params, *keep.params, *walk.br.extra_params),
+        (*counted, *params, *keep.params, *walk.br.extra_params),
     )
 
 

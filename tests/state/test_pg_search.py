@@ -108,3 +108,40 @@ async def db_value(conn: psycopg.AsyncConnection, sql: str) -> int:
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def test_the_server_counts_one_word_terms_in_the_window_and_long_rows_bring_their_text(
+    schema_dsn: str,
+) -> None:
+    """Ranking by one-word terms takes each window row's occurrences from the server (its
+    vector's positions), so rows off the page never travel as text; a row of 256 tokens or
+    more (a vector keeps 256 positions of a word) comes with its text and is counted there:
+    300 occurrences outrank 280 in otherwise equal rows."""
+    store = await PgStore.open(schema_dsn)
+    try:
+        ids = {}
+        for i in range(12):  # each in a session of its own: no neighbours on the page
+            sid = await store.create_session(f"s{i}", "cli")
+            ids[f"mark{i}q"] = await store.append_message(sid, "user", f"alpha beta mark{i}q")
+        sid = await store.create_session("long", "cli")
+        many = await store.append_message(sid, "user", "alpha " * 300 + "beta")
+        fewer = await store.append_message(sid, "user", "alpha " * 280 + "beta " + "pad " * 20)
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            totals = pg_search.Totals()
+            every = await pg_search.search(conn, SearchRequest(query="alpha beta"), totals)
+            order = [h["id"] for h in every]
+            assert order.index(many) < order.index(fewer)
+            with tempfile.TemporaryFile("w+") as fh:
+                conn.pgconn.trace(fh.fileno())
+                try:
+                    page = await pg_search.search(
+                        conn, SearchRequest(query="alpha beta", limit=1), totals
+                    )
+                finally:
+                    conn.pgconn.untrace()
+                fh.seek(0)
+                trace = fh.read()
+        off = [mark for mark, mid in ids.items() if mid != page[0]["id"]]
+        assert len(off) == 11 and not [mark for mark in off if mark in trace]
+    finally:
+        await store.close()
