@@ -7,8 +7,9 @@ slice where the matches' density so far says the rest of the window lies, none r
 twice. GIN keeps no positions: a phrase's candidates are the rows holding its words (its
 rarest word's, by the planner's statistics), checked on the rows of one slice.
 
-Each slice's statement also reads the rows of its matches that pass the search's filters,
-and the first statement of a search reads every branch's first slice at once, with the
+Each slice's statement also reads the rows of its matches that pass the search's filters
+(each one-word term's occurrences in place of the text when ranking needs no more:
+Branch.counted), and the first statement of a search reads every branch's first slice at once, with the
 table's id range and, when the ranking will want them, the indexes' totals and the
 phrases' document counts. Its first slice is bounded by the id range the previous search
 found and left open at the far end, so rows written since are in it; the id range read in
