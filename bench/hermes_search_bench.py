@@ -10,12 +10,17 @@ sessions of 50) through their own append call, each in a fresh file in its own s
 same queries of each kind run through `search_messages(query, limit=20)`: Hermes's own, and
 switchboard's through its Hermes-compatible facade (the same call and answer shape, with
 the neighbouring messages), through the native store the gateway uses, and through the
-PostgreSQL store on a fresh database of the server `--dsn` names (its own append call; the
-server's CPU for each query is added to the client's, read from the backend's /proc
-entry, so the figure is the whole work of a query on this machine). Each query runs
+PostgreSQL store on a fresh database of the server `--dsn` names (its own append call, then
+`VACUUM ANALYZE messages`, which autovacuum, on by default, does to a table after that many
+inserts: the planner's statistics and visibility map a user's server has; the server's CPU
+for each query is added to the client's, read from the backend's /proc entry, so the
+figure is the whole work of a query on this machine). Each query runs
 once to warm the page cache, then once measured as CPU time (time.process_time: the
 store's work in this process, which other work on the machine disturbs less than it does a
-wall clock); a kind's figure is the median per query, then the median over rounds. The rounds alternate the programs, since this machine's speed
+wall clock); a kind's figure is the median per query, then the median over rounds. On a
+table this size the PostgreSQL store keeps a term's document count for 30 s and adds the
+rows written since (state/pg/slices.py), so a measured query finds the counts its warm-up
+left, as a search does soon after another with the same words. The rounds alternate the programs, since this machine's speed
 drifts from one minute to the next.
 
 Query kinds: two common words (a dense vocabulary: thousands of rows match each word), two
@@ -111,6 +116,7 @@ asyncio.run(main())
 BUILD_PG = """
 import asyncio, json, sys
 from pathlib import Path
+import psycopg
 from state.pg.store import PgStore
 
 async def main():
@@ -122,6 +128,9 @@ async def main():
             await db.create_session(sid, "cli")
         await db.append_message(sid, "user" if i % 2 == 0 else "assistant", text)
     await db.close()
+    # what autovacuum (on by default) does to a table after this many inserts
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE messages")
 
 asyncio.run(main())
 """

@@ -243,10 +243,22 @@ def bm25_many(
         counts = [0] * len(folded)
         phrase.count_each(joined, starts, counts)
         tfs.append(counts)
+    return bm25_counted(tfs, lengths, weights, avgdl, [bool(f) for f in folded])
+
+
+def bm25_counted(
+    tfs: Sequence[Sequence[int]],
+    lengths: Sequence[int],
+    weights: Sequence[float],
+    avgdl: float,
+    texts: Sequence[bool],
+) -> list[float]:
+    """The scores of rows whose phrases are counted: tfs[p][i], phrase p's occurrences in
+    row i of lengths[i] tokens; a row without text (texts[i] false) scores 0."""
     scores = []
     for i, length in enumerate(lengths):
         score = 0.0
-        if folded[i]:
+        if texts[i]:
             norm = K1 * (1 - B + B * length / avgdl)
             for counts, weight in zip(tfs, weights, strict=True):
                 tf = counts[i]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, cast
 
 from psycopg import AsyncConnection
@@ -113,6 +114,8 @@ async def search(
     need = limit + offset
     window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
     phrases = [br.phrases(tree) for br in branches]
+    if relevance:
+        branches = [_counted(br, mine) for br, mine in zip(branches, phrases, strict=True)]
     counted: dict[tuple[str, bool], Any] = {}  # ("totals" | "dfs", side) -> what was counted
     while True:
         walks = [
@@ -125,7 +128,7 @@ async def search(
             return []
         id_range = totals.bounds = (int(head[0]), int(head[1]))
         if read is not None:
-            counted = read(head[2:])
+            counted = read(head[2:], id_range[1])
             read = None
         for walk in walks:
             await slices.finish(conn, walk, id_range, keep)
@@ -145,24 +148,36 @@ async def search(
     return cast(list[SearchHit], hits)
 
 
+def _counted(br: Branch, phrases: list[ranking.Phrase]) -> Branch:
+    """The main index's branch with the server counting its terms in the window's rows,
+    when every term is one whole word (slices.COUNTED_BELOW)."""
+    if br.side or not phrases or any(len(p.tokens) > 1 or p.prefix for p in phrases):
+        return br
+    return replace(br, counted=tuple(p.match for p in phrases))
+
+
 def _counts(
     branches: list[Branch], phrases: list[list[ranking.Phrase]], totals: Totals
-) -> tuple[list[str], list[tuple[str, tuple[Any, ...]]], Any]:
+) -> tuple[list[tuple[str, tuple[Any, ...]]], list[tuple[str, tuple[Any, ...]]], Any]:
     """What the first statement counts for ranking, each only when its slices keep what
     `_rank` will count it for (a count is evaluated only when its CASE reaches it): the
     totals of an index with hits when there are two hits or more and its cached ones need a
-    recount, and the phrases' rows on a small store when IDF weights enter the scores.
-    Returns the CTEs, the expressions and the reader of their values."""
-    ctes: list[str] = []
+    recount, and the phrases' rows on a small store when IDF weights enter the scores (on a
+    table whose totals are kept, a phrase counted lately gets the rows written since its
+    count added: Totals.df_since). Returns the CTEs, the expressions and the reader of
+    their values (given the table's highest id, read in the same statement)."""
+    ctes: list[tuple[str, tuple[Any, ...]]] = []
     extras: list[tuple[str, tuple[Any, ...]]] = []
     slots: list[tuple[str, bool, int]] = []
+    kept: list[tuple[str, str, int | None]] = []  # each counted phrase: column, match, base
     ns = [f"n{i}" for i in range(len(branches))]
     several = f"{' + '.join(ns)} >= 2"
+    since: int | None = None
     for i, (br, mine) in enumerate(zip(branches, phrases, strict=True)):
         ranked = f"n{i} >= 1 AND {several}"
         if totals.fresh(br.side) is None:
             t = f"t{i}"
-            ctes.append(f"{t} AS ({slices.totals_sql(br.side)})")
+            ctes.append((f"{t} AS ({slices.totals_sql(br.side)})", ()))
             # counted whatever the hits when not counted lately: its size also says
             # whether a walk of it takes one slice (state/pg/slices.py)
             when = "TRUE" if totals.known_rows(br.side) is None else ranked
@@ -179,25 +194,46 @@ def _counts(
         else:
             continue
         for p in mine:
-            extras.append(
-                (
-                    f"CASE WHEN {when} THEN (SELECT COUNT(*) FROM messages "
-                    f"WHERE {br.column} @@ %s::tsquery) END",
-                    (p.match,),
-                )
-            )
+            base = totals.df_since(br.column, p.match)
+            if base is None:
+                count = f"SELECT COUNT(*) FROM messages WHERE {br.column} @@ %s::tsquery"
+                extras.append((f"CASE WHEN {when} THEN ({count}) END", (p.match,)))
+                kept.append((br.column, p.match, None))
+                continue
+            since = base[1] if since is None else min(since, base[1])
+            count = f"SELECT COUNT(*) FROM late WHERE id > %s AND {br.column} @@ %s::tsquery"
+            extras.append((f"CASE WHEN {when} THEN ({count}) END", (base[1], p.match)))
+            kept.append((br.column, p.match, base[0]))
         slots.append(("dfs", br.side, len(mine)))
+    if since is not None:
+        # the rows written since the oldest kept count, read once for all (a range of the
+        # primary key, which the planner takes for few rows with or without statistics)
+        ctes.append(
+            (
+                "late AS MATERIALIZED (SELECT id, tsv, seg_tsv FROM messages "
+                "WHERE id BETWEEN %s AND 9223372036854775807)",
+                (since + 1,),
+            )
+        )
 
-    def read(values: list[int | None]) -> dict[tuple[str, bool], Any]:
+    def read(values: list[int | None], top: int) -> dict[tuple[str, bool], Any]:
         out: dict[tuple[str, bool], Any] = {}
+        at = 0
         for kind, side, n in slots:
             got, values = values[:n], values[n:]
+            if kind == "dfs":
+                mine, at = kept[at : at + n], at + n
             if any(v is None for v in got):
                 continue
             if kind == "totals":
                 out[kind, side] = totals.put(side, int(cast(int, got[0])), int(cast(int, got[1])))
-            else:
-                out[kind, side] = [int(cast(int, v)) for v in got]
+                continue
+            dfs = []
+            for (column, match, base), v in zip(mine, got, strict=True):
+                df = int(cast(int, v)) + (base or 0)
+                totals.put_df(column, match, df, top, base is not None)
+                dfs.append(df)
+            out[kind, side] = dfs
         return out
 
     return ctes, extras, read
@@ -231,6 +267,15 @@ async def _rank(
                     await _estimate_df(conn, br.side, p, indexed, id_range, totals) for p in phrases
                 ]
             weights = [ranking.idf(indexed, df) for df in dfs]
+        if br.counted:  # the server's counts, but for rows that came with their text
+            read = [r for r in mine if r["content"] is None and r["tfs"] is not None]
+            tfs = [[r["tfs"][p] for r in read] for p in range(len(phrases))]
+            found = ranking.bm25_counted(
+                tfs, [r["ntok"] or 0 for r in read], weights, avgdl, [True] * len(read)
+            )
+            for r, score in zip(read, found, strict=True):
+                scores[r["id"]] = blend(score, r["timestamp"], now)
+            mine = [r for r in mine if r["content"] is not None or r["tfs"] is None]
         texts: list[str | None] = []
         lengths: list[int] = []
         for r in mine:

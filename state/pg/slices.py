@@ -7,8 +7,9 @@ slice where the matches' density so far says the rest of the window lies, none r
 twice. GIN keeps no positions: a phrase's candidates are the rows holding its words (its
 rarest word's, by the planner's statistics), checked on the rows of one slice.
 
-Each slice's statement also reads the rows of its matches that pass the search's filters,
-and the first statement of a search reads every branch's first slice at once, with the
+Each slice's statement also reads the rows of its matches that pass the search's filters
+(each one-word term's occurrences in place of the text when ranking needs no more:
+Branch.counted), and the first statement of a search reads every branch's first slice at once, with the
 table's id range and, when the ranking will want them, the indexes' totals and the
 phrases' document counts. Its first slice is bounded by the id range the previous search
 found and left open at the far end, so rows written since are in it; the id range read in
@@ -43,12 +44,25 @@ RARE_SHARE = 0.05  # a phrase's candidates come from its rarest word when in few
 TOTALS_TTL_S = 30.0  # how long index totals (rows, average length) are reused on a big store
 SHARES_TTL_S = 300.0  # how long the planner's word statistics are reused
 EXACT_TOTALS_BELOW = 10_000  # table rows under which totals are recounted for every search
+# On a bigger table a term's document count is kept for TOTALS_TTL_S with the id it was
+# counted up to, and later searches add the rows written since (a count of a common word
+# visits most of the table's pages; the rows since, a few); past this many ids since, the
+# term is counted again.
+DF_SINCE_MAX = 2_000
+DF_KEPT = 4_096  # terms whose counts are kept
 
 BODY = "m.content, m.content_enc, m.tool_name, m.tool_calls, m.ntok, m.aux_ntok"
-# a slice's columns: the window's id, then its row's (NULL when the filters leave it out)
-ROW_COLUMNS = ("wid", "id", "session_id", "role", "timestamp") + tuple(
-    c.removeprefix("m.") for c in BODY.split(", ")
+# a slice's columns: the window's id, then its row's (NULL when the filters leave it out),
+# then the terms' counts in it when the server counts them (Branch.counted)
+ROW_COLUMNS = (
+    ("wid", "id", "session_id", "role", "timestamp")
+    + tuple(c.removeprefix("m.") for c in BODY.split(", "))
+    + ("tfs",)
 )
+# A vector keeps at most 256 positions of a word: in a row of fewer tokens the count of a
+# word's positions is its count in the text. ts_rank_cd with every weight 1 is that count
+# for a one-word query (each occurrence is a cover of one word, worth 1).
+COUNTED_BELOW = 256
 FIRST_COLUMNS = ("_walk", *ROW_COLUMNS, "_head")  # the first statement's
 
 
@@ -64,6 +78,10 @@ class Branch:
     pairs: tuple[str, ...] = ()
     pairs_of: str = ""
     words: tuple[str, ...] = ()  # tokens every match of the main index holds
+    # One-word tsqueries whose occurrences the server counts in each row of the window (the
+    # main index, ranking's terms all single words): such a row comes without its text
+    # unless it holds COUNTED_BELOW tokens or more.
+    counted: tuple[str, ...] = ()
 
     @property
     def phrase(self) -> bool:
@@ -88,13 +106,14 @@ class Branch:
 class Totals:
     """Rows and average length of each index, for BM25: recounted per search on a small
     table, reused for TOTALS_TTL_S on a big one or a big index (a count is a scan of the
-    table). Also the
-    share of rows holding each common word of the main index, from the planner's
-    statistics, and the id range the last search found."""
+    table). On a big table also each term's document count with the id it was counted up
+    to (df_since). Also the share of rows holding each common word of the main index, from
+    the planner's statistics, and the id range the last search found."""
 
     def __init__(self) -> None:
         self._cache: dict[bool, tuple[float, int, float]] = {}
         self._shares: tuple[float, dict[str, float]] | None = None
+        self._dfs: dict[tuple[str, str], tuple[float, int, int]] = {}
         self.bounds: tuple[int, int] | None = None
 
     async def shares(self, conn: AsyncConnection) -> dict[str, float]:
@@ -128,6 +147,33 @@ class Totals:
         planning a walk, not for ranking)."""
         hit = self._cache.get(side)
         return None if hit is None or time.monotonic() - hit[0] >= TOTALS_TTL_S else hit[1]
+
+    def df_since(self, column: str, match: str) -> tuple[int, int] | None:
+        """A term's document count and the id it was counted up to, when the table is big
+        enough for counts to be kept (as its totals are) and few rows are newer."""
+        table = self._cache.get(False)
+        hit = self._dfs.get((column, match))
+        if table is None or table[1] < EXACT_TOTALS_BELOW or hit is None:
+            return None
+        if time.monotonic() - hit[0] >= TOTALS_TTL_S or (
+            self.bounds is not None and self.bounds[1] - hit[2] > DF_SINCE_MAX
+        ):
+            return None
+        return hit[1], hit[2]
+
+    def put_df(self, column: str, match: str, count: int, upto: int, since: bool) -> None:
+        """A term's count up to id `upto`; `since`: added to a kept one, whose time stays
+        (rows deleted or committed late below its id are seen when it expires)."""
+        key, table = (column, match), self._cache.get(False)
+        if table is None or table[1] < EXACT_TOTALS_BELOW:
+            return
+        hit = self._dfs.get(key)
+        if since and hit is not None:
+            self._dfs[key] = (hit[0], count, upto)
+            return
+        if len(self._dfs) >= DF_KEPT:
+            self._dfs.clear()
+        self._dfs[key] = (time.monotonic(), count, upto)
 
     def put(self, side: bool, rows: int, length: int) -> tuple[int, float]:
         avg = (length / rows if rows else 1.0) or 1.0
@@ -295,11 +341,20 @@ def with_rows(
     if keep is None:
         return sql, params
     rows = f"(messages m{keep.join})" if keep.join else "messages m"
+    body, counted = BODY, walk.br.counted
+    if counted:
+        tfs = ", ".join("ts_rank_cd('{1,1,1,1}', m.tsv, %s::tsquery)::int" for _ in counted)
+        body = BODY.replace(
+            "m.content,", f"CASE WHEN m.ntok >= {COUNTED_BELOW} THEN m.content END,"
+        )
+        body += f", ARRAY[{tfs}]"
+    else:
+        body += ", NULL::int[]"
     return (
-        f"SELECT w.id AS wid, m.id AS mid, m.session_id, m.role, m.timestamp, {BODY} "
+        f"SELECT w.id AS wid, m.id AS mid, m.session_id, m.role, m.timestamp, {body} "
         f"FROM ({sql}) w LEFT JOIN {rows} ON m.id = w.id "
         f"AND {keep.where}{walk.br.extra_where}",
-        (*params, *keep.params, *walk.br.extra_params),
+        (*counted, *params, *keep.params, *walk.br.extra_params),
     )
 
 
@@ -330,14 +385,17 @@ async def first(
     walks: list[Walk],
     guess: tuple[int, int],
     keep: Keep,
-    ctes: list[str],
+    ctes: list[tuple[str, tuple[Any, ...]]],
     extras: list[tuple[str, tuple[Any, ...]]],
 ) -> list[int | None]:
     """Every walk's first slice with its rows, in one statement; returns the table's id
     range (None, None when it is empty) and the `extras`: scalar expressions that may name
     `n0`, `n1`... (the rows each walk's slice keeps) and the `ctes`."""
-    parts = ["b AS (SELECT MIN(id) AS lo, MAX(id) AS hi FROM messages)", *ctes]
+    parts = ["b AS (SELECT MIN(id) AS lo, MAX(id) AS hi FROM messages)"]
     params: list[Any] = []
+    for cte, p in ctes:
+        parts.append(cte)
+        params += p
     selects = []
     for i, walk in enumerate(walks):
         sql, p = with_rows(walk, *walk.slice_sql(*walk.first(guess)), keep)
@@ -345,7 +403,8 @@ async def first(
         params += p
         selects.append(f"SELECT {i}, w{i}.*, NULL::bigint[] FROM w{i}")
     counts = ", ".join(f"(SELECT COUNT(mid) FROM w{i}) AS n{i}" for i in range(len(walks)))
-    parts.append(f"n AS (SELECT {counts})")
+    # materialized: the extras name n0, n1... many times, each a subquery of its own else
+    parts.append(f"n AS MATERIALIZED (SELECT {counts})")
     for _, p in extras:
         params += p
     head = ", ".join(["b.lo", "b.hi", *(e for e, _ in extras)])

@@ -11,6 +11,7 @@ import pytest
 from psycopg import pq
 
 from state.pg import search as pg_search
+from state.pg import slices
 from state.pg.store import PgStore
 from state.sqlite.search import SearchRequest
 from tests import pgserver
@@ -65,5 +66,82 @@ async def test_a_search_on_a_small_store_is_two_round_trips_new_messages_include
             assert ids[0] == newest and syncs == 2
             side = await _traced(conn, SearchRequest(query="北京", limit=5), totals)
             assert len(side[0]) == 5 and side[1] == 2
+    finally:
+        await store.close()
+
+
+async def test_a_kept_term_count_gets_the_rows_written_since(
+    schema_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a table whose totals are kept between searches, each term's document count is
+    kept with the id it was counted up to, and the next search adds the rows written since
+    in its first statement: the counts, and so the order, are those a fresh count gives."""
+    monkeypatch.setattr(slices, "EXACT_TOTALS_BELOW", 20)  # this table is a big one
+    store = await PgStore.open(schema_dsn)
+    try:
+        sid = await store.create_session("s", "cli")
+        for i in range(40):
+            words = ["deploy"] * (i % 3 == 0) + ["gateway"] * (i % 4 == 0) + [f"note {i}"]
+            await store.append_message(sid, "user", " ".join(words))
+        req = SearchRequest(query="deploy gateway", limit=10)
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            kept = pg_search.Totals()
+            await pg_search.search(conn, req, kept)
+            await pg_search.search(conn, req, kept)  # the table's size is known: counts kept
+            top = await db_value(conn, "SELECT MAX(id) FROM messages")
+            assert kept.df_since("tsv", "'deploy'") == (14, top)
+            for _ in range(5):
+                await store.append_message(sid, "user", "deploy deploy gateway again")
+            await store.append_message(sid, "user", "deploy only")
+            ids, syncs = await _traced(conn, req, kept)
+            top = await db_value(conn, "SELECT MAX(id) FROM messages")
+            assert kept.df_since("tsv", "'deploy'") == (20, top)
+            assert kept.df_since("tsv", "'gateway'") == (15, top)
+            assert syncs == 2
+            assert ids == [h["id"] for h in await pg_search.search(conn, req, pg_search.Totals())]
+    finally:
+        await store.close()
+
+
+async def db_value(conn: psycopg.AsyncConnection, sql: str) -> int:
+    cur = await conn.execute(sql)
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_the_server_counts_one_word_terms_in_the_window_and_long_rows_bring_their_text(
+    schema_dsn: str,
+) -> None:
+    """Ranking by one-word terms takes each window row's occurrences from the server (its
+    vector's positions), so rows off the page never travel as text; a row of 256 tokens or
+    more (a vector keeps 256 positions of a word) comes with its text and is counted there:
+    300 occurrences outrank 280 in otherwise equal rows."""
+    store = await PgStore.open(schema_dsn)
+    try:
+        ids = {}
+        for i in range(12):  # each in a session of its own: no neighbours on the page
+            sid = await store.create_session(f"s{i}", "cli")
+            ids[f"mark{i}q"] = await store.append_message(sid, "user", f"alpha beta mark{i}q")
+        sid = await store.create_session("long", "cli")
+        many = await store.append_message(sid, "user", "alpha " * 300 + "beta")
+        fewer = await store.append_message(sid, "user", "alpha " * 280 + "beta " + "pad " * 20)
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            totals = pg_search.Totals()
+            every = await pg_search.search(conn, SearchRequest(query="alpha beta"), totals)
+            order = [h["id"] for h in every]
+            assert order.index(many) < order.index(fewer)
+            with tempfile.TemporaryFile("w+") as fh:
+                conn.pgconn.trace(fh.fileno())
+                try:
+                    page = await pg_search.search(
+                        conn, SearchRequest(query="alpha beta", limit=1), totals
+                    )
+                finally:
+                    conn.pgconn.untrace()
+                fh.seek(0)
+                trace = fh.read()
+        off = [mark for mark, mid in ids.items() if mid != page[0]["id"]]
+        assert len(off) == 11 and not [mark for mark in off if mark in trace]
     finally:
         await store.close()
