@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,11 +43,6 @@ from gateway.session_keys import SessionSource
 from gateway.vocab import AdapterState, ChatType
 
 log = logging.getLogger("gateway.adapters.telegram")
-# `send` asks for sendMessage by name to read its answer raw; python-telegram-bot would
-# rather it call its `send_message` and warns once per process.
-warnings.filterwarnings(
-    "ignore", message=r"Please use 'Bot\.sendMessage'", module=r"gateway\.adapters\.telegram"
-)
 LIMIT = 4096  # UTF-16 code units per message
 TYPING_EVERY_S = 4.0
 # Bot API calls in flight at once, below python-telegram-bot's pool of 256 connections:
@@ -479,20 +473,16 @@ class TelegramAdapter(OpensThreads, Typing, Outbound, SetupSteps, ReplicaLimits)
         ids: list[str] = []
         thread = int(msg.thread_id) if msg.thread_id else None
         for part in split_message(msg.text, LIMIT, utf16_len):
-            args: dict[str, Any] = {"chat_id": int(msg.chat_id), "text": part}
-            if thread is not None:
-                args["message_thread_id"] = thread
             try:
-                # The Bot API's answer read as the dict it is: only its message_id is used,
-                # and python-telegram-bot's Message built from it cost about as much as
-                # the request itself (docs/benchmarks.md).
                 sent = await self._call(
-                    lambda args=args: self._bot.do_api_request("sendMessage", api_kwargs=args)
+                    lambda part=part: self._bot.send_message(
+                        chat_id=int(msg.chat_id), text=part, message_thread_id=thread
+                    )
                 )
             except tg_error.TelegramError as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 raise PlatformRefused(f"telegram refused the message: {exc}") from exc
-            ids.append(str(sent["message_id"]))
+            ids.append(str(sent.message_id))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
 
     async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:
