@@ -69,15 +69,7 @@ def slack_event(i: int, channel: str, user: str, text: str) -> tuple[bytes, dict
     `X-Slack-Signature` (v0, HMAC-SHA256 of `v0:{timestamp}:{body}` under the signing
     secret) and `X-Slack-Request-Timestamp`. Its ts is unique per i (the message's id)."""
     ts = f"{int(time.time())}.{i % 1_000_000:06d}"
-    ev = {
-        "type": "message",
-        "channel": channel,
-        "user": user,
-        "text": text,
-        "ts": ts,
-        "event_ts": ts,
-        "channel_type": "im",
-    }
+    ev = slack_fake.message(text, channel, user, ts, channel_type="im")
     return slack_fake.signed(slack_fake.event(ev, f"Ev{i}"))
 
 
@@ -117,17 +109,23 @@ class Replies:
         self.unexpected += 1
 
 
-@dataclass
-class RepliedTelegram(FakeTelegram):
-    """The Bot API fake handing each sendMessage to `replies`; no call log kept."""
+class _NoCallLog:
+    """A platform fake that keeps no log of the calls it answered (a bench sends too many)."""
 
-    replies: Replies = field(default_factory=Replies)
+    calls: list[Any]
 
     async def _handle(self, request: web.Request) -> web.Response:
         try:
-            return await super()._handle(request)
+            return await super()._handle(request)  # the fake it is mixed into
         finally:
             self.calls.clear()
+
+
+@dataclass
+class RepliedTelegram(_NoCallLog, FakeTelegram):
+    """The Bot API fake handing each sendMessage to `replies`; no call log kept."""
+
+    replies: Replies = field(default_factory=Replies)
 
     async def _m_sendMessage(self, params: dict[str, Any]) -> Any:
         self.replies.arrived(str(params["chat_id"]), str(params.get("text", "")))
@@ -135,17 +133,11 @@ class RepliedTelegram(FakeTelegram):
 
 
 @dataclass
-class RepliedSlack(FakeSlack):
+class RepliedSlack(_NoCallLog, FakeSlack):
     """The Web API fake handing each chat.postMessage to `replies`; no call log kept (the
     posts stay in `history`, which a resend reads)."""
 
     replies: Replies = field(default_factory=Replies)
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        try:
-            return await super()._handle(request)
-        finally:
-            self.calls.clear()
 
     def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
         out = super()._post_message(params)

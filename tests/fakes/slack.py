@@ -275,6 +275,27 @@ def signed(
     }
 
 
+def message(
+    text: str,
+    channel: str = "D0DM",
+    user: str = "U1",
+    ts: str = "1700000001.000100",
+    **extra: object,
+) -> dict[str, Any]:
+    """A `message` event as Slack sends it; a channel id starting with D is a DM."""
+    ev: dict[str, Any] = {
+        "type": "message",
+        "channel": channel,
+        "user": user,
+        "text": text,
+        "ts": ts,
+        "event_ts": ts,
+        "channel_type": "im" if channel.startswith("D") else "channel",
+    }
+    ev.update(extra)
+    return ev
+
+
 def event(ev: dict[str, Any], event_id: str = "Ev1") -> dict[str, Any]:
     return {
         "type": "event_callback",

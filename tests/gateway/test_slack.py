@@ -13,7 +13,7 @@ import pytest
 from gateway.adapters.slack import SlackAdapter, to_inbound, to_mrkdwn
 from gateway.app import Gateway
 from gateway.config import load_config
-from tests.fakes.slack import BOT_USER, SECRET, FakeSlack, event, signed
+from tests.fakes.slack import BOT_USER, SECRET, FakeSlack, event, message, signed
 
 
 @pytest.fixture
@@ -50,24 +50,7 @@ async def _post(url: str, payload: dict, **kw: object) -> int:
             return resp.status
 
 
-def msg(
-    text: str,
-    channel: str = "D0DM",
-    user: str = "U1",
-    ts: str = "1700000001.000100",
-    **extra: object,
-) -> dict:
-    ev = {
-        "type": "message",
-        "channel": channel,
-        "user": user,
-        "text": text,
-        "ts": ts,
-        "event_ts": ts,
-        "channel_type": "im" if channel.startswith("D") else "channel",
-    }
-    ev.update(extra)
-    return ev
+msg = message
 
 
 async def test_dm_round_trip_and_session_key(gw: tuple[Gateway, str], fake: FakeSlack) -> None:
