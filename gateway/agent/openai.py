@@ -23,6 +23,12 @@ log = logging.getLogger("gateway.agent.openai")
 MAX_TOOL_ROUNDS = 4
 
 
+def _encode(value: Any) -> bytes:
+    """Compact JSON, every non-ASCII character escaped (so a lone surrogate a user typed
+    travels as its escape rather than failing the UTF-8 encoding)."""
+    return json.dumps(value, separators=(",", ":")).encode("ascii")
+
+
 class OpenAIAgent:
     name = "openai"
 
@@ -43,6 +49,8 @@ class OpenAIAgent:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._max_retries = max_retries
         self._tools = [session_search_tool.SCHEMA] if "session_search" in tools else []
+        # The tools' schemas are the same in every request: encoded once, spliced in.
+        self._tools_json = b',"tools":' + _encode(self._tools) if self._tools else b""
         self._reply_tokens = reply_tokens
         self._session: aiohttp.ClientSession | None = None
 
@@ -81,19 +89,28 @@ class OpenAIAgent:
             await self._session.close()
 
     async def _complete(self, messages: list[ChatMessage], with_tools: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "messages": messages}
-        if with_tools and self._tools:
-            body["tools"] = self._tools
-        if self._reply_tokens:
-            body["max_tokens"] = self._reply_tokens
+        body = b"".join(
+            (
+                b'{"model":',
+                _encode(self.model),
+                b',"messages":',
+                _encode(messages),
+                self._tools_json if with_tools else b"",
+                b',"max_tokens":%d' % self._reply_tokens if self._reply_tokens else b"",
+                b"}",
+            )
+        )
         http = await self._http()
         delay = 0.5
         for attempt in range(self._max_retries + 1):
             retry_after: float | None = None
             try:
-                async with http.post(f"{self.base_url}/chat/completions", json=body) as resp:
+                async with http.post(f"{self.base_url}/chat/completions", data=body) as resp:
                     if resp.status == 200:
-                        data = await resp.json(content_type=None)
+                        try:
+                            data = json.loads(await resp.read())
+                        except ValueError:
+                            raise AgentError("the model endpoint answered 200 without JSON") from None
                         if not isinstance(data, dict) or not data.get("choices"):
                             raise AgentError("the model endpoint returned no choices")
                         return data

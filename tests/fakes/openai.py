@@ -52,7 +52,7 @@ class FakeOpenAI:
         )
         return web.Response(
             status=status,
-            body=json.dumps(body).encode(),
+            body=body if isinstance(body, bytes) else json.dumps(body).encode(),
             content_type="application/json",
             headers=headers,
         )

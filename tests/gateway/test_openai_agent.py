@@ -53,6 +53,30 @@ async def test_a_reply_with_usage_and_the_request_shape(fake: FakeOpenAI) -> Non
     assert "tools" not in body  # no tool runner in this context
 
 
+async def test_odd_text_travels_to_the_model_intact_as_json(fake: FakeOpenAI) -> None:
+    odd = "nul\x00 lone\ud800 bidi\u202e <b>[i]{x}</b> \u4e2d\u6587 \U0001f600"
+    fake.reply("ok")
+    agent = _agent(fake, reply_tokens=64)
+    try:
+        await agent.respond([{"role": "user", "content": odd}], CTX)
+    finally:
+        await agent.close()
+    assert fake.headers[0]["Content-Type"] == "application/json"
+    body = fake.requests[0]
+    assert body["messages"][1] == {"role": "user", "content": odd}
+    assert body["max_tokens"] == 64 and body["model"] == "m1"
+
+
+async def test_a_200_answer_that_is_not_json_is_a_clear_error(fake: FakeOpenAI) -> None:
+    fake.reply(raw=b"<html>gateway timeout</html>")
+    agent = _agent(fake)
+    try:
+        with pytest.raises(AgentError, match="without JSON"):
+            await agent.respond([{"role": "user", "content": "hi"}], CTX)
+    finally:
+        await agent.close()
+
+
 async def test_rate_limits_and_server_errors_are_retried(fake: FakeOpenAI) -> None:
     fake.reply(status=429, headers={"Retry-After": "0.05"})
     fake.reply(status=502)
