@@ -291,15 +291,18 @@ class Writer:
         linger = self.config.commit_linger_s
         try:
             while not stop:
+                if busy and linger > 0 and held is None:
+                    # Under load, the next operations are seconds' thousandths away: a
+                    # sleep (which no put cuts short) lets them join the next commit. The
+                    # writer sleeps before it looks at the queue, so a put meanwhile finds
+                    # it asleep rather than waiting on the queue and wakes no thread (on a
+                    # virtual machine a wake-up costs microseconds of both threads' CPU).
+                    # A caller writing one thing at a time never waits here.
+                    self.pause(linger)
                 first, held = (held if held is not None else self._next()), None
                 if first is _STOP:
                     break
                 batch: list[_Op] = [first]
-                if busy and linger > 0 and not first.exclusive:
-                    # Under load, the next operations are seconds' thousandths away: a
-                    # sleep (which no put cuts short) lets them join this commit. A
-                    # caller writing one thing at a time never waits here.
-                    self.pause(linger)
                 while not first.exclusive and len(batch) < self.config.max_batch:
                     try:
                         nxt = self._inbox.get_nowait()
