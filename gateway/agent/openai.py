@@ -110,7 +110,9 @@ class OpenAIAgent:
                         try:
                             data = json.loads(await resp.read())
                         except ValueError:
-                            raise AgentError("the model endpoint answered 200 without JSON") from None
+                            raise AgentError(
+                                "the model endpoint answered 200 without JSON"
+                            ) from None
                         if not isinstance(data, dict) or not data.get("choices"):
                             raise AgentError("the model endpoint returned no choices")
                         return data

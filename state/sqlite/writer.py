@@ -179,7 +179,8 @@ class Writer:
         if self._closing or self._stopped.done():  # closed while this caller waited
             self._slots.give_back()
             raise WriterClosed("the store is closed")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        assert self._loop is not None  # set before `_stopped`
+        future: asyncio.Future[T] = self._loop.create_future()
         self._inbox.put(_Op(fn, args, future, exclusive))
         return await future
 
