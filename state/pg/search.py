@@ -122,7 +122,11 @@ async def search(
             await slices.start(conn, br, window, req.sort == "oldest", totals) for br in branches
         ]
         ctes, extras, read = _counts(branches, phrases, totals) if relevance else ([], [], None)
-        head = await slices.first(conn, walks, totals.bounds, keep, ctes, extras)
+        # walks of whole indexes take no other slice: when they keep no more rows than the
+        # page holds, the page's columns come with them
+        paged = offset == 0 and all(walk.whole for walk in walks)
+        page = slices.Page(PAGE_SQL, PAGE_COLUMNS, limit) if paged else None
+        head = await slices.first(conn, walks, totals.bounds, keep, ctes, extras, page)
         if head[0] is None or head[1] is None:
             totals.bounds = None
             return []
@@ -144,7 +148,7 @@ async def search(
         rows.sort(key=lambda r: (r["timestamp"], r["id"]), reverse=req.sort == "newest")
     page = rows[offset : offset + limit]
     hits = [{k: r[k] for k in ("id", "session_id", "role", "timestamp")} for r in page]
-    await _finish_page(conn, hits, q.positive_terms(tree))
+    await _finish_page(conn, hits, page, q.positive_terms(tree))
     return cast(list[SearchHit], hits)
 
 
@@ -355,26 +359,41 @@ async def _estimate_df(
     return ranking.extrapolate_df(rows, int(found), id_range)
 
 
+# The page's columns for each hit (`hid`, `sid`) of `{hits}`: its neighbours in its
+# session, its text for the snippet, its session's.
+PAGE_SQL = (
+    "SELECT h.hid, b.id, b.role, b.content, b.content_enc, a.id, a.role, a.content, "
+    "a.content_enc, o.content, o.content_enc, s.source, s.model, s.title, s.started_at "
+    "FROM {hits} "
+    "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
+    "WHERE session_id = h.sid AND id < h.hid ORDER BY id DESC LIMIT 1) b ON TRUE "
+    "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
+    "WHERE session_id = h.sid AND id > h.hid ORDER BY id LIMIT 1) a ON TRUE "
+    "LEFT JOIN messages o ON o.id = h.hid LEFT JOIN sessions s ON s.id = h.sid"
+)
+PAGE_COLUMNS = tuple(f"_p{i}" for i in range(1, 15))  # PAGE_SQL's after `hid`
+
+
 async def _finish_page(
-    conn: AsyncConnection, hits: list[dict[str, Any]], marks: list[q.Term]
+    conn: AsyncConnection,
+    hits: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    marks: list[q.Term],
 ) -> None:
-    """The page's sessions, each hit's neighbours in its session and its snippet: one
+    """The page's sessions, each hit's neighbours in its session and its snippet: from the
+    page's `rows` when the first statement brought them (every row on the page), else one
     statement."""
     if not hits:
         return
-    found = await db.tuples(
-        conn,
-        "SELECT h.hid, b.id, b.role, b.content, b.content_enc, a.id, a.role, a.content, "
-        "a.content_enc, o.content, o.content_enc, s.source, s.model, s.title, s.started_at "
-        "FROM unnest(%s::bigint[], %s::text[]) AS h(hid, sid) "
-        "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
-        "WHERE session_id = h.sid AND id < h.hid ORDER BY id DESC LIMIT 1) b ON TRUE "
-        "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
-        "WHERE session_id = h.sid AND id > h.hid ORDER BY id LIMIT 1) a ON TRUE "
-        "LEFT JOIN messages o ON o.id = h.hid LEFT JOIN sessions s ON s.id = h.sid",
-        ([h["id"] for h in hits], [h["session_id"] for h in hits]),
-    )
-    by_hit = {r[0]: r for r in found}
+    if all(r.get("_page") is not None for r in rows):
+        by_hit = {r["id"]: (r["_page"], *(r[c] for c in PAGE_COLUMNS)) for r in rows}
+    else:
+        found = await db.tuples(
+            conn,
+            PAGE_SQL.format(hits="unnest(%s::bigint[], %s::text[]) AS h(hid, sid)"),
+            ([h["id"] for h in hits], [h["session_id"] for h in hits]),
+        )
+        by_hit = {r[0]: r for r in found}
     for h in hits:
         r = by_hit[h["id"]]
         h.update(zip(("source", "model", "title", "started_at"), r[11:15], strict=True))
