@@ -125,7 +125,7 @@ async def search(
         # walks of whole indexes take no other slice: when they keep no more rows than the
         # page holds, the page's columns come with them
         paged = offset == 0 and all(walk.whole for walk in walks)
-        page = slices.Page(PAGE_SQL, PAGE_COLUMNS, limit) if paged else None
+        page = slices.Page(PAGE_IN_FIRST, limit) if paged else None
         head = await slices.first(conn, walks, totals.bounds, keep, ctes, extras, page)
         if head[0] is None or head[1] is None:
             totals.bounds = None
@@ -361,17 +361,36 @@ async def _estimate_df(
 
 # The page's columns for each hit (`hid`, `sid`) of `{hits}`: its neighbours in its
 # session, its text for the snippet, its session's.
+PAGE_FIELDS = (
+    "b.id, b.role, b.content, b.content_enc, a.id, a.role, a.content, a.content_enc, "
+    "o.content, o.content_enc, s.source, s.model, s.title, s.started_at"
+)
 PAGE_SQL = (
-    "SELECT h.hid, b.id, b.role, b.content, b.content_enc, a.id, a.role, a.content, "
-    "a.content_enc, o.content, o.content_enc, s.source, s.model, s.title, s.started_at "
-    "FROM {hits} "
+    "SELECT h.hid, {fields} FROM {hits} "
     "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
     "WHERE session_id = h.sid AND id < h.hid ORDER BY id DESC LIMIT 1) b ON TRUE "
     "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
     "WHERE session_id = h.sid AND id > h.hid ORDER BY id LIMIT 1) a ON TRUE "
     "LEFT JOIN messages o ON o.id = h.hid LEFT JOIN sessions s ON s.id = h.sid"
 )
-PAGE_COLUMNS = tuple(f"_p{i}" for i in range(1, 15))  # PAGE_SQL's after `hid`
+# in the first statement, one text array per row (a row off the page carries one NULL)
+PAGE_IN_FIRST = PAGE_SQL.replace(
+    "{fields}", "ARRAY[" + ", ".join(f"{f}::text" for f in PAGE_FIELDS.split(", ")) + "]"
+)
+_INTS, _FLOATS = (0, 3, 4, 7, 9), (13,)  # PAGE_FIELDS's bigint/smallint and float columns
+
+
+def _page_values(texts: list[str | None]) -> tuple[Any, ...]:
+    """PAGE_FIELDS's values from their texts (PostgreSQL writes a float's shortest exact
+    text)."""
+    out: list[Any] = list(texts)
+    for i in _INTS:
+        if out[i] is not None:
+            out[i] = int(out[i])
+    for i in _FLOATS:
+        if out[i] is not None:
+            out[i] = float(out[i])
+    return (None, *out)
 
 
 async def _finish_page(
@@ -385,12 +404,15 @@ async def _finish_page(
     statement."""
     if not hits:
         return
+    by_hit: dict[int, tuple[Any, ...]]
     if all(r.get("_page") is not None for r in rows):
-        by_hit = {r["id"]: (r["_page"], *(r[c] for c in PAGE_COLUMNS)) for r in rows}
+        by_hit = {r["id"]: _page_values(r["_page"]) for r in rows}
     else:
         found = await db.tuples(
             conn,
-            PAGE_SQL.format(hits="unnest(%s::bigint[], %s::text[]) AS h(hid, sid)"),
+            PAGE_SQL.format(
+                fields=PAGE_FIELDS, hits="unnest(%s::bigint[], %s::text[]) AS h(hid, sid)"
+            ),
             ([h["id"] for h in hits], [h["session_id"] for h in hits]),
         )
         by_hit = {r[0]: r for r in found}

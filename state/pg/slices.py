@@ -383,11 +383,10 @@ async def finish(
 @dataclass(frozen=True)
 class Page:
     """What the first statement adds to each kept row when they are all on the page: `sql`
-    selects `hid` and `columns` for the rows `{hits}` names (`hid`, `sid`), and is run only
+    selects `hid` and one value for the rows `{hits}` names (`hid`, `sid`), and is run only
     when the walks keep at most `limit` rows."""
 
     sql: str
-    columns: tuple[str, ...]
     limit: int
 
 
@@ -404,7 +403,7 @@ async def first(
     range (None, None when it is empty) and the `extras`: scalar expressions that may name
     `n0`, `n1`... (the rows each walk's slice keeps) and the `ctes`. With `page` (for walks
     of whole indexes, which take no other slice), each kept row also comes with the page's
-    columns when the walks keep at most `page.limit` rows (`_page` in the row's dict: None
+    value when the walks keep at most `page.limit` rows (`_page` in the row's dict: None
     when they keep more)."""
     parts = ["b AS (SELECT MIN(id) AS lo, MAX(id) AS hi FROM messages)"]
     params: list[Any] = []
@@ -427,16 +426,16 @@ async def first(
         )
         kept = " + ".join(f"n{i}" for i in range(len(walks)))
         parts.append(
-            f"pg AS MATERIALIZED ({page.sql.format(hits=f'({hits}) AS h(hid, sid)')} "
+            f"pg(hid, page) AS MATERIALIZED ({page.sql.format(hits=f'({hits}) AS h(hid, sid)')} "
             f"WHERE (SELECT {kept} FROM n) <= %s)"
         )
         params.append(page.limit)
-        keys = (*FIRST_COLUMNS, "_page", *page.columns)
+        keys = (*FIRST_COLUMNS, "_page")
         selects = [
-            sel.format(pg=", pg.*", join=f" LEFT JOIN pg ON pg.hid = w{i}.mid")
+            sel.format(pg=", pg.page", join=f" LEFT JOIN pg ON pg.hid = w{i}.mid")
             for i, sel in enumerate(selects)
         ]
-        tail = ", " + ", ".join("NULL" for _ in range(len(page.columns) + 1))
+        tail = ", NULL"
     else:
         selects = [sel.format(pg="", join="") for sel in selects]
     for _, p in extras:
