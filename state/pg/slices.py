@@ -368,7 +368,9 @@ async def run(
     # walked all 1M ids back for a slice with no match: 400-1,000 ms word searches).
     # Without statistics that generic plan is the better one (the primary key bounds
     # the slice), so there psycopg prepares as it does everywhere else.
-    found = await db.tuples(conn, sql, params, prepare=False if walk.shares else None)
+    found = await db.tuples(
+        conn, sql, params, prepare=False if walk.shares else None, binary=keep is not None
+    )
     walk.take(found)
 
 
@@ -450,7 +452,7 @@ async def first(
     # PostgreSQL then skips its parsing and planning (0.7-0.9 ms of the server's CPU per
     # search on 15,000 messages, bench/hermes_search_bench.py).
     prepare = False if any(w.shares and not w.whole for w in walks) else None
-    found = await db.tuples(conn, sql, params, prepare=prepare)
+    found = await db.tuples(conn, sql, params, prepare=prepare, binary=True)
     out: list[int | None] = []
     each: list[list[tuple[Any, ...]]] = [[] for _ in walks]
     at = keys.index("_head")
