@@ -10,6 +10,7 @@ what ranking counts; then the page's sessions, neighbours and snippet texts.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -50,7 +51,18 @@ from .tsearch import (
 __all__ = ["SearchOps", "Totals", "search"]
 
 
-def _branches(tree: q.Node, req: SearchRequest) -> list[Branch]:
+@functools.lru_cache(maxsize=256)
+def _compiled(
+    query: str, tools: bool
+) -> tuple[q.Node, tuple[Branch, ...], tuple[tuple[ranking.Phrase, ...], ...]]:
+    """A query's syntax tree, its branches and each branch's phrases (`tools`: tool rows
+    are searched too), kept for the queries searched lately (pure functions of the text)."""
+    tree = q.parse(query)
+    branches = _branches(tree, tools)
+    return tree, tuple(branches), tuple(tuple(br.phrases(tree)) for br in branches)
+
+
+def _branches(tree: q.Node, tools: bool) -> list[Branch]:
     out = []
     if not q.needs_aux(tree):
         main = to_tsquery(tree, segmented=False)
@@ -65,7 +77,6 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[Branch]:
                     words=tuple(required_words(tree, segmented=False)),
                 )
             )
-    tools = "tool" in req.roles or req.include_tools
     seg = to_tsquery(tree, segmented=True)
     tool = to_tsquery(tree, segmented=False) if tools else None
     conds, params = [], []
@@ -98,10 +109,12 @@ async def search(
 ) -> list[SearchHit]:
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
-    tree = q.parse(req.query)
+    tree, found_branches, found_phrases = _compiled(
+        req.query, "tool" in req.roles or req.include_tools
+    )
     where, fparams, scoped = filters(req, mark="%s")
     keep = Keep(" JOIN sessions s ON s.id = m.session_id" if scoped else "", where, tuple(fparams))
-    branches = _branches(tree, req)
+    branches = list(found_branches)
     if not branches:
         return []
     if totals.bounds is None:  # the first search: no id range to start the slices from
@@ -113,7 +126,7 @@ async def search(
     limit, offset = max(1, req.limit), max(0, req.offset)
     need = limit + offset
     window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
-    phrases = [br.phrases(tree) for br in branches]
+    phrases = [list(mine) for mine in found_phrases]
     if relevance:
         branches = [_counted(br, mine) for br, mine in zip(branches, phrases, strict=True)]
     counted: dict[tuple[str, bool], Any] = {}  # ("totals" | "dfs", side) -> what was counted
