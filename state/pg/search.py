@@ -222,6 +222,14 @@ def _counts(
             extras.append((f"CASE WHEN {when} THEN ({count}) END", (base[1], p.match)))
             kept.append((br.column, p.match, base[0]))
         slots.append(("dfs", br.side, len(mine)))
+    if totals.known_rows(False) is None and not any(not br.side for br in branches):
+        # a search of the side index alone counts the table's too: a small side index's
+        # totals are reused while the table is big, which only the main index's say (a
+        # count of the side index is a scan of the whole table as well)
+        ctes.append((f"t AS ({slices.totals_sql(False)})", ()))
+        for col in ("count", "coalesce"):
+            extras.append((f"(SELECT {col} FROM t)", ()))
+        slots.append(("totals", False, 2))
     if since is not None:
         # the rows written since the oldest kept count, read once for all (a range of the
         # primary key, which the planner takes for few rows with or without statistics)

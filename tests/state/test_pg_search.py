@@ -183,3 +183,34 @@ async def test_a_search_whose_hits_fit_in_the_page_is_one_round_trip(schema_dsn:
                 assert await pg_search.search(conn, req, totals) == whole[:n]
     finally:
         await store.close()
+
+
+async def test_a_side_index_search_learns_the_table_size_and_then_reuses_its_totals(
+    schema_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search of the CJK side index alone counts the table's totals with the side
+    index's: on a big table the small side index's totals are then reused, and the next
+    search counts neither (each count is a scan of the whole table)."""
+    monkeypatch.setattr(slices, "EXACT_TOTALS_BELOW", 20)  # this table is a big one
+    store = await PgStore.open(schema_dsn)
+    try:
+        sid = await store.create_session("s", "cli")
+        for i in range(30):
+            await store.append_message(sid, "user", f"北京天气 {i}" if i % 10 == 0 else f"note {i}")
+        req = SearchRequest(query="北京", limit=5)
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            totals = pg_search.Totals()
+            first = await pg_search.search(conn, req, totals)
+            assert totals.known_rows(False) == 30 and totals.fresh(True) is not None
+            with tempfile.TemporaryFile("w+") as fh:
+                conn.pgconn.trace(fh.fileno())
+                try:
+                    again = await pg_search.search(conn, req, totals)
+                finally:
+                    conn.pgconn.untrace()
+                fh.seek(0)
+                trace = fh.read()
+        assert [h["id"] for h in again] == [h["id"] for h in first] and len(first) == 3
+        assert "SELECT COUNT(*), COALESCE(SUM(" not in trace
+    finally:
+        await store.close()
