@@ -426,7 +426,9 @@ async def first(
     parts.append(f"n AS MATERIALIZED (SELECT {counts})")
     keys, tail = FIRST_COLUMNS, ""
     if page is not None:
-        hits = " UNION ALL ".join(
+        # a row in two indexes' windows (a tool call's text in the main one, its arguments
+        # in the side one) takes its page's values once
+        hits = " UNION ".join(
             f"SELECT mid, session_id FROM w{i} WHERE mid IS NOT NULL" for i in range(len(walks))
         )
         kept = " + ".join(f"n{i}" for i in range(len(walks)))

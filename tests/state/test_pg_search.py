@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -212,5 +213,38 @@ async def test_a_side_index_search_learns_the_table_size_and_then_reuses_its_tot
                 trace = fh.read()
         assert [h["id"] for h in again] == [h["id"] for h in first] and len(first) == 3
         assert "SELECT COUNT(*), COALESCE(SUM(" not in trace
+    finally:
+        await store.close()
+
+
+async def test_a_row_in_both_indexes_windows_is_one_hit_with_its_page_values(
+    schema_dsn: str,
+) -> None:
+    """A tool call whose text holds the words in the main index and whose arguments hold
+    them in the side one is in both windows: with the page's values in the first statement
+    it is still each of its hits once, as the page's own statement gives them."""
+    store = await PgStore.open(schema_dsn)
+    try:
+        sid = await store.create_session("s", "cli")
+        await store.append_message(sid, "user", "run the deploy")
+        await store.append_message(
+            sid,
+            "tool",
+            "deploy finished",
+            tool_name="shell",
+            tool_calls=[{"arguments": "deploy now"}],
+        )
+        await store.append_message(sid, "assistant", "deploy done")
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            totals = pg_search.Totals()
+            req = SearchRequest(query="deploy", roles=("tool",), limit=50)
+            await pg_search.search(conn, req, totals)
+            ids, syncs = await _traced(conn, req, totals)
+            assert syncs == 1
+            paged = await pg_search.search(conn, req, totals)
+            # an offset keeps the page's values out of the first statement
+            apart = await pg_search.search(conn, replace(req, offset=1, limit=49), totals)
+        assert ids == [h["id"] for h in paged]
+        assert paged[1:] == apart and paged[0]["context_before"] is not None
     finally:
         await store.close()
