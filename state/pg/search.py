@@ -138,8 +138,8 @@ async def search(
         # walks of whole indexes take no other slice: when they keep no more rows than the
         # page holds, the page's columns come with them
         paged = offset == 0 and all(walk.whole for walk in walks)
-        page = slices.Page(PAGE_IN_FIRST, limit) if paged else None
-        head = await slices.first(conn, walks, totals.bounds, keep, ctes, extras, page)
+        paging = slices.Page(PAGE_IN_FIRST, limit) if paged else None
+        head = await slices.first(conn, walks, totals.bounds, keep, ctes, extras, paging)
         if head[0] is None or head[1] is None:
             totals.bounds = None
             return []
