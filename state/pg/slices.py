@@ -345,19 +345,16 @@ def with_rows(
     if counted:
         tfs = ", ".join("ts_rank_cd('{1,1,1,1}', m.tsv, %s::tsquery)::int" for _ in counted)
         body = BODY.replace(
-            "m.content,", f"CASE WHEN m.ntok >= {COUNTED_BELOW} THEN m.content END AS content,"
+            "m.content,", f"CASE WHEN m.ntok >= {COUNTED_BELOW} THEN m.content END,"
         )
-        body += f", ARRAY[{tfs}] AS tfs"
+        body += f", ARRAY[{tfs}]"
     else:
-        body += ", NULL::int[] AS tfs"
-    # Each window row's own by its primary key: a lateral subquery kept apart (OFFSET 0)
-    # is a nested loop whatever the planner thinks of the window's size (a custom plan of
-    # a 500-row window took a hash join over a scan of every row of a 15,000-row table).
+        body += ", NULL::int[]"
     return (
-        f"SELECT w.id AS wid, r.* FROM ({sql}) w LEFT JOIN LATERAL "
-        f"(SELECT m.id AS mid, m.session_id, m.role, m.timestamp, {body} FROM {rows} "
-        f"WHERE m.id = w.id AND {keep.where}{walk.br.extra_where} OFFSET 0) r ON TRUE",
-        (*params, *counted, *keep.params, *walk.br.extra_params),
+        f"SELECT w.id AS wid, m.id AS mid, m.session_id, m.role, m.timestamp, {body} "
+        f"FROM ({sql}) w LEFT JOIN {rows} ON m.id = w.id "
+        f"AND {keep.where}{walk.br.extra_where}",
+        (*counted, *params, *keep.params, *walk.br.extra_params),
     )
 
 
