@@ -5,7 +5,8 @@ evaluation and BM25 (state/ranking.py) blended with recency, the same snippets.
 
 The newest-window walk is state/pg/slices.py's. A search is two statements when the
 window's first slices hold it: every branch's first slice with its rows, the id range and
-what ranking counts; then the page's sessions, neighbours and snippet texts.
+what ranking counts; then the page's sessions, neighbours and snippet texts. When every
+index is read whole and its hits fit in the page, the page's come in the first statement.
 """
 
 from __future__ import annotations
