@@ -70,7 +70,10 @@ class ReadPool:
         if self._closed:
             raise DatabaseError(self.where, "the store is closed")
         try:
-            await asyncio.wait_for(self._free.acquire(), self.wait_s)
+            if self._free.locked():  # wait_for runs the acquire as a task of its own
+                await asyncio.wait_for(self._free.acquire(), self.wait_s)
+            else:
+                await self._free.acquire()  # a free connection: taken at once
         except TimeoutError:
             raise StoreUnavailable(
                 self.where, f"no reader connection free within {self.wait_s:g} s"

@@ -5,11 +5,13 @@ evaluation and BM25 (state/ranking.py) blended with recency, the same snippets.
 
 The newest-window walk is state/pg/slices.py's. A search is two statements when the
 window's first slices hold it: every branch's first slice with its rows, the id range and
-what ranking counts; then the page's sessions, neighbours and snippet texts.
+what ranking counts; then the page's sessions, neighbours and snippet texts. When every
+index is read whole and its hits fit in the page, the page's come in the first statement.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -50,7 +52,18 @@ from .tsearch import (
 __all__ = ["SearchOps", "Totals", "search"]
 
 
-def _branches(tree: q.Node, req: SearchRequest) -> list[Branch]:
+@functools.lru_cache(maxsize=256)
+def _compiled(
+    query: str, tools: bool
+) -> tuple[q.Node, tuple[Branch, ...], tuple[tuple[ranking.Phrase, ...], ...]]:
+    """A query's syntax tree, its branches and each branch's phrases (`tools`: tool rows
+    are searched too), kept for the queries searched lately (pure functions of the text)."""
+    tree = q.parse(query)
+    branches = _branches(tree, tools)
+    return tree, tuple(branches), tuple(tuple(br.phrases(tree)) for br in branches)
+
+
+def _branches(tree: q.Node, tools: bool) -> list[Branch]:
     out = []
     if not q.needs_aux(tree):
         main = to_tsquery(tree, segmented=False)
@@ -65,7 +78,6 @@ def _branches(tree: q.Node, req: SearchRequest) -> list[Branch]:
                     words=tuple(required_words(tree, segmented=False)),
                 )
             )
-    tools = "tool" in req.roles or req.include_tools
     seg = to_tsquery(tree, segmented=True)
     tool = to_tsquery(tree, segmented=False) if tools else None
     conds, params = [], []
@@ -98,10 +110,12 @@ async def search(
 ) -> list[SearchHit]:
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
-    tree = q.parse(req.query)
+    tree, found_branches, found_phrases = _compiled(
+        req.query, "tool" in req.roles or req.include_tools
+    )
     where, fparams, scoped = filters(req, mark="%s")
     keep = Keep(" JOIN sessions s ON s.id = m.session_id" if scoped else "", where, tuple(fparams))
-    branches = _branches(tree, req)
+    branches = list(found_branches)
     if not branches:
         return []
     if totals.bounds is None:  # the first search: no id range to start the slices from
@@ -113,7 +127,7 @@ async def search(
     limit, offset = max(1, req.limit), max(0, req.offset)
     need = limit + offset
     window = max(FIRST_WINDOW, need * WINDOW_PER_RESULT)
-    phrases = [br.phrases(tree) for br in branches]
+    phrases = [list(mine) for mine in found_phrases]
     if relevance:
         branches = [_counted(br, mine) for br, mine in zip(branches, phrases, strict=True)]
     counted: dict[tuple[str, bool], Any] = {}  # ("totals" | "dfs", side) -> what was counted
@@ -122,7 +136,11 @@ async def search(
             await slices.start(conn, br, window, req.sort == "oldest", totals) for br in branches
         ]
         ctes, extras, read = _counts(branches, phrases, totals) if relevance else ([], [], None)
-        head = await slices.first(conn, walks, totals.bounds, keep, ctes, extras)
+        # walks of whole indexes take no other slice: when they keep no more rows than the
+        # page holds, the page's columns come with them
+        paged = offset == 0 and all(walk.whole for walk in walks)
+        paging = slices.Page(PAGE_IN_FIRST, limit) if paged else None
+        head = await slices.first(conn, walks, totals.bounds, keep, ctes, extras, paging)
         if head[0] is None or head[1] is None:
             totals.bounds = None
             return []
@@ -144,7 +162,7 @@ async def search(
         rows.sort(key=lambda r: (r["timestamp"], r["id"]), reverse=req.sort == "newest")
     page = rows[offset : offset + limit]
     hits = [{k: r[k] for k in ("id", "session_id", "role", "timestamp")} for r in page]
-    await _finish_page(conn, hits, q.positive_terms(tree))
+    await _finish_page(conn, hits, page, q.positive_terms(tree))
     return cast(list[SearchHit], hits)
 
 
@@ -205,6 +223,14 @@ def _counts(
             extras.append((f"CASE WHEN {when} THEN ({count}) END", (base[1], p.match)))
             kept.append((br.column, p.match, base[0]))
         slots.append(("dfs", br.side, len(mine)))
+    if totals.known_rows(False) is None and not any(not br.side for br in branches):
+        # a search of the side index alone counts the table's too: a small side index's
+        # totals are reused while the table is big, which only the main index's say (a
+        # count of the side index is a scan of the whole table as well)
+        ctes.append((f"t AS ({slices.totals_sql(False)})", ()))
+        for col in ("count", "coalesce"):
+            extras.append((f"(SELECT {col} FROM t)", ()))
+        slots.append(("totals", False, 2))
     if since is not None:
         # the rows written since the oldest kept count, read once for all (a range of the
         # primary key, which the planner takes for few rows with or without statistics)
@@ -355,26 +381,63 @@ async def _estimate_df(
     return ranking.extrapolate_df(rows, int(found), id_range)
 
 
+# The page's columns for each hit (`hid`, `sid`) of `{hits}`: its neighbours in its
+# session, its text for the snippet, its session's.
+PAGE_FIELDS = (
+    "b.id, b.role, b.content, b.content_enc, a.id, a.role, a.content, a.content_enc, "
+    "o.content, o.content_enc, s.source, s.model, s.title, s.started_at"
+)
+PAGE_SQL = (
+    "SELECT h.hid, {fields} FROM {hits} "
+    "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
+    "WHERE session_id = h.sid AND id < h.hid ORDER BY id DESC LIMIT 1) b ON TRUE "
+    "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
+    "WHERE session_id = h.sid AND id > h.hid ORDER BY id LIMIT 1) a ON TRUE "
+    "LEFT JOIN messages o ON o.id = h.hid LEFT JOIN sessions s ON s.id = h.sid"
+)
+# in the first statement, one text array per row (a row off the page carries one NULL)
+PAGE_IN_FIRST = PAGE_SQL.replace(
+    "{fields}", "ARRAY[" + ", ".join(f"{f}::text" for f in PAGE_FIELDS.split(", ")) + "]"
+)
+_INTS, _FLOATS = (0, 3, 4, 7, 9), (13,)  # PAGE_FIELDS's bigint/smallint and float columns
+
+
+def _page_values(texts: list[str | None]) -> tuple[Any, ...]:
+    """PAGE_FIELDS's values from their texts (PostgreSQL writes a float's shortest exact
+    text)."""
+    out: list[Any] = list(texts)
+    for i in _INTS:
+        if out[i] is not None:
+            out[i] = int(out[i])
+    for i in _FLOATS:
+        if out[i] is not None:
+            out[i] = float(out[i])
+    return (None, *out)
+
+
 async def _finish_page(
-    conn: AsyncConnection, hits: list[dict[str, Any]], marks: list[q.Term]
+    conn: AsyncConnection,
+    hits: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    marks: list[q.Term],
 ) -> None:
-    """The page's sessions, each hit's neighbours in its session and its snippet: one
+    """The page's sessions, each hit's neighbours in its session and its snippet: from the
+    page's `rows` when the first statement brought them (every row on the page), else one
     statement."""
     if not hits:
         return
-    found = await db.tuples(
-        conn,
-        "SELECT h.hid, b.id, b.role, b.content, b.content_enc, a.id, a.role, a.content, "
-        "a.content_enc, o.content, o.content_enc, s.source, s.model, s.title, s.started_at "
-        "FROM unnest(%s::bigint[], %s::text[]) AS h(hid, sid) "
-        "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
-        "WHERE session_id = h.sid AND id < h.hid ORDER BY id DESC LIMIT 1) b ON TRUE "
-        "LEFT JOIN LATERAL (SELECT id, role, content, content_enc FROM messages "
-        "WHERE session_id = h.sid AND id > h.hid ORDER BY id LIMIT 1) a ON TRUE "
-        "LEFT JOIN messages o ON o.id = h.hid LEFT JOIN sessions s ON s.id = h.sid",
-        ([h["id"] for h in hits], [h["session_id"] for h in hits]),
-    )
-    by_hit = {r[0]: r for r in found}
+    by_hit: dict[int, tuple[Any, ...]]
+    if all(r.get("_page") is not None for r in rows):
+        by_hit = {r["id"]: _page_values(r["_page"]) for r in rows}
+    else:
+        found = await db.tuples(
+            conn,
+            PAGE_SQL.format(
+                fields=PAGE_FIELDS, hits="unnest(%s::bigint[], %s::text[]) AS h(hid, sid)"
+            ),
+            ([h["id"] for h in hits], [h["session_id"] for h in hits]),
+        )
+        by_hit = {r[0]: r for r in found}
     for h in hits:
         r = by_hit[h["id"]]
         h.update(zip(("source", "model", "title", "started_at"), r[11:15], strict=True))

@@ -368,7 +368,9 @@ async def run(
     # walked all 1M ids back for a slice with no match: 400-1,000 ms word searches).
     # Without statistics that generic plan is the better one (the primary key bounds
     # the slice), so there psycopg prepares as it does everywhere else.
-    found = await db.tuples(conn, sql, params, prepare=False if walk.shares else None)
+    found = await db.tuples(
+        conn, sql, params, prepare=False if walk.shares else None, binary=keep is not None
+    )
     walk.take(found)
 
 
@@ -380,6 +382,16 @@ async def finish(
         await run(conn, walk, rng, keep)
 
 
+@dataclass(frozen=True)
+class Page:
+    """What the first statement adds to each kept row when they are all on the page: `sql`
+    selects `hid` and one value for the rows `{hits}` names (`hid`, `sid`), and is run only
+    when the walks keep at most `limit` rows."""
+
+    sql: str
+    limit: int
+
+
 async def first(
     conn: AsyncConnection,
     walks: list[Walk],
@@ -387,10 +399,14 @@ async def first(
     keep: Keep,
     ctes: list[tuple[str, tuple[Any, ...]]],
     extras: list[tuple[str, tuple[Any, ...]]],
+    page: Page | None = None,
 ) -> list[int | None]:
     """Every walk's first slice with its rows, in one statement; returns the table's id
     range (None, None when it is empty) and the `extras`: scalar expressions that may name
-    `n0`, `n1`... (the rows each walk's slice keeps) and the `ctes`."""
+    `n0`, `n1`... (the rows each walk's slice keeps) and the `ctes`. With `page` (for walks
+    of whole indexes, which take no other slice), each kept row also comes with the page's
+    value when the walks keep at most `page.limit` rows (`_page` in the row's dict: None
+    when they keep more)."""
     parts = ["b AS (SELECT MIN(id) AS lo, MAX(id) AS hi FROM messages)"]
     params: list[Any] = []
     for cte, p in ctes:
@@ -401,25 +417,52 @@ async def first(
         sql, p = with_rows(walk, *walk.slice_sql(*walk.first(guess)), keep)
         parts.append(f"w{i} AS MATERIALIZED ({sql})")
         params += p
-        selects.append(f"SELECT {i}, w{i}.*, NULL::bigint[] FROM w{i}")
+        selects.append(f"SELECT {i}, w{i}.*, NULL::bigint[]{{pg}} FROM w{i}{{join}}")
     counts = ", ".join(f"(SELECT COUNT(mid) FROM w{i}) AS n{i}" for i in range(len(walks)))
     # materialized: the extras name n0, n1... many times, each a subquery of its own else
     parts.append(f"n AS MATERIALIZED (SELECT {counts})")
+    keys, tail = FIRST_COLUMNS, ""
+    if page is not None:
+        # a row in two indexes' windows (a tool call's text in the main one, its arguments
+        # in the side one) takes its page's values once
+        hits = " UNION ".join(
+            f"SELECT mid, session_id FROM w{i} WHERE mid IS NOT NULL" for i in range(len(walks))
+        )
+        kept = " + ".join(f"n{i}" for i in range(len(walks)))
+        parts.append(
+            f"pg(hid, page) AS MATERIALIZED ({page.sql.format(hits=f'({hits}) AS h(hid, sid)')} "
+            f"WHERE (SELECT {kept} FROM n) <= %s)"
+        )
+        params.append(page.limit)
+        keys = (*FIRST_COLUMNS, "_page")
+        selects = [
+            sel.format(pg=", pg.page", join=f" LEFT JOIN pg ON pg.hid = w{i}.mid")
+            for i, sel in enumerate(selects)
+        ]
+        tail = ", NULL"
+    else:
+        selects = [sel.format(pg="", join="") for sel in selects]
     for _, p in extras:
         params += p
     head = ", ".join(["b.lo", "b.hi", *(e for e, _ in extras)])
     nulls = ", ".join("NULL" for _ in ROW_COLUMNS)
-    selects.append(f"SELECT -1, {nulls}, ARRAY[{head}]::bigint[] FROM b, n")
+    selects.append(f"SELECT -1, {nulls}, ARRAY[{head}]::bigint[]{tail} FROM b, n")
     sql = "WITH " + ", ".join(parts) + " " + " UNION ALL ".join(selects)
-    prepare = False if any(w.shares for w in walks) else None  # see `run`
-    found = await db.tuples(conn, sql, params, prepare=prepare)
+    # Slices bounded by ids are not prepared (see `run`); a statement of whole indexes
+    # has no id bound, and its generic plan is the custom one (each index's matches from
+    # its GIN index, their rows by primary key): psycopg prepares it as any other, and
+    # PostgreSQL then skips its parsing and planning (0.7-0.9 ms of the server's CPU per
+    # search on 15,000 messages, bench/hermes_search_bench.py).
+    prepare = False if any(w.shares and not w.whole for w in walks) else None
+    found = await db.tuples(conn, sql, params, prepare=prepare, binary=True)
     out: list[int | None] = []
     each: list[list[tuple[Any, ...]]] = [[] for _ in walks]
+    at = keys.index("_head")
     for r in found:
         if r[0] < 0:
-            out = list(r[-1])
+            out = list(r[at])
         else:
             each[r[0]].append(r)
     for walk, mine in zip(walks, each, strict=True):
-        walk.take(mine, FIRST_COLUMNS)
+        walk.take(mine, keys)
     return out

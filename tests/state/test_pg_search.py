@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -75,7 +76,8 @@ async def test_a_kept_term_count_gets_the_rows_written_since(
 ) -> None:
     """On a table whose totals are kept between searches, each term's document count is
     kept with the id it was counted up to, and the next search adds the rows written since
-    in its first statement: the counts, and so the order, are those a fresh count gives."""
+    in its first statement: the counts, and so the order, are those a fresh count gives
+    (the 9 hits fit in the page: the search is that one statement)."""
     monkeypatch.setattr(slices, "EXACT_TOTALS_BELOW", 20)  # this table is a big one
     store = await PgStore.open(schema_dsn)
     try:
@@ -97,7 +99,7 @@ async def test_a_kept_term_count_gets_the_rows_written_since(
             top = await db_value(conn, "SELECT MAX(id) FROM messages")
             assert kept.df_since("tsv", "'deploy'") == (20, top)
             assert kept.df_since("tsv", "'gateway'") == (15, top)
-            assert syncs == 2
+            assert len(ids) == 9 and syncs == 1
             assert ids == [h["id"] for h in await pg_search.search(conn, req, pg_search.Totals())]
     finally:
         await store.close()
@@ -143,5 +145,106 @@ async def test_the_server_counts_one_word_terms_in_the_window_and_long_rows_brin
                 trace = fh.read()
         off = [mark for mark, mid in ids.items() if mid != page[0]["id"]]
         assert len(off) == 11 and not [mark for mark in off if mark in trace]
+    finally:
+        await store.close()
+
+
+async def test_a_search_whose_hits_fit_in_the_page_is_one_round_trip(schema_dsn: str) -> None:
+    """When every index is read whole and its hits fit in the page, their neighbours,
+    snippets and sessions come in the first statement: the hits are those the two-statement
+    search gives (a smaller page), field for field."""
+    store = await PgStore.open(schema_dsn)
+    try:
+        for s in range(3):
+            sid = await store.create_session(f"s{s}", "cli", model=f"m{s}")
+            for i in range(6):
+                text = f"the rollout of canary {s}" if i == 2 else f"chat {s} {i} 北京天气"
+                await store.append_message(sid, "user" if i % 2 else "assistant", text)
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            totals = pg_search.Totals()
+            req = SearchRequest(query="rollout canary", limit=5)
+            await pg_search.search(conn, req, totals)
+            with tempfile.TemporaryFile("w+") as fh:
+                conn.pgconn.trace(fh.fileno())
+                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                try:
+                    whole = await pg_search.search(conn, req, totals)
+                finally:
+                    conn.pgconn.untrace()
+                fh.seek(0)
+                syncs = sum(1 for line in fh if line.split("\t")[:1] == ["F"] and "Sync" in line)
+            assert len(whole) == 3 and syncs == 1
+            for hit in whole:
+                assert hit["context_before"] is not None and hit["context_after"] is not None
+                assert "rollout" in hit["snippet"] and hit["model"] in ("m0", "m1", "m2")
+            for n in (1, 2):  # more hits than the page holds: the page in a statement of its own
+                req = SearchRequest(query="rollout canary", limit=n)
+                ids, syncs = await _traced(conn, req, totals)
+                assert syncs == 2
+                assert await pg_search.search(conn, req, totals) == whole[:n]
+    finally:
+        await store.close()
+
+
+async def test_a_side_index_search_learns_the_table_size_and_then_reuses_its_totals(
+    schema_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search of the CJK side index alone counts the table's totals with the side
+    index's: on a big table the small side index's totals are then reused, and the next
+    search counts neither (each count is a scan of the whole table)."""
+    monkeypatch.setattr(slices, "EXACT_TOTALS_BELOW", 20)  # this table is a big one
+    store = await PgStore.open(schema_dsn)
+    try:
+        sid = await store.create_session("s", "cli")
+        for i in range(30):
+            await store.append_message(sid, "user", f"北京天气 {i}" if i % 10 == 0 else f"note {i}")
+        req = SearchRequest(query="北京", limit=5)
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            totals = pg_search.Totals()
+            first = await pg_search.search(conn, req, totals)
+            assert totals.known_rows(False) == 30 and totals.fresh(True) is not None
+            with tempfile.TemporaryFile("w+") as fh:
+                conn.pgconn.trace(fh.fileno())
+                try:
+                    again = await pg_search.search(conn, req, totals)
+                finally:
+                    conn.pgconn.untrace()
+                fh.seek(0)
+                trace = fh.read()
+        assert [h["id"] for h in again] == [h["id"] for h in first] and len(first) == 3
+        assert "SELECT COUNT(*), COALESCE(SUM(" not in trace
+    finally:
+        await store.close()
+
+
+async def test_a_row_in_both_indexes_windows_is_one_hit_with_its_page_values(
+    schema_dsn: str,
+) -> None:
+    """A tool call whose text holds the words in the main index and whose arguments hold
+    them in the side one is in both windows: with the page's values in the first statement
+    it is still each of its hits once, as the page's own statement gives them."""
+    store = await PgStore.open(schema_dsn)
+    try:
+        sid = await store.create_session("s", "cli")
+        await store.append_message(sid, "user", "run the deploy")
+        await store.append_message(
+            sid,
+            "tool",
+            "deploy finished",
+            tool_name="shell",
+            tool_calls=[{"arguments": "deploy now"}],
+        )
+        await store.append_message(sid, "assistant", "deploy done")
+        async with await psycopg.AsyncConnection.connect(schema_dsn, autocommit=True) as conn:
+            totals = pg_search.Totals()
+            req = SearchRequest(query="deploy", roles=("tool",), limit=50)
+            await pg_search.search(conn, req, totals)
+            ids, syncs = await _traced(conn, req, totals)
+            assert syncs == 1
+            paged = await pg_search.search(conn, req, totals)
+            # an offset keeps the page's values out of the first statement
+            apart = await pg_search.search(conn, replace(req, offset=1, limit=49), totals)
+        assert ids == [h["id"] for h in paged]
+        assert paged[1:] == apart and paged[0]["context_before"] is not None
     finally:
         await store.close()

@@ -1,0 +1,82 @@
+"""The CPU of one round trip to PostgreSQL through psycopg on this machine: a prepared
+`SELECT 1` run N times on one connection, the client's CPU (process_time) plus the
+backend's (utime + stime from its /proc entry, as bench/hermes_search_bench.py reads it),
+per statement, for psycopg's blocking connection and for its asyncio one (the store's).
+No statement costs less: it is the floor of a search's statements.
+
+  python bench/pg_roundtrip_bench.py [--dsn DSN] [--runs 5] [--statements 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+
+import psycopg
+
+DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+TICK = os.sysconf("SC_CLK_TCK")
+QUERY = b"SELECT 1"
+
+
+def backend_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def blocking(dsn: str, runs: int, n: int) -> list[tuple[float, float]]:
+    out = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pid = conn.info.backend_pid
+        for _ in range(runs):
+            for _ in range(n // 10):  # prepared and warm
+                conn.execute(QUERY, prepare=True).fetchall()
+            server, client = backend_cpu(pid), time.process_time()
+            for _ in range(n):
+                conn.execute(QUERY, prepare=True).fetchall()
+            out.append((time.process_time() - client, backend_cpu(pid) - server))
+    return out
+
+
+async def with_asyncio(dsn: str, runs: int, n: int) -> list[tuple[float, float]]:
+    out = []
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        pid = conn.info.backend_pid
+        for _ in range(runs):
+            for _ in range(n // 10):
+                await (await conn.execute(QUERY, prepare=True)).fetchall()
+            server, client = backend_cpu(pid), time.process_time()
+            for _ in range(n):
+                await (await conn.execute(QUERY, prepare=True)).fetchall()
+            out.append((time.process_time() - client, backend_cpu(pid) - server))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--statements", type=int, default=2000)
+    args = ap.parse_args()
+    n = args.statements
+    print(f"a prepared SELECT 1, {n} per run, {args.runs} runs: CPU per round trip, µs")
+    for name, found in (
+        ("psycopg, blocking", blocking(args.dsn, args.runs, n)),
+        ("psycopg, asyncio", asyncio.run(with_asyncio(args.dsn, args.runs, n))),
+    ):
+        total = sorted((c + s) / n * 1e6 for c, s in found)
+        client = sorted(c / n * 1e6 for c, _ in found)
+        server = sorted(s / n * 1e6 for _, s in found)
+        print(
+            f"{name:<20} client {statistics.median(client):5.0f} ({client[0]:.0f}-{client[-1]:.0f})"
+            f"  server {statistics.median(server):4.0f} ({server[0]:.0f}-{server[-1]:.0f})"
+            f"  both {statistics.median(total):5.0f} ({total[0]:.0f}-{total[-1]:.0f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
