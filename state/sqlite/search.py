@@ -15,7 +15,7 @@ import functools
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from .. import query as q
@@ -23,25 +23,27 @@ from .. import ranking
 from ..errors import QueryError
 from ..records import SearchHit
 from ..textindex import is_cjk, is_symbol, segment
-from . import listing
+from . import listing, snippets
 from .dispatch import Dispatch
 from .listing import SessionFilter
 from .readers import heavy
 from .schema import FTS_TABLE
-from .snippets import add_page
 
 SORTS = ("relevance", "newest", "oldest")
 RECENCY_HALF_LIFE_DAYS = 30.0
 HALF_LIFE_S = RECENCY_HALF_LIFE_DAYS * 86400
 
 
-@dataclass(frozen=True)
+_EVERY_SESSION = SessionFilter(include_children=True)
+
+
+@dataclass(frozen=True, init=False)
 class SearchRequest:
     query: str
     sources: Sequence[str] = ()
     exclude_sources: Sequence[str] = ()
     roles: Sequence[str] = ()
-    scope: SessionFilter = field(default_factory=lambda: SessionFilter(include_children=True))
+    scope: SessionFilter = _EVERY_SESSION
     exclude_session_ids: Sequence[str] = ()
     sort: str = "relevance"
     limit: int = 20
@@ -50,6 +52,36 @@ class SearchRequest:
     include_tools: bool = False
     # Rewound rows (active=0, not compacted) were taken back by the user: hidden unless asked.
     include_inactive: bool = False
+
+    def __init__(
+        self,
+        query: str,
+        sources: Sequence[str] = (),
+        exclude_sources: Sequence[str] = (),
+        roles: Sequence[str] = (),
+        scope: SessionFilter = _EVERY_SESSION,
+        exclude_session_ids: Sequence[str] = (),
+        sort: str = "relevance",
+        limit: int = 20,
+        offset: int = 0,
+        include_tools: bool = False,
+        include_inactive: bool = False,
+    ) -> None:
+        # one update of the instance's dict: a frozen dataclass's own __init__ sets each
+        # field through object.__setattr__, a few microseconds per search
+        self.__dict__.update(
+            query=query,
+            sources=sources,
+            exclude_sources=exclude_sources,
+            roles=roles,
+            scope=scope,
+            exclude_session_ids=exclude_session_ids,
+            sort=sort,
+            limit=limit,
+            offset=offset,
+            include_tools=include_tools,
+            include_inactive=include_inactive,
+        )
 
 
 def filters(req: SearchRequest, mark: str = "?") -> tuple[str, list[object], bool]:
@@ -234,7 +266,7 @@ _Planned = tuple[_Branch, list[ranking.Phrase]]
 @functools.lru_cache(maxsize=256)
 def _plan(
     query: str, roles: tuple[str, ...], include_tools: bool
-) -> tuple[tuple[_Planned, ...], list[q.Term], bool, bool]:
+) -> tuple[tuple[_Planned, ...], tuple[str, ...], bool, bool]:
     """What a query asks of the indexes (a pure function of its text, so repeated and
     paged searches parse once): each branch with its ranking phrases, the terms snippets
     mark, and whether FTS5's own bm25() scores the main index's hits: when it gives
@@ -242,7 +274,8 @@ def _plan(
     phrases bm25() counts too, and every term makes tokens) and its document counts are
     worth their walk (several phrases need them; a lone phrase of several words would be
     checked word position by word position in every row holding its words, for an IDF
-    that scales every score alike); last, whether a term is a prefix."""
+    that scales every score alike); last, whether a term is a prefix. The terms come
+    folded, as snippets compare them."""
     tree = q.parse(query)
     branches = tuple((br, br.phrases(tree)) for br in _branches(tree, roles, include_tools))
     terms = q.terms(tree)
@@ -254,7 +287,8 @@ def _plan(
         # a term given twice is one phrase to bm25()'s IDF but two to the Python scoring
         and len({(p.tokens, p.prefix) for p in phrases}) == len(phrases)
     )
-    return branches, q.positive_terms(tree), native, any(t.prefix for t in terms)
+    words = snippets.folded_words(q.positive_terms(tree))
+    return branches, words, native, any(t.prefix for t in terms)
 
 
 def _like(piece: str) -> str:
@@ -300,7 +334,7 @@ def search(
     whole content under `_near`, for the Hermes-shaped answer)."""
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
-    planned, marks, native, prefixed = _plan(req.query, tuple(req.roles), req.include_tools)
+    planned, words, native, prefixed = _plan(req.query, tuple(req.roles), req.include_tools)
     if prefixed:
         heavy(conn)  # FTS5 gathers a prefix's terms in one call, which no handler stops
     relevance = req.sort == "relevance"
@@ -326,7 +360,7 @@ def search(
         rows = _rank(conn, rows, names, branches, blocks, at)
         rows = rows[offset : offset + limit]
     hits = [{"id": r[0], "session_id": r[1], "role": r[2], "timestamp": r[3]} for r in rows]
-    add_page(conn, hits, marks, neighbours)
+    snippets.add_page(conn, hits, words, neighbours)
     return cast(list[SearchHit], hits)
 
 
@@ -469,6 +503,8 @@ def _rank(
     """BM25 (ranking.py) of each candidate against its own index, blended with recency;
     best first, newer first among equals. Rows FTS5's bm25() scored come scored.
     (Tuples: only the page becomes dicts.)"""
+    if len(rows) < 2:  # nothing to order
+        return rows
     col = {name: i for i, name in enumerate(names)}
     i_fts, i_body, i_size, i_ts, i_id, i_sc = (
         col["fts"],
@@ -478,8 +514,6 @@ def _rank(
         col["id"],
         col["score"],
     )
-    if len(rows) < 2:  # nothing to order
-        return rows
     scores: dict[int, float] = {}
     mixed = len({r[i_fts] for r in rows})
     for (br, phrases), block in zip(branches, blocks, strict=True):
@@ -528,9 +562,6 @@ def _dfs(
         ranking.df_of_sample(sample[2 + 2 * i], sample[3 + 2 * i], indexed, (low, high))
         for i in range(len(matches))
     ]
-
-
-_EVERY_SESSION = SessionFilter(include_children=True)
 
 
 class SearchOps(Dispatch):

@@ -23,12 +23,16 @@ def _fold_char(ch: str) -> str:
     )
 
 
-# each character met (up to _KEPT of them): what it folds to (for str.translate), and
-# those that fold to other than exactly one character (then positions shift)
+# each character met (up to _KEPT of them): what it folds to (for str.translate), those
+# that fold to other than exactly one character (then positions shift), and those that
+# fold as str.lower() lowers them (a text of only these is folded by lower(), in C: CJK
+# text has no case, and a translation table looks each character up)
 _FOLDED: dict[int, str] = {}
 _SEEN: set[str] = set()
 _UNEVEN: set[str] = set()
+_LOWERED: set[str] = set()
 _KEPT = 20_000
+_FINAL_SIGMA = "\u03a3"  # str.lower() lowers it by its place in a word
 
 
 def _fold(text: str) -> tuple[str, list[int] | None]:
@@ -45,8 +49,12 @@ def _fold(text: str) -> tuple[str, list[int] | None]:
         folded = _fold_char(ch)
         if len(folded) != 1:
             _UNEVEN.add(ch)
+        elif folded == ch.lower() and ch != _FINAL_SIGMA:
+            _LOWERED.add(ch)
         _FOLDED[ord(ch)] = folded
         _SEEN.add(ch)
+    if kept and chars <= _LOWERED:
+        return text.lower(), None
     if kept and chars.isdisjoint(_UNEVEN):
         return text.translate(_FOLDED), None
     out: list[str] = []
@@ -120,16 +128,21 @@ def _snippet(content: str | None, words: tuple[str, ...], width: int = 120) -> s
     return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
 
 
+def folded_words(marks: list[q.Term]) -> tuple[str, ...]:
+    """The terms a page's snippets mark, folded (`add_page`'s `words`)."""
+    return _words(tuple(marks))
+
+
 def add_page(
-    conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term], neighbours: bool
+    conn: sqlite3.Connection, hits: list[Row], words: tuple[str, ...], neighbours: bool
 ) -> None:
-    """Each hit's session columns, snippet and neighbours in one statement for the page."""
+    """Each hit's session columns, snippet and neighbours in one statement for the page;
+    `words` are the marked terms folded (`folded_words`)."""
     if not hits:
         return
     params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
     rows = conn.execute(_page_sql(len(hits), neighbours), params).fetchall()
     by_hit = {r[0]: r for r in rows}
-    words = _words(tuple(marks))
     for h in hits:
         r = by_hit[h["id"]]
         h["source"], h["model"], h["title"], h["started_at"] = r[1], r[2], r[3], r[4]
