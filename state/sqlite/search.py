@@ -303,7 +303,7 @@ def _candidates(
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
         w = nb + 3 + side_state  # the head's width
-        head: tuple[Any, ...] = found[0][:w]
+        head: tuple[Any, ...] = next(r for r in found if r[0] is not None)[:w]
         rows = [r[w:] for r in found if r[w] is not None]
         if narrow and head[-1] is not None:
             narrow = False
@@ -377,15 +377,26 @@ def _window_sql(
         counts += "(SELECT block FROM messages_aux_fts_data WHERE id = 10), "
     counts += _BLOCKS.removeprefix("SELECT ")
     counts += f", (SELECT -sc FROM n0 ORDER BY sc LIMIT 1 OFFSET {cut})" if cut else ", NULL"
-    sql = (
-        f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
-        f"LEFT JOIN ({union}) p ON 1" + ("" if relevance else f" ORDER BY {_order(sort, 'p.')}")
-    )
+    if relevance:  # the head a row of its own before the candidates (in any order)
+        width = len(branches) + side_state + 3
+        sql = (
+            f"WITH {', '.join(ctes)} SELECT {counts}, {_nulls(len(_NAMES))} UNION ALL "
+            f"SELECT {_nulls(width)}, * FROM ({union})"
+        )
+    else:  # the page in its order, each row with the head
+        sql = (
+            f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
+            f"LEFT JOIN ({union}) p ON 1 ORDER BY {_order(sort, 'p.')}"
+        )
     return sql, _NAMES
 
 
 # the candidates' columns; a hit is the first four
 _NAMES = ["id", "session_id", "role", "timestamp", "body", "size", "score", "fts"]
+
+
+def _nulls(n: int) -> str:
+    return ", ".join(["NULL"] * n)
 
 
 def _c_bm25(indexed: int) -> bool:

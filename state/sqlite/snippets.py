@@ -114,8 +114,10 @@ def _snippet(content: str | None, words: tuple[str, ...], width: int = 120) -> s
     spans: list[tuple[int, int]] = []
     if words:
         folded, pos = _fold(text)
-        for a, b in _matches(folded, words, width if pos is None else len(folded)):
-            spans.append((a, b) if pos is None else (pos[a], pos[b - 1] + 1))
+        if pos is None:
+            return _marked(text, folded, words, width)
+        for a, b in _matches(folded, words, len(folded)):
+            spans.append((pos[a], pos[b - 1] + 1))
     start = 0 if not spans else max(0, spans[0][0] - width // 3)
     end = min(len(text), start + width)
     out, cursor = [], start
@@ -126,6 +128,42 @@ def _snippet(content: str | None, words: tuple[str, ...], width: int = 120) -> s
         cursor = b
     out.append(text[cursor:end])
     return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
+
+
+def _marked(text: str, folded: str, words: tuple[str, ...], width: int) -> str:
+    """`_snippet` of a text whose folded form has its positions: the matches `_matches`
+    finds, marked as they are found, up to the end of the window."""
+    first, word = -1, ""
+    at: dict[str, int] = {}
+    for w in words:
+        a = at[w] = folded.find(w)
+        if a >= 0 and (first < 0 or a < first):
+            first, word = a, w
+    n = len(text)
+    if first < 0:
+        return text[:width] + ("…" if width < n else "")
+    start = max(0, first - width // 3)
+    end = min(n, start + width)
+    out = ["…", text[start:first]] if start else [text[:first]]
+    a, b = first, first + len(word)
+    while True:
+        out += (MARK_OPEN, text[a:b], MARK_CLOSE)
+        cursor = b
+        a = -1
+        for w in words:  # the next match: leftmost, at one place the longest
+            x = at[w]
+            if 0 <= x < b:
+                x = at[w] = folded.find(w, b)
+            if x >= 0 and (a < 0 or x < a):
+                a, word = x, w
+        b = a + len(word)
+        if a < 0 or b > end:  # none left, or one the window cuts: no more marks
+            break
+        out.append(text[cursor:a])
+    out.append(text[cursor:end])
+    if end < n:
+        out.append("…")
+    return "".join(out)
 
 
 def folded_words(marks: list[q.Term]) -> tuple[str, ...]:
