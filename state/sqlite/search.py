@@ -353,7 +353,13 @@ def _window_sql(
         # (LEFT JOIN: for an inner join of the window the planner builds a Bloom filter
         # over every message first, 20 ms on 100,000 of them; an index row without its
         # message, which triggers never leave, would come as a NULL id, dropped below)
-        source = f"(SELECT * FROM n{i} ORDER BY sc LIMIT {cut})" if native_i and cut else f"w{i}"
+        # the best `cut`: those better than the best left out (aggregates of n, no sort)
+        source = (
+            f"(SELECT * FROM n{i} WHERE (SELECT COUNT(*) FROM n{i}) <= {cut} "
+            f"OR sc < (SELECT max(sc) FROM n{i}))"
+            if native_i and cut
+            else f"w{i}"
+        )
         part = (
             f"SELECT {_HIT_COLUMNS}, {body}, "
             + (
@@ -376,7 +382,9 @@ def _window_sql(
     if side_state:  # the side index's structure record, when its words stood in for it
         counts += "(SELECT block FROM messages_aux_fts_data WHERE id = 10), "
     counts += _BLOCKS.removeprefix("SELECT ")
-    counts += f", (SELECT -sc FROM n0 ORDER BY sc LIMIT 1 OFFSET {cut})" if cut else ", NULL"
+    counts += (
+        f", (SELECT CASE WHEN COUNT(*) > {cut} THEN -max(sc) END FROM n0)" if cut else ", NULL"
+    )
     if relevance:  # the head a row of its own before the candidates (in any order)
         width = len(branches) + side_state + 3
         sql = (
