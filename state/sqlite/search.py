@@ -287,11 +287,14 @@ def _candidates(
             scoped,
             side_state,
         )
-        params: list[object] = [br.match for br, _ in branches]
+        lone = _lone(relevance, c_rank, nb)
+        params: list[object] = [] if lone else [br.match for br, _ in branches]
         for i, (br, _) in enumerate(branches):
             if c_rank and i == 0:
                 params.append(at)
             params += [*fparams, *br.extra_params]
+        if lone:  # its MATCH where its rows are read, after the filters
+            params.append(branches[0][0].match)
         if not relevance:
             params += [limit, offset]
         try:
@@ -303,8 +306,13 @@ def _candidates(
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
         w = nb + 3 + side_state  # the head's width
-        head: tuple[Any, ...] = next(r for r in found if r[0] is not None)[:w]
-        rows = [r[w:] for r in found if r[w] is not None]
+        if lone:  # the head is the row without a candidate; the window's size, its rows
+            head: tuple[Any, ...] = next(r for r in found if r[w + 7] is None)[:w]
+            head = (len(found) - 1, *head[1:])
+            rows = [r[w:] for r in found if r[w] is not None and r[w + 8]]
+        else:
+            head = next(r for r in found if r[0] is not None)[:w]
+            rows = [r[w:] for r in found if r[w] is not None]
         if narrow and head[-1] is not None:
             narrow = False
             # bm25() is negative, so -sc and its age-damped score are positive, the
@@ -340,6 +348,25 @@ def _window_sql(
     join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
     ctes: list[str] = []
     parts: list[str] = []
+    if _lone(relevance, c_rank, len(branches)):
+        # one window no bm25() scores, read where its rows are, each with its message and
+        # whether the filters keep it (its size is its rows' count: no table of it)
+        br = branches[0]
+        counts = "NULL, "
+        if side_state:
+            counts += "(SELECT block FROM messages_aux_fts_data WHERE id = 10), "
+        part = (
+            f"SELECT {_HIT_COLUMNS}, {br.body}, NULL AS score, '{br.table}' AS fts, "
+            f"({where}{br.extra_where}) AS ok FROM (SELECT rowid AS rid FROM {br.table} "
+            f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT {int(window)}) f "
+            f"LEFT JOIN messages m ON m.id = f.rid{' LEFT' + join if join else ''}"
+        )
+        head = counts + _BLOCKS.removeprefix("SELECT ") + ", NULL"
+        sql = (
+            f"SELECT {head}, {_nulls(len(_NAMES) + 1)} UNION ALL "
+            f"SELECT {_nulls(side_state + 4)}, * FROM ({part})"
+        )
+        return sql, [*_NAMES, "ok"]
     for i, br in enumerate(branches):
         native_i = c_rank and i == 0
         body = br.body if relevance and not native_i else "NULL AS body, NULL AS size"
@@ -401,6 +428,12 @@ def _window_sql(
 
 # the candidates' columns; a hit is the first four
 _NAMES = ["id", "session_id", "role", "timestamp", "body", "size", "score", "fts"]
+
+
+def _lone(relevance: bool, c_rank: bool, branches: int) -> bool:
+    """Whether the statement reads one window that bm25() does not score, by relevance
+    (a CJK query, a phrase): read where its rows are, with no table of its own."""
+    return relevance and branches == 1 and not c_rank
 
 
 def _nulls(n: int) -> str:

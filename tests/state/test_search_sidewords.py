@@ -65,3 +65,28 @@ def test_required_words_are_the_plain_words_every_hit_holds() -> None:
     assert sidewords.required(q.parse("alph*")) is None
     assert sidewords.required(q.parse("café")) is None
     assert sidewords.required(q.parse("東京 alpha")) == frozenset({"alpha"})
+
+
+async def test_a_cjk_search_keeps_only_what_its_filters_keep(tmp_path: Path) -> None:
+    """A window no bm25() scores is read with each row's filters as a column: rows the
+    filters drop count in its size and never reach the page."""
+    from state import SessionFilter
+
+    db = await SessionDB.open(tmp_path / "state.db")
+    try:
+        tg = await db.create_session(source="telegram")
+        cli = await db.create_session(source="cli")
+        for sid in (tg, cli):
+            await db.append_message(sid, "user", "東京タワーに行きました")
+            await db.append_message(sid, "assistant", "東京は楽しい")
+        assert await _found(db, "東京") == {tg, cli}
+        assert await _found(db, '"東京タワー"') == {tg, cli}
+        hits = await db.search_messages("東京", sources=["telegram"])
+        assert {h["session_id"] for h in hits} == {tg} and len(hits) == 2
+        hits = await db.search_messages("東京", roles=["assistant"])
+        assert {h["role"] for h in hits} == {"assistant"} and len(hits) == 2
+        hits = await db.search_messages("東京", scope=SessionFilter(source="cli"))
+        assert {h["session_id"] for h in hits} == {cli}
+        assert await db.search_messages("東京", exclude_sources=["telegram", "cli"]) == []
+    finally:
+        await db.close()
