@@ -24,17 +24,14 @@ from .. import ranking
 from ..errors import QueryError
 from ..filters import SessionFilter
 from ..records import SearchHit
-from ..sqlite import search as sqlite_search
 from ..sqlite.search import (
     FIRST_WINDOW,
     SORTS,
     WINDOW_GROWTH,
     WINDOW_PER_RESULT,
-    SearchRequest,
     blend,
-    filters,
-    literal_where,
 )
+from ..sqlite.searchreq import SearchRequest, filters, literal_where
 from ..sqlite.snippets import CONTEXT_CHARS, make_snippet
 from . import db, slices
 from .dispatch import Dispatch
@@ -472,7 +469,7 @@ class SearchOps(Dispatch):
         limit: int = 20,
         offset: int = 0,
     ) -> list[SearchHit]:
-        req = sqlite_search.SearchRequest(
+        req = SearchRequest(
             query=query,
             sources=tuple(sources),
             exclude_sources=tuple(exclude_sources),

@@ -15,95 +15,24 @@ import functools
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from .. import query as q
 from .. import ranking
 from ..errors import QueryError
 from ..records import SearchHit
-from ..textindex import is_cjk, is_symbol, segment
-from . import listing
+from ..textindex import segment
+from . import listing, sidewords, snippets
 from .dispatch import Dispatch
-from .listing import SessionFilter
 from .readers import heavy
 from .schema import FTS_TABLE
-from .snippets import add_page
+from .searchreq import _EVERY_SESSION, filters, literal_where
+from .searchreq import SearchRequest as SearchRequest
 
 SORTS = ("relevance", "newest", "oldest")
 RECENCY_HALF_LIFE_DAYS = 30.0
 HALF_LIFE_S = RECENCY_HALF_LIFE_DAYS * 86400
-
-
-@dataclass(frozen=True)
-class SearchRequest:
-    query: str
-    sources: Sequence[str] = ()
-    exclude_sources: Sequence[str] = ()
-    roles: Sequence[str] = ()
-    scope: SessionFilter = field(default_factory=lambda: SessionFilter(include_children=True))
-    exclude_session_ids: Sequence[str] = ()
-    sort: str = "relevance"
-    limit: int = 20
-    offset: int = 0
-    # Match tool names and arguments whatever the role filter (Hermes's default).
-    include_tools: bool = False
-    # Rewound rows (active=0, not compacted) were taken back by the user: hidden unless asked.
-    include_inactive: bool = False
-
-
-def filters(req: SearchRequest, mark: str = "?") -> tuple[str, list[object], bool]:
-    """(WHERE text over `m` and `s`, its parameters, whether it filters on sessions);
-    `mark` is the placeholder (`%s` for PostgreSQL)."""
-    key = (
-        req.scope,
-        tuple(req.sources),
-        tuple(req.exclude_sources),
-        tuple(req.roles),
-        req.include_inactive,
-        tuple(req.exclude_session_ids),
-        mark,
-    )
-    try:
-        where, params, scoped = _filters(*key)
-    except TypeError:  # a scope holding lists: not hashable, not cached
-        where, params, scoped = _filters.__wrapped__(*key)
-    return where, list(params), scoped
-
-
-@functools.lru_cache(maxsize=256)
-def _filters(
-    within: SessionFilter,
-    sources: tuple[str, ...],
-    exclude_sources: tuple[str, ...],
-    roles: tuple[str, ...],
-    include_inactive: bool,
-    exclude_session_ids: tuple[str, ...],
-    mark: str,
-) -> tuple[str, tuple[object, ...], bool]:
-    scope = SessionFilter(
-        source=within.source,
-        sources=tuple(within.sources) + sources,
-        exclude_sources=tuple(within.exclude_sources) + exclude_sources,
-        user_id=within.user_id,
-        chat_id=within.chat_id,
-        thread_id=within.thread_id,
-        include_children=True,
-        include_archived=True,
-        thread_exact=within.thread_exact,
-        routed_only=within.routed_only,
-    )
-    where, params = scope.where("s", mark)
-    scoped = where not in ("1", "TRUE")  # what SessionFilter.where says for no clause
-    if roles:
-        where += f" AND m.role IN ({', '.join(mark for _ in roles)})"
-        params += list(roles)
-    if not include_inactive:
-        where += " AND NOT (COALESCE(m.active, 1) = 0 AND COALESCE(m.compacted, 0) = 0)"
-    if exclude_session_ids:
-        where += f" AND m.session_id NOT IN ({', '.join(mark for _ in exclude_session_ids)})"
-        params += list(exclude_session_ids)
-    return where, tuple(params), scoped
 
 
 def _order(sort: str, of: str = "") -> str:
@@ -234,7 +163,7 @@ _Planned = tuple[_Branch, list[ranking.Phrase]]
 @functools.lru_cache(maxsize=256)
 def _plan(
     query: str, roles: tuple[str, ...], include_tools: bool
-) -> tuple[tuple[_Planned, ...], list[q.Term], bool, bool]:
+) -> tuple[tuple[_Planned, ...], tuple[str, ...], bool, bool, frozenset[str] | None]:
     """What a query asks of the indexes (a pure function of its text, so repeated and
     paged searches parse once): each branch with its ranking phrases, the terms snippets
     mark, and whether FTS5's own bm25() scores the main index's hits: when it gives
@@ -242,7 +171,8 @@ def _plan(
     phrases bm25() counts too, and every term makes tokens) and its document counts are
     worth their walk (several phrases need them; a lone phrase of several words would be
     checked word position by word position in every row holding its words, for an IDF
-    that scales every score alike); last, whether a term is a prefix."""
+    that scales every score alike); whether a term is a prefix; last, the plain words
+    every hit holds (sidewords.required). The terms come folded, as snippets compare them."""
     tree = q.parse(query)
     branches = tuple((br, br.phrases(tree)) for br in _branches(tree, roles, include_tools))
     terms = q.terms(tree)
@@ -254,33 +184,8 @@ def _plan(
         # a term given twice is one phrase to bm25()'s IDF but two to the Python scoring
         and len({(p.tokens, p.prefix) for p in phrases}) == len(phrases)
     )
-    return branches, q.positive_terms(tree), native, any(t.prefix for t in terms)
-
-
-def _like(piece: str) -> str:
-    return "%" + piece.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-def literal_where(
-    tree: q.Node, tools: bool, mark: str = "?", like: str = "LIKE"
-) -> tuple[str, tuple[str, ...]]:
-    """The segmented index drops punctuation (`100%完成` finds `100完成`), so a CJK/emoji
-    term that holds any must also appear literally: a LIKE with `%`, `_` escaped. Only
-    terms every hit must contain (the query's top-level AND) are checked."""
-    items = tree.items if isinstance(tree, q.And) else (tree,)
-    clauses: list[str] = []
-    params: list[str] = []
-    cols = ("m.content", "m.tool_name", "m.tool_calls") if tools else ("m.content",)
-    for term in items:
-        if not isinstance(term, q.Term) or not term.needs_aux:
-            continue
-        for piece in term.text.split():
-            if all(ch.isalnum() or is_cjk(ch) or is_symbol(ch) for ch in piece):
-                continue
-            ors = " OR ".join(f"{c} {like} {mark} ESCAPE '\\'" for c in cols)
-            clauses.append(f" AND ({ors})")
-            params += [_like(piece)] * len(cols)
-    return "".join(clauses), tuple(params)
+    words = snippets.folded_words(q.positive_terms(tree))
+    return branches, words, native, any(t.prefix for t in terms), sidewords.required(tree)
 
 
 def search(
@@ -288,6 +193,7 @@ def search(
     req: SearchRequest,
     now: float | None = None,
     neighbours: bool = False,
+    path: str | None = None,
 ) -> list[SearchHit]:
     """Ranked hits for one page.
 
@@ -297,10 +203,12 @@ def search(
     matches, and relevance is judged among recent matches first. One statement takes each
     index's window, its size and the candidates in it; one more adds the page's sessions,
     snippets and neighbours (`neighbours`: also the hit's tool name and its neighbours'
-    whole content under `_near`, for the Hermes-shaped answer)."""
+    whole content under `_near`, for the Hermes-shaped answer). With the database file's
+    `path`, a search for words the side index lacks leaves it out (sidewords.py)."""
     if req.sort not in SORTS:
         raise QueryError(f"sort must be one of {', '.join(SORTS)}")
-    planned, marks, native, prefixed = _plan(req.query, tuple(req.roles), req.include_tools)
+    planned, words, native, prefixed, needed = _plan(req.query, tuple(req.roles), req.include_tools)
+    side = sidewords.known(path) if needed is not None else None
     if prefixed:
         heavy(conn)  # FTS5 gathers a prefix's terms in one call, which no handler stops
     relevance = req.sort == "relevance"
@@ -309,6 +217,11 @@ def search(
     guess = _last[0]
     while True:
         branches = _live(planned, guess[0], guess[1])
+        skipped = None
+        if side is not None and len(branches) > 1 and needed and not needed <= side.words:
+            aux = branches[-1][0]
+            if aux.match == aux.seg_match:  # no tool text asked for: the side index goes
+                branches, skipped = branches[:-1], side.state
         if not branches:  # nothing can match, if the guess holds
             found_out = _indexes(*conn.execute(_BLOCKS).fetchone())
             if found_out == guess:
@@ -316,9 +229,18 @@ def search(
         else:
             # FTS5's bm25() ranks the main index's window when it equals ranking.py's score
             c_rank = relevance and native and not branches[0][0].aux and guess[2]
-            rows, names, head = _candidates(conn, req, branches, c_rank, filters(req), at)
+            rows, names, head = _candidates(
+                conn, req, branches, c_rank, filters(req), at, skipped is not None
+            )
             found_out = _indexes(head[-3], head[-2])
+            if skipped is not None and (head[-2], head[len(branches)]) != skipped:
+                assert path is not None
+                sidewords.forget(path)  # the side index changed: look it up
+                side = None
+                continue
             if found_out == guess:
+                if path and needed and side is None and len(branches) > 1:
+                    sidewords.read_later(path, head[-2])
                 break
         guess = _last[0] = found_out
     if relevance:
@@ -326,7 +248,7 @@ def search(
         rows = _rank(conn, rows, names, branches, blocks, at)
         rows = rows[offset : offset + limit]
     hits = [{"id": r[0], "session_id": r[1], "role": r[2], "timestamp": r[3]} for r in rows]
-    add_page(conn, hits, marks, neighbours)
+    snippets.add_page(conn, hits, words, neighbours)
     return cast(list[SearchHit], hits)
 
 
@@ -337,9 +259,11 @@ def _candidates(
     c_rank: bool,
     where_params_scoped: tuple[str, list[object], bool],
     at: float,
+    side_state: bool = False,
 ) -> tuple[list[tuple[Any, ...]], list[str], tuple[Any, ...]]:
     """The candidates from each index's window (see `search`), their column names, and the
-    head: each window's size, the two averages records, the best bm25 left out."""
+    head: each window's size, (`side_state`) the side index's structure record, the two
+    averages records, the best bm25 left out."""
     where, fparams, scoped = where_params_scoped
     relevance = req.sort == "relevance"
     limit, offset = max(1, req.limit), max(0, req.offset)
@@ -353,13 +277,24 @@ def _candidates(
     while True:
         cut = NARROW_EXTRA + 2 * need if narrow else 0
         sql, names = _window_sql(
-            tuple(br for br, _ in branches), c_rank, cut, window, need, req.sort, where, scoped
+            tuple(br for br, _ in branches),
+            c_rank,
+            cut,
+            window,
+            need,
+            req.sort,
+            where,
+            scoped,
+            side_state,
         )
-        params: list[object] = [br.match for br, _ in branches]
+        lone = _lone(relevance, c_rank, nb)
+        params: list[object] = [] if lone else [br.match for br, _ in branches]
         for i, (br, _) in enumerate(branches):
             if c_rank and i == 0:
                 params.append(at)
             params += [*fparams, *br.extra_params]
+        if lone:  # its MATCH where its rows are read, after the filters
+            params.append(branches[0][0].match)
         if not relevance:
             params += [limit, offset]
         try:
@@ -370,9 +305,14 @@ def _candidates(
             if "fts5" in str(exc) or "syntax" in str(exc) or "malformed MATCH" in str(exc):
                 raise QueryError(f"the query could not be run: {exc}") from exc
             raise
-        w = nb + 3  # the head's width
-        head: tuple[Any, ...] = found[0][:w]
-        rows = [r[w:] for r in found if r[w] is not None]
+        w = nb + 3 + side_state  # the head's width
+        if lone:  # the head is the row without a candidate; the window's size, its rows
+            head: tuple[Any, ...] = next(r for r in found if r[w + 7] is None)[:w]
+            head = (len(found) - 1, *head[1:])
+            rows = [r[w:] for r in found if r[w] is not None and r[w + 8]]
+        else:
+            head = next(r for r in found if r[0] is not None)[:w]
+            rows = [r[w:] for r in found if r[w] is not None]
         if narrow and head[-1] is not None:
             narrow = False
             # bm25() is negative, so -sc and its age-damped score are positive, the
@@ -397,6 +337,7 @@ def _window_sql(
     sort: str,
     where: str,
     scoped: bool,
+    side_state: bool = False,
 ) -> tuple[str, list[str]]:
     """The statement of `_candidates` and its candidates' column names. Parameters: each
     branch's MATCH, then per branch (the time, for the bm25() one) the filters' and its
@@ -407,6 +348,25 @@ def _window_sql(
     join = " JOIN sessions s ON s.id = m.session_id" if scoped else ""
     ctes: list[str] = []
     parts: list[str] = []
+    if _lone(relevance, c_rank, len(branches)):
+        # one window no bm25() scores, read where its rows are, each with its message and
+        # whether the filters keep it (its size is its rows' count: no table of it)
+        br = branches[0]
+        counts = "NULL, "
+        if side_state:
+            counts += "(SELECT block FROM messages_aux_fts_data WHERE id = 10), "
+        part = (
+            f"SELECT {_HIT_COLUMNS}, {br.body}, NULL AS score, '{br.table}' AS fts, "
+            f"({where}{br.extra_where}) AS ok FROM (SELECT rowid AS rid FROM {br.table} "
+            f"WHERE {br.table} MATCH ? ORDER BY rowid {direction} LIMIT {int(window)}) f "
+            f"LEFT JOIN messages m ON m.id = f.rid{' LEFT' + join if join else ''}"
+        )
+        head = counts + _BLOCKS.removeprefix("SELECT ") + ", NULL"
+        sql = (
+            f"SELECT {head}, {_nulls(len(_NAMES) + 1)} UNION ALL "
+            f"SELECT {_nulls(side_state + 4)}, * FROM ({part})"
+        )
+        return sql, [*_NAMES, "ok"]
     for i, br in enumerate(branches):
         native_i = c_rank and i == 0
         body = br.body if relevance and not native_i else "NULL AS body, NULL AS size"
@@ -420,7 +380,13 @@ def _window_sql(
         # (LEFT JOIN: for an inner join of the window the planner builds a Bloom filter
         # over every message first, 20 ms on 100,000 of them; an index row without its
         # message, which triggers never leave, would come as a NULL id, dropped below)
-        source = f"(SELECT * FROM n{i} ORDER BY sc LIMIT {cut})" if native_i and cut else f"w{i}"
+        # the best `cut`: those better than the best left out (aggregates of n, no sort)
+        source = (
+            f"(SELECT * FROM n{i} WHERE (SELECT COUNT(*) FROM n{i}) <= {cut} "
+            f"OR sc < (SELECT max(sc) FROM n{i}))"
+            if native_i and cut
+            else f"w{i}"
+        )
         part = (
             f"SELECT {_HIT_COLUMNS}, {body}, "
             + (
@@ -440,17 +406,38 @@ def _window_sql(
     # one row of each window's size, both averages records and the best bm25 left out,
     # joined to every candidate (or to none: NULLs)
     counts = "".join(f"(SELECT COUNT(*) FROM w{i}), " for i in range(len(branches)))
+    if side_state:  # the side index's structure record, when its words stood in for it
+        counts += "(SELECT block FROM messages_aux_fts_data WHERE id = 10), "
     counts += _BLOCKS.removeprefix("SELECT ")
-    counts += f", (SELECT -sc FROM n0 ORDER BY sc LIMIT 1 OFFSET {cut})" if cut else ", NULL"
-    sql = (
-        f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
-        f"LEFT JOIN ({union}) p ON 1" + ("" if relevance else f" ORDER BY {_order(sort, 'p.')}")
+    counts += (
+        f", (SELECT CASE WHEN COUNT(*) > {cut} THEN -max(sc) END FROM n0)" if cut else ", NULL"
     )
+    if relevance:  # the head a row of its own before the candidates (in any order)
+        width = len(branches) + side_state + 3
+        sql = (
+            f"WITH {', '.join(ctes)} SELECT {counts}, {_nulls(len(_NAMES))} UNION ALL "
+            f"SELECT {_nulls(width)}, * FROM ({union})"
+        )
+    else:  # the page in its order, each row with the head
+        sql = (
+            f"WITH {', '.join(ctes)} SELECT c.*, p.* FROM (SELECT {counts}) c "
+            f"LEFT JOIN ({union}) p ON 1 ORDER BY {_order(sort, 'p.')}"
+        )
     return sql, _NAMES
 
 
 # the candidates' columns; a hit is the first four
 _NAMES = ["id", "session_id", "role", "timestamp", "body", "size", "score", "fts"]
+
+
+def _lone(relevance: bool, c_rank: bool, branches: int) -> bool:
+    """Whether the statement reads one window that bm25() does not score, by relevance
+    (a CJK query, a phrase): read where its rows are, with no table of its own."""
+    return relevance and branches == 1 and not c_rank
+
+
+def _nulls(n: int) -> str:
+    return ", ".join(["NULL"] * n)
 
 
 def _c_bm25(indexed: int) -> bool:
@@ -469,6 +456,8 @@ def _rank(
     """BM25 (ranking.py) of each candidate against its own index, blended with recency;
     best first, newer first among equals. Rows FTS5's bm25() scored come scored.
     (Tuples: only the page becomes dicts.)"""
+    if len(rows) < 2:  # nothing to order
+        return rows
     col = {name: i for i, name in enumerate(names)}
     i_fts, i_body, i_size, i_ts, i_id, i_sc = (
         col["fts"],
@@ -478,8 +467,6 @@ def _rank(
         col["id"],
         col["score"],
     )
-    if len(rows) < 2:  # nothing to order
-        return rows
     scores: dict[int, float] = {}
     mixed = len({r[i_fts] for r in rows})
     for (br, phrases), block in zip(branches, blocks, strict=True):
@@ -530,9 +517,6 @@ def _dfs(
     ]
 
 
-_EVERY_SESSION = SessionFilter(include_children=True)
-
-
 class SearchOps(Dispatch):
     """SessionDB's message search."""
 
@@ -561,4 +545,4 @@ class SearchOps(Dispatch):
             limit=limit,
             offset=offset,
         )
-        return await self._read_short(search, req)
+        return await self._read_short(search, req, None, False, str(self.path))

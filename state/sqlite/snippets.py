@@ -23,12 +23,16 @@ def _fold_char(ch: str) -> str:
     )
 
 
-# each character met (up to _KEPT of them): what it folds to (for str.translate), and
-# those that fold to other than exactly one character (then positions shift)
+# each character met (up to _KEPT of them): what it folds to (for str.translate), those
+# that fold to other than exactly one character (then positions shift), and those that
+# fold as str.lower() lowers them (a text of only these is folded by lower(), in C: CJK
+# text has no case, and a translation table looks each character up)
 _FOLDED: dict[int, str] = {}
 _SEEN: set[str] = set()
 _UNEVEN: set[str] = set()
+_LOWERED: set[str] = set()
 _KEPT = 20_000
+_FINAL_SIGMA = "\u03a3"  # str.lower() lowers it by its place in a word
 
 
 def _fold(text: str) -> tuple[str, list[int] | None]:
@@ -45,8 +49,12 @@ def _fold(text: str) -> tuple[str, list[int] | None]:
         folded = _fold_char(ch)
         if len(folded) != 1:
             _UNEVEN.add(ch)
+        elif folded == ch.lower() and ch != _FINAL_SIGMA:
+            _LOWERED.add(ch)
         _FOLDED[ord(ch)] = folded
         _SEEN.add(ch)
+    if kept and chars <= _LOWERED:
+        return text.lower(), None
     if kept and chars.isdisjoint(_UNEVEN):
         return text.translate(_FOLDED), None
     out: list[str] = []
@@ -106,8 +114,10 @@ def _snippet(content: str | None, words: tuple[str, ...], width: int = 120) -> s
     spans: list[tuple[int, int]] = []
     if words:
         folded, pos = _fold(text)
-        for a, b in _matches(folded, words, width if pos is None else len(folded)):
-            spans.append((a, b) if pos is None else (pos[a], pos[b - 1] + 1))
+        if pos is None:
+            return _marked(text, folded, words, width)
+        for a, b in _matches(folded, words, len(folded)):
+            spans.append((pos[a], pos[b - 1] + 1))
     start = 0 if not spans else max(0, spans[0][0] - width // 3)
     end = min(len(text), start + width)
     out, cursor = [], start
@@ -120,16 +130,57 @@ def _snippet(content: str | None, words: tuple[str, ...], width: int = 120) -> s
     return ("…" if start > 0 else "") + "".join(out) + ("…" if end < len(text) else "")
 
 
+def _marked(text: str, folded: str, words: tuple[str, ...], width: int) -> str:
+    """`_snippet` of a text whose folded form has its positions: the matches `_matches`
+    finds, marked as they are found, up to the end of the window."""
+    first, word = -1, ""
+    at: dict[str, int] = {}
+    for w in words:
+        a = at[w] = folded.find(w)
+        if a >= 0 and (first < 0 or a < first):
+            first, word = a, w
+    n = len(text)
+    if first < 0:
+        return text[:width] + ("…" if width < n else "")
+    start = max(0, first - width // 3)
+    end = min(n, start + width)
+    out = ["…", text[start:first]] if start else [text[:first]]
+    a, b = first, first + len(word)
+    while True:
+        out += (MARK_OPEN, text[a:b], MARK_CLOSE)
+        cursor = b
+        a = -1
+        for w in words:  # the next match: leftmost, at one place the longest
+            x = at[w]
+            if 0 <= x < b:
+                x = at[w] = folded.find(w, b)
+            if x >= 0 and (a < 0 or x < a):
+                a, word = x, w
+        b = a + len(word)
+        if a < 0 or b > end:  # none left, or one the window cuts: no more marks
+            break
+        out.append(text[cursor:a])
+    out.append(text[cursor:end])
+    if end < n:
+        out.append("…")
+    return "".join(out)
+
+
+def folded_words(marks: list[q.Term]) -> tuple[str, ...]:
+    """The terms a page's snippets mark, folded (`add_page`'s `words`)."""
+    return _words(tuple(marks))
+
+
 def add_page(
-    conn: sqlite3.Connection, hits: list[Row], marks: list[q.Term], neighbours: bool
+    conn: sqlite3.Connection, hits: list[Row], words: tuple[str, ...], neighbours: bool
 ) -> None:
-    """Each hit's session columns, snippet and neighbours in one statement for the page."""
+    """Each hit's session columns, snippet and neighbours in one statement for the page;
+    `words` are the marked terms folded (`folded_words`)."""
     if not hits:
         return
     params: list[object] = [x for h in hits for x in (h["id"], h["session_id"])]
     rows = conn.execute(_page_sql(len(hits), neighbours), params).fetchall()
     by_hit = {r[0]: r for r in rows}
-    words = _words(tuple(marks))
     for h in hits:
         r = by_hit[h["id"]]
         h["source"], h["model"], h["title"], h["started_at"] = r[1], r[2], r[3], r[4]
