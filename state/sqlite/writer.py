@@ -292,15 +292,22 @@ class Writer:
         linger = self.config.commit_linger_s
         try:
             while not stop:
-                if busy and linger > 0 and held is None:
+                if held is not None:
+                    first, held = held, None
+                elif busy and linger > 0:
                     # Under load, the next operations are seconds' thousandths away: a
                     # sleep (which no put cuts short) lets them join the next commit. The
                     # writer sleeps before it looks at the queue, so a put meanwhile finds
                     # it asleep rather than waiting on the queue and wakes no thread (on a
                     # virtual machine a wake-up costs microseconds of both threads' CPU).
-                    # A caller writing one thing at a time never waits here.
                     self.pause(linger)
-                first, held = (held if held is not None else self._next()), None
+                    first = self._queued()
+                    if first is None:  # none came: the next one waits for company itself
+                        first = self._next()
+                        if first is not _STOP and not first.exclusive:
+                            self.pause(linger)
+                else:  # a caller writing one thing at a time never waits
+                    first = self._next()
                 if first is _STOP:
                     break
                 batch: list[_Op] = [first]
@@ -324,6 +331,13 @@ class Writer:
                     self._finish_checkpoint()
         finally:
             self._drain_after_stop(held)
+
+    def _queued(self) -> Any:
+        """The next queued item, or None when nothing is queued."""
+        try:
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            return None
 
     def _next(self) -> Any:
         """The next queued item. While the search indexes may need merging, once the queue
