@@ -14,6 +14,7 @@ from psycopg import pq
 from state.pg import search as pg_search
 from state.pg import slices
 from state.pg.store import PgStore
+from state.records import SearchHit
 from state.sqlite.search import SearchRequest
 from tests import pgserver
 
@@ -31,6 +32,14 @@ async def _traced(
     conn: psycopg.AsyncConnection, req: SearchRequest, totals: pg_search.Totals
 ) -> tuple[list[int], int]:
     """A search's hit ids and the statements it sent (a Sync each)."""
+    hits, syncs = await _traced_hits(conn, req, totals)
+    return [h["id"] for h in hits], syncs
+
+
+async def _traced_hits(
+    conn: psycopg.AsyncConnection, req: SearchRequest, totals: pg_search.Totals
+) -> tuple[list[SearchHit], int]:
+    """A search's hits and the statements it sent (a Sync each)."""
     with tempfile.TemporaryFile("w+") as fh:
         conn.pgconn.trace(fh.fileno())
         conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
@@ -40,7 +49,7 @@ async def _traced(
             conn.pgconn.untrace()
         fh.seek(0)
         syncs = sum(1 for line in fh if line.split("\t")[:1] == ["F"] and "Sync" in line)
-    return [h["id"] for h in hits], syncs
+    return hits, syncs
 
 
 async def test_a_search_on_a_small_store_is_two_round_trips_new_messages_included(
@@ -164,15 +173,7 @@ async def test_a_search_whose_hits_fit_in_the_page_is_one_round_trip(schema_dsn:
             totals = pg_search.Totals()
             req = SearchRequest(query="rollout canary", limit=5)
             await pg_search.search(conn, req, totals)
-            with tempfile.TemporaryFile("w+") as fh:
-                conn.pgconn.trace(fh.fileno())
-                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-                try:
-                    whole = await pg_search.search(conn, req, totals)
-                finally:
-                    conn.pgconn.untrace()
-                fh.seek(0)
-                syncs = sum(1 for line in fh if line.split("\t")[:1] == ["F"] and "Sync" in line)
+            whole, syncs = await _traced_hits(conn, req, totals)
             assert len(whole) == 3 and syncs == 1
             for hit in whole:
                 assert hit["context_before"] is not None and hit["context_after"] is not None
