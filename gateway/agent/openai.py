@@ -48,9 +48,12 @@ class OpenAIAgent:
         self._api_key = api_key
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._max_retries = max_retries
-        self._tools = [session_search_tool.SCHEMA] if "session_search" in tools else []
         # The tools' schemas are the same in every request: encoded once, spliced in.
-        self._tools_json = b',"tools":' + _encode(self._tools) if self._tools else b""
+        self._tools_json = (
+            b',"tools":' + _encode([session_search_tool.SCHEMA])
+            if "session_search" in tools
+            else b""
+        )
         self._reply_tokens = reply_tokens
         self._session: aiohttp.ClientSession | None = None
 

@@ -312,9 +312,8 @@ class Writer:
                     break
                 batch: list[_Op] = [first]
                 while not first.exclusive and len(batch) < self.config.max_batch:
-                    try:
-                        nxt = self._inbox.get_nowait()
-                    except queue.Empty:
+                    nxt = self._queued()
+                    if nxt is None:
                         break
                     if nxt is _STOP:
                         stop = True
@@ -383,11 +382,7 @@ class Writer:
         """Refuse whatever is still queued (only a crash of the loop above leaves any), then
         tell the loop the writer has stopped."""
         left = [held] if isinstance(held, _Op) else []
-        while True:
-            try:
-                op = self._inbox.get_nowait()
-            except queue.Empty:
-                break
+        while (op := self._queued()) is not None:
             if isinstance(op, _Op):
                 left.append(op)
         assert self._loop is not None and self._stopped is not None
