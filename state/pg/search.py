@@ -396,6 +396,10 @@ PAGE_SQL = (
 PAGE_IN_FIRST = PAGE_SQL.replace(
     "{fields}", "ARRAY[" + ", ".join(f"{f}::text" for f in PAGE_FIELDS.split(", ")) + "]"
 )
+# in a statement of its own, for the hits of the page
+PAGE_ALONE = PAGE_SQL.format(
+    fields=PAGE_FIELDS, hits="unnest(%s::bigint[], %s::text[]) AS h(hid, sid)"
+)
 _INTS, _FLOATS = (0, 3, 4, 7, 9), (13,)  # PAGE_FIELDS's bigint/smallint and float columns
 
 
@@ -429,9 +433,7 @@ async def _finish_page(
     else:
         found = await db.tuples(
             conn,
-            PAGE_SQL.format(
-                fields=PAGE_FIELDS, hits="unnest(%s::bigint[], %s::text[]) AS h(hid, sid)"
-            ),
+            PAGE_ALONE,
             ([h["id"] for h in hits], [h["session_id"] for h in hits]),
         )
         by_hit = {r[0]: r for r in found}

@@ -27,7 +27,7 @@ from . import listing, sidewords, snippets
 from .dispatch import Dispatch
 from .readers import heavy
 from .schema import FTS_TABLE
-from .searchreq import _EVERY_SESSION, filters, literal_where
+from .searchreq import EVERY_SESSION, filters, literal_where
 from .searchreq import SearchRequest as SearchRequest
 
 SORTS = ("relevance", "newest", "oldest")
@@ -539,7 +539,7 @@ class SearchOps(Dispatch):
             sources=tuple(sources),
             exclude_sources=tuple(exclude_sources),
             roles=tuple(roles),
-            scope=scope or _EVERY_SESSION,
+            scope=scope or EVERY_SESSION,
             exclude_session_ids=tuple(exclude_session_ids),
             sort=sort,
             limit=limit,

@@ -11,7 +11,7 @@ from .. import query as q
 from ..textindex import is_cjk, is_symbol
 from .listing import SessionFilter
 
-_EVERY_SESSION = SessionFilter(include_children=True)
+EVERY_SESSION = SessionFilter(include_children=True)
 
 
 @dataclass(frozen=True, init=False)
@@ -20,7 +20,7 @@ class SearchRequest:
     sources: Sequence[str] = ()
     exclude_sources: Sequence[str] = ()
     roles: Sequence[str] = ()
-    scope: SessionFilter = _EVERY_SESSION
+    scope: SessionFilter = EVERY_SESSION
     exclude_session_ids: Sequence[str] = ()
     sort: str = "relevance"
     limit: int = 20
@@ -36,7 +36,7 @@ class SearchRequest:
         sources: Sequence[str] = (),
         exclude_sources: Sequence[str] = (),
         roles: Sequence[str] = (),
-        scope: SessionFilter = _EVERY_SESSION,
+        scope: SessionFilter = EVERY_SESSION,
         exclude_session_ids: Sequence[str] = (),
         sort: str = "relevance",
         limit: int = 20,
