@@ -68,6 +68,7 @@ from tests.cluster.harness import DSN_ENV, Replica, drop_database, fresh_databas
 from tests.daemon import clean_env, free_port  # noqa: E402
 from tests.fakes.openai import FakeOpenAI  # noqa: E402
 
+FLOOR = Path(__file__).resolve().parent / "floor.py"
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 ANSWER = "Here is a short answer to your question."
 WARM_PER_CHAT, MEASURED_PER_CHAT = 2, 6
@@ -192,9 +193,12 @@ class Run:
             if self.args.commit_linger_ms is not None:
                 section = "cluster" if self.args.replicas > 1 else "state"
                 cfg.setdefault(section, {})["commit_linger_ms"] = self.args.commit_linger_ms
+            if self.args.floor:
+                cfg["floor"] = self.args.floor
             (home / "config.yaml").write_text(yaml.safe_dump(cfg))
             rep = Replica(name, home, port, clean_env(**env))
-            rep.python = [*self.prefix(k), sys.executable, "-m", "gateway"]
+            main = [str(FLOOR)] if self.args.floor else ["-m", "gateway"]
+            rep.python = [*self.prefix(k), sys.executable, *main]
             self.replicas.append(rep)
         for rep in self.replicas:  # all at once: one does not idle while the next starts
             await rep.start(wait=False)
@@ -505,9 +509,19 @@ async def main() -> None:
         help="keep callgrind's output files and py-spy's samples there",
     )
     ap.add_argument("--py-spy", choices=("top",), help="sample round 1 with py-spy, print the top")
+    ap.add_argument(
+        "--floor",
+        choices=("http", "sqlite"),
+        help="run bench/floor.py in the gateway's place: the least a Python daemon on the "
+        "same libraries does per message (http: no store; sqlite: plus two group-committed "
+        "rows); --via api, one daemon, openai agent only",
+    )
     args = ap.parse_args()
+    if args.floor and (args.via != "api" or args.replicas != 1 or args.agent != "openai"):
+        ap.error("--floor measures --via api, one daemon, the openai agent")
     print(
         f"switchboard instructions bench: `{' '.join(sys.argv)}`; via {VIA[args.via]}, "
+        f"{'bench/floor.py --floor ' + args.floor + ' in the daemon place, ' if args.floor else ''}"
         f"agent {args.agent}, "
         f"{args.replicas} daemon(s) on {'SQLite' if args.replicas == 1 else 'PostgreSQL'}, "
         f"{os.cpu_count()} cores"
