@@ -12,6 +12,10 @@ before the model is called and the reply after it, both as rows of one table wit
 on (chat, id), in WAL mode with synchronous=NORMAL, through one writer thread that commits
 whatever has queued (group commit, no linger).
 
+`postgres`: the same two rows in one PostgreSQL table (the database in $SWITCHBOARD_PG_DSN),
+written by one task on the event loop through one psycopg asyncio connection: each pass
+inserts whatever has queued with one `executemany` and commits (two round trips).
+
 Started as `python bench/floor.py --home DIR run` (the daemon's own argument shape): it reads
 DIR/config.yaml for the api port, the model's base_url and `floor` (the mode), answers
 GET /health, and stops on SIGTERM. It runs on the daemon's default loop (uvloop where
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import queue
 import signal
 import sqlite3
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psycopg
 import yaml
 from aiohttp import web
 
@@ -96,6 +102,52 @@ class Writer:
         self.conn.close()
 
 
+class PgWriter:
+    """One task, one connection: each pass inserts every queued row and commits."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+        self.q: asyncio.Queue[Op] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, dsn: str) -> PgWriter:
+        conn = await psycopg.AsyncConnection.connect(dsn)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS messages (id BIGSERIAL PRIMARY KEY, chat TEXT NOT NULL,"
+            " role TEXT NOT NULL, content TEXT NOT NULL, ts DOUBLE PRECISION NOT NULL)"
+        )
+        await conn.execute("CREATE INDEX IF NOT EXISTS by_chat ON messages (chat, id)")
+        await conn.commit()
+        writer = cls(conn)
+        writer.task = asyncio.create_task(writer._run())
+        return writer
+
+    def add(self, chat: str, role: str, content: str) -> asyncio.Future[None]:
+        fut = asyncio.get_running_loop().create_future()
+        self.q.put_nowait((chat, role, content, fut))
+        return fut
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self.q.get()]
+            while not self.q.empty():
+                batch.append(self.q.get_nowait())
+            now = time.time()
+            async with self.conn.cursor() as cur:
+                await cur.executemany(
+                    "INSERT INTO messages (chat, role, content, ts) VALUES (%s, %s, %s, %s)",
+                    [(c, r, t, now) for c, r, t, _ in batch],
+                )
+            await self.conn.commit()
+            _settle([f for *_, f in batch])
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        await self.conn.close()
+
+
 def _settle(futures: list[asyncio.Future[None]]) -> None:
     for fut in futures:
         if not fut.done():
@@ -109,7 +161,11 @@ async def serve(home: Path) -> None:
     url = model["base_url"].rstrip("/") + "/chat/completions"
     mode = cfg.get("floor", "http")
     loop = asyncio.get_running_loop()
-    writer = Writer(home / "floor.db", loop) if mode == "sqlite" else None
+    writer: Writer | PgWriter | None = None
+    if mode == "sqlite":
+        writer = Writer(home / "floor.db", loop)
+    elif mode == "postgres":
+        writer = await PgWriter.open(os.environ["SWITCHBOARD_PG_DSN"])
     http = aiohttp.ClientSession()
     histories: dict[str, list[dict[str, str]]] = {}
     headers = {"Authorization": "Bearer bench-key", "Content-Type": "application/json"}
@@ -164,7 +220,9 @@ async def serve(home: Path) -> None:
     await stop.wait()
     await runner.cleanup()
     await http.close()
-    if writer is not None:
+    if isinstance(writer, PgWriter):
+        await writer.close()
+    elif writer is not None:
         writer.close()
 
 

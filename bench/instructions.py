@@ -175,7 +175,7 @@ class Run:
         if self.slack is not None:
             await self.slack.start()
             env |= platforms.slack_env()
-        if self.args.replicas > 1:
+        if self.args.replicas > 1 or self.args.floor == "postgres":
             self.db = fresh_database(self.args.dsn)
             env[DSN_ENV] = self.db[1]
         for k in range(self.args.replicas):
@@ -430,6 +430,8 @@ async def cpu(args: argparse.Namespace, root: Path) -> None:
     if args.replicas > 1:
         print(f"  per replica: {spread([d / args.replicas for d in daemons], 1e3)}")
         print(f"  PostgreSQL backends beside them: {spread(servers, 1e3)}")
+    elif args.floor == "postgres":
+        print(f"  PostgreSQL backend beside it: {spread(servers, 1e3)}")
     if args.py_spy:
         top_frames(Path(args.py_spy_raw), 10)
 
@@ -511,10 +513,10 @@ async def main() -> None:
     ap.add_argument("--py-spy", choices=("top",), help="sample round 1 with py-spy, print the top")
     ap.add_argument(
         "--floor",
-        choices=("http", "sqlite"),
+        choices=("http", "sqlite", "postgres"),
         help="run bench/floor.py in the gateway's place: the least a Python daemon on the "
-        "same libraries does per message (http: no store; sqlite: plus two group-committed "
-        "rows); --via api, one daemon, openai agent only",
+        "same libraries does per message (http: no store; sqlite, postgres: plus two "
+        "group-committed rows); --via api, one daemon, openai agent only",
     )
     args = ap.parse_args()
     if args.floor and (args.via != "api" or args.replicas != 1 or args.agent != "openai"):
