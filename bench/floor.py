@@ -1,6 +1,6 @@
 """The floor under `bench/instructions.py`'s CPU figure: the least a Python daemon on the
 same libraries can do for one answered message, run in the bench's place of the gateway
-(`bench/instructions.py --floor http|sqlite`).
+(`bench/instructions.py --floor http|sqlite|postgres`).
 
 `http`: read the POST /v1/chat/completions body, parse it, send one compact JSON request
 with the chat's whole conversation so far (kept in memory, as the daemon sends its history
@@ -35,12 +35,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import psycopg
 import yaml
 from aiohttp import web
+
+if TYPE_CHECKING:
+    import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -112,6 +114,8 @@ class PgWriter:
 
     @classmethod
     async def open(cls, dsn: str) -> PgWriter:
+        import psycopg  # the postgres extra: only this mode needs it
+
         conn = await psycopg.AsyncConnection.connect(dsn)
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS messages (id BIGSERIAL PRIMARY KEY, chat TEXT NOT NULL,"
@@ -168,7 +172,8 @@ async def serve(home: Path) -> None:
         writer = await PgWriter.open(os.environ["SWITCHBOARD_PG_DSN"])
     http = aiohttp.ClientSession()
     histories: dict[str, list[dict[str, str]]] = {}
-    headers = {"Authorization": "Bearer bench-key", "Content-Type": "application/json"}
+    key = os.environ.get(model.get("api_key_env", "OPENAI_API_KEY"), "")
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
 
     async def chat(request: web.Request) -> web.Response:
         body: dict[str, Any] = json.loads(await request.read())

@@ -521,11 +521,15 @@ async def main() -> None:
     args = ap.parse_args()
     if args.floor and (args.via != "api" or args.replicas != 1 or args.agent != "openai"):
         ap.error("--floor measures --via api, one daemon, the openai agent")
+    store = "on PostgreSQL" if args.replicas > 1 or args.floor == "postgres" else "on SQLite"
+    if args.floor == "http":
+        store = "without a store"
+    floor = f"bench/floor.py --floor {args.floor} in the daemon's place, " if args.floor else ""
     print(
         f"switchboard instructions bench: `{' '.join(sys.argv)}`; via {VIA[args.via]}, "
-        f"{'bench/floor.py --floor ' + args.floor + ' in the daemon place, ' if args.floor else ''}"
+        f"{floor}"
         f"agent {args.agent}, "
-        f"{args.replicas} daemon(s) on {'SQLite' if args.replicas == 1 else 'PostgreSQL'}, "
+        f"{args.replicas} daemon(s) {store}, "
         f"{os.cpu_count()} cores"
     )
     if args.keep:
