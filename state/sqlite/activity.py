@@ -18,11 +18,11 @@ first); `recount` rebuilds the table from the messages for a file that drifted.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterable
 
 from ..rows import exec_script
+from .batches import chunks, statement
 
 
 # the tool key of a message row, in SQL (a table alias prefix may be given)
@@ -119,21 +119,16 @@ def tally(rows: Iterable[tuple[str, int, float, str, str | None]]) -> Tallies:
     return out
 
 
-_ADD_JSON = (
-    "INSERT INTO activity_hourly(hour, source, tool, messages, first_id, last_id) "
-    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-    "json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), "
-    # WHERE true: without it SQLite reads the ON of the upsert as a join constraint
-    "json_extract(value, '$[5]') FROM json_each(?) WHERE true " + _UPSERT_TAIL
-)
+_ADD_ROWS = "INSERT INTO activity_hourly(hour, source, tool, messages, first_id, last_id) VALUES "
 
 
 def add(conn: sqlite3.Connection, tallies: Tallies) -> None:
-    """Apply tallies in one statement (one sqlite3 step: see messages.append_many)."""
+    """Apply tallies in one statement (one sqlite3 step: state/sqlite/batches.py)."""
     if tallies:
-        rows = [[h, s, t, *v] for (h, s, t), v in tallies.items()]
+        rows = [(h, s, t, *v) for (h, s, t), v in tallies.items()]
         try:
-            conn.execute(_ADD_JSON, (json.dumps(rows, ensure_ascii=False),))
+            for n, params in chunks(rows, 6):
+                conn.execute(statement(_ADD_ROWS, 6, n, " " + _UPSERT_TAIL), params)
         except sqlite3.OperationalError as e:
             # a file opened below schema 11 (schema_target) has no tallies yet; the
             # migration counts every message once it runs

@@ -24,6 +24,7 @@ def connect_writer(path: str, synchronous: str, busy_timeout_s: float) -> sqlite
         check_same_thread=False,
         timeout=busy_timeout_s,
         factory=WriterConnection,
+        cached_statements=256,  # the batch statements come in a shape per batch size
     )
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")

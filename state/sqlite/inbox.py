@@ -28,6 +28,7 @@ from ..records import (
 )
 from ..rows import payload_of  # noqa: F401
 from ..vocab import ANSWERED, DROPPED, OPEN_STATES, RECEIVED, STARTED  # noqa: F401
+from .batches import chunks, statement
 from .dispatch import Dispatch
 from .messages import append_many, conversations_after
 from .windows import keeps_windows, windows_of
@@ -80,11 +81,11 @@ _FIND_JSON = (
     "AND i.platform_message_id = json_extract(j.value, '$[2]')"
 )
 
-_INSERT = (
-    "INSERT INTO inbox(platform, chat_id, platform_message_id, payload, state, received_at, "
-    "updated_at) VALUES (?1, ?2, ?3, ?4, 'received', ?5, ?5) "
-    "ON CONFLICT(platform, chat_id, platform_message_id) DO NOTHING"
+_INSERT_ROWS = (
+    "INSERT INTO inbox(platform, chat_id, platform_message_id, payload, received_at, "
+    "updated_at, state) VALUES "
 )
+_INSERT_TAIL = " ON CONFLICT(platform, chat_id, platform_message_id) DO NOTHING"
 
 
 def accept_many(conn: sqlite3.Connection, calls: list[Accept]) -> list[tuple[int, str, bool]]:
@@ -102,7 +103,9 @@ def accept_many(conn: sqlite3.Connection, calls: list[Accept]) -> list[tuple[int
         "COALESCE((SELECT MAX(id) FROM inbox), 0)) + 1"
     ).fetchone()
     before = conn.total_changes
-    conn.executemany(_INSERT, [calls[i] for i in fresh])
+    rows = [(*calls[i], calls[i][4]) for i in fresh]  # received_at = updated_at = now
+    for n, params in chunks(rows, 6):
+        conn.execute(statement(_INSERT_ROWS, 6, n, _INSERT_TAIL, ",'received'"), params)
     if conn.total_changes - before == len(fresh):
         for n, i in enumerate(fresh):
             out[i] = (first_id + n, RECEIVED, True)
@@ -294,19 +297,18 @@ def end_turns_many(
     calls: list[tuple[int, str, list[Mapping[str, Any]], Mapping[str, int] | None, str]],
 ) -> list[list[int]]:
     ids = append_many(conn, [(sid, batch, None, tokens) for _i, sid, batch, tokens, _r in calls])
-    conn.execute(
-        "UPDATE inbox SET state = 'answered', updated_at = ?2, "
-        "reply_state = json_extract(j.value, '$[1]'), "
-        "reply_message_id = json_extract(j.value, '$[2]') "
-        "FROM json_each(?1) j WHERE inbox.id = json_extract(j.value, '$[0]')",
-        (
-            json.dumps(
-                [[c[0], c[4], got[-1] if got else None] for c, got in zip(calls, ids, strict=True)]
-            ),
-            time.time(),
-        ),
-    )
+    rows = [(c[0], c[4], got[-1] if got else None) for c, got in zip(calls, ids, strict=True)]
+    now = time.time()
+    for n, params in chunks(rows, 3):
+        conn.execute(statement(_ANSWERED_ROWS, 3, n, _ANSWERED), [*params, now])
     return ids
+
+
+_ANSWERED_ROWS = "WITH j(id, reply_state, reply_id) AS (VALUES "
+_ANSWERED = (
+    ") UPDATE inbox SET state = 'answered', reply_state = j.reply_state, "
+    "reply_message_id = j.reply_id, updated_at = ? FROM j WHERE inbox.id = j.id"
+)
 
 
 register_batched(end_turn, end_turns_many)
@@ -318,13 +320,17 @@ def finish(conn: sqlite3.Connection, inbox_id: int, state: str, reason: str | No
 
 
 def finish_many(conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]) -> list[None]:
-    conn.execute(
-        "UPDATE inbox SET state = json_extract(j.value, '$[1]'), "
-        "reason = json_extract(j.value, '$[2]'), updated_at = ?2 "
-        "FROM json_each(?1) j WHERE inbox.id = json_extract(j.value, '$[0]')",
-        (json.dumps([list(c) for c in calls]), time.time()),
-    )
-    return [None] * len(calls)  # the writer hands each batched call its own result
+    now = time.time()
+    for n, params in chunks(calls, 3):
+        conn.execute(statement(_FINISH_ROWS, 3, n, _FINISH), [*params, now])
+    return [None] * len(calls)
+
+
+_FINISH_ROWS = "WITH j(id, state, reason) AS (VALUES "
+_FINISH = (
+    ") UPDATE inbox SET state = j.state, reason = j.reason, updated_at = ? "
+    "FROM j WHERE inbox.id = j.id"
+)  # the writer hands each batched call its own result
 
 
 register_batched(finish, finish_many)

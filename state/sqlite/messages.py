@@ -27,6 +27,7 @@ from ..records import MessageRow
 from ..rows import make_preview, row_dict
 from ..textindex import aux_row
 from . import activity, usage
+from .batches import chunks, statement
 from .dispatch import Dispatch
 from .windows import windows_of
 from .writer import register_batched
@@ -46,14 +47,6 @@ _MOVE_LAST_ACTIVE = (
     "UPDATE sessions SET last_active = ?1 WHERE id = ?2 "
     f"AND COALESCE(last_active, 0) <= ?1 - {LAST_ACTIVE_RESOLUTION_S}"
 )
-
-
-def _json_row(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A row for _INSERT_JSON: structured content loses its leading NUL and gets the flag."""
-    content = values[2]
-    if isinstance(content, str) and content.startswith("\x00"):
-        return (*values[:2], content[1:], *values[3:], 1)
-    return (*values, 0)
 
 
 Dedupe = tuple[str, str]  # (source, chat_id): where a platform message id must be unique
@@ -143,33 +136,25 @@ def append_messages(
     return ids
 
 
-# Batch statements take the whole batch as one JSON parameter. CPython's sqlite3 releases
-# the GIL around every sqlite3_step, so executemany (a step per row) hands the GIL back and
-# forth with the event loop hundreds of times per batch; one statement is one step.
-def _insert_json(structured: bool) -> str:
-    # JSON text cannot carry the NUL that starts structured content (SQLite's json
-    # functions stop at it): in a batch holding any, element 13 says to put it back. Most
-    # batches hold none and take the statement without the CASE.
-    content = (
-        "CASE WHEN json_extract(value, '$[13]') THEN char(0) || json_extract(value, '$[2]') "
-        "ELSE json_extract(value, '$[2]') END"
-    )
-    return (
-        "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
-        "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
-        "codex_reasoning_items, platform_message_id, sb_written, active) "
-        "SELECT "
-        + ", ".join(
-            content if i == 2 and structured else f"json_extract(value, '$[{i}]')"
-            for i in range(13)
-        )
-        + ", 1, 1 FROM json_each(?) ORDER BY key"
-    )
+# A batch of appends is a few statements of one step each (state/sqlite/batches.py).
+_INSERT_ROWS = (
+    "INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
+    "timestamp, token_count, finish_reason, reasoning, reasoning_details, "
+    "codex_reasoning_items, platform_message_id, sb_written, active) VALUES "
+)
 
 
-_INSERT_JSON = {True: _insert_json(True), False: _insert_json(False)}
-_UPDATE_SESSIONS_JSON = (
-    "UPDATE sessions SET "
+def _insert_messages(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Insert the rows in order (their ids consecutive under the write lock)."""
+    for n, params in chunks(rows, 13):
+        conn.execute(statement(_INSERT_ROWS, 13, n, constants=",1,1"), params)
+
+
+# Both take the rows [session id, count, tool calls, newest timestamp, preview, input
+# tokens, output tokens].
+_SESSION_ROWS = "WITH j(sid, n, t, ts, pv, i, o) AS (VALUES "
+_UPDATE_SESSIONS = (
+    ") UPDATE sessions SET "
     "message_count = COALESCE(message_count, 0) + j.n, "
     "tool_call_count = COALESCE(tool_call_count, 0) + j.t, "
     "preview = COALESCE(preview, j.pv), "
@@ -179,16 +164,10 @@ _UPDATE_SESSIONS_JSON = (
     # columns default to 0; this one to NULL)
     "estimated_cost_usd = CASE WHEN j.i OR j.o THEN COALESCE(estimated_cost_usd, 0) "
     "ELSE estimated_cost_usd END "
-    "FROM (SELECT json_extract(value, '$[0]') AS sid, json_extract(value, '$[1]') AS n, "
-    "json_extract(value, '$[2]') AS t, json_extract(value, '$[3]') AS ts, "
-    "json_extract(value, '$[4]') AS pv, json_extract(value, '$[5]') AS i, "
-    "json_extract(value, '$[6]') AS o FROM json_each(?)) AS j "
-    "WHERE sessions.id = j.sid"
+    "FROM j WHERE sessions.id = j.sid"
 )
-_MOVE_LAST_ACTIVE_JSON = (
-    "UPDATE sessions SET last_active = j.ts "
-    "FROM (SELECT json_extract(value, '$[0]') AS sid, json_extract(value, '$[3]') AS ts "
-    "FROM json_each(?1)) AS j "
+_MOVE_LAST_ACTIVE_ROWS = (
+    ") UPDATE sessions SET last_active = j.ts FROM j "
     f"WHERE sessions.id = j.sid AND COALESCE(sessions.last_active, 0) <= j.ts - {LAST_ACTIVE_RESOLUTION_S} "
     "RETURNING sessions.id, sessions.last_active"
 )
@@ -221,19 +200,29 @@ def _sources(conn: sqlite3.Connection, wanted: set[str]) -> dict[str, str]:
     return known
 
 
-def _move_last_active(conn: sqlite3.Connection, updates: list[list[Any]], encoded: str) -> None:
+def _update_sessions(conn: sqlite3.Connection, updates: list[list[Any]]) -> None:
+    """Add each session's appended messages, tool calls and tokens to its counters, set its
+    preview when it has none, and move its last_active."""
+    for n, params in chunks(updates, 7):
+        conn.execute(statement(_SESSION_ROWS, 7, n, _UPDATE_SESSIONS), params)
+    _move_last_active(conn, updates)
+
+
+def _move_last_active(conn: sqlite3.Connection, updates: list[list[Any]]) -> None:
     """Move each session's last_active to its newest message when that is at least
     LAST_ACTIVE_RESOLUTION_S later (every index on last_active is rewritten when it moves).
     Skipped when the writer saw every one of them active within that time already."""
     windows = windows_of(conn)
-    if windows is None:
-        conn.execute(_MOVE_LAST_ACTIVE_JSON, (encoded,)).fetchall()
+    seen = windows.active_at if windows is not None else {}
+    if windows is not None and all(
+        seen.get(u[0], 0.0) > u[3] - LAST_ACTIVE_RESOLUTION_S for u in updates
+    ):
         return
-    seen = windows.active_at
-    if all(seen.get(u[0], 0.0) > u[3] - LAST_ACTIVE_RESOLUTION_S for u in updates):
-        return
-    for sid, moved_to in conn.execute(_MOVE_LAST_ACTIVE_JSON, (encoded,)):
-        seen[sid] = moved_to
+    for n, params in chunks(updates, 7):
+        for sid, moved_to in conn.execute(
+            statement(_SESSION_ROWS, 7, n, _MOVE_LAST_ACTIVE_ROWS), params
+        ):
+            seen[sid] = moved_to
 
 
 # Duplicate checks walk the chat's sessions, then (session_id, platform_message_id): platform
@@ -308,9 +297,7 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
             "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0), "
             "COALESCE((SELECT MAX(id) FROM messages), 0)) + 1"
         ).fetchone()[0]
-        encoded_rows = [_json_row(r) for r in rows]
-        structured = any(r[13] for r in encoded_rows)
-        conn.execute(_INSERT_JSON[structured], (json.dumps(encoded_rows, ensure_ascii=False),))
+        _insert_messages(conn, rows)
         ids = list(range(first, first + len(rows)))
         aux_rows = []
         for mid, values in zip(ids, rows, strict=True):
@@ -330,9 +317,7 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
         )
     updates = [[sid, *vals] for sid, vals in agg.items() if vals[0] or vals[4] or vals[5]]
     if updates:
-        encoded = json.dumps(updates, ensure_ascii=False)
-        conn.execute(_UPDATE_SESSIONS_JSON, (encoded,))
-        _move_last_active(conn, updates, encoded)
+        _update_sessions(conn, updates)
     usage.add_turn_usage(conn, [(sid, vals[4], vals[5]) for sid, vals in agg.items()])
     out: list[list[int]] = []
     pos = 0

@@ -9,7 +9,6 @@ it; it never writes.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sqlite3
 from typing import cast
@@ -17,6 +16,7 @@ from typing import cast
 from ..content import content_text
 from ..errors import WriterClosed
 from ..records import StoredReply, UnsentReply
+from .batches import chunks, statement
 from .dispatch import Dispatch
 from .windows import keeps_windows
 from .writer import register_batched
@@ -64,13 +64,15 @@ def mark_reply(conn: sqlite3.Connection, inbox_id: int, reply_state: str, ref: s
 def mark_replies_many(
     conn: sqlite3.Connection, calls: list[tuple[int, str, str | None]]
 ) -> list[None]:
-    conn.execute(
-        "UPDATE inbox SET reply_state = json_extract(j.value, '$[1]'), "
-        "reply_ref = json_extract(j.value, '$[2]') "
-        "FROM json_each(?) j WHERE inbox.id = json_extract(j.value, '$[0]')",
-        (json.dumps([list(c) for c in calls]),),
-    )
+    for n, params in chunks(calls, 3):
+        conn.execute(statement(_MARK_ROWS, 3, n, _MARK), params)
     return [None] * len(calls)
+
+
+_MARK_ROWS = "WITH j(id, reply_state, ref) AS (VALUES "
+_MARK = (
+    ") UPDATE inbox SET reply_state = j.reply_state, reply_ref = j.ref FROM j WHERE inbox.id = j.id"
+)
 
 
 register_batched(mark_reply, mark_replies_many)

@@ -13,7 +13,6 @@ Rules (the same a Hermes caller relies on):
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from typing import Any, Unpack
 
 from ..accounting import TOKEN_KINDS, TokenUsage, token_update, totals_set, usage_route  # noqa: F401
 from . import sessions
+from .batches import chunks, statement
 from .dispatch import Dispatch
 
 
@@ -170,16 +170,16 @@ def add_usage(
 # counts only (no model, route, cost or API calls), once per session. The session totals
 # are added by the appends' own sessions UPDATE (one rewrite of each session row, not
 # two); the usage rows here, in one upsert.
-_ADD_USAGE_JSON = (
-    "INSERT INTO session_model_usage(session_id, model, billing_provider, billing_base_url, "
+_USAGE_ROWS = "WITH j(sid, i, o) AS (VALUES "
+_ADD_USAGE = (
+    ") INSERT INTO session_model_usage(session_id, model, billing_provider, billing_base_url, "
     "billing_mode, task, api_call_count, input_tokens, output_tokens, cache_read_tokens, "
     "cache_write_tokens, reasoning_tokens, estimated_cost_usd, actual_cost_usd, "
     "cost_status, cost_source, first_seen, last_seen) "
     "SELECT s.id, COALESCE(NULLIF(s.model, ''), 'unknown'), COALESCE(s.billing_provider, ''), "
     "COALESCE(s.billing_base_url, ''), COALESCE(s.billing_mode, ''), '', 0, "
-    "json_extract(j.value, '$[1]'), json_extract(j.value, '$[2]'), 0, 0, 0, 0.0, 0.0, "
-    "NULL, NULL, ?2, ?2 "
-    "FROM json_each(?1) AS j JOIN sessions s ON s.id = json_extract(j.value, '$[0]') WHERE 1 "
+    "j.i, j.o, 0, 0, 0, 0.0, 0.0, NULL, NULL, ?, ? "
+    "FROM j JOIN sessions s ON s.id = j.sid WHERE 1 "
     "ON CONFLICT(session_id, model, billing_provider, billing_base_url, billing_mode, task) "
     "DO UPDATE SET input_tokens = input_tokens + excluded.input_tokens, "
     "output_tokens = output_tokens + excluded.output_tokens, last_seen = excluded.last_seen"
@@ -192,7 +192,9 @@ def add_turn_usage(conn: sqlite3.Connection, counts: list[tuple[str, int, int]])
     caller's (the appends' sessions UPDATE)."""
     accounted = [c for c in counts if c[1] or c[2]]
     if accounted:
-        conn.execute(_ADD_USAGE_JSON, (json.dumps(accounted), time.time()))
+        now = time.time()
+        for n, params in chunks(accounted, 3):
+            conn.execute(statement(_USAGE_ROWS, 3, n, _ADD_USAGE), [*params, now, now])
 
 
 def model_usage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
