@@ -92,6 +92,25 @@ class HistoryWindows:
         if old is not None:
             self._used -= old[3]
 
+    def extend(self, session_id: str, message_id: int, message: Message | None) -> None:
+        """A message the writer has just appended to the session: onto the end of its window,
+        if one is kept (the window then ends at `message_id`). None, a message the caller
+        cannot build as a read would: the window is forgotten instead."""
+        got = self._entries.get(session_id)
+        if got is None:
+            return
+        if message is None:
+            self.forget(session_id)
+            return
+        _upto, length, window, size, mark = got
+        added = _size(message)
+        window.append(message)
+        if len(window) > length >= 0:
+            added -= _size(window[0])
+            del window[0]
+        self._entries[session_id] = (message_id, length, window, size + added, mark)
+        self._used += added
+
     def advance(
         self,
         session_id: str,

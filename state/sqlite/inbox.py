@@ -216,14 +216,18 @@ def _histories(
             else 0
             for i in which
         ]
-        # a window kept past the message (a turn run again) cannot serve it either
-        afters = [a if a < message_ids[i] else 0 for i, a in zip(which, afters, strict=True)]
-        got = conversations_after(
-            conn,
-            [(calls[i][1], message_ids[i], a) for i, a in zip(which, afters, strict=True)],
-            last,
+        # a window kept past the message (a turn run again) cannot serve it either; one
+        # that ends at it (the appends extend the windows) is the whole history
+        afters = [a if a <= message_ids[i] else 0 for i, a in zip(which, afters, strict=True)]
+        reads = [(i, a) for i, a in zip(which, afters, strict=True) if a != message_ids[i]]
+        got = (
+            conversations_after(conn, [(calls[i][1], message_ids[i], a) for i, a in reads], last)
+            if reads
+            else []
         )
-        for i, after, history in zip(which, afters, got, strict=True):
+        new = dict(zip((i for i, _a in reads), got, strict=True))
+        for i, after in zip(which, afters, strict=True):
+            history = new.get(i, [])
             if windows is not None and sessions[calls[i][1]] == 1:
                 history = windows.advance(calls[i][1], length, after, message_ids[i], history)
             histories[i] = history

@@ -503,8 +503,6 @@ class Writer:
         plan: list[Callable[..., Any] | int] = []  # a batched function's group, or one op
         windows = windows_of(conn)
         for i, op in enumerate(batch):
-            if windows is not None and not keeps(op.fn):
-                windows.clear()
             if op.fn in _BATCHED:
                 group = groups.get(op.fn)
                 if group is None:
@@ -514,6 +512,10 @@ class Writer:
             else:
                 plan.append(i)
         for step in plan:
+            # an operation that may change messages clears the windows right before it
+            # runs: the ones kept before it, or advanced by a group that ran before it
+            if windows is not None and not keeps(step if callable(step) else batch[step].fn):
+                windows.clear()
             if isinstance(step, int):
                 op = batch[step]
                 results[step] = (True, op.fn(conn, *op.args))

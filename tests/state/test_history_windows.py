@@ -9,6 +9,7 @@ editing the list it was given.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sqlite3
 from pathlib import Path
@@ -101,6 +102,78 @@ async def test_the_kept_window_serves_the_next_turn(db: SessionDB) -> None:
     for n in range(5):
         await _turn(db, sid, n, last=4)
     assert windows.hits >= 4 and len(windows) == 1
+
+
+# Replies of every shape a turn stores: each goes onto the kept window as the read would
+# give it back, or makes the window be read again.
+_SHAPES: list[list[dict[str, Any]]] = [
+    [{"role": "assistant", "content": "plain"}],
+    [{"role": "assistant", "content": None}],
+    [{"role": "assistant", "content": ""}],
+    [{"role": "assistant", "content": "thinks", "reasoning": "because <b>so</b>"}],
+    [{"role": "assistant", "content": "a\x00b with a NUL"}],
+    [{"role": "assistant", "content": [{"type": "text", "text": "parts"}]}],
+    [{"role": "assistant", "content": {"type": "text", "text": "one part"}}],
+    [{"role": "assistant", "content": "\u202eevil\u202c [b]x[/b] </x> \U0001f600 \u4e2d\u6587"}],
+    [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "f"}}],
+        },
+        {"role": "tool", "content": "result", "tool_call_id": "t1", "tool_name": "f"},
+        {"role": "tool", "content": "anonymous"},
+        {"role": "assistant", "content": "after tools", "tool_name": "not shown"},
+    ],
+    [{"role": "tool", "content": "numbered id", "tool_call_id": 7, "tool_name": "g"}],
+    [{"role": "assistant", "content": "numbered reasoning", "reasoning": 12}],
+]
+
+
+async def test_replies_of_every_shape_read_back_as_a_full_read_gives(db: SessionDB) -> None:
+    sid = await db.create_session(source="telegram", chat_id="c1")
+    for n, reply in enumerate(_SHAPES * 2):
+        history = await _turn(db, sid, n, last=6, reply=reply)
+        whole = await db.get_messages_as_conversation(sid)
+        upto = next(i for i, m in enumerate(whole) if m.get("content") == f"question {n}")
+        assert history == whole[max(0, upto + 1 - 6) : upto + 1], n
+
+
+async def test_a_window_the_appends_kept_current_is_served_without_a_read(
+    db: SessionDB,
+) -> None:
+    sid = await db.create_session(source="telegram", chat_id="c1")
+    await _turn(db, sid, 0, last=10)
+    conn = db._writer._conn
+    assert conn is not None
+    reads: list[str] = []
+    conn.set_trace_callback(lambda sql: reads.append(sql) if "json_group_" in sql else None)
+    try:
+        history = await _turn(db, sid, 1, last=10)
+    finally:
+        conn.set_trace_callback(None)
+    assert _plain(history) == [
+        ("user", "question 0"),
+        ("assistant", "answer 0"),
+        ("user", "question 1"),
+    ]
+    assert reads == []
+
+
+async def test_a_change_in_the_same_batch_after_a_turn_is_seen_by_the_next(
+    db: SessionDB,
+) -> None:
+    """A turn and a clear of its session in one group commit: the turn's batch runs first
+    and keeps a window; the clear, after it, must leave the next turn a history without
+    the cleared messages."""
+    sid = await db.create_session(source="telegram", chat_id="c1")
+    await _turn(db, sid, 0, last=10)
+    rid, _, _ = await db.accept_inbound("telegram", sid, "m1", {"n": 1})
+    msg = {"role": "user", "content": "question 1", "platform_message_id": "m1"}
+    await asyncio.gather(db.begin_turn(rid, sid, msg, last=10), db.clear_messages(sid))
+    await db.end_turn(rid, sid, [{"role": "assistant", "content": "answer 1"}])
+    whole = await db.get_messages_as_conversation(sid)
+    assert _plain(await _turn(db, sid, 2, last=10)) == _plain(whole) + [("user", "question 2")]
 
 
 async def test_another_program_editing_or_deleting_a_message_is_seen(
