@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,6 +25,12 @@ from typing import Any
 MAX_PARAMS = 32_000
 
 _SCALARS = frozenset((str, int, float))
+
+# CPython's sqlite3 binds str, int, float and bytearray directly and sends every other value,
+# None included, through its adapter lookup, whose failing attribute lookups format an
+# exception per value: a batch's NULLs cost more than its text. An adapter registered for
+# None (a C function returning None) answers that lookup at once; the value binds as NULL.
+sqlite3.register_adapter(type(None), {}.get)
 
 
 @functools.lru_cache(maxsize=256)
