@@ -469,7 +469,7 @@ def conversation(
     conn: sqlite3.Connection, session_id: str, last: int | None = None
 ) -> list[dict[str, Any]]:
     """The newest `last` messages (all when None) in OpenAI chat format, for replay: one
-    sqlite3 step and one json.loads (see append_many for why steps matter)."""
+    sqlite3 step and one json.loads (state/sqlite/batches.py says why steps matter)."""
     (raw,) = conn.execute(_CONVERSATION_JSON, (session_id, -1 if last is None else last)).fetchone()
     out: list[dict[str, Any]] = json.loads(raw or "[]")
     return out
