@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 # SQLITE_MAX_VARIABLE_NUMBER since SQLite 3.32; a statement's own extra parameters fit
 # in the margin.
@@ -30,7 +30,8 @@ _SCALARS = frozenset((str, int, float))
 # None included, through its adapter lookup, whose failing attribute lookups format an
 # exception per value: a batch's NULLs cost more than its text. An adapter registered for
 # None (a C function returning None) answers that lookup at once; the value binds as NULL.
-sqlite3.register_adapter(type(None), {}.get)
+_AS_NULL = cast(Callable[[None], None], {}.get)  # {}.get(None) is None
+sqlite3.register_adapter(type(None), _AS_NULL)
 
 
 @functools.lru_cache(maxsize=256)
