@@ -29,7 +29,7 @@ from ..textindex import aux_row
 from . import activity, usage
 from .batches import chunks, statement
 from .dispatch import Dispatch
-from .windows import windows_of
+from .windows import as_read, windows_of
 from .writer import register_batched
 
 _INSERT = (
@@ -200,33 +200,6 @@ def _sources(conn: sqlite3.Connection, wanted: set[str]) -> dict[str, str]:
     return known
 
 
-def _as_read(values: tuple[Any, ...]) -> dict[str, Any] | None:
-    """A row of row_values as the history read (_HISTORY_ARRAY) gives it back, for a row
-    stored exactly as given: text content (or none), no tool calls, text fields. None for
-    any other row (the window that would take it is read again instead)."""
-    role, content, tool_call_id, tool_calls, tool_name = values[1:6]
-    reasoning = values[9]
-    if tool_calls is not None or (
-        content is not None and (type(content) is not str or content.startswith("\x00"))
-    ):
-        return None
-    msg: dict[str, Any] = {"role": role, "content": content}
-    if role == "tool":
-        if tool_call_id is not None:
-            if type(tool_call_id) is not str:
-                return None
-            msg["tool_call_id"] = tool_call_id
-        if tool_name is not None:
-            if type(tool_name) is not str:
-                return None
-            msg["name"] = tool_name
-    if reasoning is not None:
-        if type(reasoning) is not str:
-            return None
-        msg["reasoning"] = reasoning
-    return msg
-
-
 def _update_sessions(conn: sqlite3.Connection, updates: list[list[Any]]) -> None:
     """Add each session's appended messages, tool calls and tokens to its counters, set its
     preview when it has none, and move its last_active."""
@@ -329,7 +302,7 @@ def append_many(conn: sqlite3.Connection, calls: list[tuple[Any, ...]]) -> list[
         windows = windows_of(conn)
         if windows:  # the sessions' kept windows take the rows (state/sqlite/windows.py)
             for mid, values in zip(ids, rows, strict=True):
-                windows.extend(values[0], mid, _as_read(values))
+                windows.extend(values[0], mid, as_read(values))
         aux_rows = []
         for mid, values in zip(ids, rows, strict=True):
             aux = aux_row(content_text(values[2]), values[5], values[4])

@@ -54,3 +54,31 @@ class WriterConnection(sqlite3.Connection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.windows = HistoryWindows()
+
+
+def as_read(values: tuple[Any, ...]) -> dict[str, Any] | None:
+    """A row of `row_values` (state/message_rows.py) as the history read in
+    state/sqlite/messages.py gives it back, for a row stored exactly as given: text content
+    (or none), no tool calls, text fields. The writer's appends extend the kept windows with
+    it. None for any other row: the window that would take it is dropped and read again."""
+    role, content, tool_call_id, tool_calls, tool_name = values[1:6]
+    reasoning = values[9]
+    if tool_calls is not None or (
+        content is not None and (type(content) is not str or content.startswith("\x00"))
+    ):
+        return None
+    msg: dict[str, Any] = {"role": role, "content": content}
+    if role == "tool":
+        if tool_call_id is not None:
+            if type(tool_call_id) is not str:
+                return None
+            msg["tool_call_id"] = tool_call_id
+        if tool_name is not None:
+            if type(tool_name) is not str:
+                return None
+            msg["name"] = tool_name
+    if reasoning is not None:
+        if type(reasoning) is not str:
+            return None
+        msg["reasoning"] = reasoning
+    return msg
