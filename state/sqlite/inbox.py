@@ -327,14 +327,14 @@ def finish_many(conn: sqlite3.Connection, calls: list[tuple[int, str, str | None
     now = time.time()
     for n, params in chunks(calls, 3):
         conn.execute(statement(_FINISH_ROWS, 3, n, _FINISH), [*params, now])
-    return [None] * len(calls)
+    return [None] * len(calls)  # the writer hands each batched call its own result
 
 
 _FINISH_ROWS = "WITH j(id, state, reason) AS (VALUES "
 _FINISH = (
     ") UPDATE inbox SET state = j.state, reason = j.reason, updated_at = ? "
     "FROM j WHERE inbox.id = j.id"
-)  # the writer hands each batched call its own result
+)
 
 
 register_batched(finish, finish_many)
