@@ -183,9 +183,25 @@ def _plan(
         and (len(phrases) > 1 or (len(phrases) == 1 and len(phrases[0].tokens) == 1))
         # a term given twice is one phrase to bm25()'s IDF but two to the Python scoring
         and len({(p.tokens, p.prefix) for p in phrases}) == len(phrases)
+        and not _and_under_or(tree)
     )
     words = snippets.folded_words(q.positive_terms(tree))
     return branches, words, native, any(t.prefix for t in terms), sidewords.required(tree)
+
+
+def _and_under_or(node: q.Node, under_or: bool = False) -> bool:
+    """Whether an AND lies under an OR (`a b OR c`). bm25() counts a phrase's instances in
+    a row only when FTS5's walk has its node on that row, and an AND under an OR is left
+    wherever its own walk stopped when the row matched through the OR's other side: a row
+    holding `a` but not `b` may then count `a` or not. Anywhere else a phrase in the row is
+    on it, so bm25() counts what ranking.py counts in the text."""
+    if isinstance(node, q.Term):
+        return False
+    if isinstance(node, q.Not):
+        return _and_under_or(node.item, under_or)
+    if isinstance(node, q.And) and under_or:
+        return True
+    return any(_and_under_or(i, under_or or isinstance(node, q.Or)) for i in node.items)
 
 
 def search(
