@@ -3,6 +3,7 @@ asserts nothing.
 
   python bench/hermes_search_bench.py [--messages 15000] [--queries 40] [--rounds 3]
                                       [--dsn DSN | --no-postgres]
+  python bench/hermes_search_bench.py --callgrind   # instructions per query instead
 
 Both stores get the same messages (English-like chat text on a dense vocabulary, 5% CJK, in
 sessions of 50) through their own append call, each in a fresh file in its own subprocess
@@ -22,6 +23,16 @@ table this size the PostgreSQL store keeps a term's document count for 30 s and 
 rows written since (state/pg/slices.py), so a measured query finds the counts its warm-up
 left, as a search does soon after another with the same words. The rounds alternate the programs, since this machine's speed
 drifts from one minute to the next.
+
+`--callgrind` counts instructions instead of time: Hermes's store and the native store each
+run their queries under `valgrind --tool=callgrind`, the counters zeroed before each
+measured query and dumped after it (callgrind_control), and a kind's figure is the median
+over its queries. The machine's load does not move it, so it compares two builds exactly;
+what it leaves out is the kernel's share (page reads, locks) and how fast the processor
+runs each side's instructions. The native store's budget for a search on the event loop's
+thread (state/sqlite/readers.py) is raised for it 60-fold, as valgrind runs a program
+about 50 times slower: with the budget as it is every search would outlast it under
+valgrind and run again on a reader thread.
 
 Query kinds: two common words (a dense vocabulary: thousands of rows match each word), two
 rarer words, a two-word phrase, a three-character CJK run (Hermes's trigram index path), a
@@ -190,6 +201,38 @@ asyncio.run(main())
 """
 
 
+CALLGRIND_QUERY = """
+import asyncio, json, sys
+from pathlib import Path
+
+async def main():
+    path, corpus, kind = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), sys.argv[3]
+    if sys.argv[4] == "native":
+        import state.sqlite.readers as readers
+        from state import SessionDB
+        readers.INLINE_BUDGET_S *= 60
+        readers.INLINE_WALL_S *= 60
+        db = await SessionDB.open(path)
+        search = db.search_messages
+    else:
+        from hermes_state import SessionDB
+        hermes = SessionDB(path)
+        async def search(q, limit):
+            return hermes.search_messages(q, limit=limit)
+    queries = corpus["queries"][kind]
+    for q in queries:
+        await search(q, limit=20)
+    print("ready", flush=True)
+    for q in queries:  # the parent zeroes the counters before each and dumps them after
+        sys.stdin.readline()
+        await search(q, limit=20)
+        print("done", flush=True)
+    sys.stdin.readline()
+
+asyncio.run(main())
+"""
+
+
 def corpus(n: int, per_kind: int, seed: int = 11) -> dict[str, object]:
     gen = TextGen()
     rng = random.Random(seed)
@@ -247,7 +290,16 @@ def main() -> None:
         help="the PostgreSQL server for the PostgreSQL store's column (a fresh database on it)",
     )
     ap.add_argument("--no-postgres", action="store_true", help="leave the PostgreSQL column out")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="instructions per query under callgrind (Hermes and the native store) instead",
+    )
     args = ap.parse_args()
+    if args.callgrind:
+        with tempfile.TemporaryDirectory() as d:
+            callgrind(args, str(installed()), Path(d))
+        return
     hermes = str(installed())
     programs = {
         "Hermes 0.19.0": ("hermes_state", hermes, QUERY_COMPAT.format(module="hermes_state")),
@@ -302,6 +354,79 @@ def run_rounds(
     for _ in range(args.rounds):
         for name, (module, path, script) in programs.items():
             results[name].append(_run(script, path, where[module], str(data), tmp))
+
+
+def callgrind(args: argparse.Namespace, hermes: str, tmp: Path) -> None:
+    data = tmp / "corpus.json"
+    data.write_text(json.dumps(corpus(args.messages, args.queries)))
+    sides = {
+        "Hermes 0.19.0": ("hermes_state", hermes),
+        "native": ("state.hermes.compat", str(ROOT)),
+    }
+    files = {}
+    for name, (module, path) in sides.items():
+        files[name] = tmp / f"{module}.db"
+        subprocess.run(
+            [sys.executable, "-c", BUILD.format(module=module), str(files[name]), str(data)],
+            env={**os.environ, "PYTHONPATH": path, "HERMES_HOME": str(tmp)},
+            check=True,
+        )
+    print(
+        f"{args.messages} messages, {args.queries} queries per kind: instructions per query "
+        "under callgrind (median over the kind's queries; in brackets the quartiles)"
+    )
+    print(f"{'query kind':<18}{'Hermes 0.19.0':>30}{'switchboard (native)':>30}{'ratio':>8}")
+    for kind in KINDS:
+        medians, cells = [], []
+        for name, (_module, path) in sides.items():
+            counts = _counted(tmp, files[name], data, kind, name == "native", path)
+            q1, med, q3 = statistics.quantiles(counts, n=4)
+            medians.append(med)
+            cells.append(f"{med / 1e6:.3f} M ({q1 / 1e6:.2f}-{q3 / 1e6:.2f})")
+        print(
+            f"{kind:<18}" + "".join(f"{c:>30}" for c in cells) + f"{medians[1] / medians[0]:>8.2f}"
+        )
+    print("ratio: the native store's instructions per query over Hermes's")
+
+
+def _counted(tmp: Path, db: Path, data: Path, kind: str, native: bool, path: str) -> list[int]:
+    """Each query's instructions, one callgrind run of the store's program over the kind."""
+    out = tmp / f"cg-{kind.replace(' ', '-')}-{'native' if native else 'hermes'}"
+    env = {**os.environ, "PYTHONPATH": path, "HERMES_HOME": str(tmp)}
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", sys.executable]
+    cmd += ["-c", CALLGRIND_QUERY, str(db), str(data), kind, "native" if native else "hermes"]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline().startswith("ready"), "the query program did not start"
+    for _ in json.loads(data.read_text())["queries"][kind]:
+        _control("-z", proc.pid)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().startswith("done"), "a query did not finish"
+        _control("-d", proc.pid)
+    proc.stdin.write("\n")
+    proc.stdin.close()
+    proc.wait()
+    dumps = sorted(tmp.glob(f"{out.name}.{proc.pid}.*"), key=lambda f: int(f.suffix[1:]))
+    counts = []
+    for dump in dumps:
+        for line in dump.read_text().splitlines():
+            if line.startswith(("totals:", "summary:")):
+                counts.append(int(line.split()[1]))
+                break
+    return counts
+
+
+def _control(flag: str, pid: int) -> None:
+    """callgrind_control `flag` (-z: zero the counters, -d: dump them) on a program."""
+    subprocess.run(["callgrind_control", flag, str(pid)], check=True, stdout=subprocess.DEVNULL)
 
 
 def report(

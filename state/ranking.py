@@ -85,21 +85,36 @@ class Phrase:
         object.__setattr__(self, "_joined", re.compile(rf"{between}{tail}(?![^\W_])"))
 
     def count_in(self, folded: str) -> int:
-        """Occurrences in a text already passed through `fold`."""
+        """Occurrences in a text already passed through `fold`, as FTS5 counts a phrase's
+        instances: one per token where the phrase starts, overlapping ones too ("a a"
+        twice in "a a a")."""
         n = 0
-        for m in self._pattern.finditer(folded):
+        search, at = self._pattern.search, 0
+        while (m := search(folded, at)) is not None:
             start = m.start()
             if start == 0 or not folded[start - 1].isalnum():
                 n += 1
+                at = self._next(m)
+            else:  # inside a token: a real start may lie within this match
+                at = start + 1
         return n
 
     def count_each(self, joined: str, starts: Sequence[int], counts: list[int]) -> None:
-        """Adds to counts[i] the occurrences in row i of `joined`: folded rows joined by
-        NUL, row i starting at starts[i]."""
-        for m in self._joined.finditer(joined):
+        """Adds to counts[i] the occurrences in row i of `joined` (as `count_in` counts
+        them): folded rows joined by NUL, row i starting at starts[i]."""
+        search, at = self._joined.search, 0
+        while (m := search(joined, at)) is not None:
             start = m.start()
             if start == 0 or not joined[start - 1].isalnum():
                 counts[bisect_right(starts, start) - 1] += 1
+                at = self._next(m)
+            else:
+                at = start + 1
+
+    def _next(self, m: re.Match[str]) -> int:
+        """Where the next occurrence may start after the one `m` found: its end for one
+        token, else the end of its first token (the next one may start at its second)."""
+        return m.end() if len(self.tokens) == 1 else m.start() + len(self.tokens[0])
 
 
 def index_totals(conn: sqlite3.Connection, table: str) -> tuple[int, float]:

@@ -9,7 +9,7 @@ import sqlite3
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from state import SessionDB, Store, ranking
@@ -40,6 +40,9 @@ def test_tokens_are_the_ones_the_index_makes(fts: sqlite3.Connection, text: str)
 
 @settings(max_examples=200, deadline=None)
 @given(text=TEXT, start=st.integers(0, 5), length=st.integers(1, 3), prefix=st.booleans())
+# a match inside a token ("0:0" from the second character of "00") hid the real one after it
+@example(text="00:0:0", start=1, length=2, prefix=False)
+@example(text="a a a", start=0, length=2, prefix=False)
 def test_phrase_counts_agree_with_fts5(
     fts: sqlite3.Connection, text: str, start: int, length: int, prefix: bool
 ) -> None:
@@ -68,8 +71,8 @@ def test_phrase_counts_agree_with_fts5(
             else tokens[i + len(want) - 1] == want[-1]
         )
     )
-    # non-overlapping occurrences: a phrase whose ends overlap ("a a" in "a a a") counts once
-    assert count <= by_tokens and (count == 0) == (by_tokens == 0)
+    # every start counts, overlapping ones too ("a a" twice in "a a a"), as in FTS5's bm25()
+    assert count == by_tokens
 
 
 def test_document_length_and_totals_come_from_the_index(fts: sqlite3.Connection) -> None:
