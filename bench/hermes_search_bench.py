@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.corpus import COMMON, TextGen  # noqa: E402
+from bench.instructions import total_ir  # noqa: E402
 from state.textindex import is_cjk  # noqa: E402
 from tests.cluster.harness import drop_database, fresh_database  # noqa: E402
 from tests.hermes_pkg import installed  # noqa: E402
@@ -415,13 +416,7 @@ def _counted(tmp: Path, db: Path, data: Path, kind: str, native: bool, path: str
     proc.stdin.close()
     proc.wait()
     dumps = sorted(tmp.glob(f"{out.name}.{proc.pid}.*"), key=lambda f: int(f.suffix[1:]))
-    counts = []
-    for dump in dumps:
-        for line in dump.read_text().splitlines():
-            if line.startswith(("totals:", "summary:")):
-                counts.append(int(line.split()[1]))
-                break
-    return counts
+    return [total_ir(dump) for dump in dumps]
 
 
 def _control(flag: str, pid: int) -> None:

@@ -29,7 +29,7 @@ import re
 import sqlite3
 import unicodedata
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -88,33 +88,26 @@ class Phrase:
         """Occurrences in a text already passed through `fold`, as FTS5 counts a phrase's
         instances: one per token where the phrase starts, overlapping ones too ("a a"
         twice in "a a a")."""
-        n = 0
-        search, at = self._pattern.search, 0
-        while (m := search(folded, at)) is not None:
-            start = m.start()
-            if start == 0 or not folded[start - 1].isalnum():
-                n += 1
-                at = self._next(m)
-            else:  # inside a token: a real start may lie within this match
-                at = start + 1
-        return n
+        return sum(1 for _ in self._starts(self._pattern, folded))
 
     def count_each(self, joined: str, starts: Sequence[int], counts: list[int]) -> None:
         """Adds to counts[i] the occurrences in row i of `joined` (as `count_in` counts
         them): folded rows joined by NUL, row i starting at starts[i]."""
-        search, at = self._joined.search, 0
-        while (m := search(joined, at)) is not None:
+        for start in self._starts(self._joined, joined):
+            counts[bisect_right(starts, start) - 1] += 1
+
+    def _starts(self, pattern: re.Pattern[str], text: str) -> Iterator[int]:
+        """Where each occurrence starts: a match that starts inside a token is not one, but
+        a real start may lie within it; after a real one the next may start at the end of
+        its first token (its end, for one token)."""
+        first, search, at = len(self.tokens[0]), pattern.search, 0
+        while (m := search(text, at)) is not None:
             start = m.start()
-            if start == 0 or not joined[start - 1].isalnum():
-                counts[bisect_right(starts, start) - 1] += 1
-                at = self._next(m)
+            if start == 0 or not text[start - 1].isalnum():
+                yield start
+                at = m.end() if len(self.tokens) == 1 else start + first
             else:
                 at = start + 1
-
-    def _next(self, m: re.Match[str]) -> int:
-        """Where the next occurrence may start after the one `m` found: its end for one
-        token, else the end of its first token (the next one may start at its second)."""
-        return m.end() if len(self.tokens) == 1 else m.start() + len(self.tokens[0])
 
 
 def index_totals(conn: sqlite3.Connection, table: str) -> tuple[int, float]:
