@@ -29,10 +29,36 @@ def switchboard(home: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "gateway", "--home", str(home), *args]
 
 
+# Ports for the daemons a test starts come from below Linux's ephemeral range (32768 and up),
+# where neither bind(port 0) nor an outgoing connection ever takes one, each pytest-xdist
+# worker from its own block: a port handed out here is not taken by another worker's daemon,
+# fake server or client socket before the daemon it was meant for binds it.
+_PORTS_FROM = 20000
+_PORTS_PER_WORKER = 1500
+_next_port: list[int] = []
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gw0, gw1, ...; master: gw0
+    digits = worker.removeprefix("gw")
+    return int(digits) if digits.isdigit() else 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, from this test process's own block (cycling)."""
+    first = _PORTS_FROM + _worker_index() * _PORTS_PER_WORKER
+    if not _next_port:
+        _next_port.append(first + os.getpid() % _PORTS_PER_WORKER)
+    for _ in range(_PORTS_PER_WORKER):
+        port = _next_port[0]
+        _next_port[0] = first + (port + 1 - first) % _PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {first}-{first + _PORTS_PER_WORKER - 1}")
 
 
 def _exit_detail(proc: subprocess.Popen[str] | asyncio.subprocess.Process) -> str | None:
@@ -55,6 +81,11 @@ async def wait_healthy(
             try:
                 async with http.get(f"{url}/health") as resp:
                     if resp.status == 200:
+                        answering = (await resp.json()).get("pid")
+                        assert answering == proc.pid, (
+                            f"another process (pid {answering}) answers on {url}, "
+                            f"not the daemon started (pid {proc.pid})"
+                        )
                         return
             except aiohttp.ClientError:
                 pass
