@@ -12,7 +12,9 @@ stops a statement past it (a progress handler), a lock held elsewhere stops it a
 busy timeout), and a read about to do much work in Python says so (`heavy`); each of these
 runs it again on a reader thread, so the loop waits about the budget at most (SQLite looks
 at the clocks between the steps of its virtual machine, not inside FTS5's calls). The same
-read (function and arguments) asked again goes to a reader thread at once.
+read (function and arguments) asked again goes to a reader thread at once. After a read
+stopped at the budget the loop's connection is closed, and the next read opens another
+(`_Inline.attempt` says why).
 """
 
 from __future__ import annotations
@@ -97,20 +99,28 @@ class _Inline:
         conn.over = False
         conn.deadline = time.thread_time() + INLINE_BUDGET_S
         conn.wall_deadline = time.perf_counter() + INLINE_WALL_S
+        value = None
         try:
             conn.execute("BEGIN")
             value = fn(conn, *args)
         except _Moved:
             return "long", None
         except sqlite3.OperationalError as exc:
-            if conn.over or is_busy(exc):
-                return "long" if conn.over else "busy", None
-            raise
+            if not (conn.over or is_busy(exc)):
+                raise
+            if not conn.over:
+                return "busy", None
         finally:
             conn.deadline = conn.wall_deadline = float("inf")
             if conn.in_transaction:
                 conn.execute("COMMIT")
-        if conn.over:  # fn caught the interruption: its answer is not whole
+        if conn.over:  # stopped at the budget (or fn caught the stop: its answer is not whole)
+            # A statement SQLite stopped midway leaves the connection slower for the reads
+            # after it: searches after common-word ones stopped here took twice their CPU
+            # time or more on it, for the same instructions (callgrind), until the
+            # connection was opened again (bench/hermes_search_bench.py). So it is.
+            self.conn = None
+            conn.close()
             return "long", None
         return "done", value
 

@@ -186,6 +186,35 @@ async def test_a_short_read_runs_on_the_loop_thread_and_a_long_one_on_a_reader(
     assert await pool.run_short(where) == loop_thread  # the loop's connection still serves
 
 
+async def test_a_read_stopped_at_the_budget_leaves_the_loop_a_fresh_connection(
+    db: SessionDB,
+) -> None:
+    """A connection with a statement SQLite stopped midway runs later reads slower, so the
+    loop's connection is replaced after such a stop; a read that finishes, or one that says
+    it is heavy (no statement stopped), keeps it."""
+    loop_thread = threading.get_ident()
+
+    def which(conn: sqlite3.Connection) -> tuple[sqlite3.Connection, int]:
+        return conn, threading.get_ident()
+
+    def heavy(conn: sqlite3.Connection) -> int:
+        readers.heavy(conn)
+        return threading.get_ident()
+
+    def long_read(conn: sqlite3.Connection) -> int:
+        return int(conn.execute(LONG_READ).fetchone()[0])
+
+    first, thread = await db._readers.run_short(which)
+    assert thread == loop_thread
+    assert (await db._readers.run_short(which))[0] is first  # kept between reads
+    assert await db._readers.run_short(heavy) != loop_thread
+    assert (await db._readers.run_short(which))[0] is first  # moved, not stopped: kept
+    assert await db._readers.run_short(long_read) == 2000000  # stopped, then on a reader
+    again, thread = await db._readers.run_short(which)
+    assert thread == loop_thread and again is not first
+    assert again.execute("SELECT count(*) FROM sessions").fetchone() == (0,)  # it serves
+
+
 async def test_a_read_too_long_for_the_loop_once_goes_to_a_reader_at_once(db: SessionDB) -> None:
     threads: list[int] = []
 
