@@ -4,11 +4,14 @@ a free loopback port, and waiting until /health answers."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -35,30 +38,29 @@ def switchboard(home: Path, *args: str) -> list[str]:
 # fake server or client socket before the daemon it was meant for binds it.
 _PORTS_FROM = 20000
 _PORTS_PER_WORKER = 1500
-_next_port: list[int] = []
 
 
-def _worker_index() -> int:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gw0, gw1, ...; master: gw0
-    digits = worker.removeprefix("gw")
-    return int(digits) if digits.isdigit() else 0
+@functools.cache
+def _ports() -> Iterator[int]:
+    """This test process's block of ports, round and round (starting at a place its pid
+    picks, so a run after a killed one does not meet the ports that one left busy)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")  # master: gw0
+    first = _PORTS_FROM + (int(worker) if worker.isdigit() else 0) * _PORTS_PER_WORKER
+    block = range(first, first + _PORTS_PER_WORKER)
+    at = os.getpid() % _PORTS_PER_WORKER
+    return itertools.cycle([*block[at:], *block[:at]])
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, from this test process's own block (cycling)."""
-    first = _PORTS_FROM + _worker_index() * _PORTS_PER_WORKER
-    if not _next_port:
-        _next_port.append(first + os.getpid() % _PORTS_PER_WORKER)
-    for _ in range(_PORTS_PER_WORKER):
-        port = _next_port[0]
-        _next_port[0] = first + (port + 1 - first) % _PORTS_PER_WORKER
+    """A loopback port nothing listens on, from this test process's own block."""
+    for port in itertools.islice(_ports(), _PORTS_PER_WORKER):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise AssertionError(f"no free port in {first}-{first + _PORTS_PER_WORKER - 1}")
+    raise AssertionError("no free port in this test process's block")
 
 
 def _exit_detail(proc: subprocess.Popen[str] | asyncio.subprocess.Process) -> str | None:

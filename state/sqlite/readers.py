@@ -106,10 +106,10 @@ class _Inline:
         except _Moved:
             return "long", None
         except sqlite3.OperationalError as exc:
-            if not (conn.over or is_busy(exc)):
+            if not conn.over:  # stopped at the budget: "long", below
+                if is_busy(exc):
+                    return "busy", None
                 raise
-            if not conn.over:
-                return "busy", None
         finally:
             conn.deadline = conn.wall_deadline = float("inf")
             if conn.in_transaction:
@@ -118,7 +118,8 @@ class _Inline:
             # A statement SQLite stopped midway leaves the connection slower for the reads
             # after it: searches after common-word ones stopped here took twice their CPU
             # time or more on it, for the same instructions (callgrind), until the
-            # connection was opened again (bench/hermes_search_bench.py). So it is.
+            # connection was opened again (bench/hermes_search_bench.py). So the next read
+            # opens another.
             self.conn = None
             conn.close()
             return "long", None
