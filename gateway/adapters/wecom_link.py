@@ -1,7 +1,8 @@
 """One WeCom AI bot long connection, over aiohttp's websocket client: opened and
 subscribed with the bot id and secret, kept alive with `ping` frames, read in order
 (callbacks handed over one at a time, answers matched to the call that waits for them
-by req_id), closed when WeCom says a newer connection of the bot took over.
+by req_id; calls under one req_id, such as two replies to one callback, take turns, each
+sent once the one before it is answered, since an answer names only the req_id), closed when WeCom says a newer connection of the bot took over.
 
 Failures come out typed: a refused bot id or secret is InvalidToken, a connection that
 cannot be opened, drops, or leaves a call unanswered is TransientError, an answer with an
@@ -59,6 +60,7 @@ class Link:
         self._http: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._turns: dict[str, _Turn] = {}  # req_id -> the calls under it, one at a time
         self._missed = 0
         self.replaced = False  # WeCom closed it for a newer connection of the same bot
 
@@ -168,8 +170,25 @@ class Link:
     async def call(
         self, cmd: str, body: Mapping[str, Any], *, req_id: str | None = None, what: str = ""
     ) -> dict[str, Any]:
-        """Send one frame and wait for WeCom's answer to it; an errcode comes out typed."""
+        """Send one frame and wait for WeCom's answer to it; an errcode comes out typed.
+        A call under a req_id another call is waiting on goes out after that one's answer
+        (WeCom's answer carries only the req_id, so two in flight could not be told apart)."""
         req_id = req_id or new_req_id(cmd)
+        turn = self._turns.setdefault(req_id, _Turn())
+        turn.callers += 1
+        try:
+            async with turn.lock:
+                answer = await self._call(cmd, body, req_id)
+        finally:
+            turn.callers -= 1
+            if not turn.callers and self._turns.get(req_id) is turn:
+                del self._turns[req_id]
+        error = answer_error(answer, what or cmd)
+        if error is not None:
+            raise error
+        return answer
+
+    async def _call(self, cmd: str, body: Mapping[str, Any], req_id: str) -> dict[str, Any]:
         waiting: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[req_id] = waiting
         try:
@@ -178,16 +197,12 @@ class Link:
             except (aiohttp.ClientError, ConnectionError) as exc:
                 raise TransientError(f"the wecom connection dropped ({exc!r})") from exc
             try:
-                answer = await asyncio.wait_for(asyncio.shield(waiting), self._answer_timeout_s)
+                return await asyncio.wait_for(asyncio.shield(waiting), self._answer_timeout_s)
             except TimeoutError as exc:
                 raise TransientError(f"wecom did not answer {cmd} in time") from exc
         finally:
             if self._waiting.get(req_id) is waiting:
                 del self._waiting[req_id]
-        error = answer_error(answer, what or cmd)
-        if error is not None:
-            raise error
-        return answer
 
     async def close(self) -> None:
         for waiting in self._waiting.values():
@@ -201,6 +216,14 @@ class Link:
         http, self._http = self._http, None
         if http is not None:
             await http.close()
+
+
+class _Turn:
+    """The calls under one req_id: the lock they take in turn and how many hold or await it."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.callers = 0
 
 
 def _parsed(raw: Any) -> dict[str, Any] | None:

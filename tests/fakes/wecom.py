@@ -69,6 +69,7 @@ class FakeWeCom:
     outage: Outage = field(default_factory=Outage)  # failures injected into sends
     secret: str = SECRET
     answer_pings: bool = True
+    hold: asyncio.Event | None = None  # when given, send frames are answered once it is set
     port: int = 0
     sockets: list[web.WebSocketResponse] = field(default_factory=list)
     subscribed: list[web.WebSocketResponse] = field(default_factory=list)
@@ -217,7 +218,9 @@ class FakeWeCom:
             data["ok"] = False
             await self._answer(ws, req_id, REQ_ID_GONE, "invalid req_id")
             return
-        data["ok"] = cmd in ("aibot_respond_msg", "aibot_send_msg")
+        data["ok"] = cmd in SENDS
+        if self.hold is not None and data["ok"]:
+            await self.hold.wait()
         await self._answer(ws, req_id, 0 if data["ok"] else 40008, "ok" if data["ok"] else "?")
 
     async def _injected(self, ws: web.WebSocketResponse, req_id: str) -> bool:

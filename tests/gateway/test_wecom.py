@@ -199,6 +199,27 @@ async def test_replies_fall_back_to_active_messages_and_long_ones_are_split(
     assert "".join(p.replace("\n", "") for p in parts) == long.replace("\n", "")
 
 
+async def test_a_second_reply_under_one_callback_waits_for_the_first_ones_answer(
+    gw: Gateway, fake: FakeWeCom
+) -> None:
+    adapter = adapter_of(gw, WeComAdapter)
+    fake.hold = asyncio.Event()
+    req = await fake.push(text_message("hi", msg_id="t1"))
+    await fake.wait_sent(1)  # the echo is taken; WeCom's answer to it is held back
+    fake.callbacks.discard(req)
+    late = asyncio.create_task(
+        adapter.send(OutboundMessage("wecom", "alice", "late answer", reply_to="t1"))
+    )
+    await asyncio.sleep(0.2)  # time for a second frame under the req_id to go out early
+    fake.hold.set()
+    await late
+    # each reply got its own answer: the echo's "ok", the late one's "req_id gone" and then
+    # the active message it falls back to
+    assert fake.sent() == [("reply", req, "echo: hi"), ("send", "alice", "late answer")]
+    responds = [c for c in fake.calls if c["cmd"] == "aibot_respond_msg"]
+    assert [c["ok"] for c in responds] == [True, False]
+
+
 async def test_rate_limits_are_waited_out_and_refusals_are_reported(
     gw: Gateway, fake: FakeWeCom
 ) -> None:
