@@ -1,20 +1,120 @@
-"""Small query helpers over psycopg's async connection (rows as dicts or tuples), and the
-mapping of PostgreSQL's unique violations to the store's errors."""
+"""Small query helpers over psycopg's async connection (rows as dicts or tuples), the
+connection class the store's writer and readers use, and the mapping of PostgreSQL's
+unique violations to the store's errors."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from psycopg import AsyncConnection, errors
+from psycopg.abc import PQGen
 from psycopg.rows import dict_row
 from psycopg.types.array import ListBinaryDumper
+from psycopg.waiting import Ready, Wait
 
 from ..rows import Row
 
 R = TypeVar("R")  # a record shape rows_as types its rows as
 
 Params = Sequence[Any] | Mapping[str, Any] | None  # positional (%s) or named (%(name)s)
+RV = TypeVar("RV")
+
+
+class LoopConnection(AsyncConnection[Any]):
+    """psycopg's asyncio connection, its socket left registered with the event loop between
+    statements. psycopg's own wait registers the socket as the loop's reader for each wait
+    of each statement and removes it after (in uvloop: a poll handle made and closed, and
+    four to six epoll_ctl calls and an ioctl, a timer besides), which made up about a third
+    of the client's CPU per round trip: a prepared `SELECT 1` on this connection costs
+    16-18 us of the client's CPU against 23-28 us (`python bench/pg_roundtrip_bench.py`).
+
+    A statement that waits only to read (nearly all: the query is flushed at once) waits on
+    a future the reader resolves. A further wait of the same statement (an answer in
+    several reads) registers the socket again, as psycopg does: uvloop closes a socket's
+    registration when the socket reports an error (the server reset the connection) after
+    running its reader once, and the read that follows may leave libpq waiting for more.
+    Readable with nobody waiting (a notice, the server closing) takes the reader off until
+    the next wait. Anything else goes to psycopg's
+    wait with the reader off: a wait to write (a query larger than the socket's buffer),
+    a wait with a timeout, and a wait interrupted by cancellation (psycopg cancels the
+    running query on the server and reads its end). Any error takes the reader off too,
+    since libpq closes the socket of a lost connection; `close` takes it off before the
+    socket closes, so no later socket with the same number meets a stale registration."""
+
+    _watched = -1  # the socket registered with the loop, or -1
+    _waiter: asyncio.Future[None] | None = None
+
+    async def wait(
+        self,
+        gen: PQGen[RV],
+        interval: float = 0.1,
+        timeout: float | None = None,  # noqa: ASYNC109 (psycopg's signature, overridden)
+    ) -> RV:
+        if timeout is not None:
+            self._unwatch()
+            return await super().wait(gen, interval, timeout)
+        try:
+            state = next(gen)
+            again = False
+            while state == Wait.R:
+                fd = self.pgconn.socket
+                if self._watched != fd or again:
+                    self._unwatch()
+                    asyncio.get_running_loop().add_reader(fd, self._readable)
+                    self._watched = fd
+                again = True
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                except asyncio.CancelledError as exc:
+                    self._unwatch()
+                    return await super().wait(_Resumed(gen, state, exc), interval)
+                state = gen.send(Ready.R)
+        except StopIteration as done:
+            return cast(RV, done.value)
+        except BaseException:
+            self._unwatch()
+            raise
+        self._unwatch()  # a wait to write
+        return await super().wait(_Resumed(gen, state, None), interval)
+
+    def _readable(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            self._unwatch()
+        elif not waiter.done():
+            waiter.set_result(None)
+
+    def _unwatch(self) -> None:
+        fd, self._watched = self._watched, -1
+        if fd >= 0:
+            asyncio.get_running_loop().remove_reader(fd)
+
+    async def close(self) -> None:
+        self._unwatch()
+        await super().close()
+
+
+class _Resumed(Generator[Wait, "Ready | int", RV]):
+    """The rest of a generator psycopg's wait takes over: first the interruption (psycopg
+    then cancels the query on the server) or, with none, the state the generator waits in;
+    then the generator itself."""
+
+    def __init__(self, gen: PQGen[RV], state: Wait, exc: BaseException | None) -> None:
+        self._gen, self._state, self._exc = gen, state, exc
+
+    def send(self, ready: Ready | int | None) -> Wait:
+        if self._exc is not None:
+            exc, self._exc = self._exc, None
+            raise exc
+        if ready is None:  # psycopg's first next(): the state the generator waits in
+            return self._state
+        return self._gen.send(ready)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Wait:
+        return self._gen.throw(typ, val, tb)
 
 
 def binary_lists(conn: AsyncConnection) -> None:

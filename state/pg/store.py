@@ -126,7 +126,7 @@ class PgStore(
         await writer.start(conn)
 
         async def reader() -> AsyncConnection:
-            conn = await AsyncConnection.connect(
+            conn = await db.LoopConnection.connect(
                 dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
             )
             await db.configure(conn)

@@ -56,7 +56,7 @@ _READ = (
 )
 
 
-class WriterConnection(AsyncConnection[Any]):
+class WriterConnection(db.LoopConnection):
     """The writer's connection, carrying its windows (`windows` is set by whoever connects)."""
 
     windows: HistoryWindows
