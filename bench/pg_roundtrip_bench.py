@@ -1,8 +1,10 @@
 """The CPU of one round trip to PostgreSQL through psycopg on this machine: a prepared
 `SELECT 1` run N times on one connection, the client's CPU (process_time) plus the
 backend's (utime + stime from its /proc entry, as bench/hermes_search_bench.py reads it),
-per statement, for psycopg's blocking connection and for its asyncio one (the store's).
-No statement costs less: it is the floor of a search's statements.
+per statement, for psycopg's blocking connection, its asyncio one, and the store's
+(`state.pg.db.LoopConnection`, psycopg's asyncio connection with its socket left
+registered with the loop), the asyncio ones on uvloop (the daemon's loop) and on the
+standard library's. No statement costs less: it is the floor of a search's statements.
 
   python bench/pg_roundtrip_bench.py [--dsn DSN] [--runs 5] [--statements 2000]
 """
@@ -13,13 +15,21 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import psycopg
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from state.pg.db import LoopConnection  # noqa: E402
 
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 TICK = os.sysconf("SC_CLK_TCK")
 QUERY = b"SELECT 1"
+LOOPS = {"uvloop": uvloop.new_event_loop, "asyncio loop": asyncio.new_event_loop}
 
 
 def backend_cpu(pid: int) -> float:
@@ -42,9 +52,11 @@ def blocking(dsn: str, runs: int, n: int) -> list[tuple[float, float]]:
     return out
 
 
-async def with_asyncio(dsn: str, runs: int, n: int) -> list[tuple[float, float]]:
+async def with_asyncio(
+    cls: type[psycopg.AsyncConnection[Any]], dsn: str, runs: int, n: int
+) -> list[tuple[float, float]]:
     out = []
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+    async with await cls.connect(dsn, autocommit=True) as conn:
         pid = conn.info.backend_pid
         for _ in range(runs):
             for _ in range(n // 10):
@@ -64,15 +76,18 @@ def main() -> None:
     args = ap.parse_args()
     n = args.statements
     print(f"a prepared SELECT 1, {n} per run, {args.runs} runs: CPU per round trip, µs")
-    for name, found in (
-        ("psycopg, blocking", blocking(args.dsn, args.runs, n)),
-        ("psycopg, asyncio", asyncio.run(with_asyncio(args.dsn, args.runs, n))),
-    ):
+    rows = [("psycopg, blocking", blocking(args.dsn, args.runs, n))]
+    for loop_name, factory in LOOPS.items():
+        for name, cls in (("psycopg, asyncio", psycopg.AsyncConnection), ("store", LoopConnection)):
+            with asyncio.Runner(loop_factory=factory) as runner:
+                found = runner.run(with_asyncio(cls, args.dsn, args.runs, n))
+            rows.append((f"{name}, {loop_name}", found))
+    for name, found in rows:
         total = sorted((c + s) / n * 1e6 for c, s in found)
         client = sorted(c / n * 1e6 for c, _ in found)
         server = sorted(s / n * 1e6 for _, s in found)
         print(
-            f"{name:<20} client {statistics.median(client):5.0f} ({client[0]:.0f}-{client[-1]:.0f})"
+            f"{name:<27} client {statistics.median(client):5.0f} ({client[0]:.0f}-{client[-1]:.0f})"
             f"  server {statistics.median(server):4.0f} ({server[0]:.0f}-{server[-1]:.0f})"
             f"  both {statistics.median(total):5.0f} ({total[0]:.0f}-{total[-1]:.0f})"
         )

@@ -21,6 +21,13 @@ R = TypeVar("R")  # a record shape rows_as types its rows as
 Params = Sequence[Any] | Mapping[str, Any] | None  # positional (%s) or named (%(name)s)
 RV = TypeVar("RV")
 
+try:  # the loops on which a connection keeps its socket registered (LoopConnection)
+    from uvloop import Loop as _Uvloop
+
+    REGISTERING_LOOPS: tuple[type, ...] = (_Uvloop,)
+except ImportError:  # no uvloop (Windows, PyPy): psycopg's own wait everywhere
+    REGISTERING_LOOPS = ()
+
 
 class LoopConnection(AsyncConnection[Any]):
     """psycopg's asyncio connection, its socket left registered with the event loop between
@@ -36,7 +43,10 @@ class LoopConnection(AsyncConnection[Any]):
     registration when the socket reports an error (the server reset the connection) after
     running its reader once, and the read that follows may leave libpq waiting for more.
     Readable with nobody waiting (a notice, the server closing) takes the reader off until
-    the next wait. Anything else goes to psycopg's
+    the next wait. On uvloop only (the daemon's loop): the standard library's loop runs a
+    reader once more after the task it woke has read the answer (it polls again before the
+    task runs), which would take the reader off after every statement, so there the
+    connection waits as psycopg's does. Anything else goes to psycopg's
     wait with the reader off: a wait to write (a query larger than the socket's buffer),
     a wait with a timeout, and a wait interrupted by cancellation (psycopg cancels the
     running query on the server and reads its end). Any error takes the reader off too,
@@ -52,7 +62,8 @@ class LoopConnection(AsyncConnection[Any]):
         interval: float = 0.1,
         timeout: float | None = None,  # noqa: ASYNC109 (psycopg's signature, overridden)
     ) -> RV:
-        if timeout is not None:
+        loop = asyncio.get_running_loop()
+        if timeout is not None or not isinstance(loop, REGISTERING_LOOPS):
             self._unwatch()
             return await super().wait(gen, interval, timeout)
         try:
@@ -62,10 +73,10 @@ class LoopConnection(AsyncConnection[Any]):
                 fd = self.pgconn.socket
                 if self._watched != fd or again:
                     self._unwatch()
-                    asyncio.get_running_loop().add_reader(fd, self._readable)
+                    loop.add_reader(fd, self._readable)
                     self._watched = fd
                 again = True
-                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                waiter = self._waiter = loop.create_future()
                 try:
                     await waiter
                 except asyncio.CancelledError as exc:
