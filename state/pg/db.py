@@ -30,28 +30,28 @@ except ImportError:  # no uvloop (Windows, PyPy): psycopg's own wait everywhere
 
 
 class LoopConnection(AsyncConnection[Any]):
-    """psycopg's asyncio connection, its socket left registered with the event loop between
+    """psycopg's asyncio connection, its socket left registered with uvloop between
     statements. psycopg's own wait registers the socket as the loop's reader for each wait
-    of each statement and removes it after (in uvloop: a poll handle made and closed, and
-    four to six epoll_ctl calls and an ioctl, a timer besides), which made up about a third
-    of the client's CPU per round trip: a prepared `SELECT 1` on this connection costs
-    16-18 us of the client's CPU against 23-28 us (`python bench/pg_roundtrip_bench.py`).
+    of each statement and removes it after (in uvloop: a poll handle made and closed, four
+    to six epoll_ctl calls and an ioctl, and a timer): a prepared `SELECT 1` on this
+    connection takes about 15% less of the client's CPU than on psycopg's
+    (`python bench/pg_roundtrip_bench.py`, docs/benchmarks.md).
 
-    A statement that waits only to read (nearly all: the query is flushed at once) waits on
-    a future the reader resolves. A further wait of the same statement (an answer in
-    several reads) registers the socket again, as psycopg does: uvloop closes a socket's
-    registration when the socket reports an error (the server reset the connection) after
-    running its reader once, and the read that follows may leave libpq waiting for more.
-    Readable with nobody waiting (a notice, the server closing) takes the reader off until
-    the next wait. On uvloop only (the daemon's loop): the standard library's loop runs a
-    reader once more after the task it woke has read the answer (it polls again before the
-    task runs), which would take the reader off after every statement, so there the
-    connection waits as psycopg's does. Anything else goes to psycopg's
-    wait with the reader off: a wait to write (a query larger than the socket's buffer),
-    a wait with a timeout, and a wait interrupted by cancellation (psycopg cancels the
-    running query on the server and reads its end). Any error takes the reader off too,
-    since libpq closes the socket of a lost connection; `close` takes it off before the
-    socket closes, so no later socket with the same number meets a stale registration."""
+    A statement's first wait to read (nearly every statement waits only to read: the query
+    is flushed at once) uses the registration and waits on a future the reader resolves. A
+    further wait of the same statement (an answer in several reads) registers the socket
+    again, as psycopg does: uvloop closes a socket's registration when the socket reports
+    an error (the server reset the connection) after running its reader once, and the read
+    that follows may leave libpq waiting for more. Readable with nobody waiting (a notice,
+    the server closing) takes the reader off until the next wait. Any error takes it off
+    too, since libpq closes the socket of a lost connection, and `close` takes it off before
+    the socket closes: no later socket with the same number meets a stale registration.
+
+    Everything else goes to psycopg's wait, the reader off: a wait to write (a query larger
+    than the socket's buffer), a wait with a timeout, a wait interrupted by cancellation
+    (psycopg sends a cancel request and reads the query's end), and every wait on another
+    loop (the standard library's runs a reader once more after the task it woke has read
+    the answer, which would take the reader off after every statement)."""
 
     _watched = -1  # the socket registered with the loop, or -1
     _waiter: asyncio.Future[None] | None = None
