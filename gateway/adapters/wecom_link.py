@@ -2,7 +2,8 @@
 subscribed with the bot id and secret, kept alive with `ping` frames, read in order
 (callbacks handed over one at a time, answers matched to the call that waits for them
 by req_id; calls under one req_id, such as two replies to one callback, take turns, each
-sent once the one before it is answered, since an answer names only the req_id), closed when WeCom says a newer connection of the bot took over.
+sent once the one before it is answered, since an answer names only the req_id), closed
+when WeCom says a newer connection of the bot took over.
 
 Failures come out typed: a refused bot id or secret is InvalidToken, a connection that
 cannot be opened, drops, or leaves a call unanswered is TransientError, an answer with an
