@@ -211,7 +211,9 @@ async def serve(home: Path) -> None:
         )
 
     async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        # the pid, as the daemon's /health says it: tests/daemon.py's wait_healthy checks
+        # that the process answering is the one it started
+        return web.json_response({"status": "ok", "pid": os.getpid()})
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
