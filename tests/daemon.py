@@ -1,5 +1,5 @@
 """Running switchboard as a real subprocess in tests: a clean environment, the command line,
-a free loopback port, and waiting until /health answers."""
+a free loopback port, waiting until /health answers, and a bench/ script run to its end."""
 
 from __future__ import annotations
 
@@ -30,6 +30,21 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def switchboard(home: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "gateway", "--home", str(home), *args]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """bench/<script> run to its end in a clean environment, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean_env(),
+        cwd=ROOT,
+    )
 
 
 # Ports for the daemons a test starts come from below Linux's ephemeral range (32768 and up),

@@ -4,37 +4,23 @@ bench prints its CPU per message. The figures themselves are not checked (no tim
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.daemon import clean_env
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.daemon import run_bench
 
 
 @pytest.mark.parametrize("floor", ["http", "sqlite"])
 def test_the_floor_runs_in_the_daemons_place_and_its_figure_is_printed(floor: str) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "instructions.py"),
-            "--only",
-            "cpu",
-            "--floor",
-            floor,
-            "--cpu-messages",
-            "60",
-            "--rounds",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=clean_env(),
-        cwd=ROOT,
+    proc = run_bench(
+        "instructions.py",
+        "--only",
+        "cpu",
+        "--floor",
+        floor,
+        "--cpu-messages",
+        "60",
+        "--rounds",
+        "1",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"bench/floor.py --floor {floor} in the daemon's place" in proc.stdout

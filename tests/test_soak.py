@@ -3,24 +3,11 @@ prints its figure rows and summary. The figures themselves are not checked (no t
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-from tests.daemon import clean_env
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.daemon import run_bench
 
 
 def test_a_short_soak_prints_its_figures() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "soak.py"), "--minutes", "0.2", "--rate", "50"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=clean_env(),
-        cwd=ROOT,
-    )
+    proc = run_bench("soak.py", "--minutes", "0.2", "--rate", "50")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| min |"))
