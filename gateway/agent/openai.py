@@ -29,6 +29,63 @@ def _encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
+class EncodedMessages:
+    """The request body's `messages`, each message made of a role and a text encoded once.
+
+    Every turn sends the session's whole history window again (up to `history_messages`,
+    200 by default), and the window hands each turn new dicts around the same strings
+    (state/history.py), so a message's JSON is kept by its role and text: the lookup hashes
+    nothing new and compares the strings by identity. A body of 50 or 200 such messages
+    costs about half the CPU of encoding them anew (`python bench/request_body_bench.py`,
+    docs/benchmarks.md). Messages with anything else (tool calls, a tool's answer,
+    multimodal content) are encoded each time.
+
+    Bounded by `limit` bytes of kept JSON in two generations: a new encoding goes into the
+    young one, a hit in the old one moves there, and when the young one holds half the
+    limit it becomes the old one and the old one is dropped, so the messages of the windows
+    in use stay and the rest go."""
+
+    def __init__(self, limit: int = 16 << 20) -> None:
+        self._half = limit // 2
+        self._young: dict[tuple[str, str], bytes] = {}
+        self._old: dict[tuple[str, str], bytes] = {}
+        self._young_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._young) + len(self._old)
+
+    def __contains__(self, message: ChatMessage) -> bool:
+        """Whether `message`'s JSON is kept."""
+        role, content = message.get("role"), message.get("content")
+        if len(message) != 2 or type(role) is not str or type(content) is not str:
+            return False
+        return (role, content) in self._young or (role, content) in self._old
+
+    def body(self, messages: Sequence[ChatMessage]) -> bytes:
+        """`messages` as a JSON array, as `_encode(messages)` would write it."""
+        parts = []
+        for m in messages:
+            role, content = m.get("role"), m.get("content")
+            if len(m) != 2 or type(role) is not str or type(content) is not str:
+                parts.append(_encode(m))
+                continue
+            key = (role, content)
+            got = self._young.get(key)
+            if got is None:
+                got = self._old.pop(key, None)
+                if got is None:
+                    got = _encode({"role": role, "content": content})
+                self._keep(key, got)
+            parts.append(got)
+        return b"[" + b",".join(parts) + b"]"
+
+    def _keep(self, key: tuple[str, str], encoded: bytes) -> None:
+        if self._young_bytes + len(encoded) > self._half:
+            self._old, self._young, self._young_bytes = self._young, {}, 0
+        self._young[key] = encoded
+        self._young_bytes += len(encoded)
+
+
 class OpenAIAgent:
     name = "openai"
 
@@ -56,6 +113,7 @@ class OpenAIAgent:
         )
         self._reply_tokens = reply_tokens
         self._session: aiohttp.ClientSession | None = None
+        self._messages = EncodedMessages()
 
     @staticmethod
     async def check_credentials(base_url: str, api_key: str | None) -> tuple[bool, str]:
@@ -97,7 +155,7 @@ class OpenAIAgent:
                 b'{"model":',
                 _encode(self.model),
                 b',"messages":',
-                _encode(messages),
+                self._messages.body(messages),
                 self._tools_json if with_tools else b"",
                 b',"max_tokens":%d' % self._reply_tokens if self._reply_tokens else b"",
                 b"}",

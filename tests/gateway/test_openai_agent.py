@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from gateway.agent.base import TurnContext
-from gateway.agent.openai import OpenAIAgent
+from gateway.agent.openai import EncodedMessages, OpenAIAgent
 from gateway.errors import AgentError
 from tests.fakes.openai import FakeOpenAI
 
@@ -145,3 +146,50 @@ async def test_tool_calls_run_session_search_and_feed_the_result_back(fake: Fake
         "name": "session_search",
     }
     assert [m["role"] for m in reply.tool_messages] == ["assistant", "tool"]
+
+
+def test_kept_encodings_write_the_same_json_as_encoding_the_whole_list() -> None:
+    enc = EncodedMessages()
+    odd = 'nul\x00 lone\ud800 bidi\u202e <b>[i]{x}</b> \u4e2d\u6587 \U0001f600 "q" \\'
+    messages: list[Any] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": odd},
+        {"role": "assistant", "content": odd},  # the same text under another role
+        {"content": "content first", "role": "user"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+        {"role": "user", "content": [{"type": "text", "text": "multimodal"}]},
+    ]
+    for _turn in range(3):  # new dicts around the same strings each turn, as windows hand them
+        fresh = [dict(m) for m in messages]
+        assert json.loads(enc.body(fresh)) == fresh
+    assert enc.body([]) == b"[]"
+    assert messages[1] in enc and messages[2] in enc and messages[3] in enc
+    assert messages[4] not in enc and messages[6] not in enc  # encoded each time
+
+
+def test_kept_encodings_stay_bounded_and_keep_the_messages_in_use() -> None:
+    enc = EncodedMessages(limit=4096)
+    prompt = {"role": "system", "content": "you answer in one line"}
+    for turn in range(500):
+        history = [{"role": "user", "content": f"message {turn} " + "x" * 100}]
+        body = json.loads(enc.body([dict(prompt), *history]))
+        assert body == [prompt, *history]
+    assert len(enc) < 4096 // 100  # about the limit's worth, not 500 turns' messages
+    assert prompt in enc  # sent with every turn: kept through every turn-over
+    assert {"role": "user", "content": "message 0 " + "x" * 100} not in enc
+
+
+async def test_turns_over_one_history_send_it_whole_each_time(fake: FakeOpenAI) -> None:
+    agent = _agent(fake)
+    history: list[Any] = []
+    try:
+        for turn in range(3):
+            fake.reply(f"answer {turn}")
+            history.append({"role": "user", "content": f"question {turn}"})
+            reply = await agent.respond([dict(m) for m in history], CTX)
+            history.append({"role": "assistant", "content": reply.text})
+    finally:
+        await agent.close()
+    assert [len(body["messages"]) for body in fake.requests] == [2, 4, 6]
+    assert fake.requests[2]["messages"] == [{"role": "system", "content": "be brief"}, *history[:5]]
