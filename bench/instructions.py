@@ -25,6 +25,8 @@ The agent is the `openai` backend against tests/fakes/openai.py's OpenAI-compati
 server, run in this process (or the echo agent). The load is fixed: message i goes to chat
 i % chats with a fixed text; two messages per chat warm up (each session created and
 titled), six more per chat are measured: every figure covers a chat's 3rd to 8th turn.
+`--warm-per-chat K` warms each chat up with K messages instead, so the measured turns send
+the model a history of about 2K messages (the store keeps a turn's question and answer).
 With replicas, chat c's messages go to replica c % replicas (a balancer with session
 affinity; --hop: each to the next). Each daemon runs with PYTHONHASHSEED=0.
 
@@ -295,7 +297,7 @@ def total_ir(path: Path) -> int:
 
 async def callgrind(args: argparse.Namespace, root: Path) -> None:
     chats, n = args.chats, args.chats * MEASURED_PER_CHAT
-    warm = chats * WARM_PER_CHAT
+    warm = chats * args.warm_per_chat
     per_run: dict[int, list[float]] = collections.defaultdict(list)
     for rep_i in range(args.repeat):
         if args.window:
@@ -364,10 +366,10 @@ async def window_run(args: argparse.Namespace, root: Path, rep_i: int) -> list[f
         return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}-r{k}.out"]
 
     async with Run(args, out, prefix) as run:
-        got = await run.send(0, chats * WARM_PER_CHAT, chats)
+        got = await run.send(0, chats * args.warm_per_chat, chats)
         for pid in run.pids():
             await control(pid, "-z")
-        got += await run.send(chats * WARM_PER_CHAT, n, chats)
+        got += await run.send(chats * args.warm_per_chat, n, chats)
         for pid in run.pids():
             await control(pid, "-d")
         dumps = [sorted(root.glob(f"{out.name}-r{k}.out.*")) for k in range(args.replicas)]
@@ -379,14 +381,14 @@ async def window_run(args: argparse.Namespace, root: Path, rep_i: int) -> list[f
         print(f"  run {rep_i + 1}: Ir {' + '.join(f'{v:,}' for v in irs)} (+{n} messages)")
         for rep in run.replicas:  # the figure is taken: no drain to wait for under valgrind
             await rep.kill()
-    assert got == chats * (WARM_PER_CHAT + MEASURED_PER_CHAT), "messages not answered"
+    assert got == chats * (args.warm_per_chat + MEASURED_PER_CHAT), "messages not answered"
     return [ir / n for ir in irs]
 
 
 async def cpu(args: argparse.Namespace, root: Path) -> None:
     n = args.cpu_messages
     chats = max(1, n // MEASURED_PER_CHAT)
-    warm = chats * WARM_PER_CHAT
+    warm = chats * args.warm_per_chat
     daemons: list[float] = []
     servers: list[float] = []
     for rnd in range(args.rounds):
@@ -484,6 +486,13 @@ async def main() -> None:
         type=int,
         default=50,
         help=f"chats under callgrind: N = {MEASURED_PER_CHAT} x chats (default 50)",
+    )
+    ap.add_argument(
+        "--warm-per-chat",
+        type=int,
+        default=WARM_PER_CHAT,
+        help=f"messages each chat gets before the measured ones ({WARM_PER_CHAT}): the "
+        "measured turns send a history of about twice that",
     )
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight (8)")
     ap.add_argument("--repeat", type=int, default=1, help="callgrind run pairs (1)")

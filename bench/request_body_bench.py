@@ -1,16 +1,17 @@
 """The openai agent's request body per turn, for sessions of several history lengths.
 Prints figures; asserts nothing.
 
-  python bench/request_body_bench.py [--turns 2000] [--rounds 5] [--sessions 50]
+  python bench/request_body_bench.py [--turns 8000] [--rounds 5] [--sessions 200]
 
 Every turn sends the system prompt and the session's history window (the newest
 `history_messages`, 200 by default) to the model again. For each window length the bench
 plays turns round-robin over `--sessions` conversations of English-like chat text (5% CJK,
-bench/corpus.py) that each grow by a user message and a reply per turn, the window handing
-each turn new dicts around the same strings as the store's windows do (state/history.py),
-and builds each turn's `messages` JSON two ways: encoded whole (`json.dumps` of the list,
-as the agent did before it kept encodings) and through the agent's `EncodedMessages`
-(gateway/agent/openai.py). The figure is the CPU time (time.process_time) per body: the
+bench/corpus.py; one in ten a short stock text such as "ok" that recurs) that each grow by
+a user message and a reply per turn, the window handing each turn new dicts around the same
+strings as the store's windows do (state/history.py), and builds each turn's `messages`
+JSON two ways: encoded whole (`json.dumps` of the list)
+and through the agent's `EncodedMessages` (gateway/agent/openai.py), which reuses the JSON
+of the session's last request. The figure is the CPU time (time.process_time) per body: the
 median over rounds, the range in brackets. Both bodies are checked to decode to the same
 messages.
 """
@@ -31,6 +32,7 @@ from bench.corpus import TextGen  # noqa: E402
 from gateway.agent.openai import EncodedMessages, _encode  # noqa: E402
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
+STOCK = ("ok", "thanks!", "Sure, done.", "yes")  # texts a conversation holds many times
 
 
 def conversations(sessions: int, length: int, turns: int, seed: int = 5) -> list[list[dict]]:
@@ -42,7 +44,8 @@ def conversations(sessions: int, length: int, turns: int, seed: int = 5) -> list
         msgs = []
         for i in range(per):
             role = "user" if i % 2 == 0 else "assistant"
-            text = gen.cjk() if rng.random() < 0.05 else gen.english(role)
+            r = rng.random()
+            text = gen.cjk() if r < 0.05 else rng.choice(STOCK) if r < 0.15 else gen.english(role)
             msgs.append({"role": role, "content": text})
         out.append(msgs)
     return out
@@ -58,7 +61,7 @@ def play(convs: list[list[dict]], length: int, turns: int, kept: bool) -> float:
         window = [dict(m) for m in conv[n - length : n]]  # new dicts, the same strings
         messages = [SYSTEM, *window]
         if kept:
-            enc.body(messages)
+            enc.body(messages, session=f"s{t % sessions}")
         else:
             _encode(messages)
     return (time.process_time() - started) / turns
@@ -66,9 +69,9 @@ def play(convs: list[list[dict]], length: int, turns: int, kept: bool) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--turns", type=int, default=2000)
+    ap.add_argument("--turns", type=int, default=8000)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--sessions", type=int, default=50)
+    ap.add_argument("--sessions", type=int, default=200)
     args = ap.parse_args()
     print(
         f"request body per turn, {args.turns} turns over {args.sessions} sessions, "
@@ -78,7 +81,7 @@ def main() -> None:
     for length in (10, 50, 200):
         convs = conversations(args.sessions, length, args.turns)
         sample = [SYSTEM, *convs[0][:length]]
-        assert json.loads(EncodedMessages().body(sample)) == json.loads(_encode(sample))
+        assert json.loads(EncodedMessages().body(sample, "s")) == json.loads(_encode(sample))
         whole: list[float] = []
         kept: list[float] = []
         for _ in range(args.rounds):  # alternated: the machine's speed drifts

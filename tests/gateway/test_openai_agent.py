@@ -148,36 +148,75 @@ async def test_tool_calls_run_session_search_and_feed_the_result_back(fake: Fake
     assert [m["role"] for m in reply.tool_messages] == ["assistant", "tool"]
 
 
-def test_kept_encodings_write_the_same_json_as_encoding_the_whole_list() -> None:
+def test_a_sessions_requests_write_the_same_json_as_encoding_each_whole() -> None:
     enc = EncodedMessages()
     odd = 'nul\x00 lone\ud800 bidi\u202e <b>[i]{x}</b> \u4e2d\u6587 \U0001f600 "q" \\'
-    messages: list[Any] = [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": odd},
-        {"role": "assistant", "content": odd},  # the same text under another role
-        {"content": "content first", "role": "user"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "{}"},
-        {"role": "user", "content": [{"type": "text", "text": "multimodal"}]},
+    system = {"role": "system", "content": "be brief"}
+    said = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"{odd} {i}"} for i in range(12)
     ]
-    for _turn in range(3):  # new dicts around the same strings each turn, as windows hand them
+    said[7]["content"] = said[5]["content"]  # one text twice: the run is not where it first is
+    turns: list[list[Any]] = [
+        [system, *said[:2]],
+        [system, *said[:4]],  # the last request and two new messages
+        [system, *said[2:6]],  # the oldest fell out
+        [system, *said[4:10]],
+        [system, *said[7:12]],  # starts at the repeated text
+        [{"role": "system", "content": "be long"}, *said[7:12]],  # another system prompt
+        [*said[8:12]],  # none at all
+        [{"role": "assistant", "content": said[8]["content"]}, *said[9:12]],  # another role
+        [*said[8:11], {"role": "user", "content": "edited"}, said[11]],  # an edited history
+        [
+            *said[8:12],
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+        ],
+        [*said[8:12], {"role": "user", "content": [{"type": "text", "text": "multimodal"}]}],
+        [{"content": "content first", "role": "user"}, *said[8:12]],
+        [],
+    ]
+    for messages in turns:  # new dicts around the same strings each turn, as windows hand them
         fresh = [dict(m) for m in messages]
-        assert json.loads(enc.body(fresh)) == fresh
-    assert enc.body([]) == b"[]"
-    assert messages[1] in enc and messages[2] in enc and messages[3] in enc
-    assert messages[4] not in enc and messages[6] not in enc  # encoded each time
+        assert json.loads(enc.body(fresh, "s1")) == fresh
+        assert enc.body(fresh) == json.dumps(fresh, separators=(",", ":")).encode("ascii")
+    assert json.loads(enc.body([system, *said], "s2")) == [system, *said]  # another session
+    same = [  # every answer the same text, the window sliding by a question and an answer
+        {"role": "user", "content": f"q{i // 2}"}
+        if i % 2 == 0
+        else {"role": "assistant", "content": "ok"}
+        for i in range(30)
+    ]
+    for turn in range(10):
+        window = [system, *(dict(m) for m in same[2 * turn + 1 : 2 * turn + 12])]
+        assert json.loads(enc.body(window, "s3")) == window
 
 
-def test_kept_encodings_stay_bounded_and_keep_the_messages_in_use() -> None:
-    enc = EncodedMessages(limit=4096)
-    prompt = {"role": "system", "content": "you answer in one line"}
-    for turn in range(500):
-        history = [{"role": "user", "content": f"message {turn} " + "x" * 100}]
-        body = json.loads(enc.body([dict(prompt), *history]))
-        assert body == [prompt, *history]
-    assert len(enc) < 4096 // 100  # about the limit's worth, not 500 turns' messages
-    assert prompt in enc  # sent with every turn: kept through every turn-over
-    assert {"role": "user", "content": "message 0 " + "x" * 100} not in enc
+def test_the_kept_json_stays_within_its_limit_the_newest_sessions_kept() -> None:
+    limit = 64 * 1024
+    enc = EncodedMessages(limit=limit)
+    text = "x" * 1000
+    said = [{"role": "user", "content": f"{i} {text}"} for i in range(20)]
+    for turn in range(8):  # one session: what it keeps is what its last request sent
+        window = said[turn : 2 * turn + 4]
+        enc.body([dict(m) for m in window], "one")
+        encoded = [json.dumps(m, separators=(",", ":")) for m in window]
+        assert enc.used == sum(map(len, encoded)) + EncodedMessages.PER_MESSAGE * len(window)
+    for turn in range(3):
+        for session in range(100):
+            # each turn two more messages, the oldest falling out
+            window = [
+                {"role": "user", "content": f"{session} {i} {text}"}
+                for i in range(turn, 3 * turn + 5)
+            ]
+            assert json.loads(enc.body(window, f"s{session}")) == window
+            assert enc.used <= limit
+    assert 0 < len(enc) < 100
+    tool = {"role": "tool", "tool_call_id": "c1", "content": "{}"}
+    for session in range(100):  # nothing of a request with a tool's answer is kept
+        enc.body([tool], f"s{session}")
+    assert (len(enc), enc.used) == (0, 0)
+    one = [{"role": "user", "content": "y" * limit}]  # more than a session may take
+    assert json.loads(enc.body(one, "big")) == one and enc.used <= limit
 
 
 async def test_turns_over_one_history_send_it_whole_each_time(fake: FakeOpenAI) -> None:
