@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.corpus import TextGen  # noqa: E402
-from gateway.agent.openai import EncodedMessages, _encode  # noqa: E402
+from gateway.agent.openai import EncodedMessages  # noqa: E402
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
 STOCK = ("ok", "thanks!", "Sure, done.", "yes")  # texts a conversation holds many times
@@ -53,17 +53,14 @@ def conversations(sessions: int, length: int, turns: int, seed: int = 5) -> list
 
 def play(convs: list[list[dict]], length: int, turns: int, kept: bool) -> float:
     """CPU seconds per body over `turns` turns."""
-    enc = EncodedMessages()
+    enc = EncodedMessages()  # with no session: json.dumps of the whole list
     sessions = len(convs)
     started = time.process_time()
     for t in range(turns):
         conv, n = convs[t % sessions], length + 2 * (t // sessions)
         window = [dict(m) for m in conv[n - length : n]]  # new dicts, the same strings
         messages = [SYSTEM, *window]
-        if kept:
-            enc.body(messages, session=f"s{t % sessions}")
-        else:
-            _encode(messages)
+        enc.body(messages, session=f"s{t % sessions}" if kept else None)
     return (time.process_time() - started) / turns
 
 
@@ -81,7 +78,7 @@ def main() -> None:
     for length in (10, 50, 200):
         convs = conversations(args.sessions, length, args.turns)
         sample = [SYSTEM, *convs[0][:length]]
-        assert json.loads(EncodedMessages().body(sample, "s")) == json.loads(_encode(sample))
+        assert json.loads(EncodedMessages().body(sample, "s")) == sample
         whole: list[float] = []
         kept: list[float] = []
         for _ in range(args.rounds):  # alternated: the machine's speed drifts

@@ -67,6 +67,15 @@ async def _until_active(dsn: str, pid: int) -> None:
             await asyncio.sleep(0.02)
 
 
+async def _sleeping(dsn: str, conn: psycopg.AsyncConnection[Any]) -> asyncio.Task[Any]:
+    """A minute's `pg_sleep` on `conn` (its socket registered by a statement before it),
+    once the server runs it."""
+    assert await _one(conn, "SELECT 1") == 1
+    running = asyncio.create_task(conn.execute("SELECT pg_sleep(60)"))
+    await _until_active(dsn, conn.info.backend_pid)
+    return running
+
+
 async def _end_backend(dsn: str, pid: int) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
         assert await _one(other, "SELECT pg_terminate_backend(%s)", (pid,)) is True
@@ -105,9 +114,7 @@ def test_a_cancelled_query_is_cancelled_on_the_server_and_the_connection_goes_on
 ) -> None:
     async def scenario(dsn: str) -> None:
         async with await LoopConnection.connect(dsn, autocommit=True) as conn:
-            assert await _one(conn, "SELECT 1") == 1  # registered before the long one
-            running = asyncio.create_task(conn.execute("SELECT pg_sleep(60)"))
-            await _until_active(dsn, conn.info.backend_pid)
+            running = await _sleeping(dsn, conn)
             running.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await running
@@ -128,9 +135,7 @@ def test_a_connection_the_server_ends_fails_and_later_sockets_work(loop: str, pg
     async def scenario(dsn: str) -> None:
         # ended while a statement waits for its answer
         conn = await LoopConnection.connect(dsn, autocommit=True)
-        assert await _one(conn, "SELECT 1") == 1
-        running = asyncio.create_task(conn.execute("SELECT pg_sleep(60)"))
-        await _until_active(dsn, conn.info.backend_pid)
+        running = await _sleeping(dsn, conn)
         await _end_backend(dsn, conn.info.backend_pid)
         with pytest.raises(psycopg.OperationalError):
             await running
