@@ -227,7 +227,13 @@ def _prune(node: Node | None) -> Node | None:
     if isinstance(node, Not):
         inner = _prune(node.item)
         return Not(inner) if inner is not None else None
-    items = tuple(x for x in (_prune(i) for i in node.items) if x is not None)
+    kind = type(node)
+    items: tuple[Node, ...] = ()
+    for item in (_prune(i) for i in node.items):
+        if isinstance(item, kind):  # a group of the same operator: its items join this one's
+            items += item.items
+        elif item is not None:
+            items += (item,)
     if not items:
         return None
     if len(items) == 1:
@@ -277,13 +283,18 @@ def parse(query: str) -> Node:
 
 
 def _check_positive(node: Node) -> None:
-    if isinstance(node, Not):
+    """Every part of the query that must match has a word of its own to look for: a NOT
+    stands only beside one (`a NOT b`), never alone, in an OR (`a OR NOT b`) or as the
+    only thing in a group (`a (NOT b)`); what a NOT excludes is checked the same way."""
+    if isinstance(node, Term):
+        return
+    if isinstance(node, Not) or (
+        isinstance(node, And) and all(isinstance(i, Not) for i in node.items)
+    ):
         raise QueryError("a query needs at least one word to look for, not only NOT terms")
-    if isinstance(node, Or):
-        for item in node.items:
-            _check_positive(item)
-    if isinstance(node, And) and all(isinstance(i, Not) for i in node.items):
-        raise QueryError("a query needs at least one word to look for, not only NOT terms")
+    for item in node.items:
+        # beside the others of an AND, a NOT's own item; anywhere else, itself
+        _check_positive(item.item if isinstance(item, Not) and isinstance(node, And) else item)
 
 
 def needs_aux(node: Node) -> bool:

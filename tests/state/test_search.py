@@ -110,6 +110,13 @@ FINDS = [
     ("((deploy", {"deploy"}),
     ('deploy "prod', {"deploy"}),  # a lone quote is punctuation
     ("nosuchword", set()),
+    # a group of the same operator joins the one around it: `a (NOT b NOT c)` is `a NOT b
+    # NOT c`; a NOT alone in an OR, or with nothing left to exclude from, is refused
+    ("deploy ( NOT deploy NOT deploy", set()),
+    ("deploy (NOT templates)", {"deploy"}),
+    ("(deploy (prod))", {"deploy"}),
+    ("deploy (prod OR NOT templates)", None),
+    ("deploy NOT (NOT prod)", None),
 ]
 
 
