@@ -65,18 +65,22 @@ _ROWS = (
     "WITH ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('messages', 'id')) "
     "AS id FROM generate_series(1, %s) AS g(n) ORDER BY n), "
     f"ins AS (INSERT INTO messages ({', '.join(c for c, _ in _COLUMNS)}, active) "
-    f"SELECT ids.id, {', '.join(c + _CAST.get(c, '') for c, _ in _COLUMNS[1:])}, 1 FROM unnest("
-    + ", ".join(f"%s::{t}[]" for _, t in _COLUMNS[1:])
-    + f") WITH ORDINALITY AS u({', '.join(c for c, _ in _COLUMNS[1:])}, n) JOIN ids USING (n)), "
-    "claim AS (INSERT INTO platform_messages SELECT p.s, p.c, p.p, ids.id FROM unnest("
-    "%s::text[], %s::text[], %s::text[], %s::bigint[]) AS p(s, c, p, n) JOIN ids USING (n) "
-    "ON CONFLICT DO NOTHING RETURNING message_id), "
+    f"SELECT ids.id, {', '.join(c + _CAST.get(c, '') for c, _ in _COLUMNS[1:])}, 1 FROM "
+    + db.rowset("%s", [t for _, t in _COLUMNS[1:]], ordinality=True)
+    + f" AS u({', '.join(c for c, _ in _COLUMNS[1:])}, n) JOIN ids USING (n)), "
+    "claim AS (INSERT INTO platform_messages SELECT p.s, p.c, p.p, ids.id FROM "
+    + db.rowset("%s", ("text", "text", "text", "bigint"))
+    + " AS p(s, c, p, n) JOIN ids USING (n) ON CONFLICT DO NOTHING RETURNING message_id), "
     "upd AS (UPDATE sessions s SET message_count = COALESCE(s.message_count, 0) + u.n, "
     "tool_call_count = COALESCE(s.tool_call_count, 0) + u.t, preview = COALESCE(s.preview, u.pv), "
     f"last_active = CASE WHEN COALESCE(s.last_active, 0) <= u.ts - {LAST_ACTIVE_RESOLUTION_S} "
     f"THEN u.ts ELSE s.last_active END, {usage.tokens_set()} "
-    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::text[], %s::double precision[], "
-    "%s::bigint[], %s::bigint[], %s::boolean[]) AS u(sid, n, t, pv, ts, i, o, tk) "
+    "FROM "
+    + db.rowset(
+        "%s",
+        ("text", "bigint", "bigint", "text", "double precision", "bigint", "bigint", "boolean"),
+    )
+    + " AS u(sid, n, t, pv, ts, i, o, tk) "
     f"WHERE s.id = u.sid RETURNING {usage.ROUTED_RETURNING}), "
     f"used AS ({usage.upsert_from(usage.routed_usage('upd'))}) "
     "SELECT 0, n, id FROM ids UNION ALL SELECT 1, NULL, message_id FROM claim"
@@ -168,22 +172,14 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
     if rows:  # then every session in `live` has rows, and every one with rows is in it
         live = [(sid, a) for sid, a in agg.items() if a[0]]
         claims = _platform_claims(calls, per_call, chats)
-        columns = [[r[k] for r in rows] for k in range(len(_COLUMNS) - 1)]
         found = await db.tuples(
             conn,
             _ROWS,
             (
                 len(rows),
-                *columns,
-                *([c[k] for c in claims] for k in range(4)),
-                [s for s, _ in live],
-                [a[0] for _, a in live],
-                [a[1] for _, a in live],
-                [a[2] for _, a in live],
-                [a[3] for _, a in live],
-                [a[4] for _, a in live],
-                [a[5] for _, a in live],
-                [bool(a[4] or a[5]) for _, a in live],
+                db.json_rows(rows),
+                db.json_rows(c[:4] for c in claims),
+                db.json_rows((s, *a[:6], bool(a[4] or a[5])) for s, a in live),
                 now,
                 now,
             ),

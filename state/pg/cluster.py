@@ -237,9 +237,9 @@ CHANNEL = "switchboard_replica_"  # + an incarnation: the channel it LISTENs on
 RELEASE_CTES = (
     "rel AS (UPDATE session_routes r SET lease_owner = NULL, "
     + ", ".join(f"{c} = CASE WHEN u.w THEN u.{c} ELSE r.{c} END" for c in _ROUTE_COLUMNS)
-    + " FROM unnest(%(r_k)s::text[], %(r_o)s::bigint[], %(r_e)s::bigint[], %(r_w)s::boolean[], "
-    + ", ".join(f"%(r_{c})s::{t}[]" for c, t in zip(_ROUTE_COLUMNS, _ROUTE_TYPES, strict=True))
-    + ") AS u(k, o, e, w, "
+    + " FROM "
+    + db.rowset("%(r_rows)s", ("text", "bigint", "bigint", "boolean", *_ROUTE_TYPES))
+    + " AS u(k, o, e, w, "
     + ", ".join(_ROUTE_COLUMNS)
     + ") "
     "WHERE r.session_key = u.k AND r.lease_owner = u.o AND r.lease_epoch = u.e "
@@ -247,7 +247,7 @@ RELEASE_CTES = (
     f"wake AS (SELECT DISTINCT '{CHANNEL}' || i.replica AS c, 'k:' || i.session_key AS p "
     "FROM rel f JOIN inbox i ON i.session_key = f.session_key "
     "WHERE i.state IN ('received', 'started') AND i.replica IS NOT NULL AND i.replica <> f.owner "
-    "UNION SELECT * FROM unnest(%(r_wc)s::text[], %(r_wp)s::text[]))"
+    f"UNION SELECT * FROM {db.rowset('%(r_wake)s', ('text', 'text'))} AS x(c, p))"
 )
 NOTIFY = "FROM wake, LATERAL pg_notify(wake.c, wake.p)"
 _RELEASE = f"WITH {RELEASE_CTES} SELECT session_key FROM rel UNION ALL SELECT NULL {NOTIFY}"
@@ -285,23 +285,23 @@ def release_params(
     """RELEASE_CTES's parameters: the routes in key order, and the wake-ups of the rows
     answered here that other replicas took (`d:<inbox id>`)."""
     order = sorted(calls, key=lambda c: c[0].session_key)
-    params: dict[str, Any] = {
-        "r_k": [c[0].session_key for c in order],
-        "r_o": [c[0].owner for c in order],
-        "r_e": [c[0].epoch for c in order],
-        "r_w": [c[1] is not None for c in order],
-    }
-    for c in _ROUTE_COLUMNS:
-        params[f"r_{c}"] = [(route[1] or {}).get(c) for route in order]
-    answered = [
+    routes = db.json_rows(
+        (
+            fence.session_key,
+            fence.owner,
+            fence.epoch,
+            route is not None,
+            *[(route or {}).get(c) for c in _ROUTE_COLUMNS],
+        )
+        for fence, route, _done in order
+    )
+    answered = db.json_rows(
         (channel(origin), f"d:{inbox_id}")
         for fence, _route, done in calls
         for origin, inbox_id in done
         if origin != fence.owner
-    ]
-    params["r_wc"] = [c for c, _p in answered]
-    params["r_wp"] = [p for _c, p in answered]
-    return params
+    )
+    return {"r_rows": routes, "r_wake": answered}
 
 
 register_batched(release_lease, release_leases_many)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import re
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from psycopg import AsyncConnection, AsyncRawCursor, errors
@@ -133,10 +134,11 @@ class _Resumed(Generator[Wait, "Ready | int", RV]):
 def binary_lists(conn: AsyncConnection) -> None:
     """Python lists go to the server in binary on this connection. psycopg's default for a
     list parameter is its text array dumper, which quotes and regex-escapes every element:
-    1.1 ms for six 60-element arrays against 0.13 ms in binary, and array parameters
-    (`unnest(%s::text[], ...)`) are how every merged write of the writer sends its rows,
-    so text dumping took about 13% of a replica's CPU (py-spy, one replica at 740
-    messages/s). The server casts them as it did the text ones."""
+    1.1 ms for six 60-element arrays against 0.13 ms in binary: text dumping took about 13%
+    of a replica's CPU (py-spy, one replica at 740 messages/s) while the writer's merged
+    writes sent their rows as arrays (they send them as JSON now: `json_rows`). Lists
+    still go as arrays to `= ANY(%s)` and the rarer writes' `unnest(%s::text[], ...)`;
+    the server casts them as it did the text ones."""
     conn.adapters.register_dumper(list, ListBinaryDumper)
 
 
@@ -216,6 +218,40 @@ def _raw(sql: str, params: Params) -> tuple[bytes, Sequence[Any]] | None:
         return query, values
     named = cast(Mapping[str, Any], params)
     return query, [named[name] for name in order]
+
+
+# A merged write's rows go to the server as one JSON parameter (`json_rows`), read back as
+# a table by `rowset`, rather than as one array parameter per column: psycopg dumps a list
+# in Python, element by element (3.6 µs a list, 13 lists of 3 values 47.6 µs against 10.5
+# for the same values as one JSON text, `python -m timeit`), and a batch's append alone
+# sends 31 columns. Text comes back exactly as sent (JSON escapes it; NUL and lone
+# surrogates never reach a statement: state/text.py), a float as its shortest repr, which
+# double precision parses to the same value (a zero loses its sign: jsonb keeps numbers as
+# numeric).
+_ROWS_JSON = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, check_circular=False, separators=(",", ":")
+)
+
+
+def json_rows(rows: Iterable[Sequence[Any]]) -> str:
+    """Rows (sequences of None, bool, int, float and str) as `rowset`'s parameter."""
+    return _ROWS_JSON.encode(rows if isinstance(rows, list) else list(rows))
+
+
+def rowset(param: str, types: Sequence[str], *, ordinality: bool = False) -> str:
+    """A FROM item of the rows of a JSON parameter (`json_rows`; `param` is its placeholder),
+    a column of each type in `types` (then, with `ordinality`, the row's number from 1),
+    to alias as `unnest` was: `FROM {rowset('%s', ('text', 'bigint'))} AS u(k, v)`."""
+    columns = ", ".join(f"(r->>{i})::{t}" for i, t in enumerate(types))
+    number = ", n" if ordinality else ""
+    # unnest of an array the statement builds: the planner counts on 10 rows, as for the
+    # array parameters this replaces; for jsonb_array_elements it counts on 100, and the
+    # writer's generic plans, made while the tables were small, then scanned inbox,
+    # sessions and session_routes whole at every batch instead of probing their keys
+    return (
+        f"(SELECT {columns}{number} FROM unnest(ARRAY(SELECT jsonb_array_elements("
+        f"{param}::jsonb))) WITH ORDINALITY AS x(r, n))"
+    )
 
 
 def _dict_cursor(conn: AsyncConnection, raw: object) -> Any:

@@ -31,9 +31,13 @@ ACCEPT_CTES = (
     "FROM generate_series(1, %(a_n)s) AS g(n) ORDER BY n), "
     "ins AS (INSERT INTO inbox (id, platform, chat_id, platform_message_id, payload, state, "
     "received_at, updated_at, session_key, replica) SELECT ids.i, p, c, m, pl, %(a_state)s, t, "
-    "t, k, r FROM unnest(%(a_p)s::text[], %(a_c)s::text[], %(a_m)s::text[], %(a_pl)s::text[], "
-    "%(a_t)s::double precision[], %(a_k)s::text[], %(a_r)s::bigint[]) "
-    "WITH ORDINALITY AS u(p, c, m, pl, t, k, r, n) JOIN ids USING (n) ORDER BY n "
+    "t, k, r FROM "
+    + db.rowset(
+        "%(a_rows)s",
+        ("text", "text", "text", "text", "double precision", "text", "bigint"),
+        ordinality=True,
+    )
+    + " AS u(p, c, m, pl, t, k, r, n) JOIN ids USING (n) ORDER BY n "
     "ON CONFLICT (platform, chat_id, platform_message_id) DO NOTHING RETURNING id, session_key)"
 )
 _ACCEPTED = "SELECT ids.i, ins.id IS NOT NULL FROM ids LEFT JOIN ins ON ins.id = ids.i"
@@ -43,10 +47,7 @@ _INSERT = f"WITH {ACCEPT_CTES} {_ACCEPTED} ORDER BY ids.n"
 def accept_params(calls: Sequence[Accept | Routed]) -> dict[str, Any]:
     """ACCEPT_CTES's parameters for these calls, in call order."""
     chosen = [(*c, None, None)[:7] for c in calls]
-    names = ("a_p", "a_c", "a_m", "a_pl", "a_t", "a_k", "a_r")
-    params: dict[str, Any] = {n: [c[k] for c in chosen] for k, n in enumerate(names)}
-    params.update(a_n=len(calls), a_state=RECEIVED)
-    return params
+    return {"a_rows": db.json_rows(chosen), "a_n": len(calls), "a_state": RECEIVED}
 
 
 # One call: Accept, plus the message's session key and the replica taking it (several
@@ -135,8 +136,9 @@ _TURN_ROWS = (
     "reason = CASE WHEN u.b THEN inbox.reason END, "
     "reply_state = CASE WHEN u.b THEN inbox.reply_state ELSE u.rs END, "
     "reply_message_id = CASE WHEN u.b THEN inbox.reply_message_id ELSE u.rmid END "
-    "FROM unnest(%s::bigint[], %s::boolean[], %s::text[], %s::bigint[], %s::bigint[], "
-    "%s::text[], %s::bigint[]) AS u(id, b, sid, mid, runner, rs, rmid) WHERE inbox.id = u.id"
+    "FROM "
+    + db.rowset("%s", ("bigint", "boolean", "text", "bigint", "bigint", "text", "bigint"))
+    + " AS u(id, b, sid, mid, runner, rs, rmid) WHERE inbox.id = u.id"
 )
 Begin = tuple[int, str, Mapping[str, Any], "int | None"]  # inbox id, session, message, last
 End = tuple[int, str, list[Mapping[str, Any]], "Mapping[str, int] | None", str]  # + reply state
@@ -229,9 +231,7 @@ async def turn_writes_many(
     ]
     # one statement for both kinds; a row begun and ended in one batch: begun first
     parts = [begun, ended] if set(last_call) & set(final) else [begun + ended]
-    updates = [
-        (_TURN_ROWS, (now, *([r[k] for r in rows] for k in range(7)))) for rows in parts if rows
-    ]
+    updates = [(_TURN_ROWS, (now, db.json_rows(rows))) for rows in parts if rows]
     # with history reads to come, the last update rides with the first: one round trip less
     rides = updates.pop() if begins and updates else None
     for sql, params in updates:
@@ -325,6 +325,9 @@ async def end_turns_many(conn: AsyncConnection, calls: Sequence[End]) -> list[li
 register_batched(end_turn, end_turns_many)
 
 
+_FINISHED = db.rowset("%s", ("bigint", "text", "text"))
+
+
 async def finish(conn: AsyncConnection, inbox_id: int, state: str, reason: str | None) -> None:
     """Close a row without a reply of the agent's: a command answered, or dropped."""
     await finish_many(conn, [(inbox_id, state, reason)])
@@ -337,9 +340,8 @@ async def finish_many(
     await db.run(
         conn,
         "UPDATE inbox SET state = u.state, reason = u.reason, updated_at = %s "
-        "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, state, reason) "
-        "WHERE inbox.id = u.id",
-        (time.time(), list(final), [c[1] for c in final.values()], [c[2] for c in final.values()]),
+        f"FROM {_FINISHED} AS u(id, state, reason) WHERE inbox.id = u.id",
+        (time.time(), db.json_rows(final.values())),
     )
     return [None] * len(calls)
 

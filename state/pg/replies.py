@@ -61,9 +61,9 @@ async def mark_replies_many(
     await db.run(
         conn,
         "UPDATE inbox SET reply_state = u.rs, reply_ref = u.ref "
-        "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS u(id, rs, ref) "
+        f"FROM {db.rowset('%s', ('bigint', 'text', 'text'))} AS u(id, rs, ref) "
         "WHERE inbox.id = u.id",
-        (list(final), [c[1] for c in final.values()], [c[2] for c in final.values()]),
+        (db.json_rows(final.values()),),
     )
     return [None] * len(calls)
 

@@ -46,7 +46,7 @@ from .messages import chat_message
 # newest `last` messages with after < id <= newest, in order
 _READ = (
     "SELECT u.n, s.message_count AS count, l.later, m.* "
-    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) WITH ORDINALITY AS u(sid, upto, after, n) "
+    f"FROM {db.rowset('%s', ('text', 'bigint', 'bigint'), ordinality=True)} AS u(sid, upto, after, n) "
     "LEFT JOIN sessions s ON s.id = u.sid "
     "CROSS JOIN LATERAL (SELECT count(*) AS later FROM messages x "
     "WHERE x.session_id = u.sid AND x.id > u.upto) l "
@@ -88,7 +88,7 @@ async def _read(
     last: int | None,
     before: Before | None = None,
 ) -> list[Read]:
-    params = ([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], last)
+    params = (db.json_rows(ranges), last)
     if before is None:
         found = await db.rows(conn, _READ, params)
     else:

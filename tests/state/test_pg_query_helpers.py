@@ -1,8 +1,13 @@
-"""Statements longer than psycopg keeps parsed (state.pg.db.PARSED_EVERY_RUN) run as raw
-queries, their placeholders numbered once: on a real server, each of the store's query
-helpers gives the same answers for them as for the same statement short enough for
-psycopg's own conversion, with named and positional parameters, a name used twice, `%%`,
-array parameters and text that looks like placeholders."""
+"""The store's PostgreSQL query helpers (state.pg.db) on a real server.
+
+Statements longer than psycopg keeps parsed (PARSED_EVERY_RUN) run as raw queries, their
+placeholders numbered once: each helper gives the same answers for them as for the same
+statement short enough for psycopg's own conversion, with named and positional parameters,
+a name used twice, `%%`, array parameters and text that looks like placeholders.
+
+Rows sent as one JSON parameter (`json_rows`) come back from `rowset` exactly as sent:
+text of every kind, floats to the last bit, integers past 2**53, booleans and NULLs.
+"""
 
 from __future__ import annotations
 
@@ -104,3 +109,67 @@ def test_a_long_statement_with_wrong_parameters_is_refused_before_it_is_sent() -
     assert raw is not None and raw[1] == ["x", 2, []]
     assert db._raw(NAMED, {"a": 1}) is None  # short: psycopg's own conversion
     assert db._raw(PADDING + "SELECT 1", None) is None  # no parameters: nothing to convert
+
+
+ODD_TEXT = [
+    "<b>bold</b> & <script>x</script>",
+    "\u202eevil\u202c \u200f rtl",
+    "quotes \" and \\ backslash \\\" and 'single'",
+    "line\nbreak\ttab\r\u2028sep",
+    "emoji \U0001f389 and CJK \u6771\u4eac and combining e\u0301",
+    '{"json": [1, 2]} and {} and [] and %s %(x)s $1',
+    "",
+    "\ufffd replacement and \uffff noncharacter",
+]
+
+
+def test_rows_sent_as_json_come_back_exactly(pg_dsn: str) -> None:
+    floats = [1765000000.123456, 0.1 + 0.2, -0.0, 1e-300, 1.7976931348623157e308, 5e-324]
+    rows = [
+        (i, text, floats[i % len(floats)], 2**62 + i, i % 2 == 0, None)
+        for i, text in enumerate(ODD_TEXT)
+    ]
+    types = ("bigint", "text", "double precision", "bigint", "boolean", "text")
+    sql = (
+        f"SELECT * FROM {db.rowset('%s', types, ordinality=True)} "
+        "AS u(i, t, f, big, b, nothing, n) ORDER BY n"
+    )
+
+    async def scenario() -> list[tuple[Any, ...]]:
+        conn = await LoopConnection.connect(pg_dsn, autocommit=True)
+        try:
+            return await db.tuples(conn, sql, (db.json_rows(iter(rows)),))
+        finally:
+            await conn.close()
+
+    got = asyncio.run(scenario())
+    assert got == [(*r, n) for n, r in enumerate(rows, start=1)]
+    # to the last bit, except the sign of a zero (jsonb keeps numbers as numeric, which has
+    # no negative zero; no column the store sends takes one)
+    assert [r[2].hex() for r in got] == [abs(r[2]).hex() if r[2] == 0 else r[2].hex() for r in rows]
+
+
+def test_a_rowset_is_planned_as_a_few_rows_not_a_hundred(pg_dsn: str) -> None:
+    """The writer's generic plans probe keys for a rowset's rows: the planner counts on 10
+    rows, as for an array parameter (jsonb_array_elements alone: 100)."""
+    sql = f"SELECT * FROM {db.rowset('$1', ('bigint', 'text'))} AS u(a, b)"
+
+    async def scenario() -> str:
+        conn = await LoopConnection.connect(pg_dsn, autocommit=True)
+        try:
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            await conn.execute(f"PREPARE few(text) AS {sql}")
+            cur = await conn.execute("EXPLAIN EXECUTE few('[[1, \"a\"]]')")
+            return "\n".join(r[0] for r in await cur.fetchall())
+        finally:
+            await conn.close()
+
+    plan = asyncio.run(scenario())
+    assert "Function Scan on unnest x" in plan and "rows=10 " in plan, plan
+
+
+def test_values_json_cannot_carry_are_refused_before_anything_is_sent() -> None:
+    with pytest.raises(ValueError):
+        db.json_rows([(float("nan"),)])
+    with pytest.raises(TypeError):
+        db.json_rows([(b"bytes",)])
