@@ -41,6 +41,21 @@ def tool_call_count(tool_calls: object) -> int:
     return len(value) if isinstance(value, list) else 1
 
 
+# Fields stored as they come (text, or a number the column takes); a list, a mapping or
+# bytes there is refused by name rather than left to each store and path to fail, or to
+# store, in its own way (the JSON columns, tool_calls and the reasoning details, take them).
+_SCALAR = (str, int, float)
+
+
+def _scalar(msg: Mapping[str, Any], name: str) -> Any:
+    value = msg.get(name)
+    if value is None or type(value) is str:
+        return value
+    if isinstance(value, _SCALAR) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"{name} must be text or a number, not {type(value).__name__}")
+
+
 def row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[Any, ...]:
     role = msg.get("role")
     if role not in ROLES:
@@ -50,16 +65,16 @@ def row_values(session_id: str, msg: Mapping[str, Any], now: float) -> tuple[Any
         session_id,
         role,
         content,
-        msg.get("tool_call_id"),
+        _scalar(msg, "tool_call_id"),
         to_json_text(msg.get("tool_calls")),
-        msg.get("tool_name"),
+        _scalar(msg, "tool_name"),
         float(msg.get("timestamp") or now),
-        msg.get("token_count"),
-        msg.get("finish_reason"),
-        msg.get("reasoning"),
+        _scalar(msg, "token_count"),
+        _scalar(msg, "finish_reason"),
+        _scalar(msg, "reasoning"),
         to_json_text(msg.get("reasoning_details")),
         to_json_text(msg.get("codex_reasoning_items")),
-        msg.get("platform_message_id"),
+        _scalar(msg, "platform_message_id"),
     )
 
 

@@ -5,6 +5,7 @@ hold is UnstorableData (not a busy or broken store)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -99,3 +100,38 @@ async def test_a_value_postgresql_can_never_hold_is_unstorable_data(
     finally:
         await store.close()
         pgserver.drop_schema(pg_dsn, schema)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tool_name", {"x": 1}),
+        ("tool_call_id", ["a"]),
+        ("token_count", {"n": 1}),
+        ("finish_reason", b"stop"),
+        ("platform_message_id", True),
+        ("reasoning", ("a", "b")),
+    ],
+)
+async def test_a_list_or_mapping_where_a_message_takes_text_is_refused_by_name(
+    store: Store, field: str, value: object
+) -> None:
+    """The same clear error on every backend, alone or merged with other appends in one
+    commit (where the merged append sends its rows as JSON, which would take a list), and
+    the appends beside it are stored."""
+    sid = await store.create_session(source="api")
+    bad = {"role": "assistant", "content": "odd", field: value}
+    alone = await asyncio.gather(store.append_messages(sid, [bad]), return_exceptions=True)
+    merged = await asyncio.gather(
+        store.append_messages(sid, [{"role": "user", "content": "before"}]),
+        store.append_messages(sid, [bad]),
+        store.append_messages(sid, [{"role": "user", "content": "after", "token_count": 3}]),
+        return_exceptions=True,
+    )
+    for outcome in (alone[0], merged[1]):
+        assert isinstance(outcome, ValueError) and field in str(outcome), outcome
+    stored = await store.get_messages(sid)
+    assert [(m["content"], m["token_count"]) for m in stored] == [("before", None), ("after", 3)]
+    numbers = {"role": "tool", "content": "n", "tool_call_id": 7, "reasoning": 1.5}
+    await store.append_messages(sid, [numbers])  # numbers stay what they were: stored
+    assert [m["tool_call_id"] for m in await store.get_messages(sid)][-1] == "7"
