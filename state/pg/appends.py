@@ -4,8 +4,8 @@ batch (the hot path of every turn), the PostgreSQL counterpart of state/sqlite/m
 
 The sessions are locked in id order (two daemons appending to the same sessions cannot
 deadlock); then one statement draws the message ids from the sequence (each caller gets its
-own), inserts the rows from `unnest`, claims their platform ids and updates the sessions'
-counts. Anything unusual (a missing session, a platform id another writer claimed
+own), inserts the rows (sent as one JSON text: db.json_rows), claims their platform ids
+and updates the sessions' counts. Anything unusual (a missing session, a platform id another writer claimed
 meanwhile) raises, and the writer redoes the batch one operation at a time, where each
 caller gets its own answer.
 """
