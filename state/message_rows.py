@@ -41,9 +41,9 @@ def tool_call_count(tool_calls: object) -> int:
     return len(value) if isinstance(value, list) else 1
 
 
-# Fields stored as they come (text, or a number the column takes); a list, a mapping or
-# bytes there is refused by name rather than left to each store and path to fail, or to
-# store, in its own way (the JSON columns, tool_calls and the reasoning details, take them).
+# Fields stored as they come (text, or a number the column takes); a list, a mapping, bytes
+# or a boolean there is refused by name rather than left to each store and path to fail, or
+# to store, in its own way (the JSON columns, tool_calls and the reasoning details, take them).
 _SCALAR = (str, int, float)
 
 

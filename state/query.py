@@ -284,8 +284,9 @@ def parse(query: str) -> Node:
 
 def _check_positive(node: Node) -> None:
     """Every part of the query that must match has a word of its own to look for: a NOT
-    stands only beside one (`a NOT b`), never alone, in an OR (`a OR NOT b`) or as the
-    only thing in a group (`a (NOT b)`); what a NOT excludes is checked the same way."""
+    stands only beside one in an AND (`a NOT b`, and `a (NOT b)`, whose group joins the AND
+    around it), never alone, in an OR (`a OR NOT b`) or with only NOTs beside it; what a
+    NOT excludes is checked the same way."""
     if isinstance(node, Term):
         return
     if isinstance(node, Not) or (
