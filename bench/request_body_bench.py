@@ -9,9 +9,9 @@ plays turns round-robin over `--sessions` conversations of English-like chat tex
 bench/corpus.py; one in ten a short stock text such as "ok" that recurs) that each grow by
 a user message and a reply per turn, the window handing each turn new dicts around the same
 strings as the store's windows do (state/history.py), and builds each turn's `messages`
-JSON two ways: encoded whole (`json.dumps` of the list)
-and through the agent's `EncodedMessages` (gateway/agent/openai.py), which reuses the JSON
-of the session's last request. The figure is the CPU time (time.process_time) per body: the
+JSON two ways: encoded whole (`json.dumps` of the list) and through the agent's
+`EncodedMessages` (gateway/agent/openai.py), which reuses the JSON of the session's last
+request. The figure is the CPU time (time.process_time) per body: the
 median over rounds, the range in brackets. Both bodies are checked to decode to the same
 messages.
 """
