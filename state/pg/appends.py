@@ -2,12 +2,12 @@
 batch (the hot path of every turn), the PostgreSQL counterpart of state/sqlite/messages.py's
 `append_many`.
 
-The sessions are locked in id order (two daemons appending to the same sessions cannot
-deadlock); then one statement draws the message ids from the sequence (each caller gets its
-own), inserts the rows (sent as one JSON text: db.json_rows), claims their platform ids
-and updates the sessions' counts. Anything unusual (a missing session, a platform id another writer claimed
-meanwhile) raises, and the writer redoes the batch one operation at a time, where each
-caller gets its own answer.
+One statement locks the sessions in id order (two daemons appending to the same sessions
+cannot deadlock), draws the message ids from the sequence (each caller gets its own),
+inserts the rows (sent as one JSON text: db.json_rows), claims their platform ids and
+updates the sessions' counts. Anything unusual (a missing session, a platform id another
+writer claimed meanwhile) raises, and the writer redoes the batch one operation at a time,
+where each caller gets its own answer.
 """
 
 from __future__ import annotations
@@ -50,27 +50,33 @@ _COLUMNS = (
     ("aux_ntok", "integer"),
 )
 _CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
-# One statement writes a run of appends: the rows' ids drawn from the sequence in row order
-# (`n`), the rows inserted, their platform ids claimed (`ON CONFLICT DO NOTHING`: the ids
-# claimed come back, and one a caller must settle that another writer took meanwhile makes
-# the batch redo one by one), the sessions' counts, activity and the calls' tokens
-# (usage.tokens_set, where `u.tk`) updated, and those tokens' usage rows upserted on each
-# session's billing route (usage.routed_usage). One round trip instead of four: a statement
-# costs this writer's client about 0.15-0.35 ms of CPU and the server about as much again,
-# whatever it does (docs/benchmarks.md). The foreign key from platform_messages to
-# messages is checked at the statement's end, after both inserts. The result's rows:
-# (0, n, id) per drawn id and (1, NULL, message id) per claim. The last two parameters
-# are the usage rows' first and last seen.
+# One statement writes a run of appends: the sessions locked in id order (`lk`, read
+# first: the result's first rows), the rows' ids drawn from the sequence in row order
+# (`n`), the rows inserted, their platform ids claimed on their sessions' chats (`ON
+# CONFLICT DO NOTHING`: the ids claimed come back, and one a caller must settle that another
+# writer took meanwhile makes the batch redo one by one), the sessions' counts, activity and
+# the calls' tokens (usage.tokens_set, where `u.tk`) updated, and those tokens' usage rows
+# upserted on each session's billing route (usage.routed_usage). One round trip instead of
+# five: a statement costs this writer's client about 0.15-0.35 ms of CPU and the server
+# about as much again, whatever it does (docs/benchmarks.md). A session missing fails the
+# foreign key from messages, checked at the statement's end as the one from
+# platform_messages to messages is, after both inserts. The result's rows: (2, NULL, NULL,
+# id, source, chat) per session locked, (0, n, id) per drawn id and (1, NULL, message id)
+# per claim. The last two parameters are the usage rows' first and last seen.
 _ROWS = (
-    "WITH ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('messages', 'id')) "
+    "WITH lk AS MATERIALIZED (SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) "
+    "ORDER BY id FOR UPDATE), "
+    "ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('messages', 'id')) "
     "AS id FROM generate_series(1, %s) AS g(n) ORDER BY n), "
     f"ins AS (INSERT INTO messages ({', '.join(c for c, _ in _COLUMNS)}, active) "
     f"SELECT ids.id, {', '.join(c + _CAST.get(c, '') for c, _ in _COLUMNS[1:])}, 1 FROM "
     + db.rowset("%s", [t for _, t in _COLUMNS[1:]], ordinality=True)
     + f" AS u({', '.join(c for c, _ in _COLUMNS[1:])}, n) JOIN ids USING (n)), "
-    "claim AS (INSERT INTO platform_messages SELECT p.s, p.c, p.p, ids.id FROM "
-    + db.rowset("%s", ("text", "text", "text", "bigint"))
-    + " AS p(s, c, p, n) JOIN ids USING (n) ON CONFLICT DO NOTHING RETURNING message_id), "
+    "claim AS (INSERT INTO platform_messages SELECT lk.source, lk.chat_id, p.p, ids.id FROM "
+    + db.rowset("%s", ("text", "text", "bigint"))
+    + " AS p(sid, p, n) JOIN ids USING (n) JOIN lk ON lk.id = p.sid "
+    "WHERE lk.source IS NOT NULL AND lk.chat_id IS NOT NULL "
+    "ON CONFLICT DO NOTHING RETURNING message_id), "
     "upd AS (UPDATE sessions s SET message_count = COALESCE(s.message_count, 0) + u.n, "
     "tool_call_count = COALESCE(s.tool_call_count, 0) + u.t, preview = COALESCE(s.preview, u.pv), "
     f"last_active = CASE WHEN COALESCE(s.last_active, 0) <= u.ts - {LAST_ACTIVE_RESOLUTION_S} "
@@ -83,8 +89,11 @@ _ROWS = (
     + " AS u(sid, n, t, pv, ts, i, o, tk) "
     f"WHERE s.id = u.sid RETURNING {usage.ROUTED_RETURNING}), "
     f"used AS ({usage.upsert_from(usage.routed_usage('upd'))}) "
-    "SELECT 0, n, id FROM ids UNION ALL SELECT 1, NULL, message_id FROM claim"
+    "SELECT 2, NULL::bigint, NULL::bigint, id, source, chat_id FROM lk UNION ALL "
+    "SELECT 0, n, id, NULL, NULL, NULL FROM ids UNION ALL "
+    "SELECT 1, NULL, message_id, NULL, NULL, NULL FROM claim"
 )
+_LOCK = "SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
 
 
 class _Redo(StateError):
@@ -95,14 +104,6 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
     """Several `append_messages(session_id, batch, dedupe=None, tokens=None)` calls at once."""
     now = time.time()
     wanted = sorted({c[0] for c in calls})
-    found = await db.tuples(
-        conn,
-        "SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
-        (wanted,),
-    )
-    chats = {r[0]: (r[1], r[2]) for r in found}
-    if len(chats) != len(wanted):
-        raise SessionNotFound(next(s for s in wanted if s not in chats))
     # Duplicates (calls with `dedupe` only, as on SQLite): a platform id already stored for
     # that chat, or one an earlier call of this batch brings.
     probes: list[tuple[str, str, str, int]] = [
@@ -171,23 +172,35 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
     totals = {sid: (a[4], a[5]) for sid, a in agg.items() if a[4] or a[5]}
     if rows:  # then every session in `live` has rows, and every one with rows is in it
         live = [(sid, a) for sid, a in agg.items() if a[0]]
-        claims = _platform_claims(calls, per_call, chats)
+        claims = _platform_claims(calls, per_call)
         found = await db.tuples(
             conn,
             _ROWS,
             (
+                wanted,
                 len(rows),
                 db.json_rows(rows),
-                db.json_rows(c[:4] for c in claims),
+                db.json_rows(c[:3] for c in claims),
                 db.json_rows((s, *a[:6], bool(a[4] or a[5])) for s, a in live),
                 now,
                 now,
             ),
         )
+        chats = {r[3]: (r[4], r[5]) for r in found if r[0] == 2}
         ids = [int(r[2]) for r in sorted((r for r in found if r[0] == 0), key=lambda r: r[1])]
         got = {int(r[2]) for r in found if r[0] == 1}
-        if any(c[4] and ids[c[3] - 1] not in got for c in claims):
+        if any(
+            dedupe is not None
+            and tuple(dedupe) == chats.get(sid)
+            and None not in dedupe
+            and ids[pos - 1] not in got
+            for sid, _pmid, pos, dedupe in claims
+        ):
             raise _Redo()  # another writer stored one of these platform ids since the check
+    else:
+        chats = {r[0]: (r[1], r[2]) for r in await db.tuples(conn, _LOCK, (wanted,))}
+    if len(chats) != len(wanted):  # (with rows, the foreign key from messages fails first)
+        raise SessionNotFound(next(s for s in wanted if s not in chats))
     rest = sorted((sid, *t) for sid, t in totals.items() if not agg[sid][0])
     if rest:  # tokens of calls whose messages were all duplicates
         await usage.add_tokens_many(conn, rest)
@@ -200,25 +213,22 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
 
 
 def _platform_claims(
-    calls: Sequence[tuple[Any, ...]],
-    per_call: list[int],
-    chats: Mapping[str, tuple[str | None, str | None]],
-) -> list[tuple[str, str, str, int, bool]]:
-    """The platform ids the appended rows claim: (source, chat, platform id, the row's place
-    in the run from 1, whether its caller settles on it: a `dedupe` of the session's own
-    chat, which must not find it taken)."""
-    keys: list[tuple[str, str, str, int, bool]] = []
+    calls: Sequence[tuple[Any, ...]], per_call: list[int]
+) -> list[tuple[str, str, int, tuple[str, str] | None]]:
+    """The platform ids the appended rows bring, claimed on their sessions' chats (as in
+    messages._insert): (session, platform id, the row's place in the run from 1, the call's
+    `dedupe`: the caller settles on the claim when that is its session's own chat, and then
+    it must not find it taken)."""
+    keys: list[tuple[str, str, int, tuple[str, str] | None]] = []
     pos = 0
     for call, n in zip(calls, per_call, strict=True):
         if n < 0:
             continue
-        dedupe = call[2] if len(call) > 2 else None
-        chat = chats[call[0]]  # keyed by the session's chat, as in messages._insert
-        settles = dedupe is not None and tuple(dedupe) == chat
+        dedupe = tuple(call[2]) if len(call) > 2 and call[2] is not None else None
         for j, m in enumerate(call[1]):
             pmid = m.get("platform_message_id")
-            if pmid is not None and chat[0] is not None and chat[1] is not None:
-                keys.append((chat[0], chat[1], str(pmid), pos + j + 1, settles))
+            if pmid is not None:
+                keys.append((call[0], str(pmid), pos + j + 1, dedupe))
         pos += n
     return keys
 

@@ -422,6 +422,56 @@ async def test_a_platform_id_another_writer_claims_mid_append_redoes_it_as_a_dup
         pgserver.drop_schema(pg_dsn, name)
 
 
+async def test_a_merged_append_locks_its_sessions_in_id_order(pg_dsn: str) -> None:
+    """The merged append's one statement takes its sessions' row locks in id order: while
+    another transaction holds the middle session, the writer holds the first and waits,
+    the last still free (so two writers appending to the same sessions cannot deadlock);
+    once the other commits, every append lands and the counts add up."""
+    name = pgserver.fresh_schema(pg_dsn)
+    dsn = pgserver.with_schema(pg_dsn, name)
+    store = await open_store({"backend": "postgres", "dsn": dsn}, ".")
+    assert isinstance(store, PgStore)
+    other = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        first, middle, last = sorted([await store.create_session(source="api") for _ in range(3)])
+        await other.execute("BEGIN")
+        await other.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (middle,))
+        task = asyncio.ensure_future(
+            asyncio.gather(
+                *(
+                    store.append_messages(sid, [{"role": "user", "content": f"to {sid}"}])
+                    for sid in (last, middle, first)  # queued against the id order
+                )
+            )
+        )
+        writer_pid = store._writer._conn.info.backend_pid  # type: ignore[union-attr]
+        await pgserver.until_waiting_on_a_lock(other, writer_pid, task)
+        assert not task.done()
+        held = []
+        for sid in (first, last):
+            await probe.execute("BEGIN")
+            try:
+                await probe.execute(
+                    "SELECT 1 FROM sessions WHERE id = %s FOR UPDATE NOWAIT", (sid,)
+                )
+                held.append(False)
+            except psycopg.errors.LockNotAvailable:
+                held.append(True)
+            await probe.execute("ROLLBACK")
+        assert held == [True, False]
+        await other.execute("COMMIT")
+        got = await asyncio.wait_for(task, 10)
+        assert [len(ids) for ids in got] == [1, 1, 1]
+        assert [await store.message_count(s) for s in (first, middle, last)] == [1, 1, 1]
+        assert store._writer.stats.fallbacks == 0 and store._writer.stats.busy_retries == 0
+    finally:
+        await probe.close()
+        await other.close()
+        await store.close()
+        pgserver.drop_schema(pg_dsn, name)
+
+
 async def test_the_writers_generic_plan_probes_routes_by_key_not_by_a_scan(pg: PgStore) -> None:
     """The writer's connection plans once per statement (plan_cache_mode) and prices a page
     read as memory does (random_page_cost): the lease take's generic plan probes the routes'
