@@ -62,7 +62,10 @@ _CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
 # foreign key from messages, checked at the statement's end as the one from
 # platform_messages to messages is, after both inserts. The result's rows: (2, NULL, NULL,
 # id, source, chat) per session locked, (0, n, id) per drawn id and (1, NULL, message id)
-# per claim. The last two parameters are the usage rows' first and last seen.
+# per claim. The last two parameters are the usage rows' first and last seen. The sessions'
+# update names their ids as the lock does (`s.id = ANY(...)`, redundant with the join): a
+# generic plan made while the table is new and small (before its first ANALYZE) then still
+# probes the primary key instead of hashing a scan of every session at each batch.
 _ROWS = (
     "WITH lk AS MATERIALIZED (SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) "
     "ORDER BY id FOR UPDATE), "
@@ -87,7 +90,7 @@ _ROWS = (
         ("text", "bigint", "bigint", "text", "double precision", "bigint", "bigint", "boolean"),
     )
     + " AS u(sid, n, t, pv, ts, i, o, tk) "
-    f"WHERE s.id = u.sid RETURNING {usage.ROUTED_RETURNING}), "
+    f"WHERE s.id = u.sid AND s.id = ANY(%s) RETURNING {usage.ROUTED_RETURNING}), "
     f"used AS ({usage.upsert_from(usage.routed_usage('upd'))}) "
     "SELECT 2, NULL::bigint, NULL::bigint, id, source, chat_id FROM lk UNION ALL "
     "SELECT 0, n, id, NULL, NULL, NULL FROM ids UNION ALL "
@@ -182,6 +185,7 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
                 db.json_rows(rows),
                 db.json_rows(c[:3] for c in claims),
                 db.json_rows((s, *a[:6], bool(a[4] or a[5])) for s, a in live),
+                wanted,
                 now,
                 now,
             ),

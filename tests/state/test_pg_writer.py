@@ -501,6 +501,36 @@ async def test_the_writers_generic_plan_probes_routes_by_key_not_by_a_scan(pg: P
     assert "Seq Scan on session_routes" not in found
 
 
+async def test_the_appends_generic_plan_probes_sessions_by_id_on_a_new_table(
+    pg: PgStore,
+) -> None:
+    """The merged append's generic plan, made while the sessions table is new, small and
+    never analyzed (a new store's first minute, before autovacuum's first ANALYZE; the
+    writer keeps that plan as the table grows), updates the sessions through their primary
+    key, not through a scan of every session at each batch."""
+    from state.pg import appends, db
+
+    sql, _names = db._numbered(appends._ROWS)
+
+    async def plan(conn: psycopg.AsyncConnection) -> str:
+        await conn.execute(
+            "INSERT INTO sessions (id, source, started_at) "
+            "SELECT 's' || g, 'api', 0 FROM generate_series(1, 20) AS g"
+        )
+        await conn.execute(b"PREPARE probe_append AS " + sql)
+        try:
+            cur = await conn.execute(
+                "EXPLAIN EXECUTE probe_append('{s1,s2}', 1, '[]', '[]', '[]', '{s1,s2}', 0, 0)"
+            )
+            return "\n".join(r[0] for r in await cur.fetchall())
+        finally:
+            await conn.execute("DEALLOCATE probe_append")
+
+    found = await pg._writer.submit(plan)
+    assert "Update on sessions" in found
+    assert "Seq Scan on sessions" not in found
+
+
 async def test_a_leases_take_and_release_update_its_route_in_place(pg: PgStore) -> None:
     """Every turn takes and frees its key's lease: both updates of the route are HOT (no
     index entry written), so no index covers the lease's columns."""
