@@ -5,6 +5,9 @@ per statement, for psycopg's blocking connection, its asyncio one, and the store
 (`state.pg.db.LoopConnection`, psycopg's asyncio connection with its socket left
 registered with the loop), the asyncio ones on uvloop (the daemon's loop) and on the
 standard library's. No statement costs less: it is the floor of a search's statements.
+Then a prepared statement of two parameters through the store's query helpers
+(`state.pg.db.tuples`) on uvloop, on psycopg's cursor and on the direct path the writer's
+and the read pool's connections take (`state.pg.db.Direct`).
 
   python bench/pg_roundtrip_bench.py [--dsn DSN] [--runs 5] [--statements 2000]
 """
@@ -24,6 +27,7 @@ import psycopg
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from state.pg import db  # noqa: E402
 from state.pg.db import LoopConnection  # noqa: E402
 
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -68,6 +72,25 @@ async def with_asyncio(
     return out
 
 
+HELPED = "SELECT %s::bigint + 1, %s::text"
+
+
+async def through_helpers(direct: bool, dsn: str, runs: int, n: int) -> list[tuple[float, float]]:
+    out = []
+    async with await LoopConnection.connect(dsn, autocommit=True) as conn:
+        if direct:
+            conn.direct = db.Direct()  # type: ignore[attr-defined]
+        pid = conn.info.backend_pid
+        for _ in range(runs):
+            for i in range(n // 10):
+                await db.tuples(conn, HELPED, (i, "x"), prepare=True)
+            server, client = backend_cpu(pid), time.process_time()
+            for i in range(n):
+                await db.tuples(conn, HELPED, (i, "x"), prepare=True)
+            out.append((time.process_time() - client, backend_cpu(pid) - server))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
@@ -82,6 +105,10 @@ def main() -> None:
             with asyncio.Runner(loop_factory=factory) as runner:
                 found = runner.run(with_asyncio(cls, args.dsn, args.runs, n))
             rows.append((f"{name}, {loop_name}", found))
+    for name, direct in (("helpers, cursor, uvloop", False), ("helpers, direct, uvloop", True)):
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            found = runner.run(through_helpers(direct, args.dsn, args.runs, n))
+        rows.append((name, found))
     for name, found in rows:
         total = sorted((c + s) / n * 1e6 for c, s in found)
         client = sorted(c / n * 1e6 for c, _ in found)

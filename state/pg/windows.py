@@ -57,9 +57,11 @@ _READ = (
 
 
 class WriterConnection(db.LoopConnection):
-    """The writer's connection, carrying its windows (`windows` is set by whoever connects)."""
+    """The writer's connection, carrying its windows and its statements' direct path
+    (`windows` and `direct` are set by whoever connects)."""
 
     windows: HistoryWindows
+    direct: db.Direct
 
 
 def windows_of(conn: AsyncConnection) -> HistoryWindows | None:

@@ -40,6 +40,7 @@ from psycopg import AsyncConnection, errors
 
 from ..errors import DatabaseBusy, DatabaseError, StateError, StoreUnavailable, WriterClosed
 from ..records import WriterStats
+from . import db
 from .windows import forget_windows
 
 log = logging.getLogger("state.pg.writer")
@@ -248,7 +249,7 @@ class PgWriter:
         merged. If any operation raises, roll back and redo the batch one savepoint per
         operation, so only the failing caller sees its error."""
         try:
-            await conn.execute(b"BEGIN")
+            await db.command(conn, b"BEGIN")
             results = await self._run_fast(conn, batch)
         except _RETRY:
             raise
@@ -260,7 +261,7 @@ class PgWriter:
         except Exception as exc:
             await self._fall_back(conn, batch, exc)
             return await self._run_isolated(conn, batch)
-        await conn.execute(b"COMMIT")
+        await db.command(conn, b"COMMIT")
         return results
 
     async def _fall_back(self, conn: AsyncConnection, batch: list[_Item], exc: Exception) -> None:

@@ -1,0 +1,179 @@
+"""Statements sent through libpq directly (state.pg.db.Direct, the writer's and the read
+pool's connections) on a real server: the same answers, Python types and errors as
+psycopg's cursor gives, prepared after the connection's threshold and no more of them than
+its maximum, and a connection the server drops leaving the event loop clean."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+import uvloop
+
+from state.pg import db
+from state.pg.db import LoopConnection
+from tests.state.test_pg_query_helpers import ODD_TEXT, PADDING, _answers
+
+T = TypeVar("T")
+
+TYPED = (
+    "SELECT %s::text AS t, %s::bigint AS i, %s::double precision AS f, %s::boolean AS b, "
+    "%s::text[] AS arr, %s::jsonb AS j, %s::numeric AS num, NULL::text AS nothing, "
+    "%s::bigint[] AS ints, 'x' || %s AS glued"
+)
+TYPED_PARAMS = (
+    "caf\u00e9",
+    2**62,
+    0.1 + 0.2,
+    True,
+    ["a", None, "c\u202e"],
+    '{"k": [1, 2]}',
+    "12345678901234567890.5",
+    [1, 2, 3],
+    "<b>",
+)
+
+
+def _run(dsn: str, body: Callable[[LoopConnection], Awaitable[T]], *, direct: bool) -> T:
+    async def scenario() -> T:
+        conn = await LoopConnection.connect(dsn, autocommit=True)
+        db.binary_lists(conn)
+        if direct:
+            conn.direct = db.Direct()  # type: ignore[attr-defined]
+        try:
+            return await body(conn)
+        finally:
+            await conn.close()
+
+    return uvloop.run(scenario())  # the daemon's loop, on which the socket stays registered
+
+
+async def _everything(conn: LoopConnection) -> list[Any]:
+    out: list[Any] = []
+    for pad in (PADDING, ""):
+        out.append(await _answers(conn, pad))
+    for _ in range(3):  # unnamed, then prepared
+        out.append(await db.rows(conn, TYPED, TYPED_PARAMS))
+        out.append(await db.tuples(conn, TYPED, TYPED_PARAMS))
+    for text in ODD_TEXT:
+        out.append(await db.value(conn, "SELECT %(t)s::text || %(t)s::text", {"t": text}))
+    out.append(await db.row(conn, "SELECT 1 AS one WHERE false"))
+    out.append(await db.value(conn, "SELECT NULL::text WHERE false"))
+    out.append(await db.run(conn, "SELECT generate_series(1, %s)", (4,)))
+    out.append(await db.tuples(conn, "SELECT '50%%', %s::text", ("%s",), prepare=False))
+    return out
+
+
+def test_the_direct_path_answers_as_psycopgs_cursor_does(pg_dsn: str) -> None:
+    direct = _run(pg_dsn, _everything, direct=True)
+    assert direct == _run(pg_dsn, _everything, direct=False)
+    typed = direct[2][0]
+    assert typed == {
+        "t": "caf\u00e9",
+        "i": 2**62,
+        "f": 0.1 + 0.2,
+        "b": True,
+        "arr": ["a", None, "c\u202e"],
+        "j": {"k": [1, 2]},
+        "num": Decimal("12345678901234567890.5"),
+        "nothing": None,
+        "ints": [1, 2, 3],
+        "glued": "x<b>",
+    }
+    assert [type(v) for v in direct[3][0]] == [type(v) for v in typed.values()]
+    assert direct[8 : 8 + len(ODD_TEXT)] == [t + t for t in ODD_TEXT]
+    assert direct[-4:] == [None, None, 4, [("50%", "%s")]]
+
+
+async def _prepared(conn: LoopConnection) -> list[str]:
+    cur = await conn.execute(
+        "SELECT statement FROM pg_prepared_statements WHERE name LIKE '\\_sb\\_%%' "
+        "ORDER BY prepare_time, name",
+        prepare=False,
+    )
+    return [str(r[0]) for r in await cur.fetchall()]
+
+
+def test_statements_are_prepared_after_the_threshold_and_at_most_the_maximum(
+    pg_dsn: str,
+) -> None:
+    async def body(conn: LoopConnection) -> dict[str, Any]:
+        conn.prepare_threshold, conn.prepared_max = 2, 3
+        seen: dict[str, Any] = {}
+        assert await db.value(conn, "SELECT %s::bigint + 1", (1,)) == 2
+        seen["after one run"] = await _prepared(conn)
+        assert await db.value(conn, "SELECT %s::bigint + 1", (2,)) == 3
+        seen["after two runs"] = await _prepared(conn)
+        for i in range(4):
+            await db.tuples(conn, "SELECT %s::bigint - 1", (i,), prepare=False)
+        seen["never"] = await _prepared(conn)
+        for n in range(5):  # prepared at once; the oldest deallocated past three
+            got = await db.tuples(conn, f"SELECT %s::bigint * {n}", (3,), prepare=True)
+            assert got == [(3 * n,)]
+        seen["capped"] = await _prepared(conn)
+        # a statement deallocated runs unnamed again, then is prepared again, still right
+        assert await db.value(conn, "SELECT %s::bigint + 1", (5,)) == 6
+        seen["unnamed again"] = await _prepared(conn)
+        assert await db.value(conn, "SELECT %s::bigint + 1", (6,)) == 7
+        seen["back"] = await _prepared(conn)
+        return seen
+
+    seen = _run(pg_dsn, body, direct=True)
+    assert seen["after one run"] == []
+    assert seen["after two runs"] == ["SELECT $1::bigint + 1"]
+    assert seen["never"] == ["SELECT $1::bigint + 1"]
+    assert seen["capped"] == [f"SELECT $1::bigint * {n}" for n in (2, 3, 4)]
+    assert seen["unnamed again"] == seen["capped"]
+    assert seen["back"] == [
+        "SELECT $1::bigint * 3",
+        "SELECT $1::bigint * 4",
+        "SELECT $1::bigint + 1",
+    ]
+
+
+def test_a_server_error_is_psycopgs_exception_and_the_connection_goes_on(pg_dsn: str) -> None:
+    async def body(conn: LoopConnection) -> list[Any]:
+        await db.run(conn, "CREATE TEMP TABLE d_unique (k text PRIMARY KEY)")
+        await db.run(conn, "INSERT INTO d_unique VALUES (%s)", ("a",))
+        with pytest.raises(psycopg.errors.UniqueViolation) as dup:
+            await db.run(conn, "INSERT INTO d_unique VALUES (%s)", ("a",))
+        assert db.violated(dup.value) == "d_unique_pkey"
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await db.value(conn, "SELECT 1 / %s::int", (0,))
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await db.rows(conn, "SELECT * FROM no_such_table WHERE k = %s", ("a",))
+        await db.command(conn, b"BEGIN")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await db.run(conn, "INSERT INTO d_unique VALUES (%s)", ("a",))
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            await db.value(conn, "SELECT %s::text", ("x",))
+        await db.command(conn, b"ROLLBACK")
+        return await db.tuples(conn, "SELECT k FROM d_unique WHERE k = %s", ("a",))
+
+    assert _run(pg_dsn, body, direct=True) == [("a",)]
+
+
+def test_a_connection_the_server_drops_raises_and_leaves_the_loop_clean(pg_dsn: str) -> None:
+    """The server's termination comes back as an error result: the statement raises
+    psycopg's OperationalError, the socket is no longer registered with the loop, and new
+    connections on the same loop (which may get the same socket number) work."""
+
+    async def scenario() -> list[Any]:
+        out: list[Any] = []
+        for _ in range(3):
+            conn = await LoopConnection.connect(pg_dsn, autocommit=True)
+            conn.direct = db.Direct()  # type: ignore[attr-defined]
+            out.append(await db.value(conn, "SELECT %s::text", ("before",)))
+            with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+            with pytest.raises(psycopg.OperationalError):
+                await db.value(conn, "SELECT %s::text", ("after",))
+            out.append((conn.closed, conn._watched))
+            await conn.close()
+        return out
+
+    got = uvloop.run(scenario())
+    assert got == ["before", (True, -1)] * 3
