@@ -44,6 +44,11 @@ from .messages import chat_message
 # For each (session, newest message id, after id): the session's message count, how many
 # of its messages come after the newest (a window is kept only when none do), and the
 # newest `last` messages with after < id <= newest, in order
+# The window's bounds are (session, id) row comparisons, which only idx_messages_session_order
+# can search: with `id <= upto AND id > after`, the writer's generic plan made on a new,
+# never analyzed table walked the primary key backwards from the window's end through every
+# session's rows (396 rows read for 2 kept in a bench run: 0.18 -> 0.44 ms of the server
+# per read).
 _READ = (
     "SELECT u.n, s.message_count AS count, l.later, m.* "
     f"FROM {db.rowset('%s', ('text', 'bigint', 'bigint'), ordinality=True)} AS u(sid, upto, after, n) "
@@ -51,8 +56,9 @@ _READ = (
     "CROSS JOIN LATERAL (SELECT count(*) AS later FROM messages x "
     "WHERE x.session_id = u.sid AND x.id > u.upto) l "
     "LEFT JOIN LATERAL (SELECT id, role, content, content_enc, tool_calls, tool_call_id, "
-    "tool_name, reasoning FROM messages WHERE session_id = u.sid AND id <= u.upto "
-    "AND id > u.after ORDER BY id DESC LIMIT %s) m ON true ORDER BY u.n, m.id"
+    "tool_name, reasoning FROM messages WHERE session_id = u.sid "
+    "AND (session_id, id) <= (u.sid, u.upto) AND (session_id, id) > (u.sid, u.after) "
+    "ORDER BY id DESC LIMIT %s) m ON true ORDER BY u.n, m.id"
 )
 
 

@@ -163,3 +163,33 @@ async def test_a_failed_operation_forgets_the_windows(open_test_store: OpenStore
         ("assistant", "answer 0"),
         ("user", "question 1"),
     ]
+
+
+async def test_the_history_reads_generic_plan_searches_each_sessions_rows_on_a_new_table(
+    open_test_store: OpenStore,
+) -> None:
+    """The writer's history read, planned generically while the messages table has never
+    been analyzed (a new store's first minute; the writer keeps that plan), searches each
+    window in the (session, id) index: not a backward walk of the primary key through every
+    session's rows, filtered by session."""
+    from state.pg import db, windows
+
+    store = await open_test_store()
+    assert isinstance(store, PgStore)
+    sids = [await store.create_session(source="api") for _ in range(50)]
+    for r in range(10):
+        for sid in sids:
+            await store.append_messages(sid, [{"role": "user", "content": f"q{r}"}])
+    sql, _names = db._numbered(windows._READ)
+
+    async def plan(conn: psycopg.AsyncConnection[Any]) -> str:
+        await conn.execute(b"PREPARE probe_read AS " + sql)
+        try:
+            cur = await conn.execute("EXPLAIN EXECUTE probe_read('[[\"s\", 400, 0]]', 40)")
+            return "\n".join(str(r[0]) for r in await cur.fetchall())
+        finally:
+            await conn.execute("DEALLOCATE probe_read")
+
+    found = await store._writer.submit(plan)
+    assert "Index Scan Backward using idx_messages_session_order on messages" in found, found
+    assert "using messages_pkey" not in found, found
