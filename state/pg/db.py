@@ -268,8 +268,9 @@ class Direct:
 
     psycopg's cursor wraps each statement in Python work of its own (a cursor object, its
     placeholders converted, its prepared-statement bookkeeping, the result's checks and row
-    factory): a prepared statement of two parameters took 104-109 us of the client's CPU
-    on that path against 66-78 us here (`bench/pg_roundtrip_bench.py --direct`). Here the
+    factory): a prepared statement of two parameters through the query helpers took 108
+    (91-117) us of the client's CPU on that path against 69 (62-97) us here (the helper
+    rows of `bench/pg_roundtrip_bench.py`). Here the
     statement's placeholders are numbered once per process (`_numbered`), its parameters
     dumped and its rows loaded by psycopg's own Transformer (the types and Python values
     psycopg gives), and it is prepared as psycopg prepares: after the connection's
