@@ -17,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -180,3 +181,16 @@ async def until_waiting_on_a_lock(
         if task.done() or (row and row[0] == "Lock"):
             return
         await asyncio.sleep(0.01)
+
+
+async def generic_plan(
+    conn: psycopg.AsyncConnection[Any], statement: bytes, args: str, types: str = ""
+) -> str:
+    """The plan `conn` runs `statement` (`$n` placeholders; `types`: its parameters' types,
+    when given) with: prepared there and EXPLAINed with `args` (SQL literals)."""
+    await conn.execute(b"PREPARE sb_probe" + types.encode() + b" AS " + statement)
+    try:
+        cur = await conn.execute(f"EXPLAIN EXECUTE sb_probe({args})".encode())
+        return "\n".join(str(r[0]) for r in await cur.fetchall())
+    finally:
+        await conn.execute(b"DEALLOCATE sb_probe")

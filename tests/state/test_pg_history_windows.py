@@ -16,6 +16,7 @@ import pytest
 from state import Store
 from state.history import HistoryWindows
 from state.pg.store import PgStore
+from tests import pgserver
 from tests.state.conftest import OpenStore
 from tests.state.test_history_windows import _plain, _turn
 
@@ -183,12 +184,7 @@ async def test_the_history_reads_generic_plan_searches_each_sessions_rows_on_a_n
     sql, _names = db._numbered(windows._READ)
 
     async def plan(conn: psycopg.AsyncConnection[Any]) -> str:
-        await conn.execute(b"PREPARE probe_read AS " + sql)
-        try:
-            cur = await conn.execute("EXPLAIN EXECUTE probe_read('[[\"s\", 400, 0]]', 40)")
-            return "\n".join(str(r[0]) for r in await cur.fetchall())
-        finally:
-            await conn.execute("DEALLOCATE probe_read")
+        return await pgserver.generic_plan(conn, sql, "'[[\"s\", 400, 0]]', 40")
 
     found = await store._writer.submit(plan)
     assert "Index Scan Backward using idx_messages_session_order on messages" in found, found

@@ -489,12 +489,9 @@ async def test_the_writers_generic_plan_probes_routes_by_key_not_by_a_scan(pg: P
             "SELECT 'k' || g, NULL, 0 FROM generate_series(1, 2000) AS g"
         )
         await conn.execute("ANALYZE session_routes")
-        await conn.execute(f"PREPARE probe_take(text[], bigint, bigint) AS {take}")
-        try:
-            cur = await conn.execute("EXPLAIN EXECUTE probe_take('{k1,k2,k3}', 7, 0)")
-            return "\n".join(r[0] for r in await cur.fetchall())
-        finally:
-            await conn.execute("DEALLOCATE probe_take")
+        return await pgserver.generic_plan(
+            conn, take.encode(), "'{k1,k2,k3}', 7, 0", "(text[], bigint, bigint)"
+        )
 
     found = await pg._writer.submit(plan)
     assert "session_routes_pkey" in found
@@ -517,14 +514,9 @@ async def test_the_appends_generic_plan_probes_sessions_by_id_on_a_new_table(
             "INSERT INTO sessions (id, source, started_at) "
             "SELECT 's' || g, 'api', 0 FROM generate_series(1, 20) AS g"
         )
-        await conn.execute(b"PREPARE probe_append AS " + sql)
-        try:
-            cur = await conn.execute(
-                "EXPLAIN EXECUTE probe_append('{s1,s2}', 1, '[]', '[]', '[]', '{s1,s2}', 0, 0)"
-            )
-            return "\n".join(r[0] for r in await cur.fetchall())
-        finally:
-            await conn.execute("DEALLOCATE probe_append")
+        return await pgserver.generic_plan(
+            conn, sql, "'{s1,s2}', 1, '[]', '[]', '[]', '{s1,s2}', 0, 0"
+        )
 
     found = await pg._writer.submit(plan)
     assert "Update on sessions" in found
