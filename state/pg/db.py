@@ -264,20 +264,20 @@ DIRECT_PREPARED_MAX = 100  # where the connection's prepared_max is None (no lim
 
 
 class Direct:
-    """A connection's statements sent through libpq directly (`direct_of`): the writer's.
+    """A connection's statements sent through libpq directly (`direct_of`): the writer's
+    and the read pool's.
 
     psycopg's cursor wraps each statement in Python work of its own (a cursor object, its
     placeholders converted, its prepared-statement bookkeeping, the result's checks and row
     factory): a prepared statement of two parameters through the query helpers took 108
     (91-117) us of the client's CPU on that path against 69 (62-97) us here (the helper
-    rows of `bench/pg_roundtrip_bench.py`). Here the
-    statement's placeholders are numbered once per process (`_numbered`), its parameters
-    dumped and its rows loaded by psycopg's own Transformer (the types and Python values
-    psycopg gives), and it is prepared as psycopg prepares: after the connection's
-    `prepare_threshold` runs (at once with `prepare=True`, never with `prepare=False`), at
-    most `prepared_max` of them, the least recently used deallocated. Errors are psycopg's
-    exceptions from the server's result. Only for a connection one task uses at a time: it
-    bypasses the connection's lock."""
+    rows of `bench/pg_roundtrip_bench.py`). Here the statement's placeholders are numbered
+    once per process (`_numbered`), its parameters dumped and its rows loaded by psycopg's
+    own Transformer (the types and Python values psycopg gives), and it is prepared as
+    psycopg prepares: after the connection's `prepare_threshold` runs (at once with
+    `prepare=True`, never with `prepare=False`), at most `prepared_max` of them, the least
+    recently used deallocated. Errors are psycopg's exceptions from the server's result.
+    Only for a connection one task uses at a time: it bypasses the connection's lock."""
 
     __slots__ = ("runs", "names", "serial", "stale")
 
@@ -356,7 +356,8 @@ def _checked(conn: AsyncConnection, results: list[pq.abc.PGresult]) -> pq.abc.PG
 
 
 def direct_of(conn: AsyncConnection) -> Direct | None:
-    """The connection's Direct, set by whoever opened it (the writer's); None on others."""
+    """The connection's Direct, set by whoever opened it (the writer's and the read pool's
+    connections have one); None on others."""
     return getattr(conn, "direct", None)
 
 
