@@ -79,7 +79,7 @@ async def through_helpers(direct: bool, dsn: str, runs: int, n: int) -> list[tup
     out = []
     async with await LoopConnection.connect(dsn, autocommit=True) as conn:
         if direct:
-            conn.direct = db.Direct()  # type: ignore[attr-defined]
+            db.go_direct(conn)
         pid = conn.info.backend_pid
         for _ in range(runs):
             for i in range(n // 10):

@@ -260,9 +260,6 @@ def _dict_cursor(conn: AsyncConnection, raw: object) -> Any:
     return AsyncRawCursor(conn, row_factory=dict_row) if raw else conn.cursor(row_factory=dict_row)
 
 
-DIRECT_PREPARED_MAX = 100  # where the connection's prepared_max is None (no limit)
-
-
 class Direct:
     """A connection's statements sent through libpq directly (`direct_of`): the writer's
     and the read pool's.
@@ -273,15 +270,17 @@ class Direct:
     (91-117) us of the client's CPU on that path against 69 (62-97) us here (the helper
     rows of `bench/pg_roundtrip_bench.py`). Here the statement's placeholders are numbered
     once per process (`_numbered`), its parameters dumped and its rows loaded by psycopg's
-    own Transformer (the types and Python values psycopg gives), and it is prepared as
-    psycopg prepares: after the connection's `prepare_threshold` runs (at once with
-    `prepare=True`, never with `prepare=False`), at most `prepared_max` of them, the least
-    recently used deallocated. Errors are psycopg's exceptions from the server's result.
-    Only for a connection one task uses at a time: it bypasses the connection's lock."""
+    own Transformer (the types and Python values psycopg gives), and it is prepared by
+    psycopg's rules: after `prepare_threshold` runs (at once with `prepare=True`, never with
+    `prepare=False`), at most `prepared_max` statements, the least recently used
+    deallocated. Errors are psycopg's exceptions from the server's result. Only for a
+    connection one task uses at a time (it bypasses the connection's lock), set up by
+    `go_direct`."""
 
-    __slots__ = ("runs", "names", "serial", "stale")
+    __slots__ = ("runs", "names", "serial", "stale", "prepare_threshold", "prepared_max")
 
-    def __init__(self) -> None:
+    def __init__(self, prepare_threshold: int = 5, prepared_max: int = 100) -> None:
+        self.prepare_threshold, self.prepared_max = prepare_threshold, prepared_max
         self.runs: OrderedDict[tuple[bytes, tuple[int, ...]], int] = OrderedDict()
         self.names: OrderedDict[tuple[bytes, tuple[int, ...]], bytes] = OrderedDict()
         self.serial = 0
@@ -305,12 +304,11 @@ class Direct:
             self.names.move_to_end(key)
         elif prepare is not False:
             runs = self.runs.pop(key, 0) + 1
-            threshold = conn.prepare_threshold  # None: only with prepare=True, as psycopg
-            if prepare or (threshold is not None and runs >= threshold):
+            if prepare or runs >= self.prepare_threshold:
                 name = await self._prepare(conn, key, query, tx)
             else:
                 self.runs[key] = runs
-                while len(self.runs) > 4 * (conn.prepared_max or DIRECT_PREPARED_MAX):
+                while len(self.runs) > 4 * self.prepared_max:
                     self.runs.popitem(last=False)
         if name is None:
             pgconn.send_query_params(
@@ -318,7 +316,22 @@ class Direct:
             )
         else:
             pgconn.send_query_prepared(name, dumped or None, param_formats=tx.formats)
-        return _checked(conn, await conn.wait(generators.execute(pgconn))), tx
+        results = await conn.wait(generators.execute(pgconn))
+        if (
+            name is not None
+            and results[-1].status == pq.ExecStatus.FATAL_ERROR
+            and results[-1].error_field(pq.DiagnosticField.SQLSTATE) == b"26000"
+        ):
+            # deallocated behind this cache's back (DEALLOCATE ALL, DISCARD ALL): every
+            # statement is prepared again from now on, and outside a transaction this one
+            # runs again at once (in one, the error has aborted it: the caller redoes it)
+            self.names.clear()
+            if pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                pgconn.send_query_params(
+                    query, dumped or None, param_types=tx.types, param_formats=tx.formats
+                )
+                results = await conn.wait(generators.execute(pgconn))
+        return _checked(conn, results), tx
 
     async def _prepare(
         self,
@@ -328,7 +341,7 @@ class Direct:
         tx: pgabc.Transformer,
     ) -> bytes:
         pgconn = conn.pgconn
-        while len(self.names) >= (conn.prepared_max or DIRECT_PREPARED_MAX):
+        while len(self.names) >= self.prepared_max:
             self.stale.append(self.names.popitem(last=False)[1])
         if self.stale:
             pgconn.send_query(b"; ".join(b"DEALLOCATE " + n for n in self.stale))
@@ -353,6 +366,15 @@ def _checked(conn: AsyncConnection, results: list[pq.abc.PGresult]) -> pq.abc.PG
         if res.status == pq.ExecStatus.FATAL_ERROR:
             raise errors.error_from_result(res, encoding=conn.info.encoding)
     return results[-1]
+
+
+def go_direct(conn: AsyncConnection, direct: Direct | None = None) -> None:
+    """Send the connection's statements through `direct` (a new Direct by default) from now
+    on. psycopg itself then prepares nothing there: it deallocates every prepared statement
+    of its connection (`DEALLOCATE ALL`) after a ROLLBACK once it has prepared one, which
+    would take the direct path's statements with them."""
+    conn.prepare_threshold = None
+    conn.direct = direct or Direct()  # type: ignore[attr-defined]
 
 
 def direct_of(conn: AsyncConnection) -> Direct | None:

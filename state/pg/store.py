@@ -109,7 +109,7 @@ class PgStore(
                 dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
             )
             conn.windows = HistoryWindows()
-            conn.direct = db.Direct()  # its statements go through libpq directly
+            db.go_direct(conn)  # its statements go through libpq directly
             db.binary_lists(conn)
             await db.generic_plans(conn)
             return conn
@@ -131,7 +131,7 @@ class PgStore(
                 dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
             )
             await db.configure(conn)
-            conn.direct = db.Direct()  # type: ignore[attr-defined]  # one reader at a time
+            db.go_direct(conn)  # one reader at a time uses it
             return conn
 
         pool = ReadPool(reader, where, size=readers)

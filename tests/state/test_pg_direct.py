@@ -42,7 +42,7 @@ def _run(dsn: str, body: Callable[[LoopConnection], Awaitable[T]], *, direct: bo
         conn = await LoopConnection.connect(dsn, autocommit=True)
         db.binary_lists(conn)
         if direct:
-            conn.direct = db.Direct()  # type: ignore[attr-defined]
+            db.go_direct(conn)
         try:
             return await body(conn)
         finally:
@@ -101,7 +101,7 @@ def test_statements_are_prepared_after_the_threshold_and_at_most_the_maximum(
     pg_dsn: str,
 ) -> None:
     async def body(conn: LoopConnection) -> dict[str, Any]:
-        conn.prepare_threshold, conn.prepared_max = 2, 3
+        db.go_direct(conn, db.Direct(prepare_threshold=2, prepared_max=3))
         seen: dict[str, Any] = {}
         assert await db.value(conn, "SELECT %s::bigint + 1", (1,)) == 2
         seen["after one run"] = await _prepared(conn)
@@ -121,7 +121,7 @@ def test_statements_are_prepared_after_the_threshold_and_at_most_the_maximum(
         seen["back"] = await _prepared(conn)
         return seen
 
-    seen = _run(pg_dsn, body, direct=True)
+    seen = _run(pg_dsn, body, direct=False)  # (the body sets its own Direct up)
     assert seen["after one run"] == []
     assert seen["after two runs"] == ["SELECT $1::bigint + 1"]
     assert seen["never"] == ["SELECT $1::bigint + 1"]
@@ -165,7 +165,7 @@ def test_a_connection_the_server_drops_raises_and_leaves_the_loop_clean(pg_dsn: 
         out: list[Any] = []
         for _ in range(3):
             conn = await LoopConnection.connect(pg_dsn, autocommit=True)
-            conn.direct = db.Direct()  # type: ignore[attr-defined]
+            db.go_direct(conn)
             out.append(await db.value(conn, "SELECT %s::text", ("before",)))
             with psycopg.connect(pg_dsn, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
@@ -177,3 +177,48 @@ def test_a_connection_the_server_drops_raises_and_leaves_the_loop_clean(pg_dsn: 
 
     got = uvloop.run(scenario())
     assert got == ["before", (True, -1)] * 3
+
+
+def test_psycopgs_own_statements_and_rollbacks_leave_the_prepared_ones_alone(
+    pg_dsn: str,
+) -> None:
+    """On a direct connection psycopg prepares nothing of its own, so the ROLLBACK of a
+    batch redone one operation at a time (psycopg deallocates every prepared statement
+    after a ROLLBACK once it has prepared one) leaves the direct path's statements in
+    place; and statements deallocated behind its back anyway are prepared again (outside a
+    transaction the statement that finds its own gone runs again at once; inside one it
+    fails, as any statement would, and the next transaction prepares it again)."""
+
+    async def body(conn: LoopConnection) -> list[Any]:
+        out: list[Any] = []
+        for i in range(8):
+            out.append(await db.value(conn, "SELECT %s::bigint * 2", (i,)))
+        for _ in range(8):  # the writer's fallback: BEGIN, a savepoint, ROLLBACK
+            await conn.execute(b"BEGIN")
+            async with conn.transaction():
+                await conn.execute(b"SELECT 1")
+            await conn.execute(b"ROLLBACK")
+        out.append(await db.value(conn, "SELECT %s::bigint * 2", (10,)))
+        out.append(len(await _prepared(conn)))
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name NOT LIKE '\\_sb\\_%%'",
+            prepare=False,
+        )
+        out.append((await cur.fetchall())[0][0])  # psycopg prepared none of its own
+        await conn.execute(b"DEALLOCATE ALL")
+        out.append(await db.value(conn, "SELECT %s::bigint * 2", (11,)))  # retried unnamed
+        for i in range(6):  # prepared again
+            await db.value(conn, "SELECT %s::bigint * 2", (i,))
+        out.append(len(await _prepared(conn)))
+        await db.command(conn, b"BEGIN")
+        await conn.execute(b"DEALLOCATE ALL")
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+            await db.value(conn, "SELECT %s::bigint * 2", (13,))
+        await db.command(conn, b"ROLLBACK")
+        for i in range(14, 20):
+            out.append(await db.value(conn, "SELECT %s::bigint * 2", (i,)))
+        out.append(len(await _prepared(conn)))
+        return out
+
+    got = _run(pg_dsn, body, direct=True)
+    assert got == [*range(0, 16, 2), 20, 1, 0, 22, 1, *range(28, 40, 2), 1]
