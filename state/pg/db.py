@@ -287,9 +287,16 @@ class Direct:
         self.stale: list[bytes] = []  # evicted names, deallocated before the next prepare
 
     async def result(
-        self, conn: AsyncConnection, sql: str, params: Params, prepare: bool | None
+        self,
+        conn: AsyncConnection,
+        sql: str,
+        params: Params,
+        prepare: bool | None,
+        binary: bool = False,
     ) -> tuple[pq.abc.PGresult, pgabc.Transformer]:
-        """Run the statement; its (successful) result and the Transformer that loads it."""
+        """Run the statement; its (successful) result, its columns in binary with `binary`,
+        and the Transformer that loads it."""
+        fmt = pq.Format.BINARY if binary else pq.Format.TEXT
         pgconn = conn.pgconn
         if params is None:  # as psycopg: no placeholders in a statement without parameters
             query: bytes = sql.encode()
@@ -312,10 +319,16 @@ class Direct:
                     self.runs.popitem(last=False)
         if name is None:
             pgconn.send_query_params(
-                query, dumped or None, param_types=tx.types, param_formats=tx.formats
+                query,
+                dumped or None,
+                param_types=tx.types,
+                param_formats=tx.formats,
+                result_format=fmt,
             )
         else:
-            pgconn.send_query_prepared(name, dumped or None, param_formats=tx.formats)
+            pgconn.send_query_prepared(
+                name, dumped or None, param_formats=tx.formats, result_format=fmt
+            )
         results = await conn.wait(generators.execute(pgconn))
         if (
             name is not None
@@ -328,7 +341,11 @@ class Direct:
             self.names.clear()
             if pgconn.transaction_status == pq.TransactionStatus.IDLE:
                 pgconn.send_query_params(
-                    query, dumped or None, param_types=tx.types, param_formats=tx.formats
+                    query,
+                    dumped or None,
+                    param_types=tx.types,
+                    param_formats=tx.formats,
+                    result_format=fmt,
                 )
                 results = await conn.wait(generators.execute(pgconn))
         return _checked(conn, results), tx
@@ -470,8 +487,8 @@ async def tuples(
     and arrays of them; parsed in less of the client's CPU, a quarter less for a search
     window's 400 rows)."""
     direct = direct_of(conn)
-    if direct is not None and not binary:
-        res, tx = await direct.result(conn, sql, params, prepare)
+    if direct is not None:
+        res, tx = await direct.result(conn, sql, params, prepare, binary)
         return _loaded(res, tx, tuple)
     cur = await _execute(conn, sql, params, prepare, binary)
     return list(await cur.fetchall())

@@ -64,6 +64,8 @@ async def _everything(conn: LoopConnection) -> list[Any]:
     out.append(await db.value(conn, "SELECT NULL::text WHERE false"))
     out.append(await db.run(conn, "SELECT generate_series(1, %s)", (4,)))
     out.append(await db.tuples(conn, "SELECT '50%%', %s::text", ("%s",), prepare=False))
+    for _ in range(6):  # binary columns, unnamed then prepared
+        out.append(await db.tuples(conn, TYPED, TYPED_PARAMS, binary=True))
     return out
 
 
@@ -85,7 +87,8 @@ def test_the_direct_path_answers_as_psycopgs_cursor_does(pg_dsn: str) -> None:
     }
     assert [type(v) for v in direct[3][0]] == [type(v) for v in typed.values()]
     assert direct[8 : 8 + len(ODD_TEXT)] == [t + t for t in ODD_TEXT]
-    assert direct[-4:] == [None, None, 4, [("50%", "%s")]]
+    assert direct[-10:-6] == [None, None, 4, [("50%", "%s")]]
+    assert direct[-6:] == [direct[3]] * 6  # binary columns load to the same values
 
 
 async def _prepared(conn: LoopConnection) -> list[str]:
