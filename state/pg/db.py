@@ -317,19 +317,7 @@ class Direct:
                 self.runs[key] = runs
                 while len(self.runs) > 4 * self.prepared_max:
                     self.runs.popitem(last=False)
-        if name is None:
-            pgconn.send_query_params(
-                query,
-                dumped or None,
-                param_types=tx.types,
-                param_formats=tx.formats,
-                result_format=fmt,
-            )
-        else:
-            pgconn.send_query_prepared(
-                name, dumped or None, param_formats=tx.formats, result_format=fmt
-            )
-        results = await conn.wait(generators.execute(pgconn))
+        results = await conn.wait(_sent(pgconn, query, name, dumped, tx, fmt))
         if (
             name is not None
             and results[-1].status == pq.ExecStatus.FATAL_ERROR
@@ -340,14 +328,7 @@ class Direct:
             # runs again at once (in one, the error has aborted it: the caller redoes it)
             self.names.clear()
             if pgconn.transaction_status == pq.TransactionStatus.IDLE:
-                pgconn.send_query_params(
-                    query,
-                    dumped or None,
-                    param_types=tx.types,
-                    param_formats=tx.formats,
-                    result_format=fmt,
-                )
-                results = await conn.wait(generators.execute(pgconn))
+                results = await conn.wait(_sent(pgconn, query, None, dumped, tx, fmt))
         return _checked(conn, results), tx
 
     async def _prepare(
@@ -375,6 +356,30 @@ class Direct:
         """A statement without parameters or rows (BEGIN, COMMIT), in the simple protocol."""
         conn.pgconn.send_query(sql)
         _checked(conn, await conn.wait(generators.execute(conn.pgconn)))
+
+
+def _sent(
+    pgconn: pq.abc.PGconn,
+    query: bytes,
+    name: bytes | None,
+    dumped: Sequence[pgabc.Buffer | None],
+    tx: pgabc.Transformer,
+    fmt: pq.Format,
+) -> PQGen[list[pq.abc.PGresult]]:
+    """The statement sent (prepared as `name`, or unnamed), and the wait for its results."""
+    if name is None:
+        pgconn.send_query_params(
+            query,
+            dumped or None,
+            param_types=tx.types,
+            param_formats=tx.formats,
+            result_format=fmt,
+        )
+    else:
+        pgconn.send_query_prepared(
+            name, dumped or None, param_formats=tx.formats, result_format=fmt
+        )
+    return generators.execute(pgconn)
 
 
 def _checked(conn: AsyncConnection, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
