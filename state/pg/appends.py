@@ -65,10 +65,11 @@ _CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
 # per claim. The last two parameters are the usage rows' first and last seen. The sessions'
 # update names their ids as the lock does (`s.id = ANY(...)`, redundant with the join): a
 # generic plan made while the table is new and small (before its first ANALYZE) then still
-# probes the primary key instead of hashing a scan of every session at each batch.
+# probes the primary key instead of hashing a scan of every session at each batch. (A run
+# without rows locks its sessions with `_LOCK` alone.)
+_LOCK = "SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
 _ROWS = (
-    "WITH lk AS MATERIALIZED (SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) "
-    "ORDER BY id FOR UPDATE), "
+    f"WITH lk AS MATERIALIZED ({_LOCK}), "
     "ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('messages', 'id')) "
     "AS id FROM generate_series(1, %s) AS g(n) ORDER BY n), "
     f"ins AS (INSERT INTO messages ({', '.join(c for c, _ in _COLUMNS)}, active) "
@@ -96,7 +97,6 @@ _ROWS = (
     "SELECT 0, n, id, NULL, NULL, NULL FROM ids UNION ALL "
     "SELECT 1, NULL, message_id, NULL, NULL, NULL FROM claim"
 )
-_LOCK = "SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
 
 
 class _Redo(StateError):
