@@ -175,8 +175,15 @@ async def generic_plans(conn: AsyncConnection) -> None:
 
 
 async def configure(conn: AsyncConnection) -> None:
-    """The read pool's per-connection set-up (binary_lists)."""
+    """The read pool's per-connection set-up: binary lists, its statements through libpq
+    directly (one reader at a time uses a connection), and its `plan_cache_mode` (the
+    server's, `auto` by default) kept per statement: a search of whole indexes runs under
+    generic plans (`GENERIC_PLANS`, state/pg/slices.py says why), every other statement
+    under the server's setting."""
     binary_lists(conn)
+    found = await conn.execute(b"SHOW plan_cache_mode")
+    mode = (await found.fetchone() or ("auto",))[0]
+    go_direct(conn, Direct(plans=str(mode).encode()))
 
 
 # psycopg keeps what it parses of a statement's placeholders only for statements of at most
@@ -275,12 +282,30 @@ class Direct:
     `prepare=False`), at most `prepared_max` statements, the least recently used
     deallocated. Errors are psycopg's exceptions from the server's result. Only for a
     connection one task uses at a time (it bypasses the connection's lock), set up by
-    `go_direct`."""
+    `go_direct`.
 
-    __slots__ = ("runs", "names", "serial", "stale", "prepare_threshold", "prepared_max")
+    With `plans` (the connection's `plan_cache_mode`) it keeps that setting per statement:
+    a statement runs under the mode its caller names, any other under `plans`; the mode
+    changes (a SET, one round trip) only outside a transaction, where no ROLLBACK can undo
+    it behind this object's back. `ANY_PLANS` runs a statement under whichever is set, as
+    does a statement without parameters (its plan is the same under every mode)."""
 
-    def __init__(self, prepare_threshold: int = 5, prepared_max: int = 100) -> None:
+    __slots__ = (
+        "runs",
+        "names",
+        "serial",
+        "stale",
+        "prepare_threshold",
+        "prepared_max",
+        "home",
+        "plans",
+    )
+
+    def __init__(
+        self, prepare_threshold: int = 5, prepared_max: int = 100, plans: bytes | None = None
+    ) -> None:
         self.prepare_threshold, self.prepared_max = prepare_threshold, prepared_max
+        self.home = self.plans = plans  # the statements' plan_cache_mode, the one now
         self.runs: OrderedDict[tuple[bytes, tuple[int, ...]], int] = OrderedDict()
         self.names: OrderedDict[tuple[bytes, tuple[int, ...]], bytes] = OrderedDict()
         self.serial = 0
@@ -293,11 +318,18 @@ class Direct:
         params: Params,
         prepare: bool | None,
         binary: bool = False,
+        plans: bytes | None = None,
     ) -> tuple[pq.abc.PGresult, pgabc.Transformer]:
         """Run the statement; its (successful) result, its columns in binary with `binary`,
-        and the Transformer that loads it."""
+        and the Transformer that loads it; under `plans` (a plan_cache_mode) when this
+        Direct keeps the setting."""
         fmt = pq.Format.BINARY if binary else pq.Format.TEXT
         pgconn = conn.pgconn
+        if self.home is not None and plans != ANY_PLANS and params:
+            wanted = plans or self.home
+            if wanted != self.plans and pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                await self.command(conn, b"SET plan_cache_mode = " + wanted)
+                self.plans = wanted
         if params is None:  # as psycopg: no placeholders in a statement without parameters
             query: bytes = sql.encode()
             values: Sequence[Any] = ()
@@ -356,6 +388,11 @@ class Direct:
         """A statement without parameters or rows (BEGIN, COMMIT), in the simple protocol."""
         conn.pgconn.send_query(sql)
         _checked(conn, await conn.wait(generators.execute(conn.pgconn)))
+
+
+# A statement's wish among Direct's plan modes: whichever the connection has set.
+ANY_PLANS = b"any"
+GENERIC_PLANS = b"force_generic_plan"
 
 
 def _sent(
@@ -485,15 +522,17 @@ async def tuples(
     *,
     prepare: bool | None = None,
     binary: bool = False,
+    plans: bytes | None = None,
 ) -> list[tuple[Any, ...]]:
     """`prepare=False` keeps a statement out of psycopg's prepared ones, whose generic plan
     PostgreSQL may settle on after a few runs whatever the parameters. `binary`: the
     columns come in binary (their Python values are the same for integers, floats, text
     and arrays of them; parsed in less of the client's CPU, a quarter less for a search
-    window's 400 rows)."""
+    window's 400 rows). `plans`: the plan_cache_mode to run it under, where the
+    connection's Direct keeps that setting (the read pool's)."""
     direct = direct_of(conn)
     if direct is not None:
-        res, tx = await direct.result(conn, sql, params, prepare, binary)
+        res, tx = await direct.result(conn, sql, params, prepare, binary, plans)
         return _loaded(res, tx, tuple)
     cur = await _execute(conn, sql, params, prepare, binary)
     return list(await cur.fetchall())

@@ -431,10 +431,11 @@ async def _finish_page(
     if all(r.get("_page") is not None for r in rows):
         by_hit = {r["id"]: _page_values(r["_page"]) for r in rows}
     else:
-        found = await db.tuples(
+        found = await db.tuples(  # rows by key: the same plan under either plan mode
             conn,
             PAGE_ALONE,
             ([h["id"] for h in hits], [h["session_id"] for h in hits]),
+            plans=db.ANY_PLANS,
         )
         by_hit = {r[0]: r for r in found}
     for h in hits:

@@ -367,9 +367,14 @@ async def run(
     # generic plan then serves every slice alike (rating `id BETWEEN` as a few rows, it
     # walked all 1M ids back for a slice with no match: 400-1,000 ms word searches).
     # Without statistics that generic plan is the better one (the primary key bounds
-    # the slice), so there psycopg prepares as it does everywhere else.
+    # the slice), so there it is prepared and runs under it from its first run.
     found = await db.tuples(
-        conn, sql, params, prepare=False if walk.shares else None, binary=keep is not None
+        conn,
+        sql,
+        params,
+        prepare=False if walk.shares else None,
+        binary=keep is not None,
+        plans=None if walk.shares else db.GENERIC_PLANS,
     )
     walk.take(found)
 
@@ -450,11 +455,16 @@ async def first(
     sql = "WITH " + ", ".join(parts) + " " + " UNION ALL ".join(selects)
     # Slices bounded by ids are not prepared (see `run`); a statement of whole indexes
     # has no id bound, and its generic plan is the custom one (each index's matches from
-    # its GIN index, their rows by primary key): psycopg prepares it as any other, and
-    # PostgreSQL then skips its parsing and planning (0.7-0.9 ms of the server's CPU per
-    # search on 15,000 messages, bench/hermes_search_bench.py).
+    # its GIN index, their rows by primary key): it is prepared as any other and runs
+    # under generic plans, so PostgreSQL skips its parsing and planning. Left to choose
+    # (plan_cache_mode = auto), PostgreSQL keeps custom plans for a statement whose first
+    # five runs found rare words (their plans priced below the generic plan's guess of
+    # 0.5% of the rows): each run then planned afresh at its bind, about 1 ms of the
+    # server's CPU on 15,000 messages against 0.25 ms for the whole search on the generic
+    # plan (two rarer words, bench/hermes_search_bench.py's corpus).
     prepare = False if any(w.shares and not w.whole for w in walks) else None
-    found = await db.tuples(conn, sql, params, prepare=prepare, binary=True)
+    plans = db.GENERIC_PLANS if prepare is None else None
+    found = await db.tuples(conn, sql, params, prepare=prepare, binary=True, plans=plans)
     out: list[int | None] = []
     each: list[list[tuple[Any, ...]]] = [[] for _ in walks]
     at = keys.index("_head")

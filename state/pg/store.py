@@ -131,7 +131,6 @@ class PgStore(
                 dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
             )
             await db.configure(conn)
-            db.go_direct(conn)  # one reader at a time uses it
             return conn
 
         pool = ReadPool(reader, where, size=readers)

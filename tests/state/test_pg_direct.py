@@ -225,3 +225,43 @@ def test_psycopgs_own_statements_and_rollbacks_leave_the_prepared_ones_alone(
 
     got = _run(pg_dsn, body, direct=True)
     assert got == [*range(0, 16, 2), 20, 1, 0, 22, 1, *range(28, 40, 2), 1]
+
+
+def test_a_direct_connection_keeps_each_statements_plan_mode_outside_transactions(
+    pg_dsn: str,
+) -> None:
+    """A read connection's Direct keeps plan_cache_mode per statement: a statement runs
+    under the mode it names, any other under the server's setting, one naming ANY_PLANS or
+    without parameters under whichever is set; inside a transaction the mode stays as it
+    is (a ROLLBACK would undo a SET made there behind the Direct's back)."""
+    mode = "SELECT current_setting('plan_cache_mode') || %s"
+
+    async def body(conn: LoopConnection) -> list[Any]:
+        await db.configure(conn)
+        direct = db.direct_of(conn)
+        assert direct is not None and direct.home == b"auto"
+        generic = db.GENERIC_PLANS
+        out: list[Any] = []
+        for plans in (None, generic, db.ANY_PLANS, None, db.ANY_PLANS, generic):
+            out.append((await db.tuples(conn, mode, ("",), plans=plans))[0][0])
+        out.append(await db.value(conn, "SELECT current_setting('plan_cache_mode')"))
+        await db.command(conn, b"BEGIN")
+        out.append((await db.tuples(conn, mode, ("",)))[0][0])  # not changed in a transaction
+        await db.command(conn, b"ROLLBACK")
+        out.append((await db.tuples(conn, mode, ("",)))[0][0])
+        out.append(await db.value(conn, "SELECT current_setting('plan_cache_mode')"))
+        return out
+
+    got = _run(pg_dsn, body, direct=False)
+    assert got == [
+        "auto",
+        "force_generic_plan",
+        "force_generic_plan",
+        "auto",
+        "auto",
+        "force_generic_plan",
+        "force_generic_plan",
+        "force_generic_plan",
+        "auto",
+        "auto",
+    ]

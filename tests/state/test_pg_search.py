@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg import pq
 
+from state.pg import db, slices
 from state.pg import search as pg_search
-from state.pg import slices
 from state.pg.store import PgStore
 from state.records import SearchHit
 from state.sqlite.search import SearchRequest
@@ -183,6 +183,38 @@ async def test_a_search_whose_hits_fit_in_the_page_is_one_round_trip(schema_dsn:
                 ids, syncs = await _traced(conn, req, totals)
                 assert syncs == 2
                 assert await pg_search.search(conn, req, totals) == whole[:n]
+    finally:
+        await store.close()
+
+
+async def test_a_search_of_whole_indexes_runs_on_generic_plans_whatever_its_first_words(
+    schema_dsn: str,
+) -> None:
+    """Left to choose, PostgreSQL keeps custom plans for a statement whose first runs found
+    rare words, planning it afresh at every bind; on the read pool a search of whole indexes
+    runs on the generic plan from its first run (pg_prepared_statements counts them), and
+    finds what it found before."""
+    store = await PgStore.open(schema_dsn, readers=1)
+    try:
+        sid = await store.create_session("s", "cli")
+        ids = [
+            await store.append_message(sid, "user", f"note {i} about rare{i}x and rare{i}y")
+            for i in range(240)
+        ]
+        await store._read(lambda conn: db.run(conn, "ANALYZE messages"))
+        for i in range(0, 240, 20):
+            hits = await store.search_messages(f"rare{i}x rare{i}y", limit=5)
+            assert [h["id"] for h in hits] == [ids[i]]
+        found = await store._read(
+            lambda conn: db.tuples(
+                conn,
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE '%w0 AS MATERIALIZED%'",
+            )
+        )
+        assert len(found) == 1
+        generic, custom = found[0]
+        assert custom == 0 and generic >= 12 - 5  # prepared after its fifth run
     finally:
         await store.close()
 
