@@ -181,7 +181,7 @@ async def test_the_history_reads_generic_plan_searches_each_sessions_rows_on_a_n
     for r in range(10):
         for sid in sids:
             await store.append_messages(sid, [{"role": "user", "content": f"q{r}"}])
-    sql, _names = db._numbered(windows._READ)
+    sql, _names = db.numbered(windows._READ)
 
     async def plan(conn: psycopg.AsyncConnection[Any]) -> str:
         return await pgserver.generic_plan(conn, sql, "'[[\"s\", 400, 0]]', 40")

@@ -86,14 +86,14 @@ def test_long_statements_answer_as_short_ones_through_every_helper(pg_dsn: str) 
 
 
 def test_a_long_statement_numbers_each_name_once() -> None:
-    query, order = db._numbered(PADDING + NAMED)
+    query, order = db.numbered(PADDING + NAMED)
     assert order == ("a", "b", "list")
     assert query.endswith(
         b"SELECT $1::text AS a, $2::bigint + $2::bigint AS twice, "
         b"'100%' AS percent, '%(a)s and %s' AS literal, "
         b"cardinality($3::text[]) AS n, ($3::text[])[2] AS second"
     )
-    assert db._numbered(PADDING + POSITIONAL)[1] == 2
+    assert db.numbered(PADDING + POSITIONAL)[1] == 2
 
 
 def test_a_long_statement_with_wrong_parameters_is_refused_before_it_is_sent() -> None:
@@ -102,9 +102,9 @@ def test_a_long_statement_with_wrong_parameters_is_refused_before_it_is_sent() -
     with pytest.raises(TypeError, match="takes 2 parameters, 1 given"):
         db._raw(PADDING + POSITIONAL, ("one",))
     with pytest.raises(ValueError, match="mixes"):
-        db._numbered(PADDING + "SELECT %s, %(a)s")
+        db.numbered(PADDING + "SELECT %s, %(a)s")
     with pytest.raises(ValueError, match="unsupported placeholder"):
-        db._numbered(PADDING + "SELECT %(a)b")
+        db.numbered(PADDING + "SELECT %(a)b")
     raw = db._raw(PADDING + NAMED, {"list": [], "b": 2, "a": "x"})
     assert raw is not None and raw[1] == ["x", 2, []]
     assert db._raw(NAMED, {"a": 1}) is None  # short: psycopg's own conversion

@@ -507,7 +507,7 @@ async def test_the_appends_generic_plan_probes_sessions_by_id_on_a_new_table(
     key, not through a scan of every session at each batch."""
     from state.pg import appends, db
 
-    sql, _names = db._numbered(appends._ROWS)
+    sql, _names = db.numbered(appends._ROWS)
 
     async def plan(conn: psycopg.AsyncConnection) -> str:
         await conn.execute(
