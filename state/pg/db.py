@@ -75,6 +75,9 @@ class LoopConnection(AsyncConnection[Any]):
         interval: float = 0.1,
         timeout: float | None = None,  # noqa: ASYNC109 (psycopg's signature, overridden)
     ) -> RV:
+        direct = direct_of(self)
+        if direct is not None and direct.begin:  # psycopg's own statement: the BEGIN first
+            await direct.send_begin(self)
         loop = asyncio.get_running_loop()
         if timeout is not None or not isinstance(loop, REGISTERING_LOOPS):
             self._unwatch()
@@ -338,6 +341,16 @@ async def run(conn: AsyncConnection, sql: str, params: Params = None) -> int:
         return -1 if res.command_tuples is None else res.command_tuples
     cur = await _execute(conn, sql, params)
     return int(cur.rowcount)
+
+
+async def begin(conn: AsyncConnection) -> None:
+    """BEGIN: where the connection has a Direct, sent with the transaction's first
+    statement (one round trip less), else at once."""
+    direct = direct_of(conn)
+    if direct is not None:
+        direct.hold_begin()
+    else:
+        await conn.execute(b"BEGIN")
 
 
 async def command(conn: AsyncConnection, sql: bytes) -> None:

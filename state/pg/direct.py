@@ -85,7 +85,13 @@ class Direct:
     a statement runs under the mode its caller names, any other under `plans`; the mode
     changes (a SET, one round trip) only outside a transaction, where no ROLLBACK can undo
     it behind this object's back. `ANY_PLANS` runs a statement under whichever is set, as
-    does a statement without parameters (its plan is the same under every mode)."""
+    does a statement without parameters (its plan is the same under every mode).
+
+    A BEGIN held back (`hold_begin`, the writer's at each batch) goes with the
+    transaction's first statement, in one round trip (libpq's pipeline mode: BEGIN, the
+    statement, a sync point), rather than in one of its own; anything else the connection
+    sends first (psycopg's own statements, savepoints, a prepare) sends it alone before
+    (`LoopConnection.wait`), and a COMMIT or ROLLBACK with nothing sent since drops it."""
 
     __slots__ = (
         "runs",
@@ -96,6 +102,7 @@ class Direct:
         "prepared_max",
         "home",
         "plans",
+        "begin",
     )
 
     def __init__(
@@ -107,6 +114,16 @@ class Direct:
         self.names: OrderedDict[tuple[bytes, tuple[int, ...]], bytes] = OrderedDict()
         self.serial = 0
         self.stale: list[bytes] = []  # evicted names, deallocated before the next prepare
+        self.begin = False  # a BEGIN held back for the next statement
+
+    def hold_begin(self) -> None:
+        self.begin = True
+
+    async def send_begin(self, conn: AsyncConnection) -> None:
+        """The BEGIN held back, alone (before something else the connection sends)."""
+        if self.begin:
+            self.begin = False
+            await self.command(conn, b"BEGIN")
 
     async def result(
         self,
@@ -122,7 +139,7 @@ class Direct:
         Direct keeps the setting."""
         fmt = pq.Format.BINARY if binary else pq.Format.TEXT
         pgconn = conn.pgconn
-        if self.home is not None and plans != ANY_PLANS and params:
+        if self.home is not None and plans != ANY_PLANS and params and not self.begin:
             wanted = plans or self.home
             if wanted != self.plans and pgconn.transaction_status == pq.TransactionStatus.IDLE:
                 await self.command(conn, b"SET plan_cache_mode = " + wanted)
@@ -146,7 +163,11 @@ class Direct:
                 self.runs[key] = runs
                 while len(self.runs) > 4 * self.prepared_max:
                     self.runs.popitem(last=False)
-        results = await conn.wait(_sent(pgconn, query, name, dumped, tx, fmt))
+        if self.begin:
+            self.begin = False
+            results = await _with_begin(conn, query, name, dumped, tx, fmt)
+        else:
+            results = await conn.wait(_sent(pgconn, query, name, dumped, tx, fmt))
         if (
             name is not None
             and results[-1].status == pq.ExecStatus.FATAL_ERROR
@@ -168,6 +189,7 @@ class Direct:
         tx: pgabc.Transformer,
     ) -> bytes:
         pgconn = conn.pgconn
+        await self.send_begin(conn)
         while len(self.names) >= self.prepared_max:
             self.stale.append(self.names.popitem(last=False)[1])
         if self.stale:
@@ -183,6 +205,10 @@ class Direct:
 
     async def command(self, conn: AsyncConnection, sql: bytes) -> None:
         """A statement without parameters or rows (BEGIN, COMMIT), in the simple protocol."""
+        if self.begin and sql in (b"COMMIT", b"ROLLBACK"):
+            self.begin = False  # nothing was sent in the transaction: nothing to end
+            return
+        await self.send_begin(conn)
         conn.pgconn.send_query(sql)
         _checked(conn, await conn.wait(generators.execute(conn.pgconn)))
 
@@ -190,6 +216,40 @@ class Direct:
 # A statement's wish among Direct's plan modes: whichever the connection has set.
 ANY_PLANS = b"any"
 GENERIC_PLANS = b"force_generic_plan"
+
+
+async def _with_begin(
+    conn: AsyncConnection,
+    query: bytes,
+    name: bytes | None,
+    dumped: Sequence[pgabc.Buffer | None],
+    tx: pgabc.Transformer,
+    fmt: pq.Format,
+) -> list[pq.abc.PGresult]:
+    """BEGIN and the statement in one round trip: the statement's results (BEGIN's error
+    raised). A wait that ends any other way leaves the connection mid-pipeline: it is
+    closed, and the transaction with it (nothing of it was committed)."""
+    pgconn = conn.pgconn
+    pgconn.enter_pipeline_mode()
+    try:
+        pgconn.send_query_params(b"BEGIN", None)
+        _send(pgconn, query, name, dumped, tx, fmt)
+        pgconn.pipeline_sync()
+        began, results = await conn.wait(_piped(pgconn))
+    except BaseException:
+        pgconn.finish()
+        raise
+    pgconn.exit_pipeline_mode()
+    _checked(conn, began)
+    return results
+
+
+def _piped(pgconn: pq.abc.PGconn) -> PQGen[tuple[list[pq.abc.PGresult], list[pq.abc.PGresult]]]:
+    yield from generators.send(pgconn)
+    began = yield from generators.fetch_many(pgconn)
+    results = yield from generators.fetch_many(pgconn)
+    yield from generators.fetch_many(pgconn)  # the sync point
+    return began, results
 
 
 def _sent(
@@ -201,6 +261,18 @@ def _sent(
     fmt: pq.Format,
 ) -> PQGen[list[pq.abc.PGresult]]:
     """The statement sent (prepared as `name`, or unnamed), and the wait for its results."""
+    _send(pgconn, query, name, dumped, tx, fmt)
+    return generators.execute(pgconn)
+
+
+def _send(
+    pgconn: pq.abc.PGconn,
+    query: bytes,
+    name: bytes | None,
+    dumped: Sequence[pgabc.Buffer | None],
+    tx: pgabc.Transformer,
+    fmt: pq.Format,
+) -> None:
     if name is None:
         pgconn.send_query_params(
             query,
@@ -213,7 +285,6 @@ def _sent(
         pgconn.send_query_prepared(
             name, dumped or None, param_formats=tx.formats, result_format=fmt
         )
-    return generators.execute(pgconn)
 
 
 def _checked(conn: AsyncConnection, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:

@@ -249,7 +249,7 @@ class PgWriter:
         merged. If any operation raises, roll back and redo the batch one savepoint per
         operation, so only the failing caller sees its error."""
         try:
-            await db.command(conn, b"BEGIN")
+            await db.begin(conn)  # sent with the batch's first statement
             results = await self._run_fast(conn, batch)
         except _RETRY:
             raise

@@ -5,6 +5,8 @@ its maximum, and a connection the server drops leaving the event loop clean."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -12,6 +14,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 import uvloop
+from psycopg import pq
 
 from state.pg import db
 from state.pg.db import LoopConnection
@@ -265,3 +268,64 @@ def test_a_direct_connection_keeps_each_statements_plan_mode_outside_transaction
         "auto",
         "auto",
     ]
+
+
+def _round_trips_and_begins(trace: str) -> tuple[int, int]:
+    """In libpq's protocol trace, the client's round trips (each ends with a Sync, or is a
+    simple Query) and the BEGINs it sent."""
+    sent = [line.split("\t") for line in trace.splitlines()]
+    sent = [f for f in sent if f[:1] == ["F"]]
+    return (
+        sum(1 for f in sent if len(f) > 2 and f[2].split(" ")[0] in ("Sync", "Query")),
+        sum(1 for f in sent if '"BEGIN"' in "\t".join(f)),
+    )
+
+
+def test_a_held_begin_goes_with_the_first_statement_and_the_transaction_holds(
+    pg_dsn: str,
+) -> None:
+    """The writer's BEGIN held back goes with the transaction's first statement in one
+    round trip; the transaction is real (a ROLLBACK undoes that statement, a COMMIT keeps
+    it); psycopg's own savepoint sends the BEGIN first and runs inside the transaction; a
+    failed first statement leaves the transaction aborted, as it would be after a BEGIN of
+    its own; a COMMIT with nothing sent since sends nothing."""
+    table = f"held_begin_{os.getpid()}"
+
+    async def body(conn: LoopConnection) -> list[Any]:
+        out: list[Any] = []
+        await conn.execute(f"CREATE TEMP TABLE {table} (v int PRIMARY KEY)".encode())
+        insert = f"INSERT INTO {table} VALUES (%s)"
+        with tempfile.TemporaryFile("w+") as fh:
+            conn.pgconn.trace(fh.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            await db.begin(conn)
+            await db.run(conn, insert, (1,))
+            out.append(conn.pgconn.transaction_status == pq.TransactionStatus.INTRANS)
+            await db.command(conn, b"ROLLBACK")
+            conn.pgconn.untrace()
+            fh.seek(0)
+            out.append(_round_trips_and_begins(fh.read()))  # BEGIN with the INSERT; ROLLBACK
+        await db.begin(conn)
+        await db.run(conn, insert, (2,))
+        await db.command(conn, b"COMMIT")
+        await db.begin(conn)  # psycopg's savepoint first: it sends the BEGIN before it
+        async with conn.transaction():
+            await db.run(conn, insert, (3,))
+        await db.command(conn, b"ROLLBACK")
+        await db.begin(conn)
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await db.run(conn, insert, (2,))
+        out.append(conn.pgconn.transaction_status == pq.TransactionStatus.INERROR)
+        await conn.execute(b"ROLLBACK")
+        with tempfile.TemporaryFile("w+") as fh:
+            conn.pgconn.trace(fh.fileno())
+            await db.begin(conn)
+            await db.command(conn, b"COMMIT")
+            conn.pgconn.untrace()
+            fh.seek(0)
+            out.append(fh.read())
+        out.append(await db.tuples(conn, f"SELECT v FROM {table} ORDER BY v"))
+        return out
+
+    got = _run(pg_dsn, body, direct=True)
+    assert got == [True, (2, 1), True, "", [(2,)]]
