@@ -94,11 +94,13 @@ LEFT JOIN LATERAL (SELECT * FROM sessions s WHERE s.session_key = t.session_key
 _TAKE = f"WITH {_take_ctes('%(keys)s::text[]')}\nSELECT {TAKEN_COLUMNS}{TAKEN_FROM}"
 # The key's live session is a LATERAL lookup so it is read by its index for each taken key:
 # a plain join let the planner hash every live session of the database, per take.
-# The open rows and a dead runner's unsent replies are a statement of their own: a take
-# that waited on the route row (another replica's release or fenced write) must see what
-# that transaction committed. One statement's snapshot, taken before the wait, would not:
-# a row closed there would run twice, and a reply committed there would be in neither
-# list (no longer open, not yet unsent), so the key's next reply overtook it.
+# The open rows and a dead runner's unsent replies are a statement of their own, after the
+# take's in the same round trip (db.rows_then): a take that waited on the route row (another
+# replica's release or fenced write) must see what that transaction committed. One
+# statement's snapshot, taken before the wait, would not: a row closed there would run
+# twice, and a reply committed there would be in neither list (no longer open, not yet
+# unsent), so the key's next reply overtook it. A statement after it takes its snapshot
+# when it starts, after the take's waits, even sent before the take has answered.
 _OPEN_FOR_KEY = (
     "SELECT id, payload, replica, state, session_id, received_at, session_key FROM inbox "
     "WHERE session_key = ANY(%s) AND state IN ('received', 'started') ORDER BY id"
@@ -145,34 +147,43 @@ async def take_leases_many(
         first: dict[str, int] = {}
         for i in which:
             first.setdefault(calls[i][0], i)
-        found = {
-            str(r["session_key"]): dict(r)
-            for r in await db.rows(conn, _TAKE, {"keys": list(first), "me": me, "space": space})
-        }
-        for key, route in (await with_open(conn, found, space)).items():
+        taken, opened = await db.rows_then(
+            conn,
+            (_TAKE, {"keys": list(first), "me": me, "space": space}),
+            open_read(list(first), space),
+        )
+        found = {str(r["session_key"]): dict(r) for r in taken}
+        for key, route in with_open(found, opened).items():
             out[first[key]] = route
     return out
 
 
-async def with_open(
-    conn: AsyncConnection, found: dict[str, dict[str, Any]], space: int
+def open_read(keys: Sequence[str], space: int) -> tuple[str, dict[str, Any]]:
+    """The statement that reads `keys`' open rows and unsent replies (_OPEN_AND_UNSENT),
+    sent with the take's (db.rows_then: one round trip, its snapshot taken after the take's
+    waits)."""
+    return _OPEN_AND_UNSENT, {"keys": list(keys), "space": space}
+
+
+def with_open(
+    found: dict[str, dict[str, Any]], rows: Sequence[dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """The taken routes (by key) with their keys' open rows and unsent replies, read by a
-    statement after the take's (_OPEN_AND_UNSENT)."""
-    if not found:
-        return found
+    """The taken routes (by key) with their keys' open rows and unsent replies, from the
+    rows `open_read` read (a key not taken has rows there too: they are left out)."""
     for route in found.values():
         route["open"], route["unsent"] = [], []
         route["jobs"] = [str(j) for j in route["jobs"] or ()]
-    for row in await db.rows(conn, _OPEN_AND_UNSENT, {"keys": list(found), "space": space}):
-        route = found[str(row.pop("session_key"))]
+    for row in rows:
+        mine = found.get(str(row.pop("session_key")))
+        if mine is None:
+            continue
         if row.pop("unsent"):
             del row["replica"]
-            route["unsent"].append(row)
+            mine["unsent"].append(row)
         else:
             for name in ("reply_state", "reply_message_id", "content"):
                 del row[name]
-            route["open"].append(row)
+            mine["open"].append(row)
     return found
 
 

@@ -266,6 +266,22 @@ async def rows(conn: AsyncConnection, sql: str, params: Params = None) -> list[R
         return list(await cur.fetchall())
 
 
+async def rows_then(
+    conn: AsyncConnection, first: tuple[str, Params], then: tuple[str, Params]
+) -> tuple[list[Row], list[Row]]:
+    """Two statements' rows, in one round trip where the connection has a Direct; the
+    second takes its snapshot when it starts, after the first has run (its waits for locks
+    included), as it would sent after the first's answer."""
+    direct = direct_of(conn)
+    if direct is None:
+        return await rows(conn, *first), await rows(conn, *then)
+    (res1, tx1), (res2, tx2) = await direct.results(conn, [first, then])
+    return (
+        _loaded(res1, tx1, _dict_maker(res1, conn)),
+        _loaded(res2, tx2, _dict_maker(res2, conn)),
+    )
+
+
 async def rows_as(
     shape: type[R], conn: AsyncConnection, sql: str, params: Params = None
 ) -> list[R]:

@@ -8,7 +8,7 @@ import functools
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from psycopg import AsyncConnection, errors, generators, pq
 from psycopg import abc as pgabc
@@ -137,6 +137,44 @@ class Direct:
         """Run the statement; its (successful) result, its columns in binary with `binary`,
         and the Transformer that loads it; under `plans` (a plan_cache_mode) when this
         Direct keeps the setting."""
+        call = await self._call(conn, sql, params, prepare, binary, plans)
+        if self.begin:
+            return (await self._piped(conn, [call]))[0]
+        pgconn = conn.pgconn
+        results = await conn.wait(_sent(pgconn, call))
+        if call.name is not None and _deallocated(results):
+            # deallocated behind this cache's back (DEALLOCATE ALL, DISCARD ALL): every
+            # statement is prepared again from now on, and outside a transaction this one
+            # runs again at once (in one, the error has aborted it: the caller redoes it)
+            self.names.clear()
+            if pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                results = await conn.wait(_sent(pgconn, call._replace(name=None)))
+        return _checked(conn, results), call.tx
+
+    async def results(
+        self, conn: AsyncConnection, statements: Sequence[tuple[str, Params]]
+    ) -> list[tuple[pq.abc.PGresult, pgabc.Transformer]]:
+        """Several statements in one round trip (libpq's pipeline mode: with a BEGIN held
+        back, it goes first), run in order, each in a snapshot of its own taken when it
+        starts (under READ COMMITTED), so each sees what the ones before it did and what
+        other transactions committed meanwhile. The first that fails raises its error (the
+        rest do not run)."""
+        calls = [
+            await self._call(conn, sql, params, None, False, None) for sql, params in statements
+        ]
+        return await self._piped(conn, calls)
+
+    async def _call(
+        self,
+        conn: AsyncConnection,
+        sql: str,
+        params: Params,
+        prepare: bool | None,
+        binary: bool,
+        plans: bytes | None,
+    ) -> _Call:
+        """The statement ready to send: numbered, its parameters dumped, prepared (or
+        counted towards it) by psycopg's rules, the plan mode it asks for set."""
         fmt = pq.Format.BINARY if binary else pq.Format.TEXT
         pgconn = conn.pgconn
         if self.home is not None and plans != ANY_PLANS and params and not self.begin:
@@ -163,23 +201,33 @@ class Direct:
                 self.runs[key] = runs
                 while len(self.runs) > 4 * self.prepared_max:
                     self.runs.popitem(last=False)
-        if self.begin:
-            self.begin = False
-            results = await _with_begin(conn, query, name, dumped, tx, fmt)
-        else:
-            results = await conn.wait(_sent(pgconn, query, name, dumped, tx, fmt))
-        if (
-            name is not None
-            and results[-1].status == pq.ExecStatus.FATAL_ERROR
-            and results[-1].error_field(pq.DiagnosticField.SQLSTATE) == b"26000"
-        ):
-            # deallocated behind this cache's back (DEALLOCATE ALL, DISCARD ALL): every
-            # statement is prepared again from now on, and outside a transaction this one
-            # runs again at once (in one, the error has aborted it: the caller redoes it)
-            self.names.clear()
-            if pgconn.transaction_status == pq.TransactionStatus.IDLE:
-                results = await conn.wait(_sent(pgconn, query, None, dumped, tx, fmt))
-        return _checked(conn, results), tx
+        return _Call(query, name, dumped, tx, fmt)
+
+    async def _piped(
+        self, conn: AsyncConnection, calls: Sequence[_Call]
+    ) -> list[tuple[pq.abc.PGresult, pgabc.Transformer]]:
+        """The calls (after the BEGIN held back, if any) in one round trip: their results.
+        A wait that ends any other way leaves the connection mid-pipeline: it is closed, and
+        its transaction with it (nothing of it was committed)."""
+        begin, self.begin = self.begin, False
+        pgconn = conn.pgconn
+        pgconn.enter_pipeline_mode()
+        try:
+            if begin:
+                pgconn.send_query_params(b"BEGIN", None)
+            for call in calls:
+                _send(pgconn, call)
+            pgconn.pipeline_sync()
+            found = await conn.wait(_fetched(pgconn, len(calls) + begin))
+        except BaseException:
+            pgconn.finish()
+            raise
+        pgconn.exit_pipeline_mode()
+        if any(c.name is not None for c in calls) and any(_deallocated(r) for r in found):
+            self.names.clear()  # prepared again from now on; the caller redoes its transaction
+        for results in found:
+            _checked(conn, results)
+        return [(r[-1], c.tx) for r, c in zip(found[begin:], calls, strict=True)]
 
     async def _prepare(
         self,
@@ -218,61 +266,42 @@ ANY_PLANS = b"any"
 GENERIC_PLANS = b"force_generic_plan"
 
 
-async def _with_begin(
-    conn: AsyncConnection,
-    query: bytes,
-    name: bytes | None,
-    dumped: Sequence[pgabc.Buffer | None],
-    tx: pgabc.Transformer,
-    fmt: pq.Format,
-) -> list[pq.abc.PGresult]:
-    """BEGIN and the statement in one round trip: the statement's results (BEGIN's error
-    raised). A wait that ends any other way leaves the connection mid-pipeline: it is
-    closed, and the transaction with it (nothing of it was committed)."""
-    pgconn = conn.pgconn
-    pgconn.enter_pipeline_mode()
-    try:
-        pgconn.send_query_params(b"BEGIN", None)
-        _send(pgconn, query, name, dumped, tx, fmt)
-        pgconn.pipeline_sync()
-        began, results = await conn.wait(_piped(pgconn))
-    except BaseException:
-        pgconn.finish()
-        raise
-    pgconn.exit_pipeline_mode()
-    _checked(conn, began)
-    return results
+class _Call(NamedTuple):
+    """A statement ready to send (Direct._call)."""
+
+    query: bytes
+    name: bytes | None  # prepared as
+    dumped: Sequence[pgabc.Buffer | None]
+    tx: pgabc.Transformer
+    fmt: pq.Format
 
 
-def _piped(pgconn: pq.abc.PGconn) -> PQGen[tuple[list[pq.abc.PGresult], list[pq.abc.PGresult]]]:
+def _deallocated(results: list[pq.abc.PGresult]) -> bool:
+    return (
+        results[-1].status == pq.ExecStatus.FATAL_ERROR
+        and results[-1].error_field(pq.DiagnosticField.SQLSTATE) == b"26000"
+    )
+
+
+def _fetched(pgconn: pq.abc.PGconn, n: int) -> PQGen[list[list[pq.abc.PGresult]]]:
+    """A pipeline's n commands' results, then its sync point's."""
     yield from generators.send(pgconn)
-    began = yield from generators.fetch_many(pgconn)
-    results = yield from generators.fetch_many(pgconn)
+    found = []
+    for _ in range(n):
+        found.append((yield from generators.fetch_many(pgconn)))
     yield from generators.fetch_many(pgconn)  # the sync point
-    return began, results
+    return found
 
 
-def _sent(
-    pgconn: pq.abc.PGconn,
-    query: bytes,
-    name: bytes | None,
-    dumped: Sequence[pgabc.Buffer | None],
-    tx: pgabc.Transformer,
-    fmt: pq.Format,
-) -> PQGen[list[pq.abc.PGresult]]:
-    """The statement sent (prepared as `name`, or unnamed), and the wait for its results."""
-    _send(pgconn, query, name, dumped, tx, fmt)
+def _sent(pgconn: pq.abc.PGconn, call: _Call) -> PQGen[list[pq.abc.PGresult]]:
+    """The statement sent, and the wait for its results."""
+    _send(pgconn, call)
     return generators.execute(pgconn)
 
 
-def _send(
-    pgconn: pq.abc.PGconn,
-    query: bytes,
-    name: bytes | None,
-    dumped: Sequence[pgabc.Buffer | None],
-    tx: pgabc.Transformer,
-    fmt: pq.Format,
-) -> None:
+def _send(pgconn: pq.abc.PGconn, call: _Call) -> None:
+    """The statement (prepared as `name`, or unnamed) queued in libpq."""
+    query, name, dumped, tx, fmt = call
     if name is None:
         pgconn.send_query_params(
             query,

@@ -69,10 +69,10 @@ def _accepts_taking(release: bool) -> str:
     in (and, with `release`, the batch's lease releases, whose keys no accept here takes):
     three of a batch's round trips in one. Each row says what it is: 0 an accept's drawn
     id and whether its row went in (as inbox._ACCEPTED), 1 a route released, 2 a route
-    taken (as _TAKE's, after four columns), 3 a wake-up sent. The keys' open rows are still
-    read by a statement of their own (_OPEN_AND_UNSENT says why). A mixed batch commits in
-    8 round trips instead of 10; its CPU, alternated with the three statements this
-    replaces (docs/benchmarks.md), moved less than the runs' spread."""
+    taken (as _TAKE's, after four columns), 3 a wake-up sent. The keys' open rows are
+    read by a statement of their own, sent with it (_OPEN_AND_UNSENT says why). A mixed
+    batch commits in 8 round trips instead of 10; its CPU, alternated with the three
+    statements this replaces (docs/benchmarks.md), moved less than the runs' spread."""
     pad = ", NULL" * (cluster.TAKEN_WIDTH - 1)
     keys = "ARRAY(SELECT DISTINCT session_key FROM ins WHERE session_key IS NOT NULL)"
     parts = [
@@ -108,7 +108,13 @@ async def _accept_take_release(
     drawn: dict[int, tuple[int, bool]] = {}
     found: dict[str, dict[str, Any]] = {}
     freed: set[str] = set()
-    for row in await db.rows(conn, _accepts_taking(bool(frees)), params):
+    # the keys' open rows read in the same round trip, for every key an accept may take
+    rows, opened = await db.rows_then(
+        conn,
+        (_accepts_taking(bool(frees)), params),
+        cluster.open_read(sorted({c.key for c in accepts}), space),
+    )
+    for row in rows:
         kind = row.pop("kind")
         if kind == 0:
             drawn[int(row["n"])] = (int(row["drawn"]), bool(row["fresh"]))
@@ -121,7 +127,7 @@ async def _accept_take_release(
     accepted = await inbox.accept_many(
         conn, [c[:7] for c in accepts], [drawn[n] for n in range(1, len(accepts) + 1)]
     )
-    routes = await cluster.with_open(conn, found, space)
+    routes = cluster.with_open(found, opened)
     route_of: dict[int, dict[str, Any] | None] = {}
     for i, (_id, _state, new) in enumerate(accepted):
         if new:  # a key's route goes to its first call; a later one's turn takes it later

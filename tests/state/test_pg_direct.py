@@ -5,6 +5,7 @@ its maximum, and a connection the server drops leaving the event loop clean."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ from psycopg import pq
 
 from state.pg import db
 from state.pg.db import LoopConnection
+from tests import pgserver
 from tests.state.test_pg_query_helpers import ODD_TEXT, PADDING, _answers
 
 T = TypeVar("T")
@@ -329,3 +331,52 @@ def test_a_held_begin_goes_with_the_first_statement_and_the_transaction_holds(
 
     got = _run(pg_dsn, body, direct=True)
     assert got == [True, (2, 1), True, "", [(2,)]]
+
+
+def test_two_statements_in_one_round_trip_the_second_sees_what_committed_during_the_first(
+    pg_dsn: str,
+) -> None:
+    """`rows_then` sends two statements in one round trip; the second takes its snapshot
+    when it starts, so what another transaction committed while the first waited for its
+    lock is there (as the open rows read after a lease take must see a release committed
+    meanwhile); an error in the first raises it and the second does not run."""
+    a, b = f"rt_a_{os.getpid()}", f"rt_b_{os.getpid()}"
+
+    async def body(conn: LoopConnection) -> list[Any]:
+        out: list[Any] = []
+        other = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+        try:
+            for t in (a, b):
+                await other.execute(f"CREATE TABLE {t} (k int PRIMARY KEY, v int)".encode())
+                await other.execute(f"INSERT INTO {t} VALUES (1, 0)".encode())
+            await other.execute(b"BEGIN")
+            await other.execute(f"UPDATE {a} SET v = 1 WHERE k = 1".encode())
+            me = conn.info.backend_pid
+            await db.begin(conn)
+            both = asyncio.ensure_future(
+                db.rows_then(
+                    conn,
+                    (f"SELECT v FROM {a} WHERE k = %s FOR UPDATE", (1,)),
+                    (f"SELECT v FROM {b} WHERE k = %s", (1,)),
+                )
+            )
+            await pgserver.until_waiting_on_a_lock(other, me, both)
+            await other.execute(f"UPDATE {b} SET v = 2 WHERE k = 1".encode())
+            await other.execute(b"COMMIT")
+            out.append(await both)
+            await db.command(conn, b"COMMIT")
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                await db.rows_then(
+                    conn,
+                    (f"UPDATE {b} SET v = v / %s WHERE k = 1", (0,)),
+                    (f"UPDATE {b} SET v = %s WHERE k = 1", (7,)),
+                )
+            out.append(await db.tuples(conn, f"SELECT v FROM {b}"))
+        finally:
+            for t in (a, b):
+                await other.execute(f"DROP TABLE IF EXISTS {t}".encode())
+            await other.close()
+        return out
+
+    got = _run(pg_dsn, body, direct=True)
+    assert got == [([{"v": 1}], [{"v": 2}]), [(2,)]]
