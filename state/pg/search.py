@@ -36,7 +36,24 @@ from ..sqlite.snippets import CONTEXT_CHARS, make_snippet
 from . import db, slices
 from .dispatch import Dispatch
 from .messages import from_pg
-from .slices import Branch, Keep, Totals
+from .slices import (
+    R_AUX_NTOK,
+    R_CONTENT,
+    R_ENC,
+    R_ID,
+    R_NTOK,
+    R_PAGE,
+    R_ROLE,
+    R_SID,
+    R_SIDE,
+    R_TFS,
+    R_TOOL_CALLS,
+    R_TOOL_NAME,
+    R_TS,
+    Branch,
+    Keep,
+    Totals,
+)
 from .tsearch import (
     required_pairs,
     required_words,
@@ -156,9 +173,12 @@ async def search(
         now = time.time() if now is None else now
         rows = await _rank(conn, rows, branches, phrases, totals, now, id_range, counted)
     else:
-        rows.sort(key=lambda r: (r["timestamp"], r["id"]), reverse=req.sort == "newest")
+        rows.sort(key=lambda r: (r[R_TS], r[R_ID]), reverse=req.sort == "newest")
     page = rows[offset : offset + limit]
-    hits = [{k: r[k] for k in ("id", "session_id", "role", "timestamp")} for r in page]
+    hits = [
+        {"id": r[R_ID], "session_id": r[R_SID], "role": r[R_ROLE], "timestamp": r[R_TS]}
+        for r in page
+    ]
     await _finish_page(conn, hits, page, q.positive_terms(tree))
     return cast(list[SearchHit], hits)
 
@@ -264,20 +284,20 @@ def _counts(
 
 async def _rank(
     conn: AsyncConnection,
-    rows: list[dict[str, Any]],
+    rows: list[tuple[Any, ...]],
     branches: list[Branch],
     all_phrases: list[list[ranking.Phrase]],
     totals: Totals,
     now: float,
     id_range: tuple[int, int],
     counted: dict[tuple[str, bool], Any],
-) -> list[dict[str, Any]]:
+) -> list[tuple[Any, ...]]:
     scores: dict[int, float] = {}
     if len(rows) < 2:  # nothing to order
         return rows
-    mixed = len({r["_side"] for r in rows})
+    mixed = len({r[R_SIDE] for r in rows})
     for br, phrases in zip(branches, all_phrases, strict=True):
-        mine = [r for r in rows if r["_side"] == br.side]
+        mine = [r for r in rows if r[R_SIDE] == br.side]
         if not mine:
             continue
         indexed, avgdl = counted.get(("totals", br.side)) or await totals.get(conn, br.side)
@@ -291,28 +311,28 @@ async def _rank(
                 ]
             weights = [ranking.idf(indexed, df) for df in dfs]
         if br.counted:  # the server's counts, but for rows that came with their text
-            read = [r for r in mine if r["content"] is None and r["tfs"] is not None]
-            tfs = [[r["tfs"][p] for r in read] for p in range(len(phrases))]
+            read = [r for r in mine if r[R_CONTENT] is None and r[R_TFS] is not None]
+            tfs = [[r[R_TFS][p] for r in read] for p in range(len(phrases))]
             found = ranking.bm25_counted(
-                tfs, [r["ntok"] or 0 for r in read], weights, avgdl, [True] * len(read)
+                tfs, [r[R_NTOK] or 0 for r in read], weights, avgdl, [True] * len(read)
             )
             for r, score in zip(read, found, strict=True):
-                scores[r["id"]] = blend(score, r["timestamp"], now)
-            mine = [r for r in mine if r["content"] is not None or r["tfs"] is None]
+                scores[r[R_ID]] = blend(score, r[R_TS], now)
+            mine = [r for r in mine if r[R_CONTENT] is not None or r[R_TFS] is None]
         texts: list[str | None] = []
         lengths: list[int] = []
         for r in mine:
-            stored = from_pg(r["content"], r["content_enc"])
+            stored = from_pg(r[R_CONTENT], r[R_ENC])
             if br.side:
-                texts.append(side_text(stored, r["tool_name"], r["tool_calls"]))
-                lengths.append(r["aux_ntok"] or 0)
+                texts.append(side_text(stored, r[R_TOOL_NAME], r[R_TOOL_CALLS]))
+                lengths.append(r[R_AUX_NTOK] or 0)
             else:
                 texts.append(stored)
-                lengths.append(r["ntok"] or 0)
+                lengths.append(r[R_NTOK] or 0)
         found = ranking.bm25_many(texts, lengths, phrases, weights, avgdl)
         for r, score in zip(mine, found, strict=True):
-            scores[r["id"]] = blend(score, r["timestamp"], now)
-    return sorted(rows, key=lambda r: (scores.get(r["id"], 0.0), r["id"]), reverse=True)
+            scores[r[R_ID]] = blend(score, r[R_TS], now)
+    return sorted(rows, key=lambda r: (scores.get(r[R_ID], 0.0), r[R_ID]), reverse=True)
 
 
 async def _exact_dfs(conn: AsyncConnection, side: bool, phrases: list[ranking.Phrase]) -> list[int]:
@@ -419,7 +439,7 @@ def _page_values(texts: list[str | None]) -> tuple[Any, ...]:
 async def _finish_page(
     conn: AsyncConnection,
     hits: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
+    rows: list[tuple[Any, ...]],
     marks: list[q.Term],
 ) -> None:
     """The page's sessions, each hit's neighbours in its session and its snippet: from the
@@ -428,8 +448,8 @@ async def _finish_page(
     if not hits:
         return
     by_hit: dict[int, tuple[Any, ...]]
-    if all(r.get("_page") is not None for r in rows):
-        by_hit = {r["id"]: _page_values(r["_page"]) for r in rows}
+    if all(r[R_PAGE] is not None for r in rows):
+        by_hit = {r[R_ID]: _page_values(r[R_PAGE]) for r in rows}
     else:
         found = await db.tuples(  # rows by key: the same plan under either plan mode
             conn,

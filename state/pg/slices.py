@@ -64,6 +64,25 @@ ROW_COLUMNS = (
 # for a one-word query (each occurrence is a cover of one word, worth 1).
 COUNTED_BELOW = 256
 FIRST_COLUMNS = ("_walk", *ROW_COLUMNS, "_head")  # the first statement's
+# A kept row of a walk (Walk.rows) is a tuple, read by these positions: ROW_COLUMNS's
+# values, then whether it is the side index's, then its page's texts (None unless the
+# first statement brought them). A dict per row cost 0.8 µs, 0.4 ms of a 500-row window.
+(
+    R_WID,
+    R_ID,
+    R_SID,
+    R_ROLE,
+    R_TS,
+    R_CONTENT,
+    R_ENC,
+    R_TOOL_NAME,
+    R_TOOL_CALLS,
+    R_NTOK,
+    R_AUX_NTOK,
+    R_TFS,
+    R_SIDE,
+    R_PAGE,
+) = range(len(ROW_COLUMNS) + 2)
 
 
 @dataclass(frozen=True)
@@ -208,7 +227,7 @@ class Walk:
     shares: bool  # the planner has statistics (statements are then left unprepared)
     whole: bool = False  # the index is small: one slice without bounds
     ids: list[int] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)  # R_* positions
     edge: int = 0
     walked: int = 0  # ids of the table's range covered so far
     span: int = 0
@@ -283,17 +302,16 @@ class Walk:
         )
 
     def take(self, found: list[tuple[Any, ...]], keys: tuple[str, ...] = ROW_COLUMNS) -> None:
-        """A slice's answer, its columns named by `keys` (ROW_COLUMNS and any others): the
-        window's ids, and the rows the filters keep as dicts (the other names' values
-        with them)."""
+        """A slice's answer, its columns named by `keys` (ROW_COLUMNS in order, `_page` and
+        others around them): the window's ids, and the rows the filters keep (R_*)."""
         at = keys.index("wid")
+        end = at + len(ROW_COLUMNS)
+        page = keys.index("_page") if "_page" in keys else -1
         side, ids, rows = self.br.side, self.ids, self.rows
         for r in found:
             ids.append(r[at])
             if len(r) > at + 1 and r[at + 1] is not None:
-                row = dict(zip(keys, r, strict=True))
-                row["_side"] = side
-                rows.append(row)
+                rows.append((*r[at:end], side, r[page] if page >= 0 else None))
 
 
 async def start(
