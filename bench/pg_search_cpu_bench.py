@@ -57,8 +57,11 @@ if mode == "server":  # the read pool's plan mode left to the server's setting
 def server_cpu(pids):
     total = 0.0
     for pid in pids:
-        with open(f"/proc/{pid}/stat") as fh:
-            f = fh.read().rpartition(")")[2].split()
+        try:  # a backend of the program before may still be closing when listed
+            with open(f"/proc/{pid}/stat") as fh:
+                f = fh.read().rpartition(")")[2].split()
+        except OSError:
+            continue
         total += (int(f[11]) + int(f[12])) / TICK
     return total
 
