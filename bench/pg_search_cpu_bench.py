@@ -40,13 +40,13 @@ DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 PROGRAMS = {"kept": "kept", "server's choice": "server"}
 
 QUERIES = """
-import asyncio, json, os, sys, time
+import json, sys, time
 from pathlib import Path
-import psycopg, uvloop
+import uvloop
+from bench.loops import backend_pids, cpu_s
 from state.pg import db
 from state.pg.store import PgStore
 
-TICK = os.sysconf("SC_CLK_TCK")
 dsn, data, passes, mode, kind = sys.argv[1], json.loads(Path(sys.argv[2]).read_text()), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 if mode == "server":  # the read pool's plan mode left to the server's setting
     async def configure(conn):
@@ -54,23 +54,12 @@ if mode == "server":  # the read pool's plan mode left to the server's setting
         db.go_direct(conn)
     db.configure = configure
 
-def server_cpu(pids):
-    total = 0.0
-    for pid in pids:
-        try:  # a backend of the program before may still be closing when listed
-            with open(f"/proc/{pid}/stat") as fh:
-                f = fh.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        total += (int(f[11]) + int(f[12])) / TICK
-    return total
+def server_cpu(pids):  # a backend of the program before may still be closing when listed
+    return sum(cpu_s(pid) for pid in pids)
 
 async def main():
     store = await PgStore.open(dsn, readers=1)
-    with psycopg.connect(dsn) as conn:
-        pids = [r[0] for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()").fetchall()]
+    pids = backend_pids(dsn)
     queries = data["queries"][kind]
     for _ in range(2):
         for q in queries:
