@@ -194,3 +194,14 @@ async def generic_plan(
         return "\n".join(str(r[0]) for r in await cur.fetchall())
     finally:
         await conn.execute(b"DEALLOCATE sb_probe")
+
+
+def round_trips_and_begins(trace: str) -> tuple[int, int]:
+    """In libpq's protocol trace (`pgconn.trace`), the client's round trips (each ends with
+    a Sync, or is a simple Query) and the BEGINs it sent."""
+    sent = [line.split("\t") for line in trace.splitlines()]
+    sent = [f for f in sent if f[:1] == ["F"]]
+    return (
+        sum(1 for f in sent if len(f) > 2 and f[2].split(" ")[0] in ("Sync", "Query")),
+        sum(1 for f in sent if '"BEGIN"' in "\t".join(f)),
+    )

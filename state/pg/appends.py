@@ -12,9 +12,10 @@ where each caller gets its own answer.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
@@ -68,7 +69,7 @@ _CAST = {"tsv": "::tsvector", "seg_tsv": "::tsvector", "tool_tsv": "::tsvector"}
 # probes the primary key instead of hashing a scan of every session at each batch. (A run
 # without rows locks its sessions with `_LOCK` alone.)
 _LOCK = "SELECT id, source, chat_id FROM sessions WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
-_ROWS = (
+_ROWS_CTES = (
     f"WITH lk AS MATERIALIZED ({_LOCK}), "
     "ids AS MATERIALIZED (SELECT n, nextval(pg_get_serial_sequence('messages', 'id')) "
     "AS id FROM generate_series(1, %s) AS g(n) ORDER BY n), "
@@ -92,11 +93,20 @@ _ROWS = (
     )
     + " AS u(sid, n, t, pv, ts, i, o, tk) "
     f"WHERE s.id = u.sid AND s.id = ANY(%s) RETURNING {usage.ROUTED_RETURNING}), "
-    f"used AS ({usage.upsert_from(usage.routed_usage('upd'))}) "
-    "SELECT 2, NULL::bigint, NULL::bigint, id, source, chat_id FROM lk UNION ALL "
+    f"used AS ({usage.upsert_from(usage.routed_usage('upd'))})"
+)
+_ROWS_SELECT = (
+    " SELECT 2, NULL::bigint, NULL::bigint, id, source, chat_id FROM lk UNION ALL "
     "SELECT 0, n, id, NULL, NULL, NULL FROM ids UNION ALL "
     "SELECT 1, NULL, message_id, NULL, NULL, NULL FROM claim"
 )
+
+
+@functools.cache
+def _rows(also: str | None) -> str:
+    """_ROWS's statement, with `also` (a data-modifying statement that may name `ids`, the
+    rows' drawn ids by their place in the run, `n` from 1) as one more of its CTEs."""
+    return _ROWS_CTES + ("" if also is None else f", w AS ({also})") + _ROWS_SELECT
 
 
 class _Redo(StateError):
@@ -105,10 +115,20 @@ class _Redo(StateError):
 
 async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -> list[list[int]]:
     """Several `append_messages(session_id, batch, dedupe=None, tokens=None)` calls at once."""
-    now = time.time()
-    wanted = sorted({c[0] for c in calls})
-    # Duplicates (calls with `dedupe` only, as on SQLite): a platform id already stored for
-    # that chat, or one an earlier call of this batch brings.
+    run = planned(calls, await _duplicates(conn, calls))
+    if run.statement is None:
+        found = await db.tuples(conn, _LOCK, (run.wanted,))
+    else:
+        found = await db.tuples(conn, *run.statement)
+    out = settled(run, found)
+    if run.rest:  # tokens of calls whose messages were all duplicates
+        await usage.add_tokens_many(conn, run.rest)
+    return out
+
+
+async def _duplicates(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -> set[int]:
+    """The calls (with `dedupe` only, as on SQLite) whose messages are duplicates: a
+    platform id already stored for that chat, or one an earlier call of this batch brings."""
     probes: list[tuple[str, str, str, int]] = [
         (call[2][0], call[2][1], str(m["platform_message_id"]), i)
         for i, call in enumerate(calls)
@@ -116,25 +136,55 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
         for m in call[1]
         if m.get("platform_message_id") is not None
     ]
-    dup: set[int] = set()
-    if probes:
-        stored = await db.tuples(
-            conn,
-            "SELECT u.i FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[]) AS u(s, c, p, i) "
-            "JOIN platform_messages pm ON pm.source = u.s AND pm.chat_id = u.c "
-            "AND pm.platform_message_id = u.p",
-            (
-                [p[0] for p in probes],
-                [p[1] for p in probes],
-                [p[2] for p in probes],
-                [p[3] for p in probes],
-            ),
-        )
-        dup = {int(r[0]) for r in stored}
-        first: dict[tuple[str, str, str], int] = {}
-        for source, chat, pmid, i in probes:
-            if first.setdefault((source, chat, pmid), i) != i:
-                dup.add(i)
+    if not probes:
+        return set()
+    stored = await db.tuples(
+        conn,
+        "SELECT u.i FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[]) AS u(s, c, p, i) "
+        "JOIN platform_messages pm ON pm.source = u.s AND pm.chat_id = u.c "
+        "AND pm.platform_message_id = u.p",
+        (
+            [p[0] for p in probes],
+            [p[1] for p in probes],
+            [p[2] for p in probes],
+            [p[3] for p in probes],
+        ),
+    )
+    dup = {int(r[0]) for r in stored}
+    first: dict[tuple[str, str, str], int] = {}
+    for source, chat, pmid, i in probes:
+        if first.setdefault((source, chat, pmid), i) != i:
+            dup.add(i)
+    return dup
+
+
+class Run(NamedTuple):
+    """A run of appends ready to send (`planned`)."""
+
+    statement: tuple[str, tuple[Any, ...]] | None  # None: no call brings a row
+    wanted: list[str]  # the sessions, in id order
+    per_call: list[int]  # each call's rows (-1: a duplicate, nothing stored)
+    claims: list[tuple[str, str, int, tuple[str, str] | None]]  # _platform_claims
+    rest: list[tuple[str, int, int]]  # tokens of sessions whose calls brought no row
+
+    def starts(self) -> list[int]:
+        """Each call's first row's place in the run (`n` of the statement's `ids`, from 1)."""
+        out, pos = [], 1
+        for n in self.per_call:
+            out.append(pos)
+            pos += max(n, 0)
+        return out
+
+
+def planned(
+    calls: Sequence[tuple[Any, ...]],
+    dup: Collection[int] = (),
+    also: tuple[str, tuple[Any, ...]] | None = None,
+) -> Run:
+    """The calls' run (the calls in `dup` store nothing): the statement that appends its
+    rows, with `also` (sql, params) as one more of its CTEs (`_rows`)."""
+    now = time.time()
+    wanted = sorted({c[0] for c in calls})
     rows: list[tuple[Any, ...]] = []
     per_call: list[int] = []
     agg: dict[str, list[Any]] = {}  # sid -> [count, tool calls, preview, last ts, in, out]
@@ -171,25 +221,36 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
         if tokens:
             a[4] += int(tokens.get("input_tokens", 0))
             a[5] += int(tokens.get("output_tokens", 0))
-    ids: list[int] = []
     totals = {sid: (a[4], a[5]) for sid, a in agg.items() if a[4] or a[5]}
-    if rows:  # then every session in `live` has rows, and every one with rows is in it
-        live = [(sid, a) for sid, a in agg.items() if a[0]]
-        claims = _platform_claims(calls, per_call)
-        found = await db.tuples(
-            conn,
-            _ROWS,
-            (
-                wanted,
-                len(rows),
-                db.json_rows(rows),
-                db.json_rows(c[:3] for c in claims),
-                db.json_rows((s, *a[:6], bool(a[4] or a[5])) for s, a in live),
-                wanted,
-                now,
-                now,
-            ),
-        )
+    rest = sorted((sid, *t) for sid, t in totals.items() if not agg[sid][0])
+    claims = _platform_claims(calls, per_call)
+    if not rows:
+        return Run(None, wanted, per_call, claims, rest)
+    # every session in `live` has rows, and every one with rows is in it
+    live = [(sid, a) for sid, a in agg.items() if a[0]]
+    params = (
+        wanted,
+        len(rows),
+        db.json_rows(rows),
+        db.json_rows(c[:3] for c in claims),
+        db.json_rows((s, *a[:6], bool(a[4] or a[5])) for s, a in live),
+        wanted,
+        now,
+        now,
+    )
+    if also is None:
+        return Run((_rows(None), params), wanted, per_call, claims, rest)
+    return Run((_rows(also[0]), (*params, *also[1])), wanted, per_call, claims, rest)
+
+
+def settled(run: Run, found: Sequence[Sequence[Any]]) -> list[list[int]]:
+    """Each call's message ids, from the run's statement's rows (or, for a run without
+    rows, `_LOCK`'s): raises SessionNotFound for a session missing, and _Redo for a
+    platform id a caller settles on that another writer claimed since the check."""
+    if run.statement is None:
+        chats = {r[0]: (r[1], r[2]) for r in found}
+        ids: list[int] = []
+    else:
         chats = {r[3]: (r[4], r[5]) for r in found if r[0] == 2}
         ids = [int(r[2]) for r in sorted((r for r in found if r[0] == 0), key=lambda r: r[1])]
         got = {int(r[2]) for r in found if r[0] == 1}
@@ -198,19 +259,14 @@ async def append_many(conn: AsyncConnection, calls: Sequence[tuple[Any, ...]]) -
             and tuple(dedupe) == chats.get(sid)
             and None not in dedupe
             and ids[pos - 1] not in got
-            for sid, _pmid, pos, dedupe in claims
+            for sid, _pmid, pos, dedupe in run.claims
         ):
             raise _Redo()  # another writer stored one of these platform ids since the check
-    else:
-        chats = {r[0]: (r[1], r[2]) for r in await db.tuples(conn, _LOCK, (wanted,))}
-    if len(chats) != len(wanted):  # (with rows, the foreign key from messages fails first)
-        raise SessionNotFound(next(s for s in wanted if s not in chats))
-    rest = sorted((sid, *t) for sid, t in totals.items() if not agg[sid][0])
-    if rest:  # tokens of calls whose messages were all duplicates
-        await usage.add_tokens_many(conn, rest)
+    if len(chats) != len(run.wanted):  # (with rows, the foreign key from messages fails first)
+        raise SessionNotFound(next(s for s in run.wanted if s not in chats))
     out: list[list[int]] = []
     pos = 0
-    for n in per_call:
+    for n in run.per_call:
         out.append([] if n < 0 else ids[pos : pos + n])
         pos += max(n, 0)
     return out

@@ -282,11 +282,22 @@ async def release_leases_many(
     calls: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
 ) -> list[bool]:
     """Many releases in one statement (their wake-ups with them)."""
-    freed = {
-        str(r[0])
-        for r in await db.tuples(conn, _RELEASE, release_params(calls))
-        if r[0] is not None
-    }
+    return freed_of(calls, await db.tuples(conn, *release_statement(calls)))
+
+
+def release_statement(
+    calls: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
+) -> tuple[str, dict[str, Any]]:
+    """release_leases_many's statement, for a caller that sends it with others."""
+    return _RELEASE, release_params(calls)
+
+
+def freed_of(
+    calls: Sequence[tuple[Fence, Mapping[str, Any] | None, Sequence[tuple[int, int]]]],
+    found: Sequence[Sequence[Any]],
+) -> list[bool]:
+    """Whether each release freed its lease, from release_statement's rows."""
+    freed = {str(r[0]) for r in found if r[0] is not None}
     return [c[0].session_key in freed for c in calls]
 
 

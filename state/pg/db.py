@@ -269,17 +269,29 @@ async def rows(conn: AsyncConnection, sql: str, params: Params = None) -> list[R
 async def rows_then(
     conn: AsyncConnection, first: tuple[str, Params], then: tuple[str, Params]
 ) -> tuple[list[Row], list[Row]]:
-    """Two statements' rows, in one round trip where the connection has a Direct; the
-    second takes its snapshot when it starts, after the first has run (its waits for locks
-    included), as it would sent after the first's answer."""
+    """Two statements' rows, in one round trip where the connection has a Direct (`piped`)."""
+    one, two = await piped(conn, [first, then], (True, True))
+    return one, two
+
+
+async def piped(
+    conn: AsyncConnection, statements: Sequence[tuple[str, Params]], dicts: Sequence[bool]
+) -> list[list[Any]]:
+    """Statements' rows (dicts where `dicts` says so, else tuples), in one round trip where
+    the connection has a Direct; each takes its snapshot when it starts, after the ones
+    before it have run (their waits for locks included), as it would sent after their
+    answers. The first that fails raises its error, and the rest do not run."""
     direct = direct_of(conn)
     if direct is None:
-        return await rows(conn, *first), await rows(conn, *then)
-    (res1, tx1), (res2, tx2) = await direct.results(conn, [first, then])
-    return (
-        _loaded(res1, tx1, _dict_maker(res1, conn)),
-        _loaded(res2, tx2, _dict_maker(res2, conn)),
-    )
+        return [
+            await (rows if as_dict else tuples)(conn, sql, params)
+            for (sql, params), as_dict in zip(statements, dicts, strict=True)
+        ]
+    found = await direct.results(conn, statements)
+    return [
+        _loaded(res, tx, _dict_maker(res, conn) if as_dict else tuple)
+        for (res, tx), as_dict in zip(found, dicts, strict=True)
+    ]
 
 
 async def rows_as(

@@ -18,8 +18,8 @@ from psycopg import AsyncConnection
 from ..records import Accept, InboxEntry
 from ..vocab import ANSWERED, RECEIVED, STARTED
 from . import db
-from .appends import append_many
-from .windows import histories
+from .appends import append_many, planned, settled
+from .windows import Histories, histories
 from .writer import register_batched
 
 # The rows' ids drawn in call order (`n`) and the rows inserted (`ins`: their ids and keys),
@@ -126,19 +126,32 @@ async def begin_turn(
 
 # A batch's begun rows (`u.b`: started, in a session, with their message and runner) and
 # ended ones (answered, with their replies in the outbox) in one update, each kind leaving
-# the other's columns as they were
+# the other's columns as they were. `_TURN_ROWS_AT` is its form for a CTE of the batch's
+# append (appends._rows): a message not stored before is named by its place in the run
+# (`mpos`, `rpos`: the append's `ids`), its id not known yet.
+def _turn_rows(mid: str, rmid: str) -> str:
+    return (
+        "UPDATE inbox SET updated_at = %s, "
+        f"state = CASE WHEN u.b THEN '{STARTED}' ELSE '{ANSWERED}' END, "
+        f"session_id = CASE WHEN u.b THEN u.sid ELSE inbox.session_id END, "
+        f"message_id = CASE WHEN u.b THEN {mid} ELSE inbox.message_id END, "
+        "runner = CASE WHEN u.b THEN COALESCE(u.runner, inbox.runner) ELSE inbox.runner END, "
+        "reason = CASE WHEN u.b THEN inbox.reason END, "
+        "reply_state = CASE WHEN u.b THEN inbox.reply_state ELSE u.rs END, "
+        f"reply_message_id = CASE WHEN u.b THEN inbox.reply_message_id ELSE {rmid} END FROM "
+    )
+
+
 _TURN_ROWS = (
-    "UPDATE inbox SET updated_at = %s, "
-    f"state = CASE WHEN u.b THEN '{STARTED}' ELSE '{ANSWERED}' END, "
-    "session_id = CASE WHEN u.b THEN u.sid ELSE inbox.session_id END, "
-    "message_id = CASE WHEN u.b THEN u.mid ELSE inbox.message_id END, "
-    "runner = CASE WHEN u.b THEN COALESCE(u.runner, inbox.runner) ELSE inbox.runner END, "
-    "reason = CASE WHEN u.b THEN inbox.reason END, "
-    "reply_state = CASE WHEN u.b THEN inbox.reply_state ELSE u.rs END, "
-    "reply_message_id = CASE WHEN u.b THEN inbox.reply_message_id ELSE u.rmid END "
-    "FROM "
+    _turn_rows("u.mid", "u.rmid")
     + db.rowset("%s", ("bigint", "boolean", "text", "bigint", "bigint", "text", "bigint"))
     + " AS u(id, b, sid, mid, runner, rs, rmid) WHERE inbox.id = u.id"
+)
+_TURN_ROWS_AT = (
+    _turn_rows("COALESCE(u.mid, m.id)", "r.id")
+    + db.rowset("%s", ("bigint", "boolean", "text", "bigint", "bigint", "bigint", "text", "bigint"))
+    + " AS u(id, b, sid, mid, mpos, runner, rs, rpos) "
+    "LEFT JOIN ids m ON m.n = u.mpos LEFT JOIN ids r ON r.n = u.rpos WHERE inbox.id = u.id"
 )
 Begin = tuple[int, str, Mapping[str, Any], "int | None"]  # inbox id, session, message, last
 End = tuple[int, str, list[Mapping[str, Any]], "Mapping[str, int] | None", str]  # + reply state
@@ -165,6 +178,25 @@ async def turn_writes_many(
     message's id, the history), an end its messages' ids; `runners` as begin_turns_many.
     `inserted`: inbox rows this transaction inserted (an accept's), which no other can
     have begun or even seen: not read back."""
+    return (await turn_writes_after(conn, None, calls, runners, inserted))[1]
+
+
+async def turn_writes_after(
+    conn: AsyncConnection,
+    ahead: tuple[str, db.Params] | None,
+    calls: Sequence[tuple[str, Begin | End]],
+    runners: Sequence[int | None] | None = None,
+    inserted: Collection[int] = (),
+) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """turn_writes_many, after the statement `ahead` (sql, params), whose rows it returns
+    beside its answer: a statement whose answer the writes do not need (a batch's lease
+    releases, checked after) goes in the same round trip as the append.
+
+    The append, the rows' update and the first history read go in one round trip: the
+    update is a CTE of the append's statement (naming the new messages by their places in
+    the run, _TURN_ROWS_AT), and the read a statement after it that finds each new message
+    through its inbox row (Histories). A batch that begins a row twice, or begins and ends
+    one, takes the longer way: the append, then the updates, the last with the read."""
     now = time.time()
     begins = [i for i, (kind, _c) in enumerate(calls) if kind == BEGIN]
     # Locked in id order: a second daemon beginning the same row waits, then reads the
@@ -198,6 +230,19 @@ async def turn_writes_many(
         else:
             first_of[(inbox_id, session_id)] = i
             appends.append((i, (session_id, [c[2]])))
+    last_call = {calls[i][1][0]: i for i in begins}  # a row begun twice: the last wins
+    by_length: dict[int | None, list[int]] = {}
+    for i in begins:
+        by_length.setdefault(calls[i][1][3], []).append(i)  # type: ignore[arg-type]
+    if (
+        any(a[1] for _i, a in appends)
+        and len(last_call) == len(begins)
+        and not {c[0] for kind, c in calls if kind == END} & set(last_call)
+    ):
+        return await _short_way(conn, ahead, calls, runners, appends, message_ids, by_length, now)
+    ahead_rows: list[tuple[Any, ...]] = []
+    if ahead is not None:
+        ahead_rows = await db.tuples(conn, *ahead)
     got = await append_many(conn, [a for _i, a in appends]) if appends else []
     stored = {i: ids for (i, _a), ids in zip(appends, got, strict=True)}
     for i in begins:
@@ -205,10 +250,9 @@ async def turn_writes_many(
             message_ids[i] = stored[i][0]
     for i, j in repeats:
         message_ids[i] = message_ids[j]
-    last_call = {calls[i][1][0]: i for i in begins}  # a row begun twice: the last wins
     # the ended rows answered (finish_many's columns) with their replies in the outbox; a
     # row ended twice in one batch: the last call wins
-    final = {
+    final_end = {
         c[0]: (cast(End, c)[4], stored[i][-1] if stored[i] else None)
         for i, (kind, c) in enumerate(calls)
         if kind == END
@@ -226,20 +270,17 @@ async def turn_writes_many(
         )
         for rid, i in last_call.items()
     ]
-    ended: list[tuple[Any, ...]] = [
-        (rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final.items()
+    ends: list[tuple[Any, ...]] = [
+        (rid, False, None, None, None, rs, rmid) for rid, (rs, rmid) in final_end.items()
     ]
     # one statement for both kinds; a row begun and ended in one batch: begun first
-    parts = [begun, ended] if set(last_call) & set(final) else [begun + ended]
+    parts = [begun, ends] if set(last_call) & set(final_end) else [begun + ends]
     updates = [(_TURN_ROWS, (now, db.json_rows(rows))) for rows in parts if rows]
     # with history reads to come, the last update rides with the first: one round trip less
     rides = updates.pop() if begins and updates else None
     for sql, params in updates:
         await db.run(conn, sql, params)
     read: dict[int, list[dict[str, Any]]] = {}
-    by_length: dict[int | None, list[int]] = {}
-    for i in begins:
-        by_length.setdefault(calls[i][1][3], []).append(i)  # type: ignore[arg-type]
     for n, (last, which) in enumerate(by_length.items()):
         got_h = await histories(
             conn,
@@ -249,7 +290,87 @@ async def turn_writes_many(
         )
         for i, history in zip(which, got_h, strict=True):
             read[i] = history
-    return [
+    return ahead_rows, [
+        (message_ids[i], read[i]) if kind == BEGIN else stored[i]
+        for i, (kind, _c) in enumerate(calls)
+    ]
+
+
+async def _short_way(
+    conn: AsyncConnection,
+    ahead: tuple[str, db.Params] | None,
+    calls: Sequence[tuple[str, Begin | End]],
+    runners: Sequence[int | None] | None,
+    appends: Sequence[tuple[int, tuple[Any, ...]]],
+    message_ids: dict[int, int],
+    by_length: Mapping[int | None, list[int]],
+    now: float,
+) -> tuple[list[tuple[Any, ...]], list[Any]]:
+    """turn_writes_after's round trip: `ahead`, the append with the rows' update in it, and
+    the read of the histories of the begins asking for the first length (any other
+    length is read after, the messages' ids known). Each row is begun or ended once, and
+    the calls bring a message to append."""
+    place: dict[int, int] = {}  # each append's first message's place in the run, from 1
+    pos = 1
+    for i, a in appends:
+        place[i] = pos
+        pos += len(a[1])
+    # _TURN_ROWS_AT's columns: id, begun, sid, mid, its place, runner, reply state, its place
+    rows: list[tuple[Any, ...]] = [
+        (
+            calls[i][1][0],
+            True,
+            calls[i][1][1],
+            message_ids.get(i),
+            None if i in message_ids else place[i],
+            None if runners is None else runners[i],
+            None,
+            None,
+        )
+        for i, (kind, _c) in enumerate(calls)
+        if kind == BEGIN
+    ]
+    final = {c[0]: i for i, (kind, c) in enumerate(calls) if kind == END}  # the last wins
+    for rid, i in final.items():
+        end = cast(End, calls[i][1])
+        at = place[i] + len(end[2]) - 1 if end[2] else None  # its last message, if any
+        rows.append((rid, False, None, None, None, None, end[4], at))
+    run = planned([a for _i, a in appends], also=(_TURN_ROWS_AT, (now, db.json_rows(rows))))
+    groups = list(by_length.items())
+    reads = [
+        Histories(
+            conn,
+            [
+                (calls[i][1][1], message_ids.get(i), None if i in message_ids else calls[i][1][0])
+                for i in which
+            ],
+            last,
+        )
+        for last, which in groups[:1]
+    ]
+    assert run.statement is not None  # the calls bring a message
+    statements = [*([ahead] if ahead is not None else []), run.statement]
+    found = await db.piped(
+        conn,
+        [*statements, *(r.statement for r in reads)],
+        [False] * len(statements) + [True] * len(reads),
+    )
+    ahead_rows = found.pop(0) if ahead is not None else []
+    stored = dict(zip((i for i, _a in appends), settled(run, found[0]), strict=True))
+    for i, ids in stored.items():
+        if calls[i][0] == BEGIN:
+            message_ids[i] = ids[0]
+    read: dict[int, list[dict[str, Any]]] = {}
+    for n, (last, which) in enumerate(groups):
+        mids = [message_ids[i] for i in which]
+        if n == 0:
+            got = await reads[0].settled(conn, found[1], mids)
+        else:
+            got = await histories(
+                conn, [(calls[i][1][1], m) for i, m in zip(which, mids, strict=True)], last
+            )
+        read.update(zip(which, got, strict=True))
+    return ahead_rows, [
         (message_ids[i], read[i]) if kind == BEGIN else stored[i]
         for i, (kind, _c) in enumerate(calls)
     ]

@@ -157,22 +157,23 @@ async def turns_many(
         await cluster.check_fences(conn, [c[0] for c in fenced])
     route_of: dict[int, dict[str, Any] | None] = {}
     freed: list[bool] = []
+    # without accepts, the releases go with the append, in its round trip: a lease lost
+    # is found when both have run, and fails the batch all the same
+    ahead = cluster.release_statement(frees) if free_first and not accepts else None
     if accepts and len({(c.me, c.space) for c in accepts}) == 1:
         accepted, route_of, freed = await _accept_take_release(
             conn, accepts, frees if free_first else ()
         )
     else:
-        if free_first:
+        if free_first and ahead is None:
             freed = await cluster.release_leases_many(conn, frees)
         accepted = await inbox.accept_many(conn, [c[:7] for c in accepts]) if accepts else []
         fresh = [i for i, (_id, _state, new) in enumerate(accepted) if new]
         calls = [(accepts[i].key, accepts[i].me, accepts[i].space) for i in fresh]
         routes = await cluster.take_leases_many(conn, calls) if fresh else []
         route_of = dict(zip(fresh, routes, strict=True))
-    if free_first:
-        lost = next((c[0] for c, ok in zip(fenced, freed, strict=True) if not ok), None)
-        if lost is not None:
-            raise LeaseLost(lost.session_key, lost.epoch)
+    if free_first and ahead is None:
+        _lost(fenced, freed)
     begins: list[tuple[int, inbox.Begin]] = []
     for i, route in route_of.items():
         plan = accepts[i].begin
@@ -185,18 +186,27 @@ async def turns_many(
     writes: list[tuple[str, inbox.Begin | inbox.End]] = [(c[1], c[2]) for c in fenced]
     writes += [(inbox.BEGIN, b) for _i, b in begins]
     runners = [c[0].owner for c in fenced] + [accepts[i].me for i, _b in begins]
-    got = (
-        await inbox.turn_writes_many(
-            conn, writes, runners=runners, inserted=[b[0] for _i, b in begins]
+    released, got = (
+        await inbox.turn_writes_after(
+            conn, ahead, writes, runners=runners, inserted=[b[0] for _i, b in begins]
         )
         if writes
-        else []
+        else ([], [])
     )
+    if ahead is not None:
+        _lost(fenced, cluster.freed_of(frees, released))
     begun = {i: g for (i, _b), g in zip(begins, got[len(fenced) :], strict=True)}
     if frees and not free_first:  # the fences hold (checked above, rows locked): all freed
         await cluster.release_leases_many(conn, frees)
     done = [Accepted(*a, route_of.get(i), begun.get(i)) for i, a in enumerate(accepted)]
     return done, got[: len(fenced)]
+
+
+def _lost(fenced: Sequence[FencedWrite], freed: Sequence[bool]) -> None:
+    """LeaseLost for the first fenced write whose release found its lease gone."""
+    lost = next((c[0] for c, ok in zip(fenced, freed, strict=True) if not ok), None)
+    if lost is not None:
+        raise LeaseLost(lost.session_key, lost.epoch)
 
 
 async def turns_merged(

@@ -32,7 +32,7 @@ with none.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -41,23 +41,29 @@ from ..history import HistoryWindows
 from . import db
 from .messages import chat_message
 
-# For each (session, newest message id, after id): the session's message count, how many
-# of its messages come after the newest (a window is kept only when none do), and the
-# newest `last` messages with after < id <= newest, in order
+# For each (session, newest message id, after id, inbox row): the session's message count,
+# how many of its messages come after the newest (a window is kept only when none do), and
+# the newest `last` messages with after < id <= newest, in order. The newest id, when not
+# given, is the inbox row's message (its turn's, set by a statement before this one in the
+# same transaction: the read then goes in the same round trip as the append, whose ids it
+# does not know).
 # The window's bounds are (session, id) row comparisons, which only idx_messages_session_order
 # can search: with `id <= upto AND id > after`, the writer's generic plan made on a new,
 # never analyzed table walked the primary key backwards from the window's end through every
 # session's rows (396 rows read for 2 kept in a bench run: 0.18 -> 0.44 ms of the server
 # per read).
 _READ = (
-    "SELECT u.n, s.message_count AS count, l.later, m.* "
-    f"FROM {db.rowset('%s', ('text', 'bigint', 'bigint'), ordinality=True)} AS u(sid, upto, after, n) "
+    "SELECT u.n, s.message_count AS count, l.later, m.* FROM "
+    + db.rowset("%s", ("text", "bigint", "bigint", "bigint"), ordinality=True)
+    + " AS u(sid, upto, after, row, n) "
+    "CROSS JOIN LATERAL (SELECT COALESCE(u.upto, "
+    "(SELECT i.message_id FROM inbox i WHERE i.id = u.row)) AS upto OFFSET 0) e "
     "LEFT JOIN sessions s ON s.id = u.sid "
     "CROSS JOIN LATERAL (SELECT count(*) AS later FROM messages x "
-    "WHERE x.session_id = u.sid AND x.id > u.upto) l "
+    "WHERE x.session_id = u.sid AND x.id > e.upto) l "
     "LEFT JOIN LATERAL (SELECT id, role, content, content_enc, tool_calls, tool_call_id, "
     "tool_name, reasoning FROM messages WHERE session_id = u.sid "
-    "AND (session_id, id) <= (u.sid, u.upto) AND (session_id, id) > (u.sid, u.after) "
+    "AND (session_id, id) <= (u.sid, e.upto) AND (session_id, id) > (u.sid, u.after) "
     "ORDER BY id DESC LIMIT %s) m ON true ORDER BY u.n, m.id"
 )
 
@@ -88,20 +94,25 @@ Read = tuple[int | None, int, list[dict[str, Any]]]  # message count, later mess
 # data-modifying CTE of the read's statement instead, so the two cost one round trip. It
 # must not change what the read reads (the read's snapshot does not see it).
 Before = tuple[str, tuple[Any, ...]]
+# What a history ends at: (session, its message's id) or (session, None, the inbox row
+# whose message it is, stored by an earlier statement of the same transaction)
+End = tuple[str, int | None, int | None]
 
 
-async def _read(
-    conn: AsyncConnection,
-    ranges: Sequence[tuple[str, int, int]],
+def _statement(
+    ranges: Sequence[tuple[str, int | None, int, int | None]],
     last: int | None,
     before: Before | None = None,
-) -> list[Read]:
+) -> tuple[str, tuple[Any, ...]]:
+    """_READ for (session, newest id, after id, inbox row), `before` in it (see Before)."""
     params = (db.json_rows(ranges), last)
     if before is None:
-        found = await db.rows(conn, _READ, params)
-    else:
-        found = await db.rows(conn, f"WITH w AS ({before[0]}) {_READ}", (*before[1], *params))
-    out: list[Read] = [(None, 0, []) for _ in ranges]
+        return _READ, params
+    return f"WITH w AS ({before[0]}) {_READ}", (*before[1], *params)
+
+
+def _reads(found: Sequence[Mapping[str, Any]], n: int) -> list[Read]:
+    out: list[Read] = [(None, 0, []) for _ in range(n)]
     for r in found:
         i = int(r["n"]) - 1
         messages = out[i][2]
@@ -111,51 +122,91 @@ async def _read(
     return out
 
 
+class Histories:
+    """A read of histories in two steps: `statement`, which the caller sends (alone, or in
+    one round trip with the statements it follows), then `settled` with its rows and the
+    messages' ids. For each (session, message id or None and the inbox row, as End): the
+    newest `last` messages up to that message, in chat format, read whole or only after
+    the window kept for the session (a session twice in `ends` is read whole: one window
+    cannot serve both). `before`: a write sent in the read's statement (see Before)."""
+
+    __slots__ = ("ends", "last", "windows", "twice", "afters", "statement")
+
+    def __init__(
+        self,
+        conn: AsyncConnection,
+        ends: Sequence[End],
+        last: int | None,
+        before: Before | None = None,
+    ) -> None:
+        self.ends, self.last = ends, last
+        self.windows = windows_of(conn)
+        self.twice = Counter(s for s, _m, _r in ends)
+        if self.windows is None:
+            self.afters = [0] * len(ends)
+        else:
+            length = -1 if last is None else last
+            since = self.windows.since
+            # a window kept past the message (a turn run again) cannot serve it; a message
+            # whose id is not known yet is new, its id drawn after every one a window holds
+            self.afters = [
+                a if mid is None or a < mid else 0
+                for a, (_s, mid, _r) in zip(
+                    (since(s, length) if self.twice[s] == 1 else 0 for s, _m, _r in ends),
+                    ends,
+                    strict=True,
+                )
+            ]
+        self.statement = _statement(
+            [(s, m, a, r) for (s, m, r), a in zip(ends, self.afters, strict=True)], last, before
+        )
+
+    async def settled(
+        self, conn: AsyncConnection, found: Sequence[Mapping[str, Any]], mids: Sequence[int]
+    ) -> list[list[dict[str, Any]]]:
+        """The histories, from the statement's rows; `mids`: the messages' ids."""
+        got = _reads(found, len(self.ends))
+        windows, last, afters = self.windows, self.last, self.afters
+        if windows is None:
+            return [h for _c, _l, h in got]
+        ends = [(s, mid) for (s, _m, _r), mid in zip(self.ends, mids, strict=True)]
+        # the windows that no longer hold: those sessions read whole
+        stale = [
+            i
+            for i, (after, (count, later, new)) in enumerate(zip(afters, got, strict=True))
+            if after
+            and (count is None or later or count != windows.mark(ends[i][0]) + len(new))
+            and (last is None or len(new) < last)  # `last` new ones: the window is all new
+        ]
+        if stale:
+            sql, params = _statement([(*ends[i], 0, None) for i in stale], last)
+            again = _reads(await db.rows(conn, sql, params), len(stale))
+            for i, read in zip(stale, again, strict=True):
+                afters[i], got[i] = 0, read
+        length = -1 if last is None else last
+        out: list[list[dict[str, Any]]] = []
+        for (sid, mid), after, (count, later, new) in zip(ends, afters, got, strict=True):
+            if self.twice[sid] > 1:
+                out.append(new)
+                continue
+            if after and last is not None and len(new) >= last:
+                after = 0  # the newest `last` are all new: nothing of the window is kept
+                windows.forget(sid)
+            history = windows.advance(sid, length, after, mid, new, count or 0)
+            if count is None or later:
+                windows.forget(sid)  # cannot be checked next time: not kept
+            out.append(history)
+        windows.trim()  # only now: every `since` above had its window until its advance
+        return out
+
+
 async def histories(
     conn: AsyncConnection,
     ends: Sequence[tuple[str, int]],
     last: int | None,
     before: Before | None = None,
 ) -> list[list[dict[str, Any]]]:
-    """For each (session, message id): the newest `last` messages up to that message, in
-    chat format, read whole or only after the window kept for the session (a session
-    twice in `ends` is read whole: one window cannot serve both). `before`: a write sent
-    in the read's statement (see Before)."""
-    windows = windows_of(conn)
-    if windows is None:
-        got = await _read(conn, [(s, m, 0) for s, m in ends], last, before)
-        return [h for _c, _l, h in got]
-    length = -1 if last is None else last
-    twice = Counter(s for s, _m in ends)
-    afters = [windows.since(sid, length) if twice[sid] == 1 else 0 for sid, _m in ends]
-    # a window kept past the message (a turn run again) cannot serve it either
-    afters = [a if a < mid else 0 for (_s, mid), a in zip(ends, afters, strict=True)]
-    got = await _read(
-        conn, [(s, m, a) for (s, m), a in zip(ends, afters, strict=True)], last, before
-    )
-    # the windows that no longer hold: those sessions read whole
-    stale = [
-        i
-        for i, (after, (count, later, new)) in enumerate(zip(afters, got, strict=True))
-        if after
-        and (count is None or later or count != windows.mark(ends[i][0]) + len(new))
-        and (last is None or len(new) < last)  # `last` new ones: the window is all new
-    ]
-    if stale:
-        again = await _read(conn, [(*ends[i], 0) for i in stale], last)
-        for i, read in zip(stale, again, strict=True):
-            afters[i], got[i] = 0, read
-    out: list[list[dict[str, Any]]] = []
-    for (sid, mid), after, (count, later, new) in zip(ends, afters, got, strict=True):
-        if twice[sid] > 1:
-            out.append(new)
-            continue
-        if after and last is not None and len(new) >= last:
-            after = 0  # the newest `last` are all new: nothing of the window is kept
-            windows.forget(sid)
-        history = windows.advance(sid, length, after, mid, new, count or 0)
-        if count is None or later:
-            windows.forget(sid)  # cannot be checked next time: not kept
-        out.append(history)
-    windows.trim()  # only now: every `since` above had its window until its advance
-    return out
+    """For each (session, message id): the newest `last` messages up to that message
+    (Histories, read in one statement of its own)."""
+    read = Histories(conn, [(s, m, None) for s, m in ends], last, before)
+    return await read.settled(conn, await db.rows(conn, *read.statement), [m for _s, m in ends])

@@ -272,17 +272,6 @@ def test_a_direct_connection_keeps_each_statements_plan_mode_outside_transaction
     ]
 
 
-def _round_trips_and_begins(trace: str) -> tuple[int, int]:
-    """In libpq's protocol trace, the client's round trips (each ends with a Sync, or is a
-    simple Query) and the BEGINs it sent."""
-    sent = [line.split("\t") for line in trace.splitlines()]
-    sent = [f for f in sent if f[:1] == ["F"]]
-    return (
-        sum(1 for f in sent if len(f) > 2 and f[2].split(" ")[0] in ("Sync", "Query")),
-        sum(1 for f in sent if '"BEGIN"' in "\t".join(f)),
-    )
-
-
 def test_a_held_begin_goes_with_the_first_statement_and_the_transaction_holds(
     pg_dsn: str,
 ) -> None:
@@ -306,7 +295,9 @@ def test_a_held_begin_goes_with_the_first_statement_and_the_transaction_holds(
             await db.command(conn, b"ROLLBACK")
             conn.pgconn.untrace()
             fh.seek(0)
-            out.append(_round_trips_and_begins(fh.read()))  # BEGIN with the INSERT; ROLLBACK
+            out.append(
+                pgserver.round_trips_and_begins(fh.read())
+            )  # BEGIN with the INSERT; ROLLBACK
         await db.begin(conn)
         await db.run(conn, insert, (2,))
         await db.command(conn, b"COMMIT")

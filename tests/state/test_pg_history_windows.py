@@ -172,7 +172,8 @@ async def test_the_history_reads_generic_plan_searches_each_sessions_rows_on_a_n
     """The writer's history read, planned generically while the messages table has never
     been analyzed (a new store's first minute; the writer keeps that plan), searches each
     window in the (session, id) index: not a backward walk of the primary key through every
-    session's rows, filtered by session."""
+    session's rows, filtered by session; with the window's end given, or as its inbox row's
+    message (a read in the append's round trip)."""
     from state.pg import db, windows
 
     store = await open_test_store()
@@ -184,8 +185,11 @@ async def test_the_history_reads_generic_plan_searches_each_sessions_rows_on_a_n
     sql, _names = db.numbered(windows._READ)
 
     async def plan(conn: psycopg.AsyncConnection[Any]) -> str:
-        return await pgserver.generic_plan(conn, sql, "'[[\"s\", 400, 0]]', 40")
+        given = await pgserver.generic_plan(conn, sql, "'[[\"s\", 400, 0, null]]', 40")
+        by_row = await pgserver.generic_plan(conn, sql, "'[[\"s\", null, 0, 7]]', 40")
+        return given + "\n" + by_row
 
     found = await store._writer.submit(plan)
-    assert "Index Scan Backward using idx_messages_session_order on messages" in found, found
+    assert found.count("Index Scan Backward using idx_messages_session_order on messages") == 2
     assert "using messages_pkey" not in found, found
+    assert "Seq Scan on inbox" not in found, found

@@ -5,7 +5,8 @@ server drops (the batch is redone on a new one: nothing of it was committed)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -14,6 +15,8 @@ from state import SessionNotFound, WriterClosed, open_store
 from state.pg.store import PgStore
 from state.pg.writer import register_batched
 from tests import pgserver
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -504,10 +507,11 @@ async def test_the_appends_generic_plan_probes_sessions_by_id_on_a_new_table(
     """The merged append's generic plan, made while the sessions table is new, small and
     never analyzed (a new store's first minute, before autovacuum's first ANALYZE; the
     writer keeps that plan as the table grows), updates the sessions through their primary
-    key, not through a scan of every session at each batch."""
-    from state.pg import appends, db
+    key, not through a scan of every session at each batch; with the turns' inbox update
+    in it, the inbox rows through theirs."""
+    from state.pg import appends, db, inbox
 
-    sql, _names = db.numbered(appends._ROWS)
+    sql, _names = db.numbered(appends._rows(inbox._TURN_ROWS_AT))
 
     async def plan(conn: psycopg.AsyncConnection) -> str:
         await conn.execute(
@@ -515,12 +519,12 @@ async def test_the_appends_generic_plan_probes_sessions_by_id_on_a_new_table(
             "SELECT 's' || g, 'api', 0 FROM generate_series(1, 20) AS g"
         )
         return await pgserver.generic_plan(
-            conn, sql, "'{s1,s2}', 1, '[]', '[]', '[]', '{s1,s2}', 0, 0"
+            conn, sql, "'{s1,s2}', 1, '[]', '[]', '[]', '{s1,s2}', 0, 0, 0, '[]'"
         )
 
     found = await pg._writer.submit(plan)
-    assert "Update on sessions" in found
-    assert "Seq Scan on sessions" not in found
+    assert "Update on sessions" in found and "Update on inbox" in found
+    assert "Seq Scan on sessions" not in found and "Seq Scan on inbox" not in found
 
 
 async def test_a_leases_take_and_release_update_its_route_in_place(pg: PgStore) -> None:
@@ -546,3 +550,106 @@ async def test_a_leases_take_and_release_update_its_route_in_place(pg: PgStore) 
     updated, hot = await pg._writer.submit(cycle)
     assert updated == 5  # the first take inserts the route; then release, take, ... release
     assert hot == updated
+
+
+async def test_a_replicas_turn_begins_in_three_round_trips_and_ends_in_two(pg: PgStore) -> None:
+    """A replica's turn through the writer, its statements prepared: the accept that takes
+    the key and begins the turn is three round trips (the BEGIN with the accept, the take
+    and the open rows; the append with the inbox's update and the history read; COMMIT),
+    the end that frees the lease two (the BEGIN with the release and the append with the
+    inbox's update; COMMIT), by libpq's protocol trace of the writer's connection. What
+    they wrote is a turn's: the histories, the rows started then answered with the
+    messages' ids, the lease free."""
+    import tempfile
+
+    from psycopg import pq
+
+    from state import BeginPlan, Fence
+
+    key = "agent:main:api:dm:c1"
+    sid = await pg.create_session("s1", "api")
+
+    async def turn(n: int) -> tuple[Any, list[int]]:
+        accepted = await pg.accept_and_take(
+            "api",
+            "c1",
+            f"m{n}",
+            {"text": f"q{n}"},
+            session_key=key,
+            me=1,
+            space=0,
+            begin=BeginPlan({"role": "user", "content": f"q{n}"}, 200, lambda _r, _i: sid),
+        )
+        assert accepted.new and accepted.route is not None and accepted.begun is not None
+        fence = Fence(key, 1, int(accepted.route["lease_epoch"]))
+        reply = [{"role": "assistant", "content": f"a{n}"}]
+        ids = await pg.end_turn(accepted.inbox_id, sid, reply, fence=fence, release=(None, []))
+        return accepted, ids
+
+    for n in range(6):  # each statement prepared (after five runs)
+        await turn(n)
+
+    async def traced(step: Callable[[], Awaitable[T]]) -> tuple[T, tuple[int, int]]:
+        with tempfile.TemporaryFile("w+") as fh:
+
+            async def on(conn: psycopg.AsyncConnection) -> None:
+                conn.pgconn.trace(fh.fileno())
+                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+
+            async def off(conn: psycopg.AsyncConnection) -> None:
+                conn.pgconn.untrace()
+
+            await pg._writer.submit(on)
+            got = await step()
+            await pg._writer.submit(off)
+            fh.seek(0)
+            return got, pgserver.round_trips_and_begins(fh.read())
+
+    accepted, begun_trips = await traced(
+        lambda: pg.accept_and_take(
+            "api",
+            "c1",
+            "m6",
+            {"text": "q6"},
+            session_key=key,
+            me=1,
+            space=0,
+            begin=BeginPlan({"role": "user", "content": "q6"}, 200, lambda _r, _i: sid),
+        )
+    )
+    assert begun_trips == (3, 1)
+    assert accepted.route is not None and accepted.begun is not None
+    mid, history = accepted.begun
+    assert [m["content"] for m in history][-3:] == ["q5", "a5", "q6"]
+    assert len(history) == 13
+    fence = Fence(key, 1, int(accepted.route["lease_epoch"]))
+    ids, ended_trips = await traced(
+        lambda: pg.end_turn(
+            accepted.inbox_id,
+            sid,
+            [{"role": "assistant", "content": "a6"}],
+            fence=fence,
+            release=(None, []),
+        )
+    )
+    assert ended_trips == (2, 1)
+    assert len(ids) == 1 and ids[0] > mid
+
+    async def read(conn: psycopg.AsyncConnection) -> list[Any]:
+        cur = await conn.execute(
+            "SELECT state, session_id, message_id, reply_message_id, runner FROM inbox "
+            "WHERE id = %s",
+            (accepted.inbox_id,),
+        )
+        row = await cur.fetchone()
+        cur = await conn.execute(
+            "SELECT lease_owner FROM session_routes WHERE session_key = %s", (key,)
+        )
+        route = await cur.fetchone()
+        return [row, route]
+
+    row, route = await pg._writer.submit(read)
+    assert row == ("answered", sid, mid, ids[0], 1)
+    assert route == (None,)
+    stored = await pg.get_messages(sid)
+    assert [(m["id"], m["content"]) for m in stored[-2:]] == [(mid, "q6"), (ids[0], "a6")]
