@@ -653,3 +653,49 @@ async def test_a_replicas_turn_begins_in_three_round_trips_and_ends_in_two(pg: P
     assert route == (None,)
     stored = await pg.get_messages(sid)
     assert [(m["id"], m["content"]) for m in stored[-2:]] == [(mid, "q6"), (ids[0], "a6")]
+
+
+async def test_one_round_trip_writes_a_rerun_a_new_begin_and_an_empty_end_together(
+    pg: PgStore,
+) -> None:
+    """A batch whose append carries its inbox update: a turn run again (its message stored
+    before: not stored twice, the history up to it), a new turn's begin (its message
+    stored, its row started with that id, the history through its row) and an end with
+    no reply message (its row answered, no reply id) in one run of the writer's
+    connection."""
+    from state.pg import inbox as pg_inbox
+
+    s1 = await pg.create_session("s1", "api")
+    s2 = await pg.create_session("s2", "api")
+    r1, _s, _n = await pg.accept_inbound("api", "1", "m1", {"text": "a"})
+    first_mid, _h = await pg.begin_turn(r1, s1, {"role": "user", "content": "a"})
+    r3, _s, _n = await pg.accept_inbound("api", "2", "m3", {"text": "c"})
+    r3_mid, _h = await pg.begin_turn(r3, s2, {"role": "user", "content": "c"})
+    r2, _s, _n = await pg.accept_inbound("api", "2", "m2", {"text": "b"})
+
+    async def batch(conn: psycopg.AsyncConnection) -> list[Any]:
+        return await pg_inbox.turn_writes_many(
+            conn,
+            [
+                (pg_inbox.BEGIN, (r1, s1, {"role": "user", "content": "a"}, None)),
+                (pg_inbox.BEGIN, (r2, s2, {"role": "user", "content": "b"}, None)),
+                (pg_inbox.END, (r3, s2, [], None, "ready")),
+            ],
+        )
+
+    (mid1, hist1), (mid2, hist2), ended = await pg._writer.submit(batch)
+    assert mid1 == first_mid and [m["content"] for m in hist1] == ["a"]
+    assert mid2 > r3_mid and [m["content"] for m in hist2] == ["c", "b"]
+    assert ended == []
+    assert await pg.message_count(s1) == 1 and await pg.message_count(s2) == 2
+
+    async def rows(conn: psycopg.AsyncConnection) -> dict[int, tuple[Any, ...]]:
+        cur = await conn.execute(
+            "SELECT id, state, session_id, message_id, reply_state, reply_message_id FROM inbox"
+        )
+        return {r[0]: r[1:] for r in await cur.fetchall()}
+
+    found = await pg._writer.submit(rows)
+    assert found[r1] == ("started", s1, first_mid, None, None)
+    assert found[r2] == ("started", s2, mid2, None, None)
+    assert found[r3] == ("answered", s2, r3_mid, "ready", None)
