@@ -144,7 +144,8 @@ async def turns_many(
     and end share one append and one inbox update of each kind: the fences checked, the
     rows accepted and their keys taken, the begins and the fenced writes, then the leases
     those writes free (or, when every one frees its lease, those freed first instead of
-    the check, in the accepts' statement when there are accepts: _accepts_taking). (The
+    the check: in the accepts' statement when there are accepts, _accepts_taking, else
+    sent ahead of the append in its round trip, inbox.turn_writes_after). (The
     accepts' takes only meet keys no fence here holds: a replica takes a key in an
     accept only while no work of its own holds it.)"""
     frees = [(c[0], *c[3]) for c in fenced if c[3] is not None]
