@@ -167,14 +167,6 @@ class Run(NamedTuple):
     claims: list[tuple[str, str, int, tuple[str, str] | None]]  # _platform_claims
     rest: list[tuple[str, int, int]]  # tokens of sessions whose calls brought no row
 
-    def starts(self) -> list[int]:
-        """Each call's first row's place in the run (`n` of the statement's `ids`, from 1)."""
-        out, pos = [], 1
-        for n in self.per_call:
-            out.append(pos)
-            pos += max(n, 0)
-        return out
-
 
 def planned(
     calls: Sequence[tuple[Any, ...]],

@@ -133,7 +133,7 @@ def _turn_rows(mid: str, rmid: str) -> str:
     return (
         "UPDATE inbox SET updated_at = %s, "
         f"state = CASE WHEN u.b THEN '{STARTED}' ELSE '{ANSWERED}' END, "
-        f"session_id = CASE WHEN u.b THEN u.sid ELSE inbox.session_id END, "
+        "session_id = CASE WHEN u.b THEN u.sid ELSE inbox.session_id END, "
         f"message_id = CASE WHEN u.b THEN {mid} ELSE inbox.message_id END, "
         "runner = CASE WHEN u.b THEN COALESCE(u.runner, inbox.runner) ELSE inbox.runner END, "
         "reason = CASE WHEN u.b THEN inbox.reason END, "
@@ -290,10 +290,7 @@ async def turn_writes_after(
         )
         for i, history in zip(which, got_h, strict=True):
             read[i] = history
-    return ahead_rows, [
-        (message_ids[i], read[i]) if kind == BEGIN else stored[i]
-        for i, (kind, _c) in enumerate(calls)
-    ]
+    return ahead_rows, _answers(calls, message_ids, read, stored)
 
 
 async def _short_way(
@@ -337,23 +334,19 @@ async def _short_way(
         rows.append((rid, False, None, None, None, None, end[4], at))
     run = planned([a for _i, a in appends], also=(_TURN_ROWS_AT, (now, db.json_rows(rows))))
     groups = list(by_length.items())
-    reads = [
-        Histories(
-            conn,
-            [
-                (calls[i][1][1], message_ids.get(i), None if i in message_ids else calls[i][1][0])
-                for i in which
-            ],
-            last,
-        )
-        for last, which in groups[:1]
-    ]
+    first = None
+    if groups:  # each message by its id, or by its inbox row when it is new
+        ends = [
+            (calls[i][1][1], message_ids.get(i), None if i in message_ids else calls[i][1][0])
+            for i in groups[0][1]
+        ]
+        first = Histories(conn, ends, groups[0][0])
     assert run.statement is not None  # the calls bring a message
     statements = [*([ahead] if ahead is not None else []), run.statement]
     found = await db.piped(
         conn,
-        [*statements, *(r.statement for r in reads)],
-        [False] * len(statements) + [True] * len(reads),
+        [*statements, *([first.statement] if first else [])],
+        [False] * len(statements) + [True] * bool(first),
     )
     ahead_rows = found.pop(0) if ahead is not None else []
     stored = dict(zip((i for i, _a in appends), settled(run, found[0]), strict=True))
@@ -363,14 +356,25 @@ async def _short_way(
     read: dict[int, list[dict[str, Any]]] = {}
     for n, (last, which) in enumerate(groups):
         mids = [message_ids[i] for i in which]
-        if n == 0:
-            got = await reads[0].settled(conn, found[1], mids)
+        if n == 0 and first is not None:
+            got = await first.settled(conn, found[1], mids)
         else:
             got = await histories(
                 conn, [(calls[i][1][1], m) for i, m in zip(which, mids, strict=True)], last
             )
         read.update(zip(which, got, strict=True))
-    return ahead_rows, [
+    return ahead_rows, _answers(calls, message_ids, read, stored)
+
+
+def _answers(
+    calls: Sequence[tuple[str, Begin | End]],
+    message_ids: Mapping[int, int],
+    read: Mapping[int, list[dict[str, Any]]],
+    stored: Mapping[int, list[int]],
+) -> list[Any]:
+    """turn_writes_many's answer: for a begin (its message's id, the history), for an end
+    its messages' ids."""
+    return [
         (message_ids[i], read[i]) if kind == BEGIN else stored[i]
         for i, (kind, _c) in enumerate(calls)
     ]

@@ -96,7 +96,7 @@ Read = tuple[int | None, int, list[dict[str, Any]]]  # message count, later mess
 Before = tuple[str, tuple[Any, ...]]
 # What a history ends at: (session, its message's id) or (session, None, the inbox row
 # whose message it is, stored by an earlier statement of the same transaction)
-End = tuple[str, int | None, int | None]
+Upto = tuple[str, int | None, int | None]
 
 
 def _statement(
@@ -125,38 +125,33 @@ def _reads(found: Sequence[Mapping[str, Any]], n: int) -> list[Read]:
 class Histories:
     """A read of histories in two steps: `statement`, which the caller sends (alone, or in
     one round trip with the statements it follows), then `settled` with its rows and the
-    messages' ids. For each (session, message id or None and the inbox row, as End): the
+    messages' ids. For each (session, message id or None and the inbox row, as Upto): the
     newest `last` messages up to that message, in chat format, read whole or only after
     the window kept for the session (a session twice in `ends` is read whole: one window
     cannot serve both). `before`: a write sent in the read's statement (see Before)."""
 
-    __slots__ = ("ends", "last", "windows", "twice", "afters", "statement")
+    __slots__ = ("ends", "last", "length", "windows", "twice", "afters", "statement")
 
     def __init__(
         self,
         conn: AsyncConnection,
-        ends: Sequence[End],
+        ends: Sequence[Upto],
         last: int | None,
         before: Before | None = None,
     ) -> None:
         self.ends, self.last = ends, last
-        self.windows = windows_of(conn)
+        self.length = -1 if last is None else last
+        self.windows = windows = windows_of(conn)
         self.twice = Counter(s for s, _m, _r in ends)
-        if self.windows is None:
-            self.afters = [0] * len(ends)
-        else:
-            length = -1 if last is None else last
-            since = self.windows.since
+        self.afters = [0] * len(ends)
+        for i, (sid, mid, _r) in enumerate(ends):
+            after = 0
+            if windows is not None and self.twice[sid] == 1:
+                after = windows.since(sid, self.length)
             # a window kept past the message (a turn run again) cannot serve it; a message
             # whose id is not known yet is new, its id drawn after every one a window holds
-            self.afters = [
-                a if mid is None or a < mid else 0
-                for a, (_s, mid, _r) in zip(
-                    (since(s, length) if self.twice[s] == 1 else 0 for s, _m, _r in ends),
-                    ends,
-                    strict=True,
-                )
-            ]
+            if mid is None or after < mid:
+                self.afters[i] = after
         self.statement = _statement(
             [(s, m, a, r) for (s, m, r), a in zip(ends, self.afters, strict=True)], last, before
         )
@@ -183,7 +178,7 @@ class Histories:
             again = _reads(await db.rows(conn, sql, params), len(stale))
             for i, read in zip(stale, again, strict=True):
                 afters[i], got[i] = 0, read
-        length = -1 if last is None else last
+        length = self.length
         out: list[list[dict[str, Any]]] = []
         for (sid, mid), after, (count, later, new) in zip(ends, afters, got, strict=True):
             if self.twice[sid] > 1:
