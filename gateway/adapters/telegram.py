@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -55,6 +56,12 @@ CALLS_IN_FLIGHT = 64
 TYPING_AFTER_S = 0.3
 DEFAULT_API = "https://api.telegram.org/bot"
 WEBHOOK_PATH = "/telegram/webhook"
+# A reply goes out through Bot.do_api_request, which answers with the Bot API's JSON rather
+# than a Message: the adapter keeps only the message_id, and building the Message (its chat,
+# its sender, each frozen) cost a quarter of python-telegram-bot's CPU per reply
+# (docs/benchmarks.md). The library warns at every such call that Bot.sendMessage exists;
+# the adapter silences that warning for its own calls when it starts.
+RAW_SEND_WARNING = r"Please use 'Bot\.sendMessage'"
 
 
 @dataclass(frozen=True)
@@ -299,6 +306,7 @@ class TelegramAdapter(OpensThreads, Typing, Outbound, SetupSteps, ReplicaLimits)
         from gateway.adapters.telegram_request import AiohttpRequest
 
         base = (self._base_url or DEFAULT_API).rstrip("/")
+        warnings.filterwarnings("ignore", RAW_SEND_WARNING, module=r"gateway\.adapters\.telegram")
         self._bot = Bot(
             self._token,
             base_url=base,
@@ -456,7 +464,8 @@ class TelegramAdapter(OpensThreads, Typing, Outbound, SetupSteps, ReplicaLimits)
                     return await fn()
             except tg_error.RetryAfter as exc:
                 raise RetryAfter(retry_after_s(exc)) from exc
-            except tg_error.InvalidToken as exc:
+            except (tg_error.InvalidToken, tg_error.EndPointNotFound) as exc:
+                # once getMe has worked, do_api_request reports a rejected token as EndPointNotFound
                 raise InvalidToken(str(exc)) from exc
             except (tg_error.TimedOut, tg_error.NetworkError) as exc:
                 if isinstance(exc, tg_error.BadRequest):
@@ -472,17 +481,20 @@ class TelegramAdapter(OpensThreads, Typing, Outbound, SetupSteps, ReplicaLimits)
         self._typing.stop((msg.chat_id, msg.thread_id))
         ids: list[str] = []
         thread = int(msg.thread_id) if msg.thread_id else None
+        where: dict[str, object] = {"chat_id": int(msg.chat_id)}
+        if thread is not None:
+            where["message_thread_id"] = thread
         for part in split_message(msg.text, LIMIT, utf16_len):
             try:
                 sent = await self._call(
-                    lambda part=part: self._bot.send_message(
-                        chat_id=int(msg.chat_id), text=part, message_thread_id=thread
+                    lambda part=part: self._bot.do_api_request(
+                        "sendMessage", api_kwargs={**where, "text": part}
                     )
                 )
             except tg_error.TelegramError as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 raise PlatformRefused(f"telegram refused the message: {exc}") from exc
-            ids.append(str(sent.message_id))
+            ids.append(str(sent["message_id"]))
         return SentRef(self.platform, msg.chat_id, tuple(ids))
 
     async def create_thread(self, chat_id: str, name: str) -> ThreadRef | None:

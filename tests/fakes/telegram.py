@@ -43,6 +43,7 @@ class FakeTelegram:
     _deliverer: asyncio.Task[None] | None = None
     keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
     outage: Outage = field(default_factory=Outage)  # failures injected into sendMessage
+    posted: list[dict[str, Any]] = field(default_factory=list)  # the messages sendMessage made
 
     # --- driving -----------------------------------------------------------------------
 
@@ -233,6 +234,7 @@ class FakeTelegram:
         if params.get("message_thread_id"):
             msg["message_thread_id"] = params["message_thread_id"]
             msg["is_topic_message"] = True
+        self.posted.append(msg)
         return msg
 
     async def _m_setWebhook(self, params: dict[str, Any]) -> Any:

@@ -12,6 +12,8 @@ import pytest
 from gateway.adapters.telegram import TelegramAdapter, to_inbound
 from gateway.app import Gateway
 from gateway.config import load_config
+from gateway.errors import SEND_TRANSIENT, InvalidToken, send_failure
+from gateway.messages import OutboundMessage
 from gateway.pipeline import REFUSAL
 from tests.fakes import wait_for_count
 from tests.fakes.telegram import FakeTelegram
@@ -141,6 +143,24 @@ async def test_create_thread_makes_a_forum_topic_or_says_none(
     assert ref is not None and ref.chat_id == "-100222" and ref.thread_id.isdigit()
     assert fake.sent("createForumTopic")[0]["name"] == "handoff"
     assert await adapter.create_thread("-100111", "nope") is None
+
+
+async def test_a_reply_sent_carries_the_bot_apis_ids_and_a_revoked_token_keeps_it(
+    gw: Gateway, fake: FakeTelegram
+) -> None:
+    adapter = next(a for a in gw.adapters if isinstance(a, TelegramAdapter))
+    text = "a <b>tag</b> \u202e" + "x" * 5000  # two parts
+    ref = await adapter.send(OutboundMessage("telegram", "42", text, thread_id="7"))
+    sent = fake.sent()
+    assert [p["text"] for p in sent] == [text[:4096], text[4096:]]
+    assert {(p["chat_id"], p["message_thread_id"]) for p in sent} == {(42, 7)}
+    assert ref.message_ids == tuple(str(m["message_id"]) for m in fake.posted)
+    # once getMe has worked, python-telegram-bot calls the token's 401 a missing method:
+    # the send is still one the credentials block (kept for later), not one refused
+    fake.fail_next("sendMessage", 401)
+    with pytest.raises(InvalidToken) as failed:
+        await adapter.send(OutboundMessage("telegram", "42", "later"))
+    assert send_failure(failed.value) == (SEND_TRANSIENT, 0.0)
 
 
 async def test_an_invalid_token_stops_the_adapter_while_the_daemon_runs(
