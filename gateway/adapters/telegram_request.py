@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 from telegram.error import NetworkError, TimedOut
@@ -23,6 +24,7 @@ from telegram.request import BaseRequest, RequestData
 from gateway.adapters.base import send_by_trace
 
 Transform = Callable[[str, int, bytes], bytes]  # (url, status, body) -> body
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 class AiohttpRequest(BaseRequest):
@@ -46,6 +48,7 @@ class AiohttpRequest(BaseRequest):
         self._pool_size = pool_size
         self._transform = transform
         self._session: aiohttp.ClientSession | None = None
+        self._timeout = _timeout(connect_timeout, read_timeout, write_timeout, pool_timeout)
 
     @property
     def read_timeout(self) -> float | None:
@@ -79,21 +82,19 @@ class AiohttpRequest(BaseRequest):
         session = self._session
         if session is None or session.closed:
             raise RuntimeError("this AiohttpRequest is not initialized")
-        read = self._read if _default(read_timeout) else read_timeout
-        write = self._write if _default(write_timeout) else write_timeout
-        connect = self._connect if _default(connect_timeout) else connect_timeout
-        pool = self._pool if _default(pool_timeout) else pool_timeout
-        # aiohttp's `connect` covers the wait for a pooled connection and the TCP connect;
-        # a body is written within the read budget (aiohttp has no separate write timeout)
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=_sum(pool, connect),
-            sock_connect=connect,
-            sock_read=_sum(read, write),
-        )
+        if all(map(_default, (read_timeout, write_timeout, connect_timeout, pool_timeout))):
+            timeout = self._timeout
+        else:
+            timeout = _timeout(
+                self._connect if _default(connect_timeout) else connect_timeout,
+                self._read if _default(read_timeout) else read_timeout,
+                self._write if _default(write_timeout) else write_timeout,
+                self._pool if _default(pool_timeout) else pool_timeout,
+            )
+        data, headers = _body(request_data)
         try:
             async with session.request(
-                method, url, data=_body(request_data), timeout=timeout
+                method, url, data=data, headers=headers, timeout=timeout
             ) as response:
                 status, body = response.status, await response.read()
         except TimeoutError as exc:
@@ -113,17 +114,28 @@ def _sum(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a + b
 
 
-def _body(request_data: RequestData | None) -> Any:
-    """What HTTPXRequest sends: the parameters as form fields (each value JSON-encoded), or
-    a multipart form with the files beside them."""
+def _timeout(
+    connect: float | None, read: float | None, write: float | None, pool: float | None
+) -> aiohttp.ClientTimeout:
+    # aiohttp's `connect` covers the wait for a pooled connection and the TCP connect;
+    # a body is written within the read budget (aiohttp has no separate write timeout)
+    return aiohttp.ClientTimeout(
+        total=None, connect=_sum(pool, connect), sock_connect=connect, sock_read=_sum(read, write)
+    )
+
+
+def _body(request_data: RequestData | None) -> tuple[Any, dict[str, str] | None]:
+    """What HTTPXRequest sends, and its content type: the parameters as form fields (each
+    value JSON-encoded), or a multipart form with the files beside them. The fields are
+    encoded here, as aiohttp would encode them, without its FormData per request."""
     if request_data is None:
-        return None
+        return None, None
     fields = request_data.json_parameters
     if not request_data.contains_files:
-        return fields or None
+        return (urlencode(fields).encode(), FORM) if fields else (None, None)
     form = aiohttp.FormData()
     for name, value in fields.items():
         form.add_field(name, value)
     for name, (filename, content, mimetype) in request_data.multipart_data.items():
         form.add_field(name, content, filename=filename, content_type=mimetype)
-    return form
+    return form, None
