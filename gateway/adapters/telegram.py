@@ -58,7 +58,7 @@ DEFAULT_API = "https://api.telegram.org/bot"
 WEBHOOK_PATH = "/telegram/webhook"
 # A reply goes out through Bot.do_api_request, which answers with the Bot API's JSON rather
 # than a Message: the adapter keeps only the message_id, and building the Message (its chat,
-# its sender, each frozen) cost a quarter of python-telegram-bot's CPU per reply
+# its sender, each frozen) was a fifth of the daemon's instructions per Telegram message
 # (docs/benchmarks.md). The library warns at every such call that Bot.sendMessage exists;
 # the adapter silences that warning for its own calls when it starts.
 RAW_SEND_WARNING = r"Please use 'Bot\.sendMessage'"
