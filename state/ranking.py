@@ -262,15 +262,21 @@ def bm25_counted(
     texts: Sequence[bool],
 ) -> list[float]:
     """The scores of rows whose phrases are counted: tfs[p][i], phrase p's occurrences in
-    row i of lengths[i] tokens; a row without text (texts[i] false) scores 0."""
-    scores = []
-    for i, length in enumerate(lengths):
-        score = 0.0
-        if texts[i]:
-            norm = K1 * (1 - B + B * length / avgdl)
-            for counts, weight in zip(tfs, weights, strict=True):
-                tf = counts[i]
-                if tf:  # in FTS5's order of operations, so scores agree to the bit
-                    score += weight * ((tf * (K1 + 1.0)) / (tf + norm))
-        scores.append(score)
-    return scores
+    row i of lengths[i] tokens; a row without text (texts[i] false) scores 0.
+
+    Phrase by phrase over all rows (each a list comprehension, no Python loop per row and
+    phrase), with FTS5's order of operations so that scores agree to the bit: a row's score
+    is 0.0 plus each phrase's term in phrase order, and a phrase the row lacks adds 0.0,
+    which leaves a sum of non-negative terms as it is."""
+    k1_1 = K1 + 1.0
+    norms = [
+        K1 * (1 - B + B * length / avgdl) if text else 1.0
+        for length, text in zip(lengths, texts, strict=True)
+    ]
+    scores = [0.0] * len(norms)
+    for counts, weight in zip(tfs, weights, strict=True):
+        scores = [
+            score + weight * ((tf * k1_1) / (tf + norm)) if tf else score
+            for score, tf, norm in zip(scores, counts, norms, strict=True)
+        ]
+    return [score if text else 0.0 for score, text in zip(scores, texts, strict=True)]

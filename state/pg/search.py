@@ -29,7 +29,7 @@ from ..sqlite.search import (
     SORTS,
     WINDOW_GROWTH,
     WINDOW_PER_RESULT,
-    blend,
+    blend_many,
 )
 from ..sqlite.searchreq import SearchRequest, filters, literal_where
 from ..sqlite.snippets import CONTEXT_CHARS, make_snippet
@@ -295,6 +295,11 @@ async def _rank(
     scores: dict[int, float] = {}
     if len(rows) < 2:  # nothing to order
         return rows
+
+    def put(hits: list[tuple[Any, ...]], found: list[float]) -> None:
+        blended = blend_many(found, [r[R_TS] for r in hits], now)
+        scores.update(zip([r[R_ID] for r in hits], blended, strict=True))
+
     mixed = len({r[R_SIDE] for r in rows})
     for br, phrases in zip(branches, all_phrases, strict=True):
         mine = [r for r in rows if r[R_SIDE] == br.side]
@@ -316,8 +321,7 @@ async def _rank(
             found = ranking.bm25_counted(
                 tfs, [r[R_NTOK] or 0 for r in read], weights, avgdl, [True] * len(read)
             )
-            for r, score in zip(read, found, strict=True):
-                scores[r[R_ID]] = blend(score, r[R_TS], now)
+            put(read, found)
             mine = [r for r in mine if r[R_CONTENT] is not None or r[R_TFS] is None]
         texts: list[str | None] = []
         lengths: list[int] = []
@@ -330,9 +334,10 @@ async def _rank(
                 texts.append(stored)
                 lengths.append(r[R_NTOK] or 0)
         found = ranking.bm25_many(texts, lengths, phrases, weights, avgdl)
-        for r, score in zip(mine, found, strict=True):
-            scores[r[R_ID]] = blend(score, r[R_TS], now)
-    return sorted(rows, key=lambda r: (scores.get(r[R_ID], 0.0), r[R_ID]), reverse=True)
+        put(mine, found)
+    # by (score, id), the best first; rows of equal keys in the order they came
+    keys = [(scores.get(r[R_ID], 0.0), r[R_ID]) for r in rows]
+    return [rows[i] for i in sorted(range(len(rows)), key=keys.__getitem__, reverse=True)]
 
 
 async def _exact_dfs(conn: AsyncConnection, side: bool, phrases: list[ranking.Phrase]) -> list[int]:

@@ -307,11 +307,14 @@ class Walk:
         at = keys.index("wid")
         end = at + len(ROW_COLUMNS)
         page = keys.index("_page") if "_page" in keys else -1
-        side, ids, rows = self.br.side, self.ids, self.rows
-        for r in found:
-            ids.append(r[at])
-            if len(r) > at + 1 and r[at + 1] is not None:
-                rows.append((*r[at:end], side, r[page] if page >= 0 else None))
+        side, kept = self.br.side, at + 1
+        self.ids.extend([r[at] for r in found])
+        # the column after the window's id is NULL in a row the filters drop
+        held = [r for r in found if len(r) > kept and r[kept] is not None]
+        if page >= 0:
+            self.rows.extend([(*r[at:end], side, r[page]) for r in held])
+        else:
+            self.rows.extend([(*r[at:end], side, None) for r in held])
 
 
 async def start(

@@ -46,6 +46,15 @@ def blend(score: float, timestamp: float, now: float) -> float:
     return score / (1.0 + max(0.0, now - timestamp) / HALF_LIFE_S)
 
 
+def blend_many(scores: list[float], timestamps: list[float], now: float) -> list[float]:
+    """blend() of many hits at once, to the bit (max(0.0, age) written out: the age if it
+    is above 0.0, else 0.0)."""
+    return [
+        score / (1.0 + (age if (age := now - ts) > 0.0 else 0.0) / HALF_LIFE_S)
+        for score, ts in zip(scores, timestamps, strict=True)
+    ]
+
+
 _HIT_COLUMNS = "m.id AS id, m.session_id AS session_id, m.role AS role, m.timestamp AS timestamp"
 FIRST_WINDOW = 500
 WINDOW_PER_RESULT = 25
