@@ -2,7 +2,7 @@
 on bench/hermes_search_bench.py's corpus and queries. Prints figures; asserts nothing.
 
   python bench/pg_search_cpu_bench.py [--messages 15000] [--queries 40] [--passes 20]
-                                      [--rounds 2] [--dsn DSN]
+                                      [--rounds 2] [--dsn DSN] [--against DIR]
 
 The corpus goes into a fresh database on the server `--dsn` names, through the store's own
 append call, then `VACUUM ANALYZE messages` (what autovacuum does to a table after that many
@@ -13,7 +13,9 @@ and `server's choice`, the same store with the read pool's plan mode left to the
 setting (`auto`: PostgreSQL picks a prepared statement's generic or custom plans from the
 costs of its first five runs). Each kind runs in a program of its own, so the first runs of
 its statements' shapes (two-word queries share one) are its own queries, as on a connection
-whose first searches were of that kind. Its queries run twice to warm the caches, then
+whose first searches were of that kind. `--against DIR` adds a third program, `against`: the
+store of another checkout (a `git worktree` of an earlier commit, say) on the same database,
+alternated with the two, to compare two builds. Its queries run twice to warm the caches, then
 `--passes` times measured: the client's CPU (time.process_time) and the server's (the
 backends' utime + stime from /proc, read over the kind's passes), per search, the mean over
 the measured searches; the figure is the median over rounds, the rounds' range in brackets.
@@ -83,8 +85,17 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=20, help="measured passes over each kind")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dsn", default=os.environ.get("SWITCHBOARD_PG_DSN", DEFAULT_DSN))
+    ap.add_argument(
+        "--against",
+        metavar="DIR",
+        type=Path,
+        help="another checkout whose store runs as a third program, `against`",
+    )
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    programs = {name: (mode, ROOT) for name, mode in PROGRAMS.items()}
+    if args.against is not None:
+        programs["against"] = ("kept", args.against.resolve())
     name, dsn = fresh_database(args.dsn)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -92,15 +103,16 @@ def main() -> None:
             data.write_text(json.dumps(corpus(args.messages, args.queries)))
             subprocess.run([sys.executable, "-c", BUILD_PG, dsn, str(data)], env=env, check=True)
             got: dict[tuple[str, str], list[list[float]]] = {
-                (p, k): [] for p in PROGRAMS for k in KINDS
+                (p, k): [] for p in programs for k in KINDS
             }
             for _ in range(args.rounds):
                 for kind in KINDS:
-                    for program, mode in PROGRAMS.items():
+                    for program, (mode, tree) in programs.items():
                         argv = [QUERIES, dsn, str(data), str(args.passes), mode, kind]
                         proc = subprocess.run(
                             [sys.executable, "-c", *argv],
-                            env=env,
+                            env={**env, "PYTHONPATH": str(tree)},
+                            cwd=tree,
                             capture_output=True,
                             text=True,
                             check=True,
@@ -113,10 +125,10 @@ def main() -> None:
         f"queries per kind, {args.passes} measured passes, median of {args.rounds} rounds "
         "(range); client + server"
     )
-    print(f"{'query kind':<18}" + "".join(f"{p:>44}" for p in PROGRAMS))
+    print(f"{'query kind':<18}" + "".join(f"{p:>44}" for p in programs))
     for kind in KINDS:
         cells = []
-        for program in PROGRAMS:
+        for program in programs:
             client = [1e3 * r[0] for r in got[program, kind]]
             server = [1e3 * r[1] for r in got[program, kind]]
             cells.append(
