@@ -15,10 +15,11 @@ costs of its first five runs). Each kind runs in a program of its own, so the fi
 its statements' shapes (two-word queries share one) are its own queries, as on a connection
 whose first searches were of that kind. `--against DIR` adds a third program, `against`: the
 store of another checkout (a `git worktree` of an earlier commit, say) on the same database,
-alternated with the two, to compare two builds. Its queries run twice to warm the caches, then
-`--passes` times measured: the client's CPU (time.process_time) and the server's (the
-backends' utime + stime from /proc, read over the kind's passes), per search, the mean over
-the measured searches; the figure is the median over rounds, the rounds' range in brackets.
+alternated with the two, to compare two builds. Each program's queries run twice to warm the
+caches, then `--passes` times measured: the client's CPU (time.process_time) and the
+server's (the backends' utime + stime from /proc, read over the kind's passes), per search,
+the mean over the measured searches; the figure is the median over rounds, the rounds' range
+in brackets.
 """
 
 from __future__ import annotations
