@@ -4,6 +4,7 @@ asserts nothing.
 
   python bench/instructions.py                 # 1 daemon on SQLite, the openai agent
   python bench/instructions.py --via telegram  # ... the messages as Telegram webhook updates
+  python bench/instructions.py --via telegram-polling  # ... Telegram updates long-polled
   python bench/instructions.py --via slack     # ... as Slack Events API requests
   python bench/instructions.py --agent echo    # ... the echo agent instead
   python bench/instructions.py --replicas 2    # 2 replicas on a fresh PostgreSQL database
@@ -34,11 +35,14 @@ affinity; --hop: each to the next). Each daemon runs with PYTHONHASHSEED=0.
 `POST /v1/chat/completions`, a message answered with its response. `telegram` is the
 Telegram adapter in webhook mode: each message a private chat's update POSTed to
 /telegram/webhook with the `X-Telegram-Bot-Api-Secret-Token` header, the reply a
-sendMessage to tests/fakes/telegram.py's Bot API in this process. `slack` is the Slack
-adapter on the Events API: each message a DM's event callback POSTed to /slack/events,
-signed (`X-Slack-Signature`, `X-Slack-Request-Timestamp`), the reply a chat.postMessage to
-tests/fakes/slack.py's Web API in this process. On those two a message is answered when its
-reply reaches the fake, and 8 in flight are 8 messages sent whose replies have not arrived.
+sendMessage to tests/fakes/telegram.py's Bot API in this process. `telegram-polling` is
+the Telegram adapter in its default mode, long polling (one daemon): each message an
+update queued at the fake Bot API, which the daemon's getUpdates takes. `slack` is the
+Slack adapter on the Events API: each message a DM's event callback POSTed to
+/slack/events, signed (`X-Slack-Signature`, `X-Slack-Request-Timestamp`), the reply a
+chat.postMessage to tests/fakes/slack.py's Web API in this process. On those paths a
+message is answered when its reply reaches the fake, and 8 in flight are 8 messages sent
+whose replies have not arrived.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ BODY = json.dumps(
 VIA = {
     "api": "the HTTP API (POST /v1/chat/completions)",
     "telegram": "Telegram webhook updates (POST /telegram/webhook, replies to a fake Bot API)",
+    "telegram-polling": "Telegram long polling (getUpdates from a fake Bot API, replies to it)",
     "slack": "the Slack Events API (POST /slack/events, replies to a fake Web API)",
 }
 
@@ -154,7 +159,9 @@ class Run:
         self.db: tuple[str, str] | None = None
         self.replies = platforms.Replies()  # what reaches the platform fake of --via
         self.telegram = (
-            platforms.RepliedTelegram(replies=self.replies) if args.via == "telegram" else None
+            platforms.RepliedTelegram(replies=self.replies)
+            if args.via in ("telegram", "telegram-polling")
+            else None
         )
         self.slack = platforms.RepliedSlack(replies=self.replies) if args.via == "slack" else None
         self.update_ids = 0
@@ -162,7 +169,8 @@ class Run:
     def platform(self, url: str) -> dict[str, Any] | None:
         """`platforms.<via>` of the daemon serving the api at `url` (None for the api)."""
         if self.telegram is not None:
-            tg = platforms.telegram_config(self.telegram.base_url, f"{url}{platforms.WEBHOOK_PATH}")
+            hook = None if self.args.via == "telegram-polling" else f"{url}{platforms.WEBHOOK_PATH}"
+            tg = platforms.telegram_config(self.telegram.base_url, hook)
             return {"telegram": tg}
         if self.slack is not None:
             return {"slack": platforms.slack_config(self.slack.base_url)}
@@ -252,6 +260,12 @@ class Run:
             return (
                 str(json.loads(out)["choices"][0]["message"]["content"]) if status == 200 else None
             )
+        if self.telegram is not None and self.args.via == "telegram-polling":
+            key = str(1_000_000 + chat)
+            reply = self.replies.expect(key)
+            message = self.telegram.message(text, self.telegram.dm_chat(int(key)), user_id=int(key))
+            self.telegram.push(message)  # the daemon's getUpdates takes it
+            return await asyncio.wait_for(reply, self.http.timeout_s)
         if self.telegram is not None:
             key = str(1_000_000 + chat)  # a private chat's id is its user's
             self.update_ids += 1
@@ -470,7 +484,7 @@ async def main() -> None:
     ap.add_argument("--agent", choices=("openai", "echo"), default="openai")
     ap.add_argument(
         "--via",
-        choices=("api", "telegram", "slack"),
+        choices=tuple(VIA),
         default="api",
         help="how the messages arrive: the HTTP API's /v1/chat/completions (default), "
         "Telegram webhook updates, Slack Events API requests",
@@ -530,6 +544,8 @@ async def main() -> None:
     args = ap.parse_args()
     if args.floor and (args.via != "api" or args.replicas != 1 or args.agent != "openai"):
         ap.error("--floor measures --via api, one daemon, the openai agent")
+    if args.via == "telegram-polling" and args.replicas != 1:
+        ap.error("--via telegram-polling runs one daemon (one poller per bot token)")
     store = "on PostgreSQL" if args.replicas > 1 or args.floor == "postgres" else "on SQLite"
     if args.floor == "http":
         store = "without a store"

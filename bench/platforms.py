@@ -1,5 +1,5 @@
 """The platform paths the benchmarks feed a daemon through: its config for the Telegram
-adapter in webhook mode and the Slack adapter on the Events API, each pointed at its
+adapter (webhook or long polling) and the Slack adapter on the Events API, each pointed at its
 loopback fake (tests/fakes/), the environment holding their tokens and secrets, the signed
 requests those platforms POST to the daemon, and the fakes counting the replies that reach
 them, each handed to whoever waits for a reply in that chat."""
@@ -25,8 +25,11 @@ WEBHOOK_SECRET = "bench-webhook-secret"
 SLACK_TOKEN = "xoxb-bench-token"
 
 
-def telegram_config(bot_api: str, webhook_url: str) -> dict[str, Any]:
-    """`platforms.telegram` in webhook mode against the Bot API at `bot_api`."""
+def telegram_config(bot_api: str, webhook_url: str | None) -> dict[str, Any]:
+    """`platforms.telegram` against the Bot API at `bot_api`: in webhook mode, or in long
+    polling mode without a `webhook_url`."""
+    if webhook_url is None:
+        return {"enabled": True, "allow_all_users": True, "base_url": bot_api, "mode": "polling"}
     return {
         "enabled": True,
         "allow_all_users": True,

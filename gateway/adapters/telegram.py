@@ -36,7 +36,7 @@ from gateway.adapters.kit.lifecycle import refused
 from gateway.adapters.kit.split import split_message, utf16_len
 from gateway.adapters.kit.typing import TypingLoops
 from gateway.adapters.kit.webhook import api_server_off
-from gateway.adapters.telegram_polling import Poller, retry_after_s, sanitizing_request
+from gateway.adapters.telegram_polling import POLL_READ_S, Poller, retry_after_s
 from gateway.errors import ConfigError, InvalidToken, NotAccepted, PlatformRefused
 from gateway.messages import InboundMessage, OutboundMessage, SentRef, ThreadRef
 from gateway.sections import PlatformSettings, SecretNeed, env_name, platform_mode, setting
@@ -59,9 +59,10 @@ WEBHOOK_PATH = "/telegram/webhook"
 # A reply goes out through Bot.do_api_request, which answers with the Bot API's JSON rather
 # than a Message: the adapter keeps only the message_id, and building the Message (its chat,
 # its sender, each frozen) was a fifth of the daemon's instructions per Telegram message
-# (docs/benchmarks.md). The library warns at every such call that Bot.sendMessage exists;
-# the adapter silences that warning for its own calls when it starts.
-RAW_SEND_WARNING = r"Please use 'Bot\.sendMessage'"
+# (docs/benchmarks.md). getUpdates is read the same way (telegram_polling.py). The library
+# warns at every such call that a method of its own exists; the adapter silences that
+# warning for its own calls when it starts.
+RAW_CALL_WARNING = r"Please use 'Bot\.(sendMessage|getUpdates)'"
 
 
 @dataclass(frozen=True)
@@ -306,13 +307,15 @@ class TelegramAdapter(OpensThreads, Typing, Outbound, SetupSteps, ReplicaLimits)
         from gateway.adapters.telegram_request import AiohttpRequest
 
         base = (self._base_url or DEFAULT_API).rstrip("/")
-        warnings.filterwarnings("ignore", RAW_SEND_WARNING, module=r"gateway\.adapters\.telegram")
+        warnings.filterwarnings("ignore", RAW_CALL_WARNING, module=r"gateway\.adapters\.telegram")
         self._bot = Bot(
             self._token,
             base_url=base,
             base_file_url=base.replace("/bot", "/file/bot"),
             request=AiohttpRequest(connect_timeout=5, read_timeout=20, pool_size=CALLS_IN_FLIGHT),
-            get_updates_request=sanitizing_request(connect_timeout=5, read_timeout=10),
+            get_updates_request=AiohttpRequest(
+                connect_timeout=5, read_timeout=POLL_READ_S, pool_size=1
+            ),
         )
         try:
             await self._bot.initialize()  # getMe

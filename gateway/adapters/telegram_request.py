@@ -13,7 +13,6 @@ file goes up), so the Bot API sees no difference.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,13 +22,11 @@ from telegram.request import BaseRequest, RequestData
 
 from gateway.adapters.base import send_by_trace
 
-Transform = Callable[[str, int, bytes], bytes]  # (url, status, body) -> body
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 class AiohttpRequest(BaseRequest):
-    """One aiohttp session with at most `pool_size` connections. `transform`, when given,
-    sees every answer before PTB parses it (the poller's getUpdates sanitizer)."""
+    """One aiohttp session with at most `pool_size` connections."""
 
     def __init__(
         self,
@@ -39,14 +36,12 @@ class AiohttpRequest(BaseRequest):
         write_timeout: float = 5.0,
         pool_timeout: float = 1.0,
         pool_size: int = 64,
-        transform: Transform | None = None,
     ) -> None:
         self._connect = connect_timeout
         self._read = read_timeout
         self._write = write_timeout
         self._pool = pool_timeout
         self._pool_size = pool_size
-        self._transform = transform
         self._session: aiohttp.ClientSession | None = None
         self._timeout = _timeout(connect_timeout, read_timeout, write_timeout, pool_timeout)
 
@@ -101,8 +96,6 @@ class AiohttpRequest(BaseRequest):
             raise TimedOut from exc
         except aiohttp.ClientError as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
-        if self._transform is not None:
-            body = self._transform(url, status, body)
         return status, body
 
 

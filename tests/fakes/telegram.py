@@ -59,7 +59,12 @@ class FakeTelegram:
         self, message: dict[str, Any], update_id: int | None = None, kind: str = "message"
     ) -> int:
         uid = next(self._update_ids) if update_id is None else update_id
-        self.updates.append({"update_id": uid, kind: message})
+        return self.push_raw({kind: message}, uid)
+
+    def push_raw(self, body: dict[str, Any], update_id: int | None = None) -> int:
+        """An update of any shape (a malformed one too) under the next update_id."""
+        uid = next(self._update_ids) if update_id is None else update_id
+        self.updates.append({"update_id": uid, **body})
         self._wakeup.set()
         self._wakeup = asyncio.Event()
         return uid
