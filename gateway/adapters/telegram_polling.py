@@ -29,13 +29,12 @@ Handle = Callable[[dict[str, Any]], Awaitable[None]]  # one update, as a dict; r
 POLL_READ_S = 10.0  # a getUpdates answer may take this long beyond its long-poll timeout
 
 
-def readable(updates: object) -> list[dict[str, Any]]:
+def readable(updates: object) -> list[dict[str, Any]] | None:
     """The updates of a getUpdates answer that carry an update_id; anything else in the
     list (not an object, no integer id) is logged and left out. It has no id to confirm,
-    and Telegram moves past it with the next update's."""
+    and Telegram moves past it with the next update's. None: the answer is not a list."""
     if not isinstance(updates, list):
-        log.warning("getUpdates answered %s, not a list of updates", type(updates).__name__)
-        return []
+        return None
     kept = []
     for update in updates:
         if isinstance(update, dict) and type(update.get("update_id")) is int:
@@ -114,6 +113,11 @@ class Poller:
                 self._note(
                     f"{type(exc).__name__}: {exc}", "telegram polling error (retrying): %s", exc
                 )
+                await asyncio.sleep(self._backoff.delay(failures))
+                continue
+            if updates is None:  # not the Bot API's answer: as a server error, back off
+                failures += 1
+                self._note("not a list of updates", "telegram getUpdates: not a list of updates")
                 await asyncio.sleep(self._backoff.delay(failures))
                 continue
             failures = 0

@@ -44,6 +44,7 @@ class FakeTelegram:
     keep_alive: bool = True  # False: every answer closes its connection (the next call connects)
     outage: Outage = field(default_factory=Outage)  # failures injected into sendMessage
     posted: list[dict[str, Any]] = field(default_factory=list)  # the messages sendMessage made
+    results: dict[str, list[Any]] = field(default_factory=dict)  # scripted 200 answers
 
     # --- driving -----------------------------------------------------------------------
 
@@ -54,6 +55,10 @@ class FakeTelegram:
     def fail_next(self, method: str, status: int, **parameters: Any) -> None:
         """The next call of `method` answers `status` (with Bot API `parameters`)."""
         self.failures.setdefault(method, []).append((status, parameters))
+
+    def answer_next(self, method: str, result: Any) -> None:
+        """The next call of `method` answers 200 with this `result`, whatever it is."""
+        self.results.setdefault(method, []).append(result)
 
     def push(
         self, message: dict[str, Any], update_id: int | None = None, kind: str = "message"
@@ -181,6 +186,8 @@ class FakeTelegram:
                 except (TypeError, ValueError):
                     params[key] = value
         self.calls.append((method, params))
+        if self.results.get(method):
+            return self._reply(200, {"ok": True, "result": self.results[method].pop(0)})
         queued = self.failures.get(method)
         if queued:
             status, parameters = queued.pop(0)

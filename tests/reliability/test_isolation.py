@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from gateway.adapters.telegram import TelegramAdapter
 from gateway.adapters.telegram_polling import readable
 from gateway.app import Gateway
 from gateway.pipeline import REFUSAL
+from tests.fakes import wait_for_count
 from tests.fakes.telegram import FakeTelegram
 from tests.inprocess import gateway_with_telegram
 
@@ -78,8 +80,24 @@ async def test_poison_updates_are_passed_over_and_the_next_message_is_answered(
     assert [s["message_count"] for s in sessions] == [2]
 
 
+async def test_a_getupdates_answer_that_is_not_a_list_is_waited_out(
+    gw: tuple[Gateway, FakeTelegram],
+) -> None:
+    gateway, fake = gw
+    adapter = next(a for a in gateway.adapters if isinstance(a, TelegramAdapter))
+    fake.answer_next("getUpdates", {"not": "a list"})
+    await _say(fake, "wake the poll", 1, fake.dm_chat(1))  # the poll after it is answered so
+    await wait_for_count(
+        lambda: [1] if adapter.health()["last_error"] == "not a list of updates" else [],
+        1,
+        10.0,
+        "the odd answer noted",
+    )
+    assert await _say(fake, "after it", 1, fake.dm_chat(1)) == "echo: after it"
+
+
 def test_a_getupdates_answer_keeps_the_updates_with_an_id() -> None:
     good = {"update_id": 2, "message": {"message_id": 1, "chat": {"id": 1}, "text": "x"}}
     junk = [{"update_id": "1"}, "junk", None, {"message": {}}]
     assert readable([*junk, good, {"update_id": 3}]) == [good, {"update_id": 3}]
-    assert readable({"not": "a list"}) == []
+    assert readable({"not": "a list"}) is None  # the poller backs off as from a server error
