@@ -483,10 +483,8 @@ class TelegramAdapter(OpensThreads, Typing, Outbound, SetupSteps, ReplicaLimits)
 
         self._typing.stop((msg.chat_id, msg.thread_id))
         ids: list[str] = []
-        thread = int(msg.thread_id) if msg.thread_id else None
-        where: dict[str, object] = {"chat_id": int(msg.chat_id)}
-        if thread is not None:
-            where["message_thread_id"] = thread
+        thread = int(msg.thread_id) if msg.thread_id else None  # None: left out of the call
+        where = {"chat_id": int(msg.chat_id), "message_thread_id": thread}
         for part in split_message(msg.text, LIMIT, utf16_len):
             try:
                 sent = await self._call(
